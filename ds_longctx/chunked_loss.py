@@ -1,0 +1,201 @@
+"""lm_head + cross-entropy over row chunks, with its gradients computed in the forward pass.
+
+At 131,072 tokens per rank, Qwen3-8B's fp32 logits alone are 74 GiB (593 KiB per token), and plain
+``F.cross_entropy(F.linear(h, w).float(), y)`` keeps about three such tensors alive across its backward.
+``chunked_cross_entropy`` never builds the N x V logits: it walks ``chunk_size`` rows at a time, and
+because the loss is a scalar at the end of the graph it computes dL/dhidden and dL/dweight right there
+(Liger-Kernel's trick); backward only multiplies the stored gradients by grad_output.
+
+Dimensions:
+    N = rows (tokens on this rank; labels already shifted)    H = hidden size    V = vocab size
+    c = rows in one chunk (chunk_size, the last one may be shorter)
+
+Extra memory for bf16 inputs (chunk_size=4096, V=151,936, H=4096 in brackets):
+    per chunk  c x V x (2 bf16 logits, then 4 fp32 logits turned in place into probabilities,
+               then 2 for their bf16 cast)  ~= c x V x 6 bytes, bounded by c x V x 4 x 2  [3.5 GiB]
+    whole loop grad_weight fp32 accumulator  V x H x 4                                  [2.3 GiB]
+    until backward  grad_hidden N x H x 2 and grad_weight V x H x 2 (the bf16 cast)     [1.0 + 1.2 GiB at N=131,072]
+On CUDA the weight gradient is accumulated with ``addmm(out_dtype=float32)``; CPU lacks that kernel,
+so there it multiplies fp32 copies of the [V, c] and [c, H] operands (CPU runs only the tests).
+
+Why not DeepSpeed's ``TiledFusedLogitsLoss`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py)?
+It also runs backward inside forward, but through ``torch.autograd.backward`` per shard, so the
+weight gradient lands in ``weight.grad`` during forward with a fixed incoming gradient of 1, and its
+backward rescales only the hidden gradient: with ``loss_sum / n_tokens`` (our caller) the lm_head
+gradient comes out n_tokens times too large (checked on deepspeed 0.19.8). It also accumulates that
+gradient across shards in the parameter dtype (bf16), takes a shard count rather than a size, and
+wants [b, s, H] inputs. Why not Liger's fused linear cross-entropy? Its kernels are Triton (no CPU,
+so no CPU tests), and by default it accumulates the weight gradient in bf16. Both are timed against
+this one in benchmarks/bench_chunked_loss.py.
+
+Under ZeRO-3 the weight must be gathered when this is called (inside lm_head's forward or under
+``deepspeed.zero.GatheredParameters``); backward does not need it again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# addmm(..., out_dtype=) (a bf16 product summed straight into an fp32 tensor) exists on CUDA from torch 2.8
+_ADDMM_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
+
+
+def _validate(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
+              ignore_index: int) -> None:
+    """Fail before any work, naming the bad value and the fix."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (rows per chunk), e.g. 4096")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden has shape {tuple(hidden.shape)}; expected [N, H]: flatten it with "
+                         f"hidden.reshape(-1, hidden.shape[-1])")
+    if weight.dim() != 2 or weight.shape[0] == 0:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [V, H] with V > 0. Under ZeRO-3 "
+                         f"gather it first (deepspeed.zero.GatheredParameters or inside lm_head's forward)")
+    if hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden size {hidden.shape[1]} != weight's {weight.shape[1]} (weight is "
+                         f"{tuple(weight.shape)}); pass lm_head.weight, shaped [V, H]")
+    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden dtype {hidden.dtype} and weight dtype {weight.dtype} must be the same "
+                         f"float dtype; cast hidden with .to(weight.dtype)")
+    if labels.dtype != torch.int64 or labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels are {labels.dtype} {tuple(labels.shape)}; expected int64 [N={hidden.shape[0]}] "
+                         f"(labels.reshape(-1).long(), already shifted)")
+    if not (hidden.device == weight.device == labels.device):
+        raise ValueError(f"hidden, weight, labels are on {hidden.device}, {weight.device}, {labels.device}; "
+                         f"move them to one device")
+    vocab = weight.shape[0]
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))  # [N]
+    if bad.any():
+        pos = int(bad.nonzero()[0, 0])
+        raise ValueError(f"labels[{pos}]={int(labels[pos])} is outside [0, V={vocab}) and is not "
+                         f"ignore_index={ignore_index}; mask it with ignore_index, or check the tokenizer's "
+                         f"vocabulary against lm_head's {vocab} rows")
+
+
+def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: torch.Tensor) -> None:
+    """acc [V, H] += grad_t [V, c] @ h_chunk [c, H], summed in acc's dtype (fp32)."""
+    if grad_t.dtype == acc.dtype:
+        acc.addmm_(grad_t, h_chunk)
+    elif acc.is_cuda and _ADDMM_HAS_OUT_DTYPE:
+        torch.addmm(acc, grad_t, h_chunk, out_dtype=acc.dtype, out=acc)  # no [V, H] temporary
+    elif acc.is_cuda:
+        acc += (grad_t @ h_chunk).to(acc.dtype)  # torch < 2.8: one [V, H] temporary per chunk
+    else:  # CPU has no addmm.dtype_out kernel: multiply the upcast operands, still no [V, H] temporary
+        acc.addmm_(grad_t.to(acc.dtype), h_chunk.to(acc.dtype))
+
+
+def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
+                ignore_index: int, need_hidden_grad: bool, need_weight_grad: bool):
+    """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight [V, H]
+    of their sum (None when not asked). Inputs must have passed ``_validate``."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    need_grad = need_hidden_grad or need_weight_grad
+    valid = labels != ignore_index  # [N] bool
+    n_chunks = -(-n // chunk_size)
+    # [N] -> [n_chunks * c] (padded with False) -> [n_chunks, c] -> [n_chunks]; one host sync for the loop
+    has_target = F.pad(valid, (0, n_chunks * chunk_size - n)).view(n_chunks, chunk_size).any(dim=1).tolist()
+
+    losses = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    grad_hidden = torch.zeros(n, h, dtype=hidden.dtype, device=hidden.device) if need_hidden_grad else None
+    grad_weight = torch.zeros(v, h, dtype=torch.float32, device=weight.device) if need_weight_grad else None
+    for i, start in enumerate(range(0, n, chunk_size)):
+        if not has_target[i]:
+            continue  # every row ignored: zero loss and zero gradient, already in place
+        end = min(start + chunk_size, n)
+        h_chunk = hidden[start:end]  # [c, H]
+        mask = valid[start:end].unsqueeze(1)  # [c, 1]
+        target = labels[start:end].masked_fill(~valid[start:end], 0).unsqueeze(1)  # [c, 1], ignored -> 0
+        # matmul in the input dtype, then fp32: exactly F.linear(h, w).float()
+        logits = F.linear(h_chunk, weight).float()  # [c, V] fp32
+        row_max = logits.amax(dim=1, keepdim=True)  # [c, 1]
+        target_logit = logits.gather(1, target) - row_max  # [c, 1]
+        exp = logits.sub_(row_max).exp_()  # [c, V] in place: exp(logit - max)
+        sum_exp = exp.sum(dim=1, keepdim=True)  # [c, 1]
+        row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0)  # [c, 1]: logsumexp - target logit
+        losses[start:end] = row_loss.squeeze(1)
+        if not need_grad:
+            continue
+        # dL/dlogits = softmax - onehot(target) on kept rows, 0 on ignored rows; in place over exp
+        grad_logits = exp.mul_(mask / sum_exp)  # [c, V]
+        grad_logits.scatter_add_(1, target, -mask.to(grad_logits.dtype))
+        grad_logits = grad_logits.to(hidden.dtype)  # the cast F.linear's backward would see
+        if need_hidden_grad:
+            torch.mm(grad_logits, weight, out=grad_hidden[start:end])  # [c, V] @ [V, H] -> [c, H]
+        if need_weight_grad:
+            _accumulate_grad_weight(grad_weight, grad_logits.t(), h_chunk)  # [V, c] @ [c, H] -> [V, H]
+    if grad_weight is not None:
+        grad_weight = grad_weight.to(weight.dtype)
+    return losses, grad_hidden, grad_weight
+
+
+def _scale_(grad: torch.Tensor, scale: torch.Tensor, rows: int) -> None:
+    """grad *= scale (a 0-dim fp32 tensor) in place, in fp32 blocks of ``rows`` rows: one rounding, no sync."""
+    if grad.dtype == torch.float32:
+        grad.mul_(scale)
+        return
+    for start in range(0, grad.shape[0], rows):
+        block = grad[start:start + rows]  # [rows, H]
+        block.copy_(block.float().mul_(scale))
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Sum of cross-entropy over rows; gradients computed in forward, scaled by grad_output in backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk_size, ignore_index):
+        need_hidden_grad, need_weight_grad = ctx.needs_input_grad[:2]
+        losses, grad_hidden, grad_weight = _chunk_loop(hidden, weight, labels, chunk_size, ignore_index,
+                                                       need_hidden_grad, need_weight_grad)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.chunk_size = chunk_size
+        ctx.used = False
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.used:
+            raise RuntimeError("chunked_cross_entropy's stored gradients are scaled in place, so its backward "
+                               "runs once; call the loss again instead of backward(retain_graph=True) twice")
+        ctx.used = True
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_output.float()
+        for grad in (grad_hidden, grad_weight):
+            if grad is not None:
+                _scale_(grad, scale, ctx.chunk_size)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                          chunk_size: int = 4096, ignore_index: int = -100) -> torch.Tensor:
+    """Sum over non-ignored rows of cross_entropy(hidden @ weight.T, labels), fp32, 0-dim.
+
+    hidden [N, H] and weight [V, H] share one float dtype; labels [N] int64, already shifted (label i is
+    row i's target), ``ignore_index`` rows contribute nothing. The caller divides by the token count
+    all-reduced over the sequence-parallel group. Gradients are those of
+    ``plain_cross_entropy`` (up to summation order); only ``chunk_size`` x V logits exist at a time.
+    """
+    _validate(hidden, weight, labels, chunk_size, ignore_index)
+    if not torch.is_grad_enabled():  # needs_input_grad ignores no_grad: skip the gradient work here
+        return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False)[0].sum()
+    return _ChunkedCrossEntropy.apply(hidden, weight, labels, chunk_size, ignore_index)
+
+
+@torch.no_grad()
+def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                            chunk_size: int = 4096, ignore_index: int = -100) -> torch.Tensor:
+    """Per-row cross-entropy [N] fp32, no gradients, for a loss-by-position probe.
+
+    Ignored rows are 0.0, as in ``F.cross_entropy(..., reduction="none")``, so ``.sum()`` equals
+    ``chunked_cross_entropy``; select ``labels != ignore_index`` before averaging.
+    """
+    _validate(hidden, weight, labels, chunk_size, ignore_index)
+    return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False)[0]
+
+
+def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                        ignore_index: int = -100) -> torch.Tensor:
+    """The unchunked path (lever off): full [N, V] logits, fp32 cross-entropy, reduction="sum"."""
+    logits = F.linear(hidden, weight).float()  # [N, V]
+    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")

@@ -1,0 +1,221 @@
+"""Build the model, apply the levers in one order, wrap `deepspeed.initialize` (ZeRO-3).
+
+Order (each step says why it comes where it does):
+ 1. validate: sp_size against world size and heads, attention backend, model class: all before anything
+    is allocated, so bad input fails in seconds with a message that names the fix.
+ 2. process groups (`parallel_state`): zero.Init and the Ulysses exchange need them.
+ 3. model under `deepspeed.zero.Init`: parameters are born partitioned (an 8B model never exists whole
+    on one rank), then re-drawn deterministically per parameter name (`init_weights`): zero.Init draws
+    differently per layout, ours does not, so runs of any world size / sp_size start from the same weights.
+ 4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model.
+ 5. loss head (`LossHead`): lm_head + cross-entropy on the local slice, token-weighted over the SP group.
+ 6. `deepspeed.initialize(model, config, mpu=state)`: ZeRO-3 over all ranks, gradients averaged over
+    the dp = world / sp replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import attention, ulysses
+from .config import SHIPPED_MODELS_DIR, RunConfig
+from .ds_config import build_ds_config
+from .parallel_state import ParallelState, build_parallel_state, check_sp_size
+from .sharding import IGNORE_INDEX, shard_batch
+
+log = logging.getLogger("ds_longctx")
+
+
+# ----------------------------------------------------------------------------- distributed start
+def init_distributed() -> None:
+    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if already started."""
+    if dist.is_initialized():
+        return
+    import deepspeed
+    if not torch.cuda.is_available():
+        # the shared-memory comm op JIT-compiles for ~66 s on CPU and is not needed with gloo
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if "RANK" not in os.environ:  # plain `python`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+# ----------------------------------------------------------------------------- model config
+def load_hf_config(model: str, seq_len: Optional[int] = None):
+    """The HF config of a shipped geometry name or a checkpoint directory (cheap: no weights)."""
+    from transformers import AutoConfig
+    path = SHIPPED_MODELS_DIR / f"{model}.json"
+    if path.is_file():
+        from transformers import Qwen3Config
+        cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+    else:
+        cfg = AutoConfig.from_pretrained(model)
+    cfg.use_cache = False
+    return cfg
+
+
+def model_class(hf_config):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    except KeyError:
+        raise ValueError(f"model type {hf_config.model_type!r} has no causal-LM class in transformers; "
+                         f"ds_longctx trains causal LMs (Qwen3, Llama, ...)") from None
+
+
+def init_weights(model: nn.Module, seed: int, std: float) -> None:
+    """Draw every parameter from a generator seeded by (seed, parameter name): the same weights whatever
+    the world size, sp_size or ZeRO partitioning (on one device type). Norm weights 1, biases 0, matrices
+    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama."""
+    import deepspeed
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
+            if dist.is_initialized() and dist.get_rank() != 0 and hasattr(p, "ds_id"):
+                continue
+            with torch.no_grad():
+                if p.dim() == 1:
+                    p.fill_(1.0 if "norm" in name else 0.0)
+                else:
+                    g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
+                    p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
+
+
+# ----------------------------------------------------------------------------- loss head
+class LossHead(nn.Module):
+    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count).
+
+    The loss to backprop is sum(CE on this slice) / tokens(whole SP group): its gradient summed over the
+    SP ranks is the gradient of the sequence's token-mean loss; DeepSpeed then averages over dp replicas.
+    """
+
+    def __init__(self, model: nn.Module, state: ParallelState):
+        super().__init__()
+        self.model = model
+        self.state = state
+
+    def forward(self, input_ids, position_ids, shift_labels):
+        hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
+                                       use_cache=False).last_hidden_state  # [b, s/sp, H]
+        logits = self.model.get_output_embeddings()(hidden)  # [b, s/sp, V]
+        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), shift_labels.flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        n_tokens = (shift_labels != IGNORE_INDEX).sum()
+        group_sum = loss_sum.detach().clone()
+        if self.state.sp_group is not None:
+            both = torch.stack([n_tokens.to(group_sum.dtype), group_sum])
+            dist.all_reduce(both, group=self.state.sp_group)
+            n_group, group_sum = both[0], both[1]
+        else:
+            n_group = n_tokens.to(group_sum.dtype)
+        n_group = n_group.clamp(min=1)
+        return loss_sum / n_group, group_sum / n_group, n_group
+
+
+# ----------------------------------------------------------------------------- engine
+@dataclass
+class StepResult:
+    loss: float      # token-mean loss of this step, averaged over dp replicas
+    tokens: int      # supervised tokens in this step over all replicas
+
+
+class LongCtxEngine:
+    """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM. Build with `build_engine(cfg)`."""
+
+    def __init__(self, cfg: RunConfig, ds_engine, module: LossHead, state: ParallelState,
+                 attn: ulysses.UlyssesAttention, ds_config: dict, device: torch.device):
+        self.cfg, self.ds, self.module, self.state = cfg, ds_engine, module, state
+        self.attn, self.ds_config, self.device = attn, ds_config, device
+
+    @property
+    def model(self) -> nn.Module:
+        return self.module.model
+
+    def forward_backward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                         labels: Optional[torch.Tensor] = None) -> StepResult:
+        """Loss and gradients for one full batch `[b, L]` of this dp replica (every SP rank passes the same)."""
+        st = self.state
+        shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
+        self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+        calls_before = self.attn.calls
+        loss, group_loss, n = self.ds(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
+                                      shard.shift_labels.to(self.device))
+        if self.attn.calls == calls_before:
+            raise RuntimeError(f"{type(self.model).__name__} did not call the Ulysses attention function: its "
+                               f"attention is not routed through transformers' AttentionInterface")
+        self.ds.backward(loss)
+        stats = torch.stack([group_loss.detach().float(), n.float()])
+        if st.dp_group is not None:
+            dist.all_reduce(stats, group=st.dp_group)
+            stats[0] /= st.dp_size
+        return StepResult(loss=float(stats[0]), tokens=int(stats[1]))
+
+    def step(self) -> None:
+        self.ds.step()
+
+    def train_step(self, input_ids, position_ids=None, labels=None) -> StepResult:
+        res = self.forward_backward(input_ids, position_ids, labels)
+        self.step()
+        return res
+
+
+def validate(cfg: RunConfig, world_size: int):
+    """Every check that needs no allocation. Returns the HF config."""
+    hf_cfg = load_hf_config(cfg.model)
+    text = hf_cfg.get_text_config()
+    check_sp_size(cfg.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads)
+    attention.resolve_backend(cfg.attn_backend)
+    ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    return hf_cfg
+
+
+def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
+    """Steps 1-6 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
+    import deepspeed
+
+    # 1. validate (world size from the launcher's environment, before any process group exists)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    hf_cfg = validate(cfg, world) if hf_config is None else hf_config
+    # 2. process groups
+    init_distributed()
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    state = build_parallel_state(cfg.sp_size)
+    attention.select(cfg.attn_backend, announce=state.rank == 0)
+    ds_config = build_ds_config(cfg, state.world_size, on_gpu)
+    dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
+    # 3. model, partitioned at birth, then deterministic weights
+    cls = model_class(hf_cfg)
+    hf_cfg._attn_implementation = "sdpa"
+    is_path = Path(cfg.model).is_dir()
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype, mpu=state.as_mpu(), enabled=not is_path):
+        if is_path:
+            from transformers.integrations import HfDeepSpeedConfig
+            _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
+            model = cls.from_pretrained(cfg.model, config=hf_cfg, dtype=dtype)
+        else:
+            model = cls(hf_cfg).to(dtype)
+    if not is_path:
+        init_weights(model, cfg.seed, getattr(hf_cfg, "initializer_range", 0.02))
+    model.train()  # SP must never run in eval mode by accident (see KNOWN.md)
+    # 4. Ulysses attention
+    attn = ulysses.register(model, state)
+    # 5. loss head
+    module = LossHead(model, state)
+    # 6. DeepSpeed
+    ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
+                                         config=ds_config, mpu=state.as_mpu())
+    return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device)

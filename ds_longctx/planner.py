@@ -1,0 +1,479 @@
+"""Memory model: how much GPU and host memory a run takes, before anything is allocated.
+
+Pure arithmetic on an HF config's geometry: no torch, no deepspeed, no transformers. It models the
+design this package trains with (per GPU: bf16 compute, one sequence per SP group, micro-batch 1,
+ZeRO-3 over all ranks, every decoder layer checkpointed, Ulysses all-to-all around attention).
+
+Dimensions (bytes are bf16 = 2 unless said):
+    G gpus    sp sp_size    dp = G / sp    S seq_len padded up to a multiple of sp    T = S / sp (tokens per rank)
+    H hidden    I intermediate    L layers    hq / hkv query / KV heads    d head_dim    V vocab
+    P all parameters    P_layer one decoder layer's parameters    k offload_layers    E = T·H·2 (one hidden tensor)
+    c = min(chunk_rows, T) loss rows per chunk    t = min(tile_tokens, T) MLP tile    kv' = max(hkv/sp, 1)
+
+A step's GPU memory is the terms live in every phase ("all") plus the largest of the transient phases:
+    embed     the embedding's forward / backward
+    loss      lm_head + cross-entropy (the loss-head gradients are computed in its forward and kept)
+    mlp_bwd   the top layer recomputed, all its saved tensors live, its MLP backward running
+    attn_bwd  the same layer's attention backward (MLP saved tensors freed, attention grads live)
+The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs.
+Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak sums every host term
+over the node. GB below means 10⁹ bytes (an "80 GB" card passed as 80 is conservative: H100 has 85.0e9).
+
+Usage:
+    from ds_longctx.planner import ModelGeometry, choose, plan_memory
+    print(choose(ModelGeometry.from_name_or_path("qwen3-8b"), 1 << 20, 8, 80, 1000).plan.table())
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Union
+
+# Same folder config.SHIPPED_MODELS_DIR names; not imported so the planner stays import-light and acyclic.
+_MODELS_DIR = Path(__file__).parent / "models"
+GB = 10**9
+GIB = 2**30
+PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
+ALL = ("all",)
+LAYER = ("mlp_bwd", "attn_bwd")
+# Hidden-size tensors (units of E = T·H·2) live in the top layer's backward, HF eager Qwen3 RMSNorm, which
+# keeps an fp32 upcast (2 units) + the bf16 normed copy for the weight grad (1) + its output, saved by the
+# next matmul (1) = 4 units per norm:
+#   mlp_bwd: norm1 (4) + norm2 (4) + grad of the layer output (1) + grad of the MLP input being built (1) = 10
+#   attn_bwd: norm1 (4) + residual-stream grad (1) + grad of the q/k/v-proj input being built (1)   = 6
+HIDDEN_UNITS_MLP_BWD = 10
+HIDDEN_UNITS_ATTN_BWD = 6
+# q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
+# RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
+QK_NORM_SAVED_COPIES = 3
+_DENSE_TYPES = ("qwen3", "llama", "mistral")
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """The shapes that memory depends on, read straight from an HF `config.json`."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    max_position_embeddings: int
+    qk_norm: bool = True  # Qwen3's per-head RMSNorm on q and k (Llama/Mistral have none)
+    attention_bias: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: dict, name: str = "") -> "ModelGeometry":
+        """From a parsed HF config dict (dense Qwen3 / Llama / Mistral)."""
+        mtype = cfg.get("model_type", "qwen3")
+        if mtype not in _DENSE_TYPES:
+            raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}")
+        heads = cfg["num_attention_heads"]
+        return cls(name=name or mtype, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"],
+                   layers=cfg["num_hidden_layers"], heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
+                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
+                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                   max_position_embeddings=cfg.get("max_position_embeddings", 0), qk_norm=mtype == "qwen3",
+                   attention_bias=bool(cfg.get("attention_bias", False)))
+
+    @classmethod
+    def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":
+        """A shipped name (`qwen3-8b`, also `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON file."""
+        p = Path(name_or_path)
+        if p.is_dir():
+            p = p / "config.json"
+        if not p.is_file():
+            p = _MODELS_DIR / f"{Path(str(name_or_path)).name.lower()}.json"
+        if not p.is_file():
+            shipped = sorted(f.stem for f in _MODELS_DIR.glob("*.json"))
+            raise ValueError(f"model {str(name_or_path)!r} is neither a shipped geometry {shipped} nor a "
+                             f"directory / file holding an HF config.json")
+        name = p.stem if p.parent == _MODELS_DIR else str(name_or_path)
+        return cls.from_config(json.loads(p.read_text()), name=name)
+
+    @property
+    def layer_params(self) -> int:
+        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ q/k/v/o biases)."""
+        H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv + H) if self.attention_bias else 0)
+        return attn + 3 * H * self.intermediate + 2 * H + (2 * d if self.qk_norm else 0)
+
+    @property
+    def num_params(self) -> int:
+        """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""
+        emb = self.vocab * self.hidden
+        return self.layers * self.layer_params + emb + self.hidden + (0 if self.tied_embeddings else emb)
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The memory levers a run can pull (see `choose` for how each is picked).
+
+    tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H) shards.
+    offload_layers k: the checkpoints of the first k layers (the longest-lived) go to host pinned memory.
+    """
+
+    chunked_loss: bool = True
+    chunk_rows: int = 4096
+    tiled_mlp: bool = True
+    tile_tokens: Optional[int] = None
+    offload_layers: int = 0
+    optimizer_offload: bool = False
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named allocation: bytes per GPU, bytes on the host (node total), formula, phases it is live in."""
+
+    name: str
+    gpu_bytes: int
+    host_bytes: int
+    formula: str
+    phases: tuple = ALL
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The result of `plan_memory`: every term, the peak phase, per-GPU and node-host peaks (bytes)."""
+
+    geom: ModelGeometry
+    seq_len: int  # padded to a multiple of sp_size
+    gpus: int
+    sp_size: int
+    levers: Levers
+    terms: tuple
+    phase_bytes: tuple  # ((phase, Σ gpu bytes of that phase's transient terms), ...)
+    peak_phase: str
+    gpu_peak_bytes: int
+    host_peak_bytes: int
+
+    @property
+    def dp_size(self) -> int:
+        return self.gpus // self.sp_size
+
+    @property
+    def local_tokens(self) -> int:
+        return self.seq_len // self.sp_size
+
+    def term(self, name: str) -> Term:
+        return next(t for t in self.terms if t.name == name)
+
+    def fits(self, gpu_budget_bytes: float, host_budget_bytes: float) -> bool:
+        return self.gpu_peak_bytes <= gpu_budget_bytes and self.host_peak_bytes <= host_budget_bytes
+
+    def table(self) -> str:
+        """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
+        lv = self.levers
+        head = (f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
+                f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} chunk_rows={lv.chunk_rows} "
+                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} offload_layers={lv.offload_layers} "
+                f"optimizer_offload={lv.optimizer_offload}")
+        rows = [head, f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
+        for t in self.terms:
+            rows.append(f"{t.name:<26}{','.join(t.phases):<17}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
+                        f"  {t.formula}")
+        phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
+        rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
+        rows.append(f"{'peak (' + self.peak_phase + ')':<43}{self.gpu_peak_bytes / GB:>9.2f}"
+                    f"{self.host_peak_bytes / GB:>10.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context")
+        return "\n".join(rows)
+
+
+def valid_sp_sizes(geom: ModelGeometry, gpus: int) -> list:
+    """sp that divide gpus and the query heads, with kv_heads % sp == 0 or sp % kv_heads == 0 (KV replicated)."""
+    return [sp for sp in range(1, gpus + 1) if gpus % sp == 0 and geom.heads % sp == 0
+            and (geom.kv_heads % sp == 0 or sp % geom.kv_heads == 0)]
+
+
+def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
+    """L·H·2: the checkpointed layer inputs per token of the full sequence (Qwen3-8B: 288 KiB)."""
+    return geom.layers * geom.hidden * 2
+
+
+def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
+                live_layers: int = 2, fragmentation: float = 1.10, cuda_context_gib: float = 1.5,
+                process_host_gib: float = 3.0) -> MemoryPlan:
+    """Every allocation of one training step, per GPU and on the host. Terms (phase; formula):
+
+    ZeRO-3 over all G ranks (all):
+        params_bf16            2·P/G
+        grads_fp32             4·P/G       \\  with optimizer_offload these three live in host pinned memory,
+        master_fp32            4·P/G        > G ranks' worth on the node: 4·P, 4·P, 8·P
+        adam_m_v_fp32          8·P/G       /
+        gathered_layers        live_layers·P_layer·2   (the layer being computed + prefetch; calibrate live_layers)
+    Checkpoints and small inputs (all):
+        checkpoints            (L-k)·E on GPU; host G·k·E (pinned, offload_layers=k)
+        offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
+        rotary_cos_sin         T·d·2·2
+        token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
+    Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
+    Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
+        chunked:  loss_chunk_logits_fp32 c·V·4, loss_chunk_grad_fp32 c·V·4, lm_head_grad_accum_fp32 V·H·4
+        plain:    logits T·V·(2 bf16 + 4 fp32 upcast + 4 fp32 grad)
+    Top layer backward (mlp_bwd and/or attn_bwd):
+        layer_grads_bf16       P_layer·2 (one layer's full grads before reduce-scatter; both)
+        hidden_mlp_bwd         10·E (see HIDDEN_UNITS_MLP_BWD)            hidden_attn_bwd  6·E (attn_bwd)
+        qk_norm_saved          3·T·(hq+hkv)·d·2 if qk_norm (both)
+        qkv_a2a                S·(hq/sp + 2·kv')·d·2 (both); qkv_a2a_grad the same (attn_bwd)
+        attn_out_a2a           S·(hq/sp)·d·2 saved by the kernel (both); attn_out_a2a_grad the same (attn_bwd)
+        softmax_lse_fp32       (hq/sp)·S·4 (both)
+        attn_bwd_workspace     (hq/sp)·S·(d+1)·4, the kernel's fp32 dQ accumulator + softmax-grad row sums
+                               (flash-attn 2 and cuDNN both keep these; attn_bwd)
+        qkv_local_grad         T·(hq+2·max(hkv,sp))·d·2, q/k/v grads back through the all-to-all, KV as
+                               repeated to sp heads when sp > hkv (attn_bwd)
+        attn_out_local         T·hq·d·2, o_proj's saved input (mlp_bwd)
+        MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up), mlp_grads 2·T·I·2;
+                       tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2
+    Slack (all):  allocator_slack (fragmentation-1)·(all + peak phase), cuda_context (context, NCCL, cuBLAS)
+    Host:  process_overhead G·process_host_gib, dataset_row G·S·16 (ids + labels int64 on each rank)
+    """
+    g, G, sp, k = geom, gpus, sp_size, levers.offload_layers
+    ok = valid_sp_sizes(g, G)
+    if sp not in ok:
+        raise ValueError(f"sp_size={sp} must divide gpus={G} and num_attention_heads={g.heads} and be a divisor or "
+                         f"multiple of num_key_value_heads={g.kv_heads}; try one of {ok}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len={seq_len} must be a positive number of tokens")
+    if not 0 <= k <= g.layers:
+        raise ValueError(f"offload_layers={k} must be within 0..{g.layers} (the model's layers)")
+    if levers.chunk_rows < 1 or (levers.tile_tokens is not None and levers.tile_tokens < 1):
+        raise ValueError(f"chunk_rows={levers.chunk_rows} and tile_tokens={levers.tile_tokens} must be >= 1")
+    H, I, L, d, V = g.hidden, g.intermediate, g.layers, g.head_dim, g.vocab
+    hq, hkv = g.heads, g.kv_heads
+    S = -(-seq_len // sp) * sp
+    T = S // sp
+    E = T * H * 2
+    P, Pl = g.num_params, g.layer_params
+    hq_l, kv_l = hq // sp, max(hkv // sp, 1)
+    terms: list = []
+
+    def add(name, gpu, host, formula, phases=ALL):
+        terms.append(Term(name, int(gpu), int(host), formula, phases))
+
+    part = -(-P // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
+    add("params_bf16", 2 * part, 0, "2·P/G")
+    off = levers.optimizer_offload
+    for name, nbytes in (("grads_fp32", 4), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
+        b = nbytes * part
+        add(name, 0 if off else b, G * b if off else 0, f"{nbytes}·P/G" + (f"; on host {nbytes}·P" if off else ""))
+    add("gathered_layers", live_layers * Pl * 2, 0, f"live_layers({live_layers})·P_layer·2")
+    add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2 (k={k})")
+    if k:
+        add("offload_staging", 2 * E, 0, "2·T·H·2")
+    add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
+    add("token_ids", 3 * T * 8, 0, "3·T·8")
+
+    add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
+    add("embedding_grad_bf16", V * H * 2, 0, "V·H·2", ("embed",))
+    add("embedding_out", E, 0, "T·H·2", ("embed",))
+
+    add("lm_head_gathered", V * H * 2, 0, "V·H·2", ("loss",))
+    add("lm_head_grad_bf16", V * H * 2, 0, "V·H·2", ("loss",))
+    add("final_norm", 4 * E, 0, "4·T·H·2", ("loss",))
+    add("hidden_grad", E, 0, "T·H·2", ("loss",))
+    if levers.chunked_loss:
+        c = min(levers.chunk_rows, T)
+        add("loss_chunk_logits_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
+        add("loss_chunk_grad_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
+        add("lm_head_grad_accum_fp32", V * H * 4, 0, "V·H·4", ("loss",))
+    else:
+        add("logits", T * V * (2 + 4 + 4), 0, "T·V·(2+4+4)", ("loss",))
+
+    add("layer_grads_bf16", Pl * 2, 0, "P_layer·2", LAYER)
+    add("hidden_mlp_bwd", HIDDEN_UNITS_MLP_BWD * E, 0, f"{HIDDEN_UNITS_MLP_BWD}·T·H·2", ("mlp_bwd",))
+    add("hidden_attn_bwd", HIDDEN_UNITS_ATTN_BWD * E, 0, f"{HIDDEN_UNITS_ATTN_BWD}·T·H·2", ("attn_bwd",))
+    if g.qk_norm:
+        add("qk_norm_saved", QK_NORM_SAVED_COPIES * T * (hq + hkv) * d * 2, 0, "3·T·(hq+hkv)·d·2", LAYER)
+    qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
+    add("qkv_a2a", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", LAYER)
+    add("qkv_a2a_grad", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", ("attn_bwd",))
+    add("attn_out_a2a", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
+    add("attn_out_a2a_grad", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", ("attn_bwd",))
+    add("softmax_lse_fp32", hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
+    add("attn_bwd_workspace", hq_l * S * (d + 1) * 4, 0, "(hq/sp)·S·(d+1)·4", ("attn_bwd",))
+    kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
+    add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))
+    add("attn_out_local", T * hq * d * 2, 0, "T·hq·d·2", ("mlp_bwd",))
+    if levers.tiled_mlp:
+        t = min(levers.tile_tokens or H, T)
+        add("mlp_tile", 6 * t * I * 2, 0, f"6·t·I·2 (t={t})", ("mlp_bwd",))
+        add("mlp_tile_hidden", 2 * t * H * 2, 0, f"2·t·H·2 (t={t})", ("mlp_bwd",))
+    else:
+        add("mlp_saved", 4 * T * I * 2, 0, "4·T·I·2", ("mlp_bwd",))
+        add("mlp_grads", 2 * T * I * 2, 0, "2·T·I·2", ("mlp_bwd",))
+
+    base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
+    phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in PHASES)
+    peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
+    sub = base + peak_extra
+    slack = round((fragmentation - 1) * sub)
+    add("allocator_slack", slack, 0, f"({fragmentation:g}-1)·(all + {peak_phase})")
+    ctx = round(cuda_context_gib * GIB)
+    add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
+    add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
+    add("dataset_row", 0, G * S * 16, "G·S·2·8")
+    return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
+                      phase_bytes=phase_bytes, peak_phase=peak_phase, gpu_peak_bytes=sub + slack + ctx,
+                      host_peak_bytes=sum(t.host_bytes for t in terms))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `choose` picked: the plan (sp_size and levers inside) and one line of reasoning per choice."""
+
+    plan: MemoryPlan
+    notes: tuple = field(default=())
+
+    @property
+    def sp_size(self) -> int:
+        return self.plan.sp_size
+
+    @property
+    def levers(self) -> Levers:
+        return self.plan.levers
+
+
+class NoFit(ValueError):
+    """Raised by `choose`: nothing fits. Carries the longest length that does and what to change."""
+
+    def __init__(self, message: str, seq_len: int, max_len: int, best: Optional[MemoryPlan]):
+        super().__init__(message)
+        self.seq_len, self.max_len, self.best = seq_len, max_len, best
+
+
+def _geom(geom) -> ModelGeometry:
+    return geom if isinstance(geom, ModelGeometry) else ModelGeometry.from_name_or_path(geom)
+
+
+def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=256) -> int:
+    """Largest power of two in [min_rows, max_rows] whose loss phase stays at or under the layer-backward
+    phase (so the loss never sets the peak); min_rows (TRL's 256, still a full-width matmul) if none does."""
+    rows = max_rows
+    while rows > min_rows:
+        pb = dict(plan_memory(geom, seq_len, gpus, sp, replace(levers, chunk_rows=rows), **knobs).phase_bytes)
+        if pb["loss"] <= max(pb[p] for p in LAYER):
+            return rows
+        rows //= 2
+    return min_rows
+
+
+def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs) -> Optional[Choice]:
+    """The first fit in this order: optimizer on GPU before offloaded; sp ascending; fewest offloaded layers.
+
+    GPU bytes fall with every offloaded layer past the first (k=1 costs one checkpoint more than k=0: the
+    two staging buffers), so the fewest k is found by bisection over 1..L once k=0 fails. Host bytes only
+    grow with k, so if the fewest k breaks the host budget, no k fits at this sp.
+    """
+    L = geom.layers
+    for opt in (False, True):
+        for sp in valid_sp_sizes(geom, gpus):
+            lv = Levers(tile_tokens=min(geom.hidden, -(-seq_len // sp)), optimizer_offload=opt)
+            lv = replace(lv, chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
+            gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
+            plan = gpu_at(0)
+            if plan.gpu_peak_bytes > gpu_budget:
+                if gpu_at(L).gpu_peak_bytes > gpu_budget:
+                    continue
+                lo, hi = 0, L  # gpu_at(lo) does not fit, gpu_at(hi) does
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if gpu_at(mid).gpu_peak_bytes <= gpu_budget else (mid, hi)
+                plan = gpu_at(hi)
+            if plan.host_peak_bytes > host_budget:
+                continue
+            k = plan.levers.offload_layers
+            notes = [f"sp_size={sp}: the smallest of {valid_sp_sizes(geom, gpus)} that fits"
+                     + (" with the optimizer on GPU" if not opt else ""),
+                     f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
+                     + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
+                     f"tile_tokens={lv.tile_tokens}: min(T, hidden), TiledMLP's ceil(T/hidden) shards",
+                     f"chunk_rows={plan.levers.chunk_rows}: largest power of two <= 4096 whose loss phase stays "
+                     f"under the layer-backward phase (floor 256)",
+                     "optimizer_offload=" + ("True: nothing fits with the optimizer state on GPU" if opt
+                                             else "False: not needed")]
+            if plan.seq_len > geom.max_position_embeddings:
+                notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings "
+                             f"{geom.max_position_embeddings:,}: train with YaRN (rope scaling)")
+            return Choice(plan=plan, notes=tuple(notes))
+    return None
+
+
+def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
+           **knobs) -> Choice:
+    """The levers for `seq_len` tokens on `gpus` GPUs of `gpu_mem_gb` GB with `host_mem_gb` GB of host RAM.
+
+    A plan fits when its per-GPU peak <= headroom·gpu_mem_gb and its node host peak <= headroom·host_mem_gb.
+    Rules: the optimizer stays on GPU unless no sp_size fits that way; sp_size is the smallest valid one that
+    fits; offload_layers the fewest that fit (only the layers that must leave the GPU go); tile_tokens =
+    min(T, hidden); chunk_rows as in `_chunk_rows`. `knobs` go to `plan_memory` (live_layers, fragmentation,
+    cuda_context_gib, process_host_gib). Raises `NoFit` with the longest length that fits and what to change.
+    """
+    geom = _geom(geom)
+    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs)
+    if found is not None:
+        return found
+    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, **knobs)
+    sp = valid_sp_sizes(geom, gpus)[-1]
+    best = plan_memory(geom, seq_len, gpus, sp, Levers(chunk_rows=256, tile_tokens=min(geom.hidden, seq_len // sp or 1),
+                                                       offload_layers=geom.layers, optimizer_offload=True), **knobs)
+    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs) is not None
+    lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB "
+             f"host (x headroom {headroom:g}). Every lever on (sp_size={sp}, all {geom.layers} checkpoints and the "
+             f"optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and {best.host_peak_bytes / GB:.1f} "
+             f"GB host. Longest length that fits: {max_len:,} tokens."]
+    need_gpu = _least(lambda b: fits(gpus, b, host_budget))
+    if need_gpu is not None:
+        lines.append(f"Fix: GPUs of >= {need_gpu / headroom / GB:.0f} GB (same count and host).")
+    need_host = _least(lambda b: fits(gpus, gpu_budget, b))
+    if need_host is not None:
+        lines.append(f"Fix: >= {need_host / headroom / GB:.0f} GB host RAM (same GPUs).")
+    more = next((n for n in (2 * gpus, 4 * gpus, 8 * gpus) if fits(n, gpu_budget, host_budget * n / gpus)), None)
+    if more:
+        lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
+    lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
+    raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
+
+
+def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
+    """The smallest budget b in (0, hi] (to within tol) with ok(b), for ok monotone in b; None if ok(hi) fails."""
+    if not ok(hi):
+        return None
+    lo = 0.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
+                 multiple: int = 1024, upper: int = 1 << 32, **knobs) -> int:
+    """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
+    padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
+
+    Fitting is monotone in seq_len (every term grows with it for fixed levers), so: double until a length
+    fails, then bisect between the last fit and the first failure. Stops at `upper` tokens.
+    """
+    geom = _geom(geom)
+    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+
+    def fits(n: int) -> bool:
+        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs) is not None
+
+    if not fits(1):
+        return 0
+    lo, hi, cap = 1, 2, max(upper // multiple, 1)
+    while fits(hi):
+        if hi >= cap:
+            return cap * multiple
+        lo, hi = hi, min(2 * hi, cap)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * multiple

@@ -1,0 +1,211 @@
+"""Tiled MLP: the decoder MLP computed over sequence tiles, recomputed tile by tile in backward.
+
+Dimensions: b batch, s local sequence (this rank's slice), n = b*s rows, H hidden, I intermediate,
+T tile_tokens, k = ceil(n / T) tiles.
+
+Why: `down_proj(act_fn(gate_proj(x)) * up_proj(x))` holds four [n, I] tensors (gate, up, act(gate),
+act*up). For Qwen3-8B (I = 12288, bf16) at 131,072 local tokens (1M tokens, SP=8) that is 4 x 3 GiB =
+12 GiB in one layer, forward and again in backward. Tiled, it is 4 x T x I (0.75 GiB at T = 8192).
+
+How: forward runs each tile under `no_grad` and writes it into one preallocated [n, H] output; only x is
+saved. Backward recomputes each tile with grad enabled and backpropagates the matching slice of the
+output grad: x's grad is copied tile by tile into one [n, H] buffer, and the MLP's parameters accumulate
+their grads across tiles through autograd's ordinary `.grad` accumulation.
+
+ZeRO-3: the tile loop calls the MLP's Linear submodules, so DeepSpeed's module hooks gather their
+partitioned weights for every tile (forward and recompute) and release them after, as in any forward.
+A parameter's grad accumulates once per tile, so ZeRO's post-accumulate hook fires k times per step;
+its reduce must see only the total. We use DeepSpeed's own protocol for that: ZeRO-3 (`stage3.py`,
+`reduce_independent_p_g_buckets_and_remove_grads`) skips a param whose `ds_grad_is_ready` is False, so
+the flag is False for tiles 0..k-2 (the grad stays in `param.grad` and keeps accumulating) and True for
+the last tile, whose hook adds the summed grad to the reduce bucket. The flag is restored in a `finally`.
+ZeRO's epilogue is queued on the outer backward's graph task by its first hook (lm_head), so the extra
+hook firings from our nested `torch.autograd.backward` do not end the backward early.
+Every rank must run the same number of tiles (each tile issues ZeRO all-gathers): true when all ranks
+hold equal-length slices, as Ulysses SP and fixed-length packing give.
+
+Activation checkpointing: the decoder layer's recompute calls this Function's forward again (the MLP
+then runs three times per step: forward, layer recompute, tile recompute); its backward is then called
+inside the checkpoint's backward, reentrant or not. The autocast state of the forward is restored in
+the recompute. The MLP must be deterministic (no dropout): its RNG state is not replayed.
+
+Relation to DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_sp.py, 0.19.8): same
+idea and same `ds_grad_is_ready` protocol, but we keep our own Function because DeepSpeed's
+1. splits with `torch.chunk(x, shards)` and re-arms `ds_grad_is_ready` only at index `shards - 1`;
+   `torch.chunk` returns fewer pieces than asked when the length does not suit (5 rows, 4 shards ->
+   2+2+1), so the flag stays False for good and ZeRO-3 never reduces those grads, silently, every
+   step after (tests/test_tiled_mlp.py shows it). Here one tile plan from T serves forward and backward;
+2. builds a list of output tiles and `torch.cat`s it: two [n, H] outputs at the forward peak (1 GiB
+   more at 131k tokens of Qwen3-8B) where we write into one preallocated output;
+3. writes x's grad by setting `x_shard.grad` to a view of the grad buffer and relying on autograd's
+   in-place `.grad` accumulation; we copy each tile's grad explicitly (one [T, H] copy per tile);
+4. does not carry the forward's autocast state into the recompute.
+A tile count of 1 (n <= T) calls the MLP directly: an exact pass-through, with no recompute.
+
+    n = apply_tiled_mlp(model, tile_tokens=8192)   # patches every decoder layer's mlp.forward
+    remove_tiled_mlp(model)                        # restores the original forwards
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+log = logging.getLogger("ds_longctx")
+
+_PATCH_ATTR = "_ds_longctx_tiled_mlp"
+_GATED_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Patch:
+    """What apply_tiled_mlp changed on one MLP module, so remove_tiled_mlp can undo it exactly."""
+    instance_forward: object   # mlp.__dict__["forward"] before patching, or _MISSING (the class forward)
+    untiled: Callable          # the forward the tiles call (the bound original)
+    tile_tokens: int
+
+
+def _tile_bounds(n: int, tile_tokens: int) -> list[tuple[int, int]]:
+    """Row ranges [start, stop) of the k = ceil(n / T) tiles; all of length T but the last."""
+    return [(start, min(start + tile_tokens, n)) for start in range(0, n, tile_tokens)]
+
+
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+class _TiledMLPFunction(torch.autograd.Function):
+    """y = fn(x) over row tiles of x [n, H]; saves only x and recomputes each tile in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Callable, params: tuple, tile_tokens: int) -> torch.Tensor:
+        n = x.shape[0]
+        ctx.fn, ctx.params, ctx.tile_tokens = fn, params, tile_tokens
+        ctx.autocast = _autocast_state(x.device.type)
+        ctx.save_for_backward(x)
+        out: Optional[torch.Tensor] = None
+        with torch.no_grad():
+            for start, stop in _tile_bounds(n, tile_tokens):
+                y = fn(x[start:stop])                       # [t, H] -> [t, H_out]
+                if out is None:                             # dtype/width from the MLP itself (autocast)
+                    out = y.new_empty((n, y.shape[-1]))     # [n, H_out]
+                out[start:stop] = y
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        need_x_grad = ctx.needs_input_grad[0]
+        grad_x = torch.empty_like(x) if need_x_grad else None   # [n, H], every row written below
+        params = [p for p in ctx.params if p.requires_grad]
+        before = [p.__dict__.get("ds_grad_is_ready", _MISSING) for p in params]
+        tiles = _tile_bounds(x.shape[0], ctx.tile_tokens)
+        enabled, dtype = ctx.autocast
+        try:
+            for i, (start, stop) in enumerate(tiles):
+                last = i == len(tiles) - 1
+                for p in params:            # ZeRO reduces a grad only once its hook sees True
+                    p.ds_grad_is_ready = last
+                x_tile = x[start:stop].detach().requires_grad_(need_x_grad)     # [t, H]
+                with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+                    y = ctx.fn(x_tile)                                          # [t, H_out]
+                torch.autograd.backward(y, grad_out[start:stop])
+                if need_x_grad:
+                    if x_tile.grad is None:
+                        grad_x[start:stop].zero_()
+                    else:
+                        grad_x[start:stop].copy_(x_tile.grad)
+        finally:
+            for p, b in zip(params, before):
+                if b is _MISSING:
+                    del p.ds_grad_is_ready
+                else:
+                    p.ds_grad_is_ready = b
+        return grad_x, None, None, None
+
+
+def _untiled_forward(mlp: nn.Module) -> Callable:
+    patch = mlp.__dict__.get(_PATCH_ATTR)
+    return patch.untiled if patch is not None else mlp.forward
+
+
+def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torch.Tensor:
+    """`mlp(x)` computed over tiles of `tile_tokens` rows of the flattened [b*s, H] input.
+
+    Works on any row-wise module (each output row depends only on the same input row), e.g.
+    Qwen3MLP / LlamaMLP. x: [b, s, H] (or any [..., H]); returns [b, s, H_out]. When b*s <= tile_tokens
+    this is exactly `mlp(x)` (no recompute). On a patched module, the tiles call its original forward.
+    """
+    if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
+        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (rows per MLP tile); "
+                         "try 8192, or a multiple of 1024 that divides the local sequence length")
+    fn = _untiled_forward(mlp)
+    lead, hidden = x.shape[:-1], x.shape[-1]
+    x_rows = x.reshape(-1, hidden)                                      # [b, s, H] -> [b*s, H]
+    if x_rows.shape[0] <= tile_tokens:
+        return fn(x)
+    params = tuple(mlp.parameters())
+    y_rows = _TiledMLPFunction.apply(x_rows, fn, params, tile_tokens)   # [b*s, H_out]
+    return y_rows.reshape(*lead, y_rows.shape[-1])                      # [b*s, H_out] -> [b, s, H_out]
+
+
+def _decoder_mlps(model: nn.Module) -> list[nn.Module]:
+    """Every `<layer>.mlp` that is a gated MLP (gate_proj, up_proj, down_proj), in module order."""
+    return [m.mlp for m in model.modules()
+            if isinstance(getattr(m, "mlp", None), nn.Module)
+            and all(isinstance(getattr(m.mlp, part, None), nn.Module) for part in _GATED_MLP_PARTS)]
+
+
+def apply_tiled_mlp(model: nn.Module, tile_tokens: int) -> int:
+    """Patch every decoder layer's `mlp.forward` to run tiled; returns how many MLPs were patched.
+
+    Apply before or after `deepspeed.initialize` (DeepSpeed's hooks sit on `__call__`, not `forward`).
+    Undo with `remove_tiled_mlp(model)`.
+    """
+    if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
+        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (rows per MLP tile); "
+                         "try 8192, or a multiple of 1024 that divides the local sequence length")
+    mlps = _decoder_mlps(model)
+    if not mlps:
+        raise ValueError(
+            f"apply_tiled_mlp found no decoder-layer MLP in {type(model).__name__}: it looks for modules "
+            f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...). MoE blocks and "
+            "other MLP shapes are not supported; turn tiled MLP off for this model")
+    patched = [m for m in mlps if _PATCH_ATTR in m.__dict__]
+    if patched:
+        raise RuntimeError(
+            f"tiled MLP is already applied to {len(patched)} MLPs of {type(model).__name__} "
+            f"(tile_tokens={patched[0].__dict__[_PATCH_ATTR].tile_tokens}); "
+            "call remove_tiled_mlp(model) before applying it again")
+    for mlp in mlps:
+        patch = _Patch(instance_forward=mlp.__dict__.get("forward", _MISSING),
+                       untiled=mlp.forward, tile_tokens=tile_tokens)
+        mlp.__dict__[_PATCH_ATTR] = patch
+
+        def forward(x, _mlp=mlp, _t=tile_tokens):
+            return tiled_mlp_forward(_mlp, x, _t)
+
+        mlp.forward = forward
+    log.info("tiled MLP: %d MLPs of %s run in tiles of %d tokens", len(mlps), type(model).__name__,
+             tile_tokens)
+    return len(mlps)
+
+
+def remove_tiled_mlp(model: nn.Module) -> int:
+    """Restore the forwards apply_tiled_mlp replaced; returns how many were restored (0 if none)."""
+    restored = 0
+    for mlp in model.modules():
+        patch = mlp.__dict__.pop(_PATCH_ATTR, None)
+        if patch is None:
+            continue
+        if patch.instance_forward is _MISSING:
+            del mlp.forward
+        else:
+            mlp.forward = patch.instance_forward
+        restored += 1
+    return restored

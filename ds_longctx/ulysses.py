@@ -1,0 +1,181 @@
+"""Ulysses sequence parallelism around attention, plugged into transformers' attention interface.
+
+Dimension legend: b batch, s full sequence, s/sp local slice, h query heads, hk KV heads, d head dim,
+sp sequence-parallel degree, r = sp // hk KV replication factor (when sp > hk).
+
+Each rank holds s/sp tokens of every sequence. Everything outside attention is per-token, so it runs on
+the slice unchanged. Around attention an all-to-all trades the sequence split for a head split:
+
+    q [b, h, s/sp, d] -> [b, h/sp, s, d]      k, v [b, hk, s/sp, d] -> [b, max(hk/sp, 1), s, d]
+    attention on all s tokens, h/sp heads    out [b, s, h/sp, d] -> [b, s/sp, h, d]
+
+GQA: with sp <= hk each rank gets hk/sp KV heads; with hk < sp <= h the KV heads are replicated r = sp/hk
+times before the exchange so each rank gets the one KV head its h/sp query heads read.
+
+Written here rather than built on DeepSpeed's `ulysses_sp.UlyssesSPAttentionHF` because that class
+(a) overwrites transformers' global `sdpa` entry with no way back (we register our own key and remove it:
+`register()`/`unregister()`), (b) all-gathers position_ids in every layer (we derive document boundaries
+once per batch in `sharding.py`), (c) drops packed-document boundaries under SDPA (we pass cu_seqlens to a
+varlen kernel), (d) keeps its groups in module globals (we take a frozen `ParallelState`), and (e) leaves
+the kernel to transformers' dispatch (we pin it: `attention.py`). The exchange itself is the same
+all_to_all_single; tests/distributed/test_ulysses.py checks loss and every gradient against a plain
+single-process model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import attention
+from .parallel_state import ParallelState
+
+ATTN_IMPLEMENTATION = "ds_longctx"
+
+
+class _SeqAllToAll(torch.autograd.Function):
+    """all_to_all_single over the SP group that moves the split from one dim to another.
+
+    x `[..]` with dim `scatter_dim` split into sp chunks (chunk j goes to rank j) and the received chunks
+    concatenated along `gather_dim` in rank order. Backward is the same exchange with the dims swapped.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all(grad.contiguous(), ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    sp = dist.get_world_size(group)
+    shape = list(x.shape)
+    if shape[scatter_dim] % sp:
+        raise ValueError(f"dim {scatter_dim} of size {shape[scatter_dim]} is not divisible by sp={sp}")
+    # [.., S, ..] -> [sp, .., S/sp, ..]: chunk j of the scatter dim leads, goes to rank j
+    chunks = x.reshape(shape[:scatter_dim] + [sp, shape[scatter_dim] // sp] + shape[scatter_dim + 1:])
+    send = chunks.movedim(scatter_dim, 0).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    # recv[j] came from rank j: put it back in place of the gather dim, rank-major
+    out = recv.movedim(0, gather_dim)  # [.., sp, G, ..] with G the old gather-dim size
+    new_shape = list(out.shape)
+    new_shape[gather_dim:gather_dim + 2] = [new_shape[gather_dim] * new_shape[gather_dim + 1]]
+    return out.reshape(new_shape)
+
+
+def seq_to_head(x: torch.Tensor, group) -> torch.Tensor:
+    """`[b, heads, s/sp, d] -> [b, heads/sp, s, d]`."""
+    return _SeqAllToAll.apply(x, group, 1, 2)
+
+
+def head_to_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """`[b, s, heads/sp, d] -> [b, s/sp, heads, d]`."""
+    return _SeqAllToAll.apply(x, group, 1, 2)
+
+
+class UlyssesAttention:
+    """The attention function transformers calls (registered under `ATTN_IMPLEMENTATION`).
+
+    Per batch the engine sets `doc_bounds` (cu_seqlens of the full sequence, or None for one document per
+    row); `calls` counts invocations so the engine can prove attention was routed through here.
+    """
+
+    def __init__(self, state: ParallelState, num_heads: int, num_kv_heads: int):
+        self.state = state
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        sp = state.sp_size
+        self.kv_rep = sp // num_kv_heads if sp > num_kv_heads else 1
+        self.cu_seqlens: Optional[torch.Tensor] = None
+        self.max_seqlen: Optional[int] = None
+        self.calls = 0
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        # query [b, h, s/sp, d]; key/value [b, hk, s/sp, d]; the mask is None (no mask function registered).
+        self.calls += 1
+        if dropout:
+            raise ValueError(f"attention dropout={dropout} is not supported; set attention_dropout=0.0")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        group = self.state.sp_group
+        if group is None:  # sp_size == 1: no exchange
+            out = attention.attend(query, key, value, scale, self.cu_seqlens, self.max_seqlen)
+            return out, None
+        if self.kv_rep > 1:
+            # [b, hk, s/sp, d] -> [b, hk*r = sp, s/sp, d]: each rank receives the KV head its queries read
+            key = key.repeat_interleave(self.kv_rep, dim=1)
+            value = value.repeat_interleave(self.kv_rep, dim=1)
+        q = seq_to_head(query, group)  # [b, h, s/sp, d] -> [b, h/sp, s, d]
+        k = seq_to_head(key, group)    # [b, hk', s/sp, d] -> [b, hk'/sp, s, d]
+        v = seq_to_head(value, group)
+        out = attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen)  # [b, s, h/sp, d]
+        out = head_to_seq(out, group)  # [b, s, h/sp, d] -> [b, s/sp, h, d]
+        return out, None
+
+
+_REGISTERED: Optional[UlyssesAttention] = None
+
+
+def register(model, state: ParallelState) -> UlyssesAttention:
+    """Route `model`'s attention through Ulysses (also for sp_size 1: same kernel choice, packed docs).
+
+    Registers `ATTN_IMPLEMENTATION` in transformers' AttentionInterface (and no mask function, so
+    transformers builds no O(s^2) mask) and switches the model's config to it. Undo with `unregister`.
+    """
+    global _REGISTERED
+    from transformers import AttentionInterface
+
+    check_wrappable(model)
+    cfg = model.config.get_text_config()
+    fn = UlyssesAttention(state, cfg.num_attention_heads, cfg.num_key_value_heads)
+    AttentionInterface.register(ATTN_IMPLEMENTATION, fn)
+    model.config._ds_longctx_prev_attn = model.config._attn_implementation
+    _set_attn(model, ATTN_IMPLEMENTATION)
+    _REGISTERED = fn
+    return fn
+
+
+def unregister(model) -> None:
+    """Restore the model's previous attention implementation and remove ours from transformers."""
+    global _REGISTERED
+    from transformers import AttentionInterface
+
+    prev = getattr(model.config, "_ds_longctx_prev_attn", None)
+    if prev is not None:
+        _set_attn(model, prev)
+        del model.config._ds_longctx_prev_attn
+    AttentionInterface._global_mapping.pop(ATTN_IMPLEMENTATION, None)
+    _REGISTERED = None
+
+
+def _set_attn(model, name: str) -> None:
+    # set on every sub-config too (text config of multimodal models)
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = name
+
+
+def check_wrappable(model) -> None:
+    check_wrappable_class(type(model), model.config)
+
+
+def check_wrappable_class(model_cls, config) -> None:
+    """Refuse, before any work, a model whose attention does not go through transformers' interface."""
+    name = model_cls.__name__
+    if not getattr(model_cls, "_supports_attention_backend", False):
+        raise ValueError(f"model {name} does not dispatch attention through transformers' AttentionInterface "
+                         f"(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that does "
+                         f"(Qwen3, Llama, Mistral, ...)")
+    cfg = config.get_text_config()
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(f"model {name} has layer types {sorted(kinds)}; only full causal attention is supported "
+                         f"(sliding-window / chunked layers are not); disable sliding windows in its config")
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if not getattr(cfg, key, None):
+            raise ValueError(f"model {name}'s config lacks {key}; Ulysses needs the head counts")
