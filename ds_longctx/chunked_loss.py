@@ -11,12 +11,15 @@ Dimensions:
     c = rows in one chunk (chunk_size, the last one may be shorter)
 
 Extra memory for bf16 inputs (chunk_size=4096, V=151,936, H=4096 in brackets):
-    per chunk  c x V x (2 bf16 logits, then 4 fp32 logits turned in place into probabilities,
-               then 2 for their bf16 cast)  ~= c x V x 6 bytes, bounded by c x V x 4 x 2  [3.5 GiB]
-    whole loop grad_weight fp32 accumulator  V x H x 4                                  [2.3 GiB]
-    until backward  grad_hidden N x H x 2 and grad_weight V x H x 2 (the bf16 cast)     [1.0 + 1.2 GiB at N=131,072]
+    per chunk   c x V x (2 bf16 logits, then 4 fp32 logits turned in place into probabilities,
+                then 2 for their bf16 cast) = c x V x 6 bytes, under the c x V x 4 x ~2 bound    [3.5 GiB]
+    whole loop  grad_weight fp32 accumulator V x H x 4                                      [2.3 GiB]
+    held until backward  grad_hidden N x H x 2, grad_weight V x H x 2 (bf16)   [1.0 GiB at N=131,072, 1.2 GiB]
+    peak over the inputs = N x H x 2 + V x H x 4 + c x V x 6 bytes                [6.8 GiB at N=131,072]
 On CUDA the weight gradient is accumulated with ``addmm(out_dtype=float32)``; CPU lacks that kernel,
 so there it multiplies fp32 copies of the [V, c] and [c, H] operands (CPU runs only the tests).
+Numerics: the same bf16 roundings as the plain path, except that with grad_output != 1 the stored bf16
+gradients are rounded once more when backward scales them (tests/test_chunked_loss.py bounds the cost).
 
 Why not DeepSpeed's ``TiledFusedLogitsLoss`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py)?
 It also runs backward inside forward, but through ``torch.autograd.backward`` per shard, so the
@@ -85,13 +88,38 @@ def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: to
         acc.addmm_(grad_t.to(acc.dtype), h_chunk.to(acc.dtype))
 
 
+def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+               grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> torch.Tensor:
+    """Row losses [c] fp32 of one chunk; writes dL/dh_chunk into grad_hidden [c, H] and adds dL/dweight into
+    grad_weight [V, H] (either may be None). A function of its own so that the chunk's [c, V] tensors are
+    freed on return, before the next chunk's are allocated (a loop body would hold them one chunk longer)."""
+    mask = valid.unsqueeze(1)  # [c] -> [c, 1]
+    target = labels.masked_fill(~valid, 0).unsqueeze(1)  # [c] -> [c, 1], ignored rows point at class 0
+    # matmul in the input dtype, then fp32: exactly F.linear(h, w).float()
+    logits = F.linear(h_chunk, weight).float()  # [c, V] fp32
+    row_max = logits.amax(dim=1, keepdim=True)  # [c, 1]
+    target_logit = logits.gather(1, target) - row_max  # [c, 1]
+    exp = logits.sub_(row_max).exp_()  # [c, V] in place: exp(logit - max)
+    sum_exp = exp.sum(dim=1, keepdim=True)  # [c, 1]
+    row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0).squeeze(1)  # [c]: logsumexp - target
+    if grad_hidden is None and grad_weight is None:
+        return row_loss
+    # dL/dlogits = softmax - onehot(target) on kept rows, 0 on ignored rows; in place over exp
+    grad_logits = exp.mul_(mask / sum_exp)  # [c, V]
+    grad_logits.scatter_add_(1, target, -mask.to(grad_logits.dtype))
+    grad_logits = grad_logits.to(h_chunk.dtype)  # the cast F.linear's backward would see
+    if grad_hidden is not None:
+        torch.mm(grad_logits, weight, out=grad_hidden)  # [c, V] @ [V, H] -> [c, H]
+    if grad_weight is not None:
+        _accumulate_grad_weight(grad_weight, grad_logits.t(), h_chunk)  # [V, c] @ [c, H] -> [V, H]
+    return row_loss
+
+
 def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
                 ignore_index: int, need_hidden_grad: bool, need_weight_grad: bool):
     """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight [V, H]
     of their sum (None when not asked). Inputs must have passed ``_validate``."""
     n, h = hidden.shape
-    v = weight.shape[0]
-    need_grad = need_hidden_grad or need_weight_grad
     valid = labels != ignore_index  # [N] bool
     n_chunks = -(-n // chunk_size)
     # [N] -> [n_chunks * c] (padded with False) -> [n_chunks, c] -> [n_chunks]; one host sync for the loop
@@ -99,34 +127,15 @@ def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
 
     losses = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     grad_hidden = torch.zeros(n, h, dtype=hidden.dtype, device=hidden.device) if need_hidden_grad else None
-    grad_weight = torch.zeros(v, h, dtype=torch.float32, device=weight.device) if need_weight_grad else None
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight_grad else None
     for i, start in enumerate(range(0, n, chunk_size)):
         if not has_target[i]:
             continue  # every row ignored: zero loss and zero gradient, already in place
         end = min(start + chunk_size, n)
-        h_chunk = hidden[start:end]  # [c, H]
-        mask = valid[start:end].unsqueeze(1)  # [c, 1]
-        target = labels[start:end].masked_fill(~valid[start:end], 0).unsqueeze(1)  # [c, 1], ignored -> 0
-        # matmul in the input dtype, then fp32: exactly F.linear(h, w).float()
-        logits = F.linear(h_chunk, weight).float()  # [c, V] fp32
-        row_max = logits.amax(dim=1, keepdim=True)  # [c, 1]
-        target_logit = logits.gather(1, target) - row_max  # [c, 1]
-        exp = logits.sub_(row_max).exp_()  # [c, V] in place: exp(logit - max)
-        sum_exp = exp.sum(dim=1, keepdim=True)  # [c, 1]
-        row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0)  # [c, 1]: logsumexp - target logit
-        losses[start:end] = row_loss.squeeze(1)
-        if not need_grad:
-            continue
-        # dL/dlogits = softmax - onehot(target) on kept rows, 0 on ignored rows; in place over exp
-        grad_logits = exp.mul_(mask / sum_exp)  # [c, V]
-        grad_logits.scatter_add_(1, target, -mask.to(grad_logits.dtype))
-        grad_logits = grad_logits.to(hidden.dtype)  # the cast F.linear's backward would see
-        if need_hidden_grad:
-            torch.mm(grad_logits, weight, out=grad_hidden[start:end])  # [c, V] @ [V, H] -> [c, H]
-        if need_weight_grad:
-            _accumulate_grad_weight(grad_weight, grad_logits.t(), h_chunk)  # [V, c] @ [c, H] -> [V, H]
+        losses[start:end] = _one_chunk(hidden[start:end], weight, labels[start:end], valid[start:end],
+                                       None if grad_hidden is None else grad_hidden[start:end], grad_weight)
     if grad_weight is not None:
-        grad_weight = grad_weight.to(weight.dtype)
+        grad_weight = grad_weight.to(weight.dtype)  # fp32 -> weight dtype (a no-op for fp32)
     return losses, grad_hidden, grad_weight
 
 

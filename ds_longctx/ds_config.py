@@ -1,7 +1,7 @@
 """Run config -> DeepSpeed JSON dict. A pure function: no I/O, no torch, unit-tested.
 
-Batch math: DeepSpeed counts data-parallel replicas as world_size / sp_size when given our mpu
-(`parallel_state.ParallelState`), so `train_batch_size = micro_batch * grad_accum * dp`.
+Batch math: with `sequence_parallel_size` in the JSON DeepSpeed counts data-parallel replicas as
+world_size / sp_size, so `train_batch_size = micro_batch * grad_accum * dp` (dp = world / sp).
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             "stage3_max_reuse_distance": 1e9,
             "stage3_gather_16bit_weights_on_model_save": True,
         },
-        # seq_parallel_communication_data_type: DeepSpeed reads it when sp > 1
-        "seq_parallel_communication_data_type": "bf16" if bf16 else "fp32",
     }
     if cfg.warmup_steps == 0:
         del ds["scheduler"]

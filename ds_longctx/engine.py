@@ -9,8 +9,8 @@ Order (each step says why it comes where it does):
     differently per layout, ours does not, so runs of any world size / sp_size start from the same weights.
  4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model.
  5. loss head (`LossHead`): lm_head + cross-entropy on the local slice, token-weighted over the SP group.
- 6. `deepspeed.initialize(model, config, mpu=state)`: ZeRO-3 over all ranks, gradients averaged over
-    the dp = world / sp replicas.
+ 6. `deepspeed.initialize(model, config)`: ZeRO-3 over all W ranks, gradients averaged over W (the
+    loss head's sp factor makes that the mean over the dp = W / sp replicas).
 """
 
 from __future__ import annotations
@@ -98,8 +98,10 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
 class LossHead(nn.Module):
     """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count).
 
-    The loss to backprop is sum(CE on this slice) / tokens(whole SP group): its gradient summed over the
-    SP ranks is the gradient of the sequence's token-mean loss; DeepSpeed then averages over dp replicas.
+    The loss to backprop is sp * sum(CE on this slice) / tokens(whole SP group). DeepSpeed averages
+    gradients over all W = sp * dp ranks, so the sp factor turns that average into the mean over the dp
+    replicas of each sequence's token-mean loss gradient (see parallel_state.py for why DeepSpeed is not
+    told about SP).
     """
 
     def __init__(self, model: nn.Module, state: ParallelState):
@@ -122,7 +124,7 @@ class LossHead(nn.Module):
         else:
             n_group = n_tokens.to(group_sum.dtype)
         n_group = n_group.clamp(min=1)
-        return loss_sum / n_group, group_sum / n_group, n_group
+        return loss_sum * self.state.sp_size / n_group, group_sum / n_group, n_group
 
 
 # ----------------------------------------------------------------------------- engine
@@ -200,8 +202,11 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     # 3. model, partitioned at birth, then deterministic weights
     cls = model_class(hf_cfg)
     hf_cfg._attn_implementation = "sdpa"
+    hf_cfg.dtype = dtype
     is_path = Path(cfg.model).is_dir()
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype, mpu=state.as_mpu(), enabled=not is_path):
+    # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
+    # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None, enabled=not is_path):
         if is_path:
             from transformers.integrations import HfDeepSpeedConfig
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
@@ -217,5 +222,5 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     module = LossHead(model, state)
     # 6. DeepSpeed
     ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
-                                         config=ds_config, mpu=state.as_mpu())
+                                         config=ds_config)
     return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device)

@@ -5,10 +5,12 @@ consecutive ranks, so on one node the all-to-all stays on the fastest links:
 
     W=4, sp=2:  SP groups [0,1] [2,3]      DP groups [0,2] [1,3]
 
-The object also answers DeepSpeed's `mpu` interface (`get_sequence_parallel_*`,
-`get_sequence_data_parallel_*`), so `deepspeed.initialize(mpu=state)` partitions ZeRO-3 over all W ranks
-and averages gradients over the dp replicas only (DeepSpeed divides by W / sp). sp_size == 1 is the
-explicit no-op path: no groups are built and `as_mpu()` returns None.
+DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
+disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the
+default with reduce_scatter, by W), so gradients would depend on a bucket-size setting. DeepSpeed sees a
+plain W-rank data-parallel world (ZeRO-3 partitions over all W ranks, gradients averaged over W) and
+`engine.LossHead` scales the loss by sp, which makes that average the mean over the dp replicas.
+sp_size == 1 is the explicit no-op path: no SP group is built.
 """
 
 from __future__ import annotations
@@ -29,36 +31,6 @@ class ParallelState:
     dp_rank: int
     sp_group: Any = None  # ProcessGroup of this rank's SP peers (None when sp_size == 1)
     dp_group: Any = None  # ProcessGroup of the ranks holding the same sequence slice (None when dp_size == 1)
-
-    # ------------------------------------------------------- DeepSpeed mpu API
-    # DeepSpeed treats an mpu with `initialize_sequence_parallel` as a sequence-parallel mpu.
-    def initialize_sequence_parallel(self, *_: Any) -> None:  # marker only; groups exist already
-        return None
-
-    def get_sequence_parallel_group(self):
-        return self.sp_group
-
-    def get_sequence_parallel_world_size(self) -> int:
-        return self.sp_size
-
-    def get_sequence_parallel_rank(self) -> int:
-        return self.sp_rank
-
-    def get_sequence_data_parallel_group(self):
-        return dist.group.WORLD
-
-    def get_sequence_data_parallel_world_size(self) -> int:
-        return self.world_size
-
-    def get_sequence_data_parallel_rank(self) -> int:
-        return self.rank
-
-    get_model_parallel_rank = get_sequence_parallel_rank
-    get_model_parallel_world_size = get_sequence_parallel_world_size
-    get_model_parallel_group = get_sequence_parallel_group
-
-    def as_mpu(self) -> Optional["ParallelState"]:
-        return self if self.sp_size > 1 else None
 
 
 def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list[int]:

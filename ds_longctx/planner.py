@@ -21,7 +21,7 @@ over the node. GB below means 10⁹ bytes (an "80 GB" card passed as 80 is conse
 
 Usage:
     from ds_longctx.planner import ModelGeometry, choose, plan_memory
-    print(choose(ModelGeometry.from_name_or_path("qwen3-8b"), 1 << 20, 8, 80, 1000).plan.table())
+    print(choose("qwen3-8b", seq_len=1 << 20, gpus=8, gpu_mem_gb=80, host_mem_gb=560).plan.table())
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ GIB = 2**30
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
-# Hidden-size tensors (units of E = T·H·2) live in the top layer's backward, HF eager Qwen3 RMSNorm, which
-# keeps an fp32 upcast (2 units) + the bf16 normed copy for the weight grad (1) + its output, saved by the
-# next matmul (1) = 4 units per norm:
+# Hidden-size tensors (units of E = T·H·2) live in the top layer's backward. HF's eager RMSNorm keeps an
+# fp32 upcast (2 units) + the bf16 normed copy for its weight grad (1), and its output is saved by the next
+# matmul (1): 4 units per norm. (A fused RMSNorm kernel would keep 1 + output: calibrate against a profile.)
 #   mlp_bwd: norm1 (4) + norm2 (4) + grad of the layer output (1) + grad of the MLP input being built (1) = 10
 #   attn_bwd: norm1 (4) + residual-stream grad (1) + grad of the q/k/v-proj input being built (1)   = 6
 HIDDEN_UNITS_MLP_BWD = 10
@@ -169,12 +169,9 @@ class MemoryPlan:
 
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
-        lv = self.levers
-        head = (f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
-                f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} chunk_rows={lv.chunk_rows} "
-                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} offload_layers={lv.offload_layers} "
-                f"optimizer_offload={lv.optimizer_offload}")
-        rows = [head, f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
+        rows = [f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
+                f"T={self.local_tokens:,} | {self.levers}",
+                f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
         for t in self.terms:
             rows.append(f"{t.name:<26}{','.join(t.phases):<17}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
                         f"  {t.formula}")
@@ -229,33 +226,30 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                                repeated to sp heads when sp > hkv (attn_bwd)
         attn_out_local         T·hq·d·2, o_proj's saved input (mlp_bwd)
         MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up), mlp_grads 2·T·I·2;
-                       tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2
+                       tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2,
+                                mlp_tile_wgrad_fp32 3·H·I·4 (tiled_mlp.py's fp32 sum of the MLP weight grads)
     Slack (all):  allocator_slack (fragmentation-1)·(all + peak phase), cuda_context (context, NCCL, cuBLAS)
     Host:  process_overhead G·process_host_gib, dataset_row G·S·16 (ids + labels int64 on each rank)
     """
-    g, G, sp, k = geom, gpus, sp_size, levers.offload_layers
+    g, G, sp, k = _geom(geom), gpus, sp_size, levers.offload_layers
     ok = valid_sp_sizes(g, G)
     if sp not in ok:
         raise ValueError(f"sp_size={sp} must divide gpus={G} and num_attention_heads={g.heads} and be a divisor or "
                          f"multiple of num_key_value_heads={g.kv_heads}; try one of {ok}")
-    if seq_len < 1:
-        raise ValueError(f"seq_len={seq_len} must be a positive number of tokens")
     if not 0 <= k <= g.layers:
         raise ValueError(f"offload_layers={k} must be within 0..{g.layers} (the model's layers)")
-    if levers.chunk_rows < 1 or (levers.tile_tokens is not None and levers.tile_tokens < 1):
-        raise ValueError(f"chunk_rows={levers.chunk_rows} and tile_tokens={levers.tile_tokens} must be >= 1")
-    H, I, L, d, V = g.hidden, g.intermediate, g.layers, g.head_dim, g.vocab
-    hq, hkv = g.heads, g.kv_heads
+    if min(seq_len, levers.chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
+        raise ValueError(f"seq_len={seq_len}, chunk_rows={levers.chunk_rows}, tile_tokens={levers.tile_tokens} "
+                         f"must be >= 1")
+    H, I, L, d, V, hq, hkv = g.hidden, g.intermediate, g.layers, g.head_dim, g.vocab, g.heads, g.kv_heads
     S = -(-seq_len // sp) * sp
-    T = S // sp
+    T, P, Pl = S // sp, g.num_params, g.layer_params
     E = T * H * 2
-    P, Pl = g.num_params, g.layer_params
     hq_l, kv_l = hq // sp, max(hkv // sp, 1)
     terms: list = []
 
     def add(name, gpu, host, formula, phases=ALL):
         terms.append(Term(name, int(gpu), int(host), formula, phases))
-
     part = -(-P // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
     add("params_bf16", 2 * part, 0, "2·P/G")
     off = levers.optimizer_offload
@@ -304,6 +298,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         t = min(levers.tile_tokens or H, T)
         add("mlp_tile", 6 * t * I * 2, 0, f"6·t·I·2 (t={t})", ("mlp_bwd",))
         add("mlp_tile_hidden", 2 * t * H * 2, 0, f"2·t·H·2 (t={t})", ("mlp_bwd",))
+        add("mlp_tile_wgrad_fp32", 3 * H * I * 4 if T > t else 0, 0, "3·H·I·4 if T > t", ("mlp_bwd",))
     else:
         add("mlp_saved", 4 * T * I * 2, 0, "4·T·I·2", ("mlp_bwd",))
         add("mlp_grads", 2 * T * I * 2, 0, "2·T·I·2", ("mlp_bwd",))
@@ -311,10 +306,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in PHASES)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
-    sub = base + peak_extra
+    sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
     slack = round((fragmentation - 1) * sub)
     add("allocator_slack", slack, 0, f"({fragmentation:g}-1)·(all + {peak_phase})")
-    ctx = round(cuda_context_gib * GIB)
     add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
@@ -363,7 +357,7 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
-def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs) -> Optional[Choice]:
+def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None) -> Optional[Choice]:
     """The first fit in this order: optimizer on GPU before offloaded; sp ascending; fewest offloaded layers.
 
     GPU bytes fall with every offloaded layer past the first (k=1 costs one checkpoint more than k=0: the
@@ -372,7 +366,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs) -> Optional[Cho
     """
     L = geom.layers
     for opt in (False, True):
-        for sp in valid_sp_sizes(geom, gpus):
+        for sp in [sp_size] if sp_size else valid_sp_sizes(geom, gpus):
             lv = Levers(tile_tokens=min(geom.hidden, -(-seq_len // sp)), optimizer_offload=opt)
             lv = replace(lv, chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
             gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
@@ -388,15 +382,14 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs) -> Optional[Cho
             if plan.host_peak_bytes > host_budget:
                 continue
             k = plan.levers.offload_layers
-            notes = [f"sp_size={sp}: the smallest of {valid_sp_sizes(geom, gpus)} that fits"
-                     + (" with the optimizer on GPU" if not opt else ""),
+            notes = [f"sp_size={sp}: " + ("pinned" if sp_size else
+                                          f"the smallest of {valid_sp_sizes(geom, gpus)} that fits"),
                      f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
                      + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
                      f"tile_tokens={lv.tile_tokens}: min(T, hidden), TiledMLP's ceil(T/hidden) shards",
-                     f"chunk_rows={plan.levers.chunk_rows}: largest power of two <= 4096 whose loss phase stays "
-                     f"under the layer-backward phase (floor 256)",
-                     "optimizer_offload=" + ("True: nothing fits with the optimizer state on GPU" if opt
-                                             else "False: not needed")]
+                     f"chunk_rows={lv.chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
+                     f"layer-backward phase (floor 256)",
+                     f"optimizer_offload={opt}: " + ("nothing fits with it on GPU" if opt else "not needed")]
             if plan.seq_len > geom.max_position_embeddings:
                 notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings "
                              f"{geom.max_position_embeddings:,}: train with YaRN (rope scaling)")
@@ -405,37 +398,38 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs) -> Optional[Cho
 
 
 def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-           **knobs) -> Choice:
+           sp_size: Optional[int] = None, **knobs) -> Choice:
     """The levers for `seq_len` tokens on `gpus` GPUs of `gpu_mem_gb` GB with `host_mem_gb` GB of host RAM.
 
     A plan fits when its per-GPU peak <= headroom·gpu_mem_gb and its node host peak <= headroom·host_mem_gb.
     Rules: the optimizer stays on GPU unless no sp_size fits that way; sp_size is the smallest valid one that
     fits; offload_layers the fewest that fit (only the layers that must leave the GPU go); tile_tokens =
-    min(T, hidden); chunk_rows as in `_chunk_rows`. `knobs` go to `plan_memory` (live_layers, fragmentation,
-    cuda_context_gib, process_host_gib). Raises `NoFit` with the longest length that fits and what to change.
+    min(T, hidden); chunk_rows as in `_chunk_rows`. `sp_size` pins sp (e.g. sp = gpus for one sequence per
+    step: the smallest-sp rule may pick dp > 1 with offloaded layers over a larger sp with none). `knobs` go
+    to `plan_memory` (live_layers, fragmentation, cuda_context_gib, process_host_gib). Raises `NoFit` with
+    the longest length that fits and what to change.
     """
     geom = _geom(geom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
-    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs)
-    if found is not None:
+    if sp_size is not None:
+        plan_memory(geom, 1, gpus, sp_size)  # validates sp_size, naming the valid ones
+    if (found := _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size)) is not None:
         return found
-    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, **knobs)
-    sp = valid_sp_sizes(geom, gpus)[-1]
-    best = plan_memory(geom, seq_len, gpus, sp, Levers(chunk_rows=256, tile_tokens=min(geom.hidden, seq_len // sp or 1),
-                                                       offload_layers=geom.layers, optimizer_offload=True), **knobs)
-    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs) is not None
+    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, **knobs)
+    sp = sp_size or valid_sp_sizes(geom, gpus)[-1]
+    best = plan_memory(geom, seq_len, gpus, sp, Levers(chunk_rows=256, offload_layers=geom.layers,
+                                                       optimizer_offload=True), **knobs)
+    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs, sp_size) is not None
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB "
              f"host (x headroom {headroom:g}). Every lever on (sp_size={sp}, all {geom.layers} checkpoints and the "
              f"optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and {best.host_peak_bytes / GB:.1f} "
              f"GB host. Longest length that fits: {max_len:,} tokens."]
-    need_gpu = _least(lambda b: fits(gpus, b, host_budget))
-    if need_gpu is not None:
+    if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
         lines.append(f"Fix: GPUs of >= {need_gpu / headroom / GB:.0f} GB (same count and host).")
-    need_host = _least(lambda b: fits(gpus, gpu_budget, b))
-    if need_host is not None:
+    if (need_host := _least(lambda b: fits(gpus, gpu_budget, b))) is not None:
         lines.append(f"Fix: >= {need_host / headroom / GB:.0f} GB host RAM (same GPUs).")
     more = next((n for n in (2 * gpus, 4 * gpus, 8 * gpus) if fits(n, gpu_budget, host_budget * n / gpus)), None)
-    if more:
+    if more:  # host RAM is assumed to grow with the GPU count
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
@@ -453,7 +447,7 @@ def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
 
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                 multiple: int = 1024, upper: int = 1 << 32, **knobs) -> int:
+                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
 
@@ -464,7 +458,7 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
 
     def fits(n: int) -> bool:
-        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs) is not None
+        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size) is not None
 
     if not fits(1):
         return 0

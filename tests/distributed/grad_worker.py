@@ -1,0 +1,48 @@
+"""Worker for test_ulysses.py: one forward/backward through the engine, rank 0 saves loss + full grads.
+
+torchrun --nproc_per_node N tests/distributed/grad_worker.py --sp 2 --length 64 --out grads.pt [--packed]
+"""
+
+import argparse
+import os
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sp", type=int, required=True)
+    ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--packed", type=str, default="")  # comma-separated document lengths
+    ap.add_argument("--attn_backend", default="auto")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    import deepspeed
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import SyntheticRetrieval
+    from ds_longctx.engine import build_engine
+
+    seq_len = a.length - a.length % a.sp  # the config needs a multiple of sp; the batch may be longer
+    cfg = RunConfig(model="qwen3-tiny", seq_len=max(seq_len, a.sp), sp_size=a.sp, dtype="fp32", seed=0,
+                    attn_backend=a.attn_backend, output_dir=os.path.dirname(a.out))
+    eng = build_engine(cfg)
+    st = eng.state
+    data = SyntheticRetrieval(a.length, eng.model.config.vocab_size, seed=0)
+    ids = data.batch(0, 1, st.dp_rank, st.dp_size)
+    pos = None
+    if a.packed:
+        lens = [int(x) for x in a.packed.split(",")]
+        assert sum(lens) == a.length
+        pos = torch.cat([torch.arange(n) for n in lens])[None]
+    res = eng.forward_backward(ids, position_ids=pos)
+    grads = {}
+    for name, p in eng.module.named_parameters():
+        g = deepspeed.utils.safe_get_full_grad(p)
+        grads[name.removeprefix("model.")] = g.detach().clone().cpu()
+    if st.rank == 0:
+        torch.save({"loss": res.loss, "tokens": res.tokens, "grads": grads}, a.out)
+
+
+if __name__ == "__main__":
+    main()
