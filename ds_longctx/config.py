@@ -50,6 +50,24 @@ class RunConfig(BaseModel):
                              "DeepSpeed's fused Adam (GPU) / CPU Adam (optimizer offload), built on first use.")
     log_every: int = Field(1, ge=1, description="Progress-bar refresh interval in steps.")
 
+    # ---- memory levers (applied in engine.py's documented order)
+    chunked_loss: bool = Field(True, description="lm_head + cross-entropy over row chunks: the L x V logits never "
+                               "exist in full (chunked_loss.py). False: plain lm_head then F.cross_entropy.")
+    loss_chunk_rows: int = Field(4096, gt=0, description="Rows per chunk of the chunked loss.")
+    activation_checkpointing: bool = Field(True, description="Keep only each decoder layer's input; recompute the "
+                                           "layer in backward.")
+    activation_offload: bool = Field(False, description="Move the kept layer inputs to pinned host memory "
+                                     "(through DeepSpeed's activation checkpointing, offload.py).")
+    offload_layers: Union[int, Literal["all", "auto"]] = Field("all", description="Which layers' checkpoints "
+                                                               "leave the GPU when activation_offload: all, auto "
+                                                               "(the planner's fewest that fit) or the first N.")
+    tiled_mlp: bool = Field(False, description="Run each MLP over sequence tiles with recompute (tiled_mlp.py).")
+    tile_tokens: Optional[int] = Field(None, gt=0, description="Tokens per MLP tile (default: hidden size).")
+    rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = Field("auto", description="auto: YaRN when "
+                                                                       "seq_len exceeds the model's trained length "
+                                                                       "(rope.py); none; yarn; or explicit "
+                                                                       "rope_parameters.")
+
     @field_validator("attn_backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
@@ -73,6 +91,11 @@ class RunConfig(BaseModel):
         if self.seq_len < self.sp_size:
             raise ValueError(f"seq_len={self.seq_len} is shorter than sp_size={self.sp_size}: each rank needs at "
                              f"least one token; raise seq_len or lower sp_size")
+        if self.activation_offload and not self.activation_checkpointing:
+            raise ValueError("activation_offload=true needs activation_checkpointing=true (it offloads the "
+                             "checkpointed layer inputs); set activation_checkpointing: true")
+        if isinstance(self.offload_layers, int) and self.offload_layers < 0:
+            raise ValueError(f"offload_layers={self.offload_layers} must be >= 0, 'all' or 'auto'")
         if self.seq_len % self.sp_size:
             lo = self.seq_len - self.seq_len % self.sp_size
             raise ValueError(f"seq_len={self.seq_len} is not divisible by sp_size={self.sp_size}; use seq_len="

@@ -7,6 +7,7 @@ world_size / sp_size, so `train_batch_size = micro_batch * grad_accum * dp` (dp 
 from __future__ import annotations
 
 from .config import RunConfig
+from .offload import activation_checkpointing_block
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
@@ -43,6 +44,8 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             "stage3_gather_16bit_weights_on_model_save": True,
         },
     }
+    if cfg.activation_checkpointing:
+        ds["activation_checkpointing"] = activation_checkpointing_block(cfg.activation_offload, on_gpu)
     if cfg.warmup_steps == 0:
         del ds["scheduler"]
     return ds

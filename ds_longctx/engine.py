@@ -4,12 +4,18 @@ Order (each step says why it comes where it does):
  1. validate: sp_size against world size and heads, attention backend, model class: all before anything
     is allocated, so bad input fails in seconds with a message that names the fix.
  2. process groups (`parallel_state`): zero.Init and the Ulysses exchange need them.
- 3. model under `deepspeed.zero.Init`: parameters are born partitioned (an 8B model never exists whole
+ 3. YaRN rope scaling from the target seq_len (`rope.apply_rope_scaling`) on the config, then the
+    model under `deepspeed.zero.Init`: parameters are born partitioned (an 8B model never exists whole
     on one rank), then re-drawn deterministically per parameter name (`init_weights`): zero.Init draws
     differently per layout, ours does not, so runs of any world size / sp_size start from the same weights.
  4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model.
- 5. loss head (`LossHead`): lm_head + cross-entropy on the local slice, token-weighted over the SP group.
- 6. `deepspeed.initialize(model, config)`: ZeRO-3 over all W ranks, gradients averaged over W (the
+ 5. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 6 so the checkpoint
+    recompute runs the tiled code too.
+ 6. activation checkpointing of every decoder layer (after 4: the recompute replays the exchange), then
+    CPU offload of the first `offload_layers` checkpoints through DeepSpeed's checkpointing (`offload.py`).
+ 7. loss head (`LossHead`): chunked lm_head + cross-entropy on the local slice, token-weighted over the
+    SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module.
+ 8. `deepspeed.initialize(model, config)`: ZeRO-3 over all W ranks, gradients averaged over W (the
     loss head's sp factor makes that the mean over the dp = W / sp replicas).
 """
 
@@ -26,11 +32,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import attention, ulysses
+from .chunked_loss import chunked_cross_entropy, plain_cross_entropy
 from .config import SHIPPED_MODELS_DIR, RunConfig
 from .ds_config import build_ds_config
+from .offload import apply_activation_offload, decoder_layers, resolve_offload_layers
+from .rope import apply_rope_scaling
+from .tiled_mlp import apply_tiled_mlp
 from .parallel_state import ParallelState, build_parallel_state, check_sp_size
 from .sharding import IGNORE_INDEX, shard_batch
 
@@ -95,6 +104,29 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
 
 
 # ----------------------------------------------------------------------------- loss head
+class LMHeadLoss(nn.Module):
+    """lm_head + cross-entropy sum on the local slice, chunked or plain (chunked_loss.py).
+
+    The lm_head weight is registered as a ZeRO-3 *external* parameter of this module, so DeepSpeed gathers
+    it only while the loss runs (not for the whole forward) and the chunked Function can take it as input.
+    """
+
+    def __init__(self, lm_head: nn.Module, chunked: bool, chunk_rows: int):
+        super().__init__()
+        self._lm_head = [lm_head]  # a list: not a submodule, its params stay owned by the model
+        self.chunked, self.chunk_rows = chunked, chunk_rows
+        weight = lm_head.weight
+        if hasattr(weight, "ds_id"):
+            import deepspeed
+            deepspeed.zero.register_external_parameter(self, weight)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        weight = self._lm_head[0].weight  # [V, H]
+        if self.chunked:
+            return chunked_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
+        return plain_cross_entropy(hidden, weight, labels)
+
+
 class LossHead(nn.Module):
     """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count).
 
@@ -104,17 +136,16 @@ class LossHead(nn.Module):
     told about SP).
     """
 
-    def __init__(self, model: nn.Module, state: ParallelState):
+    def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096):
         super().__init__()
         self.model = model
         self.state = state
+        self.loss = LMHeadLoss(model.get_output_embeddings(), chunked, chunk_rows)
 
     def forward(self, input_ids, position_ids, shift_labels):
         hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False).last_hidden_state  # [b, s/sp, H]
-        logits = self.model.get_output_embeddings()(hidden)  # [b, s/sp, V]
-        loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), shift_labels.flatten(),
-                                   ignore_index=IGNORE_INDEX, reduction="sum")
+        loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
         n_tokens = (shift_labels != IGNORE_INDEX).sum()
         group_sum = loss_sum.detach().clone()
         if self.state.sp_group is not None:
@@ -174,6 +205,17 @@ class LongCtxEngine:
         return res
 
 
+def auto_offload_layers(cfg: RunConfig, world_size: int) -> int:
+    """The fewest layers whose checkpoints must leave the GPU for this run to fit (planner.py)."""
+    from .planner import ModelGeometry, fewest_offload_layers
+    total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+    if not total:
+        return 0
+    return fewest_offload_layers(ModelGeometry.from_name_or_path(cfg.model), cfg.seq_len, world_size,
+                                 cfg.sp_size, gpu_mem_gb=total / 1e9, chunk_rows=cfg.loss_chunk_rows,
+                                 tiled_mlp=cfg.tiled_mlp, tile_tokens=cfg.tile_tokens)
+
+
 def validate(cfg: RunConfig, world_size: int):
     """Every check that needs no allocation. Returns the HF config."""
     hf_cfg = load_hf_config(cfg.model)
@@ -185,7 +227,7 @@ def validate(cfg: RunConfig, world_size: int):
 
 
 def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
-    """Steps 1-6 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
+    """Steps 1-8 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
     import deepspeed
 
     # 1. validate (world size from the launcher's environment, before any process group exists)
@@ -203,6 +245,8 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     cls = model_class(hf_cfg)
     hf_cfg._attn_implementation = "sdpa"
     hf_cfg.dtype = dtype
+    # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
+    apply_rope_scaling(hf_cfg, cfg.seq_len, cfg.rope_scaling)
     is_path = Path(cfg.model).is_dir()
     # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
     # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
@@ -218,9 +262,21 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     model.train()  # SP must never run in eval mode by accident (see KNOWN.md)
     # 4. Ulysses attention
     attn = ulysses.register(model, state)
-    # 5. loss head
-    module = LossHead(model, state)
-    # 6. DeepSpeed
+    # 5. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
+    #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
+    if cfg.tiled_mlp:
+        apply_tiled_mlp(model, cfg.tile_tokens or hf_cfg.get_text_config().hidden_size)
+    # 6. activation checkpointing, then offload of the first N layers' checkpoints through DeepSpeed's
+    #    checkpoint (needs 5's final layer code and the DeepSpeed JSON's activation_checkpointing block)
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.activation_offload:
+            n_layers = len(decoder_layers(model))
+            auto = auto_offload_layers(cfg, state.world_size) if cfg.offload_layers == "auto" else None
+            apply_activation_offload(model, ds_config, resolve_offload_layers(cfg.offload_layers, n_layers, auto))
+    # 7. loss head: chunked lm_head + CE on the local slice
+    module = LossHead(model, state, cfg.chunked_loss, cfg.loss_chunk_rows)
+    # 8. DeepSpeed
     ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
                                          config=ds_config)
     return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device)

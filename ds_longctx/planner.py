@@ -471,3 +471,23 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo * multiple
+
+
+def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, headroom: float = 0.9,
+                          chunk_rows: int = 4096, tiled_mlp: bool = True, tile_tokens: Optional[int] = None,
+                          optimizer_offload: bool = False, **knobs) -> int:
+    """`offload_layers: auto`: the fewest layers whose checkpoints must leave the GPU for the per-GPU peak to
+    stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run then fails loudly)."""
+    geom = _geom(geom)
+    lv = Levers(chunk_rows=chunk_rows, tiled_mlp=tiled_mlp, tile_tokens=tile_tokens,
+                optimizer_offload=optimizer_offload)
+    budget = headroom * gpu_mem_gb * GB
+    fits = lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(lv, offload_layers=k),
+                                 **knobs).gpu_peak_bytes <= budget
+    if fits(0) or not fits(geom.layers):
+        return 0 if fits(0) else geom.layers
+    lo, hi = 0, geom.layers
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi

@@ -1,0 +1,202 @@
+"""YaRN RoPE scaling: choose the factor for a target length and set it on the HF config before the model is built.
+
+Dimensions: d head_dim (d/2 rotary frequencies), s target sequence length, O the trained ("original")
+context, F the YaRN factor, b rope_theta.
+
+    apply_rope_scaling(hf_config, seq_len=1_048_576, mode="auto")   # then build the model from hf_config
+
+The rule. O defaults to the config's `max_position_embeddings` (or, for a config that already carries
+YaRN, its `original_max_position_embeddings`, so applying twice gives the same result). F = s / O,
+rounded UP to a multiple of 1/8: F is then exact in binary, F x O is a whole number of positions >= s
+whenever 8 divides O, and the overshoot is at most O/8 positions. `max_position_embeddings` becomes
+max(old, s, F x O), so transformers' own check (max_position_embeddings / O == F) holds in the usual case.
+
+Qwen3's convention. Qwen's model cards enable YaRN with original_max_position_embeddings = 32768 even
+though `max_position_embeddings` is 40960 (factor 4 -> 131,072 tokens, factor 32 -> 1,048,576). The
+default here takes O = 40960 for Qwen3 (1M tokens -> F = 25.625); pass
+`original_max_position_embeddings=32768` (or an explicit dict) to follow Qwen's cards exactly.
+
+`yarn_inv_freq` is our own computation from the YaRN paper (Peng et al. 2023, arXiv:2309.00071,
+"NTK-by-parts" + attention temperature), written without transformers so the test can hold transformers'
+`ROPE_INIT_FUNCTIONS["yarn"]` to it. Per frequency i (theta_i = b^(-2i/d)) the number of rotations over
+the trained context is r_i = O theta_i / 2pi. Frequencies with r > beta_fast (32) keep theta_i (they
+already turned many times inside O), those with r < beta_slow (1) are interpolated to theta_i / F, and
+the ones between are blended. As in the authors' reference code (and transformers), the blend is linear
+in the frequency index i between the dimensions where r = beta_fast and r = beta_slow, rounded outward
+(floor / ceil), rather than linear in r as the paper's formula reads. The attention temperature
+sqrt(1/t) = 0.1 ln F + 1 multiplies cos and sin, so q.k is scaled by 1/t.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from typing import Optional, Union
+
+import torch
+
+log = logging.getLogger("ds_longctx")
+
+FACTOR_STEP = 8   # F is rounded up to a multiple of 1 / FACTOR_STEP
+MODES = ("auto", "none", "yarn")
+_YARN_REQUIRED = ("rope_type", "factor", "original_max_position_embeddings")
+# Kept from a config's existing rope parameters when we recompute YaRN for it (the factor is ours).
+_CARRIED_KEYS = ("partial_rotary_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
+
+
+def _rope_params(hf_config) -> dict:
+    rp = getattr(hf_config, "rope_parameters", None) or {}
+    if any(isinstance(v, dict) for v in rp.values()):
+        raise ValueError(f"rope_parameters of {type(hf_config).__name__} are per layer type "
+                         f"({sorted(rp)}); YaRN scaling here supports one global RoPE only")
+    return rp
+
+
+def _rope_theta(hf_config) -> float:
+    theta = _rope_params(hf_config).get("rope_theta") or getattr(hf_config, "rope_theta", None)
+    if theta is None:
+        raise ValueError(f"{type(hf_config).__name__} has no rope_theta (neither in rope_parameters nor as an "
+                         "attribute); set config.rope_parameters['rope_theta'] to the model's RoPE base")
+    return float(theta)
+
+
+def trained_context(hf_config) -> int:
+    """The context the model was trained at: YaRN's original length if already scaled, else max_position_embeddings."""
+    rp = _rope_params(hf_config)
+    if rp.get("rope_type") == "yarn" and rp.get("original_max_position_embeddings"):
+        return int(rp["original_max_position_embeddings"])
+    return int(hf_config.max_position_embeddings)
+
+
+def _check_seq_len(seq_len) -> None:
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive int (the training sequence length in tokens)")
+
+
+def yarn_rope_parameters(hf_config, seq_len: int, original_max_position_embeddings: Optional[int] = None
+                         ) -> Optional[dict]:
+    """The `rope_parameters` dict for YaRN at `seq_len`, or None when seq_len <= the trained context O.
+
+    O = `original_max_position_embeddings` if given, else `trained_context(hf_config)`;
+    factor = seq_len / O rounded up to a multiple of 1/8; rope_theta is the model's own.
+    """
+    _check_seq_len(seq_len)
+    orig = original_max_position_embeddings or trained_context(hf_config)
+    if not isinstance(orig, int) or orig < 1:
+        raise ValueError(f"original_max_position_embeddings={orig!r} must be a positive int "
+                         "(the context the model was trained at, e.g. 32768 for Qwen3)")
+    if seq_len <= orig:
+        return None
+    factor = -(-seq_len * FACTOR_STEP // orig) / FACTOR_STEP      # ceil(s * 8 / O) / 8, exact integers
+    rp = _rope_params(hf_config)
+    carried = {k: rp[k] for k in _CARRIED_KEYS if k in rp} if rp.get("rope_type") in (None, "default", "yarn") \
+        else {}
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
+            "rope_theta": _rope_theta(hf_config), **carried}
+
+
+def _validated(params: dict, hf_config, seq_len: int) -> dict:
+    """An explicit rope_parameters dict, checked, with the model's rope_theta filled in if missing."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if not isinstance(params.get("rope_type"), str):
+        raise ValueError(f"rope_parameters={params!r} has no 'rope_type'; e.g. {{'rope_type': 'yarn', 'factor': 4.0, "
+                         "'original_max_position_embeddings': 32768}}")
+    rope_type = params["rope_type"]
+    known = ("default", *ROPE_INIT_FUNCTIONS)
+    if rope_type not in known:
+        raise ValueError(f"rope_parameters rope_type={rope_type!r} is not one transformers knows; use one of {known}")
+    if rope_type == "yarn":
+        missing = [k for k in _YARN_REQUIRED if k not in params]
+        if missing:
+            raise ValueError(f"YaRN rope_parameters={params!r} is missing {missing}; give all of {list(_YARN_REQUIRED)}, "
+                             f"e.g. factor={seq_len / trained_context(hf_config):.3f} and "
+                             f"original_max_position_embeddings={trained_context(hf_config)} for seq_len={seq_len}")
+        orig = params["original_max_position_embeddings"]
+        if not isinstance(orig, int) or orig < 1:
+            raise ValueError(f"rope_parameters original_max_position_embeddings={orig!r} must be a positive int")
+    factor = params.get("factor")
+    if factor is not None and (not isinstance(factor, (int, float)) or factor < 1):
+        raise ValueError(f"rope_parameters factor={factor!r} must be a number >= 1 (a factor < 1 compresses the "
+                         f"trained context); for seq_len={seq_len} use factor = seq_len / "
+                         f"original_max_position_embeddings, or mode='none' to leave RoPE unscaled")
+    out = copy.deepcopy(params)
+    if rope_type == "yarn":
+        out["factor"] = float(factor)
+        if factor * out["original_max_position_embeddings"] < seq_len:
+            log.warning("rope: YaRN factor %s x original_max_position_embeddings %d = %d covers less than "
+                        "seq_len=%d; positions past it are out of distribution", factor,
+                        out["original_max_position_embeddings"], factor * out["original_max_position_embeddings"],
+                        seq_len)
+    out.setdefault("rope_theta", _rope_theta(hf_config))
+    return out
+
+
+def apply_rope_scaling(hf_config, seq_len: int, mode: Union[str, dict] = "auto",
+                       original_max_position_embeddings: Optional[int] = None) -> Optional[dict]:
+    """Set `hf_config.rope_parameters` (and max_position_embeddings >= seq_len) for training at `seq_len`.
+
+    mode: "auto" (YaRN when seq_len exceeds the trained context, else unchanged), "yarn" (always; factor 1.0,
+    a no-op YaRN, when seq_len fits), "none" (never; warns when seq_len exceeds the trained context), or an
+    explicit rope_parameters dict. Call before building the model. Returns the dict applied, or None when the
+    config was left unchanged. Logs one line saying what and why.
+    """
+    _check_seq_len(seq_len)
+    trained = original_max_position_embeddings or trained_context(hf_config)
+    if isinstance(mode, dict):
+        params, why = _validated(mode, hf_config, seq_len), "explicit rope_parameters"
+    elif mode == "none":
+        if seq_len > trained:
+            log.warning("rope: rope_scaling='none' but seq_len=%d exceeds the trained context %d: positions past "
+                        "%d are out of distribution and quality will suffer; use rope_scaling='auto' (YaRN) unless "
+                        "this is deliberate", seq_len, trained, trained)
+        return None
+    elif mode in ("auto", "yarn"):
+        params = yarn_rope_parameters(hf_config, seq_len, original_max_position_embeddings)
+        if params is None and mode == "auto":
+            log.info("rope: unchanged (seq_len=%d fits the trained context %d)", seq_len, trained)
+            return None
+        if params is None:
+            params = {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": trained,
+                      "rope_theta": _rope_theta(hf_config)}
+            why = f"rope_scaling='yarn' asked for; seq_len={seq_len} fits the trained context {trained}"
+        else:
+            why = f"seq_len={seq_len} exceeds the trained context {trained}"
+    else:
+        raise ValueError(f"rope_scaling mode={mode!r} is not one of {MODES} or a rope_parameters dict")
+
+    old_max = int(hf_config.max_position_embeddings)
+    covered = math.ceil(params["factor"] * params["original_max_position_embeddings"]) \
+        if params["rope_type"] == "yarn" else 0
+    hf_config.rope_parameters = params
+    hf_config.max_position_embeddings = max(old_max, seq_len, covered)
+    log.info("rope: %s factor %s (original_max_position_embeddings=%s, rope_theta=%g): %s; "
+             "max_position_embeddings %d -> %d", params["rope_type"], params.get("factor"),
+             params.get("original_max_position_embeddings"), params["rope_theta"], why, old_max,
+             hf_config.max_position_embeddings)
+    return params
+
+
+def yarn_inv_freq(head_dim: int, rope_theta: float, factor: float, original_max_position_embeddings: int,
+                  beta_fast: float = 32, beta_slow: float = 1) -> tuple[torch.Tensor, float]:
+    """YaRN inverse frequencies [d/2] (fp32) and the attention factor sqrt(1/t), from the paper (see module doc)."""
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even and >= 2 (RoPE rotates pairs of dimensions)")
+    if factor < 1:
+        raise ValueError(f"factor={factor} must be >= 1; YaRN stretches the trained context, it does not shrink it")
+    orig, base = original_max_position_embeddings, float(rope_theta)
+    i = torch.arange(head_dim // 2, dtype=torch.float64)                   # frequency index, [d/2]
+    theta = base ** (-2.0 * i / head_dim)                                   # theta_i, [d/2]
+
+    def dim_at(rotations: float) -> float:   # the (fractional) index i where r_i = O theta_i / 2pi == rotations
+        return head_dim * math.log(orig / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(dim_at(beta_fast)), 0)               # below: r > beta_fast, keep theta_i
+    high = min(math.ceil(dim_at(beta_slow)), head_dim - 1)    # above: r < beta_slow, theta_i / F
+    if high == low:
+        high += 0.001
+    blend = ((i - low) / (high - low)).clamp(0.0, 1.0)        # 0 keeps theta_i, 1 interpolates, [d/2]
+    inv_freq = theta * (1 - blend) + (theta / factor) * blend
+    attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq.to(torch.float32), attention_factor

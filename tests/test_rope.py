@@ -1,0 +1,129 @@
+"""YaRN: our inverse frequencies against transformers' own, the factor rule, and the config mutation."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import ds_longctx
+from ds_longctx.rope import apply_rope_scaling, trained_context, yarn_inv_freq, yarn_rope_parameters
+
+MODELS = Path(ds_longctx.__file__).parent / "models"
+
+
+def config(name: str):
+    from transformers import Qwen3Config
+
+    return Qwen3Config.from_dict(json.loads((MODELS / f"{name}.json").read_text()))
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs() / b.double().abs()).max().item()   # elementwise: inv_freq > 0
+
+
+@pytest.mark.parametrize("seq_len, factor", [(131_072, 4.0), (1_048_576, 32.0)])
+def test_yarn_inv_freq_matches_transformers_qwen3_8b(seq_len, factor):
+    """Qwen's documented YaRN (original_max_position_embeddings 32768) at Qwen3-8B geometry."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = config("qwen3-8b")
+    params = yarn_rope_parameters(cfg, seq_len, original_max_position_embeddings=32768)
+    assert params == {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 32768,
+                      "rope_theta": 1e6}
+    cfg.rope_parameters = params
+    ref_inv_freq, ref_attention = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    inv_freq, attention = yarn_inv_freq(128, 1e6, factor, 32768)
+    assert inv_freq.dtype == torch.float32 and inv_freq.shape == ref_inv_freq.shape == (64,)
+    assert rel_err(inv_freq, ref_inv_freq) <= 1e-6
+    assert abs(attention - ref_attention) <= 1e-6 * ref_attention
+    # the blend is really there: the fastest frequency is kept, the slowest divided by the factor
+    theta = 1e6 ** (-torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    assert rel_err(inv_freq[:1], theta[:1]) <= 1e-6 and rel_err(inv_freq[-1:], theta[-1:] / factor) <= 1e-6
+
+
+def test_tiny_model_built_after_auto_uses_our_yarn():
+    from transformers import Qwen3ForCausalLM
+
+    cfg = config("qwen3-tiny")                  # max_position_embeddings 2048, head_dim 16, theta 1e6
+    applied = apply_rope_scaling(cfg, 8192, "auto")
+    assert applied == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+                       "rope_theta": 1e6}
+    assert cfg.max_position_embeddings == 8192
+    rotary = Qwen3ForCausalLM(cfg).model.rotary_emb
+    inv_freq, attention = yarn_inv_freq(16, 1e6, 4.0, 2048)
+    assert rel_err(rotary.inv_freq, inv_freq) <= 1e-6
+    assert abs(rotary.attention_scaling - attention) <= 1e-6 * attention
+    assert apply_rope_scaling(cfg, 8192, "auto") == applied     # applying twice: the same
+
+
+@pytest.mark.parametrize("seq_len, orig, factor", [
+    (100_000, 32768, 3.125),        # 3.0518 rounded up to a multiple of 1/8
+    (131_072, 40960, 3.25),         # Qwen3-8B default O = max_position_embeddings (3.2 -> 3.25)
+    (1_048_576, 40960, 25.625),
+    (32769, 32768, 1.125),
+])
+def test_factor_rounds_up_to_an_eighth(seq_len, orig, factor):
+    cfg = config("qwen3-8b")
+    params = yarn_rope_parameters(cfg, seq_len, orig if orig != 40960 else None)
+    assert params["factor"] == factor and params["original_max_position_embeddings"] == orig
+    assert factor * orig >= seq_len and factor * orig - seq_len <= orig / 8
+    apply_rope_scaling(cfg, seq_len, "auto", original_max_position_embeddings=orig)
+    assert cfg.max_position_embeddings == max(40960, int(factor * orig))
+
+
+def test_fits_in_trained_context():
+    cfg = config("qwen3-tiny")
+    before = cfg.to_dict()
+    assert yarn_rope_parameters(cfg, 2048) is None
+    assert apply_rope_scaling(cfg, 2048, "auto") is None
+    assert cfg.to_dict() == before
+    forced = apply_rope_scaling(cfg, 1024, "yarn")             # "yarn" always: factor 1, a no-op YaRN
+    assert forced["factor"] == 1.0 and cfg.max_position_embeddings == 2048
+    assert rel_err(yarn_inv_freq(16, 1e6, 1.0, 2048)[0], 1e6 ** (-torch.arange(0, 16, 2) / 16)) <= 1e-6
+
+
+def test_none_leaves_config_unchanged_and_warns(caplog):
+    cfg = config("qwen3-tiny")
+    before = cfg.to_dict()
+    with caplog.at_level(logging.WARNING, logger="ds_longctx"):
+        assert apply_rope_scaling(cfg, 8192, "none") is None
+    assert cfg.to_dict() == before
+    assert "seq_len=8192 exceeds the trained context 2048" in caplog.text
+
+
+def test_explicit_dict_is_validated_and_completed(caplog):
+    cfg = config("qwen3-8b")
+    qwen_card = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    with caplog.at_level(logging.INFO, logger="ds_longctx"):
+        applied = apply_rope_scaling(cfg, 131_072, qwen_card)
+    assert applied == {**qwen_card, "rope_theta": 1e6} and "rope_theta" not in qwen_card
+    assert cfg.rope_parameters == applied and cfg.max_position_embeddings == 131_072
+    assert trained_context(cfg) == 32768
+    assert "factor 4.0" in caplog.text and "explicit" in caplog.text
+
+
+@pytest.mark.parametrize("mode, match", [
+    ({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 2048}, "factor=0.5"),
+    ({"rope_type": "yarn", "factor": 4.0}, r"missing \['original_max_position_embeddings'\]"),
+    ({"factor": 4.0}, "no 'rope_type'"),
+    ({"rope_type": "yarnn", "factor": 4.0}, "rope_type='yarnn'"),
+    ("yarnn", "mode='yarnn'"),
+])
+def test_bad_input_errors_name_the_value(mode, match):
+    cfg = config("qwen3-tiny")
+    before = cfg.to_dict()
+    with pytest.raises(ValueError, match=match):
+        apply_rope_scaling(cfg, 8192, mode)
+    assert cfg.to_dict() == before
+
+
+def test_bad_numbers_error():
+    cfg = config("qwen3-tiny")
+    with pytest.raises(ValueError, match="seq_len=0"):
+        apply_rope_scaling(cfg, 0, "auto")
+    with pytest.raises(ValueError, match="factor=0.5"):
+        yarn_inv_freq(16, 1e6, 0.5, 2048)
+    with pytest.raises(ValueError, match="head_dim=15"):
+        yarn_inv_freq(15, 1e6, 4.0, 2048)
