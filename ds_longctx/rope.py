@@ -22,8 +22,8 @@ default here takes O = 40960 for Qwen3 (1M tokens -> F = 25.625); pass
 the trained context is r_i = O theta_i / 2pi. Frequencies with r > beta_fast (32) keep theta_i (they
 already turned many times inside O), those with r < beta_slow (1) are interpolated to theta_i / F, and
 the ones between are blended. As in the authors' reference code (and transformers), the blend is linear
-in the frequency index i between the dimensions where r = beta_fast and r = beta_slow, rounded outward
-(floor / ceil), rather than linear in r as the paper's formula reads. The attention temperature
+in the frequency index i between the (fractional) indices where r = beta_fast and r = beta_slow, rounded
+outward (floor / ceil), rather than linear in r as the paper's formula reads. The attention temperature
 sqrt(1/t) = 0.1 ln F + 1 multiplies cos and sin, so q.k is scaled by 1/t.
 """
 
@@ -88,10 +88,12 @@ def yarn_rope_parameters(hf_config, seq_len: int, original_max_position_embeddin
                          "(the context the model was trained at, e.g. 32768 for Qwen3)")
     if seq_len <= orig:
         return None
-    factor = -(-seq_len * FACTOR_STEP // orig) / FACTOR_STEP      # ceil(s * 8 / O) / 8, exact integers
     rp = _rope_params(hf_config)
-    carried = {k: rp[k] for k in _CARRIED_KEYS if k in rp} if rp.get("rope_type") in (None, "default", "yarn") \
-        else {}
+    if rp.get("rope_type", "default") not in ("default", "yarn"):
+        raise ValueError(f"{type(hf_config).__name__} already uses rope_type={rp['rope_type']!r}; YaRN on top of it "
+                         "is not defined here: pass an explicit rope_parameters dict, or rope_scaling='none'")
+    factor = -(-seq_len * FACTOR_STEP // orig) / FACTOR_STEP      # ceil(s * 8 / O) / 8, exact integers
+    carried = {k: rp[k] for k in _CARRIED_KEYS if k in rp}
     return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
             "rope_theta": _rope_theta(hf_config), **carried}
 

@@ -78,6 +78,12 @@ def _tile_bounds(n: int, tile_tokens: int) -> list[tuple[int, int]]:
     return [(start, min(start + tile_tokens, n)) for start in range(0, n, tile_tokens)]
 
 
+def _check_tile_tokens(tile_tokens) -> None:
+    if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
+        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (tokens per MLP tile); try 8192 "
+                         "(it need not divide the sequence length; the last tile is shorter)")
+
+
 def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
@@ -153,9 +159,7 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
     Qwen3MLP / LlamaMLP. x: [b, s, H] (or any [..., H]); returns [b, s, H_out]. When b*s <= tile_tokens
     this is exactly `mlp(x)` (no recompute). On a patched module, the tiles call its original forward.
     """
-    if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
-        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (rows per MLP tile); "
-                         "try 8192, or a multiple of 1024 that divides the local sequence length")
+    _check_tile_tokens(tile_tokens)
     fn = _untiled_forward(mlp)
     lead, hidden = x.shape[:-1], x.shape[-1]
     x_rows = x.reshape(-1, hidden)                                      # [b, s, H] -> [b*s, H]
@@ -179,9 +183,7 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int) -> int:
     Apply before or after `deepspeed.initialize` (DeepSpeed's hooks sit on `__call__`, not `forward`).
     Undo with `remove_tiled_mlp(model)`.
     """
-    if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
-        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (rows per MLP tile); "
-                         "try 8192, or a multiple of 1024 that divides the local sequence length")
+    _check_tile_tokens(tile_tokens)
     mlps = _decoder_mlps(model)
     if not mlps:
         raise ValueError(

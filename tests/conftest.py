@@ -27,11 +27,18 @@ def cpu_env() -> dict:
     return env
 
 
-def torchrun(nproc: int, args: list[str], timeout: int = 600, module: bool = False) -> subprocess.CompletedProcess:
+def gpu_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="4", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def torchrun(nproc: int, args: list[str], timeout: int = 600, module: bool = False,
+             env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `args` (a script path + its args, or `-m mod ...` when module) under torchrun on CPU/gloo."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *(["-m"] if module else []), *args]
-    res = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if res.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
     return res

@@ -127,3 +127,10 @@ def test_bad_numbers_error():
         yarn_inv_freq(16, 1e6, 0.5, 2048)
     with pytest.raises(ValueError, match="head_dim=15"):
         yarn_inv_freq(15, 1e6, 4.0, 2048)
+
+
+def test_other_scaling_already_set_is_not_overridden():
+    cfg = config("qwen3-tiny")
+    cfg.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match="already uses rope_type='linear'"):
+        apply_rope_scaling(cfg, 8192, "auto")

@@ -14,7 +14,7 @@ def main():
     ap.add_argument("--sp", type=int, required=True)
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--packed", type=str, default="")  # comma-separated document lengths
-    ap.add_argument("--attn_backend", default="auto")
+    ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -24,8 +24,10 @@ def main():
     from ds_longctx.engine import build_engine
 
     seq_len = a.length - a.length % a.sp  # the config needs a multiple of sp; the batch may be longer
-    cfg = RunConfig(model="qwen3-tiny", seq_len=max(seq_len, a.sp), sp_size=a.sp, dtype="fp32", seed=0,
-                    attn_backend=a.attn_backend, output_dir=os.path.dirname(a.out))
+    import yaml
+    overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
+    cfg = RunConfig(**{"model": "qwen3-tiny", "seq_len": max(seq_len, a.sp), "sp_size": a.sp, "dtype": "fp32",
+                       "seed": 0, "output_dir": os.path.dirname(a.out), **overrides})
     eng = build_engine(cfg)
     st = eng.state
     data = SyntheticRetrieval(a.length, eng.model.config.vocab_size, seed=0)
@@ -39,7 +41,7 @@ def main():
     grads = {}
     for name, p in eng.module.named_parameters():
         g = deepspeed.utils.safe_get_full_grad(p)
-        grads[name.removeprefix("model.")] = g.detach().clone().cpu()
+        grads[name.removeprefix("model.")] = g.detach().float().cpu()
     if st.rank == 0:
         torch.save({"loss": res.loss, "tokens": res.tokens, "grads": grads}, a.out)
 

@@ -1,0 +1,142 @@
+"""Step time and peak memory of one model/length with each memory lever on and off, one engine build.
+
+    torchrun --nproc_per_node 2 benchmarks/bench_levers.py --model qwen3-8b --seq_len 131072 --sp_size 2 \
+        --variants base,offload,tiled,offload+tiled --steps 2 --out $OUT
+
+The engine is built once (checkpointing on, chunked loss on, DeepSpeed checkpointing configured for CPU
+offload with 0 layers routed); each variant then toggles levers in place (offload = route all layers
+through DeepSpeed's offloading checkpoint, tiled = tiled MLP, plain_loss = unchunked CE, run last since it
+may OOM). Per variant and step: seconds, peak reserved/allocated GPU bytes (max over ranks), host RSS,
+loss, MFU, and the planner's predicted per-GPU peak for the same levers. One JSON line per step in
+`<out>/levers_<model>_<seq_len>.jsonl`, and a markdown table printed and written beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s, vendor datasheet (SXM); MFU is against this
+
+
+def model_flops(geom, seq_len: int) -> float:
+    """Training FLOPs of one sequence, no recompute: 6·N·T for every matmul weight (embedding lookup
+    excluded) plus causal attention 6·S²·h·d per layer (fwd 2·S²·h·d, bwd twice that)."""
+    n_matmul = geom.layers * geom.layer_params + geom.vocab * geom.hidden
+    return 6 * n_matmul * seq_len + 6 * seq_len ** 2 * geom.heads * geom.head_dim * geom.layers
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--seq_len", type=int, default=131072)
+    ap.add_argument("--sp_size", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--variants", default="base,offload,tiled,offload+tiled")
+    ap.add_argument("--loss_chunk_rows", type=int, default=4096)
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    a = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import SyntheticRetrieval
+    from ds_longctx.engine import build_engine
+    from ds_longctx.offload import apply_activation_offload, decoder_layers, remove_activation_offload
+    from ds_longctx.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
+    import psutil
+
+    cfg = RunConfig(model=a.model, seq_len=a.seq_len, sp_size=a.sp_size, steps=a.steps, lr=1e-5,
+                    activation_checkpointing=True, activation_offload=True, offload_layers=0,
+                    chunked_loss=True, loss_chunk_rows=a.loss_chunk_rows, tiled_mlp=False)
+    t0 = time.perf_counter()
+    eng = build_engine(cfg)
+    build_s = time.perf_counter() - t0
+    st, model = eng.state, eng.model
+    geom = ModelGeometry.from_name_or_path(a.model)
+    n_layers = len(decoder_layers(model))
+    data = SyntheticRetrieval(a.seq_len, model.config.vocab_size, seed=0)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"levers_{a.model}_{a.seq_len}.jsonl"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cuda = torch.cuda.is_available()
+    meta = {"date": datetime.date.today().isoformat(), "commit": commit,
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "gpus": st.world_size, "torch": torch.__version__, "build_seconds": round(build_s, 1)}
+    flops = model_flops(geom, a.seq_len) * st.dp_size
+    rows, step_no = [], 0
+    for variant in a.variants.split(","):
+        parts = set(variant.split("+"))
+        remove_activation_offload(model)
+        remove_tiled_mlp(model)
+        eng.module.loss.chunked = "plain_loss" not in parts
+        if "offload" in parts:
+            apply_activation_offload(model, eng.ds_config, n_layers)
+        if "tiled" in parts:
+            apply_tiled_mlp(model, geom.hidden)
+        levers = Levers(chunked_loss="plain_loss" not in parts, chunk_rows=a.loss_chunk_rows,
+                        tiled_mlp="tiled" in parts, tile_tokens=geom.hidden,
+                        offload_layers=n_layers if "offload" in parts else 0)
+        predicted = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers).gpu_peak_bytes
+        for i in range(a.steps):
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter()
+            try:
+                res = eng.train_step(data.batch(step_no, 1, st.dp_rank, st.dp_size))
+                err = None
+            except torch.OutOfMemoryError as e:
+                res, err = None, f"OOM: {str(e)[:120]}"
+            if cuda:
+                torch.cuda.synchronize()
+            sec = time.perf_counter() - t
+            m = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0,
+                              torch.cuda.max_memory_allocated() if cuda else 0,
+                              psutil.Process().memory_info().rss], dtype=torch.float64, device=eng.device)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            host = torch.tensor([psutil.virtual_memory().used], dtype=torch.float64, device=eng.device)
+            row = {**meta, "model": a.model, "seq_len": a.seq_len, "sp_size": a.sp_size, "variant": variant,
+                   "step": i + 1, "seconds": round(sec, 3), "loss": res.loss if res else None, "error": err,
+                   "peak_reserved_gib": round(m[0].item() / 2**30, 2),
+                   "peak_allocated_gib": round(m[1].item() / 2**30, 2),
+                   "max_rank_rss_gib": round(m[2].item() / 2**30, 2), "host_used_gib": round(host.item() / 2**30, 1),
+                   "predicted_gpu_gib": round(predicted / 2**30, 2),
+                   "tflops_per_gpu": round(flops / sec / st.world_size / 1e12, 1),
+                   "mfu": round(flops / sec / st.world_size / H200_BF16_PEAK, 3)}
+            step_no += 1
+            rows.append(row)
+            if st.rank == 0:
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+            if err:
+                break
+        if rows[-1]["error"]:
+            break
+    if st.rank == 0:
+        last = {}
+        for r in rows:
+            last[r["variant"]] = r
+        lines = [f"| variant | s/step | MFU | peak reserved GiB | predicted GiB | max rank RSS GiB | loss |",
+                 "|---|---|---|---|---|---|---|"]
+        for v, r in last.items():
+            lines.append(f"| {v} | {r['seconds']} | {r['mfu']} | {r['peak_reserved_gib']} | {r['predicted_gpu_gib']} "
+                         f"| {r['max_rank_rss_gib']} | {r['error'] or r['loss']} |")
+        table = "\n".join(lines)
+        (out / f"levers_{a.model}_{a.seq_len}.md").write_text(table + "\n")
+        print(table)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
