@@ -104,6 +104,13 @@ def _sdpa(q, k, v, scale, mask=None):
     if choice.sdpa_kernels and q.is_cuda:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kernels = [getattr(SDPBackend, n) for n in choice.sdpa_kernels]
+        if q.dtype == torch.float32:
+            # fp32 (tests, references) runs on no fused kernel with GQA: expand KV, mem-efficient or math
+            if kwargs["enable_gqa"]:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+                kwargs["enable_gqa"] = False
+            kernels = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         with sdpa_kernel(kernels, set_priority=True):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
     if q.shape[1] != k.shape[1] and not q.is_cuda:

@@ -6,7 +6,9 @@ the reduce of step 1 left nothing behind. Checked: the loss, and every full grad
 (`safe_get_full_grad` after `engine.backward`, before `engine.step`), fp32: rel <= 1e-6 at step 1. Step 2
 gets 1e-4: AdamW's first update is about lr * sign(grad), so elements whose grad is near zero move
 differently on 1e-7 grad differences, and step 2 starts from weights that are not bitwise equal (measured:
-4e-6). A grad that ZeRO failed to reduce would be off by O(1).
+4e-6). A grad that ZeRO failed to reduce would be off by O(1); a naive tile loop that accumulates every
+tile into `.grad` fails here outright (ZeRO-3's epilogue asserts each param is in the bucket once).
+Variants: no checkpointing, torch's non-reentrant and reentrant checkpoint, DeepSpeed's checkpoint.
 
     pytest -q -m slow tests/distributed/test_tiled_mlp_zero3.py
 """
@@ -33,7 +35,7 @@ DS_CONFIG = {
 }
 # name -> (tile_tokens, activation checkpointing)
 VARIANTS = {"plain": (None, None), "tiled": (TILE_TOKENS, None), "tiled+ckpt": (TILE_TOKENS, "non_reentrant"),
-            "tiled+reentrant_ckpt": (TILE_TOKENS, "reentrant")}
+            "tiled+reentrant_ckpt": (TILE_TOKENS, "reentrant"), "tiled+ds_ckpt": (TILE_TOKENS, "deepspeed")}
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,6 +65,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         model = Qwen3ForCausalLM(Qwen3Config.from_dict(cfg_dict)).train()
         if ckpt:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
+        if ckpt == "deepspeed":     # the layer recompute of DeepSpeed's checkpoint (engine.py's offload path)
+            deepspeed.checkpointing.configure(None, deepspeed_config={**DS_CONFIG, "activation_checkpointing": {}})
+            for layer in model.model.layers:
+                layer._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
         if tile:
             assert apply_tiled_mlp(model, tile) == 2
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=DS_CONFIG)
