@@ -246,7 +246,10 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     hf_cfg._attn_implementation = "sdpa"
     hf_cfg.dtype = dtype
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
-    apply_rope_scaling(hf_cfg, cfg.seq_len, cfg.rope_scaling)
+    # (Qwen3 publishes its YaRN recipe against 32768 positions, not max_position_embeddings=40960)
+    apply_rope_scaling(hf_cfg, cfg.seq_len, cfg.rope_scaling,
+                       original_max_position_embeddings=32768 if hf_cfg.model_type == "qwen3" and
+                       hf_cfg.max_position_embeddings == 40960 else None)
     is_path = Path(cfg.model).is_dir()
     # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
     # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)

@@ -54,13 +54,14 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
-def reference_model(seed: int = 0, model: str = "qwen3-tiny", dtype=None):
-    """A plain HF Qwen3 (no DeepSpeed, no Ulysses) with the same deterministic weights as the engine."""
+def reference_model(seed: int = 0, model: str = "qwen3-tiny", dtype=None, device: str = "cpu"):
+    """A plain HF Qwen3 (no DeepSpeed, no Ulysses) with the same deterministic weights as the engine
+    on the same device type (init_weights draws from a generator of the parameter's device)."""
     import torch
     from ds_longctx.engine import init_weights, load_hf_config, model_class
     cfg = load_hf_config(model)
     cfg._attn_implementation = "eager"
-    m = model_class(cfg)(cfg)
+    m = model_class(cfg)(cfg).to(device)
     init_weights(m, seed, cfg.initializer_range)
     if dtype is not None:
         m = m.to(dtype)

@@ -86,9 +86,8 @@ def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
     got = run(tmp_path, 2, 2, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_mlp=True,
               tile_tokens=100, activation_offload=True)
     ids = sample(0, 2048)
-    model = reference_model(seed=0)
+    model = reference_model(seed=0, device="cuda")
     model.config._attn_implementation = "sdpa"
-    model = model.cuda()
     loss = model(input_ids=ids[None].cuda(), labels=ids[None].cuda()).loss
     loss.backward()
     assert rel(got["loss"], float(loss)) <= 1e-4
