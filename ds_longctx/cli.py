@@ -2,6 +2,8 @@
 
     ds-longctx demo                              # tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
     ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
+    ds-longctx plan --model M --seq_len N --gpus G [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
+    ds-longctx export --checkpoint DIR --out DIR                # DeepSpeed checkpoint -> HF safetensors
 """
 
 from __future__ import annotations
@@ -96,9 +98,17 @@ def run_demo(args) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "plan":  # the generator owns its own options
+        from .generate import main as plan_main
+        sys.exit(plan_main(argv[1:]))
+    if argv and argv[0] == "export":
+        from .export import main as export_main
+        sys.exit(export_main(argv[1:]))
     p = argparse.ArgumentParser(prog="ds-longctx", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
+    sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
     t = sub.add_parser("train", help="start N local training processes (torchrun); other options go to the run "
                        "config (--config FILE, --key value)")
     t.add_argument("--nproc", type=int, default=1)
