@@ -63,6 +63,8 @@ class RunConfig(BaseModel):
                                                                "(the planner's fewest that fit) or the first N.")
     tiled_mlp: bool = Field(False, description="Run each MLP over sequence tiles with recompute (tiled_mlp.py).")
     tile_tokens: Optional[int] = Field(None, gt=0, description="Tokens per MLP tile (default: hidden size).")
+    optimizer_offload: bool = Field(False, description="Keep the fp32 master weights, gradients and Adam state in "
+                                    "pinned host memory (DeepSpeed offload_optimizer: cpu, DeepSpeedCPUAdam).")
     rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = Field("auto", description="auto: YaRN when "
                                                                        "seq_len exceeds the model's trained length "
                                                                        "(rope.py); none; yarn; or explicit "

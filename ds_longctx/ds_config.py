@@ -44,6 +44,9 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             "stage3_gather_16bit_weights_on_model_save": True,
         },
     }
+    if cfg.optimizer_offload:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
     if cfg.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(cfg.activation_offload, on_gpu)
     if cfg.warmup_steps == 0:
