@@ -1,0 +1,22 @@
+"""The DeepSpeed JSON is a pure function of the run config."""
+
+from ds_longctx.config import RunConfig
+from ds_longctx.ds_config import build_ds_config
+
+
+def test_batch_math_and_precision():
+    cfg = RunConfig(sp_size=2, micro_batch=1, seq_len=256)
+    ds = build_ds_config(cfg, world_size=8, on_gpu=True)
+    assert ds["train_batch_size"] == 4 and ds["sequence_parallel_size"] == 2  # dp = 8 / 2
+    assert ds["bf16"]["enabled"] and ds["zero_optimization"]["stage"] == 3
+    assert not build_ds_config(cfg, world_size=8, on_gpu=False)["bf16"]["enabled"]  # fp32 on CPU
+
+
+def test_offload_blocks():
+    cfg = RunConfig(activation_offload=True, optimizer_offload=True)
+    gpu = build_ds_config(cfg, world_size=2, on_gpu=True)
+    assert gpu["activation_checkpointing"]["cpu_checkpointing"] is True
+    assert gpu["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "torch_adam" not in gpu["optimizer"]["params"]
+    # on CPU the checkpoints are already in host memory (and DeepSpeed's CPU->CPU copy path crashes)
+    assert build_ds_config(cfg, world_size=2, on_gpu=False)["activation_checkpointing"]["cpu_checkpointing"] is False
