@@ -1,0 +1,56 @@
+"""End-to-end training on CPU (ZeRO-3, gloo, real processes): every launcher and layout gives the SP=1 losses.
+
+Weights and data depend only on `seed` (engine.init_weights, data.SyntheticRetrieval), so runs of different
+world size / sp_size are comparable step by step (fp32, rel <= 1e-4).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, cpu_env, free_port, read_metrics, rel
+
+pytestmark = pytest.mark.slow
+TOL = 1e-4
+RUN = ["--model", "qwen3-tiny", "--seq_len", "64", "--steps", "3", "--dtype", "fp32", "--lr", "1e-3"]
+
+
+def ds_longctx_train(nproc, sp, out):
+    cmd = [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", str(nproc), *RUN, "--sp_size", str(sp),
+           "--output_dir", str(out)]
+    res = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return [r["loss"] for r in read_metrics(out)]
+
+
+@pytest.fixture(scope="module")
+def sp1_losses(tmp_path_factory):
+    return ds_longctx_train(1, 1, tmp_path_factory.mktemp("sp1"))
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_layouts_write_the_same_losses(tmp_path, sp1_losses, nproc):
+    losses = ds_longctx_train(nproc, nproc, tmp_path)
+    assert len(losses) == 3
+    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
+
+
+def test_deepspeed_launcher_matches_sp1(tmp_path, sp1_losses):
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_longctx.train",
+           *RUN, "--sp_size", "2", "--output_dir", str(tmp_path)]
+    env = cpu_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path)]
+    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
+
+
+def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
+    out = tmp_path_factory.getbasetemp() / "sp10"  # the sp1 fixture's directory
+    rows = read_metrics(out)
+    for key in ("step", "loss", "tokens", "seconds", "peak_gpu_bytes"):
+        assert key in rows[0], key
+    assert [r["step"] for r in rows] == [1, 2, 3]
