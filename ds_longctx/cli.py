@@ -87,6 +87,12 @@ def run_demo(args) -> int:
             return rc
     print(f"\ngenerated DeepSpeed config ({out / 'sp2' / 'ds_config.json'}):")
     print((out / "sp2" / "ds_config.json").read_text())
+    from .planner import Levers, ModelGeometry, plan_memory
+    plan = plan_memory(ModelGeometry.from_name_or_path("qwen3-tiny"), args.seq_len, 2, 2,
+                       Levers(tiled_mlp=False, chunk_rows=4096))
+    print("memory plan of this run (per GPU if it ran on GPUs; `ds-longctx plan` for real runs):")
+    print(plan.table())
+    print()
     sp2, sp1 = read_losses(str(out / "sp2")), read_losses(str(out / "sp1"))
     print(f"{'step':>4}  {'loss SP=2':>12}  {'loss SP=1':>12}  {'rel diff':>9}")
     for i, (a, b) in enumerate(zip(sp2, sp1), 1):
