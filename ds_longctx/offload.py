@@ -25,9 +25,10 @@ On CPU there is nothing to offload to (and DeepSpeed's CPU->CPU copy path crashe
 from __future__ import annotations
 
 import logging
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
-import torch.nn as nn
+if TYPE_CHECKING:  # annotations only: `ds-longctx plan` builds the DeepSpeed JSON without importing torch
+    import torch.nn as nn
 
 log = logging.getLogger("ds_longctx")
 

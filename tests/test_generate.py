@@ -1,0 +1,144 @@
+"""`ds-longctx plan`: exit codes, the files it writes, their agreement with the planner, and the committed configs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from ds_longctx import generate
+from ds_longctx.config import RunConfig
+from ds_longctx.ds_config import build_ds_config
+from ds_longctx.planner import GB, choose, find_max_len
+
+from tests.conftest import ROOT
+
+PLAN_8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80"]
+
+
+def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
+    assert generate.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(generate.FILES)
+    out = capsys.readouterr().out
+    assert "checkpoints" in out and "GB/GPU" in out and "GB host" in out  # the table
+    assert "deepspeed --num_gpus 8 --module ds_longctx.train --config run.yaml" in out
+    assert "accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml" in out
+    assert (tmp_path / "launch.txt").read_text().splitlines()[2:] == generate.launch_lines(8)
+
+
+def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "24",
+                          "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Longest length that fits: 0 tokens" in err and "Fix:" in err  # 16 GB of bf16 weights alone
+    assert not out.exists()
+
+
+def test_no_fit_names_a_positive_longest_length(capsys):
+    n = find_max_len("qwen3-8b", 1, 80, 256)
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "80",
+                          "--host_mem_gb", "256"]) == 2
+    assert n > 0 and f"Longest length that fits: {n:,} tokens" in capsys.readouterr().err
+
+
+def test_find_max_len(capsys):
+    args = ["--model", "qwen3-8b", "--gpus", "2", "--gpu_mem_gb", "141", "--host_mem_gb", "256", "--find_max_len"]
+    assert generate.main(args) == 0
+    n = find_max_len("qwen3-8b", 2, 141, 256)
+    assert f"longest seq_len that fits = {n:,} tokens" in capsys.readouterr().out
+    assert generate.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"]) == 0
+    assert "longest seq_len that fits = 0 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--model", "no-such-model", "--seq_len", "1024", "--gpus", "1"], "qwen3-8b"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "0"], "--gpus 0"),
+    (["--model", "qwen3-8b", "--seq_len", "0", "--gpus", "1"], "--seq_len 0"),
+    (["--model", "qwen3-8b", "--seq_len", "-5", "--gpus", "1"], "--seq_len -5"),
+    (["--model", "qwen3-8b", "--gpus", "1"], "--find_max_len"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "8", "--sp_size", "3"], "try one of [1, 2, 4, 8]"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--gpu_mem_gb", "0"], "--gpu_mem_gb 0"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--host_mem_gb", "-1"], "--host_mem_gb -1"),
+])
+def test_bad_input_exits_2_naming_the_value(args, says, capsys):
+    assert generate.main(args) == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus,gpu_gb,host_gb", [(8, 80, 560), (8, 141, 560), (2, 141, 256), (4, 80, 512)])
+def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
+    n = min(1 << 20, find_max_len("qwen3-8b", gpus, gpu_gb, host_gb))
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", str(n), "--gpus", str(gpus), "--gpu_mem_gb",
+                          str(gpu_gb), "--host_mem_gb", str(host_gb), "--out", str(tmp_path)]) == 0
+    c = choose("qwen3-8b", n, gpus, gpu_gb, host_gb)
+    cfg = RunConfig.load(tmp_path / "run.yaml")
+    lv, k = c.levers, c.levers.offload_layers
+    assert (cfg.model, cfg.seq_len, cfg.sp_size, cfg.micro_batch, cfg.dtype) == ("qwen3-8b", n, c.sp_size, 1, "bf16")
+    assert (cfg.chunked_loss, cfg.loss_chunk_rows, cfg.tiled_mlp, cfg.tile_tokens) == \
+        (lv.chunked_loss, lv.chunk_rows, lv.tiled_mlp, lv.tile_tokens)
+    assert cfg.activation_checkpointing and cfg.offload_layers == k and cfg.activation_offload == (k > 0)
+    assert cfg.optimizer_offload == lv.optimizer_offload and cfg.torch_adam == (not lv.optimizer_offload)
+    # the JSON is build_ds_config of that run config, nothing hand-built
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    assert ds == build_ds_config(cfg, world_size=gpus, on_gpu=True)
+    assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] and "activation_checkpointing" in ds
+    assert ds["sequence_parallel_size"] == c.sp_size
+    assert ("offload_optimizer" in ds["zero_optimization"]) == lv.optimizer_offload
+    assert ds["activation_checkpointing"]["cpu_checkpointing"] == (k > 0)
+    plan_txt = (tmp_path / "plan.txt").read_text()
+    assert c.plan.table() in plan_txt and f"{c.plan.gpu_peak_bytes / GB:.1f} GB per GPU" in plan_txt
+
+
+def test_accelerate_yaml_is_accelerates_deepspeed_format(tmp_path):
+    assert generate.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
+    acc = yaml.safe_load((tmp_path / "accelerate.yaml").read_text())
+    assert acc == generate.accelerate_config(8)
+    assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 8
+    ds_file = acc["deepspeed_config"]["deepspeed_config_file"]
+    assert ds_file == "ds_config.json" and (tmp_path / ds_file).is_file()  # relative to the YAML's directory
+    assert "mixed_precision" not in acc  # accelerate refuses it beside a deepspeed_config_file
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+    loaded = load_config_from_file(str(tmp_path / "accelerate.yaml"))
+    assert loaded.distributed_type == DistributedType.DEEPSPEED and loaded.num_processes == 8
+
+
+def test_files_hold_no_absolute_paths_and_are_deterministic(tmp_path):
+    for d in ("a", "b"):
+        assert generate.main(PLAN_8X80 + ["--out", str(tmp_path / d)]) == 0
+    for name in generate.FILES:
+        text = (tmp_path / "a" / name).read_text()
+        assert text == (tmp_path / "b" / name).read_text()
+        assert str(tmp_path) not in text and "/work" not in text and "/tmp" not in text
+
+
+def test_committed_configs_regenerate_byte_for_byte(tmp_path):
+    generate.regenerate_all(tmp_path)
+    committed = ROOT / "ds_configs"
+    want = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
+    got = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert got == want, "ds_configs/ holds other files than the generator writes"
+    stale = [str(p) for p in want if (committed / p).read_bytes() != (tmp_path / p).read_bytes()]
+    assert not stale, f"{stale} differ from the generator: run `python -m ds_longctx.generate --regen-all ds_configs`"
+    assert set(generate.COMMITTED) == {p.name for p in committed.iterdir() if p.is_dir()}
+
+
+def test_fast_and_torch_free(tmp_path):
+    code = ("import sys; from ds_longctx.generate import main; "
+            f"rc = main({PLAN_8X80 + ['--out', str(tmp_path)]!r}); "
+            "assert rc == 0, rc; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_cli_dispatches_plan(tmp_path):
+    from ds_longctx.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["plan"] + PLAN_8X80 + ["--out", str(tmp_path)])
+    assert e.value.code == 0 and (tmp_path / "run.yaml").is_file()
