@@ -18,11 +18,32 @@ no hook fires) and sum them in fp32. The last tile runs an ordinary backward; a 
 each param adds the sum to the grad on its way into `.grad`, so ZeRO's hook fires exactly once per
 param with the whole grad, as it does without tiling, and the count of hooks ZeRO expects is right.
 The grad is rounded to the param dtype once (bf16: two roundings, not k). Cost: the fp32 sums of one
-layer's MLP weights during its backward (0.6 GB for Qwen3-8B). Under ZeRO-3 each tile's Linear calls
-go through DeepSpeed's module hooks, which gather the partitioned weights and release them after, in
-the forward tiles and in the recompute alike. Every rank must run the same number of tiles (each tile
-issues ZeRO all-gathers): true when all ranks hold equal-length slices, as Ulysses SP and fixed-length
-packing give. The MLP's params must be its own (`mlp.parameters()`).
+layer's MLP weights during its backward (0.6 GB for Qwen3-8B). The MLP's params must be its own
+(`mlp.parameters()`).
+
+ZeRO-3: one gather per pass, not one per tile. Calling the MLP's forward per tile would enter
+gate_proj/up_proj/down_proj k times, and DeepSpeed's module hooks would all-gather and release their
+weights k times per pass whenever its trace does not keep them (the first step, a step after the module
+order changed, or a `stage3_max_reuse_distance` smaller than the MLP): 64 tiles x 3 passes per layer for
+Qwen3-0.6B at tile 1024 (tiny Qwen3, 2-process ZeRO-3, a config where every fetch gathers: the per-tile
+loop issued 74 all-gathers per step at 2 tiles and 182 at 8; the path below 50 at both, as many as the
+untiled MLP; tests/distributed/test_tiled_mlp_zero3.py checks 2 tiles == 8 tiles). So for the gated form
+(`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: Qwen3MLP, LlamaMLP; detected by `_gated_parts`) the
+tiles call `F.linear` on the weights themselves, and the whole tile loop runs inside one
+`deepspeed.zero.GatheredParameters` of the MLP's params, in forward and again in backward (the recompute
+and grad wrt x need the full weights); the reduce hooks still fire once, as above, while the weights are
+gathered. The Linear modules are never entered: their hooks (DeepSpeed's or anyone's) do not run, their
+params never enter DeepSpeed's fetch trace (so it is the same every step and never prefetches them), and
+only params that were partitioned on entry are gathered and released on exit: persistent params and a
+z3-leaf MLP's coordinator-fetched weights are left to DeepSpeed. Weights DeepSpeed is still prefetching
+(its trace lists the Linears: tiled MLP applied after some steps) send that call per tile; the trace
+then fails to match once and is recorded again. The gathered weights (one MLP's: 0.3 GB bf16 for
+Qwen3-8B) live only inside the loop and are outside ZeRO's `stage3_max_live_parameters` count. The
+gather is not prefetched: it blocks (one all-gather per param, then, on GPU, a device synchronize), once
+per pass and layer. Any other MLP (a Linear subclass such as LoRA, an activation with params, an
+instance-level forward, a z3-leaf Linear) takes the per-tile path, with its per-tile gathers. Every rank
+must run the same number of tiles on that path (each tile issues ZeRO all-gathers); the gated path
+gathers once per pass on every rank, whatever its tile count.
 
 Activation checkpointing: the decoder layer's recompute calls this Function's forward again (the MLP
 then runs three times per step: forward, layer recompute, tile recompute); its backward is then called
@@ -51,11 +72,13 @@ A tile count of 1 (n <= T) calls the MLP directly: an exact pass-through, with n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger("ds_longctx")
@@ -88,17 +111,56 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
+def _inflight(params: tuple) -> list[int]:
+    """ds_ids of the ZeRO-3 params being prefetched by DeepSpeed's coordinator, which alone can wait on them."""
+    zero = [p for p in params if hasattr(p, "ds_id")]
+    if not zero:
+        return []
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    return [p.ds_id for p in zero if p.ds_status == ZeroParamStatus.INFLIGHT]
+
+
+@contextlib.contextmanager
+def _gathered(params: tuple):
+    """Hold the ZeRO-3-partitioned ones among `params` gathered for the block; a no-op for other params.
+
+    Only params partitioned on entry are gathered, and only they are released (re-partitioned) on exit:
+    params DeepSpeed already holds (persistent ones; a z3-leaf MLP's, fetched by its module hook) stay its own.
+    """
+    zero = [p for p in params if hasattr(p, "ds_id")]
+    if not zero:
+        yield
+        return
+    from deepspeed.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
+
+    inflight = _inflight(params)
+    if inflight:   # tiled_mlp_forward sends such MLPs per tile; a backward cannot switch paths
+        raise RuntimeError(
+            f"tiled MLP: ZeRO-3 params ds_id={inflight} are being prefetched by DeepSpeed while the tiled MLP "
+            "gathers them, which only its module hooks can wait on; DeepSpeed's fetch trace still lists this "
+            "MLP's Linears. Re-run with tiled MLP applied before the first step, or turn it off")
+    partitioned = [p for p in zero if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    # modifier_rank=None: read-only; exit re-partitions and frees the gathered copies (every rank alike)
+    with GatheredParameters(partitioned, modifier_rank=None, enabled=bool(partitioned)):
+        yield
+
+
 class _TiledMLPFunction(torch.autograd.Function):
-    """y = fn(x) over row tiles of x [n, H]; saves only x and recomputes each tile in backward."""
+    """y = fn(x) over row tiles of x [n, H]; saves only x and recomputes each tile in backward.
+
+    `gathered()` is entered once around each pass's tile loop (forward; recompute + backward).
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fn: Callable, params: tuple, tile_tokens: int) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, fn: Callable, params: tuple, tile_tokens: int,
+                gathered: Callable[[], ContextManager]) -> torch.Tensor:
         n = x.shape[0]
-        ctx.fn, ctx.params, ctx.tile_tokens = fn, params, tile_tokens
+        ctx.fn, ctx.params, ctx.tile_tokens, ctx.gathered = fn, params, tile_tokens, gathered
         ctx.autocast = _autocast_state(x.device.type)
         ctx.save_for_backward(x)
         out: Optional[torch.Tensor] = None
-        with torch.no_grad():
+        with torch.no_grad(), gathered():
             for start, stop in _tile_bounds(n, tile_tokens):
                 y = fn(x[start:stop])                       # [t, H] -> [t, H_out]
                 if out is None:                             # dtype/width from the MLP itself (autocast)
@@ -115,36 +177,37 @@ class _TiledMLPFunction(torch.autograd.Function):
         sums: list[Optional[torch.Tensor]] = [None] * len(params)   # tiles 0..k-2, fp32 or wider
         tiles = _tile_bounds(x.shape[0], ctx.tile_tokens)
         enabled, dtype = ctx.autocast
-        for i, (start, stop) in enumerate(tiles):
-            x_tile = x[start:stop].detach().requires_grad_(need_x_grad)         # [t, H]
-            with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
-                y = ctx.fn(x_tile)                                              # [t, H_out]
-            g = grad_out[start:stop]                                            # [t, H_out]
-            if i < len(tiles) - 1:
-                # autograd.grad: no .grad accumulation, so no ZeRO/DDP hook fires for this tile
-                grads = torch.autograd.grad(y, [x_tile] * need_x_grad + params, g, allow_unused=True)
-                tile_x_grad, grads = (grads[0], grads[1:]) if need_x_grad else (None, grads)
-                for j, pg in enumerate(grads):
-                    if pg is not None:
-                        wide = torch.promote_types(pg.dtype, torch.float32)
-                        sums[j] = pg.to(wide) if sums[j] is None else sums[j].add_(pg)
-            else:
-                # the last tile accumulates for real; each param's hook adds the earlier tiles on the way in,
-                # so the post-accumulate (ZeRO reduce) hook fires once, with the whole grad
-                handles = [p.register_hook(lambda pg, s=s: s.add_(pg).to(pg.dtype))
-                           for p, s in zip(params, sums) if s is not None]
-                try:
-                    torch.autograd.backward(y, g)
-                finally:
-                    for h in handles:
-                        h.remove()
-                tile_x_grad = x_tile.grad if need_x_grad else None
-            if need_x_grad:
-                if tile_x_grad is None:
-                    grad_x[start:stop].zero_()
+        with ctx.gathered():    # held until the last tile's reduce hooks have fired
+            for i, (start, stop) in enumerate(tiles):
+                x_tile = x[start:stop].detach().requires_grad_(need_x_grad)         # [t, H]
+                with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+                    y = ctx.fn(x_tile)                                              # [t, H_out]
+                g = grad_out[start:stop]                                            # [t, H_out]
+                if i < len(tiles) - 1:
+                    # autograd.grad: no .grad accumulation, so no ZeRO/DDP hook fires for this tile
+                    grads = torch.autograd.grad(y, [x_tile] * need_x_grad + params, g, allow_unused=True)
+                    tile_x_grad, grads = (grads[0], grads[1:]) if need_x_grad else (None, grads)
+                    for j, pg in enumerate(grads):
+                        if pg is not None:
+                            wide = torch.promote_types(pg.dtype, torch.float32)
+                            sums[j] = pg.to(wide) if sums[j] is None else sums[j].add_(pg)
                 else:
-                    grad_x[start:stop].copy_(tile_x_grad)
-        return grad_x, None, None, None
+                    # the last tile accumulates for real; each param's hook adds the earlier tiles on the way
+                    # in, so the post-accumulate (ZeRO reduce) hook fires once, with the whole grad
+                    handles = [p.register_hook(lambda pg, s=s: s.add_(pg).to(pg.dtype))
+                               for p, s in zip(params, sums) if s is not None]
+                    try:
+                        torch.autograd.backward(y, g)
+                    finally:
+                        for h in handles:
+                            h.remove()
+                    tile_x_grad = x_tile.grad if need_x_grad else None
+                if need_x_grad:
+                    if tile_x_grad is None:
+                        grad_x[start:stop].zero_()
+                    else:
+                        grad_x[start:stop].copy_(tile_x_grad)
+        return grad_x, None, None, None, None
 
 
 def _untiled_forward(mlp: nn.Module) -> Callable:
@@ -152,21 +215,61 @@ def _untiled_forward(mlp: nn.Module) -> Callable:
     return patch.untiled if patch is not None else mlp.forward
 
 
+def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
+    """(gate_proj, up_proj, down_proj, act) when the tiles can compute `mlp` from its weights, else None.
+
+    Yes when the forward the tiles would call is the class's own (no instance-level forward), the three
+    parts are Linears with nn.Linear's forward (not LoRA or other subclasses), `act_fn` is a callable
+    without params (called through `.forward` when a Module, so no module hooks run per tile), the MLP
+    has no other params, and no part is a DeepSpeed z3-leaf module (its grads would be reduced by a
+    module backward hook that never runs here). The forward itself must be the gated form
+    `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, as in Qwen3MLP / LlamaMLP / MistralMLP.
+    """
+    patch = mlp.__dict__.get(_PATCH_ATTR)
+    if (patch.instance_forward if patch is not None else mlp.__dict__.get("forward", _MISSING)) is not _MISSING:
+        return None
+    parts = [getattr(mlp, name, None) for name in _GATED_MLP_PARTS]
+    act = getattr(mlp, "act_fn", None)
+    if not all(isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward and "forward" not in m.__dict__
+               and not getattr(m, "_z3_leaf", False) for m in parts):
+        return None
+    if not callable(act) or (isinstance(act, nn.Module) and "forward" in act.__dict__):
+        return None
+    if {id(p) for p in mlp.parameters()} != {id(p) for m in parts for p in m.parameters()}:
+        return None    # act_fn or the MLP itself holds params the gated form would not use
+    return (*parts, act.forward if isinstance(act, nn.Module) else act)
+
+
+def _gated_tile_fn(gate: nn.Linear, up: nn.Linear, down: nn.Linear, act: Callable) -> Callable:
+    """One tile of the gated MLP on the weight tensors (read at call time: the gathered ones under ZeRO-3)."""
+    def tile(x: torch.Tensor) -> torch.Tensor:             # [t, H] -> [t, H_out]
+        h = act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias)     # [t, I]
+        return F.linear(h, down.weight, down.bias)
+    return tile
+
+
 def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torch.Tensor:
     """`mlp(x)` computed over tiles of `tile_tokens` rows of the flattened [b*s, H] input.
 
     Works on any row-wise module (each output row depends only on the same input row), e.g.
     Qwen3MLP / LlamaMLP. x: [b, s, H] (or any [..., H]); returns [b, s, H_out]. When b*s <= tile_tokens
-    this is exactly `mlp(x)` (no recompute). On a patched module, the tiles call its original forward.
+    this is exactly `mlp(x)` (no recompute). A gated MLP (`_gated_parts`) is computed from its weights,
+    gathered once per pass under ZeRO-3; any other calls its original forward per tile.
     """
     _check_tile_tokens(tile_tokens)
-    fn = _untiled_forward(mlp)
     lead, hidden = x.shape[:-1], x.shape[-1]
     x_rows = x.reshape(-1, hidden)                                      # [b, s, H] -> [b*s, H]
     if x_rows.shape[0] <= tile_tokens:
-        return fn(x)
+        return _untiled_forward(mlp)(x)
     params = tuple(mlp.parameters())
-    y_rows = _TiledMLPFunction.apply(x_rows, fn, params, tile_tokens)   # [b*s, H_out]
+    gated = _gated_parts(mlp)
+    if gated is not None and not _inflight(params):
+        # (in flight: DeepSpeed's trace still holds the Linears, e.g. tiled MLP was applied after some steps.
+        # The per-tile path lets its hooks wait; the trace then no longer matches and is re-recorded.)
+        fn, gathered = _gated_tile_fn(*gated), (lambda: _gathered(params))
+    else:
+        fn, gathered = _untiled_forward(mlp), contextlib.nullcontext
+    y_rows = _TiledMLPFunction.apply(x_rows, fn, params, tile_tokens, gathered)   # [b*s, H_out]
     return y_rows.reshape(*lead, y_rows.shape[-1])                      # [b*s, H_out] -> [b, s, H_out]
 
 

@@ -1,4 +1,8 @@
-"""Tiled MLP against the plain MLP written here: output, input grad and every param grad; a whole tiny Qwen3."""
+"""Tiled MLP against the plain MLP written here: output, input grad and every param grad; a whole tiny Qwen3.
+
+Both paths: "gated" (Qwen3MLP as is: tiles on the weights, gathered once per pass under ZeRO-3) and
+"per_tile" (the same MLP made to look unknown, so each tile calls its forward).
+"""
 
 import copy
 import json
@@ -9,6 +13,7 @@ import torch
 from torch import nn
 
 import ds_longctx
+import ds_longctx.tiled_mlp as tiled_mlp
 from ds_longctx.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp, tiled_mlp_forward
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
@@ -38,8 +43,25 @@ def plain_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
-def one_mlp(dtype=torch.float32) -> nn.Module:
-    return tiny_model().model.layers[0].mlp.to(dtype)
+class OwnForwardLinear(nn.Linear):
+    """A Linear subclass with its own forward (as LoRA and quantized Linears have): sends an MLP per tile."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+def per_tile(mlp: nn.Module) -> nn.Module:
+    mlp.up_proj.__class__ = OwnForwardLinear
+    assert tiled_mlp._gated_parts(mlp) is None
+    return mlp
+
+
+def one_mlp(dtype=torch.float32, path: str = "gated") -> nn.Module:
+    mlp = tiny_model().model.layers[0].mlp.to(dtype)
+    return per_tile(mlp) if path == "per_tile" else mlp
+
+
+PATHS = ["gated", "per_tile"]
 
 
 def run(fn, mlp, x, g):
@@ -50,12 +72,13 @@ def run(fn, mlp, x, g):
     return y.detach(), x.grad, {n: p.grad.clone() for n, p in mlp.named_parameters()}
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b", [1, 2])
 @pytest.mark.parametrize("tile_tokens", [1, 5, 11, 37, 64, 1000])   # n = 37 or 74 rows; 5 and 11 divide neither
-def test_tiled_equals_plain_mlp(tile_tokens, b, dtype):
+def test_tiled_equals_plain_mlp(tile_tokens, b, dtype, path):
     torch.manual_seed(1)
-    mlp = one_mlp(dtype)
+    mlp = one_mlp(dtype, path)
     x = torch.randn(b, 37, 64, dtype=dtype)
     g = torch.randn(b, 37, 64, dtype=dtype)
     y_ref, gx_ref, gp_ref = run(plain_mlp, mlp, x, g)
@@ -70,11 +93,22 @@ def test_tiled_equals_plain_mlp(tile_tokens, b, dtype):
         assert rel_err(gp[name], gp_ref[name]) <= TOL[dtype], name
 
 
-def test_intermediates_never_span_the_whole_slice():
-    """Forward saves no [*, I] tensor, and every gate_proj call (forward and recompute) sees <= T rows."""
-    mlp, tile, n = one_mlp(), 8, 37
+class RowCountingSiLU(nn.SiLU):
+    def __init__(self, rows: list):
+        super().__init__()
+        self.rows = rows
+
+    def forward(self, x):
+        self.rows.append(x.shape[0])
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_intermediates_never_span_the_whole_slice(path):
+    """Forward saves no [*, I] tensor, and every activation call (forward and recompute) sees <= T rows."""
+    mlp, tile, n = one_mlp(path=path), 8, 37
     rows = []
-    mlp.gate_proj.register_forward_hook(lambda m, i, o: rows.append(o.shape[0]))
+    mlp.act_fn = RowCountingSiLU(rows)
     saved = []
 
     def pack(t):
@@ -89,9 +123,10 @@ def test_intermediates_never_span_the_whole_slice():
     assert max(rows) <= tile and sum(rows) == 2 * n    # forward tiles + recompute tiles
 
 
-def test_param_grad_hooks_fire_once_with_the_whole_grad():
+@pytest.mark.parametrize("path", PATHS)
+def test_param_grad_hooks_fire_once_with_the_whole_grad(path):
     """What ZeRO-3's reduce hook (a post-accumulate-grad hook) sees: one firing per param, the full grad."""
-    mlp, tile, n = one_mlp(), 8, 37
+    mlp, tile, n = one_mlp(path=path), 8, 37
     x, g = torch.randn(n, 64), torch.randn(n, 64)
     _, _, gp_ref = run(plain_mlp, mlp, x, g)
     seen = {name: [] for name, _ in mlp.named_parameters()}
@@ -101,6 +136,75 @@ def test_param_grad_hooks_fire_once_with_the_whole_grad():
     for name, grads in seen.items():
         assert len(grads) == 1, name
         assert rel_err(grads[0], gp_ref[name]) <= 1e-6, name
+
+
+@pytest.mark.parametrize("tile_tokens", [2, 8, 37])
+def test_gated_path_gathers_once_per_pass_and_never_enters_the_linears(tile_tokens, monkeypatch):
+    """The gated path enters its gather context once in forward and once in backward, whatever the tile
+    count, and never calls gate/up/down_proj (whose ZeRO-3 hooks would fetch their weights per tile)."""
+    mlp = one_mlp()
+    params = set(mlp.parameters())
+    entered, calls = [], []
+    real = tiled_mlp._gathered
+
+    def counting(ps):
+        assert set(ps) == params
+        entered.append(ps)
+        return real(ps)
+
+    monkeypatch.setattr(tiled_mlp, "_gathered", counting)
+    for name in tiled_mlp._GATED_MLP_PARTS:
+        getattr(mlp, name).register_forward_pre_hook(lambda m, i, name=name: calls.append(name))
+    x = torch.randn(2, 37, 64, requires_grad=True)
+    y = tiled_mlp_forward(mlp, x, tile_tokens)
+    assert len(entered) == 1                             # forward
+    y.sum().backward()
+    assert len(entered) == 2 and calls == []             # + backward; no Linear module entered
+    per_tile(mlp)
+    tiled_mlp_forward(mlp, x, tile_tokens).sum().backward()
+    assert len(entered) == 2                             # the per-tile path does not gather itself ...
+    assert len(calls) == 2 * 3 * -(-74 // tile_tokens)  # ... it enters each Linear per tile, fwd + recompute
+
+
+def test_gated_form_is_recognised_only_where_it_is_exact():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    assert tiled_mlp._gated_parts(one_mlp()) is not None
+    llama = LlamaMLP(LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=1))
+    assert tiled_mlp._gated_parts(llama) is not None
+    mlp = one_mlp()
+    mlp.forward = mlp.forward                            # an instance-level forward: anything may be in it
+    assert tiled_mlp._gated_parts(mlp) is None
+    mlp = one_mlp()
+    mlp.act_fn = nn.PReLU()                              # an activation with params
+    assert tiled_mlp._gated_parts(mlp) is None
+    mlp = one_mlp()
+    mlp.down_proj._z3_leaf = True                        # DeepSpeed z3 leaf: reduced by its module hook
+    assert tiled_mlp._gated_parts(mlp) is None
+    mlp = one_mlp()
+    mlp.scale = nn.Parameter(torch.ones(1))              # a param the gated form would not use
+    assert tiled_mlp._gated_parts(mlp) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_path_with_biases(dtype):
+    """LlamaMLP with mlp_bias=True: every Linear has a bias; 57 rows in tiles of 7 (the last one row)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(5)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=24, intermediate_size=40, num_attention_heads=1, mlp_bias=True)).to(dtype)
+    for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        nn.init.normal_(lin.bias)
+    assert tiled_mlp._gated_parts(mlp) is not None
+    x, g = torch.randn(3, 19, 24, dtype=dtype), torch.randn(3, 19, 24, dtype=dtype)
+    y_ref, gx_ref, gp_ref = run(plain_mlp, mlp, x, g)
+    y, gx, gp = run(lambda m, t: tiled_mlp_forward(m, t, 7), mlp, x, g)
+    assert rel_err(y, y_ref) <= TOL[dtype] and rel_err(gx, gx_ref) <= TOL[dtype]
+    assert len(gp) == 6
+    for name in gp_ref:
+        assert rel_err(gp[name], gp_ref[name]) <= TOL[dtype], name
 
 
 def deepspeed_tiled(mlp, x, tile_tokens):
@@ -161,14 +265,18 @@ def loss_and_grads(model, ids):
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated")   # transformers >= 5.2x
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("checkpointing", [None, "non_reentrant", "reentrant"])
 @pytest.mark.parametrize("tile_tokens", [5, 16])
-def test_tiny_qwen3_tiled_equals_plain(tile_tokens, checkpointing):
+def test_tiny_qwen3_tiled_equals_plain(tile_tokens, checkpointing, path):
     ref = tiny_model()
     ids = torch.randint(0, 512, (2, 37), generator=torch.Generator().manual_seed(3))
     loss_ref, grads_ref = loss_and_grads(ref, ids)       # plain: no tiling, no checkpointing
 
     model = copy.deepcopy(ref)
+    if path == "per_tile":
+        for layer in model.model.layers:
+            per_tile(layer.mlp)
     if checkpointing:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})

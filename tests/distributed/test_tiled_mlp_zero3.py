@@ -8,7 +8,18 @@ gets 1e-4: AdamW's first update is about lr * sign(grad), so elements whose grad
 differently on 1e-7 grad differences, and step 2 starts from weights that are not bitwise equal (measured:
 4e-6). A grad that ZeRO failed to reduce would be off by O(1); a naive tile loop that accumulates every
 tile into `.grad` fails here outright (ZeRO-3's epilogue asserts each param is in the bucket once).
-Variants: no checkpointing, torch's non-reentrant and reentrant checkpoint, DeepSpeed's checkpoint.
+Variants: no checkpointing, torch's non-reentrant and reentrant checkpoint, DeepSpeed's checkpoint, the
+MLP as a DeepSpeed z3-leaf module, the per-tile path (an MLP whose Linear has its own forward), and tiled
+MLP applied in place after 2 plain steps (as benchmarks/bench_levers.py toggles levers), with a prefetch
+bucket of one Linear so DeepSpeed's stale trace has the MLP weights in flight when the tiled MLP first
+runs; that run goes 5 steps against 5 plain ones, losses within 1e-4 from step 2 on.
+
+Gathers: DeepSpeed all-gathers are counted over each step's forward + backward. With a config that keeps
+nothing gathered between module calls (the steady state of a model larger than the reuse window), 2 and
+8 tiles must give the same count (the per-tile path gave 74 and 182 here); the per-tile path gathers
+more than the gated one. Also checked: DeepSpeed's fetch trace is still complete after the backward of
+step 2 (a trace mismatch would have invalidated it; for the in-place run, step 5 after the re-recorded
+step 4), and no MLP weight of the gated path is left gathered after a forward or a backward.
 
     pytest -q -m slow tests/distributed/test_tiled_mlp_zero3.py
 """
@@ -17,6 +28,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import pytest
 import torch
@@ -24,8 +36,10 @@ import torch.multiprocessing as mp
 
 pytestmark = pytest.mark.slow
 WORLD = 2
-TOL = (1e-6, 1e-4)   # step 1, step 2
+TOL = (1e-6, 1e-4)   # step 1, steps 2+
 TILE_TOKENS = 16            # batch [2, 37]: 74 rows -> 5 tiles, the last of 10 rows
+LEAN = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}   # every module fetch gathers
+ONE_LINEAR_PREFETCH = {"stage3_prefetch_bucket_size": 64 * 160, "stage3_max_reuse_distance": 0}
 DS_CONFIG = {
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 1,
@@ -33,9 +47,44 @@ DS_CONFIG = {
     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},   # partition every param
     "steps_per_print": 10**9,
 }
-# name -> (tile_tokens, activation checkpointing)
-VARIANTS = {"plain": (None, None), "tiled": (TILE_TOKENS, None), "tiled+ckpt": (TILE_TOKENS, "non_reentrant"),
-            "tiled+reentrant_ckpt": (TILE_TOKENS, "reentrant"), "tiled+ds_ckpt": (TILE_TOKENS, "deepspeed")}
+
+
+class Variant(NamedTuple):
+    tile: Optional[int] = None       # tile_tokens; None: no tiled MLP
+    ckpt: Optional[str] = None       # activation checkpointing
+    form: str = "gated"              # "gated" (Qwen3MLP), "z3_leaf" (the MLP a z3 leaf), "per_tile"
+    zero: dict = {}                  # zero_optimization overrides
+    steps: int = 2
+    apply_at: int = 0                # apply_tiled_mlp before this step (0: before deepspeed.initialize)
+
+
+VARIANTS = {"plain": Variant(steps=5), "tiled": Variant(TILE_TOKENS),
+            "tiled+ckpt": Variant(TILE_TOKENS, "non_reentrant"),
+            "tiled+reentrant_ckpt": Variant(TILE_TOKENS, "reentrant"),
+            "tiled+ds_ckpt": Variant(TILE_TOKENS, "deepspeed"),
+            "tiled+z3_leaf_mlp": Variant(TILE_TOKENS, form="z3_leaf"),
+            "per_tile": Variant(TILE_TOKENS, form="per_tile"),
+            "tiled:2/lean": Variant(37, zero=LEAN), "tiled:8/lean": Variant(10, zero=LEAN),
+            "plain->tiled": Variant(TILE_TOKENS, zero=ONE_LINEAR_PREFETCH, steps=5, apply_at=2)}
+GATHERS_ONCE = [n for n, v in VARIANTS.items() if v.tile and v.form == "gated" and not v.apply_at]
+
+
+class OwnForwardLinear(torch.nn.Linear):
+    """A Linear subclass with its own forward (as LoRA has): the tiled MLP then calls the MLP per tile."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+def _count_all_gathers(counter: list) -> None:
+    """Count every all-gather DeepSpeed issues (fetches, prefetches, GatheredParameters) in counter[0]."""
+    import deepspeed.comm.comm as ds_comm
+
+    for name in ("all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced"):
+        def counted(*args, _orig=getattr(ds_comm.cdb, name), **kwargs):
+            counter[0] += 1
+            return _orig(*args, **kwargs)
+        setattr(ds_comm.cdb, name, counted)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -48,7 +97,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     import deepspeed
     import deepspeed.ops
-    from deepspeed.utils import safe_get_full_grad
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.utils import safe_get_full_grad, set_z3_leaf_modules
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     import ds_longctx
@@ -56,26 +106,47 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False    # skip a 66 s JIT build on CPU
     deepspeed.init_distributed(dist_backend="gloo")
+    gathers = [0]
+    _count_all_gathers(gathers)
     cfg_dict = json.loads((Path(ds_longctx.__file__).parent / "models" / "qwen3-tiny.json").read_text())
     ids = torch.randint(0, cfg_dict["vocab_size"], (2, 37), generator=torch.Generator().manual_seed(3))
 
-    results = {}
-    for name, (tile, ckpt) in VARIANTS.items():
+    results, info = {}, {}
+    for name, v in VARIANTS.items():
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(Qwen3Config.from_dict(cfg_dict)).train()
-        if ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
-        if ckpt == "deepspeed":     # the layer recompute of DeepSpeed's checkpoint (engine.py's offload path)
+        mlps = [layer.mlp for layer in model.model.layers]
+        if v.form == "per_tile":
+            for mlp in mlps:
+                mlp.up_proj.__class__ = OwnForwardLinear
+        if v.form == "z3_leaf":
+            set_z3_leaf_modules(model, [type(mlps[0])])
+        if v.ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": v.ckpt == "reentrant"})
+        if v.ckpt == "deepspeed":     # the layer recompute of DeepSpeed's checkpoint (engine.py's offload path)
             deepspeed.checkpointing.configure(None, deepspeed_config={**DS_CONFIG, "activation_checkpointing": {}})
             for layer in model.model.layers:
                 layer._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
-        if tile:
-            assert apply_tiled_mlp(model, tile) == 2
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=DS_CONFIG)
-        steps = []
-        for _ in range(2):
+        config = {**DS_CONFIG, "zero_optimization": {**DS_CONFIG["zero_optimization"], **v.zero}}
+        if v.tile and not v.apply_at:
+            assert apply_tiled_mlp(model, v.tile) == 2
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+        mlp_params = [p for mlp in mlps for p in mlp.parameters()]
+
+        def mlp_gathered() -> int:
+            return sum(p.ds_status != ZeroParamStatus.NOT_AVAILABLE for p in mlp_params)
+
+        steps, info[name] = [], []
+        for step in range(v.steps):
+            if v.tile and v.apply_at and step == v.apply_at:
+                assert apply_tiled_mlp(engine.module, v.tile) == 2
+            gathers[0] = 0
             loss = engine(input_ids=ids, labels=ids).loss
+            after_forward = mlp_gathered()
             engine.backward(loss)
+            info[name].append({"all_gathers": gathers[0], "trace_complete": coordinator.is_complete_trace(),
+                               "mlp_gathered": [after_forward, mlp_gathered()]})
             grads = {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
             engine.step()
             steps.append((loss.detach(), grads))
@@ -88,7 +159,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             errs = {n: rel_err(grads[n], grads_ref[n]) for n in grads_ref}
             report[f"{name}/step{step}"] = {"step": step, "loss": rel_err(loss, loss_ref),
                                             "max_grad": max(errs.values()), "worst": max(errs, key=errs.get)}
-    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"errors": report, "info": info}))
     deepspeed.comm.destroy_process_group()
 
 
@@ -101,8 +172,17 @@ def _free_port() -> int:
 def test_tiled_mlp_matches_plain_under_zero3(tmp_path):
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     for rank in range(WORLD):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert len(report) == 2 * len(VARIANTS)
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        report, info = got["errors"], got["info"]
+        assert len(report) == sum(v.steps for v in VARIANTS.values())
         for case, errs in report.items():
-            tol = TOL[errs["step"]]
+            tol = TOL[min(errs["step"], 1)]
             assert errs["loss"] <= tol and errs["max_grad"] <= tol, (rank, case, errs)
+        for name, steps in info.items():
+            assert steps[1]["trace_complete"] or VARIANTS[name].apply_at, (rank, name, steps)
+        assert info["plain->tiled"][4]["trace_complete"], (rank, info["plain->tiled"])   # step 4 re-recorded it
+        for name in GATHERS_ONCE:
+            assert all(s["mlp_gathered"] == [0, 0] for s in info[name]), (rank, name, info[name])
+        two, eight = info["tiled:2/lean"], info["tiled:8/lean"]
+        assert [s["all_gathers"] for s in two] == [s["all_gathers"] for s in eight], (rank, two, eight)
+        assert info["per_tile"][0]["all_gathers"] > info["tiled"][0]["all_gathers"], (rank, info)
