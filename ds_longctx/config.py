@@ -14,6 +14,8 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SHIPPED_MODELS_DIR = Path(__file__).parent / "models"
+# command-line values kept as strings (paths, names: `--tokenizer 123`, `--resume_tag 300` are not numbers)
+STRING_KEYS = ("model", "output_dir", "data", "tokenizer", "text_field", "data_split", "data_cache_dir", "resume_tag")
 ATTN_BACKENDS = ("auto", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn")
 
 
@@ -40,8 +42,9 @@ class RunConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0, description="Gradient-norm clipping (0 disables).")
     output_dir: str = Field("runs/latest", description="Where metrics.jsonl (one JSON line per step) is written.")
-    data: str = Field("synthetic", description="`synthetic` (key-value retrieval with long-range structure) or a "
-                      "path to token data.")
+    data: str = Field("synthetic", description="`synthetic` (key-value retrieval with long-range structure), a local "
+                      ".txt / .jsonl / .json / .parquet file or a directory of them (one format), or a `datasets` "
+                      "hub name (needs a reachable hub). See data.py.")
     attn_backend: str = Field("auto", description="Attention kernel: auto (flash-attn if installed and not on "
                               "Hopper, else SDPA with cuDNN on Hopper, flash elsewhere), sdpa (SDPA, kernel picked "
                               "as auto), sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math, flash_attn.")
@@ -49,6 +52,43 @@ class RunConfig(BaseModel):
     torch_adam: bool = Field(True, description="Use torch's AdamW inside DeepSpeed (no JIT build); False uses "
                              "DeepSpeed's fused Adam (GPU) / CPU Adam (optimizer offload), built on first use.")
     log_every: int = Field(1, ge=1, description="Progress-bar refresh interval in steps.")
+
+    # ---- data (data.py): files or a hub dataset -> token rows of exactly seq_len
+    tokenizer: Optional[str] = Field(None, description="Local tokenizer directory for text data (default: the model "
+                                     "directory when it holds a tokenizer). Its size must not exceed the model's "
+                                     "vocab_size. Not needed when the data has an `input_ids` column.")
+    data_layout: Literal["concat", "pack", "document"] = Field("concat", description="concat: documents joined end "
+                                                              "to end (EOS between) and cut into rows of exactly "
+                                                              "seq_len (PG-19 style); pack: whole documents packed "
+                                                              "into rows, position ids restart per document and "
+                                                              "attention stays inside each (needs a varlen "
+                                                              "attention kernel); document: one document per row, "
+                                                              "its first seq_len tokens (every document must be "
+                                                              "that long).")
+    text_field: str = Field("text", description="Column holding the text in JSONL / Parquet / hub data.")
+    text_unit: Literal["document", "line", "paragraph"] = Field("document", description=".txt files: one document "
+                                                                "per file, per line, or per blank-line paragraph.")
+    data_split: str = Field("train", description="Split to read (hub datasets; local files are one 'train' split).")
+    data_cache_dir: Optional[str] = Field(None, description="Cache for the converted and tokenized data (datasets' "
+                                          "cache_dir); default: HF_DATASETS_CACHE.")
+    add_eos: bool = Field(True, description="Append the EOS token (the tokenizer's, else the model config's) to "
+                          "every document.")
+    shuffle: bool = Field(True, description="Visit rows in a new order each epoch, drawn from (seed, epoch); "
+                          "false: file order.")
+    tokenize_num_proc: int = Field(1, ge=1, description="Processes for tokenization (datasets.map num_proc).")
+
+    # ---- checkpoints and run control (checkpoint.py)
+    save_every: int = Field(0, ge=0, description="Save a DeepSpeed checkpoint every N steps and at the last step "
+                            "(0: only when stopped by SIGTERM). Written atomically under output_dir/checkpoints.")
+    keep_checkpoints: int = Field(2, ge=0, description="Keep the newest N checkpoints, delete older ones (0: keep all).")
+    resume: bool = Field(False, description="Continue from the latest checkpoint in output_dir: weights, optimizer, "
+                         "RNG and data order; metrics.jsonl is appended to. Needs the same world size and sp_size.")
+    resume_tag: Optional[str] = Field(None, description="With resume: a checkpoint tag under output_dir/checkpoints "
+                                      "(e.g. step300) instead of the latest.")
+    collective_timeout_s: float = Field(600.0, gt=0, description="Process-group timeout in seconds: a collective "
+                                        "waiting longer for a dead or hung rank fails and ends the job.")
+    tensorboard: bool = Field(True, description="Also log to output_dir/tensorboard when torch.utils.tensorboard "
+                              "imports (no hard dependency).")
 
     # ---- memory levers (applied in engine.py's documented order)
     chunked_loss: bool = Field(True, description="lm_head + cross-entropy over row chunks: the L x V logits never "
@@ -98,6 +138,12 @@ class RunConfig(BaseModel):
                              "checkpointed layer inputs); set activation_checkpointing: true")
         if isinstance(self.offload_layers, int) and self.offload_layers < 0:
             raise ValueError(f"offload_layers={self.offload_layers} must be >= 0, 'all' or 'auto'")
+        if self.data_layout == "pack" and self.micro_batch != 1:
+            raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
+                             f"time), got micro_batch={self.micro_batch}; set micro_batch: 1 or data_layout: concat")
+        if self.resume_tag is not None and not self.resume:
+            raise ValueError(f"resume_tag={self.resume_tag!r} is set but resume is false; add --resume true or drop "
+                             f"resume_tag")
         if self.seq_len % self.sp_size:
             lo = self.seq_len - self.seq_len % self.sp_size
             raise ValueError(f"seq_len={self.seq_len} is not divisible by sp_size={self.sp_size}; use seq_len="
@@ -120,7 +166,8 @@ class RunConfig(BaseModel):
 
     @classmethod
     def from_cli(cls, argv: list[str]) -> "RunConfig":
-        """`[--config FILE] [--key value ...]`; values are parsed as YAML scalars (`--lr 1e-4`, `--x true`)."""
+        """`[--config FILE] [--key value ...]`; values are parsed as YAML scalars (`--lr 1e-4`, `--x true`); a
+        boolean key given bare (`--resume`) means true."""
         import yaml
         config_path: Optional[str] = None
         overrides: dict = {}
@@ -130,20 +177,28 @@ class RunConfig(BaseModel):
             if not arg.startswith("--"):
                 raise ValueError(f"unexpected argument {arg!r}; options are --key value (keys: {cls.keys()})")
             key, eq, val = arg[2:].partition("=")
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise ValueError(f"option --{key} needs a value")
-                val = argv[i + 1]
-                i += 1
             key = key.replace("-", "_")
+            if not eq:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if cls._is_bool(key) and (nxt is None or nxt.startswith("--")):
+                    val = "true"  # a bare flag: `--resume`
+                elif nxt is None:
+                    raise ValueError(f"option --{key} needs a value")
+                else:
+                    val, i = nxt, i + 1
             if key == "config":
                 config_path = val
             else:
                 if key not in cls.model_fields:
                     raise ValueError(f"unknown option --{key}; known keys: {cls.keys()}")
-                overrides[key] = val if key in ("model", "output_dir", "data") else yaml.safe_load(val)
+                overrides[key] = val if key in STRING_KEYS else yaml.safe_load(val)
             i += 1
         return cls.load(config_path, **overrides) if config_path else cls(**overrides)
+
+    @classmethod
+    def _is_bool(cls, key: str) -> bool:
+        field = cls.model_fields.get(key)
+        return field is not None and field.annotation is bool
 
     @classmethod
     def keys(cls) -> list[str]:

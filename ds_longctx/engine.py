@@ -26,6 +26,7 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
@@ -47,8 +48,9 @@ log = logging.getLogger("ds_longctx")
 
 
 # ----------------------------------------------------------------------------- distributed start
-def init_distributed() -> None:
-    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if already started."""
+def init_distributed(timeout_s: Optional[float] = None) -> None:
+    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if already started.
+    `timeout_s`: the process-group timeout (RunConfig.collective_timeout_s); None keeps DeepSpeed's default."""
     if dist.is_initialized():
         return
     import deepspeed
@@ -60,7 +62,8 @@ def init_distributed() -> None:
     if "RANK" not in os.environ:  # plain `python`: a world of one
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)
 
 
 # ----------------------------------------------------------------------------- model config

@@ -1,0 +1,121 @@
+"""DeepSpeed ZeRO-3 checkpoint -> a Hugging Face directory that `from_pretrained` loads.
+
+    ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf [--dtype auto|fp32|bf16]
+
+`--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to `latest`. The
+fp32 master weights are gathered from every rank's partition with DeepSpeed's `zero_to_fp32`, put into the
+model class of the config the engine built (saved in the checkpoint as config.json: YaRN rope parameters of
+the training seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer
+when it had one. dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output appears atomically:
+everything is written to `<out>.tmp-*` and renamed to `<out>` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from .checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
+
+
+def resolve(checkpoint: str, tag: str | None) -> tuple[Path, dict]:
+    """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory."""
+    p = Path(checkpoint)
+    if not p.is_dir():
+        raise CheckpointError(f"export: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir")
+    root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
+    if tag is None and not (root / "latest").is_file() and not (root / CKPT_SUBDIR).exists() and root == p:
+        raise CheckpointError(f"export: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
+                              f"pass the output_dir of a run that saved one (save_every > 0, or stopped by SIGTERM)")
+    return find_checkpoint(root, tag, what="export")
+
+
+def check_out(out: str) -> Path:
+    p = Path(out)
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise CheckpointError(f"export: --out {out!r} already exists and is not an empty directory; choose a new "
+                              f"path or remove it")
+    parent = p.parent if p.parent != Path("") else Path(".")
+    if not parent.is_dir():
+        raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
+                              f"it first or choose another path")
+    return p
+
+
+def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto") -> Path:
+    """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
+    tag_dir, meta = resolve(checkpoint, tag)
+    dest = check_out(out)
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(tag_dir))
+    train_dtype = "bf16" if str(getattr(config, "dtype", "")).endswith("bfloat16") else "fp32"
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[train_dtype if dtype == "auto" else dtype]
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    # the DeepSpeed module is engine.LossHead: the HF model sits under `model.`
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    config.use_cache = True
+    config.dtype = torch_dtype
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or []) if config.get_text_config().tie_word_embeddings else set()
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} does not match {type(model).__name__}: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}; export with the ds_longctx version "
+                              f"that trained it")
+    if tied:
+        model.tie_weights()
+    model = model.to(torch_dtype)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tok = meta["run"].get("tokenizer")
+        if tok:
+            from transformers import AutoTokenizer
+            AutoTokenizer.from_pretrained(tok, local_files_only=True).save_pretrained(str(tmp))
+        (tmp / "ds_longctx_export.json").write_text(json.dumps(
+            {"checkpoint": str(tag_dir), "step": meta["step"], "dtype": str(torch_dtype).removeprefix("torch."),
+             "run": meta["run"]}, indent=1) + "\n")
+        if dest.exists():
+            dest.rmdir()  # an empty directory (checked above)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ds-longctx export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
+    p.add_argument("--out", required=True, help="new directory for the HF model (must not exist or be empty)")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="weights dtype (auto: the training dtype)")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        dest = export(a.checkpoint, a.out, a.tag, a.dtype)
+    except CheckpointError as e:
+        print(f"export refused: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

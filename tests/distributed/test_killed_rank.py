@@ -1,0 +1,61 @@
+"""A rank killed mid-run ends the whole job, non-zero, within the configured collective timeout: never a hang.
+
+2 gloo processes (SP=2) train with a small collective_timeout_s. SIGKILL of rank 1: the surviving rank fails
+its next collective (gloo sees the peer's connection close) and torchrun tears the group down. SIGSTOP of
+rank 1 (a hung rank, sockets still open): rank 0's collective fails after exactly the configured timeout.
+"""
+
+import signal
+import time
+
+import pytest
+
+from tests.distributed.runs import start, text_run_args, wait_for_steps, worker
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 20
+MARGIN_S = 30  # torchrun's monitor interval and its SIGTERM-then-SIGKILL grace for the survivors
+
+
+def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start(2, [*text_run_args(tmp_path / "data"), "--steps", "100000", "--collective_timeout_s",
+                     str(TIMEOUT_S), "--output_dir", str(out)], log)
+    try:
+        wait_for_steps(proc, out, 2, log)
+        survivor = worker(proc, 0)
+        worker(proc, 1).send_signal(signal.SIGKILL)
+        t0 = time.time()
+        rc = proc.wait(timeout=TIMEOUT_S + MARGIN_S)
+        elapsed = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc != 0, log.read_text()[-3000:]
+    assert elapsed <= TIMEOUT_S + MARGIN_S
+    assert not survivor.is_running() or survivor.status() == "zombie"
+
+
+def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path):
+    """SIGSTOP instead of SIGKILL: rank 1's sockets stay open, so only the process-group timeout (applied to
+    every group: train.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    timeout_s = 15
+    proc = start(2, [*text_run_args(tmp_path / "data"), "--steps", "100000", "--collective_timeout_s",
+                     str(timeout_s), "--output_dir", str(out)], log)
+    try:
+        wait_for_steps(proc, out, 2, log)
+        survivor, hung = worker(proc, 0), worker(proc, 1)
+        hung.send_signal(signal.SIGSTOP)
+        t0 = time.time()
+        while survivor.is_running() and survivor.status() != "zombie" and time.time() - t0 < timeout_s + 30:
+            time.sleep(0.2)
+        elapsed = time.time() - t0
+        hung.send_signal(signal.SIGCONT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert timeout_s - 1 <= elapsed <= timeout_s + 15, (elapsed, log.read_text()[-3000:])
+    assert rc != 0
+    assert f"Timed out waiting {timeout_s * 1000}ms" in log.read_text()

@@ -1,0 +1,156 @@
+"""Checkpoint and resume on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32, a JSONL corpus through the datasets
+pipeline): a run cut in two and resumed gives the straight run's losses and weights exactly; SIGTERM saves
+and exits 0; a resume with another layout, a damaged checkpoint and a NaN loss stop with a message and
+change nothing."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ds_longctx import checkpoint
+from tests.conftest import ROOT, cpu_env, free_port, read_metrics, torchrun
+from tests.distributed.runs import start, text_run_args, wait_for_steps, worker
+
+pytestmark = pytest.mark.slow
+
+
+def train(nproc, args):
+    return torchrun(nproc, ["ds_longctx.train", *args], module=True)
+
+
+def weights(output_dir, tag="step6"):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.ckpt_root(output_dir)), tag=tag)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The straight 6-step run and the 3 + resumed 3 run (module-scoped: the refusal test reuses its checkpoint)."""
+    d = tmp_path_factory.mktemp("resume")
+    base = text_run_args(d / "data")
+    straight, cut = d / "straight", d / "cut"
+    train(2, [*base, "--steps", "6", "--save_every", "6", "--output_dir", str(straight)])
+    train(2, [*base, "--steps", "3", "--save_every", "3", "--output_dir", str(cut)])
+    first = read_metrics(cut)
+    train(2, [*base, "--steps", "6", "--resume", "--save_every", "3", "--output_dir", str(cut)])
+    return {"base": base, "straight": straight, "cut": cut, "first": first}
+
+
+def test_resume_gives_the_straight_runs_losses_and_weights(runs):
+    straight, cut = read_metrics(runs["straight"]), read_metrics(runs["cut"])
+    assert [r["step"] for r in cut] == [1, 2, 3, 4, 5, 6]  # appended to the same metrics.jsonl
+    assert cut[:3] == runs["first"]
+    assert [r["loss"] for r in cut] == [r["loss"] for r in straight]  # fp32 ZeRO-3 on CPU: bit-identical
+    a, b = weights(runs["straight"]), weights(runs["cut"])
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    root = checkpoint.ckpt_root(runs["cut"])
+    assert checkpoint.read_latest(root) == "step6" and not list(root.glob(".tmp-*"))
+    meta = json.loads((root / "step6" / "meta.json").read_text())
+    assert meta["step"] == 6 and meta["run"]["world_size"] == 2 and meta["data"]["kind"] == "files"
+
+
+def test_resume_with_another_world_size_is_refused_and_changes_nothing(runs):
+    cut = runs["cut"]
+    before = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*"))
+    args = [a if a != "2" else "1" for a in runs["base"]]  # --sp_size 1, one process
+    res = subprocess.run([sys.executable, "-m", "ds_longctx.train", *args, "--steps", "9", "--resume",
+                          "--output_dir", str(cut)], env=cpu_env() | {"MASTER_PORT": str(free_port())},
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0
+    for frag in ("world_size=2 with sp_size=2", "world_size=1 with sp_size=1", "resume with 2 processes",
+                 "ds-longctx export"):
+        assert frag in res.stderr, res.stderr[-3000:]
+    assert sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*")) == before
+
+
+def test_sigterm_on_one_rank_saves_and_exits_cleanly(tmp_path, runs):
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    proc = start(2, [*runs["base"], "--steps", "100000", "--output_dir", str(out)], log)
+    try:
+        wait_for_steps(proc, out, 2, log)
+        worker(proc, 1).send_signal(signal.SIGTERM)  # one rank only: the ranks agree through an all-reduce
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, log.read_text()[-4000:]
+    done = len(read_metrics(out))
+    tag_dir, meta = checkpoint.find_checkpoint(checkpoint.ckpt_root(out))  # complete, every file at its size
+    assert meta["step"] == done and tag_dir.name == f"step{done}"
+    assert (tag_dir / "rng_rank00000.pt").exists() and (tag_dir / "rng_rank00001.pt").exists()
+
+
+def test_nan_loss_stops_with_the_step(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "ds_longctx.train", "--seq_len", "64", "--dtype", "fp32",
+                          "--lr", "1e30", "--steps", "5", "--output_dir", str(out)],
+                         env=cpu_env() | {"MASTER_PORT": str(free_port())}, capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "stopped: loss is nan at step 2, before its optimizer step" in res.stderr, res.stderr[-3000:]
+    assert "Lower lr (now 1e+30)" in res.stderr
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert time.time() - t0 < 120
+
+
+def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypatch):
+    """MetricsLog without processes: a resumed run drops lines past its checkpoint and appends; a fresh run
+    keeps an old file aside; TensorBoard gets the scalars when torch.utils.tensorboard imports (faked here:
+    tensorboard is not a dependency)."""
+    import types
+
+    from ds_longctx.train import MetricsLog
+    written = []
+
+    class Writer:
+        def __init__(self, logdir, purge_step=None):
+            written.append(("open", logdir, purge_step))
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, value, step))
+
+        def close(self):
+            written.append(("close",))
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    row = {"loss": 1.0, "tokens_per_s": 2.0, "lr": 0.1, "seconds": 0.5}
+    log = MetricsLog(tmp_path, 0, tensorboard=True, enabled=True)
+    for s in (1, 2, 3, 4):
+        log.write({"step": s, **row})
+    log.close()
+    resumed = MetricsLog(tmp_path, 2, tensorboard=True, enabled=True)  # checkpoint at step 2; steps 3-4 redone
+    resumed.write({"step": 3, **row, "loss": 9.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 1.0), (3, 9.0)]
+    assert ("open", str(tmp_path / "tensorboard"), 3) in written and ("train/loss", 9.0, 3) in written
+    MetricsLog(tmp_path, 0, tensorboard=False, enabled=True)  # a fresh run: the old file is kept aside
+    assert not (tmp_path / "metrics.jsonl").exists() and len(list(tmp_path.glob("metrics.*.jsonl"))) == 1
+
+
+def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(runs, tmp_path):
+    """A partition file that kept its size but not its content (only rank 1's): the ranks share their verdicts
+    and all stop with rank 1's message, instead of rank 0 training on alone or hanging."""
+    import shutil
+    cut = tmp_path / "cut"
+    shutil.copytree(runs["cut"], cut)
+    part = checkpoint.ckpt_root(cut) / "step6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(part.read_bytes())
+    data[-200:] = bytes(200)  # the zip's central directory: torch.load cannot open it
+    part.write_bytes(bytes(data))
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                          "127.0.0.1", "--master_port", str(free_port()), "-m", "ds_longctx.train", *runs["base"],
+                          "--steps", "9", "--resume", "--collective_timeout_s", "30", "--output_dir", str(cut)],
+                         env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0
+    err = res.stdout + res.stderr
+    assert "could not be loaded (rank 1: zero_pp_rank_1_mp_rank_00_optim_states.pt" in err, err[-3000:]
+    assert "use an earlier tag (resume_tag)" in err
+    assert time.time() - t0 < 120
+    assert [r["step"] for r in read_metrics(cut)] == [1, 2, 3, 4, 5, 6]
