@@ -39,6 +39,11 @@ def torchrun(nproc: int, args: list[str], timeout: int = 600, module: bool = Fal
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *(["-m"] if module else []), *args]
     res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if res.returncode and "terminate called without an active exception" in res.stderr:
+        # Seen once in CI (2026-11-30, the suite's first multi-process test, rank 1 SIGABRT at start-up, passed
+        # on rerun); cause not found. One retry on that exact signature only, on a fresh port; see issue notes.
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if res.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
     return res
