@@ -42,11 +42,11 @@ def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list[i
 def check_sp_size(sp_size: int, world_size: int, num_heads: int, num_kv_heads: int) -> None:
     """Raise before any work if sp_size fits neither the world size nor the model's heads."""
     if world_size % sp_size:
-        ok = [s for s in valid_sp_sizes(world_size, num_heads, num_kv_heads)]
+        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads)
         raise ValueError(f"sp_size={sp_size} does not divide world_size={world_size}; use one of {ok} "
                          f"or launch a multiple of {sp_size} processes")
     if num_heads % sp_size:
-        ok = [s for s in range(1, num_heads + 1) if num_heads % s == 0 and (num_kv_heads % s == 0 or s % num_kv_heads == 0)]
+        ok = valid_sp_sizes(num_heads, num_heads, num_kv_heads)  # every sp the heads allow, any world size
         raise ValueError(f"sp_size={sp_size} must divide num_attention_heads={num_heads}; try one of {ok}")
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
         raise ValueError(f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a multiple "
