@@ -17,9 +17,13 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import subprocess
 import time
 from pathlib import Path
+
+# As train.py: the planner models reserved memory under expandable segments (the entry point's setting).
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s, vendor datasheet (SXM); MFU is against this
 
@@ -87,7 +91,8 @@ def main():
         levers = Levers(chunked_loss="plain_loss" not in parts, chunk_rows=a.loss_chunk_rows,
                         tiled_mlp="tiled" in parts, tile_tokens=geom.hidden,
                         offload_layers=n_layers if "offload" in parts else 0)
-        predicted = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers).gpu_peak_bytes
+        plan = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers)
+        predicted = plan.gpu_peak_bytes
         for i in range(a.first_steps if vi == 0 else a.steps):
             if cuda:
                 torch.cuda.synchronize()
@@ -105,13 +110,23 @@ def main():
                               torch.cuda.max_memory_allocated() if cuda else 0,
                               psutil.Process().memory_info().rss], dtype=torch.float64, device=eng.device)
             dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            # Host peak of the job: every rank's peak RSS (ru_maxrss, KiB on Linux), summed over the node.
+            hp = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64,
+                              device=eng.device)
+            dist.all_reduce(hp, op=dist.ReduceOp.SUM)
             host = torch.tensor([psutil.virtual_memory().used], dtype=torch.float64, device=eng.device)
             row = {**meta, "model": a.model, "seq_len": a.seq_len, "sp_size": a.sp_size, "variant": variant,
                    "step": i + 1, "seconds": round(sec, 3), "loss": res.loss if res else None, "error": err,
                    "peak_reserved_gib": round(m[0].item() / 2**30, 2),
                    "peak_allocated_gib": round(m[1].item() / 2**30, 2),
                    "max_rank_rss_gib": round(m[2].item() / 2**30, 2), "host_used_gib": round(host.item() / 2**30, 1),
+                   "host_peak_rss_sum_gib": round(hp.item() / 2**30, 2),
                    "predicted_gpu_gib": round(predicted / 2**30, 2),
+                   "predicted_host_gib": round(plan.host_peak_bytes / 2**30, 2),
+                   "levers": {"chunked_loss": levers.chunked_loss, "chunk_rows": levers.chunk_rows,
+                              "tiled_mlp": levers.tiled_mlp, "tile_tokens": levers.tile_tokens,
+                              "offload_layers": levers.offload_layers},
+                   "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                    "tflops_per_gpu": round(flops / sec / st.world_size / 1e12, 1),
                    "mfu": round(flops / sec / st.world_size / H200_BF16_PEAK, 3)}
             step_no += 1
