@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--loss_chunk_rows", type=int, default=4096)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     a = ap.parse_args()
+    import logging
+    logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+                        format="%(message)s")  # the engine's build stages (time, host RSS, GPU memory)
 
     import torch
     import torch.distributed as dist

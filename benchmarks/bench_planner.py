@@ -66,7 +66,8 @@ def predict(row: dict) -> tuple:
 
     plan = plan_memory(ModelGeometry.from_name_or_path(row["model"]), row["seq_len"], row["gpus"], row["sp_size"],
                        Levers(**row["levers"]))
-    return plan.gpu_peak_bytes / 2**30, plan.host_peak_bytes / 2**30
+    # reserved_bytes, not gpu_peak_bytes: max_memory_reserved does not see the CUDA context
+    return plan.reserved_bytes / 2**30, plan.host_peak_bytes / 2**30
 
 
 def table(rows: list) -> str:

@@ -106,6 +106,21 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
                     p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
 
 
+def _build_stage(stage: str, t0: float, rank: int) -> None:
+    """One progress line per build stage on rank 0: seconds since the build began, host RSS now and at its
+    peak so far (ru_maxrss: the planner's host model is checked against these), GPU memory allocated."""
+    if rank != 0:
+        return
+    import resource
+    import time
+
+    import psutil
+    rss, peak = psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gpu = f", GPU allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB" if torch.cuda.is_available() else ""
+    log.info("build %s: %.1f s, host RSS %.2f GiB (peak %.2f GiB)%s", stage, time.perf_counter() - t0,
+             rss / 2**30, peak / 2**30, gpu)
+
+
 # ----------------------------------------------------------------------------- loss head
 class LMHeadLoss(nn.Module):
     """lm_head + cross-entropy sum on the local slice, chunked or plain (chunked_loss.py).
@@ -231,8 +246,11 @@ def validate(cfg: RunConfig, world_size: int):
 
 def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     """Steps 1-8 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
+    import time
+
     import deepspeed
 
+    t0 = time.perf_counter()
     # 1. validate (world size from the launcher's environment, before any process group exists)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     hf_cfg = validate(cfg, world) if hf_config is None else hf_config
@@ -241,6 +259,7 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = build_parallel_state(cfg.sp_size)
+    _build_stage("2/8 process groups", t0, state.rank)
     attention.select(cfg.attn_backend, announce=state.rank == 0)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
@@ -263,8 +282,10 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
             model = cls.from_pretrained(cfg.model, config=hf_cfg, dtype=dtype)
         else:
             model = cls(hf_cfg).to(dtype)
+    _build_stage("3/8 model under zero.Init", t0, state.rank)
     if not is_path:
         init_weights(model, cfg.seed, getattr(hf_cfg, "initializer_range", 0.02))
+        _build_stage("3/8 init_weights", t0, state.rank)
     model.train()  # SP must never run in eval mode by accident (see KNOWN.md)
     # 4. Ulysses attention
     attn = ulysses.register(model, state)
@@ -283,6 +304,8 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     # 7. loss head: chunked lm_head + CE on the local slice
     module = LossHead(model, state, cfg.chunked_loss, cfg.loss_chunk_rows)
     # 8. DeepSpeed
+    _build_stage("7/8 levers and loss head", t0, state.rank)
     ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
                                          config=ds_config)
+    _build_stage("8/8 deepspeed.initialize", t0, state.rank)
     return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device)

@@ -49,6 +49,17 @@ HIDDEN_UNITS_ATTN_BWD = 6
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
 QK_NORM_SAVED_COPIES = 3
 _DENSE_TYPES = ("qwen3", "llama", "mistral")
+# ds_config.py's reduce_bucket_size (elements); tests/test_planner.py checks the two agree.
+REDUCE_BUCKET_ELEMS = 50_000_000
+# Calibrated on nvidia-h200-x2 (benchmarks/results/planner_runs_2026-11-30.md, expandable segments):
+# max_memory_reserved / max_memory_allocated was 1.03-1.06 without offload and 1.12 with it, and a
+# rank's steady host RSS 2.2 GiB.
+FRAGMENTATION = 1.06
+OFFLOAD_FRAGMENTATION = 1.12
+PROCESS_HOST_GIB = 2.25
+# A rank's RSS at the start of DeepSpeed's ZeRO-3 init, before its CPU defragment buffer (same runs: 9.08 GiB
+# peak per rank for Qwen3-8B on 2 GPUs = this + 2·P/G bytes).
+BUILD_HOST_GIB = 1.5
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,8 @@ class MemoryPlan:
     terms: tuple
     phase_bytes: tuple  # ((phase, Σ gpu bytes of that phase's transient terms), ...)
     peak_phase: str
-    gpu_peak_bytes: int
+    reserved_bytes: int  # what torch.cuda.max_memory_reserved will report: f·(all + peak phase)
+    gpu_peak_bytes: int  # reserved + cuda_context: what must fit on the card
     host_peak_bytes: int
 
     @property
@@ -160,6 +172,11 @@ class MemoryPlan:
     @property
     def local_tokens(self) -> int:
         return self.seq_len // self.sp_size
+
+    @property
+    def host_step_bytes(self) -> int:
+        """Host bytes during training steps (the build's transient host terms excluded)."""
+        return sum(t.host_bytes for t in self.terms if t.phases == ALL)
 
     def term(self, name: str) -> Term:
         return next(t for t in self.terms if t.name == name)
@@ -188,33 +205,46 @@ def valid_sp_sizes(geom: ModelGeometry, gpus: int) -> list:
             and (geom.kv_heads % sp == 0 or sp % geom.kv_heads == 0)]
 
 
+def _pow2(n: int) -> int:
+    """n rounded up to a power of two (torch's CachingHostAllocator block sizes for pinned memory)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
     """L·H·2: the checkpointed layer inputs per token of the full sequence (Qwen3-8B: 288 KiB)."""
     return geom.layers * geom.hidden * 2
 
 
 def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
-                live_layers: int = 2, fragmentation: float = 1.10, cuda_context_gib: float = 1.5,
-                process_host_gib: float = 3.0) -> MemoryPlan:
+                live_layers: int = 2, fragmentation: float = FRAGMENTATION,
+                offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = 1.5,
+                process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
     """Every allocation of one training step, per GPU and on the host. Terms (phase; formula):
 
     ZeRO-3 over all G ranks (all):
         params_bf16            2·P/G
-        grads_fp32             4·P/G       \\  with optimizer_offload these three live in host pinned memory,
-        master_fp32            4·P/G        > G ranks' worth on the node: 4·P, 4·P, 8·P
-        adam_m_v_fp32          8·P/G       /
+        grads_bf16             2·P/G       \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
+        master_fp32            4·P/G        > default); with optimizer_offload these three live in host pinned
+        adam_m_v_fp32          8·P/G       /  memory, G ranks' worth on the node: 2·P, 4·P, 8·P
+        reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
         gathered_layers        live_layers·P_layer·2   (the layer being computed + prefetch; calibrate live_layers)
     Checkpoints and small inputs (all):
-        checkpoints            (L-k)·E on GPU; host G·k·E (pinned, offload_layers=k)
+        checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, offload_layers=k; torch's pinned
+                               host allocator rounds every block up to a power of two)
         offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
     Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
     Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
-        chunked:  loss_chunk_logits_fp32 c·V·4, loss_chunk_grad_fp32 c·V·4, lm_head_grad_accum_fp32 V·H·4
-        plain:    logits T·V·(2 bf16 + 4 fp32 upcast + 4 fp32 grad)
+        chunked:  loss_chunk_logits_fp32 c·V·4 (turned in place into dL/dlogits), loss_chunk_bf16 c·V·2 (the
+                  bf16 logits, then the bf16 cast of the gradient), lm_head_grad_accum_fp32 V·H·4 (chunked_loss.py)
+        plain:    logits T·V·12 (the backward of log_softmax: its saved fp32 output, the fp32 grad from
+                  nll_loss and the fp32 grad it makes, all T×V at once), logits_bf16_block T·V·2 (the bf16
+                  logits, freed in the forward: a block too small for any later T×V fp32 tensor, so it stays
+                  reserved)
     Top layer backward (mlp_bwd and/or attn_bwd):
         layer_grads_bf16       P_layer·2 (one layer's full grads before reduce-scatter; both)
+        tied_lm_head_grad_held V·H·2 with tied embeddings (embed too): the lm_head grad waits for the embedding's
         hidden_mlp_bwd         10·E (see HIDDEN_UNITS_MLP_BWD)            hidden_attn_bwd  6·E (attn_bwd)
         qk_norm_saved          3·T·(hq+hkv)·d·2 if qk_norm (both)
         qkv_a2a                S·(hq/sp + 2·kv')·d·2 (both); qkv_a2a_grad the same (attn_bwd)
@@ -228,8 +258,17 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up), mlp_grads 2·T·I·2;
                        tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2,
                                 mlp_tile_wgrad_fp32 3·H·I·4 (tiled_mlp.py's fp32 sum of the MLP weight grads)
-    Slack (all):  allocator_slack (fragmentation-1)·(all + peak phase), cuda_context (context, NCCL, cuBLAS)
-    Host:  process_overhead G·process_host_gib, dataset_row G·S·16 (ids + labels int64 on each rank)
+    Slack (all):  allocator_slack (f-1)·(all + peak phase), f = fragmentation, or offload_fragmentation
+                  when checkpoints are offloaded (DeepSpeed's checkpoint path copies through its own buffers);
+                  reserved = f·(all + peak phase) is what torch.cuda.max_memory_reserved reports;
+                  cuda_context (context, NCCL, cuBLAS workspaces) is outside the allocator but on the card:
+                  gpu_peak = reserved + cuda_context.
+    Host:  process_overhead G·process_host_gib (a rank's steady RSS: Python, torch, CUDA and NCCL host state),
+           dataset_row G·S·16 (ids + labels int64 on each rank)
+    Host while the engine is built (build; not at the same time as the step's host terms):
+           build_process G·BUILD_HOST_GIB, zero3_defragment_cpu 2·P (DeepSpeed's ZeRO-3 init copies every
+           rank's bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py)
+    host_peak = max(Σ step host terms, Σ build host terms).
     """
     g, G, sp, k = _geom(geom), gpus, sp_size, levers.offload_layers
     ok = valid_sp_sizes(g, G)
@@ -253,11 +292,12 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     part = -(-P // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
     add("params_bf16", 2 * part, 0, "2·P/G")
     off = levers.optimizer_offload
-    for name, nbytes in (("grads_fp32", 4), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
+    for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
         b = nbytes * part
         add(name, 0 if off else b, G * b if off else 0, f"{nbytes}·P/G" + (f"; on host {nbytes}·P" if off else ""))
+    add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * Pl * 2, 0, f"live_layers({live_layers})·P_layer·2")
-    add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2 (k={k})")
+    add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
     if k:
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
@@ -274,11 +314,16 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     if levers.chunked_loss:
         c = min(levers.chunk_rows, T)
         add("loss_chunk_logits_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
-        add("loss_chunk_grad_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
+        add("loss_chunk_bf16", c * V * 2, 0, f"c·V·2 (c={c})", ("loss",))
         add("lm_head_grad_accum_fp32", V * H * 4, 0, "V·H·4", ("loss",))
     else:
-        add("logits", T * V * (2 + 4 + 4), 0, "T·V·(2+4+4)", ("loss",))
+        add("logits", T * V * 12, 0, "T·V·12", ("loss",))
+        add("logits_bf16_block", T * V * 2, 0, "T·V·2", ("loss",))
 
+    if g.tied_embeddings:
+        # the lm_head grad (made in the loss forward) waits in autograd's input buffer for the embedding's
+        # grad: a tied leaf's AccumulateGrad runs once, after its last use's backward (the embedding, last)
+        add("tied_lm_head_grad_held", V * H * 2, 0, "V·H·2 (tied embeddings)", LAYER + ("embed",))
     add("layer_grads_bf16", Pl * 2, 0, "P_layer·2", LAYER)
     add("hidden_mlp_bwd", HIDDEN_UNITS_MLP_BWD * E, 0, f"{HIDDEN_UNITS_MLP_BWD}·T·H·2", ("mlp_bwd",))
     add("hidden_attn_bwd", HIDDEN_UNITS_ATTN_BWD * E, 0, f"{HIDDEN_UNITS_ATTN_BWD}·T·H·2", ("attn_bwd",))
@@ -307,14 +352,20 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in PHASES)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
     sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
-    slack = round((fragmentation - 1) * sub)
-    add("allocator_slack", slack, 0, f"({fragmentation:g}-1)·(all + {peak_phase})")
+    f = offload_fragmentation if k else fragmentation
+    slack = round((f - 1) * sub)
+    add("allocator_slack", slack, 0, f"({f:g}-1)·(all + {peak_phase})")
     add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
+    add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", ("build",))
+    add("zero3_defragment_cpu", 0, 2 * part * G, "2·P/G per rank", ("build",))
+    host_step = sum(t.host_bytes for t in terms if t.phases == ALL)
+    host_build = sum(t.host_bytes for t in terms if t.phases == ("build",))
     return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
-                      phase_bytes=phase_bytes, peak_phase=peak_phase, gpu_peak_bytes=sub + slack + ctx,
-                      host_peak_bytes=sum(t.host_bytes for t in terms))
+                      phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
+                      gpu_peak_bytes=sub + slack + ctx,
+                      host_peak_bytes=max(host_step, host_build))
 
 
 @dataclass(frozen=True)
@@ -359,7 +410,7 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
 
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None) -> Optional[Choice]:
     """The first fit in this order: optimizer on GPU before offloaded (host RAM and a CPU Adam step); sp
-    descending (sp = gpus first); tiled MLP off before on (+16% step time measured at 8B); then the fewest
+    descending (sp = gpus first); tiled MLP off before on (+5% step time measured at 8B, 131k tokens); then the fewest
     offloaded checkpoints (+1% measured for all 36 layers at 8B, 131k).
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
@@ -399,7 +450,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid_sp_sizes(geom, plan.gpus)} "
                                   f"(one sequence over {sp} GPUs: the least memory per GPU)"),
              f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
-                                              if lv.tiled_mlp else "not needed (it costs +16% step time at 8B)"),
+                                              if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)"),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
              + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
              f"loss_chunk_rows={lv.chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "

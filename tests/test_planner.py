@@ -59,11 +59,32 @@ def test_checkpoints_cost_288_kib_per_token():
 
 def test_zero3_bytes_for_8b_over_8_gpus():
     plan = plan_memory(Q8, 4096, 8, 8)
-    got = {n: plan.term(n).gpu_bytes for n in ("params_bf16", "grads_fp32", "master_fp32", "adam_m_v_fp32")}
-    assert got == {"params_bf16": 2_047_683_840, "grads_fp32": 4_095_367_680, "master_fp32": 4_095_367_680,
+    got = {n: plan.term(n).gpu_bytes for n in ("params_bf16", "grads_bf16", "master_fp32", "adam_m_v_fp32")}
+    assert got == {"params_bf16": 2_047_683_840, "grads_bf16": 2_047_683_840, "master_fp32": 4_095_367_680,
                    "adam_m_v_fp32": 8_190_735_360}
-    assert sum(got.values()) == 18 * P8 // 8  # 2 bf16 + 4 fp32 grads + 4 master + 8 Adam bytes per param
+    # 2 bf16 params + 2 bf16 grads (DeepSpeed's grad_accum_dtype defaults to the model dtype) + 4 master + 8 Adam
+    assert sum(got.values()) == 16 * P8 // 8
+    assert plan.term("reduce_bucket").gpu_bytes == 100_000_000  # 5e7 bf16 elements
     assert plan.term("gathered_layers").gpu_bytes == 2 * 192_946_432 * 2
+
+
+def test_host_peak_is_the_larger_of_build_and_step():
+    # ZeRO-3 init copies each rank's bf16 partition through a CPU buffer: 2·P bytes over the node, plus
+    # 1.5 GiB per rank; the 8B on 2 GPUs without offload peaks there, with 36 layers offloaded in the step
+    G = 2
+    build = G * 1.5 * GIB + 2 * (-(-P8 // G)) * G
+    base = plan_memory(Q8, 65_536, G, G)
+    assert base.host_step_bytes == G * 2.25 * GIB + G * 65_536 * 16
+    assert base.host_peak_bytes == pytest.approx(build, abs=2)
+    off = plan_memory(Q8, 262_144, G, G, Levers(offload_layers=36))
+    # 131,072 tokens per rank x 4096 x 2 bytes = 1 GiB per layer checkpoint (a power of two)
+    assert off.host_peak_bytes == off.host_step_bytes == G * 36 * GIB + G * 2.25 * GIB + G * 262_144 * 16
+
+
+def test_pinned_checkpoints_round_up_to_a_power_of_two():
+    # 196,608 tokens over 2 ranks: 98,304 x 4096 x 2 = 768 MiB per checkpoint, pinned in 1 GiB blocks
+    off = plan_memory(Q8, 196_608, 2, 2, Levers(offload_layers=36))
+    assert off.term("checkpoints").host_bytes == 2 * 36 * GIB
 
 
 def test_chunked_vs_plain_loss_terms():
@@ -71,12 +92,15 @@ def test_chunked_vs_plain_loss_terms():
     chunked = plan_memory(Q8, 2 * T, 2, 2, Levers(chunked_loss=True, chunk_rows=4096))
     plain = plan_memory(Q8, 2 * T, 2, 2, Levers(chunked_loss=False))
     assert chunked.term("loss_chunk_logits_fp32").gpu_bytes == 4096 * V * 4
-    assert chunked.term("loss_chunk_grad_fp32").gpu_bytes == 4096 * V * 4
+    assert chunked.term("loss_chunk_bf16").gpu_bytes == 4096 * V * 2
     assert chunked.term("lm_head_grad_accum_fp32").gpu_bytes == V * H * 4
-    assert plain.term("logits").gpu_bytes == T * V * 10
+    # log_softmax's backward: saved fp32 output + fp32 grad in + fp32 grad out = 12 bytes per logit, and the
+    # bf16 logits' freed block (2 bytes per logit) stays reserved
+    assert plain.term("logits").gpu_bytes == T * V * 12
+    assert plain.term("logits_bf16_block").gpu_bytes == T * V * 2
     assert not any(t.name == "logits" for t in chunked.terms)
     loss = lambda p: dict(p.phase_bytes)["loss"]
-    assert loss(plain) - loss(chunked) == T * V * 10 - 2 * 4096 * V * 4 - V * H * 4
+    assert loss(plain) - loss(chunked) == T * V * 14 - 4096 * V * 6 - V * H * 4
     assert plain.peak_phase == "loss" and plain.gpu_peak_bytes > chunked.gpu_peak_bytes
     # chunks never exceed the local rows
     assert plan_memory(Q8, 1000, 1, 1).term("loss_chunk_logits_fp32").gpu_bytes == 1000 * V * 4
@@ -86,16 +110,17 @@ def test_layer_offload_moves_bytes_from_gpu_to_host_exactly():
     G, S, k = 2, 262_144, 20
     E = S // G * Q8.hidden * 2
     on = plan_memory(Q8, S, G, G, Levers(offload_layers=0), fragmentation=1.0)
-    off = plan_memory(Q8, S, G, G, Levers(offload_layers=k), fragmentation=1.0)
+    off = plan_memory(Q8, S, G, G, Levers(offload_layers=k), offload_fragmentation=1.0)
     assert on.term("checkpoints").gpu_bytes - off.term("checkpoints").gpu_bytes == k * E
+    # E = 512 MiB is a power of two, so the pinned allocator's rounding adds nothing here
     assert off.term("checkpoints").host_bytes - on.term("checkpoints").host_bytes == G * k * E
     assert off.term("offload_staging").gpu_bytes == 2 * E
     assert on.gpu_peak_bytes - off.gpu_peak_bytes == (k - 2) * E
-    assert off.host_peak_bytes - on.host_peak_bytes == G * k * E
+    assert off.host_step_bytes - on.host_step_bytes == G * k * E
     # with fragmentation the GPU saving scales with it
     f = 1.1
     on_f = plan_memory(Q8, S, G, G, Levers(offload_layers=0), fragmentation=f)
-    off_f = plan_memory(Q8, S, G, G, Levers(offload_layers=k), fragmentation=f)
+    off_f = plan_memory(Q8, S, G, G, Levers(offload_layers=k), offload_fragmentation=f)
     assert on_f.gpu_peak_bytes - off_f.gpu_peak_bytes == pytest.approx((k - 2) * E * f, abs=2)
 
 
@@ -103,8 +128,8 @@ def test_optimizer_offload_moves_bytes_from_gpu_to_host_exactly():
     G = 8
     on = plan_memory(Q8, 65_536, G, 8, Levers(optimizer_offload=False), fragmentation=1.0)
     off = plan_memory(Q8, 65_536, G, 8, Levers(optimizer_offload=True), fragmentation=1.0)
-    assert on.gpu_peak_bytes - off.gpu_peak_bytes == 16 * P8 // G
-    assert off.host_peak_bytes - on.host_peak_bytes == 16 * P8
+    assert on.gpu_peak_bytes - off.gpu_peak_bytes == 14 * P8 // G  # bf16 grads 2 + master 4 + Adam 8
+    assert off.host_step_bytes - on.host_step_bytes == 14 * P8
     assert off.term("params_bf16").gpu_bytes == on.term("params_bf16").gpu_bytes  # bf16 weights stay
 
 
@@ -243,3 +268,12 @@ def test_pinned_sp_size():
     assert find_max_len(Q8, 2, 141, 256, sp_size=1) <= find_max_len(Q8, 2, 141, 256)
     with pytest.raises(ValueError, match="try one of"):
         choose(Q8, 4096, 8, 80, 560, sp_size=3)
+
+
+def test_reduce_bucket_matches_the_generated_deepspeed_config():
+    from ds_longctx.config import RunConfig
+    from ds_longctx.ds_config import build_ds_config
+    from ds_longctx.planner import REDUCE_BUCKET_ELEMS
+
+    ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
+    assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS
