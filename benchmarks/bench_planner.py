@@ -72,12 +72,13 @@ def predict(row: dict) -> tuple:
 
 def table(rows: list) -> str:
     """Markdown: one line per measured run, errors in %, and whether each is inside the issue's bars."""
-    lines = ["| model | tokens | variant | s/step | MFU | reserved GiB (measured) | predicted | error | "
-             "host GiB (measured, Σ ranks) | predicted | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| set | model | tokens | variant | s/step | MFU | reserved GiB (measured) | predicted | error | "
+             "host GiB (measured, Σ ranks) | predicted | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     n_ok = 0
     for r in rows:
         if "measured_gpu_gib" not in r:
-            lines.append(f"| {r['model']} | {r['seq_len']:,} | {r['variant']} | failed (rc={r['rc']}) |||||||")
+            lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | "
+                         f"failed (rc={r['rc']}) |||||||")
             continue
         pg, ph = predict(r)
         # A CPU run has no GPU peak (0): its GPU error is undefined, shown as n/a and never "inside".
@@ -85,7 +86,7 @@ def table(rows: list) -> str:
         eh = ph / r["measured_host_gib"] - 1
         ok = abs(eg) <= GPU_TOL and abs(eh) <= HOST_TOL
         n_ok += ok
-        lines.append(f"| {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | {r['mfu']:.1%} | "
+        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | {r['mfu']:.1%} | "
                      f"{r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | {ph:.2f} | "
                      f"{eh:+.1%} |")
     lines.append(f"\n{n_ok} of {len(rows)} runs inside ±{GPU_TOL:.0%} GPU and ±{HOST_TOL:.0%} host.")
