@@ -86,7 +86,8 @@ def table(rows: list) -> str:
         eh = ph / r["measured_host_gib"] - 1
         ok = abs(eg) <= GPU_TOL and abs(eh) <= HOST_TOL
         n_ok += ok
-        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | {r['mfu']:.1%} | "
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
+        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | {mfu} | "
                      f"{r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | {ph:.2f} | "
                      f"{eh:+.1%} |")
     lines.append(f"\n{n_ok} of {len(rows)} runs inside ±{GPU_TOL:.0%} GPU and ±{HOST_TOL:.0%} host.")

@@ -226,6 +226,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         grads_bf16             2·P/G       \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
         master_fp32            4·P/G        > default); with optimizer_offload these three live in host pinned
         adam_m_v_fp32          8·P/G       /  memory, G ranks' worth on the node: 2·P, 4·P, 8·P
+        cpu_adam_grads_fp32    host 4·P with optimizer_offload (fp32 copies of the grads for the CPU optimizer;
+                               measured: 74.7 GiB RSS per rank for the 8B on 2 GPUs = 18·P/G + checkpoints + process)
         reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
         gathered_layers        live_layers·P_layer·2   (the layer being computed + prefetch; calibrate live_layers)
     Checkpoints and small inputs (all):
@@ -295,6 +297,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
         b = nbytes * part
         add(name, 0 if off else b, G * b if off else 0, f"{nbytes}·P/G" + (f"; on host {nbytes}·P" if off else ""))
+    if off:
+        add("cpu_adam_grads_fp32", 0, G * 4 * part, "host 4·P (the fp32 grads DeepSpeedCPUAdam steps on)")
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * Pl * 2, 0, f"live_layers({live_layers})·P_layer·2")
     add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
