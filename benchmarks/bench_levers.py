@@ -146,7 +146,7 @@ def main():
         last = {}
         for r in rows:
             last[r["variant"]] = r
-        lines = [f"| variant | s/step | MFU | peak reserved GiB | predicted GiB | max rank RSS GiB | loss |",
+        lines = ["| variant | s/step | MFU | peak reserved GiB | predicted GiB | max rank RSS GiB | loss |",
                  "|---|---|---|---|---|---|---|"]
         for v, r in last.items():
             lines.append(f"| {v} | {r['seconds']} | {r['mfu']} | {r['peak_reserved_gib']} | {r['predicted_gpu_gib']} "

@@ -48,12 +48,13 @@ def train_command(nproc: int, run_args: list[str]) -> list[str]:
 
 
 def precheck(nproc: int, run_args: list[str]):
-    """Parse and validate the run in this process, before any worker starts. Exits 2 on bad input."""
-    from .engine import validate
+    """Parse and check the run in this process (`preflight`: the engine's checks, RoPE coverage, data source,
+    output_dir / resume), before any worker starts. Exits 2 on bad input."""
+    from .preflight import preflight
     from .train import parse_config
     cfg = parse_config(run_args)
     try:
-        validate(cfg, nproc)
+        preflight(cfg, nproc)
     except ValueError as e:
         print(f"refused before start: {e}", file=sys.stderr)
         sys.exit(2)

@@ -224,8 +224,9 @@ class LongCtxEngine:
 
 
 def auto_offload_layers(cfg: RunConfig, world_size: int) -> int:
-    """The fewest layers whose checkpoints must leave the GPU for this run to fit (planner.py)."""
-    from .planner import ModelGeometry, fewest_offload_layers
+    """The fewest layers whose checkpoints must leave the GPU for this run to fit (plan_search.py)."""
+    from .plan_search import fewest_offload_layers
+    from .planner import ModelGeometry
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
     if not total:
         return 0

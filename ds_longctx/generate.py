@@ -4,7 +4,7 @@
     ds-longctx plan --model qwen3-8b --gpus 2 --gpu_mem_gb 141 --find_max_len [--out DIR]
     python -m ds_longctx.generate --regen-all ds_configs      # rewrite the committed configs
 
-The planner (`planner.choose`) picks sp_size, the fewest offloaded checkpoints, tiled MLP only when needed,
+The planner's search (`plan_search.choose`) picks sp_size, the fewest offloaded checkpoints, tiled MLP only when needed,
 the loss chunk rows and optimizer offload; the plan is printed as a table (term, GB per GPU, GB host).
 With `--out DIR` it writes:
     run.yaml         our run config (`RunConfig`): exactly the planner's choices; the only input train.py reads
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from .planner import GB, Choice, ModelGeometry, NoFit, choose, find_max_len, valid_sp_sizes
+from .plan_search import Choice, NoFit, choose, find_max_len
+from .planner import GB, ModelGeometry, valid_sp_sizes
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on

@@ -16,9 +16,11 @@ sp_size == 1 is the explicit no-op path: no SP group is built.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch.distributed as dist
+
+from .planner import sp_sizes as valid_sp_sizes  # the one rule, shared with the planner (no torch there)
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,6 @@ class ParallelState:
     dp_rank: int
     sp_group: Any = None  # ProcessGroup of this rank's SP peers (None when sp_size == 1)
     dp_group: Any = None  # ProcessGroup of the ranks holding the same sequence slice (None when dp_size == 1)
-
-
-def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list[int]:
-    """sp sizes that divide the world and the query heads, with KV heads split or replicated evenly."""
-    return [sp for sp in range(1, world_size + 1)
-            if world_size % sp == 0 and num_heads % sp == 0 and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)]
 
 
 def check_sp_size(sp_size: int, world_size: int, num_heads: int, num_kv_heads: int) -> None:

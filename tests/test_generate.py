@@ -13,7 +13,8 @@ import yaml
 from ds_longctx import generate
 from ds_longctx.config import RunConfig
 from ds_longctx.ds_config import build_ds_config
-from ds_longctx.planner import GB, choose, find_max_len
+from ds_longctx.plan_search import choose, find_max_len
+from ds_longctx.planner import GB
 
 from tests.conftest import ROOT
 

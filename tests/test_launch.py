@@ -90,3 +90,34 @@ def test_two_cpu_processes_train(script, tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] > 0 for r in rows)
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())  # what train.py ran: the config + the overrides
     assert (run["model"], run["sp_size"], run["seq_len"], run["dtype"]) == ("qwen3-tiny", 2, 64, "fp32")
+
+
+def test_detach_and_wait_follow_a_job_to_its_exit_status(tmp_path):
+    env = script_env(RUN_DIR=str(tmp_path / "job"))
+    job = ["bash", "-c", "echo started; printf 'step 1\\rstep 2\\r'; sleep 2; exit 3"]
+    res = launch("detach.sh", job, env)
+    assert res.returncode == 0 and "started:" in res.stdout, res.stderr
+    # a second job into the same RUN_DIR while the first runs is refused (its log would be overwritten)
+    again = launch("detach.sh", ["true"], env)
+    assert again.returncode == 2 and "still running" in again.stderr
+    res = launch("wait.sh", ["30"], env)
+    assert res.returncode == 3, res.stdout + res.stderr  # the job's own exit status
+    # the progress bar's \r updates come out one per line
+    assert res.stdout.splitlines()[:3] == ["started", "step 1", "step 2"]
+    assert (tmp_path / "job" / "rc").read_text().strip() == "3"
+
+
+def test_wait_says_still_running_and_no_job(tmp_path):
+    env = script_env(RUN_DIR=str(tmp_path / "job"))
+    missing = launch("wait.sh", ["1"], env)
+    assert missing.returncode == 2 and "no job" in missing.stderr
+    assert launch("detach.sh", ["sleep", "60"], env).returncode == 0
+    pgid = int((tmp_path / "job" / "pid").read_text())
+    try:
+        res = launch("wait.sh", ["1"], env)
+        assert res.returncode == 75 and "still running" in res.stdout
+    finally:
+        os.killpg(pgid, 9)  # what the script's header says: kill -- -PID stops the whole job
+    res = launch("wait.sh", ["10"], env)
+    # the kill took the wrapper that writes rc too: wait says the job is gone rather than waiting on
+    assert res.returncode == 1 and "gone without an exit status" in res.stderr

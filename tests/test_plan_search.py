@@ -1,0 +1,100 @@
+"""`plan_search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ds_longctx.plan_search import NoFit, choose, find_max_len
+from ds_longctx.planner import GB, GIB, Levers, ModelGeometry, plan_memory
+
+Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
+TINY = ModelGeometry.from_name_or_path("qwen3-tiny")
+
+
+def test_choose_8b_1m_on_8x80_fits_with_sp8():
+    c = choose(Q8, 1 << 20, 8, 80, 560)  # host as on the 8-GPU machines here (560 GiB)
+    budget = 0.9 * 80 * GB
+    assert c.sp_size == 8 and c.plan.gpu_peak_bytes <= budget and c.plan.host_peak_bytes <= 0.9 * 560 * GB
+    assert not c.levers.optimizer_offload and not c.levers.tiled_mlp and c.levers.chunked_loss
+    k = c.levers.offload_layers
+    assert 0 < k < Q8.layers  # only the layers that must leave the GPU
+    assert plan_memory(Q8, 1 << 20, 8, 8, replace(c.levers, offload_layers=k - 1)).gpu_peak_bytes > budget
+    for sp in (1, 2, 4):  # no smaller sp fits at all, whatever is offloaded
+        lv = Levers(chunk_rows=256, tiled_mlp=True, tile_tokens=4096, offload_layers=Q8.layers, optimizer_offload=True)
+        assert not plan_memory(Q8, 1 << 20, 8, sp, lv).fits(budget, 0.9 * 560 * GB)
+    assert any("YaRN" in n for n in c.notes)
+
+
+def test_8b_1m_on_8x80_by_hand():
+    """At 1,048,576 tokens over sp=8 one checkpointed layer input is T·H·2 = 131,072·4096·2 bytes = 1 GiB."""
+    c = choose(Q8, 1 << 20, 8, 80, 560)
+    assert c.levers == Levers(chunked_loss=True, chunk_rows=4096, tiled_mlp=False, tile_tokens=None,
+                              offload_layers=32, optimizer_offload=False)
+    ck = c.plan.term("checkpoints")
+    assert ck.gpu_bytes == (36 - 32) * GIB and ck.host_bytes == 8 * 32 * GIB  # 256 GiB pinned on the node
+    assert c.plan.term("offload_staging").gpu_bytes == 2 * GIB
+    assert c.plan.term("mlp_saved").gpu_bytes == 4 * 131_072 * 12_288 * 2  # 12.9 GB: untiled gate/up/act/act·up
+    assert c.plan.peak_phase == "mlp_bwd"
+
+
+def test_default_sp_is_the_largest_valid():
+    for gpus in (1, 2, 4, 8):
+        assert choose(Q8, 65_536, gpus, 141, 560).sp_size == gpus  # every power of two up to 8 divides 32 and 8
+    assert choose(TINY, 64, 8, 24, 560).sp_size == 8
+
+
+def test_tiled_mlp_only_when_needed():
+    easy = choose(Q8, 1 << 20, 8, 141, 560)
+    assert not easy.levers.tiled_mlp and easy.levers.tile_tokens is None and easy.levers.offload_layers == 0
+    n = find_max_len(Q8, 2, 141, 256)
+    hard = choose(Q8, n, 2, 141, 256)
+    assert hard.levers.tiled_mlp and hard.levers.tile_tokens == 4096 and hard.levers.optimizer_offload
+    untiled = replace(hard.levers, tiled_mlp=False, tile_tokens=None)
+    for k in range(Q8.layers + 1):  # without the tiles nothing fits at that length, whatever is offloaded
+        assert not plan_memory(Q8, n, 2, 2, replace(untiled, offload_layers=k)).fits(0.9 * 141 * GB, 0.9 * 256 * GB)
+    assert any(n.startswith("tiled_mlp=True: needed") for n in hard.notes)
+
+
+def test_choose_8b_1m_on_1x24_does_not_fit():
+    with pytest.raises(NoFit) as info:
+        choose(Q8, 1 << 20, 1, 24, 128)
+    e = info.value
+    assert e.max_len == 0 and "Longest length that fits: 0" in str(e)  # 16 GB of bf16 weights + the loss head
+    assert e.best.gpu_peak_bytes > 24 * GB
+
+
+def test_choose_8b_1m_on_1x80_reports_the_longest_length():
+    with pytest.raises(NoFit) as info:
+        choose(Q8, 1 << 20, 1, 80, 256)
+    e = info.value
+    assert 65_536 < e.max_len < 1 << 20 and f"{e.max_len:,}" in str(e) and "GPUs" in str(e)
+    assert choose(Q8, e.max_len, 1, 80, 256).levers.optimizer_offload  # 8B's Adam state alone is 131 GB
+
+
+def test_choose_prefers_no_offload_when_it_fits():
+    c = choose(Q8, 8192, 8, 141, 1000)
+    assert c.sp_size == 8 and c.levers.offload_layers == 0 and not c.levers.optimizer_offload
+    assert not c.levers.tiled_mlp
+
+
+def test_pinned_sp_size():
+    free = choose(Q8, 131_072, 2, 141, 256)  # largest sp: one sequence over both GPUs, nothing needs to move
+    pinned = choose(Q8, 131_072, 2, 141, 256, sp_size=1)  # dp=2: each GPU holds a whole 131k sequence
+    assert free.sp_size == 2 and free.levers.offload_layers == 0 and not free.levers.optimizer_offload
+    assert pinned.sp_size == 1 and pinned.levers.offload_layers > 0
+    assert pinned.notes[0] == "sp_size=1: pinned"
+    assert find_max_len(Q8, 2, 141, 256, sp_size=1) <= find_max_len(Q8, 2, 141, 256)
+    with pytest.raises(ValueError, match="try one of"):
+        choose(Q8, 4096, 8, 80, 560, sp_size=3)
+
+
+@pytest.mark.parametrize("model,gpus,gpu_gb,host_gb", [("qwen3-8b", 2, 141, 256), ("qwen3-0.6b", 1, 24, 64),
+                                                       ("qwen3-8b", 8, 80, 560)])
+def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
+    n = find_max_len(model, gpus, gpu_gb, host_gb)
+    assert n > 0 and n % 1024 == 0
+    choose(model, n, gpus, gpu_gb, host_gb)
+    with pytest.raises(NoFit):
+        choose(model, n + 1024, gpus, gpu_gb, host_gb)
