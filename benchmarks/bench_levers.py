@@ -5,9 +5,10 @@
 
 The engine is built once (checkpointing on, chunked loss on, DeepSpeed checkpointing configured for CPU
 offload with 0 layers routed); each variant then toggles levers in place (offload = route all layers
-through DeepSpeed's offloading checkpoint, tiled = tiled MLP, plain_loss = unchunked CE, run last since it
-may OOM). Per variant and step: seconds, peak reserved/allocated GPU bytes (max over ranks), host RSS,
-loss, MFU, and the planner's predicted per-GPU peak for the same levers. One JSON line per step in
+through DeepSpeed's offloading checkpoint, tiled = tiled MLP, cache = the attention cache on every layer
+(attention_cache.py), plain_loss = unchunked CE, run last since it may OOM). Per variant and step: seconds,
+peak reserved/allocated GPU bytes (max over ranks), host RSS, loss, MFU, and the planner's predicted per-GPU
+peak for the same levers. One JSON line per step in
 `<out>/levers_<model>_<seq_len>.jsonl`, and a markdown table printed and written beside it.
 """
 
@@ -47,6 +48,10 @@ def main():
     ap.add_argument("--loss_chunk_rows", type=int, default=4096)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     a = ap.parse_args()
+    for v in a.variants.split(","):
+        if {"cache", "offload"} <= set(v.split("+")):
+            ap.error(f"variant {v!r}: offload routes every layer through DeepSpeed's checkpoint here, which leaves "
+                     f"no layer for the attention cache; run them as separate variants")
     import logging
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
                         format="%(message)s")  # the engine's build stages (time, host RSS, GPU memory)
@@ -57,6 +62,7 @@ def main():
     from ds_longctx.config import RunConfig
     from ds_longctx.data import SyntheticRetrieval
     from ds_longctx.engine import build_engine
+    from ds_longctx.attention_cache import apply_attention_cache, remove_attention_cache
     from ds_longctx.offload import apply_activation_offload, decoder_layers, remove_activation_offload
     from ds_longctx.planner import Levers, ModelGeometry, plan_memory
     from ds_longctx.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
@@ -84,6 +90,7 @@ def main():
     rows, step_no = [], 0
     for vi, variant in enumerate(a.variants.split(",")):
         parts = set(variant.split("+"))
+        remove_attention_cache(model)
         remove_activation_offload(model)
         remove_tiled_mlp(model)
         eng.module.loss.chunked = "plain_loss" not in parts
@@ -91,9 +98,11 @@ def main():
             apply_activation_offload(model, eng.ds_config, n_layers)
         if "tiled" in parts:
             apply_tiled_mlp(model, geom.hidden)
+        n_cache = n_layers if "cache" in parts else 0
+        apply_attention_cache(model, n_cache)
         levers = Levers(chunked_loss="plain_loss" not in parts, chunk_rows=a.loss_chunk_rows,
                         tiled_mlp="tiled" in parts, tile_tokens=geom.hidden,
-                        offload_layers=n_layers if "offload" in parts else 0)
+                        offload_layers=n_layers if "offload" in parts else 0, attention_cache_layers=n_cache)
         plan = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers)
         predicted = plan.gpu_peak_bytes
         for i in range(a.first_steps if vi == 0 else a.steps):

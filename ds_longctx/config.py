@@ -101,6 +101,11 @@ class RunConfig(BaseModel):
     offload_layers: Union[int, Literal["all", "auto"]] = Field("all", description="Which layers' checkpoints "
                                                                "leave the GPU when activation_offload: all, auto "
                                                                "(the planner's fewest that fit) or the first N.")
+    attention_cache_layers: Union[int, Literal["all"]] = Field(0, description="The last N layers keep their "
+                                                               "attention output through the checkpoint, so the "
+                                                               "recompute skips attention (attention_cache.py); "
+                                                               "all = every layer not offloaded. Costs one more "
+                                                               "checkpoint-sized tensor per layer.")
     tiled_mlp: bool = Field(False, description="Run each MLP over sequence tiles with recompute (tiled_mlp.py).")
     tile_tokens: Optional[int] = Field(None, gt=0, description="Tokens per MLP tile (default: hidden size).")
     optimizer_offload: bool = Field(False, description="Keep the fp32 master weights, gradients and Adam state in "
@@ -136,6 +141,12 @@ class RunConfig(BaseModel):
         if self.activation_offload and not self.activation_checkpointing:
             raise ValueError("activation_offload=true needs activation_checkpointing=true (it offloads the "
                              "checkpointed layer inputs); set activation_checkpointing: true")
+        if isinstance(self.attention_cache_layers, int) and self.attention_cache_layers < 0:
+            raise ValueError(f"attention_cache_layers={self.attention_cache_layers} must be >= 0 or 'all'")
+        if self.attention_cache_layers and not self.activation_checkpointing:
+            raise ValueError(f"attention_cache_layers={self.attention_cache_layers!r} keeps attention outputs "
+                             f"through activation checkpointing; set activation_checkpointing: true or "
+                             f"attention_cache_layers: 0")
         if isinstance(self.offload_layers, int) and self.offload_layers < 0:
             raise ValueError(f"offload_layers={self.offload_layers} must be >= 0, 'all' or 'auto'")
         if self.data_layout == "pack" and self.micro_batch != 1:

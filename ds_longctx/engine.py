@@ -12,7 +12,9 @@ Order (each step says why it comes where it does):
  5. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 6 so the checkpoint
     recompute runs the tiled code too.
  6. activation checkpointing of every decoder layer (after 4: the recompute replays the exchange), then
-    CPU offload of the first `offload_layers` checkpoints through DeepSpeed's checkpointing (`offload.py`).
+    CPU offload of the first `offload_layers` checkpoints through DeepSpeed's checkpointing (`offload.py`),
+    then the attention cache on the last `attention_cache_layers` (`attention_cache.py`: their recompute
+    returns the kept attention output; after offload, whose layers it must not touch).
  7. loss head (`LossHead`): chunked lm_head + cross-entropy on the local slice, token-weighted over the
     SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module.
  8. `deepspeed.initialize(model, config)`: ZeRO-3 over all W ranks, gradients averaged over W (the
@@ -38,7 +40,8 @@ from . import attention, ulysses
 from .chunked_loss import chunked_cross_entropy, plain_cross_entropy
 from .config import SHIPPED_MODELS_DIR, RunConfig
 from .ds_config import build_ds_config
-from .offload import apply_activation_offload, decoder_layers, resolve_offload_layers
+from .attention_cache import apply_attention_cache, resolve_attention_cache_layers
+from .offload import apply_activation_offload, decoder_layers, offloaded_layer_indices, resolve_offload_layers
 from .rope import apply_rope_scaling
 from .tiled_mlp import apply_tiled_mlp
 from .parallel_state import ParallelState, build_parallel_state, check_sp_size
@@ -242,6 +245,15 @@ def validate(cfg: RunConfig, world_size: int):
     check_sp_size(cfg.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads)
     attention.resolve_backend(cfg.attn_backend)
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    n_layers = text.num_hidden_layers
+    cache, off = cfg.attention_cache_layers, cfg.offload_layers if cfg.activation_offload else 0
+    if isinstance(cache, int) and cache > n_layers:
+        raise ValueError(f"attention_cache_layers={cache} is more than the model's {n_layers} layers; use "
+                         f"0..{n_layers} or 'all'")
+    if isinstance(cache, int) and cache and (off == "all" or (isinstance(off, int) and cache + off > n_layers)):
+        raise ValueError(f"attention_cache_layers={cache} (the last layers) overlaps offload_layers={off} (the "
+                         f"first layers) of {n_layers}: DeepSpeed's offloading checkpoint has no selective policy; "
+                         f"keep attention_cache_layers + offload_layers <= {n_layers}, or attention_cache_layers: all")
     return hf_cfg
 
 
@@ -302,6 +314,10 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
             n_layers = len(decoder_layers(model))
             auto = auto_offload_layers(cfg, state.world_size) if cfg.offload_layers == "auto" else None
             apply_activation_offload(model, ds_config, resolve_offload_layers(cfg.offload_layers, n_layers, auto))
+        if cfg.attention_cache_layers:
+            n_layers = len(decoder_layers(model))
+            apply_attention_cache(model, resolve_attention_cache_layers(
+                cfg.attention_cache_layers, n_layers, len(offloaded_layer_indices(model))))
     # 7. loss head: chunked lm_head + CE on the local slice
     module = LossHead(model, state, cfg.chunked_loss, cfg.loss_chunk_rows)
     # 8. DeepSpeed

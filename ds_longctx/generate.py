@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from .plan_search import Choice, NoFit, choose, find_max_len
+from .plan_search import Choice, NoFit, choose, find_max_len, with_attention_cache
 from .planner import GB, ModelGeometry, valid_sp_sizes
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
                         "1 GPU 128, 2: 256, 4: 512, 8: 560)")
     p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid <= gpus)")
     p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
+    p.add_argument("--attention_cache", action="store_true",
+                   help="spend the GPU memory the plan leaves spare on the attention cache (the most layers that "
+                        "fit keep their attention output; the checkpoint recompute skips attention)")
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
@@ -103,6 +106,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
+    parts += ["--attention_cache"] if getattr(a, "attention_cache", False) else []
     return "ds-longctx plan " + " ".join(parts)
 
 
@@ -115,7 +119,7 @@ def run_config(choice: Choice):
                      output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{plan.gpus}gpu",
                      chunked_loss=lv.chunked_loss, loss_chunk_rows=lv.chunk_rows, activation_checkpointing=True,
                      activation_offload=k > 0, offload_layers=k, tiled_mlp=lv.tiled_mlp, tile_tokens=lv.tile_tokens,
-                     optimizer_offload=lv.optimizer_offload,
+                     optimizer_offload=lv.optimizer_offload, attention_cache_layers=lv.attention_cache_layers,
                      torch_adam=not lv.optimizer_offload)  # offloaded Adam is DeepSpeedCPUAdam
 
 
@@ -196,6 +200,8 @@ def main(argv: list | None = None) -> int:
         print(e.best.table() if e.best else "", flush=True)
         print(f"\nds-longctx plan: {e}", file=sys.stderr)
         return 2
+    if a.attention_cache:
+        choice = with_attention_cache(choice, a.gpu_mem_gb, a.headroom)
     print(plan_text(choice, cmd, a, host), end="")
     if a.out:
         out = Path(a.out)

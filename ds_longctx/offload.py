@@ -84,6 +84,11 @@ def apply_activation_offload(model: nn.Module, ds_config: dict, n_layers: int) -
     return n_layers
 
 
+def offloaded_layer_indices(model: nn.Module) -> list:
+    """Indices of the decoder layers `apply_activation_offload` routed through DeepSpeed's checkpoint."""
+    return [i for i, layer in enumerate(decoder_layers(model)) if "_ds_longctx_prev_ckpt" in layer.__dict__]
+
+
 def remove_activation_offload(model: nn.Module) -> None:
     """Give every routed layer back its previous checkpoint function."""
     for layer in decoder_layers(model):

@@ -197,3 +197,28 @@ def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_g
     k = _fewest_k(lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(lv, offload_layers=k),
                                         **knobs).gpu_peak_bytes <= budget, geom.layers)
     return geom.layers if k is None else k
+
+
+def with_attention_cache(choice: Choice, gpu_mem_gb: float, headroom: float = 0.9, **knobs) -> Choice:
+    """`choice` plus the most attention-cache layers (attention_cache.py) that still fit the GPU budget: the
+    GPU memory the chosen levers leave spare, spent on skipping attention in the checkpoint recompute. Only
+    layers not offloaded can cache; nothing else changes, so the host side is untouched. Opt-in (`ds-longctx
+    plan --attention_cache`): the cache's speed-up has not been measured on GPU yet."""
+    plan, budget = choice.plan, headroom * gpu_mem_gb * GB
+    free_layers = plan.geom.layers - plan.levers.offload_layers
+
+    def fits(n: int) -> bool:
+        return plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
+                           replace(plan.levers, attention_cache_layers=n), **knobs).gpu_peak_bytes <= budget
+
+    lo, hi = 0, free_layers  # fits(0) holds (the choice fits); the memory is monotone in n: bisect
+    if fits(hi):
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    new = plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
+                      replace(plan.levers, attention_cache_layers=lo), **knobs)
+    note = (f"attention_cache_layers={lo}: the most of the {free_layers} layers not offloaded whose attention "
+            f"output fits the spare GPU memory ({new.gpu_peak_bytes / GB:.1f} GB/GPU)")
+    return Choice(plan=new, notes=choice.notes + (note,))

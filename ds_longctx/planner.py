@@ -136,6 +136,7 @@ class Levers:
     tile_tokens: Optional[int] = None
     offload_layers: int = 0
     optimizer_offload: bool = False
+    attention_cache_layers: int = 0  # the last n layers keep attention output + LSE (attention_cache.py)
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
+        attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for attention_cache_layers=n: each cached layer's
+                               kernel output and fp32 LSE (then attn_out_a2a / softmax_lse below are 0: the top
+                               layer's are its cached ones)
     Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
     Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
         chunked:  loss_chunk_logits_fp32 c·V·4 (turned in place into dL/dlogits), loss_chunk_bf16 c·V·2 (the
@@ -285,6 +289,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                          f"multiple of num_key_value_heads={g.kv_heads}; try one of {ok}")
     if not 0 <= k <= g.layers:
         raise ValueError(f"offload_layers={k} must be within 0..{g.layers} (the model's layers)")
+    if not 0 <= levers.attention_cache_layers <= g.layers - k:
+        raise ValueError(f"attention_cache_layers={levers.attention_cache_layers} must be within 0..{g.layers - k} "
+                         f"(the layers not offloaded: the cache takes the last ones, offload the first)")
     if min(seq_len, levers.chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
         raise ValueError(f"seq_len={seq_len}, chunk_rows={levers.chunk_rows}, tile_tokens={levers.tile_tokens} "
                          f"must be >= 1")
@@ -312,6 +319,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
     add("token_ids", 3 * T * 8, 0, "3·T·8")
+    n_cache = levers.attention_cache_layers
+    if n_cache:
+        add("attention_cache", n_cache * (S * hq_l * d * 2 + hq_l * S * 4), 0,
+            f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache}; the top layer's is its attn_out_a2a + lse)")
 
     add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
     add("embedding_grad_bf16", V * H * 2, 0, "V·H·2", ("embed",))
@@ -342,9 +353,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
     add("qkv_a2a", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", LAYER)
     add("qkv_a2a_grad", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", ("attn_bwd",))
-    add("attn_out_a2a", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
+    # with the cache the top layer's kernel output and LSE are the cached ones (counted in attention_cache)
+    add("attn_out_a2a", 0 if n_cache else S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
     add("attn_out_a2a_grad", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", ("attn_bwd",))
-    add("softmax_lse_fp32", hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
+    add("softmax_lse_fp32", 0 if n_cache else hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
     add("attn_bwd_workspace", hq_l * S * (d + 1) * 4, 0, "(hq/sp)·S·(d+1)·4", ("attn_bwd",))
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
     add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))

@@ -44,6 +44,9 @@ def test_unknown_cli_option_is_refused():
     (dict(model="no-such-model"), "model='no-such-model' is neither a shipped geometry"),
     (dict(activation_offload=True, activation_checkpointing=False), "set activation_checkpointing: true"),
     (dict(offload_layers=-1), "offload_layers=-1 must be >= 0"),
+    (dict(attention_cache_layers=-2), "attention_cache_layers=-2 must be >= 0 or 'all'"),
+    (dict(attention_cache_layers=1, activation_checkpointing=False), "set activation_checkpointing: true or "
+                                                                      "attention_cache_layers: 0"),
 ])
 def test_bad_values_name_the_fix(kwargs, needle):
     with pytest.raises(ValidationError) as e:
@@ -59,6 +62,17 @@ def test_sp_size_that_fits_neither_world_nor_heads(sp, world, needle):
     cfg = RunConfig(model="qwen3-tiny", seq_len=48 * 16, sp_size=sp)
     with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         validate(cfg, world)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(attention_cache_layers=3), "attention_cache_layers=3 is more than the model's 2 layers"),
+    (dict(attention_cache_layers=2, activation_offload=True, offload_layers=1),
+     "keep attention_cache_layers + offload_layers <= 2, or attention_cache_layers: all"),
+    (dict(attention_cache_layers=1, activation_offload=True, offload_layers="all"), "overlaps offload_layers=all"),
+])
+def test_attention_cache_against_the_model_and_offload(kwargs, needle):
+    with pytest.raises(ValueError, match=needle.replace("+", r"\+")):
+        validate(RunConfig(model="qwen3-tiny", seq_len=64, **kwargs), 1)
 
 
 def test_valid_sp_sizes_include_kv_replication():

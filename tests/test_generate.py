@@ -31,6 +31,20 @@ def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
     assert (tmp_path / "launch.txt").read_text().splitlines()[2:] == generate.launch_lines(8)
 
 
+def test_attention_cache_flag_reaches_run_yaml(tmp_path):
+    import yaml
+
+    from ds_longctx.plan_search import with_attention_cache
+    argv = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "141", "--host_mem_gb", "560"]
+    assert generate.main(argv + ["--attention_cache", "--out", str(tmp_path)]) == 0
+    run = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    want = with_attention_cache(choose("qwen3-8b", 1 << 20, 8, 141, 560), 141).levers.attention_cache_layers
+    assert run["attention_cache_layers"] == want > 0
+    assert "--attention_cache" in (tmp_path / "run.yaml").read_text().splitlines()[0]  # the generating command
+    assert generate.main(argv + ["--out", str(tmp_path / "plain")]) == 0
+    assert yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["attention_cache_layers"] == 0
+
+
 def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
     out = tmp_path / "never"
     assert generate.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "24",

@@ -98,3 +98,22 @@ def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
     choose(model, n, gpus, gpu_gb, host_gb)
     with pytest.raises(NoFit):
         choose(model, n + 1024, gpus, gpu_gb, host_gb)
+
+
+def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
+    from ds_longctx.plan_search import with_attention_cache
+
+    c = choose(Q8, 1 << 20, 8, 141, 560)
+    assert c.levers.offload_layers == 0 and c.levers.attention_cache_layers == 0
+    got = with_attention_cache(c, 141)
+    n, budget = got.levers.attention_cache_layers, 0.9 * 141 * GB
+    assert 0 < n < Q8.layers
+    # by hand: each cached layer holds 4 heads x 128 x 1M tokens of bf16 output + fp32 LSE (about 1.09 GB)
+    assert got.plan.gpu_peak_bytes <= budget
+    assert plan_memory(Q8, 1 << 20, 8, 8, replace(c.levers, attention_cache_layers=n + 1)).gpu_peak_bytes > budget
+    assert replace(got.levers, attention_cache_layers=0) == c.levers  # nothing else moved
+    assert got.plan.host_peak_bytes == c.plan.host_peak_bytes
+    assert any(note.startswith(f"attention_cache_layers={n}:") for note in got.notes)
+    # with most layers offloaded only the others can cache
+    c80 = choose(Q8, 1 << 20, 8, 80, 560)
+    assert with_attention_cache(c80, 80).levers.attention_cache_layers <= Q8.layers - c80.levers.offload_layers

@@ -191,3 +191,19 @@ def test_reduce_bucket_matches_the_generated_deepspeed_config():
 
     ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
     assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS
+
+
+def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
+    G, S, n = 8, 1 << 20, 10
+    T = S // G
+    base = plan_memory(Q8, S, G, G)
+    cached = plan_memory(Q8, S, G, G, Levers(attention_cache_layers=n))
+    # Qwen3-8B at SP=8: 4 query heads x 128 over the full 1M sequence: 1 GiB of bf16 output + 16 MiB of fp32 LSE
+    per_layer = S * 4 * 128 * 2 + 4 * S * 4
+    assert per_layer == T * Q8.hidden * 2 + 16 * 2**20  # the size of one layer checkpoint, plus the LSE
+    assert cached.term("attention_cache").gpu_bytes == n * per_layer
+    # the top layer's own output and LSE are the cached ones: not counted twice in its backward
+    assert cached.term("attn_out_a2a").gpu_bytes == 0 and cached.term("softmax_lse_fp32").gpu_bytes == 0
+    assert base.term("attn_out_a2a").gpu_bytes == S * 4 * 128 * 2
+    with pytest.raises(ValueError, match="attention_cache_layers=30 must be within 0..26"):
+        plan_memory(Q8, S, G, G, Levers(offload_layers=10, attention_cache_layers=30))

@@ -17,12 +17,13 @@ TOL = 1e-4
 RUN = ["--model", "qwen3-tiny", "--seq_len", "64", "--steps", "3", "--dtype", "fp32", "--lr", "1e-3"]
 
 
-def ds_longctx_train(nproc, sp, out):
+def ds_longctx_train(nproc, sp, out, extra=(), with_log=False):
     cmd = [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", str(nproc), *RUN, "--sp_size", str(sp),
-           "--output_dir", str(out)]
+           "--output_dir", str(out), *extra]
     res = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
-    return [r["loss"] for r in read_metrics(out)]
+    losses = [r["loss"] for r in read_metrics(out)]
+    return (losses, res.stdout + res.stderr) if with_log else losses
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,15 @@ def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
     for key in ("step", "loss", "tokens", "seconds", "peak_gpu_bytes"):
         assert key in rows[0], key
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("extra,routed", [
+    (["--attention_cache_layers", "all"], "the last 2 of 2 layers"),
+    (["--activation_offload", "true", "--offload_layers", "1", "--attention_cache_layers", "1"], "the last 1 of 2")])
+def test_attention_cache_under_zero3_sp2_gives_the_sp1_losses(tmp_path, sp1_losses, extra, routed):
+    """ZeRO-3 + Ulysses SP=2 with the attention cache (alone, and beside DeepSpeed's checkpoint on layer 0):
+    the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is tests/test_attention_cache.py;
+    here the log proves the layers were routed."""
+    losses, log = ds_longctx_train(2, 2, tmp_path, extra, with_log=True)
+    assert f"attention cache: {routed}" in log
+    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)

@@ -93,3 +93,29 @@ def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
     assert rel(got["loss"], float(loss)) <= 1e-4
     worst = max(rel(got["grads"][n], p.grad.float().cpu()) for n, p in model.named_parameters())
     assert worst <= 1e-3, worst
+
+
+def test_attention_cache_on_cuda_keeps_grads_and_skips_the_cudnn_recompute():
+    """bf16 on one GPU (auto -> cuDNN SDPA on Hopper): the cached layers' kernel runs once, and loss and grads
+    equal plain checkpointing's (the recompute's kernel would produce the same output the cache kept)."""
+    import copy
+
+    from ds_longctx import attention
+    from ds_longctx.attention_cache import apply_attention_cache
+    from tests.test_attention_cache import loss_and_grads, tiny_model
+
+    attention.select("auto", announce=False)
+    ref = tiny_model().cuda().to(torch.bfloat16)
+    ref.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = copy.deepcopy(ref)
+    ids = torch.randint(0, ref.config.vocab_size, (1, 4096), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(1))
+    loss_ref, grads_ref, calls_ref = loss_and_grads(ref, ids)
+    L = ref.config.num_hidden_layers
+    assert calls_ref == 2 * L, "no attention kernel op was seen: is SDPA decomposing (math backend)?"
+    apply_attention_cache(model, L)
+    loss, grads, calls = loss_and_grads(model, ids)
+    assert calls == L
+    assert rel(float(loss), float(loss_ref)) <= 1e-3
+    worst = max(rel(grads[n].float().cpu(), g.float().cpu()) for n, g in grads_ref.items())
+    assert worst <= 1e-2, worst

@@ -1,0 +1,119 @@
+"""attention_cache.py on CPU: same loss and gradients as plain checkpointing (the reference: a plain HF model,
+no checkpointing), and the attention kernel really runs once per cached layer instead of twice."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ds_longctx
+from ds_longctx import attention, ulysses
+from ds_longctx.attention_cache import (apply_attention_cache, is_attention_kernel, remove_attention_cache,
+                                        resolve_attention_cache_layers)
+from ds_longctx.offload import offloaded_layer_indices, remove_activation_offload
+from ds_longctx.parallel_state import ParallelState
+
+MODELS = Path(ds_longctx.__file__).parent / "models"
+ONE = ParallelState(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
+
+
+def tiny_model(seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config.from_dict(json.loads((MODELS / "qwen3-tiny.json").read_text()))
+    cfg._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(cfg).train()
+
+
+class KernelCalls(TorchDispatchMode):
+    """Counts attention forward kernels (by op name) dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += is_attention_kernel(func)
+        return func(*args, **(kwargs or {}))
+
+
+def loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    counter = KernelCalls()
+    with counter:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, counter.calls
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("path", ["sdpa", "ulysses_sp1"])
+@pytest.mark.parametrize("n_cached", [1, 2])  # the tiny model has 2 layers
+def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(path, n_cached):
+    ref = tiny_model()
+    ids = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
+    model = copy.deepcopy(ref)
+    if path == "ulysses_sp1":
+        attention.select("sdpa", announce=False)
+        ulysses.register(model, ONE)
+    L = ref.config.num_hidden_layers
+    loss_ref, grads_ref, calls_plain = loss_and_grads(ref, ids)  # no checkpointing: the reference
+    assert calls_plain == L
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _, _, calls_ckpt = loss_and_grads(model, ids)
+    assert calls_ckpt == 2 * L  # plain checkpointing runs every layer's kernel again in backward
+    try:
+        assert apply_attention_cache(model, n_cached) == n_cached
+        loss, grads, calls = loss_and_grads(model, ids)
+    finally:
+        remove_attention_cache(model)
+        if path == "ulysses_sp1":
+            ulysses.unregister(model)
+    assert calls == 2 * L - n_cached  # the cached layers' recompute returned the kept output
+    assert rel(loss, loss_ref) <= 1e-6
+    for n, g in grads_ref.items():
+        assert rel(grads[n], g) <= 1e-5, n
+    # removed: back to recomputing every kernel
+    assert loss_and_grads(model, ids)[2] == 2 * L
+
+
+def test_refuses_overlap_with_offloaded_layers_and_needs_checkpointing():
+    model = tiny_model()
+    L = model.config.num_hidden_layers
+    with pytest.raises(ValueError, match="gradient_checkpointing_enable"):
+        apply_attention_cache(model, 1)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # layer 0 routed as apply_activation_offload routes it (that needs a process group: the real pairing runs
+    # under ZeRO-3 in tests/distributed/test_attention_cache_zero3.py)
+    first = model.model.layers[0]
+    first._ds_longctx_prev_ckpt = first._gradient_checkpointing_func
+    assert offloaded_layer_indices(model) == [0]
+    try:
+        with pytest.raises(ValueError, match=f"attention_cache_layers <= {L - 1}"):
+            apply_attention_cache(model, L)
+        assert apply_attention_cache(model, L - 1) == L - 1
+    finally:
+        remove_attention_cache(model)
+        remove_activation_offload(model)
+    with pytest.raises(ValueError, match=f"outside 0..{L}"):
+        apply_attention_cache(model, L + 1)
+    assert resolve_attention_cache_layers("all", L, 2) == L - 2
+    assert resolve_attention_cache_layers(3, L, 0) == 3
+
+
+def test_kernel_names():
+    aten = torch.ops.aten
+    assert is_attention_kernel(aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert is_attention_kernel(aten._scaled_dot_product_efficient_attention.default)
+    assert is_attention_kernel(aten._scaled_dot_product_cudnn_attention.default)
+    assert not is_attention_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+    assert not is_attention_kernel(aten.mm.default)
