@@ -235,7 +235,9 @@ def auto_offload_layers(cfg: RunConfig, world_size: int) -> int:
         return 0
     return fewest_offload_layers(ModelGeometry.from_name_or_path(cfg.model), cfg.seq_len, world_size,
                                  cfg.sp_size, gpu_mem_gb=total / 1e9, chunk_rows=cfg.loss_chunk_rows,
-                                 tiled_mlp=cfg.tiled_mlp, tile_tokens=cfg.tile_tokens)
+                                 tiled_mlp=cfg.tiled_mlp, tile_tokens=cfg.tile_tokens,
+                                 optimizer_offload=cfg.optimizer_offload,
+                                 attention_cache_layers=int(cfg.attention_cache_layers))
 
 
 def validate(cfg: RunConfig, world_size: int):
@@ -250,6 +252,9 @@ def validate(cfg: RunConfig, world_size: int):
     if isinstance(cache, int) and cache > n_layers:
         raise ValueError(f"attention_cache_layers={cache} is more than the model's {n_layers} layers; use "
                          f"0..{n_layers} or 'all'")
+    if cache == "all" and off == "auto":
+        raise ValueError("attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' (the "
+                         "fewest that fit, counting the cache) is circular; give attention_cache_layers a number")
     if isinstance(cache, int) and cache and (off == "all" or (isinstance(off, int) and cache + off > n_layers)):
         raise ValueError(f"attention_cache_layers={cache} (the last layers) overlaps offload_layers={off} (the "
                          f"first layers) of {n_layers}: DeepSpeed's offloading checkpoint has no selective policy; "

@@ -187,16 +187,17 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
 
 def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, headroom: float = 0.9,
                           chunk_rows: int = 4096, tiled_mlp: bool = True, tile_tokens: Optional[int] = None,
-                          optimizer_offload: bool = False, **knobs) -> int:
+                          optimizer_offload: bool = False, attention_cache_layers: int = 0, **knobs) -> int:
     """`offload_layers: auto`: the fewest layers whose checkpoints must leave the GPU for the per-GPU peak to
-    stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run then fails loudly)."""
+    stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run then fails loudly). The
+    `attention_cache_layers` last layers stay on the GPU (their cache counts), so k stops at L - that."""
     geom = as_geometry(geom)
     lv = Levers(chunk_rows=chunk_rows, tiled_mlp=tiled_mlp, tile_tokens=tile_tokens,
-                optimizer_offload=optimizer_offload)
-    budget = headroom * gpu_mem_gb * GB
+                optimizer_offload=optimizer_offload, attention_cache_layers=attention_cache_layers)
+    budget, most = headroom * gpu_mem_gb * GB, geom.layers - attention_cache_layers
     k = _fewest_k(lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(lv, offload_layers=k),
-                                        **knobs).gpu_peak_bytes <= budget, geom.layers)
-    return geom.layers if k is None else k
+                                        **knobs).gpu_peak_bytes <= budget, most)
+    return most if k is None else k
 
 
 def with_attention_cache(choice: Choice, gpu_mem_gb: float, headroom: float = 0.9, **knobs) -> Choice:

@@ -69,6 +69,7 @@ def test_sp_size_that_fits_neither_world_nor_heads(sp, world, needle):
     (dict(attention_cache_layers=2, activation_offload=True, offload_layers=1),
      "keep attention_cache_layers + offload_layers <= 2, or attention_cache_layers: all"),
     (dict(attention_cache_layers=1, activation_offload=True, offload_layers="all"), "overlaps offload_layers=all"),
+    (dict(attention_cache_layers="all", activation_offload=True, offload_layers="auto"), "is circular"),
 ])
 def test_attention_cache_against_the_model_and_offload(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("+", r"\+")):

@@ -117,3 +117,15 @@ def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
     # with most layers offloaded only the others can cache
     c80 = choose(Q8, 1 << 20, 8, 80, 560)
     assert with_attention_cache(c80, 80).levers.attention_cache_layers <= Q8.layers - c80.levers.offload_layers
+
+
+def test_auto_offload_counts_the_attention_cache():
+    from ds_longctx.plan_search import fewest_offload_layers
+
+    kw = dict(seq_len=196_608, gpus=2, sp_size=2, gpu_mem_gb=141, tiled_mlp=False)
+    k0 = fewest_offload_layers(Q8, **kw)
+    k8 = fewest_offload_layers(Q8, attention_cache_layers=8, **kw)
+    assert k0 < k8 <= Q8.layers - 8  # the cached layers hold more, and they stay on the GPU
+    lv = Levers(tiled_mlp=False, offload_layers=k8, attention_cache_layers=8)
+    assert plan_memory(Q8, 196_608, 2, 2, lv).gpu_peak_bytes <= 0.9 * 141 * GB
+    assert plan_memory(Q8, 196_608, 2, 2, replace(lv, offload_layers=k8 - 1)).gpu_peak_bytes > 0.9 * 141 * GB
