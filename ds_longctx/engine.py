@@ -315,12 +315,11 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     #    checkpoint (needs 5's final layer code and the DeepSpeed JSON's activation_checkpointing block)
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        n_layers = len(decoder_layers(model))
         if cfg.activation_offload:
-            n_layers = len(decoder_layers(model))
             auto = auto_offload_layers(cfg, state.world_size) if cfg.offload_layers == "auto" else None
             apply_activation_offload(model, ds_config, resolve_offload_layers(cfg.offload_layers, n_layers, auto))
         if cfg.attention_cache_layers:
-            n_layers = len(decoder_layers(model))
             apply_attention_cache(model, resolve_attention_cache_layers(
                 cfg.attention_cache_layers, n_layers, len(offloaded_layer_indices(model))))
     # 7. loss head: chunked lm_head + CE on the local slice

@@ -106,7 +106,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
-    parts += ["--attention_cache"] if getattr(a, "attention_cache", False) else []
+    parts += ["--attention_cache"] if a.attention_cache else []
     return "ds-longctx plan " + " ".join(parts)
 
 

@@ -147,6 +147,14 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 
 
+def _last_fit(fits, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi) with fits(n), for fits monotone (true then false), fits(lo) and not fits(hi)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
     """The smallest budget b in (0, hi] (to within tol) with ok(b), for ok monotone in b; None if ok(hi) fails."""
     if not ok(hi):
@@ -179,10 +187,7 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
         if hi >= cap:
             return cap * multiple
         lo, hi = hi, min(2 * hi, cap)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * multiple
+    return _last_fit(fits, lo, hi) * multiple
 
 
 def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, headroom: float = 0.9,
@@ -212,14 +217,10 @@ def with_attention_cache(choice: Choice, gpu_mem_gb: float, headroom: float = 0.
         return plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
                            replace(plan.levers, attention_cache_layers=n), **knobs).gpu_peak_bytes <= budget
 
-    lo, hi = 0, free_layers  # fits(0) holds (the choice fits); the memory is monotone in n: bisect
-    if fits(hi):
-        lo = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    # fits(0) holds (the choice fits) and the memory is monotone in n
+    n = free_layers if fits(free_layers) else _last_fit(fits, 0, free_layers)
     new = plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
-                      replace(plan.levers, attention_cache_layers=lo), **knobs)
-    note = (f"attention_cache_layers={lo}: the most of the {free_layers} layers not offloaded whose attention "
+                      replace(plan.levers, attention_cache_layers=n), **knobs)
+    note = (f"attention_cache_layers={n}: the most of the {free_layers} layers not offloaded whose attention "
             f"output fits the spare GPU memory ({new.gpu_peak_bytes / GB:.1f} GB/GPU)")
     return Choice(plan=new, notes=choice.notes + (note,))

@@ -38,6 +38,7 @@ GIB = 2**30
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
+BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
 # Hidden-size tensors (units of E = T·H·2) live in the top layer's backward. HF's eager RMSNorm keeps an
 # fp32 upcast (2 units) + the bf16 normed copy for its weight grad (1), and its output is saved by the next
 # matmul (1): 4 units per norm. (A fused RMSNorm kernel would keep 1 + output: calibrate against a profile.)
@@ -177,7 +178,7 @@ class MemoryPlan:
     @property
     def host_step_bytes(self) -> int:
         """Host bytes during training steps (the build's transient host terms excluded)."""
-        return sum(t.host_bytes for t in self.terms if t.phases == ALL)
+        return _host_bytes(self.terms, ALL)
 
     def term(self, name: str) -> Term:
         return next(t for t in self.terms if t.name == name)
@@ -210,6 +211,11 @@ def sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list:
 def valid_sp_sizes(geom: ModelGeometry, gpus: int) -> list:
     """`sp_sizes` for a model geometry on `gpus` GPUs."""
     return sp_sizes(gpus, geom.heads, geom.kv_heads)
+
+
+def _host_bytes(terms, phases: tuple) -> int:
+    """Σ host bytes of the terms live in exactly `phases` (ALL: the steps; BUILD: the engine build)."""
+    return sum(t.host_bytes for t in terms if t.phases == phases)
 
 
 def _pow2(n: int) -> int:
@@ -380,14 +386,12 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
-    add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", ("build",))
-    add("zero3_defragment_cpu", 0, 2 * part * G, "2·P/G per rank", ("build",))
-    host_step = sum(t.host_bytes for t in terms if t.phases == ALL)
-    host_build = sum(t.host_bytes for t in terms if t.phases == ("build",))
+    add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", BUILD)
+    add("zero3_defragment_cpu", 0, 2 * part * G, "2·P/G per rank", BUILD)
     return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
                       phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
                       gpu_peak_bytes=sub + slack + ctx,
-                      host_peak_bytes=max(host_step, host_build))
+                      host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)))
 
 
 def as_geometry(geom) -> ModelGeometry:
