@@ -51,7 +51,7 @@ def parse_args(argv=None):
 
 def build_methods(args, torch, F):
     """name -> (loss_fn(hidden [N, H], weight [V, H], labels [N]) -> 0-dim sum, note, chunk rows or None)."""
-    from ds_longctx.chunked_loss import chunked_cross_entropy, plain_cross_entropy
+    from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
 
     wanted = set(args.methods.split(","))
     methods = {}
@@ -60,7 +60,7 @@ def build_methods(args, torch, F):
     if "chunked" in wanted:
         for c in args.chunk_sizes:
             methods[f"chunked c={c}"] = (lambda h, w, y, c=c: chunked_cross_entropy(h, w, y, chunk_size=c),
-                                         "ds_longctx.chunked_loss", c)
+                                         "ds_longctx.levers.chunked_loss", c)
     if "deepspeed" in wanted:
         try:
             from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
@@ -121,7 +121,7 @@ def step(torch, fn, hidden, weight, labels, scale=1.0):
 
 def reference(torch, F, hidden, weight, labels):
     """fp32 loss and gradients (on the host) from the same bf16 inputs; plain where it fits."""
-    from ds_longctx.chunked_loss import chunked_cross_entropy, plain_cross_entropy
+    from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
 
     h32 = hidden.detach().float().requires_grad_()
     w32 = weight.detach().float().requires_grad_()

@@ -61,11 +61,11 @@ def main():
 
     from ds_longctx.config import RunConfig
     from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.engine import build_engine
-    from ds_longctx.attention_cache import apply_attention_cache, remove_attention_cache
-    from ds_longctx.offload import apply_activation_offload, decoder_layers, remove_activation_offload
-    from ds_longctx.planner import Levers, ModelGeometry, plan_memory
-    from ds_longctx.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
+    from ds_longctx.run.engine import build_engine
+    from ds_longctx.levers.attention_cache import apply_attention_cache, remove_attention_cache
+    from ds_longctx.levers.offload import apply_activation_offload, decoder_layers, remove_activation_offload
+    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.levers.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
     import psutil
 
     cfg = RunConfig(model=a.model, seq_len=a.seq_len, sp_size=a.sp_size, steps=a.steps, lr=1e-5,

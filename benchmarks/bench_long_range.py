@@ -78,7 +78,7 @@ def worker(a) -> None:
 
     from ds_longctx.config import RunConfig
     from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.engine import build_engine, init_distributed
+    from ds_longctx.run.engine import build_engine, init_distributed
 
     cfg = RunConfig(model="qwen3-tiny", seq_len=a.seq_len, sp_size=2, micro_batch=a.batch, dtype="fp32", lr=a.lr,
                     warmup_steps=a.warmup, seed=a.seed, output_dir=a.out, activation_checkpointing=False)

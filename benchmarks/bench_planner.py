@@ -62,7 +62,7 @@ def measure(run: str, gpus: int, sp: int, steps: int, out: Path, timeout_s: int)
 def predict(row: dict) -> tuple:
     """(GPU GiB, host GiB) the current planner gives for a stored run."""
     sys.path.insert(0, str(ROOT))
-    from ds_longctx.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
 
     plan = plan_memory(ModelGeometry.from_name_or_path(row["model"]), row["seq_len"], row["gpus"], row["sp_size"],
                        Levers(**row["levers"]))

@@ -50,8 +50,8 @@ def train_command(nproc: int, run_args: list[str]) -> list[str]:
 def precheck(nproc: int, run_args: list[str]):
     """Parse and check the run in this process (`preflight`: the engine's checks, RoPE coverage, data source,
     output_dir / resume), before any worker starts. Exits 2 on bad input."""
-    from .preflight import preflight
-    from .train import parse_config
+    from ds_longctx.run.preflight import preflight
+    from ds_longctx.run.train import parse_config
     cfg = parse_config(run_args)
     try:
         preflight(cfg, nproc)
@@ -88,7 +88,7 @@ def run_demo(args) -> int:
             return rc
     print(f"\ngenerated DeepSpeed config ({out / 'sp2' / 'ds_config.json'}):")
     print((out / "sp2" / "ds_config.json").read_text())
-    from .planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
     plan = plan_memory(ModelGeometry.from_name_or_path("qwen3-tiny"), args.seq_len, 2, 2,
                        Levers(tiled_mlp=False, chunk_rows=4096))
     print("memory plan of this run (per GPU if it ran on GPUs; `ds-longctx plan` for real runs):")
@@ -106,10 +106,10 @@ def run_demo(args) -> int:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "plan":  # the generator owns its own options
-        from .generate import main as plan_main
+        from ds_longctx.plan.generate import main as plan_main
         sys.exit(plan_main(argv[1:]))
     if argv and argv[0] == "export":
-        from .export import main as export_main
+        from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
     p = argparse.ArgumentParser(prog="ds-longctx", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -12,11 +12,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ds_longctx
-from ds_longctx import attention, ulysses
-from ds_longctx.attention_cache import (apply_attention_cache, is_attention_kernel, remove_attention_cache,
+from ds_longctx.parallel import attention
+from ds_longctx.parallel import ulysses
+from ds_longctx.levers.attention_cache import (apply_attention_cache, is_attention_kernel, remove_attention_cache,
                                         resolve_attention_cache_layers)
-from ds_longctx.offload import offloaded_layer_indices, remove_activation_offload
-from ds_longctx.parallel_state import ParallelState
+from ds_longctx.levers.offload import offloaded_layer_indices, remove_activation_offload
+from ds_longctx.parallel.parallel_state import ParallelState
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
 ONE = ParallelState(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx import checkpoint
+from ds_longctx.run import checkpoint
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.data import build_data
-from ds_longctx.preflight import preflight
+from ds_longctx.run.preflight import preflight
 from tests.conftest import ROOT, cpu_env, free_port
 from tests.data_helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet
 
@@ -290,7 +290,7 @@ def test_resume_with_changed_data(tmp_path):
 
 # ----------------------------------------------------------------------------- export
 def test_export_refusals(tmp_path):
-    from ds_longctx.export import export
+    from ds_longctx.run.export import export
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in .*save_every > 0"):
         export(str(tmp_path), str(tmp_path / "hf"))
     fake_checkpoint(tmp_path / "run")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ds_longctx.chunked_loss import chunked_cross_entropy, per_token_cross_entropy
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy
 
 IGNORE = -100
 H, V = 24, 131

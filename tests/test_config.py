@@ -7,10 +7,12 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx import attention, ulysses
+from ds_longctx.parallel import attention
+
+from ds_longctx.parallel import ulysses
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.engine import load_hf_config, validate
-from ds_longctx.parallel_state import check_sp_size, valid_sp_sizes
+from ds_longctx.run.engine import load_hf_config, validate
+from ds_longctx.parallel.parallel_state import check_sp_size, valid_sp_sizes
 from tests.conftest import ROOT, cpu_env
 
 

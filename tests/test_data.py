@@ -8,8 +8,8 @@ import torch
 
 from ds_longctx.config import RunConfig
 from ds_longctx.data import EOS, Batch, SyntheticRetrieval, TokenRows, build_data, pack_rows
-from ds_longctx.engine import load_hf_config
-from ds_longctx.sharding import IGNORE_INDEX, shard_batch
+from ds_longctx.run.engine import load_hf_config
+from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from tests.data_helpers import (documents, make_tokenizer, token_ids, write_jsonl, write_parquet,
                                 write_txt_dir)
 

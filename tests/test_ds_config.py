@@ -1,7 +1,7 @@
 """The DeepSpeed JSON is a pure function of the run config."""
 
 from ds_longctx.config import RunConfig
-from ds_longctx.ds_config import build_ds_config
+from ds_longctx.plan.ds_config import build_ds_config
 
 
 def test_batch_math_and_precision():

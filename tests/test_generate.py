@@ -10,11 +10,11 @@ import time
 import pytest
 import yaml
 
-from ds_longctx import generate
+from ds_longctx.plan import generate
 from ds_longctx.config import RunConfig
-from ds_longctx.ds_config import build_ds_config
-from ds_longctx.plan_search import choose, find_max_len
-from ds_longctx.planner import GB
+from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.plan.search import choose, find_max_len
+from ds_longctx.plan.planner import GB
 
 from tests.conftest import ROOT
 
@@ -34,7 +34,7 @@ def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
 def test_attention_cache_flag_reaches_run_yaml(tmp_path):
     import yaml
 
-    from ds_longctx.plan_search import with_attention_cache
+    from ds_longctx.plan.search import with_attention_cache
     argv = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "141", "--host_mem_gb", "560"]
     assert generate.main(argv + ["--attention_cache", "--out", str(tmp_path)]) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
@@ -144,7 +144,7 @@ def test_committed_configs_regenerate_byte_for_byte(tmp_path):
 
 
 def test_fast_and_torch_free(tmp_path):
-    code = ("import sys; from ds_longctx.generate import main; "
+    code = ("import sys; from ds_longctx.plan.generate import main; "
             f"rc = main({PLAN_8X80 + ['--out', str(tmp_path)]!r}); "
             "assert rc == 0, rc; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds_longctx import generate
+from ds_longctx.plan import generate
 
 from tests.conftest import ROOT, cpu_env, free_port, read_metrics
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from ds_longctx.plan_search import NoFit, choose, find_max_len
-from ds_longctx.planner import GB, GIB, Levers, ModelGeometry, plan_memory
+from ds_longctx.plan.search import NoFit, choose, find_max_len
+from ds_longctx.plan.planner import GB, GIB, Levers, ModelGeometry, plan_memory
 
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
 TINY = ModelGeometry.from_name_or_path("qwen3-tiny")
@@ -101,7 +101,7 @@ def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
 
 
 def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
-    from ds_longctx.plan_search import with_attention_cache
+    from ds_longctx.plan.search import with_attention_cache
 
     c = choose(Q8, 1 << 20, 8, 141, 560)
     assert c.levers.offload_layers == 0 and c.levers.attention_cache_layers == 0
@@ -120,7 +120,7 @@ def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
 
 
 def test_auto_offload_counts_the_attention_cache():
-    from ds_longctx.plan_search import fewest_offload_layers
+    from ds_longctx.plan.search import fewest_offload_layers
 
     kw = dict(seq_len=196_608, gpus=2, sp_size=2, gpu_mem_gb=141, tiled_mlp=False)
     k0 = fewest_offload_layers(Q8, **kw)

@@ -10,7 +10,7 @@ import pytest
 
 import ds_longctx
 
-from ds_longctx.planner import (GB, GIB, Levers, ModelGeometry, checkpoint_bytes_per_token, plan_memory,
+from ds_longctx.plan.planner import (GB, GIB, Levers, ModelGeometry, checkpoint_bytes_per_token, plan_memory,
                                 valid_sp_sizes)
 
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
@@ -186,8 +186,8 @@ def test_tiled_terms_replace_the_untiled_mlp():
 
 def test_reduce_bucket_matches_the_generated_deepspeed_config():
     from ds_longctx.config import RunConfig
-    from ds_longctx.ds_config import build_ds_config
-    from ds_longctx.planner import REDUCE_BUCKET_ELEMS
+    from ds_longctx.plan.ds_config import build_ds_config
+    from ds_longctx.plan.planner import REDUCE_BUCKET_ELEMS
 
     ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
     assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS

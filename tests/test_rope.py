@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ds_longctx
-from ds_longctx.rope import apply_rope_scaling, trained_context, yarn_inv_freq, yarn_rope_parameters
+from ds_longctx.levers.rope import apply_rope_scaling, trained_context, yarn_inv_freq, yarn_rope_parameters
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ds_longctx.sharding import IGNORE_INDEX, doc_boundaries, shard_batch
+from ds_longctx.parallel.sharding import IGNORE_INDEX, doc_boundaries, shard_batch
 
 
 def full_targets(ids):

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import ds_longctx
-import ds_longctx.tiled_mlp as tiled_mlp
-from ds_longctx.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp, tiled_mlp_forward
+import ds_longctx.levers.tiled_mlp as tiled_mlp
+from ds_longctx.levers.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp, tiled_mlp_forward
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
 TOL = {torch.float32: 1e-6, torch.bfloat16: 1.5e-2}

@@ -18,7 +18,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 def sp_logits(engine, input_ids: torch.Tensor) -> torch.Tensor:
     """`[b, L]` -> fp32 logits `[b, L, V]` of the engine's model, computed under SP and gathered."""
-    from ds_longctx.sharding import shard_batch
+    from ds_longctx.parallel.sharding import shard_batch
     st = engine.state
     shard = shard_batch(input_ids, st.sp_size, st.sp_rank)
     engine.attn.cu_seqlens = engine.attn.max_seqlen = None
@@ -39,10 +39,10 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    from ds_longctx import checkpoint
+    from ds_longctx.run import checkpoint
     from ds_longctx.config import RunConfig
     from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.engine import build_engine, init_distributed
+    from ds_longctx.run.engine import build_engine, init_distributed
 
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
                     rope_scaling=YARN, save_every=2)

@@ -21,7 +21,7 @@ def main():
     import deepspeed
     from ds_longctx.config import RunConfig
     from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.engine import build_engine
+    from ds_longctx.run.engine import build_engine
 
     seq_len = a.length - a.length % a.sp  # the config needs a multiple of sp; the batch may be longer
     import yaml

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from ds_longctx import checkpoint
+from ds_longctx.run import checkpoint
 from tests.conftest import ROOT, cpu_env, free_port, read_metrics, torchrun
 from tests.distributed.runs import start, text_run_args, wait_for_steps, worker
 
@@ -106,7 +106,7 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
     tensorboard is not a dependency)."""
     import types
 
-    from ds_longctx.train import MetricsLog
+    from ds_longctx.run.train import MetricsLog
     written = []
 
     class Writer:

@@ -102,7 +102,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     import ds_longctx
-    from ds_longctx.tiled_mlp import apply_tiled_mlp
+    from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False    # skip a 66 s JIT build on CPU
     deepspeed.init_distributed(dist_backend="gloo")

@@ -14,7 +14,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPU
 
 
 def test_auto_backend_is_cudnn_on_hopper():
-    from ds_longctx import attention
+    from ds_longctx.parallel import attention
     choice = attention.resolve_backend("auto")
     if torch.cuda.get_device_capability()[0] == 9 and not attention.flash_attn_available():
         assert choice.backend == "sdpa" and choice.sdpa_kernels[0] == "CUDNN_ATTENTION"
@@ -22,7 +22,7 @@ def test_auto_backend_is_cudnn_on_hopper():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 5e-3)])
 def test_packed_varlen_matches_per_document(dtype, tol):
-    from ds_longctx import attention
+    from ds_longctx.parallel import attention
     attention.select("sdpa", announce=False)
     torch.manual_seed(0)
     lens = [700, 1300, 48]
@@ -43,7 +43,7 @@ def test_packed_varlen_matches_per_document(dtype, tol):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_chunked_loss_cuda_matches_plain(dtype, tol):
-    from ds_longctx.chunked_loss import chunked_cross_entropy
+    from ds_longctx.levers.chunked_loss import chunked_cross_entropy
     torch.manual_seed(0)
     n, hdim, v = 3001, 256, 5000
     h = torch.randn(n, hdim, device="cuda", dtype=dtype, requires_grad=True)
@@ -100,8 +100,8 @@ def test_attention_cache_on_cuda_keeps_grads_and_skips_the_cudnn_recompute():
     equal plain checkpointing's (the recompute's kernel would produce the same output the cache kept)."""
     import copy
 
-    from ds_longctx import attention
-    from ds_longctx.attention_cache import apply_attention_cache
+    from ds_longctx.parallel import attention
+    from ds_longctx.levers.attention_cache import apply_attention_cache
     from tests.test_attention_cache import loss_and_grads, tiny_model
 
     attention.select("auto", announce=False)

@@ -13,7 +13,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-SHIPPED_MODELS_DIR = Path(__file__).parent / "models"
+SHIPPED_MODELS_DIR = Path(__file__).parents[1] / "models"
 # command-line values kept as strings (paths, names: `--tokenizer 123`, `--resume_tag 300` are not numbers)
 STRING_KEYS = ("model", "output_dir", "data", "tokenizer", "text_field", "data_split", "data_cache_dir", "resume_tag")
 ATTN_BACKENDS = ("auto", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn")

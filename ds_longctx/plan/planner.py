@@ -20,7 +20,7 @@ Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host
 over the node. GB below means 10⁹ bytes (an "80 GB" card passed as 80 is conservative: H100 has 85.0e9).
 
 Usage (which levers to pull for a length is `plan_search.choose`):
-    from ds_longctx.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
     print(plan_memory(ModelGeometry.from_name_or_path("qwen3-8b"), 1 << 20, 8, 8, Levers(offload_layers=32)).table())
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 # Same folder config.SHIPPED_MODELS_DIR names; not imported so the planner stays import-light and acyclic.
-_MODELS_DIR = Path(__file__).parent / "models"
+_MODELS_DIR = Path(__file__).parents[1] / "models"
 GB = 10**9
 GIB = 2**30
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")

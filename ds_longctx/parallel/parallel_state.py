@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .planner import sp_sizes as valid_sp_sizes  # the one rule, shared with the planner (no torch there)
+from ds_longctx.plan.planner import sp_sizes as valid_sp_sizes  # the one rule, shared with the planner (no torch there)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .sharding import IGNORE_INDEX
+from ds_longctx.parallel.sharding import IGNORE_INDEX
 
 log = logging.getLogger("ds_longctx")
 
@@ -419,7 +419,7 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
     """data_layout='pack' needs an attention kernel that keeps documents apart at this seq_len."""
     if cfg.data_layout != "pack":
         return
-    from . import attention
+    from ds_longctx.parallel import attention
     on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
     choice = attention.resolve_backend(cfg.attn_backend)
     if choice.backend == "flash_attn":
@@ -453,7 +453,7 @@ def build_data(cfg, hf_config, dp_size: int):
     """The run's data: `SyntheticRetrieval` for data='synthetic', else `TokenRows` (validated; see module doc)."""
     vocab = hf_config.get_text_config().vocab_size
     if cfg.data == "synthetic":
-        from .synthetic import SyntheticRetrieval
+        from ds_longctx.data.synthetic import SyntheticRetrieval
         return SyntheticRetrieval(cfg.seq_len, vocab, cfg.seed)
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
@@ -473,6 +473,6 @@ def build_data(cfg, hf_config, dp_size: int):
 def __getattr__(name: str):
     """`from ds_longctx.data import SyntheticRetrieval` keeps working; the task lives in synthetic.py."""
     if name == "SyntheticRetrieval":
-        from .synthetic import SyntheticRetrieval
+        from ds_longctx.data.synthetic import SyntheticRetrieval
         return SyntheticRetrieval
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

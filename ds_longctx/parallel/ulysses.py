@@ -29,8 +29,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import attention
-from .parallel_state import ParallelState
+from ds_longctx.parallel import attention
+from ds_longctx.parallel.parallel_state import ParallelState
 
 ATTN_IMPLEMENTATION = "ds_longctx"
 

@@ -36,16 +36,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import attention, ulysses
-from .chunked_loss import chunked_cross_entropy, plain_cross_entropy
-from .config import SHIPPED_MODELS_DIR, RunConfig
-from .ds_config import build_ds_config
-from .attention_cache import apply_attention_cache, resolve_attention_cache_layers
-from .offload import apply_activation_offload, decoder_layers, offloaded_layer_indices, resolve_offload_layers
-from .rope import apply_rope_scaling
-from .tiled_mlp import apply_tiled_mlp
-from .parallel_state import ParallelState, build_parallel_state, check_sp_size
-from .sharding import IGNORE_INDEX, shard_batch
+from ds_longctx.parallel import attention
+
+from ds_longctx.parallel import ulysses
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
+from ds_longctx.config import SHIPPED_MODELS_DIR, RunConfig
+from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.levers.attention_cache import apply_attention_cache, resolve_attention_cache_layers
+from ds_longctx.levers.offload import apply_activation_offload, decoder_layers, offloaded_layer_indices, resolve_offload_layers
+from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
+from ds_longctx.parallel.parallel_state import ParallelState, build_parallel_state, check_sp_size
+from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 
 log = logging.getLogger("ds_longctx")
 
@@ -228,8 +230,8 @@ class LongCtxEngine:
 
 def auto_offload_layers(cfg: RunConfig, world_size: int) -> int:
     """The fewest layers whose checkpoints must leave the GPU for this run to fit (plan_search.py)."""
-    from .plan_search import fewest_offload_layers
-    from .planner import ModelGeometry
+    from ds_longctx.plan.search import fewest_offload_layers
+    from ds_longctx.plan.planner import ModelGeometry
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
     if not total:
         return 0

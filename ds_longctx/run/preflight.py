@@ -12,8 +12,10 @@ from __future__ import annotations
 import copy
 import logging
 
-from . import checkpoint, data
-from .engine import validate
+from ds_longctx.run import checkpoint
+
+from ds_longctx import data
+from ds_longctx.run.engine import validate
 
 log = logging.getLogger("ds_longctx")
 
@@ -21,7 +23,7 @@ log = logging.getLogger("ds_longctx")
 def rope_coverage(cfg, hf_config) -> None:
     """Refuse a seq_len beyond the positions YaRN is set for (an explicit rope_parameters dict, or a checkpoint
     that already carries YaRN with rope_scaling='none'). Works on a copy: the engine applies it itself."""
-    from .rope import apply_rope_scaling
+    from ds_longctx.levers.rope import apply_rope_scaling
     hf = copy.deepcopy(hf_config)
     quiet = log.disabled
     log.disabled = True

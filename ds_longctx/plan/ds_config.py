@@ -6,8 +6,8 @@ world_size / sp_size, so `train_batch_size = micro_batch * grad_accum * dp` (dp 
 
 from __future__ import annotations
 
-from .config import RunConfig
-from .offload import activation_checkpointing_block
+from ds_longctx.config import RunConfig
+from ds_longctx.levers.offload import activation_checkpointing_block
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
+from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
 def resolve(checkpoint: str, tag: str | None) -> tuple[Path, dict]:

@@ -6,7 +6,7 @@ the engine's `offload_layers: auto`. Pure arithmetic like the planner (no torch)
 milliseconds and before any process starts.
 
 Usage:
-    from ds_longctx.plan_search import choose
+    from ds_longctx.plan.search import choose
     print(choose("qwen3-8b", seq_len=1 << 20, gpus=8, gpu_mem_gb=80, host_mem_gb=560).plan.table())
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from .planner import GB, LAYER, Levers, MemoryPlan, as_geometry, plan_memory, valid_sp_sizes
+from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, as_geometry, plan_memory, valid_sp_sizes
 
 
 @dataclass(frozen=True)

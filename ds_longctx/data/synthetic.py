@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from .data import BOS, SEP, Batch
-from .sharding import IGNORE_INDEX
+from ds_longctx.data import BOS, SEP, Batch
+from ds_longctx.parallel.sharding import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def apply_attention_cache(model: nn.Module, n_layers: int) -> int:
     Needs `model.gradient_checkpointing_enable()` first; the offloaded first layers (offload.py) must not be
     among them. Returns how many layers were routed; undo with `remove_attention_cache`.
     """
-    from .offload import decoder_layers, offloaded_layer_indices
+    from ds_longctx.levers.offload import decoder_layers, offloaded_layer_indices
     layers = decoder_layers(model)
     if not 0 <= n_layers <= len(layers):
         raise ValueError(f"attention_cache_layers={n_layers} is outside 0..{len(layers)} (the model's layers)")
@@ -93,7 +93,7 @@ def apply_attention_cache(model: nn.Module, n_layers: int) -> int:
 
 def remove_attention_cache(model: nn.Module) -> None:
     """Give every routed layer back its previous checkpoint function."""
-    from .offload import decoder_layers
+    from ds_longctx.levers.offload import decoder_layers
     for layer in decoder_layers(model):
         prev = layer.__dict__.pop("_ds_longctx_prev_attn_ckpt", None)
         if prev is not None:

@@ -1,0 +1,257 @@
+"""`ds-longctx plan`: choose the levers for a run and write the configs that launch it.
+
+    ds-longctx plan --model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --out DIR
+    ds-longctx plan --model qwen3-8b --gpus 2 --gpu_mem_gb 141 --find_max_len [--out DIR]
+    python -m ds_longctx.generate --regen-all ds_configs      # rewrite the committed configs
+
+The planner's search (`plan_search.choose`) picks sp_size, the fewest offloaded checkpoints, tiled MLP only when needed,
+the loss chunk rows and optimizer offload; the plan is printed as a table (term, GB per GPU, GB host).
+With `--out DIR` it writes:
+    run.yaml         our run config (`RunConfig`): exactly the planner's choices; the only input train.py reads
+    ds_config.json   `ds_config.build_ds_config(run config, gpus, on_gpu=True)`: the same dict train.py derives
+                     from run.yaml (one source of truth); written for reading and for accelerate's plugin
+    accelerate.yaml  accelerate's DeepSpeed plugin config pointing at ds_config.json
+    launch.txt       both launch lines (run them from DIR: every path in DIR is relative to DIR)
+    plan.txt         the table and one line of reasoning per choice
+Output is deterministic (no dates, no absolute paths): tests regenerate `ds_configs/` and diff it.
+Exit codes: 0 planned; 2 bad input or nothing fits (the message names the longest length that fits and
+what to change). Imports neither torch nor deepspeed: it answers in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from ds_longctx.plan.search import Choice, NoFit, choose, find_max_len, with_attention_cache
+from ds_longctx.plan.planner import GB, ModelGeometry, valid_sp_sizes
+
+FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
+NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
+NODE_HOST_CAP_GB = 560  # the 8-GPU node
+# The committed configs (`ds_configs/<name>/`): plan arguments, host RAM given explicitly so that a change of
+# the --host_mem_gb default never changes them silently.
+COMMITTED = {
+    "qwen3-8b_1m_8x80gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256",
+    "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --host_mem_gb 512",
+}
+
+
+def default_host_mem_gb(gpus: int) -> float:
+    """128 GB per GPU up to the 8-GPU node's 560 GB: the machines here (1: 128, 2: 256, 4: 512, 8: 560)."""
+    return NODE_HOST_GB.get(gpus, min(128 * gpus, NODE_HOST_CAP_GB))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="shipped geometry (qwen3-8b, ...) or an HF checkpoint dir")
+    p.add_argument("--seq_len", type=int, help="tokens per sequence (required unless --find_max_len)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs on the node (one process each)")
+    p.add_argument("--gpu_mem_gb", type=float, default=80.0, help="memory per GPU in GB (1e9 bytes); default 80")
+    p.add_argument("--host_mem_gb", type=float, default=None,
+                   help="host RAM of the node in GB; default 128 per GPU up to 560 (the H200 machines here: "
+                        "1 GPU 128, 2: 256, 4: 512, 8: 560)")
+    p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid <= gpus)")
+    p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
+    p.add_argument("--attention_cache", action="store_true",
+                   help="spend the GPU memory the plan leaves spare on the attention cache (the most layers that "
+                        "fit keep their attention output; the checkpoint recompute skips attention)")
+    p.add_argument("--find_max_len", action="store_true",
+                   help="report the longest seq_len that fits (and plan it when --out is given)")
+    p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
+                   "launch.txt, plan.txt into")
+    return p
+
+
+def check_args(a: argparse.Namespace) -> tuple:
+    """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming the fix."""
+    from pydantic import ValidationError
+
+    from ds_longctx.config import RunConfig, format_validation_error
+    if a.gpus < 1:
+        raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
+    if a.gpu_mem_gb <= 0:
+        raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
+    host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
+    if host <= 0:
+        raise ValueError(f"--host_mem_gb {host:g}: give the node's host RAM in GB, e.g. 560")
+    if not 0 < a.headroom <= 1:
+        raise ValueError(f"--headroom {a.headroom:g} must be in (0, 1], e.g. 0.9")
+    if a.seq_len is None and not a.find_max_len:
+        raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
+    if a.seq_len is not None and a.seq_len <= 0:
+        raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
+    geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
+    try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
+        RunConfig(model=geom.name)
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)) from None
+    if a.sp_size is not None and a.sp_size not in (ok := valid_sp_sizes(geom, a.gpus)):
+        raise ValueError(f"--sp_size {a.sp_size} must divide --gpus {a.gpus} and num_attention_heads={geom.heads} "
+                         f"and be a divisor or multiple of num_key_value_heads={geom.kv_heads}; try one of {ok}")
+    return geom, host
+
+
+def command_line(a: argparse.Namespace, host: float) -> str:
+    """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend on it)."""
+    parts = [f"--model {a.model}"]
+    parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
+    parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
+    parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
+    parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
+    parts += ["--attention_cache"] if a.attention_cache else []
+    return "ds-longctx plan " + " ".join(parts)
+
+
+def run_config(choice: Choice):
+    """The RunConfig carrying exactly the planner's choices (bf16: these configs are for GPUs)."""
+    from ds_longctx.config import RunConfig
+    plan, lv = choice.plan, choice.levers
+    k = lv.offload_layers
+    return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
+                     output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{plan.gpus}gpu",
+                     chunked_loss=lv.chunked_loss, loss_chunk_rows=lv.chunk_rows, activation_checkpointing=True,
+                     activation_offload=k > 0, offload_layers=k, tiled_mlp=lv.tiled_mlp, tile_tokens=lv.tile_tokens,
+                     optimizer_offload=lv.optimizer_offload, attention_cache_layers=lv.attention_cache_layers,
+                     torch_adam=not lv.optimizer_offload)  # offloaded Adam is DeepSpeedCPUAdam
+
+
+def accelerate_config(gpus: int) -> dict:
+    """accelerate 1.15's config (the keys `accelerate config` writes) with the DeepSpeed plugin on our JSON.
+
+    No `mixed_precision`: with a `deepspeed_config_file` accelerate refuses it (the precision is the JSON's
+    bf16 block), as its own questionnaire does. The file path is relative: launch from this directory.
+    """
+    return {"compute_environment": "LOCAL_MACHINE", "debug": False,
+            "deepspeed_config": {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": False},
+            "distributed_type": "DEEPSPEED", "downcast_bf16": False, "enable_cpu_affinity": False,
+            "machine_rank": 0, "main_training_function": "main", "num_machines": 1, "num_processes": gpus,
+            "rdzv_backend": "static", "same_network": True, "tpu_use_cluster": False, "tpu_use_sudo": False,
+            "use_cpu": False}
+
+
+def launch_lines(gpus: int) -> list:
+    return [f"deepspeed --num_gpus {gpus} --module ds_longctx.train --config run.yaml",
+            "accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml"]
+
+
+def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> str:
+    plan = choice.plan
+    head = [f"# generated by `{cmd}`; do not edit",
+            f"budget: {a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
+            f"{host:g} GB host -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)"]
+    if a.find_max_len:
+        head.append(f"longest seq_len that fits: {plan.seq_len:,} tokens (a multiple of 1024)")
+    elif plan.seq_len != a.seq_len:
+        head.append(f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}")
+    head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host")
+    return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
+
+
+def write(out: Path, choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> None:
+    """The five files of one plan into `out` (created)."""
+    from ds_longctx.plan.ds_config import build_ds_config
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = run_config(choice)
+    header = f"# generated by `{cmd}`; do not edit\n"
+    cfg.dump(out / "run.yaml")
+    (out / "run.yaml").write_text(header + (out / "run.yaml").read_text())
+    ds = build_ds_config(cfg, world_size=a.gpus, on_gpu=True)
+    (out / "ds_config.json").write_text(json.dumps(ds, indent=2) + "\n")
+    (out / "accelerate.yaml").write_text(header + yaml.safe_dump(accelerate_config(a.gpus), sort_keys=False))
+    (out / "launch.txt").write_text(f"# generated by `{cmd}`\n# run from this directory; {a.gpus} processes, one "
+                                    f"per GPU; append --key value to override the run config\n"
+                                    + "\n".join(launch_lines(a.gpus)) + "\n")
+    (out / "plan.txt").write_text(plan_text(choice, cmd, a, host))
+
+
+def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--regen-all"]:
+        regenerate_all(Path(argv[1] if len(argv) > 1 else "ds_configs"))
+        return 0
+    a = parser().parse_args(argv)
+    try:
+        geom, host = check_args(a)
+    except ValueError as e:
+        print(f"ds-longctx plan: {e}", file=sys.stderr)
+        return 2
+    cmd = command_line(a, host)
+    kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size)
+    seq_len = a.seq_len
+    if a.find_max_len:
+        seq_len = find_max_len(geom, **kw)
+        print(f"{geom.name} on {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host: longest seq_len that fits "
+              f"= {seq_len:,} tokens")
+        if not seq_len:  # the answer is 0; a requested --out cannot be written
+            print(f"nothing fits; `{cmd.replace('--find_max_len', '--seq_len 1024')}` says what to change",
+                  file=sys.stderr)
+            return 2 if a.out else 0
+    try:
+        choice = choose(geom, seq_len, **kw)
+    except NoFit as e:
+        print(e.best.table() if e.best else "", flush=True)
+        print(f"\nds-longctx plan: {e}", file=sys.stderr)
+        return 2
+    if a.attention_cache:
+        choice = with_attention_cache(choice, a.gpu_mem_gb, a.headroom)
+    print(plan_text(choice, cmd, a, host), end="")
+    if a.out:
+        out = Path(a.out)
+        write(out, choice, cmd, a, host)
+        print(f"\nwrote {', '.join(FILES)} to {out}/; from there launch with:")
+        print("\n".join("  " + line for line in launch_lines(a.gpus)))
+    return 0
+
+
+def regenerate_all(root: Path) -> None:
+    """Rewrite `root/<name>/` for every committed config and `root/README.md` (their table)."""
+    rows = []
+    for name, args in COMMITTED.items():
+        a = parser().parse_args(args.split())
+        geom, host = check_args(a)
+        kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size)
+        seq_len = find_max_len(geom, **kw) if a.find_max_len else a.seq_len
+        choice = choose(geom, seq_len, **kw)
+        write(root / name, choice, command_line(a, host), a, host)
+        p, lv = choice.plan, choice.levers
+        rows.append(f"| `{name}/` | {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host | {p.seq_len:,} | {p.sp_size} "
+                    f"| {lv.offload_layers} | {'yes' if lv.tiled_mlp else 'no'} | {lv.chunk_rows} | "
+                    f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
+                    f"{p.host_peak_bytes / GB:.1f} |")
+        print(f"wrote {root / name}/")
+    (root / "README.md").write_text(README.format(rows="\n".join(rows)))
+
+
+README = """# Generated configs: do not edit
+
+Every file here is written by the planner (`ds_longctx/generate.py`); `tests/test_generate.py` regenerates them
+and fails on any difference. To change one, change the planner or `COMMITTED` in `generate.py`, then run from
+the repository root:
+
+    python -m ds_longctx.generate --regen-all ds_configs
+
+Each directory holds `run.yaml` (our run config, the planner's choices), `ds_config.json` (derived from it by
+`ds_config.build_ds_config`; train.py derives the same dict itself), `accelerate.yaml` (accelerate's DeepSpeed
+plugin on that JSON), `launch.txt` (both launch lines, run from that directory) and `plan.txt` (the memory table
+and the reasoning). From the repository root, `launch/deepspeed.sh` and `launch/accelerate.sh` take any of them:
+`NGPU=8 CONFIG=ds_configs/qwen3-8b_1m_8x141gb/run.yaml launch/deepspeed.sh`.
+
+GB = 10^9 bytes; a plan fits under 0.9 × GPU memory and 0.9 × host RAM. Host RAM is that of the machines
+here (2-GPU H200: 256 GB, 8-GPU: 560 GB; the 4×80 GB row assumes 512 GB).
+
+| directory | hardware | seq_len | sp | offloaded layers | tiled MLP | loss chunk rows | optimizer offload | GB/GPU | GB host |
+|---|---|---|---|---|---|---|---|---|---|
+{rows}
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Per-process training entry: one process per GPU (or CPU rank), started by a launcher.
+
+    torchrun --nproc_per_node 2 -m ds_longctx.train --config run.yaml [--key value ...]
+    deepspeed --num_gpus 2 --module ds_longctx.train --config run.yaml
+    accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml
+    ds-longctx train --nproc 2 --sp_size 2            # starts the processes for you
+    ... --save_every 100                              # checkpoints in <output_dir>/checkpoints
+    ... --resume                                      # continue the latest one (same world size and sp_size)
+
+Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
+(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes), and TensorBoard events in
+`<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM: every rank stops at the next step
+boundary, saves a checkpoint and exits 0. A NaN/inf loss stops the run (exit 1) before its optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("ds_longctx")
+
+
+def strip_launcher_args(argv: list[str]) -> list[str]:
+    """Drop `--local_rank=N` / `--local-rank N` that the deepspeed launcher appends (LOCAL_RANK is in env)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a.startswith(("--local_rank", "--local-rank")):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def parse_config(argv: list[str]):
+    """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported)."""
+    from pydantic import ValidationError
+
+    from ds_longctx.config import RunConfig, format_validation_error
+    try:
+        return RunConfig.from_cli(strip_launcher_args(argv))
+    except ValidationError as e:
+        sys.exit(format_validation_error(e))
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"invalid run config: {e}")
+
+
+def _host_rss() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def stop(message: str, rank: int, code: int = 1):
+    """Every rank leaves with `code`; rank 0 says why. Tears the process group down first."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def default_group_timeout(seconds: float) -> None:
+    """Make `seconds` the timeout of every process group created from now on, not only the world group.
+
+    init_process_group's timeout covers the world group; `new_group` (our SP/DP groups, DeepSpeed's ZeRO
+    groups) falls back to torch's module default (30 min gloo, 10 min NCCL), so a hung rank would hold those
+    collectives that long. Set process-wide and never undone: this process lives for this one run.
+    """
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+    c10d.default_pg_timeout = timedelta(seconds=seconds)
+    c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
+
+
+def rank0_first(fn, rank: int):
+    """fn() on rank 0, then on the others (rank 0 fills the datasets cache, the others read it). A ValueError
+    on rank 0 is returned to every rank as its message, so all of them stop together."""
+    import torch.distributed as dist
+    msg = [None]
+    if rank == 0:
+        try:
+            out = fn()
+        except ValueError as e:
+            msg = [str(e)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(msg, src=0)
+    if msg[0] is not None:
+        raise ValueError(msg[0])
+    return out if rank == 0 else fn()
+
+
+class MetricsLog:
+    """metrics.jsonl + TensorBoard (when installed), rank 0 only. A fresh run keeps an older metrics.jsonl
+    aside; a resumed one drops lines past its checkpoint's step and appends."""
+
+    def __init__(self, out: Path, start_step: int, tensorboard: bool, enabled: bool):
+        self.path, self.enabled, self.tb = out / "metrics.jsonl", enabled, None
+        if not enabled:
+            return
+        if self.path.exists() and start_step == 0:
+            old = self.path.with_name(f"metrics.{int(self.path.stat().st_mtime)}.jsonl")
+            self.path.rename(old)
+            log.info("previous metrics kept as %s", old)
+        elif self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+            tmp = self.path.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+            except ImportError:
+                log.info("tensorboard not installed: metrics.jsonl only")
+
+    def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k in ("loss", "tokens_per_s", "lr", "seconds"):
+                self.tb.add_scalar(f"train/{k}", row[k], row["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    # ---------------------------------------------------------------- config and checks (nothing started or written)
+    cfg = parse_config(sys.argv[1:] if argv is None else argv)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="[ds_longctx] %(message)s")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    import torch
+    from tqdm import tqdm
+
+    from ds_longctx.run import checkpoint
+    from ds_longctx.data import build_data
+    from ds_longctx.run.engine import build_engine, init_distributed
+    from ds_longctx.run.preflight import preflight
+    try:
+        hf_cfg, resume_meta = preflight(cfg, world)
+    except ValueError as e:
+        sys.exit(f"refused before start: {e}")
+
+    # ---------------------------------------------------------------- process group (a dead or hung rank ends the job)
+    default_group_timeout(cfg.collective_timeout_s)
+    init_distributed(cfg.collective_timeout_s)
+    dp_size = world // cfg.sp_size
+
+    # ---------------------------------------------------------------- data (rank 0 tokenizes into the cache first)
+    try:
+        data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
+    except ValueError as e:
+        stop(f"refused before start: {e}", rank)
+
+    # ---------------------------------------------------------------- engine
+    engine = build_engine(cfg, hf_cfg)
+    st = engine.state
+    out = Path(cfg.output_dir)
+
+    # ---------------------------------------------------------------- resume, then the run's files
+    start = 0
+    if resume_meta is not None:
+        try:
+            start = checkpoint.load(engine, checkpoint.ckpt_root(out) / resume_meta["tag"], resume_meta,
+                                    data.signature())
+        except ValueError as e:
+            stop(f"refused: {e}", st.rank)
+    if st.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.dump(out / "run.yaml")
+        (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
+        log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
+                 st.dp_size, cfg.model, cfg.seq_len, "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32",
+                 start + 1, cfg.steps)
+    metrics = MetricsLog(out, start, cfg.tensorboard, enabled=st.rank == 0)
+    saved = resume_meta["step"] if resume_meta else None
+    done = start
+
+    # ---------------------------------------------------------------- loop
+    sigterm = checkpoint.StopRequest().install()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=st.rank != 0, desc="train",
+               unit="step", dynamic_ncols=True)
+    for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
+        if sigterm.agreed(engine.device):
+            break
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        batch = data.get(step, cfg.micro_batch, st.dp_rank, st.dp_size)
+        res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
+        if not math.isfinite(res.loss):
+            metrics.close()
+            stop(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are those "
+                 f"after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). Lower lr "
+                 f"(now {cfg.lr}), add warmup_steps, or check this step's rows", st.rank)
+        engine.step()
+        done = step + 1
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_reserved() if torch.cuda.is_available() else 0
+        row = {"step": step + 1, "loss": res.loss, "tokens": cfg.seq_len * cfg.micro_batch * st.dp_size,
+               "supervised_tokens": res.tokens, "seconds": round(seconds, 4),
+               "tokens_per_s": round(cfg.seq_len * cfg.micro_batch * st.dp_size / seconds, 1),
+               "lr": engine.ds.get_lr()[0], "peak_gpu_bytes": peak, "peak_gpu_allocated_bytes":
+               torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
+               "host_rss_bytes": _host_rss()}
+        if torch.distributed.is_initialized() and torch.cuda.is_available():
+            m = torch.tensor([peak, row["host_rss_bytes"]], dtype=torch.float64, device=engine.device)
+            torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
+            row["peak_gpu_bytes_max_rank"] = int(m[0])
+        metrics.write(row)
+        if st.rank == 0 and (step % cfg.log_every == 0 or step + 1 == cfg.steps):
+            bar.set_postfix(loss=f"{res.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            mem=f"{peak / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB")
+        if cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
+            checkpoint.save(engine, cfg, step + 1, data.signature())
+            saved = step + 1
+    bar.close()
+
+    # ---------------------------------------------------------------- end (SIGTERM: save where the ranks stopped)
+    if sigterm.agreed(engine.device):
+        checkpoint.save(engine, cfg, done, data.signature())
+        log.info("SIGTERM: saved at step %d, exiting", done)
+    sigterm.uninstall()
+    metrics.close()
+    if st.rank == 0:
+        log.info("done: %d steps, metrics in %s", done, metrics.path)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
