@@ -60,16 +60,16 @@ def main():
     import torch.distributed as dist
 
     from ds_longctx.config import RunConfig
-    from ds_longctx.data import SyntheticRetrieval
+    from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine
-    from ds_longctx.levers.attention_cache import apply_attention_cache, remove_attention_cache
-    from ds_longctx.levers.offload import apply_activation_offload, decoder_layers, remove_activation_offload
+    from ds_longctx.levers.offload import activation_checkpointing_block
+    from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers, remove_placement
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
     from ds_longctx.levers.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
     import psutil
 
     cfg = RunConfig(model=a.model, seq_len=a.seq_len, sp_size=a.sp_size, steps=a.steps, lr=1e-5,
-                    activation_checkpointing=True, activation_offload=True, offload_layers=0,
+                    activation_checkpointing=True, offload_layers=0,
                     chunked_loss=True, loss_chunk_rows=a.loss_chunk_rows, tiled_mlp=False)
     t0 = time.perf_counter()
     eng = build_engine(cfg)
@@ -90,19 +90,18 @@ def main():
     rows, step_no = [], 0
     for vi, variant in enumerate(a.variants.split(",")):
         parts = set(variant.split("+"))
-        remove_attention_cache(model)
-        remove_activation_offload(model)
+        remove_placement(model)
         remove_tiled_mlp(model)
         eng.module.loss.chunked = "plain_loss" not in parts
-        if "offload" in parts:
-            apply_activation_offload(model, eng.ds_config, n_layers)
         if "tiled" in parts:
             apply_tiled_mlp(model, geom.hidden)
-        n_cache = n_layers if "cache" in parts else 0
-        apply_attention_cache(model, n_cache)
-        levers = Levers(chunked_loss="plain_loss" not in parts, chunk_rows=a.loss_chunk_rows,
-                        tiled_mlp="tiled" in parts, tile_tokens=geom.hidden,
-                        offload_layers=n_layers if "offload" in parts else 0, attention_cache_layers=n_cache)
+        placement = PlacementPlan.from_counts(n_layers, offload=n_layers if "offload" in parts else 0,
+                                              cache=n_layers if "cache" in parts else 0)
+        # the engine was built with nothing offloaded: offloaded variants get cpu_checkpointing on here
+        ds_config = {**eng.ds_config, "activation_checkpointing": activation_checkpointing_block(True, cuda)}
+        apply_placement(model, placement, ds_config)
+        levers = Levers(chunked_loss="plain_loss" not in parts, loss_chunk_rows=a.loss_chunk_rows,
+                        tiled_mlp="tiled" in parts, tile_tokens=geom.hidden, placement=placement)
         plan = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers)
         predicted = plan.gpu_peak_bytes
         for i in range(a.first_steps if vi == 0 else a.steps):
@@ -135,9 +134,9 @@ def main():
                    "host_peak_rss_sum_gib": round(hp.item() / 2**30, 2),
                    "predicted_gpu_gib": round(predicted / 2**30, 2),
                    "predicted_host_gib": round(plan.host_peak_bytes / 2**30, 2),
-                   "levers": {"chunked_loss": levers.chunked_loss, "chunk_rows": levers.chunk_rows,
+                   "levers": {"chunked_loss": levers.chunked_loss, "loss_chunk_rows": levers.loss_chunk_rows,
                               "tiled_mlp": levers.tiled_mlp, "tile_tokens": levers.tile_tokens,
-                              "offload_layers": levers.offload_layers},
+                              "placement": placement.spec()},
                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                    "tflops_per_gpu": round(flops / sec / st.world_size / 1e12, 1),
                    "mfu": round(flops / sec / st.world_size / H200_BF16_PEAK, 3)}

@@ -77,12 +77,13 @@ def worker(a) -> None:
     import torch
 
     from ds_longctx.config import RunConfig
-    from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.run.engine import build_engine, init_distributed
+    from ds_longctx.data.synthetic import SyntheticRetrieval
+    from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.run.engine import build_engine
 
     cfg = RunConfig(model="qwen3-tiny", seq_len=a.seq_len, sp_size=2, micro_batch=a.batch, dtype="fp32", lr=a.lr,
                     warmup_steps=a.warmup, seed=a.seed, output_dir=a.out, activation_checkpointing=False)
-    init_distributed(cfg.collective_timeout_s)
+    init_distributed(cfg.parallel.collective_timeout_s)
     engine = build_engine(cfg)
     task = SyntheticRetrieval(a.seq_len, engine.model.config.vocab_size, seed=a.seed, num_pairs=a.pairs,
                               num_queries=a.queries, num_keys=a.keys, num_values=a.values, fused_pairs=True,

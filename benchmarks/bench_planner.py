@@ -62,10 +62,16 @@ def measure(run: str, gpus: int, sp: int, steps: int, out: Path, timeout_s: int)
 def predict(row: dict) -> tuple:
     """(GPU GiB, host GiB) the current planner gives for a stored run."""
     sys.path.insert(0, str(ROOT))
+    from ds_longctx.levers.placement import PlacementPlan
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
 
+    lv = dict(row["levers"])
+    if "chunk_rows" in lv:  # rows written before the field took the run config's name
+        lv["loss_chunk_rows"] = lv.pop("chunk_rows")
+    if lv.get("placement"):
+        lv["placement"] = PlacementPlan.parse(lv["placement"])
     plan = plan_memory(ModelGeometry.from_name_or_path(row["model"]), row["seq_len"], row["gpus"], row["sp_size"],
-                       Levers(**row["levers"]))
+                       Levers(**lv))
     # reserved_bytes, not gpu_peak_bytes: max_memory_reserved does not see the CUDA context
     return plan.reserved_bytes / 2**30, plan.host_peak_bytes / 2**30
 

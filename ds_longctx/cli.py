@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 
 def _child_env() -> dict:
+    """The workers' environment defaults (set in this process, which torchrun's agent runs in)."""
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else env.get("DS_ACCELERATOR", "cuda"))
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -40,10 +40,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_command(nproc: int, run_args: list[str]) -> list[str]:
-    """The torchrun command line that starts `nproc` local training processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+def torchrun_args(nproc: int, run_args: list[str]) -> list[str]:
+    """torchrun's arguments that start `nproc` local training processes (`python -m torch.distributed.run ARGS`)."""
+    return ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
             "-m", "ds_longctx.train", *run_args]
 
 
@@ -51,22 +50,45 @@ def precheck(nproc: int, run_args: list[str]):
     """Parse and check the run in this process (`preflight`: the engine's checks, RoPE coverage, data source,
     output_dir / resume), before any worker starts. Exits 2 on bad input."""
     from ds_longctx.run.preflight import preflight
+    from ds_longctx.run.refuse import refuse
     from ds_longctx.run.train import parse_config
     cfg = parse_config(run_args)
     try:
         preflight(cfg, nproc)
     except ValueError as e:
-        print(f"refused before start: {e}", file=sys.stderr)
-        sys.exit(2)
+        refuse(f"refused before start: {e}")
     return cfg
 
 
 def run_train(nproc: int, run_args: list[str]) -> int:
+    """Start `nproc` local workers under torchrun's agent (in this process). A worker's refusal (exit 2, its line
+    recorded through $DS_LONGCTX_REFUSAL_FILE) ends this with exit 2 and that line printed last; another failure
+    with torchrun's one-paragraph summary and its exit code, without this process's traceback."""
+    import tempfile
+
+    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, REFUSED, recorded_refusal
     if nproc < 1:
         print(f"--nproc {nproc}: need at least 1 process", file=sys.stderr)
-        return 2
+        return REFUSED
     precheck(nproc, run_args)
-    return subprocess.call(train_command(nproc, run_args), env=_child_env())
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+    os.environ.update(_child_env())
+    with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
+        os.environ[REFUSAL_FILE_ENV] = refusal = os.path.join(tmp, "refusal.txt")
+        try:
+            run(get_args_parser().parse_args(torchrun_args(nproc, run_args)))
+        except ChildFailedError as e:
+            message = recorded_refusal(refusal)
+            if message is not None:
+                print(message, file=sys.stderr, flush=True)
+                return REFUSED
+            print(e.format_msg().strip(), file=sys.stderr, flush=True)
+            codes = [f.exitcode for f in e.failures.values() if f.exitcode and f.exitcode > 0]
+            return codes[0] if codes else 1
+        finally:
+            os.environ.pop(REFUSAL_FILE_ENV, None)
+    return 0
 
 
 def read_losses(output_dir: str) -> list[float]:
@@ -88,9 +110,10 @@ def run_demo(args) -> int:
             return rc
     print(f"\ngenerated DeepSpeed config ({out / 'sp2' / 'ds_config.json'}):")
     print((out / "sp2" / "ds_config.json").read_text())
-    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.planner import Levers, plan_memory
     plan = plan_memory(ModelGeometry.from_name_or_path("qwen3-tiny"), args.seq_len, 2, 2,
-                       Levers(tiled_mlp=False, chunk_rows=4096))
+                       Levers(tiled_mlp=False, loss_chunk_rows=4096))
     print("memory plan of this run (per GPU if it ran on GPUs; `ds-longctx plan` for real runs):")
     print(plan.table())
     print()
@@ -116,9 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
-    t = sub.add_parser("train", help="start N local training processes (torchrun); other options go to the run "
-                       "config (--config FILE, --key value)")
-    t.add_argument("--nproc", type=int, default=1)
+    from ds_longctx.config import RunConfig
+    t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "
+                       "config (--config FILE, --key value)", epilog=RunConfig.help_text(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Start N local training processes under torchrun; every option but --nproc goes "
+                                   "to the run config (below). Refusals exit 2 with one line, printed last.")
+    t.add_argument("--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)")
     d = sub.add_parser("demo", help="the embedded default: tiny Qwen3, 2 CPU processes, SP=2 vs SP=1")
     d.add_argument("--steps", type=int, default=4)
     d.add_argument("--seq_len", type=int, default=256)

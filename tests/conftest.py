@@ -63,7 +63,7 @@ def reference_model(seed: int = 0, model: str = "qwen3-tiny", dtype=None, device
     """A plain HF Qwen3 (no DeepSpeed, no Ulysses) with the same deterministic weights as the engine
     on the same device type (init_weights draws from a generator of the parameter's device)."""
     import torch
-    from ds_longctx.run.engine import init_weights, load_hf_config, model_class
+    from ds_longctx.run.model import init_weights, load_hf_config, model_class
     cfg = load_hf_config(model)
     cfg._attn_implementation = "eager"
     m = model_class(cfg)(cfg).to(device)

@@ -1,5 +1,6 @@
 """attention_cache.py on CPU: same loss and gradients as plain checkpointing (the reference: a plain HF model,
-no checkpointing), and the attention kernel really runs once per cached layer instead of twice."""
+no checkpointing), and the attention kernel really runs once per cached layer instead of twice. Which layers
+cache, and the rules against overlapping offload, are the placement plan's (tests/test_placement.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import ds_longctx
 from ds_longctx.parallel import attention
 from ds_longctx.parallel import ulysses
-from ds_longctx.levers.attention_cache import (apply_attention_cache, is_attention_kernel, remove_attention_cache,
-                                        resolve_attention_cache_layers)
-from ds_longctx.levers.offload import offloaded_layer_indices, remove_activation_offload
+from ds_longctx.levers.attention_cache import is_attention_kernel
+from ds_longctx.levers.placement import PlacementPlan, apply_placement, remove_placement
 from ds_longctx.parallel.parallel_state import ParallelState
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
@@ -72,11 +72,12 @@ def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(path, n_cached):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     _, _, calls_ckpt = loss_and_grads(model, ids)
     assert calls_ckpt == 2 * L  # plain checkpointing runs every layer's kernel again in backward
+    plan = PlacementPlan.from_counts(L, cache=n_cached)
     try:
-        assert apply_attention_cache(model, n_cached) == n_cached
+        assert apply_placement(model, plan) == plan and plan.cached == n_cached
         loss, grads, calls = loss_and_grads(model, ids)
     finally:
-        remove_attention_cache(model)
+        remove_placement(model)
         if path == "ulysses_sp1":
             ulysses.unregister(model)
     assert calls == 2 * L - n_cached  # the cached layers' recompute returned the kept output
@@ -85,30 +86,6 @@ def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(path, n_cached):
         assert rel(grads[n], g) <= 1e-5, n
     # removed: back to recomputing every kernel
     assert loss_and_grads(model, ids)[2] == 2 * L
-
-
-def test_refuses_overlap_with_offloaded_layers_and_needs_checkpointing():
-    model = tiny_model()
-    L = model.config.num_hidden_layers
-    with pytest.raises(ValueError, match="gradient_checkpointing_enable"):
-        apply_attention_cache(model, 1)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # layer 0 routed as apply_activation_offload routes it (that needs a process group: the real pairing runs
-    # under ZeRO-3 in tests/distributed/test_attention_cache_zero3.py)
-    first = model.model.layers[0]
-    first._ds_longctx_prev_ckpt = first._gradient_checkpointing_func
-    assert offloaded_layer_indices(model) == [0]
-    try:
-        with pytest.raises(ValueError, match=f"attention_cache_layers <= {L - 1}"):
-            apply_attention_cache(model, L)
-        assert apply_attention_cache(model, L - 1) == L - 1
-    finally:
-        remove_attention_cache(model)
-        remove_activation_offload(model)
-    with pytest.raises(ValueError, match=f"outside 0..{L}"):
-        apply_attention_cache(model, L + 1)
-    assert resolve_attention_cache_layers("all", L, 2) == L - 2
-    assert resolve_attention_cache_layers(3, L, 0) == 3
 
 
 def test_kernel_names():

@@ -64,7 +64,7 @@ def refused(out: Path, fragments, world: int = 1, **kw) -> str:
     try:
         cfg = RunConfig(**kw)
         hf_cfg, _ = preflight(cfg, world)
-        build_data(cfg, hf_cfg, world // cfg.sp_size)
+        build_data(cfg, hf_cfg, world // cfg.parallel.sp_size)
     except ValidationError as e:
         msg = format_validation_error(e)
     except ValueError as e:
@@ -197,7 +197,7 @@ def test_output_dir_not_writable(tmp_path):
 def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run_overrides) -> Path:
     """A complete-looking checkpoint (meta.json + one sized file) as checkpoint.save writes it."""
     cfg = RunConfig(output_dir=str(out))
-    run = {k: getattr(cfg, k) for k in checkpoint.RESUME_KEYS} | run_overrides
+    run = {k: cfg.get(k) for k in checkpoint.RESUME_KEYS} | run_overrides
     run.update(world_size=world, sp_size=sp, dp_size=world // sp)
     root = checkpoint.ckpt_root(out)
     tag = root / f"step{step}"
@@ -316,4 +316,19 @@ def test_train_entry_point_refuses_and_writes_nothing(files, tmp_path, case):
                          env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode != 0
     assert ("is empty (0 documents" if case == "empty_dataset" else "has 604 tokens") in res.stderr, res.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_line_last(files, tmp_path):
+    """Out-of-vocabulary token ids are found by the workers (rank 0 reads the data): `ds-longctx train` still exits
+    2 with the one refusal line as the last thing printed, no traceback, nothing written."""
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", "--sp_size", "2",
+                          "--data", str(files["dir"] / "ids_high.jsonl"), "--seq_len", "32",
+                          "--data_cache_dir", files["cache"], "--output_dir", str(out)],
+                         env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = [line for line in res.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("refused before start: data=") and "token id 700" in last and "re-tokenize" in last
+    assert "Traceback" not in res.stderr + res.stdout and "ChildFailedError" not in res.stderr
     assert not out.exists()

@@ -11,7 +11,8 @@ from ds_longctx.parallel import attention
 
 from ds_longctx.parallel import ulysses
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.run.engine import load_hf_config, validate
+from ds_longctx.run.model import load_hf_config
+from ds_longctx.run.preflight import validate
 from ds_longctx.parallel.parallel_state import check_sp_size, valid_sp_sizes
 from tests.conftest import ROOT, cpu_env
 
@@ -22,7 +23,7 @@ def test_yaml_and_cli_round_trip(tmp_path):
     cfg.dump(path)
     assert RunConfig.load(path) == cfg
     again = RunConfig.from_cli(["--config", str(path), "--steps", "7", "--lr=1e-3", "--chunked-loss", "false"])
-    assert (again.steps, again.lr, again.chunked_loss, again.seq_len) == (7, 1e-3, False, 128)
+    assert (again.train.steps, again.optimizer.lr, again.memory.chunked_loss, again.train.seq_len) == (7, 1e-3, False, 128)
 
 
 def test_unknown_key_in_file_is_refused(tmp_path):
@@ -57,7 +58,7 @@ def test_bad_values_name_the_fix(kwargs, needle):
 
 
 @pytest.mark.parametrize("sp,world,needle", [
-    (3, 4, "sp_size=3 does not divide world_size=4; use one of [1, 2, 4]"),
+    (3, 4, "sp_size=3 does not divide world_size=4; try one of [1, 2, 4]"),
     (16, 16, "sp_size=16 must divide num_attention_heads=8"),
 ])
 def test_sp_size_that_fits_neither_world_nor_heads(sp, world, needle):
@@ -114,3 +115,65 @@ def test_cli_refuses_before_starting_workers():
     assert "sp_size=3 does not divide world_size=2" in res.stderr
     assert "torch.distributed.run" not in res.stderr  # no worker was started
     assert time.perf_counter() - t < 60
+
+
+@pytest.mark.parametrize("cmd", [["-m", "ds_longctx.cli", "train", "--help"], ["-m", "ds_longctx.train", "--help"]])
+def test_help_lists_every_field_with_its_doc_and_default(cmd):
+    from ds_longctx.config import FLAT, SECTIONS
+    res = subprocess.run([sys.executable, *cmd], env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = " ".join(res.stdout.split())  # help wraps long docs
+    for flat, (sec, name) in FLAT.items():
+        field = SECTIONS[sec].model_fields[name]
+        assert f"--{flat} (--{sec}.{name})" in text, flat
+        assert field.description and " ".join(field.description.split())[:60] in text, flat
+        assert f"default {field.get_default(call_default_factory=True)!r}" in text
+    assert "--nproc" in text or cmd[1] == "ds_longctx.train"
+
+
+def test_flat_dotted_and_sectioned_spellings_are_one_config(tmp_path):
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("model: qwen3-tiny\nseq_len: 128\nsp_size: 2\noffload_layers: 1\ndata_layout: pack\n"
+                    "keep_checkpoints: 5\n")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("model: {name: qwen3-tiny}\ntrain: {seq_len: 128}\nparallel: {sp_size: 2}\n"
+                      "memory: {offload_layers: 1}\ndata: {layout: pack}\ncheckpoint: {keep: 5}\n")
+    dotted = RunConfig(**{"model.name": "qwen3-tiny", "train.seq_len": 128, "parallel.sp_size": 2,
+                          "memory.offload_layers": 1, "data.layout": "pack", "checkpoint.keep": 5})
+    a, b = RunConfig.load(flat), RunConfig.load(nested)
+    assert a == b == dotted and a.memory.offload_layers == 1 and a.checkpoint.keep == 5
+    cli = RunConfig.from_cli(["--config", str(nested), "--train.seq_len", "256", "--lr", "3e-4",
+                              "--memory.placement", "offload:1,cache:1", "--offload_layers", "0"])
+    assert (cli.train.seq_len, cli.optimizer.lr, cli.memory.placement) == (256, 3e-4, "offload:1,cache:1")
+    # a dump is sectioned and loads back equal; its flat view names every flat key once
+    a.dump(tmp_path / "again.yaml")
+    from ds_longctx.config import FLAT
+    assert RunConfig.load(tmp_path / "again.yaml") == a and list(a.flat()) == list(FLAT)
+
+
+def test_the_old_two_field_offload_spelling_still_reads():
+    assert RunConfig(activation_offload=True).memory.offload_layers == "all"
+    assert RunConfig(activation_offload=True, offload_layers=4).memory.offload_layers == 4
+    assert RunConfig(activation_offload=False, offload_layers="all").memory.offload_layers == 0  # old dumps
+    with pytest.raises(ValidationError, match="activation_offload=false with offload_layers=3"):
+        RunConfig(activation_offload=False, offload_layers=3)
+
+
+@pytest.mark.parametrize("where", ["file", "cli", "nested"])
+def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
+    path = tmp_path / "run.yaml"
+    if where == "cli":
+        with pytest.raises(ValueError, match=r"unknown option --offload_layer; .*nearest: --offload_layers$"):
+            RunConfig.from_cli(["--offload_layer", "2"])
+        return
+    path.write_text("memory:\n  tiled_mpl: true\n" if where == "nested" else "micro_bach: 2\n")
+    with pytest.raises(ValidationError) as e:
+        RunConfig.load(path)
+    want = "nearest: memory.tiled_mlp" if where == "nested" else "nearest: micro_batch"
+    assert want in format_validation_error(e.value)
+
+
+def test_a_key_given_twice_with_two_values_is_refused():
+    with pytest.raises(ValidationError, match="train.seq_len is given twice: seq_len=128 and train.seq_len=256"):
+        RunConfig(seq_len=128, train={"seq_len": 256})
+    assert RunConfig(seq_len=128, train={"seq_len": 128}).train.seq_len == 128

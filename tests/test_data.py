@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from ds_longctx.config import RunConfig
-from ds_longctx.data import EOS, Batch, SyntheticRetrieval, TokenRows, build_data, pack_rows
-from ds_longctx.run.engine import load_hf_config
+from ds_longctx.data import Batch, TokenRows, build_data
+from ds_longctx.data.rows import pack_rows
+from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
+from ds_longctx.run.model import load_hf_config
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from tests.data_helpers import (documents, make_tokenizer, token_ids, write_jsonl, write_parquet,
                                 write_txt_dir)

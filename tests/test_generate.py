@@ -13,7 +13,7 @@ import yaml
 from ds_longctx.plan import generate
 from ds_longctx.config import RunConfig
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.search import choose, find_max_len
+from ds_longctx.plan.search import choose, find_max_len, run_placement
 from ds_longctx.plan.planner import GB
 
 from tests.conftest import ROOT
@@ -39,10 +39,10 @@ def test_attention_cache_flag_reaches_run_yaml(tmp_path):
     assert generate.main(argv + ["--attention_cache", "--out", str(tmp_path)]) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
     want = with_attention_cache(choose("qwen3-8b", 1 << 20, 8, 141, 560), 141).levers.attention_cache_layers
-    assert run["attention_cache_layers"] == want > 0
+    assert run["memory"]["attention_cache_layers"] == want > 0
     assert "--attention_cache" in (tmp_path / "run.yaml").read_text().splitlines()[0]  # the generating command
     assert generate.main(argv + ["--out", str(tmp_path / "plain")]) == 0
-    assert yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["attention_cache_layers"] == 0
+    assert yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["memory"]["attention_cache_layers"] == 0
 
 
 def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
@@ -93,11 +93,12 @@ def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
     c = choose("qwen3-8b", n, gpus, gpu_gb, host_gb)
     cfg = RunConfig.load(tmp_path / "run.yaml")
     lv, k = c.levers, c.levers.offload_layers
-    assert (cfg.model, cfg.seq_len, cfg.sp_size, cfg.micro_batch, cfg.dtype) == ("qwen3-8b", n, c.sp_size, 1, "bf16")
-    assert (cfg.chunked_loss, cfg.loss_chunk_rows, cfg.tiled_mlp, cfg.tile_tokens) == \
-        (lv.chunked_loss, lv.chunk_rows, lv.tiled_mlp, lv.tile_tokens)
-    assert cfg.activation_checkpointing and cfg.offload_layers == k and cfg.activation_offload == (k > 0)
-    assert cfg.optimizer_offload == lv.optimizer_offload and cfg.torch_adam == (not lv.optimizer_offload)
+    assert (cfg.model.name, cfg.train.seq_len, cfg.parallel.sp_size, cfg.train.micro_batch, cfg.model.dtype) == ("qwen3-8b", n, c.sp_size, 1, "bf16")
+    assert (cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, cfg.memory.tiled_mlp, cfg.memory.tile_tokens) == \
+        (lv.chunked_loss, lv.loss_chunk_rows, lv.tiled_mlp, lv.tile_tokens)
+    assert cfg.memory.activation_checkpointing and cfg.memory.offload_layers == k
+    assert run_placement(cfg, c.plan.geom.layers, gpus, None) == c.plan.placement and c.plan.placement.offloaded == k
+    assert cfg.optimizer.offload == lv.optimizer_offload and cfg.optimizer.torch_adam == (not lv.optimizer_offload)
     # the JSON is build_ds_config of that run config, nothing hand-built
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds == build_ds_config(cfg, world_size=gpus, on_gpu=True)

@@ -88,7 +88,8 @@ def test_two_cpu_processes_train(script, tmp_path):
     assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] > 0 for r in rows)
-    run = yaml.safe_load((tmp_path / "run.yaml").read_text())  # what train.py ran: the config + the overrides
+    from ds_longctx.config import RunConfig
+    run = RunConfig.load(tmp_path / "run.yaml").flat()  # what train.py ran: the config + the overrides
     assert (run["model"], run["sp_size"], run["seq_len"], run["dtype"]) == ("qwen3-tiny", 2, 64, "fp32")
 
 

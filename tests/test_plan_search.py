@@ -22,7 +22,7 @@ def test_choose_8b_1m_on_8x80_fits_with_sp8():
     assert 0 < k < Q8.layers  # only the layers that must leave the GPU
     assert plan_memory(Q8, 1 << 20, 8, 8, replace(c.levers, offload_layers=k - 1)).gpu_peak_bytes > budget
     for sp in (1, 2, 4):  # no smaller sp fits at all, whatever is offloaded
-        lv = Levers(chunk_rows=256, tiled_mlp=True, tile_tokens=4096, offload_layers=Q8.layers, optimizer_offload=True)
+        lv = Levers(loss_chunk_rows=256, tiled_mlp=True, tile_tokens=4096, offload_layers=Q8.layers, optimizer_offload=True)
         assert not plan_memory(Q8, 1 << 20, 8, sp, lv).fits(budget, 0.9 * 560 * GB)
     assert any("YaRN" in n for n in c.notes)
 
@@ -30,7 +30,7 @@ def test_choose_8b_1m_on_8x80_fits_with_sp8():
 def test_8b_1m_on_8x80_by_hand():
     """At 1,048,576 tokens over sp=8 one checkpointed layer input is T·H·2 = 131,072·4096·2 bytes = 1 GiB."""
     c = choose(Q8, 1 << 20, 8, 80, 560)
-    assert c.levers == Levers(chunked_loss=True, chunk_rows=4096, tiled_mlp=False, tile_tokens=None,
+    assert c.levers == Levers(chunked_loss=True, loss_chunk_rows=4096, tiled_mlp=False, tile_tokens=None,
                               offload_layers=32, optimizer_offload=False)
     ck = c.plan.term("checkpoints")
     assert ck.gpu_bytes == (36 - 32) * GIB and ck.host_bytes == 8 * 32 * GIB  # 256 GiB pinned on the node
@@ -122,9 +122,9 @@ def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
 def test_auto_offload_counts_the_attention_cache():
     from ds_longctx.plan.search import fewest_offload_layers
 
-    kw = dict(seq_len=196_608, gpus=2, sp_size=2, gpu_mem_gb=141, tiled_mlp=False)
-    k0 = fewest_offload_layers(Q8, **kw)
-    k8 = fewest_offload_layers(Q8, attention_cache_layers=8, **kw)
+    kw = dict(seq_len=196_608, gpus=2, sp_size=2, gpu_mem_gb=141)
+    k0 = fewest_offload_layers(Q8, levers=Levers(tiled_mlp=False), **kw)
+    k8 = fewest_offload_layers(Q8, levers=Levers(tiled_mlp=False, attention_cache_layers=8), **kw)
     assert k0 < k8 <= Q8.layers - 8  # the cached layers hold more, and they stay on the GPU
     lv = Levers(tiled_mlp=False, offload_layers=k8, attention_cache_layers=8)
     assert plan_memory(Q8, 196_608, 2, 2, lv).gpu_peak_bytes <= 0.9 * 141 * GB

@@ -60,17 +60,27 @@ def test_tiny_model_built_after_auto_uses_our_yarn():
 
 @pytest.mark.parametrize("seq_len, orig, factor", [
     (100_000, 32768, 3.125),        # 3.0518 rounded up to a multiple of 1/8
-    (131_072, 40960, 3.25),         # Qwen3-8B default O = max_position_embeddings (3.2 -> 3.25)
+    (131_072, 40960, 3.25),         # O = max_position_embeddings given explicitly (3.2 -> 3.25)
     (1_048_576, 40960, 25.625),
     (32769, 32768, 1.125),
 ])
 def test_factor_rounds_up_to_an_eighth(seq_len, orig, factor):
     cfg = config("qwen3-8b")
-    params = yarn_rope_parameters(cfg, seq_len, orig if orig != 40960 else None)
+    params = yarn_rope_parameters(cfg, seq_len, orig)
     assert params["factor"] == factor and params["original_max_position_embeddings"] == orig
     assert factor * orig >= seq_len and factor * orig - seq_len <= orig / 8
     apply_rope_scaling(cfg, seq_len, "auto", original_max_position_embeddings=orig)
     assert cfg.max_position_embeddings == max(40960, int(factor * orig))
+
+
+def test_qwen3_default_is_its_published_32768():
+    """The Qwen3 rule lives in rope.trained_context: O = 32768 when max_position_embeddings is 40960, so 131,072
+    tokens get Qwen's documented factor 4 (not 3.25 from 40960); other geometries keep max_position_embeddings."""
+    cfg = config("qwen3-8b")
+    assert trained_context(cfg) == 32768
+    assert yarn_rope_parameters(cfg, 131_072)["factor"] == 4.0
+    assert apply_rope_scaling(cfg, 1_048_576, "auto")["factor"] == 32.0
+    assert trained_context(config("qwen3-tiny")) == 2048
 
 
 def test_fits_in_trained_context():

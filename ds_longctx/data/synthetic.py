@@ -13,8 +13,10 @@ from typing import Optional
 
 import torch
 
-from ds_longctx.data import BOS, SEP, Batch
+from ds_longctx.data.rows import Batch
 from ds_longctx.parallel.sharding import IGNORE_INDEX
+
+PAD, BOS, EOS, SEP = 0, 1, 2, 3  # the task's special token ids
 
 
 @dataclass(frozen=True)

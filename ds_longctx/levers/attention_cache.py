@@ -18,18 +18,13 @@ varlen (`_flash_attention_forward`), and flash-attn's custom ops. The math SDPA 
 and a softmax, not one op: nothing is cached there (the step is still correct).
 
 Only for layers on torch's non-reentrant checkpoint: the layers whose checkpoints are offloaded go through
-DeepSpeed's checkpoint (`offload.py`), which has no selective policy; so the cache takes the *last* layers
-and offload the *first*, and the two must not overlap.
+DeepSpeed's checkpoint (`offload.py`), which has no selective policy. Which layers cache is the placement
+plan's (`placement.py`: the last `attention_cache_layers` layers, or an explicit plan); it also routes them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch.nn as nn
-
 log = logging.getLogger("ds_longctx")
 
 # forward kernels whose outputs are kept (names as `str(op)` ends them; their backward ops never match)
@@ -60,46 +55,3 @@ def checkpoint_with_attention_cache(function, *args, **kwargs):
     from torch.utils.checkpoint import checkpoint
     kwargs.pop("use_reentrant", None)
     return checkpoint(function, *args, use_reentrant=False, context_fn=_context_fn, **kwargs)
-
-
-def apply_attention_cache(model: nn.Module, n_layers: int) -> int:
-    """Route the last `n_layers` decoder layers through `checkpoint_with_attention_cache`.
-
-    Needs `model.gradient_checkpointing_enable()` first; the offloaded first layers (offload.py) must not be
-    among them. Returns how many layers were routed; undo with `remove_attention_cache`.
-    """
-    from ds_longctx.levers.offload import decoder_layers, offloaded_layer_indices
-    layers = decoder_layers(model)
-    if not 0 <= n_layers <= len(layers):
-        raise ValueError(f"attention_cache_layers={n_layers} is outside 0..{len(layers)} (the model's layers)")
-    if n_layers and not getattr(layers[0], "gradient_checkpointing", False):
-        raise ValueError("the attention cache keeps attention outputs through activation checkpointing: call "
-                         "model.gradient_checkpointing_enable() first (activation_checkpointing: true)")
-    chosen = layers[len(layers) - n_layers:]
-    offloaded = offloaded_layer_indices(model)
-    clash = [i for i in offloaded if i >= len(layers) - n_layers]
-    if clash:
-        raise ValueError(f"attention_cache_layers={n_layers} (the last {n_layers} layers) overlaps the "
-                         f"{len(offloaded)} offloaded layers (the first ones, DeepSpeed's checkpoint has no "
-                         f"selective policy); use attention_cache_layers <= {len(layers) - len(offloaded)}")
-    for layer in chosen:
-        layer._ds_longctx_prev_attn_ckpt = layer._gradient_checkpointing_func
-        layer._gradient_checkpointing_func = checkpoint_with_attention_cache
-    if n_layers:
-        log.info("attention cache: the last %d of %d layers keep their attention output through the checkpoint",
-                 n_layers, len(layers))
-    return n_layers
-
-
-def remove_attention_cache(model: nn.Module) -> None:
-    """Give every routed layer back its previous checkpoint function."""
-    from ds_longctx.levers.offload import decoder_layers
-    for layer in decoder_layers(model):
-        prev = layer.__dict__.pop("_ds_longctx_prev_attn_ckpt", None)
-        if prev is not None:
-            layer._gradient_checkpointing_func = prev
-
-
-def resolve_attention_cache_layers(value, num_layers: int, offloaded: int) -> int:
-    """'all' = every layer not offloaded; an int as given (checked by apply_attention_cache)."""
-    return num_layers - offloaded if value == "all" else int(value)

@@ -5,16 +5,16 @@ context, F the YaRN factor, b rope_theta.
 
     apply_rope_scaling(hf_config, seq_len=1_048_576, mode="auto")   # then build the model from hf_config
 
-The rule. O defaults to the config's `max_position_embeddings` (or, for a config that already carries
-YaRN, its `original_max_position_embeddings`, so applying twice gives the same result). F = s / O,
-rounded UP to a multiple of 1/8: F is then exact in binary, F x O is a whole number of positions >= s
-whenever 8 divides O, and the overshoot is at most O/8 positions. `max_position_embeddings` becomes
-max(old, s, F x O), so transformers' own check (max_position_embeddings / O == F) holds in the usual case.
-
-Qwen3's convention. Qwen's model cards enable YaRN with original_max_position_embeddings = 32768 even
-though `max_position_embeddings` is 40960 (factor 4 -> 131,072 tokens, factor 32 -> 1,048,576). The
-default here takes O = 40960 for Qwen3 (1M tokens -> F = 25.625); pass
-`original_max_position_embeddings=32768` (or an explicit dict) to follow Qwen's cards exactly.
+The rule. O is `trained_context(hf_config)`, the one home of which O a model gets: a config that already carries
+YaRN keeps its `original_max_position_embeddings` (so applying twice gives the same result); a model whose
+publisher documents YaRN against a shorter context than `max_position_embeddings` takes that one
+(`PUBLISHED_ORIGINAL`: Qwen3's cards enable YaRN with original_max_position_embeddings = 32768 although
+`max_position_embeddings` is 40960, so factor 4 -> 131,072 tokens, factor 32 -> 1,048,576); any other model
+takes `max_position_embeddings`. An explicit `original_max_position_embeddings` argument (or a rope_parameters
+dict) overrides it. F = s / O, rounded UP to a multiple of 1/8: F is then exact in binary, F x O is a whole
+number of positions >= s whenever 8 divides O, and the overshoot is at most O/8 positions.
+`max_position_embeddings` becomes max(old, s, F x O), so transformers' own check
+(max_position_embeddings / O == F) holds in the usual case.
 
 `yarn_inv_freq` is our own computation from the YaRN paper (Peng et al. 2023, arXiv:2309.00071,
 "NTK-by-parts" + attention temperature), written without transformers so the test can hold transformers'
@@ -33,8 +33,6 @@ import copy
 import logging
 import math
 from typing import Optional, Union
-
-import torch
 
 log = logging.getLogger("ds_longctx")
 
@@ -61,12 +59,23 @@ def _rope_theta(hf_config) -> float:
     return float(theta)
 
 
+# (model_type, max_position_embeddings) -> the context its publisher's YaRN recipe scales from
+PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768}
+
+
 def trained_context(hf_config) -> int:
-    """The context the model was trained at: YaRN's original length if already scaled, else max_position_embeddings."""
+    """YaRN's O for this model (the rule in the module doc): an existing YaRN's original length, a publisher's
+    documented one (`PUBLISHED_ORIGINAL`), else max_position_embeddings."""
     rp = _rope_params(hf_config)
     if rp.get("rope_type") == "yarn" and rp.get("original_max_position_embeddings"):
         return int(rp["original_max_position_embeddings"])
-    return int(hf_config.max_position_embeddings)
+    return original_context(getattr(hf_config, "model_type", None), int(hf_config.max_position_embeddings))
+
+
+def original_context(model_type: Optional[str], max_position_embeddings: int) -> int:
+    """O for a model not yet scaled: its publisher's documented YaRN context, else max_position_embeddings (pure:
+    the planner asks it without torch or transformers)."""
+    return PUBLISHED_ORIGINAL.get((model_type, max_position_embeddings), max_position_embeddings)
 
 
 def _check_seq_len(seq_len) -> None:
@@ -181,12 +190,13 @@ def apply_rope_scaling(hf_config, seq_len: int, mode: Union[str, dict] = "auto",
 
 
 def yarn_inv_freq(head_dim: int, rope_theta: float, factor: float, original_max_position_embeddings: int,
-                  beta_fast: float = 32, beta_slow: float = 1) -> tuple[torch.Tensor, float]:
+                  beta_fast: float = 32, beta_slow: float = 1) -> tuple:
     """YaRN inverse frequencies [d/2] (fp32) and the attention factor sqrt(1/t), from the paper (see module doc)."""
     if head_dim < 2 or head_dim % 2:
         raise ValueError(f"head_dim={head_dim} must be even and >= 2 (RoPE rotates pairs of dimensions)")
     if factor < 1:
         raise ValueError(f"factor={factor} must be >= 1; YaRN stretches the trained context, it does not shrink it")
+    import torch  # here, not at the top: the planner imports this module's rule without torch
     orig, base = original_max_position_embeddings, float(rope_theta)
     i = torch.arange(head_dim // 2, dtype=torch.float64)                   # frequency index, [d/2]
     theta = base ** (-2.0 * i / head_dim)                                   # theta_i, [d/2]

@@ -4,12 +4,13 @@ Dimensions: b batch, h query heads (local), hk KV heads (local), s full sequence
 `attend(q, k, v, ...)` takes `[b, h, s, d]` / `[b, hk, s, d]` and returns `[b, s, h, d]` (transformers'
 attention-function convention), always causal.
 
-Backends (`RunConfig.attn_backend`):
+Backends (`kernels.attn_backend` in the run config):
 - `flash_attn`: the flash-attn package (`flash_attn_func`, `flash_attn_varlen_func` for packed documents).
 - `sdpa_cudnn` / `sdpa_flash` / `sdpa_efficient` / `sdpa_math`: PyTorch SDPA pinned to one kernel.
-- `sdpa`, `auto`: SDPA with the kernel picked per device: cuDNN on Hopper (measured on H200 at Ulysses shapes:
-  cuDNN 557 TFLOP/s fwd+bwd vs 320 for the flash kernel, ../shared/KNOWN.md), else the flash kernel; on CPU
-  whatever SDPA has. `auto` takes flash-attn first when it is installed and the GPU is not Hopper.
+- `sdpa`, `auto`: SDPA with the kernel picked per device: cuDNN on Hopper (on H200 at Ulysses shapes it ran
+  the causal forward + backward faster than SDPA's flash kernel; no committed benchmark of ours yet), else the
+  flash kernel; on CPU whatever SDPA has. `auto` takes flash-attn first when it is installed and the GPU is not
+  Hopper.
 
 Packed documents (`cu_seqlens` of the full sequence, b == 1): flash-attn varlen, or
 `torch.nn.attention.varlen.varlen_attn` on CUDA, or (CPU / tests, small s only) SDPA with a block-diagonal
@@ -71,7 +72,7 @@ def resolve_backend(name: str) -> AttentionChoice:
         return AttentionChoice("sdpa", (), f"{name}: no CUDA, SDPA's CPU kernel")
     if _is_hopper():
         return AttentionChoice("sdpa", ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
-                               f"{name}: Hopper GPU, cuDNN SDPA (1.7x the flash kernel on H200)")
+                               f"{name}: Hopper GPU, cuDNN SDPA")
     return AttentionChoice("sdpa", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"),
                            f"{name}: non-Hopper GPU, SDPA flash kernel")
 

@@ -1,26 +1,70 @@
-"""SP/DP process groups in one frozen object.
+"""SP/DP layout and process groups in one frozen object, which owns the sequence-parallel size rule.
 
 Layout (world W, sequence-parallel degree sp, data-parallel degree dp = W / sp): SP groups are runs of
 consecutive ranks, so on one node the all-to-all stays on the fastest links:
 
     W=4, sp=2:  SP groups [0,1] [2,3]      DP groups [0,2] [1,3]
 
+The rule (`sp_size_problem`, the only place it is written): sp divides the world size and the query heads, and
+either divides the KV heads or is a multiple of them (KV heads are then replicated, ulysses.py). Everything
+else asks it: `valid_sp_sizes` (the planner's search, error messages), `check_sp_size` (the run's preflight,
+`ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like torchtitan's ParallelDims), and
+`dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses it.
+
 DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
 disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the
 default with reduce_scatter, by W), so gradients would depend on a bucket-size setting. DeepSpeed sees a
 plain W-rank data-parallel world (ZeRO-3 partitions over all W ranks, gradients averaged over W) and
-`engine.LossHead` scales the loss by sp, which makes that average the mean over the dp replicas.
+`levers/loss_head.LossHead` scales the loss by sp, which makes that average the mean over the dp replicas.
 sp_size == 1 is the explicit no-op path: no SP group is built.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Optional
 
-import torch.distributed as dist
 
-from ds_longctx.plan.planner import sp_sizes as valid_sp_sizes  # the one rule, shared with the planner (no torch there)
+def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = None,
+                    num_kv_heads: Optional[int] = None) -> Optional[str]:
+    """Why `sp_size` cannot run (None if it can). Heads None: only the world size is checked."""
+    if sp_size < 1 or world_size % sp_size:
+        return f"sp_size={sp_size} does not divide world_size={world_size}"
+    if num_heads is None:
+        return None
+    if num_heads % sp_size:
+        return f"sp_size={sp_size} must divide num_attention_heads={num_heads}"
+    if num_kv_heads % sp_size and sp_size % num_kv_heads:
+        return (f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a multiple of it "
+                f"(KV-head replication)")
+    return None
+
+
+def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list:
+    """Every sp_size in 1..world_size that `sp_size_problem` accepts."""
+    return [sp for sp in range(1, world_size + 1) if sp_size_problem(sp, world_size, num_heads, num_kv_heads) is None]
+
+
+def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None,
+                  num_kv_heads: Optional[int] = None) -> None:
+    """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads."""
+    problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads)
+    if problem is None:
+        return
+    more = f" or launch a multiple of {sp_size} processes" if sp_size >= 1 and world_size % sp_size else ""
+    if num_heads is None:
+        ok = [sp for sp in range(1, world_size + 1) if world_size % sp == 0]
+    else:
+        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads)
+    raise ValueError(f"{problem}; try one of {ok}{more}")
+
+
+def dp_size(world_size: int, sp_size: int) -> int:
+    """Data-parallel replicas: world_size / sp_size (checked)."""
+    check_sp_size(sp_size, world_size)
+    return world_size // sp_size
 
 
 @dataclass(frozen=True)
@@ -34,44 +78,57 @@ class ParallelState:
     sp_group: Any = None  # ProcessGroup of this rank's SP peers (None when sp_size == 1)
     dp_group: Any = None  # ProcessGroup of the ranks holding the same sequence slice (None when dp_size == 1)
 
+    @classmethod
+    def single(cls) -> "ParallelState":
+        """One process, no groups (sp_size 1)."""
+        return cls(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
 
-def check_sp_size(sp_size: int, world_size: int, num_heads: int, num_kv_heads: int) -> None:
-    """Raise before any work if sp_size fits neither the world size nor the model's heads."""
-    if world_size % sp_size:
-        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads)
-        raise ValueError(f"sp_size={sp_size} does not divide world_size={world_size}; use one of {ok} "
-                         f"or launch a multiple of {sp_size} processes")
-    if num_heads % sp_size:
-        ok = valid_sp_sizes(num_heads, num_heads, num_kv_heads)  # every sp the heads allow, any world size
-        raise ValueError(f"sp_size={sp_size} must divide num_attention_heads={num_heads}; try one of {ok}")
-    if num_kv_heads % sp_size and sp_size % num_kv_heads:
-        raise ValueError(f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a multiple "
-                         f"of it (KV-head replication); try one of {valid_sp_sizes(num_heads, num_heads, num_kv_heads)}")
+    @classmethod
+    def build(cls, sp_size: int, num_heads: Optional[int] = None,
+              num_kv_heads: Optional[int] = None) -> "ParallelState":
+        """Validate `sp_size` against the world and the heads, then create the SP and DP groups (collective:
+        every rank must call it). Needs torch.distributed initialised unless sp_size == 1."""
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            if sp_size != 1:
+                raise RuntimeError(f"sp_size={sp_size} needs torch.distributed; launch with torchrun/deepspeed")
+            return cls.single()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        check_sp_size(sp_size, world, num_heads, num_kv_heads)
+        dp = world // sp_size
+        sp_group = dp_group = None
+        # new_group is collective over the world: every rank creates every group, keeps its own.
+        if sp_size > 1:
+            for g in range(dp):
+                ranks = list(range(g * sp_size, (g + 1) * sp_size))
+                grp = dist.new_group(ranks)
+                if rank in ranks:
+                    sp_group = grp
+        if dp > 1:
+            for s in range(sp_size):
+                ranks = list(range(s, world, sp_size))
+                grp = dist.new_group(ranks)
+                if rank in ranks:
+                    dp_group = grp
+        return cls(world_size=world, rank=rank, sp_size=sp_size, sp_rank=rank % sp_size, dp_size=dp,
+                   dp_rank=rank // sp_size, sp_group=sp_group, dp_group=dp_group)
 
 
-def build_parallel_state(sp_size: int) -> ParallelState:
-    """Create the SP and DP groups (collective: every rank must call it). Needs torch.distributed initialised."""
-    if not dist.is_initialized():
-        if sp_size != 1:
-            raise RuntimeError(f"sp_size={sp_size} needs torch.distributed; launch with torchrun/deepspeed")
-        return ParallelState(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world % sp_size:
-        raise ValueError(f"sp_size={sp_size} does not divide world_size={world}")
-    dp = world // sp_size
-    sp_group = dp_group = None
-    # new_group is collective over the world: every rank creates every group, keeps its own.
-    if sp_size > 1:
-        for g in range(dp):
-            ranks = list(range(g * sp_size, (g + 1) * sp_size))
-            grp = dist.new_group(ranks)
-            if rank in ranks:
-                sp_group = grp
-    if dp > 1:
-        for s in range(sp_size):
-            ranks = list(range(s, world, sp_size))
-            grp = dist.new_group(ranks)
-            if rank in ranks:
-                dp_group = grp
-    return ParallelState(world_size=world, rank=rank, sp_size=sp_size, sp_rank=rank % sp_size, dp_size=dp,
-                         dp_rank=rank // sp_size, sp_group=sp_group, dp_group=dp_group)
+def init_distributed(timeout_s: Optional[float] = None) -> None:
+    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if already started.
+    `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps DeepSpeed's default."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    if not torch.cuda.is_available():
+        # the shared-memory comm op JIT-compiles for ~66 s on CPU and is not needed with gloo
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if "RANK" not in os.environ:  # plain `python`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+    timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)

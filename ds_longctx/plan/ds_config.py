@@ -8,28 +8,28 @@ from __future__ import annotations
 
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.offload import activation_checkpointing_block
+from ds_longctx.levers.placement import requests_offload
+from ds_longctx.parallel.parallel_state import dp_size
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     """The DeepSpeed config for `cfg` on `world_size` ranks (bf16 on GPU, fp32 on CPU unless forced)."""
-    if world_size % cfg.sp_size:
-        raise ValueError(f"sp_size={cfg.sp_size} does not divide world_size={world_size}")
-    dp = world_size // cfg.sp_size
-    bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and on_gpu)
-    opt_params = {"lr": cfg.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": cfg.weight_decay}
-    if cfg.torch_adam:
+    dp = dp_size(world_size, cfg.parallel.sp_size)
+    bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and on_gpu)
+    opt_params = {"lr": cfg.optimizer.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": cfg.optimizer.weight_decay}
+    if cfg.optimizer.torch_adam:
         opt_params["torch_adam"] = True
     ds = {
-        "train_batch_size": cfg.micro_batch * dp,
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "train_batch_size": cfg.train.micro_batch * dp,
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch,
         "gradient_accumulation_steps": 1,
-        "sequence_parallel_size": cfg.sp_size,
-        "gradient_clipping": cfg.grad_clip,
+        "sequence_parallel_size": cfg.parallel.sp_size,
+        "gradient_clipping": cfg.optimizer.grad_clip,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "optimizer": {"type": "AdamW", "params": opt_params},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.lr,
-                                                     "warmup_num_steps": cfg.warmup_steps,
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.optimizer.lr,
+                                                     "warmup_num_steps": cfg.optimizer.warmup_steps,
                                                      "warmup_type": "linear"}},
         "bf16": {"enabled": bf16},
         "zero_optimization": {
@@ -44,11 +44,12 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             "stage3_gather_16bit_weights_on_model_save": True,
         },
     }
-    if cfg.optimizer_offload:
+    if cfg.optimizer.offload:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
-    if cfg.activation_checkpointing:
-        ds["activation_checkpointing"] = activation_checkpointing_block(cfg.activation_offload, on_gpu)
-    if cfg.warmup_steps == 0:
+    if cfg.memory.activation_checkpointing:
+        ds["activation_checkpointing"] = activation_checkpointing_block(
+            requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu)
+    if cfg.optimizer.warmup_steps == 0:
         del ds["scheduler"]
     return ds

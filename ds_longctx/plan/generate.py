@@ -28,7 +28,9 @@ from pathlib import Path
 import yaml
 
 from ds_longctx.plan.search import Choice, NoFit, choose, find_max_len, with_attention_cache
-from ds_longctx.plan.planner import GB, ModelGeometry, valid_sp_sizes
+from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.planner import GB
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
@@ -93,9 +95,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         RunConfig(model=geom.name)
     except ValidationError as e:
         raise ValueError(format_validation_error(e)) from None
-    if a.sp_size is not None and a.sp_size not in (ok := valid_sp_sizes(geom, a.gpus)):
-        raise ValueError(f"--sp_size {a.sp_size} must divide --gpus {a.gpus} and num_attention_heads={geom.heads} "
-                         f"and be a divisor or multiple of num_key_value_heads={geom.kv_heads}; try one of {ok}")
+    if a.sp_size is not None:
+        check_sp_size(a.sp_size, a.gpus, geom.heads, geom.kv_heads)
     return geom, host
 
 
@@ -113,14 +114,10 @@ def command_line(a: argparse.Namespace, host: float) -> str:
 def run_config(choice: Choice):
     """The RunConfig carrying exactly the planner's choices (bf16: these configs are for GPUs)."""
     from ds_longctx.config import RunConfig
-    plan, lv = choice.plan, choice.levers
-    k = lv.offload_layers
+    plan = choice.plan
     return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
                      output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{plan.gpus}gpu",
-                     chunked_loss=lv.chunked_loss, loss_chunk_rows=lv.chunk_rows, activation_checkpointing=True,
-                     activation_offload=k > 0, offload_layers=k, tiled_mlp=lv.tiled_mlp, tile_tokens=lv.tile_tokens,
-                     optimizer_offload=lv.optimizer_offload, attention_cache_layers=lv.attention_cache_layers,
-                     torch_adam=not lv.optimizer_offload)  # offloaded Adam is DeepSpeedCPUAdam
+                     **choice.levers.run_config_fields())
 
 
 def accelerate_config(gpus: int) -> dict:
@@ -152,6 +149,7 @@ def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> s
     elif plan.seq_len != a.seq_len:
         head.append(f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}")
     head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host")
+    head.append(f"placement per layer: {plan.placement.describe()}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 
 
@@ -223,7 +221,7 @@ def regenerate_all(root: Path) -> None:
         write(root / name, choice, command_line(a, host), a, host)
         p, lv = choice.plan, choice.levers
         rows.append(f"| `{name}/` | {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host | {p.seq_len:,} | {p.sp_size} "
-                    f"| {lv.offload_layers} | {'yes' if lv.tiled_mlp else 'no'} | {lv.chunk_rows} | "
+                    f"| {p.placement.spec()} | {'yes' if lv.tiled_mlp else 'no'} | {lv.loss_chunk_rows} | "
                     f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
                     f"{p.host_peak_bytes / GB:.1f} |")
         print(f"wrote {root / name}/")
@@ -247,7 +245,7 @@ and the reasoning). From the repository root, `launch/deepspeed.sh` and `launch/
 GB = 10^9 bytes; a plan fits under 0.9 × GPU memory and 0.9 × host RAM. Host RAM is that of the machines
 here (2-GPU H200: 256 GB, 8-GPU: 560 GB; the 4×80 GB row assumes 512 GB).
 
-| directory | hardware | seq_len | sp | offloaded layers | tiled MLP | loss chunk rows | optimizer offload | GB/GPU | GB host |
+| directory | hardware | seq_len | sp | placement | tiled MLP | loss chunk rows | optimizer offload | GB/GPU | GB host |
 |---|---|---|---|---|---|---|---|---|---|
 {rows}
 """

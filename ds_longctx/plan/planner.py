@@ -26,13 +26,13 @@ Usage (which levers to pull for a length is `plan_search.choose`):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
-# Same folder config.SHIPPED_MODELS_DIR names; not imported so the planner stays import-light and acyclic.
-_MODELS_DIR = Path(__file__).parents[1] / "models"
+from ds_longctx.levers.placement import CACHED, PlacementPlan, resolve_placement
+from ds_longctx.parallel import parallel_state
+from ds_longctx.plan.geometry import ModelGeometry, as_geometry
+
 GB = 10**9
 GIB = 2**30
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
@@ -49,7 +49,6 @@ HIDDEN_UNITS_ATTN_BWD = 6
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
 QK_NORM_SAVED_COPIES = 3
-_DENSE_TYPES = ("qwen3", "llama", "mistral")
 # ds_config.py's reduce_bucket_size (elements); tests/test_planner.py checks the two agree.
 REDUCE_BUCKET_ELEMS = 50_000_000
 # Calibrated on nvidia-h200-x2 (benchmarks/results/planner_runs_2026-11-30.md, expandable segments):
@@ -64,80 +63,59 @@ BUILD_HOST_GIB = 1.5
 
 
 @dataclass(frozen=True)
-class ModelGeometry:
-    """The shapes that memory depends on, read straight from an HF `config.json`."""
-
-    name: str
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied_embeddings: bool
-    max_position_embeddings: int
-    qk_norm: bool = True  # Qwen3's per-head RMSNorm on q and k (Llama/Mistral have none)
-    attention_bias: bool = False
-
-    @classmethod
-    def from_config(cls, cfg: dict, name: str = "") -> "ModelGeometry":
-        """From a parsed HF config dict (dense Qwen3 / Llama / Mistral)."""
-        mtype = cfg.get("model_type", "qwen3")
-        if mtype not in _DENSE_TYPES:
-            raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}")
-        heads = cfg["num_attention_heads"]
-        return cls(name=name or mtype, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"],
-                   layers=cfg["num_hidden_layers"], heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
-                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   max_position_embeddings=cfg.get("max_position_embeddings", 0), qk_norm=mtype == "qwen3",
-                   attention_bias=bool(cfg.get("attention_bias", False)))
-
-    @classmethod
-    def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":
-        """A shipped name (`qwen3-8b`, also `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON file."""
-        p = Path(name_or_path)
-        if p.is_dir():
-            p = p / "config.json"
-        if not p.is_file():
-            p = _MODELS_DIR / f"{Path(str(name_or_path)).name.lower()}.json"
-        if not p.is_file():
-            shipped = sorted(f.stem for f in _MODELS_DIR.glob("*.json"))
-            raise ValueError(f"model {str(name_or_path)!r} is neither a shipped geometry {shipped} nor a "
-                             f"directory / file holding an HF config.json")
-        name = p.stem if p.parent == _MODELS_DIR else str(name_or_path)
-        return cls.from_config(json.loads(p.read_text()), name=name)
-
-    @property
-    def layer_params(self) -> int:
-        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ q/k/v/o biases)."""
-        H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv + H) if self.attention_bias else 0)
-        return attn + 3 * H * self.intermediate + 2 * H + (2 * d if self.qk_norm else 0)
-
-    @property
-    def num_params(self) -> int:
-        """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""
-        emb = self.vocab * self.hidden
-        return self.layers * self.layer_params + emb + self.hidden + (0 if self.tied_embeddings else emb)
-
-
-@dataclass(frozen=True)
 class Levers:
-    """The memory levers a run can pull (see `choose` for how each is picked); defaults as RunConfig's.
+    """The memory levers a run can pull (see `plan/search.choose` for how each is picked); defaults as the run
+    config's. `from_run_config` / `run_config_fields` are the only mapping between the two.
 
     tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H) shards.
-    offload_layers k: the checkpoints of the first k layers (the longest-lived) go to host pinned memory.
+    Where each layer's checkpoint lives is a placement plan (levers/placement.py): `placement` as given, or made
+    from the counts (the first `offload_layers` offloaded, the last `attention_cache_layers` cached); the memory
+    terms read that plan (`placement_for`).
     """
 
     chunked_loss: bool = True
-    chunk_rows: int = 4096
+    loss_chunk_rows: int = 4096
     tiled_mlp: bool = False
     tile_tokens: Optional[int] = None
     offload_layers: int = 0
     optimizer_offload: bool = False
-    attention_cache_layers: int = 0  # the last n layers keep attention output + LSE (attention_cache.py)
+    attention_cache_layers: int = 0
+    placement: Optional[PlacementPlan] = None
+
+    def __post_init__(self):
+        if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
+            raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
+                             f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
+
+    def placement_for(self, num_layers: int) -> PlacementPlan:
+        """The per-layer plan these levers mean for a model of `num_layers` layers."""
+        if self.placement is not None:
+            if len(self.placement) != num_layers:
+                raise ValueError(f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
+                                 f"{num_layers} layers")
+            return self.placement
+        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers)
+
+    @classmethod
+    def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
+        """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
+        the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
+        mem = cfg.memory
+        return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
+                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement)
+
+    def run_config_fields(self) -> dict:
+        """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
+        counts' (first offloaded, last cached), else the explicit per-layer placement."""
+        out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
+               "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
+               "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
+               "torch_adam": not self.optimizer_offload}  # offloaded Adam is DeepSpeedCPUAdam
+        if self.placement is not None:
+            out["placement"] = self.placement.spec()
+        else:
+            out.update(offload_layers=self.offload_layers, attention_cache_layers=self.attention_cache_layers)
+        return out
 
 
 @dataclass(frozen=True)
@@ -166,6 +144,7 @@ class MemoryPlan:
     reserved_bytes: int  # what torch.cuda.max_memory_reserved will report: f·(all + peak phase)
     gpu_peak_bytes: int  # reserved + cuda_context: what must fit on the card
     host_peak_bytes: int
+    placement: PlacementPlan  # the per-layer plan the terms read (levers.placement_for)
 
     @property
     def dp_size(self) -> int:
@@ -188,8 +167,11 @@ class MemoryPlan:
 
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
+        lv = self.levers
         rows = [f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
-                f"T={self.local_tokens:,} | {self.levers}",
+                f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
+                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}",
+                f"placement: {self.placement.describe()}",
                 f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
         for t in self.terms:
             rows.append(f"{t.name:<26}{','.join(t.phases):<17}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
@@ -201,16 +183,9 @@ class MemoryPlan:
         return "\n".join(rows)
 
 
-def sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list:
-    """The one rule for sequence-parallel sizes (parallel_state.py checks runs with it too): sp divides the
-    world and the query heads, and kv_heads % sp == 0 or sp % kv_heads == 0 (KV heads replicated)."""
-    return [sp for sp in range(1, world_size + 1) if world_size % sp == 0 and num_heads % sp == 0
-            and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)]
-
-
 def valid_sp_sizes(geom: ModelGeometry, gpus: int) -> list:
-    """`sp_sizes` for a model geometry on `gpus` GPUs."""
-    return sp_sizes(gpus, geom.heads, geom.kv_heads)
+    """The sp sizes a model geometry can run on `gpus` GPUs (the rule is parallel_state.sp_size_problem's)."""
+    return parallel_state.valid_sp_sizes(gpus, geom.heads, geom.kv_heads)
 
 
 def _host_bytes(terms, phases: tuple) -> int:
@@ -288,19 +263,14 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
            rank's bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py)
     host_peak = max(Σ step host terms, Σ build host terms).
     """
-    g, G, sp, k = as_geometry(geom), gpus, sp_size, levers.offload_layers
-    ok = valid_sp_sizes(g, G)
-    if sp not in ok:
-        raise ValueError(f"sp_size={sp} must divide gpus={G} and num_attention_heads={g.heads} and be a divisor or "
-                         f"multiple of num_key_value_heads={g.kv_heads}; try one of {ok}")
-    if not 0 <= k <= g.layers:
-        raise ValueError(f"offload_layers={k} must be within 0..{g.layers} (the model's layers)")
-    if not 0 <= levers.attention_cache_layers <= g.layers - k:
-        raise ValueError(f"attention_cache_layers={levers.attention_cache_layers} must be within 0..{g.layers - k} "
-                         f"(the layers not offloaded: the cache takes the last ones, offload the first)")
-    if min(seq_len, levers.chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
-        raise ValueError(f"seq_len={seq_len}, chunk_rows={levers.chunk_rows}, tile_tokens={levers.tile_tokens} "
-                         f"must be >= 1")
+    g, G, sp = as_geometry(geom), gpus, sp_size
+    parallel_state.check_sp_size(sp, G, g.heads, g.kv_heads)
+    placement = levers.placement_for(g.layers)
+    k, n_cache = placement.offloaded, placement.cached
+    top_cached = placement[g.layers - 1] in CACHED
+    if min(seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
+        raise ValueError(f"seq_len={seq_len}, loss_chunk_rows={levers.loss_chunk_rows}, tile_tokens="
+                         f"{levers.tile_tokens} must be >= 1")
     H, I, L, d, V, hq, hkv = g.hidden, g.intermediate, g.layers, g.head_dim, g.vocab, g.heads, g.kv_heads
     S = -(-seq_len // sp) * sp
     T, P, Pl = S // sp, g.num_params, g.layer_params
@@ -325,10 +295,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
     add("token_ids", 3 * T * 8, 0, "3·T·8")
-    n_cache = levers.attention_cache_layers
     if n_cache:
         add("attention_cache", n_cache * (S * hq_l * d * 2 + hq_l * S * 4), 0,
-            f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache}; the top layer's is its attn_out_a2a + lse)")
+            f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache} cached layers"
+            + ("; the top layer's is its attn_out_a2a + lse)" if top_cached else ")"))
 
     add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
     add("embedding_grad_bf16", V * H * 2, 0, "V·H·2", ("embed",))
@@ -339,7 +309,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("final_norm", 4 * E, 0, "4·T·H·2", ("loss",))
     add("hidden_grad", E, 0, "T·H·2", ("loss",))
     if levers.chunked_loss:
-        c = min(levers.chunk_rows, T)
+        c = min(levers.loss_chunk_rows, T)
         add("loss_chunk_logits_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
         add("loss_chunk_bf16", c * V * 2, 0, f"c·V·2 (c={c})", ("loss",))
         add("lm_head_grad_accum_fp32", V * H * 4, 0, "V·H·4", ("loss",))
@@ -359,10 +329,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
     add("qkv_a2a", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", LAYER)
     add("qkv_a2a_grad", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", ("attn_bwd",))
-    # with the cache the top layer's kernel output and LSE are the cached ones (counted in attention_cache)
-    add("attn_out_a2a", 0 if n_cache else S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
+    # a cached top layer's kernel output and LSE are its cached ones (counted in attention_cache)
+    add("attn_out_a2a", 0 if top_cached else S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
     add("attn_out_a2a_grad", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", ("attn_bwd",))
-    add("softmax_lse_fp32", 0 if n_cache else hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
+    add("softmax_lse_fp32", 0 if top_cached else hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
     add("attn_bwd_workspace", hq_l * S * (d + 1) * 4, 0, "(hq/sp)·S·(d+1)·4", ("attn_bwd",))
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
     add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))
@@ -391,9 +361,4 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
                       phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
                       gpu_peak_bytes=sub + slack + ctx,
-                      host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)))
-
-
-def as_geometry(geom) -> ModelGeometry:
-    """A ModelGeometry as is, or one read from a shipped name / config path."""
-    return geom if isinstance(geom, ModelGeometry) else ModelGeometry.from_name_or_path(geom)
+                      host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)), placement=placement)

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, as_geometry, plan_memory, valid_sp_sizes
+from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+from ds_longctx.plan.geometry import as_geometry
+from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, plan_memory, valid_sp_sizes
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     phase (so the loss never sets the peak); min_rows (TRL's 256, still a full-width matmul) if none does."""
     rows = max_rows
     while rows > min_rows:
-        pb = dict(plan_memory(geom, seq_len, gpus, sp, replace(levers, chunk_rows=rows), **knobs).phase_bytes)
+        pb = dict(plan_memory(geom, seq_len, gpus, sp, replace(levers, loss_chunk_rows=rows), **knobs).phase_bytes)
         if pb["loss"] <= max(pb[p] for p in LAYER):
             return rows
         rows //= 2
@@ -68,7 +70,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None) -
             for tiled in (False, True):
                 lv = Levers(tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
                             optimizer_offload=opt)
-                lv = replace(lv, chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
+                lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                 gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
                 k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
                 if k is not None and (plan := gpu_at(k)).host_peak_bytes <= host_budget:
@@ -99,7 +101,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
                                               if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)"),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
              + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
-             f"loss_chunk_rows={lv.chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
+             f"loss_chunk_rows={lv.loss_chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
              f"layer-backward phase (floor 256)",
              f"optimizer_offload={lv.optimizer_offload}: "
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")]
@@ -129,7 +131,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         return found
     max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus)[-1]
-    best = plan_memory(geom, seq_len, gpus, sp, Levers(chunk_rows=256, tiled_mlp=True, offload_layers=geom.layers,
+    best = plan_memory(geom, seq_len, gpus, sp, Levers(loss_chunk_rows=256, tiled_mlp=True, offload_layers=geom.layers,
                                                        optimizer_offload=True), **knobs)
     fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs, sp_size) is not None
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB "
@@ -190,19 +192,33 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
     return _last_fit(fits, lo, hi) * multiple
 
 
-def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, headroom: float = 0.9,
-                          chunk_rows: int = 4096, tiled_mlp: bool = True, tile_tokens: Optional[int] = None,
-                          optimizer_offload: bool = False, attention_cache_layers: int = 0, **knobs) -> int:
+def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, levers: Levers = Levers(),
+                          headroom: float = 0.9, **knobs) -> int:
     """`offload_layers: auto`: the fewest layers whose checkpoints must leave the GPU for the per-GPU peak to
     stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run then fails loudly). The
-    `attention_cache_layers` last layers stay on the GPU (their cache counts), so k stops at L - that."""
+    `levers.attention_cache_layers` last layers stay on the GPU (their cache counts), so k stops at L - that."""
     geom = as_geometry(geom)
-    lv = Levers(chunk_rows=chunk_rows, tiled_mlp=tiled_mlp, tile_tokens=tile_tokens,
-                optimizer_offload=optimizer_offload, attention_cache_layers=attention_cache_layers)
-    budget, most = headroom * gpu_mem_gb * GB, geom.layers - attention_cache_layers
-    k = _fewest_k(lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(lv, offload_layers=k),
+    budget, most = headroom * gpu_mem_gb * GB, geom.layers - levers.attention_cache_layers
+    k = _fewest_k(lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(levers, offload_layers=k),
                                         **knobs).gpu_peak_bytes <= budget, most)
     return most if k is None else k
+
+
+def run_placement(cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[float]) -> PlacementPlan:
+    """The per-layer placement plan of run config `cfg` for a model of `num_layers` layers: computed once, by the
+    engine (preflight validates with it). From the config, or for offload_layers='auto' the fewest offloaded
+    layers that fit `gpu_mem_gb` by the planner (0 with no GPU: there is nowhere to offload from)."""
+    mem = cfg.memory
+
+    def auto() -> int:
+        if not gpu_mem_gb:
+            return 0
+        cache = mem.attention_cache_layers  # an int here: 'all' with 'auto' is refused by check_request
+        levers = replace(Levers.from_run_config(cfg), attention_cache_layers=int(cache))
+        return fewest_offload_layers(as_geometry(cfg.model.name), cfg.train.seq_len, world_size, cfg.parallel.sp_size,
+                                     gpu_mem_gb, levers)
+    return resolve_placement(mem.offload_layers, mem.attention_cache_layers, mem.activation_checkpointing,
+                             mem.placement, num_layers, auto)
 
 
 def with_attention_cache(choice: Choice, gpu_mem_gb: float, headroom: float = 0.9, **knobs) -> Choice:

@@ -128,32 +128,32 @@ def check_output_dir(output_dir: str) -> None:
 def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     """Every check of output_dir and resume, before anything is started or written. Returns the meta of the
     checkpoint to resume from (None for a fresh run)."""
-    check_output_dir(cfg.output_dir)
-    root = ckpt_root(cfg.output_dir)
-    if not cfg.resume:
+    check_output_dir(cfg.train.output_dir)
+    root = ckpt_root(cfg.train.output_dir)
+    if not cfg.checkpoint.resume:
         latest = read_latest(root)
         if latest is not None:
-            raise CheckpointError(f"output_dir={cfg.output_dir!r} already holds checkpoints (latest {latest}); pass "
+            raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds checkpoints (latest {latest}); pass "
                                   f"--resume to continue that run, or choose a new output_dir")
         return None
-    tag_dir, meta = find_checkpoint(root, cfg.resume_tag)
+    tag_dir, meta = find_checkpoint(root, cfg.checkpoint.resume_tag)
     run = meta["run"]
-    dp = world_size // cfg.sp_size
-    if (run["world_size"], run["sp_size"]) != (world_size, cfg.sp_size):
+    dp = world_size // cfg.parallel.sp_size
+    if (run["world_size"], run["sp_size"]) != (world_size, cfg.parallel.sp_size):
         raise CheckpointError(
             f"resume: checkpoint {str(tag_dir)!r} was written by world_size={run['world_size']} with "
             f"sp_size={run['sp_size']} (dp={run['dp_size']}), this run has world_size={world_size} with "
-            f"sp_size={cfg.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
+            f"sp_size={cfg.parallel.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
             f"{run['world_size']} processes and sp_size={run['sp_size']}, or `ds-longctx export` it and start a "
             f"new run from the exported model")
-    changed = [(k, run.get(k), getattr(cfg, k)) for k in RESUME_KEYS if run.get(k) != getattr(cfg, k)]
+    changed = [(k, run.get(k), cfg.get(k)) for k in RESUME_KEYS if run.get(k) != cfg.get(k)]
     if changed:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise CheckpointError(f"resume: this run changes {what} from checkpoint {str(tag_dir)!r}; resume with the "
                               f"checkpoint's values (see its run.yaml) or start a new output_dir")
-    if meta["step"] >= cfg.steps:
+    if meta["step"] >= cfg.train.steps:
         raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} is at step {meta['step']} and steps="
-                              f"{cfg.steps}: nothing left to train; set steps above {meta['step']}")
+                              f"{cfg.train.steps}: nothing left to train; set steps above {meta['step']}")
     return meta
 
 
@@ -194,7 +194,7 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
     """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc). Collective."""
     import deepspeed
     st = engine.state
-    root = ckpt_root(cfg.output_dir)
+    root = ckpt_root(cfg.train.output_dir)
     tag = tag_for(step)
     if read_latest(root) == tag:
         return root / tag  # already saved at this step (SIGTERM right after a periodic save)
@@ -208,7 +208,7 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
     torch.save(_rng_state(), tmp / f"rng_rank{st.rank:05d}.pt")
     _barrier()
     if st.rank == 0:
-        run = {k: getattr(cfg, k) for k in RESUME_KEYS}
+        run = {k: cfg.get(k) for k in RESUME_KEYS}
         run.update(world_size=st.world_size, sp_size=st.sp_size, dp_size=st.dp_size)
         engine.model.config.to_json_file(str(tmp / "config.json"))
         cfg.dump(tmp / "run.yaml")
@@ -223,7 +223,7 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
         _replace_file(root / "latest", tag)
-        _prune(root, step, cfg.keep_checkpoints)
+        _prune(root, step, cfg.checkpoint.keep)
         log.info("checkpoint: %s (step %d)", final, step)
     _barrier()
     return root / tag

@@ -1,10 +1,12 @@
-"""Every check of a run that reads no dataset and starts nothing: called by each rank before the process group.
+"""Every check of a run that reads no dataset and starts nothing: called before any process group exists (by
+`ds-longctx train` before it starts workers, and by each rank).
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's own checks (sp_size vs world and heads, attention backend, model class), the RoPE
-coverage at seq_len, the data source (path, file sniffing, tokenizer vs vocabulary, packing support), then
-output_dir and resume (checkpoint.check_run_dir). Nothing is written: a refused run leaves no output.
+Order: the engine's checks (`validate`: sp_size vs world and heads, attention backend, model class, the
+placement plan for this model), the RoPE coverage at seq_len, the data source (path, file sniffing, tokenizer vs
+vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing is written: a
+refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -12,12 +14,26 @@ from __future__ import annotations
 import copy
 import logging
 
-from ds_longctx.run import checkpoint
-
 from ds_longctx import data
-from ds_longctx.run.engine import validate
+from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.plan.search import run_placement
+from ds_longctx.run import checkpoint
+from ds_longctx.run.model import load_hf_config, model_class
 
 log = logging.getLogger("ds_longctx")
+
+
+def validate(cfg, world_size: int):
+    """Every check the engine needs that allocates nothing. Returns the HF config."""
+    hf_cfg = load_hf_config(cfg.model.name)
+    text = hf_cfg.get_text_config()
+    check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads)
+    attention.resolve_backend(cfg.kernels.attn_backend)
+    ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
+    run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
+    return hf_cfg
 
 
 def rope_coverage(cfg, hf_config) -> None:
@@ -28,17 +44,16 @@ def rope_coverage(cfg, hf_config) -> None:
     quiet = log.disabled
     log.disabled = True
     try:
-        apply_rope_scaling(hf, cfg.seq_len, cfg.rope_scaling,
-                           original_max_position_embeddings=32768 if hf.model_type == "qwen3" and
-                           hf.max_position_embeddings == 40960 else None)
+        apply_rope_scaling(hf, cfg.train.seq_len, cfg.model.rope_scaling)
     finally:
         log.disabled = quiet
     rp = getattr(hf, "rope_parameters", None) or {}
+    seq_len = cfg.train.seq_len
     if rp.get("rope_type") == "yarn":
         covered = float(rp["factor"]) * int(rp["original_max_position_embeddings"])
-        if covered < cfg.seq_len:
-            need = cfg.seq_len / int(rp["original_max_position_embeddings"])
-            raise ValueError(f"seq_len={cfg.seq_len} is beyond what YaRN is set for: factor {rp['factor']} x "
+        if covered < seq_len:
+            need = seq_len / int(rp["original_max_position_embeddings"])
+            raise ValueError(f"seq_len={seq_len} is beyond what YaRN is set for: factor {rp['factor']} x "
                              f"original_max_position_embeddings {rp['original_max_position_embeddings']} = "
                              f"{int(covered)} positions; use factor >= {need:g} in rope_scaling, "
                              f"rope_scaling: auto (sets it from seq_len), or seq_len <= {int(covered)}")

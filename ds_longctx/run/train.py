@@ -10,7 +10,9 @@
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
 (step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes), and TensorBoard events in
 `<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM: every rank stops at the next step
-boundary, saves a checkpoint and exits 0. A NaN/inf loss stops the run (exit 1) before its optimizer step.
+boundary, saves a checkpoint and exits 0. A NaN/inf loss stops the run (exit 1) before its optimizer step. A
+refusal (bad config, bad data, an unusable checkpoint) exits 2 on every rank with one line (run/refuse.py).
+`--help` lists every run-config field.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from ds_longctx.run.refuse import refuse
 
 log = logging.getLogger("ds_longctx")
 
@@ -41,16 +45,21 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
 
 
 def parse_config(argv: list[str]):
-    """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported)."""
+    """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
+    prints every field (section, flat and dotted key, type, default, doc) and exits 0."""
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig, format_validation_error
+    argv = strip_launcher_args(argv)
+    if "--help" in argv or "-h" in argv:
+        print(__doc__ + "\n" + RunConfig.help_text())
+        sys.exit(0)
     try:
-        return RunConfig.from_cli(strip_launcher_args(argv))
+        return RunConfig.from_cli(argv)
     except ValidationError as e:
-        sys.exit(format_validation_error(e))
+        refuse(format_validation_error(e), int(os.environ.get("RANK", "0")))
     except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"invalid run config: {e}")
+        refuse(f"invalid run config: {e}", int(os.environ.get("RANK", "0")))
 
 
 def _host_rss() -> int:
@@ -58,14 +67,14 @@ def _host_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def stop(message: str, rank: int, code: int = 1):
-    """Every rank leaves with `code`; rank 0 says why. Tears the process group down first."""
+def stop(message: str, rank: int):
+    """A failure (not a refusal): every rank leaves with exit 1; rank 0 says why. Tears the process group down."""
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
     if rank == 0:
         print(message, file=sys.stderr, flush=True)
-    sys.exit(code)
+    sys.exit(1)
 
 
 def default_group_timeout(seconds: float) -> None:
@@ -150,28 +159,29 @@ def main(argv: list[str] | None = None) -> None:
 
     from ds_longctx.run import checkpoint
     from ds_longctx.data import build_data
-    from ds_longctx.run.engine import build_engine, init_distributed
+    from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.run.engine import build_engine
     from ds_longctx.run.preflight import preflight
     try:
         hf_cfg, resume_meta = preflight(cfg, world)
     except ValueError as e:
-        sys.exit(f"refused before start: {e}")
+        refuse(f"refused before start: {e}", rank)
 
     # ---------------------------------------------------------------- process group (a dead or hung rank ends the job)
-    default_group_timeout(cfg.collective_timeout_s)
-    init_distributed(cfg.collective_timeout_s)
-    dp_size = world // cfg.sp_size
+    default_group_timeout(cfg.parallel.collective_timeout_s)
+    init_distributed(cfg.parallel.collective_timeout_s)
+    dp_size = world // cfg.parallel.sp_size
 
     # ---------------------------------------------------------------- data (rank 0 tokenizes into the cache first)
     try:
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
     except ValueError as e:
-        stop(f"refused before start: {e}", rank)
+        refuse(f"refused before start: {e}", rank)
 
     # ---------------------------------------------------------------- engine
     engine = build_engine(cfg, hf_cfg)
     st = engine.state
-    out = Path(cfg.output_dir)
+    out = Path(cfg.train.output_dir)
 
     # ---------------------------------------------------------------- resume, then the run's files
     start = 0
@@ -180,21 +190,21 @@ def main(argv: list[str] | None = None) -> None:
             start = checkpoint.load(engine, checkpoint.ckpt_root(out) / resume_meta["tag"], resume_meta,
                                     data.signature())
         except ValueError as e:
-            stop(f"refused: {e}", st.rank)
+            refuse(f"refused: {e}", st.rank)
     if st.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         cfg.dump(out / "run.yaml")
         (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
         log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
-                 st.dp_size, cfg.model, cfg.seq_len, "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32",
-                 start + 1, cfg.steps)
-    metrics = MetricsLog(out, start, cfg.tensorboard, enabled=st.rank == 0)
+                 st.dp_size, cfg.model.name, cfg.train.seq_len, "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32",
+                 start + 1, cfg.train.steps)
+    metrics = MetricsLog(out, start, cfg.logging.tensorboard, enabled=st.rank == 0)
     saved = resume_meta["step"] if resume_meta else None
     done = start
 
     # ---------------------------------------------------------------- loop
     sigterm = checkpoint.StopRequest().install()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=st.rank != 0, desc="train",
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0, desc="train",
                unit="step", dynamic_ncols=True)
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
         if sigterm.agreed(engine.device):
@@ -203,22 +213,22 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        batch = data.get(step, cfg.micro_batch, st.dp_rank, st.dp_size)
+        batch = data.get(step, cfg.train.micro_batch, st.dp_rank, st.dp_size)
         res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
         if not math.isfinite(res.loss):
             metrics.close()
             stop(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are those "
                  f"after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). Lower lr "
-                 f"(now {cfg.lr}), add warmup_steps, or check this step's rows", st.rank)
+                 f"(now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
         engine.step()
         done = step + 1
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         peak = torch.cuda.max_memory_reserved() if torch.cuda.is_available() else 0
-        row = {"step": step + 1, "loss": res.loss, "tokens": cfg.seq_len * cfg.micro_batch * st.dp_size,
+        row = {"step": step + 1, "loss": res.loss, "tokens": cfg.train.seq_len * cfg.train.micro_batch * st.dp_size,
                "supervised_tokens": res.tokens, "seconds": round(seconds, 4),
-               "tokens_per_s": round(cfg.seq_len * cfg.micro_batch * st.dp_size / seconds, 1),
+               "tokens_per_s": round(cfg.train.seq_len * cfg.train.micro_batch * st.dp_size / seconds, 1),
                "lr": engine.ds.get_lr()[0], "peak_gpu_bytes": peak, "peak_gpu_allocated_bytes":
                torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
                "host_rss_bytes": _host_rss()}
@@ -227,10 +237,10 @@ def main(argv: list[str] | None = None) -> None:
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
             row["peak_gpu_bytes_max_rank"] = int(m[0])
         metrics.write(row)
-        if st.rank == 0 and (step % cfg.log_every == 0 or step + 1 == cfg.steps):
+        if st.rank == 0 and (step % cfg.logging.log_every == 0 or step + 1 == cfg.train.steps):
             bar.set_postfix(loss=f"{res.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             mem=f"{peak / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB")
-        if cfg.save_every and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
+        if cfg.checkpoint.save_every and ((step + 1) % cfg.checkpoint.save_every == 0 or step + 1 == cfg.train.steps):
             checkpoint.save(engine, cfg, step + 1, data.signature())
             saved = step + 1
     bar.close()

@@ -41,15 +41,16 @@ def main():
 
     from ds_longctx.run import checkpoint
     from ds_longctx.config import RunConfig
-    from ds_longctx.data import SyntheticRetrieval
-    from ds_longctx.run.engine import build_engine, init_distributed
+    from ds_longctx.data.synthetic import SyntheticRetrieval
+    from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.run.engine import build_engine
 
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
                     rope_scaling=YARN, save_every=2)
-    init_distributed(cfg.collective_timeout_s)
+    init_distributed(cfg.parallel.collective_timeout_s)
     engine = build_engine(cfg)
     st = engine.state
-    data = SyntheticRetrieval(cfg.seq_len, engine.model.config.vocab_size, seed=0)
+    data = SyntheticRetrieval(cfg.train.seq_len, engine.model.config.vocab_size, seed=0)
     for step in range(2):
         engine.train_step(data.batch(step, 1, st.dp_rank, st.dp_size))
     checkpoint.save(engine, cfg, 2, data.signature())

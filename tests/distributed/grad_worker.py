@@ -16,11 +16,12 @@ def main():
     ap.add_argument("--packed", type=str, default="")  # comma-separated document lengths
     ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--placement", action="store_true", help="also save each layer's checkpoint function, by kind")
     a = ap.parse_args()
 
     import deepspeed
     from ds_longctx.config import RunConfig
-    from ds_longctx.data import SyntheticRetrieval
+    from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine
 
     seq_len = a.length - a.length % a.sp  # the config needs a multiple of sp; the batch may be longer
@@ -42,8 +43,26 @@ def main():
     for name, p in eng.module.named_parameters():
         g = deepspeed.utils.safe_get_full_grad(p)
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
+    out = {"loss": res.loss, "tokens": res.tokens, "grads": grads}
+    if a.placement:  # what each layer really runs in backward, read off the functions (not the plan's labels)
+        from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
+        from ds_longctx.levers.placement import decoder_layers
+        from ds_longctx.plan.search import run_placement
+        kinds = []
+        for layer in decoder_layers(eng.model):
+            fn = layer.__dict__.get("_gradient_checkpointing_func")
+            kinds.append("none" if not layer.gradient_checkpointing else "offload" if fn is
+                         deepspeed.checkpointing.checkpoint else "cache" if fn is checkpoint_with_attention_cache
+                         else "keep")
+        out["applied"] = kinds
+        out["planned"] = [p.value for p in run_placement(cfg, len(kinds), st.world_size, None).layers]
+        out["engine_plan"] = [p.value for p in eng.placement.layers]
     if st.rank == 0:
-        torch.save({"loss": res.loss, "tokens": res.tokens, "grads": grads}, a.out)
+        torch.save(out, a.out)
+    # leave together, groups torn down: a rank exiting with gloo threads still up can abort the others
+    # ("terminate called without an active exception", seen at start-up and exit of 4-process runs)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

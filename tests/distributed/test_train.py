@@ -58,12 +58,13 @@ def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
 
 
 @pytest.mark.parametrize("extra,routed", [
-    (["--attention_cache_layers", "all"], "the last 2 of 2 layers"),
-    (["--activation_offload", "true", "--offload_layers", "1", "--attention_cache_layers", "1"], "the last 1 of 2")])
+    (["--attention_cache_layers", "all"], "placement: cache:2 (layers 0-1 cache)"),
+    (["--activation_offload", "true", "--offload_layers", "1", "--attention_cache_layers", "1"],
+     "placement: offload:1,cache:1 (layers 0 offload, 1 cache)")])
 def test_attention_cache_under_zero3_sp2_gives_the_sp1_losses(tmp_path, sp1_losses, extra, routed):
     """ZeRO-3 + Ulysses SP=2 with the attention cache (alone, and beside DeepSpeed's checkpoint on layer 0):
     the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is tests/test_attention_cache.py;
     here the log proves the layers were routed."""
     losses, log = ds_longctx_train(2, 2, tmp_path, extra, with_log=True)
-    assert f"attention cache: {routed}" in log
+    assert routed in log  # the plan read back from the layers after it was applied
     assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)

@@ -4,7 +4,7 @@ single-process HF forward/backward on the full sequence (fp32, rel <= 1e-5)."""
 import pytest
 import torch
 
-from ds_longctx.data import SyntheticRetrieval
+from ds_longctx.data.synthetic import SyntheticRetrieval
 from tests.conftest import reference_model, rel, torchrun
 
 pytestmark = pytest.mark.slow
@@ -31,10 +31,12 @@ def reference(samples: list[torch.Tensor], doc_lens=None):
     return total, {n: p.grad for n, p in model.named_parameters()}
 
 
-def run(tmp_path, nproc, sp, length=64, packed=None, env=None, **overrides):
-    """Launch grad_worker on nproc processes; overrides go to the run config (key=value)."""
+def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, **overrides):
+    """Launch grad_worker on nproc processes; overrides go to the run config (key=value); `read_placement`: also
+    return each layer's applied checkpoint kind."""
     out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}.pt"
-    args = ["tests/distributed/grad_worker.py", "--sp", str(sp), "--length", str(length), "--out", str(out)]
+    args = ["tests/distributed/grad_worker.py", "--sp", str(sp), "--length", str(length), "--out", str(out),
+            *(["--placement"] if read_placement else [])]
     if packed:
         args += ["--packed", ",".join(map(str, packed))]
     for k, v in overrides.items():

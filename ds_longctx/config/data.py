@@ -1,0 +1,39 @@
+"""`data` section: what the run reads and how documents become rows of seq_len tokens (owner: ds_longctx/data/)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ds_longctx.config.base import Section
+
+
+class DataConfig(Section):
+    """What the run reads and how documents become rows of seq_len tokens."""
+
+    source: str = Field("synthetic", json_schema_extra={"flat": "data"})
+    """`synthetic` (key-value retrieval with long-range structure), a local .txt / .jsonl / .json / .parquet file or
+    a directory of them (one format), or a `datasets` hub name (needs a reachable hub)."""
+    tokenizer: Optional[str] = None
+    """Local tokenizer directory for text data (default: the model directory when it holds a tokenizer). Its size
+    must not exceed the model's vocab_size. Not needed when the data has an `input_ids` column."""
+    layout: Literal["concat", "pack", "document"] = Field("concat", json_schema_extra={"flat": "data_layout"})
+    """concat: documents joined end to end (EOS between) and cut into rows of exactly seq_len (PG-19 style); pack:
+    whole documents packed into rows, position ids restart per document and attention stays inside each (needs a
+    varlen attention kernel); document: one document per row, its first seq_len tokens (every document must be
+    that long)."""
+    text_field: str = "text"
+    """Column holding the text in JSONL / Parquet / hub data."""
+    text_unit: Literal["document", "line", "paragraph"] = "document"
+    """.txt files: one document per file, per line, or per blank-line paragraph."""
+    split: str = Field("train", json_schema_extra={"flat": "data_split"})
+    """Split to read (hub datasets; local files are one 'train' split)."""
+    cache_dir: Optional[str] = Field(None, json_schema_extra={"flat": "data_cache_dir"})
+    """Cache for the converted and tokenized data (datasets' cache_dir); default: HF_DATASETS_CACHE."""
+    add_eos: bool = True
+    """Append the EOS token (the tokenizer's, else the model config's) to every document."""
+    shuffle: bool = True
+    """Visit rows in a new order each epoch, drawn from (seed, epoch); false: file order."""
+    tokenize_num_proc: int = Field(1, ge=1)
+    """Processes for tokenization (datasets.map num_proc)."""

@@ -1,0 +1,16 @@
+"""`logging` section: how often the progress bar refreshes and where metrics also go (owner: run/train.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ds_longctx.config.base import Section
+
+
+class LoggingConfig(Section):
+    """How often the progress bar refreshes and where metrics also go."""
+
+    log_every: int = Field(1, ge=1)
+    """Progress-bar refresh interval in steps."""
+    tensorboard: bool = True
+    """Also log to output_dir/tensorboard when torch.utils.tensorboard imports (no hard dependency)."""

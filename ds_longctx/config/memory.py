@@ -1,0 +1,43 @@
+"""`memory` section: the memory levers and the per-layer placement (owner: ds_longctx/levers/)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from ds_longctx.config.base import Section
+from ds_longctx.levers.placement import check_request
+
+
+class MemoryConfig(Section):
+    """The memory levers and where each layer keeps its checkpoint."""
+
+    chunked_loss: bool = True
+    """lm_head + cross-entropy over row chunks: the L x V logits never exist in full (levers/chunked_loss.py).
+    False: plain lm_head then F.cross_entropy."""
+    loss_chunk_rows: int = Field(4096, gt=0)
+    """Rows per chunk of the chunked loss."""
+    activation_checkpointing: bool = True
+    """Keep only each decoder layer's input; recompute the layer in backward."""
+    offload_layers: Union[int, Literal["all", "auto"]] = 0
+    """How many decoder layers' checkpoints go to pinned host memory, the first ones (levers/offload.py): a
+    number, all, or auto (the planner's fewest that fit this GPU). 0: none. (The old pair `activation_offload:
+    true` + `offload_layers` still reads: activation_offload false means 0, true alone means all.)"""
+    attention_cache_layers: Union[int, Literal["all"]] = 0
+    """The last N layers keep their attention output through the checkpoint, so the recompute skips attention
+    (levers/attention_cache.py); all = every layer not offloaded. Costs one more checkpoint-sized tensor per
+    layer."""
+    placement: Optional[str] = None
+    """Every layer's place, instead of the two counts above: run lengths such as `offload:30,keep:4,cache:2`
+    (keep, offload, cache; levers/placement.py). The plan the run uses is printed at start and in plan.txt."""
+    tiled_mlp: bool = False
+    """Run each MLP over sequence tiles with recompute (levers/tiled_mlp.py)."""
+    tile_tokens: Optional[int] = Field(None, gt=0)
+    """Tokens per MLP tile (default: hidden size)."""
+
+    @model_validator(mode="after")
+    def _placement_request(self) -> "MemoryConfig":
+        check_request(self.offload_layers, self.attention_cache_layers, self.activation_checkpointing,
+                      self.placement)
+        return self

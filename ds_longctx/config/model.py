@@ -1,0 +1,41 @@
+"""`model` section: which model, in which dtype, with which RoPE scaling (owner: run/model.py, levers/rope.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Union
+
+from pydantic import Field, field_validator
+
+from ds_longctx.config.base import Section
+
+SHIPPED_MODELS_DIR = Path(__file__).parents[1] / "models"
+
+
+def shipped_models() -> list:
+    """Names of the model geometries shipped in `ds_longctx/models/` (random-init configs)."""
+    return sorted(p.stem for p in SHIPPED_MODELS_DIR.glob("*.json"))
+
+
+class ModelConfig(Section):
+    """Which model, in which dtype, with which RoPE scaling."""
+
+    name: str = Field("qwen3-tiny", json_schema_extra={"flat": "model"})
+    """A shipped geometry (random init: qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b) or a local HF
+    checkpoint directory."""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 on GPU, fp32 on CPU."""
+    rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = "auto"
+    """auto: YaRN when seq_len exceeds the model's trained length (levers/rope.py); none; yarn; or explicit
+    rope_parameters."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v in shipped_models():
+            return v
+        p = Path(v)
+        if p.is_dir() and (p / "config.json").is_file():
+            return v
+        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()} nor a directory with a "
+                         f"config.json; pass one of those names or a local HF checkpoint path")

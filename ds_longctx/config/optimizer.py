@@ -1,0 +1,26 @@
+"""`optimizer` section: AdamW's settings and where its state lives (owner: plan/ds_config.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ds_longctx.config.base import Section
+
+
+class OptimizerConfig(Section):
+    """AdamW's settings and where its state lives."""
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate (constant, with `warmup_steps` linear warm-up)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up steps."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Gradient-norm clipping (0 disables)."""
+    torch_adam: bool = True
+    """Use torch's AdamW inside DeepSpeed (no JIT build); False uses DeepSpeed's fused Adam (GPU) / CPU Adam
+    (optimizer offload), built on first use."""
+    offload: bool = Field(False, json_schema_extra={"flat": "optimizer_offload"})
+    """Keep the fp32 master weights, gradients and Adam state in pinned host memory (DeepSpeed offload_optimizer:
+    cpu, DeepSpeedCPUAdam)."""

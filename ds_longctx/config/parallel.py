@@ -1,0 +1,18 @@
+"""`parallel` section: how ranks share a sequence and how long they wait for each other (owner: parallel/)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ds_longctx.config.base import Section
+
+
+class ParallelConfig(Section):
+    """How ranks share a sequence and how long they wait for each other."""
+
+    sp_size: int = Field(1, ge=1)
+    """Ulysses sequence-parallel degree: ranks that share one sequence. Must divide the world size and the query
+    heads (parallel/parallel_state.py has the rule); data parallelism is world_size / sp_size."""
+    collective_timeout_s: float = Field(600.0, gt=0)
+    """Process-group timeout in seconds: a collective waiting longer for a dead or hung rank fails and ends the
+    job."""

@@ -1,0 +1,293 @@
+"""The run config: the sections composed into one model, and the three spellings of a key.
+
+    cfg = RunConfig.load("run.yaml", seq_len=4096)          # a file (YAML or JSON) + overrides
+    cfg = RunConfig.from_cli(["--config", "run.yaml", "--memory.offload_layers", "auto"])
+    cfg.train.seq_len, cfg.memory.offload_layers               # read by section
+    print(RunConfig.help_text())                              # every field, its doc and default
+
+Spellings (a file, the command line and `RunConfig(**kwargs)` take all three, mixed):
+    sectioned   {"memory": {"offload_layers": 4}}     (what `dump` writes)
+    dotted      {"memory.offload_layers": 4}          --memory.offload_layers 4
+    flat        {"offload_layers": 4}                 --offload_layers 4   (the keys README and old files use)
+Every flat key maps to exactly one section field (`FLAT`); the same field given twice with different values is
+refused, and so is an unknown key, naming the nearest known one. One legacy key is translated:
+`activation_offload` (a bool beside `offload_layers`): false means no layer offloaded, true alone means all.
+The DeepSpeed JSON is derived from this object (plan/ds_config.py) and never read back.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, Optional, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ds_longctx.config.checkpoint import CheckpointConfig
+from ds_longctx.config.data import DataConfig
+from ds_longctx.config.kernels import KernelsConfig
+from ds_longctx.config.logs import LoggingConfig
+from ds_longctx.config.memory import MemoryConfig
+from ds_longctx.config.model import ModelConfig
+from ds_longctx.config.optimizer import OptimizerConfig
+from ds_longctx.config.parallel import ParallelConfig
+from ds_longctx.config.train import TrainConfig
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
+            "kernels": KernelsConfig, "memory": MemoryConfig, "optimizer": OptimizerConfig,
+            "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+LEGACY = ("activation_offload",)  # flat keys of older files, translated by `_fold_one`
+
+
+def _flat_keys() -> dict:
+    """{flat key: (section, field)} for every field; raises if two fields claim one flat key."""
+    out: dict = {}
+    for sec, cls in SECTIONS.items():
+        for name, f in cls.model_fields.items():
+            flat = (f.json_schema_extra or {}).get("flat", name)
+            if flat in out or flat in LEGACY:
+                raise TypeError(f"flat key {flat!r} is claimed by {sec}.{name} and {out.get(flat)}")
+            out[flat] = (sec, name)
+    return out
+
+
+FLAT = _flat_keys()
+DOTTED = {f"{sec}.{name}": (sec, name) for sec, name in FLAT.values()}
+
+
+def _nearest(key: str) -> str:
+    """The known key spelled most like `key` (flat or dotted), for 'did you mean'."""
+    pool = [*FLAT, *DOTTED, *LEGACY]
+    near = difflib.get_close_matches(key, pool, n=1, cutoff=0.5) or difflib.get_close_matches(
+        key.rpartition(".")[2], pool, n=1, cutoff=0.0)
+    return near[0]
+
+
+def _unknown(key: str, prefix: str = "") -> ValueError:
+    return ValueError(f"unknown {'option' if prefix else 'key'} {prefix}{key}; known keys: {', '.join(FLAT)} (or "
+                      f"section.key); nearest: {prefix}{_nearest(key)}")
+
+
+def _where(key: str):
+    """(section, field) that a flat or dotted key names; None for a legacy key; raises for an unknown one."""
+    if key in FLAT:
+        return FLAT[key]
+    if key in DOTTED:
+        return DOTTED[key]
+    if key in LEGACY:
+        return None
+    raise _unknown(repr(key))
+
+
+def _fold_one(data: dict) -> dict:
+    """One source's keys (sectioned, dotted, flat, legacy) -> {section: {field: value}}."""
+    out: dict = {s: {} for s in SECTIONS}
+    spelled: dict = {}
+    legacy_offload = None
+
+    def put(sec: str, name: str, value, spelling: str) -> None:
+        if name in out[sec] and out[sec][name] != value:
+            raise ValueError(f"{sec}.{name} is given twice: {spelled[(sec, name)]}={out[sec][name]!r} and "
+                             f"{spelling}={value!r}; keep one")
+        out[sec][name], spelled[(sec, name)] = value, spelling
+
+    for key, value in data.items():
+        if key in SECTIONS and isinstance(value, (dict, BaseModel)):
+            items = value.model_dump() if isinstance(value, BaseModel) else value
+            for name, v in items.items():
+                if name not in SECTIONS[key].model_fields:
+                    raise _unknown(repr(f"{key}.{name}"))
+                put(key, name, v, f"{key}.{name}")
+            continue
+        where = _where(key)
+        if where is None:
+            legacy_offload = value
+            continue
+        put(*where, value, key)
+    if legacy_offload is not None:  # the old two-field spelling of one lever
+        mem = out["memory"]
+        if legacy_offload in (False, "false", 0):
+            n = mem.get("offload_layers", 0)
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                raise ValueError(f"activation_offload=false with offload_layers={n}: the first says no layer is "
+                                 f"offloaded, the second {n}; drop activation_offload (offload_layers alone is the "
+                                 f"lever now) or set offload_layers: 0")
+            mem["offload_layers"] = 0
+        else:
+            mem.setdefault("offload_layers", "all")
+    return {s: v for s, v in out.items() if v}
+
+
+def fold(*sources: dict) -> dict:
+    """Sources in increasing precedence (a file, then overrides) -> one sectioned dict."""
+    merged: dict = {}
+    for src in sources:
+        for sec, fields in _fold_one(src).items():
+            merged.setdefault(sec, {}).update(fields)
+    return merged
+
+
+class RunConfig(BaseModel):
+    """Everything one training run needs, in sections. Field docs are the user documentation (`--help`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold(cls, data: Any) -> Any:
+        return fold(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> "RunConfig":
+        """Rules between two sections (each section checks its own)."""
+        seq, sp = self.train.seq_len, self.parallel.sp_size
+        if seq < sp:
+            raise ValueError(f"seq_len={seq} is shorter than sp_size={sp}: each rank needs at least one token; "
+                             f"raise seq_len or lower sp_size")
+        if seq % sp:
+            lo = seq - seq % sp
+            raise ValueError(f"seq_len={seq} is not divisible by sp_size={sp}; use seq_len={lo} or {lo + sp} "
+                             f"(packed data of any length is padded per batch instead)")
+        if self.data.layout == "pack" and self.train.micro_batch != 1:
+            raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
+                             f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
+                             f"concat")
+        return self
+
+    # ---------------------------------------------------------------- reading by key
+    def get(self, key: str):
+        """The value of a flat or dotted key (`seq_len`, `train.seq_len`)."""
+        where = _where(key)
+        if where is None:
+            raise KeyError(f"{key!r} is a legacy key with no value of its own (see offload_layers)")
+        return getattr(getattr(self, where[0]), where[1])
+
+    def flat(self) -> dict:
+        """{flat key: value} of every field (checkpoint meta compares runs by these)."""
+        return {key: self.get(key) for key in FLAT}
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: Union[str, Path], **overrides) -> "RunConfig":
+        """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file."""
+        text = Path(path).read_text()
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"config {path} must hold a mapping of keys, got {type(data).__name__}")
+        try:
+            merged = fold(data, overrides)
+        except ValueError as e:  # an unknown or doubled key: the same ValidationError as the constructor's
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": "value_error", "loc": (), "input": data, "ctx": {"error": e}}]) from None
+        return cls(**merged)
+
+    @classmethod
+    def from_cli(cls, argv: list) -> "RunConfig":
+        """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
+        (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string); a
+        boolean key given bare (`--resume`) means true."""
+        import yaml
+        config_path: Optional[str] = None
+        overrides: dict = {}
+        i = 0
+        while i < len(argv):
+            arg = argv[i]
+            if not arg.startswith("--"):
+                raise ValueError(f"unexpected argument {arg!r}; options are --key value (keys: {', '.join(FLAT)})")
+            key, eq, val = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            if key != "config" and key not in FLAT and key not in DOTTED and key not in LEGACY:
+                raise _unknown(key, prefix="--")
+            if not eq:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if key != "config" and _annotation(key) is bool and (nxt is None or nxt.startswith("--")):
+                    val = "true"  # a bare flag: `--resume`
+                elif nxt is None:
+                    raise ValueError(f"option --{key} needs a value")
+                else:
+                    val, i = nxt, i + 1
+            if key == "config":
+                config_path = val
+            else:
+                overrides[key] = val if _is_text(key) else yaml.safe_load(val)
+            i += 1
+        return cls.load(config_path, **overrides) if config_path else cls(**overrides)
+
+    def dump(self, path: Union[str, Path]) -> None:
+        """Write as YAML (.yaml) or JSON in sections, loadable by `load`."""
+        data = self.model_dump()
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+            Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+        else:
+            Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+    # ---------------------------------------------------------------- documentation
+    @classmethod
+    def help_text(cls, width: int = 100) -> str:
+        """Every field by section: its flat and dotted key, type, default and doc (what `--help` prints)."""
+        lines = ["run config: a YAML/JSON file (--config FILE) and/or --key value overrides. A key is flat "
+                 "(--seq_len 4096) or dotted by section (--train.seq_len 4096); a file may use either, or nest "
+                 "sections (as run.yaml does).", ""]
+        flat_of = {where: flat for flat, where in FLAT.items()}
+        for sec, scls in SECTIONS.items():
+            lines.append(f"{sec}:  {(scls.__doc__ or '').strip().splitlines()[0]}")
+            for name, f in scls.model_fields.items():
+                flat = flat_of[(sec, name)]
+                default = f.get_default(call_default_factory=True)
+                lines.append(f"  --{flat}  (--{sec}.{name})  {_type_name(f.annotation)}, default {default!r}")
+                doc = " ".join((f.description or "").split())
+                lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
+            lines.append("")
+        lines.append("legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true = all "
+                     "unless offload_layers says how many)")
+        return "\n".join(lines)
+
+
+def _field(key: str):
+    where = _where(key)
+    return None if where is None else SECTIONS[where[0]].model_fields[where[1]]
+
+
+def _annotation(key: str):
+    f = _field(key)
+    return bool if f is None else f.annotation
+
+
+def _is_text(key: str) -> bool:
+    """A field that holds text (str or Optional[str]): command-line values stay strings."""
+    ann = _annotation(key)
+    return ann is str or (get_origin(ann) is Union and set(get_args(ann)) == {str, type(None)})
+
+
+def _type_name(ann) -> str:
+    return ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "").replace("NoneType", "None")
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem, without pydantic's URLs: what a user reads before anything runs."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(str(_unknown(repr(loc))))
+        else:
+            lines.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid run config:\n  " + "\n  ".join(lines)

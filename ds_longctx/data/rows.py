@@ -1,0 +1,181 @@
+"""Token rows of exactly seq_len from tokenized documents, in the (seed, step) order (layouts in data/__init__.py).
+
+    rows = TokenRows(tokenized, seq_len, "concat" | "pack" | "document", seed, shuffle, pad_id)
+    batch = rows.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ds_longctx.data.sources import DataError
+from ds_longctx.parallel.sharding import IGNORE_INDEX
+
+log = logging.getLogger("ds_longctx")
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor                       # [b, L]
+    position_ids: Optional[torch.Tensor] = None   # [b, L]; restarts at 0 per packed document
+    labels: Optional[torch.Tensor] = None         # [b, L]; IGNORE_INDEX where nothing is predicted (padding)
+
+
+
+def _token_stream(tokenized):
+    """(all tokens as one Arrow ChunkedArray [T] (memory-mapped), document lengths int64 [N])."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    col = tokenized.data.table.column("input_ids")
+    if tokenized._indices is not None:  # a filtered/selected view: materialize in index order
+        col = tokenized.with_format("arrow")[:]["input_ids"]
+        col = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
+    stream = pa.chunked_array([c.flatten() for c in col.chunks], type=pa.int32())
+    lengths = np.concatenate([pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in col.chunks]
+                             ) if col.num_chunks else np.zeros(0, np.int64)
+    return stream, lengths.astype(np.int64)
+
+
+def pack_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Next-fit packing of documents (in order) into rows of `seq_len` tokens.
+
+    Returns (row_ptr [R+1], seg_start [S], seg_len [S]): row r holds segments row_ptr[r]:row_ptr[r+1], each
+    `seg_len` tokens from `seg_start` in the token stream. Documents longer than seq_len become several
+    segments of at most seq_len (each its own document)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
+    seg_start, seg_len, row_ptr = [], [], [0]
+    fill = 0
+    for s0, n in zip(starts.tolist(), lengths.tolist()):
+        while n > 0:
+            piece = min(n, seq_len)
+            if fill + piece > seq_len:
+                row_ptr.append(len(seg_start))
+                fill = 0
+            seg_start.append(s0)
+            seg_len.append(piece)
+            fill += piece
+            s0, n = s0 + piece, n - piece
+    if fill:
+        row_ptr.append(len(seg_start))
+    return np.asarray(row_ptr, np.int64), np.asarray(seg_start, np.int64), np.asarray(seg_len, np.int64)
+
+
+class TokenRows:
+    """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the module doc."""
+
+    def __init__(self, tokenized, seq_len: int, layout: str, seed: int, shuffle: bool, pad_id: int,
+                 source: str = "", vocab_size: Optional[int] = None):
+        self.seq_len, self.layout, self.seed, self.shuffle, self.pad_id = seq_len, layout, seed, shuffle, pad_id
+        self.source = source
+        self.stream, lengths = _token_stream(tokenized)
+        self.n_docs = int((lengths > 0).sum())
+        self.n_tokens = int(lengths.sum())
+        if self.n_tokens == 0:
+            raise DataError(f"data={source!r} tokenized to 0 tokens ({len(lengths)} documents, all empty); give it "
+                            f"documents with text")
+        if vocab_size is not None:
+            check_token_range(self.stream, vocab_size, source)
+        L = seq_len
+        if layout == "concat":
+            self.n_rows = self.n_tokens // L
+            if self.n_rows == 0:
+                raise DataError(f"data={source!r} has {self.n_tokens} tokens, fewer than one row of seq_len={L}; add "
+                                f"data or lower seq_len to at most {self.n_tokens}")
+            dropped = self.n_tokens - self.n_rows * L
+            log.info("data: %d documents, %d tokens -> %d rows of %d (concat; last %d tokens unused)",
+                     self.n_docs, self.n_tokens, self.n_rows, L, dropped)
+        elif layout == "document":
+            nonempty = lengths[lengths > 0]
+            short = int((nonempty < L).sum())
+            if short:
+                raise DataError(f"{short} of {len(nonempty)} documents in data={source!r} are shorter than seq_len={L} "
+                                f"(shortest {int(nonempty.min())} tokens) and data_layout='document' takes one "
+                                f"document per row; use data_layout: concat (join documents) or pack, or seq_len <= "
+                                f"{int(nonempty.min())}")
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            self.doc_start = starts[lengths > 0]
+            self.n_rows = len(self.doc_start)
+            log.info("data: %d documents -> %d rows of their first %d tokens (document)", self.n_docs, self.n_rows, L)
+        elif layout == "pack":
+            self.row_ptr, self.seg_start, self.seg_len = pack_rows(lengths, L)
+            self.n_rows = len(self.row_ptr) - 1
+            used = int(self.seg_len.sum())
+            log.info("data: %d documents, %d tokens -> %d packed rows of %d (%.1f%% padding)", self.n_docs,
+                     self.n_tokens, self.n_rows, L, 100 * (1 - used / (self.n_rows * L)))
+        else:
+            raise DataError(f"data_layout={layout!r} is unknown; use concat, pack or document")
+        self._perm_epoch, self._perm = -1, None
+
+    # ---------------------------------------------------------------- order
+    def row_of_sample(self, i: int) -> int:
+        epoch, j = divmod(i, self.n_rows)
+        if not self.shuffle:
+            return j
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(self.n_rows, generator=g), epoch
+        return int(self._perm[j])
+
+    def signature(self) -> dict:
+        """What a resumed run must find unchanged for the order to continue (saved in each checkpoint)."""
+        return {"kind": "files", "layout": self.layout, "seq_len": self.seq_len, "n_rows": self.n_rows,
+                "n_tokens": self.n_tokens, "seed": self.seed, "shuffle": self.shuffle}
+
+    # ---------------------------------------------------------------- rows
+    def _slice(self, start: int, n: int) -> np.ndarray:
+        return self.stream.slice(start, n).to_numpy().astype(np.int64)
+
+    def row(self, r: int) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(input_ids [L], position_ids [L] or None, labels [L] or None) of row r."""
+        L = self.seq_len
+        if self.layout == "concat":
+            return torch.from_numpy(self._slice(r * L, L)), None, None
+        if self.layout == "document":
+            return torch.from_numpy(self._slice(int(self.doc_start[r]), L)), None, None
+        a, b = int(self.row_ptr[r]), int(self.row_ptr[r + 1])
+        parts = [self._slice(int(s), int(n)) for s, n in zip(self.seg_start[a:b], self.seg_len[a:b])]
+        ids = np.full(L, self.pad_id, np.int64)
+        pos = np.zeros(L, np.int64)
+        labels = np.full(L, IGNORE_INDEX, np.int64)
+        at = 0
+        for p in parts:  # each document restarts its positions; labels are the tokens themselves
+            ids[at:at + len(p)], pos[at:at + len(p)], labels[at:at + len(p)] = p, np.arange(len(p)), p
+            at += len(p)
+        # the padding tail (if any) is one more "document" at position 0.. with every label ignored
+        pos[at:] = np.arange(L - at)
+        if at == L and b - a == 1:
+            return torch.from_numpy(ids), None, None  # one document filling the row: plain causal
+        return torch.from_numpy(ids), torch.from_numpy(pos), torch.from_numpy(labels)
+
+    def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
+        """`Batch` of `[micro_batch, seq_len]` for one data-parallel replica at one step."""
+        first = (step * dp_size + dp_rank) * micro_batch
+        rows = [self.row(self.row_of_sample(first + i)) for i in range(micro_batch)]
+        ids = torch.stack([r[0] for r in rows])
+        if all(r[1] is None for r in rows):
+            return Batch(ids)
+        L = self.seq_len
+        pos = torch.stack([r[1] if r[1] is not None else torch.arange(L) for r in rows])
+        labels = torch.stack([r[2] if r[2] is not None else r[0] for r in rows])
+        return Batch(ids, pos, labels)
+
+
+# ----------------------------------------------------------------------------- checks and entry point
+def check_token_range(stream, vocab_size: int, source: str) -> None:
+    """Refuse token ids outside [0, vocab_size) (pre-tokenized data, or a tokenizer with added tokens)."""
+    import pyarrow.compute as pc
+    mm = pc.min_max(stream).as_py()
+    lo, hi = mm["min"], mm["max"]
+    if lo is not None and lo < 0:
+        raise DataError(f"data={source!r} holds token id {lo} < 0; token ids must be in [0, {vocab_size}): "
+                        f"re-tokenize with the model's tokenizer")
+    if hi is not None and hi >= vocab_size:
+        raise DataError(f"data={source!r} holds token id {hi} >= the model's vocab_size={vocab_size}; re-tokenize "
+                        f"with the model's own tokenizer (or use a model whose vocabulary covers these ids)")
+
+

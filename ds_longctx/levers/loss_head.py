@@ -1,0 +1,71 @@
+"""The loss head: the HF model's trunk, then lm_head + cross-entropy on this rank's slice (chunked_loss.py).
+
+    module = LossHead(model, state, chunked=True, chunk_rows=4096)   # what deepspeed.initialize wraps
+    loss, group_loss, n_tokens = module(input_ids, position_ids, shift_labels)
+
+Dimensions: b batch, s/sp this rank's slice, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
+from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.parallel.sharding import IGNORE_INDEX
+
+
+class LMHeadLoss(nn.Module):
+    """lm_head + cross-entropy sum on the local slice, chunked or plain (chunked_loss.py).
+
+    The lm_head weight is registered as a ZeRO-3 *external* parameter of this module, so DeepSpeed gathers
+    it only while the loss runs (not for the whole forward) and the chunked Function can take it as input.
+    """
+
+    def __init__(self, lm_head: nn.Module, chunked: bool, chunk_rows: int):
+        super().__init__()
+        self._lm_head = [lm_head]  # a list: not a submodule, its params stay owned by the model
+        self.chunked, self.chunk_rows = chunked, chunk_rows
+        weight = lm_head.weight
+        if hasattr(weight, "ds_id"):
+            import deepspeed
+            deepspeed.zero.register_external_parameter(self, weight)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        weight = self._lm_head[0].weight  # [V, H]
+        if self.chunked:
+            return chunked_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
+        return plain_cross_entropy(hidden, weight, labels)
+
+
+class LossHead(nn.Module):
+    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count).
+
+    The loss to backprop is sp * sum(CE on this slice) / tokens(whole SP group). DeepSpeed averages
+    gradients over all W = sp * dp ranks, so the sp factor turns that average into the mean over the dp
+    replicas of each sequence's token-mean loss gradient (see parallel_state.py for why DeepSpeed is not
+    told about SP).
+    """
+
+    def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096):
+        super().__init__()
+        self.model = model
+        self.state = state
+        self.loss = LMHeadLoss(model.get_output_embeddings(), chunked, chunk_rows)
+
+    def forward(self, input_ids, position_ids, shift_labels):
+        hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
+                                       use_cache=False).last_hidden_state  # [b, s/sp, H]
+        loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
+        n_tokens = (shift_labels != IGNORE_INDEX).sum()
+        group_sum = loss_sum.detach().clone()
+        if self.state.sp_group is not None:
+            both = torch.stack([n_tokens.to(group_sum.dtype), group_sum])
+            dist.all_reduce(both, group=self.state.sp_group)
+            n_group, group_sum = both[0], both[1]
+        else:
+            n_group = n_tokens.to(group_sum.dtype)
+        n_group = n_group.clamp(min=1)
+        return loss_sum * self.state.sp_size / n_group, group_sum / n_group, n_group

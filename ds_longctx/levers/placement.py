@@ -1,0 +1,322 @@
+"""The per-layer placement plan: where each decoder layer keeps what its backward needs. One value, one home.
+
+    plan = resolve_placement(offload_layers="auto", attention_cache_layers=2, checkpointing=True,
+                             placement=None, num_layers=36, auto_offload=lambda: 30)
+    plan.spec()        # 'offload:30,keep:4,cache:2'   (what plan.txt and the engine's log print)
+    apply_placement(model, plan, ds_config)   # the only place layers are routed; remove_placement undoes it
+    applied_placement(model) == plan          # read back from the layers (tests compare it with the plan)
+
+Entries (`Place`), one per decoder layer, in layer order:
+    keep           activation checkpoint (the layer's input) on the GPU; the layer is recomputed in backward
+    offload        the checkpoint in pinned host memory, through DeepSpeed's checkpoint (offload.py)
+    cache          checkpoint on the GPU and the attention kernel's output + LSE kept, so the recompute skips
+                   attention (attention_cache.py)
+    cache+offload  named for the offloaded attention cache; refused until it is built: an offloaded layer goes
+                   through DeepSpeed's checkpoint, which keeps nothing but the layer input
+    none           no checkpoint: every activation kept (activation_checkpointing: false, all layers)
+
+How a plan is made (`resolve_placement`): an explicit `placement` spec from the config (`offload:30,keep:6`), or
+from the counts: the first `offload_layers` layers offload (their checkpoints live longest, so their copies have
+the most time to overlap), the last `attention_cache_layers` layers cache; `auto` offload asks the planner
+(plan/search.py) for the fewest layers that fit. Every rule about which placements may be combined lives in
+`check_request` (needs no model) and `resolve_placement` (needs the layer count): nowhere else. The planner's
+memory terms (plan/planner.py) read the same plan.
+
+Torch-free at import: the planner and `ds-longctx plan` use it without torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Callable, Optional, Union
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+log = logging.getLogger("ds_longctx")
+
+Count = Union[int, str]  # an int, or "all" / "auto" where the field allows it
+
+
+class Place(str, Enum):
+    KEEP = "keep"
+    OFFLOAD = "offload"
+    CACHE = "cache"
+    CACHE_OFFLOAD = "cache+offload"
+    NONE = "none"
+
+
+ON_HOST = (Place.OFFLOAD, Place.CACHE_OFFLOAD)          # the layer's checkpoint lives in host memory
+CACHED = (Place.CACHE, Place.CACHE_OFFLOAD)             # the layer's attention output is kept
+CHECKPOINTED = (Place.KEEP, Place.OFFLOAD, Place.CACHE, Place.CACHE_OFFLOAD)
+NOT_YET = {Place.CACHE_OFFLOAD: "an offloaded layer goes through DeepSpeed's checkpoint, which keeps nothing but "
+                                "the layer input, so its attention output cannot be cached yet; use offload or cache"}
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """One `Place` per decoder layer. Validated on construction (`check_layers`)."""
+
+    layers: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(Place(p) for p in self.layers))
+        check_layers(self.layers)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_counts(cls, num_layers: int, offload: int = 0, cache: int = 0, checkpointing: bool = True
+                    ) -> "PlacementPlan":
+        """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none` everywhere without
+        checkpointing). Counts are checked by `resolve_placement`; here they must already fit."""
+        if not checkpointing:
+            return cls((Place.NONE,) * num_layers)
+        if offload + cache > num_layers or min(offload, cache) < 0:
+            raise ValueError(f"offload={offload} + cache={cache} layers do not fit {num_layers} layers")
+        return cls((Place.OFFLOAD,) * offload + (Place.KEEP,) * (num_layers - offload - cache)
+                   + (Place.CACHE,) * cache)
+
+    @classmethod
+    def parse(cls, spec: str) -> "PlacementPlan":
+        """`offload:30,keep:4,cache:2` (run lengths) or `offload,keep,cache` (one entry per layer), or a mix."""
+        out = []
+        for part in (p.strip() for p in str(spec).split(",")):
+            name, _, n = part.partition(":")
+            try:
+                place = Place(name.strip())
+            except ValueError:
+                raise ValueError(f"placement={spec!r}: {name.strip()!r} is not a placement; use "
+                                 f"{[p.value for p in Place]}, e.g. 'offload:30,keep:6'") from None
+            if n and (not n.strip().isdigit() or int(n) < 1):
+                raise ValueError(f"placement={spec!r}: {part!r} needs a positive layer count after ':', "
+                                 f"e.g. 'offload:30'")
+            out += [place] * (int(n) if n else 1)
+        return cls(tuple(out))
+
+    # ---------------------------------------------------------------- reading
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> Place:
+        return self.layers[i]
+
+    def indices(self, *places: Place) -> list:
+        return [i for i, p in enumerate(self.layers) if p in places]
+
+    def count(self, *places: Place) -> int:
+        return sum(p in places for p in self.layers)
+
+    @property
+    def offloaded(self) -> int:
+        """Layers whose checkpoint lives in host memory."""
+        return self.count(*ON_HOST)
+
+    @property
+    def cached(self) -> int:
+        """Layers that keep their attention output (the recompute skips attention)."""
+        return self.count(*CACHED)
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.layers[0] != Place.NONE
+
+    def spec(self) -> str:
+        """Run-length form, parseable by `parse`: 'offload:30,keep:4,cache:2'."""
+        runs: list = []
+        for p in self.layers:
+            if runs and runs[-1][0] == p:
+                runs[-1][1] += 1
+            else:
+                runs.append([p, 1])
+        return ",".join(f"{p.value}:{n}" for p, n in runs)
+
+    def describe(self) -> str:
+        """One line for logs and plan.txt: the spec and the layer ranges."""
+        ranges, start = [], 0
+        for part in self.spec().split(","):
+            name, n = part.split(":")
+            end = start + int(n) - 1
+            ranges.append(f"{start}-{end} {name}" if end > start else f"{start} {name}")
+            start = end + 1
+        return f"{self.spec()} (layers {', '.join(ranges)})"
+
+
+def check_layers(layers: tuple) -> None:
+    """Rules on a whole plan: not empty; `none` only for every layer (checkpointing is on or off for the run)."""
+    if not layers:
+        raise ValueError("a placement plan needs one entry per decoder layer; got none")
+    if Place.NONE in layers and set(layers) != {Place.NONE}:
+        raise ValueError("a placement plan mixes 'none' (no checkpoint) with checkpointed layers; checkpointing is "
+                         "on or off for the whole run (activation_checkpointing)")
+    for place, why in NOT_YET.items():
+        if place in layers:
+            raise ValueError(f"placement '{place.value}' is not supported yet: {why}")
+
+
+def _count_ok(name: str, value, allowed: tuple) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int) or value in allowed):
+        raise ValueError(f"{name}={value!r} must be a layer count or one of {list(allowed)}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"{name}={value} must be >= 0" + (f" or {' / '.join(repr(a) for a in allowed)}"
+                                                           if allowed else ""))
+
+
+def check_request(offload_layers: Count, attention_cache_layers: Count, checkpointing: bool,
+                  placement: Optional[str]) -> None:
+    """Every placement rule that needs no model (the run config calls it): raises ValueError naming the fix."""
+    _count_ok("offload_layers", offload_layers, ("all", "auto"))
+    _count_ok("attention_cache_layers", attention_cache_layers, ("all",))
+    if offload_layers and not checkpointing:
+        raise ValueError(f"offload_layers={offload_layers!r} offloads the checkpointed layer inputs: it needs "
+                         f"activation checkpointing; set activation_checkpointing: true")
+    if attention_cache_layers and not checkpointing:
+        raise ValueError(f"attention_cache_layers={attention_cache_layers!r} keeps attention outputs through "
+                         f"activation checkpointing; set activation_checkpointing: true or attention_cache_layers: 0")
+    if attention_cache_layers == "all" and offload_layers == "auto":
+        raise ValueError("attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' (the "
+                         "fewest that fit, counting the cache) is circular; give attention_cache_layers a number")
+    if placement is not None:
+        if offload_layers or attention_cache_layers:
+            raise ValueError(f"placement={placement!r} names every layer's place; drop offload_layers="
+                             f"{offload_layers!r} / attention_cache_layers={attention_cache_layers!r} (or the "
+                             f"placement)")
+        plan = PlacementPlan.parse(placement)
+        if not checkpointing and plan.checkpointed:
+            raise ValueError(f"placement={placement!r} places checkpoints; set activation_checkpointing: true")
+
+
+def requests_offload(offload_layers: Count, placement: Optional[str]) -> bool:
+    """Whether a run may offload checkpoints (`auto` may): the DeepSpeed JSON then turns cpu_checkpointing on."""
+    if placement is not None:
+        return PlacementPlan.parse(placement).offloaded > 0
+    return offload_layers not in (0, None)
+
+
+def resolve_placement(offload_layers: Count, attention_cache_layers: Count, checkpointing: bool,
+                      placement: Optional[str], num_layers: int,
+                      auto_offload: Optional[Callable[[], int]] = None) -> PlacementPlan:
+    """The run's plan for a model of `num_layers` decoder layers (see the module doc). `auto_offload()` answers
+    offload_layers='auto' (the planner's fewest layers that fit); it is called only then."""
+    check_request(offload_layers, attention_cache_layers, checkpointing, placement)
+    L = num_layers
+    if placement is not None:
+        plan = PlacementPlan.parse(placement)
+        if len(plan) != L:
+            raise ValueError(f"placement={placement!r} has {len(plan)} entries but the model has {L} decoder "
+                             f"layers; give one place per layer (run lengths summing to {L})")
+        return plan
+    if not checkpointing:
+        return PlacementPlan.from_counts(L, checkpointing=False)
+    cache = attention_cache_layers
+    if isinstance(cache, int) and cache > L:
+        raise ValueError(f"attention_cache_layers={cache} is more than the model's {L} layers; use 0..{L} or 'all'")
+    if offload_layers == "auto":
+        if auto_offload is None:
+            raise ValueError("offload_layers='auto' needs the planner's answer (auto_offload)")
+        off = min(int(auto_offload()), L - (cache if isinstance(cache, int) else 0))
+    elif offload_layers == "all":
+        off = L
+    else:
+        off = int(offload_layers)
+        if off > L:
+            raise ValueError(f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in that "
+                             f"range, 'all' or 'auto'")
+    if cache == "all":
+        cache = L - off
+    if cache and off + cache > L:
+        raise ValueError(f"attention_cache_layers={cache} (the last layers) overlaps offload_layers="
+                         f"{offload_layers} (the first layers) of {L}: DeepSpeed's offloading checkpoint has no "
+                         f"selective policy; keep attention_cache_layers + offload_layers <= {L}, or "
+                         f"attention_cache_layers: all")
+    return PlacementPlan.from_counts(L, off, cache)
+
+
+# ----------------------------------------------------------------------------- applying it (torch side)
+_PLACE_ATTR = "_ds_longctx_place"
+_PREV_ATTR = "_ds_longctx_prev_ckpt"
+_ENABLED_ATTR = "_ds_longctx_enabled_ckpt"
+_MISSING = object()  # a layer that had no checkpoint function of its own before apply_placement
+
+
+def decoder_layers(model: nn.Module) -> list:
+    """The model's decoder layers (transformers' GradientCheckpointingLayer instances), in order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no GradientCheckpointingLayer decoder layers; activation "
+                         f"checkpointing, offload and the attention cache need transformers' checkpointing layers")
+    return layers
+
+
+def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[dict] = None) -> PlacementPlan:
+    """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
+
+    Enables transformers' non-reentrant checkpointing (unless the plan is all `none`), then sets each layer's
+    `_gradient_checkpointing_func`: keep -> torch's checkpoint (transformers' default), offload -> DeepSpeed's
+    checkpoint configured from `ds_config` (its `activation_checkpointing` block), cache -> torch's checkpoint
+    with the attention-saving policy. Undo with `remove_placement`. Returns the plan read back from the layers.
+    """
+    layers = decoder_layers(model)
+    if len(layers) != len(plan):
+        raise ValueError(f"placement plan has {len(plan)} entries, {type(model).__name__} has {len(layers)} decoder "
+                         f"layers")
+    if not plan.checkpointed:
+        return applied_placement(model)
+    originals = [layer.__dict__.get("_gradient_checkpointing_func", _MISSING) for layer in layers]
+    if not getattr(layers[0], "gradient_checkpointing", False):
+        _checkpointing(model, on=True)
+        model.__dict__[_ENABLED_ATTR] = True
+    funcs = {Place.KEEP: None}
+    if plan.offloaded:
+        from ds_longctx.levers.offload import offload_checkpoint_function
+        if ds_config is None:
+            raise ValueError("offloaded layers need the DeepSpeed config (its activation_checkpointing block)")
+        funcs[Place.OFFLOAD] = offload_checkpoint_function(ds_config)
+    if plan.cached:
+        from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
+        funcs[Place.CACHE] = checkpoint_with_attention_cache
+    for layer, place, original in zip(layers, plan.layers, originals):
+        layer.__dict__.setdefault(_PREV_ATTR, original)
+        layer._gradient_checkpointing_func = funcs[place] or layer._gradient_checkpointing_func  # keep: torch's
+        setattr(layer, _PLACE_ATTR, place)
+    applied = applied_placement(model)
+    log.info("placement: %s", applied.describe())
+    return applied
+
+
+def applied_placement(model: nn.Module) -> PlacementPlan:
+    """What the layers were given (by `apply_placement`): `none` for a layer that is not checkpointed."""
+    out = []
+    for layer in decoder_layers(model):
+        on = getattr(layer, "gradient_checkpointing", False)
+        out.append(getattr(layer, _PLACE_ATTR, Place.KEEP) if on else Place.NONE)
+    return PlacementPlan(tuple(out))
+
+
+def remove_placement(model: nn.Module) -> None:
+    """Give every layer back the checkpoint function it had before `apply_placement` (and turn checkpointing off
+    again if `apply_placement` turned it on)."""
+    if model.__dict__.pop(_ENABLED_ATTR, False):
+        _checkpointing(model, on=False)
+    for layer in decoder_layers(model):
+        prev = layer.__dict__.pop(_PREV_ATTR, None)
+        if prev is _MISSING:
+            layer.__dict__.pop("_gradient_checkpointing_func", None)
+        elif prev is not None:
+            layer._gradient_checkpointing_func = prev
+        layer.__dict__.pop(_PLACE_ATTR, None)
+
+
+def _checkpointing(model: nn.Module, on: bool) -> None:
+    """transformers' non-reentrant activation checkpointing on or off (the name changed in transformers 5.2x)."""
+    if on:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()

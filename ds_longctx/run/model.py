@@ -1,0 +1,88 @@
+"""The model a run trains: its HF config, its class, and the model itself, partitioned at birth.
+
+    hf_cfg = load_hf_config("qwen3-8b")            # a shipped geometry or a checkpoint directory (no weights)
+    model = build_model(cfg, hf_cfg, ds_config)     # under deepspeed.zero.Init, YaRN applied, weights drawn
+
+Shipped geometries get random weights drawn per parameter name (`init_weights`), so a run of any world size or
+sp_size starts from the same weights; a checkpoint directory is loaded with `from_pretrained`, partitioned.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ds_longctx.config import SHIPPED_MODELS_DIR
+from ds_longctx.levers.rope import apply_rope_scaling
+
+
+def load_hf_config(model: str):
+    """The HF config of a shipped geometry name or a checkpoint directory (cheap: no weights)."""
+    from transformers import AutoConfig
+    path = SHIPPED_MODELS_DIR / f"{model}.json"
+    if path.is_file():
+        from transformers import Qwen3Config
+        cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+    else:
+        cfg = AutoConfig.from_pretrained(model)
+    cfg.use_cache = False
+    return cfg
+
+
+def model_class(hf_config):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    except KeyError:
+        raise ValueError(f"model type {hf_config.model_type!r} has no causal-LM class in transformers; "
+                         f"ds_longctx trains causal LMs (Qwen3, Llama, ...)") from None
+
+
+def init_weights(model: nn.Module, seed: int, std: float) -> None:
+    """Draw every parameter from a generator seeded by (seed, parameter name): the same weights whatever
+    the world size, sp_size or ZeRO partitioning (on one device type). Norm weights 1, biases 0, matrices
+    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama."""
+    import deepspeed
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
+            if dist.is_initialized() and dist.get_rank() != 0 and hasattr(p, "ds_id"):
+                continue
+            with torch.no_grad():
+                if p.dim() == 1:
+                    p.fill_(1.0 if "norm" in name else 0.0)
+                else:
+                    g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
+                    p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
+
+
+def build_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
+    """The HF causal LM for run config `cfg`: YaRN set on `hf_cfg` from seq_len (rope.py), built under
+    `deepspeed.zero.Init` (parameters born partitioned: an 8B model never exists whole on one rank), then
+    shipped geometries re-drawn deterministically (`init_weights`). `stage(name)` is told each step's end."""
+    import deepspeed
+    dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
+    cls = model_class(hf_cfg)
+    hf_cfg._attn_implementation = "sdpa"
+    hf_cfg.dtype = dtype
+    # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
+    apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)
+    is_path = Path(cfg.model.name).is_dir()
+    # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
+    # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None, enabled=not is_path):
+        if is_path:
+            from transformers.integrations import HfDeepSpeedConfig
+            _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
+            model = cls.from_pretrained(cfg.model.name, config=hf_cfg, dtype=dtype)
+        else:
+            model = cls(hf_cfg).to(dtype)
+    stage("model under zero.Init")
+    if not is_path:
+        init_weights(model, cfg.train.seed, getattr(hf_cfg, "initializer_range", 0.02))
+        stage("init_weights")
+    return model.train()  # SP must never run in eval mode by accident (accelerate's SP disables itself in eval)
