@@ -13,7 +13,7 @@ import yaml
 
 from ds_longctx.plan import generate
 
-from tests.conftest import ROOT, cpu_env, free_port, read_metrics
+from tests.helpers import ROOT, cpu_env, free_port, read_metrics
 
 DEFAULT_CONFIG = "ds_configs/qwen3-8b_1m_8x141gb/run.yaml"
 TINY = ["--model", "qwen3-tiny", "--seq_len", "64", "--steps", "2", "--sp_size", "2", "--dtype", "fp32"]

@@ -19,7 +19,7 @@ Extra memory for bf16 inputs (chunk_size=4096, V=151,936, H=4096 in brackets):
 On CUDA the weight gradient is accumulated with ``addmm(out_dtype=float32)``; CPU lacks that kernel,
 so there it multiplies fp32 copies of the [V, c] and [c, H] operands (CPU runs only the tests).
 Numerics: the same bf16 roundings as the plain path, except that with grad_output != 1 the stored bf16
-gradients are rounded once more when backward scales them (tests/test_chunked_loss.py bounds the cost).
+gradients are rounded once more when backward scales them (tests/levers/test_chunked_loss.py bounds the cost).
 
 Why not DeepSpeed's ``TiledFusedLogitsLoss`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py)?
 It also runs backward inside forward, but through ``torch.autograd.backward`` per shard, so the

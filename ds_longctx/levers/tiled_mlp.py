@@ -54,11 +54,11 @@ Relation to DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_
 idea, but we keep our own Function because DeepSpeed's
 1. accumulates every tile into `.grad`, firing ZeRO's hook k times and asking ZeRO to skip all but the
    last through a `ds_grad_is_ready` flag (which only ZeRO honours, not DDP or FSDP); the sum is kept in
-   the param dtype: k roundings in bf16 (tests/test_tiled_mlp.py, against an fp32 reference at 37-74
+   the param dtype: k roundings in bf16 (tests/levers/test_tiled_mlp.py, against an fp32 reference at 37-74
    tiles: 1.6-2.4% max error, where ours and the untiled bf16 MLP both give 0.6-0.8%);
 2. splits with `torch.chunk(x, shards)` and re-arms that flag only at index `shards - 1`; `torch.chunk`
    returns fewer pieces than asked when the length does not suit (5 rows, 4 shards -> 2+2+1), so the
-   flag stays False for good and ZeRO-3 never reduces those grads (tests/test_tiled_mlp.py shows the
+   flag stays False for good and ZeRO-3 never reduces those grads (tests/levers/test_tiled_mlp.py shows the
    flag; in our 2-process ZeRO-3 run with 74 rows and 12 shards, `engine.step()` then failed in
    `zero_grad` with "unknown parameter type"). Here one tile plan from T serves forward and backward;
 3. builds a list of output tiles and `torch.cat`s it: two [n, H] outputs at the forward peak (1 GiB

@@ -230,8 +230,8 @@ def regenerate_all(root: Path) -> None:
 
 README = """# Generated configs: do not edit
 
-Every file here is written by the planner (`ds_longctx/generate.py`); `tests/test_generate.py` regenerates them
-and fails on any difference. To change one, change the planner or `COMMITTED` in `generate.py`, then run from
+Every file here is written by the planner (`ds_longctx/plan/generate.py`); `tests/plan/test_generate.py` regenerates them
+and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/generate.py`, then run from
 the repository root:
 
     python -m ds_longctx.generate --regen-all ds_configs

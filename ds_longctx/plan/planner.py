@@ -49,7 +49,7 @@ HIDDEN_UNITS_ATTN_BWD = 6
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
 QK_NORM_SAVED_COPIES = 3
-# ds_config.py's reduce_bucket_size (elements); tests/test_planner.py checks the two agree.
+# ds_config.py's reduce_bucket_size (elements); tests/plan/test_planner.py checks the two agree.
 REDUCE_BUCKET_ELEMS = 50_000_000
 # Calibrated on nvidia-h200-x2 (benchmarks/results/planner_runs_2026-11-30.md, expandable segments):
 # max_memory_reserved / max_memory_allocated was 1.03-1.06 without offload and 1.12 with it, and a

@@ -58,6 +58,9 @@ def main():
     logits = sp_logits(engine, probe)
     if st.rank == 0:
         torch.save({"input_ids": probe, "logits": logits}, f"{a.out}/engine_logits.pt")
+    # leave together, groups torn down (as grad_worker.py does)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -2,13 +2,10 @@
 `AutoModelForCausalLM.from_pretrained` of the export gives the engine's logits (export_worker.sp_logits: the
 SP forward of the trained engine, gathered) on the same input, and keeps the training RoPE."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.conftest import ROOT, cpu_env, rel, torchrun
+from tests.helpers import rel_err, run_cli, torchrun
 from tests.distributed.export_worker import YARN
 
 pytestmark = pytest.mark.slow
@@ -18,8 +15,7 @@ def test_export_loads_with_from_pretrained_and_gives_the_engines_logits(tmp_path
     run = tmp_path / "run"
     torchrun(2, ["tests/distributed/export_worker.py", "--out", str(run)])
     out = tmp_path / "hf"
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "export", "--checkpoint", str(run), "--out",
-                          str(out)], env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = run_cli(["export", "--checkpoint", str(run), "--out", str(out)], timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     assert not list(tmp_path.glob("hf.tmp-*"))
@@ -33,9 +29,9 @@ def test_export_loads_with_from_pretrained_and_gives_the_engines_logits(tmp_path
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"]).logits
     assert logits.shape == ref["logits"].shape
-    assert rel(logits, ref["logits"]) <= 1e-5, rel(logits, ref["logits"])
+    assert rel_err(logits, ref["logits"]) <= 1e-5, rel_err(logits, ref["logits"])
 
     # the untrained model is far away: the comparison would notice a missed load
     fresh = AutoModelForCausalLM.from_config(model.config)
     with torch.no_grad():
-        assert rel(fresh(input_ids=ref["input_ids"]).logits, ref["logits"]) > 1e-2
+        assert rel_err(fresh(input_ids=ref["input_ids"]).logits, ref["logits"]) > 1e-2

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.distributed.runs import start, text_run_args, wait_for_steps, worker
+from tests.helpers import start, text_run_args, wait_for_steps, worker
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 20

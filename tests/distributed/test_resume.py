@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ds_longctx.run import checkpoint
-from tests.conftest import ROOT, cpu_env, free_port, read_metrics, torchrun
-from tests.distributed.runs import start, text_run_args, wait_for_steps, worker
+from tests.helpers import (ROOT, cpu_env, free_port, read_metrics, start, text_run_args, torchrun, torchrun_cmd,
+                           wait_for_steps, worker)
 
 pytestmark = pytest.mark.slow
 
@@ -144,9 +144,8 @@ def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(ru
     data[-200:] = bytes(200)  # the zip's central directory: torch.load cannot open it
     part.write_bytes(bytes(data))
     t0 = time.time()
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                          "127.0.0.1", "--master_port", str(free_port()), "-m", "ds_longctx.train", *runs["base"],
-                          "--steps", "9", "--resume", "--collective_timeout_s", "30", "--output_dir", str(cut)],
+    res = subprocess.run(torchrun_cmd(2, ["ds_longctx.train", *runs["base"], "--steps", "9", "--resume",
+                                          "--collective_timeout_s", "30", "--output_dir", str(cut)], module=True),
                          env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode != 0
     err = res.stdout + res.stderr

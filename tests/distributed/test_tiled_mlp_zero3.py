@@ -1,10 +1,10 @@
 """Tiled MLP under real DeepSpeed ZeRO-3: 2 CPU processes over gloo, every param partitioned.
 
-The reference is the same engine without tiling, in the same processes: same weights (seeded before
-deepspeed.initialize, no zero.Init), same batch on both ranks. Two steps each, so step 2 also checks that
-the reduce of step 1 left nothing behind. Checked: the loss, and every full gradient
-(`safe_get_full_grad` after `engine.backward`, before `engine.step`), fp32: rel <= 1e-6 at step 1. Step 2
-gets 1e-4: AdamW's first update is about lr * sign(grad), so elements whose grad is near zero move
+The reference is the same engine without tiling, in the same processes: same weights (helpers.tiny_model's
+per-name draw before deepspeed.initialize, no zero.Init: identical on both ranks), same batch on both ranks.
+Two steps each, so step 2 also checks that the reduce of step 1 left nothing behind. Checked: the loss, and
+every full gradient (`safe_get_full_grad` after `engine.backward`, before `engine.step`), fp32: rel <= 1e-6 at
+step 1. Step 2 gets 1e-4: AdamW's first update is about lr * sign(grad), so elements whose grad is near zero move
 differently on 1e-7 grad differences, and step 2 starts from weights that are not bitwise equal (measured:
 4e-6). A grad that ZeRO failed to reduce would be off by O(1); a naive tile loop that accumulates every
 tile into `.grad` fails here outright (ZeRO-3's epilogue asserts each param is in the bucket once).
@@ -22,17 +22,22 @@ step 2 (a trace mismatch would have invalidated it; for the in-place run, step 5
 step 4), and no MLP weight of the gated path is left gathered after a forward or a backward.
 
     pytest -q -m slow tests/distributed/test_tiled_mlp_zero3.py
+
+The file is also the worker script the test starts under torchrun (one process per rank):
+
+    torchrun --nproc_per_node 2 tests/distributed/test_tiled_mlp_zero3.py OUT_DIR
 """
 
 import json
 import os
-import socket
+import sys
 from pathlib import Path
 from typing import NamedTuple, Optional
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.helpers import rel_err, tiny_config, tiny_model, torchrun
 
 pytestmark = pytest.mark.slow
 WORLD = 2
@@ -87,34 +92,29 @@ def _count_all_gathers(counter: list) -> None:
         setattr(ds_comm.cdb, name, counted)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
+def main(out_dir: str) -> None:
+    """One rank of the comparison, under torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the
+    environment torchrun sets (read by deepspeed.init_distributed); writes OUT_DIR/rank{RANK}.json."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    assert world == WORLD and "MASTER_PORT" in os.environ, "start this under torchrun --nproc_per_node 2"
+    os.environ["DS_ACCELERATOR"] = "cpu"
     torch.set_num_threads(1)
     import deepspeed
     import deepspeed.ops
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
     from deepspeed.utils import safe_get_full_grad, set_z3_leaf_modules
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    import ds_longctx
     from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False    # skip a 66 s JIT build on CPU
     deepspeed.init_distributed(dist_backend="gloo")
     gathers = [0]
     _count_all_gathers(gathers)
-    cfg_dict = json.loads((Path(ds_longctx.__file__).parent / "models" / "qwen3-tiny.json").read_text())
-    ids = torch.randint(0, cfg_dict["vocab_size"], (2, 37), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, tiny_config().vocab_size, (2, 37), generator=torch.Generator().manual_seed(3))
 
     results, info = {}, {}
     for name, v in VARIANTS.items():
-        torch.manual_seed(0)
-        model = Qwen3ForCausalLM(Qwen3Config.from_dict(cfg_dict)).train()
+        model = tiny_model(seed=0)      # the engine's per-name draw: the same weights on every rank and variant
         mlps = [layer.mlp for layer in model.model.layers]
         if v.form == "per_tile":
             for mlp in mlps:
@@ -156,21 +156,17 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     for name in VARIANTS:
         for step, ((loss, grads), (loss_ref, grads_ref)) in enumerate(zip(results[name], results["plain"])):
             assert grads.keys() == grads_ref.keys()
-            errs = {n: rel_err(grads[n], grads_ref[n]) for n in grads_ref}
-            report[f"{name}/step{step}"] = {"step": step, "loss": rel_err(loss, loss_ref),
+            errs = {n: rel_err(grads[n], grads_ref[n], norm="max") for n in grads_ref}
+            report[f"{name}/step{step}"] = {"step": step, "loss": rel_err(loss, loss_ref, norm="max"),
                                             "max_grad": max(errs.values()), "worst": max(errs, key=errs.get)}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"errors": report, "info": info}))
-    deepspeed.comm.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # leave together, groups torn down (as grad_worker.py does)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def test_tiled_mlp_matches_plain_under_zero3(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    torchrun(WORLD, ["tests/distributed/test_tiled_mlp_zero3.py", str(tmp_path)])
     for rank in range(WORLD):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         report, info = got["errors"], got["info"]
@@ -186,3 +182,7 @@ def test_tiled_mlp_matches_plain_under_zero3(tmp_path):
         two, eight = info["tiled:2/lean"], info["tiled:8/lean"]
         assert [s["all_gathers"] for s in two] == [s["all_gathers"] for s in eight], (rank, two, eight)
         assert info["per_tile"][0]["all_gathers"] > info["tiled"][0]["all_gathers"], (rank, info)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, cpu_env, free_port, read_metrics, rel
+from tests.helpers import ROOT, cpu_env, free_port, read_metrics, rel_err, run_cli
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
@@ -18,9 +18,8 @@ RUN = ["--model", "qwen3-tiny", "--seq_len", "64", "--steps", "3", "--dtype", "f
 
 
 def ds_longctx_train(nproc, sp, out, extra=(), with_log=False):
-    cmd = [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", str(nproc), *RUN, "--sp_size", str(sp),
-           "--output_dir", str(out), *extra]
-    res = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=900)
+    res = run_cli(["train", "--nproc", str(nproc), *RUN, "--sp_size", str(sp), "--output_dir", str(out), *extra],
+                  timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     losses = [r["loss"] for r in read_metrics(out)]
     return (losses, res.stdout + res.stderr) if with_log else losses
@@ -35,7 +34,7 @@ def sp1_losses(tmp_path_factory):
 def test_layouts_write_the_same_losses(tmp_path, sp1_losses, nproc):
     losses = ds_longctx_train(nproc, nproc, tmp_path)
     assert len(losses) == 3
-    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
+    assert max(rel_err(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
 
 
 def test_deepspeed_launcher_matches_sp1(tmp_path, sp1_losses):
@@ -46,7 +45,7 @@ def test_deepspeed_launcher_matches_sp1(tmp_path, sp1_losses):
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     losses = [r["loss"] for r in read_metrics(tmp_path)]
-    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
+    assert max(rel_err(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
 
 
 def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
@@ -63,8 +62,8 @@ def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
      "placement: offload:1,cache:1 (layers 0 offload, 1 cache)")])
 def test_attention_cache_under_zero3_sp2_gives_the_sp1_losses(tmp_path, sp1_losses, extra, routed):
     """ZeRO-3 + Ulysses SP=2 with the attention cache (alone, and beside DeepSpeed's checkpoint on layer 0):
-    the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is tests/test_attention_cache.py;
-    here the log proves the layers were routed."""
+    the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is
+    tests/levers/test_attention_cache.py; here the log proves the layers were routed."""
     losses, log = ds_longctx_train(2, 2, tmp_path, extra, with_log=True)
     assert routed in log  # the plan read back from the layers after it was applied
-    assert max(rel(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
+    assert max(rel_err(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)

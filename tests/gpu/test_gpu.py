@@ -6,8 +6,8 @@
 import pytest
 import torch
 
-from tests.conftest import gpu_env, reference_model, rel
-from tests.distributed.test_ulysses import reference, run, sample
+from tests.helpers import gpu_env, rel_err, tiny_model
+from tests.distributed.test_ulysses import run, sample
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -38,7 +38,7 @@ def test_packed_varlen_matches_per_document(dtype, tol):
             q[:, :, sl].float(), k[:, :, sl].float().repeat_interleave(h // hk, 1),
             v[:, :, sl].float().repeat_interleave(h // hk, 1), is_causal=True).transpose(1, 2))
         start += L
-    assert rel(out.float(), torch.cat(ref, dim=1)) <= tol
+    assert rel_err(out.float(), torch.cat(ref, dim=1)) <= tol
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -55,7 +55,7 @@ def test_chunked_loss_cuda_matches_plain(dtype, tol):
     h32, w32 = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     ref = torch.nn.functional.cross_entropy(h32 @ w32.T, y, ignore_index=-100, reduction="sum")
     (ref * 0.37).backward()
-    assert rel(loss, ref) <= tol and rel(h.grad, h32.grad) <= tol and rel(w.grad, w32.grad) <= tol
+    assert rel_err(loss, ref) <= tol and rel_err(h.grad, h32.grad) <= tol and rel_err(w.grad, w32.grad) <= tol
 
 
 @two_gpus
@@ -64,8 +64,8 @@ def test_sp2_matches_sp1_bf16(tmp_path):
     kw = dict(dtype="bf16", length=2048, env=gpu_env())
     sp1 = run(tmp_path, 1, 1, **kw)
     sp2 = run(tmp_path, 2, 2, **kw)
-    assert rel(sp2["loss"], sp1["loss"]) <= 5e-3
-    worst = max(rel(sp2["grads"][n], g) for n, g in sp1["grads"].items())
+    assert rel_err(sp2["loss"], sp1["loss"]) <= 5e-3
+    worst = max(rel_err(sp2["grads"][n], g) for n, g in sp1["grads"].items())
     assert worst <= 5e-2, worst
 
 
@@ -76,7 +76,7 @@ def test_offload_on_vs_off_identical_grads(tmp_path):
     off = run(tmp_path, 2, 2, activation_offload=False, **kw)
     on = run(tmp_path, 2, 2, activation_offload=True, offload_layers="all", **kw)
     assert on["loss"] == off["loss"]
-    worst = max(rel(on["grads"][n], g) for n, g in off["grads"].items())
+    worst = max(rel_err(on["grads"][n], g) for n, g in off["grads"].items())
     assert worst <= 1e-6, worst
 
 
@@ -86,12 +86,11 @@ def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
     got = run(tmp_path, 2, 2, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_mlp=True,
               tile_tokens=100, activation_offload=True)
     ids = sample(0, 2048)
-    model = reference_model(seed=0, device="cuda")
-    model.config._attn_implementation = "sdpa"
+    model = tiny_model(seed=0, attn="sdpa", device="cuda")
     loss = model(input_ids=ids[None].cuda(), labels=ids[None].cuda()).loss
     loss.backward()
-    assert rel(got["loss"], float(loss)) <= 1e-4
-    worst = max(rel(got["grads"][n], p.grad.float().cpu()) for n, p in model.named_parameters())
+    assert rel_err(got["loss"], float(loss)) <= 1e-4
+    worst = max(rel_err(got["grads"][n], p.grad.float().cpu()) for n, p in model.named_parameters())
     assert worst <= 1e-3, worst
 
 
@@ -102,7 +101,7 @@ def test_attention_cache_on_cuda_keeps_grads_and_skips_the_cudnn_recompute():
 
     from ds_longctx.parallel import attention
     from ds_longctx.levers.attention_cache import apply_attention_cache
-    from tests.test_attention_cache import loss_and_grads, tiny_model
+    from tests.levers.test_attention_cache import loss_and_grads
 
     attention.select("auto", announce=False)
     ref = tiny_model().cuda().to(torch.bfloat16)
@@ -116,6 +115,6 @@ def test_attention_cache_on_cuda_keeps_grads_and_skips_the_cudnn_recompute():
     apply_attention_cache(model, L)
     loss, grads, calls = loss_and_grads(model, ids)
     assert calls == L
-    assert rel(float(loss), float(loss_ref)) <= 1e-3
-    worst = max(rel(grads[n].float().cpu(), g.float().cpu()) for n, g in grads_ref.items())
+    assert rel_err(float(loss), float(loss_ref)) <= 1e-3
+    worst = max(rel_err(grads[n].float().cpu(), g.float().cpu()) for n, g in grads_ref.items())
     assert worst <= 1e-2, worst

@@ -20,8 +20,8 @@ from ds_longctx.run import checkpoint
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.data import build_data
 from ds_longctx.run.preflight import preflight
-from tests.conftest import ROOT, cpu_env, free_port
-from tests.data_helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet
+from tests.helpers import (ROOT, cpu_env, documents, free_port, make_tokenizer, run_cli, token_ids, write_jsonl,
+                           write_parquet)
 
 
 @pytest.fixture(scope="module")
@@ -323,10 +323,8 @@ def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_
     """Out-of-vocabulary token ids are found by the workers (rank 0 reads the data): `ds-longctx train` still exits
     2 with the one refusal line as the last thing printed, no traceback, nothing written."""
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", "--sp_size", "2",
-                          "--data", str(files["dir"] / "ids_high.jsonl"), "--seq_len", "32",
-                          "--data_cache_dir", files["cache"], "--output_dir", str(out)],
-                         env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--data", str(files["dir"] / "ids_high.jsonl"),
+                   "--seq_len", "32", "--data_cache_dir", files["cache"], "--output_dir", str(out)], timeout=300)
     assert res.returncode == 2, res.stderr[-3000:]
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("refused before start: data=") and "token id 700" in last and "re-tokenize" in last

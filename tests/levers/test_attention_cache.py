@@ -1,35 +1,23 @@
 """attention_cache.py on CPU: same loss and gradients as plain checkpointing (the reference: a plain HF model,
 no checkpointing), and the attention kernel really runs once per cached layer instead of twice. Which layers
-cache, and the rules against overlapping offload, are the placement plan's (tests/test_placement.py)."""
+cache, and the rules against overlapping offload, are the placement plan's (tests/levers/test_placement.py)."""
 
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import ds_longctx
 from ds_longctx.parallel import attention
 from ds_longctx.parallel import ulysses
 from ds_longctx.levers.attention_cache import is_attention_kernel
 from ds_longctx.levers.placement import PlacementPlan, apply_placement, remove_placement
 from ds_longctx.parallel.parallel_state import ParallelState
+from tests.helpers import rel_err, tiny_model
 
-MODELS = Path(ds_longctx.__file__).parent / "models"
 ONE = ParallelState(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
-
-
-def tiny_model(seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config.from_dict(json.loads((MODELS / "qwen3-tiny.json").read_text()))
-    cfg._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(cfg).train()
 
 
 class KernelCalls(TorchDispatchMode):
@@ -51,10 +39,6 @@ def loss_and_grads(model, ids):
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
     return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, counter.calls
-
-
-def rel(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 @pytest.mark.parametrize("path", ["sdpa", "ulysses_sp1"])
@@ -81,9 +65,9 @@ def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(path, n_cached):
         if path == "ulysses_sp1":
             ulysses.unregister(model)
     assert calls == 2 * L - n_cached  # the cached layers' recompute returned the kept output
-    assert rel(loss, loss_ref) <= 1e-6
+    assert rel_err(loss, loss_ref, norm="max") <= 1e-6
     for n, g in grads_ref.items():
-        assert rel(grads[n], g) <= 1e-5, n
+        assert rel_err(grads[n], g, norm="max") <= 1e-5, n
     # removed: back to recomputing every kernel
     assert loss_and_grads(model, ids)[2] == 2 * L
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy
+from tests.helpers import rel_err
 
 IGNORE = -100
 H, V = 24, 131
@@ -32,14 +33,6 @@ def reference_cross_entropy(hidden, weight, labels):
     """The plain path, written out: full [N, V] logits in the input dtype, fp32 cross-entropy, sum."""
     logits = F.linear(hidden, weight).float()  # [N, V]
     return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
-
-
-def rel_err(a, b):
-    """||a - b|| / ||b|| in fp32; 0 when both are zero."""
-    a, b = a.detach().float(), b.detach().float()
-    if b.norm() == 0:
-        return a.norm().item()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def make_labels(n, case, gen):

@@ -16,7 +16,7 @@ from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.search import choose, find_max_len, run_placement
 from ds_longctx.plan.planner import GB
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 PLAN_8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80"]
 

@@ -14,7 +14,7 @@ from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.preflight import validate
 from ds_longctx.parallel.parallel_state import check_sp_size, valid_sp_sizes
-from tests.conftest import ROOT, cpu_env
+from tests.helpers import ROOT, cpu_env, run_cli
 
 
 def test_yaml_and_cli_round_trip(tmp_path):
@@ -109,8 +109,7 @@ def test_model_whose_attention_cannot_be_wrapped():
 
 def test_cli_refuses_before_starting_workers():
     t = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", "--sp_size", "3",
-                          "--seq_len", "96"], env=cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=120)
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "3", "--seq_len", "96"], timeout=120)
     assert res.returncode == 2
     assert "sp_size=3 does not divide world_size=2" in res.stderr
     assert "torch.distributed.run" not in res.stderr  # no worker was started

@@ -12,8 +12,7 @@ from ds_longctx.data.rows import pack_rows
 from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
-from tests.data_helpers import (documents, make_tokenizer, token_ids, write_jsonl, write_parquet,
-                                write_txt_dir)
+from tests.helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
 
 L = 32
 

@@ -1,4 +1,4 @@
-"""The memory model: hand-computed values, exact offload accounting, monotonicity (choices: test_plan_search.py)."""
+"""The memory model: hand-computed values, exact offload accounting, monotonicity (choices: test_search.py)."""
 
 from __future__ import annotations
 

@@ -4,19 +4,15 @@ planner. (Numerics of a mixed plan under ZeRO-3 SP=2: tests/distributed/test_pla
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 import pytest
-import torch
 
-import ds_longctx
 from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
 from ds_longctx.levers.placement import (Place, PlacementPlan, applied_placement, apply_placement, decoder_layers,
                                          remove_placement, resolve_placement)
 from ds_longctx.plan.planner import GB, Levers, ModelGeometry, plan_memory
+from tests.helpers import tiny_model
 
-MODELS = Path(ds_longctx.__file__).parent / "models"
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
 
 
@@ -56,15 +52,6 @@ def test_counts_make_first_offloaded_last_cached():
 def test_every_rule_refuses_naming_the_fix(kw, needle):
     with pytest.raises(ValueError, match=needle.replace("+", r"\+").replace("(", r"\(")):
         resolve(**kw)
-
-
-def tiny_model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config.from_dict(json.loads((MODELS / "qwen3-tiny.json").read_text()))
-    cfg._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(cfg).train()
 
 
 def test_apply_routes_each_layer_and_remove_restores_the_model():

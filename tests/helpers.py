@@ -1,0 +1,215 @@
+"""The one test toolbox: environments for subprocesses, the relative error, the tiny reference model, the
+multi-process harness (torchrun on CPU/gloo, the `ds-longctx` CLI) and the small local corpus (no network).
+
+Heavy imports (torch, transformers, deepspeed) stay inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- environments
+def cpu_env() -> dict:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def gpu_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="4", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_metrics(output_dir) -> list[dict]:
+    return [json.loads(l) for l in (Path(output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+
+# ----------------------------------------------------------------------------- numerics
+def rel_err(a, b, norm: str = "fro") -> float:
+    """The relative error of `a` against the reference `b` (tensors or numbers), computed in float64.
+
+    norm="fro":         ||a - b|| / ||b|| (Frobenius); ||a|| when ||b|| == 0 (so 0 when both are zero).
+    norm="max":         max|a - b| / max|b| (max|b| clamped at 1e-30): relative to the tensor's scale, so
+                        near-zero elements do not dominate.
+    norm="elementwise": max over elements of |a - b| / |b| (for references with no zero element).
+    """
+    import torch
+    a = torch.as_tensor(a).detach().to(torch.float64)
+    b = torch.as_tensor(b).detach().to(torch.float64)
+    if norm == "fro":
+        b_norm = b.norm()
+        if b_norm == 0:
+            return float(a.norm())
+        return float((a - b).norm() / b_norm)
+    if norm == "max":
+        return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+    if norm == "elementwise":
+        return float(((a - b).abs() / b.abs()).max())
+    raise ValueError(f"norm={norm!r}: use 'fro', 'max' or 'elementwise'")
+
+
+# ----------------------------------------------------------------------------- the tiny model
+def tiny_config(attn: str = "sdpa"):
+    """The HF config of the shipped `qwen3-tiny` geometry (2 layers, hidden 64, 8 query / 2 KV heads, vocab 512),
+    with attention implementation `attn`."""
+    from ds_longctx.run.model import load_hf_config
+    cfg = load_hf_config("qwen3-tiny")
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def tiny_model(seed: int = 0, attn: str = "sdpa", dtype=None, device: str = "cpu"):
+    """A plain HF Qwen3ForCausalLM (no DeepSpeed, no Ulysses) of the `qwen3-tiny` geometry, in train mode, with the
+    engine's deterministic weights for `seed` (`init_weights`: one draw per parameter name, from a generator of the
+    parameter's device, so the same weights as an engine on the same device type, in every process)."""
+    from ds_longctx.run.model import init_weights, model_class
+    cfg = tiny_config(attn)
+    model = model_class(cfg)(cfg).to(device)
+    init_weights(model, seed, cfg.initializer_range)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.train()
+
+
+# ----------------------------------------------------------------------------- multi-process runs
+def torchrun_cmd(nproc: int, args: list[str], module: bool = False, port: int | None = None) -> list[str]:
+    """The torchrun command line for `args` (a script path + its args, or a module + its args when `module`)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+            "127.0.0.1", "--master_port", str(port or free_port()), *(["-m"] if module else []), *args]
+
+
+def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None = None,
+             timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `args` under torchrun (CPU/gloo unless `env` says otherwise), blocking; AssertionError with the output's
+    tail when it fails."""
+    cmd = torchrun_cmd(nproc, args, module)
+    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if res.returncode and "terminate called without an active exception" in res.stderr:
+        # Seen once in CI (2026-11-30, the suite's first multi-process test, rank 1 SIGABRT at start-up, passed
+        # on rerun); cause not found. One retry on that exact signature only, on a fresh port; see issue notes.
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if res.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
+    return res
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it."""
+    return subprocess.run([sys.executable, "-m", "ds_longctx.cli", *args], env=env or cpu_env(), capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout)
+
+
+def start(nproc: int, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """`ds_longctx.train ARGS` under torchrun in the background, stdout and stderr to `log`."""
+    with open(log, "w") as f:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(torchrun_cmd(nproc, ["ds_longctx.train", *args], module=True), env=env or cpu_env(),
+                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def wait_for_steps(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout: float = 240) -> None:
+    """Until `out`/metrics.jsonl has `n` steps; AssertionError if the run ends first or `timeout` passes."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (out / "metrics.jsonl").exists() and len(read_metrics(out)) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended ({proc.returncode}) before {n} steps:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no {n} steps within {timeout}s:\n{log.read_text()[-4000:]}")
+
+
+def worker(proc: subprocess.Popen, rank: int):
+    """The psutil.Process of the torchrun worker with RANK == rank."""
+    import psutil
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank) and "ds_longctx.train" in " ".join(child.cmdline()):
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError(f"no worker with RANK={rank}")
+
+
+def text_run_args(d: Path) -> list[str]:
+    """A small JSONL corpus + word-level tokenizer under `d`; the train options that read it (fp32, SP=2)."""
+    if not (d / "c.jsonl").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        make_tokenizer(d / "tok")
+        write_jsonl(d / "c.jsonl", documents(120, seed=1))
+    return ["--model", "qwen3-tiny", "--seq_len", "64", "--dtype", "fp32", "--lr", "1e-3", "--sp_size", "2",
+            "--data", str(d / "c.jsonl"), "--tokenizer", str(d / "tok"), "--data_cache_dir", str(d / "cache")]
+
+
+# ----------------------------------------------------------------------------- a small local corpus
+SPECIALS = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
+
+
+def words(n: int) -> list[str]:
+    return [f"w{i}" for i in range(n)]
+
+
+def make_tokenizer(path: Path, n_words: int = 60) -> Path:
+    """A WordLevel tokenizer over `n_words` words + 4 specials, saved as a PreTrainedTokenizerFast directory
+    (ids: [PAD]=0 [BOS]=1 [EOS]=2 [UNK]=3, then w0, w1, ...)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {t: i for i, t in enumerate(SPECIALS + words(n_words))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]",
+                                   unk_token="[UNK]")
+    fast.save_pretrained(str(path))
+    return path
+
+
+def documents(n_docs: int, min_words: int = 5, max_words: int = 40, n_words: int = 60, seed: int = 0) -> list[str]:
+    import random
+    rng = random.Random(seed)
+    vocab = words(n_words)
+    return [" ".join(rng.choice(vocab) for _ in range(rng.randint(min_words, max_words))) for _ in range(n_docs)]
+
+
+def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: d}) + "\n" for d in docs))
+    return path
+
+
+def write_txt_dir(path: Path, docs: list[str]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for i, d in enumerate(docs):
+        (path / f"doc{i:04d}.txt").write_text(d + "\n")
+    return path
+
+
+def write_parquet(path: Path, docs: list[str]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": docs}), str(path))
+    return path
+
+
+def token_ids(docs: list[str]) -> list[list[int]]:
+    """What make_tokenizer gives for each document (word wK -> id K + 4), without EOS."""
+    return [[int(w[1:]) + len(SPECIALS) for w in d.split()] for d in docs]
