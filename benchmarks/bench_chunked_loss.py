@@ -10,7 +10,7 @@ Per N and method: forward+backward time (median of --reps after --warmup, CUDA e
 the baseline (max_memory_allocated after reset_peak_memory_stats, minus what was allocated before: the
 inputs), and relative errors ||a - b|| / ||b|| of loss, dL/dhidden, dL/dweight against an fp32 reference fed
 the same bf16 inputs: plain fp32 cross-entropy where it fits, else our chunked path in fp32 (which
-tests/test_chunked_loss.py holds to 1e-6 of plain). The peak includes the bf16 gradients every method
+tests/levers/test_chunked_loss.py holds to 1e-6 of plain). The peak includes the bf16 gradients every method
 returns (N x H x 2 + V x H x 2 bytes). At the smallest N each method is also run with loss * 0.5 to check
 that both gradients halve ("grad_output ok").
 """
@@ -206,7 +206,7 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         sys.exit("bench_chunked_loss.py measures CUDA memory and time and needs a GPU; none is visible "
-                 "(torch.cuda.is_available() is False). The CPU numerics are in tests/test_chunked_loss.py.")
+                 "(torch.cuda.is_available() is False). The CPU numerics are in tests/levers/test_chunked_loss.py.")
     torch.set_float32_matmul_precision("highest")  # the fp32 reference must not use TF32
     try:
         import deepspeed
