@@ -6,16 +6,16 @@ from pydantic import field_validator
 
 from ds_longctx.config.base import Section
 
-ATTN_BACKENDS = ("auto", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn")
+ATTN_BACKENDS = ("auto", "fa4", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn")
 
 
 class KernelsConfig(Section):
     """Which kernels run the model's hot ops."""
 
     attn_backend: str = "auto"
-    """Attention kernel: auto (flash-attn if installed and not on Hopper, else SDPA with cuDNN on Hopper, flash
-    elsewhere), sdpa (SDPA, kernel picked as auto), sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math,
-    flash_attn."""
+    """Attention kernel: auto (FlashAttention 4 on Hopper when installed, else cuDNN SDPA there; flash-attn 2 when
+    installed on other GPUs, else SDPA's flash kernel), fa4, sdpa (SDPA, kernel picked per device), sdpa_cudnn,
+    sdpa_flash, sdpa_efficient, sdpa_math, flash_attn (flash-attn 2). The choice and its reason are logged."""
 
     @field_validator("attn_backend")
     @classmethod

@@ -9,10 +9,10 @@
 Entries (`Place`), one per decoder layer, in layer order:
     keep           activation checkpoint (the layer's input) on the GPU; the layer is recomputed in backward
     offload        the checkpoint in pinned host memory, through DeepSpeed's checkpoint (offload.py)
-    cache          checkpoint on the GPU and the attention kernel's output + LSE kept, so the recompute skips
-                   attention (attention_cache.py)
-    cache+offload  named for the offloaded attention cache; refused until it is built: an offloaded layer goes
-                   through DeepSpeed's checkpoint, which keeps nothing but the layer input
+    cache          checkpoint on the GPU and the attention kernel's output + LSE kept on the GPU, so the
+                   recompute skips attention (attention_cache.py)
+    cache+offload  checkpoint and the kept attention output + LSE both in pinned host memory: no attention
+                   recompute, nothing of the layer held on the GPU between its forward and its backward
     none           no checkpoint: every activation kept (activation_checkpointing: false, all layers)
 
 How a plan is made (`resolve_placement`): an explicit `placement` spec from the config (`offload:30,keep:6`), or
@@ -51,8 +51,7 @@ class Place(str, Enum):
 ON_HOST = (Place.OFFLOAD, Place.CACHE_OFFLOAD)          # the layer's checkpoint lives in host memory
 CACHED = (Place.CACHE, Place.CACHE_OFFLOAD)             # the layer's attention output is kept
 CHECKPOINTED = (Place.KEEP, Place.OFFLOAD, Place.CACHE, Place.CACHE_OFFLOAD)
-NOT_YET = {Place.CACHE_OFFLOAD: "an offloaded layer goes through DeepSpeed's checkpoint, which keeps nothing but "
-                                "the layer input, so its attention output cannot be cached yet; use offload or cache"}
+NOT_YET: dict = {}  # placements named but not built yet: {Place: why}
 
 
 @dataclass(frozen=True)
@@ -268,39 +267,64 @@ def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[d
     if not getattr(layers[0], "gradient_checkpointing", False):
         _checkpointing(model, on=True)
         model.__dict__[_ENABLED_ATTR] = True
-    funcs = {Place.KEEP: None}
+    funcs = {Place.KEEP: None, Place.CACHE: None}
     if plan.offloaded:
         from ds_longctx.levers.offload import offload_checkpoint_function
         if ds_config is None:
             raise ValueError("offloaded layers need the DeepSpeed config (its activation_checkpointing block)")
-        funcs[Place.OFFLOAD] = offload_checkpoint_function(ds_config)
-    if plan.cached:
-        from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
-        funcs[Place.CACHE] = checkpoint_with_attention_cache
+        funcs[Place.OFFLOAD] = funcs[Place.CACHE_OFFLOAD] = offload_checkpoint_function(ds_config)
+    from ds_longctx.levers import attention_cache
     for layer, place, original in zip(layers, plan.layers, originals):
         layer.__dict__.setdefault(_PREV_ATTR, original)
-        layer._gradient_checkpointing_func = funcs[place] or layer._gradient_checkpointing_func  # keep: torch's
-        setattr(layer, _PLACE_ATTR, place)
+        layer._gradient_checkpointing_func = funcs[place] or layer._gradient_checkpointing_func  # torch's
+        if place in CACHED:
+            attention_cache.attach(layer, on_host=place == Place.CACHE_OFFLOAD)
+        else:
+            attention_cache.detach(layer)
     applied = applied_placement(model)
     log.info("placement: %s", applied.describe())
     return applied
 
 
 def applied_placement(model: nn.Module) -> PlacementPlan:
-    """What the layers were given (by `apply_placement`): `none` for a layer that is not checkpointed."""
+    """What the layers were given, read off them: the checkpoint function (DeepSpeed's: offloaded) and the
+    attention slot (on the host or the GPU); `none` for a layer that is not checkpointed."""
+    from ds_longctx.levers import attention_cache
     out = []
     for layer in decoder_layers(model):
-        on = getattr(layer, "gradient_checkpointing", False)
-        out.append(getattr(layer, _PLACE_ATTR, Place.KEEP) if on else Place.NONE)
+        if not getattr(layer, "gradient_checkpointing", False):
+            out.append(Place.NONE)
+            continue
+        offloaded = _is_offload_function(layer.__dict__.get("_gradient_checkpointing_func"))
+        slot = attention_cache.layer_slot(layer)
+        if slot is None:
+            out.append(Place.OFFLOAD if offloaded else Place.KEEP)
+        else:
+            out.append(Place.CACHE_OFFLOAD if offloaded and slot.on_host else Place.CACHE if not offloaded and
+                       not slot.on_host else _mixed(offloaded, slot.on_host))
     return PlacementPlan(tuple(out))
+
+
+def _is_offload_function(fn) -> bool:
+    if fn is None or "deepspeed" not in getattr(fn, "__module__", ""):
+        return False
+    import deepspeed
+    return fn is deepspeed.checkpointing.checkpoint
+
+
+def _mixed(offloaded: bool, on_host: bool):
+    raise RuntimeError(f"a layer has its checkpoint {'offloaded' if offloaded else 'on the GPU'} and its attention "
+                       f"cache {'on the host' if on_host else 'on the GPU'}: no placement applies that")
 
 
 def remove_placement(model: nn.Module) -> None:
     """Give every layer back the checkpoint function it had before `apply_placement` (and turn checkpointing off
     again if `apply_placement` turned it on)."""
+    from ds_longctx.levers import attention_cache
     if model.__dict__.pop(_ENABLED_ATTR, False):
         _checkpointing(model, on=False)
     for layer in decoder_layers(model):
+        attention_cache.detach(layer)
         prev = layer.__dict__.pop(_PREV_ATTR, None)
         if prev is _MISSING:
             layer.__dict__.pop("_gradient_checkpointing_func", None)

@@ -1,24 +1,33 @@
 """Which attention kernel runs: chosen once per process, logged once, used by every layer.
 
 Dimensions: b batch, h query heads (local), hk KV heads (local), s full sequence, d head dim.
-`attend(q, k, v, ...)` takes `[b, h, s, d]` / `[b, hk, s, d]` and returns `[b, s, h, d]` (transformers'
-attention-function convention), always causal.
+`attend(q, k, v, scale, ..., slot=None)` takes `[b, h, s, d]` / `[b, hk, s, d]` and returns `[b, s, h, d]`
+(transformers' attention-function convention), always causal.
 
 Backends (`kernels.attn_backend` in the run config):
-- `flash_attn`: the flash-attn package (`flash_attn_func`, `flash_attn_varlen_func` for packed documents).
+- `fa4`: FlashAttention 4 (`flash-attn-4`, the flash-attention project's CuTe-DSL kernels; SM90 / SM100), dense
+  and varlen, GQA without repeating KV.
+- `flash_attn`: the flash-attn 2 package (`flash_attn_func`, `flash_attn_varlen_func` for packed documents).
 - `sdpa_cudnn` / `sdpa_flash` / `sdpa_efficient` / `sdpa_math`: PyTorch SDPA pinned to one kernel.
-- `sdpa`, `auto`: SDPA with the kernel picked per device: cuDNN on Hopper (on H200 at Ulysses shapes it ran
-  the causal forward + backward faster than SDPA's flash kernel; no committed benchmark of ours yet), else the
-  flash kernel; on CPU whatever SDPA has. `auto` takes flash-attn first when it is installed and the GPU is not
-  Hopper.
+- `sdpa`: SDPA with the kernel picked per device: cuDNN on Hopper, else the flash kernel; on CPU whatever SDPA has.
+- `auto`: FA4 on Hopper when it imports (faster than cuDNN SDPA at our shapes: benchmarks/bench_attention.py),
+  else flash-attn 2 when installed on a non-Hopper GPU, else `sdpa`. The choice and its reason are logged.
 
-Packed documents (`cu_seqlens` of the full sequence, b == 1): flash-attn varlen, or
+Kernel pairs. Where a backend exposes its forward with the log-sum-exp and a backward that takes them (`_Pair`:
+FA4; cuDNN SDPA on CUDA in bf16/fp16; SDPA's flash kernel on CPU), attention runs through our own autograd
+Function (`_Attend`) around that pair. That is what lets the attention cache (levers/attention_cache.py) keep a
+layer's output + LSE from its forward and hand them to the checkpoint recompute, which then skips the kernel.
+Other paths (flash-attn 2, the other SDPA kernels, fp32 on CUDA, packed documents without FA4) use the kernel's
+own autograd and cannot cache: a cache slot given to them is refused loudly once per process.
+
+Packed documents (`cu_seqlens` of the full sequence, b == 1): FA4 varlen, flash-attn varlen,
 `torch.nn.attention.varlen.varlen_attn` on CUDA, or (CPU / tests, small s only) SDPA with a block-diagonal
 causal mask.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -35,14 +44,23 @@ MAX_MASKED_TOKENS = 16384  # block-diagonal mask fallback is O(s^2): refuse beyo
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    backend: str          # "flash_attn" or "sdpa"
+    backend: str          # "fa4", "flash_attn" or "sdpa"
     sdpa_kernels: tuple   # SDPBackend names in priority order (sdpa only)
     reason: str
 
 
 def flash_attn_available() -> bool:
+    """flash-attn 2 (its CUDA extension; FA4 installs a `flash_attn` package too, without it)."""
     try:
-        import flash_attn  # noqa: F401
+        return importlib.util.find_spec("flash_attn_2_cuda") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def fa4_available() -> bool:
+    """FlashAttention 4's CuTe-DSL interface imports (needs CUDA, the CUTLASS DSL and an SM90/SM100 GPU)."""
+    try:
+        from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd  # noqa: F401
         return True
     except Exception:
         return False
@@ -55,6 +73,14 @@ def _is_hopper() -> bool:
 def resolve_backend(name: str) -> AttentionChoice:
     """Map a config name to a concrete kernel. Raises for a backend that cannot run here."""
     on_cuda = torch.cuda.is_available()
+    if name == "fa4":
+        if not on_cuda or torch.cuda.get_device_capability()[0] not in (9, 10):
+            raise ValueError("attn_backend='fa4' needs an SM90 (Hopper) or SM100 (Blackwell) GPU; use "
+                             "attn_backend='auto' or 'sdpa'")
+        if not fa4_available():
+            raise ValueError("attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
+                             "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'")
+        return AttentionChoice("fa4", (), "asked for")
     if name == "flash_attn":
         if not flash_attn_available():
             raise ValueError("attn_backend='flash_attn' but flash-attn is not installed; "
@@ -66,13 +92,17 @@ def resolve_backend(name: str) -> AttentionChoice:
         if not on_cuda and name != "sdpa_math":
             return AttentionChoice("sdpa", (), f"{name} asked for but no CUDA: SDPA's CPU kernel")
         return AttentionChoice("sdpa", (_SDPA_KERNELS[name],), "asked for")
+    if name == "auto" and _is_hopper() and fa4_available():
+        return AttentionChoice("fa4", (), "auto: Hopper GPU and FlashAttention 4 imports (faster than cuDNN SDPA "
+                                          "at Ulysses shapes: benchmarks/bench_attention.py)")
     if name == "auto" and on_cuda and flash_attn_available() and not _is_hopper():
         return AttentionChoice("flash_attn", (), "auto: flash-attn installed, GPU is not Hopper")
     if not on_cuda:
         return AttentionChoice("sdpa", (), f"{name}: no CUDA, SDPA's CPU kernel")
     if _is_hopper():
         return AttentionChoice("sdpa", ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
-                               f"{name}: Hopper GPU, cuDNN SDPA")
+                               f"{name}: Hopper GPU, cuDNN SDPA" + (" (FlashAttention 4 not installed)"
+                                                                     if name == "auto" else ""))
     return AttentionChoice("sdpa", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"),
                            f"{name}: non-Hopper GPU, SDPA flash kernel")
 
@@ -95,6 +125,137 @@ def current() -> AttentionChoice:
     return _CHOICE if _CHOICE is not None else select("auto", announce=False)
 
 
+# ----------------------------------------------------------------------------- kernel pairs (forward with LSE)
+class _Pair:
+    """A forward that returns (out, saved tensors, meta) and the backward that takes them. q/k/v `[b, h, s, d]`."""
+
+    gqa = False  # the kernel reads fewer KV heads than query heads itself
+
+    def fwd(self, q, k, v, scale, cu, max_len):
+        raise NotImplementedError
+
+    def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
+        raise NotImplementedError
+
+    @staticmethod
+    def out_bshd(out: torch.Tensor) -> torch.Tensor:
+        """The pair's output as `[b, s, h, d]`."""
+        return out
+
+
+class _FA4(_Pair):
+    """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1); LSE `[b, h, s]`."""
+
+    gqa = True
+
+    def fwd(self, q, k, v, scale, cu, max_len):
+        from flash_attn.cute.interface import _flash_attn_fwd
+        if cu is None:
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))            # [b, h, s, d] -> [b, s, h, d]
+            out, lse, *_ = _flash_attn_fwd(qt, kt, vt, softmax_scale=scale, causal=True, return_lse=True)
+        else:
+            qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))         # [1, h, s, d] -> [s, h, d]
+            out, lse, *_ = _flash_attn_fwd(qt, kt, vt, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                                           max_seqlen_k=max_len, softmax_scale=scale, causal=True,
+                                           return_lse=True)
+        return out, (lse,), {}
+
+    def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
+        from flash_attn.cute.interface import _flash_attn_bwd
+        (lse,) = saved
+        if cu is None:
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            dq, dk, dv = _flash_attn_bwd(qt, kt, vt, out, dout, lse, scale, True)
+            return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))
+        dq, dk, dv = _flash_attn_bwd(qt, kt, vt, out, dout, lse, scale, True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                     max_seqlen_q=max_len, max_seqlen_k=max_len)
+        return tuple(t.transpose(0, 1)[None] for t in (dq, dk, dv))
+
+    @staticmethod
+    def out_bshd(out):
+        return out if out.dim() == 4 else out[None]                       # varlen [s, h, d] -> [1, s, h, d]
+
+
+class _CudnnSDPA(_Pair):
+    """SDPA's cuDNN kernel through its aten ops (dense, bf16/fp16); out `[b, h, s, d]`."""
+
+    def fwd(self, q, k, v, scale, cu, max_len):
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset = res[:8]
+        return out, (lse, cum_q, cum_k, seed, offset), {"max_q": max_q, "max_k": max_k}
+
+    def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
+        lse, cum_q, cum_k, seed, offset = saved
+        if dout.stride() != out.stride():  # the kernel reads dO in O's layout
+            dout = torch.empty_like(out).copy_(dout)
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, lse, seed, offset, torch.empty(0, device=q.device), cum_q, cum_k, meta["max_q"],
+            meta["max_k"], 0.0, True, scale=scale)
+
+    @staticmethod
+    def out_bshd(out):
+        return out.transpose(1, 2)
+
+
+class _CpuFlashSDPA(_Pair):
+    """SDPA's CPU flash kernel through its aten ops (dense): what CPU tests of the cache run."""
+
+    def fwd(self, q, k, v, scale, cu, max_len):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        return out, (lse,), {}
+
+    def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.contiguous(), q, k, v, out, saved[0], 0.0, True, scale=scale)
+
+    @staticmethod
+    def out_bshd(out):
+        return out.transpose(1, 2)
+
+
+def kernel_pair(q: torch.Tensor, cu_seqlens) -> Optional[_Pair]:
+    """The pair the current backend runs for these inputs, None where it has none (see the module doc)."""
+    choice = current()
+    if choice.backend == "fa4" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        return _FA4()
+    if cu_seqlens is not None or choice.backend != "sdpa":
+        return None
+    if not q.is_cuda:
+        return _CpuFlashSDPA() if not choice.sdpa_kernels else None
+    if choice.sdpa_kernels[:1] == ("CUDNN_ATTENTION",) and q.dtype in (torch.bfloat16, torch.float16):
+        return _CudnnSDPA()
+    return None
+
+
+class _Attend(torch.autograd.Function):
+    """Attention through a kernel pair, with an optional cache slot: a slot holding this layer's output + saved
+    tensors (kept by its forward) is taken instead of running the kernel (the checkpoint recompute)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pair, scale, cu, max_len, slot):
+        kept = slot.take() if slot is not None else None
+        if kept is None:
+            out, saved, meta = pair.fwd(q, k, v, scale, cu, max_len)
+            if slot is not None:
+                slot.keep((out, saved, meta))
+        else:
+            out, saved, meta = kept
+        ctx.save_for_backward(q, k, v, out, *saved)
+        ctx.pair, ctx.meta, ctx.scale, ctx.cu, ctx.max_len = pair, meta, scale, cu, max_len
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, *saved = ctx.saved_tensors
+        dq, dk, dv = ctx.pair.bwd(dout, q, k, v, out, tuple(saved), ctx.meta, ctx.scale, ctx.cu, ctx.max_len)
+        return dq, dk, dv, None, None, None, None, None
+
+
+_WARNED_SLOT = [False]
+
+
+# ----------------------------------------------------------------------------- the kernels' own autograd
 def _sdpa(q, k, v, scale, mask=None):
     choice = current()
     kwargs = dict(scale=scale, enable_gqa=q.shape[1] != k.shape[1])
@@ -125,7 +286,7 @@ def _sdpa(q, k, v, scale, mask=None):
 def _block_causal_mask(cu_seqlens: torch.Tensor, s: int, device) -> torch.Tensor:
     """[s, s] bool: True where query i may attend key j (same document, j <= i)."""
     if s > MAX_MASKED_TOKENS:
-        raise ValueError(f"packed documents at s={s} need a varlen kernel (flash-attn, or varlen_attn on CUDA); "
+        raise ValueError(f"packed documents at s={s} need a varlen kernel (FA4, flash-attn, or varlen_attn on CUDA); "
                          f"the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens")
     doc = torch.zeros(s, dtype=torch.long, device=device)
     doc[cu_seqlens[1:-1].to(device)] = 1
@@ -134,16 +295,9 @@ def _block_causal_mask(cu_seqlens: torch.Tensor, s: int, device) -> torch.Tensor
     return (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-           cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None) -> torch.Tensor:
-    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s, d]` -> `[b, s, h, d]`.
-
-    `cu_seqlens` (int32 `[n_docs + 1]`, offsets of documents in the full sequence) keeps packed documents
-    apart; it needs b == 1.
-    """
+def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen):
+    """The paths without a kernel pair: the kernel's own autograd, `[b, s, h, d]` out."""
     choice = current()
-    if cu_seqlens is not None and q.shape[0] != 1:
-        raise ValueError(f"packed documents need micro_batch=1, got batch {q.shape[0]}")
     if choice.backend == "flash_attn":
         from flash_attn import flash_attn_func, flash_attn_varlen_func
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] -> [b, s, h, d]
@@ -165,3 +319,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         return out.unsqueeze(0)
     mask = _block_causal_mask(cu_seqlens, q.shape[2], q.device)
     return _sdpa(q, k, v, scale, mask=mask).transpose(1, 2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+           cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, slot=None) -> torch.Tensor:
+    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s, d]` -> `[b, s, h, d]`.
+
+    `cu_seqlens` (int32 `[n_docs + 1]`, offsets of documents in the full sequence) keeps packed documents
+    apart; it needs b == 1. `slot` (levers/attention_cache.py) keeps this call's output for the recompute, or
+    hands back the one kept; it needs a kernel pair (module doc).
+    """
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError(f"packed documents need micro_batch=1, got batch {q.shape[0]}")
+    pair = kernel_pair(q, cu_seqlens)
+    if pair is None:
+        if slot is not None and not _WARNED_SLOT[0]:
+            _WARNED_SLOT[0] = True
+            log.warning("attention cache: backend %s (%s, %s) has no kernel pair with its LSE here; cached layers "
+                        "recompute attention", current().backend, q.dtype, "packed" if cu_seqlens is not None
+                        else "dense")
+        return _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen)
+    if not pair.gqa and k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]  # [b, hk, s, d] -> [b, h, s, d]; autograd sums the grads back
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    out = _Attend.apply(q, k, v, pair, scale, cu_seqlens, max_seqlen, slot)
+    return pair.out_bshd(out)

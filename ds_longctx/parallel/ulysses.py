@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx.levers import attention_cache
 from ds_longctx.parallel import attention
 from ds_longctx.parallel.parallel_state import ParallelState
 
@@ -102,8 +103,9 @@ class UlyssesAttention:
             raise ValueError(f"attention dropout={dropout} is not supported; set attention_dropout=0.0")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         group = self.state.sp_group
+        slot = attention_cache.slot_of(module)  # this layer's kept output (levers/attention_cache.py), or None
         if group is None:  # sp_size == 1: no exchange
-            out = attention.attend(query, key, value, scale, self.cu_seqlens, self.max_seqlen)
+            out = attention.attend(query, key, value, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
             return out, None
         if self.kv_rep > 1:
             # [b, hk, s/sp, d] -> [b, hk*r = sp, s/sp, d]: each rank receives the KV head its queries read
@@ -112,7 +114,7 @@ class UlyssesAttention:
         q = seq_to_head(query, group)  # [b, h, s/sp, d] -> [b, h/sp, s, d]
         k = seq_to_head(key, group)    # [b, hk', s/sp, d] -> [b, hk'/sp, s, d]
         v = seq_to_head(value, group)
-        out = attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen)  # [b, s, h/sp, d]
+        out = attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)  # [b, s, h/sp, d]
         out = head_to_seq(out, group)  # [b, s, h/sp, d] -> [b, s/sp, h, d]
         return out, None
 

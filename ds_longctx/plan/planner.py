@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ds_longctx.levers.placement import CACHED, PlacementPlan, resolve_placement
+from ds_longctx.levers.placement import Place, PlacementPlan, resolve_placement
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 
@@ -224,9 +224,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
-        attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for attention_cache_layers=n: each cached layer's
-                               kernel output and fp32 LSE (then attn_out_a2a / softmax_lse below are 0: the top
-                               layer's are its cached ones)
+        attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for the n `cache` layers of the placement: each
+                               one's kernel output and fp32 LSE (when the top layer is one, attn_out_a2a /
+                               softmax_lse below are 0: its are the cached ones); host G·n_host·the same for the
+                               n_host `cache+offload` layers (exact-size registered pinned memory, no rounding)
     Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
     Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
         chunked:  loss_chunk_logits_fp32 c·V·4 (turned in place into dL/dlogits), loss_chunk_bf16 c·V·2 (the
@@ -266,8 +267,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     g, G, sp = as_geometry(geom), gpus, sp_size
     parallel_state.check_sp_size(sp, G, g.heads, g.kv_heads)
     placement = levers.placement_for(g.layers)
-    k, n_cache = placement.offloaded, placement.cached
-    top_cached = placement[g.layers - 1] in CACHED
+    k = placement.offloaded
+    n_cache, n_cache_host = placement.count(Place.CACHE), placement.count(Place.CACHE_OFFLOAD)
+    top_cached = placement[g.layers - 1] == Place.CACHE  # its kept output is already counted on the GPU
     if min(seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
         raise ValueError(f"seq_len={seq_len}, loss_chunk_rows={levers.loss_chunk_rows}, tile_tokens="
                          f"{levers.tile_tokens} must be >= 1")
@@ -295,10 +297,12 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
     add("token_ids", 3 * T * 8, 0, "3·T·8")
-    if n_cache:
-        add("attention_cache", n_cache * (S * hq_l * d * 2 + hq_l * S * 4), 0,
-            f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache} cached layers"
-            + ("; the top layer's is its attn_out_a2a + lse)" if top_cached else ")"))
+    cache_layer = S * hq_l * d * 2 + hq_l * S * 4
+    if n_cache or n_cache_host:
+        add("attention_cache", n_cache * cache_layer, G * n_cache_host * cache_layer,
+            f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache} cached on GPU"
+            + ("; the top layer's is its attn_out_a2a + lse" if top_cached else "")
+            + f"); host G·n_host·the same, exact-size pinned (n_host={n_cache_host})")
 
     add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
     add("embedding_grad_bf16", V * H * 2, 0, "V·H·2", ("embed",))

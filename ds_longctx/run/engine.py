@@ -30,10 +30,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.loss_head import LossHead
-from ds_longctx.levers.placement import PlacementPlan, apply_placement
+from ds_longctx.levers import attention_cache
+from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
@@ -72,6 +74,7 @@ class LongCtxEngine:
                  attn: ulysses.UlyssesAttention, ds_config: dict, device: torch.device, placement: PlacementPlan):
         self.cfg, self.ds, self.module, self.state = cfg, ds_engine, module, state
         self.attn, self.ds_config, self.device, self.placement = attn, ds_config, device, placement
+        self.layers = decoder_layers(self.model)
 
     @property
     def model(self) -> nn.Module:
@@ -83,13 +86,16 @@ class LongCtxEngine:
         st = self.state
         shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
         self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+        attention_cache.new_step(self.layers)
         calls_before = self.attn.calls
-        loss, group_loss, n = self.ds(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
-                                      shard.shift_labels.to(self.device))
+        with record_function("ds_longctx.forward"):
+            loss, group_loss, n = self.ds(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
+                                          shard.shift_labels.to(self.device))
         if self.attn.calls == calls_before:
             raise RuntimeError(f"{type(self.model).__name__} did not call the Ulysses attention function: its "
                                f"attention is not routed through transformers' AttentionInterface")
-        self.ds.backward(loss)
+        with record_function("ds_longctx.backward"):
+            self.ds.backward(loss)
         stats = torch.stack([group_loss.detach().float(), n.float()])
         if st.dp_group is not None:
             dist.all_reduce(stats, group=st.dp_group)
@@ -97,7 +103,8 @@ class LongCtxEngine:
         return StepResult(loss=float(stats[0]), tokens=int(stats[1]))
 
     def step(self) -> None:
-        self.ds.step()
+        with record_function("ds_longctx.optimizer"):
+            self.ds.step()
 
     def train_step(self, input_ids, position_ids=None, labels=None) -> StepResult:
         res = self.forward_backward(input_ids, position_ids, labels)

@@ -44,16 +44,18 @@ def main():
         g = deepspeed.utils.safe_get_full_grad(p)
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
     out = {"loss": res.loss, "tokens": res.tokens, "grads": grads}
-    if a.placement:  # what each layer really runs in backward, read off the functions (not the plan's labels)
-        from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
+    if a.placement:  # what each layer really runs, read off the layers (not the plan's labels): its checkpoint
+        # function (DeepSpeed's offloads) and its attention module's cache slot (on the host or not)
+        from ds_longctx.levers import attention_cache
         from ds_longctx.levers.placement import decoder_layers
         from ds_longctx.plan.search import run_placement
         kinds = []
         for layer in decoder_layers(eng.model):
-            fn = layer.__dict__.get("_gradient_checkpointing_func")
-            kinds.append("none" if not layer.gradient_checkpointing else "offload" if fn is
-                         deepspeed.checkpointing.checkpoint else "cache" if fn is checkpoint_with_attention_cache
-                         else "keep")
+            offloaded = layer.__dict__.get("_gradient_checkpointing_func") is deepspeed.checkpointing.checkpoint
+            slot = attention_cache.layer_slot(layer)
+            kinds.append("none" if not layer.gradient_checkpointing else
+                         ("cache+offload" if offloaded and slot.on_host else "cache") if slot is not None else
+                         "offload" if offloaded else "keep")
         out["applied"] = kinds
         out["planned"] = [p.value for p in run_placement(cfg, len(kinds), st.world_size, None).layers]
         out["engine_plan"] = [p.value for p in eng.placement.layers]

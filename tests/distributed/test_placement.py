@@ -1,5 +1,5 @@
-"""A mixed placement plan (layer 0 offloaded through DeepSpeed's checkpoint, layer 1 with its attention output
-cached) under ZeRO-3 SP=2 on 2 gloo processes: the engine applies exactly the plan the run config makes, layer by
+"""Mixed placement plans (a layer offloaded through DeepSpeed's checkpoint, a layer with its attention output
+cached, a layer with both its checkpoint and its kept output on the host) under ZeRO-3 SP=2 on 2 gloo processes: the engine applies exactly the plan the run config makes, layer by
 layer (read off each layer's checkpoint function), and the loss and every gradient equal a plain single-process HF
 model's (fp32, rel <= 1e-5)."""
 
@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("overrides,want", [
     (dict(offload_layers=1, attention_cache_layers=1), ["offload", "cache"]),
     (dict(placement="cache,offload"), ["cache", "offload"]),
+    (dict(placement="cache+offload,cache"), ["cache+offload", "cache"]),
 ])
 def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, overrides, want):
     got = run(tmp_path, 2, 2, length=64, read_placement=True, **overrides)

@@ -1,81 +1,124 @@
-"""attention_cache.py on CPU: same loss and gradients as plain checkpointing (the reference: a plain HF model,
-no checkpointing), and the attention kernel really runs once per cached layer instead of twice. Which layers
-cache, and the rules against overlapping offload, are the placement plan's (tests/levers/test_placement.py)."""
+"""attention_cache.py on CPU: a cached layer's recompute takes the output its forward kept instead of running the
+attention kernel again, and loss and every gradient equal a plain HF model's (the reference: eager attention, no
+checkpointing). Here the GPU slot (`cache`); the host slot (`cache+offload`, whose checkpoint goes through
+DeepSpeed's and so needs a process group) runs in tests/distributed/test_placement.py (on CPU its "host" copy is a
+clone) and with real pinned copies in tests/gpu. Which layers cache, and the rules about combining placements, are
+the placement plan's (tests/levers/test_placement.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from ds_longctx.parallel import attention
-from ds_longctx.parallel import ulysses
-from ds_longctx.levers.attention_cache import is_attention_kernel
-from ds_longctx.levers.placement import PlacementPlan, apply_placement, remove_placement
+from ds_longctx.levers import attention_cache
+from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers, remove_placement
+from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState
 from tests.helpers import rel_err, tiny_model
 
-ONE = ParallelState(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
 
+@contextlib.contextmanager
+def counted_forwards():
+    """Count the attention kernel forwards run through a kernel pair (what the cache can skip), any backend."""
+    calls = [0]
+    real = attention.kernel_pair
 
-class KernelCalls(TorchDispatchMode):
-    """Counts attention forward kernels (by op name) dispatched inside the block."""
+    def counting(q, cu):
+        pair = real(q, cu)
+        if pair is None:
+            return None
+        fwd = pair.fwd
 
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += is_attention_kernel(func)
-        return func(*args, **(kwargs or {}))
+        def fwd_counted(*args):
+            calls[0] += 1
+            return fwd(*args)
+        pair.fwd = fwd_counted
+        return pair
+    attention.kernel_pair = counting
+    try:
+        yield calls
+    finally:
+        attention.kernel_pair = real
 
 
 def loss_and_grads(model, ids):
     model.zero_grad(set_to_none=True)
-    counter = KernelCalls()
-    with counter:
+    attention_cache.new_step(decoder_layers(model))
+    with counted_forwards() as calls:
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
-    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, counter.calls
+    return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, calls[0]
 
 
-@pytest.mark.parametrize("path", ["sdpa", "ulysses_sp1"])
-@pytest.mark.parametrize("n_cached", [1, 2])  # the tiny model has 2 layers
-def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(path, n_cached):
-    ref = tiny_model()
-    ids = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
+@pytest.fixture
+def models():
+    """(plain eager HF model, the same weights routed through our attention function at SP=1, input ids)."""
+    attention.select("sdpa", announce=False)
+    ref = tiny_model(attn="eager")
     model = copy.deepcopy(ref)
-    if path == "ulysses_sp1":
-        attention.select("sdpa", announce=False)
-        ulysses.register(model, ONE)
+    ulysses.register(model, ParallelState.single())
+    ids = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
+    yield ref, model, ids
+    remove_placement(model)
+    ulysses.unregister(model)
+
+
+@pytest.mark.parametrize("spec", ["cache:1,keep:1", "keep:1,cache:1", "cache:2"])
+def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(models, spec):
+    ref, model, ids = models
     L = ref.config.num_hidden_layers
-    loss_ref, grads_ref, calls_plain = loss_and_grads(ref, ids)  # no checkpointing: the reference
-    assert calls_plain == L
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    loss_ref, grads_ref, _ = loss_and_grads(ref, ids)             # eager, no checkpointing: the reference
+    apply_placement(model, PlacementPlan.parse(f"keep:{L}"))
     _, _, calls_ckpt = loss_and_grads(model, ids)
     assert calls_ckpt == 2 * L  # plain checkpointing runs every layer's kernel again in backward
-    plan = PlacementPlan.from_counts(L, cache=n_cached)
-    try:
-        assert apply_placement(model, plan) == plan and plan.cached == n_cached
-        loss, grads, calls = loss_and_grads(model, ids)
-    finally:
-        remove_placement(model)
-        if path == "ulysses_sp1":
-            ulysses.unregister(model)
-    assert calls == 2 * L - n_cached  # the cached layers' recompute returned the kept output
+    remove_placement(model)
+    plan = PlacementPlan.parse(spec)
+    assert apply_placement(model, plan) == plan
+    loss, grads, calls = loss_and_grads(model, ids)
+    assert calls == 2 * L - plan.cached  # the cached layers' recompute took the kept output
     assert rel_err(loss, loss_ref, norm="max") <= 1e-6
     for n, g in grads_ref.items():
         assert rel_err(grads[n], g, norm="max") <= 1e-5, n
-    # removed: back to recomputing every kernel
-    assert loss_and_grads(model, ids)[2] == 2 * L
+    assert attention_cache.kept_bytes(decoder_layers(model)) == 0  # every kept output was taken by its recompute
+    remove_placement(model)
+    apply_placement(model, PlacementPlan.parse(f"keep:{L}"))
+    assert loss_and_grads(model, ids)[2] == 2 * L  # removed: back to recomputing every kernel
 
 
-def test_kernel_names():
-    aten = torch.ops.aten
-    assert is_attention_kernel(aten._scaled_dot_product_flash_attention_for_cpu.default)
-    assert is_attention_kernel(aten._scaled_dot_product_efficient_attention.default)
-    assert is_attention_kernel(aten._scaled_dot_product_cudnn_attention.default)
-    assert not is_attention_kernel(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-    assert not is_attention_kernel(aten.mm.default)
+def test_a_step_without_backward_leaves_nothing_for_the_next(models):
+    """An interrupted step (forward only) keeps outputs; new_step() drops them, so the next step's recompute runs
+    on its own forward's outputs (grads equal the reference), and an eval forward keeps nothing."""
+    ref, model, ids = models
+    _, grads_ref, _ = loss_and_grads(ref, ids)
+    apply_placement(model, PlacementPlan.parse("cache:2"))
+    layers = decoder_layers(model)
+    other = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(9))
+    model(input_ids=other, labels=other)  # forward only: both slots now hold `other`'s outputs
+    assert attention_cache.kept_bytes(layers) > 0
+    _, grads, calls = loss_and_grads(model, ids)  # new_step() first
+    assert calls == 2
+    for n, g in grads_ref.items():
+        assert rel_err(grads[n], g, norm="max") <= 1e-5, n
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert attention_cache.kept_bytes(layers) == 0
+    model.train()
+
+
+def test_a_kernel_without_a_pair_recomputes_and_says_so(models, caplog):
+    ref, model, ids = models
+    attention.select("sdpa_math", announce=False)  # math SDPA on CPU: no forward that returns its LSE
+    attention._WARNED_SLOT[0] = False
+    apply_placement(model, PlacementPlan.parse("cache:2"))
+    _, grads_ref, _ = loss_and_grads(ref, ids)
+    with caplog.at_level(logging.WARNING, logger="ds_longctx"):
+        _, grads, calls = loss_and_grads(model, ids)
+    assert calls == 0 and "cached layers recompute attention" in caplog.text
+    for n, g in grads_ref.items():
+        assert rel_err(grads[n], g, norm="max") <= 1e-5, n
+    attention.select("sdpa", announce=False)

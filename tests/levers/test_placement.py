@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from ds_longctx.levers.attention_cache import checkpoint_with_attention_cache
+from ds_longctx.levers import attention_cache
 from ds_longctx.levers.placement import (Place, PlacementPlan, applied_placement, apply_placement, decoder_layers,
                                          remove_placement, resolve_placement)
 from ds_longctx.plan.planner import GB, Levers, ModelGeometry, plan_memory
@@ -46,7 +46,6 @@ def test_counts_make_first_offloaded_last_cached():
     (dict(placement="offload:2,stash:2", layers=4), "'stash' is not a placement"),
     (dict(placement="offload:0,keep:4", layers=4), "needs a positive layer count"),
     (dict(placement="offload:2,keep:2", offload=2, layers=4), "names every layer's place; drop offload_layers"),
-    (dict(placement="cache+offload:1,keep:3", layers=4), "'cache+offload' is not supported yet"),
     (dict(placement="none:1,keep:3", layers=4), "mixes 'none'"),
 ])
 def test_every_rule_refuses_naming_the_fix(kw, needle):
@@ -63,11 +62,13 @@ def test_apply_routes_each_layer_and_remove_restores_the_model():
     assert applied_placement(model).spec() == "none:2"
     plan = PlacementPlan((Place.KEEP, Place.CACHE))
     assert apply_placement(model, plan) == plan == applied_placement(model)
-    assert layers[1]._gradient_checkpointing_func is checkpoint_with_attention_cache
-    assert layers[0]._gradient_checkpointing_func is not checkpoint_with_attention_cache
+    assert attention_cache.layer_slot(layers[0]) is None
+    slot = attention_cache.layer_slot(layers[1])
+    assert slot is not None and not slot.on_host  # a GPU slot on the cached layer's attention module
     assert all(layer.gradient_checkpointing for layer in layers)
     remove_placement(model)
     assert applied_placement(model).spec() == "none:2"
+    assert all(attention_cache.layer_slot(layer) is None for layer in layers)
     assert [layer.__dict__.get("_gradient_checkpointing_func", None) for layer in layers] == before
     with pytest.raises(ValueError, match="plan has 3 entries"):
         apply_placement(model, PlacementPlan((Place.KEEP,) * 3))
@@ -96,6 +97,13 @@ def test_the_planners_terms_read_the_plan():
     with pytest.raises(ValueError, match="not both"):
         Levers(offload_layers=1, placement=top)
     assert a.gpu_peak_bytes < 141 * GB
+    # cache+offload: the layer's checkpoint and its kept output on the host, exact size (no power-of-two rounding)
+    host = plan_memory(Q8, S, G, G, Levers(placement=PlacementPlan.parse("cache+offload:10,keep:24,cache:2")))
+    per_layer = S * 16 * 128 * 2 + 16 * S * 4
+    assert host.term("attention_cache").gpu_bytes == 2 * per_layer
+    assert host.term("attention_cache").host_bytes == G * 10 * per_layer
+    assert host.term("checkpoints").host_bytes == a.term("checkpoints").host_bytes
+    assert host.host_step_bytes - a.host_step_bytes == G * 10 * per_layer
 
 
 def test_levers_and_run_config_map_both_ways():

@@ -1,0 +1,117 @@
+"""Attention kernels at Ulysses shapes: forward and backward TFLOP/s of each backend's kernel pair (one GPU).
+
+    python benchmarks/bench_attention.py --seq_lens 131072,524288 --heads 16 --kv_heads 4 --out $OUT
+
+Shapes: what one GPU runs for Qwen3-8B under SP=2 (32 q / 8 kv heads split over 2 ranks: 16 / 4), head_dim 128,
+causal, bf16, one sequence of S tokens. FLOPs: causal forward 2·S²·h·d (half of 4·S²·h·d), backward 2.5× that.
+Backends: cuDNN SDPA (`F.scaled_dot_product_attention` pinned to cuDNN, `enable_gqa`) and FlashAttention 4 (the
+kernel pair parallel/attention.py runs), each timed with CUDA events (median of `--reps` after a warm-up),
+forward alone and backward alone (backward from saved forward outputs). The outputs are compared with each
+other (max |diff|, bf16). Appends one JSON line per (backend, S) to `<out>/attention_<date>.jsonl` and prints a
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq_lens", default="131072,524288")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv_heads", type=int, default=4)
+    ap.add_argument("--head_dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    a = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ds_longctx.parallel import attention
+
+    def timed(fn, reps):
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    h, hk, d = a.heads, a.kv_heads, a.head_dim
+    rows = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for S in (int(x) for x in a.seq_lens.split(",")):
+        g = torch.Generator(device="cuda").manual_seed(S)
+        q = torch.randn(1, h, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        dout = torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        fwd_flops = 2.0 * S * S * h * d
+        scale = d ** -0.5
+        outs = {}
+
+        # cuDNN SDPA through torch's own autograd (what `sdpa` runs without the cache)
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            def cudnn_fwd():
+                return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+            fwd_ms = timed(cudnn_fwd, a.reps)
+            out = cudnn_fwd()
+            bwd_ms = timed(lambda: torch.autograd.grad(out, (qs, ks, vs), dout.transpose(1, 2), retain_graph=True),
+                           a.reps)
+        outs["sdpa_cudnn"] = out.transpose(1, 2).detach()
+        rows.append({"backend": "sdpa_cudnn", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
+        del out
+        torch.cuda.empty_cache()
+
+        if attention.fa4_available():
+            pair = attention._FA4()
+            out, saved, meta = pair.fwd(q, k, v, scale, None, None)
+            fwd_ms = timed(lambda: pair.fwd(q, k, v, scale, None, None), a.reps)
+            bwd_ms = timed(lambda: pair.bwd(dout, q, k, v, out, saved, meta, scale, None, None), a.reps)
+            outs["fa4"] = pair.out_bshd(out).detach()
+            rows.append({"backend": "fa4", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
+            del out, saved
+        if len(outs) == 2:
+            diff = (outs["fa4"].float() - outs["sdpa_cudnn"].float()).abs().max().item()
+            for r in rows[-2:]:
+                r["max_abs_diff_vs_other"] = diff
+        del q, k, v, dout, outs
+        torch.cuda.empty_cache()
+
+    meta = {"date": datetime.date.today().isoformat(), "commit": commit, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": "bf16", "causal": True}
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"attention_{meta['date']}.jsonl"
+    lines = [f"{'backend':<12}{'seq_len':>10}{'fwd ms':>10}{'fwd TF/s':>10}{'bwd ms':>10}{'bwd TF/s':>10}"]
+    with path.open("a") as f:
+        for r in rows:
+            S = r["seq_len"]
+            r["fwd_tflops"] = round(tflops(2.0 * S * S * h * d, r["fwd_ms"]), 1)
+            r["bwd_tflops"] = round(tflops(5.0 * S * S * h * d, r["bwd_ms"]), 1)
+            f.write(json.dumps({**meta, **r}) + "\n")
+            lines.append(f"{r['backend']:<12}{S:>10,}{r['fwd_ms']:>10.1f}{r['fwd_tflops']:>10.1f}{r['bwd_ms']:>10.1f}"
+                         f"{r['bwd_tflops']:>10.1f}")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Where a training step's time goes: one profiled step of `ds-longctx`'s engine, GPU time by category.
+
+    torchrun --nproc_per_node 2 benchmarks/bench_profile.py --label base --seq_len 131072 --model qwen3-8b \\
+        --sp_size 2 [--key value ...]  [--out DIR]
+
+Runs `--steps` steps (default 3) of the engine on synthetic rows, profiles the last one with torch.profiler
+(CPU + CUDA activities, rank 0), and sorts every GPU kernel's time into:
+    attn_fwd, attn_recompute, attn_bwd      attention kernels (FA4, cuDNN, flash, efficient) by phase: a forward
+                                            kernel inside the backward range is the checkpoint recompute
+    matmul                                  cuBLAS / CUTLASS GEMMs outside attention
+    all_to_all                              the Ulysses exchange (NCCL AllToAll / SendRecv)
+    zero_gather, zero_reduce                ZeRO-3 parameter all-gathers, gradient reduce-scatters / all-reduces
+    memcpy_h2d, memcpy_d2h, memcpy_d2d      copies: checkpoint / cache offload and back, staging
+    loss                                    kernels launched under the loss head's range (chunked lm_head + CE)
+    optimizer                               kernels under the optimizer step's range
+    other                                   norms, rotary, SwiGLU, residual adds, casts, everything else
+and reports idle = the step's wall time minus the union of kernel intervals on the GPU. Phases come from the
+engine's `record_function` ranges (`ds_longctx.forward` / `backward` / `optimizer`, `ds_longctx.loss`). Writes
+`<out>/profile_<label>_<seq_len>.json` (the table, the top 30 kernels, the run config) and prints the table.
+Any further `--key value` goes to the run config (`--attn_backend fa4 --attention_cache_layers all`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ATTN_HINTS = ("flash", "fmha", "sdpa", "attention", "cudnn_generated")
+CATEGORIES = ("attn_fwd", "attn_recompute", "attn_bwd", "matmul", "all_to_all", "zero_gather", "zero_reduce",
+              "memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "loss", "optimizer", "other")
+
+
+def classify(name: str, phase: str, in_loss: bool) -> str:
+    """The category of one GPU kernel (see the module doc)."""
+    low = name.lower()
+    if low.startswith("memcpy"):
+        return "memcpy_h2d" if "htod" in low else "memcpy_d2h" if "dtoh" in low else "memcpy_d2d"
+    if "nccl" in low:
+        if "alltoall" in low or "sendrecv" in low:
+            return "all_to_all"
+        if "allgather" in low:
+            return "zero_gather"
+        return "zero_reduce"
+    if phase == "optimizer":
+        return "optimizer"
+    if in_loss:
+        return "loss"
+    if any(h in low for h in ATTN_HINTS) and "gemm" not in low:
+        backward = any(b in low for b in ("bwd", "backward", "bprop", "dq", "dkdv", "dot_do_o"))
+        if backward:
+            return "attn_bwd"
+        return "attn_recompute" if phase == "backward" else "attn_fwd"
+    if any(g in low for g in ("gemm", "nvjet", "xmma", "cutlass", "cublas")):
+        return "matmul"
+    return "other"
+
+
+def union_ms(intervals: list) -> float:
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1000.0
+
+
+def table(prof, wall_s: float) -> dict:
+    """{category: ms} + idle + the top kernels, from one profiled step."""
+    by_cat = {c: 0.0 for c in CATEGORIES}
+    kernels: dict = {}
+    intervals = []
+    for ev in prof.events():
+        if not ev.kernels:
+            continue
+        phase, in_loss, node = "other", False, ev
+        while node is not None:
+            if node.name.startswith("ds_longctx."):
+                part = node.name.split(".", 1)[1]
+                if part == "loss":
+                    in_loss = True
+                elif phase == "other":
+                    phase = part
+            node = node.cpu_parent
+        for k in ev.kernels:
+            ms = k.duration / 1000.0
+            cat = classify(k.name, phase, in_loss)
+            by_cat[cat] += ms
+            kernels[k.name] = kernels.get(k.name, 0.0) + ms
+            intervals.append((k.time_range.start, k.time_range.end))
+    busy = union_ms(intervals)
+    out = {c: round(v, 1) for c, v in by_cat.items()}
+    out["gpu_busy_ms"] = round(busy, 1)
+    out["wall_ms"] = round(wall_s * 1000, 1)
+    out["idle_ms"] = round(wall_s * 1000 - busy, 1)
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
+    return {"ms": out, "top_kernels": [[n[:160], round(v, 1)] for n, v in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    a, rest = ap.parse_known_args()
+
+    import logging
+    logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+                        format="[ds_longctx] %(message)s")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data.synthetic import SyntheticRetrieval
+    from ds_longctx.run.engine import build_engine
+
+    cfg = RunConfig.from_cli(["--steps", str(a.steps), *rest])
+    eng = build_engine(cfg)
+    st = eng.state
+    data = SyntheticRetrieval(cfg.train.seq_len, eng.model.config.vocab_size, seed=0)
+    rows = []
+    for step in range(a.steps):
+        last = step == a.steps - 1
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if last and st.rank == 0 else None
+        if prof is not None:
+            prof.__enter__()
+        t0 = time.perf_counter()
+        res = eng.train_step(data.batch(step, 1, st.dp_rank, st.dp_size))
+        torch.cuda.synchronize()
+        sec = time.perf_counter() - t0
+        if prof is not None:
+            prof.__exit__(None, None, None)
+        peak = torch.tensor([torch.cuda.max_memory_reserved()], dtype=torch.float64, device=eng.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        rows.append({"step": step + 1, "seconds": round(sec, 3), "loss": res.loss,
+                     "peak_reserved_gib": round(peak.item() / 2**30, 2)})
+        if st.rank == 0:
+            print(json.dumps(rows[-1]), flush=True)
+    if st.rank == 0:
+        result = table(prof, rows[-1]["seconds"])
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
+                  "device": torch.cuda.get_device_name(), "gpus": st.world_size, "torch": torch.__version__,
+                  "placement": eng.placement.spec(), "steps": rows, **result, "config": cfg.flat()}
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"profile_{a.label}_{cfg.train.seq_len}.json").write_text(json.dumps(record, indent=1) + "\n")
+        ms = result["ms"]
+        print(f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: {rows[-1]['seconds']:.2f} s")
+        for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms"):
+            print(f"  {c:<16}{ms[c] / 1000:>9.2f} s")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

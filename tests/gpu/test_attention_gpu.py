@@ -1,0 +1,96 @@
+"""CUDA-only: the kernel pairs (FlashAttention 4, cuDNN SDPA) against PyTorch SDPA, and the attention cache on GPU.
+
+Tolerances (bf16 inputs, relative Frobenius error against an fp32 SDPA reference on the same bf16 inputs): output
+1e-2, dq / dk / dv 2e-2 (bf16 flash kernels land near 3e-3; the bound leaves room for the backward's bf16 dS).
+Cache vs no cache: the same kernels, so the same output; the backward's atomics make grads differ by rounding only
+(bound 1e-2, loss 1e-3).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ds_longctx.parallel import attention
+from tests.distributed.test_ulysses import run
+from tests.helpers import gpu_env, rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+BACKENDS = ["sdpa_cudnn", pytest.param("fa4", marks=pytest.mark.skipif(not attention.fa4_available(),
+                                                                           reason="FlashAttention 4 not installed"))]
+
+
+def reference(q, k, v, dout, cu=None):
+    """fp32 SDPA on the bf16 inputs (KV repeated; per document when packed): output [1, s, h, d] and grads."""
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = k32.repeat_interleave(rep, 1), v32.repeat_interleave(rep, 1)
+    if cu is None:
+        out = F.scaled_dot_product_attention(q32, kk, vv, is_causal=True).transpose(1, 2)
+    else:
+        parts = []
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            parts.append(F.scaled_dot_product_attention(q32[:, :, a:b], kk[:, :, a:b], vv[:, :, a:b],
+                                                        is_causal=True).transpose(1, 2))
+        out = torch.cat(parts, dim=1)
+    out.backward(dout.float())
+    return out.detach(), q32.grad, k32.grad, v32.grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("s,h,hk", [(4096, 16, 4), (3000, 8, 8)])
+def test_kernel_pair_matches_sdpa_dense(backend, s, h, hk):
+    attention.select(backend, announce=False)
+    g = torch.Generator(device="cuda").manual_seed(s)
+    q, k, v = (torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for n in (h, hk, hk))
+    assert attention.kernel_pair(q, None) is not None  # the pair path, not the kernel's own autograd
+    out = attention.attend(q, k, v, 128 ** -0.5)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref, dq, dk, dv = reference(q, k, v, dout)
+    assert rel_err(out.float(), ref) <= 1e-2
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert rel_err(got.float(), want) <= 2e-2
+
+
+@pytest.mark.skipif(not attention.fa4_available(), reason="FlashAttention 4 not installed")
+def test_fa4_varlen_keeps_documents_apart():
+    attention.select("fa4", announce=False)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    s, h, hk = 2048, 8, 2
+    q, k, v = (torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for n in (h, hk, hk))
+    cu = torch.tensor([0, 700, 2000, 2048], dtype=torch.int32, device="cuda")
+    out = attention.attend(q, k, v, 128 ** -0.5, cu_seqlens=cu, max_seqlen=1300)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref, dq, dk, dv = reference(q, k, v, dout, cu)
+    assert rel_err(out.float(), ref) <= 1e-2
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert rel_err(got.float(), want) <= 2e-2
+
+
+@two_gpus
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend):
+    """bf16, SP=2 on 2 GPUs under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned host
+    memory), layer 1 `cache` vs both `keep`: the loss and every gradient agree, and the engine applied the plan."""
+    kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend=backend)
+    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
+    cached = run(tmp_path, 2, 2, placement="cache+offload,cache", read_placement=True, **kw)
+    assert cached["applied"] == ["cache+offload", "cache"]
+    assert rel_err(cached["loss"], keep["loss"]) <= 1e-3
+    worst = max(rel_err(cached["grads"][n], g) for n, g in keep["grads"].items())
+    assert worst <= 1e-2, worst
+
+
+@two_gpus
+@pytest.mark.skipif(not attention.fa4_available(), reason="FlashAttention 4 not installed")
+def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
+    """The engine with FA4 at SP=2 against cuDNN SDPA at SP=1 (bf16): the same loss and grads within bf16 noise."""
+    sp1 = run(tmp_path, 1, 1, dtype="bf16", length=2048, env=gpu_env(), attn_backend="sdpa_cudnn")
+    sp2 = run(tmp_path, 2, 2, dtype="bf16", length=2048, env=gpu_env(), attn_backend="fa4")
+    assert rel_err(sp2["loss"], sp1["loss"]) <= 5e-3
+    worst = max(rel_err(sp2["grads"][n], g) for n, g in sp1["grads"].items())
+    assert worst <= 5e-2, worst
