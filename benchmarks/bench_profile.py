@@ -128,20 +128,25 @@ def main() -> None:
     st = eng.state
     data = SyntheticRetrieval(cfg.train.seq_len, eng.model.config.vocab_size, seed=0)
     rows = []
+    cuda = torch.cuda.is_available()  # CPU runs only check the script (no GPU kernels to sort)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for step in range(a.steps):
         last = step == a.steps - 1
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if last and st.rank == 0 else None
+        sync()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        prof = profile(activities=activities) if last and st.rank == 0 else None
         if prof is not None:
             prof.__enter__()
         t0 = time.perf_counter()
         res = eng.train_step(data.batch(step, 1, st.dp_rank, st.dp_size))
-        torch.cuda.synchronize()
+        sync()
         sec = time.perf_counter() - t0
         if prof is not None:
             prof.__exit__(None, None, None)
-        peak = torch.tensor([torch.cuda.max_memory_reserved()], dtype=torch.float64, device=eng.device)
+        peak = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0], dtype=torch.float64,
+                            device=eng.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         rows.append({"step": step + 1, "seconds": round(sec, 3), "loss": res.loss,
                      "peak_reserved_gib": round(peak.item() / 2**30, 2)})
@@ -151,7 +156,7 @@ def main() -> None:
         result = table(prof, rows[-1]["seconds"])
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
-                  "device": torch.cuda.get_device_name(), "gpus": st.world_size, "torch": torch.__version__,
+                  "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size, "torch": torch.__version__,
                   "placement": eng.placement.spec(), "steps": rows, **result, "config": cfg.flat()}
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
