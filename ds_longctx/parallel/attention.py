@@ -190,7 +190,7 @@ class _CudnnSDPA(_Pair):
         if dout.stride() != out.stride():  # the kernel reads dO in O's layout
             dout = torch.empty_like(out).copy_(dout)
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            dout, q, k, v, out, lse, seed, offset, torch.empty(0, device=q.device), cum_q, cum_k, meta["max_q"],
+            dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, meta["max_q"],
             meta["max_k"], 0.0, True, scale=scale)
 
     @staticmethod
