@@ -73,11 +73,17 @@ def union_ms(intervals: list) -> float:
 
 
 def table(prof, wall_s: float) -> dict:
-    """{category: ms} + idle + the top kernels, from one profiled step."""
+    """{category: ms} + idle + the top kernels, from one profiled step. Categories come from each CPU op's launched
+    kernels (`FunctionEvent.kernels`: name, duration), attributed to the engine range above the op; busy time is
+    the union of the device-side kernel events' intervals."""
+    from torch.autograd import DeviceType
     by_cat = {c: 0.0 for c in CATEGORIES}
     kernels: dict = {}
     intervals = []
     for ev in prof.events():
+        if ev.device_type == DeviceType.CUDA:
+            intervals.append((ev.time_range.start, ev.time_range.end))
+            continue
         if not ev.kernels:
             continue
         phase, in_loss, node = "other", False, ev
@@ -94,12 +100,11 @@ def table(prof, wall_s: float) -> dict:
             cat = classify(k.name, phase, in_loss)
             by_cat[cat] += ms
             kernels[k.name] = kernels.get(k.name, 0.0) + ms
-            intervals.append((k.time_range.start, k.time_range.end))
     busy = union_ms(intervals)
     out = {c: round(v, 1) for c, v in by_cat.items()}
     out["gpu_busy_ms"] = round(busy, 1)
     out["wall_ms"] = round(wall_s * 1000, 1)
-    out["idle_ms"] = round(wall_s * 1000 - busy, 1)
+    out["idle_ms"] = round(wall_s * 1000 - busy, 1) if intervals else None
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
     return {"ms": out, "top_kernels": [[n[:160], round(v, 1)] for n, v in top]}
 
@@ -153,7 +158,11 @@ def main() -> None:
         if st.rank == 0:
             print(json.dumps(rows[-1]), flush=True)
     if st.rank == 0:
-        result = table(prof, rows[-1]["seconds"])
+        try:
+            result = table(prof, rows[-1]["seconds"])
+        except Exception as e:  # keep the step times even if the profile cannot be read
+            result = {"ms": {c: 0.0 for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms")}, "top_kernels": [],
+                      "profile_error": f"{type(e).__name__}: {e}"}
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
                   "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size, "torch": torch.__version__,
@@ -164,7 +173,9 @@ def main() -> None:
         ms = result["ms"]
         print(f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: {rows[-1]['seconds']:.2f} s")
         for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms"):
-            print(f"  {c:<16}{ms[c] / 1000:>9.2f} s")
+            print(f"  {c:<16}{(ms[c] or 0) / 1000:>9.2f} s")
+        if "profile_error" in result:
+            print("profile not read:", result["profile_error"])
     dist.barrier()
     dist.destroy_process_group()
 

@@ -44,8 +44,9 @@ def test_kernel_pair_matches_sdpa_dense(backend, s, h, hk):
     g = torch.Generator(device="cuda").manual_seed(s)
     q, k, v = (torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                for n in (h, hk, hk))
-    assert attention.kernel_pair(q, None) is not None  # the pair path, not the kernel's own autograd
-    out = attention.attend(q, k, v, 128 ** -0.5)
+    pair = attention._FA4() if backend == "fa4" else attention._CudnnSDPA()  # the pair itself (cuDNN's is off)
+    kk, vv = (k, v) if pair.gqa else (t.repeat_interleave(h // hk, 1) for t in (k, v))
+    out = pair.out_bshd(attention._Attend.apply(q, kk, vv, pair, 128 ** -0.5, None, None, None))
     dout = torch.randn_like(out)
     out.backward(dout)
     ref, dq, dk, dv = reference(q, k, v, dout)
