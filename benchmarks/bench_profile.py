@@ -5,17 +5,18 @@
 
 Runs `--steps` steps (default 3) of the engine on synthetic rows, profiles the last one with torch.profiler
 (CPU + CUDA activities, rank 0), and sorts every GPU kernel's time into:
-    attn_fwd, attn_recompute, attn_bwd      attention kernels (FA4, cuDNN, flash, efficient) by phase: a forward
-                                            kernel inside the backward range is the checkpoint recompute
+    attn_fwd, attn_recompute, attn_bwd      attention kernels (FA4, cuDNN, flash, efficient); forward kernels
+                                            past the first one per layer are the checkpoint recompute
     matmul                                  cuBLAS / CUTLASS GEMMs outside attention
     all_to_all                              the Ulysses exchange (NCCL AllToAll / SendRecv)
     zero_gather, zero_reduce                ZeRO-3 parameter all-gathers, gradient reduce-scatters / all-reduces
     memcpy_h2d, memcpy_d2h, memcpy_d2d      copies: checkpoint / cache offload and back, staging
     loss                                    kernels launched under the loss head's range (chunked lm_head + CE)
-    optimizer                               kernels under the optimizer step's range
+    optimizer                               kernels launched under the optimizer step's range
     other                                   norms, rotary, SwiGLU, residual adds, casts, everything else
-and reports idle = the step's wall time minus the union of kernel intervals on the GPU. Phases come from the
-engine's `record_function` ranges (`ds_longctx.forward` / `backward` / `optimizer`, `ds_longctx.loss`). Writes
+and reports idle = the step's wall time minus the union of kernel intervals on the GPU. Each kernel is counted once
+(device-side events); the loss and optimizer ranges are the engine's `record_function`s (`ds_longctx.loss`,
+`ds_longctx.optimizer`). Writes
 `<out>/profile_<label>_<seq_len>.json` (the table, the top 30 kernels, the run config) and prints the table.
 Any further `--key value` goes to the run config (`--attn_backend fa4 --attention_cache_layers all`).
 """
@@ -35,8 +36,8 @@ CATEGORIES = ("attn_fwd", "attn_recompute", "attn_bwd", "matmul", "all_to_all", 
               "memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "loss", "optimizer", "other")
 
 
-def classify(name: str, phase: str, in_loss: bool) -> str:
-    """The category of one GPU kernel (see the module doc)."""
+def classify(name: str) -> str:
+    """The category of one GPU kernel by its name (loss, optimizer and the recompute split come from `table`)."""
     low = name.lower()
     if low.startswith("memcpy"):
         return "memcpy_h2d" if "htod" in low else "memcpy_d2h" if "dtoh" in low else "memcpy_d2d"
@@ -46,15 +47,9 @@ def classify(name: str, phase: str, in_loss: bool) -> str:
         if "allgather" in low:
             return "zero_gather"
         return "zero_reduce"
-    if phase == "optimizer":
-        return "optimizer"
-    if in_loss:
-        return "loss"
     if any(h in low for h in ATTN_HINTS) and "gemm" not in low:
         backward = any(b in low for b in ("bwd", "backward", "bprop", "dq", "dkdv", "dot_do_o"))
-        if backward:
-            return "attn_bwd"
-        return "attn_recompute" if phase == "backward" else "attn_fwd"
+        return "attn_bwd" if backward else "attn_fwd"
     if any(g in low for g in ("gemm", "nvjet", "xmma", "cutlass", "cublas")):
         return "matmul"
     return "other"
@@ -72,39 +67,47 @@ def union_ms(intervals: list) -> float:
     return total / 1000.0
 
 
-def table(prof, wall_s: float) -> dict:
-    """{category: ms} + idle + the top kernels, from one profiled step. Categories come from each CPU op's launched
-    kernels (`FunctionEvent.kernels`: name, duration), attributed to the engine range above the op; busy time is
-    the union of the device-side kernel events' intervals."""
+def table(prof, wall_s: float, num_layers: int) -> dict:
+    """{category: ms} + idle + the top kernels, from one profiled step.
+
+    Every kernel is counted once, from the device-side events (name, interval). Attention forward kernels in time
+    order: the first `num_layers` are the forward, the rest the checkpoint recompute. Loss and optimizer kernels are
+    those launched by a CPU op inside the engine's `ds_longctx.loss` / `ds_longctx.optimizer` ranges (matched by
+    kernel name and duration to the device events). Busy time is the union of the kernels' intervals."""
     from torch.autograd import DeviceType
+    events = prof.events()
+    device = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in events
+                    if ev.device_type == DeviceType.CUDA)
+    tagged: dict = {}  # (kernel name, duration us) -> "loss" | "optimizer", from the CPU ops that launched them
+    for ev in events:
+        if ev.device_type == DeviceType.CUDA or not ev.kernels:
+            continue
+        tag, node = None, ev
+        while node is not None and tag is None:
+            if node.name in ("ds_longctx.loss", "ds_longctx.optimizer"):
+                tag = node.name.split(".", 1)[1]
+            node = node.cpu_parent
+        if tag is not None:
+            for k in ev.kernels:
+                tagged.setdefault((k.name, round(k.duration)), tag)
     by_cat = {c: 0.0 for c in CATEGORIES}
     kernels: dict = {}
-    intervals = []
-    for ev in prof.events():
-        if ev.device_type == DeviceType.CUDA:
-            intervals.append((ev.time_range.start, ev.time_range.end))
-            continue
-        if not ev.kernels:
-            continue
-        phase, in_loss, node = "other", False, ev
-        while node is not None:
-            if node.name.startswith("ds_longctx."):
-                part = node.name.split(".", 1)[1]
-                if part == "loss":
-                    in_loss = True
-                elif phase == "other":
-                    phase = part
-            node = node.cpu_parent
-        for k in ev.kernels:
-            ms = k.duration / 1000.0
-            cat = classify(k.name, phase, in_loss)
-            by_cat[cat] += ms
-            kernels[k.name] = kernels.get(k.name, 0.0) + ms
-    busy = union_ms(intervals)
+    attn_forwards = 0
+    for start, end, name in device:
+        ms = (end - start) / 1000.0
+        cat = tagged.get((name, round(end - start))) or classify(name)
+        if cat == "attn_fwd":
+            attn_forwards += 1
+            if attn_forwards > num_layers:
+                cat = "attn_recompute"
+        by_cat[cat] += ms
+        kernels[name] = kernels.get(name, 0.0) + ms
+    busy = union_ms([(a, b) for a, b, _ in device])
     out = {c: round(v, 1) for c, v in by_cat.items()}
     out["gpu_busy_ms"] = round(busy, 1)
     out["wall_ms"] = round(wall_s * 1000, 1)
-    out["idle_ms"] = round(wall_s * 1000 - busy, 1) if intervals else None
+    out["idle_ms"] = round(wall_s * 1000 - busy, 1)
+    out["attention_forward_kernels"] = attn_forwards
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:30]
     return {"ms": out, "top_kernels": [[n[:160], round(v, 1)] for n, v in top]}
 
@@ -159,7 +162,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     if st.rank == 0:
         try:
-            result = table(prof, rows[-1]["seconds"])
+            result = table(prof, rows[-1]["seconds"], len(eng.layers))
         except Exception as e:  # keep the step times even if the profile cannot be read
             result = {"ms": {c: 0.0 for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms")}, "top_kernels": [],
                       "profile_error": f"{type(e).__name__}: {e}"}
