@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from ds_longctx.plan.search import Choice, NoFit, choose, find_max_len, with_attention_cache
+from ds_longctx.plan.search import Choice, NoFit, choose, fastest_placement, find_max_len
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import GB
@@ -62,9 +62,11 @@ def parser() -> argparse.ArgumentParser:
                         "1 GPU 128, 2: 256, 4: 512, 8: 560)")
     p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid <= gpus)")
     p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
-    p.add_argument("--attention_cache", action="store_true",
-                   help="spend the GPU memory the plan leaves spare on the attention cache (the most layers that "
-                        "fit keep their attention output; the checkpoint recompute skips attention)")
+    p.add_argument("--no_attention_cache", action="store_true",
+                   help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
+                        "FlashAttention 4, where cached layers would recompute anyway. By default the plan keeps "
+                        "the attention output of as many layers as fit (on the GPU, else in host memory) so the "
+                        "checkpoint recompute skips attention")
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
@@ -107,7 +109,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
-    parts += ["--attention_cache"] if a.attention_cache else []
+    parts += ["--no_attention_cache"] if a.no_attention_cache else []
     return "ds-longctx plan " + " ".join(parts)
 
 
@@ -193,13 +195,11 @@ def main(argv: list | None = None) -> int:
                   file=sys.stderr)
             return 2 if a.out else 0
     try:
-        choice = choose(geom, seq_len, **kw)
+        choice = plan_choice(a, geom, host, seq_len)
     except NoFit as e:
         print(e.best.table() if e.best else "", flush=True)
         print(f"\nds-longctx plan: {e}", file=sys.stderr)
         return 2
-    if a.attention_cache:
-        choice = with_attention_cache(choice, a.gpu_mem_gb, a.headroom)
     print(plan_text(choice, cmd, a, host), end="")
     if a.out:
         out = Path(a.out)
@@ -207,6 +207,14 @@ def main(argv: list | None = None) -> int:
         print(f"\nwrote {', '.join(FILES)} to {out}/; from there launch with:")
         print("\n".join("  " + line for line in launch_lines(a.gpus)))
     return 0
+
+
+def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choice:
+    """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
+    placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
+    choice = choose(geom, seq_len, gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
+                    sp_size=a.sp_size)
+    return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
 
 
 def regenerate_all(root: Path) -> None:
@@ -217,7 +225,7 @@ def regenerate_all(root: Path) -> None:
         geom, host = check_args(a)
         kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size)
         seq_len = find_max_len(geom, **kw) if a.find_max_len else a.seq_len
-        choice = choose(geom, seq_len, **kw)
+        choice = plan_choice(a, geom, host, seq_len)
         write(root / name, choice, command_line(a, host), a, host)
         p, lv = choice.plan, choice.levers
         rows.append(f"| `{name}/` | {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host | {p.seq_len:,} | {p.sp_size} "

@@ -221,22 +221,57 @@ def run_placement(cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[fl
                              mem.placement, num_layers, auto)
 
 
-def with_attention_cache(choice: Choice, gpu_mem_gb: float, headroom: float = 0.9, **knobs) -> Choice:
-    """`choice` plus the most attention-cache layers (attention_cache.py) that still fit the GPU budget: the
-    GPU memory the chosen levers leave spare, spent on skipping attention in the checkpoint recompute. Only
-    layers not offloaded can cache; nothing else changes, so the host side is untouched. Opt-in (`ds-longctx
-    plan --attention_cache`): the cache's speed-up has not been measured on GPU yet."""
-    plan, budget = choice.plan, headroom * gpu_mem_gb * GB
-    free_layers = plan.geom.layers - plan.levers.offload_layers
+# FlashAttention 4's causal forward at Ulysses shapes on H200 (benchmarks/results/attention_2026-11-30.jsonl: 687 TFLOP/s
+# at 131,072 tokens, 663 at 524,288): what one skipped recompute saves, for the notes.
+ATTENTION_FWD_FLOPS = 660e12
 
-    def fits(n: int) -> bool:
-        return plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
-                           replace(plan.levers, attention_cache_layers=n), **knobs).gpu_peak_bytes <= budget
 
-    # fits(0) holds (the choice fits) and the memory is monotone in n
-    n = free_layers if fits(free_layers) else _last_fit(fits, 0, free_layers)
-    new = plan_memory(plan.geom, plan.seq_len, plan.gpus, plan.sp_size,
-                      replace(plan.levers, attention_cache_layers=n), **knobs)
-    note = (f"attention_cache_layers={n}: the most of the {free_layers} layers not offloaded whose attention "
-            f"output fits the spare GPU memory ({new.gpu_peak_bytes / GB:.1f} GB/GPU)")
-    return Choice(plan=new, notes=choice.notes + (note,))
+def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
+                      **knobs) -> Choice:
+    """`choice`'s levers with the per-layer placement that skips the most attention recomputes and still fits.
+
+    Each cached layer (levers/attention_cache.py) saves one attention forward in its checkpoint recompute, the
+    biggest single cost of a long-context step; a host copy of a kept output costs ~1% of that (2 × its bytes
+    at ~55 GB/s, overlapped). So: the most cached layers n = x + y that fit, x of them with the output on the GPU
+    (`cache`, the top layers: their cache lives shortest) and y in pinned host memory (`cache+offload`, checkpoint
+    there too), preferring GPU caches (no copies); the other layers keep their checkpoint on the GPU (`keep`) as
+    far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
+    first: their checkpoints live longest). Same sp / tiled MLP / loss chunk / optimizer placement as `choice`.
+    The cache needs a kernel pair (FlashAttention 4 on Hopper): with another kernel cached layers recompute.
+    """
+    plan = choice.plan
+    geom, L = plan.geom, plan.geom.layers
+    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
+
+    def at(x: int, y: int, w: int):
+        z = L - x - y - w
+        layout = PlacementPlan.parse(",".join(f"{p}:{n}" for p, n in (("offload", z), ("cache+offload", y),
+                                                                    ("keep", w), ("cache", x)) if n))
+        return plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout), **knobs)
+
+    def fits_gpu(x, y, w):
+        return at(x, y, w).gpu_peak_bytes <= gpu_budget
+
+    for n in range(L, -1, -1):
+        for x in range(n, -1, -1):
+            y, rest = n - x, L - n
+            if not fits_gpu(x, y, 0):
+                continue  # even with every other layer offloaded this many GPU caches do not fit
+            w = rest if fits_gpu(x, y, rest) else _last_fit(lambda w: fits_gpu(x, y, w), 0, rest)
+            new = at(x, y, w)
+            if new.host_peak_bytes <= host_budget:
+                return Choice(plan=new, notes=choice.notes + (_placement_note(new, x, y, w),))
+    return choice
+
+
+def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:
+    L, n = plan.geom.layers, x + y
+    hq_local = plan.geom.heads // plan.sp_size
+    saved = n * 2 * plan.seq_len ** 2 * hq_local * plan.geom.head_dim / ATTENTION_FWD_FLOPS
+    return (f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on the GPU, "
+            f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per step at "
+            f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints kept on the GPU, "
+            f"{L - n - w} offloaded: the most cached layers that fit {plan.gpu_peak_bytes / GB:.1f} GB/GPU and "
+            f"{plan.host_peak_bytes / GB:.1f} GB host (the cache needs FlashAttention 4; with cuDNN SDPA cached layers "
+            f"recompute)")

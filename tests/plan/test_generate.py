@@ -13,7 +13,7 @@ import yaml
 from ds_longctx.plan import generate
 from ds_longctx.config import RunConfig
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.search import choose, find_max_len, run_placement
+from ds_longctx.plan.search import choose, fastest_placement, find_max_len, run_placement
 from ds_longctx.plan.planner import GB
 
 from tests.helpers import ROOT
@@ -31,18 +31,21 @@ def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
     assert (tmp_path / "launch.txt").read_text().splitlines()[2:] == generate.launch_lines(8)
 
 
-def test_attention_cache_flag_reaches_run_yaml(tmp_path):
+def test_the_plan_caches_attention_unless_asked_not_to(tmp_path):
     import yaml
 
-    from ds_longctx.plan.search import with_attention_cache
+    from ds_longctx.levers.placement import PlacementPlan
+    from ds_longctx.plan.search import fastest_placement
     argv = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "141", "--host_mem_gb", "560"]
-    assert generate.main(argv + ["--attention_cache", "--out", str(tmp_path)]) == 0
+    assert generate.main(argv + ["--out", str(tmp_path)]) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
-    want = with_attention_cache(choose("qwen3-8b", 1 << 20, 8, 141, 560), 141).levers.attention_cache_layers
-    assert run["memory"]["attention_cache_layers"] == want > 0
-    assert "--attention_cache" in (tmp_path / "run.yaml").read_text().splitlines()[0]  # the generating command
-    assert generate.main(argv + ["--out", str(tmp_path / "plain")]) == 0
-    assert yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["memory"]["attention_cache_layers"] == 0
+    want = fastest_placement(choose("qwen3-8b", 1 << 20, 8, 141, 560), 141, 560).plan.placement
+    assert PlacementPlan.parse(run["memory"]["placement"]) == want and want.cached > 0
+    assert f"placement per layer: {want.describe()}" in (tmp_path / "plan.txt").read_text()
+    assert generate.main(argv + ["--no_attention_cache", "--out", str(tmp_path / "plain")]) == 0
+    plain = yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["memory"]
+    assert plain["placement"] is None and plain["attention_cache_layers"] == 0
+    assert "--no_attention_cache" in (tmp_path / "plain" / "run.yaml").read_text().splitlines()[0]
 
 
 def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
@@ -90,14 +93,14 @@ def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
     n = min(1 << 20, find_max_len("qwen3-8b", gpus, gpu_gb, host_gb))
     assert generate.main(["--model", "qwen3-8b", "--seq_len", str(n), "--gpus", str(gpus), "--gpu_mem_gb",
                           str(gpu_gb), "--host_mem_gb", str(host_gb), "--out", str(tmp_path)]) == 0
-    c = choose("qwen3-8b", n, gpus, gpu_gb, host_gb)
+    c = fastest_placement(choose("qwen3-8b", n, gpus, gpu_gb, host_gb), gpu_gb, host_gb)
     cfg = RunConfig.load(tmp_path / "run.yaml")
-    lv, k = c.levers, c.levers.offload_layers
+    lv, k = c.levers, c.plan.placement.offloaded
     assert (cfg.model.name, cfg.train.seq_len, cfg.parallel.sp_size, cfg.train.micro_batch, cfg.model.dtype) == ("qwen3-8b", n, c.sp_size, 1, "bf16")
     assert (cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, cfg.memory.tiled_mlp, cfg.memory.tile_tokens) == \
         (lv.chunked_loss, lv.loss_chunk_rows, lv.tiled_mlp, lv.tile_tokens)
-    assert cfg.memory.activation_checkpointing and cfg.memory.offload_layers == k
-    assert run_placement(cfg, c.plan.geom.layers, gpus, None) == c.plan.placement and c.plan.placement.offloaded == k
+    assert cfg.memory.activation_checkpointing and cfg.memory.placement == c.plan.placement.spec()
+    assert run_placement(cfg, c.plan.geom.layers, gpus, None) == c.plan.placement
     assert cfg.optimizer.offload == lv.optimizer_offload and cfg.optimizer.torch_adam == (not lv.optimizer_offload)
     # the JSON is build_ds_config of that run config, nothing hand-built
     ds = json.loads((tmp_path / "ds_config.json").read_text())

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.plan.search import NoFit, choose, find_max_len
 from ds_longctx.plan.planner import GB, GIB, Levers, ModelGeometry, plan_memory
 
@@ -100,23 +101,33 @@ def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
         choose(model, n + 1024, gpus, gpu_gb, host_gb)
 
 
-def test_attention_cache_takes_the_spare_gpu_memory_and_no_more():
-    from ds_longctx.plan.search import with_attention_cache
+def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
+    from ds_longctx.levers.placement import Place
+    from ds_longctx.plan.search import fastest_placement
 
-    c = choose(Q8, 1 << 20, 8, 141, 560)
-    assert c.levers.offload_layers == 0 and c.levers.attention_cache_layers == 0
-    got = with_attention_cache(c, 141)
-    n, budget = got.levers.attention_cache_layers, 0.9 * 141 * GB
-    assert 0 < n < Q8.layers
-    # by hand: each cached layer holds 4 heads x 128 x 1M tokens of bf16 output + fp32 LSE (about 1.09 GB)
-    assert got.plan.gpu_peak_bytes <= budget
-    assert plan_memory(Q8, 1 << 20, 8, 8, replace(c.levers, attention_cache_layers=n + 1)).gpu_peak_bytes > budget
-    assert replace(got.levers, attention_cache_layers=0) == c.levers  # nothing else moved
-    assert got.plan.host_peak_bytes == c.plan.host_peak_bytes
-    assert any(note.startswith(f"attention_cache_layers={n}:") for note in got.notes)
-    # with most layers offloaded only the others can cache
-    c80 = choose(Q8, 1 << 20, 8, 80, 560)
-    assert with_attention_cache(c80, 80).levers.attention_cache_layers <= Q8.layers - c80.levers.offload_layers
+    for args in ((Q8, 1 << 20, 8, 141, 560), (Q8, 1 << 20, 8, 80, 560), (Q8, 262_144, 2, 141, 256)):
+        c = choose(*args)
+        got = fastest_placement(c, args[3], args[4])
+        budget, host = 0.9 * args[3] * GB, 0.9 * args[4] * GB
+        p = got.plan.placement
+        n = p.cached
+        assert got.plan.gpu_peak_bytes <= budget and got.plan.host_peak_bytes <= host
+        assert n >= c.plan.placement.cached and n > 0, args
+        assert replace(got.levers, placement=None) == replace(c.levers, offload_layers=0, attention_cache_layers=0)
+        # no plan with one more cached layer fits (every way to place n + 1 of them, by brute force)
+        if n < Q8.layers:
+            for x in range(n + 2):
+                for w in range(Q8.layers - n):
+                    spec = ",".join(f"{k}:{v}" for k, v in (("offload", Q8.layers - n - 1 - w), ("cache+offload",
+                                    n + 1 - x), ("keep", w), ("cache", x)) if v > 0)
+                    other = plan_memory(Q8, args[1], args[2], args[2], replace(got.levers, placement=PlacementPlan.parse(
+                        spec)))
+                    assert other.gpu_peak_bytes > budget or other.host_peak_bytes > host, (args, spec)
+        # host-side layers first, GPU caches on top; the note says how much recompute it skips
+        order = [p.layers.index(q) for q in (Place.OFFLOAD, Place.CACHE_OFFLOAD, Place.KEEP, Place.CACHE)
+                 if q in p.layers]
+        assert order == sorted(order)
+        assert any(f"{n} of {Q8.layers} layers keep their attention output" in note for note in got.notes)
 
 
 def test_auto_offload_counts_the_attention_cache():
