@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import field_validator
 
 from ds_longctx.config.base import Section
@@ -16,6 +18,10 @@ class KernelsConfig(Section):
     """Attention kernel: auto (FlashAttention 4 on Hopper when installed, else cuDNN SDPA there; flash-attn 2 when
     installed on other GPUs, else SDPA's flash kernel), fa4, sdpa (SDPA, kernel picked per device), sdpa_cudnn,
     sdpa_flash, sdpa_efficient, sdpa_math, flash_attn (flash-attn 2). The choice and its reason are logged."""
+
+    fused_ops: Literal["none", "liger"] = "none"
+    """Token-wise work (RMSNorm, SwiGLU, rotary) as fused kernels: liger (Liger-Kernel's Triton kernels, CUDA;
+    levers/fused_ops.py) or none (HF's own ops)."""
 
     @field_validator("attn_backend")
     @classmethod

@@ -6,7 +6,9 @@ Order (each step says why it comes where it does):
  2. process groups (`ParallelState.build`): zero.Init and the Ulysses exchange need them.
  3. the model (`run/model.build_model`): YaRN on the config from the target seq_len, built under
     `deepspeed.zero.Init`, weights drawn per parameter name.
- 4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model.
+ 4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model;
+    then fused token-wise kernels if asked (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 5 so a
+    tiled MLP takes the MLP back and before 6 so the recompute runs the fused code.
  5. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 6 so the checkpoint
     recompute runs the tiled code too.
  6. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
@@ -33,6 +35,7 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
+from ds_longctx.levers.fused_ops import apply_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers
@@ -140,6 +143,8 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     model = build_model(cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/8 {name}", t0, state.rank))
     # 4. Ulysses attention
     attn = ulysses.register(model, state)
+    if cfg.kernels.fused_ops == "liger":
+        apply_fused_ops(model)
     # 5. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
     #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
     if cfg.memory.tiled_mlp:

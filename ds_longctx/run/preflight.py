@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy
 import logging
 
+import torch
+
 from ds_longctx import data
+from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.search import run_placement
@@ -30,6 +33,7 @@ def validate(cfg, world_size: int):
     text = hf_cfg.get_text_config()
     check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads)
     attention.resolve_backend(cfg.kernels.attn_backend)
+    check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
     run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
