@@ -31,6 +31,10 @@ class MemoryConfig(Section):
     placement: Optional[str] = None
     """Every layer's place, instead of the two counts above: run lengths such as `offload:30,keep:4,cache:2`
     (keep, offload, cache; levers/placement.py). The plan the run uses is printed at start and in plan.txt."""
+    pinned_pool: bool = False
+    """Offloaded checkpoints in our own exact-size pinned pool (levers/offload.py) instead of DeepSpeed's offload,
+    whose pinned buffers are rounded up to a power of two (a 2.16 GB checkpoint holds 4 GiB): the same data in up to
+    half the host memory. Not yet measured on a GPU."""
     tiled_mlp: bool = False
     """Run each MLP over sequence tiles with recompute (levers/tiled_mlp.py)."""
     tile_tokens: Optional[int] = Field(None, gt=0)

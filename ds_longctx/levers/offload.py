@@ -10,6 +10,10 @@ What is DeepSpeed's and what is ours:
   `_gradient_checkpointing_func` is `deepspeed.checkpointing.checkpoint`. In DeepSpeed 0.19.8 that path
   already copies on a side stream into a pool of pinned buffers (`_ActivationOffloadEngine`) and keeps the
   newest checkpoint on the GPU (its backward comes first).
+- Or ours (`memory.pinned_pool: true`): `pool_checkpoint_function`, a reentrant checkpoint like DeepSpeed's whose
+  layer input goes into one exact-size pinned slot per layer (`PinnedPool`, cudaHostRegister'd pageable memory,
+  allocated at the layer's first forward, reused every step) on a side stream, back when its backward starts. Same
+  host bytes as the data, not the next power of two; not yet measured on a GPU, so not the default.
 - The budget is ours: which layers offload is the placement plan's (placement.py): only the first N layers,
   whose checkpoints live longest, leave the GPU; `auto` asks the planner for the fewest that fit. Offloading
   layers that fit anyway costs PCIe traffic and host memory (DeepSpeed ALST offloads all layers: ~290 GiB of
@@ -26,7 +30,10 @@ routing through DeepSpeed's checkpoint is exercised.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ds_longctx")
 
@@ -46,3 +53,134 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
     log.info("activation offload through deepspeed.checkpointing (cpu_checkpointing=%s)",
              ds_config.get("activation_checkpointing", {}).get("cpu_checkpointing"))
     return deepspeed.checkpointing.checkpoint
+
+
+# ----------------------------------------------------------------------------- our own: one exact-size pinned pool
+class PinnedPool:
+    """Pinned host memory for offloaded checkpoints: one exact-size registration per checkpoint slot, made at the
+    slot's first use and reused every step (torch's pinned allocator, which DeepSpeed's offload uses, rounds every
+    block up to a power of two: a 2.16 GB checkpoint holds 4 GiB there). On CPU (tests) a slot is a plain tensor."""
+
+    def __init__(self):
+        self._slots: dict = {}
+        self.registered_bytes = 0
+
+    def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
+        import torch
+        buf = self._slots.get(key)
+        if buf is not None and buf.shape == like.shape and buf.dtype == like.dtype:
+            return buf
+        self.release(key)
+        buf = torch.empty(like.shape, dtype=like.dtype, device="cpu")
+        if like.is_cuda:
+            nbytes = buf.numel() * buf.element_size()
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host memory "
+                                   f"for the offloaded checkpoints; offload fewer layers")
+            self.registered_bytes += nbytes
+        self._slots[key] = buf
+        return buf
+
+    def release(self, key=None) -> None:
+        import torch
+        for k in ([key] if key is not None else list(self._slots)):
+            buf = self._slots.pop(k, None)
+            if buf is not None and self.registered_bytes:
+                nbytes = buf.numel() * buf.element_size()
+                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+                self.registered_bytes -= nbytes
+
+
+_POOL = PinnedPool()
+
+
+def pool_checkpoint_function(layer_index: int) -> Callable:
+    """The `_gradient_checkpointing_func` of an offloaded layer with our own pool (memory.pinned_pool): a reentrant
+    checkpoint (like DeepSpeed's) whose saved layer input is copied into this layer's exact-size pinned slot on a side
+    stream during the forward and copied back when its backward starts."""
+    def checkpoint(function, *args, **kwargs):
+        kwargs.pop("use_reentrant", None)
+        if kwargs:
+            raise ValueError(f"pool offload takes the layer function and positional tensors, got kwargs {list(kwargs)}")
+        return _PooledCheckpoint.apply(function, layer_index, *args)
+    checkpoint.pinned_pool = True  # placement.applied_placement reads a layer's offload back by this
+    return checkpoint
+
+
+def pool() -> PinnedPool:
+    """This process's pool (tests read its slots)."""
+    return _POOL
+
+
+def _copy_stream():
+    import torch
+    dev = torch.cuda.current_device()
+    if dev not in _STREAMS:
+        _STREAMS[dev] = torch.cuda.Stream()
+    return _STREAMS[dev]
+
+
+_STREAMS: dict = {}
+
+
+class _PooledCheckpoint:
+    """Built lazily (torch is imported only when an offloaded layer runs)."""
+
+    _fn = None
+
+    @classmethod
+    def apply(cls, function, layer_index, *args):
+        if cls._fn is None:
+            cls._fn = _make_function()
+        return cls._fn.apply(function, layer_index, *args)
+
+
+def _make_function():
+    import torch
+
+    class PooledCheckpoint(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, function, layer_index, *args):
+            ctx.function, ctx.layer_index = function, layer_index
+            ctx.grad_mask = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+            with torch.no_grad():
+                outputs = function(*args)
+            hidden = args[0]  # the layer input: the one tensor worth offloading (others are small: cos/sin, ids)
+            host = _POOL.slot(layer_index, hidden)
+            if hidden.is_cuda:
+                side = _copy_stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    host.copy_(hidden, non_blocking=True)
+                    hidden.record_stream(side)
+                ctx.event = torch.cuda.Event()
+                ctx.event.record(side)
+            else:
+                host.copy_(hidden)
+                ctx.event = None
+            ctx.device = hidden.device
+            ctx.rest = args[1:]
+            return outputs
+
+        @staticmethod
+        def backward(ctx, *grads):
+            host = _POOL._slots[ctx.layer_index]
+            if ctx.event is not None:
+                torch.cuda.current_stream().wait_event(ctx.event)
+                hidden = host.to(ctx.device, non_blocking=True)
+            else:
+                hidden = host.clone()
+            inputs = [hidden, *ctx.rest]
+            inputs = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                      for t, need in zip(inputs, ctx.grad_mask)]
+            with torch.enable_grad():
+                outputs = ctx.function(*inputs)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
+                     and g is not None]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            return (None, None, *[t.grad if isinstance(t, torch.Tensor) and need else None
+                                  for t, need in zip(inputs, ctx.grad_mask)])
+
+    return PooledCheckpoint

@@ -249,13 +249,15 @@ def decoder_layers(model: nn.Module) -> list:
     return layers
 
 
-def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[dict] = None) -> PlacementPlan:
+def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[dict] = None,
+                    pinned_pool: bool = False) -> PlacementPlan:
     """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
 
     Enables transformers' non-reentrant checkpointing (unless the plan is all `none`), then sets each layer's
     `_gradient_checkpointing_func`: keep -> torch's checkpoint (transformers' default), offload -> DeepSpeed's
-    checkpoint configured from `ds_config` (its `activation_checkpointing` block), cache -> torch's checkpoint
-    with the attention-saving policy. Undo with `remove_placement`. Returns the plan read back from the layers.
+    checkpoint configured from `ds_config` (its `activation_checkpointing` block), or with `pinned_pool` our own
+    exact-size pinned pool (offload.pool_checkpoint_function); cache / cache+offload also get an attention slot
+    (attention_cache.py). Undo with `remove_placement`. Returns the plan read back from the layers.
     """
     layers = decoder_layers(model)
     if len(layers) != len(plan):
@@ -268,15 +270,17 @@ def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[d
         _checkpointing(model, on=True)
         model.__dict__[_ENABLED_ATTR] = True
     funcs = {Place.KEEP: None, Place.CACHE: None}
-    if plan.offloaded:
+    if plan.offloaded and not pinned_pool:
         from ds_longctx.levers.offload import offload_checkpoint_function
         if ds_config is None:
             raise ValueError("offloaded layers need the DeepSpeed config (its activation_checkpointing block)")
         funcs[Place.OFFLOAD] = funcs[Place.CACHE_OFFLOAD] = offload_checkpoint_function(ds_config)
     from ds_longctx.levers import attention_cache
-    for layer, place, original in zip(layers, plan.layers, originals):
+    from ds_longctx.levers.offload import pool_checkpoint_function
+    for i, (layer, place, original) in enumerate(zip(layers, plan.layers, originals)):
         layer.__dict__.setdefault(_PREV_ATTR, original)
-        layer._gradient_checkpointing_func = funcs[place] or layer._gradient_checkpointing_func  # torch's
+        fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]
+        layer._gradient_checkpointing_func = fn or layer._gradient_checkpointing_func  # keep / cache: torch's
         if place in CACHED:
             attention_cache.attach(layer, on_host=place == Place.CACHE_OFFLOAD)
         else:
@@ -306,6 +310,8 @@ def applied_placement(model: nn.Module) -> PlacementPlan:
 
 
 def _is_offload_function(fn) -> bool:
+    if getattr(fn, "pinned_pool", False):
+        return True
     if fn is None or "deepspeed" not in getattr(fn, "__module__", ""):
         return False
     import deepspeed

@@ -81,6 +81,7 @@ class Levers:
     optimizer_offload: bool = False
     attention_cache_layers: int = 0
     placement: Optional[PlacementPlan] = None
+    pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
 
     def __post_init__(self):
         if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
@@ -102,7 +103,8 @@ class Levers:
         the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
         mem = cfg.memory
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
-                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement)
+                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement,
+                   pinned_pool=mem.pinned_pool)
 
     def run_config_fields(self) -> dict:
         """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
@@ -110,6 +112,7 @@ class Levers:
         out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
                "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
                "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
+               "pinned_pool": self.pinned_pool,
                "torch_adam": not self.optimizer_offload}  # offloaded Adam is DeepSpeedCPUAdam
         if self.placement is not None:
             out["placement"] = self.placement.spec()
@@ -219,8 +222,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
         gathered_layers        live_layers·P_layer·2   (the layer being computed + prefetch; calibrate live_layers)
     Checkpoints and small inputs (all):
-        checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, offload_layers=k; torch's pinned
-                               host allocator rounds every block up to a power of two)
+        checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, k offloaded layers; torch's pinned
+                               host allocator rounds every block up to a power of two), or G·k·E with our
+                               exact-size pool (pinned_pool)
         offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
@@ -292,7 +296,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("cpu_adam_grads_fp32", 0, G * 4 * part, "host 4·P (the fp32 grads DeepSpeedCPUAdam steps on)")
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * Pl * 2, 0, f"live_layers({live_layers})·P_layer·2")
-    add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
+    if levers.pinned_pool:
+        add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
+    else:
+        add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
     if k:
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")

@@ -152,7 +152,7 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     # 6. the placement plan: computed once, applied in one place (needs 5's final layer code and the DeepSpeed
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_mem_gb())
-    placement = apply_placement(model, plan, ds_config)
+    placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
     # 7. loss head: chunked lm_head + CE on the local slice
     module = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
     # 8. DeepSpeed

@@ -51,7 +51,8 @@ def main():
         from ds_longctx.plan.search import run_placement
         kinds = []
         for layer in decoder_layers(eng.model):
-            offloaded = layer.__dict__.get("_gradient_checkpointing_func") is deepspeed.checkpointing.checkpoint
+            fn = layer.__dict__.get("_gradient_checkpointing_func")
+            offloaded = fn is deepspeed.checkpointing.checkpoint or getattr(fn, "pinned_pool", False)
             slot = attention_cache.layer_slot(layer)
             kinds.append("none" if not layer.gradient_checkpointing else
                          ("cache+offload" if offloaded and slot.on_host else "cache") if slot is not None else

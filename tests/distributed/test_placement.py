@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
     (dict(offload_layers=1, attention_cache_layers=1), ["offload", "cache"]),
     (dict(placement="cache,offload"), ["cache", "offload"]),
     (dict(placement="cache+offload,cache"), ["cache+offload", "cache"]),
+    (dict(placement="offload,cache+offload", pinned_pool=True), ["offload", "cache+offload"]),
 ])
 def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, overrides, want):
     got = run(tmp_path, 2, 2, length=64, read_placement=True, **overrides)

@@ -95,3 +95,16 @@ def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
     assert rel_err(sp2["loss"], sp1["loss"]) <= 5e-3
     worst = max(rel_err(sp2["grads"][n], g) for n, g in sp1["grads"].items())
     assert worst <= 5e-2, worst
+
+
+@two_gpus
+def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
+    """bf16, SP=2 on 2 GPUs: layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned pool
+    (cudaHostRegister'd slots, side-stream copies) against both `keep`."""
+    kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto")
+    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
+    pooled = run(tmp_path, 2, 2, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
+    assert pooled["applied"] == ["offload", "cache+offload"]
+    assert rel_err(pooled["loss"], keep["loss"]) <= 1e-3
+    worst = max(rel_err(pooled["grads"][n], g) for n, g in keep["grads"].items())
+    assert worst <= 1e-2, worst

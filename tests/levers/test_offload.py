@@ -1,0 +1,55 @@
+"""offload.py's own pool (memory.pinned_pool) on CPU: an offloaded layer's input goes into its one exact-size slot
+and comes back for the recompute; loss and every gradient equal a plain HF model's; the slots are the same buffers
+every step (reused, no growth). The pinned (cudaHostRegister) copies on a side stream run in tests/gpu; the pool
+under ZeRO-3 SP=2 in tests/distributed/test_placement.py. The planner counts exact bytes for it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ds_longctx.levers import offload
+from ds_longctx.levers.placement import PlacementPlan, applied_placement, apply_placement, remove_placement
+from ds_longctx.plan.planner import GB, Levers, ModelGeometry, plan_memory
+from tests.helpers import rel_err, tiny_model
+
+
+@pytest.mark.parametrize("spec", ["offload:2", "offload:1,keep:1", "keep:1,offload:1"])
+def test_pool_offload_gives_plain_grads_and_reuses_its_slots(spec):
+    ref = tiny_model(attn="sdpa")
+    model = copy.deepcopy(ref)
+    plan = PlacementPlan.parse(spec)
+    assert apply_placement(model, plan, pinned_pool=True) == plan == applied_placement(model)
+    slots = []
+    try:
+        for step in range(3):
+            ids = torch.randint(0, ref.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(step))
+            for m in (ref, model):
+                m.zero_grad(set_to_none=True)
+            want, got = ref(input_ids=ids, labels=ids), model(input_ids=ids, labels=ids)
+            want.loss.backward()
+            got.loss.backward()
+            assert rel_err(got.loss, want.loss) <= 1e-6
+            for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+                assert rel_err(p.grad, q.grad) <= 1e-5, n
+            slots.append({k: v.data_ptr() for k, v in offload.pool()._slots.items()})
+            hidden = ref.config.hidden_size
+            for i in plan.indices(*[p for p in plan.layers if p.value == "offload"]):
+                assert offload.pool()._slots[i].shape == (1, 40, hidden)  # exactly the layer input
+    finally:
+        remove_placement(model)
+        offload.pool().release()
+    assert slots[0] == slots[1] == slots[2] and len(slots[0]) == plan.offloaded  # the same buffers, no growth
+
+
+def test_planner_counts_the_pool_exactly():
+    q8 = ModelGeometry.from_name_or_path("qwen3-8b")
+    S, G, k = 196_608, 2, 36
+    E = S // G * q8.hidden * 2                      # 0.805 GB per layer: pow2 rounds it to 1 GiB
+    pooled = plan_memory(q8, S, G, G, Levers(offload_layers=k, pinned_pool=True))
+    rounded = plan_memory(q8, S, G, G, Levers(offload_layers=k))
+    assert pooled.term("checkpoints").host_bytes == G * k * E
+    assert rounded.term("checkpoints").host_bytes == G * k * (1 << 30)
+    assert (rounded.host_peak_bytes - pooled.host_peak_bytes) / GB == pytest.approx(G * k * ((1 << 30) - E) / GB)
