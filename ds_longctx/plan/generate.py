@@ -67,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
                         "FlashAttention 4, where cached layers would recompute anyway. By default the plan keeps "
                         "the attention output of as many layers as fit (on the GPU, else in host memory) so the "
                         "checkpoint recompute skips attention")
+    p.add_argument("--pinned_pool", action="store_true",
+                   help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
+                        "DeepSpeed's power-of-two buffers: the same data in up to half the host memory (not yet "
+                        "measured on a GPU)")
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
@@ -110,6 +114,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
+    parts += ["--pinned_pool"] if a.pinned_pool else []
     return "ds-longctx plan " + " ".join(parts)
 
 
@@ -184,7 +189,8 @@ def main(argv: list | None = None) -> int:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
     cmd = command_line(a, host)
-    kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size)
+    kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size,
+              pinned_pool=a.pinned_pool)
     seq_len = a.seq_len
     if a.find_max_len:
         seq_len = find_max_len(geom, **kw)
@@ -213,7 +219,7 @@ def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choic
     """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
     placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
     choice = choose(geom, seq_len, gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                    sp_size=a.sp_size)
+                    sp_size=a.sp_size, pinned_pool=a.pinned_pool)
     return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
 
 
@@ -223,7 +229,8 @@ def regenerate_all(root: Path) -> None:
     for name, args in COMMITTED.items():
         a = parser().parse_args(args.split())
         geom, host = check_args(a)
-        kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size)
+        kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size,
+              pinned_pool=a.pinned_pool)
         seq_len = find_max_len(geom, **kw) if a.find_max_len else a.seq_len
         choice = plan_choice(a, geom, host, seq_len)
         write(root / name, choice, command_line(a, host), a, host)

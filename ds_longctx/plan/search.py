@@ -56,7 +56,7 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
-def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None) -> Optional[Choice]:
+def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, pool=False) -> Optional[Choice]:
     """The first fit in this order: optimizer on GPU before offloaded (host RAM and a CPU Adam step); sp
     descending (sp = gpus first); tiled MLP off before on (+5% step time measured at 8B, 131k tokens); then the fewest
     offloaded checkpoints (+1% measured for all 36 layers at 8B, 131k).
@@ -69,7 +69,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None) -
         for sp in sps:
             for tiled in (False, True):
                 lv = Levers(tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
-                            optimizer_offload=opt)
+                            optimizer_offload=opt, pinned_pool=pool)
                 lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                 gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
                 k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
@@ -112,7 +112,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
 
 
 def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-           sp_size: Optional[int] = None, **knobs) -> Choice:
+           sp_size: Optional[int] = None, pinned_pool: bool = False, **knobs) -> Choice:
     """The levers for `seq_len` tokens on `gpus` GPUs of `gpu_mem_gb` GB with `host_mem_gb` GB of host RAM.
 
     A plan fits when its per-GPU peak <= headroom·gpu_mem_gb and its node host peak <= headroom·host_mem_gb.
@@ -127,13 +127,14 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     if sp_size is not None:
         plan_memory(geom, 1, gpus, sp_size)  # validates sp_size, naming the valid ones
-    if (found := _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size)) is not None:
+    if (found := _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool)) is not None:
         return found
-    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, **knobs)
+    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, pinned_pool=pinned_pool,
+                           **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus)[-1]
     best = plan_memory(geom, seq_len, gpus, sp, Levers(loss_chunk_rows=256, tiled_mlp=True, offload_layers=geom.layers,
                                                        optimizer_offload=True), **knobs)
-    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs, sp_size) is not None
+    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs, sp_size, pinned_pool) is not None
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB "
              f"host (x headroom {headroom:g}). Every lever on (sp_size={sp}, tiled MLP, all {geom.layers} "
              f"checkpoints and the optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
@@ -169,7 +170,8 @@ def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
 
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, **knobs) -> int:
+                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, pinned_pool: bool = False,
+                 **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
 
@@ -180,7 +182,7 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
 
     def fits(n: int) -> bool:
-        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size) is not None
+        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool) is not None
 
     if not fits(1):
         return 0
