@@ -1,0 +1,573 @@
+"""ds_longctx beside its peers at one model, length and GPU count: step time, GPU and host peaks, MFU.
+
+    python benchmarks/bench_peers.py --systems ds_longctx,trl_fsdp2_cp,alst --model qwen3-8b --seq_len 131072 \\
+        --gpus 2 --steps 4 --session LABEL [--out DIR] [--commit SHA] [--timeout_s 1800] \\
+        [--ds_longctx_args "--attn_backend fa4 --attention_cache_layers all"]
+    python benchmarks/bench_peers.py --dry --model qwen3-tiny --seq_len 4096   # print commands and configs, run none
+
+One system after another, each its own process group, all with the same shipped geometry (random weights), the same
+YaRN (`levers/rope.py:apply_rope_scaling`, which ds_longctx applies itself), one sequence of `seq_len` tokens per step
+split over `gpus` GPUs, bf16, AdamW at lr 1e-5:
+    ds_longctx     `python -m ds_longctx.cli train --nproc G --sp_size G ...` (the real entry; its metrics.jsonl)
+    trl_fsdp2_cp   TRL's FSDP2 + context-parallel recipe: `accelerate launch` with TRL's context_parallel_2gpu.yaml
+                   (FSDP2, transformer-layer wrap, cp_size=G), SFTTrainer with its default chunked loss (the fused
+                   LM head), pad_to_multiple_of=2*G, gradient checkpointing with `offload` (pinned host memory)
+    alst           TRL's DeepSpeed ALST recipe: torchrun, SFTConfig(deepspeed=TRL's zero3.json (+ bf16 SP
+                   communication, as TRL's ALST yaml), parallelism_config=ParallelismConfig(sp_size=G,
+                   sp_backend="deepspeed")), the same chunked loss and offloaded checkpoints
+The peers run this file as their worker (`--worker SYSTEM`): a TrainerCallback times each optimizer step between
+on_step_begin and on_step_end (cuda-synchronized) and writes `<run>/rank<r>.jsonl`.
+
+Appends one line per system to `<out>/peers.jsonl`, exactly
+    session, system, seq_len, gpus, seconds_per_step, peak_gpu_bytes, host_peak_bytes, mfu, commit, device, config
+(+ `error` when the run failed, timed out or ran out of memory; the numbers of its finished steps are kept):
+seconds_per_step = median of the steps after the first; peak_gpu_bytes = max over ranks and steps of
+torch.cuda.max_memory_reserved (reset at each step's start); host_peak_bytes = sum over the ranks of each rank's
+peak RSS (VmHWM, what ru_maxrss reports), polled from /proc by this driver for all three systems alike;
+mfu = bench_levers.model_flops / (seconds_per_step x gpus x 989e12); config = what was on (recipe + what the
+worker saw at train start). Per run, `<out>/peers_<session>/<system>/` keeps the log, generated configs,
+per-step files and summary.json (step times, losses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench_levers import H200_BF16_PEAK, model_flops  # benchmarks/ is sys.path[0] when this file runs
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("ds_longctx", "trl_fsdp2_cp", "alst")
+LINE_KEYS = ("session", "system", "seq_len", "gpus", "seconds_per_step", "peak_gpu_bytes", "host_peak_bytes", "mfu",
+             "commit", "device", "config")
+ALLOC_CONF = "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
+VERSIONS = ("torch", "transformers", "accelerate", "deepspeed", "trl", "flash-attn-4")
+
+# TRL examples/deepspeed_configs/zero3.json (the guide's ALST recipe passes it as SFTConfig(deepspeed=...)), plus the
+# bf16 Ulysses gradient communication of TRL's examples/accelerate_configs/alst_ulysses_4gpu.yaml: DeepSpeed's own
+# default is fp32 (runtime/engine.py uses `seq_parallel_communication_data_type` whenever sp > 1).
+ALST_DS_CONFIG = {"bf16": {"enabled": "auto"},
+                  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+                                        "offload_param": {"device": "none"},
+                                        "stage3_gather_16bit_weights_on_model_save": True},
+                  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+                  "train_micro_batch_size_per_gpu": "auto", "seq_parallel_communication_data_type": "bf16"}
+
+
+# ----------------------------------------------------------------------------- the peers' recipes, as data
+def fsdp2_cp_accelerate_config(gpus: int) -> dict:
+    """TRL examples/accelerate_configs/context_parallel_2gpu.yaml for `gpus` processes: FSDP2, wrap per decoder layer
+    (TRANSFORMER_BASED_WRAP reads the model's _no_split_modules), rank 0 loads and broadcasts, no FSDP activation
+    checkpointing (the trainer's gradient checkpointing does it: one of the two, not both), bf16 mixed precision
+    (accelerate keeps fp32 parameters and computes in bf16), and the whole node as one context-parallel group."""
+    return {"compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": "FSDP", "downcast_bf16": "no",
+            "enable_cpu_affinity": False,
+            "fsdp_config": {"fsdp_activation_checkpointing": False, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                            "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": False,
+                            "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
+                            "fsdp_version": 2},
+            "machine_rank": 0, "main_training_function": "main", "mixed_precision": "bf16", "num_machines": 1,
+            "num_processes": gpus, "rdzv_backend": "static", "same_network": True, "tpu_env": [],
+            "tpu_use_cluster": False, "tpu_use_sudo": False, "use_cpu": False,
+            "parallelism_config": {"parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 1,
+                                   "parallelism_config_tp_size": 1, "parallelism_config_cp_size": gpus}}
+
+
+def peer_recipe(system: str, seq_len: int, steps: int, gpus: int, run_dir: Path) -> dict:
+    """Everything a peer run is configured with (the worker builds from this; `config` records it)."""
+    sft = {"output_dir": str(run_dir / "trainer"), "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+           "max_steps": steps, "learning_rate": 1e-5, "bf16": True, "seed": 0,
+           "max_length": seq_len, "packing": False, "dataset_kwargs": {"skip_prepare_dataset": True},
+           "loss_type": "nll",  # TRL's default: the fused LM head, logits in row tiles (the guide's chunked loss)
+           # the guide's `offload`: each checkpointed layer's input in pinned host memory (transformers >= 5.16);
+           # use_reentrant=False is transformers 5's default, spelled out so no version falls back to reentrant
+           "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"offload": True, "use_reentrant": False},
+           "logging_steps": 1, "save_strategy": "no", "report_to": "none"}
+    if system == "trl_fsdp2_cp":
+        return {"launcher": "accelerate launch --config_file accelerate.yaml",
+                "accelerate_config": fsdp2_cp_accelerate_config(gpus),
+                "sft_config": {**sft, "pad_to_multiple_of": 2 * gpus}}  # CP shards in 2*cp chunks (load balance)
+    if system == "alst":
+        return {"launcher": "torchrun", "deepspeed_config": ALST_DS_CONFIG,
+                "parallelism_config": {"sp_size": gpus, "sp_backend": "deepspeed", "sp_seq_length_is_variable": True,
+                                       "sp_attn_implementation": "sdpa"},
+                "tiled_mlp": False,  # ALST's TiledMLP: not exposed by TRL, accelerate or transformers
+                "sft_config": {**sft, "pad_to_multiple_of": gpus, "deepspeed": str(run_dir / "ds_config.json")}}
+    raise ValueError(f"system {system!r} has no peer recipe; peers are {SYSTEMS[1:]}")
+
+
+def write_recipe_files(system: str, recipe: dict, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if system == "trl_fsdp2_cp":
+        import yaml
+        (run_dir / "accelerate.yaml").write_text(yaml.safe_dump(recipe["accelerate_config"], sort_keys=False))
+    if system == "alst":
+        (run_dir / "ds_config.json").write_text(json.dumps(recipe["deepspeed_config"], indent=2) + "\n")
+    (run_dir / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
+
+
+def command(system: str, a, run_dir: Path, port: int) -> list[str]:
+    py = sys.executable
+    if system == "ds_longctx":
+        extra = shlex.split(a.ds_longctx_args)
+        lr = [] if any(x.split("=")[0] in ("--lr", "--optimizer.lr") for x in extra) else ["--lr", "1e-5"]
+        return [py, "-m", "ds_longctx.cli", "train", "--nproc", str(a.gpus), "--model", a.model, "--seq_len",
+                str(a.seq_len), "--sp_size", str(a.gpus), "--steps", str(a.steps), *lr, "--output_dir",
+                str(run_dir / "run"), *extra]
+    worker = [str(Path(__file__).resolve()), "--worker", system, "--model", a.model, "--seq_len", str(a.seq_len),
+              "--steps", str(a.steps), "--gpus", str(a.gpus), "--run_dir", str(run_dir)]
+    if system == "trl_fsdp2_cp":
+        return [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml"),
+                "--main_process_port", str(port), *worker]
+    return [py, "-m", "torch.distributed.run", "--nproc_per_node", str(a.gpus), "--master_addr", "127.0.0.1",
+            "--master_port", str(port), *worker]
+
+
+# ----------------------------------------------------------------------------- the peers' worker (one per rank)
+def tiny_tokenizer():
+    """SFTTrainer insists on a tokenizer (for pad/eos ids) even when the rows are token ids already."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+                                   pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def observed(trainer) -> dict:
+    """What the trainer really runs with, read at train start (after accelerate/DeepSpeed prepared the model)."""
+    acc, model, args = trainer.accelerator, trainer.model, trainer.args
+    pc = acc.parallelism_config
+    layer = next((m for m in model.modules() if getattr(m, "gradient_checkpointing", False)), None)
+    out = {"distributed_type": str(acc.distributed_type), "mixed_precision": str(acc.mixed_precision),
+           "parallelism": {k: getattr(pc, k, None) for k in ("dp_replicate_size", "dp_shard_size", "cp_size",
+                                                             "cp_backend", "sp_size", "sp_backend")} if pc else None,
+           "attn_implementation": model.config._attn_implementation, "rope_parameters": model.config.rope_parameters,
+           "max_position_embeddings": model.config.max_position_embeddings,
+           "checkpoint_func": repr(getattr(layer, "_gradient_checkpointing_func", None))[:300],
+           "gradient_checkpointing_kwargs": getattr(args, "gradient_checkpointing_kwargs", None),
+           "activation_offloading": getattr(args, "activation_offloading", None), "loss_type": args.loss_type,
+           "optim": str(args.optim), "max_grad_norm": args.max_grad_norm,
+           "trainable_param_dtype": str(next(p.dtype for p in model.parameters() if p.requires_grad))}
+    fsdp = getattr(acc.state, "fsdp_plugin", None)
+    if fsdp is not None:
+        out["fsdp_plugin"] = {k: repr(getattr(fsdp, k, None)) for k in (
+            "fsdp_version", "reshard_after_forward", "cpu_ram_efficient_loading", "activation_checkpointing",
+            "transformer_cls_names_to_wrap", "mixed_precision_policy")}
+    ds = getattr(acc.state, "deepspeed_plugin", None)
+    if ds is not None:
+        out["deepspeed_config"] = json.loads(json.dumps(ds.deepspeed_config, default=str))
+    return out
+
+
+def worker(a) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    path = Path(a.run_dir) / f"rank{rank}.jsonl"
+
+    def emit(**row):
+        with path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    try:
+        train_peer(a, rank, emit)
+    except Exception as e:
+        emit(event="error", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+
+
+def train_peer(a, rank: int, emit) -> None:
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from ds_longctx.levers.rope import apply_rope_scaling
+    from ds_longctx.run.model import load_hf_config
+
+    recipe = peer_recipe(a.worker, a.seq_len, a.steps, a.gpus, Path(a.run_dir))
+    hf_cfg = load_hf_config(a.model)
+    # YaRN as ds_longctx sets it (yarn_rope_parameters + max_position_embeddings): the recipes pass the same dict as
+    # model_init_kwargs={"rope_parameters": ...}, which needs a checkpoint to load; here the model is built from config
+    apply_rope_scaling(hf_cfg, a.seq_len)
+    kwargs = dict(recipe["sft_config"])
+    if a.worker == "alst":
+        from accelerate import ParallelismConfig
+        from accelerate.utils import DeepSpeedSequenceParallelConfig
+        pc = recipe["parallelism_config"]
+        kwargs["parallelism_config"] = ParallelismConfig(
+            sp_size=pc["sp_size"], sp_backend=pc["sp_backend"],
+            sp_handler=DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=pc["sp_seq_length_is_variable"],
+                                                       sp_attn_implementation=pc["sp_attn_implementation"]))
+    # before the model: sets the device, and for ALST makes the ZeRO-3 config live, so from_config below builds the
+    # model under deepspeed.zero.Init (born partitioned, as from_pretrained would load it)
+    args = SFTConfig(**kwargs)
+    if a.worker == "alst":
+        from ds_longctx.run.model import init_weights
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+        init_weights(model, seed=0, std=hf_cfg.initializer_range)  # per-name draws under GatheredParameters
+    else:
+        # drawn on this rank's GPU (fast), then handed over on CPU as from_pretrained would: accelerate upcasts to fp32,
+        # shards on meta and broadcasts rank 0's weights (fsdp_cpu_ram_efficient_loading)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model.to("cpu")
+    torch.cuda.empty_cache()  # the steps' reserved memory starts from what training holds, not the build's leftovers
+    torch.cuda.reset_peak_memory_stats()
+    rows = np.random.default_rng(0).integers(0, hf_cfg.vocab_size, size=(a.steps * a.gpus, a.seq_len))
+    data = Dataset.from_dict({"input_ids": [r.tolist() for r in rows]})
+
+    class StepTimer(TrainerCallback):
+        trainer = None
+
+        def on_train_begin(self, args, state, control, **kw):
+            if rank == 0:
+                emit(event="config", **observed(self.trainer))
+
+        def on_step_begin(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            emit(event="step", step=state.global_step, seconds=round(time.perf_counter() - self.t0, 4),
+                 peak_reserved=torch.cuda.max_memory_reserved(), peak_allocated=torch.cuda.max_memory_allocated(),
+                 ru_maxrss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if rank == 0 and logs:
+                emit(event="log", step=state.global_step,
+                     **{k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    timer = StepTimer()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer(),
+                         callbacks=[timer])
+    timer.trainer = trainer
+    trainer.train()
+
+
+# ----------------------------------------------------------------------------- driver
+class RankMemory:
+    """Peak host memory of a job: the sum over its ranks of each rank's VmHWM (the peak RSS that ru_maxrss reports,
+    pinned buffers included), polled from /proc. A rank is a descendant started with LOCAL_RANK in its environment
+    whose parent was not (launchers and agents are left out, and so are a rank's own helper processes)."""
+
+    def __init__(self, pid: int, every_s: float = 1.0):
+        self.pid, self.every_s, self.peak, self._rank, self.ranks = pid, every_s, {}, {}, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def sample(self):
+        import psutil
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for p in kids:
+            try:
+                if p.pid not in self._rank:
+                    parent = p.parent()
+                    self._rank[p.pid] = ("LOCAL_RANK" in p.environ()
+                                         and not (parent and "LOCAL_RANK" in parent.environ()))
+                    if self._rank[p.pid]:
+                        self.ranks.append(p)  # the Process object: signals to it are safe from pid reuse
+                if self._rank[p.pid]:
+                    for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            self.peak[p.pid] = max(self.peak.get(p.pid, 0), int(line.split()[1]) * 1024)
+            except (psutil.Error, OSError):
+                continue
+
+    def stop(self) -> int:
+        """Σ over ranks of peak RSS, after one last sample."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return sum(self.peak.values())
+
+
+def end_tree(proc, ranks) -> None:
+    """Stop what this run started and left alive: the launcher, its descendants, and the ranks seen (torch's agent
+    starts each rank in its own session, so a killed launcher can leave them orphaned)."""
+    import psutil
+    roots, procs = list(ranks), []
+    if proc.poll() is None:
+        roots.append(psutil.Process(proc.pid))
+    for p in roots:
+        try:
+            if p.is_running():  # False once the pid belongs to another process
+                procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def run_job(argv: list[str], log_path: Path, timeout_s: float) -> tuple:
+    """(exit code or None on timeout, host peak bytes, wall seconds)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
+    t0 = time.perf_counter()
+    with log_path.open("w") as log:
+        log.write("$ " + shlex.join(argv) + "\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        mem = RankMemory(proc.pid).start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        host = mem.stop()
+        end_tree(proc, mem.ranks)
+    return rc, host, time.perf_counter() - t0
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def collect(system: str, run_dir: Path, gpus: int) -> dict:
+    """Per-step seconds (rank 0), per-step peak reserved (max over ranks), losses, what the run saw, its error."""
+    if system == "ds_longctx":
+        rows = read_lines(run_dir / "run" / "metrics.jsonl")
+        seen = {}
+        if (run_dir / "run" / "run.yaml").is_file():
+            import yaml
+            seen["run_config"] = yaml.safe_load((run_dir / "run" / "run.yaml").read_text())
+        log = (run_dir / "log.txt").read_text(errors="replace") if (run_dir / "log.txt").is_file() else ""
+        seen["attention"] = next((x.split("attention: ", 1)[1] for x in log.splitlines() if "] attention: " in x), None)
+        return {"seconds": [r["seconds"] for r in rows], "losses": [r["loss"] for r in rows], "observed": seen,
+                "peaks": [r.get("peak_gpu_bytes_max_rank", r["peak_gpu_bytes"]) for r in rows], "error": None}
+    ranks = [read_lines(run_dir / f"rank{r}.jsonl") for r in range(gpus)]
+    steps = [[x for x in rk if x["event"] == "step"] for rk in ranks]
+    n = min((len(s) for s in steps), default=0)
+    errors = [x["error"] for rk in ranks for x in rk if x["event"] == "error"]
+    return {"seconds": [x["seconds"] for x in steps[0][:n]] if n else [],
+            "peaks": [max(s[i]["peak_reserved"] for s in steps) for i in range(n)],
+            "losses": [x.get("loss") for x in ranks[0] if x["event"] == "log" and "loss" in x],
+            "observed": next(({k: v for k, v in x.items() if k != "event"}
+                              for x in ranks[0] if x["event"] == "config"), {}),
+            "self_reported_host_peak_bytes": sum(s[n - 1]["ru_maxrss"] for s in steps) if n else None,
+            "error": errors[0] if errors else None}
+
+
+def failure(rc, timeout_s: float, log_path: Path, reported) -> str | None:
+    if rc == 0:
+        return None
+    if rc is None:
+        return f"timeout after {timeout_s:.0f} s"
+    lines = [x.strip() for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+    oom = next((x for x in lines if "OutOfMemoryError" in x or "out of memory" in x.lower()), None)
+    if oom:
+        return f"OOM: {oom[:300]}"
+    return f"exit {rc}: {(reported or (lines[-1] if lines else ''))[:300]}"
+
+
+def versions() -> dict:
+    from importlib import metadata
+    out = {}
+    for name in VERSIONS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit(fallback: str | None) -> str:
+    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else (fallback or "unknown")
+
+
+def gpu_name() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=30)
+        return r.stdout.splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+
+
+def line_for(a, system: str, res: dict, host: int, config: dict, error: str | None, commit: str, device: str,
+             flops: float) -> dict:
+    """The peers.jsonl line: the issue's keys, in its order, `error` only when the run failed."""
+    steady = res["seconds"][1:]
+    sps = statistics.median(steady) if steady else None
+    if error is None and not steady:
+        error = f"only {len(res['seconds'])} step(s) finished; the median needs the steps after the first"
+    line = {"session": a.session, "system": system, "seq_len": a.seq_len, "gpus": a.gpus,
+            "seconds_per_step": round(sps, 3) if sps else None,
+            "peak_gpu_bytes": max(res["peaks"]) if res["peaks"] else None, "host_peak_bytes": host or None,
+            "mfu": round(flops / (sps * a.gpus * H200_BF16_PEAK), 4) if sps else None,
+            "commit": commit, "device": device, "config": config}
+    assert tuple(line) == LINE_KEYS
+    return {**line, "error": error} if error else line
+
+
+def fresh_dir(base: Path) -> Path:
+    d, i = base, 1
+    while d.exists():
+        i += 1
+        d = base.with_name(f"{base.name}_{i}")
+    d.mkdir(parents=True)
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_system(a, system: str, session_dir: Path, commit: str, device: str, flops: float, out: Path) -> dict:
+    run_dir = fresh_dir(session_dir / system)
+    recipe = None if system == "ds_longctx" else peer_recipe(system, a.seq_len, a.steps, a.gpus, run_dir)
+    if recipe:
+        write_recipe_files(system, recipe, run_dir)
+    argv = command(system, a, run_dir, free_port())
+    print(f"\n== {system}: {shlex.join(argv)}\n   log: {run_dir / 'log.txt'}", flush=True)
+    rc, host, wall = run_job(argv, run_dir / "log.txt", a.timeout_s)
+    res = collect(system, run_dir, a.gpus)
+    error = failure(rc, a.timeout_s, run_dir / "log.txt", res["error"])
+    config = {"entry": shlex.join(argv[1:]).replace(str(ROOT) + "/", ""), **(recipe or {}), "observed": res["observed"],
+              "model": a.model, "weights": "random init from the shipped geometry", "steps": a.steps,
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF), "versions": versions()}
+    line = line_for(a, system, res, host, config, error, commit, device, flops)
+    with (out / "peers.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    summary = {"line": line, "step_seconds": res["seconds"], "step_peak_reserved": res["peaks"],
+               "losses": res["losses"],
+               "self_reported_host_peak_bytes": res.get("self_reported_host_peak_bytes"), "exit": rc,
+               "wall_seconds": round(wall, 1), "date": datetime.date.today().isoformat()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in line.items() if k != "config"}), flush=True)
+    return line
+
+
+def dry(a, systems: list[str]) -> None:
+    """Every command and generated config for these arguments, checked against the installed TRL and accelerate
+    where they import (field names of SFTConfig, the ParallelismConfig, the env `accelerate launch` would set)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_peers_dry_"))
+    for system in systems:
+        run_dir = tmp / system
+        print(f"\n== {system}")
+        recipe = None
+        if system != "ds_longctx":
+            recipe = peer_recipe(system, a.seq_len, a.steps, a.gpus, run_dir)
+            write_recipe_files(system, recipe, run_dir)
+        print("command:", shlex.join(command(system, a, run_dir, 29500)))
+        if recipe is None:
+            continue
+        print("recipe:", json.dumps(recipe, indent=2))
+        try:
+            import dataclasses
+            from trl import SFTConfig
+            unknown = set(recipe["sft_config"]) - {f.name for f in dataclasses.fields(SFTConfig)}
+            print(f"SFTConfig fields: {'all known' if not unknown else f'UNKNOWN {sorted(unknown)}'}")
+        except ImportError as e:
+            print(f"SFTConfig fields not checked (trl does not import here: {e})")
+        if system == "alst":
+            from accelerate import ParallelismConfig
+            from accelerate.utils import DeepSpeedSequenceParallelConfig
+            pc = recipe["parallelism_config"]
+            print(ParallelismConfig(sp_size=pc["sp_size"], sp_backend=pc["sp_backend"],
+                                    sp_handler=DeepSpeedSequenceParallelConfig(
+                                        sp_seq_length_is_variable=pc["sp_seq_length_is_variable"],
+                                        sp_attn_implementation=pc["sp_attn_implementation"])))
+        if system == "trl_fsdp2_cp":
+            from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+            from accelerate.utils.launch import prepare_multi_gpu_env
+            args = launch_command_parser().parse_args(command(system, a, run_dir, 29500)[3:])
+            args, _, _ = _validate_launch_command(args)
+            env = prepare_multi_gpu_env(args)
+            print("accelerate launch sets:", {k: v for k, v in sorted(env.items()) if k.startswith(
+                ("FSDP_", "PARALLELISM_CONFIG_", "ACCELERATE_USE_", "ACCELERATE_MIXED"))})
+    from ds_longctx.levers.rope import apply_rope_scaling
+    from ds_longctx.run.model import load_hf_config
+    hf_cfg = load_hf_config(a.model)
+    apply_rope_scaling(hf_cfg, a.seq_len)
+    print(f"\nYaRN for all three at {a.seq_len}: {hf_cfg.rope_parameters}, max_position_embeddings "
+          f"{hf_cfg.max_position_embeddings}")
+    tok = tiny_tokenizer()
+    print(f"tiny tokenizer: pad {tok.pad_token}={tok.pad_token_id}, eos {tok.eos_token}={tok.eos_token_id}")
+    fake = {"seconds": [40.0, 30.0, 31.0, 32.0], "peaks": [80 * 2**30] * 4}
+    print("a peers.jsonl line (made-up numbers):", json.dumps(line_for(
+        a, systems[0], fake, 40 * 2**30, {"...": "..."}, None, git_commit(a.commit), "cpu", a.flops)))
+    print(f"generated files under {tmp}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--model", default="qwen3-8b", help="a shipped geometry (ds_longctx/models/<name>.json)")
+    ap.add_argument("--seq_len", type=int, default=131072)
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs per run = sp_size = cp_size (one sequence per step)")
+    ap.add_argument("--steps", type=int, default=4, help="steps per run; the median is over all but the first")
+    ap.add_argument("--session", default=None, help="label shared by the runs of one device session")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="peers.jsonl and peers_<session>/")
+    ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
+    ap.add_argument("--timeout_s", type=float, default=1800, help="per system, launch to exit")
+    ap.add_argument("--ds_longctx_args", default="", help="extra run-config options for ds_longctx, one string")
+    ap.add_argument("--dry", action="store_true", help="print the commands and configs, launch nothing")
+    ap.add_argument("--worker", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
+    ap.add_argument("--run_dir", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    systems = [s for s in a.systems.split(",") if s]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"--systems: unknown {bad}; choose from {list(SYSTEMS)}")
+    if a.steps < 2:
+        ap.error(f"--steps {a.steps}: need >= 2 (the first step is left out of the median)")
+    if a.seq_len % (2 * a.gpus):
+        ap.error(f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts 2*cp chunks); "
+                 f"try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}")
+    from ds_longctx.plan.geometry import ModelGeometry
+    a.flops = model_flops(ModelGeometry.from_name_or_path(a.model), a.seq_len)  # one sequence per step, all GPUs
+    if a.dry:
+        a.session = a.session or "dry"
+        return dry(a, systems)
+    if not a.session:
+        ap.error("--session LABEL is required (it ties the runs of one device session together)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    session_dir = out / f"peers_{a.session}"
+    commit, device = git_commit(a.commit), gpu_name()
+    for system in systems:
+        run_system(a, system, session_dir, commit, device, a.flops, out)
+    print(f"\nappended {len(systems)} line(s) to {out / 'peers.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()
