@@ -41,6 +41,8 @@ def main():
     res = eng.forward_backward(ids, position_ids=pos)
     grads = {}
     for name, p in eng.module.named_parameters():
+        if not p.requires_grad:  # a frozen base (LoRA) has no gradient
+            continue
         g = deepspeed.utils.safe_get_full_grad(p)
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
     out = {"loss": res.loss, "tokens": res.tokens, "grads": grads}
