@@ -141,8 +141,11 @@ def test_lora_with_tiled_mlp_gives_the_untiled_grads(targets, checkpointing):
     ids = torch.randint(0, 512, (2, 37), generator=torch.Generator().manual_seed(0))
     ref, tiled = (adapted(lora_init="random_b", lora_target_modules=targets) for _ in range(2))
     assert apply_tiled_mlp(tiled, 7) == 2
-    for m in (ref, tiled) if checkpointing else ():
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    for m in (ref, tiled) if checkpointing else ():  # reentrant: a layer whose input needs no grad is cut off
+        if hasattr(m, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+        else:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     ref_loss, ref_grads = loss_and_adapter_grads(ref, ids)
     loss, grads = loss_and_adapter_grads(tiled, ids)
     assert rel_err(loss, ref_loss) <= 1e-6
