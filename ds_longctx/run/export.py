@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ds_longctx.config import FLAT
+from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
@@ -68,9 +68,13 @@ def run_lora(meta: dict) -> LoraConfig:
 def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool) -> list:
     """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry, the merged
     model if asked; returns the model directories written (for the tokenizer)."""
-    from peft import get_peft_model
+    try:
+        from peft import get_peft_model
+    except ImportError:
+        raise CheckpointError("export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
+                              "(or pip install peft)") from None
     dirs = [tmp]
-    shipped = not Path(model_name).is_dir()
+    shipped = model_name in shipped_models()
     if shipped:  # before PEFT wraps the model
         model.save_pretrained(str(tmp / "base"), safe_serialization=True)
         dirs.append(tmp / "base")
