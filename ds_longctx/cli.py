@@ -3,7 +3,7 @@
     ds-longctx demo                              # tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
     ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
     ds-longctx plan --model M --seq_len N --gpus G [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
-    ds-longctx export --checkpoint DIR --out DIR                # DeepSpeed checkpoint -> HF safetensors
+    ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
 """
 
 from __future__ import annotations

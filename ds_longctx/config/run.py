@@ -29,6 +29,7 @@ from ds_longctx.config.checkpoint import CheckpointConfig
 from ds_longctx.config.data import DataConfig
 from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.config.logs import LoggingConfig
+from ds_longctx.config.lora import LoraConfig
 from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
@@ -36,7 +37,7 @@ from ds_longctx.config.parallel import ParallelConfig
 from ds_longctx.config.train import TrainConfig
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
-            "kernels": KernelsConfig, "memory": MemoryConfig, "optimizer": OptimizerConfig,
+            "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
             "checkpoint": CheckpointConfig, "logging": LoggingConfig}
 LEGACY = ("activation_offload",)  # flat keys of older files, translated by `_fold_one`
 
@@ -140,6 +141,7 @@ class RunConfig(BaseModel):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -164,6 +166,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
                              f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
                              f"concat")
+        if self.lora.rank and self.lora.dropout and self.memory.tiled_mlp:
+            raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
+                             f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
+                             f"tiled_mlp: false")
         return self
 
     # ---------------------------------------------------------------- reading by key

@@ -69,6 +69,16 @@ class ModelGeometry:
         attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv + H) if self.attention_bias else 0)
         return attn + 3 * H * self.intermediate + 2 * H + (2 * d if self.qk_norm else 0)
 
+    def linears(self) -> dict:
+        """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name them (the
+        output layer is `lm_head`): what levers/lora.target_names reads to count adapters without a model."""
+        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        shapes = {"self_attn.q_proj": (H, q), "self_attn.k_proj": (H, kv), "self_attn.v_proj": (H, kv),
+                  "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, I), "mlp.up_proj": (H, I), "mlp.down_proj": (I, H)}
+        out = {f"model.layers.{i}.{part}": shape for i in range(self.layers) for part, shape in shapes.items()}
+        out["lm_head"] = (H, self.vocab)
+        return out
+
     @property
     def num_params(self) -> int:
         """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""

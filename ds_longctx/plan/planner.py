@@ -27,11 +27,12 @@ Usage (which levers to pull for a length is `plan_search.choose`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from ds_longctx.levers.placement import Place, PlacementPlan, resolve_placement
+from ds_longctx.levers.lora import target_names
+from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
+from ds_longctx.plan.levers import Levers
 
 GB = 10**9
 GIB = 2**30
@@ -60,65 +61,6 @@ PROCESS_HOST_GIB = 2.25
 # A rank's RSS at the start of DeepSpeed's ZeRO-3 init, before its CPU defragment buffer (same runs: 9.08 GiB
 # peak per rank for Qwen3-8B on 2 GPUs = this + 2·P/G bytes).
 BUILD_HOST_GIB = 1.5
-
-
-@dataclass(frozen=True)
-class Levers:
-    """The memory levers a run can pull (see `plan/search.choose` for how each is picked); defaults as the run
-    config's. `from_run_config` / `run_config_fields` are the only mapping between the two.
-
-    tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H) shards.
-    Where each layer's checkpoint lives is a placement plan (levers/placement.py): `placement` as given, or made
-    from the counts (the first `offload_layers` offloaded, the last `attention_cache_layers` cached); the memory
-    terms read that plan (`placement_for`).
-    """
-
-    chunked_loss: bool = True
-    loss_chunk_rows: int = 4096
-    tiled_mlp: bool = False
-    tile_tokens: Optional[int] = None
-    offload_layers: int = 0
-    optimizer_offload: bool = False
-    attention_cache_layers: int = 0
-    placement: Optional[PlacementPlan] = None
-    pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
-
-    def __post_init__(self):
-        if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
-            raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
-                             f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
-
-    def placement_for(self, num_layers: int) -> PlacementPlan:
-        """The per-layer plan these levers mean for a model of `num_layers` layers."""
-        if self.placement is not None:
-            if len(self.placement) != num_layers:
-                raise ValueError(f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
-                                 f"{num_layers} layers")
-            return self.placement
-        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers)
-
-    @classmethod
-    def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
-        """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
-        the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
-        mem = cfg.memory
-        return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
-                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement,
-                   pinned_pool=mem.pinned_pool)
-
-    def run_config_fields(self) -> dict:
-        """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
-        counts' (first offloaded, last cached), else the explicit per-layer placement."""
-        out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
-               "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
-               "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
-               "pinned_pool": self.pinned_pool,
-               "torch_adam": not self.optimizer_offload}  # offloaded Adam is DeepSpeedCPUAdam
-        if self.placement is not None:
-            out["placement"] = self.placement.spec()
-        else:
-            out.update(offload_layers=self.offload_layers, attention_cache_layers=self.attention_cache_layers)
-        return out
 
 
 @dataclass(frozen=True)
@@ -173,7 +115,8 @@ class MemoryPlan:
         lv = self.levers
         rows = [f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
                 f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
-                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}",
+                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
+                + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
                 f"placement: {self.placement.describe()}",
                 f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
         for t in self.terms:
@@ -206,21 +149,32 @@ def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
     return geom.layers * geom.hidden * 2
 
 
+def _adapters(g: ModelGeometry, rank: int, targets) -> tuple:
+    """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
+    lin, top = g.linears(), f"model.layers.{g.layers - 1}."
+    names = target_names(lin, targets, "lm_head") if rank else []
+    count = lambda prefix="": sum(rank * sum(lin[n]) for n in names if n.startswith(prefix))  # noqa: E731
+    return count(), count(top), count(top + "mlp."), sum(n.startswith(top) for n in names)
+
+
 def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
                 live_layers: int = 2, fragmentation: float = FRAGMENTATION,
                 offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = 1.5,
                 process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
     """Every allocation of one training step, per GPU and on the host. Terms (phase; formula):
 
-    ZeRO-3 over all G ranks (all):
-        params_bf16            2·P/G
-        grads_bf16             2·P/G       \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
-        master_fp32            4·P/G        > default); with optimizer_offload these three live in host pinned
-        adam_m_v_fp32          8·P/G       /  memory, G ranks' worth on the node: 2·P, 4·P, 8·P
-        cpu_adam_grads_fp32    host 4·P with optimizer_offload (fp32 copies of the grads for the CPU optimizer;
+    ZeRO-3 over all G ranks (all). LoRA (lora_rank r > 0): only the A adapter params train (r·(in+out) summed over
+    the targeted Linears, levers/lora.target_names; A_layer / A_mlp: the top layer's / its MLP's): P_t = A, else
+    P; no base weight gets a grad (embedding, lm_head: 0; layer grads A_layer·2; tiled MLP sums A_mlp·4), and
+    each adapted Linear of the top layer saves its r-wide A·x: lora_saved T·r·2 each.
+        params_bf16            2·(P+A)/G
+        grads_bf16             2·P_t/G     \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
+        master_fp32            4·P_t/G      > default); with optimizer_offload these three live in host pinned
+        adam_m_v_fp32          8·P_t/G     /  memory, G ranks' worth on the node: 2·P_t, 4·P_t, 8·P_t
+        cpu_adam_grads_fp32    host 4·P_t with optimizer_offload (fp32 copies of the grads for the CPU optimizer;
                                measured: 74.7 GiB RSS per rank for the 8B on 2 GPUs = 18·P/G + checkpoints + process)
         reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
-        gathered_layers        live_layers·P_layer·2   (the layer being computed + prefetch; calibrate live_layers)
+        gathered_layers        live_layers·(P_layer+A_layer)·2   (the layer being computed + prefetch; calibrate)
     Checkpoints and small inputs (all):
         checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, k offloaded layers; torch's pinned
                                host allocator rounds every block up to a power of two), or G·k·E with our
@@ -264,8 +218,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     Host:  process_overhead G·process_host_gib (a rank's steady RSS: Python, torch, CUDA and NCCL host state),
            dataset_row G·S·16 (ids + labels int64 on each rank)
     Host while the engine is built (build; not at the same time as the step's host terms):
-           build_process G·BUILD_HOST_GIB, zero3_defragment_cpu 2·P (DeepSpeed's ZeRO-3 init copies every
-           rank's bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py)
+           build_process G·BUILD_HOST_GIB, zero3_defragment_cpu 2·P_t (DeepSpeed's ZeRO-3 init copies every
+           rank's trainable bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py)
     host_peak = max(Σ step host terms, Σ build host terms).
     """
     g, G, sp = as_geometry(geom), gpus, sp_size
@@ -282,20 +236,27 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     T, P, Pl = S // sp, g.num_params, g.layer_params
     E = T * H * 2
     hq_l, kv_l = hq // sp, max(hkv // sp, 1)
+    r, lora = levers.lora_rank, levers.lora_rank > 0
+    A, A_layer, A_mlp, n_top = _adapters(g, r, levers.lora_targets)
+    P_t = A if lora else P  # the trained parameters
+    frozen = " (0: frozen, LoRA)" if lora else ""
     terms: list = []
 
     def add(name, gpu, host, formula, phases=ALL):
         terms.append(Term(name, int(gpu), int(host), formula, phases))
-    part = -(-P // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
-    add("params_bf16", 2 * part, 0, "2·P/G")
+    part = -(-(P + A) // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
+    part_t, Pt = -(-P_t // G), "A" if lora else "P"
+    add("params_bf16", 2 * part, 0, "2·(P+A)/G" if lora else "2·P/G")
     off = levers.optimizer_offload
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
-        b = nbytes * part
-        add(name, 0 if off else b, G * b if off else 0, f"{nbytes}·P/G" + (f"; on host {nbytes}·P" if off else ""))
+        b = nbytes * part_t
+        add(name, 0 if off else b, G * b if off else 0,
+            f"{nbytes}·{Pt}/G" + (f"; on host {nbytes}·{Pt}" if off else ""))
     if off:
-        add("cpu_adam_grads_fp32", 0, G * 4 * part, "host 4·P (the fp32 grads DeepSpeedCPUAdam steps on)")
+        add("cpu_adam_grads_fp32", 0, G * 4 * part_t, f"host 4·{Pt} (the fp32 grads DeepSpeedCPUAdam steps on)")
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
-    add("gathered_layers", live_layers * Pl * 2, 0, f"live_layers({live_layers})·P_layer·2")
+    add("gathered_layers", live_layers * (Pl + A_layer) * 2, 0,
+        f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2"))
     if levers.pinned_pool:
         add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
     else:
@@ -312,27 +273,29 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
             + f"); host G·n_host·the same, exact-size pinned (n_host={n_cache_host})")
 
     add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
-    add("embedding_grad_bf16", V * H * 2, 0, "V·H·2", ("embed",))
+    add("embedding_grad_bf16", 0 if lora else V * H * 2, 0, "V·H·2" + frozen, ("embed",))
     add("embedding_out", E, 0, "T·H·2", ("embed",))
 
     add("lm_head_gathered", V * H * 2, 0, "V·H·2", ("loss",))
-    add("lm_head_grad_bf16", V * H * 2, 0, "V·H·2", ("loss",))
+    add("lm_head_grad_bf16", 0 if lora else V * H * 2, 0, "V·H·2" + frozen, ("loss",))
     add("final_norm", 4 * E, 0, "4·T·H·2", ("loss",))
     add("hidden_grad", E, 0, "T·H·2", ("loss",))
     if levers.chunked_loss:
         c = min(levers.loss_chunk_rows, T)
         add("loss_chunk_logits_fp32", c * V * 4, 0, f"c·V·4 (c={c})", ("loss",))
         add("loss_chunk_bf16", c * V * 2, 0, f"c·V·2 (c={c})", ("loss",))
-        add("lm_head_grad_accum_fp32", V * H * 4, 0, "V·H·4", ("loss",))
+        add("lm_head_grad_accum_fp32", 0 if lora else V * H * 4, 0, "V·H·4" + frozen, ("loss",))
     else:
         add("logits", T * V * 12, 0, "T·V·12", ("loss",))
         add("logits_bf16_block", T * V * 2, 0, "T·V·2", ("loss",))
 
-    if g.tied_embeddings:
+    if g.tied_embeddings and not lora:
         # the lm_head grad (made in the loss forward) waits in autograd's input buffer for the embedding's
         # grad: a tied leaf's AccumulateGrad runs once, after its last use's backward (the embedding, last)
         add("tied_lm_head_grad_held", V * H * 2, 0, "V·H·2 (tied embeddings)", LAYER + ("embed",))
-    add("layer_grads_bf16", Pl * 2, 0, "P_layer·2", LAYER)
+    add("layer_grads_bf16", (A_layer if lora else Pl) * 2, 0, "A_layer·2" if lora else "P_layer·2", LAYER)
+    if lora:
+        add("lora_saved", n_top * T * r * 2, 0, f"n·T·r·2 (n={n_top} adapted Linears, r={r})", LAYER)
     add("hidden_mlp_bwd", HIDDEN_UNITS_MLP_BWD * E, 0, f"{HIDDEN_UNITS_MLP_BWD}·T·H·2", ("mlp_bwd",))
     add("hidden_attn_bwd", HIDDEN_UNITS_ATTN_BWD * E, 0, f"{HIDDEN_UNITS_ATTN_BWD}·T·H·2", ("attn_bwd",))
     if g.qk_norm:
@@ -352,7 +315,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         t = min(levers.tile_tokens or H, T)
         add("mlp_tile", 6 * t * I * 2, 0, f"6·t·I·2 (t={t})", ("mlp_bwd",))
         add("mlp_tile_hidden", 2 * t * H * 2, 0, f"2·t·H·2 (t={t})", ("mlp_bwd",))
-        add("mlp_tile_wgrad_fp32", 3 * H * I * 4 if T > t else 0, 0, "3·H·I·4 if T > t", ("mlp_bwd",))
+        add("mlp_tile_wgrad_fp32", (A_mlp if lora else 3 * H * I) * 4 * (T > t), 0,
+            ("A_mlp" if lora else "3·H·I") + "·4 if T > t", ("mlp_bwd",))
     else:
         add("mlp_saved", 4 * T * I * 2, 0, "4·T·I·2", ("mlp_bwd",))
         add("mlp_grads", 2 * T * I * 2, 0, "2·T·I·2", ("mlp_bwd",))
@@ -368,7 +332,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
     add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", BUILD)
-    add("zero3_defragment_cpu", 0, 2 * part * G, "2·P/G per rank", BUILD)
+    add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/G per rank", BUILD)
     return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
                       phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
                       gpu_peak_bytes=sub + slack + ctx,

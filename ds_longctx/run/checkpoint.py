@@ -46,7 +46,8 @@ _TAG = re.compile(r"^step(\d+)$")
 # settings a resumed run must share with its checkpoint (the layout is checked separately): the data order,
 # and the optimizer settings that DeepSpeed restores from the checkpoint (a new lr would be silently ignored)
 RESUME_KEYS = ("model", "seq_len", "micro_batch", "data", "data_layout", "tokenizer", "seed", "shuffle", "dtype",
-               "text_field", "text_unit", "add_eos", "lr", "warmup_steps", "weight_decay", "torch_adam")
+               "text_field", "text_unit", "add_eos", "lr", "warmup_steps", "weight_decay", "torch_adam",
+               "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_init")
 
 
 class CheckpointError(ValueError):
@@ -146,7 +147,9 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
             f"sp_size={cfg.parallel.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
             f"{run['world_size']} processes and sp_size={run['sp_size']}, or `ds-longctx export` it and start a "
             f"new run from the exported model")
-    changed = [(k, run.get(k), cfg.get(k)) for k in RESUME_KEYS if run.get(k) != cfg.get(k)]
+    default = type(cfg)()  # a key the checkpoint's version did not have yet held its default
+    then = {k: run.get(k, default.get(k)) for k in RESUME_KEYS}
+    changed = [(k, then[k], cfg.get(k)) for k in RESUME_KEYS if then[k] != cfg.get(k)]
     if changed:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise CheckpointError(f"resume: this run changes {what} from checkpoint {str(tag_dir)!r}; resume with the "

@@ -6,19 +6,26 @@ Order (each step says why it comes where it does):
  2. process groups (`ParallelState.build`): zero.Init and the Ulysses exchange need them.
  3. the model (`run/model.build_model`): YaRN on the config from the target seq_len, built under
     `deepspeed.zero.Init`, weights drawn per parameter name.
- 4. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model;
-    then fused token-wise kernels if asked (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 5 so a
-    tiled MLP takes the MLP back and before 6 so the recompute runs the fused code.
- 5. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 6 so the checkpoint
+ 4. LoRA (`levers/lora.apply_lora`, when lora_rank > 0): adapters injected in place into the targeted Linears,
+    the base frozen. After 3: it wraps the model's Linears, and the base stays as zero.Init partitioned it.
+    Before 5-8: the tiled MLP (which sends an MLP with adapters down its per-tile path) and the checkpoint
+    recompute must run the adapted Linears, the loss head must find the model's own trunk and lm_head (the
+    model class is unchanged), and deepspeed.initialize must partition the new adapters and give the optimizer
+    only them (`trainable_parameters`).
+ 5. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model;
+    then fused token-wise kernels if asked (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a
+    tiled MLP takes the MLP back and before 7 so the recompute runs the fused code.
+ 6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
     recompute runs the tiled code too.
- 6. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
+ 7. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
     the planner for `auto`) and applied in one place: each decoder layer checkpointed on the GPU, offloaded
-    through DeepSpeed's checkpoint, or with its attention output cached (after 4: the recompute replays the
-    exchange; after 5: it replays the tiled MLP).
- 7. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
-    token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module.
- 8. `deepspeed.initialize(model, config)`: ZeRO-3 over all W ranks, gradients averaged over W (the
-    loss head's sp factor makes that the mean over the dp = W / sp replicas).
+    through DeepSpeed's checkpoint, or with its attention output cached (after 5: the recompute replays the
+    exchange; after 6: it replays the tiled MLP).
+ 8. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
+    token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
+    (frozen under LoRA: the chunked loss then computes no weight gradient).
+ 9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
+    averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ds_longctx.config import RunConfig
 from ds_longctx.levers.fused_ops import apply_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
+from ds_longctx.levers.lora import apply_lora, trainable_parameters
 from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
@@ -121,7 +129,7 @@ def gpu_mem_gb() -> Optional[float]:
 
 
 def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
-    """Steps 1-8 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
+    """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
     import deepspeed
 
     from ds_longctx.run.preflight import validate
@@ -136,28 +144,30 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
-    _build_stage("2/8 process groups", t0, state.rank)
+    _build_stage("2/9 process groups", t0, state.rank)
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     # 3. the model, partitioned at birth, then deterministic weights
-    model = build_model(cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/8 {name}", t0, state.rank))
-    # 4. Ulysses attention
+    model = build_model(cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank))
+    # 4. LoRA: adapters on the partitioned base, drawn per name; the base frozen
+    apply_lora(model, cfg.lora, cfg.train.seed)
+    # 5. Ulysses attention
     attn = ulysses.register(model, state)
     if cfg.kernels.fused_ops == "liger":
         apply_fused_ops(model)
-    # 5. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
+    # 6. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
     #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
     if cfg.memory.tiled_mlp:
         apply_tiled_mlp(model, cfg.memory.tile_tokens or text.hidden_size)
-    # 6. the placement plan: computed once, applied in one place (needs 5's final layer code and the DeepSpeed
+    # 7. the placement plan: computed once, applied in one place (needs 6's final layer code and the DeepSpeed
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
-    # 7. loss head: chunked lm_head + CE on the local slice
+    # 8. loss head: chunked lm_head + CE on the local slice
     module = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
-    # 8. DeepSpeed
-    _build_stage("7/8 levers and loss head", t0, state.rank)
-    ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
+    # 9. DeepSpeed: the optimizer gets the trainable parameters only (the adapters under LoRA)
+    _build_stage("8/9 levers and loss head", t0, state.rank)
+    ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=trainable_parameters(module),
                                          config=ds_config)
-    _build_stage("8/8 deepspeed.initialize", t0, state.rank)
+    _build_stage("9/9 deepspeed.initialize", t0, state.rank)
     return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device, placement)

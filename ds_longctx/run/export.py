@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-3 checkpoint -> a Hugging Face directory that `from_pretrained` loads.
 
-    ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf [--dtype auto|fp32|bf16]
+    ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf [--dtype auto|fp32|bf16] [--merged]
 
 `--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to `latest`. The
 fp32 master weights are gathered from every rank's partition with DeepSpeed's `zero_to_fp32`, put into the
@@ -8,6 +8,15 @@ model class of the config the engine built (saved in the checkpoint as config.js
 the training seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer
 when it had one. dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output appears atomically:
 everything is written to `<out>.tmp-*` and renamed to `<out>` at the end.
+
+A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own `save_pretrained`):
+    <out>/adapter_config.json, adapter_model.safetensors   `PeftModel.from_pretrained(base, <out>)`
+    <out>/base/     the frozen base, only for a shipped geometry (its random init exists nowhere else; its
+                    weights are the checkpoint's, i.e. the run's initial draw); the adapter's
+                    base_model_name_or_path names this directory (absolute), else the run's model directory
+    <out>/merged/   with --merged: base + (alpha / r)·B·A folded into each Linear, a plain HF model
+The adapter targets are the full module names the run adapted (levers/lora.target_names), so PEFT wraps
+exactly those Linears again.
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ds_longctx.config import FLAT, shipped_models
+from ds_longctx.config.lora import LoraConfig
+from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
@@ -47,9 +59,49 @@ def check_out(out: str) -> Path:
     return p
 
 
-def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto") -> Path:
+def run_lora(meta: dict) -> LoraConfig:
+    """The `lora` section of the run that wrote a checkpoint (its meta's flat keys; rank 0 before LoRA existed)."""
+    return LoraConfig(**{name: meta["run"][flat] for flat, (sec, name) in FLAT.items()
+                         if sec == "lora" and flat in meta["run"]})
+
+
+def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool) -> list:
+    """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry, the merged
+    model if asked; returns the model directories written (for the tokenizer)."""
+    try:
+        from peft import get_peft_model
+    except ImportError:
+        raise CheckpointError("export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
+                              "(or pip install peft)") from None
+    dirs = [tmp]
+    shipped = model_name in shipped_models()
+    if shipped:  # before PEFT wraps the model
+        model.save_pretrained(str(tmp / "base"), safe_serialization=True)
+        dirs.append(tmp / "base")
+    linears, output = model_linears(model)
+    base = str((dest / "base").resolve()) if shipped else model_name
+    peft_model = get_peft_model(model, peft_config(lora, target_names(linears, lora.target_modules, output)),
+                                adapter_name=ADAPTER, autocast_adapter_dtype=False)
+    peft_model.peft_config[ADAPTER].base_model_name_or_path = base  # get_peft_model wrote the checkpoint dir there
+    missing, unexpected = peft_model.get_base_model().load_state_dict(adapters, strict=False)
+    missing = [k for k in missing if is_adapter(k)]
+    if missing or unexpected:
+        raise CheckpointError(f"export: the checkpoint's adapters do not match lora_target_modules="
+                              f"{lora.target_modules!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    peft_model.save_pretrained(str(tmp), safe_serialization=True)
+    if merged:
+        peft_model.merge_and_unload().save_pretrained(str(tmp / "merged"), safe_serialization=True)
+        dirs.append(tmp / "merged")
+    return dirs
+
+
+def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False) -> Path:
     """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
     tag_dir, meta = resolve(checkpoint, tag)
+    lora = run_lora(meta)
+    if merged and not lora.rank:
+        raise CheckpointError(f"export: --merged folds LoRA adapters into the base, and {str(tag_dir)!r} is from a "
+                              f"full fine-tuning run (lora_rank 0): drop --merged, the export is the full model")
     dest = check_out(out)
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -62,6 +114,9 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
     state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     # the DeepSpeed module is engine.LossHead: the HF model sits under `model.`
     state = {k.removeprefix("model."): v for k, v in state.items()}
+    # LoRA: the adapters apart; the base weights under the names of the unwrapped Linears
+    adapters = {k: state.pop(k) for k in [k for k in state if is_adapter(k)]}
+    state = {k.replace(".base_layer.", "."): v for k, v in state.items()}
     config.use_cache = True
     config.dtype = torch_dtype
     with torch.device("meta"):
@@ -82,14 +137,20 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        if lora.rank:
+            dirs = _save_lora(model, adapters, lora, tmp, dest, meta["run"]["model"], merged)
+        else:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            dirs = [tmp]
         tok = meta["run"].get("tokenizer")
         if tok:
             from transformers import AutoTokenizer
-            AutoTokenizer.from_pretrained(tok, local_files_only=True).save_pretrained(str(tmp))
+            tokenizer = AutoTokenizer.from_pretrained(tok, local_files_only=True)
+            for d in dirs:
+                tokenizer.save_pretrained(str(d))
         (tmp / "ds_longctx_export.json").write_text(json.dumps(
             {"checkpoint": str(tag_dir), "step": meta["step"], "dtype": str(torch_dtype).removeprefix("torch."),
-             "run": meta["run"]}, indent=1) + "\n")
+             "lora": lora.model_dump() if lora.rank else None, "run": meta["run"]}, indent=1) + "\n")
         if dest.exists():
             dest.rmdir()  # an empty directory (checked above)
         tmp.rename(dest)
@@ -107,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="new directory for the HF model (must not exist or be empty)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="weights dtype (auto: the training dtype)")
+    p.add_argument("--merged", action="store_true",
+                   help="LoRA runs: also write the base with the adapters folded in, under <out>/merged")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        dest = export(a.checkpoint, a.out, a.tag, a.dtype)
+        dest = export(a.checkpoint, a.out, a.tag, a.dtype, a.merged)
     except CheckpointError as e:
         print(f"export refused: {e}", file=sys.stderr)
         return 2

@@ -3,10 +3,10 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's checks (`validate`: sp_size vs world and heads, attention backend, model class, the
-placement plan for this model), the RoPE coverage at seq_len, the data source (path, file sniffing, tokenizer vs
-vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing is written: a
-refused run leaves no output.
+Order: the engine's checks (`validate`: sp_size vs world and heads, attention backend, model class, LoRA
+targets, the placement plan for this model), the RoPE coverage at seq_len, the data source (path, file sniffing,
+tokenizer vs vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing is
+written: a refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from ds_longctx import data
 from ds_longctx.levers.fused_ops import check_fused_ops
+from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.search import run_placement
@@ -35,6 +36,8 @@ def validate(cfg, world_size: int):
     attention.resolve_backend(cfg.kernels.attn_backend)
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
+        check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
     run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
     return hf_cfg

@@ -1,7 +1,7 @@
 """Worker for test_export.py: train 2 steps (SP=2, fp32, YaRN), save a checkpoint, and write the engine's
 logits for a probe sequence.
 
-    torchrun --nproc_per_node 2 tests/distributed/export_worker.py --out DIR
+    torchrun --nproc_per_node 2 tests/distributed/export_worker.py --out DIR [--set key=value ...]
 
 "The engine's logits": the full-sequence forward under Ulysses SP of the trained (ZeRO-3 partitioned) model,
 each rank running its slice through `engine.model`'s decoder and lm_head, the slices all-gathered over the SP
@@ -37,6 +37,7 @@ def sp_logits(engine, input_ids: torch.Tensor) -> torch.Tensor:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     a = ap.parse_args()
 
     from ds_longctx.run import checkpoint
@@ -45,8 +46,10 @@ def main():
     from ds_longctx.parallel.parallel_state import init_distributed
     from ds_longctx.run.engine import build_engine
 
+    import yaml
+    overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
-                    rope_scaling=YARN, save_every=2)
+                    rope_scaling=YARN, save_every=2, **overrides)
     init_distributed(cfg.parallel.collective_timeout_s)
     engine = build_engine(cfg)
     st = engine.state

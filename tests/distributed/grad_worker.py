@@ -41,9 +41,13 @@ def main():
     res = eng.forward_backward(ids, position_ids=pos)
     grads = {}
     for name, p in eng.module.named_parameters():
+        if not p.requires_grad:  # a frozen base (LoRA) has no gradient
+            continue
         g = deepspeed.utils.safe_get_full_grad(p)
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
-    out = {"loss": res.loss, "tokens": res.tokens, "grads": grads}
+    # every parameter ZeRO-3 partitioned: the model's at birth (zero.Init), LoRA adapters at deepspeed.initialize
+    out = {"loss": res.loss, "tokens": res.tokens, "grads": grads,
+           "not_partitioned": [n for n, p in eng.module.named_parameters() if not hasattr(p, "ds_id")]}
     if a.placement:  # what each layer really runs, read off the layers (not the plan's labels): its checkpoint
         # function (DeepSpeed's offloads) and its attention module's cache slot (on the host or not)
         from ds_longctx.levers import attention_cache

@@ -207,3 +207,49 @@ def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
     assert base.term("attn_out_a2a").gpu_bytes == S * 4 * 128 * 2
     with pytest.raises(ValueError, match=r"attention_cache_layers=30 \(the last layers\) overlaps offload_layers=10"):
         plan_memory(Q8, S, G, G, Levers(offload_layers=10, attention_cache_layers=30))
+
+
+def test_lora_counts_optimizer_states_for_the_adapters_only():
+    # Qwen3-8B, rank 16 on the 7 projections; r·(in + out) per Linear (H 4096, 32·128 query and 8·128 KV
+    # features, I 12288): q 16·(4096+4096), k and v 16·(4096+1024) each, o 16·(4096+4096), gate/up/down 16·(4096+12288)
+    q, kv, o, mlp = 16 * 8192, 16 * 5120, 16 * 8192, 16 * 16384
+    per_layer = q + 2 * kv + o + 3 * mlp
+    assert per_layer == 1_212_416
+    A, G = 36 * per_layer, 8  # 43,646,976 adapter params
+    lora = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16))
+    part = -(-A // G)
+    got = {n: lora.term(n).gpu_bytes for n in ("params_bf16", "grads_bf16", "master_fp32", "adam_m_v_fp32")}
+    assert got == {"params_bf16": 2 * -(-(P8 + A) // G), "grads_bf16": 2 * part, "master_fp32": 4 * part,
+                   "adam_m_v_fp32": 8 * part}
+    assert lora.term("grads_bf16").gpu_bytes == 10_911_744  # 2 bytes x 5,455,872 adapter params per GPU
+    # the frozen base has no grads: one layer's grads are its adapters', the embedding's and lm_head's none
+    assert lora.term("layer_grads_bf16").gpu_bytes == 2 * per_layer
+    assert all(lora.term(n).gpu_bytes == 0 for n in ("embedding_grad_bf16", "lm_head_grad_bf16",
+                                                     "lm_head_grad_accum_fp32"))
+    assert lora.term("gathered_layers").gpu_bytes == 2 * (192_946_432 + per_layer) * 2
+    assert lora.term("lora_saved").gpu_bytes == 7 * 512 * 16 * 2  # 7 adapted Linears, T = 4096 / 8 tokens, r = 16
+    assert lora.term("zero3_defragment_cpu").host_bytes == 2 * part * G
+    full = plan_memory(Q8, 4096, G, G)
+    assert lora.gpu_peak_bytes < full.gpu_peak_bytes and "lora_rank=16" in lora.table()
+    # optimizer offload moves the adapters' states, not the model's
+    off = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, optimizer_offload=True))
+    assert off.term("adam_m_v_fp32").host_bytes == 8 * part * G and off.term("cpu_adam_grads_fp32").host_bytes == 4 * part * G
+    # other targets: q and v only; all-linear is the 7 (lm_head is never adapted)
+    qv = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, lora_targets=("q_proj", "v_proj")))
+    assert qv.term("grads_bf16").gpu_bytes == 2 * -(-36 * (q + kv) // G)
+    every = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, lora_targets="all-linear"))
+    assert [t.gpu_bytes for t in every.terms] == [t.gpu_bytes for t in lora.terms]
+    # tiled MLP sums the MLP adapters' grads in fp32 (T = 131,072 / 2 > t = 4096)
+    tiled = plan_memory(Q8, 131_072, 2, 2, Levers(lora_rank=16, tiled_mlp=True))
+    assert tiled.term("mlp_tile_wgrad_fp32").gpu_bytes == 3 * mlp * 4
+
+
+def test_lora_levers_round_trip_the_run_config():
+    from ds_longctx.config import RunConfig
+    cfg = RunConfig(model="qwen3-8b", lora_rank=16, lora_target_modules="q_proj,v_proj")
+    lv = Levers.from_run_config(cfg)
+    assert (lv.lora_rank, lv.lora_targets) == (16, ("q_proj", "v_proj"))
+    back = RunConfig(model="qwen3-8b", **lv.run_config_fields())
+    assert back.lora == cfg.lora
+    assert Levers.from_run_config(RunConfig(model="qwen3-8b", lora_rank=8, lora_target_modules="all-linear")) \
+        == Levers(lora_rank=8, lora_targets="all-linear")

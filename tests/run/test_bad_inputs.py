@@ -266,6 +266,17 @@ def test_resume_with_changed_settings(tmp_path):
             resume=True, steps=6, sp_size=2, world=2, seq_len=512, lr=1e-3)
 
 
+def test_resume_with_changed_lora_and_from_a_checkpoint_older_than_lora(tmp_path):
+    fake_checkpoint(tmp_path / "out", lora_rank=8)
+    refused(tmp_path / "out", ["lora_rank: 8 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
+    old = fake_checkpoint(tmp_path / "old")  # written before the lora keys existed: they held their defaults
+    meta = json.loads((old / "meta.json").read_text())
+    meta["run"] = {k: v for k, v in meta["run"].items() if not k.startswith("lora_")}
+    (old / "meta.json").write_text(json.dumps(meta))
+    assert checkpoint.check_run_dir(RunConfig(output_dir=str(tmp_path / "old"), resume=True, steps=6, sp_size=2), 2)
+    refused(tmp_path / "old", ["lora_rank: 0 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
+
+
 def test_resume_with_nothing_left_to_train(tmp_path):
     fake_checkpoint(tmp_path / "out", step=6)
     refused(tmp_path / "out", ["at step 6 and steps=6", "set steps above 6"], resume=True, steps=6, sp_size=2,
@@ -296,6 +307,8 @@ def test_export_refusals(tmp_path):
     fake_checkpoint(tmp_path / "run")
     with pytest.raises(checkpoint.CheckpointError, match=r"tag 'step5' does not exist.*available: \['step3'\]"):
         export(str(tmp_path / "run"), str(tmp_path / "hf"), tag="step5")
+    with pytest.raises(checkpoint.CheckpointError, match=r"--merged folds LoRA adapters .*lora_rank 0.*drop --merged"):
+        export(str(tmp_path / "run"), str(tmp_path / "hf"), merged=True)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
     with pytest.raises(checkpoint.CheckpointError, match="'.*busy' already exists and is not an empty directory; "

@@ -1,0 +1,77 @@
+"""The memory levers a plan is made of, and the one mapping between them and the run config.
+
+    lv = Levers.from_run_config(cfg, placement)      # what plan_memory reads
+    RunConfig(**lv.run_config_fields(), ...)         # what `ds-longctx plan` writes into run.yaml
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ds_longctx.levers.lora import DEFAULT_TARGETS
+from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The memory levers a run can pull (see `plan/search.choose` for how each is picked); defaults as the run
+    config's. `from_run_config` / `run_config_fields` are the only mapping between the two.
+
+    tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H) shards.
+    lora_rank > 0: LoRA adapters of that rank on `lora_targets` (levers/lora.py's rule), the base frozen.
+    Where each layer's checkpoint lives is a placement plan (levers/placement.py): `placement` as given, or made
+    from the counts (the first `offload_layers` offloaded, the last `attention_cache_layers` cached); the memory
+    terms read that plan (`placement_for`).
+    """
+
+    chunked_loss: bool = True
+    loss_chunk_rows: int = 4096
+    tiled_mlp: bool = False
+    tile_tokens: Optional[int] = None
+    offload_layers: int = 0
+    optimizer_offload: bool = False
+    attention_cache_layers: int = 0
+    placement: Optional[PlacementPlan] = None
+    pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
+    lora_rank: int = 0
+    lora_targets: Union[str, tuple] = DEFAULT_TARGETS
+
+    def __post_init__(self):
+        if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
+            raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
+                             f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
+
+    def placement_for(self, num_layers: int) -> PlacementPlan:
+        """The per-layer plan these levers mean for a model of `num_layers` layers."""
+        if self.placement is not None:
+            if len(self.placement) != num_layers:
+                raise ValueError(f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
+                                 f"{num_layers} layers")
+            return self.placement
+        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers)
+
+    @classmethod
+    def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
+        """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
+        the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
+        mem, targets = cfg.memory, cfg.lora.target_modules
+        return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
+                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement,
+                   pinned_pool=mem.pinned_pool,
+                   lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
+
+    def run_config_fields(self) -> dict:
+        """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
+        counts' (first offloaded, last cached), else the explicit per-layer placement."""
+        out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
+               "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
+               "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
+               "pinned_pool": self.pinned_pool,
+               "torch_adam": not self.optimizer_offload,  # offloaded Adam is DeepSpeedCPUAdam
+               "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}
+        if self.placement is not None:
+            out["placement"] = self.placement.spec()
+        else:
+            out.update(offload_layers=self.offload_layers, attention_cache_layers=self.attention_cache_layers)
+        return out
