@@ -206,8 +206,8 @@ class RunConfig(BaseModel):
     @classmethod
     def from_cli(cls, argv: list) -> "RunConfig":
         """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
-        (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string); a
-        boolean key given bare (`--resume`) means true."""
+        (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
+        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true."""
         import yaml
         config_path: Optional[str] = None
         overrides: dict = {}
@@ -230,8 +230,10 @@ class RunConfig(BaseModel):
                     val, i = nxt, i + 1
             if key == "config":
                 config_path = val
+            elif _is_text(key):
+                overrides[key] = None if val == "null" and _optional(key) else val  # --tokenizer null unsets it
             else:
-                overrides[key] = val if _is_text(key) else yaml.safe_load(val)
+                overrides[key] = yaml.safe_load(val)
             i += 1
         return cls.load(config_path, **overrides) if config_path else cls(**overrides)
 
@@ -280,6 +282,10 @@ def _is_text(key: str) -> bool:
     """A field that holds text (str or Optional[str]): command-line values stay strings."""
     ann = _annotation(key)
     return ann is str or (get_origin(ann) is Union and set(get_args(ann)) == {str, type(None)})
+
+
+def _optional(key: str) -> bool:
+    return get_origin(_annotation(key)) is Union and type(None) in get_args(_annotation(key))
 
 
 def _type_name(ann) -> str:
