@@ -144,7 +144,9 @@ def test_flat_dotted_and_sectioned_spellings_are_one_config(tmp_path):
     cli = RunConfig.from_cli(["--config", str(nested), "--train.seq_len", "256", "--lr", "3e-4",
                               "--memory.placement", "offload:1,cache:1", "--offload_layers", "0"])
     assert (cli.train.seq_len, cli.optimizer.lr, cli.memory.placement) == (256, 3e-4, "offload:1,cache:1")
-    cleared = RunConfig.from_cli(["--memory.placement", "offload:1,cache:1", "--placement", "null", "--tokenizer", "7"])
+    placed = tmp_path / "placed.yaml"
+    placed.write_text("placement: offload:1,cache:1\n")
+    cleared = RunConfig.from_cli(["--config", str(placed), "--placement", "null", "--tokenizer", "7"])
     assert cleared.memory.placement is None and cleared.data.tokenizer == "7"  # null unsets, other text stays text
     # a dump is sectioned and loads back equal; its flat view names every flat key once
     a.dump(tmp_path / "again.yaml")
