@@ -2,7 +2,7 @@
 
     ds-longctx demo                              # tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
     ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
-    ds-longctx plan --model M --seq_len N --gpus G [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
+    ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
 """
 
@@ -54,7 +54,7 @@ def precheck(nproc: int, run_args: list[str]):
     from ds_longctx.run.train import parse_config
     cfg = parse_config(run_args)
     try:
-        preflight(cfg, nproc)
+        preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
     except ValueError as e:
         refuse(f"refused before start: {e}")
     return cfg

@@ -89,10 +89,18 @@ def tiny_model(seed: int = 0, attn: str = "sdpa", dtype=None, device: str = "cpu
 
 
 # ----------------------------------------------------------------------------- multi-process runs
-def torchrun_cmd(nproc: int, args: list[str], module: bool = False, port: int | None = None) -> list[str]:
-    """The torchrun command line for `args` (a script path + its args, or a module + its args when `module`)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-            "127.0.0.1", "--master_port", str(port or free_port()), *(["-m"] if module else []), *args]
+def torchrun_cmd(nproc: int, args: list[str], module: bool = False, port: int | None = None, nodes: int = 1,
+                 node_rank: int = 0) -> list[str]:
+    """The torchrun command line for `args` (a script path + its args, or a module + its args when `module`).
+    `nodes` > 1: one "node" of several started on this machine (`--nnodes`, `--node_rank`, the c10d rendezvous of
+    the generated launch.txt on a localhost `port`, which every node's command must share)."""
+    if nodes == 1:
+        rdzv = ["--master_addr", "127.0.0.1", "--master_port", str(port or free_port())]
+    else:
+        rdzv = ["--nnodes", str(nodes), "--node_rank", str(node_rank), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                f"127.0.0.1:{port}"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *rdzv,
+            *(["-m"] if module else []), *args]
 
 
 def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None = None,
@@ -109,6 +117,59 @@ def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None
     if res.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
     return res
+
+
+def torchrun_nodes(nodes: int, nproc: int, args: list[str], module: bool = False, env: dict | None = None,
+                   timeout: int = 600, output_dir: Path | None = None) -> list[str]:
+    """Run `args` as `nodes` "nodes" of `nproc` processes on this machine: one torchrun agent per node, started
+    together, one world of nodes·nproc ranks (each node's LOCAL_WORLD_SIZE is nproc). Blocking; returns each
+    node's output; AssertionError with every node's tail when one fails (the others are stopped).
+
+    The start-up / exit SIGABRT that `torchrun` retries on is retried here too, once, on a fresh port, with the
+    run's `output_dir` put back as it was before (absent, or a copy: a resumed run's checkpoint)."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = Path(tmp) / "output_dir"
+        if output_dir is not None and Path(output_dir).exists():
+            shutil.copytree(output_dir, saved)
+        codes, out = _run_nodes(nodes, nproc, args, module, env, timeout)
+        if any(codes) and any("terminate called without an active exception" in o for o in out):
+            if output_dir is not None:
+                shutil.rmtree(output_dir, ignore_errors=True)
+                if saved.exists():
+                    shutil.copytree(saved, output_dir)
+            codes, out = _run_nodes(nodes, nproc, args, module, env, timeout)
+    if any(codes):
+        tails = "\n".join(f"--- node {r} ({c}):\n{o[-4000:]}" for r, (c, o) in enumerate(zip(codes, out)))
+        raise AssertionError(f"{nodes} nodes x {nproc} processes of {' '.join(args)} failed:\n{tails}")
+    return out
+
+
+def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict | None, timeout: int):
+    """One attempt of `torchrun_nodes`: (exit codes, outputs). A node still running once another failed (it would
+    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group)."""
+    import signal
+    import tempfile
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [Path(tmp) / f"node{r}.log" for r in range(nodes)]
+        procs = []
+        for r, log in enumerate(logs):  # output to files: a full pipe would stall a node the others wait for
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen(torchrun_cmd(nproc, args, module, port, nodes, r), env=env or cpu_env(),
+                                              stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            codes = [p.poll() for p in procs]  # every one polled (reaped) each round
+            if all(c is not None for c in codes) or any(codes):  # all done, or one failed: the rest would hang
+                break
+            time.sleep(0.2)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        return [p.returncode for p in procs], [log.read_text() for log in logs]
 
 
 def run_cli(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:

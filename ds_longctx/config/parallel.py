@@ -12,7 +12,13 @@ class ParallelConfig(Section):
 
     sp_size: int = Field(1, ge=1)
     """Ulysses sequence-parallel degree: ranks that share one sequence. Must divide the world size and the query
-    heads (parallel/parallel_state.py has the rule); data parallelism is world_size / sp_size."""
+    heads (parallel/parallel_state.py has the rule); data parallelism is world_size / sp_size. Across nodes it must
+    also divide the processes per node (the launcher's LOCAL_WORLD_SIZE), so that every SP group stays inside
+    one node and data parallelism runs across nodes."""
     collective_timeout_s: float = Field(600.0, gt=0)
     """Process-group timeout in seconds: a collective waiting longer for a dead or hung rank fails and ends the
     job."""
+    sp_across_nodes: bool = False
+    """Allow an SP group to span nodes (sp_size not dividing the processes per node): every attention layer's
+    all-to-all then crosses the inter-node network, several times slower than NVLink. Off: such a layout is
+    refused before start."""

@@ -5,11 +5,17 @@ consecutive ranks, so on one node the all-to-all stays on the fastest links:
 
     W=4, sp=2:  SP groups [0,1] [2,3]      DP groups [0,2] [1,3]
 
+Across nodes the launchers number ranks node-major (torchrun: RANK = node rank · LOCAL_WORLD_SIZE + LOCAL_RANK;
+deepspeed's launcher the same), so an SP group stays inside one node whenever sp divides the processes per node,
+and DP runs across nodes: 2 nodes x 2 processes, sp=2: SP [0,1] on node 0, [2,3] on node 1, DP [0,2] [1,3].
+
 The rule (`sp_size_problem`, the only place it is written): sp divides the world size and the query heads, and
-either divides the KV heads or is a multiple of them (KV heads are then replicated, ulysses.py). Everything
-else asks it: `valid_sp_sizes` (the planner's search, error messages), `check_sp_size` (the run's preflight,
-`ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like torchtitan's ParallelDims), and
-`dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses it.
+either divides the KV heads or is a multiple of them (KV heads are then replicated, ulysses.py); given the processes
+per node, sp divides that too (no SP group straddles nodes; the run lifts this only with
+`parallel.sp_across_nodes`). Everything else asks it: `valid_sp_sizes` (the planner's search, error messages),
+`check_sp_size` (the run's preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like
+torchtitan's ParallelDims), and `dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses
+it.
 
 DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
 disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the
@@ -28,10 +34,14 @@ from typing import Any, Optional
 
 
 def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = None,
-                    num_kv_heads: Optional[int] = None) -> Optional[str]:
-    """Why `sp_size` cannot run (None if it can). Heads None: only the world size is checked."""
+                    num_kv_heads: Optional[int] = None, per_node: Optional[int] = None) -> Optional[str]:
+    """Why `sp_size` cannot run (None if it can). Heads None: only the world size is checked. `per_node`: the
+    processes per node (None: no node boundary to respect, e.g. sp_across_nodes)."""
     if sp_size < 1 or world_size % sp_size:
         return f"sp_size={sp_size} does not divide world_size={world_size}"
+    if per_node is not None and per_node % sp_size:
+        return (f"sp_size={sp_size} does not divide the {per_node} processes per node, so an SP group would straddle "
+                f"nodes (its all-to-all over the inter-node network)")
     if num_heads is None:
         return None
     if num_heads % sp_size:
@@ -42,23 +52,38 @@ def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = No
     return None
 
 
-def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int) -> list:
+def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node: Optional[int] = None) -> list:
     """Every sp_size in 1..world_size that `sp_size_problem` accepts."""
-    return [sp for sp in range(1, world_size + 1) if sp_size_problem(sp, world_size, num_heads, num_kv_heads) is None]
+    return [sp for sp in range(1, world_size + 1)
+            if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node) is None]
 
 
 def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None,
-                  num_kv_heads: Optional[int] = None) -> None:
-    """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads."""
-    problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads)
+                  num_kv_heads: Optional[int] = None, per_node: Optional[int] = None, across_fix: str = "") -> None:
+    """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads
+    (and `per_node` processes per node). `across_fix` is appended when the node boundary is the problem."""
+    problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads, per_node)
     if problem is None:
         return
-    more = f" or launch a multiple of {sp_size} processes" if sp_size >= 1 and world_size % sp_size else ""
-    if num_heads is None:
-        ok = [sp for sp in range(1, world_size + 1) if world_size % sp == 0]
+    if sp_size >= 1 and world_size % sp_size:
+        more = f" or launch a multiple of {sp_size} processes"
     else:
-        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads)
+        more = across_fix if per_node is not None and per_node % max(sp_size, 1) else ""
+    if num_heads is None:
+        ok = [sp for sp in range(1, world_size + 1) if sp_size_problem(sp, world_size, per_node=per_node) is None]
+    else:
+        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads, per_node)
     raise ValueError(f"{problem}; try one of {ok}{more}")
+
+
+def local_world_size(world_size: int) -> int:
+    """Processes on this node, from the launcher's environment: LOCAL_WORLD_SIZE (torchrun, accelerate),
+    LOCAL_SIZE (deepspeed's launcher), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); `world_size` (one node) if none is
+    set, e.g. plain `python`."""
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if os.environ.get(var, "").isdigit() and int(os.environ[var]) > 0:
+            return int(os.environ[var])
+    return world_size
 
 
 def dp_size(world_size: int, sp_size: int) -> int:

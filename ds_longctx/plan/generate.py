@@ -2,6 +2,7 @@
 
     ds-longctx plan --model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --out DIR
     ds-longctx plan --model qwen3-8b --gpus 2 --gpu_mem_gb 141 --find_max_len [--out DIR]
+    ds-longctx plan --model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --out DIR   # 2 nodes x 8
     python -m ds_longctx.generate --regen-all ds_configs      # rewrite the committed configs
 
 The planner's search (`plan_search.choose`) picks sp_size, the fewest offloaded checkpoints, tiled MLP only when needed,
@@ -11,8 +12,13 @@ With `--out DIR` it writes:
     ds_config.json   `ds_config.build_ds_config(run config, gpus, on_gpu=True)`: the same dict train.py derives
                      from run.yaml (one source of truth); written for reading and for accelerate's plugin
     accelerate.yaml  accelerate's DeepSpeed plugin config pointing at ds_config.json
-    launch.txt       both launch lines (run them from DIR: every path in DIR is relative to DIR)
+    launch.txt       the launch lines (run them from DIR: every path in DIR is relative to DIR)
     plan.txt         the table and one line of reasoning per choice
+    hostfile         with --nodes N > 1 only: DeepSpeed's hostfile, a template (node-0 slots=G ...)
+Several nodes (--nodes N, --gpus G per node): SP groups stay inside a node, data parallelism runs across nodes,
+ZeRO-3 partitions over all N·G GPUs; host RAM (--host_mem_gb) and the host column are per node. accelerate.yaml
+then has num_machines N (each node passes its own --machine_rank), launch.txt the deepspeed --hostfile line (once,
+from node 0), the accelerate and torchrun lines (on every node) and a SLURM srun example.
 Output is deterministic (no dates, no absolute paths): tests regenerate `ds_configs/` and diff it.
 Exit codes: 0 planned; 2 bad input or nothing fits (the message names the longest length that fits and
 what to change). Imports neither torch nor deepspeed: it answers in well under a second.
@@ -33,6 +39,8 @@ from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import GB
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
+MULTINODE_FILES = FILES + ("hostfile",)
+MASTER_PORT = 29500  # the rendezvous port in the multi-node launch lines and accelerate.yaml
 NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
 NODE_HOST_CAP_GB = 560  # the 8-GPU node
 # The committed configs (`ds_configs/<name>/`): plan arguments, host RAM given explicitly so that a change of
@@ -42,6 +50,7 @@ COMMITTED = {
     "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
     "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256",
     "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --host_mem_gb 512",
+    "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
 }
 
 
@@ -55,12 +64,15 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="shipped geometry (qwen3-8b, ...) or an HF checkpoint dir")
     p.add_argument("--seq_len", type=int, help="tokens per sequence (required unless --find_max_len)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs on the node (one process each)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node (one process each)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes of --gpus GPUs each (default 1); SP groups stay inside "
+                   "a node, data parallelism runs across nodes")
     p.add_argument("--gpu_mem_gb", type=float, default=80.0, help="memory per GPU in GB (1e9 bytes); default 80")
     p.add_argument("--host_mem_gb", type=float, default=None,
-                   help="host RAM of the node in GB; default 128 per GPU up to 560 (the H200 machines here: "
+                   help="host RAM per node in GB; default 128 per GPU up to 560 (the H200 machines here: "
                         "1 GPU 128, 2: 256, 4: 512, 8: 560)")
-    p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid <= gpus)")
+    p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid that divides "
+                   "--gpus)")
     p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
     p.add_argument("--no_attention_cache", action="store_true",
                    help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
@@ -74,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
-                   "launch.txt, plan.txt into")
+                   "launch.txt, plan.txt (and with --nodes > 1 hostfile) into")
     return p
 
 
@@ -85,6 +97,8 @@ def check_args(a: argparse.Namespace) -> tuple:
     from ds_longctx.config import RunConfig, format_validation_error
     if a.gpus < 1:
         raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
+    if a.nodes < 1:
+        raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
     if a.gpu_mem_gb <= 0:
         raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
     host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
@@ -102,7 +116,7 @@ def check_args(a: argparse.Namespace) -> tuple:
     except ValidationError as e:
         raise ValueError(format_validation_error(e)) from None
     if a.sp_size is not None:
-        check_sp_size(a.sp_size, a.gpus, geom.heads, geom.kv_heads)
+        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
     return geom, host
 
 
@@ -110,6 +124,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend on it)."""
     parts = [f"--model {a.model}"]
     parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
+    parts += [f"--nodes {a.nodes}"] if a.nodes > 1 else []
     parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
@@ -118,62 +133,132 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     return "ds-longctx plan " + " ".join(parts)
 
 
+def search_kw(a: argparse.Namespace, host: float) -> dict:
+    """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
+    return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
+                sp_size=a.sp_size, pinned_pool=a.pinned_pool)
+
+
+def hardware(a: argparse.Namespace, host: float) -> str:
+    if a.nodes == 1:
+        return f"{a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host"
+    return f"{a.nodes} nodes of {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host each"
+
+
 def run_config(choice: Choice):
     """The RunConfig carrying exactly the planner's choices (bf16: these configs are for GPUs)."""
     from ds_longctx.config import RunConfig
     plan = choice.plan
+    gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
     return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
-                     output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{plan.gpus}gpu",
+                     output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{gpus}",
                      **choice.levers.run_config_fields())
 
 
-def accelerate_config(gpus: int) -> dict:
+def accelerate_config(gpus: int, nodes: int = 1) -> dict:
     """accelerate 1.15's config (the keys `accelerate config` writes) with the DeepSpeed plugin on our JSON.
 
     No `mixed_precision`: with a `deepspeed_config_file` accelerate refuses it (the precision is the JSON's
     bf16 block), as its own questionnaire does. The file path is relative: launch from this directory.
+    Several nodes: num_machines, num_processes in all, node 0's address and port (`main_process_ip` a placeholder,
+    overridden by the launch line), and the `standard` multi-node launcher: `accelerate launch --machine_rank R`
+    on every node starts torchrun there (no ssh / pdsh); machine_rank 0 here, each node passes its own.
     """
+    multi = nodes > 1
     return {"compute_environment": "LOCAL_MACHINE", "debug": False,
-            "deepspeed_config": {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": False},
+            "deepspeed_config": {"deepspeed_config_file": "ds_config.json",
+                                 **({"deepspeed_multinode_launcher": "standard"} if multi else {}),
+                                 "zero3_init_flag": False},
             "distributed_type": "DEEPSPEED", "downcast_bf16": False, "enable_cpu_affinity": False,
-            "machine_rank": 0, "main_training_function": "main", "num_machines": 1, "num_processes": gpus,
+            "machine_rank": 0, **({"main_process_ip": host_name(0), "main_process_port": MASTER_PORT} if multi else {}),
+            "main_training_function": "main", "num_machines": nodes, "num_processes": nodes * gpus,
             "rdzv_backend": "static", "same_network": True, "tpu_use_cluster": False, "tpu_use_sudo": False,
             "use_cpu": False}
 
 
-def launch_lines(gpus: int) -> list:
-    return [f"deepspeed --num_gpus {gpus} --module ds_longctx.train --config run.yaml",
-            "accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml"]
+def host_name(node: int) -> str:
+    """The hostfile template's name of node `node` (node 0 is the rendezvous host)."""
+    return f"node-{node}"
+
+
+def launch_lines(gpus: int, nodes: int = 1) -> list:
+    """The commands of launch.txt (run from the plan's directory). Several nodes: deepspeed once from node 0 over
+    the hostfile; accelerate and torchrun on every node with NODE_RANK and MASTER_ADDR set; SLURM: one srun task
+    per node running torchrun."""
+    train = "ds_longctx.train --config run.yaml"
+    if nodes == 1:
+        return [f"deepspeed --num_gpus {gpus} --module {train}",
+                f"accelerate launch --config_file accelerate.yaml -m {train}"]
+
+    def torchrun(rank: str, master: str, rdzv_id: str = "") -> str:
+        return (f"torchrun --nnodes {nodes} --nproc_per_node {gpus} --node_rank {rank} --rdzv_backend c10d {rdzv_id}"
+                f"--rdzv_endpoint {master}:{MASTER_PORT} -m {train}")
+    slurm = torchrun("$SLURM_NODEID", "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
+                     "--rdzv_id $SLURM_JOB_ID ")
+    return [f"deepspeed --hostfile hostfile --num_nodes {nodes} --num_gpus {gpus} --module {train}",
+            f"accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
+            f"-m {train}",
+            torchrun("$NODE_RANK", "$MASTER_ADDR"),
+            f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{slurm}'"]
+
+
+def launch_text(cmd: str, gpus: int, nodes: int) -> str:
+    """launch.txt: the launch lines under comments saying where each one runs."""
+    if nodes == 1:
+        return (f"# generated by `{cmd}`\n# run from this directory; {gpus} processes, one per GPU; append --key value "
+                f"to override the run config\n" + "\n".join(launch_lines(gpus)) + "\n")
+    ds, acc, tr, srun = launch_lines(gpus, nodes)
+    return "\n".join([
+        f"# generated by `{cmd}`",
+        f"# {nodes} nodes x {gpus} GPUs = {nodes * gpus} processes, one per GPU; run from this directory, at the same "
+        f"path on every node (a shared filesystem: run.yaml, and output_dir for checkpoints and resume); append "
+        f"--key value to override the run config",
+        f"# DeepSpeed, once on {host_name(0)} (passwordless ssh to the others, pdsh); first put the nodes' hostnames "
+        f"into hostfile", ds,
+        f"# accelerate or torchrun, on every node: NODE_RANK = 0..{nodes - 1}, MASTER_ADDR = {host_name(0)}'s address",
+        acc, tr,
+        "# SLURM (sbatch --nodes ... script): one task per node, torchrun starts the GPUs' processes", srun]) + "\n"
+
+
+def hostfile_text(cmd: str, gpus: int, nodes: int) -> str:
+    """DeepSpeed's hostfile (`hostname slots=GPUs`), a template: the names are placeholders."""
+    return (f"# generated by `{cmd}`\n# a template: replace {host_name(0)} .. {host_name(nodes - 1)} with the nodes' "
+            f"hostnames (the first one runs `deepspeed --hostfile hostfile`)\n"
+            + "".join(f"{host_name(n)} slots={gpus}\n" for n in range(nodes)))
 
 
 def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> str:
     plan = choice.plan
+    nodes, per_node = ("", "") if a.nodes == 1 else (f"{a.nodes} nodes x ", " per node")
     head = [f"# generated by `{cmd}`; do not edit",
-            f"budget: {a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
-            f"{host:g} GB host -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)"]
+            f"budget: {nodes}{a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
+            f"{host:g} GB host{per_node} -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)"]
     if a.find_max_len:
         head.append(f"longest seq_len that fits: {plan.seq_len:,} tokens (a multiple of 1024)")
     elif plan.seq_len != a.seq_len:
         head.append(f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}")
-    head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host")
+    head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
+                f"{per_node}")
     head.append(f"placement per layer: {plan.placement.describe()}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 
 
 def write(out: Path, choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> None:
-    """The five files of one plan into `out` (created)."""
+    """The files of one plan into `out` (created): FILES, and with several nodes MULTINODE_FILES."""
     from ds_longctx.plan.ds_config import build_ds_config
     out.mkdir(parents=True, exist_ok=True)
     cfg = run_config(choice)
     header = f"# generated by `{cmd}`; do not edit\n"
     cfg.dump(out / "run.yaml")
     (out / "run.yaml").write_text(header + (out / "run.yaml").read_text())
-    ds = build_ds_config(cfg, world_size=a.gpus, on_gpu=True)
+    ds = build_ds_config(cfg, world_size=a.nodes * a.gpus, on_gpu=True)
     (out / "ds_config.json").write_text(json.dumps(ds, indent=2) + "\n")
-    (out / "accelerate.yaml").write_text(header + yaml.safe_dump(accelerate_config(a.gpus), sort_keys=False))
-    (out / "launch.txt").write_text(f"# generated by `{cmd}`\n# run from this directory; {a.gpus} processes, one "
-                                    f"per GPU; append --key value to override the run config\n"
-                                    + "\n".join(launch_lines(a.gpus)) + "\n")
+    if a.nodes > 1:
+        header += (f"# every node: --machine_rank (0..{a.nodes - 1}), --main_process_ip / --main_process_port "
+                   f"(node 0's address and a free port there) on its accelerate launch line (launch.txt)\n")
+        (out / "hostfile").write_text(hostfile_text(cmd, a.gpus, a.nodes))
+    (out / "accelerate.yaml").write_text(header + yaml.safe_dump(accelerate_config(a.gpus, a.nodes), sort_keys=False))
+    (out / "launch.txt").write_text(launch_text(cmd, a.gpus, a.nodes))
     (out / "plan.txt").write_text(plan_text(choice, cmd, a, host))
 
 
@@ -189,13 +274,10 @@ def main(argv: list | None = None) -> int:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
     cmd = command_line(a, host)
-    kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size,
-              pinned_pool=a.pinned_pool)
     seq_len = a.seq_len
     if a.find_max_len:
-        seq_len = find_max_len(geom, **kw)
-        print(f"{geom.name} on {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host: longest seq_len that fits "
-              f"= {seq_len:,} tokens")
+        seq_len = find_max_len(geom, **search_kw(a, host))
+        print(f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens")
         if not seq_len:  # the answer is 0; a requested --out cannot be written
             print(f"nothing fits; `{cmd.replace('--find_max_len', '--seq_len 1024')}` says what to change",
                   file=sys.stderr)
@@ -210,16 +292,16 @@ def main(argv: list | None = None) -> int:
     if a.out:
         out = Path(a.out)
         write(out, choice, cmd, a, host)
-        print(f"\nwrote {', '.join(FILES)} to {out}/; from there launch with:")
-        print("\n".join("  " + line for line in launch_lines(a.gpus)))
+        print(f"\nwrote {', '.join(FILES if a.nodes == 1 else MULTINODE_FILES)} to {out}/; from there launch with"
+              f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:")
+        print("\n".join("  " + line for line in launch_lines(a.gpus, a.nodes)))
     return 0
 
 
 def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choice:
     """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
     placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
-    choice = choose(geom, seq_len, gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                    sp_size=a.sp_size, pinned_pool=a.pinned_pool)
+    choice = choose(geom, seq_len, **search_kw(a, host))
     return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
 
 
@@ -229,13 +311,13 @@ def regenerate_all(root: Path) -> None:
     for name, args in COMMITTED.items():
         a = parser().parse_args(args.split())
         geom, host = check_args(a)
-        kw = dict(gpus=a.gpus, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom, sp_size=a.sp_size,
-              pinned_pool=a.pinned_pool)
-        seq_len = find_max_len(geom, **kw) if a.find_max_len else a.seq_len
+        seq_len = find_max_len(geom, **search_kw(a, host)) if a.find_max_len else a.seq_len
         choice = plan_choice(a, geom, host, seq_len)
         write(root / name, choice, command_line(a, host), a, host)
         p, lv = choice.plan, choice.levers
-        rows.append(f"| `{name}/` | {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host | {p.seq_len:,} | {p.sp_size} "
+        hw = (f"{a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host" if a.nodes == 1 else
+              f"{a.nodes} nodes × {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host each")
+        rows.append(f"| `{name}/` | {hw} | {p.seq_len:,} | {p.sp_size} "
                     f"| {p.placement.spec()} | {'yes' if lv.tiled_mlp else 'no'} | {lv.loss_chunk_rows} | "
                     f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
                     f"{p.host_peak_bytes / GB:.1f} |")
@@ -253,12 +335,14 @@ the repository root:
 
 Each directory holds `run.yaml` (our run config, the planner's choices), `ds_config.json` (derived from it by
 `ds_config.build_ds_config`; train.py derives the same dict itself), `accelerate.yaml` (accelerate's DeepSpeed
-plugin on that JSON), `launch.txt` (both launch lines, run from that directory) and `plan.txt` (the memory table
-and the reasoning). From the repository root, `launch/deepspeed.sh` and `launch/accelerate.sh` take any of them:
-`NGPU=8 CONFIG=ds_configs/qwen3-8b_1m_8x141gb/run.yaml launch/deepspeed.sh`.
+plugin on that JSON), `launch.txt` (the launch lines, run from that directory) and `plan.txt` (the memory table
+and the reasoning). From the repository root, `launch/deepspeed.sh` and `launch/accelerate.sh` take any single-node
+one: `NGPU=8 CONFIG=ds_configs/qwen3-8b_1m_8x141gb/run.yaml launch/deepspeed.sh`. A multi-node one (`2x8x80gb`: two
+8-GPU nodes) also holds `hostfile` (DeepSpeed's, a template to fill with the nodes' names); its `launch.txt` says
+which line runs where.
 
-GB = 10^9 bytes; a plan fits under 0.9 × GPU memory and 0.9 × host RAM. Host RAM is that of the machines
-here (2-GPU H200: 256 GB, 8-GPU: 560 GB; the 4×80 GB row assumes 512 GB).
+GB = 10^9 bytes; a plan fits under 0.9 × GPU memory and 0.9 × host RAM (per node). Host RAM is that of the
+machines here (2-GPU H200: 256 GB, 8-GPU: 560 GB; the 4×80 GB row assumes 512 GB).
 
 | directory | hardware | seq_len | sp | placement | tiled MLP | loss chunk rows | optimizer offload | GB/GPU | GB host |
 |---|---|---|---|---|---|---|---|---|---|

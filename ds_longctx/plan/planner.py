@@ -5,7 +5,9 @@ design this package trains with (per GPU: bf16 compute, one sequence per SP grou
 ZeRO-3 over all ranks, every decoder layer checkpointed, Ulysses all-to-all around attention).
 
 Dimensions (bytes are bf16 = 2 unless said):
-    G gpus    sp sp_size    dp = G / sp    S seq_len padded up to a multiple of sp    T = S / sp (tokens per rank)
+    G GPUs per node    N nodes    W = N·G ranks (the ZeRO-3 world; W = G on one node)
+    sp sp_size (divides G: an SP group stays inside a node)    dp = W / sp
+    S seq_len padded up to a multiple of sp    T = S / sp (tokens per rank)
     H hidden    I intermediate    L layers    hq / hkv query / KV heads    d head_dim    V vocab
     P all parameters    P_layer one decoder layer's parameters    k offload_layers    E = T·H·2 (one hidden tensor)
     c = min(chunk_rows, T) loss rows per chunk    t = min(tile_tokens, T) MLP tile    kv' = max(hkv/sp, 1)
@@ -17,7 +19,8 @@ A step's GPU memory is the terms live in every phase ("all") plus the largest of
     attn_bwd  the same layer's attention backward (MLP saved tensors freed, attention grads live)
 The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs.
 Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak sums every host term
-over the node. GB below means 10⁹ bytes (an "80 GB" card passed as 80 is conservative: H100 has 85.0e9).
+over one node (its G ranks: every node holds the same). GB below means 10⁹ bytes (an "80 GB" card passed as 80
+is conservative: H100 has 85.0e9).
 
 Usage (which levers to pull for a length is `plan_search.choose`):
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
@@ -65,7 +68,7 @@ BUILD_HOST_GIB = 1.5
 
 @dataclass(frozen=True)
 class Term:
-    """One named allocation: bytes per GPU, bytes on the host (node total), formula, phases it is live in."""
+    """One named allocation: bytes per GPU, bytes on the host (one node's total), formula, phases it is live in."""
 
     name: str
     gpu_bytes: int
@@ -80,7 +83,7 @@ class MemoryPlan:
 
     geom: ModelGeometry
     seq_len: int  # padded to a multiple of sp_size
-    gpus: int
+    gpus: int  # per node
     sp_size: int
     levers: Levers
     terms: tuple
@@ -90,10 +93,16 @@ class MemoryPlan:
     gpu_peak_bytes: int  # reserved + cuda_context: what must fit on the card
     host_peak_bytes: int
     placement: PlacementPlan  # the per-layer plan the terms read (levers.placement_for)
+    nodes: int = 1
+
+    @property
+    def world(self) -> int:
+        """Ranks in all: nodes · GPUs per node (ZeRO-3 partitions over all of them)."""
+        return self.nodes * self.gpus
 
     @property
     def dp_size(self) -> int:
-        return self.gpus // self.sp_size
+        return self.world // self.sp_size
 
     @property
     def local_tokens(self) -> int:
@@ -113,12 +122,15 @@ class MemoryPlan:
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
         lv = self.levers
-        rows = [f"{self.geom.name}: seq_len={self.seq_len:,} gpus={self.gpus} sp={self.sp_size} dp={self.dp_size} "
+        where = (f"gpus={self.gpus}" if self.nodes == 1 else
+                 f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}")
+        rows = [f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
                 f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
                 f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
                 + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
                 f"placement: {self.placement.describe()}",
-                f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"]
+                f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"
+                + ("" if self.nodes == 1 else "  (GB host: per node)")]
         for t in self.terms:
             rows.append(f"{t.name:<26}{','.join(t.phases):<17}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
                         f"  {t.formula}")
@@ -129,9 +141,10 @@ class MemoryPlan:
         return "\n".join(rows)
 
 
-def valid_sp_sizes(geom: ModelGeometry, gpus: int) -> list:
-    """The sp sizes a model geometry can run on `gpus` GPUs (the rule is parallel_state.sp_size_problem's)."""
-    return parallel_state.valid_sp_sizes(gpus, geom.heads, geom.kv_heads)
+def valid_sp_sizes(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
+    """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
+    is parallel_state.sp_size_problem's)."""
+    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus)
 
 
 def _host_bytes(terms, phases: tuple) -> int:
@@ -158,12 +171,14 @@ def _adapters(g: ModelGeometry, rank: int, targets) -> tuple:
 
 
 def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
-                live_layers: int = 2, fragmentation: float = FRAGMENTATION,
+                nodes: int = 1, live_layers: int = 2, fragmentation: float = FRAGMENTATION,
                 offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = 1.5,
                 process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
-    """Every allocation of one training step, per GPU and on the host. Terms (phase; formula):
+    """Every allocation of one training step, per GPU and on the host of one node. `gpus` G is per node, `nodes` N;
+    the ZeRO-3 world is W = N·G (the formulas below write G for W: on one node they are equal, and the table
+    prints W once N > 1). Host terms are one node's: G ranks' worth. Terms (phase; formula):
 
-    ZeRO-3 over all G ranks (all). LoRA (lora_rank r > 0): only the A adapter params train (r·(in+out) summed over
+    ZeRO-3 over all W ranks (all). LoRA (lora_rank r > 0): only the A adapter params train (r·(in+out) summed over
     the targeted Linears, levers/lora.target_names; A_layer / A_mlp: the top layer's / its MLP's): P_t = A, else
     P; no base weight gets a grad (embedding, lm_head: 0; layer grads A_layer·2; tiled MLP sums A_mlp·4), and
     each adapted Linear of the top layer saves its r-wide A·x: lora_saved T·r·2 each.
@@ -223,7 +238,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     host_peak = max(Σ step host terms, Σ build host terms).
     """
     g, G, sp = as_geometry(geom), gpus, sp_size
-    parallel_state.check_sp_size(sp, G, g.heads, g.kv_heads)
+    if nodes < 1:
+        raise ValueError(f"nodes={nodes}: need at least 1 node")
+    W, w = nodes * G, "G" if nodes == 1 else "W"  # the ZeRO world and its symbol in the formulas
+    parallel_state.check_sp_size(sp, W, g.heads, g.kv_heads, per_node=G)
     placement = levers.placement_for(g.layers)
     k = placement.offloaded
     n_cache, n_cache_host = placement.count(Place.CACHE), placement.count(Place.CACHE_OFFLOAD)
@@ -244,16 +262,17 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
 
     def add(name, gpu, host, formula, phases=ALL):
         terms.append(Term(name, int(gpu), int(host), formula, phases))
-    part = -(-(P + A) // G)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
-    part_t, Pt = -(-P_t // G), "A" if lora else "P"
-    add("params_bf16", 2 * part, 0, "2·(P+A)/G" if lora else "2·P/G")
+    part = -(-(P + A) // W)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
+    part_t, Pt = -(-P_t // W), "A" if lora else "P"
+    add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if lora else f"2·P/{w}")
     off = levers.optimizer_offload
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
         b = nbytes * part_t
         add(name, 0 if off else b, G * b if off else 0,
-            f"{nbytes}·{Pt}/G" + (f"; on host {nbytes}·{Pt}" if off else ""))
+            f"{nbytes}·{Pt}/{w}" + (f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") if off else ""))
     if off:
-        add("cpu_adam_grads_fp32", 0, G * 4 * part_t, f"host 4·{Pt} (the fp32 grads DeepSpeedCPUAdam steps on)")
+        add("cpu_adam_grads_fp32", 0, G * 4 * part_t, f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W")
+            + " (the fp32 grads DeepSpeedCPUAdam steps on)")
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * (Pl + A_layer) * 2, 0,
         f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2"))
@@ -332,8 +351,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
     add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", BUILD)
-    add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/G per rank", BUILD)
-    return MemoryPlan(geom=g, seq_len=S, gpus=G, sp_size=sp, levers=levers, terms=tuple(terms),
+    add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/{w} per rank", BUILD)
+    return MemoryPlan(geom=g, seq_len=S, gpus=G, nodes=nodes, sp_size=sp, levers=levers, terms=tuple(terms),
                       phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
                       gpu_peak_bytes=sub + slack + ctx,
                       host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)), placement=placement)

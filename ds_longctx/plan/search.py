@@ -56,15 +56,18 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
-def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, pool=False) -> Optional[Choice]:
-    """The first fit in this order: optimizer on GPU before offloaded (host RAM and a CPU Adam step); sp
-    descending (sp = gpus first); tiled MLP off before on (+5% step time measured at 8B, 131k tokens); then the fewest
-    offloaded checkpoints (+1% measured for all 36 layers at 8B, 131k).
+def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, pool=False,
+            nodes=1) -> Optional[Choice]:
+    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
+    before offloaded (host RAM and a CPU Adam step); sp descending (sp = gpus first); tiled MLP off before on (+5%
+    step time measured at 8B, 131k tokens); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
+    8B, 131k).
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
     these levers.
     """
-    L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus)[::-1]
+    L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus, nodes)[::-1]
+    knobs = dict(knobs, nodes=nodes)
     for opt in (False, True):
         for sp in sps:
             for tiled in (False, True):
@@ -95,8 +98,10 @@ def _fewest_k(fits, layers: int) -> Optional[int]:
 def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
     """One line of reasoning per choice `_search` made."""
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
-    notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid_sp_sizes(geom, plan.gpus)} "
-                                  f"(one sequence over {sp} GPUs: the least memory per GPU)"),
+    within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
+    valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
+    notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid} "
+                                  f"(one sequence over {sp} GPUs{within}: the least memory per GPU)"),
              f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
                                               if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)"),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
@@ -112,31 +117,35 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
 
 
 def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-           sp_size: Optional[int] = None, pinned_pool: bool = False, **knobs) -> Choice:
-    """The levers for `seq_len` tokens on `gpus` GPUs of `gpu_mem_gb` GB with `host_mem_gb` GB of host RAM.
+           sp_size: Optional[int] = None, pinned_pool: bool = False, nodes: int = 1, **knobs) -> Choice:
+    """The levers for `seq_len` tokens on `nodes` nodes of `gpus` GPUs of `gpu_mem_gb` GB, each node with
+    `host_mem_gb` GB of host RAM.
 
     A plan fits when its per-GPU peak <= headroom·gpu_mem_gb and its node host peak <= headroom·host_mem_gb.
-    Rules (`_search`): the optimizer stays on GPU unless nothing fits that way; sp_size is the largest valid
-    one (sp = gpus when valid: one sequence per step over the node, the least memory and the fewest offloaded
-    layers); tiled MLP only when it is needed to fit; offload_layers the fewest that fit (only the layers that
-    must leave the GPU go); chunk_rows as in `_chunk_rows`. `sp_size` pins sp. `knobs` go to `plan_memory`
-    (live_layers, fragmentation, cuda_context_gib, process_host_gib). Raises `NoFit` with the longest length
-    that fits and what to change.
+    Rules (`_search`): the optimizer stays on GPU unless nothing fits that way; sp_size is the largest valid one
+    within a node (sp = gpus when valid: one sequence per step over the node, the least memory and the fewest
+    offloaded layers; across nodes data parallelism); tiled MLP only when it is needed to fit; offload_layers the
+    fewest that fit (only the layers that must leave the GPU go); chunk_rows as in `_chunk_rows`. `sp_size` pins sp.
+    `knobs` go to `plan_memory` (live_layers, fragmentation, cuda_context_gib, process_host_gib). Raises `NoFit`
+    with the longest length that fits and what to change.
     """
     geom = as_geometry(geom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     if sp_size is not None:
-        plan_memory(geom, 1, gpus, sp_size)  # validates sp_size, naming the valid ones
-    if (found := _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool)) is not None:
+        plan_memory(geom, 1, gpus, sp_size, nodes=nodes)  # validates sp_size, naming the valid ones
+    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool, nodes)
+    if found is not None:
         return found
     max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, pinned_pool=pinned_pool,
-                           **knobs)
-    sp = sp_size or valid_sp_sizes(geom, gpus)[-1]
+                           nodes=nodes, **knobs)
+    sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
     best = plan_memory(geom, seq_len, gpus, sp, Levers(loss_chunk_rows=256, tiled_mlp=True, offload_layers=geom.layers,
-                                                       optimizer_offload=True), **knobs)
-    fits = lambda n, gb, hb: _search(geom, seq_len, n, gb, hb, knobs, sp_size, pinned_pool) is not None
-    lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB "
-             f"host (x headroom {headroom:g}). Every lever on (sp_size={sp}, tiled MLP, all {geom.layers} "
+                                                       optimizer_offload=True), nodes=nodes, **knobs)
+    fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, pinned_pool, m) is not None
+    hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
+                f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
+    lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
+             f"(sp_size={sp}, tiled MLP, all {geom.layers} "
              f"checkpoints and the optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
     if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
@@ -144,8 +153,10 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     if (need_host := _least(lambda b: fits(gpus, gpu_budget, b))) is not None:
         lines.append(f"Fix: >= {need_host / headroom / GB:.0f} GB host RAM (same GPUs).")
     more = next((n for n in (2 * gpus, 4 * gpus, 8 * gpus) if fits(n, gpu_budget, host_budget * n / gpus)), None)
-    if more:  # host RAM is assumed to grow with the GPU count
+    if more and nodes == 1:  # host RAM is assumed to grow with the GPU count
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
+    if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
+        lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 
@@ -171,7 +182,7 @@ def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
                  multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, pinned_pool: bool = False,
-                 **knobs) -> int:
+                 nodes: int = 1, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
 
@@ -182,7 +193,8 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
 
     def fits(n: int) -> bool:
-        return _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool) is not None
+        found = _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool, nodes)
+        return found is not None
 
     if not fits(1):
         return 0
@@ -250,7 +262,8 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
         z = L - x - y - w
         layout = PlacementPlan.parse(",".join(f"{p}:{n}" for p, n in (("offload", z), ("cache+offload", y),
                                                                     ("keep", w), ("cache", x)) if n))
-        return plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout), **knobs)
+        return plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout),
+                           nodes=plan.nodes, **knobs)
 
     def fits_gpu(x, y, w):
         return at(x, y, w).gpu_peak_bytes <= gpu_budget

@@ -1,6 +1,8 @@
 """Checkpoints of a run: atomic DeepSpeed saves, resume, SIGTERM, and the checks that come before them.
 
-Layout (a shared filesystem: rank 0 finishes what every rank wrote):
+Layout (a shared filesystem: rank 0 finishes what every rank wrote; across nodes, output_dir must be one filesystem
+that every node mounts at the same path, e.g. NFS or Lustre; tests/distributed/test_nodes.py runs its two "nodes" on
+one machine, where it is):
 
     <output_dir>/checkpoints/latest          tag of the newest complete checkpoint, replaced atomically
     <output_dir>/checkpoints/step300/        DeepSpeed's files (ZeRO-3: one partition per rank), and ours:

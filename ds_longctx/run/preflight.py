@@ -3,10 +3,10 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's checks (`validate`: sp_size vs world and heads, attention backend, model class, LoRA
-targets, the placement plan for this model), the RoPE coverage at seq_len, the data source (path, file sniffing,
-tokenizer vs vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing is
-written: a refused run leaves no output.
+Order: the engine's checks (`validate`: sp_size vs world, processes per node and heads, attention backend, model
+class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source (path, file
+sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing
+is written: a refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ds_longctx import data
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, ulysses
-from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
 from ds_longctx.run.model import load_hf_config, model_class
@@ -28,11 +28,15 @@ from ds_longctx.run.model import load_hf_config, model_class
 log = logging.getLogger("ds_longctx")
 
 
-def validate(cfg, world_size: int):
-    """Every check the engine needs that allocates nothing. Returns the HF config."""
+def validate(cfg, world_size: int, per_node: int | None = None):
+    """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
+    node (None: from the launcher's environment, `local_world_size`)."""
     hf_cfg = load_hf_config(cfg.model.name)
     text = hf_cfg.get_text_config()
-    check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads)
+    per_node = local_world_size(world_size) if per_node is None else per_node
+    check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads,
+                  per_node=None if cfg.parallel.sp_across_nodes else per_node,
+                  across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")
     attention.resolve_backend(cfg.kernels.attn_backend)
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
@@ -66,9 +70,10 @@ def rope_coverage(cfg, hf_config) -> None:
                              f"rope_scaling: auto (sets it from seq_len), or seq_len <= {int(covered)}")
 
 
-def preflight(cfg, world_size: int):
-    """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input."""
-    hf_cfg = validate(cfg, world_size)
+def preflight(cfg, world_size: int, per_node: int | None = None):
+    """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
+    `validate`."""
+    hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     meta = checkpoint.check_run_dir(cfg, world_size)

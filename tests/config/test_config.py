@@ -13,7 +13,7 @@ from ds_longctx.parallel import ulysses
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.preflight import validate
-from ds_longctx.parallel.parallel_state import check_sp_size, valid_sp_sizes
+from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
 from tests.helpers import ROOT, cpu_env, run_cli
 
 
@@ -85,6 +85,28 @@ def test_valid_sp_sizes_include_kv_replication():
     check_sp_size(4, 4, 8, 2)
     with pytest.raises(ValueError, match="num_key_value_heads=3"):
         check_sp_size(2, 2, 6, 3)
+
+
+def test_an_sp_group_may_not_straddle_nodes_unless_allowed(monkeypatch):
+    # 2 nodes of 2 processes: sp=4 would put one SP group on both nodes
+    cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=4)
+    with pytest.raises(ValueError, match=r"sp_size=4 does not divide the 2 processes per node.*try one of \[1, 2\] "
+                                         r"per node, or set sp_across_nodes: true"):
+        validate(cfg, 4, per_node=2)
+    validate(cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"sp_across_nodes": True})}), 4, 2)
+    validate(RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2), 4, per_node=2)  # inside a node: fine
+    # the processes per node come from the launcher: torchrun's LOCAL_WORLD_SIZE, deepspeed's LOCAL_SIZE
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert local_world_size(4) == 4  # no launcher: one node
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    assert local_world_size(4) == 2
+    with pytest.raises(ValueError, match="processes per node"):
+        validate(cfg, 4)
+    # a world that sp does not divide keeps its own message (one node)
+    assert valid_sp_sizes(8, 8, 2, per_node=4) == [1, 2, 4]
+    with pytest.raises(ValueError, match=r"sp_size=3 does not divide world_size=8; try one of \[1, 2, 4\] or launch"):
+        check_sp_size(3, 8, 8, 2, per_node=4)
 
 
 def test_flash_attn_asked_but_missing():

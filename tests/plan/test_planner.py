@@ -253,3 +253,45 @@ def test_lora_levers_round_trip_the_run_config():
     assert back.lora == cfg.lora
     assert Levers.from_run_config(RunConfig(model="qwen3-8b", lora_rank=8, lora_target_modules="all-linear")) \
         == Levers(lora_rank=8, lora_targets="all-linear")
+
+
+def test_two_nodes_of_8_partition_over_16_and_count_host_per_node():
+    """Qwen3-8B on 2 nodes x 8 GPUs at 1M tokens, sp=8 (an SP group per node, dp=2 across them), by hand."""
+    two = plan_memory(Q8, 1 << 20, 8, 8, nodes=2, fragmentation=1.0)
+    assert (two.world, two.dp_size, two.local_tokens) == (16, 2, 131_072)
+    got = {n: two.term(n).gpu_bytes for n in ("params_bf16", "grads_bf16", "master_fp32", "adam_m_v_fp32")}
+    assert got == {"params_bf16": 2 * P8 // 16, "grads_bf16": 2 * P8 // 16, "master_fp32": 4 * P8 // 16,
+                   "adam_m_v_fp32": 8 * P8 // 16} == {"params_bf16": 1_023_841_920, "grads_bf16": 1_023_841_920,
+                                                      "master_fp32": 2_047_683_840, "adam_m_v_fp32": 4_095_367_680}
+    # the activations are the same per GPU as on one node of 8 (same sp); only the ZeRO-3 share halves
+    one = plan_memory(Q8, 1 << 20, 8, 8, fragmentation=1.0)
+    assert one.reserved_bytes - two.reserved_bytes == 16 * P8 // 8 - 16 * P8 // 16 == P8
+    # host per node: its 8 ranks' worth
+    assert two.term("process_overhead").host_bytes == round(8 * 2.25 * GIB)
+    assert two.term("dataset_row").host_bytes == 8 * (1 << 20) * 16
+    assert two.term("build_process").host_bytes == round(8 * 1.5 * GIB)
+    assert two.term("zero3_defragment_cpu").host_bytes == 2 * (P8 // 16) * 8 == P8  # one node's 8 partitions
+    off = plan_memory(Q8, 1 << 20, 8, 8, Levers(optimizer_offload=True, offload_layers=36), nodes=2)
+    # bf16 grads 2 + master 4 + Adam 8 + CPU Adam's fp32 grads 4 = 18 bytes per parameter of the node's 8/16
+    assert sum(off.term(n).host_bytes for n in ("grads_bf16", "master_fp32", "adam_m_v_fp32",
+                                                "cpu_adam_grads_fp32")) == 18 * P8 * 8 // 16
+    assert off.term("checkpoints").host_bytes == 8 * 36 * GIB  # 131,072 x 4096 x 2 = 1 GiB per layer and rank
+    assert "nodes=2 gpus/node=8 world=16 sp=8 dp=2" in two.table() and "2·P/W" in two.table()
+
+
+def test_n_nodes_of_g_are_one_node_of_n_g_per_gpu_and_one_nth_of_its_host():
+    two = plan_memory(Q8, 1 << 20, 8, 8, Levers(offload_layers=20), nodes=2)
+    big = plan_memory(Q8, 1 << 20, 16, 8, Levers(offload_layers=20))  # a (hypothetical) 16-GPU node
+    assert [(t.name, t.gpu_bytes) for t in two.terms] == [(t.name, t.gpu_bytes) for t in big.terms]
+    assert [2 * t.host_bytes for t in two.terms] == [t.host_bytes for t in big.terms]
+    assert two.host_peak_bytes * 2 == big.host_peak_bytes
+
+
+def test_sp_stays_inside_a_node():
+    assert valid_sp_sizes(Q8, 8, nodes=2) == [1, 2, 4, 8]  # 16 would divide 32 heads and the world of 16
+    assert valid_sp_sizes(Q8, 16) == [1, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match=r"sp_size=16 does not divide the 8 processes per node.*try one of "
+                                         r"\[1, 2, 4, 8\]"):
+        plan_memory(Q8, 1 << 20, 8, 16, nodes=2)
+    with pytest.raises(ValueError, match="nodes=0"):
+        plan_memory(Q8, 1 << 20, 8, 8, nodes=0)

@@ -140,3 +140,22 @@ def test_auto_offload_counts_the_attention_cache():
     lv = Levers(tiled_mlp=False, offload_layers=k8, attention_cache_layers=8)
     assert plan_memory(Q8, 196_608, 2, 2, lv).gpu_peak_bytes <= 0.9 * 141 * GB
     assert plan_memory(Q8, 196_608, 2, 2, replace(lv, offload_layers=k8 - 1)).gpu_peak_bytes > 0.9 * 141 * GB
+
+
+def test_two_nodes_keep_sp_inside_a_node_and_need_fewer_offloads():
+    one, two = choose(Q8, 1 << 20, 8, 80, 560), choose(Q8, 1 << 20, 8, 80, 560, nodes=2)
+    assert two.sp_size == 8 and (two.plan.nodes, two.plan.world, two.plan.dp_size) == (2, 16, 2)
+    # the ZeRO-3 share per GPU halves (16 bytes per parameter over 16 GPUs, not 8): fewer checkpoints leave the GPU
+    assert two.levers.offload_layers < one.levers.offload_layers
+    assert "inside one node, dp=2 across 2 nodes" in two.notes[0]
+    assert find_max_len(Q8, 2, 80, 256, nodes=2) > find_max_len(Q8, 2, 80, 256)
+    with pytest.raises(ValueError, match="does not divide the 8 processes per node"):
+        choose(Q8, 4096, 8, 80, 560, sp_size=16, nodes=2)
+
+
+def test_no_fit_names_more_nodes_when_they_fit():
+    n = find_max_len(Q8, 2, 80, 256)
+    with pytest.raises(NoFit) as info:
+        choose(Q8, n + 1024, 2, 80, 256)
+    assert "Fix: 2 nodes like these (--nodes 2: ZeRO-3 partitions over 4 GPUs)." in str(info.value)
+    choose(Q8, n + 1024, 2, 80, 256, nodes=2)
