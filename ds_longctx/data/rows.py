@@ -65,6 +65,36 @@ def pack_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray
     return np.asarray(row_ptr, np.int64), np.asarray(seg_start, np.int64), np.asarray(seg_len, np.int64)
 
 
+def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int) -> range:
+    """The samples dp replica `dp_rank` reads at `step`: (step * dp + r) * b ... + b - 1 (the order in the module doc
+    of data/__init__.py; also the HF Trainer's sampler, integrations/hf_data.py)."""
+    first = (step * dp_size + dp_rank) * micro_batch
+    return range(first, first + micro_batch)
+
+
+class RowOrder:
+    """Which row sample i is: row perm_e[i mod R] of epoch e = i // R, perm_e drawn from (seed, e), or the identity
+    with shuffle off. One permutation is kept (the current epoch's)."""
+
+    def __init__(self, n_rows: int, seed: int, shuffle: bool):
+        self.n_rows, self.seed, self.shuffle = n_rows, seed, shuffle
+        self._perm_epoch, self._perm = -1, None
+
+    def row_of_sample(self, i: int) -> int:
+        epoch, j = divmod(i, self.n_rows)
+        if not self.shuffle:
+            return j
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(self.n_rows, generator=g), epoch
+        return int(self._perm[j])
+
+
+def filled_row(ids: torch.Tensor, pos: Optional[torch.Tensor], labels: Optional[torch.Tensor]) -> tuple:
+    """A row from `TokenRows.row` with position_ids (0..L-1) and labels (the tokens) filled in where it has none."""
+    return ids, torch.arange(len(ids)) if pos is None else pos, ids if labels is None else labels
+
+
 class TokenRows:
     """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the module doc."""
 
@@ -109,17 +139,11 @@ class TokenRows:
                      self.n_tokens, self.n_rows, L, 100 * (1 - used / (self.n_rows * L)))
         else:
             raise DataError(f"data_layout={layout!r} is unknown; use concat, pack or document")
-        self._perm_epoch, self._perm = -1, None
+        self.order = RowOrder(self.n_rows, seed, shuffle)
 
     # ---------------------------------------------------------------- order
     def row_of_sample(self, i: int) -> int:
-        epoch, j = divmod(i, self.n_rows)
-        if not self.shuffle:
-            return j
-        if epoch != self._perm_epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm, self._perm_epoch = torch.randperm(self.n_rows, generator=g), epoch
-        return int(self._perm[j])
+        return self.order.row_of_sample(i)
 
     def signature(self) -> dict:
         """What a resumed run must find unchanged for the order to continue (saved in each checkpoint)."""
@@ -154,15 +178,12 @@ class TokenRows:
 
     def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
         """`Batch` of `[micro_batch, seq_len]` for one data-parallel replica at one step."""
-        first = (step * dp_size + dp_rank) * micro_batch
-        rows = [self.row(self.row_of_sample(first + i)) for i in range(micro_batch)]
+        rows = [self.row(self.row_of_sample(i)) for i in step_samples(step, micro_batch, dp_rank, dp_size)]
         ids = torch.stack([r[0] for r in rows])
         if all(r[1] is None for r in rows):
             return Batch(ids)
-        L = self.seq_len
-        pos = torch.stack([r[1] if r[1] is not None else torch.arange(L) for r in rows])
-        labels = torch.stack([r[2] if r[2] is not None else r[0] for r in rows])
-        return Batch(ids, pos, labels)
+        filled = [filled_row(*r) for r in rows]
+        return Batch(ids, torch.stack([r[1] for r in filled]), torch.stack([r[2] for r in filled]))
 
 
 # ----------------------------------------------------------------------------- checks and entry point

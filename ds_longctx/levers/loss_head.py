@@ -3,10 +3,16 @@
     module = LossHead(model, state, chunked=True, chunk_rows=4096)   # what deepspeed.initialize wraps
     loss, group_loss, n_tokens = module(input_ids, position_ids, shift_labels)
 
+    route_forward(model, module)       # or the model itself is wrapped (the HF Trainer): its forward, given
+    model(input_ids=..., position_ids=..., ds_longctx_shift_labels=...)   # these labels, runs the loss head
+    unroute_forward(model)
+
 Dimensions: b batch, s/sp this rank's slice, H hidden, V vocab.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -71,3 +77,44 @@ class LossHead(nn.Module):
             n_group = n_tokens.to(group_sum.dtype)
         n_group = n_group.clamp(min=1)
         return loss_sum * self.state.sp_size / n_group, group_sum / n_group, n_group
+
+
+ROUTE_KWARG = "ds_longctx_shift_labels"
+_LOSS_CHILD = "ds_longctx_loss"   # the loss module as a child of the model (no parameters: the state dict is unchanged)
+_PREV_FORWARD = "_ds_longctx_prev_forward"
+_MISSING = object()
+
+
+def route_forward(model: nn.Module, head: LossHead) -> None:
+    """Make `model(input_ids=, position_ids=, ds_longctx_shift_labels=)` return `head(...)`'s triple (the trunk and the
+    chunked loss on this rank's slice); without that keyword the model's own forward runs (generation unchanged).
+
+    For a wrapper that holds the HF model itself (the HF Trainer hands it to DeepSpeed) rather than the loss head:
+    the loss module becomes a child of the model, so ZeRO-3's hooks gather lm_head's weight for it (its external
+    parameter) as they do under `LossHead`. The forward is set on the instance, over whatever forward it had (TRL
+    sets its own the same way). Undo with `unroute_forward`."""
+    if _PREV_FORWARD in model.__dict__:
+        raise ValueError(f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first")
+    original = model.forward
+    model.__dict__[_PREV_FORWARD] = model.__dict__.get("forward", _MISSING)
+    model.add_module(_LOSS_CHILD, head.loss)
+
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        shift_labels = kwargs.pop(ROUTE_KWARG, None)
+        if shift_labels is None:
+            return original(*args, **kwargs)
+        return head(kwargs["input_ids"], kwargs["position_ids"], shift_labels)
+
+    model.forward = forward
+
+
+def unroute_forward(model: nn.Module) -> None:
+    """Undo `route_forward`: the forward the model had before, and no loss child."""
+    prev = model.__dict__.pop(_PREV_FORWARD, None)
+    if prev is None:
+        return
+    del model.forward
+    if prev is not _MISSING:
+        model.forward = prev
+    delattr(model, _LOSS_CHILD)

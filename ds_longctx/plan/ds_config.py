@@ -2,6 +2,7 @@
 
 Batch math: with `sequence_parallel_size` in the JSON DeepSpeed counts data-parallel replicas as
 world_size / sp_size, so `train_batch_size = micro_batch * grad_accum * dp` (dp = world / sp).
+`hf_trainer_ds_config` is the same dict for the HF Trainer (integrations/hf_trainer.py), less that one key.
 """
 
 from __future__ import annotations
@@ -52,4 +53,17 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu)
     if cfg.optimizer.warmup_steps == 0:
         del ds["scheduler"]
+    return ds
+
+
+def hf_trainer_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
+    """`build_ds_config` for the HF Trainer: the same dict without `train_batch_size`.
+
+    The Trainer checks that key against world_size x micro_batch x grad_accum (transformers' HfTrainerDeepSpeedConfig
+    knows no sequence parallelism: with sp > 1 it reports a mismatch) and accelerate fills it the same way when it is
+    "auto". Left out, neither touches it and DeepSpeed derives micro_batch x grad_accum x world_size / sp_size from
+    `sequence_parallel_size`: the value `build_ds_config` writes. Every other key the Trainer checks (micro batch,
+    accumulation, clipping, the AdamW block, the WarmupLR block, bf16) is matched by `training_args`."""
+    ds = build_ds_config(cfg, world_size, on_gpu)
+    del ds["train_batch_size"]
     return ds

@@ -12,9 +12,10 @@ Order (each step says why it comes where it does):
     recompute must run the adapted Linears, the loss head must find the model's own trunk and lm_head (the
     model class is unchanged), and deepspeed.initialize must partition the new adapters and give the optimizer
     only them (`trainable_parameters`).
- 5. Ulysses attention (`ulysses.register`): swaps the attention function, before DeepSpeed wraps the model;
-    then fused token-wise kernels if asked (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a
-    tiled MLP takes the MLP back and before 7 so the recompute runs the fused code.
+ 5. the attention kernel, chosen once (`attention.select`), then Ulysses attention (`ulysses.register`): swaps
+    the attention function, before DeepSpeed wraps the model; then fused token-wise kernels if asked
+    (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
+    so the recompute runs the fused code.
  6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
     recompute runs the tiled code too.
  7. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
@@ -26,6 +27,10 @@ Order (each step says why it comes where it does):
     (frozen under LoRA: the chunked loss then computes no weight gradient).
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
     averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas).
+
+Steps 4-8 are `apply_levers`, the one home of this order: `build_engine` and the HF Trainer integration
+(`integrations/hf_trainer.py`, where the Trainer does step 9) both call it; `sharded_loss` is the step both run
+on a full batch (slice, document boundaries, attention-cache step, loss head).
 """
 
 from __future__ import annotations
@@ -78,14 +83,44 @@ class StepResult:
     tokens: int      # supervised tokens in this step over all replicas
 
 
+@dataclass
+class Levers:
+    """What `apply_levers` put on a model: the Ulysses attention function, the placement read back from the layers,
+    the loss head (model + chunked loss) and the decoder layers (whose attention caches start each step)."""
+    attn: ulysses.UlyssesAttention
+    placement: PlacementPlan
+    head: LossHead
+    layers: list
+
+
+def sharded_loss(run, levers: Levers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
+                 position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None):
+    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
+    (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
+    loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention and starts the attention caches'
+    step first; fails if the model's attention did not go through Ulysses."""
+    shard = shard_batch(input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids)
+    attn = levers.attn
+    attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+    attention_cache.new_step(levers.layers)
+    calls_before = attn.calls
+    with record_function("ds_longctx.forward"):
+        out = run(shard.input_ids.to(device), shard.position_ids.to(device), shard.shift_labels.to(device))
+    if attn.calls == calls_before:
+        model = levers.head.model
+        raise RuntimeError(f"{type(model).__name__} did not call the Ulysses attention function: its "
+                           f"attention is not routed through transformers' AttentionInterface")
+    return out
+
+
 class LongCtxEngine:
     """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM. Build with `build_engine(cfg)`."""
 
-    def __init__(self, cfg: RunConfig, ds_engine, module: LossHead, state: ParallelState,
-                 attn: ulysses.UlyssesAttention, ds_config: dict, device: torch.device, placement: PlacementPlan):
-        self.cfg, self.ds, self.module, self.state = cfg, ds_engine, module, state
-        self.attn, self.ds_config, self.device, self.placement = attn, ds_config, device, placement
-        self.layers = decoder_layers(self.model)
+    def __init__(self, cfg: RunConfig, ds_engine, levers: Levers, state: ParallelState, ds_config: dict,
+                 device: torch.device):
+        self.cfg, self.ds, self.levers, self.state = cfg, ds_engine, levers, state
+        self.module, self.attn, self.placement, self.layers = levers.head, levers.attn, levers.placement, levers.layers
+        self.ds_config, self.device = ds_config, device
 
     @property
     def model(self) -> nn.Module:
@@ -95,16 +130,7 @@ class LongCtxEngine:
                          labels: Optional[torch.Tensor] = None) -> StepResult:
         """Loss and gradients for one full batch `[b, L]` of this dp replica (every SP rank passes the same)."""
         st = self.state
-        shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
-        self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
-        attention_cache.new_step(self.layers)
-        calls_before = self.attn.calls
-        with record_function("ds_longctx.forward"):
-            loss, group_loss, n = self.ds(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
-                                          shard.shift_labels.to(self.device))
-        if self.attn.calls == calls_before:
-            raise RuntimeError(f"{type(self.model).__name__} did not call the Ulysses attention function: its "
-                               f"attention is not routed through transformers' AttentionInterface")
+        loss, group_loss, n = sharded_loss(self.ds, self.levers, st, self.device, input_ids, position_ids, labels)
         with record_function("ds_longctx.backward"):
             self.ds.backward(loss)
         stats = torch.stack([group_loss.detach().float(), n.float()])
@@ -145,13 +171,28 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
     _build_stage("2/9 process groups", t0, state.rank)
-    attention.select(cfg.kernels.attn_backend, announce=state.rank == 0)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     # 3. the model, partitioned at birth, then deterministic weights
     model = build_model(cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank))
+    # 4-8. LoRA, attention kernel + Ulysses (+ fused ops), tiled MLP, placement plan, loss head
+    levers = apply_levers(cfg, model, state, ds_config)
+    _build_stage("8/9 levers and loss head", t0, state.rank)
+    # 9. DeepSpeed: the optimizer gets the trainable parameters only (the adapters under LoRA)
+    ds_engine, *_ = deepspeed.initialize(model=levers.head, model_parameters=trainable_parameters(levers.head),
+                                         config=ds_config)
+    _build_stage("9/9 deepspeed.initialize", t0, state.rank)
+    return LongCtxEngine(cfg, ds_engine, levers, state, ds_config, device)
+
+
+def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict) -> Levers:
+    """Steps 4-8 of the module docstring on a model built by `run/model.build_model` (partitioned by zero.Init),
+    in that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with (its activation_checkpointing
+    block routes offloaded layers). Needs the process groups of `state`."""
+    text = model.config.get_text_config()
     # 4. LoRA: adapters on the partitioned base, drawn per name; the base frozen
     apply_lora(model, cfg.lora, cfg.train.seed)
-    # 5. Ulysses attention
+    # 5. the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels
+    attention.select(cfg.kernels.attn_backend, announce=state.rank == 0)
     attn = ulysses.register(model, state)
     if cfg.kernels.fused_ops == "liger":
         apply_fused_ops(model)
@@ -164,10 +205,5 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
     # 8. loss head: chunked lm_head + CE on the local slice
-    module = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
-    # 9. DeepSpeed: the optimizer gets the trainable parameters only (the adapters under LoRA)
-    _build_stage("8/9 levers and loss head", t0, state.rank)
-    ds_engine, *_ = deepspeed.initialize(model=module, model_parameters=trainable_parameters(module),
-                                         config=ds_config)
-    _build_stage("9/9 deepspeed.initialize", t0, state.rank)
-    return LongCtxEngine(cfg, ds_engine, module, state, attn, ds_config, device, placement)
+    head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
+    return Levers(attn, placement, head, decoder_layers(model))

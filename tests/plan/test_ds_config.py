@@ -1,7 +1,7 @@
 """The DeepSpeed JSON is a pure function of the run config."""
 
 from ds_longctx.config import RunConfig
-from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.plan.ds_config import build_ds_config, hf_trainer_ds_config
 
 
 def test_batch_math_and_precision():
@@ -20,3 +20,10 @@ def test_offload_blocks():
     assert "torch_adam" not in gpu["optimizer"]["params"]
     # on CPU the checkpoints are already in host memory (and DeepSpeed's CPU->CPU copy path crashes)
     assert build_ds_config(cfg, world_size=2, on_gpu=False)["activation_checkpointing"]["cpu_checkpointing"] is False
+
+
+def test_hf_trainer_config_is_the_same_json_less_train_batch_size():
+    """The HF Trainer checks train_batch_size against world x micro (no SP); DeepSpeed derives micro x world / sp."""
+    cfg = RunConfig(sp_size=2, micro_batch=1, seq_len=256, warmup_steps=3)
+    ds, trainer = build_ds_config(cfg, 8, True), hf_trainer_ds_config(cfg, 8, True)
+    assert "train_batch_size" not in trainer and trainer == {k: v for k, v in ds.items() if k != "train_batch_size"}

@@ -1,0 +1,122 @@
+"""Rows for the HF Trainer under sequence parallelism: every rank of an SP group reads the same rows, the dp replicas
+read different ones, in `ds-longctx train`'s order; and the run's own token rows as a `datasets.Dataset`.
+
+    dataset = rows_dataset(cfg)                              # data/: files -> rows of seq_len (concat, pack, document)
+    loader = train_loader(dataset, collate, state, micro_batch, seed, shuffle)
+    loader = eval_loader(dataset, collate, state, batch_size)
+
+Dimension legend: b micro batch, L seq_len, R rows, dp data-parallel replicas (world / sp).
+
+Why not the Trainer's own loaders: `accelerator.prepare` shards a loader over all W processes, so the two ranks of
+an SP group would read different rows (their slices would belong to different sequences) and the Trainer would
+count sp times the steps of an epoch. These loaders are not prepared: batches stay on the host until the Trainer's
+`_prepare_inputs` moves them, and len(train loader) is one dp replica's steps in an epoch (R // (dp * b)), what the
+Trainer counts epochs and max_steps by. Train order: step s of replica r reads the rows of samples
+`data.rows.step_samples(s, b, r, dp)` through `data.rows.RowOrder` (seeded per epoch): the rows `ds-longctx train`
+reads at step s. A Trainer epoch is R // (dp * b) steps of that one sample stream, so the order carries on across
+epochs as `ds-longctx train`'s does. Eval: every row once per dp replica group (torch's DistributedSampler over dp,
+the last rows repeated to even the replicas out).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ds_longctx.data.rows import RowOrder, filled_row, step_samples
+
+ROWS_TAG = "ds_longctx token rows"  # DatasetInfo.description of `rows_dataset`'s datasets
+ROW_COLUMNS = ("input_ids", "position_ids", "labels")
+
+
+class StepSampler(Sampler):
+    """Row indices of one dp replica, step after step, in `ds-longctx train`'s order (module docstring)."""
+
+    def __init__(self, n_rows: int, micro_batch: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool):
+        self.order = RowOrder(n_rows, seed, shuffle)
+        self.micro_batch, self.dp_rank, self.dp_size = micro_batch, dp_rank, dp_size
+        self.steps_per_epoch = n_rows // (dp_size * micro_batch)
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch={micro_batch}); "
+                             f"add data, lower seq_len, or lower micro_batch")
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch * self.micro_batch
+
+    def __iter__(self):
+        first = self.epoch * self.steps_per_epoch
+        for step in range(first, first + self.steps_per_epoch):
+            for i in step_samples(step, self.micro_batch, self.dp_rank, self.dp_size):
+                yield self.order.row_of_sample(i)
+
+
+class EpochLoader(DataLoader):
+    """A DataLoader whose `set_epoch` (which the Trainer calls on its loader each epoch) reaches the sampler."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def _loader_kwargs(num_workers: int) -> dict:
+    return {"num_workers": num_workers, "pin_memory": torch.cuda.is_available()}
+
+
+def train_loader(dataset, collate, state, micro_batch: int, seed: int, shuffle: bool,
+                 num_workers: int = 0) -> EpochLoader:
+    """Batches `[b, L]` of this rank's dp replica (the same on every rank of its SP group)."""
+    sampler = StepSampler(len(dataset), micro_batch, state.dp_rank, state.dp_size, seed, shuffle)
+    return EpochLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate,
+                       **_loader_kwargs(num_workers))
+
+
+def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) -> DataLoader:
+    """Every row once per dp replica group, in order; SP peers read the same batches."""
+    from torch.utils.data import DistributedSampler
+    sampler = DistributedSampler(dataset, num_replicas=state.dp_size, rank=state.dp_rank, shuffle=False)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                      **_loader_kwargs(num_workers))
+
+
+def collate_rows(examples: list) -> dict:
+    """Rows (dicts of 1-D token tensors of one length L) -> a batch of int64 `[b, L]` tensors, column by column."""
+    return {k: torch.stack([torch.as_tensor(e[k]) for e in examples]).long() for k in ROW_COLUMNS if k in examples[0]}
+
+
+def is_rows_dataset(dataset) -> bool:
+    """Whether `dataset` came from `rows_dataset` (its rows go through `collate_rows`, not the trainer's collator)."""
+    return getattr(getattr(dataset, "info", None), "description", None) == ROWS_TAG
+
+
+def token_rows_dataset(rows):
+    """A `data.TokenRows` as a `datasets.Dataset` (int32 columns, torch format), row j = rows.row(j): `input_ids`,
+    and for the pack layout also `position_ids` (restarting per document) and `labels` (padding ignored). The rows are
+    held in memory (4 bytes per token)."""
+    import datasets
+    import numpy as np
+    packed = rows.layout == "pack"
+    cols = {k: [] for k in (ROW_COLUMNS if packed else ROW_COLUMNS[:1])}
+    for j in range(rows.n_rows):
+        row = filled_row(*rows.row(j)) if packed else rows.row(j)
+        for k, t in zip(cols, row):
+            cols[k].append(t.numpy().astype(np.int32))
+    return datasets.Dataset.from_dict(cols, info=datasets.DatasetInfo(description=ROWS_TAG)).with_format("torch")
+
+
+def rows_dataset(cfg, hf_config=None):
+    """The token rows `ds-longctx train` reads for run config `cfg` (`data.build_data`: tokenized on rank 0 first into
+    the cache, then read by the others), as a `datasets.Dataset` (`token_rows_dataset`). Call after
+    `hf_trainer.training_args` (the process group exists then)."""
+    import torch.distributed as dist
+
+    from ds_longctx.data import build_data
+    from ds_longctx.run.model import load_hf_config
+    from ds_longctx.run.train import rank0_first
+    hf = hf_config if hf_config is not None else load_hf_config(cfg.model.name)
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    rows = rank0_first(lambda: build_data(cfg, hf, world // cfg.parallel.sp_size), rank)
+    return token_rows_dataset(rows)

@@ -1,0 +1,63 @@
+"""Worker for test_hf_trainer.py: 2 steps of a plain `transformers.Trainer` or TRL's `SFTTrainer` through
+`ds_longctx.integrations.hf_trainer`, on the token rows `ds-longctx train` reads for the same run-config options;
+evaluates the first step's rows before training (`eval_on_start`); rank 0 writes what the test compares.
+
+    torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py --trainer trainer|sft --out FILE \\
+        -- <run-config options as for ds-longctx train>
+
+FILE (JSON): global_step, log_history, the DeepSpeed engine's train_batch_size, len(train loader), the rows, whether
+the ranks of each SP group read the same first batch, and how many documents the Ulysses attention kept apart in the
+last step's row.
+"""
+
+import argparse
+import json
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trainer", choices=["trainer", "sft"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("run", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
+
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data.rows import RowOrder, step_samples
+    from ds_longctx.integrations import hf_trainer as longctx
+
+    cfg = RunConfig.from_cli([x for x in a.run if x != "--"])
+    extra = dict(report_to="none", logging_steps=1, eval_on_start=True, eval_strategy="no", save_strategy="no")
+    if a.trainer == "sft":
+        from trl import SFTConfig, SFTTrainer
+        cls, args = SFTTrainer, longctx.training_args(cfg, SFTConfig, **extra)
+        kw = {"processing_class": AutoTokenizer.from_pretrained(cfg.data.tokenizer)}
+    else:
+        cls, args, kw = Trainer, longctx.training_args(cfg, TrainingArguments, **extra), {}
+    model = longctx.build_model(cfg)
+    train = longctx.rows_dataset(cfg)
+    dp = dist.get_world_size() // cfg.parallel.sp_size
+    order = RowOrder(len(train), cfg.train.seed, cfg.data.shuffle)
+    first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, cfg.train.micro_batch, r, dp)]
+    trainer = longctx.trainer(cls, cfg, model=model, args=args, train_dataset=train, eval_dataset=train.select(first),
+                              **kw)
+    trainer.train()
+
+    st, cu = trainer.longctx_state, trainer.longctx.attn.cu_seqlens  # the documents of step 2's row
+    loader = trainer.get_train_dataloader()
+    batch = next(iter(loader))["input_ids"]
+    peers = [torch.empty_like(batch) for _ in range(st.sp_size)]
+    dist.all_gather(peers, batch, group=st.sp_group)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump({"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,
+                       "train_batch_size": trainer.model_wrapped.train_batch_size(), "steps_per_epoch": len(loader),
+                       "sp_peers_same": all(torch.equal(p, batch) for p in peers), "dp": st.dp_size,
+                       "n_rows": len(train), "documents": 1 if cu is None else len(cu) - 1}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""hf_data.py on CPU, one process: the HF Trainer's loaders read, step by step, the rows `ds-longctx train` reads
+(`TokenRows.get`, the reference), the same rows on every SP rank of a replica and different rows on the dp replicas,
+across epochs too; eval reads every row once per replica group; `token_rows_dataset` holds `TokenRows.row`."""
+
+import pytest
+import torch
+
+from ds_longctx.config import RunConfig
+from ds_longctx.data import build_data
+from ds_longctx.integrations.hf_data import (collate_rows, eval_loader, is_rows_dataset, token_rows_dataset,
+                                             train_loader)
+from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.run.model import load_hf_config
+from tests.helpers import documents, make_tokenizer, write_jsonl
+
+L = 32
+
+
+@pytest.fixture(scope="module", params=["concat", "pack"])
+def rows(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_data")
+    cfg = RunConfig(data=str(write_jsonl(d / "c.jsonl", documents(40, min_words=3, max_words=50))),
+                    tokenizer=str(make_tokenizer(d / "tok")), seq_len=L, data_cache_dir=str(d / "cache"), seed=3,
+                    data_layout=request.param)
+    return build_data(cfg, load_hf_config("qwen3-tiny"), 2)
+
+
+def rank(sp_rank: int, dp_rank: int, sp: int = 2, dp: int = 2) -> ParallelState:
+    """The ParallelState of one rank of a world sp x dp (no process groups: the loaders read only the ranks)."""
+    return ParallelState(world_size=sp * dp, rank=dp_rank * sp + sp_rank, sp_size=sp, sp_rank=sp_rank, dp_size=dp,
+                         dp_rank=dp_rank)
+
+
+def batches(loader, n: int) -> list:
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def test_token_rows_dataset_holds_the_rows(rows):
+    ds = token_rows_dataset(rows)
+    assert is_rows_dataset(ds) and is_rows_dataset(ds.select([0, 1])) and len(ds) == rows.n_rows
+    batch = collate_rows([ds[0], ds[1]])
+    assert batch["input_ids"].dtype == torch.int64 and batch["input_ids"].shape == (2, L)
+    ref = rows.get(0, 2, 0, 1)  # samples 0 and 1, in the run's order
+    order = [rows.row_of_sample(0), rows.row_of_sample(1)]
+    got = collate_rows([ds[j] for j in order])
+    assert torch.equal(got["input_ids"], ref.input_ids)
+    if rows.layout == "pack":
+        assert torch.equal(got["position_ids"], ref.position_ids) and torch.equal(got["labels"], ref.labels)
+    else:
+        assert set(got) == {"input_ids"}
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_train_loader_reads_ds_longctx_trains_rows(rows, micro_batch):
+    ds = token_rows_dataset(rows)
+    per_epoch = rows.n_rows // (2 * micro_batch)
+
+    def loader(sp_rank, dp_rank):
+        return train_loader(ds, collate_rows, rank(sp_rank, dp_rank), micro_batch, seed=3, shuffle=True)
+
+    for dp_rank in (0, 1):
+        first, peer = loader(0, dp_rank), loader(1, dp_rank)
+        assert len(first) == per_epoch  # steps of one replica in an epoch: rows / (dp x micro_batch), never x sp
+        got, got_peer = batches(first, per_epoch), batches(peer, per_epoch)
+        for step in range(per_epoch):
+            ref = rows.get(step, micro_batch, dp_rank, 2)
+            assert torch.equal(got[step]["input_ids"], ref.input_ids)
+            assert torch.equal(got_peer[step]["input_ids"], got[step]["input_ids"])  # SP peers: the same rows
+        other = batches(loader(0, 1 - dp_rank), per_epoch)
+        assert all(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(got, other))  # replicas differ
+    # the next Trainer epoch continues the same sample stream (across the data's own epoch boundary)
+    nxt = loader(0, 1)
+    nxt.set_epoch(1)
+    for step, batch in enumerate(batches(nxt, per_epoch), start=per_epoch):
+        assert torch.equal(batch["input_ids"], rows.get(step, micro_batch, 1, 2).input_ids)
+
+
+def test_eval_loader_reads_every_row_once_per_replica_group(rows):
+    ds = token_rows_dataset(rows).select(range(5))
+    seen = []
+    for dp_rank in (0, 1):
+        a = [b["input_ids"] for b in eval_loader(ds, collate_rows, rank(0, dp_rank), 1)]
+        b = [b["input_ids"] for b in eval_loader(ds, collate_rows, rank(1, dp_rank), 1)]
+        assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b))  # SP peers: the same rows
+        seen += a
+    want = [ds[j]["input_ids"].long() for j in range(5)]
+    assert all(any(torch.equal(w, s[0]) for s in seen) for w in want)  # 5 rows over 2 replicas, one repeated

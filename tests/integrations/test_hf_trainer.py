@@ -1,0 +1,59 @@
+"""hf_trainer.py without processes: the TrainingArguments it builds agree with the run's DeepSpeed JSON field by
+field (what transformers checks them against), a clashing value is refused with the key to change, and importing
+the module imports no torch. The trainers themselves: tests/distributed/test_hf_trainer.py."""
+
+import subprocess
+import sys
+
+import pytest
+from transformers import TrainingArguments
+
+from ds_longctx.config import RunConfig
+from ds_longctx.integrations.hf_trainer import training_kwargs
+from ds_longctx.plan.ds_config import hf_trainer_ds_config
+from tests.helpers import ROOT, cpu_env
+
+
+def kwargs_for(cfg, args_cls=TrainingArguments, **user):
+    return training_kwargs(cfg, hf_trainer_ds_config(cfg, world_size=4, on_gpu=False), args_cls, user)
+
+
+def test_fields_match_the_deepspeed_json():
+    cfg = RunConfig(sp_size=2, lr=3e-4, weight_decay=0.1, grad_clip=0.5, warmup_steps=7, steps=11, seed=5,
+                    micro_batch=1, output_dir="runs/x", save_every=4)
+    kw = kwargs_for(cfg, report_to="none")
+    ds, opt = kw["deepspeed"], kw["deepspeed"]["optimizer"]["params"]
+    assert "train_batch_size" not in ds and ds["sequence_parallel_size"] == 2
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (
+        ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert (kw["learning_rate"], kw["weight_decay"], [kw["adam_beta1"], kw["adam_beta2"]], kw["adam_epsilon"]) == (
+        opt["lr"], opt["weight_decay"], opt["betas"], opt["eps"])
+    assert kw["max_grad_norm"] == ds["gradient_clipping"] == 0.5
+    assert kw["warmup_steps"] == ds["scheduler"]["params"]["warmup_num_steps"] == 7
+    assert kw["bf16"] is ds["bf16"]["enabled"] is False and kw["fp16"] is False
+    assert (kw["max_steps"], kw["seed"], kw["output_dir"], kw["save_steps"]) == (11, 5, "runs/x", 4)
+    assert kw["gradient_checkpointing"] is False and kw["accelerator_config"] == {"use_configured_state": True}
+    assert kw["report_to"] == "none" and "max_length" not in kw
+
+
+def test_a_clashing_value_is_refused_naming_the_run_config_key():
+    cfg = RunConfig(lr=1e-4)
+    with pytest.raises(ValueError, match=r"learning_rate=0\.001 \(the run config says 0\.0001; change optimizer\.lr\)"):
+        kwargs_for(cfg, learning_rate=1e-3)
+    with pytest.raises(ValueError, match="gradient_checkpointing=True"):
+        kwargs_for(cfg, gradient_checkpointing=True)
+    assert kwargs_for(cfg, learning_rate=1e-4)["learning_rate"] == 1e-4  # the same value is fine
+
+
+def test_sft_config_gets_the_rows_length_and_skips_trls_preparation():
+    trl = pytest.importorskip("trl")
+    cfg = RunConfig(seq_len=4096)
+    kw = kwargs_for(cfg, trl.SFTConfig)
+    assert kw["max_length"] == 4096 and kw["dataset_kwargs"] == {"skip_prepare_dataset": True}
+    assert kwargs_for(cfg, trl.SFTConfig, dataset_kwargs={})["dataset_kwargs"] == {}  # TRL tokenizes text itself
+
+
+def test_import_is_torch_free():
+    code = "import sys, ds_longctx.integrations.hf_trainer; assert 'torch' not in sys.modules, 'torch imported'"
+    res = subprocess.run([sys.executable, "-c", code], env=cpu_env(), cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
