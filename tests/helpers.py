@@ -37,8 +37,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def read_metrics(output_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:
+    """The JSON lines of `output_dir`/metrics.jsonl (or of another file there: eval_curve.jsonl)."""
+    return [json.loads(l) for l in (Path(output_dir) / name).read_text().splitlines() if l.strip()]
 
 
 # ----------------------------------------------------------------------------- numerics
