@@ -8,6 +8,11 @@ from pydantic import Field, field_validator, model_validator
 
 from ds_longctx.config.base import Section
 
+# the lowest value of each count, and what it counts (the refusal names both)
+_LOWEST = {"every": (0, "steps between evaluations; 0: after the last step only"),
+           "rows": (1, "held-out rows per evaluation, e.g. eval_rows: 8; to turn evaluation off drop eval_data"),
+           "buckets": (1, "position buckets of the loss curve, e.g. eval_buckets: 32")}
+
 
 class EvalConfig(Section):
     """Held-out evaluation: which rows, how often, and the buckets of the per-position loss curve."""
@@ -24,26 +29,12 @@ class EvalConfig(Section):
     """Position buckets of the per-position loss curve (eval_curve.jsonl): equal spans of the sequence, at most
     seq_len."""
 
-    @field_validator("every")
+    @field_validator("every", "rows", "buckets")
     @classmethod
-    def _every(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"eval_every={v} must be >= 0 (steps between evaluations; 0: after the last step only)")
-        return v
-
-    @field_validator("rows")
-    @classmethod
-    def _rows(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"eval_rows={v} must be >= 1 (held-out rows per evaluation), e.g. eval_rows: 8; to "
-                             f"turn evaluation off drop eval_data")
-        return v
-
-    @field_validator("buckets")
-    @classmethod
-    def _buckets(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"eval_buckets={v} must be >= 1 (position buckets of the loss curve), e.g. 32")
+    def _at_least(cls, v: int, info) -> int:
+        low, what = _LOWEST[info.field_name]
+        if v < low:
+            raise ValueError(f"eval_{info.field_name}={v} must be >= {low} ({what})")
         return v
 
     @model_validator(mode="after")
