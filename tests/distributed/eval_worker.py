@@ -1,6 +1,6 @@
 """Worker for test_eval.py: build the engine, evaluate held-out synthetic rows, rank 0 saves what it saw.
 
-torchrun --nproc_per_node N tests/distributed/eval_worker.py --sp 2 --rows 3 --out result.pt [--memory]
+torchrun --nproc_per_node N tests/distributed/eval_worker.py --sp 2 --rows 3 --out result.pt [--memory] [--set k=v]
 
 Saves the EvalResult's fields, the eval rows' input_ids and labels (from the same `eval_batches` the engine
 read), the model's training flag after evaluating, the number of tensors autograd saved for a backward during the
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--micro_batch", type=int, default=1)
     ap.add_argument("--buckets", type=int, default=8)
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -46,9 +47,11 @@ def main():
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.evaluate import eval_batches, evaluate
 
-    cfg = RunConfig(model="qwen3-tiny", seq_len=a.length, sp_size=a.sp, dtype="fp32", seed=0,
-                    micro_batch=a.micro_batch, eval_data="synthetic", eval_rows=a.rows, eval_buckets=a.buckets,
-                    loss_chunk_rows=16)
+    import yaml
+    overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
+    cfg = RunConfig(**{"model": "qwen3-tiny", "seq_len": a.length, "sp_size": a.sp, "dtype": "fp32", "seed": 0,
+                       "micro_batch": a.micro_batch, "eval_data": "synthetic", "eval_rows": a.rows,
+                       "eval_buckets": a.buckets, "loss_chunk_rows": 16, **overrides})
     eng = build_engine(cfg)
     st = eng.state
     held = build_eval_data(cfg, eng.model.config)

@@ -17,12 +17,17 @@ TOL = 1e-5
 BUCKETS = 6  # 64 positions in 6 buckets: spans of 10 and 11, edges not multiples of the SP slice (32)
 
 
-def evaluate(tmp_path, nproc, sp, rows=3, micro_batch=1, length=64, memory=False):
-    out = tmp_path / f"eval_{nproc}_{sp}_{micro_batch}_{memory}.pt"
+def evaluate(tmp_path, nproc, sp, rows=3, micro_batch=1, length=64, memory=False, levers=()):
+    out = tmp_path / f"eval_{nproc}_{sp}_{micro_batch}_{memory}_{len(levers)}.pt"
     torchrun(nproc, ["tests/distributed/eval_worker.py", "--sp", str(sp), "--rows", str(rows), "--length",
                      str(length), "--micro_batch", str(micro_batch), "--buckets", str(BUCKETS), "--out", str(out),
-                     *(["--memory"] if memory else [])])
+                     *(["--memory"] if memory else []), *(x for kv in levers for x in ("--set", kv))])
     return torch.load(out)
+
+
+# every lever whose layers act differently in training: offloaded checkpoint, cached attention, tiled MLP, plain CE
+LEVERS = ("activation_offload=true", "offload_layers=1", "attention_cache_layers=1", "tiled_mlp=true",
+          "tile_tokens=7", "chunked_loss=false")
 
 
 def reference(input_ids, labels, buckets):
@@ -50,12 +55,12 @@ def sp1(tmp_path_factory):
     return evaluate(tmp_path_factory.mktemp("sp1"), 1, 1)
 
 
-@pytest.mark.parametrize("nproc,sp,micro_batch", [(1, 1, 1), (2, 2, 2), (2, 1, 1)],
-                         ids=["sp1", "sp2_micro_batch2", "dp2_row_left_over"])
-def test_eval_loss_and_curve_equal_sp1_and_plain_hf(tmp_path, sp1, nproc, sp, micro_batch):
-    got = sp1 if nproc == 1 else evaluate(tmp_path, nproc, sp, micro_batch=micro_batch)
-    # 3 rows: SP=2 with micro_batch 2 and dp=2 each run one more, every label ignored
-    assert got["input_ids"].shape[0] == (3 if nproc == 1 else 4)
+@pytest.mark.parametrize("nproc,sp,micro_batch,levers", [(1, 1, 1, ()), (2, 2, 2, ()), (2, 1, 1, ()), (2, 2, 1, LEVERS)],
+                         ids=["sp1", "sp2_micro_batch2", "dp2_row_left_over", "sp2_every_lever"])
+def test_eval_loss_and_curve_equal_sp1_and_plain_hf(tmp_path, sp1, nproc, sp, micro_batch, levers):
+    got = sp1 if nproc == 1 else evaluate(tmp_path, nproc, sp, micro_batch=micro_batch, levers=levers)
+    per_batch = nproc // sp * micro_batch  # rows per eval batch over all replicas: 3 rows become 4 with 2 a batch,
+    assert got["input_ids"].shape[0] == -(-3 // per_batch) * per_batch  # the last one with every label ignored
     loss, curve, counts = reference(got["input_ids"], got["labels"], BUCKETS)
     assert got["edges"] == [math.ceil(k * 64 / BUCKETS) for k in range(BUCKETS + 1)]
     assert got["tokens"] == 3 * 63 and got["bucket_tokens"] == counts
@@ -81,39 +86,48 @@ def test_eval_peak_does_not_grow_with_rows(tmp_path):
 EVAL = ["--eval_data", "synthetic", "--eval_rows", "3", "--eval_buckets", "4"]
 
 
+def train(out, extra=()):
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "64", "--steps",
+                   "3", "--dtype", "fp32", "--lr", "1e-3", "--save_every", "2", *extra, "--output_dir", str(out)],
+                  output_dir=out)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res.stderr
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """2 steps of `ds-longctx train` (SP=2) with an evaluation every 2 steps and a checkpoint at step 2."""
+    """3 steps of `ds-longctx train` (SP=2) with an evaluation after every step and checkpoints at steps 2 and 3."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "64", "--steps",
-                   "2", "--dtype", "fp32", "--lr", "1e-3", "--save_every", "2", *EVAL, "--eval_every", "2",
-                   "--output_dir", str(out)])
-    assert res.returncode == 0, res.stderr[-4000:]
-    return out, res.stderr
+    return out, train(out, [*EVAL, "--eval_every", "1"])
 
 
-def test_train_writes_eval_lines_curve_and_progress_bar(trained):
+def test_train_writes_eval_lines_curve_and_progress_bar(trained, tmp_path):
     out, log = trained
     rows = read_metrics(out)
-    train, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
-    assert [r["step"] for r in train] == [1, 2] and "eval_loss" not in train[0]
-    assert [(r["step"], r["eval_tokens"], r["eval_rows"]) for r in evals] == [(2, 3 * 63, 3)]
+    train_rows, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+    assert [r["step"] for r in rows] == [1, 1, 2, 2, 3, 3] and "eval_loss" not in train_rows[0]
+    assert [(r["step"], r["eval_tokens"], r["eval_rows"]) for r in evals] == [(s, 3 * 63, 3) for s in (1, 2, 3)]
     curve = read_metrics(out, "eval_curve.jsonl")
-    assert [c["step"] for c in curve] == [2] and curve[0]["edges"] == [0, 16, 32, 48, 64]
-    mean = sum(c * n for c, n in zip(curve[0]["loss"], curve[0]["tokens"])) / 189
-    assert mean == pytest.approx(evals[0]["eval_loss"])
-    assert f"eval={evals[0]['eval_loss']:.4f}" in log
+    assert [c["step"] for c in curve] == [1, 2, 3] and curve[0]["edges"] == [0, 16, 32, 48, 64]
+    mean = sum(c * n for c, n in zip(curve[2]["loss"], curve[2]["tokens"])) / 189
+    assert mean == pytest.approx(evals[2]["eval_loss"])
+    assert evals[2]["eval_loss"] < evals[0]["eval_loss"]  # the rows are held out, the model learns the format
+    assert f"eval={evals[2]['eval_loss']:.4f}" in log
+    # evaluating changes nothing in training: the same run without eval has bit-identical losses
+    train(tmp_path / "no_eval")
+    assert [r["loss"] for r in read_metrics(tmp_path / "no_eval")] == [r["loss"] for r in train_rows]
 
 
 def test_ds_longctx_eval_of_the_checkpoint_gives_the_in_training_eval(trained, tmp_path):
     out, _ = trained
-    res = run_cli(["eval", "--checkpoint", str(out), "--data", "synthetic", "--out", str(tmp_path)], timeout=300)
+    res = run_cli(["eval", "--checkpoint", str(out), "--tag", "step2", "--data", "synthetic", "--out", str(tmp_path)],
+                  timeout=300, output_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
-    (trained_eval,) = [r for r in read_metrics(out) if "eval_loss" in r]
+    (trained_eval,) = [r for r in read_metrics(out) if "eval_loss" in r and r["step"] == 2]
     (line,) = read_metrics(tmp_path)
     assert line["step"] == 2 and line["checkpoint"].endswith("step2") and line["eval_tokens"] == 189
     assert rel_err(line["eval_loss"], trained_eval["eval_loss"]) <= 1e-6, (line, trained_eval)
-    (curve,), (trained_curve,) = read_metrics(tmp_path, "eval_curve.jsonl"), read_metrics(out, "eval_curve.jsonl")
+    (curve,), trained_curve = read_metrics(tmp_path, "eval_curve.jsonl"), read_metrics(out, "eval_curve.jsonl")[1]
     assert rel_err(curve["loss"], trained_curve["loss"]) <= 1e-6
     assert f"eval_loss {line['eval_loss']:.6f}" in res.stdout
 
