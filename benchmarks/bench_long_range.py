@@ -8,9 +8,10 @@ The task is `data.SyntheticRetrieval` with fused pairs: `BOS p1 .. p8 <filler> S
 single token binding one of 8 keys to one of 16 values, the pairs in the first and the queries in the last 5%
 of the sequence (`min_distance` >= 0.9 * seq_len; at 256 tokens the closest pair is 237 tokens back). The loss
 is on the query values only; `--then_all N` continues N steps on every next token. Accuracy is the argmax of
-the engine's logits (tests/distributed/export_worker.sp_logits: the SP forward, gathered) at each query's key against the
-value bound to that key, on held-out samples (the task's `held_out()` stream). Baselines: chance 1 / num_values,
-and 1 / num_pairs (answering one of the values present in the sequence, which needs no key matching).
+the engine's logits (tests/distributed/export_worker.sp_logits: the SP forward, gathered) at each query's key
+against the value bound to that key, on held-out samples (the task's `held_out()` stream). Baselines: chance
+1 / num_values, and 1 / num_pairs (answering one of the values present in the sequence, which needs no key
+matching).
 
 The per-position loss curve (run/evaluate.py: `engine.eval_batch` under SP, forward only) of `--eval_rows`
 held-out rows in `--eval_buckets` position buckets, every next token labelled, before training (step 0) and at
@@ -126,7 +127,8 @@ def worker(a) -> None:
             acc = accuracy(engine, held, a.eval_samples)
             curve.append(curve_row(step + 1))
             evals.append({"step": step + 1, "labels": labelled, "loss": res.loss, "eval_loss": curve[-1]["eval_loss"],
-                          "value_loss": curve[-1]["value_loss"], "accuracy": acc, "seconds": round(time.time() - t0, 1)})
+                          "value_loss": curve[-1]["value_loss"], "accuracy": acc,
+                          "seconds": round(time.time() - t0, 1)})
             if rank0:
                 print(json.dumps(evals[-1]), flush=True)
     if rank0:

@@ -48,11 +48,12 @@ class EvalResult:
     bucket_loss: list                   # [B] mean CE per bucket, None where a bucket has no supervised token
     bucket_tokens: list                 # [B] supervised tokens per bucket
     seconds: float
+    peak_gpu_bytes: int = 0             # this rank's max_memory_allocated during the evaluation (0 without CUDA)
 
     def metrics_row(self, step: int, **extra) -> dict:
         """The metrics.jsonl line of this evaluation (train lines have `loss`, eval lines `eval_loss`)."""
         return {"step": step, "eval_loss": self.loss, "eval_tokens": self.tokens, "eval_rows": self.rows,
-                "eval_seconds": round(self.seconds, 4), **extra}
+                "eval_seconds": round(self.seconds, 4), "eval_peak_gpu_bytes": self.peak_gpu_bytes, **extra}
 
     def curve_row(self, step: int, **extra) -> dict:
         """The eval_curve.jsonl line: bucket edges, mean loss and supervised tokens per bucket."""
@@ -85,6 +86,8 @@ def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
     import torch
     import torch.distributed as dist
     t0 = time.perf_counter()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     st = engine.state
     sums = torch.zeros(2, buckets, dtype=torch.float64, device=engine.device)  # [loss sum, tokens] x [B]
     length: Optional[int] = None
@@ -103,7 +106,8 @@ def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
     total, n = sum(loss_sums), int(sum(counts))
     return EvalResult(loss=total / n if n else float("nan"), tokens=n, rows=rows, edges=bucket_edges(length, buckets),
                       bucket_loss=[s / c if c else None for s, c in zip(loss_sums, counts)],
-                      bucket_tokens=[int(c) for c in counts], seconds=time.perf_counter() - t0)
+                      bucket_tokens=[int(c) for c in counts], seconds=time.perf_counter() - t0,
+                      peak_gpu_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0)
 
 
 def append_jsonl(path: Path, row: dict) -> None:

@@ -55,7 +55,8 @@ def sp1(tmp_path_factory):
     return evaluate(tmp_path_factory.mktemp("sp1"), 1, 1)
 
 
-@pytest.mark.parametrize("nproc,sp,micro_batch,levers", [(1, 1, 1, ()), (2, 2, 2, ()), (2, 1, 1, ()), (2, 2, 1, LEVERS)],
+@pytest.mark.parametrize("nproc,sp,micro_batch,levers",
+                         [(1, 1, 1, ()), (2, 2, 2, ()), (2, 1, 1, ()), (2, 2, 1, LEVERS)],
                          ids=["sp1", "sp2_micro_batch2", "dp2_row_left_over", "sp2_every_lever"])
 def test_eval_loss_and_curve_equal_sp1_and_plain_hf(tmp_path, sp1, nproc, sp, micro_batch, levers):
     got = sp1 if nproc == 1 else evaluate(tmp_path, nproc, sp, micro_batch=micro_batch, levers=levers)
