@@ -4,6 +4,7 @@
     ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
     ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
+    ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_args(nproc: int, run_args: list[str]) -> list[str]:
-    """torchrun's arguments that start `nproc` local training processes (`python -m torch.distributed.run ARGS`)."""
+def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> list[str]:
+    """torchrun's arguments that start `nproc` local processes of `module` (`python -m torch.distributed.run ARGS`)."""
     return ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-            "-m", "ds_longctx.train", *run_args]
+            "-m", module, *run_args]
 
 
 def precheck(nproc: int, run_args: list[str]):
@@ -61,23 +62,45 @@ def precheck(nproc: int, run_args: list[str]):
 
 
 def run_train(nproc: int, run_args: list[str]) -> int:
-    """Start `nproc` local workers under torchrun's agent (in this process). A worker's refusal (exit 2, its line
-    recorded through $DS_LONGCTX_REFUSAL_FILE) ends this with exit 2 and that line printed last; another failure
-    with torchrun's one-paragraph summary and its exit code, without this process's traceback."""
-    import tempfile
-
-    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, REFUSED, recorded_refusal
+    """Check the run here (`precheck`), then start `nproc` local training workers (`launch`)."""
+    from ds_longctx.run.refuse import REFUSED
     if nproc < 1:
         print(f"--nproc {nproc}: need at least 1 process", file=sys.stderr)
         return REFUSED
     precheck(nproc, run_args)
+    return launch(nproc, run_args, "ds_longctx.train")
+
+
+def run_eval(argv: list[str]) -> int:
+    """`ds-longctx eval`: check everything here (run/eval_checkpoint.resolve: exit 2 on bad input), then start the
+    checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
+    from ds_longctx.run.eval_checkpoint import args_parser, resolve
+    from ds_longctx.run.refuse import REFUSED, refuse
+    nproc = args_parser().parse_known_args(argv)[0].nproc
+    if nproc is not None and nproc < 1:
+        print(f"--nproc {nproc}: need at least 1 process", file=sys.stderr)
+        return REFUSED
+    try:
+        _, _, _, meta, _ = resolve(argv, nproc)
+    except ValueError as e:
+        refuse(f"refused before start: {e}")
+    return launch(meta["run"]["world_size"], argv, "ds_longctx.eval")
+
+
+def launch(nproc: int, args: list[str], module: str) -> int:
+    """Start `nproc` local workers of `module` under torchrun's agent (in this process): a worker's refusal
+    (exit 2, its line recorded through $DS_LONGCTX_REFUSAL_FILE) ends this with exit 2 and that line printed last;
+    another failure with torchrun's one-paragraph summary and its exit code, without this process's traceback."""
+    import tempfile
+
+    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, REFUSED, recorded_refusal
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
     os.environ.update(_child_env())
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
         os.environ[REFUSAL_FILE_ENV] = refusal = os.path.join(tmp, "refusal.txt")
         try:
-            run(get_args_parser().parse_args(torchrun_args(nproc, run_args)))
+            run(get_args_parser().parse_args(torchrun_args(nproc, args, module)))
         except ChildFailedError as e:
             message = recorded_refusal(refusal)
             if message is not None:
@@ -92,8 +115,10 @@ def run_train(nproc: int, run_args: list[str]) -> int:
 
 
 def read_losses(output_dir: str) -> list[float]:
+    """The training losses of metrics.jsonl (its eval lines, if any, left out)."""
     path = Path(output_dir) / "metrics.jsonl"
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["loss"] for r in rows if "loss" in r]
 
 
 def run_demo(args) -> int:
@@ -134,11 +159,18 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] == "export":
         from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
+    if argv and argv[0] == "eval":  # its own options (ds-longctx eval -h); the rest go to the run config
+        if "-h" in argv or "--help" in argv:
+            from ds_longctx.run.eval_checkpoint import args_parser
+            args_parser().print_help()
+            sys.exit(0)
+        sys.exit(run_eval(argv[1:]))
     p = argparse.ArgumentParser(prog="ds-longctx", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
+    sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "
                        "config (--config FILE, --key value)", epilog=RunConfig.help_text(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,8 +38,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def read_metrics(output_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:
+    """The JSON lines of `output_dir`/metrics.jsonl (or of another file there: eval_curve.jsonl)."""
+    return [json.loads(l) for l in (Path(output_dir) / name).read_text().splitlines() if l.strip()]
 
 
 # ----------------------------------------------------------------------------- numerics
@@ -172,10 +174,20 @@ def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict 
         return [p.returncode for p in procs], [log.read_text() for log in logs]
 
 
-def run_cli(args: list[str], env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it."""
-    return subprocess.run([sys.executable, "-m", "ds_longctx.cli", *args], env=env or cpu_env(), capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout)
+def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
+            output_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it.
+
+    `output_dir`: the one directory the command writes. Given, a run that a worker's abort ended (the signature
+    `torchrun` retries on; seen again 2026-11-30 at the exit of 2-process `ds-longctx train` and `eval` runs, 3 of
+    16 under pytest while the shared 2-core box was busy, one with eval off; 0 of 29 outside pytest) is removed
+    and run once more."""
+    cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
+    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    if output_dir is not None and res.returncode and "terminate called without an active exception" in res.stderr:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return res
 
 
 def start(nproc: int, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:

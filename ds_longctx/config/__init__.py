@@ -3,7 +3,7 @@
     from ds_longctx.config import RunConfig
     cfg = RunConfig.load("run.yaml")          # or RunConfig.from_cli(argv), RunConfig(seq_len=4096, ...)
 
-Sections: model, train, data, parallel, kernels, memory, lora, optimizer, checkpoint, logging (`run.SECTIONS`).
+Sections: model, train, data, parallel, kernels, memory, lora, optimizer, checkpoint, logging, eval (`run.SECTIONS`).
 Keys are flat (`seq_len`), dotted (`train.seq_len`) or nested; `RunConfig.help_text()` documents every field.
 """
 

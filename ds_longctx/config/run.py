@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ds_longctx.config.checkpoint import CheckpointConfig
 from ds_longctx.config.data import DataConfig
+from ds_longctx.config.eval import EvalConfig
 from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.config.logs import LoggingConfig
 from ds_longctx.config.lora import LoraConfig
@@ -38,7 +39,7 @@ from ds_longctx.config.train import TrainConfig
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
             "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
-            "checkpoint": CheckpointConfig, "logging": LoggingConfig}
+            "checkpoint": CheckpointConfig, "logging": LoggingConfig, "eval": EvalConfig}
 LEGACY = ("activation_offload",)  # flat keys of older files, translated by `_fold_one`
 
 
@@ -145,6 +146,7 @@ class RunConfig(BaseModel):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -170,6 +172,9 @@ class RunConfig(BaseModel):
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
                              f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
                              f"tiled_mlp: false")
+        if self.eval.data is not None and self.eval.buckets > seq:
+            raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
+                             f"at least one; use eval_buckets <= {seq}")
         return self
 
     # ---------------------------------------------------------------- reading by key

@@ -6,6 +6,7 @@ long-range task, same interface); this file holds the entry points and the check
 
     data = build_data(cfg, hf_config, dp_size)          # TokenRows (files) or SyntheticRetrieval ("synthetic")
     batch = data.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
+    held = build_eval_data(cfg, hf_config)              # eval_data's rows, read the same way (None: no eval)
 
 Dimension legend: b micro batch, L seq_len, N documents, T tokens in the whole dataset, R rows.
 
@@ -43,7 +44,8 @@ from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, load_documents, resolve_source, sniff_files
 from ds_longctx.data.tokenize import eos_id, load_tokenizer, tokenize
 
-__all__ = ["Batch", "DataError", "TokenRows", "build_data", "check_data_source", "check_packing"]
+__all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
+           "check_eval_source", "check_packing", "eval_view"]
 
 
 def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
@@ -98,4 +100,33 @@ def build_data(cfg, hf_config, dp_size: int):
         raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} ({cfg.data.layout}) "
                         f"but one step needs {need} different rows (dp={dp_size} x micro_batch={cfg.train.micro_batch}); "
                         f"add data, lower seq_len, or lower micro_batch")
+    return rows
+
+
+# ----------------------------------------------------------------------------- held-out data (the eval section)
+def eval_view(cfg):
+    """`cfg` with eval_data as its data source: held-out files are read like the training data (tokenizer,
+    layout, fields, seed order)."""
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": cfg.eval.data})})
+
+
+def check_eval_source(cfg, vocab_size: int) -> None:
+    """`check_data_source` for eval_data (nothing to check without it)."""
+    if cfg.eval.data is not None:
+        check_data_source(eval_view(cfg), vocab_size)
+
+
+def build_eval_data(cfg, hf_config):
+    """The held-out rows of eval_data, or None without it: eval_data='synthetic' is the training task's
+    `held_out()` stream; a path gives `TokenRows` whose first eval_rows samples are the eval set (refused when
+    it has fewer rows)."""
+    if cfg.eval.data is None:
+        return None
+    rows = build_data(eval_view(cfg), hf_config, dp_size=1)
+    if cfg.eval.data == "synthetic":
+        return rows.held_out()
+    if rows.n_rows < cfg.eval.rows:
+        raise DataError(f"eval_data={cfg.eval.data!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
+                        f"({cfg.data.layout}), fewer than eval_rows={cfg.eval.rows}; lower eval_rows to "
+                        f"{rows.n_rows} or add held-out data")
     return rows

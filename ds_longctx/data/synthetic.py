@@ -2,13 +2,14 @@
 
     task = SyntheticRetrieval(seq_len, vocab_size, seed)        # what `data: synthetic` trains on
     batch = task.get(step, micro_batch, dp_rank, dp_size)      # data.Batch, same interface as data.TokenRows
+    held = task.held_out()                                      # what `eval_data: synthetic` evaluates on
 
 Used by the demo, the tests (tests/distributed/test_ulysses.py) and benchmarks/bench_long_range.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -17,6 +18,7 @@ from ds_longctx.data.rows import Batch
 from ds_longctx.parallel.sharding import IGNORE_INDEX
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3  # the task's special token ids
+HELD_OUT_SEED = 1_000_000  # seed shift of the held-out stream (`held_out`)
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,12 @@ class SyntheticRetrieval:
             pos = self.sample(first + i)[1]
             labels[i, pos] = ids[i, pos]
         return Batch(ids, labels=labels)
+
+    def held_out(self) -> "SyntheticRetrieval":
+        """The same task drawn from another seed stream (the run's eval rows): sample i is drawn from
+        (seed + HELD_OUT_SEED) * 1_000_003 + i, which a training run of this seed would reach only after ~10^12
+        samples."""
+        return replace(self, seed=self.seed + HELD_OUT_SEED)
 
     def signature(self) -> dict:
         return {"kind": "synthetic", "seq_len": self.seq_len, "seed": self.seed, "vocab_size": self.vocab_size}

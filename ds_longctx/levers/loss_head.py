@@ -2,6 +2,8 @@
 
     module = LossHead(model, state, chunked=True, chunk_rows=4096)   # what deepspeed.initialize wraps
     loss, group_loss, n_tokens = module(input_ids, position_ids, shift_labels)
+    with torch.no_grad():                                            # evaluation (engine.eval_batch)
+        token_loss = module(input_ids, position_ids, shift_labels, per_token=True)   # [b, s/sp] fp32
 
     route_forward(model, module)       # or the model itself is wrapped (the HF Trainer): its forward, given
     model(input_ids=..., position_ids=..., ds_longctx_shift_labels=...)   # these labels, runs the loss head
@@ -19,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, plain_cross_entropy
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.sharding import IGNORE_INDEX
 
@@ -40,15 +42,20 @@ class LMHeadLoss(nn.Module):
             import deepspeed
             deepspeed.zero.register_external_parameter(self, weight)
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+        """The CE sum (fp32, 0-dim); `per_token`: each row's CE [N] instead, forward only, chunked whatever
+        `chunked` says (no N x V logits, no gradients: evaluation)."""
         weight = self._lm_head[0].weight  # [V, H]
+        if per_token:
+            return per_token_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
         if self.chunked:
             return chunked_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
         return plain_cross_entropy(hidden, weight, labels)
 
 
 class LossHead(nn.Module):
-    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count).
+    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count), or with
+    `per_token=True` the slice's per-token CE [b, s/sp] (evaluation, under no_grad).
 
     The loss to backprop is sp * sum(CE on this slice) / tokens(whole SP group). DeepSpeed averages
     gradients over all W = sp * dp ranks, so the sp factor turns that average into the mean over the dp
@@ -62,9 +69,13 @@ class LossHead(nn.Module):
         self.state = state
         self.loss = LMHeadLoss(model.get_output_embeddings(), chunked, chunk_rows)
 
-    def forward(self, input_ids, position_ids, shift_labels):
+    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False):
         hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False).last_hidden_state  # [b, s/sp, H]
+        if per_token:  # evaluation: this slice's per-token CE, 0.0 where ignored; no SP reduction
+            with record_function("ds_longctx.loss"):
+                token_loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
+            return token_loss.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
         with record_function("ds_longctx.loss"):  # benchmarks/bench_profile.py attributes its kernels by this
             loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
         n_tokens = (shift_labels != IGNORE_INDEX).sum()

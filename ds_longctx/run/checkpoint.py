@@ -20,7 +20,8 @@ checkpoint, and the next save removes the leftover `.tmp-*`.
 Resume needs the same world size and sp_size: ZeRO-3 optimizer partitions are per rank, so another layout is
 refused (export to HF safetensors, then start a new run from the exported directory). It also needs the
 same model, data, seq_len, micro_batch, seed and dtype, so that the data order (a function of seed and step)
-and the optimizer state continue exactly.
+and the optimizer state continue exactly. `ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone
+(`load_weights`) under the same layout rule.
 """
 
 from __future__ import annotations
@@ -269,28 +270,43 @@ def load(engine, tag_dir: Path, meta: dict, data_signature: dict) -> int:
         raise CheckpointError(f"resume: the data changed since checkpoint {str(tag_dir)!r} (then {meta.get('data')}, "
                               f"now {data_signature}), so its order cannot continue; resume with the same data or "
                               f"start a new output_dir")
-    fix = "; it is corrupt: use an earlier tag (resume_tag) or start a new output_dir"
+    _load_states(engine, tag_dir, meta, "resume", "; it is corrupt: use an earlier tag (resume_tag) or start a new "
+                 "output_dir", resume=True)
+    log.info("resumed from %s at step %d", tag_dir, meta["step"])
+    return int(meta["step"])
+
+
+def load_weights(engine, tag_dir: Path, meta: dict) -> None:
+    """The weights of `tag_dir` for evaluation (`ds-longctx eval`): each rank's partition of the fp32 master
+    weights, which DeepSpeed keeps with the optimizer states (read along; neither the lr scheduler nor the RNG
+    is). Collective, with `load`'s shared verdicts."""
+    _load_states(engine, tag_dir, meta, "eval", "; it is corrupt: evaluate an earlier tag (--tag)", resume=False)
+    log.info("loaded the weights of %s (step %d)", tag_dir, meta["step"])
+
+
+def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume: bool) -> None:
+    """DeepSpeed's load of `tag_dir` after every rank's verdict on its own files (`load`'s doc); with `resume`
+    also the lr scheduler and this rank's RNG."""
     errors = [_unreadable(tag_dir, engine.state.rank)]
-    if dist.is_initialized():  # every rank learns every rank's verdict (small strings, once per resume)
+    if dist.is_initialized():  # every rank learns every rank's verdict (small strings, once per load)
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, errors[0])
         errors = gathered
     bad = [(r, e) for r, e in enumerate(errors) if e is not None]
     if bad:
-        raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} could not be loaded (rank {bad[0][0]}: "
+        raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} could not be loaded (rank {bad[0][0]}: "
                               f"{bad[0][1]})" + fix)
     try:
         path, client = engine.ds.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
-                                                 load_lr_scheduler_states=True)
+                                                 load_lr_scheduler_states=resume)
         if path is None or client.get("ds_longctx_step") != meta["step"]:
             raise RuntimeError(f"DeepSpeed found no loadable state (client state {client!r})")
-        _set_rng_state(torch.load(tag_dir / f"rng_rank{engine.state.rank:05d}.pt", weights_only=False))
+        if resume:
+            _set_rng_state(torch.load(tag_dir / f"rng_rank{engine.state.rank:05d}.pt", weights_only=False))
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} could not be loaded ({type(e).__name__}: "
+        raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} could not be loaded ({type(e).__name__}: "
                               f"{first})" + fix) from None
-    log.info("resumed from %s at step %d", tag_dir, meta["step"])
-    return int(meta["step"])
 
 
 # ----------------------------------------------------------------------------- SIGTERM

@@ -55,7 +55,7 @@ from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.parallel.sharding import shard_batch
+from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run.model import build_model
@@ -113,6 +113,16 @@ def sharded_loss(run, levers: Levers, state: ParallelState, device: torch.device
     return out
 
 
+@dataclass
+class SliceLosses:
+    """Per-token losses of this rank's slice of a batch (`eval_batch`): token i of the slice is index start + i of
+    its row; loss i is the CE of predicting that index's label (the next token), 0.0 where `valid` is False."""
+    loss: torch.Tensor    # [b, L/sp] fp32
+    valid: torch.Tensor   # [b, L/sp] bool: a supervised token (not padding, not an ignored label)
+    start: int            # index in the row of this slice's first token
+    length: int           # tokens per row before padding (L)
+
+
 class LongCtxEngine:
     """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM. Build with `build_engine(cfg)`."""
 
@@ -138,6 +148,36 @@ class LongCtxEngine:
             dist.all_reduce(stats, group=st.dp_group)
             stats[0] /= st.dp_size
         return StepResult(loss=float(stats[0]), tokens=int(stats[1]))
+
+    def eval_batch(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                   labels: Optional[torch.Tensor] = None) -> SliceLosses:
+        """Per-token losses of this rank's slice of one full batch `[b, L]` (every SP rank passes the same),
+        forward only: under no_grad (no activation kept, no checkpoint, no recompute; the loss is the forward-only
+        chunked per-token CE) and in eval mode for the call, train mode restored after.
+
+        What eval mode changes here, and why it is wanted: transformers skips the decoder layers' checkpoint
+        functions (torch's or DeepSpeed's offloading one: nothing to recompute without a backward), and the
+        attention-cache slots stay idle (they act only while training), so no layer keeps anything. It changes
+        no number: the model has no dropout (the Ulysses function refuses attention dropout) and our attention
+        and sharding ignore the mode (unlike accelerate's SP, which turns itself off in eval mode). The module
+        is called directly rather than through the DeepSpeed engine, whose forward only adds backward hooks;
+        ZeRO-3's parameter gathering lives in hooks on the module itself and runs under no_grad too (its
+        prefetch trace resets at every top-level forward; an eval forward is a prefix of the training one).
+        """
+        st = self.state
+        shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
+        self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+        was_training = self.module.training
+        self.ds.eval()
+        try:
+            with torch.no_grad(), record_function("ds_longctx.eval"):
+                loss = self.module(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
+                                   shard.shift_labels.to(self.device), per_token=True)  # [b, L/sp]
+        finally:
+            self.ds.train(was_training)
+        n = shard.input_ids.shape[1]
+        return SliceLosses(loss=loss, valid=shard.shift_labels.to(self.device) != IGNORE_INDEX, start=st.sp_rank * n,
+                           length=input_ids.shape[1])
 
     def step(self) -> None:
         with record_function("ds_longctx.optimizer"):

@@ -35,16 +35,17 @@ from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_conf
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
-def resolve(checkpoint: str, tag: str | None) -> tuple[Path, dict]:
-    """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory."""
+def resolve(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
+    """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory
+    (`what`: the command named in refusals; `ds-longctx eval` asks too)."""
     p = Path(checkpoint)
     if not p.is_dir():
-        raise CheckpointError(f"export: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir")
+        raise CheckpointError(f"{what}: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir")
     root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
     if tag is None and not (root / "latest").is_file() and not (root / CKPT_SUBDIR).exists() and root == p:
-        raise CheckpointError(f"export: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
+        raise CheckpointError(f"{what}: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
                               f"pass the output_dir of a run that saved one (save_every > 0, or stopped by SIGTERM)")
-    return find_checkpoint(root, tag, what="export")
+    return find_checkpoint(root, tag, what=what)
 
 
 def check_out(out: str) -> Path:

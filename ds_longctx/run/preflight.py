@@ -4,9 +4,9 @@
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
 Order: the engine's checks (`validate`: sp_size vs world, processes per node and heads, attention backend, model
-class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source (path, file
-sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume (checkpoint.check_run_dir). Nothing
-is written: a refused run leaves no output.
+class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source and
+eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume
+(checkpoint.check_run_dir). Nothing is written: a refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -76,5 +76,6 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
+    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
     meta = checkpoint.check_run_dir(cfg, world_size)
     return hf_cfg, meta

@@ -8,7 +8,9 @@
     ... --resume                                      # continue the latest one (same world size and sp_size)
 
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
-(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes), and TensorBoard events in
+(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes), and with eval_data one line per
+evaluation (step, eval_loss, eval_tokens, eval_rows, eval_seconds: every eval_every steps and after the last)
+whose per-position curve goes to `<output_dir>/eval_curve.jsonl` (run/evaluate.py), and TensorBoard events in
 `<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM: every rank stops at the next step
 boundary, saves a checkpoint and exits 0. A NaN/inf loss stops the run (exit 1) before its optimizer step. A
 refusal (bad config, bad data, an unusable checkpoint) exits 2 on every rank with one line (run/refuse.py).
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
 from ds_longctx.run.refuse import refuse
 
 log = logging.getLogger("ds_longctx")
@@ -108,24 +111,32 @@ def rank0_first(fn, rank: int):
     return out if rank == 0 else fn()
 
 
+def _continue_lines(path: Path, start_step: int) -> None:
+    """A fresh run (start_step 0) keeps an older `path` aside; a resumed one drops its lines past start_step."""
+    if not path.exists():
+        return
+    if start_step == 0:
+        old = path.with_name(f"{path.stem}.{int(path.stat().st_mtime)}{path.suffix}")
+        path.rename(old)
+        log.info("previous %s kept as %s", path.name, old)
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 class MetricsLog:
-    """metrics.jsonl + TensorBoard (when installed), rank 0 only. A fresh run keeps an older metrics.jsonl
-    aside; a resumed one drops lines past its checkpoint's step and appends."""
+    """metrics.jsonl (train lines with `loss`, eval lines with `eval_loss`), eval_curve.jsonl and TensorBoard
+    (when installed), rank 0 only. A fresh run keeps older files aside; a resumed one drops lines past its
+    checkpoint's step and appends."""
 
     def __init__(self, out: Path, start_step: int, tensorboard: bool, enabled: bool):
-        self.path, self.enabled, self.tb = out / "metrics.jsonl", enabled, None
+        self.path, self.curve_path, self.enabled, self.tb = out / METRICS_FILE, out / CURVE_FILE, enabled, None
         if not enabled:
             return
-        if self.path.exists() and start_step == 0:
-            old = self.path.with_name(f"metrics.{int(self.path.stat().st_mtime)}.jsonl")
-            self.path.rename(old)
-            log.info("previous metrics kept as %s", old)
-        elif self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start_step]
-            tmp = self.path.with_name("metrics.jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
+        _continue_lines(self.path, start_step)
+        _continue_lines(self.curve_path, start_step)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -134,13 +145,23 @@ class MetricsLog:
                 log.info("tensorboard not installed: metrics.jsonl only")
 
     def write(self, row: dict) -> None:
+        """A train line (`loss`, ...) or an eval line (`eval_loss`, ...) of metrics.jsonl."""
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
-            for k in ("loss", "tokens_per_s", "lr", "seconds"):
-                self.tb.add_scalar(f"train/{k}", row[k], row["step"])
+        append_jsonl(self.path, row)
+        if self.tb is None:
+            return
+        if "eval_loss" in row:
+            self.tb.add_scalar("eval/loss", row["eval_loss"], row["step"])
+            return
+        for k in ("loss", "tokens_per_s", "lr", "seconds"):
+            self.tb.add_scalar(f"train/{k}", row[k], row["step"])
+
+    def write_eval(self, result, step: int) -> None:
+        """One evaluation: its metrics.jsonl line and its eval_curve.jsonl line."""
+        self.write(result.metrics_row(step))
+        if self.enabled:
+            append_jsonl(self.curve_path, result.curve_row(step))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -158,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     from ds_longctx.run import checkpoint
-    from ds_longctx.data import build_data
+    from ds_longctx.data import build_data, build_eval_data
     from ds_longctx.parallel.parallel_state import init_distributed
     from ds_longctx.run.engine import build_engine
+    from ds_longctx.run.evaluate import evaluate
     from ds_longctx.run.preflight import preflight
     try:
         hf_cfg, resume_meta = preflight(cfg, world)
@@ -175,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     # ---------------------------------------------------------------- data (rank 0 tokenizes into the cache first)
     try:
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
+        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
 
@@ -201,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = MetricsLog(out, start, cfg.logging.tensorboard, enabled=st.rank == 0)
     saved = resume_meta["step"] if resume_meta else None
     done = start
+    last_eval = None
 
     # ---------------------------------------------------------------- loop
     sigterm = checkpoint.StopRequest().install()
@@ -237,9 +261,13 @@ def main(argv: list[str] | None = None) -> None:
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
             row["peak_gpu_bytes_max_rank"] = int(m[0])
         metrics.write(row)
+        if held is not None and (done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)):
+            last_eval = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)  # collective
+            metrics.write_eval(last_eval, done)
         if st.rank == 0 and (step % cfg.logging.log_every == 0 or step + 1 == cfg.train.steps):
             bar.set_postfix(loss=f"{res.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
-                            mem=f"{peak / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB")
+                            mem=f"{peak / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",
+                            **({"eval": f"{last_eval.loss:.4f}"} if last_eval is not None else {}))
         if cfg.checkpoint.save_every and ((step + 1) % cfg.checkpoint.save_every == 0 or step + 1 == cfg.train.steps):
             checkpoint.save(engine, cfg, step + 1, data.signature())
             saved = step + 1

@@ -50,6 +50,13 @@ def test_unknown_cli_option_is_refused():
     (dict(attention_cache_layers=-2), "attention_cache_layers=-2 must be >= 0 or 'all'"),
     (dict(attention_cache_layers=1, activation_checkpointing=False), "set activation_checkpointing: true or "
                                                                       "attention_cache_layers: 0"),
+    (dict(eval_data="synthetic", eval_rows=0), "eval_rows=0 must be >= 1 (held-out rows per evaluation, e.g. "
+                                               "eval_rows: 8"),
+    (dict(eval_data="synthetic", eval_every=-2), "eval_every=-2 must be >= 0"),
+    (dict(eval_data="synthetic", eval_buckets=0), "eval_buckets=0 must be >= 1"),
+    (dict(eval_every=10), "eval_every=10 is set but eval_data is not; add --eval_data synthetic"),
+    (dict(eval_data="synthetic", seq_len=64, eval_buckets=65), "eval_buckets=65 is more than seq_len=64 positions: "
+                                                                "a bucket needs at least one; use eval_buckets <= 64"),
 ])
 def test_bad_values_name_the_fix(kwargs, needle):
     with pytest.raises(ValidationError) as e:

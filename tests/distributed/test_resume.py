@@ -133,6 +133,45 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
     assert not (tmp_path / "metrics.jsonl").exists() and len(list(tmp_path.glob("metrics.*.jsonl"))) == 1
 
 
+def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, monkeypatch):
+    """Eval lines go to metrics.jsonl beside the train lines (train lines unchanged) and to TensorBoard as
+    eval/loss; the curve to eval_curve.jsonl, which a resume cuts at its checkpoint like metrics.jsonl."""
+    import types
+
+    from ds_longctx.run.evaluate import EvalResult
+    from ds_longctx.run.train import MetricsLog
+    written = []
+
+    class Writer:
+        def __init__(self, logdir, purge_step=None):
+            pass
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, value, step))
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    row = {"loss": 1.0, "tokens_per_s": 2.0, "lr": 0.1, "seconds": 0.5}
+    log = MetricsLog(tmp_path, 0, tensorboard=True, enabled=True)
+    for s in (1, 2, 3, 4):
+        log.write({"step": s, **row})
+        if s % 2 == 0:
+            log.write_eval(EvalResult(loss=3.0 + s, tokens=10, rows=2, edges=[0, 2, 4], bucket_loss=[1.0, None],
+                                      bucket_tokens=[10, 0], seconds=0.1), s)
+    rows = read_metrics(tmp_path)
+    assert [(r["step"], "loss" in r, r.get("eval_loss")) for r in rows] == [
+        (1, True, None), (2, True, None), (2, False, 5.0), (3, True, None), (4, True, None), (4, False, 7.0)]
+    assert rows[0] == {"step": 1, **row}
+    assert ("eval/loss", 7.0, 4) in written and ("train/loss", 1.0, 4) in written
+    curve = read_metrics(tmp_path, "eval_curve.jsonl")
+    assert [(c["step"], c["edges"], c["loss"], c["tokens"]) for c in curve] == [
+        (2, [0, 2, 4], [1.0, None], [10, 0]), (4, [0, 2, 4], [1.0, None], [10, 0])]
+    MetricsLog(tmp_path, 3, tensorboard=False, enabled=True)  # resumed from step 3: the step-4 lines go
+    assert [c["step"] for c in read_metrics(tmp_path, "eval_curve.jsonl")] == [2]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 2, 3]
+    MetricsLog(tmp_path, 0, tensorboard=False, enabled=True)  # a fresh run keeps the old curve aside too
+    assert not (tmp_path / "eval_curve.jsonl").exists() and len(list(tmp_path.glob("eval_curve.*.jsonl"))) == 1
+
+
 def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(runs, tmp_path):
     """A partition file that kept its size but not its content (only rank 1's): the ranks share their verdicts
     and all stop with rank 1's message, instead of rank 0 training on alone or hanging."""

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ds_longctx.run import checkpoint
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.data import build_data
+from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.run.preflight import preflight
 from tests.helpers import (ROOT, cpu_env, documents, free_port, make_tokenizer, run_cli, token_ids, write_jsonl,
                            write_parquet)
@@ -65,6 +65,7 @@ def refused(out: Path, fragments, world: int = 1, **kw) -> str:
         cfg = RunConfig(**kw)
         hf_cfg, _ = preflight(cfg, world)
         build_data(cfg, hf_cfg, world // cfg.parallel.sp_size)
+        build_eval_data(cfg, hf_cfg)
     except ValidationError as e:
         msg = format_validation_error(e)
     except ValueError as e:
@@ -191,6 +192,16 @@ def test_output_dir_under_a_file(files):
 def test_output_dir_not_writable(tmp_path):
     out = Path("/proc/ds_longctx_run")  # read-only for every user, root included
     refused(out, ["/proc/ds_longctx_run", "is not writable", "choose a writable output_dir"])
+
+
+def test_eval_data_missing(files, tmp_path):
+    refused(tmp_path / "out", ["missing.jsonl", "does not exist"], **data_kw(files, "ok.jsonl"),
+            eval_data=str(files["dir"] / "missing.jsonl"))
+
+
+def test_eval_data_with_fewer_rows_than_eval_rows(files, tmp_path):
+    refused(tmp_path / "out", ["short_docs.jsonl", "fewer than eval_rows=50", "lower eval_rows to"],
+            **data_kw(files, "ok.jsonl"), eval_data=str(files["dir"] / "short_docs.jsonl"), eval_rows=50)
 
 
 # ----------------------------------------------------------------------------- resume

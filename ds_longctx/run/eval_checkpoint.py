@@ -1,0 +1,133 @@
+"""`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows, under SP.
+
+    ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300] [--rows R]
+                    [--buckets B] [--out DIR] [--key value ...]
+    torchrun --nproc_per_node N -m ds_longctx.eval --checkpoint ... (the per-process entry it starts)
+
+The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows` and `--buckets` set
+its eval section (eval_data, eval_rows, eval_buckets; rows and buckets default to the run's), and `--key value`
+overrides any other key except those that make the model (`FIXED`: model, dtype, rope_scaling, seq_len, sp_size).
+The layout must be the checkpoint's: ZeRO-3 partitions are per rank, so N must be the world size that wrote it.
+Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
+before any worker starts. The workers build the engine as the run did, load the weights (`checkpoint.
+load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve to
+`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir. Rank 0 prints the loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
+from ds_longctx.run.refuse import refuse
+
+log = logging.getLogger("ds_longctx")
+FIXED = ("model", "dtype", "rope_scaling", "seq_len", "sp_size")  # keys that make the model and its partitions
+
+
+def args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds-longctx eval", description=__doc__, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--data", required=True, help="held-out data: synthetic, or a file / directory like --data")
+    p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
+    p.add_argument("--rows", type=int, default=None, help="eval rows (default: the run's eval_rows)")
+    p.add_argument("--buckets", type=int, default=None, help="position buckets (default: the run's eval_buckets)")
+    p.add_argument("--out", default=None, help="where metrics.jsonl and eval_curve.jsonl get the lines (default: "
+                                               "the checkpoint's output_dir)")
+    p.add_argument("--nproc", type=int, default=None, help="local processes (ds-longctx eval: the checkpoint's "
+                                                           "world size, the default)")
+    return p
+
+
+def resolve(argv: list[str], world_size: int | None):
+    """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
+    check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
+    from pydantic import ValidationError
+
+    from ds_longctx import data
+    from ds_longctx.config import RunConfig, format_validation_error
+    from ds_longctx.run.checkpoint import check_output_dir
+    from ds_longctx.run.export import resolve as find
+    from ds_longctx.run.preflight import rope_coverage, validate
+
+    a, rest = args_parser().parse_known_args(argv)
+    tag_dir, meta = find(a.checkpoint, a.tag, what="eval")
+    run = meta["run"]
+    world = run["world_size"] if world_size is None else world_size
+    if world != run["world_size"]:
+        raise ValueError(f"eval: checkpoint {str(tag_dir)!r} was written by world_size={run['world_size']} with "
+                         f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per rank: "
+                         f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model directory "
+                         f"and train/evaluate that in a new run)")
+    ours = {"eval_data": a.data, "eval_rows": a.rows, "eval_buckets": a.buckets}
+    flags = [x for k, v in ours.items() if v is not None for x in (f"--{k}", str(v))]
+    saved = RunConfig.load(tag_dir / "run.yaml")
+    try:
+        cfg = RunConfig.from_cli(["--config", str(tag_dir / "run.yaml"), *rest, *flags])
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)) from None
+    changed = [(k, saved.get(k), cfg.get(k)) for k in FIXED if saved.get(k) != cfg.get(k)]
+    if changed:
+        what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
+        raise ValueError(f"eval: this changes {what} from checkpoint {str(tag_dir)!r}, whose weights and partitions "
+                         f"are made for its own; drop those options")
+    out = Path(a.out) if a.out else tag_dir.parent.parent
+    check_output_dir(str(out))
+    hf_cfg = validate(cfg, world)
+    rope_coverage(cfg, hf_cfg)
+    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    return cfg, hf_cfg, tag_dir, meta, out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
+    # ---------------------------------------------------------------- checks (nothing started or written)
+    try:
+        cfg, hf_cfg, tag_dir, meta, out = resolve(argv, world)
+    except ValueError as e:
+        refuse(f"refused before start: {e}", rank)
+    import torch
+
+    from ds_longctx.data import build_eval_data
+    from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.run import checkpoint
+    from ds_longctx.run.engine import build_engine
+    from ds_longctx.run.evaluate import evaluate
+    from ds_longctx.run.train import default_group_timeout, rank0_first
+
+    # ---------------------------------------------------------------- process group, held-out rows, engine, weights
+    default_group_timeout(cfg.parallel.collective_timeout_s)
+    init_distributed(cfg.parallel.collective_timeout_s)
+    try:
+        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
+    except ValueError as e:
+        refuse(f"refused before start: {e}", rank)
+    engine = build_engine(cfg, hf_cfg)
+    try:
+        checkpoint.load_weights(engine, tag_dir, meta)
+    except ValueError as e:
+        refuse(f"refused: {e}", rank)
+
+    # ---------------------------------------------------------------- evaluate, write, say
+    result = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)
+    if rank == 0:
+        extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
+        out.mkdir(parents=True, exist_ok=True)
+        append_jsonl(out / METRICS_FILE, result.metrics_row(meta["step"], **extra))
+        append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
+        print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
+              f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}", flush=True)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Held-out evaluation under SP: the eval loss and the per-position loss curve, forward only.
+
+    held = data.build_eval_data(cfg, hf_config)             # eval_data's rows (None: no eval)
+    result = evaluate(engine, held, rows=8, buckets=32)      # collective: every rank calls it, every rank gets it
+    append_jsonl(out / "metrics.jsonl", result.metrics_row(step))     # {"step", "eval_loss", "eval_tokens", ...}
+    append_jsonl(out / "eval_curve.jsonl", result.curve_row(step))    # {"step", "edges", "loss", "tokens", ...}
+
+Dimension legend: b micro batch, L seq_len, sp sequence-parallel degree, B buckets.
+
+Rows: the eval set is samples 0 .. rows-1 of the held-out data, split over the dp replicas as a training step
+splits its rows: eval batch k of replica r holds samples (k * dp + r) * b .. + b - 1. Samples past `rows` (the
+last batch of a replica that has fewer) run with every label ignored: every rank makes the same number of
+forwards, since ZeRO-3's parameter gathers are collective over all ranks.
+
+Loss: the token mean over every supervised token of the rows (sum of CE / count), not a mean of row means.
+
+Curve: the row is cut into B equal spans, edges[k] = ceil(k * L / B); index i of the row (the token that predicts
+token i + 1 from tokens 0 .. i) falls in bucket i * B // L. Each bucket's value is the mean CE of its supervised
+tokens (None if it has none). The index in the row, not position_ids: with packed documents the curve is over row
+positions.
+
+Memory: each batch is one forward through `engine.eval_batch` (no_grad: no activation kept) and its [b, L/sp] fp32
+losses; across batches only the B loss sums and token counts (float64) are kept, so the peak does not grow with
+the number of rows. One all-reduce over all ranks at the end sums every slice of every replica.
+
+Torch is imported inside `evaluate` only: the entry points import this module before anything heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "eval_curve.jsonl"
+
+
+@dataclass
+class EvalResult:
+    loss: float                         # token-mean CE over every supervised token of the eval rows (nan if none)
+    tokens: int                         # supervised tokens
+    rows: int
+    edges: list                         # [B + 1] bucket edges (row indices): bucket k is edges[k] .. edges[k+1] - 1
+    bucket_loss: list                   # [B] mean CE per bucket, None where a bucket has no supervised token
+    bucket_tokens: list                 # [B] supervised tokens per bucket
+    seconds: float
+    peak_gpu_bytes: int = 0             # this rank's max_memory_allocated during the evaluation (0 without CUDA)
+
+    def metrics_row(self, step: int, **extra) -> dict:
+        """The metrics.jsonl line of this evaluation (train lines have `loss`, eval lines `eval_loss`)."""
+        return {"step": step, "eval_loss": self.loss, "eval_tokens": self.tokens, "eval_rows": self.rows,
+                "eval_seconds": round(self.seconds, 4), "eval_peak_gpu_bytes": self.peak_gpu_bytes, **extra}
+
+    def curve_row(self, step: int, **extra) -> dict:
+        """The eval_curve.jsonl line: bucket edges, mean loss and supervised tokens per bucket."""
+        return {"step": step, "eval_loss": self.loss, "edges": self.edges, "loss": self.bucket_loss,
+                "tokens": self.bucket_tokens, **extra}
+
+
+def bucket_edges(length: int, buckets: int) -> list:
+    """[B + 1] edges of B equal spans of `length` positions: ceil(k * length / B) (index i is in bucket i*B//L)."""
+    return [-(-k * length // buckets) for k in range(buckets + 1)]
+
+
+def eval_batches(data, rows: int, micro_batch: int, dp_rank: int, dp_size: int) -> Iterator[tuple]:
+    """(input_ids [b, L], position_ids or None, labels or None) of each eval batch of replica `dp_rank`; samples
+    past `rows` get every label ignored (module doc)."""
+    from ds_longctx.parallel.sharding import IGNORE_INDEX
+    per_batch = micro_batch * dp_size
+    for k in range(-(-rows // per_batch)):
+        batch = data.get(k, micro_batch, dp_rank, dp_size)
+        real = max(0, min(micro_batch, rows - (k * dp_size + dp_rank) * micro_batch))
+        labels = batch.labels
+        if real < micro_batch:
+            labels = (batch.input_ids if labels is None else labels).clone()
+            labels[real:] = IGNORE_INDEX
+        yield batch.input_ids, batch.position_ids, labels
+
+
+def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
+    """Eval loss and per-position curve of `rows` held-out rows of `data` (module doc). Collective."""
+    import torch
+    import torch.distributed as dist
+    t0 = time.perf_counter()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    st = engine.state
+    sums = torch.zeros(2, buckets, dtype=torch.float64, device=engine.device)  # [loss sum, tokens] x [B]
+    length: Optional[int] = None
+    for input_ids, position_ids, labels in eval_batches(data, rows, engine.cfg.train.micro_batch, st.dp_rank,
+                                                        st.dp_size):
+        part = engine.eval_batch(input_ids, position_ids, labels)
+        length = part.length
+        index = torch.arange(part.start, part.start + part.loss.shape[1], device=sums.device)  # [L/sp] row index
+        bucket = index.clamp(max=length - 1) * buckets // length  # padding (index >= L) is never supervised
+        sums[0].index_add_(0, bucket, part.loss.double().sum(0))   # [b, L/sp] -> [L/sp] -> B buckets
+        sums[1].index_add_(0, bucket, part.valid.double().sum(0))
+        del part
+    if dist.is_initialized():
+        dist.all_reduce(sums)  # every slice (SP) of every row (DP)
+    loss_sums, counts = sums.tolist()
+    total, n = sum(loss_sums), int(sum(counts))
+    return EvalResult(loss=total / n if n else float("nan"), tokens=n, rows=rows, edges=bucket_edges(length, buckets),
+                      bucket_loss=[s / c if c else None for s, c in zip(loss_sums, counts)],
+                      bucket_tokens=[int(c) for c in counts], seconds=time.perf_counter() - t0,
+                      peak_gpu_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0)
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    with Path(path).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: Path) -> list:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
