@@ -26,8 +26,13 @@ def ds_longctx_train(nproc, sp, out, extra=(), with_log=False):
 
 
 @pytest.fixture(scope="module")
-def sp1_losses(tmp_path_factory):
-    return ds_longctx_train(1, 1, tmp_path_factory.mktemp("sp1"))
+def sp1_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("train_sp1")
+
+
+@pytest.fixture(scope="module")
+def sp1_losses(sp1_dir):
+    return ds_longctx_train(1, 1, sp1_dir)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -48,9 +53,8 @@ def test_deepspeed_launcher_matches_sp1(tmp_path, sp1_losses):
     assert max(rel_err(a, b) for a, b in zip(losses, sp1_losses)) <= TOL, (losses, sp1_losses)
 
 
-def test_metrics_lines_have_the_promised_fields(sp1_losses, tmp_path_factory):
-    out = tmp_path_factory.getbasetemp() / "sp10"  # the sp1 fixture's directory
-    rows = read_metrics(out)
+def test_metrics_lines_have_the_promised_fields(sp1_losses, sp1_dir):
+    rows = read_metrics(sp1_dir)
     for key in ("step", "loss", "tokens", "seconds", "peak_gpu_bytes"):
         assert key in rows[0], key
     assert [r["step"] for r in rows] == [1, 2, 3]
