@@ -38,6 +38,7 @@ def main(argv=None):
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=train_dataset,  # ds_longctx
                               processing_class=tokenizer, callbacks=[PrintLogs()])
     trainer.train()
+    longctx.finish()  # ds_longctx: every rank done, groups torn down, exit 0
 
 
 if __name__ == "__main__":

@@ -76,6 +76,14 @@ def start_processes(cfg) -> None:
             os.environ["ACCELERATE_USE_DEEPSPEED"] = before
 
 
+def finish() -> None:
+    """The last line of a script: every rank past a barrier, the process groups torn down, the process ended with
+    exit 0 without Python's teardown (parallel_state.leave: no pinned-memory teardown, no communication-thread
+    destructor aborting a finished job)."""
+    from ds_longctx.parallel.parallel_state import leave
+    leave(0)
+
+
 def _end_processes() -> None:
     """At exit: tear the process group down while the interpreter still runs (left to interpreter teardown, gloo's
     threads can abort the process: "terminate called without an active exception", exit -6 under `deepspeed`)."""

@@ -157,3 +157,23 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)
+
+
+def leave(code: int = 0) -> None:
+    """End this process now that its work is written: barrier, tear every process group down, flush, `os._exit`.
+
+    Skipping Python's teardown matters twice: an offloaded run's pinned host memory is not freed block by block (a
+    262k run with optimizer offload took more than 25 s to exit after "done"), and no C++ destructor of a still
+    running communication thread can end the process with "terminate called without an active exception" after the
+    job finished (seen at the exit of 2-4-process gloo runs)."""
+    import logging
+    import sys
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from ds_longctx.run import checkpoint
     from ds_longctx.data import build_data, build_eval_data
-    from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.parallel.parallel_state import init_distributed, leave
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.evaluate import evaluate
     from ds_longctx.run.preflight import preflight
@@ -281,16 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics.close()
     if st.rank == 0:
         log.info("done: %d steps, metrics in %s", done, metrics.path)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    # Everything is written and every rank is past the barrier: leave now. Python's teardown of an offloaded run
-    # frees tens to hundreds of GB of pinned host memory block by block (a 262k run with optimizer offload took
-    # more than 25 s to exit after "done"); the OS reclaims it at once.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(0)
+    leave(0)  # everything is written: barrier, groups torn down, no Python teardown (parallel_state.leave)
 
 
 if __name__ == "__main__":

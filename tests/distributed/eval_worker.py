@@ -78,8 +78,8 @@ def main():
     if st.rank == 0:
         torch.save(out, a.out)
     # leave together, groups torn down (as grad_worker.py does)
-    dist.barrier()
-    dist.destroy_process_group()
+    from ds_longctx.parallel.parallel_state import leave
+    leave(0)  # barrier, groups torn down, no teardown
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ def main():
     if st.rank == 0:
         torch.save({"input_ids": probe, "logits": logits}, f"{a.out}/engine_logits.pt")
     # leave together, groups torn down (as grad_worker.py does)
-    dist.barrier()
-    dist.destroy_process_group()
+    from ds_longctx.parallel.parallel_state import leave
+    leave(0)  # barrier, groups torn down, no teardown
 
 
 if __name__ == "__main__":

@@ -68,8 +68,8 @@ def main():
         torch.save(out, a.out)
     # leave together, groups torn down: a rank exiting with gloo threads still up can abort the others
     # ("terminate called without an active exception", seen at start-up and exit of 4-process runs)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from ds_longctx.parallel.parallel_state import leave
+    leave(0)  # barrier, groups torn down, no teardown
 
 
 if __name__ == "__main__":

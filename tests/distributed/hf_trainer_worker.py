@@ -57,6 +57,7 @@ def main():
                        "train_batch_size": trainer.model_wrapped.train_batch_size(), "steps_per_epoch": len(loader),
                        "sp_peers_same": all(torch.equal(p, batch) for p in peers), "dp": st.dp_size,
                        "n_rows": len(train), "documents": 1 if cu is None else len(cu) - 1}, f)
+    longctx.finish()
 
 
 if __name__ == "__main__":

@@ -161,8 +161,8 @@ def main(out_dir: str) -> None:
                                             "max_grad": max(errs.values()), "worst": max(errs, key=errs.get)}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"errors": report, "info": info}))
     # leave together, groups torn down (as grad_worker.py does)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from ds_longctx.parallel.parallel_state import leave
+    leave(0)  # barrier, groups torn down, no teardown
 
 
 def test_tiled_mlp_matches_plain_under_zero3(tmp_path):
