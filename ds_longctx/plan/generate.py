@@ -36,6 +36,7 @@ import yaml
 from ds_longctx.plan.search import Choice, NoFit, choose, fastest_placement, find_max_len
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import GB
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
@@ -83,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                    help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
                         "DeepSpeed's power-of-two buffers: the same data in up to half the host memory (not yet "
                         "measured on a GPU)")
+    p.add_argument("--lora_rank", type=int, default=0,
+                   help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
+                        "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
@@ -110,6 +114,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
     if a.seq_len is not None and a.seq_len <= 0:
         raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
+    if a.lora_rank < 0:
+        raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
     try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
         RunConfig(model=geom.name)
@@ -130,13 +136,14 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
     parts += ["--pinned_pool"] if a.pinned_pool else []
+    parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     return "ds-longctx plan " + " ".join(parts)
 
 
 def search_kw(a: argparse.Namespace, host: float) -> dict:
     """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                sp_size=a.sp_size, pinned_pool=a.pinned_pool)
+                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank))
 
 
 def hardware(a: argparse.Namespace, host: float) -> str:

@@ -56,7 +56,7 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
-def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, pool=False,
+def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
     before offloaded (host RAM and a CPU Adam step); sp descending (sp = gpus first); tiled MLP off before on (+5%
@@ -64,15 +64,15 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, p
     8B, 131k).
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
-    these levers.
+    these levers. `base` carries what the user fixed (the pinned pool, LoRA); the search sets the rest.
     """
     L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
     for opt in (False, True):
         for sp in sps:
             for tiled in (False, True):
-                lv = Levers(tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
-                            optimizer_offload=opt, pinned_pool=pool)
+                lv = replace(base, tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
+                             optimizer_offload=opt)
                 lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                 gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
                 k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
@@ -117,7 +117,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
 
 
 def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-           sp_size: Optional[int] = None, pinned_pool: bool = False, nodes: int = 1, **knobs) -> Choice:
+           sp_size: Optional[int] = None, base: Levers = Levers(), nodes: int = 1, **knobs) -> Choice:
     """The levers for `seq_len` tokens on `nodes` nodes of `gpus` GPUs of `gpu_mem_gb` GB, each node with
     `host_mem_gb` GB of host RAM.
 
@@ -133,15 +133,16 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     if sp_size is not None:
         plan_memory(geom, 1, gpus, sp_size, nodes=nodes)  # validates sp_size, naming the valid ones
-    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool, nodes)
+    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes)
     if found is not None:
         return found
-    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, pinned_pool=pinned_pool,
+    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, base=base,
                            nodes=nodes, **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
-    best = plan_memory(geom, seq_len, gpus, sp, Levers(loss_chunk_rows=256, tiled_mlp=True, offload_layers=geom.layers,
-                                                       optimizer_offload=True), nodes=nodes, **knobs)
-    fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, pinned_pool, m) is not None
+    best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
+                                                        offload_layers=geom.layers, optimizer_offload=True),
+                       nodes=nodes, **knobs)
+    fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, base, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
@@ -181,7 +182,7 @@ def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
 
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, pinned_pool: bool = False,
+                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, base: Levers = Levers(),
                  nodes: int = 1, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
@@ -193,7 +194,7 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
 
     def fits(n: int) -> bool:
-        found = _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, pinned_pool, nodes)
+        found = _search(geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes)
         return found is not None
 
     if not fits(1):

@@ -255,3 +255,17 @@ def test_a_multinode_plan_refuses_an_sp_group_across_nodes(capsys):
     assert "sp_size=16 does not divide the 8 processes per node" in capsys.readouterr().err
     assert generate.main(PLAN_2X8X80[:4] + ["--nodes", "0", "--gpus", "8"]) == 2
     assert "--nodes 0: need at least 1 node" in capsys.readouterr().err
+
+
+def test_lora_rank_plans_the_adapters_and_reaches_run_yaml(tmp_path):
+    """--lora_rank plans a LoRA run: optimizer state only for the adapters, so a longer length fits the same GPUs,
+    and run.yaml carries the rank (the run then trains exactly what was planned)."""
+    full = find_max_len("qwen3-8b", 2, 141, 256)
+    from ds_longctx.plan.levers import Levers
+    lora = find_max_len("qwen3-8b", 2, 141, 256, base=Levers(lora_rank=16))
+    assert lora > full
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", str(lora), "--gpus", "2", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "256", "--lora_rank", "16", "--out", str(tmp_path)]) == 0
+    cfg = RunConfig.load(tmp_path / "run.yaml")
+    assert cfg.lora.rank == 16 and "--lora_rank 16" in (tmp_path / "run.yaml").read_text().splitlines()[0]
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "2", "--lora_rank", "-1"]) == 2
