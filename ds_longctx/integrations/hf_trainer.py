@@ -7,6 +7,7 @@ tiled MLP, the placement plan (checkpoint / offload / attention cache) and the p
     model = longctx.build_model(cfg)                                 # instead of from_pretrained(...)
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=rows_dataset(cfg), ...)
     trainer.train()                                                  # (rows_dataset: hf_data.py, our data pipeline)
+    longctx.finish()                                                 # every rank done, groups down, exit 0
 
 Launch with `accelerate launch --config_file my_run/accelerate.yaml script.py ...`, `deepspeed --num_gpus N script.py`
 or torchrun; `launch/trl_sft.py` is a complete script.
