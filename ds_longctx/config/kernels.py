@@ -19,9 +19,9 @@ class KernelsConfig(Section):
     installed on other GPUs, else SDPA's flash kernel), fa4, sdpa (SDPA, kernel picked per device), sdpa_cudnn,
     sdpa_flash, sdpa_efficient, sdpa_math, flash_attn (flash-attn 2). The choice and its reason are logged."""
 
-    fused_ops: Literal["none", "liger"] = "none"
-    """Token-wise work (RMSNorm, SwiGLU, rotary) as fused kernels: liger (Liger-Kernel's Triton kernels, CUDA;
-    levers/fused_ops.py) or none (HF's own ops)."""
+    fused_ops: Literal["none", "liger", "compile"] = "none"
+    """Token-wise work (RMSNorm, SwiGLU, rotary) as fused kernels: liger (Liger-Kernel's Triton kernels, CUDA),
+    compile (TorchInductor compiling HF's own math for them) or none (HF's own ops); levers/fused_ops.py."""
 
     @field_validator("attn_backend")
     @classmethod

@@ -1,4 +1,4 @@
-"""Fused token-wise kernels: RMSNorm, SwiGLU and rotary as one Liger-Kernel Triton kernel each.
+"""Fused token-wise kernels: RMSNorm, SwiGLU and rotary as one fused kernel each (Liger-Kernel, or torch.compile).
 
 HF's Qwen3 / Llama layers run these as chains of elementwise ops (RMSNorm: cast, square, mean, rsqrt, multiply,
 cast, multiply; SwiGLU: silu then multiply; rotary: rotate_half, two multiplies, an add), each reading and
@@ -6,7 +6,7 @@ writing the whole [s/sp, H] or [s/sp, I] tensor: the `other` row of the step pro
 at 131,072 tokens, benchmarks/results/profile_131072_2026-11-30.md). Liger-Kernel fuses each chain into one pass
 and keeps fewer tensors for backward.
 
-    names = apply_fused_ops(model)    # ["rms_norm", "swiglu", "rope"], what was routed
+    names = apply_fused_ops(model, "liger")    # or "compile"; ["rms_norm", "rope", "swiglu"]: what was routed
     remove_fused_ops(model)           # every module and the modeling module's rotary function restored
 
 What is patched (instance level, so other models in the process are untouched, except rotary, below):
@@ -17,11 +17,15 @@ What is patched (instance level, so other models in the process are untouched, e
   this in the engine, replaces the MLP forward again: with it on, the MLP runs tiled and the SwiGLU is not fused;
 - rotary: `apply_rotary_pos_emb` in the model's modeling module (a module-level function the attention forward
   looks up at call time) set to Liger's, and put back by `remove_fused_ops`.
-Needs CUDA and Triton (`pip install liger-kernel`); refused elsewhere. Numerics: tests/gpu/test_fused_ops_gpu.py.
+`liger` needs CUDA and Triton (`pip install liger-kernel`); `compile` compiles HF's own math for these three with
+TorchInductor (any device; the first step pays the compilation). Which is faster is for the device to say
+(benchmarks/bench_profile.py with `--fused_ops liger|compile`). Numerics: tests/levers/test_fused_ops.py (CPU),
+tests/gpu/test_fused_ops_gpu.py.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from typing import TYPE_CHECKING
@@ -45,29 +49,46 @@ def liger_available() -> bool:
 
 def check_fused_ops(name: str, on_cuda: bool) -> None:
     """Refuse `fused_ops` where it cannot run, naming the fix."""
-    if name == "none":
+    if name in ("none", "compile"):
         return
     if not on_cuda:
-        raise ValueError(f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: none on CPU")
+        raise ValueError(f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none on CPU")
     if not liger_available():
-        raise ValueError(f"fused_ops={name!r} but liger-kernel does not import; `pip install liger-kernel` or "
-                         f"fused_ops: none")
+        raise ValueError(f"fused_ops={name!r} but liger-kernel does not import; `pip install liger-kernel`, "
+                         f"fused_ops: compile, or fused_ops: none")
 
 
-def _rms_forward(module):
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+def _rms_math(x, weight, eps):
+    """HF's Qwen3 / Llama RMSNorm: fp32 statistics, cast back, then the weight."""
+    import torch
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
-    def forward(hidden_states):
-        return LigerRMSNormFunction.apply(hidden_states, module.weight, module.variance_epsilon, 0.0, "llama", False)
-    return forward
+
+def _silu_mul(gate, up):
+    import torch.nn.functional as F
+    return F.silu(gate) * up
 
 
-def _swiglu_forward(mlp):
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+def _kernels(kind: str, rope):
+    """(rms(x, w, eps), silu_mul(gate, up), rotary function) of one backend. `rope` is the modeling module's own."""
+    if kind == "liger":
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+        return ((lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)),
+                LigerSiLUMulFunction.apply, liger_rotary_pos_emb)
+    if kind == "compile":
+        return _compiled(rope)
+    raise ValueError(f"fused_ops={kind!r} is not one of liger, compile")
 
-    def forward(x):
-        return mlp.down_proj(LigerSiLUMulFunction.apply(mlp.gate_proj(x), mlp.up_proj(x)))
-    return forward
+
+@functools.lru_cache(maxsize=None)
+def _compiled(rope):
+    """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU); compiled once per process."""
+    import torch
+    return (torch.compile(_rms_math, dynamic=False), torch.compile(_silu_mul, dynamic=False),
+            torch.compile(rope, dynamic=False))
 
 
 def _is_gated_silu_mlp(m) -> bool:
@@ -81,25 +102,27 @@ def _patch(module, forward) -> None:
     module.forward = forward
 
 
-def apply_fused_ops(model: nn.Module) -> list:
-    """Route RMSNorm, SwiGLU and rotary through Liger's kernels (module doc). Returns what was routed."""
+def apply_fused_ops(model: nn.Module, kind: str = "liger") -> list:
+    """Route RMSNorm, SwiGLU and rotary through fused kernels: Liger-Kernel's (`liger`) or TorchInductor's
+    compilation of HF's own math (`compile`) (module doc). Returns what was routed."""
+    modeling = importlib.import_module(type(model).__module__)
+    own_rope = model.__dict__[_ROPE][1] if _ROPE in model.__dict__ else getattr(modeling, "apply_rotary_pos_emb", None)
+    rms, silu_mul, rope = _kernels(kind, own_rope)
     routed = set()
     for m in model.modules():
         if type(m).__name__.endswith("RMSNorm") and hasattr(m, "weight") and hasattr(m, "variance_epsilon"):
-            _patch(m, _rms_forward(m))
+            _patch(m, functools.partial(lambda x, _m: rms(x, _m.weight, _m.variance_epsilon), _m=m))
             routed.add("rms_norm")
         elif _is_gated_silu_mlp(m):
-            _patch(m, _swiglu_forward(m))
+            _patch(m, functools.partial(lambda x, _m: _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x))), _m=m))
             routed.add("swiglu")
-    modeling = importlib.import_module(type(model).__module__)
-    if hasattr(modeling, "apply_rotary_pos_emb"):
-        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    if own_rope is not None:
         if _ROPE not in model.__dict__:
-            model.__dict__[_ROPE] = (modeling, modeling.apply_rotary_pos_emb)
-        modeling.apply_rotary_pos_emb = liger_rotary_pos_emb
+            model.__dict__[_ROPE] = (modeling, own_rope)
+        modeling.apply_rotary_pos_emb = rope
         routed.add("rope")
     names = sorted(routed)
-    log.info("fused ops (Liger-Kernel): %s", ", ".join(names) or "none found")
+    log.info("fused ops (%s): %s", "Liger-Kernel" if kind == "liger" else "torch.compile", ", ".join(names) or "none")
     return names
 
 

@@ -234,8 +234,8 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     # 5. the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0)
     attn = ulysses.register(model, state)
-    if cfg.kernels.fused_ops == "liger":
-        apply_fused_ops(model)
+    if cfg.kernels.fused_ops != "none":
+        apply_fused_ops(model, cfg.kernels.fused_ops)
     # 6. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
     #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
     if cfg.memory.tiled_mlp:

@@ -73,7 +73,7 @@ def test_routes_every_norm_mlp_and_rope_and_undoes_it(fake_liger):
     ids = torch.randint(0, ref.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
     want = ref(input_ids=ids, labels=ids)  # before the patch: the rotary function is module-wide
     want.loss.backward()
-    assert fused_ops.apply_fused_ops(model) == ["rms_norm", "rope", "swiglu"]
+    assert fused_ops.apply_fused_ops(model, "liger") == ["rms_norm", "rope", "swiglu"]
     assert modeling_qwen3.apply_rotary_pos_emb is not plain_rope
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     assert norms and all("forward" in m.__dict__ for m in norms)  # 2 per layer + q/k norms + the final norm
@@ -88,7 +88,30 @@ def test_routes_every_norm_mlp_and_rope_and_undoes_it(fake_liger):
     assert not any("forward" in m.__dict__ or fused_ops._PREV in m.__dict__ for m in model.modules())
 
 
+def test_compile_routes_the_same_math_through_inductor_and_undoes_it():
+    """fused_ops=compile on CPU: TorchInductor compiles HF's RMSNorm, SiLU*up and rotary; loss and every grad equal
+    the plain model's (fp32; inductor may reorder a sum: rel <= 1e-5)."""
+    from transformers.models.qwen3 import modeling_qwen3
+    plain_rope = modeling_qwen3.apply_rotary_pos_emb
+    ref = tiny_model(attn="eager")
+    model = copy.deepcopy(ref)
+    ids = torch.randint(0, ref.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    want = ref(input_ids=ids, labels=ids)
+    want.loss.backward()
+    assert fused_ops.apply_fused_ops(model, "compile") == ["rms_norm", "rope", "swiglu"]
+    try:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+    finally:
+        fused_ops.remove_fused_ops(model)
+    assert modeling_qwen3.apply_rotary_pos_emb is plain_rope
+    assert rel_err(out.loss, want.loss) <= 1e-6
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert rel_err(p.grad, q.grad) <= 1e-5, n
+
+
 def test_refused_where_it_cannot_run():
     fused_ops.check_fused_ops("none", on_cuda=False)
+    fused_ops.check_fused_ops("compile", on_cuda=False)
     with pytest.raises(ValueError, match="fused_ops='liger' needs a CUDA GPU"):
         fused_ops.check_fused_ops("liger", on_cuda=False)
