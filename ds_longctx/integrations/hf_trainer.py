@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import time
 
 
 def run_config(argv: list):
@@ -221,6 +222,48 @@ def check_padding(attention_mask) -> None:
                          "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
 
 
+class StepClock:
+    """A TrainerCallback timing each optimizer step (CUDA-synchronized, from on_step_begin to on_step_end) and its
+    peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
+    (`step_clock()` puts them together: transformers is not imported at module level)."""
+
+    def __init__(self):
+        self.seconds, self.peak, self.t0 = [], 0, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+        if self.t0 is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            self.peak = max(self.peak, torch.cuda.max_memory_reserved())
+        self.seconds.append(time.perf_counter() - self.t0)
+        self.t0 = None
+
+    def read(self) -> dict:
+        import torch
+        out = {}
+        if self.seconds:
+            out["seconds"] = round(sum(self.seconds) / len(self.seconds), 4)
+        if torch.cuda.is_available() and self.seconds:
+            out["peak_gpu_bytes"] = self.peak
+        self.seconds, self.peak = [], 0
+        return out
+
+
+def step_clock():
+    """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
+    from transformers import TrainerCallback
+    return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()
+
+
 class LongCtxTrainerMixin:
     """In front of a Trainer class: ds_longctx's levers, data order and SP loss (module docstring)."""
 
@@ -237,6 +280,15 @@ class LongCtxTrainerMixin:
         self.longctx = apply_levers(run_config, self.model, self.longctx_state,
                                     self.accelerator.state.deepspeed_plugin.deepspeed_config)
         route_forward(self.model, self.longctx.head)
+        self.longctx_clock = step_clock()
+        self.add_callback(self.longctx_clock)
+
+    def log(self, logs, *args, **kwargs):
+        """The Trainer's log, with `ds-longctx train`'s per-step numbers beside a training loss: `seconds` (mean
+        optimizer-step time since the last log) and, on CUDA, `peak_gpu_bytes` (this rank's max_memory_reserved)."""
+        if "loss" in logs:
+            logs = {**logs, **self.longctx_clock.read()}
+        return super().log(logs, *args, **kwargs)
 
     # ---------------------------------------------------------------- data
     def _longctx_rows(self, dataset, description: str):

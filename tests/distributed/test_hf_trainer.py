@@ -65,6 +65,8 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
     # the step counter: 2 optimizer steps, not 2 x sp; an epoch is rows / dp steps; the batch counts dp replicas
     dp = got["dp"]
     assert got["global_step"] == 2 and [h["step"] for h in train] == [1, 2]
+    # each logged step carries its time (as metrics.jsonl's `seconds`); no GPU here, so no peak_gpu_bytes
+    assert all(h["seconds"] > 0 and "peak_gpu_bytes" not in h for h in train), train
     assert got["steps_per_epoch"] == got["n_rows"] // dp
     assert train[1]["epoch"] == pytest.approx(2 / got["steps_per_epoch"])
     assert got["train_batch_size"] == dp  # DeepSpeed's micro_batch x accumulation x dp (micro_batch 1)

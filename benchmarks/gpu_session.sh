@@ -1,0 +1,42 @@
+#!/bin/bash
+# One device session's GPU work as a list of stages, run in order, each stage's output under $RES (outside $OUT, so it
+# outlives one device call). Start it detached after the wheels are installed, then collect across calls:
+#   RUN_DIR=/tmp/session launch/detach.sh bash benchmarks/gpu_session.sh COMMIT hf_trainer gpu_tests peers ...
+#   RUN_DIR=/tmp/session launch/wait.sh 540; tar czf $OUT/res.tgz -C /tmp res     (every call)
+# Stages:
+#   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
+#   gpu_tests   pytest tests/gpu (whole log)
+#   peers       benchmarks/bench_peers.py at 131,072: TRL FSDP2 + CP, then ds_longctx with the plan's placement
+#   fused       ds_longctx at 131,072 with kernels.fused_ops compile, then liger (peers.jsonl rows, same session)
+#   alst        benchmarks/bench_peers.py at 131,072: DeepSpeed ALST
+set -uo pipefail
+RES=${RES:-/tmp/res}
+mkdir -p "$RES"
+COMMIT=$1
+shift
+SESSION=${SESSION:-h200x2-$(date -u +%Y%m%dT%H%M)}
+LEN=${LEN:-131072}
+# the plan's placement at this length on 2 x 141 GB (`ds-longctx plan --model qwen3-8b --seq_len LEN --gpus 2
+# --gpu_mem_gb 141`), as a user would run it
+PLACEMENT=$(python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len "$LEN" --gpus 2 --gpu_mem_gb 141 \
+  --out "$RES/plan_$LEN" | sed -n 's/^placement per layer: \([^ ]*\).*/\1/p')
+echo "session $SESSION commit $COMMIT placement $PLACEMENT" | tee -a "$RES/session.txt"
+peers() {  # SYSTEMS [ds_longctx args]
+  python3 benchmarks/bench_peers.py --systems "$1" --model qwen3-8b --seq_len "$LEN" --gpus 2 --steps 4 \
+    --session "$SESSION" --out "$RES" --commit "$COMMIT" --timeout_s 900 --ds_longctx_args "${2:-}"
+}
+for stage in "$@"; do
+  echo "== $(date -u +%H:%M:%S) stage $stage" | tee -a "$RES/session.txt"
+  case $stage in
+    hf_trainer) python3 benchmarks/bench_hf_trainer.py --model qwen3-8b --seq_len "$LEN" --gpus 2 --gpu_mem_gb 141 \
+                  --steps 3 --out "$RES" --commit "$COMMIT" ;;
+    gpu_tests) python3 -m pytest -q -p no:cacheprovider tests/gpu > "$RES/gpu_tests.log" 2>&1
+               tail -3 "$RES/gpu_tests.log" ;;
+    peers) peers trl_fsdp2_cp && peers ds_longctx "--placement $PLACEMENT" ;;
+    fused) peers ds_longctx "--placement $PLACEMENT --fused_ops compile" &&
+           peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
+    alst) peers alst ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  echo "== $(date -u +%H:%M:%S) stage $stage done ($?)" | tee -a "$RES/session.txt"
+done
