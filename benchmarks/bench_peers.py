@@ -404,9 +404,12 @@ def versions() -> dict:
     return out
 
 
-def git_commit(fallback: str | None) -> str:
+def git_commit(given: str | None) -> str:
+    """`given` (--commit) when set: a device copy of the tree can carry a stale .git; else `git rev-parse`."""
+    if given:
+        return given
     r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else (fallback or "unknown")
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
 
 
 def gpu_name() -> str:
@@ -471,6 +474,23 @@ def run_system(a, system: str, session_dir: Path, commit: str, device: str, flop
                "wall_seconds": round(wall, 1), "date": datetime.date.today().isoformat()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in line.items() if k != "config"}), flush=True)
+    return line
+
+
+def collect_after(a, system: str, run_dir: Path, out: Path) -> dict:
+    """The peers.jsonl line of a peer run whose driver was stopped after its steps finished (device time ran out
+    while the launcher exited): from the ranks' own files; host_peak_bytes = Σ over ranks of the ru_maxrss each rank
+    reported at its last step (the same VmHWM the driver polls), and config says so."""
+    recipe = json.loads((run_dir / "recipe.json").read_text())
+    res = collect(system, run_dir, a.gpus)
+    config = {**recipe, "observed": res["observed"], "model": a.model,
+              "weights": "random init from the shipped geometry", "steps": a.steps,
+              "collected": "line written after the device session from the ranks' files (the driver was stopped "
+                           "when the session's device time ran out); host_peak_bytes from the ranks' ru_maxrss"}
+    line = line_for(a, system, res, res.get("self_reported_host_peak_bytes") or 0, config, res["error"],
+                    git_commit(a.commit), a.device or "unknown", a.flops)
+    with (out / "peers.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
     return line
 
 
@@ -539,6 +559,9 @@ def main():
     ap.add_argument("--timeout_s", type=float, default=1800, help="per system, launch to exit")
     ap.add_argument("--ds_longctx_args", default="", help="extra run-config options for ds_longctx, one string")
     ap.add_argument("--dry", action="store_true", help="print the commands and configs, launch nothing")
+    ap.add_argument("--collect", metavar="RUN_DIR", help="write the line of the one --systems peer run in RUN_DIR "
+                    "whose driver was stopped after its steps (with --session, --commit, --device)")
+    ap.add_argument("--device", help="with --collect: the device name the run had")
     ap.add_argument("--worker", choices=SYSTEMS[1:], help=argparse.SUPPRESS)
     ap.add_argument("--run_dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -562,6 +585,10 @@ def main():
         ap.error("--session LABEL is required (it ties the runs of one device session together)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.collect:
+        if len(systems) != 1 or systems[0] == "ds_longctx":
+            ap.error(f"--collect reads one peer run: give --systems trl_fsdp2_cp or alst, not {systems}")
+        return print(json.dumps(collect_after(a, systems[0], Path(a.collect), out))[:600])
     session_dir = out / f"peers_{a.session}"
     commit, device = git_commit(a.commit), gpu_name()
     for system in systems:
