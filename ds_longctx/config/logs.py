@@ -14,3 +14,7 @@ class LoggingConfig(Section):
     """Progress-bar refresh interval in steps."""
     tensorboard: bool = True
     """Also log to output_dir/tensorboard when torch.utils.tensorboard imports (no hard dependency)."""
+    memory_snapshot_steps: int = Field(0, ge=0)
+    """Record the CUDA allocator's history for the first N steps, then write per rank
+    output_dir/memory/rank<r>_snapshot.pickle (https://pytorch.org/memory_viz) and rank<r>_peak.txt (what is alive
+    at the peak, by the code line that allocated it); run/memory_snapshot.py. 0: off. Needs CUDA."""

@@ -227,11 +227,16 @@ class StepClock:
     peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
     (`step_clock()` puts them together: transformers is not imported at module level)."""
 
+    snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
+
     def __init__(self):
         self.seconds, self.peak, self.t0 = [], 0, None
 
     def on_step_begin(self, args, state, control, **kwargs):
         import torch
+        if self.snapshot[0] and state.global_step == 0 and torch.cuda.is_available():
+            from ds_longctx.run import memory_snapshot
+            memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -246,6 +251,11 @@ class StepClock:
             self.peak = max(self.peak, torch.cuda.max_memory_reserved())
         self.seconds.append(time.perf_counter() - self.t0)
         self.t0 = None
+        if self.snapshot[0] and state.global_step == self.snapshot[0] and torch.cuda.is_available():
+            import torch.distributed as dist
+
+            from ds_longctx.run import memory_snapshot
+            memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, state.global_step)
 
     def read(self) -> dict:
         import torch
@@ -281,6 +291,7 @@ class LongCtxTrainerMixin:
                                     self.accelerator.state.deepspeed_plugin.deepspeed_config)
         route_forward(self.model, self.longctx.head)
         self.longctx_clock = step_clock()
+        self.longctx_clock.snapshot = (run_config.logging.memory_snapshot_steps, self.args.output_dir)
         self.add_callback(self.longctx_clock)
 
     def log(self, logs, *args, **kwargs):

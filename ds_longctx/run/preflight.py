@@ -39,6 +39,9 @@ def validate(cfg, world_size: int, per_node: int | None = None):
                   across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")
     attention.resolve_backend(cfg.kernels.attn_backend)
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
+    if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
+        raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
+                         f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU")
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from tqdm import tqdm
 
-    from ds_longctx.run import checkpoint
+    from ds_longctx.run import checkpoint, memory_snapshot
     from ds_longctx.data import build_data, build_eval_data
     from ds_longctx.parallel.parallel_state import init_distributed, leave
     from ds_longctx.run.engine import build_engine
@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         refuse(f"refused before start: {e}", rank)
 
     # ---------------------------------------------------------------- engine
+    snapshot_steps = cfg.logging.memory_snapshot_steps
+    if snapshot_steps:
+        memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
     engine = build_engine(cfg, hf_cfg)
     st = engine.state
     out = Path(cfg.train.output_dir)
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
             row["peak_gpu_bytes_max_rank"] = int(m[0])
         metrics.write(row)
+        if snapshot_steps and done == min(start + snapshot_steps, cfg.train.steps):
+            memory_snapshot.dump(out, st.rank, done - start)
         if held is not None and (done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)):
             last_eval = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)  # collective
             metrics.write_eval(last_eval, done)

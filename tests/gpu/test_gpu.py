@@ -95,3 +95,21 @@ def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
     assert rel_err(got["loss"], float(loss)) <= 1e-4
     worst = max(rel_err(got["grads"][n], p.grad.float().cpu()) for n, p in model.named_parameters())
     assert worst <= 1e-3, worst
+
+
+def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
+    """`--memory_snapshot_steps 1` on one GPU: both files written; the peak the table reads off the recorded history
+    is at least the step's max_memory_allocated (metrics.jsonl) and not far above it (the window also holds the
+    build, which allocates less than a training step)."""
+    import re
+
+    from tests.helpers import read_metrics, run_cli
+    out = tmp_path / "run"
+    res = run_cli(["train", "--nproc", "1", "--model", "qwen3-tiny", "--seq_len", "1024", "--steps", "1",
+                   "--memory_snapshot_steps", "1", "--output_dir", str(out)], env=gpu_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = (out / "memory" / "rank0_peak.txt").read_text()
+    assert (out / "memory" / "rank0_snapshot.pickle").stat().st_size > 0
+    peak = float(re.search(r": ([\d.]+) GiB", text.splitlines()[0]).group(1)) * 2 ** 30
+    step = read_metrics(out)[0]["peak_gpu_allocated_bytes"]
+    assert 0.99 * step <= peak <= 1.5 * step + 2 ** 20, (peak, step, text)

@@ -354,3 +354,9 @@ def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_
     assert last.startswith("refused before start: data=") and "token id 700" in last and "re-tokenize" in last
     assert "Traceback" not in res.stderr + res.stdout and "ChildFailedError" not in res.stderr
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- logging
+def test_memory_snapshot_without_cuda(tmp_path):
+    refused(tmp_path / "out", ["memory_snapshot_steps=2", "needs a CUDA GPU", "memory_snapshot_steps: 0"],
+            memory_snapshot_steps=2)
