@@ -2,13 +2,17 @@
 # One device session's GPU work as a list of stages, run in order, each stage's output under $RES (outside $OUT, so it
 # outlives one device call). Start it detached after the wheels are installed, then collect across calls:
 #   RUN_DIR=/tmp/session launch/detach.sh bash benchmarks/gpu_session.sh COMMIT hf_trainer gpu_tests peers ...
-#   RUN_DIR=/tmp/session launch/wait.sh 540; tar czf $OUT/res.tgz -C /tmp res     (every call)
+#   RUN_DIR=/tmp/session launch/wait.sh 540; tar czf $OUT/res.tgz --exclude=books --exclude=cache \
+#     --exclude='*.pickle' -C /tmp res session      (every call; each file back is at most 16 MiB)
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
 #   peers       benchmarks/bench_peers.py at 131,072: TRL FSDP2 + CP, then ds_longctx with the plan's placement
 #   fused       ds_longctx at 131,072 with kernels.fused_ops compile, then liger (peers.jsonl rows, same session)
 #   alst        benchmarks/bench_peers.py at 131,072: DeepSpeed ALST
+#   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
+#               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
+# LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
 RES=${RES:-/tmp/res}
 mkdir -p "$RES"
@@ -22,7 +26,7 @@ PLACEMENT=$(python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len "$LEN" --g
   --out "$RES/plan_$LEN" | sed -n 's/^placement per layer: \([^ ]*\).*/\1/p')
 echo "session $SESSION commit $COMMIT placement $PLACEMENT" | tee -a "$RES/session.txt"
 peers() {  # SYSTEMS [ds_longctx args]
-  python3 benchmarks/bench_peers.py --systems "$1" --model qwen3-8b --seq_len "$LEN" --gpus 2 --steps 4 \
+  python3 benchmarks/bench_peers.py --systems "$1" --model qwen3-8b --seq_len "$LEN" --gpus 2 --steps "${STEPS:-4}" \
     --session "$SESSION" --out "$RES" --commit "$COMMIT" --timeout_s 900 --ds_longctx_args "${2:-}"
 }
 for stage in "$@"; do
@@ -36,6 +40,11 @@ for stage in "$@"; do
     fused) peers ds_longctx "--placement $PLACEMENT --fused_ops compile" &&
            peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
     alst) peers alst ;;
+    budget64) python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len 262144 --gpus 2 --gpu_mem_gb 64 \
+                --out "$RES/plan_262144_64gb" > /dev/null &&
+              python3 -m ds_longctx.cli train --config "$RES/plan_262144_64gb/run.yaml" --nproc 2 --steps 2 \
+                --memory_snapshot_steps 2 --output_dir "$RES/budget64" > "$RES/budget64.log" 2>&1
+              tail -3 "$RES/budget64.log"; cat "$RES/budget64/memory/rank0_peak.txt" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== $(date -u +%H:%M:%S) stage $stage done ($?)" | tee -a "$RES/session.txt"
