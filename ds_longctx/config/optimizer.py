@@ -24,3 +24,8 @@ class OptimizerConfig(Section):
     offload: bool = Field(False, json_schema_extra={"flat": "optimizer_offload"})
     """Keep the fp32 master weights, gradients and Adam state in pinned host memory (DeepSpeed offload_optimizer:
     cpu, DeepSpeedCPUAdam)."""
+    offload_ratio: float = Field(1.0, ge=0.0, le=1.0, json_schema_extra={"flat": "optimizer_offload_ratio"})
+    """With optimizer_offload: the share of the optimizer state (fp32 master, grads, Adam moments) on the host,
+    stepped by CPU Adam; the rest stays on the GPU and steps there (DeepSpeed ZeRO-3 partial offload,
+    offload_optimizer.ratio, split at its sub-groups of OFFLOAD_SUB_GROUP_ELEMS elements: plan/ds_config.py).
+    1: all on the host. Not yet measured on a GPU."""

@@ -172,6 +172,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
                              f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
                              f"tiled_mlp: false")
+        ratio = self.optimizer.offload_ratio
+        if ratio < 1 and not self.optimizer.offload:
+            raise ValueError(f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "
+                             f"true, or leave optimizer_offload_ratio at 1")
+        if ratio < 1 and self.lora.rank:
+            raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={self.lora.rank}: the adapters' "
+                             f"optimizer state is small, split it no further; set optimizer_offload_ratio: 1 (or "
+                             f"optimizer_offload: false)")
         if self.eval.data is not None and self.eval.buckets > seq:
             raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
                              f"at least one; use eval_buckets <= {seq}")

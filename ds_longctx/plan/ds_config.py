@@ -11,6 +11,8 @@ from ds_longctx.config import RunConfig
 from ds_longctx.levers.offload import activation_checkpointing_block
 from ds_longctx.levers.placement import requests_offload
 from ds_longctx.parallel.parallel_state import dp_size
+from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.planner import offload_sub_group_elems
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
@@ -47,6 +49,10 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     }
     if cfg.optimizer.offload:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if cfg.optimizer.offload_ratio < 1:  # partial offload: DeepSpeed's first int((1-ratio)·n) sub-groups on GPU
+            ds["zero_optimization"]["offload_optimizer"]["ratio"] = cfg.optimizer.offload_ratio
+            ds["zero_optimization"]["sub_group_size"] = offload_sub_group_elems(
+                ModelGeometry.from_name_or_path(cfg.model.name), world_size)
         opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(

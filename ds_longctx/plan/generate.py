@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
                    help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
                         "DeepSpeed's power-of-two buffers: the same data in up to half the host memory (not yet "
                         "measured on a GPU)")
+    p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
+                   help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
+                        "offload; the rest steps on the GPU). 1 (default): all of it. Not yet measured on a GPU, so "
+                        "the search does not pick it by itself")
     p.add_argument("--lora_rank", type=int, default=0,
                    help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
                         "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
@@ -116,6 +120,12 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
     if a.seq_len is not None and a.seq_len <= 0:
         raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
+    if not 0 <= a.optimizer_offload_ratio <= 1:
+        raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
+                         f"share of the offloaded optimizer, e.g. 0.5")
+    if a.optimizer_offload_ratio < 1 and a.lora_rank:
+        raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} with --lora_rank {a.lora_rank}: "
+                         f"the adapters' optimizer state is small, split it no further; drop one of them")
     if a.lora_rank < 0:
         raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
@@ -138,6 +148,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
     parts += ["--pinned_pool"] if a.pinned_pool else []
+    parts += [f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g}"] if a.optimizer_offload_ratio < 1 else []
     parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     return "ds-longctx plan " + " ".join(parts)
 
@@ -145,7 +156,8 @@ def command_line(a: argparse.Namespace, host: float) -> str:
 def search_kw(a: argparse.Namespace, host: float) -> dict:
     """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank))
+                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank,
+                                                       optimizer_offload_ratio=a.optimizer_offload_ratio))
 
 
 def hardware(a: argparse.Namespace, host: float) -> str:

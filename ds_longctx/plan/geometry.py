@@ -79,6 +79,18 @@ class ModelGeometry:
         out["lm_head"] = (H, self.vocab)
         return out
 
+    def param_numels(self) -> list:
+        """Each parameter's element count in `model.parameters()` order (HF's module registration order: the
+        embedding; per layer q/k/v/o (+ biases), q_norm/k_norm, gate/up/down, the two norms; the final norm;
+        lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (planner.optimizer_split)."""
+        H, I, d, q, kv = self.hidden, self.intermediate, self.head_dim, self.heads * self.head_dim, \
+            self.kv_heads * self.head_dim
+        b = self.attention_bias
+        layer = [H * q, *([q] if b else []), H * kv, *([kv] if b else []), H * kv, *([kv] if b else []),
+                 q * H, *([H] if b else []), *([d, d] if self.qk_norm else []), H * I, H * I, I * H, H, H]
+        emb = self.vocab * self.hidden
+        return [emb, *layer * self.layers, H, *([] if self.tied_embeddings else [emb])]
+
     @property
     def num_params(self) -> int:
         """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""

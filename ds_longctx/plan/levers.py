@@ -31,6 +31,7 @@ class Levers:
     tile_tokens: Optional[int] = None
     offload_layers: int = 0
     optimizer_offload: bool = False
+    optimizer_offload_ratio: float = 1.0  # with optimizer_offload: the host's share (DeepSpeed partial offload)
     attention_cache_layers: int = 0
     placement: Optional[PlacementPlan] = None
     pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
@@ -57,7 +58,8 @@ class Levers:
         the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
         mem, targets = cfg.memory, cfg.lora.target_modules
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
-                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload, placement=placement,
+                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
+                   optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
                    pinned_pool=mem.pinned_pool,
                    lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
 
@@ -67,6 +69,7 @@ class Levers:
         out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
                "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
                "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
+               "optimizer_offload_ratio": self.optimizer_offload_ratio if self.optimizer_offload else 1.0,
                "pinned_pool": self.pinned_pool,
                "torch_adam": not self.optimizer_offload,  # offloaded Adam is DeepSpeedCPUAdam
                "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}

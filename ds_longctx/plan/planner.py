@@ -55,6 +55,11 @@ HIDDEN_UNITS_ATTN_BWD = 6
 QK_NORM_SAVED_COPIES = 3
 # ds_config.py's reduce_bucket_size (elements); tests/plan/test_planner.py checks the two agree.
 REDUCE_BUCKET_ELEMS = 50_000_000
+# DeepSpeed ZeRO-3 sub-groups per rank under partial optimizer offload: the GPU/host split falls at sub-group
+# boundaries, so more groups make `ratio` finer (DeepSpeed's default sub_group_size 1e9 gives ~5 per rank for an 8B
+# model on 2 GPUs, 1 for a small one). plan/ds_config.py writes `offload_sub_group_elems`; `optimizer_split` splits
+# where DeepSpeed then does.
+OFFLOAD_SUB_GROUPS = 40
 # Calibrated on nvidia-h200-x2 (benchmarks/results/planner_runs_2026-11-30.md, expandable segments):
 # max_memory_reserved / max_memory_allocated was 1.03-1.06 without offload and 1.12 with it, and a
 # rank's steady host RSS 2.2 GiB.
@@ -127,6 +132,8 @@ class MemoryPlan:
         rows = [f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
                 f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
                 f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
+                + (f" (ratio {lv.optimizer_offload_ratio})" if lv.optimizer_offload and lv.optimizer_offload_ratio < 1
+                   else "")
                 + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
                 f"placement: {self.placement.describe()}",
                 f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"
@@ -155,6 +162,28 @@ def _host_bytes(terms, phases: tuple) -> int:
 def _pow2(n: int) -> int:
     """n rounded up to a power of two (torch's CachingHostAllocator block sizes for pinned memory)."""
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
+    """DeepSpeed's sub_group_size for partial offload: one rank's partition in about OFFLOAD_SUB_GROUPS groups."""
+    return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
+
+
+def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
+    """(elements on the GPU, elements on the host) of one rank's optimizer partition under DeepSpeed ZeRO-3 partial
+    offload, cut where DeepSpeed cuts (stage3.py `_create_fp16_sub_groups`: parameters in order, each a
+    ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements or at the last parameter;
+    the first int((1 - ratio)·n) of the n sub-groups stay on the GPU). ratio 1: all on the host."""
+    groups, size = [], 0
+    numels = geom.param_numels()
+    sub_group_elems = sub_group_elems or offload_sub_group_elems(geom, world)
+    for i, n in enumerate(numels):
+        size += -(-n // world)
+        if size >= sub_group_elems or i == len(numels) - 1:
+            groups.append(size)
+            size = 0
+    on_gpu = sum(groups[:int((1 - ratio) * len(groups))])
+    return on_gpu, sum(groups) - on_gpu
 
 
 def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
@@ -265,14 +294,21 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     part = -(-(P + A) // W)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
     part_t, Pt = -(-P_t // W), "A" if lora else "P"
     add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if lora else f"2·P/{w}")
-    off = levers.optimizer_offload
+    off, ratio = levers.optimizer_offload, levers.optimizer_offload_ratio
+    if off and ratio < 1:  # partial offload: DeepSpeed's sub-groups, the first ones on the GPU
+        if lora:
+            raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={r}: the run config refuses it")
+        on_gpu, on_host = optimizer_split(g, W, ratio)
+        share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
+    else:
+        on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
-        b = nbytes * part_t
-        add(name, 0 if off else b, G * b if off else 0,
-            f"{nbytes}·{Pt}/{w}" + (f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") if off else ""))
+        add(name, nbytes * on_gpu, G * nbytes * on_host, f"{nbytes}·{Pt}/{w}" + (
+            f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else ""))
     if off:
-        add("cpu_adam_grads_fp32", 0, G * 4 * part_t, f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W")
-            + " (the fp32 grads DeepSpeedCPUAdam steps on)")
+        add("cpu_adam_grads_fp32", 4 * on_gpu, G * 4 * on_host, f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W")
+            + (" (the fp32 grads the optimizers step on: the GPU sub-groups' on the GPU)" if on_gpu
+               else " (the fp32 grads DeepSpeedCPUAdam steps on)"))
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * (Pl + A_layer) * 2, 0,
         f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2"))

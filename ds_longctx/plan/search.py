@@ -109,7 +109,9 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
              f"loss_chunk_rows={lv.loss_chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
              f"layer-backward phase (floor 256)",
              f"optimizer_offload={lv.optimizer_offload}: "
-             + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")]
+             + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
+             + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, as asked)"
+                if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
     if plan.seq_len > geom.max_position_embeddings:
         notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings {geom.max_position_embeddings:,}: "
                      f"train with YaRN (rope_scaling auto)")

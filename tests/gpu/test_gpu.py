@@ -113,3 +113,26 @@ def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
     peak = float(re.search(r": ([\d.]+) GiB", text.splitlines()[0]).group(1)) * 2 ** 30
     step = read_metrics(out)[0]["peak_gpu_allocated_bytes"]
     assert 0.99 * step <= peak <= 1.5 * step + 2 ** 20, (peak, step, text)
+
+
+@two_gpus
+def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
+    """fp32, SP=2: `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with torch's AdamW, half on
+    the host with DeepSpeedCPUAdam) gives the losses of `ratio 1` (all on the host) for 3 steps; both runs' ds_config
+    carry what they asked for."""
+    import json
+
+    from tests.helpers import read_metrics, run_cli
+    losses = {}
+    for ratio in ("1", "0.5"):
+        out = tmp_path / f"r{ratio}"
+        res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "512",
+                       "--steps", "3", "--dtype", "fp32", "--lr", "1e-3", "--optimizer_offload", "true",
+                       "--optimizer_offload_ratio", ratio, "--output_dir", str(out)], env=gpu_env(), output_dir=out)
+        assert res.returncode == 0, res.stderr[-3000:]
+        zero = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
+        assert zero["offload_optimizer"].get("ratio", 1.0) == float(ratio)
+        losses[ratio] = [m["loss"] for m in read_metrics(out)]
+    assert len(losses["1"]) == 3
+    for a, b in zip(losses["0.5"], losses["1"]):
+        assert rel_err(a, b) <= 1e-5, losses

@@ -1,0 +1,133 @@
+"""Partial optimizer offload (optimizer_offload_ratio): the planner splits one rank's optimizer partition between GPU
+and host where DeepSpeed ZeRO-3 does, the terms move with the split, and the run config, ds_config and
+`ds-longctx plan` carry the ratio (refusing what cannot work). The reference is DeepSpeed's rule written out here
+from stage3.py (`_create_fp16_sub_groups` and the sub-group-to-device loop) over the parameters of real HF models
+built on the meta device."""
+
+import pytest
+
+from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.planner import Levers, optimizer_split, plan_memory
+from tests.helpers import run_cli
+
+
+def hf_numels(config) -> list:
+    import torch
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return [p.numel() for p in model.parameters()]
+
+
+def deepspeed_split(numels: list, world: int, ratio: float, sub_group_size: int) -> tuple:
+    """stage3.py: parameters in order, partition ceil(numel / W) each; a sub-group closes when it reaches
+    sub_group_size or at the last parameter; sub-group i goes to the host iff i >= int((1 - ratio) * n)."""
+    groups, cur = [], 0
+    for i, n in enumerate(numels):
+        cur += -(-n // world)
+        if cur >= sub_group_size or i == len(numels) - 1:
+            groups.append(cur)
+            cur = 0
+    host = [i >= int((1 - ratio) * len(groups)) for i in range(len(groups))]
+    return sum(g for g, h in zip(groups, host) if not h), sum(g for g, h in zip(groups, host) if h)
+
+
+def configs():
+    from transformers import AutoConfig, LlamaConfig
+    from ds_longctx.run.model import load_hf_config
+    yield "qwen3-8b", load_hf_config("qwen3-8b")
+    yield "qwen3-tiny", load_hf_config("qwen3-tiny")
+    # another family: biases on the attention projections, no q/k norm, tied embeddings
+    yield "llama-bias-tied", LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                                         num_attention_heads=8, num_key_value_heads=2, vocab_size=1000,
+                                         attention_bias=True, tie_word_embeddings=True)
+    del AutoConfig
+
+
+@pytest.mark.parametrize("name,config", list(configs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_the_split_is_deepspeeds(name, config):
+    geom = ModelGeometry.from_config(config.to_dict(), name=name)
+    numels = hf_numels(config)
+    assert geom.param_numels() == numels  # the geometry lists the parameters as the HF model holds them
+    total = sum(numels)
+    for world in (1, 2, 8):
+        for groups_per_rank in (3, 10, 40):
+            sub = max(total // world // groups_per_rank, 1)
+            for ratio in (0.0, 0.3, 0.5, 0.75, 1.0):
+                got = optimizer_split(geom, world, ratio, sub_group_elems=sub)
+                assert got == deepspeed_split(numels, world, ratio, sub), (world, sub, ratio)
+
+
+Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
+
+
+def test_the_terms_move_with_the_split():
+    def plan(**kw):
+        return plan_memory(Q8, 131072, 2, 2, Levers(offload_layers=36, **kw), fragmentation=1.0)
+    names = ("grads_bf16", "master_fp32", "adam_m_v_fp32")
+    on_gpu, off, half, none = plan(), plan(optimizer_offload=True), \
+        plan(optimizer_offload=True, optimizer_offload_ratio=0.5), plan(optimizer_offload=True, optimizer_offload_ratio=0)
+    gpu_e, host_e = optimizer_split(Q8, 2, 0.5)
+    part = gpu_e + host_e
+    for name, nbytes in zip(names, (2, 4, 8)):
+        assert (off.term(name).gpu_bytes, off.term(name).host_bytes) == (0, 2 * nbytes * part)
+        assert (half.term(name).gpu_bytes, half.term(name).host_bytes) == (nbytes * gpu_e, 2 * nbytes * host_e)
+        assert none.term(name).gpu_bytes == on_gpu.term(name).gpu_bytes and none.term(name).host_bytes == 0
+    fp32_grads = half.term("cpu_adam_grads_fp32")
+    assert (fp32_grads.gpu_bytes, fp32_grads.host_bytes) == (4 * gpu_e, 2 * 4 * host_e)
+    assert 0.4 < gpu_e / part < 0.6
+    # the default sub-groups: about OFFLOAD_SUB_GROUPS per rank, for a small model too
+    from ds_longctx.plan.planner import OFFLOAD_SUB_GROUPS, offload_sub_group_elems
+    tiny = ModelGeometry.from_name_or_path("qwen3-tiny")
+    sub = offload_sub_group_elems(tiny, 2)
+    assert OFFLOAD_SUB_GROUPS * sub >= sum(-(-n // 2) for n in tiny.param_numels()) > (OFFLOAD_SUB_GROUPS - 1) * sub
+    g, h = optimizer_split(tiny, 2, 0.5)
+    assert g > 0 and h > 0  # split, not all on one side
+    # the GPU peak grows and the host peak shrinks as the host's share falls
+    assert off.gpu_peak_bytes < half.gpu_peak_bytes < none.gpu_peak_bytes
+    assert off.host_peak_bytes > half.host_peak_bytes > none.host_peak_bytes
+
+
+def test_run_config_and_ds_config_carry_the_ratio():
+    from ds_longctx.config import RunConfig
+    from ds_longctx.plan.ds_config import build_ds_config
+    from ds_longctx.plan.planner import offload_sub_group_elems
+    cfg = RunConfig(model="qwen3-8b", optimizer_offload=True, optimizer_offload_ratio=0.25)
+    lv = Levers.from_run_config(cfg)
+    assert (lv.optimizer_offload, lv.optimizer_offload_ratio) == (True, 0.25)
+    assert RunConfig(model="qwen3-8b", **lv.run_config_fields()).optimizer == \
+        RunConfig(model="qwen3-8b", optimizer_offload=True, optimizer_offload_ratio=0.25, torch_adam=False).optimizer
+    zero = build_ds_config(cfg, 2, on_gpu=True)["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True, "ratio": 0.25}
+    assert zero["sub_group_size"] == offload_sub_group_elems(ModelGeometry.from_name_or_path("qwen3-8b"), 2)
+    full = build_ds_config(RunConfig(model="qwen3-8b", optimizer_offload=True), 2, on_gpu=True)["zero_optimization"]
+    assert "ratio" not in full["offload_optimizer"] and "sub_group_size" not in full
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(optimizer_offload_ratio=0.5), "set optimizer_offload: true"),
+    (dict(optimizer_offload=True, optimizer_offload_ratio=0.5, lora_rank=8), "set optimizer_offload_ratio: 1"),
+    (dict(optimizer_offload=True, optimizer_offload_ratio=1.5), "less than or equal to 1"),
+])
+def test_the_run_config_refuses_a_ratio_that_cannot_work(kw, needle):
+    from pydantic import ValidationError
+
+    from ds_longctx.config import RunConfig, format_validation_error
+    with pytest.raises(ValidationError) as e:
+        RunConfig(model="qwen3-tiny", **kw)
+    assert needle in format_validation_error(e.value)
+
+
+def test_plan_writes_the_ratio_when_it_offloads_and_refuses_bad_ones(tmp_path):
+    from ds_longctx.config import RunConfig
+    res = run_cli(["plan", "--model", "qwen3-8b", "--seq_len", "600064", "--gpus", "2", "--gpu_mem_gb", "141", "--pinned_pool",
+                   "--optimizer_offload_ratio", "0.5", "--out", str(tmp_path / "p")])
+    assert res.returncode == 0, res.stderr
+    cfg = RunConfig.load(tmp_path / "p" / "run.yaml")
+    assert cfg.optimizer.offload and cfg.optimizer.offload_ratio == 0.5
+    assert "--optimizer_offload_ratio 0.5" in (tmp_path / "p" / "plan.txt").read_text().splitlines()[0]
+    assert "(ratio 0.5)" in (tmp_path / "p" / "plan.txt").read_text()
+    for args, needle in ((["--optimizer_offload_ratio", "2"], "must be in [0, 1]"),
+                         (["--optimizer_offload_ratio", "0.5", "--lora_rank", "8"], "drop one of them")):
+        res = run_cli(["plan", "--model", "qwen3-8b", "--seq_len", "131072", "--gpus", "2", *args])
+        assert res.returncode == 2 and needle in res.stderr, res.stderr
