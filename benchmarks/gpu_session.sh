@@ -7,9 +7,10 @@
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
-#   peers       benchmarks/bench_peers.py at 131,072: TRL FSDP2 + CP, then ds_longctx with the plan's placement
-#   fused       ds_longctx at 131,072 with kernels.fused_ops compile, then liger (peers.jsonl rows, same session)
-#   alst        benchmarks/bench_peers.py at 131,072: DeepSpeed ALST
+#   peers       benchmarks/bench_peers.py at LEN: TRL FSDP2 + CP, then ds_longctx with the plan's placement (defaults:
+#               fused_ops auto = compile on GPU)
+#   fused       ds_longctx at LEN with kernels.fused_ops none, then liger (the lever off and the other kernel)
+#   alst        benchmarks/bench_peers.py at LEN: DeepSpeed ALST
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
@@ -37,7 +38,7 @@ for stage in "$@"; do
     gpu_tests) python3 -m pytest -q -p no:cacheprovider tests/gpu > "$RES/gpu_tests.log" 2>&1
                tail -3 "$RES/gpu_tests.log" ;;
     peers) peers trl_fsdp2_cp && peers ds_longctx "--placement $PLACEMENT" ;;
-    fused) peers ds_longctx "--placement $PLACEMENT --fused_ops compile" &&
+    fused) peers ds_longctx "--placement $PLACEMENT --fused_ops none" &&
            peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
     alst) peers alst ;;
     budget64) python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len 262144 --gpus 2 --gpu_mem_gb 64 \

@@ -19,9 +19,11 @@ class KernelsConfig(Section):
     installed on other GPUs, else SDPA's flash kernel), fa4, sdpa (SDPA, kernel picked per device), sdpa_cudnn,
     sdpa_flash, sdpa_efficient, sdpa_math, flash_attn (flash-attn 2). The choice and its reason are logged."""
 
-    fused_ops: Literal["none", "liger", "compile"] = "none"
+    fused_ops: Literal["auto", "none", "liger", "compile"] = "auto"
     """Token-wise work (RMSNorm, SwiGLU, rotary) as fused kernels: liger (Liger-Kernel's Triton kernels, CUDA),
-    compile (TorchInductor compiling HF's own math for them) or none (HF's own ops); levers/fused_ops.py."""
+    compile (TorchInductor compiling HF's own math for them; the first step pays the compilation), none (HF's own
+    ops), or auto (compile on a CUDA GPU, where it measured fastest, none on CPU); levers/fused_ops.py. The choice
+    and its reason are logged."""
 
     @field_validator("attn_backend")
     @classmethod

@@ -47,9 +47,23 @@ def liger_available() -> bool:
         return False
 
 
+# What `auto` picks on a CUDA GPU, and why (one device session, 131,072 tokens, Qwen3-8B geometry, SP=2 on 2 x H200:
+# benchmarks/results/peers.jsonl, session h200x2-20261130T1754; losses within 2e-5 of none's, step by step).
+AUTO_CUDA = ("compile", "auto: CUDA GPU; torch.compile measured fastest (21.67 s/step at 131,072 tokens on 2 x H200 "
+                        "vs Liger 21.79, none 23.63: benchmarks/results/peers.jsonl)")
+
+
+def resolve_fused_ops(name: str, on_cuda: bool) -> tuple:
+    """(kind that runs: liger | compile | none, the reason logged). `auto`: compile on CUDA, none on CPU (where runs
+    are tests and a compilation buys nothing)."""
+    if name != "auto":
+        return name, "asked for"
+    return AUTO_CUDA if on_cuda else ("none", "auto: no CUDA GPU")
+
+
 def check_fused_ops(name: str, on_cuda: bool) -> None:
     """Refuse `fused_ops` where it cannot run, naming the fix."""
-    if name in ("none", "compile"):
+    if name in ("none", "compile", "auto"):
         return
     if not on_cuda:
         raise ValueError(f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none on CPU")

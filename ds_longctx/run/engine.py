@@ -47,7 +47,7 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
-from ds_longctx.levers.fused_ops import apply_fused_ops
+from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
@@ -234,8 +234,11 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     # 5. the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0)
     attn = ulysses.register(model, state)
-    if cfg.kernels.fused_ops != "none":
-        apply_fused_ops(model, cfg.kernels.fused_ops)
+    fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
+    if state.rank == 0:
+        log.info("fused ops: %s (%s)", fused, why)
+    if fused != "none":
+        apply_fused_ops(model, fused)
     # 6. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
     #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
     if cfg.memory.tiled_mlp:

@@ -115,3 +115,13 @@ def test_refused_where_it_cannot_run():
     fused_ops.check_fused_ops("compile", on_cuda=False)
     with pytest.raises(ValueError, match="fused_ops='liger' needs a CUDA GPU"):
         fused_ops.check_fused_ops("liger", on_cuda=False)
+
+
+def test_auto_is_compile_on_cuda_and_none_on_cpu_and_says_why():
+    fused_ops.check_fused_ops("auto", on_cuda=False)
+    kind, why = fused_ops.resolve_fused_ops("auto", on_cuda=True)
+    assert kind == "compile" and "measured fastest" in why and "peers.jsonl" in why
+    assert fused_ops.resolve_fused_ops("auto", on_cuda=False) == ("none", "auto: no CUDA GPU")
+    assert fused_ops.resolve_fused_ops("liger", on_cuda=True) == ("liger", "asked for")
+    from ds_longctx.config import RunConfig
+    assert RunConfig().kernels.fused_ops == "auto"
