@@ -230,13 +230,14 @@ class StepClock:
     snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
 
     def __init__(self):
-        self.seconds, self.peak, self.t0 = [], 0, None
+        self.seconds, self.peak, self.t0, self.recorded = [], 0, None, None  # recorded: steps since recording began
 
     def on_step_begin(self, args, state, control, **kwargs):
         import torch
-        if self.snapshot[0] and state.global_step == 0 and torch.cuda.is_available():
+        if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
             from ds_longctx.run import memory_snapshot
             memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
+            self.recorded = 0
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -251,11 +252,14 @@ class StepClock:
             self.peak = max(self.peak, torch.cuda.max_memory_reserved())
         self.seconds.append(time.perf_counter() - self.t0)
         self.t0 = None
-        if self.snapshot[0] and state.global_step == self.snapshot[0] and torch.cuda.is_available():
-            import torch.distributed as dist
+        if self.recorded is not None and self.recorded >= 0:
+            self.recorded += 1
+            if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
+                import torch.distributed as dist
 
-            from ds_longctx.run import memory_snapshot
-            memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, state.global_step)
+                from ds_longctx.run import memory_snapshot
+                memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
+                self.recorded = -1  # done
 
     def read(self) -> dict:
         import torch
