@@ -70,8 +70,17 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def resolve_backend(name: str) -> AttentionChoice:
-    """Map a config name to a concrete kernel. Raises for a backend that cannot run here."""
+# Head dims at which FA4 has been checked here against an fp32 reference and inside the engine (H200:
+# tests/gpu/test_attention_gpu.py); `auto` picks FA4 only at these. Its SM90 kernels take FA3's tile configurations,
+# made for head dims 64-256; at head_dim 16 (the tiny test model) the engine's FA4 gradients disagreed with cuDNN
+# SDPA's on an H200 (benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), so below 64 FA4 is refused.
+FA4_VERIFIED_HEAD_DIMS = (128,)
+FA4_MIN_HEAD_DIM = 64
+
+
+def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoice:
+    """Map a config name to a concrete kernel for a model of `head_dim` (None: not known here). Raises for a
+    backend that cannot run here."""
     on_cuda = torch.cuda.is_available()
     if name == "fa4":
         if not on_cuda or torch.cuda.get_device_capability()[0] not in (9, 10):
@@ -80,7 +89,12 @@ def resolve_backend(name: str) -> AttentionChoice:
         if not fa4_available():
             raise ValueError("attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
                              "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'")
-        return AttentionChoice("fa4", (), "asked for")
+        if head_dim is not None and head_dim < FA4_MIN_HEAD_DIM:
+            raise ValueError(f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are "
+                             f"made for head dims {FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients "
+                             f"disagreed with cuDNN SDPA's here; use attn_backend='sdpa' (or 'auto')")
+        return AttentionChoice("fa4", (), "asked for" + ("" if head_dim is None or head_dim in FA4_VERIFIED_HEAD_DIMS
+                                                         else f" (head_dim {head_dim} not yet verified here)"))
     if name == "flash_attn":
         if not flash_attn_available():
             raise ValueError("attn_backend='flash_attn' but flash-attn is not installed; "
@@ -92,17 +106,20 @@ def resolve_backend(name: str) -> AttentionChoice:
         if not on_cuda and name != "sdpa_math":
             return AttentionChoice("sdpa", (), f"{name} asked for but no CUDA: SDPA's CPU kernel")
         return AttentionChoice("sdpa", (_SDPA_KERNELS[name],), "asked for")
-    if name == "auto" and _is_hopper() and fa4_available():
+    if name == "auto" and _is_hopper() and fa4_available() and (head_dim is None
+                                                                or head_dim in FA4_VERIFIED_HEAD_DIMS):
         return AttentionChoice("fa4", (), "auto: Hopper GPU and FlashAttention 4 imports (faster than cuDNN SDPA "
                                           "at Ulysses shapes: benchmarks/bench_attention.py)")
+    unverified = (f" (FlashAttention 4 not verified at head_dim {head_dim}: {list(FA4_VERIFIED_HEAD_DIMS)})"
+                  if name == "auto" and _is_hopper() and fa4_available() else "")
     if name == "auto" and on_cuda and flash_attn_available() and not _is_hopper():
         return AttentionChoice("flash_attn", (), "auto: flash-attn installed, GPU is not Hopper")
     if not on_cuda:
         return AttentionChoice("sdpa", (), f"{name}: no CUDA, SDPA's CPU kernel")
     if _is_hopper():
         return AttentionChoice("sdpa", ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
-                               f"{name}: Hopper GPU, cuDNN SDPA" + (" (FlashAttention 4 not installed)"
-                                                                     if name == "auto" else ""))
+                               f"{name}: Hopper GPU, cuDNN SDPA" + (unverified or (" (FlashAttention 4 not installed)"
+                                                                                  if name == "auto" else "")))
     return AttentionChoice("sdpa", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"),
                            f"{name}: non-Hopper GPU, SDPA flash kernel")
 
@@ -110,15 +127,21 @@ def resolve_backend(name: str) -> AttentionChoice:
 _CHOICE: Optional[AttentionChoice] = None
 
 
-def select(name: str, announce: bool = True) -> AttentionChoice:
+def select(name: str, announce: bool = True, head_dim: Optional[int] = None) -> AttentionChoice:
     """Choose the kernel for this process (once); log it on the first call."""
     global _CHOICE
-    _CHOICE = resolve_backend(name)
+    _CHOICE = resolve_backend(name, head_dim)
     if announce:
         kern = "/".join(_CHOICE.sdpa_kernels) or "default"
         log.info("attention: %s%s (%s)", _CHOICE.backend,
                  f"[{kern}]" if _CHOICE.backend == "sdpa" else "", _CHOICE.reason)
     return _CHOICE
+
+
+def model_head_dim(hf_config) -> int:
+    """The attention head dim of an HF config (its text config's `head_dim`, else hidden / heads)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 def current() -> AttentionChoice:

@@ -209,3 +209,22 @@ def test_a_key_given_twice_with_two_values_is_refused():
     with pytest.raises(ValidationError, match="train.seq_len is given twice: seq_len=128 and train.seq_len=256"):
         RunConfig(seq_len=128, train={"seq_len": 256})
     assert RunConfig(seq_len=128, train={"seq_len": 128}).train.seq_len == 128
+
+
+def test_fa4_is_gated_by_head_dim(monkeypatch):
+    """FA4 (faked present on a faked Hopper GPU): `auto` takes it only at verified head dims and says why not
+    otherwise; asked for below 64 it is refused naming the fix."""
+    from ds_longctx.parallel import attention
+    monkeypatch.setattr(attention.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(attention, "fa4_available", lambda: True)
+    assert attention.resolve_backend("auto", 128).backend == "fa4"
+    assert attention.resolve_backend("auto").backend == "fa4"  # head_dim unknown: as before
+    c = attention.resolve_backend("auto", 64)
+    assert c.backend == "sdpa" and c.sdpa_kernels[0] == "CUDNN_ATTENTION" and "not verified at head_dim 64" in c.reason
+    assert "not yet verified" in attention.resolve_backend("fa4", 96).reason
+    with pytest.raises(ValueError, match="attn_backend='fa4' at head_dim=16.*use attn_backend='sdpa'"):
+        attention.resolve_backend("fa4", 16)
+    from transformers import Qwen3Config
+    assert attention.model_head_dim(Qwen3Config(hidden_size=256, num_attention_heads=8, head_dim=128)) == 128
+    assert attention.model_head_dim(load_hf_config("qwen3-tiny-d128")) == 128

@@ -19,6 +19,9 @@ def test_auto_backend_on_hopper_is_fa4_else_cudnn():
     if torch.cuda.get_device_capability()[0] == 9:
         if attention.fa4_available():
             assert choice.backend == "fa4", choice
+            assert attention.resolve_backend("auto", head_dim=128).backend == "fa4"
+            small = attention.resolve_backend("auto", head_dim=16)  # FA4 unverified there: cuDNN, and it says why
+            assert small.backend == "sdpa" and "not verified at head_dim 16" in small.reason, small
         elif not attention.flash_attn_available():
             assert choice.backend == "sdpa" and choice.sdpa_kernels[0] == "CUDNN_ATTENTION"
 
