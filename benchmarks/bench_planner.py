@@ -12,6 +12,17 @@ sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned c
 
 `--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown table:
 this is how a change to the planner's constants is checked against every measured run.
+
+Whole plans, predicted first and committed, then run (held-out validation):
+    python benchmarks/bench_planner.py --plans 262144:64,262144:80,393216:141:pinned_pool --predict   # CPU
+    python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_predictions_DATE.jsonl \
+        --out $OUT --commit SHA                                                                       # GPU
+Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without
+their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md`: what
+`ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement). Otherwise each plan is
+written and run with `ds-longctx train --config run.yaml --steps N`; measured: `max_memory_reserved` max over ranks
+on every step, host Σ over ranks of peak RSS; `planner_plans_<date>.jsonl/.md` set them against the given
+predictions (else the fresh plan's), with the budget (gpu_mem_gb) beside.
 """
 
 from __future__ import annotations
@@ -100,6 +111,96 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def plan_args(spec: str, model: str, gpus: int) -> tuple:
+    """(seq_len, gpu_mem_gb, `ds-longctx plan` arguments) of one `seq_len:gpu_mem_gb[:flag+flag]` spec."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise SystemExit(f"--plans: {spec!r} is not seq_len:gpu_mem_gb[:flag+flag]")
+    seq_len, gb = int(parts[0]), float(parts[1])
+    flags = []
+    for f in (parts[2].split("+") if len(parts) == 3 and parts[2] else []):
+        name, _, value = f.partition("=")
+        flags += [f"--{name}"] + ([value] if value else [])
+    return seq_len, gb, ["--model", model, "--seq_len", str(seq_len), "--gpus", str(gpus), "--gpu_mem_gb", f"{gb:g}",
+                         *flags]
+
+
+def read_plan(plan_dir: Path) -> dict:
+    """The plan's numbers from its plan.txt (GB = 1e9 bytes)."""
+    import re
+    text = (plan_dir / "plan.txt").read_text()
+    gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
+    ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
+    return {"planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
+            "planned_host_bytes": int(float(host) * 1e9),
+            "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
+            "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0]}
+
+
+def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
+    rows = []
+    for spec in specs:
+        seq_len, gb, args = plan_args(spec, model, gpus)
+        d = work / f"plan_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
+        res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "plan", *args, "--out", str(d)],
+                             capture_output=True, text=True, cwd=ROOT)
+        row = {"spec": spec, "model": model, "seq_len": seq_len, "gpus": gpus, "gpu_mem_gb": gb}
+        row.update(read_plan(d) if res.returncode == 0 else {"error": res.stderr.strip()[-300:]})
+        rows.append(row)
+    return rows
+
+
+def plans_table(rows: list) -> str:
+    gb = 1e9
+    lines = ["| plan | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
+             "host GB (Σ ranks) | predicted | error | budget GB | under it |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "measured_steps" not in r:
+            lines.append(f"| {r['spec']} | {r.get('placement', '')} | | not measured: {r.get('error', '')} |||||||")
+            continue
+        m, pr = max(r["measured_steps"]), r["planned_reserved_bytes"]
+        lines.append(f"| {r['spec']} | {r['placement']} | {r['optimizer_offload']} | "
+                     f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
+                     f"{r['measured_host_bytes'] / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
+                     f"{r['measured_host_bytes'] / r['planned_host_bytes'] - 1:+.1%} | {r['gpu_mem_gb']:g} | "
+                     f"{'yes' if m + r['planned_gpu_bytes'] - pr <= r['gpu_mem_gb'] * gb else 'NO'} |")
+    return "\n".join(lines)
+
+
+def run_plans(a, specs: list, out: Path) -> None:
+    from bench_peers import git_commit, read_lines, run_job  # benchmarks/ is sys.path[0]
+    given = {}
+    if a.predictions:
+        given = {r["spec"]: r for r in map(json.loads, Path(a.predictions).read_text().splitlines())}
+    fresh = {r["spec"]: r for r in predict_plans(specs, a.model, a.gpus, out / "plans")}
+    path = out / f"planner_plans_{datetime.date.today().isoformat()}.jsonl"
+    rows = []
+    for spec in specs:
+        row = dict(given.get(spec) or fresh[spec], predicted_at=(given.get(spec) or {}).get("commit", "fresh"),
+                   commit=git_commit(a.commit))
+        d = out / "plans" / f"run_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
+        plan_dir = out / "plans" / f"plan_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
+        if "error" not in fresh[spec]:
+            argv = [sys.executable, "-m", "ds_longctx.cli", "train", "--config", str(plan_dir / "run.yaml"),
+                    "--nproc", str(a.gpus), "--steps", str(a.steps), "--output_dir", str(d / "run")]
+            d.mkdir(parents=True, exist_ok=True)
+            rc, host, wall = run_job(argv, d / "log.txt", a.timeout_s)
+            steps = read_lines(d / "run" / "metrics.jsonl")
+            row.update(rc=rc, wall_seconds=round(wall, 1), measured_host_bytes=host,
+                       step_seconds=[m["seconds"] for m in steps if "loss" in m])
+            peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]
+            if rc == 0 and peaks:
+                row["measured_steps"] = peaks
+            else:
+                row["error"] = f"rc={rc}, {len(peaks)} step(s): see {d / 'log.txt'}"
+        rows.append(row)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+    path.with_suffix(".md").write_text(plans_table(rows) + "\n")
+    print(plans_table(rows))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default="", help="comma-separated model:seq_len:variant")
@@ -110,7 +211,32 @@ def main():
     ap.add_argument("--deadline_s", type=float, default=0, help="skip runs that would start after this many s")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--table", help="a stored planner_runs jsonl: re-predict with the current planner, no GPU")
+    ap.add_argument("--plans", default="", help="comma-separated seq_len:gpu_mem_gb[:flag+flag] (module doc)")
+    ap.add_argument("--model", default="qwen3-8b", help="with --plans")
+    ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
+    ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl) to measure against")
+    ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()
+    if a.plans:
+        specs, out = [s for s in a.plans.split(",") if s], Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if a.predict:
+            import tempfile
+            from bench_peers import git_commit  # benchmarks/ is sys.path[0]
+            rows = [dict(r, commit=git_commit(a.commit)) for r in
+                    predict_plans(specs, a.model, a.gpus, Path(tempfile.mkdtemp()))]
+            path = out / f"planner_predictions_{datetime.date.today().isoformat()}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            gb = 1e9
+            md = ["| plan | placement | optimizer offload | reserved GB | GPU peak GB | host GB | budget GB |",
+                  "|---|---|---|---|---|---|---|"]
+            md += [f"| {r['spec']} | {r.get('placement', r.get('error', ''))} | {r.get('optimizer_offload', '')} | "
+                   f"{r.get('planned_reserved_bytes', 0) / gb:.1f} | {r.get('planned_gpu_bytes', 0) / gb:.1f} | "
+                   f"{r.get('planned_host_bytes', 0) / gb:.1f} | {r['gpu_mem_gb']:g} |" for r in rows]
+            path.with_suffix(".md").write_text("\n".join(md) + "\n")
+            print("\n".join(md))
+            return
+        return run_plans(a, specs, out)
     if a.table:
         rows = [json.loads(line) for line in Path(a.table).read_text().splitlines() if line.strip()]
         md = table(rows)

@@ -13,6 +13,9 @@
 #   alst        benchmarks/bench_peers.py at LEN: DeepSpeed ALST
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
+#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30.jsonl):
+#               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
+#   longest     the planner's longest length on 2 x 141 GB + 256 GB with the pinned pool (604,160), 2 steps: ~20+ min
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
 RES=${RES:-/tmp/res}
@@ -46,6 +49,11 @@ for stage in "$@"; do
               python3 -m ds_longctx.cli train --config "$RES/plan_262144_64gb/run.yaml" --nproc 2 --steps 2 \
                 --memory_snapshot_steps 2 --output_dir "$RES/budget64" > "$RES/budget64.log" 2>&1
               tail -3 "$RES/budget64.log"; cat "$RES/budget64/memory/rank0_peak.txt" ;;
+    validate) python3 benchmarks/bench_planner.py --plans 262144:64,262144:80,196608:64,262144:80:lora_rank=16 \
+                --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --steps 2 --timeout_s 1200 \
+                --out "$RES" --commit "$COMMIT" ;;
+    longest) python3 benchmarks/bench_planner.py --plans 604160:141:pinned_pool --steps 2 --timeout_s 3600 \
+               --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --out "$RES" --commit "$COMMIT" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== $(date -u +%H:%M:%S) stage $stage done ($?)" | tee -a "$RES/session.txt"
