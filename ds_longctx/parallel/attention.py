@@ -35,6 +35,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ds_longctx.parallel import kernel_rules
+
 log = logging.getLogger("ds_longctx")
 
 _SDPA_KERNELS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
@@ -70,14 +72,6 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-# Head dims at which FA4 has been checked here against an fp32 reference and inside the engine (H200:
-# tests/gpu/test_attention_gpu.py); `auto` picks FA4 only at these. Its SM90 kernels take FA3's tile configurations,
-# made for head dims 64-256; at head_dim 16 (the tiny test model) the engine's FA4 gradients disagreed with cuDNN
-# SDPA's on an H200 (benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), so below 64 FA4 is refused.
-FA4_VERIFIED_HEAD_DIMS = (128,)
-FA4_MIN_HEAD_DIM = 64
-
-
 def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoice:
     """Map a config name to a concrete kernel for a model of `head_dim` (None: not known here). Raises for a
     backend that cannot run here."""
@@ -89,11 +83,9 @@ def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoic
         if not fa4_available():
             raise ValueError("attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
                              "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'")
-        if head_dim is not None and head_dim < FA4_MIN_HEAD_DIM:
-            raise ValueError(f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are "
-                             f"made for head dims {FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients "
-                             f"disagreed with cuDNN SDPA's here; use attn_backend='sdpa' (or 'auto')")
-        return AttentionChoice("fa4", (), "asked for" + ("" if head_dim is None or head_dim in FA4_VERIFIED_HEAD_DIMS
+        if (why := kernel_rules.fa4_refusal(head_dim)) is not None:
+            raise ValueError(why)
+        return AttentionChoice("fa4", (), "asked for" + ("" if kernel_rules.fa4_verified(head_dim)
                                                          else f" (head_dim {head_dim} not yet verified here)"))
     if name == "flash_attn":
         if not flash_attn_available():
@@ -106,11 +98,11 @@ def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoic
         if not on_cuda and name != "sdpa_math":
             return AttentionChoice("sdpa", (), f"{name} asked for but no CUDA: SDPA's CPU kernel")
         return AttentionChoice("sdpa", (_SDPA_KERNELS[name],), "asked for")
-    if name == "auto" and _is_hopper() and fa4_available() and (head_dim is None
-                                                                or head_dim in FA4_VERIFIED_HEAD_DIMS):
+    if name == "auto" and _is_hopper() and fa4_available() and kernel_rules.fa4_verified(head_dim):
         return AttentionChoice("fa4", (), "auto: Hopper GPU and FlashAttention 4 imports (faster than cuDNN SDPA "
                                           "at Ulysses shapes: benchmarks/bench_attention.py)")
-    unverified = (f" (FlashAttention 4 not verified at head_dim {head_dim}: {list(FA4_VERIFIED_HEAD_DIMS)})"
+    unverified = (f" (FlashAttention 4 not verified at head_dim {head_dim}: "
+                  f"{list(kernel_rules.FA4_VERIFIED_HEAD_DIMS)})"
                   if name == "auto" and _is_hopper() and fa4_available() else "")
     if name == "auto" and on_cuda and flash_attn_available() and not _is_hopper():
         return AttentionChoice("flash_attn", (), "auto: flash-attn installed, GPU is not Hopper")

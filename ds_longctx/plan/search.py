@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, plan_memory, valid_sp_sizes
 
@@ -258,6 +259,11 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     """
     plan = choice.plan
     geom, L = plan.geom, plan.geom.layers
+    if not kernel_rules.fa4_verified(geom.head_dim):  # `auto` runs cuDNN SDPA there: cached layers would recompute
+        return replace(choice, notes=choice.notes + (
+            f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
+            f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
+            f"parallel/kernel_rules.py)",))
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
 

@@ -81,9 +81,10 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
 
 
 def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path, corpus, reference):
-    """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes accelerate.yaml and run.yaml
-    (its placement caches both layers' attention output), `accelerate launch` starts 2 processes; the options after
-    --config override the plan (fp32, the corpus). Rank 0 prints one JSON line per logged step."""
+    """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes accelerate.yaml and run.yaml,
+    `accelerate launch` starts 2 processes; the options after --config override the plan (fp32, the corpus, and both
+    layers' attention output cached: the plan caches none at the tiny model's head_dim 16, where a GPU would run
+    cuDNN SDPA, but the CPU's flash kernel pair caches). Rank 0 prints one JSON line per logged step."""
     plan = tmp_path / "plan"
     res = run_cli(["plan", "--model", "qwen3-tiny", "--seq_len", "64", "--gpus", "2", "--out", str(plan)])
     assert res.returncode == 0, res.stderr[-3000:]
@@ -91,7 +92,7 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     env["PATH"] = f"{sys.executable.rsplit('/', 1)[0]}:{env.get('PATH', '')}"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(plan / "accelerate.yaml"),
            "--main_process_port", str(free_port()), "launch/trl_sft.py", "--config", str(plan / "run.yaml"),
-           *corpus, "--output_dir", str(tmp_path / "run")]
+           *corpus, "--placement", "cache:2", "--output_dir", str(tmp_path / "run")]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
     logs = [json.loads(m) for m in re.findall(r'\{"step": [^{}]*\}', res.stdout)]

@@ -159,3 +159,17 @@ def test_no_fit_names_more_nodes_when_they_fit():
         choose(Q8, n + 1024, 2, 80, 256)
     assert "Fix: 2 nodes like these (--nodes 2: ZeRO-3 partitions over 4 GPUs)." in str(info.value)
     choose(Q8, n + 1024, 2, 80, 256, nodes=2)
+
+
+def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
+    """The cache needs FA4's kernel pair, which `auto` takes only at verified head dims (parallel/kernel_rules.py):
+    a head_dim-64 model (Qwen3-0.6B's 16 heads of 128 made 32 of 64) is planned without it, and says why; the same
+    shape at head_dim 128 caches."""
+    from ds_longctx.levers.placement import Place
+    from ds_longctx.plan.search import fastest_placement
+    g128 = ModelGeometry.from_name_or_path("qwen3-0.6b")
+    g64 = replace(g128, heads=2 * g128.heads, kv_heads=2 * g128.kv_heads, head_dim=g128.head_dim // 2)
+    for geom, cached in ((g128, True), (g64, False)):
+        c = fastest_placement(choose(geom, 65536, 2, 141, 256), 141, 256)
+        assert (c.plan.placement.count(Place.CACHE) + c.plan.placement.count(Place.CACHE_OFFLOAD) > 0) == cached
+        assert any("no attention cache" in n and "head_dim 128 (this model: 64" in n for n in c.notes) == (not cached)

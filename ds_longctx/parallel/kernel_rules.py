@@ -1,0 +1,29 @@
+"""Which attention kernel may run a model, decided from its shape alone (no torch: the planner reads it too).
+
+FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the attention cache needs on a GPU) has
+been checked here against an fp32 reference and inside the engine at head_dim 128 only (H200,
+tests/gpu/test_attention_gpu.py), so `auto` picks it only there. Its Hopper kernels take FA3's tile configurations,
+made for head dims 64-256; at head_dim 16 the engine's FA4 gradients disagreed with cuDNN SDPA's on an H200
+(benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), so below 64 it is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+FA4_VERIFIED_HEAD_DIMS = (128,)
+FA4_MIN_HEAD_DIM = 64
+
+
+def fa4_verified(head_dim: Optional[int]) -> bool:
+    """`auto` may pick FA4 for this head_dim (None: not known, as before the rule)."""
+    return head_dim is None or head_dim in FA4_VERIFIED_HEAD_DIMS
+
+
+def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
+    """Why `attn_backend: fa4` is refused for this head_dim, or None."""
+    if head_dim is not None and head_dim < FA4_MIN_HEAD_DIM:
+        return (f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are made for head dims "
+                f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN SDPA's here; use "
+                f"attn_backend='sdpa' (or 'auto')")
+    return None
