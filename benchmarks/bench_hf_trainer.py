@@ -30,7 +30,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench_peers import ROOT, free_port, git_commit, gpu_name, read_lines, run_job  # benchmarks/ is sys.path[0]
+from harness import (ROOT, check_steps, free_port, git_commit, gpu_name, parse_choices, read_lines, read_plan,
+                     run_job)  # benchmarks/ is sys.path[0]
 
 RUNS = ("trl_sft", "train", "lora")
 
@@ -45,13 +46,6 @@ def make_corpus(d: Path, tokens: int, n_words: int) -> tuple[Path, Path]:
     write_txt_dir(d / "books", documents(n_docs, min_words=per_doc // 2, max_words=per_doc * 3 // 2,
                                          n_words=n_words, seed=0))
     return d / "books", tok
-
-
-def planned_bytes(plan_dir: Path) -> int | None:
-    """The plan's per-GPU peak, from plan.txt's `planned: X GB per GPU, ...` line (GB = 1e9 bytes)."""
-    text = (plan_dir / "plan.txt").read_text() if (plan_dir / "plan.txt").is_file() else ""
-    m = re.search(r"^planned: ([\d.]+) GB per GPU", text, flags=re.M)
-    return int(float(m.group(1)) * 1e9) if m else None
 
 
 def run_one(a, run: str, books: Path, tok: Path, work: Path, commit: str, device: str) -> dict:
@@ -95,7 +89,8 @@ def run_one(a, run: str, books: Path, tok: Path, work: Path, commit: str, device
     line = {"run": run, "model": a.model, "seq_len": a.seq_len, "gpus": a.gpus, "steps": a.steps,
             "seconds_per_step": round(statistics.median(secs[1:]), 3) if len(secs) > 1 else None,
             "step_seconds": secs, "peak_gpu_bytes": max((r.get("peak_gpu_bytes", 0) for r in rows), default=None),
-            "planned_gpu_bytes": planned_bytes(plan), "host_peak_bytes": host or None,
+            "planned_gpu_bytes": read_plan(plan)["planned_gpu_bytes"] if (plan / "plan.txt").is_file() else None,
+            "host_peak_bytes": host or None,
             "losses": [r["loss"] for r in rows], "commit": commit, "device": device,
             "date": datetime.date.today().isoformat(), "command": shlex.join(argv).replace(str(ROOT) + "/", ""),
             **({"lora_rank": a.lora_rank} if run == "lora" else {}), **({"error": error} if error else {})}
@@ -120,12 +115,8 @@ def main():
     ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args()
-    runs = [r for r in a.runs.split(",") if r]
-    bad = [r for r in runs if r not in RUNS]
-    if bad:
-        ap.error(f"--runs: unknown {bad}; choose from {list(RUNS)}")
-    if a.steps < 2:
-        ap.error(f"--steps {a.steps}: need >= 2 (the first step is left out of the median)")
+    runs = parse_choices(ap, "--runs", a.runs, RUNS)
+    check_steps(ap, a.steps)
     out = Path(a.out)
     work = out / "hf_trainer_runs"
     work.mkdir(parents=True, exist_ok=True)

@@ -37,22 +37,19 @@ import json
 import os
 import resource
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from bench_levers import H200_BF16_PEAK, model_flops  # benchmarks/ is sys.path[0] when this file runs
+from harness import (ALLOC_CONF, ROOT, check_steps, fresh_dir, free_port, git_commit, gpu_name, parse_choices,
+                     read_lines, run_job)
 
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("ds_longctx", "trl_fsdp2_cp", "alst")
 LINE_KEYS = ("session", "system", "seq_len", "gpus", "seconds_per_step", "peak_gpu_bytes", "host_peak_bytes", "mfu",
              "commit", "device", "config")
-ALLOC_CONF = "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
 VERSIONS = ("torch", "transformers", "accelerate", "deepspeed", "trl", "flash-attn-4")
 
 # TRL examples/deepspeed_configs/zero3.json (the guide's ALST recipe passes it as SFTConfig(deepspeed=...)), plus the
@@ -259,103 +256,6 @@ def train_peer(a, rank: int, emit) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
-class RankMemory:
-    """Peak host memory of a job: the sum over its ranks of each rank's VmHWM (the peak RSS that ru_maxrss reports,
-    pinned buffers included), polled from /proc. A rank is a descendant started with LOCAL_RANK in its environment
-    whose parent was not (launchers and agents are left out, and so are a rank's own helper processes)."""
-
-    def __init__(self, pid: int, every_s: float = 1.0):
-        self.pid, self.every_s, self.peak, self._rank, self.ranks = pid, every_s, {}, {}, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(self.every_s):
-            self.sample()
-
-    def sample(self):
-        import psutil
-        try:
-            kids = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        for p in kids:
-            try:
-                if p.pid not in self._rank:
-                    parent = p.parent()
-                    self._rank[p.pid] = ("LOCAL_RANK" in p.environ()
-                                         and not (parent and "LOCAL_RANK" in parent.environ()))
-                    if self._rank[p.pid]:
-                        self.ranks.append(p)  # the Process object: signals to it are safe from pid reuse
-                if self._rank[p.pid]:
-                    for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
-                        if line.startswith("VmHWM:"):
-                            self.peak[p.pid] = max(self.peak.get(p.pid, 0), int(line.split()[1]) * 1024)
-            except (psutil.Error, OSError):
-                continue
-
-    def stop(self) -> int:
-        """Σ over ranks of peak RSS, after one last sample."""
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-        return sum(self.peak.values())
-
-
-def end_tree(proc, ranks) -> None:
-    """Stop what this run started and left alive: the launcher, its descendants, and the ranks seen (torch's agent
-    starts each rank in its own session, so a killed launcher can leave them orphaned)."""
-    import psutil
-    roots, procs = list(ranks), []
-    if proc.poll() is None:
-        roots.append(psutil.Process(proc.pid))
-    for p in roots:
-        try:
-            if p.is_running():  # False once the pid belongs to another process
-                procs += [p, *p.children(recursive=True)]
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=20)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-
-
-def run_job(argv: list[str], log_path: Path, timeout_s: float) -> tuple:
-    """(exit code or None on timeout, host peak bytes, wall seconds)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
-    t0 = time.perf_counter()
-    with log_path.open("w") as log:
-        log.write("$ " + shlex.join(argv) + "\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        mem = RankMemory(proc.pid).start()
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        host = mem.stop()
-        end_tree(proc, mem.ranks)
-    return rc, host, time.perf_counter() - t0
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-
-
 def collect(system: str, run_dir: Path, gpus: int) -> dict:
     """Per-step seconds (rank 0), per-step peak reserved (max over ranks), losses, what the run saw, its error."""
     if system == "ds_longctx":
@@ -404,23 +304,6 @@ def versions() -> dict:
     return out
 
 
-def git_commit(given: str | None) -> str:
-    """`given` (--commit) when set: a device copy of the tree can carry a stale .git; else `git rev-parse`."""
-    if given:
-        return given
-    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
-
-
-def gpu_name() -> str:
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                           timeout=30)
-        return r.stdout.splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "cpu"
-
-
 def line_for(a, system: str, res: dict, host: int, config: dict, error: str | None, commit: str, device: str,
              flops: float) -> dict:
     """The peers.jsonl line: the issue's keys, in its order, `error` only when the run failed."""
@@ -435,21 +318,6 @@ def line_for(a, system: str, res: dict, host: int, config: dict, error: str | No
             "commit": commit, "device": device, "config": config}
     assert tuple(line) == LINE_KEYS
     return {**line, "error": error} if error else line
-
-
-def fresh_dir(base: Path) -> Path:
-    d, i = base, 1
-    while d.exists():
-        i += 1
-        d = base.with_name(f"{base.name}_{i}")
-    d.mkdir(parents=True)
-    return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_system(a, system: str, session_dir: Path, commit: str, device: str, flops: float, out: Path) -> dict:
@@ -567,12 +435,8 @@ def main():
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    systems = [s for s in a.systems.split(",") if s]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        ap.error(f"--systems: unknown {bad}; choose from {list(SYSTEMS)}")
-    if a.steps < 2:
-        ap.error(f"--steps {a.steps}: need >= 2 (the first step is left out of the median)")
+    systems = parse_choices(ap, "--systems", a.systems, SYSTEMS)
+    check_steps(ap, a.steps)
     if a.seq_len % (2 * a.gpus):
         ap.error(f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts 2*cp chunks); "
                  f"try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}")

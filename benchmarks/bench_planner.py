@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness import git_commit, read_lines, read_plan, run_job  # benchmarks/ is sys.path[0] when this file runs
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TOL, HOST_TOL = 0.10, 0.15  # issue 4's bars: per-GPU peak within ±10%, host peak within ±15%
 
@@ -125,23 +127,16 @@ def plan_args(spec: str, model: str, gpus: int) -> tuple:
                          *flags]
 
 
-def read_plan(plan_dir: Path) -> dict:
-    """The plan's numbers from its plan.txt (GB = 1e9 bytes)."""
-    import re
-    text = (plan_dir / "plan.txt").read_text()
-    gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
-    ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
-    return {"planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
-            "planned_host_bytes": int(float(host) * 1e9),
-            "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
-            "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0]}
+def spec_name(spec: str) -> str:
+    """A plan spec as a directory name: `262144:80:lora_rank=16` -> `262144_80_lora_rank16`."""
+    return spec.replace(":", "_").replace("+", "_").replace("=", "")
 
 
 def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
     rows = []
     for spec in specs:
         seq_len, gb, args = plan_args(spec, model, gpus)
-        d = work / f"plan_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
+        d = work / f"plan_{spec_name(spec)}"
         res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "plan", *args, "--out", str(d)],
                              capture_output=True, text=True, cwd=ROOT)
         row = {"spec": spec, "model": model, "seq_len": seq_len, "gpus": gpus, "gpu_mem_gb": gb}
@@ -168,7 +163,6 @@ def plans_table(rows: list) -> str:
 
 
 def run_plans(a, specs: list, out: Path) -> None:
-    from bench_peers import git_commit, read_lines, run_job  # benchmarks/ is sys.path[0]
     given = {}
     if a.predictions:
         given = {r["spec"]: r for r in map(json.loads, Path(a.predictions).read_text().splitlines())}
@@ -178,8 +172,7 @@ def run_plans(a, specs: list, out: Path) -> None:
     for spec in specs:
         row = dict(given.get(spec) or fresh[spec], predicted_at=(given.get(spec) or {}).get("commit", "fresh"),
                    commit=git_commit(a.commit))
-        d = out / "plans" / f"run_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
-        plan_dir = out / "plans" / f"plan_{spec.replace(':', '_').replace('+', '_').replace('=', '')}"
+        d, plan_dir = out / "plans" / f"run_{spec_name(spec)}", out / "plans" / f"plan_{spec_name(spec)}"
         if "error" not in fresh[spec]:
             argv = [sys.executable, "-m", "ds_longctx.cli", "train", "--config", str(plan_dir / "run.yaml"),
                     "--nproc", str(a.gpus), "--steps", str(a.steps), "--output_dir", str(d / "run")]
@@ -222,7 +215,6 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         if a.predict:
             import tempfile
-            from bench_peers import git_commit  # benchmarks/ is sys.path[0]
             rows = [dict(r, commit=git_commit(a.commit)) for r in
                     predict_plans(specs, a.model, a.gpus, Path(tempfile.mkdtemp()))]
             path = out / f"planner_predictions_{datetime.date.today().isoformat()}.jsonl"

@@ -230,7 +230,8 @@ class StepClock:
     snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
 
     def __init__(self):
-        self.seconds, self.peak, self.t0, self.recorded = [], 0, None, None  # recorded: steps since recording began
+        self.seconds, self.peak, self.t0 = [], 0, None
+        self.recorded = None  # steps since recording began; None: not recording
 
     def on_step_begin(self, args, state, control, **kwargs):
         import torch
@@ -252,14 +253,14 @@ class StepClock:
             self.peak = max(self.peak, torch.cuda.max_memory_reserved())
         self.seconds.append(time.perf_counter() - self.t0)
         self.t0 = None
-        if self.recorded is not None and self.recorded >= 0:
+        if self.recorded is not None:
             self.recorded += 1
             if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
                 import torch.distributed as dist
 
                 from ds_longctx.run import memory_snapshot
                 memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
-                self.recorded = -1  # done
+                self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
 
     def read(self) -> dict:
         import torch
