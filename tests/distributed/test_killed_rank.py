@@ -58,4 +58,9 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path):
             proc.kill()
     assert timeout_s - 1 <= elapsed <= timeout_s + 15, (elapsed, log.read_text()[-3000:])
     assert rc != 0
-    assert f"Timed out waiting {timeout_s * 1000}ms" in log.read_text()
+    # gloo words its timeout by where rank 0 waits: a blocking collective says "Timed out waiting <ms>", an async
+    # one (ZeRO-3's coalesced all-gather, handle.wait()) "Application timeout caused pair closure"; which one rank 1
+    # is stopped in is a race (seen both ways in full CI runs, 2026-11-30). The elapsed bound above ties it to the
+    # 15 s timeout either way.
+    text = log.read_text()
+    assert f"Timed out waiting {timeout_s * 1000}ms" in text or "Application timeout caused pair closure" in text
