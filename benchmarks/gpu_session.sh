@@ -11,6 +11,9 @@
 #               fused_ops auto = compile on GPU)
 #   fused       ds_longctx at LEN with kernels.fused_ops none, then liger (the lever off and the other kernel)
 #   alst        benchmarks/bench_peers.py at LEN: DeepSpeed ALST
+#   capped      ds_longctx at LEN planned within this session's ALST peak + 10% (`--gpu_mem_gb` = 1.1 x ALST's
+#               peak_gpu_bytes, so the plan, at 0.9 of that, sits at ALST's peak; 141 when ALST has no clean line):
+#               issue 11's 262k memory line. Run it after alst.
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30.jsonl):
@@ -44,6 +47,18 @@ for stage in "$@"; do
     fused) peers ds_longctx "--placement $PLACEMENT --fused_ops none" &&
            peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
     alst) peers alst ;;
+    capped) CAP=$(python3 - "$RES/peers.jsonl" "$SESSION" "$LEN" <<'EOF'
+import json, os, sys
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()] if os.path.exists(sys.argv[1]) else []
+ok = [r for r in rows if r["session"] == sys.argv[2] and r["system"] == "alst" and r["seq_len"] == int(sys.argv[3])
+      and not r.get("error") and r.get("peak_gpu_bytes")]
+print(min(141, int(ok[-1]["peak_gpu_bytes"] * 1.1 / 1e9)) if ok else 141)
+EOF
+)
+            echo "capped: --gpu_mem_gb $CAP" | tee -a "$RES/session.txt"
+            python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len "$LEN" --gpus 2 --gpu_mem_gb "$CAP" \
+              --out "$RES/plan_${LEN}_cap$CAP" > "$RES/plan_${LEN}_cap$CAP.txt" &&
+            peers ds_longctx "--config $RES/plan_${LEN}_cap$CAP/run.yaml" ;;
     budget64) python3 -m ds_longctx.cli plan --model qwen3-8b --seq_len 262144 --gpus 2 --gpu_mem_gb 64 \
                 --out "$RES/plan_262144_64gb" > /dev/null &&
               python3 -m ds_longctx.cli train --config "$RES/plan_262144_64gb/run.yaml" --nproc 2 --steps 2 \
