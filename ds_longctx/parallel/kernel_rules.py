@@ -4,7 +4,9 @@ FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the 
 been checked here against an fp32 reference and inside the engine at head_dim 128 only (H200,
 tests/gpu/test_attention_gpu.py), so `auto` picks it only there. Its Hopper kernels take FA3's tile configurations,
 made for head dims 64-256; at head_dim 16 the engine's FA4 gradients disagreed with cuDNN SDPA's on an H200
-(benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), so below 64 it is refused.
+(benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), and FA4's own kernel pair there gives a wrong dq against
+an fp32 reference (rel error 0.98; its head_dim 64 and 128 cases pass: gpu_tests_2026-11-30_session5.log), so below
+64 it is refused.
 """
 
 from __future__ import annotations
