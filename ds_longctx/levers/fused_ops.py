@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,40 +53,16 @@ AUTO_CUDA = ("compile", "auto: CUDA GPU; torch.compile measured fastest (21.67 s
                         "vs Liger 21.79, none 23.63: benchmarks/results/peers.jsonl)")
 
 
-# torch.compile'd code inside activation checkpointing fails while the CUDA allocator records its history
-# (`SystemError: <built-in method apply of FunctionMeta> returned NULL without setting an exception`, from ZeRO-3's
-# linear under our compiled SwiGLU: tests/gpu/test_gpu.py::test_memory_snapshot_peak_is_the_allocators_peak on
-# torch 2.11, benchmarks/results/logs/gpu_tests_2026-11-30_session5.log). A regression of torch 2.11, still open:
-# pytorch/pytorch#179536 (the same error from a compiled function under checkpoint_wrapper and
-# _record_memory_history). While `logging.memory_snapshot_steps` records, `auto` runs the token-wise ops unfused.
-COMPILE_UNDER_HISTORY_BROKEN_FROM = (2, 11)
-
-
-def _history_breaks_compile() -> bool:
-    import torch
-    return tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) >= COMPILE_UNDER_HISTORY_BROKEN_FROM
-
-
-def resolve_fused_ops(name: str, on_cuda: bool, recording: bool = False) -> tuple:
+def resolve_fused_ops(name: str, on_cuda: bool) -> tuple:
     """(kind that runs: liger | compile | none, the reason logged). `auto`: compile on CUDA, none on CPU (where runs
-    are tests and a compilation buys nothing) and none while the allocator's history is recorded (`recording`:
-    memory_snapshot_steps > 0) on a torch where compiled code fails then (above)."""
+    are tests and a compilation buys nothing)."""
     if name != "auto":
         return name, "asked for"
-    if on_cuda and recording and _history_breaks_compile():
-        return "none", ("auto: the memory snapshot records the allocator's history, under which torch.compile'd "
-                        "code in a checkpointed layer fails on this torch (pytorch/pytorch#179536)")
     return AUTO_CUDA if on_cuda else ("none", "auto: no CUDA GPU")
 
 
-def check_fused_ops(name: str, on_cuda: bool, recording: bool = False) -> None:
+def check_fused_ops(name: str, on_cuda: bool) -> None:
     """Refuse `fused_ops` where it cannot run, naming the fix."""
-    if name == "compile" and on_cuda and recording and _history_breaks_compile():
-        import torch
-        raise ValueError(f"fused_ops='compile' with memory_snapshot_steps > 0: on torch {torch.__version__} "
-                         f"torch.compile'd code in a checkpointed layer fails while the CUDA allocator records its "
-                         f"history (pytorch/pytorch#179536); use fused_ops: auto (unfused while recording), liger "
-                         f"or none, or memory_snapshot_steps: 0")
     if name in ("none", "compile", "auto"):
         return
     if not on_cuda:

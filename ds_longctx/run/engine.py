@@ -234,8 +234,7 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     # 5. the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0, head_dim=attention.model_head_dim(text))
     attn = ulysses.register(model, state)
-    fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available(),
-                                   recording=cfg.logging.memory_snapshot_steps > 0)
+    fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if state.rank == 0:
         log.info("fused ops: %s (%s)", fused, why)
     if fused != "none":

@@ -38,7 +38,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
                   per_node=None if cfg.parallel.sp_across_nodes else per_node,
                   across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")
     attention.resolve_backend(cfg.kernels.attn_backend, attention.model_head_dim(text))
-    check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available(), recording=cfg.logging.memory_snapshot_steps > 0)
+    check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
         raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
                          f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU")

@@ -126,21 +126,3 @@ def test_auto_is_compile_on_cuda_and_none_on_cpu_and_says_why():
     from ds_longctx.config import RunConfig
     assert RunConfig().kernels.fused_ops == "auto"
 
-
-@pytest.mark.parametrize("version,broken", [("2.10.1+cu128", False), ("2.11.0+cu130", True), ("2.13.0+cpu", True)])
-def test_compile_is_not_run_under_the_allocators_history_where_torch_breaks_it(monkeypatch, version, broken):
-    """pytorch/pytorch#179536 (seen on the device's torch 2.11): while the memory snapshot records, `auto` runs
-    unfused and an explicit `compile` is refused before start, naming the fixes; torch 2.10 and no recording keep it."""
-    import torch
-    monkeypatch.setattr(torch, "__version__", version)
-    kind, why = fused_ops.resolve_fused_ops("auto", on_cuda=True, recording=True)
-    assert (kind, "179536" in why) == (("none", True) if broken else ("compile", False))
-    assert fused_ops.resolve_fused_ops("auto", on_cuda=True, recording=False)[0] == "compile"
-    assert fused_ops.resolve_fused_ops("compile", on_cuda=True, recording=True) == ("compile", "asked for")
-    if broken:
-        with pytest.raises(ValueError, match="fused_ops='compile' with memory_snapshot_steps > 0.*memory_snapshot_steps: 0"):
-            fused_ops.check_fused_ops("compile", on_cuda=True, recording=True)
-    else:
-        fused_ops.check_fused_ops("compile", on_cuda=True, recording=True)
-    fused_ops.check_fused_ops("compile", on_cuda=True, recording=False)
-    fused_ops.check_fused_ops("compile", on_cuda=False, recording=True)  # CPU: the snapshot itself is refused
