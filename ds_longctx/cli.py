@@ -152,6 +152,16 @@ def run_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`ds-longctx plan ... | head`): no traceback; stdout's remaining buffer goes to
+        # /dev/null so the interpreter's final flush cannot raise again (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "plan":  # the generator owns its own options
         from ds_longctx.plan.generate import main as plan_main

@@ -296,23 +296,29 @@ def main(argv: list | None = None) -> int:
         return 2
     cmd = command_line(a, host)
     seq_len = a.seq_len
+    longest = ""
     if a.find_max_len:
         seq_len = find_max_len(geom, **search_kw(a, host))
-        print(f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens")
+        longest = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
         if not seq_len:  # the answer is 0; a requested --out cannot be written
+            print(longest)
             print(f"nothing fits; `{cmd.replace('--find_max_len', '--seq_len 1024')}` says what to change",
                   file=sys.stderr)
             return 2 if a.out else 0
     try:
         choice = plan_choice(a, geom, host, seq_len)
     except NoFit as e:
+        print(longest or "", end="\n" if longest else "")
         print(e.best.table() if e.best else "", flush=True)
         print(f"\nds-longctx plan: {e}", file=sys.stderr)
         return 2
-    print(plan_text(choice, cmd, a, host), end="")
-    if a.out:
+    if a.out:  # the files first: a reader that stops early (`| head`) loses no file
         out = Path(a.out)
         write(out, choice, cmd, a, host)
+    if longest:
+        print(longest)
+    print(plan_text(choice, cmd, a, host), end="")
+    if a.out:
         print(f"\nwrote {', '.join(FILES if a.nodes == 1 else MULTINODE_FILES)} to {out}/; from there launch with"
               f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:")
         print("\n".join("  " + line for line in launch_lines(a.gpus, a.nodes)))

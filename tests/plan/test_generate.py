@@ -269,3 +269,15 @@ def test_lora_rank_plans_the_adapters_and_reaches_run_yaml(tmp_path):
     cfg = RunConfig.load(tmp_path / "run.yaml")
     assert cfg.lora.rank == 16 and "--lora_rank 16" in (tmp_path / "run.yaml").read_text().splitlines()[0]
     assert generate.main(["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "2", "--lora_rank", "-1"]) == 2
+
+
+def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`ds-longctx plan ... | head -1`: the reader is gone before the plan prints; no traceback, exit 1."""
+    proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "plan", "--model", "qwen3-8b", "--seq_len",
+                             "131072", "--gpus", "2", "--gpu_mem_gb", "141", "--out", str(tmp_path)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()        # before the planner prints anything: every write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert (tmp_path / "plan.txt").exists()   # the files were still written
