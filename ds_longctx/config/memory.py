@@ -37,8 +37,13 @@ class MemoryConfig(Section):
     half the host memory. Not yet measured on a GPU."""
     tiled_mlp: bool = False
     """Run each MLP over sequence tiles with recompute (levers/tiled_mlp.py)."""
+    tiled_layer: bool = False
+    """Run each decoder layer's token-wise work (both norms, the q/k/v projections, q/k norms, rotary and the MLP)
+    over sequence tiles with recompute, so the layer's backward holds its inputs, not its token-wise tensors
+    (levers/tiled_layer.py; includes the tiled MLP). Qwen3 / Qwen2 / Llama / Mistral layers; not with LoRA. Not
+    yet measured on a GPU."""
     tile_tokens: Optional[int] = Field(None, gt=0)
-    """Tokens per MLP tile (default: hidden size)."""
+    """Tokens per tile of the tiled MLP / tiled layer (default: hidden size)."""
 
     @model_validator(mode="after")
     def _placement_request(self) -> "MemoryConfig":

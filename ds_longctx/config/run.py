@@ -172,6 +172,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
                              f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
                              f"tiled_mlp: false")
+        if self.memory.tiled_layer and self.lora.rank:
+            raise ValueError(f"tiled_layer with lora_rank={self.lora.rank}: the tiled layer computes from the base "
+                             f"weights and would skip the adapters; use tiled_mlp: true with LoRA, or tiled_layer: "
+                             f"false")
         ratio = self.optimizer.offload_ratio
         if ratio < 1 and not self.optimizer.offload:
             raise ValueError(f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "

@@ -146,47 +146,52 @@ def _gathered(params: tuple):
         yield
 
 
-class _TiledMLPFunction(torch.autograd.Function):
-    """y = fn(x) over row tiles of x [n, H]; saves only x and recomputes each tile in backward.
+class TiledRows(torch.autograd.Function):
+    """y = fn(*xs) over row tiles of the inputs xs (each [n, ...], row i of y from row i of each); saves only the
+    inputs and recomputes each tile in backward. The tiled MLP's one input is x; levers/tiled_layer.py's blocks
+    take two or three (hidden rows, attention rows, rotary cos / sin rows). Inputs that need no grad (cos / sin)
+    are only sliced.
 
     `gathered()` is entered once around each pass's tile loop (forward; recompute + backward).
+        y = TiledRows.apply(fn, params, tile_tokens, gathered, x0, x1, ...)
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fn: Callable, params: tuple, tile_tokens: int,
-                gathered: Callable[[], ContextManager]) -> torch.Tensor:
-        n = x.shape[0]
+    def forward(ctx, fn: Callable, params: tuple, tile_tokens: int, gathered: Callable[[], ContextManager],
+                *xs: torch.Tensor) -> torch.Tensor:
+        n = xs[0].shape[0]
         ctx.fn, ctx.params, ctx.tile_tokens, ctx.gathered = fn, params, tile_tokens, gathered
-        ctx.autocast = _autocast_state(x.device.type)
-        ctx.save_for_backward(x)
+        ctx.autocast = _autocast_state(xs[0].device.type)
+        ctx.save_for_backward(*xs)
         out: Optional[torch.Tensor] = None
         with torch.no_grad(), gathered():
             for start, stop in _tile_bounds(n, tile_tokens):
-                y = fn(x[start:stop])                       # [t, H] -> [t, H_out]
-                if out is None:                             # dtype/width from the MLP itself (autocast)
-                    out = y.new_empty((n, y.shape[-1]))     # [n, H_out]
+                y = fn(*(x[start:stop] for x in xs))        # [t, ...] -> [t, W]
+                if out is None:                             # dtype/width from fn itself (autocast)
+                    out = y.new_empty((n, y.shape[-1]))     # [n, W]
                 out[start:stop] = y
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        (x,) = ctx.saved_tensors
-        need_x_grad = ctx.needs_input_grad[0]
-        grad_x = torch.empty_like(x) if need_x_grad else None   # [n, H], every row written below
+        xs = ctx.saved_tensors
+        need = ctx.needs_input_grad[4:]
+        grad_xs = [torch.empty_like(x) if nd else None for x, nd in zip(xs, need)]   # every row written below
+        wanted = [i for i, nd in enumerate(need) if nd]
         params = [p for p in ctx.params if p.requires_grad]
         sums: list[Optional[torch.Tensor]] = [None] * len(params)   # tiles 0..k-2, fp32 or wider
-        tiles = _tile_bounds(x.shape[0], ctx.tile_tokens)
+        tiles = _tile_bounds(xs[0].shape[0], ctx.tile_tokens)
         enabled, dtype = ctx.autocast
         with ctx.gathered():    # held until the last tile's reduce hooks have fired
             for i, (start, stop) in enumerate(tiles):
-                x_tile = x[start:stop].detach().requires_grad_(need_x_grad)         # [t, H]
-                with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
-                    y = ctx.fn(x_tile)                                              # [t, H_out]
-                g = grad_out[start:stop]                                            # [t, H_out]
+                x_tiles = [x[start:stop].detach().requires_grad_(nd) for x, nd in zip(xs, need)]   # [t, ...]
+                with torch.enable_grad(), torch.autocast(xs[0].device.type, dtype=dtype, enabled=enabled):
+                    y = ctx.fn(*x_tiles)                                            # [t, W]
+                g = grad_out[start:stop]                                            # [t, W]
                 if i < len(tiles) - 1:
                     # autograd.grad: no .grad accumulation, so no ZeRO/DDP hook fires for this tile
-                    grads = torch.autograd.grad(y, [x_tile] * need_x_grad + params, g, allow_unused=True)
-                    tile_x_grad, grads = (grads[0], grads[1:]) if need_x_grad else (None, grads)
+                    grads = torch.autograd.grad(y, [x_tiles[j] for j in wanted] + params, g, allow_unused=True)
+                    tile_x_grads, grads = grads[:len(wanted)], grads[len(wanted):]
                     for j, pg in enumerate(grads):
                         if pg is not None:
                             wide = torch.promote_types(pg.dtype, torch.float32)
@@ -201,13 +206,13 @@ class _TiledMLPFunction(torch.autograd.Function):
                     finally:
                         for h in handles:
                             h.remove()
-                    tile_x_grad = x_tile.grad if need_x_grad else None
-                if need_x_grad:
-                    if tile_x_grad is None:
-                        grad_x[start:stop].zero_()
+                    tile_x_grads = [x_tiles[j].grad for j in wanted]
+                for j, tg in zip(wanted, tile_x_grads):
+                    if tg is None:
+                        grad_xs[j][start:stop].zero_()
                     else:
-                        grad_x[start:stop].copy_(tile_x_grad)
-        return grad_x, None, None, None, None
+                        grad_xs[j][start:stop].copy_(tg)
+        return (None, None, None, None, *grad_xs)
 
 
 def _untiled_forward(mlp: nn.Module) -> Callable:
@@ -269,7 +274,7 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
         fn, gathered = _gated_tile_fn(*gated), (lambda: _gathered(params))
     else:
         fn, gathered = _untiled_forward(mlp), contextlib.nullcontext
-    y_rows = _TiledMLPFunction.apply(x_rows, fn, params, tile_tokens, gathered)   # [b*s, H_out]
+    y_rows = TiledRows.apply(fn, params, tile_tokens, gathered, x_rows)   # [b*s, H_out]
     return y_rows.reshape(*lead, y_rows.shape[-1])                      # [b*s, H_out] -> [b, s, H_out]
 
 

@@ -17,7 +17,9 @@ Order (each step says why it comes where it does):
     (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
     so the recompute runs the fused code.
  6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
-    recompute runs the tiled code too.
+    recompute runs the tiled code too. Or, with `tiled_layer`, the whole layer's token-wise work in tiles
+    (`tiled_layer.apply_tiled_layer`: norms, projections, rotary, MLP; after 5, whose norm / rotary code the
+    tiles call).
  7. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
     the planner for `auto`) and applied in one place: each decoder layer checkpointed on the GPU, offloaded
     through DeepSpeed's checkpoint, or with its attention output cached (after 5: the recompute replays the
@@ -52,6 +54,7 @@ from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
 from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers
+from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
@@ -241,8 +244,11 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
         apply_fused_ops(model, fused)
     # 6. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
     #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
-    if cfg.memory.tiled_mlp:
+    if cfg.memory.tiled_mlp and not cfg.memory.tiled_layer:
         apply_tiled_mlp(model, cfg.memory.tile_tokens or text.hidden_size)
+    # 6b. tiled layer: the norms, projections, rotary and MLP of every layer in tiles (the MLP's with them)
+    if cfg.memory.tiled_layer:
+        apply_tiled_layer(model, cfg.memory.tile_tokens or text.hidden_size)
     # 7. the placement plan: computed once, applied in one place (needs 6's final layer code and the DeepSpeed
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_mem_gb())

@@ -18,6 +18,7 @@ import torch
 
 from ds_longctx import data
 from ds_longctx.levers.fused_ops import check_fused_ops
+from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size
@@ -43,6 +44,8 @@ def validate(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
                          f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU")
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: every layer checked on a meta model
+        check_tiled_layer(model_class(hf_cfg), hf_cfg)
     if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)

@@ -87,3 +87,18 @@ def test_packed_documents_keep_boundaries(tmp_path):
     got = run(tmp_path, 2, 2, length=64, packed=lens)
     assert got["tokens"] == sum(L - 1 for L in lens)
     check(got, *reference([sample(0)], doc_lens=lens))
+
+
+@pytest.mark.parametrize("placement", ["offload:1,keep:1", "cache:2"])
+def test_tiled_layer_matches_plain(tmp_path, placement):
+    """The whole layer's token-wise work tiled (levers/tiled_layer.py; tiles of 7 divide no slice) under ZeRO-3 and
+    SP=2, with a checkpoint through DeepSpeed's offload path or the attention output cached; chunked loss."""
+    got = run(tmp_path, 2, 2, length=64, chunked_loss=True, loss_chunk_rows=5, tiled_layer=True, tile_tokens=7,
+              placement=placement)
+    check(got, *reference([sample(0)]))
+
+
+def test_tiled_layer_keeps_packed_documents_apart(tmp_path):
+    lens = [20, 29, 15]
+    got = run(tmp_path, 2, 2, length=64, packed=lens, tiled_layer=True, tile_tokens=9)
+    check(got, *reference([sample(0)], doc_lens=lens))
