@@ -18,7 +18,7 @@ Whole plans, predicted first and committed, then run (held-out validation):
     python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_predictions_DATE.jsonl \
         --out $OUT --commit SHA                                                                       # GPU
 Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without
-their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md`: what
+their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ... when taken): what
 `ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement). Otherwise each plan is
 written and run with `ds-longctx train --config run.yaml --steps N`; measured: `max_memory_reserved` max over ranks
 on every step, host Σ over ranks of peak RSS; `planner_plans_<date>.jsonl/.md` set them against the given
@@ -70,6 +70,15 @@ def measure(run: str, gpus: int, sp: int, steps: int, out: Path, timeout_s: int)
                        measured_host_gib=max(r["host_peak_rss_sum_gib"] for r in rows),
                        seconds=steady[-1]["seconds"], mfu=steady[-1]["mfu"], levers=rows[0]["levers"])
     return summary
+
+
+def fresh(out: Path, stem: str, suffix: str) -> Path:
+    """out/stem+suffix, or stem + b, c, ... when taken: committed predictions are never overwritten."""
+    for tag in ["", *"bcdefghijklmnopqrstuvwxyz"]:
+        path = out / f"{stem}{tag}{suffix}"
+        if not path.exists() and not path.with_suffix(".md").exists():
+            return path
+    raise SystemExit(f"{out}/{stem}*{suffix}: every name up to z is taken")
 
 
 def predict(row: dict) -> tuple:
@@ -217,7 +226,7 @@ def main():
             import tempfile
             rows = [dict(r, commit=git_commit(a.commit)) for r in
                     predict_plans(specs, a.model, a.gpus, Path(tempfile.mkdtemp()))]
-            path = out / f"planner_predictions_{datetime.date.today().isoformat()}.jsonl"
+            path = fresh(out, f"planner_predictions_{datetime.date.today().isoformat()}", ".jsonl")
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             gb = 1e9
             md = ["| plan | placement | optimizer offload | reserved GB | GPU peak GB | host GB | budget GB |",

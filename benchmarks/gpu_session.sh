@@ -19,6 +19,10 @@
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30.jsonl):
 #               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
 #   longest     the planner's longest length on 2 x 141 GB + 256 GB with the pinned pool (604,160), 2 steps: ~20+ min
+#   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
+#               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
+#               pinned pool; 2 steps each
+#   tiled_longest  the planner's longest with --tiled_layer --pinned_pool on 2 x 141 GB + 256 GB (720,896), 1 step
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
 RES=${RES:-/tmp/res}
@@ -69,6 +73,12 @@ EOF
                 --out "$RES" --commit "$COMMIT" ;;
     longest) python3 benchmarks/bench_planner.py --plans 604160:141:pinned_pool --steps 2 --timeout_s 3600 \
                --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --out "$RES" --commit "$COMMIT" ;;
+    tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
+             --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
+             --out "$RES" --commit "$COMMIT" ;;
+    tiled_longest) python3 benchmarks/bench_planner.py --plans 720896:141:tiled_layer+pinned_pool --steps 1 \
+                     --timeout_s 3600 --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl \
+                     --out "$RES" --commit "$COMMIT" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== $(date -u +%H:%M:%S) stage $stage done ($?)" | tee -a "$RES/session.txt"

@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
                    help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
                         "DeepSpeed's power-of-two buffers: the same data in up to half the host memory (not yet "
                         "measured on a GPU)")
+    p.add_argument("--tiled_layer", action="store_true",
+                   help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
+                        "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. Not yet "
+                        "measured on a GPU, so the search does not pick it by itself; not with --lora_rank")
     p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
                    help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
                         "offload; the rest steps on the GPU). 1 (default): all of it. Not yet measured on a GPU, so "
@@ -126,6 +130,9 @@ def check_args(a: argparse.Namespace) -> tuple:
     if a.optimizer_offload_ratio < 1 and a.lora_rank:
         raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} with --lora_rank {a.lora_rank}: "
                          f"the adapters' optimizer state is small, split it no further; drop one of them")
+    if a.tiled_layer and a.lora_rank:
+        raise ValueError(f"--tiled_layer with --lora_rank {a.lora_rank}: the tiled layer computes from the base "
+                         f"weights and would skip the adapters; drop one of the two")
     if a.lora_rank < 0:
         raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
@@ -148,6 +155,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
     parts += ["--pinned_pool"] if a.pinned_pool else []
+    parts += ["--tiled_layer"] if a.tiled_layer else []
     parts += [f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g}"] if a.optimizer_offload_ratio < 1 else []
     parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     return "ds-longctx plan " + " ".join(parts)
@@ -156,7 +164,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
 def search_kw(a: argparse.Namespace, host: float) -> dict:
     """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank,
+                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank, tiled_layer=a.tiled_layer,
                                                        optimizer_offload_ratio=a.optimizer_offload_ratio))
 
 

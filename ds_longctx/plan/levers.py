@@ -28,6 +28,7 @@ class Levers:
     chunked_loss: bool = True
     loss_chunk_rows: int = 4096
     tiled_mlp: bool = False
+    tiled_layer: bool = False  # the whole layer's token-wise work in tiles (levers/tiled_layer.py; the MLP's too)
     tile_tokens: Optional[int] = None
     offload_layers: int = 0
     optimizer_offload: bool = False
@@ -58,7 +59,7 @@ class Levers:
         the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
         mem, targets = cfg.memory, cfg.lora.target_modules
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
-                   tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
+                   tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
                    optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
                    pinned_pool=mem.pinned_pool,
                    lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
@@ -67,7 +68,7 @@ class Levers:
         """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
         counts' (first offloaded, last cached), else the explicit per-layer placement."""
         out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
-               "tiled_mlp": self.tiled_mlp, "tile_tokens": self.tile_tokens,
+               "tiled_mlp": self.tiled_mlp, "tiled_layer": self.tiled_layer, "tile_tokens": self.tile_tokens,
                "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
                "optimizer_offload_ratio": self.optimizer_offload_ratio if self.optimizer_offload else 1.0,
                "pinned_pool": self.pinned_pool,

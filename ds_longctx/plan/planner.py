@@ -50,6 +50,14 @@ BUILD = ("build",)  # host only: while the engine is built, never at the same ti
 #   attn_bwd: norm1 (4) + residual-stream grad (1) + grad of the q/k/v-proj input being built (1)   = 6
 HIDDEN_UNITS_MLP_BWD = 10
 HIDDEN_UNITS_ATTN_BWD = 6
+# With tiled_layer (levers/tiled_layer.py) the norms run inside the tiles and save nothing of full length:
+#   mlp_bwd: h = x + o_proj(attn), the MLP tiles' saved input (1) + grad of the layer output (1) + grad of h
+#            being built (1) = 3
+#   attn_bwd: grad of h on the residual branch (1) + grad of x from the q/k/v tiles being built (1) + their sum
+#             (1) = 3
+# (tests/levers/test_tiled_layer.py counts what the layer saves; not yet measured on a GPU.)
+TILED_LAYER_UNITS_MLP_BWD = 3
+TILED_LAYER_UNITS_ATTN_BWD = 3
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
 QK_NORM_SAVED_COPIES = 3
@@ -131,7 +139,8 @@ class MemoryPlan:
                  f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}")
         rows = [f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
                 f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
-                f"tiled_mlp={lv.tiled_mlp} tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
+                f"tiled_mlp={lv.tiled_mlp}{' tiled_layer=True' if lv.tiled_layer else ''} "
+                f"tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
                 + (f" (ratio {lv.optimizer_offload_ratio})" if lv.optimizer_offload and lv.optimizer_offload_ratio < 1
                    else "")
                 + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
@@ -242,7 +251,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         layer_grads_bf16       P_layer·2 (one layer's full grads before reduce-scatter; both)
         tied_lm_head_grad_held V·H·2 with tied embeddings (embed too): the lm_head grad waits for the embedding's
         hidden_mlp_bwd         10·E (see HIDDEN_UNITS_MLP_BWD)            hidden_attn_bwd  6·E (attn_bwd)
-        qk_norm_saved          3·T·(hq+hkv)·d·2 if qk_norm (both)
+                               (tiled_layer: 3·E and 3·E, TILED_LAYER_UNITS_*)
+        qk_norm_saved          3·T·(hq+hkv)·d·2 if qk_norm and not tiled_layer (both)
         qkv_a2a                S·(hq/sp + 2·kv')·d·2 (both); qkv_a2a_grad the same (attn_bwd)
         attn_out_a2a           S·(hq/sp)·d·2 saved by the kernel (both); attn_out_a2a_grad the same (attn_bwd)
         softmax_lse_fp32       (hq/sp)·S·4 (both)
@@ -254,6 +264,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up), mlp_grads 2·T·I·2;
                        tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2,
                                 mlp_tile_wgrad_fp32 3·H·I·4 (tiled_mlp.py's fp32 sum of the MLP weight grads)
+        tiled_layer (the MLP tiled as above, its tile also holding the norm: mlp_tile_hidden 6·t·H·2), attn_bwd:
+                       qkv_tiles_grad_join T·(hq+2·hkv)·d·2, qkv_tile t·(6·H+4·(hq+2·hkv)·d)·2,
+                       qkv_tile_wgrad_fp32 (hq+2·hkv)·d·H·4
     Slack (all):  allocator_slack (f-1)·(all + peak phase), f = fragmentation, or offload_fragmentation
                   when checkpoints are offloaded (DeepSpeed's checkpoint path copies through its own buffers);
                   reserved = f·(all + peak phase) is what torch.cuda.max_memory_reserved reports;
@@ -351,9 +364,12 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("layer_grads_bf16", (A_layer if lora else Pl) * 2, 0, "A_layer·2" if lora else "P_layer·2", LAYER)
     if lora:
         add("lora_saved", n_top * T * r * 2, 0, f"n·T·r·2 (n={n_top} adapted Linears, r={r})", LAYER)
-    add("hidden_mlp_bwd", HIDDEN_UNITS_MLP_BWD * E, 0, f"{HIDDEN_UNITS_MLP_BWD}·T·H·2", ("mlp_bwd",))
-    add("hidden_attn_bwd", HIDDEN_UNITS_ATTN_BWD * E, 0, f"{HIDDEN_UNITS_ATTN_BWD}·T·H·2", ("attn_bwd",))
-    if g.qk_norm:
+    tl = levers.tiled_layer
+    u_mlp, u_attn = ((TILED_LAYER_UNITS_MLP_BWD, TILED_LAYER_UNITS_ATTN_BWD) if tl
+                     else (HIDDEN_UNITS_MLP_BWD, HIDDEN_UNITS_ATTN_BWD))
+    add("hidden_mlp_bwd", u_mlp * E, 0, f"{u_mlp}·T·H·2", ("mlp_bwd",))
+    add("hidden_attn_bwd", u_attn * E, 0, f"{u_attn}·T·H·2", ("attn_bwd",))
+    if g.qk_norm and not tl:  # tiled: q/k norms run inside the q/k/v tiles
         add("qk_norm_saved", QK_NORM_SAVED_COPIES * T * (hq + hkv) * d * 2, 0, "3·T·(hq+hkv)·d·2", LAYER)
     qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
     add("qkv_a2a", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", LAYER)
@@ -366,10 +382,21 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
     add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))
     add("attn_out_local", T * hq * d * 2, 0, "T·hq·d·2", ("mlp_bwd",))
-    if levers.tiled_mlp:
+    if tl:
+        t = min(levers.tile_tokens or H, T)
+        # q, k, v are views of the q/k/v tiles' one output: their grads are joined into one buffer (split's
+        # backward) while the three exist; then one tile's norm / projections / rotary with their grads, and the
+        # fp32 sums of the attention-side weight grads (o_proj's is an ordinary Linear's)
+        add("qkv_tiles_grad_join", T * (hq + 2 * hkv) * d * 2, 0, "T·(hq+2·hkv)·d·2", ("attn_bwd",))
+        add("qkv_tile", t * (6 * H + 4 * (hq + 2 * hkv) * d) * 2, 0, f"t·(6·H+4·(hq+2·hkv)·d)·2 (t={t})",
+            ("attn_bwd",))
+        add("qkv_tile_wgrad_fp32", (hq + 2 * hkv) * d * H * 4 * (T > t), 0, "(hq+2·hkv)·d·H·4 if T > t",
+            ("attn_bwd",))
+    if levers.tiled_mlp or tl:
         t = min(levers.tile_tokens or H, T)
         add("mlp_tile", 6 * t * I * 2, 0, f"6·t·I·2 (t={t})", ("mlp_bwd",))
-        add("mlp_tile_hidden", 2 * t * H * 2, 0, f"2·t·H·2 (t={t})", ("mlp_bwd",))
+        add("mlp_tile_hidden", (6 if tl else 2) * t * H * 2, 0, f"{6 if tl else 2}·t·H·2 (t={t}"
+            + ("; the post-attention norm in the tile" if tl else "") + ")", ("mlp_bwd",))
         add("mlp_tile_wgrad_fp32", (A_mlp if lora else 3 * H * I) * 4 * (T > t), 0,
             ("A_mlp" if lora else "3·H·I") + "·4 if T > t", ("mlp_bwd",))
     else:

@@ -71,7 +71,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     knobs = dict(knobs, nodes=nodes)
     for opt in (False, True):
         for sp in sps:
-            for tiled in (False, True):
+            for tiled in (True,) if base.tiled_layer else (False, True):  # a tiled layer tiles its MLP too
                 lv = replace(base, tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
                              optimizer_offload=opt)
                 lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
@@ -103,8 +103,10 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
     valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid} "
                                   f"(one sequence over {sp} GPUs{within}: the least memory per GPU)"),
-             f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
-                                              if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)"),
+             (f"tiled_layer=True: as asked (--tiled_layer; the MLP tiled with it), tile_tokens={lv.tile_tokens} = "
+              f"min(T, hidden); not yet measured on a GPU" if lv.tiled_layer else
+              f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
+                                               if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)")),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
              + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
              f"loss_chunk_rows={lv.loss_chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "

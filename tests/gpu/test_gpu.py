@@ -139,3 +139,19 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
     assert len(losses["1"]) == 3
     for a, b in zip(losses["0.5"], losses["1"]):
         assert rel_err(a, b) <= 1e-5, losses
+
+
+@two_gpus
+@pytest.mark.parametrize("placement", ["offload:2", "cache+offload:1,cache:1"])
+def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
+    """fp32, SP=2 on 2 GPUs: every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100), checkpoints
+    offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
+    got = run(tmp_path, 2, 2, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_layer=True,
+              tile_tokens=100, placement=placement)
+    ids = sample(0, 2048)
+    model = tiny_model(seed=0, attn="sdpa", device="cuda")
+    loss = model(input_ids=ids[None].cuda(), labels=ids[None].cuda()).loss
+    loss.backward()
+    assert rel_err(got["loss"], float(loss)) <= 1e-4
+    worst = max(rel_err(got["grads"][n], p.grad.float().cpu()) for n, p in model.named_parameters())
+    assert worst <= 1e-3, worst

@@ -128,3 +128,18 @@ def test_refused_where_it_cannot_run():
     apply_tiled_layer(model, 8)
     with pytest.raises(RuntimeError, match="already applied"):
         apply_tiled_layer(model, 8)
+
+
+def test_checked_before_any_work_on_a_meta_model():
+    """run/preflight's check: every layer of the class on the meta device; another layer shape (GPT-2's ln_1 /
+    attn / ln_2 / mlp) is refused by name, and LoRA by the run config."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen3ForCausalLM
+
+    from ds_longctx.config import RunConfig
+    from ds_longctx.levers.tiled_layer import check_tiled_layer
+    from tests.helpers import tiny_config
+    assert check_tiled_layer(Qwen3ForCausalLM, tiny_config("sdpa")) == 2
+    with pytest.raises(ValueError, match="tiled_layer: GPT2Block has no input_layernorm, post_attention_layernorm"):
+        check_tiled_layer(GPT2LMHeadModel, GPT2Config(n_layer=2, n_embd=32, n_head=2))
+    with pytest.raises(ValueError, match="tiled_layer with lora_rank=8"):
+        RunConfig(tiled_layer=True, lora_rank=8)

@@ -281,3 +281,22 @@ def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
     assert proc.wait(timeout=120) == 1, err
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert (tmp_path / "plan.txt").exists()   # the files were still written
+
+
+def test_tiled_layer_is_asked_for_and_lengthens_the_longest_plan(tmp_path, capsys):
+    """`--tiled_layer`: the search keeps it (not picked by itself: unmeasured on a GPU), run.yaml carries it, the
+    longest length on 2 x 141 GB + 256 GB grows; with --lora_rank it is refused before any search (exit 2)."""
+    hw = ["--model", "qwen3-8b", "--gpus", "2", "--gpu_mem_gb", "141", "--host_mem_gb", "256", "--pinned_pool"]
+    longest = []
+    for extra in ([], ["--tiled_layer"]):
+        assert generate.main(hw + ["--find_max_len"] + extra) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        longest.append(int(first.rsplit("= ", 1)[1].split()[0].replace(",", "")))
+    assert longest[1] > longest[0] * 1.1, longest
+    assert generate.main(hw + ["--seq_len", str(longest[1]), "--tiled_layer", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tiled_layer=True: as asked" in out
+    cfg = RunConfig.load(tmp_path / "run.yaml")
+    assert cfg.memory.tiled_layer and cfg.memory.tiled_mlp and cfg.memory.tile_tokens == 4096
+    assert generate.main(hw + ["--seq_len", "131072", "--tiled_layer", "--lora_rank", "16"]) == 2
+    assert "--tiled_layer with --lora_rank 16" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import ds_longctx
+from ds_longctx.config import RunConfig
 
 from ds_longctx.plan.planner import (GB, GIB, Levers, ModelGeometry, checkpoint_bytes_per_token, plan_memory,
                                 valid_sp_sizes)
@@ -182,6 +183,25 @@ def test_tiled_terms_replace_the_untiled_mlp():
     assert not any(t.name == "mlp_saved" for t in tiled.terms)
     plain = plan_memory(Q8, 1 << 20, 8, 8, Levers())
     assert plain.term("mlp_grads").gpu_bytes == 2 * T * I * 2 and not any(t.name == "mlp_tile" for t in plain.terms)
+
+
+def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work():
+    """levers/tiled_layer.py: the norms' and q/k norms' full-length saved tensors leave both layer phases (3 hidden
+    units each instead of 10 / 6, no qk_norm_saved); the q/k/v tiles' own terms join attn_bwd; the MLP is tiled."""
+    T, H, hq, hkv, d = 131_072, Q8.hidden, Q8.heads, Q8.kv_heads, Q8.head_dim
+    E = T * H * 2
+    base = Levers(tiled_mlp=True, tile_tokens=4096)
+    plain, tiled = (plan_memory(Q8, 1 << 20, 8, 8, replace(base, tiled_layer=tl)) for tl in (False, True))
+    assert plain.term("hidden_mlp_bwd").gpu_bytes == 10 * E and tiled.term("hidden_mlp_bwd").gpu_bytes == 3 * E
+    assert plain.term("hidden_attn_bwd").gpu_bytes == 6 * E and tiled.term("hidden_attn_bwd").gpu_bytes == 3 * E
+    assert plain.term("qk_norm_saved").gpu_bytes > 0 and not any(t.name == "qk_norm_saved" for t in tiled.terms)
+    assert tiled.term("qkv_tiles_grad_join").gpu_bytes == T * (hq + 2 * hkv) * d * 2
+    assert tiled.term("qkv_tile_wgrad_fp32").gpu_bytes == (hq + 2 * hkv) * d * H * 4
+    assert tiled.term("mlp_tile").gpu_bytes == plain.term("mlp_tile").gpu_bytes   # the MLP tiles as before
+    pb, tb = dict(plain.phase_bytes), dict(tiled.phase_bytes)
+    assert tb["mlp_bwd"] < pb["mlp_bwd"] - 7 * E and tb["attn_bwd"] < pb["attn_bwd"] - 2 * E
+    assert Levers.from_run_config(RunConfig(tiled_layer=True)).tiled_layer
+    assert RunConfig(**replace(base, tiled_layer=True).run_config_fields()).memory.tiled_layer
 
 
 def test_reduce_bucket_matches_the_generated_deepspeed_config():
