@@ -37,7 +37,7 @@ from ds_longctx.plan.search import Choice, NoFit, choose, fastest_placement, fin
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.planner import GB
+from ds_longctx.plan.planner import GB, check_headroom
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
@@ -118,8 +118,7 @@ def check_args(a: argparse.Namespace) -> tuple:
     host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
     if host <= 0:
         raise ValueError(f"--host_mem_gb {host:g}: give the node's host RAM in GB, e.g. 560")
-    if not 0 < a.headroom <= 1:
-        raise ValueError(f"--headroom {a.headroom:g} must be in (0, 1], e.g. 0.9")
+    check_headroom(a.headroom)
     if a.seq_len is None and not a.find_max_len:
         raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
     if a.seq_len is not None and a.seq_len <= 0:

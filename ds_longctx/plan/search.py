@@ -18,7 +18,7 @@ from typing import Optional
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan.geometry import as_geometry
-from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, plan_memory, valid_sp_sizes
+from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, check_headroom, plan_memory, valid_sp_sizes
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     with the longest length that fits and what to change.
     """
     geom = as_geometry(geom)
+    check_headroom(headroom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     if sp_size is not None:
         plan_memory(geom, 1, gpus, sp_size, nodes=nodes)  # validates sp_size, naming the valid ones

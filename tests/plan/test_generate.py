@@ -82,6 +82,8 @@ def test_find_max_len(capsys):
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "8", "--sp_size", "3"], "try one of [1, 2, 4, 8]"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--gpu_mem_gb", "0"], "--gpu_mem_gb 0"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--host_mem_gb", "-1"], "--host_mem_gb -1"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--headroom", "0.97"], "--headroom 0.97 must be in"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--headroom", "nan"], "--headroom nan must be in"),
 ])
 def test_bad_input_exits_2_naming_the_value(args, says, capsys):
     assert generate.main(args) == 2

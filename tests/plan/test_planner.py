@@ -315,3 +315,35 @@ def test_sp_stays_inside_a_node():
         plan_memory(Q8, 1 << 20, 8, 16, nodes=2)
     with pytest.raises(ValueError, match="nodes=0"):
         plan_memory(Q8, 1 << 20, 8, 8, nodes=0)
+
+
+def committed_runs() -> list:
+    """(file, row, measured reserved, predicted reserved) of every run table in benchmarks/results/planner_runs_*.md:
+    the column whose header names reserved + measured, and the `predicted` column after it."""
+    rows = []
+    for path in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("planner_runs_*.md")):
+        head = None
+        for line in path.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not line.startswith("|"):
+                head = None
+            elif head is None:
+                m = next((i for i, c in enumerate(cells) if "reserved" in c and "measured" in c), None)
+                head = (m, m + 1) if m is not None and cells[m + 1].startswith("predicted") else None
+            elif not set(line) <= set("|-: "):
+                rows.append((path.name, cells[0], float(cells[head[0]]), float(cells[head[1]])))
+    return rows
+
+
+def test_max_headroom_covers_every_committed_under_prediction():
+    """The safety rule: at MAX_HEADROOM of the budget, the worst measured/predicted ratio of any committed run still
+    lands inside the budget. A new run that needs a lower bound fails here."""
+    from ds_longctx.plan.planner import MAX_HEADROOM, check_headroom
+    runs = committed_runs()
+    assert len(runs) >= 20, runs          # the three tables: 13 + 6 + 1 runs
+    worst = max(runs, key=lambda r: r[2] / r[3])
+    assert MAX_HEADROOM * worst[2] / worst[3] <= 1, worst
+    check_headroom(MAX_HEADROOM)
+    for bad in (MAX_HEADROOM + 0.01, 1.0, 0, -0.5):
+        with pytest.raises(ValueError, match=f"--headroom {bad:g} must be in"):
+            check_headroom(bad)
