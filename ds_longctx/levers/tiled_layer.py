@@ -74,6 +74,13 @@ def layer_parts(layer: nn.Module) -> dict:
     if missing:
         raise ValueError(f"tiled_layer: {name} has no {', '.join(missing)}; it supports pre-norm decoder layers "
                          f"(Qwen3, Qwen2, Llama, Mistral); set memory.tiled_layer: false (tiled_mlp still works)")
+    # the tiles reproduce the pre-norm layer `h = x + attn(norm1(x)); y = h + mlp(norm2(h))`; a layer with other
+    # modules (Gemma's pre/post-feedforward norms, a cross-attention) computes something else: refused
+    extra = sorted(set(dict(layer.named_children())) - set(need))
+    if extra:
+        raise ValueError(f"tiled_layer: {name} has {', '.join(extra)} besides {', '.join(need)}; the tiles reproduce "
+                         f"the pre-norm layer x + attn(norm(x)), then + mlp(norm(.)) only (Qwen3, Qwen2, Llama, "
+                         f"Mistral); set memory.tiled_layer: false")
     projs = {p: getattr(attn, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
     mlps = {p: getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")}
     odd = [f"self_attn.{p}" for p, m in projs.items() if not _plain_linear(m)] + \
