@@ -19,6 +19,8 @@
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30.jsonl):
 #               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
 #   longest     the planner's longest length on 2 x 141 GB + 256 GB with the pinned pool (604,160), 2 steps: ~20+ min
+#   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
+#               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each
@@ -73,6 +75,10 @@ EOF
                 --out "$RES" --commit "$COMMIT" ;;
     longest) python3 benchmarks/bench_planner.py --plans 604160:141:pinned_pool --steps 2 --timeout_s 3600 \
                --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --out "$RES" --commit "$COMMIT" ;;
+    profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
+               --label plan --steps 3 --out "$RES" --config "$RES/plan_$LEN/run.yaml" \
+               --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
+             tail -25 "$RES/profile_$LEN.log" ;;
     tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
