@@ -11,8 +11,8 @@ hidden_mlp_bwd / hidden_attn_bwd / qk_norm_saved terms) — the term that bounds
 
 What runs tiled (tiled_mlp.TiledRows: forward under no_grad tile by tile, only the inputs saved, each tile
 recomputed in backward; ZeRO-3 weights gathered once per pass, reduce hooks fired once per param):
-    pre   x -> input_layernorm -> q/k/v projections -> q_norm / k_norm -> rotary: one [n, (hq+2·hkv)·d] output,
-          split into q, k, v for the attention function (the same one the layer would call: Ulysses, the
+    pre   x -> input_layernorm -> q/k/v projections -> q_norm / k_norm -> rotary: q, k, v ([n, h·d] each, each
+          its own grad in backward) for the attention function (the same one the layer would call: Ulysses, the
           attention cache). Saves x (the layer's checkpoint input itself) and the rotary cos / sin rows.
     mlp   h -> post_attention_layernorm -> gated MLP: saves h = x + o_proj(attention).
 The layer's own forward still runs (so transformers' checkpointing, which wraps it, and every hook on the
@@ -130,7 +130,7 @@ def _params(*modules) -> tuple:
 
 
 def _pre_tile_fn(parts: dict, norm_fn: Callable) -> Callable:
-    """One tile of x -> norm -> q/k/v -> q/k norms -> rotary, as one [t, (hq+2·hkv)·d] tensor."""
+    """One tile of x -> norm -> q/k/v -> q/k norms -> rotary: (q [t, hq·d], k [t, hkv·d], v [t, hkv·d])."""
     qp, kp, vp, d, modeling = parts["q_proj"], parts["k_proj"], parts["v_proj"], parts["head_dim"], parts["modeling"]
     q_norm, k_norm = parts["q_norm"], parts["k_norm"]
     q_norm_fn = q_norm.forward if q_norm is not None else None
@@ -148,7 +148,7 @@ def _pre_tile_fn(parts: dict, norm_fn: Callable) -> Callable:
             k = k_norm_fn(k)
         # the modeling module's rotary, looked up now (fused_ops may have routed it to a fused kernel)
         q, k = modeling.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None])
-        return torch.cat([q.transpose(1, 2).reshape(t, -1), k.transpose(1, 2).reshape(t, -1), v], dim=-1)
+        return q.transpose(1, 2).reshape(t, -1), k.transpose(1, 2).reshape(t, -1), v   # [t, hq·d], [t, hkv·d] x 2
     return tile
 
 
@@ -182,7 +182,6 @@ def _attn_forward(parts: dict, tile_tokens: int, norm_fn: Callable) -> Callable:
     pre_params = _params(parts["input_layernorm"], parts["q_proj"], parts["k_proj"], parts["v_proj"],
                          parts["q_norm"], parts["k_norm"])
     pre = _pre_tile_fn(parts, norm_fn)
-    widths = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
 
     def forward(hidden_states, position_embeddings=None, attention_mask=None, *args, **kwargs):
         if args:
@@ -199,7 +198,7 @@ def _attn_forward(parts: dict, tile_tokens: int, norm_fn: Callable) -> Callable:
         sin = sin.expand(b, s, sin.shape[-1]).reshape(b * s, -1)
         x = hidden_states.reshape(b * s, hidden)                 # [n, H]
         qkv = TiledRows.apply(pre, pre_params, tile_tokens, lambda: _gathered(pre_params), x, cos, sin)
-        q, k, v = (z.view(b, s, -1, d).transpose(1, 2) for z in qkv.split(widths, dim=-1))   # [b, h, s, d]
+        q, k, v = (z.view(b, s, -1, d).transpose(1, 2) for z in qkv)    # [n, h·d] -> [b, h, s, d]
         extra = {"sliding_window": attn.sliding_window} if hasattr(attn, "sliding_window") else {}
         rest = {k: v for k, v in kwargs.items() if k not in _NO_ATTENTION_KWARGS}
         out, weights = _attention_interface(attn, modeling)(

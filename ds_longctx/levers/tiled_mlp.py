@@ -150,7 +150,8 @@ class TiledRows(torch.autograd.Function):
     """y = fn(*xs) over row tiles of the inputs xs (each [n, ...], row i of y from row i of each); saves only the
     inputs and recomputes each tile in backward. The tiled MLP's one input is x; levers/tiled_layer.py's blocks
     take two or three (hidden rows, attention rows, rotary cos / sin rows). Inputs that need no grad (cos / sin)
-    are only sliced.
+    are only sliced. `fn` may return a tuple of [t, W_i] tiles (the q/k/v tiles): then the output is a tuple of
+    [n, W_i] tensors, each with its own grad in backward (no joined grad buffer).
 
     `gathered()` is entered once around each pass's tile loop (forward; recompute + backward).
         y = TiledRows.apply(fn, params, tile_tokens, gathered, x0, x1, ...)
@@ -158,22 +159,25 @@ class TiledRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn: Callable, params: tuple, tile_tokens: int, gathered: Callable[[], ContextManager],
-                *xs: torch.Tensor) -> torch.Tensor:
+                *xs: torch.Tensor):
         n = xs[0].shape[0]
         ctx.fn, ctx.params, ctx.tile_tokens, ctx.gathered = fn, params, tile_tokens, gathered
         ctx.autocast = _autocast_state(xs[0].device.type)
         ctx.save_for_backward(*xs)
-        out: Optional[torch.Tensor] = None
+        outs: Optional[list] = None
         with torch.no_grad(), gathered():
             for start, stop in _tile_bounds(n, tile_tokens):
-                y = fn(*(x[start:stop] for x in xs))        # [t, ...] -> [t, W]
-                if out is None:                             # dtype/width from fn itself (autocast)
-                    out = y.new_empty((n, y.shape[-1]))     # [n, W]
-                out[start:stop] = y
-        return out
+                ys = fn(*(x[start:stop] for x in xs))       # [t, ...] -> [t, W] or ([t, W_i], ...)
+                ctx.many = isinstance(ys, tuple)
+                ys = ys if ctx.many else (ys,)
+                if outs is None:                            # dtype/width from fn itself (autocast)
+                    outs = [y.new_empty((n, y.shape[-1])) for y in ys]   # [n, W_i]
+                for out, y in zip(outs, ys):
+                    out[start:stop] = y
+        return tuple(outs) if ctx.many else outs[0]
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx, *grad_outs: torch.Tensor):
         xs = ctx.saved_tensors
         need = ctx.needs_input_grad[4:]
         grad_xs = [torch.empty_like(x) if nd else None for x, nd in zip(xs, need)]   # every row written below
@@ -186,8 +190,11 @@ class TiledRows(torch.autograd.Function):
             for i, (start, stop) in enumerate(tiles):
                 x_tiles = [x[start:stop].detach().requires_grad_(nd) for x, nd in zip(xs, need)]   # [t, ...]
                 with torch.enable_grad(), torch.autocast(xs[0].device.type, dtype=dtype, enabled=enabled):
-                    y = ctx.fn(*x_tiles)                                            # [t, W]
-                g = grad_out[start:stop]                                            # [t, W]
+                    ys = ctx.fn(*x_tiles)                                           # [t, W] or ([t, W_i], ...)
+                ys = ys if ctx.many else (ys,)
+                # outputs autograd gave no grad (unused downstream) are left out
+                y = [yy for yy, go in zip(ys, grad_outs) if go is not None]
+                g = [go[start:stop] for go in grad_outs if go is not None]         # [t, W_i]
                 if i < len(tiles) - 1:
                     # autograd.grad: no .grad accumulation, so no ZeRO/DDP hook fires for this tile
                     grads = torch.autograd.grad(y, [x_tiles[j] for j in wanted] + params, g, allow_unused=True)

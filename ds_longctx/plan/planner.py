@@ -279,8 +279,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                        tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2,
                                 mlp_tile_wgrad_fp32 3·H·I·4 (tiled_mlp.py's fp32 sum of the MLP weight grads)
         tiled_layer (the MLP tiled as above, its tile also holding the norm: mlp_tile_hidden 6·t·H·2), attn_bwd:
-                       qkv_tiles_grad_join T·(hq+2·hkv)·d·2, qkv_tile t·(6·H+4·(hq+2·hkv)·d)·2,
-                       qkv_tile_wgrad_fp32 (hq+2·hkv)·d·H·4
+                       qkv_tile t·(6·H+4·(hq+2·hkv)·d)·2, qkv_tile_wgrad_fp32 (hq+2·hkv)·d·H·4
     Slack (all):  allocator_slack (f-1)·(all + peak phase), f = fragmentation, or offload_fragmentation
                   when checkpoints are offloaded (DeepSpeed's checkpoint path copies through its own buffers);
                   reserved = f·(all + peak phase) is what torch.cuda.max_memory_reserved reports;
@@ -398,10 +397,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("attn_out_local", T * hq * d * 2, 0, "T·hq·d·2", ("mlp_bwd",))
     if tl:
         t = min(levers.tile_tokens or H, T)
-        # q, k, v are views of the q/k/v tiles' one output: their grads are joined into one buffer (split's
-        # backward) while the three exist; then one tile's norm / projections / rotary with their grads, and the
-        # fp32 sums of the attention-side weight grads (o_proj's is an ordinary Linear's)
-        add("qkv_tiles_grad_join", T * (hq + 2 * hkv) * d * 2, 0, "T·(hq+2·hkv)·d·2", ("attn_bwd",))
+        # the q/k/v tiles' backward: one tile's norm / projections / rotary with their grads, and the fp32 sums
+        # of the attention-side weight grads (o_proj's is an ordinary Linear's); q, k and v are three outputs,
+        # so their grads (qkv_local_grad) go in as they are, never joined into one buffer
         add("qkv_tile", t * (6 * H + 4 * (hq + 2 * hkv) * d) * 2, 0, f"t·(6·H+4·(hq+2·hkv)·d)·2 (t={t})",
             ("attn_bwd",))
         add("qkv_tile_wgrad_fp32", (hq + 2 * hkv) * d * H * 4 * (T > t), 0, "(hq+2·hkv)·d·H·4 if T > t",

@@ -195,7 +195,7 @@ def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work()
     assert plain.term("hidden_mlp_bwd").gpu_bytes == 10 * E and tiled.term("hidden_mlp_bwd").gpu_bytes == 3 * E
     assert plain.term("hidden_attn_bwd").gpu_bytes == 6 * E and tiled.term("hidden_attn_bwd").gpu_bytes == 3 * E
     assert plain.term("qk_norm_saved").gpu_bytes > 0 and not any(t.name == "qk_norm_saved" for t in tiled.terms)
-    assert tiled.term("qkv_tiles_grad_join").gpu_bytes == T * (hq + 2 * hkv) * d * 2
+    assert tiled.term("qkv_tile").gpu_bytes == 4096 * (6 * H + 4 * (hq + 2 * hkv) * d) * 2
     assert tiled.term("qkv_tile_wgrad_fp32").gpu_bytes == (hq + 2 * hkv) * d * H * 4
     assert tiled.term("mlp_tile").gpu_bytes == plain.term("mlp_tile").gpu_bytes   # the MLP tiles as before
     pb, tb = dict(plain.phase_bytes), dict(tiled.phase_bytes)
