@@ -24,7 +24,7 @@
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each
-#   tiled_longest  the planner's longest with --tiled_layer --pinned_pool on 2 x 141 GB + 256 GB (720,896), 1 step
+#   tiled_longest  the planner's longest with --tiled_layer --pinned_pool on 2 x 141 GB + 256 GB (763,904), 1 step
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
 RES=${RES:-/tmp/res}
@@ -82,7 +82,7 @@ EOF
     tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
-    tiled_longest) python3 benchmarks/bench_planner.py --plans 720896:141:tiled_layer+pinned_pool --steps 1 \
+    tiled_longest) python3 benchmarks/bench_planner.py --plans 763904:141:tiled_layer+pinned_pool --steps 1 \
                      --timeout_s 3600 --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl \
                      --out "$RES" --commit "$COMMIT" ;;
     *) echo "unknown stage $stage" ;;
