@@ -11,6 +11,7 @@
 #               fused_ops auto = compile on GPU)
 #   fused       ds_longctx at LEN with kernels.fused_ops none, then liger (the lever off and the other kernel)
 #   alst        benchmarks/bench_peers.py at LEN: DeepSpeed ALST
+#   ours        ds_longctx alone at LEN with its plan's run.yaml (2 x 141 GB): the 524k row beside alst
 #   capped      ds_longctx at LEN planned within this session's ALST peak + 10% (`--gpu_mem_gb` = 1.1 x ALST's
 #               peak_gpu_bytes, so the plan, at 0.9 of that, sits at ALST's peak; 141 when ALST has no clean line):
 #               issue 11's 262k memory line. Run it after alst.
@@ -53,6 +54,7 @@ for stage in "$@"; do
     fused) peers ds_longctx "--placement $PLACEMENT --fused_ops none" &&
            peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
     alst) peers alst ;;
+    ours) peers ds_longctx "--config $RES/plan_$LEN/run.yaml" ;;
     capped) CAP=$(python3 - "$RES/peers.jsonl" "$SESSION" "$LEN" <<'EOF'
 import json, os, sys
 rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()] if os.path.exists(sys.argv[1]) else []
