@@ -7,6 +7,8 @@
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
+#   env         what the machine offers issue 12's NVMe placement: DeepSpeed's async I/O op (libaio) and GDS op
+#               compatibility, the disks (seconds)
 #   peers       benchmarks/bench_peers.py at LEN: TRL FSDP2 + CP, then ds_longctx with the plan's placement (defaults:
 #               fused_ops auto = compile on GPU)
 #   fused       ds_longctx at LEN with kernels.fused_ops none, then liger (the lever off and the other kernel)
@@ -48,6 +50,10 @@ for stage in "$@"; do
   case $stage in
     hf_trainer) python3 benchmarks/bench_hf_trainer.py --model qwen3-8b --seq_len "$LEN" --gpus 2 --gpu_mem_gb 141 \
                   --steps 3 --out "$RES" --commit "$COMMIT" ;;
+    env) { python3 -c "from deepspeed.ops.op_builder import AsyncIOBuilder as A; print('async_io compatible:', A().is_compatible(verbose=True))"
+           python3 -c "from deepspeed.ops.op_builder import GDSBuilder as G; print('gds compatible:', G().is_compatible(verbose=True))"
+           ldconfig -p | grep -i aio; ls /usr/include/libaio.h; df -h /tmp "$RES"; lsblk; } > "$RES/env.txt" 2>&1
+         cat "$RES/env.txt" ;;
     gpu_tests) python3 -m pytest -q -p no:cacheprovider tests/gpu > "$RES/gpu_tests.log" 2>&1
                tail -3 "$RES/gpu_tests.log" ;;
     peers) peers trl_fsdp2_cp && peers ds_longctx "--placement $PLACEMENT" ;;
