@@ -5,7 +5,8 @@
 
 The engine is built once (checkpointing on, chunked loss on, DeepSpeed checkpointing configured for CPU
 offload with 0 layers routed); each variant then toggles levers in place (offload = route all layers
-through DeepSpeed's offloading checkpoint, tiled = tiled MLP, cache = the attention cache on every layer
+through DeepSpeed's offloading checkpoint, tiled = tiled MLP, layer = tiled layer (levers/tiled_layer.py: the
+whole layer's token-wise work in tiles), cache = the attention cache on every layer
 (attention_cache.py), plain_loss = unchunked CE, run last since it may OOM). Per variant and step: seconds,
 peak reserved/allocated GPU bytes (max over ranks), host RSS, loss, MFU, and the planner's predicted per-GPU
 peak for the same levers. One JSON line per step in
@@ -65,6 +66,7 @@ def main():
     from ds_longctx.levers.offload import activation_checkpointing_block
     from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers, remove_placement
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.levers.tiled_layer import apply_tiled_layer, remove_tiled_layer
     from ds_longctx.levers.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
     import psutil
 
@@ -91,17 +93,21 @@ def main():
     for vi, variant in enumerate(a.variants.split(",")):
         parts = set(variant.split("+"))
         remove_placement(model)
+        remove_tiled_layer(model)   # before the tiled MLP's: it restores the MLP forward it replaced
         remove_tiled_mlp(model)
         eng.module.loss.chunked = "plain_loss" not in parts
         if "tiled" in parts:
             apply_tiled_mlp(model, geom.hidden)
+        if "layer" in parts:
+            apply_tiled_layer(model, geom.hidden)
         placement = PlacementPlan.from_counts(n_layers, offload=n_layers if "offload" in parts else 0,
                                               cache=n_layers if "cache" in parts else 0)
         # the engine was built with nothing offloaded: offloaded variants get cpu_checkpointing on here
         ds_config = {**eng.ds_config, "activation_checkpointing": activation_checkpointing_block(True, cuda)}
         apply_placement(model, placement, ds_config)
         levers = Levers(chunked_loss="plain_loss" not in parts, loss_chunk_rows=a.loss_chunk_rows,
-                        tiled_mlp="tiled" in parts, tile_tokens=geom.hidden, placement=placement)
+                        tiled_mlp="tiled" in parts or "layer" in parts, tiled_layer="layer" in parts,
+                        tile_tokens=geom.hidden, placement=placement)
         plan = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers)
         predicted = plan.gpu_peak_bytes
         for i in range(a.first_steps if vi == 0 else a.steps):
@@ -135,7 +141,8 @@ def main():
                    "predicted_gpu_gib": round(predicted / 2**30, 2),
                    "predicted_host_gib": round(plan.host_peak_bytes / 2**30, 2),
                    "levers": {"chunked_loss": levers.chunked_loss, "loss_chunk_rows": levers.loss_chunk_rows,
-                              "tiled_mlp": levers.tiled_mlp, "tile_tokens": levers.tile_tokens,
+                              "tiled_mlp": levers.tiled_mlp, "tiled_layer": levers.tiled_layer,
+                              "tile_tokens": levers.tile_tokens,
                               "placement": placement.spec()},
                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                    "tflops_per_gpu": round(flops / sec / st.world_size / 1e12, 1),

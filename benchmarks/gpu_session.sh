@@ -24,6 +24,8 @@
 #   longest     the planner's longest length on 2 x 141 GB + 256 GB with the pinned pool (604,160), 2 steps: ~20+ min
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
+#   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
+#               tiled MLP vs tiled layer, 2 steps each): its step-time cost and what it takes off the peak
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each
@@ -87,6 +89,10 @@ EOF
                --label plan --steps 3 --out "$RES" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
              tail -25 "$RES/profile_$LEN.log" ;;
+    layer_onoff) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29534 benchmarks/bench_levers.py \
+                   --model qwen3-8b --seq_len "$LEN" --sp_size 2 --variants offload+tiled,offload+layer --steps 2 \
+                   --first_steps 2 --out "$RES" > "$RES/layer_onoff_$LEN.log" 2>&1
+                 tail -6 "$RES/layer_onoff_$LEN.log" ;;
     tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
