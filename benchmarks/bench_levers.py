@@ -20,9 +20,10 @@ import datetime
 import json
 import os
 import resource
-import subprocess
 import time
 from pathlib import Path
+
+from harness import git_commit  # benchmarks/ is sys.path[0] when this file runs
 
 # As train.py: the planner models reserved memory under expandable segments (the entry point's setting).
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -48,6 +49,7 @@ def main():
     ap.add_argument("--variants", default="base,offload,tiled,offload+tiled")
     ap.add_argument("--loss_chunk_rows", type=int, default=4096)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     a = ap.parse_args()
     for v in a.variants.split(","):
         if {"cache", "offload"} <= set(v.split("+")):
@@ -83,7 +85,7 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"levers_{a.model}_{a.seq_len}.jsonl"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit(a.commit)
     cuda = torch.cuda.is_available()
     meta = {"date": datetime.date.today().isoformat(), "commit": commit,
             "device": torch.cuda.get_device_name() if cuda else "cpu",

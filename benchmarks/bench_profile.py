@@ -27,9 +27,10 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
+
+from harness import git_commit  # benchmarks/ is sys.path[0] when this file runs
 
 ATTN_HINTS = ("flash", "fmha", "sdpa", "attention", "cudnn_generated")
 CATEGORIES = ("attn_fwd", "attn_recompute", "attn_bwd", "matmul", "all_to_all", "zero_gather", "zero_reduce",
@@ -117,6 +118,7 @@ def main() -> None:
     ap.add_argument("--label", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     a, rest = ap.parse_known_args()
 
     import logging
@@ -166,7 +168,7 @@ def main() -> None:
         except Exception as e:  # keep the step times even if the profile cannot be read
             result = {"ms": {c: 0.0 for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms")}, "top_kernels": [],
                       "profile_error": f"{type(e).__name__}: {e}"}
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = git_commit(a.commit)
         record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
                   "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size, "torch": torch.__version__,
                   "placement": eng.placement.spec(), "steps": rows, **result, "config": cfg.flat()}

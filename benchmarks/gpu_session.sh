@@ -86,12 +86,12 @@ EOF
     longest) python3 benchmarks/bench_planner.py --plans 604160:141:pinned_pool --steps 2 --timeout_s 3600 \
                --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --out "$RES" --commit "$COMMIT" ;;
     profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
-               --label plan --steps 3 --out "$RES" --config "$RES/plan_$LEN/run.yaml" \
+               --label plan --steps 3 --out "$RES" --commit "$COMMIT" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
              tail -25 "$RES/profile_$LEN.log" ;;
     layer_onoff) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29534 benchmarks/bench_levers.py \
                    --model qwen3-8b --seq_len "$LEN" --sp_size 2 --variants offload+tiled,offload+layer --steps 2 \
-                   --first_steps 2 --out "$RES" > "$RES/layer_onoff_$LEN.log" 2>&1
+                   --first_steps 2 --out "$RES" --commit "$COMMIT" > "$RES/layer_onoff_$LEN.log" 2>&1
                  tail -6 "$RES/layer_onoff_$LEN.log" ;;
     tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
