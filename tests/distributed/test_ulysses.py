@@ -102,3 +102,28 @@ def test_tiled_layer_keeps_packed_documents_apart(tmp_path):
     lens = [20, 29, 15]
     got = run(tmp_path, 2, 2, length=64, packed=lens, tiled_layer=True, tile_tokens=9)
     check(got, *reference([sample(0)], doc_lens=lens))
+
+
+def family_checkpoint(tmp_path, family: str):
+    """A tiny local HF checkpoint of another family (random weights; the engine loads them from the directory)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[family]
+    cfg = cfg_cls(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, use_cache=False)
+    torch.manual_seed(0)
+    path = tmp_path / family
+    model_cls(cfg).save_pretrained(path)
+    return path, model_cls
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_other_families_with_the_tiled_layer_match_plain_hf(tmp_path, family):
+    """Llama and Mistral checkpoints through the whole engine (SP=2, ZeRO-3, tiled layer with uneven tiles, chunked
+    loss): the plain HF model's loss and every gradient on the full sequence."""
+    path, model_cls = family_checkpoint(tmp_path, family)
+    got = run(tmp_path, 2, 2, length=64, model=str(path), tiled_layer=True, tile_tokens=7, loss_chunk_rows=5)
+    ref = model_cls.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).train()
+    ids = sample(0)[None]
+    loss = ref(input_ids=ids, labels=ids).loss
+    loss.backward()
+    check(got, float(loss), {n: p.grad for n, p in ref.named_parameters()})
