@@ -48,7 +48,7 @@ log = logging.getLogger("ds_longctx")
 _PATCH_ATTR = "_ds_longctx_tiled_layer"
 _MISSING = object()
 _CACHE_KWARGS = ("cache", "past_key_value", "past_key_values")
-_NO_ATTENTION_KWARGS = ("position_embeddings", "use_cache", "output_attentions") + _CACHE_KWARGS
+_NO_ATTENTION_KWARGS = ("position_embeddings", "use_cache", "output_attentions", "cache_position") + _CACHE_KWARGS
 
 
 @dataclass(frozen=True)
