@@ -164,6 +164,11 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
         lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
+    if not base.tiled_layer and not base.lora_rank and \
+            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, tiled_layer=True),
+                    nodes) is not None:
+        lines.append("Fix: --tiled_layer (every layer's token-wise work in tiles; the planner's word: not yet "
+                     "measured on a GPU).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 

@@ -300,5 +300,8 @@ def test_tiled_layer_is_asked_for_and_lengthens_the_longest_plan(tmp_path, capsy
     assert "tiled_layer=True: as asked" in out
     cfg = RunConfig.load(tmp_path / "run.yaml")
     assert cfg.memory.tiled_layer and cfg.memory.tiled_mlp and cfg.memory.tile_tokens == 4096
+    # a length only the tiled layer fits: the refusal names it as a fix
+    assert generate.main(hw + ["--seq_len", str(longest[1])]) == 2
+    assert "Fix: --tiled_layer" in capsys.readouterr().err
     assert generate.main(hw + ["--seq_len", "131072", "--tiled_layer", "--lora_rank", "16"]) == 2
     assert "--tiled_layer with --lora_rank 16" in capsys.readouterr().err
