@@ -127,3 +127,10 @@ def test_other_families_with_the_tiled_layer_match_plain_hf(tmp_path, family):
     loss = ref(input_ids=ids, labels=ids).loss
     loss.backward()
     check(got, float(loss), {n: p.grad for n, p in ref.named_parameters()})
+
+
+def test_tiled_layer_with_kv_replication_and_data_parallelism(tmp_path):
+    """sp=4 over 2 KV heads (each replicated twice inside the exchange) and sp=2 x dp=2, with the tiled layer
+    (tiles of 5): the plain model's loss and grads (the dp case against the two-replica mean)."""
+    check(run(tmp_path, 4, 4, length=64, tiled_layer=True, tile_tokens=5), *reference([sample(0)]))
+    check(run(tmp_path, 4, 2, length=64, tiled_layer=True, tile_tokens=5), *reference([sample(0), sample(1)]))
