@@ -133,7 +133,7 @@ def select(name: str, announce: bool = True, head_dim: Optional[int] = None) -> 
 def model_head_dim(hf_config) -> int:
     """The attention head dim of an HF config (its text config's `head_dim`, else hidden / heads)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return kernel_rules.head_dim(text)
 
 
 def current() -> AttentionChoice:

@@ -17,6 +17,13 @@ FA4_VERIFIED_HEAD_DIMS = (128,)
 FA4_MIN_HEAD_DIM = 64
 
 
+def head_dim(cfg) -> int:
+    """The attention head dim of a model config (a dict, or an HF config object): its `head_dim`, else
+    hidden_size / num_attention_heads. The one home of this rule: plan/geometry.py and parallel/attention.py read it."""
+    get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+    return get("head_dim") or get("hidden_size") // get("num_attention_heads")
+
+
 def fa4_verified(head_dim: Optional[int]) -> bool:
     """`auto` may pick FA4 for this head_dim (None: not known, as before the rule)."""
     return head_dim is None or head_dim in FA4_VERIFIED_HEAD_DIMS

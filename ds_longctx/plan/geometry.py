@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Union
 
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
+from ds_longctx.parallel import kernel_rules
 
 _DENSE_TYPES = ("qwen3", "llama", "mistral")
 
@@ -42,7 +43,7 @@ class ModelGeometry:
         heads = cfg["num_attention_heads"]
         return cls(name=name or mtype, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"],
                    layers=cfg["num_hidden_layers"], heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
+                   head_dim=kernel_rules.head_dim(cfg), vocab=cfg["vocab_size"],
                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    max_position_embeddings=cfg.get("max_position_embeddings", 0), qk_norm=mtype == "qwen3",
                    attention_bias=bool(cfg.get("attention_bias", False)))

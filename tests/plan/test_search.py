@@ -173,3 +173,21 @@ def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
         c = fastest_placement(choose(geom, 65536, 2, 141, 256), 141, 256)
         assert (c.plan.placement.count(Place.CACHE) + c.plan.placement.count(Place.CACHE_OFFLOAD) > 0) == cached
         assert any("no attention cache" in n and "head_dim 128 (this model: 64" in n for n in c.notes) == (not cached)
+
+
+def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
+    """kernel_rules.head_dim: `head_dim` when the config gives one, else hidden / heads; the planner's geometry and
+    the engine's attention read the same answer from a dict and from an HF config object."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    from ds_longctx.parallel.attention import model_head_dim
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.parallel import kernel_rules
+    for hf, want in ((Qwen3Config(hidden_size=256, num_attention_heads=4, head_dim=128), 128),
+                     (LlamaConfig(hidden_size=256, num_attention_heads=4), 64)):
+        assert kernel_rules.head_dim(hf.to_dict()) == kernel_rules.head_dim(hf) == model_head_dim(hf) == want
+        assert ModelGeometry.from_config(hf.to_dict()).head_dim == want
+    bare = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 512,
+            "num_hidden_layers": 2, "vocab_size": 64}   # a config.json without head_dim, or with null
+    assert kernel_rules.head_dim(bare) == kernel_rules.head_dim(dict(bare, head_dim=None)) == 32
+    assert ModelGeometry.from_config(bare).head_dim == 32
