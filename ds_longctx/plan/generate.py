@@ -315,7 +315,8 @@ def main(argv: list | None = None) -> int:
     try:
         choice = plan_choice(a, geom, host, seq_len)
     except NoFit as e:
-        print(longest or "", end="\n" if longest else "")
+        if longest:
+            print(longest)
         print(e.best.table() if e.best else "", flush=True)
         print(f"\nds-longctx plan: {e}", file=sys.stderr)
         return 2

@@ -395,8 +395,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
     add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))
     add("attn_out_local", T * hq * d * 2, 0, "T·hq·d·2", ("mlp_bwd",))
+    t = min(levers.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:
-        t = min(levers.tile_tokens or H, T)
         # the q/k/v tiles' backward: one tile's norm / projections / rotary with their grads, and the fp32 sums
         # of the attention-side weight grads (o_proj's is an ordinary Linear's); q, k and v are three outputs,
         # so their grads (qkv_local_grad) go in as they are, never joined into one buffer
@@ -405,7 +405,6 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("qkv_tile_wgrad_fp32", (hq + 2 * hkv) * d * H * 4 * (T > t), 0, "(hq+2·hkv)·d·H·4 if T > t",
             ("attn_bwd",))
     if levers.tiled_mlp or tl:
-        t = min(levers.tile_tokens or H, T)
         add("mlp_tile", 6 * t * I * 2, 0, f"6·t·I·2 (t={t})", ("mlp_bwd",))
         add("mlp_tile_hidden", (6 if tl else 2) * t * H * 2, 0, f"{6 if tl else 2}·t·H·2 (t={t}"
             + ("; the post-attention norm in the tile" if tl else "") + ")", ("mlp_bwd",))
