@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from ds_longctx.config.base import Section
 from ds_longctx.levers.placement import check_request
+from ds_longctx.run.gpu_budget import allocator_fraction
 
 
 class MemoryConfig(Section):
@@ -44,9 +45,20 @@ class MemoryConfig(Section):
     yet measured on a GPU."""
     tile_tokens: Optional[int] = Field(None, gt=0)
     """Tokens per tile of the tiled MLP / tiled layer (default: hidden size)."""
+    gpu_budget_gb: Optional[float] = Field(None, gt=0)
+    """GPU memory per GPU this run may use, GB (1e9 bytes): the CUDA allocator is capped there less the CUDA
+    context (run/gpu_budget.py), so freed blocks are waited for and cached ones returned before the process grows
+    past it; past it is an out-of-memory error naming this value. `ds-longctx plan` writes its --gpu_mem_gb.
+    null: the whole GPU."""
+    run_ahead_layers: int = Field(2, ge=0)
+    """On a GPU the host enqueues at most this many decoder layers ahead of the GPU (run/gpu_budget.py): memory freed
+    while another stream still used it (offload copies, ZeRO-3's all-gathers) is reused instead of piling up.
+    0: unbounded."""
 
     @model_validator(mode="after")
     def _placement_request(self) -> "MemoryConfig":
         check_request(self.offload_layers, self.attention_cache_layers, self.activation_checkpointing,
                       self.placement)
+        if self.gpu_budget_gb is not None:
+            allocator_fraction(self.gpu_budget_gb, total_bytes=2 ** 62)  # refuses a budget the context fills
         return self

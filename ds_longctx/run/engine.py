@@ -58,6 +58,7 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
+from ds_longctx.run import gpu_budget
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.search import run_placement
@@ -211,6 +212,7 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     # 2. process groups
     init_distributed()
     on_gpu = torch.cuda.is_available()
+    gpu_budget.apply(cfg.memory.gpu_budget_gb, int(os.environ.get("RANK", "0")))  # before anything is allocated
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
     _build_stage("2/9 process groups", t0, state.rank)
@@ -251,8 +253,9 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
         apply_tiled_layer(model, cfg.memory.tile_tokens or text.hidden_size)
     # 7. the placement plan: computed once, applied in one place (needs 6's final layer code and the DeepSpeed
     #    JSON's activation_checkpointing block for offloaded layers)
-    plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_mem_gb())
+    plan = run_placement(cfg, text.num_hidden_layers, state.world_size, cfg.memory.gpu_budget_gb or gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
     # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
+    gpu_budget.bound_run_ahead(decoder_layers(model), cfg.memory.run_ahead_layers)
     return Levers(attn, placement, head, decoder_layers(model))

@@ -7,7 +7,9 @@ made them) and stops after step N. Then each rank writes, under `output_dir/memo
     rank<r>_snapshot.pickle   torch.cuda.memory._snapshot(): drag it onto https://pytorch.org/memory_viz
     rank<r>_peak.txt          the blocks alive at the recorded window's highest allocated moment, grouped by the
                               code line that allocated them (the innermost frame in ds_longctx, transformers,
-                              deepspeed, peft, flash_attn or liger; else the innermost frame), largest first
+                              deepspeed, peft, flash_attn or liger; else the innermost frame), largest first; then
+                              the same for the held peak (freed blocks still waiting on another stream count), then
+                              the reserved memory by stream
 The planner's terms (plan/planner.py) name the same tensors: this is how a plan that misses is traced to a term.
 
 `peak_table` reads a snapshot dict and needs no GPU: it walks the trace backwards from the blocks alive at snapshot
@@ -58,26 +60,41 @@ def origin(frames: list) -> str:
     return f"{path}:{pick.get('line', '?')} in {pick.get('name', '?')}"
 
 
-def peak_table(snapshot: dict, device: int = 0) -> dict:
+def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
     """{"peak_bytes", "event", "events", "groups": [(origin, bytes, blocks), ...] largest first} for the moment of the
-    window at which the most bytes were allocated on `device` (blocks alive at snapshot time included)."""
+    window at which the most bytes were alive on `device` (blocks alive at snapshot time included).
+
+    A block is alive from its `alloc` to its `free_requested` (the caller let go: what torch.cuda.max_memory_allocated
+    counts). `held=True`: to its `free_completed` instead. A block used on another stream (`record_stream`, e.g.
+    DeepSpeed's checkpoint offload copies) is only given back once that stream's work up to the free has run; until
+    then its memory is neither allocated nor reusable, so the held peak is what the allocator had to reserve."""
+    end_state = ("active_allocated", "active_pending_free") if held else ("active_allocated",)
     live = {}  # addr -> (size, frames): the blocks alive at the end
     for seg in snapshot.get("segments", []):
         if seg.get("device", device) != device:
             continue
         addr = seg["address"]
         for b in seg.get("blocks", []):
-            if b.get("state") == "active_allocated":
+            if b.get("state") in end_state:
                 live[addr] = (b["size"], b.get("frames", []))
             addr += b["size"]
     traces = snapshot.get("device_traces", [])
     events = traces[device] if device < len(traces) else []
-    made_by, last_alloc = {}, {}  # free event index -> frames of the alloc before it at that address
+    # the event that ends each block's life: free_requested, or free_completed when no request was recorded (or held)
+    ends, last_alloc, requested = {}, {}, {}  # end event index -> frames of the alloc before it at that address
     for i, e in enumerate(events):
-        if e.get("action") == "alloc":
-            last_alloc[e.get("addr")] = e.get("frames", [])
-        elif e.get("action") == "free_completed":
-            made_by[i] = last_alloc.pop(e.get("addr"), e.get("frames", []))
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            last_alloc[addr] = e.get("frames", [])
+            requested.pop(addr, None)
+        elif action == "free_requested":
+            requested[addr] = i
+            if not held:
+                ends[i] = last_alloc.get(addr, e.get("frames", []))
+        elif action == "free_completed":
+            frames = last_alloc.pop(addr, e.get("frames", []))
+            if held or requested.pop(addr, None) is None:
+                ends[i] = frames
     total = sum(size for size, _ in live.values())
     best, best_at, best_live = total, len(events), dict(live)
     for i in range(len(events) - 1, -1, -1):
@@ -86,8 +103,8 @@ def peak_table(snapshot: dict, device: int = 0) -> dict:
         if action == "alloc":  # before this event the block did not exist
             if addr in live:
                 total -= live.pop(addr)[0]
-        elif action == "free_completed":  # before this event the block was alive
-            live[addr] = (e["size"], made_by[i])
+        elif i in ends:  # before this event the block was alive
+            live[addr] = (e["size"], ends[i])
             total += e["size"]
         else:
             continue
@@ -102,17 +119,54 @@ def peak_table(snapshot: dict, device: int = 0) -> dict:
     return {"peak_bytes": best, "event": best_at, "events": len(events), "groups": ordered}
 
 
-def format_table(table: dict, rank: int, steps: int, top: int = 40) -> str:
+def stream_table(snapshot: dict, device: int = 0) -> list:
+    """[(stream, reserved, allocated, segments, top origin of its blocks), ...] largest first: the allocator's
+    segments at snapshot time by the stream that owns them. A stream's cached blocks serve only that stream, so a
+    side stream's reserved memory is not available to the compute stream's activations (and the other way)."""
+    rows = defaultdict(lambda: [0, 0, 0, defaultdict(int)])
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", device) != device:
+            continue
+        r = rows[seg.get("stream", 0)]
+        r[0] += seg.get("total_size", sum(b["size"] for b in seg.get("blocks", [])))
+        r[1] += seg.get("allocated_size", sum(b["size"] for b in seg.get("blocks", [])
+                                              if b.get("state") == "active_allocated"))
+        r[2] += 1
+        for b in seg.get("blocks", []):
+            if b.get("frames"):
+                r[3][origin(b["frames"])] += b["size"]
+    out = []
+    for stream, (reserved, allocated, n, by) in rows.items():
+        top = max(by.items(), key=lambda kv: kv[1])[0] if by else "(no recorded stacks)"
+        out.append((stream, reserved, allocated, n, top))
+    return sorted(out, key=lambda t: -t[1])
+
+
+def format_table(table: dict, rank: int, steps: int, top: int = 40, held: dict | None = None,
+                 streams: list | None = None) -> str:
     gib = 2 ** 30
     lines = [f"rank {rank}: allocated bytes alive at the highest point of the first {steps} step(s) (event "
              f"{table['event']} of {table['events']} recorded): {table['peak_bytes'] / gib:.2f} GiB",
              f"{'GiB':>9} {'blocks':>7}  allocated at"]
-    for where, size, n in table["groups"][:top]:
-        lines.append(f"{size / gib:9.3f} {n:7d}  {where}")
-    rest = table["groups"][top:]
-    if rest:
-        lines.append(f"{sum(s for _, s, _ in rest) / gib:9.3f} {sum(n for _, _, n in rest):7d}  "
-                     f"({len(rest)} more places)")
+
+    def rows(t: dict) -> None:
+        for where, size, n in t["groups"][:top]:
+            lines.append(f"{size / gib:9.3f} {n:7d}  {where}")
+        rest = t["groups"][top:]
+        if rest:
+            lines.append(f"{sum(s for _, s, _ in rest) / gib:9.3f} {sum(n for _, _, n in rest):7d}  "
+                         f"({len(rest)} more places)")
+    rows(table)
+    if held is not None:
+        lines += ["", f"held (freed blocks still waiting for another stream's work count until it has run) at its "
+                      f"highest point (event {held['event']}): {held['peak_bytes'] / gib:.2f} GiB",
+                  f"{'GiB':>9} {'blocks':>7}  allocated at"]
+        rows(held)
+    if streams:
+        lines += ["", "reserved by stream at the end of the window (a stream's cached blocks serve that stream only)",
+                  f"{'stream':>16} {'reserved GiB':>12} {'allocated GiB':>13} {'segments':>8}  most bytes from"]
+        for stream, reserved, allocated, n, where in streams:
+            lines.append(f"{stream:>16} {reserved / gib:12.3f} {allocated / gib:13.3f} {n:8d}  {where}")
     return "\n".join(lines) + "\n"
 
 
@@ -126,6 +180,8 @@ def dump(out_dir: Path, rank: int, steps: int) -> Path:
     with (d / f"rank{rank}_snapshot.pickle").open("wb") as f:
         pickle.dump(snap, f)
     path = d / f"rank{rank}_peak.txt"
-    path.write_text(format_table(peak_table(snap, torch.cuda.current_device()), rank, steps))
+    dev = torch.cuda.current_device()
+    path.write_text(format_table(peak_table(snap, dev), rank, steps, held=peak_table(snap, dev, held=True),
+                                 streams=stream_table(snap, dev)))
     log.info("memory snapshot of steps 1-%d: %s (and %s)", steps, path, d / f"rank{rank}_snapshot.pickle")
     return path

@@ -80,6 +80,17 @@ def stop(message: str, rank: int):
     sys.exit(1)
 
 
+def out_of_memory(cfg, step: int):
+    """An out-of-memory error at `step` on this rank (maybe not rank 0): the allocator's report, then what to change;
+    exit 1 (the launcher ends the other ranks)."""
+    import traceback
+
+    from ds_longctx.run.gpu_budget import out_of_budget
+    traceback.print_exc()
+    print(out_of_budget(cfg.memory.gpu_budget_gb, step), file=sys.stderr, flush=True)
+    os._exit(1)  # the other ranks wait in a collective: no teardown that would wait for them
+
+
 def default_group_timeout(seconds: float) -> None:
     """Make `seconds` the timeout of every process group created from now on, not only the world group.
 
@@ -241,13 +252,19 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         batch = data.get(step, cfg.train.micro_batch, st.dp_rank, st.dp_size)
-        res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
+        try:
+            res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
+        except torch.OutOfMemoryError:
+            out_of_memory(cfg, step + 1)
         if not math.isfinite(res.loss):
             metrics.close()
             stop(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are those "
                  f"after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). Lower lr "
                  f"(now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
-        engine.step()
+        try:
+            engine.step()
+        except torch.OutOfMemoryError:
+            out_of_memory(cfg, step + 1)
         done = step + 1
         if torch.cuda.is_available():
             torch.cuda.synchronize()

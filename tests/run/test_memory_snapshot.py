@@ -1,7 +1,7 @@
 """run/memory_snapshot.py's reading of an allocator snapshot (no GPU: a snapshot dict written here, shaped like
 torch.cuda.memory._snapshot()'s): the live set at the window's highest point, grouped by the allocating code line."""
 
-from ds_longctx.run.memory_snapshot import format_table, origin, peak_table
+from ds_longctx.run.memory_snapshot import format_table, origin, peak_table, stream_table
 
 MIB = 2 ** 20
 
@@ -68,3 +68,47 @@ def test_table_lists_the_largest_first_and_folds_the_rest():
     assert "rank 1" in lines[0] and "0.38 GiB" in lines[0] and "first 2 step(s)" in lines[0]
     assert "deepspeed/runtime/zero/stage3.py:99" in lines[2] and "ds_longctx/levers/offload.py:42" in lines[3]
     assert "(1 more places)" in lines[4] and "0.049" in lines[4]
+
+
+def pending_snapshot() -> dict:
+    """P (64 MiB) is freed by its caller but used on a side stream (record_stream): free_requested, then Q (64 MiB) is
+    allocated (P's memory is not reusable yet: Q gets new memory), then P's free completes. Allocated never exceeds
+    64 MiB; held reaches 128 MiB."""
+    p, q = 0x10000000, 0x20000000
+    return {
+        "segments": [
+            {"device": 0, "address": q, "stream": 0, "total_size": 96 * MIB, "allocated_size": 64 * MIB,
+             "blocks": [{"size": 64 * MIB, "state": "active_allocated", "frames": [HF]},
+                        {"size": 32 * MIB, "state": "inactive", "frames": []}]},
+            {"device": 0, "address": p, "stream": 7, "total_size": 64 * MIB, "allocated_size": 0,
+             "blocks": [{"size": 64 * MIB, "state": "inactive", "frames": [DS]}]}],
+        "device_traces": [[
+            {"action": "alloc", "addr": p, "size": 64 * MIB, "frames": [DS]},
+            {"action": "free_requested", "addr": p, "size": 64 * MIB, "frames": []},
+            {"action": "alloc", "addr": q, "size": 64 * MIB, "frames": [HF]},
+            {"action": "free_completed", "addr": p, "size": 64 * MIB, "frames": []},
+        ]],
+    }
+
+
+def test_allocated_ends_at_the_free_request_held_at_its_completion():
+    allocated = peak_table(pending_snapshot())
+    assert allocated["peak_bytes"] == 64 * MIB  # what max_memory_allocated reports
+    held = peak_table(pending_snapshot(), held=True)
+    assert held["peak_bytes"] == 128 * MIB and held["event"] == 3  # P waiting on the side stream + Q
+    assert sorted(g[1] for g in held["groups"]) == [64 * MIB, 64 * MIB]
+
+
+def test_a_block_freed_without_a_request_event_ends_at_its_completion():
+    # the first snapshot has no free_requested for A and Y: both semantics agree there
+    assert peak_table(snapshot())["peak_bytes"] == peak_table(snapshot(), held=True)["peak_bytes"] == 390 * MIB
+
+
+def test_streams_are_listed_by_reserved_bytes_with_their_main_allocator():
+    rows = stream_table(pending_snapshot())
+    assert rows == [(0, 96 * MIB, 64 * MIB, 1, "transformers/models/qwen3/modeling_qwen3.py:7 in forward"),
+                    (7, 64 * MIB, 0, 1, "deepspeed/runtime/zero/stage3.py:99 in step")]
+    text = format_table(peak_table(pending_snapshot()), rank=0, steps=1,
+                        held=peak_table(pending_snapshot(), held=True), streams=rows)
+    assert "held" in text and "0.12 GiB" in text and "reserved by stream" in text
+    assert text.splitlines()[-1].split()[:4] == ["7", "0.062", "0.000", "1"]

@@ -1,0 +1,93 @@
+"""The GPU memory a run may use: the CUDA caching allocator capped at the budget the plan was made for.
+
+    memory.gpu_budget_gb: 64      # run config; `ds-longctx plan` writes its --gpu_mem_gb here; null: the whole GPU
+
+Why a cap: the caching allocator grows whenever it finds no free block, and a block that was used on another stream
+(`record_stream`: DeepSpeed's checkpoint-offload copies, ZeRO-3's all-gather stream) comes back only after that
+stream's work has run. With the host far ahead of the GPU (asynchronous offload, ZeRO-3 prefetch), each layer then
+gets new memory while the older, already-freed blocks wait: 262,144 tokens on 2 x H200 planned for 64 GB reserved
+71.5 GB on step 2 with 39.3 GB allocated (benchmarks/results/budget64_2026-11-30.md). Under a cap
+(`torch.cuda.set_per_process_memory_fraction`) the allocator, before it would pass the cap, waits for those blocks
+and returns its cached ones (what it does on a card that really has this much memory) and raises an out-of-memory
+error only when the live tensors do not fit.
+
+The cap is the budget less the CUDA context (which lives outside the allocator: the planner's `cuda_context` term),
+so what the run reserves plus its context stays within the budget. A budget at or above the card's memory sets
+nothing.
+
+The cap keeps a run inside its budget; `bound_run_ahead` keeps it near what it allocates, with or without a cap:
+the host may enqueue at most `memory.run_ahead_layers` decoder layers ahead of the GPU (an event per layer start;
+the host waits for the one that many layers back), so at most that many freed-but-waiting blocks per stream exist.
+The GPU still has that many layers queued (a layer at these lengths is ~1 s of GPU work, its launch a few ms).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("ds_longctx")
+
+GB = 1e9
+# the CUDA context's bytes outside the allocator: the same figure as the planner's cuda_context term
+CUDA_CONTEXT_BYTES = int(1.5 * 2 ** 30)
+
+
+def allocator_fraction(budget_gb: float, total_bytes: int, context_bytes: int = CUDA_CONTEXT_BYTES) -> float | None:
+    """The fraction of the card's memory (`torch.cuda.get_device_properties().total_memory`) the allocator may reserve
+    for a budget of `budget_gb` GB per GPU; None when the budget is the whole card or more (no cap)."""
+    if budget_gb * GB - context_bytes <= 0:
+        raise ValueError(f"memory.gpu_budget_gb={budget_gb:g} leaves nothing for tensors once the CUDA context "
+                         f"({context_bytes / GB:.2f} GB) is counted; give the GPU's memory in GB (1e9 bytes), e.g. 80")
+    if budget_gb * GB >= total_bytes:
+        return None
+    return (budget_gb * GB - context_bytes) / total_bytes
+
+
+def apply(budget_gb: float | None, rank: int = 0) -> float | None:
+    """Cap this process's allocator on its current CUDA device at `budget_gb` (see the module doc); returns the
+    fraction set, None when nothing was capped (no budget, no GPU, or a budget of the whole card)."""
+    import torch
+    if budget_gb is None or not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    frac = allocator_fraction(budget_gb, total)
+    if frac is None:
+        if rank == 0:
+            log.info("GPU budget %.1f GB >= this GPU's %.1f GB: the allocator is not capped", budget_gb, total / GB)
+        return None
+    torch.cuda.set_per_process_memory_fraction(frac, dev)
+    if rank == 0:
+        log.info("GPU budget %.1f GB (memory.gpu_budget_gb): the allocator may reserve %.1f GB of this GPU's %.1f GB "
+                 "(the rest is the CUDA context's)", budget_gb, frac * total / GB, total / GB)
+    return frac
+
+
+def out_of_budget(budget_gb: float | None, step: int) -> str:
+    """The message for an out-of-memory error at step `step` (1-based) under `budget_gb`."""
+    where = (f"the {budget_gb:g} GB budget per GPU (memory.gpu_budget_gb)" if budget_gb is not None
+             else "the GPU's memory")
+    return (f"stopped: step {step} ran out of {where}: the live tensors need more than the plan counted. Plan "
+            f"again with a smaller --gpu_mem_gb (`ds-longctx plan ... --gpu_mem_gb N`) so more checkpoints and the "
+            f"optimizer go to the host, or lower train.seq_len; the allocator's report is above")
+
+
+def bound_run_ahead(layers: list, depth: int) -> list:
+    """Make the host wait, before it enqueues a decoder layer's forward (the first pass or a checkpoint recompute), for
+    the GPU to reach the start of the layer `depth` layers back (module doc). Returns the hook handles; no-op (empty)
+    without CUDA or with depth 0."""
+    import collections
+
+    import torch
+    if depth <= 0 or not torch.cuda.is_available():
+        return []
+    started = collections.deque()
+
+    def before_layer(module, args):
+        ev = torch.cuda.Event()
+        ev.record()
+        started.append(ev)
+        while len(started) > depth:
+            started.popleft().synchronize()
+
+    return [layer.register_forward_pre_hook(before_layer) for layer in layers]
