@@ -7,6 +7,7 @@
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
+#   gpu_some    pytest tests/gpu -k "$K" (the checks of one change, before the whole suite)
 #   env         what the machine offers issue 12's NVMe placement: DeepSpeed's async I/O op (libaio) and GDS op
 #               compatibility, the disks (seconds)
 #   peers       benchmarks/bench_peers.py at LEN: TRL FSDP2 + CP, then ds_longctx with the plan's placement (defaults:
@@ -28,7 +29,7 @@
 #               tiled MLP vs tiled layer, 2 steps each): its step-time cost and what it takes off the peak
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
-#               pinned pool; 2 steps each
+#               pinned pool; 2 steps each (TILED_PLANS: some of them)
 #   tiled_longest  the planner's longest with --tiled_layer --pinned_pool on 2 x 141 GB + 256 GB (763,904), 1 step
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
@@ -58,6 +59,8 @@ for stage in "$@"; do
          cat "$RES/env.txt" ;;
     gpu_tests) python3 -m pytest -q -p no:cacheprovider tests/gpu > "$RES/gpu_tests.log" 2>&1
                tail -3 "$RES/gpu_tests.log" ;;
+    gpu_some) python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$K" > "$RES/gpu_some.log" 2>&1
+              tail -3 "$RES/gpu_some.log" ;;
     peers) peers trl_fsdp2_cp && peers ds_longctx "--placement $PLACEMENT" ;;
     fused) peers ds_longctx "--placement $PLACEMENT --fused_ops none" &&
            peers ds_longctx "--placement $PLACEMENT --fused_ops liger" ;;
@@ -93,7 +96,7 @@ EOF
                    --model qwen3-8b --seq_len "$LEN" --sp_size 2 --variants offload+tiled,offload+layer --steps 2 \
                    --first_steps 2 --out "$RES" --commit "$COMMIT" > "$RES/layer_onoff_$LEN.log" 2>&1
                  tail -6 "$RES/layer_onoff_$LEN.log" ;;
-    tiled) python3 benchmarks/bench_planner.py --plans 262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool \
+    tiled) python3 benchmarks/bench_planner.py --plans "${TILED_PLANS:-262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool}" \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
     tiled_longest) python3 benchmarks/bench_planner.py --plans 763904:141:tiled_layer+pinned_pool --steps 1 \
