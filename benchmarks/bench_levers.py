@@ -107,6 +107,11 @@ def main():
         # the engine was built with nothing offloaded: offloaded variants get cpu_checkpointing on here
         ds_config = {**eng.ds_config, "activation_checkpointing": activation_checkpointing_block(True, cuda)}
         apply_placement(model, placement, ds_config)
+        # the layers' code changed: ZeRO-3's recorded fetch order (and its prefetches) no longer match it; a tiled
+        # MLP / layer refuses params DeepSpeed is still prefetching, so the trace is recorded afresh
+        coordinator = getattr(getattr(eng.ds.optimizer, "parameter_offload", None), "get_param_coordinator", None)
+        if vi and coordinator is not None and not coordinator().is_invalid_trace():
+            coordinator()._invalidate_trace()
         levers = Levers(chunked_loss="plain_loss" not in parts, loss_chunk_rows=a.loss_chunk_rows,
                         tiled_mlp="tiled" in parts or "layer" in parts, tiled_layer="layer" in parts,
                         tile_tokens=geom.hidden, placement=placement)
