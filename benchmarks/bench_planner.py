@@ -154,6 +154,16 @@ def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
     return rows
 
 
+PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")
+
+
+def plan_changed(given: dict, fresh: dict) -> str:
+    """'' when today's plan for a spec is the committed prediction's; else what differs."""
+    if "error" in fresh:
+        return ""
+    return ", ".join(f"{k} {given.get(k)} -> {fresh.get(k)}" for k in PLAN_KEYS if given.get(k) != fresh.get(k))
+
+
 def plans_table(rows: list) -> str:
     gb = 1e9
     lines = ["| plan | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
@@ -163,7 +173,9 @@ def plans_table(rows: list) -> str:
             lines.append(f"| {r['spec']} | {r.get('placement', '')} | | not measured: {r.get('error', '')} |||||||")
             continue
         m, pr = max(r["measured_steps"]), r["planned_reserved_bytes"]
-        lines.append(f"| {r['spec']} | {r['placement']} | {r['optimizer_offload']} | "
+        spec = r["spec"] + (" (plan changed since its prediction: not held out)" if r.get("plan_changed_since_prediction")
+                            else "")
+        lines.append(f"| {spec} | {r['placement']} | {r['optimizer_offload']} | "
                      f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
                      f"{r['measured_host_bytes'] / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
                      f"{r['measured_host_bytes'] / r['planned_host_bytes'] - 1:+.1%} | {r['gpu_mem_gb']:g} | "
@@ -181,6 +193,11 @@ def run_plans(a, specs: list, out: Path) -> None:
     for spec in specs:
         row = dict(given.get(spec) or fresh[spec], predicted_at=(given.get(spec) or {}).get("commit", "fresh"),
                    commit=git_commit(a.commit))
+        if spec in given and (moved := plan_changed(given[spec], fresh[spec])):
+            # the run follows today's plan; measuring it against another plan's numbers would say nothing
+            row.update(fresh[spec], predicted_at="fresh", plan_changed_since_prediction=moved)
+            print(f"{spec}: the plan changed since its prediction at {given[spec].get('commit')} ({moved}): "
+                  f"measured against today's plan, not held out", flush=True)
         d, plan_dir = out / "plans" / f"run_{spec_name(spec)}", out / "plans" / f"plan_{spec_name(spec)}"
         if "error" not in fresh[spec]:
             argv = [sys.executable, "-m", "ds_longctx.cli", "train", "--config", str(plan_dir / "run.yaml"),

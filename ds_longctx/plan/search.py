@@ -60,25 +60,36 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
-    before offloaded (host RAM and a CPU Adam step); sp descending (sp = gpus first); tiled MLP off before on (+5%
-    step time measured at 8B, 131k tokens); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
+    before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B); sp descending (sp = gpus first); the
+    token-wise work untiled, then the tiled MLP (+5% step time measured at 8B, 131k tokens), then the tiled layer
+    (not with LoRA); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
+    bytes in up to half the host memory); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
     8B, 131k).
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
-    these levers. `base` carries what the user fixed (the pinned pool, LoRA); the search sets the rest.
+    these levers. `base` carries what the user fixed (the pinned pool or the tiled layer forced on, LoRA); the
+    search sets the rest.
     """
     L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
+    # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears
+    shapes = [(True, True)] if base.tiled_layer else \
+        [(False, False), (True, False)] + ([] if base.lora_rank else [(True, True)])
+    pools = (True,) if base.pinned_pool else (False, True)
     for opt in (False, True):
         for sp in sps:
-            for tiled in (True,) if base.tiled_layer else (False, True):  # a tiled layer tiles its MLP too
-                lv = replace(base, tiled_mlp=tiled, tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None,
-                             optimizer_offload=opt)
-                lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
-                gpu_at = lambda k: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
-                k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
-                if k is not None and (plan := gpu_at(k)).host_peak_bytes <= host_budget:
-                    return Choice(plan=plan, notes=_notes(plan, sp_size, gpu_at))
+            for tiled, layer in shapes:
+                for pool in pools:
+                    lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool, optimizer_offload=opt,
+                                 tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None)
+                    lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
+                    gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
+                                                          **knobs)
+                    k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
+                    if k is None:
+                        break  # the pool changes host bytes only: no pool fits the GPU either
+                    if (plan := gpu_at(k)).host_peak_bytes <= host_budget:
+                        return Choice(plan=plan, notes=_notes(plan, sp_size, gpu_at, base))
     return None
 
 
@@ -96,15 +107,16 @@ def _fewest_k(fits, layers: int) -> Optional[int]:
     return hi
 
 
-def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
+def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Levers()) -> tuple:
     """One line of reasoning per choice `_search` made."""
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
     within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
     valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid} "
                                   f"(one sequence over {sp} GPUs{within}: the least memory per GPU)"),
-             (f"tiled_layer=True: as asked (--tiled_layer; the MLP tiled with it), tile_tokens={lv.tile_tokens} = "
-              f"min(T, hidden); not yet measured on a GPU" if lv.tiled_layer else
+             (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
+              f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured on 2 x H200 at 262,144 tokens: "
+              f"7.9% under its plan; its step-time cost not yet measured)" if lv.tiled_layer else
               f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
                                                if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)")),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
@@ -115,6 +127,11 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at) -> tuple:
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, as asked)"
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
+    if lv.pinned_pool and k:
+        notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else
+                                             "needed to fit the host: DeepSpeed's pinned buffers are powers of two")
+                     + "; offloaded checkpoints in one exact-size pinned slot each (its memory at scale not yet "
+                       "measured on a GPU)")
     if plan.seq_len > geom.max_position_embeddings:
         notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings {geom.max_position_embeddings:,}: "
                      f"train with YaRN (rope_scaling auto)")
@@ -146,13 +163,14 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                            nodes=nodes, **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
+                                                        tiled_layer=not base.lora_rank, pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True),
                        nodes=nodes, **knobs)
     fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, base, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
-             f"(sp_size={sp}, tiled MLP, all {geom.layers} "
+             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, all {geom.layers} "
              f"checkpoints and the optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
     if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
@@ -164,11 +182,6 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
         lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
-    if not base.tiled_layer and not base.lora_rank and \
-            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, tiled_layer=True),
-                    nodes) is not None:
-        lines.append("Fix: --tiled_layer (every layer's token-wise work in tiles; the planner's word: not yet "
-                     "measured on a GPU).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 

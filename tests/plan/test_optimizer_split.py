@@ -120,7 +120,7 @@ def test_the_run_config_refuses_a_ratio_that_cannot_work(kw, needle):
 
 def test_plan_writes_the_ratio_when_it_offloads_and_refuses_bad_ones(tmp_path):
     from ds_longctx.config import RunConfig
-    res = run_cli(["plan", "--model", "qwen3-8b", "--seq_len", "600064", "--gpus", "2", "--gpu_mem_gb", "141", "--pinned_pool",
+    res = run_cli(["plan", "--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "80",
                    "--optimizer_offload_ratio", "0.5", "--out", str(tmp_path / "p")])
     assert res.returncode == 0, res.stderr
     cfg = RunConfig.load(tmp_path / "p" / "run.yaml")

@@ -49,13 +49,32 @@ def test_default_sp_is_the_largest_valid():
 def test_tiled_mlp_only_when_needed():
     easy = choose(Q8, 1 << 20, 8, 141, 560)
     assert not easy.levers.tiled_mlp and easy.levers.tile_tokens is None and easy.levers.offload_layers == 0
-    n = find_max_len(Q8, 2, 141, 256)
+    n = 393216
     hard = choose(Q8, n, 2, 141, 256)
-    assert hard.levers.tiled_mlp and hard.levers.tile_tokens == 4096 and hard.levers.optimizer_offload
+    assert hard.levers.tiled_mlp and hard.levers.tile_tokens == 4096 and not hard.levers.tiled_layer
     untiled = replace(hard.levers, tiled_mlp=False, tile_tokens=None)
     for k in range(Q8.layers + 1):  # without the tiles nothing fits at that length, whatever is offloaded
         assert not plan_memory(Q8, n, 2, 2, replace(untiled, offload_layers=k)).fits(0.9 * 141 * GB, 0.9 * 256 * GB)
     assert any(n.startswith("tiled_mlp=True: needed") for n in hard.notes)
+
+
+def test_the_tiled_layer_and_the_pool_only_when_needed_and_before_offloading_the_optimizer():
+    """At the longest length on 2 x 141 GB + 256 GB the search picks the tiled layer and the exact-size pool by itself
+    (optimizer on the GPU); without either, no placement of checkpoints or optimizer fits there."""
+    n = find_max_len(Q8, 2, 141, 256)
+    hard = choose(Q8, n, 2, 141, 256)
+    lv = hard.levers
+    assert lv.tiled_layer and lv.tiled_mlp and lv.pinned_pool and not lv.optimizer_offload and lv.offload_layers
+    assert any(x.startswith("tiled_layer=True: needed to fit") for x in hard.notes)
+    assert any(x.startswith("pinned_pool=True: needed to fit the host") for x in hard.notes)
+    for drop in (dict(tiled_layer=False), dict(pinned_pool=False)):
+        for opt in (False, True):
+            for k in range(Q8.layers + 1):
+                lv2 = replace(lv, offload_layers=k, optimizer_offload=opt, **drop)
+                assert not plan_memory(Q8, n, 2, 2, lv2).fits(0.9 * 141 * GB, 0.9 * 256 * GB), (drop, opt, k)
+    # LoRA: the tiled layer refuses LoRA's Linears, so the search never picks it there
+    lora = choose(Q8, find_max_len(Q8, 2, 141, 256, base=Levers(lora_rank=16)), 2, 141, 256, base=Levers(lora_rank=16))
+    assert not lora.levers.tiled_layer
 
 
 def test_choose_8b_1m_on_1x24_does_not_fit():
