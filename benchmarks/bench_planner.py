@@ -31,6 +31,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -154,6 +155,36 @@ def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
     return rows
 
 
+def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None:
+    """Issue 12's `longest.jsonl` line for a run that finished: its step time and peaks beside the plan's."""
+    import yaml
+    host = re.search(r"^budget: .*?GB per GPU, ([\d.]+) GB host", (plan_dir / "plan.txt").read_text(), re.M)
+    run = yaml.safe_load((plan_dir / "run.yaml").read_text())
+    mem = run["memory"]
+    line = {"seq_len": row["seq_len"], "gpus": row["gpus"], "gpu_mem_gb": row["gpu_mem_gb"],
+            "host_mem_gb": float(host.group(1)) if host else None,
+            "seconds": row["step_seconds"][-1], "step_seconds": row["step_seconds"],
+            "peak_gpu_bytes": max(row["measured_steps"]), "host_peak_bytes": row["measured_host_bytes"],
+            "planned_gpu_bytes": row["planned_gpu_bytes"], "planned_reserved_bytes": row["planned_reserved_bytes"],
+            "planned_host_bytes": row["planned_host_bytes"], "commit": row["commit"],
+            "predicted_at": row.get("predicted_at"), "device": device_name(),
+            "config": {"placement": row["placement"], "optimizer_offload": row["optimizer_offload"],
+                       **{k: mem[k] for k in ("tiled_mlp", "tiled_layer", "tile_tokens", "pinned_pool",
+                                              "loss_chunk_rows", "gpu_budget_gb", "run_ahead_layers") if k in mem},
+                       "sp_size": run["parallel"]["sp_size"], "run": str(run_dir / "run")}}
+    with path.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    print(f"longest: {json.dumps(line)}", flush=True)
+
+
+def device_name() -> str:
+    try:
+        import torch
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "unknown"
+
+
 PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")
 
 
@@ -215,6 +246,8 @@ def run_plans(a, specs: list, out: Path) -> None:
         rows.append(row)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if a.longest and row.get("measured_steps"):
+            append_longest(Path(a.longest), row, plan_dir, d)
         print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
     path.with_suffix(".md").write_text(plans_table(rows) + "\n")
     print(plans_table(rows))
@@ -234,6 +267,7 @@ def main():
     ap.add_argument("--model", default="qwen3-8b", help="with --plans")
     ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
     ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl) to measure against")
+    ap.add_argument("--longest", help="with --plans: append each finished run to this longest.jsonl (issue 12's rows)")
     ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()
     if a.plans:
@@ -273,6 +307,8 @@ def main():
         rows.append(row)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if a.longest and row.get("measured_steps"):
+            append_longest(Path(a.longest), row, plan_dir, d)
         print(json.dumps({k: v for k, v in row.items() if k != "steps"}), flush=True)
     md = table(rows)
     path.with_suffix(".md").write_text(md + "\n")

@@ -20,9 +20,11 @@
 #               issue 11's 262k memory line. Run it after alst.
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
-#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30.jsonl):
-#               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
-#   longest     the planner's longest length on 2 x 141 GB + 256 GB with the pinned pool (604,160), 2 steps: ~20+ min
+#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-11-30c.jsonl,
+#               the same plans as session 4's planner_predictions_2026-11-30.jsonl): 262k on 64 and 80 GB budgets
+#               (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each (VALIDATE_PLANS: some of them)
+#   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len`: 763,904 tokens, tiled layer, pinned
+#               pool, optimizer on GPU; predictions_2026-11-30c), 1 step: issue 12's longest.jsonl row
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
@@ -30,7 +32,6 @@
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each (TILED_PLANS: some of them)
-#   tiled_longest  the planner's longest with --tiled_layer --pinned_pool on 2 x 141 GB + 256 GB (763,904), 1 step
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
 RES=${RES:-/tmp/res}
@@ -83,11 +84,11 @@ EOF
               python3 -m ds_longctx.cli train --config "$RES/plan_262144_64gb/run.yaml" --nproc 2 --steps 2 \
                 --memory_snapshot_steps 2 --output_dir "$RES/budget64" > "$RES/budget64.log" 2>&1
               tail -3 "$RES/budget64.log"; cat "$RES/budget64/memory/rank0_peak.txt" ;;
-    validate) python3 benchmarks/bench_planner.py --plans 262144:64,262144:80,196608:64,262144:80:lora_rank=16 \
-                --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --steps 2 --timeout_s 1200 \
+    validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64,262144:80:lora_rank=16}" \
+                --predictions benchmarks/results/planner_predictions_2026-11-30c.jsonl --steps 2 --timeout_s 1200 \
                 --out "$RES" --commit "$COMMIT" ;;
-    longest) python3 benchmarks/bench_planner.py --plans 604160:141:pinned_pool --steps 2 --timeout_s 3600 \
-               --predictions benchmarks/results/planner_predictions_2026-11-30.jsonl --out "$RES" --commit "$COMMIT" ;;
+    longest) python3 benchmarks/bench_planner.py --plans 763904:141 --steps 1 --timeout_s 3600 --longest "$RES/longest.jsonl" \
+               --predictions benchmarks/results/planner_predictions_2026-11-30c.jsonl --out "$RES" --commit "$COMMIT" ;;
     profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
                --label plan --steps 3 --out "$RES" --commit "$COMMIT" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
@@ -99,9 +100,6 @@ EOF
     tiled) python3 benchmarks/bench_planner.py --plans "${TILED_PLANS:-262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool}" \
              --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
-    tiled_longest) python3 benchmarks/bench_planner.py --plans 763904:141:tiled_layer+pinned_pool --steps 1 \
-                     --timeout_s 3600 --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl \
-                     --out "$RES" --commit "$COMMIT" ;;
     *) echo "unknown stage $stage" ;;
   esac
   echo "== $(date -u +%H:%M:%S) stage $stage done ($?)" | tee -a "$RES/session.txt"
