@@ -35,14 +35,15 @@ class MemoryConfig(Section):
     pinned_pool: bool = False
     """Offloaded checkpoints in our own exact-size pinned pool (levers/offload.py) instead of DeepSpeed's offload,
     whose pinned buffers are rounded up to a power of two (a 2.16 GB checkpoint holds 4 GiB): the same data in up to
-    half the host memory. Not yet measured on a GPU."""
+    half the host memory. `ds-longctx plan` turns it on where the host needs it. Its GPU test passes
+    (tests/gpu/test_attention_gpu.py); its host memory at scale is not yet measured."""
     tiled_mlp: bool = False
     """Run each MLP over sequence tiles with recompute (levers/tiled_mlp.py)."""
     tiled_layer: bool = False
     """Run each decoder layer's token-wise work (both norms, the q/k/v projections, q/k norms, rotary and the MLP)
     over sequence tiles with recompute, so the layer's backward holds its inputs, not its token-wise tensors
-    (levers/tiled_layer.py; includes the tiled MLP). Qwen3 / Qwen2 / Llama / Mistral layers; not with LoRA. Not
-    yet measured on a GPU."""
+    (levers/tiled_layer.py; includes the tiled MLP). Qwen3 / Qwen2 / Llama / Mistral layers; not with LoRA.
+    `ds-longctx plan` turns it on where nothing fits without it."""
     tile_tokens: Optional[int] = Field(None, gt=0)
     """Tokens per tile of the tiled MLP / tiled layer (default: hidden size)."""
     gpu_budget_gb: Optional[float] = Field(None, gt=0)

@@ -13,7 +13,8 @@ What is DeepSpeed's and what is ours:
 - Or ours (`memory.pinned_pool: true`): `pool_checkpoint_function`, a reentrant checkpoint like DeepSpeed's whose
   layer input goes into one exact-size pinned slot per layer (`PinnedPool`, cudaHostRegister'd pageable memory,
   allocated at the layer's first forward, reused every step) on a side stream, back when its backward starts. Same
-  host bytes as the data, not the next power of two; not yet measured on a GPU, so not the default.
+  host bytes as the data, not the next power of two; the planner turns it on where the host needs it (its host
+  memory at scale not yet measured on a GPU), else DeepSpeed's path runs.
 - The budget is ours: which layers offload is the placement plan's (placement.py): only the first N layers,
   whose checkpoints live longest, leave the GPU; `auto` asks the planner for the fewest that fit. Offloading
   layers that fit anyway costs PCIe traffic and host memory (DeepSpeed ALST offloads all layers: ~290 GiB of

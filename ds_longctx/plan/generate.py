@@ -84,12 +84,12 @@ def parser() -> argparse.ArgumentParser:
                         "checkpoint recompute skips attention")
     p.add_argument("--pinned_pool", action="store_true",
                    help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
-                        "DeepSpeed's power-of-two buffers: the same data in up to half the host memory (not yet "
-                        "measured on a GPU)")
+                        "DeepSpeed's power-of-two buffers: the same data in up to half the host memory. The search "
+                        "picks it by itself where the host needs it; this forces it on")
     p.add_argument("--tiled_layer", action="store_true",
                    help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
-                        "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. Not yet "
-                        "measured on a GPU, so the search does not pick it by itself; not with --lora_rank")
+                        "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. The search "
+                        "picks it by itself where nothing fits without it; this forces it on. Not with --lora_rank")
     p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
                    help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
                         "offload; the rest steps on the GPU). 1 (default): all of it. Not yet measured on a GPU, so "
