@@ -58,39 +58,96 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
 
 # ----------------------------------------------------------------------------- our own: one exact-size pinned pool
 class PinnedPool:
-    """Pinned host memory for offloaded checkpoints: one exact-size registration per checkpoint slot, made at the
-    slot's first use and reused every step (torch's pinned allocator, which DeepSpeed's offload uses, rounds every
-    block up to a power of two: a 2.16 GB checkpoint holds 4 GiB there). On CPU (tests) a slot is a plain tensor."""
+    """Pinned host memory for offloaded checkpoints, exact-size (torch's pinned allocator, which DeepSpeed's offload
+    uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4 GiB there).
+
+    `reserve` (the engine, at build): one host allocation for every offloaded layer, registered with CUDA once and
+    sliced into one slot per layer, so the first step allocates and pins nothing and a host too small to pin it fails
+    before any step. A slot asked for with another shape than reserved (a shorter eval batch) gets its own
+    registration, made at first use and reused after. On CPU (tests) nothing is registered; the slicing is the same."""
 
     def __init__(self):
-        self._slots: dict = {}
+        self._reserved: dict = {}   # key -> its slice of the block
+        self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
+        self._block = None          # the reserved allocation, registered as one
         self.registered_bytes = 0
+
+    @property
+    def _slots(self) -> dict:
+        """The slot each key uses now: its own if it has one, else its slice of the block."""
+        return {**self._reserved, **self._own}
+
+    def reserve(self, keys, shape: tuple, dtype, pin: bool) -> int:
+        """One exact-size allocation of len(keys) slots of `shape`/`dtype` (registered with CUDA when `pin`), slot
+        i = keys[i]; replaces whatever the pool held. Returns its bytes."""
+        import math
+
+        import torch
+        self.release()
+        keys, per = list(keys), math.prod(shape)
+        if not keys:
+            return 0
+        block = torch.empty(len(keys) * per, dtype=dtype, device="cpu")
+        nbytes = block.numel() * block.element_size()
+        if pin:
+            _register(block, f"{len(keys)} offloaded checkpoints of {tuple(shape)}")
+            self.registered_bytes += nbytes
+        self._block = block
+        self._reserved = {key: block[i * per:(i + 1) * per].view(shape) for i, key in enumerate(keys)}
+        return nbytes
 
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
-        buf = self._slots.get(key)
-        if buf is not None and buf.shape == like.shape and buf.dtype == like.dtype:
-            return buf
-        self.release(key)
+        fits = lambda buf: buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
+        if fits(self._reserved.get(key)):
+            self._drop_own(key)
+            return self._reserved[key]
+        if fits(self._own.get(key)):
+            return self._own[key]
+        self._drop_own(key)
         buf = torch.empty(like.shape, dtype=like.dtype, device="cpu")
         if like.is_cuda:
-            nbytes = buf.numel() * buf.element_size()
-            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host memory "
-                                   f"for the offloaded checkpoints; offload fewer layers")
-            self.registered_bytes += nbytes
-        self._slots[key] = buf
+            _register(buf, f"the offloaded checkpoint of {tuple(like.shape)}")
+            self.registered_bytes += buf.numel() * buf.element_size()
+        self._own[key] = buf
         return buf
 
-    def release(self, key=None) -> None:
+    def _drop_own(self, key) -> None:
         import torch
-        for k in ([key] if key is not None else list(self._slots)):
-            buf = self._slots.pop(k, None)
-            if buf is not None and self.registered_bytes:
-                nbytes = buf.numel() * buf.element_size()
-                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
-                self.registered_bytes -= nbytes
+        buf = self._own.pop(key, None)
+        if buf is not None and buf.is_pinned():
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            self.registered_bytes -= buf.numel() * buf.element_size()
+
+    def release(self) -> None:
+        """Give everything back (unregister what was registered)."""
+        import torch
+        for key in list(self._own):
+            self._drop_own(key)
+        if self._block is not None and self._block.is_pinned():
+            torch.cuda.cudart().cudaHostUnregister(self._block.data_ptr())
+            self.registered_bytes -= self._block.numel() * self._block.element_size()
+        self._block, self._reserved = None, {}
+
+
+def _register(buf: "torch.Tensor", what: str) -> None:
+    import torch
+    nbytes = buf.numel() * buf.element_size()
+    err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
+                           f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on the "
+                           f"GPU, or more host RAM)")
+
+
+def reserve_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool) -> int:
+    """The engine's reservation at build: one slot per pool-offloaded layer for its input [b, s/sp, H]."""
+    n = _POOL.reserve(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin)
+    if n:
+        log.info("pinned pool: %d offloaded checkpoints of [%d, %d, %d] %s in one exact-size %s allocation "
+                 "(%.2f GB)", len(list(layer_indices)), micro_batch, local_tokens, hidden, str(dtype).replace(
+                     "torch.", ""), "pinned" if pin else "host", n / 1e9)
+    return n
 
 
 _POOL = PinnedPool()
@@ -160,13 +217,13 @@ def _make_function():
             else:
                 host.copy_(hidden)
                 ctx.event = None
-            ctx.device = hidden.device
+            ctx.device, ctx.host = hidden.device, host
             ctx.rest = args[1:]
             return outputs
 
         @staticmethod
         def backward(ctx, *grads):
-            host = _POOL._slots[ctx.layer_index]
+            host = ctx.host
             if ctx.event is not None:
                 torch.cuda.current_stream().wait_event(ctx.event)
                 hidden = host.to(ctx.device, non_blocking=True)

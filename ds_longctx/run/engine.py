@@ -53,7 +53,8 @@ from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
-from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers
+from ds_longctx.levers.offload import reserve_pool
+from ds_longctx.levers.placement import ON_HOST, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
@@ -255,6 +256,10 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, cfg.memory.gpu_budget_gb or gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
+    if cfg.memory.pinned_pool:  # its host memory, allocated and pinned once, now: not on the first step's path
+        reserve_pool([i for i, place in enumerate(placement.layers) if place in ON_HOST], cfg.train.micro_batch,
+                     -(-cfg.train.seq_len // state.sp_size), text.hidden_size,
+                     model.get_input_embeddings().weight.dtype, pin=torch.cuda.is_available())
     # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
     gpu_budget.bound_run_ahead(decoder_layers(model), cfg.memory.run_ahead_layers)

@@ -64,6 +64,12 @@ def main():
         out["applied"] = kinds
         out["planned"] = [p.value for p in run_placement(cfg, len(kinds), st.world_size, None).layers]
         out["engine_plan"] = [p.value for p in eng.placement.layers]
+        from ds_longctx.levers import offload
+        pool = offload.pool()
+        if pool._block is not None:  # memory.pinned_pool: the engine's one reservation and what the step used of it
+            base = pool._block.data_ptr()
+            out["pool"] = {"block_bytes": pool._block.numel() * pool._block.element_size(), "own": sorted(pool._own),
+                           "slots": {k: (tuple(v.shape), v.data_ptr() - base) for k, v in pool._slots.items()}}
     if st.rank == 0:
         torch.save(out, a.out)
     # leave together, groups torn down: a rank exiting with gloo threads still up can abort the others

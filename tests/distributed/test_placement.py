@@ -20,3 +20,9 @@ def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, ove
     got = run(tmp_path, 2, 2, length=64, read_placement=True, **overrides)
     assert got["planned"] == got["engine_plan"] == got["applied"] == want
     check(got, *reference([sample(0)]), tol=TOL)
+    if overrides.get("pinned_pool"):  # both host layers' inputs in slices of the engine's one reservation, made at
+        # build: the step allocated no slot of its own
+        from ds_longctx.plan.geometry import ModelGeometry
+        shape = (1, 64 // 2, ModelGeometry.from_name_or_path("qwen3-tiny").hidden)  # [b, s/sp, H], fp32
+        per = shape[0] * shape[1] * shape[2] * 4
+        assert got["pool"] == {"block_bytes": 2 * per, "own": [], "slots": {0: (shape, 0), 1: (shape, per)}}

@@ -53,3 +53,33 @@ def test_planner_counts_the_pool_exactly():
     assert pooled.term("checkpoints").host_bytes == G * k * E
     assert rounded.term("checkpoints").host_bytes == G * k * (1 << 30)
     assert (rounded.host_peak_bytes - pooled.host_peak_bytes) / GB == pytest.approx(G * k * ((1 << 30) - E) / GB)
+
+
+def test_the_reserved_pool_is_one_exact_block_sliced_per_layer_and_reused():
+    """`reserve_pool` (the engine, at build): one allocation of exactly k slots of the layer input's size, slot i a
+    slice of it; three steps use those slices (no slot of their own, no growth); a batch of another shape gets its own
+    slot beside the block; release gives everything back."""
+    ref = tiny_model(attn="sdpa")
+    model = copy.deepcopy(ref)
+    plan = PlacementPlan.parse("offload:2")
+    apply_placement(model, plan, pinned_pool=True)
+    hidden, pool = ref.config.hidden_size, offload.pool()
+    try:
+        n = offload.reserve_pool([0, 1], 1, 40, hidden, torch.float32, pin=False)
+        assert n == 2 * 40 * hidden * 4 and pool._block.numel() * 4 == n
+        base = pool._block.data_ptr()
+        want = {0: base, 1: base + 40 * hidden * 4}
+        for step in range(3):
+            ids = torch.randint(0, ref.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(step))
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            assert {k: v.data_ptr() for k, v in pool._slots.items()} == want and not pool._own
+        short = torch.randint(0, ref.config.vocab_size, (1, 24))
+        model(input_ids=short, labels=short).loss.backward()  # another shape: own slots, the block stays
+        assert set(pool._own) == {0, 1} and pool._slots[0].shape == (1, 24, hidden) and pool._block.data_ptr() == base
+        model(input_ids=ids, labels=ids).loss.backward()  # the reserved shape again: back to the block, own ones gone
+        assert {k: v.data_ptr() for k, v in pool._slots.items()} == want and not pool._own
+    finally:
+        remove_placement(model)
+        pool.release()
+    assert not pool._slots and pool._block is None and pool.registered_bytes == 0
