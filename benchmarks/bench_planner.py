@@ -164,6 +164,7 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
     line = {"seq_len": row["seq_len"], "gpus": row["gpus"], "gpu_mem_gb": row["gpu_mem_gb"],
             "host_mem_gb": float(host.group(1)) if host else None,
             "seconds": row["step_seconds"][-1], "step_seconds": row["step_seconds"],
+            "exit_seconds": row.get("exit_seconds"),
             "peak_gpu_bytes": max(row["measured_steps"]), "host_peak_bytes": row["measured_host_bytes"],
             "planned_gpu_bytes": row["planned_gpu_bytes"], "planned_reserved_bytes": row["planned_reserved_bytes"],
             "planned_host_bytes": row["planned_host_bytes"], "commit": row["commit"],
@@ -235,9 +236,12 @@ def run_plans(a, specs: list, out: Path) -> None:
                     "--nproc", str(a.gpus), "--steps", str(a.steps), "--output_dir", str(d / "run")]
             d.mkdir(parents=True, exist_ok=True)
             rc, host, wall = run_job(argv, d / "log.txt", a.timeout_s)
-            steps = read_lines(d / "run" / "metrics.jsonl")
+            ended, metrics = time.time(), d / "run" / "metrics.jsonl"
+            steps = read_lines(metrics)
             row.update(rc=rc, wall_seconds=round(wall, 1), measured_host_bytes=host,
                        step_seconds=[m["seconds"] for m in steps if "loss" in m])
+            if metrics.is_file():  # the last step's line is written just before "done": what exiting took after it
+                row["exit_seconds"] = round(ended - metrics.stat().st_mtime, 1)
             peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]
             if rc == 0 and peaks:
                 row["measured_steps"] = peaks
