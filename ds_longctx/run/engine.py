@@ -26,7 +26,9 @@ Order (each step says why it comes where it does):
     exchange; after 6: it replays the tiled MLP).
  8. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
     token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
-    (frozen under LoRA: the chunked loss then computes no weight gradient).
+    (frozen under LoRA: the chunked loss then computes no weight gradient). Then the GPU budget
+    (`run/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
+    decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7).
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
     averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas).
 
@@ -213,7 +215,6 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     # 2. process groups
     init_distributed()
     on_gpu = torch.cuda.is_available()
-    gpu_budget.apply(cfg.memory.gpu_budget_gb, int(os.environ.get("RANK", "0")))  # before anything is allocated
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
     _build_stage("2/9 process groups", t0, state.rank)
@@ -262,5 +263,7 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
                      model.get_input_embeddings().weight.dtype, pin=torch.cuda.is_available())
     # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
+    # the GPU budget the plan was made for (both entry points: this engine and the HF Trainer's)
+    gpu_budget.apply(cfg.memory.gpu_budget_gb, state.rank)
     gpu_budget.bound_run_ahead(decoder_layers(model), cfg.memory.run_ahead_layers)
     return Levers(attn, placement, head, decoder_layers(model))
