@@ -286,7 +286,25 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
             f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
             f"parallel/kernel_rules.py)",))
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
-    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
+    found = _most_cached(plan, replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None),
+                         gpu_budget, host_budget, knobs)
+    if not plan.levers.pinned_pool:  # the exact-size pool leaves host room for more cached layers (no pow2 buffers)
+        pooled = _most_cached(plan, replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None,
+                                            pinned_pool=True), gpu_budget, host_budget, knobs)
+        if pooled is not None and (found is None or pooled[1] > found[1]):
+            new, n, note = pooled
+            return Choice(plan=new, notes=choice.notes + (
+                note, f"pinned_pool=True: with it {n} layers cache, without it "
+                      f"{found[1] if found else 0}: offloaded checkpoints in one exact-size pinned slot each instead "
+                      f"of DeepSpeed's power-of-two buffers (its memory at scale not yet measured on a GPU)"))
+    if found is None:
+        return choice
+    return Choice(plan=found[0], notes=choice.notes + (found[2],))
+
+
+def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict):
+    """(plan, cached layers, note) of `fastest_placement`'s rule for levers `base`, or None if no layout fits."""
+    geom, L = plan.geom, plan.geom.layers
 
     def at(x: int, y: int, w: int):
         z = L - x - y - w
@@ -306,8 +324,8 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
             w = rest if fits_gpu(x, y, rest) else _last_fit(lambda w: fits_gpu(x, y, w), 0, rest)
             new = at(x, y, w)
             if new.host_peak_bytes <= host_budget:
-                return Choice(plan=new, notes=choice.notes + (_placement_note(new, x, y, w),))
-    return choice
+                return new, n, _placement_note(new, x, y, w)
+    return None
 
 
 def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:

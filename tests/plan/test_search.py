@@ -120,6 +120,28 @@ def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
         choose(model, n + 1024, gpus, gpu_gb, host_gb)
 
 
+def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
+    """393,216 tokens on 2 x 141 GB + 256 GB: DeepSpeed's power-of-two host buffers (1.61 GB checkpoints in 2 GiB)
+    leave room for 31 cached layers, the exact-size pool for all 36; the plan takes the pool and says why. Where the
+    pool caches no more (524,288: 2 GiB checkpoints, no rounding) the levers stay as chosen."""
+    from ds_longctx.plan.search import fastest_placement
+    c = choose(Q8, 393_216, 2, 141, 256)
+    assert not c.levers.pinned_pool
+    got = fastest_placement(c, 141, 256)
+    assert got.levers.pinned_pool and got.plan.placement.cached == Q8.layers
+    assert got.plan.host_peak_bytes <= 0.9 * 256 * GB and got.plan.gpu_peak_bytes <= 0.9 * 141 * GB
+    without = replace(c.levers, offload_layers=0, attention_cache_layers=0)
+    for x in range(33):  # no layout of 32 cached layers fits without the pool
+        for w in range(Q8.layers - 31):
+            spec = ",".join(f"{k}:{v}" for k, v in (("offload", Q8.layers - 32 - w), ("cache+offload", 32 - x),
+                                                      ("keep", w), ("cache", x)) if v > 0)
+            plan = plan_memory(Q8, 393_216, 2, 2, replace(without, placement=PlacementPlan.parse(spec)))
+            assert not plan.fits(0.9 * 141 * GB, 0.9 * 256 * GB), spec
+    assert any(n.startswith("pinned_pool=True: with it 36 layers cache, without it 31") for n in got.notes)
+    same = fastest_placement(choose(Q8, 524_288, 2, 141, 256), 141, 256)
+    assert not same.levers.pinned_pool
+
+
 def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
     from ds_longctx.levers.placement import Place
     from ds_longctx.plan.search import fastest_placement
