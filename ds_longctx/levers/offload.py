@@ -70,6 +70,7 @@ class PinnedPool:
         self._reserved: dict = {}   # key -> its slice of the block
         self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
         self._block = None          # the reserved allocation, registered as one
+        self._pinned: set = set()   # ids of the buffers this pool registered with CUDA
         self.registered_bytes = 0
 
     @property
@@ -90,8 +91,7 @@ class PinnedPool:
         block = torch.empty(len(keys) * per, dtype=dtype, device="cpu")
         nbytes = block.numel() * block.element_size()
         if pin:
-            _register(block, f"{len(keys)} offloaded checkpoints of {tuple(shape)}")
-            self.registered_bytes += nbytes
+            self._register(block, f"{len(keys)} offloaded checkpoints of {tuple(shape)}")
         self._block = block
         self._reserved = {key: block[i * per:(i + 1) * per].view(shape) for i, key in enumerate(keys)}
         return nbytes
@@ -107,37 +107,37 @@ class PinnedPool:
         self._drop_own(key)
         buf = torch.empty(like.shape, dtype=like.dtype, device="cpu")
         if like.is_cuda:
-            _register(buf, f"the offloaded checkpoint of {tuple(like.shape)}")
-            self.registered_bytes += buf.numel() * buf.element_size()
+            self._register(buf, f"the offloaded checkpoint of {tuple(like.shape)}")
         self._own[key] = buf
         return buf
 
-    def _drop_own(self, key) -> None:
+    def _register(self, buf: "torch.Tensor", what: str) -> None:
         import torch
-        buf = self._own.pop(key, None)
-        if buf is not None and buf.is_pinned():
+        nbytes = buf.numel() * buf.element_size()
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
+                               f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on "
+                               f"the GPU, or more host RAM)")
+        self._pinned.add(id(buf))
+        self.registered_bytes += nbytes
+
+    def _unregister(self, buf) -> None:
+        if buf is not None and id(buf) in self._pinned:
+            import torch
             torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            self._pinned.discard(id(buf))
             self.registered_bytes -= buf.numel() * buf.element_size()
+
+    def _drop_own(self, key) -> None:
+        self._unregister(self._own.pop(key, None))
 
     def release(self) -> None:
         """Give everything back (unregister what was registered)."""
-        import torch
         for key in list(self._own):
             self._drop_own(key)
-        if self._block is not None and self._block.is_pinned():
-            torch.cuda.cudart().cudaHostUnregister(self._block.data_ptr())
-            self.registered_bytes -= self._block.numel() * self._block.element_size()
+        self._unregister(self._block)
         self._block, self._reserved = None, {}
-
-
-def _register(buf: "torch.Tensor", what: str) -> None:
-    import torch
-    nbytes = buf.numel() * buf.element_size()
-    err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
-                           f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on the "
-                           f"GPU, or more host RAM)")
 
 
 def reserve_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool) -> int:
