@@ -61,17 +61,33 @@ class PinnedPool:
     """Pinned host memory for offloaded checkpoints, exact-size (torch's pinned allocator, which DeepSpeed's offload
     uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4 GiB there).
 
-    `reserve` (the engine, at build): one host allocation for every offloaded layer, registered with CUDA once and
-    sliced into one slot per layer, so the first step allocates and pins nothing and a host too small to pin it fails
-    before any step. A slot asked for with another shape than reserved (a shorter eval batch) gets its own
-    registration, made at first use and reused after. On CPU (tests) nothing is registered; the slicing is the same."""
+    `reserve`: one host allocation for every offloaded layer, registered with CUDA once and sliced into one slot per
+    layer. The engine plans it with the levers (`plan_pool`) and makes it at the end of its build, after
+    `deepspeed.initialize` has dropped its host-side build buffers (the planner's build phase), so the first step
+    allocates and pins nothing and a host too small to pin it fails before any step; where nothing reserved it at
+    build (the HF Trainer wrapper), the first slot asked for reserves the whole block. A slot asked for with another
+    shape than reserved (a shorter eval batch) gets its own registration, made at first use and reused after. On CPU
+    (tests) nothing is registered; the slicing is the same."""
 
     def __init__(self):
         self._reserved: dict = {}   # key -> its slice of the block
         self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
         self._block = None          # the reserved allocation, registered as one
         self._pinned: set = set()   # ids of the buffers this pool registered with CUDA
+        self._planned = None        # (keys, shape, dtype, pin): the reservation to make
         self.registered_bytes = 0
+
+    def plan(self, keys, shape: tuple, dtype, pin: bool) -> int:
+        """Remember the reservation to make (`reserve_planned`); returns its bytes."""
+        import math
+        import torch
+        self._planned = (list(keys), tuple(shape), dtype, pin)
+        return len(self._planned[0]) * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+    def reserve_planned(self) -> int:
+        """Make the planned reservation now (once); returns its bytes (0 if none was planned)."""
+        planned, self._planned = self._planned, None
+        return self.reserve(*planned) if planned else 0
 
     @property
     def _slots(self) -> dict:
@@ -85,6 +101,7 @@ class PinnedPool:
 
         import torch
         self.release()
+        self._planned = None
         keys, per = list(keys), math.prod(shape)
         if not keys:
             return 0
@@ -98,6 +115,8 @@ class PinnedPool:
 
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
+        if self._planned is not None:
+            self.reserve_planned()
         fits = lambda buf: buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
         if fits(self._reserved.get(key)):
             self._drop_own(key)
@@ -140,13 +159,19 @@ class PinnedPool:
         self._block, self._reserved = None, {}
 
 
-def reserve_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool) -> int:
-    """The engine's reservation at build: one slot per pool-offloaded layer for its input [b, s/sp, H]."""
-    n = _POOL.reserve(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin)
+def plan_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool) -> int:
+    """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], made by `reserve_pool`."""
+    return _POOL.plan(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin)
+
+
+def reserve_pool() -> int:
+    """Make the planned pool now (the engine, after deepspeed.initialize); returns its bytes."""
+    planned = _POOL._planned
+    n = _POOL.reserve_planned()
     if n:
-        log.info("pinned pool: %d offloaded checkpoints of [%d, %d, %d] %s in one exact-size %s allocation "
-                 "(%.2f GB)", len(list(layer_indices)), micro_batch, local_tokens, hidden, str(dtype).replace(
-                     "torch.", ""), "pinned" if pin else "host", n / 1e9)
+        keys, shape, dtype, pin = planned
+        log.info("pinned pool: %d offloaded checkpoints of %s %s in one exact-size %s allocation (%.2f GB)",
+                 len(keys), list(shape), str(dtype).replace("torch.", ""), "pinned" if pin else "host", n / 1e9)
     return n
 
 

@@ -28,7 +28,8 @@ Order (each step says why it comes where it does):
     token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
     (frozen under LoRA: the chunked loss then computes no weight gradient). Then the GPU budget
     (`run/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
-    decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7).
+    decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7),
+    made after 9.
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
     averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas).
 
@@ -55,7 +56,7 @@ from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
-from ds_longctx.levers.offload import reserve_pool
+from ds_longctx.levers.offload import plan_pool, reserve_pool
 from ds_longctx.levers.placement import ON_HOST, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
@@ -228,6 +229,8 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     ds_engine, *_ = deepspeed.initialize(model=levers.head, model_parameters=trainable_parameters(levers.head),
                                          config=ds_config)
     _build_stage("9/9 deepspeed.initialize", t0, state.rank)
+    if reserve_pool():  # after DeepSpeed's host-side build buffers are gone (the planner's build phase)
+        _build_stage("pinned pool", t0, state.rank)
     return LongCtxEngine(cfg, ds_engine, levers, state, ds_config, device)
 
 
@@ -257,10 +260,10 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, cfg.memory.gpu_budget_gb or gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
-    if cfg.memory.pinned_pool:  # its host memory, allocated and pinned once, now: not on the first step's path
-        reserve_pool([i for i, place in enumerate(placement.layers) if place in ON_HOST], cfg.train.micro_batch,
-                     -(-cfg.train.seq_len // state.sp_size), text.hidden_size,
-                     model.get_input_embeddings().weight.dtype, pin=torch.cuda.is_available())
+    if cfg.memory.pinned_pool:  # its host memory, allocated and pinned once (reserve_pool), not on a step's path
+        plan_pool([i for i, place in enumerate(placement.layers) if place in ON_HOST], cfg.train.micro_batch,
+                  -(-cfg.train.seq_len // state.sp_size), text.hidden_size, model.get_input_embeddings().weight.dtype,
+                  pin=torch.cuda.is_available())
     # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
     # the GPU budget the plan was made for (both entry points: this engine and the HF Trainer's)

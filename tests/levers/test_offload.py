@@ -56,17 +56,19 @@ def test_planner_counts_the_pool_exactly():
 
 
 def test_the_reserved_pool_is_one_exact_block_sliced_per_layer_and_reused():
-    """`reserve_pool` (the engine, at build): one allocation of exactly k slots of the layer input's size, slot i a
-    slice of it; three steps use those slices (no slot of their own, no growth); a batch of another shape gets its own
-    slot beside the block; release gives everything back."""
+    """`plan_pool` + `reserve_pool` (the engine, at build): one allocation of exactly k slots of the layer input's
+    size, slot i a slice of it; three steps use those slices (no slot of their own, no growth); a batch of another
+    shape gets its own slot beside the block; release gives everything back. Planned but not reserved (the HF Trainer
+    path): the first slot asked for makes the whole block."""
     ref = tiny_model(attn="sdpa")
     model = copy.deepcopy(ref)
     plan = PlacementPlan.parse("offload:2")
     apply_placement(model, plan, pinned_pool=True)
     hidden, pool = ref.config.hidden_size, offload.pool()
     try:
-        n = offload.reserve_pool([0, 1], 1, 40, hidden, torch.float32, pin=False)
-        assert n == 2 * 40 * hidden * 4 and pool._block.numel() * 4 == n
+        n = offload.plan_pool([0, 1], 1, 40, hidden, torch.float32, pin=False)
+        assert n == 2 * 40 * hidden * 4 and pool._block is None  # planned, nothing allocated yet
+        assert offload.reserve_pool() == n and pool._block.numel() * 4 == n and offload.reserve_pool() == 0
         base = pool._block.data_ptr()
         want = {0: base, 1: base + 40 * hidden * 4}
         for step in range(3):
@@ -83,3 +85,19 @@ def test_the_reserved_pool_is_one_exact_block_sliced_per_layer_and_reused():
         remove_placement(model)
         pool.release()
     assert not pool._slots and pool._block is None and pool.registered_bytes == 0
+
+
+def test_a_planned_pool_is_made_whole_by_the_first_slot_asked_for():
+    model = copy.deepcopy(tiny_model(attn="sdpa"))
+    apply_placement(model, PlacementPlan.parse("offload:2"), pinned_pool=True)
+    pool, hidden = offload.pool(), model.config.hidden_size
+    try:
+        offload.plan_pool([0, 1], 1, 40, hidden, torch.float32, pin=False)
+        ids = torch.randint(0, model.config.vocab_size, (1, 40))
+        model(input_ids=ids, labels=ids).loss.backward()
+        base = pool._block.data_ptr()
+        assert {k: v.data_ptr() for k, v in pool._slots.items()} == {0: base, 1: base + 40 * hidden * 4}
+        assert not pool._own and pool._planned is None
+    finally:
+        remove_placement(model)
+        pool.release()
