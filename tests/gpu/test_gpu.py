@@ -237,4 +237,5 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     bounded, v2 = reserved_for(2)
     assert v0 == v2 == 32.0
     assert unbounded >= 16 * 64 * mib, unbounded / mib  # the pile-up this bound is for (else the test shows nothing)
-    assert bounded <= 6 * 64 * mib, bounded / mib
+    # bounded: 2-3 freed outputs still waiting on the side stream, the live input, the new output, the first input
+    assert bounded <= 8 * 64 * mib, bounded / mib
