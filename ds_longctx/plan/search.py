@@ -263,6 +263,17 @@ def run_placement(cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[fl
 # FlashAttention 4's causal forward at Ulysses shapes on H200 (benchmarks/results/attention_2026-11-30.jsonl: 687 TFLOP/s
 # at 131,072 tokens, 663 at 524,288): what one skipped recompute saves, for the notes.
 ATTENTION_FWD_FLOPS = 660e12
+# What the tiled layer costs a step beyond the tiled MLP, per token of one rank's slice: its 262,144-token run on
+# 2 x H200 (77.85 s, every layer cached, planner_runs_2026-11-30d.md) against the tiled-MLP run of the same length and
+# caching (75.49 s, peers.jsonl session h200x2-20261130T2012): 2.36 s for 131,072 tokens per rank. Two sessions, one
+# step each side: an estimate, scaled with the slice (its extra work, the q/k/v projections' tile recompute, is
+# linear in it).
+TILED_LAYER_SECONDS_PER_TOKEN = 2.36 / 131_072
+
+
+def attention_fwd_seconds(plan: MemoryPlan) -> float:
+    """One layer's causal attention forward on one rank (what caching that layer saves per step)."""
+    return 2 * plan.seq_len ** 2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim / ATTENTION_FWD_FLOPS
 
 
 def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
@@ -275,31 +286,51 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     (`cache`, the top layers: their cache lives shortest) and y in pinned host memory (`cache+offload`, checkpoint
     there too), preferring GPU caches (no copies); the other layers keep their checkpoint on the GPU (`keep`) as
     far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
-    first: their checkpoints live longest). Same sp / tiled MLP / loss chunk / optimizer placement as `choice`.
-    The cache needs a kernel pair (FlashAttention 4 on Hopper): with another kernel cached layers recompute.
+    first: their checkpoints live longest). Same sp / loss chunk / optimizer placement as `choice`.
+    Two levers are added where they let more layers cache: the exact-size pinned pool (host room: no power-of-two
+    buffers; free), and the tiled layer (GPU room; taken only when the attention forwards it skips outweigh its
+    estimated cost, TILED_LAYER_SECONDS_PER_TOKEN). The cache needs a kernel pair (FlashAttention 4 on Hopper): with
+    another kernel cached layers recompute.
     """
     plan = choice.plan
-    geom, L = plan.geom, plan.geom.layers
+    geom = plan.geom
     if not kernel_rules.fa4_verified(geom.head_dim):  # `auto` runs cuDNN SDPA there: cached layers would recompute
         return replace(choice, notes=choice.notes + (
             f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
             f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
             f"parallel/kernel_rules.py)",))
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
-    found = _most_cached(plan, replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None),
-                         gpu_budget, host_budget, knobs)
-    if not plan.levers.pinned_pool:  # the exact-size pool leaves host room for more cached layers (no pow2 buffers)
-        pooled = _most_cached(plan, replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None,
-                                            pinned_pool=True), gpu_budget, host_budget, knobs)
-        if pooled is not None and (found is None or pooled[1] > found[1]):
-            new, n, note = pooled
-            return Choice(plan=new, notes=choice.notes + (
-                note, f"pinned_pool=True: with it {n} layers cache, without it "
-                      f"{found[1] if found else 0}: offloaded checkpoints in one exact-size pinned slot each instead "
-                      f"of DeepSpeed's power-of-two buffers (its memory at scale not yet measured on a GPU)"))
-    if found is None:
+    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
+    per_layer, local = attention_fwd_seconds(plan), plan.seq_len // plan.sp_size
+    tiled_cost = TILED_LAYER_SECONDS_PER_TOKEN * local
+    candidates = [(base, 0.0, "")]
+    if not base.pinned_pool:
+        candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
+    if not base.tiled_layer and not base.lora_rank:
+        tiled = replace(base, tiled_layer=True, tiled_mlp=True, tile_tokens=min(geom.hidden, local))
+        tiled = replace(tiled, loss_chunk_rows=_chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
+                                                          dict(knobs, nodes=plan.nodes)))
+        candidates += [(tiled, tiled_cost, "tiled")] + ([] if base.pinned_pool else
+                                                         [(replace(tiled, pinned_pool=True), tiled_cost, "tiled+pool")])
+    scored = []
+    for lv, cost, tag in candidates:
+        got = _most_cached(plan, lv, gpu_budget, host_budget, knobs)
+        if got is not None:
+            scored.append((got[1] * per_layer - cost, -len(tag), got, tag, cost))
+    if not scored:
         return choice
-    return Choice(plan=found[0], notes=choice.notes + (found[2],))
+    plain = next((n for _, _, (_, n, _), tag, _ in scored if tag == ""), 0)
+    _, _, (new, n, note), tag, cost = max(scored, key=lambda t: t[:2])
+    notes = [note]
+    if "pool" in tag:
+        notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): offloaded "
+                     f"checkpoints in one exact-size pinned slot each instead of DeepSpeed's power-of-two buffers "
+                     f"(its memory at scale not yet measured on a GPU)")
+    if "tiled" in tag:
+        notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
+                     f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
+                     f"(TILED_LAYER_SECONDS_PER_TOKEN: measured once at 262,144 tokens)")
+    return Choice(plan=new, notes=choice.notes + tuple(notes))
 
 
 def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict):
@@ -330,8 +361,7 @@ def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget:
 
 def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:
     L, n = plan.geom.layers, x + y
-    hq_local = plan.geom.heads // plan.sp_size
-    saved = n * 2 * plan.seq_len ** 2 * hq_local * plan.geom.head_dim / ATTENTION_FWD_FLOPS
+    saved = n * attention_fwd_seconds(plan)
     return (f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on the GPU, "
             f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per step at "
             f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints kept on the GPU, "

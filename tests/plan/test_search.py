@@ -137,9 +137,27 @@ def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
                                                       ("keep", w), ("cache", x)) if v > 0)
             plan = plan_memory(Q8, 393_216, 2, 2, replace(without, placement=PlacementPlan.parse(spec)))
             assert not plan.fits(0.9 * 141 * GB, 0.9 * 256 * GB), spec
-    assert any(n.startswith("pinned_pool=True: with it 36 layers cache, without it 31") for n in got.notes)
+    assert any(n.startswith("pinned_pool=True: it lets 36 layers cache (without the added levers 31)") for n in got.notes)
+    assert not got.levers.tiled_layer  # the tiled layer would cache no more here: not worth its cost
     same = fastest_placement(choose(Q8, 524_288, 2, 141, 256), 141, 256)
     assert not same.levers.pinned_pool
+
+
+def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_its_cost():
+    """524,288 tokens on 2 x 141 GB + 256 GB: the tiled layer frees GPU room for 8 more cached layers (24 vs 16), whose
+    attention forwards (~13.6 s) outweigh its estimated cost (~4.7 s): taken, and the note gives both numbers. With
+    LoRA (which the tiled layer refuses) and at 262,144 (every layer cached without it) it is not."""
+    from ds_longctx.plan.search import TILED_LAYER_SECONDS_PER_TOKEN, attention_fwd_seconds, fastest_placement
+    c = choose(Q8, 524_288, 2, 141, 256)
+    got = fastest_placement(c, 141, 256)
+    assert got.levers.tiled_layer and not c.levers.tiled_layer and got.plan.placement.cached == 24
+    per = attention_fwd_seconds(got.plan)
+    assert 8 * per > TILED_LAYER_SECONDS_PER_TOKEN * 262_144
+    assert any(n.startswith("tiled_layer=True: for speed, 24 cached layers instead of 16") for n in got.notes)
+    assert got.plan.gpu_peak_bytes <= 0.9 * 141 * GB and got.plan.host_peak_bytes <= 0.9 * 256 * GB
+    lora = Levers(lora_rank=16)
+    assert not fastest_placement(choose(Q8, 524_288, 2, 141, 256, base=lora), 141, 256).levers.tiled_layer
+    assert not fastest_placement(choose(Q8, 262_144, 2, 141, 256), 141, 256).levers.tiled_layer
 
 
 def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
@@ -154,7 +172,15 @@ def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
         n = p.cached
         assert got.plan.gpu_peak_bytes <= budget and got.plan.host_peak_bytes <= host
         assert n >= c.plan.placement.cached and n > 0, args
-        assert replace(got.levers, placement=None) == replace(c.levers, offload_layers=0, attention_cache_layers=0)
+        # the levers are choice's, but for the pool and the tiled layer where the notes say they let more layers cache
+        added = dict(pinned_pool=got.levers.pinned_pool, tiled_layer=got.levers.tiled_layer,
+                     tiled_mlp=got.levers.tiled_mlp, tile_tokens=got.levers.tile_tokens,
+                     loss_chunk_rows=got.levers.loss_chunk_rows)
+        assert replace(got.levers, placement=None) == replace(c.levers, offload_layers=0, attention_cache_layers=0,
+                                                              **added)
+        for lever, tag in (("pinned_pool", "pinned_pool=True: it lets"), ("tiled_layer", "tiled_layer=True: for speed")):
+            if getattr(got.levers, lever) != getattr(c.levers, lever):
+                assert any(note.startswith(tag) for note in got.notes), (args, lever)
         # no plan with one more cached layer fits (every way to place n + 1 of them, by brute force)
         if n < Q8.layers:
             for x in range(n + 2):
