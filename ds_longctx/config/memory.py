@@ -46,7 +46,7 @@ class MemoryConfig(Section):
     `ds-longctx plan` turns it on where nothing fits without it."""
     tile_tokens: Optional[int] = Field(None, gt=0)
     """Tokens per tile of the tiled MLP / tiled layer (default: hidden size)."""
-    gpu_budget_gb: Optional[float] = Field(None, gt=0)
+    gpu_budget_gb: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     """GPU memory per GPU this run may use, GB (1e9 bytes): the CUDA allocator is capped there less the CUDA
     context (run/gpu_budget.py), so freed blocks are waited for and cached ones returned before the process grows
     past it; past it is an out-of-memory error naming this value. `ds-longctx plan` writes its --gpu_mem_gb.

@@ -113,17 +113,17 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
     if a.nodes < 1:
         raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
-    if a.gpu_mem_gb <= 0:
+    if not 0 < a.gpu_mem_gb < float("inf"):  # also refuses nan
         raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
     host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
-    if host <= 0:
+    if not 0 < host < float("inf"):  # also refuses nan
         raise ValueError(f"--host_mem_gb {host:g}: give the node's host RAM in GB, e.g. 560")
     check_headroom(a.headroom)
     if a.seq_len is None and not a.find_max_len:
         raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
     if a.seq_len is not None and a.seq_len <= 0:
         raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
-    if not 0 <= a.optimizer_offload_ratio <= 1:
+    if not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
         raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
                          f"share of the offloaded optimizer, e.g. 0.5")
     if a.optimizer_offload_ratio < 1 and a.lora_rank:

@@ -163,6 +163,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                            nodes=nodes, **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
+                                                        tile_tokens=min(geom.hidden, -(-seq_len // sp)),
                                                         tiled_layer=not base.lora_rank, pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True),
                        nodes=nodes, **knobs)

@@ -84,6 +84,11 @@ def test_find_max_len(capsys):
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--host_mem_gb", "-1"], "--host_mem_gb -1"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--headroom", "0.97"], "--headroom 0.97 must be in"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--headroom", "nan"], "--headroom nan must be in"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--gpu_mem_gb", "nan"], "--gpu_mem_gb nan"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--gpu_mem_gb", "inf"], "--gpu_mem_gb inf"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--host_mem_gb", "nan"], "--host_mem_gb nan"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--optimizer_offload_ratio", "nan"],
+     "--optimizer_offload_ratio nan"),
 ])
 def test_bad_input_exits_2_naming_the_value(args, says, capsys):
     assert generate.main(args) == 2

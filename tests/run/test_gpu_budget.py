@@ -26,8 +26,9 @@ def test_a_budget_the_context_fills_is_refused_naming_it():
         allocator_fraction(1.5, H200)
     with pytest.raises(ValueError, match="gpu_budget_gb=0.5"):
         RunConfig(model="qwen3-tiny", gpu_budget_gb=0.5)
-    with pytest.raises(ValueError):
-        RunConfig(model="qwen3-tiny", gpu_budget_gb=-3)
+    for bad in (-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            RunConfig(model="qwen3-tiny", gpu_budget_gb=bad)
 
 
 def test_without_a_gpu_or_a_budget_nothing_is_set():
