@@ -247,7 +247,11 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, k offloaded layers; torch's pinned
                                host allocator rounds every block up to a power of two), or G·k·E with our
                                exact-size pool (pinned_pool)
-        offload_staging        2·E if k > 0 (two checkpoint buffers: one in use, one prefetching)
+        offload_staging        2·E if k > 0 with DeepSpeed's offload (calibrated: the input in use plus the offload
+                               engine's own GPU references, `_fwd_stash` / `keep_last`, in
+                               deepspeed/runtime/activation_checkpointing/offload_activations.py); E with our pool
+                               (levers/offload.py: the input restored on demand for the layer's backward, freed after
+                               it; nothing kept or prefetched)
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
         attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for the n `cache` layers of the placement: each
@@ -343,7 +347,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
     else:
         add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
-    if k:
+    if k and levers.pinned_pool:  # restored on demand into one GPU tensor, freed after the layer's backward
+        add("offload_staging", E, 0, "T·H·2 (our pool: the input being restored)")
+    elif k:
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
     add("token_ids", 3 * T * 8, 0, "3·T·8")
