@@ -205,8 +205,8 @@ def plans_table(rows: list) -> str:
             lines.append(f"| {r['spec']} | {r.get('placement', '')} | | not measured: {r.get('error', '')} |||||||")
             continue
         m, pr = max(r["measured_steps"]), r["planned_reserved_bytes"]
-        spec = r["spec"] + (" (plan changed since its prediction: not held out)" if r.get("plan_changed_since_prediction")
-                            else "")
+        moved = r.get("plan_changed_since_prediction")
+        spec = r["spec"] + (" (plan changed since its prediction: not held out)" if moved else "")
         lines.append(f"| {spec} | {r['placement']} | {r['optimizer_offload']} | "
                      f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
                      f"{r['measured_host_bytes'] / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "

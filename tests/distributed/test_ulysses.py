@@ -89,12 +89,15 @@ def test_packed_documents_keep_boundaries(tmp_path):
     check(got, *reference([sample(0)], doc_lens=lens))
 
 
-@pytest.mark.parametrize("placement", ["offload:1,keep:1", "cache:2"])
-def test_tiled_layer_matches_plain(tmp_path, placement):
+@pytest.mark.parametrize("placement,pool", [("offload:1,keep:1", False), ("cache:2", False),
+                                            ("offload:1,cache:1", True)])
+def test_tiled_layer_matches_plain(tmp_path, placement, pool):
     """The whole layer's token-wise work tiled (levers/tiled_layer.py; tiles of 7 divide no slice) under ZeRO-3 and
-    SP=2, with a checkpoint through DeepSpeed's offload path or the attention output cached; chunked loss."""
+    SP=2, with a checkpoint through DeepSpeed's offload path, the attention output cached, or (the longest plan's
+    levers: offload:35,cache:1 with the pool) the checkpoint in our pinned pool under a cached top layer; chunked
+    loss."""
     got = run(tmp_path, 2, 2, length=64, chunked_loss=True, loss_chunk_rows=5, tiled_layer=True, tile_tokens=7,
-              placement=placement)
+              placement=placement, pinned_pool=pool)
     check(got, *reference([sample(0)]))
 
 

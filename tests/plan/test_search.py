@@ -137,7 +137,8 @@ def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
                                                       ("keep", w), ("cache", x)) if v > 0)
             plan = plan_memory(Q8, 393_216, 2, 2, replace(without, placement=PlacementPlan.parse(spec)))
             assert not plan.fits(0.9 * 141 * GB, 0.9 * 256 * GB), spec
-    assert any(n.startswith("pinned_pool=True: it lets 36 layers cache (without the added levers 31)") for n in got.notes)
+    want = "pinned_pool=True: it lets 36 layers cache (without the added levers 31)"
+    assert any(n.startswith(want) for n in got.notes)
     assert not got.levers.tiled_layer  # the tiled layer would cache no more here: not worth its cost
 
 
@@ -177,7 +178,8 @@ def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
                      loss_chunk_rows=got.levers.loss_chunk_rows)
         assert replace(got.levers, placement=None) == replace(c.levers, offload_layers=0, attention_cache_layers=0,
                                                               **added)
-        for lever, tag in (("pinned_pool", "pinned_pool=True: it lets"), ("tiled_layer", "tiled_layer=True: for speed")):
+        for lever, tag in (("pinned_pool", "pinned_pool=True: it lets"),
+                           ("tiled_layer", "tiled_layer=True: for speed")):
             if getattr(got.levers, lever) != getattr(c.levers, lever):
                 assert any(note.startswith(tag) for note in got.notes), (args, lever)
         # no plan with one more cached layer fits (every way to place n + 1 of them, by brute force)
