@@ -121,7 +121,8 @@ def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
 
 def stream_table(snapshot: dict, device: int = 0) -> list:
     """[(stream, reserved, allocated, segments, top origin of its blocks), ...] largest first: the allocator's
-    segments at snapshot time by the stream that owns them. A stream's cached blocks serve only that stream, so a
+    segments at snapshot time by the stream that owns them (the origin: of its live blocks, else of what the window's
+    allocations on that stream were). A stream's cached blocks serve only that stream, so a
     side stream's reserved memory is not available to the compute stream's activations (and the other way)."""
     rows = defaultdict(lambda: [0, 0, 0, defaultdict(int)])
     for seg in snapshot.get("segments", []):
@@ -135,8 +136,14 @@ def stream_table(snapshot: dict, device: int = 0) -> list:
         for b in seg.get("blocks", []):
             if b.get("frames"):
                 r[3][origin(b["frames"])] += b["size"]
+    traced = defaultdict(lambda: defaultdict(int))  # stream -> origin -> bytes allocated there in the window
+    traces = snapshot.get("device_traces", [])
+    for e in traces[device] if device < len(traces) else []:
+        if e.get("action") == "alloc" and e.get("frames"):
+            traced[e.get("stream", 0)][origin(e["frames"])] += e.get("size", 0)
     out = []
     for stream, (reserved, allocated, n, by) in rows.items():
+        by = by or traced.get(stream, {})  # nothing alive there now: who allocated on it during the window
         top = max(by.items(), key=lambda kv: kv[1])[0] if by else "(no recorded stacks)"
         out.append((stream, reserved, allocated, n, top))
     return sorted(out, key=lambda t: -t[1])
