@@ -86,9 +86,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
                                                           **knobs)
                     k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
-                    if k is None:
-                        break  # the pool changes host bytes only: no pool fits the GPU either
-                    if (plan := gpu_at(k)).host_peak_bytes <= host_budget:
+                    if k is not None and (plan := gpu_at(k)).host_peak_bytes <= host_budget:
                         return Choice(plan=plan, notes=_notes(plan, sp_size, gpu_at, base))
     return None
 
