@@ -126,10 +126,10 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, as asked)"
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
     if lv.pinned_pool and k:
-        notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else
-                                             "needed to fit the host: DeepSpeed's pinned buffers are powers of two")
-                     + "; offloaded checkpoints in one exact-size pinned slot each (its memory at scale not yet "
-                       "measured on a GPU)")
+        notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
+                     + "; offloaded checkpoints in one exact-size pinned slot each (DeepSpeed's buffers are powers of "
+                       "two) and one restored at a time on the GPU (DeepSpeed's offload holds two; its memory at "
+                       "scale not yet measured on a GPU)")
     if plan.seq_len > geom.max_position_embeddings:
         notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings {geom.max_position_embeddings:,}: "
                      f"train with YaRN (rope_scaling auto)")

@@ -66,7 +66,7 @@ def test_the_tiled_layer_and_the_pool_only_when_needed_and_before_offloading_the
     lv = hard.levers
     assert lv.tiled_layer and lv.tiled_mlp and lv.pinned_pool and not lv.optimizer_offload and lv.offload_layers
     assert any(x.startswith("tiled_layer=True: needed to fit") for x in hard.notes)
-    assert any(x.startswith("pinned_pool=True: needed to fit the host") for x in hard.notes)
+    assert any(x.startswith("pinned_pool=True: needed to fit;") for x in hard.notes)
     for drop in (dict(tiled_layer=False), dict(pinned_pool=False)):
         for opt in (False, True):
             for k in range(Q8.layers + 1):
