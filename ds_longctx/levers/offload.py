@@ -115,8 +115,14 @@ class PinnedPool:
 
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
-        if self._planned is not None:
-            self.reserve_planned()
+        if self._planned is not None:  # not made at build (the HF Trainer path): make it now if this is its shape
+            _, shape, dtype, _ = self._planned
+            if tuple(like.shape) == shape and like.dtype == dtype:
+                self.reserve_planned()
+            else:  # a block of another shape would sit beside per-layer slots: keep only the slots
+                log.warning("pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot per layer "
+                            "instead", list(shape), dtype, list(like.shape), like.dtype)
+                self._planned = None
         fits = lambda buf: buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
         if fits(self._reserved.get(key)):
             self._drop_own(key)

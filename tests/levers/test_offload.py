@@ -103,3 +103,17 @@ def test_a_planned_pool_is_made_whole_by_the_first_slot_asked_for():
     finally:
         remove_placement(model)
         pool.release()
+
+
+def test_a_planned_pool_of_another_shape_is_dropped_not_made_beside_the_slots():
+    model = copy.deepcopy(tiny_model(attn="sdpa"))
+    apply_placement(model, PlacementPlan.parse("offload:2"), pinned_pool=True)
+    pool, hidden = offload.pool(), model.config.hidden_size
+    try:
+        offload.plan_pool([0, 1], 1, 64, hidden, torch.float32, pin=False)  # the run's batches are 40 tokens
+        ids = torch.randint(0, model.config.vocab_size, (1, 40))
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert pool._block is None and pool._planned is None and set(pool._own) == {0, 1}
+    finally:
+        remove_placement(model)
+        pool.release()
