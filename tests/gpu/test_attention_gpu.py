@@ -138,3 +138,18 @@ def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
     assert rel_err(pooled["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(pooled["grads"][n], g) for n, g in keep["grads"].items())
     assert worst <= 1e-2, worst
+
+
+@two_gpus
+def test_longest_plan_levers_give_the_plain_grads(tmp_path):
+    """bf16, SP=2 on 2 GPUs, FlashAttention 4 where installed: the longest plan's levers together (the tiled layer, a
+    checkpoint in our pinned pool, the top layer's attention output cached on the GPU) against both layers `keep`
+    without the tiled layer; tolerances as the pool test's."""
+    kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
+    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
+    longest = run(tmp_path, 2, 2, placement="offload,cache", pinned_pool=True, tiled_layer=True, tile_tokens=512,
+                  read_placement=True, **kw)
+    assert longest["applied"] == ["offload", "cache"]
+    assert rel_err(longest["loss"], keep["loss"]) <= 1e-3
+    worst = max(rel_err(longest["grads"][n], g) for n, g in keep["grads"].items())
+    assert worst <= 1e-2, worst
