@@ -86,8 +86,7 @@ class PinnedPool:
 
     def reserve_planned(self) -> int:
         """Make the planned reservation now (once); returns its bytes (0 if none was planned)."""
-        planned, self._planned = self._planned, None
-        return self.reserve(*planned) if planned else 0
+        return self.reserve(*self._planned) if self._planned else 0  # reserve() clears the plan
 
     @property
     def _slots(self) -> dict:

@@ -36,6 +36,7 @@ from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
+from ds_longctx.run.gpu_budget import CUDA_CONTEXT_GIB
 
 GB = 10**9
 GIB = 2**30
@@ -225,7 +226,7 @@ def _adapters(g: ModelGeometry, rank: int, targets) -> tuple:
 
 def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
                 nodes: int = 1, live_layers: int = 2, fragmentation: float = FRAGMENTATION,
-                offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = 1.5,
+                offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = CUDA_CONTEXT_GIB,
                 process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
     """Every allocation of one training step, per GPU and on the host of one node. `gpus` G is per node, `nodes` N;
     the ZeRO-3 world is W = N·G (the formulas below write G for W: on one node they are equal, and the table

@@ -57,6 +57,11 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
+def _tile_tokens(geom, seq_len: int, sp: int) -> int:
+    """Tokens per tile of the tiled MLP / tiled layer: the hidden size, or the whole slice if that is shorter."""
+    return min(geom.hidden, -(-seq_len // sp))
+
+
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
@@ -81,7 +86,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
             for tiled, layer in shapes:
                 for pool in pools:
                     lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool, optimizer_offload=opt,
-                                 tile_tokens=min(geom.hidden, -(-seq_len // sp)) if tiled else None)
+                                 tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
                     lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
                                                           **knobs)
@@ -161,7 +166,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                            nodes=nodes, **knobs)
     sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
-                                                        tile_tokens=min(geom.hidden, -(-seq_len // sp)),
+                                                        tile_tokens=_tile_tokens(geom, seq_len, sp),
                                                         tiled_layer=not base.lora_rank, pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True),
                        nodes=nodes, **knobs)
@@ -306,7 +311,8 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     if not base.pinned_pool:
         candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
     if not base.tiled_layer and not base.lora_rank:
-        tiled = replace(base, tiled_layer=True, tiled_mlp=True, tile_tokens=min(geom.hidden, local))
+        tiled = replace(base, tiled_layer=True, tiled_mlp=True,
+                        tile_tokens=_tile_tokens(geom, plan.seq_len, plan.sp_size))
         tiled = replace(tiled, loss_chunk_rows=_chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
                                                           dict(knobs, nodes=plan.nodes)))
         candidates += [(tiled, tiled_cost, "tiled")] + ([] if base.pinned_pool else

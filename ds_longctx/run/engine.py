@@ -268,5 +268,6 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
     # the GPU budget the plan was made for (both entry points: this engine and the HF Trainer's)
     gpu_budget.apply(cfg.memory.gpu_budget_gb, state.rank)
-    gpu_budget.bound_run_ahead(decoder_layers(model), cfg.memory.run_ahead_layers)
-    return Levers(attn, placement, head, decoder_layers(model))
+    layers = decoder_layers(model)
+    gpu_budget.bound_run_ahead(layers, cfg.memory.run_ahead_layers)
+    return Levers(attn, placement, head, layers)

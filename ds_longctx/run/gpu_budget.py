@@ -28,8 +28,9 @@ import logging
 log = logging.getLogger("ds_longctx")
 
 GB = 1e9
-# the CUDA context's bytes outside the allocator: the same figure as the planner's cuda_context term
-CUDA_CONTEXT_BYTES = int(1.5 * 2 ** 30)
+# the CUDA context's memory outside the allocator; the planner's cuda_context term is this figure
+CUDA_CONTEXT_GIB = 1.5
+CUDA_CONTEXT_BYTES = int(CUDA_CONTEXT_GIB * 2 ** 30)
 
 
 def allocator_fraction(budget_gb: float, total_bytes: int, context_bytes: int = CUDA_CONTEXT_BYTES) -> float | None:
