@@ -110,6 +110,12 @@ def _fewest_k(fits, layers: int) -> Optional[int]:
     return hi
 
 
+# what the pinned pool changes, for the notes of both places that add it
+POOL_HOW = ("offloaded checkpoints in one exact-size pinned slot each (DeepSpeed's buffers are powers of two) and one "
+            "restored at a time on the GPU (DeepSpeed's offload holds two; its memory at scale not yet measured on a "
+            "GPU)")
+
+
 def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Levers()) -> tuple:
     """One line of reasoning per choice `_search` made."""
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
@@ -132,9 +138,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
-                     + "; offloaded checkpoints in one exact-size pinned slot each (DeepSpeed's buffers are powers of "
-                       "two) and one restored at a time on the GPU (DeepSpeed's offload holds two; its memory at "
-                       "scale not yet measured on a GPU)")
+                     + "; " + POOL_HOW)
     if plan.seq_len > geom.max_position_embeddings:
         notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings {geom.max_position_embeddings:,}: "
                      f"train with YaRN (rope_scaling auto)")
@@ -292,7 +296,7 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
     first: their checkpoints live longest). Same sp / loss chunk / optimizer placement as `choice`.
     Two levers are added where they let more layers cache: the exact-size pinned pool (host room: no power-of-two
-    buffers; free), and the tiled layer (GPU room; taken only when the attention forwards it skips outweigh its
+    buffers; GPU room: one checkpoint restored at a time; free), and the tiled layer (GPU room; taken only when the attention forwards it skips outweigh its
     estimated cost, TILED_LAYER_SECONDS_PER_TOKEN). The cache needs a kernel pair (FlashAttention 4 on Hopper): with
     another kernel cached layers recompute.
     """
@@ -328,9 +332,7 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     _, _, (new, n, note), tag, cost = max(scored, key=lambda t: t[:2])
     notes = [note]
     if "pool" in tag:
-        notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): offloaded "
-                     f"checkpoints in one exact-size pinned slot each instead of DeepSpeed's power-of-two buffers "
-                     f"(its memory at scale not yet measured on a GPU)")
+        notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}")
     if "tiled" in tag:
         notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
                      f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
