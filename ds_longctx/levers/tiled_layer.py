@@ -41,12 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ds_longctx.levers.tiled_mlp import TiledRows, _check_tile_tokens, _gathered
+from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forward
 
 log = logging.getLogger("ds_longctx")
 
 _PATCH_ATTR = "_ds_longctx_tiled_layer"
-_MISSING = object()
 _CACHE_KWARGS = ("cache", "past_key_value", "past_key_values")
 _NO_ATTENTION_KWARGS = ("position_embeddings", "use_cache", "output_attentions", "cache_position") + _CACHE_KWARGS
 
@@ -262,9 +261,6 @@ def remove_tiled_layer(model: nn.Module) -> int:
         if saved is None:
             continue
         for m, prev in saved.forwards:
-            if prev is _MISSING:
-                m.__dict__.pop("forward", None)
-            else:
-                m.forward = prev
+            restore_forward(m, prev)
         restored += 1
     return restored

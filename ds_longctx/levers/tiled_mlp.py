@@ -325,6 +325,14 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int) -> int:
     return len(mlps)
 
 
+def restore_forward(module: nn.Module, previous) -> None:
+    """Put back the instance-level forward a lever replaced: `previous`, or none (the class's) for `_MISSING`."""
+    if previous is _MISSING:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = previous
+
+
 def remove_tiled_mlp(model: nn.Module) -> int:
     """Restore the forwards apply_tiled_mlp replaced; returns how many were restored (0 if none)."""
     restored = 0
@@ -332,9 +340,6 @@ def remove_tiled_mlp(model: nn.Module) -> int:
         patch = mlp.__dict__.pop(_PATCH_ATTR, None)
         if patch is None:
             continue
-        if patch.instance_forward is _MISSING:
-            del mlp.forward
-        else:
-            mlp.forward = patch.instance_forward
+        restore_forward(mlp, patch.instance_forward)
         restored += 1
     return restored
