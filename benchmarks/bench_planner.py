@@ -124,7 +124,8 @@ def table(rows: list) -> str:
 
 
 def plan_args(spec: str, model: str, gpus: int) -> tuple:
-    """(seq_len, gpu_mem_gb, `ds-longctx plan` arguments) of one `seq_len:gpu_mem_gb[:flag+flag]` spec."""
+    """(seq_len, gpu_mem_gb, model, `ds-longctx plan` arguments) of one `seq_len:gpu_mem_gb[:flag+flag]` spec; a
+    `model=NAME` flag overrides --model for that plan (one call can hold plans of several models)."""
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise SystemExit(f"--plans: {spec!r} is not seq_len:gpu_mem_gb[:flag+flag]")
@@ -132,9 +133,14 @@ def plan_args(spec: str, model: str, gpus: int) -> tuple:
     flags = []
     for f in (parts[2].split("+") if len(parts) == 3 and parts[2] else []):
         name, _, value = f.partition("=")
+        if name == "model":
+            if not value:
+                raise SystemExit(f"--plans: {spec!r}: model= needs a name (qwen3-4b, a path)")
+            model = value
+            continue
         flags += [f"--{name}"] + ([value] if value else [])
-    return seq_len, gb, ["--model", model, "--seq_len", str(seq_len), "--gpus", str(gpus), "--gpu_mem_gb", f"{gb:g}",
-                         *flags]
+    return seq_len, gb, model, ["--model", model, "--seq_len", str(seq_len), "--gpus", str(gpus),
+                                "--gpu_mem_gb", f"{gb:g}", *flags]
 
 
 def spec_name(spec: str) -> str:
@@ -145,11 +151,11 @@ def spec_name(spec: str) -> str:
 def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
     rows = []
     for spec in specs:
-        seq_len, gb, args = plan_args(spec, model, gpus)
+        seq_len, gb, spec_model, args = plan_args(spec, model, gpus)
         d = work / f"plan_{spec_name(spec)}"
         res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "plan", *args, "--out", str(d)],
                              capture_output=True, text=True, cwd=ROOT)
-        row = {"spec": spec, "model": model, "seq_len": seq_len, "gpus": gpus, "gpu_mem_gb": gb}
+        row = {"spec": spec, "model": spec_model, "seq_len": seq_len, "gpus": gpus, "gpu_mem_gb": gb}
         row.update(read_plan(d) if res.returncode == 0 else {"error": res.stderr.strip()[-300:]})
         rows.append(row)
     return rows
@@ -158,11 +164,10 @@ def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
 def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None:
     """Issue 12's `longest.jsonl` line for a run that finished: its step time and peaks beside the plan's."""
     import yaml
-    host = re.search(r"^budget: .*?GB per GPU, ([\d.]+) GB host", (plan_dir / "plan.txt").read_text(), re.M)
     run = yaml.safe_load((plan_dir / "run.yaml").read_text())
     mem = run["memory"]
     line = {"seq_len": row["seq_len"], "gpus": row["gpus"], "gpu_mem_gb": row["gpu_mem_gb"],
-            "host_mem_gb": float(host.group(1)) if host else None,
+            "host_mem_gb": row.get("host_mem_gb"),
             "seconds": row["step_seconds"][-1], "step_seconds": row["step_seconds"],
             "exit_seconds": row.get("exit_seconds"),
             "peak_gpu_bytes": max(row["measured_steps"]), "host_peak_bytes": row["measured_host_bytes"],
@@ -197,21 +202,29 @@ def plan_changed(given: dict, fresh: dict) -> str:
 
 
 def plans_table(rows: list) -> str:
+    """Markdown: each plan's measured peaks against its prediction, and whether they stayed under the budgets (GPU:
+    the measured reserved plus the plan's CUDA context term; host: Σ ranks' peak RSS, where the plan had a host
+    budget)."""
     gb = 1e9
-    lines = ["| plan | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
-             "host GB (Σ ranks) | predicted | error | budget GB | under it |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
+             "host GB (Σ ranks) | predicted | error | budget GB (GPU / host) | under it |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "measured_steps" not in r:
-            lines.append(f"| {r['spec']} | {r.get('placement', '')} | | not measured: {r.get('error', '')} |||||||")
+            lines.append(f"| {r['spec']} | {r.get('model', '')} | {r.get('placement', '')} | | "
+                         f"not measured: {r.get('error', '')} ||||||||")
             continue
-        m, pr = max(r["measured_steps"]), r["planned_reserved_bytes"]
+        m, pr, host = max(r["measured_steps"]), r["planned_reserved_bytes"], r["measured_host_bytes"]
         moved = r.get("plan_changed_since_prediction")
         spec = r["spec"] + (" (plan changed since its prediction: not held out)" if moved else "")
-        lines.append(f"| {spec} | {r['placement']} | {r['optimizer_offload']} | "
+        under = m + r["planned_gpu_bytes"] - pr <= r["gpu_mem_gb"] * gb
+        if r.get("host_mem_gb"):
+            under = under and host <= r["host_mem_gb"] * gb
+        budget = f"{r['gpu_mem_gb']:g}" + (f" / {r['host_mem_gb']:g}" if r.get("host_mem_gb") else "")
+        lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {r['optimizer_offload']} | "
                      f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
-                     f"{r['measured_host_bytes'] / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
-                     f"{r['measured_host_bytes'] / r['planned_host_bytes'] - 1:+.1%} | {r['gpu_mem_gb']:g} | "
-                     f"{'yes' if m + r['planned_gpu_bytes'] - pr <= r['gpu_mem_gb'] * gb else 'NO'} |")
+                     f"{host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
+                     f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -311,8 +324,6 @@ def main():
         rows.append(row)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if a.longest and row.get("measured_steps"):
-            append_longest(Path(a.longest), row, plan_dir, d)
         print(json.dumps({k: v for k, v in row.items() if k != "steps"}), flush=True)
     md = table(rows)
     path.with_suffix(".md").write_text(md + "\n")

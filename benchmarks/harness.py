@@ -42,7 +42,8 @@ def read_plan(plan_dir: Path) -> dict:
     text = (plan_dir / "plan.txt").read_text()
     gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
     ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
-    return {"planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
+    host_budget = re.search(r"^budget: .*?GB per GPU, ([\d.]+) GB host", text, re.M)
+    return {"host_mem_gb": float(host_budget.group(1)) if host_budget else None,"planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
             "planned_host_bytes": int(float(host) * 1e9),
             "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
             "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0]}

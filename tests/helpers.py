@@ -32,6 +32,13 @@ def gpu_env() -> dict:
     return env
 
 
+def gpus_here(most: int = 2) -> int:
+    """The GPU tests' world size: every GPU here, `most` at most. A lever's test that is not about SP runs at SP = this
+    (SP=2 on 2 GPUs, SP=1 on one), so a one-GPU machine still runs it."""
+    import torch
+    return min(most, torch.cuda.device_count())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 
 from ds_longctx.parallel import attention, kernel_rules
 from tests.distributed.test_ulysses import run
-from tests.helpers import gpu_env, rel_err
+from tests.helpers import gpu_env, gpus_here, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+N = gpus_here() if torch.cuda.is_available() else 0  # the levers' tests run SP = N over N GPUs (2 at most)
 # the engine-level FA4 tests run a tiny Qwen3 with the target models' head_dim (128): FA4 is refused below 64 and
 # `auto` picks it only at verified head dims (parallel/attention.py)
 D128 = "qwen3-tiny-d128"  # shipped geometry: qwen3-tiny with head_dim 128 (hidden 256)
@@ -101,14 +102,13 @@ def test_fa4_varlen_keeps_documents_apart():
         assert rel_err(got.float(), want) <= 2e-2
 
 
-@two_gpus
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend):
-    """bf16, SP=2 on 2 GPUs under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned host
+    """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned host
     memory), layer 1 `cache` vs both `keep`: the loss and every gradient agree, and the engine applied the plan."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend=backend, model=D128)
-    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
-    cached = run(tmp_path, 2, 2, placement="cache+offload,cache", read_placement=True, **kw)
+    keep = run(tmp_path, N, N, placement="keep:2", **kw)
+    cached = run(tmp_path, N, N, placement="cache+offload,cache", read_placement=True, **kw)
     assert cached["applied"] == ["cache+offload", "cache"]
     assert rel_err(cached["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(cached["grads"][n], g) for n, g in keep["grads"].items())
@@ -127,27 +127,25 @@ def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
     assert errs[0][0] <= 5e-2, errs[:6]  # the parameters that disagree most, to tell the kernels apart
 
 
-@two_gpus
 def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
-    """bf16, SP=2 on 2 GPUs: layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned pool
+    """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned pool
     (cudaHostRegister'd slots, side-stream copies) against both `keep`."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
-    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
-    pooled = run(tmp_path, 2, 2, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
+    keep = run(tmp_path, N, N, placement="keep:2", **kw)
+    pooled = run(tmp_path, N, N, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
     assert pooled["applied"] == ["offload", "cache+offload"]
     assert rel_err(pooled["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(pooled["grads"][n], g) for n, g in keep["grads"].items())
     assert worst <= 1e-2, worst
 
 
-@two_gpus
 def test_longest_plan_levers_give_the_plain_grads(tmp_path):
-    """bf16, SP=2 on 2 GPUs, FlashAttention 4 where installed: the longest plan's levers together (the tiled layer, a
+    """bf16, SP = the GPUs here (2 at most), FlashAttention 4 where installed: the longest plan's levers together (the tiled layer, a
     checkpoint in our pinned pool, the top layer's attention output cached on the GPU) against both layers `keep`
     without the tiled layer; tolerances as the pool test's."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
-    keep = run(tmp_path, 2, 2, placement="keep:2", **kw)
-    longest = run(tmp_path, 2, 2, placement="offload,cache", pinned_pool=True, tiled_layer=True, tile_tokens=512,
+    keep = run(tmp_path, N, N, placement="keep:2", **kw)
+    longest = run(tmp_path, N, N, placement="offload,cache", pinned_pool=True, tiled_layer=True, tile_tokens=512,
                   read_placement=True, **kw)
     assert longest["applied"] == ["offload", "cache"]
     assert rel_err(longest["loss"], keep["loss"]) <= 1e-3

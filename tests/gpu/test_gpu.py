@@ -6,11 +6,12 @@
 import pytest
 import torch
 
-from tests.helpers import gpu_env, rel_err, tiny_model
+from tests.helpers import gpu_env, gpus_here, rel_err, tiny_model
 from tests.distributed.test_ulysses import run, sample
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+N = gpus_here() if torch.cuda.is_available() else 0  # the levers' tests run SP = N over N GPUs (2 at most)
 
 
 def test_auto_backend_on_hopper_is_fa4_else_cudnn():
@@ -75,12 +76,11 @@ def test_sp2_matches_sp1_bf16(tmp_path):
     assert worst <= 5e-2, worst
 
 
-@two_gpus
 def test_offload_on_vs_off_identical_grads(tmp_path):
-    """fp32 on GPU, SP=2: checkpoints offloaded to host (all layers) vs kept on GPU."""
+    """fp32 on GPU, SP = the GPUs here (2 at most): checkpoints offloaded to host (all layers) vs kept on GPU."""
     kw = dict(dtype="fp32", length=2048, env=gpu_env(), activation_checkpointing=True)
-    off = run(tmp_path, 2, 2, activation_offload=False, **kw)
-    on = run(tmp_path, 2, 2, activation_offload=True, offload_layers="all", **kw)
+    off = run(tmp_path, N, N, activation_offload=False, **kw)
+    on = run(tmp_path, N, N, activation_offload=True, offload_layers="all", **kw)
     assert on["loss"] == off["loss"]
     worst = max(rel_err(on["grads"][n], g) for n, g in off["grads"].items())
     assert worst <= 1e-6, worst
@@ -98,10 +98,9 @@ def check_against_plain_hf(got, length: int = 2048):
     assert worst <= 1e-3, worst
 
 
-@two_gpus
 def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
-    """fp32, SP=2 on 2 GPUs, chunked loss + tiled MLP + offloaded checkpoints vs plain HF on one GPU."""
-    got = run(tmp_path, 2, 2, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_mlp=True,
+    """fp32, SP = the GPUs here (2 at most), chunked loss + tiled MLP + offloaded checkpoints vs plain HF on one GPU."""
+    got = run(tmp_path, N, N, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_mlp=True,
               tile_tokens=100, activation_offload=True)
     check_against_plain_hf(got)
 
@@ -124,9 +123,8 @@ def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
     assert 0.99 * step <= peak <= 1.5 * step + 2 ** 20, (peak, step, text)
 
 
-@two_gpus
 def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
-    """fp32, SP=2: `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with torch's AdamW, half on
+    """fp32, SP = the GPUs here (2 at most): `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with torch's AdamW, half on
     the host with DeepSpeedCPUAdam) gives the losses of `ratio 1` (all on the host) for 3 steps; both runs' ds_config
     carry what they asked for."""
     import json
@@ -135,7 +133,7 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
     losses = {}
     for ratio in ("1", "0.5"):
         out = tmp_path / f"r{ratio}"
-        res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "512",
+        res = run_cli(["train", "--nproc", str(N), "--sp_size", str(N), "--model", "qwen3-tiny", "--seq_len", "512",
                        "--steps", "3", "--dtype", "fp32", "--lr", "1e-3", "--optimizer_offload", "true",
                        "--optimizer_offload_ratio", ratio, "--output_dir", str(out)], env=gpu_env(), output_dir=out)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -147,12 +145,11 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
         assert rel_err(a, b) <= 1e-5, losses
 
 
-@two_gpus
 @pytest.mark.parametrize("placement", ["offload:2", "cache+offload:1,cache:1"])
 def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
-    """fp32, SP=2 on 2 GPUs: every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100), checkpoints
+    """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100), checkpoints
     offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
-    got = run(tmp_path, 2, 2, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_layer=True,
+    got = run(tmp_path, N, N, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_layer=True,
               tile_tokens=100, placement=placement)
     check_against_plain_hf(got)
 

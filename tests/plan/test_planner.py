@@ -347,3 +347,39 @@ def test_max_headroom_covers_every_committed_under_prediction():
     for bad in (MAX_HEADROOM + 0.01, 1.0, 0, -0.5):
         with pytest.raises(ValueError, match=f"--headroom {bad:g} must be in"):
             check_headroom(bad)
+
+
+def bench_planner():
+    """benchmarks/bench_planner.py as a module (benchmarks/ holds its own imports: harness)."""
+    import importlib.util
+    import sys
+    bench = MODELS.parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_planner", bench / "bench_planner.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(bench))
+
+
+def test_held_out_plan_specs_carry_their_model_and_budgets():
+    """`seq_len:gpu_mem_gb[:flag+flag]`: `model=` picks the plan's model (not passed twice to `plan`); the table says
+    NO when the run went over either budget the plan had (GPU: reserved + the plan's context term; host: Σ RSS)."""
+    bp = bench_planner()
+    seq, gb, model, args = bp.plan_args("264192:40:model=qwen3-1.7b+host_mem_gb=60+tiled_layer", "qwen3-8b", 1)
+    assert (seq, gb, model) == (264192, 40.0, "qwen3-1.7b")
+    assert args == ["--model", "qwen3-1.7b", "--seq_len", "264192", "--gpus", "1", "--gpu_mem_gb", "40",
+                    "--host_mem_gb", "60", "--tiled_layer"]
+    assert bp.plan_args("1024:80", "qwen3-4b", 2)[2] == "qwen3-4b"
+    with pytest.raises(SystemExit, match="model= needs a name"):
+        bp.plan_args("1024:80:model=", "qwen3-8b", 1)
+    row = {"spec": "s", "model": "qwen3-1.7b", "placement": "offload:28", "optimizer_offload": True,
+           "measured_steps": [30e9, 33e9], "planned_reserved_bytes": 33.3e9, "planned_gpu_bytes": 34.9e9,
+           "measured_host_bytes": 50e9, "planned_host_bytes": 54e9, "gpu_mem_gb": 40.0, "host_mem_gb": 60.0}
+    verdict = lambda r: bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
+    assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
+    assert verdict(dict(row, measured_host_bytes=61e9)) == "NO"       # over the host budget only
+    assert verdict(dict(row, measured_steps=[30e9, 38.5e9])) == "NO"  # 38.5 + 1.6 context > 40
+    assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
