@@ -189,26 +189,50 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+# DeepSpeed's default sub_group_size (runtime/zero/config.py), what a full optimizer offload runs with.
+DS_SUB_GROUP_ELEMS = 1_000_000_000
+
+
 def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
     """DeepSpeed's sub_group_size for partial offload: one rank's partition in about OFFLOAD_SUB_GROUPS groups."""
     return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
 
 
-def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
-    """(elements on the GPU, elements on the host) of one rank's optimizer partition under DeepSpeed ZeRO-3 partial
-    offload, cut where DeepSpeed cuts (stage3.py `_create_fp16_sub_groups`: parameters in order, each a
-    ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements or at the last parameter;
-    the first int((1 - ratio)·n) of the n sub-groups stay on the GPU). ratio 1: all on the host."""
+def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> list:
+    """One rank's optimizer partition cut into DeepSpeed ZeRO-3's sub-groups (stage3.py `_create_fp16_sub_groups`:
+    parameters in order, each a ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements
+    or at the last parameter): their sizes in elements."""
     groups, size = [], 0
     numels = geom.param_numels()
-    sub_group_elems = sub_group_elems or offload_sub_group_elems(geom, world)
     for i, n in enumerate(numels):
         size += -(-n // world)
         if size >= sub_group_elems or i == len(numels) - 1:
             groups.append(size)
             size = 0
+    return groups
+
+
+def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
+    """(elements on the GPU, elements on the host) of one rank's optimizer partition under DeepSpeed ZeRO-3 partial
+    offload, cut where DeepSpeed cuts (`sub_groups`; the first int((1 - ratio)·n) of the n sub-groups stay on the
+    GPU). ratio 1: all on the host."""
+    groups = sub_groups(geom, world, sub_group_elems or offload_sub_group_elems(geom, world))
     on_gpu = sum(groups[:int((1 - ratio) * len(groups))])
     return on_gpu, sum(groups) - on_gpu
+
+
+def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: bool) -> tuple:
+    """(bytes, formula) of the two gradient buffers DeepSpeed ZeRO-3 pins per rank under full optimizer offload, as
+    torch's pinned allocator holds them (every block rounded up to a power of two, `_pow2`):
+    - the model-dtype (bf16) grad partition, one flat block of the rank's partition (stage3.py: grad_partitions_flat_
+      buffer, `get_accelerator().pin_memory`);
+    - one fp32 grad buffer per optimizer sub-group, each its own block (stage3.py, the optimizer-state init:
+      subgroup_gradient_buffer, pinned), the sub-groups at DeepSpeed's default sub_group_size (ds_config.py sets it
+      only for partial offload). LoRA's adapters: one sub-group.
+    The fp32 master and Adam's m / v are not pinned (a CPU clone; DeepSpeedCPUAdam's zeros_like): exact sizes."""
+    groups = [part_t] if lora else sub_groups(geom, world, DS_SUB_GROUP_ELEMS)
+    fp32 = sum(_pow2(4 * n) for n in groups)
+    return _pow2(2 * part_t), fp32, f"{len(groups)} sub-group(s)"
 
 
 def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
@@ -238,10 +262,13 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     each adapted Linear of the top layer saves its r-wide A·x: lora_saved T·r·2 each.
         params_bf16            2·(P+A)/G
         grads_bf16             2·P_t/G     \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
-        master_fp32            4·P_t/G      > default); with optimizer_offload these three live in host pinned
-        adam_m_v_fp32          8·P_t/G     /  memory, G ranks' worth on the node: 2·P_t, 4·P_t, 8·P_t
-        cpu_adam_grads_fp32    host 4·P_t with optimizer_offload (fp32 copies of the grads for the CPU optimizer;
-                               measured: 74.7 GiB RSS per rank for the 8B on 2 GPUs = 18·P/G + checkpoints + process)
+        master_fp32            4·P_t/G      > default); with optimizer_offload these three live in host memory, G
+        adam_m_v_fp32          8·P_t/G     /  ranks' worth on the node: G·pow2(2·P_t/G) (pinned), 4·P_t, 8·P_t
+        cpu_adam_grads_fp32    host with optimizer_offload: the fp32 grads the CPU optimizer steps on, one pinned
+                               block per DeepSpeed sub-group, G·Σ pow2(4·sub-group) (`offload_pinned_grads`; about
+                               4·P_t; measured: 74.7 GiB RSS per rank for the 8B on 2 GPUs = 18·P/G + checkpoints +
+                               process; 0.6B to 4B on one GPU without the rounding: 3.8-4.7 GB over,
+                               benchmarks/results/planner_plans_2026-12-01.md)
         reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
         gathered_layers        live_layers·(P_layer+A_layer)·2   (the layer being computed + prefetch; calibrate)
     Checkpoints and small inputs (all):
@@ -334,11 +361,18 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
     else:
         on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
+    full = off and not on_gpu  # the whole partition on the host: DeepSpeed's pinned grad buffers, rounded (below)
+    if full:
+        pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(g, W, part_t, lora)
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
-        add(name, nbytes * on_gpu, G * nbytes * on_host, f"{nbytes}·{Pt}/{w}" + (
-            f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else ""))
+        host = G * (pinned_bf16 if full and name == "grads_bf16" else nbytes * on_host)
+        add(name, nbytes * on_gpu, host, f"{nbytes}·{Pt}/{w}" + (
+            f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else "")
+            + ("; pinned, G·pow2(2·" + Pt + "/" + w + ")" if full and name == "grads_bf16" else ""))
     if off:
-        add("cpu_adam_grads_fp32", 4 * on_gpu, G * 4 * on_host, f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W")
+        add("cpu_adam_grads_fp32", 4 * on_gpu, G * (pinned_fp32 if full else 4 * on_host),
+            (f"host G·Σ pow2(4·sub-group) ({n_groups} at sub_group_size {DS_SUB_GROUP_ELEMS:.0e}, pinned)" if full
+             else f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W"))
             + (" (the fp32 grads the optimizers step on: the GPU sub-groups' on the GPU)" if on_gpu
                else " (the fp32 grads DeepSpeedCPUAdam steps on)"))
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")

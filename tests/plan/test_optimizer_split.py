@@ -7,7 +7,7 @@ built on the meta device."""
 import pytest
 
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.planner import Levers, optimizer_split, plan_memory
+from ds_longctx.plan.planner import DS_SUB_GROUP_ELEMS, Levers, optimizer_split, plan_memory, sub_groups
 from tests.helpers import run_cli
 
 
@@ -69,8 +69,17 @@ def test_the_terms_move_with_the_split():
         plan(optimizer_offload=True, optimizer_offload_ratio=0.5), plan(optimizer_offload=True, optimizer_offload_ratio=0)
     gpu_e, host_e = optimizer_split(Q8, 2, 0.5)
     part = gpu_e + host_e
-    for name, nbytes in zip(names, (2, 4, 8)):
+    for name, nbytes in zip(names[1:], (4, 8)):  # full offload: master and Adam not pinned, exact
         assert (off.term(name).gpu_bytes, off.term(name).host_bytes) == (0, 2 * nbytes * part)
+    # full offload, pinned: the bf16 grads one block per rank (8.19 GB -> 8 GiB), the fp32 grads one block per
+    # sub-group at DeepSpeed's default 1e9 elements (each just over 1e9, closed at a parameter: 4.0x GB -> 8 GiB, the
+    # last one smaller)
+    assert (off.term("grads_bf16").gpu_bytes, off.term("grads_bf16").host_bytes) == (0, 2 * 2**33)
+    groups = sub_groups(Q8, 2, DS_SUB_GROUP_ELEMS)
+    assert sum(groups) == part and len(groups) == 4 and all(1e9 <= n < 1e9 + 50331648 // 2 for n in groups[:-1])
+    assert off.term("cpu_adam_grads_fp32").host_bytes == 2 * sum(1 << (4 * n - 1).bit_length() for n in groups)
+    assert off.term("cpu_adam_grads_fp32").host_bytes >= 2 * 4 * part
+    for name, nbytes in zip(names, (2, 4, 8)):
         assert (half.term(name).gpu_bytes, half.term(name).host_bytes) == (nbytes * gpu_e, 2 * nbytes * host_e)
         assert none.term(name).gpu_bytes == on_gpu.term(name).gpu_bytes and none.term(name).host_bytes == 0
     fp32_grads = half.term("cpu_adam_grads_fp32")

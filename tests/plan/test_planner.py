@@ -130,8 +130,12 @@ def test_optimizer_offload_moves_bytes_from_gpu_to_host_exactly():
     on = plan_memory(Q8, 65_536, G, 8, Levers(optimizer_offload=False), fragmentation=1.0)
     off = plan_memory(Q8, 65_536, G, 8, Levers(optimizer_offload=True), fragmentation=1.0)
     assert on.gpu_peak_bytes - off.gpu_peak_bytes == 14 * P8 // G  # bf16 grads 2 + master 4 + Adam 8
-    # on the host: bf16 grads 2 + master 4 + Adam 8 + the fp32 grads CPU Adam steps on 4
-    assert off.host_step_bytes - on.host_step_bytes == 18 * P8
+    # on the host, per rank of 1,023,841,920 elements: master 4 + Adam 8 bytes each, exact; the bf16 grads (2.05 GB)
+    # and the fp32 grads CPU Adam steps on (4.10 GB: one sub-group, the partition reaches DeepSpeed's 1e9 only at
+    # lm_head, the last parameter) are pinned, each one block rounded up to a power of two: 2 GiB and 4 GiB
+    part = P8 // G
+    assert off.host_step_bytes - on.host_step_bytes == G * (12 * part + 2**31 + 2**32)
+    assert off.term("grads_bf16").host_bytes == G * 2**31 and off.term("cpu_adam_grads_fp32").host_bytes == G * 2**32
     assert off.term("params_bf16").gpu_bytes == on.term("params_bf16").gpu_bytes  # bf16 weights stay
 
 
@@ -253,7 +257,9 @@ def test_lora_counts_optimizer_states_for_the_adapters_only():
     assert lora.gpu_peak_bytes < full.gpu_peak_bytes and "lora_rank=16" in lora.table()
     # optimizer offload moves the adapters' states, not the model's
     off = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, optimizer_offload=True))
-    assert off.term("adam_m_v_fp32").host_bytes == 8 * part * G and off.term("cpu_adam_grads_fp32").host_bytes == 4 * part * G
+    assert off.term("adam_m_v_fp32").host_bytes == 8 * part * G
+    # the pinned grads: 2 x 5,455,872 bytes in a 16 MiB block, 4 x 5,455,872 in a 32 MiB one (one sub-group)
+    assert off.term("grads_bf16").host_bytes == G * 2**24 and off.term("cpu_adam_grads_fp32").host_bytes == G * 2**25
     # other targets: q and v only; all-linear is the 7 (lm_head is never adapted)
     qv = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, lora_targets=("q_proj", "v_proj")))
     assert qv.term("grads_bf16").gpu_bytes == 2 * -(-36 * (q + kv) // G)
@@ -292,9 +298,10 @@ def test_two_nodes_of_8_partition_over_16_and_count_host_per_node():
     assert two.term("build_process").host_bytes == round(8 * 1.5 * GIB)
     assert two.term("zero3_defragment_cpu").host_bytes == 2 * (P8 // 16) * 8 == P8  # one node's 8 partitions
     off = plan_memory(Q8, 1 << 20, 8, 8, Levers(optimizer_offload=True, offload_layers=36), nodes=2)
-    # bf16 grads 2 + master 4 + Adam 8 + CPU Adam's fp32 grads 4 = 18 bytes per parameter of the node's 8/16
+    # per rank of P/16 = 511,920,960 elements: master 4 + Adam 8 bytes each; bf16 grads (1.02 GB) and CPU Adam's
+    # fp32 grads (2.05 GB, one sub-group) pinned in power-of-two blocks, 1 GiB and 2 GiB; the node holds 8 ranks'
     assert sum(off.term(n).host_bytes for n in ("grads_bf16", "master_fp32", "adam_m_v_fp32",
-                                                "cpu_adam_grads_fp32")) == 18 * P8 * 8 // 16
+                                                "cpu_adam_grads_fp32")) == 8 * (12 * (P8 // 16) + 2**30 + 2**31)
     assert off.term("checkpoints").host_bytes == 8 * 36 * GIB  # 131,072 x 4096 x 2 = 1 GiB per layer and rank
     assert "nodes=2 gpus/node=8 world=16 sp=8 dp=2" in two.table() and "2·P/W" in two.table()
 
@@ -333,6 +340,38 @@ def committed_runs() -> list:
             elif not set(line) <= set("|-: "):
                 rows.append((path.name, cells[0], float(cells[head[0]]), float(cells[head[1]])))
     return rows
+
+
+def committed_plan_runs() -> list:
+    """(spec, measured reserved, measured host, today's plan) of every held-out plan run committed with its plan
+    (benchmarks/results/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and placement,
+    re-predicted with the current planner."""
+    from ds_longctx.config.run import RunConfig
+    from ds_longctx.levers.placement import PlacementPlan
+    bench = bench_planner()
+    out = []
+    for jl in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("*/planner_plans_*.jsonl")):
+        for r in map(json.loads, jl.read_text().splitlines()):
+            if "measured_steps" not in r:
+                continue
+            cfg = RunConfig.load(jl.parent / "plans" / f"plan_{bench.spec_name(r['spec'])}" / "run.yaml")
+            plan = plan_memory(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, r["gpus"],
+                               cfg.parallel.sp_size, Levers.from_run_config(cfg, PlacementPlan.parse(cfg.memory.placement)))
+            out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan))
+    return out
+
+
+def test_max_headroom_covers_every_committed_plan_run_on_gpu_and_host():
+    """The safety rule for whole plans: each committed held-out run, re-predicted today from its run.yaml, measured
+    at most 1/MAX_HEADROOM of the prediction, on the GPU (reserved) and on the host (Σ ranks' peak RSS). (0.6B at
+    165,888 tokens on one H200 measured 25.5 GB host against 21.3 predicted before DeepSpeed's pinned optimizer
+    grads were counted in power-of-two blocks: over its 24 GB budget.)"""
+    from ds_longctx.plan.planner import MAX_HEADROOM
+    runs = committed_plan_runs()
+    assert len(runs) >= 5, [r[0] for r in runs]  # 1 on 2 x H200 (2026-11-30) + 4 on 1 x H200 (2026-12-01)
+    for spec, gpu, host, plan in runs:
+        assert MAX_HEADROOM * gpu <= plan.reserved_bytes, (spec, gpu / plan.reserved_bytes)
+        assert MAX_HEADROOM * host <= plan.host_peak_bytes, (spec, host / plan.host_peak_bytes)
 
 
 def test_max_headroom_covers_every_committed_under_prediction():
