@@ -18,8 +18,11 @@ cached layer S·(hq/sp)·d·2 + (hq/sp)·S·4 bytes per GPU: the size of one mor
 `cache+offload` layers copy them to pinned host memory on a side stream as soon as the forward made them and
 back when the recompute asks (a layer's output at 524,288 tokens, SP=2, is 2.1 GB: ~40 ms each way at the
 55 GB/s of pinned copies, against seconds of that layer's backward). Host buffers are exact-size pinned memory
-(pageable memory registered with cudaHostRegister: no power-of-two rounding), allocated at a layer's first
-forward and reused every step.
+(pageable memory registered with cudaHostRegister: no power-of-two rounding) reused every step: the layer's region of
+the rank's pinned pool (levers/offload.py; the engine plans `offload.cache_region_bytes` per `cache+offload` layer and
+reserves the pool at build, so the first step allocates and pins nothing), carved into the kernel's tensors at the
+first forward; where no region was reserved, or the kernel's tensors do not fit it, buffers of the slot's own,
+registered at that forward.
 
 A step that ends without its backward (an exception, an eval forward) leaves slots full; `new_step()` (the
 engine calls it before every forward) empties them, so a stale output is never handed to another step.
@@ -53,15 +56,48 @@ class _HostBuffer:
             self.registered = False
 
 
-class Slot:
-    """One layer's kept attention output: on the GPU, or in host buffers reused every step."""
+def carve(region: torch.Tensor, tensors) -> Optional[list]:
+    """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned to 512 bytes; None when
+    they do not fit."""
+    views, off = [], 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        off = -(-off // 512) * 512
+        if off + n > region.numel():
+            return None
+        views.append(region[off:off + n].view(t.dtype).view(t.shape))
+        off += n
+    return views
 
-    def __init__(self, on_host: bool):
-        self.on_host = on_host
+
+class Slot:
+    """One layer's kept attention output: on the GPU, or in host buffers reused every step (its region of the pinned
+    pool, else its own)."""
+
+    def __init__(self, on_host: bool, key=None):
+        self.on_host, self.key = on_host, key  # key: the layer index (its region of the pool)
         self.kept = None          # (out, saved tensors, meta) on the GPU, or the host copies' event
-        self._host: list = []     # _HostBuffer per tensor (on_host)
+        self._bufs = None         # the host tensors the kept ones are copied into (on_host)
+        self._own: list = []      # _HostBuffer of the slot's own (when no pool region takes them)
         self._shapes = None
         self._event = None
+
+    def _host_buffers(self, tensors) -> Optional[list]:
+        """This slot's host tensors for `tensors`: carved from its pool region, else its own registered buffers (on
+        a GPU), else None (CPU without a pool: clones)."""
+        from ds_longctx.levers.offload import attention_cache_key, pool
+        region = pool().region(attention_cache_key(self.key)) if self.key is not None else None
+        views = carve(region, tensors) if region is not None else None
+        if views is not None:
+            return views
+        if region is not None:
+            log.warning("attention cache: layer %s keeps %.3f GB, more than its pool region (%.3f GB): buffers of its "
+                        "own, registered now", self.key, sum(t.numel() * t.element_size() for t in tensors) / 1e9,
+                        region.numel() / 1e9)
+        if not tensors[0].is_cuda:
+            return None
+        self._own = [_HostBuffer(t) for t in tensors]
+        return [b.tensor for b in self._own]
 
     def keep(self, value) -> None:
         out, saved, meta = value
@@ -69,19 +105,24 @@ class Slot:
             self.kept = value
             return
         tensors = (out, *saved)
-        if not out.is_cuda:  # CPU (tests): the "host" copy is a clone; the mechanism is the same
-            self.kept = ("host", [t.clone() for t in tensors], meta)
-            return
         shapes = [(t.shape, t.dtype) for t in tensors]
         if self._shapes != shapes:
-            for buf in self._host:
-                buf.release()
-            self._host, self._shapes = [_HostBuffer(t) for t in tensors], shapes
+            self._release_own()
+            self._bufs, self._shapes = self._host_buffers(tensors), shapes
+        if not out.is_cuda:  # CPU (tests): copied into the pool region, or cloned; the mechanism is the same
+            if self._bufs is None:
+                self.kept = ("host", [t.clone() for t in tensors], meta)
+                return
+            for buf, t in zip(self._bufs, tensors):
+                buf.copy_(t)
+            self._event = None
+            self.kept = ("host", [t.device for t in tensors], meta)
+            return
         side = _side_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for buf, t in zip(self._host, tensors):
-                buf.tensor.copy_(t, non_blocking=True)
+            for buf, t in zip(self._bufs, tensors):
+                buf.copy_(t, non_blocking=True)
                 t.record_stream(side)  # the GPU copy may be freed once the side stream is done with it
         self._event = torch.cuda.Event()
         self._event.record(side)
@@ -94,17 +135,24 @@ class Slot:
         _, devices, meta = value
         if not isinstance(devices[0], torch.device):  # the CPU clones
             return devices[0], tuple(devices[1:]), meta
-        torch.cuda.current_stream().wait_event(self._event)
-        out, *saved = [buf.tensor.to(dev, non_blocking=True) for buf, dev in zip(self._host, devices)]
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        # to the device (a copy); a tensor that lives on the CPU is cloned, never handed out as the reused buffer
+        out, *saved = [buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf.clone()
+                       for buf, dev in zip(self._bufs, devices)]
         return out, tuple(saved), meta
 
     def clear(self) -> None:
         self.kept = None
 
-    def release(self) -> None:
-        for buf in self._host:
+    def _release_own(self) -> None:
+        for buf in self._own:
             buf.release()
-        self._host, self._shapes = [], None
+        self._own = []
+
+    def release(self) -> None:
+        self._release_own()
+        self._bufs, self._shapes = None, None
 
 
 _SIDE: dict = {}
@@ -129,10 +177,11 @@ def attention_module(layer):
     return attn
 
 
-def attach(layer, on_host: bool) -> None:
-    """Give `layer` a slot (placement.apply_placement calls this for cache / cache+offload layers)."""
+def attach(layer, on_host: bool, key=None) -> None:
+    """Give `layer` a slot (placement.apply_placement calls this for cache / cache+offload layers; `key`: the layer's
+    index, whose region of the pinned pool an on-host slot uses when one is reserved)."""
     detach(layer)
-    setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host))
+    setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host, key))
 
 
 def detach(layer) -> None:

@@ -11,10 +11,11 @@ What is DeepSpeed's and what is ours:
   already copies on a side stream into a pool of pinned buffers (`_ActivationOffloadEngine`) and keeps the
   newest checkpoint on the GPU (its backward comes first).
 - Or ours (`memory.pinned_pool: true`): `pool_checkpoint_function`, a reentrant checkpoint like DeepSpeed's whose
-  layer input goes into one exact-size pinned slot per layer (`PinnedPool`, cudaHostRegister'd pageable memory,
-  allocated at the layer's first forward, reused every step) on a side stream, back when its backward starts. Same
-  host bytes as the data, not the next power of two; the planner turns it on where the host needs it (its host
-  memory at scale not yet measured on a GPU), else DeepSpeed's path runs.
+  layer input goes into one exact-size pinned slot per layer on a side stream, back when its backward starts. The
+  slots are slices of one cudaHostRegister'd pageable allocation per rank (`PinnedPool`), reserved when the engine is
+  built and reused every step; the same block holds the offloaded attention caches' regions (attention_cache.py).
+  Same host bytes as the data, not the next power of two; the planner turns it on where the host needs it, else
+  DeepSpeed's path runs.
 - The budget is ours: which layers offload is the placement plan's (placement.py): only the first N layers,
   whose checkpoints live longest, leave the GPU; `auto` asks the planner for the fewest that fit. Offloading
   layers that fit anyway costs PCIe traffic and host memory (DeepSpeed ALST offloads all layers: ~290 GiB of
@@ -58,31 +59,46 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
 
 # ----------------------------------------------------------------------------- our own: one exact-size pinned pool
 class PinnedPool:
-    """Pinned host memory for offloaded checkpoints, exact-size (torch's pinned allocator, which DeepSpeed's offload
-    uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4 GiB there).
+    """Pinned host memory for offloaded checkpoints and offloaded attention caches, exact-size (torch's pinned
+    allocator, which DeepSpeed's offload uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4
+    GiB there).
 
-    `reserve`: one host allocation for every offloaded layer, registered with CUDA once and sliced into one slot per
-    layer. The engine plans it with the levers (`plan_pool`) and makes it at the end of its build, after
+    `reserve`: one host allocation per rank, registered with CUDA once: one slot per offloaded layer (its input) and
+    one byte region per `cache+offload` layer (its kept attention output and LSE, carved by attention_cache.Slot).
+    The engine plans it with the levers (`plan_pool`) and makes it at the end of its build, after
     `deepspeed.initialize` has dropped its host-side build buffers (the planner's build phase), so the first step
     allocates and pins nothing and a host too small to pin it fails before any step; where nothing reserved it at
-    build (the HF Trainer wrapper), the first slot asked for reserves the whole block. A slot asked for with another
-    shape than reserved (a shorter eval batch) gets its own registration, made at first use and reused after. On CPU
-    (tests) nothing is registered; the slicing is the same."""
+    build (the HF Trainer wrapper), the first slot or region asked for reserves the whole block. A slot asked for
+    with another shape than reserved (a shorter eval batch) gets its own registration, made at first use and reused
+    after. On CPU (tests) nothing is registered; the slicing is the same."""
+
+    ALIGN = 512  # bytes: each region starts here, so any dtype can be viewed out of it
 
     def __init__(self):
         self._reserved: dict = {}   # key -> its slice of the block
         self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
-        self._block = None          # the reserved allocation, registered as one
+        self._regions: dict = {}    # key -> its byte region of the block (attention caches)
+        self._block = None          # the reserved allocation (bytes), registered as one
         self._pinned: set = set()   # ids of the buffers this pool registered with CUDA
-        self._planned = None        # (keys, shape, dtype, pin): the reservation to make
+        self._planned = None        # (keys, shape, dtype, pin, regions): the reservation to make
         self.registered_bytes = 0
 
-    def plan(self, keys, shape: tuple, dtype, pin: bool) -> int:
+    def plan(self, keys, shape: tuple, dtype, pin: bool, regions: dict | None = None) -> int:
         """Remember the reservation to make (`reserve_planned`); returns its bytes."""
+        self._planned = (list(keys), tuple(shape), dtype, pin, dict(regions or {}))
+        return self._layout(*self._planned)[0]
+
+    def _layout(self, keys, shape, dtype, pin, regions) -> tuple:
+        """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each region aligned."""
         import math
         import torch
-        self._planned = (list(keys), tuple(shape), dtype, pin)
-        return len(self._planned[0]) * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        off, where = len(keys) * per, {}
+        for key, nbytes in regions.items():
+            off = -(-off // self.ALIGN) * self.ALIGN
+            where[key] = (off, int(nbytes))
+            off += int(nbytes)
+        return off, per, where
 
     def reserve_planned(self) -> int:
         """Make the planned reservation now (once); returns its bytes (0 if none was planned)."""
@@ -93,29 +109,38 @@ class PinnedPool:
         """The slot each key uses now: its own if it has one, else its slice of the block."""
         return {**self._reserved, **self._own}
 
-    def reserve(self, keys, shape: tuple, dtype, pin: bool) -> int:
-        """One exact-size allocation of len(keys) slots of `shape`/`dtype` (registered with CUDA when `pin`), slot
-        i = keys[i]; replaces whatever the pool held. Returns its bytes."""
-        import math
-
+    def reserve(self, keys, shape: tuple, dtype, pin: bool, regions: dict | None = None) -> int:
+        """One exact-size allocation of len(keys) slots of `shape`/`dtype` (slot i = keys[i]) and one byte region per
+        `regions` entry (key -> bytes), registered with CUDA when `pin`; replaces whatever the pool held. Returns its
+        bytes."""
         import torch
         self.release()
         self._planned = None
-        keys, per = list(keys), math.prod(shape)
-        if not keys:
+        keys, regions = list(keys), dict(regions or {})
+        total, per, where = self._layout(keys, shape, dtype, pin, regions)
+        if not total:
             return 0
-        block = torch.empty(len(keys) * per, dtype=dtype, device="cpu")
-        nbytes = block.numel() * block.element_size()
+        block = torch.empty(total, dtype=torch.uint8, device="cpu")
         if pin:
-            self._register(block, f"{len(keys)} offloaded checkpoints of {tuple(shape)}")
+            what = [f"{len(keys)} offloaded checkpoints of {tuple(shape)}"] if keys else []
+            what += [f"{len(regions)} offloaded attention caches"] if regions else []
+            self._register(block, " and ".join(what))
         self._block = block
-        self._reserved = {key: block[i * per:(i + 1) * per].view(shape) for i, key in enumerate(keys)}
-        return nbytes
+        self._reserved = {key: block[i * per:(i + 1) * per].view(dtype).view(shape) for i, key in enumerate(keys)}
+        self._regions = {key: block[o:o + n] for key, (o, n) in where.items()}
+        return total
+
+    def region(self, key):
+        """The byte region reserved for `key` (a uint8 tensor), or None; makes a planned reservation first (the HF
+        Trainer path)."""
+        if self._planned is not None and key in self._planned[4]:
+            self.reserve_planned()
+        return self._regions.get(key)
 
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
         if self._planned is not None:  # not made at build (the HF Trainer path): make it now if this is its shape
-            _, shape, dtype, _ = self._planned
+            _, shape, dtype, _, _ = self._planned
             if tuple(like.shape) == shape and like.dtype == dtype:
                 self.reserve_planned()
             else:  # a block of another shape would sit beside per-layer slots: keep only the slots
@@ -161,12 +186,29 @@ class PinnedPool:
         for key in list(self._own):
             self._drop_own(key)
         self._unregister(self._block)
-        self._block, self._reserved = None, {}
+        self._block, self._reserved, self._regions = None, {}, {}
 
 
-def plan_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool) -> int:
-    """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], made by `reserve_pool`."""
-    return _POOL.plan(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin)
+def plan_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool,
+              cache_regions: dict | None = None) -> int:
+    """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], and one byte region per
+    `cache+offload` layer (`cache_regions`: layer index -> bytes, `cache_region_bytes`), made by
+    `reserve_pool`."""
+    regions = {attention_cache_key(i): n for i, n in (cache_regions or {}).items()}
+    return _POOL.plan(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin, regions)
+
+
+def cache_region_bytes(micro_batch: int, seq_len: int, local_heads: int, head_dim: int, elem_bytes: int) -> int:
+    """Pool bytes for one `cache+offload` layer (the engine's region, the planner's host term): the kernel output
+    [b, S, hq/sp, d] in the model dtype and its fp32 LSE [b, hq/sp, S], with room for a kernel that pads the LSE to
+    128 more rows and for its small extra tensors (cuDNN's seed / offset) and their alignment: 64 KiB."""
+    return (micro_batch * seq_len * local_heads * head_dim * elem_bytes
+            + micro_batch * local_heads * (seq_len + 128) * 4 + 64 * 1024)
+
+
+def attention_cache_key(layer_index: int) -> tuple:
+    """The pool key of a layer's offloaded attention cache (its checkpoint's key is the bare index)."""
+    return ("attention", layer_index)
 
 
 def reserve_pool() -> int:
@@ -174,9 +216,11 @@ def reserve_pool() -> int:
     planned = _POOL._planned
     n = _POOL.reserve_planned()
     if n:
-        keys, shape, dtype, pin = planned
-        log.info("pinned pool: %d offloaded checkpoints of %s %s in one exact-size %s allocation (%.2f GB)",
-                 len(keys), list(shape), str(dtype).replace("torch.", ""), "pinned" if pin else "host", n / 1e9)
+        keys, shape, dtype, pin, regions = planned
+        what = [f"{len(keys)} offloaded checkpoints of {list(shape)} {str(dtype).replace('torch.', '')}"] if keys else []
+        what += [f"{len(regions)} offloaded attention caches"] if regions else []
+        log.info("pinned pool: %s in one exact-size %s allocation (%.2f GB)", " and ".join(what),
+                 "pinned" if pin else "host", n / 1e9)
     return n
 
 

@@ -282,7 +282,7 @@ def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[d
         fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]
         layer._gradient_checkpointing_func = fn or layer._gradient_checkpointing_func  # keep / cache: torch's
         if place in CACHED:
-            attention_cache.attach(layer, on_host=place == Place.CACHE_OFFLOAD)
+            attention_cache.attach(layer, on_host=place == Place.CACHE_OFFLOAD, key=i)
         else:
             attention_cache.detach(layer)
     applied = applied_placement(model)

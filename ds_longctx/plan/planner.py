@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ds_longctx.levers.lora import target_names
+from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
@@ -285,7 +286,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for the n `cache` layers of the placement: each
                                one's kernel output and fp32 LSE (when the top layer is one, attn_out_a2a /
                                softmax_lse below are 0: its are the cached ones); host G·n_host·the same for the
-                               n_host `cache+offload` layers (exact-size registered pinned memory, no rounding)
+                               n_host `cache+offload` layers, each a region of the pinned pool (registered, no
+                               rounding; offload.cache_region_bytes: + (hq/sp)·128·4 + 64 KiB of room)
     Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
     Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
         chunked:  loss_chunk_logits_fp32 c·V·4 (turned in place into dL/dlogits), loss_chunk_bf16 c·V·2 (the
@@ -390,10 +392,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("token_ids", 3 * T * 8, 0, "3·T·8")
     cache_layer = S * hq_l * d * 2 + hq_l * S * 4
     if n_cache or n_cache_host:
-        add("attention_cache", n_cache * cache_layer, G * n_cache_host * cache_layer,
+        add("attention_cache", n_cache * cache_layer, G * n_cache_host * cache_region_bytes(1, S, hq_l, d, 2),
             f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache} cached on GPU"
             + ("; the top layer's is its attn_out_a2a + lse" if top_cached else "")
-            + f"); host G·n_host·the same, exact-size pinned (n_host={n_cache_host})")
+            + f"); host G·n_host·(the same + (hq/sp)·128·4 + 64 KiB), the pinned pool's regions (n_host={n_cache_host})")
 
     add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))
     add("embedding_grad_bf16", 0 if lora else V * H * 2, 0, "V·H·2" + frozen, ("embed",))

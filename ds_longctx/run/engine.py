@@ -56,8 +56,8 @@ from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
 from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
-from ds_longctx.levers.offload import plan_pool, reserve_pool
-from ds_longctx.levers.placement import ON_HOST, PlacementPlan, apply_placement, decoder_layers
+from ds_longctx.levers.offload import cache_region_bytes, plan_pool, reserve_pool
+from ds_longctx.levers.placement import ON_HOST, Place, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
@@ -260,10 +260,16 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     #    JSON's activation_checkpointing block for offloaded layers)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, cfg.memory.gpu_budget_gb or gpu_mem_gb())
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
-    if cfg.memory.pinned_pool:  # its host memory, allocated and pinned once (reserve_pool), not on a step's path
-        plan_pool([i for i, place in enumerate(placement.layers) if place in ON_HOST], cfg.train.micro_batch,
-                  -(-cfg.train.seq_len // state.sp_size), text.hidden_size, model.get_input_embeddings().weight.dtype,
-                  pin=torch.cuda.is_available())
+    # the pinned pool: the pool-offloaded checkpoints (memory.pinned_pool) and every offloaded attention cache, in host
+    # memory allocated and pinned once (reserve_pool, after deepspeed.initialize), not on a step's path
+    dtype, local = model.get_input_embeddings().weight.dtype, -(-cfg.train.seq_len // state.sp_size)
+    pooled = [i for i, place in enumerate(placement.layers) if place in ON_HOST] if cfg.memory.pinned_pool else []
+    region = cache_region_bytes(cfg.train.micro_batch, local * state.sp_size, text.num_attention_heads // state.sp_size,
+                                attention.model_head_dim(text), torch.empty((), dtype=dtype).element_size())
+    caches = {i: region for i, place in enumerate(placement.layers) if place == Place.CACHE_OFFLOAD}
+    if pooled or caches:
+        plan_pool(pooled, cfg.train.micro_batch, local, text.hidden_size, dtype, pin=torch.cuda.is_available(),
+                  cache_regions=caches)
     # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
     # the GPU budget the plan was made for (both entry points: this engine and the HF Trainer's)

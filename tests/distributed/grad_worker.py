@@ -68,8 +68,13 @@ def main():
         pool = offload.pool()
         if pool._block is not None:  # memory.pinned_pool: the engine's one reservation and what the step used of it
             base = pool._block.data_ptr()
+            from ds_longctx.levers import attention_cache
+            kept = {i: [t.data_ptr() - base for t in s._bufs] for i, layer in enumerate(decoder_layers(eng.model))
+                    if (s := attention_cache.layer_slot(layer)) is not None and s.on_host and s._bufs is not None}
             out["pool"] = {"block_bytes": pool._block.numel() * pool._block.element_size(), "own": sorted(pool._own),
-                           "slots": {k: (tuple(v.shape), v.data_ptr() - base) for k, v in pool._slots.items()}}
+                           "slots": {k: (tuple(v.shape), v.data_ptr() - base) for k, v in pool._slots.items()},
+                           "regions": {k: (v.data_ptr() - base, v.numel()) for k, v in pool._regions.items()},
+                           "cache_kept_at": kept}
     if st.rank == 0:
         torch.save(out, a.out)
     # leave together, groups torn down: a rank exiting with gloo threads still up can abort the others

@@ -122,3 +122,48 @@ def test_a_kernel_without_a_pair_recomputes_and_says_so(models, caplog):
     for n, g in grads_ref.items():
         assert rel_err(grads[n], g, norm="max") <= 1e-5, n
     attention.select("sdpa", announce=False)
+
+
+@pytest.mark.parametrize("room", ["planned", "too small"])
+def test_offloaded_caches_live_in_their_pool_regions_every_step(models, caplog, room):
+    """`cache+offload` on every layer with the pool (levers/offload.py): `plan_pool` with a region per cached layer
+    (`cache_region_bytes`) and `reserve_pool` make one block holding the checkpoint slots and the regions; three steps
+    copy each layer's kept output + LSE into the same views carved from its region (no buffers of its own, no growth),
+    the recompute skips the kernel, and loss and grads equal plain HF's. A region too small for the kernel's tensors:
+    a warning naming the layer, the slot's own buffers (on CPU: clones), the same loss and grads."""
+    from ds_longctx.levers import offload
+    ref, model, ids = models
+    cfg, L, S = ref.config, ref.config.num_hidden_layers, ids.shape[1]
+    loss_ref, grads_ref, _ = loss_and_grads(ref, ids)
+    apply_placement(model, PlacementPlan.parse(f"cache+offload:{L}"), pinned_pool=True)
+    per = offload.cache_region_bytes(1, S, cfg.num_attention_heads, cfg.head_dim, 4)
+    # output [1, S, hq, d] fp32 + LSE [1, hq, S + 128 rows] fp32 + 64 KiB
+    assert per == S * cfg.num_attention_heads * cfg.head_dim * 4 + cfg.num_attention_heads * (S + 128) * 4 + 65536
+    pool = offload.pool()
+    try:
+        n = offload.plan_pool(range(L), 1, S, cfg.hidden_size, torch.float32, pin=False,
+                              cache_regions={i: per if room == "planned" else 1024 for i in range(L)})
+        assert offload.reserve_pool() == n and pool._block.numel() == n
+        lo, hi = pool._block.data_ptr(), pool._block.data_ptr() + n
+        ptrs = []
+        with caplog.at_level(logging.WARNING, logger="ds_longctx"):
+            for _ in range(3):
+                loss, grads, calls = loss_and_grads(model, ids)
+                assert calls == L  # every layer's recompute took its kept output
+                assert rel_err(loss, loss_ref, norm="max") <= 1e-6
+                for name, g in grads_ref.items():
+                    assert rel_err(grads[name], g, norm="max") <= 1e-5, name
+                slots = [attention_cache.layer_slot(layer) for layer in decoder_layers(model)]
+                assert not any(s._own for s in slots)
+                if room == "planned":
+                    ptrs.append([t.data_ptr() for s in slots for t in s._bufs])
+                    assert all(lo <= p < hi for p in ptrs[-1]) and len(ptrs[-1]) == 2 * L  # output + LSE each
+                else:
+                    assert all(s._bufs is None for s in slots)
+        if room == "planned":
+            assert ptrs[0] == ptrs[1] == ptrs[2] and "pool region" not in caplog.text
+        else:
+            assert "attention cache: layer 0 keeps" in caplog.text and "more than its pool region" in caplog.text
+    finally:
+        pool.release()
+    assert pool._block is None and not pool._regions

@@ -97,13 +97,15 @@ def test_the_planners_terms_read_the_plan():
     with pytest.raises(ValueError, match="not both"):
         Levers(offload_layers=1, placement=top)
     assert a.gpu_peak_bytes < 141 * GB
-    # cache+offload: the layer's checkpoint and its kept output on the host, exact size (no power-of-two rounding)
+    # cache+offload: the layer's checkpoint and its kept output on the host, no power-of-two rounding: each kept
+    # output + LSE in its region of the pinned pool, which has room for 128 more LSE rows and 64 KiB of small tensors
     host = plan_memory(Q8, S, G, G, Levers(placement=PlacementPlan.parse("cache+offload:10,keep:24,cache:2")))
     per_layer = S * 16 * 128 * 2 + 16 * S * 4
+    region = per_layer + 16 * 128 * 4 + 65536
     assert host.term("attention_cache").gpu_bytes == 2 * per_layer
-    assert host.term("attention_cache").host_bytes == G * 10 * per_layer
+    assert host.term("attention_cache").host_bytes == G * 10 * region
     assert host.term("checkpoints").host_bytes == a.term("checkpoints").host_bytes
-    assert host.host_step_bytes - a.host_step_bytes == G * 10 * per_layer
+    assert host.host_step_bytes - a.host_step_bytes == G * 10 * region
 
 
 def test_levers_and_run_config_map_both_ways():
