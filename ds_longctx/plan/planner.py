@@ -222,16 +222,19 @@ def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_ele
     return on_gpu, sum(groups) - on_gpu
 
 
-def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: bool) -> tuple:
-    """(bytes, formula) of the two gradient buffers DeepSpeed ZeRO-3 pins per rank under full optimizer offload, as
-    torch's pinned allocator holds them (every block rounded up to a power of two, `_pow2`):
-    - the model-dtype (bf16) grad partition, one flat block of the rank's partition (stage3.py: grad_partitions_flat_
-      buffer, `get_accelerator().pin_memory`);
-    - one fp32 grad buffer per optimizer sub-group, each its own block (stage3.py, the optimizer-state init:
-      subgroup_gradient_buffer, pinned), the sub-groups at DeepSpeed's default sub_group_size (ds_config.py sets it
-      only for partial offload). LoRA's adapters: one sub-group.
+def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: bool, sub_group_elems: int) -> tuple:
+    """(bf16 bytes, fp32 bytes, note) of the two gradient buffers DeepSpeed ZeRO-3 pins per rank under optimizer
+    offload, as torch's pinned allocator holds them (every block rounded up to a power of two, `_pow2`):
+    - the model-dtype (bf16) grad partition, one flat block of the rank's whole partition (stage3.py:
+      grad_partitions_flat_buffer, on the optimizer's device, which is the CPU with any offload ratio;
+      `get_accelerator().pin_memory`);
+    - one fp32 grad buffer per optimizer sub-group, each its own pinned block (stage3.py, the optimizer-state init:
+      subgroup_gradient_buffer). Under partial offload a GPU sub-group's buffer is copied to the GPU and its pinned
+      block freed into torch's pinned cache, which keeps it: every sub-group's block counts on the host.
+      Sub-groups at `sub_group_elems` (DeepSpeed's default for a full offload; ds_config.py sets it for a partial
+      one); LoRA's adapters: one sub-group.
     The fp32 master and Adam's m / v are not pinned (a CPU clone; DeepSpeedCPUAdam's zeros_like): exact sizes."""
-    groups = [part_t] if lora else sub_groups(geom, world, DS_SUB_GROUP_ELEMS)
+    groups = [part_t] if lora else sub_groups(geom, world, sub_group_elems)
     fp32 = sum(_pow2(4 * n) for n in groups)
     return _pow2(2 * part_t), fp32, f"{len(groups)} sub-group(s)"
 
@@ -363,19 +366,19 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
     else:
         on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
-    full = off and not on_gpu  # the whole partition on the host: DeepSpeed's pinned grad buffers, rounded (below)
-    if full:
-        pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(g, W, part_t, lora)
+    if off:  # DeepSpeed's pinned grad buffers, rounded (offload_pinned_grads)
+        sub_elems = offload_sub_group_elems(g, W) if ratio < 1 else DS_SUB_GROUP_ELEMS  # as ds_config.py writes it
+        pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(g, W, part_t, lora, sub_elems)
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
-        host = G * (pinned_bf16 if full and name == "grads_bf16" else nbytes * on_host)
-        add(name, nbytes * on_gpu, host, f"{nbytes}·{Pt}/{w}" + (
-            f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else "")
-            + ("; pinned, G·pow2(2·" + Pt + "/" + w + ")" if full and name == "grads_bf16" else ""))
+        if off and name == "grads_bf16":  # the whole partition's, on the host whatever the ratio
+            add(name, 0, G * pinned_bf16, f"on host G·pow2(2·{Pt}/{w}) (pinned, the whole partition)")
+            continue
+        add(name, nbytes * on_gpu, G * nbytes * on_host, f"{nbytes}·{Pt}/{w}" + (
+            f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else ""))
     if off:
-        add("cpu_adam_grads_fp32", 4 * on_gpu, G * (pinned_fp32 if full else 4 * on_host),
-            (f"host G·Σ pow2(4·sub-group) ({n_groups} at sub_group_size {DS_SUB_GROUP_ELEMS:.0e}, pinned)" if full
-             else f"host 4·{Pt}" + ("" if nodes == 1 else "·G/W"))
-            + (" (the fp32 grads the optimizers step on: the GPU sub-groups' on the GPU)" if on_gpu
+        add("cpu_adam_grads_fp32", 4 * on_gpu, G * pinned_fp32,
+            f"host G·Σ pow2(4·sub-group) ({n_groups} at sub_group_size {sub_elems:.3g}, pinned)"
+            + (" (the fp32 grads the optimizers step on: the GPU sub-groups' also on the GPU)" if on_gpu
                else " (the fp32 grads DeepSpeedCPUAdam steps on)"))
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     add("gathered_layers", live_layers * (Pl + A_layer) * 2, 0,

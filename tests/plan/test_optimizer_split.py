@@ -79,22 +79,31 @@ def test_the_terms_move_with_the_split():
     assert sum(groups) == part and len(groups) == 4 and all(1e9 <= n < 1e9 + 50331648 // 2 for n in groups[:-1])
     assert off.term("cpu_adam_grads_fp32").host_bytes == 2 * sum(1 << (4 * n - 1).bit_length() for n in groups)
     assert off.term("cpu_adam_grads_fp32").host_bytes >= 2 * 4 * part
-    for name, nbytes in zip(names, (2, 4, 8)):
+    for name, nbytes in zip(names[1:], (4, 8)):  # partial: master and Adam split at the sub-groups
         assert (half.term(name).gpu_bytes, half.term(name).host_bytes) == (nbytes * gpu_e, 2 * nbytes * host_e)
         assert none.term(name).gpu_bytes == on_gpu.term(name).gpu_bytes and none.term(name).host_bytes == 0
-    fp32_grads = half.term("cpu_adam_grads_fp32")
-    assert (fp32_grads.gpu_bytes, fp32_grads.host_bytes) == (4 * gpu_e, 2 * 4 * host_e)
+    # with any offload DeepSpeed keeps the whole bf16 grad partition on the CPU (its device is the CPU), pinned, and
+    # pins every sub-group's fp32 grad buffer before it moves a GPU sub-group's to the GPU: torch's pinned cache keeps
+    # the freed block. Sub-groups at ds_config's sub_group_size for a partial offload (about 40 per rank).
+    from ds_longctx.plan.planner import offload_sub_group_elems
+    fine = sub_groups(Q8, 2, offload_sub_group_elems(Q8, 2))
+    pinned_fp32 = 2 * sum(1 << (4 * n - 1).bit_length() for n in fine)
+    for p in (half, none):
+        assert (p.term("grads_bf16").gpu_bytes, p.term("grads_bf16").host_bytes) == (0, 2 * 2**33)
+        assert p.term("cpu_adam_grads_fp32").host_bytes == pinned_fp32
+    assert half.term("cpu_adam_grads_fp32").gpu_bytes == 4 * gpu_e and none.term("cpu_adam_grads_fp32").gpu_bytes == 4 * part
+    assert fine[0] == 151936 * 4096 // 2 and 30 <= len(fine) <= 41 and sum(fine) == part  # the embedding alone first
     assert 0.4 < gpu_e / part < 0.6
     # the default sub-groups: about OFFLOAD_SUB_GROUPS per rank, for a small model too
-    from ds_longctx.plan.planner import OFFLOAD_SUB_GROUPS, offload_sub_group_elems
+    from ds_longctx.plan.planner import OFFLOAD_SUB_GROUPS
     tiny = ModelGeometry.from_name_or_path("qwen3-tiny")
     sub = offload_sub_group_elems(tiny, 2)
     assert OFFLOAD_SUB_GROUPS * sub >= sum(-(-n // 2) for n in tiny.param_numels()) > (OFFLOAD_SUB_GROUPS - 1) * sub
     g, h = optimizer_split(tiny, 2, 0.5)
     assert g > 0 and h > 0  # split, not all on one side
-    # the GPU peak grows and the host peak shrinks as the host's share falls
+    # the GPU peak grows and the host peak shrinks as the host's share falls (the pinned grads stay on the host)
     assert off.gpu_peak_bytes < half.gpu_peak_bytes < none.gpu_peak_bytes
-    assert off.host_peak_bytes > half.host_peak_bytes > none.host_peak_bytes
+    assert off.host_peak_bytes > half.host_peak_bytes > none.host_peak_bytes > on_gpu.host_peak_bytes
 
 
 def test_run_config_and_ds_config_carry_the_ratio():
