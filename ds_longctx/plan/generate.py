@@ -308,11 +308,13 @@ def main(argv: list | None = None) -> int:
     if a.find_max_len:
         seq_len = find_max_len(geom, **search_kw(a, host))
         longest = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
-        if not seq_len:  # the answer is 0; a requested --out cannot be written
-            print(longest)
-            print(f"nothing fits; `{cmd.replace('--find_max_len', '--seq_len 1024')}` says what to change",
-                  file=sys.stderr)
-            return 2 if a.out else 0
+        if not seq_len:  # the answer is 0: say so first, then what the shortest length would need (NoFit's fixes)
+            print(longest, flush=True)
+            try:
+                plan_choice(a, geom, host, 1024)
+            except NoFit as e:
+                print(f"ds-longctx plan: {e}", file=sys.stderr)
+            return 2
     try:
         choice = plan_choice(a, geom, host, seq_len)
     except NoFit as e:

@@ -69,8 +69,11 @@ def test_find_max_len(capsys):
     assert generate.main(args) == 0
     n = find_max_len("qwen3-8b", 2, 141, 256)
     assert f"longest seq_len that fits = {n:,} tokens" in capsys.readouterr().out
-    assert generate.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"]) == 0
-    assert "longest seq_len that fits = 0 tokens" in capsys.readouterr().out
+    # nothing fits: the answer (0) first, then what to change, on stderr, and exit 2 (no config can be written)
+    assert generate.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"]) == 2
+    got = capsys.readouterr()
+    assert "longest seq_len that fits = 0 tokens" in got.out
+    assert "does not fit 1 x 24 GB GPUs" in got.err and "Fix: GPUs of >= " in got.err and "No length fits" in got.err
 
 
 @pytest.mark.parametrize("args,says", [
