@@ -30,6 +30,9 @@
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
 #               tiled MLP vs tiled layer, 2 steps each): its step-time cost and what it takes off the peak
+#   snapshot    each run.yaml of SNAPSHOT_CONFIGS (comma-separated) for 2 steps on GPUS (default 2) GPUs with the
+#               allocator recorded (--memory_snapshot_steps 2): what holds the memory at the peak, where a plan missed
+#               (e.g. the 1 x H200 plans of planner_runs_2026-12-01.md, under session_2026-12-01_h200x1-*/plans/)
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
 #               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each (TILED_PLANS: some of them)
@@ -39,7 +42,7 @@ RES=${RES:-/tmp/res}
 mkdir -p "$RES"
 COMMIT=$1
 shift
-SESSION=${SESSION:-h200x2-$(date -u +%Y%m%dT%H%M)}
+SESSION=${SESSION:-h200x$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')-$(date -u +%Y%m%dT%H%M)}
 LEN=${LEN:-131072}
 # the plan's placement at this length on 2 x 141 GB (`ds-longctx plan --model qwen3-8b --seq_len LEN --gpus 2
 # --gpu_mem_gb 141`), as a user would run it
@@ -85,6 +88,13 @@ EOF
               python3 -m ds_longctx.cli train --config "$RES/plan_262144_64gb/run.yaml" --nproc 2 --steps 2 \
                 --memory_snapshot_steps 2 --output_dir "$RES/budget64" > "$RES/budget64.log" 2>&1
               tail -3 "$RES/budget64.log"; cat "$RES/budget64/memory/rank0_peak.txt" ;;
+    snapshot) IFS=, read -ra configs <<< "${SNAPSHOT_CONFIGS:?give SNAPSHOT_CONFIGS=path/run.yaml[,path/run.yaml]}"
+              for cfg in "${configs[@]}"; do
+                name=$(basename "$(dirname "$cfg")")
+                python3 -m ds_longctx.cli train --config "$cfg" --nproc "${GPUS:-2}" --steps 2 --memory_snapshot_steps 2 \
+                  --output_dir "$RES/snapshot_$name" > "$RES/snapshot_$name.log" 2>&1
+                tail -2 "$RES/snapshot_$name.log"; head -30 "$RES/snapshot_$name/memory/rank0_peak.txt"
+              done ;;
     validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64,262144:80:lora_rank=16}" \
                 --predictions "${PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01c.jsonl}" --steps 2 \
                 --gpus "${GPUS:-2}" --timeout_s 1200 --out "$RES" --commit "$COMMIT" ;;
