@@ -21,7 +21,8 @@ class ModelConfig(Section):
     """Which model, in which dtype, with which RoPE scaling."""
 
     name: str = Field("qwen3-tiny", json_schema_extra={"flat": "model"})
-    """A shipped geometry (random init: qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b) or a local HF
+    """A shipped geometry (random init: qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b), an HF config.json
+    file (random init from it, as the shipped ones: plan or train a model whose weights are not here), or a local HF
     checkpoint directory."""
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 on GPU, fp32 on CPU."""
@@ -37,5 +38,15 @@ class ModelConfig(Section):
         p = Path(v)
         if p.is_dir() and (p / "config.json").is_file():
             return v
-        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()} nor a directory with a "
+        if p.is_file() and p.suffix == ".json":
+            import json
+            try:
+                ok = isinstance(json.loads(p.read_text()).get("model_type"), str)
+            except (ValueError, AttributeError):
+                ok = False
+            if not ok:
+                raise ValueError(f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
+                                 f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory")
+            return v
+        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()}, an HF config.json file nor a directory with a "
                          f"config.json; pass one of those names or a local HF checkpoint path")

@@ -75,7 +75,7 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
         raise CheckpointError("export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
                               "(or pip install peft)") from None
     dirs = [tmp]
-    shipped = model_name in shipped_models()
+    shipped = model_name in shipped_models() or Path(model_name).is_file()  # random init: no base to point at
     if shipped:  # before PEFT wraps the model
         model.save_pretrained(str(tmp / "base"), safe_serialization=True)
         dirs.append(tmp / "base")

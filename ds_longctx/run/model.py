@@ -21,13 +21,21 @@ from ds_longctx.config import SHIPPED_MODELS_DIR
 from ds_longctx.levers.rope import apply_rope_scaling
 
 
+def random_init(model: str) -> bool:
+    """True for a geometry without weights (a shipped name or a config.json file): built and drawn, not loaded."""
+    return not Path(model).is_dir()
+
+
 def load_hf_config(model: str):
-    """The HF config of a shipped geometry name or a checkpoint directory (cheap: no weights)."""
+    """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights)."""
     from transformers import AutoConfig
     path = SHIPPED_MODELS_DIR / f"{model}.json"
     if path.is_file():
         from transformers import Qwen3Config
         cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+    elif Path(model).is_file():
+        d = json.loads(Path(model).read_text())
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     else:
         cfg = AutoConfig.from_pretrained(model)
     cfg.use_cache = False
@@ -71,7 +79,7 @@ def build_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Mod
     hf_cfg.dtype = dtype
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
     apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)
-    is_path = Path(cfg.model.name).is_dir()
+    is_path = not random_init(cfg.model.name)
     # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
     # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
     with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None, enabled=not is_path):

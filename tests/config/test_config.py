@@ -228,3 +228,22 @@ def test_fa4_is_gated_by_head_dim(monkeypatch):
     from transformers import Qwen3Config
     assert attention.model_head_dim(Qwen3Config(hidden_size=256, num_attention_heads=8, head_dim=128)) == 128
     assert attention.model_head_dim(load_hf_config("qwen3-tiny-d128")) == 128
+
+
+def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
+    """model: an HF config.json file (random init, like a shipped geometry); a JSON file without a model_type, or a
+    file that is not JSON, is refused naming what it needs."""
+    good = tmp_path / "llama.json"
+    good.write_text('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}')
+    assert RunConfig(model=str(good)).model.name == str(good)
+    for name, text in (("weights.json", '{"hidden_size": 64}'), ("list.json", "[1, 2]"), ("bad.json", "{not json")):
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(ValidationError) as e:
+            RunConfig(model=str(p))
+        assert f"model='{p}' is a file but not an HF config.json" in format_validation_error(e.value)
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(ValidationError) as e:
+        RunConfig(model=str(other))
+    assert "is neither a shipped geometry" in format_validation_error(e.value)

@@ -308,3 +308,19 @@ def test_tiled_layer_is_picked_when_needed_kept_when_asked_and_refused_with_lora
     assert cfg.memory.tiled_layer and cfg.memory.tiled_mlp and cfg.memory.tile_tokens == 4096
     assert generate.main(hw + ["--seq_len", "131072", "--tiled_layer", "--lora_rank", "16"]) == 2
     assert "--tiled_layer with --lora_rank 16" in capsys.readouterr().err
+
+def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
+    """Another family, weights not here: Llama-3.1-8B's config.json (32 layers, 14,336 MLP, 128,256 vocab, no q/k norm)
+    as a file: planned like a shipped geometry, the run config names the file (train random-inits from it)."""
+    cfg = tmp_path / "llama-3.1-8b.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                               "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False}))
+    out = tmp_path / "plan"
+    assert generate.main(["--model", str(cfg), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "256", "--out", str(out)]) == 0
+    text = (out / "plan.txt").read_text()
+    assert "T=65,536" in text and "qk_norm_saved" not in text  # Llama has no q/k norms
+    P = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
+    assert f"{2 * -(-P // 2) / 1e9:.2f}" in next(line for line in text.splitlines() if line.startswith("params_bf16"))
+    assert f"name: {cfg}" in (out / "run.yaml").read_text()
