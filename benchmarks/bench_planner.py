@@ -191,7 +191,7 @@ def device_name() -> str:
         return "unknown"
 
 
-PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")
+PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")  # what a plan is
 
 
 def plan_changed(given: dict, fresh: dict) -> str:
@@ -207,12 +207,13 @@ def plans_table(rows: list) -> str:
     budget)."""
     gb = 1e9
     lines = ["| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
+             "allocated GB (max rank) | predicted | error | reserved / allocated | "
              "host GB (Σ ranks) | predicted | error | budget GB (GPU / host) | under it |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "measured_steps" not in r:
             lines.append(f"| {r['spec']} | {r.get('model', '')} | {r.get('placement', '')} | | "
-                         f"not measured: {r.get('error', '')} ||||||||")
+                         f"not measured: {r.get('error', '')} ||||||||||||")
             continue
         m, pr, host = max(r["measured_steps"]), r["planned_reserved_bytes"], r["measured_host_bytes"]
         moved = r.get("plan_changed_since_prediction")
@@ -221,9 +222,12 @@ def plans_table(rows: list) -> str:
         if r.get("host_mem_gb"):
             under = under and host <= r["host_mem_gb"] * gb
         budget = f"{r['gpu_mem_gb']:g}" + (f" / {r['host_mem_gb']:g}" if r.get("host_mem_gb") else "")
+        alloc, pa = max(r.get("measured_allocated_steps") or [0]), r.get("planned_allocated_bytes")
+        allocated = (f"{alloc / gb:.1f} | {pa / gb:.1f} | {alloc / pa - 1:+.1%} | {m / alloc:.3f}" if alloc and pa
+                     else " | | | ")  # rows measured or predicted before these were recorded
         lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {r['optimizer_offload']} | "
                      f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
-                     f"{host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
+                     f"{allocated} | {host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
                      f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |")
     return "\n".join(lines)
 
@@ -238,6 +242,8 @@ def run_plans(a, specs: list, out: Path) -> None:
     for spec in specs:
         row = dict(given.get(spec) or fresh[spec], predicted_at=(given.get(spec) or {}).get("commit", "fresh"),
                    commit=git_commit(a.commit))
+        if "planned_allocated_bytes" not in row and "error" not in fresh[spec]:  # predicted before it was recorded:
+            row["planned_allocated_bytes"] = fresh[spec]["planned_allocated_bytes"]  # the same plan's (checked below)
         if spec in given and (moved := plan_changed(given[spec], fresh[spec])):
             # the run follows today's plan; measuring it against another plan's numbers would say nothing
             row.update(fresh[spec], predicted_at="fresh", plan_changed_since_prediction=moved)
@@ -256,6 +262,8 @@ def run_plans(a, specs: list, out: Path) -> None:
             if metrics.is_file():  # the last step's line is written just before "done": what exiting took after it
                 row["exit_seconds"] = round(ended - metrics.stat().st_mtime, 1)
             peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]
+            row["measured_allocated_steps"] = [m.get("peak_gpu_allocated_bytes_max_rank", m.get("peak_gpu_allocated_bytes"))
+                                               for m in steps if "loss" in m]
             if rc == 0 and peaks:
                 row["measured_steps"] = peaks
             else:

@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> None:
                torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
                "host_rss_bytes": _host_rss()}
         if torch.distributed.is_initialized() and torch.cuda.is_available():
-            m = torch.tensor([peak, row["host_rss_bytes"]], dtype=torch.float64, device=engine.device)
+            m = torch.tensor([peak, row["peak_gpu_allocated_bytes"]], dtype=torch.float64, device=engine.device)
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
-            row["peak_gpu_bytes_max_rank"] = int(m[0])
+            row["peak_gpu_bytes_max_rank"], row["peak_gpu_allocated_bytes_max_rank"] = int(m[0]), int(m[1])
         metrics.write(row)
         if snapshot_steps and done == min(start + snapshot_steps, cfg.train.steps):
             memory_snapshot.dump(out, st.rank, done - start)

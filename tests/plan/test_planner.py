@@ -419,6 +419,9 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
            "measured_host_bytes": 50e9, "planned_host_bytes": 54e9, "gpu_mem_gb": 40.0, "host_mem_gb": 60.0}
     verdict = lambda r: bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
     assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
+    # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved / allocated 1.264
+    both = dict(row, measured_allocated_steps=[25e9, 26.1e9], planned_allocated_bytes=29.7e9)
+    assert "| 26.1 | 29.7 | -12.1% | 1.264 |" in bp.plans_table([both]) and verdict(both) == "yes"
     assert verdict(dict(row, measured_host_bytes=61e9)) == "NO"       # over the host budget only
     assert verdict(dict(row, measured_steps=[30e9, 38.5e9])) == "NO"  # 38.5 + 1.6 context > 40
     assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
