@@ -129,11 +129,19 @@ def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
 
 def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
     """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned pool
-    (cudaHostRegister'd slots, side-stream copies) against both `keep`."""
+    (one cudaHostRegister'd block: checkpoint slots and the attention cache's region; side-stream copies) against both
+    `keep`."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     pooled = run(tmp_path, N, N, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
     assert pooled["applied"] == ["offload", "cache+offload"]
+    # both checkpoints in slots of the one registered block made at build, layer 1's kept output + LSE carved from
+    # its region of the same block: no slot or buffer of their own
+    pool = pooled["pool"]
+    (at, size), = [v for k, v in pool["regions"].items() if k == ("attention", 1)]
+    assert pool["own"] == [] and set(pool["slots"]) == {0, 1} and pool["block_bytes"] == at + size
+    if attention.fa4_available():  # auto runs FA4: a kernel pair, so the slot keeps (cuDNN's path recomputes instead)
+        assert len(pool["cache_kept_at"][1]) >= 2 and all(at <= o < at + size for o in pool["cache_kept_at"][1])
     assert rel_err(pooled["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(pooled["grads"][n], g) for n, g in keep["grads"].items())
     assert worst <= 1e-2, worst
