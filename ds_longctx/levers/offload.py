@@ -214,6 +214,9 @@ def attention_cache_key(layer_index: int) -> tuple:
 def reserve_pool() -> int:
     """Make the planned pool now (the engine, after deepspeed.initialize); returns its bytes."""
     planned = _POOL._planned
+    if planned and planned[3]:  # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
+        log.info("pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; at a few GB/s "
+                 "this can take minutes)", _POOL._layout(*planned)[0] / 1e9)
     n = _POOL.reserve_planned()
     if n:
         keys, shape, dtype, pin, regions = planned
