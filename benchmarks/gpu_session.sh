@@ -23,7 +23,8 @@
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01c.jsonl):
 #               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
-#               predicted for: planner_predictions_2026-12-01.jsonl holds four on 1 x H200, models named per plan)
+#               predicted for: planner_predictions_2026-12-01.jsonl holds four on 1 x H200 (run 2026-12-01),
+#               planner_predictions_2026-12-01d.jsonl three more not yet run, models named per plan)
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len`: 786,432 tokens, tiled layer, pinned
 #               pool, optimizer on GPU; predictions_2026-12-01c, the same plan as 2026-11-30e), 1 step: issue 12's longest.jsonl row
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
