@@ -31,13 +31,12 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness import git_commit, read_lines, read_plan, run_job  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, gpu_name, read_lines, read_plan, run_job  # benchmarks/ is sys.path[0] when this file runs
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TOL, HOST_TOL = 0.10, 0.15  # issue 4's bars: per-GPU peak within ±10%, host peak within ±15%
@@ -173,7 +172,7 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
             "peak_gpu_bytes": max(row["measured_steps"]), "host_peak_bytes": row["measured_host_bytes"],
             "planned_gpu_bytes": row["planned_gpu_bytes"], "planned_reserved_bytes": row["planned_reserved_bytes"],
             "planned_host_bytes": row["planned_host_bytes"], "commit": row["commit"],
-            "predicted_at": row.get("predicted_at"), "device": device_name(),
+            "predicted_at": row.get("predicted_at"), "device": f"{row['gpus']} x {gpu_name()}",
             "config": {"placement": row["placement"], "optimizer_offload": row["optimizer_offload"],
                        **{k: mem[k] for k in ("tiled_mlp", "tiled_layer", "tile_tokens", "pinned_pool",
                                               "loss_chunk_rows", "gpu_budget_gb", "run_ahead_layers") if k in mem},
@@ -181,14 +180,6 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
     with path.open("a") as f:
         f.write(json.dumps(line) + "\n")
     print(f"longest: {json.dumps(line)}", flush=True)
-
-
-def device_name() -> str:
-    try:
-        import torch
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "unknown"
 
 
 PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")  # what a plan is

@@ -37,15 +37,17 @@ def check_steps(ap, steps: int) -> None:
 
 
 def read_plan(plan_dir: Path) -> dict:
-    """The plan's numbers from its plan.txt (GB = 1e9 bytes): planned per-GPU peak (with the CUDA context) and
-    reserved peak (without it: what max_memory_reserved reports), host peak, placement, optimizer offload."""
+    """The plan's numbers from its plan.txt (GB = 1e9 bytes): planned per-GPU peak (with the CUDA context), reserved
+    peak (without it: what max_memory_reserved reports) and allocated peak (without the allocator slack either: what
+    max_memory_allocated reports), host peak and host budget, placement, optimizer offload."""
     text = (plan_dir / "plan.txt").read_text()
     gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
     ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
     host_budget = re.search(r"^budget: .*?GB per GPU, ([\d.]+) GB host", text, re.M)
     slack = float(re.search(r"^allocator_slack\s+\S+\s+([\d.]+)", text, re.M).group(1))
     return {"host_mem_gb": float(host_budget.group(1)) if host_budget else None,
-            "planned_allocated_bytes": int((float(gpu) - ctx - slack) * 1e9),"planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
+            "planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
+            "planned_allocated_bytes": int((float(gpu) - ctx - slack) * 1e9),
             "planned_host_bytes": int(float(host) * 1e9),
             "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
             "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0]}

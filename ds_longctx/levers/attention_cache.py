@@ -57,12 +57,13 @@ class _HostBuffer:
 
 
 def carve(region: torch.Tensor, tensors) -> Optional[list]:
-    """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned to 512 bytes; None when
-    they do not fit."""
+    """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned as the pool aligns its
+    regions (offload.ALIGN); None when they do not fit."""
+    from ds_longctx.levers.offload import ALIGN
     views, off = [], 0
     for t in tensors:
         n = t.numel() * t.element_size()
-        off = -(-off // 512) * 512
+        off = -(-off // ALIGN) * ALIGN
         if off + n > region.numel():
             return None
         views.append(region[off:off + n].view(t.dtype).view(t.shape))

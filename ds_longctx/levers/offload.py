@@ -58,6 +58,9 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
 
 
 # ----------------------------------------------------------------------------- our own: one exact-size pinned pool
+ALIGN = 512  # bytes: where each region of the pool, and each tensor carved from one, starts (any dtype views from it)
+
+
 class PinnedPool:
     """Pinned host memory for offloaded checkpoints and offloaded attention caches, exact-size (torch's pinned
     allocator, which DeepSpeed's offload uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4
@@ -72,8 +75,6 @@ class PinnedPool:
     with another shape than reserved (a shorter eval batch) gets its own registration, made at first use and reused
     after. On CPU (tests) nothing is registered; the slicing is the same."""
 
-    ALIGN = 512  # bytes: each region starts here, so any dtype can be viewed out of it
-
     def __init__(self):
         self._reserved: dict = {}   # key -> its slice of the block
         self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
@@ -86,16 +87,23 @@ class PinnedPool:
     def plan(self, keys, shape: tuple, dtype, pin: bool, regions: dict | None = None) -> int:
         """Remember the reservation to make (`reserve_planned`); returns its bytes."""
         self._planned = (list(keys), tuple(shape), dtype, pin, dict(regions or {}))
-        return self._layout(*self._planned)[0]
+        return self.planned_bytes()
 
-    def _layout(self, keys, shape, dtype, pin, regions) -> tuple:
+    def planned_bytes(self) -> int:
+        """The bytes of the planned reservation (0 if none is planned)."""
+        if self._planned is None:
+            return 0
+        keys, shape, dtype, _, regions = self._planned
+        return self._layout(keys, shape, dtype, regions)[0]
+
+    def _layout(self, keys, shape, dtype, regions) -> tuple:
         """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each region aligned."""
         import math
         import torch
         per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         off, where = len(keys) * per, {}
         for key, nbytes in regions.items():
-            off = -(-off // self.ALIGN) * self.ALIGN
+            off = -(-off // ALIGN) * ALIGN
             where[key] = (off, int(nbytes))
             off += int(nbytes)
         return off, per, where
@@ -117,7 +125,7 @@ class PinnedPool:
         self.release()
         self._planned = None
         keys, regions = list(keys), dict(regions or {})
-        total, per, where = self._layout(keys, shape, dtype, pin, regions)
+        total, per, where = self._layout(keys, shape, dtype, regions)
         if not total:
             return 0
         block = torch.empty(total, dtype=torch.uint8, device="cpu")
@@ -216,7 +224,7 @@ def reserve_pool() -> int:
     planned = _POOL._planned
     if planned and planned[3]:  # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
         log.info("pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; at a few GB/s "
-                 "this can take minutes)", _POOL._layout(*planned)[0] / 1e9)
+                 "this can take minutes)", _POOL.planned_bytes() / 1e9)
     n = _POOL.reserve_planned()
     if n:
         keys, shape, dtype, pin, regions = planned
