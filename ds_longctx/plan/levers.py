@@ -7,10 +7,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Union, get_args
 
+from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+
+
+FUSED_OPS = get_args(KernelsConfig.model_fields["fused_ops"].annotation)  # the run config's choices
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,11 @@ class Levers:
     pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
     lora_rank: int = 0
     lora_targets: Union[str, tuple] = DEFAULT_TARGETS
+    fused_ops: str = "auto"  # the run config's kernels.fused_ops; a plan is for a GPU, where auto is compile
 
     def __post_init__(self):
+        if self.fused_ops not in FUSED_OPS:
+            raise ValueError(f"Levers: fused_ops={self.fused_ops!r} is not one of {', '.join(FUSED_OPS)}")
         if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
             raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
                              f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
@@ -61,7 +68,7 @@ class Levers:
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
                    tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
                    optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
-                   pinned_pool=mem.pinned_pool,
+                   pinned_pool=mem.pinned_pool, fused_ops=cfg.kernels.fused_ops,
                    lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
 
     def run_config_fields(self) -> dict:
@@ -74,6 +81,8 @@ class Levers:
                "pinned_pool": self.pinned_pool,
                "torch_adam": not self.optimizer_offload,  # offloaded Adam is DeepSpeedCPUAdam
                "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}
+        if self.fused_ops != "auto":
+            out["fused_ops"] = self.fused_ops
         if self.placement is not None:
             out["placement"] = self.placement.spec()
         else:

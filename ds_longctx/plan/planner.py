@@ -47,20 +47,39 @@ LAYER = ("mlp_bwd", "attn_bwd")
 BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
 # Hidden-size tensors (units of E = T·H·2) live in the top layer's backward. HF's eager RMSNorm keeps an
 # fp32 upcast (2 units) + the bf16 normed copy for its weight grad (1), and its output is saved by the next
-# matmul (1): 4 units per norm. (A fused RMSNorm kernel would keep 1 + output: calibrate against a profile.)
+# matmul (1): 4 units per norm.
 #   mlp_bwd: norm1 (4) + norm2 (4) + grad of the layer output (1) + grad of the MLP input being built (1) = 10
 #   attn_bwd: norm1 (4) + residual-stream grad (1) + grad of the q/k/v-proj input being built (1)   = 6
 HIDDEN_UNITS_MLP_BWD = 10
 HIDDEN_UNITS_ATTN_BWD = 6
+# With the token-wise ops compiled (fused_ops compile, and auto on a GPU: levers/fused_ops.py) each norm keeps only
+# its bf16 input and its output (saved by the next matmul), each q/k norm its bf16 input, and SwiGLU gate, up and
+# their product: benchmarks/probe_fused_ops_saved.py (one layer saves 16.84 E compiled vs 27.84 E eager) and the
+# 1 x H200 snapshot of Qwen3-4B at 131,072 tokens (session_2026-12-01_h200x1-20261201T0307: at the MLP backward's
+# peak 4 E of hidden-size tensors, 5 T·I of MLP tensors, q/k/v + their RoPE outputs):
+#   mlp_bwd 5, attn_bwd 3; final norm 2 (its input and output); q/k norm 1 copy; MLP 3 saved (+ 2 grads)
+COMPILED_UNITS_MLP_BWD = 5
+COMPILED_UNITS_ATTN_BWD = 3
+COMPILED_FINAL_NORM_UNITS = 2
+COMPILED_QK_NORM_SAVED_COPIES = 1
+COMPILED_MLP_SAVED = 3
 # With tiled_layer (levers/tiled_layer.py) the norms run inside the tiles and save nothing of full length:
 #   mlp_bwd: h = x + o_proj(attn), the MLP tiles' saved input (1) + grad of the layer output (1) + grad of h
 #            being built (1) = 3
-#   attn_bwd: grad of h on the residual branch (1) + grad of x from the q/k/v tiles being built (1) + their sum
-#             (1) = 3
-# (tests/levers/test_tiled_layer.py counts what the layer saves; on 2 x H200 at 262,144 tokens the run measured 7.9%
-# under its plan: benchmarks/results/planner_runs_2026-11-30d.md.)
+#   attn_bwd: the grad of h on the residual branch (1), while the kernel's backward holds its buffers; the grad of x
+#             from the q/k/v tiles and the sum come after it has freed them (dQ's fp32 accumulator alone is
+#             hq·S·d·4 >= 2·E), so they are not the phase's peak = 1. Measured: the 1 x H200 snapshot of Qwen3-1.7B at
+#             264,192 tokens (session_2026-12-01_h200x1-20261201T0307) peaks inside FlashAttention's backward with
+#             1 E beside o_proj's input grad; the 3 counted before (grad of x and the sum too) over-predicted it.
+# (tests/levers/test_tiled_layer.py counts what the layer saves.)
 TILED_LAYER_UNITS_MLP_BWD = 3
-TILED_LAYER_UNITS_ATTN_BWD = 3
+TILED_LAYER_UNITS_ATTN_BWD = 1
+# An offloaded layer's backward with our pool (levers/offload.py's PooledCheckpoint) holds, beyond a kept layer's:
+# its input restored from the host (1), its output's grad (1: the autograd engine passes it in and holds it until the
+# recompute and backward return, where a kept layer's can be freed as its residual branch consumes it), and one more
+# hidden-size tensor not yet traced (1): Qwen3-0.6B at 322,560 tokens on 1 x H200, every layer offloaded, measured
+# 17.76 GB allocated against 16.44 counted without these two (session_2026-12-01_h200x1-20261201T0307).
+POOLED_LAYER_UNITS = 3
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
 QK_NORM_SAVED_COPIES = 3
@@ -76,6 +95,12 @@ OFFLOAD_SUB_GROUPS = 40
 # rank's steady host RSS 2.2 GiB.
 FRAGMENTATION = 1.06
 OFFLOAD_FRAGMENTATION = 1.12
+# Checkpoints offloaded through DeepSpeed's own offload engine (pinned_pool off) while the optimizer is offloaded too:
+# measured 1.282 (Qwen3-8B, 262,144 tokens, 2 x H200, all 36 layers offloaded: 8.7 GiB cached on side streams,
+# session_2026-11-30_h200x2-20261130T2256/budget64/memory) and 1.21 (65,536 tokens, train_optoffload_2026-11-30).
+# Without the optimizer offload that engine measured 1.05-1.15 on 7 runs (OFFLOAD_FRAGMENTATION), and our pool with
+# the optimizer offloaded 1.13-1.23 on 5 (session_2026-12-01_h200x1-*): planner_runs_2026-12-01b.md.
+DS_OFFLOAD_FRAGMENTATION = 1.28
 PROCESS_HOST_GIB = 2.25
 # The safety rule: a plan fills at most MAX_HEADROOM of the budget the user gave. The worst under-prediction of any
 # committed run (benchmarks/results/planner_runs_*.md, calibration and held-out) was measured reserved / predicted
@@ -254,7 +279,8 @@ def _adapters(g: ModelGeometry, rank: int, targets) -> tuple:
 
 def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
                 nodes: int = 1, live_layers: int = 2, fragmentation: float = FRAGMENTATION,
-                offload_fragmentation: float = OFFLOAD_FRAGMENTATION, cuda_context_gib: float = CUDA_CONTEXT_GIB,
+                offload_fragmentation: float = OFFLOAD_FRAGMENTATION,
+                ds_offload_fragmentation: float = DS_OFFLOAD_FRAGMENTATION, cuda_context_gib: float = CUDA_CONTEXT_GIB,
                 process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
     """Every allocation of one training step, per GPU and on the host of one node. `gpus` G is per node, `nodes` N;
     the ZeRO-3 world is W = N·G (the formulas below write G for W: on one node they are equal, and the table
@@ -274,16 +300,19 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                                process; 0.6B to 4B on one GPU without the rounding: 3.8-4.7 GB over,
                                benchmarks/results/planner_plans_2026-12-01.md)
         reduce_bucket          REDUCE_BUCKET_ELEMS·2 (ds_config's reduce_bucket_size, bf16)
-        gathered_layers        live_layers·(P_layer+A_layer)·2   (the layer being computed + prefetch; calibrate)
+        gathered_layers        live_layers·(P_layer+A_layer)·2   (the layer being computed + prefetch; 0 on one rank:
+                               nothing to gather)
     Checkpoints and small inputs (all):
         checkpoints            (L-k)·E on GPU; host G·k·pow2(E) (pinned, k offloaded layers; torch's pinned
                                host allocator rounds every block up to a power of two), or G·k·E with our
                                exact-size pool (pinned_pool)
         offload_staging        2·E if k > 0 with DeepSpeed's offload (calibrated: the input in use plus the offload
                                engine's own GPU references, `_fwd_stash` / `keep_last`, in
-                               deepspeed/runtime/activation_checkpointing/offload_activations.py); E with our pool
+                               deepspeed/runtime/activation_checkpointing/offload_activations.py); with our pool
                                (levers/offload.py: the input restored on demand for the layer's backward, freed after
-                               it; nothing kept or prefetched)
+                               it; nothing kept or prefetched) max(0, POOLED_LAYER_UNITS·E (+ its restored cache when
+                               the top layer is cached) - (L-k)·E - the GPU caches): an offloaded layer runs its
+                               backward after every kept layer freed its checkpoint and cache
         rotary_cos_sin         T·d·2·2
         token_ids              3·T·8 (input_ids, shifted labels, position_ids, int64)
         attention_cache        n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) for the n `cache` layers of the placement: each
@@ -292,7 +321,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                                n_host `cache+offload` layers, each a region of the pinned pool (registered, no
                                rounding; offload.cache_region_bytes: + (hq/sp)·128·4 + 64 KiB of room)
     Embedding (embed):  embedding_gathered V·H·2, embedding_grad_bf16 V·H·2, embedding_out E
-    Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E, hidden_grad E, then
+    Token-wise ops compiled (Levers.fused_ops auto or compile: what a GPU run does) count COMPILED_* units below
+    (the norms keep their bf16 input, SwiGLU gate, up and product), eager (none, liger) the HF units.
+    Loss (loss):  lm_head_gathered V·H·2, lm_head_grad_bf16 V·H·2, final_norm 4·E (compiled 2·E), hidden_grad E, then
         chunked:  loss_chunk_logits_fp32 c·V·4 (turned in place into dL/dlogits), loss_chunk_bf16 c·V·2 (the
                   bf16 logits, then the bf16 cast of the gradient), lm_head_grad_accum_fp32 V·H·4 (chunked_loss.py)
         plain:    logits T·V·12 (the backward of log_softmax: its saved fp32 output, the fp32 grad from
@@ -303,23 +334,26 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         layer_grads_bf16       P_layer·2 (one layer's full grads before reduce-scatter; both)
         tied_lm_head_grad_held V·H·2 with tied embeddings (embed too): the lm_head grad waits for the embedding's
         hidden_mlp_bwd         10·E (see HIDDEN_UNITS_MLP_BWD)            hidden_attn_bwd  6·E (attn_bwd)
-                               (tiled_layer: 3·E and 3·E, TILED_LAYER_UNITS_*)
-        qk_norm_saved          3·T·(hq+hkv)·d·2 if qk_norm and not tiled_layer (both)
+                               (compiled: 5·E and 3·E; tiled_layer: 3·E and 1·E, TILED_LAYER_UNITS_*)
+        qk_norm_saved          3·T·(hq+hkv)·d·2 (compiled 1·) if qk_norm and not tiled_layer (both)
         qkv_a2a                S·(hq/sp + 2·kv')·d·2 (both); qkv_a2a_grad the same (attn_bwd)
         attn_out_a2a           S·(hq/sp)·d·2 saved by the kernel (both); attn_out_a2a_grad the same (attn_bwd)
         softmax_lse_fp32       (hq/sp)·S·4 (both)
         attn_bwd_workspace     (hq/sp)·S·(d+1)·4, the kernel's fp32 dQ accumulator + softmax-grad row sums
                                (flash-attn 2 and cuDNN both keep these; attn_bwd)
-        qkv_local_grad         T·(hq+2·max(hkv,sp))·d·2, q/k/v grads back through the all-to-all, KV as
-                               repeated to sp heads when sp > hkv (attn_bwd)
-        attn_out_local         T·hq·d·2, o_proj's saved input (mlp_bwd)
-        MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up), mlp_grads 2·T·I·2;
+        qkv_local_grad         the larger of T·(hq+2·max(hkv,sp))·d·2 if sp > 1 (q/k/v grads back through the
+                               all-to-all, KV as repeated to sp heads when sp > hkv) and 2·kv'·S·d·4 if hq/sp > kv'
+                               (FlashAttention 4's fp32 dK / dV accumulators for grouped KV heads) (attn_bwd)
+        attn_out_local         T·hq·d·2 if sp > 1, o_proj's saved input (at sp 1 the kernel's output) (mlp_bwd)
+        MLP (mlp_bwd), untiled: mlp_saved 4·T·I·2 (gate, up, act(gate), act·up; compiled 3: gate, up, product),
+                       mlp_grads 2·T·I·2;
                        tiled:   mlp_tile 6·t·I·2 (the same four + two grads, per tile), mlp_tile_hidden 2·t·H·2,
                                 mlp_tile_wgrad_fp32 3·H·I·4 (tiled_mlp.py's fp32 sum of the MLP weight grads)
         tiled_layer (the MLP tiled as above, its tile also holding the norm: mlp_tile_hidden 6·t·H·2), attn_bwd:
                        qkv_tile t·(6·H+4·(hq+2·hkv)·d)·2, qkv_tile_wgrad_fp32 (hq+2·hkv)·d·H·4
     Slack (all):  allocator_slack (f-1)·(all + peak phase), f = fragmentation, or offload_fragmentation
-                  when checkpoints are offloaded (DeepSpeed's checkpoint path copies through its own buffers);
+                  when checkpoints are offloaded, ds_offload_fragmentation when through DeepSpeed's engine with the
+                  optimizer offloaded too (side streams caching their own blocks);
                   reserved = f·(all + peak phase) is what torch.cuda.max_memory_reserved reports;
                   cuda_context (context, NCCL, cuBLAS workspaces) is outside the allocator but on the card:
                   gpu_peak = reserved + cuda_context.
@@ -381,19 +415,29 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
             + (" (the fp32 grads the optimizers step on: the GPU sub-groups' also on the GPU)" if on_gpu
                else " (the fp32 grads DeepSpeedCPUAdam steps on)"))
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
-    add("gathered_layers", live_layers * (Pl + A_layer) * 2, 0,
-        f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2"))
+    # one rank (W = 1): ZeRO-3 has nothing to gather, a layer's params are views of the flat partition (the 1 x H200
+    # snapshots of session_2026-12-01_h200x1-20261201T0307 hold no all-gather block)
+    add("gathered_layers", live_layers * (Pl + A_layer) * 2 * (W > 1), 0,
+        f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2") + ("" if W > 1 else
+        " (0: one rank, nothing to gather)"))
     if levers.pinned_pool:
         add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
     else:
         add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
+    cache_layer = S * hq_l * d * 2 + hq_l * S * 4
     if k and levers.pinned_pool:  # restored on demand into one GPU tensor, freed after the layer's backward
-        add("offload_staging", E, 0, "T·H·2 (our pool: the input being restored)")
+        # Offloaded layers are the lowest (placement order), so when one runs its backward every layer kept on the
+        # GPU has had its own and freed its checkpoint and cache: what an offloaded layer adds (POOLED_LAYER_UNITS·E,
+        # and its restored cache when the top layer's kernel output is not already counted) only counts where it is
+        # more than they held.
+        kept = (L - k) * E + n_cache * cache_layer
+        restored = POOLED_LAYER_UNITS * E + (cache_layer if n_cache_host and top_cached else 0)
+        add("offload_staging", max(0, restored - kept), 0, f"max(0, {POOLED_LAYER_UNITS}·T·H·2 (+ its restored cache) "
+            f"- what the kept layers held, freed by then) (our pool; {L - k} kept, {n_cache} cached on the GPU)")
     elif k:
         add("offload_staging", 2 * E, 0, "2·T·H·2")
     add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")
     add("token_ids", 3 * T * 8, 0, "3·T·8")
-    cache_layer = S * hq_l * d * 2 + hq_l * S * 4
     if n_cache or n_cache_host:
         add("attention_cache", n_cache * cache_layer, G * n_cache_host * cache_region_bytes(1, S, hq_l, d, 2),
             f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={n_cache} cached on GPU"
@@ -406,7 +450,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
 
     add("lm_head_gathered", V * H * 2, 0, "V·H·2", ("loss",))
     add("lm_head_grad_bf16", 0 if lora else V * H * 2, 0, "V·H·2" + frozen, ("loss",))
-    add("final_norm", 4 * E, 0, "4·T·H·2", ("loss",))
+    compiled = levers.fused_ops in ("auto", "compile")  # a plan is for a GPU: auto compiles there
+    u_fn = COMPILED_FINAL_NORM_UNITS if compiled else 4
+    add("final_norm", u_fn * E, 0, f"{u_fn}·T·H·2" + (" (compiled)" if compiled else ""), ("loss",))
     add("hidden_grad", E, 0, "T·H·2", ("loss",))
     if levers.chunked_loss:
         c = min(levers.loss_chunk_rows, T)
@@ -426,11 +472,13 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("lora_saved", n_top * T * r * 2, 0, f"n·T·r·2 (n={n_top} adapted Linears, r={r})", LAYER)
     tl = levers.tiled_layer
     u_mlp, u_attn = ((TILED_LAYER_UNITS_MLP_BWD, TILED_LAYER_UNITS_ATTN_BWD) if tl
+                     else (COMPILED_UNITS_MLP_BWD, COMPILED_UNITS_ATTN_BWD) if compiled
                      else (HIDDEN_UNITS_MLP_BWD, HIDDEN_UNITS_ATTN_BWD))
     add("hidden_mlp_bwd", u_mlp * E, 0, f"{u_mlp}·T·H·2", ("mlp_bwd",))
     add("hidden_attn_bwd", u_attn * E, 0, f"{u_attn}·T·H·2", ("attn_bwd",))
     if g.qk_norm and not tl:  # tiled: q/k norms run inside the q/k/v tiles
-        add("qk_norm_saved", QK_NORM_SAVED_COPIES * T * (hq + hkv) * d * 2, 0, "3·T·(hq+hkv)·d·2", LAYER)
+        c = COMPILED_QK_NORM_SAVED_COPIES if compiled else QK_NORM_SAVED_COPIES
+        add("qk_norm_saved", c * T * (hq + hkv) * d * 2, 0, f"{c}·T·(hq+hkv)·d·2", LAYER)
     qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
     add("qkv_a2a", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", LAYER)
     add("qkv_a2a_grad", qkv_a2a, 0, f"S·(hq/sp+2·kv')·d·2 (kv'={kv_l})", ("attn_bwd",))
@@ -440,8 +488,15 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("softmax_lse_fp32", 0 if top_cached else hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
     add("attn_bwd_workspace", hq_l * S * (d + 1) * 4, 0, "(hq/sp)·S·(d+1)·4", ("attn_bwd",))
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
-    add("qkv_local_grad", T * (hq + 2 * kv_pre) * d * 2, 0, "T·(hq+2·max(hkv,sp))·d·2", ("attn_bwd",))
-    add("attn_out_local", T * hq * d * 2, 0, "T·hq·d·2", ("mlp_bwd",))
+    # After the kernel (sp > 1): q/k/v grads back through the all-to-all. Inside it, with grouped KV heads,
+    # FlashAttention 4 accumulates dK / dV in fp32 per KV head (flash_attn/cute/interface.py's _flash_attn_bwd; the
+    # 1.7B snapshot at sp 1 holds both, 2·hkv·S·d·4). The term is the larger; at sp 1 there is no exchange.
+    local = T * (hq + 2 * kv_pre) * d * 2 if sp > 1 else 0
+    accum = 2 * kv_l * S * d * 4 if hq_l > kv_l else 0
+    add("qkv_local_grad", max(local, accum), 0, "max(T·(hq+2·max(hkv,sp))·d·2 if sp > 1, 2·kv'·S·d·4 if hq/sp > kv')",
+        ("attn_bwd",))
+    # o_proj's saved input: the kernel's output itself at sp 1 (no exchange), counted in attn_out_a2a or the cache
+    add("attn_out_local", T * hq * d * 2 * (sp > 1), 0, "T·hq·d·2" + ("" if sp > 1 else " (0 at sp 1)"), ("mlp_bwd",))
     t = min(levers.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:
         # the q/k/v tiles' backward: one tile's norm / projections / rotary with their grads, and the fp32 sums
@@ -458,14 +513,16 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         add("mlp_tile_wgrad_fp32", (A_mlp if lora else 3 * H * I) * 4 * (T > t), 0,
             ("A_mlp" if lora else "3·H·I") + "·4 if T > t", ("mlp_bwd",))
     else:
-        add("mlp_saved", 4 * T * I * 2, 0, "4·T·I·2", ("mlp_bwd",))
+        m = COMPILED_MLP_SAVED if compiled else 4
+        add("mlp_saved", m * T * I * 2, 0, f"{m}·T·I·2", ("mlp_bwd",))
         add("mlp_grads", 2 * T * I * 2, 0, "2·T·I·2", ("mlp_bwd",))
 
     base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in PHASES)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
     sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
-    f = offload_fragmentation if k else fragmentation
+    ds_opt = k and off and not levers.pinned_pool  # DeepSpeed's offload engine beside its CPU optimizer's copies
+    f = ds_offload_fragmentation if ds_opt else offload_fragmentation if k else fragmentation
     slack = round((f - 1) * sub)
     add("allocator_slack", slack, 0, f"({f:g}-1)·(all + {peak_phase})")
     add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
