@@ -20,13 +20,13 @@
 #               issue 11's 262k memory line. Run it after alst.
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
-#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01c.jsonl):
-#               262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB, LoRA 262k on 80 GB; 2 steps each
+#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01f.jsonl,
+#               the planner of daa32ac): 262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
-#               predicted for: planner_predictions_2026-12-01.jsonl holds four on 1 x H200 (run 2026-12-01),
-#               planner_predictions_2026-12-01d.jsonl three more not yet run, models named per plan)
-#   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len`: 786,432 tokens, tiled layer, pinned
-#               pool, optimizer on GPU; predictions_2026-12-01c, the same plan as 2026-11-30e), 1 step: issue 12's longest.jsonl row
+#               predicted for: planner_predictions_2026-12-01e.jsonl holds four on 1 x H200, not yet run: the 1.7B's
+#               and the 4B's longest at 40 / 64 / 80 GB and the 0.6B's at 20 GB, models named per plan)
+#   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len`: 833,536 tokens, tiled layer, pinned
+#               pool, optimizer on GPU; predictions_2026-12-01f), 1 step: issue 12's longest.jsonl row
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
@@ -96,11 +96,11 @@ EOF
                   --output_dir "$RES/snapshot_$name" > "$RES/snapshot_$name.log" 2>&1
                 tail -2 "$RES/snapshot_$name.log"; head -30 "$RES/snapshot_$name/memory/rank0_peak.txt"
               done ;;
-    validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64,262144:80:lora_rank=16}" \
-                --predictions "${PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01c.jsonl}" --steps 2 \
+    validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64}" \
+                --predictions "${PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01f.jsonl}" --steps 2 \
                 --gpus "${GPUS:-2}" --timeout_s 1200 --out "$RES" --commit "$COMMIT" ;;
-    longest) python3 benchmarks/bench_planner.py --plans 786432:141 --steps 1 --timeout_s 3600 --longest "$RES/longest.jsonl" \
-               --predictions benchmarks/results/planner_predictions_2026-12-01c.jsonl --out "$RES" --commit "$COMMIT" ;;
+    longest) python3 benchmarks/bench_planner.py --plans 833536:141 --steps 1 --timeout_s 3600 --longest "$RES/longest.jsonl" \
+               --predictions benchmarks/results/planner_predictions_2026-12-01f.jsonl --out "$RES" --commit "$COMMIT" ;;
     profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
                --label plan --steps 3 --out "$RES" --commit "$COMMIT" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
