@@ -46,6 +46,12 @@ class MemoryConfig(Section):
     `ds-longctx plan` turns it on where nothing fits without it."""
     tile_tokens: Optional[int] = Field(None, gt=0)
     """Tokens per tile of the tiled MLP / tiled layer (default: hidden size)."""
+    attn_bwd_head_groups: int = Field(1, ge=1)
+    """The attention backward over this many groups of KV heads, one after another (parallel/attention.py): the
+    kernel's fp32 accumulators (dQ; dK / dV with grouped heads) exist for one group at a time. It must divide the KV
+    heads each rank attends (KV heads / sp_size, or 1). Needs a kernel pair (FlashAttention 4 on Hopper; SDPA's
+    flash kernel on CPU); other kernels run ungrouped. `ds-longctx plan` turns it on where nothing fits without it.
+    Its step-time cost is not yet measured."""
     gpu_budget_gb: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     """GPU memory per GPU this run may use, GB (1e9 bytes): the CUDA allocator is capped there less the CUDA
     context (run/gpu_budget.py), so freed blocks are waited for and cached ones returned before the process grows

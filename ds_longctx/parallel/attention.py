@@ -20,6 +20,11 @@ layer's output + LSE from its forward and hand them to the checkpoint recompute,
 Other paths (flash-attn 2, the other SDPA kernels, fp32 on CUDA, packed documents without FA4) use the kernel's
 own autograd and cannot cache: a cache slot given to them is refused loudly once per process.
 
+Grouped backward (`memory.attn_bwd_head_groups` G > 1, `set_head_groups`): through a kernel pair, the backward runs
+over G groups of KV heads (with their query heads) one after another, so the kernel's fp32 accumulators (dQ, and
+dK / dV with grouped heads: FlashAttention 4) exist for one group at a time; each group's grads are copied into
+the full dQ / dK / dV. The forward is unchanged. Without a pair the kernel's own autograd runs ungrouped.
+
 Packed documents (`cu_seqlens` of the full sequence, b == 1): FA4 varlen, flash-attn varlen,
 `torch.nn.attention.varlen.varlen_attn` on CUDA, or (CPU / tests, small s only) SDPA with a block-diagonal
 causal mask.
@@ -142,9 +147,14 @@ def current() -> AttentionChoice:
 
 # ----------------------------------------------------------------------------- kernel pairs (forward with LSE)
 class _Pair:
-    """A forward that returns (out, saved tensors, meta) and the backward that takes them. q/k/v `[b, h, s, d]`."""
+    """A forward that returns (out, saved tensors, meta) and the backward that takes them. q/k/v `[b, h, s, d]`.
+    `heads(out, saved, start, n)`: the same for query heads start..start+n (the grouped backward); None where the
+    pair cannot split them."""
 
     gqa = False  # the kernel reads fewer KV heads than query heads itself
+
+    def heads(self, out, saved, start: int, n: int):
+        return None
 
     def fwd(self, q, k, v, scale, cu, max_len):
         raise NotImplementedError
@@ -191,6 +201,10 @@ class _FA4(_Pair):
     def out_bshd(out):
         return out if out.dim() == 4 else out[None]                       # varlen [s, h, d] -> [1, s, h, d]
 
+    def heads(self, out, saved, start, n):  # out [b, s, h, d] (varlen [s, h, d]); LSE [b, h, s] (varlen [h, s])
+        (lse,) = saved
+        return out.narrow(out.dim() - 2, start, n), (lse.narrow(lse.dim() - 2, start, n),)
+
 
 # The cuDNN pair matched SDPA alone on the H200 (tests/gpu/test_attention_gpu.py, dense, GQA) but training through
 # it failed on the device (2026-11-30, cause not captured before the session's GPU time ran out), so cuDNN SDPA
@@ -228,11 +242,15 @@ class _CpuFlashSDPA(_Pair):
 
     def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.contiguous(), q, k, v, out, saved[0], 0.0, True, scale=scale)
+            dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
+            saved[0].contiguous(), 0.0, True, scale=scale)
 
     @staticmethod
     def out_bshd(out):
         return out.transpose(1, 2)
+
+    def heads(self, out, saved, start, n):  # out [b, h, s, d]; LSE [b, h, s]
+        return out.narrow(1, start, n), (saved[0].narrow(1, start, n),)
 
 
 def kernel_pair(q: torch.Tensor, cu_seqlens) -> Optional[_Pair]:
@@ -270,8 +288,43 @@ class _Attend(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, *saved = ctx.saved_tensors
-        dq, dk, dv = ctx.pair.bwd(dout, q, k, v, out, tuple(saved), ctx.meta, ctx.scale, ctx.cu, ctx.max_len)
+        args = (ctx.meta, ctx.scale, ctx.cu, ctx.max_len)
+        groups = _HEAD_GROUPS[0]
+        if groups > 1 and ctx.pair.heads(out, tuple(saved), 0, q.shape[1]) is not None:
+            dq, dk, dv = _grouped_bwd(ctx.pair, groups, dout, q, k, v, out, tuple(saved), args)
+        else:
+            dq, dk, dv = ctx.pair.bwd(dout, q, k, v, out, tuple(saved), *args)
         return dq, dk, dv, None, None, None, None, None
+
+
+def _grouped_bwd(pair: _Pair, groups: int, dout, q, k, v, out, saved, args) -> tuple:
+    """The pair's backward over `groups` groups of KV heads with their query heads, one at a time (module doc):
+    each group's grads are computed into fresh tensors by the kernel, then copied into the full ones."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq % groups or hk % groups:
+        raise ValueError(f"attn_bwd_head_groups={groups} does not split {hq} query / {hk} KV heads evenly")
+    gq, gk = hq // groups, hk // groups
+    grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layout: q/k/v's
+    for g in range(groups):
+        sq, sk = slice(g * gq, (g + 1) * gq), slice(g * gk, (g + 1) * gk)
+        out_g, saved_g = pair.heads(out, saved, g * gq, gq)
+        dout_g, _ = pair.heads(dout, saved, g * gq, gq)
+        parts = pair.bwd(dout_g, q[:, sq], k[:, sk], v[:, sk], out_g, saved_g, *args)
+        for full, part, sl in zip(grads, parts, (sq, sk, sk)):
+            full[:, sl].copy_(part)
+        del parts
+    return grads
+
+
+# memory.attn_bwd_head_groups of this process (set_head_groups, by the engine)
+_HEAD_GROUPS = [1]
+
+
+def set_head_groups(groups: int) -> None:
+    """The grouped backward's group count for every attention call of this process (1: ungrouped)."""
+    if groups < 1:
+        raise ValueError(f"attn_bwd_head_groups={groups} must be >= 1")
+    _HEAD_GROUPS[0] = groups
 
 
 _WARNED_SLOT = [False]

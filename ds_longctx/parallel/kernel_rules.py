@@ -36,3 +36,13 @@ def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
                 f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN SDPA's here; use "
                 f"attn_backend='sdpa' (or 'auto')")
     return None
+
+
+def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
+    """`memory.attn_bwd_head_groups` (parallel/attention.py's grouped backward) against the KV heads each rank attends
+    (kv_heads / sp, or 1 head when sp replicates them): the groups must split them evenly."""
+    local = max(kv_heads // sp_size, 1)
+    if groups < 1 or local % groups:
+        fits = [n for n in range(1, local + 1) if local % n == 0]
+        raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
+                         f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}")

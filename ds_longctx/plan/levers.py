@@ -43,6 +43,7 @@ class Levers:
     lora_rank: int = 0
     lora_targets: Union[str, tuple] = DEFAULT_TARGETS
     fused_ops: str = "auto"  # the run config's kernels.fused_ops; a plan is for a GPU, where auto is compile
+    attn_bwd_head_groups: int = 1  # the attention backward over this many KV-head groups (parallel/attention.py)
 
     def __post_init__(self):
         if self.fused_ops not in FUSED_OPS:
@@ -69,6 +70,7 @@ class Levers:
                    tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
                    optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
                    pinned_pool=mem.pinned_pool, fused_ops=cfg.kernels.fused_ops,
+                   attn_bwd_head_groups=mem.attn_bwd_head_groups,
                    lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
 
     def run_config_fields(self) -> dict:
@@ -83,6 +85,8 @@ class Levers:
                "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}
         if self.fused_ops != "auto":
             out["fused_ops"] = self.fused_ops
+        if self.attn_bwd_head_groups != 1:
+            out["attn_bwd_head_groups"] = self.attn_bwd_head_groups
         if self.placement is not None:
             out["placement"] = self.placement.spec()
         else:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ds_longctx.levers.lora import target_names
 from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
-from ds_longctx.parallel import parallel_state
+from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
 from ds_longctx.run.gpu_budget import CUDA_CONTEXT_GIB
@@ -340,7 +340,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         attn_out_a2a           S·(hq/sp)·d·2 saved by the kernel (both); attn_out_a2a_grad the same (attn_bwd)
         softmax_lse_fp32       (hq/sp)·S·4 (both)
         attn_bwd_workspace     (hq/sp)·S·(d+1)·4, the kernel's fp32 dQ accumulator + softmax-grad row sums
-                               (flash-attn 2 and cuDNN both keep these; attn_bwd)
+                               (flash-attn 2 and cuDNN both keep these; attn_bwd); /G with attn_bwd_head_groups G,
+                               and the accumulators in qkv_local_grad /G too; attn_bwd_group_grads qkv_a2a/G, one
+                               group's grads before they are copied into the full ones
         qkv_local_grad         the larger of T·(hq+2·max(hkv,sp))·d·2 if sp > 1 (q/k/v grads back through the
                                all-to-all, KV as repeated to sp heads when sp > hkv) and 2·kv'·S·d·4 if hq/sp > kv'
                                (FlashAttention 4's fp32 dK / dV accumulators for grouped KV heads) (attn_bwd)
@@ -369,6 +371,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         raise ValueError(f"nodes={nodes}: need at least 1 node")
     W, w = nodes * G, "G" if nodes == 1 else "W"  # the ZeRO world and its symbol in the formulas
     parallel_state.check_sp_size(sp, W, g.heads, g.kv_heads, per_node=G)
+    kernel_rules.check_head_groups(levers.attn_bwd_head_groups, g.kv_heads, sp)
     placement = levers.placement_for(g.layers)
     k = placement.offloaded
     n_cache, n_cache_host = placement.count(Place.CACHE), placement.count(Place.CACHE_OFFLOAD)
@@ -486,15 +489,19 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("attn_out_a2a", 0 if top_cached else S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", LAYER)
     add("attn_out_a2a_grad", S * hq_l * d * 2, 0, "S·(hq/sp)·d·2", ("attn_bwd",))
     add("softmax_lse_fp32", 0 if top_cached else hq_l * S * 4, 0, "(hq/sp)·S·4", LAYER)
-    add("attn_bwd_workspace", hq_l * S * (d + 1) * 4, 0, "(hq/sp)·S·(d+1)·4", ("attn_bwd",))
+    hg = levers.attn_bwd_head_groups  # the backward over hg groups of KV heads: one group's accumulators at a time
+    per = "" if hg == 1 else f"/{hg}"
+    add("attn_bwd_workspace", hq_l * S * (d + 1) * 4 // hg, 0, f"(hq/sp)·S·(d+1)·4{per}", ("attn_bwd",))
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
     # After the kernel (sp > 1): q/k/v grads back through the all-to-all. Inside it, with grouped KV heads,
     # FlashAttention 4 accumulates dK / dV in fp32 per KV head (flash_attn/cute/interface.py's _flash_attn_bwd; the
     # 1.7B snapshot at sp 1 holds both, 2·hkv·S·d·4). The term is the larger; at sp 1 there is no exchange.
     local = T * (hq + 2 * kv_pre) * d * 2 if sp > 1 else 0
-    accum = 2 * kv_l * S * d * 4 if hq_l > kv_l else 0
-    add("qkv_local_grad", max(local, accum), 0, "max(T·(hq+2·max(hkv,sp))·d·2 if sp > 1, 2·kv'·S·d·4 if hq/sp > kv')",
-        ("attn_bwd",))
+    accum = 2 * kv_l * S * d * 4 // hg if hq_l > kv_l else 0
+    add("qkv_local_grad", max(local, accum), 0, "max(T·(hq+2·max(hkv,sp))·d·2 if sp > 1, "
+        f"2·kv'·S·d·4{per} if hq/sp > kv')", ("attn_bwd",))
+    if hg > 1:  # each group's q/k/v grads, made by the kernel, then copied into the full ones
+        add("attn_bwd_group_grads", qkv_a2a // hg, 0, f"S·(hq/sp+2·kv')·d·2/{hg}", ("attn_bwd",))
     # o_proj's saved input: the kernel's output itself at sp 1 (no exchange), counted in attn_out_a2a or the cache
     add("attn_out_local", T * hq * d * 2 * (sp > 1), 0, "T·hq·d·2" + ("" if sp > 1 else " (0 at sp 1)"), ("mlp_bwd",))
     t = min(levers.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer

@@ -67,7 +67,8 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
     before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B); sp descending (sp = gpus first); the
     token-wise work untiled, then the tiled MLP (+5% step time measured at 8B, 131k tokens), then the tiled layer
-    (not with LoRA); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
+    (not with LoRA), then the attention backward over groups of KV heads (as many as each rank attends: the fp32
+    accumulators of one head at a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
     bytes in up to half the host memory); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
     8B, 131k).
 
@@ -83,9 +84,13 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     pools = (True,) if base.pinned_pool else (False, True)
     for opt in (False, True):
         for sp in sps:
-            for tiled, layer in shapes:
+            # then the grouped attention backward, with the last shape: one group per KV head this rank attends
+            most = max(geom.kv_heads // sp, 1)
+            grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []
+            for tiled, layer, groups in [(t, ly, base.attn_bwd_head_groups) for t, ly in shapes] + grouped:
                 for pool in pools:
                     lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool, optimizer_offload=opt,
+                                 attn_bwd_head_groups=groups,
                                  tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
                     lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
@@ -136,6 +141,11 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, as asked)"
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
+    if lv.attn_bwd_head_groups > 1:
+        notes.append(f"attn_bwd_head_groups={lv.attn_bwd_head_groups}: "
+                     + ("as asked" if base.attn_bwd_head_groups > 1 else "needed to fit")
+                     + "; the attention backward over that many groups of KV heads, one at a time (the kernel's fp32 "
+                       "accumulators of one group; its step-time cost and its memory not yet measured on a GPU)")
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
                      + "; " + POOL_HOW)

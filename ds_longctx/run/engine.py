@@ -12,7 +12,8 @@ Order (each step says why it comes where it does):
     recompute must run the adapted Linears, the loss head must find the model's own trunk and lm_head (the
     model class is unchanged), and deepspeed.initialize must partition the new adapters and give the optimizer
     only them (`trainable_parameters`).
- 5. the attention kernel, chosen once (`attention.select`), then Ulysses attention (`ulysses.register`): swaps
+ 5. the attention kernel, chosen once (`attention.select`), with its backward's head groups
+    (`attention.set_head_groups`), then Ulysses attention (`ulysses.register`): swaps
     the attention function, before DeepSpeed wraps the model; then fused token-wise kernels if asked
     (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
     so the recompute runs the fused code.
@@ -243,6 +244,7 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     apply_lora(model, cfg.lora, cfg.train.seed)
     # 5. the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0, head_dim=attention.model_head_dim(text))
+    attention.set_head_groups(cfg.memory.attn_bwd_head_groups)
     attn = ulysses.register(model, state)
     fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if state.rank == 0:

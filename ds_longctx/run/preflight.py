@@ -20,7 +20,7 @@ from ds_longctx import data
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
-from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
@@ -39,6 +39,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
                   per_node=None if cfg.parallel.sp_across_nodes else per_node,
                   across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")
     attention.resolve_backend(cfg.kernels.attn_backend, attention.model_head_dim(text))
+    kernel_rules.check_head_groups(cfg.memory.attn_bwd_head_groups, text.num_key_value_heads, cfg.parallel.sp_size)
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
         raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "

@@ -102,6 +102,34 @@ def test_fa4_varlen_keeps_documents_apart():
         assert rel_err(got.float(), want) <= 2e-2
 
 
+@pytest.mark.skipif(not attention.fa4_available(), reason="FlashAttention 4 not installed")
+@pytest.mark.parametrize("packed", [False, True])
+def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packed):
+    """`memory.attn_bwd_head_groups`: FA4's backward over 4 groups of KV heads (16 query, 4 KV heads, head_dim 128),
+    dense and packed: the same grads as its whole-head backward (rounding of the same kernel) and the fp32 reference."""
+    attention.select("fa4", announce=False)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    s, h, hk = 4096, 16, 4
+    base = [torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g) for n in (h, hk, hk)]
+    cu = torch.tensor([0, 1500, 4000, 4096], dtype=torch.int32, device="cuda") if packed else None
+    dout = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    got = {}
+    try:
+        for groups in (1, 4):
+            attention.set_head_groups(groups)
+            q, k, v = (t.clone().requires_grad_() for t in base)
+            out = attention.attend(q, k, v, 128 ** -0.5, cu_seqlens=cu, max_seqlen=2500 if packed else None)
+            out.backward(dout)
+            got[groups] = (out.detach(), q.grad, k.grad, v.grad)
+    finally:
+        attention.set_head_groups(1)
+    for a, b in zip(got[1], got[4]):
+        assert rel_err(b.float(), a.float()) <= 1e-2
+    ref = reference(*(t.clone().requires_grad_() for t in base), dout, cu)
+    for a, b in zip(got[4], ref):
+        assert rel_err(a.float(), b) <= 2e-2
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend):
     """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned host

@@ -504,3 +504,23 @@ def test_committed_runs_through_the_pool_or_without_offload_re_predict_inside_th
     for spec, gpu, host, plan in runs:
         assert abs(gpu / plan.reserved_bytes - 1) <= 0.10, (spec, gpu / plan.reserved_bytes)
         assert abs(host / plan.host_peak_bytes - 1) <= 0.15, (spec, host / plan.host_peak_bytes)
+
+
+def test_grouped_attention_backward_divides_the_kernels_accumulators():
+    """attn_bwd_head_groups G: the fp32 dQ workspace and the GQA dK / dV accumulators of one group at a time (/G), one
+    group's q/k/v grads before they are copied (+qkv_a2a/G); everything else as G = 1; a G that does not split the
+    rank's KV heads is refused as the run config is."""
+    S = 524_288
+    one = plan_memory(Q8, S, 1, 1, Levers(tiled_layer=True, tiled_mlp=True, tile_tokens=4096))
+    eight = plan_memory(Q8, S, 1, 1, Levers(tiled_layer=True, tiled_mlp=True, tile_tokens=4096, attn_bwd_head_groups=8))
+    assert eight.term("attn_bwd_workspace").gpu_bytes == 32 * S * 129 * 4 // 8
+    assert eight.term("qkv_local_grad").gpu_bytes == 2 * 8 * S * 128 * 4 // 8 == one.term("qkv_local_grad").gpu_bytes // 8
+    assert eight.term("attn_bwd_group_grads").gpu_bytes == S * 48 * 128 * 2 // 8
+    assert not any(t.name == "attn_bwd_group_grads" for t in one.terms)
+    saved = sum(one.term(n).gpu_bytes - eight.term(n).gpu_bytes for n in ("attn_bwd_workspace", "qkv_local_grad"))
+    assert dict(one.phase_bytes)["attn_bwd"] - dict(eight.phase_bytes)["attn_bwd"] == \
+        saved - eight.term("attn_bwd_group_grads").gpu_bytes
+    with pytest.raises(ValueError, match=r"attn_bwd_head_groups=3: each rank attends 4 KV head"):
+        plan_memory(Q8, S, 2, 2, Levers(attn_bwd_head_groups=3))
+    lv = Levers.from_run_config(RunConfig(attn_bwd_head_groups=4))
+    assert lv.attn_bwd_head_groups == 4 and RunConfig(**lv.run_config_fields()).memory.attn_bwd_head_groups == 4

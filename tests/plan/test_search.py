@@ -259,3 +259,17 @@ def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
             "num_hidden_layers": 2, "vocab_size": 64}   # a config.json without head_dim, or with null
     assert kernel_rules.head_dim(bare) == kernel_rules.head_dim(dict(bare, head_dim=None)) == 32
     assert ModelGeometry.from_config(bare).head_dim == 32
+
+
+def test_grouped_attention_backward_only_where_nothing_fits_without_it():
+    """1 x 141 GB + 2 TB: the longest length needs the attention backward over the 8 KV heads one at a time (the
+    lever after the tiled layer); without it nothing fits there, whatever is offloaded; shorter lengths that fit
+    without it do not get it, and the note says why it is on."""
+    n = find_max_len(Q8, 1, 141, 2000)
+    c = choose(Q8, n, 1, 141, 2000)
+    assert c.levers.attn_bwd_head_groups == 8 and c.levers.tiled_layer
+    assert any(x.startswith("attn_bwd_head_groups=8: needed to fit") for x in c.notes)
+    for k in range(Q8.layers + 1):
+        lv = replace(c.levers, attn_bwd_head_groups=1, offload_layers=k)
+        assert not plan_memory(Q8, n, 1, 1, lv).fits(0.9 * 141 * GB, 0.9 * 2000 * GB), k
+    assert choose(Q8, 524_288, 1, 141, 2000).levers.attn_bwd_head_groups == 1
