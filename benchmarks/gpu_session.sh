@@ -25,8 +25,11 @@
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
 #               predicted for: planner_predictions_2026-12-01e.jsonl holds four on 1 x H200, not yet run: the 1.7B's
 #               and the 4B's longest at 40 / 64 / 80 GB and the 0.6B's at 20 GB, models named per plan)
-#   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len`: 833,536 tokens, tiled layer, pinned
-#               pool, optimizer on GPU; predictions_2026-12-01f), 1 step: issue 12's longest.jsonl row
+#   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
+#               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
+#               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row. Run gpu_tests first (the grouped
+#               backward's FA4 test has not run on a GPU yet); without the grouped backward: LONGEST=833536:141
+#               LONGEST_PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01f.jsonl
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
@@ -99,8 +102,9 @@ EOF
     validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64}" \
                 --predictions "${PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01f.jsonl}" --steps 2 \
                 --gpus "${GPUS:-2}" --timeout_s 1200 --out "$RES" --commit "$COMMIT" ;;
-    longest) python3 benchmarks/bench_planner.py --plans 833536:141 --steps 1 --timeout_s 3600 --longest "$RES/longest.jsonl" \
-               --predictions benchmarks/results/planner_predictions_2026-12-01f.jsonl --out "$RES" --commit "$COMMIT" ;;
+    longest) python3 benchmarks/bench_planner.py --plans "${LONGEST:-860160:141}" --steps 1 --timeout_s 3600 \
+               --longest "$RES/longest.jsonl" --out "$RES" --commit "$COMMIT" \
+               --predictions "${LONGEST_PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01h.jsonl}" ;;
     profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
                --label plan --steps 3 --out "$RES" --commit "$COMMIT" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
