@@ -24,6 +24,11 @@ class OptimizerConfig(Section):
     offload: bool = Field(False, json_schema_extra={"flat": "optimizer_offload"})
     """Keep the fp32 master weights, gradients and Adam state in pinned host memory (DeepSpeed offload_optimizer:
     cpu, DeepSpeedCPUAdam)."""
+    offload_params: bool = False
+    """The bf16 parameter partitions in pinned host memory too (DeepSpeed ZeRO-3 offload_param: cpu), each layer's
+    fetched to the GPU when it runs and freed after: frees 2·P/world bytes per GPU for one flat pinned host buffer of
+    the same size (power-of-two rounded). `ds-longctx plan` adds it after the optimizer offload where nothing fits
+    without it. Not with LoRA or a partial optimizer offload. Not yet measured on a GPU."""
     offload_ratio: float = Field(1.0, ge=0.0, le=1.0, json_schema_extra={"flat": "optimizer_offload_ratio"})
     """With optimizer_offload: the share of the optimizer state (fp32 master, grads, Adam moments) on the host,
     stepped by CPU Adam; the rest stays on the GPU and steps there (DeepSpeed ZeRO-3 partial offload,

@@ -184,6 +184,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={self.lora.rank}: the adapters' "
                              f"optimizer state is small, split it no further; set optimizer_offload_ratio: 1 (or "
                              f"optimizer_offload: false)")
+        if self.optimizer.offload_params and (self.lora.rank or ratio < 1):
+            what = f"lora_rank={self.lora.rank}" if self.lora.rank else f"optimizer_offload_ratio={ratio}"
+            raise ValueError(f"offload_params with {what}: parameter offload is planned and built for a whole "
+                             f"trained model with its whole optimizer on one side; set offload_params: false, or "
+                             + ("lora_rank: 0" if self.lora.rank else "optimizer_offload_ratio: 1"))
         if self.eval.data is not None and self.eval.buckets > seq:
             raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
                              f"at least one; use eval_buckets <= {seq}")

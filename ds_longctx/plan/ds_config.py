@@ -12,7 +12,7 @@ from ds_longctx.levers.offload import activation_checkpointing_block
 from ds_longctx.levers.placement import requests_offload
 from ds_longctx.parallel.parallel_state import dp_size
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.planner import offload_sub_group_elems
+from ds_longctx.plan.planner import PARAM_PERSISTENCE_ELEMS, offload_sub_group_elems
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
@@ -41,7 +41,7 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             "contiguous_gradients": True,
             "reduce_bucket_size": 5e7,
             "stage3_prefetch_bucket_size": 5e7,
-            "stage3_param_persistence_threshold": 1e5,
+            "stage3_param_persistence_threshold": PARAM_PERSISTENCE_ELEMS,
             "stage3_max_live_parameters": 1e9,
             "stage3_max_reuse_distance": 1e9,
             "stage3_gather_16bit_weights_on_model_save": True,
@@ -54,6 +54,11 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
             ds["zero_optimization"]["sub_group_size"] = offload_sub_group_elems(
                 ModelGeometry.from_name_or_path(cfg.model.name), world_size)
         opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
+    if cfg.optimizer.offload_params:
+        # pin_memory false: zero.Init's per-parameter partitions stay unpinned (each pinned one would be a power-of-two
+        # block of torch's host cache, held after the move); the stage-3 optimizer pins its one flat buffer anyway
+        # (stage3.py `_create_param_groups_fp16_flat_cpu_memory`)
+        ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(
             requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu)

@@ -37,6 +37,7 @@ class Levers:
     offload_layers: int = 0
     optimizer_offload: bool = False
     optimizer_offload_ratio: float = 1.0  # with optimizer_offload: the host's share (DeepSpeed partial offload)
+    offload_params: bool = False  # the bf16 parameter partitions in host memory (DeepSpeed offload_param)
     attention_cache_layers: int = 0
     placement: Optional[PlacementPlan] = None
     pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
@@ -69,6 +70,7 @@ class Levers:
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
                    tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
                    optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
+                   offload_params=cfg.optimizer.offload_params,
                    pinned_pool=mem.pinned_pool, fused_ops=cfg.kernels.fused_ops,
                    attn_bwd_head_groups=mem.attn_bwd_head_groups,
                    lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
@@ -85,6 +87,8 @@ class Levers:
                "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}
         if self.fused_ops != "auto":
             out["fused_ops"] = self.fused_ops
+        if self.offload_params:
+            out["offload_params"] = True
         if self.attn_bwd_head_groups != 1:
             out["attn_bwd_head_groups"] = self.attn_bwd_head_groups
         if self.placement is not None:

@@ -85,6 +85,9 @@ POOLED_LAYER_UNITS = 3
 QK_NORM_SAVED_COPIES = 3
 # ds_config.py's reduce_bucket_size (elements); tests/plan/test_planner.py checks the two agree.
 REDUCE_BUCKET_ELEMS = 50_000_000
+# ZeRO-3 keeps parameters of at most this many elements whole on every GPU (stage3_param_persistence_threshold, which
+# plan/ds_config.py writes from here): with offload_params they are what stays on the GPU between uses.
+PARAM_PERSISTENCE_ELEMS = 100_000
 # DeepSpeed ZeRO-3 sub-groups per rank under partial optimizer offload: the GPU/host split falls at sub-group
 # boundaries, so more groups make `ratio` finer (DeepSpeed's default sub_group_size 1e9 gives ~5 per rank for an 8B
 # model on 2 GPUs, 1 for a small one). plan/ds_config.py writes `offload_sub_group_elems`; `optimizer_split` splits
@@ -290,7 +293,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     the targeted Linears, levers/lora.target_names; A_layer / A_mlp: the top layer's / its MLP's): P_t = A, else
     P; no base weight gets a grad (embedding, lm_head: 0; layer grads A_layer·2; tiled MLP sums A_mlp·4), and
     each adapted Linear of the top layer saves its r-wide A·x: lora_saved T·r·2 each.
-        params_bf16            2·(P+A)/G
+        params_bf16            2·(P+A)/G; with offload_params (DeepSpeed offload_param) the parameters of at most
+                               PARAM_PERSISTENCE_ELEMS elements whole, and on the host G·pow2(2·P/G), the stage-3
+                               optimizer's flat pinned buffer (gathered_layers then counts on one rank too)
         grads_bf16             2·P_t/G     \\  DeepSpeed accumulates grads in the model dtype (its grad_accum_dtype
         master_fp32            4·P_t/G      > default); with optimizer_offload these three live in host memory, G
         adam_m_v_fp32          8·P_t/G     /  ranks' worth on the node: G·pow2(2·P_t/G) (pinned), 4·P_t, 8·P_t
@@ -363,7 +368,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
            dataset_row G·S·16 (ids + labels int64 on each rank)
     Host while the engine is built (build; not at the same time as the step's host terms):
            build_process G·BUILD_HOST_GIB, zero3_defragment_cpu 2·P_t (DeepSpeed's ZeRO-3 init copies every
-           rank's trainable bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py)
+           rank's trainable bf16 partition through a CPU buffer: `defragment` in deepspeed/runtime/zero/utils.py);
+           with offload_params zero3_offload_param_build G·(2·P/G + pow2(2·P/G)) instead (zero.Init's unpinned
+           partitions beside the flat pinned buffer they move into)
     host_peak = max(Σ step host terms, Σ build host terms).
     """
     g, G, sp = as_geometry(geom), gpus, sp_size
@@ -394,8 +401,17 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         terms.append(Term(name, int(gpu), int(host), formula, phases))
     part = -(-(P + A) // W)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
     part_t, Pt = -(-P_t // W), "A" if lora else "P"
-    add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if lora else f"2·P/{w}")
-    off, ratio = levers.optimizer_offload, levers.optimizer_offload_ratio
+    off, ratio, offp = levers.optimizer_offload, levers.optimizer_offload_ratio, levers.offload_params
+    if offp and (lora or ratio < 1):
+        raise ValueError(f"offload_params with lora_rank={r} / optimizer_offload_ratio={ratio}: the run config "
+                         f"refuses it")
+    if offp:  # DeepSpeed offload_param: one flat pinned buffer of the partition per rank; small params stay whole
+        persistent = sum(n for n in g.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
+        add("params_bf16", 2 * persistent, G * _pow2(2 * part),
+            f"2·(params <= {PARAM_PERSISTENCE_ELEMS:.0e} elements, kept whole); host G·pow2(2·P/{w}) (offload_param:"
+            f" stage3.py's flat pinned buffer)")
+    else:
+        add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if lora else f"2·P/{w}")
     if off and ratio < 1:  # partial offload: DeepSpeed's sub-groups, the first ones on the GPU
         if lora:
             raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={r}: the run config refuses it")
@@ -420,8 +436,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")
     # one rank (W = 1): ZeRO-3 has nothing to gather, a layer's params are views of the flat partition (the 1 x H200
     # snapshots of session_2026-12-01_h200x1-20261201T0307 hold no all-gather block)
-    add("gathered_layers", live_layers * (Pl + A_layer) * 2 * (W > 1), 0,
-        f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2") + ("" if W > 1 else
+    gather = W > 1 or offp
+    add("gathered_layers", live_layers * (Pl + A_layer) * 2 * gather, 0,
+        f"live_layers({live_layers})·" + ("(P_layer+A_layer)·2" if lora else "P_layer·2") + ("" if gather else
         " (0: one rank, nothing to gather)"))
     if levers.pinned_pool:
         add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
@@ -536,7 +553,10 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("process_overhead", 0, round(G * process_host_gib * GIB), f"G·{process_host_gib:g} GiB")
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
     add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", BUILD)
-    add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/{w} per rank", BUILD)
+    if offp:  # zero.Init's unpinned partitions, moved into the optimizer's flat pinned buffer (held from here on)
+        add("zero3_offload_param_build", 0, G * (2 * part + _pow2(2 * part)), f"G·(2·P/{w} + pow2(2·P/{w}))", BUILD)
+    else:
+        add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/{w} per rank", BUILD)
     return MemoryPlan(geom=g, seq_len=S, gpus=G, nodes=nodes, sp_size=sp, levers=levers, terms=tuple(terms),
                       phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
                       gpu_peak_bytes=sub + slack + ctx,

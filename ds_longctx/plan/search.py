@@ -65,7 +65,8 @@ def _tile_tokens(geom, seq_len: int, sp: int) -> int:
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
-    before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B); sp descending (sp = gpus first); the
+    before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B), then the bf16 parameters offloaded too
+    (not with LoRA or a partial optimizer offload); sp descending (sp = gpus first); the
     token-wise work untiled, then the tiled MLP (+5% step time measured at 8B, 131k tokens), then the tiled layer
     (not with LoRA), then the attention backward over groups of KV heads (as many as each rank attends: the fp32
     accumulators of one head at a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
@@ -82,15 +83,18 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     shapes = [(True, True)] if base.tiled_layer else \
         [(False, False), (True, False)] + ([] if base.lora_rank else [(True, True)])
     pools = (True,) if base.pinned_pool else (False, True)
-    for opt in (False, True):
+    placements = [(False, False), (True, False)] + ([] if base.lora_rank or base.optimizer_offload_ratio < 1
+                                                    or base.offload_params else [(True, True)])
+    for opt, params in placements:
         for sp in sps:
             # then the grouped attention backward, with the last shape: one group per KV head this rank attends
             most = max(geom.kv_heads // sp, 1)
             grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []
             for tiled, layer, groups in [(t, ly, base.attn_bwd_head_groups) for t, ly in shapes] + grouped:
                 for pool in pools:
-                    lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool, optimizer_offload=opt,
-                                 attn_bwd_head_groups=groups,
+                    lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool,
+                                 optimizer_offload=opt, attn_bwd_head_groups=groups,
+                                 offload_params=params or base.offload_params,
                                  tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
                     lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
@@ -141,6 +145,10 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, as asked)"
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
+    if lv.offload_params:
+        notes.append("offload_params=True: " + ("as asked" if base.offload_params else "nothing fits with the "
+                     "optimizer alone offloaded") + "; the bf16 parameters in one pinned host buffer per rank, each "
+                     "layer's fetched when it runs (DeepSpeed offload_param; not yet measured on a GPU)")
     if lv.attn_bwd_head_groups > 1:
         notes.append(f"attn_bwd_head_groups={lv.attn_bwd_head_groups}: "
                      + ("as asked" if base.attn_bwd_head_groups > 1 else "needed to fit")

@@ -47,7 +47,10 @@ def main():
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
     # every parameter ZeRO-3 partitioned: the model's at birth (zero.Init), LoRA adapters at deepspeed.initialize
     out = {"loss": res.loss, "tokens": res.tokens, "grads": grads,
-           "not_partitioned": [n for n, p in eng.module.named_parameters() if not hasattr(p, "ds_id")]}
+           "not_partitioned": [n for n, p in eng.module.named_parameters() if not hasattr(p, "ds_id")],
+           # DeepSpeed's own view of parameter offload (offload_params) and of its one flat host buffer
+           "offload_param": bool(getattr(eng.ds.optimizer, "offload_param", False)),
+           "param_host_buffer": sum(t.numel() for t in getattr(eng.ds.optimizer, "param_groups_fp16_flat_cpu_memory", []))}
     if a.placement:  # what each layer really runs, read off the layers (not the plan's labels): its checkpoint
         # function (DeepSpeed's offloads) and its attention module's cache slot (on the host or not)
         from ds_longctx.levers import attention_cache

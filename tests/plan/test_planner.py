@@ -524,3 +524,38 @@ def test_grouped_attention_backward_divides_the_kernels_accumulators():
         plan_memory(Q8, S, 2, 2, Levers(attn_bwd_head_groups=3))
     lv = Levers.from_run_config(RunConfig(attn_bwd_head_groups=4))
     assert lv.attn_bwd_head_groups == 4 and RunConfig(**lv.run_config_fields()).memory.attn_bwd_head_groups == 4
+
+
+def test_offloaded_parameters_leave_the_small_ones_on_the_gpu_and_one_flat_pinned_buffer_on_the_host():
+    """offload_params (DeepSpeed offload_param, stage3.py): the GPU keeps only parameters of at most
+    PARAM_PERSISTENCE_ELEMS elements (whole) and, even on one rank, the layers being gathered; the host one flat pinned
+    buffer of the rank's partition per rank, power-of-two rounded, and at build zero.Init's unpinned partitions beside
+    it. The DeepSpeed config carries it and the same persistence threshold; LoRA and a split optimizer refuse it."""
+    from ds_longctx.plan.ds_config import build_ds_config
+    from ds_longctx.plan.planner import PARAM_PERSISTENCE_ELEMS
+    S = 262_144
+    lv = Levers(optimizer_offload=True, tiled_layer=True, tiled_mlp=True, tile_tokens=4096)
+    for G in (1, 2):
+        on, off = (plan_memory(Q8, S, G, G, replace(lv, offload_params=p)) for p in (False, True))
+        small = sum(n for n in Q8.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
+        assert 0 < small < 1e6  # Qwen3-8B: the norms' weights
+        assert off.term("params_bf16").gpu_bytes == 2 * small
+        part = -(-P8 // G)
+        assert off.term("params_bf16").host_bytes == G * 2 ** (2 * part - 1).bit_length()
+        assert off.term("gathered_layers").gpu_bytes == 2 * Q8.layer_params * 2
+        assert off.term("zero3_offload_param_build").host_bytes == G * (2 * part + 2 ** (2 * part - 1).bit_length())
+        gained = on.term("params_bf16").gpu_bytes - off.term("params_bf16").gpu_bytes \
+            - off.term("gathered_layers").gpu_bytes + on.term("gathered_layers").gpu_bytes
+        assert on.reserved_bytes - off.reserved_bytes == pytest.approx(gained * 1.06, rel=0.01)
+    cfg = RunConfig(model="qwen3-8b", seq_len=S, optimizer_offload=True, offload_params=True)
+    zero = build_ds_config(cfg, 1, on_gpu=True)["zero_optimization"]
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert zero["stage3_param_persistence_threshold"] == PARAM_PERSISTENCE_ELEMS
+    assert "offload_param" not in build_ds_config(RunConfig(model="qwen3-8b"), 1, on_gpu=True)["zero_optimization"]
+    assert Levers.from_run_config(cfg).offload_params
+    assert RunConfig(**replace(lv, offload_params=True).run_config_fields()).optimizer.offload_params
+    for bad in (dict(lora_rank=16), dict(optimizer_offload=True, optimizer_offload_ratio=0.5)):
+        with pytest.raises(ValueError, match="offload_params with"):
+            RunConfig(offload_params=True, **bad)
+    with pytest.raises(ValueError, match="offload_params with lora_rank=16"):
+        plan_memory(Q8, S, 2, 2, Levers(offload_params=True, lora_rank=16))

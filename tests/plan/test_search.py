@@ -273,3 +273,21 @@ def test_grouped_attention_backward_only_where_nothing_fits_without_it():
         lv = replace(c.levers, attn_bwd_head_groups=1, offload_layers=k)
         assert not plan_memory(Q8, n, 1, 1, lv).fits(0.9 * 141 * GB, 0.9 * 2000 * GB), k
     assert choose(Q8, 524_288, 1, 141, 2000).levers.attn_bwd_head_groups == 1
+
+
+def test_parameters_are_offloaded_only_after_the_optimizer_and_only_where_nothing_fits_without():
+    """1 x 141 GB + 2 TB: the longest length offloads the bf16 parameters too (>= ALST's 1.2M on one H200, planner
+    only); without that, nothing fits there; a length that fits with the optimizer alone offloaded does not get it;
+    LoRA never does."""
+    n = find_max_len(Q8, 1, 141, 2000)
+    assert n >= 1_200_000
+    c = choose(Q8, n, 1, 141, 2000)
+    assert c.levers.offload_params and c.levers.optimizer_offload
+    assert any(x.startswith("offload_params=True: nothing fits with the optimizer alone offloaded") for x in c.notes)
+    for k in range(Q8.layers + 1):
+        lv = replace(c.levers, offload_params=False, offload_layers=k)
+        assert not plan_memory(Q8, n, 1, 1, lv).fits(0.9 * 141 * GB, 0.9 * 2000 * GB), k
+    shorter = choose(Q8, 655_360, 1, 141, 2000)
+    assert shorter.levers.optimizer_offload and not shorter.levers.offload_params
+    lora = Levers(lora_rank=16)
+    assert not choose(Q8, find_max_len(Q8, 1, 141, 2000, base=lora), 1, 141, 2000, base=lora).levers.offload_params
