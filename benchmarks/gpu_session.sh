@@ -66,9 +66,9 @@ for stage in "$@"; do
            python3 -c "from deepspeed.ops.op_builder import GDSBuilder as G; print('gds compatible:', G().is_compatible(verbose=True))"
            ldconfig -p | grep -i aio; ls /usr/include/libaio.h; df -h /tmp "$RES"; lsblk; } > "$RES/env.txt" 2>&1
          cat "$RES/env.txt" ;;
-    gpu_tests) python3 -m pytest -q -p no:cacheprovider --durations=20 tests/gpu > "$RES/gpu_tests.log" 2>&1
+    gpu_tests) python3 -m pytest -q -rs -p no:cacheprovider --durations=20 tests/gpu > "$RES/gpu_tests.log" 2>&1
                tail -3 "$RES/gpu_tests.log" ;;
-    gpu_some) python3 -m pytest -q -p no:cacheprovider tests/gpu -k "$K" > "$RES/gpu_some.log" 2>&1
+    gpu_some) python3 -m pytest -q -rs -p no:cacheprovider tests/gpu -k "$K" > "$RES/gpu_some.log" 2>&1
               tail -3 "$RES/gpu_some.log" ;;
     peers) peers trl_fsdp2_cp && peers ds_longctx "--placement $PLACEMENT" ;;
     fused) peers ds_longctx "--placement $PLACEMENT --fused_ops none" &&
