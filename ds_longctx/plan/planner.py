@@ -75,10 +75,11 @@ COMPILED_MLP_SAVED = 3
 TILED_LAYER_UNITS_MLP_BWD = 3
 TILED_LAYER_UNITS_ATTN_BWD = 1
 # An offloaded layer's backward with our pool (levers/offload.py's PooledCheckpoint) holds, beyond a kept layer's:
-# its input restored from the host (1), its output's grad (1: the autograd engine passes it in and holds it until the
-# recompute and backward return, where a kept layer's can be freed as its residual branch consumes it), and one more
-# hidden-size tensor not yet traced (1): Qwen3-0.6B at 322,560 tokens on 1 x H200, every layer offloaded, measured
-# 17.76 GB allocated against 16.44 counted without these two (session_2026-12-01_h200x1-20261201T0307).
+# its input restored from the host (1), its output's grad (1: `grads`, passed in and held by the Function until its
+# nested backward returns, where a kept layer's is freed as its residual branch consumes it) and the recomputed output
+# itself (1: `outputs` / `pairs`, the roots of that nested backward, alive until it returns). Read off the code; the
+# sum was measured once: Qwen3-0.6B at 322,560 tokens on 1 x H200, every layer offloaded, 17.76 GB allocated against
+# 16.44 counted without the last two (session_2026-12-01_h200x1-20261201T0307).
 POOLED_LAYER_UNITS = 3
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).

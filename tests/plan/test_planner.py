@@ -472,7 +472,7 @@ def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
 
 def test_an_offloaded_layer_restores_into_the_room_the_kept_layers_freed():
     """Offloaded layers are the lowest, so their backward runs after every kept checkpoint and GPU cache is freed:
-    with the pool an offloaded layer's 3 E (its restored input, its held output grad, one more) count only beyond
+    with the pool an offloaded layer's 3 E (its restored input, its held output grad, its recomputed output) count only beyond
     what the kept layers held. DeepSpeed's engine: its calibrated 2 E always, and beside an offloaded optimizer its
     own measured fragmentation."""
     from ds_longctx.plan.planner import DS_OFFLOAD_FRAGMENTATION, OFFLOAD_FRAGMENTATION, POOLED_LAYER_UNITS
