@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from ds_longctx.plan.search import Choice, NoFit, choose, fastest_placement, find_max_len
+from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.levers import Levers
@@ -90,6 +91,14 @@ def parser() -> argparse.ArgumentParser:
                    help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
                         "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. The search "
                         "picks it by itself where nothing fits without it; this forces it on. Not with --lora_rank")
+    p.add_argument("--attn_bwd_head_groups", type=int, default=1,
+                   help="the attention backward over this many groups of KV heads, one at a time "
+                        "(memory.attn_bwd_head_groups): the kernel's fp32 accumulators of one group. The search "
+                        "picks it by itself (one group per KV head) where nothing fits without it; this forces it")
+    p.add_argument("--offload_params", action="store_true",
+                   help="the bf16 parameters in pinned host memory too (optimizer.offload_params, DeepSpeed "
+                        "offload_param). The search picks it by itself after the optimizer offload where nothing "
+                        "fits without it; this forces it on. Not with --lora_rank or --optimizer_offload_ratio")
     p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
                    help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
                         "offload; the rest steps on the GPU). 1 (default): all of it. Not yet measured on a GPU, so "
@@ -134,6 +143,13 @@ def check_args(a: argparse.Namespace) -> tuple:
                          f"weights and would skip the adapters; drop one of the two")
     if a.lora_rank < 0:
         raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
+    if a.offload_params and (a.lora_rank or a.optimizer_offload_ratio < 1):
+        raise ValueError(f"--offload_params with --lora_rank {a.lora_rank} / --optimizer_offload_ratio "
+                         f"{a.optimizer_offload_ratio:g}: parameter offload is planned for a whole trained model with "
+                         f"its whole optimizer on one side; drop one of them")
+    if a.attn_bwd_head_groups < 1:
+        raise ValueError(f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
+                         f"whole backward at once)")
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
     try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
         RunConfig(model=geom.name)
@@ -141,6 +157,9 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(format_validation_error(e)) from None
     if a.sp_size is not None:
         check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
+        kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size)
+    elif geom.kv_heads % a.attn_bwd_head_groups:
+        kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, 1)  # not even at sp 1: names the fix
     return geom, host
 
 
@@ -155,6 +174,8 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
     parts += ["--pinned_pool"] if a.pinned_pool else []
     parts += ["--tiled_layer"] if a.tiled_layer else []
+    parts += [f"--attn_bwd_head_groups {a.attn_bwd_head_groups}"] if a.attn_bwd_head_groups > 1 else []
+    parts += ["--offload_params"] if a.offload_params else []
     parts += [f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g}"] if a.optimizer_offload_ratio < 1 else []
     parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     return "ds-longctx plan " + " ".join(parts)
@@ -164,7 +185,9 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
     """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
                 sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank, tiled_layer=a.tiled_layer,
-                                                       optimizer_offload_ratio=a.optimizer_offload_ratio))
+                                                       optimizer_offload_ratio=a.optimizer_offload_ratio,
+                                                       attn_bwd_head_groups=a.attn_bwd_head_groups,
+                                                       offload_params=a.offload_params))
 
 
 def hardware(a: argparse.Namespace, host: float) -> str:

@@ -87,6 +87,8 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                                                     or base.offload_params else [(True, True)])
     for opt, params in placements:
         for sp in sps:
+            if max(geom.kv_heads // sp, 1) % base.attn_bwd_head_groups:
+                continue  # the groups asked for do not split this sp's KV heads per rank
             # then the grouped attention backward, with the last shape: one group per KV head this rank attends
             most = max(geom.kv_heads // sp, 1)
             grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []

@@ -92,6 +92,15 @@ def test_find_max_len(capsys):
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--host_mem_gb", "nan"], "--host_mem_gb nan"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--optimizer_offload_ratio", "nan"],
      "--optimizer_offload_ratio nan"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--attn_bwd_head_groups", "0"],
+     "--attn_bwd_head_groups 0"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--attn_bwd_head_groups", "3"],
+     "attn_bwd_head_groups=3: each rank attends 8 KV head(s) (8 over sp_size=1), which 3 groups do not split evenly; "
+     "use one of [1, 2, 4, 8]"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "2", "--sp_size", "2", "--attn_bwd_head_groups", "8"],
+     "use one of [1, 2, 4]"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--offload_params", "--lora_rank", "16"],
+     "--offload_params with --lora_rank 16"),
 ])
 def test_bad_input_exits_2_naming_the_value(args, says, capsys):
     assert generate.main(args) == 2
@@ -324,3 +333,20 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
     P = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
     assert f"{2 * -(-P // 2) / 1e9:.2f}" in next(line for line in text.splitlines() if line.startswith("params_bf16"))
     assert f"name: {cfg}" in (out / "run.yaml").read_text()
+
+
+def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_config(tmp_path, capsys):
+    """`--attn_bwd_head_groups 4 --offload_params` on 2 x 141 GB: the search keeps both (an sp whose KV heads per rank
+    4 groups split), the command line in plan.txt names them, and run.yaml / ds_config.json carry them."""
+    import json
+
+    import yaml
+    out = tmp_path / "plan"
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "141",
+                          "--attn_bwd_head_groups", "4", "--offload_params", "--out", str(out)]) == 0
+    plan = (out / "plan.txt").read_text()
+    assert "--attn_bwd_head_groups 4 --offload_params" in plan.splitlines()[0]
+    assert "attn_bwd_head_groups=4: as asked" in plan and "offload_params=True: as asked" in plan
+    run = yaml.safe_load((out / "run.yaml").read_text())
+    assert run["memory"]["attn_bwd_head_groups"] == 4 and run["optimizer"]["offload_params"] is True
+    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["offload_param"]["device"] == "cpu"
