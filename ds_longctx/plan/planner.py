@@ -181,6 +181,9 @@ class MemoryPlan:
                 f"tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
                 + (f" (ratio {lv.optimizer_offload_ratio})" if lv.optimizer_offload and lv.optimizer_offload_ratio < 1
                    else "")
+                + (" offload_params=True" if lv.offload_params else "")
+                + (f" attn_bwd_head_groups={lv.attn_bwd_head_groups}" if lv.attn_bwd_head_groups > 1 else "")
+                + (f" fused_ops={lv.fused_ops}" if lv.fused_ops != "auto" else "")
                 + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
                 f"placement: {self.placement.describe()}",
                 f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"
