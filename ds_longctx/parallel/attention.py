@@ -148,13 +148,14 @@ def current() -> AttentionChoice:
 # ----------------------------------------------------------------------------- kernel pairs (forward with LSE)
 class _Pair:
     """A forward that returns (out, saved tensors, meta) and the backward that takes them. q/k/v `[b, h, s, d]`.
-    `heads(out, saved, start, n)`: the same for query heads start..start+n (the grouped backward); None where the
-    pair cannot split them."""
+    `heads(out, saved, start, n)`: the same for query heads start..start+n (the grouped backward), where the pair
+    can split them (`splits_heads`)."""
 
     gqa = False  # the kernel reads fewer KV heads than query heads itself
+    splits_heads = False
 
     def heads(self, out, saved, start: int, n: int):
-        return None
+        raise NotImplementedError
 
     def fwd(self, q, k, v, scale, cu, max_len):
         raise NotImplementedError
@@ -172,6 +173,7 @@ class _FA4(_Pair):
     """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1); LSE `[b, h, s]`."""
 
     gqa = True
+    splits_heads = True
 
     def fwd(self, q, k, v, scale, cu, max_len):
         from flash_attn.cute.interface import _flash_attn_fwd
@@ -236,6 +238,8 @@ class _CudnnSDPA(_Pair):
 class _CpuFlashSDPA(_Pair):
     """SDPA's CPU flash kernel through its aten ops (dense): what CPU tests of the cache run."""
 
+    splits_heads = True
+
     def fwd(self, q, k, v, scale, cu, max_len):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
         return out, (lse,), {}
@@ -290,7 +294,7 @@ class _Attend(torch.autograd.Function):
         q, k, v, out, *saved = ctx.saved_tensors
         args = (ctx.meta, ctx.scale, ctx.cu, ctx.max_len)
         groups = _HEAD_GROUPS[0]
-        if groups > 1 and ctx.pair.heads(out, tuple(saved), 0, q.shape[1]) is not None:
+        if groups > 1 and ctx.pair.splits_heads:
             dq, dk, dv = _grouped_bwd(ctx.pair, groups, dout, q, k, v, out, tuple(saved), args)
         else:
             dq, dk, dv = ctx.pair.bwd(dout, q, k, v, out, tuple(saved), *args)

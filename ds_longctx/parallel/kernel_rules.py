@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ds_longctx.parallel.parallel_state import local_kv_heads
+
 FA4_VERIFIED_HEAD_DIMS = (128,)
 FA4_MIN_HEAD_DIM = 64
 
@@ -41,7 +43,7 @@ def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
 def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
     """`memory.attn_bwd_head_groups` (parallel/attention.py's grouped backward) against the KV heads each rank attends
     (kv_heads / sp, or 1 head when sp replicates them): the groups must split them evenly."""
-    local = max(kv_heads // sp_size, 1)
+    local = local_kv_heads(kv_heads, sp_size)
     if groups < 1 or local % groups:
         fits = [n for n in range(1, local + 1) if local % n == 0]
         raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "

@@ -58,6 +58,12 @@ def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node:
             if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node) is None]
 
 
+def local_kv_heads(num_kv_heads: int, sp_size: int) -> int:
+    """The KV heads each rank attends after Ulysses' exchange: num_kv_heads / sp, or 1 when sp > num_kv_heads
+    (the heads are replicated so each rank gets the one its query heads read)."""
+    return max(num_kv_heads // sp_size, 1)
+
+
 def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None,
                   num_kv_heads: Optional[int] = None, per_node: Optional[int] = None, across_fix: str = "") -> None:
     """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads

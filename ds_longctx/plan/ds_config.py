@@ -12,7 +12,7 @@ from ds_longctx.levers.offload import activation_checkpointing_block
 from ds_longctx.levers.placement import requests_offload
 from ds_longctx.parallel.parallel_state import dp_size
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.planner import PARAM_PERSISTENCE_ELEMS, offload_sub_group_elems
+from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS, offload_sub_group_elems
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:

@@ -83,7 +83,7 @@ class ModelGeometry:
     def param_numels(self) -> list:
         """Each parameter's element count in `model.parameters()` order (HF's module registration order: the
         embedding; per layer q/k/v/o (+ biases), q_norm/k_norm, gate/up/down, the two norms; the final norm;
-        lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (planner.optimizer_split)."""
+        lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (zero_buffers.optimizer_split)."""
         H, I, d, q, kv = self.hidden, self.intermediate, self.head_dim, self.heads * self.head_dim, \
             self.kv_heads * self.head_dim
         b = self.attention_bias

@@ -36,7 +36,14 @@ from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
+from ds_longctx.plan.layer_units import (COMPILED_FINAL_NORM_UNITS, COMPILED_MLP_SAVED,
+                                          COMPILED_QK_NORM_SAVED_COPIES, COMPILED_UNITS_ATTN_BWD,
+                                          COMPILED_UNITS_MLP_BWD, HIDDEN_UNITS_ATTN_BWD, HIDDEN_UNITS_MLP_BWD,
+                                          POOLED_LAYER_UNITS, QK_NORM_SAVED_COPIES, TILED_LAYER_UNITS_ATTN_BWD,
+                                          TILED_LAYER_UNITS_MLP_BWD)
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.zero_buffers import (DS_SUB_GROUP_ELEMS, PARAM_PERSISTENCE_ELEMS, REDUCE_BUCKET_ELEMS,
+                                           offload_pinned_grads, offload_sub_group_elems, optimizer_split, pow2)
 from ds_longctx.run.gpu_budget import CUDA_CONTEXT_GIB
 
 GB = 10**9
@@ -45,55 +52,6 @@ PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
 BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
-# Hidden-size tensors (units of E = T·H·2) live in the top layer's backward. HF's eager RMSNorm keeps an
-# fp32 upcast (2 units) + the bf16 normed copy for its weight grad (1), and its output is saved by the next
-# matmul (1): 4 units per norm.
-#   mlp_bwd: norm1 (4) + norm2 (4) + grad of the layer output (1) + grad of the MLP input being built (1) = 10
-#   attn_bwd: norm1 (4) + residual-stream grad (1) + grad of the q/k/v-proj input being built (1)   = 6
-HIDDEN_UNITS_MLP_BWD = 10
-HIDDEN_UNITS_ATTN_BWD = 6
-# With the token-wise ops compiled (fused_ops compile, and auto on a GPU: levers/fused_ops.py) each norm keeps only
-# its bf16 input and its output (saved by the next matmul), each q/k norm its bf16 input, and SwiGLU gate, up and
-# their product: benchmarks/probe_fused_ops_saved.py (one layer saves 16.84 E compiled vs 27.84 E eager) and the
-# 1 x H200 snapshot of Qwen3-4B at 131,072 tokens (session_2026-12-01_h200x1-20261201T0307: at the MLP backward's
-# peak 4 E of hidden-size tensors, 5 T·I of MLP tensors, q/k/v + their RoPE outputs):
-#   mlp_bwd 5, attn_bwd 3; final norm 2 (its input and output); q/k norm 1 copy; MLP 3 saved (+ 2 grads)
-COMPILED_UNITS_MLP_BWD = 5
-COMPILED_UNITS_ATTN_BWD = 3
-COMPILED_FINAL_NORM_UNITS = 2
-COMPILED_QK_NORM_SAVED_COPIES = 1
-COMPILED_MLP_SAVED = 3
-# With tiled_layer (levers/tiled_layer.py) the norms run inside the tiles and save nothing of full length:
-#   mlp_bwd: h = x + o_proj(attn), the MLP tiles' saved input (1) + grad of the layer output (1) + grad of h
-#            being built (1) = 3
-#   attn_bwd: the grad of h on the residual branch (1), while the kernel's backward holds its buffers; the grad of x
-#             from the q/k/v tiles and the sum come after it has freed them (dQ's fp32 accumulator alone is
-#             hq·S·d·4 >= 2·E), so they are not the phase's peak = 1. Measured: the 1 x H200 snapshot of Qwen3-1.7B at
-#             264,192 tokens (session_2026-12-01_h200x1-20261201T0307) peaks inside FlashAttention's backward with
-#             1 E beside o_proj's input grad; the 3 counted before (grad of x and the sum too) over-predicted it.
-# (tests/levers/test_tiled_layer.py counts what the layer saves.)
-TILED_LAYER_UNITS_MLP_BWD = 3
-TILED_LAYER_UNITS_ATTN_BWD = 1
-# An offloaded layer's backward with our pool (levers/offload.py's PooledCheckpoint) holds, beyond a kept layer's:
-# its input restored from the host (1), its output's grad (1: `grads`, passed in and held by the Function until its
-# nested backward returns, where a kept layer's is freed as its residual branch consumes it) and the recomputed output
-# itself (1: `outputs` / `pairs`, the roots of that nested backward, alive until it returns). Read off the code; the
-# sum was measured once: Qwen3-0.6B at 322,560 tokens on 1 x H200, every layer offloaded, 17.76 GB allocated against
-# 16.44 counted without the last two (session_2026-12-01_h200x1-20261201T0307).
-POOLED_LAYER_UNITS = 3
-# q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
-# RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).
-QK_NORM_SAVED_COPIES = 3
-# ds_config.py's reduce_bucket_size (elements); tests/plan/test_planner.py checks the two agree.
-REDUCE_BUCKET_ELEMS = 50_000_000
-# ZeRO-3 keeps parameters of at most this many elements whole on every GPU (stage3_param_persistence_threshold, which
-# plan/ds_config.py writes from here): with offload_params they are what stays on the GPU between uses.
-PARAM_PERSISTENCE_ELEMS = 100_000
-# DeepSpeed ZeRO-3 sub-groups per rank under partial optimizer offload: the GPU/host split falls at sub-group
-# boundaries, so more groups make `ratio` finer (DeepSpeed's default sub_group_size 1e9 gives ~5 per rank for an 8B
-# model on 2 GPUs, 1 for a small one). plan/ds_config.py writes `offload_sub_group_elems`; `optimizer_split` splits
-# where DeepSpeed then does.
-OFFLOAD_SUB_GROUPS = 40
 # Calibrated on nvidia-h200-x2 (benchmarks/results/planner_runs_2026-11-30.md, expandable segments):
 # max_memory_reserved / max_memory_allocated was 1.03-1.06 without offload and 1.12 with it, and a
 # rank's steady host RSS 2.2 GiB.
@@ -215,60 +173,6 @@ def valid_sp_sizes(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
 def _host_bytes(terms, phases: tuple) -> int:
     """Σ host bytes of the terms live in exactly `phases` (ALL: the steps; BUILD: the engine build)."""
     return sum(t.host_bytes for t in terms if t.phases == phases)
-
-
-def _pow2(n: int) -> int:
-    """n rounded up to a power of two (torch's CachingHostAllocator block sizes for pinned memory)."""
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-# DeepSpeed's default sub_group_size (runtime/zero/config.py), what a full optimizer offload runs with.
-DS_SUB_GROUP_ELEMS = 1_000_000_000
-
-
-def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
-    """DeepSpeed's sub_group_size for partial offload: one rank's partition in about OFFLOAD_SUB_GROUPS groups."""
-    return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
-
-
-def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> list:
-    """One rank's optimizer partition cut into DeepSpeed ZeRO-3's sub-groups (stage3.py `_create_fp16_sub_groups`:
-    parameters in order, each a ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements
-    or at the last parameter): their sizes in elements."""
-    groups, size = [], 0
-    numels = geom.param_numels()
-    for i, n in enumerate(numels):
-        size += -(-n // world)
-        if size >= sub_group_elems or i == len(numels) - 1:
-            groups.append(size)
-            size = 0
-    return groups
-
-
-def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
-    """(elements on the GPU, elements on the host) of one rank's optimizer partition under DeepSpeed ZeRO-3 partial
-    offload, cut where DeepSpeed cuts (`sub_groups`; the first int((1 - ratio)·n) of the n sub-groups stay on the
-    GPU). ratio 1: all on the host."""
-    groups = sub_groups(geom, world, sub_group_elems or offload_sub_group_elems(geom, world))
-    on_gpu = sum(groups[:int((1 - ratio) * len(groups))])
-    return on_gpu, sum(groups) - on_gpu
-
-
-def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: bool, sub_group_elems: int) -> tuple:
-    """(bf16 bytes, fp32 bytes, note) of the two gradient buffers DeepSpeed ZeRO-3 pins per rank under optimizer
-    offload, as torch's pinned allocator holds them (every block rounded up to a power of two, `_pow2`):
-    - the model-dtype (bf16) grad partition, one flat block of the rank's whole partition (stage3.py:
-      grad_partitions_flat_buffer, on the optimizer's device, which is the CPU with any offload ratio;
-      `get_accelerator().pin_memory`);
-    - one fp32 grad buffer per optimizer sub-group, each its own pinned block (stage3.py, the optimizer-state init:
-      subgroup_gradient_buffer). Under partial offload a GPU sub-group's buffer is copied to the GPU and its pinned
-      block freed into torch's pinned cache, which keeps it: every sub-group's block counts on the host.
-      Sub-groups at `sub_group_elems` (DeepSpeed's default for a full offload; ds_config.py sets it for a partial
-      one); LoRA's adapters: one sub-group.
-    The fp32 master and Adam's m / v are not pinned (a CPU clone; DeepSpeedCPUAdam's zeros_like): exact sizes."""
-    groups = [part_t] if lora else sub_groups(geom, world, sub_group_elems)
-    fp32 = sum(_pow2(4 * n) for n in groups)
-    return _pow2(2 * part_t), fp32, f"{len(groups)} sub-group(s)"
 
 
 def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
@@ -394,7 +298,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     S = -(-seq_len // sp) * sp
     T, P, Pl = S // sp, g.num_params, g.layer_params
     E = T * H * 2
-    hq_l, kv_l = hq // sp, max(hkv // sp, 1)
+    hq_l, kv_l = hq // sp, parallel_state.local_kv_heads(hkv, sp)
     r, lora = levers.lora_rank, levers.lora_rank > 0
     A, A_layer, A_mlp, n_top = _adapters(g, r, levers.lora_targets)
     P_t = A if lora else P  # the trained parameters
@@ -411,7 +315,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
                          f"refuses it")
     if offp:  # DeepSpeed offload_param: one flat pinned buffer of the partition per rank; small params stay whole
         persistent = sum(n for n in g.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
-        add("params_bf16", 2 * persistent, G * _pow2(2 * part),
+        add("params_bf16", 2 * persistent, G * pow2(2 * part),
             f"2·(params <= {PARAM_PERSISTENCE_ELEMS:.0e} elements, kept whole); host G·pow2(2·P/{w}) (offload_param:"
             f" stage3.py's flat pinned buffer)")
     else:
@@ -447,7 +351,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     if levers.pinned_pool:
         add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
     else:
-        add("checkpoints", (L - k) * E, G * k * _pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
+        add("checkpoints", (L - k) * E, G * k * pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
     cache_layer = S * hq_l * d * 2 + hq_l * S * 4
     if k and levers.pinned_pool:  # restored on demand into one GPU tensor, freed after the layer's backward
         # Offloaded layers are the lowest (placement order), so when one runs its backward every layer kept on the
@@ -558,7 +462,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     add("dataset_row", 0, G * S * 16, "G·S·2·8")
     add("build_process", 0, round(G * BUILD_HOST_GIB * GIB), f"G·{BUILD_HOST_GIB:g} GiB", BUILD)
     if offp:  # zero.Init's unpinned partitions, moved into the optimizer's flat pinned buffer (held from here on)
-        add("zero3_offload_param_build", 0, G * (2 * part + _pow2(2 * part)), f"G·(2·P/{w} + pow2(2·P/{w}))", BUILD)
+        add("zero3_offload_param_build", 0, G * (2 * part + pow2(2 * part)), f"G·(2·P/{w} + pow2(2·P/{w}))", BUILD)
     else:
         add("zero3_defragment_cpu", 0, 2 * part_t * G, f"2·{Pt}/{w} per rank", BUILD)
     return MemoryPlan(geom=g, seq_len=S, gpus=G, nodes=nodes, sp_size=sp, levers=levers, terms=tuple(terms),

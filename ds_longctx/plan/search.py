@@ -17,6 +17,7 @@ from typing import Optional
 
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.parallel import kernel_rules
+from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, check_headroom, plan_memory, valid_sp_sizes
 
@@ -87,10 +88,10 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                                                     or base.offload_params else [(True, True)])
     for opt, params in placements:
         for sp in sps:
-            if max(geom.kv_heads // sp, 1) % base.attn_bwd_head_groups:
+            most = local_kv_heads(geom.kv_heads, sp)
+            if most % base.attn_bwd_head_groups:
                 continue  # the groups asked for do not split this sp's KV heads per rank
             # then the grouped attention backward, with the last shape: one group per KV head this rank attends
-            most = max(geom.kv_heads // sp, 1)
             grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []
             for tiled, layer, groups in [(t, ly, base.attn_bwd_head_groups) for t, ly in shapes] + grouped:
                 for pool in pools:

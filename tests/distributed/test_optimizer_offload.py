@@ -1,7 +1,7 @@
 """The offloaded optimizer on CPU (gloo, 2 processes, SP=2, qwen3-tiny, fp32, DeepSpeedCPUAdam JIT-built on first
 use): partial offload (`optimizer_offload_ratio 0.5`) and full offload train with the losses of the optimizer kept
 "on the device" (torch AdamW), and DeepSpeed's real sub-groups are the ones the planner splits
-(`plan/planner.py:optimizer_split`). On CPU DeepSpeed's accelerator is the CPU, so both halves live in host memory:
+(`plan/zero_buffers.py:optimizer_split`). On CPU DeepSpeed's accelerator is the CPU, so both halves live in host memory:
 this checks the bookkeeping and the numerics; tests/gpu/test_gpu.py checks the split on a GPU."""
 
 import json
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.planner import offload_sub_group_elems, optimizer_split
+from ds_longctx.plan.zero_buffers import offload_sub_group_elems, optimizer_split
 from tests.helpers import read_metrics, rel_err, run_cli, torchrun
 
 pytestmark = pytest.mark.slow

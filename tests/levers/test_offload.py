@@ -54,7 +54,7 @@ def test_planner_counts_the_pool_exactly():
     assert rounded.term("checkpoints").host_bytes == G * k * (1 << 30)
     assert (rounded.host_peak_bytes - pooled.host_peak_bytes) / GB == pytest.approx(G * k * ((1 << 30) - E) / GB)
     # on the GPU, every layer offloaded: our pool's layer backward holds its restored input, its output grad and its
-    # recomputed output (planner.POOLED_LAYER_UNITS); DeepSpeed's offload engine its stash as well
+    # recomputed output (plan/layer_units.py POOLED_LAYER_UNITS); DeepSpeed's offload engine its stash as well
     assert pooled.term("offload_staging").gpu_bytes == 3 * E and rounded.term("offload_staging").gpu_bytes == 2 * E
 
 

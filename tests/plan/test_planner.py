@@ -189,35 +189,6 @@ def test_tiled_terms_replace_the_untiled_mlp():
     assert plain.term("mlp_grads").gpu_bytes == 2 * T * I * 2 and not any(t.name == "mlp_tile" for t in plain.terms)
 
 
-def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work():
-    """levers/tiled_layer.py: the norms' and q/k norms' full-length saved tensors leave both layer phases (3 and 1
-    hidden units instead of eager 10 / 6, no qk_norm_saved); the q/k/v tiles' own terms join attn_bwd; the MLP is
-    tiled."""
-    T, H, hq, hkv, d = 131_072, Q8.hidden, Q8.heads, Q8.kv_heads, Q8.head_dim
-    E = T * H * 2
-    base = Levers(tiled_mlp=True, tile_tokens=4096, fused_ops="none")
-    plain, tiled = (plan_memory(Q8, 1 << 20, 8, 8, replace(base, tiled_layer=tl)) for tl in (False, True))
-    assert plain.term("hidden_mlp_bwd").gpu_bytes == 10 * E and tiled.term("hidden_mlp_bwd").gpu_bytes == 3 * E
-    assert plain.term("hidden_attn_bwd").gpu_bytes == 6 * E and tiled.term("hidden_attn_bwd").gpu_bytes == 1 * E
-    assert plain.term("qk_norm_saved").gpu_bytes > 0 and not any(t.name == "qk_norm_saved" for t in tiled.terms)
-    assert tiled.term("qkv_tile").gpu_bytes == 4096 * (6 * H + 4 * (hq + 2 * hkv) * d) * 2
-    assert tiled.term("qkv_tile_wgrad_fp32").gpu_bytes == (hq + 2 * hkv) * d * H * 4
-    assert tiled.term("mlp_tile").gpu_bytes == plain.term("mlp_tile").gpu_bytes   # the MLP tiles as before
-    pb, tb = dict(plain.phase_bytes), dict(tiled.phase_bytes)
-    assert tb["mlp_bwd"] < pb["mlp_bwd"] - 7 * E and tb["attn_bwd"] < pb["attn_bwd"] - 2 * E
-    assert Levers.from_run_config(RunConfig(tiled_layer=True)).tiled_layer
-    assert RunConfig(**replace(base, tiled_layer=True).run_config_fields()).memory.tiled_layer
-
-
-def test_reduce_bucket_matches_the_generated_deepspeed_config():
-    from ds_longctx.config import RunConfig
-    from ds_longctx.plan.ds_config import build_ds_config
-    from ds_longctx.plan.planner import REDUCE_BUCKET_ELEMS
-
-    ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
-    assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS
-
-
 def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
     G, S, n = 8, 1 << 20, 10
     T = S // G
@@ -428,29 +399,6 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
 
 
-def test_compiled_token_wise_ops_save_fewer_full_length_tensors_than_eager():
-    """fused_ops auto / compile (what a GPU run does) vs none / liger (HF's eager units): the final norm 2 vs 4 E, the
-    layer's hidden-size tensors 5 / 3 vs 10 / 6 E, one q/k-norm copy vs 3, SwiGLU 3 saved T·I vs 4
-    (benchmarks/probe_fused_ops_saved.py; the 4B snapshot of session_2026-12-01_h200x1-20261201T0307)."""
-    S, G = 1 << 20, 8
-    T, H, I, hq, hkv, d = S // G, Q8.hidden, Q8.intermediate, Q8.heads, Q8.kv_heads, Q8.head_dim
-    E = T * H * 2
-    units = {}
-    for ops in ("auto", "compile", "none", "liger"):
-        p = plan_memory(Q8, S, G, G, Levers(fused_ops=ops))
-        units[ops] = (p.term("final_norm").gpu_bytes / E, p.term("hidden_mlp_bwd").gpu_bytes / E,
-                      p.term("hidden_attn_bwd").gpu_bytes / E, p.term("qk_norm_saved").gpu_bytes / (T * (hq + hkv) * d * 2),
-                      p.term("mlp_saved").gpu_bytes / (T * I * 2))
-    assert units["auto"] == units["compile"] == (2, 5, 3, 1, 3)
-    assert units["none"] == units["liger"] == (4, 10, 6, 3, 4)
-    with pytest.raises(ValueError, match=r"fused_ops='fast' is not one of auto, none, liger, compile"):
-        Levers(fused_ops="fast")
-    # the run config carries it both ways; the default (auto) is not written into generated configs
-    lv = Levers.from_run_config(RunConfig(fused_ops="none"))
-    assert lv.fused_ops == "none" and RunConfig(**lv.run_config_fields()).kernels.fused_ops == "none"
-    assert "fused_ops" not in Levers().run_config_fields()
-
-
 def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved input is the
     kernel's output and the q/k/v grads are the kernel's; with grouped KV heads FlashAttention 4 holds dK / dV in fp32
@@ -468,30 +416,6 @@ def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     two = plan_memory(Q8, S, 2, 2)
     assert two.term("qkv_local_grad").gpu_bytes == T * (32 + 2 * 8) * 128 * 2 > 2 * 4 * S * 128 * 4
     assert two.term("attn_out_local").gpu_bytes == T * 32 * 128 * 2
-
-
-def test_an_offloaded_layer_restores_into_the_room_the_kept_layers_freed():
-    """Offloaded layers are the lowest, so their backward runs after every kept checkpoint and GPU cache is freed:
-    with the pool an offloaded layer's 3 E (its restored input, its held output grad, its recomputed output) count only beyond
-    what the kept layers held. DeepSpeed's engine: its calibrated 2 E always, and beside an offloaded optimizer its
-    own measured fragmentation."""
-    from ds_longctx.plan.planner import DS_OFFLOAD_FRAGMENTATION, OFFLOAD_FRAGMENTATION, POOLED_LAYER_UNITS
-    G, S = 2, 262_144
-    E = S // G * Q8.hidden * 2
-    pool = {k: plan_memory(Q8, S, G, G, Levers(offload_layers=k, pinned_pool=True)) for k in range(Q8.layers + 1)}
-    assert POOLED_LAYER_UNITS == 3
-    assert pool[36].term("offload_staging").gpu_bytes == 3 * E   # nothing kept
-    assert pool[35].term("offload_staging").gpu_bytes == 2 * E   # one kept checkpoint freed by then
-    assert pool[33].term("offload_staging").gpu_bytes == 0
-    peaks = [pool[k].gpu_peak_bytes for k in range(1, Q8.layers + 1)]
-    assert peaks == sorted(peaks, reverse=True)  # more offloaded never costs more GPU (the search bisects on it)
-    ds = plan_memory(Q8, S, G, G, Levers(offload_layers=33))
-    assert ds.term("offload_staging").gpu_bytes == 2 * E
-    f = lambda p: 1 + p.term("allocator_slack").gpu_bytes / (p.reserved_bytes - p.term("allocator_slack").gpu_bytes)  # noqa: E731
-    assert f(ds) == pytest.approx(OFFLOAD_FRAGMENTATION) and f(pool[33]) == pytest.approx(OFFLOAD_FRAGMENTATION)
-    opt = Levers(offload_layers=33, optimizer_offload=True)
-    assert f(plan_memory(Q8, S, G, G, opt)) == pytest.approx(DS_OFFLOAD_FRAGMENTATION)
-    assert f(plan_memory(Q8, S, G, G, replace(opt, pinned_pool=True))) == pytest.approx(OFFLOAD_FRAGMENTATION)
 
 
 def test_committed_runs_through_the_pool_or_without_offload_re_predict_inside_the_bars():
@@ -532,7 +456,7 @@ def test_offloaded_parameters_leave_the_small_ones_on_the_gpu_and_one_flat_pinne
     buffer of the rank's partition per rank, power-of-two rounded, and at build zero.Init's unpinned partitions beside
     it. The DeepSpeed config carries it and the same persistence threshold; LoRA and a split optimizer refuse it."""
     from ds_longctx.plan.ds_config import build_ds_config
-    from ds_longctx.plan.planner import PARAM_PERSISTENCE_ELEMS
+    from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS
     S = 262_144
     lv = Levers(optimizer_offload=True, tiled_layer=True, tiled_mlp=True, tile_tokens=4096)
     for G in (1, 2):

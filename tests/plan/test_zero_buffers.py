@@ -7,7 +7,8 @@ built on the meta device."""
 import pytest
 
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.planner import DS_SUB_GROUP_ELEMS, Levers, optimizer_split, plan_memory, sub_groups
+from ds_longctx.plan.planner import Levers, plan_memory
+from ds_longctx.plan.zero_buffers import DS_SUB_GROUP_ELEMS, optimizer_split, sub_groups
 from tests.helpers import run_cli
 
 
@@ -85,7 +86,7 @@ def test_the_terms_move_with_the_split():
     # with any offload DeepSpeed keeps the whole bf16 grad partition on the CPU (its device is the CPU), pinned, and
     # pins every sub-group's fp32 grad buffer before it moves a GPU sub-group's to the GPU: torch's pinned cache keeps
     # the freed block. Sub-groups at ds_config's sub_group_size for a partial offload (about 40 per rank).
-    from ds_longctx.plan.planner import offload_sub_group_elems
+    from ds_longctx.plan.zero_buffers import offload_sub_group_elems
     fine = sub_groups(Q8, 2, offload_sub_group_elems(Q8, 2))
     pinned_fp32 = 2 * sum(1 << (4 * n - 1).bit_length() for n in fine)
     for p in (half, none):
@@ -95,7 +96,7 @@ def test_the_terms_move_with_the_split():
     assert fine[0] == 151936 * 4096 // 2 and 30 <= len(fine) <= 41 and sum(fine) == part  # the embedding alone first
     assert 0.4 < gpu_e / part < 0.6
     # the default sub-groups: about OFFLOAD_SUB_GROUPS per rank, for a small model too
-    from ds_longctx.plan.planner import OFFLOAD_SUB_GROUPS
+    from ds_longctx.plan.zero_buffers import OFFLOAD_SUB_GROUPS
     tiny = ModelGeometry.from_name_or_path("qwen3-tiny")
     sub = offload_sub_group_elems(tiny, 2)
     assert OFFLOAD_SUB_GROUPS * sub >= sum(-(-n // 2) for n in tiny.param_numels()) > (OFFLOAD_SUB_GROUPS - 1) * sub
@@ -109,7 +110,7 @@ def test_the_terms_move_with_the_split():
 def test_run_config_and_ds_config_carry_the_ratio():
     from ds_longctx.config import RunConfig
     from ds_longctx.plan.ds_config import build_ds_config
-    from ds_longctx.plan.planner import offload_sub_group_elems
+    from ds_longctx.plan.zero_buffers import offload_sub_group_elems
     cfg = RunConfig(model="qwen3-8b", optimizer_offload=True, optimizer_offload_ratio=0.25)
     lv = Levers.from_run_config(cfg)
     assert (lv.optimizer_offload, lv.optimizer_offload_ratio) == (True, 0.25)
@@ -149,3 +150,12 @@ def test_plan_writes_the_ratio_when_it_offloads_and_refuses_bad_ones(tmp_path):
                          (["--optimizer_offload_ratio", "0.5", "--lora_rank", "8"], "drop one of them")):
         res = run_cli(["plan", "--model", "qwen3-8b", "--seq_len", "131072", "--gpus", "2", *args])
         assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_reduce_bucket_matches_the_generated_deepspeed_config():
+    from ds_longctx.config import RunConfig
+    from ds_longctx.plan.ds_config import build_ds_config
+    from ds_longctx.plan.zero_buffers import REDUCE_BUCKET_ELEMS
+
+    ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
+    assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS
