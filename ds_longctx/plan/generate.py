@@ -157,9 +157,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(format_validation_error(e)) from None
     if a.sp_size is not None:
         check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
-        kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size)
-    elif geom.kv_heads % a.attn_bwd_head_groups:
-        kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, 1)  # not even at sp 1: names the fix
+    # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
+    kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
     return geom, host
 
 
