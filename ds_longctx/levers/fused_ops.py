@@ -97,12 +97,32 @@ def _kernels(kind: str, rope):
     raise ValueError(f"fused_ops={kind!r} is not one of liger, compile")
 
 
+# Graphs TorchDynamo may compile per function before it runs the rest eagerly (its `recompile_limit`, default 8).
+# Compiled with static shapes, one function meets every shape and grad mode of a run: `_rms_math` alone sees the
+# hidden-size norms, the q-head and KV-head norms, each on a full tile and on the shorter last one when the tile does
+# not divide the sequence, and the final norm, each with grad (recompute) and without (checkpointed forward): 14
+# graphs. Past 8, torch ran the eager norm, slower and holding more than the planner counts (Qwen3-4B, 279,552 tokens,
+# 2,560-token tiles: benchmarks/results/planner_runs_2026-12-01c.md). 64 covers that with room.
+COMPILE_SHAPES = 64
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(rope):
-    """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU); compiled once per process."""
+    """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU); compiled once per process, each
+    shape once: up to COMPILE_SHAPES graphs per function (`torch.compile(recompile_limit=)` where this torch has it,
+    else TorchDynamo's process-wide `recompile_limit` raised to it, with a log line)."""
+    import inspect
+
     import torch
-    return (torch.compile(_rms_math, dynamic=False), torch.compile(_silu_mul, dynamic=False),
-            torch.compile(rope, dynamic=False))
+    import torch._dynamo
+    kw = {"dynamic": False}
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        kw["recompile_limit"] = COMPILE_SHAPES
+    elif torch._dynamo.config.recompile_limit < COMPILE_SHAPES:
+        log.info("fused ops (torch.compile): torch._dynamo.config.recompile_limit %d -> %d (one graph per shape and "
+                 "grad mode of a tiled run)", torch._dynamo.config.recompile_limit, COMPILE_SHAPES)
+        torch._dynamo.config.recompile_limit = COMPILE_SHAPES
+    return torch.compile(_rms_math, **kw), torch.compile(_silu_mul, **kw), torch.compile(rope, **kw)
 
 
 def _is_gated_silu_mlp(m) -> bool:

@@ -126,3 +126,52 @@ def test_auto_is_compile_on_cuda_and_none_on_cpu_and_says_why():
     from ds_longctx.config import RunConfig
     assert RunConfig().kernels.fused_ops == "auto"
 
+
+
+def test_compile_keeps_every_shape_of_a_ragged_tiled_run_compiled():
+    """Tiles that do not divide the sequence, a forward without grad (a checkpointed layer's) and one with: the
+    compiled RMSNorm meets more shapes and grad modes than TorchDynamo's default limit of 8 graphs (hidden, q-head and
+    KV-head norms on full and last tiles, the final norm, in both modes). None is left to the eager fallback past the
+    limit (as on the 4B run of benchmarks/results/planner_runs_2026-12-01c.md): with `fail_on_recompile_limit_hit`
+    that fallback raises. Loss and grads are the plain model's."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from ds_longctx.levers.tiled_layer import apply_tiled_layer
+    torch._dynamo.reset()
+    ref = tiny_model()
+    model = copy.deepcopy(ref)
+    fused_ops.apply_fused_ops(model, "compile")
+    apply_tiled_layer(model, 8)
+    ids = torch.randint(0, ref.config.vocab_size, (1, 29), generator=torch.Generator().manual_seed(5))
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            with torch.no_grad():
+                model(input_ids=ids, labels=ids)
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+    finally:
+        fused_ops.remove_fused_ops(model)
+    assert len(_debug_get_cache_entry_list(fused_ops._rms_math.__code__)) > 8   # past the default limit
+    want = ref(input_ids=ids, labels=ids)
+    want.loss.backward()
+    assert rel_err(out.loss, want.loss) <= 1e-6
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        assert rel_err(p.grad, q.grad) <= 1e-5, n
+
+
+def test_a_torch_without_a_per_function_limit_gets_the_process_wide_one_raised(monkeypatch):
+    """torch.compile without `recompile_limit=` (older torch, e.g. the device's 2.11 if it lacks it): TorchDynamo's
+    process-wide limit is raised to COMPILE_SHAPES instead, never lowered."""
+    import torch._dynamo
+    compiled = []
+
+    def old_compile(fn, *, dynamic=None):   # the signature of a torch.compile with no per-function limit
+        compiled.append(fn)
+        return fn
+    monkeypatch.setattr(torch, "compile", old_compile)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    fused_ops._compiled.__wrapped__(None)
+    assert torch._dynamo.config.recompile_limit == fused_ops.COMPILE_SHAPES and len(compiled) == 3
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1000)
+    fused_ops._compiled.__wrapped__(None)
+    assert torch._dynamo.config.recompile_limit == 1000
