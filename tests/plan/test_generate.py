@@ -350,3 +350,25 @@ def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_con
     run = yaml.safe_load((out / "run.yaml").read_text())
     assert run["memory"]["attn_bwd_head_groups"] == 4 and run["optimizer"]["offload_params"] is True
     assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["offload_param"]["device"] == "cpu"
+
+
+def test_a_partial_offload_the_search_picks_reaches_run_yaml_and_deepspeeds_config(tmp_path, capsys):
+    """1 x 141 GB + 128 GB host: `plan` offloads part of the 8B's optimizer (the whole breaks the host), says so, and
+    run.yaml and ds_config.json carry the ratio and the sub-group size it was planned at."""
+    import json
+
+    import yaml
+
+    from ds_longctx.plan.zero_buffers import offload_sub_group_elems
+    out = tmp_path / "plan"
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "128", "--out", str(out)]) == 0
+    c = choose("qwen3-8b", 65536, 1, 141, 128)
+    ratio = c.levers.optimizer_offload_ratio
+    assert 0 < ratio < 1
+    assert "the whole optimizer there breaks the host budget" in (out / "plan.txt").read_text()
+    run = yaml.safe_load((out / "run.yaml").read_text())
+    assert run["optimizer"]["offload"] is True and run["optimizer"]["offload_ratio"] == ratio
+    off = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
+    assert off["offload_optimizer"]["ratio"] == ratio
+    assert off["sub_group_size"] == offload_sub_group_elems(c.plan.geom, 1)

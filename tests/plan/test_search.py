@@ -291,3 +291,29 @@ def test_parameters_are_offloaded_only_after_the_optimizer_and_only_where_nothin
     assert shorter.levers.optimizer_offload and not shorter.levers.offload_params
     lora = Levers(lora_rank=16)
     assert not choose(Q8, find_max_len(Q8, 1, 141, 2000, base=lora), 1, 141, 2000, base=lora).levers.offload_params
+
+
+def test_a_partial_optimizer_offload_only_where_the_whole_one_breaks_the_host():
+    """1 x 141 GB + 128 GB host (the one-H200 machine the device lends): the 8B's optimizer fits neither on the GPU nor,
+    whole, on the host, at any offload count, so a partial offload holds the most the host can; one tenth more on
+    the host does not fit. Where the host holds the whole optimizer (2 TB) it goes whole; a ratio the user gives or
+    LoRA is never changed by the search."""
+    n = find_max_len(Q8, 1, 141, 128)
+    assert n >= 65_536
+    c = choose(Q8, n, 1, 141, 128)
+    lv = c.levers
+    assert lv.optimizer_offload and 0 < lv.optimizer_offload_ratio < 1 and not lv.offload_params
+    assert c.plan.fits(0.9 * 141 * GB, 0.9 * 128 * GB)
+    assert any(x.startswith("optimizer_offload=True: nothing fits with it on GPU (partial: ") and
+               "breaks the host budget" in x for x in c.notes)
+    for k in range(Q8.layers + 1):
+        for other in (dict(optimizer_offload=False), dict(optimizer_offload_ratio=1.0)):
+            assert not plan_memory(Q8, n, 1, 1, replace(lv, offload_layers=k, **other)).fits(
+                0.9 * 141 * GB, 0.9 * 128 * GB), (k, other)
+    with pytest.raises(NoFit):
+        choose(Q8, n, 1, 141, 128, base=Levers(optimizer_offload_ratio=round(lv.optimizer_offload_ratio + 0.1, 1)))
+    assert choose(Q8, n, 1, 141, 2000).levers.optimizer_offload_ratio == 1.0
+    assert choose(Q8, 32_768, 1, 141, 128, base=Levers(optimizer_offload_ratio=0.4)).levers.optimizer_offload_ratio \
+        == 0.4
+    lora = Levers(lora_rank=16)
+    assert choose(Q8, n, 1, 141, 128, base=lora).levers.optimizer_offload_ratio == 1.0
