@@ -182,14 +182,17 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
     print(f"longest: {json.dumps(line)}", flush=True)
 
 
-PLAN_KEYS = ("placement", "optimizer_offload", "planned_reserved_bytes", "planned_host_bytes")  # what a plan is
+# what a plan is; a prediction made before a key was recorded had the default (no partial optimizer offload)
+PLAN_KEYS = {"placement": None, "optimizer_offload": None, "optimizer_offload_ratio": 1.0,
+             "planned_reserved_bytes": None, "planned_host_bytes": None}
 
 
 def plan_changed(given: dict, fresh: dict) -> str:
     """'' when today's plan for a spec is the committed prediction's; else what differs."""
     if "error" in fresh:
         return ""
-    return ", ".join(f"{k} {given.get(k)} -> {fresh.get(k)}" for k in PLAN_KEYS if given.get(k) != fresh.get(k))
+    was = {k: given.get(k, d) for k, d in PLAN_KEYS.items()}
+    return ", ".join(f"{k} {was[k]} -> {fresh.get(k)}" for k in PLAN_KEYS if was[k] != fresh.get(k))
 
 
 def plans_table(rows: list) -> str:

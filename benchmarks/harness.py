@@ -39,8 +39,8 @@ def check_steps(ap, steps: int) -> None:
 def read_plan(plan_dir: Path) -> dict:
     """The plan's numbers from its plan.txt (GB = 1e9 bytes): planned per-GPU peak (with the CUDA context), reserved
     peak (without it: what max_memory_reserved reports) and allocated peak (without the allocator slack either: what
-    max_memory_allocated reports), host peak and host budget, placement, optimizer and parameter offload, attention
-    backward head groups."""
+    max_memory_allocated reports), host peak and host budget, placement, optimizer offload and its host share (1.0:
+    all of it, or no offload), parameter offload, attention backward head groups."""
     text = (plan_dir / "plan.txt").read_text()
     gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
     ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
@@ -52,6 +52,8 @@ def read_plan(plan_dir: Path) -> dict:
             "planned_host_bytes": int(float(host) * 1e9),
             "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
             "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0],
+            "optimizer_offload_ratio": float(m.group(1)) if (m := re.search(r"optimizer_offload=True \(ratio ([\d.]+)\)",
+                                                                               text)) else 1.0,
             "offload_params": " offload_params=True" in text,
             "attn_bwd_head_groups": int(m.group(1)) if (m := re.search(r" attn_bwd_head_groups=(\d+)", text)) else 1}
 

@@ -399,6 +399,30 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
 
 
+def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_share(tmp_path):
+    """A plan's identity includes the host's share of a partial optimizer offload: read from plan.txt (written by
+    `ds-longctx plan` for 1 x 141 GB + 128 GB host, where the search offloads part of the 8B's optimizer), compared
+    by `plan_changed`; a prediction committed before the share was recorded counts as the whole offload (1.0)."""
+    import sys
+
+    from ds_longctx.plan import generate
+    bp = bench_planner()
+    sys.path.insert(0, str(MODELS.parents[1] / "benchmarks"))
+    try:
+        from harness import read_plan
+    finally:
+        sys.path.pop(0)
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "128", "--out", str(tmp_path / "p")]) == 0
+    fresh = read_plan(tmp_path / "p")
+    assert fresh["optimizer_offload"] and 0 < fresh["optimizer_offload_ratio"] < 1
+    assert bp.plan_changed(dict(fresh), fresh) == ""
+    old = {k: v for k, v in fresh.items() if k != "optimizer_offload_ratio"}   # predicted before the share was kept
+    assert bp.plan_changed(old, fresh) == f"optimizer_offload_ratio 1.0 -> {fresh['optimizer_offload_ratio']}"
+    whole = dict(fresh, optimizer_offload_ratio=1.0)
+    assert bp.plan_changed(old, whole) == ""
+
+
 def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved input is the
     kernel's output and the q/k/v grads are the kernel's; with grouped KV heads FlashAttention 4 holds dK / dV in fp32
