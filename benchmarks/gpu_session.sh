@@ -24,7 +24,11 @@
 #               the planner of daa32ac): 262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
 #               predicted for: planner_predictions_2026-12-01e.jsonl holds four on 1 x H200, not yet run: the 1.7B's
-#               and the 4B's longest at 40 / 64 / 80 GB and the 0.6B's at 20 GB, models named per plan)
+#               and the 4B's longest at 40 / 64 / 80 GB and the 0.6B's at 20 GB, models named per plan; the 1.7B's
+#               and the 0.6B's ran in session_2026-12-01_h200x1-20261201T0554; g's 354304 and e's 4B two not yet;
+#               planner_predictions_2026-12-01j.jsonl: three partial optimizer offloads on 1 x H200 with a host too
+#               small for the whole optimizer, the 8B's longest on the device's own 128 GB host among them)
+#               VALIDATE_PLANS=96256:141:host_mem_gb=128,112640:40:model=qwen3-1.7b+host_mem_gb=32,92160:80:model=qwen3-4b+host_mem_gb=64
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
 #               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
 #               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row. Run gpu_tests first (the grouped
