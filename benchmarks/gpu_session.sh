@@ -31,8 +31,8 @@
 #               VALIDATE_PLANS=96256:141:host_mem_gb=128,112640:40:model=qwen3-1.7b+host_mem_gb=32,92160:80:model=qwen3-4b+host_mem_gb=64
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
 #               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
-#               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row. Run gpu_tests first (the grouped
-#               backward's FA4 test has not run on a GPU yet); without the grouped backward: LONGEST=833536:141
+#               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row (the grouped backward's FA4 tests
+#               passed on 1 x H200 at 93dd38e); without the grouped backward: LONGEST=833536:141
 #               LONGEST_PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01f.jsonl
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
