@@ -226,11 +226,21 @@ def plans_table(rows: list) -> str:
     return "\n".join(lines)
 
 
-def run_plans(a, specs: list, out: Path) -> None:
+def pick_predictions(files: str, fresh: dict) -> dict:
+    """Each spec's committed prediction from `files` (comma-separated jsonl): where several files predicted a spec,
+    the one whose plan is today's (held out), else the last file's."""
     given = {}
-    if a.predictions:
-        given = {r["spec"]: r for r in map(json.loads, Path(a.predictions).read_text().splitlines())}
+    for f in filter(None, files.split(",")):
+        for r in (json.loads(x) for x in Path(f).read_text().splitlines() if x.strip()):
+            prev = given.get(r["spec"])
+            if prev is None or not (r["spec"] in fresh and not plan_changed(prev, fresh[r["spec"]])):
+                given[r["spec"]] = r
+    return given
+
+
+def run_plans(a, specs: list, out: Path) -> None:
     fresh = {r["spec"]: r for r in predict_plans(specs, a.model, a.gpus, out / "plans")}
+    given = pick_predictions(a.predictions or "", fresh)
     path = out / f"planner_plans_{datetime.date.today().isoformat()}.jsonl"
     rows = []
     for spec in specs:
@@ -285,7 +295,8 @@ def main():
     ap.add_argument("--plans", default="", help="comma-separated seq_len:gpu_mem_gb[:flag+flag] (module doc)")
     ap.add_argument("--model", default="qwen3-8b", help="with --plans")
     ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
-    ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl) to measure against")
+    ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl; several comma-separated) to "
+                                          "measure against")
     ap.add_argument("--longest", help="with --plans: append each finished run to this longest.jsonl (issue 12's rows)")
     ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()

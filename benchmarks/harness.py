@@ -52,8 +52,8 @@ def read_plan(plan_dir: Path) -> dict:
             "planned_host_bytes": int(float(host) * 1e9),
             "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
             "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0],
-            "optimizer_offload_ratio": float(m.group(1)) if (m := re.search(r"optimizer_offload=True \(ratio ([\d.]+)\)",
-                                                                               text)) else 1.0,
+            "optimizer_offload_ratio": float(r.group(1)) if (r := re.search(
+                r"optimizer_offload=True \(ratio ([\d.]+)\)", text)) else 1.0,
             "offload_params": " offload_params=True" in text,
             "attn_bwd_head_groups": int(m.group(1)) if (m := re.search(r" attn_bwd_head_groups=(\d+)", text)) else 1}
 

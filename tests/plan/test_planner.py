@@ -423,6 +423,24 @@ def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_sha
     assert bp.plan_changed(old, whole) == ""
 
 
+def test_predictions_from_several_files_keep_the_one_that_is_todays_plan(tmp_path):
+    """`--predictions a.jsonl,b.jsonl`: every spec found; where two files predicted the same spec, the one whose plan
+    today's planner still makes (held out) wins over a later one that differs; else the later file's."""
+    bp = bench_planner()
+    plan = {"placement": "keep:28", "optimizer_offload": True, "optimizer_offload_ratio": 1.0,
+            "planned_reserved_bytes": 30e9, "planned_host_bytes": 50e9}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(dict(plan, spec="x", commit="old")) + "\n" + json.dumps(dict(plan, spec="y", commit="old"))
+                 + "\n")
+    b.write_text(json.dumps(dict(plan, spec="x", commit="new", planned_host_bytes=60e9)) + "\n"
+                 + json.dumps(dict(plan, spec="y", commit="new", planned_host_bytes=60e9)) + "\n\n")
+    fresh = {"x": dict(plan, spec="x"), "y": dict(plan, spec="y", planned_host_bytes=70e9)}
+    got = bp.pick_predictions(f"{a},{b}", fresh)
+    assert got["x"]["commit"] == "old"      # today's plan is a's prediction
+    assert got["y"]["commit"] == "new"      # neither matches: the later file's
+    assert bp.pick_predictions("", fresh) == {}
+
+
 def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved input is the
     kernel's output and the q/k/v grads are the kernel's; with grouped KV heads FlashAttention 4 holds dK / dV in fp32
