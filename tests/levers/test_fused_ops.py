@@ -169,9 +169,10 @@ def test_a_torch_without_a_per_function_limit_gets_the_process_wide_one_raised(m
         compiled.append(fn)
         return fn
     monkeypatch.setattr(torch, "compile", old_compile)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    fused_ops._compiled.__wrapped__(None)
-    assert torch._dynamo.config.recompile_limit == fused_ops.COMPILE_SHAPES and len(compiled) == 3
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1000)
-    fused_ops._compiled.__wrapped__(None)
-    assert torch._dynamo.config.recompile_limit == 1000
+    # the config's own patch restores it (pytest's monkeypatch would delete, which hides the key for good)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        fused_ops._compiled.__wrapped__(None)
+        assert torch._dynamo.config.recompile_limit == fused_ops.COMPILE_SHAPES and len(compiled) == 3
+    with torch._dynamo.config.patch(recompile_limit=1000):
+        fused_ops._compiled.__wrapped__(None)
+        assert torch._dynamo.config.recompile_limit == 1000
