@@ -182,8 +182,10 @@ def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
 
 def _adapters(g: ModelGeometry, rank: int, targets) -> tuple:
     """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
+    if not rank:
+        return 0, 0, 0, 0
     lin, top = g.linears(), f"model.layers.{g.layers - 1}."
-    names = target_names(lin, targets, "lm_head") if rank else []
+    names = target_names(lin, targets, "lm_head")
     count = lambda prefix="": sum(rank * sum(lin[n]) for n in names if n.startswith(prefix))  # noqa: E731
     return count(), count(top), count(top + "mlp."), sum(n.startswith(top) for n in names)
 

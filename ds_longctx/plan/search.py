@@ -106,6 +106,8 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                                  optimizer_offload=opt, optimizer_offload_ratio=ratio, attn_bwd_head_groups=groups,
                                  offload_params=params or base.offload_params,
                                  tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
+                    if ratio < asked and plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes > host_budget:
+                        continue  # a partial offload whose least host (no checkpoint offloaded) breaks it: no k fits
                     lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
                                                           **knobs)

@@ -6,6 +6,8 @@ Each rule is read off DeepSpeed 0.19.8's runtime/zero/stage3.py; plan/planner.py
 
 from __future__ import annotations
 
+import functools
+
 from ds_longctx.plan.geometry import ModelGeometry
 
 # ds_config.py's reduce_bucket_size (elements); tests/plan/test_zero_buffers.py checks the two agree.
@@ -27,12 +29,14 @@ def pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+@functools.lru_cache(maxsize=256)  # pure in (geometry, world); the search asks thousands of times
 def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
     """DeepSpeed's sub_group_size for partial offload: one rank's partition in about OFFLOAD_SUB_GROUPS groups."""
     return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
 
 
-def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> list:
+@functools.lru_cache(maxsize=256)  # pure in its arguments; a tuple, so no caller can change the cached value
+def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> tuple:
     """One rank's optimizer partition cut into DeepSpeed ZeRO-3's sub-groups (stage3.py `_create_fp16_sub_groups`:
     parameters in order, each a ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements
     or at the last parameter): their sizes in elements."""
@@ -43,7 +47,7 @@ def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> list:
         if size >= sub_group_elems or i == len(numels) - 1:
             groups.append(size)
             size = 0
-    return groups
+    return tuple(groups)
 
 
 def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
