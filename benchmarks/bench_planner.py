@@ -10,6 +10,9 @@ no cache left over from another variant. Measured per run: GPU = the highest `ma
 steps after the first (the first allocates the optimizer state at its end; max over ranks), host = the highest
 sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned checkpoint buffers).
 
+`--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
+device session: a changed plan is no longer held out).
+
 `--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown table:
 this is how a change to the planner's constants is checked against every measured run.
 
@@ -238,6 +241,21 @@ def pick_predictions(files: str, fresh: dict) -> dict:
     return given
 
 
+def check_predictions(files: str) -> int:
+    """Each committed prediction against today's planner (`plan_changed`), one line per spec: `held out` when the
+    plan is the same, else what moved (a run of it would be measured against today's plan, not held out). The GPU
+    count is each row's own. Returns the number that changed."""
+    import tempfile
+    changed = 0
+    for f in filter(None, files.split(",")):
+        for r in (json.loads(x) for x in Path(f).read_text().splitlines() if x.strip()):
+            fresh = predict_plans([r["spec"]], r.get("model", "qwen3-8b"), r["gpus"], Path(tempfile.mkdtemp()))[0]
+            moved = plan_changed(r, fresh) if "error" not in fresh else f"today's plan fails: {fresh['error'][-120:]}"
+            changed += bool(moved)
+            print(f"{Path(f).name} {r['spec']} x{r['gpus']}: {moved or 'held out (same plan today)'}", flush=True)
+    return changed
+
+
 def run_plans(a, specs: list, out: Path) -> None:
     fresh = {r["spec"]: r for r in predict_plans(specs, a.model, a.gpus, out / "plans")}
     given = pick_predictions(a.predictions or "", fresh)
@@ -295,11 +313,15 @@ def main():
     ap.add_argument("--plans", default="", help="comma-separated seq_len:gpu_mem_gb[:flag+flag] (module doc)")
     ap.add_argument("--model", default="qwen3-8b", help="with --plans")
     ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
+    ap.add_argument("--check", help="committed predictions (jsonl; several comma-separated): say per spec whether "
+                                    "today's planner still makes that plan (still held out), run nothing")
     ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl; several comma-separated) to "
                                           "measure against")
     ap.add_argument("--longest", help="with --plans: append each finished run to this longest.jsonl (issue 12's rows)")
     ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()
+    if a.check:
+        return check_predictions(a.check)
     if a.plans:
         specs, out = [s for s in a.plans.split(",") if s], Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

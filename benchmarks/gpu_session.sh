@@ -30,7 +30,8 @@
 #               small for the whole optimizer, the 8B's longest on the device's own 128 GB host among them)
 #               VALIDATE_PLANS=96256:141:host_mem_gb=128,112640:40:model=qwen3-1.7b+host_mem_gb=32,92160:80:model=qwen3-4b+host_mem_gb=64
 #               PREDICTIONS takes several files, comma-separated (each spec measured against the one that is today's
-#               plan), so one validate stage runs plans predicted in different files
+#               plan), so one validate stage runs plans predicted in different files. Before the session, on CPU:
+#               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
 #               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
 #               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row (the grouped backward's FA4 tests

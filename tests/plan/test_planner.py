@@ -441,6 +441,20 @@ def test_predictions_from_several_files_keep_the_one_that_is_todays_plan(tmp_pat
     assert bp.pick_predictions("", fresh) == {}
 
 
+def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, capsys):
+    """`bench_planner --check`: a committed prediction whose plan today's planner still makes is held out; one with
+    another host figure is not, and the line says what moved."""
+    bp = bench_planner()
+    row = json.loads((MODELS.parents[1] / "benchmarks" / "results" / "planner_predictions_2026-12-01j.jsonl")
+                     .read_text().splitlines()[1])   # the 1.7B on 40 GB + 32 GB host, one GPU
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, planned_host_bytes=1e9)) + "\n")
+    assert bp.check_predictions(str(f)) == 1
+    same, moved = capsys.readouterr().out.splitlines()
+    assert same.endswith("x1: held out (same plan today)")
+    assert f"planned_host_bytes 1000000000.0 -> {row['planned_host_bytes']}" in moved
+
+
 def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved input is the
     kernel's output and the q/k/v grads are the kernel's; with grouped KV heads FlashAttention 4 holds dK / dV in fp32
