@@ -229,15 +229,22 @@ def plans_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def read_predictions(files: str):
+    """(file name, row) of every committed prediction in `files` (comma-separated jsonl), in file order."""
+    for f in filter(None, files.split(",")):
+        for line in Path(f).read_text().splitlines():
+            if line.strip():
+                yield Path(f).name, json.loads(line)
+
+
 def pick_predictions(files: str, fresh: dict) -> dict:
     """Each spec's committed prediction from `files` (comma-separated jsonl): where several files predicted a spec,
     the one whose plan is today's (held out), else the last file's."""
     given = {}
-    for f in filter(None, files.split(",")):
-        for r in (json.loads(x) for x in Path(f).read_text().splitlines() if x.strip()):
-            prev = given.get(r["spec"])
-            if prev is None or not (r["spec"] in fresh and not plan_changed(prev, fresh[r["spec"]])):
-                given[r["spec"]] = r
+    for _, r in read_predictions(files):
+        prev = given.get(r["spec"])
+        if prev is None or not (r["spec"] in fresh and not plan_changed(prev, fresh[r["spec"]])):
+            given[r["spec"]] = r
     return given
 
 
@@ -247,12 +254,11 @@ def check_predictions(files: str) -> int:
     count is each row's own. Returns the number that changed."""
     import tempfile
     changed = 0
-    for f in filter(None, files.split(",")):
-        for r in (json.loads(x) for x in Path(f).read_text().splitlines() if x.strip()):
-            fresh = predict_plans([r["spec"]], r.get("model", "qwen3-8b"), r["gpus"], Path(tempfile.mkdtemp()))[0]
-            moved = plan_changed(r, fresh) if "error" not in fresh else f"today's plan fails: {fresh['error'][-120:]}"
-            changed += bool(moved)
-            print(f"{Path(f).name} {r['spec']} x{r['gpus']}: {moved or 'held out (same plan today)'}", flush=True)
+    for name, r in read_predictions(files):
+        fresh = predict_plans([r["spec"]], r.get("model", "qwen3-8b"), r["gpus"], Path(tempfile.mkdtemp()))[0]
+        moved = plan_changed(r, fresh) if "error" not in fresh else f"today's plan fails: {fresh['error'][-120:]}"
+        changed += bool(moved)
+        print(f"{name} {r['spec']} x{r['gpus']}: {moved or 'held out (same plan today)'}", flush=True)
     return changed
 
 

@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
                         "fits without it; this forces it on. Not with --lora_rank or --optimizer_offload_ratio")
     p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
                    help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
-                        "offload; the rest steps on the GPU). 1 (default): all of it. Not yet measured on a GPU, so "
-                        "the search does not pick it by itself")
+                        "offload; the rest steps on the GPU). 1 (default): all of it. The search picks a share by "
+                        "itself only where the whole optimizer on the host breaks its budget; this fixes the share")
     p.add_argument("--lora_rank", type=int, default=0,
                    help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
                         "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")

@@ -106,7 +106,8 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                                  optimizer_offload=opt, optimizer_offload_ratio=ratio, attn_bwd_head_groups=groups,
                                  offload_params=params or base.offload_params,
                                  tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
-                    if ratio < asked and plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes > host_budget:
+                    if ratio < asked and \
+                            plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes > host_budget:
                         continue  # a partial offload whose least host (no checkpoint offloaded) breaks it: no k fits
                     lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
@@ -179,9 +180,9 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
         notes.append(f"attn_bwd_head_groups={lv.attn_bwd_head_groups}: "
                      + ("as asked" if base.attn_bwd_head_groups > 1 else "needed to fit")
                      + "; the attention backward over that many groups of KV heads, one at a time (the kernel's fp32 "
-                       "accumulators of one group; its memory measured on one H200, Qwen3-1.7B at 292,864 tokens -2.1% and "
-                       "0.6B at 362,496 +3.4% against their plans, planner_runs_2026-12-01c.md; its step-time cost "
-                       "not measured)")
+                       "accumulators of one group; its memory measured on one H200, Qwen3-1.7B at 292,864 tokens "
+                       "-2.1% and 0.6B at 362,496 +3.4% against their plans, planner_runs_2026-12-01c.md; its "
+                       "step-time cost not measured)")
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
                      + "; " + POOL_HOW)
