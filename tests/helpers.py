@@ -1,5 +1,6 @@
 """The one test toolbox: environments for subprocesses, the relative error, the tiny reference model, the
-multi-process harness (torchrun on CPU/gloo, the `ds-longctx` CLI) and the small local corpus (no network).
+multi-process harness (torchrun on CPU/gloo, the `ds-longctx` CLI), the small local corpus (no network) and
+benchmarks/bench_planner.py loaded as a module.
 
 Heavy imports (torch, transformers, deepspeed) stay inside the functions, so importing this module is cheap.
 """
@@ -293,3 +294,19 @@ def write_parquet(path: Path, docs: list[str]) -> Path:
 def token_ids(docs: list[str]) -> list[list[int]]:
     """What make_tokenizer gives for each document (word wK -> id K + 4), without EOS."""
     return [[int(w[1:]) + len(SPECIALS) for w in d.split()] for d in docs]
+
+
+# ----------------------------------------------------------------------------- benchmark drivers
+def bench_planner():
+    """benchmarks/bench_planner.py as a module (benchmarks/ holds its own imports: harness)."""
+    import importlib.util
+    import sys
+    bench = ROOT / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_planner", bench / "bench_planner.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(bench))

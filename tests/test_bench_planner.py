@@ -1,0 +1,90 @@
+"""benchmarks/bench_planner.py's held-out bookkeeping (CPU): plan specs with their model and budgets, the verdict
+against both budgets, what makes two predictions the same plan, predictions from several files, `--check`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, bench_planner
+
+
+def test_held_out_plan_specs_carry_their_model_and_budgets():
+    """`seq_len:gpu_mem_gb[:flag+flag]`: `model=` picks the plan's model (not passed twice to `plan`); the table says
+    NO when the run went over either budget the plan had (GPU: reserved + the plan's context term; host: Σ RSS)."""
+    bp = bench_planner()
+    seq, gb, model, args = bp.plan_args("264192:40:model=qwen3-1.7b+host_mem_gb=60+tiled_layer", "qwen3-8b", 1)
+    assert (seq, gb, model) == (264192, 40.0, "qwen3-1.7b")
+    assert args == ["--model", "qwen3-1.7b", "--seq_len", "264192", "--gpus", "1", "--gpu_mem_gb", "40",
+                    "--host_mem_gb", "60", "--tiled_layer"]
+    assert bp.plan_args("1024:80", "qwen3-4b", 2)[2] == "qwen3-4b"
+    with pytest.raises(SystemExit, match="model= needs a name"):
+        bp.plan_args("1024:80:model=", "qwen3-8b", 1)
+    row = {"spec": "s", "model": "qwen3-1.7b", "placement": "offload:28", "optimizer_offload": True,
+           "measured_steps": [30e9, 33e9], "planned_reserved_bytes": 33.3e9, "planned_gpu_bytes": 34.9e9,
+           "measured_host_bytes": 50e9, "planned_host_bytes": 54e9, "gpu_mem_gb": 40.0, "host_mem_gb": 60.0}
+    verdict = lambda r: bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
+    assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
+    # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved / allocated 1.264
+    both = dict(row, measured_allocated_steps=[25e9, 26.1e9], planned_allocated_bytes=29.7e9)
+    assert "| 26.1 | 29.7 | -12.1% | 1.264 |" in bp.plans_table([both]) and verdict(both) == "yes"
+    assert verdict(dict(row, measured_host_bytes=61e9)) == "NO"       # over the host budget only
+    assert verdict(dict(row, measured_steps=[30e9, 38.5e9])) == "NO"  # 38.5 + 1.6 context > 40
+    assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
+
+
+def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_share(tmp_path):
+    """A plan's identity includes the host's share of a partial optimizer offload: read from plan.txt (written by
+    `ds-longctx plan` for 1 x 141 GB + 128 GB host, where the search offloads part of the 8B's optimizer), compared
+    by `plan_changed`; a prediction committed before the share was recorded counts as the whole offload (1.0)."""
+    import sys
+
+    from ds_longctx.plan import generate
+    bp = bench_planner()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from harness import read_plan
+    finally:
+        sys.path.pop(0)
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "128", "--out", str(tmp_path / "p")]) == 0
+    fresh = read_plan(tmp_path / "p")
+    assert fresh["optimizer_offload"] and 0 < fresh["optimizer_offload_ratio"] < 1
+    assert bp.plan_changed(dict(fresh), fresh) == ""
+    old = {k: v for k, v in fresh.items() if k != "optimizer_offload_ratio"}   # predicted before the share was kept
+    assert bp.plan_changed(old, fresh) == f"optimizer_offload_ratio 1.0 -> {fresh['optimizer_offload_ratio']}"
+    whole = dict(fresh, optimizer_offload_ratio=1.0)
+    assert bp.plan_changed(old, whole) == ""
+
+
+def test_predictions_from_several_files_keep_the_one_that_is_todays_plan(tmp_path):
+    """`--predictions a.jsonl,b.jsonl`: every spec found; where two files predicted the same spec, the one whose plan
+    today's planner still makes (held out) wins over a later one that differs; else the later file's."""
+    bp = bench_planner()
+    plan = {"placement": "keep:28", "optimizer_offload": True, "optimizer_offload_ratio": 1.0,
+            "planned_reserved_bytes": 30e9, "planned_host_bytes": 50e9}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(dict(plan, spec="x", commit="old")) + "\n" + json.dumps(dict(plan, spec="y", commit="old"))
+                 + "\n")
+    b.write_text(json.dumps(dict(plan, spec="x", commit="new", planned_host_bytes=60e9)) + "\n"
+                 + json.dumps(dict(plan, spec="y", commit="new", planned_host_bytes=60e9)) + "\n\n")
+    fresh = {"x": dict(plan, spec="x"), "y": dict(plan, spec="y", planned_host_bytes=70e9)}
+    got = bp.pick_predictions(f"{a},{b}", fresh)
+    assert got["x"]["commit"] == "old"      # today's plan is a's prediction
+    assert got["y"]["commit"] == "new"      # neither matches: the later file's
+    assert bp.pick_predictions("", fresh) == {}
+
+
+def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, capsys):
+    """`bench_planner --check`: a committed prediction whose plan today's planner still makes is held out; one with
+    another host figure is not, and the line says what moved."""
+    bp = bench_planner()
+    row = json.loads((ROOT / "benchmarks" / "results" / "planner_predictions_2026-12-01j.jsonl")
+                     .read_text().splitlines()[1])   # the 1.7B on 40 GB + 32 GB host, one GPU
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, planned_host_bytes=1e9)) + "\n")
+    assert bp.check_predictions(str(f)) == 1
+    same, moved = capsys.readouterr().out.splitlines()
+    assert same.endswith("x1: held out (same plan today)")
+    assert f"planned_host_bytes 1000000000.0 -> {row['planned_host_bytes']}" in moved
