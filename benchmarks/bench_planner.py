@@ -7,7 +7,8 @@ Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, 
 with `+`). Every run is its own `torchrun ... bench_levers.py` process (one engine build, one variant,
 `--first_steps` steps, expandable segments as train.py sets them), so its peak is that variant's clean peak:
 no cache left over from another variant. Measured per run: GPU = the highest `max_memory_reserved` over the
-steps after the first (the first allocates the optimizer state at its end; max over ranks), host = the highest
+steps after the first (max over ranks; bench_levers.py builds its engine with the optimizer state made at build, but
+older rows are from runs whose first step made it at its end), host = the highest
 sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned checkpoint buffers).
 
 `--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
@@ -286,7 +287,10 @@ def run_plans(a, specs: list, out: Path) -> None:
             ended, metrics = time.time(), d / "run" / "metrics.jsonl"
             steps = read_lines(metrics)
             row.update(rc=rc, wall_seconds=round(wall, 1), measured_host_bytes=host,
-                       step_seconds=[m["seconds"] for m in steps if "loss" in m])
+                       step_seconds=[m["seconds"] for m in steps if "loss" in m],
+                       # the Adam moments existed from step 1 on (run/optimizer_state.py), as the plan counts them;
+                       # without it DeepSpeed makes them at step 1's end and step 1 alone understates the run
+                       optimizer_state_at_build="optimizer state: made at build" in (d / "log.txt").read_text(errors="replace"))
             if metrics.is_file():  # the last step's line is written just before "done": what exiting took after it
                 row["exit_seconds"] = round(ended - metrics.stat().st_mtime, 1)
             peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]

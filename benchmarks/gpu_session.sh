@@ -4,6 +4,9 @@
 #   RUN_DIR=/tmp/session launch/detach.sh bash benchmarks/gpu_session.sh COMMIT hf_trainer gpu_tests peers ...
 #   RUN_DIR=/tmp/session launch/wait.sh 540; tar czf $OUT/res.tgz --exclude=books --exclude=cache \
 #     --exclude='*.pickle' -C /tmp res session      (every call; each file back is at most 16 MiB)
+# Make each next call at once: the machine goes back 30 s after a call, and a call then starts a fresh one with no
+# /tmp/res. launch/wait.sh exits 2 at once there (no job in RUN_DIR); a hand-written wait loop waits its whole time
+# for nothing (session_2026-12-01_h200x2-20261201T0924/chain.sh lost the rest of that session's device time so).
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
@@ -34,8 +37,10 @@
 #               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
 #               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
-#               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row (the grouped backward's FA4 tests
-#               passed on 1 x H200 at 93dd38e); without the grouped backward: LONGEST=833536:141
+#               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row. Ran at b11b708 (882.8 s, host +0.2%,
+#               GPU -31.6%: DeepSpeed made the Adam moments at step 1's end; planner_runs_2026-12-01d.md). With
+#               optimizer.state_at_build (the default since) one step holds them: ~17 min of x2 time with the build.
+#               Without the grouped backward: LONGEST=833536:141
 #               LONGEST_PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01f.jsonl
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)

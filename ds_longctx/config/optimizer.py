@@ -21,6 +21,11 @@ class OptimizerConfig(Section):
     torch_adam: bool = True
     """Use torch's AdamW inside DeepSpeed (no JIT build); False uses DeepSpeed's fused Adam (GPU) / CPU Adam
     (optimizer offload), built on first use."""
+    state_at_build: bool = Field(True, json_schema_extra={"flat": "optimizer_state_at_build"})
+    """Create the Adam moments at build (`run/optimizer_state.py`), so step 1 holds what every step holds: a plan that
+    does not fit fails at build, not at step 2, and a one-step run measures the steady peak. False leaves them to
+    DeepSpeed's lazy default (made in step 1's optimizer step). The weights and the trajectory are the same either way
+    (tests/distributed/test_optimizer_state.py)."""
     offload: bool = Field(False, json_schema_extra={"flat": "optimizer_offload"})
     """Keep the fp32 master weights, gradients and Adam state in pinned host memory (DeepSpeed offload_optimizer:
     cpu, DeepSpeedCPUAdam)."""

@@ -31,6 +31,9 @@ What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `c
   different value passed for one of them is refused, naming the run-config key. DeepSpeed builds the optimizer (the
   JSON's AdamW block) and, with warm-up, the WarmupLR schedule; without, the Trainer's "constant" one: as
   `ds-longctx train`. Gradient checkpointing is the placement plan's, so the Trainer's own stays off.
+- optimizer state: `training_step` makes the Adam moments before the first batch (`run/optimizer_state.at_start`,
+  `optimizer.state_at_build`), after the Trainer's engine and any checkpoint it resumed, as `ds-longctx train` does
+  at build.
 
 Process group: `training_args` starts it through DeepSpeed (nccl on GPU, gloo on CPU) and configures accelerate's
 PartialState on it (`use_configured_state`): on CPU accelerate would otherwise see one process.
@@ -279,6 +282,21 @@ def step_clock():
     return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()
 
 
+def _log_to_stderr() -> None:
+    """ds_longctx's build lines (attention kernel, placement, optimizer state, ...) on stderr as `ds-longctx train`
+    prints them (rank 0 at INFO, the others at WARNING), unless the script already routes logging somewhere: a
+    library adds no handler where its user has one."""
+    import logging
+    logger = logging.getLogger("ds_longctx")
+    if logger.hasHandlers():
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[ds_longctx] %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
 class LongCtxTrainerMixin:
     """In front of a Trainer class: ds_longctx's levers, data order and SP loss (module docstring)."""
 
@@ -288,6 +306,7 @@ class LongCtxTrainerMixin:
         from ds_longctx.levers.loss_head import route_forward
         from ds_longctx.run.engine import apply_levers
         check_trainer(self, run_config)
+        _log_to_stderr()
         text = self.model.config.get_text_config()
         self.longctx_config = run_config
         self.longctx_state = ParallelState.build(run_config.parallel.sp_size, text.num_attention_heads,
@@ -364,6 +383,10 @@ class LongCtxTrainerMixin:
     def training_step(self, model, inputs, num_items_in_batch=None):
         """Forward and backward of one batch; DeepSpeed steps inside `accelerator.backward`. Returns the SP group's
         token-mean loss (what the Trainer sums for its log)."""
+        if not getattr(self, "_longctx_optimizer_state", False):  # optimizer.state_at_build, before the first batch
+            from ds_longctx.run.optimizer_state import at_start
+            at_start(self.longctx_config, getattr(model, "optimizer", None), self.longctx_state.rank)
+            self._longctx_optimizer_state = True
         model.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():

@@ -32,7 +32,10 @@ Order (each step says why it comes where it does):
     decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7),
     made after 9.
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
-    averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas).
+    averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas). Then the
+    optimizer's state (`run/optimizer_state.py`, `optimizer.state_at_build`), before the pool: DeepSpeed leaves the
+    Adam moments to step 1's optimizer step, and step 1 should hold what every step holds (`ds-longctx train` makes
+    it itself, after a resume could bring it).
 
 Steps 4-8 are `apply_levers`, the one home of this order: `build_engine` and the HF Trainer integration
 (`integrations/hf_trainer.py`, where the Trainer does step 9) both call it; `sharded_loss` is the step both run
@@ -64,6 +67,7 @@ from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
 from ds_longctx.run import gpu_budget
+from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.search import run_placement
@@ -203,8 +207,10 @@ def gpu_mem_gb() -> Optional[float]:
     return torch.cuda.get_device_properties(0).total_memory / 1e9 if torch.cuda.is_available() else None
 
 
-def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
-    """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank)."""
+def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
+    """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank).
+    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train.py` makes it after a resume, whose
+    checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
     import deepspeed
 
     from ds_longctx.run.preflight import validate
@@ -230,6 +236,8 @@ def build_engine(cfg: RunConfig, hf_config=None) -> LongCtxEngine:
     ds_engine, *_ = deepspeed.initialize(model=levers.head, model_parameters=trainable_parameters(levers.head),
                                          config=ds_config)
     _build_stage("9/9 deepspeed.initialize", t0, state.rank)
+    if optimizer_state and make_optimizer_state(cfg, ds_engine.optimizer, state.rank):  # not in step 1's step
+        _build_stage("optimizer state", t0, state.rank)
     if reserve_pool():  # after DeepSpeed's host-side build buffers are gone (the planner's build phase)
         _build_stage("pinned pool", t0, state.rank)
     return LongCtxEngine(cfg, ds_engine, levers, state, ds_config, device)

@@ -65,10 +65,12 @@ def apply(budget_gb: float | None, rank: int = 0) -> float | None:
 
 
 def out_of_budget(budget_gb: float | None, step: int) -> str:
-    """The message for an out-of-memory error at step `step` (1-based) under `budget_gb`."""
+    """The message for an out-of-memory error at step `step` (1-based; 0: making the optimizer state before step 1,
+    `run/optimizer_state.py`) under `budget_gb`."""
     where = (f"the {budget_gb:g} GB budget per GPU (memory.gpu_budget_gb)" if budget_gb is not None
              else "the GPU's memory")
-    return (f"stopped: step {step} ran out of {where}: the live tensors need more than the plan counted. Plan "
+    what = f"step {step}" if step else "making the optimizer state before step 1"
+    return (f"stopped: {what} ran out of {where}: the live tensors need more than the plan counted. Plan "
             f"again with a smaller --gpu_mem_gb (`ds-longctx plan ... --gpu_mem_gb N`) so more checkpoints and the "
             f"optimizer go to the host, or lower train.seq_len; the allocator's report is above")
 

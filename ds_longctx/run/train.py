@@ -81,8 +81,8 @@ def stop(message: str, rank: int):
 
 
 def out_of_memory(cfg, step: int):
-    """An out-of-memory error at `step` on this rank (maybe not rank 0): the allocator's report, then what to change;
-    exit 1 (the launcher ends the other ranks)."""
+    """An out-of-memory error at `step` on this rank (0: the optimizer state before step 1; maybe not rank 0): the
+    allocator's report, then what to change; exit 1 (the launcher ends the other ranks)."""
     import traceback
 
     from ds_longctx.run.gpu_budget import out_of_budget
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from tqdm import tqdm
 
-    from ds_longctx.run import checkpoint, memory_snapshot
+    from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state
     from ds_longctx.data import build_data, build_eval_data
     from ds_longctx.parallel.parallel_state import init_distributed, leave
     from ds_longctx.run.engine import build_engine
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     snapshot_steps = cfg.logging.memory_snapshot_steps
     if snapshot_steps:
         memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
-    engine = build_engine(cfg, hf_cfg)
+    engine = build_engine(cfg, hf_cfg, optimizer_state=False)  # made below, after a resume (which brings it)
     st = engine.state
     out = Path(cfg.train.output_dir)
 
@@ -228,6 +228,14 @@ def main(argv: list[str] | None = None) -> None:
                                     data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
+    # the Adam moments before step 1 (optimizer.state_at_build), where no checkpoint brought them
+    try:
+        made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)
+    except torch.OutOfMemoryError:
+        out_of_memory(cfg, 0)
+    if made and st.rank == 0:
+        log.info("optimizer state ready: host RSS %.2f GiB, GPU allocated %.2f GiB", _host_rss() / 2 ** 30,
+                 torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0)
     if st.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         cfg.dump(out / "run.yaml")

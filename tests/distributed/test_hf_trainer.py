@@ -55,8 +55,10 @@ def assert_same_losses(got: list, ref: list) -> None:
 @pytest.mark.parametrize("kind,layout", [("trainer", "concat"), ("sft", "pack")])
 def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, kind, layout):
     out = tmp_path / "result.json"
-    torchrun(2, ["tests/distributed/hf_trainer_worker.py", "--trainer", kind, "--out", str(out), "--", *corpus,
-                 "--data_layout", layout, "--output_dir", str(tmp_path / "run")])
+    res = torchrun(2, ["tests/distributed/hf_trainer_worker.py", "--trainer", kind, "--out", str(out), "--", *corpus,
+                       "--data_layout", layout, "--output_dir", str(tmp_path / "run")])
+    # optimizer.state_at_build under the Trainer too: the Adam moments before the first batch (run/optimizer_state.py)
+    assert "optimizer state: made at build for 1 sub-groups (AdamW" in res.stdout + res.stderr
     got = json.loads(out.read_text())
     ref = reference(layout)
     history = got["log_history"]

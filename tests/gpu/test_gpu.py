@@ -236,3 +236,19 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     assert unbounded >= 16 * 64 * mib, unbounded / mib  # the pile-up this bound is for (else the test shows nothing)
     # bounded: 2-3 freed outputs still waiting on the side stream, the live input, the new output, the first input
     assert bounded <= 8 * 64 * mib, bounded / mib
+
+
+@pytest.mark.parametrize("case", ["device", "half"])
+def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, case):
+    """fp32, SP = the GPUs here (2 at most), AdamW with weight decay (run/optimizer_state.py): the Adam moments made at
+    build, on the GPU (torch's AdamW there) or half on the host (DeepSpeedCPUAdam) and half on the GPU, step as
+    DeepSpeed's lazy default does, bit for bit, for two steps; and right after the build the GPU holds the moments of
+    its own sub-groups (2 fp32 tensors of each), which the lazy build does not."""
+    from tests.distributed.test_optimizer_state import assert_steps_as_the_lazy_default, run
+    made, lazy = run(tmp_path, case, True, N, gpu_env()), run(tmp_path, case, False, N, gpu_env())
+    assert_steps_as_the_lazy_default(made, lazy, case)
+    for m, l in zip(made, lazy):
+        on_gpu = sum(st["exp_avg"].numel() for p, st in zip(m["built"]["master"], m["built"]["state"])
+                     if st.get("device") == "cuda")
+        grown = m["built"]["allocated"] - l["built"]["allocated"]
+        assert on_gpu > 0 and abs(grown - 8 * on_gpu) <= 0.01 * 8 * on_gpu + 2 ** 20, (grown, on_gpu)

@@ -316,9 +316,11 @@ def committed_runs() -> list:
 
 
 def committed_plan_runs() -> list:
-    """(spec, measured reserved, measured host, today's plan) of every held-out plan run committed with its plan
-    (benchmarks/results/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and placement,
-    re-predicted with the current planner."""
+    """(spec, measured reserved, measured host, today's plan, steady) of every held-out plan run committed with its
+    plan (benchmarks/results/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and
+    placement, re-predicted with the current planner. `steady` is False for a one-step run whose GPU peak preceded its
+    Adam moments (made at the step's end before run/optimizer_state.py; its row says `optimizer_state_at_build: false`):
+    its GPU peak is not the steady state the plan is for."""
     from ds_longctx.config.run import RunConfig
     from ds_longctx.levers.placement import PlacementPlan
     bench = bench_planner()
@@ -330,7 +332,9 @@ def committed_plan_runs() -> list:
             cfg = RunConfig.load(jl.parent / "plans" / f"plan_{bench.spec_name(r['spec'])}" / "run.yaml")
             plan = plan_memory(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, r["gpus"],
                                cfg.parallel.sp_size, Levers.from_run_config(cfg, PlacementPlan.parse(cfg.memory.placement)))
-            out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan))
+            lazy = (r.get("optimizer_state_at_build") is False and len(r["measured_steps"]) == 1
+                    and not r.get("optimizer_offload"))
+            out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan, not lazy))
     return out
 
 
@@ -342,7 +346,7 @@ def test_max_headroom_covers_every_committed_plan_run_on_gpu_and_host():
     from ds_longctx.plan.planner import MAX_HEADROOM
     runs = committed_plan_runs()
     assert len(runs) >= 5, [r[0] for r in runs]  # 1 on 2 x H200 (2026-11-30) + 4 on 1 x H200 (2026-12-01)
-    for spec, gpu, host, plan in runs:
+    for spec, gpu, host, plan, _ in runs:  # a non-steady GPU peak only measured low: still under the rule
         assert MAX_HEADROOM * gpu <= plan.reserved_bytes, (spec, gpu / plan.reserved_bytes)
         assert MAX_HEADROOM * host <= plan.host_peak_bytes, (spec, host / plan.host_peak_bytes)
 
@@ -384,11 +388,12 @@ def test_committed_runs_through_the_pool_or_without_offload_re_predict_inside_th
     """Calibration holds: every committed plan run whose checkpoints stayed on the GPU or went to our pool, re-predicted
     from its run.yaml, is within ±10% on the GPU (reserved) and ±15% on the host. (Runs through DeepSpeed's own
     offload engine are planned at its worst measured fragmentation, DS_OFFLOAD_FRAGMENTATION: not inside these bars,
-    and `plan` no longer picks that path.)"""
+    and `plan` no longer picks that path.) The GPU bar skips a peak measured before the Adam moments existed (the
+    860,160-token step: planner_runs_2026-12-01d.md); its host is held to the bar."""
     runs = [r for r in committed_plan_runs() if r[3].levers.pinned_pool or not r[3].placement.offloaded]
     assert len(runs) >= 5, [r[0] for r in runs]
-    for spec, gpu, host, plan in runs:
-        assert abs(gpu / plan.reserved_bytes - 1) <= 0.10, (spec, gpu / plan.reserved_bytes)
+    for spec, gpu, host, plan, steady in runs:
+        assert not steady or abs(gpu / plan.reserved_bytes - 1) <= 0.10, (spec, gpu / plan.reserved_bytes)
         assert abs(host / plan.host_peak_bytes - 1) <= 0.15, (spec, host / plan.host_peak_bytes)
 
 

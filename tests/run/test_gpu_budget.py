@@ -47,6 +47,7 @@ def test_the_out_of_memory_message_names_the_budget_and_the_fix():
     msg = out_of_budget(64.0, 2)
     assert "step 2" in msg and "64 GB budget per GPU (memory.gpu_budget_gb)" in msg and "--gpu_mem_gb" in msg
     assert "the GPU's memory" in out_of_budget(None, 1)
+    assert out_of_budget(80.0, 0).startswith("stopped: making the optimizer state before step 1 ran out of the 80 GB")
 
 
 def test_the_run_ahead_bound_is_a_no_op_without_a_gpu_and_defaults_to_two_layers():

@@ -1,0 +1,132 @@
+"""The optimizer's state made at build, so step 1 holds what every later step holds.
+
+DeepSpeed 0.19.8's ZeRO-3 (`initialize_optimizer_states` in `deepspeed/runtime/zero/stage3.py`) gives each fp32
+sub-group a gradient buffer but runs no optimizer step. torch's AdamW, DeepSpeed's FusedAdam and DeepSpeedCPUAdam all
+create their moments lazily, in their first `step()`. That is the optimizer step at the end of step 1.
+- On the GPU, step 1's forward and backward therefore run without the 8·P/G bytes of Adam moments the plan counts for
+  every step. At 860,160 tokens on 2 × H200 (Qwen3-8B) step 1 peaked 32.8 GB per GPU below the plan
+  (`benchmarks/results/planner_runs_2026-12-01d.md`).
+- So a one-step check understates the run, and a plan that does not fit fails at step 2, after the first step's
+  minutes, not at build.
+- With the optimizer offloaded the same moments land in host memory at step 1's end.
+
+`materialize` makes that state before the first step. Each sub-group goes through ZeRO-3's own per-sub-group step
+(`_optimizer_step`), so its optimizer (the host's CPU Adam or the GPU's AdamW under a partial offload) makes the state
+exactly as its first step would. For that one step:
+- the gradient is zeros;
+- every group's lr and weight_decay are 0 (restored after), so the weights and the moments stay exactly as they
+  were: AdamW multiplies the weights by 1 - 0 and adds -0 · m / (sqrt(v) + eps), and the moments of a zero
+  gradient are zeros;
+- the step counters are set back to 0 after, so the first real step is step 1 with its bias correction.
+
+Only optimizers whose lazy state and step counter this handles are touched (`SUPPORTED`); any other optimizer, an
+NVMe-swapped one, a sub-group that already has state, or a DeepSpeed without these internals is left to its lazy
+default, and the reason is returned for the build log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+log = logging.getLogger("ds_longctx")
+
+# optimizer class names whose state is {step, exp_avg, exp_avg_sq[, max_exp_avg_sq]} made on the first step(), with
+# a per-parameter `step` counter (an int, or a tensor for torch's)
+SUPPORTED = ("Adam", "AdamW", "FusedAdam", "DeepSpeedCPUAdam")
+
+
+def _optimizers(zo) -> list:
+    """The optimizers ZeRO-3 steps its sub-groups with: the main one, and the GPU's AdamW of a partial offload."""
+    return [zo.optimizer] + ([zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else [])
+
+
+def skip_reason(zo) -> Optional[str]:
+    """Why `materialize` leaves this ZeRO optimizer's state to its lazy default, or None."""
+    if not all(hasattr(zo, a) for a in ("_optimizer_step", "fp32_partitioned_groups_flat", "optimizer")):
+        return f"{type(zo).__name__} is not DeepSpeed's ZeRO-3 optimizer as of 0.19 (no per-sub-group step)"
+    if getattr(zo, "swap_optimizer", False):
+        return "the optimizer state is swapped to NVMe"
+    others = sorted({type(o).__name__ for o in _optimizers(zo)} - set(SUPPORTED))
+    if others:
+        return f"optimizer {', '.join(others)} is not one of {', '.join(SUPPORTED)}"
+    return None
+
+
+def materialize(zo) -> tuple[int, str]:
+    """Create the optimizer state of every sub-group of the ZeRO-3 optimizer `zo` (`engine.optimizer`) that has none.
+    Returns (the sub-groups it made state for, a line for the build log). Call before the first step; collective-free.
+    """
+    why = skip_reason(zo)
+    if why:
+        return 0, f"left to the first step ({why})"
+    opts = _optimizers(zo)
+    saved = [(g, g["lr"], g.get("weight_decay")) for o in opts for g in o.param_groups]
+    had_group_step = [(g, "step" in g) for o in opts for g in o.param_groups]
+    made, bytes_before = [], _state_bytes(opts)
+    zero = None  # one zero gradient buffer per device, the largest sub-group's size, as stage3.py's own init makes
+    try:
+        for g, _, wd in saved:
+            g["lr"] = 0.0
+            if wd is not None:
+                g["weight_decay"] = 0.0
+        for i, p in enumerate(zo.fp32_partitioned_groups_flat):
+            if p is None or any(p in o.state and len(o.state[p]) for o in opts):
+                continue
+            grad = p.grad
+            if grad is None:
+                if zero is None or zero.device != p.device or zero.dtype != p.dtype or zero.numel() < p.numel():
+                    largest = max(q.numel() for q in zo.fp32_partitioned_groups_flat if q is not None)
+                    zero = torch.zeros(largest, dtype=p.dtype, device=p.device)
+                p.grad = zero.narrow(0, 0, p.numel()).view_as(p)
+            else:  # an offloaded sub-group's pinned gradient buffer, kept by DeepSpeed across steps: zeros at build
+                grad.zero_()
+            try:
+                zo._optimizer_step(i)
+            finally:
+                p.grad = grad
+            made.append(p)
+    finally:
+        for g, lr, wd in saved:
+            g["lr"] = lr
+            if wd is not None:
+                g["weight_decay"] = wd
+        for g, had in had_group_step:
+            if not had:
+                g.pop("step", None)
+        for st in (o.state[p] for p in made for o in opts if p in o.state):  # only the state made here
+            if "step" in st:
+                if torch.is_tensor(st["step"]):
+                    st["step"].zero_()
+                else:
+                    st["step"] = 0
+    del zero
+    grown = _state_bytes(opts) - bytes_before
+    names = ", ".join(sorted({type(o).__name__ for o in opts}))
+    if not made:
+        return 0, f"already there for every sub-group ({names}: a resumed checkpoint's)"
+    return len(made), f"made at build for {len(made)} sub-groups ({names}, {_size(grown)} on this rank)"
+
+
+def at_start(cfg, zo, rank: int) -> int:
+    """`optimizer.state_at_build` for every entry point, before the first step and after any checkpoint a resumed
+    run loads (which brings the state: made before it, the state would exist twice while the checkpoint's loads):
+    `ds-longctx train` after its resume, `build_engine` for other callers, the HF Trainer before its first batch. Logs
+    one line on rank 0; returns the sub-groups it made state for."""
+    if not cfg.optimizer.state_at_build or zo is None:
+        return 0
+    made, line = materialize(zo)
+    if rank == 0:
+        log.info("optimizer state: %s", line)
+    return made
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _state_bytes(opts) -> int:
+    return sum(t.numel() * t.element_size() for o in opts for st in o.state.values() for t in st.values()
+               if torch.is_tensor(t) and t.dim() > 0)
