@@ -49,6 +49,10 @@ def skip_reason(zo) -> Optional[str]:
         return f"{type(zo).__name__} is not DeepSpeed's ZeRO-3 optimizer as of 0.19 (no per-sub-group step)"
     if getattr(zo, "swap_optimizer", False):
         return "the optimizer state is swapped to NVMe"
+    if getattr(zo, "torch_autocast_gradscaler", None) is not None:
+        return "torch autocast's GradScaler would count the warm-up step as one of its own"
+    if getattr(zo, "zenflow", False):
+        return "ZenFlow steps the host's sub-groups its own way"
     others = sorted({type(o).__name__ for o in _optimizers(zo)} - set(SUPPORTED))
     if others:
         return f"optimizer {', '.join(others)} is not one of {', '.join(SUPPORTED)}"

@@ -83,6 +83,11 @@ def test_other_optimizers_and_other_engines_are_left_to_their_first_step():
     assert made == 0 and "optimizer SGD is not one of" in line and "left to the first step" in line
     assert len(zo.optimizer.state) == 0
     assert "no per-sub-group step" in skip_reason(object())
+    for attr, value, why in (("swap_optimizer", True, "NVMe"), ("torch_autocast_gradscaler", object(), "GradScaler"),
+                             ("zenflow", True, "ZenFlow")):
+        zo = Zero3Like(torch.optim.AdamW)
+        setattr(zo, attr, value)
+        assert why in skip_reason(zo) and materialize(zo)[0] == 0 and len(zo.optimizer.state) == 0
 
 
 def test_a_sub_group_with_state_keeps_it_and_the_others_get_theirs():
