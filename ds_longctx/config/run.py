@@ -59,8 +59,22 @@ FLAT = _flat_keys()
 DOTTED = {f"{sec}.{name}": (sec, name) for sec, name in FLAT.values()}
 
 
+# the HF Trainer's / TRL's names of settings this config spells otherwise: an unknown key that is one of them is
+# pointed at ours, not at the key spelled most like it (`save_steps` is closest to `steps` by spelling)
+HF_NAMES = {"save_steps": "save_every", "logging_steps": "log_every", "eval_steps": "eval_every",
+            "learning_rate": "lr", "max_steps": "steps", "max_grad_norm": "grad_clip",
+            "max_seq_length": "seq_len", "max_length": "seq_len", "per_device_train_batch_size": "micro_batch",
+            "gradient_checkpointing": "activation_checkpointing", "save_total_limit": "keep_checkpoints",
+            "resume_from_checkpoint": "resume", "model_name_or_path": "model", "dataset_text_field": "text_field",
+            "attn_implementation": "attn_backend", "lora_r": "lora_rank", "bf16": "dtype"}
+
+
 def _nearest(key: str) -> str:
-    """The known key spelled most like `key` (flat or dotted), for 'did you mean'."""
+    """The known key spelled most like `key` (flat or dotted), for 'did you mean'; for an HF Trainer / TRL name, ours
+    and whose name it is."""
+    bare = key.strip("'\"").lstrip("-")
+    if bare in HF_NAMES:
+        return f"{HF_NAMES[bare]} (the HF Trainer's {bare})"
     pool = [*FLAT, *DOTTED, *LEGACY]
     near = difflib.get_close_matches(key, pool, n=1, cutoff=0.5) or difflib.get_close_matches(
         key.rpartition(".")[2], pool, n=1, cutoff=0.0)

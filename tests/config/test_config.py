@@ -205,6 +205,18 @@ def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
     assert want in format_validation_error(e.value)
 
 
+def test_hf_trainer_names_point_at_ours():
+    """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
+    from ds_longctx.config.run import FLAT, HF_NAMES
+    assert set(HF_NAMES.values()) <= set(FLAT) and not set(HF_NAMES) & set(FLAT)
+    with pytest.raises(ValueError, match=r"unknown option --save_steps; .*nearest: --save_every \(the HF Trainer's "
+                                         r"save_steps\)$"):
+        RunConfig.from_cli(["--save_steps", "2"])
+    with pytest.raises(ValidationError) as e:
+        RunConfig(learning_rate=1e-4)
+    assert "nearest: lr (the HF Trainer's learning_rate)" in format_validation_error(e.value)
+
+
 def test_a_key_given_twice_with_two_values_is_refused():
     with pytest.raises(ValidationError, match="train.seq_len is given twice: seq_len=128 and train.seq_len=256"):
         RunConfig(seq_len=128, train={"seq_len": 256})
