@@ -290,7 +290,8 @@ def run_plans(a, specs: list, out: Path) -> None:
                        step_seconds=[m["seconds"] for m in steps if "loss" in m],
                        # the Adam moments existed from step 1 on (run/optimizer_state.py), as the plan counts them;
                        # without it DeepSpeed makes them at step 1's end and step 1 alone understates the run
-                       optimizer_state_at_build="optimizer state: made at build" in (d / "log.txt").read_text(errors="replace"))
+                       optimizer_state_at_build="optimizer state: made at build"
+                       in (d / "log.txt").read_text(errors="replace"))
             if metrics.is_file():  # the last step's line is written just before "done": what exiting took after it
                 row["exit_seconds"] = round(ended - metrics.stat().st_mtime, 1)
             peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]

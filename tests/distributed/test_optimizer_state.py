@@ -25,9 +25,15 @@ def run(tmp_path, case: str, at_build: bool, nproc: int = 2, env: dict | None = 
     return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 
 
-def assert_steps_as_the_lazy_default(made: list[dict], lazy: list[dict], case: str) -> None:
+def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    return torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+
+
+def assert_steps_as_the_lazy_default(made: list[dict], lazy: list[dict], case: str, exact: bool = True) -> None:
     """Per rank: state at build (zero moments, step 0, weights untouched) and, two steps later, the lazy default's
-    losses, weights, moments and step counters, bit for bit."""
+    losses, weights, moments and step counters: bit for bit (`exact`; CPU), or to fp32 rounding (a GPU's attention
+    backward may add in another order from run to run). A first real step at another step count (bias correction)
+    or with the warm-up's update left in would be far outside both."""
     for rank, (m, l) in enumerate(zip(made, lazy)):
         assert m["built"]["optimizers"] == l["built"]["optimizers"]
         if case == "half":
@@ -44,14 +50,14 @@ def assert_steps_as_the_lazy_default(made: list[dict], lazy: list[dict], case: s
         for a, b in zip(m["built"]["master"], l["built"]["master"]):
             assert torch.equal(a, b)
         # two real steps later: the same losses, weights, moments and step counters as the lazy default
-        assert m["losses"] == l["losses"]
+        assert m["losses"] == l["losses"] if exact else m["losses"] == pytest.approx(l["losses"], rel=1e-6)
         for a, b in zip(m["stepped"]["master"], l["stepped"]["master"]):
-            assert torch.equal(a, b)
+            assert same(a, b, exact)
         assert any(not torch.equal(a, b) for a, b in zip(m["stepped"]["master"], m["built"]["master"]))
         for sa, sb in zip(m["stepped"]["state"], l["stepped"]["state"]):
             assert sa.keys() == sb.keys() and sa["step"] == sb["step"] == 2
             for k in ("exp_avg", "exp_avg_sq"):
-                assert torch.equal(sa[k], sb[k]), k
+                assert same(sa[k], sb[k], exact), k
             assert sa["exp_avg_sq"].any()
 
 

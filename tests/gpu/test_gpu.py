@@ -242,11 +242,11 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
 def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, case):
     """fp32, SP = the GPUs here (2 at most), AdamW with weight decay (run/optimizer_state.py): the Adam moments made at
     build, on the GPU (torch's AdamW there) or half on the host (DeepSpeedCPUAdam) and half on the GPU, step as
-    DeepSpeed's lazy default does, bit for bit, for two steps; and right after the build the GPU holds the moments of
-    its own sub-groups (2 fp32 tensors of each), which the lazy build does not."""
+    DeepSpeed's lazy default does, to fp32 rounding, for two steps; and right after the build the GPU holds the
+    moments of its own sub-groups (2 fp32 tensors of each), which the lazy build does not."""
     from tests.distributed.test_optimizer_state import assert_steps_as_the_lazy_default, run
     made, lazy = run(tmp_path, case, True, N, gpu_env()), run(tmp_path, case, False, N, gpu_env())
-    assert_steps_as_the_lazy_default(made, lazy, case)
+    assert_steps_as_the_lazy_default(made, lazy, case, exact=False)
     for m, l in zip(made, lazy):
         on_gpu = sum(st["exp_avg"].numel() for p, st in zip(m["built"]["master"], m["built"]["state"])
                      if st.get("device") == "cuda")
