@@ -336,6 +336,10 @@ def format_validation_error(err: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(str(_unknown(repr(loc))))
+        elif loc and e["type"] != "value_error" and "input" in e and not isinstance(e["input"], (dict, BaseModel)):
+            # a type or range error: the value given beside what was expected (our own checks name it themselves)
+            hint = "; use true or false" if e["type"] in ("bool_parsing", "bool_type") else ""
+            lines.append(f"{loc}: {msg} (got {e['input']!r}{hint})")
         else:
             lines.append(f"{loc}: {msg}" if loc else msg)
     return "invalid run config:\n  " + "\n  ".join(lines)

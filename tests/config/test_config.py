@@ -57,6 +57,11 @@ def test_unknown_cli_option_is_refused():
     (dict(eval_every=10), "eval_every=10 is set but eval_data is not; add --eval_data synthetic"),
     (dict(eval_data="synthetic", seq_len=64, eval_buckets=65), "eval_buckets=65 is more than seq_len=64 positions: "
                                                                 "a bucket needs at least one; use eval_buckets <= 64"),
+    # pydantic's own type and range errors carry the value given (and, for a bool, the two accepted)
+    (dict(optimizer_state_at_build="maybe"), "optimizer.state_at_build: Input should be a valid boolean, unable to "
+                                             "interpret input (got 'maybe'; use true or false)"),
+    (dict(seq_len=-5), "train.seq_len: Input should be greater than 0 (got -5)"),
+    (dict(lr="abc"), "(got 'abc')"),
 ])
 def test_bad_values_name_the_fix(kwargs, needle):
     with pytest.raises(ValidationError) as e:
