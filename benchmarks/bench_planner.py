@@ -146,6 +146,14 @@ def plan_args(spec: str, model: str, gpus: int) -> tuple:
                                 "--gpu_mem_gb", f"{gb:g}", *flags]
 
 
+def steady_gpu_peak(row: dict) -> bool:
+    """Whether a measured plan row's GPU peak is the steady state its plan is for: not when it ran one step with the
+    optimizer on the GPU and DeepSpeed made the Adam moments only at that step's end (`optimizer_state_at_build:
+    false`, the 860,160-token step of planner_runs_2026-12-01d.md; rows before the field all ran 2 steps or more)."""
+    return not (row.get("optimizer_state_at_build") is False and len(row["measured_steps"]) == 1
+                and not row.get("optimizer_offload"))
+
+
 def spec_name(spec: str) -> str:
     """A plan spec as a directory name: `262144:80:lora_rank=16` -> `262144_80_lora_rank16`."""
     return spec.replace(":", "_").replace("+", "_").replace("=", "")

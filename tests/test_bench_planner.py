@@ -88,3 +88,13 @@ def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, cap
     same, moved = capsys.readouterr().out.splitlines()
     assert same.endswith("x1: held out (same plan today)")
     assert f"planned_host_bytes 1000000000.0 -> {row['planned_host_bytes']}" in moved
+
+
+def test_a_one_step_peak_before_the_adam_moments_is_not_steady():
+    steady = bench_planner().steady_gpu_peak
+    lazy = {"measured_steps": [85e9], "optimizer_state_at_build": False, "optimizer_offload": False}
+    assert not steady(lazy)
+    assert steady({**lazy, "optimizer_state_at_build": True})  # the moments made before step 1
+    assert steady({**lazy, "measured_steps": [80e9, 85e9]})  # step 2 holds them either way
+    assert steady({**lazy, "optimizer_offload": True})  # the moments on the host, not in the GPU peak
+    assert steady({"measured_steps": [85e9]})  # rows before the field: all ran 2 steps or more

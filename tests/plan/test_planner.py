@@ -318,9 +318,8 @@ def committed_runs() -> list:
 def committed_plan_runs() -> list:
     """(spec, measured reserved, measured host, today's plan, steady) of every held-out plan run committed with its
     plan (benchmarks/results/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and
-    placement, re-predicted with the current planner. `steady` is False for a one-step run whose GPU peak preceded its
-    Adam moments (made at the step's end before run/optimizer_state.py; its row says `optimizer_state_at_build: false`):
-    its GPU peak is not the steady state the plan is for."""
+    placement, re-predicted with the current planner. `steady`: bench_planner.steady_gpu_peak (False for a one-step
+    run whose GPU peak preceded its Adam moments)."""
     from ds_longctx.config.run import RunConfig
     from ds_longctx.levers.placement import PlacementPlan
     bench = bench_planner()
@@ -332,9 +331,7 @@ def committed_plan_runs() -> list:
             cfg = RunConfig.load(jl.parent / "plans" / f"plan_{bench.spec_name(r['spec'])}" / "run.yaml")
             plan = plan_memory(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, r["gpus"],
                                cfg.parallel.sp_size, Levers.from_run_config(cfg, PlacementPlan.parse(cfg.memory.placement)))
-            lazy = (r.get("optimizer_state_at_build") is False and len(r["measured_steps"]) == 1
-                    and not r.get("optimizer_offload"))
-            out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan, not lazy))
+            out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan, bench.steady_gpu_peak(r)))
     return out
 
 
