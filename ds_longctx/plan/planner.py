@@ -331,7 +331,7 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
         on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
     if off:  # DeepSpeed's pinned grad buffers, rounded (offload_pinned_grads)
         sub_elems = offload_sub_group_elems(g, W) if ratio < 1 else DS_SUB_GROUP_ELEMS  # as ds_config.py writes it
-        pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(g, W, part_t, lora, sub_elems)
+        pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(g, W, part_t, lora, sub_elems, ratio)
     for name, nbytes in (("grads_bf16", 2), ("master_fp32", 4), ("adam_m_v_fp32", 8)):
         if off and name == "grads_bf16":  # the whole partition's, on the host whatever the ratio
             add(name, 0, G * pinned_bf16, f"on host G·pow2(2·{Pt}/{w}) (pinned, the whole partition)")
@@ -340,7 +340,8 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
             f"; on host {nbytes}·{Pt}" + ("" if nodes == 1 else "·G/W") + share if off else ""))
     if off:
         add("cpu_adam_grads_fp32", 4 * on_gpu, G * pinned_fp32,
-            f"host G·Σ pow2(4·sub-group) ({n_groups} at sub_group_size {sub_elems:.3g}, pinned)"
+            f"host G·Σ pow2(4·sub-group) ({n_groups} at sub_group_size {sub_elems:.3g}, pinned"
+            + ("; the GPU sub-groups' blocks freed and reused by the next pin" if on_gpu else "") + ")"
             + (" (the fp32 grads the optimizers step on: the GPU sub-groups' also on the GPU)" if on_gpu
                else " (the fp32 grads DeepSpeedCPUAdam steps on)"))
     add("reduce_bucket", REDUCE_BUCKET_ELEMS * 2, 0, f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2")

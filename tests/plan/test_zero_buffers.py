@@ -8,7 +8,7 @@ import pytest
 
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import Levers, plan_memory
-from ds_longctx.plan.zero_buffers import DS_SUB_GROUP_ELEMS, optimizer_split, sub_groups
+from ds_longctx.plan.zero_buffers import DS_SUB_GROUP_ELEMS, held_pinned_blocks, optimizer_split, sub_groups
 from tests.helpers import run_cli
 
 
@@ -84,14 +84,22 @@ def test_the_terms_move_with_the_split():
         assert (half.term(name).gpu_bytes, half.term(name).host_bytes) == (nbytes * gpu_e, 2 * nbytes * host_e)
         assert none.term(name).gpu_bytes == on_gpu.term(name).gpu_bytes and none.term(name).host_bytes == 0
     # with any offload DeepSpeed keeps the whole bf16 grad partition on the CPU (its device is the CPU), pinned, and
-    # pins every sub-group's fp32 grad buffer before it moves a GPU sub-group's to the GPU: torch's pinned cache keeps
-    # the freed block. Sub-groups at ds_config's sub_group_size for a partial offload (about 40 per rank).
+    # pins every sub-group's fp32 grad buffer in order, freeing a GPU sub-group's right after its copy to the GPU:
+    # torch's pinned cache hands that block to the next pin of its size. Sub-groups at ds_config's sub_group_size for a
+    # partial offload (about 40 per rank): on 2 ranks the embedding's half alone first (a 2 GiB block), the lm_head's
+    # alone last (2 GiB), the layers' between (512 MiB blocks).
     from ds_longctx.plan.zero_buffers import offload_sub_group_elems
     fine = sub_groups(Q8, 2, offload_sub_group_elems(Q8, 2))
-    pinned_fp32 = 2 * sum(1 << (4 * n - 1).bit_length() for n in fine)
+    blocks = [1 << (4 * n - 1).bit_length() for n in fine]
+    assert blocks[0] == blocks[-1] == 2**31 and set(blocks[1:-1]) == {2**29}
+    n_gpu = int(0.5 * len(fine))
+    # ratio 0.5: the embedding's block (freed, then taken by the lm_head's), one 512 MiB block passed along the GPU
+    # sub-groups and kept by the first host one, and a block for each further host sub-group
+    assert half.term("cpu_adam_grads_fp32").host_bytes == 2 * (2**31 + (len(fine) - 1 - n_gpu) * 2**29)
+    # ratio 0: every sub-group on the GPU; the cache ends holding one block of each size it was asked for
+    assert none.term("cpu_adam_grads_fp32").host_bytes == 2 * (2**31 + 2**29)
     for p in (half, none):
         assert (p.term("grads_bf16").gpu_bytes, p.term("grads_bf16").host_bytes) == (0, 2 * 2**33)
-        assert p.term("cpu_adam_grads_fp32").host_bytes == pinned_fp32
     assert half.term("cpu_adam_grads_fp32").gpu_bytes == 4 * gpu_e and none.term("cpu_adam_grads_fp32").gpu_bytes == 4 * part
     assert fine[0] == 151936 * 4096 // 2 and 30 <= len(fine) <= 41 and sum(fine) == part  # the embedding alone first
     assert 0.4 < gpu_e / part < 0.6
@@ -159,3 +167,19 @@ def test_reduce_bucket_matches_the_generated_deepspeed_config():
 
     ds = build_ds_config(RunConfig(model="qwen3-tiny", seq_len=256), 2, on_gpu=False)
     assert ds["zero_optimization"]["reduce_bucket_size"] == REDUCE_BUCKET_ELEMS
+
+
+@pytest.mark.parametrize("sizes, on_gpu, held", [
+    ((3, 3, 3, 5, 5), 0, 4 + 4 + 4 + 8 + 8),   # full offload: every block kept, each rounded up to a power of two
+    ((3, 3, 3, 5, 5), 3, 4 + 8 + 8),           # three GPU sub-groups pass one 4-byte block along; the host's two stay
+    ((3, 3, 3, 3), 2, 4 + 4),                  # the first host sub-group takes the GPU ones' block back
+    ((9, 3, 3, 9), 2, 16 + 4),                 # a freed block of another size waits for a pin of its size (the last)
+    ((9, 3, 3), 3, 16 + 4),                    # all on the GPU: one block of each size asked for stays cached
+    ((), 0, 0),
+])
+def test_pinned_cache_hands_a_freed_gpu_sub_groups_block_to_the_next_pin(sizes, on_gpu, held):
+    """DeepSpeed's optimizer-state init (stage3.py initialize_optimizer_states) pins each sub-group's fp32 grad buffer
+    in order and, for a GPU sub-group, copies it to the GPU and drops the pinned one before the next pin; torch's
+    pinned cache (CachingHostAllocator) keeps a freed block and gives it to the next request of its power-of-two size.
+    What the cache holds at the end is every block it had to make (worked by hand above); tests/gpu checks torch."""
+    assert held_pinned_blocks(list(sizes), on_gpu) == held
