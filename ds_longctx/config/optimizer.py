@@ -39,4 +39,5 @@ class OptimizerConfig(Section):
     """With optimizer_offload: the share of the optimizer state (fp32 master, grads, Adam moments) on the host,
     stepped by CPU Adam; the rest stays on the GPU and steps there (DeepSpeed ZeRO-3 partial offload,
     offload_optimizer.ratio, split at its sub-groups, about OFFLOAD_SUB_GROUPS per rank: plan/zero_buffers.py).
-    1: all on the host. On one H200 it trains as the full offload does (tests/gpu); its memory not yet measured."""
+    1: all on the host. On one H200 it trains as the full offload does (tests/gpu), and its memory is the plan's
+    (benchmarks/results/planner_runs_2026-12-01e.md)."""
