@@ -145,6 +145,33 @@ def fold(*sources: dict) -> dict:
     return merged
 
 
+def lever_conflict(*, lora_rank: int = 0, tiled_layer: bool = False, offload_ratio: float = 1.0,
+                   offload_params: bool = False, flags: bool = False) -> Optional[str]:
+    """The one home of which levers do not go together: the run config's validator, `ds-longctx plan`'s arguments
+    (plan/generate.py) and the planner (plan_memory) ask here. Returns the refusal, naming the values and the fix, or
+    None. `flags`: spelled as `ds-longctx plan`'s switches (`--lora_rank 16`; the fix: drop one), else as run-config
+    keys (`lora_rank=16`; the fix: the key to set)."""
+    def name(key, value=True):
+        if flags:
+            return f"--{key}" + ("" if value is True else f" {value:g}")
+        return key if value is True else f"{key}={value:g}"
+
+    def fix(*keys):
+        return "drop one of them" if flags else "set " + ", or ".join(keys)
+    lora, ratio = name("lora_rank", lora_rank), name("optimizer_offload_ratio", offload_ratio)
+    if tiled_layer and lora_rank:
+        return (f"{name('tiled_layer')} with {lora}: the tiled layer computes from the base weights and would skip "
+                f"the adapters; " + fix("tiled_layer: false (tiled_mlp: true works with LoRA)"))
+    if offload_ratio < 1 and lora_rank:
+        return (f"{ratio} with {lora}: the adapters' optimizer state is small, split it no further; "
+                + fix("optimizer_offload_ratio: 1", "optimizer_offload: false"))
+    if offload_params and (lora_rank or offload_ratio < 1):
+        return (f"{name('offload_params')} with {lora if lora_rank else ratio}: parameter offload is planned and "
+                f"built for a whole trained model with its whole optimizer on one side; "
+                + fix("offload_params: false", "lora_rank: 0" if lora_rank else "optimizer_offload_ratio: 1"))
+    return None
+
+
 class RunConfig(BaseModel):
     """Everything one training run needs, in sections. Field docs are the user documentation (`--help`)."""
 
@@ -186,23 +213,13 @@ class RunConfig(BaseModel):
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
                              f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
                              f"tiled_mlp: false")
-        if self.memory.tiled_layer and self.lora.rank:
-            raise ValueError(f"tiled_layer with lora_rank={self.lora.rank}: the tiled layer computes from the base "
-                             f"weights and would skip the adapters; use tiled_mlp: true with LoRA, or tiled_layer: "
-                             f"false")
         ratio = self.optimizer.offload_ratio
         if ratio < 1 and not self.optimizer.offload:
             raise ValueError(f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "
                              f"true, or leave optimizer_offload_ratio at 1")
-        if ratio < 1 and self.lora.rank:
-            raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={self.lora.rank}: the adapters' "
-                             f"optimizer state is small, split it no further; set optimizer_offload_ratio: 1 (or "
-                             f"optimizer_offload: false)")
-        if self.optimizer.offload_params and (self.lora.rank or ratio < 1):
-            what = f"lora_rank={self.lora.rank}" if self.lora.rank else f"optimizer_offload_ratio={ratio}"
-            raise ValueError(f"offload_params with {what}: parameter offload is planned and built for a whole "
-                             f"trained model with its whole optimizer on one side; set offload_params: false, or "
-                             + ("lora_rank: 0" if self.lora.rank else "optimizer_offload_ratio: 1"))
+        if msg := lever_conflict(lora_rank=self.lora.rank, tiled_layer=self.memory.tiled_layer, offload_ratio=ratio,
+                                 offload_params=self.optimizer.offload_params):
+            raise ValueError(msg)
         if self.eval.data is not None and self.eval.buckets > seq:
             raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
                              f"at least one; use eval_buckets <= {seq}")

@@ -118,6 +118,7 @@ def check_args(a: argparse.Namespace) -> tuple:
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig, format_validation_error
+    from ds_longctx.config.run import lever_conflict
     if a.gpus < 1:
         raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
     if a.nodes < 1:
@@ -135,18 +136,11 @@ def check_args(a: argparse.Namespace) -> tuple:
     if not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
         raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
                          f"share of the offloaded optimizer, e.g. 0.5")
-    if a.optimizer_offload_ratio < 1 and a.lora_rank:
-        raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} with --lora_rank {a.lora_rank}: "
-                         f"the adapters' optimizer state is small, split it no further; drop one of them")
-    if a.tiled_layer and a.lora_rank:
-        raise ValueError(f"--tiled_layer with --lora_rank {a.lora_rank}: the tiled layer computes from the base "
-                         f"weights and would skip the adapters; drop one of the two")
     if a.lora_rank < 0:
         raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
-    if a.offload_params and (a.lora_rank or a.optimizer_offload_ratio < 1):
-        raise ValueError(f"--offload_params with --lora_rank {a.lora_rank} / --optimizer_offload_ratio "
-                         f"{a.optimizer_offload_ratio:g}: parameter offload is planned for a whole trained model with "
-                         f"its whole optimizer on one side; drop one of them")
+    if msg := lever_conflict(lora_rank=a.lora_rank, tiled_layer=a.tiled_layer, offload_ratio=a.optimizer_offload_ratio,
+                             offload_params=a.offload_params, flags=True):
+        raise ValueError(msg)
     if a.attn_bwd_head_groups < 1:
         raise ValueError(f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
                          f"whole backward at once)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ds_longctx.config.run import lever_conflict
 from ds_longctx.levers.lora import target_names
 from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
@@ -312,9 +313,9 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     part = -(-(P + A) // W)  # elements in one rank's ZeRO-3 partition (DeepSpeed pads to equal partitions)
     part_t, Pt = -(-P_t // W), "A" if lora else "P"
     off, ratio, offp = levers.optimizer_offload, levers.optimizer_offload_ratio, levers.offload_params
-    if offp and (lora or ratio < 1):
-        raise ValueError(f"offload_params with lora_rank={r} / optimizer_offload_ratio={ratio}: the run config "
-                         f"refuses it")
+    if msg := lever_conflict(lora_rank=r, tiled_layer=levers.tiled_layer, offload_ratio=ratio if off else 1.0,
+                             offload_params=offp):
+        raise ValueError(msg)
     if offp:  # DeepSpeed offload_param: one flat pinned buffer of the partition per rank; small params stay whole
         persistent = sum(n for n in g.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
         add("params_bf16", 2 * persistent, G * pow2(2 * part),
@@ -323,8 +324,6 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     else:
         add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if lora else f"2·P/{w}")
     if off and ratio < 1:  # partial offload: DeepSpeed's sub-groups, the first ones on the GPU
-        if lora:
-            raise ValueError(f"optimizer_offload_ratio={ratio} with lora_rank={r}: the run config refuses it")
         on_gpu, on_host = optimizer_split(g, W, ratio)
         share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
     else:

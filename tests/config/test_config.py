@@ -264,3 +264,37 @@ def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
     with pytest.raises(ValidationError) as e:
         RunConfig(model=str(other))
     assert "is neither a shipped geometry" in format_validation_error(e.value)
+
+
+@pytest.mark.parametrize("kw, says, fix, flag_says", [
+    (dict(tiled_layer=True, lora_rank=8), "tiled_layer with lora_rank=8", "set tiled_layer: false",
+     "--tiled_layer with --lora_rank 8"),
+    (dict(optimizer_offload=True, optimizer_offload_ratio=0.5, lora_rank=8),
+     "optimizer_offload_ratio=0.5 with lora_rank=8", "set optimizer_offload_ratio: 1",
+     "--optimizer_offload_ratio 0.5 with --lora_rank 8"),
+    (dict(optimizer_offload=True, offload_params=True, lora_rank=16),
+     "offload_params with lora_rank=16", "set offload_params: false, or lora_rank: 0",
+     "--offload_params with --lora_rank 16"),
+    (dict(optimizer_offload=True, offload_params=True, optimizer_offload_ratio=0.25),
+     "offload_params with optimizer_offload_ratio=0.25", "or optimizer_offload_ratio: 1",
+     "--offload_params with --optimizer_offload_ratio 0.25"),
+])
+def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_plan(kw, says, fix, flag_says, capsys):
+    """One rule (config/run.lever_conflict), three askers: the run config, the planner (plan_memory) and
+    `ds-longctx plan`'s arguments refuse the same combinations with the same words, the last spelled as its flags."""
+    from ds_longctx.plan import generate
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.planner import Levers, plan_memory
+    with pytest.raises(ValidationError) as e:
+        RunConfig(model="qwen3-tiny", **kw)
+    config_says = format_validation_error(e.value)
+    assert says in config_says and fix in config_says
+    with pytest.raises(ValueError) as e:
+        plan_memory(ModelGeometry.from_name_or_path("qwen3-tiny"), 4096, 1, 1, Levers(**kw))
+    assert str(e.value) in config_says
+    flags = []  # `plan` decides the optimizer offload itself (a ratio asks for it): no flag for it
+    for k, v in kw.items():
+        flags += [] if k == "optimizer_offload" else [f"--{k}"] if v is True else [f"--{k}", f"{v:g}"]
+    assert generate.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert flag_says in err and "drop one of them" in err, err
