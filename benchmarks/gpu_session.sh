@@ -32,6 +32,11 @@
 #               planner_predictions_2026-12-01j.jsonl: three partial optimizer offloads on 1 x H200 with a host too
 #               small for the whole optimizer, the 8B's longest on the device's own 128 GB host among them)
 #               VALIDATE_PLANS=96256:141:host_mem_gb=128,112640:40:model=qwen3-1.7b+host_mem_gb=32,92160:80:model=qwen3-4b+host_mem_gb=64
+#               planner_predictions_2026-12-01l.jsonl: the same two specs' plans after the pinned-cache fix (579cba8:
+#               more of the optimizer on the host, layers offloaded and cached), predicted before any run (~4 min each
+#               on 1 x H200, the 4B's is an 80 GB budget):
+#               GPUS=1 PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01l.jsonl
+#               VALIDATE_PLANS=92160:80:model=qwen3-4b+host_mem_gb=64,96256:141:host_mem_gb=128
 #               PREDICTIONS takes several files, comma-separated (each spec measured against the one that is today's
 #               plan), so one validate stage runs plans predicted in different files. Before the session, on CPU:
 #               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
