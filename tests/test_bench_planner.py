@@ -80,8 +80,10 @@ def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, cap
     """`bench_planner --check`: a committed prediction whose plan today's planner still makes is held out; one with
     another host figure is not, and the line says what moved."""
     bp = bench_planner()
-    row = json.loads((ROOT / "benchmarks" / "results" / "planner_predictions_2026-12-01j.jsonl")
-                     .read_text().splitlines()[1])   # the 1.7B on 40 GB + 32 GB host, one GPU
+    # a prediction made here by today's planner, written as `--predict` commits one (a committed file's rows go stale
+    # once the planner moves: the partial offloads of planner_predictions_2026-12-01j did at 579cba8)
+    row = bp.predict_plans(["65536:40:model=qwen3-1.7b+host_mem_gb=24"], "qwen3-1.7b", 1, tmp_path / "plans")[0]
+    assert "error" not in row and row["gpus"] == 1, row
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, planned_host_bytes=1e9)) + "\n")
     assert bp.check_predictions(str(f)) == 1
