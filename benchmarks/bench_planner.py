@@ -231,7 +231,9 @@ def plans_table(rows: list) -> str:
         alloc, pa = max(r.get("measured_allocated_steps") or [0]), r.get("planned_allocated_bytes")
         allocated = (f"{alloc / gb:.1f} | {pa / gb:.1f} | {alloc / pa - 1:+.1%} | {m / alloc:.3f}" if alloc and pa
                      else " | | | ")  # rows measured or predicted before these were recorded
-        lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {r['optimizer_offload']} | "
+        ratio = r.get("optimizer_offload_ratio", 1.0)
+        offload = f"{r['optimizer_offload']}" + (f" (ratio {ratio:g})" if r["optimizer_offload"] and ratio < 1 else "")
+        lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {offload} | "
                      f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
                      f"{allocated} | {host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
                      f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |")

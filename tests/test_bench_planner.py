@@ -32,6 +32,10 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     assert verdict(dict(row, measured_host_bytes=61e9)) == "NO"       # over the host budget only
     assert verdict(dict(row, measured_steps=[30e9, 38.5e9])) == "NO"  # 38.5 + 1.6 context > 40
     assert verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"  # no host budget given
+    # the host's share of a partial optimizer offload is in the row; a whole offload (or none) says no share
+    assert "| offload:28 | True (ratio 0.6) |" in bp.plans_table([dict(row, optimizer_offload_ratio=0.6)])
+    assert "| offload:28 | True |" in bp.plans_table([dict(row, optimizer_offload_ratio=1.0)])
+    assert "| offload:28 | False |" in bp.plans_table([dict(row, optimizer_offload=False)])
 
 
 def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_share(tmp_path):
