@@ -26,17 +26,10 @@
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01f.jsonl,
 #               the planner of daa32ac): 262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
-#               predicted for: planner_predictions_2026-12-01e.jsonl holds four on 1 x H200, not yet run: the 1.7B's
-#               and the 4B's longest at 40 / 64 / 80 GB and the 0.6B's at 20 GB, models named per plan; the 1.7B's
-#               and the 0.6B's ran in session_2026-12-01_h200x1-20261201T0554; g's 354304 and e's 4B two not yet;
-#               planner_predictions_2026-12-01j.jsonl: three partial optimizer offloads on 1 x H200 with a host too
-#               small for the whole optimizer, the 8B's longest on the device's own 128 GB host among them)
-#               VALIDATE_PLANS=96256:141:host_mem_gb=128,112640:40:model=qwen3-1.7b+host_mem_gb=32,92160:80:model=qwen3-4b+host_mem_gb=64
-#               planner_predictions_2026-12-01l.jsonl: the same two specs' plans after the pinned-cache fix (579cba8:
-#               more of the optimizer on the host, layers offloaded and cached), predicted before any run (~4 min each
-#               on 1 x H200, the 4B's is an 80 GB budget):
-#               GPUS=1 PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01l.jsonl
-#               VALIDATE_PLANS=92160:80:model=qwen3-4b+host_mem_gb=64,96256:141:host_mem_gb=128
+#               predicted for). On 1 x H200, e's four, j's three and l's two have run (planner_runs_2026-12-01c, e, f);
+#               still held out there: g's 0.6B at 354,304 on 20 GB (~8 min: i's 362,496 took 186 / 178 s a step):
+#               GPUS=1 PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01g.jsonl
+#               VALIDATE_PLANS=354304:20:model=qwen3-0.6b+host_mem_gb=40
 #               PREDICTIONS takes several files, comma-separated (each spec measured against the one that is today's
 #               plan), so one validate stage runs plans predicted in different files. Before the session, on CPU:
 #               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
