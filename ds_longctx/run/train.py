@@ -229,12 +229,14 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
     # the Adam moments before step 1 (optimizer.state_at_build), where no checkpoint brought them
+    t_state = time.perf_counter()
     try:
         made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)
     except torch.OutOfMemoryError:
         out_of_memory(cfg, 0)
-    if made and st.rank == 0:
-        log.info("optimizer state ready: host RSS %.2f GiB, GPU allocated %.2f GiB", _host_rss() / 2 ** 30,
+    if made and st.rank == 0:  # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
+        log.info("optimizer state ready: %.1f s, host RSS %.2f GiB, GPU allocated %.2f GiB",
+                 time.perf_counter() - t_state, _host_rss() / 2 ** 30,
                  torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0)
     if st.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
