@@ -64,11 +64,34 @@ def precheck(nproc: int, run_args: list[str]):
 def run_train(nproc: int, run_args: list[str]) -> int:
     """Check the run here (`precheck`), then start `nproc` local training workers (`launch`)."""
     from ds_longctx.run.refuse import REFUSED
-    if nproc < 1:
-        print(f"--nproc {nproc}: need at least 1 process", file=sys.stderr)
+    if problem := nproc_problem(nproc):
+        print(problem, file=sys.stderr)
         return REFUSED
     precheck(nproc, run_args)
     return launch(nproc, run_args, "ds_longctx.train")
+
+
+CPU_PROCESSES_PER_CORE = 4  # gloo workers past this many per core only wait for each other (and each holds a model)
+
+
+def nproc_problem(nproc: int) -> str | None:
+    """Why `--nproc` cannot start here, or None: one process per GPU on a GPU machine; on CPU (gloo) at most
+    CPU_PROCESSES_PER_CORE per core. Asked before anything starts: a worker count past the machine forks hundreds of
+    processes that torchrun then struggles to stop."""
+    import torch
+    if nproc < 1:
+        return f"--nproc {nproc}: need at least 1 process"
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            return (f"--nproc {nproc}: this machine has {gpus} GPU(s), one process each; use --nproc <= {gpus} "
+                    f"(more GPUs: several nodes, launched as in the plan's launch.txt)")
+        return None
+    cores = os.cpu_count() or 1
+    if nproc > CPU_PROCESSES_PER_CORE * cores:
+        return (f"--nproc {nproc}: no GPU here, so the processes share {cores} CPU core(s) over gloo; use --nproc <= "
+                f"{CPU_PROCESSES_PER_CORE * cores} ({CPU_PROCESSES_PER_CORE} per core), or run on GPUs")
+    return None
 
 
 def run_eval(argv: list[str]) -> int:
@@ -77,13 +100,17 @@ def run_eval(argv: list[str]) -> int:
     from ds_longctx.run.eval_checkpoint import args_parser, resolve
     from ds_longctx.run.refuse import REFUSED, refuse
     nproc = args_parser().parse_known_args(argv)[0].nproc
-    if nproc is not None and nproc < 1:
-        print(f"--nproc {nproc}: need at least 1 process", file=sys.stderr)
+    if nproc is not None and (problem := nproc_problem(nproc)):
+        print(problem, file=sys.stderr)
         return REFUSED
     try:
         _, _, _, meta, _ = resolve(argv, nproc)
     except ValueError as e:
         refuse(f"refused before start: {e}")
+    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
+        print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
+              f"starts)", file=sys.stderr)
+        return REFUSED
     return launch(meta["run"]["world_size"], argv, "ds_longctx.eval")
 
 

@@ -117,6 +117,11 @@ def _fold_one(data: dict) -> dict:
                     raise _unknown(repr(f"{key}.{name}"))
                 put(key, name, v, f"{key}.{name}")
             continue
+        if key in SECTIONS and key not in FLAT and key not in DOTTED:  # a section (`model` is a flat key too)
+            if value is None:  # `memory:` with nothing under it (YAML's null): an empty section, the defaults
+                continue
+            raise ValueError(f"{key}: {value!r} is not a mapping; the {key} section holds keys, e.g. "
+                             f"{key}: {{{next(iter(SECTIONS[key].model_fields))}: ...}}")
         where = _where(key)
         if where is None:
             legacy_offload = value
@@ -241,12 +246,24 @@ class RunConfig(BaseModel):
     @classmethod
     def load(cls, path: Union[str, Path], **overrides) -> "RunConfig":
         """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file."""
-        text = Path(path).read_text()
-        if str(path).endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
+        import yaml
+        if Path(path).is_dir():
+            raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
+        try:
+            text = Path(path).read_text()
+            if str(path).endswith((".yaml", ".yml")):
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except FileNotFoundError:
+            raise
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
+            first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
+            raise ValueError(f"config {path} could not be read as {'YAML' if str(path).endswith(('.yaml', '.yml')) else 'JSON'} "
+                             f"({first}); fix the file, or write a new one with `ds-longctx plan --out`") from None
+        if data is None:  # an empty file would train the default toy model without a word
+            raise ValueError(f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
+                             f"`ds-longctx plan --out DIR`)")
         if not isinstance(data, dict):
             raise ValueError(f"config {path} must hold a mapping of keys, got {type(data).__name__}")
         try:

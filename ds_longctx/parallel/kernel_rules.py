@@ -26,6 +26,17 @@ def head_dim(cfg) -> int:
     return get("head_dim") or get("hidden_size") // get("num_attention_heads")
 
 
+def check_attention_heads(heads: int, kv_heads: int, where: str = "the model") -> None:
+    """Grouped-query attention's rule, for the planner's geometry and the engine's preflight alike: every KV head
+    serves a whole group of query heads (heads a multiple of kv_heads, 1 <= kv_heads <= heads). Else the model does not
+    run (HF's attention repeats each KV head heads // kv_heads times and the shapes disagree, or trains to NaN)."""
+    if kv_heads < 1 or kv_heads > heads or heads % kv_heads:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0] if heads >= 1 else []
+        raise ValueError(f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV head must "
+                         f"serve a whole group of query heads (num_attention_heads a multiple of num_key_value_heads); "
+                         f"fix the config: num_key_value_heads one of {fits}")
+
+
 def fa4_verified(head_dim: Optional[int]) -> bool:
     """`auto` may pick FA4 for this head_dim (None: not known, as before the rule)."""
     return head_dim is None or head_dim in FA4_VERIFIED_HEAD_DIMS

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import yaml
 
-from ds_longctx.plan.search import Choice, NoFit, choose, fastest_placement, find_max_len
+from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, fastest_placement, find_max_len
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.geometry import ModelGeometry
@@ -133,6 +134,10 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
     if a.seq_len is not None and a.seq_len <= 0:
         raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
+    if a.seq_len is not None and a.find_max_len:
+        raise ValueError(f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of them")
+    if a.out is not None:
+        check_out_dir(a.out)
     if not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
         raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
                          f"share of the offloaded optimizer, e.g. 0.5")
@@ -154,6 +159,23 @@ def check_args(a: argparse.Namespace) -> tuple:
     # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
     kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
     return geom, host
+
+
+def check_out_dir(out: str) -> None:
+    """--out must name a directory that exists or can be made here (before any planning): not a file, not under a
+    file, its nearest existing folder writable."""
+    if not out.strip():
+        raise ValueError("--out '': give the directory to write the plan's files to, e.g. --out plans/8b_1m")
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a directory; give a directory (made if missing)")
+    up = p
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise ValueError(f"--out {out}: {up} is a file, so no directory can be made under it; give another path")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {up} is not writable here; give a directory you can write to")
 
 
 def command_line(a: argparse.Namespace, host: float) -> str:
@@ -324,6 +346,9 @@ def main(argv: list | None = None) -> int:
     if a.find_max_len:
         seq_len = find_max_len(geom, **search_kw(a, host))
         longest = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
+        if seq_len >= MAX_SEARCH_TOKENS:  # the search's end, not a limit this hardware reached
+            longest = (f"{geom.name} on {hardware(a, host)}: longest seq_len that fits >= {seq_len:,} tokens (the "
+                       f"search stops there; the plan below is for that length)")
         if not seq_len:  # the answer is 0: say so first, then what the shortest length would need (NoFit's fixes)
             print(longest, flush=True)
             try:
@@ -341,7 +366,12 @@ def main(argv: list | None = None) -> int:
         return 2
     if a.out:  # the files first: a reader that stops early (`| head`) loses no file
         out = Path(a.out)
-        write(out, choice, cmd, a, host)
+        try:
+            write(out, choice, cmd, a, host)
+        except OSError as e:  # what check_out_dir cannot see ahead (a read-only or special file system)
+            print(f"ds-longctx plan: --out {a.out}: could not write the plan's files ({e}); give a directory you can "
+                  f"write to", file=sys.stderr)
+            return 2
     if longest:
         print(longest)
     print(plan_text(choice, cmd, a, host), end="")

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
@@ -14,7 +15,8 @@ from typing import Union
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
 from ds_longctx.parallel import kernel_rules
 
-_DENSE_TYPES = ("qwen3", "llama", "mistral")
+_DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as on the Hugging Face Hub
 
 
 @dataclass(frozen=True)
@@ -32,43 +34,79 @@ class ModelGeometry:
     tied_embeddings: bool
     max_position_embeddings: int
     qk_norm: bool = True  # Qwen3's per-head RMSNorm on q and k (Llama/Mistral have none)
-    attention_bias: bool = False
+    attention_bias: bool = False  # biases on q/k/v (Qwen2 always; Llama / Mistral with attention_bias)
+    o_bias: bool = False  # a bias on o_proj (Llama / Mistral with attention_bias; Qwen2 has none)
+    mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
 
     @classmethod
-    def from_config(cls, cfg: dict, name: str = "") -> "ModelGeometry":
-        """From a parsed HF config dict (dense Qwen3 / Llama / Mistral)."""
-        mtype = cfg.get("model_type", "qwen3")
+    def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
+        """From a parsed HF config dict (dense Qwen3 / Qwen2 / Llama / Mistral). Every field memory depends on is checked
+        here, before any planning: a missing, null, non-integer or non-positive size, or KV heads that do not split
+        the query heads, is a ValueError naming the config (`source`, else `name`) and the field."""
+        where = source or name or "the model config"
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{where}: an HF config.json is a JSON object, got a {type(cfg).__name__}; pass a "
+                             f"model's config.json")
+        mtype = cfg.get("model_type")
+        if not isinstance(mtype, str):
+            raise ValueError(f"{where} has no model_type (got {mtype!r}); add \"model_type\": one of "
+                             f"{list(_DENSE_TYPES)}, the dense families the planner models")
         if mtype not in _DENSE_TYPES:
             raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}")
-        heads = cfg["num_attention_heads"]
-        return cls(name=name or mtype, hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"],
-                   layers=cfg["num_hidden_layers"], heads=heads, kv_heads=cfg.get("num_key_value_heads", heads),
-                   head_dim=kernel_rules.head_dim(cfg), vocab=cfg["vocab_size"],
+
+        def size(key: str, value=None):
+            v = cfg.get(key) if value is None else value
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                state = "is missing" if v is None else f"= {v!r} is not a positive integer"
+                raise ValueError(f"{where}: {key} {state}; an HF config.json of a {mtype} model gives it as a whole "
+                                 f"number >= 1 (fix the config)")
+            return v
+
+        heads = size("num_attention_heads")
+        hidden = size("hidden_size")
+        kv = cfg.get("num_key_value_heads")
+        kv_heads = heads if kv is None else size("num_key_value_heads")  # absent or null: one KV head per head (MHA)
+        kernel_rules.check_attention_heads(heads, kv_heads, where)
+        max_pos = cfg.get("max_position_embeddings")
+        return cls(name=name or mtype, hidden=hidden, intermediate=size("intermediate_size"),
+                   layers=size("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+                   head_dim=size("head_dim", kernel_rules.head_dim(cfg)), vocab=size("vocab_size"),
                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   max_position_embeddings=cfg.get("max_position_embeddings", 0), qk_norm=mtype == "qwen3",
-                   attention_bias=bool(cfg.get("attention_bias", False)))
+                   max_position_embeddings=0 if max_pos is None else size("max_position_embeddings"),
+                   qk_norm=mtype == "qwen3", attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+                   o_bias=mtype != "qwen2" and bool(cfg.get("attention_bias", False)),
+                   mlp_bias=bool(cfg.get("mlp_bias", False)))
 
     @classmethod
     def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":
-        """A shipped name (`qwen3-8b`, also `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON file."""
-        p = Path(name_or_path)
+        """A shipped name (`qwen3-8b`, also as a Hub id `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON
+        file. A path that does not exist is refused, not read as the shipped geometry of its last part."""
+        text = str(name_or_path)
+        p = Path(text)
         if p.is_dir():
             p = p / "config.json"
         if not p.is_file():
-            p = SHIPPED_MODELS_DIR / f"{Path(str(name_or_path)).name.lower()}.json"
-        if not p.is_file():
-            shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
-            raise ValueError(f"model {str(name_or_path)!r} is neither a shipped geometry {shipped} nor a "
-                             f"directory / file holding an HF config.json")
-        name = p.stem if p.parent == SHIPPED_MODELS_DIR else str(name_or_path)
-        return cls.from_config(json.loads(p.read_text()), name=name)
+            alias = SHIPPED_MODELS_DIR / f"{p.name.lower()}.json"
+            if not (alias.is_file() and ("/" not in text or _HUB_ID.fullmatch(text))):
+                shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
+                raise ValueError(f"model {text!r} is neither a shipped geometry {shipped} nor a directory / file "
+                                 f"holding an HF config.json" + (f" ({p} does not exist)" if "/" in text else ""))
+            p = alias
+        name = p.stem if p.parent == SHIPPED_MODELS_DIR else text
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"model {text!r}: {p} is not a JSON config ({e}); pass an HF config.json, its checkpoint "
+                             f"directory or a shipped geometry") from None
+        return cls.from_config(cfg, name=name, source=str(p) if p.parent != SHIPPED_MODELS_DIR else "")
 
     @property
     def layer_params(self) -> int:
-        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ q/k/v/o biases)."""
+        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ q/k/v biases, + o_proj bias, + gate/up/down biases: as the config has them)."""
         H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv + H) if self.attention_bias else 0)
-        return attn + 3 * H * self.intermediate + 2 * H + (2 * d if self.qk_norm else 0)
+        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv) if self.attention_bias else 0) + (H if self.o_bias else 0)
+        mlp = 3 * H * self.intermediate + ((2 * self.intermediate + H) if self.mlp_bias else 0)
+        return attn + mlp + 2 * H + (2 * d if self.qk_norm else 0)
 
     def linears(self) -> dict:
         """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name them (the
@@ -86,9 +124,10 @@ class ModelGeometry:
         lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (zero_buffers.optimizer_split)."""
         H, I, d, q, kv = self.hidden, self.intermediate, self.head_dim, self.heads * self.head_dim, \
             self.kv_heads * self.head_dim
-        b = self.attention_bias
+        b, m = self.attention_bias, self.mlp_bias
         layer = [H * q, *([q] if b else []), H * kv, *([kv] if b else []), H * kv, *([kv] if b else []),
-                 q * H, *([H] if b else []), *([d, d] if self.qk_norm else []), H * I, H * I, I * H, H, H]
+                 q * H, *([H] if self.o_bias else []), *([d, d] if self.qk_norm else []),
+                 H * I, *([I] if m else []), H * I, *([I] if m else []), I * H, *([H] if m else []), H, H]
         emb = self.vocab * self.hidden
         return [emb, *layer * self.layers, H, *([] if self.tied_embeddings else [emb])]
 

@@ -12,9 +12,12 @@ Usage:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from ds_longctx.config.run import lever_conflict
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
@@ -153,8 +156,15 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
     within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
     valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
-    notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else f"the largest of {valid} "
-                                  f"(one sequence over {sp} GPUs{within}: the least memory per GPU)"),
+    split = [v for v in valid if local_kv_heads(geom.kv_heads, v) % base.attn_bwd_head_groups == 0]
+    why_sp = (f"the largest of {valid} (one sequence over {sp} GPUs{within}: the least memory per GPU)"
+              if sp == valid[-1] else
+              f"the largest of {valid} whose ranks' KV heads split into --attn_bwd_head_groups "
+              f"{base.attn_bwd_head_groups} groups ({split}; at sp_size={valid[-1]} each rank attends "
+              f"{local_kv_heads(geom.kv_heads, valid[-1])}); without that flag sp_size={valid[-1]} and the search's own "
+              f"groups would be tried first" if sp == (split or [sp])[-1] and base.attn_bwd_head_groups > 1 else
+              f"one of {valid}: the larger ones did not fit")
+    notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else why_sp),
              (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
               f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured on 2 x H200 at 262,144 tokens: "
               f"7.9% under its plan; its step-time cost not yet measured)" if lv.tiled_layer else
@@ -216,28 +226,44 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         return found
     max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, base=base,
                            nodes=nodes, **knobs)
-    sp = sp_size or valid_sp_sizes(geom, gpus, nodes)[-1]
+    # every lever the search may pull, at the largest sp whose ranks' KV heads the asked groups split: the least GPU
+    # memory of any plan (the parameter offload unless LoRA or a partial offload rules it out; the attention backward
+    # one KV head at a time unless the user fixed the groups)
+    splits = lambda v: local_kv_heads(geom.kv_heads, v) % base.attn_bwd_head_groups == 0
+    sp = sp_size or next((v for v in valid_sp_sizes(geom, gpus, nodes)[::-1] if splits(v)), 1)
+    params = base.offload_params or lever_conflict(lora_rank=base.lora_rank, offload_params=True,
+                                                   offload_ratio=base.optimizer_offload_ratio) is None
+    groups = base.attn_bwd_head_groups if base.attn_bwd_head_groups > 1 else local_kv_heads(geom.kv_heads, sp)
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
                                                         tile_tokens=_tile_tokens(geom, seq_len, sp),
                                                         tiled_layer=not base.lora_rank, pinned_pool=True,
-                                                        offload_layers=geom.layers, optimizer_offload=True),
+                                                        offload_layers=geom.layers, optimizer_offload=True,
+                                                        offload_params=params, attn_bwd_head_groups=groups),
                        nodes=nodes, **knobs)
+    ratio = base.optimizer_offload_ratio
+    offloaded = ("the optimizer" if ratio >= 1 else f"{ratio:g} of the optimizer") + \
+        (" and the parameters" if params else "")
     fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, base, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
-             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, all {geom.layers} "
-             f"checkpoints and the optimizer offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
+             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, the attention backward over {groups} "
+             f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
     if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
-        lines.append(f"Fix: GPUs of >= {need_gpu / headroom / GB:.0f} GB (same count and host).")
+        lines.append(f"Fix: GPUs of >= {math.ceil(need_gpu / headroom / GB)} GB (same count and host).")  # up: fits
     if (need_host := _least(lambda b: fits(gpus, gpu_budget, b))) is not None:
-        lines.append(f"Fix: >= {need_host / headroom / GB:.0f} GB host RAM (same GPUs).")
+        lines.append(f"Fix: >= {math.ceil(need_host / headroom / GB)} GB host RAM (same GPUs).")
     more = next((n for n in (2 * gpus, 4 * gpus, 8 * gpus) if fits(n, gpu_budget, host_budget * n / gpus)), None)
     if more and nodes == 1:  # host RAM is assumed to grow with the GPU count
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
         lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
+    if base.attn_bwd_head_groups > 1 and \
+            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, attn_bwd_head_groups=1),
+                    nodes) is not None:  # the asked groups held sp down (or ruled the search's own groups out)
+        lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
+                     f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV heads).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 
@@ -261,8 +287,11 @@ def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
     return hi
 
 
+MAX_SEARCH_TOKENS = 1 << 32  # find_max_len's end: a length it reports is "at least" there
+
+
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                 multiple: int = 1024, upper: int = 1 << 32, sp_size: Optional[int] = None, base: Levers = Levers(),
+                 multiple: int = 1024, upper: int = MAX_SEARCH_TOKENS, sp_size: Optional[int] = None, base: Levers = Levers(),
                  nodes: int = 1, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.

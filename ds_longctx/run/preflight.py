@@ -35,6 +35,8 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     hf_cfg = load_hf_config(cfg.model.name)
     text = hf_cfg.get_text_config()
     per_node = local_world_size(world_size) if per_node is None else per_node
+    kernel_rules.check_attention_heads(text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads,
+                                       f"model={cfg.model.name!r}")
     check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads,
                   per_node=None if cfg.parallel.sp_across_nodes else per_node,
                   across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")

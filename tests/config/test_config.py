@@ -1,5 +1,6 @@
 """Run config and up-front validation: bad input is refused before any work, naming the value and the fix."""
 
+import re
 import subprocess
 import sys
 import time
@@ -298,3 +299,23 @@ def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_
     assert generate.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
     err = capsys.readouterr().err
     assert flag_says in err and "drop one of them" in err, err
+
+
+def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_fix(tmp_path):
+    """RunConfig.load: a directory, malformed YAML or JSON, an empty file (which would train the default toy model
+    without a word) and a section spelled with a list are ValueErrors naming the file or key; `memory:` with nothing
+    under it is an empty section (the defaults)."""
+    cases = {"bad.yaml": ("model: [unclosed\n- x: : :\n", "could not be read as YAML"),
+             "bad.json": ('{"model": ', "could not be read as JSON"),
+             "empty.yaml": ("", "is empty; give at least model"),
+             "list.yaml": ("train: [1, 2]\n", "train: [1, 2] is not a mapping"),
+             "top.yaml": ("- 1\n", "must hold a mapping of keys")}
+    for name, (text, says) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=re.escape(says)) as e:
+            RunConfig.load(tmp_path / name)
+        assert name in str(e.value) or "train" in name or "list" in name
+    with pytest.raises(ValueError, match="is a directory; give its run.yaml"):
+        RunConfig.load(tmp_path)
+    (tmp_path / "null.yaml").write_text("model: qwen3-tiny\nmemory:\n")
+    assert RunConfig.load(tmp_path / "null.yaml").memory == RunConfig().memory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -372,3 +373,55 @@ def test_a_partial_offload_the_search_picks_reaches_run_yaml_and_deepspeeds_conf
     off = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
     assert off["offload_optimizer"]["ratio"] == ratio
     assert off["sub_group_size"] == offload_sub_group_elems(c.plan.geom, 1)
+
+
+def test_out_that_cannot_hold_the_files_and_conflicting_flags_exit_2_before_planning(tmp_path, capsys):
+    """--out a file, under a file or empty; --seq_len beside --find_max_len: exit 2 naming the value, nothing
+    written, before any search."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    base = ["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "8", "--gpu_mem_gb", "80"]
+    for out, says in ((str(afile), "is a file, not a directory"), (str(afile / "sub"), "is a file, so no directory"),
+                      ("", "--out ''")):
+        assert generate.main(base + ["--out", out]) == 2
+        assert says in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
+    assert generate.main(base + ["--find_max_len"]) == 2
+    assert "--seq_len 4096 with --find_max_len" in capsys.readouterr().err
+
+
+def test_the_fix_for_the_gpu_size_is_rounded_up_to_a_size_that_fits(capsys):
+    """NoFit's "GPUs of >= N GB": N rounded up, so the size it names plans (rounded to the nearest, 11.5 printed as
+    11, which does not); the "every lever on" figure counts the parameter offload and the grouped attention backward
+    the search may pull (at most what the smallest fitting GPU plans)."""
+    base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "2"]
+    assert generate.main(base + ["--gpu_mem_gb", "11"]) == 2
+    err = capsys.readouterr().err
+    need = int(re.search(r"Fix: GPUs of >= (\d+) GB", err).group(1))
+    every = float(re.search(r"needs ([\d.]+) GB/GPU", err).group(1))
+    assert generate.main(base + ["--gpu_mem_gb", str(need)]) == 0
+    planned = float(re.search(r"planned: ([\d.]+) GB per GPU", capsys.readouterr().out).group(1))
+    assert generate.main(base + ["--gpu_mem_gb", str(need - 1)]) == 2
+    assert every <= planned and "the parameters offloaded" in err
+
+
+def test_head_groups_that_hold_sp_down_are_said_so(capsys):
+    """--attn_bwd_head_groups 8 on 8 GPUs: only sp 1 leaves each rank 8 KV heads to split, so the plan is at sp 1,
+    and plan.txt says why (not "the largest"); where that does not fit, the fixes name dropping the flag."""
+    base = ["--model", "qwen3-8b", "--gpus", "8", "--gpu_mem_gb", "80"]
+    assert generate.main(base + ["--seq_len", "131072", "--attn_bwd_head_groups", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "sp_size=1: the largest of [1, 2, 4, 8] whose ranks' KV heads split into --attn_bwd_head_groups 8" in out
+    assert generate.main(base + ["--seq_len", "1048576", "--attn_bwd_head_groups", "8"]) == 2
+    assert "Fix: drop --attn_bwd_head_groups 8" in capsys.readouterr().err
+    assert generate.main(base + ["--seq_len", "1048576"]) == 0  # without it the same length plans
+
+
+def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monkeypatch):
+    """find_max_len stops at MAX_SEARCH_TOKENS: reached, the answer is a lower bound and the line says so."""
+    from ds_longctx.plan import search
+    monkeypatch.setattr(generate, "MAX_SEARCH_TOKENS", 16384)
+    real = search.find_max_len
+    monkeypatch.setattr(generate, "find_max_len", lambda geom, **kw: real(geom, upper=16384, **kw))
+    assert generate.main(["--model", "qwen3-0.6b", "--find_max_len", "--gpus", "8", "--gpu_mem_gb", "141"]) == 0
+    assert "longest seq_len that fits >= 16,384 tokens (the search stops there" in capsys.readouterr().out

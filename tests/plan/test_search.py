@@ -251,7 +251,7 @@ def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
     from ds_longctx.parallel.attention import model_head_dim
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.parallel import kernel_rules
-    for hf, want in ((Qwen3Config(hidden_size=256, num_attention_heads=4, head_dim=128), 128),
+    for hf, want in ((Qwen3Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128), 128),
                      (LlamaConfig(hidden_size=256, num_attention_heads=4), 64)):
         assert kernel_rules.head_dim(hf.to_dict()) == kernel_rules.head_dim(hf) == model_head_dim(hf) == want
         assert ModelGeometry.from_config(hf.to_dict()).head_dim == want

@@ -42,7 +42,14 @@ def configs():
     yield "llama-bias-tied", LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=3,
                                          num_attention_heads=8, num_key_value_heads=2, vocab_size=1000,
                                          attention_bias=True, tie_word_embeddings=True)
-    del AutoConfig
+    # biases on the MLP too
+    yield "llama-mlp-bias", LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                                        num_attention_heads=8, num_key_value_heads=8, vocab_size=1000, mlp_bias=True)
+    # Qwen2: biases on q/k/v but none on o_proj, and no attention_bias key in its config
+    yield "qwen2", AutoConfig.for_model("qwen2", hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                                        num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
+    yield "mistral", AutoConfig.for_model("mistral", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                                          num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
 
 
 @pytest.mark.parametrize("name,config", list(configs()), ids=lambda x: x if isinstance(x, str) else "")

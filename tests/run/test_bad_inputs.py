@@ -360,3 +360,27 @@ def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_
 def test_memory_snapshot_without_cuda(tmp_path):
     refused(tmp_path / "out", ["memory_snapshot_steps=2", "needs a CUDA GPU", "memory_snapshot_steps: 0"],
             memory_snapshot_steps=2)
+
+
+def test_kv_heads_that_do_not_split_the_query_heads_are_refused_before_the_engine(tmp_path):
+    """8 query heads over 3 KV heads: HF's attention cannot group them (the run went on to a NaN loss and advice
+    about the learning rate); preflight refuses it at any sp_size, with the planner's rule
+    (kernel_rules.check_attention_heads)."""
+    cfg = json.loads((ROOT / "ds_longctx" / "models" / "qwen3-tiny.json").read_text())
+    cfg.update(num_attention_heads=8, num_key_value_heads=3)
+    path = tmp_path / "bad_heads.json"
+    path.write_text(json.dumps(cfg))
+    refused(tmp_path / "out", ["num_attention_heads=8 with num_key_value_heads=3", "num_key_value_heads one of"],
+            model=str(path), seq_len=64, sp_size=1)
+
+
+@pytest.mark.parametrize("nproc,says", [(0, "--nproc 0: need at least 1 process"),
+                                        (10_000, "--nproc 10000: no GPU here")])
+def test_a_process_count_past_the_machine_is_refused_before_any_worker_starts(nproc, says):
+    """`ds-longctx train --nproc N` past what the machine runs (on CPU: CPU_PROCESSES_PER_CORE per core; on GPUs: one
+    per GPU) exits 2 at once: torchrun forked hundreds of workers for --nproc 1000 and did not stop on SIGTERM."""
+    import time
+    t0 = time.perf_counter()
+    res = run_cli(["train", "--nproc", str(nproc), "--steps", "1"], timeout=120)
+    assert res.returncode == 2 and says in res.stderr, res.stderr[-2000:]
+    assert time.perf_counter() - t0 < 60
