@@ -21,7 +21,8 @@ then has num_machines N (each node passes its own --machine_rank), launch.txt th
 from node 0), the accelerate and torchrun lines (on every node) and a SLURM srun example.
 Output is deterministic (no dates, no absolute paths): tests regenerate `ds_configs/` and diff it.
 Exit codes: 0 planned; 2 bad input or nothing fits (the message names the longest length that fits and
-what to change). Imports neither torch nor deepspeed: it answers in well under a second.
+what to change). Imports neither torch nor deepspeed: a plan that fits answers in under a second; one that does
+not takes a few seconds (its fixes are searched).
 """
 
 from __future__ import annotations

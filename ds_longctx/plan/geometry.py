@@ -40,9 +40,9 @@ class ModelGeometry:
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
-        """From a parsed HF config dict (dense Qwen3 / Qwen2 / Llama / Mistral). Every field memory depends on is checked
-        here, before any planning: a missing, null, non-integer or non-positive size, or KV heads that do not split
-        the query heads, is a ValueError naming the config (`source`, else `name`) and the field."""
+        """From a parsed HF config dict (dense Qwen3 / Qwen2 / Llama / Mistral). Every field memory depends on is
+        checked here, before any planning: a missing, null, non-integer or non-positive size, or KV heads that do not
+        split the query heads, is a ValueError naming the config (`source`, else `name`) and the field."""
         where = source or name or "the model config"
         if not isinstance(cfg, dict):
             raise ValueError(f"{where}: an HF config.json is a JSON object, got a {type(cfg).__name__}; pass a "
@@ -102,7 +102,8 @@ class ModelGeometry:
 
     @property
     def layer_params(self) -> int:
-        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ q/k/v biases, + o_proj bias, + gate/up/down biases: as the config has them)."""
+        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ the q/k/v, o_proj and gate/up/down
+        biases the config has)."""
         H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv) if self.attention_bias else 0) + (H if self.o_bias else 0)
         mlp = 3 * H * self.intermediate + ((2 * self.intermediate + H) if self.mlp_bias else 0)
