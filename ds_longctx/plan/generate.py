@@ -101,10 +101,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the bf16 parameters in pinned host memory too (optimizer.offload_params, DeepSpeed "
                         "offload_param). The search picks it by itself after the optimizer offload where nothing "
                         "fits without it; this forces it on. Not with --lora_rank or --optimizer_offload_ratio")
-    p.add_argument("--optimizer_offload_ratio", type=float, default=1.0,
+    p.add_argument("--optimizer_offload_ratio", type=float, default=None,
                    help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
-                        "offload; the rest steps on the GPU). 1 (default): all of it. The search picks a share by "
-                        "itself only where the whole optimizer on the host breaks its budget; this fixes the share")
+                        "offload; the rest steps on the GPU). Not given: all of it, and the search picks a smaller "
+                        "share by itself only where the whole optimizer on the host breaks its budget. Given (1 "
+                        "included): this share, fixed; 0 keeps the optimizer on the GPU")
     p.add_argument("--lora_rank", type=int, default=0,
                    help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
                         "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
@@ -139,12 +140,12 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of them")
     if a.out is not None:
         check_out_dir(a.out)
-    if not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
+    if a.optimizer_offload_ratio is not None and not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
         raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
                          f"share of the offloaded optimizer, e.g. 0.5")
     if a.lora_rank < 0:
         raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
-    if msg := lever_conflict(lora_rank=a.lora_rank, tiled_layer=a.tiled_layer, offload_ratio=a.optimizer_offload_ratio,
+    if msg := lever_conflict(lora_rank=a.lora_rank, tiled_layer=a.tiled_layer, offload_ratio=offload_ratio(a),
                              offload_params=a.offload_params, flags=True):
         raise ValueError(msg)
     if a.attn_bwd_head_groups < 1:
@@ -192,16 +193,23 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += ["--tiled_layer"] if a.tiled_layer else []
     parts += [f"--attn_bwd_head_groups {a.attn_bwd_head_groups}"] if a.attn_bwd_head_groups > 1 else []
     parts += ["--offload_params"] if a.offload_params else []
-    parts += [f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g}"] if a.optimizer_offload_ratio < 1 else []
+    ratio = a.optimizer_offload_ratio
+    parts += [f"--optimizer_offload_ratio {ratio:g}"] if ratio is not None else []
     parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     return "ds-longctx plan " + " ".join(parts)
+
+
+def offload_ratio(a: argparse.Namespace) -> float:
+    """The host's share of an offloaded optimizer the command line asks for: all of it (1) when not given."""
+    return 1.0 if a.optimizer_offload_ratio is None else a.optimizer_offload_ratio
 
 
 def search_kw(a: argparse.Namespace, host: float) -> dict:
     """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
                 sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank, tiled_layer=a.tiled_layer,
-                                                       optimizer_offload_ratio=a.optimizer_offload_ratio,
+                                                       optimizer_offload_ratio=offload_ratio(a),
+                                                       partial_offload=a.optimizer_offload_ratio is None,
                                                        attn_bwd_head_groups=a.attn_bwd_head_groups,
                                                        offload_params=a.offload_params))
 

@@ -45,6 +45,7 @@ class Levers:
     lora_targets: Union[str, tuple] = DEFAULT_TARGETS
     fused_ops: str = "auto"  # the run config's kernels.fused_ops; a plan is for a GPU, where auto is compile
     attn_bwd_head_groups: int = 1  # the attention backward over this many KV-head groups (parallel/attention.py)
+    partial_offload: bool = True  # the search may put a share of the optimizer on the host (False: the user fixed it)
 
     def __post_init__(self):
         if self.fused_ops not in FUSED_OPS:

@@ -92,7 +92,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     asked = base.optimizer_offload_ratio  # < 1: the user's partial offload, the only offload tried
     whole = not (base.lora_rank or asked < 1 or base.offload_params)  # the full model's optimizer, nothing fixed
     placements = ([(False, False, asked), (True, False, asked)] + ([(True, True, 1.0)] if whole else [])
-                  + ([(True, False, r) for r in PARTIAL_OFFLOAD_RATIOS] if whole else []))
+                  + ([(True, False, r) for r in PARTIAL_OFFLOAD_RATIOS if whole and base.partial_offload]))
     host_bound = False  # the full offload fit the GPUs somewhere but not the host: only then can a partial one fit
     for opt, params, ratio in placements:
         if ratio < asked and not host_bound:
@@ -264,6 +264,11 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                     nodes) is not None:  # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
                      f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV heads).")
+    if not base.partial_offload and base.optimizer_offload_ratio >= 1 and \
+            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, partial_offload=True),
+                    nodes) is not None:  # the whole optimizer on the host, as asked, is what breaks it
+        lines.append("Fix: drop --optimizer_offload_ratio 1 (the search then keeps a share of the optimizer on the "
+                     "GPU where the whole of it breaks the host budget).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
 

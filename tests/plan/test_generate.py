@@ -425,3 +425,20 @@ def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monk
     monkeypatch.setattr(generate, "find_max_len", lambda geom, **kw: real(geom, upper=16384, **kw))
     assert generate.main(["--model", "qwen3-0.6b", "--find_max_len", "--gpus", "8", "--gpu_mem_gb", "141"]) == 0
     assert "longest seq_len that fits >= 16,384 tokens (the search stops there" in capsys.readouterr().out
+
+
+def test_an_explicit_whole_optimizer_offload_is_kept(tmp_path, capsys):
+    """--optimizer_offload_ratio 1 given fixes the share at all of it (it read as "not given", 1 being the default,
+    so the search still split the optimizer): on 1 x 141 GB + 128 GB host the 8B at 65,536 fits only split, so the
+    explicit 1 ends in NoFit with the fix to drop it; with 200 GB of host the whole offload is the plan."""
+    base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141"]
+    assert generate.main(base + ["--host_mem_gb", "128"]) == 0
+    assert "optimizer_offload=True (ratio 0." in capsys.readouterr().out   # the search's own share
+    assert generate.main(base + ["--host_mem_gb", "128", "--optimizer_offload_ratio", "1"]) == 2
+    assert "Fix: drop --optimizer_offload_ratio 1" in capsys.readouterr().err
+    out = tmp_path / "whole"
+    assert generate.main(base + ["--host_mem_gb", "200", "--optimizer_offload_ratio", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "optimizer_offload=True" in text and "(ratio" not in text.split("optimizer_offload=True")[1][:8]
+    assert "--optimizer_offload_ratio 1`" in (out / "run.yaml").read_text()       # the command line says it
+    assert yaml.safe_load((out / "run.yaml").read_text())["optimizer"]["offload_ratio"] == 1.0
