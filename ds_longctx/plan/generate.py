@@ -156,6 +156,12 @@ def check_args(a: argparse.Namespace) -> tuple:
         RunConfig(model=geom.name)
     except ValidationError as e:
         raise ValueError(format_validation_error(e)) from None
+    if a.lora_rank > geom.hidden:
+        raise ValueError(f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an adapter "
+                         f"of that rank is no longer low-rank; use a rank such as 16 or 64")
+    if a.sp_size is not None and a.sp_size < 1:
+        raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
+                         f"the largest that divides the GPUs and the heads)")
     if a.sp_size is not None:
         check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
     # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)

@@ -22,7 +22,8 @@ from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
-from ds_longctx.plan.planner import GB, LAYER, Levers, MemoryPlan, check_headroom, plan_memory, valid_sp_sizes
+from ds_longctx.plan.planner import (GB, LAYER, MAX_HEADROOM, Levers, MemoryPlan, check_headroom, plan_memory,
+                                     valid_sp_sizes)
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,9 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                     nodes) is not None:  # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
                      f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV heads).")
+    if headroom < MAX_HEADROOM and _search(geom, seq_len, gpus, MAX_HEADROOM * gpu_mem_gb * GB,
+                                           MAX_HEADROOM * host_mem_gb * GB, knobs, sp_size, base, nodes) is not None:
+        lines.append(f"Fix: --headroom {MAX_HEADROOM:g} (now {headroom:g}; the most of the budget a plan may fill).")
     if not base.partial_offload and base.optimizer_offload_ratio >= 1 and \
             _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, partial_offload=True),
                     nodes) is not None:  # the whole optimizer on the host, as asked, is what breaks it

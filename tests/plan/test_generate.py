@@ -102,6 +102,11 @@ def test_find_max_len(capsys):
      "use one of [1, 2, 4]"),
     (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "1", "--offload_params", "--lora_rank", "16"],
      "--offload_params with --lora_rank 16"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "8", "--sp_size", "0"], "--sp_size 0: give a"),
+    (["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "8", "--lora_rank", "100000"],
+     "--lora_rank 100000 is more than qwen3-8b's hidden size 4096"),
+    (["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "8", "--headroom", "0.01"],
+     "Fix: --headroom 0.9 (now 0.01"),
 ])
 def test_bad_input_exits_2_naming_the_value(args, says, capsys):
     assert generate.main(args) == 2
