@@ -86,7 +86,7 @@ class ModelGeometry:
         if p.is_dir():
             p = p / "config.json"
         if not p.is_file():
-            alias = SHIPPED_MODELS_DIR / f"{p.name.lower()}.json"
+            alias = SHIPPED_MODELS_DIR / f"{Path(text).name.lower()}.json"  # the name given, not its config.json
             if not (alias.is_file() and ("/" not in text or _HUB_ID.fullmatch(text))):
                 shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
                 raise ValueError(f"model {text!r} is neither a shipped geometry {shipped} nor a directory / file "

@@ -480,7 +480,7 @@ def test_a_config_json_the_model_cannot_have_is_refused_naming_the_file_and_the_
     assert str(path) in str(e.value) or "model_type" in change
 
 
-def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path):
+def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path, monkeypatch):
     """Legal in HF: num_key_value_heads null or absent (one KV head per head), max_position_embeddings null. Not JSON,
     or JSON that is not an object: refused naming the file. A path that does not exist is not read as the shipped
     geometry of its last part (the Hub spelling `org/name` of a shipped one still is)."""
@@ -496,6 +496,9 @@ def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path
     with pytest.raises(ValueError, match="does not exist"):
         ModelGeometry.from_name_or_path(tmp_path / "nowhere" / "Qwen3-8B")
     assert ModelGeometry.from_name_or_path("Qwen/Qwen3-8B") == ModelGeometry.from_name_or_path("qwen3-8b")
+    (tmp_path / "qwen3-4b").mkdir()  # a folder of that name (no config.json) where plan runs: still the shipped one
+    monkeypatch.chdir(tmp_path)
+    assert ModelGeometry.from_name_or_path("qwen3-4b").name == "qwen3-4b"
 
 
 def test_qwen2_is_planned_with_its_q_k_v_biases_and_no_o_bias():
