@@ -259,8 +259,9 @@ class RunConfig(BaseModel):
             raise
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
             first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
-            raise ValueError(f"config {path} could not be read as {'YAML' if str(path).endswith(('.yaml', '.yml')) else 'JSON'} "
-                             f"({first}); fix the file, or write a new one with `ds-longctx plan --out`") from None
+            kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
+            raise ValueError(f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
+                             f"with `ds-longctx plan --out`") from None
         if data is None:  # an empty file would train the default toy model without a word
             raise ValueError(f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
                              f"`ds-longctx plan --out DIR`)")

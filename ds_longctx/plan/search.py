@@ -162,8 +162,8 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
               if sp == valid[-1] else
               f"the largest of {valid} whose ranks' KV heads split into --attn_bwd_head_groups "
               f"{base.attn_bwd_head_groups} groups ({split}; at sp_size={valid[-1]} each rank attends "
-              f"{local_kv_heads(geom.kv_heads, valid[-1])}); without that flag sp_size={valid[-1]} and the search's own "
-              f"groups would be tried first" if sp == (split or [sp])[-1] and base.attn_bwd_head_groups > 1 else
+              f"{local_kv_heads(geom.kv_heads, valid[-1])}); without that flag sp_size={valid[-1]} and the "
+              f"search's own groups would be tried first" if sp == (split or [sp])[-1] and base.attn_bwd_head_groups > 1 else
               f"one of {valid}: the larger ones did not fit")
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else why_sp),
              (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
@@ -249,7 +249,8 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
              f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, the attention backward over {groups} "
-             f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
+             f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
+             f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
     if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
         lines.append(f"Fix: GPUs of >= {math.ceil(need_gpu / headroom / GB)} GB (same count and host).")  # up: fits
@@ -264,7 +265,8 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
             _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, attn_bwd_head_groups=1),
                     nodes) is not None:  # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
-                     f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV heads).")
+                     f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV "
+                     f"heads).")
     if headroom < MAX_HEADROOM and _search(geom, seq_len, gpus, MAX_HEADROOM * gpu_mem_gb * GB,
                                            MAX_HEADROOM * host_mem_gb * GB, knobs, sp_size, base, nodes) is not None:
         lines.append(f"Fix: --headroom {MAX_HEADROOM:g} (now {headroom:g}; the most of the budget a plan may fill).")
@@ -300,7 +302,8 @@ MAX_SEARCH_TOKENS = 1 << 32  # find_max_len's end: a length it reports is "at le
 
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                 multiple: int = 1024, upper: int = MAX_SEARCH_TOKENS, sp_size: Optional[int] = None, base: Levers = Levers(),
+                 multiple: int = 1024, upper: int = MAX_SEARCH_TOKENS, sp_size: Optional[int] = None,
+                 base: Levers = Levers(),
                  nodes: int = 1, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
