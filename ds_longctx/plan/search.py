@@ -303,8 +303,7 @@ MAX_SEARCH_TOKENS = 1 << 32  # find_max_len's end: a length it reports is "at le
 
 def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
                  multiple: int = 1024, upper: int = MAX_SEARCH_TOKENS, sp_size: Optional[int] = None,
-                 base: Levers = Levers(),
-                 nodes: int = 1, **knobs) -> int:
+                 base: Levers = Levers(), nodes: int = 1, **knobs) -> int:
     """The longest seq_len, a multiple of `multiple` (1024: a multiple of every power-of-two sp_size; others are
     padded inside `plan_memory`), for which `choose` finds a fit; 0 if not even `multiple` fits.
 
