@@ -272,6 +272,9 @@ class RunConfig(BaseModel):
         except ValueError as e:  # an unknown or doubled key: the same ValidationError as the constructor's
             raise ValidationError.from_exception_data(cls.__name__, [
                 {"type": "value_error", "loc": (), "input": data, "ctx": {"error": e}}]) from None
+        if merged.get("model", {}).get("name") is None:  # else the default toy model trains, without a word
+            raise ValueError(f"config {path} names no model; add `model: qwen3-8b` (a shipped geometry, an HF "
+                             f"config.json or a checkpoint directory) to it, or pass --model")
         return cls(**merged)
 
     @classmethod

@@ -180,7 +180,7 @@ def test_flat_dotted_and_sectioned_spellings_are_one_config(tmp_path):
                               "--memory.placement", "offload:1,cache:1", "--offload_layers", "0"])
     assert (cli.train.seq_len, cli.optimizer.lr, cli.memory.placement) == (256, 3e-4, "offload:1,cache:1")
     placed = tmp_path / "placed.yaml"
-    placed.write_text("placement: offload:1,cache:1\n")
+    placed.write_text("model: qwen3-tiny\nplacement: offload:1,cache:1\n")
     cleared = RunConfig.from_cli(["--config", str(placed), "--placement", "null", "--tokenizer", "7"])
     assert cleared.memory.placement is None and cleared.data.tokenizer == "7"  # null unsets, other text stays text
     # a dump is sectioned and loads back equal; its flat view names every flat key once
@@ -319,3 +319,7 @@ def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_f
         RunConfig.load(tmp_path)
     (tmp_path / "null.yaml").write_text("model: qwen3-tiny\nmemory:\n")
     assert RunConfig.load(tmp_path / "null.yaml").memory == RunConfig().memory
+    (tmp_path / "no_model.yaml").write_text("train:\n  seq_len: 128\n")  # would train the toy default
+    with pytest.raises(ValueError, match="no_model.yaml names no model; add `model: qwen3-8b`"):
+        RunConfig.load(tmp_path / "no_model.yaml")
+    assert RunConfig.load(tmp_path / "no_model.yaml", model="qwen3-tiny").train.seq_len == 128  # --model given
