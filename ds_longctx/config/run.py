@@ -249,17 +249,14 @@ class RunConfig(BaseModel):
         import yaml
         if Path(path).is_dir():
             raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
+        kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
         try:
             text = Path(path).read_text()
-            if str(path).endswith((".yaml", ".yml")):
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
+            data = yaml.safe_load(text) if kind == "YAML" else json.loads(text)
         except FileNotFoundError:
             raise
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
             first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
-            kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
             raise ValueError(f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
                              f"with `ds-longctx plan --out`") from None
         if data is None:  # an empty file would train the default toy model without a word

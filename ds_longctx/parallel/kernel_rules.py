@@ -51,11 +51,18 @@ def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
     return None
 
 
+def head_groups_split(groups: int, kv_heads: int, sp_size: int) -> bool:
+    """`groups` split the KV heads each rank attends at this sp (kv_heads / sp, or 1 head when sp replicates them)
+    evenly: the rule of `memory.attn_bwd_head_groups` (parallel/attention.py's grouped backward), which the run
+    config's check, the planner's search and its notes all ask."""
+    return groups >= 1 and local_kv_heads(kv_heads, sp_size) % groups == 0
+
+
 def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
-    """`memory.attn_bwd_head_groups` (parallel/attention.py's grouped backward) against the KV heads each rank attends
-    (kv_heads / sp, or 1 head when sp replicates them): the groups must split them evenly."""
+    """Refuse `memory.attn_bwd_head_groups` that do not split the KV heads each rank attends (`head_groups_split`),
+    naming the group counts that do."""
     local = local_kv_heads(kv_heads, sp_size)
-    if groups < 1 or local % groups:
+    if not head_groups_split(groups, kv_heads, sp_size):
         fits = [n for n in range(1, local + 1) if local % n == 0]
         raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
                          f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}")

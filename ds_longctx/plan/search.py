@@ -99,9 +99,9 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
         if ratio < asked and not host_bound:
             continue  # a partial offload takes more GPU memory than the full one, which already did not fit it
         for sp in sps:
-            most = local_kv_heads(geom.kv_heads, sp)
-            if most % base.attn_bwd_head_groups:
+            if not kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, sp):
                 continue  # the groups asked for do not split this sp's KV heads per rank
+            most = local_kv_heads(geom.kv_heads, sp)
             # then the grouped attention backward, with the last shape: one group per KV head this rank attends
             grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []
             for tiled, layer, groups in [(t, ly, base.attn_bwd_head_groups) for t, ly in shapes] + grouped:
@@ -157,14 +157,16 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
     within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
     valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
-    split = [v for v in valid if local_kv_heads(geom.kv_heads, v) % base.attn_bwd_head_groups == 0]
-    why_sp = (f"the largest of {valid} (one sequence over {sp} GPUs{within}: the least memory per GPU)"
-              if sp == valid[-1] else
-              f"the largest of {valid} whose ranks' KV heads split into --attn_bwd_head_groups "
-              f"{base.attn_bwd_head_groups} groups ({split}; at sp_size={valid[-1]} each rank attends "
-              f"{local_kv_heads(geom.kv_heads, valid[-1])}); without that flag sp_size={valid[-1]} and the "
-              f"search's own groups would be tried first" if sp == (split or [sp])[-1] and base.attn_bwd_head_groups > 1 else
-              f"one of {valid}: the larger ones did not fit")
+    split = [v for v in valid if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)]
+    if sp == valid[-1]:
+        why_sp = f"the largest of {valid} (one sequence over {sp} GPUs{within}: the least memory per GPU)"
+    elif base.attn_bwd_head_groups > 1 and sp == split[-1]:  # the groups asked for held sp down
+        why_sp = (f"the largest of {valid} whose ranks' KV heads split into --attn_bwd_head_groups "
+                  f"{base.attn_bwd_head_groups} groups ({split}; at sp_size={valid[-1]} each rank attends "
+                  f"{local_kv_heads(geom.kv_heads, valid[-1])}); without that flag sp_size={valid[-1]} and the "
+                  f"search's own groups would be tried first")
+    else:
+        why_sp = f"one of {valid}: the larger ones did not fit"
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else why_sp),
              (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
               f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured on 2 x H200 at 262,144 tokens: "
@@ -230,8 +232,8 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     # every lever the search may pull, at the largest sp whose ranks' KV heads the asked groups split: the least GPU
     # memory of any plan (the parameter offload unless LoRA or a partial offload rules it out; the attention backward
     # one KV head at a time unless the user fixed the groups)
-    splits = lambda v: local_kv_heads(geom.kv_heads, v) % base.attn_bwd_head_groups == 0
-    sp = sp_size or next((v for v in valid_sp_sizes(geom, gpus, nodes)[::-1] if splits(v)), 1)
+    sp = sp_size or next((v for v in valid_sp_sizes(geom, gpus, nodes)[::-1]
+                          if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)), 1)
     params = base.offload_params or lever_conflict(lora_rank=base.lora_rank, offload_params=True,
                                                    offload_ratio=base.optimizer_offload_ratio) is None
     groups = base.attn_bwd_head_groups if base.attn_bwd_head_groups > 1 else local_kv_heads(geom.kv_heads, sp)
@@ -244,7 +246,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     ratio = base.optimizer_offload_ratio
     offloaded = ("the optimizer" if ratio >= 1 else f"{ratio:g} of the optimizer") + \
         (" and the parameters" if params else "")
-    fits = lambda n, gb, hb, m=nodes: _search(geom, seq_len, n, gb, hb, knobs, sp_size, base, m) is not None
+    fits = lambda n, gb, hb, m=nodes, b=base: _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
@@ -261,18 +263,16 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
         lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
-    if base.attn_bwd_head_groups > 1 and \
-            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, attn_bwd_head_groups=1),
-                    nodes) is not None:  # the asked groups held sp down (or ruled the search's own groups out)
+    if base.attn_bwd_head_groups > 1 and fits(gpus, gpu_budget, host_budget, b=replace(base, attn_bwd_head_groups=1)):
+        # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
                      f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV "
                      f"heads).")
-    if headroom < MAX_HEADROOM and _search(geom, seq_len, gpus, MAX_HEADROOM * gpu_mem_gb * GB,
-                                           MAX_HEADROOM * host_mem_gb * GB, knobs, sp_size, base, nodes) is not None:
+    if headroom < MAX_HEADROOM and fits(gpus, MAX_HEADROOM * gpu_mem_gb * GB, MAX_HEADROOM * host_mem_gb * GB):
         lines.append(f"Fix: --headroom {MAX_HEADROOM:g} (now {headroom:g}; the most of the budget a plan may fill).")
     if not base.partial_offload and base.optimizer_offload_ratio >= 1 and \
-            _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, replace(base, partial_offload=True),
-                    nodes) is not None:  # the whole optimizer on the host, as asked, is what breaks it
+            fits(gpus, gpu_budget, host_budget, b=replace(base, partial_offload=True)):
+        # the whole optimizer on the host, as asked, is what breaks it
         lines.append("Fix: drop --optimizer_offload_ratio 1 (the search then keeps a share of the optimizer on the "
                      "GPU where the whole of it breaks the host budget).")
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
