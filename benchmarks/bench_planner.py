@@ -317,7 +317,8 @@ def run_plans(a, specs: list, out: Path) -> None:
         if a.longest and row.get("measured_steps"):
             append_longest(Path(a.longest), row, plan_dir, d)
         print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
-    path.with_suffix(".md").write_text(plans_table(rows) + "\n")
+    # the table of every row in the jsonl (it appends: a second validate stage in one session adds to the first's)
+    path.with_suffix(".md").write_text(plans_table(read_lines(path)) + "\n")
     print(plans_table(rows))
 
 

@@ -104,3 +104,32 @@ def test_a_one_step_peak_before_the_adam_moments_is_not_steady():
     assert steady({**lazy, "measured_steps": [80e9, 85e9]})  # step 2 holds them either way
     assert steady({**lazy, "optimizer_offload": True})  # the moments on the host, not in the GPU peak
     assert steady({"measured_steps": [85e9]})  # rows before the field: all ran 2 steps or more
+
+
+def test_a_second_validate_in_one_session_keeps_the_first_ones_rows_in_the_table(tmp_path, monkeypatch):
+    """`planner_plans_<date>.jsonl` appends; its `.md` is the table of every row in it, so two validate stages of one
+    session (two models, one after the other) leave both rows in both files. The run itself is faked (no GPU): a
+    metrics.jsonl of two steps where `train` writes it."""
+    import argparse
+
+    bp = bench_planner()
+
+    def fake_run(argv, log_path, timeout_s):
+        run = log_path.parent / "run"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0, "seconds": 1.0,
+                                                               "peak_gpu_bytes": 20e9 + s,
+                                                               "peak_gpu_allocated_bytes": 19e9}) + "\n"
+                                                   for s in (1, 2)))
+        log_path.write_text("optimizer state: made at build\n")
+        return 0, 30e9, 2.0
+    monkeypatch.setattr(bp, "run_job", fake_run)
+    a = argparse.Namespace(predictions="", commit="abc1234", gpus=1, steps=2, timeout_s=60, longest=None,
+                           model="qwen3-0.6b")
+    specs = ["65536:40:model=qwen3-0.6b+host_mem_gb=60", "65536:40:model=qwen3-1.7b+host_mem_gb=60"]
+    for spec in specs:
+        bp.run_plans(a, [spec], tmp_path)
+    (jl,) = tmp_path.glob("planner_plans_*.jsonl")
+    assert [json.loads(x)["spec"] for x in jl.read_text().splitlines()] == specs
+    table = jl.with_suffix(".md").read_text()
+    assert all(f"| {spec} |" in table for spec in specs), table
