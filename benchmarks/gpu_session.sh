@@ -26,10 +26,9 @@
 #   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01f.jsonl,
 #               the planner of daa32ac): 262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
-#               predicted for). On 1 x H200, e's four, j's three and l's two have run (planner_runs_2026-12-01c, e, f);
-#               still held out there: g's 0.6B at 354,304 on 20 GB (~8 min: i's 362,496 took 186 / 178 s a step):
-#               GPUS=1 PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01g.jsonl
-#               VALIDATE_PLANS=354304:20:model=qwen3-0.6b+host_mem_gb=40
+#               predicted for). On 1 x H200, e's four, g's two, j's three, l's two and 2026-12-02's one have run
+#               (planner_runs_2026-12-01c, e, f, 2026-12-02): every 1 x H200 prediction that is still today's plan
+#               (`--check`); d's 4B at 256,000 on 64 GB never ran and its plan has moved since.
 #               PREDICTIONS takes several files, comma-separated (each spec measured against the one that is today's
 #               plan), so one validate stage runs plans predicted in different files. Before the session, on CPU:
 #               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
