@@ -12,11 +12,12 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
+
+from ds_longctx.parallel.parallel_state import free_port  # noqa: F401 (the benchmarks' rendezvous ports)
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOC_CONF = "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
@@ -179,9 +180,3 @@ def fresh_dir(base: Path) -> Path:
         d = base.with_name(f"{base.name}_{i}")
     d.mkdir(parents=True)
     return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -34,16 +34,10 @@ def _has_cuda() -> bool:
         return False
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> list[str]:
     """torchrun's arguments that start `nproc` local processes of `module` (`python -m torch.distributed.run ARGS`)."""
-    return ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+    from ds_longctx.parallel.parallel_state import free_port
+    return ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
             "-m", module, *run_args]
 
 

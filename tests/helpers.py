@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ds_longctx.parallel.parallel_state import free_port  # noqa: F401 (the tests' rendezvous ports)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,11 +40,6 @@ def gpus_here(most: int = 2) -> int:
     import torch
     return min(most, torch.cuda.device_count())
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:

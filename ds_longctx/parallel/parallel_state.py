@@ -82,6 +82,15 @@ def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None
     raise ValueError(f"{problem}; try one of {ok}{more}")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing holds now: a rendezvous of our own launch (torchrun's --master_port) or a
+    plain-python world of one. A fixed one made two such jobs on one machine collide (EADDRINUSE on the second)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def local_world_size(world_size: int) -> int:
     """Processes on this node, from the launcher's environment: LOCAL_WORLD_SIZE (torchrun, accelerate),
     LOCAL_SIZE (deepspeed's launcher), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); `world_size` (one node) if none is
@@ -158,9 +167,9 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if "RANK" not in os.environ:  # plain `python`: a world of one
+    if "RANK" not in os.environ:  # plain `python`: a world of one, on a port no other job here holds
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)
 

@@ -1,0 +1,40 @@
+"""`parallel_state.init_distributed` for a plain-python world of one: its rendezvous port (CPU, gloo)."""
+
+import json
+import socket
+import subprocess
+import sys
+
+from tests.helpers import ROOT, cpu_env
+
+WORLD_OF_ONE = """
+import json, os
+import torch.distributed as dist
+from ds_longctx.parallel.parallel_state import init_distributed
+init_distributed()
+print(json.dumps({"world": dist.get_world_size(), "port": os.environ["MASTER_PORT"]}))
+"""
+
+
+def _world_of_one(env: dict) -> dict:
+    r = subprocess.run([sys.executable, "-c", WORLD_OF_ONE], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_world_of_one_takes_a_free_port_so_two_jobs_on_a_machine_do_not_collide():
+    """Plain `python` (no RANK): the rendezvous binds a port nothing holds. With the fixed 29517 of before, a second
+    single-process job on the machine (here: a socket listening there) failed with EADDRINUSE. A MASTER_PORT given
+    is kept."""
+    env = {k: v for k, v in cpu_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
+                                                             "MASTER_ADDR")}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 29517))  # the old default, as another job on this machine would hold it
+        held.listen()
+        got = _world_of_one(env)
+        assert got["world"] == 1 and got["port"] != "29517"
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = str(free.getsockname()[1])
+        assert _world_of_one(dict(env, MASTER_PORT=port)) == {"world": 1, "port": port}
