@@ -263,6 +263,12 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         lines.append(f"Fix: {more} GPUs of this size, host RAM scaled with them.")
     if (m := next((m for m in (2 * nodes, 4 * nodes, 8 * nodes) if fits(gpus, gpu_budget, host_budget, m)), None)):
         lines.append(f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs).")
+    # the same GPUs spread over more nodes, each node's host holding fewer processes (the most per node that fits)
+    spread = next((n for n in sorted((d for d in range(1, gpus) if gpus % d == 0), reverse=True)
+                   if fits(n, gpu_budget, host_budget, nodes * gpus // n)), None)
+    if spread:
+        lines.append(f"Fix: the same {nodes * gpus} GPUs, {spread} per node (--gpus {spread} --nodes "
+                     f"{nodes * gpus // spread}: each node's host holds its own processes).")
     if base.attn_bwd_head_groups > 1 and fits(gpus, gpu_budget, host_budget, b=replace(base, attn_bwd_head_groups=1)):
         # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -228,6 +229,26 @@ def test_no_fit_names_more_nodes_when_they_fit():
     assert "Fix: 2 nodes like these (--nodes 2: ZeRO-3 partitions over 4 GPUs)." in str(info.value)
     choose(Q8, n + 1024, 2, 80, 256, nodes=2)
 
+
+
+@pytest.mark.parametrize("gpus,host_gb", [(16, 32), (100000, 560)])
+def test_no_fit_names_the_same_gpus_over_more_nodes_when_one_nodes_host_cannot_hold_them(gpus, host_gb):
+    """Too many processes for one node's host (each holds its build; 16 on 32 GB, or an absurd 100,000 on 560 GB,
+    where no host size fits): the fix spreads the same GPUs over nodes, the most per node that fits, and that plan
+    fits. A count that fits on one node gets no such line."""
+    with pytest.raises(NoFit) as info:
+        choose(Q8, 131072, gpus, 80, host_gb)
+    fixes = [l for l in str(info.value).splitlines() if l.startswith(f"Fix: the same {gpus} GPUs, ")]
+    assert len(fixes) == 1, str(info.value)
+    per, nodes = (int(x) for x in re.search(r"--gpus (\d+) --nodes (\d+)", fixes[0]).groups())
+    assert per * nodes == gpus and per < gpus
+    choose(Q8, 131072, per, 80, host_gb, nodes=nodes)
+    more = next(d for d in range(per + 1, gpus + 1) if gpus % d == 0)  # the next count per node: does not fit
+    with pytest.raises(NoFit):
+        choose(Q8, 131072, more, 80, host_gb, nodes=gpus // more)
+    with pytest.raises(NoFit) as info:
+        choose(Q8, 1 << 22, 2, 80, 256)  # the GPUs, not the host, are what runs out
+    assert "Fix: the same" not in str(info.value)
 
 def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
     """The cache needs FA4's kernel pair, which `auto` takes only at verified head dims (parallel/kernel_rules.py):
