@@ -66,10 +66,29 @@ PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768}
 def trained_context(hf_config) -> int:
     """YaRN's O for this model (the rule in the module doc): an existing YaRN's original length, a publisher's
     documented one (`PUBLISHED_ORIGINAL`), else max_position_embeddings."""
-    rp = _rope_params(hf_config)
-    if rp.get("rope_type") == "yarn" and rp.get("original_max_position_embeddings"):
-        return int(rp["original_max_position_embeddings"])
-    return original_context(getattr(hf_config, "model_type", None), int(hf_config.max_position_embeddings))
+    return trained_context_of(getattr(hf_config, "model_type", None), int(hf_config.max_position_embeddings),
+                              _rope_params(hf_config))
+
+
+def trained_context_of(model_type: Optional[str], max_position_embeddings: int, rope: dict) -> int:
+    """`trained_context` from a model's fields (pure: the planner asks it of a config.json)."""
+    if rope.get("rope_type") == "yarn" and rope.get("original_max_position_embeddings"):
+        return int(rope["original_max_position_embeddings"])
+    return original_context(model_type, max_position_embeddings)
+
+
+def yarn_problem(rope_type: Optional[str]) -> Optional[str]:
+    """Why YaRN cannot be set from seq_len over this RoPE (rope_scaling auto / yarn), or None: only a plain RoPE or
+    an existing YaRN is rescaled here (pure: the planner asks it too, so a plan says what `train` would refuse)."""
+    if (rope_type or "default") in ("default", "yarn"):
+        return None
+    return (f"already uses rope_type={rope_type!r}; YaRN on top of it is not defined here: pass an explicit "
+            "rope_parameters dict, or rope_scaling='none'")
+
+
+def yarn_factor(seq_len: int, original: int) -> float:
+    """F = seq_len / O rounded up to a multiple of 1 / FACTOR_STEP (the module doc), in exact integers."""
+    return -(-seq_len * FACTOR_STEP // original) / FACTOR_STEP
 
 
 def original_context(model_type: Optional[str], max_position_embeddings: int) -> int:
@@ -98,10 +117,9 @@ def yarn_rope_parameters(hf_config, seq_len: int, original_max_position_embeddin
     if seq_len <= orig:
         return None
     rp = _rope_params(hf_config)
-    if rp.get("rope_type", "default") not in ("default", "yarn"):
-        raise ValueError(f"{type(hf_config).__name__} already uses rope_type={rp['rope_type']!r}; YaRN on top of it "
-                         "is not defined here: pass an explicit rope_parameters dict, or rope_scaling='none'")
-    factor = -(-seq_len * FACTOR_STEP // orig) / FACTOR_STEP      # ceil(s * 8 / O) / 8, exact integers
+    if problem := yarn_problem(rp.get("rope_type")):
+        raise ValueError(f"{type(hf_config).__name__} {problem}")
+    factor = yarn_factor(seq_len, orig)
     carried = {k: rp[k] for k in _CARRIED_KEYS if k in rp}
     return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
             "rope_theta": _rope_theta(hf_config), **carried}

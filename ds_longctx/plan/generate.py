@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -233,8 +234,17 @@ def run_config(choice: Choice, gpu_mem_gb: float | None = None):
     plan = choice.plan
     gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
     return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
-                     output_dir=f"runs/{plan.geom.name}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
+                     output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
                      **choice.levers.run_config_fields())
+
+
+def run_name(model: str) -> str:
+    """The model's part of the run directory's name: a shipped name as it is; of a path, its checkpoint directory's
+    (or JSON file's) name, so a local model does not put its absolute path under runs/."""
+    p = Path(model)
+    if p.name.endswith(".json"):
+        p = p.parent if p.name == "config.json" else p.with_name(p.name[:-len(".json")])
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", p.name).strip("._") or "model"
 
 
 def accelerate_config(gpus: int, nodes: int = 1) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Union
 
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
+from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
 
 _DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
@@ -37,6 +38,8 @@ class ModelGeometry:
     attention_bias: bool = False  # biases on q/k/v (Qwen2 always; Llama / Mistral with attention_bias)
     o_bias: bool = False  # a bias on o_proj (Llama / Mistral with attention_bias; Qwen2 has none)
     mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
+    rope_type: str = "default"  # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
+    trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: the config gives no max_position_embeddings
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
@@ -68,11 +71,18 @@ class ModelGeometry:
         kv_heads = heads if kv is None else size("num_key_value_heads")  # absent or null: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)
         max_pos = cfg.get("max_position_embeddings")
+        max_pos = 0 if max_pos is None else size("max_position_embeddings")
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}  # transformers' order: the older key wins
+        if not isinstance(rope, dict):
+            raise ValueError(f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
+                             f"config.json gives it as {{\"rope_type\": ..., ...}} or null (fix the config)")
+        rope = dict(rope, rope_type=rope.get("rope_type") or rope.get("type") or "default")  # "type": before HF 4.45
         return cls(name=name or mtype, hidden=hidden, intermediate=size("intermediate_size"),
                    layers=size("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
                    head_dim=size("head_dim", kernel_rules.head_dim(cfg)), vocab=size("vocab_size"),
                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   max_position_embeddings=0 if max_pos is None else size("max_position_embeddings"),
+                   max_position_embeddings=max_pos, rope_type=str(rope["rope_type"]),
+                   trained_context=trained_context_of(mtype, max_pos, rope) if max_pos else 0,
                    qk_norm=mtype == "qwen3", attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
                    o_bias=mtype != "qwen2" and bool(cfg.get("attention_bias", False)),
                    mlp_bias=bool(cfg.get("mlp_bias", False)))

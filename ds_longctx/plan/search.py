@@ -19,6 +19,7 @@ from typing import Optional
 
 from ds_longctx.config.run import lever_conflict
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+from ds_longctx.levers.rope import yarn_factor, yarn_problem
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
@@ -200,10 +201,24 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
                      + "; " + POOL_HOW)
-    if plan.seq_len > geom.max_position_embeddings:
-        notes.append(f"seq_len {plan.seq_len:,} > max_position_embeddings {geom.max_position_embeddings:,}: "
-                     f"train with YaRN (rope_scaling auto)")
+    notes.extend(rope_notes(geom, plan.seq_len))
     return tuple(notes)
+
+
+def rope_notes(geom, seq_len: int) -> list:
+    """What `train`'s default rope_scaling (auto) does at seq_len, by levers/rope's rules: nothing within the
+    trained context; YaRN and its factor past it; past it over another scaled RoPE (Llama 3's), train's refusal."""
+    trained = geom.trained_context
+    if not trained:
+        return ["the config gives no max_position_embeddings: train takes the model class's default as the trained "
+                "context and sets YaRN from it past that (rope_scaling auto)"]
+    if seq_len <= trained:
+        return []
+    if problem := yarn_problem(geom.rope_type):
+        return [f"seq_len {seq_len:,} > the trained context {trained:,}: train refuses run.yaml's rope_scaling auto "
+                f"for this model, which {problem} (model.rope_scaling in run.yaml)"]
+    return [f"seq_len {seq_len:,} > the trained context {trained:,}: train with YaRN (rope_scaling auto sets factor "
+            f"{yarn_factor(seq_len, trained):g})"]
 
 
 def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,

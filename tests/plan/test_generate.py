@@ -339,6 +339,15 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
     P = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
     assert f"{2 * -(-P // 2) / 1e9:.2f}" in next(line for line in text.splitlines() if line.startswith("params_bf16"))
     assert f"name: {cfg}" in (out / "run.yaml").read_text()
+    # the run directory takes the model's name, not its absolute path (it read runs//tmp/.../llama-3.1-8b.json_...)
+    assert yaml.safe_load((out / "run.yaml").read_text())["train"]["output_dir"] == "runs/llama-3.1-8b_131072_2gpu"
+    ckpt = tmp_path / "My Llama v1.5"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(cfg.read_text())
+    assert generate.main(["--model", str(ckpt), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
+                          "--host_mem_gb", "256", "--out", str(tmp_path / "p2")]) == 0
+    assert yaml.safe_load((tmp_path / "p2" / "run.yaml").read_text())["train"]["output_dir"] == \
+        "runs/My_Llama_v1.5_131072_2gpu"
 
 
 def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_config(tmp_path, capsys):

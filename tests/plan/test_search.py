@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
 import pytest
 
+from ds_longctx.config.model import SHIPPED_MODELS_DIR
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.plan.search import NoFit, choose, find_max_len
 from ds_longctx.plan.planner import GB, GIB, Levers, ModelGeometry, plan_memory
@@ -338,3 +340,51 @@ def test_a_partial_optimizer_offload_only_where_the_whole_one_breaks_the_host():
         == 0.4
     lora = Levers(lora_rank=16)
     assert choose(Q8, n, 1, 141, 128, base=lora).levers.optimizer_offload_ratio == 1.0
+
+
+def test_the_plans_rope_note_is_what_train_does_at_that_length(tmp_path):
+    """`rope_notes` asks levers/rope's own rules of the config.json: nothing within the trained context (Qwen3's
+    published 32,768, not its max_position_embeddings 40,960); past it YaRN with train's factor; over a config that
+    already carries YaRN, that YaRN's original length; over Llama 3's scaled RoPE, the refusal train gives (so a plan
+    does not promise a run its own run.yaml cannot start)."""
+    from transformers import AutoConfig
+
+    from ds_longctx.levers.rope import apply_rope_scaling
+    from ds_longctx.plan.search import rope_notes
+
+    def geom_and_hf(cfg: dict):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        return ModelGeometry.from_name_or_path(d), AutoConfig.from_pretrained(d)
+
+    qwen = json.loads((SHIPPED_MODELS_DIR / "qwen3-8b.json").read_text())
+    g, hf = geom_and_hf(qwen)
+    assert rope_notes(g, 32768) == []
+    assert apply_rope_scaling(hf, 32768) is None                       # train: unchanged there too
+    (note,) = rope_notes(g, 36864)
+    assert note.endswith(f"factor {apply_rope_scaling(hf, 36864)['factor']:g})") and "trained context 32,768" in note
+
+    yarn = dict(qwen, max_position_embeddings=131072,
+                rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    g, hf = geom_and_hf(yarn)
+    (note,) = rope_notes(g, 262144)
+    assert "trained context 32,768" in note and note.endswith(f"factor {apply_rope_scaling(hf, 262144)['factor']:g})")
+
+    llama3 = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 131072,
+              "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+              "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+    g, hf = geom_and_hf(llama3)
+    assert rope_notes(g, 131072) == []
+    (note,) = rope_notes(g, 262144)
+    with pytest.raises(ValueError) as refused:
+        apply_rope_scaling(hf, 262144)
+    assert "train refuses run.yaml's rope_scaling auto" in note
+    assert str(refused.value).split(" ", 1)[1] in note                # the refusal's words, after the class name
+    plain = {k: v for k, v in llama3.items() if k not in ("rope_scaling", "max_position_embeddings")}
+    assert rope_notes(geom_and_hf(plain)[0], 4096) == [
+        "the config gives no max_position_embeddings: train takes the model class's default as the trained context "
+        "and sets YaRN from it past that (rope_scaling auto)"]
+    with pytest.raises(ValueError, match="rope_parameters / rope_scaling = 'linear' is not a JSON object"):
+        geom_and_hf(dict(llama3, rope_scaling="linear"))
