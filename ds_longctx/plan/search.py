@@ -13,7 +13,6 @@ Usage:
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field, replace
 from typing import Optional
 

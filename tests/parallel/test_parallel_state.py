@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 
-from tests.helpers import ROOT, cpu_env
+from tests.helpers import ROOT, cpu_env, free_port
 
 WORLD_OF_ONE = """
 import json, os
@@ -34,7 +34,5 @@ def test_a_world_of_one_takes_a_free_port_so_two_jobs_on_a_machine_do_not_collid
         held.listen()
         got = _world_of_one(env)
         assert got["world"] == 1 and got["port"] != "29517"
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            port = str(free.getsockname()[1])
+        port = str(free_port())
         assert _world_of_one(dict(env, MASTER_PORT=port)) == {"world": 1, "port": port}
