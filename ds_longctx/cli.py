@@ -3,6 +3,7 @@
     ds-longctx demo                              # tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
     ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
     ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
+    ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]   # one GPU plays ranks of the config's world
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
 """
@@ -14,24 +15,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-
-def _child_env() -> dict:
-    """The workers' environment defaults (set in this process, which torchrun's agent runs in)."""
-    env = dict(os.environ)
-    env.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else env.get("DS_ACCELERATOR", "cuda"))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    return env
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
 
 
 def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> list[str]:
@@ -115,9 +98,10 @@ def launch(nproc: int, args: list[str], module: str) -> int:
     import tempfile
 
     from ds_longctx.run.refuse import REFUSAL_FILE_ENV, REFUSED, recorded_refusal
+    from ds_longctx.run.worker_env import worker_env
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-    os.environ.update(_child_env())
+    os.environ.update(worker_env())
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
         os.environ[REFUSAL_FILE_ENV] = refusal = os.path.join(tmp, "refusal.txt")
         try:
@@ -187,6 +171,9 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "plan":  # the generator owns its own options
         from ds_longctx.plan.generate import main as plan_main
         sys.exit(plan_main(argv[1:]))
+    if argv and argv[0] == "rehearse":
+        from ds_longctx.run.rehearse import main as rehearse_main
+        sys.exit(rehearse_main(argv[1:]))
     if argv and argv[0] == "export":
         from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
@@ -201,6 +188,8 @@ def _main(argv: list[str] | None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
+    sub.add_parser("rehearse", help="one GPU plays ranks of a config's world: memory, time, collectives "
+                                    "(ds-longctx rehearse -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "

@@ -18,7 +18,7 @@ from tests.helpers import ROOT, cpu_env, free_port, read_metrics
 DEFAULT_CONFIG = "ds_configs/qwen3-8b_1m_8x141gb/run.yaml"
 # the committed config places Qwen3-8B's 36 layers one by one: the tiny model (2 layers) takes the default placement
 TINY = ["--model", "qwen3-tiny", "--seq_len", "64", "--steps", "2", "--sp_size", "2", "--dtype", "fp32",
-        "--placement", "null"]
+        "--placement", "null", "--nodes", "null", "--gpus_per_node", "null"]
 
 
 def script_env(**extra) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import Field
 
 from ds_longctx.config.base import Section
@@ -22,3 +24,9 @@ class ParallelConfig(Section):
     """Allow an SP group to span nodes (sp_size not dividing the processes per node): every attention layer's
     all-to-all then crosses the inter-node network, several times slower than NVLink. Off: such a layout is
     refused before start."""
+    nodes: Optional[int] = Field(None, ge=1)
+    """The nodes this config was planned for (`ds-longctx plan` writes it, with gpus_per_node). A launch of another
+    world (nodes x gpus_per_node processes) is refused before start: the memory plan holds for its world only;
+    `ds-longctx rehearse` plays a rank of it. null: any world."""
+    gpus_per_node: Optional[int] = Field(None, ge=1)
+    """Processes (one per GPU) per node this config was planned for; see `nodes`."""

@@ -82,6 +82,23 @@ def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None
     raise ValueError(f"{problem}; try one of {ok}{more}")
 
 
+def check_planned_world(nodes: Optional[int], gpus_per_node: Optional[int], world_size: int, per_node: int) -> None:
+    """Refuse a launch of `world_size` processes, `per_node` per node, when the config was planned for another
+    world (`parallel.nodes` x `parallel.gpus_per_node`; None: any). Raises ValueError naming both worlds and fixes."""
+    if nodes is None and gpus_per_node is None:
+        return
+    want_per = gpus_per_node or world_size // (nodes or 1)
+    want_nodes = nodes or max(world_size // want_per, 1)
+    if (want_nodes * want_per, want_per) == (world_size, per_node):
+        return
+    have_nodes = max(world_size // max(per_node, 1), 1)
+    raise ValueError(f"this config was planned for {want_nodes * want_per} processes ({want_nodes} node(s) x "
+                     f"{want_per}); this launch has {world_size} ({have_nodes} node(s) x {per_node}): its memory plan "
+                     f"holds for its own world only. Launch {want_nodes} x {want_per}, plan this world (ds-longctx plan "
+                     f"--nodes {have_nodes} --gpus {per_node} ...), or set parallel.nodes: null and "
+                     f"parallel.gpus_per_node: null to run it anyway")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing holds now: a rendezvous of our own launch (torchrun's --master_port) or a
     plain-python world of one. A fixed one made two such jobs on one machine collide (EADDRINUSE on the second)."""

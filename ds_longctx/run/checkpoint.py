@@ -40,6 +40,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx.parallel import fake_world
+
 log = logging.getLogger("ds_longctx")
 
 CKPT_SUBDIR = "checkpoints"
@@ -198,6 +200,7 @@ def _replace_file(path: Path, text: str) -> None:
 
 def save(engine, cfg, step: int, data_signature: dict) -> Path:
     """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc). Collective."""
+    fake_world.refuse_in_rehearsal("a checkpoint save")
     import deepspeed
     st = engine.state
     root = ckpt_root(cfg.train.output_dir)

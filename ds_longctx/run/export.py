@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
+from ds_longctx.parallel import fake_world
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
@@ -98,6 +99,7 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
 
 def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False) -> Path:
     """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
+    fake_world.refuse_in_rehearsal("an export", CheckpointError)
     tag_dir, meta = resolve(checkpoint, tag)
     lora = run_lora(meta)
     if merged and not lora.rank:

@@ -21,7 +21,7 @@ from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, kernel_rules, ulysses
-from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size
+from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
 from ds_longctx.run.model import load_hf_config, model_class
@@ -35,6 +35,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     hf_cfg = load_hf_config(cfg.model.name)
     text = hf_cfg.get_text_config()
     per_node = local_world_size(world_size) if per_node is None else per_node
+    check_planned_world(cfg.parallel.nodes, cfg.parallel.gpus_per_node, world_size, per_node)
     kernel_rules.check_attention_heads(text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads,
                                        f"model={cfg.model.name!r}")
     check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads,

@@ -5,6 +5,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT, cpu_env, free_port
 
 WORLD_OF_ONE = """
@@ -36,3 +38,24 @@ def test_a_world_of_one_takes_a_free_port_so_two_jobs_on_a_machine_do_not_collid
         assert got["world"] == 1 and got["port"] != "29517"
         port = str(free_port())
         assert _world_of_one(dict(env, MASTER_PORT=port)) == {"world": 1, "port": port}
+
+
+def test_a_config_planned_for_one_world_refuses_a_launch_of_another():
+    from ds_longctx.parallel.parallel_state import check_planned_world
+    check_planned_world(None, None, 3, 3)  # no world written: any launch
+    check_planned_world(1, 8, 8, 8)
+    check_planned_world(2, 8, 16, 8)
+    with pytest.raises(ValueError, match=r"planned for 8 processes \(1 node\(s\) x 8\); this launch has 2 \(1 node"):
+        check_planned_world(1, 8, 2, 2)
+    with pytest.raises(ValueError, match=r"planned for 16 processes \(2 node\(s\) x 8\); this launch has 16 \(4 node"):
+        check_planned_world(2, 8, 16, 4)  # the same count, spread otherwise: another plan
+    with pytest.raises(ValueError, match="parallel.nodes: null"):
+        check_planned_world(1, 8, 4, 4)
+
+
+def test_train_refuses_a_generated_config_on_another_world_before_any_worker():
+    from tests.helpers import run_cli
+    res = run_cli(["train", "--nproc", "2", "--config", "ds_configs/qwen3-8b_1m_8x141gb/run.yaml"], timeout=120)
+    assert res.returncode == 2
+    last = res.stderr.strip().splitlines()[-1]
+    assert "planned for 8 processes" in last and "this launch has 2" in last, last

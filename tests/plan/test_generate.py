@@ -29,7 +29,11 @@ def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
     assert "checkpoints" in out and "GB/GPU" in out and "GB host" in out  # the table
     assert "deepspeed --num_gpus 8 --module ds_longctx.train --config run.yaml" in out
     assert "accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml" in out
-    assert (tmp_path / "launch.txt").read_text().splitlines()[2:] == generate.launch_lines(8)
+    lines = (tmp_path / "launch.txt").read_text().splitlines()
+    assert lines[2] == generate.REHEARSE and lines[4:] == generate.launch_lines(8)
+    assert generate.REHEARSE in (tmp_path / "plan.txt").read_text()
+    run = yaml.safe_load((tmp_path / "run.yaml").read_text().split("\n", 1)[1])
+    assert (run["parallel"]["nodes"], run["parallel"]["gpus_per_node"]) == (1, 8)  # the world it was planned for
 
 
 def test_the_plan_caches_attention_unless_asked_not_to(tmp_path):
@@ -202,7 +206,7 @@ def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_l
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds == build_ds_config(cfg, world_size=16, on_gpu=True) and ds["train_batch_size"] == 2  # dp over nodes
     launch = (tmp_path / "launch.txt").read_text().splitlines()
-    assert [line for line in launch if not line.startswith("#")] == generate.launch_lines(8, 2)
+    assert [line for line in launch if not line.startswith("#")] == [generate.REHEARSE, *generate.launch_lines(8, 2)]
     assert generate.launch_lines(8, 2)[:3] == [
         "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 --module ds_longctx.train --config run.yaml",
         "accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "

@@ -1,0 +1,297 @@
+"""Per decoder layer: its forward and backward time, the GPU and host memory its forward leaves behind, the bytes of
+collectives issued inside it; and a step of L layers extrapolated from K of them run (`ds-longctx rehearse
+--layers K`).
+
+    clock = LayerClock(model, placement, on_gpu)      # wraps every decoder layer in two identity marks
+    undo = run_only(model, clock.pick(K))             # optional: the forward runs K of the L layers
+    ... steps ...; clock.step_done()                  # after each step (synchronizes the GPU)
+    est = clock.extrapolate(step_seconds, peaks)      # the L-layer step from the last K-layer step
+
+The marks are identity autograd functions on the layer's input and output, outside its checkpoint: in forward
+they stamp the layer's start and end; in backward the output's mark runs when the layer's backward (its
+recompute included) starts, the input's when it ends. Stamps are CUDA events on the current stream on a GPU, the
+host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
+
+Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
+peak GPU + mean GPU bytes such a layer's forward leaves (every forward's leftovers are alive at the top layer's
+backward, where the step peaks), host RSS + the same for the host, in-layer collective bytes (Ulysses' all-to-all)
++ the per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of
+its kind that ran. ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the
+persistent parameters' refresh after the step) scale with the elements they move: x all parameters (trainable ones
+for the reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the
+same bytes per element, as in a model whose parameters are all persistent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import psutil
+import torch
+import torch.nn as nn
+
+from ds_longctx.levers.placement import PlacementPlan, decoder_layers
+from ds_longctx.parallel import fake_world
+
+
+class _Stamp:
+    """A point in time on the GPU stream (CUDA event) or the host clock."""
+
+    def __init__(self, on_gpu: bool):
+        if on_gpu:
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+        else:
+            self.event, self.t = None, time.perf_counter()
+
+    def seconds_to(self, later: "_Stamp") -> float:
+        if self.event is not None:
+            return self.event.elapsed_time(later.event) / 1e3
+        return later.t - self.t
+
+
+class _Mark(torch.autograd.Function):
+    """Identity; calls `on_forward()` in forward and `on_backward()` in backward."""
+
+    @staticmethod
+    def forward(ctx, x, on_forward, on_backward):
+        ctx.on_backward = on_backward
+        on_forward()
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.on_backward()
+        return grad, None, None
+
+
+@dataclass
+class LayerRecord:
+    """One layer in one step."""
+    fwd: list                 # [start, end] stamps
+    bwd: list                 # [start, end] stamps
+    gpu_left: int = 0         # bytes allocated at the forward's end minus at its start
+    host_left: int = 0        # RSS bytes likewise
+
+
+class _Timed(nn.Module):
+    """A decoder layer between two marks; attributes read through to the layer (e.g. `attention_type`)."""
+
+    def __init__(self, layer: nn.Module, index: int, clock: "LayerClock"):
+        super().__init__()
+        self.layer, self.index, self.clock = layer, index, clock
+
+    def forward(self, hidden_states, *args, **kwargs):
+        c, i = self.clock, self.index
+        hidden_states = _Mark.apply(hidden_states, lambda: c._fwd_start(i), lambda: c._bwd_end(i))
+        out = self.layer(hidden_states, *args, **kwargs)
+        if isinstance(out, tuple):
+            return (_Mark.apply(out[0], lambda: c._fwd_end(i), lambda: c._bwd_start(i)), *out[1:])
+        return _Mark.apply(out, lambda: c._fwd_end(i), lambda: c._bwd_start(i))
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["layer"], name)
+
+
+def _numel(module: nn.Module) -> tuple:
+    """(all, trainable) parameter elements of `module`, whole (ZeRO-3's ds_numel where partitioned)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in module.parameters()]
+    return sum(n for n, _ in sizes), sum(n for n, t in sizes if t)
+
+
+ZERO_KINDS = ("all_gather", "reduce_scatter")
+
+
+def _layer_list(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList that holds the model's decoder layers."""
+    first = decoder_layers(model)[0]
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList) and len(m) and m[0] is first:
+            return m
+    raise ValueError(f"{type(model).__name__}: no ModuleList holds its decoder layers")
+
+
+def pick_layers(kinds: list, k: int) -> list:
+    """K layer indices in order for a model whose layer i has kind `kinds[i]`: every kind in proportion to its count
+    (at least one each), the first and the top layer included, the rest evenly spread within each kind. Raises
+    ValueError where K cannot hold every kind."""
+    n = len(kinds)
+    by_kind = defaultdict(list)
+    for i, kind in enumerate(kinds):
+        by_kind[kind].append(i)
+    must = {kind: sum(1 for i in {0, n - 1} if kinds[i] == kind) for kind in by_kind}  # first and top layers
+    least = sum(max(1, m) for m in must.values())
+    if not least <= k <= n:
+        raise ValueError(f"--layers {k}: give {least} to {n} layers (this placement has {len(by_kind)} kind(s) of "
+                         f"layer: {', '.join(by_kind)}; each runs at least once, and so do the first and top layers)")
+    share = {kind: k * len(ix) / n for kind, ix in by_kind.items()}
+    quota = {kind: max(1, must[kind], round(share[kind])) for kind in by_kind}
+    while sum(quota.values()) > k:  # take from the kind most over its share that can spare one
+        kind = max((q for q in quota if quota[q] > max(1, must[q])), key=lambda q: quota[q] - share[q])
+        quota[kind] -= 1
+    while sum(quota.values()) < k:  # give to the kind most under its share that has layers left
+        kind = max((q for q in quota if quota[q] < len(by_kind[q])), key=lambda q: share[q] - quota[q])
+        quota[kind] += 1
+    chosen = set()
+    for kind, ix in by_kind.items():
+        ends = [i for i in sorted({0, n - 1}) if i in ix]
+        rest = [i for i in ix if i not in ends]
+        want = quota[kind] - len(ends)
+        step = len(rest) / want if want > 0 else 0
+        chosen.update(ends + [rest[int((j + 0.5) * step)] for j in range(max(want, 0))])
+    return sorted(chosen)
+
+
+class LayerClock:
+    """Marks on every decoder layer of `model`; `placement` gives each layer's kind."""
+
+    def __init__(self, model: nn.Module, placement: PlacementPlan, on_gpu: bool):
+        self.container = _layer_list(model)
+        self.layers = list(self.container)
+        if len(self.layers) != len(placement):
+            raise ValueError(f"placement has {len(placement)} entries, the model {len(self.layers)} layers")
+        self.kinds = [p.value for p in placement.layers]
+        self.layer_numel = [_numel(layer) for layer in self.layers]  # (all, trainable) elements per layer
+        self.model_numel = _numel(model)
+        self.on_gpu, self.run = on_gpu, list(range(len(self.layers)))
+        self.records: dict = {}
+        self.steps: list = []  # one {layer: LayerRecord} per finished step
+        self.scoped_bytes: list = []  # one {layer: {(kind, ranks): bytes}} per finished step
+        for i, layer in enumerate(self.layers):
+            self.container[i] = _Timed(layer, i, self)
+
+    def remove(self) -> None:
+        """Put the model's layers back as they were (all of them, unwrapped)."""
+        self.container._modules.clear()
+        for i, layer in enumerate(self.layers):
+            self.container.add_module(str(i), layer)
+
+    # ------------------------------------------------------------ which layers run
+    def pick(self, k: int) -> list:
+        """`pick_layers` of this model's placement."""
+        return pick_layers(self.kinds, k)
+
+    def run_only(self, indices: list):
+        """The model's forward runs these layers only (in order); the others keep their parameters, gradients
+        and optimizer state, so the memory they hold is the real model's. Returns the undo."""
+        self.run = sorted(indices)
+        wrapped = [self.container[i] for i in range(len(self.layers))]
+        self.container._modules.clear()
+        for j, i in enumerate(self.run):
+            self.container.add_module(str(j), wrapped[i])
+        model_cfg = getattr(self.layers[0], "config", None)
+        types = getattr(model_cfg, "layer_types", None)
+        if types is not None and len(types) == len(self.layers):
+            model_cfg.layer_types = [types[i] for i in self.run]
+
+        def undo():
+            self.container._modules.clear()
+            for j, m in enumerate(wrapped):
+                self.container.add_module(str(j), m)
+            if types is not None and len(types) == len(self.layers):
+                model_cfg.layer_types = types
+            self.run = list(range(len(self.layers)))
+        return undo
+
+    # ------------------------------------------------------------ the marks
+    def _now(self):
+        return _Stamp(self.on_gpu)
+
+    def _mem(self):
+        gpu = torch.cuda.memory_allocated() if self.on_gpu else 0
+        return gpu, psutil.Process().memory_info().rss
+
+    def _fwd_start(self, i: int) -> None:
+        self.records[i] = LayerRecord(fwd=[self._now()], bwd=[])
+        self.records[i].gpu_left, self.records[i].host_left = self._mem()
+        if fake_world.active():
+            fake_world.collective_log().scope = i
+
+    def _fwd_end(self, i: int) -> None:
+        r = self.records[i]
+        r.fwd.append(self._now())
+        gpu, host = self._mem()
+        r.gpu_left, r.host_left = gpu - r.gpu_left, host - r.host_left
+        if fake_world.active():
+            fake_world.collective_log().scope = None
+
+    def _bwd_start(self, i: int) -> None:
+        self.records[i].bwd.append(self._now())
+        if fake_world.active():
+            fake_world.collective_log().scope = i
+
+    def _bwd_end(self, i: int) -> None:
+        self.records[i].bwd.append(self._now())
+        if fake_world.active():
+            fake_world.collective_log().scope = None
+
+    def step_done(self) -> None:
+        """Close the step: keep its records (synchronizes the GPU to read the events)."""
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        self.steps.append(self.records)
+        if fake_world.active():
+            log = fake_world.collective_log()
+            self.scoped_bytes.append({i: dict(b) for i, b in log.by_scope.items() if i is not None})
+        self.records = {}
+
+    def layer_seconds(self, step: int = -1) -> dict:
+        """{layer: forward + backward seconds} of a finished step."""
+        return {i: r.fwd[0].seconds_to(r.fwd[1]) + r.bwd[0].seconds_to(r.bwd[1])
+                for i, r in self.steps[step].items() if len(r.fwd) == 2 and len(r.bwd) == 2}
+
+    # ------------------------------------------------------------ extrapolation
+    def _means(self, values: dict) -> dict:
+        """{kind: mean of `values` over the run layers of that kind}, the top layer only where it is alone."""
+        top = len(self.layers) - 1
+        out = {}
+        for kind in set(self.kinds[i] for i in self.run):
+            ix = [i for i in self.run if self.kinds[i] == kind and i in values]
+            inner = [i for i in ix if i != top] or ix
+            out[kind] = sum(values[i] for i in inner) / len(inner)
+        return out
+
+    def missing(self) -> list:
+        return [j for j in range(len(self.layers)) if j not in self.run]
+
+    def extrapolate(self, seconds: float, peak_reserved: int, peak_allocated: int, host: int,
+                    payloads: dict) -> dict:
+        """The L-layer step's seconds, peaks, host and collective payloads from the last step of the run layers
+        (module docstring). With every layer run it returns the measured values."""
+        last = self.steps[-1]
+        miss = self.missing()
+        t = self._means(self.layer_seconds())
+        first = self.steps[0]  # host memory is taken at first use: the leftovers of step 1
+        gpu = self._means({i: r.gpu_left for i, r in last.items()})
+        hst = self._means({i: max(r.host_left for s in (first, last) for j, r in s.items() if j == i)
+                           for i in last})
+        scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
+        per_kind_bytes = defaultdict(lambda: defaultdict(float))  # Ulysses' and other in-layer collectives
+        for kind in set(self.kinds[i] for i in self.run):
+            ix = [i for i in self.run if self.kinds[i] == kind]
+            for i in ix:
+                for key, b in scoped.get(i, {}).items():
+                    if key[0] not in ZERO_KINDS:
+                        per_kind_bytes[kind][key] += b / len(ix)
+        # ZeRO's all-gathers and reduce-scatters move parameters and gradients: scaled by the elements they move
+        # (all parameters / the trainable ones) over those of the layers run and of the rest of the model
+        gone = [sum(self.layer_numel[j][w] for j in miss) for w in (0, 1)]
+        scale = {kind: self.model_numel[w] / max(self.model_numel[w] - gone[w], 1)
+                 for kind, w in (("all_gather", 0), ("reduce_scatter", 1))}
+        out_payloads = defaultdict(float)
+        for key, b in payloads.items():
+            out_payloads[key] += b * scale.get(key[0], 1.0)
+        for j in miss:
+            for key, b in per_kind_bytes[self.kinds[j]].items():
+                out_payloads[key] += b
+        return {"seconds": seconds + sum(t[self.kinds[j]] for j in miss),
+                "peak_reserved": peak_reserved + sum(gpu[self.kinds[j]] for j in miss),
+                "peak_allocated": peak_allocated + sum(gpu[self.kinds[j]] for j in miss),
+                "host": host + sum(max(hst[self.kinds[j]], 0) for j in miss),
+                "payloads": {k: int(v) for k, v in out_payloads.items()},
+                "layer_seconds_by_kind": t, "layer_gpu_bytes_by_kind": gpu, "layer_host_bytes_by_kind": hst}

@@ -1,0 +1,194 @@
+"""One rank of a rehearsal (`ds-longctx rehearse`, run/rehearse.py), in the process that plays it.
+
+    row = RankRun(args, cfg, rank, world, per_node, nodes, counts).play()
+
+The rank is built and stepped as `train` builds and steps one (run/train.py): preflight's checks, the data, the
+engine, the optimizer state at build, then per step `data.get`, `forward_backward`, `step`. The fake process group
+is already running (`fake_world.start`). The row is the module docstring's of run/rehearse.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import time
+
+import psutil
+import torch
+
+from ds_longctx.run import rehearse
+
+log = logging.getLogger("ds_longctx")
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.1f} GB"
+
+
+class RankRun:
+    def __init__(self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts):
+        self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = a, cfg, rank, world, per_node, nodes
+        self.counts = counts
+        self.on_gpu = torch.cuda.is_available()
+
+    def _row_head(self) -> dict:
+        cfg, sp = self.cfg, self.cfg.parallel.sp_size
+        plan = rehearse.planned(cfg, self.per_node, self.nodes)
+        budget = cfg.memory.gpu_budget_gb * 1e9 if cfg.memory.gpu_budget_gb else (
+            torch.cuda.get_device_properties(0).total_memory if self.on_gpu else 0)
+        return {"config": self.a.config, "rank": self.rank, "world": self.world, "nodes": self.nodes,
+                "gpus_per_node": self.per_node, "role": rehearse.role_of(self.rank, self.per_node, sp),
+                "sp_size": sp, "seq_len": cfg.train.seq_len, "model": cfg.model.name,
+                "planned_gpu_bytes": int(plan.gpu_peak_bytes), "gpu_budget_bytes": int(budget),
+                "planned_host_bytes_per_process": int(plan.host_peak_bytes / self.per_node)}
+
+    def play(self) -> dict:
+        row = self._row_head()
+        try:
+            return self._play(row)
+        except torch.OutOfMemoryError as e:
+            log.error("out of memory: %s", str(e).splitlines()[0])
+            row.update(status="out_of_memory", error=str(e).splitlines()[0], layers=self._layers_text())
+        except NonFinite as e:
+            log.error("%s", e)
+            row.update(status="non_finite", error=str(e), layers=self._layers_text())
+        row.update(self._provenance())
+        return row
+
+    def _layers_text(self) -> str:
+        total = rehearse.cfg_layers(self.cfg)
+        return f"{self.a.layers or total}/{total}"
+
+    def _provenance(self) -> dict:
+        import deepspeed
+        device = torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
+        return {"commit": rehearse.commit(), "device": device, "date": rehearse.now(), "torch": torch.__version__,
+                "deepspeed": deepspeed.__version__,
+                "command": " ".join(["ds-longctx rehearse", "--config", self.a.config, "--rank", str(self.rank)]
+                                    + ([f"--layers {self.a.layers}"] if self.a.layers else [])
+                                    + [f"--steps {self.a.steps}"])}
+
+    def _play(self, row: dict) -> dict:
+        from ds_longctx.data import build_data
+        from ds_longctx.plan.interconnect import OVERLAP, predict
+        from ds_longctx.run import optimizer_state
+        from ds_longctx.run.engine import build_engine
+        from ds_longctx.run.layer_clock import LayerClock
+        cfg, a = self.cfg, self.a
+        t0 = time.perf_counter()
+        hf_cfg = rehearse.check(cfg, self.world, self.per_node)
+        data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
+        engine = build_engine(cfg, hf_cfg, optimizer_state=False)
+        optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
+        st = engine.state
+        log.info("built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here (1/%d), sp rank "
+                 "%d of %d", time.perf_counter() - t0, self.world, local_params(engine.model),
+                 full_params(engine.model), self.world, st.sp_rank, st.sp_size)
+        clock = LayerClock(engine.model, engine.placement, self.on_gpu)
+        if a.layers:
+            ran = clock.pick(a.layers)
+            clock.run_only(ran)
+            log.info("running %d of %d layers: %s (every layer built)", len(ran), len(clock.layers), ran)
+        steps = []
+        for step in range(a.steps):
+            steps.append(self._step(engine, data, clock, step))
+        compute = rehearse.median_steady([s["seconds"] for s in steps])
+        last = steps[-1]
+        peak_reserved = max(s["peak_reserved"] for s in steps)
+        peak_allocated = max(s["peak_allocated"] for s in steps)
+        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        est = clock.extrapolate(compute, peak_reserved, peak_allocated, host, last["payloads"])
+        intra, inter = rehearse.links(a, cfg)
+        pred = predict(est["seconds"], est["payloads"], self.rank, self.per_node, intra, inter)
+        total = len(clock.layers)
+        row.update({
+            "status": "ok", "layers": f"{len(clock.run)}/{total}", "layers_run": clock.run, "steps": a.steps,
+            "peak_gpu_bytes": int(est["peak_reserved"]), "peak_gpu_allocated_bytes": int(est["peak_allocated"]),
+            "host_rss_bytes": int(est["host"]), "compute_seconds_per_step": round(est["seconds"], 3),
+            "predicted_seconds_per_step": round(pred.seconds, 3),
+            "predicted_no_overlap_seconds_per_step": round(pred.no_overlap_seconds, 3),
+            "comm_seconds_per_step": {k: round(v, 4) for k, v in pred.comm_seconds.items()},
+            "prediction": pred.breakdown(), "overlap": OVERLAP,
+            "link": f"{intra.name} {intra.gb_per_s:g} GB/s" + (f" + {inter.name} {inter.gb_per_s:g} GB/s across nodes"
+                                                               if self.nodes > 1 else ""),
+            "link_sources": {intra.name: intra.source, inter.name: inter.source},
+            "collective_bytes_per_step": self._by_group(est["payloads"], st),
+            "cross_node_bytes_per_step": int(pred.cross_node_bytes),
+            "step_seconds": [round(s["seconds"], 3) for s in steps], "losses": [s["loss"] for s in steps],
+            "grad_norms": [s["grad_norm"] for s in steps], "finite": True,
+            "measured": {"compute_seconds_per_step": round(compute, 3), "peak_gpu_bytes": peak_reserved,
+                         "peak_gpu_allocated_bytes": peak_allocated, "host_rss_bytes": host},
+            "layer_seconds_by_kind": {k: round(v, 4) for k, v in est["layer_seconds_by_kind"].items()},
+            "layer_gpu_bytes_by_kind": {k: int(v) for k, v in est["layer_gpu_bytes_by_kind"].items()},
+            "params_local": local_params(engine.model), "params_total": full_params(engine.model),
+        })
+        row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1
+        row["host_vs_plan"] = row["host_rss_bytes"] / row["planned_host_bytes_per_process"] - 1
+        row.update(self._provenance())
+        log.info("GPU peak %s reserved (%s allocated) against the plan's %s (%+.1f%%), budget %s; host %s against "
+                 "%s per process (%+.1f%%); compute %.1f s per step; predicted %s", _gb(row["peak_gpu_bytes"]),
+                 _gb(row["peak_gpu_allocated_bytes"]), _gb(row["planned_gpu_bytes"]), 100 * row["gpu_vs_plan"],
+                 _gb(row["gpu_budget_bytes"]), _gb(row["host_rss_bytes"]),
+                 _gb(row["planned_host_bytes_per_process"]), 100 * row["host_vs_plan"], row["compute_seconds_per_step"],
+                 pred.breakdown())
+        return row
+
+    def _step(self, engine, data, clock, step: int) -> dict:
+        cfg, st = self.cfg, engine.state
+        if self.on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+        self.counts.reset()
+        t0 = time.perf_counter()
+        batch = data.get(step, cfg.train.micro_batch, st.dp_rank, st.dp_size)
+        res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
+        engine.step()
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        clock.step_done()
+        norm = engine.ds.get_global_grad_norm()
+        norm = float(norm) if norm is not None else None
+        if not math.isfinite(res.loss) or (norm is not None and not math.isfinite(norm)):
+            raise NonFinite(f"step {step + 1}: loss {res.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
+                            f"finite (kernels on non-finite values run faster, so its time would be wrong)")
+        out = {"seconds": seconds, "loss": res.loss, "grad_norm": norm,
+               "peak_reserved": torch.cuda.max_memory_reserved() if self.on_gpu else 0,
+               "peak_allocated": torch.cuda.max_memory_allocated() if self.on_gpu else 0,
+               "payloads": dict(self.counts.bytes)}
+        log.info("step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
+                 step + 1, self.a.steps, seconds, res.loss, f"{norm:.3g}" if norm is not None else "n/a",
+                 _gb(out["peak_reserved"]), _gb(psutil.Process().memory_info().rss))
+        return out
+
+    def _by_group(self, payloads: dict, st) -> dict:
+        """{kind: {group label: bytes}}: `sp` (this rank's SP group: Ulysses' all-to-all), `zero` (ZeRO-3's all-gather
+        and reduce-scatter over the whole world), `world` (other collectives over it), `dp`, or the ranks."""
+        sp_ranks = tuple(range(self.rank - st.sp_rank, self.rank - st.sp_rank + st.sp_size))
+        dp_ranks = tuple(range(st.sp_rank, self.world, st.sp_size))
+        out: dict = {}
+        for (kind, ranks), b in payloads.items():
+            if kind == "all_to_all" and ranks == sp_ranks:
+                label = "sp"
+            elif len(ranks) == self.world:
+                label = "zero" if kind in ("all_gather", "reduce_scatter") else "world"
+            else:
+                label = "sp" if ranks == sp_ranks else "dp" if ranks == dp_ranks else f"ranks {ranks[0]}..{ranks[-1]}"
+            out.setdefault(kind, {})
+            out[kind][label] = out[kind].get(label, 0) + int(b)
+        return out
+
+
+class NonFinite(RuntimeError):
+    """A rehearsed step's loss or gradient norm is not finite."""
+
+
+def local_params(model) -> int:
+    """Elements of the parameters this rank holds (ZeRO-3's partitions; whole tensors where not partitioned)."""
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+
+
+def full_params(model) -> int:
+    return sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+

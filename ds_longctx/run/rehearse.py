@@ -1,0 +1,310 @@
+"""`ds-longctx rehearse`: this machine's one GPU (the CPU in tests) plays ranks of a config's world, before the
+nodes are rented.
+
+    ds-longctx rehearse --config ds_configs/qwen3-8b_1m_8x141gb/run.yaml            # rank 0
+    ds-longctx rehearse --config run.yaml --rank roles                                # each distinct role once
+    ds-longctx rehearse --config run.yaml --rank 8 --layers 6 --out rehearsal.jsonl   # 6 of the layers, extrapolated
+
+Each rank runs in its own process (`play_rank`) on torch's fake process group (`parallel/fake_world.py`): the
+launcher's environment as that rank sees it (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK), ZeRO-3 shards over
+the whole world, Ulysses splits the sequence over sp, with the real shapes. It is built and stepped as `train`
+builds and steps a rank (preflight's checks, `build_data`, `build_engine`, the optimizer state at build, then
+`data.get`, `forward_backward`, `step`). The collectives move no data and return a symmetric world's values, so
+every tensor stays finite and the kernels do the work they do for real; each step checks that (loss and gradient
+norm finite) and a rehearsal whose numbers go non-finite stops, since such steps time low. There is no NaN stop,
+no checkpoint, no eval and no export; every line printed is prefixed `[rehearsal ...]`.
+
+It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.jsonl`) and a table: peak GPU
+(reserved, allocated) against the plan and the budget, the rank's peak host RSS against the plan's share per
+process, the compute seconds of the steady steps (step 2 on), the bytes each collective moved per group, and the
+step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed). `--layers K` runs K of
+the L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's) and
+extrapolates time, memory and bytes to L (`run/layer_clock.py`).
+
+Exit codes: 0 every rank ran; 1 a rank failed (out of memory, non-finite numbers); 2 refused (bad config or
+arguments), before any rank starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ds_longctx.run.refuse import REFUSED
+
+PREFIX = "[rehearsal]"
+DEFAULT_STEPS = 2
+COMMIT_ENV = "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds-longctx rehearse", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--config", required=True, help="the run config (e.g. a plan's run.yaml)")
+    p.add_argument("--rank", default="0", help="the rank to play (0..world-1), or `roles`: the first and last rank "
+                   "of an SP group on node 0, and on node 1 where there are several nodes")
+    p.add_argument("--layers", type=int, default=None,
+                   help="run K of the model's L decoder layers (all built) and extrapolate to L; default all")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                   help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="GPUs (processes) per node of the world, where the config has no parallel.gpus_per_node")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes of the world, where the config has no parallel.nodes (default 1)")
+    p.add_argument("--out", default=None, help="JSON lines file to append one line per rank to "
+                   "(default <output_dir>/rehearsal.jsonl)")
+    p.add_argument("--link", default=None, help="the intra-node link of plan/interconnect.LINKS (default: "
+                   "nvlink-h200 for a GPU budget over 100 GB, else nvlink-h100)")
+    p.add_argument("--link_gbps", type=float, default=None, help="override the intra-node link: Gbit/s per GPU "
+                   "each way (NVLink 4: 3600 nominal)")
+    p.add_argument("--internode_gbps", type=float, default=None, help="override the inter-node link: Gbit/s per GPU "
+                   "each way (default ib-ndr400: 400 Gb/s at 90%%)")
+    p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+class Refused(ValueError):
+    """Bad arguments or config: exit 2 before any rank starts."""
+
+
+# ------------------------------------------------------------------ the world, the roles, the plan
+
+
+def world_of(cfg, a) -> tuple[int, int, int]:
+    """(world, processes per node, nodes): the config's planned world, or --gpus / --nodes."""
+    par = cfg.parallel
+    per_node = a.gpus or par.gpus_per_node
+    nodes = a.nodes or par.nodes or 1
+    if per_node is None:
+        raise Refused(f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the GPUs per "
+                      f"node it is for (`ds-longctx plan` writes both into run.yaml)")
+    if per_node < 1 or nodes < 1:
+        raise Refused(f"--gpus {per_node} --nodes {nodes}: give at least one GPU and one node")
+    if (a.gpus and par.gpus_per_node and a.gpus != par.gpus_per_node) or \
+            (a.nodes and par.nodes and a.nodes != par.nodes):
+        raise Refused(f"--gpus {a.gpus} --nodes {a.nodes}: {a.config} was planned for {par.nodes} node(s) x "
+                      f"{par.gpus_per_node}; drop --gpus / --nodes, or plan that world")
+    return nodes * per_node, per_node, nodes
+
+
+def role_of(rank: int, per_node: int, sp: int) -> str:
+    node, first = rank // per_node, rank - rank % sp
+    where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
+    return f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank {rank % per_node}"
+
+
+def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
+    """`--rank`: one rank, or `roles`: the first and last rank of node 0's first SP group, and of node 1's."""
+    if spec == "roles":
+        out = []
+        for node in range(min(2, world // per_node)):
+            first = node * per_node
+            out += [r for r in (first, first + sp - 1) if r not in out]
+        return out
+    try:
+        rank = int(spec)
+    except ValueError:
+        raise Refused(f"--rank {spec}: give a rank (0..{world - 1}) or `roles`") from None
+    if not 0 <= rank < world:
+        raise Refused(f"--rank {rank}: this world has ranks 0..{world - 1} ({world // per_node} node(s) x {per_node})")
+    return [rank]
+
+
+def planned(cfg, per_node: int, nodes: int):
+    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
+    from ds_longctx.plan.geometry import as_geometry
+    from ds_longctx.plan.levers import Levers
+    from ds_longctx.plan.planner import plan_memory
+    from ds_longctx.plan.search import run_placement
+    geom = as_geometry(cfg.model.name)
+    placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
+    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
+                       Levers.from_run_config(cfg, placement), nodes=nodes)
+
+
+def rehearsal_config(argv: list):
+    """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each said in a line)."""
+    from ds_longctx.run.train import parse_config
+    cfg = parse_config(argv)
+    off = []
+    if cfg.checkpoint.save_every:
+        off.append(f"checkpoint.save_every {cfg.checkpoint.save_every}")
+    if cfg.checkpoint.resume:
+        off.append("checkpoint.resume")
+    if cfg.eval.data:
+        off.append(f"eval.data {cfg.eval.data}")
+    cfg.checkpoint.save_every, cfg.checkpoint.resume, cfg.eval.data = 0, False, None
+    cfg.logging.tensorboard = False
+    return cfg, off
+
+
+def check(cfg, world: int, per_node: int):
+    """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
+    returns the HF config. Raises ValueError."""
+    from ds_longctx import data
+    from ds_longctx.run.preflight import rope_coverage, validate
+    hf_cfg = validate(cfg, world, per_node)
+    rope_coverage(cfg, hf_cfg)
+    data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
+    return hf_cfg
+
+
+def links(a, cfg):
+    from ds_longctx.plan import interconnect as ic
+    name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
+    if name not in ic.LINKS:
+        raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
+    intra = ic.link_from_gbps("--link_gbps", a.link_gbps) if a.link_gbps is not None else ic.LINKS[name]
+    inter = (ic.link_from_gbps("--internode_gbps", a.internode_gbps) if a.internode_gbps is not None
+             else ic.LINKS[ic.DEFAULT_INTERNODE])
+    return intra, inter
+
+
+# ------------------------------------------------------------------ the parent: checks, one process per rank, table
+
+
+def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a, rest = parser().parse_known_args(argv)
+    if a.child_rank is not None:
+        return play_rank(a, rest)
+    try:
+        if a.steps < 2:
+            raise Refused(f"--steps {a.steps}: give at least 2 (step 1 warms up; step 2 on are timed)")
+        cfg, off = rehearsal_config(["--config", a.config, *rest])
+        world, per_node, nodes = world_of(cfg, a)
+        ranks = ranks_to_play(a.rank, world, per_node, cfg.parallel.sp_size)
+        links(a, cfg)
+        check(cfg, world, per_node)
+        if a.layers is not None:  # K against the placement's kinds, before any rank starts
+            from ds_longctx.plan.search import run_placement
+            from ds_longctx.run.layer_clock import pick_layers
+            placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
+            pick_layers([p.value for p in placement.layers], a.layers)
+    except ValueError as e:  # Refused, and the checks' ValueErrors
+        print(f"{PREFIX} refused: {e}", file=sys.stderr, flush=True)
+        return REFUSED
+    out = Path(a.out) if a.out else Path(cfg.train.output_dir) / "rehearsal.jsonl"
+    say(f"{a.config}: world {world} ({nodes} node(s) x {per_node}), sp {cfg.parallel.sp_size}, "
+        f"{cfg.train.seq_len:,} tokens; playing rank(s) {', '.join(map(str, ranks))}, {a.steps} steps each"
+        + (f"; not in a rehearsal: {', '.join(off)}" if off else ""))
+    rows, failed = [], 0
+    for rank in ranks:
+        row, code = run_child(argv, rank, world, per_node)
+        if row is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            rows.append(row)
+        failed += code != 0
+    say(f"{len(rows)} row(s) appended to {out}")
+    print(table(rows), flush=True)
+    return 1 if failed else 0
+
+
+def cfg_layers(cfg) -> int:
+    from ds_longctx.plan.geometry import as_geometry
+    return as_geometry(cfg.model.name).layers
+
+
+def say(line: str, stream=None) -> None:
+    print(f"{PREFIX} {line}", file=stream or sys.stdout, flush=True)
+
+
+def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
+    """Play `rank` in a fresh process, its every output line prefixed; (its row or None, its exit code)."""
+    from ds_longctx.run.worker_env import worker_env
+    tag = f"[rehearsal rank {rank}/{world}]"
+    with tempfile.TemporaryDirectory(prefix="ds_longctx-rehearsal-") as tmp:
+        row_path = Path(tmp) / "row.json"
+        cmd = [sys.executable, "-m", "ds_longctx.run.rehearse", *argv, "--child_rank", str(rank),
+               "--child_row", str(row_path)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env=worker_env())
+        try:
+            for line in proc.stdout:
+                print(f"{tag} {line.rstrip()}", flush=True)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
+        row = json.loads(row_path.read_text()) if row_path.is_file() else None
+    if code:
+        say(f"rank {rank} ended with exit code {code}", sys.stderr)
+    return row, code
+
+
+def table(rows: list) -> str:
+    gb = 1e9
+    head = (f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>7} {'budget':>6}  "
+            f"{'host':>6} {'plan':>6} {'vs plan':>7}  {'compute s':>9}  {'predicted s':>11}  link")
+    lines = [head]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['status']}: {r.get('error', '')}")
+            continue
+        lines.append(
+            f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['peak_gpu_bytes'] / gb:8.1f} "
+            f"{r['planned_gpu_bytes'] / gb:6.1f} {r['gpu_vs_plan']:+7.1%} {r['gpu_budget_bytes'] / gb:6.1f}  "
+            f"{r['host_rss_bytes'] / gb:6.1f} {r['planned_host_bytes_per_process'] / gb:6.1f} "
+            f"{r['host_vs_plan']:+7.1%}  {r['compute_seconds_per_step']:9.1f}  "
+            f"{r['predicted_seconds_per_step']:11.1f}  {r['link']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the child: one rank
+
+
+def play_rank(a, rest: list) -> int:
+    """Play rank `a.child_rank` in this process; write its row to `a.child_row`. Exit code as the module says."""
+    cfg, _ = rehearsal_config(["--config", a.config, *rest])
+    world, per_node, nodes = world_of(cfg, a)
+    rank = a.child_rank
+    from ds_longctx.parallel import fake_world
+    counts = fake_world.start(rank, world, per_node)
+    logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    from ds_longctx.run.rehearsal_rank import RankRun
+    run = RankRun(a, cfg, rank, world, per_node, nodes, counts)
+    row = run.play()
+    Path(a.child_row).write_text(json.dumps(row))
+    fake_world.stop()
+    sys.stdout.flush()
+    os._exit(0 if row["status"] == "ok" else 1)
+
+
+def commit() -> str:
+    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted changes)."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def median_steady(seconds: list) -> float:
+    return statistics.median(seconds[1:])
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

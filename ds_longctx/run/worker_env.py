@@ -1,0 +1,25 @@
+"""The environment a worker process starts with: the launcher's, with this project's defaults filled in."""
+
+from __future__ import annotations
+
+import os
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def worker_env() -> dict:
+    """This process's environment plus the workers' defaults: DeepSpeed's accelerator (cpu without CUDA: it would
+    otherwise guess and warn), one OpenMP thread per process (gloo workers share the cores), no tokenizers
+    threads, no Python warnings."""
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cuda" if has_cuda() else "cpu")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
