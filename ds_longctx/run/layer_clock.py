@@ -13,8 +13,9 @@ recompute included) starts, the input's when it ends. Stamps are CUDA events on 
 host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
 
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
-peak GPU + mean GPU bytes such a layer's forward leaves (every forward's leftovers are alive at the top layer's
-backward, where the step peaks), host RSS + the same for the host, in-layer collective bytes (Ulysses' all-to-all)
+peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers
+are alive at the top layer's backward, where the step peaks), host RSS + the mean host bytes step 1's forward took
+for a layer of an on-host kind (offload, cache+offload: their buffers are taken at first use), in-layer collective bytes (Ulysses' all-to-all)
 + the per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of
 its kind that ran. ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the
 persistent parameters' refresh after the step) scale with the elements they move: x all parameters (trainable ones
@@ -32,7 +33,7 @@ import psutil
 import torch
 import torch.nn as nn
 
-from ds_longctx.levers.placement import PlacementPlan, decoder_layers
+from ds_longctx.levers.placement import ON_HOST, PlacementPlan, decoder_layers
 from ds_longctx.parallel import fake_world
 
 
@@ -105,6 +106,7 @@ def _numel(module: nn.Module) -> tuple:
 
 
 ZERO_KINDS = ("all_gather", "reduce_scatter")
+HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements whose layers keep their checkpoint in host memory
 
 
 def _layer_list(model: nn.Module) -> nn.ModuleList:
@@ -158,6 +160,8 @@ class LayerClock:
         self.kinds = [p.value for p in placement.layers]
         self.layer_numel = [_numel(layer) for layer in self.layers]  # (all, trainable) elements per layer
         self.model_numel = _numel(model)
+        self.partitioned = [p for p in model.parameters() if hasattr(p, "ds_status") and not getattr(p, "ds_persist",
+                                                                                                         False)]
         self.on_gpu, self.run = on_gpu, list(range(len(self.layers)))
         self.records: dict = {}
         self.steps: list = []  # one {layer: LayerRecord} per finished step
@@ -203,8 +207,16 @@ class LayerClock:
         return _Stamp(self.on_gpu)
 
     def _mem(self):
-        gpu = torch.cuda.memory_allocated() if self.on_gpu else 0
+        """(GPU bytes allocated less ZeRO-3's gathered parameters, host RSS): what a layer's forward leaves for its
+        backward is its activations; parameters gathered or prefetched then are a bounded pool (ZeRO's
+        stage3_max_live_parameters), not a per-layer cost."""
+        gpu = torch.cuda.memory_allocated() - self._gathered_bytes() if self.on_gpu else 0
         return gpu, psutil.Process().memory_info().rss
+
+    def _gathered_bytes(self) -> int:
+        """Bytes of the partitioned parameters whose whole tensor is on the GPU now (gathered or being gathered)."""
+        return sum(p.ds_numel * p.element_size() for p in self.partitioned
+                   if p.ds_status.name != "NOT_AVAILABLE")
 
     def _fwd_start(self, i: int) -> None:
         self.records[i] = LayerRecord(fwd=[self._now()], bwd=[])
@@ -266,10 +278,10 @@ class LayerClock:
         last = self.steps[-1]
         miss = self.missing()
         t = self._means(self.layer_seconds())
-        first = self.steps[0]  # host memory is taken at first use: the leftovers of step 1
         gpu = self._means({i: r.gpu_left for i, r in last.items()})
-        hst = self._means({i: max(r.host_left for s in (first, last) for j, r in s.items() if j == i)
-                           for i in last})
+        # host: a layer that keeps its checkpoint or cache on the host takes its buffers at first use (step 1); other
+        # layers keep nothing there (what step 1 adds besides is compilation and the allocator's, not per layer)
+        hst = self._means({i: r.host_left if self.kinds[i] in HOST_KINDS else 0 for i, r in self.steps[0].items()})
         scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
         per_kind_bytes = defaultdict(lambda: defaultdict(float))  # Ulysses' and other in-layer collectives
         for kind in set(self.kinds[i] for i in self.run):
