@@ -88,9 +88,8 @@ def tokenize(docs, tok, cfg, eos: Optional[int]):
     else:
         field = cfg.data.text_field
 
-        def fn(batch):
-            texts = [t if isinstance(t, str) else "" for t in batch[field]]
-            ids = tok(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
+        def fn(batch):  # every value is a string: the scan (or the null check of columnar data) saw to it
+            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
             return {"input_ids": [x + append if x else [] for x in ids]}
         source_cols = [field]
     try:
