@@ -248,8 +248,9 @@ def json_rows(f: str, scan: Scan) -> Iterator[tuple]:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 at = start + len(text[:e.pos].encode("utf-8"))
-                cut = ", where the line ends: cut short?" if e.pos >= len(text.rstrip()) else ""
-                yield offset, Fault(f, line_no, at, f"not JSON ({e.msg} at character {e.pos + 1}{cut}){hint}")
+                cut = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated")
+                yield offset, Fault(f, line_no, at, f"not JSON ({e.msg}{'' if e.msg.endswith(' at') else ' at'} "
+                                                    f"character {e.pos + 1}{'; cut short?' if cut else ''}){hint}")
                 continue
             value, why = _row_value(obj, scan)
             yield offset, (Fault(f, line_no, start, why) if why else value)
