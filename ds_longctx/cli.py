@@ -5,6 +5,7 @@
     ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
+    ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
 """
 
 from __future__ import annotations
@@ -187,6 +188,13 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "plan":  # the generator owns its own options
         from ds_longctx.plan.generate import main as plan_main
         sys.exit(plan_main(argv[1:]))
+    if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib --out DIR`: its own options
+        from ds_longctx.data.stdlib_corpus import main as data_main
+        from ds_longctx.run.refuse import refuse
+        try:
+            sys.exit(data_main(argv[1:]))
+        except ValueError as e:
+            refuse(f"refused: {e}")
     if argv and argv[0] == "export":
         from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
@@ -201,6 +209,7 @@ def _main(argv: list[str] | None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
+    sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib --out DIR (ds-longctx data -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "
