@@ -90,8 +90,9 @@ class Scan:
         first = self.named[0]
         total = self.rows + self.bad
         if not skip:
-            more = f" ({self.bad} of {total} rows are bad; the next: " + "; ".join(
-                f.short() for f in self.named[1:]) + ")" if self.bad > 1 else ""
+            also = ", ".join(f"{Path(f.file).name}:{f.line}" for f in self.named[1:])
+            more = f" ({self.bad} of {total} rows are bad, also {also}{' ...' if self.bad > MAX_NAMED else ''})" \
+                if self.bad > 1 else ""
             raise DataError(f"{first.where()}: {first.what}; fix or remove that {first.unit}, or set "
                             f"data.skip_bad_rows: true to skip such rows{more}")
         if not self.rows:

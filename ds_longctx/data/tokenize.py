@@ -39,10 +39,12 @@ def load_tokenizer(cfg, vocab_size: int):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise DataError(f"tokenizer={path!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
                         f"saved by `tokenizer.save_pretrained`") from None
-    if len(tok) > vocab_size:
-        raise DataError(f"tokenizer={path!r} has {len(tok)} tokens but the model {cfg.model.name!r} has vocab_size="
+    ids = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)  # added tokens may sit past len - 1
+    if ids > vocab_size:
+        raise DataError(f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
                         f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's own "
-                        f"tokenizer (or a model whose vocabulary covers this one)")
+                        f"tokenizer, or a model whose vocabulary covers this one (a config.json of its geometry with "
+                        f"\"vocab_size\": {-(-ids // 128) * 128} as --model)")
     return tok
 
 

@@ -136,11 +136,11 @@ def test_a_non_utf8_byte_past_64_kib_is_refused_naming_its_offset(setup):
 
 def test_integer_text_values_are_refused_in_their_own_words(setup):
     path = setup["dir"] / "ints.jsonl"
-    offsets = write_lines(path, [json.dumps({"text": i}) for i in range(5)])
+    write_lines(path, [json.dumps({"text": i}) for i in range(5)])
     msg = refusal(setup, path)
     assert msg.startswith(f"data file {str(path)!r} line 1 (byte 0): 'text' is a JSON number (0), not a string: write "
                           f"the text as a JSON string"), msg
-    assert f"5 of 5 rows are bad; the next: ints.jsonl:2:" in msg and offsets[1] > 0
+    assert msg.endswith("(5 of 5 rows are bad, also ints.jsonl:2, ints.jsonl:3, ints.jsonl:4, ints.jsonl:5)")
     msg = refusal(setup, path, skip_bad_rows=True)
     assert "all 5 rows are bad, nothing is left to train on" in msg
 
