@@ -43,12 +43,13 @@ echo "stdlib_corpus: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/d
 
 # ---------------------------------------------------------------- 1. the corpus, its tokenizer and its card
 t0=$SECONDS
-python3 -m ds_longctx.cli data prepare --stdlib --out "$WORK/corpus" --vocab_size "$VOCAB" ${ONLY:+--only "$ONLY"} ${PREPARE_ARGS:-} \
+python3 -m ds_longctx.cli data prepare --stdlib --out "$WORK/corpus" --vocab_size "$VOCAB" \
+   ${ONLY:+--only "$ONLY"} ${PREPARE_ARGS:-} \
    2>&1 | tr '\r' '\n' | grep -v -E '^\s*$|it/s\]$|char/s\]$' | tee -a "$LOG"
 cp "$WORK/corpus/data_card.md" "$WORK/corpus/data_card.json" "$RES/"
 echo "prepare: $((SECONDS - t0)) s" | tee -a "$LOG"
 
-# ---------------------------------------------------------------- 2. the model: BASE_MODEL with the tokenizer's vocabulary
+# ---------------------------------------------------------------- 2. the model: BASE_MODEL, the tokenizer's vocabulary
 python3 - "$BASE_MODEL" "$WORK/corpus/tokenizer" "$WORK/model.json" <<'EOF' | tee -a "$LOG"
 import json, sys
 from transformers import AutoTokenizer
@@ -69,7 +70,8 @@ python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$D
    --steps "$STEPS" --lr "$LR" --warmup_steps "$WARMUP" --data "$WORK/corpus/train.jsonl" \
    --tokenizer "$WORK/corpus/tokenizer" --data_layout pack --eval_data "$WORK/corpus/eval.jsonl" \
    --eval_every "$EVAL_EVERY" --eval_rows "$EVAL_ROWS" --eval_buckets "$EVAL_BUCKETS" --log_every 5 \
-   --data_cache_dir "$WORK/cache" --output_dir "$WORK/run" 2>&1 | tr '\r' '\n' | awk '!/step\/s|s\/step/ || /\| *[0-9]*5\/|100%/' \
+   --data_cache_dir "$WORK/cache" --output_dir "$WORK/run" 2>&1 | tr '\r' '\n' \
+   | awk '!/step\/s|s\/step/ || /\| *[0-9]*5\/|100%/' \
    | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
@@ -87,13 +89,15 @@ read = lambda f: [json.loads(l) for l in (res / f).read_text().splitlines() if l
 card, metrics, curve = json.loads((res / "data_card.json").read_text()), read("metrics.jsonl"), read("eval_curve.jsonl")
 train = [m for m in metrics if "loss" in m]
 print(f"corpus: Python {card['python']} stdlib, {sum(card['documents'].values())} documents "
-      f"({card['documents']['eval']} held out), {sum(card['tokens'].values()):,} tokens, longest {card['longest']['name']} "
+      f"({card['documents']['eval']} held out), {sum(card['tokens'].values()):,} tokens, "
+      f"longest {card['longest']['name']} "
       f"({card['longest']['tokens']:,}), prepared in {card['seconds']['total']:.0f} s")
 if train:
     steady = [m["seconds"] for m in train[len(train) // 4:]] or [train[-1]["seconds"]]
     print(f"train: {len(train)} steps, loss {train[0]['loss']:.3f} -> {train[-1]['loss']:.3f}, "
           f"{sorted(steady)[len(steady) // 2]:.3f} s/step (median after the first quarter), "
-          f"peak GPU {max(m['peak_gpu_bytes'] for m in train) / 2**30:.1f} GiB, skipped rows {train[-1]['skipped_rows']}")
+          f"peak GPU {max(m['peak_gpu_bytes'] for m in train) / 2**30:.1f} GiB, "
+          f"skipped rows {train[-1]['skipped_rows']}")
 print(f"{'step':>5} {'eval loss':>9} {'first bucket':>12} {'last bucket':>11} {'near half':>9} {'far half':>8} "
       f"{'far - near':>10}")
 for c in curve:

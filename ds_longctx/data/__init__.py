@@ -95,8 +95,8 @@ def build_data(cfg, hf_config, dp_size: int):
     docs = load_documents(cfg)
     tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config))
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
-    rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad), source=cfg.data.source,
-                     vocab_size=vocab, skipped_rows=docs.skipped_rows)
+    rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
+                     source=cfg.data.source, vocab_size=vocab, skipped_rows=docs.skipped_rows)
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
         raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} ({cfg.data.layout}) "

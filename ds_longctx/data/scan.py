@@ -6,11 +6,11 @@ byte offset, before anything is converted.
     ds = datasets.Dataset.from_generator(json_documents, gen_kwargs=scan.gen_kwargs(), ...)   # the good rows
 
 Faults of a file (refused always, `DataError`): a text file that is not UTF-8 or holds a NUL byte, a Parquet file
-without its magic or whose column is not text, a .json array that is not UTF-8 or does not parse. Faults of a row (refused unless
-`data.skip_bad_rows`, else skipped and counted): a JSON line that is not UTF-8, not JSON or not an object, a row
-without the text field (`text_field`), or whose value is not a string (null, a number, a list, ...), a Parquet row whose
-text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the first object row has
-`input_ids` and no text field ("input_ids" mode: every row then needs a list of ints there).
+without its magic or whose column is not text, a .json array that is not UTF-8 or does not parse. Faults of a row
+(refused unless `data.skip_bad_rows`, else skipped and counted): a JSON line that is not UTF-8, not JSON or not an
+object, a row without the text field (`text_field`), or whose value is not a string (null, a number, a list, ...), a
+Parquet row whose text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the first
+object row has `input_ids` and no text field ("input_ids" mode: every row then needs a list of ints there).
 
 Written by hand because `datasets`' JSON builder (pyarrow) cannot do it: a malformed line fails the whole file with
 "row N" of its 10 MB chunk (no file line, no byte offset), so no row can be skipped; a text field holding a number in
@@ -264,7 +264,8 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"data file {f!r} line {raw.count(NL, 0, e.start) + 1} (byte {e.start}): byte "
-                        f"{raw[e.start]:#04x} is not UTF-8; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+                        f"{raw[e.start]:#04x} is not UTF-8; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                        ) from None
     decoder, ws = json.JSONDecoder(), " \t\r\n"
     i, byte_at, line_at, counted = text.index("[") + 1, 3 if raw.startswith(b"\xef\xbb\xbf") else 0, 1, 0
 
@@ -286,7 +287,8 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
         except json.JSONDecodeError as e:
             line, at = where(e.pos)
             raise DataError(f"data file {f!r} line {line} (byte {at}): not JSON ({e.msg}), in element {element + 1} "
-                            f"of the array; fix the file (a .json file holds JSON lines or one array of objects)") from None
+                            f"of the array; fix the file (a .json file holds JSON lines or one array of objects)"
+                            ) from None
         element += 1
         value, why = _row_value(obj, scan)
         if why:
@@ -346,8 +348,9 @@ def _scan_parquet(f: str, scan: Scan) -> None:
     ok = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) if column == "input_ids" else (
         pa.types.is_string(kind) or pa.types.is_large_string(kind))
     if not ok:
-        raise DataError(f"data file {f!r} column {column!r} is {kind}, not {'a list of ints' if column == 'input_ids' else 'text'}; "
-                        f"set text_field to the column holding the text, or convert that column to strings")
+        want = "a list of ints" if column == "input_ids" else "text"
+        raise DataError(f"data file {f!r} column {column!r} is {kind}, not {want}; set text_field to the column "
+                        f"holding the text, or convert that column to strings")
     row = 0
     for batch in pf.iter_batches(columns=[column], batch_size=65536):
         col = batch.column(0)

@@ -230,7 +230,8 @@ def card_markdown(c: dict) -> str:
         if h["train"][k] or h["eval"][k]:
             hi = f"{edges[k + 1]:,}" if k + 1 < len(edges) else "..."
             lines.append(f"| {lo:,} - {hi} | {h['train'][k]} | {h['eval'][k]} |")
-    lines += ["", "## The 15 longest documents", "", "| document | split | files | tokens |", "| --- | --- | ---: | ---: |"]
+    lines += ["", "## The 15 longest documents", "", "| document | split | files | tokens |",
+              "| --- | --- | ---: | ---: |"]
     lines += [f"| `{d['name']}` | {d['split']} | {d['files']} | {d['tokens']:,} |" for d in docs[:15]]
     lines += ["", "Held out: " + ", ".join(f"`{n}`" for n in c["eval_documents"]) + ".", ""]
     return "\n".join(lines)

@@ -31,7 +31,8 @@ def test_documents_are_the_stdlib_files_in_the_stated_order(corpus):
     root = Path(sysconfig.get_paths()["stdlib"])
     docs = {d["name"]: d["text"] for d in read(corpus / "train.jsonl") + read(corpus / "eval.jsonl")}
     assert sorted(docs) == ONLY
-    want_json = "".join(f"# file: json/{f.name}\n" + tokenize.open(f).read() for f in sorted((root / "json").glob("*.py")))
+    files = sorted((root / "json").glob("*.py"))
+    want_json = "".join(f"# file: json/{f.name}\n" + tokenize.open(f).read() for f in files)
     assert docs["json"] == want_json  # a package: every file, sorted, each opened by its header line
     assert docs["heapq"] == "# file: heapq.py\n" + tokenize.open(root / "heapq.py").read()
     assert [d["name"] for d in read(corpus / "train.jsonl")] == sorted(d["name"] for d in read(corpus / "train.jsonl"))
