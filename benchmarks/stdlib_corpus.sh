@@ -29,10 +29,10 @@ RES=${RES:-${OUT:?set OUT or RES}}
 WORK=${WORK:-/tmp/stdlib_corpus}
 if [[ ${STDLIB_TINY:-0} == 1 ]]; then
   BASE_MODEL=${BASE_MODEL:-qwen3-tiny} SEQ_LEN=${SEQ_LEN:-2048} STEPS=${STEPS:-200} EVAL_EVERY=${EVAL_EVERY:-25}
-  EVAL_BUCKETS=${EVAL_BUCKETS:-16} LR=${LR:-3e-3} DTYPE=fp32
+  EVAL_BUCKETS=${EVAL_BUCKETS:-16} LR=${LR:-3e-3} DTYPE=fp32 PROCS=1
 else
   BASE_MODEL=${BASE_MODEL:-qwen3-0.6b} SEQ_LEN=${SEQ_LEN:-32768} STEPS=${STEPS:-300} EVAL_EVERY=${EVAL_EVERY:-25}
-  EVAL_BUCKETS=${EVAL_BUCKETS:-32} LR=${LR:-5e-4} DTYPE=bf16
+  EVAL_BUCKETS=${EVAL_BUCKETS:-32} LR=${LR:-5e-4} DTYPE=bf16 PROCS=8
 fi
 EVAL_ROWS=${EVAL_ROWS:-8} WARMUP=${WARMUP:-30} VOCAB=${VOCAB:-32000}
 mkdir -p "$RES"
@@ -70,6 +70,7 @@ python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$D
    --steps "$STEPS" --lr "$LR" --warmup_steps "$WARMUP" --data "$WORK/corpus/train.jsonl" \
    --tokenizer "$WORK/corpus/tokenizer" --data_layout pack --eval_data "$WORK/corpus/eval.jsonl" \
    --eval_every "$EVAL_EVERY" --eval_rows "$EVAL_ROWS" --eval_buckets "$EVAL_BUCKETS" --log_every 5 \
+   --tokenize_num_proc "$PROCS" \
    --data_cache_dir "$WORK/cache" --output_dir "$WORK/run" 2>&1 | tr '\r' '\n' \
    | awk '!/step\/s|s\/step/ || /\| *[0-9]*5\/|100%/' \
    | tee -a "$LOG"
