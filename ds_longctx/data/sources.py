@@ -9,7 +9,7 @@ Every refusal is a `DataError` naming the value (the file, line and byte offset 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ds_longctx.data.scan import MAX_NAMED, DataError, Scan, json_documents, scan_files
@@ -26,23 +26,23 @@ _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 @dataclass
 class Documents:
-    """The raw documents and the rows skipped as bad on the way (data.skip_bad_rows; first MAX_NAMED named)."""
+    """The raw documents and how many rows were left out as bad on the way (data.skip_bad_rows)."""
     ds: object                                   # datasets.Dataset
     skipped_rows: int = 0
-    skipped_named: list = field(default_factory=list)
 
 
 def _not_a_corpus(data: str, p: Path) -> None:
-    """Refuse a tokenizer or model checkpoint (directory, or one of its files) passed as data."""
+    """Refuse a model checkpoint or a tokenizer (a directory, or its config / tokenizer file) passed as data."""
     names = {f.name for f in p.iterdir()} if p.is_dir() else {p.name}
-    tok = sorted(names & set(_TOKENIZER_FILES))
-    model = sorted(names & set(_MODEL_FILES))
-    if tok or (model and p.is_dir()) or (p.is_file() and p.name == "config.json"):
-        what = "a model checkpoint" if model and (p.is_dir() or p.name == "config.json") else "a tokenizer"
-        holds = ", ".join(tok + model) if p.is_dir() else p.name
-        raise DataError(f"data={data!r} is {what} ({holds}), not documents; pass it as "
-                        f"{'model' if what.startswith('a model') else 'tokenizer'}: and point data at your "
-                        f".jsonl/.txt/.parquet corpus (a file or a directory of them)")
+    tok, model = sorted(names & set(_TOKENIZER_FILES)), sorted(names & set(_MODEL_FILES))
+    if model and (p.is_dir() or p.name == "config.json"):
+        what, use = "a model checkpoint", "model"
+    elif tok:
+        what, use = "a tokenizer", "tokenizer"
+    else:
+        return
+    raise DataError(f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and point "
+                    f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)")
 
 
 def resolve_source(data: str) -> tuple[str, list[str]]:
@@ -126,8 +126,7 @@ def load_documents(cfg) -> Documents:
                         f"{ds.column_names}); set text_field to the column holding the text, or provide input_ids")
     if builder in ("hub", "parquet"):
         return _drop_null_rows(ds, cfg, scan)
-    skipped = scan.bad if scan is not None else 0
-    return Documents(ds, skipped, scan.skipped() if scan is not None else [])
+    return Documents(ds, scan.bad if scan is not None else 0)
 
 
 def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
@@ -144,7 +143,7 @@ def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
     if not col.null_count:
         return Documents(ds)
     nulls = pc.indices_nonzero(pc.is_null(col)).to_pylist()
-    named = scan.skipped() if scan is not None else [f"row {i + 1}: {column!r} is null" for i in nulls[:MAX_NAMED]]
+    named = scan.skipped() if scan is not None else [f"row {i + 1}" for i in nulls[:MAX_NAMED]]
     if not cfg.data.skip_bad_rows:
         raise DataError(f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} rows have "
                         f"no text (null {column!r}): {'; '.join(named)}; drop those rows or set data.skip_bad_rows: "
@@ -153,7 +152,7 @@ def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
         raise DataError(f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set text_field to "
                         f"the column holding the text")
     if scan is None:
-        log.warning("data=%r: skipping %d row(s) with a null %r (data.skip_bad_rows): %s", cfg.data.source,
-                    len(nulls), column, "; ".join(named))
+        log.info("data=%r: skipping %d row(s) with a null %r (data.skip_bad_rows): %s", cfg.data.source,
+                 len(nulls), column, "; ".join(named))
     keep = ds.filter(lambda v: v is not None, input_columns=[column], desc="leave out null rows")
-    return Documents(keep, len(nulls), named)
+    return Documents(keep, len(nulls))
