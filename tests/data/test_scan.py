@@ -195,3 +195,19 @@ def test_token_id_rows_need_lists_of_ints(setup):
     assert msg.startswith(f"data file {str(path)!r} line 2 (byte {offsets[1]}): 'input_ids' is not a list of ints"), msg
     rows = build_data(cfg_for(setup, path, tokenizer=None, skip_bad_rows=True, seq_len=4), setup["hf"], 1)
     assert rows.skipped_rows == 1 and rows.n_tokens == len([5, 6, 7, EOS, 8, 9, EOS])
+
+
+def test_a_hub_splits_null_or_non_text_column_is_refused_or_left_out(setup):
+    """Hub data is checked once loaded (no file to read through first): the same rules on its column."""
+    import datasets
+
+    from ds_longctx.data.sources import _drop_null_rows
+    cfg = cfg_for(setup, setup["dir"] / "x.jsonl")  # not read: only data's settings are used
+    ds = datasets.Dataset.from_dict({"text": ["w1 w2", None, "w3", None]})
+    with pytest.raises(ValueError, match=r"2 of 4 rows have no text \(null 'text'\): row 2; row 4; drop those rows"):
+        _drop_null_rows(ds, cfg, None)
+    kept = _drop_null_rows(ds, cfg.model_copy(update={"data": cfg.data.model_copy(update={"skip_bad_rows": True})}),
+                           None)
+    assert kept.skipped_rows == 2 and kept.ds["text"] == ["w1 w2", "w3"]
+    with pytest.raises(ValueError, match="column 'text' holds int64, not text"):
+        _drop_null_rows(datasets.Dataset.from_dict({"text": [1, 2]}), cfg, None)
