@@ -6,6 +6,7 @@
     ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]   # one GPU plays ranks of the config's world
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
+    ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
 """
 
 from __future__ import annotations
@@ -174,6 +175,13 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "rehearse":
         from ds_longctx.run.rehearse import main as rehearse_main
         sys.exit(rehearse_main(argv[1:]))
+    if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib --out DIR`: its own options
+        from ds_longctx.data.stdlib_corpus import main as data_main
+        from ds_longctx.run.refuse import refuse
+        try:
+            sys.exit(data_main(argv[1:]))
+        except ValueError as e:
+            refuse(f"refused: {e}")
     if argv and argv[0] == "export":
         from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
@@ -190,6 +198,7 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
     sub.add_parser("rehearse", help="one GPU plays ranks of a config's world: memory, time, collectives "
                                     "(ds-longctx rehearse -h)")
+    sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib --out DIR (ds-longctx data -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "

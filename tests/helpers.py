@@ -247,12 +247,12 @@ def words(n: int) -> list[str]:
     return [f"w{i}" for i in range(n)]
 
 
-def make_tokenizer(path: Path, n_words: int = 60) -> Path:
+def make_tokenizer(path: Path, n_words: int = 60, extra: tuple = ()) -> Path:
     """A WordLevel tokenizer over `n_words` words + 4 specials, saved as a PreTrainedTokenizerFast directory
-    (ids: [PAD]=0 [BOS]=1 [EOS]=2 [UNK]=3, then w0, w1, ...)."""
+    (ids: [PAD]=0 [BOS]=1 [EOS]=2 [UNK]=3, then w0, w1, ..., then the `extra` words)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(SPECIALS + words(n_words))}
+    vocab = {t: i for i, t in enumerate(SPECIALS + words(n_words) + list(extra))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]",

@@ -25,6 +25,11 @@ class DataConfig(Section):
     that long)."""
     text_field: str = "text"
     """Column holding the text in JSONL / Parquet / hub data."""
+    skip_bad_rows: bool = False
+    """Leave out bad rows of local files instead of refusing the run: a JSON line without text_field, whose value is
+    not a string, or that is not UTF-8 / JSON / an object; a null text in Parquet or hub data. They are counted
+    (`skipped_rows` on every metrics.jsonl train line) and the first 5 named (file:line, why) in the log. False: the
+    first one is refused naming its file, line and byte offset."""
     text_unit: Literal["document", "line", "paragraph"] = "document"
     """.txt files: one document per file, per line, or per blank-line paragraph."""
     split: str = Field("train", json_schema_extra={"flat": "data_split"})

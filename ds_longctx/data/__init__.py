@@ -1,8 +1,9 @@
 """Training data: local files or a hub dataset -> token rows of exactly `seq_len` (the synthetic task: synthetic.py).
 
-Modules, each importing only those before it: sources.py (find and sniff files, load documents) -> tokenize.py
-(tokenizer, token ids through the cache) -> rows.py (rows in the run's order, `Batch`) -> synthetic.py (the
-long-range task, same interface); this file holds the entry points and the checks that span them.
+Modules, each importing only those before it: scan.py (read local files through, name every bad row) -> sources.py
+(find files, load documents) -> tokenize.py (tokenizer, token ids through the cache) -> rows.py (rows in the run's
+order, `Batch`) -> synthetic.py (the long-range task, same interface); this file holds the entry points and the
+checks that span them. stdlib_corpus.py (`ds-longctx data prepare --stdlib`) writes a corpus and its tokenizer.
 
     data = build_data(cfg, hf_config, dp_size)          # TokenRows (files) or SyntheticRetrieval ("synthetic")
     batch = data.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
@@ -11,8 +12,10 @@ long-range task, same interface); this file holds the entry points and the check
 Dimension legend: b micro batch, L seq_len, N documents, T tokens in the whole dataset, R rows.
 
 Sources (`cfg.data.source`): a .txt / .jsonl / .json / .parquet file, a directory of files of one format, or a
-`datasets` hub name (needs a reachable hub). Files are sniffed before anything is converted (a binary file,
-a line that is not JSON, a Parquet file without its magic are refused with the file's name). The text goes
+`datasets` hub name (needs a reachable hub). Local files are read through before anything is converted
+(data/scan.py): a fault is refused naming the file, the line and the byte offset; a bad row (no text field, a
+value that is not a string, a line that is not JSON) too, or with `data.skip_bad_rows` it is left out, counted
+(`skipped_rows` in metrics.jsonl) and the first few named in the log. The text goes
 through the tokenizer in `datasets.map` (progress bar, cached in `data_cache_dir` under a fingerprint of the
 source, the tokenizer files and the options, so a second run and every other rank read the cache). Data that
 already has an `input_ids` column is used as token ids directly (checked against the vocabulary).
@@ -41,7 +44,7 @@ from typing import Optional
 import torch
 
 from ds_longctx.data.rows import Batch, TokenRows
-from ds_longctx.data.sources import DataError, load_documents, resolve_source, sniff_files
+from ds_longctx.data.sources import DataError, check_source, load_documents
 from ds_longctx.data.tokenize import eos_id, load_tokenizer, tokenize
 
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
@@ -72,12 +75,11 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
 
 
 def check_data_source(cfg, vocab_size: int) -> None:
-    """Cheap checks before any process group exists: the source resolves, files sniff right, the tokenizer fits."""
+    """Checks before any process group exists: the source resolves, every local file reads through (data/scan.py:
+    every bad row refused, or counted with skip_bad_rows), the tokenizer fits."""
     if cfg.data.source == "synthetic":
         return
-    builder, files = resolve_source(cfg.data.source)
-    if builder != "hub":
-        sniff_files(builder, files, cfg.data.source)
+    check_source(cfg)
     load_tokenizer(cfg, vocab_size)
     check_packing(cfg)
 
@@ -91,10 +93,10 @@ def build_data(cfg, hf_config, dp_size: int):
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
-    tokenized = tokenize(docs, tok, cfg, eos_id(tok, hf_config))
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config))
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
-    rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad), source=cfg.data.source,
-                     vocab_size=vocab)
+    rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
+                     source=cfg.data.source, vocab_size=vocab, skipped_rows=docs.skipped_rows)
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
         raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} ({cfg.data.layout}) "

@@ -96,12 +96,13 @@ def filled_row(ids: torch.Tensor, pos: Optional[torch.Tensor], labels: Optional[
 
 
 class TokenRows:
-    """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the module doc."""
+    """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the module doc.
+    `skipped_rows`: rows of the source left out as bad (data.skip_bad_rows), reported in metrics.jsonl."""
 
     def __init__(self, tokenized, seq_len: int, layout: str, seed: int, shuffle: bool, pad_id: int,
-                 source: str = "", vocab_size: Optional[int] = None):
+                 source: str = "", vocab_size: Optional[int] = None, skipped_rows: int = 0):
         self.seq_len, self.layout, self.seed, self.shuffle, self.pad_id = seq_len, layout, seed, shuffle, pad_id
-        self.source = source
+        self.source, self.skipped_rows = source, skipped_rows
         self.stream, lengths = _token_stream(tokenized)
         self.n_docs = int((lengths > 0).sum())
         self.n_tokens = int(lengths.sum())

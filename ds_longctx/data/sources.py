@@ -1,23 +1,48 @@
-"""Where the documents come from: a local file or directory (sniffed before anything is converted) or a hub name.
+"""Where the documents come from: a local file or directory (read through once and checked, data/scan.py) or a hub name.
 
     builder, files = resolve_source("corpus/")          # ("text" | "json" | "parquet" | "hub", [paths])
-    docs = load_documents(cfg)                          # a datasets.Dataset of raw documents (Arrow, cached)
+    docs = load_documents(cfg)                          # Documents: a datasets.Dataset (Arrow, cached) + bad rows
 
-Files are sniffed before anything is converted (a binary file, a line that is not JSON, a Parquet file without
-its magic are refused with the file's name); every refusal is a `DataError` naming the value and the fix.
+Every refusal is a `DataError` naming the value (the file, line and byte offset where there is one) and the fix.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
+from ds_longctx.data.scan import MAX_NAMED, DataError, Scan, json_documents, scan_files
+
+__all__ = ["DataError", "Documents", "check_source", "load_documents", "resolve_source"]
+
+log = logging.getLogger("ds_longctx")
+
 FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-_SNIFF_BYTES = 1 << 16
+# what a tokenizer or model directory holds (passed as data by mistake)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
-class DataError(ValueError):
-    """Bad data input: the message names the value and the fix."""
 
+@dataclass
+class Documents:
+    """The raw documents and how many rows were left out as bad on the way (data.skip_bad_rows)."""
+    ds: object                                   # datasets.Dataset
+    skipped_rows: int = 0
+
+
+def _not_a_corpus(data: str, p: Path) -> None:
+    """Refuse a model checkpoint or a tokenizer (a directory, or its config / tokenizer file) passed as data."""
+    names = {f.name for f in p.iterdir()} if p.is_dir() else {p.name}
+    tok, model = sorted(names & set(_TOKENIZER_FILES)), sorted(names & set(_MODEL_FILES))
+    if model and (p.is_dir() or p.name == "config.json"):
+        what, use = "a model checkpoint", "model"
+    elif tok:
+        what, use = "a tokenizer", "tokenizer"
+    else:
+        return
+    raise DataError(f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and point "
+                    f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)")
 
 
 def resolve_source(data: str) -> tuple[str, list[str]]:
@@ -29,6 +54,7 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
     if not p.exists():
         raise DataError(f"data={data!r} does not exist; pass an existing .txt/.jsonl/.json/.parquet file or a "
                         f"directory of them (or data: synthetic)")
+    _not_a_corpus(data, p)
     if p.is_file():
         files = [p]
     else:
@@ -46,60 +72,36 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
     return kinds.pop(), [str(f) for f in files]
 
 
-def sniff_files(builder: str, files: list[str], source: str = "") -> None:
-    """Refuse files whose first bytes are not what their extension says, or no text at all (before any
-    conversion)."""
-    blank = 0
-    for f in files:
-        if builder == "parquet":
-            with open(f, "rb") as fh:
-                start = fh.read(4)
-                fh.seek(0, 2)
-                size = fh.tell()
-                fh.seek(max(size - 4, 0))
-                end = fh.read(4)
-            if start != b"PAR1" or end != b"PAR1":
-                raise DataError(f"data file {f!r} is not a Parquet file (no PAR1 magic at both ends); write it with "
-                                f"pyarrow/pandas `to_parquet`, or rename it to its real format")
-            continue
-        with open(f, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
-        if b"\x00" in head:
-            raise DataError(f"data file {f!r} is not text (NUL byte at offset {head.index(0)}); pass UTF-8 text, "
-                            f"JSON lines or Parquet")
-        try:
-            text = head.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if e.start < len(head) - 4:  # a multi-byte character cut by the sniff window is fine
-                raise DataError(f"data file {f!r} is not UTF-8 text (byte {head[e.start]:#04x} at offset {e.start}); "
-                                f"convert it to UTF-8 (e.g. `iconv -t utf-8`)") from None
-            text = head[:e.start].decode("utf-8")
-        blank += not text.strip() and len(head) < _SNIFF_BYTES
-        if builder == "json" and f.endswith(".jsonl"):
-            first = next((line for line in text.splitlines() if line.strip()), None)
-            if first is not None:
-                try:
-                    obj = json.loads(first)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"data file {f!r} line 1 is not JSON ({e.msg}); JSON lines need one object per "
-                                    f"line, e.g. {{\"text\": \"...\"}}") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"data file {f!r} line 1 is a JSON {type(obj).__name__}, not an object; write one "
-                                    f"object per line, e.g. {{\"text\": \"...\"}}")
-    if blank == len(files):
-        raise DataError(f"data={source or files[0]!r} is empty (0 documents: {len(files)} file(s) with no text); "
+def check_source(cfg) -> Scan | None:
+    """Read every file of a local source through (data/scan.py) and refuse what it cannot train on: a fault of a
+    file, an empty source, a bad row unless data.skip_bad_rows. None for a hub name (checked once loaded)."""
+    builder, files = resolve_source(cfg.data.source)
+    if builder == "hub":
+        return None
+    scan = scan_files(builder, files, cfg.data.text_field)
+    if (scan.blank_files == len(files)) if builder == "text" else not scan.rows + scan.bad:
+        raise DataError(f"data={cfg.data.source!r} is empty (0 documents: {len(files)} file(s) with no text); "
                         f"give it documents or point data at the right file")
+    scan.refuse_bad(cfg.data.skip_bad_rows, cfg.data.source)
+    return scan
 
 
-def load_documents(cfg):
-    """The raw documents as a `datasets.Dataset` (converted to Arrow in the cache on first use)."""
+def load_documents(cfg) -> Documents:
+    """The raw documents as a `datasets.Dataset` (converted to Arrow in the cache on first use), bad rows left out
+    (with data.skip_bad_rows) or refused (check_source)."""
     import datasets
     builder, files = resolve_source(cfg.data.source)
+    scan = check_source(cfg)
     try:
         if builder == "hub":
             ds = datasets.load_dataset(cfg.data.source, split=cfg.data.split, cache_dir=cfg.data.cache_dir)
+        elif builder == "json":  # our reader (it names bad rows and leaves them out), datasets' Arrow cache
+            key = "input_ids" if scan.mode == "input_ids" else cfg.data.text_field
+            value = datasets.List(datasets.Value("int64")) if scan.mode == "input_ids" else datasets.Value("string")
+            ds = datasets.Dataset.from_generator(json_documents, features=datasets.Features({key: value}),
+                                                 gen_kwargs=scan.gen_kwargs(), fingerprint=scan.fingerprint(),
+                                                 cache_dir=cfg.data.cache_dir)
         else:
-            sniff_files(builder, files, cfg.data.source)
             kwargs = {"sample_by": cfg.data.text_unit} if builder == "text" else {}
             ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cfg.data.cache_dir,
                                        **kwargs)
@@ -122,7 +124,35 @@ def load_documents(cfg):
     if "input_ids" not in ds.column_names and cfg.data.text_field not in ds.column_names:
         raise DataError(f"data={cfg.data.source!r} has no column text_field={cfg.data.text_field!r} (columns: "
                         f"{ds.column_names}); set text_field to the column holding the text, or provide input_ids")
-    return ds
+    if builder in ("hub", "parquet"):
+        return _drop_null_rows(ds, cfg, scan)
+    return Documents(ds, scan.bad if scan is not None else 0)
 
 
-# ----------------------------------------------------------------------------- tokenizer
+def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
+    """Loaded columnar data: the text column must hold strings; null rows are refused, or left out with
+    data.skip_bad_rows (a Parquet file's were named by its scan, a hub split's are named here)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    column = "input_ids" if "input_ids" in ds.column_names and cfg.data.text_field not in ds.column_names else \
+        cfg.data.text_field
+    col = ds.data.column(column)
+    if column != "input_ids" and not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise DataError(f"data={cfg.data.source!r} column {column!r} holds {col.type}, not text; set text_field to the "
+                        f"column holding the text")
+    if not col.null_count:
+        return Documents(ds)
+    nulls = pc.indices_nonzero(pc.is_null(col)).to_pylist()
+    named = scan.skipped() if scan is not None else [f"row {i + 1}" for i in nulls[:MAX_NAMED]]
+    if not cfg.data.skip_bad_rows:
+        raise DataError(f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} rows have "
+                        f"no text (null {column!r}): {'; '.join(named)}; drop those rows or set data.skip_bad_rows: "
+                        f"true to skip them")
+    if len(nulls) == ds.num_rows:
+        raise DataError(f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set text_field to "
+                        f"the column holding the text")
+    if scan is None:
+        log.info("data=%r: skipping %d row(s) with a null %r (data.skip_bad_rows): %s", cfg.data.source,
+                 len(nulls), column, "; ".join(named))
+    keep = ds.filter(lambda v: v is not None, input_columns=[column], desc="leave out null rows")
+    return Documents(keep, len(nulls))

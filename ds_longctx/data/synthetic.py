@@ -10,7 +10,7 @@ Used by the demo, the tests (tests/distributed/test_ulysses.py) and benchmarks/b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 
@@ -50,6 +50,7 @@ class SyntheticRetrieval:
     num_values: Optional[int] = None
     fused_pairs: bool = False
     supervise: str = "all"  # "all": every next token (labels=None); "queries": only the query values
+    skipped_rows: ClassVar[int] = 0  # no source rows to leave out (TokenRows' field, in metrics.jsonl)
 
     def __post_init__(self):
         if self.vocab_size < 16:

@@ -39,10 +39,12 @@ def load_tokenizer(cfg, vocab_size: int):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise DataError(f"tokenizer={path!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
                         f"saved by `tokenizer.save_pretrained`") from None
-    if len(tok) > vocab_size:
-        raise DataError(f"tokenizer={path!r} has {len(tok)} tokens but the model {cfg.model.name!r} has vocab_size="
+    ids = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)  # added tokens may sit past len - 1
+    if ids > vocab_size:
+        raise DataError(f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
                         f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's own "
-                        f"tokenizer (or a model whose vocabulary covers this one)")
+                        f"tokenizer, or a model whose vocabulary covers this one (a config.json of its geometry with "
+                        f"\"vocab_size\": {-(-ids // 128) * 128} as --model)")
     return tok
 
 
@@ -88,9 +90,8 @@ def tokenize(docs, tok, cfg, eos: Optional[int]):
     else:
         field = cfg.data.text_field
 
-        def fn(batch):
-            texts = [t if isinstance(t, str) else "" for t in batch[field]]
-            ids = tok(texts, add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
+        def fn(batch):  # every value is a string: the scan (or the null check of columnar data) saw to it
+            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
             return {"input_ids": [x + append if x else [] for x in ids]}
         source_cols = [field]
     try:

@@ -8,7 +8,8 @@
     ... --resume                                      # continue the latest one (same world size and sp_size)
 
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
-(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes), and with eval_data one line per
+(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes, skipped_rows: the data's rows left out
+as bad under data.skip_bad_rows, the same on every line), and with eval_data one line per
 evaluation (step, eval_loss, eval_tokens, eval_rows, eval_seconds: every eval_every steps and after the last)
 whose per-position curve goes to `<output_dir>/eval_curve.jsonl` (run/evaluate.py), and TensorBoard events in
 `<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM: every rank stops at the next step
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
                "tokens_per_s": round(cfg.train.seq_len * cfg.train.micro_batch * st.dp_size / seconds, 1),
                "lr": engine.ds.get_lr()[0], "peak_gpu_bytes": peak, "peak_gpu_allocated_bytes":
                torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
-               "host_rss_bytes": _host_rss()}
+               "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows}
         if torch.distributed.is_initialized() and torch.cuda.is_available():
             m = torch.tensor([peak, row["peak_gpu_allocated_bytes"]], dtype=torch.float64, device=engine.device)
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)

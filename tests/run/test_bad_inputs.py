@@ -90,7 +90,7 @@ def data_kw(files, name, **kw):
     ("latin1.txt", ["latin1.txt", "not UTF-8", "0xe9", "convert it to UTF-8"]),
     ("data.bin", ["data.bin", "'.bin'", "supported"]),
     ("fake.parquet", ["fake.parquet", "not a Parquet file", "to_parquet"]),
-    ("broken.jsonl", ["broken.jsonl", "line 1 is not JSON", "one object per"]),
+    ("broken.jsonl", ["broken.jsonl", "line 1 (byte 16): not JSON", "cut short?", "fix or remove that line"]),
     ("list.jsonl", ["list.jsonl", "JSON list, not an object", "one"]),
     ("mixed", ["mixed", "mixes formats", "['json', 'parquet']", "split the"]),
     ("empty_dir", ["empty_dir", "empty directory", "put .txt"]),

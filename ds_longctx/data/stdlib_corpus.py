@@ -1,0 +1,289 @@
+"""The Python standard library as a training corpus, offline: its documents, a BPE tokenizer trained on them, a card.
+
+    ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10] [--eval_min_chars 131072]
+                                               [--only json,email,...]
+
+DIR gets train.jsonl and eval.jsonl (one {"name", "text"} object per document, in the order below), tokenizer/ (a
+PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json). Everything is written under
+DIR.partial and renamed to DIR at the end: DIR holds a whole corpus or nothing.
+
+Documents: the `*.py` files of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`; site-packages,
+dist-packages and __pycache__ left out). One document per top-level module (`os.py` -> `os`) or package tree
+(`asyncio/`, every .py file under it -> `asyncio`); the `test` package, CPython's regression tests (hundreds of
+independent modules), gives one document per module or subpackage under it (`test.test_os`). A document is its files
+in sorted relative-path order, each opened by a line `# file: <path under the stdlib>`; documents are listed in sorted
+name order (`ORDER`). Files are decoded as Python reads them (`tokenize.open`: their PEP 263 coding); a file that does
+not decode is left out and named in the card.
+
+Held out (eval.jsonl): the documents of at least `eval_min_chars` characters, ranked by length (longest first, ties by
+name), every `eval_every`-th from the second: long documents of every size class, none of them seen in training, so
+that a row of eval data is one document's span (the long-range eval).
+
+Tokenizer: byte-level BPE (HF `tokenizers`: the GPT-2 pre-tokenizer, no normalizer) trained on train.jsonl alone,
+`vocab_size` ids in all (the 256 bytes and the specials included): <|endoftext|> 0 (EOS, appended to each document in
+training), <|pad|> 1, <|bos|> 2; nothing is added on encoding. A model trains on it when its vocab_size is at least
+the tokenizer's (data/tokenize.py refuses otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import time
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+from ds_longctx.data.scan import DataError
+
+SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"}
+SPLIT_PACKAGES = ("test",)  # packages of independent modules: one document per module or subpackage under them
+LEFT_OUT_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+ORDER = ("documents in sorted name order; a document's files in sorted relative-path order, each opened by a line "
+         "'# file: <path under the stdlib>'")
+HIST_EDGES = [0] + [2 ** k for k in range(8, 23)]  # tokens per document: [0, 256), [256, 512), ... [2^21, 2^22)
+
+
+@dataclass
+class Document:
+    name: str
+    files: list          # paths relative to the stdlib
+    text: str
+    tokens: int = 0      # BPE tokens, without the EOS training appends
+    split: str = "train"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds-longctx data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    prep = sub.add_parser("prepare", help="write a corpus, its tokenizer and its data card")
+    prep.add_argument("--stdlib", action="store_true", help="the Python standard library of this interpreter")
+    prep.add_argument("--out", required=True, help="new (or empty) directory for the corpus")
+    prep.add_argument("--vocab_size", type=int, default=32000, help="BPE vocabulary, bytes and specials included")
+    prep.add_argument("--eval_every", type=int, default=10, help="hold out every N-th long document")
+    prep.add_argument("--eval_min_chars", type=int, default=131072, help="held-out documents are at least this long")
+    prep.add_argument("--only", default=None, help="comma-separated document names to keep (a quick, small corpus)")
+    return p
+
+
+# ----------------------------------------------------------------------------- documents
+def document_of(rel: Path) -> str:
+    """The document a stdlib file belongs to: its top-level module or package, one level down in SPLIT_PACKAGES."""
+    parts = rel.with_suffix("").parts if len(rel.parts) == 1 else rel.parts
+    if parts[0] in SPLIT_PACKAGES and len(rel.parts) > 1:
+        return f"{parts[0]}.{Path(rel.parts[1]).stem}"
+    return parts[0]
+
+
+def stdlib_files(root: Path) -> list:
+    """The stdlib's .py files (relative paths, sorted), without site-packages, dist-packages and __pycache__."""
+    return sorted(p.relative_to(root) for p in root.rglob("*.py")
+                  if p.is_file() and not LEFT_OUT_DIRS & set(p.relative_to(root).parts[:-1]))
+
+
+def read_documents(root: Path, only: set | None) -> tuple[list, list]:
+    """(documents in name order, [(file, why) left out]), every file read through `tokenize.open`."""
+    from tqdm import tqdm
+    grouped: dict = {}
+    for rel in stdlib_files(root):
+        grouped.setdefault(document_of(rel), []).append(rel)
+    if only is not None:
+        unknown = sorted(only - set(grouped))
+        if unknown:
+            raise DataError(f"--only names {unknown}, which are not documents of {root}; pick from e.g. "
+                            f"{sorted(grouped)[:12]} (top-level modules and packages, test.<module>)")
+        grouped = {k: v for k, v in grouped.items() if k in only}
+    docs, left_out = [], []
+    bar = tqdm(total=sum(len(v) for v in grouped.values()), desc="read stdlib", unit="file")
+    for name in sorted(grouped):
+        parts, kept = [], []
+        for rel in grouped[name]:
+            bar.update(1)
+            try:
+                with tokenize.open(root / rel) as fh:
+                    body = fh.read()
+            except (SyntaxError, UnicodeDecodeError) as e:  # a bad coding cookie or bytes that do not decode
+                why = str(e).replace(repr(str(root / rel)), "it").splitlines()[0][:120]
+                left_out.append((rel.as_posix(), f"{type(e).__name__}: {why}"))
+                continue
+            parts.append(f"# file: {rel.as_posix()}\n{body}{'' if body.endswith(chr(10)) else chr(10)}")
+            kept.append(rel.as_posix())
+        if parts:
+            docs.append(Document(name, kept, "".join(parts)))
+    bar.close()
+    return docs, left_out
+
+
+def hold_out(docs: list, every: int, min_chars: int) -> list:
+    """Mark the held-out documents (module doc); returns their names, longest first."""
+    long = sorted((d for d in docs if len(d.text) >= min_chars), key=lambda d: (-len(d.text), d.name))
+    held = long[1::every]
+    if not held:
+        raise DataError(f"{len(long)} document(s) have >= {min_chars} characters: too few to hold every "
+                        f"{every}-th out from the second; lower --eval_min_chars or --eval_every, or keep more "
+                        f"documents (--only)")
+    for d in held:
+        d.split = "eval"
+    return [d.name for d in held]
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def train_tokenizer(texts: list, vocab_size: int):
+    """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids trained on `texts` (module doc)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS.values()), show_progress=True,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer, length=len(texts))
+    return tok
+
+
+def count_tokens(docs: list, tok) -> None:
+    """Each document's token count (no specials), batches of ~4 M characters, a progress bar over characters."""
+    from tqdm import tqdm
+    bar = tqdm(total=sum(len(d.text) for d in docs), desc="tokenize", unit="char", unit_scale=True)
+    batch, chars = [], 0
+    for i, d in enumerate(docs):
+        batch.append(d)
+        chars += len(d.text)
+        if chars >= 4 << 20 or i == len(docs) - 1:
+            for b, e in zip(batch, tok.encode_batch([b.text for b in batch], add_special_tokens=False)):
+                b.tokens = len(e.ids)
+            bar.update(chars)
+            batch, chars = [], 0
+    bar.close()
+
+
+def save_tokenizer(tok, path: Path) -> int:
+    """`tok` as a PreTrainedTokenizerFast directory (EOS, PAD, BOS set); returns its size (len)."""
+    from transformers import PreTrainedTokenizerFast
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
+    fast.save_pretrained(str(path))
+    return len(fast)
+
+
+# ----------------------------------------------------------------------------- the card
+def histogram(tokens: list) -> list:
+    """Documents per bin of HIST_EDGES (bin k: HIST_EDGES[k] <= tokens < HIST_EDGES[k + 1]); the last bin is open."""
+    counts = [0] * len(HIST_EDGES)
+    for n in tokens:
+        counts[max(k for k, e in enumerate(HIST_EDGES) if n >= e)] += 1
+    return counts
+
+
+def card(docs: list, root: Path, left_out: list, held: list, vocab: int, args, seconds: dict) -> dict:
+    import tokenizers
+    import transformers
+    by = {s: [d for d in docs if d.split == s] for s in ("train", "eval")}
+    longest = max(docs, key=lambda d: (d.tokens, d.name))
+    return {
+        "source": "python-stdlib", "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+        "stdlib": str(root), "platform": platform.platform(), "order": ORDER, "split_packages": list(SPLIT_PACKAGES),
+        "documents": {s: len(v) for s, v in by.items()},
+        "tokens": {s: sum(d.tokens for d in v) for s, v in by.items()},
+        "characters": {s: sum(len(d.text) for d in v) for s, v in by.items()},
+        "files": sum(len(d.files) for d in docs), "files_left_out": [{"file": f, "why": w} for f, w in left_out],
+        "longest": {"name": longest.name, "tokens": longest.tokens, "characters": len(longest.text),
+                    "files": len(longest.files), "split": longest.split},
+        "histogram": {"edges": HIST_EDGES, "train": histogram([d.tokens for d in by["train"]]),
+                      "eval": histogram([d.tokens for d in by["eval"]])},
+        "eval_rule": f"documents of >= {args.eval_min_chars} characters, longest first, every {args.eval_every}-th "
+                     f"from the second", "eval_documents": held,
+        "tokenizer": {"kind": "byte-level BPE", "trained_on": "train.jsonl", "size": vocab, "asked": args.vocab_size,
+                      "specials": SPECIALS, "tokenizers": tokenizers.__version__,
+                      "transformers": transformers.__version__},
+        "only": sorted(args.only.split(",")) if args.only else None, "seconds": seconds,
+        "per_document": [{"name": d.name, "split": d.split, "files": len(d.files), "characters": len(d.text),
+                          "tokens": d.tokens} for d in docs],
+    }
+
+
+def card_markdown(c: dict) -> str:
+    """The data card as markdown: provenance, counts, the longest documents, the histogram."""
+    docs = sorted(c["per_document"], key=lambda d: -d["tokens"])
+    total = {k: sum(c[k].values()) for k in ("documents", "tokens", "characters")}
+    lines = [f"# Data card: the Python {c['python']} standard library as a corpus", "",
+             f"Written by `ds-longctx data prepare --stdlib` from `{c['stdlib']}` ({c['implementation']}, "
+             f"{c['platform']}) in {c['seconds']['total']:.0f} s. Order: {c['order']}. Held out: {c['eval_rule']}.",
+             "Tokens: the BPE's, without the EOS that training appends to each document.",
+             "", "| | documents | tokens | characters |", "| --- | ---: | ---: | ---: |"]
+    for s in ("train", "eval"):
+        lines.append(f"| {s} | {c['documents'][s]:,} | {c['tokens'][s]:,} | {c['characters'][s]:,} |")
+    lines += [f"| all | {total['documents']:,} | {total['tokens']:,} | {total['characters']:,} |", "",
+              f"Longest document: `{c['longest']['name']}`, {c['longest']['tokens']:,} tokens, "
+              f"{c['longest']['characters']:,} characters, {c['longest']['files']} files ({c['longest']['split']}). "
+              f"Files: {c['files']:,} read, {len(c['files_left_out'])} left out"
+              + "".join(f"; `{f['file']}` ({f['why']})" for f in c["files_left_out"]) + ".",
+              "", f"Tokenizer: {c['tokenizer']['kind']}, {c['tokenizer']['size']:,} ids, trained on train.jsonl "
+              f"(tokenizers {c['tokenizer']['tokenizers']}); specials {c['tokenizer']['specials']}.",
+              "", "## Tokens per document", "", "| tokens | train | eval |", "| --- | ---: | ---: |"]
+    edges, h = c["histogram"]["edges"], c["histogram"]
+    for k, lo in enumerate(edges):
+        if h["train"][k] or h["eval"][k]:
+            hi = f"{edges[k + 1]:,}" if k + 1 < len(edges) else "..."
+            lines.append(f"| {lo:,} - {hi} | {h['train'][k]} | {h['eval'][k]} |")
+    lines += ["", "## The 15 longest documents", "", "| document | split | files | tokens |",
+              "| --- | --- | ---: | ---: |"]
+    lines += [f"| `{d['name']}` | {d['split']} | {d['files']} | {d['tokens']:,} |" for d in docs[:15]]
+    lines += ["", "Held out: " + ", ".join(f"`{n}`" for n in c["eval_documents"]) + ".", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- entry point
+def prepare(args) -> dict:
+    """Write the corpus (module doc) to args.out; returns the card."""
+    if not args.stdlib:
+        raise DataError("data prepare needs a source: --stdlib (the Python standard library of this interpreter, "
+                        "the one source so far)")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare writes "
+                        f"train.jsonl, eval.jsonl, tokenizer/ and the data card there)")
+    if args.vocab_size < 256 + len(SPECIALS) + 1 or args.eval_every < 1 or args.eval_min_chars < 0:
+        raise DataError(f"--vocab_size {args.vocab_size} must be > {256 + len(SPECIALS)} (the bytes and the specials), "
+                        f"--eval_every {args.eval_every} >= 1, --eval_min_chars {args.eval_min_chars} >= 0")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    seconds, t0 = {}, time.perf_counter()
+    docs, left_out = read_documents(root, set(args.only.split(",")) if args.only else None)
+    held = hold_out(docs, args.eval_every, args.eval_min_chars)
+    seconds["read"] = round(time.perf_counter() - t0, 1)
+    tok = train_tokenizer([d.text for d in docs if d.split == "train"], args.vocab_size)
+    seconds["train_tokenizer"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    count_tokens(docs, tok)
+    seconds["tokenize"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    vocab = save_tokenizer(tok, partial / "tokenizer")
+    for split in ("train", "eval"):
+        with open(partial / f"{split}.jsonl", "w", encoding="utf-8") as fh:
+            for d in docs:
+                if d.split == split:
+                    fh.write(json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n")
+    seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    seconds["total"] = round(time.perf_counter() - t0, 1)
+    c = card(docs, root, left_out, held, vocab, args, seconds)
+    (partial / "data_card.json").write_text(json.dumps(c, indent=1) + "\n")
+    (partial / "data_card.md").write_text(card_markdown(c))
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    os.replace(partial, out)
+    return c
+
+
+def main(argv: list) -> int:
+    """`ds-longctx data prepare ...`: 0 when written; a DataError (exit 2 through the CLI) on bad input."""
+    args = parser().parse_args(argv)
+    c = prepare(args)
+    print(f"{args.out}: {sum(c['documents'].values())} documents ({c['documents']['eval']} held out), "
+          f"{sum(c['tokens'].values()):,} tokens, longest {c['longest']['name']} ({c['longest']['tokens']:,} tokens), "
+          f"tokenizer {c['tokenizer']['size']:,} ids, {c['seconds']['total']:.0f} s; card: {args.out}/data_card.md")
+    return 0

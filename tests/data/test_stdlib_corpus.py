@@ -1,0 +1,88 @@
+"""`ds-longctx data prepare --stdlib` on a few small stdlib documents: the documents are the stdlib's files as this
+test reads them, the card's counts are the saved tokenizer's, the held-out rule holds; then a tiny model trains on it
+end to end (pack layout, the held-out eval and its per-position curve)."""
+
+import json
+import sysconfig
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import read_metrics, run_cli
+
+ONLY = ["bisect", "colorsys", "heapq", "json", "shlex", "textwrap"]  # in every CPython 3.x, ~150 KB together
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from ds_longctx.data.stdlib_corpus import main
+    out = tmp_path_factory.mktemp("stdlib") / "corpus"
+    assert main(["prepare", "--stdlib", "--out", str(out), "--only", ",".join(ONLY), "--vocab_size", "512",
+                 "--eval_every", "2", "--eval_min_chars", "10000"]) == 0
+    return out
+
+
+def read(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_documents_are_the_stdlib_files_in_the_stated_order(corpus):
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = {d["name"]: d["text"] for d in read(corpus / "train.jsonl") + read(corpus / "eval.jsonl")}
+    assert sorted(docs) == ONLY
+    files = sorted((root / "json").glob("*.py"))
+    want_json = "".join(f"# file: json/{f.name}\n" + tokenize.open(f).read() for f in files)
+    assert docs["json"] == want_json  # a package: every file, sorted, each opened by its header line
+    assert docs["heapq"] == "# file: heapq.py\n" + tokenize.open(root / "heapq.py").read()
+    assert [d["name"] for d in read(corpus / "train.jsonl")] == sorted(d["name"] for d in read(corpus / "train.jsonl"))
+
+
+def test_card_counts_are_the_tokenizers_and_the_held_out_rule_holds(corpus):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(corpus / "tokenizer"), local_files_only=True)
+    assert len(tok) == 512 and (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (0, 1, 2)
+    card = json.loads((corpus / "data_card.json").read_text())
+    docs = read(corpus / "train.jsonl") + read(corpus / "eval.jsonl")
+    tokens = {d["name"]: len(tok(d["text"], add_special_tokens=False)["input_ids"]) for d in docs}
+    assert {d["name"]: d["tokens"] for d in card["per_document"]} == tokens
+    assert card["tokens"]["train"] + card["tokens"]["eval"] == sum(tokens.values())
+    longest = max(tokens, key=tokens.get)
+    assert card["longest"]["name"] == longest and card["longest"]["tokens"] == tokens[longest]
+    assert sum(card["histogram"]["train"]) + sum(card["histogram"]["eval"]) == len(ONLY)
+    long = sorted((d for d in docs if len(d["text"]) >= 10000), key=lambda d: (-len(d["text"]), d["name"]))
+    assert [d["name"] for d in read(corpus / "eval.jsonl")] == sorted(d["name"] for d in long[1::2])
+    assert card["eval_documents"] == [d["name"] for d in long[1::2]]
+    assert "| all | 6 |" in (corpus / "data_card.md").read_text()
+
+
+def test_prepare_refuses_a_used_out_directory_with_exit_2(corpus, capsys):
+    from ds_longctx import cli
+    before = sorted(p.name for p in corpus.iterdir())
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["data", "prepare", "--stdlib", "--out", str(corpus)])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2 and last.startswith(f"refused: --out {str(corpus)!r} exists and is not an empty "
+                                                       f"directory; choose a new one")
+    assert sorted(p.name for p in corpus.iterdir()) == before
+
+
+def test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval(corpus, tmp_path):
+    out = tmp_path / "run"
+    res = run_cli(["train", "--nproc", "1", "--model", "qwen3-tiny", "--dtype", "fp32", "--lr", "3e-3", "--steps", "4",
+                   "--seq_len", "256", "--data", str(corpus / "train.jsonl"), "--tokenizer", str(corpus / "tokenizer"),
+                   "--data_layout", "pack", "--eval_data", str(corpus / "eval.jsonl"), "--eval_every", "2",
+                   "--eval_rows", "2", "--eval_buckets", "4", "--data_cache_dir", str(tmp_path / "cache"),
+                   "--output_dir", str(out)], timeout=300, output_dir=out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = read_metrics(out)
+    train = [m for m in lines if "loss" in m]
+    evals = [m for m in lines if "eval_loss" in m]
+    assert [m["step"] for m in train] == [1, 2, 3, 4] and all(m["skipped_rows"] == 0 for m in train)
+    assert [m["step"] for m in evals] == [2, 4] and train[-1]["loss"] < train[0]["loss"]
+    curve = read_metrics(out, "eval_curve.jsonl")
+    assert [c["step"] for c in curve] == [2, 4] and curve[0]["edges"] == [0, 64, 128, 192, 256]
+    for c, e in zip(curve, evals):  # the curve's buckets make up the eval loss (token-weighted)
+        assert sum(c["tokens"]) == e["eval_tokens"]
+        mean = sum(l * n for l, n in zip(c["loss"], c["tokens"]) if n) / sum(c["tokens"])
+        assert mean == pytest.approx(e["eval_loss"], rel=1e-5)
