@@ -373,7 +373,8 @@ def format_validation_error(err: ValidationError) -> str:
             lines.append(str(_unknown(repr(loc))))
         elif loc and e["type"] != "value_error" and "input" in e and not isinstance(e["input"], (dict, BaseModel)):
             # a type or range error: the value given beside what was expected (our own checks name it themselves)
-            hint = "; use true or false" if e["type"] in ("bool_parsing", "bool_type") else ""
+            hint = {"bool_parsing": "; use true or false", "bool_type": "; use true or false",
+                    "finite_number": "; give a finite number"}.get(e["type"], "")
             lines.append(f"{loc}: {msg} (got {e['input']!r}{hint})")
         else:
             lines.append(f"{loc}: {msg}" if loc else msg)

@@ -3,8 +3,9 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's checks (`validate`: sp_size vs world, processes per node and heads, attention backend, model
-class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source and
+Order: the engine's checks (`validate`: the model as `plan` reads it (plan/geometry.py: the same refusal in the same
+words), its weights where it is a checkpoint directory, sp_size vs world, processes per node and heads, attention
+backend, model class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source and
 eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume
 (checkpoint.check_run_dir). Nothing is written: a refused run leaves no output.
 """
@@ -22,9 +23,10 @@ from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size
+from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
-from ds_longctx.run.model import load_hf_config, model_class
+from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 
 log = logging.getLogger("ds_longctx")
 
@@ -32,6 +34,9 @@ log = logging.getLogger("ds_longctx")
 def validate(cfg, world_size: int, per_node: int | None = None):
     """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
     node (None: from the launcher's environment, `local_world_size`)."""
+    ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
+    if problem := weights_problem(cfg.model.name):
+        raise ValueError(problem)
     hf_cfg = load_hf_config(cfg.model.name)
     text = hf_cfg.get_text_config()
     per_node = local_world_size(world_size) if per_node is None else per_node
