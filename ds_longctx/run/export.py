@@ -121,6 +121,7 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
     dest = check_out(out)
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(tag_dir))
@@ -185,10 +186,11 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
         if dest.exists():
             dest.rmdir()  # an empty directory (checked above)
         tmp.rename(dest)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors reports an I/O error as its own type
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"export: writing {str(dest)!r} failed ({e.strerror or e}: {e.filename or dest}); "
-                              f"nothing was left there; free space or choose another --out") from None
+        why = f"{e.strerror}: {e.filename or dest}" if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"export: writing {str(dest)!r} failed ({why}); nothing was left there; free space or "
+                              f"choose another --out") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -42,8 +42,9 @@ def load_hf_config(model: str):
             cfg = AutoConfig.from_pretrained(model)
     except (OSError, ValueError, KeyError, TypeError) as e:
         where = model if Path(model).is_file() else str(Path(model) / "config.json")
-        raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: "
-                         f"{(str(e).strip().splitlines() or [''])[0][:200]}); fix or replace that config.json") from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
+                         f"replace that config.json") from None
     cfg.use_cache = False
     return cfg
 

@@ -3,11 +3,12 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's checks (`validate`: the model as `plan` reads it (plan/geometry.py: the same refusal in the same
-words), its weights where it is a checkpoint directory, sp_size vs world, processes per node and heads, attention
-backend, model class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source and
-eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume
-(checkpoint.check_run_dir). Nothing is written: a refused run leaves no output.
+Order: the engine's checks (`validate`: the model as `plan` reads it (plan/geometry.py: the same refusal in the
+same words), its weights where it is a checkpoint directory, sp_size vs world, processes per node and heads,
+attention backend, model class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the
+data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and
+resume (checkpoint.check_run_dir: another run's files, the checkpoint's files). Nothing is written: a refused run
+leaves no output.
 """
 
 from __future__ import annotations
