@@ -309,8 +309,10 @@ class RunConfig(BaseModel):
         return cls.load(config_path, **overrides) if config_path else cls(**overrides)
 
     def dump(self, path: Union[str, Path]) -> None:
-        """Write as YAML (.yaml) or JSON in sections, loadable by `load`."""
+        """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is
+        this command's permission, and a file that ran again must not replace a run unasked."""
         data = self.model_dump()
+        data["train"]["overwrite"] = False
         if str(path).endswith((".yaml", ".yml")):
             import yaml
             Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

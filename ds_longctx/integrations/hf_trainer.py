@@ -324,7 +324,8 @@ class LongCtxTrainerMixin:
         self.add_callback(self.longctx_clock)
 
     def train(self, *args, **kwargs):
-        """The Trainer's train with every torch.load weights-only (module docstring: torch's refusal names the global)."""
+        """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the
+        global)."""
         from ds_longctx.run.checkpoint_files import weights_only_loads
         with weights_only_loads():
             return super().train(*args, **kwargs)

@@ -107,12 +107,12 @@ def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume")
                               f"reads {list(READS)}; {what} with the ds_longctx version that wrote it")
     files.check_sizes(tag_dir, meta, what, "use an earlier tag (or restore the file)")
     for name in meta.get("files", {}):  # no data read: each pickle's globals, so a file that runs code stops here
-        if name.endswith(".pt"):
+        if name.endswith(".pt"):  # (a file that does not open is left to its rank's check, which names the rank)
             asked = files.unsafe_globals(tag_dir / name, legacy_rng=meta["format"] == 1 and name.startswith("rng_"))
-            if asked:
-                raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is refused: {name} " + (
-                    asked if isinstance(asked, str) else f"asks to run {', '.join(asked)} when loaded (a checkpoint "
-                    f"holds tensors and numbers), so nothing of it is loaded") + "; use an earlier tag")
+            if asked and not isinstance(asked, str):
+                raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is refused: {name} asks to run "
+                                      f"{', '.join(asked)} when loaded (a checkpoint holds tensors and numbers), so "
+                                      f"nothing of it is loaded; use an earlier tag")
     return tag_dir, meta
 
 
@@ -166,8 +166,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
         held = previous_run(cfg.train.output_dir)
         if held and not cfg.train.overwrite:
             raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds {', '.join(held)} of another "
-                                  f"run; pass --resume to continue that run, --overwrite to replace it (its checkpoints "
-                                  f"deleted, its metrics kept aside), or choose a new output_dir")
+                                  f"run; pass --resume to continue that run, --overwrite to replace it (its "
+                                  f"checkpoints deleted, its metrics kept aside), or choose a new output_dir")
         return None
     if cfg.train.overwrite:
         raise CheckpointError("overwrite with resume: resume continues the run in output_dir, overwrite replaces it; "

@@ -103,3 +103,10 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     assert not checkpoint.ckpt_root(out).exists() and (out / "metrics.jsonl").exists()
     with pytest.raises(ValueError, match="overwrite with resume: .*drop one of them"):
         preflight(RunConfig(output_dir=str(out), overwrite=True, resume=True), 1)
+
+
+def test_overwrite_is_not_carried_into_the_run_yaml_a_run_writes(tmp_path):
+    """run.yaml is what `--config` reruns: a permission to delete a run must not come back with it."""
+    RunConfig(overwrite=True, seq_len=128).dump(tmp_path / "run.yaml")
+    again = RunConfig.load(tmp_path / "run.yaml")
+    assert again.train.overwrite is False and again.train.seq_len == 128
