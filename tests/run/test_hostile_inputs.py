@@ -110,3 +110,18 @@ def test_overwrite_is_not_carried_into_the_run_yaml_a_run_writes(tmp_path):
     RunConfig(overwrite=True, seq_len=128).dump(tmp_path / "run.yaml")
     again = RunConfig.load(tmp_path / "run.yaml")
     assert again.train.overwrite is False and again.train.seq_len == 128
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(seq_len=10 ** 12), "micro_batch=1 x seq_len=1000000000000 = 1,000,000,000,000 tokens per step"),
+    (dict(micro_batch=10 ** 9), "micro_batch=1000000000 x seq_len=256"),
+    (dict(tokenize_num_proc=10 ** 6), "tokenize_num_proc=1000000: this machine has"),
+])
+def test_sizes_past_what_the_host_can_hold_or_run_are_refused_before_anything_is_built(tmp_path, kw, says):
+    """A step's rows beyond the host's RAM ran out of memory in the data pipeline (seq_len 1e12: 8 TB asked) or ran
+    for minutes (micro_batch 1e9); a process per document past the cores forks that many."""
+    import time
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=says):
+        preflight(RunConfig(output_dir=str(tmp_path / "out"), **kw), 1)
+    assert time.perf_counter() - t0 < 30 and not (tmp_path / "out").exists()
