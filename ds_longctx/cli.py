@@ -7,6 +7,10 @@
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
+    ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
+
+Exit codes (README "Exit codes and stops"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by SIGINT / SIGTERM
+after the workers saved; every stop prints its one line last.
 """
 
 from __future__ import annotations
@@ -93,30 +97,43 @@ def run_eval(argv: list[str]) -> int:
 
 
 def launch(nproc: int, args: list[str], module: str) -> int:
-    """Start `nproc` local workers of `module` under torchrun's agent (in this process): a worker's refusal
-    (exit 2, its line recorded through $DS_LONGCTX_REFUSAL_FILE) ends this with exit 2 and that line printed last;
-    another failure with torchrun's one-paragraph summary and its exit code, without this process's traceback."""
+    """Start `nproc` local workers of `module` under torchrun's agent (in this process). The workers' last line
+    (a refusal, a NaN stop, a signal's stop: run/refuse.last_line, through $DS_LONGCTX_REFUSAL_FILE) is printed last
+    and its exit code returned, without torchrun's report or this process's traceback; SIGINT / SIGTERM to this
+    process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save); another
+    failure ends with torchrun's one-paragraph summary and its exit code."""
     import tempfile
 
-    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, REFUSED, recorded_refusal
+    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
+    from ds_longctx.run.stops import signal_exit, signal_name
     from ds_longctx.run.worker_env import worker_env
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
     os.environ.update(worker_env())
+    failure, signum = None, 0
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
-        os.environ[REFUSAL_FILE_ENV] = refusal = os.path.join(tmp, "refusal.txt")
+        os.environ[REFUSAL_FILE_ENV] = path = os.path.join(tmp, "last_line.txt")
         try:
             run(get_args_parser().parse_args(torchrun_args(nproc, args, module)))
         except ChildFailedError as e:
-            message = recorded_refusal(refusal)
-            if message is not None:
-                print(message, file=sys.stderr, flush=True)
-                return REFUSED
-            print(e.format_msg().strip(), file=sys.stderr, flush=True)
-            codes = [f.exitcode for f in e.failures.values() if f.exitcode and f.exitcode > 0]
-            return codes[0] if codes else 1
+            failure = e
+        except SignalException as e:
+            signum = int(e.sigval)
         finally:
             os.environ.pop(REFUSAL_FILE_ENV, None)
+        recorded = recorded_line(path)
+    if recorded is not None:
+        print(recorded[1], file=sys.stderr, flush=True)
+        return recorded[0]
+    if signum:
+        print(f"stopped by {signal_name(signum)} before the workers reached a step boundary: nothing saved by this "
+              f"run (an earlier checkpoint, if any, is unchanged)", file=sys.stderr, flush=True)
+        return signal_exit(signum)
+    if failure is not None:
+        print(failure.format_msg().strip(), file=sys.stderr, flush=True)
+        codes = [f.exitcode for f in failure.failures.values() if f.exitcode and f.exitcode > 0]
+        return codes[0] if codes else 1
     return 0
 
 
@@ -131,7 +148,7 @@ def run_demo(args) -> int:
     """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes, then
     the same run on 1 process (SP=1), losses side by side."""
     base = ["--model", "qwen3-tiny", "--seq_len", str(args.seq_len), "--steps", str(args.steps),
-            "--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32"]
+            "--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32", "--overwrite"]  # a demo replaces the last
     out = Path(args.output_dir)
     runs = {"sp2": (2, ["--sp_size", "2"]), "sp1": (1, ["--sp_size", "1"])}
     for name, (nproc, extra) in runs.items():
@@ -160,6 +177,12 @@ def run_demo(args) -> int:
 def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before any worker ran (after, torchrun's agent hands it to them)
+        import signal
+
+        from ds_longctx.run.stops import signal_exit
+        print("stopped by SIGINT before any worker started: nothing written", file=sys.stderr, flush=True)
+        sys.exit(signal_exit(signal.SIGINT))
     except BrokenPipeError:
         # the reader went away (`ds-longctx plan ... | head`): no traceback; stdout's remaining buffer goes to
         # /dev/null so the interpreter's final flush cannot raise again (Python's documented recipe)
@@ -185,6 +208,9 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "export":
         from ds_longctx.run.export import main as export_main
         sys.exit(export_main(argv[1:]))
+    if argv and argv[0] == "checkpoint":
+        from ds_longctx.run.checkpoint_convert import main as checkpoint_main
+        sys.exit(checkpoint_main(argv[1:]))
     if argv and argv[0] == "eval":  # its own options (ds-longctx eval -h); the rest go to the run config
         if "-h" in argv or "--help" in argv:
             from ds_longctx.run.eval_checkpoint import args_parser
@@ -199,6 +225,7 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("rehearse", help="one GPU plays ranks of a config's world: memory, time, collectives "
                                     "(ds-longctx rehearse -h)")
     sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib --out DIR (ds-longctx data -h)")
+    sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "

@@ -10,14 +10,15 @@ from ds_longctx.config.base import Section
 class OptimizerConfig(Section):
     """AdamW's settings and where its state lives."""
 
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate (constant, with `warmup_steps` linear warm-up)."""
+    lr: float = Field(1e-4, gt=0, le=1)
+    """AdamW learning rate (constant, with `warmup_steps` linear warm-up), in (0, 1]: AdamW moves every weight by
+    about lr per step, so above 1 each step rewrites the model (fine-tuning uses 1e-6 to 1e-3)."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up steps."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay, in [0, 1]: each step scales the weights by 1 - lr·weight_decay (commonly 0 to 0.1)."""
     grad_clip: float = Field(1.0, ge=0)
-    """Gradient-norm clipping (0 disables)."""
+    """Gradient-norm clipping, a finite norm (0 disables)."""
     torch_adam: bool = True
     """Use torch's AdamW inside DeepSpeed (no JIT build); False uses DeepSpeed's fused Adam (GPU) / CPU Adam
     (optimizer offload), built on first use."""

@@ -17,7 +17,7 @@ class ParallelConfig(Section):
     heads (parallel/parallel_state.py has the rule); data parallelism is world_size / sp_size. Across nodes it must
     also divide the processes per node (the launcher's LOCAL_WORLD_SIZE), so that every SP group stays inside
     one node and data parallelism runs across nodes."""
-    collective_timeout_s: float = Field(600.0, gt=0)
+    collective_timeout_s: float = Field(600.0, ge=1)
     """Process-group timeout in seconds: a collective waiting longer for a dead or hung rank fails and ends the
     job."""
     sp_across_nodes: bool = False

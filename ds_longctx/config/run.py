@@ -309,8 +309,10 @@ class RunConfig(BaseModel):
         return cls.load(config_path, **overrides) if config_path else cls(**overrides)
 
     def dump(self, path: Union[str, Path]) -> None:
-        """Write as YAML (.yaml) or JSON in sections, loadable by `load`."""
+        """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is
+        this command's permission, and a file that ran again must not replace a run unasked."""
         data = self.model_dump()
+        data["train"]["overwrite"] = False
         if str(path).endswith((".yaml", ".yml")):
             import yaml
             Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
@@ -373,7 +375,8 @@ def format_validation_error(err: ValidationError) -> str:
             lines.append(str(_unknown(repr(loc))))
         elif loc and e["type"] != "value_error" and "input" in e and not isinstance(e["input"], (dict, BaseModel)):
             # a type or range error: the value given beside what was expected (our own checks name it themselves)
-            hint = "; use true or false" if e["type"] in ("bool_parsing", "bool_type") else ""
+            hint = {"bool_parsing": "; use true or false", "bool_type": "; use true or false",
+                    "finite_number": "; give a finite number"}.get(e["type"], "")
             lines.append(f"{loc}: {msg} (got {e['input']!r}{hint})")
         else:
             lines.append(f"{loc}: {msg}" if loc else msg)

@@ -16,7 +16,12 @@ class TrainConfig(Section):
     """Sequences per SP group per step (1 for long context)."""
     steps: int = Field(3, ge=1)
     """Optimizer steps to run."""
-    seed: int = 0
-    """Seed for random init and synthetic data; identical for any world size / sp_size."""
+    seed: int = Field(0, ge=0, lt=2 ** 32)
+    """Seed for random init and synthetic data; identical for any world size / sp_size. A 32-bit number (torch's
+    generators take seed x 1,000,003 + epoch, which must fit 64 bits)."""
     output_dir: str = "runs/latest"
     """Where metrics.jsonl (one JSON line per step), run.yaml and checkpoints are written."""
+    overwrite: bool = False
+    """Start a fresh run in an output_dir that holds another run's files (checkpoints, run.yaml, metrics.jsonl, ...):
+    its checkpoints are deleted, its metrics.jsonl kept aside. Without it such an output_dir is refused, naming what
+    it holds. Not with resume (which continues that run)."""

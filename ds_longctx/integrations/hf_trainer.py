@@ -31,6 +31,8 @@ What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `c
   different value passed for one of them is refused, naming the run-config key. DeepSpeed builds the optimizer (the
   JSON's AdamW block) and, with warm-up, the WarmupLR schedule; without, the Trainer's "constant" one: as
   `ds-longctx train`. Gradient checkpointing is the placement plan's, so the Trainer's own stays off.
+- resume: `train` runs with every torch.load weights-only (run/checkpoint_files.weights_only_loads; DeepSpeed's own
+  loads pass weights_only=False): a checkpoint file that asks to run code is refused.
 - optimizer state: `training_step` makes the Adam moments before the first batch (`run/optimizer_state.at_start`,
   `optimizer.state_at_build`), after the Trainer's engine and any checkpoint it resumed, as `ds-longctx train` does
   at build.
@@ -52,8 +54,11 @@ import time
 def run_config(argv: list):
     """The run config from command-line arguments as `python -m ds_longctx.train` takes them (`--config run.yaml`, a
     `ds-longctx plan` file, and `--key value` overrides; the deepspeed launcher's --local_rank dropped; --help lists
-    every field; a bad value exits 2 with one line saying what to change)."""
+    every field; a bad value exits 2 with one line saying what to change). Under a launcher, this process ends itself
+    when the launcher dies (run/stops.watch_launcher)."""
+    from ds_longctx.run.stops import watch_launcher
     from ds_longctx.run.train import parse_config
+    watch_launcher()
     return parse_config(list(argv))
 
 
@@ -317,6 +322,13 @@ class LongCtxTrainerMixin:
         self.longctx_clock = step_clock()
         self.longctx_clock.snapshot = (run_config.logging.memory_snapshot_steps, self.args.output_dir)
         self.add_callback(self.longctx_clock)
+
+    def train(self, *args, **kwargs):
+        """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the
+        global)."""
+        from ds_longctx.run.checkpoint_files import weights_only_loads
+        with weights_only_loads():
+            return super().train(*args, **kwargs)
 
     def log(self, logs, *args, **kwargs):
         """The Trainer's log, with `ds-longctx train`'s per-step numbers beside a training loss: `seconds` (mean

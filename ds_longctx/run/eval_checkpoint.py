@@ -11,7 +11,8 @@ The layout must be the checkpoint's: ZeRO-3 partitions are per rank, so N must b
 Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
 before any worker starts. The workers build the engine as the run did, load the weights (`checkpoint.
 load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve to
-`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir. Rank 0 prints the loss.
+`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir. Rank 0 prints the loss. Every file is checked
+and loaded weights-only as a resume's (run/checkpoint.py); SIGTERM / SIGINT end the eval with nothing written.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
 from ds_longctx.run.refuse import refuse
+from ds_longctx.run.stops import end_on_signal, watch_launcher
 
 log = logging.getLogger("ds_longctx")
 FIXED = ("model", "dtype", "rope_scaling", "seq_len", "sp_size")  # keys that make the model and its partitions
@@ -85,6 +87,8 @@ def resolve(argv: list[str], world_size: int | None):
 
 
 def main(argv: list[str] | None = None) -> None:
+    watch_launcher()  # a killed launcher must not leave this worker running
+    end_on_signal("eval")
     argv = sys.argv[1:] if argv is None else argv
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")

@@ -7,7 +7,10 @@ fp32 master weights are gathered from every rank's partition with DeepSpeed's `z
 model class of the config the engine built (saved in the checkpoint as config.json: YaRN rope parameters of
 the training seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer
 when it had one. dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output appears atomically:
-everything is written to `<out>.tmp-*` and renamed to `<out>` at the end.
+everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is loaded every file of
+the checkpoint is checked (size, sha256, the globals its pickle names: run/checkpoint_files.py), and every load is
+weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out that cannot be written (permissions, a
+read-only filesystem, a full disk) is refused naming it, with nothing left behind.
 
 A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own `save_pretrained`):
     <out>/adapter_config.json, adapter_model.safetensors   `PeftModel.from_pretrained(base, <out>)`
@@ -33,6 +36,7 @@ from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.parallel import fake_world
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
+from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
@@ -58,7 +62,18 @@ def check_out(out: str) -> Path:
     if not parent.is_dir():
         raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
                               f"it first or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):  # EROFS too: access(2) checks the mount
+        raise CheckpointError(f"export: --out {out!r} cannot be written ({str(parent)!r} is not writable: "
+                              f"{'a read-only filesystem' if _read_only(parent) else 'no write permission'}); choose "
+                              f"a writable --out")
     return p
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def run_lora(meta: dict) -> LoraConfig:
@@ -108,13 +123,25 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
     dest = check_out(out)
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(tag_dir))
     train_dtype = "bf16" if str(getattr(config, "dtype", "")).endswith("bfloat16") else "fp32"
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[train_dtype if dtype == "auto" else dtype]
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    bad = files.problem(tag_dir, meta, None, show=True)
+    if bad:
+        raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} could not be loaded ({bad}); export an earlier "
+                              f"tag (--tag)")
+    try:
+        with files.weights_only_loads():
+            state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    except Exception as e:
+        reason = files.refusal(e, "a file zero_to_fp32 loaded")
+        if reason is None:
+            raise
+        raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} is refused: {reason}") from None
     # the DeepSpeed module is engine.LossHead: the HF model sits under `model.`
     state = {k.removeprefix("model."): v for k, v in state.items()}
     # LoRA: the adapters apart; the base weights under the names of the unwrapped Linears
@@ -135,7 +162,11 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
         model.tie_weights()
     model = model.to(torch_dtype)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    except OSError as e:
+        raise CheckpointError(f"export: --out {out!r} cannot be written ({e.strerror or e}); choose a writable "
+                              f"--out") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -157,6 +188,11 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
         if dest.exists():
             dest.rmdir()  # an empty directory (checked above)
         tmp.rename(dest)
+    except (OSError, SafetensorError) as e:  # safetensors reports an I/O error as its own type
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = f"{e.strerror}: {e.filename or dest}" if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"export: writing {str(dest)!r} failed ({why}); nothing was left there; free space or "
+                              f"choose another --out") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

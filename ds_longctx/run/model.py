@@ -27,19 +27,53 @@ def random_init(model: str) -> bool:
 
 
 def load_hf_config(model: str):
-    """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights)."""
+    """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
+    A file transformers cannot read is a ValueError naming it."""
     from transformers import AutoConfig
     path = SHIPPED_MODELS_DIR / f"{model}.json"
-    if path.is_file():
-        from transformers import Qwen3Config
-        cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
-    elif Path(model).is_file():
-        d = json.loads(Path(model).read_text())
-        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
-    else:
-        cfg = AutoConfig.from_pretrained(model)
+    try:
+        if path.is_file():
+            from transformers import Qwen3Config
+            cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+        elif Path(model).is_file():
+            d = json.loads(Path(model).read_text())
+            cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+        else:
+            cfg = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        where = model if Path(model).is_file() else str(Path(model) / "config.json")
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
+                         f"replace that config.json") from None
     cfg.use_cache = False
     return cfg
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # and their sharded `.index.json` forms
+
+
+def weights_problem(model: str):
+    """Why the checkpoint directory `model` cannot give `from_pretrained` its weights (None: it can, or `model` is
+    not a directory): no weight file, or a shard its index names missing. Reads the index, not the weights."""
+    d = Path(model)
+    if not d.is_dir():
+        return None
+    for name in WEIGHT_FILES:
+        index = d / f"{name}.index.json"
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                return f"{index} is not a weight index ({type(e).__name__}: {e}); restore it from the model's source"
+            missing = sorted(s for s in shards if not (d / s).is_file())
+            return (f"{index} names {len(missing)} shard(s) missing from {d} ({', '.join(missing[:3])}); copy them "
+                    f"there") if missing else None
+        if (d / name).is_file():
+            return None
+    if any(d.glob("*.safetensors")):
+        return None
+    return (f"model={model!r} holds a config.json but no weights (no {' / '.join(WEIGHT_FILES)}, no *.safetensors); "
+            f"copy the weights there, or pass {d / 'config.json'} to train from random init")
 
 
 def model_class(hf_config):

@@ -3,16 +3,19 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: the engine's checks (`validate`: sp_size vs world, processes per node and heads, attention backend, model
-class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the data source and
-eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and resume
-(checkpoint.check_run_dir). Nothing is written: a refused run leaves no output.
+Order: what the host cannot hold (`host_problem`), the engine's checks (`validate`: the model as `plan` reads it (plan/geometry.py: the same refusal in the
+same words), its weights where it is a checkpoint directory, sp_size vs world, processes per node and heads,
+attention backend, model class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the
+data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and
+resume (checkpoint.check_run_dir: another run's files, the checkpoint's files). Nothing is written: a refused run
+leaves no output.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import torch
 
@@ -22,9 +25,10 @@ from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
+from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
-from ds_longctx.run.model import load_hf_config, model_class
+from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 
 log = logging.getLogger("ds_longctx")
 
@@ -32,6 +36,9 @@ log = logging.getLogger("ds_longctx")
 def validate(cfg, world_size: int, per_node: int | None = None):
     """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
     node (None: from the launcher's environment, `local_world_size`)."""
+    ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
+    if problem := weights_problem(cfg.model.name):
+        raise ValueError(problem)
     hf_cfg = load_hf_config(cfg.model.name)
     text = hf_cfg.get_text_config()
     per_node = local_world_size(world_size) if per_node is None else per_node
@@ -80,9 +87,32 @@ def rope_coverage(cfg, hf_config) -> None:
                              f"rope_scaling: auto (sets it from seq_len), or seq_len <= {int(covered)}")
 
 
+BATCH_BYTES_PER_TOKEN = 3 * 8  # input_ids, labels and position_ids of a step's rows, int64 (data/rows.Batch)
+
+
+def host_problem(cfg) -> str | None:
+    """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on each rank (
+    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or more tokenizing processes
+    than cores (datasets.map forks every one)."""
+    import psutil
+    tokens = cfg.train.micro_batch * cfg.train.seq_len
+    need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
+    if need > ram:
+        return (f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
+                f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
+                f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)")
+    cores = os.cpu_count() or 1
+    if cfg.data.tokenize_num_proc > cores:
+        return (f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
+                f"starts one process each; use tokenize_num_proc <= {cores}")
+    return None
+
+
 def preflight(cfg, world_size: int, per_node: int | None = None):
     """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
     `validate`."""
+    if problem := host_problem(cfg):
+        raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)

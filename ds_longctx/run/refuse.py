@@ -4,7 +4,8 @@ line, and changes nothing.
 Inside workers (after `ds-longctx train` started them, e.g. data whose token ids are outside the vocabulary):
 every rank exits 2 and rank 0 prints the line, or, when `ds-longctx train` launched it, writes it to the file
 named by $DS_LONGCTX_REFUSAL_FILE instead, so the launcher prints it as the last line rather than under
-torchrun's failure report.
+torchrun's failure report. A planned stop (run/stops.py: a signal, a NaN loss) hands its line and exit code to
+the launcher the same way (`last_line`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ REFUSED = 2
 REFUSAL_FILE_ENV = "DS_LONGCTX_REFUSAL_FILE"
 
 
+def last_line(message: str, code: int, rank: int = 0) -> None:
+    """Rank 0's last word: for the launcher to print last with exit `code` (the file of $DS_LONGCTX_REFUSAL_FILE:
+    the code on its first line, the message after), else on stderr now. Other ranks say nothing."""
+    if rank != 0:
+        return
+    path = os.environ.get(REFUSAL_FILE_ENV)
+    if path:  # `ds-longctx train` prints it last, after torchrun's own lines
+        Path(path).write_text(f"{code}\n{message}\n")
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
 def refuse(message: str, rank: int = 0):
     """Leave this process with exit 2; rank 0 prints `message` (and records it for the launcher). Tears the
     process group down first when there is one."""
@@ -25,16 +38,14 @@ def refuse(message: str, rank: int = 0):
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    if rank == 0:
-        path = os.environ.get(REFUSAL_FILE_ENV)
-        if path:  # `ds-longctx train` prints it last, after torchrun's own lines
-            Path(path).write_text(message + "\n")
-        else:
-            print(message, file=sys.stderr, flush=True)
+    last_line(message, REFUSED, rank)
     sys.exit(REFUSED)
 
 
-def recorded_refusal(path: str) -> Optional[str]:
-    """The refusal a worker wrote to `path` (None if none)."""
+def recorded_line(path: str) -> Optional[tuple]:
+    """(exit code, message) a worker recorded in `path` with `last_line`, or None."""
     p = Path(path)
-    return p.read_text().strip() or None if p.is_file() else None
+    if not p.is_file():
+        return None
+    code, _, message = p.read_text().partition("\n")
+    return (int(code), message.strip()) if code.strip().lstrip("-").isdigit() and message.strip() else None

@@ -12,9 +12,10 @@ Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
 as bad under data.skip_bad_rows, the same on every line), and with eval_data one line per
 evaluation (step, eval_loss, eval_tokens, eval_rows, eval_seconds: every eval_every steps and after the last)
 whose per-position curve goes to `<output_dir>/eval_curve.jsonl` (run/evaluate.py), and TensorBoard events in
-`<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM: every rank stops at the next step
-boundary, saves a checkpoint and exits 0. A NaN/inf loss stops the run (exit 1) before its optimizer step. A
-refusal (bad config, bad data, an unusable checkpoint) exits 2 on every rank with one line (run/refuse.py).
+`<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM or SIGINT: every rank stops at the next
+step boundary, saves a checkpoint and exits 0 (`ds-longctx train` itself 143 / 130). A NaN/inf loss stops the run
+(exit 1) before its optimizer step. A refusal (bad config, bad data, an unusable checkpoint) exits 2 on every rank.
+Each of these ends with one line (run/refuse.py, run/stops.py). A worker whose launcher dies ends itself.
 `--help` lists every run-config field.
 """
 
@@ -29,7 +30,8 @@ import time
 from pathlib import Path
 
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
-from ds_longctx.run.refuse import refuse
+from ds_longctx.run.refuse import last_line, refuse
+from ds_longctx.run.stops import FAILED, StopRequest, signal_exit, signal_name, watch_launcher
 
 log = logging.getLogger("ds_longctx")
 
@@ -72,13 +74,25 @@ def _host_rss() -> int:
 
 
 def stop(message: str, rank: int):
-    """A failure (not a refusal): every rank leaves with exit 1; rank 0 says why. Tears the process group down."""
+    """A failure (not a refusal): every rank leaves with exit 1 (FAILED); rank 0 says why, last (run/refuse.last_line).
+    Tears the process group down."""
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
-    if rank == 0:
-        print(message, file=sys.stderr, flush=True)
-    sys.exit(1)
+    last_line(message, FAILED, rank)
+    sys.exit(FAILED)
+
+
+def stopped_by_signal(signum: int, done: int, steps: int, tag_dir, rank: int) -> None:
+    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained);
+    the launcher's exit code is the signal's (`signal_exit`)."""
+    name = signal_name(signum)
+    if tag_dir is None:
+        message = f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing saved"
+    else:
+        message = (f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
+                   f"continues it")
+    last_line(message, signal_exit(signum), rank)
 
 
 def out_of_memory(cfg, step: int):
@@ -182,6 +196,8 @@ class MetricsLog:
 
 def main(argv: list[str] | None = None) -> None:
     # ---------------------------------------------------------------- config and checks (nothing started or written)
+    watch_launcher()  # from the first moment: a killed launcher must not leave this worker running
+    signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
     cfg = parse_config(sys.argv[1:] if argv is None else argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -240,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
                  time.perf_counter() - t_state, _host_rss() / 2 ** 30,
                  torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0)
     if st.rank == 0:
+        checkpoint.clear_previous_run(cfg)  # --overwrite: the previous run's checkpoints go
         out.mkdir(parents=True, exist_ok=True)
         cfg.dump(out / "run.yaml")
         (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
@@ -252,11 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     last_eval = None
 
     # ---------------------------------------------------------------- loop
-    sigterm = checkpoint.StopRequest().install()
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0, desc="train",
                unit="step", dynamic_ncols=True)
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
-        if sigterm.agreed(engine.device):
+        if signals.agreed(engine.device):
             break
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -306,11 +322,14 @@ def main(argv: list[str] | None = None) -> None:
             saved = step + 1
     bar.close()
 
-    # ---------------------------------------------------------------- end (SIGTERM: save where the ranks stopped)
-    if sigterm.agreed(engine.device):
-        checkpoint.save(engine, cfg, done, data.signature())
-        log.info("SIGTERM: saved at step %d, exiting", done)
-    sigterm.uninstall()
+    # ---------------------------------------------------------------- end (a signal: save where the ranks stopped)
+    signum = signals.agreed(engine.device)
+    if signum and done < cfg.train.steps:
+        tag_dir = checkpoint.save(engine, cfg, done, data.signature()) if done > start or saved == done else None
+        metrics.close()
+        stopped_by_signal(signum, done, cfg.train.steps, tag_dir, st.rank)
+        leave(0)
+    signals.uninstall()
     metrics.close()
     if st.rank == 0:
         log.info("done: %d steps, metrics in %s", done, metrics.path)

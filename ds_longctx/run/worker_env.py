@@ -16,10 +16,12 @@ def has_cuda() -> bool:
 def worker_env() -> dict:
     """This process's environment plus the workers' defaults: DeepSpeed's accelerator (cpu without CUDA: it would
     otherwise guess and warn), one OpenMP thread per process (gloo workers share the cores), no tokenizers
-    threads, no Python warnings."""
+    threads, no Python warnings, and torchrun's wait for the workers' save after a signal."""
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cuda" if has_cuda() else "cpu")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONWARNINGS", "ignore")
+    from ds_longctx.run.stops import STOP_GRACE_S  # torchrun's wait for the workers' save after a signal
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
     return env

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.run.preflight import preflight
@@ -213,9 +213,9 @@ def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run
     root = checkpoint.ckpt_root(out)
     tag = root / f"step{step}"
     tag.mkdir(parents=True)
-    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 100)
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.json").write_bytes(b"x" * 100)
     meta = {"format": checkpoint.FORMAT, "step": step, "tag": tag.name, "run": run, "data": {},
-            "files": {"zero_pp_rank_0_mp_rank_00_optim_states.pt": 100}}
+            "files": checkpoint_files.entries(tag, ["zero_pp_rank_0_mp_rank_00_optim_states.json"])}
     (tag / "meta.json").write_text(json.dumps(meta))
     (root / "latest").write_text(tag.name)
     return tag
@@ -247,15 +247,15 @@ def test_resume_from_an_interrupted_save(tmp_path):
 
 def test_resume_from_a_truncated_checkpoint(tmp_path):
     tag = fake_checkpoint(tmp_path / "out")
-    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 40)
-    refused(tmp_path / "out", ["corrupt", "zero_pp_rank_0_mp_rank_00_optim_states.pt has 40 bytes, 100 were written",
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.json").write_bytes(b"x" * 40)
+    refused(tmp_path / "out", ["corrupt", "zero_pp_rank_0_mp_rank_00_optim_states.json has 40 bytes, 100 were written",
                                "use an earlier tag"], resume=True, steps=6, sp_size=2, world=2)
 
 
 def test_resume_from_a_checkpoint_with_a_missing_file(tmp_path):
     tag = fake_checkpoint(tmp_path / "out")
-    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
-    refused(tmp_path / "out", ["corrupt", "optim_states.pt is missing"], resume=True, steps=6, sp_size=2, world=2)
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.json").unlink()
+    refused(tmp_path / "out", ["corrupt", "optim_states.json is missing"], resume=True, steps=6, sp_size=2, world=2)
 
 
 def test_resume_with_another_world_size(tmp_path):

@@ -1,0 +1,78 @@
+"""`ds-longctx checkpoint convert`: a checkpoint written before digests (format 1) -> format 2, in place.
+
+    ds-longctx checkpoint convert OUTPUT_DIR [--tag step300]     # every format-1 tag under it, or one
+
+Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's (run/checkpoint.py). The
+conversion loads each RNG file weights-only, with numpy's array globals allowed for that file alone (what numpy's
+RNG state pickles to, nothing that runs code), rewrites it as tensors and numbers, hashes every file (sha256, one
+read of each: run/checkpoint_files.py's cost) and writes meta.json as format 2, atomically, last. DeepSpeed's own
+files are not rewritten; a file that asks for any other global is refused, naming it, and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ds_longctx.run import checkpoint, checkpoint_files as files
+from ds_longctx.run.checkpoint_files import CheckpointError
+
+
+def tags(directory: str, tag: str | None) -> list:
+    """The tag directories `convert` reads: `tag`, or every complete one, under a run's output_dir or its
+    checkpoints/ directory."""
+    p = Path(directory)
+    root = p / checkpoint.CKPT_SUBDIR if (p / checkpoint.CKPT_SUBDIR).is_dir() else p
+    if tag is not None:
+        return [root / tag]
+    found = sorted((root / n for n in (q.name for q in root.iterdir()) if checkpoint._TAG.match(n)),
+                   key=lambda q: int(q.name[4:])) if root.is_dir() else []
+    if not found:
+        raise CheckpointError(f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "
+                              f"output_dir")
+    return found
+
+
+def convert_tag(tag_dir: Path) -> bool:
+    """Rewrite one format-1 tag as format 2 (module doc); False when it is format 2 already."""
+    _, meta = checkpoint.find_checkpoint(tag_dir.parent, tag_dir.name, what="checkpoint convert")
+    if meta["format"] == checkpoint.FORMAT:
+        return False
+    bad = files.problem(tag_dir, meta, None)
+    if bad:
+        raise CheckpointError(f"checkpoint convert: {str(tag_dir)!r} is not converted ({bad}); nothing changed")
+    for name in sorted(meta["files"]):
+        if name.startswith("rng_rank") and name.endswith(".pt"):
+            state = files.load(tag_dir / name, legacy_rng=True)
+            if not isinstance(state.get("numpy"), dict):
+                state["numpy"] = checkpoint.numpy_state(state["numpy"])
+            tmp = tag_dir / f"{name}.tmp"
+            torch.save(state, tmp)
+            tmp.replace(tag_dir / name)
+    meta["files"] = files.entries(tag_dir, meta["files"], show=True)
+    meta["format"] = checkpoint.FORMAT
+    checkpoint.write_meta(tag_dir, meta)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ds-longctx checkpoint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["convert"], help="convert: format 1 -> format 2, in place")
+    p.add_argument("checkpoint", help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--tag", default=None, help="one tag, e.g. step300 (default: every tag)")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        for t in tags(a.checkpoint, a.tag):
+            print(f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}", flush=True)
+    except CheckpointError as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
