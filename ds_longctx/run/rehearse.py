@@ -272,6 +272,8 @@ def play_rank(a, rest: list) -> int:
     rank = a.child_rank
     from ds_longctx.parallel import fake_world
     counts = fake_world.start(rank, world, per_node)
+    from ds_longctx.run.stops import watch_launcher
+    watch_launcher()  # the rehearse command that started this process is its launcher: it ends with it
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from ds_longctx.run.rehearsal_rank import RankRun
