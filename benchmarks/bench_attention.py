@@ -63,7 +63,6 @@ def main() -> None:
         k = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
         dout = torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        fwd_flops = 2.0 * S * S * h * d
         scale = d ** -0.5
         outs = {}
 

@@ -91,8 +91,6 @@ def accuracy(engine, held, n: int) -> float:
 
 # ----------------------------------------------------------------------------- worker (one per rank)
 def worker(a) -> None:
-    import torch
-
     from dataclasses import replace
 
     from ds_longctx.config import RunConfig

@@ -22,11 +22,18 @@ import sys
 from pathlib import Path
 
 
-def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> list[str]:
-    """torchrun's arguments that start `nproc` local processes of `module` (`python -m torch.distributed.run ARGS`)."""
+def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> argparse.Namespace:
+    """torchrun's parsed arguments that start `nproc` local processes of `module` with `run_args` (what
+    `python -m torch.distributed.run ... -m MODULE RUN_ARGS` would parse). `run_args` are handed over as they are,
+    never parsed by torchrun: its parser takes an abbreviation of its own options anywhere on the line (`--nproc`
+    is ambiguous with its `--nproc-per-node`), even after the module."""
+    from torch.distributed.run import get_args_parser
+
     from ds_longctx.parallel.parallel_state import free_port
-    return ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            "-m", module, *run_args]
+    args = get_args_parser().parse_args(["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+                                         "--master_port", str(free_port()), "-m", module])
+    args.training_script_args = list(run_args)
+    return args
 
 
 def precheck(nproc: int, run_args: list[str]):
@@ -35,7 +42,7 @@ def precheck(nproc: int, run_args: list[str]):
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
     from ds_longctx.run.train import parse_config
-    cfg = parse_config(run_args)
+    cfg = parse_config(run_args, nproc)
     try:
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
     except ValueError as e:
@@ -109,13 +116,13 @@ def launch(nproc: int, args: list[str], module: str) -> int:
     from ds_longctx.run.worker_env import worker_env
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import run
     os.environ.update(worker_env())
     failure, signum = None, 0
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
         os.environ[REFUSAL_FILE_ENV] = path = os.path.join(tmp, "last_line.txt")
         try:
-            run(get_args_parser().parse_args(torchrun_args(nproc, args, module)))
+            run(torchrun_args(nproc, args, module))
         except ChildFailedError as e:
             failure = e
         except SignalException as e:

@@ -111,8 +111,12 @@ def torchrun_cmd(nproc: int, args: list[str], module: bool = False, port: int | 
 
 def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None = None,
              timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `args` under torchrun (CPU/gloo unless `env` says otherwise), blocking; AssertionError with the output's
-    tail when it fails."""
+    """Run `args` on `nproc` processes (CPU/gloo unless `env` says otherwise), blocking; AssertionError with the
+    output's tail when it fails. With the default environment the processes are forked from the pre-imported server
+    of tests/forkrun.py (torchrun's worker environment, without its agent); with another `env`, or with
+    DS_LONGCTX_TEST_TORCHRUN=1, under torchrun itself."""
+    if env is None and os.environ.get("DS_LONGCTX_TEST_TORCHRUN") != "1":
+        return _forked(nproc, args, module, timeout)
     cmd = torchrun_cmd(nproc, args, module)
     res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if res.returncode and "terminate called without an active exception" in res.stderr:
@@ -122,6 +126,26 @@ def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None
         res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if res.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
+    return res
+
+
+def _forked(nproc: int, args: list[str], module: bool, timeout: int) -> subprocess.CompletedProcess:
+    """`torchrun` through tests/forkrun.py: the ranks' outputs joined in rank order; the exit code a failing rank's
+    own (else a killed rank's signal as 128 + its number), or 0."""
+    import tempfile
+
+    from tests import forkrun
+    with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
+        codes = forkrun.run(nproc, args, module, cpu_env(), free_port(), Path(tmp), timeout)
+        out = [(Path(tmp) / f"rank{r}.out").read_text(errors="replace") for r in range(nproc)]
+        err = [(Path(tmp) / f"rank{r}.err").read_text(errors="replace") for r in range(nproc)]
+    failed = [c for c in codes if c > 0] + [128 - c for c in codes if c < 0]  # a rank's own failure first
+    cmd = ["forkrun", f"--nproc {nproc}", *(["-m"] if module else []), *map(str, args)]
+    res = subprocess.CompletedProcess(cmd, failed[0] if failed else 0, "".join(out), "".join(err))
+    if res.returncode:
+        tails = "\n".join(f"--- rank {r} (exit {c}):\n{o[-2000:]}\n{e[-4000:]}"
+                          for r, (c, o, e) in enumerate(zip(codes, out, err)))
+        raise AssertionError(f"{' '.join(cmd)} failed (exit codes {codes}):\n{tails}")
     return res
 
 

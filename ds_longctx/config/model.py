@@ -20,10 +20,10 @@ def shipped_models() -> list:
 class ModelConfig(Section):
     """Which model, in which dtype, with which RoPE scaling."""
 
-    name: str = Field("qwen3-tiny", json_schema_extra={"flat": "model"})
-    """A shipped geometry (random init: qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b), an HF config.json
-    file (random init from it, as the shipped ones: plan or train a model whose weights are not here), or a local HF
-    checkpoint directory."""
+    name: str = Field("qwen3-tiny", json_schema_extra={"flat": "model"}, description=(
+        f"A shipped geometry (random init: {', '.join(shipped_models())}), an HF config.json file (random init from "
+        f"it, as the shipped ones: plan or train a model whose weights are not here), or a local HF checkpoint "
+        f"directory."))
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 on GPU, fp32 on CPU."""
     rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = "auto"

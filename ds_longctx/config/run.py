@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from ds_longctx.config.checkpoint import CheckpointConfig
 from ds_longctx.config.data import DataConfig
@@ -36,6 +36,7 @@ from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
 from ds_longctx.config.train import TrainConfig
+from ds_longctx.parallel.parallel_state import check_sp_size
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
             "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
@@ -69,21 +70,29 @@ HF_NAMES = {"save_steps": "save_every", "logging_steps": "log_every", "eval_step
             "attn_implementation": "attn_backend", "lora_r": "lora_rank", "bf16": "dtype"}
 
 
-def _nearest(key: str) -> str:
-    """The known key spelled most like `key` (flat or dotted), for 'did you mean'; for an HF Trainer / TRL name, ours
-    and whose name it is."""
+def _nearest(key: str, most: int = 4) -> list[str]:
+    """The known keys (flat or dotted, one spelling per field) spelled most like `key`, closest first, at most `most`;
+    for an HF Trainer / TRL name, ours alone and whose name it is."""
     bare = key.strip("'\"").lstrip("-")
     if bare in HF_NAMES:
-        return f"{HF_NAMES[bare]} (the HF Trainer's {bare})"
+        return [f"{HF_NAMES[bare]} (the HF Trainer's {bare})"]
     pool = [*FLAT, *DOTTED, *LEGACY]
-    near = difflib.get_close_matches(key, pool, n=1, cutoff=0.5) or difflib.get_close_matches(
+    near = difflib.get_close_matches(key, pool, n=2 * most, cutoff=0.5) or difflib.get_close_matches(
         key.rpartition(".")[2], pool, n=1, cutoff=0.0)
-    return near[0]
+    out, fields = [], set()
+    for k in near:
+        field = FLAT.get(k) or DOTTED.get(k) or k
+        if field not in fields:
+            fields.add(field)
+            out.append(k)
+    return out[:most]
 
 
 def _unknown(key: str, prefix: str = "") -> ValueError:
-    return ValueError(f"unknown {'option' if prefix else 'key'} {prefix}{key}; known keys: {', '.join(FLAT)} (or "
-                      f"section.key); nearest: {prefix}{_nearest(key)}")
+    first, *others = _nearest(key)
+    also = f" (also close: {', '.join(prefix + k for k in others)})" if others else ""
+    return ValueError(f"unknown {'option' if prefix else 'key'} {prefix}{key}; nearest: {prefix}{first}{also}; "
+                      f"every key: ds-longctx train --help")
 
 
 def _where(key: str):
@@ -200,9 +209,13 @@ class RunConfig(BaseModel):
         return fold(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _across_sections(self) -> "RunConfig":
-        """Rules between two sections (each section checks its own)."""
+    def _across_sections(self, info: ValidationInfo) -> "RunConfig":
+        """Rules between two sections (each section checks its own). Given the launch's world size (validation
+        context `world_size`: `from_cli`, `load`), sp_size is checked against it first: a wrong sp_size also breaks
+        the seq_len rule, and the process count is the thing to name."""
         seq, sp = self.train.seq_len, self.parallel.sp_size
+        if (world := (info.context or {}).get("world_size")) is not None:
+            check_sp_size(sp, world)
         if seq < sp:
             raise ValueError(f"seq_len={seq} is shorter than sp_size={sp}: each rank needs at least one token; "
                              f"raise seq_len or lower sp_size")
@@ -244,8 +257,9 @@ class RunConfig(BaseModel):
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, path: Union[str, Path], **overrides) -> "RunConfig":
-        """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file."""
+    def load(cls, path: Union[str, Path], world_size: Optional[int] = None, **overrides) -> "RunConfig":
+        """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
+        the run is launched on, checked against sp_size first (None: not known here)."""
         import yaml
         if Path(path).is_dir():
             raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
@@ -272,13 +286,14 @@ class RunConfig(BaseModel):
         if merged.get("model", {}).get("name") is None:  # else the default toy model trains, without a word
             raise ValueError(f"config {path} names no model; add `model: qwen3-8b` (a shipped geometry, an HF "
                              f"config.json or a checkpoint directory) to it, or pass --model")
-        return cls(**merged)
+        return cls.model_validate(merged, context={"world_size": world_size})
 
     @classmethod
-    def from_cli(cls, argv: list) -> "RunConfig":
+    def from_cli(cls, argv: list, world_size: Optional[int] = None) -> "RunConfig":
         """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
         (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
-        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true."""
+        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. `world_size`:
+        as in `load`."""
         import yaml
         config_path: Optional[str] = None
         overrides: dict = {}
@@ -286,7 +301,8 @@ class RunConfig(BaseModel):
         while i < len(argv):
             arg = argv[i]
             if not arg.startswith("--"):
-                raise ValueError(f"unexpected argument {arg!r}; options are --key value (keys: {', '.join(FLAT)})")
+                raise ValueError(f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx train "
+                                 f"--help)")
             key, eq, val = arg[2:].partition("=")
             key = key.replace("-", "_")
             if key != "config" and key not in FLAT and key not in DOTTED and key not in LEGACY:
@@ -306,7 +322,9 @@ class RunConfig(BaseModel):
             else:
                 overrides[key] = yaml.safe_load(val)
             i += 1
-        return cls.load(config_path, **overrides) if config_path else cls(**overrides)
+        if config_path:
+            return cls.load(config_path, world_size, **overrides)
+        return cls.model_validate(overrides, context={"world_size": world_size})
 
     def dump(self, path: Union[str, Path]) -> None:
         """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is

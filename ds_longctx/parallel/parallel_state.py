@@ -53,9 +53,11 @@ def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = No
 
 
 def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node: Optional[int] = None) -> list:
-    """Every sp_size in 1..world_size that `sp_size_problem` accepts."""
-    return [sp for sp in range(1, world_size + 1)
-            if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node) is None]
+    """Every sp_size in 1..world_size that `sp_size_problem` accepts, ascending. Only divisors of world_size can be
+    (its first rule), so only they are asked: O(sqrt(world_size)), not O(world_size)."""
+    small = [d for d in range(1, int(world_size ** 0.5) + 1) if world_size % d == 0]
+    divisors = sorted({*small, *(world_size // d for d in small)})
+    return [sp for sp in divisors if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node) is None]
 
 
 def local_kv_heads(num_kv_heads: int, sp_size: int) -> int:

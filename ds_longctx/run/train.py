@@ -50,9 +50,10 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_config(argv: list[str]):
+def parse_config(argv: list[str], world_size: int | None = None):
     """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
-    prints every field (section, flat and dotted key, type, default, doc) and exits 0."""
+    prints every field (section, flat and dotted key, type, default, doc) and exits 0. `world_size`: the processes
+    the run is launched on (sp_size is checked against it first), None where not known."""
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig, format_validation_error
@@ -61,7 +62,7 @@ def parse_config(argv: list[str]):
         print(__doc__ + "\n" + RunConfig.help_text())
         sys.exit(0)
     try:
-        return RunConfig.from_cli(argv)
+        return RunConfig.from_cli(argv, world_size)
     except ValidationError as e:
         refuse(format_validation_error(e), int(os.environ.get("RANK", "0")))
     except (ValueError, FileNotFoundError) as e:
@@ -198,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     # ---------------------------------------------------------------- config and checks (nothing started or written)
     watch_launcher()  # from the first moment: a killed launcher must not leave this worker running
     signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = parse_config(sys.argv[1:] if argv is None else argv, world)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -37,8 +37,29 @@ def test_unknown_key_in_file_is_refused(tmp_path):
 
 
 def test_unknown_cli_option_is_refused():
-    with pytest.raises(ValueError, match="unknown option --sp_siz; known keys: .*sp_size"):
+    with pytest.raises(ValueError) as e:
         RunConfig.from_cli(["--sp-siz", "2"])
+    # the nearest key first, a few close ones, where to see all: not the ~60 keys before the answer
+    msg = str(e.value)
+    assert msg.startswith("unknown option --sp_siz; nearest: --sp_size") and msg.endswith("ds-longctx train --help")
+    assert len(msg) < 200 and "tensorboard" not in msg, msg
+
+
+def test_the_launchs_world_size_is_checked_before_the_seq_len_rule(tmp_path):
+    """Given the processes it runs on (from_cli / load), the config names the sp_size they cannot hold before the
+    seq_len it does not divide; without them, the seq_len rule is what it can say."""
+    want = "sp_size=3 does not divide world_size=2; try one of [1, 2] or launch a multiple of 3 processes"
+    path = tmp_path / "run.yaml"
+    path.write_text("model: qwen3-tiny\nsp_size: 3\n")
+    for make in (lambda: RunConfig.from_cli(["--sp_size", "3"], world_size=2),
+                 lambda: RunConfig.from_cli(["--config", str(path)], world_size=2),
+                 lambda: RunConfig.load(path, world_size=2)):
+        with pytest.raises(ValidationError) as e:
+            make()
+        assert want in str(e.value) and "seq_len" not in format_validation_error(e.value)
+    with pytest.raises(ValidationError, match="seq_len=256 is not divisible by sp_size=3"):
+        RunConfig.from_cli(["--sp_size", "3"])
+    assert RunConfig.from_cli(["--sp_size", "2"], world_size=4).parallel.sp_size == 2
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -142,11 +163,17 @@ def test_model_whose_attention_cannot_be_wrapped():
         ulysses.check_wrappable_class(type("M", (), {"_supports_attention_backend": True}), cfg)
 
 
-def test_cli_refuses_before_starting_workers():
+@pytest.mark.parametrize("seq_len", [["--seq_len", "96"], []], ids=["seq_len_divisible", "seq_len_not_divisible"])
+def test_cli_refuses_before_starting_workers(seq_len):
+    """sp_size 3 on 2 processes names the process count, also where seq_len (the default 256) is not a multiple of 3:
+    the sp_size is what to change."""
     t = time.perf_counter()
-    res = run_cli(["train", "--nproc", "2", "--sp_size", "3", "--seq_len", "96"], timeout=120)
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "3", *seq_len], timeout=120)
     assert res.returncode == 2
-    assert "sp_size=3 does not divide world_size=2" in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.strip() == ("sp_size=3 does not divide world_size=2; try one of [1, 2] or launch a multiple of 3 "
+                            "processes")
+    assert "seq_len" not in res.stderr
     assert "torch.distributed.run" not in res.stderr  # no worker was started
     assert time.perf_counter() - t < 60
 
@@ -163,6 +190,9 @@ def test_help_lists_every_field_with_its_doc_and_default(cmd):
         assert field.description and " ".join(field.description.split())[:60] in text, flat
         assert f"default {field.get_default(call_default_factory=True)!r}" in text
     assert "--nproc" in text or cmd[1] == "ds_longctx.train"
+    from ds_longctx.config.model import SHIPPED_MODELS_DIR
+    shipped = sorted(p.stem for p in SHIPPED_MODELS_DIR.glob("*.json"))
+    assert len(shipped) >= 6 and all(f" {name}," in text or f" {name})" in text for name in shipped), shipped
 
 
 def test_flat_dotted_and_sectioned_spellings_are_one_config(tmp_path):
@@ -201,7 +231,7 @@ def test_the_old_two_field_offload_spelling_still_reads():
 def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
     path = tmp_path / "run.yaml"
     if where == "cli":
-        with pytest.raises(ValueError, match=r"unknown option --offload_layer; .*nearest: --offload_layers$"):
+        with pytest.raises(ValueError, match=r"^unknown option --offload_layer; nearest: --offload_layers \("):
             RunConfig.from_cli(["--offload_layer", "2"])
         return
     path.write_text("memory:\n  tiled_mpl: true\n" if where == "nested" else "micro_bach: 2\n")
@@ -215,8 +245,8 @@ def test_hf_trainer_names_point_at_ours():
     """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
     from ds_longctx.config.run import FLAT, HF_NAMES
     assert set(HF_NAMES.values()) <= set(FLAT) and not set(HF_NAMES) & set(FLAT)
-    with pytest.raises(ValueError, match=r"unknown option --save_steps; .*nearest: --save_every \(the HF Trainer's "
-                                         r"save_steps\)$"):
+    with pytest.raises(ValueError, match=r"^unknown option --save_steps; nearest: --save_every \(the HF Trainer's "
+                                         r"save_steps\); every key"):
         RunConfig.from_cli(["--save_steps", "2"])
     with pytest.raises(ValidationError) as e:
         RunConfig(learning_rate=1e-4)

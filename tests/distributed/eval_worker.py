@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
 
 def peak_allocated(fn) -> int:

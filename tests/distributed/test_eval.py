@@ -119,10 +119,13 @@ def test_train_writes_eval_lines_curve_and_progress_bar(trained, tmp_path):
     assert [r["loss"] for r in read_metrics(tmp_path / "no_eval")] == [r["loss"] for r in train_rows]
 
 
-def test_ds_longctx_eval_of_the_checkpoint_gives_the_in_training_eval(trained, tmp_path):
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["world_of_the_checkpoint", "nproc_given"])
+def test_ds_longctx_eval_of_the_checkpoint_gives_the_in_training_eval(trained, tmp_path, nproc):
+    """Without --nproc eval starts the checkpoint's world; with it (as its --help documents) the same, the option
+    reaching the workers as given (torchrun once took it for an ambiguous --nproc-per-node)."""
     out, _ = trained
-    res = run_cli(["eval", "--checkpoint", str(out), "--tag", "step2", "--data", "synthetic", "--out", str(tmp_path)],
-                  timeout=300, output_dir=tmp_path)
+    res = run_cli(["eval", "--checkpoint", str(out), "--tag", "step2", "--data", "synthetic", "--out", str(tmp_path),
+                   *nproc], timeout=300, output_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     (trained_eval,) = [r for r in read_metrics(out) if "eval_loss" in r and r["step"] == 2]
     (line,) = read_metrics(tmp_path)

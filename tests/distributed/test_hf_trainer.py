@@ -32,14 +32,14 @@ def corpus(tmp_path_factory) -> list:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
-    """layout -> the per-step losses of `ds-longctx train --nproc 2` on the corpus (each layout run once)."""
+    """layout -> the per-step losses `ds_longctx.train` writes on 2 processes for the corpus (each layout run once;
+    the processes `ds-longctx train --nproc 2` starts)."""
     runs = {}
 
     def losses(layout: str) -> list:
         if layout not in runs:
             out = tmp_path_factory.mktemp(f"ref_{layout}")
-            res = run_cli(["train", "--nproc", "2", *corpus, "--data_layout", layout, "--output_dir", str(out)])
-            assert res.returncode == 0, res.stderr[-4000:]
+            torchrun(2, ["ds_longctx.train", *corpus, "--data_layout", layout, "--output_dir", str(out)], module=True)
             runs[layout] = [r["loss"] for r in read_metrics(out)]
             assert len(runs[layout]) == 2
         return runs[layout]

@@ -17,9 +17,15 @@ TIMEOUT_S = 20
 MARGIN_S = 30  # torchrun's monitor interval and its SIGTERM-then-SIGKILL grace for the survivors
 
 
-def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> list:
+    """The corpus options both runs read (one tokenizer, one tokenized cache: the second run reads it)."""
+    return text_run_args(tmp_path_factory.mktemp("data"))
+
+
+def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path, data):
     out, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start(2, [*text_run_args(tmp_path / "data"), "--steps", "100000", "--collective_timeout_s",
+    proc = start(2, [*data, "--steps", "100000", "--collective_timeout_s",
                      str(TIMEOUT_S), "--output_dir", str(out)], log)
     try:
         wait_for_steps(proc, out, 2, log)
@@ -36,13 +42,13 @@ def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     assert not survivor.is_running() or survivor.status() == "zombie"
 
 
-def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path):
+def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
     """SIGSTOP instead of SIGKILL: rank 1's sockets stay open, so only the process-group timeout (applied to
     every group: train.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
     out, log = tmp_path / "run", tmp_path / "log.txt"
     timeout_s = 15
-    proc = start(2, [*text_run_args(tmp_path / "data"), "--steps", "100000", "--collective_timeout_s",
-                     str(timeout_s), "--output_dir", str(out)], log)
+    proc = start(2, [*data, "--steps", "100000", "--collective_timeout_s", str(timeout_s), "--output_dir", str(out)],
+                 log)
     try:
         wait_for_steps(proc, out, 2, log)
         survivor, hung = worker(proc, 0), worker(proc, 1)

@@ -1,0 +1,20 @@
+"""The `ds-longctx` command's hand-over to torchrun (ds_longctx/cli.py): the workers' arguments reach them as given."""
+
+import pytest
+
+from ds_longctx.cli import torchrun_args
+
+
+@pytest.mark.parametrize("run_args", [
+    ["--checkpoint", "runs/a", "--data", "synthetic", "--nproc", "2"],  # eval's --nproc (torchrun: --nproc-per-node)
+    ["--max", "3", "--node", "1", "--module", "x", "--", "--nnodes", "4"],  # prefixes and names of torchrun's options
+    [],
+], ids=["eval_nproc", "torchrun_option_names", "none"])
+def test_the_workers_arguments_are_not_parsed_by_torchrun(run_args):
+    from torch.distributed.run import config_from_args
+    args = torchrun_args(2, run_args, "ds_longctx.eval")
+    config, cmd, cmd_args = config_from_args(args)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 1, 2)
+    assert args.module and args.training_script == "ds_longctx.eval"
+    assert cmd_args[-len(run_args) - 2:] == ["-m", "ds_longctx.eval", *run_args], cmd_args
+    assert args.master_addr == "127.0.0.1" and 0 < args.master_port < 65536
