@@ -150,8 +150,8 @@ def test_lora_with_tiled_mlp_gives_the_untiled_grads(targets, checkpointing):
     loss, grads = loss_and_adapter_grads(tiled, ids)
     assert rel_err(loss, ref_loss) <= 1e-6
     assert set(grads) == set(ref_grads) and all(g is not None for g in grads.values())
-    for name, g in ref_grads.items():
-        assert rel_err(grads[name], g) <= 1e-6, name
+    for name, g in ref_grads.items():  # fp32 sums over 7-token tiles in another order: ~1e-6 (1.05e-6 for layer 1's
+        assert rel_err(grads[name], g) <= 5e-6, name  # k_proj adapter with transformers 5.24); a wrong grad is ~1e-1
         assert g.abs().sum() > 0, name
 
 
