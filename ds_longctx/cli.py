@@ -42,7 +42,7 @@ def precheck(nproc: int, run_args: list[str]):
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
     from ds_longctx.run.train import parse_config
-    cfg = parse_config(run_args, nproc)
+    cfg = parse_config(run_args, nproc, nproc)
     try:
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
     except ValueError as e:

@@ -36,7 +36,7 @@ from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
 from ds_longctx.config.train import TrainConfig
-from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
             "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
@@ -211,10 +211,13 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _across_sections(self, info: ValidationInfo) -> "RunConfig":
         """Rules between two sections (each section checks its own). Given the launch's world size (validation
-        context `world_size`: `from_cli`, `load`), sp_size is checked against it first: a wrong sp_size also breaks
-        the seq_len rule, and the process count is the thing to name."""
-        seq, sp = self.train.seq_len, self.parallel.sp_size
+        context `world_size`, and `per_node`: `from_cli`, `load`), the world the config was planned for and sp_size
+        are checked against it first: a wrong world or sp_size also breaks the seq_len rule, and the process count
+        is the thing to name."""
+        seq, sp, par = self.train.seq_len, self.parallel.sp_size, self.parallel
         if (world := (info.context or {}).get("world_size")) is not None:
+            per_node = (info.context or {}).get("per_node") or world
+            check_planned_world(par.nodes, par.gpus_per_node, world, per_node)  # the world a plan was made for first
             check_sp_size(sp, world)
         if seq < sp:
             raise ValueError(f"seq_len={seq} is shorter than sp_size={sp}: each rank needs at least one token; "
@@ -257,7 +260,8 @@ class RunConfig(BaseModel):
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, path: Union[str, Path], world_size: Optional[int] = None, **overrides) -> "RunConfig":
+    def load(cls, path: Union[str, Path], world_size: Optional[int] = None, per_node: Optional[int] = None,
+             **overrides) -> "RunConfig":
         """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
         the run is launched on, checked against sp_size first (None: not known here)."""
         import yaml
@@ -286,10 +290,10 @@ class RunConfig(BaseModel):
         if merged.get("model", {}).get("name") is None:  # else the default toy model trains, without a word
             raise ValueError(f"config {path} names no model; add `model: qwen3-8b` (a shipped geometry, an HF "
                              f"config.json or a checkpoint directory) to it, or pass --model")
-        return cls.model_validate(merged, context={"world_size": world_size})
+        return cls.model_validate(merged, context={"world_size": world_size, "per_node": per_node})
 
     @classmethod
-    def from_cli(cls, argv: list, world_size: Optional[int] = None) -> "RunConfig":
+    def from_cli(cls, argv: list, world_size: Optional[int] = None, per_node: Optional[int] = None) -> "RunConfig":
         """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
         (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
         unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. `world_size`:
@@ -323,8 +327,8 @@ class RunConfig(BaseModel):
                 overrides[key] = yaml.safe_load(val)
             i += 1
         if config_path:
-            return cls.load(config_path, world_size, **overrides)
-        return cls.model_validate(overrides, context={"world_size": world_size})
+            return cls.load(config_path, world_size, per_node, **overrides)
+        return cls.model_validate(overrides, context={"world_size": world_size, "per_node": per_node})
 
     def dump(self, path: Union[str, Path]) -> None:
         """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from ds_longctx.parallel.parallel_state import local_world_size
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
 from ds_longctx.run.refuse import last_line, refuse
 from ds_longctx.run.stops import FAILED, StopRequest, signal_exit, signal_name, watch_launcher
@@ -50,10 +51,11 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_config(argv: list[str], world_size: int | None = None):
+def parse_config(argv: list[str], world_size: int | None = None, per_node: int | None = None):
     """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
-    prints every field (section, flat and dotted key, type, default, doc) and exits 0. `world_size`: the processes
-    the run is launched on (sp_size is checked against it first), None where not known."""
+    prints every field (section, flat and dotted key, type, default, doc) and exits 0. `world_size`, `per_node`: the
+    processes the run is launched on, in all and per node (its planned world and sp_size are checked against them
+    first), None where not known."""
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig, format_validation_error
@@ -62,7 +64,7 @@ def parse_config(argv: list[str], world_size: int | None = None):
         print(__doc__ + "\n" + RunConfig.help_text())
         sys.exit(0)
     try:
-        return RunConfig.from_cli(argv, world_size)
+        return RunConfig.from_cli(argv, world_size, per_node)
     except ValidationError as e:
         refuse(format_validation_error(e), int(os.environ.get("RANK", "0")))
     except (ValueError, FileNotFoundError) as e:
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_launcher()  # from the first moment: a killed launcher must not leave this worker running
     signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = parse_config(sys.argv[1:] if argv is None else argv, world)
+    cfg = parse_config(sys.argv[1:] if argv is None else argv, world, local_world_size(world))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

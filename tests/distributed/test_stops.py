@@ -78,8 +78,9 @@ def _script_env(**extra):
     return {**env, **extra}
 
 
-# the committed config's 36-layer placement does not fit the tiny model's 2 layers: the default placement
-SCRIPT_ARGS = [*RUN, "--placement", "null"]
+# the committed config's 36-layer placement does not fit the tiny model's 2 layers (the default placement), and its
+# planned world of 8 is not these 2 processes (parallel.nodes / gpus_per_node cleared)
+SCRIPT_ARGS = [*RUN, "--placement", "null", "--nodes", "null", "--gpus_per_node", "null"]
 LAUNCHERS = {
     "ds-longctx train": lambda out: ([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *RUN,
                                       "--steps", str(10 * LONG), "--output_dir", str(out)], cpu_env()),
