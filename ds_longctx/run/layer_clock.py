@@ -14,13 +14,21 @@ host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at 
 
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
 peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers
-are alive at the top layer's backward, where the step peaks), host RSS + the mean host bytes step 1's forward took
-for a layer of an on-host kind (offload, cache+offload: their buffers are taken at first use), in-layer collective bytes (Ulysses' all-to-all)
-+ the per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of
-its kind that ran. ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the
-persistent parameters' refresh after the step) scale with the elements they move: x all parameters (trainable ones
-for the reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the
-same bytes per element, as in a model whose parameters are all persistent.
+are alive at the top layer's backward, where the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the
+per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of its kind
+that ran. Host: an on-host layer (offload, cache+offload) whose checkpoint lives in a buffer made at build (the
+pinned pool) adds nothing; one made at first use adds the mean host bytes step 1's forward took for such a layer.
+Where DeepSpeed's async offload engine holds the checkpoints (`cpu_checkpointing` without the pool), its window is
+modelled instead, since it decides where a checkpoint lives by its order among the step's on-host layers: the
+newest `keep_last_count` inputs stay on the GPU and never reach the host, the `max_fwd_stash_count - 1` before them
+stay on the GPU too while their copy drains, every other input is on the host. With c the bytes of one layer's
+input, n of the N on-host layers run and W the window, the L-layer step adds ((N - keep) - (n - keep)) x c host
+(each term at least 0) and (min(N, W) - min(n, W)) x c GPU, and an on-host layer's mean GPU leftover is taken
+without the inputs the window held in the run.
+ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the persistent parameters'
+refresh after the step) scale with the elements they move: x all parameters (trainable ones for the
+reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
+bytes per element, as in a model whose parameters are all persistent.
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ class LayerRecord:
     bwd: list                 # [start, end] stamps
     gpu_left: int = 0         # bytes allocated at the forward's end minus at its start
     host_left: int = 0        # RSS bytes likewise
+    input_bytes: int = 0      # bytes of the layer's input (its checkpoint, where the layer is checkpointed)
 
 
 class _Timed(nn.Module):
@@ -86,7 +95,8 @@ class _Timed(nn.Module):
 
     def forward(self, hidden_states, *args, **kwargs):
         c, i = self.clock, self.index
-        hidden_states = _Mark.apply(hidden_states, lambda: c._fwd_start(i), lambda: c._bwd_end(i))
+        size = hidden_states.numel() * hidden_states.element_size()
+        hidden_states = _Mark.apply(hidden_states, lambda: c._fwd_start(i, size), lambda: c._bwd_end(i))
         out = self.layer(hidden_states, *args, **kwargs)
         if isinstance(out, tuple):
             return (_Mark.apply(out[0], lambda: c._fwd_end(i), lambda: c._bwd_start(i)), *out[1:])
@@ -107,6 +117,17 @@ def _numel(module: nn.Module) -> tuple:
 
 ZERO_KINDS = ("all_gather", "reduce_scatter")
 HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements whose layers keep their checkpoint in host memory
+
+
+def offload_window():
+    """(keep_last_count, inputs held on the GPU in all) of DeepSpeed's async checkpoint offload engine, or None where
+    no checkpoint went through it (no GPU, nothing offloaded, or the pinned pool's own copies)."""
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+    engine = getattr(checkpointing, "_cpu_offload_engine", None)
+    if engine is None:
+        return None
+    keep = engine.keep_last_count
+    return keep, keep + max(engine.max_fwd_stash_count - 1, 0)
 
 
 def _layer_list(model: nn.Module) -> nn.ModuleList:
@@ -218,8 +239,8 @@ class LayerClock:
         return sum(p.ds_numel * p.element_size() for p in self.partitioned
                    if p.ds_status.name != "NOT_AVAILABLE")
 
-    def _fwd_start(self, i: int) -> None:
-        self.records[i] = LayerRecord(fwd=[self._now()], bwd=[])
+    def _fwd_start(self, i: int, input_bytes: int = 0) -> None:
+        self.records[i] = LayerRecord(fwd=[self._now()], bwd=[], input_bytes=input_bytes)
         self.records[i].gpu_left, self.records[i].host_left = self._mem()
         if fake_world.active():
             fake_world.collective_log().scope = i
@@ -279,9 +300,22 @@ class LayerClock:
         miss = self.missing()
         t = self._means(self.layer_seconds())
         gpu = self._means({i: r.gpu_left for i, r in last.items()})
-        # host: a layer that keeps its checkpoint or cache on the host takes its buffers at first use (step 1); other
-        # layers keep nothing there (what step 1 adds besides is compilation and the allocator's, not per layer)
-        hst = self._means({i: r.host_left if self.kinds[i] in HOST_KINDS else 0 for i, r in self.steps[0].items()})
+        host_mean = self._means({i: r.host_left if self.kinds[i] in HOST_KINDS else 0
+                                 for i, r in self.steps[0].items()})  # buffers taken at first use: step 1
+        window = offload_window() if self.on_gpu else None
+        on_host_run = [i for i in self.run if self.kinds[i] in HOST_KINDS]
+        extra_gpu = extra_host = 0.0
+        if window is not None and on_host_run:
+            keep, held = window
+            n, big_n = len(on_host_run), sum(1 for k in self.kinds if k in HOST_KINDS)
+            c = sum(last[i].input_bytes for i in on_host_run if i in last) / n
+            share = c * min(n, held) / n  # the window's inputs, spread over the run on-host layers
+            for kind in HOST_KINDS:
+                if kind in gpu:
+                    gpu[kind] -= share
+                host_mean[kind] = 0.0
+            extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * c
+            extra_gpu = (min(big_n, held) - min(n, held)) * c
         scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
         per_kind_bytes = defaultdict(lambda: defaultdict(float))  # Ulysses' and other in-layer collectives
         for kind in set(self.kinds[i] for i in self.run):
@@ -301,9 +335,12 @@ class LayerClock:
         for j in miss:
             for key, b in per_kind_bytes[self.kinds[j]].items():
                 out_payloads[key] += b
+        more_gpu = sum(gpu[self.kinds[j]] for j in miss) + extra_gpu
         return {"seconds": seconds + sum(t[self.kinds[j]] for j in miss),
-                "peak_reserved": peak_reserved + sum(gpu[self.kinds[j]] for j in miss),
-                "peak_allocated": peak_allocated + sum(gpu[self.kinds[j]] for j in miss),
-                "host": host + sum(max(hst[self.kinds[j]], 0) for j in miss),
+                "peak_reserved": peak_reserved + more_gpu, "peak_allocated": peak_allocated + more_gpu,
+                "host": host + sum(max(host_mean[self.kinds[j]], 0) for j in miss) + extra_host,
                 "payloads": {k: int(v) for k, v in out_payloads.items()},
-                "layer_seconds_by_kind": t, "layer_gpu_bytes_by_kind": gpu, "layer_host_bytes_by_kind": hst}
+                "layer_seconds_by_kind": t, "layer_gpu_bytes_by_kind": gpu, "layer_host_bytes_by_kind": host_mean,
+                "offload_window": None if window is None else {"keep_last": window[0], "held_on_gpu": window[1],
+                                                               "host_bytes_added": int(extra_host),
+                                                               "gpu_bytes_added": int(extra_gpu)}}

@@ -121,6 +121,8 @@ class RankRun:
                          "peak_gpu_allocated_bytes": peak_allocated, "host_rss_bytes": host},
             "layer_seconds_by_kind": {k: round(v, 4) for k, v in est["layer_seconds_by_kind"].items()},
             "layer_gpu_bytes_by_kind": {k: int(v) for k, v in est["layer_gpu_bytes_by_kind"].items()},
+            "layer_host_bytes_by_kind": {k: int(v) for k, v in est["layer_host_bytes_by_kind"].items()},
+            "offload_window": est["offload_window"],
             "params_local": local_params(engine.model), "params_total": full_params(engine.model),
         })
         row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1
