@@ -2,15 +2,15 @@
 collectives issued inside it; and a step of L layers extrapolated from K of them run (`ds-longctx rehearse
 --layers K`).
 
-    clock = LayerClock(model, placement, on_gpu)      # wraps every decoder layer in two identity marks
+    clock = LayerClock(model, placement, on_gpu)      # wraps every decoder layer between two marks
     undo = run_only(model, clock.pick(K))             # optional: the forward runs K of the L layers
     ... steps ...; clock.step_done()                  # after each step (synchronizes the GPU)
     est = clock.extrapolate(step_seconds, peaks)      # the L-layer step from the last K-layer step
 
-The marks are identity autograd functions on the layer's input and output, outside its checkpoint: in forward
-they stamp the layer's start and end; in backward the output's mark runs when the layer's backward (its
-recompute included) starts, the input's when it ends. Stamps are CUDA events on the current stream on a GPU, the
-host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
+The marks sit outside the layer's checkpoint: in forward they stamp the layer's start and end; in backward a
+gradient hook on the output stamps when the layer's backward (its recompute included) starts, one on the input when
+it ends. Hooks add no tensor and no reference to one, so what the layer frees (an offloaded input) is freed. Stamps
+are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
 
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
 peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers
@@ -61,19 +61,12 @@ class _Stamp:
         return later.t - self.t
 
 
-class _Mark(torch.autograd.Function):
-    """Identity; calls `on_forward()` in forward and `on_backward()` in backward."""
-
-    @staticmethod
-    def forward(ctx, x, on_forward, on_backward):
-        ctx.on_backward = on_backward
-        on_forward()
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.on_backward()
-        return grad, None, None
+def _on_grad(t: torch.Tensor, call) -> None:
+    """Call `call()` when the gradient of `t` is computed. A hook, not an identity autograd function: that function's
+    output would be a view of `t`, and a view keeps its base's storage alive, so a checkpoint offload that empties
+    the layer's input (DeepSpeed's) would leave it on the GPU, a cost the real run does not have."""
+    if t.requires_grad:
+        t.register_hook(lambda grad: call())
 
 
 @dataclass
@@ -95,12 +88,12 @@ class _Timed(nn.Module):
 
     def forward(self, hidden_states, *args, **kwargs):
         c, i = self.clock, self.index
-        size = hidden_states.numel() * hidden_states.element_size()
-        hidden_states = _Mark.apply(hidden_states, lambda: c._fwd_start(i, size), lambda: c._bwd_end(i))
+        c._fwd_start(i, hidden_states.numel() * hidden_states.element_size())
+        _on_grad(hidden_states, lambda: c._bwd_end(i))  # its gradient is ready: the layer's backward has ended
         out = self.layer(hidden_states, *args, **kwargs)
-        if isinstance(out, tuple):
-            return (_Mark.apply(out[0], lambda: c._fwd_end(i), lambda: c._bwd_start(i)), *out[1:])
-        return _Mark.apply(out, lambda: c._fwd_end(i), lambda: c._bwd_start(i))
+        c._fwd_end(i)
+        _on_grad(out[0] if isinstance(out, tuple) else out, lambda: c._bwd_start(i))
+        return out
 
     def __getattr__(self, name):
         try:
@@ -260,7 +253,8 @@ class LayerClock:
 
     def _bwd_end(self, i: int) -> None:
         self.records[i].bwd.append(self._now())
-        if fake_world.active():
+        # the layer below's backward may have begun already: its hook is on the same tensor, registered first
+        if fake_world.active() and fake_world.collective_log().scope == i:
             fake_world.collective_log().scope = None
 
     def step_done(self) -> None:

@@ -77,3 +77,31 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     est = clock.extrapolate(10.0, 100 * gb, 90 * gb, 8 * gb, {})
     assert est["host"] == pytest.approx(8 * gb)
     assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb + 5 * 1 * gb)
+
+
+def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
+    """An offloading checkpoint empties the layer's input (`arg.data = ...`). Were the mark an identity autograd
+    function, the layer would get a view whose base keeps the storage alive; the marks are hooks, so the layer gets
+    the tensor itself, and the stamps still come in order: forward start, end; backward start, end."""
+    import torch
+    import torch.nn as nn
+
+    from ds_longctx.run.layer_clock import LayerClock, _Timed
+
+    seen = []
+
+    class Layer(nn.Module):
+        def forward(self, h):
+            seen.append(h)
+            return h * 2
+
+    clock = LayerClock.__new__(LayerClock)
+    clock.on_gpu, clock.records = False, {}
+    order = []
+    for name in ("_fwd_start", "_fwd_end", "_bwd_start", "_bwd_end"):
+        setattr(clock, name, (lambda n: lambda i, *a: order.append(n))(name))
+    x = torch.randn(4, 3, requires_grad=True) * 1.0  # a non-leaf, as a layer's input is
+    y = _Timed(Layer(), 0, clock)(x)
+    assert seen[0] is x and seen[0]._base is None
+    y.sum().backward()
+    assert order == ["_fwd_start", "_fwd_end", "_bwd_start", "_bwd_end"]
