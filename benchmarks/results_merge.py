@@ -53,6 +53,7 @@ META = {
     "train_qwen3-8b_131072_sp2_2026-11-30.jsonl": {"model": "qwen3-8b", "seq_len": 131072, "sp_size": 2, "gpus": 2,
                                                    "variant": "train defaults", "device": "NVIDIA H200"},
     "stdlib_corpus_cpu": {"device": "CPU (2 cores, shared)"},
+    **{f"long_range{k}_2026-11-30.json": {"device": "CPU (2 cores)"} for k in ("", "_all_labels", "_eval")},
     "stdlib_corpus_h200": {"device": "NVIDIA H200"},
 }
 
@@ -75,10 +76,11 @@ def found(pattern: str) -> list:
     return sorted(SESSIONS.rglob(pattern))
 
 
-def annotate(row: dict, path: Path, line: int | None = None, **extra) -> dict:
-    """`row` with where it came from: `source`, `date` and the tree's `commit` (COMMITS where the raw one is not it)."""
+def annotate(row: dict, path: Path, line: int | str | None = None, **extra) -> dict:
+    """`row` with where it came from: `source` (`path:line` for a line of a text file, `path#key[i]` for an item of a
+    JSON file), `date` and the tree's `commit` (COMMITS where the raw one is not it)."""
     out = {**row, **META.get(path.name, {}), **extra}
-    out["source"] = rel(path) + (f":{line}" if line else "")
+    out["source"] = rel(path) + (line if isinstance(line, str) else f":{line}" if line else "")
     out["date"] = str(row.get("date") or date_of(out["source"]))[:10]
     if path.name in COMMITS:
         tree, note = COMMITS[path.name]
@@ -100,7 +102,7 @@ def build_simple() -> dict:
     for p in found("chunked_loss*.json"):
         run = json.loads(p.read_text())
         meta = {k: v for k, v in run.items() if k != "results"}
-        chunked += [annotate({**meta, **r}, p, i) for i, r in enumerate(run["results"], 1)]
+        chunked += [annotate({**meta, **r}, p, f"#results[{i}]") for i, r in enumerate(run["results"])]
     long_range = [annotate(json.loads(p.read_text()), p, name=re.sub(r"_\d{4}-\d\d-\d\d$", "", p.stem))
                   for p in found("long_range*.json")]
     stdlib = [annotate(parse_stdlib_summary(d / "summary.txt"), d, run=d.name) for d in found("stdlib_corpus_*")

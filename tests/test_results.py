@@ -12,6 +12,7 @@ what benchmarks/results_doc.py writes from the current files.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -49,7 +50,7 @@ def test_every_line_carries_its_raw_line_unchanged(merge):
     checked = 0
     for name in merge.build(keep_checks=True):
         for row in current(name):
-            path, _, line = row["source"].partition(":")
+            path, _, line = row["source"].partition("#")[0].partition(":")
             assert (RESULTS / path).exists(), (name, row["source"])
             if not line or not path.endswith(".jsonl"):
                 continue
@@ -108,3 +109,46 @@ def test_bench_planner_reads_the_predictions_of_planner_runs():
     plans = [(g, w) for g, w in zip(got, want) if w["kind"] == "plan"]
     assert plans and all(g["commit"] == w["predicted_at"] for g, w in plans)  # the planner's, not the run's tree
     assert any(w["commit"] != w["predicted_at"] for _, w in plans)
+
+
+@pytest.fixture(scope="module")
+def doc():
+    """benchmarks/results_doc.py as a module."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import results_doc
+        yield results_doc
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_docs_results_and_the_generated_blocks_are_current(doc):
+    """docs/results.md, and every `<!-- results:NAME -->` block of README.md and docs/*.md, is what
+    benchmarks/results_doc.py writes from today's current files."""
+    out = doc.outputs()
+    assert "docs/results.md" in out and "README.md" in out
+    stale = [rel for rel, text in out.items() if (ROOT / rel).read_text() != text]
+    assert not stale, f"{stale} are stale; rewrite them: python benchmarks/results_doc.py"
+
+
+def test_a_number_edited_inside_a_block_is_written_back(doc):
+    """A generated block whose number was changed by hand is not what the generator writes (so the test above fails)."""
+    data = doc.load()
+    text = "before\n<!-- results:planner_accuracy -->\nold\n<!-- /results:planner_accuracy -->\nafter\n"
+    good = doc.fill(text, data)
+    digit = next(re.finditer(r"\d+ of \d+", good))
+    edited = good[:digit.start()] + "0 of 99" + good[digit.end():]
+    assert edited != good and doc.fill(edited, data) == good
+    assert good.startswith("before\n") and good.endswith("after\n")
+
+
+def test_the_planner_counts_are_the_notebooks(doc):
+    """The held-out counts the docs give (results_tables.accuracy) are the ones notebooks/memory_plan.ipynb prints
+    from the same rows (its committed output, which tests/test_notebooks.py re-executes)."""
+    import nbformat
+    import results_tables
+    nb = nbformat.read(ROOT / "notebooks" / "memory_plan.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    a = results_tables.accuracy(doc.load())
+    assert f"{a['gpu_in']} of {a['gpu_n']} held-out runs inside ±10% GPU ({a['one_step']} one-step" in printed
+    assert f"{a['host_in']} of {a['host_n']} held-out runs inside ±15% host" in printed
