@@ -330,7 +330,10 @@ def readme(d: dict) -> str:
     papers = {(r["gpus"], r.get("gpu_mem_gb")): r for r in d.get("longest", []) if r["kind"] == "published"}
     for m, r in latest(d).items():
         paper = papers.get((r["gpus"], r["gpu_mem_gb"]))  # a paper's figure beside the same GPUs only
-        rows.append([f"longest Qwen3-8B, planned, {m}", f"{n(r['seq_len'])} tokens",
+        ran = [p for p in held(d) if (p["seq_len"], p["gpus"], p["gpu_mem_gb"], p.get("host_mem_gb")) == (
+            r["seq_len"], r["gpus"], r["gpu_mem_gb"], r["host_mem_gb"])]
+        rows.append([f"longest Qwen3-8B, planned, {m}", f"{n(r['seq_len'])} tokens"
+                     + (f", ran {len(ran[0]['measured_steps'])} step(s)" if ran else ""),
                      f"{paper['system']} paper: {n(paper['seq_len'])} ({paper['model']}, {paper['machine']})"
                      if paper else "",
                      "`benchmarks/results/longest.jsonl`"])
