@@ -317,6 +317,18 @@ def rehearsal(d: dict) -> str:
                   "planned per process", "compute s/step", "predicted s/step", "status", *META], rows)
 
 
+def ran(d: dict, r: dict) -> tuple:
+    """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a longest.jsonl run,
+    else a held-out plan run of planner_runs.jsonl); ("", None) where it did not."""
+    key = (r["seq_len"], r["gpus"], r["gpu_mem_gb"], r["host_mem_gb"])
+    runs = [x for x in (*[x for x in d.get("longest", []) if x["kind"] == "run"], *held(d))
+            if (x["seq_len"], x["gpus"], x["gpu_mem_gb"], x.get("host_mem_gb")) == key]
+    if not runs:
+        return "", None
+    steps = runs[0]["step_seconds"]
+    return f", ran {len(steps)} step{'s' if len(steps) > 1 else ''} ({steps[-1]:.0f} s the last)", runs[0]
+
+
 def readme(d: dict) -> str:
     """The README's one table: speed beside TRL and ALST, the longest lengths, the planner's accuracy."""
     rows = []
@@ -330,16 +342,11 @@ def readme(d: dict) -> str:
     papers = {(r["gpus"], r.get("gpu_mem_gb")): r for r in d.get("longest", []) if r["kind"] == "published"}
     for m, r in latest(d).items():
         paper = papers.get((r["gpus"], r["gpu_mem_gb"]))  # a paper's figure beside the same GPUs only
-        ran = [p for p in held(d) if (p["seq_len"], p["gpus"], p["gpu_mem_gb"], p.get("host_mem_gb")) == (
-            r["seq_len"], r["gpus"], r["gpu_mem_gb"], r["host_mem_gb"])]
-        rows.append([f"longest Qwen3-8B, planned, {m}", f"{n(r['seq_len'])} tokens"
-                     + (f", ran {len(ran[0]['measured_steps'])} step(s)" if ran else ""),
-                     f"{paper['system']} paper: {n(paper['seq_len'])} ({paper['model']}, {paper['machine']})"
-                     if paper else "",
-                     "`benchmarks/results/longest.jsonl`"])
-    for r in (r for r in d.get("longest", []) if r["kind"] == "run"):
-        rows.append([f"longest run, {machine(r)}", f"{n(r['seq_len'])} tokens, {len(r['step_seconds'])} step, "
-                     f"{r['seconds']:.0f} s", "", "`benchmarks/results/longest.jsonl`"])
+        text, run = ran(d, r)
+        rows.append([f"longest Qwen3-8B, planned, {m}", f"{n(r['seq_len'])} tokens" + text,
+                     f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']})"
+                     if paper else "", "`benchmarks/results/longest.jsonl`"
+                     + (", `benchmarks/results/planner_runs.jsonl`" if run and run["kind"] == "plan" else "")])
     a = accuracy(d)
     rows.append(["planner, held-out plans run", f"{a['gpu_in']} of {a['gpu_n']} within ±{GPU_TOL:.0%} GPU, "
                  f"{a['host_in']} of {a['host_n']} within ±{HOST_TOL:.0%} host", f"{a['over']} of {a['n']} past "
