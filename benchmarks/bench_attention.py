@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import subprocess
 from pathlib import Path
 
+
+from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--kv_heads", type=int, default=4)
     ap.add_argument("--head_dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     a = ap.parse_args()
 
     import torch

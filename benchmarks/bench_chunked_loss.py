@@ -4,7 +4,8 @@ chunked vs plain cross-entropy vs DeepSpeed's TiledFusedLogitsLoss vs Liger's fu
     python benchmarks/bench_chunked_loss.py                        # N = 8192, 32768, 131072; < 4 min on one H200
     python benchmarks/bench_chunked_loss.py --n 8192 --reps 2      # a quick look
 
-CUDA only. Writes chunked_loss.json and chunked_loss.md to --out (default $OUT, else benchmarks/results/).
+CUDA only. Writes chunked_loss.json and chunked_loss.md to --out (default $OUT, else
+benchmarks/results/sessions/<date>).
 
 Per N and method: forward+backward time (median of --reps after --warmup, CUDA events), peak memory over
 the baseline (max_memory_allocated after reset_peak_memory_stats, minus what was allocated before: the
@@ -22,11 +23,12 @@ import datetime
 import gc
 import json
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
 
+
+from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
 IGNORE = -100
 GIB = 2**30
 
@@ -44,8 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"),
-                   help="output directory (default: $OUT, else benchmarks/results/)")
+    p.add_argument("--out", default=raw_dir(),
+                   help="output directory (default: $OUT, else benchmarks/results/sessions/<date>)")
     return p.parse_args(argv)
 
 

@@ -30,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness import (ROOT, check_steps, free_port, git_commit, gpu_name, parse_choices, read_lines, read_plan,
+from harness import (ROOT, raw_dir, check_steps, free_port, git_commit, gpu_name, parse_choices, read_lines, read_plan,
                      run_job)  # benchmarks/ is sys.path[0]
 
 RUNS = ("trl_sft", "train", "lora")
@@ -113,7 +113,7 @@ def main():
     ap.add_argument("--extra", default="", help="run-config options added to every run, one string")
     ap.add_argument("--timeout_s", type=float, default=1200)
     ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     a = ap.parse_args()
     runs = parse_choices(ap, "--runs", a.runs, RUNS)
     check_steps(ap, a.steps)

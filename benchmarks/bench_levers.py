@@ -23,7 +23,7 @@ import resource
 import time
 from pathlib import Path
 
-from harness import git_commit  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 # As train.py: the planner models reserved memory under expandable segments (the entry point's setting).
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -48,7 +48,7 @@ def main():
                     "allocates the optimizer state, so its peak is not a steady-state peak)")
     ap.add_argument("--variants", default="base,offload,tiled,offload+tiled")
     ap.add_argument("--loss_chunk_rows", type=int, default=4096)
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     a = ap.parse_args()
     for v in a.variants.split(","):

@@ -1,7 +1,7 @@
 """Long-range check: a tiny Qwen3 trained with Ulysses SP=2 retrieves keys placed >= 90% of the sequence back.
 
     python benchmarks/bench_long_range.py                   # 2 CPU processes (gloo, ZeRO-3, fp32), < 5 min
-    python benchmarks/bench_long_range.py --steps 1200 --seq_len 256 --out benchmarks/results
+    python benchmarks/bench_long_range.py --steps 1200 --seq_len 256   # --out: benchmarks/results/sessions/<date>
     python benchmarks/bench_long_range.py --then_all 300 --name long_range_eval   # notebooks/eval_curve.ipynb
 
 The task is `data.SyntheticRetrieval` with fused pairs: `BOS p1 .. p8 <filler> SEP k v SEP k v ...`, each p a
@@ -20,9 +20,9 @@ every evaluation, goes to results/<name>_<date>_eval_curve.jsonl (the format of 
 
 Why two phases: on every next token from the start, the 4 query values of 255 labels per row are drowned by the
 filler (uniform, irreducible): 3,000 steps at this size stayed at chance accuracy (0.04-0.11 vs 0.06,
-results/long_range_all_labels_2026-11-30.md), while the query-only labels learn retrieval in ~800 steps. The
-second phase teaches the rest of the sequence (filler, the query format) to a model that already retrieves, so
-near and far positions are comparable on one curve.
+results/sessions/2026-11-30/long_range_all_labels_2026-11-30.md), while the query-only labels learn retrieval in ~800
+steps. The second phase teaches the rest of the sequence (filler, the query format) to a model that already
+retrieves, so near and far positions are comparable on one curve.
 
 Why fused pairs: with the plain `k v` layout the tiny model has to grow an induction circuit (a
 previous-token head composed with a matching head); on 2 CPU cores it stayed near the no-matching baseline
@@ -45,6 +45,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+
+from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -68,7 +70,7 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval_buckets", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="long_range", help="stem of the result files")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 

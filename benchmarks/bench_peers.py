@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench_levers import H200_BF16_PEAK, model_flops  # benchmarks/ is sys.path[0] when this file runs
-from harness import (ALLOC_CONF, ROOT, check_steps, fresh_dir, free_port, git_commit, gpu_name, parse_choices,
+from harness import (ALLOC_CONF, ROOT, raw_dir, check_steps, fresh_dir, free_port, git_commit, gpu_name, parse_choices,
                      read_lines, run_job)
 
 SYSTEMS = ("ds_longctx", "trl_fsdp2_cp", "alst")
@@ -422,7 +422,8 @@ def main():
     ap.add_argument("--gpus", type=int, default=2, help="GPUs per run = sp_size = cp_size (one sequence per step)")
     ap.add_argument("--steps", type=int, default=4, help="steps per run; the median is over all but the first")
     ap.add_argument("--session", default=None, help="label shared by the runs of one device session")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="peers.jsonl and peers_<session>/")
+    ap.add_argument("--out", default=raw_dir(), help="peers.jsonl and peers_<session>/ (default: $OUT, else "
+                    "benchmarks/results/sessions/<date>)")
     ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
     ap.add_argument("--timeout_s", type=float, default=1800, help="per system, launch to exit")
     ap.add_argument("--ds_longctx_args", default="", help="extra run-config options for ds_longctx, one string")

@@ -1,7 +1,7 @@
 """The planner against measured peaks: one fresh process per run, then a table of predicted vs measured.
 
     python benchmarks/bench_planner.py --gpus 2 --runs qwen3-0.6b:65536:base,qwen3-8b:131072:offload --out $OUT
-    python benchmarks/bench_planner.py --table benchmarks/results/planner_runs_2026-11-30.jsonl   # CPU, re-predict
+    python benchmarks/bench_planner.py --table benchmarks/results/planner_runs.jsonl   # CPU, re-predict
 
 Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, tiled, plain_loss, joined
 with `+`). Every run is its own `torchrun ... bench_levers.py` process (one engine build, one variant,
@@ -12,18 +12,21 @@ older rows are from runs whose first step made it at its end), host = the highes
 sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned checkpoint buffers).
 
 `--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
-device session: a changed plan is no longer held out).
+device session: a changed plan is no longer held out). FILE: benchmarks/results/planner_runs.jsonl (every committed
+prediction, `planner_commit` the planner that made it) or a raw predictions file.
 
 `--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown table:
 this is how a change to the planner's constants is checked against every measured run.
 
 Whole plans, predicted first and committed, then run (held-out validation):
     python benchmarks/bench_planner.py --plans 262144:64,262144:80,393216:141:pinned_pool --predict   # CPU
-    python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_predictions_DATE.jsonl \
+    python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_runs.jsonl \
         --out $OUT --commit SHA                                                                       # GPU
 Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without
 their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ... when taken): what
-`ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement). Otherwise each plan is
+`ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement), under --out (default
+harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python benchmarks/results_merge.py` adds it to
+planner_runs.jsonl). Otherwise each plan is
 written and run with `ds-longctx train --config run.yaml --steps N`; measured: `max_memory_reserved` max over ranks
 on every step, host Σ over ranks of peak RSS; `planner_plans_<date>.jsonl/.md` set them against the given
 predictions (else the fresh plan's), with the budget (gpu_mem_gb) beside.
@@ -34,13 +37,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from harness import git_commit, gpu_name, read_lines, read_plan, run_job  # benchmarks/ is sys.path[0] when this file runs
+from harness import RESULTS, git_commit, gpu_name, raw_dir, read_lines, read_plan, run_job  # benchmarks/: sys.path[0]
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TOL, HOST_TOL = 0.10, 0.15  # issue 4's bars: per-GPU peak within ±10%, host peak within ±15%
@@ -241,11 +243,17 @@ def plans_table(rows: list) -> str:
 
 
 def read_predictions(files: str):
-    """(file name, row) of every committed prediction in `files` (comma-separated jsonl), in file order."""
+    """(file name, row) of every committed prediction in `files` (comma-separated jsonl), in file order. A row of
+    planner_runs.jsonl (results_merge.py) is a prediction when it has a plan spec and the planner that made it
+    (`planner_commit`, given as the row's `commit`); its runs measured against a fresh plan are not."""
     for f in filter(None, files.split(",")):
         for line in Path(f).read_text().splitlines():
-            if line.strip():
-                yield Path(f).name, json.loads(line)
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if "spec" not in r or ("planner_commit" in r and not r["planner_commit"]):
+                continue  # a lever run or a table row (no plan spec), a run of a fresh plan (no prediction)
+            yield Path(f).name, dict(r, commit=r["planner_commit"]) if "planner_commit" in r else r
 
 
 def pick_predictions(files: str, fresh: dict) -> dict:
@@ -330,8 +338,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--timeout_s", type=int, default=400, help="per run; a run past it is recorded as failed")
     ap.add_argument("--deadline_s", type=float, default=0, help="skip runs that would start after this many s")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--table", help="a stored planner_runs jsonl: re-predict with the current planner, no GPU")
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
+    ap.add_argument("--table", help="a stored planner_runs jsonl: re-predict its lever runs with the current planner, "
+                                    "no GPU")
     ap.add_argument("--plans", default="", help="comma-separated seq_len:gpu_mem_gb[:flag+flag] (module doc)")
     ap.add_argument("--model", default="qwen3-8b", help="with --plans")
     ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
@@ -365,8 +374,9 @@ def main():
         return run_plans(a, specs, out)
     if a.table:
         rows = [json.loads(line) for line in Path(a.table).read_text().splitlines() if line.strip()]
-        md = table(rows)
-        Path(a.table).with_suffix(".md").write_text(md + "\n")
+        md = table([r for r in rows if r.get("kind", "levers") == "levers"])
+        if Path(a.table).resolve().parent != RESULTS:  # a raw file gets its table beside it; a current file none
+            Path(a.table).with_suffix(".md").write_text(md + "\n")
         print(md)
         return
     out = Path(a.out)

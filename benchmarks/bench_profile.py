@@ -30,7 +30,7 @@ import os
 import time
 from pathlib import Path
 
-from harness import git_commit  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 ATTN_HINTS = ("flash", "fmha", "sdpa", "attention", "cudnn_generated")
 CATEGORIES = ("attn_fwd", "attn_recompute", "attn_bwd", "matmul", "all_to_all", "zero_gather", "zero_reduce",
@@ -117,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", required=True)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     a, rest = ap.parse_known_args()
 

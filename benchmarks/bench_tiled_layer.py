@@ -1,7 +1,7 @@
 """One decoder layer's forward + backward peak (bytes beyond its parameters), untiled / tiled MLP / tiled layer,
 measured on CPU in bf16 by torch's MemTracker, beside the planner's layer phases for the same geometry.
 
-    python benchmarks/bench_tiled_layer.py [--tokens 8192] [--tile 512] [--out benchmarks/results] [--commit SHA]
+    python benchmarks/bench_tiled_layer.py [--tokens 8192] [--tile 512] [--out DIR] [--commit SHA]
 
 What it checks without a GPU: that the planner's per-layer terms (plan/planner.py: hidden_mlp_bwd, hidden_attn_bwd,
 qk_norm_saved, the MLP and q/k/v tile terms, ...) follow what the layer really keeps, lever by lever. The measured
@@ -22,7 +22,7 @@ import datetime
 import json
 from pathlib import Path
 
-from harness import git_commit  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 KINDS = ("untiled", "tiled_mlp", "tiled_layer")
 
@@ -83,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--tile", type=int, default=512)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
     ap.add_argument("--commit", default=None)
     a = ap.parse_args()
     rows = []

@@ -6,7 +6,7 @@
 #     --exclude='*.pickle' -C /tmp res session      (every call; each file back is at most 16 MiB)
 # Make each next call at once: the machine goes back 30 s after a call, and a call then starts a fresh one with no
 # /tmp/res. launch/wait.sh exits 2 at once there (no job in RUN_DIR); a hand-written wait loop waits its whole time
-# for nothing (session_2026-12-01_h200x2-20261201T0924/chain.sh lost the rest of that session's device time so).
+# for nothing (results/sessions/session_2026-12-01_h200x2-20261201T0924/chain.sh lost the rest of that session's device time so).
 # Stages:
 #   hf_trainer  benchmarks/bench_hf_trainer.py: launch/trl_sft.py, ds-longctx train and LoRA at 131,072 tokens
 #   gpu_tests   pytest tests/gpu (whole log)
@@ -23,7 +23,7 @@
 #               issue 11's 262k memory line. Run it after alst.
 #   budget64    the plan for 262,144 tokens on 2 x 64 GB (optimizer offload), 2 steps, with the allocator recorded
 #               (logging.memory_snapshot_steps 2): what holds the memory at each rank's peak (issue 12's excess)
-#   validate    held-out planner runs, predicted and committed before (benchmarks/results/planner_predictions_2026-12-01f.jsonl,
+#   validate    held-out planner runs, predicted and committed before (benchmarks/results/sessions/2026-12-01/planner_predictions_2026-12-01f.jsonl,
 #               the planner of daa32ac): 262k on 64 and 80 GB budgets (optimizer offload), 196k on 64 GB; 2 steps each
 #               (VALIDATE_PLANS: some of them; or others with PREDICTIONS=their file and GPUS=the GPUs they were
 #               predicted for). On 1 x H200, e's four, g's two, j's three, l's two and 2026-12-02's one have run
@@ -32,13 +32,15 @@
 #               PREDICTIONS takes several files, comma-separated (each spec measured against the one that is today's
 #               plan), so one validate stage runs plans predicted in different files. Before the session, on CPU:
 #               `python benchmarks/bench_planner.py --check FILE[,FILE]` says which are still held out
+#               (benchmarks/results/planner_runs.jsonl holds every committed prediction, its `todays_plan` column the
+#               same answer as of its `checked_at`)
 #   longest     the planner's longest on 2 x 141 GB + 256 GB (`plan --find_max_len` of cdf5c8c: 860,160 tokens, tiled
 #               layer, pinned pool, the attention backward over 4 KV-head groups, optimizer on GPU;
 #               predictions_2026-12-01h), 1 step: issue 12's longest.jsonl row. Ran at b11b708 (882.8 s, host +0.2%,
 #               GPU -31.6%: DeepSpeed made the Adam moments at step 1's end; planner_runs_2026-12-01d.md). With
 #               optimizer.state_at_build (the default since) one step holds them: ~17 min of x2 time with the build.
 #               Without the grouped backward: LONGEST=833536:141
-#               LONGEST_PREDICTIONS=benchmarks/results/planner_predictions_2026-12-01f.jsonl
+#               LONGEST_PREDICTIONS=benchmarks/results/sessions/2026-12-01/planner_predictions_2026-12-01f.jsonl
 #   profile     benchmarks/bench_profile.py at LEN with the plan's run.yaml (FA4, cache placement, compiled fused ops:
 #               the defaults): issue 11's "after" profile table (3 steps, the last profiled)
 #   layer_onoff the tiled layer on and off in one engine build (bench_levers.py at LEN, every checkpoint offloaded:
@@ -47,7 +49,7 @@
 #               allocator recorded (--memory_snapshot_steps 2): what holds the memory at the peak, where a plan missed
 #               (e.g. the 1 x H200 plans of planner_runs_2026-12-01.md, under session_2026-12-01_h200x1-*/plans/)
 #   tiled       held-out runs of the tiled layer (levers/tiled_layer.py), predicted in
-#               benchmarks/results/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
+#               benchmarks/results/sessions/2026-11-30/planner_predictions_2026-11-30b.jsonl: 262k on 141 and 80 GB, 393k on 141 GB with the
 #               pinned pool; 2 steps each (TILED_PLANS: some of them)
 # LEN (default 131072) and STEPS (default 4) set the peers' length and steps.
 set -uo pipefail
@@ -109,11 +111,11 @@ EOF
                 tail -2 "$RES/snapshot_$name.log"; head -30 "$RES/snapshot_$name/memory/rank0_peak.txt"
               done ;;
     validate) python3 benchmarks/bench_planner.py --plans "${VALIDATE_PLANS:-262144:64,262144:80,196608:64}" \
-                --predictions "${PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01f.jsonl}" --steps 2 \
+                --predictions "${PREDICTIONS:-benchmarks/results/sessions/2026-12-01/planner_predictions_2026-12-01f.jsonl}" --steps 2 \
                 --gpus "${GPUS:-2}" --timeout_s 1200 --out "$RES" --commit "$COMMIT" ;;
     longest) python3 benchmarks/bench_planner.py --plans "${LONGEST:-860160:141}" --steps 1 --timeout_s 3600 \
                --longest "$RES/longest.jsonl" --out "$RES" --commit "$COMMIT" \
-               --predictions "${LONGEST_PREDICTIONS:-benchmarks/results/planner_predictions_2026-12-01h.jsonl}" ;;
+               --predictions "${LONGEST_PREDICTIONS:-benchmarks/results/sessions/2026-12-01/planner_predictions_2026-12-01h.jsonl}" ;;
     profile) python3 -m torch.distributed.run --nproc_per_node 2 --master_port 29533 benchmarks/bench_profile.py \
                --label plan --steps 3 --out "$RES" --commit "$COMMIT" --config "$RES/plan_$LEN/run.yaml" \
                --output_dir "$RES/profile_run_$LEN" > "$RES/profile_$LEN.log" 2>&1
@@ -123,7 +125,7 @@ EOF
                    --first_steps 2 --out "$RES" --commit "$COMMIT" > "$RES/layer_onoff_$LEN.log" 2>&1
                  tail -6 "$RES/layer_onoff_$LEN.log" ;;
     tiled) python3 benchmarks/bench_planner.py --plans "${TILED_PLANS:-262144:141:tiled_layer,262144:80:tiled_layer,393216:141:tiled_layer+pinned_pool}" \
-             --predictions benchmarks/results/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
+             --predictions benchmarks/results/sessions/2026-11-30/planner_predictions_2026-11-30b.jsonl --steps 2 --timeout_s 1800 \
              --out "$RES" --commit "$COMMIT" ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -20,7 +20,15 @@ from pathlib import Path
 from ds_longctx.parallel.parallel_state import free_port  # noqa: F401 (the benchmarks' rendezvous ports)
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"  # current files at the top (results_merge.py); raw files under sessions/
 ALLOC_CONF = "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
+
+
+def raw_dir() -> str:
+    """Where a driver writes its raw files by default: $OUT on a device, else benchmarks/results/sessions/<today>
+    (committed there, then folded into the current files by `python benchmarks/results_merge.py`)."""
+    import datetime
+    return os.environ.get("OUT") or str(RESULTS / "sessions" / datetime.date.today().isoformat())
 
 
 def parse_choices(ap, flag: str, text: str, allowed) -> list:

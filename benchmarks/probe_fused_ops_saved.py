@@ -7,7 +7,8 @@ q-k-norm / MLP units are counted for HF's eager ops; this lists the saved storag
 Seen 2026-12-01 (hidden 512, I 1536, 8 q / 4 kv heads of 64, T 1024; E = T·H·2): none keeps 2 fp32 [T, H] (the
 norms' upcasts), 2 bf16 normed copies, 4 [T, I] (gate, up, act, act·up) and fp32 + bf16 q/k norm copies; compile
 keeps the norms' bf16 inputs only, 3 [T, I] (gate, up, the product) and the q/k norms' bf16 inputs
-(benchmarks/results/planner_runs_2026-12-01.md says what this would change in the planner and why it is not in yet).
+(benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01.md says what this would change in the planner and why
+it is not in yet).
 """
 
 import sys

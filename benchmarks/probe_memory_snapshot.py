@@ -4,7 +4,7 @@ history, one recording mode per process (why run/memory_snapshot.py records with
     for m in all/python all/all alloc/python state/python none; do python benchmarks/probe_memory_snapshot.py $m; done
 
 On torch 2.11 (H200) context="all" fails (SystemError from Function.apply, as pytorch/pytorch#179536), "alloc",
-"state" and no context run: benchmarks/results/memory_snapshot_probe_2026-11-30.txt."""
+"state" and no context run: benchmarks/results/sessions/2026-11-30/memory_snapshot_probe_2026-11-30.txt."""
 import sys
 
 import torch

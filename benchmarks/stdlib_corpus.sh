@@ -13,11 +13,12 @@
 #           RES=/tmp/stdlib_res RUN_DIR=/tmp/stdlib_job launch/detach.sh bash benchmarks/stdlib_corpus.sh; \
 #           RUN_DIR=/tmp/stdlib_job launch/wait.sh 540; cp /tmp/stdlib_res/* "$OUT"/
 #   call 2: RUN_DIR=/tmp/stdlib_job launch/wait.sh 540; cp /tmp/stdlib_res/* "$OUT"/     (until it ends)
-# then commit the files under benchmarks/results/stdlib_corpus_h200/ and point notebooks/stdlib_corpus.ipynb at them.
+# then commit the files under benchmarks/results/sessions/<session>/stdlib_corpus_h200/, run
+# `python benchmarks/results_merge.py` (stdlib_corpus.jsonl) and point notebooks/stdlib_corpus.ipynb at them.
 #
 # On CPU (the check that it runs, and the notebook's numbers until the GPU's exist): STDLIB_TINY=1 trains the
 # qwen3-tiny geometry (2 layers, hidden 64) at 2,048 tokens for 200 steps on the same whole-stdlib corpus.
-#   STDLIB_TINY=1 RES=benchmarks/results/stdlib_corpus_cpu bash benchmarks/stdlib_corpus.sh
+#   STDLIB_TINY=1 RES=benchmarks/results/sessions/$(date +%F)/stdlib_corpus_cpu bash benchmarks/stdlib_corpus.sh
 # Knobs (env): STEPS, SEQ_LEN, EVAL_EVERY, EVAL_ROWS, EVAL_BUCKETS, LR, WARMUP, VOCAB, BASE_MODEL, ONLY (a few
 # document names: a quick corpus), PREPARE_ARGS (more `data prepare` options), WORK (scratch, default
 # /tmp/stdlib_corpus).

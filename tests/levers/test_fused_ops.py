@@ -132,8 +132,8 @@ def test_compile_keeps_every_shape_of_a_ragged_tiled_run_compiled():
     """Tiles that do not divide the sequence, a forward without grad (a checkpointed layer's) and one with: the
     compiled RMSNorm meets more shapes and grad modes than TorchDynamo's default limit of 8 graphs (hidden, q-head and
     KV-head norms on full and last tiles, the final norm, in both modes). None is left to the eager fallback past the
-    limit (as on the 4B run of benchmarks/results/planner_runs_2026-12-01c.md): with `fail_on_recompile_limit_hit`
-    that fallback raises. Loss and grads are the plain model's."""
+    limit (as on the 4B run of benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01c.md): with
+    `fail_on_recompile_limit_hit` that fallback raises. Loss and grads are the plain model's."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from ds_longctx.levers.tiled_layer import apply_tiled_layer

@@ -280,10 +280,11 @@ def test_sp_stays_inside_a_node():
 
 
 def committed_runs() -> list:
-    """(file, row, measured reserved, predicted reserved) of every run table in benchmarks/results/planner_runs_*.md:
-    the column whose header names reserved + measured, and the `predicted` column after it."""
+    """(file, row, measured reserved, predicted reserved) of every run table in
+    benchmarks/results/sessions/*/planner_runs_*.md: the column whose header names reserved + measured, and the
+    `predicted` column after it."""
     rows = []
-    for path in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("planner_runs_*.md")):
+    for path in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("sessions/*/planner_runs_*.md")):
         head = None
         for line in path.read_text().splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -299,14 +300,14 @@ def committed_runs() -> list:
 
 def committed_plan_runs() -> list:
     """(spec, measured reserved, measured host, today's plan, steady) of every held-out plan run committed with its
-    plan (benchmarks/results/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and
+    plan (benchmarks/results/sessions/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and
     placement, re-predicted with the current planner. `steady`: bench_planner.steady_gpu_peak (False for a one-step
     run whose GPU peak preceded its Adam moments)."""
     from ds_longctx.config.run import RunConfig
     from ds_longctx.levers.placement import PlacementPlan
     bench = bench_planner()
     out = []
-    for jl in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("*/planner_plans_*.jsonl")):
+    for jl in sorted((MODELS.parents[1] / "benchmarks" / "results").glob("sessions/*/planner_plans_*.jsonl")):
         for r in map(json.loads, jl.read_text().splitlines()):
             if "measured_steps" not in r:
                 continue

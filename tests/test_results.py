@@ -1,0 +1,154 @@
+"""benchmarks/results/: the current files (one per question) are what benchmarks/results_merge.py builds from the raw
+files under sessions/, every line traceable to its raw line; docs/results.md and the README's generated blocks are
+what benchmarks/results_doc.py writes from the current files.
+
+- A current file that differs from its rebuild (a raw file added without merging, a hand edit) fails, with the
+  command that rebuilds it.
+- A line of a current file whose `source` is a JSON line carries that line's every field unchanged (the `commit` is
+  the one exception, and only with a `commit_note` saying where the right tree is named).
+- The top level holds at most 15 entries besides sessions/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.fixture(scope="module")
+def merge():
+    """benchmarks/results_merge.py as a module (benchmarks/ holds its imports)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import results_merge
+        yield results_merge
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def current(name: str) -> list:
+    return [json.loads(x) for x in (RESULTS / name).read_text().splitlines() if x.strip()]
+
+
+def test_current_files_are_their_rebuild_from_sessions(merge):
+    built = merge.build(keep_checks=True)
+    assert set(built) >= {"peers.jsonl", "longest.jsonl", "planner_runs.jsonl", "attention.jsonl", "levers.jsonl"}
+    stale = [name for name, rows in built.items()
+             if not (RESULTS / name).exists() or (RESULTS / name).read_text() != merge.text(rows)]
+    assert not stale, (f"benchmarks/results/{stale} differ from what sessions/ gives; rebuild them: python "
+                       f"benchmarks/results_merge.py (then python benchmarks/results_doc.py)")
+
+
+def test_every_line_carries_its_raw_line_unchanged(merge):
+    checked = 0
+    for name in merge.build(keep_checks=True):
+        for row in current(name):
+            path, _, line = row["source"].partition("#")[0].partition(":")
+            assert (RESULTS / path).exists(), (name, row["source"])
+            if not line or not path.endswith(".jsonl"):
+                continue
+            raw = json.loads((RESULTS / path).read_text().splitlines()[int(line) - 1])
+            changed = {k: (v, row.get(k)) for k, v in raw.items() if row.get(k) != v}
+            if "commit_note" in row:  # the right tree, where the raw file names the device copy's
+                assert changed.pop("commit", (row["commit_recorded"],))[0] == row["commit_recorded"]
+            assert not changed, (name, row["source"], changed)
+            checked += 1
+    assert checked >= 100, checked
+
+
+def test_a_changed_raw_number_makes_the_current_file_stale(merge, tmp_path, monkeypatch):
+    """The rebuild reads sessions/: one raw step time changed there changes peers.jsonl's line (so the staleness test
+    above would fail on it)."""
+    raw = RESULTS / "sessions" / "2026-11-30" / "peers.jsonl"
+    rows = [json.loads(x) for x in raw.read_text().splitlines()]
+    rows[0]["seconds_per_step"] += 1
+    fake = tmp_path / "sessions" / "2026-11-30"
+    fake.mkdir(parents=True)
+    (fake / "peers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(merge, "RESULTS", tmp_path)
+    monkeypatch.setattr(merge, "SESSIONS", tmp_path / "sessions")
+    got = merge.build_simple()["peers.jsonl"]
+    assert got[0]["seconds_per_step"] == current("peers.jsonl")[0]["seconds_per_step"] + 1
+    assert got[0]["source"] == "sessions/2026-11-30/peers.jsonl:1"
+
+
+def test_top_level_holds_one_file_per_question():
+    top = sorted(p.name for p in RESULTS.iterdir() if p.name != "sessions")
+    assert len(top) <= 15, top
+    assert (RESULTS / "sessions").is_dir()
+    assert not [n for n in top if n.startswith("session_") or any(c.isdigit() for c in n)], top  # nothing dated
+
+
+def test_every_plan_row_says_whether_it_is_todays_plan():
+    """Each committed prediction and each planned length carries the check results_merge.py made with the planner of
+    `checked_at`: `todays_plan` (and what moved, where it did), `todays_seq_len` for a planned length."""
+    rows = [r for r in current("planner_runs.jsonl") if "spec" in r]
+    assert len(rows) >= 60 and all(isinstance(r["todays_plan"], bool) and r["checked_at"] for r in rows)
+    assert all(r["todays_plan"] == ("todays_plan_change" not in r) for r in rows)
+    planned = [r for r in current("longest.jsonl") if r["kind"] == "planned"]
+    assert planned and all(r["todays_plan"] == (r["todays_seq_len"] == r["seq_len"]) for r in planned)
+
+
+def test_bench_planner_reads_the_predictions_of_planner_runs():
+    """`bench_planner.py --check / --predictions benchmarks/results/planner_runs.jsonl`: each prediction row and each
+    run of a prediction, as made by the planner of its `planner_commit`; lever runs, table rows and runs of a fresh
+    plan (no prediction) are left out."""
+    from tests.helpers import bench_planner
+    rows = current("planner_runs.jsonl")
+    got = [r for _, r in bench_planner().read_predictions(str(RESULTS / "planner_runs.jsonl"))]
+    want = [r for r in rows if r["kind"] in ("plan", "prediction") and r["planner_commit"]]
+    assert [(r["spec"], r["source"]) for r in got] == [(r["spec"], r["source"]) for r in want]
+    assert all(g["commit"] == w["planner_commit"] for g, w in zip(got, want))
+    plans = [(g, w) for g, w in zip(got, want) if w["kind"] == "plan"]
+    assert plans and all(g["commit"] == w["predicted_at"] for g, w in plans)  # the planner's, not the run's tree
+    assert any(w["commit"] != w["predicted_at"] for _, w in plans)
+
+
+@pytest.fixture(scope="module")
+def doc():
+    """benchmarks/results_doc.py as a module."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import results_doc
+        yield results_doc
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_docs_results_and_the_generated_blocks_are_current(doc):
+    """docs/results.md, and every `<!-- results:NAME -->` block of README.md and docs/*.md, is what
+    benchmarks/results_doc.py writes from today's current files."""
+    out = doc.outputs()
+    assert "docs/results.md" in out and "README.md" in out
+    stale = [rel for rel, text in out.items() if (ROOT / rel).read_text() != text]
+    assert not stale, f"{stale} are stale; rewrite them: python benchmarks/results_doc.py"
+
+
+def test_a_number_edited_inside_a_block_is_written_back(doc):
+    """A generated block whose number was changed by hand is not what the generator writes (so the test above fails)."""
+    data = doc.load()
+    text = "before\n<!-- results:planner_accuracy -->\nold\n<!-- /results:planner_accuracy -->\nafter\n"
+    good = doc.fill(text, data)
+    digit = next(re.finditer(r"\d+ of \d+", good))
+    edited = good[:digit.start()] + "0 of 99" + good[digit.end():]
+    assert edited != good and doc.fill(edited, data) == good
+    assert good.startswith("before\n") and good.endswith("after\n")
+
+
+def test_the_planner_counts_are_the_notebooks(doc):
+    """The held-out counts the docs give (results_tables.accuracy) are the ones notebooks/memory_plan.ipynb prints
+    from the same rows (its committed output, which tests/test_notebooks.py re-executes)."""
+    import nbformat
+    import results_tables
+    nb = nbformat.read(ROOT / "notebooks" / "memory_plan.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    a = results_tables.accuracy(doc.load())
+    assert f"{a['gpu_in']} of {a['gpu_n']} held-out runs inside ±10% GPU ({a['one_step']} one-step" in printed
+    assert f"{a['host_in']} of {a['host_n']} held-out runs inside ±15% host" in printed
