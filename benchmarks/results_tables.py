@@ -154,7 +154,7 @@ def longest_runs(d: dict) -> str:
 def published(d: dict) -> str:
     rows = [[r["system"], r["model"], n(r["seq_len"]), r["machine"], r["paper"], f"\"{r['quote']}\"", src(r)]
             for r in d.get("longest", []) if r["kind"] == "published"]
-    return table(["system", "model", "tokens", "machine", "paper", "its abstract", "source"], rows)
+    return table(["system", "model", "tokens", "machine", "paper", "its words", "source"], rows)
 
 
 def held(d: dict) -> list:
@@ -329,6 +329,28 @@ def ran(d: dict, r: dict) -> tuple:
     return f", ran {len(steps)} step{'s' if len(steps) > 1 else ''} ({steps[-1]:.0f} s the last)", runs[0]
 
 
+def rehearsed(d: dict) -> list:
+    """README rows: per single-node config, its newest rehearsal of every layer (one rank on one GPU) and the step
+    time it predicts, beside a published step time of the same length on as many GPUs."""
+    newest = {}
+    for r in d.get("rehearsal", []):
+        run, total = r["layers"].split("/")
+        if r.get("status") == "ok" and r.get("nodes", 1) == 1 and run == total:
+            newest[r["config"]] = r
+    timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
+    rows = []
+    for cfg, r in sorted(newest.items()):
+        peer = [p for p in timed if p["gpus"] == r["world"] and abs(p["seq_len"] / r["seq_len"] - 1) < 0.01]
+        rows.append([f"s/step predicted, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
+                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]}), one rank rehearsed on "
+                     f"{r['device']}",
+                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s)",
+                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s measured on {p['machine']}"
+                               for p in peer),
+                     "`benchmarks/results/rehearsal.jsonl`"])
+    return rows
+
+
 def readme(d: dict) -> str:
     """The README's one table: speed beside TRL and ALST, the longest lengths, the planner's accuracy."""
     rows = []
@@ -339,7 +361,8 @@ def readme(d: dict) -> str:
                          for r in at if r["system"] != "ds_longctx")
         rows.append([f"s/step, Qwen3-8B, {n(seq)} tokens, {device(ours)}", f"{ours['seconds_per_step']:.1f} s",
                      peer, "`benchmarks/results/peers.jsonl`"])
-    papers = {(r["gpus"], r.get("gpu_mem_gb")): r for r in d.get("longest", []) if r["kind"] == "published"}
+    papers = {(r["gpus"], r.get("gpu_mem_gb")): r for r in d.get("longest", [])
+              if r["kind"] == "published" and "seconds_per_step" not in r}  # a longest length, not a step time
     for m, r in latest(d).items():
         paper = papers.get((r["gpus"], r["gpu_mem_gb"]))  # a paper's figure beside the same GPUs only
         text, run = ran(d, r)
@@ -347,6 +370,7 @@ def readme(d: dict) -> str:
                      f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']})"
                      if paper else "", "`benchmarks/results/longest.jsonl`"
                      + (", `benchmarks/results/planner_runs.jsonl`" if run and run["kind"] == "plan" else "")])
+    rows += rehearsed(d)
     a = accuracy(d)
     rows.append(["planner, held-out plans run", f"{a['gpu_in']} of {a['gpu_n']} within ±{GPU_TOL:.0%} GPU, "
                  f"{a['host_in']} of {a['host_n']} within ±{HOST_TOL:.0%} host", f"{a['over']} of {a['n']} past "
