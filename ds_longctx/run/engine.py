@@ -21,7 +21,7 @@ Order (each step says why it comes where it does):
     recompute runs the tiled code too. Or, with `tiled_layer`, the whole layer's token-wise work in tiles
     (`tiled_layer.apply_tiled_layer`: norms, projections, rotary, MLP; after 5, whose norm / rotary code the
     tiles call).
- 7. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
+ 7. the placement plan (`levers/placement.py`), computed once (`run/placement_plan.run_placement`: the config, or
     the planner for `auto`) and applied in one place: each decoder layer checkpointed on the GPU, offloaded
     through DeepSpeed's checkpoint, or with its attention output cached (after 5: the recompute replays the
     exchange; after 6: it replays the tiled MLP).
@@ -70,7 +70,7 @@ from ds_longctx.run import gpu_budget
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.search import run_placement
+from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.model import build_model
 
 log = logging.getLogger("ds_longctx")
