@@ -38,7 +38,7 @@ from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
-from ds_longctx.run.gpu_budget import CUDA_CONTEXT_GIB
+from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB
 from ds_longctx.plan.memory_terms import (ALL, BUILD, LAYER, PHASES, Term, Terms, attention_terms,  # noqa: F401
                                           checkpoint_terms, embed_loss_terms, host_terms, mlp_terms, sizes,
                                           zero3_terms)

@@ -230,7 +230,7 @@ def hardware(a: argparse.Namespace, host: float) -> str:
 
 def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
     """The RunConfig carrying exactly the planner's choices (bf16: these configs are for GPUs) and the GPU budget
-    they were made for (memory.gpu_budget_gb: the run caps its allocator there, run/gpu_budget.py)."""
+    they were made for (memory.gpu_budget_gb: the run caps its allocator there, levers/gpu_budget.py)."""
     from ds_longctx.config import RunConfig
     plan = choice.plan
     gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"

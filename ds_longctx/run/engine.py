@@ -28,7 +28,7 @@ Order (each step says why it comes where it does):
  8. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
     token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
     (frozen under LoRA: the chunked loss then computes no weight gradient). Then the GPU budget
-    (`run/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
+    (`levers/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
     decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7),
     made after 9.
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
@@ -66,7 +66,7 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.run import gpu_budget
+from ds_longctx.levers import gpu_budget
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
