@@ -112,3 +112,21 @@ def test_no_function_over_80_lines(path):
             for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{path.relative_to(ROOT)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+# names that several modules define on purpose, each read with its module's name
+SHARED_NAMES = {"main": "each command module's entry point", "parser": "each command's argument parser",
+                "start": "fake_world.start / memory_snapshot.start", "stop": "fake_world.stop / memory_snapshot.stop",
+                "load": "checkpoint.load (a run's checkpoint) / checkpoint_files.load (one file)"}
+
+
+def test_a_public_function_or_class_name_is_defined_once():
+    """One name, one thing: a public function or class of the package is defined at one module's top level."""
+    where: dict = {}
+    for path in modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                    not node.name.startswith("_") and node.name not in SHARED_NAMES:
+                where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    twice = {name: places for name, places in where.items() if len(places) > 1}
+    assert not twice, f"names defined in several modules (give each thing its own name): {twice}"

@@ -168,8 +168,9 @@ def training_args(cfg, args_cls=None, **kwargs):
 
 
 def build_model(cfg, stage=lambda name: None):
-    """The run's model as `ds-longctx train` builds it (`run/model.build_model`: YaRN from seq_len, born partitioned
-    under zero.Init, shipped geometries drawn per parameter name), after the engine's checks (`run/preflight`)."""
+    """The run's model as `ds-longctx train` builds it (`run/model.build_partitioned_model`: YaRN from seq_len, born
+    partitioned under zero.Init, shipped geometries drawn per parameter name), after the engine's checks
+    (`run/preflight`)."""
     import torch.distributed as dist
 
     from ds_longctx.run import model as run_model
@@ -177,7 +178,7 @@ def build_model(cfg, stage=lambda name: None):
     start_processes(cfg)
     hf_cfg = validate(cfg, dist.get_world_size())
     rope_coverage(cfg, hf_cfg)
-    return run_model.build_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
+    return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
 
 def __getattr__(name: str):

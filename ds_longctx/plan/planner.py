@@ -140,7 +140,7 @@ def check_headroom(headroom: float) -> None:
                          f"{MAX_HEADROOM:g} of the budget could run past it; use {MAX_HEADROOM:g} or less")
 
 
-def valid_sp_sizes(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
+def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
     """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
     is parallel_state.sp_size_problem's)."""
     return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus)

@@ -22,7 +22,7 @@ from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.planner import (GB, LAYER, MAX_HEADROOM, Levers, MemoryPlan, check_headroom, plan_memory,
-                                     valid_sp_sizes)
+                                     sp_sizes_for)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     these levers. `base` carries what the user fixed (the pinned pool or the tiled layer forced on, LoRA); the
     search sets the rest.
     """
-    L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus, nodes)[::-1]
+    L, sps = geom.layers, [sp_size] if sp_size else sp_sizes_for(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
     # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears
     shapes = [(True, True)] if base.tiled_layer else \
@@ -155,7 +155,7 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
     """One line of reasoning per choice `_search` made."""
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
     within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
-    valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
+    valid = sp_sizes_for(geom, plan.gpus, plan.nodes)
     split = [v for v in valid if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)]
     if sp == valid[-1]:
         why_sp = f"the largest of {valid} (one sequence over {sp} GPUs{within}: the least memory per GPU)"
@@ -247,7 +247,7 @@ def _every_lever(geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Le
     """(plan, sp, groups, params offloaded): every lever the search may pull, at the largest sp whose ranks' KV heads
     the asked groups split: the least GPU memory of any plan (the parameter offload unless LoRA or a partial offload
     rules it out; the attention backward one KV head at a time unless the user fixed the groups)."""
-    sp = sp_size or next((v for v in valid_sp_sizes(geom, gpus, nodes)[::-1]
+    sp = sp_size or next((v for v in sp_sizes_for(geom, gpus, nodes)[::-1]
                           if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)), 1)
     params = base.offload_params or lever_conflict(lora_rank=base.lora_rank, offload_params=True,
                                                    offload_ratio=base.optimizer_offload_ratio) is None

@@ -367,11 +367,11 @@ def regenerate_all(root: Path) -> None:
 
 README = """# Generated configs: do not edit
 
-Every file here is written by the planner (`ds_longctx/plan/generate.py`); `tests/plan/test_generate.py` regenerates them
-and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/generate.py`, then run from
-the repository root:
+Every file here is written by the planner (`ds_longctx/plan/write.py`); `tests/plan/test_write.py` regenerates
+them and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/write.py`,
+then run from the repository root:
 
-    python -m ds_longctx.generate --regen-all ds_configs
+    python -m ds_longctx.plan --regen-all ds_configs
 
 Each directory holds `run.yaml` (our run config, the planner's choices), `ds_config.json` (derived from it by
 `ds_config.build_ds_config`; train.py derives the same dict itself), `accelerate.yaml` (accelerate's DeepSpeed

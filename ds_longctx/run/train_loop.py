@@ -41,7 +41,7 @@ def _host_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def stop(message: str, rank: int):
+def fail(message: str, rank: int):
     """A failure (not a refusal): every rank leaves with exit 1 (FAILED); rank 0 says why, last (run/refuse.last_line).
     Tears the process group down."""
     if dist.is_initialized():
@@ -72,18 +72,18 @@ def out_of_memory(cfg, step: int):
 
 def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     """The run of this rank, from the engine's checks to the end (exit through `parallel_state.leave`)."""
-    engine, data, held, resume_meta = build(cfg, rank, world)
-    start = resume(cfg, engine, data, resume_meta)
+    engine, data, held, resume_meta = build_run(cfg, rank, world)
+    start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
     metrics = MetricsLog(out, start, cfg.logging.tensorboard, enabled=engine.state.rank == 0)
     saved = resume_meta["step"] if resume_meta else None
-    done, saved = loop(cfg, engine, data, held, metrics, signals, start, saved)
-    finish(cfg, engine, data, metrics, signals, start, done, saved)
+    done, saved = train_steps(cfg, engine, data, held, metrics, signals, start, saved)
+    end_run(cfg, engine, data, metrics, signals, start, done, saved)
 
 
-def build(cfg, rank: int, world: int) -> tuple:
+def build_run(cfg, rank: int, world: int) -> tuple:
     """(engine, data, held-out data or None, resume meta or None): checks, process group, data, engine. A refusal
     (bad input found here) exits 2 on every rank."""
     # ------------------------------------------------------------ checks (nothing started or written)
@@ -108,7 +108,7 @@ def build(cfg, rank: int, world: int) -> tuple:
     return engine, data, held, resume_meta
 
 
-def resume(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
+def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
     """Load the checkpoint of `resume_meta` (None: a fresh run), then make the Adam moments before step 1
     (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already done."""
     st, start = engine.state, 0
@@ -157,7 +157,7 @@ def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
     return row
 
 
-def loop(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: StopRequest, start: int,
+def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: StopRequest, start: int,
          saved) -> tuple:
     """Optimizer steps start + 1 .. train.steps, each: the step (stopped before its optimizer step on a non-finite
     loss), its metrics line, the memory snapshot, an evaluation and a checkpoint when due. Ends early at the step
@@ -173,7 +173,7 @@ def loop(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: S
         def finite_or_stop(res, step=step):
             if not math.isfinite(res.loss):
                 metrics.close()
-                stop(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
+                fail(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
                      f"those after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). "
                      f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
         try:
@@ -199,7 +199,7 @@ def loop(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: S
     return done, saved
 
 
-def finish(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
+def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
            saved) -> None:
     """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line.
     Every rank leaves through `parallel_state.leave` (barrier, groups torn down, no Python teardown)."""
