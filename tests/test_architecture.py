@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,97 @@ def test_a_public_function_or_class_name_is_defined_once():
                 where.setdefault(node.name, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
     twice = {name: places for name, places in where.items() if len(places) > 1}
     assert not twice, f"names defined in several modules (give each thing its own name): {twice}"
+
+
+# ----------------------------------------------------------------------------- the rule, not its history
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d")
+SESSION = re.compile(r"session[_ ]?(?:20\d\d|h\d{3}x)|\b\d{8}T\d{4}\b|\b(?:GPU|device) session\b", re.I)
+DOTTED = re.compile(r"\bds_longctx(?:\.\w+)+")
+REPO_PATH = re.compile(r"\b((?:parallel|levers|data|config|plan|run|integrations|tests|benchmarks|launch|notebooks|docs|"
+                       r"ds_longctx|ds_configs)/[\w./-]*\.(?:py|md|sh|ipynb|yaml|json|jsonl))(?![\w/])")
+CALIBRATION = re.compile(r"docs/calibration\.md#([\w-]+)")
+
+
+def prose(path: Path):
+    """(line, kind, text) of every comment, docstring and other string constant (a note a user reads) of a module."""
+    src = path.read_text()
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], "comment", tok.string
+    tree = ast.parse(src)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            yield n.lineno, "docstring" if id(n) in docs else "string", n.value
+
+
+def top_level_names(module: Path) -> set:
+    names = set()
+    for n in ast.parse(module.read_text()).body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def dotted_problem(name: str, root: Path = ROOT) -> str | None:
+    """Why dotted `name` (ds_longctx.x.y) names nothing in the source tree, or None."""
+    parts = name.split(".")
+    i = max(k for k in range(1, len(parts) + 1) if is_module(".".join(parts[:k]), root))
+    if i == len(parts):
+        return None
+    p = root.joinpath(*parts[:i])
+    module = p / "__init__.py" if p.is_dir() else p.with_suffix(".py")
+    if parts[i] in top_level_names(module):
+        return None
+    return f"{'.'.join(parts[:i])} has no module or name {parts[i]!r}"
+
+
+def history_notes(root: Path = ROOT) -> list[str]:
+    """One line per comment, docstring or note of the package that names a date or a session, a dotted ds_longctx path
+    or a repository file that does not exist, or a docs/calibration.md anchor it lacks."""
+    anchors = set(re.findall(r"^## (\S+)$", (root / "docs" / "calibration.md").read_text(), re.M)) \
+        if (root / "docs" / "calibration.md").is_file() else set()
+    bad = []
+    for path in modules(root):
+        where = path.relative_to(root)
+        for line, kind, text in prose(path):
+            for what, rx in (("a date", DATE), ("a session", SESSION)):
+                if m := rx.search(text):
+                    bad.append(f"{where}:{line}: a {kind} names {what} ({m.group(0)!r}); state the rule and cite "
+                               f"docs/calibration.md#<anchor>")
+            if kind != "string":
+                bad += [f"{where}:{line}: a {kind} names {m.group(0)}: {why}" for m in DOTTED.finditer(text)
+                        if (why := dotted_problem(m.group(0), root))]
+            bad += [f"{where}:{line}: a {kind} names {m.group(1)}, which does not exist"
+                    for m in REPO_PATH.finditer(text)
+                    if not any((base / m.group(1)).exists() for base in (root, root / "ds_longctx"))]
+            bad += [f"{where}:{line}: a {kind} cites docs/calibration.md#{m.group(1)}, which has no such section"
+                    for m in CALIBRATION.finditer(text) if m.group(1) not in anchors]
+    return bad
+
+
+def test_docstrings_comments_and_notes_state_the_rule_not_its_history():
+    bad = history_notes()
+    assert not bad, "\n".join(bad)
+
+
+def test_the_history_check_finds_a_date_a_session_a_missing_module_and_a_missing_anchor(tmp_path):
+    """The check itself, on a copy of the package with one offending line of each kind."""
+    import shutil
+    shutil.copytree(PACKAGE, tmp_path / "ds_longctx", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    victim = tmp_path / "ds_longctx" / "parallel" / "sharding.py"
+    victim.write_text(victim.read_text() + "\n# measured 2026-11-30 in session_2026-11-30_h200x2-20261130T2256\n"
+                      "# see ds_longctx.planner.plan_memory and run/gpu_budget.py\n"
+                      "# calibrated: see docs/calibration.md#no-such-anchor\n")
+    got = "\n".join(history_notes(tmp_path))
+    for want in ("names a date ('2026-11-30')", "names a session ('session_2026", "names ds_longctx.planner.plan_memory",
+                 "names run/gpu_budget.py, which does not exist", "#no-such-anchor, which has no such section"):
+        assert want in got, got

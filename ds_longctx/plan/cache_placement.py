@@ -79,7 +79,7 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     if "tiled" in tag:
         notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
                      f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
-                     f"(TILED_LAYER_SECONDS_PER_TOKEN: measured once at 262,144 tokens)")
+                     f"(TILED_LAYER_SECONDS_PER_TOKEN: docs/calibration.md#tiled-layer-seconds)")
     return Choice(plan=new, notes=choice.notes + tuple(notes))
 
 

@@ -135,9 +135,9 @@ class MemoryPlan:
 def check_headroom(headroom: float) -> None:
     """Refuse a headroom outside (0, MAX_HEADROOM] (the safety rule above), naming the value and the fix."""
     if not 0 < headroom <= MAX_HEADROOM:
-        raise ValueError(f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: the planner has under-predicted "
-                         f"a measured peak by up to 10.7% (benchmarks/results/planner_runs_*.md), so a plan above "
-                         f"{MAX_HEADROOM:g} of the budget could run past it; use {MAX_HEADROOM:g} or less")
+        raise ValueError(f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above {MAX_HEADROOM:g} of "
+                         f"the budget could run past it (the planner's worst under-prediction of a measured peak: "
+                         f"docs/calibration.md#max-headroom); use {MAX_HEADROOM:g} or less")
 
 
 def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:

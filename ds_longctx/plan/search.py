@@ -68,16 +68,15 @@ def tile_tokens_for(geom, seq_len: int, sp: int) -> int:
 
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
-    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
-    before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B), then the bf16 parameters offloaded too
-    (not with LoRA or a partial optimizer offload), then a partial optimizer offload (PARTIAL_OFFLOAD_RATIOS, the
-    host's share falling: where the full offload fits the GPUs but not the host; not with LoRA, or where the user
-    gave a ratio or the parameter offload); sp descending (sp = gpus first); the
-    token-wise work untiled, then the tiled MLP (+5% step time measured at 8B, 131k tokens), then the tiled layer
-    (not with LoRA), then the attention backward over groups of KV heads (as many as each rank attends: the fp32
-    accumulators of one head at a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
-    bytes in up to half the host memory); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
-    8B, 131k).
+    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order, the cheaper lever
+    first (step costs: docs/calibration.md#lever-step-costs): optimizer on GPU before offloaded (host RAM and a CPU
+    Adam step), then the bf16 parameters offloaded too (not with LoRA or a partial optimizer offload), then a partial
+    optimizer offload (PARTIAL_OFFLOAD_RATIOS, the host's share falling: where the full offload fits the GPUs but
+    not the host; not with LoRA, or where the user gave a ratio or the parameter offload); sp descending (sp = gpus
+    first); the token-wise work untiled, then the tiled MLP, then the tiled layer (not with LoRA), then the
+    attention backward over groups of KV heads (as many as each rank attends: the fp32 accumulators of one head at
+    a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same bytes in up
+    to half the host memory); then the fewest offloaded checkpoints.
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
     these levers. `base` carries what the user fixed (the pinned pool or the tiled layer forced on, LoRA); the
@@ -125,9 +124,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
 # The host's shares of the optimizer a partial offload tries (DeepSpeed ZeRO-3 `offload_optimizer.ratio`; the split
 # falls at its sub-groups, plan/zero_buffers.optimizer_split), most on the host first: taken only where the full
 # offload breaks the host budget, each step back moves a tenth of the optimizer's fp32 state (12 bytes per
-# parameter) from the host to the GPUs. Its training is the full offload's on a GPU
-# (tests/gpu/test_gpu.py::test_partial_optimizer_offload_trains_as_the_full_offload); its memory on one H200 (the 1.7B,
-# 4B and 8B, four runs): benchmarks/results/planner_runs_2026-12-01e.md.
+# parameter) from the host to the GPUs. calibrated: see docs/calibration.md#partial-offload
 PARTIAL_OFFLOAD_RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
@@ -147,8 +144,7 @@ def _fewest_k(fits, layers: int) -> Optional[int]:
 
 # what the pinned pool changes, for the notes of both places that add it
 POOL_HOW = ("offloaded checkpoints in one exact-size pinned slot each (DeepSpeed's buffers are powers of two) and one "
-            "restored at a time on the GPU (DeepSpeed's offload holds two; its memory measured on one H200 with "
-            "Qwen3-0.6B to 4B, benchmarks/results/planner_runs_2026-12-01*.md, not yet at the 8B's sizes)")
+            "restored at a time on the GPU (DeepSpeed's offload holds two; measured: docs/calibration.md#pinned-pool)")
 
 
 def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Levers()) -> tuple:
@@ -168,10 +164,11 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
         why_sp = f"one of {valid}: the larger ones did not fit"
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else why_sp),
              (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
-              f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured on 2 x H200 at 262,144 tokens: "
-              f"7.9% under its plan; its step-time cost not yet measured)" if lv.tiled_layer else
+              f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured: "
+              f"docs/calibration.md#tiled-layer)" if lv.tiled_layer else
               f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
-                                               if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)")),
+                                               if lv.tiled_mlp else "not needed (it costs step time: "
+                                               "docs/calibration.md#lever-step-costs)")),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
              + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
              f"loss_chunk_rows={lv.loss_chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
@@ -180,22 +177,19 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, "
                 + ("as asked)" if base.optimizer_offload_ratio < 1 else "the most the host holds beside the "
-                   "checkpoints; the whole optimizer there breaks the host budget; measured on one H200, 1.7B to 8B: "
-                   "GPU -3.4% to +1.6%, host +1.0% to +1.8% of the plan, benchmarks/results/planner_runs_2026-12-01e.md)")
+                   "checkpoints; the whole optimizer there breaks the host budget; measured: "
+                   "docs/calibration.md#partial-offload)")
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
     if lv.offload_params:
         notes.append("offload_params=True: " + ("as asked" if base.offload_params else "nothing fits with the "
                      "optimizer alone offloaded") + "; the bf16 parameters in one pinned host buffer per rank, each "
-                     "layer's fetched when it runs (DeepSpeed offload_param; measured once on one H200, Qwen3-0.6B at "
-                     "362,496 tokens: +3.4% GPU, +0.4% host against its plan, planner_runs_2026-12-01c.md; its "
-                     "step-time cost not measured)")
+                     "layer's fetched when it runs (DeepSpeed offload_param; measured: "
+                     "docs/calibration.md#offload-params)")
     if lv.attn_bwd_head_groups > 1:
         notes.append(f"attn_bwd_head_groups={lv.attn_bwd_head_groups}: "
                      + ("as asked" if base.attn_bwd_head_groups > 1 else "needed to fit")
                      + "; the attention backward over that many groups of KV heads, one at a time (the kernel's fp32 "
-                       "accumulators of one group; its memory measured on one H200, Qwen3-1.7B at 292,864 tokens "
-                       "-2.1% and 0.6B at 362,496 +3.4% against their plans, planner_runs_2026-12-01c.md; its "
-                       "step-time cost not measured)")
+                       "accumulators of one group; measured: docs/calibration.md#attn-bwd-head-groups)")
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
                      + "; " + POOL_HOW)

@@ -209,8 +209,8 @@ def gpu_mem_gb() -> Optional[float]:
 
 def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
     """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank).
-    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train.py` makes it after a resume, whose
-    checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
+    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py` makes it after a resume,
+    whose checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
     import deepspeed
 
     from ds_longctx.run.preflight import validate

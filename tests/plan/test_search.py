@@ -1,4 +1,4 @@
-"""`plan_search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
+"""`plan.search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
 
 from __future__ import annotations
 
