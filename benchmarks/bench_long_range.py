@@ -77,6 +77,7 @@ def args_parser() -> argparse.ArgumentParser:
 def accuracy(engine, held, n: int) -> float:
     """Retrieval accuracy on held-out far samples: argmax at each query's key == the paired value."""
     import torch
+
     from tests.distributed.export_worker import sp_logits
     hits = total = 0
     for start in range(0, n, 8):

@@ -24,7 +24,9 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     row = {"spec": "s", "model": "qwen3-1.7b", "placement": "offload:28", "optimizer_offload": True,
            "measured_steps": [30e9, 33e9], "planned_reserved_bytes": 33.3e9, "planned_gpu_bytes": 34.9e9,
            "measured_host_bytes": 50e9, "planned_host_bytes": 54e9, "gpu_mem_gb": 40.0, "host_mem_gb": 60.0}
-    verdict = lambda r: bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
+
+    def verdict(r):
+        return bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
     assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
     # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved / allocated 1.264
     both = dict(row, measured_allocated_steps=[25e9, 26.1e9], planned_allocated_bytes=29.7e9)

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from ds_longctx.plan import write
-
 from tests.helpers import ROOT, cpu_env, free_port, read_metrics
 
 DEFAULT_CONFIG = "ds_configs/qwen3-8b_1m_8x141gb/run.yaml"

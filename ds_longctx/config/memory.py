@@ -7,8 +7,8 @@ from typing import Literal, Optional, Union
 from pydantic import Field, model_validator
 
 from ds_longctx.config.base import Section
-from ds_longctx.levers.placement import check_request
 from ds_longctx.levers.gpu_budget import allocator_fraction
+from ds_longctx.levers.placement import check_request
 
 
 class MemoryConfig(Section):

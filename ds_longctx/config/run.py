@@ -22,20 +22,32 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from ds_longctx.config.checkpoint import CheckpointConfig
 from ds_longctx.config.data import DataConfig
 from ds_longctx.config.eval import EvalConfig
 from ds_longctx.config.kernels import KernelsConfig
+from ds_longctx.config.keys import (
+    DOTTED,
+    FLAT,
+    LEGACY,
+    SECTIONS,
+    field_of,
+    fold,
+    is_optional_key,
+    is_text_key,
+    key_annotation,
+    type_name,
+    unknown_key,
+)
 from ds_longctx.config.logs import LoggingConfig
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
-from ds_longctx.config.keys import (DOTTED, FLAT, LEGACY, SECTIONS, field_of, fold, is_optional_key, is_text_key,
-                                    key_annotation, type_name, unknown_key)
 from ds_longctx.config.train import TrainConfig
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
@@ -145,7 +157,6 @@ class RunConfig(BaseModel):
              **overrides) -> "RunConfig":
         """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
         the run is launched on, checked against sp_size first (None: not known here)."""
-        import yaml
         if Path(path).is_dir():
             raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
         kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
@@ -179,7 +190,6 @@ class RunConfig(BaseModel):
         (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
         unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. `world_size`:
         as in `load`."""
-        import yaml
         config_path: Optional[str] = None
         overrides: dict = {}
         i = 0
@@ -217,7 +227,6 @@ class RunConfig(BaseModel):
         data = self.model_dump()
         data["train"]["overwrite"] = False
         if str(path).endswith((".yaml", ".yml")):
-            import yaml
             Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
         else:
             Path(path).write_text(json.dumps(data, indent=2) + "\n")

@@ -45,11 +45,18 @@ this sampler); compute_metrics (it gets no logits).
 
 from __future__ import annotations
 
+# torch, transformers, accelerate and the run layer are imported inside the functions that use them: importing
+# this module (a training script's first lines) loads none of them.
 import atexit
 import functools
+import logging
 import os
 
 from ds_longctx.integrations.step_clock import step_clock
+from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
+from ds_longctx.run.argv import parse_config
+from ds_longctx.run.checkpoint_files import weights_only_loads
+from ds_longctx.run.stops import watch_launcher
 
 
 def run_config(argv: list):
@@ -57,8 +64,6 @@ def run_config(argv: list):
     `ds-longctx plan` file, and `--key value` overrides; the deepspeed launcher's --local_rank dropped; --help lists
     every field; a bad value exits 2 with one line saying what to change). Under a launcher, this process ends itself
     when the launcher dies (run/stops.watch_launcher)."""
-    from ds_longctx.run.stops import watch_launcher
-    from ds_longctx.run.argv import parse_config
     watch_launcher()
     return parse_config(list(argv))
 
@@ -70,7 +75,6 @@ def start_processes(cfg) -> None:
     import torch
     from accelerate import PartialState
 
-    from ds_longctx.parallel.parallel_state import init_distributed
     from ds_longctx.run.ranks import default_group_timeout
     default_group_timeout(cfg.parallel.collective_timeout_s)
     if not torch.distributed.is_initialized():
@@ -91,7 +95,6 @@ def finish() -> None:
     """The last line of a script: every rank past a barrier, the process groups torn down, the process ended with
     exit 0 without Python's teardown (parallel_state.leave: no pinned-memory teardown, no communication-thread
     destructor aborting a finished job)."""
-    from ds_longctx.parallel.parallel_state import leave
     leave(0)
 
 
@@ -239,7 +242,6 @@ def _log_to_stderr() -> None:
     """ds_longctx's build lines (attention kernel, placement, optimizer state, ...) on stderr as `ds-longctx train`
     prints them (rank 0 at INFO, the others at WARNING), unless the script already routes logging somewhere: a
     library adds no handler where its user has one."""
-    import logging
     logger = logging.getLogger("ds_longctx")
     if logger.hasHandlers():
         return
@@ -255,7 +257,6 @@ class LongCtxTrainerMixin:
 
     def __init__(self, *args, run_config, **kwargs):
         super().__init__(*args, **kwargs)
-        from ds_longctx.parallel.parallel_state import ParallelState
         from ds_longctx.levers.loss_head import route_forward
         from ds_longctx.run.engine import apply_levers
         check_trainer(self, run_config)
@@ -274,7 +275,6 @@ class LongCtxTrainerMixin:
     def train(self, *args, **kwargs):
         """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the
         global)."""
-        from ds_longctx.run.checkpoint_files import weights_only_loads
         with weights_only_loads():
             return super().train(*args, **kwargs)
 

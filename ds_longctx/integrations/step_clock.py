@@ -4,7 +4,11 @@ Trainer's log (`LongCtxTrainerMixin.log`), and the memory snapshot of the run's 
 
 from __future__ import annotations
 
+# torch and transformers are imported inside the methods that use them: hf_trainer imports this module without
+# them.
 import time
+
+from ds_longctx.run import memory_snapshot
 
 
 class StepClock:
@@ -21,7 +25,6 @@ class StepClock:
     def on_step_begin(self, args, state, control, **kwargs):
         import torch
         if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
-            from ds_longctx.run import memory_snapshot
             memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
             self.recorded = 0
         if torch.cuda.is_available():
@@ -43,7 +46,6 @@ class StepClock:
             if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
                 import torch.distributed as dist
 
-                from ds_longctx.run import memory_snapshot
                 memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
                 self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
 

@@ -24,13 +24,15 @@ tests/gpu/test_fused_ops_gpu.py.
 
 from __future__ import annotations
 
+# Liger (optional) and TorchDynamo (only for `compile`) are imported inside the functions that use them.
 import functools
 import importlib
+import inspect
 import logging
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch.nn as nn
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 log = logging.getLogger("ds_longctx")
 
@@ -72,13 +74,11 @@ def check_fused_ops(name: str, on_cuda: bool) -> None:
 
 def _rms_math(x, weight, eps):
     """HF's Qwen3 / Llama RMSNorm: fp32 statistics, cast back, then the weight."""
-    import torch
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _silu_mul(gate, up):
-    import torch.nn.functional as F
     return F.silu(gate) * up
 
 
@@ -109,9 +109,6 @@ def _compiled(rope):
     """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU); compiled once per process, each
     shape once: up to COMPILE_SHAPES graphs per function (`torch.compile(recompile_limit=)` where this torch has it,
     else TorchDynamo's process-wide `recompile_limit` raised to it, with a log line)."""
-    import inspect
-
-    import torch
     import torch._dynamo
     kw = {"dynamic": False}
     if "recompile_limit" in inspect.signature(torch.compile).parameters:

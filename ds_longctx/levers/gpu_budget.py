@@ -23,6 +23,8 @@ The GPU still has that many layers queued (a layer at these lengths is ~1 s of G
 
 from __future__ import annotations
 
+# torch is imported inside the functions that use it: config/memory.py and the planner import this module.
+import collections
 import logging
 
 log = logging.getLogger("ds_longctx")
@@ -79,8 +81,6 @@ def bound_run_ahead(layers: list, depth: int) -> list:
     """Make the host wait, before it enqueues a decoder layer's forward (the first pass or a checkpoint recompute), for
     the GPU to reach the start of the layer `depth` layers back (module doc). Returns the hook handles; no-op (empty)
     without CUDA or with depth 0."""
-    import collections
-
     import torch
     if depth <= 0 or not torch.cuda.is_available():
         return []

@@ -34,6 +34,7 @@ shows the first two).
 
 from __future__ import annotations
 
+# deepspeed is imported where ZeRO-3's partitioned parameters are gathered, not at import.
 import contextlib
 import logging
 from dataclasses import dataclass

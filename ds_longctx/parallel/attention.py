@@ -28,6 +28,7 @@ causal mask.
 
 from __future__ import annotations
 
+# FlashAttention 4 and 2 and torch's varlen kernel are optional: imported where a backend that has them runs.
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -35,11 +36,11 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ds_longctx.parallel import kernel_rules
-# set_head_groups: re-exported, the engine's and the tests' one entry to the attention module
-from ds_longctx.parallel.kernel_pairs import (_FA4, _Attend, _CpuFlashSDPA, _CudnnSDPA, _Pair,  # noqa: F401
-                                              set_head_groups)
+from ds_longctx.parallel.kernel_pairs import _FA4, _Attend, _CpuFlashSDPA, _CudnnSDPA, _Pair
+from ds_longctx.parallel.kernel_pairs import set_head_groups as set_head_groups  # the attention module's entry
 
 log = logging.getLogger("ds_longctx")
 
@@ -177,7 +178,6 @@ def _sdpa(q, k, v, scale, mask=None):
     else:
         kwargs["attn_mask"] = mask
     if choice.sdpa_kernels and q.is_cuda:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         kernels = [getattr(SDPBackend, n) for n in choice.sdpa_kernels]
         if q.dtype == torch.float32:
             # fp32 (tests, references) runs on no fused kernel with GQA: expand KV, mem-efficient or math

@@ -13,6 +13,7 @@ heads: FlashAttention 4) exist for one group at a time; each group's grads are c
 
 from __future__ import annotations
 
+# FlashAttention 4 is optional: imported in its pair's forward and backward.
 import torch
 
 

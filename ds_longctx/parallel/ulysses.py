@@ -24,6 +24,8 @@ single-process model.
 
 from __future__ import annotations
 
+# transformers is imported where the attention function is registered: the engine's checks import this module
+# before any model exists.
 from typing import Callable, Optional
 
 import torch

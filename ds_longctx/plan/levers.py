@@ -13,7 +13,6 @@ from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 
-
 FUSED_OPS = get_args(KernelsConfig.model_fields["fused_ops"].annotation)  # the run config's choices
 
 

@@ -14,14 +14,29 @@ from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.layer_units import (COMPILED_FINAL_NORM_UNITS, COMPILED_MLP_SAVED,
-                                          COMPILED_QK_NORM_SAVED_COPIES, COMPILED_UNITS_ATTN_BWD,
-                                          COMPILED_UNITS_MLP_BWD, HIDDEN_UNITS_ATTN_BWD, HIDDEN_UNITS_MLP_BWD,
-                                          POOLED_LAYER_UNITS, QK_NORM_SAVED_COPIES, TILED_LAYER_UNITS_ATTN_BWD,
-                                          TILED_LAYER_UNITS_MLP_BWD)
+from ds_longctx.plan.layer_units import (
+    COMPILED_FINAL_NORM_UNITS,
+    COMPILED_MLP_SAVED,
+    COMPILED_QK_NORM_SAVED_COPIES,
+    COMPILED_UNITS_ATTN_BWD,
+    COMPILED_UNITS_MLP_BWD,
+    HIDDEN_UNITS_ATTN_BWD,
+    HIDDEN_UNITS_MLP_BWD,
+    POOLED_LAYER_UNITS,
+    QK_NORM_SAVED_COPIES,
+    TILED_LAYER_UNITS_ATTN_BWD,
+    TILED_LAYER_UNITS_MLP_BWD,
+)
 from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.zero_buffers import (DS_SUB_GROUP_ELEMS, PARAM_PERSISTENCE_ELEMS, REDUCE_BUCKET_ELEMS,
-                                           offload_pinned_grads, offload_sub_group_elems, optimizer_split, pow2)
+from ds_longctx.plan.zero_buffers import (
+    DS_SUB_GROUP_ELEMS,
+    PARAM_PERSISTENCE_ELEMS,
+    REDUCE_BUCKET_ELEMS,
+    offload_pinned_grads,
+    offload_sub_group_elems,
+    optimizer_split,
+    pow2,
+)
 
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)

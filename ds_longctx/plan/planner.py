@@ -34,14 +34,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ds_longctx.config.run import lever_conflict
+from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
-from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB
-from ds_longctx.plan.memory_terms import (ALL, BUILD, LAYER, PHASES, Term, Terms, attention_terms,  # noqa: F401
-                                          checkpoint_terms, embed_loss_terms, host_terms, mlp_terms, sizes,
-                                          zero3_terms)
+from ds_longctx.plan.memory_terms import (  # noqa: F401
+    ALL,
+    BUILD,
+    LAYER,
+    PHASES,
+    Term,
+    Terms,
+    attention_terms,
+    checkpoint_terms,
+    embed_loss_terms,
+    host_terms,
+    mlp_terms,
+    sizes,
+    zero3_terms,
+)
 
 GB = 10**9
 GIB = 2**30

@@ -21,8 +21,16 @@ from ds_longctx.levers.rope import yarn_factor, yarn_problem
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
-from ds_longctx.plan.planner import (GB, LAYER, MAX_HEADROOM, Levers, MemoryPlan, check_headroom, plan_memory,
-                                     sp_sizes_for)
+from ds_longctx.plan.planner import (
+    GB,
+    LAYER,
+    MAX_HEADROOM,
+    Levers,
+    MemoryPlan,
+    check_headroom,
+    plan_memory,
+    sp_sizes_for,
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +120,9 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                             plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes > host_budget:
                         continue  # a partial offload whose least host (no checkpoint offloaded) breaks it: no k fits
                     lv = replace(lv, loss_chunk_rows=chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
-                    gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
-                                                          **knobs)
+
+                    def gpu_at(k, lv=lv):
+                        return plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k), **knobs)
                     k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
                     if k is not None and (plan := gpu_at(k)).host_peak_bytes <= host_budget:
                         return Choice(plan=plan, notes=_notes(plan, sp_size, gpu_at, base))

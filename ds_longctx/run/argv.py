@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import sys
 
+from pydantic import ValidationError
+
+from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.run.refuse import refuse
 
 
@@ -30,9 +33,6 @@ def parse_config(argv: list[str], world_size: int | None = None, per_node: int |
     prints the train entry's usage and every field (section, flat and dotted key, type, default, doc) and exits 0.
     `world_size`, `per_node`: the processes the run is launched on, in all and per node (its planned world and
     sp_size are checked against them first), None where not known."""
-    from pydantic import ValidationError  # pydantic and the config: not imported by `ds-longctx plan`'s path
-
-    from ds_longctx.config import RunConfig, format_validation_error
     argv = strip_launcher_args(argv)
     if "--help" in argv or "-h" in argv:
         from ds_longctx.run import train  # its docstring is the usage; train imports this module

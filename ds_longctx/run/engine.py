@@ -44,34 +44,37 @@ on a full batch (slice, document boundaries, attention-cache step, loss head).
 
 from __future__ import annotations
 
+# deepspeed is imported where the engine is built: importing this module (apply_levers, sharded_loss) does not load it.
 import logging
 import os
+import resource
 import time
 from dataclasses import dataclass
 from typing import Optional
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
+from ds_longctx.levers import attention_cache, gpu_budget
 from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
-from ds_longctx.levers.loss_head import LossHead
-from ds_longctx.levers import attention_cache
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
+from ds_longctx.levers.loss_head import LossHead
 from ds_longctx.levers.offload import cache_region_bytes, plan_pool, reserve_pool
 from ds_longctx.levers.placement import ON_HOST, Place, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.levers import gpu_budget
-from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.model import build_partitioned_model
+from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
+from ds_longctx.run.placement_plan import run_placement
+from ds_longctx.run.preflight import validate
 
 log = logging.getLogger("ds_longctx")
 
@@ -81,9 +84,7 @@ def _build_stage(stage: str, t0: float, rank: int) -> None:
     peak so far (ru_maxrss: the planner's host model is checked against these), GPU memory allocated."""
     if rank != 0:
         return
-    import resource
 
-    import psutil
     rss, peak = psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gpu = f", GPU allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB" if torch.cuda.is_available() else ""
     log.info("build %s: %.1f s, host RSS %.2f GiB (peak %.2f GiB)%s", stage, time.perf_counter() - t0,
@@ -213,7 +214,6 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     whose checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
     import deepspeed
 
-    from ds_longctx.run.preflight import validate
 
     t0 = time.perf_counter()
     # 1. checks (world size from the launcher's environment, before any process group exists)

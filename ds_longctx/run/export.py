@@ -24,6 +24,7 @@ exactly those Linears again.
 
 from __future__ import annotations
 
+# deepspeed, transformers, peft and safetensors are imported when an export runs, after its arguments are checked.
 import argparse
 import json
 import os
@@ -32,10 +33,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
-from ds_longctx.parallel import fake_world
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
+from ds_longctx.parallel import fake_world
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
@@ -129,7 +132,6 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
 def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
     """(the HF model in `dtype` with the checkpoint's fp32 master weights, LoRA adapter tensors by name): every file
     checked first, every load weights-only (module doc)."""
-    import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 

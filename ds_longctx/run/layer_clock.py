@@ -12,15 +12,15 @@ they stamp the layer's start and end; in backward the output's mark runs when th
 recompute included) starts, the input's when it ends. Stamps are CUDA events on the current stream on a GPU, the
 host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
 
-Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
-peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers
-are alive at the top layer's backward, where the step peaks), host RSS + the mean host bytes step 1's forward took
-for a layer of an on-host kind (offload, cache+offload: their buffers are taken at first use), in-layer collective bytes (Ulysses' all-to-all)
-+ the per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of
-its kind that ran. ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the
-persistent parameters' refresh after the step) scale with the elements they move: x all parameters (trainable ones
-for the reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the
-same bytes per element, as in a model whose parameters are all persistent.
+Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j, peak
+GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers are
+alive at the top layer's backward, where the step peaks), host RSS + the mean host bytes step 1's forward took for a
+layer of an on-host kind (offload, cache+offload: their buffers are taken at first use), in-layer collective bytes
+(Ulysses' all-to-all) + the per-layer mean of that kind. The top layer (always run) counts in a mean only where it is
+the only layer of its kind that ran. ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets,
+the persistent parameters' refresh after the step) scale with the elements they move: x all parameters (trainable ones
+for the reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
+bytes per element, as in a model whose parameters are all persistent.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ every event of the window is exact even when the ring buffer dropped the oldest 
 
 from __future__ import annotations
 
+# torch is imported inside the functions that use it: reading a dumped snapshot needs none.
 import logging
 import pickle
 from collections import defaultdict

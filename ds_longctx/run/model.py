@@ -9,6 +9,7 @@ sp_size starts from the same weights; a checkpoint directory is loaded with `fro
 
 from __future__ import annotations
 
+# transformers and deepspeed are imported inside the functions that use them (seconds each at import).
 import json
 import zlib
 from pathlib import Path

@@ -15,10 +15,15 @@ import math
 import resource
 import time
 
+import deepspeed
 import psutil
 import torch
 
-from ds_longctx.run import rehearse
+from ds_longctx.data import build_data
+from ds_longctx.plan.interconnect import OVERLAP, predict
+from ds_longctx.run import optimizer_state, rehearse
+from ds_longctx.run.engine import build_engine
+from ds_longctx.run.layer_clock import LayerClock
 from ds_longctx.run.step import timed_step
 
 log = logging.getLogger("ds_longctx")
@@ -63,7 +68,6 @@ class RankRun:
         return f"{self.a.layers or total}/{total}"
 
     def _provenance(self) -> dict:
-        import deepspeed
         device = torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
         return {"commit": rehearse.commit(), "device": device, "date": rehearse.now(), "torch": torch.__version__,
                 "deepspeed": deepspeed.__version__,
@@ -72,11 +76,6 @@ class RankRun:
                                     + [f"--steps {self.a.steps}"])}
 
     def _play(self, row: dict) -> dict:
-        from ds_longctx.data import build_data
-        from ds_longctx.plan.interconnect import OVERLAP, predict
-        from ds_longctx.run import optimizer_state
-        from ds_longctx.run.engine import build_engine
-        from ds_longctx.run.layer_clock import LayerClock
         cfg, a = self.cfg, self.a
         t0 = time.perf_counter()
         hf_cfg = rehearse.check(cfg, self.world, self.per_node)

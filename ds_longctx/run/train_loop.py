@@ -22,11 +22,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ds_longctx.data import build_data, build_eval_data
+from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
-from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.run.metrics_log import MetricsLog
 from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first

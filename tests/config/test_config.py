@@ -8,13 +8,11 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx.parallel import attention
-
-from ds_longctx.parallel import ulysses
 from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.preflight import validate
-from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
 from tests.helpers import ROOT, cpu_env, run_cli
 
 
@@ -24,7 +22,8 @@ def test_yaml_and_cli_round_trip(tmp_path):
     cfg.dump(path)
     assert RunConfig.load(path) == cfg
     again = RunConfig.from_cli(["--config", str(path), "--steps", "7", "--lr=1e-3", "--chunked-loss", "false"])
-    assert (again.train.steps, again.optimizer.lr, again.memory.chunked_loss, again.train.seq_len) == (7, 1e-3, False, 128)
+    assert (again.train.steps, again.optimizer.lr, again.memory.chunked_loss, again.train.seq_len) == \
+        (7, 1e-3, False, 128)
 
 
 def test_unknown_key_in_file_is_refused(tmp_path):

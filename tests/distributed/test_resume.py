@@ -13,8 +13,19 @@ import pytest
 import torch
 
 from ds_longctx.run import checkpoint
-from tests.helpers import (ROOT, cpu_env, free_port, read_metrics, run_cli, start, text_run_args, torchrun,
-                           torchrun_cmd, wait_for_steps, worker)
+from tests.helpers import (
+    ROOT,
+    cpu_env,
+    free_port,
+    read_metrics,
+    run_cli,
+    start,
+    text_run_args,
+    torchrun,
+    torchrun_cmd,
+    wait_for_steps,
+    worker,
+)
 
 pytestmark = pytest.mark.slow
 

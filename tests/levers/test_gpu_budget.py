@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from ds_longctx.config import RunConfig
-from ds_longctx.plan import write
 from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES, allocator_fraction, apply, out_of_budget
+from ds_longctx.plan import write
 
 H200 = 150_754_820_096  # torch.cuda.get_device_properties().total_memory of an H200 (141 GB card)
 

@@ -8,8 +8,15 @@ import copy
 import pytest
 
 from ds_longctx.levers import attention_cache
-from ds_longctx.levers.placement import (Place, PlacementPlan, applied_placement, apply_placement, decoder_layers,
-                                         remove_placement, resolve_placement)
+from ds_longctx.levers.placement import (
+    Place,
+    PlacementPlan,
+    applied_placement,
+    apply_placement,
+    decoder_layers,
+    remove_placement,
+    resolve_placement,
+)
 from ds_longctx.plan.planner import GB, Levers, ModelGeometry, plan_memory
 from tests.helpers import tiny_model
 

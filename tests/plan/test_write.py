@@ -11,14 +11,13 @@ import time
 import pytest
 import yaml
 
-from ds_longctx.plan import write
 from ds_longctx.config import RunConfig
-from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.plan import write
 from ds_longctx.plan.cache_placement import fastest_placement
+from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.plan.planner import GB
 from ds_longctx.plan.search import choose, find_max_len
 from ds_longctx.run.placement_plan import run_placement
-from ds_longctx.plan.planner import GB
-
 from tests.helpers import ROOT
 
 PLAN_8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80"]
@@ -126,7 +125,8 @@ def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
     c = fastest_placement(choose("qwen3-8b", n, gpus, gpu_gb, host_gb), gpu_gb, host_gb)
     cfg = RunConfig.load(tmp_path / "run.yaml")
     lv, k = c.levers, c.plan.placement.offloaded
-    assert (cfg.model.name, cfg.train.seq_len, cfg.parallel.sp_size, cfg.train.micro_batch, cfg.model.dtype) == ("qwen3-8b", n, c.sp_size, 1, "bf16")
+    assert (cfg.model.name, cfg.train.seq_len, cfg.parallel.sp_size, cfg.train.micro_batch, cfg.model.dtype) == \
+        ("qwen3-8b", n, c.sp_size, 1, "bf16")
     assert (cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, cfg.memory.tiled_mlp, cfg.memory.tile_tokens) == \
         (lv.chunked_loss, lv.loss_chunk_rows, lv.tiled_mlp, lv.tile_tokens)
     assert cfg.memory.activation_checkpointing and cfg.memory.placement == c.plan.placement.spec()
