@@ -19,8 +19,8 @@ import json
 import subprocess
 from pathlib import Path
 
-
 from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
+
 
 def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12

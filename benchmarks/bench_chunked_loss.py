@@ -27,14 +27,15 @@ import statistics
 import sys
 from pathlib import Path
 
-
 from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
+
 IGNORE = -100
 GIB = 2**30
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[8192, 32768, 131072], help="rows (tokens) to sweep")
     p.add_argument("--vocab", type=int, default=151936, help="V (Qwen3: 151936)")
     p.add_argument("--hidden", type=int, default=4096, help="H (Qwen3-8B: 4096)")
@@ -74,8 +75,9 @@ def build_methods(args, torch, F):
                 # it writes weight.grad during forward and returns only the hidden gradient from backward
                 lm_head = torch.nn.Module()
                 lm_head.weight = w
-                fn = lambda m, xs, ys: F.cross_entropy(F.linear(xs, m.weight).float(), ys, ignore_index=IGNORE,
-                                                       reduction="sum")
+
+                def fn(m, xs, ys):
+                    return F.cross_entropy(F.linear(xs, m.weight).float(), ys, ignore_index=IGNORE, reduction="sum")
                 shards = math.ceil(h.shape[0] / args.ds_chunk)
                 return TiledFusedLogitsLoss.apply(fn, lm_head, h.unsqueeze(0), y.unsqueeze(0), None, shards, [w],
                                                   "sum")  # [N, H] -> [1, N, H], [N] -> [1, N]
@@ -174,7 +176,9 @@ def measure(torch, fn, hidden, weight, labels, ref, args, check_scale):
 
 
 def fmt(x, spec):
-    return x if isinstance(x, str) else ("-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec))
+    if isinstance(x, str):
+        return x
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def write_results(out_dir, meta, rows):
@@ -239,7 +243,8 @@ def main(argv=None):
         for name, (fn, note, chunk) in methods.items():
             row = {"N": n, "method": name, "note": note, "reference": ref[3], "status": None}
             if name.startswith("chunked"):
-                row["predicted_gib"] = (n * args.hidden * 2 + args.vocab * args.hidden * 4 + 6 * chunk * args.vocab) / GIB
+                row["predicted_gib"] = (n * args.hidden * 2 + args.vocab * args.hidden * 4
+                                        + 6 * chunk * args.vocab) / GIB
             if fn is None:
                 row["status"] = note
             else:

@@ -30,8 +30,18 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness import (ROOT, raw_dir, check_steps, free_port, git_commit, gpu_name, parse_choices, read_lines, read_plan,
-                     run_job)  # benchmarks/ is sys.path[0]
+from harness import (
+    ROOT,
+    check_steps,
+    free_port,
+    git_commit,
+    gpu_name,
+    parse_choices,
+    raw_dir,
+    read_lines,
+    read_plan,
+    run_job,  # benchmarks/ is sys.path[0]
+)
 
 RUNS = ("trl_sft", "train", "lora")
 

@@ -59,18 +59,18 @@ def main():
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
                         format="%(message)s")  # the engine's build stages (time, host RSS, GPU memory)
 
+    import psutil
     import torch
     import torch.distributed as dist
 
     from ds_longctx.config import RunConfig
     from ds_longctx.data.synthetic import SyntheticRetrieval
-    from ds_longctx.run.engine import build_engine
     from ds_longctx.levers.offload import activation_checkpointing_block
     from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers, remove_placement
-    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
     from ds_longctx.levers.tiled_layer import apply_tiled_layer, remove_tiled_layer
     from ds_longctx.levers.tiled_mlp import apply_tiled_mlp, remove_tiled_mlp
-    import psutil
+    from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
+    from ds_longctx.run.engine import build_engine
 
     cfg = RunConfig(model=a.model, seq_len=a.seq_len, sp_size=a.sp_size, steps=a.steps, lr=1e-5,
                     activation_checkpointing=True, offload_layers=0,

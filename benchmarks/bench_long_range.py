@@ -45,8 +45,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-
 from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -79,6 +79,7 @@ def args_parser() -> argparse.ArgumentParser:
 def accuracy(engine, held, n: int) -> float:
     """Retrieval accuracy on held-out far samples: argmax at each query's key == the paired value."""
     import torch
+
     from tests.distributed.export_worker import sp_logits
     hits = total = 0
     for start in range(0, n, 8):

@@ -44,8 +44,19 @@ import time
 from pathlib import Path
 
 from bench_levers import H200_BF16_PEAK, model_flops  # benchmarks/ is sys.path[0] when this file runs
-from harness import (ALLOC_CONF, ROOT, raw_dir, check_steps, fresh_dir, free_port, git_commit, gpu_name, parse_choices,
-                     read_lines, run_job)
+from harness import (
+    ALLOC_CONF,
+    ROOT,
+    check_steps,
+    free_port,
+    fresh_dir,
+    git_commit,
+    gpu_name,
+    parse_choices,
+    raw_dir,
+    read_lines,
+    run_job,
+)
 
 SYSTEMS = ("ds_longctx", "trl_fsdp2_cp", "alst")
 LINE_KEYS = ("session", "system", "seq_len", "gpus", "seconds_per_step", "peak_gpu_bytes", "host_peak_bytes", "mfu",
@@ -379,6 +390,7 @@ def dry(a, systems: list[str]) -> None:
         print("recipe:", json.dumps(recipe, indent=2))
         try:
             import dataclasses
+
             from trl import SFTConfig
             unknown = set(recipe["sft_config"]) - {f.name for f in dataclasses.fields(SFTConfig)}
             print(f"SFTConfig fields: {'all known' if not unknown else f'UNKNOWN {sorted(unknown)}'}")

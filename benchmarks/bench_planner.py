@@ -23,7 +23,8 @@ Whole plans, predicted first and committed, then run (held-out validation):
     python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_runs.jsonl \
         --out $OUT --commit SHA                                                                       # GPU
 Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without
-their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ... when taken): what
+their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`,
+`c`, ... when taken): what
 `ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement), under --out (default
 harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python benchmarks/results_merge.py` adds it to
 planner_runs.jsonl). Otherwise each plan is
@@ -121,7 +122,8 @@ def table(rows: list) -> str:
         ok = abs(eg) <= GPU_TOL and abs(eh) <= HOST_TOL
         n_ok += ok
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
-        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | {mfu} | "
+        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | "
+                     f"{r['seconds']:.2f} | {mfu} | "
                      f"{r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | {ph:.2f} | "
                      f"{eh:+.1%} |")
     lines.append(f"\n{n_ok} of {len(rows)} runs inside ±{GPU_TOL:.0%} GPU and ±{HOST_TOL:.0%} host.")
@@ -214,7 +216,8 @@ def plans_table(rows: list) -> str:
     the measured reserved plus the plan's CUDA context term; host: Σ ranks' peak RSS, where the plan had a host
     budget)."""
     gb = 1e9
-    lines = ["| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | error | "
+    lines = ["| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | "
+             "error | "
              "allocated GB (max rank) | predicted | error | reserved / allocated | "
              "host GB (Σ ranks) | predicted | error | budget GB (GPU / host) | under it |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -236,7 +239,8 @@ def plans_table(rows: list) -> str:
         ratio = r.get("optimizer_offload_ratio", 1.0)
         offload = f"{r['optimizer_offload']}" + (f" (ratio {ratio:g})" if r["optimizer_offload"] and ratio < 1 else "")
         lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {offload} | "
-                     f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | {m / pr - 1:+.1%} | "
+                     f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | "
+                     f"{m / pr - 1:+.1%} | "
                      f"{allocated} | {host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
                      f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |")
     return "\n".join(lines)
@@ -313,8 +317,9 @@ def run_plans(a, specs: list, out: Path) -> None:
             if metrics.is_file():  # the last step's line is written just before "done": what exiting took after it
                 row["exit_seconds"] = round(ended - metrics.stat().st_mtime, 1)
             peaks = [m.get("peak_gpu_bytes_max_rank", m.get("peak_gpu_bytes")) for m in steps if "loss" in m]
-            row["measured_allocated_steps"] = [m.get("peak_gpu_allocated_bytes_max_rank", m.get("peak_gpu_allocated_bytes"))
-                                               for m in steps if "loss" in m]
+            row["measured_allocated_steps"] = [
+                m.get("peak_gpu_allocated_bytes_max_rank", m.get("peak_gpu_allocated_bytes"))
+                for m in steps if "loss" in m]
             if rc == 0 and peaks:
                 row["measured_steps"] = peaks
             else:

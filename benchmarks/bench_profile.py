@@ -170,7 +170,8 @@ def main() -> None:
                       "profile_error": f"{type(e).__name__}: {e}"}
         commit = git_commit(a.commit)
         record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
-                  "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size, "torch": torch.__version__,
+                  "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size,
+                  "torch": torch.__version__,
                   "placement": eng.placement.spec(), "steps": rows, **result, "config": cfg.flat()}
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,8 @@ after the workers saved; every stop prints its one line last.
 
 from __future__ import annotations
 
+# Each subcommand imports its modules inside the function that runs it: `import ds_longctx.cli` loads argparse, json,
+# os, sys and pathlib only, so `ds-longctx plan` and every `--help` and refusal answer without torch, and fast.
 import argparse
 import json
 import os
@@ -39,9 +41,9 @@ def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.tra
 def precheck(nproc: int, run_args: list[str]):
     """Parse and check the run in this process (`preflight`: the engine's checks, RoPE coverage, data source,
     output_dir / resume), before any worker starts. Exits 2 on bad input."""
+    from ds_longctx.run.argv import parse_config
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
-    from ds_longctx.run.train import parse_config
     cfg = parse_config(run_args, nproc, nproc)
     try:
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
@@ -84,16 +86,16 @@ def nproc_problem(nproc: int) -> str | None:
 
 
 def run_eval(argv: list[str]) -> int:
-    """`ds-longctx eval`: check everything here (run/eval_checkpoint.resolve: exit 2 on bad input), then start the
+    """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad input), then start the
     checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
-    from ds_longctx.run.eval_checkpoint import args_parser, resolve
+    from ds_longctx.run.eval_checkpoint import args_parser, eval_inputs
     from ds_longctx.run.refuse import REFUSED, refuse
     nproc = args_parser().parse_known_args(argv)[0].nproc
     if nproc is not None and (problem := nproc_problem(nproc)):
         print(problem, file=sys.stderr)
         return REFUSED
     try:
-        _, _, _, meta, _ = resolve(argv, nproc)
+        _, _, _, meta, _ = eval_inputs(argv, nproc)
     except ValueError as e:
         refuse(f"refused before start: {e}")
     if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
@@ -111,12 +113,13 @@ def launch(nproc: int, args: list[str], module: str) -> int:
     failure ends with torchrun's one-paragraph summary and its exit code."""
     import tempfile
 
-    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
-    from ds_longctx.run.stops import signal_exit, signal_name
-    from ds_longctx.run.worker_env import worker_env
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
+
+    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
+    from ds_longctx.run.stops import signal_exit, signal_name
+    from ds_longctx.run.worker_env import worker_env
     os.environ.update(worker_env())
     failure, signum = None, 0
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "plan":  # the generator owns its own options
-        from ds_longctx.plan.generate import main as plan_main
+        from ds_longctx.plan.write import main as plan_main
         sys.exit(plan_main(argv[1:]))
     if argv and argv[0] == "rehearse":
         from ds_longctx.run.rehearse import main as rehearse_main
@@ -235,8 +238,8 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
-    t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options go to the run "
-                       "config (--config FILE, --key value)", epilog=RunConfig.help_text(),
+    t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options "
+                       "go to the run config (--config FILE, --key value)", epilog=RunConfig.help_text(),
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Start N local training processes under torchrun; every option but --nproc goes "
                                    "to the run config (below). Refusals exit 2 with one line, printed last.")

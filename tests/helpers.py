@@ -44,7 +44,7 @@ def gpus_here(most: int = 2) -> int:
 
 def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:
     """The JSON lines of `output_dir`/metrics.jsonl (or of another file there: eval_curve.jsonl)."""
-    return [json.loads(l) for l in (Path(output_dir) / name).read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in (Path(output_dir) / name).read_text().splitlines() if line.strip()]
 
 
 # ----------------------------------------------------------------------------- numerics

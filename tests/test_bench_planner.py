@@ -24,7 +24,9 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     row = {"spec": "s", "model": "qwen3-1.7b", "placement": "offload:28", "optimizer_offload": True,
            "measured_steps": [30e9, 33e9], "planned_reserved_bytes": 33.3e9, "planned_gpu_bytes": 34.9e9,
            "measured_host_bytes": 50e9, "planned_host_bytes": 54e9, "gpu_mem_gb": 40.0, "host_mem_gb": 60.0}
-    verdict = lambda r: bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
+
+    def verdict(r):
+        return bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
     assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
     # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved / allocated 1.264
     both = dict(row, measured_allocated_steps=[25e9, 26.1e9], planned_allocated_bytes=29.7e9)
@@ -44,14 +46,14 @@ def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_sha
     by `plan_changed`; a prediction committed before the share was recorded counts as the whole offload (1.0)."""
     import sys
 
-    from ds_longctx.plan import generate
+    from ds_longctx.plan import write
     bp = bench_planner()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from harness import read_plan
     finally:
         sys.path.pop(0)
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "128", "--out", str(tmp_path / "p")]) == 0
     fresh = read_plan(tmp_path / "p")
     assert fresh["optimizer_offload"] and 0 < fresh["optimizer_offload_ratio"] < 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal, Union
 
@@ -39,7 +40,6 @@ class ModelConfig(Section):
         if p.is_dir() and (p / "config.json").is_file():
             return v
         if p.is_file() and p.suffix == ".json":
-            import json
             try:
                 ok = isinstance(json.loads(p.read_text()).get("model_type"), str)
             except (ValueError, AttributeError):
@@ -48,5 +48,5 @@ class ModelConfig(Section):
                 raise ValueError(f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
                                  f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory")
             return v
-        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()}, an HF config.json file nor a directory with a "
-                         f"config.json; pass one of those names or a local HF checkpoint path")
+        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()}, an HF config.json file nor a "
+                         f"directory with a config.json; pass one of those names or a local HF checkpoint path")

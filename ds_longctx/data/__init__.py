@@ -45,7 +45,9 @@ import torch
 
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents
+from ds_longctx.data.synthetic import SyntheticRetrieval
 from ds_longctx.data.tokenize import eos_id, load_tokenizer, tokenize
+from ds_longctx.parallel import attention
 
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
            "check_eval_source", "check_packing", "eval_view"]
@@ -55,7 +57,6 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
     """data_layout='pack' needs an attention kernel that keeps documents apart at this seq_len."""
     if cfg.data.layout != "pack":
         return
-    from ds_longctx.parallel import attention
     on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
     choice = attention.resolve_backend(cfg.kernels.attn_backend)
     if choice.backend == "flash_attn":
@@ -69,8 +70,8 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
                             f"torch.nn.attention.varlen (torch >= 2.9, this is {torch.__version__}) or flash-attn; "
                             f"upgrade torch, install flash-attn, or use data_layout: concat") from None
     if cfg.train.seq_len > attention.MAX_MASKED_TOKENS:
-        raise DataError(f"data_layout='pack' at seq_len={cfg.train.seq_len} needs a varlen attention kernel (CUDA); the "
-                        f"CPU fallback masks a full seq_len^2 matrix and stops at {attention.MAX_MASKED_TOKENS} "
+        raise DataError(f"data_layout='pack' at seq_len={cfg.train.seq_len} needs a varlen attention kernel (CUDA); "
+                        f"the CPU fallback masks a full seq_len^2 matrix and stops at {attention.MAX_MASKED_TOKENS} "
                         f"tokens; use seq_len <= {attention.MAX_MASKED_TOKENS}, data_layout: concat, or a GPU")
 
 
@@ -88,7 +89,6 @@ def build_data(cfg, hf_config, dp_size: int):
     """The run's data: `SyntheticRetrieval` for data='synthetic', else `TokenRows` (validated; see module doc)."""
     vocab = hf_config.get_text_config().vocab_size
     if cfg.data.source == "synthetic":
-        from ds_longctx.data.synthetic import SyntheticRetrieval
         return SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
@@ -99,9 +99,9 @@ def build_data(cfg, hf_config, dp_size: int):
                      source=cfg.data.source, vocab_size=vocab, skipped_rows=docs.skipped_rows)
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
-        raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} ({cfg.data.layout}) "
-                        f"but one step needs {need} different rows (dp={dp_size} x micro_batch={cfg.train.micro_batch}); "
-                        f"add data, lower seq_len, or lower micro_batch")
+        raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
+                        f"({cfg.data.layout}) but one step needs {need} different rows (dp={dp_size} x micro_batch="
+                        f"{cfg.train.micro_batch}); add data, lower seq_len, or lower micro_batch")
     return rows
 
 

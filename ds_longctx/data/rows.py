@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+# pyarrow is imported where Arrow columns are read, not at import.
 import logging
 from dataclasses import dataclass
 from typing import Optional

@@ -24,6 +24,7 @@ Sources over 256 MB show a progress bar (bytes; rank 0 only).
 
 from __future__ import annotations
 
+# pyarrow is imported where a parquet file is scanned, not at import.
 import hashlib
 import json
 import logging
@@ -31,6 +32,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
+
+from tqdm import tqdm
 
 log = logging.getLogger("ds_longctx")
 
@@ -126,7 +129,6 @@ def _stamp(f: str) -> tuple:
 def scan_files(builder: str, files: list, text_field: str) -> Scan:
     """Read every file of a local source ("text", "json", "parquet"); DataError on a fault of a file (module doc).
     Kept per process for unchanged files."""
-    from tqdm import tqdm
     stamps = [_stamp(f) for f in files]
     key = (builder, tuple(stamps), text_field)
     if key in _SCANS:

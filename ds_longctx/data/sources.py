@@ -8,6 +8,7 @@ Every refusal is a `DataError` naming the value (the file, line and byte offset 
 
 from __future__ import annotations
 
+# datasets and pyarrow are imported where documents are loaded (seconds at import).
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,8 +120,8 @@ def load_documents(cfg) -> Documents:
         raise DataError(f"data={cfg.data.source!r} split {cfg.data.split!r} gave a {type(ds).__name__}; pass a split "
                         f"name (data_split) that exists")
     if ds.num_rows == 0:
-        raise DataError(f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it documents "
-                        f"or point data at the right file")
+        raise DataError(f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it "
+                        f"documents or point data at the right file")
     if "input_ids" not in ds.column_names and cfg.data.text_field not in ds.column_names:
         raise DataError(f"data={cfg.data.source!r} has no column text_field={cfg.data.text_field!r} (columns: "
                         f"{ds.column_names}); set text_field to the column holding the text, or provide input_ids")

@@ -27,6 +27,7 @@ the tokenizer's (data/tokenize.py refuses otherwise).
 
 from __future__ import annotations
 
+# tokenizers and transformers are imported where the tokenizer is trained and saved, after the documents are read.
 import argparse
 import json
 import os
@@ -38,6 +39,8 @@ import time
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from ds_longctx.data.scan import DataError
 
@@ -89,7 +92,6 @@ def stdlib_files(root: Path) -> list:
 
 def read_documents(root: Path, only: set | None) -> tuple[list, list]:
     """(documents in name order, [(file, why) left out]), every file read through `tokenize.open`."""
-    from tqdm import tqdm
     grouped: dict = {}
     for rel in stdlib_files(root):
         grouped.setdefault(document_of(rel), []).append(rel)
@@ -148,7 +150,6 @@ def train_tokenizer(texts: list, vocab_size: int):
 
 def count_tokens(docs: list, tok) -> None:
     """Each document's token count (no specials), batches of ~4 M characters, a progress bar over characters."""
-    from tqdm import tqdm
     bar = tqdm(total=sum(len(d.text) for d in docs), desc="tokenize", unit="char", unit_scale=True)
     batch, chars = [], 0
     for i, d in enumerate(docs):

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+# transformers and datasets are imported where a tokenizer is loaded and text tokenized (seconds at import).
 import hashlib
 import json
 from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data.sources import DataError
+
 
 def tokenizer_path(cfg) -> Optional[str]:
     """The tokenizer directory of the run: `tokenizer`, else the model directory when it holds one."""

@@ -20,10 +20,16 @@ the last rows repeated to even the replicas out).
 
 from __future__ import annotations
 
+# datasets is imported where a dataset is made: the loaders need only torch.
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from ds_longctx.data import build_data
 from ds_longctx.data.rows import RowOrder, filled_row, step_samples
+from ds_longctx.run.model import load_hf_config
+from ds_longctx.run.ranks import rank0_first
 
 ROWS_TAG = "ds_longctx token rows"  # DatasetInfo.description of `rows_dataset`'s datasets
 ROW_COLUMNS = ("input_ids", "position_ids", "labels")
@@ -76,7 +82,6 @@ def train_loader(dataset, collate, state, micro_batch: int, seed: int, shuffle: 
 
 def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) -> DataLoader:
     """Every row once per dp replica group, in order; SP peers read the same batches."""
-    from torch.utils.data import DistributedSampler
     sampler = DistributedSampler(dataset, num_replicas=state.dp_size, rank=state.dp_rank, shuffle=False)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
                       **_loader_kwargs(num_workers))
@@ -97,7 +102,6 @@ def token_rows_dataset(rows):
     and for the pack layout also `position_ids` (restarting per document) and `labels` (padding ignored). The rows are
     held in memory (4 bytes per token)."""
     import datasets
-    import numpy as np
     packed = rows.layout == "pack"
     cols = {k: [] for k in (ROW_COLUMNS if packed else ROW_COLUMNS[:1])}
     for j in range(rows.n_rows):
@@ -111,11 +115,6 @@ def rows_dataset(cfg, hf_config=None):
     """The token rows `ds-longctx train` reads for run config `cfg` (`data.build_data`: tokenized on rank 0 first into
     the cache, then read by the others), as a `datasets.Dataset` (`token_rows_dataset`). Call after
     `hf_trainer.training_args` (the process group exists then)."""
-    import torch.distributed as dist
-
-    from ds_longctx.data import build_data
-    from ds_longctx.run.model import load_hf_config
-    from ds_longctx.run.train import rank0_first
     hf = hf_config if hf_config is not None else load_hf_config(cfg.model.name)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     rows = rank0_first(lambda: build_data(cfg, hf, world // cfg.parallel.sp_size), rank)

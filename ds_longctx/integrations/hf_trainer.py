@@ -45,10 +45,18 @@ this sampler); compute_metrics (it gets no logits).
 
 from __future__ import annotations
 
+# torch, transformers, accelerate and the run layer are imported inside the functions that use them: importing
+# this module (a training script's first lines) loads none of them.
 import atexit
 import functools
+import logging
 import os
-import time
+
+from ds_longctx.integrations.step_clock import step_clock
+from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
+from ds_longctx.run.argv import parse_config
+from ds_longctx.run.checkpoint_files import weights_only_loads
+from ds_longctx.run.stops import watch_launcher
 
 
 def run_config(argv: list):
@@ -56,8 +64,6 @@ def run_config(argv: list):
     `ds-longctx plan` file, and `--key value` overrides; the deepspeed launcher's --local_rank dropped; --help lists
     every field; a bad value exits 2 with one line saying what to change). Under a launcher, this process ends itself
     when the launcher dies (run/stops.watch_launcher)."""
-    from ds_longctx.run.stops import watch_launcher
-    from ds_longctx.run.train import parse_config
     watch_launcher()
     return parse_config(list(argv))
 
@@ -69,8 +75,7 @@ def start_processes(cfg) -> None:
     import torch
     from accelerate import PartialState
 
-    from ds_longctx.parallel.parallel_state import init_distributed
-    from ds_longctx.run.train import default_group_timeout
+    from ds_longctx.run.ranks import default_group_timeout
     default_group_timeout(cfg.parallel.collective_timeout_s)
     if not torch.distributed.is_initialized():
         init_distributed(cfg.parallel.collective_timeout_s)
@@ -90,7 +95,6 @@ def finish() -> None:
     """The last line of a script: every rank past a barrier, the process groups torn down, the process ended with
     exit 0 without Python's teardown (parallel_state.leave: no pinned-memory teardown, no communication-thread
     destructor aborting a finished job)."""
-    from ds_longctx.parallel.parallel_state import leave
     leave(0)
 
 
@@ -167,8 +171,9 @@ def training_args(cfg, args_cls=None, **kwargs):
 
 
 def build_model(cfg, stage=lambda name: None):
-    """The run's model as `ds-longctx train` builds it (`run/model.build_model`: YaRN from seq_len, born partitioned
-    under zero.Init, shipped geometries drawn per parameter name), after the engine's checks (`run/preflight`)."""
+    """The run's model as `ds-longctx train` builds it (`run/model.build_partitioned_model`: YaRN from seq_len, born
+    partitioned under zero.Init, shipped geometries drawn per parameter name), after the engine's checks
+    (`run/preflight`)."""
     import torch.distributed as dist
 
     from ds_longctx.run import model as run_model
@@ -176,13 +181,16 @@ def build_model(cfg, stage=lambda name: None):
     start_processes(cfg)
     hf_cfg = validate(cfg, dist.get_world_size())
     rope_coverage(cfg, hf_cfg)
-    return run_model.build_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
+    return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
 
-def rows_dataset(cfg, hf_config=None):
-    """`hf_data.rows_dataset`: the rows `ds-longctx train` reads for `cfg`, as a datasets.Dataset."""
-    from ds_longctx.integrations import hf_data
-    return hf_data.rows_dataset(cfg, hf_config)
+def __getattr__(name: str):
+    """`rows_dataset` is hf_data's (`longctx.rows_dataset(cfg)`), imported on first use: hf_data imports torch, and
+    importing this module must not."""
+    if name == "rows_dataset":
+        from ds_longctx.integrations.hf_data import rows_dataset
+        return rows_dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,68 +238,10 @@ def check_padding(attention_mask) -> None:
                          "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
 
 
-class StepClock:
-    """A TrainerCallback timing each optimizer step (CUDA-synchronized, from on_step_begin to on_step_end) and its
-    peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
-    (`step_clock()` puts them together: transformers is not imported at module level)."""
-
-    snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
-
-    def __init__(self):
-        self.seconds, self.peak, self.t0 = [], 0, None
-        self.recorded = None  # steps since recording began; None: not recording
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        import torch
-        if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
-            from ds_longctx.run import memory_snapshot
-            memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
-            self.recorded = 0
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        self.t0 = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        import torch
-        if self.t0 is None:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            self.peak = max(self.peak, torch.cuda.max_memory_reserved())
-        self.seconds.append(time.perf_counter() - self.t0)
-        self.t0 = None
-        if self.recorded is not None:
-            self.recorded += 1
-            if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
-                import torch.distributed as dist
-
-                from ds_longctx.run import memory_snapshot
-                memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
-                self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
-
-    def read(self) -> dict:
-        import torch
-        out = {}
-        if self.seconds:
-            out["seconds"] = round(sum(self.seconds) / len(self.seconds), 4)
-        if torch.cuda.is_available() and self.seconds:
-            out["peak_gpu_bytes"] = self.peak
-        self.seconds, self.peak = [], 0
-        return out
-
-
-def step_clock():
-    """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
-    from transformers import TrainerCallback
-    return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()
-
-
 def _log_to_stderr() -> None:
     """ds_longctx's build lines (attention kernel, placement, optimizer state, ...) on stderr as `ds-longctx train`
     prints them (rank 0 at INFO, the others at WARNING), unless the script already routes logging somewhere: a
     library adds no handler where its user has one."""
-    import logging
     logger = logging.getLogger("ds_longctx")
     if logger.hasHandlers():
         return
@@ -307,7 +257,6 @@ class LongCtxTrainerMixin:
 
     def __init__(self, *args, run_config, **kwargs):
         super().__init__(*args, **kwargs)
-        from ds_longctx.parallel.parallel_state import ParallelState
         from ds_longctx.levers.loss_head import route_forward
         from ds_longctx.run.engine import apply_levers
         check_trainer(self, run_config)
@@ -326,7 +275,6 @@ class LongCtxTrainerMixin:
     def train(self, *args, **kwargs):
         """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the
         global)."""
-        from ds_longctx.run.checkpoint_files import weights_only_loads
         with weights_only_loads():
             return super().train(*args, **kwargs)
 

@@ -1,4 +1,5 @@
-"""Attention cache: a layer keeps its attention output + LSE from the forward, so the checkpoint recompute skips attention.
+"""Attention cache: a layer keeps its attention output + LSE from the forward, so the checkpoint recompute skips
+attention.
 
 With activation checkpointing every decoder layer runs its forward twice: once in the forward pass (keeping
 only its input) and again in backward, to rebuild what backward needs. At long lengths attention dominates
@@ -35,6 +36,9 @@ from typing import Optional
 
 import torch
 
+from ds_longctx.levers.offload import ALIGN, attention_cache_key, pool
+from ds_longctx.parallel import ulysses
+
 log = logging.getLogger("ds_longctx")
 
 
@@ -59,7 +63,6 @@ class _HostBuffer:
 def carve(region: torch.Tensor, tensors) -> Optional[list]:
     """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned as the pool aligns its
     regions (offload.ALIGN); None when they do not fit."""
-    from ds_longctx.levers.offload import ALIGN
     views, off = [], 0
     for t in tensors:
         n = t.numel() * t.element_size()
@@ -86,7 +89,6 @@ class Slot:
     def _host_buffers(self, tensors) -> Optional[list]:
         """This slot's host tensors for `tensors`: carved from its pool region, else its own registered buffers (on
         a GPU), else None (CPU without a pool: clones)."""
-        from ds_longctx.levers.offload import attention_cache_key, pool
         region = pool().region(attention_cache_key(self.key)) if self.key is not None else None
         views = carve(region, tensors) if region is not None else None
         if views is not None:
@@ -183,6 +185,7 @@ def attach(layer, on_host: bool, key=None) -> None:
     index, whose region of the pinned pool an on-host slot uses when one is reserved)."""
     detach(layer)
     setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host, key))
+    ulysses.set_slot_lookup(slot_of)  # the attention function asks `slot_of` for every layer from now on
 
 
 def detach(layer) -> None:

@@ -26,6 +26,9 @@ LoRA is on (`pip install ds-longctx[lora]`).
 
 from __future__ import annotations
 
+# torch and peft are imported inside the functions that use them: config/ and plan/ import this module, and
+# `ds-longctx plan` runs without them.
+import copy
 import logging
 import zlib
 
@@ -99,8 +102,6 @@ def model_linears(model) -> tuple:
 def check_model_targets(model_cls, hf_config, targets) -> list:
     """`target_names` for a model class and config, on a meta-device instance (nothing allocated), and PEFT
     importable: what the engine's checks (run/preflight.validate) run before any work. Raises ValueError."""
-    import copy
-
     import torch
     try:
         import peft  # noqa: F401

@@ -14,6 +14,7 @@ Dimensions: b batch, s/sp this rank's slice, H hidden, V vocab.
 
 from __future__ import annotations
 
+# deepspeed is imported where the lm_head is registered as ZeRO-3's external parameter, not at import.
 import functools
 
 import torch

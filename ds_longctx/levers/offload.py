@@ -31,7 +31,10 @@ routing through DeepSpeed's checkpoint is exercised.
 
 from __future__ import annotations
 
+# torch and deepspeed are imported inside the functions that use them: the planner imports this module
+# (cache_region_bytes), and `ds-longctx plan` runs without them.
 import logging
+import math
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -98,7 +101,6 @@ class PinnedPool:
 
     def _layout(self, keys, shape, dtype, regions) -> tuple:
         """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each region aligned."""
-        import math
         import torch
         per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         off, where = len(keys) * per, {}
@@ -155,7 +157,9 @@ class PinnedPool:
                 log.warning("pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot per layer "
                             "instead", list(shape), dtype, list(like.shape), like.dtype)
                 self._planned = None
-        fits = lambda buf: buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
+
+        def fits(buf) -> bool:
+            return buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
         if fits(self._reserved.get(key)):
             self._drop_own(key)
             return self._reserved[key]
@@ -228,7 +232,8 @@ def reserve_pool() -> int:
     n = _POOL.reserve_planned()
     if n:
         keys, shape, dtype, pin, regions = planned
-        what = [f"{len(keys)} offloaded checkpoints of {list(shape)} {str(dtype).replace('torch.', '')}"] if keys else []
+        dtype_name = str(dtype).replace("torch.", "")
+        what = [f"{len(keys)} offloaded checkpoints of {list(shape)} {dtype_name}"] if keys else []
         what += [f"{len(regions)} offloaded attention caches"] if regions else []
         log.info("pinned pool: %s in one exact-size %s allocation (%.2f GB)", " and ".join(what),
                  "pinned" if pin else "host", n / 1e9)

@@ -27,10 +27,14 @@ Torch-free at import: the planner and `ds-longctx plan` use it without torch.
 
 from __future__ import annotations
 
+# torch, transformers, deepspeed and the attention cache (which imports torch) are imported inside the functions
+# that use them: config/ and plan/ import this module, and `ds-longctx plan` runs without them.
 import logging
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Optional, Union
+
+from ds_longctx.levers.offload import offload_checkpoint_function, pool_checkpoint_function
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -271,12 +275,10 @@ def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[d
         model.__dict__[_ENABLED_ATTR] = True
     funcs = {Place.KEEP: None, Place.CACHE: None}
     if plan.offloaded and not pinned_pool:
-        from ds_longctx.levers.offload import offload_checkpoint_function
         if ds_config is None:
             raise ValueError("offloaded layers need the DeepSpeed config (its activation_checkpointing block)")
         funcs[Place.OFFLOAD] = funcs[Place.CACHE_OFFLOAD] = offload_checkpoint_function(ds_config)
     from ds_longctx.levers import attention_cache
-    from ds_longctx.levers.offload import pool_checkpoint_function
     for i, (layer, place, original) in enumerate(zip(layers, plan.layers, originals)):
         layer.__dict__.setdefault(_PREV_ATTR, original)
         fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]

@@ -29,6 +29,8 @@ sqrt(1/t) = 0.1 ln F + 1 multiplies cos and sin, so q.k is scaled by 1/t.
 
 from __future__ import annotations
 
+# torch and transformers are imported inside the functions that use them: plan/geometry.py imports this module,
+# and `ds-longctx plan` runs without them.
 import copy
 import logging
 import math
@@ -139,8 +141,8 @@ def _validated(params: dict, hf_config, seq_len: int) -> dict:
     if rope_type == "yarn":
         missing = [k for k in _YARN_REQUIRED if k not in params]
         if missing:
-            raise ValueError(f"YaRN rope_parameters={params!r} is missing {missing}; give all of {list(_YARN_REQUIRED)}, "
-                             f"e.g. factor={seq_len / trained_context(hf_config):.3f} and "
+            raise ValueError(f"YaRN rope_parameters={params!r} is missing {missing}; give all of "
+                             f"{list(_YARN_REQUIRED)}, e.g. factor={seq_len / trained_context(hf_config):.3f} and "
                              f"original_max_position_embeddings={trained_context(hf_config)} for seq_len={seq_len}")
         orig = params["original_max_position_embeddings"]
         if not isinstance(orig, int) or orig < 1:

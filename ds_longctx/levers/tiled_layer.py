@@ -32,6 +32,8 @@ refused. Numerics: tests/levers/test_tiled_layer.py (against the plain HF layer)
 
 from __future__ import annotations
 
+# transformers' modules are imported where a model is patched, not at import.
+import copy
 import importlib
 import logging
 from dataclasses import dataclass
@@ -104,7 +106,6 @@ def layer_parts(layer: nn.Module) -> dict:
 def check_tiled_layer(model_cls, hf_config) -> int:
     """`layer_parts` for every decoder layer of a meta-device instance (nothing allocated): the engine's check
     before any work (run/preflight.validate). Returns how many layers; raises ValueError."""
-    import copy
     with torch.device("meta"):
         model = model_cls(copy.deepcopy(hf_config))
     layers = _decoder_layers(model)

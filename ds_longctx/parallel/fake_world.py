@@ -27,6 +27,8 @@ world they agree, so those checks return this rank's list (`start` patches them,
 
 from __future__ import annotations
 
+# deepspeed and torch's private fake process group are imported by `start`, which alone needs them: checkpoint,
+# export and evaluate import this module to ask whether a rehearsal is running.
 import os
 import threading
 from collections import defaultdict
@@ -259,7 +261,8 @@ def _broadcast(orig, *args, **kwargs):
 
 
 def _unchanged(kind: str):
-    """A collective that leaves its arguments as they are in a symmetric world (objects, barriers): counted, no bytes."""
+    """A collective that leaves its arguments as they are in a symmetric world (objects, barriers): counted, no
+    bytes."""
     def wrapper(orig, *args, **kwargs):
         _LOG.add(kind, _ranks(kwargs.get("group")), 0)
     return wrapper

@@ -27,7 +27,11 @@ sp_size == 1 is the explicit no-op path: no SP group is built.
 
 from __future__ import annotations
 
+# torch and deepspeed are imported inside the functions that use them: config/ and plan/ import this module.
+import logging
 import os
+import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
@@ -96,15 +100,14 @@ def check_planned_world(nodes: Optional[int], gpus_per_node: Optional[int], worl
     have_nodes = max(world_size // max(per_node, 1), 1)
     raise ValueError(f"this config was planned for {want_nodes * want_per} processes ({want_nodes} node(s) x "
                      f"{want_per}); this launch has {world_size} ({have_nodes} node(s) x {per_node}): its memory plan "
-                     f"holds for its own world only. Launch {want_nodes} x {want_per}, plan this world (ds-longctx plan "
-                     f"--nodes {have_nodes} --gpus {per_node} ...), or set parallel.nodes: null and "
+                     f"holds for its own world only. Launch {want_nodes} x {want_per}, plan this world (ds-longctx "
+                     f"plan --nodes {have_nodes} --gpus {per_node} ...), or set parallel.nodes: null and "
                      f"parallel.gpus_per_node: null to run it anyway")
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing holds now: a rendezvous of our own launch (torchrun's --master_port) or a
     plain-python world of one. A fixed one made two such jobs on one machine collide (EADDRINUSE on the second)."""
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -200,8 +203,6 @@ def leave(code: int = 0) -> None:
     262k run with optimizer offload took more than 25 s to exit after "done"), and no C++ destructor of a still
     running communication thread can end the process with "terminate called without an active exception" after the
     job finished (seen at the exit of 2-4-process gloo runs)."""
-    import logging
-    import sys
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():

@@ -39,7 +39,7 @@ class ModelGeometry:
     o_bias: bool = False  # a bias on o_proj (Llama / Mistral with attention_bias; Qwen2 has none)
     mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
     rope_type: str = "default"  # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
-    trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: the config gives no max_position_embeddings
+    trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: no max_position_embeddings given
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
@@ -122,9 +122,10 @@ class ModelGeometry:
     def linears(self) -> dict:
         """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name them (the
         output layer is `lm_head`): what levers/lora.target_names reads to count adapters without a model."""
-        H, I, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        H, inter, q, kv = self.hidden, self.intermediate, self.heads * self.head_dim, self.kv_heads * self.head_dim
         shapes = {"self_attn.q_proj": (H, q), "self_attn.k_proj": (H, kv), "self_attn.v_proj": (H, kv),
-                  "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, I), "mlp.up_proj": (H, I), "mlp.down_proj": (I, H)}
+                  "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, inter), "mlp.up_proj": (H, inter),
+                  "mlp.down_proj": (inter, H)}
         out = {f"model.layers.{i}.{part}": shape for i in range(self.layers) for part, shape in shapes.items()}
         out["lm_head"] = (H, self.vocab)
         return out
@@ -133,12 +134,13 @@ class ModelGeometry:
         """Each parameter's element count in `model.parameters()` order (HF's module registration order: the
         embedding; per layer q/k/v/o (+ biases), q_norm/k_norm, gate/up/down, the two norms; the final norm;
         lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (zero_buffers.optimizer_split)."""
-        H, I, d, q, kv = self.hidden, self.intermediate, self.head_dim, self.heads * self.head_dim, \
-            self.kv_heads * self.head_dim
+        H, inter, d = self.hidden, self.intermediate, self.head_dim
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         b, m = self.attention_bias, self.mlp_bias
         layer = [H * q, *([q] if b else []), H * kv, *([kv] if b else []), H * kv, *([kv] if b else []),
                  q * H, *([H] if self.o_bias else []), *([d, d] if self.qk_norm else []),
-                 H * I, *([I] if m else []), H * I, *([I] if m else []), I * H, *([H] if m else []), H, H]
+                 H * inter, *([inter] if m else []), H * inter, *([inter] if m else []), inter * H, *([H] if m else []),
+                 H, H]
         emb = self.vocab * self.hidden
         return [emb, *layer * self.layers, H, *([] if self.tied_embeddings else [emb])]
 

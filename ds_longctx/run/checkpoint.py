@@ -32,6 +32,7 @@ and the optimizer state continue exactly. `ds-longctx eval` (run/eval_checkpoint
 
 from __future__ import annotations
 
+# deepspeed is imported where a checkpoint is saved, not at import.
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -93,8 +95,8 @@ def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume")
                                      if tags else "; train without resume to create one"))
     tag_dir = root / tag
     if not tag_dir.is_dir():
-        raise CheckpointError(f"{what}: checkpoint tag {tag!r} does not exist in {str(root)!r}; available: "
-                              f"{sorted(p.name for p in root.iterdir() if _TAG.match(p.name)) if root.is_dir() else []}")
+        tags = sorted(p.name for p in root.iterdir() if _TAG.match(p.name)) if root.is_dir() else []
+        raise CheckpointError(f"{what}: checkpoint tag {tag!r} does not exist in {str(root)!r}; available: {tags}")
     meta_path = tag_dir / META
     if not meta_path.is_file():
         raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is incomplete (no {META}: its save was "
@@ -213,7 +215,6 @@ def _barrier() -> None:
 
 def numpy_state(state) -> dict:
     """numpy's legacy RNG state tuple ('MT19937', key, pos, has_gauss, gauss) as tensors and numbers."""
-    import numpy as np
     name, key, pos, has_gauss, gauss = state
     return {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "gauss": float(gauss)}
@@ -221,7 +222,6 @@ def numpy_state(state) -> dict:
 
 def _rng_state() -> dict:
     """This process's RNG states (torch, python, numpy, every CUDA device) in what a weights-only load reads."""
-    import numpy as np
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state(np.random.get_state())}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -230,7 +230,6 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     """Restore `_rng_state`'s states (format 1's numpy tuple too)."""
-    import numpy as np
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     n = state["numpy"]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.run import checkpoint, checkpoint_files as files
+from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run.checkpoint_files import CheckpointError
 
 

@@ -23,6 +23,8 @@ the global (`unsafe_globals`, read from the pickle without running it, then torc
 
 from __future__ import annotations
 
+# torch, numpy and deepspeed are imported inside the functions that use them: the HF Trainer integration imports
+# this module, and importing it loads none of them.
 import contextlib
 import hashlib
 import os
@@ -30,6 +32,8 @@ import pickle
 import re
 from pathlib import Path
 from typing import Iterable, Optional
+
+from tqdm import tqdm
 
 META = "meta.json"
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
@@ -62,7 +66,6 @@ def digest(path: Path, show: bool = False) -> str:
     size = path.stat().st_size
     bar = None
     if show and size > PROGRESS_BYTES:
-        from tqdm import tqdm
         bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):

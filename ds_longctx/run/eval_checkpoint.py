@@ -17,13 +17,19 @@ and loaded weights-only as a resume's (run/checkpoint.py); SIGTERM / SIGINT end 
 
 from __future__ import annotations
 
+# torch, the data and the engine are imported by `main`, in the workers: the launcher checks the arguments
+# (`eval_inputs`) without them.
 import argparse
 import logging
 import os
 import sys
 from pathlib import Path
 
-from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
+from pydantic import ValidationError
+
+from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.parallel.parallel_state import init_distributed
+from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl, evaluate
 from ds_longctx.run.refuse import refuse
 from ds_longctx.run.stops import end_on_signal, watch_launcher
 
@@ -46,19 +52,16 @@ def args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(argv: list[str], world_size: int | None):
+def eval_inputs(argv: list[str], world_size: int | None):
     """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
     check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
-    from pydantic import ValidationError
-
     from ds_longctx import data
-    from ds_longctx.config import RunConfig, format_validation_error
     from ds_longctx.run.checkpoint import check_output_dir
-    from ds_longctx.run.export import resolve as find
+    from ds_longctx.run.export import find_run_checkpoint
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
-    tag_dir, meta = find(a.checkpoint, a.tag, what="eval")
+    tag_dir, meta = find_run_checkpoint(a.checkpoint, a.tag, what="eval")
     run = meta["run"]
     world = run["world_size"] if world_size is None else world_size
     if world != run["world_size"]:
@@ -94,17 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
     # ---------------------------------------------------------------- checks (nothing started or written)
     try:
-        cfg, hf_cfg, tag_dir, meta, out = resolve(argv, world)
+        cfg, hf_cfg, tag_dir, meta, out = eval_inputs(argv, world)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     import torch
 
     from ds_longctx.data import build_eval_data
-    from ds_longctx.parallel.parallel_state import init_distributed
     from ds_longctx.run import checkpoint
     from ds_longctx.run.engine import build_engine
-    from ds_longctx.run.evaluate import evaluate
-    from ds_longctx.run.train import default_group_timeout, rank0_first
+    from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
     # ---------------------------------------------------------------- process group, held-out rows, engine, weights
     default_group_timeout(cfg.parallel.collective_timeout_s)

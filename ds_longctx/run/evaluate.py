@@ -28,12 +28,13 @@ Torch is imported inside `evaluate` only: the entry points import this module be
 
 from __future__ import annotations
 
+# torch and the parallel modules are imported inside the functions that use them: `ds-longctx eval`'s launcher
+# reads this module's file names without them.
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
-
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "eval_curve.jsonl"

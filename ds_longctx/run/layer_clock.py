@@ -10,7 +10,8 @@ collectives issued inside it; and a step of L layers extrapolated from K of them
 The marks sit outside the layer's checkpoint: in forward they stamp the layer's start and end; in backward a
 gradient hook on the output stamps when the layer's backward (its recompute included) starts, one on the input when
 it ends. Hooks add no tensor and no reference to one, so what the layer frees (an offloaded input) is freed. Stamps
-are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the process RSS at the forward's two stamps.
+are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the
+process RSS at the forward's two stamps.
 
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
 peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers

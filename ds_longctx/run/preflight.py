@@ -3,12 +3,12 @@
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: what the host cannot hold (`host_problem`), the engine's checks (`validate`: the model as `plan` reads it (plan/geometry.py: the same refusal in the
-same words), its weights where it is a checkpoint directory, sp_size vs world, processes per node and heads,
-attention backend, model class, LoRA targets, the placement plan for this model), the RoPE coverage at seq_len, the
-data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing support), then output_dir and
-resume (checkpoint.check_run_dir: another run's files, the checkpoint's files). Nothing is written: a refused run
-leaves no output.
+Order: what the host cannot hold (`host_problem`), the engine's checks (`validate`: the model as `plan` reads it
+(plan/geometry.py: the same refusal in the same words), its weights where it is a checkpoint directory, sp_size vs
+world, processes per node and heads, attention backend, model class, LoRA targets, the placement plan for this model),
+the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
+support), then output_dir and resume (checkpoint.check_run_dir: another run's files, the checkpoint's files). Nothing is
+written: a refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -17,18 +17,20 @@ import copy
 import logging
 import os
 
+import psutil
 import torch
 
 from ds_longctx import data
 from ds_longctx.levers.fused_ops import check_fused_ops
-from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.levers.lora import check_model_targets
+from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.search import run_placement
 from ds_longctx.run import checkpoint
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
+from ds_longctx.run.placement_plan import run_placement
 
 log = logging.getLogger("ds_longctx")
 
@@ -67,7 +69,6 @@ def validate(cfg, world_size: int, per_node: int | None = None):
 def rope_coverage(cfg, hf_config) -> None:
     """Refuse a seq_len beyond the positions YaRN is set for (an explicit rope_parameters dict, or a checkpoint
     that already carries YaRN with rope_scaling='none'). Works on a copy: the engine applies it itself."""
-    from ds_longctx.levers.rope import apply_rope_scaling
     hf = copy.deepcopy(hf_config)
     quiet = log.disabled
     log.disabled = True
@@ -94,7 +95,6 @@ def host_problem(cfg) -> str | None:
     """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on each rank (
     micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or more tokenizing processes
     than cores (datasets.map forks every one)."""
-    import psutil
     tokens = cfg.train.micro_batch * cfg.train.seq_len
     need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
     if need > ram:

@@ -10,6 +10,7 @@ the launcher the same way (`last_line`).
 
 from __future__ import annotations
 
+# torch is imported where a process group may need tearing down: the CLI imports this module without it.
 import os
 import sys
 from pathlib import Path

@@ -27,6 +27,8 @@ arguments), before any rank starts.
 
 from __future__ import annotations
 
+# the engine, the data and torch are imported inside the functions that use them: `ds-longctx rehearse` checks
+# its arguments and starts one process per rank first.
 import argparse
 import json
 import logging
@@ -38,7 +40,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from ds_longctx.plan import interconnect as ic
+from ds_longctx.plan.geometry import as_geometry
+from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.planner import plan_memory
+from ds_longctx.run.argv import parse_config
+from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.refuse import REFUSED
+from ds_longctx.run.stops import watch_launcher
+from ds_longctx.run.worker_env import worker_env
 
 PREFIX = "[rehearsal]"
 DEFAULT_STEPS = 2
@@ -99,7 +109,8 @@ def world_of(cfg, a) -> tuple[int, int, int]:
 def role_of(rank: int, per_node: int, sp: int) -> str:
     node, first = rank // per_node, rank - rank % sp
     where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
-    return f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank {rank % per_node}"
+    return (f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
+            f"{rank % per_node}")
 
 
 def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
@@ -121,10 +132,6 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
 
 def planned(cfg, per_node: int, nodes: int):
     """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
-    from ds_longctx.plan.geometry import as_geometry
-    from ds_longctx.plan.levers import Levers
-    from ds_longctx.plan.planner import plan_memory
-    from ds_longctx.plan.search import run_placement
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
     return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
@@ -133,7 +140,6 @@ def planned(cfg, per_node: int, nodes: int):
 
 def rehearsal_config(argv: list):
     """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each said in a line)."""
-    from ds_longctx.run.train import parse_config
     cfg = parse_config(argv)
     off = []
     if cfg.checkpoint.save_every:
@@ -159,7 +165,6 @@ def check(cfg, world: int, per_node: int):
 
 
 def links(a, cfg):
-    from ds_longctx.plan import interconnect as ic
     name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
     if name not in ic.LINKS:
         raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
@@ -186,7 +191,6 @@ def main(argv: list | None = None) -> int:
         links(a, cfg)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.plan.search import run_placement
             from ds_longctx.run.layer_clock import pick_layers
             placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
             pick_layers([p.value for p in placement.layers], a.layers)
@@ -212,7 +216,6 @@ def main(argv: list | None = None) -> int:
 
 
 def cfg_layers(cfg) -> int:
-    from ds_longctx.plan.geometry import as_geometry
     return as_geometry(cfg.model.name).layers
 
 
@@ -222,7 +225,6 @@ def say(line: str, stream=None) -> None:
 
 def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
     """Play `rank` in a fresh process, its every output line prefixed; (its row or None, its exit code)."""
-    from ds_longctx.run.worker_env import worker_env
     tag = f"[rehearsal rank {rank}/{world}]"
     with tempfile.TemporaryDirectory(prefix="ds_longctx-rehearsal-") as tmp:
         row_path = Path(tmp) / "row.json"
@@ -272,7 +274,6 @@ def play_rank(a, rest: list) -> int:
     rank = a.child_rank
     from ds_longctx.parallel import fake_world
     counts = fake_world.start(rank, world, per_node)
-    from ds_longctx.run.stops import watch_launcher
     watch_launcher()  # the rehearse command that started this process is its launcher: it ends with it
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -12,12 +12,15 @@ hung rank, a worker whose launcher died); 2 a refusal (run/refuse.py); 128 + the
 
 from __future__ import annotations
 
+# torch is imported where the ranks agree on a stop: launchers import this module without it.
 import os
 import signal
 import sys
 import threading
 import time
 from typing import Optional
+
+from ds_longctx.run.refuse import last_line
 
 FAILED = 1
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -112,8 +115,6 @@ def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
 def end_on_signal(what: str) -> None:
     """For a job with nothing to save (`ds-longctx eval`): SIGTERM / SIGINT end this process at once, exit 0, rank 0's
     line last ("eval stopped by SIGINT: nothing written"; the launcher exits 128 + the signal)."""
-    from ds_longctx.run.refuse import last_line
-
     def handler(signum, frame) -> None:
         last_line(f"{what} stopped by {signal_name(signum)}: nothing written", signal_exit(signum),
                   int(os.environ.get("RANK", "0")))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+# torch is imported where the environment needs to know about CUDA: the CLI imports this module without it.
 import os
+
+from ds_longctx.run.stops import STOP_GRACE_S
 
 
 def has_cuda() -> bool:
@@ -22,6 +25,5 @@ def worker_env() -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONWARNINGS", "ignore")
-    from ds_longctx.run.stops import STOP_GRACE_S  # torchrun's wait for the workers' save after a signal
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(STOP_GRACE_S))
     return env

@@ -8,13 +8,11 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx.parallel import attention
-
-from ds_longctx.parallel import ulysses
 from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.preflight import validate
-from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
 from tests.helpers import ROOT, cpu_env, run_cli
 
 
@@ -24,7 +22,8 @@ def test_yaml_and_cli_round_trip(tmp_path):
     cfg.dump(path)
     assert RunConfig.load(path) == cfg
     again = RunConfig.from_cli(["--config", str(path), "--steps", "7", "--lr=1e-3", "--chunked-loss", "false"])
-    assert (again.train.steps, again.optimizer.lr, again.memory.chunked_loss, again.train.seq_len) == (7, 1e-3, False, 128)
+    assert (again.train.steps, again.optimizer.lr, again.memory.chunked_loss, again.train.seq_len) == \
+        (7, 1e-3, False, 128)
 
 
 def test_unknown_key_in_file_is_refused(tmp_path):
@@ -243,7 +242,7 @@ def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
 
 def test_hf_trainer_names_point_at_ours():
     """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
-    from ds_longctx.config.run import FLAT, HF_NAMES
+    from ds_longctx.config.keys import FLAT, HF_NAMES
     assert set(HF_NAMES.values()) <= set(FLAT) and not set(HF_NAMES) & set(FLAT)
     with pytest.raises(ValueError, match=r"^unknown option --save_steps; nearest: --save_every \(the HF Trainer's "
                                          r"save_steps\); every key"):
@@ -313,7 +312,7 @@ def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
 def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_plan(kw, says, fix, flag_says, capsys):
     """One rule (config/run.lever_conflict), three askers: the run config, the planner (plan_memory) and
     `ds-longctx plan`'s arguments refuse the same combinations with the same words, the last spelled as its flags."""
-    from ds_longctx.plan import generate
+    from ds_longctx.plan import write
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import Levers, plan_memory
     with pytest.raises(ValidationError) as e:
@@ -326,7 +325,7 @@ def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_
     flags = []  # `plan` decides the optimizer offload itself (a ratio asks for it): no flag for it
     for k, v in kw.items():
         flags += [] if k == "optimizer_offload" else [f"--{k}"] if v is True else [f"--{k}", f"{v:g}"]
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
     err = capsys.readouterr().err
     assert flag_says in err and "drop one of them" in err, err
 

@@ -10,8 +10,8 @@ from ds_longctx.config import RunConfig
 from ds_longctx.data import Batch, TokenRows, build_data
 from ds_longctx.data.rows import pack_rows
 from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
-from ds_longctx.run.model import load_hf_config
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
+from ds_longctx.run.model import load_hf_config
 from tests.helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
 
 L = 32
@@ -21,8 +21,8 @@ L = 32
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     docs = documents(40, min_words=3, max_words=50)
-    return {"dir": d, "docs": docs, "tok": str(make_tokenizer(d / "tok")), "jsonl": str(write_jsonl(d / "c.jsonl", docs)),
-            "cache": str(d / "cache")}
+    return {"dir": d, "docs": docs, "tok": str(make_tokenizer(d / "tok")),
+            "jsonl": str(write_jsonl(d / "c.jsonl", docs)), "cache": str(d / "cache")}
 
 
 @pytest.fixture(scope="module")

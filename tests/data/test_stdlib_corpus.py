@@ -84,5 +84,5 @@ def test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval(corpus, tmp_p
     assert [c["step"] for c in curve] == [2, 4] and curve[0]["edges"] == [0, 64, 128, 192, 256]
     for c, e in zip(curve, evals):  # the curve's buckets make up the eval loss (token-weighted)
         assert sum(c["tokens"]) == e["eval_tokens"]
-        mean = sum(l * n for l, n in zip(c["loss"], c["tokens"]) if n) / sum(c["tokens"])
+        mean = sum(x * n for x, n in zip(c["loss"], c["tokens"]) if n) / sum(c["tokens"])
         assert mean == pytest.approx(e["eval_loss"], rel=1e-5)

@@ -41,12 +41,12 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
+    import yaml
+
     from ds_longctx.config import RunConfig
     from ds_longctx.data import build_eval_data
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.evaluate import eval_batches, evaluate
-
-    import yaml
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     cfg = RunConfig(**{"model": "qwen3-tiny", "seq_len": a.length, "sp_size": a.sp, "dtype": "fp32", "seed": 0,
                        "micro_batch": a.micro_batch, "eval_data": "synthetic", "eval_rows": a.rows,

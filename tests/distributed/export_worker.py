@@ -40,13 +40,13 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     a = ap.parse_args()
 
-    from ds_longctx.run import checkpoint
+    import yaml
+
     from ds_longctx.config import RunConfig
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.parallel.parallel_state import init_distributed
+    from ds_longctx.run import checkpoint
     from ds_longctx.run.engine import build_engine
-
-    import yaml
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
                     rope_scaling=YARN, save_every=2, **overrides)

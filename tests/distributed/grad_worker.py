@@ -20,6 +20,7 @@ def main():
     a = ap.parse_args()
 
     import deepspeed
+
     from ds_longctx.config import RunConfig
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine
@@ -50,12 +51,13 @@ def main():
            "not_partitioned": [n for n, p in eng.module.named_parameters() if not hasattr(p, "ds_id")],
            # DeepSpeed's own view of parameter offload (offload_params) and of its one flat host buffer
            "offload_param": bool(getattr(eng.ds.optimizer, "offload_param", False)),
-           "param_host_buffer": sum(t.numel() for t in getattr(eng.ds.optimizer, "param_groups_fp16_flat_cpu_memory", []))}
+           "param_host_buffer": sum(t.numel() for t in
+                                    getattr(eng.ds.optimizer, "param_groups_fp16_flat_cpu_memory", []))}
     if a.placement:  # what each layer really runs, read off the layers (not the plan's labels): its checkpoint
         # function (DeepSpeed's offloads) and its attention module's cache slot (on the host or not)
         from ds_longctx.levers import attention_cache
         from ds_longctx.levers.placement import decoder_layers
-        from ds_longctx.plan.search import run_placement
+        from ds_longctx.run.placement_plan import run_placement
         kinds = []
         for layer in decoder_layers(eng.model):
             fn = layer.__dict__.get("_gradient_checkpointing_func")

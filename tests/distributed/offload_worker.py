@@ -23,7 +23,8 @@ def main():
     opt = eng.ds.optimizer
     if eng.state.rank == 0:
         with open(a.out, "w") as f:
-            json.dump({"world": eng.state.world_size, "numels": [int(n) for n in opt.fp16_partitioned_groups_flat_numel],
+            json.dump({"world": eng.state.world_size,
+                       "numels": [int(n) for n in opt.fp16_partitioned_groups_flat_numel],
                        "ratio": opt.partial_offload, "sub_groups": len(opt.subgroup_to_device),
                        "backup_optimizer": hasattr(opt, "backup_optimizer"),
                        "optimizer": type(opt.optimizer).__name__}, f)

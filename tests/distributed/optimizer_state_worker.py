@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import yaml
+
     from ds_longctx.config import RunConfig
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from ds_longctx.config import RunConfig
-from ds_longctx.run import checkpoint, checkpoint_files as files
+from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint_files as files
 from tests.helpers import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow

@@ -5,8 +5,8 @@ SP forward of the trained engine, gathered) on the same input, and keeps the tra
 import pytest
 import torch
 
-from tests.helpers import rel_err, run_cli, torchrun
 from tests.distributed.export_worker import YARN
+from tests.helpers import rel_err, run_cli, torchrun
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,18 @@ import sys
 
 import pytest
 
-from tests.helpers import (ROOT, cpu_env, documents, free_port, make_tokenizer, read_metrics, rel_err, run_cli,
-                           torchrun, write_txt_dir)
+from tests.helpers import (
+    ROOT,
+    cpu_env,
+    documents,
+    free_port,
+    make_tokenizer,
+    read_metrics,
+    rel_err,
+    run_cli,
+    torchrun,
+    write_txt_dir,
+)
 
 pytestmark = pytest.mark.slow
 STEP1, STEP2 = 1e-5, 1e-4  # fp32 rel: the step-1 loss, the step-2 loss (after one optimizer step)

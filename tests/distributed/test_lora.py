@@ -58,8 +58,9 @@ def fp32_state(run_dir):
 
 def test_train_keeps_the_base_and_moves_the_adapters(tmp_path):
     out = tmp_path / "run"
-    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "64", "--steps", "2",
-                   "--dtype", "fp32", "--lr", "1e-3", "--lora_rank", "4", "--save_every", "2", "--output_dir", str(out)])
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "64", "--steps",
+                   "2", "--dtype", "fp32", "--lr", "1e-3", "--lora_rank", "4", "--save_every", "2", "--output_dir",
+                   str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
     state = fp32_state(out)

@@ -34,27 +34,27 @@ def assert_steps_as_the_lazy_default(made: list[dict], lazy: list[dict], case: s
     losses, weights, moments and step counters: bit for bit (`exact`; CPU), or to fp32 rounding (a GPU's attention
     backward may add in another order from run to run). A first real step at another step count (bias correction)
     or with the warm-up's update left in would be far outside both."""
-    for rank, (m, l) in enumerate(zip(made, lazy)):
-        assert m["built"]["optimizers"] == l["built"]["optimizers"]
+    for rank, (m, lz) in enumerate(zip(made, lazy)):
+        assert m["built"]["optimizers"] == lz["built"]["optimizers"]
         if case == "half":
             assert m["built"]["optimizers"] == ["AdamW", "DeepSpeedCPUAdam"]
         # at build: the lazy default has no state; ours has every sub-group's, zero moments at step 0
-        assert all(st == {} for st in l["built"]["state"]), (rank, l["built"]["state"])
-        assert len(m["built"]["state"]) == len(l["built"]["state"]) >= 1
+        assert all(st == {} for st in lz["built"]["state"]), (rank, lz["built"]["state"])
+        assert len(m["built"]["state"]) == len(lz["built"]["state"]) >= 1
         for p, st in zip(m["built"]["master"], m["built"]["state"]):
             assert {"step", "exp_avg", "exp_avg_sq"} <= set(st), st.keys()
             assert st["step"] == 0
             assert st["exp_avg"].shape == st["exp_avg_sq"].shape == p.shape
             assert not st["exp_avg"].any() and not st["exp_avg_sq"].any()
         # the warm-up step changed no weight (lr and weight decay 0 for it): the same master as the lazy build
-        for a, b in zip(m["built"]["master"], l["built"]["master"]):
+        for a, b in zip(m["built"]["master"], lz["built"]["master"]):
             assert torch.equal(a, b)
         # two real steps later: the same losses, weights, moments and step counters as the lazy default
-        assert m["losses"] == l["losses"] if exact else m["losses"] == pytest.approx(l["losses"], rel=1e-6)
-        for a, b in zip(m["stepped"]["master"], l["stepped"]["master"]):
+        assert m["losses"] == lz["losses"] if exact else m["losses"] == pytest.approx(lz["losses"], rel=1e-6)
+        for a, b in zip(m["stepped"]["master"], lz["stepped"]["master"]):
             assert same(a, b, exact)
         assert any(not torch.equal(a, b) for a, b in zip(m["stepped"]["master"], m["built"]["master"]))
-        for sa, sb in zip(m["stepped"]["state"], l["stepped"]["state"]):
+        for sa, sb in zip(m["stepped"]["state"], lz["stepped"]["state"]):
             assert sa.keys() == sb.keys() and sa["step"] == sb["step"] == 2
             for k in ("exp_avg", "exp_avg_sq"):
                 assert same(sa[k], sb[k], exact), k

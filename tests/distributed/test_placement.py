@@ -1,7 +1,7 @@
 """Mixed placement plans (a layer offloaded through DeepSpeed's checkpoint, a layer with its attention output
-cached, a layer with both its checkpoint and its kept output on the host) under ZeRO-3 SP=2 on 2 gloo processes: the engine applies exactly the plan the run config makes, layer by
-layer (read off each layer's checkpoint function), and the loss and every gradient equal a plain single-process HF
-model's (fp32, rel <= 1e-5)."""
+cached, a layer with both its checkpoint and its kept output on the host) under ZeRO-3 SP=2 on 2 gloo processes: the
+engine applies exactly the plan the run config makes, layer by layer (read off each layer's checkpoint function), and
+the loss and every gradient equal a plain single-process HF model's (fp32, rel <= 1e-5)."""
 
 import pytest
 

@@ -13,8 +13,19 @@ import pytest
 import torch
 
 from ds_longctx.run import checkpoint
-from tests.helpers import (ROOT, cpu_env, free_port, read_metrics, run_cli, start, text_run_args, torchrun,
-                           torchrun_cmd, wait_for_steps, worker)
+from tests.helpers import (
+    ROOT,
+    cpu_env,
+    free_port,
+    read_metrics,
+    run_cli,
+    start,
+    text_run_args,
+    torchrun,
+    torchrun_cmd,
+    wait_for_steps,
+    worker,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +121,7 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
     tensorboard is not a dependency)."""
     import types
 
-    from ds_longctx.run.train import MetricsLog
+    from ds_longctx.run.metrics_log import MetricsLog
     written = []
 
     class Writer:
@@ -143,7 +154,7 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
     import types
 
     from ds_longctx.run.evaluate import EvalResult
-    from ds_longctx.run.train import MetricsLog
+    from ds_longctx.run.metrics_log import MetricsLog
     written = []
 
     class Writer:

@@ -110,7 +110,8 @@ def test_tiled_layer_keeps_packed_documents_apart(tmp_path):
 def family_checkpoint(tmp_path, family: str):
     """A tiny local HF checkpoint of another family (random weights; the engine loads them from the directory)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[family]
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                          "mistral": (MistralConfig, MistralForCausalLM)}[family]
     cfg = cfg_cls(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=2048, use_cache=False)
     torch.manual_seed(0)

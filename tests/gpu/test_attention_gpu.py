@@ -132,8 +132,8 @@ def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packe
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend):
-    """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned host
-    memory), layer 1 `cache` vs both `keep`: the loss and every gradient agree, and the engine applied the plan."""
+    """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned
+    host memory), layer 1 `cache` vs both `keep`: the loss and every gradient agree, and the engine applied the plan."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend=backend, model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     cached = run(tmp_path, N, N, placement="cache+offload,cache", read_placement=True, **kw)
@@ -156,9 +156,9 @@ def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
 
 
 def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
-    """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned pool
-    (one cudaHostRegister'd block: checkpoint slots and the attention cache's region; side-stream copies) against both
-    `keep`."""
+    """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned
+    pool (one cudaHostRegister'd block: checkpoint slots and the attention cache's region; side-stream copies) against
+    both `keep`."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     pooled = run(tmp_path, N, N, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
@@ -176,9 +176,9 @@ def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
 
 
 def test_longest_plan_levers_give_the_plain_grads(tmp_path):
-    """bf16, SP = the GPUs here (2 at most), FlashAttention 4 where installed: the longest plan's levers together (the tiled layer, a
-    checkpoint in our pinned pool, the top layer's attention output cached on the GPU) against both layers `keep`
-    without the tiled layer; tolerances as the pool test's."""
+    """bf16, SP = the GPUs here (2 at most), FlashAttention 4 where installed: the longest plan's levers together (the
+    tiled layer, a checkpoint in our pinned pool, the top layer's attention output cached on the GPU) against both
+    layers `keep` without the tiled layer; tolerances as the pool test's."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     longest = run(tmp_path, N, N, placement="offload,cache", pinned_pool=True, tiled_layer=True, tile_tokens=512,

@@ -22,7 +22,8 @@ def test_resume_on_gpu_gives_the_straight_runs_losses_with_the_weights_only_load
                                                                                     weight_tol):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from ds_longctx.run import checkpoint, checkpoint_files as files
+    from ds_longctx.run import checkpoint
+    from ds_longctx.run import checkpoint_files as files
     extra = ["--dtype", "bf16"] if case == "bf16" else ["--dtype", "fp32", "--optimizer_offload", "true"]
     base = ["train", "--nproc", str(N), "--sp_size", str(N), "--model", "qwen3-tiny", "--seq_len", "512", "--lr",
             "1e-3", "--weight_decay", "0.01", "--fused_ops", "none", *extra]

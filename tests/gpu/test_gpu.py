@@ -6,8 +6,8 @@
 import pytest
 import torch
 
-from tests.helpers import gpu_env, gpus_here, rel_err, tiny_model
 from tests.distributed.test_ulysses import run, sample
+from tests.helpers import gpu_env, gpus_here, rel_err, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
@@ -124,9 +124,9 @@ def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
 
 
 def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
-    """fp32, SP = the GPUs here (2 at most): `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with torch's AdamW, half on
-    the host with DeepSpeedCPUAdam) gives the losses of `ratio 1` (all on the host) for 3 steps; both runs' ds_config
-    carry what they asked for."""
+    """fp32, SP = the GPUs here (2 at most): `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with
+    torch's AdamW, half on the host with DeepSpeedCPUAdam) gives the losses of `ratio 1` (all on the host) for 3 steps;
+    both runs' ds_config carry what they asked for."""
     import json
 
     from tests.helpers import read_metrics, run_cli
@@ -147,8 +147,8 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
 
 @pytest.mark.parametrize("placement", ["offload:2", "cache+offload:1,cache:1"])
 def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
-    """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100), checkpoints
-    offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
+    """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100),
+    checkpoints offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
     got = run(tmp_path, N, N, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_layer=True,
               tile_tokens=100, placement=placement)
     check_against_plain_hf(got)
@@ -156,7 +156,7 @@ def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
 
 SIDE_STREAM_FREES = """
 import sys, torch
-from ds_longctx.run import gpu_budget
+from ds_longctx.levers import gpu_budget
 gpu_budget.apply(float(sys.argv[1]) if sys.argv[1] != "none" else None)
 n = 64 * 2 ** 20 // 2  # 64 MiB of bf16
 side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
@@ -181,7 +181,7 @@ def test_gpu_budget_caps_what_side_stream_frees_would_reserve():
     import subprocess
     import sys
 
-    from ds_longctx.run.gpu_budget import CUDA_CONTEXT_BYTES
+    from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES
     env = dict(gpu_env(), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     got = {}
     for budget in ("none", f"{(CUDA_CONTEXT_BYTES + 2 ** 30) / 1e9:.4f}"):
@@ -201,7 +201,7 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     """32 layers, each a slow GPU op then a new 64 MiB output whose copy to the host runs on a side stream (like an
     offloaded checkpoint; record_stream). The host unbounded enqueues all 32 at once and every freed input waits on the
     side stream, so each layer gets new memory; bounded to 2 layers ahead, the allocator reuses them."""
-    from ds_longctx.run.gpu_budget import bound_run_ahead
+    from ds_longctx.levers.gpu_budget import bound_run_ahead
     n, mib = 64 * 2 ** 20 // 2, 2 ** 20
     side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
 
@@ -247,21 +247,21 @@ def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, cas
     from tests.distributed.test_optimizer_state import assert_steps_as_the_lazy_default, run
     made, lazy = run(tmp_path, case, True, N, gpu_env()), run(tmp_path, case, False, N, gpu_env())
     assert_steps_as_the_lazy_default(made, lazy, case, exact=False)
-    for m, l in zip(made, lazy):
+    for m, lz in zip(made, lazy):
         on_gpu = sum(st["exp_avg"].numel() for p, st in zip(m["built"]["master"], m["built"]["state"])
                      if st.get("device") == "cuda")
-        grown = m["built"]["allocated"] - l["built"]["allocated"]
+        grown = m["built"]["allocated"] - lz["built"]["allocated"]
         assert on_gpu > 0 and abs(grown - 8 * on_gpu) <= 0.01 * 8 * on_gpu + 2 ** 20, (grown, on_gpu)
 
 
 def test_pinned_cache_reuse_is_what_the_planner_counts_for_a_partial_offload():
     """plan/zero_buffers.held_pinned_blocks against torch's pinned cache: DeepSpeed's optimizer-state init
     (stage3.py initialize_optimizer_states, 0.19.8) done by hand in a fresh process: each sub-group's fp32 grad buffer
-    made with torch.zeros, pinned (get_accelerator().pin_memory: tensor.pin_memory() unless DS_PIN_MEMORY_BACKEND=native),
-    then `.to(its device)`, the name rebound at the next sub-group. Sub-groups as an offload's: the embedding's first,
-    the lm_head's last (256 MiB blocks), six of the layers' between (64 MiB), the first four on the GPU. The cache has to
-    make 4 blocks (448 MiB), not 8 (768 MiB): the freed GPU blocks go to the next pin of their size. Measured: blocks
-    the cache made (num_host_alloc) and the process's resident growth."""
+    made with torch.zeros, pinned (get_accelerator().pin_memory: tensor.pin_memory() unless
+    DS_PIN_MEMORY_BACKEND=native), then `.to(its device)`, the name rebound at the next sub-group. Sub-groups as an
+    offload's: the embedding's first, the lm_head's last (256 MiB blocks), six of the layers' between (64 MiB), the
+    first four on the GPU. The cache has to make 4 blocks (448 MiB), not 8 (768 MiB): the freed GPU blocks go to the
+    next pin of their size. Measured: blocks the cache made (num_host_alloc) and the process's resident growth."""
     import json
     import subprocess
     import sys

@@ -7,8 +7,7 @@ import torch
 
 from ds_longctx.config import RunConfig
 from ds_longctx.data import build_data
-from ds_longctx.integrations.hf_data import (collate_rows, eval_loader, is_rows_dataset, token_rows_dataset,
-                                             train_loader)
+from ds_longctx.integrations.hf_data import collate_rows, eval_loader, is_rows_dataset, token_rows_dataset, train_loader
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.run.model import load_hf_config
 from tests.helpers import documents, make_tokenizer, write_jsonl

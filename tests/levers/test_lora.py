@@ -8,8 +8,14 @@ from pydantic import ValidationError
 
 import ds_longctx.levers.chunked_loss as chunked_loss
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.levers.lora import (DEFAULT_TARGETS, apply_lora, is_adapter, model_linears, target_names,
-                                    trainable_parameters)
+from ds_longctx.levers.lora import (
+    DEFAULT_TARGETS,
+    apply_lora,
+    is_adapter,
+    model_linears,
+    target_names,
+    trainable_parameters,
+)
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import Levers, plan_memory

@@ -142,10 +142,11 @@ def test_checked_before_any_work_on_a_meta_model():
     with pytest.raises(ValueError, match="tiled_layer: GPT2Block has no input_layernorm, post_attention_layernorm"):
         check_tiled_layer(GPT2LMHeadModel, GPT2Config(n_layer=2, n_embd=32, n_head=2))
     from transformers import Gemma2Config, Gemma2ForCausalLM
-    gemma = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16)
+    gemma = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     # Gemma 2 has every part the tiles use, and two more norms around its MLP: the pre-norm form would be wrong
-    with pytest.raises(ValueError, match="Gemma2DecoderLayer has post_feedforward_layernorm, pre_feedforward_layernorm"):
+    with pytest.raises(ValueError,
+                       match="Gemma2DecoderLayer has post_feedforward_layernorm, pre_feedforward_layernorm"):
         check_tiled_layer(Gemma2ForCausalLM, gemma)
     with pytest.raises(ValueError, match="tiled_layer with lora_rank=8"):
         RunConfig(tiled_layer=True, lora_rank=8)

@@ -16,7 +16,9 @@ def test_slices_reassemble_the_full_sequence(L, sp):
     shards = [shard_batch(ids, sp, r) for r in range(sp)]
     pad = shards[0].pad
     assert pad == (-L) % sp
-    cat = lambda f: torch.cat([getattr(s, f) for s in shards], dim=1)
+
+    def cat(f):
+        return torch.cat([getattr(s, f) for s in shards], dim=1)
     assert torch.equal(cat("input_ids")[:, :L], ids)
     assert torch.equal(cat("shift_labels")[:, :L], full_targets(ids))  # border tokens keep their next token
     assert (cat("shift_labels")[:, L:] == IGNORE_INDEX).all()

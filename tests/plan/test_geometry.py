@@ -90,8 +90,8 @@ def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path
 def test_qwen2_is_planned_with_its_q_k_v_biases_and_no_o_bias():
     """Qwen2 (trained by the engine, its layer tiled like Qwen3's) is planned too: biases on q/k/v, none on o_proj,
     no q/k norm; its parameters as the HF model holds them (tests/plan/test_zero_buffers.py checks the order)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
     cfg = AutoConfig.for_model("qwen2", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                                num_attention_heads=8, num_key_value_heads=2, vocab_size=1000)
     with torch.device("meta"):

@@ -36,16 +36,17 @@ def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work()
 def test_compiled_token_wise_ops_save_fewer_full_length_tensors_than_eager():
     """fused_ops auto / compile (what a GPU run does) vs none / liger (HF's eager units): the final norm 2 vs 4 E, the
     layer's hidden-size tensors 5 / 3 vs 10 / 6 E, one q/k-norm copy vs 3, SwiGLU 3 saved T·I vs 4
-    (benchmarks/probe_fused_ops_saved.py; the 4B snapshot of session_2026-12-01_h200x1-20261201T0307)."""
+    (benchmarks/probe_fused_ops_saved.py and a 4B memory snapshot: docs/calibration.md#layer-units)."""
     S, G = 1 << 20, 8
-    T, H, I, hq, hkv, d = S // G, Q8.hidden, Q8.intermediate, Q8.heads, Q8.kv_heads, Q8.head_dim
+    T, H, inter, hq, hkv, d = S // G, Q8.hidden, Q8.intermediate, Q8.heads, Q8.kv_heads, Q8.head_dim
     E = T * H * 2
     units = {}
     for ops in ("auto", "compile", "none", "liger"):
         p = plan_memory(Q8, S, G, G, Levers(fused_ops=ops))
         units[ops] = (p.term("final_norm").gpu_bytes / E, p.term("hidden_mlp_bwd").gpu_bytes / E,
-                      p.term("hidden_attn_bwd").gpu_bytes / E, p.term("qk_norm_saved").gpu_bytes / (T * (hq + hkv) * d * 2),
-                      p.term("mlp_saved").gpu_bytes / (T * I * 2))
+                      p.term("hidden_attn_bwd").gpu_bytes / E,
+                      p.term("qk_norm_saved").gpu_bytes / (T * (hq + hkv) * d * 2),
+                      p.term("mlp_saved").gpu_bytes / (T * inter * 2))
     assert units["auto"] == units["compile"] == (2, 5, 3, 1, 3)
     assert units["none"] == units["liger"] == (4, 10, 6, 3, 4)
     with pytest.raises(ValueError, match=r"fused_ops='fast' is not one of auto, none, liger, compile"):
@@ -58,9 +59,9 @@ def test_compiled_token_wise_ops_save_fewer_full_length_tensors_than_eager():
 
 def test_an_offloaded_layer_restores_into_the_room_the_kept_layers_freed():
     """Offloaded layers are the lowest, so their backward runs after every kept checkpoint and GPU cache is freed:
-    with the pool an offloaded layer's 3 E (its restored input, its held output grad, its recomputed output) count only beyond
-    what the kept layers held. DeepSpeed's engine: its calibrated 2 E always, and beside an offloaded optimizer its
-    own measured fragmentation."""
+    with the pool an offloaded layer's 3 E (its restored input, its held output grad, its recomputed output) count only
+    beyond what the kept layers held. DeepSpeed's engine: its calibrated 2 E always, and beside an offloaded optimizer
+    its own measured fragmentation."""
     from ds_longctx.plan.layer_units import POOLED_LAYER_UNITS
     from ds_longctx.plan.planner import DS_OFFLOAD_FRAGMENTATION, OFFLOAD_FRAGMENTATION
     G, S = 2, 262_144
@@ -74,7 +75,9 @@ def test_an_offloaded_layer_restores_into_the_room_the_kept_layers_freed():
     assert peaks == sorted(peaks, reverse=True)  # more offloaded never costs more GPU (the search bisects on it)
     ds = plan_memory(Q8, S, G, G, Levers(offload_layers=33))
     assert ds.term("offload_staging").gpu_bytes == 2 * E
-    f = lambda p: 1 + p.term("allocator_slack").gpu_bytes / (p.reserved_bytes - p.term("allocator_slack").gpu_bytes)  # noqa: E731
+
+    def f(p):
+        return 1 + p.term("allocator_slack").gpu_bytes / (p.reserved_bytes - p.term("allocator_slack").gpu_bytes)
     assert f(ds) == pytest.approx(OFFLOAD_FRAGMENTATION) and f(pool[33]) == pytest.approx(OFFLOAD_FRAGMENTATION)
     opt = Levers(offload_layers=33, optimizer_offload=True)
     assert f(plan_memory(Q8, S, G, G, opt)) == pytest.approx(DS_OFFLOAD_FRAGMENTATION)

@@ -10,9 +10,15 @@ import pytest
 
 import ds_longctx
 from ds_longctx.config import RunConfig
-
-from ds_longctx.plan.planner import (GB, GIB, Levers, ModelGeometry, checkpoint_bytes_per_token, plan_memory,
-                                valid_sp_sizes)
+from ds_longctx.plan.planner import (
+    GB,
+    GIB,
+    Levers,
+    ModelGeometry,
+    checkpoint_bytes_per_token,
+    plan_memory,
+    sp_sizes_for,
+)
 from tests.helpers import bench_planner
 
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
@@ -83,7 +89,9 @@ def test_chunked_vs_plain_loss_terms():
     assert plain.term("logits").gpu_bytes == T * V * 12
     assert plain.term("logits_bf16_block").gpu_bytes == T * V * 2
     assert not any(t.name == "logits" for t in chunked.terms)
-    loss = lambda p: dict(p.phase_bytes)["loss"]
+
+    def loss(p):
+        return dict(p.phase_bytes)["loss"]
     assert loss(plain) - loss(chunked) == T * V * 14 - 4096 * V * 6 - V * H * 4
     assert plain.peak_phase == "loss" and plain.gpu_peak_bytes > chunked.gpu_peak_bytes
     # chunks never exceed the local rows
@@ -148,9 +156,9 @@ def test_seq_len_is_padded_to_sp():
 
 
 def test_sp_validity():
-    assert valid_sp_sizes(Q8, 8) == [1, 2, 4, 8]
-    assert valid_sp_sizes(Q8, 16) == [1, 2, 4, 8, 16]  # 16 > 8 KV heads: each KV head replicated twice
-    assert valid_sp_sizes(TINY, 8) == [1, 2, 4, 8]
+    assert sp_sizes_for(Q8, 8) == [1, 2, 4, 8]
+    assert sp_sizes_for(Q8, 16) == [1, 2, 4, 8, 16]  # 16 > 8 KV heads: each KV head replicated twice
+    assert sp_sizes_for(TINY, 8) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match=r"sp_size=3 .* try one of \[1\]"):
         plan_memory(Q8, 4096, 3, 3)
     with pytest.raises(ValueError, match="offload_layers=37"):
@@ -163,13 +171,13 @@ def test_sp_beyond_kv_heads_replicates_kv():
 
 
 def test_tiled_terms_replace_the_untiled_mlp():
-    T, I, H = 131_072, Q8.intermediate, Q8.hidden
+    T, inter, H = 131_072, Q8.intermediate, Q8.hidden
     tiled = plan_memory(Q8, 1 << 20, 8, 8, Levers(tiled_mlp=True, tile_tokens=4096))
-    assert tiled.term("mlp_tile").gpu_bytes == 6 * 4096 * I * 2
-    assert tiled.term("mlp_tile_wgrad_fp32").gpu_bytes == 3 * H * I * 4
+    assert tiled.term("mlp_tile").gpu_bytes == 6 * 4096 * inter * 2
+    assert tiled.term("mlp_tile_wgrad_fp32").gpu_bytes == 3 * H * inter * 4
     assert not any(t.name == "mlp_saved" for t in tiled.terms)
     plain = plan_memory(Q8, 1 << 20, 8, 8, Levers())
-    assert plain.term("mlp_grads").gpu_bytes == 2 * T * I * 2 and not any(t.name == "mlp_tile" for t in plain.terms)
+    assert plain.term("mlp_grads").gpu_bytes == 2 * T * inter * 2 and not any(t.name == "mlp_tile" for t in plain.terms)
 
 
 def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
@@ -270,8 +278,8 @@ def test_n_nodes_of_g_are_one_node_of_n_g_per_gpu_and_one_nth_of_its_host():
 
 
 def test_sp_stays_inside_a_node():
-    assert valid_sp_sizes(Q8, 8, nodes=2) == [1, 2, 4, 8]  # 16 would divide 32 heads and the world of 16
-    assert valid_sp_sizes(Q8, 16) == [1, 2, 4, 8, 16]
+    assert sp_sizes_for(Q8, 8, nodes=2) == [1, 2, 4, 8]  # 16 would divide 32 heads and the world of 16
+    assert sp_sizes_for(Q8, 16) == [1, 2, 4, 8, 16]
     with pytest.raises(ValueError, match=r"sp_size=16 does not divide the 8 processes per node.*try one of "
                                          r"\[1, 2, 4, 8\]"):
         plan_memory(Q8, 1 << 20, 8, 16, nodes=2)
@@ -312,8 +320,9 @@ def committed_plan_runs() -> list:
             if "measured_steps" not in r:
                 continue
             cfg = RunConfig.load(jl.parent / "plans" / f"plan_{bench.spec_name(r['spec'])}" / "run.yaml")
+            levers = Levers.from_run_config(cfg, PlacementPlan.parse(cfg.memory.placement))
             plan = plan_memory(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, r["gpus"],
-                               cfg.parallel.sp_size, Levers.from_run_config(cfg, PlacementPlan.parse(cfg.memory.placement)))
+                               cfg.parallel.sp_size, levers)
             out.append((r["spec"], max(r["measured_steps"]), r["measured_host_bytes"], plan, bench.steady_gpu_peak(r)))
     return out
 
@@ -385,7 +394,8 @@ def test_grouped_attention_backward_divides_the_kernels_accumulators():
     one = plan_memory(Q8, S, 1, 1, Levers(tiled_layer=True, tiled_mlp=True, tile_tokens=4096))
     eight = plan_memory(Q8, S, 1, 1, Levers(tiled_layer=True, tiled_mlp=True, tile_tokens=4096, attn_bwd_head_groups=8))
     assert eight.term("attn_bwd_workspace").gpu_bytes == 32 * S * 129 * 4 // 8
-    assert eight.term("qkv_local_grad").gpu_bytes == 2 * 8 * S * 128 * 4 // 8 == one.term("qkv_local_grad").gpu_bytes // 8
+    assert eight.term("qkv_local_grad").gpu_bytes == 2 * 8 * S * 128 * 4 // 8 == \
+        one.term("qkv_local_grad").gpu_bytes // 8
     assert eight.term("attn_bwd_group_grads").gpu_bytes == S * 48 * 128 * 2 // 8
     assert not any(t.name == "attn_bwd_group_grads" for t in one.terms)
     saved = sum(one.term(n).gpu_bytes - eight.term(n).gpu_bytes for n in ("attn_bwd_workspace", "qkv_local_grad"))

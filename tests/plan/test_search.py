@@ -1,4 +1,4 @@
-"""`plan_search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
+"""`plan.search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
 from ds_longctx.levers.placement import PlacementPlan
-from ds_longctx.plan.search import NoFit, choose, find_max_len
 from ds_longctx.plan.planner import GB, GIB, Levers, ModelGeometry, plan_memory
+from ds_longctx.plan.search import NoFit, choose, find_max_len
 
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
 TINY = ModelGeometry.from_name_or_path("qwen3-tiny")
@@ -26,7 +26,8 @@ def test_choose_8b_1m_on_8x80_fits_with_sp8():
     assert 0 < k < Q8.layers  # only the layers that must leave the GPU
     assert plan_memory(Q8, 1 << 20, 8, 8, replace(c.levers, offload_layers=k - 1)).gpu_peak_bytes > budget
     for sp in (1, 2, 4):  # no smaller sp fits at all, whatever is offloaded
-        lv = Levers(loss_chunk_rows=256, tiled_mlp=True, tile_tokens=4096, offload_layers=Q8.layers, optimizer_offload=True)
+        lv = Levers(loss_chunk_rows=256, tiled_mlp=True, tile_tokens=4096, offload_layers=Q8.layers,
+                    optimizer_offload=True)
         assert not plan_memory(Q8, 1 << 20, 8, sp, lv).fits(budget, 0.9 * 560 * GB)
     assert any("YaRN" in n for n in c.notes)
 
@@ -127,7 +128,7 @@ def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
     """393,216 tokens on 2 x 141 GB + 256 GB: DeepSpeed's power-of-two host buffers (1.61 GB checkpoints in 2 GiB)
     leave room for 23 cached layers, the exact-size pool for all 36; the plan takes the pool and says why (and not the
     tiled layer: it would cache no more)."""
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
     c = choose(Q8, 393_216, 2, 141, 256)
     assert not c.levers.pinned_pool
     got = fastest_placement(c, 141, 256)
@@ -150,7 +151,7 @@ def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_i
     GPU, DeepSpeed's offload two) frees GPU room for 5 more cached layers (28 vs 23), whose attention forwards (~8.5 s)
     outweigh its estimated cost (~4.7 s): taken, and the note gives both numbers. With LoRA (which the tiled layer
     refuses) and at 262,144 (every layer cached without it) it is not."""
-    from ds_longctx.plan.search import TILED_LAYER_SECONDS_PER_TOKEN, attention_fwd_seconds, fastest_placement
+    from ds_longctx.plan.cache_placement import TILED_LAYER_SECONDS_PER_TOKEN, attention_fwd_seconds, fastest_placement
     c = choose(Q8, 524_288, 2, 141, 256)
     got = fastest_placement(c, 141, 256)
     assert got.levers.tiled_layer and not c.levers.tiled_layer and got.plan.placement.cached == 28
@@ -165,7 +166,7 @@ def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_i
 
 def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
     from ds_longctx.levers.placement import Place
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
 
     for args in ((Q8, 1 << 20, 8, 141, 560), (Q8, 1 << 20, 8, 80, 560), (Q8, 262_144, 2, 141, 256)):
         c = choose(*args)
@@ -191,8 +192,8 @@ def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
                 for w in range(Q8.layers - n):
                     spec = ",".join(f"{k}:{v}" for k, v in (("offload", Q8.layers - n - 1 - w), ("cache+offload",
                                     n + 1 - x), ("keep", w), ("cache", x)) if v > 0)
-                    other = plan_memory(Q8, args[1], args[2], args[2], replace(got.levers, placement=PlacementPlan.parse(
-                        spec)))
+                    other = plan_memory(Q8, args[1], args[2], args[2],
+                                        replace(got.levers, placement=PlacementPlan.parse(spec)))
                     assert other.gpu_peak_bytes > budget or other.host_peak_bytes > host, (args, spec)
         # host-side layers first, GPU caches on top; the note says how much recompute it skips
         order = [p.layers.index(q) for q in (Place.OFFLOAD, Place.CACHE_OFFLOAD, Place.KEEP, Place.CACHE)
@@ -240,7 +241,7 @@ def test_no_fit_names_the_same_gpus_over_more_nodes_when_one_nodes_host_cannot_h
     fits. A count that fits on one node gets no such line."""
     with pytest.raises(NoFit) as info:
         choose(Q8, 131072, gpus, 80, host_gb)
-    fixes = [l for l in str(info.value).splitlines() if l.startswith(f"Fix: the same {gpus} GPUs, ")]
+    fixes = [line for line in str(info.value).splitlines() if line.startswith(f"Fix: the same {gpus} GPUs, ")]
     assert len(fixes) == 1, str(info.value)
     per, nodes = (int(x) for x in re.search(r"--gpus (\d+) --nodes (\d+)", fixes[0]).groups())
     assert per * nodes == gpus and per < gpus
@@ -257,7 +258,7 @@ def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
     a head_dim-64 model (Qwen3-0.6B's 16 heads of 128 made 32 of 64) is planned without it, and says why; the same
     shape at head_dim 128 caches."""
     from ds_longctx.levers.placement import Place
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
     g128 = ModelGeometry.from_name_or_path("qwen3-0.6b")
     g64 = replace(g128, heads=2 * g128.heads, kv_heads=2 * g128.kv_heads, head_dim=g128.head_dim // 2)
     for geom, cached in ((g128, True), (g64, False)):
@@ -271,9 +272,9 @@ def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
     the engine's attention read the same answer from a dict and from an HF config object."""
     from transformers import LlamaConfig, Qwen3Config
 
+    from ds_longctx.parallel import kernel_rules
     from ds_longctx.parallel.attention import model_head_dim
     from ds_longctx.plan.geometry import ModelGeometry
-    from ds_longctx.parallel import kernel_rules
     for hf, want in ((Qwen3Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=128), 128),
                      (LlamaConfig(hidden_size=256, num_attention_heads=4), 64)):
         assert kernel_rules.head_dim(hf.to_dict()) == kernel_rules.head_dim(hf) == model_head_dim(hf) == want

@@ -16,12 +16,21 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.data import build_data, build_eval_data
+from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.run.preflight import preflight
-from tests.helpers import (ROOT, cpu_env, documents, free_port, make_tokenizer, run_cli, token_ids, write_jsonl,
-                           write_parquet)
+from tests.helpers import (
+    ROOT,
+    cpu_env,
+    documents,
+    free_port,
+    make_tokenizer,
+    run_cli,
+    token_ids,
+    write_jsonl,
+    write_parquet,
+)
 
 
 @pytest.fixture(scope="module")

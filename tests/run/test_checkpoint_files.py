@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from ds_longctx.run import checkpoint, checkpoint_files as files
+from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint_files as files
 
 
 class Payload:

@@ -103,7 +103,8 @@ def test_the_rows_plan_is_the_planners(world8):
 
 def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     """A 6-layer tiny model: `--layers 3` against all 6. Every layer exchanges the same bytes, so the extrapolated
-    all-to-all equals the full run's; the ZeRO collectives (outside the layers here) are the whole model's either way."""
+    all-to-all equals the full run's; the ZeRO collectives (outside the layers here) are the whole model's either
+    way."""
     from ds_longctx.run.model import load_hf_config
     hf = load_hf_config("qwen3-tiny").to_dict()
     hf["num_hidden_layers"] = hf["max_window_layers"] = 6
