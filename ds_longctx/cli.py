@@ -41,7 +41,7 @@ def precheck(nproc: int, run_args: list[str]):
     output_dir / resume), before any worker starts. Exits 2 on bad input."""
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
-    from ds_longctx.run.train import parse_config
+    from ds_longctx.run.argv import parse_config
     cfg = parse_config(run_args, nproc, nproc)
     try:
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
@@ -84,16 +84,16 @@ def nproc_problem(nproc: int) -> str | None:
 
 
 def run_eval(argv: list[str]) -> int:
-    """`ds-longctx eval`: check everything here (run/eval_checkpoint.resolve: exit 2 on bad input), then start the
+    """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad input), then start the
     checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
-    from ds_longctx.run.eval_checkpoint import args_parser, resolve
+    from ds_longctx.run.eval_checkpoint import args_parser, eval_inputs
     from ds_longctx.run.refuse import REFUSED, refuse
     nproc = args_parser().parse_known_args(argv)[0].nproc
     if nproc is not None and (problem := nproc_problem(nproc)):
         print(problem, file=sys.stderr)
         return REFUSED
     try:
-        _, _, _, meta, _ = resolve(argv, nproc)
+        _, _, _, meta, _ = eval_inputs(argv, nproc)
     except ValueError as e:
         refuse(f"refused before start: {e}")
     if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "plan":  # the generator owns its own options
-        from ds_longctx.plan.generate import main as plan_main
+        from ds_longctx.plan.write import main as plan_main
         sys.exit(plan_main(argv[1:]))
     if argv and argv[0] == "rehearse":
         from ds_longctx.run.rehearse import main as rehearse_main

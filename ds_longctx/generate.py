@@ -1,8 +1,9 @@
-"""`python -m ds_longctx.generate`: the config generator (`ds_longctx.plan.generate`)."""
+"""`python -m ds_longctx.generate`: the old spelling of `python -m ds_longctx.plan` (the config writer,
+`ds_longctx.plan.write`)."""
 
 import sys
 
-from ds_longctx.plan.generate import main
+from ds_longctx.plan.write import main
 
 if __name__ == "__main__":
     sys.exit(main())

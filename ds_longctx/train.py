@@ -1,4 +1,4 @@
-"""`python -m ds_longctx.train`: the per-process training entry (the loop is `ds_longctx.run.train`)."""
+"""`python -m ds_longctx.train`: the per-process training entry (ds_longctx.run.train; the loop: run/train_loop.py)."""
 
 from ds_longctx.run.train import main
 

@@ -44,14 +44,14 @@ def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_sha
     by `plan_changed`; a prediction committed before the share was recorded counts as the whole offload (1.0)."""
     import sys
 
-    from ds_longctx.plan import generate
+    from ds_longctx.plan import write
     bp = bench_planner()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from harness import read_plan
     finally:
         sys.path.pop(0)
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "128", "--out", str(tmp_path / "p")]) == 0
     fresh = read_plan(tmp_path / "p")
     assert fresh["optimizer_offload"] and 0 < fresh["optimizer_offload_ratio"] < 1

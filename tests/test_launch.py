@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds_longctx.plan import generate
+from ds_longctx.plan import write
 
 from tests.helpers import ROOT, cpu_env, free_port, read_metrics
 
@@ -73,7 +73,7 @@ def test_missing_config_fails_fast(script):
 def test_launch_accelerate_yaml_matches_the_generator():
     acc = yaml.safe_load((ROOT / "launch" / "accelerate.yaml").read_text())
     ds_file = acc["deepspeed_config"].pop("deepspeed_config_file")
-    want = generate.accelerate_config(8)
+    want = write.accelerate_config(8)
     want["deepspeed_config"].pop("deepspeed_config_file")
     assert acc == want and (ROOT / ds_file).is_file() and ds_file == str(Path(DEFAULT_CONFIG).parent / "ds_config.json")
 

@@ -8,7 +8,8 @@ Keys are flat (`seq_len`), dotted (`train.seq_len`) or nested; `RunConfig.help_t
 """
 
 from ds_longctx.config.model import SHIPPED_MODELS_DIR, shipped_models
-from ds_longctx.config.run import DOTTED, FLAT, SECTIONS, RunConfig, format_validation_error
+from ds_longctx.config.keys import DOTTED, FLAT, SECTIONS
+from ds_longctx.config.run import RunConfig, format_validation_error
 
 __all__ = ["DOTTED", "FLAT", "SECTIONS", "SHIPPED_MODELS_DIR", "RunConfig", "format_validation_error",
            "shipped_models"]

@@ -1,4 +1,4 @@
-"""`logging` section: how often the progress bar refreshes and where metrics also go (owner: run/train.py)."""
+"""`logging` section: how often the progress bar refreshes and where metrics also go (owner: run/train_loop.py)."""
 
 from __future__ import annotations
 

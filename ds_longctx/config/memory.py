@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from ds_longctx.config.base import Section
 from ds_longctx.levers.placement import check_request
-from ds_longctx.run.gpu_budget import allocator_fraction
+from ds_longctx.levers.gpu_budget import allocator_fraction
 
 
 class MemoryConfig(Section):
@@ -54,11 +54,11 @@ class MemoryConfig(Section):
     Its step-time cost is not yet measured."""
     gpu_budget_gb: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     """GPU memory per GPU this run may use, GB (1e9 bytes): the CUDA allocator is capped there less the CUDA
-    context (run/gpu_budget.py), so freed blocks are waited for and cached ones returned before the process grows
+    context (levers/gpu_budget.py), so freed blocks are waited for and cached ones returned before the process grows
     past it; past it is an out-of-memory error naming this value. `ds-longctx plan` writes its --gpu_mem_gb.
     null: the whole GPU."""
     run_ahead_layers: int = Field(2, ge=0)
-    """On a GPU the host enqueues at most this many decoder layers ahead of the GPU (run/gpu_budget.py): memory freed
+    """On a GPU the host enqueues at most this many decoder layers ahead of the GPU (levers/gpu_budget.py): memory freed
     while another stream still used it (offload copies, ZeRO-3's all-gathers) is reused instead of piling up.
     0: unbounded."""
 

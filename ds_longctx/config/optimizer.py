@@ -34,11 +34,11 @@ class OptimizerConfig(Section):
     """The bf16 parameter partitions in pinned host memory too (DeepSpeed ZeRO-3 offload_param: cpu), each layer's
     fetched to the GPU when it runs and freed after: frees 2·P/world bytes per GPU for one flat pinned host buffer of
     the same size (power-of-two rounded). `ds-longctx plan` adds it after the optimizer offload where nothing fits
-    without it. Not with LoRA or a partial optimizer offload. Measured once on one H200 (Qwen3-0.6B, 362,496 tokens:
-    benchmarks/results/planner_runs_2026-12-01c.md); its step-time cost not measured."""
+    without it. Not with LoRA or a partial optimizer offload. Its memory against the plan:
+    docs/calibration.md#offload-params; its step-time cost is not measured."""
     offload_ratio: float = Field(1.0, ge=0.0, le=1.0, json_schema_extra={"flat": "optimizer_offload_ratio"})
     """With optimizer_offload: the share of the optimizer state (fp32 master, grads, Adam moments) on the host,
     stepped by CPU Adam; the rest stays on the GPU and steps there (DeepSpeed ZeRO-3 partial offload,
     offload_optimizer.ratio, split at its sub-groups, about OFFLOAD_SUB_GROUPS per rank: plan/zero_buffers.py).
-    1: all on the host. On one H200 it trains as the full offload does (tests/gpu), and its memory is the plan's
-    (benchmarks/results/planner_runs_2026-12-01e.md)."""
+    1: all on the host. It trains as the full offload does (tests/gpu); its memory against the plan:
+    docs/calibration.md#partial-offload."""

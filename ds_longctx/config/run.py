@@ -9,19 +9,18 @@ Spellings (a file, the command line and `RunConfig(**kwargs)` take all three, mi
     sectioned   {"memory": {"offload_layers": 4}}     (what `dump` writes)
     dotted      {"memory.offload_layers": 4}          --memory.offload_layers 4
     flat        {"offload_layers": 4}                 --offload_layers 4   (the keys README and old files use)
-Every flat key maps to exactly one section field (`FLAT`); the same field given twice with different values is
-refused, and so is an unknown key, naming the nearest known one. One legacy key is translated:
+Every flat key maps to exactly one section field (`FLAT`, config/keys.py); the same field given twice with different
+values is refused, and so is an unknown key, naming the nearest known one. One legacy key is translated:
 `activation_offload` (a bool beside `offload_layers`): false means no layer offloaded, true alone means all.
 The DeepSpeed JSON is derived from this object (plan/ds_config.py) and never read back.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import textwrap
 from pathlib import Path
-from typing import Any, Optional, Union, get_args, get_origin
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
@@ -35,134 +34,16 @@ from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
+from ds_longctx.config.keys import (DOTTED, FLAT, LEGACY, SECTIONS, field_of, fold, is_optional_key, is_text_key,
+                                    key_annotation, type_name, unknown_key)
 from ds_longctx.config.train import TrainConfig
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
-
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
-            "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
-            "checkpoint": CheckpointConfig, "logging": LoggingConfig, "eval": EvalConfig}
-LEGACY = ("activation_offload",)  # flat keys of older files, translated by `_fold_one`
-
-
-def _flat_keys() -> dict:
-    """{flat key: (section, field)} for every field; raises if two fields claim one flat key."""
-    out: dict = {}
-    for sec, cls in SECTIONS.items():
-        for name, f in cls.model_fields.items():
-            flat = (f.json_schema_extra or {}).get("flat", name)
-            if flat in out or flat in LEGACY:
-                raise TypeError(f"flat key {flat!r} is claimed by {sec}.{name} and {out.get(flat)}")
-            out[flat] = (sec, name)
-    return out
-
-
-FLAT = _flat_keys()
-DOTTED = {f"{sec}.{name}": (sec, name) for sec, name in FLAT.values()}
-
-
-# the HF Trainer's / TRL's names of settings this config spells otherwise: an unknown key that is one of them is
-# pointed at ours, not at the key spelled most like it (`save_steps` is closest to `steps` by spelling)
-HF_NAMES = {"save_steps": "save_every", "logging_steps": "log_every", "eval_steps": "eval_every",
-            "learning_rate": "lr", "max_steps": "steps", "max_grad_norm": "grad_clip",
-            "max_seq_length": "seq_len", "max_length": "seq_len", "per_device_train_batch_size": "micro_batch",
-            "gradient_checkpointing": "activation_checkpointing", "save_total_limit": "keep_checkpoints",
-            "resume_from_checkpoint": "resume", "model_name_or_path": "model", "dataset_text_field": "text_field",
-            "attn_implementation": "attn_backend", "lora_r": "lora_rank", "bf16": "dtype"}
-
-
-def _nearest(key: str, most: int = 4) -> list[str]:
-    """The known keys (flat or dotted, one spelling per field) spelled most like `key`, closest first, at most `most`;
-    for an HF Trainer / TRL name, ours alone and whose name it is."""
-    bare = key.strip("'\"").lstrip("-")
-    if bare in HF_NAMES:
-        return [f"{HF_NAMES[bare]} (the HF Trainer's {bare})"]
-    pool = [*FLAT, *DOTTED, *LEGACY]
-    near = difflib.get_close_matches(key, pool, n=2 * most, cutoff=0.5) or difflib.get_close_matches(
-        key.rpartition(".")[2], pool, n=1, cutoff=0.0)
-    out, fields = [], set()
-    for k in near:
-        field = FLAT.get(k) or DOTTED.get(k) or k
-        if field not in fields:
-            fields.add(field)
-            out.append(k)
-    return out[:most]
-
-
-def _unknown(key: str, prefix: str = "") -> ValueError:
-    first, *others = _nearest(key)
-    also = f" (also close: {', '.join(prefix + k for k in others)})" if others else ""
-    return ValueError(f"unknown {'option' if prefix else 'key'} {prefix}{key}; nearest: {prefix}{first}{also}; "
-                      f"every key: ds-longctx train --help")
-
-
-def _where(key: str):
-    """(section, field) that a flat or dotted key names; None for a legacy key; raises for an unknown one."""
-    if key in FLAT:
-        return FLAT[key]
-    if key in DOTTED:
-        return DOTTED[key]
-    if key in LEGACY:
-        return None
-    raise _unknown(repr(key))
-
-
-def _fold_one(data: dict) -> dict:
-    """One source's keys (sectioned, dotted, flat, legacy) -> {section: {field: value}}."""
-    out: dict = {s: {} for s in SECTIONS}
-    spelled: dict = {}
-    legacy_offload = None
-
-    def put(sec: str, name: str, value, spelling: str) -> None:
-        if name in out[sec] and out[sec][name] != value:
-            raise ValueError(f"{sec}.{name} is given twice: {spelled[(sec, name)]}={out[sec][name]!r} and "
-                             f"{spelling}={value!r}; keep one")
-        out[sec][name], spelled[(sec, name)] = value, spelling
-
-    for key, value in data.items():
-        if key in SECTIONS and isinstance(value, (dict, BaseModel)):
-            items = value.model_dump() if isinstance(value, BaseModel) else value
-            for name, v in items.items():
-                if name not in SECTIONS[key].model_fields:
-                    raise _unknown(repr(f"{key}.{name}"))
-                put(key, name, v, f"{key}.{name}")
-            continue
-        if key in SECTIONS and key not in FLAT and key not in DOTTED:  # a section (`model` is a flat key too)
-            if value is None:  # `memory:` with nothing under it (YAML's null): an empty section, the defaults
-                continue
-            raise ValueError(f"{key}: {value!r} is not a mapping; the {key} section holds keys, e.g. "
-                             f"{key}: {{{next(iter(SECTIONS[key].model_fields))}: ...}}")
-        where = _where(key)
-        if where is None:
-            legacy_offload = value
-            continue
-        put(*where, value, key)
-    if legacy_offload is not None:  # the old two-field spelling of one lever
-        mem = out["memory"]
-        if legacy_offload in (False, "false", 0):
-            n = mem.get("offload_layers", 0)
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                raise ValueError(f"activation_offload=false with offload_layers={n}: the first says no layer is "
-                                 f"offloaded, the second {n}; drop activation_offload (offload_layers alone is the "
-                                 f"lever now) or set offload_layers: 0")
-            mem["offload_layers"] = 0
-        else:
-            mem.setdefault("offload_layers", "all")
-    return {s: v for s, v in out.items() if v}
-
-
-def fold(*sources: dict) -> dict:
-    """Sources in increasing precedence (a file, then overrides) -> one sectioned dict."""
-    merged: dict = {}
-    for src in sources:
-        for sec, fields in _fold_one(src).items():
-            merged.setdefault(sec, {}).update(fields)
-    return merged
 
 
 def lever_conflict(*, lora_rank: int = 0, tiled_layer: bool = False, offload_ratio: float = 1.0,
                    offload_params: bool = False, flags: bool = False) -> Optional[str]:
     """The one home of which levers do not go together: the run config's validator, `ds-longctx plan`'s arguments
-    (plan/generate.py) and the planner (plan_memory) ask here. Returns the refusal, naming the values and the fix, or
+    (plan/write.py) and the planner (plan_memory) ask here. Returns the refusal, naming the values and the fix, or
     None. `flags`: spelled as `ds-longctx plan`'s switches (`--lora_rank 16`; the fix: drop one), else as run-config
     keys (`lora_rank=16`; the fix: the key to set)."""
     def name(key, value=True):
@@ -249,7 +130,7 @@ class RunConfig(BaseModel):
     # ---------------------------------------------------------------- reading by key
     def get(self, key: str):
         """The value of a flat or dotted key (`seq_len`, `train.seq_len`)."""
-        where = _where(key)
+        where = field_of(key)
         if where is None:
             raise KeyError(f"{key!r} is a legacy key with no value of its own (see offload_layers)")
         return getattr(getattr(self, where[0]), where[1])
@@ -310,10 +191,10 @@ class RunConfig(BaseModel):
             key, eq, val = arg[2:].partition("=")
             key = key.replace("-", "_")
             if key != "config" and key not in FLAT and key not in DOTTED and key not in LEGACY:
-                raise _unknown(key, prefix="--")
+                raise unknown_key(key, prefix="--")
             if not eq:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
-                if key != "config" and _annotation(key) is bool and (nxt is None or nxt.startswith("--")):
+                if key != "config" and key_annotation(key) is bool and (nxt is None or nxt.startswith("--")):
                     val = "true"  # a bare flag: `--resume`
                 elif nxt is None:
                     raise ValueError(f"option --{key} needs a value")
@@ -321,8 +202,8 @@ class RunConfig(BaseModel):
                     val, i = nxt, i + 1
             if key == "config":
                 config_path = val
-            elif _is_text(key):
-                overrides[key] = None if val == "null" and _optional(key) else val  # --tokenizer null unsets it
+            elif is_text_key(key):
+                overrides[key] = None if val == "null" and is_optional_key(key) else val  # --tokenizer null unsets it
             else:
                 overrides[key] = yaml.safe_load(val)
             i += 1
@@ -354,37 +235,13 @@ class RunConfig(BaseModel):
             for name, f in scls.model_fields.items():
                 flat = flat_of[(sec, name)]
                 default = f.get_default(call_default_factory=True)
-                lines.append(f"  --{flat}  (--{sec}.{name})  {_type_name(f.annotation)}, default {default!r}")
+                lines.append(f"  --{flat}  (--{sec}.{name})  {type_name(f.annotation)}, default {default!r}")
                 doc = " ".join((f.description or "").split())
                 lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
             lines.append("")
         lines.append("legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true = all "
                      "unless offload_layers says how many)")
         return "\n".join(lines)
-
-
-def _field(key: str):
-    where = _where(key)
-    return None if where is None else SECTIONS[where[0]].model_fields[where[1]]
-
-
-def _annotation(key: str):
-    f = _field(key)
-    return bool if f is None else f.annotation
-
-
-def _is_text(key: str) -> bool:
-    """A field that holds text (str or Optional[str]): command-line values stay strings."""
-    ann = _annotation(key)
-    return ann is str or (get_origin(ann) is Union and set(get_args(ann)) == {str, type(None)})
-
-
-def _optional(key: str) -> bool:
-    return get_origin(_annotation(key)) is Union and type(None) in get_args(_annotation(key))
-
-
-def _type_name(ann) -> str:
-    return ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "").replace("NoneType", "None")
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -394,7 +251,7 @@ def format_validation_error(err: ValidationError) -> str:
         loc = ".".join(str(x) for x in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            lines.append(str(_unknown(repr(loc))))
+            lines.append(str(unknown_key(repr(loc))))
         elif loc and e["type"] != "value_error" and "input" in e and not isinstance(e["input"], (dict, BaseModel)):
             # a type or range error: the value given beside what was expected (our own checks name it themselves)
             hint = {"bool_parsing": "; use true or false", "bool_type": "; use true or false",

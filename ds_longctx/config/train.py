@@ -1,4 +1,4 @@
-"""`train` section: the length, the step count, the seed and where the run writes (owner: run/train.py)."""
+"""`train` section: the length, the step count, the seed and where the run writes (owner: run/train_loop.py)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def rows_dataset(cfg, hf_config=None):
 
     from ds_longctx.data import build_data
     from ds_longctx.run.model import load_hf_config
-    from ds_longctx.run.train import rank0_first
+    from ds_longctx.run.ranks import rank0_first
     hf = hf_config if hf_config is not None else load_hf_config(cfg.model.name)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     rows = rank0_first(lambda: build_data(cfg, hf, world // cfg.parallel.sp_size), rank)

@@ -48,7 +48,8 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import time
+
+from ds_longctx.integrations.step_clock import step_clock
 
 
 def run_config(argv: list):
@@ -57,7 +58,7 @@ def run_config(argv: list):
     every field; a bad value exits 2 with one line saying what to change). Under a launcher, this process ends itself
     when the launcher dies (run/stops.watch_launcher)."""
     from ds_longctx.run.stops import watch_launcher
-    from ds_longctx.run.train import parse_config
+    from ds_longctx.run.argv import parse_config
     watch_launcher()
     return parse_config(list(argv))
 
@@ -70,7 +71,7 @@ def start_processes(cfg) -> None:
     from accelerate import PartialState
 
     from ds_longctx.parallel.parallel_state import init_distributed
-    from ds_longctx.run.train import default_group_timeout
+    from ds_longctx.run.ranks import default_group_timeout
     default_group_timeout(cfg.parallel.collective_timeout_s)
     if not torch.distributed.is_initialized():
         init_distributed(cfg.parallel.collective_timeout_s)
@@ -167,8 +168,9 @@ def training_args(cfg, args_cls=None, **kwargs):
 
 
 def build_model(cfg, stage=lambda name: None):
-    """The run's model as `ds-longctx train` builds it (`run/model.build_model`: YaRN from seq_len, born partitioned
-    under zero.Init, shipped geometries drawn per parameter name), after the engine's checks (`run/preflight`)."""
+    """The run's model as `ds-longctx train` builds it (`run/model.build_partitioned_model`: YaRN from seq_len, born
+    partitioned under zero.Init, shipped geometries drawn per parameter name), after the engine's checks
+    (`run/preflight`)."""
     import torch.distributed as dist
 
     from ds_longctx.run import model as run_model
@@ -176,13 +178,16 @@ def build_model(cfg, stage=lambda name: None):
     start_processes(cfg)
     hf_cfg = validate(cfg, dist.get_world_size())
     rope_coverage(cfg, hf_cfg)
-    return run_model.build_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
+    return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
 
-def rows_dataset(cfg, hf_config=None):
-    """`hf_data.rows_dataset`: the rows `ds-longctx train` reads for `cfg`, as a datasets.Dataset."""
-    from ds_longctx.integrations import hf_data
-    return hf_data.rows_dataset(cfg, hf_config)
+def __getattr__(name: str):
+    """`rows_dataset` is hf_data's (`longctx.rows_dataset(cfg)`), imported on first use: hf_data imports torch, and
+    importing this module must not."""
+    if name == "rows_dataset":
+        from ds_longctx.integrations.hf_data import rows_dataset
+        return rows_dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,63 +233,6 @@ def check_padding(attention_mask) -> None:
     if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
         raise ValueError("a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
                          "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
-
-
-class StepClock:
-    """A TrainerCallback timing each optimizer step (CUDA-synchronized, from on_step_begin to on_step_end) and its
-    peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
-    (`step_clock()` puts them together: transformers is not imported at module level)."""
-
-    snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
-
-    def __init__(self):
-        self.seconds, self.peak, self.t0 = [], 0, None
-        self.recorded = None  # steps since recording began; None: not recording
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        import torch
-        if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
-            from ds_longctx.run import memory_snapshot
-            memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
-            self.recorded = 0
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        self.t0 = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        import torch
-        if self.t0 is None:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            self.peak = max(self.peak, torch.cuda.max_memory_reserved())
-        self.seconds.append(time.perf_counter() - self.t0)
-        self.t0 = None
-        if self.recorded is not None:
-            self.recorded += 1
-            if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
-                import torch.distributed as dist
-
-                from ds_longctx.run import memory_snapshot
-                memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
-                self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
-
-    def read(self) -> dict:
-        import torch
-        out = {}
-        if self.seconds:
-            out["seconds"] = round(sum(self.seconds) / len(self.seconds), 4)
-        if torch.cuda.is_available() and self.seconds:
-            out["peak_gpu_bytes"] = self.peak
-        self.seconds, self.peak = [], 0
-        return out
-
-
-def step_clock():
-    """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
-    from transformers import TrainerCallback
-    return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()
 
 
 def _log_to_stderr() -> None:

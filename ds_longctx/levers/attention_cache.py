@@ -35,6 +35,8 @@ from typing import Optional
 
 import torch
 
+from ds_longctx.parallel import ulysses
+
 log = logging.getLogger("ds_longctx")
 
 
@@ -183,6 +185,7 @@ def attach(layer, on_host: bool, key=None) -> None:
     index, whose region of the pinned pool an on-host slot uses when one is reserved)."""
     detach(layer)
     setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host, key))
+    ulysses.set_slot_lookup(slot_of)  # the attention function asks `slot_of` for every layer from now on
 
 
 def detach(layer) -> None:

@@ -2,9 +2,8 @@
 
 HF's Qwen3 / Llama layers run these as chains of elementwise ops (RMSNorm: cast, square, mean, rsqrt, multiply,
 cast, multiply; SwiGLU: silu then multiply; rotary: rotate_half, two multiplies, an add), each reading and
-writing the whole [s/sp, H] or [s/sp, I] tensor: the `other` row of the step profile (3.5-3.7 s of a 24-31 s step
-at 131,072 tokens, benchmarks/results/profile_131072_2026-11-30.md). Liger-Kernel fuses each chain into one pass
-and keeps fewer tensors for backward.
+writing the whole [s/sp, H] or [s/sp, I] tensor (the `other` row of a step's profile:
+docs/calibration.md#fused-ops-auto). Liger-Kernel fuses each chain into one pass and keeps fewer tensors for backward.
 
     names = apply_fused_ops(model, "liger")    # or "compile"; ["rms_norm", "rope", "swiglu"]: what was routed
     remove_fused_ops(model)           # every module and the modeling module's rotary function restored
@@ -47,10 +46,9 @@ def liger_available() -> bool:
         return False
 
 
-# What `auto` picks on a CUDA GPU, and why (one device session, 131,072 tokens, Qwen3-8B geometry, SP=2 on 2 x H200:
-# benchmarks/results/peers.jsonl, session h200x2-20261130T1754; losses within 2e-5 of none's, step by step).
-AUTO_CUDA = ("compile", "auto: CUDA GPU; torch.compile measured fastest (21.67 s/step at 131,072 tokens on 2 x H200 "
-                        "vs Liger 21.79, none 23.63: benchmarks/results/peers.jsonl)")
+# What `auto` picks on a CUDA GPU, and why (the reason is logged). calibrated: see docs/calibration.md#fused-ops-auto
+AUTO_CUDA = ("compile", "auto: CUDA GPU; torch.compile measured fastest of compile, liger and none, with the same "
+                        "losses (benchmarks/results/peers.jsonl; docs/calibration.md#fused-ops-auto)")
 
 
 def resolve_fused_ops(name: str, on_cuda: bool) -> tuple:
@@ -101,8 +99,8 @@ def _kernels(kind: str, rope):
 # Compiled with static shapes, one function meets every shape and grad mode of a run: `_rms_math` alone sees the
 # hidden-size norms, the q-head and KV-head norms, each on a full tile and on the shorter last one when the tile does
 # not divide the sequence, and the final norm, each with grad (recompute) and without (checkpointed forward): 14
-# graphs. Past 8, torch ran the eager norm, slower and holding more than the planner counts (Qwen3-4B, 279,552 tokens,
-# 2,560-token tiles: benchmarks/results/planner_runs_2026-12-01c.md). 64 covers that with room.
+# graphs. Past 8, torch runs the eager norm, slower and holding more than the planner counts. 64 covers that with room.
+# calibrated: see docs/calibration.md#compile-shapes
 COMPILE_SHAPES = 64
 
 

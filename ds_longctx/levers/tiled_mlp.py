@@ -1,73 +1,35 @@
 """Tiled MLP: the decoder MLP computed over sequence tiles, recomputed tile by tile in backward.
 
+    n = apply_tiled_mlp(model, tile_tokens=8192)   # patches every decoder layer's mlp.forward
+    remove_tiled_mlp(model)                        # restores the original forwards
+
 Dimensions: b batch, s local sequence (this rank's slice), n = b*s rows, H hidden, I intermediate,
 T tile_tokens, k = ceil(n / T) tiles.
 
-Why: `down_proj(act_fn(gate_proj(x)) * up_proj(x))` holds four [n, I] tensors (gate, up, act(gate),
-act*up). For Qwen3-8B (I = 12288, bf16) at 131,072 local tokens (1M tokens, SP=8) that is 4 x 3 GiB =
-12 GiB in one layer, forward and again in backward. Tiled, it is 4 x T x I (0.75 GiB at T = 8192).
+What it saves: the MLP holds four [n, I] tensors (gate, up, act(gate), act*up); tiled, four [T, I]. Forward runs each
+tile under `no_grad` into one preallocated [n, H] output and saves only x; backward recomputes each tile with grad and
+writes x's grad tile by tile into one [n, H] buffer. A tile count of 1 (n <= T) calls the MLP directly.
 
-How: forward runs each tile under `no_grad` and writes it into one preallocated [n, H] output; only x is
-saved. Backward recomputes each tile with grad enabled and backpropagates the matching slice of the
-output grad; x's grad is copied tile by tile into one [n, H] buffer.
+Invariants:
+- ZeRO-3's reduce hook fires once per parameter per step, with the whole grad, as without tiling: tiles 0..k-2 take
+  their parameter grads with `torch.autograd.grad` (no `.grad`, no hook) and sum them in fp32; the last tile runs an
+  ordinary backward and a one-shot tensor hook adds the sum on the grad's way into `.grad`. The grad is rounded to the
+  param dtype once. Cost: the fp32 sums of one layer's MLP weights during its backward. The MLP's params must be its
+  own (`mlp.parameters()`).
+- One all-gather per pass, not one per tile: for the gated form (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`,
+  detected by `_gated_parts`) the tiles call `F.linear` on the weights inside one `deepspeed.zero.GatheredParameters`
+  of the MLP's params, in forward and again in backward. The Linear modules are never entered (their hooks do not
+  run; DeepSpeed's fetch trace never lists them), and only params partitioned on entry are gathered and released.
+  Any other MLP (a Linear subclass such as LoRA, an activation with params, an instance-level forward, a z3-leaf
+  Linear) takes the per-tile path, with its per-tile gathers: every rank must then run the same number of tiles.
+- Under activation checkpointing the layer's recompute calls this Function's forward again; the forward's autocast
+  state is restored in the recompute. The MLP must be deterministic (no dropout): its RNG state is not replayed.
 
-Param grads, and why ZeRO-3 sees them once. DeepSpeed's reduce runs from a hook that fires each time a
-param's grad is accumulated into `.grad`; a naive tile loop would fire it k times per param per step.
-Tiles 0..k-2 therefore take their param grads with `torch.autograd.grad` (no `.grad` accumulation, so
-no hook fires) and sum them in fp32. The last tile runs an ordinary backward; a one-shot tensor hook on
-each param adds the sum to the grad on its way into `.grad`, so ZeRO's hook fires exactly once per
-param with the whole grad, as it does without tiling, and the count of hooks ZeRO expects is right.
-The grad is rounded to the param dtype once (bf16: two roundings, not k). Cost: the fp32 sums of one
-layer's MLP weights during its backward (0.6 GB for Qwen3-8B). The MLP's params must be its own
-(`mlp.parameters()`).
-
-ZeRO-3: one gather per pass, not one per tile. Calling the MLP's forward per tile would enter
-gate_proj/up_proj/down_proj k times, and DeepSpeed's module hooks would all-gather and release their
-weights k times per pass whenever its trace does not keep them (the first step, a step after the module
-order changed, or a `stage3_max_reuse_distance` smaller than the MLP): 64 tiles x 3 passes per layer for
-Qwen3-0.6B at tile 1024 (tiny Qwen3, 2-process ZeRO-3, a config where every fetch gathers: the per-tile
-loop issued 74 all-gathers per step at 2 tiles and 182 at 8; the path below 50 at both, as many as the
-untiled MLP; tests/distributed/test_tiled_mlp_zero3.py checks 2 tiles == 8 tiles). So for the gated form
-(`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: Qwen3MLP, LlamaMLP; detected by `_gated_parts`) the
-tiles call `F.linear` on the weights themselves, and the whole tile loop runs inside one
-`deepspeed.zero.GatheredParameters` of the MLP's params, in forward and again in backward (the recompute
-and grad wrt x need the full weights); the reduce hooks still fire once, as above, while the weights are
-gathered. The Linear modules are never entered: their hooks (DeepSpeed's or anyone's) do not run, their
-params never enter DeepSpeed's fetch trace (so it is the same every step and never prefetches them), and
-only params that were partitioned on entry are gathered and released on exit: persistent params and a
-z3-leaf MLP's coordinator-fetched weights are left to DeepSpeed. Weights DeepSpeed is still prefetching
-(its trace lists the Linears: tiled MLP applied after some steps) send that call per tile; the trace
-then fails to match once and is recorded again. The gathered weights (one MLP's: 0.3 GB bf16 for
-Qwen3-8B) live only inside the loop and are outside ZeRO's `stage3_max_live_parameters` count. The
-gather is not prefetched: it blocks (one all-gather per param, then, on GPU, a device synchronize), once
-per pass and layer. Any other MLP (a Linear subclass such as LoRA, an activation with params, an
-instance-level forward, a z3-leaf Linear) takes the per-tile path, with its per-tile gathers. Every rank
-must run the same number of tiles on that path (each tile issues ZeRO all-gathers); the gated path
-gathers once per pass on every rank, whatever its tile count.
-
-Activation checkpointing: the decoder layer's recompute calls this Function's forward again (the MLP
-then runs three times per step: forward, layer recompute, tile recompute); its backward is then called
-inside the checkpoint's backward, reentrant or not. The autocast state of the forward is restored in
-the recompute. The MLP must be deterministic (no dropout): its RNG state is not replayed.
-
-Relation to DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_sp.py, 0.19.8): same
-idea, but we keep our own Function because DeepSpeed's
-1. accumulates every tile into `.grad`, firing ZeRO's hook k times and asking ZeRO to skip all but the
-   last through a `ds_grad_is_ready` flag (which only ZeRO honours, not DDP or FSDP); the sum is kept in
-   the param dtype: k roundings in bf16 (tests/levers/test_tiled_mlp.py, against an fp32 reference at 37-74
-   tiles: 1.6-2.4% max error, where ours and the untiled bf16 MLP both give 0.6-0.8%);
-2. splits with `torch.chunk(x, shards)` and re-arms that flag only at index `shards - 1`; `torch.chunk`
-   returns fewer pieces than asked when the length does not suit (5 rows, 4 shards -> 2+2+1), so the
-   flag stays False for good and ZeRO-3 never reduces those grads (tests/levers/test_tiled_mlp.py shows the
-   flag; in our 2-process ZeRO-3 run with 74 rows and 12 shards, `engine.step()` then failed in
-   `zero_grad` with "unknown parameter type"). Here one tile plan from T serves forward and backward;
-3. builds a list of output tiles and `torch.cat`s it: two [n, H] outputs at the forward peak (1 GiB
-   more at 131k tokens of Qwen3-8B) where we write into one preallocated output;
-4. does not carry the forward's autocast state into the recompute.
-A tile count of 1 (n <= T) calls the MLP directly: an exact pass-through, with no recompute.
-
-    n = apply_tiled_mlp(model, tile_tokens=8192)   # patches every decoder layer's mlp.forward
-    remove_tiled_mlp(model)                        # restores the original forwards
+Not DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_sp.py): that one accumulates every tile into
+`.grad` in the param dtype (k roundings in bf16, ZeRO told to skip all but the last through a `ds_grad_is_ready`
+flag), never re-arms that flag when `torch.chunk` returns fewer pieces than asked, concatenates its output tiles (two
+[n, H] outputs at the forward peak) and does not carry autocast into the recompute (tests/levers/test_tiled_mlp.py
+shows the first two).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Which attention kernel may run a model, decided from its shape alone (no torch: the planner reads it too).
 
-FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the attention cache needs on a GPU) has
-been checked here against an fp32 reference and inside the engine at head_dim 128 only (H200,
-tests/gpu/test_attention_gpu.py), so `auto` picks it only there. Its Hopper kernels take FA3's tile configurations,
-made for head dims 64-256; at head_dim 16 the engine's FA4 gradients disagreed with cuDNN SDPA's on an H200
-(benchmarks/results/logs/gpu_tests_2026-11-30_session4.log), and FA4's own kernel pair there gives a wrong dq against
-an fp32 reference (rel error 0.98; its head_dim 64 and 128 cases pass: gpu_tests_2026-11-30_session5.log), so below
-64 it is refused.
+FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the attention cache needs on a GPU) is
+verified (against an fp32 reference and inside the engine, tests/gpu/test_attention_gpu.py) at FA4_VERIFIED_HEAD_DIMS
+only, so `auto` picks it only there. Its Hopper kernels take FA3's tile configurations, made for head dims 64-256;
+below FA4_MIN_HEAD_DIM its gradients are wrong, so it is refused. measured: see docs/calibration.md#fa4-head-dims
 """
 
 from __future__ import annotations

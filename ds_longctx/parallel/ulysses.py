@@ -24,12 +24,11 @@ single-process model.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from ds_longctx.levers import attention_cache
 from ds_longctx.parallel import attention
 from ds_longctx.parallel.parallel_state import ParallelState
 
@@ -103,7 +102,7 @@ class UlyssesAttention:
             raise ValueError(f"attention dropout={dropout} is not supported; set attention_dropout=0.0")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         group = self.state.sp_group
-        slot = attention_cache.slot_of(module)  # this layer's kept output (levers/attention_cache.py), or None
+        slot = _slot_lookup[0](module)  # this layer's kept output (set_slot_lookup), or None
         if group is None:  # sp_size == 1: no exchange
             out = attention.attend(query, key, value, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
             return out, None
@@ -120,6 +119,21 @@ class UlyssesAttention:
 
 
 _REGISTERED: Optional[UlyssesAttention] = None
+
+
+def _no_slot(module) -> None:
+    return None
+
+
+_slot_lookup = [_no_slot]
+
+
+def set_slot_lookup(lookup: Optional[Callable]) -> None:
+    """How the attention function finds a layer's cache slot: `lookup(attention_module)` returns the slot
+    (parallel/kernel_pairs.py's `_Attend` keeps or hands back the output there) or None. The attention cache
+    (levers/attention_cache.py) registers its own when it gives a layer a slot; its lookup answers None for a module
+    without one, so it stays registered. None: the default, no layer has a slot."""
+    _slot_lookup[0] = lookup or _no_slot
 
 
 def register(model, state: ParallelState) -> UlyssesAttention:

@@ -1,7 +1,7 @@
 """What one decoder layer's backward holds at its peak, in units of the layer's hidden states (E = T·H·2) or of its
 projections' outputs, per way of running it (eager HF ops, compiled token-wise ops, the tiled layer, an offloaded
-layer restored from our pool): each count with where it was read off the code or measured. plan/planner.py
-multiplies them into its layer-phase terms.
+layer restored from our pool): each count with what it is made of. plan/memory_terms.py multiplies them into its
+layer-phase terms.
 """
 
 # Hidden-size tensors (units of E = T·H·2) live in the top layer's backward. HF's eager RMSNorm keeps an
@@ -13,10 +13,9 @@ HIDDEN_UNITS_MLP_BWD = 10
 HIDDEN_UNITS_ATTN_BWD = 6
 # With the token-wise ops compiled (fused_ops compile, and auto on a GPU: levers/fused_ops.py) each norm keeps only
 # its bf16 input and its output (saved by the next matmul), each q/k norm its bf16 input, and SwiGLU gate, up and
-# their product: benchmarks/probe_fused_ops_saved.py (one layer saves 16.84 E compiled vs 27.84 E eager) and the
-# 1 x H200 snapshot of Qwen3-4B at 131,072 tokens (session_2026-12-01_h200x1-20261201T0307: at the MLP backward's
-# peak 4 E of hidden-size tensors, 5 T·I of MLP tensors, q/k/v + their RoPE outputs):
+# their product:
 #   mlp_bwd 5, attn_bwd 3; final norm 2 (its input and output); q/k norm 1 copy; MLP 3 saved (+ 2 grads)
+# calibrated: see docs/calibration.md#layer-units
 COMPILED_UNITS_MLP_BWD = 5
 COMPILED_UNITS_ATTN_BWD = 3
 COMPILED_FINAL_NORM_UNITS = 2
@@ -27,18 +26,15 @@ COMPILED_MLP_SAVED = 3
 #            being built (1) = 3
 #   attn_bwd: the grad of h on the residual branch (1), while the kernel's backward holds its buffers; the grad of x
 #             from the q/k/v tiles and the sum come after it has freed them (dQ's fp32 accumulator alone is
-#             hq·S·d·4 >= 2·E), so they are not the phase's peak = 1. Measured: the 1 x H200 snapshot of Qwen3-1.7B at
-#             264,192 tokens (session_2026-12-01_h200x1-20261201T0307) peaks inside FlashAttention's backward with
-#             1 E beside o_proj's input grad; the 3 counted before (grad of x and the sum too) over-predicted it.
-# (tests/levers/test_tiled_layer.py counts what the layer saves.)
+#             hq·S·d·4 >= 2·E), so they are not the phase's peak = 1.
+# (tests/levers/test_tiled_layer.py counts what the layer saves.) calibrated: see docs/calibration.md#layer-units
 TILED_LAYER_UNITS_MLP_BWD = 3
 TILED_LAYER_UNITS_ATTN_BWD = 1
 # An offloaded layer's backward with our pool (levers/offload.py's PooledCheckpoint) holds, beyond a kept layer's:
 # its input restored from the host (1), its output's grad (1: `grads`, passed in and held by the Function until its
 # nested backward returns, where a kept layer's is freed as its residual branch consumes it) and the recomputed output
-# itself (1: `outputs` / `pairs`, the roots of that nested backward, alive until it returns). Read off the code; the
-# sum was measured once: Qwen3-0.6B at 322,560 tokens on 1 x H200, every layer offloaded, 17.76 GB allocated against
-# 16.44 counted without the last two (session_2026-12-01_h200x1-20261201T0307).
+# itself (1: `outputs` / `pairs`, the roots of that nested backward, alive until it returns).
+# calibrated: see docs/calibration.md#layer-units
 POOLED_LAYER_UNITS = 3
 # q_norm / k_norm save the same 3 units per head-vector: fp32 upcast (2) + bf16 normed copy (1); v and the
 # RoPE outputs are not saved (RoPE saves cos/sin only; v goes straight into the all-to-all).

@@ -66,7 +66,7 @@ class Levers:
     @classmethod
     def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
         """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
-        the model (plan/search.run_placement), is passed in: counts stay 0 here, the plan says it all."""
+        the model (run/placement_plan.run_placement), is passed in: counts stay 0 here, the plan says it all."""
         mem, targets = cfg.memory, cfg.lora.target_modules
         return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
                    tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,

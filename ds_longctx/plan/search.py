@@ -17,13 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ds_longctx.config.run import lever_conflict
-from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.levers.rope import yarn_factor, yarn_problem
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.planner import (GB, LAYER, MAX_HEADROOM, Levers, MemoryPlan, check_headroom, plan_memory,
-                                     valid_sp_sizes)
+                                     sp_sizes_for)
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class NoFit(ValueError):
         self.seq_len, self.max_len, self.best = seq_len, max_len, best
 
 
-def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=256) -> int:
+def chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=256) -> int:
     """Largest power of two in [min_rows, max_rows] whose loss phase stays at or under the layer-backward
     phase (so the loss never sets the peak); min_rows (TRL's 256, still a full-width matmul) if none does."""
     rows = max_rows
@@ -62,29 +61,28 @@ def _chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=
     return min_rows
 
 
-def _tile_tokens(geom, seq_len: int, sp: int) -> int:
+def tile_tokens_for(geom, seq_len: int, sp: int) -> int:
     """Tokens per tile of the tiled MLP / tiled layer: the hidden size, or the whole slice if that is shorter."""
     return min(geom.hidden, -(-seq_len // sp))
 
 
 def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, base: Levers = Levers(),
             nodes=1) -> Optional[Choice]:
-    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order: optimizer on GPU
-    before offloaded (host RAM and a CPU Adam step: ~20 s per step at 8B), then the bf16 parameters offloaded too
-    (not with LoRA or a partial optimizer offload), then a partial optimizer offload (PARTIAL_OFFLOAD_RATIOS, the
-    host's share falling: where the full offload fits the GPUs but not the host; not with LoRA, or where the user
-    gave a ratio or the parameter offload); sp descending (sp = gpus first); the
-    token-wise work untiled, then the tiled MLP (+5% step time measured at 8B, 131k tokens), then the tiled layer
-    (not with LoRA), then the attention backward over groups of KV heads (as many as each rank attends: the fp32
-    accumulators of one head at a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same
-    bytes in up to half the host memory); then the fewest offloaded checkpoints (+1% measured for all 36 layers at
-    8B, 131k).
+    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's) in this order, the cheaper lever
+    first (step costs: docs/calibration.md#lever-step-costs): optimizer on GPU before offloaded (host RAM and a CPU
+    Adam step), then the bf16 parameters offloaded too (not with LoRA or a partial optimizer offload), then a partial
+    optimizer offload (PARTIAL_OFFLOAD_RATIOS, the host's share falling: where the full offload fits the GPUs but
+    not the host; not with LoRA, or where the user gave a ratio or the parameter offload); sp descending (sp = gpus
+    first); the token-wise work untiled, then the tiled MLP, then the tiled layer (not with LoRA), then the
+    attention backward over groups of KV heads (as many as each rank attends: the fp32 accumulators of one head at
+    a time); offloaded checkpoints in DeepSpeed's pinned buffers, then in our exact-size pool (the same bytes in up
+    to half the host memory); then the fewest offloaded checkpoints.
 
     Host bytes only grow with k, so if the fewest k that fits the GPU breaks the host budget, no k fits with
     these levers. `base` carries what the user fixed (the pinned pool or the tiled layer forced on, LoRA); the
     search sets the rest.
     """
-    L, sps = geom.layers, [sp_size] if sp_size else valid_sp_sizes(geom, gpus, nodes)[::-1]
+    L, sps = geom.layers, [sp_size] if sp_size else sp_sizes_for(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
     # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears
     shapes = [(True, True)] if base.tiled_layer else \
@@ -109,11 +107,11 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
                     lv = replace(base, tiled_mlp=tiled, tiled_layer=layer, pinned_pool=pool,
                                  optimizer_offload=opt, optimizer_offload_ratio=ratio, attn_bwd_head_groups=groups,
                                  offload_params=params or base.offload_params,
-                                 tile_tokens=_tile_tokens(geom, seq_len, sp) if tiled else None)
+                                 tile_tokens=tile_tokens_for(geom, seq_len, sp) if tiled else None)
                     if ratio < asked and \
                             plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes > host_budget:
                         continue  # a partial offload whose least host (no checkpoint offloaded) breaks it: no k fits
-                    lv = replace(lv, loss_chunk_rows=_chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
+                    lv = replace(lv, loss_chunk_rows=chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
                     gpu_at = lambda k, lv=lv: plan_memory(geom, seq_len, gpus, sp, replace(lv, offload_layers=k),
                                                           **knobs)
                     k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
@@ -126,9 +124,7 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
 # The host's shares of the optimizer a partial offload tries (DeepSpeed ZeRO-3 `offload_optimizer.ratio`; the split
 # falls at its sub-groups, plan/zero_buffers.optimizer_split), most on the host first: taken only where the full
 # offload breaks the host budget, each step back moves a tenth of the optimizer's fp32 state (12 bytes per
-# parameter) from the host to the GPUs. Its training is the full offload's on a GPU
-# (tests/gpu/test_gpu.py::test_partial_optimizer_offload_trains_as_the_full_offload); its memory on one H200 (the 1.7B,
-# 4B and 8B, four runs): benchmarks/results/planner_runs_2026-12-01e.md.
+# parameter) from the host to the GPUs. calibrated: see docs/calibration.md#partial-offload
 PARTIAL_OFFLOAD_RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
@@ -148,15 +144,14 @@ def _fewest_k(fits, layers: int) -> Optional[int]:
 
 # what the pinned pool changes, for the notes of both places that add it
 POOL_HOW = ("offloaded checkpoints in one exact-size pinned slot each (DeepSpeed's buffers are powers of two) and one "
-            "restored at a time on the GPU (DeepSpeed's offload holds two; its memory measured on one H200 with "
-            "Qwen3-0.6B to 4B, benchmarks/results/planner_runs_2026-12-01*.md, not yet at the 8B's sizes)")
+            "restored at a time on the GPU (DeepSpeed's offload holds two; measured: docs/calibration.md#pinned-pool)")
 
 
 def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Levers()) -> tuple:
     """One line of reasoning per choice `_search` made."""
     geom, lv, sp, k = plan.geom, plan.levers, plan.sp_size, plan.levers.offload_layers
     within = "" if plan.nodes == 1 else f" inside one node, dp={plan.dp_size} across {plan.nodes} nodes"
-    valid = valid_sp_sizes(geom, plan.gpus, plan.nodes)
+    valid = sp_sizes_for(geom, plan.gpus, plan.nodes)
     split = [v for v in valid if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)]
     if sp == valid[-1]:
         why_sp = f"the largest of {valid} (one sequence over {sp} GPUs{within}: the least memory per GPU)"
@@ -169,10 +164,11 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
         why_sp = f"one of {valid}: the larger ones did not fit"
     notes = [f"sp_size={sp}: " + ("pinned" if pinned_sp else why_sp),
              (f"tiled_layer=True: {'as asked (--tiled_layer)' if base.tiled_layer else 'needed to fit'}; the MLP "
-              f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured on 2 x H200 at 262,144 tokens: "
-              f"7.9% under its plan; its step-time cost not yet measured)" if lv.tiled_layer else
+              f"tiled with it, tile_tokens={lv.tile_tokens} = min(T, hidden) (measured: "
+              f"docs/calibration.md#tiled-layer)" if lv.tiled_layer else
               f"tiled_mlp={lv.tiled_mlp}: " + (f"needed to fit; tile_tokens={lv.tile_tokens} = min(T, hidden)"
-                                               if lv.tiled_mlp else "not needed (it costs +5% step time at 8B)")),
+                                               if lv.tiled_mlp else "not needed (it costs step time: "
+                                               "docs/calibration.md#lever-step-costs)")),
              f"offload_layers={k}: the fewest whose checkpoints must leave the GPU"
              + (f" (k={k - 1} needs {gpu_at(k - 1).gpu_peak_bytes / GB:.1f} GB/GPU)" if k else ""),
              f"loss_chunk_rows={lv.loss_chunk_rows}: largest power of two <= 4096 whose loss phase stays under the "
@@ -181,22 +177,19 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
              + ("nothing fits with it on GPU" if lv.optimizer_offload else "not needed")
              + (f" (partial: {lv.optimizer_offload_ratio:g} of it on the host, "
                 + ("as asked)" if base.optimizer_offload_ratio < 1 else "the most the host holds beside the "
-                   "checkpoints; the whole optimizer there breaks the host budget; measured on one H200, 1.7B to 8B: "
-                   "GPU -3.4% to +1.6%, host +1.0% to +1.8% of the plan, benchmarks/results/planner_runs_2026-12-01e.md)")
+                   "checkpoints; the whole optimizer there breaks the host budget; measured: "
+                   "docs/calibration.md#partial-offload)")
                 if lv.optimizer_offload and lv.optimizer_offload_ratio < 1 else "")]
     if lv.offload_params:
         notes.append("offload_params=True: " + ("as asked" if base.offload_params else "nothing fits with the "
                      "optimizer alone offloaded") + "; the bf16 parameters in one pinned host buffer per rank, each "
-                     "layer's fetched when it runs (DeepSpeed offload_param; measured once on one H200, Qwen3-0.6B at "
-                     "362,496 tokens: +3.4% GPU, +0.4% host against its plan, planner_runs_2026-12-01c.md; its "
-                     "step-time cost not measured)")
+                     "layer's fetched when it runs (DeepSpeed offload_param; measured: "
+                     "docs/calibration.md#offload-params)")
     if lv.attn_bwd_head_groups > 1:
         notes.append(f"attn_bwd_head_groups={lv.attn_bwd_head_groups}: "
                      + ("as asked" if base.attn_bwd_head_groups > 1 else "needed to fit")
                      + "; the attention backward over that many groups of KV heads, one at a time (the kernel's fp32 "
-                       "accumulators of one group; its memory measured on one H200, Qwen3-1.7B at 292,864 tokens "
-                       "-2.1% and 0.6B at 362,496 +3.4% against their plans, planner_runs_2026-12-01c.md; its "
-                       "step-time cost not measured)")
+                       "accumulators of one group; measured: docs/calibration.md#attn-bwd-head-groups)")
     if lv.pinned_pool and k:
         notes.append("pinned_pool=True: " + ("as asked (--pinned_pool)" if base.pinned_pool else "needed to fit")
                      + "; " + POOL_HOW)
@@ -229,7 +222,7 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     Rules (`_search`): the optimizer stays on GPU unless nothing fits that way; sp_size is the largest valid one
     within a node (sp = gpus when valid: one sequence per step over the node, the least memory and the fewest
     offloaded layers; across nodes data parallelism); tiled MLP only when it is needed to fit; offload_layers the
-    fewest that fit (only the layers that must leave the GPU go); chunk_rows as in `_chunk_rows`. `sp_size` pins sp.
+    fewest that fit (only the layers that must leave the GPU go); chunk_rows as in `chunk_rows`. `sp_size` pins sp.
     `knobs` go to `plan_memory` (live_layers, fragmentation, cuda_context_gib, process_host_gib). Raises `NoFit`
     with the longest length that fits and what to change.
     """
@@ -241,26 +234,39 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
     found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes)
     if found is not None:
         return found
-    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, base=base,
-                           nodes=nodes, **knobs)
-    # every lever the search may pull, at the largest sp whose ranks' KV heads the asked groups split: the least GPU
-    # memory of any plan (the parameter offload unless LoRA or a partial offload rules it out; the attention backward
-    # one KV head at a time unless the user fixed the groups)
-    sp = sp_size or next((v for v in valid_sp_sizes(geom, gpus, nodes)[::-1]
+    raise _no_fit(geom, seq_len, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size, base, nodes, knobs)
+
+
+def _every_lever(geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Levers, nodes: int, knobs) -> tuple:
+    """(plan, sp, groups, params offloaded): every lever the search may pull, at the largest sp whose ranks' KV heads
+    the asked groups split: the least GPU memory of any plan (the parameter offload unless LoRA or a partial offload
+    rules it out; the attention backward one KV head at a time unless the user fixed the groups)."""
+    sp = sp_size or next((v for v in sp_sizes_for(geom, gpus, nodes)[::-1]
                           if kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, v)), 1)
     params = base.offload_params or lever_conflict(lora_rank=base.lora_rank, offload_params=True,
                                                    offload_ratio=base.optimizer_offload_ratio) is None
     groups = base.attn_bwd_head_groups if base.attn_bwd_head_groups > 1 else local_kv_heads(geom.kv_heads, sp)
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
-                                                        tile_tokens=_tile_tokens(geom, seq_len, sp),
+                                                        tile_tokens=tile_tokens_for(geom, seq_len, sp),
                                                         tiled_layer=not base.lora_rank, pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True,
                                                         offload_params=params, attn_bwd_head_groups=groups),
                        nodes=nodes, **knobs)
+    return best, sp, groups, params
+
+
+def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float,
+            sp_size: Optional[int], base: Levers, nodes: int, knobs) -> NoFit:
+    """`choose`'s refusal: what every lever needs, the longest length that fits, and each change that would fit."""
+    max_len = find_max_len(geom, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size=sp_size, base=base,
+                           nodes=nodes, **knobs)
+    best, sp, groups, params = _every_lever(geom, seq_len, gpus, sp_size, base, nodes, knobs)
     ratio = base.optimizer_offload_ratio
     offloaded = ("the optimizer" if ratio >= 1 else f"{ratio:g} of the optimizer") + \
         (" and the parameters" if params else "")
-    fits = lambda n, gb, hb, m=nodes, b=base: _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
+
+    def fits(n, gb, hb, m=nodes, b=base) -> bool:
+        return _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
@@ -268,6 +274,17 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
              f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
+    lines += _fixes(fits, geom, gpus, nodes, gpu_mem_gb, host_mem_gb, headroom, base, sp)
+    lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
+    return NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
+
+
+def _fixes(fits, geom, gpus: int, nodes: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float, base: Levers,
+           sp: int) -> list:
+    """The "Fix:" lines of a refusal: each change of hardware or flags with which `fits(gpus, gpu_budget,
+    host_budget, nodes, base)` finds a plan."""
+    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    lines = []
     if (need_gpu := _least(lambda b: fits(gpus, b, host_budget))) is not None:
         lines.append(f"Fix: GPUs of >= {math.ceil(need_gpu / headroom / GB)} GB (same count and host).")  # up: fits
     if (need_host := _least(lambda b: fits(gpus, gpu_budget, b))) is not None:
@@ -295,11 +312,10 @@ def choose(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float,
         # the whole optimizer on the host, as asked, is what breaks it
         lines.append("Fix: drop --optimizer_offload_ratio 1 (the search then keeps a share of the optimizer on the "
                      "GPU where the whole of it breaks the host budget).")
-    lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
-    raise NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)
+    return lines
 
 
-def _last_fit(fits, lo: int, hi: int) -> int:
+def last_fit(fits, lo: int, hi: int) -> int:
     """The largest n in [lo, hi) with fits(n), for fits monotone (true then false), fits(lo) and not fits(hi)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -344,7 +360,7 @@ def find_max_len(geom, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroo
         if hi >= cap:
             return cap * multiple
         lo, hi = hi, min(2 * hi, cap)
-    return _last_fit(fits, lo, hi) * multiple
+    return last_fit(fits, lo, hi) * multiple
 
 
 def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_gb: float, levers: Levers = Levers(),
@@ -357,129 +373,3 @@ def fewest_offload_layers(geom, seq_len: int, gpus: int, sp_size: int, gpu_mem_g
     k = _fewest_k(lambda k: plan_memory(geom, seq_len, gpus, sp_size, replace(levers, offload_layers=k),
                                         **knobs).gpu_peak_bytes <= budget, most)
     return most if k is None else k
-
-
-def run_placement(cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[float]) -> PlacementPlan:
-    """The per-layer placement plan of run config `cfg` for a model of `num_layers` layers: computed once, by the
-    engine (preflight validates with it). From the config, or for offload_layers='auto' the fewest offloaded
-    layers that fit `gpu_mem_gb` by the planner (0 with no GPU: there is nowhere to offload from)."""
-    mem = cfg.memory
-
-    def auto() -> int:
-        if not gpu_mem_gb:
-            return 0
-        cache = mem.attention_cache_layers  # an int here: 'all' with 'auto' is refused by check_request
-        levers = replace(Levers.from_run_config(cfg), attention_cache_layers=int(cache))
-        return fewest_offload_layers(as_geometry(cfg.model.name), cfg.train.seq_len, world_size, cfg.parallel.sp_size,
-                                     gpu_mem_gb, levers)
-    return resolve_placement(mem.offload_layers, mem.attention_cache_layers, mem.activation_checkpointing,
-                             mem.placement, num_layers, auto)
-
-
-# FlashAttention 4's causal forward at Ulysses shapes on H200 (benchmarks/results/attention_2026-11-30.jsonl: 687 TFLOP/s
-# at 131,072 tokens, 663 at 524,288): what one skipped recompute saves, for the notes.
-ATTENTION_FWD_FLOPS = 660e12
-# What the tiled layer costs a step beyond the tiled MLP, per token of one rank's slice: its 262,144-token run on
-# 2 x H200 (77.85 s, every layer cached, planner_runs_2026-11-30d.md) against the tiled-MLP run of the same length and
-# caching (75.49 s, peers.jsonl session h200x2-20261130T2012): 2.36 s for 131,072 tokens per rank. Two sessions, one
-# step each side: an estimate, scaled with the slice (its extra work, the q/k/v projections' tile recompute, is
-# linear in it).
-TILED_LAYER_SECONDS_PER_TOKEN = 2.36 / 131_072
-
-
-def attention_fwd_seconds(plan: MemoryPlan) -> float:
-    """One layer's causal attention forward on one rank (what caching that layer saves per step)."""
-    return 2 * plan.seq_len ** 2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim / ATTENTION_FWD_FLOPS
-
-
-def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
-                      **knobs) -> Choice:
-    """`choice`'s levers with the per-layer placement that skips the most attention recomputes and still fits.
-
-    Each cached layer (levers/attention_cache.py) saves one attention forward in its checkpoint recompute, the
-    biggest single cost of a long-context step; a host copy of a kept output costs ~1% of that (2 × its bytes
-    at ~55 GB/s, overlapped). So: the most cached layers n = x + y that fit, x of them with the output on the GPU
-    (`cache`, the top layers: their cache lives shortest) and y in pinned host memory (`cache+offload`, checkpoint
-    there too), preferring GPU caches (no copies); the other layers keep their checkpoint on the GPU (`keep`) as
-    far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
-    first: their checkpoints live longest). Same sp / loss chunk / optimizer placement as `choice`.
-    Two levers are added where they let more layers cache: the exact-size pinned pool (host room: no power-of-two
-    buffers; GPU room: one checkpoint restored at a time; free), and the tiled layer (GPU room; taken only when the attention forwards it skips outweigh its
-    estimated cost, TILED_LAYER_SECONDS_PER_TOKEN). The cache needs a kernel pair (FlashAttention 4 on Hopper): with
-    another kernel cached layers recompute.
-    """
-    plan = choice.plan
-    geom = plan.geom
-    if not kernel_rules.fa4_verified(geom.head_dim):  # `auto` runs cuDNN SDPA there: cached layers would recompute
-        return replace(choice, notes=choice.notes + (
-            f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
-            f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
-            f"parallel/kernel_rules.py)",))
-    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
-    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
-    per_layer, local = attention_fwd_seconds(plan), plan.seq_len // plan.sp_size
-    tiled_cost = TILED_LAYER_SECONDS_PER_TOKEN * local
-    candidates = [(base, 0.0, "")]
-    if not base.pinned_pool:
-        candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
-    if not base.tiled_layer and not base.lora_rank:
-        tiled = replace(base, tiled_layer=True, tiled_mlp=True,
-                        tile_tokens=_tile_tokens(geom, plan.seq_len, plan.sp_size))
-        tiled = replace(tiled, loss_chunk_rows=_chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
-                                                          dict(knobs, nodes=plan.nodes)))
-        candidates += [(tiled, tiled_cost, "tiled")] + ([] if base.pinned_pool else
-                                                         [(replace(tiled, pinned_pool=True), tiled_cost, "tiled+pool")])
-    scored = []
-    for lv, cost, tag in candidates:
-        got = _most_cached(plan, lv, gpu_budget, host_budget, knobs)
-        if got is not None:
-            scored.append((got[1] * per_layer - cost, -len(tag), got, tag, cost))
-    if not scored:
-        return choice
-    plain = next((n for _, _, (_, n, _), tag, _ in scored if tag == ""), 0)
-    _, _, (new, n, note), tag, cost = max(scored, key=lambda t: t[:2])
-    notes = [note]
-    if "pool" in tag:
-        notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}")
-    if "tiled" in tag:
-        notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
-                     f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
-                     f"(TILED_LAYER_SECONDS_PER_TOKEN: measured once at 262,144 tokens)")
-    return Choice(plan=new, notes=choice.notes + tuple(notes))
-
-
-def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict):
-    """(plan, cached layers, note) of `fastest_placement`'s rule for levers `base`, or None if no layout fits."""
-    geom, L = plan.geom, plan.geom.layers
-
-    def at(x: int, y: int, w: int):
-        z = L - x - y - w
-        layout = PlacementPlan.parse(",".join(f"{p}:{n}" for p, n in (("offload", z), ("cache+offload", y),
-                                                                    ("keep", w), ("cache", x)) if n))
-        return plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout),
-                           nodes=plan.nodes, **knobs)
-
-    def fits_gpu(x, y, w):
-        return at(x, y, w).gpu_peak_bytes <= gpu_budget
-
-    for n in range(L, -1, -1):
-        for x in range(n, -1, -1):
-            y, rest = n - x, L - n
-            if not fits_gpu(x, y, 0):
-                continue  # even with every other layer offloaded this many GPU caches do not fit
-            w = rest if fits_gpu(x, y, rest) else _last_fit(lambda w: fits_gpu(x, y, w), 0, rest)
-            new = at(x, y, w)
-            if new.host_peak_bytes <= host_budget:
-                return new, n, _placement_note(new, x, y, w)
-    return None
-
-
-def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:
-    L, n = plan.geom.layers, x + y
-    saved = n * attention_fwd_seconds(plan)
-    return (f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on the GPU, "
-            f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per step at "
-            f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints kept on the GPU, "
-            f"{L - n - w} offloaded: the most cached layers that fit {plan.gpu_peak_bytes / GB:.1f} GB/GPU and "
-            f"{plan.host_peak_bytes / GB:.1f} GB host (the cache needs FlashAttention 4; with cuDNN SDPA cached layers "
-            f"recompute)")

@@ -87,9 +87,8 @@ def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: boo
     - one fp32 grad buffer per optimizer sub-group, each its own pinned block (stage3.py, the optimizer-state init:
       subgroup_gradient_buffer). Under partial offload (`ratio` < 1) the first int((1 - ratio)·n) sub-groups are the
       GPU's: each one's pinned buffer is copied to the GPU and freed into torch's pinned cache, and the next
-      sub-group's pin takes that block back (`held_pinned_blocks`), so they cost about one block in all. Measured:
-      every block counted made the host 17% over on the 4B and the 8B at ratio 0.5 and 6% on the 1.7B at 0.7
-      (planner_runs_2026-12-01e.md).
+      sub-group's pin takes that block back (`held_pinned_blocks`), so they cost about one block in all
+      (calibrated: see docs/calibration.md#pinned-blocks).
       Sub-groups at `sub_group_elems` (DeepSpeed's default for a full offload; ds_config.py sets it for a partial
       one); LoRA's adapters: one sub-group.
     The fp32 master and Adam's m / v are not pinned (a CPU clone; DeepSpeedCPUAdam's zeros_like): exact sizes."""

@@ -4,7 +4,7 @@ Order (each step says why it comes where it does):
  1. checks (`run/preflight.validate`): sp_size against world size and heads, attention backend, model class,
     the placement plan: all before anything is allocated, so bad input fails in seconds naming the fix.
  2. process groups (`ParallelState.build`): zero.Init and the Ulysses exchange need them.
- 3. the model (`run/model.build_model`): YaRN on the config from the target seq_len, built under
+ 3. the model (`run/model.build_partitioned_model`): YaRN on the config from the target seq_len, built under
     `deepspeed.zero.Init`, weights drawn per parameter name.
  4. LoRA (`levers/lora.apply_lora`, when lora_rank > 0): adapters injected in place into the targeted Linears,
     the base frozen. After 3: it wraps the model's Linears, and the base stays as zero.Init partitioned it.
@@ -21,14 +21,14 @@ Order (each step says why it comes where it does):
     recompute runs the tiled code too. Or, with `tiled_layer`, the whole layer's token-wise work in tiles
     (`tiled_layer.apply_tiled_layer`: norms, projections, rotary, MLP; after 5, whose norm / rotary code the
     tiles call).
- 7. the placement plan (`levers/placement.py`), computed once (`plan/search.run_placement`: the config, or
+ 7. the placement plan (`levers/placement.py`), computed once (`run/placement_plan.run_placement`: the config, or
     the planner for `auto`) and applied in one place: each decoder layer checkpointed on the GPU, offloaded
     through DeepSpeed's checkpoint, or with its attention output cached (after 5: the recompute replays the
     exchange; after 6: it replays the tiled MLP).
  8. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
     token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
     (frozen under LoRA: the chunked loss then computes no weight gradient). Then the GPU budget
-    (`run/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
+    (`levers/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
     decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7),
     made after 9.
  9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
@@ -66,12 +66,12 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.run import gpu_budget
+from ds_longctx.levers import gpu_budget
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.search import run_placement
-from ds_longctx.run.model import build_model
+from ds_longctx.run.placement_plan import run_placement
+from ds_longctx.run.model import build_partitioned_model
 
 log = logging.getLogger("ds_longctx")
 
@@ -97,7 +97,7 @@ class StepResult:
 
 
 @dataclass
-class Levers:
+class AppliedLevers:
     """What `apply_levers` put on a model: the Ulysses attention function, the placement read back from the layers,
     the loss head (model + chunked loss) and the decoder layers (whose attention caches start each step)."""
     attn: ulysses.UlyssesAttention
@@ -106,7 +106,7 @@ class Levers:
     layers: list
 
 
-def sharded_loss(run, levers: Levers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
+def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
                  position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None):
     """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
     (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
@@ -139,7 +139,7 @@ class SliceLosses:
 class LongCtxEngine:
     """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM. Build with `build_engine(cfg)`."""
 
-    def __init__(self, cfg: RunConfig, ds_engine, levers: Levers, state: ParallelState, ds_config: dict,
+    def __init__(self, cfg: RunConfig, ds_engine, levers: AppliedLevers, state: ParallelState, ds_config: dict,
                  device: torch.device):
         self.cfg, self.ds, self.levers, self.state = cfg, ds_engine, levers, state
         self.module, self.attn, self.placement, self.layers = levers.head, levers.attn, levers.placement, levers.layers
@@ -209,8 +209,8 @@ def gpu_mem_gb() -> Optional[float]:
 
 def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
     """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank).
-    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train.py` makes it after a resume, whose
-    checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
+    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py` makes it after a resume,
+    whose checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
     import deepspeed
 
     from ds_longctx.run.preflight import validate
@@ -228,7 +228,8 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     _build_stage("2/9 process groups", t0, state.rank)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     # 3. the model, partitioned at birth, then deterministic weights
-    model = build_model(cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank))
+    model = build_partitioned_model(cfg, hf_cfg, ds_config,
+                                    stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank))
     # 4-8. LoRA, attention kernel + Ulysses (+ fused ops), tiled MLP, placement plan, loss head
     levers = apply_levers(cfg, model, state, ds_config)
     _build_stage("8/9 levers and loss head", t0, state.rank)
@@ -243,10 +244,10 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     return LongCtxEngine(cfg, ds_engine, levers, state, ds_config, device)
 
 
-def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict) -> Levers:
-    """Steps 4-8 of the module docstring on a model built by `run/model.build_model` (partitioned by zero.Init),
-    in that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with (its activation_checkpointing
-    block routes offloaded layers). Needs the process groups of `state`."""
+def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict) -> AppliedLevers:
+    """Steps 4-8 of the module docstring on a model built by `run/model.build_partitioned_model` (partitioned by
+    zero.Init), in that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with (its
+    activation_checkpointing block routes offloaded layers). Needs the process groups of `state`."""
     text = model.config.get_text_config()
     # 4. LoRA: adapters on the partitioned base, drawn per name; the base frozen
     apply_lora(model, cfg.lora, cfg.train.seed)
@@ -286,4 +287,4 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     gpu_budget.apply(cfg.memory.gpu_budget_gb, state.rank)
     layers = decoder_layers(model)
     gpu_budget.bound_run_ahead(layers, cfg.memory.run_ahead_layers)
-    return Levers(attn, placement, head, layers)
+    return AppliedLevers(attn, placement, head, layers)

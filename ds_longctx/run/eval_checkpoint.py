@@ -46,7 +46,7 @@ def args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(argv: list[str], world_size: int | None):
+def eval_inputs(argv: list[str], world_size: int | None):
     """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
     check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
     from pydantic import ValidationError
@@ -54,11 +54,11 @@ def resolve(argv: list[str], world_size: int | None):
     from ds_longctx import data
     from ds_longctx.config import RunConfig, format_validation_error
     from ds_longctx.run.checkpoint import check_output_dir
-    from ds_longctx.run.export import resolve as find
+    from ds_longctx.run.export import find_run_checkpoint
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
-    tag_dir, meta = find(a.checkpoint, a.tag, what="eval")
+    tag_dir, meta = find_run_checkpoint(a.checkpoint, a.tag, what="eval")
     run = meta["run"]
     world = run["world_size"] if world_size is None else world_size
     if world != run["world_size"]:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
     # ---------------------------------------------------------------- checks (nothing started or written)
     try:
-        cfg, hf_cfg, tag_dir, meta, out = resolve(argv, world)
+        cfg, hf_cfg, tag_dir, meta, out = eval_inputs(argv, world)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     import torch
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     from ds_longctx.run import checkpoint
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.evaluate import evaluate
-    from ds_longctx.run.train import default_group_timeout, rank0_first
+    from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
     # ---------------------------------------------------------------- process group, held-out rows, engine, weights
     default_group_timeout(cfg.parallel.collective_timeout_s)

@@ -40,7 +40,7 @@ from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
-def resolve(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
+def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
     """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory
     (`what`: the command named in refusals; `ds-longctx eval` asks too)."""
     p = Path(checkpoint)
@@ -115,21 +115,27 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
 def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False) -> Path:
     """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
     fake_world.refuse_in_rehearsal("an export", CheckpointError)
-    tag_dir, meta = resolve(checkpoint, tag)
+    tag_dir, meta = find_run_checkpoint(checkpoint, tag)
     lora = run_lora(meta)
     if merged and not lora.rank:
         raise CheckpointError(f"export: --merged folds LoRA adapters into the base, and {str(tag_dir)!r} is from a "
                               f"full fine-tuning run (lora_rank 0): drop --merged, the export is the full model")
     dest = check_out(out)
+    model, adapters = _load_model(tag_dir, meta, dtype)
+    _write(model, adapters, lora, tag_dir, meta, dest, merged)
+    return dest
+
+
+def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
+    """(the HF model in `dtype` with the checkpoint's fp32 master weights, LoRA adapter tensors by name): every file
+    checked first, every load weights-only (module doc)."""
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(tag_dir))
     train_dtype = "bf16" if str(getattr(config, "dtype", "")).endswith("bfloat16") else "fp32"
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[train_dtype if dtype == "auto" else dtype]
-
     bad = files.problem(tag_dir, meta, None, show=True)
     if bad:
         raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} could not be loaded ({bad}); export an earlier "
@@ -152,7 +158,8 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    tied = set(getattr(model, "_tied_weights_keys", None) or []) if config.get_text_config().tie_word_embeddings else set()
+    text = config.get_text_config()
+    tied = set(getattr(model, "_tied_weights_keys", None) or []) if text.tie_word_embeddings else set()
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} does not match {type(model).__name__}: missing "
@@ -160,12 +167,17 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
                               f"that trained it")
     if tied:
         model.tie_weights()
-    model = model.to(torch_dtype)
+    return model.to(torch_dtype), adapters
 
+
+def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, dest: Path, merged: bool) -> None:
+    """The export into a fresh `<dest>.tmp-*` directory, renamed to `dest` at the end; on any error the temporary
+    directory goes and nothing is left at `dest`."""
+    from safetensors import SafetensorError
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
     except OSError as e:
-        raise CheckpointError(f"export: --out {out!r} cannot be written ({e.strerror or e}); choose a writable "
+        raise CheckpointError(f"export: --out {str(dest)!r} cannot be written ({e.strerror or e}); choose a writable "
                               f"--out") from None
     try:
         umask = os.umask(0)
@@ -183,7 +195,7 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
             for d in dirs:
                 tokenizer.save_pretrained(str(d))
         (tmp / "ds_longctx_export.json").write_text(json.dumps(
-            {"checkpoint": str(tag_dir), "step": meta["step"], "dtype": str(torch_dtype).removeprefix("torch."),
+            {"checkpoint": str(tag_dir), "step": meta["step"], "dtype": str(model.dtype).removeprefix("torch."),
              "lora": lora.model_dump() if lora.rank else None, "run": meta["run"]}, indent=1) + "\n")
         if dest.exists():
             dest.rmdir()  # an empty directory (checked above)
@@ -196,7 +208,6 @@ def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dest
 
 
 def main(argv: list[str] | None = None) -> int:

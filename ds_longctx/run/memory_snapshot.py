@@ -35,9 +35,8 @@ def start(max_entries: int = MAX_ENTRIES) -> None:
 
     Stacks of allocations only (`context="alloc"`): with `context="all"` (frees' stacks too), torch 2.11 fails a
     custom autograd Function recomputed by non-reentrant checkpoint (ZeRO-3's linear in every checkpointed layer:
-    `SystemError: ... returned NULL without setting an exception`), with or without torch.compile;
-    benchmarks/probe_memory_snapshot.py, results in benchmarks/results/memory_snapshot_probe_2026-11-30.txt
-    (pytorch/pytorch#179536 is the same error). What holds memory at the peak needs only the allocations' stacks."""
+    `SystemError: ... returned NULL without setting an exception`), with or without torch.compile (measured: see
+    docs/calibration.md#memory-snapshot-context). What holds memory at the peak needs only the allocations' stacks."""
     import torch
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=max_entries)
 

@@ -1,7 +1,7 @@
 """The model a run trains: its HF config, its class, and the model itself, partitioned at birth.
 
-    hf_cfg = load_hf_config("qwen3-8b")            # a shipped geometry or a checkpoint directory (no weights)
-    model = build_model(cfg, hf_cfg, ds_config)     # under deepspeed.zero.Init, YaRN applied, weights drawn
+    hf_cfg = load_hf_config("qwen3-8b")        # a shipped geometry or a checkpoint directory (no weights)
+    model = build_partitioned_model(cfg, hf_cfg, ds_config)     # under zero.Init, YaRN applied, weights drawn
 
 Shipped geometries get random weights drawn per parameter name (`init_weights`), so a run of any world size or
 sp_size starts from the same weights; a checkpoint directory is loaded with `from_pretrained`, partitioned.
@@ -102,7 +102,7 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
                     p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
 
 
-def build_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
+def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
     """The HF causal LM for run config `cfg`: YaRN set on `hf_cfg` from seq_len (rope.py), built under
     `deepspeed.zero.Init` (parameters born partitioned: an 8B model never exists whole on one rank), then
     shipped geometries re-drawn deterministically (`init_weights`). `stage(name)` is told each step's end."""

@@ -4,8 +4,7 @@ DeepSpeed 0.19.8's ZeRO-3 (`initialize_optimizer_states` in `deepspeed/runtime/z
 sub-group a gradient buffer but runs no optimizer step. torch's AdamW, DeepSpeed's FusedAdam and DeepSpeedCPUAdam all
 create their moments lazily, in their first `step()`. That is the optimizer step at the end of step 1.
 - On the GPU, step 1's forward and backward therefore run without the 8·P/G bytes of Adam moments the plan counts for
-  every step. At 860,160 tokens on 2 × H200 (Qwen3-8B) step 1 peaked 32.8 GB per GPU below the plan
-  (`benchmarks/results/planner_runs_2026-12-01d.md`).
+  every step, and peak that much below it (measured: docs/calibration.md#optimizer-state-at-build).
 - So a one-step check understates the run, and a plan that does not fit fails at step 2, after the first step's
   minutes, not at build.
 - With the optimizer offloaded the same moments land in host memory at step 1's end.

@@ -26,7 +26,7 @@ from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.search import run_placement
+from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run import checkpoint
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 

@@ -2,8 +2,9 @@
 
     row = RankRun(args, cfg, rank, world, per_node, nodes, counts).play()
 
-The rank is built and stepped as `train` builds and steps one (run/train.py): preflight's checks, the data, the
-engine, the optimizer state at build, then per step `data.get`, `forward_backward`, `step`. The fake process group
+The rank is built and stepped as `train` builds and steps one (run/train_loop.py): preflight's checks, the data, the
+engine, the optimizer state at build, then per step train's own `run/step.timed_step` (`data.get`,
+`forward_backward`, `step`, CUDA-synchronized timing and peaks). The fake process group
 is already running (`fake_world.start`). The row is the module docstring's of run/rehearse.py.
 """
 
@@ -18,6 +19,7 @@ import psutil
 import torch
 
 from ds_longctx.run import rehearse
+from ds_longctx.run.step import timed_step
 
 log = logging.getLogger("ds_longctx")
 
@@ -137,30 +139,20 @@ class RankRun:
         return row
 
     def _step(self, engine, data, clock, step: int) -> dict:
-        cfg, st = self.cfg, engine.state
-        if self.on_gpu:
-            torch.cuda.reset_peak_memory_stats()
-            torch.cuda.synchronize()
+        """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes
+        counted; refuses a non-finite loss or gradient norm."""
         self.counts.reset()
-        t0 = time.perf_counter()
-        batch = data.get(step, cfg.train.micro_batch, st.dp_rank, st.dp_size)
-        res = engine.forward_backward(batch.input_ids, batch.position_ids, batch.labels)
-        engine.step()
-        if self.on_gpu:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        t = timed_step(engine, data, step, self.cfg.train.micro_batch)
         clock.step_done()
         norm = engine.ds.get_global_grad_norm()
         norm = float(norm) if norm is not None else None
-        if not math.isfinite(res.loss) or (norm is not None and not math.isfinite(norm)):
-            raise NonFinite(f"step {step + 1}: loss {res.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
+        if not math.isfinite(t.loss) or (norm is not None and not math.isfinite(norm)):
+            raise NonFinite(f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
                             f"finite (kernels on non-finite values run faster, so its time would be wrong)")
-        out = {"seconds": seconds, "loss": res.loss, "grad_norm": norm,
-               "peak_reserved": torch.cuda.max_memory_reserved() if self.on_gpu else 0,
-               "peak_allocated": torch.cuda.max_memory_allocated() if self.on_gpu else 0,
-               "payloads": dict(self.counts.bytes)}
+        out = {"seconds": t.seconds, "loss": t.loss, "grad_norm": norm, "peak_reserved": t.peak_reserved,
+               "peak_allocated": t.peak_allocated, "payloads": dict(self.counts.bytes)}
         log.info("step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
-                 step + 1, self.a.steps, seconds, res.loss, f"{norm:.3g}" if norm is not None else "n/a",
+                 step + 1, self.a.steps, t.seconds, t.loss, f"{norm:.3g}" if norm is not None else "n/a",
                  _gb(out["peak_reserved"]), _gb(psutil.Process().memory_info().rss))
         return out
 

@@ -124,7 +124,7 @@ def planned(cfg, per_node: int, nodes: int):
     from ds_longctx.plan.geometry import as_geometry
     from ds_longctx.plan.levers import Levers
     from ds_longctx.plan.planner import plan_memory
-    from ds_longctx.plan.search import run_placement
+    from ds_longctx.run.placement_plan import run_placement
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
     return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
@@ -133,7 +133,7 @@ def planned(cfg, per_node: int, nodes: int):
 
 def rehearsal_config(argv: list):
     """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each said in a line)."""
-    from ds_longctx.run.train import parse_config
+    from ds_longctx.run.argv import parse_config
     cfg = parse_config(argv)
     off = []
     if cfg.checkpoint.save_every:
@@ -186,7 +186,7 @@ def main(argv: list | None = None) -> int:
         links(a, cfg)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.plan.search import run_placement
+            from ds_longctx.run.placement_plan import run_placement
             from ds_longctx.run.layer_clock import pick_layers
             placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
             pick_layers([p.value for p in placement.layers], a.layers)

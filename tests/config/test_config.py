@@ -243,7 +243,7 @@ def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
 
 def test_hf_trainer_names_point_at_ours():
     """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
-    from ds_longctx.config.run import FLAT, HF_NAMES
+    from ds_longctx.config.keys import FLAT, HF_NAMES
     assert set(HF_NAMES.values()) <= set(FLAT) and not set(HF_NAMES) & set(FLAT)
     with pytest.raises(ValueError, match=r"^unknown option --save_steps; nearest: --save_every \(the HF Trainer's "
                                          r"save_steps\); every key"):
@@ -313,7 +313,7 @@ def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
 def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_plan(kw, says, fix, flag_says, capsys):
     """One rule (config/run.lever_conflict), three askers: the run config, the planner (plan_memory) and
     `ds-longctx plan`'s arguments refuse the same combinations with the same words, the last spelled as its flags."""
-    from ds_longctx.plan import generate
+    from ds_longctx.plan import write
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import Levers, plan_memory
     with pytest.raises(ValidationError) as e:
@@ -326,7 +326,7 @@ def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_
     flags = []  # `plan` decides the optimizer offload itself (a ratio asks for it): no flag for it
     for k, v in kw.items():
         flags += [] if k == "optimizer_offload" else [f"--{k}"] if v is True else [f"--{k}", f"{v:g}"]
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "1", *flags]) == 2
     err = capsys.readouterr().err
     assert flag_says in err and "drop one of them" in err, err
 

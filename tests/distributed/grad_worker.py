@@ -55,7 +55,7 @@ def main():
         # function (DeepSpeed's offloads) and its attention module's cache slot (on the host or not)
         from ds_longctx.levers import attention_cache
         from ds_longctx.levers.placement import decoder_layers
-        from ds_longctx.plan.search import run_placement
+        from ds_longctx.run.placement_plan import run_placement
         kinds = []
         for layer in decoder_layers(eng.model):
             fn = layer.__dict__.get("_gradient_checkpointing_func")

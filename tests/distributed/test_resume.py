@@ -110,7 +110,7 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
     tensorboard is not a dependency)."""
     import types
 
-    from ds_longctx.run.train import MetricsLog
+    from ds_longctx.run.metrics_log import MetricsLog
     written = []
 
     class Writer:
@@ -143,7 +143,7 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
     import types
 
     from ds_longctx.run.evaluate import EvalResult
-    from ds_longctx.run.train import MetricsLog
+    from ds_longctx.run.metrics_log import MetricsLog
     written = []
 
     class Writer:

@@ -156,7 +156,7 @@ def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
 
 SIDE_STREAM_FREES = """
 import sys, torch
-from ds_longctx.run import gpu_budget
+from ds_longctx.levers import gpu_budget
 gpu_budget.apply(float(sys.argv[1]) if sys.argv[1] != "none" else None)
 n = 64 * 2 ** 20 // 2  # 64 MiB of bf16
 side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
@@ -181,7 +181,7 @@ def test_gpu_budget_caps_what_side_stream_frees_would_reserve():
     import subprocess
     import sys
 
-    from ds_longctx.run.gpu_budget import CUDA_CONTEXT_BYTES
+    from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES
     env = dict(gpu_env(), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     got = {}
     for budget in ("none", f"{(CUDA_CONTEXT_BYTES + 2 ** 30) / 1e9:.4f}"):
@@ -201,7 +201,7 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     """32 layers, each a slow GPU op then a new 64 MiB output whose copy to the host runs on a side stream (like an
     offloaded checkpoint; record_stream). The host unbounded enqueues all 32 at once and every freed input waits on the
     side stream, so each layer gets new memory; bounded to 2 layers ahead, the allocator reuses them."""
-    from ds_longctx.run.gpu_budget import bound_run_ahead
+    from ds_longctx.levers.gpu_budget import bound_run_ahead
     n, mib = 64 * 2 ** 20 // 2, 2 ** 20
     side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
 

@@ -110,7 +110,7 @@ def test_the_planners_terms_read_the_plan():
 
 def test_levers_and_run_config_map_both_ways():
     from ds_longctx.config import RunConfig
-    from ds_longctx.plan.search import run_placement
+    from ds_longctx.run.placement_plan import run_placement
 
     cfg = RunConfig(model="qwen3-8b", seq_len=4096, offload_layers=30, attention_cache_layers=2, tiled_mlp=True,
                     loss_chunk_rows=1024, optimizer_offload=True)

@@ -12,7 +12,7 @@ import ds_longctx
 from ds_longctx.config import RunConfig
 
 from ds_longctx.plan.planner import (GB, GIB, Levers, ModelGeometry, checkpoint_bytes_per_token, plan_memory,
-                                valid_sp_sizes)
+                                sp_sizes_for)
 from tests.helpers import bench_planner
 
 Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
@@ -148,9 +148,9 @@ def test_seq_len_is_padded_to_sp():
 
 
 def test_sp_validity():
-    assert valid_sp_sizes(Q8, 8) == [1, 2, 4, 8]
-    assert valid_sp_sizes(Q8, 16) == [1, 2, 4, 8, 16]  # 16 > 8 KV heads: each KV head replicated twice
-    assert valid_sp_sizes(TINY, 8) == [1, 2, 4, 8]
+    assert sp_sizes_for(Q8, 8) == [1, 2, 4, 8]
+    assert sp_sizes_for(Q8, 16) == [1, 2, 4, 8, 16]  # 16 > 8 KV heads: each KV head replicated twice
+    assert sp_sizes_for(TINY, 8) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match=r"sp_size=3 .* try one of \[1\]"):
         plan_memory(Q8, 4096, 3, 3)
     with pytest.raises(ValueError, match="offload_layers=37"):
@@ -270,8 +270,8 @@ def test_n_nodes_of_g_are_one_node_of_n_g_per_gpu_and_one_nth_of_its_host():
 
 
 def test_sp_stays_inside_a_node():
-    assert valid_sp_sizes(Q8, 8, nodes=2) == [1, 2, 4, 8]  # 16 would divide 32 heads and the world of 16
-    assert valid_sp_sizes(Q8, 16) == [1, 2, 4, 8, 16]
+    assert sp_sizes_for(Q8, 8, nodes=2) == [1, 2, 4, 8]  # 16 would divide 32 heads and the world of 16
+    assert sp_sizes_for(Q8, 16) == [1, 2, 4, 8, 16]
     with pytest.raises(ValueError, match=r"sp_size=16 does not divide the 8 processes per node.*try one of "
                                          r"\[1, 2, 4, 8\]"):
         plan_memory(Q8, 1 << 20, 8, 16, nodes=2)

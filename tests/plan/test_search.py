@@ -1,4 +1,4 @@
-"""`plan_search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
+"""`plan.search`: which levers `choose` pulls, and `find_max_len`, on hand-checked cases."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
     """393,216 tokens on 2 x 141 GB + 256 GB: DeepSpeed's power-of-two host buffers (1.61 GB checkpoints in 2 GiB)
     leave room for 23 cached layers, the exact-size pool for all 36; the plan takes the pool and says why (and not the
     tiled layer: it would cache no more)."""
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
     c = choose(Q8, 393_216, 2, 141, 256)
     assert not c.levers.pinned_pool
     got = fastest_placement(c, 141, 256)
@@ -150,7 +150,8 @@ def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_i
     GPU, DeepSpeed's offload two) frees GPU room for 5 more cached layers (28 vs 23), whose attention forwards (~8.5 s)
     outweigh its estimated cost (~4.7 s): taken, and the note gives both numbers. With LoRA (which the tiled layer
     refuses) and at 262,144 (every layer cached without it) it is not."""
-    from ds_longctx.plan.search import TILED_LAYER_SECONDS_PER_TOKEN, attention_fwd_seconds, fastest_placement
+    from ds_longctx.plan.cache_placement import (TILED_LAYER_SECONDS_PER_TOKEN, attention_fwd_seconds,
+                                                 fastest_placement)
     c = choose(Q8, 524_288, 2, 141, 256)
     got = fastest_placement(c, 141, 256)
     assert got.levers.tiled_layer and not c.levers.tiled_layer and got.plan.placement.cached == 28
@@ -165,7 +166,7 @@ def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_i
 
 def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
     from ds_longctx.levers.placement import Place
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
 
     for args in ((Q8, 1 << 20, 8, 141, 560), (Q8, 1 << 20, 8, 80, 560), (Q8, 262_144, 2, 141, 256)):
         c = choose(*args)
@@ -257,7 +258,7 @@ def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
     a head_dim-64 model (Qwen3-0.6B's 16 heads of 128 made 32 of 64) is planned without it, and says why; the same
     shape at head_dim 128 caches."""
     from ds_longctx.levers.placement import Place
-    from ds_longctx.plan.search import fastest_placement
+    from ds_longctx.plan.cache_placement import fastest_placement
     g128 = ModelGeometry.from_name_or_path("qwen3-0.6b")
     g64 = replace(g128, heads=2 * g128.heads, kv_heads=2 * g128.kv_heads, head_dim=g128.head_dim // 2)
     for geom, cached in ((g128, True), (g64, False)):

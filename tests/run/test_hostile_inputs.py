@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.plan.generate import main as plan_main
+from ds_longctx.plan.write import main as plan_main
 from ds_longctx.run import checkpoint
 from ds_longctx.run.preflight import preflight
 from tests.helpers import ROOT, run_cli

@@ -5,8 +5,8 @@
 Why a cap: the caching allocator grows whenever it finds no free block, and a block that was used on another stream
 (`record_stream`: DeepSpeed's checkpoint-offload copies, ZeRO-3's all-gather stream) comes back only after that
 stream's work has run. With the host far ahead of the GPU (asynchronous offload, ZeRO-3 prefetch), each layer then
-gets new memory while the older, already-freed blocks wait: 262,144 tokens on 2 x H200 planned for 64 GB reserved
-71.5 GB on step 2 with 39.3 GB allocated (benchmarks/results/gpu_budget_2026-11-30.md). Under a cap
+gets new memory while the older, already-freed blocks wait, and a run reserves well past what it allocates
+(measured: docs/calibration.md#gpu-budget). Under a cap
 (`torch.cuda.set_per_process_memory_fraction`) the allocator, before it would pass the cap, waits for those blocks
 and returns its cached ones (what it does on a card that really has this much memory) and raises an out-of-memory
 error only when the live tensors do not fit.

@@ -11,10 +11,12 @@ import time
 import pytest
 import yaml
 
-from ds_longctx.plan import generate
+from ds_longctx.plan import write
 from ds_longctx.config import RunConfig
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.search import choose, fastest_placement, find_max_len, run_placement
+from ds_longctx.plan.cache_placement import fastest_placement
+from ds_longctx.plan.search import choose, find_max_len
+from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.plan.planner import GB
 
 from tests.helpers import ROOT
@@ -23,15 +25,15 @@ PLAN_8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gp
 
 
 def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
-    assert generate.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(generate.FILES)
+    assert write.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.FILES)
     out = capsys.readouterr().out
     assert "checkpoints" in out and "GB/GPU" in out and "GB host" in out  # the table
     assert "deepspeed --num_gpus 8 --module ds_longctx.train --config run.yaml" in out
     assert "accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml" in out
     lines = (tmp_path / "launch.txt").read_text().splitlines()
-    assert lines[2] == generate.REHEARSE and lines[4:] == generate.launch_lines(8)
-    assert generate.REHEARSE in (tmp_path / "plan.txt").read_text()
+    assert lines[2] == write.REHEARSE and lines[4:] == write.launch_lines(8)
+    assert write.REHEARSE in (tmp_path / "plan.txt").read_text()
     run = yaml.safe_load((tmp_path / "run.yaml").read_text().split("\n", 1)[1])
     assert (run["parallel"]["nodes"], run["parallel"]["gpus_per_node"]) == (1, 8)  # the world it was planned for
 
@@ -40,14 +42,13 @@ def test_the_plan_caches_attention_unless_asked_not_to(tmp_path):
     import yaml
 
     from ds_longctx.levers.placement import PlacementPlan
-    from ds_longctx.plan.search import fastest_placement
     argv = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "141", "--host_mem_gb", "560"]
-    assert generate.main(argv + ["--out", str(tmp_path)]) == 0
+    assert write.main(argv + ["--out", str(tmp_path)]) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
     want = fastest_placement(choose("qwen3-8b", 1 << 20, 8, 141, 560), 141, 560).plan.placement
     assert PlacementPlan.parse(run["memory"]["placement"]) == want and want.cached > 0
     assert f"placement per layer: {want.describe()}" in (tmp_path / "plan.txt").read_text()
-    assert generate.main(argv + ["--no_attention_cache", "--out", str(tmp_path / "plain")]) == 0
+    assert write.main(argv + ["--no_attention_cache", "--out", str(tmp_path / "plain")]) == 0
     plain = yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["memory"]
     assert plain["placement"] is None and plain["attention_cache_layers"] == 0
     assert "--no_attention_cache" in (tmp_path / "plain" / "run.yaml").read_text().splitlines()[0]
@@ -55,7 +56,7 @@ def test_the_plan_caches_attention_unless_asked_not_to(tmp_path):
 
 def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
     out = tmp_path / "never"
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "24",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "24",
                           "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "Longest length that fits: 0 tokens" in err and "Fix:" in err  # 16 GB of bf16 weights alone
@@ -64,18 +65,18 @@ def test_1m_on_1x24_exits_2_with_the_longest_length(tmp_path, capsys):
 
 def test_no_fit_names_a_positive_longest_length(capsys):
     n = find_max_len("qwen3-8b", 1, 80, 256)
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "80",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "1", "--gpu_mem_gb", "80",
                           "--host_mem_gb", "256"]) == 2
     assert n > 0 and f"Longest length that fits: {n:,} tokens" in capsys.readouterr().err
 
 
 def test_find_max_len(capsys):
     args = ["--model", "qwen3-8b", "--gpus", "2", "--gpu_mem_gb", "141", "--host_mem_gb", "256", "--find_max_len"]
-    assert generate.main(args) == 0
+    assert write.main(args) == 0
     n = find_max_len("qwen3-8b", 2, 141, 256)
     assert f"longest seq_len that fits = {n:,} tokens" in capsys.readouterr().out
     # nothing fits: the answer (0) first, then what to change, on stderr, and exit 2 (no config can be written)
-    assert generate.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"]) == 2
+    assert write.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"]) == 2
     got = capsys.readouterr()
     assert "longest seq_len that fits = 0 tokens" in got.out
     assert "does not fit 1 x 24 GB GPUs" in got.err and "Fix: GPUs of >= " in got.err and "No length fits" in got.err
@@ -113,14 +114,14 @@ def test_find_max_len(capsys):
      "Fix: --headroom 0.9 (now 0.01"),
 ])
 def test_bad_input_exits_2_naming_the_value(args, says, capsys):
-    assert generate.main(args) == 2
+    assert write.main(args) == 2
     assert says in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("gpus,gpu_gb,host_gb", [(8, 80, 560), (8, 141, 560), (2, 141, 256), (4, 80, 512)])
 def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
     n = min(1 << 20, find_max_len("qwen3-8b", gpus, gpu_gb, host_gb))
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", str(n), "--gpus", str(gpus), "--gpu_mem_gb",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", str(n), "--gpus", str(gpus), "--gpu_mem_gb",
                           str(gpu_gb), "--host_mem_gb", str(host_gb), "--out", str(tmp_path)]) == 0
     c = fastest_placement(choose("qwen3-8b", n, gpus, gpu_gb, host_gb), gpu_gb, host_gb)
     cfg = RunConfig.load(tmp_path / "run.yaml")
@@ -143,9 +144,9 @@ def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
 
 
 def test_accelerate_yaml_is_accelerates_deepspeed_format(tmp_path):
-    assert generate.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
+    assert write.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
     acc = yaml.safe_load((tmp_path / "accelerate.yaml").read_text())
-    assert acc == generate.accelerate_config(8)
+    assert acc == write.accelerate_config(8)
     assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 8
     ds_file = acc["deepspeed_config"]["deepspeed_config_file"]
     assert ds_file == "ds_config.json" and (tmp_path / ds_file).is_file()  # relative to the YAML's directory
@@ -158,31 +159,45 @@ def test_accelerate_yaml_is_accelerates_deepspeed_format(tmp_path):
 
 def test_files_hold_no_absolute_paths_and_are_deterministic(tmp_path):
     for d in ("a", "b"):
-        assert generate.main(PLAN_8X80 + ["--out", str(tmp_path / d)]) == 0
-    for name in generate.FILES:
+        assert write.main(PLAN_8X80 + ["--out", str(tmp_path / d)]) == 0
+    for name in write.FILES:
         text = (tmp_path / "a" / name).read_text()
         assert text == (tmp_path / "b" / name).read_text()
         assert str(tmp_path) not in text and "/work" not in text and "/tmp" not in text
 
 
 def test_committed_configs_regenerate_byte_for_byte(tmp_path):
-    generate.regenerate_all(tmp_path)
+    write.regenerate_all(tmp_path)
     committed = ROOT / "ds_configs"
     want = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
     got = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert got == want, "ds_configs/ holds other files than the generator writes"
     stale = [str(p) for p in want if (committed / p).read_bytes() != (tmp_path / p).read_bytes()]
-    assert not stale, f"{stale} differ from the generator: run `python -m ds_longctx.generate --regen-all ds_configs`"
-    assert set(generate.COMMITTED) == {p.name for p in committed.iterdir() if p.is_dir()}
+    assert not stale, f"{stale} differ from the generator: run `python -m ds_longctx.plan --regen-all ds_configs`"
+    assert set(write.COMMITTED) == {p.name for p in committed.iterdir() if p.is_dir()}
 
 
 def test_fast_and_torch_free(tmp_path):
-    code = ("import sys; from ds_longctx.plan.generate import main; "
+    code = ("import sys; from ds_longctx.plan.write import main; "
             f"rc = main({PLAN_8X80 + ['--out', str(tmp_path)]!r}); "
             "assert rc == 0, rc; assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
     assert time.perf_counter() - t0 < 5
+
+
+def test_the_old_generate_entry_points_write_the_same_plan(tmp_path):
+    """`python -m ds_longctx.generate` and `from ds_longctx.plan.generate import main` (the names before
+    plan/write.py) and `python -m ds_longctx.plan` write the files `write.main` writes, byte for byte."""
+    assert write.main(PLAN_8X80 + ["--out", str(tmp_path / "ref")]) == 0
+    runs = {"module": [sys.executable, "-m", "ds_longctx.generate", *PLAN_8X80, "--out", str(tmp_path / "module")],
+            "plan": [sys.executable, "-m", "ds_longctx.plan", *PLAN_8X80, "--out", str(tmp_path / "plan")],
+            "import": [sys.executable, "-c", "import sys; from ds_longctx.plan.generate import main; "
+                       f"sys.exit(main({PLAN_8X80 + ['--out', str(tmp_path / 'import')]!r}))"]}
+    for name, cmd in runs.items():
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        for f in write.FILES:
+            assert (tmp_path / name / f).read_bytes() == (tmp_path / "ref" / f).read_bytes(), (name, f)
 
 
 def test_cli_dispatches_plan(tmp_path):
@@ -197,8 +212,8 @@ PLAN_2X8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--nodes", "2", "-
 
 
 def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_lines(tmp_path, capsys):
-    assert generate.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(generate.MULTINODE_FILES)
+    assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.MULTINODE_FILES)
     c = fastest_placement(choose("qwen3-8b", 1 << 20, 8, 80, 560, nodes=2), 80, 560)
     cfg = RunConfig.load(tmp_path / "run.yaml")
     assert cfg.parallel.sp_size == c.sp_size == 8 and not cfg.parallel.sp_across_nodes  # SP inside a node
@@ -206,14 +221,14 @@ def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_l
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert ds == build_ds_config(cfg, world_size=16, on_gpu=True) and ds["train_batch_size"] == 2  # dp over nodes
     launch = (tmp_path / "launch.txt").read_text().splitlines()
-    assert [line for line in launch if not line.startswith("#")] == [generate.REHEARSE, *generate.launch_lines(8, 2)]
-    assert generate.launch_lines(8, 2)[:3] == [
+    assert [line for line in launch if not line.startswith("#")] == [write.REHEARSE, *write.launch_lines(8, 2)]
+    assert write.launch_lines(8, 2)[:3] == [
         "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 --module ds_longctx.train --config run.yaml",
         "accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
         "-m ds_longctx.train --config run.yaml",
         "torchrun --nnodes 2 --nproc_per_node 8 --node_rank $NODE_RANK --rdzv_backend c10d --rdzv_endpoint "
         "$MASTER_ADDR:29500 -m ds_longctx.train --config run.yaml"]
-    assert generate.launch_lines(8, 2)[3].startswith("srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes 2")
+    assert write.launch_lines(8, 2)[3].startswith("srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes 2")
     plan_txt = (tmp_path / "plan.txt").read_text()
     assert "budget: 2 nodes x 8 x 80 GB GPUs" in plan_txt and "GB host per node" in plan_txt
     assert c.plan.table() in plan_txt and "nodes=2 gpus/node=8 world=16 sp=8 dp=2" in plan_txt
@@ -227,9 +242,9 @@ def test_the_multinode_hostfile_goes_through_deepspeeds_runner(tmp_path, monkeyp
 
     from deepspeed.launcher import runner
     from deepspeed.launcher.multinode_runner import PDSHRunner
-    assert generate.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
+    assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
     monkeypatch.chdir(tmp_path)  # launch.txt: run from the plan's directory
-    args = runner.parse_args(generate.launch_lines(8, 2)[0].split()[1:])
+    args = runner.parse_args(write.launch_lines(8, 2)[0].split()[1:])
     pool = runner.fetch_hostfile(args.hostfile)
     assert dict(pool) == {"node-0": 8, "node-1": 8}
     active = runner.apply_num_nodes_and_gpus(runner.parse_inclusion_exclusion(pool, args.include, args.exclude),
@@ -252,13 +267,13 @@ def test_the_multinode_accelerate_yaml_goes_through_accelerate_launch(tmp_path, 
     from accelerate.commands.launch import _filter_args, _validate_launch_command, launch_command_parser
     from accelerate.utils import DistributedType
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
-    assert generate.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
+    assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
     loaded = load_config_from_file(str(tmp_path / "accelerate.yaml"))
     assert loaded.distributed_type == DistributedType.DEEPSPEED
     assert (loaded.num_machines, loaded.num_processes, loaded.machine_rank) == (2, 16, 0)
     assert loaded.deepspeed_config["deepspeed_multinode_launcher"] == "standard"
     monkeypatch.chdir(tmp_path)
-    line = generate.launch_lines(8, 2)[1].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
+    line = write.launch_lines(8, 2)[1].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
     args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(line.split()[2:]))
     assert args.use_deepspeed and defaults.num_machines == 2
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as launch_command does
@@ -272,7 +287,7 @@ def test_the_multinode_accelerate_yaml_goes_through_accelerate_launch(tmp_path, 
 
 def test_the_multinode_torchrun_line_parses_as_two_nodes_of_8():
     from torch.distributed.run import config_from_args, get_args_parser
-    line = generate.launch_lines(8, 2)[2].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
+    line = write.launch_lines(8, 2)[2].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
     config, cmd, cmd_args = config_from_args(get_args_parser().parse_args(line.split()[1:]))
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 8)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "10.0.0.1:29500")
@@ -280,9 +295,9 @@ def test_the_multinode_torchrun_line_parses_as_two_nodes_of_8():
 
 
 def test_a_multinode_plan_refuses_an_sp_group_across_nodes(capsys):
-    assert generate.main(PLAN_2X8X80 + ["--sp_size", "16"]) == 2
+    assert write.main(PLAN_2X8X80 + ["--sp_size", "16"]) == 2
     assert "sp_size=16 does not divide the 8 processes per node" in capsys.readouterr().err
-    assert generate.main(PLAN_2X8X80[:4] + ["--nodes", "0", "--gpus", "8"]) == 2
+    assert write.main(PLAN_2X8X80[:4] + ["--nodes", "0", "--gpus", "8"]) == 2
     assert "--nodes 0: need at least 1 node" in capsys.readouterr().err
 
 
@@ -293,11 +308,11 @@ def test_lora_rank_plans_the_adapters_and_reaches_run_yaml(tmp_path):
     from ds_longctx.plan.levers import Levers
     lora = find_max_len("qwen3-8b", 2, 141, 256, base=Levers(lora_rank=16))
     assert lora > full
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", str(lora), "--gpus", "2", "--gpu_mem_gb", "141",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", str(lora), "--gpus", "2", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "256", "--lora_rank", "16", "--out", str(tmp_path)]) == 0
     cfg = RunConfig.load(tmp_path / "run.yaml")
     assert cfg.lora.rank == 16 and "--lora_rank 16" in (tmp_path / "run.yaml").read_text().splitlines()[0]
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "2", "--lora_rank", "-1"]) == 2
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "1024", "--gpus", "2", "--lora_rank", "-1"]) == 2
 
 
 def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
@@ -317,15 +332,15 @@ def test_tiled_layer_is_picked_when_needed_kept_when_asked_and_refused_with_lora
     256 GB), `--tiled_layer` forces it on at any length (run.yaml carries it), with --lora_rank it is refused before
     any search (exit 2)."""
     hw = ["--model", "qwen3-8b", "--gpus", "2", "--gpu_mem_gb", "141", "--host_mem_gb", "256"]
-    assert generate.main(hw + ["--find_max_len", "--out", str(tmp_path / "max")]) == 0
+    assert write.main(hw + ["--find_max_len", "--out", str(tmp_path / "max")]) == 0
     out = capsys.readouterr().out
     assert "tiled_layer=True: needed to fit" in out
     assert RunConfig.load(tmp_path / "max" / "run.yaml").memory.tiled_layer
-    assert generate.main(hw + ["--seq_len", "131072", "--tiled_layer", "--out", str(tmp_path / "asked")]) == 0
+    assert write.main(hw + ["--seq_len", "131072", "--tiled_layer", "--out", str(tmp_path / "asked")]) == 0
     assert "tiled_layer=True: as asked" in capsys.readouterr().out
     cfg = RunConfig.load(tmp_path / "asked" / "run.yaml")
     assert cfg.memory.tiled_layer and cfg.memory.tiled_mlp and cfg.memory.tile_tokens == 4096
-    assert generate.main(hw + ["--seq_len", "131072", "--tiled_layer", "--lora_rank", "16"]) == 2
+    assert write.main(hw + ["--seq_len", "131072", "--tiled_layer", "--lora_rank", "16"]) == 2
     assert "--tiled_layer with --lora_rank 16" in capsys.readouterr().err
 
 def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
@@ -336,7 +351,7 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
                                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                                "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False}))
     out = tmp_path / "plan"
-    assert generate.main(["--model", str(cfg), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
+    assert write.main(["--model", str(cfg), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "256", "--out", str(out)]) == 0
     text = (out / "plan.txt").read_text()
     assert "T=65,536" in text and "qk_norm_saved" not in text  # Llama has no q/k norms
@@ -348,7 +363,7 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
     ckpt = tmp_path / "My Llama v1.5"
     ckpt.mkdir()
     (ckpt / "config.json").write_text(cfg.read_text())
-    assert generate.main(["--model", str(ckpt), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
+    assert write.main(["--model", str(ckpt), "--seq_len", "131072", "--gpus", "2", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "256", "--out", str(tmp_path / "p2")]) == 0
     assert yaml.safe_load((tmp_path / "p2" / "run.yaml").read_text())["train"]["output_dir"] == \
         "runs/My_Llama_v1.5_131072_2gpu"
@@ -361,7 +376,7 @@ def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_con
 
     import yaml
     out = tmp_path / "plan"
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "141",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "141",
                           "--attn_bwd_head_groups", "4", "--offload_params", "--out", str(out)]) == 0
     plan = (out / "plan.txt").read_text()
     assert "--attn_bwd_head_groups 4 --offload_params" in plan.splitlines()[0]
@@ -380,7 +395,7 @@ def test_a_partial_offload_the_search_picks_reaches_run_yaml_and_deepspeeds_conf
 
     from ds_longctx.plan.zero_buffers import offload_sub_group_elems
     out = tmp_path / "plan"
-    assert generate.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141",
                           "--host_mem_gb", "128", "--out", str(out)]) == 0
     c = choose("qwen3-8b", 65536, 1, 141, 128)
     ratio = c.levers.optimizer_offload_ratio
@@ -401,10 +416,10 @@ def test_out_that_cannot_hold_the_files_and_conflicting_flags_exit_2_before_plan
     base = ["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "8", "--gpu_mem_gb", "80"]
     for out, says in ((str(afile), "is a file, not a directory"), (str(afile / "sub"), "is a file, so no directory"),
                       ("", "--out ''")):
-        assert generate.main(base + ["--out", out]) == 2
+        assert write.main(base + ["--out", out]) == 2
         assert says in capsys.readouterr().err
     assert afile.read_text() == "keep me"
-    assert generate.main(base + ["--find_max_len"]) == 2
+    assert write.main(base + ["--find_max_len"]) == 2
     assert "--seq_len 4096 with --find_max_len" in capsys.readouterr().err
 
 
@@ -413,13 +428,13 @@ def test_the_fix_for_the_gpu_size_is_rounded_up_to_a_size_that_fits(capsys):
     11, which does not); the "every lever on" figure counts the parameter offload and the grouped attention backward
     the search may pull (at most what the smallest fitting GPU plans)."""
     base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "2"]
-    assert generate.main(base + ["--gpu_mem_gb", "11"]) == 2
+    assert write.main(base + ["--gpu_mem_gb", "11"]) == 2
     err = capsys.readouterr().err
     need = int(re.search(r"Fix: GPUs of >= (\d+) GB", err).group(1))
     every = float(re.search(r"needs ([\d.]+) GB/GPU", err).group(1))
-    assert generate.main(base + ["--gpu_mem_gb", str(need)]) == 0
+    assert write.main(base + ["--gpu_mem_gb", str(need)]) == 0
     planned = float(re.search(r"planned: ([\d.]+) GB per GPU", capsys.readouterr().out).group(1))
-    assert generate.main(base + ["--gpu_mem_gb", str(need - 1)]) == 2
+    assert write.main(base + ["--gpu_mem_gb", str(need - 1)]) == 2
     assert every <= planned and "the parameters offloaded" in err
 
 
@@ -427,21 +442,21 @@ def test_head_groups_that_hold_sp_down_are_said_so(capsys):
     """--attn_bwd_head_groups 8 on 8 GPUs: only sp 1 leaves each rank 8 KV heads to split, so the plan is at sp 1,
     and plan.txt says why (not "the largest"); where that does not fit, the fixes name dropping the flag."""
     base = ["--model", "qwen3-8b", "--gpus", "8", "--gpu_mem_gb", "80"]
-    assert generate.main(base + ["--seq_len", "131072", "--attn_bwd_head_groups", "8"]) == 0
+    assert write.main(base + ["--seq_len", "131072", "--attn_bwd_head_groups", "8"]) == 0
     out = capsys.readouterr().out
     assert "sp_size=1: the largest of [1, 2, 4, 8] whose ranks' KV heads split into --attn_bwd_head_groups 8" in out
-    assert generate.main(base + ["--seq_len", "1048576", "--attn_bwd_head_groups", "8"]) == 2
+    assert write.main(base + ["--seq_len", "1048576", "--attn_bwd_head_groups", "8"]) == 2
     assert "Fix: drop --attn_bwd_head_groups 8" in capsys.readouterr().err
-    assert generate.main(base + ["--seq_len", "1048576"]) == 0  # without it the same length plans
+    assert write.main(base + ["--seq_len", "1048576"]) == 0  # without it the same length plans
 
 
 def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monkeypatch):
     """find_max_len stops at MAX_SEARCH_TOKENS: reached, the answer is a lower bound and the line says so."""
     from ds_longctx.plan import search
-    monkeypatch.setattr(generate, "MAX_SEARCH_TOKENS", 16384)
+    monkeypatch.setattr(write, "MAX_SEARCH_TOKENS", 16384)
     real = search.find_max_len
-    monkeypatch.setattr(generate, "find_max_len", lambda geom, **kw: real(geom, upper=16384, **kw))
-    assert generate.main(["--model", "qwen3-0.6b", "--find_max_len", "--gpus", "8", "--gpu_mem_gb", "141"]) == 0
+    monkeypatch.setattr(write, "find_max_len", lambda geom, **kw: real(geom, upper=16384, **kw))
+    assert write.main(["--model", "qwen3-0.6b", "--find_max_len", "--gpus", "8", "--gpu_mem_gb", "141"]) == 0
     assert "longest seq_len that fits >= 16,384 tokens (the search stops there" in capsys.readouterr().out
 
 
@@ -450,12 +465,12 @@ def test_an_explicit_whole_optimizer_offload_is_kept(tmp_path, capsys):
     so the search still split the optimizer): on 1 x 141 GB + 128 GB host the 8B at 65,536 fits only split, so the
     explicit 1 ends in NoFit with the fix to drop it; with 200 GB of host the whole offload is the plan."""
     base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141"]
-    assert generate.main(base + ["--host_mem_gb", "128"]) == 0
+    assert write.main(base + ["--host_mem_gb", "128"]) == 0
     assert "optimizer_offload=True (ratio 0." in capsys.readouterr().out   # the search's own share
-    assert generate.main(base + ["--host_mem_gb", "128", "--optimizer_offload_ratio", "1"]) == 2
+    assert write.main(base + ["--host_mem_gb", "128", "--optimizer_offload_ratio", "1"]) == 2
     assert "Fix: drop --optimizer_offload_ratio 1" in capsys.readouterr().err
     out = tmp_path / "whole"
-    assert generate.main(base + ["--host_mem_gb", "200", "--optimizer_offload_ratio", "1", "--out", str(out)]) == 0
+    assert write.main(base + ["--host_mem_gb", "200", "--optimizer_offload_ratio", "1", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "optimizer_offload=True" in text and "(ratio" not in text.split("optimizer_offload=True")[1][:8]
     assert "--optimizer_offload_ratio 1`" in (out / "run.yaml").read_text()       # the command line says it

@@ -1,12 +1,12 @@
-"""run/gpu_budget.py: the allocator cap for the budget a plan was made for (the cap itself acts on a GPU only:
+"""levers/gpu_budget.py: the allocator cap for the budget a plan was made for (the cap itself acts on a GPU only:
 tests/gpu/test_gpu.py::test_gpu_budget_caps_what_side_stream_frees_would_reserve)."""
 
 import pytest
 import yaml
 
 from ds_longctx.config import RunConfig
-from ds_longctx.plan import generate
-from ds_longctx.run.gpu_budget import CUDA_CONTEXT_BYTES, allocator_fraction, apply, out_of_budget
+from ds_longctx.plan import write
+from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES, allocator_fraction, apply, out_of_budget
 
 H200 = 150_754_820_096  # torch.cuda.get_device_properties().total_memory of an H200 (141 GB card)
 
@@ -37,7 +37,7 @@ def test_without_a_gpu_or_a_budget_nothing_is_set():
 
 def test_the_plan_writes_its_budget_into_the_run_config(tmp_path):
     argv = ["--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "64", "--out", str(tmp_path)]
-    assert generate.main(argv) == 0
+    assert write.main(argv) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert run["memory"]["gpu_budget_gb"] == 64.0
     assert RunConfig.load(tmp_path / "run.yaml").memory.gpu_budget_gb == 64.0
@@ -51,7 +51,7 @@ def test_the_out_of_memory_message_names_the_budget_and_the_fix():
 
 
 def test_the_run_ahead_bound_is_a_no_op_without_a_gpu_and_defaults_to_two_layers():
-    from ds_longctx.run.gpu_budget import bound_run_ahead
+    from ds_longctx.levers.gpu_budget import bound_run_ahead
     assert bound_run_ahead([object()], 2) == [] and bound_run_ahead([], 0) == []
     assert RunConfig(model="qwen3-tiny").memory.run_ahead_layers == 2
     with pytest.raises(ValueError):

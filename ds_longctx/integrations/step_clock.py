@@ -1,0 +1,64 @@
+"""The HF Trainer integration's step clock: each optimizer step's time and peak reserved GPU memory, for the
+Trainer's log (`LongCtxTrainerMixin.log`), and the memory snapshot of the run's first steps
+(logging.memory_snapshot_steps)."""
+
+from __future__ import annotations
+
+import time
+
+
+class StepClock:
+    """A TrainerCallback timing each optimizer step (CUDA-synchronized, from on_step_begin to on_step_end) and its
+    peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
+    (`step_clock()` puts them together: transformers is not imported at module level)."""
+
+    snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
+
+    def __init__(self):
+        self.seconds, self.peak, self.t0 = [], 0, None
+        self.recorded = None  # steps since recording began; None: not recording
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import torch
+        if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
+            from ds_longctx.run import memory_snapshot
+            memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
+            self.recorded = 0
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+        if self.t0 is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            self.peak = max(self.peak, torch.cuda.max_memory_reserved())
+        self.seconds.append(time.perf_counter() - self.t0)
+        self.t0 = None
+        if self.recorded is not None:
+            self.recorded += 1
+            if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
+                import torch.distributed as dist
+
+                from ds_longctx.run import memory_snapshot
+                memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
+                self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
+
+    def read(self) -> dict:
+        import torch
+        out = {}
+        if self.seconds:
+            out["seconds"] = round(sum(self.seconds) / len(self.seconds), 4)
+        if torch.cuda.is_available() and self.seconds:
+            out["peak_gpu_bytes"] = self.peak
+        self.seconds, self.peak = [], 0
+        return out
+
+
+def step_clock():
+    """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
+    from transformers import TrainerCallback
+    return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()

@@ -1,0 +1,120 @@
+"""The per-layer placement that skips the most attention recomputes and still fits: `fastest_placement`, what
+`ds-longctx plan` writes after `search.choose` picked the levers (unless --no_attention_cache).
+
+    choice = fastest_placement(choose("qwen3-8b", 1 << 20, gpus=8, gpu_mem_gb=80, host_mem_gb=560), 80, 560)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ds_longctx.levers.placement import PlacementPlan
+from ds_longctx.parallel import kernel_rules
+from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.planner import GB, MemoryPlan, plan_memory
+from ds_longctx.plan.search import POOL_HOW, Choice, chunk_rows, last_fit, tile_tokens_for
+
+# FlashAttention 4's causal forward at Ulysses shapes on H200, FLOP/s: what one skipped recompute saves, for the notes.
+# calibrated: see docs/calibration.md#attention-fwd-flops
+ATTENTION_FWD_FLOPS = 660e12
+# What the tiled layer costs a step beyond the tiled MLP, seconds per token of one rank's slice (its extra work, the
+# q/k/v projections' tile recompute, is linear in the slice). calibrated: see docs/calibration.md#tiled-layer-seconds
+TILED_LAYER_SECONDS_PER_TOKEN = 2.36 / 131_072
+
+
+def attention_fwd_seconds(plan: MemoryPlan) -> float:
+    """One layer's causal attention forward on one rank (what caching that layer saves per step)."""
+    return 2 * plan.seq_len ** 2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim / ATTENTION_FWD_FLOPS
+
+
+def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9,
+                      **knobs) -> Choice:
+    """`choice`'s levers with the per-layer placement that skips the most attention recomputes and still fits.
+
+    Each cached layer (levers/attention_cache.py) saves one attention forward in its checkpoint recompute, the
+    biggest single cost of a long-context step; a host copy of a kept output costs ~1% of that (2 × its bytes
+    at ~55 GB/s, overlapped). So: the most cached layers n = x + y that fit, x of them with the output on the GPU
+    (`cache`, the top layers: their cache lives shortest) and y in pinned host memory (`cache+offload`, checkpoint
+    there too), preferring GPU caches (no copies); the other layers keep their checkpoint on the GPU (`keep`) as
+    far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
+    first: their checkpoints live longest). Same sp / loss chunk / optimizer placement as `choice`.
+    Two levers are added where they let more layers cache: the exact-size pinned pool (host room: no power-of-two
+    buffers; GPU room: one checkpoint restored at a time; free), and the tiled layer (GPU room; taken only when the
+    attention forwards it skips outweigh its estimated cost, TILED_LAYER_SECONDS_PER_TOKEN). The cache needs a kernel
+    pair (FlashAttention 4 on Hopper): with another kernel cached layers recompute.
+    """
+    plan = choice.plan
+    geom = plan.geom
+    if not kernel_rules.fa4_verified(geom.head_dim):  # `auto` runs cuDNN SDPA there: cached layers would recompute
+        return replace(choice, notes=choice.notes + (
+            f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
+            f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
+            f"parallel/kernel_rules.py)",))
+    gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
+    per_layer, local = attention_fwd_seconds(plan), plan.seq_len // plan.sp_size
+    tiled_cost = TILED_LAYER_SECONDS_PER_TOKEN * local
+    candidates = [(base, 0.0, "")]
+    if not base.pinned_pool:
+        candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
+    if not base.tiled_layer and not base.lora_rank:
+        tiled = replace(base, tiled_layer=True, tiled_mlp=True,
+                        tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
+        tiled = replace(tiled, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
+                                                          dict(knobs, nodes=plan.nodes)))
+        candidates += [(tiled, tiled_cost, "tiled")] + ([] if base.pinned_pool else
+                                                         [(replace(tiled, pinned_pool=True), tiled_cost, "tiled+pool")])
+    scored = []
+    for lv, cost, tag in candidates:
+        got = _most_cached(plan, lv, gpu_budget, host_budget, knobs)
+        if got is not None:
+            scored.append((got[1] * per_layer - cost, -len(tag), got, tag, cost))
+    if not scored:
+        return choice
+    plain = next((n for _, _, (_, n, _), tag, _ in scored if tag == ""), 0)
+    _, _, (new, n, note), tag, cost = max(scored, key=lambda t: t[:2])
+    notes = [note]
+    if "pool" in tag:
+        notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}")
+    if "tiled" in tag:
+        notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
+                     f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
+                     f"(TILED_LAYER_SECONDS_PER_TOKEN: docs/calibration.md#tiled-layer-seconds)")
+    return Choice(plan=new, notes=choice.notes + tuple(notes))
+
+
+def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict):
+    """(plan, cached layers, note) of `fastest_placement`'s rule for levers `base`, or None if no layout fits."""
+    geom, L = plan.geom, plan.geom.layers
+
+    def at(x: int, y: int, w: int):
+        z = L - x - y - w
+        layout = PlacementPlan.parse(",".join(f"{p}:{n}" for p, n in (("offload", z), ("cache+offload", y),
+                                                                    ("keep", w), ("cache", x)) if n))
+        return plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout),
+                           nodes=plan.nodes, **knobs)
+
+    def fits_gpu(x, y, w):
+        return at(x, y, w).gpu_peak_bytes <= gpu_budget
+
+    for n in range(L, -1, -1):
+        for x in range(n, -1, -1):
+            y, rest = n - x, L - n
+            if not fits_gpu(x, y, 0):
+                continue  # even with every other layer offloaded this many GPU caches do not fit
+            w = rest if fits_gpu(x, y, rest) else last_fit(lambda w: fits_gpu(x, y, w), 0, rest)
+            new = at(x, y, w)
+            if new.host_peak_bytes <= host_budget:
+                return new, n, _placement_note(new, x, y, w)
+    return None
+
+
+def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:
+    L, n = plan.geom.layers, x + y
+    saved = n * attention_fwd_seconds(plan)
+    return (f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on the GPU, "
+            f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per step at "
+            f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints kept on the GPU, "
+            f"{L - n - w} offloaded: the most cached layers that fit {plan.gpu_peak_bytes / GB:.1f} GB/GPU and "
+            f"{plan.host_peak_bytes / GB:.1f} GB host (the cache needs FlashAttention 4; with cuDNN SDPA cached layers "
+            f"recompute)")

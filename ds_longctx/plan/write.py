@@ -1,0 +1,394 @@
+"""`ds-longctx plan`: choose the levers for a run and write the configs that launch it.
+
+    ds-longctx plan --model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --out DIR
+    ds-longctx plan --model qwen3-8b --gpus 2 --gpu_mem_gb 141 --find_max_len [--out DIR]
+    ds-longctx plan --model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --out DIR   # 2 nodes x 8
+    python -m ds_longctx.plan --regen-all ds_configs      # rewrite the committed configs
+
+The planner's search (`plan.search.choose`) picks sp_size, the fewest offloaded checkpoints, tiled MLP only when
+needed, the loss chunk rows and optimizer offload; `plan.cache_placement.fastest_placement` then the layers that keep
+their attention output. The plan is printed as a table (term, GB per GPU, GB host).
+With `--out DIR` it writes:
+    run.yaml         our run config (`RunConfig`): exactly the planner's choices; the only input train.py reads
+    ds_config.json   `ds_config.build_ds_config(run config, gpus, on_gpu=True)`: the same dict train.py derives
+                     from run.yaml (one source of truth); written for reading and for accelerate's plugin
+    accelerate.yaml  accelerate's DeepSpeed plugin config pointing at ds_config.json
+    launch.txt       the launch lines (run them from DIR: every path in DIR is relative to DIR)
+    plan.txt         the table and one line of reasoning per choice
+    hostfile         with --nodes N > 1 only: DeepSpeed's hostfile, a template (node-0 slots=G ...)
+Several nodes (--nodes N, --gpus G per node): SP groups stay inside a node, data parallelism runs across nodes,
+ZeRO-3 partitions over all N·G GPUs; host RAM (--host_mem_gb) and the host column are per node. accelerate.yaml
+then has num_machines N (each node passes its own --machine_rank), launch.txt the deepspeed --hostfile line (once,
+from node 0), the accelerate and torchrun lines (on every node) and a SLURM srun example (plan/launch_files.py).
+Output is deterministic (no dates, no absolute paths): tests regenerate `ds_configs/` and diff it.
+Exit codes: 0 planned; 2 bad input or nothing fits (the message names the longest length that fits and
+what to change). Imports neither torch nor deepspeed: a plan that fits answers in under a second; one that does
+not takes a few seconds (its fixes are searched).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from ds_longctx.plan.cache_placement import fastest_placement
+from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, find_max_len
+from ds_longctx.parallel import kernel_rules
+from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
+from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.planner import GB, check_headroom
+
+FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
+MULTINODE_FILES = FILES + ("hostfile",)
+NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
+NODE_HOST_CAP_GB = 560  # the 8-GPU node
+# The committed configs (`ds_configs/<name>/`): plan arguments, host RAM given explicitly so that a change of
+# the --host_mem_gb default never changes them silently.
+COMMITTED = {
+    "qwen3-8b_1m_8x80gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256",
+    "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --host_mem_gb 512",
+    "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256 "
+                                   "--lora_rank 16",
+}
+
+
+def default_host_mem_gb(gpus: int) -> float:
+    """128 GB per GPU up to the 8-GPU node's 560 GB: the machines here (1: 128, 2: 256, 4: 512, 8: 560)."""
+    return NODE_HOST_GB.get(gpus, min(128 * gpus, NODE_HOST_CAP_GB))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="shipped geometry (qwen3-8b, ...) or an HF checkpoint dir")
+    p.add_argument("--seq_len", type=int, help="tokens per sequence (required unless --find_max_len)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node (one process each)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes of --gpus GPUs each (default 1); SP groups stay inside "
+                   "a node, data parallelism runs across nodes")
+    p.add_argument("--gpu_mem_gb", type=float, default=80.0, help="memory per GPU in GB (1e9 bytes); default 80")
+    p.add_argument("--host_mem_gb", type=float, default=None,
+                   help="host RAM per node in GB; default 128 per GPU up to 560 (the H200 machines here: "
+                        "1 GPU 128, 2: 256, 4: 512, 8: 560)")
+    p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid that divides "
+                   "--gpus)")
+    p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
+    p.add_argument("--no_attention_cache", action="store_true",
+                   help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
+                        "FlashAttention 4, where cached layers would recompute anyway. By default the plan keeps "
+                        "the attention output of as many layers as fit (on the GPU, else in host memory) so the "
+                        "checkpoint recompute skips attention")
+    p.add_argument("--pinned_pool", action="store_true",
+                   help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
+                        "DeepSpeed's power-of-two buffers: the same data in up to half the host memory. The search "
+                        "picks it by itself where the host needs it; this forces it on")
+    p.add_argument("--tiled_layer", action="store_true",
+                   help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
+                        "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. The search "
+                        "picks it by itself where nothing fits without it; this forces it on. Not with --lora_rank")
+    p.add_argument("--attn_bwd_head_groups", type=int, default=1,
+                   help="the attention backward over this many groups of KV heads, one at a time "
+                        "(memory.attn_bwd_head_groups): the kernel's fp32 accumulators of one group. The search "
+                        "picks it by itself (one group per KV head) where nothing fits without it; this forces it")
+    p.add_argument("--offload_params", action="store_true",
+                   help="the bf16 parameters in pinned host memory too (optimizer.offload_params, DeepSpeed "
+                        "offload_param). The search picks it by itself after the optimizer offload where nothing "
+                        "fits without it; this forces it on. Not with --lora_rank or --optimizer_offload_ratio")
+    p.add_argument("--optimizer_offload_ratio", type=float, default=None,
+                   help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
+                        "offload; the rest steps on the GPU). Not given: all of it, and the search picks a smaller "
+                        "share by itself only where the whole optimizer on the host breaks its budget. Given (1 "
+                        "included): this share, fixed; 0 keeps the optimizer on the GPU")
+    p.add_argument("--lora_rank", type=int, default=0,
+                   help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
+                        "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
+    p.add_argument("--find_max_len", action="store_true",
+                   help="report the longest seq_len that fits (and plan it when --out is given)")
+    p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
+                   "launch.txt, plan.txt (and with --nodes > 1 hostfile) into")
+    return p
+
+
+def check_args(a: argparse.Namespace) -> tuple:
+    """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming the fix."""
+    from pydantic import ValidationError
+
+    from ds_longctx.config import RunConfig, format_validation_error
+    from ds_longctx.config.run import lever_conflict
+    if a.gpus < 1:
+        raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
+    if a.nodes < 1:
+        raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
+    if not 0 < a.gpu_mem_gb < float("inf"):  # also refuses nan
+        raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
+    host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
+    if not 0 < host < float("inf"):  # also refuses nan
+        raise ValueError(f"--host_mem_gb {host:g}: give the node's host RAM in GB, e.g. 560")
+    check_headroom(a.headroom)
+    if a.seq_len is None and not a.find_max_len:
+        raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
+    if a.seq_len is not None and a.seq_len <= 0:
+        raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
+    if a.seq_len is not None and a.find_max_len:
+        raise ValueError(f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of them")
+    if a.out is not None:
+        check_out_dir(a.out)
+    if a.optimizer_offload_ratio is not None and not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
+        raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
+                         f"share of the offloaded optimizer, e.g. 0.5")
+    if a.lora_rank < 0:
+        raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
+    if msg := lever_conflict(lora_rank=a.lora_rank, tiled_layer=a.tiled_layer, offload_ratio=offload_ratio(a),
+                             offload_params=a.offload_params, flags=True):
+        raise ValueError(msg)
+    if a.attn_bwd_head_groups < 1:
+        raise ValueError(f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
+                         f"whole backward at once)")
+    geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
+    try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
+        RunConfig(model=geom.name)
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)) from None
+    if a.lora_rank > geom.hidden:
+        raise ValueError(f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an adapter "
+                         f"of that rank is no longer low-rank; use a rank such as 16 or 64")
+    if a.sp_size is not None and a.sp_size < 1:
+        raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
+                         f"the largest that divides the GPUs and the heads)")
+    if a.sp_size is not None:
+        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
+    # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
+    kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
+    return geom, host
+
+
+def check_out_dir(out: str) -> None:
+    """--out must name a directory that exists or can be made here (before any planning): not a file, not under a
+    file, its nearest existing folder writable."""
+    if not out.strip():
+        raise ValueError("--out '': give the directory to write the plan's files to, e.g. --out plans/8b_1m")
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a directory; give a directory (made if missing)")
+    up = p
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise ValueError(f"--out {out}: {up} is a file, so no directory can be made under it; give another path")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {up} is not writable here; give a directory you can write to")
+
+
+def command_line(a: argparse.Namespace, host: float) -> str:
+    """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend on it)."""
+    parts = [f"--model {a.model}"]
+    parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
+    parts += [f"--nodes {a.nodes}"] if a.nodes > 1 else []
+    parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
+    parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
+    parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
+    parts += ["--no_attention_cache"] if a.no_attention_cache else []
+    parts += ["--pinned_pool"] if a.pinned_pool else []
+    parts += ["--tiled_layer"] if a.tiled_layer else []
+    parts += [f"--attn_bwd_head_groups {a.attn_bwd_head_groups}"] if a.attn_bwd_head_groups > 1 else []
+    parts += ["--offload_params"] if a.offload_params else []
+    ratio = a.optimizer_offload_ratio
+    parts += [f"--optimizer_offload_ratio {ratio:g}"] if ratio is not None else []
+    parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
+    return "ds-longctx plan " + " ".join(parts)
+
+
+def offload_ratio(a: argparse.Namespace) -> float:
+    """The host's share of an offloaded optimizer the command line asks for: all of it (1) when not given."""
+    return 1.0 if a.optimizer_offload_ratio is None else a.optimizer_offload_ratio
+
+
+def search_kw(a: argparse.Namespace, host: float) -> dict:
+    """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
+    return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
+                sp_size=a.sp_size, base=Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank, tiled_layer=a.tiled_layer,
+                                                       optimizer_offload_ratio=offload_ratio(a),
+                                                       partial_offload=a.optimizer_offload_ratio is None,
+                                                       attn_bwd_head_groups=a.attn_bwd_head_groups,
+                                                       offload_params=a.offload_params))
+
+
+def hardware(a: argparse.Namespace, host: float) -> str:
+    if a.nodes == 1:
+        return f"{a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host"
+    return f"{a.nodes} nodes of {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host each"
+
+
+def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
+    """The RunConfig carrying exactly the planner's choices (bf16: these configs are for GPUs) and the GPU budget
+    they were made for (memory.gpu_budget_gb: the run caps its allocator there, levers/gpu_budget.py)."""
+    from ds_longctx.config import RunConfig
+    plan = choice.plan
+    gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
+    return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
+                     nodes=plan.nodes, gpus_per_node=plan.gpus,
+                     output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
+                     **choice.levers.run_config_fields())
+
+
+def run_name(model: str) -> str:
+    """The model's part of the run directory's name: a shipped name as it is; of a path, its checkpoint directory's
+    (or JSON file's) name, so a local model does not put its absolute path under runs/."""
+    p = Path(model)
+    if p.name.endswith(".json"):
+        p = p.parent if p.name == "config.json" else p.with_name(p.name[:-len(".json")])
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", p.name).strip("._") or "model"
+
+
+def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> str:
+    plan = choice.plan
+    nodes, per_node = ("", "") if a.nodes == 1 else (f"{a.nodes} nodes x ", " per node")
+    head = [f"# generated by `{cmd}`; do not edit",
+            f"budget: {nodes}{a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
+            f"{host:g} GB host{per_node} -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)"]
+    if a.find_max_len:
+        head.append(f"longest seq_len that fits: {plan.seq_len:,} tokens (a multiple of 1024)")
+    elif plan.seq_len != a.seq_len:
+        head.append(f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}")
+    head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
+                f"{per_node}")
+    head.append(f"placement per layer: {plan.placement.describe()}")
+    head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
+    return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
+
+
+def write_files(out: Path, choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> None:
+    """The files of one plan into `out` (created): FILES, and with several nodes MULTINODE_FILES."""
+    from ds_longctx.plan.ds_config import build_ds_config
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = plan_run_config(choice, a.gpu_mem_gb)
+    header = f"# generated by `{cmd}`; do not edit\n"
+    cfg.dump(out / "run.yaml")
+    (out / "run.yaml").write_text(header + (out / "run.yaml").read_text())
+    ds = build_ds_config(cfg, world_size=a.nodes * a.gpus, on_gpu=True)
+    (out / "ds_config.json").write_text(json.dumps(ds, indent=2) + "\n")
+    if a.nodes > 1:
+        header += (f"# every node: --machine_rank (0..{a.nodes - 1}), --main_process_ip / --main_process_port "
+                   f"(node 0's address and a free port there) on its accelerate launch line (launch.txt)\n")
+        (out / "hostfile").write_text(hostfile_text(cmd, a.gpus, a.nodes))
+    (out / "accelerate.yaml").write_text(header + yaml.safe_dump(accelerate_config(a.gpus, a.nodes), sort_keys=False))
+    (out / "launch.txt").write_text(launch_text(cmd, a.gpus, a.nodes))
+    (out / "plan.txt").write_text(plan_text(choice, cmd, a, host))
+
+
+def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--regen-all"]:
+        regenerate_all(Path(argv[1] if len(argv) > 1 else "ds_configs"))
+        return 0
+    a = parser().parse_args(argv)
+    try:
+        geom, host = check_args(a)
+    except ValueError as e:
+        print(f"ds-longctx plan: {e}", file=sys.stderr)
+        return 2
+    cmd = command_line(a, host)
+    seq_len = a.seq_len
+    longest = ""
+    if a.find_max_len:
+        seq_len = find_max_len(geom, **search_kw(a, host))
+        longest = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
+        if seq_len >= MAX_SEARCH_TOKENS:  # the search's end, not a limit this hardware reached
+            longest = (f"{geom.name} on {hardware(a, host)}: longest seq_len that fits >= {seq_len:,} tokens (the "
+                       f"search stops there; the plan below is for that length)")
+        if not seq_len:  # the answer is 0: say so first, then what the shortest length would need (NoFit's fixes)
+            print(longest, flush=True)
+            try:
+                plan_choice(a, geom, host, 1024)
+            except NoFit as e:
+                print(f"ds-longctx plan: {e}", file=sys.stderr)
+            return 2
+    try:
+        choice = plan_choice(a, geom, host, seq_len)
+    except NoFit as e:
+        if longest:
+            print(longest)
+        print(e.best.table() if e.best else "", flush=True)
+        print(f"\nds-longctx plan: {e}", file=sys.stderr)
+        return 2
+    if a.out:  # the files first: a reader that stops early (`| head`) loses no file
+        out = Path(a.out)
+        try:
+            write_files(out, choice, cmd, a, host)
+        except OSError as e:  # what check_out_dir cannot see ahead (a read-only or special file system)
+            print(f"ds-longctx plan: --out {a.out}: could not write the plan's files ({e}); give a directory you can "
+                  f"write to", file=sys.stderr)
+            return 2
+    if longest:
+        print(longest)
+    print(plan_text(choice, cmd, a, host), end="")
+    if a.out:
+        print(f"\nwrote {', '.join(FILES if a.nodes == 1 else MULTINODE_FILES)} to {out}/; from there launch with"
+              f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:")
+        print("\n".join("  " + line for line in launch_lines(a.gpus, a.nodes)))
+    return 0
+
+
+def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choice:
+    """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
+    placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
+    choice = choose(geom, seq_len, **search_kw(a, host))
+    return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
+
+
+def regenerate_all(root: Path) -> None:
+    """Rewrite `root/<name>/` for every committed config and `root/README.md` (their table)."""
+    rows = []
+    for name, args in COMMITTED.items():
+        a = parser().parse_args(args.split())
+        geom, host = check_args(a)
+        seq_len = find_max_len(geom, **search_kw(a, host)) if a.find_max_len else a.seq_len
+        choice = plan_choice(a, geom, host, seq_len)
+        write_files(root / name, choice, command_line(a, host), a, host)
+        p, lv = choice.plan, choice.levers
+        hw = (f"{a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host" if a.nodes == 1 else
+              f"{a.nodes} nodes × {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host each")
+        rows.append(f"| `{name}/` | {hw} | {p.seq_len:,} | {p.sp_size} "
+                    f"| {p.placement.spec()} | {'yes' if lv.tiled_mlp else 'no'} | {lv.loss_chunk_rows} | "
+                    f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
+                    f"{p.host_peak_bytes / GB:.1f} |")
+        print(f"wrote {root / name}/")
+    (root / "README.md").write_text(README.format(rows="\n".join(rows)))
+
+
+README = """# Generated configs: do not edit
+
+Every file here is written by the planner (`ds_longctx/plan/write.py`); `tests/plan/test_write.py` regenerates
+them and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/write.py`,
+then run from the repository root:
+
+    python -m ds_longctx.plan --regen-all ds_configs
+
+Each directory holds `run.yaml` (our run config, the planner's choices), `ds_config.json` (derived from it by
+`ds_config.build_ds_config`; train.py derives the same dict itself), `accelerate.yaml` (accelerate's DeepSpeed
+plugin on that JSON), `launch.txt` (the launch lines, run from that directory) and `plan.txt` (the memory table
+and the reasoning). From the repository root, `launch/deepspeed.sh` and `launch/accelerate.sh` take any single-node
+one: `NGPU=8 CONFIG=ds_configs/qwen3-8b_1m_8x141gb/run.yaml launch/deepspeed.sh`. A multi-node one (`2x8x80gb`: two
+8-GPU nodes) also holds `hostfile` (DeepSpeed's, a template to fill with the nodes' names); its `launch.txt` says
+which line runs where.
+
+GB = 10^9 bytes; a plan fits under 0.9 × GPU memory and 0.9 × host RAM (per node). Host RAM is that of the
+machines here (2-GPU H200: 256 GB, 8-GPU: 560 GB; the 4×80 GB row assumes 512 GB).
+
+| directory | hardware | seq_len | sp | placement | tiled MLP | loss chunk rows | optimizer offload | GB/GPU | GB host |
+|---|---|---|---|---|---|---|---|---|---|
+{rows}
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

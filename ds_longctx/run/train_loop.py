@@ -1,0 +1,217 @@
+"""The training run of one process, after its config passed the entry's checks (run/train.py): the engine's
+preflight, the process group, the data, the engine, a resume, then the loop of optimizer steps and the end.
+
+Each section is one function, called in order by `train`; what each writes and how each stops is run/train.py's
+module docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from ds_longctx.data import build_data, build_eval_data
+from ds_longctx.parallel.parallel_state import init_distributed, leave
+from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state
+from ds_longctx.run.engine import LongCtxEngine, build_engine
+from ds_longctx.run.evaluate import evaluate
+from ds_longctx.levers.gpu_budget import out_of_budget
+from ds_longctx.run.metrics_log import MetricsLog
+from ds_longctx.run.preflight import preflight
+from ds_longctx.run.ranks import default_group_timeout, rank0_first
+from ds_longctx.run.refuse import last_line, refuse
+from ds_longctx.run.step import TimedStep, timed_step
+from ds_longctx.run.stops import FAILED, StopRequest, signal_exit, signal_name
+
+log = logging.getLogger("ds_longctx")
+
+
+def _host_rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def fail(message: str, rank: int):
+    """A failure (not a refusal): every rank leaves with exit 1 (FAILED); rank 0 says why, last (run/refuse.last_line).
+    Tears the process group down."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    last_line(message, FAILED, rank)
+    sys.exit(FAILED)
+
+
+def stopped_by_signal(signum: int, done: int, steps: int, tag_dir, rank: int) -> None:
+    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained);
+    the launcher's exit code is the signal's (`signal_exit`)."""
+    name = signal_name(signum)
+    if tag_dir is None:
+        message = f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing saved"
+    else:
+        message = (f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
+                   f"continues it")
+    last_line(message, signal_exit(signum), rank)
+
+
+def out_of_memory(cfg, step: int):
+    """An out-of-memory error at `step` on this rank (0: the optimizer state before step 1; maybe not rank 0): the
+    allocator's report, then what to change; exit 1 (the launcher ends the other ranks)."""
+    traceback.print_exc()
+    print(out_of_budget(cfg.memory.gpu_budget_gb, step), file=sys.stderr, flush=True)
+    os._exit(1)  # the other ranks wait in a collective: no teardown that would wait for them
+
+
+def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
+    """The run of this rank, from the engine's checks to the end (exit through `parallel_state.leave`)."""
+    engine, data, held, resume_meta = build_run(cfg, rank, world)
+    start = resume_run(cfg, engine, data, resume_meta)
+    out = Path(cfg.train.output_dir)
+    if engine.state.rank == 0:
+        write_run_files(cfg, engine, out, start)
+    metrics = MetricsLog(out, start, cfg.logging.tensorboard, enabled=engine.state.rank == 0)
+    saved = resume_meta["step"] if resume_meta else None
+    done, saved = train_steps(cfg, engine, data, held, metrics, signals, start, saved)
+    end_run(cfg, engine, data, metrics, signals, start, done, saved)
+
+
+def build_run(cfg, rank: int, world: int) -> tuple:
+    """(engine, data, held-out data or None, resume meta or None): checks, process group, data, engine. A refusal
+    (bad input found here) exits 2 on every rank."""
+    # ------------------------------------------------------------ checks (nothing started or written)
+    try:
+        hf_cfg, resume_meta = preflight(cfg, world)
+    except ValueError as e:
+        refuse(f"refused before start: {e}", rank)
+    # ------------------------------------------------------------ process group (a dead or hung rank ends the job)
+    default_group_timeout(cfg.parallel.collective_timeout_s)
+    init_distributed(cfg.parallel.collective_timeout_s)
+    dp_size = world // cfg.parallel.sp_size
+    # ------------------------------------------------------------ data (rank 0 tokenizes into the cache first)
+    try:
+        data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
+        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
+    except ValueError as e:
+        refuse(f"refused before start: {e}", rank)
+    # ------------------------------------------------------------ engine
+    if cfg.logging.memory_snapshot_steps:
+        memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
+    engine = build_engine(cfg, hf_cfg, optimizer_state=False)  # made by `resume`, after a checkpoint could bring it
+    return engine, data, held, resume_meta
+
+
+def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
+    """Load the checkpoint of `resume_meta` (None: a fresh run), then make the Adam moments before step 1
+    (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already done."""
+    st, start = engine.state, 0
+    if resume_meta is not None:
+        try:
+            start = checkpoint.load(engine, checkpoint.ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"],
+                                    resume_meta, data.signature())
+        except ValueError as e:
+            refuse(f"refused: {e}", st.rank)
+    t_state = time.perf_counter()
+    try:
+        made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)
+    except torch.OutOfMemoryError:
+        out_of_memory(cfg, 0)
+    if made and st.rank == 0:  # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
+        log.info("optimizer state ready: %.1f s, host RSS %.2f GiB, GPU allocated %.2f GiB",
+                 time.perf_counter() - t_state, _host_rss() / 2 ** 30,
+                 torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0)
+    return start
+
+
+def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
+    """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json in `out`."""
+    st = engine.state
+    checkpoint.clear_previous_run(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.dump(out / "run.yaml")
+    (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
+    log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
+             st.dp_size, cfg.model.name, cfg.train.seq_len, "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32",
+             start + 1, cfg.train.steps)
+
+
+def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
+    """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the rank that
+    reached the highest (a collective)."""
+    tokens = cfg.train.seq_len * cfg.train.micro_batch * engine.state.dp_size
+    row = {"step": done, "loss": t.loss, "tokens": tokens, "supervised_tokens": t.tokens,
+           "seconds": round(t.seconds, 4), "tokens_per_s": round(tokens / t.seconds, 1),
+           "lr": engine.ds.get_lr()[0], "peak_gpu_bytes": t.peak_reserved, "peak_gpu_allocated_bytes": t.peak_allocated,
+           "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows}
+    if dist.is_initialized() and torch.cuda.is_available():
+        m = torch.tensor([t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        row["peak_gpu_bytes_max_rank"], row["peak_gpu_allocated_bytes_max_rank"] = int(m[0]), int(m[1])
+    return row
+
+
+def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: StopRequest, start: int,
+         saved) -> tuple:
+    """Optimizer steps start + 1 .. train.steps, each: the step (stopped before its optimizer step on a non-finite
+    loss), its metrics line, the memory snapshot, an evaluation and a checkpoint when due. Ends early at the step
+    boundary where every rank saw a signal. Returns (steps done, step of the last checkpoint or None)."""
+    st, done, last_eval = engine.state, start, None
+    snapshot_steps = cfg.logging.memory_snapshot_steps
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0,
+               desc="train", unit="step", dynamic_ncols=True)
+    for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
+        if signals.agreed(engine.device):
+            break
+
+        def finite_or_stop(res, step=step):
+            if not math.isfinite(res.loss):
+                metrics.close()
+                fail(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
+                     f"those after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). "
+                     f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
+        try:
+            t = timed_step(engine, data, step, cfg.train.micro_batch, before_optimizer=finite_or_stop)
+        except torch.OutOfMemoryError:
+            out_of_memory(cfg, step + 1)
+        done = step + 1
+        row = step_row(cfg, engine, data, t, done)
+        metrics.write(row)
+        if snapshot_steps and done == min(start + snapshot_steps, cfg.train.steps):
+            memory_snapshot.dump(Path(cfg.train.output_dir), st.rank, done - start)
+        if held is not None and (done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)):
+            last_eval = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)  # collective
+            metrics.write_eval(last_eval, done)
+        if st.rank == 0 and (step % cfg.logging.log_every == 0 or done == cfg.train.steps):
+            bar.set_postfix(loss=f"{t.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
+                            mem=f"{t.peak_reserved / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",
+                            **({"eval": f"{last_eval.loss:.4f}"} if last_eval is not None else {}))
+        if cfg.checkpoint.save_every and (done % cfg.checkpoint.save_every == 0 or done == cfg.train.steps):
+            checkpoint.save(engine, cfg, done, data.signature())
+            saved = done
+    bar.close()
+    return done, saved
+
+
+def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
+           saved) -> None:
+    """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line.
+    Every rank leaves through `parallel_state.leave` (barrier, groups torn down, no Python teardown)."""
+    st = engine.state
+    signum = signals.agreed(engine.device)
+    if signum and done < cfg.train.steps:
+        tag_dir = checkpoint.save(engine, cfg, done, data.signature()) if done > start or saved == done else None
+        metrics.close()
+        stopped_by_signal(signum, done, cfg.train.steps, tag_dir, st.rank)
+        leave(0)
+    signals.uninstall()
+    metrics.close()
+    if st.rank == 0:
+        log.info("done: %d steps, metrics in %s", done, metrics.path)
+    leave(0)
