@@ -19,9 +19,9 @@ import argparse
 import ast
 import operator
 import re
-from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 import shlex
 import subprocess
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 
 import pytest
 
