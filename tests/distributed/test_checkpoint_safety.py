@@ -63,7 +63,7 @@ def rewrite(tag_dir, name, change):
 
 @pytest.mark.parametrize("name", ["rng_rank00001.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
 def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(run, tmp_path, name):
-    from ds_longctx.run.eval_checkpoint import resolve
+    from ds_longctx.run.eval_checkpoint import eval_inputs
     from ds_longctx.run.export import export
     from ds_longctx.run.preflight import preflight
     marker = tmp_path / "marker"
@@ -72,7 +72,7 @@ def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(ru
     says = f"{name} asks to run posix.system when loaded"
     cfg = RunConfig.from_cli([*RUN, "--steps", "6", "--resume", "--output_dir", str(tmp_path / "run")])
     for what, call in (("resume", lambda: preflight(cfg, 2)),
-                       ("eval", lambda: resolve(["--checkpoint", str(tmp_path / "run"), "--data", "synthetic"], 2)),
+                       ("eval", lambda: eval_inputs(["--checkpoint", str(tmp_path / "run"), "--data", "synthetic"], 2)),
                        ("export", lambda: export(str(tmp_path / "run"), str(tmp_path / "hf")))):
         with pytest.raises(checkpoint.CheckpointError) as e:
             call()
@@ -121,7 +121,7 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from ds_longctx.run.checkpoint_convert import main as convert
-    from ds_longctx.run.eval_checkpoint import resolve
+    from ds_longctx.run.eval_checkpoint import eval_inputs
     from ds_longctx.run.export import export
     old = copy_at(run, tmp_path / "old")
     to_format_1(old)
@@ -134,7 +134,7 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
     # eval accepts it (its workers load as resume's did); export writes its weights
     old = copy_at(run, tmp_path / "old2")
     to_format_1(old)
-    resolve(["--checkpoint", str(tmp_path / "old2"), "--data", "synthetic"], 2)
+    eval_inputs(["--checkpoint", str(tmp_path / "old2"), "--data", "synthetic"], 2)
     dest = export(str(tmp_path / "old2"), str(tmp_path / "hf"))
     with files.weights_only_loads():
         want = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.ckpt_root(run)), tag="step2")
