@@ -1,16 +1,24 @@
 """The tests' multi-process launcher on CPU: each process of a job is forked from one server process that has already
 imported torch, transformers, DeepSpeed and ds_longctx, instead of a fresh interpreter that imports them again
-(about 10 s a process on the 2-core CI machine, most of a tiny job's time).
+(about 4 s of CPU a process, most of a tiny job's time on the 2-core CI machine).
 
-Each forked process gets what torchrun's agent gives a worker (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-GROUP_RANK, ROLE_*, MASTER_ADDR/PORT, TORCHELASTIC_*), the caller's environment, its own session, and stdout and
+Two kinds of job:
+- workers (`tests/helpers.torchrun`): each forked process gets what torchrun's agent gives a worker (RANK,
+  LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR/PORT, TORCHELASTIC_*); torchrun's agent
+  itself does not run.
+- launchers (`helpers.run_cli`: a `ds-longctx` command; `helpers.torchrun_nodes`: one torchrun agent per node): the
+  forked process runs the command's own code, torchrun's agent included, and the agent's workers are forked from it
+  (`_fork_torchrun_workers`) rather than started as `python -u -m MODULE`: the same environment, session and output
+  files that Popen would give them.
+Either way a process gets the caller's environment, its own session, fresh-interpreter signal handlers, stdout and
 stderr into files; it runs the script (or `-m` module) as `__main__` and exits without the interpreter's teardown.
 As under torchrun, one process that fails ends the others; a job past its timeout is killed.
 
-What this does not exercise is torchrun itself (its agent, rendezvous store and teardown): the launch paths have
-their own tests (`ds-longctx train`: tests/distributed/test_train.py; deepspeed / accelerate: tests/test_launch.py;
-several torchrun agents: test_nodes.py; a killed rank: test_killed_rank.py). `DS_LONGCTX_TEST_TORCHRUN=1` sends every
-job of tests/helpers.torchrun to real torchrun instead.
+What a forked process shares with its parent is module state set before the fork (a memo, a logging handler); a
+fresh interpreter would start without it. The real paths keep their own tests: launchers started as processes
+(`deepspeed`, `accelerate launch`, `torchrun`, `ds-longctx train`: tests/test_launch.py, test_stops.py,
+test_train.py's deepspeed launcher, test_killed_rank.py), and `DS_LONGCTX_TEST_TORCHRUN=1` sends every job of
+tests/helpers (torchrun, run_cli, torchrun_nodes) to fresh processes instead.
 
     codes, outputs = run(2, ["tests/distributed/grad_worker.py", "--sp", "2", "--out", "g.pt"], module=False, ...)
 
@@ -77,7 +85,8 @@ def _child(task: dict, rank: int) -> None:
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(task["port"]), TORCHELASTIC_RESTART_COUNT="0",
                    TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="False")
     os.chdir(task["cwd"])
-    _run_main(task["args"], task["module"], env)
+    args = task["rank_args"][rank] if task.get("rank_args") else task["args"]
+    _run_main(args, task["module"], env)
 
 
 def _run_main(args: list[str], module: bool, env: dict) -> None:
@@ -267,16 +276,17 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir: Path, timeout: float,
-        launcher: bool = False) -> list[int]:
+        launcher: bool = False, rank_args: list[list[str]] | None = None) -> list[int]:
     """Run one job on the server (started on first use, with `env`, or again if it died); each process's exit code
     (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err. `launcher`: one
     process without torchrun's worker environment, whose own torchrun workers are forked from it (a `ds-longctx`
-    command)."""
+    command). `rank_args`: each process's own arguments instead of `args` (several torchrun agents, one a node)."""
     global _server
     if _server is None or _server.poll() is not None:
         _server = _start(env)
     task = {"nproc": nproc, "args": [str(a) for a in args], "module": module, "env": env, "port": port,
-            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(ROOT), "launcher": launcher}
+            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(ROOT), "launcher": launcher,
+            "rank_args": [[str(a) for a in r] for r in rank_args] if rank_args else None}
     _server.stdin.write(json.dumps(task) + "\n")
     _server.stdin.flush()
     line = _readline(_server, timeout + 60)

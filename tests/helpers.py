@@ -178,10 +178,19 @@ def torchrun_nodes(nodes: int, nproc: int, args: list[str], module: bool = False
 
 def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict | None, timeout: int):
     """One attempt of `torchrun_nodes`: (exit codes, outputs). A node still running once another failed (it would
-    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group)."""
+    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group). With the default
+    environment the agents are forked from tests/forkrun.py's server, and their workers from them."""
     import signal
     import tempfile
     port = free_port()
+    if env is None and os.environ.get("DS_LONGCTX_TEST_TORCHRUN") != "1":  # the agents forked, as run_cli's command
+        from tests import forkrun
+        agents = [torchrun_cmd(nproc, args, module, port, nodes, r)[2:] for r in range(nodes)]  # after `python -m`
+        with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
+            codes = forkrun.run(nodes, agents[0], True, cpu_env(), port, Path(tmp), timeout, launcher=True,
+                                rank_args=agents)
+            return codes, [(Path(tmp) / f"rank{r}.out").read_text(errors="replace")
+                           + (Path(tmp) / f"rank{r}.err").read_text(errors="replace") for r in range(nodes)]
     with tempfile.TemporaryDirectory() as tmp:
         logs = [Path(tmp) / f"node{r}.log" for r in range(nodes)]
         procs = []
