@@ -1,16 +1,24 @@
 """The tests' multi-process launcher on CPU: each process of a job is forked from one server process that has already
 imported torch, transformers, DeepSpeed and ds_longctx, instead of a fresh interpreter that imports them again
-(about 10 s a process on the 2-core CI machine, most of a tiny job's time).
+(about 4 s of CPU a process, most of a tiny job's time on the 2-core CI machine).
 
-Each forked process gets what torchrun's agent gives a worker (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-GROUP_RANK, ROLE_*, MASTER_ADDR/PORT, TORCHELASTIC_*), the caller's environment, its own session, and stdout and
+Two kinds of job:
+- workers (`tests/helpers.torchrun`): each forked process gets what torchrun's agent gives a worker (RANK,
+  LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR/PORT, TORCHELASTIC_*); torchrun's agent
+  itself does not run.
+- launchers (`helpers.run_cli`: a `ds-longctx` command; `helpers.torchrun_nodes`: one torchrun agent per node): the
+  forked process runs the command's own code, torchrun's agent included, and the agent's workers are forked from it
+  (`_fork_torchrun_workers`) rather than started as `python -u -m MODULE`: the same environment, session and output
+  files that Popen would give them.
+Either way a process gets the caller's environment, its own session, fresh-interpreter signal handlers, stdout and
 stderr into files; it runs the script (or `-m` module) as `__main__` and exits without the interpreter's teardown.
 As under torchrun, one process that fails ends the others; a job past its timeout is killed.
 
-What this does not exercise is torchrun itself (its agent, rendezvous store and teardown): the launch paths have
-their own tests (`ds-longctx train`: tests/distributed/test_train.py; deepspeed / accelerate: tests/test_launch.py;
-several torchrun agents: test_nodes.py; a killed rank: test_killed_rank.py). `DS_LONGCTX_TEST_TORCHRUN=1` sends every
-job of tests/helpers.torchrun to real torchrun instead.
+What a forked process shares with its parent is module state set before the fork (a memo, a logging handler); a
+fresh interpreter would start without it. The real paths keep their own tests: launchers started as processes
+(`deepspeed`, `accelerate launch`, `torchrun`, `ds-longctx train`: tests/test_launch.py, test_stops.py,
+test_train.py's deepspeed launcher, test_killed_rank.py), and `DS_LONGCTX_TEST_TORCHRUN=1` sends every job of
+tests/helpers (torchrun, run_cli, torchrun_nodes) to fresh processes instead.
 
     codes, outputs = run(2, ["tests/distributed/grad_worker.py", "--sp", "2", "--out", "g.pt"], module=False, ...)
 
@@ -37,7 +45,11 @@ PRELOAD = ("torch", "torch.distributed", "deepspeed", "yaml", "transformers",
            "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama",
            "transformers.models.mistral.modeling_mistral", "ds_longctx.config", "ds_longctx.data",
            "ds_longctx.run.engine", "ds_longctx.run.train", "ds_longctx.run.evaluate", "ds_longctx.run.checkpoint",
-           "ds_longctx.integrations.hf_trainer", "peft", "trl")
+           "ds_longctx.integrations.hf_trainer", "peft", "trl", "ds_longctx.cli", "torch.distributed.run",
+           "ds_longctx.run.train_loop", "ds_longctx.run.preflight", "ds_longctx.run.rehearse", "ds_longctx.run.export",
+           "ds_longctx.run.eval_checkpoint",
+           # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile: torch._inductor)
+           "deepspeed.runtime.zero.muon.muon_optimizer")
 START_TIMEOUT_S = 300
 
 
@@ -52,9 +64,9 @@ def _exit_code(e: SystemExit) -> int:
 
 
 def _child(task: dict, rank: int) -> None:
-    """In the forked process: torchrun's worker environment, output to the task's files, the script, exit."""
+    """In the forked process: torchrun's worker environment (a launcher task: none, and its own workers forked too),
+    output to the task's files, the script, exit."""
     os.setsid()  # its own session: the server kills the process and anything it started together
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
     logs = Path(task["log_dir"])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -63,20 +75,38 @@ def _child(task: dict, rank: int) -> None:
         os.dup2(f, fd)
         os.close(f)
     sys.stdout.reconfigure(line_buffering=True)
-    n = task["nproc"]
-    os.environ.clear()
-    os.environ.update(task["env"])
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
-                      WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), GROUP_WORLD_SIZE="1", ROLE_WORLD_SIZE=str(n),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(task["port"]), TORCHELASTIC_RESTART_COUNT="0",
-                      TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="False")
+    env = dict(task["env"])
+    if task.get("launcher"):
+        _fork_torchrun_workers()
+    else:
+        n = task["nproc"]
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
+                   WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), GROUP_WORLD_SIZE="1", ROLE_WORLD_SIZE=str(n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(task["port"]), TORCHELASTIC_RESTART_COUNT="0",
+                   TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="False")
     os.chdir(task["cwd"])
+    args = task["rank_args"][rank] if task.get("rank_args") else task["args"]
+    _run_main(args, task["module"], env)
+
+
+def _run_main(args: list[str], module: bool, env: dict) -> None:
+    """Run `args` (a script or, with `module`, a module, then its arguments) as `__main__` in this forked process with
+    exactly `env` and the signal handlers of a fresh interpreter, then `os._exit` with its exit status."""
+    for sig in signal.valid_signals():  # the handlers a parent installed (torchrun's agent: SIGTERM, SIGINT, ...)
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
     code = 0
     try:
         import runpy
-        first, *rest = task["args"]
+        first, *rest = args
         sys.argv = [first, *rest]
-        if task["module"]:
+        if module:
             runpy.run_module(first, run_name="__main__", alter_sys=True)
         else:
             sys.path[0] = str(Path(first).resolve().parent)  # as `python script.py` puts it
@@ -93,6 +123,69 @@ def _child(task: dict, rank: int) -> None:
         except Exception:  # noqa: BLE001
             pass
     os._exit(code)
+
+
+class _ForkedWorker:
+    """What torchrun's agent uses of a worker's `Popen` (pid, poll, wait, returncode), for a worker forked from the
+    launcher's process instead of started as a fresh `python -u -m MODULE ...`."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _fork_torchrun_workers() -> None:
+    """In a launcher task (`ds-longctx train --nproc N`, `eval`): torchrun's agent, which runs in this process, forks
+    each `python -u [-m] X ARGS` worker from it (everything imported) instead of starting a fresh interpreter. The
+    worker gets what Popen would give it: its own session, the agent's environment and output files."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+    popen = SubprocessHandler._popen
+
+    def fork_popen(handler, args: tuple, env: dict):
+        cmd = [str(a) for a in args]
+        if len(cmd) < 3 or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable) or cmd[1] != "-u":
+            return popen(handler, args, env)
+        module = cmd[2] == "-m"
+        target = cmd[3:] if module else cmd[2:]
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # else the child would write this process's buffered output again
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                for fd, f in ((1, handler._stdout), (2, handler._stderr)):
+                    if f is not None:
+                        os.dup2(f.fileno(), fd)
+                _run_main(target, module, env)
+            finally:
+                os._exit(70)
+        return _ForkedWorker(pid)
+
+    SubprocessHandler._popen = fork_popen
 
 
 def _kill(pid: int) -> None:
@@ -139,6 +232,8 @@ def serve() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    from ds_longctx.run.model import load_hf_config, model_class
+    model_class(load_hf_config("qwen3-tiny"))  # transformers' lazy import structure, built once here
     out = sys.stdout
     print("ready", file=out, flush=True)
     for line in sys.stdin:
@@ -180,15 +275,18 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
     return proc.stdout.readline().strip() if ready else None
 
 
-def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir: Path,
-        timeout: float) -> list[int]:
+def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir: Path, timeout: float,
+        launcher: bool = False, rank_args: list[list[str]] | None = None) -> list[int]:
     """Run one job on the server (started on first use, with `env`, or again if it died); each process's exit code
-    (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err."""
+    (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err. `launcher`: one
+    process without torchrun's worker environment, whose own torchrun workers are forked from it (a `ds-longctx`
+    command). `rank_args`: each process's own arguments instead of `args` (several torchrun agents, one a node)."""
     global _server
     if _server is None or _server.poll() is not None:
         _server = _start(env)
     task = {"nproc": nproc, "args": [str(a) for a in args], "module": module, "env": env, "port": port,
-            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(ROOT)}
+            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(ROOT), "launcher": launcher,
+            "rank_args": [[str(a) for a in r] for r in rank_args] if rank_args else None}
     _server.stdin.write(json.dumps(task) + "\n")
     _server.stdin.flush()
     line = _readline(_server, timeout + 60)

@@ -178,10 +178,19 @@ def torchrun_nodes(nodes: int, nproc: int, args: list[str], module: bool = False
 
 def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict | None, timeout: int):
     """One attempt of `torchrun_nodes`: (exit codes, outputs). A node still running once another failed (it would
-    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group)."""
+    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group). With the default
+    environment the agents are forked from tests/forkrun.py's server, and their workers from them."""
     import signal
     import tempfile
     port = free_port()
+    if env is None and os.environ.get("DS_LONGCTX_TEST_TORCHRUN") != "1":  # the agents forked, as run_cli's command
+        from tests import forkrun
+        agents = [torchrun_cmd(nproc, args, module, port, nodes, r)[2:] for r in range(nodes)]  # after `python -m`
+        with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
+            codes = forkrun.run(nodes, agents[0], True, cpu_env(), port, Path(tmp), timeout, launcher=True,
+                                rank_args=agents)
+            return codes, [(Path(tmp) / f"rank{r}.out").read_text(errors="replace")
+                           + (Path(tmp) / f"rank{r}.err").read_text(errors="replace") for r in range(nodes)]
     with tempfile.TemporaryDirectory() as tmp:
         logs = [Path(tmp) / f"node{r}.log" for r in range(nodes)]
         procs = []
@@ -206,16 +215,33 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
             output_dir: Path | None = None) -> subprocess.CompletedProcess:
     """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it.
 
+    With the default environment the command, and the torchrun workers it starts, are forked from the pre-imported
+    server of tests/forkrun.py (its agent, checks and exit paths are the command's own); with another `env`, or with
+    DS_LONGCTX_TEST_TORCHRUN=1, a fresh `python -m ds_longctx.cli`.
+
     `output_dir`: the one directory the command writes. Given, a run that a worker's abort ended (the signature
-    `torchrun` retries on; seen again 2026-11-30 at the exit of 2-process `ds-longctx train` and `eval` runs, 3 of
-    16 under pytest while the shared 2-core box was busy, one with eval off; 0 of 29 outside pytest) is removed
-    and run once more."""
-    cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
-    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    if output_dir is not None and res.returncode and "terminate called without an active exception" in res.stderr:
+    `torchrun` retries on, seen at the exit of 2-process `ds-longctx train` and `eval` runs under a busy pytest) is
+    removed and run once more."""
+    for _ in range(2):
+        res = _cli_once(args, env, timeout)
+        if output_dir is None or not res.returncode or "terminate called without an active exception" not in res.stderr:
+            return res
         shutil.rmtree(output_dir, ignore_errors=True)
-        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     return res
+
+
+def _cli_once(args: list[str], env: dict | None, timeout: int) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
+    if env is not None or os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
+        return subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    import tempfile
+
+    from tests import forkrun
+    with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
+        [code] = forkrun.run(1, ["ds_longctx.cli", *args], True, cpu_env(), free_port(), Path(tmp), timeout,
+                             launcher=True)
+        out, err = ((Path(tmp) / f"rank0.{s}").read_text(errors="replace") for s in ("out", "err"))
+    return subprocess.CompletedProcess(cmd, code, out, err)
 
 
 def start(nproc: int, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:

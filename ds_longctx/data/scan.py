@@ -79,7 +79,7 @@ class Scan:
     named: list = field(default_factory=list)
     stamps: list = field(default_factory=list)   # (real path, size, mtime_ns) per file
     blank_files: int = 0               # files with no non-whitespace text (text builder only)
-    reported: bool = False             # the skipped rows were logged
+    reported_by: int = 0               # the pid that logged the skipped rows (a forked worker logs again)
 
     def add_bad(self, fault: Fault) -> None:
         self.bad += 1
@@ -101,8 +101,8 @@ class Scan:
         if not self.rows:
             raise DataError(f"data={source!r}: all {self.bad} rows are bad, nothing is left to train on (the first: "
                             f"{first.where()}: {first.what})")
-        if not self.reported:  # once per process (preflight and the load share this scan)
-            self.reported = True
+        if self.reported_by != os.getpid():  # once per process (preflight and the load share this scan)
+            self.reported_by = os.getpid()
             log.info("data=%r: skipping %d bad row(s) of %d (data.skip_bad_rows): %s%s", source, self.bad, total,
                      "; ".join(f.short() for f in self.named), " ..." if self.bad > len(self.named) else "")
 
