@@ -177,12 +177,20 @@ class ParallelState:
 
 
 def init_distributed(timeout_s: Optional[float] = None) -> None:
-    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if already started.
-    `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps DeepSpeed's default."""
+    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if both are started.
+    `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps DeepSpeed's default.
+
+    Where torch.distributed was started without DeepSpeed (a rehearsal's fake group, `parallel/fake_world.py`),
+    DeepSpeed's comm is put on that group: without it `deepspeed.comm.get_world_size` raises, and DeepSpeedConfig
+    (built by zero.Init) silently takes a world of 1, so its batch check fails wherever dp > 1."""
     import deepspeed
+    import deepspeed.comm
     import torch
     import torch.distributed as dist
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if dist.is_initialized():
+        if not deepspeed.comm.is_initialized():
+            deepspeed.init_distributed(dist_backend=backend)  # wraps the running group, starts none
         return
     if not torch.cuda.is_available():
         # the shared-memory comm op JIT-compiles for ~66 s on CPU and is not needed with gloo
@@ -193,7 +201,7 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", **timeout)
+    deepspeed.init_distributed(dist_backend=backend, **timeout)
 
 
 def leave(code: int = 0) -> None:

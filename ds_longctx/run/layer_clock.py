@@ -13,19 +13,27 @@ it ends. Hooks add no tensor and no reference to one, so what the layer frees (a
 are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the
 process RSS at the forward's two stamps.
 
+A layer's GPU leftover (`gpu_leftover`), what its forward leaves on the GPU for its backward besides ZeRO's gathered
+parameters: d - out + in x [its checkpoint is on the GPU], with d the allocated bytes at the forward's end minus at
+its start, out the bytes of its output and in those of its input. d holds the output (the next layer's input, alive
+at the end mark) and not the input (alive at both marks): the output is the next layer's to count, the input is
+this layer's where it keeps it on the GPU for its backward (every kind but the on-host ones, whose input the pinned
+pool copies to the host and then frees).
+
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
-peak GPU + mean GPU bytes such a layer's forward leaves besides ZeRO's gathered parameters (every forward's leftovers
-are alive at the top layer's backward, where the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the
-per-layer mean of that kind. The top layer (always run) counts in a mean only where it is the only layer of its kind
-that ran. Host: an on-host layer (offload, cache+offload) whose checkpoint lives in a buffer made at build (the
-pinned pool) adds nothing; one made at first use adds the mean host bytes step 1's forward took for such a layer.
-Where DeepSpeed's async offload engine holds the checkpoints (`cpu_checkpointing` without the pool), its window is
-modelled instead, since it decides where a checkpoint lives by its order among the step's on-host layers: the
-newest `keep_last_count` inputs stay on the GPU and never reach the host, the `max_fwd_stash_count - 1` before them
-stay on the GPU too while their copy drains, every other input is on the host. With c the bytes of one layer's
-input, n of the N on-host layers run and W the window, the L-layer step adds ((N - keep) - (n - keep)) x c host
-(each term at least 0) and (min(N, W) - min(n, W)) x c GPU, and an on-host layer's mean GPU leftover is taken
-without the inputs the window held in the run.
+peak GPU + mean GPU leftover of such a layer (every forward's leftovers are alive at the top layer's backward, where
+the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the per-layer mean of that kind. The top layer
+(always run) counts in a mean only where it is the only layer of its kind that ran. Host: an on-host layer (offload,
+cache+offload) whose checkpoint lives in a buffer made at build (the pinned pool) adds nothing; one made at first use
+adds the mean host bytes step 1's forward took for such a layer. Where DeepSpeed's async offload engine holds the
+checkpoints (`cpu_checkpointing` without the pool), its window is modelled instead, since it decides where a checkpoint
+lives by its order among the step's on-host layers: the newest `keep_last_count` inputs stay on the GPU and never reach
+the host, the `max_fwd_stash_count - 1` before them stay on the GPU too while their copy drains, every other input is
+on the host. With c the bytes of one layer's input, n of the N on-host layers run and W the window, the L-layer step
+adds ((N - keep) - (n - keep)) x c host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The window, not the
+layer, decides where an on-host input lives, so an on-host layer's leftover counts no input; the inputs the window let
+go during the run's forwards, n - min(n, W), each took c off a run on-host layer's d, and are added back spread over
+the n.
 ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the persistent parameters'
 refresh after the step) scale with the elements they move: x all parameters (trainable ones for the
 reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
@@ -78,6 +86,7 @@ class LayerRecord:
     gpu_left: int = 0         # bytes allocated at the forward's end minus at its start
     host_left: int = 0        # RSS bytes likewise
     input_bytes: int = 0      # bytes of the layer's input (its checkpoint, where the layer is checkpointed)
+    output_bytes: int = 0     # bytes of the layer's output (the next layer's input)
 
 
 class _Timed(nn.Module):
@@ -92,8 +101,9 @@ class _Timed(nn.Module):
         c._fwd_start(i, hidden_states.numel() * hidden_states.element_size())
         _on_grad(hidden_states, lambda: c._bwd_end(i))  # its gradient is ready: the layer's backward has ended
         out = self.layer(hidden_states, *args, **kwargs)
-        c._fwd_end(i)
-        _on_grad(out[0] if isinstance(out, tuple) else out, lambda: c._bwd_start(i))
+        h = out[0] if isinstance(out, tuple) else out
+        c._fwd_end(i, h.numel() * h.element_size())
+        _on_grad(h, lambda: c._bwd_start(i))
         return out
 
     def __getattr__(self, name):
@@ -111,6 +121,13 @@ def _numel(module: nn.Module) -> tuple:
 
 ZERO_KINDS = ("all_gather", "reduce_scatter")
 HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements whose layers keep their checkpoint in host memory
+
+
+def gpu_leftover(record: LayerRecord, kind: str) -> int:
+    """GPU bytes layer `record`'s forward leaves for its backward (module docstring): its allocation change less its
+    output, plus its input where its checkpoint is on the GPU (every kind not in HOST_KINDS)."""
+    kept_input = record.input_bytes if kind not in HOST_KINDS else 0
+    return record.gpu_left - record.output_bytes + kept_input
 
 
 def offload_window():
@@ -239,9 +256,10 @@ class LayerClock:
         if fake_world.active():
             fake_world.collective_log().scope = i
 
-    def _fwd_end(self, i: int) -> None:
+    def _fwd_end(self, i: int, output_bytes: int = 0) -> None:
         r = self.records[i]
         r.fwd.append(self._now())
+        r.output_bytes = output_bytes
         gpu, host = self._mem()
         r.gpu_left, r.host_left = gpu - r.gpu_left, host - r.host_left
         if fake_world.active():
@@ -294,7 +312,7 @@ class LayerClock:
         last = self.steps[-1]
         miss = self.missing()
         t = self._means(self.layer_seconds())
-        gpu = self._means({i: r.gpu_left for i, r in last.items()})
+        gpu = self._means({i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()})
         host_mean = self._means({i: r.host_left if self.kinds[i] in HOST_KINDS else 0
                                  for i, r in self.steps[0].items()})  # buffers taken at first use: step 1
         window = offload_window() if self.on_gpu else None
@@ -304,10 +322,10 @@ class LayerClock:
             keep, held = window
             n, big_n = len(on_host_run), sum(1 for k in self.kinds if k in HOST_KINDS)
             c = sum(last[i].input_bytes for i in on_host_run if i in last) / n
-            share = c * min(n, held) / n  # the window's inputs, spread over the run on-host layers
+            let_go = c * (n - min(n, held)) / n  # inputs the window freed in the run's forwards, spread over them
             for kind in HOST_KINDS:
                 if kind in gpu:
-                    gpu[kind] -= share
+                    gpu[kind] += let_go
                 host_mean[kind] = 0.0
             extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * c
             extra_gpu = (min(big_n, held) - min(n, held)) * c

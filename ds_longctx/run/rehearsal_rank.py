@@ -125,6 +125,7 @@ class RankRun:
             "layer_host_bytes_by_kind": {k: int(v) for k, v in est["layer_host_bytes_by_kind"].items()},
             "offload_window": est["offload_window"],
             "params_local": local_params(engine.model), "params_total": full_params(engine.model),
+            "dp_size": st.dp_size, "train_batch_size": engine.ds.train_batch_size(),
         })
         row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1
         row["host_vs_plan"] = row["host_rss_bytes"] / row["planned_host_bytes_per_process"] - 1

@@ -1,4 +1,5 @@
-"""Which layers a `--layers K` rehearsal runs (run/layer_clock.pick_layers)."""
+"""Which layers a `--layers K` rehearsal runs (run/layer_clock.pick_layers), and the memory its extrapolation adds
+for the layers it did not run (`gpu_leftover`, `LayerClock.extrapolate`)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_too_few_layers_for_the_kinds_are_refused():
 
 
 def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
-    """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model needed)."""
+    """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model needed); each
+    layer's output is the size of its input, as a decoder layer's is."""
     from ds_longctx.run.layer_clock import LayerClock, LayerRecord, _Stamp
     clock = LayerClock.__new__(LayerClock)
     clock.kinds, clock.run, clock.on_gpu = kinds, run, on_gpu
@@ -48,7 +50,7 @@ def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
     t0 = _Stamp(False)
     step = {}
     for i in run:
-        r = LayerRecord(fwd=[t0, t0], bwd=[t0, t0], input_bytes=input_bytes)
+        r = LayerRecord(fwd=[t0, t0], bwd=[t0, t0], input_bytes=input_bytes, output_bytes=input_bytes)
         r.gpu_left = gpu_left[kinds[i]]
         step[i] = r
     clock.steps = [step]
@@ -58,8 +60,9 @@ def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
 def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkeypatch):
     """DeepSpeed's async offload keeps the newest checkpoint input on the GPU and one more while its copy drains;
     the rest are on the host. The 8x141 GB 1M config's placement (cache+offload:6, cache:30) run as 6 layers has one
-    on-host layer, whose input the window held on the GPU (c = 1 GB left there; the cache layers leave 2 GB).
-    All 36: 5 inputs on the host (all but the kept one), 2 on the GPU, the cache layers' 2 GB each."""
+    on-host layer, whose input the window held on the GPU (its forward's allocation grows by c = 1 GB: its output;
+    the cache layers' by 2 GB: output and attention output, and each keeps its 1 GB input). All 36: 5 inputs on the
+    host (all but the kept one), 2 on the GPU, the cache layers' 2 GB each."""
     from ds_longctx.run import layer_clock
     kinds = ["cache+offload"] * 6 + ["cache"] * 30
     run = [0, 9, 16, 24, 31, 35]
@@ -72,11 +75,12 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     # GPU: 25 cache layers x 2 GB, + 1 more input held by the window (2 held in all, 1 in the run)
     assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb + 1 * gb)
     assert est["offload_window"]["host_bytes_added"] == int(5 * gb)
-    # without the engine (the pinned pool: buffers made at build), an on-host layer's leftovers are per layer
+    # without the engine (the pinned pool: buffers made at build), an on-host layer leaves nothing on the GPU: the
+    # 1 GB its allocation grew by is its output, the next layer's input
     monkeypatch.setattr(layer_clock, "offload_window", lambda: None)
     est = clock.extrapolate(10.0, 100 * gb, 90 * gb, 8 * gb, {})
     assert est["host"] == pytest.approx(8 * gb)
-    assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb + 5 * 1 * gb)
+    assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb)
 
 
 def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
@@ -105,3 +109,68 @@ def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
     assert seen[0] is x and seen[0]._base is None
     y.sum().backward()
     assert order == ["_fwd_start", "_fwd_end", "_bwd_start", "_bwd_end"]
+
+
+C = 4000  # bytes of one layer's input and output: 1000 fp32 elements
+EXTRA = {"offload": 100, "keep": 0, "cache": C}  # what a layer saves besides its input (cache: the attention output)
+
+
+def _simulated_forward(clock, kinds, run):
+    """One step through the layers `run` under `clock`, with GPU allocation simulated in a counter that `_mem` reads:
+    the embedding output (layer 0's input) is allocated; each layer allocates its output and what it saves; after it
+    returns, an on-host layer's input is freed (the pinned pool's copy is on the host). Returns the bytes allocated
+    at the forward's end."""
+    import torch
+    import torch.nn as nn
+
+    from ds_longctx.run.layer_clock import HOST_KINDS, _Timed
+    mem = [0]
+    clock._mem = lambda: (mem[0], 0)
+
+    class Layer(nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.kind = kind
+
+        def forward(self, h):
+            mem[0] += C + EXTRA[self.kind]
+            return h * 2.0
+
+    h = torch.zeros(C // 4, requires_grad=True) * 1.0
+    mem[0] += C
+    for i in run:
+        h = _Timed(Layer(kinds[i]), i, clock)(h)
+        if kinds[i] in HOST_KINDS:
+            mem[0] -= C
+    top = mem[0]
+    h.sum().backward()
+    clock.step_done()
+    return top
+
+
+def _sim_clock(kinds, run):
+    from ds_longctx.run.layer_clock import LayerClock
+    clock = LayerClock.__new__(LayerClock)
+    clock.kinds, clock.run, clock.on_gpu = kinds, run, False
+    clock.layers, clock.layer_numel, clock.model_numel = [None] * len(kinds), [(0, 0)] * len(kinds), (1, 1)
+    clock.records, clock.steps, clock.scoped_bytes = {}, [], []
+    return clock
+
+
+def test_a_layers_gpu_leftover_counts_its_kept_input_and_not_its_output():
+    """offload:6,keep:3,cache:1 (the H200 configs' shape), c = 4000 bytes. All 10 layers, by hand: 4 inputs kept
+    (3 keep, 1 cache) 16000 + the top's output 4000 + the cache layer's attention output 4000 + 6 offload layers'
+    100 = 24600. Layers 0, 7, 9 run: c + (c + 100 - c) + c + 2c = 16100, and the leftovers per kind are offload 100,
+    keep c, cache 2c, so the 7 missing (5 offload, 2 keep) add 500 + 8000: 24600 again. (Counting each layer's
+    output as its own, offload would be c + 100 and the 7 add 28500: 44600.)"""
+    kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
+    full = _sim_clock(kinds, list(range(10)))
+    top = _simulated_forward(full, kinds, full.run)
+    assert top == 24600
+    assert full.extrapolate(1.0, top, top, 0, {})["peak_allocated"] == 24600  # every layer run: the measured peak
+    part = _sim_clock(kinds, [0, 7, 9])
+    top = _simulated_forward(part, kinds, part.run)
+    assert top == 16100
+    est = part.extrapolate(1.0, top, top, 0, {})
+    assert est["layer_gpu_bytes_by_kind"] == {"offload": 100, "keep": C, "cache": 2 * C}
+    assert est["peak_allocated"] == est["peak_reserved"] == 24600

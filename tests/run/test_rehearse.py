@@ -18,8 +18,8 @@ REQUIRED = ("config", "rank", "world", "seq_len", "layers", "peak_gpu_bytes", "p
 SEQ = 512
 
 
-def write_config(d: Path, model: str = "qwen3-tiny", gpus: int | None = 8, extra: str = "") -> Path:
-    world = f"  nodes: 1\n  gpus_per_node: {gpus}\n" if gpus else ""
+def write_config(d: Path, model: str = "qwen3-tiny", gpus: int | None = 8, extra: str = "", nodes: int = 1) -> Path:
+    world = f"  nodes: {nodes}\n  gpus_per_node: {gpus}\n" if gpus else ""
     path = d / "run.yaml"
     path.write_text(f"model:\n  name: {model}\n  dtype: fp32\ntrain:\n  seq_len: {SEQ}\n  output_dir: {d / 'run'}\n"
                     f"parallel:\n  sp_size: 8\n{world}optimizer:\n  torch_adam: true\n{extra}")
@@ -99,6 +99,23 @@ def test_the_rows_plan_is_the_planners(world8):
                        Levers.from_run_config(cfg, PlacementPlan.parse("keep:2")))
     assert rows[0]["planned_gpu_bytes"] == int(plan.gpu_peak_bytes)
     assert rows[0]["planned_host_bytes_per_process"] == int(plan.host_peak_bytes / 8)
+
+
+def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_partition(tmp_path):
+    """2 nodes x 8, sp 8: dp 2, one SP group per node. Rank 8 (node 1's first) builds with DeepSpeed seeing dp 2
+    (its batch check), and ZeRO-3 shards every tensor over all 16 ranks."""
+    from tests.helpers import tiny_model
+    cfg, out = write_config(tmp_path, nodes=2), tmp_path / "rehearsal.jsonl"
+    res = run_cli(["rehearse", "--config", str(cfg), "--rank", "8", "--out", str(out)], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (r,) = rows_of(out)
+    assert (r["status"], r["rank"], r["world"], r["nodes"], r["gpus_per_node"]) == ("ok", 8, 16, 2, 8)
+    assert (r["sp_size"], r["dp_size"], r["train_batch_size"]) == (8, 2, 2)
+    assert "first of SP group 1 (ranks 8-15), node 1, local rank 0" in r["role"]
+    numels = [p.numel() for p in tiny_model().parameters()]
+    assert r["params_total"] == sum(numels)
+    assert r["params_local"] == sum(-(-n // 16) for n in numels)  # each tensor's shard, padded to 16 shards
+    assert r["collective_bytes_per_step"]["all_reduce"]["dp"] > 0 and r["cross_node_bytes_per_step"] > 0
 
 
 def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
