@@ -13,7 +13,8 @@ sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned c
 
 `--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
 device session: a changed plan is no longer held out). FILE: benchmarks/results/planner_runs.jsonl (every committed
-prediction, `planner_commit` the planner that made it) or a raw predictions file.
+prediction, `planner_commit` the planner that made it) or a raw predictions file. Exit status 1 when any plan
+changed, so a script can stop before measuring a plan that is no longer held out.
 
 `--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown table:
 this is how a change to the planner's constants is checked against every measured run.
@@ -357,7 +358,7 @@ def main():
     ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()
     if a.check:
-        return check_predictions(a.check)
+        return 1 if check_predictions(a.check) else 0
     if a.plans:
         specs, out = [s for s in a.plans.split(",") if s], Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -403,4 +404,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -231,15 +231,25 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
 
 
 def _cli_once(args: list[str], env: dict | None, timeout: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
     if env is not None or os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
+        cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
         return subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    return run_module(["ds_longctx.cli", *args], timeout=timeout)
+
+
+def run_module(args: list[str], extra_env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m ARGS` (a module, then its arguments) from the repo root in the CPU environment plus `extra_env`,
+    output captured; the caller checks it. Forked from tests/forkrun.py's pre-imported server (the torchrun workers
+    it starts too), unless DS_LONGCTX_TEST_TORCHRUN=1 asks for a fresh interpreter."""
+    env = cpu_env() | (extra_env or {})
+    cmd = [sys.executable, "-m", *map(str, args)]
+    if os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     import tempfile
 
     from tests import forkrun
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
-        [code] = forkrun.run(1, ["ds_longctx.cli", *args], True, cpu_env(), free_port(), Path(tmp), timeout,
-                             launcher=True)
+        [code] = forkrun.run(1, args, True, env, free_port(), Path(tmp), timeout, launcher=True)
         out, err = ((Path(tmp) / f"rank0.{s}").read_text(errors="replace") for s in ("out", "err"))
     return subprocess.CompletedProcess(cmd, code, out, err)
 

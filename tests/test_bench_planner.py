@@ -4,6 +4,8 @@ against both budgets, what makes two predictions the same plan, predictions from
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -96,6 +98,11 @@ def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, cap
     same, moved = capsys.readouterr().out.splitlines()
     assert same.endswith("x1: held out (same plan today)")
     assert f"planned_host_bytes 1000000000.0 -> {row['planned_host_bytes']}" in moved
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps(row) + "\n")
+    codes = [subprocess.run([sys.executable, "benchmarks/bench_planner.py", "--check", str(path)], cwd=ROOT,
+                            capture_output=True, text=True).returncode for path in (held, f)]
+    assert codes == [0, 1]  # the command's exit status: 1 where a plan changed
 
 
 def test_a_one_step_peak_before_the_adam_moments_is_not_steady():

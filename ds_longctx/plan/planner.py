@@ -31,6 +31,7 @@ Usage (which levers to pull for a length is `plan.search.choose`):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ds_longctx.config.run import lever_conflict
@@ -184,7 +185,16 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     offload engine with the optimizer offloaded too; `cuda_context_gib` (context, NCCL, cuBLAS workspaces) is on the
     card outside the allocator. `live_layers`: the layers ZeRO-3 holds gathered at once (computed + prefetched).
     """
-    g, G, sp = as_geometry(geom), gpus, sp_size
+    return _plan_memory(as_geometry(geom), seq_len, gpus, sp_size, levers, nodes, live_layers, fragmentation,
+                        offload_fragmentation, ds_offload_fragmentation, cuda_context_gib, process_host_gib)
+
+
+@functools.lru_cache(maxsize=16384)
+def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers, nodes: int, live_layers: int,
+                 fragmentation: float, offload_fragmentation: float, ds_offload_fragmentation: float,
+                 cuda_context_gib: float, process_host_gib: float) -> MemoryPlan:
+    """`plan_memory`'s work, remembered by its arguments: the search asks for the same plan many times (every argument
+    and the MemoryPlan are immutable, so callers share one)."""
     if nodes < 1:
         raise ValueError(f"nodes={nodes}: need at least 1 node")
     parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G)

@@ -44,7 +44,7 @@ def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path, data):
 
 def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
     """SIGSTOP instead of SIGKILL: rank 1's sockets stay open, so only the process-group timeout (applied to
-    every group: train.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
+    every group: run/ranks.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
     out, log = tmp_path / "run", tmp_path / "log.txt"
     timeout_s = 15
     proc = start(2, [*data, "--steps", "100000", "--collective_timeout_s", str(timeout_s), "--output_dir", str(out)],

@@ -8,13 +8,11 @@ run/checkpoint.py assumes output_dir is one filesystem for every rank (rank 0 re
 it is, as on a cluster's shared filesystem.
 """
 
-import subprocess
-import sys
 
 import pytest
 
 from ds_longctx.run import checkpoint
-from tests.helpers import ROOT, cpu_env, free_port, read_metrics, rel_err, torchrun, torchrun_nodes
+from tests.helpers import free_port, read_metrics, rel_err, run_module, torchrun, torchrun_nodes
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
@@ -59,11 +57,10 @@ def test_an_sp_group_across_nodes_is_refused_before_start(tmp_path):
     """sp=4 on nodes of 2 processes: the rank sees LOCAL_WORLD_SIZE=2 of WORLD_SIZE=4 (what torchrun gives it) and
     refuses with exit 2 and one line, before any process group or file exists."""
     out = tmp_path / "run"
-    env = cpu_env() | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.train", "--model", "qwen3-tiny", "--seq_len", "64",
-                          "--sp_size", "4", "--output_dir", str(out)], env=env, capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    res = run_module(["ds_longctx.train", "--model", "qwen3-tiny", "--seq_len", "64", "--sp_size", "4",
+                      "--output_dir", str(out)], env)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last == ("refused before start: sp_size=4 does not divide the 2 processes per node, so an SP group would "

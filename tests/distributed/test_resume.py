@@ -19,6 +19,7 @@ from tests.helpers import (
     free_port,
     read_metrics,
     run_cli,
+    run_module,
     start,
     text_run_args,
     torchrun,
@@ -70,9 +71,8 @@ def test_resume_with_another_world_size_is_refused_and_changes_nothing(runs):
     cut = runs["cut"]
     before = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*"))
     args = [a if a != "2" else "1" for a in runs["base"]]  # --sp_size 1, one process
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.train", *args, "--steps", "9", "--resume",
-                          "--output_dir", str(cut)], env=cpu_env() | {"MASTER_PORT": str(free_port())},
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = run_module(["ds_longctx.train", *args, "--steps", "9", "--resume", "--output_dir", str(cut)],
+                     {"MASTER_PORT": str(free_port())})
     assert res.returncode != 0
     for frag in ("world_size=2 with sp_size=2", "world_size=1 with sp_size=1", "resume with 2 processes",
                  "ds-longctx export"):

@@ -9,8 +9,6 @@ different world size) and the NaN stop are in tests/distributed/test_resume.py.
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +20,11 @@ from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.run.preflight import preflight
 from tests.helpers import (
     ROOT,
-    cpu_env,
     documents,
     free_port,
     make_tokenizer,
     run_cli,
+    run_module,
     token_ids,
     write_jsonl,
     write_parquet,
@@ -343,10 +341,8 @@ def test_train_entry_point_refuses_and_writes_nothing(files, tmp_path, case):
     out = tmp_path / "out"
     data = files["dir"] / "empty.jsonl" if case == "empty_dataset" else files["jsonl"]
     tok = files["tok"] if case == "empty_dataset" else files["big_tok"]
-    env = cpu_env() | {"MASTER_PORT": str(free_port())}
-    res = subprocess.run([sys.executable, "-m", "ds_longctx.train", "--data", str(data), "--tokenizer", tok,
-                          "--seq_len", "32", "--data_cache_dir", files["cache"], "--output_dir", str(out)],
-                         env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = run_module(["ds_longctx.train", "--data", str(data), "--tokenizer", tok, "--seq_len", "32",
+                      "--data_cache_dir", files["cache"], "--output_dir", str(out)], {"MASTER_PORT": str(free_port())})
     assert res.returncode != 0
     assert ("is empty (0 documents" if case == "empty_dataset" else "has 604 tokens") in res.stderr, res.stderr[-2000:]
     assert not out.exists()
