@@ -1,4 +1,4 @@
-"""Suite-wide set-up: DeepSpeed's CPU Adam op, built once, in the background.
+"""Suite-wide set-up: one torch thread per pytest process; DeepSpeed's CPU Adam op, built once, in the background.
 
 DeepSpeedCPUAdam is JIT-built by torch's cpp_extension on first use (about 100 s of one core on the 2-core CI
 machine) into torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), where every later
@@ -19,6 +19,11 @@ from pathlib import Path
 
 import pytest
 
+# One intra-op thread in every pytest process, set before torch is imported: the suite runs two pytest processes and
+# their children on two cores, where torch's default of a thread per core makes its OpenMP threads spin against each
+# other and a small test runs several times slower. Subprocesses get the same from helpers.cpu_env.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 BUILD = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False); "
          "print('cpu_adam ready')")
 BUILD_TIMEOUT_S = 1200
@@ -32,6 +37,11 @@ def _start_build() -> None:
         proc = subprocess.Popen([sys.executable, "-c", BUILD], env=cpu_env(), cwd=ROOT, stdout=f,
                                 stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19), start_new_session=True)
     _build.update(proc=proc, log=log)
+
+
+def pytest_configure(config):
+    if "torch" in sys.modules:  # imported before this file (a plugin): the environment came too late
+        sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
