@@ -45,8 +45,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked `cpu_adam` go last (stable order otherwise): the build has the whole run to finish."""
-    items.sort(key=lambda item: item.get_closest_marker("cpu_adam") is not None)
+    """The tests marked `slow` (multi-process) first, so that pytest-xdist hands out its longest modules before the
+    short ones fill in around them; the tests marked `cpu_adam` last, so that the build has the whole run to finish.
+    Stable order otherwise."""
+    items.sort(key=lambda item: (item.get_closest_marker("cpu_adam") is not None,
+                                 item.get_closest_marker("slow") is None))
 
 
 def pytest_collection_finish(session):
