@@ -2,7 +2,8 @@
 
 DeepSpeedCPUAdam is JIT-built by torch's cpp_extension on first use (about 100 s of one core on the 2-core CI
 machine) into torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), where every later
-process loads it in a second. When a collected test is marked `cpu_adam`, the build starts as soon as collection
+process loads it in a second. The README's test command builds it after the install (`python -m tests.build_ops`);
+where that did not run and a collected test is marked `cpu_adam`, the build starts as soon as collection
 ends, at the lowest CPU priority, so it runs on whatever core the other tests leave idle; the marked tests run last
 and wait for it (a cached build loads at once). Several pytest processes (xdist) may start it together: torch's
 lock on the extension directory makes one build and the others wait and load it.
@@ -24,8 +25,7 @@ import pytest
 # other and a small test runs several times slower. Subprocesses get the same from helpers.cpu_env.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-BUILD = ("from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False); "
-         "print('cpu_adam ready')")
+BUILD = ["-m", "tests.build_ops"]  # prints "cpu_adam ready" once built
 BUILD_TIMEOUT_S = 1200
 _build: dict = {}
 
@@ -34,7 +34,7 @@ def _start_build() -> None:
     from tests.helpers import ROOT, cpu_env
     log = Path(tempfile.mkdtemp(prefix="cpu_adam-")) / "build.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-c", BUILD], env=cpu_env(), cwd=ROOT, stdout=f,
+        proc = subprocess.Popen([sys.executable, *BUILD], env=cpu_env(), cwd=ROOT, stdout=f,
                                 stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19), start_new_session=True)
     _build.update(proc=proc, log=log)
 
