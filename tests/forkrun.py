@@ -147,16 +147,6 @@ class _ForkedWorker:
             time.sleep(0.02)
         return self.returncode
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 def _fork_torchrun_workers() -> None:
     """In a launcher task (`ds-longctx train --nproc N`, `eval`): torchrun's agent, which runs in this process, forks
@@ -296,6 +286,12 @@ def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir
         raise RuntimeError(f"tests/forkrun.py's server gave no answer for {args} within {timeout + 60:.0f}s:\n"
                            f"{_server_log()}")
     return json.loads(line)["codes"]
+
+
+def outputs(log_dir: Path, nproc: int) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process of the job whose `log_dir` was given to `run`, in rank order."""
+    return [tuple((Path(log_dir) / f"rank{r}.{s}").read_text(errors="replace") for s in ("out", "err"))
+            for r in range(nproc)]
 
 
 def _server_log() -> str:

@@ -137,8 +137,7 @@ def _forked(nproc: int, args: list[str], module: bool, timeout: int) -> subproce
     from tests import forkrun
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
         codes = forkrun.run(nproc, args, module, cpu_env(), free_port(), Path(tmp), timeout)
-        out = [(Path(tmp) / f"rank{r}.out").read_text(errors="replace") for r in range(nproc)]
-        err = [(Path(tmp) / f"rank{r}.err").read_text(errors="replace") for r in range(nproc)]
+        out, err = zip(*forkrun.outputs(Path(tmp), nproc))
     failed = [c for c in codes if c > 0] + [128 - c for c in codes if c < 0]  # a rank's own failure first
     cmd = ["forkrun", f"--nproc {nproc}", *(["-m"] if module else []), *map(str, args)]
     res = subprocess.CompletedProcess(cmd, failed[0] if failed else 0, "".join(out), "".join(err))
@@ -189,8 +188,7 @@ def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict 
         with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
             codes = forkrun.run(nodes, agents[0], True, cpu_env(), port, Path(tmp), timeout, launcher=True,
                                 rank_args=agents)
-            return codes, [(Path(tmp) / f"rank{r}.out").read_text(errors="replace")
-                           + (Path(tmp) / f"rank{r}.err").read_text(errors="replace") for r in range(nodes)]
+            return codes, [out + err for out, err in forkrun.outputs(Path(tmp), nodes)]
     with tempfile.TemporaryDirectory() as tmp:
         logs = [Path(tmp) / f"node{r}.log" for r in range(nodes)]
         procs = []
@@ -231,10 +229,10 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
 
 
 def _cli_once(args: list[str], env: dict | None, timeout: int) -> subprocess.CompletedProcess:
-    if env is not None or os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
-        cmd = [sys.executable, "-m", "ds_longctx.cli", *args]
-        return subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    return run_module(["ds_longctx.cli", *args], timeout=timeout)
+    if env is None:
+        return run_module(["ds_longctx.cli", *args], timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "ds_longctx.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
 
 
 def run_module(args: list[str], extra_env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -250,7 +248,7 @@ def run_module(args: list[str], extra_env: dict | None = None, timeout: int = 30
     from tests import forkrun
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
         [code] = forkrun.run(1, args, True, env, free_port(), Path(tmp), timeout, launcher=True)
-        out, err = ((Path(tmp) / f"rank0.{s}").read_text(errors="replace") for s in ("out", "err"))
+        [(out, err)] = forkrun.outputs(Path(tmp), 1)
     return subprocess.CompletedProcess(cmd, code, out, err)
 
 

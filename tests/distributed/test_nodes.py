@@ -8,7 +8,6 @@ run/checkpoint.py assumes output_dir is one filesystem for every rank (rank 0 re
 it is, as on a cluster's shared filesystem.
 """
 
-
 import pytest
 
 from ds_longctx.run import checkpoint
