@@ -1,6 +1,6 @@
 """One rank of a rehearsal (`ds-longctx rehearse`, run/rehearse.py), in the process that plays it.
 
-    row = RankRun(args, cfg, rank, world, per_node, nodes, counts).play()
+    row = RankRun(args, cfg, rank, world, per_node, nodes, counts, command).play()
 
 The rank is built and stepped as `train` builds and steps one (run/train_loop.py): preflight's checks, the data, the
 engine, the optimizer state at build, then per step train's own `run/step.timed_step` (`data.get`,
@@ -34,9 +34,9 @@ def _gb(b: float) -> str:
 
 
 class RankRun:
-    def __init__(self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts):
+    def __init__(self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts, command: str):
         self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = a, cfg, rank, world, per_node, nodes
-        self.counts = counts
+        self.counts, self.command = counts, command
         self.on_gpu = torch.cuda.is_available()
 
     def _row_head(self) -> dict:
@@ -71,9 +71,7 @@ class RankRun:
         device = torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
         return {"commit": rehearse.commit(), "device": device, "date": rehearse.now(), "torch": torch.__version__,
                 "deepspeed": deepspeed.__version__,
-                "command": " ".join(["ds-longctx rehearse", "--config", self.a.config, "--rank", str(self.rank)]
-                                    + ([f"--layers {self.a.layers}"] if self.a.layers else [])
-                                    + [f"--steps {self.a.steps}"])}
+                "command": self.command}
 
     def _play(self, row: dict) -> dict:
         cfg, a = self.cfg, self.a

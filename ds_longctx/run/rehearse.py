@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -278,12 +279,22 @@ def play_rank(a, rest: list) -> int:
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from ds_longctx.run.rehearsal_rank import RankRun
-    run = RankRun(a, cfg, rank, world, per_node, nodes, counts)
+    run = RankRun(a, cfg, rank, world, per_node, nodes, counts, replay_command(a, rank, rest))
     row = run.play()
     Path(a.child_row).write_text(json.dumps(row))
     fake_world.stop()
     sys.stdout.flush()
     os._exit(0 if row["status"] == "ok" else 1)
+
+
+def replay_command(a, rank: int, overrides: list) -> str:
+    """The command that plays `rank` again as this process plays it: every option given (config overrides too),
+    `--rank` this one rank, without `--out`."""
+    opts = ["--config", a.config, "--rank", str(rank)]
+    for name in ("layers", "steps", "gpus", "nodes", "link", "link_gbps", "internode_gbps"):
+        if getattr(a, name) is not None:
+            opts += [f"--{name}", str(getattr(a, name))]
+    return shlex.join(["ds-longctx", "rehearse", *opts, *overrides])
 
 
 def commit() -> str:

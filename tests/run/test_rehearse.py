@@ -130,11 +130,14 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     model.write_text(json.dumps(hf))
     cfg = write_config(tmp_path, model=str(model))
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
-    for extra, out in (([], full), (["--layers", "3"], part)):
-        res = run_cli(["rehearse", "--config", str(cfg), "--out", str(out), *extra], timeout=600)
+    for extra, out in (([], full), (["--layers", "3", "--internode_gbps", "100"], part)):
+        res = run_cli(["rehearse", "--config", str(cfg), "--out", str(out), *extra, "--seq_len", "256"], timeout=600)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (f,), (p,) = rows_of(full), rows_of(part)
-    assert (f["layers"], p["layers"]) == ("6/6", "3/6")
+    assert (f["layers"], p["layers"], p["seq_len"]) == ("6/6", "3/6", 256)
+    # the row's command plays it again: every option and config override given, less --out
+    assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 2 --internode_gbps 100.0 "
+                            "--seq_len 256")
     assert p["layers_run"][0] == 0 and p["layers_run"][-1] == 5 and len(p["layers_run"]) == 3
     assert p["collective_bytes_per_step"] == f["collective_bytes_per_step"]
     assert p["measured"]["compute_seconds_per_step"] < p["compute_seconds_per_step"]
