@@ -291,9 +291,11 @@ def replay_command(a, rank: int, overrides: list) -> str:
     """The command that plays `rank` again as this process plays it: every option given (config overrides too),
     `--rank` this one rank, without `--out`."""
     opts = ["--config", a.config, "--rank", str(rank)]
-    for name in ("layers", "steps", "gpus", "nodes", "link", "link_gbps", "internode_gbps"):
-        if getattr(a, name) is not None:
-            opts += [f"--{name}", str(getattr(a, name))]
+    for action in parser()._actions:  # every option the parser has, so a new one is replayed too
+        value = getattr(a, action.dest, None)
+        if action.dest in ("config", "rank", "out", "child_rank", "child_row") or value is None or value is False:
+            continue
+        opts += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
     return shlex.join(["ds-longctx", "rehearse", *opts, *overrides])
 
 
