@@ -307,14 +307,56 @@ def stdlib_corpus(d: dict) -> str:
                   "steps", "s/step", "train loss", "eval loss", "far half - near half", *META], rows)
 
 
+def off(measured, planned) -> str:
+    """A rehearsal's measured value against its plan: measured / planned - 1."""
+    return f"{measured / planned - 1:+.1%}" if planned and measured else ""
+
+
+def in_bars(r: dict) -> str:
+    """yes where the rank's peak GPU is within GPU_TOL of the plan and under the budget and its host RSS within
+    HOST_TOL of the plan's share per process."""
+    gpu, plan, host, host_plan = (r.get(k) for k in ("peak_gpu_bytes", "planned_gpu_bytes", "host_rss_bytes",
+                                                        "planned_host_bytes_per_process"))
+    if not (gpu and plan and host and host_plan):
+        return ""
+    ok = abs(gpu / plan - 1) <= GPU_TOL and gpu < r["gpu_budget_bytes"] and abs(host / host_plan - 1) <= HOST_TOL
+    return "yes" if ok else "no"
+
+
 def rehearsal(d: dict) -> str:
     rows = [[r.get("config"), r.get("rank"), r.get("role"), n(r.get("seq_len")), r.get("layers"),
-             gb(r.get("peak_gpu_bytes")), gb(r.get("planned_gpu_bytes")), gb(r.get("host_rss_bytes")),
-             gb(r.get("planned_host_bytes_per_process")), r.get("compute_seconds_per_step"),
+             gb(r.get("peak_gpu_bytes")), gb(r.get("planned_gpu_bytes")), off(r.get("peak_gpu_bytes"),
+             r.get("planned_gpu_bytes")), gb(r.get("gpu_budget_bytes")), gb(r.get("host_rss_bytes")),
+             gb(r.get("planned_host_bytes_per_process")), off(r.get("host_rss_bytes"),
+             r.get("planned_host_bytes_per_process")), in_bars(r), r.get("compute_seconds_per_step"),
              r.get("predicted_seconds_per_step"), r.get("status"), r.get("date"), r.get("commit"), r.get("device"),
              src(r) if "source" in r else "`rehearsal.jsonl`"] for r in d.get("rehearsal", [])]
-    return table(["config", "rank", "role", "tokens", "layers run", "peak GPU GB", "planned", "host RSS GB",
-                  "planned per process", "compute s/step", "predicted s/step", "status", *META], rows)
+    out = table(["config", "rank", "role", "tokens", "layers run", "peak GPU GB", "planned", "vs plan", "budget",
+                 "host RSS GB", "planned per process", "vs plan", f"in bars (±{GPU_TOL:.0%} GPU, under budget, "
+                 f"±{HOST_TOL:.0%} host)", "compute s/step", "predicted s/step", "status", *META], rows)
+    pairs = layers_pairs(d)
+    if pairs:
+        out += ("\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
+                "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n")
+        out += table(["config", "rank", "tokens", "commit", "layers run", "peak GPU GB", "whole", "peak vs whole",
+                      "compute s/step", "whole", "time vs whole"], pairs)
+    return out
+
+
+def layers_pairs(d: dict) -> list:
+    rows = d.get("rehearsal", [])
+    whole = {(r["config"], r["rank"], r["seq_len"], r["commit"]): r for r in rows
+             if r.get("status") == "ok" and r["layers"].split("/")[0] == r["layers"].split("/")[1]}
+    out = []
+    for r in rows:
+        w = whole.get((r["config"], r["rank"], r["seq_len"], r["commit"]))
+        if w is None or r is w or r.get("status") != "ok":
+            continue
+        out.append([r["config"], r["rank"], n(r["seq_len"]), r["commit"], r["layers"], gb(r["peak_gpu_bytes"]),
+                    gb(w["peak_gpu_bytes"]), off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
+                    r["compute_seconds_per_step"], w["compute_seconds_per_step"],
+                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"])])
+    return out
 
 
 def ran(d: dict, r: dict) -> tuple:

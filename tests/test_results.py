@@ -152,3 +152,22 @@ def test_the_planner_counts_are_the_notebooks(doc):
     a = results_tables.accuracy(doc.load())
     assert f"{a['gpu_in']} of {a['gpu_n']} held-out runs inside ±10% GPU ({a['one_step']} one-step" in printed
     assert f"{a['host_in']} of {a['host_n']} held-out runs inside ±15% host" in printed
+
+
+def test_rehearsal_rows_are_judged_against_their_plan_and_paired_with_their_whole_step(doc):
+    """A rehearsal row is in the bars only with its GPU peak within ±10% of the plan and under the budget and its host
+    within ±15%; a --layers row is set beside the whole-step row of the same config, rank, length and commit only."""
+    import results_tables as t
+    base = {"config": "c/run.yaml", "rank": 0, "seq_len": 1024, "commit": "aaa", "status": "ok",
+            "planned_gpu_bytes": 100e9, "gpu_budget_bytes": 105e9, "planned_host_bytes_per_process": 10e9,
+            "host_rss_bytes": 10e9}
+    whole = {**base, "layers": "36/36", "peak_gpu_bytes": 104e9, "compute_seconds_per_step": 200.0}
+    assert t.in_bars(whole) == "yes"
+    assert t.in_bars({**whole, "peak_gpu_bytes": 106e9}) == "no"  # within 10% of the plan, past the budget
+    assert t.in_bars({**whole, "peak_gpu_bytes": 89e9}) == "no"
+    assert t.in_bars({**whole, "host_rss_bytes": 11.6e9}) == "no"
+    part = {**base, "layers": "6/36", "peak_gpu_bytes": 102e9, "compute_seconds_per_step": 210.0}
+    other_tree = {**part, "commit": "bbb"}
+    pairs = t.layers_pairs({"rehearsal": [part, whole, other_tree]})
+    assert len(pairs) == 1
+    assert pairs[0][3] == "aaa" and pairs[0][7] == f"{102 / 104 - 1:+.1%}" and pairs[0][10] == "+5.0%"
