@@ -339,7 +339,7 @@ def rehearsal(d: dict) -> str:
         out += ("\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
                 "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n")
         out += table(["config", "rank", "tokens", "commit", "layers run", "peak GPU GB", "whole", "peak vs whole",
-                      "compute s/step", "whole", "time vs whole"], pairs)
+                      "compute s/step", "whole", "time vs whole", "host GB", "whole", "host vs whole"], pairs)
     return out
 
 
@@ -355,7 +355,8 @@ def layers_pairs(d: dict) -> list:
         out.append([r["config"], r["rank"], n(r["seq_len"]), r["commit"], r["layers"], gb(r["peak_gpu_bytes"]),
                     gb(w["peak_gpu_bytes"]), off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
                     r["compute_seconds_per_step"], w["compute_seconds_per_step"],
-                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"])])
+                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"]), gb(r["host_rss_bytes"]),
+                    gb(w["host_rss_bytes"]), off(r["host_rss_bytes"], w["host_rss_bytes"])])
     return out
 
 
@@ -372,12 +373,13 @@ def ran(d: dict, r: dict) -> tuple:
 
 
 def rehearsed(d: dict) -> list:
-    """README rows: per single-node config, its newest rehearsal of every layer (one rank on one GPU) and the step
-    time it predicts, beside a published step time of the same length on as many GPUs."""
+    """README rows: per single-node committed config (ds_configs/), its newest rehearsal of every layer (one rank on
+    one GPU) and the step time it predicts, beside a published step time of the same length on as many GPUs."""
     newest = {}
     for r in d.get("rehearsal", []):
         run, total = r["layers"].split("/")
-        if r.get("status") == "ok" and r.get("nodes", 1) == 1 and run == total:
+        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and run == total
+                and r["config"].startswith("ds_configs/")):
             newest[r["config"]] = r
     timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
     rows = []

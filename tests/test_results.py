@@ -171,3 +171,4 @@ def test_rehearsal_rows_are_judged_against_their_plan_and_paired_with_their_whol
     pairs = t.layers_pairs({"rehearsal": [part, whole, other_tree]})
     assert len(pairs) == 1
     assert pairs[0][3] == "aaa" and pairs[0][7] == f"{102 / 104 - 1:+.1%}" and pairs[0][10] == "+5.0%"
+    assert pairs[0][13] == "+0.0%"

@@ -140,6 +140,10 @@ class PinnedPool:
         self._regions = {key: block[o:o + n] for key, (o, n) in where.items()}
         return total
 
+    def holds(self, key) -> bool:
+        """Whether `key`'s slot or region is in the block reserved (at build, or at first use)."""
+        return key in self._reserved or key in self._regions
+
     def region(self, key):
         """The byte region reserved for `key` (a uint8 tensor), or None; makes a planned reservation first (the HF
         Trainer path)."""

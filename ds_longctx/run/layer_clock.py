@@ -22,18 +22,19 @@ pool copies to the host and then frees).
 
 Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
 peak GPU + mean GPU leftover of such a layer (every forward's leftovers are alive at the top layer's backward, where
-the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the per-layer mean of that kind. The top layer
-(always run) counts in a mean only where it is the only layer of its kind that ran. Host: an on-host layer (offload,
-cache+offload) whose checkpoint lives in a buffer made at build (the pinned pool) adds nothing; one made at first use
-adds the mean host bytes step 1's forward took for such a layer. Where DeepSpeed's async offload engine holds the
-checkpoints (`cpu_checkpointing` without the pool), its window is modelled instead, since it decides where a checkpoint
-lives by its order among the step's on-host layers: the newest `keep_last_count` inputs stay on the GPU and never reach
-the host, the `max_fwd_stash_count - 1` before them stay on the GPU too while their copy drains, every other input is
-on the host. With c the bytes of one layer's input, n of the N on-host layers run and W the window, the L-layer step
-adds ((N - keep) - (n - keep)) x c host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The window, not the
-layer, decides where an on-host input lives, so an on-host layer's leftover counts no input; the inputs the window let
-go during the run's forwards, n - min(n, W), each took c off a run on-host layer's d, and are added back spread over
-the n.
+the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the per-layer mean of that kind. The first and the
+top layer (always run) count in a mean only where no other layer of their kind ran: what ZeRO-3 holds differs at their
+forward's start or end (a first offloaded layer, the only one run, left one MLP weight's bytes; the offloaded layers
+of the whole run left none). Host: an on-host layer (offload, cache+offload) whose host buffers the pinned pool made
+at build adds nothing (`pooled`); one whose buffer is made at first use adds the mean host bytes step 1's forward took
+for such a layer. Where DeepSpeed's async offload engine holds the checkpoints (`cpu_checkpointing` without the pool),
+its window is modelled instead, since it decides where a checkpoint lives by its order among the step's on-host
+layers: the newest `keep_last_count` inputs stay on the GPU and never reach the host, the `max_fwd_stash_count - 1`
+before them stay on the GPU too while their copy drains, every other input is on the host. With c the bytes of one
+layer's input, n of the N on-host layers run and W the window, the L-layer step adds ((N - keep) - (n - keep)) x c
+host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The window, not the layer, decides where an on-host
+input lives, so an on-host layer's leftover counts no input; the inputs the window let go during the run's forwards,
+n - min(n, W), each took c off a run on-host layer's d, and are added back spread over the n.
 ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the persistent parameters'
 refresh after the step) scale with the elements they move: x all parameters (trainable ones for the
 reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
@@ -293,14 +294,22 @@ class LayerClock:
 
     # ------------------------------------------------------------ extrapolation
     def _means(self, values: dict) -> dict:
-        """{kind: mean of `values` over the run layers of that kind}, the top layer only where it is alone."""
-        top = len(self.layers) - 1
+        """{kind: mean of `values` over the run layers of that kind}, the first and top layers only where alone."""
+        ends = {0, len(self.layers) - 1}
         out = {}
         for kind in set(self.kinds[i] for i in self.run):
             ix = [i for i in self.run if self.kinds[i] == kind and i in values]
-            inner = [i for i in ix if i != top] or ix
+            inner = [i for i in ix if i not in ends] or ix
             out[kind] = sum(values[i] for i in inner) / len(inner)
         return out
+
+    def pooled(self, j: int) -> bool:
+        """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention region too) are in
+        the pinned pool, made at build: a layer not run still holds them."""
+        from ds_longctx.levers.offload import attention_cache_key, pool
+        kind = self.kinds[j]
+        return kind in HOST_KINDS and pool().holds(j) and (kind != "cache+offload" or
+                                                           pool().holds(attention_cache_key(j)))
 
     def missing(self) -> list:
         return [j for j in range(len(self.layers)) if j not in self.run]
@@ -312,9 +321,10 @@ class LayerClock:
         last = self.steps[-1]
         miss = self.missing()
         t = self._means(self.layer_seconds())
-        gpu = self._means({i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()})
-        host_mean = self._means({i: r.host_left if self.kinds[i] in HOST_KINDS else 0
-                                 for i, r in self.steps[0].items()})  # buffers taken at first use: step 1
+        gpu_by_layer = {i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()}
+        host_by_layer = {i: r.host_left if self.kinds[i] in HOST_KINDS else 0
+                         for i, r in self.steps[0].items()}  # buffers taken at first use: step 1
+        gpu, host_mean = self._means(gpu_by_layer), self._means(host_by_layer)
         window = offload_window() if self.on_gpu else None
         on_host_run = [i for i in self.run if self.kinds[i] in HOST_KINDS]
         extra_gpu = extra_host = 0.0
@@ -351,9 +361,10 @@ class LayerClock:
         more_gpu = sum(gpu[self.kinds[j]] for j in miss) + extra_gpu
         return {"seconds": seconds + sum(t[self.kinds[j]] for j in miss),
                 "peak_reserved": peak_reserved + more_gpu, "peak_allocated": peak_allocated + more_gpu,
-                "host": host + sum(max(host_mean[self.kinds[j]], 0) for j in miss) + extra_host,
+                "host": host + sum(max(host_mean[self.kinds[j]], 0) for j in miss if not self.pooled(j)) + extra_host,
                 "payloads": {k: int(v) for k, v in out_payloads.items()},
                 "layer_seconds_by_kind": t, "layer_gpu_bytes_by_kind": gpu, "layer_host_bytes_by_kind": host_mean,
+                "layer_gpu_bytes": gpu_by_layer, "layer_host_bytes": host_by_layer,
                 "offload_window": None if window is None else {"keep_last": window[0], "held_on_gpu": window[1],
                                                                "host_bytes_added": int(extra_host),
                                                                "gpu_bytes_added": int(extra_gpu)}}

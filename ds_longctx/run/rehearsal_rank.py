@@ -81,9 +81,10 @@ class RankRun:
         engine = build_engine(cfg, hf_cfg, optimizer_state=False)
         optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
         st = engine.state
+        params = {"params_local": local_params(engine.model), "params_total": full_params(engine.model)}  # all L
         log.info("built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here (1/%d), sp rank "
-                 "%d of %d", time.perf_counter() - t0, self.world, local_params(engine.model),
-                 full_params(engine.model), self.world, st.sp_rank, st.sp_size)
+                 "%d of %d", time.perf_counter() - t0, self.world, params["params_local"], params["params_total"],
+                 self.world, st.sp_rank, st.sp_size)
         clock = LayerClock(engine.model, engine.placement, self.on_gpu)
         if a.layers:
             ran = clock.pick(a.layers)
@@ -121,8 +122,9 @@ class RankRun:
             "layer_seconds_by_kind": {k: round(v, 4) for k, v in est["layer_seconds_by_kind"].items()},
             "layer_gpu_bytes_by_kind": {k: int(v) for k, v in est["layer_gpu_bytes_by_kind"].items()},
             "layer_host_bytes_by_kind": {k: int(v) for k, v in est["layer_host_bytes_by_kind"].items()},
-            "offload_window": est["offload_window"],
-            "params_local": local_params(engine.model), "params_total": full_params(engine.model),
+            "layer_gpu_bytes": {str(i): int(v) for i, v in sorted(est["layer_gpu_bytes"].items())},
+            "layer_host_bytes": {str(i): int(v) for i, v in sorted(est["layer_host_bytes"].items())},
+            "offload_window": est["offload_window"], **params,
             "dp_size": st.dp_size, "train_batch_size": engine.ds.train_batch_size(),
         })
         row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1

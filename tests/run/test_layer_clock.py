@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 from ds_longctx.run.layer_clock import pick_layers
 
@@ -115,11 +116,12 @@ C = 4000  # bytes of one layer's input and output: 1000 fp32 elements
 EXTRA = {"offload": 100, "keep": 0, "cache": C}  # what a layer saves besides its input (cache: the attention output)
 
 
-def _simulated_forward(clock, kinds, run):
+def _simulated_forward(clock, kinds, run, first_extra=0):
     """One step through the layers `run` under `clock`, with GPU allocation simulated in a counter that `_mem` reads:
     the embedding output (layer 0's input) is allocated; each layer allocates its output and what it saves; after it
-    returns, an on-host layer's input is freed (the pinned pool's copy is on the host). Returns the bytes allocated
-    at the forward's end."""
+    returns, an on-host layer's input is freed (the pinned pool's copy is on the host). Layer 0 allocates
+    `first_extra` more, once (what ZeRO-3 holds at the first layer's end and not at its start). Returns the bytes
+    allocated at the forward's end."""
     import torch
     import torch.nn as nn
 
@@ -128,18 +130,18 @@ def _simulated_forward(clock, kinds, run):
     clock._mem = lambda: (mem[0], 0)
 
     class Layer(nn.Module):
-        def __init__(self, kind):
+        def __init__(self, kind, index):
             super().__init__()
-            self.kind = kind
+            self.kind, self.index = kind, index
 
         def forward(self, h):
-            mem[0] += C + EXTRA[self.kind]
+            mem[0] += C + EXTRA[self.kind] + (first_extra if self.index == 0 else 0)
             return h * 2.0
 
     h = torch.zeros(C // 4, requires_grad=True) * 1.0
     mem[0] += C
     for i in run:
-        h = _Timed(Layer(kinds[i]), i, clock)(h)
+        h = _Timed(Layer(kinds[i], i), i, clock)(h)
         if kinds[i] in HOST_KINDS:
             mem[0] -= C
     top = mem[0]
@@ -174,3 +176,38 @@ def test_a_layers_gpu_leftover_counts_its_kept_input_and_not_its_output():
     est = part.extrapolate(1.0, top, top, 0, {})
     assert est["layer_gpu_bytes_by_kind"] == {"offload": 100, "keep": C, "cache": 2 * C}
     assert est["peak_allocated"] == est["peak_reserved"] == 24600
+
+
+def test_the_first_layer_counts_in_its_kinds_mean_only_where_it_ran_alone():
+    """Layer 0 leaves 96 bytes more than the other offloaded layers (measured on an H200: one MLP weight of ZeRO-3's
+    at the first layer's end). Run 0, 3, 7, 9 of offload:6,keep:3,cache:1: layer 3 alone gives the offload mean, and
+    the extrapolation lands on the whole run's peak, which holds the 96 once. Averaged in, the 96 would count for
+    each of the 4 offloaded layers not run."""
+    kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
+    full = _sim_clock(kinds, list(range(10)))
+    whole = _simulated_forward(full, kinds, full.run, first_extra=96)
+    assert whole == 24600 + 96
+    part = _sim_clock(kinds, [0, 3, 7, 9])
+    est = part.extrapolate(1.0, *[_simulated_forward(part, kinds, part.run, first_extra=96)] * 2, 0, {})
+    assert est["layer_gpu_bytes_by_kind"]["offload"] == 100
+    assert est["layer_gpu_bytes"][0] == 196 and est["layer_gpu_bytes"][3] == 100
+    assert est["peak_allocated"] == whole
+    alone = _sim_clock(kinds, [0, 7, 9])  # layer 0 the only offloaded layer run: it is the kind's mean
+    est = alone.extrapolate(1.0, *[_simulated_forward(alone, kinds, alone.run, first_extra=96)] * 2, 0, {})
+    assert est["layer_gpu_bytes_by_kind"]["offload"] == 196
+
+
+def test_layers_whose_host_buffers_the_pool_made_at_build_add_no_host(monkeypatch):
+    """Step 1's forward of layer 0 (offloaded) took 300 bytes of host. Its checkpoint's slot, like every offloaded
+    layer's, is in the pinned pool made at build, so the 5 offloaded layers not run add nothing; a layer whose slot
+    the pool does not hold takes its buffer at first use and adds the 300."""
+    from ds_longctx.levers import offload
+    kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
+    clock = _clock_with(kinds, [0, 7, 9], {"offload": 0, "keep": C, "cache": 2 * C}, input_bytes=C)
+    clock.steps[0][0].host_left = 300
+    monkeypatch.setattr(offload, "_POOL", offload.PinnedPool())
+    offload.pool().reserve(range(6), (1, 2, 2), torch.float32, pin=False)
+    assert clock.extrapolate(1.0, 0, 0, 10_000, {})["host"] == 10_000
+    offload.pool().reserve(range(3), (1, 2, 2), torch.float32, pin=False)  # layers 3-5 not in the pool
+    est = clock.extrapolate(1.0, 0, 0, 10_000, {})
+    assert est["host"] == 10_000 + 3 * 300 and est["layer_host_bytes"] == {0: 300, 7: 0, 9: 0}

@@ -139,6 +139,8 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 2 --internode_gbps 100.0 "
                             "--seq_len 256")
     assert p["layers_run"][0] == 0 and p["layers_run"][-1] == 5 and len(p["layers_run"]) == 3
+    assert [int(i) for i in p["layer_gpu_bytes"]] == p["layers_run"] == [int(i) for i in p["layer_host_bytes"]]
+    assert (p["params_total"], p["params_local"]) == (f["params_total"], f["params_local"])  # all 6 layers built
     assert p["collective_bytes_per_step"] == f["collective_bytes_per_step"]
     assert p["measured"]["compute_seconds_per_step"] < p["compute_seconds_per_step"]
 
