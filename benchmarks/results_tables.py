@@ -343,10 +343,16 @@ def rehearsal(d: dict) -> str:
     return out
 
 
+def every_layer(r: dict) -> bool:
+    """A rehearsal row that ran all of the model's layers ("36/36")."""
+    run, total = r["layers"].split("/")
+    return run == total
+
+
 def layers_pairs(d: dict) -> list:
     rows = d.get("rehearsal", [])
     whole = {(r["config"], r["rank"], r["seq_len"], r["commit"]): r for r in rows
-             if r.get("status") == "ok" and r["layers"].split("/")[0] == r["layers"].split("/")[1]}
+             if r.get("status") == "ok" and every_layer(r)}
     out = []
     for r in rows:
         w = whole.get((r["config"], r["rank"], r["seq_len"], r["commit"]))
@@ -377,8 +383,7 @@ def rehearsed(d: dict) -> list:
     one GPU) and the step time it predicts, beside a published step time of the same length on as many GPUs."""
     newest = {}
     for r in d.get("rehearsal", []):
-        run, total = r["layers"].split("/")
-        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and run == total
+        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and every_layer(r)
                 and r["config"].startswith("ds_configs/")):
             newest[r["config"]] = r
     timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]

@@ -24,17 +24,17 @@ Extrapolation, layer j not run (its kind k_j = its placement): step time + mean 
 peak GPU + mean GPU leftover of such a layer (every forward's leftovers are alive at the top layer's backward, where
 the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the per-layer mean of that kind. The first and the
 top layer (always run) count in a mean only where no other layer of their kind ran: what ZeRO-3 holds differs at their
-forward's start or end (a first offloaded layer, the only one run, left one MLP weight's bytes; the offloaded layers
-of the whole run left none). Host: an on-host layer (offload, cache+offload) whose host buffers the pinned pool made
-at build adds nothing (`pooled`); one whose buffer is made at first use adds the mean host bytes step 1's forward took
-for such a layer. Where DeepSpeed's async offload engine holds the checkpoints (`cpu_checkpointing` without the pool),
-its window is modelled instead, since it decides where a checkpoint lives by its order among the step's on-host
-layers: the newest `keep_last_count` inputs stay on the GPU and never reach the host, the `max_fwd_stash_count - 1`
-before them stay on the GPU too while their copy drains, every other input is on the host. With c the bytes of one
-layer's input, n of the N on-host layers run and W the window, the L-layer step adds ((N - keep) - (n - keep)) x c
-host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The window, not the layer, decides where an on-host
-input lives, so an on-host layer's leftover counts no input; the inputs the window let go during the run's forwards,
-n - min(n, W), each took c off a run on-host layer's d, and are added back spread over the n.
+forward's start or end by parameter-sized buffers, which are not a per-layer cost. Host: an on-host layer (offload,
+cache+offload) whose host buffers the pinned pool made at build adds nothing (`pooled`); one whose buffer is made at
+first use adds the mean host bytes step 1's forward took for such a layer. Where DeepSpeed's async offload engine
+holds the checkpoints (`cpu_checkpointing` without the pool), its window is modelled instead, since it decides where a
+checkpoint lives by its order among the step's on-host layers: the newest `keep_last_count` inputs stay on the GPU and
+never reach the host, the `max_fwd_stash_count - 1` before them stay on the GPU too while their copy drains, every
+other input is on the host. With c the bytes of one layer's input, n of the N on-host layers run and W the window, the
+L-layer step adds ((N - keep) - (n - keep)) x c host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The
+window, not the layer, decides where an on-host input lives, so an on-host layer's leftover counts no input; the
+inputs the window let go during the run's forwards, n - min(n, W), each took c off a run on-host layer's d, and are
+added back spread over the n.
 ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the persistent parameters'
 refresh after the step) scale with the elements they move: x all parameters (trainable ones for the
 reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
@@ -51,6 +51,7 @@ import psutil
 import torch
 import torch.nn as nn
 
+from ds_longctx.levers.offload import attention_cache_key, pool
 from ds_longctx.levers.placement import ON_HOST, PlacementPlan, decoder_layers
 from ds_longctx.parallel import fake_world
 
@@ -306,7 +307,6 @@ class LayerClock:
     def pooled(self, j: int) -> bool:
         """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention region too) are in
         the pinned pool, made at build: a layer not run still holds them."""
-        from ds_longctx.levers.offload import attention_cache_key, pool
         kind = self.kinds[j]
         return kind in HOST_KINDS and pool().holds(j) and (kind != "cache+offload" or
                                                            pool().holds(attention_cache_key(j)))
