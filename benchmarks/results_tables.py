@@ -5,9 +5,9 @@ file has no rows. Numbers are the files' (GB = 1e9 bytes, GiB = 2**30); a planne
 
 from __future__ import annotations
 
-import re
-
 from bench_planner import GPU_TOL, HOST_TOL, steady_gpu_peak  # the bars and the one-step rule: one home each
+from results_format import META, device, err, gb, meta, n, src, table
+from results_rehearsal import rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
 
 GIB = 2**30
 TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.jsonl`)",
@@ -34,45 +34,6 @@ def heading(name: str) -> str:
     return TITLES[name]
 
 
-def table(head: list, rows: list) -> str:
-    if not rows:
-        return ""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join("" if c is None else str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def n(x) -> str:
-    return f"{x:,}" if x is not None else ""
-
-
-def gb(b) -> str:
-    return f"{b / 1e9:.1f}" if b is not None else ""
-
-
-def err(planned, measured) -> str:
-    return f"{planned / measured - 1:+.1%}" if planned and measured else ""
-
-
-def src(r: dict) -> str:
-    """The row's source as a link from docs/ (file name and line as its text)."""
-    path, where = re.match(r"([^:#]+)(.*)", r["source"]).groups()
-    return f"[{path.rsplit('/', 1)[-1]}{where}](../benchmarks/results/{path})"
-
-
-def device(r: dict) -> str:
-    """The row's device, or the one its session directory names (h200x2: two H200s)."""
-    d = r.get("device")
-    if not d and (m := re.search(r"h200x(\d)", r["source"])):
-        return f"{m[1]} x NVIDIA H200"
-    return d if not d or re.search(r" x |-x\d", d) or not r.get("gpus") else f"{r['gpus']} x {d}"
-
-
-def meta(r: dict) -> list:
-    return [r.get("date"), r.get("commit") or "not recorded", device(r), src(r)]
-
-
-META = ["date", "commit", "device", "source"]
 SYSTEMS = {"trl_fsdp2_cp": "TRL SFTTrainer, FSDP2 + context parallelism", "alst": "DeepSpeed ALST (accelerate, TRL)"}
 SHORT = {"trl_fsdp2_cp": "TRL", "alst": "ALST"}
 
@@ -307,65 +268,6 @@ def stdlib_corpus(d: dict) -> str:
                   "steps", "s/step", "train loss", "eval loss", "far half - near half", *META], rows)
 
 
-def off(measured, planned) -> str:
-    """A rehearsal's measured value against its plan: measured / planned - 1."""
-    return f"{measured / planned - 1:+.1%}" if planned and measured else ""
-
-
-def in_bars(r: dict) -> str:
-    """yes where the rank's peak GPU is within GPU_TOL of the plan and under the budget and its host RSS within
-    HOST_TOL of the plan's share per process."""
-    gpu, plan, host, host_plan = (r.get(k) for k in ("peak_gpu_bytes", "planned_gpu_bytes", "host_rss_bytes",
-                                                        "planned_host_bytes_per_process"))
-    if not (gpu and plan and host and host_plan):
-        return ""
-    ok = abs(gpu / plan - 1) <= GPU_TOL and gpu < r["gpu_budget_bytes"] and abs(host / host_plan - 1) <= HOST_TOL
-    return "yes" if ok else "no"
-
-
-def rehearsal(d: dict) -> str:
-    rows = [[r.get("config"), r.get("rank"), r.get("role"), n(r.get("seq_len")), r.get("layers"),
-             gb(r.get("peak_gpu_bytes")), gb(r.get("planned_gpu_bytes")), off(r.get("peak_gpu_bytes"),
-             r.get("planned_gpu_bytes")), gb(r.get("gpu_budget_bytes")), gb(r.get("host_rss_bytes")),
-             gb(r.get("planned_host_bytes_per_process")), off(r.get("host_rss_bytes"),
-             r.get("planned_host_bytes_per_process")), in_bars(r), r.get("compute_seconds_per_step"),
-             r.get("predicted_seconds_per_step"), r.get("status"), r.get("date"), r.get("commit"), r.get("device"),
-             src(r) if "source" in r else "`rehearsal.jsonl`"] for r in d.get("rehearsal", [])]
-    out = table(["config", "rank", "role", "tokens", "layers run", "peak GPU GB", "planned", "vs plan", "budget",
-                 "host RSS GB", "planned per process", "vs plan", f"in bars (±{GPU_TOL:.0%} GPU, under budget, "
-                 f"±{HOST_TOL:.0%} host)", "compute s/step", "predicted s/step", "status", *META], rows)
-    pairs = layers_pairs(d)
-    if pairs:
-        out += ("\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
-                "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n")
-        out += table(["config", "rank", "tokens", "commit", "layers run", "peak GPU GB", "whole", "peak vs whole",
-                      "compute s/step", "whole", "time vs whole", "host GB", "whole", "host vs whole"], pairs)
-    return out
-
-
-def every_layer(r: dict) -> bool:
-    """A rehearsal row that ran all of the model's layers ("36/36")."""
-    run, total = r["layers"].split("/")
-    return run == total
-
-
-def layers_pairs(d: dict) -> list:
-    rows = d.get("rehearsal", [])
-    whole = {(r["config"], r["rank"], r["seq_len"], r["commit"]): r for r in rows
-             if r.get("status") == "ok" and every_layer(r)}
-    out = []
-    for r in rows:
-        w = whole.get((r["config"], r["rank"], r["seq_len"], r["commit"]))
-        if w is None or r is w or r.get("status") != "ok":
-            continue
-        out.append([r["config"], r["rank"], n(r["seq_len"]), r["commit"], r["layers"], gb(r["peak_gpu_bytes"]),
-                    gb(w["peak_gpu_bytes"]), off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
-                    r["compute_seconds_per_step"], w["compute_seconds_per_step"],
-                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"]), gb(r["host_rss_bytes"]),
-                    gb(w["host_rss_bytes"]), off(r["host_rss_bytes"], w["host_rss_bytes"])])
-    return out
-
-
 def ran(d: dict, r: dict) -> tuple:
     """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a longest.jsonl run,
     else a held-out plan run of planner_runs.jsonl); ("", None) where it did not."""
@@ -376,28 +278,6 @@ def ran(d: dict, r: dict) -> tuple:
         return "", None
     steps = runs[0]["step_seconds"]
     return f", ran {len(steps)} step{'s' if len(steps) > 1 else ''} ({steps[-1]:.0f} s the last)", runs[0]
-
-
-def rehearsed(d: dict) -> list:
-    """README rows: per single-node committed config (ds_configs/), its newest rehearsal of every layer (one rank on
-    one GPU) and the step time it predicts, beside a published step time of the same length on as many GPUs."""
-    newest = {}
-    for r in d.get("rehearsal", []):
-        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and every_layer(r)
-                and r["config"].startswith("ds_configs/")):
-            newest[r["config"]] = r
-    timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
-    rows = []
-    for cfg, r in sorted(newest.items()):
-        peer = [p for p in timed if p["gpus"] == r["world"] and abs(p["seq_len"] / r["seq_len"] - 1) < 0.01]
-        rows.append([f"s/step predicted, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
-                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]}), one rank rehearsed on "
-                     f"{r['device']}",
-                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s)",
-                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s measured on {p['machine']}"
-                               for p in peer),
-                     "`benchmarks/results/rehearsal.jsonl`"])
-    return rows
 
 
 def readme(d: dict) -> str:

@@ -157,7 +157,7 @@ def test_the_planner_counts_are_the_notebooks(doc):
 def test_rehearsal_rows_are_judged_against_their_plan_and_paired_with_their_whole_step(doc):
     """A rehearsal row is in the bars only with its GPU peak within ±10% of the plan and under the budget and its host
     within ±15%; a --layers row is set beside the whole-step row of the same config, rank, length and commit only."""
-    import results_tables as t
+    import results_rehearsal as t
     base = {"config": "c/run.yaml", "rank": 0, "seq_len": 1024, "commit": "aaa", "status": "ok",
             "planned_gpu_bytes": 100e9, "gpu_budget_bytes": 105e9, "planned_host_bytes_per_process": 10e9,
             "host_rss_bytes": 10e9}

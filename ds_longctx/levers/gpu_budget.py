@@ -29,7 +29,7 @@ import logging
 
 log = logging.getLogger("ds_longctx")
 
-GB = 1e9
+GB = 10**9  # the project's GB, in budgets, plans and reports; the planner takes it from here
 # the CUDA context's memory outside the allocator; the planner's cuda_context term is this figure
 CUDA_CONTEXT_GIB = 1.5
 CUDA_CONTEXT_BYTES = int(CUDA_CONTEXT_GIB * 2 ** 30)

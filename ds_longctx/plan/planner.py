@@ -35,7 +35,7 @@ import functools
 from dataclasses import dataclass
 
 from ds_longctx.config.run import lever_conflict
-from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB
+from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB, GB
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
@@ -56,7 +56,6 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     zero3_terms,
 )
 
-GB = 10**9
 GIB = 2**30
 # max_memory_reserved / max_memory_allocated: without offloaded checkpoints, with them, and with DeepSpeed's offload
 # engine beside its CPU optimizer (side streams caching their own blocks).

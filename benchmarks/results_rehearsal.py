@@ -1,0 +1,89 @@
+"""The rehearsal tables: each rehearsed rank against its plan and the bars (bench_planner's GPU_TOL, HOST_TOL), each
+`--layers` row beside the whole rehearsal of the same config, rank, length and commit, and the README's predicted
+step times (`benchmarks/results/rehearsal.jsonl`; rows written by ds_longctx/run/rehearse.py)."""
+
+from __future__ import annotations
+
+from bench_planner import GPU_TOL, HOST_TOL  # the bars: one home
+from results_format import META, gb, n, src, table
+
+
+def off(measured, planned) -> str:
+    """A rehearsal's measured value against its plan: measured / planned - 1."""
+    return f"{measured / planned - 1:+.1%}" if planned and measured else ""
+
+
+def in_bars(r: dict) -> str:
+    """yes where the rank's peak GPU is within GPU_TOL of the plan and under the budget and its host RSS within
+    HOST_TOL of the plan's share per process."""
+    gpu, plan, host, host_plan = (r.get(k) for k in ("peak_gpu_bytes", "planned_gpu_bytes", "host_rss_bytes",
+                                                        "planned_host_bytes_per_process"))
+    if not (gpu and plan and host and host_plan):
+        return ""
+    ok = abs(gpu / plan - 1) <= GPU_TOL and gpu < r["gpu_budget_bytes"] and abs(host / host_plan - 1) <= HOST_TOL
+    return "yes" if ok else "no"
+
+
+def rehearsal(d: dict) -> str:
+    rows = [[r.get("config"), r.get("rank"), r.get("role"), n(r.get("seq_len")), r.get("layers"),
+             gb(r.get("peak_gpu_bytes")), gb(r.get("planned_gpu_bytes")), off(r.get("peak_gpu_bytes"),
+             r.get("planned_gpu_bytes")), gb(r.get("gpu_budget_bytes")), gb(r.get("host_rss_bytes")),
+             gb(r.get("planned_host_bytes_per_process")), off(r.get("host_rss_bytes"),
+             r.get("planned_host_bytes_per_process")), in_bars(r), r.get("compute_seconds_per_step"),
+             r.get("predicted_seconds_per_step"), r.get("status"), r.get("date"), r.get("commit"), r.get("device"),
+             src(r) if "source" in r else "`rehearsal.jsonl`"] for r in d.get("rehearsal", [])]
+    out = table(["config", "rank", "role", "tokens", "layers run", "peak GPU GB", "planned", "vs plan", "budget",
+                 "host RSS GB", "planned per process", "vs plan", f"in bars (±{GPU_TOL:.0%} GPU, under budget, "
+                 f"±{HOST_TOL:.0%} host)", "compute s/step", "predicted s/step", "status", *META], rows)
+    pairs = layers_pairs(d)
+    if pairs:
+        out += ("\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
+                "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n")
+        out += table(["config", "rank", "tokens", "commit", "layers run", "peak GPU GB", "whole", "peak vs whole",
+                      "compute s/step", "whole", "time vs whole", "host GB", "whole", "host vs whole"], pairs)
+    return out
+
+
+def every_layer(r: dict) -> bool:
+    """A rehearsal row that ran all of the model's layers ("36/36")."""
+    run, total = r["layers"].split("/")
+    return run == total
+
+
+def layers_pairs(d: dict) -> list:
+    rows = d.get("rehearsal", [])
+    whole = {(r["config"], r["rank"], r["seq_len"], r["commit"]): r for r in rows
+             if r.get("status") == "ok" and every_layer(r)}
+    out = []
+    for r in rows:
+        w = whole.get((r["config"], r["rank"], r["seq_len"], r["commit"]))
+        if w is None or r is w or r.get("status") != "ok":
+            continue
+        out.append([r["config"], r["rank"], n(r["seq_len"]), r["commit"], r["layers"], gb(r["peak_gpu_bytes"]),
+                    gb(w["peak_gpu_bytes"]), off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
+                    r["compute_seconds_per_step"], w["compute_seconds_per_step"],
+                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"]), gb(r["host_rss_bytes"]),
+                    gb(w["host_rss_bytes"]), off(r["host_rss_bytes"], w["host_rss_bytes"])])
+    return out
+
+
+def rehearsed(d: dict) -> list:
+    """README rows: per single-node committed config (ds_configs/), its newest rehearsal of every layer (one rank on
+    one GPU) and the step time it predicts, beside a published step time of the same length on as many GPUs."""
+    newest = {}
+    for r in d.get("rehearsal", []):
+        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and every_layer(r)
+                and r["config"].startswith("ds_configs/")):
+            newest[r["config"]] = r
+    timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
+    rows = []
+    for cfg, r in sorted(newest.items()):
+        peer = [p for p in timed if p["gpus"] == r["world"] and abs(p["seq_len"] / r["seq_len"] - 1) < 0.01]
+        rows.append([f"s/step predicted, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
+                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]}), one rank rehearsed on "
+                     f"{r['device']}",
+                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s)",
+                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s measured on {p['machine']}"
+                               for p in peer),
+                     "`benchmarks/results/rehearsal.jsonl`"])
+    return rows
