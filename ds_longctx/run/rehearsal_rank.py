@@ -33,6 +33,10 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.1f} GB"
 
 
+def _vs(measured: float, planned: float) -> str:
+    return f"{measured / planned - 1:+.1%}" if planned else "no plan"
+
+
 class RankRun:
     def __init__(self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts, command: str):
         self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = a, cfg, rank, world, per_node, nodes
@@ -93,6 +97,7 @@ class RankRun:
         steps = []
         for step in range(a.steps):
             steps.append(self._step(engine, data, clock, step))
+            self._so_far(clock, steps, row)
         compute = rehearse.median_steady([s["seconds"] for s in steps])
         last = steps[-1]
         peak_reserved = max(s["peak_reserved"] for s in steps)
@@ -137,6 +142,22 @@ class RankRun:
                  _gb(row["planned_host_bytes_per_process"]), 100 * row["host_vs_plan"], row["compute_seconds_per_step"],
                  pred.breakdown())
         return row
+
+    def _so_far(self, clock, steps: list, row: dict) -> None:
+        """One log line per step with the rank's memory so far against the plan (extrapolated to every layer with
+        --layers), so that a rehearsal whose machine is lost before its row is written still leaves its numbers."""
+        last = steps[-1]
+        est = clock.extrapolate(last["seconds"], max(s["peak_reserved"] for s in steps),
+                                max(s["peak_allocated"] for s in steps),
+                                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, last["payloads"])
+        gpu, host = est["peak_reserved"], est["host"]
+        plan_gpu, plan_host = row["planned_gpu_bytes"], row["planned_host_bytes_per_process"]
+        left = ", ".join(f"{i}: {b:,}" for i, b in sorted(est["layer_gpu_bytes"].items()))
+        log.info("after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against %s (%s), step "
+                 "%.1f s%s", len(steps), f"extrapolated from {len(clock.run)} to {len(clock.layers)} layers"
+                 if clock.missing() else "every layer run", _gb(gpu), _gb(plan_gpu), _vs(gpu, plan_gpu), _gb(host),
+                 _gb(plan_host), _vs(host, plan_host), est["seconds"],
+                 f"; GPU left by each layer run (bytes) {left}" if clock.missing() else "")
 
     def _step(self, engine, data, clock, step: int) -> dict:
         """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes

@@ -130,10 +130,21 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     model.write_text(json.dumps(hf))
     cfg = write_config(tmp_path, model=str(model))
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    logs = {}
     for extra, out in (([], full), (["--layers", "3", "--internode_gbps", "100"], part)):
         res = run_cli(["rehearse", "--config", str(cfg), "--out", str(out), *extra, "--seq_len", "256"], timeout=600)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        logs[out] = res.stdout + res.stderr
     (f,), (p,) = rows_of(full), rows_of(part)
+    # each step logs the memory so far against the plan, so a rehearsal lost before its row still leaves its numbers;
+    # after the last step they are the row's
+    gb = lambda b: f"{b / 1e9:.1f} GB"  # noqa: E731
+    for row, out, how in ((f, full, "every layer run"), (p, part, "extrapolated from 3 to 6 layers")):
+        assert f"after step 1, {how}: GPU peak " in logs[out]
+        assert (f"after step 2, {how}: GPU peak {gb(row['peak_gpu_bytes'])} reserved against the plan's "
+                f"{gb(row['planned_gpu_bytes'])}") in logs[out]
+        assert f"host {gb(row['host_rss_bytes'])} against {gb(row['planned_host_bytes_per_process'])}" in logs[out]
+    assert "GPU left by each layer run (bytes) 0: " in logs[part] and "GPU left by" not in logs[full]
     assert (f["layers"], p["layers"], p["seq_len"]) == ("6/6", "3/6", 256)
     # the row's command plays it again: every option and config override given, less --out
     assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 2 --internode_gbps 100.0 "
