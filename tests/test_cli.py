@@ -1,4 +1,5 @@
-"""The `ds-longctx` command's hand-over to torchrun (ds_longctx/cli.py): the workers' arguments reach them as given."""
+"""The `ds-longctx` command (ds_longctx/cli.py): its hand-over to torchrun passes the workers' arguments as given, and
+it dispatches its subcommands."""
 
 import pytest
 
@@ -18,3 +19,11 @@ def test_the_workers_arguments_are_not_parsed_by_torchrun(run_args):
     assert args.module and args.training_script == "ds_longctx.eval"
     assert cmd_args[-len(run_args) - 2:] == ["-m", "ds_longctx.eval", *run_args], cmd_args
     assert args.master_addr == "127.0.0.1" and 0 < args.master_port < 65536
+
+
+def test_cli_dispatches_plan(tmp_path):
+    from ds_longctx.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80", "--out",
+              str(tmp_path)])
+    assert e.value.code == 0 and (tmp_path / "run.yaml").is_file()

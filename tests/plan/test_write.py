@@ -143,20 +143,6 @@ def test_run_yaml_carries_the_planners_choices(tmp_path, gpus, gpu_gb, host_gb):
     assert c.plan.table() in plan_txt and f"{c.plan.gpu_peak_bytes / GB:.1f} GB per GPU" in plan_txt
 
 
-def test_accelerate_yaml_is_accelerates_deepspeed_format(tmp_path):
-    assert write.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
-    acc = yaml.safe_load((tmp_path / "accelerate.yaml").read_text())
-    assert acc == write.accelerate_config(8)
-    assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 8
-    ds_file = acc["deepspeed_config"]["deepspeed_config_file"]
-    assert ds_file == "ds_config.json" and (tmp_path / ds_file).is_file()  # relative to the YAML's directory
-    assert "mixed_precision" not in acc  # accelerate refuses it beside a deepspeed_config_file
-    from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DistributedType
-    loaded = load_config_from_file(str(tmp_path / "accelerate.yaml"))
-    assert loaded.distributed_type == DistributedType.DEEPSPEED and loaded.num_processes == 8
-
-
 def test_files_hold_no_absolute_paths_and_are_deterministic(tmp_path):
     for d in ("a", "b"):
         assert write.main(PLAN_8X80 + ["--out", str(tmp_path / d)]) == 0
@@ -202,13 +188,6 @@ def test_the_old_generate_entry_points_write_the_same_plan(tmp_path):
             assert (tmp_path / name / f).read_bytes() == (tmp_path / "ref" / f).read_bytes(), (name, f)
 
 
-def test_cli_dispatches_plan(tmp_path):
-    from ds_longctx.cli import main
-    with pytest.raises(SystemExit) as e:
-        main(["plan"] + PLAN_8X80 + ["--out", str(tmp_path)])
-    assert e.value.code == 0 and (tmp_path / "run.yaml").is_file()
-
-
 PLAN_2X8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--nodes", "2", "--gpus", "8", "--gpu_mem_gb", "80",
                "--host_mem_gb", "560"]
 
@@ -235,65 +214,6 @@ def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_l
     assert "budget: 2 nodes x 8 x 80 GB GPUs" in plan_txt and "GB host per node" in plan_txt
     assert c.plan.table() in plan_txt and "nodes=2 gpus/node=8 world=16 sp=8 dp=2" in plan_txt
     assert "hostfile" in capsys.readouterr().out
-
-
-def test_the_multinode_hostfile_goes_through_deepspeeds_runner(tmp_path, monkeypatch):
-    """A dry run of `deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8`: DeepSpeed's own parser, resource
-    filter and pdsh command builder, up to the command it would run (nothing is started)."""
-    import base64
-
-    from deepspeed.launcher import runner
-    from deepspeed.launcher.multinode_runner import PDSHRunner
-    assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
-    monkeypatch.chdir(tmp_path)  # launch.txt: run from the plan's directory
-    args = runner.parse_args(write.launch_lines(8, 2)[0].split()[1:])
-    pool = runner.fetch_hostfile(args.hostfile)
-    assert dict(pool) == {"node-0": 8, "node-1": 8}
-    active = runner.apply_num_nodes_and_gpus(runner.parse_inclusion_exclusion(pool, args.include, args.exclude),
-                                             args.num_nodes, args.num_gpus)
-    args.master_addr = "node-0"  # the runner would ask node-0 over ssh (`hostname -I`)
-    world_info = runner.encode_world_info(active)
-    assert json.loads(base64.urlsafe_b64decode(world_info)) == {"node-0": list(range(8)), "node-1": list(range(8))}
-    cmd = PDSHRunner(args, world_info).get_cmd({}, active)[0]
-    assert cmd[cmd.index("-w") + 1] == "node-0,node-1" and f"cd {tmp_path};" in cmd
-    assert cmd[-3:] == ["ds_longctx.train", "--config", "run.yaml"] and "--module" in cmd
-    assert "--node_rank=%n" in cmd and "--master_port=29500" in cmd  # pdsh fills in each node's rank
-
-
-def test_the_multinode_accelerate_yaml_goes_through_accelerate_launch(tmp_path, monkeypatch):
-    """accelerate 1.15 loads the YAML, and its `accelerate launch` argument processing (a dry run: the same
-    functions up to torchrun's arguments, nothing started) turns node 1's launch line into torchrun on 8 processes
-    of 2 nodes at node 0's address."""
-    import torch.distributed.run as distrib_run
-    from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.commands.launch import _filter_args, _validate_launch_command, launch_command_parser
-    from accelerate.utils import DistributedType
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env
-    assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
-    loaded = load_config_from_file(str(tmp_path / "accelerate.yaml"))
-    assert loaded.distributed_type == DistributedType.DEEPSPEED
-    assert (loaded.num_machines, loaded.num_processes, loaded.machine_rank) == (2, 16, 0)
-    assert loaded.deepspeed_config["deepspeed_multinode_launcher"] == "standard"
-    monkeypatch.chdir(tmp_path)
-    line = write.launch_lines(8, 2)[1].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
-    args, defaults, _ = _validate_launch_command(launch_command_parser().parse_args(line.split()[2:]))
-    assert args.use_deepspeed and defaults.num_machines == 2
-    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)  # as launch_command does
-    cmd, env = prepare_deepspeed_cmd_env(args)
-    assert cmd is None and env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == "ds_config.json"  # torchrun on this node
-    t = _filter_args(args, distrib_run.get_args_parser(), ["--training_script", args.training_script,
-                                                           "--training_script_args", args.training_script_args])
-    assert (t.nnodes, t.nproc_per_node, t.node_rank, t.rdzv_endpoint) == ("2", "8", 1, "10.0.0.1:29500")
-    assert (t.module, t.training_script, t.training_script_args) == (True, "ds_longctx.train", ["--config", "run.yaml"])
-
-
-def test_the_multinode_torchrun_line_parses_as_two_nodes_of_8():
-    from torch.distributed.run import config_from_args, get_args_parser
-    line = write.launch_lines(8, 2)[2].replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1")
-    config, cmd, cmd_args = config_from_args(get_args_parser().parse_args(line.split()[1:]))
-    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 8)
-    assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "10.0.0.1:29500")
-    assert cmd_args[-3:] == ["ds_longctx.train", "--config", "run.yaml"]
 
 
 def test_a_multinode_plan_refuses_an_sp_group_across_nodes(capsys):
