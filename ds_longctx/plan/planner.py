@@ -66,7 +66,7 @@ DS_OFFLOAD_FRAGMENTATION = 1.28
 # A rank's steady host RSS (Python, torch, CUDA and NCCL host state). calibrated: see docs/calibration.md#process-host
 PROCESS_HOST_GIB = 2.25
 # The safety rule: a plan fills at most MAX_HEADROOM of the budget the user gave; a higher `--headroom` is refused
-# (check_headroom). tests/plan/test_planner.py re-reads every committed run and fails if one needs a lower bound.
+# (check_headroom). tests/plan/test_planner_runs.py re-reads every committed run and fails if one needs a lower bound.
 # calibrated: see docs/calibration.md#max-headroom
 MAX_HEADROOM = 0.90
 # A rank's RSS at the start of DeepSpeed's ZeRO-3 init, before its CPU defragment buffer.
