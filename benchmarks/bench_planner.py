@@ -3,13 +3,13 @@
     python benchmarks/bench_planner.py --gpus 2 --runs qwen3-0.6b:65536:base,qwen3-8b:131072:offload --out $OUT
     python benchmarks/bench_planner.py --table benchmarks/results/planner_runs.jsonl   # CPU, re-predict
 
-Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, tiled, plain_loss, joined
-with `+`). Every run is its own `torchrun ... bench_levers.py` process (one engine build, one variant,
-`--first_steps` steps, expandable segments as train.py sets them), so its peak is that variant's clean peak:
-no cache left over from another variant. Measured per run: GPU = the highest `max_memory_reserved` over the
-steps after the first (max over ranks; bench_levers.py builds its engine with the optimizer state made at build, but
-older rows are from runs whose first step made it at its end), host = the highest
-sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned checkpoint buffers).
+Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, tiled, plain_loss, joined with `+`).
+Every run is its own `torchrun ... bench_levers.py` process (one engine build, one variant, `--first_steps` steps,
+expandable segments as train.py sets them), so its peak is that variant's clean peak: no cache left over from another
+variant. Measured per run: GPU = the highest `max_memory_reserved` over the steps after the first (max over ranks;
+bench_levers.py builds its engine with the optimizer state made at build, but older rows are from runs whose first step
+made it at its end), host = the highest sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned
+checkpoint buffers).
 
 `--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
 device session: a changed plan is no longer held out). FILE: benchmarks/results/planner_runs.jsonl (every committed
@@ -23,15 +23,14 @@ Whole plans, predicted first and committed, then run (held-out validation):
     python benchmarks/bench_planner.py --plans 262144:64,262144:80,393216:141:pinned_pool --predict   # CPU
     python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_runs.jsonl \
         --out $OUT --commit SHA                                                                       # GPU
-Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without
-their dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`,
-`c`, ... when taken): what
-`ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement), under --out (default
-harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python benchmarks/results_merge.py` adds it to
-planner_runs.jsonl). Otherwise each plan is
-written and run with `ds-longctx train --config run.yaml --steps N`; measured: `max_memory_reserved` max over ranks
-on every step, host Σ over ranks of peak RSS; `planner_plans_<date>.jsonl/.md` set them against the given
-predictions (else the fresh plan's), with the budget (gpu_mem_gb) beside.
+Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without their
+dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ...
+when taken): what `ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement), under --out
+(default harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python benchmarks/results_merge.py` adds
+it to planner_runs.jsonl). Otherwise each plan is written and run with `ds-longctx train --config run.yaml --steps N`;
+measured: `max_memory_reserved` max over ranks on every step, host Σ over ranks of peak RSS;
+`planner_plans_<date>.jsonl/.md` set them against the given predictions (else the fresh plan's), with the budget
+(gpu_mem_gb) beside.
 """
 
 from __future__ import annotations
@@ -45,6 +44,8 @@ import time
 from pathlib import Path
 
 from harness import RESULTS, git_commit, gpu_name, raw_dir, read_lines, read_plan, run_job  # benchmarks/: sys.path[0]
+
+from ds_longctx.levers.gpu_budget import GB
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TOL, HOST_TOL = 0.10, 0.15  # issue 4's bars: per-GPU peak within ±10%, host peak within ±15%
@@ -94,7 +95,6 @@ def predict(row: dict) -> tuple:
     sys.path.insert(0, str(ROOT))
     from ds_longctx.levers.placement import PlacementPlan
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
-
     lv = dict(row["levers"])
     if "chunk_rows" in lv:  # rows written before the field took the run config's name
         lv["loss_chunk_rows"] = lv.pop("chunk_rows")
@@ -123,10 +123,9 @@ def table(rows: list) -> str:
         ok = abs(eg) <= GPU_TOL and abs(eh) <= HOST_TOL
         n_ok += ok
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
-        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | "
-                     f"{r['seconds']:.2f} | {mfu} | "
-                     f"{r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | {ph:.2f} | "
-                     f"{eh:+.1%} |")
+        lines.append(f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | "
+                     f"{mfu} | {r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | "
+                     f"{ph:.2f} | {eh:+.1%} |")
     lines.append(f"\n{n_ok} of {len(rows)} runs inside ±{GPU_TOL:.0%} GPU and ±{HOST_TOL:.0%} host.")
     return "\n".join(lines)
 
@@ -183,9 +182,8 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
     run = yaml.safe_load((plan_dir / "run.yaml").read_text())
     mem = run["memory"]
     line = {"seq_len": row["seq_len"], "gpus": row["gpus"], "gpu_mem_gb": row["gpu_mem_gb"],
-            "host_mem_gb": row.get("host_mem_gb"),
-            "seconds": row["step_seconds"][-1], "step_seconds": row["step_seconds"],
-            "exit_seconds": row.get("exit_seconds"),
+            "host_mem_gb": row.get("host_mem_gb"), "seconds": row["step_seconds"][-1],
+            "step_seconds": row["step_seconds"], "exit_seconds": row.get("exit_seconds"),
             "peak_gpu_bytes": max(row["measured_steps"]), "host_peak_bytes": row["measured_host_bytes"],
             "planned_gpu_bytes": row["planned_gpu_bytes"], "planned_reserved_bytes": row["planned_reserved_bytes"],
             "planned_host_bytes": row["planned_host_bytes"], "commit": row["commit"],
@@ -216,11 +214,9 @@ def plans_table(rows: list) -> str:
     """Markdown: each plan's measured peaks against its prediction, and whether they stayed under the budgets (GPU:
     the measured reserved plus the plan's CUDA context term; host: Σ ranks' peak RSS, where the plan had a host
     budget)."""
-    gb = 1e9
     lines = ["| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | "
-             "error | "
-             "allocated GB (max rank) | predicted | error | reserved / allocated | "
-             "host GB (Σ ranks) | predicted | error | budget GB (GPU / host) | under it |",
+             "error | allocated GB (max rank) | predicted | error | reserved / allocated | host GB (Σ ranks) | "
+             "predicted | error | budget GB (GPU / host) | under it |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "measured_steps" not in r:
@@ -230,19 +226,18 @@ def plans_table(rows: list) -> str:
         m, pr, host = max(r["measured_steps"]), r["planned_reserved_bytes"], r["measured_host_bytes"]
         moved = r.get("plan_changed_since_prediction")
         spec = r["spec"] + (" (plan changed since its prediction: not held out)" if moved else "")
-        under = m + r["planned_gpu_bytes"] - pr <= r["gpu_mem_gb"] * gb
+        under = m + r["planned_gpu_bytes"] - pr <= r["gpu_mem_gb"] * GB
         if r.get("host_mem_gb"):
-            under = under and host <= r["host_mem_gb"] * gb
+            under = under and host <= r["host_mem_gb"] * GB
         budget = f"{r['gpu_mem_gb']:g}" + (f" / {r['host_mem_gb']:g}" if r.get("host_mem_gb") else "")
         alloc, pa = max(r.get("measured_allocated_steps") or [0]), r.get("planned_allocated_bytes")
-        allocated = (f"{alloc / gb:.1f} | {pa / gb:.1f} | {alloc / pa - 1:+.1%} | {m / alloc:.3f}" if alloc and pa
+        allocated = (f"{alloc / GB:.1f} | {pa / GB:.1f} | {alloc / pa - 1:+.1%} | {m / alloc:.3f}" if alloc and pa
                      else " | | | ")  # rows measured or predicted before these were recorded
         ratio = r.get("optimizer_offload_ratio", 1.0)
         offload = f"{r['optimizer_offload']}" + (f" (ratio {ratio:g})" if r["optimizer_offload"] and ratio < 1 else "")
         lines.append(f"| {spec} | {r.get('model', '')} | {r['placement']} | {offload} | "
-                     f"{' / '.join(f'{x / gb:.1f}' for x in r['measured_steps'])} | {pr / gb:.1f} | "
-                     f"{m / pr - 1:+.1%} | "
-                     f"{allocated} | {host / gb:.1f} | {r['planned_host_bytes'] / gb:.1f} | "
+                     f"{' / '.join(f'{x / GB:.1f}' for x in r['measured_steps'])} | {pr / GB:.1f} | "
+                     f"{m / pr - 1:+.1%} | {allocated} | {host / GB:.1f} | {r['planned_host_bytes'] / GB:.1f} | "
                      f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |")
     return "\n".join(lines)
 
@@ -345,15 +340,13 @@ def main():
     ap.add_argument("--timeout_s", type=int, default=400, help="per run; a run past it is recorded as failed")
     ap.add_argument("--deadline_s", type=float, default=0, help="skip runs that would start after this many s")
     ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
-    ap.add_argument("--table", help="a stored planner_runs jsonl: re-predict its lever runs with the current planner, "
-                                    "no GPU")
+    ap.add_argument("--table", help="a stored planner_runs jsonl: re-predict its lever runs with today's planner")
     ap.add_argument("--plans", default="", help="comma-separated seq_len:gpu_mem_gb[:flag+flag] (module doc)")
     ap.add_argument("--model", default="qwen3-8b", help="with --plans")
     ap.add_argument("--predict", action="store_true", help="with --plans: write the predictions, run nothing")
     ap.add_argument("--check", help="committed predictions (jsonl; several comma-separated): say per spec whether "
                                     "today's planner still makes that plan (still held out), run nothing")
-    ap.add_argument("--predictions", help="with --plans: committed predictions (jsonl; several comma-separated) to "
-                                          "measure against")
+    ap.add_argument("--predictions", help="with --plans: committed predictions to measure against (jsonl, a,b)")
     ap.add_argument("--longest", help="with --plans: append each finished run to this longest.jsonl (issue 12's rows)")
     ap.add_argument("--commit", default=None, help="the tree's commit (the device copy has no reliable .git)")
     a = ap.parse_args()
@@ -368,12 +361,11 @@ def main():
                     predict_plans(specs, a.model, a.gpus, Path(tempfile.mkdtemp()))]
             path = fresh(out, f"planner_predictions_{datetime.date.today().isoformat()}", ".jsonl")
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-            gb = 1e9
             md = ["| plan | placement | optimizer offload | reserved GB | GPU peak GB | host GB | budget GB |",
                   "|---|---|---|---|---|---|---|"]
             md += [f"| {r['spec']} | {r.get('placement', r.get('error', ''))} | {r.get('optimizer_offload', '')} | "
-                   f"{r.get('planned_reserved_bytes', 0) / gb:.1f} | {r.get('planned_gpu_bytes', 0) / gb:.1f} | "
-                   f"{r.get('planned_host_bytes', 0) / gb:.1f} | {r['gpu_mem_gb']:g} |" for r in rows]
+                   f"{r.get('planned_reserved_bytes', 0) / GB:.1f} | {r.get('planned_gpu_bytes', 0) / GB:.1f} | "
+                   f"{r.get('planned_host_bytes', 0) / GB:.1f} | {r['gpu_mem_gb']:g} |" for r in rows]
             path.with_suffix(".md").write_text("\n".join(md) + "\n")
             print("\n".join(md))
             return
@@ -385,8 +377,7 @@ def main():
             Path(a.table).with_suffix(".md").write_text(md + "\n")
         print(md)
         return
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    (out := Path(a.out)).mkdir(parents=True, exist_ok=True)
     path = out / f"planner_runs_{datetime.date.today().isoformat()}.jsonl"
     t0, rows = time.perf_counter(), []
     for run in a.runs.split(","):
