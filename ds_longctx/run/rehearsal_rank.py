@@ -99,11 +99,7 @@ class RankRun:
             steps.append(self._step(engine, data, clock, step))
             self._so_far(clock, steps, row)
         compute = rehearse.median_steady([s["seconds"] for s in steps])
-        last = steps[-1]
-        peak_reserved = max(s["peak_reserved"] for s in steps)
-        peak_allocated = max(s["peak_allocated"] for s in steps)
-        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        est = clock.extrapolate(compute, peak_reserved, peak_allocated, host, last["payloads"])
+        est, (peak_reserved, peak_allocated, host) = self._estimate(clock, steps, compute)
         intra, inter = rehearse.links(a, cfg)
         pred = predict(est["seconds"], est["payloads"], self.rank, self.per_node, intra, inter)
         total = len(clock.layers)
@@ -143,13 +139,18 @@ class RankRun:
                  pred.breakdown())
         return row
 
+    @staticmethod
+    def _estimate(clock, steps: list, seconds: float) -> tuple:
+        """(the L-layer extrapolation of the steps so far at `seconds` per step, (peak reserved, peak allocated, host
+        RSS) as measured): peaks over the steps, the host peak of the process, the last step's collectives."""
+        measured = (max(s["peak_reserved"] for s in steps), max(s["peak_allocated"] for s in steps),
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return clock.extrapolate(seconds, *measured, steps[-1]["payloads"]), measured
+
     def _so_far(self, clock, steps: list, row: dict) -> None:
         """One log line per step with the rank's memory so far against the plan (extrapolated to every layer with
         --layers), so that a rehearsal whose machine is lost before its row is written still leaves its numbers."""
-        last = steps[-1]
-        est = clock.extrapolate(last["seconds"], max(s["peak_reserved"] for s in steps),
-                                max(s["peak_allocated"] for s in steps),
-                                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, last["payloads"])
+        est, _ = self._estimate(clock, steps, steps[-1]["seconds"])
         gpu, host = est["peak_reserved"], est["host"]
         plan_gpu, plan_host = row["planned_gpu_bytes"], row["planned_host_bytes_per_process"]
         left = ", ".join(f"{i}: {b:,}" for i, b in sorted(est["layer_gpu_bytes"].items()))
