@@ -4,8 +4,13 @@ step times (`benchmarks/results/rehearsal.jsonl`; rows written by ds_longctx/run
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from bench_planner import GPU_TOL, HOST_TOL  # the bars: one home
 from results_format import META, gb, n, src, table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def off(measured, planned) -> str:
@@ -87,3 +92,39 @@ def rehearsed(d: dict) -> list:
                                for p in peer),
                      "`benchmarks/results/rehearsal.jsonl`"])
     return rows
+
+
+def longest_plan(config: str) -> dict | None:
+    """{"seq_len", "host_mem_gb"} of a plan made with --find_max_len, read from the plan.txt beside its run.yaml; None
+    for a plan of a given length or a config not in the repository."""
+    plan = (ROOT / config).parent / "plan.txt"
+    text = plan.read_text() if plan.is_file() else ""
+    found = re.search(r"longest seq_len that fits: ([\d,]+) tokens", text)
+    host = re.search(r"--host_mem_gb (\d+)", text.splitlines()[0] if text else "")
+    if not (found and "--find_max_len" in text.splitlines()[0]):
+        return None
+    return {"seq_len": int(found[1].replace(",", "")), "host_mem_gb": int(host[1]) if host else None}
+
+
+def longest_rehearsed(d: dict) -> list:
+    """README row: the planner's longest lengths rehearsed at that length (one rank on one GPU, newest per config),
+    how many are inside the bars, and each one's GPU peak against its plan."""
+    newest = {}
+    for r in d.get("rehearsal", []):
+        plan = longest_plan(r["config"]) if r.get("status") == "ok" else None
+        if plan and plan["seq_len"] == r["seq_len"]:
+            newest[r["config"]] = (r, plan)
+    if not newest:
+        return []
+    rows = sorted(newest.values(), key=lambda rp: -rp[0]["seq_len"])
+    inside = sum(in_bars(r) == "yes" for r, _ in rows)
+    each = []
+    for r, plan in rows:
+        host = f" + {plan['host_mem_gb']} GB host" if plan["host_mem_gb"] else ""
+        each.append(f"{r['world']} x {r['gpu_budget_bytes'] / 1e9:.0f} GB{host}: {n(r['seq_len'])} tokens, "
+                    f"{gb(r['peak_gpu_bytes'])} GB (plan {gb(r['planned_gpu_bytes'])}, "
+                    f"{off(r['peak_gpu_bytes'], r['planned_gpu_bytes'])}), {r['layers']} layers")
+    devices = sorted({r["device"] for r, _ in rows})
+    return [[f"longest Qwen3-8B, planned, one rank rehearsed on {', '.join(devices)}",
+             f"{inside} of {len(rows)} inside ±{GPU_TOL:.0%} GPU (under budget), ±{HOST_TOL:.0%} host", "; ".join(each),
+             "`benchmarks/results/rehearsal.jsonl`"]]

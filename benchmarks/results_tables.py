@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bench_planner import GPU_TOL, HOST_TOL, steady_gpu_peak  # the bars and the one-step rule: one home each
 from results_format import META, device, err, gb, meta, n, src, table
-from results_rehearsal import rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
+from results_rehearsal import longest_rehearsed, rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
 
 GIB = 2**30
 TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.jsonl`)",
@@ -299,7 +299,7 @@ def readme(d: dict) -> str:
                      f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']})"
                      if paper else "", "`benchmarks/results/longest.jsonl`"
                      + (", `benchmarks/results/planner_runs.jsonl`" if run and run["kind"] == "plan" else "")])
-    rows += rehearsed(d)
+    rows += rehearsed(d) + longest_rehearsed(d)
     a = accuracy(d)
     rows.append(["planner, held-out plans run", f"{a['gpu_in']} of {a['gpu_n']} within ±{GPU_TOL:.0%} GPU, "
                  f"{a['host_in']} of {a['host_n']} within ±{HOST_TOL:.0%} host", f"{a['over']} of {a['n']} past "
