@@ -26,6 +26,70 @@ def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+def timed(fn, reps: int) -> float:
+    """Median milliseconds of `fn` over `reps` calls (cuda events), after one warm-up call."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def at_length(S: int, h: int, hk: int, d: int, reps: int) -> list:
+    """One row per backend at sequence length S: forward and backward ms (and, with both backends, their outputs'
+    largest difference)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ds_longctx.parallel import attention
+
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(S)
+    q = torch.randn(1, h, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = d ** -0.5
+    outs = {}
+
+    # cuDNN SDPA through torch's own autograd (what `sdpa` runs without the cache)
+    qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        def cudnn_fwd():
+            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+        fwd_ms = timed(cudnn_fwd, reps)
+        out = cudnn_fwd()
+        bwd_ms = timed(lambda: torch.autograd.grad(out, (qs, ks, vs), dout.transpose(1, 2), retain_graph=True), reps)
+    outs["sdpa_cudnn"] = out.transpose(1, 2).detach()
+    rows.append({"backend": "sdpa_cudnn", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
+    del out
+    torch.cuda.empty_cache()
+
+    if attention.fa4_available():
+        pair = attention._FA4()
+        out, saved, meta = pair.fwd(q, k, v, scale, None, None)
+        fwd_ms = timed(lambda: pair.fwd(q, k, v, scale, None, None), reps)
+        bwd_ms = timed(lambda: pair.bwd(dout, q, k, v, out, saved, meta, scale, None, None), reps)
+        outs["fa4"] = pair.out_bshd(out).detach()
+        rows.append({"backend": "fa4", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
+        del out, saved
+    if len(outs) == 2:
+        diff = (outs["fa4"].float() - outs["sdpa_cudnn"].float()).abs().max().item()
+        for r in rows:
+            r["max_abs_diff_vs_other"] = diff
+    del q, k, v, dout, outs
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq_lens", default="131072,524288")
@@ -37,65 +101,10 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from ds_longctx.parallel import attention
-
-    def timed(fn, reps):
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
 
     h, hk, d = a.heads, a.kv_heads, a.head_dim
-    rows = []
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    for S in (int(x) for x in a.seq_lens.split(",")):
-        g = torch.Generator(device="cuda").manual_seed(S)
-        q = torch.randn(1, h, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        dout = torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        scale = d ** -0.5
-        outs = {}
-
-        # cuDNN SDPA through torch's own autograd (what `sdpa` runs without the cache)
-        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            def cudnn_fwd():
-                return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-            fwd_ms = timed(cudnn_fwd, a.reps)
-            out = cudnn_fwd()
-            bwd_ms = timed(lambda: torch.autograd.grad(out, (qs, ks, vs), dout.transpose(1, 2), retain_graph=True),
-                           a.reps)
-        outs["sdpa_cudnn"] = out.transpose(1, 2).detach()
-        rows.append({"backend": "sdpa_cudnn", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
-        del out
-        torch.cuda.empty_cache()
-
-        if attention.fa4_available():
-            pair = attention._FA4()
-            out, saved, meta = pair.fwd(q, k, v, scale, None, None)
-            fwd_ms = timed(lambda: pair.fwd(q, k, v, scale, None, None), a.reps)
-            bwd_ms = timed(lambda: pair.bwd(dout, q, k, v, out, saved, meta, scale, None, None), a.reps)
-            outs["fa4"] = pair.out_bshd(out).detach()
-            rows.append({"backend": "fa4", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
-            del out, saved
-        if len(outs) == 2:
-            diff = (outs["fa4"].float() - outs["sdpa_cudnn"].float()).abs().max().item()
-            for r in rows[-2:]:
-                r["max_abs_diff_vs_other"] = diff
-        del q, k, v, dout, outs
-        torch.cuda.empty_cache()
-
+    rows = [r for S in (int(x) for x in a.seq_lens.split(",")) for r in at_length(S, h, hk, d, a.reps)]
     meta = {"date": datetime.date.today().isoformat(), "commit": commit, "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": "bf16", "causal": True}
     out_dir = Path(a.out)
