@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from pathlib import Path
 
-from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 
 def tflops(flops: float, ms: float) -> float:
@@ -98,12 +97,13 @@ def main() -> None:
     ap.add_argument("--head_dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
+    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     a = ap.parse_args()
 
     import torch
 
     h, hk, d = a.heads, a.kv_heads, a.head_dim
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit(a.commit)
     rows = [r for S in (int(x) for x in a.seq_lens.split(",")) for r in at_length(S, h, hk, d, a.reps)]
     meta = {"date": datetime.date.today().isoformat(), "commit": commit, "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": "bf16", "causal": True}

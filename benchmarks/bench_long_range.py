@@ -45,7 +45,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
+from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -71,6 +71,7 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="long_range", help="stem of the result files")
     ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
+    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -166,8 +167,7 @@ def main() -> int:
     if rc or not raw.exists():
         print(f"worker failed ({rc})", file=sys.stderr)
         return rc or 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    result = json.loads(raw.read_text()) | {"wall_seconds": round(wall, 1), "commit": commit.strip(),
+    result = json.loads(raw.read_text()) | {"wall_seconds": round(wall, 1), "commit": git_commit(a.commit),
                                              "command": " ".join(["python benchmarks/bench_long_range.py", *argv])}
     raw.unlink()
     stem = out / f"{a.name}_{date.today().isoformat()}"
