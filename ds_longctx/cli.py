@@ -58,8 +58,8 @@ def run_train(nproc: int, run_args: list[str]) -> int:
     if problem := nproc_problem(nproc):
         print(problem, file=sys.stderr)
         return REFUSED
-    precheck(nproc, run_args)
-    return launch(nproc, run_args, "ds_longctx.train")
+    cfg = precheck(nproc, run_args)
+    return launch(nproc, run_args, "ds_longctx.train", cfg.train.output_dir)
 
 
 CPU_PROCESSES_PER_CORE = 4  # gloo workers past this many per core only wait for each other (and each holds a model)
@@ -105,25 +105,30 @@ def run_eval(argv: list[str]) -> int:
     return launch(meta["run"]["world_size"], argv, "ds_longctx.eval")
 
 
-def launch(nproc: int, args: list[str], module: str) -> int:
+def launch(nproc: int, args: list[str], module: str, output_dir: str | None = None) -> int:
     """Start `nproc` local workers of `module` under torchrun's agent (in this process). The workers' last line
     (a refusal, a NaN stop, a signal's stop: run/refuse.last_line, through $DS_LONGCTX_REFUSAL_FILE) is printed last
     and its exit code returned, without torchrun's report or this process's traceback; SIGINT / SIGTERM to this
-    process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save); another
-    failure ends with torchrun's one-paragraph summary and its exit code."""
+    process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save), and later
+    ones wait for that save unless it is abandoned (run/stops.LauncherSignals); another failure ends with
+    torchrun's one-paragraph summary and its exit code."""
     import tempfile
 
+    import torch.distributed.elastic.multiprocessing.api as elastic
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
     from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
-    from ds_longctx.run.stops import signal_exit, signal_name
+    from ds_longctx.run.stops import STATUS_FILE_ENV, LauncherSignals, signal_exit, signal_name
     from ds_longctx.run.worker_env import worker_env
     os.environ.update(worker_env())
-    failure, signum = None, 0
+    failure, signum, torch_handler = None, 0, elastic._terminate_process_handler
     with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
         os.environ[REFUSAL_FILE_ENV] = path = os.path.join(tmp, "last_line.txt")
+        os.environ[STATUS_FILE_ENV] = os.path.join(tmp, "status.txt")
+        signals = LauncherSignals(os.environ[STATUS_FILE_ENV], torch_handler)
+        elastic._terminate_process_handler = signals  # what the agent installs for its signals (paired below)
         try:
             run(torchrun_args(nproc, args, module))
         except ChildFailedError as e:
@@ -131,8 +136,13 @@ def launch(nproc: int, args: list[str], module: str) -> int:
         except SignalException as e:
             signum = int(e.sigval)
         finally:
+            elastic._terminate_process_handler = torch_handler
             os.environ.pop(REFUSAL_FILE_ENV, None)
+            os.environ.pop(STATUS_FILE_ENV, None)
         recorded = recorded_line(path)
+    if signals.abandoned:
+        print(abandoned_line(signals, output_dir), file=sys.stderr, flush=True)
+        return signal_exit(signals.first)
     if recorded is not None:
         print(recorded[1], file=sys.stderr, flush=True)
         return recorded[0]
@@ -145,6 +155,21 @@ def launch(nproc: int, args: list[str], module: str) -> int:
         codes = [f.exitcode for f in failure.failures.values() if f.exitcode and f.exitcode > 0]
         return codes[0] if codes else 1
     return 0
+
+
+def abandoned_line(signals, output_dir: str | None) -> str:
+    """The last line after a save (or the step before it) was abandoned by a repeated signal."""
+    from ds_longctx.run.checkpoint_paths import read_latest
+    from ds_longctx.run.stops import signal_name
+    latest = None
+    if output_dir is not None:
+        try:
+            latest = read_latest(Path(output_dir) / "checkpoints")
+        except (ValueError, OSError):
+            latest = None
+    kept = (f"the last complete checkpoint, {Path(output_dir) / 'checkpoints' / latest}, is unchanged: --resume "
+            f"continues it" if latest else "no earlier checkpoint of this run exists")
+    return f"stopped by {signal_name(signals.first)}, then abandoned ({signals.abandoned}): {kept}"
 
 
 def read_losses(output_dir: str) -> list[float]:

@@ -1,33 +1,30 @@
 """Checkpoints of a run: atomic DeepSpeed saves, resume, SIGTERM, and the checks that come before them.
 
-Layout (a shared filesystem: rank 0 finishes what every rank wrote; across nodes, output_dir must be one filesystem
-that every node mounts at the same path, e.g. NFS or Lustre; tests/distributed/test_nodes.py runs its two "nodes" on
-one machine, where it is):
+Layout (output_dir on one filesystem that every node mounts at the same path; rank 0 finishes what all wrote):
 
     <output_dir>/checkpoints/latest          tag of the newest complete checkpoint, replaced atomically
     <output_dir>/checkpoints/step300/        DeepSpeed's files (ZeRO-3: one partition per rank), and ours:
         meta.json          step, run layout, data signature and every file's size and sha256; written last
         config.json        the HF config the engine built (YaRN included): export's config
         run.yaml           the run config
-        rng_rank00000.pt   each rank's RNG states, as tensors and numbers (a weights-only load reads them)
-    <output_dir>/checkpoints/.tmp-step300/   a save in progress; renamed to step300 once complete
+        rng_rank00000.pt   each rank's RNG states (run/checkpoint_rng.py)
+    <output_dir>/checkpoints/.tmp-step300/   a save in progress, marked as ours; renamed to step300 once complete
 
-Save (collective): every rank writes into `.tmp-<tag>` (DeepSpeed `save_checkpoint(save_latest=False)`, then
-its RNG) and hashes its own files (run/checkpoint_files.py); rank 0 gathers the digests, writes meta.json, renames
-the directory to `<tag>`, writes `latest.tmp` and renames it onto `latest`, prunes old tags; barrier. A crash at
-any point leaves `latest` naming the previous complete checkpoint, and the next save removes the leftover `.tmp-*`.
+Save (collective, run/stops.saving: signals wait for it): rank 0 makes and marks `.tmp-<tag>`; every rank writes its
+files there and hashes them; rank 0 writes meta.json, renames the directory to `<tag>`, replaces `latest`, prunes.
+Until the rename `latest` names the previous complete checkpoint; a failed write on any rank fails the save on all
+(one line: the path, the free space), and its partial directory is removed. A partial save left by a crash or a
+SIGKILL never blocks a resume: it is named in one line and removed by the next save. Every path read from the
+run's files stays inside the run (run/checkpoint_paths.py).
 
 Load: every file is checked before anything is loaded (sizes and the globals each pickle names when the checkpoint
 is found, each rank's own digests before DeepSpeed's load), and every load is weights-only: a checkpoint runs no
-code (checkpoint_files.py). Format-1 checkpoints (written before digests, RNG pickled with numpy) still load, their
-RNG with numpy's array globals allowed for that one file; `ds-longctx checkpoint convert DIR` rewrites them as
-format 2 (run/checkpoint_convert.py).
+code (checkpoint_files.py). Format-1 checkpoints (before digests) still load; `ds-longctx checkpoint convert DIR`
+rewrites them as format 2 (run/checkpoint_convert.py).
 
-Resume needs the same world size and sp_size: ZeRO-3 optimizer partitions are per rank, so another layout is
-refused (export to HF safetensors, then start a new run from the exported directory). It also needs the
-same model, data, seq_len, micro_batch, seed and dtype, so that the data order (a function of seed and step)
-and the optimizer state continue exactly. `ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone
-(`load_weights`) under the same layout rule.
+Resume needs the same world size and sp_size (ZeRO-3 optimizer partitions are per rank; export to HF safetensors to
+start a new run elsewhere) and the same model, data, seq_len, micro_batch, seed and dtype, so that the data order
+and the optimizer state continue exactly. `ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone.
 """
 
 from __future__ import annotations
@@ -36,21 +33,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ds_longctx.parallel import fake_world
 from ds_longctx.run import checkpoint_files as files
+from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import META, CheckpointError
+from ds_longctx.run.checkpoint_paths import TAG, shown
+from ds_longctx.run.checkpoint_rng import rng_file, rng_state, set_rng_state
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE
+from ds_longctx.run.stops import saving
 
 log = logging.getLogger("ds_longctx")
 
@@ -59,7 +57,6 @@ FORMAT = 2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only
 READS = (1, 2)
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
 RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
-_TAG = re.compile(r"^step(\d+)$")
 # settings a resumed run must share with its checkpoint (the layout is checked separately): the data order,
 # and the optimizer settings that DeepSpeed restores from the checkpoint (a new lr would be silently ignored)
 RESUME_KEYS = ("model", "seq_len", "micro_batch", "data", "data_layout", "tokenizer", "seed", "shuffle", "dtype",
@@ -75,39 +72,48 @@ def tag_for(step: int) -> str:
     return f"step{step}"
 
 
-def read_latest(root: Path) -> Optional[str]:
-    f = root / "latest"
-    return f.read_text().strip() if f.is_file() else None
+def read_latest(root: Path, what: str = "resume") -> Optional[str]:
+    """The tag `root/latest` names (None: no such file); a value that is not a tag of this run is refused
+    (checkpoint_paths)."""
+    return paths.read_latest(root, what)
 
 
 # ----------------------------------------------------------------------------- checks (no writes)
 def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume") -> tuple[Path, dict]:
-    """The complete checkpoint `tag` (default: latest) under `root` and its meta, or a CheckpointError."""
+    """The complete checkpoint `tag` (default: latest) under `root` and its meta, or a CheckpointError. Every path
+    taken from the run's files stays inside `root` (checkpoint_paths)."""
+    if not root.is_dir():
+        raise CheckpointError(f"{what}: no checkpoint in {str(root.parent)!r} ({str(root)!r} does not exist); "
+                              f"run without resume first with save_every > 0, or point at the run's output_dir")
     if tag is None:
-        if not root.is_dir():
-            raise CheckpointError(f"{what}: no checkpoint in {str(root.parent)!r} ({str(root)!r} does not exist); "
-                                  f"run without resume first with save_every > 0, or point at the run's output_dir")
-        tag = read_latest(root)
+        tag = read_latest(root, what)
         if tag is None:
-            tags = sorted(p.name for p in root.iterdir() if _TAG.match(p.name))
+            found = paths.tags(root)
             raise CheckpointError(f"{what}: {str(root / 'latest')!r} is missing, so no checkpoint is complete"
-                                  + (f" (tag directories present: {tags}; pick one with resume_tag / --tag)"
-                                     if tags else "; train without resume to create one"))
+                                  + (f" (tag directories present: {found}; pick one with resume_tag / --tag)"
+                                     if found else "; train without resume to create one"))
+    else:
+        paths.check_tag(tag, f"the tag asked for ({shown(tag)})", what, root)
     tag_dir = root / tag
     if not tag_dir.is_dir():
-        tags = sorted(p.name for p in root.iterdir() if _TAG.match(p.name)) if root.is_dir() else []
-        raise CheckpointError(f"{what}: checkpoint tag {tag!r} does not exist in {str(root)!r}; available: {tags}")
+        raise CheckpointError(f"{what}: checkpoint tag {tag!r} does not exist in {str(root)!r}; available: "
+                              f"{paths.tags(root)}")
     meta_path = tag_dir / META
     if not meta_path.is_file():
         raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is incomplete (no {META}: its save was "
-                              f"interrupted); delete it and use an earlier tag")
+                              f"interrupted); use an earlier tag of {paths.tags(root)}")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(paths.read_small(meta_path, tag_dir, what))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{what}: {str(meta_path)!r} is corrupt ({e.msg}); use an earlier tag") from None
-    if meta.get("format") not in READS:
-        raise CheckpointError(f"{what}: {str(tag_dir)!r} has checkpoint format {meta.get('format')!r}, this version "
-                              f"reads {list(READS)}; {what} with the ds_longctx version that wrote it")
+    if not isinstance(meta, dict) or meta.get("format") not in READS:
+        raise CheckpointError(f"{what}: {str(tag_dir)!r} has checkpoint format "
+                              f"{meta.get('format') if isinstance(meta, dict) else None!r}, this version reads "
+                              f"{list(READS)}; {what} with the ds_longctx version that wrote it")
+    if meta.get("tag") != tag:
+        raise CheckpointError(f"{what}: directory {str(tag_dir)!r} holds the checkpoint saved as tag "
+                              f"{shown(str(meta.get('tag')))} (its {META}); a tag directory keeps its name: rename it "
+                              f"back to {shown(str(meta.get('tag')))}, or pick another of {paths.tags(root)}")
     files.check_sizes(tag_dir, meta, what, "use an earlier tag (or restore the file)")
     for name in meta.get("files", {}):  # no data read: each pickle's globals, so a file that runs code stops here
         if name.endswith(".pt"):  # (a file that does not open is left to its rank's check, which names the rank)
@@ -149,7 +155,10 @@ def previous_run(output_dir) -> list:
         if not p.exists():
             continue
         if name == CKPT_SUBDIR:
-            latest = read_latest(p)
+            try:
+                latest = read_latest(p)
+            except (CheckpointError, OSError):
+                latest = "not a tag of this run"
             held.append(f"checkpoints (latest {latest})" if latest else "checkpoints/ (none complete)")
         elif name.endswith(".jsonl") and p.is_file():
             with open(p, "rb") as f:
@@ -176,6 +185,7 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
         raise CheckpointError("overwrite with resume: resume continues the run in output_dir, overwrite replaces it; "
                               "drop one of them")
     tag_dir, meta = find_checkpoint(root, cfg.checkpoint.resume_tag)
+    set_aside(root)
     run = meta["run"]
     dp = world_size // cfg.parallel.sp_size
     if (run["world_size"], run["sp_size"]) != (world_size, cfg.parallel.sp_size):
@@ -198,6 +208,18 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     return meta
 
 
+def set_aside(root: Path) -> None:
+    """Partial saves under `root` do not block a resume: ours are named in one line (the next save removes them),
+    anything else named like one is refused (never removed)."""
+    foreign = paths.foreign_partials(root)
+    if foreign:
+        raise CheckpointError(f"resume: {str(foreign[0])!r} is named like a save in progress but ds_longctx did not "
+                              f"make it (no {paths.PARTIAL_MARKER} or meta.json inside); move it out of {str(root)!r}")
+    for p in paths.partial_saves(root):
+        log.info("resume: %s is a save that never completed (a crash, a full disk or an abandoned save); it is "
+                 "set aside and the next save removes it", p)
+
+
 def clear_previous_run(cfg) -> None:
     """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its metrics are kept
     aside by the metrics log, run.yaml and ds_config.json replaced)."""
@@ -211,36 +233,6 @@ def clear_previous_run(cfg) -> None:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def numpy_state(state) -> dict:
-    """numpy's legacy RNG state tuple ('MT19937', key, pos, has_gauss, gauss) as tensors and numbers."""
-    name, key, pos, has_gauss, gauss = state
-    return {"bit_generator": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "gauss": float(gauss)}
-
-
-def _rng_state() -> dict:
-    """This process's RNG states (torch, python, numpy, every CUDA device) in what a weights-only load reads."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state(np.random.get_state())}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    """Restore `_rng_state`'s states (format 1's numpy tuple too)."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["bit_generator"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-                        if isinstance(n, dict) else n)
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def rng_file(rank: int) -> str:
-    return f"rng_rank{rank:05d}.pt"
 
 
 def _replace_file(path: Path, text: str) -> None:
@@ -258,59 +250,116 @@ def write_meta(tag_dir: Path, meta: dict) -> None:
 
 
 def _own_files(tmp: Path, rank: int) -> list:
-    return [str(f.relative_to(tmp)) for f in sorted(tmp.rglob("*")) if f.is_file() and files.owner(f.name) == rank]
+    return [str(f.relative_to(tmp)) for f in sorted(tmp.rglob("*"))
+            if f.is_file() and files.owner(f.name) == rank and f.name != paths.PARTIAL_MARKER]
 
 
 def save(engine, cfg, step: int, data_signature: dict) -> Path:
-    """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc). Collective."""
+    """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc). Collective.
+    A write that fails on any rank (a full disk, no permission) fails the save on every rank with one
+    CheckpointError naming the path and the free space; the partial save is removed, the previous checkpoint
+    stays."""
     fake_world.refuse_in_rehearsal("a checkpoint save")
-    import deepspeed
-    st = engine.state
     root = ckpt_root(cfg.train.output_dir)
     tag = tag_for(step)
-    if read_latest(root) == tag:
+    if read_latest(root, "save") == tag:
         return root / tag  # already saved at this step (SIGTERM right after a periodic save)
-    tmp = root / f".tmp-{tag}"
-    if st.rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-    _barrier()
-    engine.ds.save_checkpoint(str(root), tag=tmp.name, client_state={"ds_longctx_step": step}, save_latest=False)
-    torch.save(_rng_state(), tmp / rng_file(st.rank))
-    digests = [files.entries(tmp, _own_files(tmp, st.rank), show=st.rank == 0)]  # this rank's own files
-    if dist.is_initialized():
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, digests[0])  # also the barrier: every rank's files are written
-        digests = gathered
-    if st.rank == 0:
-        run = {k: cfg.get(k) for k in RESUME_KEYS}
-        run.update(world_size=st.world_size, sp_size=st.sp_size, dp_size=st.dp_size)
-        engine.model.config.to_json_file(str(tmp / "config.json"))
-        cfg.dump(tmp / "run.yaml")
-        manifest = {k: v for d in digests for k, v in d.items()}
-        manifest.update(files.entries(tmp, ["config.json", "run.yaml"]))
-        meta = {"format": FORMAT, "step": step, "tag": tag, "run": run, "data": data_signature,
-                "deepspeed": deepspeed.__version__, "files": dict(sorted(manifest.items()))}
-        write_meta(tmp, meta)
-        final = root / tag
-        if final.exists():  # a tag of an abandoned later timeline (resumed from an earlier tag): replace it
-            old = root / f".tmp-old-{tag}"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(final)
-        _replace_file(root / "latest", tag)
-        _prune(root, step, cfg.checkpoint.keep)
-        log.info("checkpoint: %s (step %d)", final, step)
-    _barrier()
+    tmp = root / f"{paths.PARTIAL_PREFIX}{tag}"
+    with saving(step):
+        if engine.state.rank == 0:
+            log.info("checkpoint: saving step %d to %s", step, root / tag)
+        err = _agree(_attempt(lambda: _begin(root, tmp, step) if engine.state.rank == 0 else None))
+        if err is None:
+            digests = _write_own(engine, cfg, tmp, step)
+            err = next((d for d in digests if isinstance(d, str)), None)
+        if err is None and engine.state.rank == 0:
+            err = _attempt(lambda: _finish(engine, cfg, root, tmp, step, digests, data_signature))
+        err = _agree(err)
+        if err is not None:
+            if engine.state.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # ours (marked), and holding the space a full disk lacks
+            raise CheckpointError(f"the save of step {step} failed: {err}; the partial save is removed, the last "
+                                  f"complete checkpoint ({read_latest(root, 'save') or 'none'}) is unchanged")
     return root / tag
+
+
+def _attempt(write) -> Optional[str]:
+    """None when `write()` succeeds; the one-line reason of its OSError (path, free space) when it fails."""
+    try:
+        write()
+        return None
+    except OSError as e:
+        return paths.os_error_line(e)
+
+
+def _agree(err: Optional[str]) -> Optional[str]:
+    """The first rank's error of `err` on every rank (None: none failed). Collective; also a barrier."""
+    if not dist.is_initialized():
+        return err
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, err)
+    return next((e for e in gathered if e is not None), None)
+
+
+def _begin(root: Path, tmp: Path, step: int) -> None:
+    """Rank 0: the partial save's directory, marked as ours, after earlier partial saves of ours."""
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in paths.partial_saves(root):
+        shutil.rmtree(stale, ignore_errors=True)
+    paths.mark_partial(tmp, f"save of step {step}")
+
+
+def _write_own(engine, cfg, tmp: Path, step: int) -> list:
+    """Every rank writes its files into `tmp` (DeepSpeed's, its RNG) and hashes them: the ranks' manifest entries,
+    or a rank's error line in its place. Collective."""
+    st, wrote = engine.state, False
+    try:
+        engine.ds.save_checkpoint(str(tmp.parent), tag=tmp.name, client_state={"ds_longctx_step": step},
+                                  save_latest=False)
+        wrote = True
+        torch.save(rng_state(), tmp / rng_file(st.rank))
+        mine = files.entries(tmp, _own_files(tmp, st.rank), show=st.rank == 0)  # this rank's own files
+    except OSError as e:
+        mine = paths.os_error_line(e)
+        if not wrote:  # DeepSpeed's save ends with a barrier this rank skipped
+            _barrier()
+    if not dist.is_initialized():
+        return [mine]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)  # also the barrier: every rank's files are written
+    return gathered
+
+
+def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_signature: dict) -> None:
+    """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag, `latest`, pruning."""
+    import deepspeed
+    st, tag = engine.state, tag_for(step)
+    run = {k: cfg.get(k) for k in RESUME_KEYS}
+    run.update(world_size=st.world_size, sp_size=st.sp_size, dp_size=st.dp_size)
+    engine.model.config.to_json_file(str(tmp / "config.json"))
+    cfg.dump(tmp / "run.yaml")
+    manifest = {k: v for d in digests for k, v in d.items()}
+    manifest.update(files.entries(tmp, ["config.json", "run.yaml"]))
+    meta = {"format": FORMAT, "step": step, "tag": tag, "run": run, "data": data_signature,
+            "deepspeed": deepspeed.__version__, "files": dict(sorted(manifest.items()))}
+    paths.unmark_partial(tmp)
+    write_meta(tmp, meta)
+    final = root / tag
+    if final.exists():  # a tag of an abandoned later timeline (resumed from an earlier tag): replace it
+        old = root / f"{paths.PARTIAL_PREFIX}old-{tag}"
+        final.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(final)
+    _replace_file(root / "latest", tag)
+    _prune(root, step, cfg.checkpoint.keep)
+    log.info("checkpoint: %s (step %d)", final, step)
 
 
 def _prune(root: Path, step: int, keep: int) -> None:
     """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left alone)."""
     if keep <= 0:
         return
-    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _TAG.match(p.name)) and p.is_dir())
+    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := TAG.match(p.name)) and paths.is_ours(p))
     older = [p for s, p in tags if s <= step]
     for p in older[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
@@ -370,7 +419,7 @@ def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume:
         if path is None or client.get("ds_longctx_step") != meta["step"]:
             raise RuntimeError(f"DeepSpeed found no loadable state (client state {client!r})")
         if resume:
-            _set_rng_state(files.load(tag_dir / rng_file(rank), legacy_rng=meta["format"] == 1))
+            set_rng_state(files.load(tag_dir / rng_file(rank), legacy_rng=meta["format"] == 1))
     except Exception as e:
         reason = files.refusal(e, "a file it loaded")
         first = reason or f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint, checkpoint_rng
 from ds_longctx.run import checkpoint_files as files
+from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import CheckpointError
 
 
@@ -28,9 +29,8 @@ def tags(directory: str, tag: str | None) -> list:
     p = Path(directory)
     root = p / checkpoint.CKPT_SUBDIR if (p / checkpoint.CKPT_SUBDIR).is_dir() else p
     if tag is not None:
-        return [root / tag]
-    found = sorted((root / n for n in (q.name for q in root.iterdir()) if checkpoint._TAG.match(n)),
-                   key=lambda q: int(q.name[4:])) if root.is_dir() else []
+        return [root / tag]  # checked by find_checkpoint
+    found = [root / n for n in paths.tags(root)]
     if not found:
         raise CheckpointError(f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "
                               f"output_dir")
@@ -49,7 +49,7 @@ def convert_tag(tag_dir: Path) -> bool:
         if name.startswith("rng_rank") and name.endswith(".pt"):
             state = files.load(tag_dir / name, legacy_rng=True)
             if not isinstance(state.get("numpy"), dict):
-                state["numpy"] = checkpoint.numpy_state(state["numpy"])
+                state["numpy"] = checkpoint_rng.numpy_state(state["numpy"])
             tmp = tag_dir / f"{name}.tmp"
             torch.save(state, tmp)
             tmp.replace(tag_dir / name)

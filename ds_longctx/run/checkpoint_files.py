@@ -35,6 +35,8 @@ from typing import Iterable, Optional
 
 from tqdm import tqdm
 
+from ds_longctx.run.checkpoint_paths import CheckpointError, manifest_path, walk_files
+
 META = "meta.json"
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
 _CHUNK = 8 << 20
@@ -48,10 +50,6 @@ _FORCE, _FORCE_NO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONL
 _TORCH_PROSE = ("Weights only load failed", "Check the documentation", "Please file", "\t", " ")
 # torch names the global it refused: "GLOBAL x.y was not an allowed global" or "GLOBAL posix.system whose module ..."
 _ASKED = re.compile(r"GLOBAL (\S+)")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint or output directory that cannot be used: the message names the value and the fix."""
 
 
 def owner(name: str) -> int:
@@ -96,8 +94,9 @@ def check_sizes(tag_dir: Path, meta: dict, what: str, fix: str) -> None:
     """Every manifest file present at its recorded size and no other file beside them (cheap: no data read: a file
     the save did not write would be read by DeepSpeed's globs), else CheckpointError."""
     listed = meta.get("files", {})
-    extra = sorted(rel for f in tag_dir.rglob("*") if f.is_file() and (rel := str(f.relative_to(tag_dir))) not in
-                   listed and rel != META)
+    for name in listed:
+        manifest_path(tag_dir, name, what)
+    extra = sorted(rel for rel in walk_files(tag_dir, what) if rel not in listed and rel != META)
     if extra:
         raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} holds {', '.join(extra[:5])}, which its save did "
                               f"not write (not in {META}); remove it, or {fix}")
@@ -116,7 +115,7 @@ def problem(tag_dir: Path, meta: dict, rank: Optional[int], show: bool = False) 
     digest, hashes to it. Reads every byte of the files it hashes (the module doc's cost)."""
     files = meta.get("files", {})
     for name in owned(files, rank):
-        path = tag_dir / name
+        path = manifest_path(tag_dir, name, "load")
         if name.endswith(".pt"):
             asked = unsafe_globals(path, legacy_rng=meta.get("format") == 1 and name.startswith("rng_rank"))
             if isinstance(asked, str):

@@ -3,6 +3,14 @@ worker ends itself), and the exit code and last line of each stop (the table in 
 
     stop = StopRequest().install()       # SIGTERM and SIGINT set a flag; the loop asks `agreed()` once per step
     watch_launcher()                     # at a worker's start: end this process when its launcher is gone
+    with saving(step): ...               # a save: the watch waits for it; the launcher is told which step
+    LauncherSignals(status_file)         # in `ds-longctx train`: later signals wait for the workers' save
+
+A save, once started, is finished: further signals to the workers only repeat the stop request, a worker whose
+launcher dies finishes its save before it ends itself, and `ds-longctx train` answers a second SIGINT / SIGTERM
+with what the workers are doing ("saving step 6") and abandons their save (SIGKILL to the workers) only on another
+one ABANDON_WINDOW_S later at most. Presses closer than DEBOUNCE_S to the one before count once. The save itself is
+written aside and renamed (run/checkpoint.py), so an abandoned save leaves the previous checkpoint as it was.
 
 Exit codes: 0 every step trained, or a worker stopped by a signal after saving (torchrun, accelerate and deepspeed
 see a clean exit); 1 a failure (FAILED: a NaN/inf loss with its one line, an error with its traceback, a dead or
@@ -13,6 +21,7 @@ hung rank, a worker whose launcher died); 2 a refusal (run/refuse.py); 128 + the
 from __future__ import annotations
 
 # torch is imported where the ranks agree on a stop: launchers import this module without it.
+import contextlib
 import os
 import signal
 import sys
@@ -28,6 +37,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~112 GB and a 1M-token step ~15 min)
 STOP_GRACE_S = 3600
 WATCH_POLL_S = 0.5
+ABANDON_WINDOW_S = 10.0  # after the launcher's "waiting for the save" line, another signal within this abandons it
+DEBOUNCE_S = 0.5  # signals closer than this to the previous one count as one (a held or mashed Ctrl-C)
+STATUS_FILE_ENV = "DS_LONGCTX_STATUS_FILE"  # rank 0 writes "saving step N" there for the launcher
+_saving: Optional[int] = None  # the step this worker is saving, None when not saving
 
 
 def signal_exit(signum: int) -> int:
@@ -100,6 +113,11 @@ def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(poll_s)
+        if _saving is not None:
+            _say(f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; finishing the save of "
+                 f"step {_saving} first")
+        while _saving is not None:
+            time.sleep(poll_s)
         try:
             print(f"[ds_longctx] rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; ending "
                   f"this worker (nothing saved since the last checkpoint)", file=sys.stderr, flush=True)
@@ -110,6 +128,88 @@ def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
     _watching = threading.Thread(target=watch, name="ds_longctx-launcher-watch", daemon=True)
     _watching.start()
     return _watching
+
+
+def _say(line: str) -> None:
+    try:
+        print(f"[ds_longctx] {line}", file=sys.stderr, flush=True)
+    except OSError:  # stderr was a pipe to a launcher that is gone
+        pass
+
+
+def _status(text: str) -> None:
+    """Rank 0 tells `ds-longctx train` what the workers are doing (the file of $DS_LONGCTX_STATUS_FILE)."""
+    path = os.environ.get(STATUS_FILE_ENV)
+    if path and os.environ.get("RANK", "0") == "0":
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def saving(step: int):
+    """The block saves step `step`: the launcher watch lets it finish, the launcher is told."""
+    global _saving
+    _saving = step
+    _status(f"saving step {step}")
+    try:
+        yield
+    finally:
+        _saving = None
+        _status(f"saved step {step}")
+
+
+class LauncherSignals:
+    """SIGINT / SIGTERM in the process that started the workers (`ds-longctx train` / `eval`; module doc).
+
+    The first signal is `forward`ed (torchrun's agent passes it to the workers and waits for them); each later one
+    prints what the workers are doing, and one that comes within ABANDON_WINDOW_S of that line (and DEBOUNCE_S after
+    any signal) kills the workers (`abandoned` set) and forwards."""
+
+    def __init__(self, status_file: str, forward):
+        self.status_file, self.forward = status_file, forward
+        self.first = 0  # the first signal's number
+        self.abandoned = ""  # what was abandoned, "" when nothing
+        self._warned = self._last = -1e9
+
+    def status(self) -> str:
+        try:
+            with open(self.status_file) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def __call__(self, signum, frame) -> None:
+        now, last = time.monotonic(), self._last
+        self._last = now
+        if not self.first:
+            self.first = signum
+            return self.forward(signum, frame)
+        if now - last < DEBOUNCE_S:
+            return None
+        doing = self.status()
+        doing = doing if doing.startswith("saving") else "finishing the step, then saving it"
+        if now - self._warned <= ABANDON_WINDOW_S:
+            self.abandoned = doing
+            _say(f"{signal_name(signum)} again: abandoning ({doing}); the workers are killed")
+            kill_children()
+            return self.forward(signum, frame)
+        self._warned = now
+        _say(f"{signal_name(signum)}: the workers are {doing}; waiting for them. {signal_name(signum)} again within "
+             f"{ABANDON_WINDOW_S:.0f} s abandons it (the last complete checkpoint stays)")
+        return None
+
+
+def kill_children() -> None:
+    """SIGKILL to every process this one started, their children too."""
+    import psutil
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def end_on_signal(what: str) -> None:

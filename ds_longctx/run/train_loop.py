@@ -193,10 +193,18 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
                             mem=f"{t.peak_reserved / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",
                             **({"eval": f"{last_eval.loss:.4f}"} if last_eval is not None else {}))
         if cfg.checkpoint.save_every and (done % cfg.checkpoint.save_every == 0 or done == cfg.train.steps):
-            checkpoint.save(engine, cfg, done, data.signature())
+            save_or_stop(engine, cfg, done, data)
             saved = done
     bar.close()
     return done, saved
+
+
+def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
+    """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one line, exit 1."""
+    try:
+        return checkpoint.save(engine, cfg, done, data.signature())
+    except checkpoint.CheckpointError as e:
+        fail(f"stopped at step {done} of {cfg.train.steps}: {e}", engine.state.rank)
 
 
 def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
@@ -206,7 +214,7 @@ def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: Stop
     st = engine.state
     signum = signals.agreed(engine.device)
     if signum and done < cfg.train.steps:
-        tag_dir = checkpoint.save(engine, cfg, done, data.signature()) if done > start or saved == done else None
+        tag_dir = save_or_stop(engine, cfg, done, data) if done > start or saved == done else None
         metrics.close()
         stopped_by_signal(signum, done, cfg.train.steps, tag_dir, st.rank)
         leave(0)
