@@ -110,8 +110,10 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
     (a refusal, a NaN stop, a signal's stop: run/refuse.last_line, through $DS_LONGCTX_REFUSAL_FILE) is printed last
     and its exit code returned, without torchrun's report or this process's traceback; SIGINT / SIGTERM to this
     process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save), and later
-    ones wait for that save unless it is abandoned (run/stops.LauncherSignals); another failure ends with
-    torchrun's one-paragraph summary and its exit code."""
+    ones wait for that save unless it is abandoned (run/stops.LauncherSignals); once the workers are gone, signals
+    are ignored (the command only prints its last line). Another failure ends with torchrun's one-paragraph summary
+    and its exit code."""
+    import signal
     import tempfile
 
     import torch.distributed.elastic.multiprocessing.api as elastic
@@ -120,7 +122,7 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
     from torch.distributed.run import run
 
     from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
-    from ds_longctx.run.stops import STATUS_FILE_ENV, LauncherSignals, signal_exit, signal_name
+    from ds_longctx.run.stops import SIGNALS, STATUS_FILE_ENV, LauncherSignals
     from ds_longctx.run.worker_env import worker_env
     os.environ.update(worker_env())
     failure, signum, torch_handler = None, 0, elastic._terminate_process_handler
@@ -136,10 +138,18 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
         except SignalException as e:
             signum = int(e.sigval)
         finally:
+            for s in SIGNALS:  # the workers are gone: nothing is left to stop (a late press must not cut the line)
+                signal.signal(s, signal.SIG_IGN)
             elastic._terminate_process_handler = torch_handler
             os.environ.pop(REFUSAL_FILE_ENV, None)
             os.environ.pop(STATUS_FILE_ENV, None)
         recorded = recorded_line(path)
+    return _last_word(recorded, signals, signum, failure, output_dir)
+
+
+def _last_word(recorded, signals, signum: int, failure, output_dir: str | None) -> int:
+    """Print the launch's last line; its exit code (`launch`'s doc)."""
+    from ds_longctx.run.stops import signal_exit, signal_name
     if signals.abandoned:
         print(abandoned_line(signals, output_dir), file=sys.stderr, flush=True)
         return signal_exit(signals.first)
@@ -182,11 +192,13 @@ def read_losses(output_dir: str) -> list[float]:
 def run_demo(args) -> int:
     """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes, then
     the same run on 1 process (SP=1), losses side by side."""
+    import signal
     base = ["--model", "qwen3-tiny", "--seq_len", str(args.seq_len), "--steps", str(args.steps),
             "--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32", "--overwrite"]  # a demo replaces the last
     out = Path(args.output_dir)
     runs = {"sp2": (2, ["--sp_size", "2"]), "sp1": (1, ["--sp_size", "1"])}
     for name, (nproc, extra) in runs.items():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # `launch` leaves signals ignored
         print(f"\n== {name}: {nproc} process(es), {' '.join(extra)}", flush=True)
         rc = run_train(nproc, base + extra + ["--output_dir", str(out / name)])
         if rc:

@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -53,6 +54,7 @@ from ds_longctx.run.stops import saving
 log = logging.getLogger("ds_longctx")
 
 CKPT_SUBDIR = "checkpoints"
+SAVE_PAUSE_ENV = "DS_LONGCTX_DEBUG_SAVE_PAUSE_S"  # debug: seconds a save waits with every file written, unrenamed
 FORMAT = 2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only, RNG pickled with numpy
 READS = (1, 2)
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
@@ -272,6 +274,7 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
         if err is None:
             digests = _write_own(engine, cfg, tmp, step)
             err = next((d for d in digests if isinstance(d, str)), None)
+            time.sleep(float(os.environ.get(SAVE_PAUSE_ENV, "0")))  # tests interrupt a save here
         if err is None and engine.state.rank == 0:
             err = _attempt(lambda: _finish(engine, cfg, root, tmp, step, digests, data_signature))
         err = _agree(err)

@@ -86,11 +86,13 @@ def read_latest(root: Path, what: str = "resume") -> Optional[str]:
 
 
 def manifest_path(tag_dir: Path, name: str, what: str) -> Path:
-    """tag_dir / name for a manifest entry `name`: a relative path without '..' inside `tag_dir`."""
-    parts = Path(name).parts
-    if not name or Path(name).is_absolute() or ".." in parts or "\x00" in name or not inside(tag_dir, tag_dir / name):
+    """tag_dir / name for a manifest entry `name`: a relative path without '..' that stays inside `tag_dir`."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts or "\x00" in name:
         raise CheckpointError(f"{what}: {str(tag_dir / 'meta.json')!r} lists the file {shown(name)}, which is not "
                               f"inside its checkpoint directory; nothing of it is read; use an earlier tag")
+    if not inside(tag_dir, tag_dir / name):
+        raise CheckpointError(f"{what}: {str(tag_dir / name)!r} is a link that leads out of checkpoint "
+                              f"{str(tag_dir)!r}, so nothing of it is read; remove the link or use an earlier tag")
     return tag_dir / name
 
 

@@ -158,7 +158,7 @@ def saving(step: int):
         yield
     finally:
         _saving = None
-        _status(f"saved step {step}")
+        _status(f"exiting after saving step {step}")
 
 
 class LauncherSignals:
@@ -190,7 +190,7 @@ class LauncherSignals:
         if now - last < DEBOUNCE_S:
             return None
         doing = self.status()
-        doing = doing if doing.startswith("saving") else "finishing the step, then saving it"
+        doing = doing or "finishing the step, then saving it"
         if now - self._warned <= ABANDON_WINDOW_S:
             self.abandoned = doing
             _say(f"{signal_name(signum)} again: abandoning ({doing}); the workers are killed")
