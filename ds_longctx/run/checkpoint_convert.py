@@ -29,7 +29,7 @@ def tags(directory: str, tag: str | None) -> list:
     p = Path(directory)
     root = p / checkpoint.CKPT_SUBDIR if (p / checkpoint.CKPT_SUBDIR).is_dir() else p
     if tag is not None:
-        return [root / tag]  # checked by find_checkpoint
+        return [root / paths.check_tag(tag, f"--tag ({paths.shown(tag)})", "checkpoint convert", root)]
     found = [root / n for n in paths.tags(root)]
     if not found:
         raise CheckpointError(f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "

@@ -25,7 +25,7 @@ class CheckpointError(ValueError):
 TAG = re.compile(r"^step(\d+)$")  # the tags a save writes
 LATEST = "latest"
 MAX_SMALL_FILE = 64 << 20  # meta.json and latest are read whole; larger is not ours
-_SHOWN = 80  # characters of an offending value shown
+_SHOWN = 240  # characters of an offending value shown
 
 
 def shown(value: str) -> str:

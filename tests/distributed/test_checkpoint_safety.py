@@ -84,6 +84,30 @@ def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(ru
     assert not marker.exists() and not (tmp_path / "hf").exists()
 
 
+def test_a_latest_leading_to_another_run_is_refused_by_every_command_touching_nothing_of_it(run, tmp_path):
+    """`latest` of our run names another run's checkpoint (relative, then absolute): resume, eval, export and
+    checkpoint convert each exit 2 naming our `latest` and its value; the other run's files stay as they were and
+    nothing is exported."""
+    copy_at(run, tmp_path / "ours")
+    other = tmp_path / "other"
+    copy_at(run, other, tag="step4")
+    with open(other / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "loss": 0.5, "secret": "OTHER-RUN"}\n')
+    before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
+    latest = checkpoint.ckpt_root(tmp_path / "ours") / "latest"
+    for value in ("../../other/checkpoints/step4", str(checkpoint.ckpt_root(other) / "step4")):
+        latest.write_text(value)
+        for cmd in (["train", "--nproc", "2", *RUN, "--steps", "6", "--resume", "--output_dir", str(tmp_path / "ours")],
+                    ["eval", "--checkpoint", str(tmp_path / "ours"), "--data", "synthetic"],
+                    ["export", "--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")],
+                    ["checkpoint", "convert", str(tmp_path / "ours"), "--tag", value]):
+            res = run_cli(cmd)
+            last = (res.stderr.strip().splitlines() or [f"(none; rc {res.returncode}, stdout {res.stdout[-300:]})"])[-1]
+            assert res.returncode == 2 and repr(value) in last and "not a checkpoint of this run" in last, (cmd, last)
+            assert "OTHER-RUN" not in res.stdout + res.stderr
+    assert {p: p.read_bytes() for p in other.rglob("*") if p.is_file()} == before and not (tmp_path / "hf").exists()
+
+
 def test_a_same_size_change_to_rank_1s_optimizer_file_is_named_with_rank_file_and_digests(run, tmp_path):
     """The bytes change, the size and the zip directory do not: before, rank 1's load failed inside DeepSpeed and
     rank 0 reported gloo's 'Connection closed by peer'."""
