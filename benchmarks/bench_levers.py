@@ -174,7 +174,7 @@ def main():
         levers = set_variant(eng, geom, variant, a.loss_chunk_rows, retrace=vi > 0)
         plan = plan_memory(geom, a.seq_len, st.world_size, a.sp_size, levers)
         for i in range(a.first_steps if vi == 0 else a.steps):
-            m = measure_step(eng, data.batch(step_no, 1, st.dp_rank, st.dp_size))
+            m = measure_step(eng, [data.get(step_no, 1, st.dp_rank, st.dp_size)])
             sec = m["seconds"]
             row = {**meta, "model": a.model, "seq_len": a.seq_len, "sp_size": a.sp_size, "variant": variant,
                    "step": i + 1, **m, "seconds": round(sec, 3),

@@ -124,7 +124,7 @@ def worker(a) -> None:
     for step in range(total):
         labelled = "queries" if step < a.steps else "all"
         b = (task if labelled == "queries" else dense).get(step, a.batch, 0, 1)  # one SP group: the same rows
-        res = engine.train_step(b.input_ids, labels=b.labels)
+        res = engine.train_step([b])
         if (step + 1) % a.eval_every == 0 or step + 1 in (a.steps, total):
             acc = accuracy(engine, held, a.eval_samples)
             curve.append(curve_row(step + 1))

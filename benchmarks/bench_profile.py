@@ -150,7 +150,7 @@ def main() -> None:
         if prof is not None:
             prof.__enter__()
         t0 = time.perf_counter()
-        res = eng.train_step(data.batch(step, 1, st.dp_rank, st.dp_size))
+        res = eng.train_step([data.get(step, 1, st.dp_rank, st.dp_size)])
         sync()
         sec = time.perf_counter() - t0
         if prof is not None:

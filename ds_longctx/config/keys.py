@@ -27,7 +27,7 @@ from ds_longctx.config.train import TrainConfig
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
             "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
             "checkpoint": CheckpointConfig, "logging": LoggingConfig, "eval": EvalConfig}
-LEGACY = ("activation_offload",)  # flat keys of older files, translated by `_fold_one`
+LEGACY = ("activation_offload", "tensorboard", "logging.tensorboard")  # keys of older files, read by `_fold_one`
 
 
 def _flat_keys() -> dict:
@@ -96,7 +96,7 @@ def _fold_one(data: dict) -> dict:
     """One source's keys (sectioned, dotted, flat, legacy) -> {section: {field: value}}."""
     out: dict = {s: {} for s in SECTIONS}
     spelled: dict = {}
-    legacy_offload = None
+    legacy_offload = legacy_tb = None
 
     def put(sec: str, name: str, value, spelling: str) -> None:
         if name in out[sec] and out[sec][name] != value:
@@ -108,6 +108,9 @@ def _fold_one(data: dict) -> dict:
         if key in SECTIONS and isinstance(value, (dict, BaseModel)):
             items = value.model_dump() if isinstance(value, BaseModel) else value
             for name, v in items.items():
+                if f"{key}.{name}" in LEGACY:
+                    legacy_tb = v
+                    continue
                 if name not in SECTIONS[key].model_fields:
                     raise unknown_key(repr(f"{key}.{name}"))
                 put(key, name, v, f"{key}.{name}")
@@ -118,6 +121,9 @@ def _fold_one(data: dict) -> dict:
             raise ValueError(f"{key}: {value!r} is not a mapping; the {key} section holds keys, e.g. "
                              f"{key}: {{{next(iter(SECTIONS[key].model_fields))}: ...}}")
         where = field_of(key)
+        if where is None and key.endswith("tensorboard"):
+            legacy_tb = value
+            continue
         if where is None:
             legacy_offload = value
             continue
@@ -133,6 +139,8 @@ def _fold_one(data: dict) -> dict:
             mem["offload_layers"] = 0
         else:
             mem.setdefault("offload_layers", "all")
+    if legacy_tb is not None:  # `tensorboard: true|false` before report_to
+        out["logging"].setdefault("report_to", "none" if legacy_tb in (False, "false", 0) else "auto")
     return {s: v for s, v in out.items() if v}
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from ds_longctx.config.base import Section
 
@@ -11,10 +13,15 @@ class OptimizerConfig(Section):
     """AdamW's settings and where its state lives."""
 
     lr: float = Field(1e-4, gt=0, le=1)
-    """AdamW learning rate (constant, with `warmup_steps` linear warm-up), in (0, 1]: AdamW moves every weight by
-    about lr per step, so above 1 each step rewrites the model (fine-tuning uses 1e-6 to 1e-3)."""
+    """AdamW's peak learning rate, in (0, 1]: AdamW moves every weight by about lr per step, so above 1 each step
+    rewrites the model (fine-tuning uses 1e-6 to 1e-3)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear learning-rate warm-up steps."""
+    """Linear learning-rate warm-up steps (from 0 to lr), before `schedule`."""
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", json_schema_extra={"flat": "lr_schedule"})
+    """After the warm-up: lr held (constant), or decayed to `min_lr` at the last step along a half cosine or a line
+    (plan/lr_schedule.py)."""
+    min_lr: float = Field(0.0, ge=0)
+    """The floor a cosine or linear schedule reaches at the last step; at most lr."""
     weight_decay: float = Field(0.0, ge=0, le=1)
     """AdamW weight decay, in [0, 1]: each step scales the weights by 1 - lr·weight_decay (commonly 0 to 0.1)."""
     grad_clip: float = Field(1.0, ge=0)
@@ -42,3 +49,10 @@ class OptimizerConfig(Section):
     offload_optimizer.ratio, split at its sub-groups, about OFFLOAD_SUB_GROUPS per rank: plan/zero_buffers.py).
     1: all on the host. It trains as the full offload does (tests/gpu); its memory against the plan:
     docs/calibration.md#partial-offload."""
+
+    @model_validator(mode="after")
+    def _floor_under_peak(self) -> "OptimizerConfig":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr={self.min_lr:g} is above lr={self.lr:g}: the schedule decays from lr down to "
+                             f"min_lr; set min_lr <= {self.lr:g}")
+        return self

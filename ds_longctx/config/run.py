@@ -99,7 +99,14 @@ class RunConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _fold(cls, data: Any) -> Any:
-        return fold(data) if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        folded = fold(data)
+        train = folded.get("train", {})
+        if train.get("epochs") is not None and "steps" in train:
+            raise ValueError(f"steps={train['steps']} and epochs={train['epochs']} both say how long to train; keep "
+                             f"one")
+        return folded
 
     @model_validator(mode="after")
     def _across_sections(self, info: ValidationInfo) -> "RunConfig":
@@ -134,6 +141,9 @@ class RunConfig(BaseModel):
         if msg := lever_conflict(lora_rank=self.lora.rank, tiled_layer=self.memory.tiled_layer, offload_ratio=ratio,
                                  offload_params=self.optimizer.offload_params):
             raise ValueError(msg)
+        if self.train.epochs is not None and self.data.source == "synthetic":
+            raise ValueError(f"epochs={self.train.epochs:g} counts passes over the data's rows, and data='synthetic' "
+                             f"draws new rows forever; give steps instead")
         if self.eval.data is not None and self.eval.buckets > seq:
             raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
                              f"at least one; use eval_buckets <= {seq}")
@@ -223,9 +233,12 @@ class RunConfig(BaseModel):
 
     def dump(self, path: Union[str, Path]) -> None:
         """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is
-        this command's permission, and a file that ran again must not replace a run unasked."""
+        this command's permission, and a file that ran again must not replace a run unasked; with `epochs`, `steps`
+        is left out."""
         data = self.model_dump()
         data["train"]["overwrite"] = False
+        if self.train.epochs is not None:  # the steps an epoch count came to are the run's to work out again
+            del data["train"]["steps"]
         if str(path).endswith((".yaml", ".yml")):
             Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
         else:

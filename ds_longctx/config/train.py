@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, Optional
+
 from pydantic import Field
 
 from ds_longctx.config.base import Section
@@ -13,9 +15,19 @@ class TrainConfig(Section):
     seq_len: int = Field(256, gt=0)
     """Tokens per sequence (one sequence per rank group per step)."""
     micro_batch: int = Field(1, ge=1)
-    """Sequences per SP group per step (1 for long context)."""
+    """Sequences per SP group per forward (1 for long context)."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches per optimizer step (gradient accumulation): a step trains micro_batch x grad_accum x dp
+    sequences, micro_batch x grad_accum x dp x seq_len tokens (the plan and the log say so)."""
     steps: int = Field(3, ge=1)
-    """Optimizer steps to run."""
+    """Optimizer steps to run (or `epochs`)."""
+    epochs: Optional[float] = Field(None, gt=0)
+    """Passes over the data instead of `steps`: steps = epochs x (rows // (dp x micro_batch x grad_accum)), the rows
+    being the data's rows of seq_len (the log says how many); not with an explicit `steps`."""
+    loss_average: Literal["tokens", "sequences"] = "tokens"
+    """tokens: a step's loss is the cross-entropy summed over every trained token of the step (all SP ranks,
+    data-parallel replicas and micro-batches) over their count; sequences: each sequence's token mean, averaged over
+    the step's sequences that train any token. A rank or replica without trained tokens adds zero either way."""
     seed: int = Field(0, ge=0, lt=2 ** 32)
     """Seed for random init and synthetic data; identical for any world size / sp_size. A 32-bit number (torch's
     generators take seed x 1,000,003 + epoch, which must fit 64 bits)."""

@@ -73,6 +73,13 @@ def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int) -> ran
     return range(first, first + micro_batch)
 
 
+def step_batches(data, step: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_size: int) -> list:
+    """The grad_accum `Batch`es of `[micro_batch, L]` that dp replica `dp_rank` trains in optimizer step `step + 1`
+    (`data`: TokenRows or SyntheticRetrieval): its micro_batch x grad_accum samples of `step_samples`, in order."""
+    samples = step_samples(step, micro_batch * grad_accum, dp_rank, dp_size)
+    return [data.rows(samples[k * micro_batch:(k + 1) * micro_batch]) for k in range(grad_accum)]
+
+
 class RowOrder:
     """Which row sample i is: row perm_e[i mod R] of epoch e = i // R, perm_e drawn from (seed, e), or the identity
     with shuffle off. One permutation is kept (the current epoch's)."""
@@ -180,7 +187,11 @@ class TokenRows:
 
     def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
         """`Batch` of `[micro_batch, seq_len]` for one data-parallel replica at one step."""
-        rows = [self.row(self.row_of_sample(i)) for i in step_samples(step, micro_batch, dp_rank, dp_size)]
+        return self.rows(step_samples(step, micro_batch, dp_rank, dp_size))
+
+    def rows(self, samples: range) -> Batch:
+        """`Batch` of samples `samples` (their rows in the run's order)."""
+        rows = [self.row(self.row_of_sample(i)) for i in samples]
         ids = torch.stack([r[0] for r in rows])
         if all(r[1] is None for r in rows):
             return Batch(ids)

@@ -14,7 +14,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from ds_longctx.data.rows import Batch
+from ds_longctx.data.rows import Batch, step_samples
 from ds_longctx.parallel.sharding import IGNORE_INDEX
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3  # the task's special token ids
@@ -122,18 +122,20 @@ class SyntheticRetrieval:
 
     def batch(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> torch.Tensor:
         """`[micro_batch, seq_len]` for one data-parallel replica at one step."""
-        first = (step * dp_size + dp_rank) * micro_batch
-        return torch.stack([self.sample(first + i)[0] for i in range(micro_batch)])
+        return self.get(step, micro_batch, dp_rank, dp_size).input_ids
 
     def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
         """`Batch` for one replica at one step (labels only on the query values with supervise='queries')."""
-        ids = self.batch(step, micro_batch, dp_rank, dp_size)
+        return self.rows(step_samples(step, micro_batch, dp_rank, dp_size))
+
+    def rows(self, samples: range) -> Batch:
+        """`Batch` of samples `samples` (one row each)."""
+        drawn = [self.sample(i) for i in samples]
+        ids = torch.stack([tok for tok, _ in drawn])
         if self.supervise == "all":
             return Batch(ids)
-        first = (step * dp_size + dp_rank) * micro_batch
         labels = torch.full_like(ids, IGNORE_INDEX)
-        for i in range(micro_batch):
-            pos = self.sample(first + i)[1]
+        for i, (_, pos) in enumerate(drawn):
             labels[i, pos] = ids[i, pos]
         return Batch(ids, labels=labels)
 

@@ -115,13 +115,17 @@ def trainer_ds_config(cfg) -> dict:
     return hf_trainer_ds_config(cfg, dist.get_world_size(), torch.cuda.is_available())
 
 
+# the HF Trainer's name for each optimizer.schedule (what its logs say; `create_scheduler` steps ours)
+SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr", "linear": "linear"}
+
+
 def owned_fields(cfg, ds: dict) -> dict:
     """TrainingArguments fields that come from the run config: {field: (value, the run-config key to change)}."""
     opt = ds["optimizer"]["params"]
     return {"deepspeed": (ds, "the run config (training_args passes its DeepSpeed JSON)"),
             "per_device_train_batch_size": (cfg.train.micro_batch, "train.micro_batch"),
             "per_device_eval_batch_size": (cfg.train.micro_batch, "train.micro_batch"),
-            "gradient_accumulation_steps": (ds["gradient_accumulation_steps"], "none: a step is one batch"),
+            "gradient_accumulation_steps": (ds["gradient_accumulation_steps"], "train.grad_accum"),
             "learning_rate": (opt["lr"], "optimizer.lr"),
             "weight_decay": (opt["weight_decay"], "optimizer.weight_decay"),
             "adam_beta1": (opt["betas"][0], "none (plan/ds_config.py)"),
@@ -129,7 +133,8 @@ def owned_fields(cfg, ds: dict) -> dict:
             "adam_epsilon": (opt["eps"], "none (plan/ds_config.py)"),
             "max_grad_norm": (ds["gradient_clipping"], "optimizer.grad_clip"),
             "warmup_steps": (cfg.optimizer.warmup_steps, "optimizer.warmup_steps"),
-            "lr_scheduler_type": ("constant", "optimizer.warmup_steps (constant lr after a linear warm-up)"),
+            "lr_scheduler_type": (SCHEDULES[cfg.optimizer.schedule], "optimizer.schedule (the Trainer steps "
+                                  "plan/lr_schedule.py's schedule: LongCtxTrainerMixin.create_scheduler)"),
             "bf16": (ds["bf16"]["enabled"], "model.dtype"), "fp16": (False, "model.dtype"),
             "seed": (cfg.train.seed, "train.seed"), "max_steps": (cfg.train.steps, "train.steps"),
             "gradient_checkpointing": (False, "memory.* (the placement plan checkpoints the layers)")}
@@ -215,8 +220,9 @@ def check_trainer(tr, cfg) -> None:
                          f"run config sp_size={cfg.parallel.sp_size}; {fix}")
     if tr.args.gradient_checkpointing or tr.args.gradient_accumulation_steps != 1:
         raise ValueError(f"gradient_checkpointing={tr.args.gradient_checkpointing}, gradient_accumulation_steps="
-                         f"{tr.args.gradient_accumulation_steps}: the placement plan checkpoints the layers and a "
-                         f"step is one batch per dp replica; {fix}")
+                         f"{tr.args.gradient_accumulation_steps}: the placement plan checkpoints the layers, and under "
+                         f"the Trainer a step is one batch per dp replica (train.grad_accum > 1 runs under "
+                         f"`ds-longctx train`); {fix}")
     if getattr(tr.args, "activation_offloading", False):
         raise ValueError("activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; set it "
                          "False and use the run config's memory.offload_layers")
@@ -271,6 +277,17 @@ class LongCtxTrainerMixin:
         self.longctx_clock = step_clock()
         self.longctx_clock.snapshot = (run_config.logging.memory_snapshot_steps, self.args.output_dir)
         self.add_callback(self.longctx_clock)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """plan/lr_schedule.py's schedule (`ds-longctx train`'s) over the Trainer's steps."""
+        from torch.optim.lr_scheduler import LambdaLR
+
+        from ds_longctx.plan.lr_schedule import lr_factor
+        if self.lr_scheduler is None:
+            opt = self.optimizer if optimizer is None else optimizer
+            self.lr_scheduler = LambdaLR(opt, lr_factor(self.longctx_config.optimizer, num_training_steps))
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def train(self, *args, **kwargs):
         """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the

@@ -58,10 +58,11 @@ class LossHead(nn.Module):
     """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count), or with
     `per_token=True` the slice's per-token CE [b, s/sp] (evaluation, under no_grad).
 
-    The loss to backprop is sp * sum(CE on this slice) / tokens(whole SP group). DeepSpeed averages
-    gradients over all W = sp * dp ranks, so the sp factor turns that average into the mean over the dp
-    replicas of each sequence's token-mean loss gradient (see parallel_state.py for why DeepSpeed is not
-    told about SP).
+    DeepSpeed averages gradients over all W = sp * dp ranks (see parallel_state.py for why DeepSpeed is not told
+    about SP). Given `row_weights` (`ds-longctx train`: run/engine.py weighs the step's rows so that the step's loss
+    is its definition, train.loss_average), the loss to backprop is sum_r weight_r x CE sum of row r on this
+    slice. Without (the HF Trainer's batches), it is sp x CE sum on this slice / tokens of the whole SP group: the
+    mean over the dp replicas of each SP group's token-mean loss; a group without trained tokens gives 0.
     """
 
     def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096):
@@ -70,16 +71,25 @@ class LossHead(nn.Module):
         self.state = state
         self.loss = LMHeadLoss(model.get_output_embeddings(), chunked, chunk_rows)
 
-    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False):
+    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False, row_weights=None):
+        """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE sum of row r on
+        this slice, returned as (that loss, None, this slice's tokens)."""
         hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False).last_hidden_state  # [b, s/sp, H]
         if per_token:  # evaluation: this slice's per-token CE, 0.0 where ignored; no SP reduction
             with record_function("ds_longctx.loss"):
                 token_loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
             return token_loss.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
+        n_tokens = (shift_labels != IGNORE_INDEX).sum()
+        if row_weights is not None:
+            with record_function("ds_longctx.loss"):
+                if len(set(row_weights)) == 1:  # one weight: one pass over the whole slice
+                    loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten()) * row_weights[0]
+                else:  # [s/sp, H] per row
+                    loss = sum(self.loss(hidden[r], shift_labels[r]) * row_weights[r] for r in range(len(hidden)))
+            return loss, None, n_tokens
         with record_function("ds_longctx.loss"):  # benchmarks/bench_profile.py attributes its kernels by this
             loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
-        n_tokens = (shift_labels != IGNORE_INDEX).sum()
         group_sum = loss_sum.detach().clone()
         if self.state.sp_group is not None:
             both = torch.stack([n_tokens.to(group_sum.dtype), group_sum])

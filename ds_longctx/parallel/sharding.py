@@ -46,6 +46,14 @@ def shift_labels(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
     return out
 
 
+def trained_counts(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                   position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """int64 [b]: the tokens of each row of a full batch `[b, L]` whose next token trains (what `shard_batch`'s
+    shift_labels leave unignored over all SP ranks)."""
+    packed = position_ids is not None and bool((position_ids[:, 1:] == 0).any())
+    return (shift_labels(input_ids, labels, position_ids if packed else None) != IGNORE_INDEX).sum(dim=1)
+
+
 def doc_boundaries(position_ids: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[int]]:
     """cu_seqlens (int32) and max document length of a packed row `[1, L]`; (None, None) if one document."""
     pos = position_ids[0]

@@ -23,17 +23,14 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     if cfg.optimizer.torch_adam:
         opt_params["torch_adam"] = True
     ds = {
-        "train_batch_size": cfg.train.micro_batch * dp,
+        "train_batch_size": cfg.train.micro_batch * cfg.train.grad_accum * dp,
         "train_micro_batch_size_per_gpu": cfg.train.micro_batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
         "sequence_parallel_size": cfg.parallel.sp_size,
         "gradient_clipping": cfg.optimizer.grad_clip,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "optimizer": {"type": "AdamW", "params": opt_params},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.optimizer.lr,
-                                                     "warmup_num_steps": cfg.optimizer.warmup_steps,
-                                                     "warmup_type": "linear"}},
+        "optimizer": {"type": "AdamW", "params": opt_params},  # the lr schedule: plan/lr_schedule.py, not a block
         "bf16": {"enabled": bf16},
         "zero_optimization": {
             "stage": 3,
@@ -62,8 +59,6 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(
             requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu)
-    if cfg.optimizer.warmup_steps == 0:
-        del ds["scheduler"]
     return ds
 
 
@@ -74,7 +69,8 @@ def hf_trainer_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     knows no sequence parallelism: with sp > 1 it reports a mismatch) and accelerate fills it the same way when it is
     "auto". Left out, neither touches it and DeepSpeed derives micro_batch x grad_accum x world_size / sp_size from
     `sequence_parallel_size`: the value `build_ds_config` writes. Every other key the Trainer checks (micro batch,
-    accumulation, clipping, the AdamW block, the WarmupLR block, bf16) is matched by `training_args`."""
+    accumulation, clipping, the AdamW block, bf16) is matched by `training_args`; the lr schedule is the Trainer's
+    `create_scheduler` (plan/lr_schedule.py)."""
     ds = build_ds_config(cfg, world_size, on_gpu)
     del ds["train_batch_size"]
     return ds

@@ -204,7 +204,7 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise CheckpointError(f"resume: this run changes {what} from checkpoint {str(tag_dir)!r}; resume with the "
                               f"checkpoint's values (see its run.yaml) or start a new output_dir")
-    if meta["step"] >= cfg.train.steps:
+    if cfg.train.epochs is None and meta["step"] >= cfg.train.steps:  # epochs: known once the data is read
         raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} is at step {meta['step']} and steps="
                               f"{cfg.train.steps}: nothing left to train; set steps above {meta['step']}")
     return meta

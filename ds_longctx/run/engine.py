@@ -56,6 +56,7 @@ import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.optim.lr_scheduler import LambdaLR
 from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
@@ -69,8 +70,9 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
+from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch, trained_counts
 from ds_longctx.plan.ds_config import build_ds_config
+from ds_longctx.plan.lr_schedule import lr_factor
 from ds_longctx.run.model import build_partitioned_model
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.run.placement_plan import run_placement
@@ -93,8 +95,8 @@ def _build_stage(stage: str, t0: float, rank: int) -> None:
 
 @dataclass
 class StepResult:
-    loss: float      # token-mean loss of this step, averaged over dp replicas
-    tokens: int      # supervised tokens in this step over all replicas
+    loss: float      # the step's loss (train.loss_average) over every micro-batch and replica
+    tokens: int      # trained tokens of the step over every micro-batch and replica
 
 
 @dataclass
@@ -107,8 +109,28 @@ class AppliedLevers:
     layers: list
 
 
+def step_weights(batches: list, state: ParallelState, average: str) -> tuple[list, int]:
+    """(per micro-batch, the weight of each of its rows; the step's trained tokens over every replica). The loss to
+    backprop is sum over rows of weight x the row's CE sum on this rank's slice; DeepSpeed averages gradients over
+    the W = sp x dp ranks, so weight = W / N makes the step's gradient that of (CE summed over every trained token
+    of the step) / N: N the step's trained tokens (`average` tokens), or N = the row's trained tokens x the step's
+    rows that train any (sequences). A row or a whole step without trained tokens weighs 0. Collective over dp."""
+    counts = [trained_counts(b.input_ids, b.labels, b.position_ids).double() for b in batches]  # [b] each
+    sums = torch.stack([torch.cat(counts).sum(), (torch.cat(counts) > 0).sum().double()])  # tokens, rows
+    if state.dp_group is not None:
+        dist.all_reduce(sums, group=state.dp_group)
+    tokens, rows = float(sums[0]), float(sums[1])
+    w = state.world_size
+    if average == "tokens":
+        weights = [[w / max(tokens, 1.0)] * len(c) for c in counts]
+    else:
+        weights = [[w / (float(n) * rows) if n > 0 else 0.0 for n in c] for c in counts]
+    return weights, int(tokens)
+
+
 def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
-                 position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None):
+                 position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                 row_weights: Optional[list] = None):
     """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
     (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
     loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention and starts the attention caches'
@@ -118,8 +140,9 @@ def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch
     attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
     attention_cache.new_step(levers.layers)
     calls_before = attn.calls
+    extra = {} if row_weights is None else {"row_weights": row_weights}
     with record_function("ds_longctx.forward"):
-        out = run(shard.input_ids.to(device), shard.position_ids.to(device), shard.shift_labels.to(device))
+        out = run(shard.input_ids.to(device), shard.position_ids.to(device), shard.shift_labels.to(device), **extra)
     if attn.calls == calls_before:
         model = levers.head.model
         raise RuntimeError(f"{type(model).__name__} did not call the Ulysses attention function: its "
@@ -150,18 +173,24 @@ class LongCtxEngine:
     def model(self) -> nn.Module:
         return self.module.model
 
-    def forward_backward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
-                         labels: Optional[torch.Tensor] = None) -> StepResult:
-        """Loss and gradients for one full batch `[b, L]` of this dp replica (every SP rank passes the same)."""
+    def forward_backward(self, batches: list) -> StepResult:
+        """Loss and gradients of one optimizer step of this dp replica: its grad_accum micro-batches (`Batch`es of
+        `[b, L]`, the same on every SP rank), each backpropagated with the row weights of `step_weights`;
+        DeepSpeed's step after each but the last (the caller makes that one, `step`)."""
         st = self.state
-        loss, group_loss, n = sharded_loss(self.ds, self.levers, st, self.device, input_ids, position_ids, labels)
-        with record_function("ds_longctx.backward"):
-            self.ds.backward(loss)
-        stats = torch.stack([group_loss.detach().float(), n.float()])
-        if st.dp_group is not None:
-            dist.all_reduce(stats, group=st.dp_group)
-            stats[0] /= st.dp_size
-        return StepResult(loss=float(stats[0]), tokens=int(stats[1]))
+        weights, n_step = step_weights(batches, st, self.cfg.train.loss_average)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for k, (batch, w) in enumerate(zip(batches, weights)):
+            loss, _, _ = sharded_loss(self.ds, self.levers, st, self.device, batch.input_ids, batch.position_ids,
+                                      batch.labels, row_weights=w)
+            with record_function("ds_longctx.backward"):
+                self.ds.backward(loss, scale_wrt_gas=False)  # the weights already sum the micro-batches
+            total += loss.detach().double()
+            if k < len(batches) - 1:
+                self.step()  # a micro-step: DeepSpeed accumulates, the optimizer waits for the boundary
+        if dist.is_initialized() and st.world_size > 1:
+            dist.all_reduce(total)  # every rank's share of the step's loss
+        return StepResult(loss=float(total) / st.world_size, tokens=n_step)
 
     def eval_batch(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                    labels: Optional[torch.Tensor] = None) -> SliceLosses:
@@ -197,10 +226,15 @@ class LongCtxEngine:
         with record_function("ds_longctx.optimizer"):
             self.ds.step()
 
-    def train_step(self, input_ids, position_ids=None, labels=None) -> StepResult:
-        res = self.forward_backward(input_ids, position_ids, labels)
+    def train_step(self, batches: list) -> StepResult:
+        res = self.forward_backward(batches)
         self.step()
         return res
+
+    def grad_norm(self) -> Optional[float]:
+        """The gradient norm of the last optimizer step, before clipping (None where DeepSpeed has none)."""
+        norm = self.ds.get_global_grad_norm()
+        return None if norm is None else float(norm)
 
 
 def gpu_mem_gb() -> Optional[float]:
@@ -234,8 +268,9 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     levers = apply_levers(cfg, model, state, ds_config)
     _build_stage("8/9 levers and loss head", t0, state.rank)
     # 9. DeepSpeed: the optimizer gets the trainable parameters only (the adapters under LoRA)
+    schedule = lr_factor(cfg.optimizer, cfg.train.steps)
     ds_engine, *_ = deepspeed.initialize(model=levers.head, model_parameters=trainable_parameters(levers.head),
-                                         config=ds_config)
+                                         config=ds_config, lr_scheduler=lambda opt: LambdaLR(opt, schedule))
     _build_stage("9/9 deepspeed.initialize", t0, state.rank)
     if optimizer_state and make_optimizer_state(cfg, ds_engine.optimizer, state.rank):  # not in step 1's step
         _build_stage("optimizer state", t0, state.rank)

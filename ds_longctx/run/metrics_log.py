@@ -1,7 +1,9 @@
 """The run's metrics files on rank 0: metrics.jsonl (one line per optimizer step with `loss`, one per evaluation with
-`eval_loss`), eval_curve.jsonl (run/evaluate.py) and TensorBoard events when torch.utils.tensorboard imports.
+`eval_loss`), eval_curve.jsonl (run/evaluate.py), and the same numbers where logging.report_to sends them:
+TensorBoard events (output_dir/tensorboard) or Weights & Biases (offline under output_dir/wandb unless $WANDB_MODE
+says otherwise).
 
-    metrics = MetricsLog(out, start_step, tensorboard=True, enabled=rank == 0)
+    metrics = MetricsLog(out, start_step, report_to="auto", enabled=rank == 0, cfg=cfg)
     metrics.write({"step": 1, "loss": ...}); metrics.write_eval(result, step); metrics.close()
 """
 
@@ -32,23 +34,71 @@ def _continue_lines(path: Path, start_step: int) -> None:
     os.replace(tmp, path)
 
 
-class MetricsLog:
-    """metrics.jsonl (train lines with `loss`, eval lines with `eval_loss`), eval_curve.jsonl and TensorBoard
-    (when installed), rank 0 only. A fresh run keeps older files aside; a resumed one drops lines past its
-    checkpoint's step and appends."""
+SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "seconds", "trained_tokens", "peak_gpu_bytes", "host_rss_bytes")
 
-    def __init__(self, out: Path, start_step: int, tensorboard: bool, enabled: bool):
+
+def reporter(report_to: str, out: Path, start_step: int, cfg=None):
+    """The writer of `report_to` (an object with `scalars(dict, step)` and `close()`), None for none; ValueError
+    naming the install when an asked-for one does not import (auto: tensorboard where it imports)."""
+    if report_to in ("auto", "tensorboard"):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            if report_to == "auto":
+                return None
+            raise ValueError("report_to=tensorboard needs the tensorboard package: pip install tensorboard (or "
+                             "report_to: none)") from None
+        return TensorBoard(SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None))
+    if report_to == "wandb":
+        try:
+            import wandb
+        except ImportError:
+            raise ValueError("report_to=wandb needs the wandb package: pip install wandb (or report_to: none)"
+                             ) from None
+        os.environ.setdefault("WANDB_MODE", "offline")  # no network needed; `wandb sync` uploads later
+        run = wandb.init(dir=str(out), project="ds_longctx", name=out.name, resume="allow",
+                         config=cfg.model_dump() if cfg is not None else None)
+        return WandB(run)
+    return None
+
+
+class TensorBoard:
+    def __init__(self, writer):
+        self.writer = writer
+
+    def scalars(self, values: dict, step: int) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    def __init__(self, run):
+        self.run = run
+
+    def scalars(self, values: dict, step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLog:
+    """metrics.jsonl (train lines with `loss`, eval lines with `eval_loss`), eval_curve.jsonl and the report_to
+    writer, rank 0 only. A fresh run keeps older files aside; a resumed one drops lines past its checkpoint's step and
+    appends."""
+
+    def __init__(self, out: Path, start_step: int, report_to: str, enabled: bool, cfg=None):
         self.path, self.curve_path, self.enabled, self.tb = out / METRICS_FILE, out / CURVE_FILE, enabled, None
         if not enabled:
             return
         _continue_lines(self.path, start_step)
         _continue_lines(self.curve_path, start_step)
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None)
-            except ImportError:
-                log.info("tensorboard not installed: metrics.jsonl only")
+        self.tb = reporter(report_to, out, start_step, cfg)
+        if self.tb is None:
+            log.info("metrics: %s only (report_to=%s)", self.path, report_to)
 
     def write(self, row: dict) -> None:
         """A train line (`loss`, ...) or an eval line (`eval_loss`, ...) of metrics.jsonl."""
@@ -58,10 +108,9 @@ class MetricsLog:
         if self.tb is None:
             return
         if "eval_loss" in row:
-            self.tb.add_scalar("eval/loss", row["eval_loss"], row["step"])
+            self.tb.scalars({"eval/loss": row["eval_loss"]}, row["step"])
             return
-        for k in ("loss", "tokens_per_s", "lr", "seconds"):
-            self.tb.add_scalar(f"train/{k}", row[k], row["step"])
+        self.tb.scalars({f"train/{k}": row[k] for k in SCALARS if row.get(k) is not None}, row["step"])
 
     def write_eval(self, result, step: int) -> None:
         """One evaluation: its metrics.jsonl line and its eval_curve.jsonl line."""

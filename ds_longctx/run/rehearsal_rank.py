@@ -164,7 +164,7 @@ class RankRun:
         """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes
         counted; refuses a non-finite loss or gradient norm."""
         self.counts.reset()
-        t = timed_step(engine, data, step, self.cfg.train.micro_batch)
+        t = timed_step(engine, data, step, self.cfg.train)
         clock.step_done()
         norm = engine.ds.get_global_grad_norm()
         norm = float(norm) if norm is not None else None

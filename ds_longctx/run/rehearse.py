@@ -150,7 +150,7 @@ def rehearsal_config(argv: list):
     if cfg.eval.data:
         off.append(f"eval.data {cfg.eval.data}")
     cfg.checkpoint.save_every, cfg.checkpoint.resume, cfg.eval.data = 0, False, None
-    cfg.logging.tensorboard = False
+    cfg.logging.report_to = "none"
     return cfg, off
 
 

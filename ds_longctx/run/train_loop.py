@@ -77,7 +77,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
-    metrics = MetricsLog(out, start, cfg.logging.tensorboard, enabled=engine.state.rank == 0)
+    metrics = MetricsLog(out, start, cfg.logging.report_to, enabled=engine.state.rank == 0, cfg=cfg)
     saved = resume_meta["step"] if resume_meta else None
     done, saved = train_steps(cfg, engine, data, held, metrics, signals, start, saved)
     end_run(cfg, engine, data, metrics, signals, start, done, saved)
@@ -99,6 +99,7 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     try:
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
+        steps_of_epochs(cfg, data, dp_size, rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     # ------------------------------------------------------------ engine
@@ -106,6 +107,26 @@ def build_run(cfg, rank: int, world: int) -> tuple:
         memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
     engine = build_engine(cfg, hf_cfg, optimizer_state=False)  # made by `resume`, after a checkpoint could bring it
     return engine, data, held, resume_meta
+
+
+def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
+    """With train.epochs: train.steps set to epochs x the steps of one pass over the data's rows, said in one line."""
+    t = cfg.train
+    per_step = dp_size * t.micro_batch * t.grad_accum
+    if t.epochs is None:
+        return
+    if not hasattr(data, "n_rows"):
+        raise ValueError(f"epochs={t.epochs:g} counts passes over the data's rows, and data='synthetic' draws new rows "
+                         f"forever; give steps instead")
+    per_epoch = data.n_rows // per_step
+    if per_epoch == 0:
+        raise ValueError(f"epochs={t.epochs:g}: the data has {data.n_rows} rows, fewer than one step's {per_step} "
+                         f"(dp {dp_size} x micro_batch {t.micro_batch} x grad_accum {t.grad_accum}); add data or give "
+                         f"steps")
+    t.steps = max(1, int(t.epochs * per_epoch))
+    if rank == 0:
+        log.info("epochs %g: %d rows, %d steps an epoch of %d sequences (%d tokens) -> %d steps", t.epochs,
+                 data.n_rows, per_epoch, per_step, per_step * t.seq_len, t.steps)
 
 
 def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
@@ -145,10 +166,10 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
 def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
     """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the rank that
     reached the highest (a collective)."""
-    tokens = cfg.train.seq_len * cfg.train.micro_batch * engine.state.dp_size
-    row = {"step": done, "loss": t.loss, "tokens": tokens, "supervised_tokens": t.tokens,
-           "seconds": round(t.seconds, 4), "tokens_per_s": round(tokens / t.seconds, 1),
-           "lr": engine.ds.get_lr()[0], "peak_gpu_bytes": t.peak_reserved, "peak_gpu_allocated_bytes": t.peak_allocated,
+    tokens = cfg.train.seq_len * cfg.train.micro_batch * cfg.train.grad_accum * engine.state.dp_size
+    row = {"step": done, "loss": t.loss, "lr": t.lr, "grad_norm": engine.grad_norm(), "tokens": tokens,
+           "trained_tokens": t.tokens, "seconds": round(t.seconds, 4), "tokens_per_s": round(tokens / t.seconds, 1),
+           "peak_gpu_bytes": t.peak_reserved, "peak_gpu_allocated_bytes": t.peak_allocated,
            "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows}
     if dist.is_initialized() and torch.cuda.is_available():
         m = torch.tensor([t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device)
@@ -177,7 +198,7 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
                      f"those after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). "
                      f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
         try:
-            t = timed_step(engine, data, step, cfg.train.micro_batch, before_optimizer=finite_or_stop)
+            t = timed_step(engine, data, step, cfg.train, before_optimizer=finite_or_stop)
         except torch.OutOfMemoryError:
             out_of_memory(cfg, step + 1)
         done = step + 1

@@ -55,7 +55,7 @@ def main():
     st = engine.state
     data = SyntheticRetrieval(cfg.train.seq_len, engine.model.config.vocab_size, seed=0)
     for step in range(2):
-        engine.train_step(data.batch(step, 1, st.dp_rank, st.dp_size))
+        engine.train_step([data.get(step, 1, st.dp_rank, st.dp_size)])
     checkpoint.save(engine, cfg, 2, data.signature())
     probe = data.batch(1000, 1, 0, 1)
     logits = sp_logits(engine, probe)

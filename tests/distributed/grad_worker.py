@@ -22,6 +22,7 @@ def main():
     import deepspeed
 
     from ds_longctx.config import RunConfig
+    from ds_longctx.data.rows import Batch
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine
 
@@ -39,7 +40,7 @@ def main():
         lens = [int(x) for x in a.packed.split(",")]
         assert sum(lens) == a.length
         pos = torch.cat([torch.arange(n) for n in lens])[None]
-    res = eng.forward_backward(ids, position_ids=pos)
+    res = eng.forward_backward([Batch(ids, position_ids=pos)])
     grads = {}
     for name, p in eng.module.named_parameters():
         if not p.requires_grad:  # a frozen base (LoRA) has no gradient

@@ -36,6 +36,7 @@ def main():
     import yaml
 
     from ds_longctx.config import RunConfig
+    from ds_longctx.data.rows import Batch
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.run.engine import build_engine
 
@@ -48,7 +49,7 @@ def main():
     built["allocated"] = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
     ids = SyntheticRetrieval(64, eng.model.config.vocab_size, seed=0).batch(0, 1, eng.state.dp_rank,
                                                                            eng.state.dp_size)
-    losses = [eng.train_step(ids).loss for _ in range(2)]
+    losses = [eng.train_step([Batch(ids)]).loss for _ in range(2)]
     torch.save({"built": built, "stepped": snapshot(eng.ds.optimizer), "losses": losses},
                os.path.join(a.out, f"rank{eng.state.rank}.pt"))
     from ds_longctx.parallel.parallel_state import leave

@@ -136,15 +136,15 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
     row = {"loss": 1.0, "tokens_per_s": 2.0, "lr": 0.1, "seconds": 0.5}
-    log = MetricsLog(tmp_path, 0, tensorboard=True, enabled=True)
+    log = MetricsLog(tmp_path, 0, report_to="auto", enabled=True)
     for s in (1, 2, 3, 4):
         log.write({"step": s, **row})
     log.close()
-    resumed = MetricsLog(tmp_path, 2, tensorboard=True, enabled=True)  # checkpoint at step 2; steps 3-4 redone
+    resumed = MetricsLog(tmp_path, 2, report_to="auto", enabled=True)  # checkpoint at step 2; steps 3-4 redone
     resumed.write({"step": 3, **row, "loss": 9.0})
     assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 1.0), (3, 9.0)]
     assert ("open", str(tmp_path / "tensorboard"), 3) in written and ("train/loss", 9.0, 3) in written
-    MetricsLog(tmp_path, 0, tensorboard=False, enabled=True)  # a fresh run: the old file is kept aside
+    MetricsLog(tmp_path, 0, report_to="none", enabled=True)  # a fresh run: the old file is kept aside
     assert not (tmp_path / "metrics.jsonl").exists() and len(list(tmp_path.glob("metrics.*.jsonl"))) == 1
 
 
@@ -166,7 +166,7 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
     row = {"loss": 1.0, "tokens_per_s": 2.0, "lr": 0.1, "seconds": 0.5}
-    log = MetricsLog(tmp_path, 0, tensorboard=True, enabled=True)
+    log = MetricsLog(tmp_path, 0, report_to="auto", enabled=True)
     for s in (1, 2, 3, 4):
         log.write({"step": s, **row})
         if s % 2 == 0:
@@ -180,10 +180,10 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
     curve = read_metrics(tmp_path, "eval_curve.jsonl")
     assert [(c["step"], c["edges"], c["loss"], c["tokens"]) for c in curve] == [
         (2, [0, 2, 4], [1.0, None], [10, 0]), (4, [0, 2, 4], [1.0, None], [10, 0])]
-    MetricsLog(tmp_path, 3, tensorboard=False, enabled=True)  # resumed from step 3: the step-4 lines go
+    MetricsLog(tmp_path, 3, report_to="none", enabled=True)  # resumed from step 3: the step-4 lines go
     assert [c["step"] for c in read_metrics(tmp_path, "eval_curve.jsonl")] == [2]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 2, 3]
-    MetricsLog(tmp_path, 0, tensorboard=False, enabled=True)  # a fresh run keeps the old curve aside too
+    MetricsLog(tmp_path, 0, report_to="none", enabled=True)  # a fresh run keeps the old curve aside too
     assert not (tmp_path / "eval_curve.jsonl").exists() and len(list(tmp_path.glob("eval_curve.*.jsonl"))) == 1
 
 

@@ -29,7 +29,7 @@ def test_fields_match_the_deepspeed_json():
     assert (kw["learning_rate"], kw["weight_decay"], [kw["adam_beta1"], kw["adam_beta2"]], kw["adam_epsilon"]) == (
         opt["lr"], opt["weight_decay"], opt["betas"], opt["eps"])
     assert kw["max_grad_norm"] == ds["gradient_clipping"] == 0.5
-    assert kw["warmup_steps"] == ds["scheduler"]["params"]["warmup_num_steps"] == 7
+    assert kw["warmup_steps"] == 7 and "scheduler" not in ds and kw["lr_scheduler_type"] == "constant_with_warmup"
     assert kw["bf16"] is ds["bf16"]["enabled"] is False and kw["fp16"] is False
     assert (kw["max_steps"], kw["seed"], kw["output_dir"], kw["save_steps"]) == (11, 5, "runs/x", 4)
     assert kw["gradient_checkpointing"] is False and kw["accelerator_config"] == {"use_configured_state": True}
