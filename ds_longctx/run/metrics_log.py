@@ -37,6 +37,14 @@ def _continue_lines(path: Path, start_step: int) -> None:
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "seconds", "trained_tokens", "peak_gpu_bytes", "host_rss_bytes")
 
 
+def check_reporter(report_to: str) -> None:
+    """ValueError naming the install when the package `report_to` asks for does not import (nothing is written)."""
+    import importlib.util
+    need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
+    if need and importlib.util.find_spec(need) is None:
+        raise ValueError(f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)")
+
+
 def reporter(report_to: str, out: Path, start_step: int, cfg=None):
     """The writer of `report_to` (an object with `scalars(dict, step)` and `close()`), None for none; ValueError
     naming the install when an asked-for one does not import (auto: tensorboard where it imports)."""

@@ -29,6 +29,7 @@ from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.run import checkpoint
+from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.placement_plan import run_placement
 
@@ -118,4 +119,5 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
     meta = checkpoint.check_run_dir(cfg, world_size)
+    check_reporter(cfg.logging.report_to)
     return hf_cfg, meta
