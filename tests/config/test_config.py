@@ -418,3 +418,12 @@ def test_ds_longctx_train_refuses_a_doubled_key_in_its_last_line(tmp_path, case)
     last = res.stderr.strip().splitlines()[-1]
     want = "key optimizer.lr appears twice (lines 4 and 5)" if case == "file" else "train.seq_len is given twice"
     assert want in last and not (tmp_path / "out").exists(), res.stderr[-2000:]
+
+
+def test_every_key_is_in_one_resume_class(monkeypatch):
+    """config/resume_keys.py: a new field must be placed (fixed by the checkpoint, or this run's to change)."""
+    from ds_longctx.config import resume_keys
+    resume_keys._check_classes()
+    monkeypatch.setattr(resume_keys, "FLAT", {**resume_keys.FLAT, "new_key": ("train", "new_key")})
+    with pytest.raises(TypeError, match=r"unclassified \['new_key'\]"):
+        resume_keys._check_classes()
