@@ -23,8 +23,8 @@ FIXED = {
     "add_eos": "", "skip_bad_rows": "",
     "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
     "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
-    "optimizer_offload_ratio": "DeepSpeed cuts the optimizer into other sub-groups, so the saved ones do not fit, and "
-                               "it saves no state of the sub-groups a partial offload keeps on the GPU",
+    "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "
+                               "their size) and is not carried into another split",
 }
 MAY_CHANGE = (
     "steps", "lr", "warmup_steps", "weight_decay", "grad_clip", "optimizer_state_at_build",

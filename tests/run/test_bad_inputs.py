@@ -295,8 +295,8 @@ def test_resume_with_changed_settings(tmp_path):
 
 
 @pytest.mark.parametrize("kw, says", [
-    ({"optimizer_offload": True, "optimizer_offload_ratio": 0.5}, "optimizer.offload_ratio 1 -> 0.5 (DeepSpeed cuts "
-                                                                 "the optimizer into other sub-groups"),
+    ({"optimizer_offload": True, "optimizer_offload_ratio": 0.5}, "optimizer.offload_ratio 1 -> 0.5 (the optimizer "
+                                                                 "state is saved in the old split's sub-groups"),
     ({"torch_adam": False}, "optimizer.torch_adam True -> False (the saved Adam state is carried into another "
                             "implementation only for optimizer_offload)"),
     ({"attn_backend": "sdpa_math"}, "kernels.attn_backend 'auto' -> 'sdpa_math'"),
