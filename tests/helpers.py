@@ -47,6 +47,14 @@ def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (Path(output_dir) / name).read_text().splitlines() if line.strip()]
 
 
+def checkpoint_weights(output_dir, tag: str) -> dict:
+    """{name: fp32 tensor} of the ZeRO-3 checkpoint `tag` of a run's `output_dir` (DeepSpeed's zero_to_fp32)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from ds_longctx.run.checkpoint import ckpt_root
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root(output_dir)), tag=tag)
+
+
 # ----------------------------------------------------------------------------- numerics
 def rel_err(a, b, norm: str = "fro") -> float:
     """The relative error of `a` against the reference `b` (tensors or numbers), computed in float64.

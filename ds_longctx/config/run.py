@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from ds_longctx.config.checkpoint import CheckpointConfig
+from ds_longctx.config.config_file import read_config_file, yaml_text
 from ds_longctx.config.data import DataConfig
 from ds_longctx.config.eval import EvalConfig
 from ds_longctx.config.kernels import KernelsConfig
@@ -169,16 +170,7 @@ class RunConfig(BaseModel):
         the run is launched on, checked against sp_size first (None: not known here)."""
         if Path(path).is_dir():
             raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
-        kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
-        try:
-            text = Path(path).read_text()
-            data = yaml.safe_load(text) if kind == "YAML" else json.loads(text)
-        except FileNotFoundError:
-            raise
-        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
-            first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
-            raise ValueError(f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
-                             f"with `ds-longctx plan --out`") from None
+        data = read_config_file(path)  # FileNotFoundError, or a ValueError naming the file, the line and the fix
         if data is None:  # an empty file would train the default toy model without a word
             raise ValueError(f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
                              f"`ds-longctx plan --out DIR`)")
@@ -198,10 +190,12 @@ class RunConfig(BaseModel):
     def from_cli(cls, argv: list, world_size: Optional[int] = None, per_node: Optional[int] = None) -> "RunConfig":
         """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
         (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
-        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. `world_size`:
-        as in `load`."""
+        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. A key is given
+        once: twice, in any spellings (`--lr` and `--optimizer.lr`), is refused naming both. `world_size`: as in
+        `load`."""
         config_path: Optional[str] = None
         overrides: dict = {}
+        given: dict = {}  # field (or `config`, or a legacy key) -> the option as written
         i = 0
         while i < len(argv):
             arg = argv[i]
@@ -220,6 +214,12 @@ class RunConfig(BaseModel):
                     raise ValueError(f"option --{key} needs a value")
                 else:
                     val, i = nxt, i + 1
+            field = key if key == "config" else (field_of(key) or key)
+            if field in given:
+                name = field if isinstance(field, str) else ".".join(field)
+                raise ValueError(f"{name} is given twice on the command line: {given[field]} and --{key} {val}; keep "
+                                 f"one")
+            given[field] = f"--{key} {val}"
             if key == "config":
                 config_path = val
             elif is_text_key(key):
@@ -240,7 +240,7 @@ class RunConfig(BaseModel):
         if self.train.epochs is not None:  # the steps an epoch count came to are the run's to work out again
             del data["train"]["steps"]
         if str(path).endswith((".yaml", ".yml")):
-            Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+            Path(path).write_text(yaml_text(data))
         else:
             Path(path).write_text(json.dumps(data, indent=2) + "\n")
 

@@ -22,9 +22,11 @@ is found, each rank's own digests before DeepSpeed's load), and every load is we
 code (checkpoint_files.py). Format-1 checkpoints (before digests) still load; `ds-longctx checkpoint convert DIR`
 rewrites them as format 2 (run/checkpoint_convert.py).
 
-Resume needs the same world size and sp_size (ZeRO-3 optimizer partitions are per rank; export to HF safetensors to
-start a new run elsewhere) and the same model, data, seq_len, micro_batch, seed and dtype, so that the data order
-and the optimizer state continue exactly. `ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone.
+Resume needs the same world size and sp_size: ZeRO-3 optimizer partitions are per rank, so another layout is
+refused (export to HF safetensors, then start a new run from the exported directory). It also needs the
+same model, numerics, data order (a function of seed and step) and optimizer layout; which keys may change instead
+(lr, steps, the memory levers, ...) is config/resume_keys.py's rule, and run/resume_changes.py applies them.
+`ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone (`load_weights`) under the same layout rule.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx.config import resume_keys
 from ds_longctx.parallel import fake_world
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run import checkpoint_paths as paths
@@ -59,11 +62,6 @@ FORMAT = 2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only
 READS = (1, 2)
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
 RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
-# settings a resumed run must share with its checkpoint (the layout is checked separately): the data order,
-# and the optimizer settings that DeepSpeed restores from the checkpoint (a new lr would be silently ignored)
-RESUME_KEYS = ("model", "seq_len", "micro_batch", "data", "data_layout", "tokenizer", "seed", "shuffle", "dtype",
-               "text_field", "text_unit", "add_eos", "lr", "warmup_steps", "weight_decay", "torch_adam",
-               "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_init")
 
 
 def ckpt_root(output_dir) -> Path:
@@ -197,13 +195,9 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
             f"sp_size={cfg.parallel.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
             f"{run['world_size']} processes and sp_size={run['sp_size']}, or `ds-longctx export` it and start a "
             f"new run from the exported model")
-    default = type(cfg)()  # a key the checkpoint's version did not have yet held its default
-    then = {k: run.get(k, default.get(k)) for k in RESUME_KEYS}
-    changed = [(k, then[k], cfg.get(k)) for k in RESUME_KEYS if then[k] != cfg.get(k)]
-    if changed:
-        what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
-        raise CheckpointError(f"resume: this run changes {what} from checkpoint {str(tag_dir)!r}; resume with the "
-                              f"checkpoint's values (see its run.yaml) or start a new output_dir")
+    refused, _ = resume_keys.compare(run, cfg)  # which keys may change: config/resume_keys.py
+    if refused:
+        raise CheckpointError(resume_keys.resume_refusal(refused, repr(str(tag_dir))))
     if cfg.train.epochs is None and meta["step"] >= cfg.train.steps:  # epochs: known once the data is read
         raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} is at step {meta['step']} and steps="
                               f"{cfg.train.steps}: nothing left to train; set steps above {meta['step']}")
@@ -337,7 +331,7 @@ def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_s
     """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag, `latest`, pruning."""
     import deepspeed
     st, tag = engine.state, tag_for(step)
-    run = {k: cfg.get(k) for k in RESUME_KEYS}
+    run = resume_keys.stored_values(cfg)
     run.update(world_size=st.world_size, sp_size=st.sp_size, dp_size=st.dp_size)
     engine.model.config.to_json_file(str(tmp / "config.json"))
     cfg.dump(tmp / "run.yaml")
@@ -416,9 +410,10 @@ def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume:
                               f"{bad[0][1]})" + fix)
     rank = engine.state.rank
     try:
+        sched = resume and bool(meta["run"].get("warmup_steps"))  # a run without warm-up saved no scheduler state
         with files.weights_only_loads():
             path, client = engine.ds.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name,
-                                                     load_optimizer_states=True, load_lr_scheduler_states=resume)
+                                                     load_optimizer_states=True, load_lr_scheduler_states=sched)
         if path is None or client.get("ds_longctx_step") != meta["step"]:
             raise RuntimeError(f"DeepSpeed found no loadable state (client state {client!r})")
         if resume:

@@ -37,7 +37,7 @@ log = logging.getLogger("ds_longctx")
 SUPPORTED = ("Adam", "AdamW", "FusedAdam", "DeepSpeedCPUAdam")
 
 
-def _optimizers(zo) -> list:
+def optimizers(zo) -> list:
     """The optimizers ZeRO-3 steps its sub-groups with: the main one, and the GPU's AdamW of a partial offload."""
     return [zo.optimizer] + ([zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else [])
 
@@ -52,7 +52,7 @@ def skip_reason(zo) -> Optional[str]:
         return "torch autocast's GradScaler would count the warm-up step as one of its own"
     if getattr(zo, "zenflow", False):
         return "ZenFlow steps the host's sub-groups its own way"
-    others = sorted({type(o).__name__ for o in _optimizers(zo)} - set(SUPPORTED))
+    others = sorted({type(o).__name__ for o in optimizers(zo)} - set(SUPPORTED))
     if others:
         return f"optimizer {', '.join(others)} is not one of {', '.join(SUPPORTED)}"
     return None
@@ -65,7 +65,7 @@ def materialize(zo) -> tuple[int, str]:
     why = skip_reason(zo)
     if why:
         return 0, f"left to the first step ({why})"
-    opts = _optimizers(zo)
+    opts = optimizers(zo)
     saved = [(g, g["lr"], g.get("weight_decay")) for o in opts for g in o.param_groups]
     had_group_step = [(g, "step" in g) for o in opts for g in o.param_groups]
     made, bytes_before = [], _state_bytes(opts)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
-from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state
+from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
@@ -139,6 +139,7 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
                                     resume_meta, data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
+        resume_changes.apply_changes(engine, cfg, resume_meta)  # this run's lr and schedule over the checkpoint's
     t_state = time.perf_counter()
     try:
         made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)

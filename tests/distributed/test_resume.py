@@ -15,9 +15,11 @@ import torch
 from ds_longctx.run import checkpoint
 from tests.helpers import (
     ROOT,
+    checkpoint_weights,
     cpu_env,
     free_port,
     read_metrics,
+    rel_err,
     run_cli,
     run_module,
     start,
@@ -35,18 +37,14 @@ def train(nproc, args):
     return torchrun(nproc, ["ds_longctx.train", *args], module=True)
 
 
-def weights(output_dir, tag="step6"):
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.ckpt_root(output_dir)), tag=tag)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The straight 6-step run and the 3 + resumed 3 run (module-scoped: the refusal test reuses its checkpoint)."""
+    """The straight 6-step run (saved at steps 4 and 6) and the 3 + resumed 3 run (saved at 3 and 6); module-scoped:
+    the refusal and resume-change tests reuse its checkpoints."""
     d = tmp_path_factory.mktemp("resume")
     base = text_run_args(d / "data")
     straight, cut = d / "straight", d / "cut"
-    train(2, [*base, "--steps", "6", "--save_every", "6", "--output_dir", str(straight)])
+    train(2, [*base, "--steps", "6", "--save_every", "4", "--output_dir", str(straight)])
     train(2, [*base, "--steps", "3", "--save_every", "3", "--output_dir", str(cut)])
     first = read_metrics(cut)
     train(2, [*base, "--steps", "6", "--resume", "--save_every", "3", "--output_dir", str(cut)])
@@ -58,7 +56,7 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
     assert [r["step"] for r in cut] == [1, 2, 3, 4, 5, 6]  # appended to the same metrics.jsonl
     assert cut[:3] == runs["first"]
     assert [r["loss"] for r in cut] == [r["loss"] for r in straight]  # fp32 ZeRO-3 on CPU: bit-identical
-    a, b = weights(runs["straight"]), weights(runs["cut"])
+    a, b = checkpoint_weights(runs["straight"], "step6"), checkpoint_weights(runs["cut"], "step6")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     root = checkpoint.ckpt_root(runs["cut"])
@@ -78,6 +76,56 @@ def test_resume_with_another_world_size_is_refused_and_changes_nothing(runs):
                  "ds-longctx export"):
         assert frag in res.stderr, res.stderr[-3000:]
     assert sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*")) == before
+
+
+def with_value(args: list, key: str, value: str) -> list:
+    """`args` with option `key` set to `value` (replaced where given: an option given twice is refused)."""
+    out = list(args)
+    if key in out:
+        out[out.index(key) + 1] = value
+        return out
+    return [*out, key, value]
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("--dtype", "bf16", "model.dtype 'fp32' -> 'bf16'"),
+    ("--seed", "7", "train.seed 0 -> 7"),
+])
+def test_resume_that_changes_the_model_or_data_order_is_refused_before_any_worker(runs, tmp_path, key, value, says):
+    """Refused by `ds-longctx train` itself (preflight, no worker started), exit 2, the reason in the last line."""
+    t0 = time.time()
+    args = with_value(runs["base"], key, value)
+    res = run_cli(["train", "--nproc", "2", *args, "--steps", "9", "--resume", "--output_dir", str(runs["cut"])],
+                  timeout=120)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"refused before start: resume: this run changes {says} from checkpoint "), last
+    assert last.endswith("resume with the checkpoint's values (its run.yaml) or start a new output_dir")
+    assert "torch.distributed.run" not in res.stderr and "[rank" not in res.stderr  # no worker started
+    assert time.time() - t0 < 60
+    assert [r["step"] for r in read_metrics(runs["cut"])] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_with_a_new_lr_and_schedule_applies_them_and_lists_them_in_one_line(runs, tmp_path):
+    """lr 1e-3 -> 5e-4 and warmup_steps 0 -> 2 at checkpoint step3 (saved without a scheduler): step 4 runs at the lr
+    the new schedule gives it (warm-up over: 5e-4), from the same weights and Adam moments as the straight run's
+    step 4, so its update is exactly half the straight run's; the metrics say 5e-4; one log line lists the changes."""
+    import shutil
+    cut = tmp_path / "cut"
+    shutil.copytree(runs["cut"], cut)
+    args = with_value(with_value(runs["base"], "--lr", "5e-4"), "--warmup_steps", "2")
+    res = train(2, [*args, "--steps", "4", "--resume", "--resume_tag", "step3", "--save_every", "1",
+                    "--output_dir", str(cut)])
+    lines = [x for x in (res.stdout + res.stderr).splitlines() if "resume: changed since" in x]
+    assert len(lines) == 1 and lines[0].endswith("resume: changed since step 3: steps 3 -> 4, lr 0.001 -> 0.0005, "
+                                                 "warmup_steps 0 -> 2, save_every 3 -> 1"), lines
+    rows, straight = read_metrics(cut), read_metrics(runs["straight"])
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[3]["loss"] == straight[3]["loss"]
+    assert (rows[2]["lr"], rows[3]["lr"]) == (1e-3, 5e-4)
+    w3, w4 = checkpoint_weights(runs["cut"], "step3"), checkpoint_weights(runs["straight"], "step4")
+    new = checkpoint_weights(cut, "step4")
+    for k in w3:  # to fp32 rounding: weights near 1 (the norms') move by ~5e-4 a step, 1e-7 their ulp; lr kept: 1.0
+        assert rel_err(new[k] - w3[k], 0.5 * (w4[k] - w3[k])) < 1e-3, k
 
 
 def test_sigterm_on_one_rank_saves_and_exits_cleanly(tmp_path, runs):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.config import RunConfig, format_validation_error, resume_keys
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.run.preflight import preflight
@@ -215,7 +215,7 @@ def test_eval_data_with_fewer_rows_than_eval_rows(files, tmp_path):
 def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run_overrides) -> Path:
     """A complete-looking checkpoint (meta.json + one sized file) as checkpoint.save writes it."""
     cfg = RunConfig(output_dir=str(out))
-    run = {k: cfg.get(k) for k in checkpoint.RESUME_KEYS} | run_overrides
+    run = resume_keys.stored_values(cfg) | run_overrides
     run.update(world_size=world, sp_size=sp, dp_size=world // sp)
     root = checkpoint.ckpt_root(out)
     tag = root / f"step{step}"
@@ -279,20 +279,46 @@ def test_resume_with_another_sp_size(tmp_path):
 
 
 def test_resume_with_changed_settings(tmp_path):
+    """Keys that make the model, its numerics or the data order are refused, each named with both values; the lr,
+    the step count and the levers may change (run/resume_changes.py applies them)."""
     fake_checkpoint(tmp_path / "out")
-    refused(tmp_path / "out", ["seq_len: 256 -> 512", "lr: 0.0001 -> 0.001", "resume with the checkpoint's values"],
-            resume=True, steps=6, sp_size=2, world=2, seq_len=512, lr=1e-3)
+    msg = refused(tmp_path / "out", ["resume: this run changes model.dtype 'auto' -> 'bf16', train.seq_len 256 -> 512 "
+                                     "from checkpoint", "resume with the checkpoint's values (its run.yaml) or start "
+                                     "a new output_dir"], resume=True, steps=6, sp_size=2, world=2, seq_len=512,
+                  dtype="bf16", lr=1e-3)
+    assert "lr" not in msg
+    cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=2, lr=1e-3, offload_layers=1)
+    meta = checkpoint.check_run_dir(cfg, 2)
+    changed = resume_keys.compare(meta["run"], cfg)[1]
+    assert resume_keys.changed_line(changed, meta["step"]) == ("resume: changed since step 3: steps 3 -> 6, lr 0.0001 "
+                                                               "-> 0.001, offload_layers 0 -> 1")
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"optimizer_offload": True, "optimizer_offload_ratio": 0.5}, "optimizer.offload_ratio 1 -> 0.5 (the optimizer "
+                                                                 "state is saved in the old split's sub-groups"),
+    ({"torch_adam": False}, "optimizer.torch_adam True -> False (the saved Adam state is carried into another "
+                            "implementation only for optimizer_offload)"),
+    ({"attn_backend": "sdpa_math"}, "kernels.attn_backend 'auto' -> 'sdpa_math'"),
+    ({"rope_scaling": "none"}, "model.rope_scaling 'auto' -> 'none'"),
+])
+def test_resume_refuses_a_change_that_cannot_be_honoured_naming_why(tmp_path, kw, says):
+    fake_checkpoint(tmp_path / "out")
+    msg = refused(tmp_path / "out", [f"resume: this run changes {says}"], resume=True, steps=6, sp_size=2, world=2,
+                  **kw)
+    assert "optimizer.offload " not in msg  # the offload itself may change (run/resume_changes.py)
 
 
 def test_resume_with_changed_lora_and_from_a_checkpoint_older_than_lora(tmp_path):
     fake_checkpoint(tmp_path / "out", lora_rank=8)
-    refused(tmp_path / "out", ["lora_rank: 8 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
+    refused(tmp_path / "out", ["lora.rank 8 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
     old = fake_checkpoint(tmp_path / "old")  # written before the lora keys existed: they held their defaults
     meta = json.loads((old / "meta.json").read_text())
-    meta["run"] = {k: v for k, v in meta["run"].items() if not k.startswith("lora_")}
+    meta["run"] = {k: v for k, v in meta["run"].items() if not k.startswith("lora_") and k != "steps"}
     (old / "meta.json").write_text(json.dumps(meta))
-    assert checkpoint.check_run_dir(RunConfig(output_dir=str(tmp_path / "old"), resume=True, steps=6, sp_size=2), 2)
-    refused(tmp_path / "old", ["lora_rank: 0 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
+    cfg = RunConfig(output_dir=str(tmp_path / "old"), resume=True, steps=6, sp_size=2)
+    assert resume_keys.compare(checkpoint.check_run_dir(cfg, 2)["run"], cfg) == ([], [])  # steps then: not known
+    refused(tmp_path / "old", ["lora.rank 0 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
 
 
 def test_resume_with_nothing_left_to_train(tmp_path):

@@ -1,0 +1,167 @@
+"""A run-config file's text -> its data, read strictly: what the file says is what the run gets.
+
+    data = read_config_file("run.yaml")     # a dict (or whatever the top level is); ValueError naming file and line
+
+Rules (each refusal names the file, the line and the fix):
+- at most MAX_BYTES (1 MiB; a run config is a few KiB), checked before anything is parsed;
+- a key given twice in one mapping, at any depth (`lr` twice, two `optimizer:` sections), is refused naming its dotted
+  path and both lines: YAML and JSON parsers keep the last silently;
+- YAML anchors and aliases (`&name`, `*name`, `<<: *name`) are refused: a run config never needs them, and aliases
+  expand (billion laughs);
+- YAML tags beyond the safe loader's (`!!python/object`, `!custom`) are refused, naming the tag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+MAX_BYTES = 1 << 20
+
+
+def read_config_file(path: Union[str, Path]) -> Any:
+    """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules). FileNotFoundError for
+    a missing file; ValueError for everything else that is wrong with it."""
+    kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
+    with open(path, "rb") as f:  # read one byte past the cap: a device or FIFO never streams in whole
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        size = Path(path).stat().st_size
+        said = f"{size / 2 ** 20:.1f} MiB" if size > MAX_BYTES else f"more than {MAX_BYTES // 2 ** 20} MiB"
+        raise ValueError(f"config {path} is {said}, over the {MAX_BYTES // 2 ** 20} MiB a run config may be (one is a "
+                         f"few KiB); check that this is the run config, or write one with `ds-longctx plan --out`")
+    try:
+        text = raw.decode()
+        return _yaml(text, path) if kind == "YAML" else _json(text, path)
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
+        if isinstance(e, _Refused):
+            raise ValueError(str(e)) from None
+        first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
+        raise ValueError(f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
+                         f"with `ds-longctx plan --out`") from None
+
+
+class _Refused(ValueError):
+    """A rule of this module broken: its message is the whole refusal."""
+
+
+def _twice(path, key: str, first: Optional[int], second: Optional[int]) -> _Refused:
+    lines = f" (lines {first} and {second})" if first != second else f" (line {first})"
+    lines = lines if first and second else ""
+    return _Refused(f"config {path}: key {key} appears twice{lines}; keep one")
+
+
+# ----------------------------------------------------------------------------- YAML
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value seen twice out again instead of as an anchor and alias, which `read_config_file` refuses."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def yaml_text(data) -> str:
+    """`data` as YAML that `read_config_file` reads back: keys in their order, no anchors."""
+    return yaml.dump(data, Dumper=_PlainDumper, sort_keys=False)
+
+
+def _yaml(text: str, path) -> Any:
+    loader = _StrictLoader(text)
+    loader.where = path
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors, aliases, unknown tags and duplicate keys (module doc), on the composed nodes
+    before any value is constructed."""
+
+    where: Any = None
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(f"config {self.where} line {line} uses a YAML alias (*{event.anchor}); write the values "
+                           f"out")
+        if getattr(event, "anchor", None) is not None:
+            raise _Refused(f"config {self.where} line {line} defines a YAML anchor (&{event.anchor}); a run config "
+                           f"has no use for one: remove it and write the values out")
+        return super().compose_node(parent, index)
+
+    def construct_document(self, node):
+        self._check(node, "")
+        return super().construct_document(node)
+
+    def _check(self, node, at: str) -> None:
+        """Every node under `node` (dotted path `at`): a known tag, and no mapping key twice."""
+        if node.tag not in self.yaml_constructors or node.tag is None:
+            raise _Refused(f"config {self.where} line {node.start_mark.line + 1} uses the YAML tag {node.tag!r}; a "
+                           f"run config holds plain keys and values: remove the tag")
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, v in node.value:
+                self._check(k, at)
+                key = f"{at}.{k.value}" if at else str(k.value)
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in seen:
+                        raise _twice(self.where, key, seen[k.value], k.start_mark.line + 1)
+                    seen[k.value] = k.start_mark.line + 1
+                self._check(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check(item, f"{at}[{i}]")
+
+
+# ----------------------------------------------------------------------------- JSON
+class _Duplicate(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        raise _Duplicate
+    return out
+
+
+def _json(text: str, path) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except _Duplicate:
+        key, first, second = _json_duplicate(text)
+        raise _twice(path, key, first, second) from None
+
+
+# a JSON string, or one structural character (numbers and literals are skipped over)
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]')
+
+
+def _json_duplicate(text: str) -> tuple:
+    """(dotted path, first line, second line) of the first key given twice in one object of the valid JSON `text`."""
+    frames: list = []  # one per open container: [path, {key: line} (None: an array), item index, expecting a key]
+    line, pos = 1, 0
+    for m in _JSON_TOKEN.finditer(text):
+        tok = m.group()
+        top = frames[-1] if frames else None
+        if tok in "{[":
+            at = top[4] if top and top[1] is not None else (f"{top[0]}[{top[2]}]" if top else "")
+            frames.append([at, {} if tok == "{" else None, 0, tok == "{", at])
+        elif tok in "}]":
+            frames.pop()
+        elif tok == ",":
+            top[2] += 1
+            top[3] = top[1] is not None
+        elif tok[0] == '"' and top and top[3]:  # a key
+            line, pos = line + text.count("\n", pos, m.start()), m.start()
+            key = json.loads(tok)
+            top[4] = f"{top[0]}.{key}" if top[0] else key
+            if key in top[1]:
+                return top[4], top[1][key], line
+            top[1][key], top[3] = line, False
+    return "?", None, None

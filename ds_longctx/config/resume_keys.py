@@ -1,0 +1,90 @@
+"""Which run-config keys a resume may change: the one home of that rule.
+
+    refused, changed = compare(meta["run"], cfg)     # the checkpoint's stored values against this run's
+    stored_values(cfg)                               # what checkpoint.save stores in meta.json's `run`
+
+FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is refused before
+anything is loaded (run/checkpoint.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this
+run's to set: the step count, saving, logging, evaluation, the memory levers (optimizer and parameter offload
+included), the lr and its schedule; a change is applied after the checkpoint's load (run/resume_changes.py) and listed
+in one log line. NOT_COMPARED keys say where and whether to resume, and sp_size is the layout (checked with the world
+size). Every key is in exactly one class.
+"""
+
+from __future__ import annotations
+
+from ds_longctx.config.keys import FLAT
+
+# key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
+FIXED = {
+    "model": "", "dtype": "", "rope_scaling": "", "attn_backend": "",
+    "seq_len": "", "micro_batch": "", "seed": "", "shuffle": "",
+    "grad_accum": "it sets the sequences of every step, so the data order would not continue",
+    "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
+    "add_eos": "", "skip_bad_rows": "",
+    "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
+    "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
+    "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "
+                               "their size) and is not carried into another split",
+}
+MAY_CHANGE = (
+    "steps", "epochs", "loss_average", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay", "grad_clip",
+    "optimizer_state_at_build", "save_every", "keep_checkpoints", "log_every", "report_to", "memory_snapshot_steps",
+    "eval_data", "eval_every", "eval_rows", "eval_buckets",
+    "data_cache_dir", "tokenize_num_proc", "fused_ops",
+    "chunked_loss", "loss_chunk_rows", "activation_checkpointing", "offload_layers", "attention_cache_layers",
+    "placement", "pinned_pool", "tiled_mlp", "tiled_layer", "tile_tokens", "attn_bwd_head_groups", "gpu_budget_gb",
+    "run_ahead_layers", "optimizer_offload", "offload_params",
+    "collective_timeout_s", "sp_across_nodes", "nodes", "gpus_per_node",
+)
+NOT_COMPARED = ("output_dir", "overwrite", "resume", "resume_tag", "sp_size")
+# the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups (lr,
+# weight_decay) and the scheduler's step from the checkpoint
+OPTIMIZER_KEYS = ("steps", "epochs", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay")
+
+
+def _check_classes() -> None:
+    keys = [*FIXED, *MAY_CHANGE, *NOT_COMPARED]
+    if sorted(keys) != sorted(FLAT):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise TypeError(f"config/resume_keys.py: every run-config key belongs to one class; unclassified "
+                        f"{sorted(set(FLAT) - set(keys))}, unknown {sorted(set(keys) - set(FLAT))}, twice {twice}")
+
+
+_check_classes()
+
+
+def stored_values(cfg) -> dict:
+    """{flat key: value} of every compared key: what a checkpoint keeps to compare a resume against."""
+    return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE)}
+
+
+def dotted(key: str) -> str:
+    return ".".join(FLAT[key])
+
+
+def compare(saved: dict, cfg) -> tuple[list, list]:
+    """(refused, changed): [(flat key, checkpoint's value, this run's)] of the FIXED and of the MAY_CHANGE keys that
+    differ. A FIXED key the checkpoint's version did not store held its default; such a MAY_CHANGE key is not
+    listed (its value then is unknown)."""
+    default = type(cfg)()
+    refused = [(k, saved.get(k, default.get(k)), cfg.get(k)) for k in FIXED]
+    changed = [(k, saved[k], cfg.get(k)) for k in MAY_CHANGE if k in saved]
+    return [r for r in refused if r[1] != r[2]], [c for c in changed if c[1] != c[2]]
+
+
+def _show(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else repr(v)
+
+
+def resume_refusal(refused: list, where: str) -> str:
+    """The refusal of a resume that changes FIXED keys (`compare`'s first list) of checkpoint `where`."""
+    what = ", ".join(f"{dotted(k)} {_show(a)} -> {_show(b)}" + (f" ({FIXED[k]})" if FIXED[k] else "")
+                     for k, a, b in refused)
+    return (f"resume: this run changes {what} from checkpoint {where}; resume with the checkpoint's values (its "
+            f"run.yaml) or start a new output_dir")
+
+
+def changed_line(changed: list, step: int) -> str:
+    """The one log line of what a resume at `step` changes (`compare`'s second list)."""
+    return f"resume: changed since step {step}: " + ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changed)

@@ -1,0 +1,69 @@
+"""What a resume changes (config/resume_keys.py decides what may change), applied after the checkpoint's load and
+listed in one log line on rank 0:
+
+    resume: changed since step 3: lr 0.001 -> 0.0005, steps 6 -> 8
+
+Most keys take effect by being read from this run's config. The optimizer's do not: DeepSpeed's load restores the
+param groups (lr, weight_decay) and the lr scheduler's state (its step and peak lr) from the checkpoint, while the
+schedule's shape (plan/lr_schedule.py: warm-up, decay, floor, steps) is built from this run's config. So after the
+load every group gets this run's weight_decay and the scheduler this run's peak lr at the checkpoint's step: the next
+step runs with the lr this run's schedule gives it (as a run with this config from the start would, from that step
+on). A changed optimizer_offload loads one Adam's saved state into the other (`adopt_saved_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ds_longctx.config.resume_keys import OPTIMIZER_KEYS, changed_line, compare
+from ds_longctx.run.optimizer_state import optimizers
+
+log = logging.getLogger("ds_longctx")
+
+
+def set_schedule(ds_engine, lr: float, weight_decay: float, step: int) -> None:
+    """Every param group's weight_decay set to this run's, and the lr schedule (a LambdaLR of this run's
+    plan/lr_schedule.py, stepped once per optimizer step) put at `step` with this run's peak lr: the next step runs
+    at lr x factor(step), as a run with this config from the start would."""
+    sched = ds_engine.lr_scheduler
+    for opt in optimizers(ds_engine.optimizer):
+        for group in opt.param_groups:
+            group["weight_decay"] = weight_decay
+            if sched is None:
+                group["lr"] = lr
+    if sched is not None:
+        sched.base_lrs = [lr] * len(sched.base_lrs)
+        sched.last_epoch = step
+        for group, factor in zip(sched.optimizer.param_groups, sched.lr_lambdas):
+            group["lr"] = lr * factor(step)
+        sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+
+
+def adopt_saved_state(zo) -> None:
+    """After a load of another Adam's state (optimizer_offload changed: torch AdamW <-> DeepSpeed CPU Adam): each
+    param group gets the settings this optimizer keeps and the saved groups lack (CPU Adam's `bias_correction`: a
+    KeyError at the first step otherwise), and CPU Adam's per-parameter step counters become ints (torch's are
+    tensors; torch's AdamW converts the other way itself). The moments are the same tensors in both. A no-op where the
+    checkpoint's Adam is this run's."""
+    for opt in optimizers(zo):
+        for group in opt.param_groups:
+            for key, value in opt.defaults.items():
+                group.setdefault(key, value)
+        if type(opt).__name__ == "DeepSpeedCPUAdam":
+            for state in opt.state.values():
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = int(state["step"].item())
+
+
+def apply_changes(engine, cfg, meta: dict) -> list:
+    """Apply what this run changes against the checkpoint of `meta` (just loaded into `engine`); log it in one line
+    on rank 0. Returns [(flat key, old, new)]."""
+    changed = compare(meta["run"], cfg)[1]
+    if any(k in OPTIMIZER_KEYS for k, _, _ in changed):
+        set_schedule(engine.ds, cfg.optimizer.lr, cfg.optimizer.weight_decay, int(meta["step"]))
+    adopt_saved_state(engine.ds.optimizer)  # always: checkpoints older than this rule do not store optimizer_offload
+    if changed and engine.state.rank == 0:
+        log.info(changed_line(changed, int(meta["step"])))
+    return changed
