@@ -272,6 +272,16 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout
     raise AssertionError(f"no {n} steps within {timeout}s:\n{log.read_text()[-4000:]}")
 
 
+def hold_lock(out: Path) -> subprocess.Popen:
+    """Another process holding `out`'s run lock (run/run_lock.py) until it is killed; returned once it holds it."""
+    code = ("import sys, time; from ds_longctx.run.run_lock import RunLock; RunLock.acquire(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=cpu_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held", "the lock holder did not start"
+    return proc
+
+
 def worker(proc: subprocess.Popen, rank: int):
     """The psutil.Process of the torchrun worker with RANK == rank."""
     import psutil

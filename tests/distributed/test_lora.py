@@ -56,6 +56,17 @@ def fp32_state(run_dir):
     return {k.removeprefix("model."): v for k, v in state.items()}
 
 
+def assert_saved_size(tag_dir, ranks=2, **lora):
+    """A real save's bytes against what preflight counts for it (plan/planner.disk_checkpoint_bytes, fp32): at least
+    that, and at most 100 kB per rank more (its RNG file and the names in its pickles: ~70 kB here, whatever the
+    model's size)."""
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.planner import disk_checkpoint_bytes
+    size = sum(f.stat().st_size for f in tag_dir.rglob("*") if f.is_file())
+    want = disk_checkpoint_bytes(ModelGeometry.from_name_or_path("qwen3-tiny"), dtype_bytes=4, **lora)
+    assert want <= size <= want + 100_000 * ranks, (size, want)
+
+
 def test_train_keeps_the_base_and_moves_the_adapters(tmp_path):
     out = tmp_path / "run"
     res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", "64", "--steps",
@@ -63,6 +74,7 @@ def test_train_keeps_the_base_and_moves_the_adapters(tmp_path):
                    str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
+    assert_saved_size(out / "checkpoints" / "step2", lora_rank=4)
     state = fp32_state(out)
     base = dict(tiny_model(seed=0).named_parameters())
     initial = tiny_model(seed=0)
