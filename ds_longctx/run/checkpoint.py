@@ -171,6 +171,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
             raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds {', '.join(held)} of another "
                                   f"run; pass --resume to continue that run, --overwrite to replace it (its "
                                   f"checkpoints deleted, its metrics kept aside), or choose a new output_dir")
+        if cfg.train.overwrite and (problem := files.overwrite_problem(root, _TAG)):
+            raise CheckpointError(problem)
         return None
     if cfg.train.overwrite:
         raise CheckpointError("overwrite with resume: resume continues the run in output_dir, overwrite replaces it; "
@@ -200,9 +202,12 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
 
 def clear_previous_run(cfg) -> None:
     """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its metrics are kept
-    aside by the metrics log, run.yaml and ds_config.json replaced)."""
+    aside by the metrics log, run.yaml and ds_config.json replaced), only where every file in it is a save's
+    (checkpoint_files.foreign_files; check_run_dir refused otherwise)."""
     root = ckpt_root(cfg.train.output_dir)
     if cfg.train.overwrite and not cfg.checkpoint.resume and root.exists():
+        if problem := files.overwrite_problem(root, _TAG):
+            raise CheckpointError(problem)
         shutil.rmtree(root)
         log.info("overwrite: deleted the previous run's %s", root)
 
@@ -310,7 +315,7 @@ def _prune(root: Path, step: int, keep: int) -> None:
     """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left alone)."""
     if keep <= 0:
         return
-    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _TAG.match(p.name)) and p.is_dir())
+    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _TAG.match(p.name)) and (p / META).is_file())
     older = [p for s, p in tags if s <= step]
     for p in older[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
