@@ -297,6 +297,17 @@ def worker(proc: subprocess.Popen, rank: int):
     raise AssertionError(f"no worker with RANK={rank}")
 
 
+def assert_saved_size(tag_dir, ranks=2, **lora):
+    """A real save of qwen3-tiny (fp32) against what preflight counts for it (plan/planner.disk_checkpoint_bytes): at
+    least that, and at most 100 kB per rank more (its RNG file and the names in its pickles: ~70 kB here, whatever
+    the model's size)."""
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.planner import disk_checkpoint_bytes
+    size = sum(f.stat().st_size for f in tag_dir.rglob("*") if f.is_file())
+    want = disk_checkpoint_bytes(ModelGeometry.from_name_or_path("qwen3-tiny"), dtype_bytes=4, **lora)
+    assert want <= size <= want + 100_000 * ranks, (size, want)
+
+
 def text_run_args(d: Path) -> list[str]:
     """A small JSONL corpus + word-level tokenizer under `d`; the train options that read it (fp32, SP=2)."""
     if not (d / "c.jsonl").exists():

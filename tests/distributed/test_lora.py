@@ -18,7 +18,7 @@ import torch
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.lora import apply_lora, is_adapter
 from tests.distributed.test_ulysses import check, run, sample
-from tests.helpers import read_metrics, rel_err, run_cli, tiny_model, torchrun
+from tests.helpers import assert_saved_size, read_metrics, rel_err, run_cli, tiny_model, torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("peft")
@@ -54,17 +54,6 @@ def fp32_state(run_dir):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     state = get_fp32_state_dict_from_zero_checkpoint(str(run_dir / "checkpoints"))
     return {k.removeprefix("model."): v for k, v in state.items()}
-
-
-def assert_saved_size(tag_dir, ranks=2, **lora):
-    """A real save's bytes against what preflight counts for it (plan/planner.disk_checkpoint_bytes, fp32): at least
-    that, and at most 100 kB per rank more (its RNG file and the names in its pickles: ~70 kB here, whatever the
-    model's size)."""
-    from ds_longctx.plan.geometry import ModelGeometry
-    from ds_longctx.plan.planner import disk_checkpoint_bytes
-    size = sum(f.stat().st_size for f in tag_dir.rglob("*") if f.is_file())
-    want = disk_checkpoint_bytes(ModelGeometry.from_name_or_path("qwen3-tiny"), dtype_bytes=4, **lora)
-    assert want <= size <= want + 100_000 * ranks, (size, want)
 
 
 def test_train_keeps_the_base_and_moves_the_adapters(tmp_path):

@@ -15,6 +15,7 @@ import torch
 from ds_longctx.run import checkpoint
 from tests.helpers import (
     ROOT,
+    assert_saved_size,
     cpu_env,
     free_port,
     read_metrics,
@@ -70,7 +71,6 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
 def test_a_saved_checkpoint_is_the_size_preflight_counts(runs):
     """Full fine-tuning: 12 bytes per parameter (plan/planner.disk_checkpoint_bytes; LoRA: tests/distributed/
     test_lora.py), the free-space check's unit."""
-    from tests.distributed.test_lora import assert_saved_size
     assert_saved_size(checkpoint.ckpt_root(runs["straight"]) / "step6")
 
 

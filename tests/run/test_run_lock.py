@@ -93,3 +93,12 @@ def test_ds_longctx_train_into_a_directory_in_use_is_refused_before_any_worker(t
     assert stopped.value.code == 2 and last.startswith(f"refused before start: output_dir={str(out)!r} is in use by "
                                                        f"pid {holder.pid} on host "), err
     assert sorted(p.name for p in out.iterdir()) == before and lock_holder(out)["pid"] == holder.pid
+
+
+def test_checkpoint_convert_of_a_run_in_progress_is_refused(tmp_path, holder, capsys):
+    from ds_longctx.run.checkpoint_convert import main
+    (tmp_path / "run" / "checkpoints" / "step3").mkdir(parents=True)
+    assert main(["convert", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"refused: output_dir={str(tmp_path / 'run')!r} is in use by pid {holder.pid}") and \
+        err.endswith("or convert it once that run has ended")
