@@ -39,12 +39,16 @@ def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.tra
 
 
 def precheck(nproc: int, run_args: list[str]):
-    """Parse and check the run in this process (`preflight`: the engine's checks, RoPE coverage, data source,
-    output_dir / resume), before any worker starts. Exits 2 on bad input."""
+    """Parse and check the run in this process (another writer in output_dir: run/run_lock.py; `preflight`: the
+    engine's checks, RoPE coverage, data source, output_dir / resume), before any worker starts. Exits 2 on bad
+    input."""
     from ds_longctx.run.argv import parse_config
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
+    from ds_longctx.run.run_lock import FIX, in_use, lock_holder
     cfg = parse_config(run_args, nproc, nproc)
+    if (holder := lock_holder(cfg.train.output_dir)) is not None:
+        refuse(f"refused before start: {in_use(cfg.train.output_dir, holder, FIX)}")
     try:
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
     except ValueError as e:
@@ -53,13 +57,15 @@ def precheck(nproc: int, run_args: list[str]):
 
 
 def run_train(nproc: int, run_args: list[str]) -> int:
-    """Check the run here (`precheck`), then start `nproc` local training workers (`launch`)."""
+    """Check the run here (`precheck`), then start `nproc` local training workers (`launch`) holding output_dir's
+    lock."""
     from ds_longctx.run.refuse import REFUSED
+    from ds_longctx.run.run_lock import FIX
     if problem := nproc_problem(nproc):
         print(problem, file=sys.stderr)
         return REFUSED
     cfg = precheck(nproc, run_args)
-    return launch(nproc, run_args, "ds_longctx.train", cfg.train.output_dir)
+    return launch_holding(cfg.train.output_dir, FIX, nproc, run_args, "ds_longctx.train", saves=True)
 
 
 CPU_PROCESSES_PER_CORE = 4  # gloo workers past this many per core only wait for each other (and each holds a model)
@@ -88,21 +94,43 @@ def nproc_problem(nproc: int) -> str | None:
 def run_eval(argv: list[str]) -> int:
     """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad input), then start the
     checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
-    from ds_longctx.run.eval_checkpoint import args_parser, eval_inputs
+    from ds_longctx.run.eval_checkpoint import OUT_FIX, args_parser, eval_inputs
     from ds_longctx.run.refuse import REFUSED, refuse
+    from ds_longctx.run.run_lock import in_use, lock_holder
     nproc = args_parser().parse_known_args(argv)[0].nproc
     if nproc is not None and (problem := nproc_problem(nproc)):
         print(problem, file=sys.stderr)
         return REFUSED
     try:
-        _, _, _, meta, _ = eval_inputs(argv, nproc)
+        _, _, _, meta, out = eval_inputs(argv, nproc)
     except ValueError as e:
         refuse(f"refused before start: {e}")
+    if (holder := lock_holder(out)) is not None:  # eval writes its lines into `out`: one writer there
+        refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
     if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
         print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
               f"starts)", file=sys.stderr)
         return REFUSED
-    return launch(meta["run"]["world_size"], argv, "ds_longctx.eval")
+    return launch_holding(out, OUT_FIX, meta["run"]["world_size"], argv, "ds_longctx.eval")
+
+
+def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, saves: bool = False) -> int:
+    """`launch` while this process holds `out`'s lock (run/run_lock.py), named to the workers in $DS_LONGCTX_RUN_LOCK;
+    exits 2 where another process took it since the check. `saves`: `out` is a training run's (its checkpoints are
+    named after an abandoned save)."""
+    from ds_longctx.run.refuse import refuse
+    from ds_longctx.run.run_lock import LOCK_ENV, lock_env_value, take
+    try:
+        lock = take(out, fix)
+    except ValueError as e:
+        refuse(f"refused before start: {e}")
+    os.environ[LOCK_ENV] = lock_env_value()
+    try:
+        return launch(nproc, args, module, str(out) if saves else None)
+    finally:
+        os.environ.pop(LOCK_ENV, None)
+        if lock is not None:
+            lock.release()
 
 
 def launch(nproc: int, args: list[str], module: str, output_dir: str | None = None) -> int:

@@ -280,6 +280,16 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout
     raise AssertionError(f"no {n} steps within {timeout}s:\n{log.read_text()[-4000:]}")
 
 
+def hold_lock(out: Path) -> subprocess.Popen:
+    """Another process holding `out`'s run lock (run/run_lock.py) until it is killed; returned once it holds it."""
+    code = ("import sys, time; from ds_longctx.run.run_lock import RunLock; RunLock.acquire(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=cpu_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held", "the lock holder did not start"
+    return proc
+
+
 def worker(proc: subprocess.Popen, rank: int):
     """The psutil.Process of the torchrun worker with RANK == rank."""
     import psutil
@@ -293,6 +303,17 @@ def worker(proc: subprocess.Popen, rank: int):
                 continue
         time.sleep(0.2)
     raise AssertionError(f"no worker with RANK={rank}")
+
+
+def assert_saved_size(tag_dir, ranks=2, **lora):
+    """A real save of qwen3-tiny (fp32) against what preflight counts for it (plan/planner.disk_checkpoint_bytes): at
+    least that, and at most 100 kB per rank more (its RNG file and the names in its pickles: ~70 kB here, whatever
+    the model's size)."""
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.planner import disk_checkpoint_bytes
+    size = sum(f.stat().st_size for f in tag_dir.rglob("*") if f.is_file())
+    want = disk_checkpoint_bytes(ModelGeometry.from_name_or_path("qwen3-tiny"), dtype_bytes=4, **lora)
+    assert want <= size <= want + 100_000 * ranks, (size, want)
 
 
 def text_run_args(d: Path) -> list[str]:

@@ -96,7 +96,7 @@ class Scan:
             also = ", ".join(f"{Path(f.file).name}:{f.line}" for f in self.named[1:])
             more = f" ({self.bad} of {total} rows are bad, also {also}{' ...' if self.bad > MAX_NAMED else ''})" \
                 if self.bad > 1 else ""
-            raise DataError(f"{first.where()}: {first.what}; fix or remove that {first.unit}, or set "
+            raise DataError(f"{first.where()}: {first.what}; fix that {first.unit} in the file, or set "
                             f"data.skip_bad_rows: true to skip such rows{more}")
         if not self.rows:
             raise DataError(f"data={source!r}: all {self.bad} rows are bad, nothing is left to train on (the first: "

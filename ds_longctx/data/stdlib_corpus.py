@@ -5,7 +5,9 @@
 
 DIR gets train.jsonl and eval.jsonl (one {"name", "text"} object per document, in the order below), tokenizer/ (a
 PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json). Everything is written under
-DIR.partial and renamed to DIR at the end: DIR holds a whole corpus or nothing.
+DIR.partial (made with parallel/disk.PARTIAL_MARKER) and renamed to DIR at the end: DIR holds a whole corpus or
+nothing. A DIR.partial without the marker is not this command's: it is refused, never removed; a full disk or a
+permission that stops the write is said in one line, with nothing left behind.
 
 Documents: the `*.py` files of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`; site-packages,
 dist-packages and __pycache__ left out). One document per top-level module (`os.py` -> `os`) or package tree
@@ -30,7 +32,6 @@ from __future__ import annotations
 # tokenizers and transformers are imported where the tokenizer is trained and saved, after the documents are read.
 import argparse
 import json
-import os
 import platform
 import shutil
 import sys
@@ -43,6 +44,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ds_longctx.data.scan import DataError
+from ds_longctx.parallel.disk import (
+    NotOurs,
+    check_partial,
+    clear_partial,
+    describe_os_error,
+    existing_ancestor,
+    finish_partial,
+    free_bytes,
+    is_disk_error,
+    make_partial,
+    partial_maker,
+    size_text,
+)
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"}
 SPLIT_PACKAGES = ("test",)  # packages of independent modules: one document per module or subpackage under them
@@ -239,8 +253,13 @@ def card_markdown(c: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- entry point
-def prepare(args) -> dict:
-    """Write the corpus (module doc) to args.out; returns the card."""
+PARTIAL_FIX = "move it away (or choose another --out)"
+TOKENIZER_BYTES_PER_ID = 100  # tokenizer.json and its companions, per vocabulary id (a 32,000-id BPE: ~2.5 MB)
+
+
+def check_prepare_out(args) -> Path:
+    """The --out directory, refused (DataError) before anything is read: not new or empty, bad sizes, or an
+    `<out>.partial` that an earlier prepare did not leave (parallel/disk.check_partial)."""
     if not args.stdlib:
         raise DataError("data prepare needs a source: --stdlib (the Python standard library of this interpreter, "
                         "the one source so far)")
@@ -251,32 +270,61 @@ def prepare(args) -> dict:
     if args.vocab_size < 256 + len(SPECIALS) + 1 or args.eval_every < 1 or args.eval_min_chars < 0:
         raise DataError(f"--vocab_size {args.vocab_size} must be > {256 + len(SPECIALS)} (the bytes and the specials), "
                         f"--eval_every {args.eval_every} >= 1, --eval_min_chars {args.eval_min_chars} >= 0")
+    try:
+        check_partial(out.with_name(out.name + ".partial"), PARTIAL_FIX)
+    except NotOurs as e:
+        raise DataError(f"--out {str(out)!r}: {e}") from None
+    return out
+
+
+def prepare(args) -> dict:
+    """Write the corpus (module doc) to args.out; returns the card."""
+    out = check_prepare_out(args)
     root = Path(sysconfig.get_paths()["stdlib"])
     seconds, t0 = {}, time.perf_counter()
     docs, left_out = read_documents(root, set(args.only.split(",")) if args.only else None)
     held = hold_out(docs, args.eval_every, args.eval_min_chars)
     seconds["read"] = round(time.perf_counter() - t0, 1)
     tok = train_tokenizer([d.text for d in docs if d.split == "train"], args.vocab_size)
-    seconds["train_tokenizer"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    seconds["tokenizer"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
     count_tokens(docs, tok)
     seconds["tokenize"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    lines = {split: "".join(json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n" for d in docs
+                            if d.split == split).encode() for split in ("train", "eval")}
+    return write_corpus(out, tok, lines, lambda vocab: card(docs, root, left_out, held, vocab, args, seconds),
+                        seconds, t0)
+
+
+def write_corpus(out: Path, tok, lines: dict, make_card, seconds: dict, t0: float) -> dict:
+    """The tokenizer, train/eval.jsonl (`lines`: their bytes) and the card into `<out>.partial` (made with its
+    marker), renamed to `out` at the end; returns the card. A full disk or a permission is refused before the first
+    byte where the free space is short, else named in one line (DataError) with nothing left behind."""
     partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    vocab = save_tokenizer(tok, partial / "tokenizer")
-    for split in ("train", "eval"):
-        with open(partial / f"{split}.jsonl", "w", encoding="utf-8") as fh:
-            for d in docs:
-                if d.split == split:
-                    fh.write(json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n")
-    seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
-    seconds["total"] = round(time.perf_counter() - t0, 1)
-    c = card(docs, root, left_out, held, vocab, args, seconds)
-    (partial / "data_card.json").write_text(json.dumps(c, indent=1) + "\n")
-    (partial / "data_card.md").write_text(card_markdown(c))
-    if out.exists():
-        out.rmdir()  # empty (checked above)
-    os.replace(partial, out)
+    needed = sum(len(b) for b in lines.values()) + TOKENIZER_BYTES_PER_ID * tok.get_vocab_size()
+    free = free_bytes(out)
+    if free is not None and free < needed:
+        raise DataError(f"--out {str(out)!r}: the corpus needs ~{size_text(needed)} and {existing_ancestor(out)} has "
+                        f"{size_text(free)} free; choose an --out on a filesystem with more space")
+    if said := clear_partial(partial, PARTIAL_FIX):
+        print(said, file=sys.stderr)
+    try:
+        make_partial(partial)
+        vocab = save_tokenizer(tok, partial / "tokenizer")
+        for split, data in lines.items():
+            (partial / f"{split}.jsonl").write_bytes(data)
+        seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+        seconds["total"] = round(time.perf_counter() - t0, 1)
+        c = make_card(vocab)
+        (partial / "data_card.json").write_text(json.dumps(c, indent=1) + "\n")
+        (partial / "data_card.md").write_text(card_markdown(c))
+        finish_partial(partial, out)
+    except BaseException as e:
+        if partial_maker(partial) is not None:  # ours, made above (without the marker it was never made)
+            shutil.rmtree(partial, ignore_errors=True)
+        if not is_disk_error(e):
+            raise
+        raise DataError(f"--out {str(out)!r}: writing the corpus failed: {describe_os_error(e, partial, needed)}; "
+                        f"nothing was left there; free space or choose another --out") from None
     return c
 
 

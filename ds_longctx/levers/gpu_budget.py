@@ -27,9 +27,10 @@ from __future__ import annotations
 import collections
 import logging
 
+from ds_longctx.parallel.disk import GB  # the project's GB; the planner takes it from here
+
 log = logging.getLogger("ds_longctx")
 
-GB = 10**9  # the project's GB, in budgets, plans and reports; the planner takes it from here
 # the CUDA context's memory outside the allocator; the planner's cuda_context term is this figure
 CUDA_CONTEXT_GIB = 1.5
 CUDA_CONTEXT_BYTES = int(CUDA_CONTEXT_GIB * 2 ** 30)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from ds_longctx.config.run import lever_conflict
 from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_GIB, GB
+from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
@@ -47,6 +48,7 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     PHASES,
     Term,
     Terms,
+    adapters,
     attention_terms,
     checkpoint_terms,
     embed_loss_terms,
@@ -166,6 +168,21 @@ def _host_bytes(terms, phases: tuple) -> int:
 def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
     """L·H·2: the checkpointed layer inputs per token of the full sequence (Qwen3-8B: 288 KiB)."""
     return geom.layers * geom.hidden * 2
+
+
+# a saved ZeRO-3 checkpoint holds per trained parameter its fp32 master weight and Adam's two fp32 moments (the
+# optimizer files; the model files hold no trained weight); tests/distributed/test_resume.py checks a real save
+SAVED_BYTES_PER_TRAINED_PARAM = 12
+
+
+def disk_checkpoint_bytes(geom: ModelGeometry, lora_rank: int = 0, lora_targets=DEFAULT_TARGETS,
+                          dtype_bytes: int = 2) -> int:
+    """Bytes on disk of one saved checkpoint (run/checkpoint.save: every rank's files): 12·P (full fine-tuning), or
+    12·A + dtype_bytes·P under LoRA (the frozen base is saved too, in the training dtype). Qwen3-8B: 98 GB."""
+    A = adapters(geom, lora_rank, lora_targets)[0]
+    if not A:
+        return SAVED_BYTES_PER_TRAINED_PARAM * geom.num_params
+    return SAVED_BYTES_PER_TRAINED_PARAM * A + dtype_bytes * geom.num_params
 
 
 

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel import fake_world
+from ds_longctx.parallel.disk import PARTIAL_MARKER, describe_os_error, make_partial
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import META, CheckpointError
@@ -180,6 +181,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
             raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds {', '.join(held)} of another "
                                   f"run; pass --resume to continue that run, --overwrite to replace it (its "
                                   f"checkpoints deleted, its metrics kept aside), or choose a new output_dir")
+        if cfg.train.overwrite and (problem := files.overwrite_problem(root, TAG)):
+            raise CheckpointError(problem)
         return None
     if cfg.train.overwrite:
         raise CheckpointError("overwrite with resume: resume continues the run in output_dir, overwrite replaces it; "
@@ -210,7 +213,7 @@ def set_aside(root: Path) -> None:
     foreign = paths.foreign_partials(root)
     if foreign:
         raise CheckpointError(f"resume: {str(foreign[0])!r} is named like a save in progress but ds_longctx did not "
-                              f"make it (no {paths.PARTIAL_MARKER} or meta.json inside); move it out of {str(root)!r}")
+                              f"make it (no {PARTIAL_MARKER} or meta.json inside); move it out of {str(root)!r}")
     for p in paths.partial_saves(root):
         log.info("resume: %s is a save that never completed (a crash, a full disk or an abandoned save); it is "
                  "set aside and the next save removes it", p)
@@ -218,9 +221,12 @@ def set_aside(root: Path) -> None:
 
 def clear_previous_run(cfg) -> None:
     """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its metrics are kept
-    aside by the metrics log, run.yaml and ds_config.json replaced)."""
+    aside by the metrics log, run.yaml and ds_config.json replaced), only where every file in it is a save's
+    (checkpoint_files.foreign_files; check_run_dir refused otherwise)."""
     root = ckpt_root(cfg.train.output_dir)
     if cfg.train.overwrite and not cfg.checkpoint.resume and root.exists():
+        if problem := files.overwrite_problem(root, TAG):
+            raise CheckpointError(problem)
         shutil.rmtree(root)
         log.info("overwrite: deleted the previous run's %s", root)
 
@@ -247,7 +253,7 @@ def write_meta(tag_dir: Path, meta: dict) -> None:
 
 def _own_files(tmp: Path, rank: int) -> list:
     return [str(f.relative_to(tmp)) for f in sorted(tmp.rglob("*"))
-            if f.is_file() and files.owner(f.name) == rank and f.name != paths.PARTIAL_MARKER]
+            if f.is_file() and files.owner(f.name) == rank and f.name != PARTIAL_MARKER]
 
 
 def save(engine, cfg, step: int, data_signature: dict) -> Path:
@@ -286,7 +292,7 @@ def _attempt(write) -> Optional[str]:
         write()
         return None
     except OSError as e:
-        return paths.os_error_line(e)
+        return describe_os_error(e, e.filename or '?')
 
 
 def _agree(err: Optional[str]) -> Optional[str]:
@@ -303,7 +309,7 @@ def _begin(root: Path, tmp: Path, step: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for stale in paths.partial_saves(root):
         shutil.rmtree(stale, ignore_errors=True)
-    paths.mark_partial(tmp, f"save of step {step}")
+    make_partial(tmp)
 
 
 def _write_own(engine, cfg, tmp: Path, step: int) -> list:
@@ -317,7 +323,7 @@ def _write_own(engine, cfg, tmp: Path, step: int) -> list:
         torch.save(rng_state(), tmp / rng_file(st.rank))
         mine = files.entries(tmp, _own_files(tmp, st.rank), show=st.rank == 0)  # this rank's own files
     except OSError as e:
-        mine = paths.os_error_line(e)
+        mine = describe_os_error(e, e.filename or '?')
         if not wrote:  # DeepSpeed's save ends with a barrier this rank skipped
             _barrier()
     if not dist.is_initialized():
@@ -356,7 +362,7 @@ def _prune(root: Path, step: int, keep: int) -> None:
     """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left alone)."""
     if keep <= 0:
         return
-    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := TAG.match(p.name)) and paths.is_ours(p))
+    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := TAG.match(p.name)) and (p / META).is_file())
     older = [p for s, p in tags if s <= step]
     for p in older[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
@@ -410,7 +416,9 @@ def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume:
                               f"{bad[0][1]})" + fix)
     rank = engine.state.rank
     try:
-        sched = resume and bool(meta["run"].get("warmup_steps"))  # a run without warm-up saved no scheduler state
+        # this version saves plan/lr_schedule.py's LambdaLR; an older one's WarmupLR (or none) is not loaded: the
+        # resume sets the schedule at the checkpoint's step itself (run/resume_changes.set_schedule)
+        sched = resume and "lr_schedule" in meta["run"]
         with files.weights_only_loads():
             path, client = engine.ds.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name,
                                                      load_optimizer_states=True, load_lr_scheduler_states=sched)

@@ -6,7 +6,8 @@ Format 1 recorded each file's size only and pickled each rank's RNG state with n
 conversion loads each RNG file weights-only, with numpy's array globals allowed for that file alone (what numpy's
 RNG state pickles to, nothing that runs code), rewrites it as tensors and numbers, hashes every file (sha256, one
 read of each: run/checkpoint_files.py's cost) and writes meta.json as format 2, atomically, last. DeepSpeed's own
-files are not rewritten; a file that asks for any other global is refused, naming it, and nothing is changed.
+files are not rewritten; a file that asks for any other global is refused, naming it, and nothing is changed. It
+holds the run's lock (run/run_lock.py): a run that is writing there is named and the conversion refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.run import checkpoint, checkpoint_rng
+from ds_longctx.run import checkpoint, checkpoint_rng, run_lock
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import CheckpointError
@@ -67,9 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default=None, help="one tag, e.g. step300 (default: every tag)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        for t in tags(a.checkpoint, a.tag):
-            print(f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}", flush=True)
-    except CheckpointError as e:
+        found = tags(a.checkpoint, a.tag)
+        lock = run_lock.take(found[0].parent.parent, "convert it once that run has ended")  # it rewrites files there
+        try:
+            for t in found:
+                print(f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}", flush=True)
+        finally:
+            if lock is not None:
+                lock.release()
+    except ValueError as e:  # CheckpointError, RunLockError
         print(f"refused: {e}", file=sys.stderr)
         return 2
     return 0

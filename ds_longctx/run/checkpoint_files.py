@@ -27,6 +27,7 @@ from __future__ import annotations
 # this module, and importing it loads none of them.
 import contextlib
 import hashlib
+import json
 import os
 import pickle
 import re
@@ -35,7 +36,7 @@ from typing import Iterable, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.run.checkpoint_paths import CheckpointError, manifest_path, walk_files
+from ds_longctx.run.checkpoint_paths import CheckpointError, is_ours, manifest_path, walk_files
 
 META = "meta.json"
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
@@ -210,3 +211,47 @@ def load(path: Path, legacy_rng: bool = False, map_location="cpu"):
         if reason is None:
             raise
         raise CheckpointError(reason) from None
+
+
+# ----------------------------------------------------------------------------- what of checkpoints/ a save wrote
+# beside its tag directories a save leaves `latest` (and its temporary) and DeepSpeed's two scripts
+SAVED_FILES = ("latest", "latest.tmp", "zero_to_fp32.py", "zero_to_torch.py")
+_SAVING = re.compile(r"^\.tmp-(old-)?step\d+$")  # a save in progress, or the tag directory it replaces
+
+
+def foreign_files(root: Path, tag: re.Pattern) -> list:
+    """What under checkpoints/ `root` no save of this project wrote, as paths from its parent: anything but
+    SAVED_FILES, `.tmp-*` saves marked as ours, and directories named like `tag` whose every file is meta.json or in
+    its manifest."""
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        return [f"{root.name} (a {'symbolic link' if root.is_symlink() else 'file'})"]
+    foreign = []
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        rel = f"{root.name}/{p.name}"
+        if p.is_symlink():
+            foreign.append(f"{rel} (a symbolic link)")
+        elif (p.is_file() and p.name in SAVED_FILES) or (_SAVING.match(p.name) and is_ours(p)):
+            continue
+        elif not p.is_dir() or not tag.match(p.name):
+            foreign.append(rel)
+        elif not (p / META).is_file():
+            foreign.append(f"{rel}/ (no {META}: not a checkpoint this project finished)")
+        else:
+            try:
+                listed = json.loads((p / META).read_text()).get("files", {})
+            except (OSError, ValueError, AttributeError):
+                foreign.append(f"{rel}/{META} (not a checkpoint's)")
+                continue
+            foreign += [f"{rel}/{f.relative_to(p)}" for f in sorted(p.rglob("*")) if f.is_symlink()
+                        or (f.is_file() and str(f.relative_to(p)) not in (*listed, META))]
+    return foreign
+
+
+def overwrite_problem(root: Path, tag: re.Pattern) -> Optional[str]:
+    """Why --overwrite may not delete checkpoints/ `root` (it holds what no save wrote: `foreign_files`), or None."""
+    foreign = foreign_files(root, tag)
+    if not foreign:
+        return None
+    more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+    return (f"overwrite deletes {str(root)!r} only where every file in it is a checkpoint's, and it holds "
+            f"{', '.join(foreign[:5])}{more}, which no save wrote; move those out of it, or choose a new output_dir")

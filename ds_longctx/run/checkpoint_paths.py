@@ -10,13 +10,12 @@ never printed. train, resume, eval, export and `ds-longctx checkpoint` all find 
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import shutil
-import socket
 from pathlib import Path
 from typing import Iterator, Optional
+
+from ds_longctx.parallel.disk import PARTIAL_MARKER
 
 
 class CheckpointError(ValueError):
@@ -111,16 +110,10 @@ def walk_files(tag_dir: Path, what: str) -> Iterator[str]:
 
 # ----------------------------------------------------------------------------- saves in progress
 PARTIAL_PREFIX = ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
-PARTIAL_MARKER = ".ds_longctx-partial"  # in a save in progress: who made it; removed before the rename
-
-
-def mark_partial(d: Path, what: str) -> None:
-    """Make `d` and mark it as a partial output of this process (the marker names what, pid, host)."""
-    d.mkdir(parents=True)
-    (d / PARTIAL_MARKER).write_text(f"{what}, pid {os.getpid()} on {socket.gethostname()}\n")
 
 
 def unmark_partial(d: Path) -> None:
+    """A save about to be renamed into place: no longer partial."""
     (d / PARTIAL_MARKER).unlink(missing_ok=True)
 
 
@@ -137,19 +130,3 @@ def partial_saves(root: Path) -> list:
 def foreign_partials(root: Path) -> list:
     """Paths under `root` named like a save in progress that this project did not make (never removed)."""
     return sorted(p for p in root.glob(PARTIAL_PREFIX + "*") if not is_ours(p)) if root.is_dir() else []
-
-
-def os_error_line(e: OSError, needed: Optional[int] = None) -> str:
-    """An OSError in one line: what failed on which path, and for a full disk the free space (and `needed`)."""
-    path = e.filename or "?"
-    line = f"{e.strerror or type(e).__name__} ({path!r})"
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        try:
-            anc = Path(path)
-            while not anc.exists() and anc != anc.parent:
-                anc = anc.parent
-            free = shutil.disk_usage(anc).free
-            line += f": {free / 1e9:.2f} GB free there" + (f", {needed / 1e9:.2f} GB needed" if needed else "")
-        except OSError:
-            pass
-    return line

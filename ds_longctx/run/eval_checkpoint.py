@@ -11,7 +11,9 @@ The layout must be the checkpoint's: ZeRO-3 partitions are per rank, so N must b
 Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
 before any worker starts. The workers build the engine as the run did, load the weights (`checkpoint.
 load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve to
-`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir. Rank 0 prints the loss. Every file is checked
+`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir, where the eval is the one writer (its lock:
+run/run_lock.py; an eval with --out elsewhere only reads the run). Rank 0 prints the loss; lines it cannot write (a
+full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every file is checked
 and loaded weights-only as a resume's (run/checkpoint.py); SIGTERM / SIGINT end the eval with nothing written.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 # torch, the data and the engine are imported by `main`, in the workers: the launcher checks the arguments
 # (`eval_inputs`) without them.
 import argparse
+import json
 import logging
 import os
 import sys
@@ -28,13 +31,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.parallel.parallel_state import init_distributed
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl, evaluate
-from ds_longctx.run.refuse import refuse
-from ds_longctx.run.stops import end_on_signal, watch_launcher
+from ds_longctx.run.refuse import last_line, refuse
+from ds_longctx.run.stops import FAILED, end_on_signal, watch_launcher
 
 log = logging.getLogger("ds_longctx")
 FIXED = ("model", "dtype", "rope_scaling", "seq_len", "sp_size")  # keys that make the model and its partitions
+# the way out when `out` is another writer's: an eval whose lines go elsewhere only reads the run (no lock there)
+OUT_FIX = "pass --out another directory (an eval that writes elsewhere only reads the checkpoint)"
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -103,14 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from ds_longctx.data import build_eval_data
-    from ds_longctx.run import checkpoint
+    from ds_longctx.run import checkpoint, run_lock
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
-    # ---------------------------------------------------------------- process group, held-out rows, engine, weights
+    # ------------------------------------------------------------ process group, `out`'s lock, rows, engine, weights
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
-    try:
+    try:  # rank 0 holds `out`'s lock unless `ds-longctx eval` does (run/run_lock.py); released at exit
+        rank0_first(lambda: run_lock.take(out, OUT_FIX, rank, os.environ.get(run_lock.LOCK_ENV)), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
@@ -122,16 +129,32 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---------------------------------------------------------------- evaluate, write, say
     result = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)
-    if rank == 0:
-        extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
-        out.mkdir(parents=True, exist_ok=True)
-        append_jsonl(out / METRICS_FILE, result.metrics_row(meta["step"], **extra))
-        append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
-        print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
-              f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}", flush=True)
+    unwritten = [write_lines(result, out, tag_dir, meta, cfg) if rank == 0 else None]
+    run_lock.release_all()
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+        torch.distributed.broadcast_object_list(unwritten, src=0)  # also the barrier: rank 0's lines are written
         torch.distributed.destroy_process_group()
+    if unwritten[0]:
+        last_line(unwritten[0], FAILED, rank)
+        sys.exit(FAILED)
+
+
+def write_lines(result, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
+    """Rank 0: the eval's line in `out`/metrics.jsonl and its curve in eval_curve.jsonl, then the loss said. Returns
+    None, or the one line saying what could not be written (a full disk, a permission) and the metrics line itself."""
+    extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
+    row = result.metrics_row(meta["step"], **extra)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        append_jsonl(out / METRICS_FILE, row)
+        append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
+    except OSError as e:
+        return (f"eval_loss {result.loss:.6f} at step {meta['step']} of {tag_dir}, but its lines were not all written "
+                f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; make {out} "
+                f"writable or pass --out another directory")
+    print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
+          f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}", flush=True)
+    return None
 
 
 if __name__ == "__main__":

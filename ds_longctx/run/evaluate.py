@@ -30,7 +30,9 @@ from __future__ import annotations
 
 # torch and the parallel modules are imported inside the functions that use them: `ds-longctx eval`'s launcher
 # reads this module's file names without them.
+import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +115,22 @@ def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
                       peak_gpu_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0)
 
 
-def append_jsonl(path: Path, row: dict) -> None:
-    with Path(path).open("a") as f:
-        f.write(json.dumps(row) + "\n")
+def append_jsonl(path: Path, *rows: dict) -> None:
+    """Append `rows` to `path` as JSON lines, all or none: a write that fails part-way (a full disk) is cut back to
+    the file's size before it, then its OSError raised."""
+    data = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: Path) -> list:

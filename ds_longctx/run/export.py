@@ -10,7 +10,8 @@ when it had one. dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The 
 everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is loaded every file of
 the checkpoint is checked (size, sha256, the globals its pickle names: run/checkpoint_files.py), and every load is
 weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out that cannot be written (permissions, a
-read-only filesystem, a full disk) is refused naming it, with nothing left behind.
+read-only filesystem, a full disk: its free space is checked first) is refused in one line naming it, the bytes
+needed and free, with nothing left behind (parallel/disk.describe_os_error).
 
 A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own `save_pretrained`):
     <out>/adapter_config.json, adapter_model.safetensors   `PeftModel.from_pretrained(base, <out>)`
@@ -39,6 +40,7 @@ from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
+from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
@@ -60,7 +62,7 @@ def check_out(out: str) -> Path:
     p = Path(out)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise CheckpointError(f"export: --out {out!r} already exists and is not an empty directory; choose a new "
-                              f"path or remove it")
+                              f"path (or an empty directory)")
     parent = p.parent if p.parent != Path("") else Path(".")
     if not parent.is_dir():
         raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
@@ -85,6 +87,20 @@ def run_lora(meta: dict) -> LoraConfig:
                          if sec == "lora" and flat in meta["run"]})
 
 
+def ships_base(model_name: str) -> bool:
+    """Whether a LoRA export writes its frozen base (a shipped geometry or a config file: its random init exists
+    nowhere else, so there is no base to point at)."""
+    return model_name in shipped_models() or Path(model_name).is_file()
+
+
+def export_bytes(model, adapters: dict, lora: LoraConfig, model_name: str, merged: bool) -> int:
+    """Bytes an export writes, near enough: the model's weights once (LoRA: the base where it is shipped and the
+    merged model with --merged), plus the adapters."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    copies = 1 if not lora.rank else int(ships_base(model_name)) + int(merged)
+    return copies * weights + sum(t.numel() * t.element_size() for t in adapters.values())
+
+
 def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool) -> list:
     """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry, the merged
     model if asked; returns the model directories written (for the tokenizer)."""
@@ -94,7 +110,7 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
         raise CheckpointError("export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
                               "(or pip install peft)") from None
     dirs = [tmp]
-    shipped = model_name in shipped_models() or Path(model_name).is_file()  # random init: no base to point at
+    shipped = ships_base(model_name)
     if shipped:  # before PEFT wraps the model
         model.save_pretrained(str(tmp / "base"), safe_serialization=True)
         dirs.append(tmp / "base")
@@ -176,11 +192,16 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
     """The export into a fresh `<dest>.tmp-*` directory, renamed to `dest` at the end; on any error the temporary
     directory goes and nothing is left at `dest`."""
     from safetensors import SafetensorError
+    needed, free = export_bytes(model, adapters, lora, meta["run"]["model"], merged), free_bytes(dest.parent)
+    if free is not None and free < needed:
+        raise CheckpointError(f"export: --out {str(dest)!r} needs ~{size_text(needed)} and "
+                              f"{existing_ancestor(dest)} has {size_text(free)} free; choose an --out on a filesystem "
+                              f"with more space")
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
     except OSError as e:
-        raise CheckpointError(f"export: --out {str(dest)!r} cannot be written ({e.strerror or e}); choose a writable "
-                              f"--out") from None
+        raise CheckpointError(f"export: --out {str(dest)!r} cannot be written ({describe_os_error(e, dest)}); choose "
+                              f"a writable --out") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -204,8 +225,8 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
         tmp.rename(dest)
     except (OSError, SafetensorError) as e:  # safetensors reports an I/O error as its own type
         shutil.rmtree(tmp, ignore_errors=True)
-        why = f"{e.strerror}: {e.filename or dest}" if isinstance(e, OSError) and e.strerror else str(e)
-        raise CheckpointError(f"export: writing {str(dest)!r} failed ({why}); nothing was left there; free space or "
+        why = describe_os_error(e, dest, needed) if isinstance(e, OSError) and e.strerror else str(e)
+        raise CheckpointError(f"export: writing {str(dest)!r} failed: {why}; nothing was left there; free space or "
                               f"choose another --out") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

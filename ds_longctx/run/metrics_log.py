@@ -4,7 +4,12 @@ TensorBoard events (output_dir/tensorboard) or Weights & Biases (offline under o
 says otherwise).
 
     metrics = MetricsLog(out, start_step, report_to="auto", enabled=rank == 0, cfg=cfg)
-    metrics.write({"step": 1, "loss": ...}); metrics.write_eval(result, step); metrics.close()
+    metrics.write({"step": 1, "loss": ...}); metrics.write_eval(result, step); note = metrics.close()
+
+A line that cannot be written (a full disk, a quota, a file made read-only: OSError) is not lost: it is kept in
+memory with every later one, one warning line says why, and each later write tries them all again in order (a file
+gets whole lines or none: evaluate.append_jsonl). What is still unwritten when the run ends is printed to stderr, one
+JSON line each, and `close` returns the note that the run's last line carries (the run then exits 1).
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
+from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
 
 log = logging.getLogger("ds_longctx")
@@ -100,6 +107,8 @@ class MetricsLog:
 
     def __init__(self, out: Path, start_step: int, report_to: str, enabled: bool, cfg=None):
         self.path, self.curve_path, self.enabled, self.tb = out / METRICS_FILE, out / CURVE_FILE, enabled, None
+        self.unwritten: dict = {}  # path -> the rows it has not taken yet, in order
+        self.why: dict = {}  # path -> the first error that kept them
         if not enabled:
             return
         _continue_lines(self.path, start_step)
@@ -112,7 +121,7 @@ class MetricsLog:
         """A train line (`loss`, ...) or an eval line (`eval_loss`, ...) of metrics.jsonl."""
         if not self.enabled:
             return
-        append_jsonl(self.path, row)
+        self._append(self.path, row)
         if self.tb is None:
             return
         if "eval_loss" in row:
@@ -124,8 +133,38 @@ class MetricsLog:
         """One evaluation: its metrics.jsonl line and its eval_curve.jsonl line."""
         self.write(result.metrics_row(step))
         if self.enabled:
-            append_jsonl(self.curve_path, result.curve_row(step))
+            self._append(self.curve_path, result.curve_row(step))
 
-    def close(self) -> None:
+    def _append(self, path: Path, row: dict) -> None:
+        """`row` after the rows `path` has not taken yet, all of them or (OSError) none: kept for the next try."""
+        rows = self.unwritten.setdefault(path, [])
+        rows.append(row)
+        try:
+            append_jsonl(path, *rows)
+        except OSError as e:
+            if path not in self.why:
+                self.why[path] = describe_os_error(e, path)
+                log.warning("metrics: %s; step %s's line and later ones are kept and written once the file takes "
+                            "them", self.why[path], row["step"])
+            return
+        if path in self.why:
+            log.warning("metrics: %s takes lines again: the %d kept (steps %s-%s) written", path, len(rows),
+                        rows[0]["step"], rows[-1]["step"])
+            del self.why[path]
+        del self.unwritten[path]
+
+    def close(self) -> str:
+        """Close TensorBoard; the rows still unwritten go to stderr, one JSON line each. Returns the note for the
+        run's last line ('' when every row was written)."""
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
+        notes = []
+        for path, rows in self.unwritten.items():
+            for row in rows:
+                print(f"[ds_longctx] unwritten {path.name} line: {json.dumps(row)}", file=sys.stderr, flush=True)
+            notes.append(f"{len(rows)} line(s) of {path.name} (steps {rows[0]['step']}-{rows[-1]['step']}) were not "
+                         f"written ({self.why[path]}) and are printed above")
+        self.unwritten.clear()
+        self.why.clear()
+        return "; ".join(notes)

@@ -7,8 +7,8 @@ Order: what the host cannot hold (`host_problem`), the engine's checks (`validat
 (plan/geometry.py: the same refusal in the same words), its weights where it is a checkpoint directory, sp_size vs
 world, processes per node and heads, attention backend, model class, LoRA targets, the placement plan for this model),
 the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
-support), then output_dir and resume (checkpoint.check_run_dir: another run's files, the checkpoint's files). Nothing is
-written: a refused run leaves no output.
+support), then output_dir and resume (checkpoint.check_run_dir: another run's files, the checkpoint's files) and the
+space its checkpoints take (`disk_problem`). Nothing is written: a refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.parallel import attention, kernel_rules, ulysses
+from ds_longctx.parallel.disk import free_bytes, size_text
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.planner import disk_checkpoint_bytes
 from ds_longctx.run import checkpoint
+from ds_longctx.run.checkpoint_files import META
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.placement_plan import run_placement
@@ -109,6 +112,34 @@ def host_problem(cfg) -> str | None:
     return None
 
 
+def disk_problem(cfg, resume_meta) -> str | None:
+    """Where save_every > 0: the space the run's checkpoints take at once (keep_checkpoints + 1 while a save is
+    written; keep 0 keeps every one; plan/planner.disk_checkpoint_bytes each) beyond what output_dir's filesystem has
+    free, less what the checkpoints already there hold (a resume). None: it fits, or nothing is saved periodically."""
+    ck, steps = cfg.checkpoint, cfg.train.steps
+    if not ck.save_every:
+        return None
+    cuda_bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and torch.cuda.is_available())
+    one = disk_checkpoint_bytes(ModelGeometry.from_name_or_path(cfg.model.name), cfg.lora.rank,
+                                cfg.lora.target_modules, 2 if cuda_bf16 else 4)
+    start = resume_meta["step"] if resume_meta else 0
+    saves = steps // ck.save_every - start // ck.save_every + (1 if steps % ck.save_every else 0)
+    root = checkpoint.ckpt_root(cfg.train.output_dir)
+    held = sum(1 for p in root.glob("step*") if (p / META).is_file()) if resume_meta else 0
+    at_once = min(ck.keep + 1, held + saves) if ck.keep else held + saves
+    needed, free = max(at_once - held, 1) * one, free_bytes(cfg.train.output_dir)
+    if free is None or needed <= free:
+        return None
+    fits = free // one  # whole checkpoints that fit beside the ones held
+    fix = (f"set keep_checkpoints {fits + held - 1} ({fits + held} at once while a save is written)"
+           if fits + held >= 2 else "no two checkpoints fit there (keep_checkpoints 1 holds two while a save is "
+           "written)")
+    return (f"output_dir={cfg.train.output_dir!r}: its checkpoints need ~{size_text(needed)} more and its filesystem "
+            f"has {size_text(free)} free (one checkpoint of {cfg.model.name}{' with LoRA' if cfg.lora.rank else ''} "
+            f"is ~{size_text(one)}; save_every={ck.save_every}, keep_checkpoints={ck.keep}: {at_once} at once); "
+            f"{fix}, or choose an output_dir with more free space")
+
+
 def preflight(cfg, world_size: int, per_node: int | None = None):
     """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
     `validate`."""
@@ -119,5 +150,7 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
     meta = checkpoint.check_run_dir(cfg, world_size)
+    if problem := disk_problem(cfg, meta):
+        raise ValueError(problem)
     check_reporter(cfg.logging.report_to)
     return hf_cfg, meta

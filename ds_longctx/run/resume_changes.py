@@ -61,7 +61,7 @@ def apply_changes(engine, cfg, meta: dict) -> list:
     """Apply what this run changes against the checkpoint of `meta` (just loaded into `engine`); log it in one line
     on rank 0. Returns [(flat key, old, new)]."""
     changed = compare(meta["run"], cfg)[1]
-    if any(k in OPTIMIZER_KEYS for k, _, _ in changed):
+    if any(k in OPTIMIZER_KEYS for k, _, _ in changed) or "lr_schedule" not in meta["run"]:  # or saved no LambdaLR
         set_schedule(engine.ds, cfg.optimizer.lr, cfg.optimizer.weight_decay, int(meta["step"]))
     adopt_saved_state(engine.ds.optimizer)  # always: checkpoints older than this rule do not store optimizer_offload
     if changed and engine.state.rank == 0:

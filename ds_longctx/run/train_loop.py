@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
-from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state, resume_changes
+from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state, resume_changes, run_lock
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
@@ -50,16 +50,16 @@ def fail(message: str, rank: int):
     sys.exit(FAILED)
 
 
-def stopped_by_signal(signum: int, done: int, steps: int, tag_dir, rank: int) -> None:
-    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained);
-    the launcher's exit code is the signal's (`signal_exit`)."""
+def stopped_by_signal(signum: int, done: int, steps: int, tag_dir, rank: int, note: str = "") -> None:
+    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained;
+    `note`: metrics lines not written); the launcher's exit code is the signal's (`signal_exit`)."""
     name = signal_name(signum)
     if tag_dir is None:
         message = f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing saved"
     else:
         message = (f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
                    f"continues it")
-    last_line(message, signal_exit(signum), rank)
+    last_line(message + (f"; {note}" if note else ""), signal_exit(signum), rank)
 
 
 def out_of_memory(cfg, step: int):
@@ -95,8 +95,11 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
     dp_size = world // cfg.parallel.sp_size
-    # ------------------------------------------------------------ data (rank 0 tokenizes into the cache first)
+    # ------------------------------------------------------------ one writer: rank 0 holds output_dir's lock, unless
+    # `ds-longctx train` does (run/run_lock.py); then data (rank 0 tokenizes into the cache first)
     try:
+        rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
+                    rank)
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
         steps_of_epochs(cfg, data, dp_size, rank)
@@ -155,7 +158,10 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
 def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json in `out`."""
     st = engine.state
-    checkpoint.clear_previous_run(cfg)
+    try:
+        checkpoint.clear_previous_run(cfg)
+    except ValueError as e:  # a file that no save wrote appeared in checkpoints/ since preflight's check
+        refuse(f"refused: {e}", st.rank)
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
@@ -194,10 +200,11 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
 
         def finite_or_stop(res, step=step):
             if not math.isfinite(res.loss):
-                metrics.close()
+                note = metrics.close()
                 fail(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
                      f"those after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). "
-                     f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows", st.rank)
+                     f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows"
+                     + (f"; {note}" if note else ""), st.rank)
         try:
             t = timed_step(engine, data, step, cfg.train, before_optimizer=finite_or_stop)
         except torch.OutOfMemoryError:
@@ -231,17 +238,22 @@ def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
 
 def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
            saved) -> None:
-    """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line.
-    Every rank leaves through `parallel_state.leave` (barrier, groups torn down, no Python teardown)."""
+    """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line
+    (exit 1 where metrics lines could not be written: they are printed, and the line says so). Every rank leaves
+    through `parallel_state.leave` (barrier, groups torn down, no Python teardown), output_dir's lock released."""
     st = engine.state
     signum = signals.agreed(engine.device)
     if signum and done < cfg.train.steps:
         tag_dir = save_or_stop(engine, cfg, done, data) if done > start or saved == done else None
-        metrics.close()
-        stopped_by_signal(signum, done, cfg.train.steps, tag_dir, st.rank)
+        stopped_by_signal(signum, done, cfg.train.steps, tag_dir, st.rank, metrics.close())
+        run_lock.release_all()
         leave(0)
     signals.uninstall()
-    metrics.close()
+    note = metrics.close()
+    run_lock.release_all()
+    if note:
+        last_line(f"done: {done} steps, but {note}", FAILED, st.rank)
+        leave(FAILED)
     if st.rank == 0:
         log.info("done: %d steps, metrics in %s", done, metrics.path)
     leave(0)

@@ -112,7 +112,7 @@ def test_a_malformed_line_at_row_200_is_refused_naming_its_byte(setup):
     opens = lines[199].index(': "') + 2  # the string that never ends (ASCII: characters are bytes)
     assert msg.startswith(f"data file {str(path)!r} line 200 (byte {offsets[199] + opens}): not JSON (Unterminated "
                           f"string starting at character {opens + 1}; cut short?)"), msg
-    assert "cut short?" in msg and "fix or remove that line" in msg
+    assert "cut short?" in msg and "fix that line in the file" in msg
 
 
 def test_a_non_utf8_byte_past_64_kib_is_refused_naming_its_offset(setup):
@@ -177,7 +177,7 @@ def test_parquet_null_text_is_refused_or_left_out(setup):
     path = setup["dir"] / "nulls.parquet"
     pq.write_table(pa.table({"text": docs[:2] + [None] + docs[3:]}), str(path))
     msg = refusal(setup, path)
-    assert msg.startswith(f"data file {str(path)!r} row 3: 'text' is null: no text; fix or remove that row"), msg
+    assert msg.startswith(f"data file {str(path)!r} row 3: 'text' is null: no text; fix that row in the file"), msg
     rows = build_data(cfg_for(setup, path, skip_bad_rows=True), setup["hf"], 1)
     assert rows.skipped_rows == 1 and rows.n_tokens == len(stream_of(token_ids(docs[:2] + docs[3:])))
     ints = setup["dir"] / "ints.parquet"

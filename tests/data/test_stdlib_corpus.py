@@ -86,3 +86,61 @@ def test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval(corpus, tmp_p
         assert sum(c["tokens"]) == e["eval_tokens"]
         mean = sum(x * n for x, n in zip(c["loss"], c["tokens"]) if n) / sum(c["tokens"])
         assert mean == pytest.approx(e["eval_loss"], rel=1e-5)
+
+
+def prepare_cli(out, capsys) -> tuple:
+    """`ds-longctx data prepare` of two small documents into `out`, in-process: (exit code, last line of stderr)."""
+    from ds_longctx import cli
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["data", "prepare", "--stdlib", "--out", str(out), "--only", "bisect,colorsys", "--vocab_size", "300",
+                  "--eval_every", "1", "--eval_min_chars", "0"])
+    err = capsys.readouterr().err
+    return stopped.value.code, [line for line in err.splitlines() if line.strip()][-1], err
+
+
+def test_prepare_leaves_a_partial_directory_it_did_not_make_alone(tmp_path, capsys):
+    """`--out X` with an `X.partial/` that carries no marker of an earlier prepare (someone's own directory): refused,
+    exit 2, untouched (prepare removed it before)."""
+    out, partial = tmp_path / "corpus", tmp_path / "corpus.partial"
+    partial.mkdir()
+    (partial / "notes.txt").write_text("mine")
+    code, last, _ = prepare_cli(out, capsys)
+    assert code == 2 and last == (f"refused: --out {str(out)!r}: {str(partial)!r} exists and was not made by "
+                                  f"ds_longctx (no .ds_longctx-partial marker in it), so it is left alone; move it "
+                                  f"away (or choose another --out)")
+    assert [p.name for p in partial.iterdir()] == ["notes.txt"] and not out.exists()
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(tmp_path, capsys, monkeypatch, when):
+    """Free space short of the corpus: refused before the first byte; ENOSPC part-way (train.jsonl here): named in one
+    line with the bytes needed and free, the partial directory gone, a stale one of a dead prepare removed first."""
+    import errno
+    import os
+
+    from ds_longctx.data import stdlib_corpus
+    from ds_longctx.parallel.disk import make_partial, mount_point
+    out = tmp_path / "corpus"
+    if when == "before":
+        monkeypatch.setattr(stdlib_corpus, "free_bytes", lambda path: 900)
+    else:
+        make_partial(tmp_path / "corpus.partial")  # an earlier prepare's, this process's own: removed, said
+        write = Path.write_bytes
+
+        def full(self, data):
+            if self.name == "train.jsonl":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+            return write(self, data)
+        monkeypatch.setattr(Path, "write_bytes", full)
+    code, last, err = prepare_cli(out, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    if when == "before":
+        assert last.startswith(f"refused: --out {str(out)!r}: the corpus needs ~") and last.endswith(
+            f"and {tmp_path} has 900 bytes free; choose an --out on a filesystem with more space")
+    else:
+        assert f"removed {str(tmp_path / 'corpus.partial')!r}, left unfinished by pid {os.getpid()}" in err
+        assert last.startswith(f"refused: --out {str(out)!r}: writing the corpus failed: no space left on "
+                               f"{mount_point(tmp_path)} "
+                               f"writing {tmp_path / 'corpus.partial' / 'train.jsonl'} (needs ~")
+        assert last.endswith("free); nothing was left there; free space or choose another --out")
+    assert list(tmp_path.iterdir()) == []

@@ -194,7 +194,7 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
                           str(tmp_path / "hf")], env=cpu_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"export refused: export: writing {str(tmp_path / 'hf')!r} failed (")
+    assert last.startswith(f"export refused: export: writing {str(tmp_path / 'hf')!r} failed: ")
     assert "File too large" in last
     assert last.endswith("nothing was left there; free space or choose another --out")
     assert list(tmp_path.iterdir()) == []
@@ -202,3 +202,32 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
         with pytest.raises(checkpoint.CheckpointError, match=r"--out '/proc/sys/hf' cannot be written .*choose a "
                                                              r"writable --out"):
             check_out("/proc/sys/hf")
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_an_export_onto_a_full_disk_is_one_line_with_exit_2(run, tmp_path, capsys, monkeypatch, when):
+    """Free space short of the model: refused before the first byte; ENOSPC while the weights are written (faked in
+    save_pretrained): the path, the bytes needed and free, in one line; nothing left at --out."""
+    import errno
+
+    from transformers import PreTrainedModel
+
+    from ds_longctx.run import export
+    dest = tmp_path / "hf"
+    if when == "before":
+        monkeypatch.setattr(export, "free_bytes", lambda path: 900)
+    else:
+        def full(self, path, **kw):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(path, "model.safetensors"))
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    assert export.main(["--checkpoint", str(run), "--out", str(dest)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    if when == "before":
+        assert last.startswith(f"export refused: export: --out {str(dest)!r} needs ~") and last.endswith(
+            f"and {tmp_path} has 900 bytes free; choose an --out on a filesystem with more space"), last
+    else:
+        from ds_longctx.parallel.disk import mount_point
+        assert last.startswith(f"export refused: export: writing {str(dest)!r} failed: no space left on "
+                               f"{mount_point(tmp_path)} writing {tmp_path}/hf.tmp-") and "safetensors (needs ~" in last
+        assert last.endswith("free); nothing was left there; free space or choose another --out"), last
+    assert list(tmp_path.iterdir()) == []

@@ -156,6 +156,38 @@ def test_ds_longctx_eval_refuses_bad_input_before_work(trained, tmp_path, args, 
     assert (out / "metrics.jsonl").read_text() == before
 
 
+def test_eval_into_a_run_another_process_writes_is_refused_and_eval_elsewhere_only_reads(trained, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """`ds-longctx eval` writes its lines into the run's output_dir by default: while another process holds that
+    directory's lock it exits 2 before any worker, naming the holder; with --out elsewhere it only reads the run and
+    starts, holding the lock of --out alone (in-process, the workers' start faked)."""
+    import os
+
+    from ds_longctx import cli
+    from ds_longctx.run.run_lock import lock_holder
+    from tests.helpers import hold_lock
+    out, _ = trained
+    holder = hold_lock(out)
+    try:
+        before = (out / "metrics.jsonl").read_text()
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["eval", "--checkpoint", str(out), "--data", "synthetic"])
+        last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+        assert stopped.value.code == 2 and last.startswith(f"refused before start: output_dir={str(out)!r} is in use "
+                                                           f"by pid {holder.pid} on host ")
+        assert last.endswith("or pass --out another directory (an eval that writes elsewhere only reads the "
+                             "checkpoint)") and (out / "metrics.jsonl").read_text() == before
+        started = []
+        monkeypatch.setattr(cli, "launch", lambda n, args, module: started.append(lock_holder(tmp_path / "ev")) or 0)
+        with pytest.raises(SystemExit) as done:
+            cli.main(["eval", "--checkpoint", str(out), "--data", "synthetic", "--out", str(tmp_path / "ev")])
+        assert done.value.code == 0 and started[0]["pid"] == os.getpid() and lock_holder(out)["pid"] == holder.pid
+        assert not (tmp_path / "ev").exists()  # released: the lock file and the directory it made (nothing written)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_ds_longctx_eval_without_a_checkpoint(tmp_path):
     res = run_cli(["eval", "--checkpoint", str(tmp_path), "--data", "synthetic"], timeout=120)
     assert res.returncode == 2 and "eval: no checkpoint in" in res.stderr, res.stderr[-2000:]

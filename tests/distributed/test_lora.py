@@ -18,7 +18,7 @@ import torch
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.lora import apply_lora, is_adapter
 from tests.distributed.test_ulysses import check, run, sample
-from tests.helpers import read_metrics, rel_err, run_cli, tiny_model, torchrun
+from tests.helpers import assert_saved_size, read_metrics, rel_err, run_cli, tiny_model, torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("peft")
@@ -63,6 +63,7 @@ def test_train_keeps_the_base_and_moves_the_adapters(tmp_path):
                    str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     assert [m["step"] for m in read_metrics(out)] == [1, 2]
+    assert_saved_size(out / "checkpoints" / "step2", lora_rank=4)
     state = fp32_state(out)
     base = dict(tiny_model(seed=0).named_parameters())
     initial = tiny_model(seed=0)

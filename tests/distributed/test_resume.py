@@ -15,6 +15,7 @@ import torch
 from ds_longctx.run import checkpoint
 from tests.helpers import (
     ROOT,
+    assert_saved_size,
     checkpoint_weights,
     cpu_env,
     free_port,
@@ -63,6 +64,12 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
     assert checkpoint.read_latest(root) == "step6" and not list(root.glob(".tmp-*"))
     meta = json.loads((root / "step6" / "meta.json").read_text())
     assert meta["step"] == 6 and meta["run"]["world_size"] == 2 and meta["data"]["kind"] == "files"
+
+
+def test_a_saved_checkpoint_is_the_size_preflight_counts(runs):
+    """Full fine-tuning: 12 bytes per parameter (plan/planner.disk_checkpoint_bytes; LoRA: tests/distributed/
+    test_lora.py), the free-space check's unit."""
+    assert_saved_size(checkpoint.ckpt_root(runs["straight"]) / "step6")
 
 
 def test_resume_with_another_world_size_is_refused_and_changes_nothing(runs):
@@ -143,6 +150,59 @@ def test_sigterm_on_one_rank_saves_and_exits_cleanly(tmp_path, runs):
     tag_dir, meta = checkpoint.find_checkpoint(checkpoint.ckpt_root(out))  # complete, every file at its size
     assert meta["step"] == done and tag_dir.name == f"step{done}"
     assert (tag_dir / "rng_rank00000.pt").exists() and (tag_dir / "rng_rank00001.pt").exists()
+
+
+def test_two_resumes_at_once_the_second_is_refused_and_the_first_goes_on(runs, tmp_path):
+    """One writer per run. While `ds-longctx train --resume` runs (its launcher holds the lock), a second `ds-longctx
+    train --resume` of the same run exits 2 before any worker, naming the first, and a direct torchrun of it is refused
+    by its workers the same way; the first is not disturbed (each step once in metrics.jsonl, its SIGTERM save whole).
+    Then metrics.jsonl turns unwritable (a link into /sys, where not even root creates a file): the run goes on,
+    keeps the lines and its last line names them, printed above it; no traceback, no line lost."""
+    import os
+    import shutil
+
+    out, log = tmp_path / "run", tmp_path / "first.log"
+    shutil.copytree(runs["cut"], out)
+    args = [*runs["base"], "--steps", "100000", "--resume", "--save_every", "100000", "--output_dir", str(out)]
+    with open(log, "w") as f:
+        first = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *args],
+                                 env=cpu_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_steps(first, out, 8, log)  # 6 lines came with the copy
+        second = run_cli(["train", "--nproc", "2", *args], timeout=300)
+        last = [line for line in second.stderr.splitlines() if line.strip()][-1]
+        assert second.returncode == 2 and last.startswith(f"refused before start: output_dir={str(out)!r} is in use "
+                                                          f"by pid {first.pid} on host "), second.stderr[-3000:]
+        assert "torch.distributed.run" not in second.stderr and "Traceback" not in second.stderr
+        with pytest.raises(AssertionError) as direct:
+            torchrun(2, ["ds_longctx.train", *args], module=True)
+        assert f"refused before start: output_dir={str(out)!r} is in use by pid {first.pid}" in str(direct.value)
+        steps = [r["step"] for r in read_metrics(out)]
+        assert steps == list(range(1, len(steps) + 1))  # the refused ones wrote nothing
+        metrics = out / "metrics.jsonl"
+        os.link(metrics, tmp_path / "kept.jsonl")  # every line written until the swap below
+        os.symlink("/sys/ds_longctx_metrics.jsonl", tmp_path / "link")
+        os.replace(tmp_path / "link", metrics)
+        deadline = time.time() + 120
+        while "line and later ones are kept" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        first.send_signal(signal.SIGTERM)
+        rc = first.wait(timeout=180)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    text = log.read_text()
+    last = [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-1]
+    done = checkpoint.find_checkpoint(checkpoint.ckpt_root(out))[1]["step"]  # complete, every file at its size
+    printed = [json.loads(line.partition(" line: ")[2]) for line in text.splitlines()
+               if line.startswith("[ds_longctx] unwritten metrics.jsonl line: ")]
+    kept = [r["step"] for r in read_metrics(tmp_path, "kept.jsonl")]
+    assert rc == 143 and kept + [r["step"] for r in printed] == list(range(1, done + 1)), text[-3000:]
+    assert last.startswith(f"stopped by SIGTERM at step {done} of 100000: saved {checkpoint.ckpt_root(out)}/step"
+                           f"{done}; the same command with --resume continues it; {len(printed)} line(s) of "
+                           f"metrics.jsonl (steps {kept[-1] + 1}-{done}) were not written ("), last
+    assert f"{metrics} (" in last and last.endswith(") and are printed above"), last
+    assert "Traceback" not in text
 
 
 def test_nan_loss_stops_with_the_step(tmp_path):
@@ -233,6 +293,47 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 2, 3]
     MetricsLog(tmp_path, 0, report_to="none", enabled=True)  # a fresh run keeps the old curve aside too
     assert not (tmp_path / "eval_curve.jsonl").exists() and len(list(tmp_path.glob("eval_curve.*.jsonl"))) == 1
+
+
+def test_metrics_lines_the_file_cannot_take_are_kept_retried_and_never_lost(tmp_path, monkeypatch, caplog, capsys):
+    """A full disk, then a permission, under metrics.jsonl (os.write faked: a few bytes, then the error): the file
+    gets whole lines or none, one warning says why, the kept lines go in at the next write that works, and what is
+    still unwritten at the end is printed and named in the run's last line (`close`'s note)."""
+    import errno
+    import logging
+    import os
+
+    from ds_longctx.parallel.disk import mount_point
+    from ds_longctx.run.metrics_log import MetricsLog
+    log = MetricsLog(tmp_path, 0, report_to="none", enabled=True)
+    log.write({"step": 1, "loss": 1.0})
+    write, failing = os.write, {"errno": errno.ENOSPC}
+
+    def flaky(fd, data):
+        if failing["errno"] and b'"step"' in bytes(data):
+            write(fd, bytes(data)[:5])
+            raise OSError(failing["errno"], os.strerror(failing["errno"]))
+        return write(fd, data)
+    monkeypatch.setattr(os, "write", flaky)
+    path = tmp_path / "metrics.jsonl"
+    with caplog.at_level(logging.WARNING, logger="ds_longctx"):
+        log.write({"step": 2, "loss": 2.0})
+        log.write({"step": 3, "loss": 3.0})
+        assert [r["step"] for r in read_metrics(tmp_path)] == [1]  # the bytes of a failed write are cut back
+        failing["errno"] = 0
+        log.write({"step": 4, "loss": 4.0})
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"metrics: no space left on {mount_point(path)} writing {path} (") and said[0].endswith(
+        "free); step 2's line and later ones are kept and written once the file takes them")
+    assert said[1:] == [f"metrics: {path} takes lines again: the 3 kept (steps 2-4) written"]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    failing["errno"] = errno.EACCES  # unwritable until the end
+    log.write({"step": 5, "loss": 5.0})
+    note = log.close()
+    assert note == (f"1 line(s) of metrics.jsonl (steps 5-5) were not written (no permission to write {path} "
+                    f"(Permission denied)) and are printed above")
+    assert '[ds_longctx] unwritten metrics.jsonl line: {"step": 5, "loss": 5.0}' in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
 
 
 def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(runs, tmp_path):

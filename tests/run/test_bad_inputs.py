@@ -97,7 +97,7 @@ def data_kw(files, name, **kw):
     ("latin1.txt", ["latin1.txt", "not UTF-8", "0xe9", "convert it to UTF-8"]),
     ("data.bin", ["data.bin", "'.bin'", "supported"]),
     ("fake.parquet", ["fake.parquet", "not a Parquet file", "to_parquet"]),
-    ("broken.jsonl", ["broken.jsonl", "line 1 (byte 16): not JSON", "cut short?", "fix or remove that line"]),
+    ("broken.jsonl", ["broken.jsonl", "line 1 (byte 16): not JSON", "cut short?", "fix that line in the file"]),
     ("list.jsonl", ["list.jsonl", "JSON list, not an object", "one"]),
     ("mixed", ["mixed", "mixes formats", "['json', 'parquet']", "split the"]),
     ("empty_dir", ["empty_dir", "empty directory", "put .txt"]),
@@ -330,6 +330,40 @@ def test_resume_with_nothing_left_to_train(tmp_path):
 def test_fresh_run_into_a_directory_with_checkpoints(tmp_path):
     fake_checkpoint(tmp_path / "out")
     refused(tmp_path / "out", ["already holds checkpoints (latest step3)", "--resume", "new output_dir"])
+
+
+def test_overwrite_deletes_only_checkpoints_this_project_wrote(tmp_path):
+    """--overwrite deletes checkpoints/ where every file in it is a save's; a file no save wrote (beside the tags, or
+    inside one) is refused by name before anything starts, and stays."""
+    tag = fake_checkpoint(tmp_path / "out")
+    (tag.parent / "zero_to_fp32.py").write_text("# DeepSpeed's script, copied by its save\n")
+    (tag.parent / "notes.txt").write_text("mine")
+    (tag / "extra.bin").write_bytes(b"x")
+    refused(tmp_path / "out", ["overwrite deletes", "checkpoints' only where every file in it is a checkpoint's",
+                               "checkpoints/notes.txt, checkpoints/step3/extra.bin, which no save wrote",
+                               "move those out of it, or choose a new output_dir"], overwrite=True)
+    cfg = RunConfig(output_dir=str(tmp_path / "out"), overwrite=True)
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoints/notes.txt"):
+        checkpoint.clear_previous_run(cfg)
+    (tag.parent / "notes.txt").unlink()
+    (tag / "extra.bin").unlink()
+    assert checkpoint.check_run_dir(cfg, 1) is None
+    checkpoint.clear_previous_run(cfg)
+    assert not checkpoint.ckpt_root(tmp_path / "out").exists()
+
+
+def test_checkpoints_that_do_not_fit_the_free_space_are_refused(tmp_path, monkeypatch):
+    """save_every > 0: keep_checkpoints + 1 checkpoints at once (plan/planner.disk_checkpoint_bytes each: 12 bytes per
+    trained parameter, fp32 on CPU: qwen3-tiny 2.0 MB) against output_dir's free space, with the keep that fits."""
+    from ds_longctx.run import preflight as pre
+    monkeypatch.setattr(pre, "free_bytes", lambda path: 5_000_000)
+    refused(tmp_path / "out", [f"output_dir={str(tmp_path / 'out')!r}: its checkpoints need ~6.1 MB more and its "
+                               f"filesystem has 5.0 MB free (one checkpoint of qwen3-tiny is ~2.0 MB; save_every=2, "
+                               f"keep_checkpoints=2: 3 at once); set keep_checkpoints 1 (2 at once while a save is "
+                               f"written), or choose an output_dir with more free space"], save_every=2, steps=6,
+            dtype="fp32")
+    monkeypatch.setattr(pre, "free_bytes", lambda path: 3_000_000)
+    refused(tmp_path / "out", ["no two checkpoints fit there"], save_every=2, steps=6, dtype="fp32", lora_rank=0)
 
 
 def test_resume_tag_without_resume(tmp_path):

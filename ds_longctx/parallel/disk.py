@@ -1,0 +1,169 @@
+"""Files on disk, for every layer that writes them: an OS error said in one line, free space, and the marker that
+makes a partial output this project's own. Torch-free, at the bottom (data, run and the commands import it).
+
+    describe_os_error(e, path, needed=None)   # "no space left on /x writing /x/r/f (needs ~3.2 GB, 1.1 GB free)"
+    make_partial(dir)                         # a new directory carrying PARTIAL_MARKER (who made it, when)
+    clear_partial(dir, fix)                   # remove it only if it carries the marker and its maker is gone
+    finish_partial(dir, dest)                 # the marker removed, the directory renamed into place
+
+Rule: nothing is deleted that this project did not make. A directory this project writes into before renaming it
+into place (`<out>.partial`, a save in progress) carries PARTIAL_MARKER from its creation; one without it is never
+removed: `clear_partial` raises NotOurs naming it, and the command refuses.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+GB = 10**9  # the project's GB, in budgets, plans, reports and disk sizes
+PARTIAL_MARKER = ".ds_longctx-partial"
+# errors that say the disk or its permissions stop a write (what describe_os_error words itself)
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG)
+
+
+class NotOurs(ValueError):
+    """A path this project would remove or replace holds something it did not make: the message names it."""
+
+
+def size_text(n: float) -> str:
+    """Bytes for a person: '3.2 GB', '540 MB', '12 kB', '80 bytes' (GB = 10**9)."""
+    for unit, scale in (("GB", GB), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 100 * scale else f"{n / scale:,.0f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def existing_ancestor(path) -> Path:
+    """`path` itself if it exists, else its nearest existing parent (where a new file would land)."""
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def mount_point(path) -> Path:
+    """The mount point of the filesystem that holds (or would hold) `path`: what a full disk is."""
+    p = existing_ancestor(path)
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def free_bytes(path) -> Optional[int]:
+    """Free bytes on the filesystem that holds (or would hold) `path`, for this user; None if it cannot be read."""
+    try:
+        return shutil.disk_usage(existing_ancestor(path)).free
+    except OSError:
+        return None
+
+
+def is_disk_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in DISK_ERRNOS
+
+
+def describe_os_error(e: OSError, path, needed: Optional[int] = None) -> str:
+    """`e` (raised while writing `path`) in one line: what stopped the write, the file, and for a full disk or quota
+    the bytes needed (where known) against the free space. The caller adds the fix."""
+    where = str(e.filename or path)
+    free = free_bytes(where)
+    room = ", ".join(x for x in (f"needs ~{size_text(needed)}" if needed else "",
+                                 f"{size_text(free)} free" if free is not None else "") if x)
+    room = f" ({room})" if room else ""
+    if e.errno == errno.ENOSPC:
+        return f"no space left on {mount_point(where)} writing {where}{room}"
+    if e.errno == errno.EDQUOT:
+        return f"disk quota exceeded writing {where}{room}"
+    if e.errno == errno.EROFS:
+        return f"{where} is on a read-only filesystem"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return f"no permission to write {where} ({e.strerror})"
+    if e.errno == errno.EFBIG:
+        return f"{where}: {e.strerror} (over the filesystem's or this process's file-size limit, ulimit -f)"
+    return f"{where}: {e.strerror or e}"
+
+
+def maker() -> dict:
+    """Who this process is, as the marker and the run lock record it: pid, host, since (local time), command."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else ""}
+
+
+def alive_here(info: dict) -> bool:
+    """Whether the process `info` names runs on this host (its pid exists here; another host: assumed alive)."""
+    if info.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, KeyError, ValueError, TypeError):
+        return True
+    return True
+
+
+def who(info: dict) -> str:
+    """'pid 123 on host h since <its local start time> (its command)' from a marker's or lock's record."""
+    if not info:
+        return "an unknown process (its record is empty)"
+    return (f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')}"
+            + (f" ({info['command']})" if info.get("command") else ""))
+
+
+def make_partial(path: Path) -> None:
+    """Create directory `path` (it must not exist) with PARTIAL_MARKER in it: this process made it."""
+    Path(path).mkdir(parents=True)
+    (Path(path) / PARTIAL_MARKER).write_text(json.dumps(maker()) + "\n")
+
+
+def partial_maker(path: Path) -> Optional[dict]:
+    """The record in `path`'s PARTIAL_MARKER ({} if unreadable), or None where `path` has no marker."""
+    marker = Path(path) / PARTIAL_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def check_partial(path: Path, fix: str) -> Optional[dict]:
+    """The maker of the partial directory `path` that this project left (its marker's maker is gone), None if `path`
+    does not exist. NotOurs, naming it and `fix`, where it lacks the marker or its maker still runs."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return None
+    info = partial_maker(p) if p.is_dir() and not p.is_symlink() else None
+    if info is None:
+        raise NotOurs(f"{str(p)!r} exists and was not made by ds_longctx (no {PARTIAL_MARKER} marker in it), so it "
+                      f"is left alone; {fix}")
+    if info.get("pid") != os.getpid() and alive_here(info):
+        raise NotOurs(f"{str(p)!r} is being written by {who(info)}; wait for it to end, or {fix}")
+    return info
+
+
+def clear_partial(path: Path, fix: str) -> Optional[str]:
+    """Remove the partial directory `path` where `check_partial` finds it ours; returns the line to say (None: there
+    was none)."""
+    info = check_partial(path, fix)
+    if info is None:
+        return None
+    shutil.rmtree(path)
+    return f"removed {str(path)!r}, left unfinished by {who(info)}"
+
+
+def finish_partial(path: Path, dest: Path) -> None:
+    """Rename the partial directory `path` (its marker removed) to `dest` (absent, or an empty directory)."""
+    (Path(path) / PARTIAL_MARKER).unlink()
+    if Path(dest).is_dir():
+        Path(dest).rmdir()  # empty: rmdir refuses otherwise
+    os.replace(path, dest)

@@ -1,0 +1,178 @@
+"""One writer per output directory: an advisory lock on a file in it (LOCK_FILE), held for the life of a run or eval.
+
+    if (holder := lock_holder(out)) ...           # who holds it now (None: free); opens nothing for writing
+    lock = RunLock.acquire(out)                   # RunLockError naming the holder where another process holds it
+    lock.release()                                # also at exit; the kernel lets go when the holder dies
+
+The lock is flock(2) on the file, exclusive, never waited for; the file records its holder (pid, host, since,
+command: parallel/disk.maker). `ds-longctx train` and `eval` take it in the launching process before any worker
+starts and name themselves to their workers in $DS_LONGCTX_RUN_LOCK (pid@host); a worker's rank 0 takes it itself
+otherwise (`take`: torchrun, deepspeed, accelerate, `python -m ds_longctx.train`), so every launch is covered.
+A lock file whose holder died is free to flock: it is taken over with one line naming the old holder. Release
+removes the file, then the directories the acquire created where they are still empty (a refused run leaves none).
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from ds_longctx.parallel.disk import describe_os_error, maker, who
+
+log = logging.getLogger("ds_longctx")
+
+LOCK_FILE = ".ds_longctx.lock"
+LOCK_ENV = "DS_LONGCTX_RUN_LOCK"  # pid@host of the launcher that holds the lock for its workers
+_TRIES = 3  # a holder seen for an instant may be `lock_holder` peeking: try again after _WAIT_S
+_WAIT_S = 0.05
+_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+FIX = "choose another output_dir"
+_HELD: list = []  # the locks this process holds (release_all: before a worker's os._exit); a forked child holds none
+os.register_at_fork(after_in_child=_HELD.clear)
+
+
+class RunLockError(ValueError):
+    """Another process holds the directory's lock: the message names it and the fix."""
+
+    def __init__(self, message: str, holder: dict):
+        super().__init__(message)
+        self.holder = holder
+
+
+def _record(fd: int) -> dict:
+    try:
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
+        info = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def in_use(out, holder: dict, fix: str) -> str:
+    """The refusal of a writer into `out` while `holder` writes there; `fix`: the command's other way out."""
+    stop = ""
+    if holder.get("pid"):
+        here = holder.get("host") == socket.gethostname()
+        stop = f" (or stop it: kill -TERM {holder['pid']}{'' if here else ' on ' + str(holder.get('host'))})"
+    return (f"output_dir={str(out)!r} is in use by {who(holder)}: one writer per run; wait for it to end{stop}, or "
+            f"{fix}")
+
+
+def lock_holder(out) -> Optional[dict]:
+    """The record of the process holding `out`'s lock, None where nobody does (or there is no lock file)."""
+    path = Path(out) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _record(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing drops a shared lock taken here
+    return None
+
+
+class RunLock:
+    """The lock of one directory held by this process (fd None: the filesystem has no flock; nothing held)."""
+
+    def __init__(self, path: Path, fd: Optional[int], created: list):
+        self.path, self.fd, self.created, self.pid = path, fd, created, os.getpid()
+        if fd is not None:
+            _HELD.append(self)
+
+    @classmethod
+    def acquire(cls, out, fix: str = FIX, launcher: Optional[str] = None) -> Optional["RunLock"]:
+        """Hold `out`'s lock (creating `out` if needed). None where `launcher` (pid@host) holds it for this process.
+        RunLockError where another process holds it; OSError where `out` cannot be written."""
+        out = Path(os.path.abspath(Path(out).expanduser()))
+        created = [p for p in [out, *out.parents] if not p.exists()]
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / LOCK_FILE
+        for attempt in range(_TRIES):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _record(fd)
+                os.close(fd)
+                if launcher and holder and f"{holder.get('pid')}@{holder.get('host')}" == launcher:
+                    return None
+                if attempt == _TRIES - 1:
+                    raise RunLockError(in_use(out, holder, fix), holder) from None
+                time.sleep(_WAIT_S)
+                continue
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in _UNSUPPORTED:
+                    raise
+                log.warning("%s: this filesystem has no flock, so a second writer into it is not detected", path)
+                return cls(path, None, [])
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # its holder released (removed) it between our open and flock: lock the new file
+                os.close(fd)
+                continue
+            left = _record(fd)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(maker()) + "\n").encode(), 0)
+            if left:
+                log.warning("took over the lock of %s left by %s, which no longer holds it", out, who(left))
+            return cls(path, fd, created)
+        raise RunLockError(in_use(out, {}, fix), {})
+
+    def release(self) -> None:
+        """Let go: the lock file removed (if still ours), then the directories acquire created, where empty. Only in
+        the process that took it (a forked child inherits the object, not the lock)."""
+        if self.fd is None or self.pid != os.getpid():
+            return
+        try:
+            if os.fstat(self.fd).st_ino == os.stat(self.path).st_ino:
+                self.path.unlink()
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+        for d in self.created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        _HELD.remove(self)
+
+
+@atexit.register
+def release_all() -> None:
+    """Release every lock this process holds (at exit, and before a worker leaves through os._exit)."""
+    for lock in list(_HELD):
+        lock.release()
+
+
+def lock_env_value() -> str:
+    """$DS_LONGCTX_RUN_LOCK's value for the workers of this (launching) process."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def take(out, fix: str = FIX, rank: int = 0, launcher: Optional[str] = None) -> Optional[RunLock]:
+    """The lock of `out` as a command takes it: on rank 0 only; None where `launcher` (pid@host, a worker's
+    $DS_LONGCTX_RUN_LOCK) holds it. RunLockError (a ValueError: a refusal) naming the holder, or the write error."""
+    if rank != 0:
+        return None
+    try:
+        return RunLock.acquire(out, fix, launcher)
+    except OSError as e:
+        raise RunLockError(f"output_dir={str(out)!r}: its lock cannot be made ({describe_os_error(e, out)}); "
+                           f"choose a writable output directory", {}) from None
