@@ -1,6 +1,7 @@
 """Which run-config keys a resume may change: the one home of that rule.
 
-    refused, changed = compare(meta["run"], cfg)     # the checkpoint's stored values against this run's
+    saved = saved_values(meta["run"], tag_dir / "run.yaml")
+    refused, changed = compare(saved, cfg)           # the checkpoint's values against this run's
     stored_values(cfg)                               # what checkpoint.save stores in meta.json's `run`
 
 FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is refused before
@@ -13,6 +14,9 @@ size). Every key is in exactly one class.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ds_longctx.config.config_file import read_config_file
 from ds_longctx.config.keys import FLAT
 
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
@@ -59,14 +63,23 @@ def stored_values(cfg) -> dict:
     return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE)}
 
 
+def saved_values(stored: dict, run_yaml: Path) -> dict:
+    """A checkpoint's values: meta.json's `run` (`stored`), and for the keys that its version did not store there, its
+    run.yaml's (a dump in sections), where the checkpoint has one."""
+    dump = read_config_file(run_yaml) if run_yaml.is_file() else None
+    dumped = {flat: dump[sec][name] for flat, (sec, name) in FLAT.items()
+              if isinstance(dump, dict) and isinstance(dump.get(sec), dict) and name in dump[sec]}
+    return {**dumped, **stored}
+
+
 def dotted(key: str) -> str:
     return ".".join(FLAT[key])
 
 
 def compare(saved: dict, cfg) -> tuple[list, list]:
     """(refused, changed): [(flat key, checkpoint's value, this run's)] of the FIXED and of the MAY_CHANGE keys that
-    differ. A FIXED key the checkpoint's version did not store held its default; such a MAY_CHANGE key is not
-    listed (its value then is unknown)."""
+    differ; `saved`: `saved_values`. A FIXED key that a checkpoint holds nowhere held its default (its version did
+    not have it yet); such a MAY_CHANGE key is not listed (its value then is unknown)."""
     default = type(cfg)()
     refused = [(k, saved.get(k, default.get(k)), cfg.get(k)) for k in FIXED]
     changed = [(k, saved[k], cfg.get(k)) for k in MAY_CHANGE if k in saved]

@@ -198,7 +198,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
             f"sp_size={cfg.parallel.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
             f"{run['world_size']} processes and sp_size={run['sp_size']}, or `ds-longctx export` it and start a "
             f"new run from the exported model")
-    refused, _ = resume_keys.compare(run, cfg)  # which keys may change: config/resume_keys.py
+    saved = resume_keys.saved_values(run, tag_dir / "run.yaml")
+    refused, _ = resume_keys.compare(saved, cfg)  # which keys may change: config/resume_keys.py
     if refused:
         raise CheckpointError(resume_keys.resume_refusal(refused, repr(str(tag_dir))))
     if cfg.train.epochs is None and meta["step"] >= cfg.train.steps:  # epochs: known once the data is read

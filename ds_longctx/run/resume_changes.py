@@ -14,10 +14,11 @@ on). A changed optimizer_offload loads one Adam's saved state into the other (`a
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
-from ds_longctx.config.resume_keys import OPTIMIZER_KEYS, changed_line, compare
+from ds_longctx.config.resume_keys import OPTIMIZER_KEYS, changed_line, compare, saved_values
 from ds_longctx.run.optimizer_state import optimizers
 
 log = logging.getLogger("ds_longctx")
@@ -57,10 +58,10 @@ def adopt_saved_state(zo) -> None:
                     state["step"] = int(state["step"].item())
 
 
-def apply_changes(engine, cfg, meta: dict) -> list:
-    """Apply what this run changes against the checkpoint of `meta` (just loaded into `engine`); log it in one line
-    on rank 0. Returns [(flat key, old, new)]."""
-    changed = compare(meta["run"], cfg)[1]
+def apply_changes(engine, cfg, tag_dir: Path, meta: dict) -> list:
+    """Apply what this run changes against the checkpoint `tag_dir` with `meta` (just loaded into `engine`); log it
+    in one line on rank 0. Returns [(flat key, old, new)]."""
+    changed = compare(saved_values(meta["run"], tag_dir / "run.yaml"), cfg)[1]
     if any(k in OPTIMIZER_KEYS for k, _, _ in changed) or "lr_schedule" not in meta["run"]:  # or saved no LambdaLR
         set_schedule(engine.ds, cfg.optimizer.lr, cfg.optimizer.weight_decay, int(meta["step"]))
     adopt_saved_state(engine.ds.optimizer)  # always: checkpoints older than this rule do not store optimizer_offload

@@ -137,12 +137,12 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
     (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already done."""
     st, start = engine.state, 0
     if resume_meta is not None:
+        tag_dir = checkpoint.ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"]
         try:
-            start = checkpoint.load(engine, checkpoint.ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"],
-                                    resume_meta, data.signature())
+            start = checkpoint.load(engine, tag_dir, resume_meta, data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
-        resume_changes.apply_changes(engine, cfg, resume_meta)  # this run's lr and schedule over the checkpoint's
+        resume_changes.apply_changes(engine, cfg, tag_dir, resume_meta)  # this run's lr and schedule over the saved
     t_state = time.perf_counter()
     try:
         made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)

@@ -321,6 +321,20 @@ def test_resume_with_changed_lora_and_from_a_checkpoint_older_than_lora(tmp_path
     refused(tmp_path / "old", ["lora.rank 0 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
 
 
+def test_resume_from_a_checkpoint_that_stored_fewer_keys_compares_its_run_yaml(tmp_path):
+    """Keys its meta.json lacks (compared since) are read from the checkpoint's run.yaml, not assumed default."""
+    tag = fake_checkpoint(tmp_path / "out")
+    RunConfig(rope_scaling="none", steps=3).dump(tag / "run.yaml")
+    meta = json.loads((tag / "meta.json").read_text())
+    meta["run"] = {k: v for k, v in meta["run"].items() if k not in ("rope_scaling", "steps")}
+    meta["files"].update(checkpoint_files.entries(tag, ["run.yaml"]))
+    (tag / "meta.json").write_text(json.dumps(meta))
+    cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=2, rope_scaling="none")
+    saved = resume_keys.saved_values(checkpoint.check_run_dir(cfg, 2)["run"], tag / "run.yaml")
+    assert resume_keys.compare(saved, cfg) == ([], [("steps", 3, 6)])
+    refused(tmp_path / "out", ["model.rope_scaling 'none' -> 'auto'"], resume=True, steps=6, sp_size=2, world=2)
+
+
 def test_resume_with_nothing_left_to_train(tmp_path):
     fake_checkpoint(tmp_path / "out", step=6)
     refused(tmp_path / "out", ["at step 6 and steps=6", "set steps above 6"], resume=True, steps=6, sp_size=2,
