@@ -2,7 +2,7 @@
 
     saved = saved_values(meta["run"], tag_dir / "run.yaml")
     refused, changed = compare(saved, cfg)           # the checkpoint's values against this run's
-    stored_values(cfg)                               # what checkpoint.save stores in meta.json's `run`
+    stored_values(cfg)                               # what checkpoint_save.save stores in meta.json's `run`
 
 FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is refused before
 anything is loaded (run/checkpoint.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.run import checkpoint, checkpoint_rng, run_lock
+from ds_longctx.run import checkpoint, checkpoint_rng, checkpoint_save, run_lock
 from ds_longctx.run import checkpoint_files as files
 from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import CheckpointError
@@ -31,7 +31,7 @@ def tags(directory: str, tag: str | None) -> list:
     root = p / checkpoint.CKPT_SUBDIR if (p / checkpoint.CKPT_SUBDIR).is_dir() else p
     if tag is not None:
         return [root / paths.check_tag(tag, f"--tag ({paths.shown(tag)})", "checkpoint convert", root)]
-    found = [root / n for n in paths.tags(root)]
+    found = [root / n for n in paths.tag_names(root)]
     if not found:
         raise CheckpointError(f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "
                               f"output_dir")
@@ -56,7 +56,7 @@ def convert_tag(tag_dir: Path) -> bool:
             tmp.replace(tag_dir / name)
     meta["files"] = files.entries(tag_dir, meta["files"], show=True)
     meta["format"] = checkpoint.FORMAT
-    checkpoint.write_meta(tag_dir, meta)
+    checkpoint_save.write_meta(tag_dir, meta)
     return True
 
 

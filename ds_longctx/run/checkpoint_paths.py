@@ -48,11 +48,11 @@ def check_tag(tag: str, source: str, what: str, root: Path) -> str:
              and "\x00" not in tag and tag.isprintable())
     if not plain or not inside(root, root / tag):
         raise CheckpointError(f"{what}: {source} holds {shown(tag)}, which is not a checkpoint of this run (a tag is "
-                              f"a directory name inside {str(root)!r}); name one of {tags(root)}")
+                              f"a directory name inside {str(root)!r}); name one of {tag_names(root)}")
     return tag
 
 
-def tags(root: Path) -> list:
+def tag_names(root: Path) -> list:
     """The complete-looking tag directories of `root`, oldest first (names only; nothing read)."""
     if not root.is_dir():
         return []

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
-from ds_longctx.run import checkpoint, memory_snapshot, optimizer_state, resume_changes, run_lock
+from ds_longctx.run import checkpoint, checkpoint_save, memory_snapshot, optimizer_state, resume_changes, run_lock
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
@@ -231,7 +231,7 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
 def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
     """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one line, exit 1."""
     try:
-        return checkpoint.save(engine, cfg, done, data.signature())
+        return checkpoint_save.save(engine, cfg, done, data.signature())
     except checkpoint.CheckpointError as e:
         fail(f"stopped at step {done} of {cfg.train.steps}: {e}", engine.state.rank)
 

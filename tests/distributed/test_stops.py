@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from ds_longctx.run import checkpoint
+from ds_longctx.run import checkpoint, checkpoint_save
 from tests.helpers import ROOT, cpu_env, free_port, read_metrics, run_cli, torchrun_cmd, wait_for_steps, worker
 
 pytestmark = pytest.mark.slow
@@ -135,7 +135,7 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
     loss it had, bit for bit."""
     run = ["--model", str(save_seconds_model(tmp_path)), *RUN[2:]]
     out, log = tmp_path / "cut", tmp_path / "cut.log"
-    env = cpu_env() | {checkpoint.SAVE_PAUSE_ENV: "30"}
+    env = cpu_env() | {checkpoint_save.SAVE_PAUSE_ENV: "30"}
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *run, "--steps", "3",
                                  "--save_every", "1", "--output_dir", str(out)], env=env, cwd=ROOT, stdout=f,

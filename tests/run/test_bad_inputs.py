@@ -213,7 +213,7 @@ def test_eval_data_with_fewer_rows_than_eval_rows(files, tmp_path):
 
 # ----------------------------------------------------------------------------- resume
 def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run_overrides) -> Path:
-    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint.save writes it."""
+    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint_save.save writes it."""
     cfg = RunConfig(output_dir=str(out))
     run = resume_keys.stored_values(cfg) | run_overrides
     run.update(world_size=world, sp_size=sp, dp_size=world // sp)

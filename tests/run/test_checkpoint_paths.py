@@ -14,7 +14,7 @@ import pytest
 
 from ds_longctx.config import RunConfig
 from ds_longctx.parallel.disk import PARTIAL_MARKER, make_partial
-from ds_longctx.run import checkpoint, stops
+from ds_longctx.run import checkpoint, checkpoint_save, stops
 from ds_longctx.run import checkpoint_paths as paths
 from ds_longctx.run.checkpoint_files import CheckpointError
 
@@ -140,11 +140,11 @@ def fake_engine(root: Path, fail: OSError | None):
 def test_a_save_that_hits_a_full_disk_fails_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
     cfg = RunConfig.from_cli(["--output_dir", str(tmp_path / "run"), "--keep_checkpoints", "2"])
     root = checkpoint.ckpt_root(cfg.train.output_dir)
-    checkpoint.save(fake_engine(root, None), cfg, 2, {"data": 1})
+    checkpoint_save.save(fake_engine(root, None), cfg, 2, {"data": 1})
     assert paths.read_latest(root) == "step2" and not (root / "step2" / PARTIAL_MARKER).exists()
     full = OSError(errno.ENOSPC, "No space left on device", str(root / ".tmp-step4" / "x.pt"))
     with pytest.raises(CheckpointError) as e:
-        checkpoint.save(fake_engine(root, full), cfg, 4, {"data": 1})
+        checkpoint_save.save(fake_engine(root, full), cfg, 4, {"data": 1})
     msg = str(e.value)
     assert "save of step 4 failed: no space left on " in msg and "free)" in msg
     assert "(step2) is unchanged" in msg and "\n" not in msg

@@ -89,6 +89,7 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     (out / "ds_config.json").write_text("{}")
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (checkpoint.ckpt_root(out) / "step2").mkdir(parents=True)
+    (checkpoint.ckpt_root(out) / "step2" / "meta.json").write_text('{"files": {}}')  # a save's (what overwrite deletes)
     (checkpoint.ckpt_root(out) / "latest").write_text("step2")
     with pytest.raises(ValueError) as e:
         preflight(RunConfig(output_dir=str(out)), 1)

@@ -183,11 +183,11 @@ def test_a_rehearsal_refuses_checkpoints_eval_and_export(monkeypatch):
     import torch.distributed as dist
 
     from ds_longctx.parallel import fake_world
-    from ds_longctx.run import checkpoint, evaluate, export
+    from ds_longctx.run import checkpoint, checkpoint_save, evaluate, export
     before = dist.all_to_all_single
     fake_world.start(rank=5, world_size=8, per_node=8)
     try:
-        for call, err in ((lambda: checkpoint.save(None, None, 1, {}), RuntimeError),
+        for call, err in ((lambda: checkpoint_save.save(None, None, 1, {}), RuntimeError),
                           (lambda: evaluate.evaluate(None, None, 1, 1), RuntimeError),
                           (lambda: export.export("runs/x", str(ROOT / "nowhere")), checkpoint.CheckpointError)):
             with pytest.raises(err, match="rehearsal"):
