@@ -140,6 +140,14 @@ def owned_fields(cfg, ds: dict) -> dict:
             "gradient_checkpointing": (False, "memory.* (the placement plan checkpoints the layers)")}
 
 
+def report_to(ours: str) -> str:
+    """The Trainer's report_to for logging.report_to (auto: tensorboard where it imports, as `ds-longctx train`)."""
+    if ours != "auto":
+        return ours
+    import importlib.util
+    return "tensorboard" if importlib.util.find_spec("tensorboard") is not None else "none"
+
+
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -154,7 +162,8 @@ def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
         raise ValueError(f"training_args: {'; '.join(clash)}")
     save = cfg.checkpoint.save_every
     out = {"output_dir": cfg.train.output_dir, "logging_steps": cfg.logging.log_every,
-           "save_strategy": "steps" if save else "no", **({"save_steps": save} if save else {})}
+           "save_strategy": "steps" if save else "no", **({"save_steps": save} if save else {}),
+           "report_to": report_to(cfg.logging.report_to)}
     if "max_length" in getattr(args_cls, "__dataclass_fields__", {}):  # TRL's SFTConfig
         out.update(max_length=cfg.train.seq_len, dataset_kwargs={"skip_prepare_dataset": True})
     out.update(kwargs)

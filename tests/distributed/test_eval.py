@@ -178,7 +178,8 @@ def test_eval_into_a_run_another_process_writes_is_refused_and_eval_elsewhere_on
         assert last.endswith("or pass --out another directory (an eval that writes elsewhere only reads the "
                              "checkpoint)") and (out / "metrics.jsonl").read_text() == before
         started = []
-        monkeypatch.setattr(cli, "launch", lambda n, args, module: started.append(lock_holder(tmp_path / "ev")) or 0)
+        monkeypatch.setattr(cli, "launch", lambda n, args, module, output_dir=None:
+                            started.append(lock_holder(tmp_path / "ev")) or 0)
         with pytest.raises(SystemExit) as done:
             cli.main(["eval", "--checkpoint", str(out), "--data", "synthetic", "--out", str(tmp_path / "ev")])
         assert done.value.code == 0 and started[0]["pid"] == os.getpid() and lock_holder(out)["pid"] == holder.pid
