@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ds_longctx.data.sources import DataError
-from ds_longctx.parallel.sharding import IGNORE_INDEX
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 log = logging.getLogger("ds_longctx")
 
