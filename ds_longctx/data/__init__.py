@@ -46,7 +46,7 @@ import torch
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents
 from ds_longctx.data.synthetic import SyntheticRetrieval
-from ds_longctx.data.tokenize import eos_id, load_tokenizer, tokenize
+from ds_longctx.data.tokenize import cut_rule, eos_id, load_tokenizer, report, tokenize
 from ds_longctx.parallel import attention
 
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
@@ -93,10 +93,11 @@ def build_data(cfg, hf_config, dp_size: int):
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config))
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab)
+    skipped = report(tokenized, cfg, docs.skipped_rows)
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
     rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
-                     source=cfg.data.source, vocab_size=vocab, skipped_rows=docs.skipped_rows)
+                     source=cfg.data.source, vocab_size=vocab, skipped_rows=skipped, cut=cut_rule(cfg))
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
         raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
