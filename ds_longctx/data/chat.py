@@ -150,6 +150,9 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
     try:
+        if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
+            ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
+            return ids, list(ids)
         if _GENERATION.search(template) and not any(t and m["role"] != "assistant"
                                                      for t, m in zip(trains, messages)):
             out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
@@ -165,7 +168,7 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
             full, spans = message_spans(tok, messages, tools)
             enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
             ids = list(enc["input_ids"])
-            chars = [s for (s, e), t in zip(spans, trains) if t]
+            chars = [span for span, t in zip(spans, trains) if t]
             keep = [j for j, (a, _) in enumerate(enc["offset_mapping"]) if any(s <= a < e for s, e in chars)]
     except ChatError:
         raise

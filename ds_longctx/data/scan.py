@@ -125,22 +125,6 @@ class Scan:
                 "prompt_completion": {"prompt": "string", "completion": "string"},
                 "tokens": {"input_ids": "ids", **({self.mask_key: "ids"} if self.mask_key else {})}}[self.mode]
 
-    def where(self, indices: list) -> dict:
-        """{i: "data file 'f' line N"} for good rows i (0-based, in file order) of a JSON source: the files read
-        again (an error path: the rows tokenization refused)."""
-        want, out, k = set(indices), {}, 0
-        scan = Scan(self.builder, self.files, self.text_field, fmt=self.mode, mode=self.mode, mode_decided=True,
-                    mask_key=self.mask_key)
-        for f in self.files:
-            line = 0
-            for _, got in json_rows(f, scan, lines=True):
-                line, got = got
-                if not isinstance(got, Fault):
-                    if k in want:
-                        out[k] = f"data file {f!r} line {line}"
-                    k += 1
-        return out
-
     def fingerprint(self) -> str:
         key = json.dumps([_VERSION, self.builder, self.stamps, self.text_field, self.mode, self.mask_key])
         return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data.chat import detect_format
-from ds_longctx.data.scan import MAX_NAMED, DataError, Scan, json_documents, scan_files
+from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
 
 __all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "resolve_source"]
 
@@ -145,10 +145,19 @@ def load_documents(cfg) -> Documents:
 def locate_rows(cfg, indices: list) -> dict:
     """{i: where} for rows i (0-based) of the loaded documents: "data file 'f' line N" for JSON files, else
     "data=... row i+1"."""
-    builder, _ = resolve_source(cfg.data.source)
-    if builder == "json":
-        return check_source(cfg).where(indices)
-    return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
+    builder, files = resolve_source(cfg.data.source)
+    if builder != "json":
+        return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
+    seen = check_source(cfg)  # the files are read again (an error path: rows tokenization refused)
+    scan = Scan("json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_key=seen.mask_key)
+    want, out, k = set(indices), {}, 0
+    for f in files:
+        for _, (line, got) in json_rows(f, scan, lines=True):
+            if not isinstance(got, Fault):
+                if k in want:
+                    out[k] = f"data file {f!r} line {line}"
+                k += 1
+    return out
 
 
 def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:

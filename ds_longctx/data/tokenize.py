@@ -94,9 +94,10 @@ def cut_rule(cfg) -> Optional[str]:
 
 
 def default_train_on(cfg, fmt: str) -> str:
-    """data.train_on, else the format's default (messages: assistant, prompt_completion: completion, else all);
-    refused where it does not apply to the format."""
-    want = cfg.data.train_on or {"messages": "assistant", "prompt_completion": "completion"}.get(fmt, "all")
+    """data.train_on, else the format's default (messages: assistant, prompt_completion: completion, tokens: their
+    labels, text: all); refused where it does not apply to the format."""
+    want = cfg.data.train_on or {"messages": "assistant", "prompt_completion": "completion",
+                                 "tokens": "labels"}.get(fmt, "all")
     fits = {"messages": ("assistant", "last_assistant", "all"), "prompt_completion": ("completion", "all"),
             "tokens": ("all",), "text": ("all",)}[fmt]
     if cfg.data.train_on is not None and want not in fits:
