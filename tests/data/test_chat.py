@@ -194,3 +194,29 @@ def test_train_on_that_does_not_fit_the_rows_is_refused(toks, hf_cfg, tmp_path):
         batch_of(path, paths["gen"], hf_cfg, tmp_path, train_on="last_assistant")
     with pytest.raises(DataError, match="truncate='head' with data_layout='concat'"):
         batch_of(path, paths["gen"], hf_cfg, tmp_path, data_layout="concat", truncate="head")
+
+
+@pytest.mark.slow
+def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, tmp_path):
+    """`ds-longctx train` on 2 processes (SP=2), packed sessions: exit 0, and each step's trained_tokens is the count of
+    targets whose label trains inside one session, counted here from the rows."""
+    from tests.helpers import read_metrics, run_cli
+    paths, _ = toks
+    short = [{"role": "user", "content": "w3"}, {"role": "assistant", "content": "w4 w5"}]
+    s, t = {"messages": SESSION, "tools": TOOLS}, {"messages": short}
+    sessions = [s, t, t, s, t]  # packed: rows of (s, t, t) and (s, t): unequal trained tokens
+    path = write(tmp_path / "sessions.jsonl", sessions)
+    out = tmp_path / "run"
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", str(L), "--dtype",
+                   "fp32", "--data", path, "--tokenizer", paths["gen"], "--data_layout", "pack", "--steps", "2",
+                   "--data_cache_dir", str(tmp_path / "cache"), "--report_to", "none", "--output_dir", str(out)],
+                  output_dir=out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = batch_of(path, paths["gen"], hf_cfg, tmp_path, shuffle=True)
+    want = []
+    for step in range(2):
+        b = rows.get(step, 1, 0, 1)
+        labels, pos = b.labels[0].tolist(), (b.position_ids[0] if b.position_ids is not None else torch.arange(L))
+        want.append(sum(1 for i in range(L - 1) if labels[i + 1] != IGNORE_INDEX and pos[i + 1] != 0))
+    # a session trains 10 targets (its two turns and EOS), a short one 4
+    assert [m["trained_tokens"] for m in read_metrics(out)] == want and sorted(want) == [14, 18], want
