@@ -83,7 +83,7 @@ def _messages_problem(messages, tools) -> Optional[str]:
             return f"message {i} has role {m['role']!r}; use one of {list(ROLES)}"
         if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):
             return f"message {i}: 'tool_calls' is not a list: give the calls as a list of {{function: ...}} objects"
-        if "train" in m and not isinstance(m["train"], bool):
+        if m.get("train") is not None and not isinstance(m["train"], bool):
             return f"message {i}: 'train' is {m['train']!r}; use true or false"
         if not isinstance(m.get("content", ""), (str, list, type(None))):
             return f"message {i}: 'content' is not a string: write the message's text as a JSON string"
@@ -92,8 +92,9 @@ def _messages_problem(messages, tools) -> Optional[str]:
 
 # ----------------------------------------------------------------------------- sessions
 def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
-    """Whether message `m` trains: its own `train`, else assistant messages (last_assistant: the last one only)."""
-    if "train" in m:
+    """Whether message `m` trains: its own `train` (null: none, as Arrow gives a missing key), else assistant messages
+    (last_assistant: the last one only)."""
+    if m.get("train") is not None:
         return bool(m["train"])
     if train_on == "all":
         return True

@@ -125,6 +125,9 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
         def one(r):
             msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
             tools = json.loads(r["tools"]) if isinstance(r.get("tools"), str) else r.get("tools")
+            why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
+            if why:
+                raise chat.ChatError(why)
             return chat.session_tokens(tok, msgs, tools, train_on)
     return one
 
@@ -213,8 +216,7 @@ def report(tokenized, cfg, skipped_before: int) -> int:
         why = [bad_col[i].as_py() for i in named]
         if not cfg.data.skip_bad_rows:
             more = f" ({len(bad)} rows are bad, also {', '.join(where[i] for i in named[1:])})" if len(bad) > 1 else ""
-            raise DataError(f"{where[named[0]]}: {why[0]}; fix that row, or set data.skip_bad_rows: true to skip "
-                            f"such rows{more}")
+            raise DataError(f"{where[named[0]]}: {why[0]}; or set data.skip_bad_rows: true to skip such rows{more}")
         if len(bad) == tokenized.num_rows:
             raise DataError(f"data={cfg.data.source!r}: all {len(bad)} rows are bad (the first: {where[named[0]]}: "
                             f"{why[0]})")
