@@ -135,7 +135,8 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
 def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Optional[str] = None,
              vocab_size: Optional[int] = None):
     """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing trains), `trained` (the
-    targets that train) and `bad` (why a row gives no document, "" when it does), through the datasets cache.
+    targets that train), `cut` (tokens left out by truncate head) and `bad` (why a row gives no document, "" when it
+    does), through the datasets cache.
 
     EOS appended (`add_eos`) trains when the document's last token does. A document longer than seq_len is cut here
     under `cut_rule` head (or marked bad under refuse); one left with no trained target is marked bad."""
@@ -150,24 +151,27 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
     one = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
     key = json.dumps([docs._fingerprint, fmt, mask_key, default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
-                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v2"])
+                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v3"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
     features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
                                   "labels": list_type(datasets.Value("int32")),
-                                  "trained": datasets.Value("int64"), "bad": datasets.Value("string")})
+                                  "trained": datasets.Value("int64"), "cut": datasets.Value("int64"),
+                                  "bad": datasets.Value("string")})
 
     def fn(batch):
-        out = {"input_ids": [], "labels": [], "trained": [], "bad": []}
+        out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
         for i in range(len(next(iter(batch.values())))):
             try:
                 ids, labels = one({k: v[i] for k, v in batch.items()})
+                n = len(ids) + (cfg.data.add_eos and len(ids) > 0)
                 ids, labels, why = _finish(ids, labels, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
             except chat.ChatError as e:
-                ids, labels, why = [], [], str(e)
+                ids, labels, why, n = [], [], str(e), 0
             out["input_ids"].append(ids)
             out["labels"].append(labels)
             out["trained"].append(sum(v != IGNORE_INDEX for v in labels[1:]))
+            out["cut"].append(n - len(ids) if not why else 0)
             out["bad"].append(why)
         return out
     try:
@@ -222,6 +226,10 @@ def report(tokenized, cfg, skipped_before: int) -> int:
                             f"{why[0]})")
         log.info("data=%r: skipping %d row(s) tokenization refused (data.skip_bad_rows): %s", cfg.data.source,
                  len(bad), "; ".join(f"{where[i]}: {w}" for i, w in zip(named, why)))
+    cut = tokenized.data.column("cut").to_numpy()
+    if cut.any():
+        log.info("data: %d documents longer than seq_len=%d cut to their first %d tokens (%d tokens left out; "
+                 "data.truncate: head)", int((cut > 0).sum()), cfg.train.seq_len, cfg.train.seq_len, int(cut.sum()))
     trained = tokenized.data.column("trained").to_numpy()
     lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_numpy(zero_copy_only=False)
     real = trained[lengths > 0]

@@ -166,6 +166,9 @@ BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refu
                                                    {"role": "user", "content": "w2"},
                                                    {"role": "assistant", "content": "w3"}]}, "gen",
                                      {"truncate": "head"}, "no token trains after cutting to seq_len=64 (head)"),
+    "longer than seq_len": ({"messages": [{"role": "user", "content": " ".join(["w1"] * 70)},
+                                          {"role": "assistant", "content": "w3"}]}, "gen", {"truncate": "refuse"},
+                            "a document of 78 tokens is longer than seq_len=64 and data.truncate is refuse"),  # 77+EOS
     "label out of vocabulary": ({"input_ids": [5, 6], "labels": [5, 9999]}, None, {}, "'labels' holds 9999"),
 }
 
@@ -220,3 +223,14 @@ def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, t
         want.append(sum(1 for i in range(L - 1) if labels[i + 1] != IGNORE_INDEX and pos[i + 1] != 0))
     # a session trains 10 targets (its two turns and EOS), a short one 4
     assert [m["trained_tokens"] for m in read_metrics(out)] == want and sorted(want) == [14, 18], want
+
+
+def test_a_parquet_session_gives_the_labels_of_its_jsonl_twin(toks, hf_cfg, tmp_path):
+    """Arrow gives every message every key (null where absent): the same labels as the JSON line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    paths, tok = toks
+    tools = [{"type": "function", "function": {"name": "w50", "parameters": {"type": "object"}}}]
+    pq.write_table(pa.Table.from_pylist([{"messages": SESSION, "tools": tools}]), str(tmp_path / "s.parquet"))
+    rows = batch_of(str(tmp_path / "s.parquet"), paths["plain"], hf_cfg, tmp_path)
+    assert first_doc(rows) == expected(tok, RENDERED, marks((HEAD, 0), (TURN1, 1), (TOOL, 0), (TURN2, 1)))
