@@ -52,7 +52,7 @@ import torch
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents
 from ds_longctx.data.synthetic import SyntheticRetrieval
-from ds_longctx.data.tokenize import cut_rule, default_train_on, eos_id, load_tokenizer, report, tokenize
+from ds_longctx.data.tokenize import check_tokenized, cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
 from ds_longctx.parallel import attention
 
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
@@ -85,7 +85,7 @@ def check_data_source(cfg, vocab_size: int) -> None:
     """Checks before any process group exists: the source resolves, every local file reads through (data/scan.py:
     every bad row refused, or counted with skip_bad_rows), train_on and truncate fit the rows and layout, the
     tokenizer fits. What only the tokenizer shows (a template that fails or rewrites turns, a row with no trained
-    token) is refused when the rows are tokenized (data/tokenize.py `report`), by file and line too."""
+    token) is refused when the rows are tokenized (data/tokenize.py `check_tokenized`), by file and line too."""
     if cfg.data.source == "synthetic":
         return
     scan = check_source(cfg)
@@ -105,7 +105,7 @@ def build_data(cfg, hf_config, dp_size: int):
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
     tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab)
-    skipped = report(tokenized, cfg, docs.skipped_rows)
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
     rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
                      source=cfg.data.source, vocab_size=vocab, skipped_rows=skipped, cut=cut_rule(cfg))

@@ -23,7 +23,7 @@ from typing import Optional
 
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-FORMATS = ("text", "messages", "prompt_completion", "tokens")
+ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
 ROLES = ("system", "user", "assistant", "tool")
 MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # what a tokens row may carry beside input_ids
 _GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")

@@ -77,7 +77,7 @@ class Scan:
     files: list
     text_field: str
     fmt: str = "auto"                  # data.format: the mode asked for ("auto": the first row decides)
-    mode: str = "text"                 # text | messages | prompt_completion | tokens (data/chat.py FORMATS)
+    mode: str = "text"                 # text | messages | prompt_completion | tokens (data/chat.py ROW_FORMATS)
     mask_key: Optional[str] = None     # tokens rows: the labels / mask key of the first row, if any
     mode_decided: bool = False         # by the first object row (JSON) or the first file's columns (Parquet)
     rows: int = 0                      # good rows (documents)

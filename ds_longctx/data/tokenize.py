@@ -2,7 +2,7 @@
 
     tok = load_tokenizer(cfg, vocab_size)               # checked against the model's vocabulary
     tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab_size)
-    skipped = report(tokenized, cfg, docs.skipped_rows)  # bad rows refused by file:line (or counted); trained share
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
 
 Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
 token, chat and prompt/completion rows what data/chat.py says, token rows their own labels or mask.
@@ -207,7 +207,7 @@ def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L:
     return ids, labels, ""
 
 
-def report(tokenized, cfg, skipped_before: int) -> int:
+def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
     """Refuse the rows tokenization marked bad naming file and line (or count them with data.skip_bad_rows); log the
     trained tokens per document (min, median, max) and their share of all tokens. Returns the skipped rows."""
     import numpy as np
