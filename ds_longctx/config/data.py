@@ -39,8 +39,8 @@ class DataConfig(Section):
     truncate: Optional[Literal["split", "head", "refuse"]] = None
     """A document (session) longer than seq_len in layout pack or document: split into windows of seq_len, each its
     own document (pack's default); head: its first seq_len tokens (document's default); refuse: the run stops naming
-    its file and line. concat always cuts the joined stream at row borders. A document left with no trained token
-    is refused (or skipped with skip_bad_rows)."""
+    its file and line. concat always cuts the joined stream at row borders. A document (after head) left with no
+    trained token is refused (or skipped with skip_bad_rows); a split window without one trains nothing."""
     skip_bad_rows: bool = False
     """Leave out bad rows of local files instead of refusing the run: a JSON line without text_field, whose value is
     not a string, or that is not UTF-8 / JSON / an object; a chat row the template cannot render or with no trained

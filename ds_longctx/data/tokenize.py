@@ -170,7 +170,8 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
                 ids, labels, why, n = [], [], str(e), 0
             out["input_ids"].append(ids)
             out["labels"].append(labels)
-            out["trained"].append(sum(v != IGNORE_INDEX for v in labels[1:]))
+            out["trained"].append(max(len(ids) - 1, 0) if fmt == "text" else  # text: every target trains
+                                  sum(v != IGNORE_INDEX for v in labels[1:]))
             out["cut"].append(n - len(ids) if not why else 0)
             out["bad"].append(why)
         return out
