@@ -107,14 +107,16 @@ def default_train_on(cfg, fmt: str) -> str:
 
 
 def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
-    """fn(row dict) -> (input_ids, labels) of one document of format `fmt`: the one text-or-ids switch."""
+    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`: the
+    one text-or-ids switch. Text is tokenized a batch at once (the fast tokenizer's threads)."""
     train_on = default_train_on(cfg, fmt)
     field = cfg.data.text_field
     if fmt == "text":
-        def one(r):
-            ids = tok(r[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
-            return ids, list(ids)
-    elif fmt == "tokens":
+        def many(batch):
+            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
+            return [(x, list(x)) for x in ids]
+        return many
+    if fmt == "tokens":
         def one(r):
             ids = list(r["input_ids"])
             return ids, chat.token_labels(ids, r.get(mask_key), mask_key, vocab_size, train_on)
@@ -129,7 +131,16 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
             if why:
                 raise chat.ChatError(why)
             return chat.session_tokens(tok, msgs, tools, train_on)
-    return one
+
+    def many(batch):
+        got = []
+        for i in range(len(next(iter(batch.values())))):
+            try:
+                got.append(one({k: v[i] for k, v in batch.items()}))
+            except chat.ChatError as e:
+                got.append(e)
+        return got
+    return many
 
 
 def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Optional[str] = None,
@@ -148,7 +159,7 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
         raise DataError(f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
                         f"directory (the model's own), or provide an input_ids column")
     rule, L = cut_rule(cfg), cfg.train.seq_len
-    one = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
+    many = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
     key = json.dumps([docs._fingerprint, fmt, mask_key, default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
                       cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v3"])
@@ -161,13 +172,12 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
 
     def fn(batch):
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
-        for i in range(len(next(iter(batch.values())))):
-            try:
-                ids, labels = one({k: v[i] for k, v in batch.items()})
-                n = len(ids) + (cfg.data.add_eos and len(ids) > 0)
-                ids, labels, why = _finish(ids, labels, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
-            except chat.ChatError as e:
-                ids, labels, why, n = [], [], str(e), 0
+        for got in many(batch):
+            if isinstance(got, chat.ChatError):
+                ids, labels, why, n = [], [], str(got), 0
+            else:
+                n = len(got[0]) + (cfg.data.add_eos and len(got[0]) > 0)
+                ids, labels, why = _finish(*got, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
             out["input_ids"].append(ids)
             out["labels"].append(labels)
             out["trained"].append(max(len(ids) - 1, 0) if fmt == "text" else  # text: every target trains
