@@ -29,7 +29,8 @@ from pathlib import Path
 
 from harness import raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
-IGNORE = -100
+from ds_longctx.parallel.units import IGNORE_INDEX as IGNORE
+
 GIB = 2**30
 
 

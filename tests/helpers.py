@@ -348,6 +348,40 @@ def make_tokenizer(path: Path, n_words: int = 60, extra: tuple = ()) -> Path:
     return path
 
 
+CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
+CHAT_WORDS = ["system", "user", "assistant", "tool", "tools"]
+# ChatML, its tool calls as `<tool_call> NAME ARG_VALUES </tool_call>`; GENERATION marks what an assistant turn trains
+CHATML = (
+    "{%- if tools %}<|im_start|>system\ntools {% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n"
+    "{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}<|im_start|>assistant\nGEN_START{{ m.content or '' }}"
+    "{%- for tc in m.tool_calls or [] %} <tool_call> {{ tc.function.name }} "
+    "{%- for k, v in tc.function.arguments.items() %} {{ v }}{% endfor %} </tool_call>{% endfor %}"
+    "<|im_end|>GEN_END{{ '\\n' }}"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_template(generation: bool) -> str:
+    """CHATML with `{% generation %}` markers around each assistant turn's content and end, or without."""
+    start, end = ("{% generation %}", "{% endgeneration %}") if generation else ("", "")
+    return CHATML.replace("GEN_START", start).replace("GEN_END", end)
+
+
+def make_chat_tokenizer(path: Path, template: str, n_words: int = 60) -> Path:
+    """`make_tokenizer` with ChatML's special tokens (after the words: CHAT_WORDS, then CHAT_SPECIALS as added
+    tokens) and `template` as its chat template."""
+    from transformers import AutoTokenizer
+    make_tokenizer(path, n_words, extra=tuple(CHAT_WORDS))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIALS})
+    tok.chat_template = template
+    tok.save_pretrained(str(path))
+    return path
+
+
 def documents(n_docs: int, min_words: int = 5, max_words: int = 40, n_words: int = 60, seed: int = 0) -> list[str]:
     import random
     rng = random.Random(seed)

@@ -25,9 +25,26 @@ class DataConfig(Section):
     that long)."""
     text_field: str = "text"
     """Column holding the text in JSONL / Parquet / hub data."""
+    format: Literal["auto", "text", "messages", "prompt_completion", "tokens"] = Field(
+        "auto", json_schema_extra={"flat": "data_format"})
+    """What a row holds: text (`text_field`); messages (a chat session: a `messages` list of {role, content,
+    tool_calls}, an optional `tools` list, rendered with the tokenizer's chat template); prompt_completion (`prompt`
+    and `completion` strings); tokens (`input_ids`, optionally `labels` or a 0/1 `completion_mask` /
+    `assistant_masks`). auto: the first row's keys decide (logged)."""
+    train_on: Optional[Literal["assistant", "last_assistant", "completion", "all"]] = None
+    """Which tokens train: assistant (every assistant turn with its tool calls; the default of messages rows),
+    last_assistant, completion (the default of prompt_completion rows), all (every token; the only choice for
+    text). A message's own `"train": true|false` overrides it; tool output trains only under all. tokens rows train
+    where their labels say (all: every token)."""
+    truncate: Optional[Literal["split", "head", "refuse"]] = None
+    """A document (session) longer than seq_len in layout pack or document: split into windows of seq_len, each its
+    own document (pack's default); head: its first seq_len tokens (document's default); refuse: the run stops naming
+    its file and line. concat always cuts the joined stream at row borders. A document (after head) left with no
+    trained token is refused (or skipped with skip_bad_rows); a split window without one trains nothing."""
     skip_bad_rows: bool = False
     """Leave out bad rows of local files instead of refusing the run: a JSON line without text_field, whose value is
-    not a string, or that is not UTF-8 / JSON / an object; a null text in Parquet or hub data. They are counted
+    not a string, or that is not UTF-8 / JSON / an object; a chat row the template cannot render or with no trained
+    token; a null text in Parquet or hub data. They are counted
     (`skipped_rows` on every metrics.jsonl train line) and the first 5 named (file:line, why) in the log. False: the
     first one is refused naming its file, line and byte offset."""
     text_unit: Literal["document", "line", "paragraph"] = "document"

@@ -25,7 +25,7 @@ FIXED = {
     "seq_len": "", "micro_batch": "", "seed": "", "shuffle": "",
     "grad_accum": "it sets the sequences of every step, so the data order would not continue",
     "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
-    "add_eos": "", "skip_bad_rows": "",
+    "add_eos": "", "skip_bad_rows": "", "data_format": "", "train_on": "", "truncate": "",
     "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
     "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
     "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "

@@ -20,6 +20,12 @@ through the tokenizer in `datasets.map` (progress bar, cached in `data_cache_dir
 source, the tokenizer files and the options, so a second run and every other rank read the cache). Data that
 already has an `input_ids` column is used as token ids directly (checked against the vocabulary).
 
+Rows (`data.format`, or the first row decides): text, chat sessions (`messages`, rendered by the tokenizer's chat
+template), prompt/completion pairs, token ids (with their own `labels` or 0/1 mask). From tokenization on every
+document is `input_ids` + `labels` (IGNORE_INDEX where it does not train: prompts, tool output, padding; data/chat.py
+says which tokens of a session train), and every layout slices the labels with the tokens, so `Batch.labels` is
+always there; sharding.shift_labels turns them into next-token targets.
+
 Layouts (`cfg.data.layout`), all built lazily from the tokenized documents (one int per document kept in
 memory; a row's tokens are sliced from the memory-mapped Arrow stream when the row is used):
 - concat: documents with EOS appended, joined end to end into one stream of T tokens, cut into
@@ -46,7 +52,7 @@ import torch
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents
 from ds_longctx.data.synthetic import SyntheticRetrieval
-from ds_longctx.data.tokenize import eos_id, load_tokenizer, tokenize
+from ds_longctx.data.tokenize import check_tokenized, cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
 from ds_longctx.parallel import attention
 
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
@@ -77,10 +83,15 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
 
 def check_data_source(cfg, vocab_size: int) -> None:
     """Checks before any process group exists: the source resolves, every local file reads through (data/scan.py:
-    every bad row refused, or counted with skip_bad_rows), the tokenizer fits."""
+    every bad row refused, or counted with skip_bad_rows), train_on and truncate fit the rows and layout, the
+    tokenizer fits. What only the tokenizer shows (a template that fails or rewrites turns, a row with no trained
+    token) is refused when the rows are tokenized (data/tokenize.py `check_tokenized`), by file and line too."""
     if cfg.data.source == "synthetic":
         return
-    check_source(cfg)
+    scan = check_source(cfg)
+    cut_rule(cfg)
+    if scan is not None:
+        default_train_on(cfg, scan.mode)
     load_tokenizer(cfg, vocab_size)
     check_packing(cfg)
 
@@ -93,10 +104,11 @@ def build_data(cfg, hf_config, dp_size: int):
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config))
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab)
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
     rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
-                     source=cfg.data.source, vocab_size=vocab, skipped_rows=docs.skipped_rows)
+                     source=cfg.data.source, vocab_size=vocab, skipped_rows=skipped, cut=cut_rule(cfg))
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
         raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ds_longctx.data.sources import DataError
-from ds_longctx.parallel.sharding import IGNORE_INDEX
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 log = logging.getLogger("ds_longctx")
 
@@ -24,17 +24,17 @@ log = logging.getLogger("ds_longctx")
 class Batch:
     input_ids: torch.Tensor                       # [b, L]
     position_ids: Optional[torch.Tensor] = None   # [b, L]; restarts at 0 per packed document
-    labels: Optional[torch.Tensor] = None         # [b, L]; IGNORE_INDEX where nothing is predicted (padding)
+    labels: Optional[torch.Tensor] = None         # [b, L]; IGNORE_INDEX where nothing trains (padding, prompts)
 
 
 
-def _token_stream(tokenized):
-    """(all tokens as one Arrow ChunkedArray [T] (memory-mapped), document lengths int64 [N])."""
+def _token_stream(tokenized, column: str = "input_ids"):
+    """(all tokens (or labels) as one Arrow ChunkedArray [T] (memory-mapped), document lengths int64 [N])."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    col = tokenized.data.table.column("input_ids")
+    col = tokenized.data.table.column(column)
     if tokenized._indices is not None:  # a filtered/selected view: materialize in index order
-        col = tokenized.with_format("arrow")[:]["input_ids"]
+        col = tokenized.with_format("arrow")[:][column]
         col = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
     stream = pa.chunked_array([c.flatten() for c in col.chunks], type=pa.int32())
     lengths = np.concatenate([pc.list_value_length(c).to_numpy(zero_copy_only=False) for c in col.chunks]
@@ -98,9 +98,9 @@ class RowOrder:
         return int(self._perm[j])
 
 
-def filled_row(ids: torch.Tensor, pos: Optional[torch.Tensor], labels: Optional[torch.Tensor]) -> tuple:
-    """A row from `TokenRows.row` with position_ids (0..L-1) and labels (the tokens) filled in where it has none."""
-    return ids, torch.arange(len(ids)) if pos is None else pos, ids if labels is None else labels
+def filled_row(ids: torch.Tensor, pos: Optional[torch.Tensor], labels: torch.Tensor) -> tuple:
+    """A row from `TokenRows.row` with position_ids (0..L-1) filled in where it has none."""
+    return ids, torch.arange(len(ids)) if pos is None else pos, labels
 
 
 class TokenRows:
@@ -108,10 +108,11 @@ class TokenRows:
     `skipped_rows`: rows of the source left out as bad (data.skip_bad_rows), reported in metrics.jsonl."""
 
     def __init__(self, tokenized, seq_len: int, layout: str, seed: int, shuffle: bool, pad_id: int,
-                 source: str = "", vocab_size: Optional[int] = None, skipped_rows: int = 0):
+                 source: str = "", vocab_size: Optional[int] = None, skipped_rows: int = 0, cut: Optional[str] = None):
         self.seq_len, self.layout, self.seed, self.shuffle, self.pad_id = seq_len, layout, seed, shuffle, pad_id
         self.source, self.skipped_rows = source, skipped_rows
         self.stream, lengths = _token_stream(tokenized)
+        self.label_stream, _ = _token_stream(tokenized, "labels")  # parallel to the tokens: IGNORE_INDEX or the target
         self.n_docs = int((lengths > 0).sum())
         self.n_tokens = int(lengths.sum())
         if self.n_tokens == 0:
@@ -142,6 +143,9 @@ class TokenRows:
             log.info("data: %d documents -> %d rows of their first %d tokens (document)", self.n_docs, self.n_rows, L)
         elif layout == "pack":
             self.row_ptr, self.seg_start, self.seg_len = pack_rows(lengths, L)
+            if (lengths > L).any():  # under head they were cut when tokenized, under refuse refused there
+                log.info("data: %d documents longer than seq_len=%d split into windows of %d, each its own document "
+                         "(data.truncate: %s)", int((lengths > L).sum()), L, L, cut or "split")
             self.n_rows = len(self.row_ptr) - 1
             used = int(self.seg_len.sum())
             log.info("data: %d documents, %d tokens -> %d packed rows of %d (%.1f%% padding)", self.n_docs,
@@ -160,29 +164,30 @@ class TokenRows:
                 "n_tokens": self.n_tokens, "seed": self.seed, "shuffle": self.shuffle}
 
     # ---------------------------------------------------------------- rows
-    def _slice(self, start: int, n: int) -> np.ndarray:
-        return self.stream.slice(start, n).to_numpy().astype(np.int64)
+    def _slice(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, labels) int64 [n] from `start` of the stream."""
+        return (self.stream.slice(start, n).to_numpy().astype(np.int64),
+                self.label_stream.slice(start, n).to_numpy().astype(np.int64))
 
-    def row(self, r: int) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """(input_ids [L], position_ids [L] or None, labels [L] or None) of row r."""
+    def row(self, r: int) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """(input_ids [L], position_ids [L] or None (one causal sequence), labels [L]) of row r."""
         L = self.seq_len
-        if self.layout == "concat":
-            return torch.from_numpy(self._slice(r * L, L)), None, None
-        if self.layout == "document":
-            return torch.from_numpy(self._slice(int(self.doc_start[r]), L)), None, None
+        if self.layout in ("concat", "document"):
+            ids, labels = self._slice(r * L if self.layout == "concat" else int(self.doc_start[r]), L)
+            return torch.from_numpy(ids), None, torch.from_numpy(labels)
         a, b = int(self.row_ptr[r]), int(self.row_ptr[r + 1])
         parts = [self._slice(int(s), int(n)) for s, n in zip(self.seg_start[a:b], self.seg_len[a:b])]
         ids = np.full(L, self.pad_id, np.int64)
         pos = np.zeros(L, np.int64)
         labels = np.full(L, IGNORE_INDEX, np.int64)
         at = 0
-        for p in parts:  # each document restarts its positions; labels are the tokens themselves
-            ids[at:at + len(p)], pos[at:at + len(p)], labels[at:at + len(p)] = p, np.arange(len(p)), p
+        for p, lab in parts:  # each document restarts its positions and keeps its own labels
+            ids[at:at + len(p)], pos[at:at + len(p)], labels[at:at + len(p)] = p, np.arange(len(p)), lab
             at += len(p)
         # the padding tail (if any) is one more "document" at position 0.. with every label ignored
         pos[at:] = np.arange(L - at)
         if at == L and b - a == 1:
-            return torch.from_numpy(ids), None, None  # one document filling the row: plain causal
+            return torch.from_numpy(ids), None, torch.from_numpy(labels)  # one document filling the row: plain causal
         return torch.from_numpy(ids), torch.from_numpy(pos), torch.from_numpy(labels)
 
     def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
@@ -192,11 +197,10 @@ class TokenRows:
     def rows(self, samples: range) -> Batch:
         """`Batch` of samples `samples` (their rows in the run's order)."""
         rows = [self.row(self.row_of_sample(i)) for i in samples]
-        ids = torch.stack([r[0] for r in rows])
+        ids, labels = torch.stack([r[0] for r in rows]), torch.stack([r[2] for r in rows])
         if all(r[1] is None for r in rows):
-            return Batch(ids)
-        filled = [filled_row(*r) for r in rows]
-        return Batch(ids, torch.stack([r[1] for r in filled]), torch.stack([r[2] for r in filled]))
+            return Batch(ids, None, labels)
+        return Batch(ids, torch.stack([filled_row(*r)[1] for r in rows]), labels)
 
 
 # ----------------------------------------------------------------------------- checks and entry point

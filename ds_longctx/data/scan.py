@@ -10,7 +10,9 @@ without its magic or whose column is not text, a .json array that is not UTF-8 o
 (refused unless `data.skip_bad_rows`, else skipped and counted): a JSON line that is not UTF-8, not JSON or not an
 object, a row without the text field (`text_field`), or whose value is not a string (null, a number, a list, ...), a
 Parquet row whose text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the first
-object row has `input_ids` and no text field ("input_ids" mode: every row then needs a list of ints there).
+object row has `input_ids` and no text field ("tokens" mode: every row then needs a list of ints there), or a chat
+session (`messages`) or `prompt` / `completion` strings: `data.format` names the mode, or the first row decides
+(data/chat.py checks those rows: a message without a role, an unknown role, `tool_calls` not a list, ...).
 
 Written by hand because `datasets`' JSON builder (pyarrow) cannot do it: a malformed line fails the whole file with
 "row N" of its 10 MB chunk (no file line, no byte offset), so no row can be skipped; a text field holding a number in
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from tqdm import tqdm
+
+from ds_longctx.data.chat import MASK_KEYS, detect_format, row_problem
 
 log = logging.getLogger("ds_longctx")
 
@@ -72,7 +76,9 @@ class Scan:
     builder: str
     files: list
     text_field: str
-    mode: str = "text"                 # "text": rows hold text_field; "input_ids": rows hold token ids
+    fmt: str = "auto"                  # data.format: the mode asked for ("auto": the first row decides)
+    mode: str = "text"                 # text | messages | prompt_completion | tokens (data/chat.py ROW_FORMATS)
+    mask_key: Optional[str] = None     # tokens rows: the labels / mask key of the first row, if any
     mode_decided: bool = False         # by the first object row (JSON) or the first file's columns (Parquet)
     rows: int = 0                      # good rows (documents)
     bad: int = 0
@@ -111,10 +117,16 @@ class Scan:
         return [f.short() for f in self.named]
 
     def gen_kwargs(self) -> dict:
-        return {"files": list(self.files), "text_field": self.text_field, "mode": self.mode}
+        return {"files": list(self.files), "text_field": self.text_field, "mode": self.mode, "mask_key": self.mask_key}
+
+    def columns(self) -> dict:
+        """The columns of the rows `json_documents` yields: name -> "string" or "ids"."""
+        return {"text": {self.text_field: "string"}, "messages": {"messages": "string", "tools": "string"},
+                "prompt_completion": {"prompt": "string", "completion": "string"},
+                "tokens": {"input_ids": "ids", **({self.mask_key: "ids"} if self.mask_key else {})}}[self.mode]
 
     def fingerprint(self) -> str:
-        key = json.dumps([_VERSION, self.builder, self.stamps, self.text_field, self.mode])
+        key = json.dumps([_VERSION, self.builder, self.stamps, self.text_field, self.mode, self.mask_key])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -126,14 +138,14 @@ def _stamp(f: str) -> tuple:
     return (os.path.realpath(f), st.st_size, st.st_mtime_ns)
 
 
-def scan_files(builder: str, files: list, text_field: str) -> Scan:
+def scan_files(builder: str, files: list, text_field: str, fmt: str = "auto") -> Scan:
     """Read every file of a local source ("text", "json", "parquet"); DataError on a fault of a file (module doc).
     Kept per process for unchanged files."""
     stamps = [_stamp(f) for f in files]
-    key = (builder, tuple(stamps), text_field)
+    key = (builder, tuple(stamps), text_field, fmt)
     if key in _SCANS:
         return _SCANS[key]
-    scan = Scan(builder, list(files), text_field, stamps=stamps)
+    scan = Scan(builder, list(files), text_field, fmt=fmt, stamps=stamps)
     total = sum(s[1] for s in stamps)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="check data", leave=False,
                disable=total < _BAR_BYTES or os.environ.get("RANK", "0") != "0")
@@ -198,15 +210,18 @@ def _row_value(obj, scan: Scan) -> tuple:
                       f"{{\"{scan.text_field}\": \"...\"}}")
     if not scan.mode_decided:
         scan.mode_decided = True
-        if scan.text_field not in obj and "input_ids" in obj:
-            scan.mode = "input_ids"
-    if scan.mode == "input_ids":
-        ids = obj.get("input_ids")
-        if ids is None:
-            return None, f"no 'input_ids' key (its keys: {sorted(obj)[:8]}): rows hold token ids, as the first row does"
-        if not isinstance(ids, list) or not all(type(x) is int for x in ids):
-            return None, "'input_ids' is not a list of ints: rows hold token ids, as the first row does"
-        return ids, None
+        scan.mode = detect_format(obj, scan.text_field, scan.fmt)
+        scan.mask_key = next((k for k in MASK_KEYS if k in obj), None) if scan.mode == "tokens" else None
+    if scan.mode == "tokens" and "input_ids" not in obj:
+        return None, f"no 'input_ids' key (its keys: {sorted(obj)[:8]}): rows hold token ids, as the first row does"
+    if scan.mode != "text":
+        why = row_problem(obj, scan.mode)
+        if why is None and scan.mask_key is not None and scan.mask_key not in obj:
+            why = f"no {scan.mask_key!r} key: every row carries it, as the first row does"
+        if why:
+            return None, why
+        return {k: (json.dumps(obj.get(k)) if kind == "string" and scan.mode == "messages" else obj.get(k))
+                for k, kind in scan.columns().items()}, None
     if scan.text_field not in obj:
         return None, (f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the "
                       f"key holding the text")
@@ -214,7 +229,7 @@ def _row_value(obj, scan: Scan) -> tuple:
     if not isinstance(value, str):
         return None, (f"{scan.text_field!r} is a JSON {_kind(value)} ({json.dumps(value)[:40]}), not a string: "
                       f"write the text as a JSON string")
-    return value, None
+    return {scan.text_field: value}, None
 
 
 def _kind(v) -> str:
@@ -223,13 +238,15 @@ def _kind(v) -> str:
     return "null" if v is None else names.get(type(v), type(v).__name__)
 
 
-def json_rows(f: str, scan: Scan) -> Iterator[tuple]:
-    """(bytes read so far, text | ids | Fault) of every row of a JSON lines file, or of a .json file holding one
-    array (`_json_array`); blank lines are no rows."""
+def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
+    """(bytes read so far, row dict | Fault) of every row of a JSON lines file, or of a .json file holding one
+    array (`_json_array`); blank lines are no rows. `lines`: (line or element number, row | Fault) in place of the
+    row."""
     with open(f, "rb") as fh:
         head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if f.lower().endswith(".json") and head.startswith(b"["):
-        yield from _json_array(f, scan)
+        for k, (done, got) in enumerate(_json_array(f, scan), 1):
+            yield done, ((k, got) if lines else got)
         return
     offset = 0
     hint = " (a .json file holds JSON lines or one array of objects)" if f.lower().endswith(".json") else ""
@@ -256,7 +273,8 @@ def json_rows(f: str, scan: Scan) -> Iterator[tuple]:
                                                     f"character {e.pos + 1}{'; cut short?' if cut else ''}){hint}")
                 continue
             value, why = _row_value(obj, scan)
-            yield offset, (Fault(f, line_no, start, why) if why else value)
+            got = Fault(f, line_no, start, why) if why else value
+            yield offset, ((line_no, got) if lines else got)
 
 
 def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
@@ -310,15 +328,15 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
                         f"the array; fix the file (a .json file holds JSON lines or one array of objects)")
 
 
-def json_documents(files: list, text_field: str, mode: str) -> Iterator[dict]:
-    """The good rows of JSON files as `datasets` rows ({text_field: str} or {"input_ids": [int]}), in file order:
-    the generator of `Dataset.from_generator` (bad rows were counted by the scan and are left out here)."""
-    scan = Scan("json", files, text_field, mode=mode, mode_decided=True)
-    key = "input_ids" if mode == "input_ids" else text_field
+def json_documents(files: list, text_field: str, mode: str, mask_key: Optional[str] = None) -> Iterator[dict]:
+    """The good rows of JSON files as `datasets` rows (`Scan.columns`: {text_field: str}, {"input_ids": [int], ...},
+    messages and tools as JSON strings, ...), in file order: the generator of `Dataset.from_generator` (bad rows were
+    counted by the scan and are left out here)."""
+    scan = Scan("json", files, text_field, mode=mode, mode_decided=True, mask_key=mask_key)
     for f in files:
         for _, got in json_rows(f, scan):
             if not isinstance(got, Fault):
-                yield {key: got}
+                yield got
 
 
 # ----------------------------------------------------------------------------- Parquet
@@ -340,9 +358,14 @@ def _scan_parquet(f: str, scan: Scan) -> None:
     names = pf.schema_arrow.names
     if not scan.mode_decided:
         scan.mode_decided = True
-        if scan.text_field not in names and "input_ids" in names:
-            scan.mode = "input_ids"
-    column = "input_ids" if scan.mode == "input_ids" else scan.text_field
+        scan.mode = detect_format(names, scan.text_field, scan.fmt)
+    if scan.mode in ("messages", "prompt_completion"):  # nested columns: their rows are checked when tokenized
+        need = ["messages"] if scan.mode == "messages" else ["prompt", "completion"]
+        if not set(need) <= set(names):
+            raise DataError(f"data file {f!r} has no column {need} (columns: {names}); data.format is {scan.mode}")
+        scan.rows += pf.metadata.num_rows
+        return
+    column = "input_ids" if scan.mode == "tokens" else scan.text_field
     if column not in names:
         raise DataError(f"data file {f!r} has no column {column!r} (columns: {names}); set text_field to the column "
                         f"holding the text, or provide input_ids")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from ds_longctx.data.scan import MAX_NAMED, DataError, Scan, json_documents, scan_files
+from ds_longctx.data.chat import detect_format
+from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
 
-__all__ = ["DataError", "Documents", "check_source", "load_documents", "resolve_source"]
+__all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "resolve_source"]
 
 log = logging.getLogger("ds_longctx")
 
@@ -30,6 +32,8 @@ class Documents:
     """The raw documents and how many rows were left out as bad on the way (data.skip_bad_rows)."""
     ds: object                                   # datasets.Dataset
     skipped_rows: int = 0
+    format: str = "text"                         # text | messages | prompt_completion | tokens (data/chat.py)
+    mask_key: Optional[str] = None               # tokens rows: their labels / mask column, if any
 
 
 def _not_a_corpus(data: str, p: Path) -> None:
@@ -79,7 +83,7 @@ def check_source(cfg) -> Scan | None:
     builder, files = resolve_source(cfg.data.source)
     if builder == "hub":
         return None
-    scan = scan_files(builder, files, cfg.data.text_field)
+    scan = scan_files(builder, files, cfg.data.text_field, cfg.data.format)
     if (scan.blank_files == len(files)) if builder == "text" else not scan.rows + scan.bad:
         raise DataError(f"data={cfg.data.source!r} is empty (0 documents: {len(files)} file(s) with no text); "
                         f"give it documents or point data at the right file")
@@ -97,9 +101,9 @@ def load_documents(cfg) -> Documents:
         if builder == "hub":
             ds = datasets.load_dataset(cfg.data.source, split=cfg.data.split, cache_dir=cfg.data.cache_dir)
         elif builder == "json":  # our reader (it names bad rows and leaves them out), datasets' Arrow cache
-            key = "input_ids" if scan.mode == "input_ids" else cfg.data.text_field
-            value = datasets.List(datasets.Value("int64")) if scan.mode == "input_ids" else datasets.Value("string")
-            ds = datasets.Dataset.from_generator(json_documents, features=datasets.Features({key: value}),
+            kinds = {"ids": datasets.List(datasets.Value("int64")), "string": datasets.Value("string")}
+            features = datasets.Features({k: kinds[v] for k, v in scan.columns().items()})
+            ds = datasets.Dataset.from_generator(json_documents, features=features,
                                                  gen_kwargs=scan.gen_kwargs(), fingerprint=scan.fingerprint(),
                                                  cache_dir=cfg.data.cache_dir)
         else:
@@ -122,12 +126,38 @@ def load_documents(cfg) -> Documents:
     if ds.num_rows == 0:
         raise DataError(f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it "
                         f"documents or point data at the right file")
-    if "input_ids" not in ds.column_names and cfg.data.text_field not in ds.column_names:
-        raise DataError(f"data={cfg.data.source!r} has no column text_field={cfg.data.text_field!r} (columns: "
-                        f"{ds.column_names}); set text_field to the column holding the text, or provide input_ids")
-    if builder in ("hub", "parquet"):
-        return _drop_null_rows(ds, cfg, scan)
-    return Documents(ds, scan.bad if scan is not None else 0)
+    fmt = scan.mode if scan is not None else detect_format(ds.column_names, cfg.data.text_field, cfg.data.format)
+    mask_key = scan.mask_key if scan is not None and scan.builder == "json" else \
+        next((k for k in ("labels", "completion_mask", "assistant_masks") if k in ds.column_names), None)
+    need = {"text": [cfg.data.text_field], "tokens": ["input_ids"], "messages": ["messages"],
+            "prompt_completion": ["prompt", "completion"]}[fmt]
+    if not set(need) <= set(ds.column_names):
+        raise DataError(f"data={cfg.data.source!r} has no column {need} for data.format {fmt} (columns: "
+                        f"{ds.column_names}); set text_field to the column holding the text, or data.format")
+    log.info("data=%r: rows are %s (%s)", cfg.data.source, fmt,
+             "data.format" if cfg.data.format != "auto" else "detected from the first row")
+    if builder in ("hub", "parquet") and fmt in ("text", "tokens"):
+        docs = _drop_null_rows(ds, cfg, scan)
+        return Documents(docs.ds, docs.skipped_rows, fmt, mask_key)
+    return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_key)
+
+
+def locate_rows(cfg, indices: list) -> dict:
+    """{i: where} for rows i (0-based) of the loaded documents: "data file 'f' line N" for JSON files, else
+    "data=... row i+1"."""
+    builder, files = resolve_source(cfg.data.source)
+    if builder != "json":
+        return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
+    seen = check_source(cfg)  # the files are read again (an error path: rows tokenization refused)
+    scan = Scan("json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_key=seen.mask_key)
+    want, out, k = set(indices), {}, 0
+    for f in files:
+        for _, (line, got) in json_rows(f, scan, lines=True):
+            if not isinstance(got, Fault):
+                if k in want:
+                    out[k] = f"data file {f!r} line {line}"
+                k += 1
+    return out
 
 
 def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:

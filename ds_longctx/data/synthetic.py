@@ -15,7 +15,7 @@ from typing import ClassVar, Optional
 import torch
 
 from ds_longctx.data.rows import Batch, step_samples
-from ds_longctx.parallel.sharding import IGNORE_INDEX
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 PAD, BOS, EOS, SEP = 0, 1, 2, 3  # the task's special token ids
 HELD_OUT_SEED = 1_000_000  # seed shift of the held-out stream (`held_out`)

@@ -1,7 +1,11 @@
-"""Text -> token ids through the datasets cache: the tokenizer, EOS, and a fingerprint of both.
+"""Rows -> token ids and labels through the datasets cache: the tokenizer, EOS, the cut, and a fingerprint of all.
 
     tok = load_tokenizer(cfg, vocab_size)               # checked against the model's vocabulary
-    tokenized = tokenize(docs, tok, cfg, eos_id(tok, hf_config))   # `input_ids` per document, cached
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab_size)
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
+
+Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
+token, chat and prompt/completion rows what data/chat.py says, token rows their own labels or mask.
 """
 
 from __future__ import annotations
@@ -9,10 +13,16 @@ from __future__ import annotations
 # transformers and datasets are imported where a tokenizer is loaded and text tokenized (seconds at import).
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Optional
 
-from ds_longctx.data.sources import DataError
+from ds_longctx.data import chat
+from ds_longctx.data.scan import MAX_NAMED
+from ds_longctx.data.sources import DataError, locate_rows
+from ds_longctx.parallel.units import IGNORE_INDEX
+
+log = logging.getLogger("ds_longctx")
 
 
 def tokenizer_path(cfg) -> Optional[str]:
@@ -68,46 +78,173 @@ def _files_digest(path: Optional[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def tokenize(docs, tok, cfg, eos: Optional[int]):
-    """Documents -> `input_ids` (int32 lists, EOS appended when `add_eos`), through the datasets cache."""
+def cut_rule(cfg) -> Optional[str]:
+    """How a document longer than seq_len is cut: data.truncate, else the layout's own rule (pack: split into
+    windows, document: head); None for concat (its stream is cut at row borders)."""
+    layout, rule = cfg.data.layout, cfg.data.truncate
+    if layout == "concat":
+        if rule is not None:
+            raise DataError(f"data.truncate={rule!r} with data_layout='concat': concat joins documents and cuts the "
+                            f"stream at row borders; use data_layout: pack or document, or leave truncate unset")
+        return None
+    if layout == "document" and rule == "split":
+        raise DataError("data.truncate='split' with data_layout='document' (one document per row); use head or "
+                        "refuse, or data_layout: pack")
+    return rule or ("split" if layout == "pack" else "head")
+
+
+def default_train_on(cfg, fmt: str) -> str:
+    """data.train_on, else the format's default (messages: assistant, prompt_completion: completion, tokens: their
+    labels, text: all); refused where it does not apply to the format."""
+    want = cfg.data.train_on or {"messages": "assistant", "prompt_completion": "completion",
+                                 "tokens": "labels"}.get(fmt, "all")
+    fits = {"messages": ("assistant", "last_assistant", "all"), "prompt_completion": ("completion", "all"),
+            "tokens": ("all",), "text": ("all",)}[fmt]
+    if cfg.data.train_on is not None and want not in fits:
+        raise DataError(f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use one "
+                        f"of {list(fits)}{' (tokens rows train where their labels say)' if fmt == 'tokens' else ''}")
+    return want
+
+
+def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
+    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`: the
+    one text-or-ids switch. Text is tokenized a batch at once (the fast tokenizer's threads)."""
+    train_on = default_train_on(cfg, fmt)
+    field = cfg.data.text_field
+    if fmt == "text":
+        def many(batch):
+            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
+            return [(x, list(x)) for x in ids]
+        return many
+    if fmt == "tokens":
+        def one(r):
+            ids = list(r["input_ids"])
+            return ids, chat.token_labels(ids, r.get(mask_key), mask_key, vocab_size, train_on)
+    elif fmt == "prompt_completion":
+        def one(r):
+            return chat.pair_tokens(tok, r["prompt"], r["completion"], train_on)
+    else:
+        def one(r):
+            msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
+            tools = json.loads(r["tools"]) if isinstance(r.get("tools"), str) else r.get("tools")
+            why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
+            if why:
+                raise chat.ChatError(why)
+            return chat.session_tokens(tok, msgs, tools, train_on)
+
+    def many(batch):
+        got = []
+        for i in range(len(next(iter(batch.values())))):
+            try:
+                got.append(one({k: v[i] for k, v in batch.items()}))
+            except chat.ChatError as e:
+                got.append(e)
+        return got
+    return many
+
+
+def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Optional[str] = None,
+             vocab_size: Optional[int] = None):
+    """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing trains), `trained` (the
+    targets that train), `cut` (tokens left out by truncate head) and `bad` (why a row gives no document, "" when it
+    does), through the datasets cache.
+
+    EOS appended (`add_eos`) trains when the document's last token does. A document longer than seq_len is cut here
+    under `cut_rule` head (or marked bad under refuse); one left with no trained target is marked bad."""
     import datasets
     if cfg.data.add_eos and eos is None:
         raise DataError("add_eos=true but neither the tokenizer nor the model config has an EOS token; set "
                         "add_eos: false or use a tokenizer with an eos_token")
-    append = [eos] if cfg.data.add_eos else []
-    pretokenized = "input_ids" in docs.column_names
-    if not pretokenized and tok is None:
-        raise DataError(f"data={cfg.data.source!r} is text and needs a tokenizer; set tokenizer to a local tokenizer "
+    if fmt != "tokens" and tok is None:
+        raise DataError(f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
                         f"directory (the model's own), or provide an input_ids column")
-    key = json.dumps([docs._fingerprint, pretokenized, _files_digest(tokenizer_path(cfg)) if not pretokenized
-                      else "", cfg.data.text_field, append, "v1"])
+    rule, L = cut_rule(cfg), cfg.train.seq_len
+    many = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
+    key = json.dumps([docs._fingerprint, fmt, mask_key, default_train_on(cfg, fmt), vocab_size,
+                      _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
+                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v3"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
-    features = datasets.Features({"input_ids": list_type(datasets.Value("int32"))})
+    features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
+                                  "labels": list_type(datasets.Value("int32")),
+                                  "trained": datasets.Value("int64"), "cut": datasets.Value("int64"),
+                                  "bad": datasets.Value("string")})
 
-    if pretokenized:
-        def fn(batch):
-            return {"input_ids": [list(ids) + append if len(ids) else [] for ids in batch["input_ids"]]}
-        source_cols = ["input_ids"]
-    else:
-        field = cfg.data.text_field
-
-        def fn(batch):  # every value is a string: the scan (or the null check of columnar data) saw to it
-            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
-            return {"input_ids": [x + append if x else [] for x in ids]}
-        source_cols = [field]
+    def fn(batch):
+        out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
+        for got in many(batch):
+            if isinstance(got, chat.ChatError):
+                ids, labels, why, n = [], [], str(got), 0
+            else:
+                n = len(got[0]) + (cfg.data.add_eos and len(got[0]) > 0)
+                ids, labels, why = _finish(*got, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
+            out["input_ids"].append(ids)
+            out["labels"].append(labels)
+            out["trained"].append(max(len(ids) - 1, 0) if fmt == "text" else  # text: every target trains
+                                  sum(v != IGNORE_INDEX for v in labels[1:]))
+            out["cut"].append(n - len(ids) if not why else 0)
+            out["bad"].append(why)
+        return out
     try:
-        return docs.map(fn, batched=True, batch_size=64, input_columns=None,
-                        remove_columns=docs.column_names, features=features, new_fingerprint=fingerprint,
+        return docs.map(fn, batched=True, batch_size=64, remove_columns=docs.column_names, features=features,
+                        new_fingerprint=fingerprint,
                         num_proc=cfg.data.tokenize_num_proc if cfg.data.tokenize_num_proc > 1 else None,
-                        desc="tokenize" if not pretokenized else "read token ids")
+                        desc="tokenize" if fmt != "tokens" else "read token ids")
     except (TypeError, ValueError, OverflowError) as e:
         if isinstance(e, DataError):
             raise
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise DataError(f"data={cfg.data.source!r} column {source_cols[0]!r} could not be turned into token ids "
+        raise DataError(f"data={cfg.data.source!r} ({fmt} rows) could not be turned into token ids "
                         f"({type(e).__name__}: {first}); input_ids must be lists of ints, {cfg.data.text_field!r} "
                         f"strings") from None
 
 
-# ----------------------------------------------------------------------------- layouts
+def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool) -> tuple:
+    """(ids, labels, why bad or "") of one document: EOS appended (trained when the last token is), cut by `rule`;
+    a `masked` one (not text) must keep a trained target."""
+    if not ids:
+        return [], [], ""
+    if eos is not None:
+        ids, labels = list(ids) + [eos], list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
+    if len(ids) > L and rule == "refuse":
+        return [], [], (f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "
+                        f"shorten it, raise seq_len, or set data.truncate: head or split")
+    if rule == "head":
+        ids, labels = ids[:L], labels[:L]
+    if masked and all(v == IGNORE_INDEX for v in labels[1:]):
+        cut = f" after cutting to seq_len={L} ({rule})" if rule == "head" and len(ids) == L else ""
+        return [], [], (f"no token trains{cut}: the row has nothing to learn from; check its messages (an assistant "
+                        f"turn, train flags), data.train_on, or raise seq_len")
+    return ids, labels, ""
+
+
+def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
+    """Refuse the rows tokenization marked bad naming file and line (or count them with data.skip_bad_rows); log the
+    trained tokens per document (min, median, max) and their share of all tokens. Returns the skipped rows."""
+    import numpy as np
+    import pyarrow.compute as pc
+    bad_col = tokenized.data.column("bad")
+    bad = pc.indices_nonzero(pc.not_equal(bad_col, "")).to_pylist()
+    if bad:
+        named = bad[:MAX_NAMED]
+        where = locate_rows(cfg, named)
+        why = [bad_col[i].as_py() for i in named]
+        if not cfg.data.skip_bad_rows:
+            more = f" ({len(bad)} rows are bad, also {', '.join(where[i] for i in named[1:])})" if len(bad) > 1 else ""
+            raise DataError(f"{where[named[0]]}: {why[0]}; or set data.skip_bad_rows: true to skip such rows{more}")
+        if len(bad) == tokenized.num_rows:
+            raise DataError(f"data={cfg.data.source!r}: all {len(bad)} rows are bad (the first: {where[named[0]]}: "
+                            f"{why[0]})")
+        log.info("data=%r: skipping %d row(s) tokenization refused (data.skip_bad_rows): %s", cfg.data.source,
+                 len(bad), "; ".join(f"{where[i]}: {w}" for i, w in zip(named, why)))
+    cut = tokenized.data.column("cut").to_numpy()
+    if cut.any():
+        log.info("data: %d documents longer than seq_len=%d cut to their first %d tokens (%d tokens left out; "
+                 "data.truncate: head)", int((cut > 0).sum()), cfg.train.seq_len, cfg.train.seq_len, int(cut.sum()))
+    trained = tokenized.data.column("trained").to_numpy()
+    lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_numpy(zero_copy_only=False)
+    real = trained[lengths > 0]
+    if len(real):
+        log.info("data: trained tokens per document min %d, median %d, max %d; %.1f%% of all %d tokens", real.min(),
+                 int(np.median(real)), real.max(), 100 * real.sum() / max(int(lengths.sum()), 1), int(lengths.sum()))
+    return skipped_before + len(bad)

@@ -99,15 +99,16 @@ def is_rows_dataset(dataset) -> bool:
 
 def token_rows_dataset(rows):
     """A `data.TokenRows` as a `datasets.Dataset` (int32 columns, torch format), row j = rows.row(j): `input_ids`,
-    and for the pack layout also `position_ids` (restarting per document) and `labels` (padding ignored). The rows are
-    held in memory (4 bytes per token)."""
+    `labels` (IGNORE_INDEX where nothing trains), and for the pack layout also `position_ids` (restarting per
+    document). The rows are held in memory (4 bytes per token and column)."""
     import datasets
     packed = rows.layout == "pack"
-    cols = {k: [] for k in (ROW_COLUMNS if packed else ROW_COLUMNS[:1])}
+    cols = {k: [] for k in ROW_COLUMNS if packed or k != "position_ids"}
     for j in range(rows.n_rows):
-        row = filled_row(*rows.row(j)) if packed else rows.row(j)
-        for k, t in zip(cols, row):
-            cols[k].append(t.numpy().astype(np.int32))
+        ids, pos, labels = filled_row(*rows.row(j))
+        for k, t in (("input_ids", ids), ("position_ids", pos), ("labels", labels)):
+            if k in cols:
+                cols[k].append(t.numpy().astype(np.int32))
     return datasets.Dataset.from_dict(cols, info=datasets.DatasetInfo(description=ROWS_TAG)).with_format("torch")
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ds_longctx.parallel.units import IGNORE_INDEX
+
 # addmm(..., out_dtype=) (a bf16 product summed straight into an fp32 tensor) exists on CUDA from torch 2.8
 _ADDMM_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
 
@@ -177,7 +179,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                          chunk_size: int = 4096, ignore_index: int = -100) -> torch.Tensor:
+                          chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Sum over non-ignored rows of cross_entropy(hidden @ weight.T, labels), fp32, 0-dim.
 
     hidden [N, H] and weight [V, H] share one float dtype; labels [N] int64, already shifted (label i is
@@ -193,7 +195,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
 
 @torch.no_grad()
 def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                            chunk_size: int = 4096, ignore_index: int = -100) -> torch.Tensor:
+                            chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Per-row cross-entropy [N] fp32, no gradients, for a loss-by-position probe.
 
     Ignored rows are 0.0, as in ``F.cross_entropy(..., reduction="none")``, so ``.sum()`` equals
@@ -204,7 +206,7 @@ def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: 
 
 
 def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                        ignore_index: int = -100) -> torch.Tensor:
+                        ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """The unchunked path (lever off): full [N, V] logits, fp32 cross-entropy, reduction="sum"."""
     logits = F.linear(hidden, weight).float()  # [N, V]
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from ds_longctx.parallel.disk import GB  # the project's GB; the planner takes it from here
+from ds_longctx.parallel.units import GB  # the project's GB; the planner takes it from here
 
 log = logging.getLogger("ds_longctx")
 

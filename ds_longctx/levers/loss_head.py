@@ -24,7 +24,7 @@ from torch.profiler import record_function
 
 from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, plain_cross_entropy
 from ds_longctx.parallel.parallel_state import ParallelState
-from ds_longctx.parallel.sharding import IGNORE_INDEX
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 
 class LMHeadLoss(nn.Module):

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-GB = 10**9  # the project's GB, in budgets, plans, reports and disk sizes
+from ds_longctx.parallel.units import GB
+
 PARTIAL_MARKER = ".ds_longctx-partial"
 # errors that say the disk or its permissions stop a write (what describe_os_error words itself)
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG)

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-IGNORE_INDEX = -100
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 
 @dataclass

@@ -70,7 +70,8 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
-from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch, trained_counts
+from ds_longctx.parallel.sharding import shard_batch, trained_counts
+from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.lr_schedule import lr_factor
 from ds_longctx.run.model import build_partitioned_model

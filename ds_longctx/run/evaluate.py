@@ -72,7 +72,7 @@ def bucket_edges(length: int, buckets: int) -> list:
 def eval_batches(data, rows: int, micro_batch: int, dp_rank: int, dp_size: int) -> Iterator[tuple]:
     """(input_ids [b, L], position_ids or None, labels or None) of each eval batch of replica `dp_rank`; samples
     past `rows` get every label ignored (module doc)."""
-    from ds_longctx.parallel.sharding import IGNORE_INDEX
+    from ds_longctx.parallel.units import IGNORE_INDEX
     per_batch = micro_batch * dp_size
     for k in range(-(-rows // per_batch)):
         batch = data.get(k, micro_batch, dp_rank, dp_size)

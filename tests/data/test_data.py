@@ -10,7 +10,8 @@ from ds_longctx.config import RunConfig
 from ds_longctx.data import Batch, TokenRows, build_data
 from ds_longctx.data.rows import pack_rows
 from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
-from ds_longctx.parallel.sharding import IGNORE_INDEX, shard_batch
+from ds_longctx.parallel.sharding import shard_batch
+from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
 from tests.helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
 
@@ -45,7 +46,7 @@ def test_concat_rows_are_the_document_stream_cut_at_seq_len(corpus, hf_cfg):
     assert rows.n_tokens == len(want) and rows.n_rows == len(want) // L
     for r in range(rows.n_rows):
         ids, pos, labels = rows.row(r)
-        assert pos is None and labels is None
+        assert pos is None and torch.equal(labels, ids)  # text: every token trains
         assert ids.tolist() == want[r * L:(r + 1) * L].tolist()
 
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ds_longctx.parallel.sharding import IGNORE_INDEX, doc_boundaries, shard_batch
+from ds_longctx.parallel.sharding import doc_boundaries, shard_batch
+from ds_longctx.parallel.units import IGNORE_INDEX
 
 
 def full_targets(ids):
