@@ -162,12 +162,14 @@ def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
     return None
 
 
-PERCENT_FROM = 1e9  # bytes: a plan smaller than this is compared in GB, not in percent
+# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
+# context: "-100%" of it says nothing)
+PERCENT_FROM = 4e9
 
 
 def vs_plan(measured: float, planned: float) -> str:
-    """The measured against the planned: a percentage, or in GB where the plan is under PERCENT_FROM bytes (a
-    percentage of nearly nothing says nothing: -100% of a 0.2 GB plan)."""
+    """The measured against the planned: a percentage, or the difference in GB where the plan is under
+    PERCENT_FROM bytes."""
     if planned >= PERCENT_FROM:
         return f"{measured / planned - 1:+.1%}"
     return f"{(measured - planned) / 1e9:+.2f} GB"
