@@ -32,6 +32,11 @@ def src(r: dict) -> str:
     return f"[{path.rsplit('/', 1)[-1]}{where}](../benchmarks/results/{path})"
 
 
+def result_file(*stems: str) -> str:
+    """Links, from the repository root (the README), to the current result files `stems` (benchmarks/results/)."""
+    return ", ".join(f"[{s}.jsonl](benchmarks/results/{s}.jsonl)" for s in stems)
+
+
 def device(r: dict) -> str:
     """The row's device, or the one its session directory names (h200x2: two H200s)."""
     d = r.get("device")

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bench_planner import GPU_TOL, HOST_TOL  # the bars: one home
-from results_format import META, gb, n, src, table
+from results_format import META, gb, n, result_file, src, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,8 @@ def layers_pairs(d: dict) -> list:
 
 def rehearsed(d: dict) -> list:
     """README rows: per single-node committed config (ds_configs/), its newest rehearsal of every layer (one rank on
-    one GPU) and the step time it predicts, beside a published step time of the same length on as many GPUs."""
+    one GPU), the step time it predicts and its GPU peak, beside a published step time of the same length on as many
+    GPUs."""
     newest = {}
     for r in d.get("rehearsal", []):
         if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and every_layer(r)
@@ -84,13 +85,14 @@ def rehearsed(d: dict) -> list:
     rows = []
     for cfg, r in sorted(newest.items()):
         peer = [p for p in timed if p["gpus"] == r["world"] and abs(p["seq_len"] / r["seq_len"] - 1) < 0.01]
-        rows.append([f"s/step predicted, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
-                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]}), one rank rehearsed on "
-                     f"{r['device']}",
-                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s)",
-                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s measured on {p['machine']}"
+        rows.append([f"s/step, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
+                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]})",
+                     f"one rank rehearsed on {r['device']}: time predicted, memory measured",
+                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s), "
+                     f"{gb(r['peak_gpu_bytes'])} GB peak GPU (plan {gb(r['planned_gpu_bytes'])})",
+                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published, on {p['machine']}"
                                for p in peer),
-                     "`benchmarks/results/rehearsal.jsonl`"])
+                     result_file("rehearsal", *(["longest"] if peer else []))])
     return rows
 
 
@@ -126,6 +128,6 @@ def longest_rehearsed(d: dict) -> list:
                     f"{gb(r['peak_gpu_bytes'])} GB (plan {gb(r['planned_gpu_bytes'])}, "
                     f"{off(r['peak_gpu_bytes'], r['planned_gpu_bytes'])}), {r['layers']} layers")
     devices = sorted({r["device"] for r, _ in rows})
-    return [[f"longest Qwen3-8B, planned, one rank rehearsed on {', '.join(devices)}",
+    return [[f"longest Qwen3-8B plans, one rank rehearsed on {', '.join(devices)}", "measured against the plan",
              f"{inside} of {len(rows)} inside ±{GPU_TOL:.0%} GPU (under budget), ±{HOST_TOL:.0%} host", "; ".join(each),
-             "`benchmarks/results/rehearsal.jsonl`"]]
+             result_file("rehearsal")]]

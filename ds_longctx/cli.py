@@ -8,6 +8,7 @@
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
+    ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]    # loss, lr, grad norm, tokens/s, memory against step (PNGs)
 
 Exit codes (README "Exit codes and stops"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by SIGINT / SIGTERM
 after the workers saved; every stop prints its one line last.
@@ -286,6 +287,9 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "checkpoint":
         from ds_longctx.run.checkpoint_convert import main as checkpoint_main
         sys.exit(checkpoint_main(argv[1:]))
+    if argv and argv[0] == "plot":
+        from ds_longctx.run.plots import main as plot_main
+        sys.exit(plot_main(argv[1:]))
     if argv and argv[0] == "eval":  # its own options (ds-longctx eval -h); the rest go to the run config
         if "-h" in argv or "--help" in argv:
             from ds_longctx.run.eval_checkpoint import args_parser
@@ -301,6 +305,7 @@ def _main(argv: list[str] | None) -> None:
                                     "(ds-longctx rehearse -h)")
     sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib --out DIR (ds-longctx data -h)")
     sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
+    sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options "

@@ -6,8 +6,9 @@ placement plan (checkpoint / offload / attention cache) and the planner's DeepSp
     accelerate launch --config_file my_run/accelerate.yaml launch/trl_sft.py --config my_run/run.yaml \\
         --data books/ --tokenizer Qwen3-8B/
     deepspeed --num_gpus 8 launch/trl_sft.py --config my_run/run.yaml --data books/ --tokenizer Qwen3-8B/
+    ds-longctx data prepare --stdlib --out corpus/ --vocab_size 512   # offline: a tokenizer qwen3-tiny's vocab covers
     torchrun --nproc_per_node 2 launch/trl_sft.py --model qwen3-tiny --sp_size 2 --seq_len 512 --steps 5 \\
-        --data books/ --tokenizer tok/ --output_dir runs/trl_tiny
+        --data corpus/ --tokenizer corpus/tokenizer --output_dir runs/trl_tiny
 
 Arguments are the run config's, as `python -m ds_longctx.train` takes them (`--help` lists them): `--config run.yaml`
 and any `--key value` override. Rank 0 prints one JSON line per logged step ({"step", "loss", ...}); the loss of each

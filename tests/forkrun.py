@@ -266,16 +266,17 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir: Path, timeout: float,
-        launcher: bool = False, rank_args: list[list[str]] | None = None) -> list[int]:
+        launcher: bool = False, rank_args: list[list[str]] | None = None, cwd: Path | None = None) -> list[int]:
     """Run one job on the server (started on first use, with `env`, or again if it died); each process's exit code
     (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err. `launcher`: one
     process without torchrun's worker environment, whose own torchrun workers are forked from it (a `ds-longctx`
-    command). `rank_args`: each process's own arguments instead of `args` (several torchrun agents, one a node)."""
+    command). `rank_args`: each process's own arguments instead of `args` (several torchrun agents, one a node).
+    `cwd`: the processes' working directory (default the repository root)."""
     global _server
     if _server is None or _server.poll() is not None:
         _server = _start(env)
     task = {"nproc": nproc, "args": [str(a) for a in args], "module": module, "env": env, "port": port,
-            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(ROOT), "launcher": launcher,
+            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(cwd or ROOT), "launcher": launcher,
             "rank_args": [[str(a) for a in r] for r in rank_args] if rank_args else None}
     _server.stdin.write(json.dumps(task) + "\n")
     _server.stdin.flush()

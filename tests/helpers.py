@@ -118,33 +118,35 @@ def torchrun_cmd(nproc: int, args: list[str], module: bool = False, port: int | 
 
 
 def torchrun(nproc: int, args: list[str], module: bool = False, env: dict | None = None,
-             timeout: int = 600) -> subprocess.CompletedProcess:
+             timeout: int = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run `args` on `nproc` processes (CPU/gloo unless `env` says otherwise), blocking; AssertionError with the
     output's tail when it fails. With the default environment the processes are forked from the pre-imported server
     of tests/forkrun.py (torchrun's worker environment, without its agent); with another `env`, or with
-    DS_LONGCTX_TEST_TORCHRUN=1, under torchrun itself."""
+    DS_LONGCTX_TEST_TORCHRUN=1, under torchrun itself. `cwd`: the working directory (default the repository root)."""
     if env is None and os.environ.get("DS_LONGCTX_TEST_TORCHRUN") != "1":
-        return _forked(nproc, args, module, timeout)
+        return _forked(nproc, args, module, timeout, cwd)
     cmd = torchrun_cmd(nproc, args, module)
-    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
     if res.returncode and "terminate called without an active exception" in res.stderr:
         # Seen once in CI (2026-11-30, the suite's first multi-process test, rank 1 SIGABRT at start-up, passed
         # on rerun); cause not found. One retry on that exact signature only, on a fresh port; see issue notes.
         cmd[cmd.index("--master_port") + 1] = str(free_port())
-        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        res = subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout,
+                             cwd=cwd or ROOT)
     if res.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
     return res
 
 
-def _forked(nproc: int, args: list[str], module: bool, timeout: int) -> subprocess.CompletedProcess:
+def _forked(nproc: int, args: list[str], module: bool, timeout: int,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`torchrun` through tests/forkrun.py: the ranks' outputs joined in rank order; the exit code a failing rank's
     own (else a killed rank's signal as 128 + its number), or 0."""
     import tempfile
 
     from tests import forkrun
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
-        codes = forkrun.run(nproc, args, module, cpu_env(), free_port(), Path(tmp), timeout)
+        codes = forkrun.run(nproc, args, module, cpu_env(), free_port(), Path(tmp), timeout, cwd=cwd)
         out, err = zip(*forkrun.outputs(Path(tmp), nproc))
     failed = [c for c in codes if c > 0] + [128 - c for c in codes if c < 0]  # a rank's own failure first
     cmd = ["forkrun", f"--nproc {nproc}", *(["-m"] if module else []), *map(str, args)]
@@ -217,8 +219,8 @@ def _run_nodes(nodes: int, nproc: int, args: list[str], module: bool, env: dict 
         return [p.returncode for p in procs], [log.read_text() for log in logs]
 
 
-def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
-            output_dir: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], env: dict | None = None, timeout: int = 900, output_dir: Path | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it.
 
     With the default environment the command, and the torchrun workers it starts, are forked from the pre-imported
@@ -227,35 +229,36 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 900,
 
     `output_dir`: the one directory the command writes. Given, a run that a worker's abort ended (the signature
     `torchrun` retries on, seen at the exit of 2-process `ds-longctx train` and `eval` runs under a busy pytest) is
-    removed and run once more."""
+    removed and run once more. `cwd`: the working directory (default the repository root)."""
     for _ in range(2):
-        res = _cli_once(args, env, timeout)
+        res = _cli_once(args, env, timeout, cwd)
         if output_dir is None or not res.returncode or "terminate called without an active exception" not in res.stderr:
             return res
         shutil.rmtree(output_dir, ignore_errors=True)
     return res
 
 
-def _cli_once(args: list[str], env: dict | None, timeout: int) -> subprocess.CompletedProcess:
+def _cli_once(args: list[str], env: dict | None, timeout: int, cwd: Path | None) -> subprocess.CompletedProcess:
     if env is None:
-        return run_module(["ds_longctx.cli", *args], timeout=timeout)
+        return run_module(["ds_longctx.cli", *args], timeout=timeout, cwd=cwd)
     return subprocess.run([sys.executable, "-m", "ds_longctx.cli", *args], env=env, capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
+                          cwd=cwd or ROOT, timeout=timeout)
 
 
-def run_module(args: list[str], extra_env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python -m ARGS` (a module, then its arguments) from the repo root in the CPU environment plus `extra_env`,
-    output captured; the caller checks it. Forked from tests/forkrun.py's pre-imported server (the torchrun workers
-    it starts too), unless DS_LONGCTX_TEST_TORCHRUN=1 asks for a fresh interpreter."""
+def run_module(args: list[str], extra_env: dict | None = None, timeout: int = 300,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m ARGS` (a module, then its arguments) from the repo root (or `cwd`) in the CPU environment plus
+    `extra_env`, output captured; the caller checks it. Forked from tests/forkrun.py's pre-imported server (the
+    torchrun workers it starts too), unless DS_LONGCTX_TEST_TORCHRUN=1 asks for a fresh interpreter."""
     env = cpu_env() | (extra_env or {})
     cmd = [sys.executable, "-m", *map(str, args)]
     if os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout)
     import tempfile
 
     from tests import forkrun
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
-        [code] = forkrun.run(1, args, True, env, free_port(), Path(tmp), timeout, launcher=True)
+        [code] = forkrun.run(1, args, True, env, free_port(), Path(tmp), timeout, launcher=True, cwd=cwd)
         [(out, err)] = forkrun.outputs(Path(tmp), 1)
     return subprocess.CompletedProcess(cmd, code, out, err)
 

@@ -198,6 +198,23 @@ def test_readme_counts_the_longest_plans_rehearsed_at_their_length(doc, tmp_path
     assert t.longest_plan(longest) == {"seq_len": 3_335_168, "host_mem_gb": 1024}
     assert t.longest_plan(given) is None
     [readme_row] = t.longest_rehearsed({"rehearsal": rows})
-    assert readme_row[1].startswith("1 of 1 inside")
-    assert readme_row[2] == "8 x 80 GB + 1024 GB host: 3,335,168 tokens, 72.5 GB (plan 70.0, +3.6%), 4/36 layers"
+    assert readme_row[1] == "measured against the plan" and readme_row[2].startswith("1 of 1 inside")
+    assert readme_row[3] == "8 x 80 GB + 1024 GB host: 3,335,168 tokens, 72.5 GB (plan 70.0, +3.6%), 4/36 layers"
     assert t.longest_rehearsed({"rehearsal": rows[2:]}) == []
+
+
+def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):
+    """A speed row is measured, with each system's peak GPU memory; where ds_longctx holds more than every peer, the
+    row says its plan spends the budget on speed, naming the run's placement (read from the result line)."""
+    import results_tables as t
+
+    def line(system, seconds, peak, placement=None):
+        cfg = {"observed": {"run_config": {"memory": {"placement": placement}}}} if placement else {}
+        return {"system": system, "seq_len": 1024, "seconds_per_step": seconds, "peak_gpu_bytes": peak,
+                "device": "GPU X", "gpus": 2, "source": "s/peers.jsonl:1", "config": cfg}
+    fast = line("ds_longctx", 20.0, 120e9, "cache:36")
+    row = t.speed_row({"peers": [fast, line("alst", 30.0, 90e9), line("ds_longctx", 25.0, 80e9, "keep:36")]}, 1024)
+    assert row[1] == "measured" and row[2].startswith("20.0 s, 120.0 GB peak GPU (by design") and "cache:36" in row[2]
+    assert row[3] == "DeepSpeed ALST: 30.0 s, 90.0 GB peak GPU"
+    row = t.speed_row({"peers": [fast, line("alst", 30.0, 130e9)]}, 1024)
+    assert row[2] == "20.0 s, 120.0 GB peak GPU" and row[4] == "[peers.jsonl](benchmarks/results/peers.jsonl)"

@@ -14,7 +14,8 @@ class DataConfig(Section):
 
     source: str = Field("synthetic", json_schema_extra={"flat": "data"})
     """`synthetic` (key-value retrieval with long-range structure), a local .txt / .jsonl / .json / .parquet file or
-    a directory of them (one format), or a `datasets` hub name (needs a reachable hub)."""
+    a directory of them (one format), a corpus directory of `ds-longctx data prepare` (its train.jsonl), or a
+    `datasets` hub name (needs a reachable hub)."""
     tokenizer: Optional[str] = None
     """Local tokenizer directory for text data (default: the model directory when it holds a tokenizer). Its size
     must not exceed the model's vocab_size. Not needed when the data has an `input_ids` column."""

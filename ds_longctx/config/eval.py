@@ -20,7 +20,8 @@ class EvalConfig(Section):
     data: Optional[str] = Field(None, json_schema_extra={"flat": "eval_data"})
     """Held-out data. None: no evaluation. `synthetic`: the synthetic task drawn from another seed stream than
     training's (data/synthetic.py `held_out`); or a file, directory or hub name read like `data` (same tokenizer,
-    data_layout and fields; its first eval_rows rows in the run's order)."""
+    data_layout and fields; its first eval_rows rows in the run's order); a corpus directory of `ds-longctx data
+    prepare`: its eval.jsonl."""
     every: int = Field(0, json_schema_extra={"flat": "eval_every"})
     """Evaluate every N optimizer steps and after the last one; 0: after the last step only. Needs eval_data."""
     rows: int = Field(8, json_schema_extra={"flat": "eval_rows"})

@@ -11,8 +11,9 @@ checks that span them. stdlib_corpus.py (`ds-longctx data prepare --stdlib`) wri
 
 Dimension legend: b micro batch, L seq_len, N documents, T tokens in the whole dataset, R rows.
 
-Sources (`cfg.data.source`): a .txt / .jsonl / .json / .parquet file, a directory of files of one format, or a
-`datasets` hub name (needs a reachable hub). Local files are read through before anything is converted
+Sources (`cfg.data.source`): a .txt / .jsonl / .json / .parquet file, a directory of files of one format (a
+corpus directory of `ds-longctx data prepare`: its train.jsonl, and eval.jsonl as eval_data), or a `datasets` hub
+name (needs a reachable hub). Local files are read through before anything is converted
 (data/scan.py): a fault is refused naming the file, the line and the byte offset; a bad row (no text field, a
 value that is not a string, a line that is not JSON) too, or with `data.skip_bad_rows` it is left out, counted
 (`skipped_rows` in metrics.jsonl) and the first few named in the log. The text goes
@@ -50,7 +51,7 @@ from typing import Optional
 import torch
 
 from ds_longctx.data.rows import Batch, TokenRows
-from ds_longctx.data.sources import DataError, check_source, load_documents
+from ds_longctx.data.sources import DataError, check_source, load_documents, prepared_split
 from ds_longctx.data.synthetic import SyntheticRetrieval
 from ds_longctx.data.tokenize import check_tokenized, cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
 from ds_longctx.parallel import attention
@@ -119,9 +120,10 @@ def build_data(cfg, hf_config, dp_size: int):
 
 # ----------------------------------------------------------------------------- held-out data (the eval section)
 def eval_view(cfg):
-    """`cfg` with eval_data as its data source: held-out files are read like the training data (tokenizer,
-    layout, fields, seed order)."""
-    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": cfg.eval.data})})
+    """`cfg` with eval_data as its data source (a prepared corpus directory: its eval.jsonl): held-out files are read
+    like the training data (tokenizer, layout, fields, seed order)."""
+    source = prepared_split(cfg.eval.data, "eval") if cfg.eval.data else cfg.eval.data
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": source})})
 
 
 def check_eval_source(cfg, vocab_size: int) -> None:

@@ -17,7 +17,8 @@ from typing import Optional
 from ds_longctx.data.chat import detect_format
 from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
 
-__all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "resolve_source"]
+__all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "prepared_split",
+           "resolve_source"]
 
 log = logging.getLogger("ds_longctx")
 
@@ -25,6 +26,7 @@ FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", "
 # what a tokenizer or model directory holds (passed as data by mistake)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+PREPARED_CARD = "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/stdlib_corpus.py)
 
 
 @dataclass
@@ -50,9 +52,19 @@ def _not_a_corpus(data: str, p: Path) -> None:
                     f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)")
 
 
-def resolve_source(data: str) -> tuple[str, list[str]]:
-    """(`datasets` builder, files) for a local file or directory; ("hub", []) for a name that is not a path."""
+def prepared_split(data: str, split: str = "train") -> str:
+    """`data`, or for a corpus directory that `ds-longctx data prepare` wrote (its PREPARED_CARD beside train.jsonl
+    and eval.jsonl) the file of `split`: the card, the tokenizer and the other split are not this split's documents."""
     p = Path(data).expanduser()
+    if p.is_dir() and (p / PREPARED_CARD).is_file() and (p / f"{split}.jsonl").is_file():
+        return str(p / f"{split}.jsonl")
+    return data
+
+
+def resolve_source(data: str) -> tuple[str, list[str]]:
+    """(`datasets` builder, files) for a local file or directory (a prepared corpus: its train.jsonl,
+    `prepared_split`); ("hub", []) for a name that is not a path."""
+    p = Path(prepared_split(data)).expanduser()
     looks_local = p.exists() or data.startswith((".", "/", "~")) or p.suffix.lower() in FORMATS
     if not looks_local:
         return "hub", []

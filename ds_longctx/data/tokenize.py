@@ -26,10 +26,16 @@ log = logging.getLogger("ds_longctx")
 
 
 def tokenizer_path(cfg) -> Optional[str]:
-    """The tokenizer directory of the run: `tokenizer`, else the model directory when it holds one."""
-    if cfg.data.tokenizer:
-        return cfg.data.tokenizer
-    p = Path(cfg.model.name)
+    """The tokenizer directory of the run (`tokenizer_of`)."""
+    return tokenizer_of(cfg.data.tokenizer, cfg.model.name)
+
+
+def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
+    """The tokenizer directory of a run of `model`: `tokenizer` when given, else the model directory when it holds
+    one (a local HF checkpoint), else None."""
+    if tokenizer:
+        return tokenizer
+    p = Path(model)
     if p.is_dir() and any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return str(p)
     return None

@@ -97,6 +97,13 @@ def is_rows_dataset(dataset) -> bool:
     return getattr(getattr(dataset, "info", None), "description", None) == ROWS_TAG
 
 
+def needs_preparing(dataset) -> bool:
+    """Whether TRL's SFTTrainer must tokenize `dataset` itself: a `datasets.Dataset` without token ids (a `text`
+    column, or TRL's conversational ones), not `rows_dataset`'s rows."""
+    import datasets
+    return isinstance(dataset, datasets.Dataset) and "input_ids" not in dataset.column_names
+
+
 def token_rows_dataset(rows):
     """A `data.TokenRows` as a `datasets.Dataset` (int32 columns, torch format), row j = rows.row(j): `input_ids`,
     `labels` (IGNORE_INDEX where nothing trains), and for the pack layout also `position_ids` (restarting per

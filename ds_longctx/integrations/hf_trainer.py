@@ -153,6 +153,9 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+SKIP_PREPARE = {"skip_prepare_dataset": True}  # an SFTConfig's dataset_kwargs for rows_dataset's ready rows
+
+
 def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
     """The keyword arguments `training_args` gives `args_cls` (see there); raises ValueError on a clash."""
     owned = owned_fields(cfg, ds)
@@ -165,7 +168,7 @@ def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
            "save_strategy": "steps" if save else "no", **({"save_steps": save} if save else {}),
            "report_to": report_to(cfg.logging.report_to)}
     if "max_length" in getattr(args_cls, "__dataclass_fields__", {}):  # TRL's SFTConfig
-        out.update(max_length=cfg.train.seq_len, dataset_kwargs={"skip_prepare_dataset": True})
+        out.update(max_length=cfg.train.seq_len, dataset_kwargs=dict(SKIP_PREPARE))
     out.update(kwargs)
     out.update({k: v for k, (v, _) in owned.items()})
     out["accelerator_config"] = {**dict(kwargs.get("accelerator_config") or {}), "use_configured_state": True}
@@ -176,8 +179,8 @@ def training_args(cfg, args_cls=None, **kwargs):
     """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`: the fields in `owned_fields` come
     from `cfg` (a different value in kwargs is refused, naming the key to change); output_dir, logging_steps and saving
     default to the run config's; an SFTConfig gets max_length = seq_len and skips TRL's dataset preparation (the rows
-    of `rows_dataset` are ready; pass dataset_kwargs={} to have TRL tokenize and pack a text dataset itself). Starts
-    the process group first (`start_processes`)."""
+    of `rows_dataset` are ready; `trainer` drops the skip for a text dataset, which TRL then tokenizes). Starts the
+    process group first (`start_processes`)."""
     start_processes(cfg)
     if args_cls is None:
         from transformers import TrainingArguments as args_cls
@@ -214,7 +217,14 @@ def trainer_class(trainer_cls: type) -> type:
 
 
 def trainer(trainer_cls: type, run_config, **kwargs):
-    """`trainer_cls(**kwargs)` with ds_longctx's levers (module docstring); `kwargs["args"]` from `training_args`."""
+    """`trainer_cls(**kwargs)` with ds_longctx's levers (module docstring); `kwargs["args"]` from `training_args`. A
+    text dataset (no input_ids: hf_data.needs_preparing) is TRL's to tokenize: the skip `training_args` set for
+    our rows is dropped (dataset_kwargs={})."""
+    from ds_longctx.integrations.hf_data import needs_preparing
+    args = kwargs.get("args")
+    if getattr(args, "dataset_kwargs", None) == SKIP_PREPARE and any(
+            needs_preparing(kwargs.get(k)) for k in ("train_dataset", "eval_dataset")):
+        args.dataset_kwargs = {}
     return trainer_class(trainer_cls)(run_config=run_config, **kwargs)
 
 

@@ -2,16 +2,17 @@
 
     ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf [--dtype auto|fp32|bf16] [--merged]
 
-`--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to `latest`. The
-fp32 master weights are gathered from every rank's partition with DeepSpeed's `zero_to_fp32`, put into the
-model class of the config the engine built (saved in the checkpoint as config.json: YaRN rope parameters of
-the training seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer
-when it had one. dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output appears atomically:
-everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is loaded every file of
-the checkpoint is checked (size, sha256, the globals its pickle names: run/checkpoint_files.py), and every load is
-weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out that cannot be written (permissions, a
-read-only filesystem, a full disk: its free space is checked first) is refused in one line naming it, the bytes
-needed and free, with nothing left behind (parallel/disk.describe_os_error).
+`--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to `latest`. The fp32
+master weights are gathered from every rank's partition with DeepSpeed's `zero_to_fp32`, put into the model class
+of the config the engine built (saved in the checkpoint as config.json: YaRN rope parameters of the training
+seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer when it had one
+(`--tokenizer`, else the model directory's). dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output
+appears atomically: everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is
+loaded every file of the checkpoint is checked (size, sha256, the globals its pickle names:
+run/checkpoint_files.py), and every load is weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out
+that cannot be written (permissions, a read-only filesystem, a full disk: its free space is checked first) is
+refused in one line naming it, the bytes needed and free, with nothing left behind
+(parallel/disk.describe_os_error).
 
 A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own `save_pretrained`):
     <out>/adapter_config.json, adapter_model.safetensors   `PeftModel.from_pretrained(base, <out>)`
@@ -38,6 +39,7 @@ import torch
 
 from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
+from ds_longctx.data.tokenize import tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
 from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text
@@ -211,7 +213,7 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
         else:
             model.save_pretrained(str(tmp), safe_serialization=True)
             dirs = [tmp]
-        tok = meta["run"].get("tokenizer")
+        tok = tokenizer_of(meta["run"].get("tokenizer"), meta["run"]["model"])  # the model directory's by default
         if tok:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(tok, local_files_only=True)

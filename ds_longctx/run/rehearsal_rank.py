@@ -24,6 +24,7 @@ from ds_longctx.plan.interconnect import OVERLAP, predict
 from ds_longctx.run import optimizer_state, rehearse
 from ds_longctx.run.engine import build_engine
 from ds_longctx.run.layer_clock import LayerClock
+from ds_longctx.run.rehearse import vs_plan
 from ds_longctx.run.step import timed_step
 
 log = logging.getLogger("ds_longctx")
@@ -31,10 +32,6 @@ log = logging.getLogger("ds_longctx")
 
 def _gb(b: float) -> str:
     return f"{b / 1e9:.1f} GB"
-
-
-def _vs(measured: float, planned: float) -> str:
-    return f"{measured / planned - 1:+.1%}" if planned else "no plan"
 
 
 class RankRun:
@@ -131,12 +128,13 @@ class RankRun:
         row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1
         row["host_vs_plan"] = row["host_rss_bytes"] / row["planned_host_bytes_per_process"] - 1
         row.update(self._provenance())
-        log.info("GPU peak %s reserved (%s allocated) against the plan's %s (%+.1f%%), budget %s; host %s against "
-                 "%s per process (%+.1f%%); compute %.1f s per step; predicted %s", _gb(row["peak_gpu_bytes"]),
-                 _gb(row["peak_gpu_allocated_bytes"]), _gb(row["planned_gpu_bytes"]), 100 * row["gpu_vs_plan"],
-                 _gb(row["gpu_budget_bytes"]), _gb(row["host_rss_bytes"]),
-                 _gb(row["planned_host_bytes_per_process"]), 100 * row["host_vs_plan"], row["compute_seconds_per_step"],
-                 pred.breakdown())
+        log.info("GPU peak %s reserved (%s allocated) against the plan's %s (%s), budget %s; host %s against "
+                 "%s per process (%s); compute %.1f s per step; predicted %s", _gb(row["peak_gpu_bytes"]),
+                 _gb(row["peak_gpu_allocated_bytes"]), _gb(row["planned_gpu_bytes"]),
+                 vs_plan(row["peak_gpu_bytes"], row["planned_gpu_bytes"]), _gb(row["gpu_budget_bytes"]),
+                 _gb(row["host_rss_bytes"]), _gb(row["planned_host_bytes_per_process"]),
+                 vs_plan(row["host_rss_bytes"], row["planned_host_bytes_per_process"]),
+                 row["compute_seconds_per_step"], pred.breakdown())
         return row
 
     @staticmethod
@@ -156,8 +154,8 @@ class RankRun:
         left = ", ".join(f"{i}: {b:,}" for i, b in sorted(est["layer_gpu_bytes"].items()))
         log.info("after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against %s (%s), step "
                  "%.1f s%s", len(steps), f"extrapolated from {len(clock.run)} to {len(clock.layers)} layers"
-                 if clock.missing() else "every layer run", _gb(gpu), _gb(plan_gpu), _vs(gpu, plan_gpu), _gb(host),
-                 _gb(plan_host), _vs(host, plan_host), est["seconds"],
+                 if clock.missing() else "every layer run", _gb(gpu), _gb(plan_gpu), vs_plan(gpu, plan_gpu), _gb(host),
+                 _gb(plan_host), vs_plan(host, plan_host), est["seconds"],
                  f"; GPU left by each layer run (bytes) {left}" if clock.missing() else "")
 
     def _step(self, engine, data, clock, step: int) -> dict:

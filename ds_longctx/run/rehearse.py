@@ -21,8 +21,11 @@ step time predicted from them (`plan/interconnect.py`: the link table, the overl
 the L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's) and
 extrapolates time, memory and bytes to L (`run/layer_clock.py`).
 
+It needs a CUDA GPU with at least the plan's per-GPU memory: without one it is refused in seconds, before any model
+is built (`--cpu` plays the rank on the CPU instead: tiny models and the tests, whose GPU figures read zero).
+
 Exit codes: 0 every rank ran; 1 a rank failed (out of memory, non-finite numbers); 2 refused (bad config or
-arguments), before any rank starts.
+arguments, no CUDA GPU, a GPU smaller than the plan), before any rank starts.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
                    "each way (NVLink 4: 3600 nominal)")
     p.add_argument("--internode_gbps", type=float, default=None, help="override the inter-node link: Gbit/s per GPU "
                    "each way (default ib-ndr400: 400 Gb/s at 90%%)")
+    p.add_argument("--cpu", action="store_true", help="play the rank(s) on this CPU, without a GPU (tiny models, "
+                   "tests): the GPU figures read zero")
     p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
     return p
@@ -139,6 +144,37 @@ def planned(cfg, per_node: int, nodes: int):
                        Levers.from_run_config(cfg, placement), nodes=nodes)
 
 
+def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
+    """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with less memory than
+    the plan's per-GPU figure. Asked before the model's config is read (seconds: torch, not transformers)."""
+    import torch
+    if a.cpu:
+        return None
+    if not torch.cuda.is_available():
+        return ("a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is False); run it on "
+                "one GPU of the kind the plan is for (or add --cpu to play a tiny model on this CPU)")
+    gpu = torch.cuda.get_device_properties(0)
+    have, need = gpu.total_memory / 1e9, planned(cfg, per_node, nodes).gpu_peak_bytes / 1e9
+    if have < need:
+        return (f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU for the "
+                f"rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} GB, or plan for this one "
+                f"(ds-longctx plan --gpu_mem_gb {have:.0f})")
+    return None
+
+
+# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
+# context: "-100%" of it says nothing)
+PERCENT_FROM = 4e9
+
+
+def vs_plan(measured: float, planned: float) -> str:
+    """The measured against the planned: a percentage, or the difference in GB where the plan is under
+    PERCENT_FROM bytes."""
+    if planned >= PERCENT_FROM:
+        return f"{measured / planned - 1:+.1%}"
+    return f"{(measured - planned) / 1e9:+.2f} GB"
+
+
 def rehearsal_config(argv: list):
     """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each said in a line)."""
     cfg = parse_config(argv)
@@ -190,6 +226,8 @@ def main(argv: list | None = None) -> int:
         world, per_node, nodes = world_of(cfg, a)
         ranks = ranks_to_play(a.rank, world, per_node, cfg.parallel.sp_size)
         links(a, cfg)
+        if problem := device_problem(a, cfg, per_node, nodes):
+            raise Refused(problem)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
             from ds_longctx.run.layer_clock import pick_layers
@@ -249,8 +287,8 @@ def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
 
 def table(rows: list) -> str:
     gb = 1e9
-    head = (f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>7} {'budget':>6}  "
-            f"{'host':>6} {'plan':>6} {'vs plan':>7}  {'compute s':>9}  {'predicted s':>11}  link")
+    head = (f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>8} {'budget':>6}  "
+            f"{'host':>6} {'plan':>6} {'vs plan':>8}  {'compute s':>9}  {'predicted s':>11}  link")
     lines = [head]
     for r in rows:
         if r.get("status") != "ok":
@@ -258,9 +296,11 @@ def table(rows: list) -> str:
             continue
         lines.append(
             f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['peak_gpu_bytes'] / gb:8.1f} "
-            f"{r['planned_gpu_bytes'] / gb:6.1f} {r['gpu_vs_plan']:+7.1%} {r['gpu_budget_bytes'] / gb:6.1f}  "
-            f"{r['host_rss_bytes'] / gb:6.1f} {r['planned_host_bytes_per_process'] / gb:6.1f} "
-            f"{r['host_vs_plan']:+7.1%}  {r['compute_seconds_per_step']:9.1f}  "
+            f"{r['planned_gpu_bytes'] / gb:6.1f} {vs_plan(r['peak_gpu_bytes'], r['planned_gpu_bytes']):>8} "
+            f"{r['gpu_budget_bytes'] / gb:6.1f}  {r['host_rss_bytes'] / gb:6.1f} "
+            f"{r['planned_host_bytes_per_process'] / gb:6.1f} "
+            f"{vs_plan(r['host_rss_bytes'], r['planned_host_bytes_per_process']):>8}  "
+            f"{r['compute_seconds_per_step']:9.1f}  "
             f"{r['predicted_seconds_per_step']:11.1f}  {r['link']}")
     return "\n".join(lines)
 

@@ -67,11 +67,28 @@ def test_prepare_refuses_a_used_out_directory_with_exit_2(corpus, capsys):
     assert sorted(p.name for p in corpus.iterdir()) == before
 
 
+def test_the_corpus_directory_is_its_train_split_as_data_and_its_eval_split_as_eval_data(corpus):
+    """`--data corpus/`: its train.jsonl (not the card, the tokenizer's files nor eval.jsonl); `--eval_data corpus/`:
+    its eval.jsonl. A directory of documents without the card is read whole, as before."""
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import eval_view
+    from ds_longctx.data.sources import resolve_source
+    assert resolve_source(str(corpus)) == ("json", [str(corpus / "train.jsonl")])
+    cfg = RunConfig.model_validate({"data": {"source": str(corpus)}, "eval": {"data": str(corpus)}})
+    assert eval_view(cfg).data.source == str(corpus / "eval.jsonl")
+    plain = corpus.parent / "plain"
+    plain.mkdir()
+    for name in ("train.jsonl", "eval.jsonl"):
+        (plain / name).write_bytes((corpus / name).read_bytes())
+    assert resolve_source(str(plain)) == ("json", [str(plain / "eval.jsonl"), str(plain / "train.jsonl")])
+
+
 def test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval(corpus, tmp_path):
+    """The corpus directory as --data and as --eval_data (its train and eval splits)."""
     out = tmp_path / "run"
     res = run_cli(["train", "--nproc", "1", "--model", "qwen3-tiny", "--dtype", "fp32", "--lr", "3e-3", "--steps", "4",
-                   "--seq_len", "256", "--data", str(corpus / "train.jsonl"), "--tokenizer", str(corpus / "tokenizer"),
-                   "--data_layout", "pack", "--eval_data", str(corpus / "eval.jsonl"), "--eval_every", "2",
+                   "--seq_len", "256", "--data", str(corpus), "--tokenizer", str(corpus / "tokenizer"),
+                   "--data_layout", "pack", "--eval_data", str(corpus), "--eval_every", "2",
                    "--eval_rows", "2", "--eval_buckets", "4", "--data_cache_dir", str(tmp_path / "cache"),
                    "--output_dir", str(out)], timeout=300, output_dir=out)
     assert res.returncode == 0, res.stderr[-3000:]

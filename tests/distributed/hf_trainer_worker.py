@@ -2,8 +2,11 @@
 `ds_longctx.integrations.hf_trainer`, on the token rows `ds-longctx train` reads for the same run-config options;
 evaluates the first step's rows before training (`eval_on_start`); rank 0 writes what the test compares.
 
-    torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py --trainer trainer|sft --out FILE \\
+    torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py --trainer trainer|sft|sft_text --out FILE \\
         -- <run-config options as for ds-longctx train>
+
+`sft_text`: SFTTrainer on a `datasets.Dataset` of the --data folder's texts (a `text` column, TRL tokenizes it),
+with the args `training_args` makes for our rows (the documented route, unchanged), no eval.
 
 FILE (JSON): global_step, log_history, the DeepSpeed engine's train_batch_size, len(train loader), the rows, whether
 the ranks of each SP group read the same first batch, and how many documents the Ulysses attention kept apart in the
@@ -16,7 +19,7 @@ import json
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainer", choices=["trainer", "sft"], required=True)
+    ap.add_argument("--trainer", choices=["trainer", "sft", "sft_text"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("run", nargs=argparse.REMAINDER)
     a = ap.parse_args()
@@ -31,13 +34,16 @@ def main():
 
     cfg = RunConfig.from_cli([x for x in a.run if x != "--"])
     extra = dict(report_to="none", logging_steps=1, eval_on_start=True, eval_strategy="no", save_strategy="no")
-    if a.trainer == "sft":
+    if a.trainer.startswith("sft"):
         from trl import SFTConfig, SFTTrainer
         cls, args = SFTTrainer, longctx.training_args(cfg, SFTConfig, **extra)
         kw = {"processing_class": AutoTokenizer.from_pretrained(cfg.data.tokenizer)}
     else:
         cls, args, kw = Trainer, longctx.training_args(cfg, TrainingArguments, **extra), {}
     model = longctx.build_model(cfg)
+    if a.trainer == "sft_text":
+        text_only(cls, cfg, model, args, kw, a.out)
+        return
     train = longctx.rows_dataset(cfg)
     dp = dist.get_world_size() // cfg.parallel.sp_size
     order = RowOrder(len(train), cfg.train.seed, cfg.data.shuffle)
@@ -57,6 +63,27 @@ def main():
                        "train_batch_size": trainer.model_wrapped.train_batch_size(), "steps_per_epoch": len(loader),
                        "sp_peers_same": all(torch.equal(p, batch) for p in peers), "dp": st.dp_size,
                        "n_rows": len(train), "documents": 1 if cu is None else len(cu) - 1}, f)
+    longctx.finish()
+
+
+def text_only(cls, cfg, model, args, kw: dict, out: str) -> None:
+    """2 steps of SFTTrainer on the folder's texts as a text dataset; rank 0 writes global_step, the logged losses
+    and the args' dataset_kwargs as the trainer saw them."""
+    from pathlib import Path
+
+    import datasets
+    import torch.distributed as dist
+
+    from ds_longctx.integrations import hf_trainer as longctx
+    texts = [f.read_text() for f in sorted(Path(cfg.data.source).glob("*.txt"))]
+    args.eval_on_start = False
+    trainer = longctx.trainer(cls, cfg, model=model, args=args,
+                              train_dataset=datasets.Dataset.from_dict({"text": texts}), **kw)
+    trainer.train()
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"global_step": trainer.state.global_step, "dataset_kwargs": trainer.args.dataset_kwargs,
+                       "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}, f)
     longctx.finish()
 
 

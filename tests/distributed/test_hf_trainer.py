@@ -92,6 +92,18 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
         assert got["documents"] > 1, got["documents"]
 
 
+def test_sft_trainer_tokenizes_a_text_dataset_on_the_documented_route(tmp_path, corpus):
+    """The README's route with your own `datasets.Dataset` of text (a `text` column) instead of rows_dataset: the args
+    of `training_args` skip TRL's preparation for our rows; `trainer` gives a text dataset back to TRL to tokenize
+    (no "No columns in the dataset match" error), and it trains 2 steps under SP=2."""
+    out = tmp_path / "result.json"
+    torchrun(2, ["tests/distributed/hf_trainer_worker.py", "--trainer", "sft_text", "--out", str(out), "--",
+                 *corpus, "--output_dir", str(tmp_path / "run")])
+    got = json.loads(out.read_text())
+    assert got["global_step"] == 2 and got["dataset_kwargs"] == {}, got
+    assert len(got["losses"]) == 2 and all(4 < x < 6.5 for x in got["losses"]), got  # about ln 64 words + specials
+
+
 def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path, corpus, reference):
     """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes accelerate.yaml and run.yaml,
     `accelerate launch` starts 2 processes; the options after --config override the plan (fp32, the corpus, and both

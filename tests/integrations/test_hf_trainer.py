@@ -53,6 +53,29 @@ def test_sft_config_gets_the_rows_length_and_skips_trls_preparation():
     assert kwargs_for(cfg, trl.SFTConfig, dataset_kwargs={})["dataset_kwargs"] == {}  # TRL tokenizes text itself
 
 
+def test_a_text_dataset_is_given_back_to_trl_to_tokenize(monkeypatch):
+    """`trainer` drops the skip of TRL's preparation that `training_args` set for our rows where a dataset holds text
+    (no input_ids); our rows and a caller's own dataset_kwargs stay as they are."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from ds_longctx.integrations import hf_trainer
+    seen = []
+    monkeypatch.setattr(hf_trainer, "trainer_class", lambda cls: lambda run_config, **kw: seen.append(kw) or kw)
+    text = datasets.Dataset.from_dict({"text": ["w1 w2", "w3"]})
+    rows = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4]]})
+    for dataset, given, want in ((text, hf_trainer.SKIP_PREPARE, {}), (rows, hf_trainer.SKIP_PREPARE,
+                                                                      hf_trainer.SKIP_PREPARE),
+                                 (text, {"dataset_text_field": "text"}, {"dataset_text_field": "text"})):
+        args = SimpleNamespace(dataset_kwargs=dict(given))
+        hf_trainer.trainer(object, None, args=args, train_dataset=dataset)
+        assert args.dataset_kwargs == want, (dataset.column_names, given)
+    args = SimpleNamespace(dataset_kwargs=dict(hf_trainer.SKIP_PREPARE))
+    hf_trainer.trainer(object, None, args=args, train_dataset=rows, eval_dataset=text)
+    assert args.dataset_kwargs == {} and len(seen) == 4
+
+
 def test_import_is_torch_free():
     code = "import sys, ds_longctx.integrations.hf_trainer; assert 'torch' not in sys.modules, 'torch imported'"
     res = subprocess.run([sys.executable, "-c", code], env=cpu_env(), cwd=ROOT, capture_output=True, text=True)

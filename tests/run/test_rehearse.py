@@ -36,7 +36,7 @@ def world8(tmp_path_factory):
     d = tmp_path_factory.mktemp("rehearse8")
     cfg = write_config(d)
     out = d / "rehearsal.jsonl"
-    res = run_cli(["rehearse", "--config", str(cfg), "--rank", "roles", "--out", str(out)], timeout=600)
+    res = run_cli(["rehearse", "--cpu", "--config", str(cfg), "--rank", "roles", "--out", str(out)], timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return cfg, rows_of(out), res
 
@@ -106,7 +106,7 @@ def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_par
     (its batch check), and ZeRO-3 shards every tensor over all 16 ranks."""
     from tests.helpers import tiny_model
     cfg, out = write_config(tmp_path, nodes=2), tmp_path / "rehearsal.jsonl"
-    res = run_cli(["rehearse", "--config", str(cfg), "--rank", "8", "--out", str(out)], timeout=600)
+    res = run_cli(["rehearse", "--cpu", "--config", str(cfg), "--rank", "8", "--out", str(out)], timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (r,) = rows_of(out)
     assert (r["status"], r["rank"], r["world"], r["nodes"], r["gpus_per_node"]) == ("ok", 8, 16, 2, 8)
@@ -132,7 +132,8 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
     logs = {}
     for extra, out in (([], full), (["--layers", "3", "--internode_gbps", "100"], part)):
-        res = run_cli(["rehearse", "--config", str(cfg), "--out", str(out), *extra, "--seq_len", "256"], timeout=600)
+        res = run_cli(["rehearse", "--cpu", "--config", str(cfg), "--out", str(out), *extra, "--seq_len", "256"],
+                      timeout=600)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         logs[out] = res.stdout + res.stderr
     (f,), (p,) = rows_of(full), rows_of(part)
@@ -148,7 +149,7 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     assert (f["layers"], p["layers"], p["seq_len"]) == ("6/6", "3/6", 256)
     # the row's command plays it again: every option and config override given, less --out
     assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 2 --internode_gbps 100.0 "
-                            "--seq_len 256")
+                            "--cpu --seq_len 256")
     assert p["layers_run"][0] == 0 and p["layers_run"][-1] == 5 and len(p["layers_run"]) == 3
     assert [int(i) for i in p["layer_gpu_bytes"]] == p["layers_run"] == [int(i) for i in p["layer_host_bytes"]]
     assert (p["params_total"], p["params_local"]) == (f["params_total"], f["params_local"])  # all 6 layers built
@@ -165,7 +166,7 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     (["--link_gbps", "0"], ["--link_gbps 0", "Gbit/s"]),
 ])
 def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path, args, words):
-    res = run_cli(["rehearse", "--config", str(write_config(tmp_path)), *args], timeout=120)
+    res = run_cli(["rehearse", "--cpu", "--config", str(write_config(tmp_path)), *args], timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("[rehearsal] refused") and all(w in last for w in words), last
@@ -173,9 +174,55 @@ def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path, args, words)
 
 
 def test_a_config_without_its_world_needs_gpus(tmp_path):
-    res = run_cli(["rehearse", "--config", str(write_config(tmp_path, gpus=None))], timeout=120)
+    res = run_cli(["rehearse", "--cpu", "--config", str(write_config(tmp_path, gpus=None))], timeout=120)
     assert res.returncode == 2
     assert "--gpus G" in res.stderr.strip().splitlines()[-1]
+
+
+def test_without_cuda_a_rehearsal_is_refused_in_seconds_naming_the_gpu_it_needs(tmp_path):
+    """A fresh interpreter (nothing pre-imported), no GPU visible: exit 2 before any model is built, in under 10 s."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import cpu_env
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "ds_longctx.cli", "rehearse", "--config", str(write_config(tmp_path))],
+                         env=cpu_env(), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    seconds = time.perf_counter() - t0
+    assert res.returncode == 2, res.stdout + res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("[rehearsal] refused") and "needs a CUDA GPU" in last and "--cpu" in last, last
+    assert "rank 0/8" not in res.stdout and seconds < 10, seconds
+
+
+def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatch):
+    """With CUDA (faked): a GPU under the plan's per-GPU figure is refused, both named; a larger one passes."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    from ds_longctx.run import rehearse
+    cfg, _ = rehearse.rehearsal_config(["--config", str(write_config(tmp_path))])
+    need = rehearse.planned(cfg, 8, 1).gpu_peak_bytes
+    a = argparse.Namespace(cpu=False, config="run.yaml")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    problems = []
+    for total in (need - 1e8, need + 1e8):
+        gpu = SimpleNamespace(name="Tiny GPU", total_memory=int(total))
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i, gpu=gpu: gpu)
+        problems.append(rehearse.device_problem(a, cfg, 8, 1))
+    small, large = problems
+    assert large is None and "Tiny GPU" in small, problems
+    assert f"has {(need - 1e8) / 1e9:.1f} GB, less than the plan's {need / 1e9:.1f} GB per GPU" in small
+
+
+def test_a_tiny_plan_is_compared_in_gb_not_in_percent():
+    """qwen3-tiny's plan (1.7 GB: mostly the CUDA context) against a CPU rehearsal's 0 GB is not "-100%"."""
+    from ds_longctx.run.rehearse import PERCENT_FROM, vs_plan
+    assert vs_plan(0, 1.7e9) == "-1.70 GB" and vs_plan(0.45e9, 0.3e9) == "+0.15 GB"
+    assert vs_plan(72.7e9, 70.1e9) == "+3.7%" and vs_plan(0, PERCENT_FROM) == "-100.0%"
 
 
 def test_a_rehearsal_refuses_checkpoints_eval_and_export(monkeypatch):
