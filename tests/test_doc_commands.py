@@ -141,6 +141,10 @@ RULES = [
     Rule("ds-longctx train --nproc 8 --config my_run/run.yaml --data my.jsonl", "gpu", EIGHT),
     covered("tests/run/test_real_weights.py::test_a_checkpoint_directory_fine_tunes_from_its_weights_then_evals_and_"
             "exports", "ds-longctx export --checkpoint runs/long"),
+    covered("tests/data/test_chat.py::test_last_assistant_and_per_message_train_flags",
+            "ds-longctx train ... --train_on last_assistant"),
+    covered("tests/data/test_chat.py::test_bad_rows_are_refused_naming_file_and_line",
+            "ds-longctx train ... --truncate refuse"),
     covered("tests/distributed/test_training_basics.py::test_grad_accum_of_4_equals_one_step_over_the_4_micro_batches",
             "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 256 --grad_accum 4"),
     Rule("ds-longctx plot ", "run"),
@@ -168,6 +172,8 @@ RULES = [
     covered("tests/run/test_real_weights.py::test_a_checkpoint_directory_fine_tunes_from_its_weights_then_evals_and_"
             "exports", "ds-longctx eval --checkpoint RUN_DIR --data held_out.jsonl"),
     Rule("python benchmarks/bench_long_range.py", "manual", "a benchmark: over a thousand steps on CPU, minutes"),
+    covered("tests/data/test_chat.py::test_sessions_train_end_to_end_on_their_trained_targets_only",
+            "ds-longctx train --nproc 2 --sp_size 2 --data sessions.jsonl --tokenizer tok/ --data_layout pack"),
 ]
 
 
