@@ -12,7 +12,9 @@ placement plan (checkpoint / offload / attention cache) and the planner's DeepSp
 
 Arguments are the run config's, as `python -m ds_longctx.train` takes them (`--help` lists them): `--config run.yaml`
 and any `--key value` override. Rank 0 prints one JSON line per logged step ({"step", "loss", ...}); the loss of each
-step is the one `ds-longctx train` writes for the same run config (tests/distributed/test_hf_trainer.py).
+step is the one `ds-longctx train` writes for the same run config (tests/distributed/test_hf_trainer.py). As any HF
+Trainer run it reports where `--report_to` says (TensorBoard where installed), saves checkpoints every `--save_every`
+steps, and saves the model and tokenizer in `--output_dir` at the end.
 The lines marked `# ds_longctx` are all that differs from a plain SFTTrainer script.
 """
 
@@ -32,13 +34,14 @@ def main(argv=None):
             if state.is_world_process_zero and logs:
                 print(json.dumps({"step": state.global_step, **logs}), flush=True)
 
-    args = longctx.training_args(cfg, SFTConfig, logging_steps=1, report_to="none")  # ds_longctx
+    args = longctx.training_args(cfg, SFTConfig, logging_steps=1)  # ds_longctx: saves, reports as the run config says
     model = longctx.build_model(cfg)  # ds_longctx
     train_dataset = longctx.rows_dataset(cfg)  # ds_longctx
     tokenizer = AutoTokenizer.from_pretrained(cfg.data.tokenizer)
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=train_dataset,  # ds_longctx
                               processing_class=tokenizer, callbacks=[PrintLogs()])
     trainer.train()
+    trainer.save_model()  # the weights (gathered from ZeRO-3) and the tokenizer in output_dir, as any HF Trainer run
     longctx.finish()  # ds_longctx: every rank done, groups torn down, exit 0
 
 

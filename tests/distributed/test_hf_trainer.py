@@ -122,3 +122,7 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     logs = [json.loads(m) for m in re.findall(r'\{"step": [^{}]*\}', res.stdout)]
     assert_same_losses([r["loss"] for r in logs if "loss" in r], reference("concat"))
     assert [r["step"] for r in logs if "loss" in r] == [1, 2]
+    saved = tmp_path / "run"  # as any HF Trainer run: the model and tokenizer, and the run config's report_to
+    assert (saved / "config.json").is_file() and list(saved.glob("*.safetensors"))
+    assert (saved / "tokenizer.json").is_file()
+    assert list((saved / "runs").rglob("events.out.tfevents.*")), sorted(p.name for p in saved.rglob("*"))
