@@ -173,3 +173,30 @@ def test_the_launcher_waits_for_a_save_and_abandons_only_on_a_deliberate_repeat(
     press(112.0)  # past the window: told again, nothing killed
     press(113.0)  # within it: abandoned
     assert killed == [113.0] and forwarded == [signal.SIGINT] * 2 and s.abandoned == "saving step 6"
+
+
+# every refusal that asks the user to delete or remove something, and why that thing is inside what the run owns
+REMOVALS = {
+    "remove it and write the values out": "the YAML anchor on a line of the user's own config file",
+    "remove the tag": "the YAML tag on a line of the user's own config file",
+    "remove it, or": "a file inside the checkpoint's tag directory that its save did not write",
+    "remove the link or use an earlier tag": "a link inside the checkpoint's tag directory",
+}
+
+
+def test_no_refusal_asks_to_delete_anything_outside_the_run():
+    """Read from the source (ast): the literal parts of every message raised that say delete / remove / rm are the
+    reviewed REMOVALS, each naming something inside the run directory or the user's own config file."""
+    import ast
+    import re
+    root = Path(__file__).resolve().parents[2] / "ds_longctx"
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            for part in ast.walk(node.exc):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    for m in re.finditer(r"[^;:(]*\b(delete|remove|rm)\b[^;)]*", part.value, re.I):
+                        found.add(m.group(0).strip())
+    assert found <= set(REMOVALS), sorted(found - set(REMOVALS))
