@@ -9,8 +9,9 @@ digest, and the globals its pickle names. A damaged or altered file is refused n
 digest the manifest expects and the one found, before DeepSpeed's collective load starts.
 
 Cost: sha256 reads every byte once, about 1.5 GB/s per process on a CPU with SHA extensions (1.56 GB/s measured on
-the CI machine). A Qwen3-8B checkpoint is ~112 GB (bf16 weights 16, fp32 master 32, Adam moments 64): on 8 ranks
-each hashes ~14 GB, ~9 s at save and again at load; on one rank ~75 s each. Rank 0 shows a progress bar for files
+the CI machine). A Qwen3-8B checkpoint is ~98 GB (12 bytes a parameter: fp32 master and two Adam moments; a ZeRO-3
+save writes no separate bf16 weights; plan/planner.disk_checkpoint_bytes): on 8 ranks each hashes ~12 GB, ~8 s at
+save and again at load; on one rank ~65 s each. Rank 0 shows a progress bar for files
 of more than PROGRESS_BYTES.
 
 Loading runs no code: `load` opens a file with `torch.load(weights_only=True)`, which builds tensors, numbers,

@@ -34,7 +34,7 @@ from ds_longctx.run.refuse import last_line
 FAILED = 1
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # how long `ds-longctx train` lets its workers finish the current step and save after a signal before torchrun
-# kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~112 GB and a 1M-token step ~15 min)
+# kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~98 GB and a 1M-token step ~15 min)
 STOP_GRACE_S = 3600
 WATCH_POLL_S = 0.5
 ABANDON_WINDOW_S = 10.0  # after the launcher's "waiting for the save" line, another signal within this abandons it
