@@ -14,6 +14,7 @@ def main():
     ap.add_argument("--sp", type=int, required=True)
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--packed", type=str, default="")  # comma-separated document lengths
+    ap.add_argument("--mask_from", type=int, default=None, help="labels ignored from this position on")
     ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--placement", action="store_true", help="also save each layer's checkpoint function, by kind")
@@ -40,7 +41,11 @@ def main():
         lens = [int(x) for x in a.packed.split(",")]
         assert sum(lens) == a.length
         pos = torch.cat([torch.arange(n) for n in lens])[None]
-    res = eng.forward_backward([Batch(ids, position_ids=pos)])
+    labels = None
+    if a.mask_from is not None:
+        labels = ids.clone()
+        labels[:, a.mask_from:] = -100
+    res = eng.forward_backward([Batch(ids, position_ids=pos, labels=labels)])
     grads = {}
     for name, p in eng.module.named_parameters():
         if not p.requires_grad:  # a frozen base (LoRA) has no gradient

@@ -11,19 +11,25 @@ pytestmark = pytest.mark.slow
 TOL = 1e-5
 
 
-def reference(samples: list[torch.Tensor], doc_lens=None):
-    """Mean over samples of HF's own token-mean loss, and the mean gradients (the dp-replica average)."""
+def reference(samples: list[torch.Tensor], doc_lens=None, mask_from=None):
+    """Mean over samples of HF's own token-mean loss, and the mean gradients (the dp-replica average); labels ignored
+    from `mask_from` on (a document left without a trained target weighs 0)."""
     model = tiny_model(seed=0, attn="eager")
     total = 0.0
     for ids in samples:
+        labels = ids.clone()
+        if mask_from is not None:
+            labels[mask_from:] = -100
         if doc_lens is None:
-            loss = model(input_ids=ids[None], labels=ids[None]).loss
+            loss = model(input_ids=ids[None], labels=labels[None]).loss
         else:  # packed: each document on its own, token-weighted
             parts, start, n = [], 0, 0
             for L in doc_lens:
-                doc = ids[start:start + L][None]
-                parts.append(model(input_ids=doc, labels=doc).loss * (L - 1))
-                n += L - 1
+                doc, lab = ids[start:start + L][None], labels[start:start + L][None]
+                k = int((lab[:, 1:] != -100).sum())
+                if k:
+                    parts.append(model(input_ids=doc, labels=lab).loss * k)
+                n += k
                 start += L
             loss = sum(parts) / n
         (loss / len(samples)).backward()
@@ -31,7 +37,7 @@ def reference(samples: list[torch.Tensor], doc_lens=None):
     return total, {n: p.grad for n, p in model.named_parameters()}
 
 
-def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, **overrides):
+def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, mask_from=None, **overrides):
     """Launch grad_worker on nproc processes; overrides go to the run config (key=value); `read_placement`: also
     return each layer's applied checkpoint kind."""
     out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}.pt"
@@ -39,6 +45,8 @@ def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=Fa
             *(["--placement"] if read_placement else [])]
     if packed:
         args += ["--packed", ",".join(map(str, packed))]
+    if mask_from is not None:
+        args += ["--mask_from", str(mask_from)]
     for k, v in overrides.items():
         args += ["--set", f"{k}={v}"]
     torchrun(nproc, args, env=env)
@@ -87,6 +95,19 @@ def test_packed_documents_keep_boundaries(tmp_path):
     got = run(tmp_path, 2, 2, length=64, packed=lens)
     assert got["tokens"] == sum(L - 1 for L in lens)
     check(got, *reference([sample(0)], doc_lens=lens))
+
+
+def test_packed_masked_rows_where_one_rank_trains_nothing_match_sp1_and_plain_hf(tmp_path):
+    """Labels ignored from position 32 on: SP rank 1 of 2 (positions 32-63) holds no trained target and the third
+    document none at all; the loss and every gradient equal SP=1's (1e-6) and plain HF's per document (1e-5),
+    token-weighted, finite."""
+    lens = [20, 29, 15]
+    sp2 = run(tmp_path, 2, 2, length=64, packed=lens, mask_from=32)
+    sp1 = run(tmp_path, 1, 1, length=64, packed=lens, mask_from=32)
+    assert sp2["tokens"] == sp1["tokens"] == 19 + 11  # document 1's 19 targets, document 2's up to position 31
+    assert torch.isfinite(torch.tensor(sp2["loss"])) and all(torch.isfinite(g).all() for g in sp2["grads"].values())
+    check(sp2, sp1["loss"], sp1["grads"], tol=1e-6)
+    check(sp2, *reference([sample(0)], doc_lens=lens, mask_from=32))
 
 
 @pytest.mark.parametrize("placement,pool", [("offload:1,keep:1", False), ("cache:2", False),
