@@ -46,6 +46,8 @@ COMMITS = {
     "train_qwen3-8b_131072_sp2_2026-11-30.jsonl": ("cd4d4d8", f"{NOTES}, issue 2"),
     "long_range_all_labels_2026-11-30.json": ("7feaeb6", f"{NOTES}: 7feaeb6 plus a --supervise flag since replaced"),
     "stdlib_corpus_cpu": ("2b1f0d1", f"{NOTES}, issue 28"),
+    "peers_2026-12-04.jsonl": ("b22aeab", f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git"),
+    "masked_step_2026-12-04.jsonl": ("b22aeab", f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git"),
     "stdlib_corpus_h200": ("54f7e5b", "notebooks/stdlib_corpus.ipynb: the log names the device copy's stale 906b5bf"),
 }
 # what a raw file's rows do not say about themselves (the file name or the notes do)
@@ -109,7 +111,8 @@ def build_simple() -> dict:
               if (d / "summary.txt").is_file()]
     return {"peers.jsonl": rows_of("peers*.jsonl"), "hf_trainer.jsonl": rows_of("hf_trainer*.jsonl"),
             "attention.jsonl": rows_of("attention_*.jsonl"), "levers.jsonl": levers, "profile.jsonl": profile,
-            "chunked_loss.jsonl": chunked, "long_range.jsonl": long_range, "stdlib_corpus.jsonl": stdlib}
+            "chunked_loss.jsonl": chunked, "long_range.jsonl": long_range, "stdlib_corpus.jsonl": stdlib,
+            "masked_step.jsonl": rows_of("masked_step_*.jsonl")}
 
 
 def build_longest() -> list:

@@ -27,6 +27,7 @@ TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.j
           "chunked_loss": "The loss alone: chunked against plain cross-entropy and others (`chunked_loss.jsonl`)",
           "long_range": "Long-range retrieval under SP, on CPU (`long_range.jsonl`)",
           "stdlib_corpus": "Real text: the Python standard library as a corpus (`stdlib_corpus.jsonl`)",
+          "masked_step": "What a masked row costs: a share of tokens trained against all (`masked_step.jsonl`)",
           "rehearsal": "Rehearsals: one GPU plays a rank of a larger world (`rehearsal.jsonl`)"}
 
 
@@ -52,13 +53,13 @@ def peers(d: dict) -> str:
         group = [p for p in d["peers"] if (p["session"], p["seq_len"]) == (r["session"], r["seq_len"])]
         ref = next((p for p in group if p["system"] == "trl_fsdp2_cp"), None) or next(
             p for p in group if p["system"] == "alst")
-        rows.append([n(r["seq_len"]), system(r), f"{r['seconds_per_step']:.2f}",
+        rows.append([model_name(r), r["gpus"], n(r["seq_len"]), system(r), f"{r['seconds_per_step']:.2f}",
                      f"{r['seconds_per_step'] / ref['seconds_per_step']:.2f} x {SHORT[ref['system']]}",
                      f"{r['mfu']:.1%}",
                      gb(r["peak_gpu_bytes"]), gb(r["host_peak_bytes"]), *meta(r)])
-    return ("Qwen3-8B geometry, one sequence per step over both GPUs, median of the steps after the first; peak GPU: "
-            "`max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One session's systems ran one after "
-            "another on one machine.\n\n" + table(["tokens", "system", "s/step", "vs", "MFU", "peak GPU GB",
+    return ("Shipped geometries (random init), one sequence per step over the run's GPUs, median of the steps after the "
+            "first; peak GPU: `max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One session's systems ran "
+            "one after another on one machine.\n\n" + table(["model", "GPUs", "tokens", "system", "s/step", "vs", "MFU", "peak GPU GB",
                                                    "host GB", *META], rows))
 
 
@@ -268,6 +269,24 @@ def stdlib_corpus(d: dict) -> str:
                   "steps", "s/step", "train loss", "eval loss", "far half - near half", *META], rows)
 
 
+def masked_step(d: dict) -> str:
+    """Each pair of `bench_masked_step.py` runs: the masked run, the full one, and their ratio."""
+    rows = []
+    runs = [r for r in d.get("masked_step", []) if "run" in r]
+    for r in runs:
+        ratio = next((x["masked_over_full"] for x in d["masked_step"]
+                      if "masked_over_full" in x and x["source"].split(":")[0] == r["source"].split(":")[0]), None)
+        rows.append([r["model"], n(r["seq_len"]), r["run"], f"{r['share']:.0%}", n(r["trained_tokens"]),
+                     f"{r['seconds_per_step']:.2f}", gb(r["peak_gpu_bytes"]),
+                     f"{ratio:.3f}" if ratio is not None and r["run"] == "masked" else "", *meta(r)])
+    if not rows:
+        return ""
+    return ("`ds-longctx train` on the same random ids twice: labels that train a share of each row (512-token spans) "
+            "and every token trained; median of the steps after the first.\n\n"
+            + table(["model", "tokens", "run", "trained share", "trained tokens/step", "s/step", "peak GPU GB",
+                     "masked / full", *META], rows))
+
+
 def ran(d: dict, r: dict) -> tuple:
     """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a longest.jsonl run,
     else a held-out plan run of planner_runs.jsonl); ("", None) where it did not."""
@@ -283,7 +302,8 @@ def ran(d: dict, r: dict) -> tuple:
 def readme(d: dict) -> str:
     """The README's one table: speed and GPU memory beside TRL and ALST, the longest lengths, the rehearsals' step
     times, the planner's accuracy; each row says whether its figure was measured, planned or predicted."""
-    rows = [speed_row(d, seq) for seq in sorted({r["seq_len"] for r in d.get("peers", [])})]
+    runs = {(r["config"]["model"], r["gpus"], r["seq_len"]) for r in d.get("peers", [])}
+    rows = [speed_row(d, *k) for k in sorted(runs, key=lambda k: (k[0] != "qwen3-8b", k[0], -k[1], k[2]))]
     papers = {(r["gpus"], r.get("gpu_mem_gb")): r for r in d.get("longest", [])
               if r["kind"] == "published" and "seconds_per_step" not in r}  # a longest length, not a step time
     for m, r in latest(d).items():
@@ -302,16 +322,23 @@ def readme(d: dict) -> str:
     return table(["", "how", "ds_longctx", "beside it", "file"], rows)
 
 
-def speed_row(d: dict, seq: int) -> list:
-    """The fastest ds_longctx run at `seq` tokens beside each peer's, seconds per step and peak GPU memory (reserved,
+def model_name(r: dict) -> str:
+    """`qwen3-8b` -> `Qwen3-8B` (a peers row's shipped geometry)."""
+    m = r["config"]["model"]
+    return "Qwen" + m[4:].upper() if m.startswith("qwen") else m
+
+
+def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
+    """The fastest ds_longctx run of `model` on `gpus` GPUs at `seq` tokens beside each peer's, seconds per step and peak GPU memory (reserved,
     max over ranks) each; where ours holds more GPU memory, its placement says why: the plan spends the budget on
     speed."""
-    at = [r for r in d["peers"] if r["seq_len"] == seq and not r.get("error")]
+    at = [r for r in d["peers"] if (r["config"]["model"], r["gpus"], r["seq_len"]) == (model, gpus, seq)
+          and not r.get("error")]
     ours = min((r for r in at if r["system"] == "ds_longctx"), key=lambda r: r["seconds_per_step"])
     peers = [r for r in at if r["system"] != "ds_longctx"]
     placement = ours["config"].get("observed", {}).get("run_config", {}).get("memory", {}).get("placement")
     more = placement and all(ours["peak_gpu_bytes"] > p["peak_gpu_bytes"] for p in peers)
-    return [f"s/step, Qwen3-8B, {n(seq)} tokens, {device(ours)}", "measured",
+    return [f"s/step, {model_name(ours)}, {n(seq)} tokens, {device(ours)}", "measured",
             f"{ours['seconds_per_step']:.1f} s, {gb(ours['peak_gpu_bytes'])} GB peak GPU"
             + (f" (by design: its plan fills the GPU budget for speed, placement {placement})" if more else ""),
             "; ".join(f"{SYSTEMS[r['system']].split(' (')[0]}: {r['seconds_per_step']:.1f} s, "
@@ -321,4 +348,4 @@ def speed_row(d: dict, seq: int) -> list:
 SECTIONS = {name: globals()[name] for name in (
     "peers", "hf_trainer", "longest_latest", "longest_history", "longest_runs", "published", "planner_accuracy",
     "planner_plans", "planner_tables", "planner_levers", "planner_unrun", "attention", "levers", "profile",
-    "chunked_loss", "long_range", "stdlib_corpus", "rehearsal", "readme")}
+    "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "readme")}

@@ -209,12 +209,15 @@ def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):
     import results_tables as t
 
     def line(system, seconds, peak, placement=None):
-        cfg = {"observed": {"run_config": {"memory": {"placement": placement}}}} if placement else {}
+        cfg = {"model": "qwen3-4b", **({"observed": {"run_config": {"memory": {"placement": placement}}}}
+                                       if placement else {})}
         return {"system": system, "seq_len": 1024, "seconds_per_step": seconds, "peak_gpu_bytes": peak,
                 "device": "GPU X", "gpus": 2, "source": "s/peers.jsonl:1", "config": cfg}
     fast = line("ds_longctx", 20.0, 120e9, "cache:36")
-    row = t.speed_row({"peers": [fast, line("alst", 30.0, 90e9), line("ds_longctx", 25.0, 80e9, "keep:36")]}, 1024)
+    row = t.speed_row({"peers": [fast, line("alst", 30.0, 90e9), line("ds_longctx", 25.0, 80e9, "keep:36"),
+                                line("alst", 10.0, 10e9) | {"gpus": 1}]}, "qwen3-4b", 2, 1024)
     assert row[1] == "measured" and row[2].startswith("20.0 s, 120.0 GB peak GPU (by design") and "cache:36" in row[2]
     assert row[3] == "DeepSpeed ALST: 30.0 s, 90.0 GB peak GPU"
-    row = t.speed_row({"peers": [fast, line("alst", 30.0, 130e9)]}, 1024)
+    assert row[0] == "s/step, Qwen3-4B, 1,024 tokens, 2 x GPU X"  # the 1-GPU run is another row's
+    row = t.speed_row({"peers": [fast, line("alst", 30.0, 130e9)]}, "qwen3-4b", 2, 1024)
     assert row[2] == "20.0 s, 120.0 GB peak GPU" and row[4] == "[peers.jsonl](benchmarks/results/peers.jsonl)"
