@@ -23,6 +23,7 @@ from __future__ import annotations
 # transformers is imported where the tokenizer is made (seconds at import).
 import json
 import re
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -142,8 +143,9 @@ def prepare_sessions(args) -> tuple[dict, float]:
     only = set(args.only.split(",")) if args.only else None
     if args.corpus is not None:
         files, source = corpus_source(Path(args.corpus), only), str(Path(args.corpus).resolve())
+        python = json.loads((Path(args.corpus) / "data_card.json").read_text()).get("python", "?")
     else:
-        files, source = stdlib_source(only)
+        (files, source), python = stdlib_source(only), sys.version.split()[0]
     if not files:
         raise DataError("the corpus holds no file to read; give --only names of documents with code")
     tok = session_tokenizer(files, args)
@@ -151,7 +153,7 @@ def prepare_sessions(args) -> tuple[dict, float]:
     lines = {"train": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()}
 
     def make_card(vocab: int) -> tuple:
-        c = session_card(rows, files, source, vocab, args)
+        c = session_card(rows, files, source, python, vocab, args)
         return c, card_files(c)
     def save(path: Path) -> int:
         tok.save_pretrained(str(path))

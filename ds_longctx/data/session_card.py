@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import platform
-import sys
 from statistics import median_high
 
 from ds_longctx.data.code_facts import KINDS
@@ -40,7 +39,8 @@ def bucket_counts(values: list, edges: list = DISTANCE_EDGES) -> list:
     return counts
 
 
-def session_card(rows: list, files: list, source: str, vocab: int, args) -> dict:
+def session_card(rows: list, files: list, source: str, python: str, vocab: int, args) -> dict:
+    """The card's facts (module doc); `source`: where the files were read, `python`: the version they are of."""
     import tokenizers
     import transformers
     meta = [r["meta"] for r in rows]
@@ -50,7 +50,7 @@ def session_card(rows: list, files: list, source: str, vocab: int, args) -> dict
     trained = _stats([m["trained_tokens"] for m in meta])
     return {
         "source": "corpus" if args.corpus else "python-stdlib", "read_from": source,
-        "python": sys.version.split()[0], "implementation": platform.python_implementation(),
+        "python": python, "implementation": platform.python_implementation(),
         "files": len(files), "modules": len({f.group for f in files}), "only": sorted(args.only.split(",")) if
         args.only else None,
         "options": {"sessions": args.sessions, "min_tokens": args.min_tokens, "max_tokens": args.max_tokens,
