@@ -8,7 +8,8 @@
 --stdlib: the Python standard library as documents (data/stdlib_corpus.py). --sessions: N long agent sessions (16
 without N) whose tool results are the library's files and whose answers quote facts read far back
 (data/agent_sessions.py). A source takes its own options only; every bad value is refused (DataError: exit 2 through
-the CLI, one line naming the value and the fix) before anything is read.
+the CLI, one line naming the value and the fix) before any file is read (an --only name that is no document: once the
+file names are listed).
 """
 
 from __future__ import annotations

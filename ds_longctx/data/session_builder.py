@@ -222,7 +222,7 @@ class SessionMaker:
             name = rng.choice(facts)[0].subject.rsplit(".", 1)[-1]
             found = {"role": "tool", "content": self._search(name, folder)}
             ask = tool_call("search", f"Searching for `{name}`" + (f" under `{folder}`." if folder else "."),
-                       pattern=name, path=folder or ".")
+                            pattern=name, path=folder or ".")
             if s.tokens + self._cost(ask, found) <= limit:
                 self._add(s, ask)
                 self._add(s, found)
