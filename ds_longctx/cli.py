@@ -7,6 +7,7 @@
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
+    ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
     ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]    # loss, lr, grad norm, tokens/s, memory against step (PNGs)
 
@@ -274,8 +275,8 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "rehearse":
         from ds_longctx.run.rehearse import main as rehearse_main
         sys.exit(rehearse_main(argv[1:]))
-    if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib --out DIR`: its own options
-        from ds_longctx.data.stdlib_corpus import main as data_main
+    if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib|--sessions --out DIR`: its own options
+        from ds_longctx.data.prepare import main as data_main
         from ds_longctx.run.refuse import refuse
         try:
             sys.exit(data_main(argv[1:]))
@@ -303,7 +304,8 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
     sub.add_parser("rehearse", help="one GPU plays ranks of a config's world: memory, time, collectives "
                                     "(ds-longctx rehearse -h)")
-    sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib --out DIR (ds-longctx data -h)")
+    sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
+                                "(ds-longctx data prepare -h)")
     sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
     sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")

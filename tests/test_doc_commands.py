@@ -34,6 +34,8 @@ from tests.test_docs import DOCS
 
 pytestmark = pytest.mark.slow
 STDLIB_FEW = "--only bisect,colorsys,heapq,json,shlex,textwrap --eval_every 2 --eval_min_chars 10000"
+SESSIONS_FEW = ("--only abc,bisect,colorsys,copy,dbm,fnmatch,getopt,glob,heapq,hmac,json,keyword,reprlib,sched,shlex,"
+                "sqlite3,stat,textwrap --min_tokens 4096")
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,15 @@ RULES = [
     covered("tests/data/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
             "ds-longctx train --nproc 1 --model qwen3-tiny --data corpus/ --tokenizer corpus/tokenizer"),
     Rule("bash benchmarks/stdlib_corpus.sh", "gpu", "one H200 for minutes (its header; STDLIB_TINY=1 is its CPU run)"),
+    Rule("ds-longctx data prepare --sessions --out sessions/", "run", mini=Mini(
+        "3 sessions of 4k to 12k tokens over 18 small modules, a 512-id BPE (the defaults: a minute of the stdlib)",
+        (("--sessions --out", "--sessions 3 --out"),), f"--vocab_size 512 --max_tokens 12000 {SESSIONS_FEW}")),
+    Rule("ds-longctx data prepare --sessions 8 --out tiny_sessions/ --vocab_size 512", "run", mini=Mini(
+        "2 sessions of 4k to 12k tokens over 18 small modules", (("--sessions 8", "--sessions 2"),
+                                                                 ("--max_tokens 65536", "--max_tokens 12000")),
+        SESSIONS_FEW)),
+    covered("tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
+            "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --data tiny_sessions/"),
     # docs/planner.md
     covered("tests/test_bench_planner.py::test_held_out_plan_specs_carry_their_model_and_budgets",
             "python benchmarks/bench_planner.py --plans"),

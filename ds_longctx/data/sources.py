@@ -26,7 +26,7 @@ FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", "
 # what a tokenizer or model directory holds (passed as data by mistake)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-PREPARED_CARD = "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/stdlib_corpus.py)
+PREPARED_CARD = "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/prepare.py)
 
 
 @dataclass

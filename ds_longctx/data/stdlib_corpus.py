@@ -30,7 +30,6 @@ the tokenizer's (data/tokenize.py refuses otherwise).
 from __future__ import annotations
 
 # tokenizers and transformers are imported where the tokenizer is trained and saved, after the documents are read.
-import argparse
 import json
 import platform
 import shutil
@@ -75,20 +74,6 @@ class Document:
     split: str = "train"
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ds-longctx data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    prep = sub.add_parser("prepare", help="write a corpus, its tokenizer and its data card")
-    prep.add_argument("--stdlib", action="store_true", help="the Python standard library of this interpreter")
-    prep.add_argument("--out", required=True, help="new (or empty) directory for the corpus")
-    prep.add_argument("--vocab_size", type=int, default=32000, help="BPE vocabulary, bytes and specials included")
-    prep.add_argument("--eval_every", type=int, default=10, help="hold out every N-th long document")
-    prep.add_argument("--eval_min_chars", type=int, default=131072, help="held-out documents are at least this long")
-    prep.add_argument("--only", default=None, help="comma-separated document names to keep (a quick, small corpus)")
-    return p
-
-
 # ----------------------------------------------------------------------------- documents
 def document_of(rel: Path) -> str:
     """The document a stdlib file belongs to: its top-level module or package, one level down in SPLIT_PACKAGES."""
@@ -104,8 +89,9 @@ def stdlib_files(root: Path) -> list:
                   if p.is_file() and not LEFT_OUT_DIRS & set(p.relative_to(root).parts[:-1]))
 
 
-def read_documents(root: Path, only: set | None) -> tuple[list, list]:
-    """(documents in name order, [(file, why) left out]), every file read through `tokenize.open`."""
+def read_files(root: Path, only: set | None) -> tuple[dict, list]:
+    """({document: [(file, text)]} in name order, [(file, why) left out]), every file read through `tokenize.open`;
+    `only`: the documents to keep (DataError naming any that is not one)."""
     grouped: dict = {}
     for rel in stdlib_files(root):
         grouped.setdefault(document_of(rel), []).append(rel)
@@ -115,10 +101,9 @@ def read_documents(root: Path, only: set | None) -> tuple[list, list]:
             raise DataError(f"--only names {unknown}, which are not documents of {root}; pick from e.g. "
                             f"{sorted(grouped)[:12]} (top-level modules and packages, test.<module>)")
         grouped = {k: v for k, v in grouped.items() if k in only}
-    docs, left_out = [], []
+    read, left_out = {}, []
     bar = tqdm(total=sum(len(v) for v in grouped.values()), desc="read stdlib", unit="file")
     for name in sorted(grouped):
-        parts, kept = [], []
         for rel in grouped[name]:
             bar.update(1)
             try:
@@ -128,11 +113,17 @@ def read_documents(root: Path, only: set | None) -> tuple[list, list]:
                 why = str(e).replace(repr(str(root / rel)), "it").splitlines()[0][:120]
                 left_out.append((rel.as_posix(), f"{type(e).__name__}: {why}"))
                 continue
-            parts.append(f"# file: {rel.as_posix()}\n{body}{'' if body.endswith(chr(10)) else chr(10)}")
-            kept.append(rel.as_posix())
-        if parts:
-            docs.append(Document(name, kept, "".join(parts)))
+            read.setdefault(name, []).append((rel.as_posix(), body))
     bar.close()
+    return read, left_out
+
+
+def read_documents(root: Path, only: set | None) -> tuple[list, list]:
+    """(documents in name order, [(file, why) left out]): `read_files`, each document its files' texts joined."""
+    read, left_out = read_files(root, only)
+    docs = [Document(name, [rel for rel, _ in files], "".join(
+        f"# file: {rel}\n{body}{'' if body.endswith(chr(10)) else chr(10)}" for rel, body in files))
+            for name, files in read.items()]
     return docs, left_out
 
 
@@ -150,13 +141,14 @@ def hold_out(docs: list, every: int, min_chars: int) -> list:
 
 
 # ----------------------------------------------------------------------------- tokenizer
-def train_tokenizer(texts: list, vocab_size: int):
-    """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids trained on `texts` (module doc)."""
+def train_tokenizer(texts: list, vocab_size: int, specials: tuple = tuple(SPECIALS.values())):
+    """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids, `specials` first, trained on `texts` (module
+    doc)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS.values()), show_progress=True,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=True,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer, length=len(texts))
     return tok
@@ -257,24 +249,32 @@ PARTIAL_FIX = "move it away (or choose another --out)"
 TOKENIZER_BYTES_PER_ID = 100  # tokenizer.json and its companions, per vocabulary id (a 32,000-id BPE: ~2.5 MB)
 
 
-def check_prepare_out(args) -> Path:
-    """The --out directory, refused (DataError) before anything is read: not new or empty, bad sizes, or an
-    `<out>.partial` that an earlier prepare did not leave (parallel/disk.check_partial)."""
-    if not args.stdlib:
-        raise DataError("data prepare needs a source: --stdlib (the Python standard library of this interpreter, "
-                        "the one source so far)")
-    out = Path(args.out)
+def check_prepare_dir(out: str, writes: str) -> Path:
+    """The --out directory, refused (DataError) before anything is read: not new or empty, or an `<out>.partial`
+    that an earlier prepare did not leave (parallel/disk.check_partial). `writes`: what prepare puts there."""
+    out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare writes "
-                        f"train.jsonl, eval.jsonl, tokenizer/ and the data card there)")
-    if args.vocab_size < 256 + len(SPECIALS) + 1 or args.eval_every < 1 or args.eval_min_chars < 0:
-        raise DataError(f"--vocab_size {args.vocab_size} must be > {256 + len(SPECIALS)} (the bytes and the specials), "
-                        f"--eval_every {args.eval_every} >= 1, --eval_min_chars {args.eval_min_chars} >= 0")
+                        f"{writes} there)")
     try:
         check_partial(out.with_name(out.name + ".partial"), PARTIAL_FIX)
     except NotOurs as e:
         raise DataError(f"--out {str(out)!r}: {e}") from None
     return out
+
+
+def check_vocab_size(vocab_size: int, specials: int) -> None:
+    if vocab_size < 256 + specials + 1:
+        raise DataError(f"--vocab_size {vocab_size} must be > {256 + specials} (the bytes and the {specials} special "
+                        f"tokens); try --vocab_size 512 or more")
+
+
+def check_prepare_out(args) -> Path:
+    """`check_prepare_dir` for --stdlib, with its sizes checked."""
+    check_vocab_size(args.vocab_size, len(SPECIALS))
+    if args.eval_every < 1 or args.eval_min_chars < 0:
+        raise DataError(f"--eval_every {args.eval_every} must be >= 1 and --eval_min_chars {args.eval_min_chars} >= 0")
+    return check_prepare_dir(args.out, "train.jsonl, eval.jsonl, tokenizer/ and the data card")
 
 
 def prepare(args) -> dict:
@@ -291,16 +291,24 @@ def prepare(args) -> dict:
     seconds["tokenize"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
     lines = {split: "".join(json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n" for d in docs
                             if d.split == split).encode() for split in ("train", "eval")}
-    return write_corpus(out, tok, lines, lambda vocab: card(docs, root, left_out, held, vocab, args, seconds),
-                        seconds, t0)
+
+    def make_card(vocab: int) -> tuple:
+        seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+        seconds["total"] = round(time.perf_counter() - t0, 1)
+        c = card(docs, root, left_out, held, vocab, args, seconds)
+        return c, {"data_card.json": (json.dumps(c, indent=1) + "\n").encode(),
+                   "data_card.md": card_markdown(c).encode()}
+    return write_corpus(out, lines, lambda path: save_tokenizer(tok, path), tok.get_vocab_size(), make_card)
 
 
-def write_corpus(out: Path, tok, lines: dict, make_card, seconds: dict, t0: float) -> dict:
-    """The tokenizer, train/eval.jsonl (`lines`: their bytes) and the card into `<out>.partial` (made with its
-    marker), renamed to `out` at the end; returns the card. A full disk or a permission is refused before the first
-    byte where the free space is short, else named in one line (DataError) with nothing left behind."""
+def write_corpus(out: Path, lines: dict, save, ids: int, make_card) -> dict:
+    """The tokenizer (`save(path)` writes it, returns its size; `ids`: about its vocabulary), `<split>.jsonl` for
+    each of `lines` (their bytes) and the card (`make_card(size)` -> (card, {file name: bytes})) into `<out>.partial`
+    (made with its marker), renamed to `out` at the end; returns the card. A full disk or a permission is refused
+    before the first byte where the free space is short, else named in one line (DataError) with nothing left
+    behind."""
     partial = out.with_name(out.name + ".partial")
-    needed = sum(len(b) for b in lines.values()) + TOKENIZER_BYTES_PER_ID * tok.get_vocab_size()
+    needed = sum(len(b) for b in lines.values()) + TOKENIZER_BYTES_PER_ID * ids
     free = free_bytes(out)
     if free is not None and free < needed:
         raise DataError(f"--out {str(out)!r}: the corpus needs ~{size_text(needed)} and {existing_ancestor(out)} has "
@@ -309,14 +317,12 @@ def write_corpus(out: Path, tok, lines: dict, make_card, seconds: dict, t0: floa
         print(said, file=sys.stderr)
     try:
         make_partial(partial)
-        vocab = save_tokenizer(tok, partial / "tokenizer")
+        vocab = save(partial / "tokenizer")
         for split, data in lines.items():
             (partial / f"{split}.jsonl").write_bytes(data)
-        seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
-        seconds["total"] = round(time.perf_counter() - t0, 1)
-        c = make_card(vocab)
-        (partial / "data_card.json").write_text(json.dumps(c, indent=1) + "\n")
-        (partial / "data_card.md").write_text(card_markdown(c))
+        c, files = make_card(vocab)
+        for name, data in files.items():
+            (partial / name).write_bytes(data)
         finish_partial(partial, out)
     except BaseException as e:
         if partial_maker(partial) is not None:  # ours, made above (without the marker it was never made)
@@ -326,13 +332,3 @@ def write_corpus(out: Path, tok, lines: dict, make_card, seconds: dict, t0: floa
         raise DataError(f"--out {str(out)!r}: writing the corpus failed: {describe_os_error(e, partial, needed)}; "
                         f"nothing was left there; free space or choose another --out") from None
     return c
-
-
-def main(argv: list) -> int:
-    """`ds-longctx data prepare ...`: 0 when written; a DataError (exit 2 through the CLI) on bad input."""
-    args = parser().parse_args(argv)
-    c = prepare(args)
-    print(f"{args.out}: {sum(c['documents'].values())} documents ({c['documents']['eval']} held out), "
-          f"{sum(c['tokens'].values()):,} tokens, longest {c['longest']['name']} ({c['longest']['tokens']:,} tokens), "
-          f"tokenizer {c['tokenizer']['size']:,} ids, {c['seconds']['total']:.0f} s; card: {args.out}/data_card.md")
-    return 0

@@ -74,11 +74,12 @@ def eos_id(tok, hf_config) -> Optional[int]:
 
 
 def _files_digest(path: Optional[str]) -> str:
-    """Hash of a tokenizer directory's files (what the cache fingerprint depends on)."""
+    """Hash of a tokenizer directory's files (what the cache fingerprint depends on), its chat template
+    (chat_template.jinja, where transformers saves it) included."""
     h = hashlib.sha256()
     if path:
         for f in sorted(Path(path).glob("*")):
-            if f.is_file() and f.suffix in (".json", ".model", ".txt", ".tiktoken"):
+            if f.is_file() and f.suffix in (".json", ".model", ".txt", ".tiktoken", ".jinja"):
                 h.update(f.name.encode())
                 h.update(f.read_bytes())
     return h.hexdigest()[:16]

@@ -16,7 +16,7 @@ ONLY = ["bisect", "colorsys", "heapq", "json", "shlex", "textwrap"]  # in every 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from ds_longctx.data.stdlib_corpus import main
+    from ds_longctx.data.prepare import main
     out = tmp_path_factory.mktemp("stdlib") / "corpus"
     assert main(["prepare", "--stdlib", "--out", str(out), "--only", ",".join(ONLY), "--vocab_size", "512",
                  "--eval_every", "2", "--eval_min_chars", "10000"]) == 0

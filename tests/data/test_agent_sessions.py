@@ -1,0 +1,222 @@
+"""`ds-longctx data prepare --sessions` on a few small stdlib modules: the same seed gives the same bytes; every tool
+result is the file (listing, search) it says; every answer quotes a fact of its evidence message, at the distance
+recorded, recomputed here from the whole session's tokens; ds_longctx's own data pipeline trains exactly the tokens
+HF's assistant mask marks (never tool output); bad options are refused with exit 2; a tiny model trains on them."""
+
+import ast
+import json
+import sysconfig
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import read_metrics, run_cli
+
+# small modules in every CPython 3.x: ~200 KB of code, ~80k tokens with a 512-id BPE
+ONLY = "abc,bisect,colorsys,copy,dbm,fnmatch,getopt,glob,heapq,hmac,json,keyword,reprlib,sched,shlex,sqlite3,stat," \
+       "textwrap"
+SMALL = ["--only", ONLY, "--min_tokens", "4096", "--max_tokens", "12000", "--sessions", "3"]
+ROOT = Path(sysconfig.get_paths()["stdlib"])
+
+
+def prepare(out: Path, *extra) -> Path:
+    """Sessions of SMALL (a 512-id BPE, or a corpus's tokenizer) into `out`."""
+    from ds_longctx.data.prepare import main
+    vocab = [] if "--corpus" in extra else ["--vocab_size", "512"]
+    assert main(["prepare", "--out", str(out), *SMALL, *vocab, *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    return prepare(tmp_path_factory.mktemp("sessions") / "s")
+
+
+@pytest.fixture(scope="module")
+def tok(sessions):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(sessions / "tokenizer"), local_files_only=True)
+
+
+def rows_of(d: Path) -> list:
+    return [json.loads(line) for line in (d / "train.jsonl").read_text().splitlines()]
+
+
+def files_of(d: Path) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def calls(row) -> list:
+    """(tool message index, tool name, arguments) of every tool result of a session."""
+    out = []
+    for i, m in enumerate(row["messages"]):
+        if m["role"] == "tool":
+            fn = row["messages"][i - 1]["tool_calls"][0]["function"]
+            out.append((i, fn["name"], fn["arguments"]))
+    return out
+
+
+def test_the_same_seed_gives_the_same_bytes_another_seed_other_sessions(sessions, tmp_path):
+    again = prepare(tmp_path / "again")
+    assert files_of(again) == files_of(sessions)
+    other = prepare(tmp_path / "other", "--seed", "1")
+    assert rows_of(other) != rows_of(sessions)
+
+
+def test_tool_results_are_the_corpus_files(sessions):
+    for row in rows_of(sessions):
+        reads = [a["path"] for _, name, a in calls(row) if name == "read_file"]
+        assert len(reads) == len(set(reads)) and reads, reads  # each file read once
+        for i, name, args in calls(row):
+            got = row["messages"][i]["content"]
+            if name == "read_file":
+                assert got == tokenize.open(ROOT / args["path"]).read()
+            elif name == "list_files":
+                assert got.splitlines() and all(p.startswith(args["path"] + "/") and (ROOT / p).is_file()
+                                                for p in got.splitlines())
+            else:
+                for line in got.splitlines():
+                    if line.startswith("... "):
+                        continue
+                    path, n, text = line.split(":", 2)
+                    assert tokenize.open(ROOT / path).read().split("\n")[int(n) - 1].strip() == text.strip()
+                    assert args["pattern"] in text
+
+
+def content_starts(tok, row) -> tuple:
+    """(the whole rendering, [the character where message k's content starts in it])."""
+    msgs, tools = row["messages"], row["tools"]
+    whole = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
+    starts = [None]
+    for k, m in enumerate(msgs[1:], 1):
+        at = len(tok.apply_chat_template(msgs[:k], tools=tools, tokenize=False)) + len(f"<|im_start|>{m['role']}\n")
+        assert whole[at:at + len(m["content"])] == m["content"]
+        starts.append(at)
+    return whole, starts
+
+
+def holds(fact: dict, evidence: str) -> bool:
+    """Whether `evidence` (the tool message's text at the recorded characters) is the fact's."""
+    if fact["kind"] != "params":
+        return evidence == fact["value"]
+    fn = ast.parse(evidence + "): pass").body[0]  # the signature, from `def` to its last parameter
+    a = fn.args
+    n = len(a.posonlyargs + a.args + a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+    return fn.name == fact["subject"].rsplit(".", 1)[-1] and str(n) == fact["value"]
+
+
+def test_answers_quote_their_evidence_at_the_recorded_distance(sessions, tok):
+    card = json.loads((sessions / "data_card.json").read_text())
+    answers = 0
+    for row in rows_of(sessions):
+        msgs, meta = row["messages"], row["meta"]
+        whole, starts = content_starts(tok, row)
+        enc = tok(whole, add_special_tokens=False, return_offsets_mapping=True)
+        assert len(enc["input_ids"]) == meta["tokens"] and 4096 <= meta["tokens"] <= 12000
+
+        def token_of(char: int) -> int:
+            return next(t for t, (s, e) in enumerate(enc["offset_mapping"]) if s <= char < e)
+        read_at = {a["path"]: i for i, name, a in calls(row) if name == "read_file"}
+        for f in meta["answers"]:
+            answer, evidence = msgs[f["message"]], msgs[f["evidence_message"]]
+            assert answer["role"] == "assistant" and "tool_calls" not in answer
+            assert read_at[f["path"]] == f["evidence_message"] and evidence["role"] == "tool"
+            a, b = f["evidence_chars"]
+            assert holds(f, evidence["content"][a:b]), (f, evidence["content"][a:b])
+            question = msgs[f["message"] - 1]["content"]
+            assert f["path"] in question and f["subject"] in question
+            assert f["kind"] == "params" or f["value"] not in question
+            assert answer["content"][slice(*f["answer_chars"])] == f["value"]
+            distance = token_of(starts[f["message"]]) - token_of(starts[f["evidence_message"]] + b - 1)
+            assert f["distance_tokens"] == distance >= 512, f
+            answers += 1
+    assert answers == card["answers"]["count"] > 0
+
+
+def documents(rows) -> list:
+    """Each document of packed rows (positions restart at 0), the padding tail left out: [(ids, labels)]."""
+    docs = []
+    for r in range(rows.n_rows):
+        ids, pos, labels = rows.row(r)
+        starts = [0] if pos is None else [int(i) for i in (pos == 0).nonzero().flatten()]
+        for a, b in zip(starts, starts[1:] + [len(ids)]):
+            if not (labels[a:b] == -100).all() or (ids[a:b] != rows.pad_id).any():
+                docs.append((ids[a:b].tolist(), labels[a:b].tolist()))
+    return docs
+
+
+def test_the_pipeline_trains_exactly_the_assistant_turns(sessions, tok, tmp_path):
+    """build_data (train_on assistant) against HF's assistant mask on the same row: the reference. Tool output never
+    trains; the card's trained tokens are the mask's."""
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import build_data
+    from ds_longctx.run.model import load_hf_config
+    cfg = RunConfig(**{"data": str(sessions), "tokenizer": str(sessions / "tokenizer"), "seq_len": 16384,
+                       "data_layout": "pack", "shuffle": False, "train_on": "assistant",
+                       "data_cache_dir": str(tmp_path / "cache")})
+    docs = documents(build_data(cfg, load_hf_config("qwen3-tiny"), 1))
+    rows = rows_of(sessions)
+    assert len(docs) == len(rows)
+    for (ids, labels), row in zip(docs, rows):
+        hf = tok.apply_chat_template(row["messages"], tools=row["tools"], tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+        assert ids == list(hf["input_ids"]) + [tok.eos_token_id]
+        assert labels == [t if m else -100 for t, m in zip(hf["input_ids"], hf["assistant_masks"])] + [-100]
+        assert sum(hf["assistant_masks"]) == row["meta"]["trained_tokens"]
+        whole, starts = content_starts(tok, row)
+        enc = tok(whole, add_special_tokens=False, return_offsets_mapping=True)
+        for k, m in enumerate(row["messages"]):
+            if m["role"] == "tool":
+                a, b = starts[k], starts[k] + len(m["content"])
+                assert all(labels[t] == -100 for t, (s, e) in enumerate(enc["offset_mapping"]) if e > a and s < b)
+
+
+def test_sessions_of_a_prepared_corpus_read_its_files_with_its_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from ds_longctx.data.prepare import main
+    corpus = tmp_path / "corpus"
+    assert main(["prepare", "--stdlib", "--out", str(corpus), "--only", ONLY, "--vocab_size", "400",
+                 "--eval_every", "2", "--eval_min_chars", "20000"]) == 0
+    out = prepare(tmp_path / "s", "--corpus", str(corpus))
+    docs = [json.loads(x)["text"] for split in ("train", "eval") for x in (corpus / f"{split}.jsonl").open()]
+    for row in rows_of(out):
+        for i, name, args in calls(row):
+            if name == "read_file":  # the file as the corpus holds it: after its header, up to the next
+                doc = next(t for t in docs if f"# file: {args['path']}\n" in t)
+                body = doc.split(f"# file: {args['path']}\n")[1].split("\n# file: ")[0]
+                assert row["messages"][i]["content"] in (body, body + "\n")
+    assert len(AutoTokenizer.from_pretrained(str(out / "tokenizer"))) == 400 + 4  # the chat's specials added
+
+
+@pytest.mark.parametrize("bad,says", [
+    (["--min_tokens", "100"], "--min_tokens 100 must be in [2048, "),
+    (["--max_tokens", "4500"], "--max_tokens 4500 must be in [5120, "),
+    (["--sessions", "0"], "--sessions 0: write at least 1 session"),
+    (["--eval_every", "3"], "--eval_every 3 does not apply to --sessions; drop it"),
+    (["--vocab_size", "512", "--corpus", "nowhere"], "--vocab_size 512 with --corpus 'nowhere'"),
+    (["--corpus", "nowhere"], "--corpus 'nowhere' is not a directory `ds-longctx data prepare --stdlib` wrote"),
+    (["--vocab_size", "260"], "--vocab_size 260 must be > 263 (the bytes and the 7 special tokens)"),
+    (["--stdlib"], "data prepare needs one source"),
+    (["--sessions", "x"], "argument --sessions: invalid int value: 'x'"),
+])
+def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, capsys, bad, says):
+    from ds_longctx import cli
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["data", "prepare", "--out", str(tmp_path / "s"), *SMALL, *bad])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2 and last.startswith(("refused: ", "ds-longctx data prepare: error: ")), last
+    assert says in last, last
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tiny_model_trains_on_the_sessions(sessions, tmp_path):
+    """The prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into packed windows."""
+    out = tmp_path / "run"
+    res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--dtype", "fp32",
+                   "--steps", "2", "--seq_len", "2048", "--data", str(sessions), "--tokenizer",
+                   str(sessions / "tokenizer"), "--data_layout", "pack", "--data_cache_dir", str(tmp_path / "cache"),
+                   "--report_to", "none", "--output_dir", str(out)], output_dir=out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(out)] == [1, 2]
