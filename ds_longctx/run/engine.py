@@ -110,14 +110,17 @@ class AppliedLevers:
     layers: list
 
 
-def step_weights(batches: list, state: ParallelState, average: str) -> tuple[list, int]:
+def step_weights(batches: list, state: ParallelState, average: str,
+                 device: Optional[torch.device] = None) -> tuple[list, int]:
     """(per micro-batch, the weight of each of its rows; the step's trained tokens over every replica). The loss to
     backprop is sum over rows of weight x the row's CE sum on this rank's slice; DeepSpeed averages gradients over
     the W = sp x dp ranks, so weight = W / N makes the step's gradient that of (CE summed over every trained token
     of the step) / N: N the step's trained tokens (`average` tokens), or N = the row's trained tokens x the step's
-    rows that train any (sequences). A row or a whole step without trained tokens weighs 0. Collective over dp."""
+    rows that train any (sequences). A row or a whole step without trained tokens weighs 0. Collective over dp, on
+    `device` (the engine's: nccl reduces CUDA tensors only; default the batches' own)."""
     counts = [trained_counts(b.input_ids, b.labels, b.position_ids).double() for b in batches]  # [b] each
     sums = torch.stack([torch.cat(counts).sum(), (torch.cat(counts) > 0).sum().double()])  # tokens, rows
+    sums = sums if device is None else sums.to(device)
     if state.dp_group is not None:
         dist.all_reduce(sums, group=state.dp_group)
     tokens, rows = float(sums[0]), float(sums[1])
@@ -179,7 +182,7 @@ class LongCtxEngine:
         `[b, L]`, the same on every SP rank), each backpropagated with the row weights of `step_weights`;
         DeepSpeed's step after each but the last (the caller makes that one, `step`)."""
         st = self.state
-        weights, n_step = step_weights(batches, st, self.cfg.train.loss_average)
+        weights, n_step = step_weights(batches, st, self.cfg.train.loss_average, self.device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, (batch, w) in enumerate(zip(batches, weights)):
             loss, _, _ = sharded_loss(self.ds, self.levers, st, self.device, batch.input_ids, batch.position_ids,
