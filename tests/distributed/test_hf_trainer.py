@@ -12,11 +12,14 @@ import sys
 
 import pytest
 
+from tests.data.test_chat import SESSION, TOOLS
 from tests.helpers import (
     ROOT,
+    chat_template,
     cpu_env,
     documents,
     free_port,
+    make_chat_tokenizer,
     make_tokenizer,
     read_metrics,
     rel_err,
@@ -126,3 +129,159 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     assert (saved / "config.json").is_file() and list(saved.glob("*.safetensors"))
     assert (saved / "tokenizer.json").is_file()
     assert list((saved / "runs").rglob("events.out.tfevents.*")), sorted(p.name for p in saved.rglob("*"))
+
+
+# ----------------------------------------------------------------------------- which tokens train, and their weights
+SESSIONS = [SESSION,
+            [{"role": "user", "content": "w11 w12 w13"}, {"role": "assistant", "content": "w14"}],
+            [{"role": "system", "content": "w1"}, {"role": "user", "content": "w2"},
+             {"role": "assistant", "content": "w3 w4"}, {"role": "user", "content": "w5 w6"},
+             {"role": "assistant", "content": "w7 w8 w9"}]]
+PAIRS = [{"prompt": "w1 w2 w3", "completion": " w4 w5"}, {"prompt": "w6", "completion": " w7 w8 w9"},
+         {"prompt": "w10 w11 w12 w13", "completion": " w14"}]
+
+
+def token_rows(seed: int, masks: tuple) -> list:
+    """Rows of token ids (12-20 ids) with 0/1 masks or labels (-100 where a token does not train) drawn at random."""
+    import random
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(3):
+        ids = [rng.randrange(4, 60) for _ in range(rng.randint(12, 20))]
+        row = {"input_ids": ids}
+        for key in masks:
+            bits = [rng.random() < 0.5 for _ in ids]
+            row[key] = [t if b else -100 for t, b in zip(ids, bits)] if key == "labels" else [int(b) for b in bits]
+        rows.append(row)
+    return rows
+
+
+def trained(ids: list, labels: list) -> list:
+    """The positions whose label trains, checked to be the token there."""
+    assert all(lab in (-100, i) for i, lab in zip(ids, labels)), (ids, labels)
+    return [j for j, lab in enumerate(labels) if lab != -100]
+
+
+def documents_of(rows) -> list:
+    """[(ids, trained positions)] of every document of ds_longctx's packed rows (the padding tail left out)."""
+    docs = []
+    for r in range(rows.n_rows):
+        ids, pos, labels = (t.tolist() for t in rows.row(r) if t is not None) if rows.row(r)[1] is not None else \
+            (rows.row(r)[0].tolist(), list(range(rows.seq_len)), rows.row(r)[2].tolist())
+        starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
+        for a, b in zip(starts, starts[1:]):
+            if any(lab != -100 for lab in labels[a:b]):  # a document trains something; the padding tail nothing
+                docs.append((ids[a:b], trained(ids[a:b], labels[a:b])))
+    return docs
+
+
+def loader_documents(batches: list) -> list:
+    """[(ids, trained positions)] of every document of the worker's batches (packed ones cut at position 0)."""
+    docs = []
+    for b in batches:
+        ids, labels = b["input_ids"][0], b["labels"][0]
+        pos = b["position_ids"][0] if b["position_ids"] is not None else list(range(len(ids)))
+        starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
+        docs += [(ids[a:c], trained(ids[a:c], labels[a:c])) for a, c in zip(starts, starts[1:])]
+    return docs
+
+
+def reference(tmp_path, name: str, rows: list, tok: str, **kw) -> list:
+    """(ids, trained positions) per row as `ds-longctx train` reads them (data.build_data, packed rows of 64)."""
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import build_data
+    from ds_longctx.run.model import load_hf_config
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RunConfig(data=str(path), tokenizer=tok, seq_len=64, data_layout="pack", shuffle=False,
+                    data_cache_dir=str(tmp_path / f"cache_{name}"), **kw)
+    return documents_of(build_data(cfg, load_hf_config("qwen3-tiny"), 1))
+
+
+def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
+    """SFTTrainer's assistant_only_loss (chat rows with tool calls; packed too) and completion-only loss
+    (prompt/completion rows), through `longctx.trainer`, train per row exactly the tokens `ds-longctx train` trains
+    with train_on assistant / completion on the same rows (the first also HF's own assistant mask). A tokenized
+    dataset's `labels` are used as given; a `completion_mask` without labels (TRL refuses it when its preparation is
+    skipped) and `assistant_masks` beside labels under the plain Trainer (whose unused-column removal drops it) are
+    folded into the labels: a token trains where every column says so."""
+    from transformers import AutoTokenizer
+    tok_dir = str(make_chat_tokenizer(tmp_path / "tok", chat_template(True)))
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    chats = [{"messages": m, "tools": json.dumps(TOOLS) if m is SESSION else None} for m in SESSIONS]
+    labelled, masked, both = token_rows(1, ("labels",)), token_rows(2, ("completion_mask",)), \
+        token_rows(3, ("labels", "assistant_masks"))
+    cases = {"messages": {"trainer": "sft", "args": {"assistant_only_loss": True}, "rows": chats},
+             "packed": {"trainer": "sft", "args": {"assistant_only_loss": True, "packing": True}, "rows": chats},
+             "pairs": {"trainer": "sft", "rows": PAIRS}, "labels": {"trainer": "sft", "rows": labelled},
+             "completion_mask": {"trainer": "sft", "rows": masked}, "both": {"trainer": "trainer", "rows": both}}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    out = tmp_path / "got.json"
+    torchrun(1, ["tests/distributed/hf_trainer_worker.py", "--trainer", "masks", "--cases", str(tmp_path / "cases.json"),
+                 "--out", str(out), "--", "--model", "qwen3-tiny", "--seq_len", "64", "--dtype", "fp32", "--sp_size",
+                 "1", "--shuffle", "false", "--tokenizer", tok_dir, "--output_dir", str(tmp_path / "run")])
+    got = {name: loader_documents(batches) for name, batches in json.loads(out.read_text()).items()}
+
+    # chat sessions: TRL appends no EOS to a conversation, so the reference reads them with add_eos false
+    ref = reference(tmp_path, "chats", [{**c, "tools": json.loads(c["tools"] or "null")} for c in chats], tok_dir,
+                    train_on="assistant", add_eos=False)
+    hf = [tok.apply_chat_template(m, tools=TOOLS if m is SESSION else None, return_dict=True,
+                                  return_assistant_tokens_mask=True) for m in SESSIONS]
+    assert ref == [(list(h["input_ids"]), [j for j, v in enumerate(h["assistant_masks"]) if v]) for h in hf]
+    assert all(0 < len(t) < len(ids) for ids, t in ref)  # a mask, not every token and not none
+    assert got["messages"] == ref
+    assert len(got["packed"]) == len(ref) and sorted(got["packed"]) == sorted(ref)  # TRL's packing reorders
+    # prompt/completion: the completion and the EOS both append train
+    ref = reference(tmp_path, "pairs", PAIRS, tok_dir)
+    assert got["pairs"] == ref and all(t == list(range(len(p), len(ids))) for (ids, t), p in
+                                       zip(ref, (tok(r["prompt"])["input_ids"] for r in PAIRS)))
+    # token rows: the user's labels / masks, as ds-longctx train reads them; labels and a mask: both say so
+    for name, rows, key in (("labels", labelled, "labels"), ("completion_mask", masked, "completion_mask")):
+        want = [(r["input_ids"], [j for j, v in enumerate(r[key]) if v not in (0, -100)]) for r in rows]
+        assert got[name] == want == reference(tmp_path, name, rows, tok_dir, add_eos=False)
+        assert all(0 < len(t) < len(ids) for ids, t in want)
+    assert got["both"] == [(r["input_ids"], [j for j, (lab, m) in enumerate(zip(r["labels"], r["assistant_masks"]))
+                                             if lab != -100 and m]) for r in both]
+
+
+# trained targets per row of two optimizer steps of 4 rows: step 1's second replica (rows 2, 3) trains nothing, step 2's
+# replicas train 3 and 34 tokens: a per-replica mean would halve step 1's loss and gradient and tilt step 2's
+COUNTS = [5, 20, 0, 0, 3, 0, 25, 9]
+
+
+@pytest.mark.parametrize("average", ["tokens", "sequences"])
+def test_two_replicas_with_unequal_trained_tokens_equal_one_process_over_their_rows(tmp_path, average):
+    """SFTTrainer on a tokenized dataset with labels (rows of 32 tokens, COUNTS trained targets each), 2 steps: DP=2
+    (sp 1) with grad_accum 2 logs the losses and grad norms, and computes every full gradient before each optimizer
+    step, of one process accumulating the same 4 rows a step (fp32, rel 1e-5), under both train.loss_average; a
+    replica without trained tokens adds zero, nothing is NaN."""
+    import random
+
+    import torch
+    rng = random.Random(5)
+    rows = []
+    for n in COUNTS:
+        ids = [rng.randrange(4, 60) for _ in range(32)]
+        keep = set(rng.sample(range(1, 32), n))
+        rows.append({"input_ids": ids, "labels": [t if j in keep else -100 for j, t in enumerate(ids)]})
+    (tmp_path / "cases.json").write_text(json.dumps({"train": {"trainer": "sft", "rows": rows}}))
+    tok = str(make_tokenizer(tmp_path / "tok"))
+
+    def run(nproc: int, accum: int) -> dict:
+        out = tmp_path / f"{nproc}.pt"
+        torchrun(nproc, ["tests/distributed/hf_trainer_worker.py", "--trainer", "weights", "--cases",
+                         str(tmp_path / "cases.json"), "--out", str(out), "--", "--model", "qwen3-tiny", "--seq_len",
+                         "32", "--dtype", "fp32", "--sp_size", "1", "--shuffle", "false", "--grad_accum", str(accum),
+                         "--steps", "2", "--loss_average", average, "--tokenizer", tok, "--output_dir",
+                         str(tmp_path / f"run{nproc}")])
+        return torch.load(out)
+
+    dp2, one = run(2, 2), run(1, 4)
+    assert dp2["global_step"] == one["global_step"] == 2 and len(dp2["grads"]) == len(one["grads"]) == 2
+    assert all(torch.isfinite(torch.tensor(x)) for x in dp2["losses"] + dp2["grad_norms"]), dp2
+    assert max(rel_err(a, b) for a, b in zip(dp2["losses"], one["losses"])) <= 1e-5, (dp2["losses"], one["losses"])
+    assert max(rel_err(a, b) for a, b in zip(dp2["grad_norms"], one["grad_norms"])) <= 1e-5
+    for got, ref in zip(dp2["grads"], one["grads"]):
+        assert got.keys() == ref.keys()
+        worst = max((rel_err(got[k], ref[k]), k) for k in ref)
+        assert worst[0] <= 1e-5, worst
