@@ -162,31 +162,28 @@ def trained(ids: list, labels: list) -> list:
     return [j for j, lab in enumerate(labels) if lab != -100]
 
 
+def split_documents(ids: list, pos: list, labels: list) -> list:
+    """[(ids, trained positions)] of the documents of one row (cut where position_ids restart) that train a token
+    (a packed row's padding tail trains none)."""
+    starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
+    return [(ids[a:b], trained(ids[a:b], labels[a:b])) for a, b in zip(starts, starts[1:])
+            if any(lab != -100 for lab in labels[a:b])]
+
+
 def documents_of(rows) -> list:
-    """[(ids, trained positions)] of every document of ds_longctx's packed rows (the padding tail left out)."""
-    docs = []
-    for r in range(rows.n_rows):
-        ids, pos, labels = (t.tolist() for t in rows.row(r) if t is not None) if rows.row(r)[1] is not None else \
-            (rows.row(r)[0].tolist(), list(range(rows.seq_len)), rows.row(r)[2].tolist())
-        starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
-        for a, b in zip(starts, starts[1:]):
-            if any(lab != -100 for lab in labels[a:b]):  # a document trains something; the padding tail nothing
-                docs.append((ids[a:b], trained(ids[a:b], labels[a:b])))
-    return docs
+    """The documents of ds_longctx's rows (`split_documents`)."""
+    from ds_longctx.data.rows import filled_row
+    return [d for r in range(rows.n_rows) for d in split_documents(*(t.tolist() for t in filled_row(*rows.row(r))))]
 
 
 def loader_documents(batches: list) -> list:
-    """[(ids, trained positions)] of every document of the worker's batches (packed ones cut at position 0)."""
-    docs = []
-    for b in batches:
-        ids, labels = b["input_ids"][0], b["labels"][0]
-        pos = b["position_ids"][0] if b["position_ids"] is not None else list(range(len(ids)))
-        starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
-        docs += [(ids[a:c], trained(ids[a:c], labels[a:c])) for a, c in zip(starts, starts[1:])]
-    return docs
+    """The documents of the worker's batches (one row each; packed ones cut at their position restarts)."""
+    return [d for b in batches for d in split_documents(
+        b["input_ids"][0], b["position_ids"][0] if b["position_ids"] else list(range(len(b["input_ids"][0]))),
+        b["labels"][0])]
 
 
-def reference(tmp_path, name: str, rows: list, tok: str, **kw) -> list:
+def train_documents(tmp_path, name: str, rows: list, tok: str, **kw) -> list:
     """(ids, trained positions) per row as `ds-longctx train` reads them (data.build_data, packed rows of 64)."""
     from ds_longctx.config import RunConfig
     from ds_longctx.data import build_data
@@ -217,13 +214,14 @@ def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
              "completion_mask": {"trainer": "sft", "rows": masked}, "both": {"trainer": "trainer", "rows": both}}
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     out = tmp_path / "got.json"
-    torchrun(1, ["tests/distributed/hf_trainer_worker.py", "--trainer", "masks", "--cases", str(tmp_path / "cases.json"),
-                 "--out", str(out), "--", "--model", "qwen3-tiny", "--seq_len", "64", "--dtype", "fp32", "--sp_size",
-                 "1", "--shuffle", "false", "--tokenizer", tok_dir, "--output_dir", str(tmp_path / "run")])
+    torchrun(1, ["tests/distributed/hf_trainer_worker.py", "--trainer", "masks", "--cases",
+                 str(tmp_path / "cases.json"), "--out", str(out), "--", "--model", "qwen3-tiny", "--seq_len", "64",
+                 "--dtype", "fp32", "--sp_size", "1", "--shuffle", "false", "--tokenizer", tok_dir, "--output_dir",
+                 str(tmp_path / "run")])
     got = {name: loader_documents(batches) for name, batches in json.loads(out.read_text()).items()}
 
     # chat sessions: TRL appends no EOS to a conversation, so the reference reads them with add_eos false
-    ref = reference(tmp_path, "chats", [{**c, "tools": json.loads(c["tools"] or "null")} for c in chats], tok_dir,
+    ref = train_documents(tmp_path, "chats", [{**c, "tools": json.loads(c["tools"] or "null")} for c in chats], tok_dir,
                     train_on="assistant", add_eos=False)
     hf = [tok.apply_chat_template(m, tools=TOOLS if m is SESSION else None, return_dict=True,
                                   return_assistant_tokens_mask=True) for m in SESSIONS]
@@ -232,13 +230,13 @@ def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
     assert got["messages"] == ref
     assert len(got["packed"]) == len(ref) and sorted(got["packed"]) == sorted(ref)  # TRL's packing reorders
     # prompt/completion: the completion and the EOS both append train
-    ref = reference(tmp_path, "pairs", PAIRS, tok_dir)
+    ref = train_documents(tmp_path, "pairs", PAIRS, tok_dir)
     assert got["pairs"] == ref and all(t == list(range(len(p), len(ids))) for (ids, t), p in
                                        zip(ref, (tok(r["prompt"])["input_ids"] for r in PAIRS)))
     # token rows: the user's labels / masks, as ds-longctx train reads them; labels and a mask: both say so
     for name, rows, key in (("labels", labelled, "labels"), ("completion_mask", masked, "completion_mask")):
         want = [(r["input_ids"], [j for j, v in enumerate(r[key]) if v not in (0, -100)]) for r in rows]
-        assert got[name] == want == reference(tmp_path, name, rows, tok_dir, add_eos=False)
+        assert got[name] == want == train_documents(tmp_path, name, rows, tok_dir, add_eos=False)
         assert all(0 < len(t) < len(ids) for ids, t in want)
     assert got["both"] == [(r["input_ids"], [j for j, (lab, m) in enumerate(zip(r["labels"], r["assistant_masks"]))
                                              if lab != -100 and m]) for r in both]
