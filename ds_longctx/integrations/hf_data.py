@@ -25,6 +25,8 @@ removal, TRL's collator, which reads only `labels`) can drop them and train ever
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # datasets is imported where a dataset is made: the loaders need only torch.
 import numpy as np
 import torch
@@ -112,6 +114,8 @@ def fold_masks(example: dict, masks: tuple) -> dict:
     """`example` with the mask columns of `masks` it carries folded into `labels` and dropped: a token trains where its
     label (without labels: the token) is not IGNORE_INDEX and every one of those masks holds 1. A mask that is not 0/1
     per input id is refused naming the column."""
+    if not isinstance(example, Mapping):  # a dataset of tuples carries no named mask
+        return example
     present = [k for k in masks if example.get(k) is not None]
     if not present or "input_ids" not in example:
         return example
