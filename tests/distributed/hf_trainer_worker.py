@@ -60,7 +60,8 @@ def main():
     train = longctx.rows_dataset(cfg)
     dp = dist.get_world_size() // cfg.parallel.sp_size
     order = RowOrder(len(train), cfg.train.seed, cfg.data.shuffle)
-    first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, cfg.train.micro_batch, r, dp)]
+    per_step = cfg.train.micro_batch * cfg.train.grad_accum
+    first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, per_step, r, dp)]
     trainer = longctx.trainer(cls, cfg, model=model, args=args, train_dataset=train, eval_dataset=train.select(first),
                               **kw)
     trainer.train()

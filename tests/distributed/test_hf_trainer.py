@@ -2,7 +2,10 @@
 qwen3-tiny, fp32): step for step the losses `ds-longctx train` writes for the same token rows, seed and optimizer
 settings, with the Trainer's step counter, epoch and logged loss right, for concatenated and packed rows; eval under
 SP gives the step-1 loss on the step-1 rows; and launch/trl_sft.py (SFTTrainer on a folder of text files) runs under
-`accelerate launch` with the accelerate.yaml of `ds-longctx plan`.
+`accelerate launch` with the accelerate.yaml of `ds-longctx plan`. Which tokens train: TRL's assistant / completion
+masks and a tokenized dataset's labels and masks give per row the token set `ds-longctx train` trains (1 process);
+the loss's weights: DP=2 with unequal trained tokens (one replica none) equals one process over the same rows, loss
+and every gradient.
 """
 
 import json
@@ -45,17 +48,18 @@ def corpus(tmp_path_factory) -> list:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
-    """layout -> the per-step losses `ds_longctx.train` writes on 2 processes for the corpus (each layout run once;
-    the processes `ds-longctx train --nproc 2` starts)."""
+    """(layout, grad_accum) -> the per-step losses `ds_longctx.train` writes on 2 processes for the corpus (each run
+    once; the processes `ds-longctx train --nproc 2` starts)."""
     runs = {}
 
-    def losses(layout: str) -> list:
-        if layout not in runs:
-            out = tmp_path_factory.mktemp(f"ref_{layout}")
-            torchrun(2, ["ds_longctx.train", *corpus, "--data_layout", layout, "--output_dir", str(out)], module=True)
-            runs[layout] = [r["loss"] for r in read_metrics(out)]
-            assert len(runs[layout]) == 2
-        return runs[layout]
+    def losses(layout: str, accum: int = 1) -> list:
+        if (layout, accum) not in runs:
+            out = tmp_path_factory.mktemp(f"ref_{layout}_{accum}")
+            torchrun(2, ["ds_longctx.train", *corpus, "--data_layout", layout, "--grad_accum", str(accum),
+                         "--output_dir", str(out)], module=True)
+            runs[layout, accum] = [r["loss"] for r in read_metrics(out)]
+            assert len(runs[layout, accum]) == 2
+        return runs[layout, accum]
     return losses
 
 
@@ -65,29 +69,33 @@ def assert_same_losses(got: list, ref: list) -> None:
     assert rel_err(got[1], ref[1]) <= STEP2, (got, ref)
 
 
-@pytest.mark.parametrize("kind,layout", [("trainer", "concat"), ("sft", "pack")])
-def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, kind, layout):
+@pytest.mark.parametrize("kind,layout,accum", [("trainer", "concat", 1), ("sft", "pack", 1), ("sft", "concat", 2)])
+def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, kind, layout, accum):
+    """Step for step the losses `ds-longctx train` writes: a plain Trainer on concatenated rows, SFTTrainer on packed
+    rows, and SFTTrainer under grad_accum 2 (a step's two micro-batches, read as `ds-longctx train` reads them)."""
     out = tmp_path / "result.json"
     res = torchrun(2, ["tests/distributed/hf_trainer_worker.py", "--trainer", kind, "--out", str(out), "--", *corpus,
-                       "--data_layout", layout, "--output_dir", str(tmp_path / "run")])
+                       "--data_layout", layout, "--grad_accum", str(accum), "--output_dir", str(tmp_path / "run")])
     # optimizer.state_at_build under the Trainer too: the Adam moments before the first batch (run/optimizer_state.py)
     assert "optimizer state: made at build for 1 sub-groups (AdamW" in res.stdout + res.stderr
     got = json.loads(out.read_text())
-    ref = reference(layout)
+    ref = reference(layout, accum)
     history = got["log_history"]
     train = [h for h in history if "loss" in h]
     assert_same_losses([h["loss"] for h in train], ref)
-    # the step counter: 2 optimizer steps, not 2 x sp; an epoch is rows / dp steps; the batch counts dp replicas
+    # the step counter: 2 optimizer steps, not 2 x sp; an epoch is rows / (dp x accum) steps of accum micro-batches;
+    # the batch counts dp replicas
     dp = got["dp"]
     assert got["global_step"] == 2 and [h["step"] for h in train] == [1, 2]
     # each logged step carries its time (as metrics.jsonl's `seconds`); no GPU here, so no peak_gpu_bytes
     assert all(h["seconds"] > 0 and "peak_gpu_bytes" not in h for h in train), train
-    assert got["steps_per_epoch"] == got["n_rows"] // dp
-    assert train[1]["epoch"] == pytest.approx(2 / got["steps_per_epoch"])
-    assert got["train_batch_size"] == dp  # DeepSpeed's micro_batch x accumulation x dp (micro_batch 1)
+    assert got["steps_per_epoch"] == got["n_rows"] // (dp * accum) * accum  # the loader's micro-batches
+    assert train[1]["epoch"] == pytest.approx(2 * accum / got["steps_per_epoch"])
+    assert got["train_batch_size"] == dp * accum  # DeepSpeed's micro_batch x accumulation x dp (micro_batch 1)
     final = next(h for h in history if "train_loss" in h)
     assert final["train_loss"] == pytest.approx(sum(h["loss"] for h in train) / 2, rel=1e-6)
-    # eval under SP before the first step, on the first step's rows: the step-1 loss
+    # eval under SP before the first step, on the first step's rows: the step-1 loss (concat rows train alike, so the
+    # Trainer's mean over the eval batches is the token mean)
     evals = [h["eval_loss"] for h in history if "eval_loss" in h]
     assert len(evals) == 1 and rel_err(evals[0], ref[0]) <= STEP1, (evals, ref)
     assert got["sp_peers_same"]
