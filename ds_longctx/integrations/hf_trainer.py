@@ -325,6 +325,10 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         from ds_longctx.integrations import hf_data
         if hf_data.is_rows_dataset(dataset):
             return dataset, hf_data.collate_rows
+        if hf_data.needs_preparing(dataset):
+            raise ValueError(f"the {description} dataset has no input_ids (columns {dataset.column_names}): TRL "
+                             f"tokenizes it only when its preparation runs; build the trainer with longctx.trainer, "
+                             f"which gives such a dataset to TRL, or pass dataset_kwargs={{}} to training_args")
         collate = self._get_collator_with_removed_columns(self.data_collator, description=description)
         return dataset, functools.partial(hf_data.masked_collate, collate, hf_data.applied_masks(self.args))
 

@@ -94,6 +94,20 @@ def test_a_completion_mask_column_turns_trls_completion_only_loss_on(monkeypatch
         assert args.completion_only_loss is want, (dataset.column_names, given)
 
 
+def test_an_untokenized_dataset_at_the_loader_is_refused_naming_the_fix():
+    """A text dataset whose TRL preparation was skipped (a trainer not built by `longctx.trainer`) would reach the
+    collator without input_ids: refused, naming longctx.trainer and dataset_kwargs."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from ds_longctx.integrations.hf_trainer import LongCtxTrainerMixin
+    text = datasets.Dataset.from_dict({"text": ["w1 w2"]})
+    with pytest.raises(ValueError, match=r"the training dataset has no input_ids \(columns \['text'\]\).*"
+                                         r"longctx\.trainer.*dataset_kwargs=\{\}"):
+        LongCtxTrainerMixin._longctx_rows(SimpleNamespace(), text, "training")
+
+
 def test_padding_never_trains():
     """`batch_labels`: the labels the loss reads; without labels the tokens, never where attention_mask is 0."""
     import torch
