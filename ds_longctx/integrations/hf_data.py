@@ -10,15 +10,22 @@ Dimension legend: b micro batch, L seq_len, R rows, dp data-parallel replicas (w
 Why not the Trainer's own loaders: `accelerator.prepare` shards a loader over all W processes, so the two ranks of
 an SP group would read different rows (their slices would belong to different sequences) and the Trainer would
 count sp times the steps of an epoch. These loaders are not prepared: batches stay on the host until the Trainer's
-`_prepare_inputs` moves them, and len(train loader) is one dp replica's steps in an epoch (R // (dp * b)), what the
-Trainer counts epochs and max_steps by. Train order: step s of replica r reads the rows of samples
-`data.rows.step_samples(s, b, r, dp)` through `data.rows.RowOrder` (seeded per epoch): the rows `ds-longctx train`
-reads at step s. A Trainer epoch is R // (dp * b) steps of that one sample stream, so the order carries on across
-epochs as `ds-longctx train`'s does. Eval: every row once per dp replica group (torch's DistributedSampler over dp,
-the last rows repeated to even the replicas out).
+`_prepare_inputs` moves them, and len(train loader) is one dp replica's micro-batches in an epoch (k = grad_accum:
+R // (dp * b * k) steps of k), what the Trainer counts epochs and max_steps by. Train order: optimizer step s of
+replica r reads the rows of samples `data.rows.step_samples(s, b * k, r, dp)`, b at a time, through
+`data.rows.RowOrder` (seeded per epoch): the rows `ds-longctx train` reads at step s. A Trainer epoch is
+R // (dp * b * k) steps of that one sample stream, so the order carries on across epochs as `ds-longctx train`'s
+does. Eval: every row once per dp replica group (torch's DistributedSampler over dp, the last rows repeated to even
+the replicas out).
+
+Masks (`masked_collate`): a row's `completion_mask` / `assistant_masks` (TRL's names, 1 where a token trains) are
+folded into its `labels` before the trainer's collator sees it, so no step of the Trainer's (its unused-column
+removal, TRL's collator, which reads only `labels`) can drop them and train every token.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 # datasets is imported where a dataset is made: the loaders need only torch.
 import numpy as np
@@ -27,36 +34,40 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ds_longctx.data import build_data
+from ds_longctx.data.chat import MASK_KEYS
 from ds_longctx.data.rows import RowOrder, filled_row, step_samples
+from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.ranks import rank0_first
 
 ROWS_TAG = "ds_longctx token rows"  # DatasetInfo.description of `rows_dataset`'s datasets
 ROW_COLUMNS = ("input_ids", "position_ids", "labels")
+MASK_COLUMNS = tuple(k for k in MASK_KEYS if k != "labels")  # 0/1 per token, 1: it trains
 
 
 class StepSampler(Sampler):
-    """Row indices of one dp replica, step after step, in `ds-longctx train`'s order (module docstring)."""
+    """Row indices of one dp replica, optimizer step after step (`per_step` = micro_batch x grad_accum rows each), in
+    `ds-longctx train`'s order (module docstring)."""
 
-    def __init__(self, n_rows: int, micro_batch: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool):
+    def __init__(self, n_rows: int, per_step: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool):
         self.order = RowOrder(n_rows, seed, shuffle)
-        self.micro_batch, self.dp_rank, self.dp_size = micro_batch, dp_rank, dp_size
-        self.steps_per_epoch = n_rows // (dp_size * micro_batch)
+        self.per_step, self.dp_rank, self.dp_size = per_step, dp_rank, dp_size
+        self.steps_per_epoch = n_rows // (dp_size * per_step)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch={micro_batch}); "
-                             f"add data, lower seq_len, or lower micro_batch")
+            raise ValueError(f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch x grad_accum="
+                             f"{per_step}); add data, lower seq_len, or lower micro_batch or grad_accum")
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.steps_per_epoch * self.micro_batch
+        return self.steps_per_epoch * self.per_step
 
     def __iter__(self):
         first = self.epoch * self.steps_per_epoch
         for step in range(first, first + self.steps_per_epoch):
-            for i in step_samples(step, self.micro_batch, self.dp_rank, self.dp_size):
+            for i in step_samples(step, self.per_step, self.dp_rank, self.dp_size):
                 yield self.order.row_of_sample(i)
 
 
@@ -73,9 +84,9 @@ def _loader_kwargs(num_workers: int) -> dict:
 
 
 def train_loader(dataset, collate, state, micro_batch: int, seed: int, shuffle: bool,
-                 num_workers: int = 0) -> EpochLoader:
-    """Batches `[b, L]` of this rank's dp replica (the same on every rank of its SP group)."""
-    sampler = StepSampler(len(dataset), micro_batch, state.dp_rank, state.dp_size, seed, shuffle)
+                 num_workers: int = 0, grad_accum: int = 1) -> EpochLoader:
+    """Batches `[b, L]` of this rank's dp replica (the same on every rank of its SP group), grad_accum a step."""
+    sampler = StepSampler(len(dataset), micro_batch * grad_accum, state.dp_rank, state.dp_size, seed, shuffle)
     return EpochLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate,
                        **_loader_kwargs(num_workers))
 
@@ -90,6 +101,42 @@ def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) 
 def collate_rows(examples: list) -> dict:
     """Rows (dicts of 1-D token tensors of one length L) -> a batch of int64 `[b, L]` tensors, column by column."""
     return {k: torch.stack([torch.as_tensor(e[k]) for e in examples]).long() for k in ROW_COLUMNS if k in examples[0]}
+
+
+def applied_masks(args) -> tuple:
+    """The mask columns that say which tokens train (`fold_masks`): `assistant_masks`, and `completion_mask` unless the
+    trainer's args say `completion_only_loss=False` (TRL's choice to train the prompt too)."""
+    off = getattr(args, "completion_only_loss", None) is False
+    return tuple(k for k in MASK_COLUMNS if not (off and k == "completion_mask"))
+
+
+def fold_masks(example: dict, masks: tuple) -> dict:
+    """`example` with the mask columns of `masks` it carries folded into `labels` and dropped: a token trains where its
+    label (without labels: the token) is not IGNORE_INDEX and every one of those masks holds 1. A mask that is not 0/1
+    per input id is refused naming the column."""
+    if not isinstance(example, Mapping):  # a dataset of tuples carries no named mask
+        return example
+    present = [k for k in masks if example.get(k) is not None]
+    if not present or "input_ids" not in example:
+        return example
+    ids = example["input_ids"]
+    given = example.get("labels")
+    labels = torch.as_tensor(ids if given is None else given).clone()  # [L]
+    for k in present:
+        mask = torch.as_tensor(example[k])
+        if mask.shape != labels.shape or not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"column {k!r} is not a 0/1 list of {labels.numel()} values (one per input id): give one "
+                             f"0 (no training) or 1 (trains) per token, or drop the column")
+        labels[mask == 0] = IGNORE_INDEX
+    out = {k: v for k, v in example.items() if k not in present}
+    out["labels"] = labels if torch.is_tensor(ids) else labels.tolist()
+    return out
+
+
+def masked_collate(collate, masks: tuple, examples: list) -> dict:
+    """`collate(examples)` with each example's masks folded into its labels first (`fold_masks`). Module-level, so that
+    `functools.partial(masked_collate, collate, masks)` pickles for loader workers."""
+    return collate([fold_masks(e, masks) for e in examples])
 
 
 def is_rows_dataset(dataset) -> bool:

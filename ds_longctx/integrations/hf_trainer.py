@@ -18,13 +18,15 @@ What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `c
   `levers/loss_head.route_forward`: the DeepSpeed engine the Trainer builds wraps the HF model, whose forward, given
   our shift labels, runs the trunk and the chunked loss on this rank's slice.
 - data (hf_data.py): SP peers read the same rows, dp replicas different ones, in `ds-longctx train`'s order; an epoch
-  is rows / (dp x micro_batch) steps (never x sp), and the Trainer's batch size counts dp replicas, not ranks.
-- loss: `compute_loss` cuts the full rows into this rank's slice (`run/engine.sharded_loss`: labels shifted before
-  slicing, packed documents -> cu_seqlens); the loss it backpropagates is sp x sum CE(slice) / tokens(SP group)
-  (DeepSpeed averages gradients over all W ranks: `levers/loss_head.LossHead`). `training_step` returns the group's
-  token-mean loss, so what the Trainer logs (its mean over all ranks = over the dp replicas) is, step for step, the
-  loss `ds-longctx train` writes to metrics.jsonl: no x sp, no / sp.
-- eval: `prediction_step` computes the same group loss under SP (no logits: the L x V logits never exist).
+  is rows / (dp x micro_batch x grad_accum) steps (never x sp), and the Trainer's batch size counts dp replicas, not
+  ranks. A row's `completion_mask` / `assistant_masks` are folded into its labels before the collator
+  (`hf_data.fold_masks`; completion_mask not under completion_only_loss=False), so none is dropped.
+- loss (hf_loss.py): `compute_loss` cuts the full rows into this rank's slice (`run/engine.sharded_loss`: labels
+  shifted before slicing, packed documents -> cu_seqlens) and weighs each row as `ds-longctx train` does
+  (`run/engine.step_weights` over every micro-batch of the optimizer step and every dp replica, train.loss_average),
+  so what the Trainer logs is, step for step, the loss `ds-longctx train` writes to metrics.jsonl, and gradient
+  accumulation (train.grad_accum) accumulates that one loss. Eval: the SP group's token mean of each batch (no
+  logits: the L x V logits never exist).
 - DeepSpeed: `training_args` hands the Trainer `plan/ds_config.hf_trainer_ds_config` (the run's JSON less
   train_batch_size, which the Trainer would get wrong under SP) and sets every TrainingArguments field the Trainer
   checks against that JSON (batch, accumulation, clipping, AdamW, warm-up, precision) from the same run config; a
@@ -52,6 +54,7 @@ import functools
 import logging
 import os
 
+from ds_longctx.integrations.hf_loss import LongCtxLossMixin
 from ds_longctx.integrations.step_clock import step_clock
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
 from ds_longctx.run.argv import parse_config
@@ -219,12 +222,16 @@ def trainer_class(trainer_cls: type) -> type:
 def trainer(trainer_cls: type, run_config, **kwargs):
     """`trainer_cls(**kwargs)` with ds_longctx's levers (module docstring); `kwargs["args"]` from `training_args`. A
     text dataset (no input_ids: hf_data.needs_preparing) is TRL's to tokenize: the skip `training_args` set for
-    our rows is dropped (dataset_kwargs={})."""
+    our rows is dropped (dataset_kwargs={}). A dataset with a `completion_mask` column trains the completion: an
+    SFTConfig's completion_only_loss left None becomes True (TRL would otherwise build labels without it)."""
     from ds_longctx.integrations.hf_data import needs_preparing
     args = kwargs.get("args")
-    if getattr(args, "dataset_kwargs", None) == SKIP_PREPARE and any(
-            needs_preparing(kwargs.get(k)) for k in ("train_dataset", "eval_dataset")):
+    given = [kwargs.get(k) for k in ("train_dataset", "eval_dataset")]
+    if getattr(args, "dataset_kwargs", None) == SKIP_PREPARE and any(needs_preparing(d) for d in given):
         args.dataset_kwargs = {}
+    if hasattr(args, "completion_only_loss") and args.completion_only_loss is None and any(
+            "completion_mask" in (getattr(d, "column_names", None) or ()) for d in given):
+        args.completion_only_loss = True
     return trainer_class(trainer_cls)(run_config=run_config, **kwargs)
 
 
@@ -237,11 +244,8 @@ def check_trainer(tr, cfg) -> None:
     if ds.get("sequence_parallel_size", 1) != cfg.parallel.sp_size:
         raise ValueError(f"the DeepSpeed config has sequence_parallel_size={ds.get('sequence_parallel_size')}, the "
                          f"run config sp_size={cfg.parallel.sp_size}; {fix}")
-    if tr.args.gradient_checkpointing or tr.args.gradient_accumulation_steps != 1:
-        raise ValueError(f"gradient_checkpointing={tr.args.gradient_checkpointing}, gradient_accumulation_steps="
-                         f"{tr.args.gradient_accumulation_steps}: the placement plan checkpoints the layers, and under "
-                         f"the Trainer a step is one batch per dp replica (train.grad_accum > 1 runs under "
-                         f"`ds-longctx train`); {fix}")
+    if tr.args.gradient_checkpointing:
+        raise ValueError(f"gradient_checkpointing=True: the placement plan checkpoints the layers; {fix}")
     if getattr(tr.args, "activation_offloading", False):
         raise ValueError("activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; set it "
                          "False and use the run config's memory.offload_layers")
@@ -252,15 +256,6 @@ def check_trainer(tr, cfg) -> None:
     if pc is not None and (pc.sp_size > 1 or pc.cp_size > 1):
         raise ValueError(f"accelerate's parallelism_config (sp_size={pc.sp_size}, cp_size={pc.cp_size}) would split "
                          f"the sequence a second time; drop it: the run config's parallel.sp_size sets ds_longctx's SP")
-
-
-def check_padding(attention_mask) -> None:
-    """Right padding only: a causal model ignores tokens after the real ones, so the mask can be dropped."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return
-    if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
-        raise ValueError("a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
-                         "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
 
 
 def _log_to_stderr() -> None:
@@ -277,7 +272,7 @@ def _log_to_stderr() -> None:
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
-class LongCtxTrainerMixin:
+class LongCtxTrainerMixin(LongCtxLossMixin):
     """In front of a Trainer class: ds_longctx's levers, data order and SP loss (module docstring)."""
 
     def __init__(self, *args, run_config, **kwargs):
@@ -323,16 +318,23 @@ class LongCtxTrainerMixin:
 
     # ---------------------------------------------------------------- data
     def _longctx_rows(self, dataset, description: str):
-        """(dataset, collate): our rows stacked as they are; other datasets as the Trainer would (unused columns
-        removed, the trainer's collator)."""
-        import datasets
+        """(dataset, collate): our rows stacked as they are; other rows with their masks folded into labels
+        (`hf_data.masked_collate`), then the trainer's collator less the unused columns."""
+        import functools
 
         from ds_longctx.integrations import hf_data
         if hf_data.is_rows_dataset(dataset):
             return dataset, hf_data.collate_rows
-        if isinstance(dataset, datasets.Dataset):
-            return self._remove_unused_columns(dataset, description=description), self.data_collator
-        return dataset, self._get_collator_with_removed_columns(self.data_collator, description=description)
+        if hf_data.needs_preparing(dataset):
+            raise ValueError(f"the {description} dataset has no input_ids (columns {dataset.column_names}): TRL "
+                             f"tokenizes it only when its preparation runs; build the trainer with longctx.trainer, "
+                             f"which gives such a dataset to TRL, or pass dataset_kwargs={{}} to training_args")
+        collate = self._get_collator_with_removed_columns(self.data_collator, description=description)
+        return dataset, functools.partial(hf_data.masked_collate, collate, hf_data.applied_masks(self.args))
+
+    def _reject_skip_prepare_without_labels(self, datasets, data_collator) -> None:
+        """TRL refuses mask columns without labels when its preparation is skipped (its collator reads only labels);
+        ours folds them into labels (`_longctx_rows`), so there is nothing to refuse."""
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
@@ -341,7 +343,7 @@ class LongCtxTrainerMixin:
         dataset, collate = self._longctx_rows(self.train_dataset, "training")
         cfg = self.longctx_config
         return hf_data.train_loader(dataset, collate, self.longctx_state, cfg.train.micro_batch, cfg.train.seed,
-                                    cfg.data.shuffle, self.args.dataloader_num_workers)
+                                    cfg.data.shuffle, self.args.dataloader_num_workers, cfg.train.grad_accum)
 
     def get_eval_dataloader(self, eval_dataset=None):
         if eval_dataset is None and self.eval_dataset is None:
@@ -360,40 +362,3 @@ class LongCtxTrainerMixin:
     def get_total_train_batch_size(self, args) -> int:
         """Sequences per optimizer step: micro_batch x accumulation x dp (an SP group reads one batch)."""
         return self._train_batch_size * args.gradient_accumulation_steps * self.longctx_state.dp_size
-
-    # ---------------------------------------------------------------- loss
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The loss to backpropagate on this rank's slice of the batch's full rows (sp x sum CE / tokens of the SP
-        group); with `return_outputs`, also {"loss": the group's token-mean loss, "tokens": the group's tokens}."""
-        from ds_longctx.levers.loss_head import ROUTE_KWARG
-        from ds_longctx.run.engine import sharded_loss
-        check_padding(inputs.get("attention_mask"))
-
-        def run(input_ids, position_ids, shift_labels):
-            return model(input_ids=input_ids, position_ids=position_ids, **{ROUTE_KWARG: shift_labels})
-
-        loss, group_loss, n = sharded_loss(run, self.longctx, self.longctx_state, self.args.device,
-                                           inputs["input_ids"], inputs.get("position_ids"), inputs.get("labels"))
-        return (loss, {"loss": group_loss, "tokens": n}) if return_outputs else loss
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        """Forward and backward of one batch; DeepSpeed steps inside `accelerator.backward`. Returns the SP group's
-        token-mean loss (what the Trainer sums for its log)."""
-        if not getattr(self, "_longctx_optimizer_state", False):  # optimizer.state_at_build, before the first batch
-            from ds_longctx.run.optimizer_state import at_start
-            at_start(self.longctx_config, getattr(model, "optimizer", None), self.longctx_state.rank)
-            self._longctx_optimizer_state = True
-        model.train()
-        inputs = self._prepare_inputs(inputs)
-        with self.compute_loss_context_manager():
-            loss, out = self.compute_loss(model, inputs, return_outputs=True)
-        self.accelerator.backward(loss, scale_wrt_gas=False)  # one batch per step: nothing to scale
-        return out["loss"].detach()
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """(the SP group's token-mean loss, no logits, no labels): eval under SP, as training computes it."""
-        import torch
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            _, out = self.compute_loss(model, inputs, return_outputs=True)
-        return out["loss"].detach(), None, None

@@ -102,14 +102,16 @@ class LossHead(nn.Module):
 
 
 ROUTE_KWARG = "ds_longctx_shift_labels"
+WEIGHTS_KWARG = "ds_longctx_row_weights"   # beside ROUTE_KWARG: LossHead's row_weights
 _LOSS_CHILD = "ds_longctx_loss"   # the loss module as a child of the model (no parameters: the state dict is unchanged)
 _PREV_FORWARD = "_ds_longctx_prev_forward"
 _MISSING = object()
 
 
 def route_forward(model: nn.Module, head: LossHead) -> None:
-    """Make `model(input_ids=, position_ids=, ds_longctx_shift_labels=)` return `head(...)`'s triple (the trunk and the
-    chunked loss on this rank's slice); without that keyword the model's own forward runs (generation unchanged).
+    """Make `model(input_ids=, position_ids=, ds_longctx_shift_labels=[, ds_longctx_row_weights=])` return `head(...)`'s
+    triple (the trunk and the chunked loss on this rank's slice, with those row weights); without the labels keyword the
+    model's own forward runs (generation unchanged).
 
     For a wrapper that holds the HF model itself (the HF Trainer hands it to DeepSpeed) rather than the loss head:
     the loss module becomes a child of the model, so ZeRO-3's hooks gather lm_head's weight for it (its external
@@ -126,7 +128,7 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
         shift_labels = kwargs.pop(ROUTE_KWARG, None)
         if shift_labels is None:
             return original(*args, **kwargs)
-        return head(kwargs["input_ids"], kwargs["position_ids"], shift_labels)
+        return head(kwargs["input_ids"], kwargs["position_ids"], shift_labels, row_weights=kwargs.get(WEIGHTS_KWARG))
 
     model.forward = forward
 

@@ -4,9 +4,16 @@ evaluates the first step's rows before training (`eval_on_start`); rank 0 writes
 
     torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py --trainer trainer|sft|sft_text --out FILE \\
         -- <run-config options as for ds-longctx train>
+    torchrun --nproc_per_node N tests/distributed/hf_trainer_worker.py --trainer masks|weights --cases JSON \\
+        --out FILE -- <run-config options>
 
 `sft_text`: SFTTrainer on a `datasets.Dataset` of the --data folder's texts (a `text` column, TRL tokenizes it),
 with the args `training_args` makes for our rows (the documented route, unchanged), no eval.
+`masks`: for each case of JSON ({name: {"trainer": "sft"|"trainer", "args": {...}, "rows": [...]}}), that trainer on
+a `datasets.Dataset` of the rows (a fresh model each); FILE: {name: [per train-loader batch: input_ids, the labels the
+loss reads (hf_loss.batch_labels), position_ids]}.
+`weights`: SFTTrainer on the rows of JSON's case "train" for the run's steps; FILE (torch.save): the logged losses and
+grad norms and, per optimizer step, every full gradient before the optimizer step.
 
 FILE (JSON): global_step, log_history, the DeepSpeed engine's train_batch_size, len(train loader), the rows, whether
 the ranks of each SP group read the same first batch, and how many documents the Ulysses attention kept apart in the
@@ -19,8 +26,9 @@ import json
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainer", choices=["trainer", "sft", "sft_text"], required=True)
+    ap.add_argument("--trainer", choices=["trainer", "sft", "sft_text", "masks", "weights"], required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cases")
     ap.add_argument("run", nargs=argparse.REMAINDER)
     a = ap.parse_args()
 
@@ -33,6 +41,11 @@ def main():
     from ds_longctx.integrations import hf_trainer as longctx
 
     cfg = RunConfig.from_cli([x for x in a.run if x != "--"])
+    if a.trainer in ("masks", "weights"):
+        with open(a.cases) as f:
+            cases = json.load(f)
+        (token_sets if a.trainer == "masks" else train_grads)(cfg, cases, a.out)
+        longctx.finish()
     extra = dict(report_to="none", logging_steps=1, eval_on_start=True, eval_strategy="no", save_strategy="no")
     if a.trainer.startswith("sft"):
         from trl import SFTConfig, SFTTrainer
@@ -47,7 +60,8 @@ def main():
     train = longctx.rows_dataset(cfg)
     dp = dist.get_world_size() // cfg.parallel.sp_size
     order = RowOrder(len(train), cfg.train.seed, cfg.data.shuffle)
-    first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, cfg.train.micro_batch, r, dp)]
+    per_step = cfg.train.micro_batch * cfg.train.grad_accum
+    first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, per_step, r, dp)]
     trainer = longctx.trainer(cls, cfg, model=model, args=args, train_dataset=train, eval_dataset=train.select(first),
                               **kw)
     trainer.train()
@@ -85,6 +99,59 @@ def text_only(cls, cfg, model, args, kw: dict, out: str) -> None:
             json.dump({"global_step": trainer.state.global_step, "dataset_kwargs": trainer.args.dataset_kwargs,
                        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}, f)
     longctx.finish()
+
+
+def case_trainer(cfg, case: dict, **extra):
+    """The trainer of one case: SFTTrainer (or Trainer) through `longctx.trainer`, a fresh model, the case's rows."""
+    import datasets
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    from ds_longctx.integrations import hf_trainer as longctx
+    sft = case["trainer"] == "sft"
+    args = longctx.training_args(cfg, SFTConfig if sft else TrainingArguments, report_to="none", logging_steps=1,
+                                 save_strategy="no", **case.get("args", {}), **extra)
+    return longctx.trainer(SFTTrainer if sft else Trainer, cfg, model=longctx.build_model(cfg), args=args,
+                           train_dataset=datasets.Dataset.from_list(case["rows"]),
+                           processing_class=AutoTokenizer.from_pretrained(cfg.data.tokenizer))
+
+
+def token_sets(cfg, cases: dict, out: str) -> None:
+    """Per case, every train-loader batch as the loss reads it (module docstring: masks)."""
+    from accelerate.state import AcceleratorState
+
+    from ds_longctx.integrations.hf_loss import batch_labels
+    got = {}
+    for name, case in cases.items():
+        AcceleratorState._reset_state()  # one Accelerator (DeepSpeed's) per trainer; the process group stays
+        trainer = case_trainer(cfg, case)
+        got[name] = [{"input_ids": b["input_ids"].tolist(), "labels": batch_labels(b).tolist(),
+                      "position_ids": None if b.get("position_ids") is None else b["position_ids"].tolist()}
+                     for b in trainer.get_train_dataloader()]
+    with open(out, "w") as f:
+        json.dump(got, f)
+
+
+def train_grads(cfg, cases: dict, out: str) -> None:
+    """Train case "train"; rank 0 saves the logged losses and grad norms and each step's full gradients."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.utils import safe_get_full_grad
+    grads, step = [], DeepSpeedEngine.step
+
+    def capture(engine, *args, **kwargs):  # at the step's boundary, before the optimizer (collective under ZeRO-3)
+        if engine.is_gradient_accumulation_boundary():
+            grads.append({n: safe_get_full_grad(p).detach().clone() for n, p in engine.module.named_parameters()})
+        return step(engine, *args, **kwargs)
+
+    DeepSpeedEngine.step = capture
+    trainer = case_trainer(cfg, cases["train"])
+    trainer.train()
+    train = [h for h in trainer.state.log_history if "loss" in h]
+    if dist.get_rank() == 0:
+        torch.save({"losses": [h["loss"] for h in train], "grad_norms": [h["grad_norm"] for h in train],
+                    "grads": grads, "global_step": trainer.state.global_step}, out)
 
 
 if __name__ == "__main__":

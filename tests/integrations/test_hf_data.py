@@ -1,13 +1,24 @@
 """hf_data.py on CPU, one process: the HF Trainer's loaders read, step by step, the rows `ds-longctx train` reads
-(`TokenRows.get`, the reference), the same rows on every SP rank of a replica and different rows on the dp replicas,
-across epochs too; eval reads every row once per replica group; `token_rows_dataset` holds `TokenRows.row`."""
+(`TokenRows.get`, and `step_batches` under grad_accum: the references), the same rows on every SP rank of a replica
+and different rows on the dp replicas, across epochs too; eval reads every row once per replica group;
+`token_rows_dataset` holds `TokenRows.row`; mask columns fold into labels (`fold_masks`), a bad mask is refused."""
 
 import pytest
 import torch
 
 from ds_longctx.config import RunConfig
 from ds_longctx.data import build_data
-from ds_longctx.integrations.hf_data import collate_rows, eval_loader, is_rows_dataset, token_rows_dataset, train_loader
+from ds_longctx.data.rows import step_batches
+from ds_longctx.integrations.hf_data import (
+    applied_masks,
+    collate_rows,
+    eval_loader,
+    fold_masks,
+    is_rows_dataset,
+    masked_collate,
+    token_rows_dataset,
+    train_loader,
+)
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.run.model import load_hf_config
 from tests.helpers import documents, make_tokenizer, write_jsonl
@@ -86,3 +97,40 @@ def test_eval_loader_reads_every_row_once_per_replica_group(rows):
         seen += a
     want = [ds[j]["input_ids"].long() for j in range(5)]
     assert all(any(torch.equal(w, s[0]) for s in seen) for w in want)  # 5 rows over 2 replicas, one repeated
+
+
+def test_train_loader_under_grad_accum_reads_the_rows_of_ds_longctx_trains_steps(rows):
+    """grad_accum 2: the k-th micro-batch of optimizer step s on replica r is `step_batches(s, b, 2, r, dp)[k]`."""
+    ds = token_rows_dataset(rows)
+    per_epoch = rows.n_rows // (2 * 2)
+    for dp_rank in (0, 1):
+        loader = train_loader(ds, collate_rows, rank(0, dp_rank), 1, seed=3, shuffle=True, grad_accum=2)
+        assert len(loader) == per_epoch * 2  # micro-batches: the Trainer counts len // grad_accum optimizer steps
+        got = batches(loader, per_epoch * 2)
+        for step in range(per_epoch):
+            for k, ref in enumerate(step_batches(rows, step, 1, 2, dp_rank, 2)):
+                assert torch.equal(got[2 * step + k]["input_ids"], ref.input_ids)
+
+
+def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
+    """A token trains where its label (else the token) and every applied mask say so; completion_mask is left alone
+    under completion_only_loss=False; the mask columns are gone; a list comes back a list, a tensor a tensor."""
+    from types import SimpleNamespace
+    masks = applied_masks(SimpleNamespace())
+    assert masks == ("completion_mask", "assistant_masks")
+    assert applied_masks(SimpleNamespace(completion_only_loss=False)) == ("assistant_masks",)
+    row = {"input_ids": [5, 6, 7, 8], "completion_mask": [0, 1, 1, 1], "assistant_masks": [1, 1, 0, 1]}
+    assert fold_masks(row, masks) == {"input_ids": [5, 6, 7, 8], "labels": [-100, 6, -100, 8]}
+    both = fold_masks({**row, "labels": [5, 6, 7, -100]}, masks)
+    assert both["labels"] == [-100, 6, -100, -100]
+    kept = fold_masks(row, ("assistant_masks",))
+    assert kept["labels"] == [5, 6, -100, 8] and kept["completion_mask"] == [0, 1, 1, 1]
+    as_tensors = fold_masks({k: torch.tensor(v) for k, v in row.items()}, masks)
+    assert torch.equal(as_tensors["labels"], torch.tensor([-100, 6, -100, 8]))
+    assert fold_masks({"input_ids": [1, 2]}, masks) == {"input_ids": [1, 2]}  # nothing to fold
+    seen = []
+    masked_collate(seen.append, masks, [row])
+    assert seen == [[{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, -100, 8]}]]
+    for bad in ([0, 2, 1, 1], [1, 1, 1]):
+        with pytest.raises(ValueError, match="column 'assistant_masks' is not a 0/1 list of 4 values"):
+            fold_masks({**row, "assistant_masks": bad}, masks)

@@ -1,6 +1,7 @@
-"""hf_trainer.py without processes: the TrainingArguments it builds agree with the run's DeepSpeed JSON field by
-field (what transformers checks them against), a clashing value is refused with the key to change, and importing
-the module imports no torch. The trainers themselves: tests/distributed/test_hf_trainer.py."""
+"""hf_trainer.py and hf_loss.py without processes: the TrainingArguments it builds agree with the run's DeepSpeed
+JSON field by field (what transformers checks them against), a clashing value is refused with the key to change, a
+dataset's completion_mask makes TRL train the completion, padding never trains, and importing the module imports no
+torch. The trainers themselves: tests/distributed/test_hf_trainer.py."""
 
 import subprocess
 import sys
@@ -74,6 +75,50 @@ def test_a_text_dataset_is_given_back_to_trl_to_tokenize(monkeypatch):
     args = SimpleNamespace(dataset_kwargs=dict(hf_trainer.SKIP_PREPARE))
     hf_trainer.trainer(object, None, args=args, train_dataset=rows, eval_dataset=text)
     assert args.dataset_kwargs == {} and len(seen) == 4
+
+
+def test_a_completion_mask_column_turns_trls_completion_only_loss_on(monkeypatch):
+    """TRL builds labels from a tokenized dataset's completion_mask only under completion_only_loss=True (left None it
+    decides False there): `trainer` sets it, and leaves a value the caller gave."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from ds_longctx.integrations import hf_trainer
+    monkeypatch.setattr(hf_trainer, "trainer_class", lambda cls: lambda run_config, **kw: kw)
+    masked = datasets.Dataset.from_dict({"input_ids": [[1, 2]], "completion_mask": [[0, 1]]})
+    plain = datasets.Dataset.from_dict({"input_ids": [[1, 2]]})
+    for dataset, given, want in ((masked, None, True), (masked, False, False), (plain, None, None)):
+        args = SimpleNamespace(completion_only_loss=given)
+        hf_trainer.trainer(object, None, args=args, train_dataset=dataset)
+        assert args.completion_only_loss is want, (dataset.column_names, given)
+
+
+def test_an_untokenized_dataset_at_the_loader_is_refused_naming_the_fix():
+    """A text dataset whose TRL preparation was skipped (a trainer not built by `longctx.trainer`) would reach the
+    collator without input_ids: refused, naming longctx.trainer and dataset_kwargs."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from ds_longctx.integrations.hf_trainer import LongCtxTrainerMixin
+    text = datasets.Dataset.from_dict({"text": ["w1 w2"]})
+    with pytest.raises(ValueError, match=r"the training dataset has no input_ids \(columns \['text'\]\).*"
+                                         r"longctx\.trainer.*dataset_kwargs=\{\}"):
+        LongCtxTrainerMixin._longctx_rows(SimpleNamespace(), text, "training")
+
+
+def test_padding_never_trains():
+    """`batch_labels`: the labels the loss reads; without labels the tokens, never where attention_mask is 0."""
+    import torch
+
+    from ds_longctx.integrations.hf_loss import batch_labels
+    ids = torch.tensor([[5, 6, 7, 0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert batch_labels({"input_ids": ids, "attention_mask": mask}).tolist() == [[5, 6, 7, -100]]
+    assert batch_labels({"input_ids": ids, "labels": torch.tensor([[-100, 6, 7, 0]]),
+                         "attention_mask": mask}).tolist() == [[-100, 6, 7, -100]]
+    assert batch_labels({"input_ids": ids}).tolist() == [[5, 6, 7, 0]]
 
 
 def test_import_is_torch_free():

@@ -1,0 +1,117 @@
+"""The loss under the HF Trainer: one optimizer step's rows weighed as `ds-longctx train` weighs them.
+
+    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # the Trainer prefetches a step's k batches:
+                                                                        # their row weights are made here
+    loss = trainer.compute_loss(model, batches[i])                      # sum_r weight_r x CE sum of row r on the slice
+
+The loss (`train.loss_average`, `run/engine.step_weights`): tokens, the CE summed over every trained token of the
+step (every micro-batch, every dp replica, every SP slice) over their count N; each row weighs W / N (W = sp x dp
+ranks: DeepSpeed averages gradients over W), so the gradient does not change with the world size. sequences: each
+row's token mean, averaged over the step's rows that train any. A row, a replica or a step without trained tokens
+weighs 0: zero loss, zero gradient, never NaN. The Trainer's `num_items_in_batch` is not used (it counts a row once
+per SP rank).
+
+What the Trainer logs: `training_step` returns this rank's share of the step's loss; the Trainer's mean over the W ranks
+of their sums over the step's micro-batches is then the step's loss, the one `ds-longctx train` writes.
+Evaluation (`prediction_step`): each batch's SP-group token mean.
+
+Which tokens of a batch train (`batch_labels`): `labels` (else the tokens themselves), never where `attention_mask` is
+0; `position_ids` that restart at 0 mark packed documents (TRL's packing / padding_free), whose last token predicts
+nothing. Mask columns were folded into `labels` before the collator (`hf_data.fold_masks`).
+"""
+
+from __future__ import annotations
+
+# torch is imported where a loss is computed: hf_trainer imports this module, and importing hf_trainer must not.
+from collections import deque
+
+
+def check_padding(attention_mask) -> None:
+    """Right padding only: a causal model ignores tokens after the real ones, so the mask can be dropped."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return
+    if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+        raise ValueError("a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
+                         "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
+
+
+def batch_labels(inputs: dict):
+    """`[b, L]` labels of a collated batch: `labels` (else `input_ids`), IGNORE_INDEX where attention_mask is 0."""
+    import torch
+
+    from ds_longctx.parallel.units import IGNORE_INDEX
+    labels = inputs.get("labels")
+    labels = inputs["input_ids"] if labels is None else labels
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        labels = torch.where(mask.to(torch.bool), labels, torch.full_like(labels, IGNORE_INDEX))
+    return labels
+
+
+def step_row_weights(batches: list, state, average: str, device) -> list:
+    """Per batch of one optimizer step, the weight of each of its rows (`run/engine.step_weights`; collective over
+    dp). The counts are made on `device`, where the process group's backend can reduce them (nccl: CUDA only)."""
+    from ds_longctx.data.rows import Batch
+    from ds_longctx.run.engine import step_weights
+    rows = [Batch(input_ids=b["input_ids"].to(device), labels=batch_labels(b).to(device),
+                  position_ids=None if b.get("position_ids") is None else b["position_ids"].to(device))
+            for b in batches]
+    return step_weights(rows, state, average)[0]
+
+
+class LongCtxLossMixin:
+    """The Trainer's step, loss and eval loss under ds_longctx (module docstring). Needs `longctx_state`,
+    `longctx_config` and `longctx` (the applied levers) on the trainer."""
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """The Trainer's prefetch of one optimizer step's batches, and their row weights (`step_row_weights`), which
+        the step's `compute_loss` calls take in order."""
+        batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._longctx_weights = deque(step_row_weights(batches, self.longctx_state,
+                                                       self.longctx_config.train.loss_average, self.args.device))
+        return batches, count
+
+    def _longctx_forward(self, model, inputs, row_weights=None):
+        """The loss head's triple on this rank's slice of `inputs` (full rows, on the device)."""
+        from ds_longctx.levers.loss_head import ROUTE_KWARG, WEIGHTS_KWARG
+        from ds_longctx.run.engine import sharded_loss
+        check_padding(inputs.get("attention_mask"))
+
+        def run(input_ids, position_ids, shift_labels, row_weights=None):
+            return model(input_ids=input_ids, position_ids=position_ids,
+                         **{ROUTE_KWARG: shift_labels, WEIGHTS_KWARG: row_weights})
+
+        return sharded_loss(run, self.longctx, self.longctx_state, self.args.device, inputs["input_ids"],
+                            inputs.get("position_ids"), batch_labels(inputs), row_weights=row_weights)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The loss to backpropagate: sum over the rows of weight x CE sum on this rank's slice, with the next weights
+        of the step (`get_batch_samples`; a batch outside one is a step of its own). With `return_outputs`, also
+        {"tokens": this slice's trained tokens}."""
+        if not getattr(self, "_longctx_weights", None):
+            self._longctx_weights = deque(step_row_weights([inputs], self.longctx_state,
+                                                           self.longctx_config.train.loss_average, self.args.device))
+        loss, _, n = self._longctx_forward(model, inputs, self._longctx_weights.popleft())
+        return (loss, {"tokens": n}) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Forward and backward of one batch; DeepSpeed accumulates, and steps at the step's last batch inside
+        `accelerator.backward`. Returns this rank's share of the step's loss (what the Trainer sums and averages)."""
+        if not getattr(self, "_longctx_optimizer_state", False):  # optimizer.state_at_build, before the first batch
+            from ds_longctx.run.optimizer_state import at_start
+            at_start(self.longctx_config, getattr(model, "optimizer", None), self.longctx_state.rank)
+            self._longctx_optimizer_state = True
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        self.accelerator.backward(loss, scale_wrt_gas=False)  # the weights already cover the step's batches
+        return loss.detach()
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """(the SP group's token-mean loss, no logits, no labels): eval under SP (the L x V logits never exist)."""
+        import torch
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            _, group_loss, _ = self._longctx_forward(model, inputs)
+        return group_loss.detach(), None, None
