@@ -57,10 +57,11 @@ def peers(d: dict) -> str:
                      f"{r['seconds_per_step'] / ref['seconds_per_step']:.2f} x {SHORT[ref['system']]}",
                      f"{r['mfu']:.1%}",
                      gb(r["peak_gpu_bytes"]), gb(r["host_peak_bytes"]), *meta(r)])
-    return ("Shipped geometries (random init), one sequence per step over the run's GPUs, median of the steps after the "
-            "first; peak GPU: `max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One session's systems ran "
-            "one after another on one machine.\n\n" + table(["model", "GPUs", "tokens", "system", "s/step", "vs", "MFU", "peak GPU GB",
-                                                   "host GB", *META], rows))
+    return ("Shipped geometries (random init), one sequence per step over the run's GPUs, median of the steps after "
+            "the first; peak GPU: `max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One session's "
+            "systems ran one after another on one machine.\n\n"
+            + table(["model", "GPUs", "tokens", "system", "s/step", "vs", "MFU", "peak GPU GB", "host GB", *META],
+                    rows))
 
 
 def hf_trainer(d: dict) -> str:
@@ -329,9 +330,9 @@ def model_name(r: dict) -> str:
 
 
 def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
-    """The fastest ds_longctx run of `model` on `gpus` GPUs at `seq` tokens beside each peer's, seconds per step and peak GPU memory (reserved,
-    max over ranks) each; where ours holds more GPU memory, its placement says why: the plan spends the budget on
-    speed."""
+    """The fastest ds_longctx run of `model` on `gpus` GPUs at `seq` tokens beside each peer's, seconds per step and
+    peak GPU memory (reserved, max over ranks) each; where ours holds more GPU memory, its placement says why: the
+    plan spends the budget on speed."""
     at = [r for r in d["peers"] if (r["config"]["model"], r["gpus"], r["seq_len"]) == (model, gpus, seq)
           and not r.get("error")]
     ours = min((r for r in at if r["system"] == "ds_longctx"), key=lambda r: r["seconds_per_step"])
