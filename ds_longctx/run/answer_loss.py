@@ -88,3 +88,24 @@ def bucket_lines(answers: list, step: int) -> list:
 def answer_loss(losses, tok, rows: list, step: int) -> list:
     """The bucket lines of `rows`' answers at `step` (module doc)."""
     return bucket_lines(per_answer(losses, tok, rows), step)
+
+
+def answer_loss_writer(engine, cfg):
+    """`write(step)`: the answer loss of eval_data's first eval_rows sessions under `engine`, appended by rank 0 to
+    `<output_dir>/answer_loss.jsonl`. Collective. A session file with no answer is refused here, before any step."""
+    from transformers import AutoTokenizer
+
+    from ds_longctx.data.tokenize import tokenizer_path
+    from ds_longctx.run.evaluate import append_jsonl
+    rows = read_sessions(cfg.eval.data)[:cfg.eval.rows]
+    if not rows:
+        raise ValueError(f"eval_answer_loss: eval_data={cfg.eval.data!r} holds no session with meta.answers; use a "
+                         f"`ds-longctx data prepare --sessions` directory or drop eval_answer_loss")
+    tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
+    losses, out = engine_losses(engine), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
+
+    def write(step: int) -> None:
+        lines = answer_loss(losses, tok, rows, step)
+        if engine.state.rank == 0:
+            append_jsonl(out, *lines)
+    return write
