@@ -45,6 +45,7 @@ def answer_spans(tok, row: dict) -> tuple:
         if whole[a:b] != f["value"]:
             raise ValueError(f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} at "
                              f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer")
+        span = [token_at(ends, a), token_at(ends, b - 1) + 1]  # the tokens of characters a .. b - 1
         spans.append({"message": f["message"], "kind": f["kind"], "distance_tokens": f["distance_tokens"],
-                      "bucket": bucket_of(f["distance_tokens"]), "tokens": [token_at(ends, a), token_at(ends, b - 1) + 1]})
+                      "bucket": bucket_of(f["distance_tokens"]), "tokens": span})
     return list(enc.ids), spans
