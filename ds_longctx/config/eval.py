@@ -29,6 +29,10 @@ class EvalConfig(Section):
     buckets: int = Field(32, json_schema_extra={"flat": "eval_buckets"})
     """Position buckets of the per-position loss curve (eval_curve.jsonl): equal spans of the sequence, at most
     seq_len."""
+    answer_loss: bool = Field(False, json_schema_extra={"flat": "eval_answer_loss"})
+    """Also the loss on the answers of long agent sessions by answer-to-evidence distance, before the first step and
+    at every evaluation, to answer_loss.jsonl (run/answer_loss.py): eval_data must be a `data prepare --sessions`
+    directory (or its jsonl); its first eval_rows sessions, each forwarded whole."""
 
     @field_validator("every", "rows", "buckets")
     @classmethod
@@ -43,4 +47,7 @@ class EvalConfig(Section):
         if self.every and self.data is None:
             raise ValueError(f"eval_every={self.every} is set but eval_data is not; add --eval_data synthetic (or a "
                              f"path) or drop eval_every")
+        if self.answer_loss and self.data is None:
+            raise ValueError("eval_answer_loss is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
+                             "prepare --sessions` directory) or drop eval_answer_loss")
         return self

@@ -26,6 +26,7 @@ from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import checkpoint, checkpoint_save, memory_snapshot, optimizer_state, resume_changes, run_lock
 from ds_longctx.run.engine import LongCtxEngine, build_engine
+from ds_longctx.run.answer_loss import answer_loss_writer
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
 from ds_longctx.run.preflight import preflight
@@ -194,6 +195,9 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
     snapshot_steps = cfg.logging.memory_snapshot_steps
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
+    answers = answer_loss_writer(engine, cfg) if cfg.eval.answer_loss else None
+    if answers is not None and start == 0:
+        answers(0)  # the untrained model's, before the first step
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
         if signals.agreed(engine.device):
             break
@@ -217,6 +221,8 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
         if held is not None and (done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)):
             last_eval = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)  # collective
             metrics.write_eval(last_eval, done)
+            if answers is not None:
+                answers(done)  # collective
         if st.rank == 0 and (step % cfg.logging.log_every == 0 or done == cfg.train.steps):
             bar.set_postfix(loss=f"{t.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
                             mem=f"{t.peak_reserved / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",

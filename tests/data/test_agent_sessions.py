@@ -211,12 +211,24 @@ def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, c
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_tiny_model_trains_on_the_sessions(sessions, tmp_path):
-    """The prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into packed windows."""
+def test_a_tiny_model_trains_on_the_sessions(sessions, tok, tmp_path):
+    """The prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into packed windows; the
+    answer loss by distance (whole sessions under SP=2) before the first step and after the last, equal to a plain HF
+    model's at step 0 (the same initial weights)."""
     out = tmp_path / "run"
     res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--dtype", "fp32",
                    "--steps", "2", "--seq_len", "2048", "--data", str(sessions), "--tokenizer",
                    str(sessions / "tokenizer"), "--data_layout", "pack", "--data_cache_dir", str(tmp_path / "cache"),
-                   "--report_to", "none", "--output_dir", str(out)], output_dir=out)
+                   "--report_to", "none", "--output_dir", str(out), "--eval_data", str(sessions),
+                   "--eval_rows", "1", "--eval_answer_loss", "true"], output_dir=out)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert [m["step"] for m in read_metrics(out)] == [1, 2]
+    assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
+    lines = read_metrics(out, "answer_loss.jsonl")
+    assert sorted({x["step"] for x in lines}) == [0, 2] and all(x["answers"] > 0 for x in lines)
+    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions
+    from tests.helpers import tiny_model
+    ref = answer_loss(hf_losses(tiny_model().eval()), tok, read_sessions(sessions)[:1], 0)
+    got = [x for x in lines if x["step"] == 0]
+    assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in ref], rel=1e-5)
+    assert [(x["bucket"], x["answers"], x["tokens"]) for x in got] == [(x["bucket"], x["answers"], x["tokens"])
+                                                                       for x in ref]

@@ -1,0 +1,51 @@
+"""Where each answer of a long agent session (`data prepare --sessions`) sits in the session's tokens, and its
+answer-to-evidence distance bucket (run/answer_loss.py measures the loss there).
+
+    ids, spans = answer_spans(tok, row)   # ids: the rendered session's tokens (what training reads, less its EOS)
+    spans[k] = {"message", "kind", "distance_tokens", "bucket", "tokens": [a, b]}
+
+Span: tokens a .. b - 1 of `ids` cover the quoted value (`meta["answers"][k]["answer_chars"]` of the answer's content),
+found through the tokenizer's character offsets on the whole rendering; a token that straddles the value's edge is in.
+Buckets: `DISTANCE_EDGES` of the data card, named "0-1k", "1k-4k", ... "256k-1M", "1M+".
+"""
+
+from __future__ import annotations
+
+from ds_longctx.data.session_card import DISTANCE_EDGES
+from ds_longctx.data.session_chat import Renderer, token_at
+
+
+def _short(n: int) -> str:
+    return f"{n // 1048576}M" if n >= 1048576 else f"{n // 1024}k" if n else "0"
+
+
+BUCKETS = [f"{_short(a)}-{_short(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + \
+          [f"{_short(DISTANCE_EDGES[-1])}+"]
+
+
+def bucket_of(distance: int) -> str:
+    """The name of the bucket of `distance` tokens: edges[k] <= distance < edges[k + 1]; the last is open."""
+    return BUCKETS[max(k for k, e in enumerate(DISTANCE_EDGES) if distance >= e)]
+
+
+def answer_spans(tok, row: dict) -> tuple:
+    """(the session's token ids, one span per answer of `row["meta"]["answers"]`) (module doc). A row whose recorded
+    value is not at its recorded characters is refused: its meta is not this rendering's."""
+    ren, msgs, tools = Renderer(tok), row["messages"], row["tools"]
+    whole = ren.session(msgs, tools)
+    starts, at = [], 0  # the session's rendering is its messages' pieces end to end (session_chat.py)
+    for k, m in enumerate(msgs):
+        starts.append(at + len(f"<|im_start|>{m['role']}\n"))
+        at += len(ren.piece(m, tools if k == 0 else None))
+    enc = ren.encode(whole)
+    ends = [e for _, e in enc.offsets]
+    spans = []
+    for f in row["meta"]["answers"]:
+        a, b = (starts[f["message"]] + c for c in f["answer_chars"])
+        if whole[a:b] != f["value"]:
+            raise ValueError(f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} at "
+                             f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer")
+        span = [token_at(ends, a), token_at(ends, b - 1) + 1]  # the tokens of characters a .. b - 1
+        spans.append({"message": f["message"], "kind": f["kind"], "distance_tokens": f["distance_tokens"],
+                      "bucket": bucket_of(f["distance_tokens"]), "tokens": span})
+    return list(enc.ids), spans

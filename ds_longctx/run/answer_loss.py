@@ -1,0 +1,111 @@
+"""The loss on the answers of long agent sessions by answer-to-evidence distance: did the model learn to answer from
+far back? One JSON line per distance bucket per evaluation, in `<output_dir>/answer_loss.jsonl`.
+
+    rows = read_sessions(path)                                   # a `data prepare --sessions` directory or its jsonl
+    lines = answer_loss(engine_losses(engine), tok, rows, step)  # collective under the engine: every rank calls it
+    lines = answer_loss(hf_losses(model), tok, rows, step)       # a plain HF model (CPU reference)
+    -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
+
+Per answer: the mean CE of predicting the tokens of its quoted value (data/answer_spans.py: tokens a .. b - 1, so the
+losses at row indices a - 1 .. b - 2), the session forwarded whole as one row (no EOS, no packing, no window).
+Per bucket: `mean_loss` is the mean of its answers' means (each answer counts once, whatever its length); `tokens`
+the answer tokens summed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ds_longctx.data.answer_spans import BUCKETS, answer_spans
+
+ANSWER_LOSS_FILE = "answer_loss.jsonl"
+
+
+def read_sessions(path) -> list:
+    """The session rows of a `data prepare --sessions` directory (its train.jsonl) or of a jsonl file; rows without
+    `meta.answers` are left out."""
+    p = Path(path)
+    p = p / "train.jsonl" if p.is_dir() else p
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return [r for r in rows if isinstance(r.get("meta"), dict) and r["meta"].get("answers")]
+
+
+def hf_losses(model):
+    """Per-token losses of one row from a plain HF causal LM: ids [L] -> [L - 1] fp32, loss i predicts token i + 1."""
+    import torch
+    import torch.nn.functional as F
+
+    def losses(ids: list):
+        x = torch.tensor(ids, device=model.device)
+        with torch.no_grad():
+            logits = model(x[None]).logits[0].float()   # [L, V]
+        return F.cross_entropy(logits[:-1], x[1:], reduction="none").cpu()
+    return losses
+
+
+def engine_losses(engine):
+    """Per-token losses of one row under the engine (SP: every rank passes the whole row; `eval_batch` gives this
+    rank's slice, summed over the SP group into the whole row). Collective: every rank calls it on the same rows."""
+    import torch
+    import torch.distributed as dist
+
+    def losses(ids: list):
+        part = engine.eval_batch(torch.tensor([ids]))
+        full = torch.zeros(part.length, dtype=torch.float32, device=part.loss.device)  # [L]
+        n = max(0, min(part.loss.shape[1], part.length - part.start))                  # the slice less padding
+        full[part.start:part.start + n] = part.loss[0, :n]
+        if engine.state.sp_size > 1:
+            dist.all_reduce(full, group=engine.state.sp_group)
+        return full[:-1].cpu()  # the last index predicts nothing (labels are the row shifted)
+    return losses
+
+
+def per_answer(losses, tok, rows: list) -> list:
+    """Every answer's span (answer_spans) with `loss`, the mean CE over its value's tokens, and `session`."""
+    out = []
+    for row in rows:
+        ids, spans = answer_spans(tok, row)
+        token_loss = losses(ids)  # [L - 1]
+        for s in spans:
+            a, b = s["tokens"]
+            out.append({**s, "session": row.get("name"), "loss": float(token_loss[a - 1:b - 1].double().mean())})
+    return out
+
+
+def bucket_lines(answers: list, step: int) -> list:
+    """One line per bucket that holds an answer (module doc), in BUCKETS order."""
+    lines = []
+    for name in BUCKETS:
+        got = [x for x in answers if x["bucket"] == name]
+        if got:
+            lines.append({"step": step, "bucket": name, "answers": len(got),
+                          "tokens": sum(x["tokens"][1] - x["tokens"][0] for x in got),
+                          "mean_loss": sum(x["loss"] for x in got) / len(got)})
+    return lines
+
+
+def answer_loss(losses, tok, rows: list, step: int) -> list:
+    """The bucket lines of `rows`' answers at `step` (module doc)."""
+    return bucket_lines(per_answer(losses, tok, rows), step)
+
+
+def answer_loss_writer(engine, cfg):
+    """`write(step)`: the answer loss of eval_data's first eval_rows sessions under `engine`, appended by rank 0 to
+    `<output_dir>/answer_loss.jsonl`. Collective. A session file with no answer is refused here, before any step."""
+    from transformers import AutoTokenizer
+
+    from ds_longctx.data.tokenize import tokenizer_path
+    from ds_longctx.run.evaluate import append_jsonl
+    rows = read_sessions(cfg.eval.data)[:cfg.eval.rows]
+    if not rows:
+        raise ValueError(f"eval_answer_loss: eval_data={cfg.eval.data!r} holds no session with meta.answers; use a "
+                         f"`ds-longctx data prepare --sessions` directory or drop eval_answer_loss")
+    tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
+    losses, out = engine_losses(engine), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
+
+    def write(step: int) -> None:
+        lines = answer_loss(losses, tok, rows, step)
+        if engine.state.rank == 0:
+            append_jsonl(out, *lines)
+    return write

@@ -1,0 +1,71 @@
+"""Answer loss by distance (run/answer_loss.py) on two tiny sessions: each answer's span covers exactly its quoted
+value's tokens, its loss is a plain HF forward's F.cross_entropy over those tokens, and the buckets count the meta's
+distances as the data card buckets them."""
+
+import json
+
+import pytest
+
+from tests.data.test_agent_sessions import ONLY
+from tests.helpers import tiny_config
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from ds_longctx.data.prepare import main
+    out = tmp_path_factory.mktemp("answers") / "s"
+    assert main(["prepare", "--out", str(out), "--sessions", "2", "--only", ONLY, "--min_tokens", "4096",
+                 "--max_tokens", "8192", "--vocab_size", "512"]) == 0
+    return out, AutoTokenizer.from_pretrained(str(out / "tokenizer"), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def model(sessions):
+    import torch
+
+    from ds_longctx.run.model import model_class
+    cfg = tiny_config()
+    cfg.vocab_size = len(sessions[1])
+    torch.manual_seed(0)
+    return model_class(cfg)(cfg).eval()
+
+
+def test_spans_cover_the_quoted_values_and_losses_match_plain_cross_entropy(sessions, model):
+    import torch
+    import torch.nn.functional as F
+
+    from ds_longctx.run.answer_loss import hf_losses, per_answer, read_sessions
+    d, tok = sessions
+    rows = read_sessions(d)
+    got = per_answer(hf_losses(model), tok, rows)
+    assert len(got) == sum(len(r["meta"]["answers"]) for r in rows) > 0
+    i = 0
+    for row in rows:
+        ids = tok.apply_chat_template(row["messages"], tools=row["tools"], tokenize=True, return_dict=True)["input_ids"]
+        assert len(ids) == row["meta"]["tokens"]
+        x = torch.tensor(ids)
+        with torch.no_grad():
+            logits = model(x[None]).logits[0]
+        for f in row["meta"]["answers"]:
+            a, b = got[i]["tokens"]
+            assert f["value"] in tok.decode(ids[a:b]), (f, tok.decode(ids[a:b]))
+            assert f["value"] not in tok.decode(ids[a + 1:b]) and f["value"] not in tok.decode(ids[a:b - 1])
+            ref = F.cross_entropy(logits[a - 1:b - 1], x[a:b]).item()
+            assert got[i]["loss"] == pytest.approx(ref, rel=1e-5, abs=1e-5)
+            assert got[i]["distance_tokens"] == f["distance_tokens"]
+            i += 1
+
+
+def test_bucket_lines_count_the_meta_distances(sessions, model, tmp_path):
+    from ds_longctx.data.answer_spans import BUCKETS
+    from ds_longctx.data.session_card import bucket_counts
+    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions
+    d, tok = sessions
+    rows = read_sessions(d)
+    lines = answer_loss(hf_losses(model), tok, rows, step=7)
+    counts = bucket_counts([f["distance_tokens"] for r in rows for f in r["meta"]["answers"]])
+    assert {x["bucket"]: x["answers"] for x in lines} == {b: n for b, n in zip(BUCKETS, counts) if n}
+    assert all(x["step"] == 7 and x["tokens"] >= x["answers"] and x["mean_loss"] > 0 for x in lines)
+    json.dumps(lines)
