@@ -25,8 +25,8 @@ from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import checkpoint, checkpoint_save, memory_snapshot, optimizer_state, resume_changes, run_lock
-from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.answer_loss import answer_loss_writer
+from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
 from ds_longctx.run.preflight import preflight
