@@ -11,21 +11,11 @@ Buckets: `DISTANCE_EDGES` of the data card, named "0-1k", "1k-4k", ... "256k-1M"
 
 from __future__ import annotations
 
-from ds_longctx.data.session_card import DISTANCE_EDGES
+from ds_longctx.data.session_card import DISTANCE_EDGES, bucket_index, size_name
 from ds_longctx.data.session_chat import Renderer, token_at
 
-
-def _short(n: int) -> str:
-    return f"{n // 1048576}M" if n >= 1048576 else f"{n // 1024}k" if n else "0"
-
-
-BUCKETS = [f"{_short(a)}-{_short(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + \
-          [f"{_short(DISTANCE_EDGES[-1])}+"]
-
-
-def bucket_of(distance: int) -> str:
-    """The name of the bucket of `distance` tokens: edges[k] <= distance < edges[k + 1]; the last is open."""
-    return BUCKETS[max(k for k, e in enumerate(DISTANCE_EDGES) if distance >= e)]
+BUCKETS = [f"{size_name(a)}-{size_name(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + \
+          [f"{size_name(DISTANCE_EDGES[-1])}+"]
 
 
 def answer_spans(tok, row: dict) -> tuple:
@@ -47,5 +37,5 @@ def answer_spans(tok, row: dict) -> tuple:
                              f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer")
         span = [token_at(ends, a), token_at(ends, b - 1) + 1]  # the tokens of characters a .. b - 1
         spans.append({"message": f["message"], "kind": f["kind"], "distance_tokens": f["distance_tokens"],
-                      "bucket": bucket_of(f["distance_tokens"]), "tokens": span})
+                      "bucket": BUCKETS[bucket_index(f["distance_tokens"])], "tokens": span})
     return list(enc.ids), spans

@@ -35,8 +35,13 @@ def bucket_counts(values: list, edges: list = DISTANCE_EDGES) -> list:
     """How many values fall in each bucket: bucket k holds edges[k] <= v < edges[k + 1]; the last is open."""
     counts = [0] * len(edges)
     for v in values:
-        counts[max(k for k, e in enumerate(edges) if v >= e)] += 1
+        counts[bucket_index(v, edges)] += 1
     return counts
+
+
+def bucket_index(v: int, edges: list = DISTANCE_EDGES) -> int:
+    """The bucket k of `v`: edges[k] <= v < edges[k + 1]; the last is open."""
+    return max(k for k, e in enumerate(edges) if v >= e)
 
 
 def session_card(rows: list, files: list, source: str, python: str, vocab: int, args) -> dict:
@@ -83,7 +88,8 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
     }
 
 
-def _size(n: int) -> str:
+def size_name(n: int) -> str:
+    """1024 -> "1k", 1048576 -> "1M", else the number."""
     return f"{n // 1048576}M" if n >= 1048576 and n % 1048576 == 0 else \
         f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
@@ -111,8 +117,8 @@ def session_card_markdown(c: dict) -> str:
              "| --- | ---: |"]
     edges = d["edges"]
     for k, n in enumerate(d["counts"]):
-        hi = _size(edges[k + 1]) if k + 1 < len(edges) else "..."
-        lines.append(f"| {_size(edges[k])} - {hi} | {n} |")
+        hi = size_name(edges[k + 1]) if k + 1 < len(edges) else "..."
+        lines.append(f"| {size_name(edges[k])} - {hi} | {n} |")
     lines += ["", "## Sessions", "", "| session | tokens | target | trained | messages | files read | answers | "
               "farthest answer (tokens back) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {s['name']} | {s['tokens']:,} | {s['target_tokens']:,} | {s['trained_tokens']:,} | {s['messages']} "
@@ -131,7 +137,7 @@ def distance_png(c: dict) -> bytes | None:
     fig = Figure(figsize=(6, 3.2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    labels = [f"{_size(e)}-" for e in d["edges"]]
+    labels = [f"{size_name(e)}-" for e in d["edges"]]
     ax.bar(range(len(labels)), d["counts"], color="#4c72b0")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel("answer-to-evidence distance (tokens)")
