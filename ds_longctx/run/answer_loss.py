@@ -1,9 +1,10 @@
 """The loss on the answers of long agent sessions by answer-to-evidence distance: did the model learn to answer from
 far back? One JSON line per distance bucket per evaluation, in `<output_dir>/answer_loss.jsonl`.
 
-    rows = read_sessions(path)                                   # a `data prepare --sessions` directory or its jsonl
-    lines = answer_loss(engine_losses(engine), tok, rows, step)  # collective under the engine: every rank calls it
-    lines = answer_loss(hf_losses(model), tok, rows, step)       # a plain HF model (CPU reference)
+    rows = read_sessions(path)                               # a `data prepare --sessions` directory or its jsonl
+    sessions = session_spans(tok, rows)                      # tokens and answer spans, once per run
+    lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
+    lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
     -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
 
 Per answer: the mean CE of predicting the tokens of its quoted value (data/answer_spans.py: tokens a .. b - 1, so the
@@ -61,15 +62,19 @@ def engine_losses(engine):
     return losses
 
 
-def per_answer(losses, tok, rows: list) -> list:
-    """Every answer's span (answer_spans) with `loss`, the mean CE over its value's tokens, and `session`."""
+def session_spans(tok, rows: list) -> list:
+    """(name, token ids, answer spans) of each row (answer_spans): what every evaluation reads."""
+    return [(row.get("name"), *answer_spans(tok, row)) for row in rows]
+
+
+def per_answer(losses, sessions: list) -> list:
+    """Every answer's span (`session_spans`) with `loss`, the mean CE over its value's tokens, and `session`."""
     out = []
-    for row in rows:
-        ids, spans = answer_spans(tok, row)
+    for name, ids, spans in sessions:
         token_loss = losses(ids)  # [L - 1]
         for s in spans:
             a, b = s["tokens"]
-            out.append({**s, "session": row.get("name"), "loss": float(token_loss[a - 1:b - 1].double().mean())})
+            out.append({**s, "session": name, "loss": float(token_loss[a - 1:b - 1].double().mean())})
     return out
 
 
@@ -85,9 +90,9 @@ def bucket_lines(answers: list, step: int) -> list:
     return lines
 
 
-def answer_loss(losses, tok, rows: list, step: int) -> list:
-    """The bucket lines of `rows`' answers at `step` (module doc)."""
-    return bucket_lines(per_answer(losses, tok, rows), step)
+def answer_loss(losses, sessions: list, step: int) -> list:
+    """The bucket lines of `sessions`' answers at `step` (module doc)."""
+    return bucket_lines(per_answer(losses, sessions), step)
 
 
 def answer_loss_writer(engine, cfg):
@@ -102,10 +107,11 @@ def answer_loss_writer(engine, cfg):
         raise ValueError(f"eval_answer_loss: eval_data={cfg.eval.data!r} holds no session with meta.answers; use a "
                          f"`ds-longctx data prepare --sessions` directory or drop eval_answer_loss")
     tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
+    sessions = session_spans(tok, rows)  # rendered and tokenized once, read at every evaluation
     losses, out = engine_losses(engine), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
 
     def write(step: int) -> None:
-        lines = answer_loss(losses, tok, rows, step)
+        lines = answer_loss(losses, sessions, step)
         if engine.state.rank == 0:
             append_jsonl(out, *lines)
     return write

@@ -225,9 +225,9 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, tmp_path):
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
     lines = read_metrics(out, "answer_loss.jsonl")
     assert sorted({x["step"] for x in lines}) == [0, 2] and all(x["answers"] > 0 for x in lines)
-    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions
+    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions, session_spans
     from tests.helpers import tiny_model
-    ref = answer_loss(hf_losses(tiny_model().eval()), tok, read_sessions(sessions)[:1], 0)
+    ref = answer_loss(hf_losses(tiny_model().eval()), session_spans(tok, read_sessions(sessions)[:1]), 0)
     got = [x for x in lines if x["step"] == 0]
     assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in ref], rel=1e-5)
     assert [(x["bucket"], x["answers"], x["tokens"]) for x in got] == [(x["bucket"], x["answers"], x["tokens"])

@@ -36,10 +36,10 @@ def test_spans_cover_the_quoted_values_and_losses_match_plain_cross_entropy(sess
     import torch
     import torch.nn.functional as F
 
-    from ds_longctx.run.answer_loss import hf_losses, per_answer, read_sessions
+    from ds_longctx.run.answer_loss import hf_losses, per_answer, read_sessions, session_spans
     d, tok = sessions
     rows = read_sessions(d)
-    got = per_answer(hf_losses(model), tok, rows)
+    got = per_answer(hf_losses(model), session_spans(tok, rows))
     assert len(got) == sum(len(r["meta"]["answers"]) for r in rows) > 0
     i = 0
     for row in rows:
@@ -61,10 +61,10 @@ def test_spans_cover_the_quoted_values_and_losses_match_plain_cross_entropy(sess
 def test_bucket_lines_count_the_meta_distances(sessions, model, tmp_path):
     from ds_longctx.data.answer_spans import BUCKETS
     from ds_longctx.data.session_card import bucket_counts
-    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions
+    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions, session_spans
     d, tok = sessions
     rows = read_sessions(d)
-    lines = answer_loss(hf_losses(model), tok, rows, step=7)
+    lines = answer_loss(hf_losses(model), session_spans(tok, rows), step=7)
     counts = bucket_counts([f["distance_tokens"] for r in rows for f in r["meta"]["answers"]])
     assert {x["bucket"]: x["answers"] for x in lines} == {b: n for b, n in zip(BUCKETS, counts) if n}
     assert all(x["step"] == 7 and x["tokens"] >= x["answers"] and x["mean_loss"] > 0 for x in lines)
