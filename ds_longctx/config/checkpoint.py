@@ -22,6 +22,9 @@ class CheckpointConfig(Section):
     appended to. Needs the same world size and sp_size."""
     resume_tag: Optional[str] = None
     """With resume: a checkpoint tag under output_dir/checkpoints (e.g. step300) instead of the latest."""
+    allow_batch_change: bool = False
+    """With resume: let this run train another number of sequences a step (dp x micro_batch x grad_accum) than the
+    checkpoint's; the sample stream continues from the samples it consumed. Off: such a resume is refused."""
 
     @model_validator(mode="after")
     def _tag_needs_resume(self) -> "CheckpointConfig":

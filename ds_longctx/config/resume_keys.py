@@ -8,8 +8,8 @@ FIXED keys make the model, its numerics, the data order or the optimizer state's
 anything is loaded (run/checkpoint.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this
 run's to set: the step count, saving, logging, evaluation, the memory levers (optimizer and parameter offload
 included), the lr and its schedule; a change is applied after the checkpoint's load (run/resume_changes.py) and listed
-in one log line. NOT_COMPARED keys say where and whether to resume, and sp_size is the layout (checked with the world
-size). Every key is in exactly one class.
+in one log line. NOT_COMPARED keys say where and whether to resume; sp_size, micro_batch and grad_accum make the layout
+and the global batch, which checkpoint/layout.py checks with the world size. Every key is in exactly one class.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from ds_longctx.config.keys import FLAT
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
 FIXED = {
     "model": "", "dtype": "", "rope_scaling": "", "attn_backend": "",
-    "seq_len": "", "micro_batch": "", "seed": "", "shuffle": "",
-    "grad_accum": "it sets the sequences of every step, so the data order would not continue",
+    "seq_len": "", "seed": "", "shuffle": "",
     "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
     "add_eos": "", "skip_bad_rows": "", "data_format": "", "train_on": "", "truncate": "",
     "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
@@ -41,7 +40,9 @@ MAY_CHANGE = (
     "run_ahead_layers", "optimizer_offload", "offload_params",
     "collective_timeout_s", "sp_across_nodes", "nodes", "gpus_per_node",
 )
-NOT_COMPARED = ("output_dir", "overwrite", "resume", "resume_tag", "sp_size")
+# the layout and the global batch: checked together by checkpoint/layout.check_layout
+NOT_COMPARED = ("output_dir", "overwrite", "resume", "resume_tag", "sp_size", "micro_batch", "grad_accum",
+                "allow_batch_change")
 # the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups (lr,
 # weight_decay) and the scheduler's step from the checkpoint
 OPTIMIZER_KEYS = ("steps", "epochs", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay")
@@ -60,7 +61,7 @@ _check_classes()
 
 def stored_values(cfg) -> dict:
     """{flat key: value} of every compared key: what a checkpoint keeps to compare a resume against."""
-    return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE)}
+    return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE, "micro_batch", "grad_accum")}
 
 
 def saved_values(stored: dict, run_yaml: Path) -> dict:

@@ -66,17 +66,21 @@ def pack_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray
     return np.asarray(row_ptr, np.int64), np.asarray(seg_start, np.int64), np.asarray(seg_len, np.int64)
 
 
-def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int) -> range:
-    """The samples dp replica `dp_rank` reads at `step`: (step * dp + r) * b ... + b - 1 (the order in the module doc
-    of data/__init__.py; also the HF Trainer's sampler, integrations/hf_data.py)."""
-    first = (step * dp_size + dp_rank) * micro_batch
+def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int, offset: int = 0) -> range:
+    """The samples dp replica `dp_rank` reads at `step`: offset + (step * dp + r) * b ... + b - 1 (the order in the
+    module doc of data/__init__.py; also the HF Trainer's sampler, integrations/hf_data.py). A step's samples over
+    every replica are [offset + step * dp * b, offset + (step + 1) * dp * b) whatever dp is: a resume at another dp
+    with the same global batch continues the same stream (checkpoint/layout.py; `offset` moves it where the batch
+    changed)."""
+    first = offset + (step * dp_size + dp_rank) * micro_batch
     return range(first, first + micro_batch)
 
 
-def step_batches(data, step: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_size: int) -> list:
+def step_batches(data, step: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_size: int,
+                 offset: int = 0) -> list:
     """The grad_accum `Batch`es of `[micro_batch, L]` that dp replica `dp_rank` trains in optimizer step `step + 1`
     (`data`: TokenRows or SyntheticRetrieval): its micro_batch x grad_accum samples of `step_samples`, in order."""
-    samples = step_samples(step, micro_batch * grad_accum, dp_rank, dp_size)
+    samples = step_samples(step, micro_batch * grad_accum, dp_rank, dp_size, offset)
     return [data.rows(samples[k * micro_batch:(k + 1) * micro_batch]) for k in range(grad_accum)]
 
 

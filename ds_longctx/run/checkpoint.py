@@ -42,6 +42,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from ds_longctx.checkpoint import layout
+from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel.disk import PARTIAL_MARKER
 from ds_longctx.run import checkpoint_files as files
@@ -179,14 +181,6 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     tag_dir, meta = find_checkpoint(root, cfg.checkpoint.resume_tag)
     set_aside(root)
     run = meta["run"]
-    dp = world_size // cfg.parallel.sp_size
-    if (run["world_size"], run["sp_size"]) != (world_size, cfg.parallel.sp_size):
-        raise CheckpointError(
-            f"resume: checkpoint {str(tag_dir)!r} was written by world_size={run['world_size']} with "
-            f"sp_size={run['sp_size']} (dp={run['dp_size']}), this run has world_size={world_size} with "
-            f"sp_size={cfg.parallel.sp_size} (dp={dp}); ZeRO-3 partitions are per rank: resume with "
-            f"{run['world_size']} processes and sp_size={run['sp_size']}, or `ds-longctx export` it and start a "
-            f"new run from the exported model")
     saved = resume_keys.saved_values(run, tag_dir / "run.yaml")
     refused, _ = resume_keys.compare(saved, cfg)  # which keys may change: config/resume_keys.py
     if refused:
@@ -194,7 +188,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     if cfg.train.epochs is None and meta["step"] >= cfg.train.steps:  # epochs: known once the data is read
         raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} is at step {meta['step']} and steps="
                               f"{cfg.train.steps}: nothing left to train; set steps above {meta['step']}")
-    return meta
+    change = layout.check_layout(cfg, world_size, meta, repr(str(tag_dir)))  # another layout: resharded at load
+    return meta if change is None else dict(meta, layout_change=change)
 
 
 def set_aside(root: Path) -> None:
@@ -232,8 +227,13 @@ def load(engine, tag_dir: Path, meta: dict, data_signature: dict) -> int:
         raise CheckpointError(f"resume: the data changed since checkpoint {str(tag_dir)!r} (then {meta.get('data')}, "
                               f"now {data_signature}), so its order cannot continue; resume with the same data or "
                               f"start a new output_dir")
-    _load_states(engine, tag_dir, meta, "resume", "; use an earlier tag (resume_tag) or start a new output_dir",
-                 resume=True)
+    if meta.get("layout_change"):
+        if engine.state.rank == 0:
+            log.info(meta["layout_change"])
+        resume_resharded(engine, tag_dir, meta, int(meta["run"]["seed"]))
+    else:
+        _load_states(engine, tag_dir, meta, "resume", "; use an earlier tag (resume_tag) or start a new output_dir",
+                     resume=True)
     log.info("resumed from %s at step %d", tag_dir, meta["step"])
     return int(meta["step"])
 

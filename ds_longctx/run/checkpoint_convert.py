@@ -1,6 +1,11 @@
-"""`ds-longctx checkpoint convert`: a checkpoint written before digests (format 1) -> format 2, in place.
+"""`ds-longctx checkpoint convert | reshard`: a checkpoint rewritten in place.
 
     ds-longctx checkpoint convert OUTPUT_DIR [--tag step300]     # every format-1 tag under it, or one
+    ds-longctx checkpoint reshard OUTPUT_DIR [--tag step300]     # the latest tag's (or one's) universal form
+
+`reshard` writes the layout-free form a resume at another world size, sp size or dp size reads
+(checkpoint/universal.py), ahead of the job so its GPUs do not wait for it; it prints the time and the peak host
+memory it took.
 
 Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's (run/checkpoint.py). The
 conversion loads each RNG file weights-only, with numpy's array globals allowed for that file alone (what numpy's
@@ -60,18 +65,36 @@ def convert_tag(tag_dir: Path) -> bool:
     return True
 
 
+def reshard_tag(root: Path, tag: str | None) -> str:
+    """Write the universal form of `tag` (None: latest) under checkpoints/ `root`; its one-line report."""
+    import resource
+    import time
+
+    from ds_longctx.checkpoint.universal import universal_dir, write_universal
+    tag_dir, meta = checkpoint.find_checkpoint(root, tag, what="checkpoint reshard")
+    t0 = time.perf_counter()
+    manifest = write_universal(tag_dir, meta, show=True)
+    size = sum(e["bytes"] for e in manifest["files"].values())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return (f"{universal_dir(tag_dir)}: {len(manifest['params'])} parameters, {size / 1e9:.2f} GB, written in "
+            f"{time.perf_counter() - t0:.1f} s (files checked and hashed included); peak host RSS {peak / 1e9:.2f} GB")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ds-longctx checkpoint", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["convert"], help="convert: format 1 -> format 2, in place")
+    p.add_argument("action", choices=["convert", "reshard"],
+                   help="convert: format 1 -> format 2, in place; reshard: write a tag's universal form")
     p.add_argument("checkpoint", help="a run's output_dir (or its checkpoints/ directory)")
-    p.add_argument("--tag", default=None, help="one tag, e.g. step300 (default: every tag)")
+    p.add_argument("--tag", default=None, help="one tag, e.g. step300 (default: convert every tag, reshard the latest)")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         found = tags(a.checkpoint, a.tag)
         lock = run_lock.take(found[0].parent.parent, "convert it once that run has ended")  # it rewrites files there
         try:
-            for t in found:
+            if a.action == "reshard":
+                print(reshard_tag(found[0].parent, a.tag), flush=True)
+            for t in found if a.action == "convert" else []:
                 print(f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}", flush=True)
         finally:
             if lock is not None:

@@ -37,7 +37,7 @@ from typing import Iterable, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.run.checkpoint_paths import CheckpointError, is_ours, manifest_path, walk_files
+from ds_longctx.run.checkpoint_paths import UNIVERSAL_DIRS, CheckpointError, is_ours, manifest_path, walk_files
 
 META = "meta.json"
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
@@ -98,7 +98,8 @@ def check_sizes(tag_dir: Path, meta: dict, what: str, fix: str) -> None:
     listed = meta.get("files", {})
     for name in listed:
         manifest_path(tag_dir, name, what)
-    extra = sorted(rel for rel in walk_files(tag_dir, what) if rel not in listed and rel != META)
+    extra = sorted(rel for rel in walk_files(tag_dir, what) if rel not in listed and rel != META
+                   and Path(rel).parts[0] not in UNIVERSAL_DIRS)
     if extra:
         raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} holds {', '.join(extra[:5])}, which its save did "
                               f"not write (not in {META}); remove it, or {fix}")
@@ -244,7 +245,8 @@ def foreign_files(root: Path, tag: re.Pattern) -> list:
                 foreign.append(f"{rel}/{META} (not a checkpoint's)")
                 continue
             foreign += [f"{rel}/{f.relative_to(p)}" for f in sorted(p.rglob("*")) if f.is_symlink()
-                        or (f.is_file() and str(f.relative_to(p)) not in (*listed, META))]
+                        or (f.is_file() and str(f.relative_to(p)) not in (*listed, META)
+                            and f.relative_to(p).parts[0] not in UNIVERSAL_DIRS)]
     return foreign
 
 

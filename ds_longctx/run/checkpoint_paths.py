@@ -110,6 +110,8 @@ def walk_files(tag_dir: Path, what: str) -> Iterator[str]:
 
 # ----------------------------------------------------------------------------- saves in progress
 PARTIAL_PREFIX = ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
+# a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their own manifest
+UNIVERSAL_DIRS = ("universal", ".tmp-universal")
 
 
 def unmark_partial(d: Path) -> None:

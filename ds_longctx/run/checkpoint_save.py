@@ -145,7 +145,8 @@ def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_s
     cfg.dump(tmp / "run.yaml")
     manifest = {k: v for d in digests for k, v in d.items()}
     manifest.update(files.entries(tmp, ["config.json", "run.yaml"]))
-    meta = {"format": FORMAT, "step": step, "tag": tag, "run": run, "data": data_signature,
+    samples = engine.sample_offset + step * st.dp_size * cfg.train.micro_batch * cfg.train.grad_accum
+    meta = {"format": FORMAT, "step": step, "tag": tag, "run": run, "data": data_signature, "samples": samples,
             "deepspeed": deepspeed.__version__, "files": dict(sorted(manifest.items()))}
     paths.unmark_partial(tmp)
     write_meta(tmp, meta)

@@ -172,6 +172,7 @@ class LongCtxEngine:
         self.cfg, self.ds, self.levers, self.state = cfg, ds_engine, levers, state
         self.module, self.attn, self.placement, self.layers = levers.head, levers.attn, levers.placement, levers.layers
         self.ds_config, self.device = ds_config, device
+        self.sample_offset = 0  # where step 0 starts in the sample stream (checkpoint/layout.py; a resume sets it)
 
     @property
     def model(self) -> nn.Module:

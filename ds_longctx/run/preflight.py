@@ -21,6 +21,7 @@ import psutil
 import torch
 
 from ds_longctx import data
+from ds_longctx.checkpoint import layout
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
@@ -28,6 +29,7 @@ from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.parallel import attention, kernel_rules, ulysses
 from ds_longctx.parallel.disk import free_bytes, size_text
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
+from ds_longctx.parallel.units import GB
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import disk_checkpoint_bytes
 from ds_longctx.run import checkpoint
@@ -140,6 +142,18 @@ def disk_problem(cfg, resume_meta) -> str | None:
             f"{fix}, or choose an output_dir with more free space")
 
 
+def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str | None:
+    """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else the CUDA
+    device's memory; none on CPU: nothing to plan) and host RAM against the run's model and seq_len."""
+    gpu_gb = cfg.memory.gpu_budget_gb
+    if gpu_gb is None and torch.cuda.is_available():
+        gpu_gb = torch.cuda.get_device_properties(0).total_memory / GB
+    per_node = local_world_size(world_size) if per_node is None else per_node
+    problem = layout.plan_problem(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, world_size,
+                                  gpu_gb, psutil.virtual_memory().total / GB, per_node)
+    return None if problem is None else f"resume: {problem}"
+
+
 def preflight(cfg, world_size: int, per_node: int | None = None):
     """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
     `validate`."""
@@ -150,6 +164,8 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
     meta = checkpoint.check_run_dir(cfg, world_size)
+    if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
+        raise ValueError(problem)
     if problem := disk_problem(cfg, meta):
         raise ValueError(problem)
     check_reporter(cfg.logging.report_to)

@@ -37,7 +37,8 @@ def timed_step(engine, data, step: int, train, before_optimizer: Optional[Callab
         torch.cuda.synchronize()
     st = engine.state
     t0 = time.perf_counter()
-    batches = step_batches(data, step, train.micro_batch, train.grad_accum, st.dp_rank, st.dp_size)
+    batches = step_batches(data, step, train.micro_batch, train.grad_accum, st.dp_rank, st.dp_size,
+                           engine.sample_offset)
     res = engine.forward_backward(batches)
     if before_optimizer is not None:
         before_optimizer(res)

@@ -18,11 +18,9 @@ from tests.helpers import (
     assert_saved_size,
     checkpoint_weights,
     cpu_env,
-    free_port,
     read_metrics,
     rel_err,
     run_cli,
-    run_module,
     start,
     text_run_args,
     torchrun,
@@ -72,15 +70,16 @@ def test_a_saved_checkpoint_is_the_size_preflight_counts(runs):
     assert_saved_size(checkpoint.ckpt_root(runs["straight"]) / "step6")
 
 
-def test_resume_with_another_world_size_is_refused_and_changes_nothing(runs):
+def test_resume_that_changes_the_global_batch_is_refused_and_changes_nothing(runs):
+    """2 processes at sp_size 1 (dp 2) would train 2 sequences a step where the checkpoint trained 1; another layout
+    with the same batch reshards (tests/distributed/test_reshard.py)."""
     cut = runs["cut"]
     before = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*"))
-    args = [a if a != "2" else "1" for a in runs["base"]]  # --sp_size 1, one process
-    res = run_module(["ds_longctx.train", *args, "--steps", "9", "--resume", "--output_dir", str(cut)],
-                     {"MASTER_PORT": str(free_port())})
-    assert res.returncode != 0
-    for frag in ("world_size=2 with sp_size=2", "world_size=1 with sp_size=1", "resume with 2 processes",
-                 "ds-longctx export"):
+    args = [a if a != "2" else "1" for a in runs["base"]]  # --sp_size 1
+    res = run_cli(["train", *args, "--nproc", "2", "--steps", "9", "--resume", "--output_dir", str(cut)])
+    assert res.returncode == 2
+    for frag in ("trained 1 sequences a step (dp 1 x micro_batch 1 x grad_accum 1)", "this run trains 2 (dp 2",
+                 "choose a dp that divides 1", "--allow_batch_change true"):
         assert frag in res.stderr, res.stderr[-3000:]
     assert sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*")) == before
 

@@ -265,17 +265,18 @@ def test_resume_from_a_checkpoint_with_a_missing_file(tmp_path):
     refused(tmp_path / "out", ["corrupt", "optim_states.json is missing"], resume=True, steps=6, sp_size=2, world=2)
 
 
-def test_resume_with_another_world_size(tmp_path):
+def test_resume_with_another_world_size_and_global_batch(tmp_path):
     fake_checkpoint(tmp_path / "out", world=2, sp=2)
-    refused(tmp_path / "out", ["world_size=2 with sp_size=2", "world_size=4 with sp_size=2",
-                               "resume with 2 processes and sp_size=2", "ds-longctx export"],
+    refused(tmp_path / "out", ["trained 1 sequences a step (dp 1 x micro_batch 1 x grad_accum 1)",
+                               "this run trains 2 (dp 2 x micro_batch 1 x grad_accum 1)", "--allow_batch_change true"],
             resume=True, steps=6, sp_size=2, world=4)
 
 
-def test_resume_with_another_sp_size(tmp_path):
+def test_resume_with_another_sp_size_keeping_the_batch_is_a_reshard(tmp_path):
     fake_checkpoint(tmp_path / "out", world=2, sp=2)
-    refused(tmp_path / "out", ["sp_size=2", "world_size=2 with sp_size=1", "resume with 2 processes and sp_size=2"],
-            resume=True, steps=6, sp_size=1, world=2)
+    cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=1, grad_accum=1)
+    meta = checkpoint.check_run_dir(cfg, 1)
+    assert meta["layout_change"].startswith("resume: layout world 2 = sp 2 x dp 1 -> world 1 = sp 1 x dp 1")
 
 
 def test_resume_with_changed_settings(tmp_path):

@@ -1,0 +1,217 @@
+"""A ZeRO-3 checkpoint in a layout-free form: each trainable parameter's whole fp32 master and Adam moments, what a
+resume at another world size, sp size or dp size cuts its own partitions from (checkpoint/reshard.py).
+
+    <tag>/universal/manifest.json                 source layout, optimizer step, every parameter, every file's sha256
+    <tag>/universal/<param name>.safetensors      "fp32", "exp_avg", "exp_avg_sq": [numel] float32 each
+
+Where each piece comes from (DeepSpeed 0.19.8's ZeRO-3 save, `_rigid_state_dict`): rank r's optim file holds, per
+sub-group i, `fp32_flat_groups[i]` and the optimizer state `state[i]` (`exp_avg`, `exp_avg_sq`, `step`), each the
+concatenation, over that sub-group's parameters in `param_shapes[i]` order (the model file), of the parameter's
+r-th partition: ceil(numel / W) elements of the parameter flattened and zero-padded to W partitions. ZeRO-3
+partitions over every rank (Ulysses adds no axis of its own), so W is the world size whatever sp is.
+
+Writing streams one old rank at a time and one parameter fragment at a time into files laid out first (the
+safetensors header, then `os.pwrite` at each fragment's offset): host memory is a fragment plus the pages of the
+rank file being read (memory-mapped, dropped after each rank), never a whole model. Reading is a slice of a file
+(`safe_open(...).get_slice`): a rank reads its own partition only. Safetensors hold no code; every file is checked
+against the manifest's digest before anything is read from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import time
+from pathlib import Path
+
+from ds_longctx.run import checkpoint_files as files
+from ds_longctx.run.checkpoint_files import CheckpointError
+from ds_longctx.run.checkpoint_paths import UNIVERSAL_DIRS
+
+UNIVERSAL, PARTIAL = UNIVERSAL_DIRS
+MANIFEST = "manifest.json"
+KEYS = ("fp32", "exp_avg", "exp_avg_sq")
+FORMAT = 1
+_F32 = 4  # bytes per element
+
+
+def universal_dir(tag_dir: Path) -> Path:
+    return Path(tag_dir) / UNIVERSAL
+
+
+def param_file(name: str) -> str:
+    return f"{name}.safetensors"
+
+
+def partition(numel: int, world: int) -> int:
+    """Elements of one rank's partition of a `numel` parameter over `world` ranks (ZeRO-3: padded to equal)."""
+    return math.ceil(numel / world)
+
+
+# ----------------------------------------------------------------------------- safetensors laid out, then filled
+def _layout(numel: int) -> tuple[bytes, int]:
+    """(the safetensors header for KEYS of [numel] float32, the byte where the data starts)."""
+    n = numel * _F32
+    header = {k: {"dtype": "F32", "shape": [numel], "data_offsets": [i * n, (i + 1) * n]} for i, k in enumerate(KEYS)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # data aligned to 8 bytes
+    return struct.pack("<Q", len(text)) + text, 8 + len(text)
+
+
+def _create(path: Path, numel: int) -> int:
+    """A zero-filled safetensors file for KEYS of [numel]; returns its data start."""
+    head, start = _layout(numel)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(start + len(KEYS) * numel * _F32)
+    return start
+
+
+def _source_groups(tag_dir: Path, meta: dict) -> tuple[list, int]:
+    """([[(name, shape), ...] per sub-group], old world size) from rank 0's model file and the meta."""
+    world = int(meta["run"]["world_size"])
+    model = files.load(tag_dir / model_file(0))
+    groups = [[(n, tuple(int(x) for x in s)) for n, s in g.items()] for g in model["param_shapes"]]
+    return groups, world
+
+
+def model_file(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+def optim_file(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def _rank_pieces(path: Path) -> tuple[list, list, float]:
+    """(fp32 flat groups, [{exp_avg, exp_avg_sq}] per sub-group, optimizer step) of one optim file, memory-mapped."""
+    import torch
+    with files.weights_only_loads():
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["optimizer_state_dict"]
+    state = sd["optimizer_state_dict"]["state"]
+    flat = sd["fp32_flat_groups"]
+    if sorted(state) != list(range(len(flat))):
+        raise CheckpointError(f"reshard: {path} holds optimizer state for sub-groups {sorted(state)} and fp32 "
+                              f"groups 0..{len(flat) - 1}: not a ZeRO-3 save with Adam moments; resume it at its own "
+                              f"layout")
+    step = state[0].get("step", 0)
+    return flat, [state[i] for i in range(len(flat))], float(step.item() if hasattr(step, "item") else step)
+
+
+def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
+    """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against `meta` first);
+    returns the manifest. Written under a temporary name and renamed when whole."""
+    import torch
+    from tqdm import tqdm
+    tag_dir = Path(tag_dir)
+    if (problem := files.problem(tag_dir, meta, None, show=show)) is not None:
+        raise CheckpointError(f"reshard: checkpoint {str(tag_dir)!r} could not be read ({problem})")
+    groups, world = _source_groups(tag_dir, meta)
+    out, tmp = universal_dir(tag_dir), tag_dir / PARTIAL
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    t0 = time.perf_counter()
+    params, starts = [], {}
+    for gi, group in enumerate(groups):
+        for name, shape in group:
+            numel = math.prod(shape)
+            starts[name] = _create(tmp / param_file(name), numel)
+            params.append({"name": name, "shape": list(shape), "numel": numel, "group": gi})
+    step = None
+    bar = tqdm(total=world, desc="reshard: ranks read", unit="rank", disable=not show)
+    for r in range(world):
+        flat, state, r_step = _rank_pieces(tag_dir / optim_file(r))
+        step = r_step if step is None else step
+        for gi, group in enumerate(groups):
+            sources = (flat[gi], state[gi]["exp_avg"], state[gi]["exp_avg_sq"])
+            offset = 0
+            for name, shape in group:
+                numel = math.prod(shape)
+                part = partition(numel, world)
+                valid = max(0, min(part, numel - r * part))  # the rest of the last partitions is padding
+                if valid:
+                    fd = os.open(tmp / param_file(name), os.O_WRONLY)
+                    try:
+                        for k, src in enumerate(sources):
+                            piece = src.detach().narrow(0, offset, valid).to(torch.float32).contiguous()
+                            at = starts[name] + k * numel * _F32 + r * part * _F32
+                            os.pwrite(fd, piece.numpy().tobytes(), at)
+                    finally:
+                        os.close(fd)
+                offset += part
+            if offset != flat[gi].numel():
+                raise CheckpointError(f"reshard: {optim_file(r)} sub-group {gi} holds {flat[gi].numel()} elements, "
+                                      f"its parameters' partitions {offset}: not this layout's save; resume it at its "
+                                      f"own layout")
+        del flat, state  # the memory map of this rank's file goes with them
+        bar.update(1)
+    bar.close()
+    entries = files.entries(tmp, [param_file(p["name"]) for p in params], show=show)
+    run = meta["run"]
+    manifest = {"format": FORMAT, "tag": tag_dir.name, "step": int(meta["step"]), "optimizer_step": step,
+                "source": {k: run[k] for k in ("world_size", "sp_size", "dp_size")},
+                "params": params, "files": entries, "seconds": round(time.perf_counter() - t0, 2)}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return manifest
+
+
+# ----------------------------------------------------------------------------- reading
+def read_manifest(tag_dir: Path) -> dict:
+    """The universal manifest of `tag_dir`, or a CheckpointError saying how to make it."""
+    path = universal_dir(tag_dir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"reshard: {str(path)!r} does not exist; `ds-longctx checkpoint reshard "
+                              f"{tag_dir.parent.parent}` writes it") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"reshard: {str(path)!r} is not a manifest ({e}); remove {str(path.parent)!r} and run "
+                              f"`ds-longctx checkpoint reshard {tag_dir.parent.parent}` again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; remove "
+                              f"{str(path.parent)!r} and run `ds-longctx checkpoint reshard` again")
+    return manifest
+
+
+def problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
+    """What is wrong with the universal form of `tag_dir` (None: nothing), checking every file of the manifest whose
+    index is `share`[0] modulo `share`[1] (the ranks split the reading): inside universal/, the size and sha256
+    recorded, a safetensors file of KEYS only (no pickle is ever opened); and no file beside them."""
+    from safetensors import safe_open
+    base = universal_dir(tag_dir)
+    listed = manifest["files"]
+    extra = sorted(p.name for p in base.iterdir() if p.name not in listed and p.name != MANIFEST)
+    if extra:
+        return f"{str(base)!r} holds {', '.join(extra[:5])}, which the conversion did not write (not in {MANIFEST})"
+    for name in sorted(listed)[share[0]::share[1]]:
+        path = files.manifest_path(base, name, "reshard")
+        entry = listed[name]
+        if not path.is_file() or path.stat().st_size != entry["bytes"]:
+            return f"{str(path)!r} is missing or not the size its conversion wrote"
+        if (found := files.digest(path, show)) != entry["sha256"]:
+            return (f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
+                    f"was written")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                keys = sorted(f.keys())
+        except Exception as e:  # not a safetensors file (a pickle, anything else): never loaded otherwise
+            return (f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal checkpoint holds "
+                    f"tensors only, so it is refused unloaded")
+        if keys != sorted(KEYS):
+            return f"{str(path)!r} holds {keys}, not {list(KEYS)}"
+    return None
+
+
+def read_slice(tag_dir: Path, name: str, key: str, start: int, stop: int):
+    """Elements [start, stop) of parameter `name`'s flat `key` (float32 tensor; only those bytes are read)."""
+    from safetensors import safe_open
+    with safe_open(str(universal_dir(tag_dir) / param_file(name)), framework="pt") as f:
+        return f.get_slice(key)[start:stop]
