@@ -19,6 +19,7 @@ against the manifest's digest before anything is read from it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -137,9 +138,10 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
                     fd = os.open(tmp / param_file(name), os.O_WRONLY)
                     try:
                         for k, src in enumerate(sources):
-                            piece = src.detach().narrow(0, offset, valid).to(torch.float32).contiguous()
+                            piece = src.detach().narrow(0, offset, valid)
                             at = starts[name] + k * numel * _F32 + r * part * _F32
-                            os.pwrite(fd, piece.numpy().tobytes(), at)
+                            os.pwrite(fd, piece.to(torch.float32).contiguous().numpy().tobytes(), at)
+                            _drop_pages(piece)
                     finally:
                         os.close(fd)
                 offset += part
@@ -161,6 +163,33 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
         shutil.rmtree(out)
     os.replace(tmp, out)
     return manifest
+
+
+def _drop_pages(t) -> None:
+    """The pages of memory-mapped tensor `t` given back (madvise DONTNEED: read-only file pages, re-read on a later
+    touch), so host memory stays a fragment however large the rank file is. A no-op where libc has no madvise."""
+    import ctypes
+    import mmap
+    libc = _libc()
+    if libc is None or t.numel() == 0:
+        return
+    start = t.data_ptr()
+    lo = start - start % mmap.PAGESIZE
+    hi = start + t.numel() * t.element_size()
+    hi -= hi % mmap.PAGESIZE  # whole pages only: a neighbour's partial page stays
+    if hi > lo:
+        libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return libc if hasattr(libc, "madvise") else None
+    except OSError:
+        return None
 
 
 # ----------------------------------------------------------------------------- reading

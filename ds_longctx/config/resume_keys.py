@@ -40,7 +40,7 @@ MAY_CHANGE = (
     "run_ahead_layers", "optimizer_offload", "offload_params",
     "collective_timeout_s", "sp_across_nodes", "nodes", "gpus_per_node",
 )
-# the layout and the global batch: checked together by checkpoint/layout.check_layout
+# the layout and the global batch: checked together by checkpoint/layout_change.check_layout
 NOT_COMPARED = ("output_dir", "overwrite", "resume", "resume_tag", "sp_size", "micro_batch", "grad_accum",
                 "allow_batch_change")
 # the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups (lr,

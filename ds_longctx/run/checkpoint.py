@@ -42,7 +42,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ds_longctx.checkpoint import layout
+from ds_longctx.checkpoint import layout_change
 from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel.disk import PARTIAL_MARKER
@@ -188,7 +188,7 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     if cfg.train.epochs is None and meta["step"] >= cfg.train.steps:  # epochs: known once the data is read
         raise CheckpointError(f"resume: checkpoint {str(tag_dir)!r} is at step {meta['step']} and steps="
                               f"{cfg.train.steps}: nothing left to train; set steps above {meta['step']}")
-    change = layout.check_layout(cfg, world_size, meta, repr(str(tag_dir)))  # another layout: resharded at load
+    change = layout_change.check_layout(cfg, world_size, meta, repr(str(tag_dir)))  # another layout: resharded at load
     return meta if change is None else dict(meta, layout_change=change)
 
 

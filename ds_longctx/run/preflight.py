@@ -21,7 +21,7 @@ import psutil
 import torch
 
 from ds_longctx import data
-from ds_longctx.checkpoint import layout
+from ds_longctx.checkpoint import layout_change
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
@@ -149,7 +149,7 @@ def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str
     if gpu_gb is None and torch.cuda.is_available():
         gpu_gb = torch.cuda.get_device_properties(0).total_memory / GB
     per_node = local_world_size(world_size) if per_node is None else per_node
-    problem = layout.plan_problem(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, world_size,
+    problem = layout_change.plan_problem(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, world_size,
                                   gpu_gb, psutil.virtual_memory().total / GB, per_node)
     return None if problem is None else f"resume: {problem}"
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ds_longctx.checkpoint import layout
+from ds_longctx.checkpoint import layout_change
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
@@ -145,7 +145,7 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
         resume_changes.apply_changes(engine, cfg, tag_dir, resume_meta)  # this run's lr and schedule over the saved
-        engine.sample_offset = layout.sample_offset(resume_meta, st.dp_size * cfg.train.micro_batch
+        engine.sample_offset = layout_change.sample_offset(resume_meta, st.dp_size * cfg.train.micro_batch
                                                     * cfg.train.grad_accum)
     t_state = time.perf_counter()
     try:
