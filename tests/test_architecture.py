@@ -121,7 +121,7 @@ def test_no_function_over_80_lines(path):
 # names that several modules define on purpose, each read with its module's name
 SHARED_NAMES = {"main": "each command module's entry point", "parser": "each command's argument parser",
                 "start": "fake_world.start / memory_snapshot.start", "stop": "fake_world.stop / memory_snapshot.stop",
-                "load": "checkpoint.load (a run's checkpoint) / checkpoint_files.load (one file)"}
+                "load": "resume.load (a run's checkpoint) / files.load (one file)"}
 
 
 def test_a_public_function_or_class_name_is_defined_once():

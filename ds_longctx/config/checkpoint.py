@@ -1,4 +1,4 @@
-"""`checkpoint` section: when the run saves and what it resumes from (owner: run/checkpoint.py)."""
+"""`checkpoint` section: when the run saves and what it resumes from (owner: checkpoint/resume.py)."""
 
 from __future__ import annotations
 
