@@ -12,7 +12,7 @@ statement of that layout and that rule; every other module names its files from 
         run.yaml, ds_config.json         the run's config and its DeepSpeed JSON
         metrics.jsonl, eval_curve.jsonl  one line per step / evaluation (run/metrics_log.py), answer_loss.jsonl
         tensorboard/                     report_to's events
-        .ds_longctx.lock                 the one writer's lock (checkpoint/run_lock.py)
+        LOCK_FILE                        the one writer's lock (checkpoint/run_lock.py)
 
 A tag is `step<N>`, N the completed optimizer steps; meta.json's FORMAT says how its files are checked
 (checkpoint/files.py) and READS the formats this version loads.
