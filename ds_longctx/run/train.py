@@ -5,7 +5,7 @@
     accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml
     ds-longctx train --nproc 2 --sp_size 2            # starts the processes for you
     ... --save_every 100                              # checkpoints in <output_dir>/checkpoints
-    ... --resume                                      # continue the latest one (same world size and sp_size)
+    ... --resume                                      # continue the latest one (layouts: checkpoint/layout.py)
 
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
 (step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes, skipped_rows: the data's rows left out
