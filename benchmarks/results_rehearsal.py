@@ -1,6 +1,6 @@
 """The rehearsal tables: each rehearsed rank against its plan and the bars (bench_planner's GPU_TOL, HOST_TOL), each
 `--layers` row beside the whole rehearsal of the same config, rank, length and commit, and the README's predicted
-step times (`benchmarks/results/rehearsal.jsonl`; rows written by ds_longctx/run/rehearse.py)."""
+step times (`benchmarks/results/rehearsal.jsonl`; rows written by ds_longctx/rehearsal/rehearse.py)."""
 
 from __future__ import annotations
 

@@ -41,13 +41,13 @@ def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.tra
 
 
 def precheck(nproc: int, run_args: list[str]):
-    """Parse and check the run in this process (another writer in output_dir: run/run_lock.py; `preflight`: the
+    """Parse and check the run in this process (another writer in output_dir: checkpoint/run_lock.py; `preflight`: the
     engine's checks, RoPE coverage, data source, output_dir / resume), before any worker starts. Exits 2 on bad
     input."""
+    from ds_longctx.checkpoint.run_lock import FIX, in_use, lock_holder
     from ds_longctx.run.argv import parse_config
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
-    from ds_longctx.run.run_lock import FIX, in_use, lock_holder
     cfg = parse_config(run_args, nproc, nproc)
     if (holder := lock_holder(cfg.train.output_dir)) is not None:
         refuse(f"refused before start: {in_use(cfg.train.output_dir, holder, FIX)}")
@@ -61,8 +61,8 @@ def precheck(nproc: int, run_args: list[str]):
 def run_train(nproc: int, run_args: list[str]) -> int:
     """Check the run here (`precheck`), then start `nproc` local training workers (`launch`) holding output_dir's
     lock."""
+    from ds_longctx.checkpoint.run_lock import FIX
     from ds_longctx.run.refuse import REFUSED
-    from ds_longctx.run.run_lock import FIX
     if problem := nproc_problem(nproc):
         print(problem, file=sys.stderr)
         return REFUSED
@@ -96,9 +96,9 @@ def nproc_problem(nproc: int) -> str | None:
 def run_eval(argv: list[str]) -> int:
     """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad input), then start the
     checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
+    from ds_longctx.checkpoint.run_lock import in_use, lock_holder
     from ds_longctx.run.eval_checkpoint import OUT_FIX, args_parser, eval_inputs
     from ds_longctx.run.refuse import REFUSED, refuse
-    from ds_longctx.run.run_lock import in_use, lock_holder
     nproc = args_parser().parse_known_args(argv)[0].nproc
     if nproc is not None and (problem := nproc_problem(nproc)):
         print(problem, file=sys.stderr)
@@ -117,11 +117,11 @@ def run_eval(argv: list[str]) -> int:
 
 
 def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, saves: bool = False) -> int:
-    """`launch` while this process holds `out`'s lock (run/run_lock.py), named to the workers in $DS_LONGCTX_RUN_LOCK;
-    exits 2 where another process took it since the check. `saves`: `out` is a training run's (its checkpoints are
-    named after an abandoned save)."""
+    """`launch` while this process holds `out`'s lock (checkpoint/run_lock.py), named to the workers in
+    $DS_LONGCTX_RUN_LOCK; exits 2 where another process took it since the check. `saves`: `out` is a training run's
+    (its checkpoints are named after an abandoned save)."""
+    from ds_longctx.checkpoint.run_lock import LOCK_ENV, lock_env_value, take
     from ds_longctx.run.refuse import refuse
-    from ds_longctx.run.run_lock import LOCK_ENV, lock_env_value, take
     try:
         lock = take(out, fix)
     except ValueError as e:
@@ -199,15 +199,16 @@ def _last_word(recorded, signals, signum: int, failure, output_dir: str | None) 
 
 def abandoned_line(signals, output_dir: str | None) -> str:
     """The last line after a save (or the step before it) was abandoned by a repeated signal."""
-    from ds_longctx.run.checkpoint_paths import read_latest
+    from ds_longctx.checkpoint.layout import ckpt_root
+    from ds_longctx.checkpoint.paths import read_latest
     from ds_longctx.run.stops import signal_name
     latest = None
     if output_dir is not None:
         try:
-            latest = read_latest(Path(output_dir) / "checkpoints")
+            latest = read_latest(ckpt_root(output_dir))
         except (ValueError, OSError):
             latest = None
-    kept = (f"the last complete checkpoint, {Path(output_dir) / 'checkpoints' / latest}, is unchanged: --resume "
+    kept = (f"the last complete checkpoint, {ckpt_root(output_dir) / latest}, is unchanged: --resume "
             f"continues it" if latest else "no earlier checkpoint of this run exists")
     return f"stopped by {signal_name(signals.first)}, then abandoned ({signals.abandoned}): {kept}"
 
@@ -273,7 +274,7 @@ def _main(argv: list[str] | None) -> None:
         from ds_longctx.plan.write import main as plan_main
         sys.exit(plan_main(argv[1:]))
     if argv and argv[0] == "rehearse":
-        from ds_longctx.run.rehearse import main as rehearse_main
+        from ds_longctx.rehearsal.rehearse import main as rehearse_main
         sys.exit(rehearse_main(argv[1:]))
     if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib|--sessions --out DIR`: its own options
         from ds_longctx.data.prepare import main as data_main
@@ -283,10 +284,10 @@ def _main(argv: list[str] | None) -> None:
         except ValueError as e:
             refuse(f"refused: {e}")
     if argv and argv[0] == "export":
-        from ds_longctx.run.export import main as export_main
+        from ds_longctx.checkpoint.export import main as export_main
         sys.exit(export_main(argv[1:]))
     if argv and argv[0] == "checkpoint":
-        from ds_longctx.run.checkpoint_convert import main as checkpoint_main
+        from ds_longctx.checkpoint.convert import main as checkpoint_main
         sys.exit(checkpoint_main(argv[1:]))
     if argv and argv[0] == "plot":
         from ds_longctx.run.plots import main as plot_main

@@ -44,9 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ("torch", "torch.distributed", "deepspeed", "yaml", "transformers",
            "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama",
            "transformers.models.mistral.modeling_mistral", "ds_longctx.config", "ds_longctx.data",
-           "ds_longctx.run.engine", "ds_longctx.run.train", "ds_longctx.run.evaluate", "ds_longctx.run.checkpoint",
+           "ds_longctx.run.engine", "ds_longctx.run.train", "ds_longctx.run.evaluate", "ds_longctx.checkpoint.resume",
            "ds_longctx.integrations.hf_trainer", "peft", "trl", "ds_longctx.cli", "torch.distributed.run",
-           "ds_longctx.run.train_loop", "ds_longctx.run.preflight", "ds_longctx.run.rehearse", "ds_longctx.run.export",
+           "ds_longctx.run.train_loop", "ds_longctx.run.preflight", "ds_longctx.rehearsal.rehearse",
+           "ds_longctx.checkpoint.export",
            "ds_longctx.run.eval_checkpoint",
            # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile: torch._inductor)
            "deepspeed.runtime.zero.muon.muon_optimizer")

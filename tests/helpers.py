@@ -51,7 +51,7 @@ def checkpoint_weights(output_dir, tag: str) -> dict:
     """{name: fp32 tensor} of the ZeRO-3 checkpoint `tag` of a run's `output_dir` (DeepSpeed's zero_to_fp32)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from ds_longctx.run.checkpoint import ckpt_root
+    from ds_longctx.checkpoint.resume import ckpt_root
     return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root(output_dir)), tag=tag)
 
 
@@ -284,8 +284,9 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout
 
 
 def hold_lock(out: Path) -> subprocess.Popen:
-    """Another process holding `out`'s run lock (run/run_lock.py) until it is killed; returned once it holds it."""
-    code = ("import sys, time; from ds_longctx.run.run_lock import RunLock; RunLock.acquire(sys.argv[1]); "
+    """Another process holding `out`'s run lock (checkpoint/run_lock.py) until it is killed; returned once it holds
+    it."""
+    code = ("import sys, time; from ds_longctx.checkpoint.run_lock import RunLock; RunLock.acquire(sys.argv[1]); "
             "print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(out)], env=cpu_env(), cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)

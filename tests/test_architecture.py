@@ -1,5 +1,5 @@
 """The package's shape, read from its source with `ast` (nothing imported): layers import only downward
-(docs/architecture.md), no module over 400 lines, no function over 80."""
+(docs/architecture.md), no import circle, no module over 400 lines, no function over 80."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ds_longctx"
 # lowest first; a module imports its own package and the layers below it, nothing beside or above it
-LAYERS = (("parallel",), ("levers", "data"), ("config",), ("plan",), ("run",), ("integrations",),
-          ("cli", "train", "eval", "generate"))
+LAYERS = (("parallel",), ("levers", "data"), ("config",), ("plan",), ("checkpoint",), ("run",),
+          ("integrations", "rehearsal"), ("cli", "train", "eval", "generate"))
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
@@ -100,8 +100,60 @@ def test_the_check_finds_an_upward_import_inside_a_function(tmp_path):
     line = victim.read_text().count("\n")
     assert upward_imports(tmp_path) == [
         f"ds_longctx/parallel/sharding.py:{line}: imports ds_longctx.run.engine: layer parallel imports layer run, "
-        f"above it (layers, lowest first: parallel -> levers/data -> config -> plan -> run -> integrations -> "
-        f"cli/train/eval/generate)"]
+        f"above it (layers, lowest first: parallel -> levers/data -> config -> plan -> checkpoint -> run -> "
+        f"integrations/rehearsal -> cli/train/eval/generate)"]
+
+
+def import_circles(root: Path = ROOT) -> list[str]:
+    """One line per import circle of the package under `root` (module-level and function-level imports alike), each
+    named by its modules in import order with the line of every import in it, e.g. `a (a.py:3) -> b (b.py:9) -> a`."""
+    edges: dict = {}
+    for path in modules(root):
+        here = dotted(path, root)
+        for line, target in imported(path, root):
+            if target != here and is_module(target, root):
+                edges.setdefault(here, {}).setdefault(target, (path.relative_to(root), line))
+    circles, seen, done = [], set(), set()
+
+    def visit(node: str, trail: list) -> None:
+        if node in trail:
+            loop = trail[trail.index(node):] + [node]
+            key = frozenset(loop)
+            if key not in seen:
+                seen.add(key)
+                circles.append(" -> ".join(f"{a} ({edges[a][b][0]}:{edges[a][b][1]})" for a, b in zip(loop, loop[1:]))
+                               + f" -> {node}")
+            return
+        if node in done:
+            return
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt, trail + [node])
+        done.add(node)
+
+    for start in sorted(edges):
+        visit(start, [])
+    return circles
+
+
+def test_no_import_circle():
+    circles = import_circles()
+    assert not circles, "import circles (move what both sides need into a module below them):\n" + "\n".join(circles)
+
+
+def test_the_check_names_an_import_circle_made_inside_a_function(tmp_path):
+    """The check itself: units.py importing disk.py inside a function (disk imports units at its top) is named, with
+    both lines (a copy of the package with one function added)."""
+    import shutil
+    shutil.copytree(PACKAGE, tmp_path / "ds_longctx", ignore=shutil.ignore_patterns("__pycache__"))
+    victim = tmp_path / "ds_longctx" / "parallel" / "units.py"
+    victim.write_text(victim.read_text() + "\n\ndef _late():\n    from ds_longctx.parallel import disk\n")
+    line = victim.read_text().count("\n")
+    disk = tmp_path / "ds_longctx" / "parallel" / "disk.py"
+    top = next(i for i, t in enumerate(disk.read_text().splitlines(), 1)
+               if t.startswith("from ds_longctx.parallel.units"))
+    assert import_circles(tmp_path) == [
+        f"ds_longctx.parallel.disk (ds_longctx/parallel/disk.py:{top}) -> ds_longctx.parallel.units "
+        f"(ds_longctx/parallel/units.py:{line}) -> ds_longctx.parallel.disk"]
 
 
 def test_no_module_over_400_lines():
@@ -121,7 +173,7 @@ def test_no_function_over_80_lines(path):
 # names that several modules define on purpose, each read with its module's name
 SHARED_NAMES = {"main": "each command module's entry point", "parser": "each command's argument parser",
                 "start": "fake_world.start / memory_snapshot.start", "stop": "fake_world.stop / memory_snapshot.stop",
-                "load": "checkpoint.load (a run's checkpoint) / checkpoint_files.load (one file)"}
+                "load": "resume.load (a run's checkpoint) / files.load (one file)"}
 
 
 def test_a_public_function_or_class_name_is_defined_once():
@@ -140,8 +192,8 @@ def test_a_public_function_or_class_name_is_defined_once():
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d")
 SESSION = re.compile(r"session[_ ]?(?:20\d\d|h\d{3}x)|\b\d{8}T\d{4}\b|\b(?:GPU|device) session\b", re.I)
 DOTTED = re.compile(r"\bds_longctx(?:\.\w+)+")
-REPO_PATH = re.compile(r"\b((?:parallel|levers|data|config|plan|run|integrations|tests|benchmarks|launch|notebooks|"
-                       r"docs|ds_longctx|ds_configs)/[\w./-]*\.(?:py|md|sh|ipynb|yaml|json|jsonl))(?![\w/])")
+REPO_PATH = re.compile(r"\b((?:parallel|levers|data|config|plan|checkpoint|run|rehearsal|integrations|tests|benchmarks|"
+                       r"launch|notebooks|docs|ds_longctx|ds_configs)/[\w./-]*\.(?:py|md|sh|ipynb|yaml|json|jsonl))(?![\w/])")
 CALIBRATION = re.compile(r"docs/calibration\.md#([\w-]+)")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ds_longctx.run.checkpoint_files import CheckpointError
+from ds_longctx.checkpoint.layout import CheckpointError
 
 
 def layout_of(run: dict) -> tuple:

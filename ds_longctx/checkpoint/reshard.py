@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ds_longctx.checkpoint.layout import CheckpointError
 from ds_longctx.checkpoint.universal import partition, read_slice
-from ds_longctx.run.checkpoint_files import CheckpointError
 
 log = logging.getLogger("ds_longctx")
 

@@ -27,9 +27,8 @@ import struct
 import time
 from pathlib import Path
 
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run.checkpoint_files import CheckpointError
-from ds_longctx.run.checkpoint_paths import UNIVERSAL_DIRS
+from ds_longctx.checkpoint import files
+from ds_longctx.checkpoint.layout import UNIVERSAL_DIRS, CheckpointError
 
 UNIVERSAL, PARTIAL = UNIVERSAL_DIRS
 MANIFEST = "manifest.json"

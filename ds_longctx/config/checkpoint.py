@@ -1,4 +1,4 @@
-"""`checkpoint` section: when the run saves and what it resumes from (owner: run/checkpoint.py)."""
+"""`checkpoint` section: when the run saves and what it resumes from (owner: checkpoint/resume.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class CheckpointConfig(Section):
     """Keep the newest N checkpoints, delete older ones (0: keep all)."""
     resume: bool = False
     """Continue from the latest checkpoint in output_dir: weights, optimizer, RNG and data order; metrics.jsonl is
-    appended to. Needs the same world size and sp_size."""
+    appended to. Which world size and sp_size may resume it: checkpoint/layout.py."""
     resume_tag: Optional[str] = None
     """With resume: a checkpoint tag under output_dir/checkpoints (e.g. step300) instead of the latest."""
     allow_batch_change: bool = False

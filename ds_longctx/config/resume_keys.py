@@ -2,10 +2,10 @@
 
     saved = saved_values(meta["run"], tag_dir / "run.yaml")
     refused, changed = compare(saved, cfg)           # the checkpoint's values against this run's
-    stored_values(cfg)                               # what checkpoint_save.save stores in meta.json's `run`
+    stored_values(cfg)                               # what checkpoint/save.save stores in meta.json's `run`
 
 FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is refused before
-anything is loaded (run/checkpoint.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this
+anything is loaded (checkpoint/resume.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this
 run's to set: the step count, saving, logging, evaluation, the memory levers (optimizer and parameter offload
 included), the lr and its schedule; a change is applied after the checkpoint's load (run/resume_changes.py) and listed
 in one log line. NOT_COMPARED keys say where and whether to resume; sp_size, micro_batch and grad_accum make the layout

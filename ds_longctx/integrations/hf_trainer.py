@@ -33,7 +33,7 @@ What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `c
   different value passed for one of them is refused, naming the run-config key. DeepSpeed builds the optimizer (the
   JSON's AdamW block) and, with warm-up, the WarmupLR schedule; without, the Trainer's "constant" one: as
   `ds-longctx train`. Gradient checkpointing is the placement plan's, so the Trainer's own stays off.
-- resume: `train` runs with every torch.load weights-only (run/checkpoint_files.weights_only_loads; DeepSpeed's own
+- resume: `train` runs with every torch.load weights-only (checkpoint/files.weights_only_loads; DeepSpeed's own
   loads pass weights_only=False): a checkpoint file that asks to run code is refused.
 - optimizer state: `training_step` makes the Adam moments before the first batch (`run/optimizer_state.at_start`,
   `optimizer.state_at_build`), after the Trainer's engine and any checkpoint it resumed, as `ds-longctx train` does
@@ -54,11 +54,11 @@ import functools
 import logging
 import os
 
+from ds_longctx.checkpoint.files import weights_only_loads
 from ds_longctx.integrations.hf_loss import LongCtxLossMixin
 from ds_longctx.integrations.step_clock import step_clock
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
 from ds_longctx.run.argv import parse_config
-from ds_longctx.run.checkpoint_files import weights_only_loads
 from ds_longctx.run.stops import watch_launcher
 
 

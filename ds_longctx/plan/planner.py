@@ -177,7 +177,7 @@ SAVED_BYTES_PER_TRAINED_PARAM = 12
 
 def disk_checkpoint_bytes(geom: ModelGeometry, lora_rank: int = 0, lora_targets=DEFAULT_TARGETS,
                           dtype_bytes: int = 2) -> int:
-    """Bytes on disk of one saved checkpoint (run/checkpoint_save.save: every rank's files): 12·P (full fine-tuning), or
+    """Bytes on disk of one saved checkpoint (checkpoint/save.save: every rank's files): 12·P (full fine-tuning), or
     12·A + dtype_bytes·P under LoRA (the frozen base is saved too, in the training dtype). Qwen3-8B: 98 GB."""
     A = adapters(geom, lora_rank, lora_targets)[0]
     if not A:

@@ -18,9 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE
 from ds_longctx.data.answer_spans import BUCKETS, answer_spans
-
-ANSWER_LOSS_FILE = "answer_loss.jsonl"
 
 
 def read_sessions(path) -> list:

@@ -1,6 +1,6 @@
 """A worker's command line: the launcher's arguments dropped, the run config parsed (or the process refused).
 
-    cfg = parse_config(sys.argv[1:], world_size, per_node)   # train, eval, rehearse, the HF Trainer integration
+    cfg = parse_config(sys.argv[1:], world_size, per_node, usage)   # train, rehearse, cli, the HF Trainer
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_config(argv: list[str], world_size: int | None = None, per_node: int | None = None):
+def parse_config(argv: list[str], world_size: int | None = None, per_node: int | None = None, usage: str = ""):
     """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
-    prints the train entry's usage and every field (section, flat and dotted key, type, default, doc) and exits 0.
-    `world_size`, `per_node`: the processes the run is launched on, in all and per node (its planned world and
-    sp_size are checked against them first), None where not known."""
+    prints `usage` (the caller's, e.g. the train entry's docstring) and every field (section, flat and dotted key,
+    type, default, doc) and exits 0. `world_size`, `per_node`: the processes the run is launched on, in all and per
+    node (its planned world and sp_size are checked against them first), None where not known."""
     argv = strip_launcher_args(argv)
     if "--help" in argv or "-h" in argv:
-        from ds_longctx.run import train  # its docstring is the usage; train imports this module
-        print(train.__doc__ + "\n" + RunConfig.help_text())
+        print((usage + "\n" if usage else "") + RunConfig.help_text())
         sys.exit(0)
     try:
         return RunConfig.from_cli(argv, world_size, per_node)

@@ -7,14 +7,15 @@
 The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows` and `--buckets` set
 its eval section (eval_data, eval_rows, eval_buckets; rows and buckets default to the run's), and `--key value`
 overrides any other key except those that make the model (`FIXED`: model, dtype, rope_scaling, seq_len, sp_size).
-The layout must be the checkpoint's: ZeRO-3 partitions are per rank, so N must be the world size that wrote it.
+The layout must be one that may load the checkpoint (checkpoint/layout.py): N the world size that wrote it.
 Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
-before any worker starts. The workers build the engine as the run did, load the weights (`checkpoint.
-load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve to
-`<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir, where the eval is the one writer (its lock:
-run/run_lock.py; an eval with --out elsewhere only reads the run). Rank 0 prints the loss; lines it cannot write (a
-full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every file is checked
-and loaded weights-only as a resume's (run/checkpoint.py); SIGTERM / SIGINT end the eval with nothing written.
+before any worker starts. The workers build the engine as the run did, load the weights
+(`resume.load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve
+to `<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir, where the eval is the one writer (its
+lock: checkpoint/run_lock.py; an eval with --out elsewhere only reads the run). Rank 0 prints the loss; lines it
+cannot write (a full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every
+file is checked and loaded weights-only as a resume's (checkpoint/resume.py); SIGTERM / SIGINT end the eval with
+nothing written.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ds_longctx.checkpoint.layout import CURVE_FILE, METRICS_FILE, loadable
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.parallel.parallel_state import init_distributed
-from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl, evaluate
+from ds_longctx.run.evaluate import append_jsonl, evaluate
 from ds_longctx.run.refuse import last_line, refuse
 from ds_longctx.run.stops import FAILED, end_on_signal, watch_launcher
 
@@ -62,15 +64,15 @@ def eval_inputs(argv: list[str], world_size: int | None):
     """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
     check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
     from ds_longctx import data
-    from ds_longctx.run.checkpoint import check_output_dir
-    from ds_longctx.run.export import find_run_checkpoint
+    from ds_longctx.checkpoint.export import find_run_checkpoint
+    from ds_longctx.checkpoint.resume import check_output_dir
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
     tag_dir, meta = find_run_checkpoint(a.checkpoint, a.tag, what="eval")
     run = meta["run"]
     world = run["world_size"] if world_size is None else world_size
-    if world != run["world_size"]:
+    if not loadable(run, world, run["sp_size"]):  # sp_size: a FIXED key, so the world alone can differ
         raise ValueError(f"eval: checkpoint {str(tag_dir)!r} was written by world_size={run['world_size']} with "
                          f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per rank: "
                          f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model directory "
@@ -108,22 +110,22 @@ def main(argv: list[str] | None = None) -> None:
         refuse(f"refused before start: {e}", rank)
     import torch
 
+    from ds_longctx.checkpoint import resume, run_lock
     from ds_longctx.data import build_eval_data
-    from ds_longctx.run import checkpoint, run_lock
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
     # ------------------------------------------------------------ process group, `out`'s lock, rows, engine, weights
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
-    try:  # rank 0 holds `out`'s lock unless `ds-longctx eval` does (run/run_lock.py); released at exit
+    try:  # rank 0 holds `out`'s lock unless `ds-longctx eval` does (checkpoint/run_lock.py); released at exit
         rank0_first(lambda: run_lock.take(out, OUT_FIX, rank, os.environ.get(run_lock.LOCK_ENV)), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     engine = build_engine(cfg, hf_cfg)
     try:
-        checkpoint.load_weights(engine, tag_dir, meta)
+        resume.load_weights(engine, tag_dir, meta)
     except ValueError as e:
         refuse(f"refused: {e}", rank)
 

@@ -38,9 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "eval_curve.jsonl"
-
 
 @dataclass
 class EvalResult:

@@ -20,8 +20,9 @@ import os
 import sys
 from pathlib import Path
 
+from ds_longctx.checkpoint.layout import CURVE_FILE, METRICS_FILE
 from ds_longctx.parallel.disk import describe_os_error
-from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE, append_jsonl
+from ds_longctx.run.evaluate import append_jsonl
 
 log = logging.getLogger("ds_longctx")
 

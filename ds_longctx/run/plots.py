@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ds_longctx.run.evaluate import METRICS_FILE, read_jsonl
+from ds_longctx.checkpoint.layout import METRICS_FILE
+from ds_longctx.run.evaluate import read_jsonl
 from ds_longctx.run.refuse import refuse
 
 GB = 1e9

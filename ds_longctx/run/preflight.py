@@ -7,7 +7,7 @@ Order: what the host cannot hold (`host_problem`), the engine's checks (`validat
 (plan/geometry.py: the same refusal in the same words), its weights where it is a checkpoint directory, sp_size vs
 world, processes per node and heads, attention backend, model class, LoRA targets, the placement plan for this model),
 the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
-support), then output_dir and resume (checkpoint.check_run_dir: another run's files, the checkpoint's files) and the
+support), then output_dir and resume (resume.check_run_dir: another run's files, the checkpoint's files) and the
 space its checkpoints take (`disk_problem`). Nothing is written: a refused run leaves no output.
 """
 
@@ -21,7 +21,8 @@ import psutil
 import torch
 
 from ds_longctx import data
-from ds_longctx.checkpoint import layout_change
+from ds_longctx.checkpoint import layout_change, resume
+from ds_longctx.checkpoint.layout import META, ckpt_root
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
@@ -32,8 +33,6 @@ from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_siz
 from ds_longctx.parallel.units import GB
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import disk_checkpoint_bytes
-from ds_longctx.run import checkpoint
-from ds_longctx.run.checkpoint_files import META
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.placement_plan import run_placement
@@ -126,7 +125,7 @@ def disk_problem(cfg, resume_meta) -> str | None:
                                 cfg.lora.target_modules, 2 if cuda_bf16 else 4)
     start = resume_meta["step"] if resume_meta else 0
     saves = steps // ck.save_every - start // ck.save_every + (1 if steps % ck.save_every else 0)
-    root = checkpoint.ckpt_root(cfg.train.output_dir)
+    root = ckpt_root(cfg.train.output_dir)
     held = sum(1 for p in root.glob("step*") if (p / META).is_file()) if resume_meta else 0
     at_once = min(ck.keep + 1, held + saves) if ck.keep else held + saves
     needed, free = max(at_once - held, 1) * one, free_bytes(cfg.train.output_dir)
@@ -163,7 +162,7 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     rope_coverage(cfg, hf_cfg)
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
-    meta = checkpoint.check_run_dir(cfg, world_size)
+    meta = resume.check_run_dir(cfg, world_size)
     if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
         raise ValueError(problem)
     if problem := disk_problem(cfg, meta):

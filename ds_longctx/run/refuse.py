@@ -35,7 +35,7 @@ def last_line(message: str, code: int, rank: int = 0) -> None:
 def refuse(message: str, rank: int = 0):
     """Leave this process with exit 2; rank 0 prints `message` (and records it for the launcher). Tears the
     process group down first when there is one, and lets go of an output_dir lock this process took (run_lock)."""
-    from ds_longctx.run.run_lock import release_all
+    from ds_longctx.checkpoint.run_lock import release_all
     release_all()  # a refused run leaves no lock file, nor the directory its lock made
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist

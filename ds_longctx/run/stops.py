@@ -10,7 +10,7 @@ A save, once started, is finished: further signals to the workers only repeat th
 launcher dies finishes its save before it ends itself, and `ds-longctx train` answers a second SIGINT / SIGTERM
 with what the workers are doing ("saving step 6") and abandons their save (SIGKILL to the workers) only on another
 one ABANDON_WINDOW_S later at most. Presses closer than DEBOUNCE_S to the one before count once. The save itself is
-written aside and renamed (run/checkpoint.py), so an abandoned save leaves the previous checkpoint as it was.
+written aside and renamed (checkpoint/resume.py), so an abandoned save leaves the previous checkpoint as it was.
 
 Exit codes: 0 every step trained, or a worker stopped by a signal after saving (torchrun, accelerate and deepspeed
 see a clean exit); 1 a failure (FAILED: a NaN/inf loss with its one line, an error with its traceback, a dead or

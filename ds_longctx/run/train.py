@@ -5,7 +5,7 @@
     accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml
     ds-longctx train --nproc 2 --sp_size 2            # starts the processes for you
     ... --save_every 100                              # checkpoints in <output_dir>/checkpoints
-    ... --resume                                      # continue the latest one (same world size and sp_size)
+    ... --resume                                      # continue the latest one (layouts: checkpoint/layout.py)
 
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
 (step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes, skipped_rows: the data's rows left out
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_launcher()  # from the first moment: a killed launcher must not leave this worker running
     signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = parse_config(sys.argv[1:] if argv is None else argv, world, local_world_size(world))
+    cfg = parse_config(sys.argv[1:] if argv is None else argv, world, local_world_size(world), usage=__doc__)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before torch is imported
     from ds_longctx.run.train_loop import train  # torch and deepspeed: only once the config is known good

@@ -21,11 +21,13 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ds_longctx.checkpoint import layout_change
+from ds_longctx.checkpoint import layout_change, resume, run_lock
+from ds_longctx.checkpoint.layout import CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.save import save
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
-from ds_longctx.run import checkpoint, checkpoint_save, memory_snapshot, optimizer_state, resume_changes, run_lock
+from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.answer_loss import answer_loss_writer
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
@@ -34,7 +36,7 @@ from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
 from ds_longctx.run.refuse import last_line, refuse
 from ds_longctx.run.step import TimedStep, timed_step
-from ds_longctx.run.stops import FAILED, StopRequest, signal_exit, signal_name
+from ds_longctx.run.stops import FAILED, StopRequest, saving, signal_exit, signal_name
 
 log = logging.getLogger("ds_longctx")
 
@@ -98,7 +100,7 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     init_distributed(cfg.parallel.collective_timeout_s)
     dp_size = world // cfg.parallel.sp_size
     # ------------------------------------------------------------ one writer: rank 0 holds output_dir's lock, unless
-    # `ds-longctx train` does (run/run_lock.py); then data (rank 0 tokenizes into the cache first)
+    # `ds-longctx train` does (checkpoint/run_lock.py); then data (rank 0 tokenizes into the cache first)
     try:
         rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
                     rank)
@@ -139,9 +141,9 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
     (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already done."""
     st, start = engine.state, 0
     if resume_meta is not None:
-        tag_dir = checkpoint.ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"]
+        tag_dir = ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"]
         try:
-            start = checkpoint.load(engine, tag_dir, resume_meta, data.signature())
+            start = resume.load(engine, tag_dir, resume_meta, data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
         resume_changes.apply_changes(engine, cfg, tag_dir, resume_meta)  # this run's lr and schedule over the saved
@@ -163,7 +165,7 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json in `out`."""
     st = engine.state
     try:
-        checkpoint.clear_previous_run(cfg)
+        resume.clear_previous_run(cfg)
     except ValueError as e:  # a file that no save wrote appeared in checkpoints/ since preflight's check
         refuse(f"refused: {e}", st.rank)
     out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +211,7 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
             if not math.isfinite(res.loss):
                 note = metrics.close()
                 fail(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
-                     f"those after step {step}; last checkpoint: {checkpoint.tag_for(saved) if saved else 'none'}). "
+                     f"those after step {step}; last checkpoint: {tag_for(saved) if saved else 'none'}). "
                      f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows"
                      + (f"; {note}" if note else ""), st.rank)
         try:
@@ -240,8 +242,9 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
 def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
     """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one line, exit 1."""
     try:
-        return checkpoint_save.save(engine, cfg, done, data.signature())
-    except checkpoint.CheckpointError as e:
+        with saving(done):  # signals wait for the save (run/stops.py)
+            return save(engine, cfg, done, data.signature())
+    except CheckpointError as e:
         fail(f"stopped at step {done} of {cfg.train.steps}: {e}", engine.state.rank)
 
 

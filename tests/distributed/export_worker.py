@@ -42,10 +42,10 @@ def main():
 
     import yaml
 
+    from ds_longctx.checkpoint.save import save
     from ds_longctx.config import RunConfig
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.parallel.parallel_state import init_distributed
-    from ds_longctx.run import checkpoint_save
     from ds_longctx.run.engine import build_engine
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
@@ -56,7 +56,7 @@ def main():
     data = SyntheticRetrieval(cfg.train.seq_len, engine.model.config.vocab_size, seed=0)
     for step in range(2):
         engine.train_step([data.get(step, 1, st.dp_rank, st.dp_size)])
-    checkpoint_save.save(engine, cfg, 2, data.signature())
+    save(engine, cfg, 2, data.signature())
     probe = data.batch(1000, 1, 0, 1)
     logits = sp_logits(engine, probe)
     if st.rank == 0:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from ds_longctx.checkpoint import files
+from ds_longctx.checkpoint.layout import CheckpointError, ckpt_root
 from ds_longctx.config import RunConfig
-from ds_longctx.run import checkpoint
-from ds_longctx.run import checkpoint_files as files
 from tests.helpers import read_metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def run(tmp_path_factory):
 def copy_at(run, dest, tag="step2"):
     """A copy of the run whose latest checkpoint is `tag` (later tags dropped; a resume cuts metrics.jsonl there)."""
     shutil.copytree(run, dest)
-    root = checkpoint.ckpt_root(dest)
+    root = ckpt_root(dest)
     for p in root.glob("step*"):
         if int(p.name[4:]) > int(tag[4:]):
             shutil.rmtree(p)
@@ -63,8 +63,8 @@ def rewrite(tag_dir, name, change):
 
 @pytest.mark.parametrize("name", ["rng_rank00001.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
 def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(run, tmp_path, name):
+    from ds_longctx.checkpoint.export import export
     from ds_longctx.run.eval_checkpoint import eval_inputs
-    from ds_longctx.run.export import export
     from ds_longctx.run.preflight import preflight
     marker = tmp_path / "marker"
     tag = copy_at(run, tmp_path / "run")
@@ -74,7 +74,7 @@ def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(ru
     for what, call in (("resume", lambda: preflight(cfg, 2)),
                        ("eval", lambda: eval_inputs(["--checkpoint", str(tmp_path / "run"), "--data", "synthetic"], 2)),
                        ("export", lambda: export(str(tmp_path / "run"), str(tmp_path / "hf")))):
-        with pytest.raises(checkpoint.CheckpointError) as e:
+        with pytest.raises(CheckpointError) as e:
             call()
         assert str(e.value).startswith(f"{what}: checkpoint {str(tag)!r} is refused: {says}"), str(e.value)
     if name.startswith("zero_"):  # the command end to end, once: exit 2, the line last
@@ -94,8 +94,8 @@ def test_a_latest_leading_to_another_run_is_refused_by_every_command_touching_no
     with open(other / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "loss": 0.5, "secret": "OTHER-RUN"}\n')
     before = {p: p.read_bytes() for p in other.rglob("*") if p.is_file()}
-    latest = checkpoint.ckpt_root(tmp_path / "ours") / "latest"
-    for value in ("../../other/checkpoints/step4", str(checkpoint.ckpt_root(other) / "step4")):
+    latest = ckpt_root(tmp_path / "ours") / "latest"
+    for value in ("../../other/checkpoints/step4", str(ckpt_root(other) / "step4")):
         latest.write_text(value)
         for cmd in (["train", "--nproc", "2", *RUN, "--steps", "6", "--resume", "--output_dir", str(tmp_path / "ours")],
                     ["eval", "--checkpoint", str(tmp_path / "ours"), "--data", "synthetic"],
@@ -144,9 +144,9 @@ def to_format_1(tag_dir):
 def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    from ds_longctx.run.checkpoint_convert import main as convert
+    from ds_longctx.checkpoint.convert import main as convert
+    from ds_longctx.checkpoint.export import export
     from ds_longctx.run.eval_checkpoint import eval_inputs
-    from ds_longctx.run.export import export
     old = copy_at(run, tmp_path / "old")
     to_format_1(old)
     assert files.unsafe_globals(old / "rng_rank00000.pt")  # numpy's: only the legacy path may read it
@@ -161,7 +161,7 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
     eval_inputs(["--checkpoint", str(tmp_path / "old2"), "--data", "synthetic"], 2)
     dest = export(str(tmp_path / "old2"), str(tmp_path / "hf"))
     with files.weights_only_loads():
-        want = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint.ckpt_root(run)), tag="step2")
+        want = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_root(run)), tag="step2")
     from safetensors.torch import load_file
     got = load_file(str(dest / "model.safetensors"))
     want = {k.removeprefix("model."): v for k, v in want.items()}  # the engine's LossHead holds the HF model as .model
@@ -173,7 +173,7 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
     assert meta["format"] == 2 and files.problem(old, meta, None) is None
     for r in (0, 1):
         a = files.load(old / f"rng_rank{r:05d}.pt")
-        b = files.load(checkpoint.ckpt_root(run) / "step2" / f"rng_rank{r:05d}.pt")
+        b = files.load(ckpt_root(run) / "step2" / f"rng_rank{r:05d}.pt")
         assert torch.equal(a["torch"], b["torch"]) and a["python"] == b["python"]
         assert torch.equal(a["numpy"]["key"], b["numpy"]["key"]) and a["numpy"]["pos"] == b["numpy"]["pos"]
 
@@ -185,7 +185,7 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
     import subprocess
     import sys
 
-    from ds_longctx.run.export import check_out
+    from ds_longctx.checkpoint.export import check_out
     from tests.helpers import ROOT, cpu_env
     limit = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
              "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); from ds_longctx.cli import main; "
@@ -199,7 +199,7 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
     assert last.endswith("nothing was left there; free space or choose another --out")
     assert list(tmp_path.iterdir()) == []
     if not os.access("/proc/sys", os.W_OK):
-        with pytest.raises(checkpoint.CheckpointError, match=r"--out '/proc/sys/hf' cannot be written .*choose a "
+        with pytest.raises(CheckpointError, match=r"--out '/proc/sys/hf' cannot be written .*choose a "
                                                              r"writable --out"):
             check_out("/proc/sys/hf")
 
@@ -212,7 +212,7 @@ def test_an_export_onto_a_full_disk_is_one_line_with_exit_2(run, tmp_path, capsy
 
     from transformers import PreTrainedModel
 
-    from ds_longctx.run import export
+    from ds_longctx.checkpoint import export
     dest = tmp_path / "hf"
     if when == "before":
         monkeypatch.setattr(export, "free_bytes", lambda path: 900)

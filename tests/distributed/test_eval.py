@@ -164,7 +164,7 @@ def test_eval_into_a_run_another_process_writes_is_refused_and_eval_elsewhere_on
     import os
 
     from ds_longctx import cli
-    from ds_longctx.run.run_lock import lock_holder
+    from ds_longctx.checkpoint.run_lock import lock_holder
     from tests.helpers import hold_lock
     out, _ = trained
     holder = hold_lock(out)

@@ -4,13 +4,14 @@ inside a "node" and whose data parallelism runs across the two. They write the l
 and a checkpoint they save resumes on them with the straight run's losses.
 
 What one machine cannot show: another network between the nodes, and a filesystem that is not shared.
-run/checkpoint.py assumes output_dir is one filesystem for every rank (rank 0 renames what all ranks wrote); here
+checkpoint/resume.py assumes output_dir is one filesystem for every rank (rank 0 renames what all ranks wrote); here
 it is, as on a cluster's shared filesystem.
 """
 
 import pytest
 
-from ds_longctx.run import checkpoint
+from ds_longctx.checkpoint import resume
+from ds_longctx.checkpoint.layout import ckpt_root
 from tests.helpers import free_port, read_metrics, rel_err, run_module, torchrun, torchrun_nodes
 
 pytestmark = pytest.mark.slow
@@ -44,8 +45,8 @@ def test_a_checkpoint_saved_across_nodes_resumes_with_the_straight_losses(runs):
     two = read_metrics(runs["two"])
     assert [r["step"] for r in two] == [1, 2, 3, 4] and two[:2] == runs["first"]
     assert max(rel_err(a["loss"], b["loss"]) for a, b in zip(two, runs["one"])) <= TOL, (two, runs["one"])
-    root = checkpoint.ckpt_root(runs["two"])
-    tag_dir, meta = checkpoint.find_checkpoint(root)  # complete: every listed file at its size
+    root = ckpt_root(runs["two"])
+    tag_dir, meta = resume.find_checkpoint(root)  # complete: every listed file at its size
     assert tag_dir.name == "step4" and meta["run"]["world_size"] == 4 and meta["run"]["sp_size"] == 2
     # every rank of both nodes wrote its ZeRO-3 partition and RNG into the one directory
     assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)} <= set(meta["files"])

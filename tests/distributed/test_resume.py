@@ -12,7 +12,9 @@ import time
 import pytest
 import torch
 
-from ds_longctx.run import checkpoint
+from ds_longctx.checkpoint import resume
+from ds_longctx.checkpoint.layout import ckpt_root
+from ds_longctx.checkpoint.paths import read_latest
 from tests.helpers import (
     ROOT,
     assert_saved_size,
@@ -58,8 +60,8 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
     a, b = checkpoint_weights(runs["straight"], "step6"), checkpoint_weights(runs["cut"], "step6")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
-    root = checkpoint.ckpt_root(runs["cut"])
-    assert checkpoint.read_latest(root) == "step6" and not list(root.glob(".tmp-*"))
+    root = ckpt_root(runs["cut"])
+    assert read_latest(root) == "step6" and not list(root.glob(".tmp-*"))
     meta = json.loads((root / "step6" / "meta.json").read_text())
     assert meta["step"] == 6 and meta["run"]["world_size"] == 2 and meta["data"]["kind"] == "files"
 
@@ -67,7 +69,7 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
 def test_a_saved_checkpoint_is_the_size_preflight_counts(runs):
     """Full fine-tuning: 12 bytes per parameter (plan/planner.disk_checkpoint_bytes; LoRA: tests/distributed/
     test_lora.py), the free-space check's unit."""
-    assert_saved_size(checkpoint.ckpt_root(runs["straight"]) / "step6")
+    assert_saved_size(ckpt_root(runs["straight"]) / "step6")
 
 
 def test_resume_that_changes_the_global_batch_is_refused_and_changes_nothing(runs):
@@ -146,7 +148,7 @@ def test_sigterm_on_one_rank_saves_and_exits_cleanly(tmp_path, runs):
             proc.kill()
     assert rc == 0, log.read_text()[-4000:]
     done = len(read_metrics(out))
-    tag_dir, meta = checkpoint.find_checkpoint(checkpoint.ckpt_root(out))  # complete, every file at its size
+    tag_dir, meta = resume.find_checkpoint(ckpt_root(out))  # complete, every file at its size
     assert meta["step"] == done and tag_dir.name == f"step{done}"
     assert (tag_dir / "rng_rank00000.pt").exists() and (tag_dir / "rng_rank00001.pt").exists()
 
@@ -192,12 +194,12 @@ def test_two_resumes_at_once_the_second_is_refused_and_the_first_goes_on(runs, t
             os.killpg(first.pid, signal.SIGKILL)
     text = log.read_text()
     last = [line for line in text.replace("\r", "\n").splitlines() if line.strip()][-1]
-    done = checkpoint.find_checkpoint(checkpoint.ckpt_root(out))[1]["step"]  # complete, every file at its size
+    done = resume.find_checkpoint(ckpt_root(out))[1]["step"]  # complete, every file at its size
     printed = [json.loads(line.partition(" line: ")[2]) for line in text.splitlines()
                if line.startswith("[ds_longctx] unwritten metrics.jsonl line: ")]
     kept = [r["step"] for r in read_metrics(tmp_path, "kept.jsonl")]
     assert rc == 143 and kept + [r["step"] for r in printed] == list(range(1, done + 1)), text[-3000:]
-    assert last.startswith(f"stopped by SIGTERM at step {done} of 100000: saved {checkpoint.ckpt_root(out)}/step"
+    assert last.startswith(f"stopped by SIGTERM at step {done} of 100000: saved {ckpt_root(out)}/step"
                            f"{done}; the same command with --resume continues it; {len(printed)} line(s) of "
                            f"metrics.jsonl (steps {kept[-1] + 1}-{done}) were not written ("), last
     assert f"{metrics} (" in last and last.endswith(") and are printed above"), last
@@ -341,7 +343,7 @@ def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(ru
     import shutil
     cut = tmp_path / "cut"
     shutil.copytree(runs["cut"], cut)
-    part = checkpoint.ckpt_root(cut) / "step6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    part = ckpt_root(cut) / "step6" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     data = bytearray(part.read_bytes())
     data[-200:] = bytes(200)  # the zip's central directory: torch.load cannot open it
     part.write_bytes(bytes(data))

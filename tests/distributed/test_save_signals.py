@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-from ds_longctx.run import checkpoint, checkpoint_save
+from ds_longctx.checkpoint import resume
+from ds_longctx.checkpoint.layout import ckpt_root
+from ds_longctx.checkpoint.paths import read_latest
+from ds_longctx.checkpoint.save import SAVE_PAUSE_ENV
 from tests.distributed.test_stops import RUN, last_line
 from tests.helpers import ROOT, cpu_env, read_metrics, run_cli
 
@@ -33,7 +36,7 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
     loss it had, bit for bit."""
     run = ["--model", str(save_seconds_model(tmp_path)), *RUN[2:]]
     out, log = tmp_path / "cut", tmp_path / "cut.log"
-    env = cpu_env() | {checkpoint_save.SAVE_PAUSE_ENV: "30"}
+    env = cpu_env() | {SAVE_PAUSE_ENV: "30"}
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *run, "--steps", "3",
                                  "--save_every", "1", "--output_dir", str(out)], env=env, cwd=ROOT, stdout=f,
@@ -52,11 +55,11 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    text, root = log.read_text(), checkpoint.ckpt_root(out)
+    text, root = log.read_text(), ckpt_root(out)
     assert rc == 130 and "Traceback" not in text and text.count("stopping at the end of this step") == 1, text[-3000:]
     assert last_line(text) == (f"stopped by SIGINT, then abandoned (saving step 2): the last complete checkpoint, "
                                f"{root / 'step1'}, is unchanged: --resume continues it"), text[-2000:]
-    assert checkpoint.read_latest(root) == "step1" and checkpoint.find_checkpoint(root)[1]["step"] == 1
+    assert read_latest(root) == "step1" and resume.find_checkpoint(root)[1]["step"] == 1
     straight = [r["loss"] for r in read_metrics(out)]  # steps 1 and 2, trained before the save was abandoned
     res = run_cli(["train", "--nproc", "2", *run, "--steps", "3", "--resume", "--output_dir", str(out)])
     assert res.returncode == 0 and "a save that never completed" in res.stderr, res.stderr[-3000:]

@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from ds_longctx.run import checkpoint
+from ds_longctx.checkpoint.layout import ckpt_root
+from ds_longctx.checkpoint.paths import read_latest
 from tests.helpers import ROOT, cpu_env, free_port, read_metrics, run_cli, torchrun_cmd, wait_for_steps, worker
 
 pytestmark = pytest.mark.slow
@@ -50,17 +51,17 @@ def test_sigint_then_sigterm_save_their_step_and_the_resumed_losses_are_the_stra
                          tmp_path / "a.log", signal.SIGINT, 2)
     k = read_metrics(out)[-1]["step"]
     assert rc == 130, text[-3000:]
-    saved = checkpoint.ckpt_root(out) / f"step{k}"
+    saved = ckpt_root(out) / f"step{k}"
     assert last_line(text) == (f"stopped by SIGINT at step {k} of {LONG}: saved {saved}; the same command with "
                                f"--resume continues it")
     assert "Traceback" not in text and "SignalException" not in text and "KeyboardInterrupt" not in text
-    assert checkpoint.read_latest(checkpoint.ckpt_root(out)) == f"step{k}" and k < LONG
+    assert read_latest(ckpt_root(out)) == f"step{k}" and k < LONG
     # 2. resumed, then SIGTERM: the same at a later step m, exit 143
     rc, text = interrupt(start_cli([*RUN, "--steps", str(LONG), "--resume", "--output_dir", str(out)],
                                    tmp_path / "b.log"), out, tmp_path / "b.log", signal.SIGTERM, k + 2)
     m = read_metrics(out)[-1]["step"]
     assert rc == 143 and last_line(text).startswith(f"stopped by SIGTERM at step {m} of {LONG}: saved "), text[-3000:]
-    assert checkpoint.read_latest(checkpoint.ckpt_root(out)) == f"step{m}" and k + 2 <= m < LONG
+    assert read_latest(ckpt_root(out)) == f"step{m}" and k + 2 <= m < LONG
     # 3. the uninterrupted run of m steps: the same losses, bit for bit (fp32 ZeRO-3 on CPU)
     straight = tmp_path / "straight"
     res = run_cli(["train", "--nproc", "2", *RUN, "--steps", str(m), "--output_dir", str(straight)],

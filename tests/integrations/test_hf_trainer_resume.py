@@ -1,5 +1,5 @@
 """The HF Trainer path's resume loads weights-only: `LongCtxTrainerMixin.train` runs the Trainer's train inside
-run/checkpoint_files.weights_only_loads, so DeepSpeed's own loader (what transformers' deepspeed_load_checkpoint ends
+checkpoint/files.weights_only_loads, so DeepSpeed's own loader (what transformers' deepspeed_load_checkpoint ends
 in: TorchCheckpointEngine.load, weights_only=False) refuses a payload instead of running it."""
 
 import os

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from ds_longctx.checkpoint import files as checkpoint_files
+from ds_longctx.checkpoint import resume
+from ds_longctx.checkpoint.layout import FORMAT, CheckpointError, ckpt_root
 from ds_longctx.config import RunConfig, format_validation_error, resume_keys
 from ds_longctx.data import build_data, build_eval_data
-from ds_longctx.run import checkpoint, checkpoint_files
 from ds_longctx.run.preflight import preflight
 from tests.helpers import (
     ROOT,
@@ -213,15 +215,15 @@ def test_eval_data_with_fewer_rows_than_eval_rows(files, tmp_path):
 
 # ----------------------------------------------------------------------------- resume
 def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run_overrides) -> Path:
-    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint_save.save writes it."""
+    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint/save.save writes it."""
     cfg = RunConfig(output_dir=str(out))
     run = resume_keys.stored_values(cfg) | run_overrides
     run.update(world_size=world, sp_size=sp, dp_size=world // sp)
-    root = checkpoint.ckpt_root(out)
+    root = ckpt_root(out)
     tag = root / f"step{step}"
     tag.mkdir(parents=True)
     (tag / "zero_pp_rank_0_mp_rank_00_optim_states.json").write_bytes(b"x" * 100)
-    meta = {"format": checkpoint.FORMAT, "step": step, "tag": tag.name, "run": run, "data": {},
+    meta = {"format": FORMAT, "step": step, "tag": tag.name, "run": run, "data": {},
             "files": checkpoint_files.entries(tag, ["zero_pp_rank_0_mp_rank_00_optim_states.json"])}
     (tag / "meta.json").write_text(json.dumps(meta))
     (root / "latest").write_text(tag.name)
@@ -275,7 +277,7 @@ def test_resume_with_another_world_size_and_global_batch(tmp_path):
 def test_resume_with_another_sp_size_keeping_the_batch_is_a_reshard(tmp_path):
     fake_checkpoint(tmp_path / "out", world=2, sp=2)
     cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=1, grad_accum=1)
-    meta = checkpoint.check_run_dir(cfg, 1)
+    meta = resume.check_run_dir(cfg, 1)
     assert meta["layout_change"].startswith("resume: layout world 2 = sp 2 x dp 1 -> world 1 = sp 1 x dp 1")
 
 
@@ -289,7 +291,7 @@ def test_resume_with_changed_settings(tmp_path):
                   dtype="bf16", lr=1e-3)
     assert "lr" not in msg
     cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=2, lr=1e-3, offload_layers=1)
-    meta = checkpoint.check_run_dir(cfg, 2)
+    meta = resume.check_run_dir(cfg, 2)
     changed = resume_keys.compare(meta["run"], cfg)[1]
     assert resume_keys.changed_line(changed, meta["step"]) == ("resume: changed since step 3: steps 3 -> 6, lr 0.0001 "
                                                                "-> 0.001, offload_layers 0 -> 1")
@@ -318,7 +320,7 @@ def test_resume_with_changed_lora_and_from_a_checkpoint_older_than_lora(tmp_path
     meta["run"] = {k: v for k, v in meta["run"].items() if not k.startswith("lora_") and k != "steps"}
     (old / "meta.json").write_text(json.dumps(meta))
     cfg = RunConfig(output_dir=str(tmp_path / "old"), resume=True, steps=6, sp_size=2)
-    assert resume_keys.compare(checkpoint.check_run_dir(cfg, 2)["run"], cfg) == ([], [])  # steps then: not known
+    assert resume_keys.compare(resume.check_run_dir(cfg, 2)["run"], cfg) == ([], [])  # steps then: not known
     refused(tmp_path / "old", ["lora.rank 0 -> 4"], resume=True, steps=6, sp_size=2, world=2, lora_rank=4)
 
 
@@ -331,7 +333,7 @@ def test_resume_from_a_checkpoint_that_stored_fewer_keys_compares_its_run_yaml(t
     meta["files"].update(checkpoint_files.entries(tag, ["run.yaml"]))
     (tag / "meta.json").write_text(json.dumps(meta))
     cfg = RunConfig(output_dir=str(tmp_path / "out"), resume=True, steps=6, sp_size=2, rope_scaling="none")
-    saved = resume_keys.saved_values(checkpoint.check_run_dir(cfg, 2)["run"], tag / "run.yaml")
+    saved = resume_keys.saved_values(resume.check_run_dir(cfg, 2)["run"], tag / "run.yaml")
     assert resume_keys.compare(saved, cfg) == ([], [("steps", 3, 6)])
     refused(tmp_path / "out", ["model.rope_scaling 'none' -> 'auto'"], resume=True, steps=6, sp_size=2, world=2)
 
@@ -358,13 +360,13 @@ def test_overwrite_deletes_only_checkpoints_this_project_wrote(tmp_path):
                                "checkpoints/notes.txt, checkpoints/step3/extra.bin, which no save wrote",
                                "move those out of it, or choose a new output_dir"], overwrite=True)
     cfg = RunConfig(output_dir=str(tmp_path / "out"), overwrite=True)
-    with pytest.raises(checkpoint.CheckpointError, match="checkpoints/notes.txt"):
-        checkpoint.clear_previous_run(cfg)
+    with pytest.raises(CheckpointError, match="checkpoints/notes.txt"):
+        resume.clear_previous_run(cfg)
     (tag.parent / "notes.txt").unlink()
     (tag / "extra.bin").unlink()
-    assert checkpoint.check_run_dir(cfg, 1) is None
-    checkpoint.clear_previous_run(cfg)
-    assert not checkpoint.ckpt_root(tmp_path / "out").exists()
+    assert resume.check_run_dir(cfg, 1) is None
+    resume.clear_previous_run(cfg)
+    assert not ckpt_root(tmp_path / "out").exists()
 
 
 def test_checkpoints_that_do_not_fit_the_free_space_are_refused(tmp_path, monkeypatch):
@@ -388,23 +390,23 @@ def test_resume_tag_without_resume(tmp_path):
 def test_resume_with_changed_data(tmp_path):
     tag = fake_checkpoint(tmp_path / "out")
     meta = json.loads((tag / "meta.json").read_text()) | {"data": {"kind": "files", "n_rows": 10}}
-    with pytest.raises(checkpoint.CheckpointError, match=r"data changed since checkpoint .*resume with the same data"):
-        checkpoint.load(None, tag, meta, {"kind": "files", "n_rows": 11})
+    with pytest.raises(CheckpointError, match=r"data changed since checkpoint .*resume with the same data"):
+        resume.load(None, tag, meta, {"kind": "files", "n_rows": 11})
 
 
 # ----------------------------------------------------------------------------- export
 def test_export_refusals(tmp_path):
-    from ds_longctx.run.export import export
-    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in .*save_every > 0"):
+    from ds_longctx.checkpoint.export import export
+    with pytest.raises(CheckpointError, match="no checkpoint in .*save_every > 0"):
         export(str(tmp_path), str(tmp_path / "hf"))
     fake_checkpoint(tmp_path / "run")
-    with pytest.raises(checkpoint.CheckpointError, match=r"tag 'step5' does not exist.*available: \['step3'\]"):
+    with pytest.raises(CheckpointError, match=r"tag 'step5' does not exist.*available: \['step3'\]"):
         export(str(tmp_path / "run"), str(tmp_path / "hf"), tag="step5")
-    with pytest.raises(checkpoint.CheckpointError, match=r"--merged folds LoRA adapters .*lora_rank 0.*drop --merged"):
+    with pytest.raises(CheckpointError, match=r"--merged folds LoRA adapters .*lora_rank 0.*drop --merged"):
         export(str(tmp_path / "run"), str(tmp_path / "hf"), merged=True)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
-    with pytest.raises(checkpoint.CheckpointError, match="'.*busy' already exists and is not an empty directory; "
+    with pytest.raises(CheckpointError, match="'.*busy' already exists and is not an empty directory; "
                                                          "choose a new path"):
         export(str(tmp_path / "run"), str(tmp_path / "busy"))
     assert not (tmp_path / "hf").exists() and os.listdir(tmp_path / "busy") == ["x"]

@@ -7,9 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from ds_longctx.checkpoint import resume
+from ds_longctx.checkpoint.layout import ckpt_root
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.plan.write import main as plan_main
-from ds_longctx.run import checkpoint
 from ds_longctx.run.preflight import preflight
 from tests.helpers import ROOT, run_cli
 
@@ -88,9 +89,9 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     (out / "run.yaml").write_text("seq_len: 4096\n")
     (out / "ds_config.json").write_text("{}")
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    (checkpoint.ckpt_root(out) / "step2").mkdir(parents=True)
-    (checkpoint.ckpt_root(out) / "step2" / "meta.json").write_text('{"files": {}}')  # a save's (what overwrite deletes)
-    (checkpoint.ckpt_root(out) / "latest").write_text("step2")
+    (ckpt_root(out) / "step2").mkdir(parents=True)
+    (ckpt_root(out) / "step2" / "meta.json").write_text('{"files": {}}')  # a save's (what overwrite deletes)
+    (ckpt_root(out) / "latest").write_text("step2")
     with pytest.raises(ValueError) as e:
         preflight(RunConfig(output_dir=str(out)), 1)
     assert str(e.value) == (f"output_dir={str(out)!r} already holds checkpoints (latest step2), run.yaml, "
@@ -100,8 +101,8 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     cfg = RunConfig(output_dir=str(out), overwrite=True)
     assert preflight(cfg, 1)[1] is None
     assert (out / "run.yaml").read_text() == "seq_len: 4096\n"  # the check writes nothing
-    checkpoint.clear_previous_run(cfg)  # what rank 0 does before the run writes
-    assert not checkpoint.ckpt_root(out).exists() and (out / "metrics.jsonl").exists()
+    resume.clear_previous_run(cfg)  # what rank 0 does before the run writes
+    assert not ckpt_root(out).exists() and (out / "metrics.jsonl").exists()
     with pytest.raises(ValueError, match="overwrite with resume: .*drop one of them"):
         preflight(RunConfig(output_dir=str(out), overwrite=True, resume=True), 1)
 

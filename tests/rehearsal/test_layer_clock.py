@@ -1,4 +1,4 @@
-"""Which layers a `--layers K` rehearsal runs (run/layer_clock.pick_layers), and the memory its extrapolation adds
+"""Which layers a `--layers K` rehearsal runs (rehearsal/layer_clock.pick_layers), and the memory its extrapolation adds
 for the layers it did not run (`gpu_leftover`, `LayerClock.extrapolate`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from ds_longctx.run.layer_clock import pick_layers
+from ds_longctx.rehearsal.layer_clock import pick_layers
 
 PLACEMENTS = {
     "cache+offload:6,cache:30": ["cache+offload"] * 6 + ["cache"] * 30,
@@ -41,7 +41,7 @@ def test_too_few_layers_for_the_kinds_are_refused():
 def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
     """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model needed); each
     layer's output is the size of its input, as a decoder layer's is."""
-    from ds_longctx.run.layer_clock import LayerClock, LayerRecord, _Stamp
+    from ds_longctx.rehearsal.layer_clock import LayerClock, LayerRecord, _Stamp
     clock = LayerClock.__new__(LayerClock)
     clock.kinds, clock.run, clock.on_gpu = kinds, run, on_gpu
     clock.layers = [None] * len(kinds)
@@ -64,7 +64,7 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     on-host layer, whose input the window held on the GPU (its forward's allocation grows by c = 1 GB: its output;
     the cache layers' by 2 GB: output and attention output, and each keeps its 1 GB input). All 36: 5 inputs on the
     host (all but the kept one), 2 on the GPU, the cache layers' 2 GB each."""
-    from ds_longctx.run import layer_clock
+    from ds_longctx.rehearsal import layer_clock
     kinds = ["cache+offload"] * 6 + ["cache"] * 30
     run = [0, 9, 16, 24, 31, 35]
     gb = 1e9
@@ -91,7 +91,7 @@ def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
     import torch
     import torch.nn as nn
 
-    from ds_longctx.run.layer_clock import LayerClock, _Timed
+    from ds_longctx.rehearsal.layer_clock import LayerClock, _Timed
 
     seen = []
 
@@ -125,7 +125,7 @@ def _simulated_forward(clock, kinds, run, first_extra=0):
     import torch
     import torch.nn as nn
 
-    from ds_longctx.run.layer_clock import HOST_KINDS, _Timed
+    from ds_longctx.rehearsal.layer_clock import HOST_KINDS, _Timed
     mem = [0]
     clock._mem = lambda: (mem[0], 0)
 
@@ -151,7 +151,7 @@ def _simulated_forward(clock, kinds, run, first_extra=0):
 
 
 def _sim_clock(kinds, run):
-    from ds_longctx.run.layer_clock import LayerClock
+    from ds_longctx.rehearsal.layer_clock import LayerClock
     clock = LayerClock.__new__(LayerClock)
     clock.kinds, clock.run, clock.on_gpu = kinds, run, False
     clock.layers, clock.layer_numel, clock.model_numel = [None] * len(kinds), [(0, 0)] * len(kinds), (1, 1)

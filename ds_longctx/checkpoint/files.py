@@ -37,9 +37,9 @@ from typing import Iterable, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.run.checkpoint_paths import UNIVERSAL_DIRS, CheckpointError, is_ours, manifest_path, walk_files
+from ds_longctx.checkpoint.layout import META, UNIVERSAL_DIRS, CheckpointError
+from ds_longctx.checkpoint.paths import is_ours, manifest_path, walk_files
 
-META = "meta.json"
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
 _CHUNK = 8 << 20
 _RANK_FILE = re.compile(r"(?:^|_)zero_pp_rank_(\d+)_|^rng_rank(\d+)\.pt$")

@@ -1,11 +1,11 @@
-"""One rank of a rehearsal (`ds-longctx rehearse`, run/rehearse.py), in the process that plays it.
+"""One rank of a rehearsal (`ds-longctx rehearse`, rehearsal/rehearse.py), in the process that plays it.
 
     row = RankRun(args, cfg, rank, world, per_node, nodes, counts, command).play()
 
 The rank is built and stepped as `train` builds and steps one (run/train_loop.py): preflight's checks, the data, the
 engine, the optimizer state at build, then per step train's own `run/step.timed_step` (`data.get`,
 `forward_backward`, `step`, CUDA-synchronized timing and peaks). The fake process group
-is already running (`fake_world.start`). The row is the module docstring's of run/rehearse.py.
+is already running (`fake_world.start`). The row is the module docstring's of rehearsal/rehearse.py.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 
 from ds_longctx.data import build_data
 from ds_longctx.plan.interconnect import OVERLAP, predict
-from ds_longctx.run import optimizer_state, rehearse
+from ds_longctx.rehearsal.layer_clock import LayerClock
+from ds_longctx.rehearsal.world import cfg_layers, check, commit, links, median_steady, now, planned, role_of, vs_plan
+from ds_longctx.run import optimizer_state
 from ds_longctx.run.engine import build_engine
-from ds_longctx.run.layer_clock import LayerClock
-from ds_longctx.run.rehearse import vs_plan
 from ds_longctx.run.step import timed_step
 
 log = logging.getLogger("ds_longctx")
@@ -42,11 +42,11 @@ class RankRun:
 
     def _row_head(self) -> dict:
         cfg, sp = self.cfg, self.cfg.parallel.sp_size
-        plan = rehearse.planned(cfg, self.per_node, self.nodes)
+        plan = planned(cfg, self.per_node, self.nodes)
         budget = cfg.memory.gpu_budget_gb * 1e9 if cfg.memory.gpu_budget_gb else (
             torch.cuda.get_device_properties(0).total_memory if self.on_gpu else 0)
         return {"config": self.a.config, "rank": self.rank, "world": self.world, "nodes": self.nodes,
-                "gpus_per_node": self.per_node, "role": rehearse.role_of(self.rank, self.per_node, sp),
+                "gpus_per_node": self.per_node, "role": role_of(self.rank, self.per_node, sp),
                 "sp_size": sp, "seq_len": cfg.train.seq_len, "model": cfg.model.name,
                 "planned_gpu_bytes": int(plan.gpu_peak_bytes), "gpu_budget_bytes": int(budget),
                 "planned_host_bytes_per_process": int(plan.host_peak_bytes / self.per_node)}
@@ -65,19 +65,19 @@ class RankRun:
         return row
 
     def _layers_text(self) -> str:
-        total = rehearse.cfg_layers(self.cfg)
+        total = cfg_layers(self.cfg)
         return f"{self.a.layers or total}/{total}"
 
     def _provenance(self) -> dict:
         device = torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
-        return {"commit": rehearse.commit(), "device": device, "date": rehearse.now(), "torch": torch.__version__,
+        return {"commit": commit(), "device": device, "date": now(), "torch": torch.__version__,
                 "deepspeed": deepspeed.__version__,
                 "command": self.command}
 
     def _play(self, row: dict) -> dict:
         cfg, a = self.cfg, self.a
         t0 = time.perf_counter()
-        hf_cfg = rehearse.check(cfg, self.world, self.per_node)
+        hf_cfg = check(cfg, self.world, self.per_node)
         data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
         engine = build_engine(cfg, hf_cfg, optimizer_state=False)
         optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
@@ -95,9 +95,9 @@ class RankRun:
         for step in range(a.steps):
             steps.append(self._step(engine, data, clock, step))
             self._so_far(clock, steps, row)
-        compute = rehearse.median_steady([s["seconds"] for s in steps])
+        compute = median_steady([s["seconds"] for s in steps])
         est, (peak_reserved, peak_allocated, host) = self._estimate(clock, steps, compute)
-        intra, inter = rehearse.links(a, cfg)
+        intra, inter = links(a, cfg)
         pred = predict(est["seconds"], est["payloads"], self.rank, self.per_node, intra, inter)
         total = len(clock.layers)
         row.update({

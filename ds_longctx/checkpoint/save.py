@@ -1,8 +1,12 @@
-"""A checkpoint's save (collective; run/checkpoint.py's module doc has the layout and the rule): every rank writes
-into a partial directory that rank 0 made and marked, rank 0 writes meta.json and renames it into place, `latest`
-follows. Signals wait for it (run/stops.saving); a write that fails on any rank fails it on all, in one line.
+"""A checkpoint's save, collective (the layout it writes: checkpoint/layout.py).
 
-    tag_dir = save(engine, cfg, step, data.signature())
+    with stops.saving(step):                          # the caller's: signals wait for the save
+        tag_dir = save(engine, cfg, step, data.signature())
+
+Rank 0 makes and marks `.tmp-<tag>`; every rank writes its files there and hashes them; rank 0 writes meta.json,
+renames the directory to `<tag>`, replaces `latest`, prunes. Until the rename `latest` names the previous complete
+checkpoint; a failed write on any rank fails the save on all (one line: the path, the free space), and its partial
+directory is removed.
 """
 
 from __future__ import annotations
@@ -19,16 +23,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx.checkpoint import files, paths
+from ds_longctx.checkpoint.layout import FORMAT, LATEST, META, TAG, CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.paths import read_latest
+from ds_longctx.checkpoint.rng import rng_file, rng_state
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel import fake_world
 from ds_longctx.parallel.disk import PARTIAL_MARKER, describe_os_error, make_partial
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run import checkpoint_paths as paths
-from ds_longctx.run.checkpoint import FORMAT, ckpt_root, read_latest, tag_for
-from ds_longctx.run.checkpoint_files import META, CheckpointError
-from ds_longctx.run.checkpoint_paths import TAG
-from ds_longctx.run.checkpoint_rng import rng_file, rng_state
-from ds_longctx.run.stops import saving
 
 log = logging.getLogger("ds_longctx")
 SAVE_PAUSE_ENV = "DS_LONGCTX_DEBUG_SAVE_PAUSE_S"  # debug: seconds a save waits with every file written, unrenamed
@@ -69,22 +70,21 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
     if read_latest(root, "save") == tag:
         return root / tag  # already saved at this step (SIGTERM right after a periodic save)
     tmp = root / f"{paths.PARTIAL_PREFIX}{tag}"
-    with saving(step):
+    if engine.state.rank == 0:
+        log.info("checkpoint: saving step %d to %s", step, root / tag)
+    err = _agree(_attempt(lambda: _begin(root, tmp, step) if engine.state.rank == 0 else None))
+    if err is None:
+        digests = _write_own(engine, cfg, tmp, step)
+        err = next((d for d in digests if isinstance(d, str)), None)
+        time.sleep(float(os.environ.get(SAVE_PAUSE_ENV, "0")))  # tests interrupt a save here
+    if err is None and engine.state.rank == 0:
+        err = _attempt(lambda: _finish(engine, cfg, root, tmp, step, digests, data_signature))
+    err = _agree(err)
+    if err is not None:
         if engine.state.rank == 0:
-            log.info("checkpoint: saving step %d to %s", step, root / tag)
-        err = _agree(_attempt(lambda: _begin(root, tmp, step) if engine.state.rank == 0 else None))
-        if err is None:
-            digests = _write_own(engine, cfg, tmp, step)
-            err = next((d for d in digests if isinstance(d, str)), None)
-            time.sleep(float(os.environ.get(SAVE_PAUSE_ENV, "0")))  # tests interrupt a save here
-        if err is None and engine.state.rank == 0:
-            err = _attempt(lambda: _finish(engine, cfg, root, tmp, step, digests, data_signature))
-        err = _agree(err)
-        if err is not None:
-            if engine.state.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)  # ours (marked), and holding the space a full disk lacks
-            raise CheckpointError(f"the save of step {step} failed: {err}; the partial save is removed, the last "
-                                  f"complete checkpoint ({read_latest(root, 'save') or 'none'}) is unchanged")
+            shutil.rmtree(tmp, ignore_errors=True)  # ours (marked), and holding the space a full disk lacks
+        raise CheckpointError(f"the save of step {step} failed: {err}; the partial save is removed, the last "
+                              f"complete checkpoint ({read_latest(root, 'save') or 'none'}) is unchanged")
     return root / tag
 
 
@@ -156,7 +156,7 @@ def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_s
         final.rename(old)
         shutil.rmtree(old, ignore_errors=True)
     tmp.rename(final)
-    _replace_file(root / "latest", tag)
+    _replace_file(root / LATEST, tag)
     _prune(root, step, cfg.checkpoint.keep)
     log.info("checkpoint: %s (step %d)", final, step)
 

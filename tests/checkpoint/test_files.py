@@ -1,4 +1,4 @@
-"""run/checkpoint_files.py in one process: file ownership, the sha256 manifest against hashlib, the per-rank check
+"""checkpoint/files.py in one process: file ownership, the sha256 manifest against hashlib, the per-rank check
 (a changed byte, a payload), weights-only loading that holds for DeepSpeed's own loads, the install/restore pair,
 and RNG states that round-trip through a weights-only load."""
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run import checkpoint_rng
+from ds_longctx.checkpoint import files, rng
 
 
 class Payload:
@@ -127,23 +126,23 @@ def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
     classes restores torch's, python's and numpy's generators (the next draws equal the draws after the save)."""
     torch.manual_seed(3), random.seed(4), np.random.seed(5)
     np.random.standard_normal()  # numpy now holds a cached gaussian (has_gauss = 1)
-    torch.save(checkpoint_rng.rng_state(), tmp_path / "rng_rank00000.pt")
+    torch.save(rng.rng_state(), tmp_path / "rng_rank00000.pt")
     want = (torch.rand(3), random.random(), np.random.standard_normal(2))
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     assert files.unsafe_globals(tmp_path / "rng_rank00000.pt") == []
-    checkpoint_rng.set_rng_state(files.load(tmp_path / "rng_rank00000.pt"))
+    rng.set_rng_state(files.load(tmp_path / "rng_rank00000.pt"))
     got = (torch.rand(3), random.random(), np.random.standard_normal(2))
     assert torch.equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2])
 
 
 def test_format_1_rng_state_restores_as_format_2_does(tmp_path):
-    """A format-1 RNG file (numpy's tuple, pickled) and its conversion (checkpoint_rng.numpy_state) set one state."""
+    """A format-1 RNG file (numpy's tuple, pickled) and its conversion (rng.numpy_state) set one state."""
     np.random.seed(11)
     np.random.standard_normal()
     legacy = np.random.get_state()
     want = np.random.standard_normal(3)
-    for numpy_part in (legacy, checkpoint_rng.numpy_state(legacy)):
+    for numpy_part in (legacy, rng.numpy_state(legacy)):
         np.random.seed(0)
-        checkpoint_rng.set_rng_state({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_part})
+        rng.set_rng_state({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_part})
         assert np.array_equal(np.random.standard_normal(3), want)
 

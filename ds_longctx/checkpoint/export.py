@@ -9,7 +9,7 @@ seq_len included), and written with `save_pretrained` as safetensors, with the r
 (`--tokenizer`, else the model directory's). dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output
 appears atomically: everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is
 loaded every file of the checkpoint is checked (size, sha256, the globals its pickle names:
-run/checkpoint_files.py), and every load is weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out
+checkpoint/files.py), and every load is weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out
 that cannot be written (permissions, a read-only filesystem, a full disk: its free space is checked first) is
 refused in one line naming it, the bytes needed and free, with nothing left behind
 (parallel/disk.describe_os_error).
@@ -37,14 +37,15 @@ from pathlib import Path
 
 import torch
 
+from ds_longctx.checkpoint import files
+from ds_longctx.checkpoint.layout import CKPT_SUBDIR, LATEST, CheckpointError
+from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.config import FLAT, shipped_models
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.data.tokenize import tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
 from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run.checkpoint import CKPT_SUBDIR, CheckpointError, find_checkpoint
 
 
 def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
@@ -54,7 +55,7 @@ def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") 
     if not p.is_dir():
         raise CheckpointError(f"{what}: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir")
     root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
-    if tag is None and not (root / "latest").is_file() and not (root / CKPT_SUBDIR).exists() and root == p:
+    if tag is None and not (root / LATEST).is_file() and not (root / CKPT_SUBDIR).exists() and root == p:
         raise CheckpointError(f"{what}: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
                               f"pass the output_dir of a run that saved one (save_every > 0, or stopped by SIGTERM)")
     return find_checkpoint(root, tag, what=what)

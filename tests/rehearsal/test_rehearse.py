@@ -203,9 +203,9 @@ def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatc
 
     import torch
 
-    from ds_longctx.run import rehearse
+    from ds_longctx.rehearsal import rehearse, world
     cfg, _ = rehearse.rehearsal_config(["--config", str(write_config(tmp_path))])
-    need = rehearse.planned(cfg, 8, 1).gpu_peak_bytes
+    need = world.planned(cfg, 8, 1).gpu_peak_bytes
     a = argparse.Namespace(cpu=False, config="run.yaml")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     problems = []
@@ -220,7 +220,7 @@ def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatc
 
 def test_a_tiny_plan_is_compared_in_gb_not_in_percent():
     """qwen3-tiny's plan (1.7 GB: mostly the CUDA context) against a CPU rehearsal's 0 GB is not "-100%"."""
-    from ds_longctx.run.rehearse import PERCENT_FROM, vs_plan
+    from ds_longctx.rehearsal.world import PERCENT_FROM, vs_plan
     assert vs_plan(0, 1.7e9) == "-1.70 GB" and vs_plan(0.45e9, 0.3e9) == "+0.15 GB"
     assert vs_plan(72.7e9, 70.1e9) == "+3.7%" and vs_plan(0, PERCENT_FROM) == "-100.0%"
 
@@ -229,14 +229,16 @@ def test_a_rehearsal_refuses_checkpoints_eval_and_export(monkeypatch):
     """In a process playing a rank, the three places a run writes or measures something of its own refuse."""
     import torch.distributed as dist
 
+    from ds_longctx.checkpoint import export, save
+    from ds_longctx.checkpoint.layout import CheckpointError
     from ds_longctx.parallel import fake_world
-    from ds_longctx.run import checkpoint, checkpoint_save, evaluate, export
+    from ds_longctx.run import evaluate
     before = dist.all_to_all_single
     fake_world.start(rank=5, world_size=8, per_node=8)
     try:
-        for call, err in ((lambda: checkpoint_save.save(None, None, 1, {}), RuntimeError),
+        for call, err in ((lambda: save.save(None, None, 1, {}), RuntimeError),
                           (lambda: evaluate.evaluate(None, None, 1, 1), RuntimeError),
-                          (lambda: export.export("runs/x", str(ROOT / "nowhere")), checkpoint.CheckpointError)):
+                          (lambda: export.export("runs/x", str(ROOT / "nowhere")), CheckpointError)):
             with pytest.raises(err, match="rehearsal"):
                 call()
     finally:

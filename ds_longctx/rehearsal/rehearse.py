@@ -19,7 +19,7 @@ It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.
 process, the compute seconds of the steady steps (step 2 on), the bytes each collective moved per group, and the
 step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed). `--layers K` runs K of
 the L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's) and
-extrapolates time, memory and bytes to L (`run/layer_clock.py`).
+extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).
 
 It needs a CUDA GPU with at least the plan's per-GPU memory: without one it is refused in seconds, before any model
 is built (`--cpu` plays the rank on the CPU instead: tiny models and the tests, whose GPU figures read zero).
@@ -37,17 +37,12 @@ import json
 import logging
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from ds_longctx.plan import interconnect as ic
-from ds_longctx.plan.geometry import as_geometry
-from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.planner import plan_memory
+from ds_longctx.rehearsal.world import Refused, cfg_layers, check, links, planned, vs_plan
 from ds_longctx.run.argv import parse_config
 from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.refuse import REFUSED
@@ -56,7 +51,6 @@ from ds_longctx.run.worker_env import worker_env
 
 PREFIX = "[rehearsal]"
 DEFAULT_STEPS = 2
-COMMIT_ENV = "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,8 +82,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-class Refused(ValueError):
-    """Bad arguments or config: exit 2 before any rank starts."""
 
 
 # ------------------------------------------------------------------ the world, the roles, the plan
@@ -112,11 +104,6 @@ def world_of(cfg, a) -> tuple[int, int, int]:
     return nodes * per_node, per_node, nodes
 
 
-def role_of(rank: int, per_node: int, sp: int) -> str:
-    node, first = rank // per_node, rank - rank % sp
-    where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
-    return (f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
-            f"{rank % per_node}")
 
 
 def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
@@ -136,12 +123,6 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
     return [rank]
 
 
-def planned(cfg, per_node: int, nodes: int):
-    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
-    geom = as_geometry(cfg.model.name)
-    placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
-    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
-                       Levers.from_run_config(cfg, placement), nodes=nodes)
 
 
 def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
@@ -162,17 +143,8 @@ def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
     return None
 
 
-# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
-# context: "-100%" of it says nothing)
-PERCENT_FROM = 4e9
 
 
-def vs_plan(measured: float, planned: float) -> str:
-    """The measured against the planned: a percentage, or the difference in GB where the plan is under
-    PERCENT_FROM bytes."""
-    if planned >= PERCENT_FROM:
-        return f"{measured / planned - 1:+.1%}"
-    return f"{(measured - planned) / 1e9:+.2f} GB"
 
 
 def rehearsal_config(argv: list):
@@ -190,25 +162,8 @@ def rehearsal_config(argv: list):
     return cfg, off
 
 
-def check(cfg, world: int, per_node: int):
-    """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
-    returns the HF config. Raises ValueError."""
-    from ds_longctx import data
-    from ds_longctx.run.preflight import rope_coverage, validate
-    hf_cfg = validate(cfg, world, per_node)
-    rope_coverage(cfg, hf_cfg)
-    data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
-    return hf_cfg
 
 
-def links(a, cfg):
-    name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
-    if name not in ic.LINKS:
-        raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
-    intra = ic.link_from_gbps("--link_gbps", a.link_gbps) if a.link_gbps is not None else ic.LINKS[name]
-    inter = (ic.link_from_gbps("--internode_gbps", a.internode_gbps) if a.internode_gbps is not None
-             else ic.LINKS[ic.DEFAULT_INTERNODE])
-    return intra, inter
 
 
 # ------------------------------------------------------------------ the parent: checks, one process per rank, table
@@ -230,7 +185,7 @@ def main(argv: list | None = None) -> int:
             raise Refused(problem)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.run.layer_clock import pick_layers
+            from ds_longctx.rehearsal.layer_clock import pick_layers
             placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
             pick_layers([p.value for p in placement.layers], a.layers)
     except ValueError as e:  # Refused, and the checks' ValueErrors
@@ -254,8 +209,6 @@ def main(argv: list | None = None) -> int:
     return 1 if failed else 0
 
 
-def cfg_layers(cfg) -> int:
-    return as_geometry(cfg.model.name).layers
 
 
 def say(line: str, stream=None) -> None:
@@ -267,7 +220,7 @@ def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
     tag = f"[rehearsal rank {rank}/{world}]"
     with tempfile.TemporaryDirectory(prefix="ds_longctx-rehearsal-") as tmp:
         row_path = Path(tmp) / "row.json"
-        cmd = [sys.executable, "-m", "ds_longctx.run.rehearse", *argv, "--child_rank", str(rank),
+        cmd = [sys.executable, "-m", "ds_longctx.rehearsal.rehearse", *argv, "--child_rank", str(rank),
                "--child_row", str(row_path)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 env=worker_env())
@@ -318,7 +271,7 @@ def play_rank(a, rest: list) -> int:
     watch_launcher()  # the rehearse command that started this process is its launcher: it ends with it
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from ds_longctx.run.rehearsal_rank import RankRun
+    from ds_longctx.rehearsal.rank import RankRun
     run = RankRun(a, cfg, rank, world, per_node, nodes, counts, replay_command(a, rank, rest))
     row = run.play()
     Path(a.child_row).write_text(json.dumps(row))
@@ -339,27 +292,10 @@ def replay_command(a, rank: int, overrides: list) -> str:
     return shlex.join(["ds-longctx", "rehearse", *opts, *overrides])
 
 
-def commit() -> str:
-    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted changes)."""
-    if os.environ.get(COMMIT_ENV):
-        return os.environ[COMMIT_ENV]
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
 
 
-def median_steady(seconds: list) -> float:
-    return statistics.median(seconds[1:])
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 if __name__ == "__main__":

@@ -1,32 +1,14 @@
-"""Checkpoints of a run: atomic DeepSpeed saves, resume, SIGTERM, and the checks that come before them.
+"""Finding a checkpoint, the checks of output_dir and resume before anything starts, and the collective load.
 
-Layout (output_dir on one filesystem that every node mounts at the same path; rank 0 finishes what all wrote):
-
-    <output_dir>/checkpoints/latest          tag of the newest complete checkpoint, replaced atomically
-    <output_dir>/checkpoints/step300/        DeepSpeed's files (ZeRO-3: one partition per rank), and ours:
-        meta.json          step, run layout, data signature and every file's size and sha256; written last
-        config.json        the HF config the engine built (YaRN included): export's config
-        run.yaml           the run config
-        rng_rank00000.pt   each rank's RNG states (run/checkpoint_rng.py)
-    <output_dir>/checkpoints/.tmp-step300/   a save in progress, marked as ours; renamed to step300 once complete
-
-Save (collective, run/stops.saving: signals wait for it): rank 0 makes and marks `.tmp-<tag>`; every rank writes its
-files there and hashes them; rank 0 writes meta.json, renames the directory to `<tag>`, replaces `latest`, prunes.
-Until the rename `latest` names the previous complete checkpoint; a failed write on any rank fails the save on all
-(one line: the path, the free space), and its partial directory is removed. A partial save left by a crash or a
-SIGKILL never blocks a resume: it is named in one line and removed by the next save. Every path read from the
-run's files stays inside the run (run/checkpoint_paths.py).
+The layout of a run's directory and which run may load a checkpoint: checkpoint/layout.py. Every path read from
+the run's files stays inside the run (checkpoint/paths.py). A partial save left by a crash or a SIGKILL never
+blocks a resume: it is named in one line and removed by the next save (checkpoint/save.py).
 
 Load: every file is checked before anything is loaded (sizes and the globals each pickle names when the checkpoint
 is found, each rank's own digests before DeepSpeed's load), and every load is weights-only: a checkpoint runs no
-code (checkpoint_files.py). Format-1 checkpoints (before digests) still load; `ds-longctx checkpoint convert DIR`
-rewrites them as format 2 (run/checkpoint_convert.py).
-
-Resume needs the same world size and sp_size: ZeRO-3 optimizer partitions are per rank, so another layout is
-refused (export to HF safetensors, then start a new run from the exported directory). It also needs the
-same model, numerics, data order (a function of seed and step) and optimizer layout; which keys may change instead
-(lr, steps, the memory levers, ...) is config/resume_keys.py's rule, and run/resume_changes.py applies them.
-`ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone (`load_weights`) under the same layout rule.
+code (checkpoint/files.py). Format-1 checkpoints (before digests) still load; `ds-longctx checkpoint convert DIR`
+rewrites them as format 2 (checkpoint/convert.py). `ds-longctx eval` (run/eval_checkpoint.py) reads the weights
+alone (`load_weights`).
 """
 
 from __future__ import annotations
@@ -42,38 +24,21 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ds_longctx.checkpoint import layout_change
+from ds_longctx.checkpoint import files, layout_change, paths
+from ds_longctx.checkpoint.layout import CKPT_SUBDIR, META, READS, RUN_FILES, TAG, CheckpointError, ckpt_root
+from ds_longctx.checkpoint.paths import read_latest, shown
 from ds_longctx.checkpoint.reshard import resume_resharded
+from ds_longctx.checkpoint.rng import rng_file, set_rng_state
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel.disk import PARTIAL_MARKER
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run import checkpoint_paths as paths
-from ds_longctx.run.checkpoint_files import META, CheckpointError
-from ds_longctx.run.checkpoint_paths import TAG, read_latest, shown
-from ds_longctx.run.checkpoint_rng import rng_file, set_rng_state
-from ds_longctx.run.evaluate import CURVE_FILE, METRICS_FILE
 
 log = logging.getLogger("ds_longctx")
-
-CKPT_SUBDIR = "checkpoints"
-FORMAT = 2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only, RNG pickled with numpy
-READS = (1, 2)
-# a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
-RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
-
-
-def ckpt_root(output_dir) -> Path:
-    return Path(output_dir) / CKPT_SUBDIR
-
-
-def tag_for(step: int) -> str:
-    return f"step{step}"
 
 
 # ----------------------------------------------------------------------------- checks (no writes)
 def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume") -> tuple[Path, dict]:
     """The complete checkpoint `tag` (default: latest) under `root` and its meta, or a CheckpointError. Every path
-    taken from the run's files stays inside `root` (checkpoint_paths)."""
+    taken from the run's files stays inside `root` (checkpoint/paths.py)."""
     if not root.is_dir():
         raise CheckpointError(f"{what}: no checkpoint in {str(root.parent)!r} ({str(root)!r} does not exist); "
                               f"run without resume first with save_every > 0, or point at the run's output_dir")
@@ -207,7 +172,7 @@ def set_aside(root: Path) -> None:
 def clear_previous_run(cfg) -> None:
     """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its metrics are kept
     aside by the metrics log, run.yaml and ds_config.json replaced), only where every file in it is a save's
-    (checkpoint_files.foreign_files; check_run_dir refused otherwise)."""
+    (files.foreign_files; check_run_dir refused otherwise)."""
     root = ckpt_root(cfg.train.output_dir)
     if cfg.train.overwrite and not cfg.checkpoint.resume and root.exists():
         if problem := files.overwrite_problem(root, TAG):
@@ -220,7 +185,7 @@ def clear_previous_run(cfg) -> None:
 def load(engine, tag_dir: Path, meta: dict, data_signature: dict) -> int:
     """Load weights, optimizer, scheduler and this rank's RNG from `tag_dir`; returns its step. Collective.
 
-    Every rank first checks its own files (checkpoint_files.problem: the globals each pickle names, the sha256 the
+    Every rank first checks its own files (files.problem: the globals each pickle names, the sha256 the
     manifest holds); the ranks share the verdicts before DeepSpeed's collective load, so a damaged or altered file
     stops all of them with its rank and name. Every load is weights-only."""
     if meta.get("data") != data_signature:
@@ -247,7 +212,7 @@ def load_weights(engine, tag_dir: Path, meta: dict) -> None:
 
 
 def _verdicts(engine, tag_dir: Path, meta: dict) -> list:
-    """Every rank's `checkpoint_files.problem` with its own files (None: fine), gathered on every rank."""
+    """Every rank's `files.problem` with its own files (None: fine), gathered on every rank."""
     rank = engine.state.rank
     if meta["format"] == 1 and rank == 0:
         log.warning("%s was written before checkpoints held digests (format 1): its files are checked for size and "

@@ -5,24 +5,18 @@ the user as a tag (`resume_tag`, `--tag`) is resolved here, and only here: a tag
 every path, after symlinks, lies inside the checkpoint directory it was read from. Anything else is a
 CheckpointError naming the file and the value it holds, raised before the target is opened; what a link points at is
 never printed. train, resume, eval, export and `ds-longctx checkpoint` all find checkpoints through
-`checkpoint.find_checkpoint`, which asks this module.
+`resume.find_checkpoint`, which asks this module.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ds_longctx.checkpoint.layout import LATEST, META, PARTIAL_PREFIX, TAG, CheckpointError
 from ds_longctx.parallel.disk import PARTIAL_MARKER
 
-
-class CheckpointError(ValueError):
-    """A checkpoint or output directory that cannot be used: the message names the value and the fix."""
-
-TAG = re.compile(r"^step(\d+)$")  # the tags a save writes
-LATEST = "latest"
 MAX_SMALL_FILE = 64 << 20  # meta.json and latest are read whole; larger is not ours
 _SHOWN = 240  # characters of an offending value shown
 
@@ -109,11 +103,6 @@ def walk_files(tag_dir: Path, what: str) -> Iterator[str]:
 
 
 # ----------------------------------------------------------------------------- saves in progress
-PARTIAL_PREFIX = ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
-# a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their own manifest
-UNIVERSAL_DIRS = ("universal", ".tmp-universal")
-
-
 def unmark_partial(d: Path) -> None:
     """A save about to be renamed into place: no longer partial."""
     (d / PARTIAL_MARKER).unlink(missing_ok=True)
@@ -121,7 +110,7 @@ def unmark_partial(d: Path) -> None:
 
 def is_ours(d: Path) -> bool:
     """`d` is a directory this project wrote: a marked partial output, or a checkpoint with its meta.json."""
-    return d.is_dir() and not d.is_symlink() and ((d / PARTIAL_MARKER).is_file() or (d / "meta.json").is_file())
+    return d.is_dir() and not d.is_symlink() and ((d / PARTIAL_MARKER).is_file() or (d / META).is_file())
 
 
 def partial_saves(root: Path) -> list:

@@ -1,4 +1,4 @@
-"""run/checkpoint_paths.py and the save around it, in one process: every path read out of a run's files stays
+"""checkpoint/paths.py and the save around it, in one process: every path read out of a run's files stays
 inside the run (a `latest` or tag leading elsewhere, a manifest entry or link leading out, a renamed tag), checked
 with an audit hook that records every file opened; partial saves set aside or refused; a save whose write fails
 (a full disk) fails in one line and leaves the previous checkpoint; the launcher's repeated-signal rule."""
@@ -12,11 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from ds_longctx.checkpoint import paths, resume, save
+from ds_longctx.checkpoint.files import CheckpointError
+from ds_longctx.checkpoint.layout import ckpt_root
 from ds_longctx.config import RunConfig
 from ds_longctx.parallel.disk import PARTIAL_MARKER, make_partial
-from ds_longctx.run import checkpoint, checkpoint_save, stops
-from ds_longctx.run import checkpoint_paths as paths
-from ds_longctx.run.checkpoint_files import CheckpointError
+from ds_longctx.run import stops
 
 _opened: list = []
 _watching = [False]
@@ -58,7 +59,7 @@ def refused(root: Path, tag=None):
     _watching[0] = True
     try:
         with pytest.raises(CheckpointError) as e:
-            checkpoint.find_checkpoint(root, tag, what="eval")
+            resume.find_checkpoint(root, tag, what="eval")
     finally:
         _watching[0] = False
     outside = [p for p in _opened if not Path(p).resolve().is_relative_to(root.resolve()) and "site-packages" not in p
@@ -116,12 +117,12 @@ def test_partial_saves_are_set_aside_and_foreign_ones_refused_never_removed(tmp_
     make_partial(root / ".tmp-step4")
     assert paths.partial_saves(root) == [root / ".tmp-step4"]
     with caplog.at_level("INFO", logger="ds_longctx"):
-        checkpoint.set_aside(root)
+        resume.set_aside(root)
     assert "never completed" in caplog.text and ".tmp-step4" in caplog.text
     (root / ".tmp-mine").mkdir()
     (root / ".tmp-mine" / "notes.txt").write_text("a user's")
     with pytest.raises(CheckpointError, match="did not make it"):
-        checkpoint.set_aside(root)
+        resume.set_aside(root)
     assert (root / ".tmp-mine" / "notes.txt").read_text() == "a user's"
 
 
@@ -139,17 +140,17 @@ def fake_engine(root: Path, fail: OSError | None):
 
 def test_a_save_that_hits_a_full_disk_fails_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
     cfg = RunConfig.from_cli(["--output_dir", str(tmp_path / "run"), "--keep_checkpoints", "2"])
-    root = checkpoint.ckpt_root(cfg.train.output_dir)
-    checkpoint_save.save(fake_engine(root, None), cfg, 2, {"data": 1})
+    root = ckpt_root(cfg.train.output_dir)
+    save.save(fake_engine(root, None), cfg, 2, {"data": 1})
     assert paths.read_latest(root) == "step2" and not (root / "step2" / PARTIAL_MARKER).exists()
     full = OSError(errno.ENOSPC, "No space left on device", str(root / ".tmp-step4" / "x.pt"))
     with pytest.raises(CheckpointError) as e:
-        checkpoint_save.save(fake_engine(root, full), cfg, 4, {"data": 1})
+        save.save(fake_engine(root, full), cfg, 4, {"data": 1})
     msg = str(e.value)
     assert "save of step 4 failed: no space left on " in msg and "free)" in msg
     assert "(step2) is unchanged" in msg and "\n" not in msg
     assert paths.read_latest(root) == "step2" and not (root / ".tmp-step4").exists()
-    checkpoint.find_checkpoint(root)  # still complete and loadable
+    resume.find_checkpoint(root)  # still complete and loadable
 
 
 def test_the_launcher_waits_for_a_save_and_abandons_only_on_a_deliberate_repeat(tmp_path, monkeypatch, capsys):

@@ -7,12 +7,12 @@
 (checkpoint/universal.py), ahead of the job so its GPUs do not wait for it; it prints the time and the peak host
 memory it took.
 
-Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's (run/checkpoint.py). The
+Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's (checkpoint/layout.py). The
 conversion loads each RNG file weights-only, with numpy's array globals allowed for that file alone (what numpy's
 RNG state pickles to, nothing that runs code), rewrites it as tensors and numbers, hashes every file (sha256, one
-read of each: run/checkpoint_files.py's cost) and writes meta.json as format 2, atomically, last. DeepSpeed's own
+read of each: checkpoint/files.py's cost) and writes meta.json as format 2, atomically, last. DeepSpeed's own
 files are not rewritten; a file that asks for any other global is refused, naming it, and nothing is changed. It
-holds the run's lock (run/run_lock.py): a run that is writing there is named and the conversion refused.
+holds the run's lock (checkpoint/run_lock.py): a run that is writing there is named and the conversion refused.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.run import checkpoint, checkpoint_rng, checkpoint_save, run_lock
-from ds_longctx.run import checkpoint_files as files
-from ds_longctx.run import checkpoint_paths as paths
-from ds_longctx.run.checkpoint_files import CheckpointError
+from ds_longctx.checkpoint import files, paths, rng, run_lock
+from ds_longctx.checkpoint.layout import CKPT_SUBDIR, FORMAT, CheckpointError
+from ds_longctx.checkpoint.resume import find_checkpoint
+from ds_longctx.checkpoint.save import write_meta
 
 
 def tags(directory: str, tag: str | None) -> list:
     """The tag directories `convert` reads: `tag`, or every complete one, under a run's output_dir or its
     checkpoints/ directory."""
     p = Path(directory)
-    root = p / checkpoint.CKPT_SUBDIR if (p / checkpoint.CKPT_SUBDIR).is_dir() else p
+    root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
     if tag is not None:
         return [root / paths.check_tag(tag, f"--tag ({paths.shown(tag)})", "checkpoint convert", root)]
     found = [root / n for n in paths.tag_names(root)]
@@ -45,8 +45,8 @@ def tags(directory: str, tag: str | None) -> list:
 
 def convert_tag(tag_dir: Path) -> bool:
     """Rewrite one format-1 tag as format 2 (module doc); False when it is format 2 already."""
-    _, meta = checkpoint.find_checkpoint(tag_dir.parent, tag_dir.name, what="checkpoint convert")
-    if meta["format"] == checkpoint.FORMAT:
+    _, meta = find_checkpoint(tag_dir.parent, tag_dir.name, what="checkpoint convert")
+    if meta["format"] == FORMAT:
         return False
     bad = files.problem(tag_dir, meta, None)
     if bad:
@@ -55,13 +55,13 @@ def convert_tag(tag_dir: Path) -> bool:
         if name.startswith("rng_rank") and name.endswith(".pt"):
             state = files.load(tag_dir / name, legacy_rng=True)
             if not isinstance(state.get("numpy"), dict):
-                state["numpy"] = checkpoint_rng.numpy_state(state["numpy"])
+                state["numpy"] = rng.numpy_state(state["numpy"])
             tmp = tag_dir / f"{name}.tmp"
             torch.save(state, tmp)
             tmp.replace(tag_dir / name)
     meta["files"] = files.entries(tag_dir, meta["files"], show=True)
-    meta["format"] = checkpoint.FORMAT
-    checkpoint_save.write_meta(tag_dir, meta)
+    meta["format"] = FORMAT
+    write_meta(tag_dir, meta)
     return True
 
 
@@ -71,7 +71,7 @@ def reshard_tag(root: Path, tag: str | None) -> str:
     import time
 
     from ds_longctx.checkpoint.universal import universal_dir, write_universal
-    tag_dir, meta = checkpoint.find_checkpoint(root, tag, what="checkpoint reshard")
+    tag_dir, meta = find_checkpoint(root, tag, what="checkpoint reshard")
     t0 = time.perf_counter()
     manifest = write_universal(tag_dir, meta, show=True)
     size = sum(e["bytes"] for e in manifest["files"].values())

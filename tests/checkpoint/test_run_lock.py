@@ -1,7 +1,7 @@
-"""One writer per run (run/run_lock.py), in-process: a second writer is refused naming the holder, a launcher's lock
-covers its workers, a dead holder's lock is taken over with one line, and a released lock leaves nothing behind.
-`ds-longctx train` refusing while another process writes its output_dir: here, in-process, before any worker; two
-real resumes at once: tests/distributed/test_resume.py; eval: tests/distributed/test_eval.py."""
+"""One writer per run (checkpoint/run_lock.py), in-process: a second writer is refused naming the holder, a
+launcher's lock covers its workers, a dead holder's lock is taken over with one line, and a released lock leaves
+nothing behind. `ds-longctx train` refusing while another process writes its output_dir: here, in-process, before
+any worker; two real resumes at once: tests/distributed/test_resume.py; eval: tests/distributed/test_eval.py."""
 
 import json
 import logging
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from ds_longctx.run import run_lock
-from ds_longctx.run.run_lock import LOCK_FILE, RunLock, RunLockError, lock_holder
+from ds_longctx.checkpoint import run_lock
+from ds_longctx.checkpoint.run_lock import LOCK_FILE, RunLock, RunLockError, lock_holder
 from tests.helpers import hold_lock
 
 
@@ -96,7 +96,7 @@ def test_ds_longctx_train_into_a_directory_in_use_is_refused_before_any_worker(t
 
 
 def test_checkpoint_convert_of_a_run_in_progress_is_refused(tmp_path, holder, capsys):
-    from ds_longctx.run.checkpoint_convert import main
+    from ds_longctx.checkpoint.convert import main
     (tmp_path / "run" / "checkpoints" / "step3").mkdir(parents=True)
     assert main(["convert", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()

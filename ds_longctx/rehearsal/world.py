@@ -1,0 +1,100 @@
+"""What `ds-longctx rehearse` (rehearse.py) and each rank it plays (rank.py) both read: a rank's role in the world,
+the plan it is held against and how a figure compares with it, the checks before a rank is built, the links its
+step time is predicted for, and the row's provenance (commit, date)."""
+
+from __future__ import annotations
+
+# the data and torch are imported inside the functions that use them (module doc of rehearse.py).
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from ds_longctx.plan import interconnect as ic
+from ds_longctx.plan.geometry import as_geometry
+from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.planner import plan_memory
+from ds_longctx.run.placement_plan import run_placement
+
+COMMIT_ENV = "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
+
+
+class Refused(ValueError):
+    """Bad arguments or config: exit 2 before any rank starts."""
+
+
+def role_of(rank: int, per_node: int, sp: int) -> str:
+    node, first = rank // per_node, rank - rank % sp
+    where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
+    return (f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
+            f"{rank % per_node}")
+
+
+def planned(cfg, per_node: int, nodes: int):
+    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
+    geom = as_geometry(cfg.model.name)
+    placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
+    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
+                       Levers.from_run_config(cfg, placement), nodes=nodes)
+
+
+# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
+# context: "-100%" of it says nothing)
+PERCENT_FROM = 4e9
+
+
+def vs_plan(measured: float, planned: float) -> str:
+    """The measured against the planned: a percentage, or the difference in GB where the plan is under
+    PERCENT_FROM bytes."""
+    if planned >= PERCENT_FROM:
+        return f"{measured / planned - 1:+.1%}"
+    return f"{(measured - planned) / 1e9:+.2f} GB"
+
+
+def check(cfg, world: int, per_node: int):
+    """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
+    returns the HF config. Raises ValueError."""
+    from ds_longctx import data
+    from ds_longctx.run.preflight import rope_coverage, validate
+    hf_cfg = validate(cfg, world, per_node)
+    rope_coverage(cfg, hf_cfg)
+    data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
+    return hf_cfg
+
+
+def links(a, cfg):
+    name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
+    if name not in ic.LINKS:
+        raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
+    intra = ic.link_from_gbps("--link_gbps", a.link_gbps) if a.link_gbps is not None else ic.LINKS[name]
+    inter = (ic.link_from_gbps("--internode_gbps", a.internode_gbps) if a.internode_gbps is not None
+             else ic.LINKS[ic.DEFAULT_INTERNODE])
+    return intra, inter
+
+
+def cfg_layers(cfg) -> int:
+    return as_geometry(cfg.model.name).layers
+
+
+def commit() -> str:
+    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted changes)."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def median_steady(seconds: list) -> float:
+    return statistics.median(seconds[1:])
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
