@@ -49,7 +49,7 @@ def _rank_slice(tag_dir: Path, name: str, key: str, numel: int, rank: int, world
 
 def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
     """Fill `engine`'s ZeRO-3 optimizer (fp32 masters, exp_avg, exp_avg_sq, step) and bf16 partitions from the
-    universal form of `tag_dir`, this rank's slices only (its files checked before: universal.problem); a parameter
+    universal form of `tag_dir`, this rank's slices only (its files checked before: universal.universal_problem); a parameter
     the checkpoint lacks, or one of another shape, is a CheckpointError naming it."""
     zo = _zero3(engine)
     params = {p["name"]: p for p in manifest["params"]}
@@ -134,7 +134,7 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
     _agreed(made, f"resume: checkpoint {str(tag_dir)!r} could not be resharded")
     manifest = universal.read_manifest(tag_dir)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    _agreed(universal.problem(tag_dir, manifest, (rank, world), show=rank == 0),
+    _agreed(universal.universal_problem(tag_dir, manifest, (rank, world), show=rank == 0),
             f"resume: the universal form of {str(tag_dir)!r} could not be loaded")
     load_universal(engine, tag_dir, manifest)
     ds = engine.ds

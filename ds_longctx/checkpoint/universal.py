@@ -209,7 +209,7 @@ def read_manifest(tag_dir: Path) -> dict:
     return manifest
 
 
-def problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
+def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
     """What is wrong with the universal form of `tag_dir` (None: nothing), checking every file of the manifest whose
     index is `share`[0] modulo `share`[1] (the ranks split the reading): inside universal/, the size and sha256
     recorded, a safetensors file of KEYS only (no pickle is ever opened); and no file beside them."""
