@@ -134,7 +134,7 @@ def fake_engine(root: Path, fail: OSError | None):
         (Path(save_dir) / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
 
     config = SimpleNamespace(to_json_file=lambda p: Path(p).write_text("{}"))
-    return SimpleNamespace(state=SimpleNamespace(rank=0, world_size=1, sp_size=1, dp_size=1),
+    return SimpleNamespace(sample_offset=0, state=SimpleNamespace(rank=0, world_size=1, sp_size=1, dp_size=1),
                            ds=SimpleNamespace(save_checkpoint=save_checkpoint), model=SimpleNamespace(config=config))
 
 
