@@ -49,8 +49,8 @@ def _rank_slice(tag_dir: Path, name: str, key: str, numel: int, rank: int, world
 
 def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
     """Fill `engine`'s ZeRO-3 optimizer (fp32 masters, exp_avg, exp_avg_sq, step) and bf16 partitions from the
-    universal form of `tag_dir`, this rank's slices only (its files checked before: universal.universal_problem); a parameter
-    the checkpoint lacks, or one of another shape, is a CheckpointError naming it."""
+    universal form of `tag_dir`, this rank's slices only (its files checked before: `universal_problem`); a
+    parameter the checkpoint lacks, or one of another shape, is a CheckpointError naming it."""
     zo = _zero3(engine)
     params = {p["name"]: p for p in manifest["params"]}
     wanted = [zo.param_names[p] for group in zo.fp16_groups for p in group]
@@ -105,7 +105,7 @@ def _refresh_bf16(zo) -> None:
             part.data = new.data
 
 
-def _agreed(problem, what: str) -> None:
+def _agreed(problem, what: str, fix: str = "") -> None:
     """Every rank's `problem` (None: fine) gathered; a CheckpointError on every rank when any has one."""
     found = [problem]
     if dist.is_initialized():
@@ -113,7 +113,7 @@ def _agreed(problem, what: str) -> None:
         dist.all_gather_object(found, problem)
     bad = [(r, p) for r, p in enumerate(found) if p is not None]
     if bad:
-        raise CheckpointError(f"{what} (rank {bad[0][0]}: {bad[0][1]})")
+        raise CheckpointError(f"{what} (rank {bad[0][0]}: {bad[0][1]})" + (f"; {fix}" if fix else ""))
 
 
 def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
@@ -135,7 +135,7 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
     manifest = universal.read_manifest(tag_dir)
     world = dist.get_world_size() if dist.is_initialized() else 1
     _agreed(universal.universal_problem(tag_dir, manifest, (rank, world), show=rank == 0),
-            f"resume: the universal form of {str(tag_dir)!r} could not be loaded")
+            f"resume: the universal form of {str(tag_dir)!r} could not be loaded", universal.rewrite(tag_dir))
     load_universal(engine, tag_dir, manifest)
     ds = engine.ds
     ds.global_steps = step

@@ -198,15 +198,19 @@ def read_manifest(tag_dir: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"reshard: {str(path)!r} does not exist; `ds-longctx checkpoint reshard "
-                              f"{tag_dir.parent.parent}` writes it") from None
+        raise CheckpointError(f"reshard: {str(path)!r} does not exist; {rewrite(tag_dir)}") from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"reshard: {str(path)!r} is not a manifest ({e}); remove {str(path.parent)!r} and run "
-                              f"`ds-longctx checkpoint reshard {tag_dir.parent.parent}` again") from None
+        raise CheckpointError(f"reshard: {str(path)!r} is not a manifest ({e}); {rewrite(tag_dir)}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; remove "
-                              f"{str(path.parent)!r} and run `ds-longctx checkpoint reshard` again")
+        raise CheckpointError(f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; "
+                              f"{rewrite(tag_dir)}")
     return manifest
+
+
+def rewrite(tag_dir: Path) -> str:
+    """The fix for a universal form that is missing or damaged: the command that writes it (again, replacing it)."""
+    return (f"`ds-longctx checkpoint reshard {tag_dir.parent.parent} --tag {tag_dir.name}` writes it from the "
+            f"checkpoint (replacing what is there)")
 
 
 def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
