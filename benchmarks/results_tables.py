@@ -28,7 +28,8 @@ TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.j
           "long_range": "Long-range retrieval under SP, on CPU (`long_range.jsonl`)",
           "stdlib_corpus": "Real text: the Python standard library as a corpus (`stdlib_corpus.jsonl`)",
           "masked_step": "What a masked row costs: a share of tokens trained against all (`masked_step.jsonl`)",
-          "rehearsal": "Rehearsals: one GPU plays a rank of a larger world (`rehearsal.jsonl`)"}
+          "rehearsal": "Rehearsals: one GPU plays a rank of a larger world (`rehearsal.jsonl`)",
+          "reshard": "A checkpoint's universal form for a resume on another layout (`reshard.jsonl`)"}
 
 
 def heading(name: str) -> str:
@@ -288,6 +289,20 @@ def masked_step(d: dict) -> str:
                      "masked / full", *META], rows))
 
 
+def reshard(d: dict) -> str:
+    """Each `bench_reshard.py` run: the checkpoint converted, its seconds and peak host RSS, the whole model's time."""
+    rows = [[r["geometry"], f"{r['layers']} of {r['of_layers']}", r["params"] and n(r["params"]), gb(r["source_bytes"]),
+             f"{r['seconds']:.1f}", f"{r['peak_host_rss_gb']:.2f}", f"{r['whole_predicted_s']:.0f}", *meta(r)]
+            for r in d.get("reshard", [])]
+    if not rows:
+        return ""
+    return ("`ds-longctx checkpoint reshard` of a ZeRO-3 checkpoint over 8 ranks cut to its first decoder layers (the "
+            "whole model needs its size twice on disk), files checked and hashed included; the whole model's seconds "
+            "predicted by bytes. Host memory is bounded by the largest parameter's fragment, not the depth.\n\n"
+            + table(["geometry", "layers", "parameters", "GB", "s", "peak host RSS GB", "whole model s (predicted)",
+                     *META], rows))
+
+
 def ran(d: dict, r: dict) -> tuple:
     """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a longest.jsonl run,
     else a held-out plan run of planner_runs.jsonl); ("", None) where it did not."""
@@ -349,4 +364,4 @@ def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
 SECTIONS = {name: globals()[name] for name in (
     "peers", "hf_trainer", "longest_latest", "longest_history", "longest_runs", "published", "planner_accuracy",
     "planner_plans", "planner_tables", "planner_levers", "planner_unrun", "attention", "levers", "profile",
-    "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "readme")}
+    "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "reshard", "readme")}

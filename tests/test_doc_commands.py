@@ -139,6 +139,11 @@ RULES = [
     covered("tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
             "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --data tiny_sessions/"),
     # docs/planner.md
+    # docs/reliability.md
+    covered("tests/distributed/test_reshard.py::test_resume_at_another_layout_continues_the_run",
+            "ds-longctx checkpoint reshard runs/a --tag step300"),
+    covered("tests/distributed/test_reshard.py::test_resume_at_another_layout_continues_the_run",
+            "ds-longctx train --nproc 4 --sp_size 4 --resume true --output_dir runs/a"),
     covered("tests/test_bench_planner.py::test_held_out_plan_specs_carry_their_model_and_budgets",
             "python benchmarks/bench_planner.py --plans"),
     covered("tests/test_bench_planner.py::test_check_says_which_committed_predictions_are_still_held_out",
