@@ -57,7 +57,7 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     candidates = [(base, 0.0, "")]
     if not base.pinned_pool:
         candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
-    if not base.tiled_layer and not base.lora_rank:
+    if not base.tiled_layer and not base.lora_rank and geom.moe is None:  # the tiled layer takes no sparse block
         tiled = replace(base, tiled_layer=True, tiled_mlp=True,
                         tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
         tiled = replace(tiled, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,

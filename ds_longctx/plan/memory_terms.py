@@ -28,6 +28,7 @@ from ds_longctx.plan.layer_units import (
     TILED_LAYER_UNITS_MLP_BWD,
 )
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_terms import moe_terms, top_layer_sparse
 from ds_longctx.plan.zero_buffers import (
     DS_SUB_GROUP_ELEMS,
     PARAM_PERSISTENCE_ELEMS,
@@ -283,8 +284,11 @@ def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     """The top layer's token-wise work in its backward: the MLP whole (its saved intermediate-width tensors and
     grads) or in tiles of t tokens (tiled_mlp; with tiled_layer the q/k/v projections and norms tiled too, their fp32
-    weight-grad sums beside the tiles)."""
+    weight-grad sums beside the tiles); a mixture of experts' sparse block: plan/moe_terms.py."""
     g, T, tl = z.g, z.T, lv.tiled_layer
+    if top_layer_sparse(g):  # a mixture of experts' sparse block (plan/moe_terms.py)
+        moe_terms(t, z, lv)
+        return
     H, inter, d, hq, hkv = g.hidden, g.intermediate, g.head_dim, g.heads, g.kv_heads
     tile = min(lv.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:
