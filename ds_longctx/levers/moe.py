@@ -67,7 +67,7 @@ def expert_kernel(experts: nn.Module) -> str:
     w = experts.gate_up_proj
     if can is None:
         return "grouped_mm (transformers chooses the kernel)"
-    x = torch.empty(0, w.shape[-1] if w.dim() == 3 else 1, device=w.device, dtype=w.dtype)
+    x = torch.empty(0, _shape(w)[-1], device=w.device, dtype=w.dtype)
     if can(x, w, torch.zeros(max(getattr(experts, "num_experts", 1), 1), dtype=torch.int32, device=w.device)):
         fn = "torch.nn.functional.grouped_mm" if hasattr(F, "grouped_mm") else "torch._grouped_mm"
         return f"grouped_mm ({fn})"
@@ -87,6 +87,11 @@ def route(gate: nn.Module, x: torch.Tensor, valid: torch.Tensor, aux: LoadBalanc
     return logits, top.to(logits.dtype), idx
 
 
+def _shape(p: torch.Tensor) -> tuple:
+    """A parameter's full shape, also when ZeRO-3 holds it partitioned (its own shape is then empty)."""
+    return tuple(getattr(p, "ds_shape", p.shape))
+
+
 def _experts_fn(experts: nn.Module) -> Callable:
     """The experts' forward without entering the module (no hooks per tile): its class's dispatching forward."""
     return lambda x, idx, w: type(experts).forward(experts, x, idx, w)
@@ -100,10 +105,10 @@ def tile_problem(block: nn.Module) -> Optional[str]:
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
     if not isinstance(gate, nn.Module) or not isinstance(experts, nn.Module):
         return f"{type(block).__name__} has no gate / experts modules"
-    if not (isinstance(getattr(gate, "weight", None), nn.Parameter) and gate.weight.dim() == 2
+    if not (isinstance(getattr(gate, "weight", None), nn.Parameter) and len(_shape(gate.weight)) == 2
             and hasattr(gate, "top_k") and hasattr(gate, "norm_topk_prob") and getattr(gate, "bias", None) is None):
         return f"its router {type(gate).__name__} is not a softmax top-k router with one [E, H] weight"
-    if not all(isinstance(getattr(experts, n, None), nn.Parameter) and getattr(experts, n).dim() == 3
+    if not all(isinstance(getattr(experts, n, None), nn.Parameter) and len(_shape(getattr(experts, n))) == 3
                for n in ("gate_up_proj", "down_proj")):
         return f"its experts {type(experts).__name__} do not keep gate_up_proj / down_proj as 3-D parameters"
     layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
@@ -182,7 +187,7 @@ def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) 
     if any(_PATCH_ATTR in b.__dict__ for b in blocks):
         raise RuntimeError("the MoE lever is already applied; call remove_moe(model) first")
     gate0 = blocks[0].gate
-    aux = LoadBalance(experts=gate0.weight.shape[0], top_k=gate0.top_k, coef=coef)
+    aux = LoadBalance(experts=_shape(gate0.weight)[0], top_k=gate0.top_k, coef=coef)
     lever = MoeLever(aux=aux, blocks=blocks, tile_tokens=tile_tokens)
     for i, block in enumerate(blocks):
         problem = tile_problem(block)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 
 class LoadBalance:
-    """The micro-batch's load-balancing statistics on this rank, their SP sum, and the gradient they give (module doc)."""
+    """A micro-batch's load-balancing statistics on this rank, their SP sum, the gradient they give (module doc)."""
 
     def __init__(self, experts: int, top_k: int, coef: float):
         self.experts, self.top_k, self.coef = experts, top_k, float(coef)

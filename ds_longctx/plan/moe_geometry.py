@@ -38,8 +38,8 @@ class MoeShape:
     def block_numels(self, hidden: int) -> list:
         """The sparse block's parameters in `parameters()` order: experts.gate_up_proj [E, 2I, H], experts.down_proj
         [E, H, I], gate.weight [E, H]."""
-        E, I, H = self.experts, self.expert_intermediate, hidden
-        return [E * 2 * I * H, E * H * I, E * H]
+        E, width, H = self.experts, self.expert_intermediate, hidden
+        return [E * 2 * width * H, E * H * width, E * H]
 
     def block_params(self, hidden: int) -> int:
         """E·3·H·I + E·H (Qwen3-30B-A3B: 604,241,920 per layer)."""

@@ -42,9 +42,9 @@ def moe_lever_problem(g: ModelGeometry, lv: Levers) -> str | None:
 def block_bytes(g: ModelGeometry, rows: int) -> tuple:
     """(router, dispatch, experts, backward grads) bytes of one sparse block over `rows` rows (module doc)."""
     m, H = g.moe, g.hidden
-    E, k, I = m.experts, m.top_k, m.expert_intermediate
+    E, k, width = m.experts, m.top_k, m.expert_intermediate
     return (rows * (6 * E + ROUTER_ROW_BYTES), rows * k * (2 * H + DISPATCH_INDEX_BYTES),
-            rows * k * (2 * H + 8 * I), 6 * rows * k * H)
+            rows * k * (2 * H + 8 * width), 6 * rows * k * H)
 
 
 def moe_terms(t, z, lv: Levers) -> None:

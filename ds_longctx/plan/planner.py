@@ -41,7 +41,6 @@ from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.moe_terms import moe_lever_problem
 from ds_longctx.plan.memory_terms import (  # noqa: F401
     ALL,
     BUILD,
@@ -58,6 +57,7 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     sizes,
     zero3_terms,
 )
+from ds_longctx.plan.moe_terms import moe_lever_problem
 
 GIB = 2**30
 # max_memory_reserved / max_memory_allocated: without offloaded checkpoints, with them, and with DeepSpeed's offload

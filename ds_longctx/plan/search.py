@@ -281,7 +281,8 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
-             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank or geom.moe else 'layer'}, the attention backward over {groups} "
+             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank or geom.moe else 'layer'}, the attention backward over "
+             f"{groups} "
              f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]

@@ -1,0 +1,57 @@
+"""A mixture of experts (the shipped qwen3-moe-tiny: 4 experts, top-2, router_aux_loss_coef 0.01) through the engine on
+CPU over gloo (ZeRO-3, Ulysses SP): the loss (cross-entropy + coef x the load-balancing loss) and every gradient against
+plain HF's on the full sequence, fp32, rel <= 1e-5, at SP=1 and SP=2, untiled and tiled.
+
+One input covers the cases that move the aux: three packed documents (HF's reference runs each document alone; its
+load-balancing loss is `load_balancing_loss_func` over the routers of the whole row, as for a packed row), 63 tokens
+(SP=2 pads one token, which must not count in the aux) and a 29-token document across the slice border."""
+
+import pytest
+import torch
+
+from tests.distributed.test_ulysses import check, run, sample
+
+pytestmark = pytest.mark.slow
+LENS = [20, 29, 14]
+
+
+def reference(ids: torch.Tensor, doc_lens: list):
+    """HF's own loss with output_router_logits on a packed row: the documents' token-weighted CE, + coef x
+    load_balancing_loss_func over every document's routers (the row's); its loss and gradients."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from ds_longctx.levers.moe import set_experts_kernel
+    from ds_longctx.run.model import init_weights, load_hf_config, model_class
+    cfg = load_hf_config("qwen3-moe-tiny")
+    cfg._attn_implementation = "eager"
+    set_experts_kernel(cfg)
+    model = model_class(cfg)(cfg)
+    init_weights(model, 0, cfg.initializer_range)
+    model.train()
+    ce, n, routers, start = 0.0, 0, [], 0
+    for L in doc_lens:
+        doc = ids[start:start + L][None]
+        out = model(input_ids=doc, labels=doc, output_router_logits=True)
+        doc_ce = out.loss - cfg.router_aux_loss_coef * out.aux_loss  # HF adds the document's own aux: taken out
+        ce = ce + doc_ce * (L - 1)  # HF's token mean of the document, back to its sum
+        n += L - 1
+        routers.append(out.router_logits)
+        start += L
+    per_layer = tuple(torch.cat(layer) for layer in zip(*routers))  # [row tokens, E] per sparse layer
+    aux = load_balancing_loss_func(per_layer, cfg.num_experts, cfg.num_experts_per_tok)
+    loss = ce / n + cfg.router_aux_loss_coef * aux
+    loss.backward()
+    return loss.item(), {name: p.grad for name, p in model.named_parameters()}, aux.item()
+
+
+def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path):
+    ids = sample(0, sum(LENS))
+    ref_loss, ref_grads, aux = reference(ids, LENS)
+    assert aux > 1.0  # the load-balancing term is there (E · Σ f·P >= 1 for top-2 of 4)
+    runs = {"sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
+            "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
+            "sp2_tiled": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny", tiled_mlp=True,
+                             tile_tokens=7)}
+    for name, got in runs.items():
+        assert got["tokens"] == sum(L - 1 for L in LENS), name
+        check(got, ref_loss, ref_grads)
