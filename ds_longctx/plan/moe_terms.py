@@ -22,6 +22,13 @@ from __future__ import annotations
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.levers import Levers
 
+# transformers' Qwen3-MoE at 30B-A3B width on one H200 (2 layers, bf16, grouped_mm experts, 131,072 tokens): forward +
+# backward of the model, and one layer's SDPA attention within it, seconds; what is left of a layer at its forward FLOPs
+# x 3 is the rate of a sparse layer's token-wise work (projections, router, experts), plan/step_time.py's rate for
+# sparse layers (tests/plan/test_step_time.py derives it). calibrated: see docs/calibration.md#tokenwise-flops
+MOE_MEASURED_SECONDS = 2.42
+MOE_MEASURED_ATTENTION_SECONDS = 0.87
+MOE_TOKENWISE_FLOPS = 131e12
 ROUTER_ROW_BYTES = 8  # + 6·E: the counted flag (fp32) and the top-k sum
 DISPATCH_INDEX_BYTES = 38  # per row and expert: the sort, gather and top-k indices (int64) and weights
 
@@ -29,6 +36,19 @@ DISPATCH_INDEX_BYTES = 38  # per row and expert: the sort, gather and top-k indi
 def top_layer_sparse(g: ModelGeometry) -> bool:
     """Whether the top layer (the planner's worst) is a sparse MoE layer."""
     return g.moe is not None and g.moe.is_sparse(g.layers - 1)
+
+
+def block_fwd_flops(g: ModelGeometry) -> int:
+    """Forward FLOPs per token of one sparse block: the grouped GEMMs of the k experts a token goes to (k·3·H·I_e
+    multiply-adds) and the router (E·H)."""
+    m = g.moe
+    return 2 * (m.top_k * 3 * g.hidden * m.expert_intermediate + m.experts * g.hidden)
+
+
+def tiled_moe_seconds(g: ModelGeometry, tokens: int) -> float:
+    """What tiling the sparse blocks costs a step on one rank of `tokens` tokens: one more forward of each block (the
+    tiles' recompute), at MOE_TOKENWISE_FLOPS."""
+    return len(g.moe.sparse_layers) * tokens * block_fwd_flops(g) / MOE_TOKENWISE_FLOPS
 
 
 def moe_lever_problem(g: ModelGeometry, lv: Levers) -> str | None:
