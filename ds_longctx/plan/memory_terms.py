@@ -28,6 +28,7 @@ from ds_longctx.plan.layer_units import (
     TILED_LAYER_UNITS_MLP_BWD,
 )
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_geometry import lora_problem
 from ds_longctx.plan.moe_terms import moe_terms, top_layer_sparse
 from ds_longctx.plan.zero_buffers import (
     DS_SUB_GROUP_ELEMS,
@@ -115,6 +116,8 @@ def adapters(g: ModelGeometry, rank: int, targets) -> tuple:
     """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
     if not rank:
         return 0, 0, 0, 0
+    if problem := lora_problem(g.moe, g.layers, targets):
+        raise ValueError(problem)
     lin, top = g.linears(), f"model.layers.{g.layers - 1}."
     names = target_names(lin, targets, "lm_head")
 

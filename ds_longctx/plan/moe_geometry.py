@@ -100,3 +100,21 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
                     sparse_layers=sparse_layers(layers, step, only),
                     norm_topk_prob=bool(cfg.get("norm_topk_prob", QWEN3_MOE_DEFAULTS["norm_topk_prob"])),
                     router_aux_loss_coef=float(coef))
+
+
+EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj", "experts", "gate")  # what a sparse layer's MLP targets would name
+
+
+def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]:
+    """Why LoRA cannot take `targets` on this mixture of experts (None: it can). Its experts are 3-D tensors, not
+    Linears, and its router is no Linear either: adapters go on the attention (and on dense MLP layers, if any), the
+    experts and router stay frozen. A target list naming MLP parts on a model whose every layer is sparse is refused;
+    all-linear is the attention's Linears (and the dense layers')."""
+    if moe is None or isinstance(targets, str) or len(moe.sparse_layers) < layers:
+        return None
+    named = [t for t in targets if t.rpartition(".")[2] in EXPERT_PARTS]
+    if not named:
+        return None
+    return (f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA adapters here (the "
+            f"experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves the experts and "
+            f"the router frozen: use --lora_target_modules q_proj,k_proj,v_proj,o_proj (or all-linear)")

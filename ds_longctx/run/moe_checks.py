@@ -16,6 +16,7 @@ from ds_longctx.levers.gpu_budget import GB
 from ds_longctx.levers.moe import sparse_blocks, tile_problem
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_geometry import lora_problem
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.placement_plan import run_placement
 
@@ -39,14 +40,16 @@ def untiled_cost_gb(cfg, world_size: int) -> float:
 
 def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
     """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index: why})."""
-    first = next(iter(untiled.values()))
-    return (f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): about "
-            f"{untiled_cost_gb(cfg, world_size):.1f} GB more per GPU at seq_len={cfg.train.seq_len:,} (the planner's "
-            f"untiled sparse block against its tiles)")
+    first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size)
+    cost = (f"about {extra:.1f} GB more per GPU at seq_len={cfg.train.seq_len:,}" if extra >= 0.05 else
+            f"no more GPU memory at seq_len={cfg.train.seq_len:,} (another phase sets the peak)")
+    return (f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): {cost} by the planner's untiled "
+            f"sparse block against its tiles")
 
 
 def check_moe(cfg, hf_config, world_size: int) -> None:
-    """Refuse, before any work: `router_aux_loss_coef` for a model without experts; tiled_mlp asked of sparse blocks
+    """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the experts
+    (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
     the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no longer fits
     `memory.gpu_budget_gb` (without a budget they run untiled with one warning: run/engine.py)."""
     text = hf_config.get_text_config()
@@ -55,6 +58,9 @@ def check_moe(cfg, hf_config, world_size: int) -> None:
             raise ValueError(f"router_aux_loss_coef={cfg.model.router_aux_loss_coef:g} is set, but model="
                              f"{cfg.model.name!r} has no experts (no load-balancing loss); remove the key")
         return
+    geom = as_geometry(cfg.model.name)
+    if cfg.lora.rank and (problem := lora_problem(geom.moe, geom.layers, cfg.lora.target_modules)):
+        raise ValueError(problem)
     if not cfg.memory.tiled_mlp or not cfg.memory.gpu_budget_gb:
         return
     from ds_longctx.run.model import model_class
@@ -64,7 +70,6 @@ def check_moe(cfg, hf_config, world_size: int) -> None:
     if not problems:
         return
     extra = untiled_cost_gb(cfg, world_size)
-    geom = as_geometry(cfg.model.name)
     untiled = replace(Levers.from_run_config(cfg, run_placement(cfg, geom.layers, world_size, None)), tiled_mlp=False)
     peak = plan_memory(geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size, untiled).gpu_peak_bytes / GB
     if peak > cfg.memory.gpu_budget_gb:

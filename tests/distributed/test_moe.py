@@ -15,9 +15,10 @@ pytestmark = pytest.mark.slow
 LENS = [20, 29, 14]
 
 
-def reference(ids: torch.Tensor, doc_lens: list):
-    """HF's own loss with output_router_logits on a packed row: the documents' token-weighted CE, + coef x
-    load_balancing_loss_func over every document's routers (the row's); its loss and gradients."""
+def reference(rows: list, doc_lens: list = None):
+    """HF's own loss with output_router_logits over a step's micro-batches (one row each): the documents'
+    token-weighted CE over every row, + coef x the mean over the rows of load_balancing_loss_func over each row's
+    routers (a packed row's: every document's); its loss, gradients and the first row's aux."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     from ds_longctx.levers.moe import set_experts_kernel
@@ -28,25 +29,28 @@ def reference(ids: torch.Tensor, doc_lens: list):
     model = model_class(cfg)(cfg)
     init_weights(model, 0, cfg.initializer_range)
     model.train()
-    ce, n, routers, start = 0.0, 0, [], 0
-    for L in doc_lens:
-        doc = ids[start:start + L][None]
-        out = model(input_ids=doc, labels=doc, output_router_logits=True)
-        doc_ce = out.loss - cfg.router_aux_loss_coef * out.aux_loss  # HF adds the document's own aux: taken out
-        ce = ce + doc_ce * (L - 1)  # HF's token mean of the document, back to its sum
-        n += L - 1
-        routers.append(out.router_logits)
-        start += L
-    per_layer = tuple(torch.cat(layer) for layer in zip(*routers))  # [row tokens, E] per sparse layer
-    aux = load_balancing_loss_func(per_layer, cfg.num_experts, cfg.num_experts_per_tok)
-    loss = ce / n + cfg.router_aux_loss_coef * aux
+    ce, n, auxes = 0.0, 0, []
+    for ids in rows:
+        routers, start = [], 0
+        for L in doc_lens or [len(ids)]:
+            doc = ids[start:start + L][None]
+            out = model(input_ids=doc, labels=doc, output_router_logits=True)
+            doc_ce = out.loss - cfg.router_aux_loss_coef * out.aux_loss  # HF adds the document's own aux: taken out
+            ce = ce + doc_ce * (L - 1)  # HF's token mean of the document, back to its sum
+            n += L - 1
+            routers.append(out.router_logits)
+            start += L
+        per_layer = tuple(torch.cat(layer) for layer in zip(*routers))  # [row tokens, E] per sparse layer
+        auxes.append(load_balancing_loss_func(per_layer, cfg.num_experts, cfg.num_experts_per_tok))
+    aux = auxes[0]
+    loss = ce / n + cfg.router_aux_loss_coef * sum(auxes) / len(auxes)
     loss.backward()
     return loss.item(), {name: p.grad for name, p in model.named_parameters()}, aux.item()
 
 
 def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path):
     ids = sample(0, sum(LENS))
-    ref_loss, ref_grads, aux = reference(ids, LENS)
+    ref_loss, ref_grads, aux = reference([ids], LENS)
     assert aux > 1.0  # the load-balancing term is there (E · Σ f·P >= 1 for top-2 of 4)
     runs = {"sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
             "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
@@ -55,3 +59,10 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
     for name, got in runs.items():
         assert got["tokens"] == sum(L - 1 for L in LENS), name
         check(got, ref_loss, ref_grads)
+
+
+def test_moe_over_two_micro_batches_weighs_each_aux_once(tmp_path):
+    """grad_accum 2 at SP=2: the step's CE over both rows' tokens + coef x the mean of the two rows' aux losses."""
+    got = run(tmp_path, 2, 2, length=64, micro=2, model="qwen3-moe-tiny")
+    ref_loss, ref_grads, _ = reference([sample(0), sample(1)])
+    check(got, ref_loss, ref_grads)

@@ -96,3 +96,19 @@ def test_moe_terms_whole_and_tiled_and_the_levers_an_moe_refuses():
     assert whole.term("gathered_layers").gpu_bytes == 2 * 2 * g.layer_params  # all 128 experts of two layers
     with pytest.raises(ValueError, match="tiled_layer: qwen3-30b-a3b is a mixture of experts"):
         plan_memory(g, 1 << 20, 8, 8, replace(Levers(), tiled_layer=True, tiled_mlp=True))
+
+
+def test_lora_on_experts_is_refused_in_one_message_and_attention_adapters_plan():
+    """LoRA's default targets name gate/up/down: on a model whose every layer is sparse, refused naming the fix;
+    attention targets plan adapters on q/k/v/o alone (experts and router frozen)."""
+    g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
+    with pytest.raises(ValueError, match=r"lora_target_modules \['gate_proj', 'up_proj', 'down_proj'\]: a mixture of "
+                                         r"experts' experts and router take no LoRA adapters here .* use "
+                                         r"--lora_target_modules q_proj,k_proj,v_proj,o_proj \(or all-linear\)"):
+        plan_memory(g, 1 << 17, 8, 8, Levers(lora_rank=16))
+    from ds_longctx.plan.memory_terms import adapters
+    q, kv = g.heads * g.head_dim, g.kv_heads * g.head_dim
+    per_layer = 16 * ((g.hidden + q) * 2 + (g.hidden + kv) * 2)  # r·(in + out) of q, o and of k, v
+    assert adapters(g, 16, ("q_proj", "k_proj", "v_proj", "o_proj"))[0] == per_layer * g.layers
+    assert adapters(g, 16, "all-linear")[0] == per_layer * g.layers  # all-linear: the attention's (no Linear else)
+    plan_memory(g, 1 << 17, 8, 8, Levers(lora_rank=16, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj")))
