@@ -28,7 +28,6 @@ warns once with the memory it costs.
 from __future__ import annotations
 
 # transformers is imported where the experts' kernel is looked up, not at import.
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ds_longctx.levers.moe_aux import LoadBalance, with_aux_grad
-from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, _inflight, restore_forward
+from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forward
 
 log = logging.getLogger("ds_longctx")
 
@@ -119,18 +118,14 @@ def tile_problem(block: nn.Module) -> Optional[str]:
     own = {id(gate.weight), id(experts.gate_up_proj), id(experts.down_proj)}
     if {id(p) for p in block.parameters()} != own:
         return "the block holds parameters beyond the router and the experts (adapters, a shared expert)"
-    mine = block.__dict__.get(_PATCH_ATTR)
-    for m in (block, gate, experts):
-        if "forward" in m.__dict__ and not (mine is not None and m in mine.patched):
-            return f"{type(m).__name__}.forward is patched on the instance"
-    return None
+    patched = [type(m).__name__ for m in (block, gate, experts) if "forward" in m.__dict__]
+    return f"{patched[0]}.forward is patched on the instance" if patched else None
 
 
 @dataclass
 class _Patch:
     """What apply_moe changed on one block, so remove_moe can undo it exactly."""
     forwards: tuple                 # ((module, previous instance forward or _MISSING), ...)
-    patched: tuple = ()
 
 
 @dataclass
@@ -167,11 +162,10 @@ def _block_forward(block: nn.Module, untiled: Callable, tile_tokens: int, aux: L
         if x.shape[0] <= tile_tokens:
             return untiled(hidden)
         valid = aux.valid_rows(x.shape[0], x.device)             # [n]
-        if _inflight(params):  # DeepSpeed's trace still prefetches the block's modules: they gather per tile
-            fn, gathered = (lambda xt, vt: untiled(xt[None])[0]), contextlib.nullcontext
-        else:
-            fn, gathered = tile, (lambda: _gathered(params))
-        return TiledRows.apply(fn, params, tile_tokens, gathered, x, valid).reshape(*lead, H)
+        # the block's weights gathered once per pass (a prefetch in flight, the lever applied after DeepSpeed's trace
+        # was recorded, is refused there by name)
+        y = TiledRows.apply(tile, params, tile_tokens, lambda: _gathered(params), x, valid)   # [n, H]
+        return y.reshape(*lead, H)
     return forward
 
 
@@ -209,7 +203,7 @@ def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) 
             block.forward = (lambda h, own=own, first=first: (first(), own(h))[1])
         else:
             block.forward = _block_forward(block, type(block).forward.__get__(block), tile_tokens, aux, first)
-        block.__dict__[_PATCH_ATTR] = _Patch(forwards=tuple(patched), patched=(block, gate))
+        block.__dict__[_PATCH_ATTR] = _Patch(forwards=tuple(patched))
     tiled = len(blocks) - len(lever.untiled) if tile_tokens is not None else 0
     log.info("MoE: %d sparse blocks, router aux loss coefficient %g, %d tiled%s", len(blocks), coef, tiled,
              f" (tiles of {tile_tokens} tokens)" if tiled else "")
