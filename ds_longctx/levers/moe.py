@@ -58,7 +58,7 @@ def set_experts_kernel(hf_config) -> bool:
 def expert_kernel(experts: nn.Module) -> str:
     """Which kernel transformers runs for `experts` (its `experts_implementation`; for grouped_mm, whether torch's
     grouped GEMM runs for these weights' device and dtype or transformers falls back to its per-expert loop)."""
-    impl = getattr(experts.config, "_experts_implementation", None) or "eager"
+    impl = getattr(getattr(experts, "config", None), "_experts_implementation", None) or "eager"
     if impl != "grouped_mm":
         return f"{impl} (transformers' experts_implementation; the loop over experts)" if impl == "eager" else impl
     from transformers.integrations import moe as hf_moe

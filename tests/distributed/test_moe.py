@@ -4,7 +4,9 @@ plain HF's on the full sequence, fp32, rel <= 1e-5, at SP=1 and SP=2, untiled an
 
 One input covers the cases that move the aux: three packed documents (HF's reference runs each document alone; its
 load-balancing loss is `load_balancing_loss_func` over the routers of the whole row, as for a packed row), 63 tokens
-(SP=2 pads one token, which must not count in the aux) and a 29-token document across the slice border."""
+(SP=2 pads one token, which must not count in the aux) and a 29-token document across the slice border. The tiled
+run also recomputes its lower layer through DeepSpeed's reentrant checkpoint (the first forward runs without grad:
+the aux gradient comes from the recompute) and keeps the upper layer's attention output."""
 
 import pytest
 import torch
@@ -54,8 +56,9 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
     assert aux > 1.0  # the load-balancing term is there (E · Σ f·P >= 1 for top-2 of 4)
     runs = {"sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
             "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
+            # tiled, under DeepSpeed's (reentrant) checkpoint of the lower layer and the upper one's attention cache
             "sp2_tiled": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny", tiled_mlp=True,
-                             tile_tokens=7)}
+                             tile_tokens=7, placement="offload:1,cache:1", chunked_loss=True, loss_chunk_rows=5)}
     for name, got in runs.items():
         assert got["tokens"] == sum(L - 1 for L in LENS), name
         check(got, ref_loss, ref_grads)
