@@ -62,7 +62,7 @@ def _rope_theta(hf_config) -> float:
 
 
 # (model_type, max_position_embeddings) -> the context its publisher's YaRN recipe scales from
-PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768}
+PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768, ("qwen3_moe", 40960): 32768}  # Qwen3 and Qwen3-30B-A3B cards
 
 
 def trained_context(hf_config) -> int:

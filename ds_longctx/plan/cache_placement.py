@@ -11,6 +11,7 @@ from dataclasses import replace
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_terms import tiled_moe_seconds
 from ds_longctx.plan.planner import GB, MemoryPlan, plan_memory
 from ds_longctx.plan.search import POOL_HOW, Choice, chunk_rows, last_fit, tile_tokens_for
 
@@ -57,7 +58,14 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     candidates = [(base, 0.0, "")]
     if not base.pinned_pool:
         candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
-    if not base.tiled_layer and not base.lora_rank:
+    if geom.moe is not None and not base.tiled_mlp:  # tiled sparse blocks free their backward's dispatch buffers
+        moe = replace(base, tiled_mlp=True, tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
+        moe = replace(moe, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, moe,
+                                                      dict(knobs, nodes=plan.nodes)))
+        cost = tiled_moe_seconds(geom, local)
+        candidates += [(moe, cost, "moe")] + ([] if base.pinned_pool else
+                                               [(replace(moe, pinned_pool=True), cost, "moe+pool")])
+    if not base.tiled_layer and not base.lora_rank and geom.moe is None:  # the tiled layer takes no sparse block
         tiled = replace(base, tiled_layer=True, tiled_mlp=True,
                         tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
         tiled = replace(tiled, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
@@ -76,6 +84,10 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     notes = [note]
     if "pool" in tag:
         notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}")
+    if "moe" in tag:
+        notes.append(f"tiled_mlp=True: for speed, {n} cached layers instead of {plain} skip "
+                     f"~{(n - plain) * per_layer:.1f} s more of attention against the tiled sparse blocks' estimated "
+                     f"~{cost:.1f} s (one more forward of each: plan/moe_terms.tiled_moe_seconds)")
     if "tiled" in tag:
         notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
                      f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "

@@ -28,6 +28,8 @@ from ds_longctx.plan.layer_units import (
     TILED_LAYER_UNITS_MLP_BWD,
 )
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_geometry import lora_problem
+from ds_longctx.plan.moe_terms import moe_terms, top_layer_sparse
 from ds_longctx.plan.zero_buffers import (
     DS_SUB_GROUP_ELEMS,
     PARAM_PERSISTENCE_ELEMS,
@@ -114,6 +116,8 @@ def adapters(g: ModelGeometry, rank: int, targets) -> tuple:
     """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
     if not rank:
         return 0, 0, 0, 0
+    if problem := lora_problem(g.moe, g.layers, targets):
+        raise ValueError(problem)
     lin, top = g.linears(), f"model.layers.{g.layers - 1}."
     names = target_names(lin, targets, "lm_head")
 
@@ -283,8 +287,11 @@ def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     """The top layer's token-wise work in its backward: the MLP whole (its saved intermediate-width tensors and
     grads) or in tiles of t tokens (tiled_mlp; with tiled_layer the q/k/v projections and norms tiled too, their fp32
-    weight-grad sums beside the tiles)."""
+    weight-grad sums beside the tiles); a mixture of experts' sparse block: plan/moe_terms.py."""
     g, T, tl = z.g, z.T, lv.tiled_layer
+    if top_layer_sparse(g):  # a mixture of experts' sparse block (plan/moe_terms.py)
+        moe_terms(t, z, lv)
+        return
     H, inter, d, hq, hkv = g.hidden, g.intermediate, g.head_dim, g.heads, g.kv_heads
     tile = min(lv.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:

@@ -57,6 +57,7 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     sizes,
     zero3_terms,
 )
+from ds_longctx.plan.moe_terms import moe_lever_problem
 
 GIB = 2**30
 # max_memory_reserved / max_memory_allocated: without offloaded checkpoints, with them, and with DeepSpeed's offload
@@ -223,7 +224,7 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     off = levers.optimizer_offload
     if msg := lever_conflict(lora_rank=levers.lora_rank, tiled_layer=levers.tiled_layer,
                              offload_ratio=levers.optimizer_offload_ratio if off else 1.0,
-                             offload_params=levers.offload_params):
+                             offload_params=levers.offload_params) or moe_lever_problem(g, levers):
         raise ValueError(msg)
     terms = Terms()
     zero3_terms(terms, z, levers, live_layers)

@@ -92,9 +92,10 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     """
     L, sps = geom.layers, [sp_size] if sp_size else sp_sizes_for(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
-    # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears
+    # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears and a mixture
+    # of experts' sparse blocks (the tiled MLP tiles those)
     shapes = [(True, True)] if base.tiled_layer else \
-        [(False, False), (True, False)] + ([] if base.lora_rank else [(True, True)])
+        [(False, False), (True, False)] + ([] if base.lora_rank or geom.moe else [(True, True)])
     pools = (True,) if base.pinned_pool else (False, True)
     asked = base.optimizer_offload_ratio  # < 1: the user's partial offload, the only offload tried
     whole = not (base.lora_rank or asked < 1 or base.offload_params)  # the full model's optimizer, nothing fixed
@@ -257,7 +258,8 @@ def _every_lever(geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Le
     groups = base.attn_bwd_head_groups if base.attn_bwd_head_groups > 1 else local_kv_heads(geom.kv_heads, sp)
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
                                                         tile_tokens=tile_tokens_for(geom, seq_len, sp),
-                                                        tiled_layer=not base.lora_rank, pinned_pool=True,
+                                                        tiled_layer=not (base.lora_rank or geom.moe),
+                                                        pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True,
                                                         offload_params=params, attn_bwd_head_groups=groups),
                        nodes=nodes, **knobs)
@@ -279,7 +281,8 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
-             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, the attention backward over {groups} "
+             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank or geom.moe else 'layer'}, the attention backward over "
+             f"{groups} "
              f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]

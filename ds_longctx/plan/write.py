@@ -48,6 +48,7 @@ from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_t
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import GB, check_headroom
 from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, find_max_len
+from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
@@ -63,6 +64,10 @@ COMMITTED = {
     "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
     "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256 "
                                    "--lora_rank 16",
+    "qwen3-30b-a3b_1m_8x80gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 "
+                                      "--host_mem_gb 1024",
+    "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
 }
 
 
@@ -260,6 +265,7 @@ def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> s
     head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
                 f"{per_node}")
     head.append(f"placement per layer: {plan.placement.describe()}")
+    head.append(predict_step(plan, a.gpu_mem_gb).line())
     head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ds_longctx.config import SHIPPED_MODELS_DIR
+from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
 
 
@@ -33,9 +34,10 @@ def load_hf_config(model: str):
     from transformers import AutoConfig
     path = SHIPPED_MODELS_DIR / f"{model}.json"
     try:
-        if path.is_file():
-            from transformers import Qwen3Config
-            cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+        if path.is_file():  # a shipped geometry: its family's config class (Qwen3Config, Qwen3MoeConfig)
+            from transformers import CONFIG_MAPPING
+            d = json.loads(path.read_text())
+            cfg = CONFIG_MAPPING[d["model_type"]].from_dict(d)
         elif Path(model).is_file():
             d = json.loads(Path(model).read_text())
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
@@ -111,6 +113,7 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     cls = model_class(hf_cfg)
     hf_cfg._attn_implementation = "sdpa"
+    set_experts_kernel(hf_cfg)  # a mixture of experts: transformers' grouped_mm experts (levers/moe.py)
     hf_cfg.dtype = dtype
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
     apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)

@@ -35,6 +35,7 @@ from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import disk_checkpoint_bytes
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
+from ds_longctx.run.moe_checks import check_moe
 from ds_longctx.run.placement_plan import run_placement
 
 log = logging.getLogger("ds_longctx")
@@ -64,6 +65,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: every layer checked on a meta model
         check_tiled_layer(model_class(hf_cfg), hf_cfg)
+    check_moe(cfg, hf_cfg, world_size)  # a mixture of experts: its coefficient, untileable blocks against the budget
     if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
