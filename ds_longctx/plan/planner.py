@@ -157,7 +157,8 @@ def check_headroom(headroom: float) -> None:
 def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
     """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
     is parallel_state.sp_size_problem's)."""
-    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus)
+    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus,
+                                         linear_heads=geom.linear_heads)
 
 
 def _host_bytes(terms, phases: tuple) -> int:
@@ -213,7 +214,7 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     and the MemoryPlan are immutable, so callers share one)."""
     if nodes < 1:
         raise ValueError(f"nodes={nodes}: need at least 1 node")
-    parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G)
+    parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G, linear_heads=g.linear_heads)
     kernel_rules.check_head_groups(levers.attn_bwd_head_groups, g.kv_heads, sp)
     placement = levers.placement_for(g.layers)  # refuses a placement that does not match the model
     if min(seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:

@@ -165,7 +165,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
                          f"the largest that divides the GPUs and the heads)")
     if a.sp_size is not None:
-        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
+        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus,
+                      linear_heads=geom.linear_heads)
     # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
     kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
     return geom, host

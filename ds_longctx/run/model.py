@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from ds_longctx.config import SHIPPED_MODELS_DIR
 from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.plan import layer_types
 
 
 def random_init(model: str) -> bool:
@@ -31,16 +32,19 @@ def load_hf_config(model: str):
     """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
     A file transformers cannot read is a ValueError naming it."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     path = SHIPPED_MODELS_DIR / f"{model}.json"
     try:
         if path.is_file():
-            from transformers import Qwen3Config
-            cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+            d = json.loads(path.read_text())
+            cfg = CONFIG_MAPPING[d["model_type"]].from_dict(d)
         elif Path(model).is_file():
-            d = json.loads(Path(model).read_text())
+            d = layer_types.text_config(json.loads(Path(model).read_text()))
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
             cfg = AutoConfig.from_pretrained(model)
+            if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
+                cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError) as e:
         where = model if Path(model).is_file() else str(Path(model) / "config.json")
         first = (str(e).strip().splitlines() or [""])[0][:200]
@@ -89,15 +93,18 @@ def model_class(hf_config):
 def init_weights(model: nn.Module, seed: int, std: float) -> None:
     """Draw every parameter from a generator seeded by (seed, parameter name): the same weights whatever
     the world size, sp_size or ZeRO partitioning (on one device type). Norm weights 1, biases 0, matrices
-    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama."""
+    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama; a hybrid model's own vectors (zero-centred norms,
+    the gated DeltaNet's dt_bias / A_log) as plan/layer_types.vector_init says."""
     import deepspeed
+    owner = {f"{m_name}.{p_name}".lstrip("."): type(m).__name__ for m_name, m in model.named_modules()
+             for p_name, _ in m.named_parameters(recurse=False)}
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
             if dist.is_initialized() and dist.get_rank() != 0 and hasattr(p, "ds_id"):
                 continue
             with torch.no_grad():
                 if p.dim() == 1:
-                    p.fill_(1.0 if "norm" in name else 0.0)
+                    p.fill_(layer_types.vector_init(name, owner.get(name, "")))
                 else:
                     g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
                     p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
