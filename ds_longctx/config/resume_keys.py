@@ -21,7 +21,7 @@ from ds_longctx.config.keys import FLAT
 
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
 FIXED = {
-    "model": "", "dtype": "", "rope_scaling": "", "attn_backend": "",
+    "model": "", "dtype": "", "rope_scaling": "", "attn_backend": "", "linear_attn_backend": "",
     "seq_len": "", "micro_batch": "", "seed": "", "shuffle": "",
     "grad_accum": "it sets the sequences of every step, so the data order would not continue",
     "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",

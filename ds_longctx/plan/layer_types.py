@@ -16,6 +16,7 @@ Qwen3_5ForCausalLM.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ds_longctx.parallel import kernel_rules
@@ -23,8 +24,11 @@ from ds_longctx.parallel.kernel_rules import FULL_ATTENTION, LINEAR_ATTENTION
 
 # Norms that scale by (1 + weight) (transformers' Qwen3_5RMSNorm): a weight of 0 is the identity scale
 ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm",)
-# the gated DeltaNet's vectors: dt_bias 1 (transformers' init), A_log 0 (decay rate A = 1, inside its [0.01, 16])
-DELTANET_VECTORS = {"dt_bias": 1.0, "A_log": 0.0}
+# The gated DeltaNet's vectors in a random-init run: A = 1 (A_log 0) and a time step dt = 0.01 (dt_bias = softplus^-1
+# of it), the geometric middle of the [0.001, 0.1] range FLA's GatedDeltaNet and Mamba-2 draw dt from: a decay of
+# exp(-0.01) per token. (transformers' dt_bias 1 with A = 1 decays by exp(-1.31) per token, and its A_log / dt_bias
+# gradients are then ill-conditioned: plain HF in fp32 is 1e-5 off its own fp64 there, 2e-6 with these.)
+DELTANET_VECTORS = {"dt_bias": math.log(math.expm1(0.01)), "A_log": 0.0}
 
 
 def vector_init(name: str, module_class: str) -> float:

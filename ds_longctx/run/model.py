@@ -129,8 +129,11 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
             from transformers.integrations import HfDeepSpeedConfig
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
             model = cls.from_pretrained(cfg.model.name, config=hf_cfg, dtype=dtype)
-        else:
-            model = cls(hf_cfg).to(dtype)
+        else:  # transformers' own init skipped: init_weights draws every parameter below (and Qwen3.5's init copies
+            # into A_log, which zero.Init has already partitioned to an empty tensor)
+            from transformers.initialization import no_init_weights
+            with no_init_weights():
+                model = cls(hf_cfg).to(dtype)
     stage("model under zero.Init")
     if not is_path:
         init_weights(model, cfg.train.seed, getattr(hf_cfg, "initializer_range", 0.02))
