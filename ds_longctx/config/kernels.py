@@ -20,10 +20,10 @@ class KernelsConfig(Section):
     sdpa_flash, sdpa_efficient, sdpa_math, flash_attn (flash-attn 2). The choice and its reason are logged."""
 
     linear_attn_backend: Literal["auto", "fla", "torch"] = "auto"
-    """A hybrid model's gated DeltaNet layers (Qwen3.5's linear attention): fla (flash-linear-attention's kernels, CUDA),
-    torch (the chunked torch path, any device, slow), or auto (fla on a CUDA GPU when it imports, else torch, with one
-    warning naming the cost on a GPU). A Hopper GPU whose Triton FLA's gated backward gets wrong (>= 3.4, < 3.7.1)
-    without tilelang is refused. The choice and its reason are logged (parallel/gated_delta.py)."""
+    """A hybrid model's gated DeltaNet layers (Qwen3.5's linear attention): fla (flash-linear-attention's kernels,
+    CUDA), torch (the chunked torch path, any device, slow), or auto (fla on a CUDA GPU when it imports, else torch,
+    with one warning naming the cost on a GPU). A Hopper GPU whose Triton FLA's gated backward gets wrong (>= 3.4,
+    < 3.7.1) without tilelang is refused. The choice and its reason are logged (parallel/gated_delta.py)."""
 
     fused_ops: Literal["auto", "none", "liger", "compile"] = "auto"
     """Token-wise work (RMSNorm, SwiGLU, rotary) as fused kernels: liger (Liger-Kernel's Triton kernels, CUDA),

@@ -175,8 +175,8 @@ def attention_module(layer):
     """A decoder layer's attention module (transformers' `self_attn`), which the attention function is called with."""
     attn = getattr(layer, "self_attn", None)
     if attn is None:
-        raise ValueError(f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the attention "
-                         f"cache keeps a softmax-attention layer's output; cache full-attention layers only")
+        raise ValueError(f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the "
+                         f"attention cache keeps a softmax-attention layer's output; cache full-attention layers only")
     return attn
 
 

@@ -34,7 +34,7 @@ log = logging.getLogger("ds_longctx")
 
 LINEAR_BACKENDS = ("auto", "fla", "torch")
 CHUNK = 64  # the torch path's chunk of the gated delta rule (transformers' and FLA's default)
-# What a GPU pays for the torch fallback, said in its warning. measured: see ../shared/KNOWN.md (2026-12-03)
+# What a GPU pays for the torch fallback, said in its warning. measured: see docs/calibration.md#gated-delta
 FALLBACK_COST = ("FLA's chunk_gated_delta_rule runs 1,048,576 tokens x 4 heads fwd+bwd in 0.10 s on an H200; the "
                  "torch path is a Python loop over 64-token chunks, one document at a time, in fp32: orders of "
                  "magnitude slower and several times the memory")

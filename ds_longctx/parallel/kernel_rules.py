@@ -105,7 +105,7 @@ def check_linear_heads(key_heads: int, value_heads: int, where: str = "the model
 
 
 # FLA's gated backward on Hopper gives wrong gradients with Triton >= 3.4.0 and < 3.7.1 (FLA #640), unless its tilelang
-# backend takes that kernel. measured: see ../shared/KNOWN.md (2026-12-03) and docs/calibration.md#fla-triton
+# backend takes that kernel. measured: see docs/calibration.md#fla-triton
 FLA_UNSAFE_TRITON = ((3, 4, 0), (3, 7, 1))
 
 

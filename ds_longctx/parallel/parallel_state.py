@@ -14,10 +14,10 @@ either divides the KV heads or is a multiple of them (KV heads are then replicat
 per node, sp divides that too (no SP group straddles nodes; the run lifts this only with
 `parallel.sp_across_nodes`). A hybrid model's gated-DeltaNet layers (`linear_heads` = (key heads, value heads)) add
 the same rule at their widths: sp divides the value heads, and divides the key heads or is a multiple of them (key
-heads replicated, parallel/ulysses_linear.py); sp past the value heads would split one head's recurrence over ranks. Everything else asks it: `valid_sp_sizes` (the planner's search, error messages),
-`check_sp_size` (the run's preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like
-torchtitan's ParallelDims), and `dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses
-it.
+heads replicated, parallel/ulysses_linear.py); sp past the value heads would split one head's recurrence over ranks.
+Everything else asks it: `valid_sp_sizes` (the planner's search, error messages), `check_sp_size` (the run's
+preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like torchtitan's ParallelDims), and
+`dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses it.
 
 DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
 disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the

@@ -148,8 +148,10 @@ class ModelGeometry:
                   "mlp.down_proj": (inter, H)}
         mlp = {k: v for k, v in shapes.items() if k.startswith("mlp.")}
         kinds = self.hybrid.layer_types if self.hybrid is not None else (None,) * self.layers
+        per_kind = {kind: shapes if kind is None else {**layer_types.mixer_linears(self, kind), **mlp}
+                    for kind in set(kinds)}
         out = {f"model.layers.{i}.{part}": shape for i, kind in enumerate(kinds)
-               for part, shape in (shapes if kind is None else {**layer_types.mixer_linears(self, kind), **mlp}).items()}
+               for part, shape in per_kind[kind].items()}
         out["lm_head"] = (H, self.vocab)
         return out
 
