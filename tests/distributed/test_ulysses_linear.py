@@ -29,12 +29,21 @@ def reference(ids, doc_lens=None):
             start += n
         loss = sum(parts) / sum(n - 1 for n in doc_lens)
     loss.backward()
-    return float(loss), {n: p.grad for n, p in model.named_parameters()}
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("sp,packed", [(1, True), (2, False), (4, True)],
-                         ids=["sp1_packed", "sp2", "sp4_past_key_heads_packed"])
-def test_hybrid_sp_matches_plain_hf(tmp_path, sp, packed):
-    got = run(tmp_path, sp, sp, length=64, packed=LENS if packed else None, model=MODEL)
+# sp2 also pulls the levers that touch every layer type: the chunked loss (chunks smaller than a slice), the tiled MLP
+# (tiles that divide no slice), two linear layers' checkpoints through DeepSpeed's offloading checkpoint and the
+# full-attention layer's output kept by the attention cache
+LEVERS = dict(chunked_loss=True, loss_chunk_rows=5, tiled_mlp=True, tile_tokens=7, placement="offload:2,keep:1,cache:1")
+
+
+@pytest.mark.parametrize("sp,packed,levers", [(1, True, {}), (2, False, LEVERS), (4, True, {})],
+                         ids=["sp1_packed", "sp2_levers", "sp4_past_key_heads_packed"])
+def test_hybrid_sp_matches_plain_hf(tmp_path, sp, packed, levers):
+    got = run(tmp_path, sp, sp, length=64, packed=LENS if packed else None, model=MODEL, read_placement=bool(levers),
+              **levers)
+    if levers:  # what the layers really run, read off them
+        assert got["applied"] == ["offload", "offload", "keep", "cache"]
     assert got["tokens"] == (sum(n - 1 for n in LENS) if packed else 63)
     check(got, *reference(sample(0), LENS if packed else None))
