@@ -10,6 +10,7 @@ sp_size starts from the same weights; a checkpoint directory is loaded with `fro
 from __future__ import annotations
 
 # transformers and deepspeed are imported inside the functions that use them (seconds each at import).
+import contextlib
 import json
 import zlib
 from pathlib import Path
@@ -110,6 +111,21 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
                     p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
 
 
+@contextlib.contextmanager
+def _without_hf_init(cls):
+    """`cls(config)` without transformers' per-module `_init_weights` (its weight tying still runs): init_weights draws
+    every parameter afterwards, and Qwen3.5's `_init_weights` copies into A_log, which zero.Init has already
+    partitioned to an empty tensor (a size mismatch). Replaced on the class that defines it for `cls` (the family's
+    PreTrainedModel, which its inner text model shares), put back after."""
+    owner = next(c for c in cls.__mro__ if "_init_weights" in c.__dict__)
+    saved = owner.__dict__["_init_weights"]
+    owner._init_weights = lambda self, module: None
+    try:
+        yield
+    finally:
+        owner._init_weights = saved
+
+
 def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
     """The HF causal LM for run config `cfg`: YaRN set on `hf_cfg` from seq_len (rope.py), built under
     `deepspeed.zero.Init` (parameters born partitioned: an 8B model never exists whole on one rank), then
@@ -129,10 +145,8 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
             from transformers.integrations import HfDeepSpeedConfig
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
             model = cls.from_pretrained(cfg.model.name, config=hf_cfg, dtype=dtype)
-        else:  # transformers' own init skipped: init_weights draws every parameter below (and Qwen3.5's init copies
-            # into A_log, which zero.Init has already partitioned to an empty tensor)
-            from transformers.initialization import no_init_weights
-            with no_init_weights():
+        else:
+            with _without_hf_init(cls):
                 model = cls(hf_cfg).to(dtype)
     stage("model under zero.Init")
     if not is_path:
