@@ -87,7 +87,9 @@ class LinearMixing:
             k = [hk * dk + c for c in q]
             v = [2 * hk * dk + h * dv + i for h in range(r * hv // sp, (r + 1) * hv // sp) for i in range(dv)]
             self._channels = torch.tensor(q + k + v, dtype=torch.long)
-        return self._channels.to(device)
+        if self._channels.device != torch.device(device):
+            self._channels = self._channels.to(device)  # moved once, kept there
+        return self._channels
 
     def mix(self, module: nn.Module, q, k, v, g, beta) -> torch.Tensor:
         """conv1d + SiLU and the gated delta rule over the whole sequence for this rank's heads. q, k

@@ -99,3 +99,17 @@ def test_install_and_uninstall_restore_every_forward():
     after = [(m.forward, m.conv1d.forward, dict(m.__dict__), dict(m.conv1d.__dict__)) for m in layers]
     assert after == before  # the class forwards again, no attribute left behind
     assert ulysses_linear.install(tiny_model(), ParallelState.single(), attn) is None  # dense Qwen3: nothing to wrap
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(tiled_layer=True), "Qwen3_5DecoderLayer has no self_attn.*set memory.tiled_layer: false"),
+    (dict(attention_cache_layers=2), "only 1 layers after the 0 offloaded have softmax attention"),
+    (dict(placement="keep:2,cache:1,keep:1"), r"caches layers \[2\], which have no softmax attention"),
+    pytest.param(dict(linear_attn_backend="fla"), "linear_attn_backend='fla' needs a CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU only")),
+])
+def test_the_runs_checks_refuse_what_a_hybrid_model_cannot_run(kwargs, needle):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.run.preflight import validate
+    with pytest.raises(ValueError, match=needle):
+        validate(RunConfig(model="qwen3.5-tiny", seq_len=64, **kwargs), 1)
