@@ -68,6 +68,12 @@ COMMITTED = {
     "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 "
                                       "--host_mem_gb 1024",
     "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    # Qwen3.5 (hybrid): the 4B at 1M tokens; the 27B does not fit 1M on one 8-GPU node (its plan's refusal says what
+    # would), so its longest length
+    "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    "qwen3.5-27b_max_8x80gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3.5-27b_max_8x141gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
 }
 
 
@@ -170,7 +176,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
                          f"the largest that divides the GPUs and the heads)")
     if a.sp_size is not None:
-        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
+        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus,
+                      linear_heads=geom.linear_heads)
     # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
     kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
     return geom, host

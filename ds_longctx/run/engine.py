@@ -14,7 +14,9 @@ Order (each step says why it comes where it does):
     only them (`trainable_parameters`).
  5. the attention kernel, chosen once (`attention.select`), with its backward's head groups
     (`attention.set_head_groups`), then Ulysses attention (`ulysses.register`): swaps
-    the attention function, before DeepSpeed wraps the model; then fused token-wise kernels if asked
+    the attention function, before DeepSpeed wraps the model; a hybrid model's gated DeltaNet layers get their kernel
+    (`gated_delta.select_linear`) and the same exchange around their conv1d and delta rule (`ulysses_linear.install`,
+    reading the batch's document bounds from the attention function); then fused token-wise kernels if asked
     (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
     so the recompute runs the fused code.
  6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
@@ -69,7 +71,7 @@ from ds_longctx.levers.offload import cache_region_bytes, plan_pool, reserve_poo
 from ds_longctx.levers.placement import ON_HOST, Place, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
-from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses, ulysses_linear
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
 from ds_longctx.parallel.sharding import shard_batch, trained_counts
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -272,7 +274,8 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     init_distributed()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
+    state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads,
+                                kernel_rules.linear_heads(text))
     _build_stage("2/9 process groups", t0, state.rank)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     # 3. the model, partitioned at birth, then deterministic weights
@@ -304,6 +307,9 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0, head_dim=attention.model_head_dim(text))
     attention.set_head_groups(cfg.memory.attn_bwd_head_groups)
     attn = ulysses.register(model, state)
+    if kernel_rules.linear_heads(text) is not None:  # a hybrid model: Ulysses around its gated DeltaNet layers too
+        gated_delta.select_linear(cfg.kernels.linear_attn_backend, announce=state.rank == 0)
+        ulysses_linear.install(model, state, attn)
     fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if state.rank == 0:
         log.info("fused ops: %s (%s)", fused, why)
