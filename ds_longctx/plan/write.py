@@ -42,6 +42,7 @@ from ds_longctx.config.run import lever_conflict
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.cache_placement import fastest_placement
+from ds_longctx.plan.committed import COMMITTED, default_host_mem_gb
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
@@ -52,36 +53,6 @@ from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
-NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
-NODE_HOST_CAP_GB = 560  # the 8-GPU node
-# The committed configs (`ds_configs/<name>/`): plan arguments, host RAM given explicitly so that a change of
-# the --host_mem_gb default never changes them silently.
-COMMITTED = {
-    "qwen3-8b_1m_8x80gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
-    "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
-    "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256",
-    "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --host_mem_gb 512",
-    "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
-    "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256 "
-                                   "--lora_rank 16",
-    "qwen3-30b-a3b_1m_8x80gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
-    "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 "
-                                      "--host_mem_gb 1024",
-    "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
-    # Qwen3.5 (hybrid): the 4B at 1M tokens; the 27B does not fit 1M on one 8-GPU node (its plan's refusal says what
-    # would), so its longest length
-    "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
-    "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
-    "qwen3.5-27b_max_8x80gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
-    "qwen3.5-27b_max_8x141gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
-}
-
-
-def default_host_mem_gb(gpus: int) -> float:
-    """128 GB per GPU up to the 8-GPU node's 560 GB: the machines here (1: 128, 2: 256, 4: 512, 8: 560)."""
-    return NODE_HOST_GB.get(gpus, min(128 * gpus, NODE_HOST_CAP_GB))
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -378,7 +349,7 @@ def regenerate_all(root: Path) -> None:
 README = """# Generated configs: do not edit
 
 Every file here is written by the planner (`ds_longctx/plan/write.py`); `tests/plan/test_write.py` regenerates
-them and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/write.py`,
+them and fails on any difference. To change one, change the planner or `COMMITTED` in `ds_longctx/plan/committed.py`,
 then run from the repository root:
 
     python -m ds_longctx.plan --regen-all ds_configs

@@ -182,6 +182,7 @@ REMOVALS = {
     "remove the tag": "the YAML tag on a line of the user's own config file",
     "remove it, or": "a file inside the checkpoint's tag directory that its save did not write",
     "remove the link or use an earlier tag": "a link inside the checkpoint's tag directory",
+    "remove the key": "router_aux_loss_coef in the user's own run config, on a model without experts",
 }
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ds_longctx.config import RunConfig
+from ds_longctx.plan import committed as committed_configs
 from ds_longctx.plan import write
 from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.ds_config import build_ds_config
@@ -160,7 +161,7 @@ def test_committed_configs_regenerate_byte_for_byte(tmp_path):
     assert got == want, "ds_configs/ holds other files than the generator writes"
     stale = [str(p) for p in want if (committed / p).read_bytes() != (tmp_path / p).read_bytes()]
     assert not stale, f"{stale} differ from the generator: run `python -m ds_longctx.plan --regen-all ds_configs`"
-    assert set(write.COMMITTED) == {p.name for p in committed.iterdir() if p.is_dir()}
+    assert set(committed_configs.COMMITTED) == {p.name for p in committed.iterdir() if p.is_dir()}
 
 
 def test_fast_and_torch_free(tmp_path):
