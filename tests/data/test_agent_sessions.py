@@ -262,7 +262,8 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessi
 def test_ds_longctx_eval_refuses_the_answer_loss_on_data_without_answers(sessions, trained, tmp_path, capsys,
                                                                          monkeypatch):
     """Chat rows without meta.answers (the sessions, meta dropped): exit 2 before any worker, naming the data and the
-    fix; without --answer_loss the run's eval_answer_loss is not inherited (the launch, faked here, is reached)."""
+    fix; train refuses synthetic eval data for it alike; without --answer_loss, eval does not inherit the run's
+    eval_answer_loss (the launch, faked here, is reached)."""
     from ds_longctx import cli
     plain = tmp_path / "chat.jsonl"
     plain.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "meta"}) + "\n"
@@ -275,6 +276,12 @@ def test_ds_longctx_eval_refuses_the_answer_loss_on_data_without_answers(session
                     f"meta.answers (the loss on answers needs them); give --data a `ds-longctx data prepare "
                     f"--sessions` directory (or its train.jsonl), or drop --answer_loss true")
     assert not (tmp_path / "answer_loss.jsonl").exists()
+    with pytest.raises(SystemExit) as stopped:  # train: the same check, in its own words, before any worker
+        cli.main(["train", "--nproc", "1", "--model", "qwen3-tiny", "--eval_data", "synthetic", "--eval_answer_loss",
+                  "true", "--output_dir", str(tmp_path / "run")])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2 and "eval_answer_loss: eval_data='synthetic' holds no session with " in last, last
+    assert not (tmp_path / "run").exists()
     started = []
     monkeypatch.setattr(cli, "launch", lambda n, args, module, output_dir=None: started.append(args) or 0)
     with pytest.raises(SystemExit) as done:
