@@ -80,21 +80,23 @@ def rel_err(a, b, norm: str = "fro") -> float:
 
 
 # ----------------------------------------------------------------------------- the tiny model
-def tiny_config(attn: str = "sdpa"):
+def tiny_config(attn: str = "sdpa", model: str = "qwen3-tiny"):
     """The HF config of the shipped `qwen3-tiny` geometry (2 layers, hidden 64, 8 query / 2 KV heads, vocab 512),
-    with attention implementation `attn`."""
+    or of another shipped `model` (`qwen3.5-tiny`: 3 gated DeltaNet layers and 1 full), with attention implementation
+    `attn`."""
     from ds_longctx.run.model import load_hf_config
-    cfg = load_hf_config("qwen3-tiny")
+    cfg = load_hf_config(model)
     cfg._attn_implementation = attn
     return cfg
 
 
-def tiny_model(seed: int = 0, attn: str = "sdpa", dtype=None, device: str = "cpu"):
-    """A plain HF Qwen3ForCausalLM (no DeepSpeed, no Ulysses) of the `qwen3-tiny` geometry, in train mode, with the
-    engine's deterministic weights for `seed` (`init_weights`: one draw per parameter name, from a generator of the
-    parameter's device, so the same weights as an engine on the same device type, in every process)."""
+def tiny_model(seed: int = 0, attn: str = "sdpa", dtype=None, device: str = "cpu", model: str = "qwen3-tiny"):
+    """A plain HF causal LM (no DeepSpeed, no Ulysses) of the `qwen3-tiny` geometry (or shipped `model`), in train
+    mode, with the engine's deterministic weights for `seed` (`init_weights`: one draw per parameter name, from a
+    generator of the parameter's device, so the same weights as an engine on the same device type, in every
+    process)."""
     from ds_longctx.run.model import init_weights, model_class
-    cfg = tiny_config(attn)
+    cfg = tiny_config(attn, model)
     model = model_class(cfg)(cfg).to(device)
     init_weights(model, seed, cfg.initializer_range)
     if dtype is not None:

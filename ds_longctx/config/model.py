@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
@@ -30,6 +30,10 @@ class ModelConfig(Section):
     rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = "auto"
     """auto: YaRN when seq_len exceeds the model's trained length (levers/rope.py); none; yarn; or explicit
     rope_parameters."""
+    router_aux_loss_coef: Optional[float] = Field(None, ge=0, allow_inf_nan=False)
+    """A mixture of experts: the coefficient of its load-balancing loss, added to the loss over each micro-batch's
+    whole sequences (levers/moe_aux.py); null: the model config's own (Qwen3-30B-A3B: 0.001); 0: none. Refused for a
+    model without experts."""
 
     @field_validator("name")
     @classmethod

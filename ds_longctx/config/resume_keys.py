@@ -21,8 +21,8 @@ from ds_longctx.config.keys import FLAT
 
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
 FIXED = {
-    "model": "", "dtype": "", "rope_scaling": "", "attn_backend": "",
-    "seq_len": "", "seed": "", "shuffle": "",
+    "model": "", "dtype": "", "rope_scaling": "", "router_aux_loss_coef": "", "attn_backend": "",
+    "linear_attn_backend": "", "seq_len": "", "seed": "", "shuffle": "",
     "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
     "add_eos": "", "skip_bad_rows": "", "data_format": "", "train_on": "", "truncate": "",
     "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",

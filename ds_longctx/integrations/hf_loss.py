@@ -69,9 +69,10 @@ class LongCtxLossMixin:
         batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
         self._longctx_weights = deque(step_row_weights(batches, self.longctx_state,
                                                        self.longctx_config.train.loss_average, self.args.device))
+        self._longctx_micro = max(len(batches), 1)  # a mixture of experts' aux: the mean over the step's batches
         return batches, count
 
-    def _longctx_forward(self, model, inputs, row_weights=None):
+    def _longctx_forward(self, model, inputs, row_weights=None, micro_batches: int = 1):
         """The loss head's triple on this rank's slice of `inputs` (full rows, on the device)."""
         from ds_longctx.levers.loss_head import ROUTE_KWARG, WEIGHTS_KWARG
         from ds_longctx.run.engine import sharded_loss
@@ -82,7 +83,8 @@ class LongCtxLossMixin:
                          **{ROUTE_KWARG: shift_labels, WEIGHTS_KWARG: row_weights})
 
         return sharded_loss(run, self.longctx, self.longctx_state, self.args.device, inputs["input_ids"],
-                            inputs.get("position_ids"), batch_labels(inputs), row_weights=row_weights)
+                            inputs.get("position_ids"), batch_labels(inputs), row_weights=row_weights,
+                            micro_batches=micro_batches)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The loss to backpropagate: sum over the rows of weight x CE sum on this rank's slice, with the next weights
@@ -91,7 +93,8 @@ class LongCtxLossMixin:
         if not getattr(self, "_longctx_weights", None):
             self._longctx_weights = deque(step_row_weights([inputs], self.longctx_state,
                                                            self.longctx_config.train.loss_average, self.args.device))
-        loss, _, n = self._longctx_forward(model, inputs, self._longctx_weights.popleft())
+            self._longctx_micro = 1
+        loss, _, n = self._longctx_forward(model, inputs, self._longctx_weights.popleft(), self._longctx_micro)
         return (loss, {"tokens": n}) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -57,6 +57,7 @@ import os
 from ds_longctx.checkpoint.files import weights_only_loads
 from ds_longctx.integrations.hf_loss import LongCtxLossMixin
 from ds_longctx.integrations.step_clock import step_clock
+from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
 from ds_longctx.run.argv import parse_config
 from ds_longctx.run.stops import watch_launcher
@@ -284,7 +285,7 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         text = self.model.config.get_text_config()
         self.longctx_config = run_config
         self.longctx_state = ParallelState.build(run_config.parallel.sp_size, text.num_attention_heads,
-                                                 text.num_key_value_heads)
+                                                 text.num_key_value_heads, kernel_rules.linear_heads(text))
         self.longctx = apply_levers(run_config, self.model, self.longctx_state,
                                     self.accelerator.state.deepspeed_plugin.deepspeed_config)
         route_forward(self.model, self.longctx.head)

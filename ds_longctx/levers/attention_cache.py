@@ -175,8 +175,8 @@ def attention_module(layer):
     """A decoder layer's attention module (transformers' `self_attn`), which the attention function is called with."""
     attn = getattr(layer, "self_attn", None)
     if attn is None:
-        raise ValueError(f"{type(layer).__name__} has no `self_attn`; the attention cache needs transformers' "
-                         f"decoder-layer layout")
+        raise ValueError(f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the "
+                         f"attention cache keeps a softmax-attention layer's output; cache full-attention layers only")
     return attn
 
 
@@ -189,7 +189,8 @@ def attach(layer, on_host: bool, key=None) -> None:
 
 
 def detach(layer) -> None:
-    slot = attention_module(layer).__dict__.pop(_SLOT_ATTR, None)
+    """Take `layer`'s slot away (a layer without softmax attention has none)."""
+    slot = getattr(layer, "self_attn", None).__dict__.pop(_SLOT_ATTR, None) if hasattr(layer, "self_attn") else None
     if slot is not None:
         slot.release()
 
@@ -201,8 +202,9 @@ def slot_of(module) -> Optional[Slot]:
 
 
 def layer_slot(layer) -> Optional[Slot]:
-    """`layer`'s slot whatever the mode (placement.applied_placement reads it back)."""
-    return getattr(attention_module(layer), _SLOT_ATTR, None)
+    """`layer`'s slot whatever the mode (placement.applied_placement reads it back); None for a layer without softmax
+    attention."""
+    return getattr(getattr(layer, "self_attn", None), _SLOT_ATTR, None)
 
 
 def new_step(layers) -> None:

@@ -15,7 +15,9 @@ What is patched (instance level, so other models in the process are untouched, e
   (the Linear modules are still called, so ZeRO-3's hooks gather their weights as usual). Tiled MLP, applied after
   this in the engine, replaces the MLP forward again: with it on, the MLP runs tiled and the SwiGLU is not fused;
 - rotary: `apply_rotary_pos_emb` in the model's modeling module (a module-level function the attention forward
-  looks up at call time) set to Liger's, and put back by `remove_fused_ops`.
+  looks up at call time) set to Liger's, and put back by `remove_fused_ops`; not with Liger where the rotary covers
+  part of the head (Qwen3.5's partial_rotary_factor 0.25: Liger rotates whole heads). Qwen3.5's zero-centred RMSNorm
+  (weight used as 1 + w, no `variance_epsilon`) and its gated RMSNorm are not routed.
 `liger` needs CUDA and Triton (`pip install liger-kernel`); `compile` compiles HF's own math for these three with
 TorchInductor (any device; the first step pays the compilation). Which is faster is for the device to say
 (benchmarks/bench_profile.py with `--fused_ops liger|compile`). Numerics: tests/levers/test_fused_ops.py (CPU),
@@ -145,7 +147,10 @@ def apply_fused_ops(model: nn.Module, kind: str = "liger") -> list:
         elif _is_gated_silu_mlp(m):
             _patch(m, functools.partial(lambda x, _m: _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x))), _m=m))
             routed.add("swiglu")
-    if own_rope is not None:
+    text = model.config.get_text_config()
+    partial = ((getattr(text, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0) < 1
+               or getattr(text, "partial_rotary_factor", 1.0) < 1)
+    if own_rope is not None and not (kind == "liger" and partial):  # Liger's rotary rotates the whole head
         if _ROPE not in model.__dict__:
             model.__dict__[_ROPE] = (modeling, own_rope)
         modeling.apply_rotary_pos_emb = rope

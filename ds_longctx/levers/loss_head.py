@@ -63,13 +63,26 @@ class LossHead(nn.Module):
     is its definition, train.loss_average), the loss to backprop is sum_r weight_r x CE sum of row r on this
     slice. Without (the HF Trainer's batches), it is sp x CE sum on this slice / tokens of the whole SP group: the
     mean over the dp replicas of each SP group's token-mean loss; a group without trained tokens gives 0.
+    A mixture of experts (`aux`) adds coef x its load-balancing loss over the SP group's sequences, weighed as
+    levers/moe_aux.py says (its gradient is added at the routers in the backward).
     """
 
-    def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096):
+    def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096,
+                 aux=None):
         super().__init__()
         self.model = model
         self.state = state
         self.loss = LMHeadLoss(model.get_output_embeddings(), chunked, chunk_rows)
+        self.aux = aux  # a mixture of experts' load balance (levers/moe_aux.LoadBalance), or None
+
+    def _aux_loss(self):
+        """coef x the load-balancing loss of this micro-batch's sequences, summed over the SP group (the same on every
+        SP rank; levers/moe_aux.py), and the share of it each rank adds to its loss (weight / sp of it); (0, 0) for a
+        dense model."""
+        value = self.aux.finish(self.state.sp_group) if self.aux is not None else None
+        if value is None:
+            return 0.0, 0.0
+        return value, value * self.aux.weight / self.state.sp_size
 
     def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False, row_weights=None):
         """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE sum of row r on
@@ -81,13 +94,14 @@ class LossHead(nn.Module):
                 token_loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
             return token_loss.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
         n_tokens = (shift_labels != IGNORE_INDEX).sum()
+        aux, aux_share = self._aux_loss()  # after the trunk: every router has recorded
         if row_weights is not None:
             with record_function("ds_longctx.loss"):
                 if len(set(row_weights)) == 1:  # one weight: one pass over the whole slice
                     loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten()) * row_weights[0]
                 else:  # [s/sp, H] per row
                     loss = sum(self.loss(hidden[r], shift_labels[r]) * row_weights[r] for r in range(len(hidden)))
-            return loss, None, n_tokens
+            return loss + aux_share, None, n_tokens
         with record_function("ds_longctx.loss"):  # benchmarks/bench_profile.py attributes its kernels by this
             loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
         group_sum = loss_sum.detach().clone()
@@ -98,7 +112,7 @@ class LossHead(nn.Module):
         else:
             n_group = n_tokens.to(group_sum.dtype)
         n_group = n_group.clamp(min=1)
-        return loss_sum * self.state.sp_size / n_group, group_sum / n_group, n_group
+        return loss_sum * self.state.sp_size / n_group + aux_share, group_sum / n_group + aux, n_group
 
 
 ROUTE_KWARG = "ds_longctx_shift_labels"

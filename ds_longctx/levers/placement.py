@@ -70,16 +70,23 @@ class PlacementPlan:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_counts(cls, num_layers: int, offload: int = 0, cache: int = 0, checkpointing: bool = True
-                    ) -> "PlacementPlan":
+    def from_counts(cls, num_layers: int, offload: int = 0, cache: int = 0, checkpointing: bool = True,
+                    cacheable: Optional[tuple] = None) -> "PlacementPlan":
         """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none` everywhere without
-        checkpointing). Counts are checked by `resolve_placement`; here they must already fit."""
+        checkpointing). `cacheable` (per layer, None: all): the layers with softmax attention, the only ones a cache
+        can go to; the last `cache` of those cache. Counts are checked by `resolve_placement`; here they must fit."""
         if not checkpointing:
             return cls((Place.NONE,) * num_layers)
         if offload + cache > num_layers or min(offload, cache) < 0:
             raise ValueError(f"offload={offload} + cache={cache} layers do not fit {num_layers} layers")
-        return cls((Place.OFFLOAD,) * offload + (Place.KEEP,) * (num_layers - offload - cache)
-                   + (Place.CACHE,) * cache)
+        places = [Place.OFFLOAD] * offload + [Place.KEEP] * (num_layers - offload)
+        can = [i for i in range(offload, num_layers) if cacheable is None or cacheable[i]]
+        if cache > len(can):
+            raise ValueError(f"attention_cache_layers={cache}: only {len(can)} layers after the {offload} offloaded "
+                             f"have softmax attention (the attention cache keeps their output); use at most {len(can)}")
+        for i in can[len(can) - cache:]:
+            places[i] = Place.CACHE
+        return cls(tuple(places))
 
     @classmethod
     def parse(cls, spec: str) -> "PlacementPlan":
@@ -158,6 +165,18 @@ def check_layers(layers: tuple) -> None:
             raise ValueError(f"placement '{place.value}' is not supported yet: {why}")
 
 
+def check_cacheable(plan: PlacementPlan, cacheable: Optional[tuple]) -> None:
+    """Refuse a plan that caches a layer without softmax attention (a gated DeltaNet layer has no attention output to
+    keep). `cacheable`: per layer, None: every layer has attention."""
+    if cacheable is None:
+        return
+    bad = [i for i in plan.indices(*CACHED) if not cacheable[i]]
+    if bad:
+        ok = [i for i, c in enumerate(cacheable) if c]
+        raise ValueError(f"placement {plan.spec()} caches layers {bad}, which have no softmax attention (linear "
+                         f"attention); the attention cache goes on full-attention layers only: {ok}")
+
+
 def _count_ok(name: str, value, allowed: tuple) -> None:
     if isinstance(value, bool) or not (isinstance(value, int) or value in allowed):
         raise ValueError(f"{name}={value!r} must be a layer count or one of {list(allowed)}")
@@ -199,9 +218,11 @@ def requests_offload(offload_layers: Count, placement: Optional[str]) -> bool:
 
 def resolve_placement(offload_layers: Count, attention_cache_layers: Count, checkpointing: bool,
                       placement: Optional[str], num_layers: int,
-                      auto_offload: Optional[Callable[[], int]] = None) -> PlacementPlan:
+                      auto_offload: Optional[Callable[[], int]] = None,
+                      cacheable: Optional[tuple] = None) -> PlacementPlan:
     """The run's plan for a model of `num_layers` decoder layers (see the module doc). `auto_offload()` answers
-    offload_layers='auto' (the planner's fewest layers that fit); it is called only then."""
+    offload_layers='auto' (the planner's fewest layers that fit); it is called only then. `cacheable`: per layer,
+    whether it has softmax attention (a hybrid model's full-attention layers; None: every layer)."""
     check_request(offload_layers, attention_cache_layers, checkpointing, placement)
     L = num_layers
     if placement is not None:
@@ -209,6 +230,7 @@ def resolve_placement(offload_layers: Count, attention_cache_layers: Count, chec
         if len(plan) != L:
             raise ValueError(f"placement={placement!r} has {len(plan)} entries but the model has {L} decoder "
                              f"layers; give one place per layer (run lengths summing to {L})")
+        check_cacheable(plan, cacheable)
         return plan
     if not checkpointing:
         return PlacementPlan.from_counts(L, checkpointing=False)
@@ -227,13 +249,13 @@ def resolve_placement(offload_layers: Count, attention_cache_layers: Count, chec
             raise ValueError(f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in that "
                              f"range, 'all' or 'auto'")
     if cache == "all":
-        cache = L - off
+        cache = L - off if cacheable is None else sum(cacheable[off:])
     if cache and off + cache > L:
         raise ValueError(f"attention_cache_layers={cache} (the last layers) overlaps offload_layers="
                          f"{offload_layers} (the first layers) of {L}: DeepSpeed's offloading checkpoint has no "
                          f"selective policy; keep attention_cache_layers + offload_layers <= {L}, or "
                          f"attention_cache_layers: all")
-    return PlacementPlan.from_counts(L, off, cache)
+    return PlacementPlan.from_counts(L, off, cache, cacheable=cacheable)
 
 
 # ----------------------------------------------------------------------------- applying it (torch side)

@@ -42,7 +42,8 @@ FACTOR_STEP = 8   # F is rounded up to a multiple of 1 / FACTOR_STEP
 MODES = ("auto", "none", "yarn")
 _YARN_REQUIRED = ("rope_type", "factor", "original_max_position_embeddings")
 # Kept from a config's existing rope parameters when we recompute YaRN for it (the factor is ours).
-_CARRIED_KEYS = ("partial_rotary_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
+_CARRIED_KEYS = ("partial_rotary_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+                 "mrope_section", "mrope_interleaved")  # the last two: Qwen3.5's (its rotary embedding reads them)
 
 
 def _rope_params(hf_config) -> dict:
@@ -62,7 +63,7 @@ def _rope_theta(hf_config) -> float:
 
 
 # (model_type, max_position_embeddings) -> the context its publisher's YaRN recipe scales from
-PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768}
+PUBLISHED_ORIGINAL = {("qwen3", 40960): 32768, ("qwen3_moe", 40960): 32768}  # Qwen3 and Qwen3-30B-A3B cards
 
 
 def trained_context(hf_config) -> int:

@@ -82,6 +82,10 @@ def layer_parts(layer: nn.Module) -> dict:
         raise ValueError(f"tiled_layer: {name} has {', '.join(extra)} besides {', '.join(need)}; the tiles reproduce "
                          f"the pre-norm layer x + attn(norm(x)), then + mlp(norm(.)) only (Qwen3, Qwen2, Llama, "
                          f"Mistral); set memory.tiled_layer: false")
+    if isinstance(getattr(mlp, "experts", None), nn.Module):
+        raise ValueError(f"tiled_layer: {name}'s MLP is a mixture of experts ({type(mlp).__name__}); the tiled layer "
+                         f"tiles gated MLPs only. Set memory.tiled_layer: false and memory.tiled_mlp: true (it tiles "
+                         f"the sparse block: router, experts and combine per tile)")
     projs = {p: getattr(attn, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
     mlps = {p: getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")}
     odd = [f"self_attn.{p}" for p, m in projs.items() if not _plain_linear(m)] + \

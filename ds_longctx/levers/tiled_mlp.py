@@ -255,19 +255,22 @@ def _decoder_mlps(model: nn.Module) -> list[nn.Module]:
             and all(isinstance(getattr(m.mlp, part, None), nn.Module) for part in _GATED_MLP_PARTS)]
 
 
-def apply_tiled_mlp(model: nn.Module, tile_tokens: int) -> int:
-    """Patch every decoder layer's `mlp.forward` to run tiled; returns how many MLPs were patched.
+def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -> int:
+    """Patch every decoder layer's gated `mlp.forward` to run tiled; returns how many MLPs were patched.
 
     Apply before or after `deepspeed.initialize` (DeepSpeed's hooks sit on `__call__`, not `forward`).
-    Undo with `remove_tiled_mlp(model)`.
+    Undo with `remove_tiled_mlp(model)`. `required=False`: a model without a gated MLP (a mixture of experts whose
+    every layer is sparse: levers/moe.py tiles those) patches nothing.
     """
     _check_tile_tokens(tile_tokens)
     mlps = _decoder_mlps(model)
+    if not mlps and not required:
+        return 0
     if not mlps:
         raise ValueError(
             f"apply_tiled_mlp found no decoder-layer MLP in {type(model).__name__}: it looks for modules "
-            f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...). MoE blocks and "
-            "other MLP shapes are not supported; turn tiled MLP off for this model")
+            f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...; MoE blocks: levers/moe.py). "
+            "Other MLP shapes are not supported; turn tiled MLP off for this model")
     patched = [m for m in mlps if _PATCH_ATTR in m.__dict__]
     if patched:
         raise RuntimeError(

@@ -63,3 +63,68 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
         fits = [n for n in range(1, local + 1) if local % n == 0]
         raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
                          f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}")
+
+
+# ----------------------------------------------------------------------------- hybrid models' layer types
+FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
+# Text models whose attention layers call transformers' ALL_ATTENTION_FUNCTIONS although their class leaves
+# `_supports_attention_backend` False (transformers 5.17 and 5.25's Qwen3.5); the engine still checks every batch that
+# the Ulysses function was called
+INTERFACE_UNFLAGGED = ("qwen3_5_text",)
+LAYER_KINDS = (FULL_ATTENTION, LINEAR_ATTENTION)  # the token mixers this package runs (Ulysses around each)
+
+
+def _getter(cfg):
+    return cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+
+
+def layer_types(cfg) -> tuple:
+    """Each decoder layer's token mixer of a model config (a dict or an HF config): its `layer_types`, else full
+    attention everywhere. The one home of this reading: the planner's geometry and the engine's checks ask it."""
+    get = _getter(cfg)
+    kinds = get("layer_types")
+    return tuple(kinds) if kinds else (FULL_ATTENTION,) * int(get("num_hidden_layers") or 0)
+
+
+def linear_heads(cfg) -> Optional[tuple]:
+    """(linear_num_key_heads, linear_num_value_heads) of a model with gated-DeltaNet layers, None without any: what
+    the sp-size rule (parallel_state.sp_size_problem) reads beside the attention heads."""
+    if LINEAR_ATTENTION not in layer_types(cfg):
+        return None
+    get = _getter(cfg)
+    return int(get("linear_num_key_heads")), int(get("linear_num_value_heads"))
+
+
+def check_linear_heads(key_heads: int, value_heads: int, where: str = "the model") -> None:
+    """The gated delta rule's grouped values: each key head serves a whole group of value heads (FLA's GVA and
+    transformers' torch path both repeat the key heads value_heads // key_heads times)."""
+    if key_heads < 1 or value_heads < key_heads or value_heads % key_heads:
+        raise ValueError(f"{where}: linear_num_value_heads={value_heads} with linear_num_key_heads={key_heads}: each "
+                         f"key head must serve a whole group of value heads; fix the config (value heads a multiple "
+                         f"of key heads)")
+
+
+# FLA's gated backward on Hopper gives wrong gradients with Triton >= 3.4.0 and < 3.7.1 (FLA #640), unless its tilelang
+# backend takes that kernel. measured: see docs/calibration.md#fla-triton
+FLA_UNSAFE_TRITON = ((3, 4, 0), (3, 7, 1))
+
+
+def _version_tuple(version: str) -> tuple:
+    parts = []
+    for p in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def fla_triton_refusal(triton_version: Optional[str], hopper: bool, tilelang: bool) -> Optional[str]:
+    """Why FLA's gated-delta kernels may not train here (None: they may): a Hopper GPU with a Triton in
+    FLA_UNSAFE_TRITON and no tilelang backend to take the broken backward kernel."""
+    if not hopper or triton_version is None or tilelang:
+        return None
+    lo, hi = FLA_UNSAFE_TRITON
+    if not lo <= _version_tuple(triton_version) < hi:
+        return None
+    return (f"FLA's gated-delta backward on Hopper with Triton {triton_version} (>= 3.4.0, < 3.7.1) gives wrong "
+            f"gradients (FLA #640); install tilelang (`pip install tilelang==0.1.15 apache-tvm-ffi==0.1.12`: FLA then "
+            f"runs that kernel through it) or Triton >= 3.7.1, or set linear_attn_backend: torch (slow)")

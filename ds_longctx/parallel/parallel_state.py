@@ -12,10 +12,12 @@ and DP runs across nodes: 2 nodes x 2 processes, sp=2: SP [0,1] on node 0, [2,3]
 The rule (`sp_size_problem`, the only place it is written): sp divides the world size and the query heads, and
 either divides the KV heads or is a multiple of them (KV heads are then replicated, ulysses.py); given the processes
 per node, sp divides that too (no SP group straddles nodes; the run lifts this only with
-`parallel.sp_across_nodes`). Everything else asks it: `valid_sp_sizes` (the planner's search, error messages),
-`check_sp_size` (the run's preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like
-torchtitan's ParallelDims), and `dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses
-it.
+`parallel.sp_across_nodes`). A hybrid model's gated-DeltaNet layers (`linear_heads` = (key heads, value heads)) add
+the same rule at their widths: sp divides the value heads, and divides the key heads or is a multiple of them (key
+heads replicated, parallel/ulysses_linear.py); sp past the value heads would split one head's recurrence over ranks.
+Everything else asks it: `valid_sp_sizes` (the planner's search, error messages), `check_sp_size` (the run's
+preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like torchtitan's ParallelDims), and
+`dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses it.
 
 DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
 disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the
@@ -38,9 +40,11 @@ from typing import Any, Optional
 
 
 def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = None,
-                    num_kv_heads: Optional[int] = None, per_node: Optional[int] = None) -> Optional[str]:
+                    num_kv_heads: Optional[int] = None, per_node: Optional[int] = None,
+                    linear_heads: Optional[tuple] = None) -> Optional[str]:
     """Why `sp_size` cannot run (None if it can). Heads None: only the world size is checked. `per_node`: the
-    processes per node (None: no node boundary to respect, e.g. sp_across_nodes)."""
+    processes per node (None: no node boundary to respect, e.g. sp_across_nodes). `linear_heads`: a hybrid model's
+    (linear_num_key_heads, linear_num_value_heads), None for a model without gated-DeltaNet layers."""
     if sp_size < 1 or world_size % sp_size:
         return f"sp_size={sp_size} does not divide world_size={world_size}"
     if per_node is not None and per_node % sp_size:
@@ -53,15 +57,32 @@ def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = No
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
         return (f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a multiple of it "
                 f"(KV-head replication)")
+    if linear_heads is not None:
+        hk, hv = linear_heads
+        if hv % sp_size:
+            return (f"sp_size={sp_size} must divide linear_num_value_heads={hv} (the gated-DeltaNet layers: each rank "
+                    f"runs whole value heads over the whole sequence)")
+        if hk % sp_size and sp_size % hk:
+            return (f"sp_size={sp_size} neither divides linear_num_key_heads={hk} nor is a multiple of it "
+                    f"(key-head replication in the gated-DeltaNet layers)")
     return None
 
 
-def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node: Optional[int] = None) -> list:
+def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node: Optional[int] = None,
+                   linear_heads: Optional[tuple] = None) -> list:
     """Every sp_size in 1..world_size that `sp_size_problem` accepts, ascending. Only divisors of world_size can be
     (its first rule), so only they are asked: O(sqrt(world_size)), not O(world_size)."""
     small = [d for d in range(1, int(world_size ** 0.5) + 1) if world_size % d == 0]
     divisors = sorted({*small, *(world_size // d for d in small)})
-    return [sp for sp in divisors if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node) is None]
+    return [sp for sp in divisors
+            if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node, linear_heads) is None]
+
+
+def local_linear_heads(linear_heads: tuple, sp_size: int) -> tuple:
+    """(key heads, value heads) each rank runs in a gated-DeltaNet layer after the exchange: hk / sp (or 1 replicated
+    key head when sp > hk) and hv / sp."""
+    hk, hv = linear_heads
+    return max(hk // sp_size, 1), hv // sp_size
 
 
 def local_kv_heads(num_kv_heads: int, sp_size: int) -> int:
@@ -71,10 +92,11 @@ def local_kv_heads(num_kv_heads: int, sp_size: int) -> int:
 
 
 def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None,
-                  num_kv_heads: Optional[int] = None, per_node: Optional[int] = None, across_fix: str = "") -> None:
+                  num_kv_heads: Optional[int] = None, per_node: Optional[int] = None, across_fix: str = "",
+                  linear_heads: Optional[tuple] = None) -> None:
     """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads
     (and `per_node` processes per node). `across_fix` is appended when the node boundary is the problem."""
-    problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads, per_node)
+    problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads, per_node, linear_heads)
     if problem is None:
         return
     if sp_size >= 1 and world_size % sp_size:
@@ -84,7 +106,7 @@ def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None
     if num_heads is None:
         ok = [sp for sp in range(1, world_size + 1) if sp_size_problem(sp, world_size, per_node=per_node) is None]
     else:
-        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads, per_node)
+        ok = valid_sp_sizes(world_size, num_heads, num_kv_heads, per_node, linear_heads)
     raise ValueError(f"{problem}; try one of {ok}{more}")
 
 
@@ -146,8 +168,8 @@ class ParallelState:
         return cls(world_size=1, rank=0, sp_size=1, sp_rank=0, dp_size=1, dp_rank=0)
 
     @classmethod
-    def build(cls, sp_size: int, num_heads: Optional[int] = None,
-              num_kv_heads: Optional[int] = None) -> "ParallelState":
+    def build(cls, sp_size: int, num_heads: Optional[int] = None, num_kv_heads: Optional[int] = None,
+              linear_heads: Optional[tuple] = None) -> "ParallelState":
         """Validate `sp_size` against the world and the heads, then create the SP and DP groups (collective:
         every rank must call it). Needs torch.distributed initialised unless sp_size == 1."""
         import torch.distributed as dist
@@ -156,7 +178,7 @@ class ParallelState:
                 raise RuntimeError(f"sp_size={sp_size} needs torch.distributed; launch with torchrun/deepspeed")
             return cls.single()
         world, rank = dist.get_world_size(), dist.get_rank()
-        check_sp_size(sp_size, world, num_heads, num_kv_heads)
+        check_sp_size(sp_size, world, num_heads, num_kv_heads, linear_heads=linear_heads)
         dp = world // sp_size
         sp_group = dp_group = None
         # new_group is collective over the world: every rank creates every group, keeps its own.

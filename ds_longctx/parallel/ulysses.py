@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ds_longctx.parallel import attention
+from ds_longctx.parallel import attention, kernel_rules
 from ds_longctx.parallel.parallel_state import ParallelState
 
 ATTN_IMPLEMENTATION = "ds_longctx"
@@ -79,6 +79,11 @@ def seq_to_head(x: torch.Tensor, group) -> torch.Tensor:
 def head_to_seq(x: torch.Tensor, group) -> torch.Tensor:
     """`[b, s, heads/sp, d] -> [b, s/sp, heads, d]`."""
     return _SeqAllToAll.apply(x, group, 1, 2)
+
+
+def seq_to_head_bshd(x: torch.Tensor, group) -> torch.Tensor:
+    """`[b, s/sp, heads, d] -> [b, s, heads/sp, d]` (the sequence-major layout the gated DeltaNet layers use)."""
+    return _SeqAllToAll.apply(x, group, 2, 1)
 
 
 class UlyssesAttention:
@@ -185,15 +190,22 @@ def check_wrappable(model) -> None:
 def check_wrappable_class(model_cls, config) -> None:
     """Refuse, before any work, a model whose attention does not go through transformers' interface."""
     name = model_cls.__name__
-    if not getattr(model_cls, "_supports_attention_backend", False):
+    text_type = getattr(config.get_text_config(), "model_type", None)
+    if not (getattr(model_cls, "_supports_attention_backend", False) or text_type in kernel_rules.INTERFACE_UNFLAGGED):
         raise ValueError(f"model {name} does not dispatch attention through transformers' AttentionInterface "
                          f"(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that does "
                          f"(Qwen3, Llama, Mistral, ...)")
     cfg = config.get_text_config()
-    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise ValueError(f"model {name} has layer types {sorted(kinds)}; only full causal attention is supported "
-                         f"(sliding-window / chunked layers are not); disable sliding windows in its config")
+    kinds = set(kernel_rules.layer_types(cfg))
+    if not kinds <= set(kernel_rules.LAYER_KINDS):
+        raise ValueError(f"model {name} has layer types {sorted(kinds)}; supported are full causal attention and "
+                         f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)} (sliding-window / chunked "
+                         f"layers are not); disable sliding windows in its config")
     for key in ("num_attention_heads", "num_key_value_heads"):
         if not getattr(cfg, key, None):
             raise ValueError(f"model {name}'s config lacks {key}; Ulysses needs the head counts")
+    if kernel_rules.LINEAR_ATTENTION in kinds:
+        for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+            if not getattr(cfg, key, None):
+                raise ValueError(f"model {name}'s config lacks {key}; its linear-attention layers need it")
+        kernel_rules.check_linear_heads(*kernel_rules.linear_heads(cfg), f"model {name}")

@@ -11,8 +11,9 @@ from dataclasses import replace
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_terms import tiled_moe_seconds
 from ds_longctx.plan.planner import GB, MemoryPlan, plan_memory
-from ds_longctx.plan.search import POOL_HOW, Choice, chunk_rows, last_fit, tile_tokens_for
+from ds_longctx.plan.search import POOL_HOW, Choice, chunk_rows, last_fit, tile_tokens_for, tiled_layer_allowed
 
 # FlashAttention 4's causal forward at Ulysses shapes on H200, FLOP/s: what one skipped recompute saves, for the notes.
 # calibrated: see docs/calibration.md#attention-fwd-flops
@@ -50,6 +51,10 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
             f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
             f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
             f"parallel/kernel_rules.py)",))
+    if geom.hybrid is not None:  # its caches go on the full-attention layers only, between linear ones
+        return replace(choice, notes=choice.notes + (
+            "no attention cache searched for a hybrid model (its full-attention layers sit between linear ones; "
+            "attention_cache_layers: n caches the last n full-attention layers)",))
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
     per_layer, local = attention_fwd_seconds(plan), plan.seq_len // plan.sp_size
@@ -57,7 +62,14 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     candidates = [(base, 0.0, "")]
     if not base.pinned_pool:
         candidates.append((replace(base, pinned_pool=True), 0.0, "pool"))
-    if not base.tiled_layer and not base.lora_rank:
+    if geom.moe is not None and not base.tiled_mlp:  # tiled sparse blocks free their backward's dispatch buffers
+        moe = replace(base, tiled_mlp=True, tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
+        moe = replace(moe, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, moe,
+                                                      dict(knobs, nodes=plan.nodes)))
+        cost = tiled_moe_seconds(geom, local)
+        candidates += [(moe, cost, "moe")] + ([] if base.pinned_pool else
+                                               [(replace(moe, pinned_pool=True), cost, "moe+pool")])
+    if not base.tiled_layer and tiled_layer_allowed(geom, base):
         tiled = replace(base, tiled_layer=True, tiled_mlp=True,
                         tile_tokens=tile_tokens_for(geom, plan.seq_len, plan.sp_size))
         tiled = replace(tiled, loss_chunk_rows=chunk_rows(geom, plan.seq_len, plan.gpus, plan.sp_size, tiled,
@@ -76,6 +88,10 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
     notes = [note]
     if "pool" in tag:
         notes.append(f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}")
+    if "moe" in tag:
+        notes.append(f"tiled_mlp=True: for speed, {n} cached layers instead of {plain} skip "
+                     f"~{(n - plain) * per_layer:.1f} s more of attention against the tiled sparse blocks' estimated "
+                     f"~{cost:.1f} s (one more forward of each: plan/moe_terms.tiled_moe_seconds)")
     if "tiled" in tag:
         notes.append(f"tiled_layer=True: for speed, {n} cached layers instead of {plain} skip "
                      f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "

@@ -10,11 +10,14 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
 from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
+from ds_longctx.plan import layer_types
+from ds_longctx.plan.layer_types import HYBRID_TYPES, HybridShape
+from ds_longctx.plan.moe_geometry import MOE_FAMILIES, MoeShape, moe_shape
 
 _DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as on the Hugging Face Hub
@@ -40,6 +43,8 @@ class ModelGeometry:
     mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
     rope_type: str = "default"  # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
     trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: no max_position_embeddings given
+    moe: Optional[MoeShape] = None  # the sparse layers of a mixture of experts (plan/moe_geometry.py); None: dense
+    hybrid: Optional[HybridShape] = None  # Qwen3.5's layer types and linear-layer widths (plan/layer_types.py)
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
@@ -53,9 +58,13 @@ class ModelGeometry:
         mtype = cfg.get("model_type")
         if not isinstance(mtype, str):
             raise ValueError(f"{where} has no model_type (got {mtype!r}); add \"model_type\": one of "
-                             f"{list(_DENSE_TYPES)}, the dense families the planner models")
-        if mtype not in _DENSE_TYPES:
-            raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}")
+                             f"{list(_DENSE_TYPES) + list(HYBRID_TYPES)}, the families the planner models")
+        moe = moe_shape(cfg, mtype, where, _DENSE_TYPES)  # refuses an MoE family not modelled, naming those that are
+        if mtype not in (*_DENSE_TYPES, *MOE_FAMILIES, *HYBRID_TYPES):
+            raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}, "
+                             f"hybrid {list(HYBRID_TYPES)} and the mixtures of experts {list(MOE_FAMILIES)}")
+        if mtype in HYBRID_TYPES:  # a composite (VL) config: its text model
+            cfg = layer_types.text_config(cfg)
 
         def size(key: str, value=None):
             v = cfg.get(key) if value is None else value
@@ -77,15 +86,17 @@ class ModelGeometry:
             raise ValueError(f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
                              f"config.json gives it as {{\"rope_type\": ..., ...}} or null (fix the config)")
         rope = dict(rope, rope_type=rope.get("rope_type") or rope.get("type") or "default")  # "type": before HF 4.45
+        hybrid = HybridShape.from_config(cfg, size("num_hidden_layers"), where) if mtype in HYBRID_TYPES else None
         return cls(name=name or mtype, hidden=hidden, intermediate=size("intermediate_size"),
-                   layers=size("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+                   layers=size("num_hidden_layers"), heads=heads, kv_heads=kv_heads, hybrid=hybrid,
                    head_dim=size("head_dim", kernel_rules.head_dim(cfg)), vocab=size("vocab_size"),
                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                    max_position_embeddings=max_pos, rope_type=str(rope["rope_type"]),
                    trained_context=trained_context_of(mtype, max_pos, rope) if max_pos else 0,
-                   qk_norm=mtype == "qwen3", attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+                   qk_norm=mtype in ("qwen3", "qwen3_moe") or hybrid is not None,
+                   attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
                    o_bias=mtype != "qwen2" and bool(cfg.get("attention_bias", False)),
-                   mlp_bias=bool(cfg.get("mlp_bias", False)))
+                   mlp_bias=bool(cfg.get("mlp_bias", False)), moe=moe)
 
     @classmethod
     def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":
@@ -111,12 +122,27 @@ class ModelGeometry:
         return cls.from_config(cfg, name=name, source=str(p) if p.parent != SHIPPED_MODELS_DIR else "")
 
     @property
+    def linear_heads(self) -> Optional[tuple]:
+        """(key heads, value heads) of the gated DeltaNet layers (the sp-size rule reads them), None if none."""
+        return self.hybrid.linear_heads if self.hybrid is not None else None
+
+    @property
+    def attention_layers(self) -> Optional[tuple]:
+        """Per layer: whether it is full attention (where an attention cache can go); None: every layer is."""
+        return None if self.hybrid is None else tuple(self.hybrid.is_full(i) for i in range(self.layers))
+
+    @property
     def layer_params(self) -> int:
         """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ the q/k/v, o_proj and gate/up/down
-        biases the config has)."""
+        biases the config has). A mixture of experts: its largest layer's, a sparse one (experts and router in place
+        of gate/up/down). A hybrid model: its largest layer's (plan/layer_types.py)."""
+        if self.hybrid is not None:
+            return max(sum(layer_types.layer_numels(self, kind)) for kind in set(self.hybrid.layer_types))
         H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv) if self.attention_bias else 0) + (H if self.o_bias else 0)
         mlp = 3 * H * self.intermediate + ((2 * self.intermediate + H) if self.mlp_bias else 0)
+        if self.moe is not None and self.moe.sparse_layers:
+            mlp = max(mlp if len(self.moe.sparse_layers) < self.layers else 0, self.moe.block_params(H))
         return attn + mlp + 2 * H + (2 * d if self.qk_norm else 0)
 
     def linears(self) -> dict:
@@ -126,7 +152,13 @@ class ModelGeometry:
         shapes = {"self_attn.q_proj": (H, q), "self_attn.k_proj": (H, kv), "self_attn.v_proj": (H, kv),
                   "self_attn.o_proj": (q, H), "mlp.gate_proj": (H, inter), "mlp.up_proj": (H, inter),
                   "mlp.down_proj": (inter, H)}
-        out = {f"model.layers.{i}.{part}": shape for i in range(self.layers) for part, shape in shapes.items()}
+        mlp = {k: v for k, v in shapes.items() if k.startswith("mlp.")}
+        kinds = self.hybrid.layer_types if self.hybrid is not None else (None,) * self.layers
+        per_kind = {kind: shapes if kind is None else {**layer_types.mixer_linears(self, kind), **mlp}
+                    for kind in set(kinds)}
+        sparse = self.moe.is_sparse if self.moe is not None else (lambda i: False)  # experts are 3-D, not Linears
+        out = {f"model.layers.{i}.{part}": shape for i, kind in enumerate(kinds)
+               for part, shape in per_kind[kind].items() if not (part.startswith("mlp.") and sparse(i))}
         out["lm_head"] = (H, self.vocab)
         return out
 
@@ -137,16 +169,24 @@ class ModelGeometry:
         H, inter, d = self.hidden, self.intermediate, self.head_dim
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         b, m = self.attention_bias, self.mlp_bias
-        layer = [H * q, *([q] if b else []), H * kv, *([kv] if b else []), H * kv, *([kv] if b else []),
-                 q * H, *([H] if self.o_bias else []), *([d, d] if self.qk_norm else []),
-                 H * inter, *([inter] if m else []), H * inter, *([inter] if m else []), inter * H, *([H] if m else []),
-                 H, H]
+        attn = [H * q, *([q] if b else []), H * kv, *([kv] if b else []), H * kv, *([kv] if b else []),
+                q * H, *([H] if self.o_bias else []), *([d, d] if self.qk_norm else [])]
+        mlp = [H * inter, *([inter] if m else []), H * inter, *([inter] if m else []), inter * H, *([H] if m else [])]
         emb = self.vocab * self.hidden
-        return [emb, *layer * self.layers, H, *([] if self.tied_embeddings else [emb])]
+        if self.hybrid is not None:
+            layers = [n for kind in self.hybrid.layer_types for n in layer_types.layer_numels(self, kind)]
+        elif self.moe is None:
+            layers = (attn + mlp + [H, H]) * self.layers
+        else:  # a sparse layer's experts and router in place of gate/up/down (plan/moe_geometry.py)
+            sparse = self.moe.block_numels(H)
+            layers = [n for i in range(self.layers) for n in attn + (sparse if self.moe.is_sparse(i) else mlp) + [H, H]]
+        return [emb, *layers, H, *([] if self.tied_embeddings else [emb])]
 
     @property
     def num_params(self) -> int:
         """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""
+        if self.moe is not None or self.hybrid is not None:  # layers of two kinds
+            return sum(self.param_numels())
         emb = self.vocab * self.hidden
         return self.layers * self.layer_params + emb + self.hidden + (0 if self.tied_embeddings else emb)
 

@@ -11,7 +11,7 @@ from typing import Optional, Union, get_args
 
 from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
-from ds_longctx.levers.placement import PlacementPlan, resolve_placement
+from ds_longctx.levers.placement import PlacementPlan, check_cacheable, resolve_placement
 
 FUSED_OPS = get_args(KernelsConfig.model_fields["fused_ops"].annotation)  # the run config's choices
 
@@ -53,14 +53,17 @@ class Levers:
             raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
                              f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
 
-    def placement_for(self, num_layers: int) -> PlacementPlan:
-        """The per-layer plan these levers mean for a model of `num_layers` layers."""
+    def placement_for(self, num_layers: int, attention_layers: Optional[tuple] = None) -> PlacementPlan:
+        """The per-layer plan these levers mean for a model of `num_layers` layers (`attention_layers`: which are
+        full attention, where a cache can go; None: all)."""
         if self.placement is not None:
             if len(self.placement) != num_layers:
                 raise ValueError(f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
                                  f"{num_layers} layers")
+            check_cacheable(self.placement, attention_layers)
             return self.placement
-        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers)
+        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers,
+                                 cacheable=attention_layers)
 
     @classmethod
     def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":

@@ -28,6 +28,8 @@ from ds_longctx.plan.layer_units import (
     TILED_LAYER_UNITS_MLP_BWD,
 )
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_geometry import lora_problem
+from ds_longctx.plan.moe_terms import moe_terms, top_layer_sparse
 from ds_longctx.plan.zero_buffers import (
     DS_SUB_GROUP_ELEMS,
     PARAM_PERSISTENCE_ELEMS,
@@ -41,6 +43,9 @@ from ds_longctx.plan.zero_buffers import (
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
+# a hybrid model's top gated DeltaNet layer: its MLP backward, its token mixing's backward (plan/linear_terms.py)
+LIN_MLP, LIN_MIX = "lin_mlp_bwd", "lin_bwd"
+LIN = (LIN_MLP, LIN_MIX)
 BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
 
 
@@ -87,6 +92,18 @@ class Sizes:
     compiled: bool  # the token-wise ops are compiled (fused_ops auto or compile: what a GPU run does)
 
     @property
+    def phases(self) -> tuple:
+        """The transient phases of this model's step: PHASES, and a hybrid model's linear layer's (LIN)."""
+        return PHASES + (LIN if self.g.hybrid is not None else ())
+
+    def layer_phases(self, *phases: str) -> tuple:
+        """`phases` of the full-attention layer, and a hybrid model's matching linear-layer phases: for the terms
+        every decoder layer holds (its grads, norms, MLP)."""
+        if self.g.hybrid is None:
+            return phases
+        return phases + tuple(lin for p, lin in zip(LAYER, LIN) if p in phases)
+
+    @property
     def lora(self) -> bool:
         return self.A > 0
 
@@ -114,6 +131,8 @@ def adapters(g: ModelGeometry, rank: int, targets) -> tuple:
     """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
     if not rank:
         return 0, 0, 0, 0
+    if problem := lora_problem(g.moe, g.layers, targets):
+        raise ValueError(problem)
     lin, top = g.linears(), f"model.layers.{g.layers - 1}."
     names = target_names(lin, targets, "lm_head")
 
@@ -133,7 +152,8 @@ def sizes(g: ModelGeometry, seq_len: int, gpus: int, sp: int, levers: Levers, no
                  A_mlp=A_mlp, n_top=n_top, k=placement.offloaded, n_cache=placement.count(Place.CACHE),
                  n_cache_host=placement.count(Place.CACHE_OFFLOAD),
                  top_cached=placement[g.layers - 1] == Place.CACHE,
-                 compiled=levers.fused_ops in ("auto", "compile"))
+                 # a hybrid model's zero-centred norms are not among the fused ops (levers/fused_ops.py): eager units
+                 compiled=levers.fused_ops in ("auto", "compile") and g.hybrid is None)
 
 
 def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
@@ -241,17 +261,23 @@ def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     if g.tied_embeddings and not z.lora:
         # the lm_head grad (made in the loss forward) waits in autograd's input buffer for the embedding's
         # grad: a tied leaf's AccumulateGrad runs once, after its last use's backward (the embedding, last)
-        t.add("tied_lm_head_grad_held", g.vocab * g.hidden * 2, 0, "V·H·2 (tied embeddings)", LAYER + ("embed",))
+        t.add("tied_lm_head_grad_held", g.vocab * g.hidden * 2, 0, "V·H·2 (tied embeddings)",
+              z.layer_phases(*LAYER) + ("embed",))
     t.add("layer_grads_bf16", (z.A_layer if z.lora else g.layer_params) * 2, 0,
-          "A_layer·2" if z.lora else "P_layer·2", LAYER)
+          "A_layer·2" if z.lora else "P_layer·2", z.layer_phases(*LAYER))
     if z.lora:
         r = lv.lora_rank
-        t.add("lora_saved", z.n_top * T * r * 2, 0, f"n·T·r·2 (n={z.n_top} adapted Linears, r={r})", LAYER)
+        t.add("lora_saved", z.n_top * T * r * 2, 0, f"n·T·r·2 (n={z.n_top} adapted Linears, r={r})",
+              z.layer_phases(*LAYER))
     u_mlp, u_attn = ((TILED_LAYER_UNITS_MLP_BWD, TILED_LAYER_UNITS_ATTN_BWD) if tl
                      else (COMPILED_UNITS_MLP_BWD, COMPILED_UNITS_ATTN_BWD) if z.compiled
                      else (HIDDEN_UNITS_MLP_BWD, HIDDEN_UNITS_ATTN_BWD))
-    t.add("hidden_mlp_bwd", u_mlp * E, 0, f"{u_mlp}·T·H·2", ("mlp_bwd",))
-    t.add("hidden_attn_bwd", u_attn * E, 0, f"{u_attn}·T·H·2", ("attn_bwd",))
+    t.add("hidden_mlp_bwd", u_mlp * E, 0, f"{u_mlp}·T·H·2", z.layer_phases("mlp_bwd"))
+    t.add("hidden_attn_bwd", u_attn * E, 0, f"{u_attn}·T·H·2", z.layer_phases("attn_bwd"))
+    if g.hybrid is not None and g.hybrid.output_gate:  # sigmoid(gate) and the gated output o_proj saves; gate grad
+        t.add("attn_output_gate", 2 * T * hq * d * 2, 0, "2·T·hq·d·2 (the output gate: sigmoid(gate), o_proj's input)",
+              LAYER)
+        t.add("attn_gate_grad", T * hq * d * 2, 0, "T·hq·d·2 (the gate half of q_proj's output grad)", ("attn_bwd",))
     if g.qk_norm and not tl:  # tiled: q/k norms run inside the q/k/v tiles
         c = COMPILED_QK_NORM_SAVED_COPIES if z.compiled else QK_NORM_SAVED_COPIES
         t.add("qk_norm_saved", c * T * (hq + hkv) * d * 2, 0, f"{c}·T·(hq+hkv)·d·2", LAYER)
@@ -283,8 +309,11 @@ def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     """The top layer's token-wise work in its backward: the MLP whole (its saved intermediate-width tensors and
     grads) or in tiles of t tokens (tiled_mlp; with tiled_layer the q/k/v projections and norms tiled too, their fp32
-    weight-grad sums beside the tiles)."""
+    weight-grad sums beside the tiles); a mixture of experts' sparse block: plan/moe_terms.py."""
     g, T, tl = z.g, z.T, lv.tiled_layer
+    if top_layer_sparse(g):  # a mixture of experts' sparse block (plan/moe_terms.py)
+        moe_terms(t, z, lv)
+        return
     H, inter, d, hq, hkv = g.hidden, g.intermediate, g.head_dim, g.heads, g.kv_heads
     tile = min(lv.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:
@@ -296,15 +325,15 @@ def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
         t.add("qkv_tile_wgrad_fp32", (hq + 2 * hkv) * d * H * 4 * (T > tile), 0, "(hq+2·hkv)·d·H·4 if T > t",
               ("attn_bwd",))
     if lv.tiled_mlp or tl:
-        t.add("mlp_tile", 6 * tile * inter * 2, 0, f"6·t·I·2 (t={tile})", ("mlp_bwd",))
+        t.add("mlp_tile", 6 * tile * inter * 2, 0, f"6·t·I·2 (t={tile})", z.layer_phases("mlp_bwd"))
         t.add("mlp_tile_hidden", (6 if tl else 2) * tile * H * 2, 0, f"{6 if tl else 2}·t·H·2 (t={tile}"
-              + ("; the post-attention norm in the tile" if tl else "") + ")", ("mlp_bwd",))
+              + ("; the post-attention norm in the tile" if tl else "") + ")", z.layer_phases("mlp_bwd"))
         t.add("mlp_tile_wgrad_fp32", (z.A_mlp if z.lora else 3 * H * inter) * 4 * (T > tile), 0,
-              ("A_mlp" if z.lora else "3·H·I") + "·4 if T > t", ("mlp_bwd",))
+              ("A_mlp" if z.lora else "3·H·I") + "·4 if T > t", z.layer_phases("mlp_bwd"))
     else:
         m = COMPILED_MLP_SAVED if z.compiled else 4
-        t.add("mlp_saved", m * T * inter * 2, 0, f"{m}·T·I·2", ("mlp_bwd",))
-        t.add("mlp_grads", 2 * T * inter * 2, 0, "2·T·I·2", ("mlp_bwd",))
+        t.add("mlp_saved", m * T * inter * 2, 0, f"{m}·T·I·2", z.layer_phases("mlp_bwd"))
+        t.add("mlp_grads", 2 * T * inter * 2, 0, "2·T·I·2", z.layer_phases("mlp_bwd"))
 
 
 def host_terms(t: Terms, z: Sizes, lv: Levers, process_host_gib: float, build_host_gib: float) -> None:

@@ -18,7 +18,9 @@ A step's GPU memory is the terms live in every phase ("all") plus the largest of
     loss      lm_head + cross-entropy (the loss-head gradients are computed in its forward and kept)
     mlp_bwd   the top layer recomputed, all its saved tensors live, its MLP backward running
     attn_bwd  the same layer's attention backward (MLP saved tensors freed, attention grads live)
-The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs.
+    lin_mlp_bwd, lin_bwd   a hybrid model's top gated DeltaNet layer, the same two moments (plan/linear_terms.py)
+The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs (a hybrid
+model's top layer is full attention; its top linear layer is counted in phases of its own).
 Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak = max(Σ step host terms,
 Σ build host terms) over one node (its G ranks: every node holds the same). The terms, one builder per part of the
 step, are plan/memory_terms.py's; each prints its formula in `MemoryPlan.table()`. GB below means 10⁹ bytes (an
@@ -41,10 +43,12 @@ from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.linear_terms import linear_terms
 from ds_longctx.plan.memory_terms import (  # noqa: F401
     ALL,
     BUILD,
     LAYER,
+    LIN,
     PHASES,
     Term,
     Terms,
@@ -57,6 +61,7 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     sizes,
     zero3_terms,
 )
+from ds_longctx.plan.moe_terms import moe_lever_problem
 
 GIB = 2**30
 # max_memory_reserved / max_memory_allocated: without offloaded checkpoints, with them, and with DeepSpeed's offload
@@ -121,6 +126,8 @@ class MemoryPlan:
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
         lv = self.levers
+        # the phase column: 17 wide (a dense model's), wider for a hybrid model's longer phase lists
+        pw = 17 if self.geom.hybrid is None else 2 + max(len(",".join(t.phases)) for t in self.terms)
         where = (f"gpus={self.gpus}" if self.nodes == 1 else
                  f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}")
         rows = [f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
@@ -134,14 +141,14 @@ class MemoryPlan:
                 + (f" fused_ops={lv.fused_ops}" if lv.fused_ops != "auto" else "")
                 + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
                 f"placement: {self.placement.describe()}",
-                f"{'term':<26}{'phase':<17}{'GB/GPU':>9}{'GB host':>10}  formula"
+                f"{'term':<26}{'phase':<{pw}}{'GB/GPU':>9}{'GB host':>10}  formula"
                 + ("" if self.nodes == 1 else "  (GB host: per node)")]
         for t in self.terms:
-            rows.append(f"{t.name:<26}{','.join(t.phases):<17}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
+            rows.append(f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
                         f"  {t.formula}")
         phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
         rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
-        rows.append(f"{'peak (' + self.peak_phase + ')':<43}{self.gpu_peak_bytes / GB:>9.2f}"
+        rows.append(f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f}"
                     f"{self.host_peak_bytes / GB:>10.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context")
         return "\n".join(rows)
 
@@ -157,7 +164,8 @@ def check_headroom(headroom: float) -> None:
 def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
     """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
     is parallel_state.sp_size_problem's)."""
-    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus)
+    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus,
+                                         linear_heads=geom.linear_heads)
 
 
 def _host_bytes(terms, phases: tuple) -> int:
@@ -213,9 +221,9 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     and the MemoryPlan are immutable, so callers share one)."""
     if nodes < 1:
         raise ValueError(f"nodes={nodes}: need at least 1 node")
-    parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G)
+    parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G, linear_heads=g.linear_heads)
     kernel_rules.check_head_groups(levers.attn_bwd_head_groups, g.kv_heads, sp)
-    placement = levers.placement_for(g.layers)  # refuses a placement that does not match the model
+    placement = levers.placement_for(g.layers, g.attention_layers)  # refuses one that does not match the model
     if min(seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
         raise ValueError(f"seq_len={seq_len}, loss_chunk_rows={levers.loss_chunk_rows}, tile_tokens="
                          f"{levers.tile_tokens} must be >= 1")
@@ -223,7 +231,7 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     off = levers.optimizer_offload
     if msg := lever_conflict(lora_rank=levers.lora_rank, tiled_layer=levers.tiled_layer,
                              offload_ratio=levers.optimizer_offload_ratio if off else 1.0,
-                             offload_params=levers.offload_params):
+                             offload_params=levers.offload_params) or moe_lever_problem(g, levers):
         raise ValueError(msg)
     terms = Terms()
     zero3_terms(terms, z, levers, live_layers)
@@ -231,9 +239,11 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     embed_loss_terms(terms, z, levers)
     attention_terms(terms, z, levers)
     mlp_terms(terms, z, levers)
+    if g.hybrid is not None:  # the top gated DeltaNet layer's own phases
+        linear_terms(terms, z)
 
     base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
-    phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in PHASES)
+    phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in z.phases)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
     sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
     ds_opt = z.k and off and not levers.pinned_pool  # DeepSpeed's offload engine beside its CPU optimizer's copies

@@ -24,6 +24,7 @@ from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.planner import (
     GB,
     LAYER,
+    LIN,
     MAX_HEADROOM,
     Levers,
     MemoryPlan,
@@ -63,10 +64,17 @@ def chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=2
     rows = max_rows
     while rows > min_rows:
         pb = dict(plan_memory(geom, seq_len, gpus, sp, replace(levers, loss_chunk_rows=rows), **knobs).phase_bytes)
-        if pb["loss"] <= max(pb[p] for p in LAYER):
+        if pb["loss"] <= max(b for p, b in pb.items() if p in LAYER + LIN):
             return rows
         rows //= 2
     return min_rows
+
+
+def tiled_layer_allowed(geom, base: Levers) -> bool:
+    """Whether the search may tile whole layers (levers/tiled_layer.py): not LoRA's adapted Linears, not a hybrid
+    model's layers (its gated DeltaNet and gated attention are not the tiles' pre-norm Qwen3 layout), not a mixture
+    of experts' sparse blocks (the tiled MLP tiles those)."""
+    return not base.lora_rank and geom.hybrid is None and geom.moe is None
 
 
 def tile_tokens_for(geom, seq_len: int, sp: int) -> int:
@@ -92,9 +100,9 @@ def _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size=None, b
     """
     L, sps = geom.layers, [sp_size] if sp_size else sp_sizes_for(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
-    # (tiled MLP, tiled layer): a tiled layer tiles its MLP too; the tiled layer refuses LoRA's Linears
+    # (tiled MLP, tiled layer): a tiled layer tiles its MLP too
     shapes = [(True, True)] if base.tiled_layer else \
-        [(False, False), (True, False)] + ([] if base.lora_rank else [(True, True)])
+        [(False, False), (True, False)] + ([(True, True)] if tiled_layer_allowed(geom, base) else [])
     pools = (True,) if base.pinned_pool else (False, True)
     asked = base.optimizer_offload_ratio  # < 1: the user's partial offload, the only offload tried
     whole = not (base.lora_rank or asked < 1 or base.offload_params)  # the full model's optimizer, nothing fixed
@@ -257,7 +265,7 @@ def _every_lever(geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Le
     groups = base.attn_bwd_head_groups if base.attn_bwd_head_groups > 1 else local_kv_heads(geom.kv_heads, sp)
     best = plan_memory(geom, seq_len, gpus, sp, replace(base, loss_chunk_rows=256, tiled_mlp=True,
                                                         tile_tokens=tile_tokens_for(geom, seq_len, sp),
-                                                        tiled_layer=not base.lora_rank, pinned_pool=True,
+                                                        tiled_layer=tiled_layer_allowed(geom, base), pinned_pool=True,
                                                         offload_layers=geom.layers, optimizer_offload=True,
                                                         offload_params=params, attn_bwd_head_groups=groups),
                        nodes=nodes, **knobs)
@@ -279,8 +287,8 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
-             f"(sp_size={sp}, tiled {'MLP' if base.lora_rank else 'layer'}, the attention backward over {groups} "
-             f"KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
+             f"(sp_size={sp}, tiled {'layer' if tiled_layer_allowed(geom, base) else 'MLP'}, the attention backward "
+             f"over {groups} KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and "
              f"{best.host_peak_bytes / GB:.1f} GB host. Longest length that fits: {max_len:,} tokens."]
     lines += _fixes(fits, geom, gpus, nodes, gpu_mem_gb, host_mem_gb, headroom, base, sp)

@@ -48,6 +48,7 @@ from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_t
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import GB, check_headroom
 from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, find_max_len
+from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
@@ -63,6 +64,16 @@ COMMITTED = {
     "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
     "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --host_mem_gb 256 "
                                    "--lora_rank 16",
+    "qwen3-30b-a3b_1m_8x80gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 "
+                                      "--host_mem_gb 1024",
+    "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    # Qwen3.5 (hybrid): the 4B at 1M tokens; the 27B does not fit 1M on one 8-GPU node (its plan's refusal says what
+    # would), so its longest length
+    "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    "qwen3.5-27b_max_8x80gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3.5-27b_max_8x141gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
 }
 
 
@@ -165,7 +176,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
                          f"the largest that divides the GPUs and the heads)")
     if a.sp_size is not None:
-        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus)
+        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus,
+                      linear_heads=geom.linear_heads)
     # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
     kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
     return geom, host
@@ -260,6 +272,7 @@ def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> s
     head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
                 f"{per_node}")
     head.append(f"placement per layer: {plan.placement.describe()}")
+    head.append(predict_step(plan, a.gpu_mem_gb).line())
     head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 

@@ -125,10 +125,25 @@ ZERO_KINDS = ("all_gather", "reduce_scatter")
 HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements whose layers keep their checkpoint in host memory
 
 
+def on_host(kind: str) -> bool:
+    """Whether a layer of `kind` (its placement, then a hybrid model's layer type: `offload linear_attention`) keeps
+    its checkpoint in host memory."""
+    return kind.split(" ")[0] in HOST_KINDS
+
+
+def layer_kinds(placement: PlacementPlan, layer_types) -> list:
+    """Each layer's kind: its placement, and where the model mixes layer types (Qwen3.5) its type too, so a layer not
+    run is extrapolated from run layers of its own placement and type."""
+    places = [p.value for p in placement.layers]
+    if layer_types is None or len(set(layer_types)) < 2:
+        return places
+    return [f"{p} {t}" for p, t in zip(places, layer_types)]
+
+
 def gpu_leftover(record: LayerRecord, kind: str) -> int:
     """GPU bytes layer `record`'s forward leaves for its backward (module docstring): its allocation change less its
     output, plus its input where its checkpoint is on the GPU (every kind not in HOST_KINDS)."""
-    kept_input = record.input_bytes if kind not in HOST_KINDS else 0
+    kept_input = record.input_bytes if not on_host(kind) else 0
     return record.gpu_left - record.output_bytes + kept_input
 
 
@@ -191,7 +206,9 @@ class LayerClock:
         self.layers = list(self.container)
         if len(self.layers) != len(placement):
             raise ValueError(f"placement has {len(placement)} entries, the model {len(self.layers)} layers")
-        self.kinds = [p.value for p in placement.layers]
+        self.text_config = model.config.get_text_config() if hasattr(model, "config") else None
+        types = getattr(self.text_config, "layer_types", None)
+        self.kinds = layer_kinds(placement, types if types is not None and len(types) == len(self.layers) else None)
         self.layer_numel = [_numel(layer) for layer in self.layers]  # (all, trainable) elements per layer
         self.model_numel = _numel(model)
         self.partitioned = [p for p in model.parameters() if hasattr(p, "ds_status") and not getattr(p, "ds_persist",
@@ -222,7 +239,7 @@ class LayerClock:
         self.container._modules.clear()
         for j, i in enumerate(self.run):
             self.container.add_module(str(j), wrapped[i])
-        model_cfg = getattr(self.layers[0], "config", None)
+        model_cfg = self.text_config if self.text_config is not None else getattr(self.layers[0], "config", None)
         types = getattr(model_cfg, "layer_types", None)
         if types is not None and len(types) == len(self.layers):
             model_cfg.layer_types = [types[i] for i in self.run]
@@ -307,7 +324,7 @@ class LayerClock:
     def pooled(self, j: int) -> bool:
         """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention region too) are in
         the pinned pool, made at build: a layer not run still holds them."""
-        kind = self.kinds[j]
+        kind = self.kinds[j].split(" ")[0]
         return kind in HOST_KINDS and pool().holds(j) and (kind != "cache+offload" or
                                                            pool().holds(attention_cache_key(j)))
 
@@ -322,18 +339,18 @@ class LayerClock:
         miss = self.missing()
         t = self._means(self.layer_seconds())
         gpu_by_layer = {i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()}
-        host_by_layer = {i: r.host_left if self.kinds[i] in HOST_KINDS else 0
+        host_by_layer = {i: r.host_left if on_host(self.kinds[i]) else 0
                          for i, r in self.steps[0].items()}  # buffers taken at first use: step 1
         gpu, host_mean = self._means(gpu_by_layer), self._means(host_by_layer)
         window = offload_window() if self.on_gpu else None
-        on_host_run = [i for i in self.run if self.kinds[i] in HOST_KINDS]
+        on_host_run = [i for i in self.run if on_host(self.kinds[i])]
         extra_gpu = extra_host = 0.0
         if window is not None and on_host_run:
             keep, held = window
-            n, big_n = len(on_host_run), sum(1 for k in self.kinds if k in HOST_KINDS)
+            n, big_n = len(on_host_run), sum(1 for k in self.kinds if on_host(k))
             c = sum(last[i].input_bytes for i in on_host_run if i in last) / n
             let_go = c * (n - min(n, held)) / n  # inputs the window freed in the run's forwards, spread over them
-            for kind in HOST_KINDS:
+            for kind in {k for k in self.kinds if on_host(k)}:
                 if kind in gpu:
                     gpu[kind] += let_go
                 host_mean[kind] = 0.0

@@ -42,6 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.rehearsal.world import Refused, cfg_layers, check, links, planned, vs_plan
 from ds_longctx.run.argv import parse_config
 from ds_longctx.run.placement_plan import run_placement
@@ -185,9 +186,10 @@ def main(argv: list | None = None) -> int:
             raise Refused(problem)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.rehearsal.layer_clock import pick_layers
+            from ds_longctx.rehearsal.layer_clock import layer_kinds, pick_layers
             placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
-            pick_layers([p.value for p in placement.layers], a.layers)
+            hybrid = as_geometry(cfg.model.name).hybrid
+            pick_layers(layer_kinds(placement, hybrid.layer_types if hybrid else None), a.layers)
     except ValueError as e:  # Refused, and the checks' ValueErrors
         print(f"{PREFIX} refused: {e}", file=sys.stderr, flush=True)
         return REFUSED

@@ -14,7 +14,9 @@ Order (each step says why it comes where it does):
     only them (`trainable_parameters`).
  5. the attention kernel, chosen once (`attention.select`), with its backward's head groups
     (`attention.set_head_groups`), then Ulysses attention (`ulysses.register`): swaps
-    the attention function, before DeepSpeed wraps the model; then fused token-wise kernels if asked
+    the attention function, before DeepSpeed wraps the model; a hybrid model's gated DeltaNet layers get their kernel
+    (`gated_delta.select_linear`) and the same exchange around their conv1d and delta rule (`ulysses_linear.install`,
+    reading the batch's document bounds from the attention function); then fused token-wise kernels if asked
     (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
     so the recompute runs the fused code.
  6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
@@ -64,17 +66,19 @@ from ds_longctx.levers import attention_cache, gpu_budget
 from ds_longctx.levers.fused_ops import apply_fused_ops, resolve_fused_ops
 from ds_longctx.levers.lora import apply_lora, trainable_parameters
 from ds_longctx.levers.loss_head import LossHead
+from ds_longctx.levers.moe import MoeLever, apply_moe
 from ds_longctx.levers.offload import cache_region_bytes, plan_pool, reserve_pool
 from ds_longctx.levers.placement import ON_HOST, Place, PlacementPlan, apply_placement, decoder_layers
 from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
-from ds_longctx.parallel import attention, ulysses
+from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses, ulysses_linear
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
 from ds_longctx.parallel.sharding import shard_batch, trained_counts
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.lr_schedule import lr_factor
 from ds_longctx.run.model import build_partitioned_model
+from ds_longctx.run.moe_checks import router_aux_coef, untiled_warning
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.preflight import validate
@@ -103,11 +107,13 @@ class StepResult:
 @dataclass
 class AppliedLevers:
     """What `apply_levers` put on a model: the Ulysses attention function, the placement read back from the layers,
-    the loss head (model + chunked loss) and the decoder layers (whose attention caches start each step)."""
+    the loss head (model + chunked loss), the decoder layers (whose attention caches start each step) and a mixture of
+    experts' lever."""
     attn: ulysses.UlyssesAttention
     placement: PlacementPlan
     head: LossHead
     layers: list
+    moe: Optional[MoeLever] = None  # a mixture of experts' sparse blocks and their load balance (levers/moe.py)
 
 
 def step_weights(batches: list, state: ParallelState, average: str,
@@ -134,15 +140,20 @@ def step_weights(batches: list, state: ParallelState, average: str,
 
 def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
                  position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                 row_weights: Optional[list] = None):
+                 row_weights: Optional[list] = None, micro_batches: int = 1):
     """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
     (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
-    loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention and starts the attention caches'
-    step first; fails if the model's attention did not go through Ulysses."""
+    loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention, starts the attention caches' step
+    and a mixture of experts' load balance (its counted rows: not the SP padding; its weight: one of the step's
+    `micro_batches`) first; fails if the model's attention did not go through Ulysses."""
     shard = shard_batch(input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids)
     attn = levers.attn
     attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
     attention_cache.new_step(levers.layers)
+    if levers.moe is not None:
+        b, n = shard.input_ids.shape
+        valid = (torch.arange(n) + state.sp_rank * n < input_ids.shape[1]).expand(b, n) if shard.pad else None
+        levers.moe.aux.begin(None if valid is None else valid.to(device), state.sp_size / micro_batches)
     calls_before = attn.calls
     extra = {} if row_weights is None else {"row_weights": row_weights}
     with record_function("ds_longctx.forward"):
@@ -187,7 +198,7 @@ class LongCtxEngine:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, (batch, w) in enumerate(zip(batches, weights)):
             loss, _, _ = sharded_loss(self.ds, self.levers, st, self.device, batch.input_ids, batch.position_ids,
-                                      batch.labels, row_weights=w)
+                                      batch.labels, row_weights=w, micro_batches=len(batches))
             with record_function("ds_longctx.backward"):
                 self.ds.backward(loss, scale_wrt_gas=False)  # the weights already sum the micro-batches
             total += loss.detach().double()
@@ -263,7 +274,8 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     init_distributed()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads)
+    state = ParallelState.build(cfg.parallel.sp_size, text.num_attention_heads, text.num_key_value_heads,
+                                kernel_rules.linear_heads(text))
     _build_stage("2/9 process groups", t0, state.rank)
     ds_config = build_ds_config(cfg, state.world_size, on_gpu)
     # 3. the model, partitioned at birth, then deterministic weights
@@ -295,15 +307,24 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
     attention.select(cfg.kernels.attn_backend, announce=state.rank == 0, head_dim=attention.model_head_dim(text))
     attention.set_head_groups(cfg.memory.attn_bwd_head_groups)
     attn = ulysses.register(model, state)
+    if kernel_rules.linear_heads(text) is not None:  # a hybrid model: Ulysses around its gated DeltaNet layers too
+        gated_delta.select_linear(cfg.kernels.linear_attn_backend, announce=state.rank == 0)
+        ulysses_linear.install(model, state, attn)
     fused, why = resolve_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if state.rank == 0:
         log.info("fused ops: %s (%s)", fused, why)
     if fused != "none":
         apply_fused_ops(model, fused)
     # 6. tiled MLP: patches each MLP's forward; under the checkpoint below, the layer recompute calls the
-    #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice
+    #    tiled forward too, so the four intermediate-width tensors never exist for the whole slice. A mixture of
+    #    experts' sparse blocks: the router (its load-balancing loss over the SP group) and, tiled, router + experts
+    #    per tile (levers/moe.py); its dense MLPs, if any, take the tiled MLP
+    tile = cfg.memory.tile_tokens or text.hidden_size
+    moe = apply_moe(model, router_aux_coef(cfg, text), tile if cfg.memory.tiled_mlp else None)
+    if moe is not None and moe.untiled and state.rank == 0:
+        log.warning(untiled_warning(cfg, moe.untiled, state.world_size))
     if cfg.memory.tiled_mlp and not cfg.memory.tiled_layer:
-        apply_tiled_mlp(model, cfg.memory.tile_tokens or text.hidden_size)
+        apply_tiled_mlp(model, tile, required=moe is None)
     # 6b. tiled layer: the norms, projections, rotary and MLP of every layer in tiles (the MLP's with them)
     if cfg.memory.tiled_layer:
         apply_tiled_layer(model, cfg.memory.tile_tokens or text.hidden_size)
@@ -322,9 +343,9 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
         plan_pool(pooled, cfg.train.micro_batch, local, text.hidden_size, dtype, pin=torch.cuda.is_available(),
                   cache_regions=caches)
     # 8. loss head: chunked lm_head + CE on the local slice
-    head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows)
+    head = LossHead(model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, moe and moe.aux)
     # the GPU budget the plan was made for (both entry points: this engine and the HF Trainer's)
     gpu_budget.apply(cfg.memory.gpu_budget_gb, state.rank)
     layers = decoder_layers(model)
     gpu_budget.bound_run_ahead(layers, cfg.memory.run_ahead_layers)
-    return AppliedLevers(attn, placement, head, layers)
+    return AppliedLevers(attn, placement, head, layers, moe)

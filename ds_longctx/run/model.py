@@ -10,6 +10,7 @@ sp_size starts from the same weights; a checkpoint directory is loaded with `fro
 from __future__ import annotations
 
 # transformers and deepspeed are imported inside the functions that use them (seconds each at import).
+import contextlib
 import json
 import zlib
 from pathlib import Path
@@ -19,7 +20,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ds_longctx.config import SHIPPED_MODELS_DIR
+from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.plan import layer_types
 
 
 def random_init(model: str) -> bool:
@@ -31,16 +34,19 @@ def load_hf_config(model: str):
     """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
     A file transformers cannot read is a ValueError naming it."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     path = SHIPPED_MODELS_DIR / f"{model}.json"
     try:
-        if path.is_file():
-            from transformers import Qwen3Config
-            cfg = Qwen3Config.from_dict(json.loads(path.read_text()))
+        if path.is_file():  # a shipped geometry: its family's config class (Qwen3Config, Qwen3MoeConfig, ...)
+            d = json.loads(path.read_text())
+            cfg = CONFIG_MAPPING[d["model_type"]].from_dict(d)
         elif Path(model).is_file():
-            d = json.loads(Path(model).read_text())
+            d = layer_types.text_config(json.loads(Path(model).read_text()))
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
             cfg = AutoConfig.from_pretrained(model)
+            if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
+                cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError) as e:
         where = model if Path(model).is_file() else str(Path(model) / "config.json")
         first = (str(e).strip().splitlines() or [""])[0][:200]
@@ -89,18 +95,36 @@ def model_class(hf_config):
 def init_weights(model: nn.Module, seed: int, std: float) -> None:
     """Draw every parameter from a generator seeded by (seed, parameter name): the same weights whatever
     the world size, sp_size or ZeRO partitioning (on one device type). Norm weights 1, biases 0, matrices
-    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama."""
+    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama; a hybrid model's own vectors (zero-centred norms,
+    the gated DeltaNet's dt_bias / A_log) as plan/layer_types.vector_init says."""
     import deepspeed
+    owner = {f"{m_name}.{p_name}".lstrip("."): type(m).__name__ for m_name, m in model.named_modules()
+             for p_name, _ in m.named_parameters(recurse=False)}
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
             if dist.is_initialized() and dist.get_rank() != 0 and hasattr(p, "ds_id"):
                 continue
             with torch.no_grad():
                 if p.dim() == 1:
-                    p.fill_(1.0 if "norm" in name else 0.0)
+                    p.fill_(layer_types.vector_init(name, owner.get(name, "")))
                 else:
                     g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
                     p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
+
+
+@contextlib.contextmanager
+def _without_hf_init(cls):
+    """`cls(config)` without transformers' per-module `_init_weights` (its weight tying still runs): init_weights draws
+    every parameter afterwards, and Qwen3.5's `_init_weights` copies into A_log, which zero.Init has already
+    partitioned to an empty tensor (a size mismatch). Replaced on the class that defines it for `cls` (the family's
+    PreTrainedModel, which its inner text model shares), put back after."""
+    owner = next(c for c in cls.__mro__ if "_init_weights" in c.__dict__)
+    saved = owner.__dict__["_init_weights"]
+    owner._init_weights = lambda self, module: None
+    try:
+        yield
+    finally:
+        owner._init_weights = saved
 
 
 def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
@@ -111,6 +135,7 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     cls = model_class(hf_cfg)
     hf_cfg._attn_implementation = "sdpa"
+    set_experts_kernel(hf_cfg)  # a mixture of experts: transformers' grouped_mm experts (levers/moe.py)
     hf_cfg.dtype = dtype
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
     apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)
@@ -123,7 +148,8 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
             model = cls.from_pretrained(cfg.model.name, config=hf_cfg, dtype=dtype)
         else:
-            model = cls(hf_cfg).to(dtype)
+            with _without_hf_init(cls):
+                model = cls(hf_cfg).to(dtype)
     stage("model under zero.Init")
     if not is_path:
         init_weights(model, cfg.train.seed, getattr(hf_cfg, "initializer_range", 0.02))

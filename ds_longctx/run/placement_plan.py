@@ -29,4 +29,4 @@ def run_placement(cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[fl
         return fewest_offload_layers(as_geometry(cfg.model.name), cfg.train.seq_len, world_size, cfg.parallel.sp_size,
                                      gpu_mem_gb, levers)
     return resolve_placement(mem.offload_layers, mem.attention_cache_layers, mem.activation_checkpointing,
-                             mem.placement, num_layers, auto)
+                             mem.placement, num_layers, auto, cacheable=as_geometry(cfg.model.name).attention_layers)

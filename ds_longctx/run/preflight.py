@@ -5,7 +5,8 @@
 
 Order: what the host cannot hold (`host_problem`), the engine's checks (`validate`: the model as `plan` reads it
 (plan/geometry.py: the same refusal in the same words), its weights where it is a checkpoint directory, sp_size vs
-world, processes per node and heads, attention backend, model class, LoRA targets, the placement plan for this model),
+world, processes per node and heads (a hybrid model's linear heads too), attention backend and the gated DeltaNet
+kernel, model class, LoRA targets, the placement plan for this model),
 the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
 support; answers where eval_answer_loss asks for them), then output_dir and resume (resume.check_run_dir: another
 run's files, the checkpoint's files) and the space its checkpoints take (`disk_problem`). Nothing is written: a
@@ -28,7 +29,7 @@ from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.levers.tiled_layer import check_tiled_layer
-from ds_longctx.parallel import attention, kernel_rules, ulysses
+from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses
 from ds_longctx.parallel.disk import free_bytes, size_text
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.parallel.units import GB
@@ -37,6 +38,7 @@ from ds_longctx.plan.planner import disk_checkpoint_bytes
 from ds_longctx.run.answer_loss import answer_sessions
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
+from ds_longctx.run.moe_checks import check_moe
 from ds_longctx.run.placement_plan import run_placement
 
 log = logging.getLogger("ds_longctx")
@@ -56,8 +58,11 @@ def validate(cfg, world_size: int, per_node: int | None = None):
                                        f"model={cfg.model.name!r}")
     check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads,
                   per_node=None if cfg.parallel.sp_across_nodes else per_node,
-                  across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes")
+                  across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes",
+                  linear_heads=kernel_rules.linear_heads(text))
     attention.resolve_backend(cfg.kernels.attn_backend, attention.model_head_dim(text))
+    if kernel_rules.linear_heads(text) is not None:  # a hybrid model's gated DeltaNet kernel (FLA's Triton rule)
+        gated_delta.resolve_linear_backend(cfg.kernels.linear_attn_backend)
     kernel_rules.check_head_groups(cfg.memory.attn_bwd_head_groups, text.num_key_value_heads, cfg.parallel.sp_size)
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
@@ -66,6 +71,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: every layer checked on a meta model
         check_tiled_layer(model_class(hf_cfg), hf_cfg)
+    check_moe(cfg, hf_cfg, world_size)  # a mixture of experts: its coefficient, untileable blocks against the budget
     if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)

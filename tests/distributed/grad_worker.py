@@ -16,6 +16,7 @@ def main():
     ap.add_argument("--packed", type=str, default="")  # comma-separated document lengths
     ap.add_argument("--mask_from", type=int, default=None, help="labels ignored from this position on")
     ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
+    ap.add_argument("--micro", type=int, default=1, help="micro-batches of the step (samples 0..N-1; grad_accum N)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--placement", action="store_true", help="also save each layer's checkpoint function, by kind")
     a = ap.parse_args()
@@ -31,7 +32,7 @@ def main():
     import yaml
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
     cfg = RunConfig(**{"model": "qwen3-tiny", "seq_len": max(seq_len, a.sp), "sp_size": a.sp, "dtype": "fp32",
-                       "seed": 0, "output_dir": os.path.dirname(a.out), **overrides})
+                       "seed": 0, "output_dir": os.path.dirname(a.out), "grad_accum": a.micro, **overrides})
     eng = build_engine(cfg)
     st = eng.state
     data = SyntheticRetrieval(a.length, eng.model.config.vocab_size, seed=0)
@@ -45,7 +46,8 @@ def main():
     if a.mask_from is not None:
         labels = ids.clone()
         labels[:, a.mask_from:] = -100
-    res = eng.forward_backward([Batch(ids, position_ids=pos, labels=labels)])
+    more = [data.batch(i, 1, st.dp_rank, st.dp_size) for i in range(1, a.micro)]  # micro-batches 2..N
+    res = eng.forward_backward([Batch(ids, position_ids=pos, labels=labels)] + [Batch(m) for m in more])
     grads = {}
     for name, p in eng.module.named_parameters():
         if not p.requires_grad:  # a frozen base (LoRA) has no gradient

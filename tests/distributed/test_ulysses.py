@@ -37,16 +37,19 @@ def reference(samples: list[torch.Tensor], doc_lens=None, mask_from=None):
     return total, {n: p.grad for n, p in model.named_parameters()}
 
 
-def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, mask_from=None, **overrides):
+def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, mask_from=None, micro=1,
+        **overrides):
     """Launch grad_worker on nproc processes; overrides go to the run config (key=value); `read_placement`: also
     return each layer's applied checkpoint kind."""
-    out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}.pt"
+    out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}_{micro}.pt"
     args = ["tests/distributed/grad_worker.py", "--sp", str(sp), "--length", str(length), "--out", str(out),
             *(["--placement"] if read_placement else [])]
     if packed:
         args += ["--packed", ",".join(map(str, packed))]
     if mask_from is not None:
         args += ["--mask_from", str(mask_from)]
+    if micro > 1:
+        args += ["--micro", str(micro)]
     for k, v in overrides.items():
         args += ["--set", f"{k}={v}"]
     torchrun(nproc, args, env=env)

@@ -211,3 +211,17 @@ def test_layers_whose_host_buffers_the_pool_made_at_build_add_no_host(monkeypatc
     offload.pool().reserve(range(3), (1, 2, 2), torch.float32, pin=False)  # layers 3-5 not in the pool
     est = clock.extrapolate(1.0, 0, 0, 10_000, {})
     assert est["host"] == 10_000 + 3 * 300 and est["layer_host_bytes"] == {0: 300, 7: 0, 9: 0}
+
+
+def test_a_hybrid_models_layers_are_picked_and_extrapolated_by_placement_and_type():
+    """Qwen3.5-4B's layers (a full-attention layer every 4th) under offload:13,keep:19: K layers hold every (placement,
+    layer type) pair, so a layer not run is extrapolated from run layers of its own type."""
+    from ds_longctx.run.layer_clock import layer_kinds, on_host
+
+    from ds_longctx.levers.placement import PlacementPlan
+    from ds_longctx.plan.geometry import as_geometry
+    kinds = layer_kinds(PlacementPlan.parse("offload:13,keep:19"), as_geometry("qwen3.5-4b").hybrid.layer_types)
+    assert kinds[3] == "offload full_attention" and kinds[13] == "keep linear_attention" and on_host(kinds[3])
+    picked = pick_layers(kinds, 6)
+    assert {kinds[i] for i in picked} == set(kinds) and {0, 31} <= set(picked)
+    assert layer_kinds(PlacementPlan.parse("keep:2"), ["full_attention"] * 2) == ["keep", "keep"]

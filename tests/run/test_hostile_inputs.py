@@ -60,7 +60,8 @@ def test_train_refuses_a_model_plan_refuses_in_plans_words(tmp_path, capsys):
     with pytest.raises(ValueError) as e:
         preflight(RunConfig(model=str(path), output_dir=str(tmp_path / "out")), 1)
     assert str(e.value) == plan_says == ("model_type='bert' is not modelled; the planner knows dense "
-                                         "['qwen3', 'qwen2', 'llama', 'mistral']")
+                                         "['qwen3', 'qwen2', 'llama', 'mistral'], hybrid ['qwen3_5', "
+                                         "'qwen3_5_text'] and the mixtures of experts ['qwen3_moe']")
 
 
 def test_a_broken_config_json_and_a_model_dir_without_weights_name_the_file_and_the_fix(tmp_path):

@@ -1,0 +1,223 @@
+"""Mixture-of-experts layers under Ulysses SP and ZeRO-3: the routing, the experts' kernel, the load-balancing loss
+over the whole sequence (levers/moe_aux.py), and the sparse block over token tiles.
+
+    set_experts_kernel(hf_config)                          # before the model is built: transformers' grouped_mm
+    moe = apply_moe(model, coef=0.001, tile_tokens=2048)   # every sparse block; None for a model without one
+    moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)   # per micro-batch (run/engine.sharded_loss, LossHead)
+    remove_moe(model)
+
+Dimensions: n rows of this rank's slice (b·s/sp), H hidden, E experts, k experts per token, t tile_tokens.
+
+Routing and the experts are per token, so each rank routes its own rows and runs them through its layer's experts:
+ZeRO-3 gathers a layer's experts (all E, as one [E, 2I, H] and one [E, H, I] tensor) as it gathers any parameter;
+there is no expert parallelism and no token exchange. The experts run transformers' own kernels
+(`experts_implementation`, set to grouped_mm: `torch.nn.functional.grouped_mm` where torch has it for the device and
+dtype, else transformers' per-expert loop); which one ran is logged at the first forward (`expert_kernel`).
+
+The router is transformers' Qwen3MoeTopKRouter computed here (`route`: logits, fp32 softmax, top-k, optional
+renormalisation) so that the load-balancing loss can see each rank's rows and add its gradient (moe_aux.py).
+
+Tiled (`tile_tokens`, the tiled MLP lever): router + dispatch + experts + combine run per tile of t rows under
+levers/tiled_mlp.TiledRows (forward without grad, each tile recomputed in backward, the block's weights gathered once
+per pass, each parameter's ZeRO-3 reduce hook fired once with the whole gradient). Output and gradients equal the
+untiled block's (tests/levers/test_moe.py). A block the tiles cannot compute from its weights (`tile_problem`: another
+router or experts layout, a patched forward) runs untiled; `MoeLever.untiled` says which and why, and the engine
+warns once with the memory it costs.
+"""
+
+from __future__ import annotations
+
+# transformers is imported where the experts' kernel is looked up, not at import.
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ds_longctx.levers.moe_aux import LoadBalance, with_aux_grad
+from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forward
+
+log = logging.getLogger("ds_longctx")
+
+EXPERTS_IMPLEMENTATION = "grouped_mm"  # transformers' ExpertsInterface key every run asks for
+_PATCH_ATTR = "_ds_longctx_moe"
+
+
+def set_experts_kernel(hf_config) -> bool:
+    """Ask transformers for its grouped experts kernel on a config with experts (before the model is built); returns
+    whether the config has experts."""
+    text = hf_config.get_text_config()
+    if not getattr(text, "num_experts", 0):
+        return False
+    text._experts_implementation = EXPERTS_IMPLEMENTATION
+    return True
+
+
+def expert_kernel(experts: nn.Module) -> str:
+    """Which kernel transformers runs for `experts` (its `experts_implementation`; for grouped_mm, whether torch's
+    grouped GEMM runs for these weights' device and dtype or transformers falls back to its per-expert loop)."""
+    impl = getattr(getattr(experts, "config", None), "_experts_implementation", None) or "eager"
+    if impl != "grouped_mm":
+        return f"{impl} (transformers' experts_implementation; the loop over experts)" if impl == "eager" else impl
+    from transformers.integrations import moe as hf_moe
+    can = getattr(hf_moe, "_can_use_grouped_mm", None)
+    w = experts.gate_up_proj
+    if can is None:
+        return "grouped_mm (transformers chooses the kernel)"
+    x = torch.empty(0, _shape(w)[-1], device=w.device, dtype=w.dtype)
+    if can(x, w, torch.zeros(max(getattr(experts, "num_experts", 1), 1), dtype=torch.int32, device=w.device)):
+        fn = "torch.nn.functional.grouped_mm" if hasattr(F, "grouped_mm") else "torch._grouped_mm"
+        return f"grouped_mm ({fn})"
+    return (f"grouped_mm asked for; transformers runs its per-expert fallback loop (grouped_mm_fallback): no grouped "
+            f"GEMM for {w.device.type} / {w.dtype} in this torch")
+
+
+def route(gate: nn.Module, x: torch.Tensor, valid: torch.Tensor, aux: LoadBalance):
+    """transformers' Qwen3MoeTopKRouter on rows x [n, H]: (logits [n, E], routing weights [n, k], experts [n, k]),
+    the logits carrying the load-balancing gradient and their statistics recorded (moe_aux.py)."""
+    logits = with_aux_grad(F.linear(x, gate.weight), valid, aux)                 # [n, E]
+    probs = F.softmax(logits, dtype=torch.float, dim=-1)                         # [n, E] fp32
+    top, idx = torch.topk(probs, gate.top_k, dim=-1)                             # [n, k]
+    aux.record(probs, idx, valid)
+    if gate.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), idx
+
+
+def _shape(p: torch.Tensor) -> tuple:
+    """A parameter's full shape, also when ZeRO-3 holds it partitioned (its own shape is then empty)."""
+    return tuple(getattr(p, "ds_shape", p.shape))
+
+
+def _experts_fn(experts: nn.Module) -> Callable:
+    """The experts' forward without entering the module (no hooks per tile): its class's dispatching forward."""
+    return lambda x, idx, w: type(experts).forward(experts, x, idx, w)
+
+
+def tile_problem(block: nn.Module) -> Optional[str]:
+    """Why the tiles cannot compute `block` from its weights (None: they can). They need transformers' Qwen3-MoE
+    layout: a `gate` with a router weight [E, H], `top_k` and `norm_topk_prob`; `experts` with 3-D `gate_up_proj` /
+    `down_proj` (gated, concatenated, not transposed, no bias, no expert parallelism); no other parameter and no
+    forward patched on the instance by someone else."""
+    gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+    if not isinstance(gate, nn.Module) or not isinstance(experts, nn.Module):
+        return f"{type(block).__name__} has no gate / experts modules"
+    if not (isinstance(getattr(gate, "weight", None), nn.Parameter) and len(_shape(gate.weight)) == 2
+            and hasattr(gate, "top_k") and hasattr(gate, "norm_topk_prob") and getattr(gate, "bias", None) is None):
+        return f"its router {type(gate).__name__} is not a softmax top-k router with one [E, H] weight"
+    if not all(isinstance(getattr(experts, n, None), nn.Parameter) and len(_shape(getattr(experts, n))) == 3
+               for n in ("gate_up_proj", "down_proj")):
+        return f"its experts {type(experts).__name__} do not keep gate_up_proj / down_proj as 3-D parameters"
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "_is_expert_parallel": False}
+    odd = [k for k, v in layout.items() if getattr(experts, k, v) != v]
+    if odd:
+        return f"its experts have {', '.join(f'{k}={getattr(experts, k)!r}' for k in odd)}"
+    own = {id(gate.weight), id(experts.gate_up_proj), id(experts.down_proj)}
+    if {id(p) for p in block.parameters()} != own:
+        return "the block holds parameters beyond the router and the experts (adapters, a shared expert)"
+    patched = [type(m).__name__ for m in (block, gate, experts) if "forward" in m.__dict__]
+    return f"{patched[0]}.forward is patched on the instance" if patched else None
+
+
+@dataclass
+class _Patch:
+    """What apply_moe changed on one block, so remove_moe can undo it exactly."""
+    forwards: tuple                 # ((module, previous instance forward or _MISSING), ...)
+
+
+@dataclass
+class MoeLever:
+    """What apply_moe put on a model: the load-balancing statistics every router feeds, the sparse blocks, which of
+    them run tiled (tile_tokens) and which untiled with the reason, and the experts' kernel."""
+    aux: LoadBalance
+    blocks: list
+    tile_tokens: Optional[int]
+    untiled: dict = field(default_factory=dict)   # {block index: why the tiles cannot compute it}
+    kernel: str = ""
+
+
+def sparse_blocks(model: nn.Module) -> list:
+    """Every decoder layer's `mlp` that is a sparse MoE block (has `gate` and `experts`), in module order."""
+    return [m.mlp for m in model.modules() if isinstance(getattr(m, "mlp", None), nn.Module)
+            and isinstance(getattr(m.mlp, "experts", None), nn.Module) and isinstance(getattr(m.mlp, "gate", None),
+                                                                                       nn.Module)]
+
+
+def _block_forward(block: nn.Module, untiled: Callable, tile_tokens: int, aux: LoadBalance, first: Callable):
+    gate, experts = block.gate, block.experts
+    params = tuple(block.parameters())
+    run_experts = _experts_fn(experts)
+
+    def tile(x, valid):                                          # [t, H], [t] -> [t, H]
+        _, weights, idx = route(gate, x, valid, aux)
+        return run_experts(x, idx, weights)
+
+    def forward(hidden):                                         # [b, s, H] -> [b, s, H]
+        first()
+        lead, H = hidden.shape[:-1], hidden.shape[-1]
+        x = hidden.reshape(-1, H)                                # [n, H]
+        if x.shape[0] <= tile_tokens:
+            return untiled(hidden)
+        valid = aux.valid_rows(x.shape[0], x.device)             # [n]
+        # the block's weights gathered once per pass (a prefetch in flight, the lever applied after DeepSpeed's trace
+        # was recorded, is refused there by name)
+        y = TiledRows.apply(tile, params, tile_tokens, lambda: _gathered(params), x, valid)   # [n, H]
+        return y.reshape(*lead, H)
+    return forward
+
+
+def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) -> Optional[MoeLever]:
+    """Route every sparse block's router through `route` (its load-balancing statistics and gradient, coefficient
+    `coef`; 0: none) and, with `tile_tokens`, run the blocks the tiles can compute (`tile_problem`) over tiles of that
+    many rows. None for a model without sparse blocks. Undo with `remove_moe`."""
+    blocks = sparse_blocks(model)
+    if not blocks:
+        return None
+    if tile_tokens is not None:
+        _check_tile_tokens(tile_tokens)
+    if any(_PATCH_ATTR in b.__dict__ for b in blocks):
+        raise RuntimeError("the MoE lever is already applied; call remove_moe(model) first")
+    gate0 = blocks[0].gate
+    aux = LoadBalance(experts=_shape(gate0.weight)[0], top_k=gate0.top_k, coef=coef)
+    lever = MoeLever(aux=aux, blocks=blocks, tile_tokens=tile_tokens)
+    for i, block in enumerate(blocks):
+        problem = tile_problem(block)
+        if problem is not None and tile_tokens is not None:
+            lever.untiled[i] = problem
+        gate = block.gate
+
+        def first(lv=lever, ex=block.experts):
+            if not lv.kernel:
+                lv.kernel = expert_kernel(ex)
+                log.info("MoE experts: %s (%d sparse blocks)", lv.kernel, len(lv.blocks))
+
+        patched = [(gate, gate.__dict__.get("forward", _MISSING))]
+        gate.forward = (lambda x, g=gate: route(g, x.reshape(-1, x.shape[-1]),
+                                                aux.valid_rows(x.numel() // x.shape[-1], x.device), aux))
+        patched.append((block, block.__dict__.get("forward", _MISSING)))
+        if tile_tokens is None or problem is not None:
+            own = block.forward
+            block.forward = (lambda h, own=own, first=first: (first(), own(h))[1])
+        else:
+            block.forward = _block_forward(block, type(block).forward.__get__(block), tile_tokens, aux, first)
+        block.__dict__[_PATCH_ATTR] = _Patch(forwards=tuple(patched))
+    tiled = len(blocks) - len(lever.untiled) if tile_tokens is not None else 0
+    log.info("MoE: %d sparse blocks, router aux loss coefficient %g, %d tiled%s", len(blocks), coef, tiled,
+             f" (tiles of {tile_tokens} tokens)" if tiled else "")
+    return lever
+
+
+def remove_moe(model: nn.Module) -> int:
+    """Restore every forward apply_moe replaced; returns how many blocks (0 if none)."""
+    restored = 0
+    for block in model.modules():
+        patch = block.__dict__.pop(_PATCH_ATTR, None)
+        if patch is None:
+            continue
+        for m, prev in patch.forwards:
+            restore_forward(m, prev)
+        restored += 1
+    return restored

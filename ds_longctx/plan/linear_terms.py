@@ -1,0 +1,47 @@
+"""A hybrid model's gated DeltaNet layers in the memory plan: what the top linear layer's backward holds beyond the
+terms every layer shares (plan/memory_terms.py), in two phases of its own.
+
+    lin_mlp_bwd   the top linear layer recomputed, its MLP backward running: the mixer's saved tensors live
+    lin_bwd       its token mixing's backward: the gated delta rule's kernel (FLA) and the conv1d's, the exchanges
+
+Legend (plan/planner.py's, and): hk' / hv' the key / value heads each rank mixes after the exchange (hk/sp or 1
+replicated, hv/sp), dk / dv their dims, c = 2·hk·dk + hv·dv the conv channels, c' = 2·hk'·dk + hv'·dv this rank's.
+The shared terms (the layer's grads, its norms' hidden-size tensors, the MLP's) are counted for these phases by
+memory_terms (`layer_phases`); the full-attention layers keep their own (qkv_a2a, the kernel's LSE, ...).
+"""
+
+from __future__ import annotations
+
+from ds_longctx.parallel.parallel_state import local_linear_heads
+from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, Sizes, Terms
+
+# The gated delta rule's forward + backward peak per token and value head (its inputs, output, saved WY matrices,
+# chunk states and grads): chunk_gated_delta_rule at dk = dv = 128, bf16, on one H200.
+# calibrated: see docs/calibration.md#gated-delta
+GATED_DELTA_PEAK_BYTES = 25.4e9
+GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 4
+GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS
+WY_BYTES_PER_TOKEN_HEAD = 64 * 4  # FLA saves the chunk's fp32 WY matrix A [s, hv, 64] for its backward
+NORM_SAVED_BYTES = 16  # per element of [T, hv·dv]: HF's gated RMSNorm (fp32 input, gate, silu(gate); bf16 normed)
+#                        and out_proj's bf16 input
+
+
+def linear_terms(t: Terms, z: Sizes) -> None:
+    """The top gated DeltaNet layer's own tensors (module doc), per rank."""
+    h, T, S = z.g.hybrid, z.T, z.S
+    hk_l, hv_l = local_linear_heads(h.linear_heads, z.sp)
+    dk, dv, hv = h.linear_key_dim, h.linear_value_dim, h.linear_value_heads
+    c_l = 2 * hk_l * dk + hv_l * dv
+    t.add("lin_conv_in", S * c_l * 2, 0, "S·c'·2 (the exchanged q/k/v: the conv1d's saved input)", LIN)
+    t.add("lin_rule_saved", S * (c_l * 2 + hv_l * (4 + 2 + WY_BYTES_PER_TOKEN_HEAD)), 0,
+          f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)",
+          (LIN_MLP,))
+    t.add("lin_norm_saved", T * hv * dv * NORM_SAVED_BYTES, 0, f"T·hv·dv·{NORM_SAVED_BYTES} (gated RMSNorm, out_proj)",
+          (LIN_MLP,))
+    t.add("lin_gates", T * hv * (4 + 2) * 2, 0, "T·hv·(4+2)·2 (g fp32 and beta on the slice, and their grads)", LIN)
+    t.add("lin_rule_bwd", round(S * hv_l * GATED_DELTA_BYTES_PER_TOKEN_HEAD), 0,
+          f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
+          (LIN_MIX,))
+    t.add("lin_grads_local", S * c_l * 2 + T * h.conv_dim * 2 + T * hv * dv * 4, 0,
+          "S·c'·2 + T·c·2 + T·hv·dv·4 (the conv's input grad and its exchange back; the output's and z's grads)",
+          (LIN_MIX,))

@@ -1,0 +1,120 @@
+"""Mixture-of-experts shapes read from an HF `config.json` (no torch), and the one refusal of MoE families not modelled.
+
+    moe = moe_shape(cfg, "qwen3_moe", where)     # MoeShape, or None for a dense config; ValueError for another MoE
+    moe.block_numels(hidden)                     # the sparse block's parameters in HF's order: experts, then router
+
+The families supported (`MOE_FAMILIES`): Qwen3-MoE (`qwen3_moe`: transformers' Qwen3MoeSparseMoeBlock, a softmax
+top-k router with no bias and 3-D expert tensors `gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I], no shared
+expert). A layer is sparse unless listed in `mlp_only_layers` or off the `decoder_sparse_step` grid; a dense one is
+a Qwen3 gated MLP of `intermediate_size` (HF's Qwen3MoeDecoderLayer rule, `sparse_layers`). Any other config that
+names experts (Mixtral's num_local_experts, DeepSeek's n_routed_experts, Qwen2-MoE's num_experts, ...) is refused
+here, before any planning or worker, naming the families supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+MOE_FAMILIES = ("qwen3_moe",)
+# the keys HF configs use for an expert count (a config that names one, with a value, is a mixture of experts)
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+# transformers' Qwen3MoeConfig defaults for the keys a config.json may leave out
+QWEN3_MOE_DEFAULTS = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False,
+                      "router_aux_loss_coef": 0.001}
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The sparse layers of a Qwen3-MoE model: E experts of width I, k active per token, a router [E, H]."""
+
+    experts: int  # E
+    top_k: int  # k
+    expert_intermediate: int  # I (moe_intermediate_size)
+    sparse_layers: tuple  # indices of the layers whose MLP is the sparse block
+    norm_topk_prob: bool  # the k routing weights renormalised to sum to 1
+    router_aux_loss_coef: float  # the config's load-balancing loss coefficient (the run's default)
+
+    def block_numels(self, hidden: int) -> list:
+        """The sparse block's parameters in `parameters()` order: experts.gate_up_proj [E, 2I, H], experts.down_proj
+        [E, H, I], gate.weight [E, H]."""
+        E, width, H = self.experts, self.expert_intermediate, hidden
+        return [E * 2 * width * H, E * H * width, E * H]
+
+    def block_params(self, hidden: int) -> int:
+        """E·3·H·I + E·H (Qwen3-30B-A3B: 604,241,920 per layer)."""
+        return sum(self.block_numels(hidden))
+
+    def expert_params(self, hidden: int) -> int:
+        """The experts alone, E·3·H·I: what one tile's weight-gradient buffers hold (levers/moe.py)."""
+        return 3 * self.experts * hidden * self.expert_intermediate
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer in self.sparse_layers
+
+
+def _int(cfg: dict, key: str, where: str, default=None) -> int:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        state = "is missing" if v is None else f"= {v!r} is not a positive integer"
+        raise ValueError(f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole number "
+                         f">= 1 (fix the config)")
+    return v
+
+
+def sparse_layers(layers: int, step: int, mlp_only: list) -> tuple:
+    """The layers whose MLP is the sparse block: HF's rule, `i not in mlp_only_layers and (i + 1) % step == 0`."""
+    return tuple(i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)
+
+
+def expert_count_key(cfg: dict) -> Optional[tuple]:
+    """(key, value) of the first expert key a config sets to a non-zero value, else None."""
+    return next(((k, cfg[k]) for k in EXPERT_KEYS if cfg.get(k) not in (None, 0, False)), None)
+
+
+def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> Optional[MoeShape]:
+    """The MoE shape of a parsed HF config of family `mtype`; None for a config without experts. A config of another
+    family that names experts is refused (ValueError naming the families supported, `dense_families` too)."""
+    named = expert_count_key(cfg)
+    if mtype not in MOE_FAMILIES:
+        if named is None:
+            return None
+        dense = f" and the dense families {list(dense_families)}" if dense_families else ""
+        raise ValueError(f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
+                         f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
+                         f"one of those")
+    layers = _int(cfg, "num_hidden_layers", where)
+    experts = _int(cfg, "num_experts", where)
+    top_k = _int(cfg, "num_experts_per_tok", where)
+    if top_k > experts:
+        raise ValueError(f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is routed "
+                         f"to at most every expert (fix the config)")
+    step = _int(cfg, "decoder_sparse_step", where, QWEN3_MOE_DEFAULTS["decoder_sparse_step"])
+    only = cfg.get("mlp_only_layers", QWEN3_MOE_DEFAULTS["mlp_only_layers"]) or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ValueError(f"{where}: mlp_only_layers = {only!r} is not a list of layer indices (fix the config)")
+    coef = cfg.get("router_aux_loss_coef", QWEN3_MOE_DEFAULTS["router_aux_loss_coef"])
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+        raise ValueError(f"{where}: router_aux_loss_coef = {coef!r} is not a number >= 0 (fix the config)")
+    return MoeShape(experts=experts, top_k=top_k, expert_intermediate=_int(cfg, "moe_intermediate_size", where),
+                    sparse_layers=sparse_layers(layers, step, only),
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", QWEN3_MOE_DEFAULTS["norm_topk_prob"])),
+                    router_aux_loss_coef=float(coef))
+
+
+EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj", "experts", "gate")  # what a sparse layer's MLP targets would name
+
+
+def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]:
+    """Why LoRA cannot take `targets` on this mixture of experts (None: it can). Its experts are 3-D tensors, not
+    Linears, and its router is no Linear either: adapters go on the attention (and on dense MLP layers, if any), the
+    experts and router stay frozen. A target list naming MLP parts on a model whose every layer is sparse is refused;
+    all-linear is the attention's Linears (and the dense layers')."""
+    if moe is None or isinstance(targets, str) or len(moe.sparse_layers) < layers:
+        return None
+    named = [t for t in targets if t.rpartition(".")[2] in EXPERT_PARTS]
+    if not named:
+        return None
+    return (f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA adapters here (the "
+            f"experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves the experts and "
+            f"the router frozen: use --lora_target_modules q_proj,k_proj,v_proj,o_proj (or all-linear)")

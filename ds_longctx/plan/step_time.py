@@ -1,0 +1,107 @@
+"""A plan's step time before any GPU runs it: the work of one rank counted from the plan's shapes at measured rates, its
+collectives' bytes through plan/interconnect.py's model (the same one a rehearsal's measured compute goes through).
+
+    t = predict_step(plan)      # StepTime: .seconds, .line() (what plan.txt prints)
+
+Per decoder layer, on one rank (T = S / sp tokens, every layer checkpointed):
+    attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS;
+                the checkpoint's recompute runs the forward again unless the layer keeps its attention output (the
+                placement's cache / cache+offload)
+    token-wise  q/k/v/o projections and the MLP, forward 2·T·(2·H·(hq + hkv)·d + MLP) FLOPs: a gated MLP 3·H·I, a
+                sparse MoE block k·3·H·I_e + E·H (the grouped GEMMs of the k experts each token goes to, and the
+                router); forward, backward (2x) and the recompute (1x) = 4x forward, + 1x the MLP's when it is tiled;
+                at DENSE_TOKENWISE_FLOPS, or MOE_TOKENWISE_FLOPS for a sparse layer (the router, sort, gather and
+                combine around its small GEMMs run far below the dense rate)
+    exchange    Ulysses' all-to-alls: q/k/v (KV heads replicated up to sp) and the attention output, in the forward,
+                the recompute and the backward
+    ZeRO-3      the parameters all-gathered 3x (forward, recompute, backward; bf16), the gradients reduce-scattered
+Beside the layers: the loss head (lm_head forward and both gradients, 6·T·H·V at the dense rate) and the host's share of
+the optimizer under optimizer_offload (CPU_ADAM_PARAMS_PER_S, an assumption). Overlap: plan/interconnect.OVERLAP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ds_longctx.levers.placement import Place
+from ds_longctx.plan import interconnect
+from ds_longctx.plan.cache_placement import ATTENTION_FWD_FLOPS
+from ds_longctx.plan.moe_terms import MOE_TOKENWISE_FLOPS, block_fwd_flops
+from ds_longctx.plan.planner import MemoryPlan
+
+# FlashAttention 4's causal backward at Ulysses shapes on H200, FLOP/s. calibrated: see
+# docs/calibration.md#attention-bwd-flops
+ATTENTION_BWD_FLOPS = 618e12
+# The token-wise work of a dense Qwen3 layer, FLOP/s: what makes the analytic step of ds_configs/qwen3-8b_1m_8x80gb its
+# rehearsed compute. calibrated: see docs/calibration.md#tokenwise-flops
+DENSE_TOKENWISE_FLOPS = 480e12
+# DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
+# measured here: docs/calibration.md#cpu-adam-rate
+CPU_ADAM_PARAMS_PER_S = 1e9
+
+
+@dataclass(frozen=True)
+class StepTime:
+    attention: float   # seconds: forward, backward and recomputed forward over every layer
+    tokenwise: float   # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
+    loss: float
+    optimizer: float   # the host's share of an offloaded optimizer
+    prediction: interconnect.Prediction
+
+    @property
+    def seconds(self) -> float:
+        return self.prediction.seconds
+
+    def line(self) -> str:
+        p = self.prediction
+        return (f"predicted step (analytic, plan/step_time.py): {p.seconds:.1f} s = attention {self.attention:.1f} + "
+                f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer {self.optimizer:.1f} + "
+                f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO overlapped)")
+
+
+def _tokenwise_flops(plan: MemoryPlan, layer: int) -> tuple:
+    """(forward FLOPs per token of layer `layer`'s projections, of its MLP or sparse block)."""
+    g = plan.geom
+    proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
+    if g.moe is not None and g.moe.is_sparse(layer):
+        return proj, block_fwd_flops(g)
+    return proj, 2 * 3 * g.hidden * g.intermediate
+
+
+def _layer_seconds(plan: MemoryPlan) -> tuple:
+    """(attention seconds, token-wise seconds) over every layer of one rank."""
+    g, lv, T = plan.geom, plan.levers, plan.local_tokens
+    fwd = 2 * plan.seq_len ** 2 * (g.heads // plan.sp_size) * g.head_dim
+    attention = tokenwise = 0.0
+    for i, place in enumerate(plan.placement.layers):
+        recompute = 0 if place in (Place.CACHE, Place.CACHE_OFFLOAD) else 1
+        attention += fwd * (1 + recompute) / ATTENTION_FWD_FLOPS + 2.5 * fwd / ATTENTION_BWD_FLOPS
+        proj, mlp = _tokenwise_flops(plan, i)
+        rate = MOE_TOKENWISE_FLOPS if g.moe is not None and g.moe.is_sparse(i) else DENSE_TOKENWISE_FLOPS
+        tokenwise += T * (4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)) / rate
+    return attention, tokenwise
+
+
+def _payloads(plan: MemoryPlan) -> dict:
+    """{(kind, ranks): bytes} of one step of rank 0 (its SP group is ranks 0..sp-1; ZeRO-3 spans the world)."""
+    g, sp, T, d = plan.geom, plan.sp_size, plan.local_tokens, plan.geom.head_dim
+    sp_ranks, world = tuple(range(sp)), tuple(range(plan.world))
+    exchange = T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2  # q, k, v in; the attention output back
+    trained = g.num_params if not plan.levers.lora_rank else 0  # LoRA's adapters: a rounding error here
+    return {("all_to_all", sp_ranks): 3 * g.layers * exchange * (sp > 1),
+            ("all_gather", world): 3 * 2 * g.num_params * (plan.world > 1),
+            ("reduce_scatter", world): 2 * trained * (plan.world > 1)}
+
+
+def predict_step(plan: MemoryPlan, gpu_mem_gb: float) -> StepTime:
+    """The plan's step time on one rank (module doc), on the NVLink of GPUs of `gpu_mem_gb` GB
+    (interconnect.intra_link_for) and InfiniBand across nodes."""
+    g, lv, T = plan.geom, plan.levers, plan.local_tokens
+    attention, tokenwise = _layer_seconds(plan)
+    loss = 6 * T * g.hidden * g.vocab / DENSE_TOKENWISE_FLOPS
+    host_share = lv.optimizer_offload_ratio if lv.optimizer_offload else 0.0
+    optimizer = host_share * g.num_params / plan.world / CPU_ADAM_PARAMS_PER_S
+    link = interconnect.LINKS[interconnect.intra_link_for(gpu_mem_gb)]
+    inter = interconnect.LINKS[interconnect.DEFAULT_INTERNODE]
+    pred = interconnect.predict(attention + tokenwise + loss + optimizer, _payloads(plan), 0, plan.gpus, link, inter)
+    return StepTime(attention, tokenwise, loss, optimizer, pred)

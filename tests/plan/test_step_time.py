@@ -1,0 +1,66 @@
+"""plan/step_time.py: the analytic step of a plan against the committed rehearsals of the same configs
+(benchmarks/results/rehearsal.jsonl, one H200 playing a rank), and what it counts for a mixture of experts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from ds_longctx.config import RunConfig
+from ds_longctx.plan.cache_placement import ATTENTION_FWD_FLOPS
+from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.levers import Levers
+from ds_longctx.plan.moe_terms import (
+    MOE_MEASURED_ATTENTION_SECONDS,
+    MOE_MEASURED_SECONDS,
+    MOE_TOKENWISE_FLOPS,
+    block_fwd_flops,
+)
+from ds_longctx.plan.planner import plan_memory
+from ds_longctx.plan.step_time import predict_step
+from ds_longctx.run.placement_plan import run_placement
+from tests.helpers import ROOT
+
+
+def committed_plan(name: str):
+    cfg = RunConfig.load(ROOT / "ds_configs" / name / "run.yaml")
+    g = ModelGeometry.from_name_or_path(cfg.model.name)
+    levers = Levers.from_run_config(cfg, run_placement(cfg, g.layers, 8, None))
+    return cfg, plan_memory(g, cfg.train.seq_len, cfg.parallel.gpus_per_node, cfg.parallel.sp_size, levers)
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b_1m_8x80gb", "qwen3-8b_max_2x141gb", "qwen3-8b_max_4x80gb"])
+def test_the_analytic_step_is_within_3_percent_of_the_rehearsals(name):
+    """Every committed rehearsal of the config (its predicted step: measured compute + the same interconnect model)."""
+    cfg, plan = committed_plan(name)
+    rows = [json.loads(line) for line in (ROOT / "benchmarks/results/rehearsal.jsonl").read_text().splitlines()]
+    seen = [r["predicted_seconds_per_step"] for r in rows if r["config"] == f"ds_configs/{name}/run.yaml"]
+    assert seen
+    got = predict_step(plan, cfg.memory.gpu_budget_gb).seconds
+    assert all(abs(got / s - 1) < 0.03 for s in seen), (got, seen)
+
+
+def test_the_moe_rate_is_the_measured_layers():
+    """MOE_TOKENWISE_FLOPS from its measurement: 2 layers at 30B-A3B width, 131,072 tokens, forward + backward, less
+    their attention, against the layers' forward FLOPs (projections + the block at top-k) x 3."""
+    g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
+    proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
+    per_layer = (MOE_MEASURED_SECONDS - 2 * MOE_MEASURED_ATTENTION_SECONDS) / 2
+    rate = 3 * (proj + block_fwd_flops(g)) * 131_072 / per_layer
+    assert abs(rate / MOE_TOKENWISE_FLOPS - 1) < 0.02, rate
+
+
+def test_moe_counts_experts_at_top_k_the_cache_and_the_tiles():
+    g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
+    base = plan_memory(g, 1 << 20, 8, 8, Levers(placement=None))
+    top16 = plan_memory(replace(g, moe=replace(g.moe, top_k=16)), 1 << 20, 8, 8, Levers())
+    t0, t16 = predict_step(base, 80), predict_step(top16, 80)
+    assert t16.tokenwise > 1.5 * t0.tokenwise and t16.attention == t0.attention
+    cached = plan_memory(g, 1 << 20, 8, 8, Levers(attention_cache_layers=48))
+    fwd = 2 * (1 << 20) ** 2 * 4 * 128 / ATTENTION_FWD_FLOPS
+    assert predict_step(base, 80).attention - predict_step(cached, 80).attention == pytest.approx(48 * fwd)
+    tiled = plan_memory(g, 1 << 20, 8, 8, Levers(tiled_mlp=True, tile_tokens=2048))
+    assert predict_step(tiled, 80).tokenwise > t0.tokenwise
+    assert t0.prediction.comm_seconds["all_to_all"] > 0 and t0.prediction.comm_seconds["all_gather"] > 0
