@@ -5,7 +5,8 @@
     ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
     ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]   # one GPU plays ranks of the config's world
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
-    ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--key value ...]
+    ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--answer_loss true]
+                    [--key value ...]
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
     ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors

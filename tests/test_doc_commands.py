@@ -138,6 +138,10 @@ RULES = [
         SESSIONS_FEW)),
     covered("tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
             "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --data tiny_sessions/"),
+    covered("tests/data/test_agent_sessions.py::test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss",
+            "ds-longctx eval --checkpoint runs/answers --data tiny_sessions/"),
+    covered("tests/test_notebooks.py::test_notebook_runs_and_prints_what_is_committed",
+            "jupyter nbconvert --to notebook --execute --inplace notebooks/answer_loss.ipynb"),
     # docs/planner.md
     # docs/reliability.md
     covered("tests/distributed/test_reshard.py::test_resume_at_another_layout_continues_the_run",

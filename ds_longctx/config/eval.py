@@ -32,7 +32,8 @@ class EvalConfig(Section):
     answer_loss: bool = Field(False, json_schema_extra={"flat": "eval_answer_loss"})
     """Also the loss on the answers of long agent sessions by answer-to-evidence distance, before the first step and
     at every evaluation, to answer_loss.jsonl (run/answer_loss.py): eval_data must be a `data prepare --sessions`
-    directory (or its jsonl); its first eval_rows sessions, each forwarded whole."""
+    directory (or its jsonl); its first eval_rows sessions, each forwarded whole. `ds-longctx eval --answer_loss true`
+    writes the same lines at the checkpoint's step."""
 
     @field_validator("every", "rows", "buckets")
     @classmethod

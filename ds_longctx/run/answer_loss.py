@@ -2,6 +2,7 @@
 far back? One JSON line per distance bucket per evaluation, in `<output_dir>/answer_loss.jsonl`.
 
     rows = read_sessions(path)                               # a `data prepare --sessions` directory or its jsonl
+    rows = answer_sessions(cfg)                              # eval_data's first eval_rows sessions, or refused
     sessions = session_spans(tok, rows)                      # tokens and answer spans, once per run
     lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
     lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
@@ -22,13 +23,34 @@ from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE
 from ds_longctx.data.answer_spans import BUCKETS, answer_spans
 
 
-def read_sessions(path) -> list:
-    """The session rows of a `data prepare --sessions` directory (its train.jsonl) or of a jsonl file; rows without
-    `meta.answers` are left out."""
+def read_sessions(path, limit: int | None = None) -> list:
+    """The session rows of a `data prepare --sessions` directory (its train.jsonl) or of a jsonl file, rows without
+    `meta.answers` left out; the first `limit` of them (None: all), the file read no further."""
     p = Path(path)
     p = p / "train.jsonl" if p.is_dir() else p
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    return [r for r in rows if isinstance(r.get("meta"), dict) and r["meta"].get("answers")]
+    rows = []
+    with open(p, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line) if line.strip() else {}
+            if isinstance(row.get("meta"), dict) and row["meta"].get("answers"):
+                rows.append(row)
+                if len(rows) == limit:
+                    break
+    return rows
+
+
+def answer_sessions(cfg, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")) -> list:
+    """The first `limit` sessions of eval_data that hold answers (None: eval_rows of them); ValueError naming the fix
+    where it holds none (synthetic, a hub name, text or chat rows without `meta.answers`). `names`: the options to
+    name in it (train's keys; `ds-longctx eval`'s --answer_loss and --data)."""
+    data = cfg.eval.data
+    p = Path(data).expanduser()
+    rows = read_sessions(p, limit or cfg.eval.rows) if (p / "train.jsonl").is_file() or p.is_file() else []
+    if not rows:
+        raise ValueError(f"{names[0]}: {names[1]}={data!r} holds no session with meta.answers (the loss on answers "
+                         f"needs them); give {names[1]} a `ds-longctx data prepare --sessions` directory (or its "
+                         f"train.jsonl), or drop {names[0]}")
+    return rows
 
 
 def hf_losses(model):
@@ -94,23 +116,27 @@ def answer_loss(losses, sessions: list, step: int) -> list:
     return bucket_lines(per_answer(losses, sessions), step)
 
 
-def answer_loss_writer(engine, cfg):
-    """`write(step)`: the answer loss of eval_data's first eval_rows sessions under `engine`, appended by rank 0 to
-    `<output_dir>/answer_loss.jsonl`. Collective. A session file with no answer is refused here, before any step."""
+def answer_loss_lines(engine, cfg):
+    """`lines(step)`: the bucket lines of eval_data's first eval_rows sessions under `engine` at `step` (every rank
+    gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
     from transformers import AutoTokenizer
 
     from ds_longctx.data.tokenize import tokenizer_path
-    from ds_longctx.run.evaluate import append_jsonl
-    rows = read_sessions(cfg.eval.data)[:cfg.eval.rows]
-    if not rows:
-        raise ValueError(f"eval_answer_loss: eval_data={cfg.eval.data!r} holds no session with meta.answers; use a "
-                         f"`ds-longctx data prepare --sessions` directory or drop eval_answer_loss")
+    rows = answer_sessions(cfg)
     tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
     sessions = session_spans(tok, rows)  # rendered and tokenized once, read at every evaluation
-    losses, out = engine_losses(engine), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
+    losses = engine_losses(engine)
+    return lambda step: answer_loss(losses, sessions, step)
+
+
+def answer_loss_writer(engine, cfg):
+    """`write(step)`: `answer_loss_lines` at `step`, appended by rank 0 to `<output_dir>/answer_loss.jsonl`.
+    Collective."""
+    from ds_longctx.run.evaluate import append_jsonl
+    lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
 
     def write(step: int) -> None:
-        lines = answer_loss(losses, sessions, step)
+        got = lines(step)
         if engine.state.rank == 0:
-            append_jsonl(out, *lines)
+            append_jsonl(out, *got)
     return write

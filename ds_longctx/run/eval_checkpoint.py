@@ -1,17 +1,20 @@
 """`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows, under SP.
 
     ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300] [--rows R]
-                    [--buckets B] [--out DIR] [--key value ...]
+                    [--buckets B] [--answer_loss true] [--out DIR] [--key value ...]
     torchrun --nproc_per_node N -m ds_longctx.eval --checkpoint ... (the per-process entry it starts)
 
-The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows` and `--buckets` set
-its eval section (eval_data, eval_rows, eval_buckets; rows and buckets default to the run's), and `--key value`
+The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows`, `--buckets` and
+`--answer_loss` set its eval section (eval_data, eval_rows, eval_buckets, eval_answer_loss; rows and buckets default
+to the run's, answer_loss to false whatever the run's: it needs --data to hold sessions), and `--key value`
 overrides any other key except those that make the model (`FIXED`: model, dtype, rope_scaling, seq_len, sp_size).
 The layout must be one that may load the checkpoint (checkpoint/layout.py): N the world size that wrote it.
 Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
 before any worker starts. The workers build the engine as the run did, load the weights
 (`resume.load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve
-to `<out>/eval_curve.jsonl`; out is --out or the checkpoint's output_dir, where the eval is the one writer (its
+to `<out>/eval_curve.jsonl` (with --answer_loss true, the lines training writes at an evaluation,
+run/answer_loss.py, to `<out>/answer_loss.jsonl`: the data must hold `data prepare --sessions` answers, else exit
+2); out is --out or the checkpoint's output_dir, where the eval is the one writer (its
 lock: checkpoint/run_lock.py; an eval with --out elsewhere only reads the run). Rank 0 prints the loss; lines it
 cannot write (a full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every
 file is checked and loaded weights-only as a resume's (checkpoint/resume.py); SIGTERM / SIGINT end the eval with
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ds_longctx.checkpoint.layout import CURVE_FILE, METRICS_FILE, loadable
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, CURVE_FILE, METRICS_FILE, loadable
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.parallel.parallel_state import init_distributed
@@ -53,6 +56,9 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
     p.add_argument("--rows", type=int, default=None, help="eval rows (default: the run's eval_rows)")
     p.add_argument("--buckets", type=int, default=None, help="position buckets (default: the run's eval_buckets)")
+    p.add_argument("--answer_loss", "--eval_answer_loss", "--eval.answer_loss", dest="answer_loss", default="false",
+                   help="true: also the loss on session answers by answer-to-evidence distance, to answer_loss.jsonl "
+                        "(--data: a `data prepare --sessions` directory; default false, whatever the run's)")
     p.add_argument("--out", default=None, help="where metrics.jsonl and eval_curve.jsonl get the lines (default: "
                                                "the checkpoint's output_dir)")
     p.add_argument("--nproc", type=int, default=None, help="local processes (ds-longctx eval: the checkpoint's "
@@ -66,6 +72,7 @@ def eval_inputs(argv: list[str], world_size: int | None):
     from ds_longctx import data
     from ds_longctx.checkpoint.export import find_run_checkpoint
     from ds_longctx.checkpoint.resume import check_output_dir
+    from ds_longctx.run.answer_loss import answer_sessions
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
@@ -77,7 +84,7 @@ def eval_inputs(argv: list[str], world_size: int | None):
                          f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per rank: "
                          f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model directory "
                          f"and train/evaluate that in a new run)")
-    ours = {"eval_data": a.data, "eval_rows": a.rows, "eval_buckets": a.buckets}
+    ours = {"eval_data": a.data, "eval_rows": a.rows, "eval_buckets": a.buckets, "eval_answer_loss": a.answer_loss}
     flags = [x for k, v in ours.items() if v is not None for x in (f"--{k}", str(v))]
     saved = RunConfig.load(tag_dir / "run.yaml")
     try:
@@ -94,6 +101,8 @@ def eval_inputs(argv: list[str], world_size: int | None):
     hf_cfg = validate(cfg, world)
     rope_coverage(cfg, hf_cfg)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    if cfg.eval.answer_loss:
+        answer_sessions(cfg, limit=1, names=("--answer_loss true", "--data"))
     return cfg, hf_cfg, tag_dir, meta, out
 
 
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from ds_longctx.checkpoint import resume, run_lock
     from ds_longctx.data import build_eval_data
+    from ds_longctx.run.answer_loss import answer_loss_lines
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
@@ -131,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---------------------------------------------------------------- evaluate, write, say
     result = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)
-    unwritten = [write_lines(result, out, tag_dir, meta, cfg) if rank == 0 else None]
+    answers = answer_loss_lines(engine, cfg)(meta["step"]) if cfg.eval.answer_loss else []  # collective
+    unwritten = [write_lines(result, answers, out, tag_dir, meta, cfg) if rank == 0 else None]
     run_lock.release_all()
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(unwritten, src=0)  # also the barrier: rank 0's lines are written
@@ -141,21 +152,26 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
-def write_lines(result, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
-    """Rank 0: the eval's line in `out`/metrics.jsonl and its curve in eval_curve.jsonl, then the loss said. Returns
-    None, or the one line saying what could not be written (a full disk, a permission) and the metrics line itself."""
+def write_lines(result, answers: list, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
+    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and its `answers` lines (if any)
+    in answer_loss.jsonl, then the loss said. Returns None, or the one line saying what could not be written (a full
+    disk, a permission) and the metrics line itself."""
     extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
         append_jsonl(out / METRICS_FILE, row)
         append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
+        if answers:
+            append_jsonl(out / ANSWER_LOSS_FILE, *({**x, **extra} for x in answers))
     except OSError as e:
         return (f"eval_loss {result.loss:.6f} at step {meta['step']} of {tag_dir}, but its lines were not all written "
                 f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; make {out} "
                 f"writable or pass --out another directory")
     print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
-          f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}", flush=True)
+          f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}"
+          + (f"; answer loss of {sum(x['answers'] for x in answers)} answers in {len(answers)} distance buckets in "
+             f"{out / ANSWER_LOSS_FILE}" if answers else ""), flush=True)
     return None
 
 

@@ -8,8 +8,9 @@ Order: what the host cannot hold (`host_problem`), the engine's checks (`validat
 world, processes per node and heads (a hybrid model's linear heads too), attention backend and the gated DeltaNet
 kernel, model class, LoRA targets, the placement plan for this model),
 the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
-support), then output_dir and resume (resume.check_run_dir: another run's files, the checkpoint's files) and the
-space its checkpoints take (`disk_problem`). Nothing is written: a refused run leaves no output.
+support; answers where eval_answer_loss asks for them), then output_dir and resume (resume.check_run_dir: another
+run's files, the checkpoint's files) and the space its checkpoints take (`disk_problem`). Nothing is written: a
+refused run leaves no output.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_siz
 from ds_longctx.parallel.units import GB
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.planner import disk_checkpoint_bytes
+from ds_longctx.run.answer_loss import answer_sessions
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.moe_checks import check_moe
@@ -168,6 +170,8 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     rope_coverage(cfg, hf_cfg)
     data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    if cfg.eval.answer_loss:
+        answer_sessions(cfg, limit=1)  # eval_data holds answers (its first session that does is read)
     meta = resume.check_run_dir(cfg, world_size)
     if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
         raise ValueError(problem)

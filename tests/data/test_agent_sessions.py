@@ -211,17 +211,25 @@ def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, c
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_tiny_model_trains_on_the_sessions(sessions, tok, tmp_path):
-    """The prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into packed windows; the
-    answer loss by distance (whole sessions under SP=2) before the first step and after the last, equal to a plain HF
-    model's at step 0 (the same initial weights)."""
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained(sessions, tmp_path_factory):
+    """`ds-longctx train` on the prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into
+    packed windows, 2 steps; the answer loss of the first session before step 1 and after step 2, saved at step 2."""
+    out = tmp_path_factory.mktemp("trained") / "run"
     res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--dtype", "fp32",
                    "--steps", "2", "--seq_len", "2048", "--data", str(sessions), "--tokenizer",
-                   str(sessions / "tokenizer"), "--data_layout", "pack", "--data_cache_dir", str(tmp_path / "cache"),
-                   "--report_to", "none", "--output_dir", str(out), "--eval_data", str(sessions),
-                   "--eval_rows", "1", "--eval_answer_loss", "true"], output_dir=out)
+                   str(sessions / "tokenizer"), "--data_layout", "pack", "--data_cache_dir",
+                   str(out.parent / "cache"), "--report_to", "none", "--output_dir", str(out), "--eval_data",
+                   str(sessions), "--eval_rows", "1", "--eval_answer_loss", "true", "--save_every", "2"],
+                  output_dir=out)
     assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
+    """The run of `trained`; its answer loss by distance (whole sessions under SP=2) at step 0 equals a plain HF
+    model's (the same initial weights)."""
+    out = trained
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
     lines = read_metrics(out, "answer_loss.jsonl")
     assert sorted({x["step"] for x in lines}) == [0, 2] and all(x["answers"] > 0 for x in lines)
@@ -232,3 +240,50 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, tmp_path):
     assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in ref], rel=1e-5)
     assert [(x["bucket"], x["answers"], x["tokens"]) for x in got] == [(x["bucket"], x["answers"], x["tokens"])
                                                                        for x in ref]
+
+
+def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessions, trained, tmp_path):
+    """`ds-longctx eval --answer_loss true` of the step-2 checkpoint writes training's step-2 answer_loss lines (the
+    same session, the same weights), beside its eval line."""
+    res = run_cli(["eval", "--checkpoint", str(trained), "--data", str(sessions), "--rows", "1", "--answer_loss",
+                   "true", "--out", str(tmp_path)], timeout=300, output_dir=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = read_metrics(trained, "answer_loss.jsonl")
+    want, untrained = [x for x in lines if x["step"] == 2], [x["mean_loss"] for x in lines if x["step"] == 0]
+    got = read_metrics(tmp_path, "answer_loss.jsonl")
+    assert [(x["step"], x["bucket"], x["answers"], x["tokens"]) for x in got] == \
+           [(x["step"], x["bucket"], x["answers"], x["tokens"]) for x in want]
+    assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in want], rel=1e-6)
+    assert [x["mean_loss"] for x in got] != pytest.approx(untrained, rel=1e-3)  # the step-2 weights were loaded
+    assert all(x["checkpoint"].endswith("step2") and x["eval_data"] == str(sessions) for x in got)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [2] and "answer loss of " in res.stdout
+
+
+def test_ds_longctx_eval_refuses_the_answer_loss_on_data_without_answers(sessions, trained, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Chat rows without meta.answers (the sessions, meta dropped): exit 2 before any worker, naming the data and the
+    fix; train refuses synthetic eval data for it alike; without --answer_loss, eval does not inherit the run's
+    eval_answer_loss (the launch, faked here, is reached)."""
+    from ds_longctx import cli
+    plain = tmp_path / "chat.jsonl"
+    plain.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "meta"}) + "\n"
+                             for r in rows_of(sessions)))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", "--checkpoint", str(trained), "--data", str(plain), "--answer_loss", "true"])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2, last
+    assert last == (f"refused before start: --answer_loss true: --data={str(plain)!r} holds no session with "
+                    f"meta.answers (the loss on answers needs them); give --data a `ds-longctx data prepare "
+                    f"--sessions` directory (or its train.jsonl), or drop --answer_loss true")
+    assert not (tmp_path / "answer_loss.jsonl").exists()
+    with pytest.raises(SystemExit) as stopped:  # train: the same check, in its own words, before any worker
+        cli.main(["train", "--nproc", "1", "--model", "qwen3-tiny", "--eval_data", "synthetic", "--eval_answer_loss",
+                  "true", "--output_dir", str(tmp_path / "run")])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2 and "eval_answer_loss: eval_data='synthetic' holds no session with " in last, last
+    assert not (tmp_path / "run").exists()
+    started = []
+    monkeypatch.setattr(cli, "launch", lambda n, args, module, output_dir=None: started.append(args) or 0)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["eval", "--checkpoint", str(trained), "--data", str(plain), "--out", str(tmp_path / "ev")])
+    assert done.value.code == 0 and len(started) == 1
