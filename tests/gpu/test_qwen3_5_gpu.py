@@ -75,3 +75,47 @@ def test_hybrid_engine_on_gpus_matches_plain_hf(tmp_path):
         start += n
     ref = sum(parts) / sum(n - 1 for n in lens)
     assert torch.isfinite(torch.tensor(got["loss"])) and rel_err(got["loss"], ref) < 2e-2
+
+
+def _plan_train_check(tmp_path, args: list, steps: int):
+    """`ds-longctx plan ARGS` for this GPU, `ds-longctx train` on it: the loss finite, the GPU peak within ±10% of the
+    plan, the host within ±15%, the FLA kernels named in the log (tests/gpu/test_moe_gpu.py's plan_and_train)."""
+    from tests.gpu.test_moe_gpu import plan_and_train
+    text, gpu, host, rows, log = plan_and_train(tmp_path, args, steps=steps)
+    peak = max(r["peak_gpu_bytes"] for r in rows) / 1e9
+    rss = max(r["host_rss_bytes"] for r in rows) / 1e9
+    print(f"{args}: GPU peak {peak:.1f} GB (plan {gpu:.1f}), host {rss:.1f} GB (plan {host:.1f}), "
+          f"{rows[-1]['seconds']:.2f} s/step, losses {[round(r['loss'], 4) for r in rows]}")
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    assert "linear attention: fla" in log, log[-3000:]
+    assert abs(peak / gpu - 1) <= 0.10, (peak, gpu)
+    assert abs(rss / host - 1) <= 0.15, (rss, host)
+    return text
+
+
+def test_qwen3_5_4b_at_131072_tokens_runs_as_planned(tmp_path):
+    _plan_train_check(tmp_path, ["--model", "qwen3.5-4b", "--seq_len", "131072"], steps=3)
+
+
+def test_qwen3_5_4b_at_its_longest_length_runs_as_planned(tmp_path):
+    text = _plan_train_check(tmp_path, ["--model", "qwen3.5-4b", "--find_max_len"], steps=1)
+    assert "longest seq_len that fits" in text
+
+
+@pytest.mark.parametrize("config", ["qwen3.5-4b_1m_8x80gb", "qwen3.5-4b_1m_8x141gb"])
+def test_the_committed_1m_configs_rehearse_inside_the_bars(tmp_path, config):
+    """Each distinct rank role, 4 layers run (of each kind the placement has) and extrapolated: GPU within ±10% of
+    the plan and under its budget, host within ±15%; the predicted step printed."""
+    import json
+
+    from tests.helpers import ROOT, run_cli
+    out = tmp_path / "rehearsal.jsonl"
+    res = run_cli(["rehearse", "--config", str(ROOT / "ds_configs" / config / "run.yaml"), "--rank", "roles",
+                   "--layers", "4", "--out", str(out)], env=gpu_env(), timeout=7200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    for r in (json.loads(line) for line in out.read_text().splitlines()):
+        print(f"{config} rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step, GPU "
+              f"{r['gpu_vs_plan']:+.1%}, host {r['host_vs_plan']:+.1%}")
+        assert r["status"] == "ok" and r["finite"], r
+        assert abs(r["gpu_vs_plan"]) <= 0.10 and abs(r["host_vs_plan"]) <= 0.15, r
+        assert r["peak_gpu_bytes"] <= r["gpu_budget_bytes"], r
