@@ -207,11 +207,15 @@ def planner_unrun(d: dict) -> str:
 
 
 def attention(d: dict) -> str:
-    rows = [[n(r["seq_len"]), r["backend"], f"{r['heads']} / {r['kv_heads']} x {r['head_dim']}", r["fwd_tflops"],
-             r["bwd_tflops"], f"{r['fwd_ms']:.1f}", f"{r['bwd_ms']:.1f}", r["max_abs_diff_vs_other"], *meta(r)]
-            for r in d.get("attention", [])]
-    return table(["tokens", "kernel", "q / kv heads x d", "forward TFLOP/s", "backward TFLOP/s", "forward ms",
-                  "backward ms", "max abs diff (bf16)", *META], rows)
+    """Softmax attention kernels, and a gated DeltaNet layer's (FLA's gated delta rule and conv1d, the torch conv1d:
+    `bench_linear_attention.py`, heads = key / value heads per rank, d = 128) at the same lengths."""
+    rows = [[n(r["seq_len"]), r["backend"], f"{r['heads']} / {r['kv_heads']} x {r['head_dim']}", r.get("fwd_tflops"),
+             r.get("bwd_tflops"), f"{r['fwd_ms']:.1f}", f"{r['bwd_ms']:.1f}", r.get("max_abs_diff_vs_other"),
+             r.get("peak_gb"), *meta(r)] for r in d.get("attention", [])]
+    return ("Softmax attention: q / kv heads. The gated DeltaNet rows (fla_*, torch_conv1d): kv heads are its key "
+            "heads and heads its value heads per rank.\n\n"
+            + table(["tokens", "kernel", "q / kv heads x d", "forward TFLOP/s", "backward TFLOP/s", "forward ms",
+                     "backward ms", "max abs diff (bf16)", "peak GB", *META], rows))
 
 
 def levers(d: dict) -> str:
