@@ -16,10 +16,10 @@ from ds_longctx.parallel.parallel_state import local_linear_heads
 from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, Sizes, Terms
 
 # The gated delta rule's forward + backward peak per token and value head (its inputs, output, saved WY matrices,
-# chunk states and grads): chunk_gated_delta_rule at dk = dv = 128, bf16, on one H200.
+# chunk states and grads): chunk_gated_delta_rule at dk = dv = 128, 2 key / 6 value heads, bf16, on one H200.
 # calibrated: see docs/calibration.md#gated-delta
-GATED_DELTA_PEAK_BYTES = 25.4e9
-GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 4
+GATED_DELTA_PEAK_BYTES = 27.25e9
+GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 6
 GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS
 WY_BYTES_PER_TOKEN_HEAD = 64 * 4  # FLA saves the chunk's fp32 WY matrix A [s, hv, 64] for its backward
 NORM_SAVED_BYTES = 16  # per element of [T, hv·dv]: HF's gated RMSNorm (fp32 input, gate, silu(gate); bf16 normed)

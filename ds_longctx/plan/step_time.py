@@ -4,9 +4,11 @@ collectives' bytes through plan/interconnect.py's model (the same one a rehearsa
     t = predict_step(plan)      # StepTime: .seconds, .line() (what plan.txt prints)
 
 Per decoder layer, on one rank (T = S / sp tokens, every layer checkpointed):
-    attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS;
-                the checkpoint's recompute runs the forward again unless the layer keeps its attention output (the
-                placement's cache / cache+offload)
+    attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS
+                (head_dim 256, a hybrid model's full layers under cuDNN: the ATTENTION_D256_* rates); the checkpoint's
+                recompute runs the forward again unless the layer keeps its attention output (the placement's cache /
+                cache+offload). A gated DeltaNet layer: its delta rule and conv1d at their measured seconds per token
+                and value head (S·hv/sp of them), the forward twice and the backward once
     token-wise  q/k/v/o projections and the MLP, forward 2·T·(2·H·(hq + hkv)·d + MLP) FLOPs: a gated MLP 3·H·I, a
                 sparse MoE block k·3·H·I_e + E·H (the grouped GEMMs of the k experts each token goes to, and the
                 router); forward, backward (2x) and the recompute (1x) = 4x forward, + 1x the MLP's when it is tiled;
@@ -24,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ds_longctx.levers.placement import Place
-from ds_longctx.plan import interconnect
+from ds_longctx.parallel.parallel_state import local_linear_heads
+from ds_longctx.plan import interconnect, layer_types
 from ds_longctx.plan.cache_placement import ATTENTION_FWD_FLOPS
 from ds_longctx.plan.moe_terms import MOE_TOKENWISE_FLOPS, block_fwd_flops
 from ds_longctx.plan.planner import MemoryPlan
@@ -35,6 +38,16 @@ ATTENTION_BWD_FLOPS = 618e12
 # The token-wise work of a dense Qwen3 layer, FLOP/s: what makes the analytic step of ds_configs/qwen3-8b_1m_8x80gb its
 # rehearsed compute. calibrated: see docs/calibration.md#tokenwise-flops
 DENSE_TOKENWISE_FLOPS = 480e12
+# cuDNN SDPA's causal forward / backward at head_dim 256 (what `auto` runs there), FLOP/s.
+# calibrated: see docs/calibration.md#gated-delta-seconds
+ATTENTION_D256_FWD_FLOPS = 514e12
+ATTENTION_D256_BWD_FLOPS = 373e12
+# FLA's gated delta rule and causal conv1d, seconds per token and value head (dk = dv = 128, bf16, H200).
+# calibrated: see docs/calibration.md#gated-delta-seconds
+GATED_DELTA_FWD_S = 28.17e-3 / (1_048_576 * 6)
+GATED_DELTA_BWD_S = 81.90e-3 / (1_048_576 * 6)
+CONV1D_FWD_S = 2.33e-3 / (1_048_576 * 6)
+CONV1D_BWD_S = 10.42e-3 / (1_048_576 * 6)
 # DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
 # measured here: docs/calibration.md#cpu-adam-rate
 CPU_ADAM_PARAMS_PER_S = 1e9
@@ -63,6 +76,8 @@ def _tokenwise_flops(plan: MemoryPlan, layer: int) -> tuple:
     """(forward FLOPs per token of layer `layer`'s projections, of its MLP or sparse block)."""
     g = plan.geom
     proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
+    if g.hybrid is not None:  # its own Linears: the gated q_proj, or the linear layer's in / out projections
+        proj = 2 * sum(i * o for i, o in layer_types.mixer_linears(g, g.hybrid.layer_types[layer]).values())
     if g.moe is not None and g.moe.is_sparse(layer):
         return proj, block_fwd_flops(g)
     return proj, 2 * 3 * g.hidden * g.intermediate
@@ -72,10 +87,16 @@ def _layer_seconds(plan: MemoryPlan) -> tuple:
     """(attention seconds, token-wise seconds) over every layer of one rank."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
     fwd = 2 * plan.seq_len ** 2 * (g.heads // plan.sp_size) * g.head_dim
+    rates = (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS) if g.head_dim <= 128 else \
+        (ATTENTION_D256_FWD_FLOPS, ATTENTION_D256_BWD_FLOPS)
     attention = tokenwise = 0.0
     for i, place in enumerate(plan.placement.layers):
         recompute = 0 if place in (Place.CACHE, Place.CACHE_OFFLOAD) else 1
-        attention += fwd * (1 + recompute) / ATTENTION_FWD_FLOPS + 2.5 * fwd / ATTENTION_BWD_FLOPS
+        if g.hybrid is not None and not g.hybrid.is_full(i):
+            heads = plan.seq_len * local_linear_heads(g.hybrid.linear_heads, plan.sp_size)[1]
+            attention += heads * (2 * (GATED_DELTA_FWD_S + CONV1D_FWD_S) + GATED_DELTA_BWD_S + CONV1D_BWD_S)
+        else:
+            attention += fwd * (1 + recompute) / rates[0] + 2.5 * fwd / rates[1]
         proj, mlp = _tokenwise_flops(plan, i)
         rate = MOE_TOKENWISE_FLOPS if g.moe is not None and g.moe.is_sparse(i) else DENSE_TOKENWISE_FLOPS
         tokenwise += T * (4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)) / rate
@@ -87,6 +108,10 @@ def _payloads(plan: MemoryPlan) -> dict:
     g, sp, T, d = plan.geom, plan.sp_size, plan.local_tokens, plan.geom.head_dim
     sp_ranks, world = tuple(range(sp)), tuple(range(plan.world))
     exchange = T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2  # q, k, v in; the attention output back
+    if g.hybrid is not None:  # per layer of each kind: a linear layer exchanges its conv channels, gates and output
+        h = g.hybrid
+        linear = T * (h.conv_dim + 2 * h.linear_value_heads + h.value_width) * 2
+        exchange = (h.full_layers * exchange + h.linear_layers * linear) / g.layers
     trained = g.num_params if not plan.levers.lora_rank else 0  # LoRA's adapters: a rounding error here
     return {("all_to_all", sp_ranks): 3 * g.layers * exchange * (sp > 1),
             ("all_gather", world): 3 * 2 * g.num_params * (plan.world > 1),

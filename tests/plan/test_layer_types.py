@@ -87,11 +87,11 @@ def test_random_init_of_the_hybrid_vectors():
 
 
 def test_the_plan_has_a_phase_for_the_linear_layers():
-    """Qwen3.5-4B at 1M tokens on 8 GPUs: the linear layers' phases are in the plan, and the delta rule's kernel term
-    is the measured peak at its measured shape (1,048,576 tokens x 4 value heads per rank: 32 over sp 8)."""
+    """Qwen3.5-4B at 1M tokens on 8 GPUs: the linear layers' phases are in the plan (one of them its peak), and the
+    delta rule's kernel term is the measured peak scaled per value head (4 per rank, 32 over sp 8; measured at 6)."""
     p = plan_memory("qwen3.5-4b", 1 << 20, 8, 8, Levers(offload_layers=13))
     phases = dict(p.phase_bytes)
-    assert {"lin_mlp_bwd", "lin_bwd"} <= set(phases) and p.peak_phase == "lin_bwd"
-    assert p.term("lin_rule_bwd").gpu_bytes == round(GATED_DELTA_PEAK_BYTES)
+    assert {"lin_mlp_bwd", "lin_bwd"} <= set(phases) and p.peak_phase in ("lin_mlp_bwd", "lin_bwd")
+    assert p.term("lin_rule_bwd").gpu_bytes == round(GATED_DELTA_PEAK_BYTES * 4 / 6)
     dense = plan_memory("qwen3-8b", 1 << 20, 8, 8, Levers(offload_layers=13))
     assert "lin_bwd" not in dict(dense.phase_bytes)
