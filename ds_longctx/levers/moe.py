@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ds_longctx.levers.moe_aux import LoadBalance, with_aux_grad
-from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forward
+from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forwards
 
 log = logging.getLogger("ds_longctx")
 
@@ -212,12 +212,4 @@ def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) 
 
 def remove_moe(model: nn.Module) -> int:
     """Restore every forward apply_moe replaced; returns how many blocks (0 if none)."""
-    restored = 0
-    for block in model.modules():
-        patch = block.__dict__.pop(_PATCH_ATTR, None)
-        if patch is None:
-            continue
-        for m, prev in patch.forwards:
-            restore_forward(m, prev)
-        restored += 1
-    return restored
+    return restore_forwards(model, _PATCH_ATTR)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forward
+from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forwards
 
 log = logging.getLogger("ds_longctx")
 
@@ -260,12 +260,4 @@ def apply_tiled_layer(model: nn.Module, tile_tokens: int) -> int:
 
 def remove_tiled_layer(model: nn.Module) -> int:
     """Restore every forward apply_tiled_layer replaced; returns how many layers (0 if none)."""
-    restored = 0
-    for layer in model.modules():
-        saved = layer.__dict__.pop(_PATCH_ATTR, None)
-        if saved is None:
-            continue
-        for m, prev in saved.forwards:
-            restore_forward(m, prev)
-        restored += 1
-    return restored
+    return restore_forwards(model, _PATCH_ATTR)

@@ -299,6 +299,20 @@ def restore_forward(module: nn.Module, previous) -> None:
         module.forward = previous
 
 
+def restore_forwards(model: nn.Module, attr: str) -> int:
+    """Undo a lever that kept, under `attr` of each module it patched, a record whose `forwards` are
+    ((module, previous instance forward or _MISSING), ...): every one put back; returns how many records."""
+    restored = 0
+    for owner in model.modules():
+        patch = owner.__dict__.pop(attr, None)
+        if patch is None:
+            continue
+        for m, prev in patch.forwards:
+            restore_forward(m, prev)
+        restored += 1
+    return restored
+
+
 def remove_tiled_mlp(model: nn.Module) -> int:
     """Restore the forwards apply_tiled_mlp replaced; returns how many were restored (0 if none)."""
     restored = 0
