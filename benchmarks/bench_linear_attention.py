@@ -7,8 +7,9 @@ Shapes (defaults: Qwen3.5-27B at SP=8): the linear layer's --linear_heads key,va
 2 and 6) of dim 128, its depthwise conv1d over c' = 2·hk'·dk + hv'·dv channels (kernel 4); the full layer's
 --heads / --kv_heads per rank (24 / 4 over 8: 3 and 1, the KV head replicated) of dim 256. One sequence of S tokens,
 bf16. Rows (one JSON line each, the keys of benchmarks/results/attention.jsonl, appended to
-`<out>/linear_attention_<date>.jsonl`), each fwd and bwd timed alone with CUDA events (median of --reps after a
-warm-up; the first FLA call compiles for up to minutes under tilelang) and its peak memory:
+`<out>/attention_linear_<date>.jsonl`, which results_merge.py folds into attention.jsonl), each fwd and bwd timed
+alone with CUDA events (median of --reps after a warm-up; the first FLA call compiles for up to minutes under
+tilelang) and its peak memory:
     fla_gated_delta   FLA's chunk_gated_delta_rule (q/k L2-normalised in the kernel), what parallel/gated_delta.py runs
     fla_conv1d        FLA's causal conv1d with SiLU
     torch_conv1d      the torch conv1d path (the fallback; what the conv would cost without a kernel)
@@ -95,7 +96,7 @@ def main() -> None:
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16"}
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"linear_attention_{meta['date']}.jsonl"
+    path = out_dir / f"attention_linear_{meta['date']}.jsonl"  # results_merge reads attention_*.jsonl
     lines = [f"{'backend':<16}{'seq_len':>10}{'heads':>7}{'fwd ms':>10}{'bwd ms':>10}{'fwd+bwd ms':>12}"]
     with path.open("a") as f:
         for r in rows:
