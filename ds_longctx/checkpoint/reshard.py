@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ds_longctx.checkpoint.layout import CheckpointError
-from ds_longctx.checkpoint.universal import partition, read_slice
+from ds_longctx.checkpoint.universal import KEYS, partition, read_slices
 
 log = logging.getLogger("ds_longctx")
 
@@ -37,13 +37,14 @@ def _zero3(engine):
     return zo
 
 
-def _rank_slice(tag_dir: Path, name: str, key: str, numel: int, rank: int, world: int) -> torch.Tensor:
-    """This rank's partition of parameter `name`'s flat `key`, zero-padded to the partition size."""
+def _rank_slices(tag_dir: Path, name: str, numel: int, rank: int, world: int) -> dict:
+    """{key: this rank's partition of parameter `name`'s flat key}, each zero-padded to the partition size."""
     part = partition(numel, world)
     start, stop = min(rank * part, numel), min((rank + 1) * part, numel)
-    out = torch.zeros(part, dtype=torch.float32)
+    out = {k: torch.zeros(part, dtype=torch.float32) for k in KEYS}
     if stop > start:
-        out[:stop - start] = read_slice(tag_dir, name, key, start, stop)
+        for k, piece in read_slices(tag_dir, name, start, stop).items():
+            out[k][:stop - start] = piece
     return out
 
 
@@ -63,7 +64,7 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
     step = torch.tensor(float(manifest["optimizer_step"]))
     for gi, group in enumerate(zo.fp16_groups):
         fp32 = zo.fp32_partitioned_groups_flat[gi]
-        pieces = {k: [] for k in ("fp32", "exp_avg", "exp_avg_sq")}
+        pieces = {k: [] for k in KEYS}
         for p in group:
             name = zo.param_names[p]
             numel, shape = params[name]["numel"], tuple(params[name]["shape"])
@@ -72,8 +73,8 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
                                       f"{str(tag_dir)!r}; resume with the model it was saved with")
             pg = zo._get_param_partition_group(p)
             rank, world = dist.get_rank(group=pg), dist.get_world_size(group=pg)
-            for key in pieces:
-                pieces[key].append(_rank_slice(tag_dir, name, key, numel, rank, world))
+            for key, piece in _rank_slices(tag_dir, name, numel, rank, world).items():
+                pieces[key].append(piece)
         for key, parts in pieces.items():
             flat = torch.cat(parts) if parts else torch.zeros(0)
             if flat.numel() != fp32.numel():

@@ -23,6 +23,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -111,7 +112,6 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     groups, world = _source_groups(tag_dir, meta)
     out, tmp = universal_dir(tag_dir), tag_dir / PARTIAL
     if tmp.exists():
-        import shutil
         shutil.rmtree(tmp)
     tmp.mkdir()
     t0 = time.perf_counter()
@@ -158,7 +158,6 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
                 "params": params, "files": entries, "seconds": round(time.perf_counter() - t0, 2)}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if out.exists():
-        import shutil
         shutil.rmtree(out)
     os.replace(tmp, out)
     return manifest
@@ -242,8 +241,9 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
     return None
 
 
-def read_slice(tag_dir: Path, name: str, key: str, start: int, stop: int):
-    """Elements [start, stop) of parameter `name`'s flat `key` (float32 tensor; only those bytes are read)."""
+def read_slices(tag_dir: Path, name: str, start: int, stop: int, keys: tuple = KEYS) -> dict:
+    """{key: elements [start, stop) of parameter `name`'s flat `key`} (float32 tensors), from one opening of its file;
+    only those bytes are read."""
     from safetensors import safe_open
     with safe_open(str(universal_dir(tag_dir) / param_file(name)), framework="pt") as f:
-        return f.get_slice(key)[start:stop]
+        return {k: f.get_slice(k)[start:stop] for k in keys}

@@ -66,7 +66,7 @@ def reference(source):
     params = dict(model.named_parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     for p in manifest["params"]:
-        whole = {k: universal.read_slice(tag, p["name"], k, 0, p["numel"]).view(p["shape"]) for k in universal.KEYS}
+        whole = {k: t.view(p["shape"]) for k, t in universal.read_slices(tag, p["name"], 0, p["numel"]).items()}
         param = params[p["name"].removeprefix("model.")]
         param.data.copy_(whole["fp32"])
         opt.state[param] = {"step": torch.tensor(manifest["optimizer_step"]), "exp_avg": whole["exp_avg"],
