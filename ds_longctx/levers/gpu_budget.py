@@ -47,6 +47,15 @@ def allocator_fraction(budget_gb: float, total_bytes: int, context_bytes: int = 
     return (budget_gb * GB - context_bytes) / total_bytes
 
 
+def planning_gpu_gb(budget_gb: float | None) -> float | None:
+    """The GPU memory a run is planned for, GB: its gpu_budget_gb, else this process's CUDA device's memory; None
+    without either (a CPU run: nothing to plan)."""
+    import torch
+    if budget_gb is not None or not torch.cuda.is_available():
+        return budget_gb
+    return torch.cuda.get_device_properties(0).total_memory / GB
+
+
 def apply(budget_gb: float | None, rank: int = 0) -> float | None:
     """Cap this process's allocator on its current CUDA device at `budget_gb` (see the module doc); returns the
     fraction set, None when nothing was capped (no budget, no GPU, or a budget of the whole card)."""

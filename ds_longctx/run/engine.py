@@ -253,11 +253,6 @@ class LongCtxEngine:
         return None if norm is None else float(norm)
 
 
-def gpu_mem_gb() -> Optional[float]:
-    """This process's GPU memory in GB (1e9 bytes), None without CUDA: the budget of `offload_layers: auto`."""
-    return torch.cuda.get_device_properties(0).total_memory / 1e9 if torch.cuda.is_available() else None
-
-
 def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
     """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank).
     `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py` makes it after a resume,
@@ -330,7 +325,8 @@ def apply_levers(cfg: RunConfig, model: nn.Module, state: ParallelState, ds_conf
         apply_tiled_layer(model, cfg.memory.tile_tokens or text.hidden_size)
     # 7. the placement plan: computed once, applied in one place (needs 6's final layer code and the DeepSpeed
     #    JSON's activation_checkpointing block for offloaded layers)
-    plan = run_placement(cfg, text.num_hidden_layers, state.world_size, cfg.memory.gpu_budget_gb or gpu_mem_gb())
+    gpu_gb = gpu_budget.planning_gpu_gb(cfg.memory.gpu_budget_gb)
+    plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_gb)
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
     # the pinned pool: the pool-offloaded checkpoints (memory.pinned_pool) and every offloaded attention cache, in host
     # memory allocated and pinned once (reserve_pool, after deepspeed.initialize), not on a step's path

@@ -26,6 +26,7 @@ from ds_longctx import data
 from ds_longctx.checkpoint import layout_change, resume
 from ds_longctx.checkpoint.layout import META, ckpt_root
 from ds_longctx.levers.fused_ops import check_fused_ops
+from ds_longctx.levers.gpu_budget import planning_gpu_gb
 from ds_longctx.levers.lora import check_model_targets
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.levers.tiled_layer import check_tiled_layer
@@ -152,9 +153,7 @@ def disk_problem(cfg, resume_meta) -> str | None:
 def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str | None:
     """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else the CUDA
     device's memory; none on CPU: nothing to plan) and host RAM against the run's model and seq_len."""
-    gpu_gb = cfg.memory.gpu_budget_gb
-    if gpu_gb is None and torch.cuda.is_available():
-        gpu_gb = torch.cuda.get_device_properties(0).total_memory / GB
+    gpu_gb = planning_gpu_gb(cfg.memory.gpu_budget_gb)
     per_node = local_world_size(world_size) if per_node is None else per_node
     problem = layout_change.plan_problem(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, world_size,
                                   gpu_gb, psutil.virtual_memory().total / GB, per_node)
