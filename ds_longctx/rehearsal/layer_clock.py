@@ -31,7 +31,8 @@ holds the checkpoints (`cpu_checkpointing` without the pool), its window is mode
 checkpoint lives by its order among the step's on-host layers: the newest `keep_last_count` inputs stay on the GPU and
 never reach the host, the `max_fwd_stash_count - 1` before them stay on the GPU too while their copy drains, every
 other input is on the host. With c the bytes of one layer's input, n of the N on-host layers run and W the window, the
-L-layer step adds ((N - keep) - (n - keep)) x c host (each term at least 0) and (min(N, W) - min(n, W)) x c GPU. The
+L-layer step adds ((N - keep) - (n - keep)) x pow2(c) host (each term at least 0: the engine pins each buffer through
+torch's host allocator, which rounds a block up to a power of two) and (min(N, W) - min(n, W)) x c GPU. The
 window, not the layer, decides where an on-host input lives, so an on-host layer's leftover counts no input; the
 inputs the window let go during the run's forwards, n - min(n, W), each took c off a run on-host layer's d, and are
 added back spread over the n.
@@ -54,6 +55,7 @@ import torch.nn as nn
 from ds_longctx.levers.offload import attention_cache_key, pool
 from ds_longctx.levers.placement import ON_HOST, PlacementPlan, decoder_layers
 from ds_longctx.parallel import fake_world
+from ds_longctx.plan.zero_buffers import pow2
 
 
 class _Stamp:
@@ -354,7 +356,8 @@ class LayerClock:
                 if kind in gpu:
                     gpu[kind] += let_go
                 host_mean[kind] = 0.0
-            extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * c
+            # each input on the host is one pinned buffer of torch's host allocator: rounded up to a power of two
+            extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * pow2(int(c))
             extra_gpu = (min(big_n, held) - min(n, held)) * c
         scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
         per_kind_bytes = defaultdict(lambda: defaultdict(float))  # Ulysses' and other in-layer collectives

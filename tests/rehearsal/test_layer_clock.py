@@ -71,11 +71,12 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     clock = _clock_with(kinds, run, {"cache+offload": 1 * gb, "cache": 2 * gb}, input_bytes=gb)
     monkeypatch.setattr(layer_clock, "offload_window", lambda: (1, 2))
     est = clock.extrapolate(10.0, 100 * gb, 90 * gb, 8 * gb, {})
-    # host: 5 of the 6 inputs, none in the run (its one was kept)
-    assert est["host"] == pytest.approx(8 * gb + 5 * gb)
+    # host: 5 of the 6 inputs, none in the run (its one was kept), each in a pinned block of torch's host allocator:
+    # 1e9 bytes rounded up to 2**30 (Qwen3.5-4B's 0.67 GB inputs at 1M over sp=8 take 1.07 GB blocks)
+    assert est["host"] == pytest.approx(8 * gb + 5 * 2**30)
     # GPU: 25 cache layers x 2 GB, + 1 more input held by the window (2 held in all, 1 in the run)
     assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb + 1 * gb)
-    assert est["offload_window"]["host_bytes_added"] == int(5 * gb)
+    assert est["offload_window"]["host_bytes_added"] == 5 * 2**30
     # without the engine (the pinned pool: buffers made at build), an on-host layer leaves nothing on the GPU: the
     # 1 GB its allocation grew by is its output, the next layer's input
     monkeypatch.setattr(layer_clock, "offload_window", lambda: None)
