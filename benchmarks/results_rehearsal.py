@@ -72,24 +72,55 @@ def layers_pairs(d: dict) -> list:
     return out
 
 
+def model_label(model: str) -> str:
+    """`qwen3-30b-a3b` -> `Qwen3-30B-A3B` (a shipped geometry's name as the model card spells it)."""
+    return "Qwen" + model[4:].upper() if model.startswith("qwen") else model
+
+
+def plan_host_gb(config: str) -> int | None:
+    """The host memory a committed plan was made for: --host_mem_gb of its plan.txt's header."""
+    plan = (ROOT / config).parent / "plan.txt"
+    found = re.search(r"--host_mem_gb (\d+)", plan.read_text().partition("\n")[0]) if plan.is_file() else None
+    return int(found[1]) if found else None
+
+
+def newest_rehearsal(rows: list) -> list:
+    """One config's rows, each rank's newest of the newest rehearsal: every layer run where one was, else K of L
+    (the rows of one commit and one --layers)."""
+    groups: dict = {}
+    for r in rows:  # file order is the order they ran in
+        groups.setdefault((every_layer(r), r["commit"], r["layers"]), {})[r["rank"]] = r
+    whole = [k for k in groups if k[0]]
+    return list(groups[(whole or list(groups))[-1]].values())
+
+
 def rehearsed(d: dict) -> list:
-    """README rows: per single-node committed config (ds_configs/), its newest rehearsal of every layer (one rank on
-    one GPU), the step time it predicts and its GPU peak, beside a published step time of the same length on as many
-    GPUs."""
-    newest = {}
+    """README rows: per single-node committed config (ds_configs/), its newest rehearsal (one GPU playing each rank
+    role; every layer, or K of L and extrapolated): the slowest role's predicted step and the highest GPU peak,
+    beside a published step time of the same model, length and GPU count."""
+    by: dict = {}
     for r in d.get("rehearsal", []):
-        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and every_layer(r)
-                and r["config"].startswith("ds_configs/")):
-            newest[r["config"]] = r
+        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and r["config"].startswith("ds_configs/")
+                and longest_plan(r["config"]) is None):  # a longest plan's row is longest_rehearsed's
+            by.setdefault(r["config"], []).append(r)
     timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
     rows = []
-    for cfg, r in sorted(newest.items()):
-        peer = [p for p in timed if p["gpus"] == r["world"] and abs(p["seq_len"] / r["seq_len"] - 1) < 0.01]
-        rows.append([f"s/step, Qwen3-8B, {n(r['seq_len'])} tokens, {r['world']} x "
-                     f"{r['gpu_budget_bytes'] / 1e9:.0f} GB ({r['link'].split()[0]})",
-                     f"one rank rehearsed on {r['device']}: time predicted, memory measured",
-                     f"{r['predicted_seconds_per_step']:.1f} s (compute {r['compute_seconds_per_step']:.1f} s), "
-                     f"{gb(r['peak_gpu_bytes'])} GB peak GPU (plan {gb(r['planned_gpu_bytes'])})",
+    for cfg, found in sorted(by.items()):
+        ranks = newest_rehearsal(found)
+        slow, top = max(ranks, key=lambda r: r["predicted_seconds_per_step"]), max(ranks, key=lambda r: r[
+            "peak_gpu_bytes"])
+        run, total = slow["layers"].split("/")
+        peer = [p for p in timed if p["gpus"] == slow["world"] and p["model"].lower() == slow["model"].lower()
+                and abs(p["seq_len"] / slow["seq_len"] - 1) < 0.01]
+        host = plan_host_gb(cfg)
+        rows.append([f"s/step, {model_label(slow['model'])}, {n(slow['seq_len'])} tokens, {slow['world']} x "
+                     f"{slow['gpu_budget_bytes'] / 1e9:.0f} GB ({slow['link'].split()[0]})"
+                     + (f" + {host} GB host" if host else ""),
+                     f"{len(ranks)} rank role{'s' if len(ranks) > 1 else ''} rehearsed on {slow['device']}"
+                     + ("" if run == total else f", {run} of {total} layers run and extrapolated")
+                     + ": time predicted, memory measured",
+                     f"{slow['predicted_seconds_per_step']:.1f} s (compute {slow['compute_seconds_per_step']:.1f} s), "
+                     f"{gb(top['peak_gpu_bytes'])} GB peak GPU (plan {gb(top['planned_gpu_bytes'])})",
                      ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published, on {p['machine']}"
                                for p in peer),
                      result_file("rehearsal", *(["longest"] if peer else []))])
@@ -128,6 +159,8 @@ def longest_rehearsed(d: dict) -> list:
                     f"{gb(r['peak_gpu_bytes'])} GB (plan {gb(r['planned_gpu_bytes'])}, "
                     f"{off(r['peak_gpu_bytes'], r['planned_gpu_bytes'])}), {r['layers']} layers")
     devices = sorted({r["device"] for r, _ in rows})
-    return [[f"longest Qwen3-8B plans, one rank rehearsed on {', '.join(devices)}", "measured against the plan",
+    models = sorted({model_label(r["model"]) for r, _ in rows})
+    return [[f"longest {', '.join(models)} plans, one rank rehearsed on {', '.join(devices)}",
+             "measured against the plan",
              f"{inside} of {len(rows)} inside ±{GPU_TOL:.0%} GPU (under budget), ±{HOST_TOL:.0%} host", "; ".join(each),
              result_file("rehearsal")]]

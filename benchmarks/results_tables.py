@@ -107,11 +107,12 @@ def longest_history(d: dict) -> str:
 
 
 def longest_runs(d: dict) -> str:
-    rows = [[n(r["seq_len"]), machine(r), len(r["step_seconds"]), f"{r['seconds']:.1f}", gb(r["peak_gpu_bytes"]),
+    rows = [[r.get("model", "qwen3-8b") + (f" ({r['layers']} layers)" if r.get("layers") else ""), n(r["seq_len"]),
+             machine(r), len(r["step_seconds"]), f"{r['seconds']:.1f}", gb(r["peak_gpu_bytes"]),
              gb(r["planned_reserved_bytes"]), err(r["planned_reserved_bytes"], r["peak_gpu_bytes"]),
              gb(r["host_peak_bytes"]), gb(r["planned_host_bytes"]), err(r["planned_host_bytes"], r["host_peak_bytes"]),
              r.get("caveat", ""), *meta(r)] for r in d.get("longest", []) if r["kind"] == "run"]
-    return table(["tokens", "machine", "steps", "s (last step)", "reserved GB", "planned", "error", "host GB",
+    return table(["model", "tokens", "machine", "steps", "s (last step)", "reserved GB", "planned", "error", "host GB",
                   "planned", "error", "caveat", *META], rows)
 
 
