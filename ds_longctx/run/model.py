@@ -22,6 +22,7 @@ import torch.nn as nn
 from ds_longctx.config import SHIPPED_MODELS_DIR
 from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.parallel import fake_world
 from ds_longctx.plan import layer_types
 
 
@@ -100,9 +101,12 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
     import deepspeed
     owner = {f"{m_name}.{p_name}".lstrip("."): type(m).__name__ for m_name, m in model.named_modules()
              for p_name, _ in m.named_parameters(recurse=False)}
+    # rank 0 draws and the gather's exit hands each rank its slice; a rehearsal's fake world moves no data, so there
+    # every rank draws the same values itself (else it keeps torch's module init: N(0, 1) embeddings)
+    only_rank0 = dist.is_initialized() and dist.get_rank() != 0 and not fake_world.active()
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
-            if dist.is_initialized() and dist.get_rank() != 0 and hasattr(p, "ds_id"):
+            if only_rank0 and hasattr(p, "ds_id"):
                 continue
             with torch.no_grad():
                 if p.dim() == 1:

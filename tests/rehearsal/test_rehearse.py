@@ -118,6 +118,21 @@ def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_par
     assert r["collective_bytes_per_step"]["all_reduce"]["dp"] > 0 and r["cross_node_bytes_per_step"] > 0
 
 
+def test_a_rank_past_0_draws_the_weights_rank_0_would_hand_it(tmp_path):
+    """The random init is drawn by rank 0 and handed out when its gather ends; the fake world moves no data, so a
+    rehearsed rank draws the same values itself. With tied embeddings a rank left with torch's N(0, 1) embedding saw
+    logits of about hidden_size and a loss of ~60 (tiny) to ~2,500 (Qwen3.5-4B); its loss is ln(vocab) as rank 0's."""
+    spec = json.loads((ROOT / "ds_longctx/models/qwen3-tiny.json").read_text())
+    spec["tie_word_embeddings"] = True
+    model = tmp_path / "qwen3-tiny-tied.json"
+    model.write_text(json.dumps(spec))
+    cfg, out = write_config(tmp_path, model=str(model)), tmp_path / "rehearsal.jsonl"
+    res = run_cli(["rehearse", "--cpu", "--config", str(cfg), "--rank", "3", "--out", str(out)], timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (r,) = rows_of(out)
+    assert all(abs(loss - math.log(spec["vocab_size"])) < 0.5 for loss in r["losses"]), r["losses"]
+
+
 def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     """A 6-layer tiny model: `--layers 3` against all 6. Every layer exchanges the same bytes, so the extrapolated
     all-to-all equals the full run's; the ZeRO collectives (outside the layers here) are the whole model's either
