@@ -129,6 +129,7 @@ RULES = [
     covered("tests/data/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
             "ds-longctx train --nproc 1 --model qwen3-tiny --data corpus/ --tokenizer corpus/tokenizer"),
     Rule("bash benchmarks/stdlib_corpus.sh", "gpu", "one H200 for minutes (its header; STDLIB_TINY=1 is its CPU run)"),
+    Rule("bash benchmarks/answer_loss.sh", "gpu", "one H200 for ~21 min (its header gives the CPU check)"),
     Rule("ds-longctx data prepare --sessions --out sessions/", "run", mini=Mini(
         "3 sessions of 4k to 12k tokens over 18 small modules, a 512-id BPE (the defaults: a minute of the stdlib)",
         (("--sessions --out", "--sessions 3 --out"),), f"--vocab_size 512 --max_tokens 12000 {SESSIONS_FEW}")),
