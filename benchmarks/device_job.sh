@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One device session's GPU work on one H200, as stages run in order, detached from a copy in /tmp/proj so it outlives
+# each call; what finished comes back with every `wait` (tar of /tmp/res under $OUT). Calls, back to back:
+#   1: carry [".fa4a"]                    bash .fa4a/stage.sh
+#   2: carry [".whl", ".sdist", ".fa4b"]  bash .whl/install.sh; bash .fa4b/install.sh
+#   3: carry [".flaa"]                    bash .flaa/install.sh              (FLA: only for the qwen35_* stages)
+#   4: carry [".flab"]                    COMMIT=<sha> STAGES="..." bash benchmarks/device_job.sh start
+#   5..: no carry                         WAIT_S=420 bash benchmarks/device_job.sh wait   (until rc appears)
+# Without FLA, call 4 is `COMMIT=<sha> STAGES="..." NO_FLA=1 bash benchmarks/device_job.sh start` (no carry).
+# Stages (STAGES, space-separated, in that order):
+#   answer_loss      issue 40: benchmarks/answer_loss.sh (STEPS=$AL_STEPS, default 100: ~21 min at 131,072 tokens)
+#   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step
+#   moe_longest      issue 45: Qwen3-30B-A3B at full width, MOE_LAYERS (default 1) of 48 layers, at the longest length
+#                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
+#                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
+#   gpu_some         pytest tests/gpu -k "$K" (default: the placement budget path: a world of one rehearsed against
+#                    its real run; every lever against plain HF)
+# TRITON_CACHE_AUTOTUNING=1 keeps FLA's Triton autotune results on disk: only the first Qwen3.5 process tunes.
+set -uo pipefail
+export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/proj
+export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} TRITON_CACHE_AUTOTUNING=1
+export DS_LONGCTX_COMMIT=$COMMIT
+RUN_DIR=/tmp/job RES=/tmp/res
+if [[ ${1:-start} == start ]]; then
+  [[ -n ${NO_FLA:-} ]] || { bash .flab/install.sh > /tmp/install_fla.log 2>&1; tail -2 /tmp/install_fla.log; }
+  rm -rf /tmp/proj $RES && mkdir -p /tmp/proj $RES && cp -r . /tmp/proj && cd /tmp/proj
+  rm -rf .fa4a .fa4b .flaa .flab .whl .sdist
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  RUN_DIR=$RUN_DIR bash launch/detach.sh env STAGES="${STAGES:?name the stages}" bash benchmarks/device_job.sh run
+  exit 0
+elif [[ $1 == run ]]; then
+  cd /tmp/proj
+  step() { local name=$1 limit=$2; shift 2; echo "== $name $(date +%T)"
+           timeout "$limit" "$@" > "$RES/$name.log" 2>&1; echo "$name rc $? $(date +%T)"; }
+  plan_train() {  # name steps train-args -- plan-args: plan for 1 x 141 GB + 128 GB host, then train on it
+    local name=$1 steps=$2; shift 2; local extra=(); while [[ $1 != -- ]]; do extra+=("$1"); shift; done; shift
+    python -m ds_longctx.cli plan "$@" --gpus 1 --gpu_mem_gb 141 --host_mem_gb 128 --out "$RES/$name/plan" && \
+      python -m ds_longctx.cli train --nproc 1 --config "$RES/$name/plan/run.yaml" --steps "$steps" \
+        --output_dir "$RES/$name/run" "${extra[@]}"
+  }
+  export -f plan_train; export RES
+  for s in $STAGES; do
+    case $s in
+      answer_loss) step answer_loss 1700 env RES="$RES/answer_loss" STEPS="${AL_STEPS:-100}" \
+                     bash benchmarks/answer_loss.sh ;;
+      qwen35_longest) step qwen35_longest 900 bash -c 'plan_train qwen35_longest 1 -- --model qwen3.5-4b --find_max_len' ;;
+      moe_longest) python - "${MOE_LAYERS:-1}" <<'PY'
+import json, sys
+cfg = json.load(open("ds_longctx/models/qwen3-30b-a3b.json"))
+cfg["num_hidden_layers"] = int(sys.argv[1])
+json.dump(cfg, open("/tmp/qwen3-30b-a3b-reduced.json", "w"))
+PY
+                   step moe_longest 900 bash -c 'plan_train moe_longest 1 --memory_snapshot_steps 1 -- \
+                     --model /tmp/qwen3-30b-a3b-reduced.json --find_max_len' ;;
+      gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
+                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf}" ;;
+      *) echo "unknown stage $s" ;;
+    esac
+  done
+  exit 0
+fi
+cd /tmp/proj 2>/dev/null || exit 1
+RUN_DIR=$RUN_DIR bash launch/wait.sh "${WAIT_S:-540}"; rc=$?
+cp $RUN_DIR/log "$OUT/job.log" 2>/dev/null
+tar czf "$OUT/res.tgz" --exclude='*.pt' --exclude='*.pickle' --exclude='checkpoints' --exclude='cache' -C $RES . \
+  2>/dev/null
+exit $rc
