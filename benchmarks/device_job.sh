@@ -14,7 +14,8 @@
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
 #                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
 #   gpu_some         pytest tests/gpu -k "$K" (default: the placement budget path: a world of one rehearsed against
-#                    its real run; every lever against plain HF)
+#                    its real run; every lever against plain HF; FA4's kernel pair at head_dim 256, Qwen3.5's full
+#                    layers, against fp32 SDPA: what `auto` needs before it may pick FA4 and the attention cache there)
 # TRITON_CACHE_AUTOTUNING=1 keeps FLA's Triton autotune results on disk: only the first Qwen3.5 process tunes.
 set -uo pipefail
 export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:/tmp/proj
@@ -53,7 +54,7 @@ PY
                    step moe_longest 900 bash -c 'plan_train moe_longest 1 --memory_snapshot_steps 1 -- \
                      --model /tmp/qwen3-30b-a3b-reduced.json --find_max_len' ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
-                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf}" ;;
+                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf or (test_kernel_pair_matches_sdpa_dense and 256)}" ;;
       *) echo "unknown stage $s" ;;
     esac
   done

@@ -41,8 +41,10 @@ def reference(q, k, v, dout, cu=None):
     return out.detach(), q32.grad, k32.grad, v32.grad
 
 
-# head_dim 128 is the target models'; 16 is the tiny test model's (the engine-level tests run it) and 64 between
-SHAPES = [(4096, 16, 4, 128), (3000, 8, 8, 128), (2048, 8, 2, 16), (2048, 8, 2, 64)]
+# head_dim 128 is the dense target models'; 256 Qwen3.5's full-attention layers' (a rank's 3 q / 1 kv heads of the 27B
+# at SP=8, 8 / 2 of the 4B at SP=2); 16 is the tiny test model's (the engine-level tests run it) and 64 between
+SHAPES = [(4096, 16, 4, 128), (3000, 8, 8, 128), (2048, 8, 2, 16), (2048, 8, 2, 64), (4096, 3, 1, 256),
+          (3000, 8, 2, 256)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
