@@ -113,7 +113,9 @@ class RankRun:
             "link_sources": {intra.name: intra.source, inter.name: inter.source},
             "collective_bytes_per_step": self._by_group(est["payloads"], st),
             "cross_node_bytes_per_step": int(pred.cross_node_bytes),
-            "step_seconds": [round(s["seconds"], 3) for s in steps], "losses": [s["loss"] for s in steps],
+            "step_seconds": [round(s["seconds"], 3) for s in steps],
+            "optimizer_seconds_per_step": round(median_steady([s["optimizer_seconds"] for s in steps]), 3),
+            "losses": [s["loss"] for s in steps],
             "grad_norms": [s["grad_norm"] for s in steps], "finite": True,
             "measured": {"compute_seconds_per_step": round(compute, 3), "peak_gpu_bytes": peak_reserved,
                          "peak_gpu_allocated_bytes": peak_allocated, "host_rss_bytes": host},
@@ -162,14 +164,23 @@ class RankRun:
         """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes
         counted; refuses a non-finite loss or gradient norm."""
         self.counts.reset()
-        t = timed_step(engine, data, step, self.cfg.train)
+        marks = []  # the optimizer step's start: the gradients made (step_time.py's optimizer term, measured)
+
+        def before_optimizer(_res):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+
+        t = timed_step(engine, data, step, self.cfg.train, before_optimizer)
+        optimizer_seconds = time.perf_counter() - marks[0]
         clock.step_done()
         norm = engine.ds.get_global_grad_norm()
         norm = float(norm) if norm is not None else None
         if not math.isfinite(t.loss) or (norm is not None and not math.isfinite(norm)):
             raise NonFinite(f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
                             f"finite (kernels on non-finite values run faster, so its time would be wrong)")
-        out = {"seconds": t.seconds, "loss": t.loss, "grad_norm": norm, "peak_reserved": t.peak_reserved,
+        out = {"seconds": t.seconds, "optimizer_seconds": optimizer_seconds, "loss": t.loss, "grad_norm": norm,
+               "peak_reserved": t.peak_reserved,
                "peak_allocated": t.peak_allocated, "payloads": dict(self.counts.bytes)}
         log.info("step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
                  step + 1, self.a.steps, t.seconds, t.loss, f"{norm:.3g}" if norm is not None else "n/a",

@@ -16,7 +16,8 @@ no checkpoint, no eval and no export; every line printed is prefixed `[rehearsal
 
 It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.jsonl`) and a table: peak GPU
 (reserved, allocated) against the plan and the budget, the rank's peak host RSS against the plan's share per
-process, the compute seconds of the steady steps (step 2 on), the bytes each collective moved per group, and the
+process, the compute seconds of the steady steps (step 2 on) and the optimizer step's share of them (from the
+gradients made to the step's end), the bytes each collective moved per group, and the
 step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed). `--layers K` runs K of
 the L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's) and
 extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).

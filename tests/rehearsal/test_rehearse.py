@@ -14,7 +14,7 @@ from tests.helpers import ROOT, run_cli
 
 REQUIRED = ("config", "rank", "world", "seq_len", "layers", "peak_gpu_bytes", "planned_gpu_bytes", "gpu_budget_bytes",
             "host_rss_bytes", "planned_host_bytes_per_process", "compute_seconds_per_step",
-            "predicted_seconds_per_step", "link", "commit", "device")
+            "predicted_seconds_per_step", "optimizer_seconds_per_step", "link", "commit", "device")
 SEQ = 512
 
 
@@ -48,6 +48,7 @@ def test_a_rehearsal_of_a_world_of_8_plays_each_role_and_reports_every_field(wor
         assert set(REQUIRED) <= set(r), set(REQUIRED) - set(r)
         assert (r["status"], r["world"], r["seq_len"], r["layers"], r["config"]) == ("ok", 8, SEQ, "2/2", str(cfg))
         assert r["finite"] and all(math.isfinite(x) for x in r["losses"] + r["grad_norms"])
+        assert 0 < r["optimizer_seconds_per_step"] < max(r["step_seconds"])  # the step's share after the grads
         assert r["compute_seconds_per_step"] > 0 and r["predicted_seconds_per_step"] >= r["compute_seconds_per_step"]
     assert "first of SP group 0" in rows[0]["role"] and "last of SP group 0" in rows[1]["role"]
     assert "local rank 7" in rows[1]["role"]
