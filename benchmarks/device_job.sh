@@ -54,7 +54,7 @@ PY
                    step moe_longest 900 bash -c 'plan_train moe_longest 1 --memory_snapshot_steps 1 -- \
                      --model /tmp/qwen3-30b-a3b-reduced.json --find_max_len' ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
-                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf or (test_kernel_pair_matches_sdpa_dense and 256)}" ;;
+                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf or (test_kernel_pair_matches_sdpa_dense and 256) or test_fa4_with_the_attention_kept_at_head_dim_256}" ;;
       *) echo "unknown stage $s" ;;
     esac
   done

@@ -77,6 +77,30 @@ def test_hybrid_engine_on_gpus_matches_plain_hf(tmp_path):
     assert torch.isfinite(torch.tensor(got["loss"])) and rel_err(got["loss"], ref) < 2e-2
 
 
+def test_fa4_with_the_attention_kept_at_head_dim_256_gives_cudnns_loss_and_grads(tmp_path):
+    """Qwen3.5's full-attention layers have heads of 256: qwen3.5-tiny at that head_dim through the engine (bf16, SP =
+    the GPUs here), FlashAttention 4 with the full layer's attention output kept (`cache`, no recompute) against cuDNN
+    SDPA recomputing it: the same loss and grads within bf16 noise (test_attention_gpu's dense bounds). What `auto`
+    needs before it picks FA4 and the cache at 256 (parallel/kernel_rules.FA4_VERIFIED_HEAD_DIMS)."""
+    import json
+
+    from ds_longctx.parallel import attention
+    from tests.helpers import ROOT
+    if not attention.fa4_available():
+        pytest.skip("FlashAttention 4 not installed")
+    spec = json.loads((ROOT / "ds_longctx/models/qwen3.5-tiny.json").read_text())
+    spec["head_dim"] = 256
+    model = tmp_path / "qwen3.5-tiny-d256.json"
+    model.write_text(json.dumps(spec))
+    kw = dict(dtype="bf16", length=4096, env=gpu_env(), model=str(model))
+    ref = run(tmp_path, N, N, attn_backend="sdpa_cudnn", placement="keep:4", **kw)
+    got = run(tmp_path, N, N, attn_backend="fa4", placement="keep:3,cache:1", read_placement=True, **kw)
+    assert got["applied"][3] == "cache"
+    assert rel_err(got["loss"], ref["loss"]) <= 5e-3
+    errs = sorted(((rel_err(got["grads"][n], g), n) for n, g in ref["grads"].items()), reverse=True)
+    assert errs[0][0] <= 5e-2, errs[:6]
+
+
 def _plan_train_check(tmp_path, args: list, steps: int):
     """`ds-longctx plan ARGS` for this GPU, `ds-longctx train` on it: the loss finite, the GPU peak within ±10% of the
     plan, the host within ±15%, the FLA kernels named in the log (tests/gpu/test_moe_gpu.py's plan_and_train)."""
