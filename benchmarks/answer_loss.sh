@@ -38,7 +38,7 @@ if [[ -z ${SESSIONS:-} ]]; then
   rm -rf "$SESSIONS"
   python3 -m ds_longctx.cli data prepare --sessions "${N_SESSIONS:-40}" --out "$SESSIONS" \
      --min_tokens "${MIN_TOKENS:-131072}" --max_tokens "${MAX_TOKENS:-262144}" 2>&1 | tr '\r' '\n' \
-     | grep -v -E '^\s*$|it/s\]$' | tee -a "$LOG"
+     | grep -v -E '^\s*$|/s[],]' | tee -a "$LOG"
 fi
 head -n "$EVAL_ROWS" "$SESSIONS/train.jsonl" > "$WORK/held_out.jsonl"
 tail -n +"$((EVAL_ROWS + 1))" "$SESSIONS/train.jsonl" > "$WORK/train.jsonl"
@@ -47,17 +47,7 @@ echo "sessions: $SESSIONS, $(wc -l < "$WORK/train.jsonl") trained on, $EVAL_ROWS
   | tee -a "$LOG"
 
 # ---------------------------------------------------------------- 2. the model: BASE_MODEL, the tokenizer's vocabulary
-python3 - "$BASE_MODEL" "$SESSIONS/tokenizer" "$WORK/model.json" <<'EOF' | tee -a "$LOG"
-import json, sys
-from transformers import AutoTokenizer
-from ds_longctx.config.model import SHIPPED_MODELS_DIR
-base, tok_dir, out = sys.argv[1:]
-tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-cfg = json.loads((SHIPPED_MODELS_DIR / f"{base}.json").read_text())
-cfg.update(vocab_size=-(-len(tok) // 128) * 128, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-open(out, "w").write(json.dumps(cfg, indent=1) + "\n")
-print(f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos {tok.eos_token_id}")
-EOF
+python3 benchmarks/model_for_tokenizer.py "$BASE_MODEL" "$SESSIONS/tokenizer" "$WORK/model.json" | tee -a "$LOG"
 cp "$WORK/model.json" "$RES/model_config.json"
 
 # ---------------------------------------------------------------- 3. train, with the answer loss of the held-out

@@ -51,17 +51,7 @@ cp "$WORK/corpus/data_card.md" "$WORK/corpus/data_card.json" "$RES/"
 echo "prepare: $((SECONDS - t0)) s" | tee -a "$LOG"
 
 # ---------------------------------------------------------------- 2. the model: BASE_MODEL, the tokenizer's vocabulary
-python3 - "$BASE_MODEL" "$WORK/corpus/tokenizer" "$WORK/model.json" <<'EOF' | tee -a "$LOG"
-import json, sys
-from transformers import AutoTokenizer
-from ds_longctx.config.model import SHIPPED_MODELS_DIR
-base, tok_dir, out = sys.argv[1:]
-tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-cfg = json.loads((SHIPPED_MODELS_DIR / f"{base}.json").read_text())
-cfg.update(vocab_size=-(-len(tok) // 128) * 128, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-open(out, "w").write(json.dumps(cfg, indent=1) + "\n")
-print(f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos {tok.eos_token_id}")
-EOF
+python3 benchmarks/model_for_tokenizer.py "$BASE_MODEL" "$WORK/corpus/tokenizer" "$WORK/model.json" | tee -a "$LOG"
 cp "$WORK/model.json" "$RES/model_config.json"
 
 # ---------------------------------------------------------------- 3. train, packed, with the held-out eval
