@@ -30,7 +30,7 @@ if [[ ${1:-start} == start ]]; then
   RUN_DIR=$RUN_DIR bash launch/detach.sh env STAGES="${STAGES:?name the stages}" bash benchmarks/device_job.sh run
   exit 0
 elif [[ $1 == run ]]; then
-  cd /tmp/proj
+  cd /tmp/proj && mkdir -p $RES
   step() { local name=$1 limit=$2; shift 2; echo "== $name $(date +%T)"
            timeout "$limit" "$@" > "$RES/$name.log" 2>&1; echo "$name rc $? $(date +%T)"; }
   plan_train() {  # name steps train-args -- plan-args: plan for 1 x 141 GB + 128 GB host, then train on it
