@@ -51,11 +51,9 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
             f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
             f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
             f"parallel/kernel_rules.py)",))
-    if geom.hybrid is not None:  # its caches go on the full-attention layers only, between linear ones
-        return replace(choice, notes=choice.notes + (
-            "no attention cache searched for a hybrid model (its full-attention layers sit between linear ones; "
-            "attention_cache_layers: n caches the last n full-attention layers)",))
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    if geom.hybrid is not None:  # its caches go on the full-attention layers only, between linear ones
+        return _hybrid_cached(choice, gpu_budget, host_budget, knobs)
     base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
     per_layer, local = attention_fwd_seconds(plan), plan.seq_len // plan.sp_size
     tiled_cost = TILED_LAYER_SECONDS_PER_TOKEN * local
@@ -97,6 +95,31 @@ def fastest_placement(choice: Choice, gpu_mem_gb: float, host_mem_gb: float, hea
                      f"~{(n - plain) * per_layer:.1f} s more of attention against its estimated ~{cost:.1f} s "
                      f"(TILED_LAYER_SECONDS_PER_TOKEN: docs/calibration.md#tiled-layer-seconds)")
     return Choice(plan=new, notes=choice.notes + tuple(notes))
+
+
+def _hybrid_cached(choice: Choice, gpu_budget: float, host_budget: float, knobs: dict) -> Choice:
+    """A hybrid model's placement: the most full-attention layers keeping their output on the GPU (the last n of them,
+    `PlacementPlan.from_counts`' cacheable layers; linear layers have no softmax to skip), with the fewest layers
+    offloaded from the chosen plan's count on; the chosen plan where none fits."""
+    plan = choice.plan
+    geom, L, cacheable = plan.geom, plan.geom.layers, plan.geom.attention_layers
+    base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
+    for n in range(sum(cacheable), 0, -1):
+        for off in range(plan.placement.offloaded, L):
+            if sum(cacheable[off:]) < n:
+                break
+            layout = PlacementPlan.from_counts(L, off, n, cacheable=cacheable)
+            new = plan_memory(geom, plan.seq_len, plan.gpus, plan.sp_size, replace(base, placement=layout),
+                              nodes=plan.nodes, **knobs)
+            if new.gpu_peak_bytes <= gpu_budget and new.host_peak_bytes <= host_budget:
+                saved = n * attention_fwd_seconds(new)
+                return Choice(plan=new, notes=choice.notes + (
+                    f"placement {layout.spec()}: the last {n} of {sum(cacheable)} full-attention layers keep their "
+                    f"attention output on the GPU, so the recompute skips {n} attention forwards (~{saved:.1f} s per "
+                    f"step at {ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s); {off} layers offloaded: the most cached that "
+                    f"fit {new.gpu_peak_bytes / GB:.1f} GB/GPU and {new.host_peak_bytes / GB:.1f} GB host",))
+    return replace(choice, notes=choice.notes + ("no full-attention layer's attention output fits beside the plan: "
+                                                 "no attention cache",))
 
 
 def _most_cached(plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict):

@@ -389,3 +389,4 @@ def test_the_plans_rope_note_is_what_train_does_at_that_length(tmp_path):
         "and sets YaRN from it past that (rope_scaling auto)"]
     with pytest.raises(ValueError, match="rope_parameters / rope_scaling = 'linear' is not a JSON object"):
         geom_and_hf(dict(llama3, rope_scaling="linear"))
+
