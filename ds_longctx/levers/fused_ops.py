@@ -36,9 +36,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ds_longctx.parallel.patching import own_forward, restore_saved
+
 log = logging.getLogger("ds_longctx")
 
-_PREV = "_ds_longctx_prev_forward"
+_PREV = "_ds_longctx_fused_ops_forward"
 _ROPE = "_ds_longctx_prev_rope"
 
 
@@ -129,7 +131,7 @@ def _is_gated_silu_mlp(m) -> bool:
 
 
 def _patch(module, forward) -> None:
-    module.__dict__.setdefault(_PREV, module.__dict__.get("forward"))
+    module.__dict__.setdefault(_PREV, own_forward(module))
     module.forward = forward
 
 
@@ -162,13 +164,7 @@ def apply_fused_ops(model: nn.Module, kind: str = "liger") -> list:
 
 def remove_fused_ops(model: nn.Module) -> None:
     """Undo `apply_fused_ops`: every patched module's own forward back, the rotary function back."""
-    for m in model.modules():
-        if _PREV in m.__dict__:
-            prev = m.__dict__.pop(_PREV)
-            if prev is None:
-                m.__dict__.pop("forward", None)
-            else:
-                m.forward = prev
+    restore_saved(model, _PREV)
     saved = model.__dict__.pop(_ROPE, None)
     if saved is not None:
         modeling, fn = saved

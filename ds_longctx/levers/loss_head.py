@@ -24,6 +24,7 @@ from torch.profiler import record_function
 
 from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, plain_cross_entropy
 from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.parallel.patching import own_forward, restore_forward
 from ds_longctx.parallel.units import IGNORE_INDEX
 
 
@@ -119,7 +120,6 @@ ROUTE_KWARG = "ds_longctx_shift_labels"
 WEIGHTS_KWARG = "ds_longctx_row_weights"   # beside ROUTE_KWARG: LossHead's row_weights
 _LOSS_CHILD = "ds_longctx_loss"   # the loss module as a child of the model (no parameters: the state dict is unchanged)
 _PREV_FORWARD = "_ds_longctx_prev_forward"
-_MISSING = object()
 
 
 def route_forward(model: nn.Module, head: LossHead) -> None:
@@ -134,7 +134,7 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
     if _PREV_FORWARD in model.__dict__:
         raise ValueError(f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first")
     original = model.forward
-    model.__dict__[_PREV_FORWARD] = model.__dict__.get("forward", _MISSING)
+    model.__dict__[_PREV_FORWARD] = own_forward(model)
     model.add_module(_LOSS_CHILD, head.loss)
 
     @functools.wraps(original)
@@ -149,10 +149,7 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
 
 def unroute_forward(model: nn.Module) -> None:
     """Undo `route_forward`: the forward the model had before, and no loss child."""
-    prev = model.__dict__.pop(_PREV_FORWARD, None)
-    if prev is None:
+    if _PREV_FORWARD not in model.__dict__:
         return
-    del model.forward
-    if prev is not _MISSING:
-        model.forward = prev
+    restore_forward(model, model.__dict__.pop(_PREV_FORWARD))
     delattr(model, _LOSS_CHILD)

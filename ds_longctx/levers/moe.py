@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ds_longctx.levers.moe_aux import LoadBalance, with_aux_grad
-from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forwards
+from ds_longctx.levers.tiled_mlp import TiledRows, _check_tile_tokens, _gathered, restore_forwards
+from ds_longctx.parallel.patching import own_forward
 
 log = logging.getLogger("ds_longctx")
 
@@ -125,7 +126,7 @@ def tile_problem(block: nn.Module) -> Optional[str]:
 @dataclass
 class _Patch:
     """What apply_moe changed on one block, so remove_moe can undo it exactly."""
-    forwards: tuple                 # ((module, previous instance forward or _MISSING), ...)
+    forwards: tuple                 # ((module, previous instance forward or MISSING), ...)
 
 
 @dataclass
@@ -194,10 +195,10 @@ def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) 
                 lv.kernel = expert_kernel(ex)
                 log.info("MoE experts: %s (%d sparse blocks)", lv.kernel, len(lv.blocks))
 
-        patched = [(gate, gate.__dict__.get("forward", _MISSING))]
+        patched = [(gate, own_forward(gate))]
         gate.forward = (lambda x, g=gate: route(g, x.reshape(-1, x.shape[-1]),
                                                 aux.valid_rows(x.numel() // x.shape[-1], x.device), aux))
-        patched.append((block, block.__dict__.get("forward", _MISSING)))
+        patched.append((block, own_forward(block)))
         if tile_tokens is None or problem is not None:
             own = block.forward
             block.forward = (lambda h, own=own, first=first: (first(), own(h))[1])

@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ds_longctx.levers.tiled_mlp import _MISSING, TiledRows, _check_tile_tokens, _gathered, restore_forwards
+from ds_longctx.levers.tiled_mlp import TiledRows, _check_tile_tokens, _gathered, restore_forwards
+from ds_longctx.parallel.patching import own_forward
 
 log = logging.getLogger("ds_longctx")
 
@@ -54,8 +55,8 @@ _NO_ATTENTION_KWARGS = ("position_embeddings", "use_cache", "output_attentions",
 
 @dataclass(frozen=True)
 class _Saved:
-    """The instance-level forwards apply_tiled_layer replaced on one layer (`_MISSING`: the class's)."""
-    forwards: tuple     # ((module, previous instance forward or _MISSING), ...)
+    """The instance-level forwards apply_tiled_layer replaced on one layer (`MISSING`: the class's)."""
+    forwards: tuple     # ((module, previous instance forward or MISSING), ...)
     tile_tokens: int
 
 
@@ -246,7 +247,7 @@ def apply_tiled_layer(model: nn.Module, tile_tokens: int) -> int:
         attn, mlp = parts["self_attn"], parts["mlp"]
         # the norms' current forwards (fused_ops may have set them) are what the tiles call
         norm1_fn, norm2_fn = norm1.forward, norm2.forward
-        saved = _Saved(tuple((m, m.__dict__.get("forward", _MISSING)) for m in (norm1, norm2, attn, mlp)),
+        saved = _Saved(tuple((m, own_forward(m)) for m in (norm1, norm2, attn, mlp)),
                        tile_tokens)
         layer.__dict__[_PATCH_ATTR] = saved
         norm1.forward = _passthrough

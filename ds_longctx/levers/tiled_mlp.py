@@ -44,17 +44,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ds_longctx.parallel.patching import MISSING, own_forward, restore_forward
+
 log = logging.getLogger("ds_longctx")
 
 _PATCH_ATTR = "_ds_longctx_tiled_mlp"
 _GATED_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
-_MISSING = object()
 
 
 @dataclass(frozen=True)
 class _Patch:
     """What apply_tiled_mlp changed on one MLP module, so remove_tiled_mlp can undo it exactly."""
-    instance_forward: object   # mlp.__dict__["forward"] before patching, or _MISSING (the class forward)
+    instance_forward: object   # mlp.__dict__["forward"] before patching, or MISSING (the class forward)
     untiled: Callable          # the forward the tiles call (the bound original)
     tile_tokens: int
 
@@ -201,7 +202,7 @@ def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
     `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, as in Qwen3MLP / LlamaMLP / MistralMLP.
     """
     patch = mlp.__dict__.get(_PATCH_ATTR)
-    if (patch.instance_forward if patch is not None else mlp.__dict__.get("forward", _MISSING)) is not _MISSING:
+    if (patch.instance_forward if patch is not None else own_forward(mlp)) is not MISSING:
         return None
     parts = [getattr(mlp, name, None) for name in _GATED_MLP_PARTS]
     act = getattr(mlp, "act_fn", None)
@@ -278,7 +279,7 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -
             f"(tile_tokens={patched[0].__dict__[_PATCH_ATTR].tile_tokens}); "
             "call remove_tiled_mlp(model) before applying it again")
     for mlp in mlps:
-        patch = _Patch(instance_forward=mlp.__dict__.get("forward", _MISSING),
+        patch = _Patch(instance_forward=own_forward(mlp),
                        untiled=mlp.forward, tile_tokens=tile_tokens)
         mlp.__dict__[_PATCH_ATTR] = patch
 
@@ -291,17 +292,9 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -
     return len(mlps)
 
 
-def restore_forward(module: nn.Module, previous) -> None:
-    """Put back the instance-level forward a lever replaced: `previous`, or none (the class's) for `_MISSING`."""
-    if previous is _MISSING:
-        module.__dict__.pop("forward", None)
-    else:
-        module.forward = previous
-
-
 def restore_forwards(model: nn.Module, attr: str) -> int:
     """Undo a lever that kept, under `attr` of each module it patched, a record whose `forwards` are
-    ((module, previous instance forward or _MISSING), ...): every one put back; returns how many records."""
+    ((module, previous instance forward or MISSING), ...): every one put back; returns how many records."""
     restored = 0
     for owner in model.modules():
         patch = owner.__dict__.pop(attr, None)

@@ -36,10 +36,10 @@ from torch import nn
 
 from ds_longctx.parallel import gated_delta, kernel_rules
 from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.parallel.patching import own_forward, restore_saved
 from ds_longctx.parallel.ulysses import head_to_seq, seq_to_head_bshd
 
-_SAVED = "_ds_longctx_linear_forward"  # on a patched module: its instance-level forward before, or _CLASS
-_CLASS = object()
+_SAVED = "_ds_longctx_linear_forward"  # on a patched module: its instance-level forward before (patching.py)
 _PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "norm", "out_proj")
 
 
@@ -148,7 +148,7 @@ def _conv_forward(conv: nn.Module, x: torch.Tensor, channels: Optional[torch.Ten
 
 
 def _replace(module: nn.Module, forward) -> None:
-    module.__dict__.setdefault(_SAVED, module.__dict__.get("forward", _CLASS))
+    module.__dict__.setdefault(_SAVED, own_forward(module))
     module.forward = forward
 
 
@@ -171,13 +171,4 @@ def install(model: nn.Module, state: ParallelState, attn) -> Optional[LinearMixi
 
 def uninstall(model: nn.Module) -> int:
     """Give every patched module back the forward it had before `install`; returns how many layers."""
-    n = 0
-    for m in model.modules():
-        if _SAVED in m.__dict__:
-            prev = m.__dict__.pop(_SAVED)
-            if prev is _CLASS:
-                m.__dict__.pop("forward", None)
-            else:
-                m.forward = prev
-            n += is_gated_delta(m)
-    return n
+    return sum(is_gated_delta(m) for m in restore_saved(model, _SAVED))
