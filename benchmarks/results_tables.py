@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bench_planner import GPU_TOL, HOST_TOL, steady_gpu_peak  # the bars and the one-step rule: one home each
 from results_format import META, device, err, gb, meta, n, result_file, src, table
-from results_rehearsal import longest_rehearsed, rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
+from results_rehearsal import longest_rehearsed, model_label, rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
 
 GIB = 2**30
 TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.jsonl`)",
@@ -344,9 +344,8 @@ def readme(d: dict) -> str:
 
 
 def model_name(r: dict) -> str:
-    """`qwen3-8b` -> `Qwen3-8B` (a peers row's shipped geometry)."""
-    m = r["config"]["model"]
-    return "Qwen" + m[4:].upper() if m.startswith("qwen") else m
+    """A peers row's shipped geometry as the model card spells it (`qwen3-8b` -> `Qwen3-8B`)."""
+    return model_label(r["config"]["model"])
 
 
 def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
