@@ -15,7 +15,8 @@
 #   RES=/tmp/res/answer_loss RUN_DIR=/tmp/al launch/detach.sh bash benchmarks/answer_loss.sh
 #   RUN_DIR=/tmp/al launch/wait.sh 540; tar czf $OUT/res.tgz -C /tmp/res answer_loss
 # Knobs (env): STEPS (100), SEQ_LEN (131072), EVAL_EVERY (STEPS/2: start, middle, end), EVAL_ROWS (4), LR (5e-4),
-# WARMUP (10), DTYPE (bf16), SESSIONS, N_SESSIONS (40), MIN_TOKENS (131072), MAX_TOKENS (262144), BASE_MODEL (qwen3-0.6b), WORK.
+# WARMUP (10), DTYPE (bf16), SESSIONS, N_SESSIONS (40), MIN_TOKENS (131072), MAX_TOKENS (262144),
+# BASE_MODEL (qwen3-0.6b), WORK.
 #
 # On CPU, the check that it runs: BASE_MODEL=qwen3-tiny DTYPE=fp32 SEQ_LEN=2048 STEPS=4 N_SESSIONS=6 MIN_TOKENS=8192
 # MAX_TOKENS=16384 RES=/tmp/al_cpu bash benchmarks/answer_loss.sh
@@ -28,7 +29,8 @@ STEPS=${STEPS:-100} SEQ_LEN=${SEQ_LEN:-131072} EVAL_ROWS=${EVAL_ROWS:-4} LR=${LR
 EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 2))} BASE_MODEL=${BASE_MODEL:-qwen3-0.6b} DTYPE=${DTYPE:-bf16}
 mkdir -p "$RES" "$WORK"
 LOG="$RES/log.txt"
-echo "answer_loss: $(date -u +%FT%TZ) commit ${DS_LONGCTX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}" \
+COMMIT=${DS_LONGCTX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+echo "answer_loss: $(date -u +%FT%TZ) commit $COMMIT" \
      "base $BASE_MODEL seq_len $SEQ_LEN steps $STEPS lr $LR eval every $EVAL_EVERY ($EVAL_ROWS sessions)" | tee "$LOG"
 
 # ---------------------------------------------------------------- 1. the sessions, held out and trained on
@@ -53,8 +55,8 @@ cp "$WORK/model.json" "$RES/model_config.json"
 # ---------------------------------------------------------------- 3. train, with the answer loss of the held-out
 t0=$SECONDS
 set +e
-python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$DTYPE" --seq_len "$SEQ_LEN" --steps "$STEPS" \
-   --lr "$LR" --warmup_steps "$WARMUP" --data "$WORK/train.jsonl" --tokenizer "$SESSIONS/tokenizer" \
+python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$DTYPE" --seq_len "$SEQ_LEN" \
+   --steps "$STEPS" --lr "$LR" --warmup_steps "$WARMUP" --data "$WORK/train.jsonl" --tokenizer "$SESSIONS/tokenizer" \
    --data_layout pack --data_cache_dir "$WORK/cache" --eval_data "$WORK/held_out.jsonl" --eval_rows "$EVAL_ROWS" \
    --eval_every "$EVAL_EVERY" --eval_answer_loss true --log_every 5 --report_to none --output_dir "$WORK/run" \
    2>&1 | tr '\r' '\n' | awk '!/step\/s|s\/step/ || /\| *[0-9]*5\/|100%/' | tee -a "$LOG"

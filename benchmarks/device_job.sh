@@ -22,6 +22,8 @@ export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_ds
 export PYTHONUNBUFFERED=1 COMMIT=${COMMIT:-unknown} TRITON_CACHE_AUTOTUNING=1
 export DS_LONGCTX_COMMIT=$COMMIT
 RUN_DIR=/tmp/job RES=/tmp/res
+GPU_SOME="test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf"
+GPU_SOME+=" or (test_kernel_pair_matches_sdpa_dense and 256) or test_fa4_with_the_attention_kept_at_head_dim_256"
 if [[ ${1:-start} == start ]]; then
   [[ -n ${NO_FLA:-} ]] || { bash .flab/install.sh > /tmp/install_fla.log 2>&1; tail -2 /tmp/install_fla.log; }
   rm -rf /tmp/proj $RES && mkdir -p /tmp/proj $RES && cp -r . /tmp/proj && cd /tmp/proj
@@ -44,7 +46,8 @@ elif [[ $1 == run ]]; then
     case $s in
       answer_loss) step answer_loss 1700 env RES="$RES/answer_loss" STEPS="${AL_STEPS:-100}" \
                      bash benchmarks/answer_loss.sh ;;
-      qwen35_longest) step qwen35_longest 900 bash -c 'plan_train qwen35_longest 1 -- --model qwen3.5-4b --find_max_len' ;;
+      qwen35_longest) step qwen35_longest 900 bash -c \
+                        'plan_train qwen35_longest 1 -- --model qwen3.5-4b --find_max_len' ;;
       moe_longest) python - "${MOE_LAYERS:-1}" <<'PY'
 import json, sys
 cfg = json.load(open("ds_longctx/models/qwen3-30b-a3b.json"))
@@ -54,7 +57,7 @@ PY
                    step moe_longest 900 bash -c 'plan_train moe_longest 1 --memory_snapshot_steps 1 -- \
                      --model /tmp/qwen3-30b-a3b-reduced.json --find_max_len' ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
-                  -k "${K:-test_a_world_of_one_rehearsed_peaks_as_the_real_run or test_every_lever_on_gpu_matches_plain_hf or (test_kernel_pair_matches_sdpa_dense and 256) or test_fa4_with_the_attention_kept_at_head_dim_256}" ;;
+                  -k "${K:-$GPU_SOME}" ;;
       *) echo "unknown stage $s" ;;
     esac
   done

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from bench_planner import GPU_TOL, HOST_TOL, steady_gpu_peak  # the bars and the one-step rule: one home each
 from results_format import META, device, err, gb, meta, n, result_file, src, table
-from results_rehearsal import longest_rehearsed, model_label, rehearsal, rehearsed  # noqa: F401 (SECTIONS takes rehearsal by name)
+from results_rehearsal import (
+    longest_rehearsed,
+    model_label,
+    rehearsal,  # noqa: F401 (SECTIONS takes it by name)
+    rehearsed,
+)
 
 GIB = 2**30
 TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.jsonl`)",
