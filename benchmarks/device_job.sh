@@ -9,7 +9,9 @@
 # Without FLA, call 4 is `COMMIT=<sha> STAGES="..." NO_FLA=1 bash benchmarks/device_job.sh start` (no carry).
 # Stages (STAGES, space-separated, in that order):
 #   answer_loss      issue 40: benchmarks/answer_loss.sh (STEPS=$AL_STEPS, default 100: ~21 min at 131,072 tokens)
-#   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step
+#   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step,
+#                    the allocator recorded
+#   rehearse:C:K     `ds-longctx rehearse` of ds_configs/C, each rank role, K of its layers (rehearsal_C.jsonl)
 #   moe_longest      issue 45: Qwen3-30B-A3B at full width, MOE_LAYERS (default 1) of 48 layers, at the longest length
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
 #                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
@@ -47,7 +49,10 @@ elif [[ $1 == run ]]; then
       answer_loss) step answer_loss 1700 env RES="$RES/answer_loss" STEPS="${AL_STEPS:-100}" \
                      bash benchmarks/answer_loss.sh ;;
       qwen35_longest) step qwen35_longest 900 bash -c \
-                        'plan_train qwen35_longest 1 -- --model qwen3.5-4b --find_max_len' ;;
+                        'plan_train qwen35_longest 1 --memory_snapshot_steps 1 -- --model qwen3.5-4b --find_max_len' ;;
+      rehearse:*:*) IFS=: read -r _ c k <<< "$s"
+                    step "rehearse_$c" 1200 python -m ds_longctx.cli rehearse --config "ds_configs/$c/run.yaml" \
+                      --rank roles --layers "$k" --out "$RES/rehearsal_$c.jsonl" ;;
       moe_longest) python - "${MOE_LAYERS:-1}" <<'PY'
 import json, sys
 cfg = json.load(open("ds_longctx/models/qwen3-30b-a3b.json"))

@@ -14,7 +14,8 @@ Rules:
   that is empty or names another tree, the commit the session notes give (COMMITS, with where they say it). Numbers
   are copied, never computed. The one column that asks the code is `todays_plan` (planner_runs.jsonl): whether
   today's planner still makes the row's plan (bench_planner.plan_changed), with `checked_at`, the commit it asked.
-- rehearsal.jsonl is not built here: its rows are committed as they come.
+- rehearsal.jsonl is not built here: its rows are committed as they come; its one asked column is `todays_config`
+  (whether the committed run.yaml is still the one the row rehearsed).
 """
 
 from __future__ import annotations
@@ -216,7 +217,30 @@ def longest_check(r: dict, fresh: dict) -> dict | None:
     return {"todays_seq_len": n, "todays_plan": n == r["seq_len"]}
 
 
-CHECKS = ("todays_plan", "todays_plan_change", "todays_seq_len", "checked_at")
+def config_check(r: dict, fresh: dict) -> dict | None:
+    """A rehearsal row of a committed config: `todays_config`, whether its run.yaml sets what the rehearsed one set
+    (every key both files have, at the row's commit and now: keys added since take their defaults); None where git
+    does not have that commit."""
+    import yaml
+    if not r.get("config", "").startswith("ds_configs/") or not r.get("commit"):
+        return None
+    then = subprocess.run(["git", "show", f"{r['commit']}:{r['config']}"], cwd=RESULTS, capture_output=True, text=True)
+    if then.returncode:
+        return None
+
+    def flat(d: dict, at: str = "") -> dict:
+        return {k: v for key, val in d.items()
+                for k, v in (flat(val, f"{at}{key}.").items() if isinstance(val, dict) else [(at + key, val)])}
+    old, new = flat(yaml.safe_load(then.stdout)), flat(yaml.safe_load((RESULTS.parents[1] / r["config"]).read_text()))
+    return {"todays_config": all(old[k] == new[k] for k in old.keys() & new.keys() if k != "train.output_dir")}
+
+
+CHECKS = ("todays_plan", "todays_plan_change", "todays_seq_len", "todays_config", "checked_at")
+
+
+def row_key(r: dict) -> str:
+    """A row's name across rebuilds: its source, else (the oldest rehearsal rows) what it rehearsed, where and when."""
+    return r.get("source") or "|".join(str(r.get(k)) for k in ("config", "rank", "commit", "date", "layers"))
 
 
 def check(rows: list, ask, kept: dict | None) -> None:
@@ -225,7 +249,7 @@ def check(rows: list, ask, kept: dict | None) -> None:
     head, cache = (git_head() if kept is None else None), {}
     for r in rows:
         if kept is not None:
-            r.update(kept.get(r["source"], {}))
+            r.update(kept.get(row_key(r), {}))
         elif (got := ask(r, cache)) is not None:
             r.update(got, checked_at=head)
 
@@ -233,12 +257,15 @@ def check(rows: list, ask, kept: dict | None) -> None:
 def build(keep_checks: bool) -> dict:
     """{current file name: its rows}."""
     files = {**build_simple(), "longest.jsonl": build_longest(), "planner_runs.jsonl": build_planner()}
-    for name, ask in (("planner_runs.jsonl", plan_check), ("longest.jsonl", longest_check)):
+    rehearsal = RESULTS / "rehearsal.jsonl"  # as committed, its checks asked again
+    files["rehearsal.jsonl"] = [{k: v for k, v in r.items() if k not in CHECKS} for _, r in jsonl(rehearsal)]
+    for name, ask in (("planner_runs.jsonl", plan_check), ("longest.jsonl", longest_check),
+                      ("rehearsal.jsonl", config_check)):
         kept = None
         if keep_checks:
             path = RESULTS / name
             rows = jsonl(path) if path.exists() else []
-            kept = {r["source"]: {k: v for k, v in r.items() if k in CHECKS} for _, r in rows}
+            kept = {row_key(r): {k: v for k, v in r.items() if k in CHECKS} for _, r in rows}
         check(files[name], ask, kept)
     return files
 

@@ -129,7 +129,9 @@ def rehearsed(d: dict) -> list:
                      + (f" + {host} GB host" if host else ""),
                      f"{len(ranks)} rank role{'s' if len(ranks) > 1 else ''} rehearsed on {slow['device']}"
                      + ("" if run == total else f", {run} of {total} layers run and extrapolated")
-                     + ": time predicted, memory measured",
+                     + ": time predicted, memory measured"
+                     + ("" if slow.get("todays_config", True) else " (the committed config has been re-planned "
+                        "since: not yet rehearsed as it is)"),
                      f"{slow['predicted_seconds_per_step']:.1f} s (compute {slow['compute_seconds_per_step']:.1f} s), "
                      f"{gb(top['peak_gpu_bytes'])} GB peak GPU (plan {gb(top['planned_gpu_bytes'])})",
                      ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published, on {p['machine']}"

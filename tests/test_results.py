@@ -50,6 +50,8 @@ def test_every_line_carries_its_raw_line_unchanged(merge):
     checked = 0
     for name in merge.build(keep_checks=True):
         for row in current(name):
+            if name == "rehearsal.jsonl":  # committed as they came (results_merge's rules), not rebuilt from raw
+                continue
             path, _, line = row["source"].partition("#")[0].partition(":")
             assert (RESULTS / path).exists(), (name, row["source"])
             if not line or not path.endswith(".jsonl"):
@@ -234,6 +236,21 @@ def test_readme_step_rows_take_the_slowest_role_and_a_peer_of_the_same_model(tmp
              "peak_gpu_bytes": 70e9}
     [r] = t.rehearsed({"rehearsal": [whole, *rows], "longest": peers})
     assert r[1].startswith("1 rank role rehearsed on GPU X:") and r[2].startswith("350.0 s")
+    # a config re-planned since its rehearsal says so
+    [r] = t.rehearsed({"rehearsal": [{**x, "todays_config": False} for x in rows], "longest": peers})
+    assert r[1].endswith("(the committed config has been re-planned since: not yet rehearsed as it is)")
+
+
+def test_a_rehearsal_row_says_whether_its_config_is_still_the_committed_one(merge):
+    """`todays_config`: the run.yaml at the row's commit sets what today's does (keys added since aside), asked of git.
+    Every rehearsal row of a committed config carries it; one whose config the planner re-planned is False."""
+    import subprocess
+    rows = [r for r in current("rehearsal.jsonl") if r["config"].startswith("ds_configs/")]
+    if subprocess.run(["git", "cat-file", "-e", rows[0]["commit"]], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("this clone does not hold the rehearsed commits")
+    assert all(merge.config_check(r, {}) == {"todays_config": r["todays_config"]} for r in rows)
+    assert {r["todays_config"] for r in rows} == {True, False}
+    assert merge.config_check({**rows[-1], "config": "elsewhere/run.yaml"}, {}) is None
 
 
 def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):

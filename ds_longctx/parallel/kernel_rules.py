@@ -12,7 +12,7 @@ from typing import Optional
 
 from ds_longctx.parallel.parallel_state import local_kv_heads
 
-FA4_VERIFIED_HEAD_DIMS = (128,)
+FA4_VERIFIED_HEAD_DIMS = (128, 256)
 FA4_MIN_HEAD_DIM = 64
 
 

@@ -145,6 +145,23 @@ class ModelGeometry:
             mlp = max(mlp if len(self.moe.sparse_layers) < self.layers else 0, self.moe.block_params(H))
         return attn + mlp + 2 * H + (2 * d if self.qk_norm else 0)
 
+    def mixer_params(self, kind: str = layer_types.FULL_ATTENTION) -> int:
+        """One layer's token mixer: q/k/v/o (+ biases, q_norm/k_norm) and its input norm; a hybrid model's layer of
+        `kind` (plan/layer_types.py). Its grads are what the mixer's backward makes (plan/memory_terms.py)."""
+        if self.hybrid is not None:
+            return sum(layer_types.mixer_numels(self, kind)) + self.hidden
+        H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv) if self.attention_bias else 0) + (H if self.o_bias else 0)
+        return attn + H + (2 * d if self.qk_norm else 0)
+
+    @property
+    def mlp_params(self) -> int:
+        """One layer's MLP (a sparse layer's experts and router) and its second norm: the layer less its mixer."""
+        if self.hybrid is not None:
+            kinds = set(self.hybrid.layer_types)
+            return max(sum(layer_types.layer_numels(self, k)) - self.mixer_params(k) for k in kinds)
+        return self.layer_params - self.mixer_params()
+
     def linears(self) -> dict:
         """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name them (the
         output layer is `lm_head`): what levers/lora.target_names reads to count adapters without a model."""

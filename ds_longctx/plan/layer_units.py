@@ -14,10 +14,12 @@ HIDDEN_UNITS_ATTN_BWD = 6
 # With the token-wise ops compiled (fused_ops compile, and auto on a GPU: levers/fused_ops.py) each norm keeps only
 # its bf16 input and its output (saved by the next matmul), each q/k norm its bf16 input, and SwiGLU gate, up and
 # their product:
-#   mlp_bwd 5, attn_bwd 3; final norm 2 (its input and output); q/k norm 1 copy; MLP 3 saved (+ 2 grads)
+#   mlp_bwd 5, final norm 2 (its input and output); q/k norm 1 copy; MLP 3 saved (+ 2 grads)
+#   attn_bwd: norm1's output (1) + the residual-stream grad (1) = 2, while the kernel's backward holds its buffers;
+#             norm1's input is the layer's checkpoint (counted there), the q/k/v-proj input grad comes after
 # calibrated: see docs/calibration.md#layer-units
 COMPILED_UNITS_MLP_BWD = 5
-COMPILED_UNITS_ATTN_BWD = 3
+COMPILED_UNITS_ATTN_BWD = 2
 COMPILED_FINAL_NORM_UNITS = 2
 COMPILED_QK_NORM_SAVED_COPIES = 1
 COMPILED_MLP_SAVED = 3

@@ -20,7 +20,10 @@ from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, Sizes, Terms
 # calibrated: see docs/calibration.md#gated-delta
 GATED_DELTA_PEAK_BYTES = 27.25e9
 GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 6
-GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS
+# The bench's peak also holds its output and the grad it feeds back (bf16, dv = 128 each): in a layer the output is
+# not kept (the gated norm saves its fp32 copy: lin_norm_saved) and its grad is lin_grads_local's, so not counted here
+BENCH_OUTPUT_AND_GRAD_BYTES = 2 * 128 * 2
+GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS - BENCH_OUTPUT_AND_GRAD_BYTES
 WY_BYTES_PER_TOKEN_HEAD = 64 * 4  # FLA saves the chunk's fp32 WY matrix A [s, hv, 64] for its backward
 NORM_SAVED_BYTES = 16  # per element of [T, hv·dv]: HF's gated RMSNorm (fp32 input, gate, silu(gate); bf16 normed)
 #                        and out_proj's bf16 input

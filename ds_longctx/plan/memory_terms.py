@@ -13,6 +13,7 @@ from ds_longctx.levers.lora import target_names
 from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
+from ds_longctx.parallel.kernel_rules import LINEAR_ATTENTION
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.layer_units import (
     COMPILED_FINAL_NORM_UNITS,
@@ -90,6 +91,8 @@ class Sizes:
     n_cache_host: int  # ... in pinned host memory
     top_cached: bool  # the top layer keeps its attention output on the GPU
     compiled: bool  # the token-wise ops are compiled (fused_ops auto or compile: what a GPU run does)
+    above_lin: int = 0  # a hybrid model's layers above its top linear layer with their checkpoint on the GPU
+    above_lin_cached: int = 0  # ... of them, those keeping their attention output on the GPU
 
     @property
     def phases(self) -> tuple:
@@ -147,13 +150,18 @@ def sizes(g: ModelGeometry, seq_len: int, gpus: int, sp: int, levers: Levers, no
     S = -(-seq_len // sp) * sp
     T = S // sp
     A, A_layer, A_mlp, n_top = adapters(g, levers.lora_rank, levers.lora_targets)
+    # above a hybrid model's top linear layer: their backward has run (and freed their checkpoints) before its own
+    top_lin = max((i for i in range(g.layers) if not g.hybrid.is_full(i)), default=g.layers) if g.hybrid is not None else g.layers
+    above = placement.layers[top_lin + 1:]
     return Sizes(g=g, G=gpus, W=nodes * gpus, w="G" if nodes == 1 else "W", sp=sp, S=S, T=T, E=T * g.hidden * 2,
                  hq_l=g.heads // sp, kv_l=parallel_state.local_kv_heads(g.kv_heads, sp), A=A, A_layer=A_layer,
                  A_mlp=A_mlp, n_top=n_top, k=placement.offloaded, n_cache=placement.count(Place.CACHE),
                  n_cache_host=placement.count(Place.CACHE_OFFLOAD),
                  top_cached=placement[g.layers - 1] == Place.CACHE,
                  # a hybrid model's zero-centred norms are not among the fused ops (levers/fused_ops.py): eager units
-                 compiled=levers.fused_ops in ("auto", "compile") and g.hybrid is None)
+                 compiled=levers.fused_ops in ("auto", "compile") and g.hybrid is None,
+                 above_lin=sum(p in (Place.KEEP, Place.CACHE) for p in above),
+                 above_lin_cached=sum(p == Place.CACHE for p in above))
 
 
 def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
@@ -202,10 +210,14 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     power of two, our exact-size pool does not), the offloaded layer's GPU staging, the kept attention outputs of
     the placement's `cache` / `cache+offload` layers, rotary tables and token ids (phase all)."""
     G, E, L, k, T, d = z.G, z.E, z.g.layers, z.k, z.T, z.g.head_dim
+    a = z.above_lin  # freed by the time the top linear layer runs its backward: not in its phases (LIN)
+    kept = f"(L-k-{a})" if a else "(L-k)"
     if lv.pinned_pool:
-        t.add("checkpoints", (L - k) * E, G * k * E, f"(L-k)·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
+        t.add("checkpoints", (L - k - a) * E, G * k * E, f"{kept}·T·H·2; host G·k·T·H·2, exact-size pool (k={k})")
     else:
-        t.add("checkpoints", (L - k) * E, G * k * pow2(E), f"(L-k)·T·H·2; host G·k·pow2(T·H·2) (k={k})")
+        t.add("checkpoints", (L - k - a) * E, G * k * pow2(E), f"{kept}·T·H·2; host G·k·pow2(T·H·2) (k={k})")
+    if a:
+        t.add("checkpoints_above_linear", a * E, 0, f"{a}·T·H·2 (the layers above the top linear one)", PHASES)
     if k and lv.pinned_pool:  # restored on demand into one GPU tensor, freed after the layer's backward
         # Offloaded layers are the lowest (placement order), so when one runs its backward every layer kept on the
         # GPU has had its own and freed its checkpoint and cache: what an offloaded layer adds (POOLED_LAYER_UNITS·E,
@@ -222,11 +234,15 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     t.add("token_ids", 3 * T * 8, 0, "3·T·8")
     if z.n_cache or z.n_cache_host:
         host = G * z.n_cache_host * cache_region_bytes(1, z.S, z.hq_l, d, 2)
-        t.add("attention_cache", z.n_cache * z.cache_layer, host,
-              f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={z.n_cache} cached on GPU"
+        c = z.above_lin_cached  # as the checkpoints above
+        t.add("attention_cache", (z.n_cache - c) * z.cache_layer, host,
+              f"n·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (n={z.n_cache - c} cached on GPU"
               + ("; the top layer's is its attn_out_a2a + lse" if z.top_cached else "")
               + f"); host G·n_host·(the same + (hq/sp)·128·4 + 64 KiB), the pinned pool's regions "
                 f"(n_host={z.n_cache_host})")
+        if c:
+            t.add("attention_cache_above_linear", c * z.cache_layer, 0,
+                  f"{c}·(S·(hq/sp)·d·2 + (hq/sp)·S·4) (the layers above the top linear one)", PHASES)
 
 
 def embed_loss_terms(t: Terms, z: Sizes, lv: Levers) -> None:
@@ -263,8 +279,17 @@ def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
         # grad: a tied leaf's AccumulateGrad runs once, after its last use's backward (the embedding, last)
         t.add("tied_lm_head_grad_held", g.vocab * g.hidden * 2, 0, "V·H·2 (tied embeddings)",
               z.layer_phases(*LAYER) + ("embed",))
-    t.add("layer_grads_bf16", (z.A_layer if z.lora else g.layer_params) * 2, 0,
-          "A_layer·2" if z.lora else "P_layer·2", z.layer_phases(*LAYER))
+    # Each part's grads live in the phase of its own backward (ZeRO-3 moves them to its bucket right after)
+    if z.lora:
+        t.add("layer_grads_bf16", z.A_mlp * 2, 0, "A_mlp·2", z.layer_phases("mlp_bwd"))
+        t.add("mixer_grads_bf16", (z.A_layer - z.A_mlp) * 2, 0, "(A_layer-A_mlp)·2", z.layer_phases("attn_bwd"))
+    else:
+        t.add("layer_grads_bf16", g.mlp_params * 2, 0, "P_mlp·2 (the MLP's, the second norm's)",
+              z.layer_phases("mlp_bwd"))
+        t.add("mixer_grads_bf16", g.mixer_params() * 2, 0, "P_mix·2 (q/k/v/o, the first norm's)", ("attn_bwd",))
+        if g.hybrid is not None:
+            t.add("lin_mixer_grads_bf16", g.mixer_params(LINEAR_ATTENTION) * 2, 0,
+                  "P_lin·2 (the gated DeltaNet mixer's, the first norm's)", (LIN_MIX,))
     if z.lora:
         r = lv.lora_rank
         t.add("lora_saved", z.n_top * T * r * 2, 0, f"n·T·r·2 (n={z.n_top} adapted Linears, r={r})",

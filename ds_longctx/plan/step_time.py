@@ -5,7 +5,7 @@ collectives' bytes through plan/interconnect.py's model (the same one a rehearsa
 
 Per decoder layer, on one rank (T = S / sp tokens, every layer checkpointed):
     attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS
-                (head_dim 256, a hybrid model's full layers under cuDNN: the ATTENTION_D256_* rates); the checkpoint's
+                (head_dim 256, a hybrid model's full layers: the ATTENTION_D256_* rates); the checkpoint's
                 recompute runs the forward again unless the layer keeps its attention output (the placement's cache /
                 cache+offload). A gated DeltaNet layer: its delta rule and conv1d at their measured seconds per token
                 and value head (S·hv/sp of them), the forward twice and the backward once
@@ -38,10 +38,10 @@ ATTENTION_BWD_FLOPS = 618e12
 # The token-wise work of a dense Qwen3 layer, FLOP/s: what makes the analytic step of ds_configs/qwen3-8b_1m_8x80gb its
 # rehearsed compute. calibrated: see docs/calibration.md#tokenwise-flops
 DENSE_TOKENWISE_FLOPS = 480e12
-# cuDNN SDPA's causal forward / backward at head_dim 256 (what `auto` runs there), FLOP/s.
+# FlashAttention 4's causal forward / backward at head_dim 256 (what `auto` runs there on Hopper), FLOP/s.
 # calibrated: see docs/calibration.md#gated-delta-seconds
-ATTENTION_D256_FWD_FLOPS = 514e12
-ATTENTION_D256_BWD_FLOPS = 373e12
+ATTENTION_D256_FWD_FLOPS = 720e12
+ATTENTION_D256_BWD_FLOPS = 368e12
 # FLA's gated delta rule and causal conv1d, seconds per token and value head (dk = dv = 128, bf16, H200).
 # calibrated: see docs/calibration.md#gated-delta-seconds
 GATED_DELTA_FWD_S = 28.17e-3 / (1_048_576 * 6)
