@@ -6,6 +6,8 @@
 #   3: carry [".flaa"]                    bash .flaa/install.sh              (FLA: only for the qwen35_* stages)
 #   4: carry [".flab"]                    COMMIT=<sha> STAGES="..." bash benchmarks/device_job.sh start
 #   5..: no carry                         WAIT_S=420 bash benchmarks/device_job.sh wait   (until rc appears)
+# The machine is given back after 30 s without a call, and the detached job dies with it: make each call right after
+# the last returns (read what came back while the next wait runs).
 # Without FLA, call 4 is `COMMIT=<sha> STAGES="..." NO_FLA=1 bash benchmarks/device_job.sh start` (no carry).
 # Stages (STAGES, space-separated, in that order):
 #   answer_loss      issue 40: benchmarks/answer_loss.sh (STEPS=$AL_STEPS, default 100: ~21 min at 131,072 tokens)
