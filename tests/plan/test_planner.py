@@ -211,7 +211,8 @@ def test_lora_counts_optimizer_states_for_the_adapters_only():
     # the frozen base has no grads: one layer's grads are its adapters' (the MLP's in its backward, q/k/v/o's in
     # the attention's), the embedding's and lm_head's none
     assert lora.term("layer_grads_bf16").gpu_bytes + lora.term("mixer_grads_bf16").gpu_bytes == 2 * per_layer
-    assert lora.term("layer_grads_bf16").phases == ("mlp_bwd",) and lora.term("mixer_grads_bf16").phases == ("attn_bwd",)
+    assert lora.term("layer_grads_bf16").phases == ("mlp_bwd",)
+    assert lora.term("mixer_grads_bf16").phases == ("attn_bwd",)
     assert all(lora.term(n).gpu_bytes == 0 for n in ("embedding_grad_bf16", "lm_head_grad_bf16",
                                                      "lm_head_grad_accum_fp32"))
     assert lora.term("gathered_layers").gpu_bytes == 2 * (192_946_432 + per_layer) * 2
