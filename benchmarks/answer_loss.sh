@@ -9,12 +9,14 @@
 #   3. train at SEQ_LEN (sessions longer than it cut into windows, shorter ones packed, `pack` layout) for STEPS
 #      steps; the held-out sessions forwarded whole before step 1 and every EVAL_EVERY steps: answer_loss.jsonl
 #
-# One H200 with the wheels installed (bash .whl/install.sh). At 131,072 tokens a step takes ~12.4 s (attention-bound:
-# FlashAttention 4's forward and backward of 28 layers are ~10.7 s of it), so 100 steps take ~21 min: start it
+# One H200 with the wheels installed (bash .whl/install.sh). At 131,072 tokens a step takes ~12.4 s with every layer's
+# attention output kept (CACHE=all; attention-bound: FlashAttention 4's forward and backward of 28 layers are ~10.7 s
+# of it), so 100 steps take ~21 min: start it
 # detached and collect every call:
 #   RES=/tmp/res/answer_loss RUN_DIR=/tmp/al launch/detach.sh bash benchmarks/answer_loss.sh
 #   RUN_DIR=/tmp/al launch/wait.sh 540; tar czf $OUT/res.tgz -C /tmp/res answer_loss
 # Knobs (env): STEPS (100), SEQ_LEN (131072), EVAL_EVERY (STEPS/2: start, middle, end), EVAL_ROWS (4), LR (5e-4),
+# CACHE (all: memory.attention_cache_layers, so the checkpoints' recompute skips attention; 0 recomputes it),
 # WARMUP (10), DTYPE (bf16), SESSIONS, N_SESSIONS (40), MIN_TOKENS (131072), MAX_TOKENS (262144),
 # BASE_MODEL (qwen3-0.6b), WORK.
 #
@@ -57,6 +59,7 @@ t0=$SECONDS
 set +e
 python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$DTYPE" --seq_len "$SEQ_LEN" \
    --steps "$STEPS" --lr "$LR" --warmup_steps "$WARMUP" --data "$WORK/train.jsonl" --tokenizer "$SESSIONS/tokenizer" \
+   --attention_cache_layers "${CACHE:-all}" \
    --data_layout pack --data_cache_dir "$WORK/cache" --eval_data "$WORK/held_out.jsonl" --eval_rows "$EVAL_ROWS" \
    --eval_every "$EVAL_EVERY" --eval_answer_loss true --log_every 5 --report_to none --output_dir "$WORK/run" \
    2>&1 | tr '\r' '\n' | awk '!/step\/s|s\/step/ || /\| *[0-9]*5\/|100%/' | tee -a "$LOG"
