@@ -48,6 +48,7 @@ class RankRun:
         return {"config": self.a.config, "rank": self.rank, "world": self.world, "nodes": self.nodes,
                 "gpus_per_node": self.per_node, "role": role_of(self.rank, self.per_node, sp),
                 "sp_size": sp, "seq_len": cfg.train.seq_len, "model": cfg.model.name,
+                "placement": plan.placement.spec(),  # the per-layer plan rehearsed
                 "planned_gpu_bytes": int(plan.gpu_peak_bytes), "gpu_budget_bytes": int(budget),
                 "planned_host_bytes_per_process": int(plan.host_peak_bytes / self.per_node)}
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import ROOT, run_cli
 
-REQUIRED = ("config", "rank", "world", "seq_len", "layers", "peak_gpu_bytes", "planned_gpu_bytes", "gpu_budget_bytes",
-            "host_rss_bytes", "planned_host_bytes_per_process", "compute_seconds_per_step",
+REQUIRED = ("config", "rank", "world", "seq_len", "layers", "placement", "peak_gpu_bytes", "planned_gpu_bytes",
+            "gpu_budget_bytes", "host_rss_bytes", "planned_host_bytes_per_process", "compute_seconds_per_step",
             "predicted_seconds_per_step", "optimizer_seconds_per_step", "link", "commit", "device")
 SEQ = 512
 
@@ -100,6 +100,7 @@ def test_the_rows_plan_is_the_planners(world8):
                        Levers.from_run_config(cfg, PlacementPlan.parse("keep:2")))
     assert rows[0]["planned_gpu_bytes"] == int(plan.gpu_peak_bytes)
     assert rows[0]["planned_host_bytes_per_process"] == int(plan.host_peak_bytes / 8)
+    assert rows[0]["placement"] == "keep:2"
 
 
 def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_partition(tmp_path):
