@@ -138,12 +138,11 @@ class ModelGeometry:
         of gate/up/down). A hybrid model: its largest layer's (plan/layer_types.py)."""
         if self.hybrid is not None:
             return max(sum(layer_types.layer_numels(self, kind)) for kind in set(self.hybrid.layer_types))
-        H, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = H * (q + 2 * kv) + q * H + ((q + 2 * kv) if self.attention_bias else 0) + (H if self.o_bias else 0)
+        H = self.hidden
         mlp = 3 * H * self.intermediate + ((2 * self.intermediate + H) if self.mlp_bias else 0)
         if self.moe is not None and self.moe.sparse_layers:
             mlp = max(mlp if len(self.moe.sparse_layers) < self.layers else 0, self.moe.block_params(H))
-        return attn + mlp + 2 * H + (2 * d if self.qk_norm else 0)
+        return self.mixer_params() + mlp + H  # + the second norm
 
     def mixer_params(self, kind: str = layer_types.FULL_ATTENTION) -> int:
         """One layer's token mixer: q/k/v/o (+ biases, q_norm/k_norm) and its input norm; a hybrid model's layer of

@@ -151,9 +151,7 @@ def sizes(g: ModelGeometry, seq_len: int, gpus: int, sp: int, levers: Levers, no
     T = S // sp
     A, A_layer, A_mlp, n_top = adapters(g, levers.lora_rank, levers.lora_targets)
     # above a hybrid model's top linear layer: their backward has run (and freed their checkpoints) before its own
-    top_lin = g.layers
-    if g.hybrid is not None:
-        top_lin = max((i for i in range(g.layers) if not g.hybrid.is_full(i)), default=g.layers)
+    top_lin = max((i for i, full in enumerate(g.attention_layers or ()) if not full), default=g.layers)
     above = placement.layers[top_lin + 1:]
     return Sizes(g=g, G=gpus, W=nodes * gpus, w="G" if nodes == 1 else "W", sp=sp, S=S, T=T, E=T * g.hidden * 2,
                  hq_l=g.heads // sp, kv_l=parallel_state.local_kv_heads(g.kv_heads, sp), A=A, A_layer=A_layer,
