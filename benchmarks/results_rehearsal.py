@@ -118,8 +118,8 @@ def rehearsed(d: dict) -> list:
     rows = []
     for cfg, found in sorted(by.items()):
         ranks = newest_rehearsal(found)
-        slow, top = max(ranks, key=lambda r: r["predicted_seconds_per_step"]), max(ranks, key=lambda r: r[
-            "peak_gpu_bytes"])
+        slow = max(ranks, key=lambda r: r["predicted_seconds_per_step"])
+        top = max(ranks, key=lambda r: r["peak_gpu_bytes"])
         run, total = slow["layers"].split("/")
         peer = [p for p in timed if p["gpus"] == slow["world"] and p["model"].lower() == slow["model"].lower()
                 and abs(p["seq_len"] / slow["seq_len"] - 1) < 0.01]
