@@ -2,6 +2,7 @@
 terms every layer shares (plan/memory_terms.py), in two phases of its own.
 
     lin_mlp_bwd   the top linear layer recomputed, its MLP backward running: the mixer's saved tensors live
+    lin_norm_bwd  its post-attention norm's eager backward, between the two: the same saved tensors, the norms' units
     lin_bwd       its token mixing's backward: the gated delta rule's kernel (FLA) and the conv1d's, the exchanges
 
 Legend (plan/planner.py's, and): hk' / hv' the key / value heads each rank mixes after the exchange (hk/sp or 1
@@ -13,7 +14,8 @@ memory_terms (`layer_phases`); the full-attention layers keep their own (qkv_a2a
 from __future__ import annotations
 
 from ds_longctx.parallel.parallel_state import local_linear_heads
-from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, Sizes, Terms
+from ds_longctx.plan.layer_units import LIN_NORM_BWD_UNITS
+from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, LIN_NORM, Sizes, Terms
 
 # The gated delta rule's forward + backward peak per token and value head (its inputs, output, saved WY matrices,
 # chunk states and grads): chunk_gated_delta_rule at dk = dv = 128, 2 key / 6 value heads, bf16, on one H200.
@@ -24,9 +26,12 @@ GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 6
 # not kept (the gated norm saves its fp32 copy: lin_norm_saved) and its grad is lin_grads_local's, so not counted here
 BENCH_OUTPUT_AND_GRAD_BYTES = 2 * 128 * 2
 GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS - BENCH_OUTPUT_AND_GRAD_BYTES
-WY_BYTES_PER_TOKEN_HEAD = 64 * 4  # FLA saves the chunk's fp32 WY matrix A [s, hv, 64] for its backward
-NORM_SAVED_BYTES = 16  # per element of [T, hv·dv]: HF's gated RMSNorm (fp32 input, gate, silu(gate); bf16 normed)
-#                        and out_proj's bf16 input
+# What the mixer saves for its backward, per token and value head / per element of [T, hv·dv]:
+# FLA keeps the chunk's WY matrix A [s, hv, 64] in k's dtype (solve_tril's output, bf16); HF's gated RMSNorm its fp32
+# input, gate and silu(gate) (4 each), the bf16 normed copy and its weight product (2 each), and out_proj its bf16
+# input (2). calibrated: see docs/calibration.md#gated-delta
+WY_BYTES_PER_TOKEN_HEAD = 64 * 2
+NORM_SAVED_BYTES = 18
 
 
 def linear_terms(t: Terms, z: Sizes) -> None:
@@ -36,15 +41,18 @@ def linear_terms(t: Terms, z: Sizes) -> None:
     dk, dv, hv = h.linear_key_dim, h.linear_value_dim, h.linear_value_heads
     c_l = 2 * hk_l * dk + hv_l * dv
     t.add("lin_conv_in", S * c_l * 2, 0, "S·c'·2 (the exchanged q/k/v: the conv1d's saved input)", LIN)
+    saved = (LIN_MLP, LIN_NORM)  # until the mixer's own backward
     t.add("lin_rule_saved", S * (c_l * 2 + hv_l * (4 + 2 + WY_BYTES_PER_TOKEN_HEAD)), 0,
-          f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)",
-          (LIN_MLP,))
+          f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)", saved)
     t.add("lin_norm_saved", T * hv * dv * NORM_SAVED_BYTES, 0, f"T·hv·dv·{NORM_SAVED_BYTES} (gated RMSNorm, out_proj)",
-          (LIN_MLP,))
+          saved)
+    t.add("hidden_norm_bwd", LIN_NORM_BWD_UNITS * z.E, 0, f"{LIN_NORM_BWD_UNITS}·T·H·2 (the norms' eager units: "
+          "plan/layer_units.py)", (LIN_NORM,))
     t.add("lin_gates", T * hv * (4 + 2) * 2, 0, "T·hv·(4+2)·2 (g fp32 and beta on the slice, and their grads)", LIN)
     t.add("lin_rule_bwd", round(S * hv_l * GATED_DELTA_BYTES_PER_TOKEN_HEAD), 0,
           f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
           (LIN_MIX,))
-    t.add("lin_grads_local", S * c_l * 2 + T * h.conv_dim * 2 + T * hv * dv * 4, 0,
-          "S·c'·2 + T·c·2 + T·hv·dv·4 (the conv's input grad and its exchange back; the output's and z's grads)",
+    # beside the kernel: the grads of its output and of z (bf16); the conv's input grad and its exchange back come
+    # after the kernel has freed its buffers, and are smaller
+    t.add("lin_grads_local", T * hv * dv * 4, 0, "T·hv·dv·4 (the rule output's and z's grads, beside the kernel)",
           (LIN_MIX,))

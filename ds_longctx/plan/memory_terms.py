@@ -44,9 +44,10 @@ from ds_longctx.plan.zero_buffers import (
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
-# a hybrid model's top gated DeltaNet layer: its MLP backward, its token mixing's backward (plan/linear_terms.py)
-LIN_MLP, LIN_MIX = "lin_mlp_bwd", "lin_bwd"
-LIN = (LIN_MLP, LIN_MIX)
+# a hybrid model's top gated DeltaNet layer: its MLP backward, its post-attention norm's, its token mixing's
+# (plan/linear_terms.py)
+LIN_MLP, LIN_NORM, LIN_MIX = "lin_mlp_bwd", "lin_norm_bwd", "lin_bwd"
+LIN = (LIN_MLP, LIN_NORM, LIN_MIX)
 BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
 
 
@@ -101,10 +102,12 @@ class Sizes:
 
     def layer_phases(self, *phases: str) -> tuple:
         """`phases` of the full-attention layer, and a hybrid model's matching linear-layer phases: for the terms
-        every decoder layer holds (its grads, norms, MLP)."""
+        every decoder layer holds (its grads, norms, MLP). A term held through both the MLP's and the mixer's
+        backward is held through the norm's between them."""
         if self.g.hybrid is None:
             return phases
-        return phases + tuple(lin for p, lin in zip(LAYER, LIN) if p in phases)
+        lin = tuple(lin for p, lin in zip(LAYER, (LIN_MLP, LIN_MIX)) if p in phases)
+        return phases + lin + ((LIN_NORM,) if set(LAYER) <= set(phases) else ())
 
     @property
     def lora(self) -> bool:

@@ -18,7 +18,8 @@ A step's GPU memory is the terms live in every phase ("all") plus the largest of
     loss      lm_head + cross-entropy (the loss-head gradients are computed in its forward and kept)
     mlp_bwd   the top layer recomputed, all its saved tensors live, its MLP backward running
     attn_bwd  the same layer's attention backward (MLP saved tensors freed, attention grads live)
-    lin_mlp_bwd, lin_bwd   a hybrid model's top gated DeltaNet layer, the same two moments (plan/linear_terms.py)
+    lin_mlp_bwd, lin_norm_bwd, lin_bwd   a hybrid model's top gated DeltaNet layer: the same two moments and the
+              post-attention norm's eager backward between them (plan/linear_terms.py)
 The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs (a hybrid
 model's top layer is full attention; its top linear layer is counted in phases of its own).
 Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak = max(Σ step host terms,

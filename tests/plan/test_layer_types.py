@@ -12,7 +12,7 @@ from ds_longctx.levers.placement import Place, PlacementPlan, resolve_placement
 from ds_longctx.levers.rope import apply_rope_scaling, yarn_inv_freq
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.linear_terms import GATED_DELTA_PEAK_BYTES
+from ds_longctx.plan.linear_terms import GATED_DELTA_PEAK_BYTES, NORM_SAVED_BYTES
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.model import load_hf_config, model_class
 from tests.helpers import tiny_model
@@ -114,3 +114,43 @@ def test_the_top_linear_layers_phases_hold_nothing_of_the_layers_above_it():
         assert {"loss", "mlp_bwd", "attn_bwd"} <= set(t.phases)
     dense = plan_memory("qwen3-8b", 1 << 20, 8, 8, Levers(offload_layers=13))
     assert not {"checkpoints_above_linear", "attention_cache_above_linear"} & {t.name for t in dense.terms}
+
+
+def saved_bytes(fn, *inputs, numel: int) -> int:
+    """Bytes of the distinct storages of `numel` elements autograd saves for the backward of fn(*inputs), the inputs'
+    own excluded (the weights and per-row statistics are other sizes)."""
+    own = {t.untyped_storage().data_ptr() for t in inputs}
+    saved = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in own and t.numel() == numel:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(saved.values())
+
+
+def test_the_gated_norm_and_out_proj_save_what_the_plan_counts():
+    """HF's gated RMSNorm and out_proj on the delta rule's output (bf16, [T, hv·dv]) save NORM_SAVED_BYTES per element
+    for the top linear layer's backward (lin_norm_saved): counted here from autograd's saved tensors."""
+    model = tiny_model(model="qwen3.5-tiny", dtype=torch.bfloat16)
+    lin = model.model.layers[0].linear_attn
+    T, hv, dv = 256, lin.num_v_heads, lin.head_v_dim
+    out = torch.randn(T * hv, dv, dtype=torch.bfloat16, requires_grad=True)
+    z = torch.randn(T * hv, dv, dtype=torch.bfloat16, requires_grad=True)
+
+    def norm_then_proj(o, zz):
+        return lin.out_proj(lin.norm(o, zz).reshape(T, hv * dv))
+    assert saved_bytes(norm_then_proj, out, z, numel=T * hv * dv) == T * hv * dv * NORM_SAVED_BYTES
+
+
+def test_the_top_linear_layers_norm_backward_is_a_phase_of_its_own():
+    """Between the top linear layer's MLP backward and its mixer's: the mixer's saved tensors and the norms' eager
+    units (plan/layer_units.py), no MLP tensor and not the delta rule's kernel; a dense model has no such phase."""
+    p = plan_memory("qwen3.5-4b", 362_496, 1, 1, Levers(tiled_mlp=True, offload_layers=19))
+    held = {t.name for t in p.terms if "lin_norm_bwd" in t.phases}
+    assert {"lin_conv_in", "lin_rule_saved", "lin_norm_saved", "hidden_norm_bwd", "tied_lm_head_grad_held"} <= held
+    assert not held & {"mlp_tile", "hidden_mlp_bwd", "layer_grads_bf16", "lin_rule_bwd", "checkpoints_above_linear"}
+    assert "lin_norm_bwd" not in dict(plan_memory("qwen3-8b", 1 << 20, 8, 8, Levers(offload_layers=13)).phase_bytes)

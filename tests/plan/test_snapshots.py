@@ -1,0 +1,47 @@
+"""The plan against the CUDA allocator's own record: each committed GPU run that recorded its allocations
+(`run/memory/rank0_peak.txt`, logging.memory_snapshot_steps) is planned again with its own levers, and the plan's
+live tensors (its terms in every phase plus its peak phase, before fragmentation and the CUDA context) must be the
+bytes the allocator held at its highest point."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ds_longctx.config import RunConfig
+from ds_longctx.rehearsal.world import planned
+from tests.helpers import ROOT
+
+SESSIONS = ROOT / "benchmarks/results/sessions"
+# (run directory, layers of the model file the run trained: reduced depth writes its own, None: the shipped one)
+RECORDED = [
+    ("session_2026-12-04_h200x1-20261204T1000/moe_longest", 1),
+    ("session_2026-12-04_h200x1-20261204T1235/moe_longest", 1),
+    ("session_2026-12-04_h200x1-20261204T1235/qwen35_longest", None),
+]
+OUTSIDE_THE_PLAN = ("allocator_slack", "cuda_context")  # the reserved side of the plan, not live tensors
+
+
+def allocated_peak(run_dir) -> int:
+    """The first line of rank0_peak.txt: `... (event N of M recorded): X GiB`, in bytes."""
+    first = (run_dir / "run/memory/rank0_peak.txt").read_text().splitlines()[0]
+    return round(float(re.search(r": ([\d.]+) GiB$", first).group(1)) * 2 ** 30)
+
+
+@pytest.mark.parametrize("where,layers", RECORDED, ids=[r[0].split("/")[-1] + "@" + r[0][-5:] for r in RECORDED])
+def test_the_plan_holds_what_the_allocator_held(where, layers, tmp_path):
+    run_dir = SESSIONS / where
+    cfg = RunConfig.load(run_dir / "plan/run.yaml")
+    if layers is not None:  # benchmarks/device_job.sh's reduced model file, written again here
+        geometry = json.loads((ROOT / "ds_longctx/models" / f"{cfg.model.name.split('/')[-1].split('-reduced')[0]}.json")
+                              .read_text())
+        geometry["num_hidden_layers"] = layers
+        (tmp_path / "model.json").write_text(json.dumps(geometry))
+        cfg.model.name = str(tmp_path / "model.json")
+    p = planned(cfg, 1, 1)
+    every = sum(t.gpu_bytes for t in p.terms if t.phases == ("all",) and t.name not in OUTSIDE_THE_PLAN)
+    live = every + dict(p.phase_bytes)[p.peak_phase]
+    measured = allocated_peak(run_dir)
+    assert abs(live / measured - 1) < 0.02, (p.peak_phase, live, measured)
