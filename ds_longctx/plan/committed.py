@@ -19,10 +19,14 @@ COMMITTED = {
     "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 "
                                       "--host_mem_gb 1024",
     "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
-    # Qwen3.5 (hybrid): the 4B at 1M tokens; the 27B does not fit 1M on one 8-GPU node (its plan's refusal says what
-    # would), so its longest length
+    "qwen3-30b-a3b_max_8x80gb": "--model qwen3-30b-a3b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3-30b-a3b_max_8x141gb": "--model qwen3-30b-a3b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    # Qwen3.5 (hybrid): the 4B at 1M tokens and its longest; the 27B does not fit 1M on one 8-GPU node (its plan's
+    # refusal says what would), so its longest length
     "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
     "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
+    "qwen3.5-4b_max_8x80gb": "--model qwen3.5-4b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
+    "qwen3.5-4b_max_8x141gb": "--model qwen3.5-4b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
     "qwen3.5-27b_max_8x80gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 80 --host_mem_gb 560",
     "qwen3.5-27b_max_8x141gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 141 --host_mem_gb 560",
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
 
@@ -131,7 +132,7 @@ class ModelGeometry:
         """Per layer: whether it is full attention (where an attention cache can go); None: every layer is."""
         return None if self.hybrid is None else tuple(self.hybrid.is_full(i) for i in range(self.layers))
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ the q/k/v, o_proj and gate/up/down
         biases the config has). A mixture of experts: its largest layer's, a sparse one (experts and router in place
@@ -198,7 +199,7 @@ class ModelGeometry:
             layers = [n for i in range(self.layers) for n in attn + (sparse if self.moe.is_sparse(i) else mlp) + [H, H]]
         return [emb, *layers, H, *([] if self.tied_embeddings else [emb])]
 
-    @property
+    @cached_property  # the planner's search asks it thousands of times
     def num_params(self) -> int:
         """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""
         if self.moe is not None or self.hybrid is not None:  # layers of two kinds

@@ -32,8 +32,8 @@ COMPILED_MLP_SAVED = 3
 # (tests/levers/test_tiled_layer.py counts what the layer saves.) calibrated: see docs/calibration.md#layer-units
 TILED_LAYER_UNITS_MLP_BWD = 3
 TILED_LAYER_UNITS_ATTN_BWD = 1
-# A hybrid model's top gated DeltaNet layer after its MLP's backward (phase lin_norm_bwd): the post-attention norm's eager
-# backward (zero-centred RMSNorm, never compiled) while every tensor the mixer saved is alive:
+# A hybrid model's top gated DeltaNet layer after its MLP's backward (phase lin_norm_bwd): the post-attention norm's
+# eager backward (zero-centred RMSNorm, never compiled) while every tensor the mixer saved is alive:
 #   norm1's fp32 input, fp32 normed copy and bf16 output (5) + norm2's fp32 input (2) + its backward in flight: the
 #   mul's, the mean's and the pow's fp32 grads (2 + 2 + 6) and the bf16 grad for the residual stream (1) = 18
 # calibrated: see docs/calibration.md#layer-units

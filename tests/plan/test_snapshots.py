@@ -35,8 +35,8 @@ def test_the_plan_holds_what_the_allocator_held(where, layers, tmp_path):
     run_dir = SESSIONS / where
     cfg = RunConfig.load(run_dir / "plan/run.yaml")
     if layers is not None:  # benchmarks/device_job.sh's reduced model file, written again here
-        geometry = json.loads((ROOT / "ds_longctx/models" / f"{cfg.model.name.split('/')[-1].split('-reduced')[0]}.json")
-                              .read_text())
+        shipped = cfg.model.name.split("/")[-1].split("-reduced")[0]  # /tmp/qwen3-30b-a3b-reduced.json
+        geometry = json.loads((ROOT / "ds_longctx/models" / f"{shipped}.json").read_text())
         geometry["num_hidden_layers"] = layers
         (tmp_path / "model.json").write_text(json.dumps(geometry))
         cfg.model.name = str(tmp_path / "model.json")
