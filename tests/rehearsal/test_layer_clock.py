@@ -225,3 +225,36 @@ def test_a_hybrid_models_layers_are_picked_and_extrapolated_by_placement_and_typ
     picked = pick_layers(kinds, 6)
     assert {kinds[i] for i in picked} == set(kinds) and {0, 31} <= set(picked)
     assert layer_kinds(PlacementPlan.parse("keep:2"), ["full_attention"] * 2) == ["keep", "keep"]
+
+
+def _timed_step(clock, seconds: dict) -> None:
+    """One finished step in which layer i took seconds[i] (forward 1/4 of it, backward the rest), host-clock stamps."""
+    from ds_longctx.rehearsal.layer_clock import LayerRecord, _Stamp
+
+    def span(d):
+        a, b = _Stamp(False), _Stamp(False)
+        b.t = a.t + d
+        return [a, b]
+    clock.records = {i: LayerRecord(fwd=span(s / 4), bwd=span(3 * s / 4)) for i, s in seconds.items()}
+    clock.steps.append(clock.records)
+    clock.records = {}
+
+
+def test_each_layer_is_timed_at_its_fastest_timed_step():
+    """Step 1 warms up; in step 2 layer 7 still compiled once (a cold process), so each layer counts at its fastest of
+    steps 2 and 3, and the 7 layers not run of offload:6,keep:3,cache:1 add 5 offload (1 s) and 2 keep (2 s) layers."""
+    kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
+    clock = _sim_clock(kinds, [0, 7, 9])
+    _timed_step(clock, {0: 9.0, 7: 9.0, 9: 9.0})
+    _timed_step(clock, {0: 1.0, 7: 5.0, 9: 3.0})
+    _timed_step(clock, {0: 1.2, 7: 2.0, 9: 3.1})
+    assert clock.steady_layer_seconds() == pytest.approx({0: 1.0, 7: 2.0, 9: 3.0})
+    assert clock.extrapolate(6.0, 0, 0, 0, {})["seconds"] == pytest.approx(6.0 + 5 * 1.0 + 2 * 2.0)
+    one = _sim_clock(kinds, [0, 7, 9])
+    _timed_step(one, {0: 9.0, 7: 9.0, 9: 9.0})  # a single step is the only one there is
+    assert one.steady_layer_seconds() == pytest.approx({0: 9.0, 7: 9.0, 9: 9.0})
+
+
+def test_a_rank_is_timed_at_its_fastest_timed_step():
+    from ds_longctx.rehearsal.world import fastest_steady
+    assert fastest_steady([200.0, 16.8, 11.2]) == 11.2 and fastest_steady([50.0, 40.0]) == 40.0

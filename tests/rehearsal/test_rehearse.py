@@ -165,7 +165,7 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     assert "GPU left by each layer run (bytes) 0: " in logs[part] and "GPU left by" not in logs[full]
     assert (f["layers"], p["layers"], p["seq_len"]) == ("6/6", "3/6", 256)
     # the row's command plays it again: every option and config override given, less --out
-    assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 2 --internode_gbps 100.0 "
+    assert p["command"] == (f"ds-longctx rehearse --config {cfg} --rank 0 --layers 3 --steps 3 --internode_gbps 100.0 "
                             "--cpu --seq_len 256")
     assert p["layers_run"][0] == 0 and p["layers_run"][-1] == 5 and len(p["layers_run"]) == 3
     assert [int(i) for i in p["layer_gpu_bytes"]] == p["layers_run"] == [int(i) for i in p["layer_host_bytes"]]
