@@ -35,6 +35,14 @@ log = logging.getLogger("ds_longctx")
 SAVE_PAUSE_ENV = "DS_LONGCTX_DEBUG_SAVE_PAUSE_S"  # debug: seconds a save waits with every file written, unrenamed
 
 
+def _debug_pause(step: int) -> None:
+    """Tests interrupt a save here: SAVE_PAUSE_ENV is `S` (every save waits S seconds) or `S@N` (the save of step
+    N only)."""
+    seconds, _, at = os.environ.get(SAVE_PAUSE_ENV, "0").partition("@")
+    if not at or int(at) == step:
+        time.sleep(float(seconds))
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -76,7 +84,7 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
     if err is None:
         digests = _write_own(engine, cfg, tmp, step)
         err = next((d for d in digests if isinstance(d, str)), None)
-        time.sleep(float(os.environ.get(SAVE_PAUSE_ENV, "0")))  # tests interrupt a save here
+        _debug_pause(step)
     if err is None and engine.state.rank == 0:
         err = _attempt(lambda: _finish(engine, cfg, root, tmp, step, digests, data_signature))
     err = _agree(err)

@@ -36,7 +36,7 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
     loss it had, bit for bit."""
     run = ["--model", str(save_seconds_model(tmp_path)), *RUN[2:]]
     out, log = tmp_path / "cut", tmp_path / "cut.log"
-    env = cpu_env() | {SAVE_PAUSE_ENV: "30"}
+    env = cpu_env() | {SAVE_PAUSE_ENV: "30@2"}  # step 1 saves at once
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *run, "--steps", "3",
                                  "--save_every", "1", "--output_dir", str(out)], env=env, cwd=ROOT, stdout=f,
