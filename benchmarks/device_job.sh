@@ -14,7 +14,7 @@
 #   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step,
 #                    the allocator recorded
 #   rehearse:C:K     `ds-longctx rehearse` of ds_configs/C, each rank role, K of its layers (rehearsal_C.jsonl)
-#   plan_run:M:N:K   model M planned for 1 x 141 GB + 128 GB host at N tokens, K steps (plan_run_M_N/)
+#   plan_run:M:N:K   model M planned for 1 x 141 GB + 128 GB host at N tokens, K steps, the allocator recorded
 #   moe_longest      issue 45: Qwen3-30B-A3B at full width, MOE_LAYERS (default 1) of 48 layers, at the longest length
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
 #                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
@@ -65,7 +65,8 @@ PY
                    step moe_longest 900 bash -c 'plan_train moe_longest 1 --memory_snapshot_steps 1 -- \
                      --model /tmp/qwen3-30b-a3b-reduced.json --find_max_len' ;;
       plan_run:*:*:*) IFS=: read -r _ m n k <<< "$s"  # the plan for 1 x 141 GB + 128 GB host at n tokens, k steps
-                      step "plan_run_${m}_$n" 900 bash -c "plan_train plan_run_${m}_$n $k -- --model $m --seq_len $n" ;;
+                      step "plan_run_${m}_$n" 900 bash -c \
+                        "plan_train plan_run_${m}_$n $k --memory_snapshot_steps 1 -- --model $m --seq_len $n" ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
                   -k "${K:-$GPU_SOME}" ;;
       *) echo "unknown stage $s" ;;
