@@ -13,6 +13,7 @@ from torch import nn
 
 from ds_longctx.levers.moe import apply_moe, remove_moe, set_experts_kernel, tile_problem
 from tests.helpers import rel_err
+from tests.saved_tensors import saved_bytes
 
 TOL = 1e-5
 
@@ -93,19 +94,9 @@ def test_saved_bytes_are_the_planners():
     lever.aux.begin(None, 1.0)
     block = model.model.layers[0].mlp
     x = torch.randn(1, 256, 64, dtype=torch.bfloat16, requires_grad=True)
-    own = {p.untyped_storage().data_ptr() for p in block.parameters()} | {x.untyped_storage().data_ptr()}
-    saved = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in own:
-            saved[s.data_ptr()] = s.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x)
+    got = saved_bytes(block, x, exclude=(*block.parameters(), x))
     router, dispatch, experts, _ = block_bytes(ModelGeometry.from_name_or_path("qwen3-moe-tiny"), 256)
-    assert abs(sum(saved.values()) - (router + dispatch + experts)) <= 64, (sum(saved.values()), router + dispatch
-                                                                           + experts)
+    assert abs(got - (router + dispatch + experts)) <= 64, (got, router + dispatch + experts)
 
 
 def test_the_expert_kernel_is_logged_once(caplog):

@@ -12,6 +12,7 @@ from ds_longctx.levers import fused_ops
 from ds_longctx.levers.tiled_layer import apply_tiled_layer, remove_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from tests.helpers import rel_err, tiny_model
+from tests.saved_tensors import saved_bytes
 
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
 
@@ -92,18 +93,8 @@ def test_the_layer_saves_its_inputs_not_its_token_wise_tensors():
     emb = ref.model.rotary_emb(x, pos)
 
     def count(model_layer):
-        seen, total = set(), 0
-
-        def pack(t):
-            nonlocal total
-            key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-            if key not in seen and t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
-                seen.add(key)
-                total += key[1]
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model_layer(x, position_embeddings=emb, position_ids=pos, attention_mask=None)
-        return total
+        return saved_bytes(model_layer, x, exclude=(x,), position_embeddings=emb, position_ids=pos,
+                           attention_mask=None)
 
     plain = count(layer)
     apply_tiled_layer(ref, 64)

@@ -16,6 +16,7 @@ from ds_longctx.plan.linear_terms import GATED_DELTA_PEAK_BYTES, NORM_SAVED_BYTE
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.model import load_hf_config, model_class
 from tests.helpers import tiny_model
+from tests.saved_tensors import saved_bytes
 
 
 def test_tiny_geometry_is_the_real_model():
@@ -116,22 +117,6 @@ def test_the_top_linear_layers_phases_hold_nothing_of_the_layers_above_it():
     assert not {"checkpoints_above_linear", "attention_cache_above_linear"} & {t.name for t in dense.terms}
 
 
-def saved_bytes(fn, *inputs, numel: int) -> int:
-    """Bytes of the distinct storages of `numel` elements autograd saves for the backward of fn(*inputs), the inputs'
-    own excluded (the weights and per-row statistics are other sizes)."""
-    own = {t.untyped_storage().data_ptr() for t in inputs}
-    saved = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in own and t.numel() == numel:
-            saved[s.data_ptr()] = s.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*inputs)
-    return sum(saved.values())
-
-
 def test_the_gated_norm_and_out_proj_save_what_the_plan_counts():
     """HF's gated RMSNorm and out_proj on the delta rule's output (bf16, [T, hv·dv]) save NORM_SAVED_BYTES per element
     for the top linear layer's backward (lin_norm_saved): counted here from autograd's saved tensors."""
@@ -143,7 +128,7 @@ def test_the_gated_norm_and_out_proj_save_what_the_plan_counts():
 
     def norm_then_proj(o, zz):
         return lin.out_proj(lin.norm(o, zz).reshape(T, hv * dv))
-    assert saved_bytes(norm_then_proj, out, z, numel=T * hv * dv) == T * hv * dv * NORM_SAVED_BYTES
+    assert saved_bytes(norm_then_proj, out, z, exclude=(out, z), numel=T * hv * dv) == T * hv * dv * NORM_SAVED_BYTES
 
 
 def test_the_top_linear_layers_norm_backward_is_a_phase_of_its_own():
