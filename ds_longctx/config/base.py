@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 class Section(BaseModel):
     """A config section: `extra="forbid"`, validated on assignment, documented by attribute docstrings.
 
-    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are refused by name).
+    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are refused by name), and
+    no number is a boolean (pydantic reads `true` as 1: `--seq_len true` or `lr: yes` would run).
     A field's flat key (`--key value`, a flat YAML key) is its name unless its `json_schema_extra` names another
     (`{"flat": "data_layout"}`); config/__init__.py checks that every flat key maps to exactly one field."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
                               protected_namespaces=(), allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, v, info: ValidationInfo):
+        if isinstance(v, bool):
+            kinds = {cls.model_fields[info.field_name].annotation}
+            kinds |= set(get_args(next(iter(kinds))))
+            if kinds & {int, float} and bool not in kinds:
+                raise ValueError(f"{str(v).lower()} is a boolean, not a number; give a number (every key's type: "
+                                 f"ds-longctx train --help)")
+        return v

@@ -90,6 +90,19 @@ def test_bad_values_name_the_fix(kwargs, needle):
     assert needle in format_validation_error(e.value)
 
 
+@pytest.mark.parametrize("argv", [["--seq_len", "true"], ["--lr", "yes"], ["--offload_layers", "true"],
+                                  ["--gpu_budget_gb", "false"], ["--sp_size", "true"]])
+def test_a_boolean_where_a_number_goes_is_refused_not_read_as_1(argv, tmp_path):
+    """pydantic reads true as 1: `--seq_len true` trained 1 token, `lr: yes` trained at lr 1."""
+    key = argv[0][2:]
+    (tmp_path / "run.yaml").write_text(f"model: qwen3-tiny\n{key}: {argv[1]}\n")
+    for make in (lambda: RunConfig.from_cli(argv), lambda: RunConfig.load(tmp_path / "run.yaml")):
+        with pytest.raises(ValidationError) as e:
+            make()
+        assert "is a boolean, not a number; give a number" in format_validation_error(e.value)
+    assert RunConfig.from_cli(["--overwrite", "true", "--chunked_loss", "false"]).train.overwrite is True
+
+
 @pytest.mark.parametrize("sp,world,needle", [
     (3, 4, "sp_size=3 does not divide world_size=4; try one of [1, 2, 4]"),
     (16, 16, "sp_size=16 must divide num_attention_heads=8"),
