@@ -388,6 +388,23 @@ def make_chat_tokenizer(path: Path, template: str, n_words: int = 60) -> Path:
     return path
 
 
+BPE_TEXT = ["Hello there, how are you? I am fine. The weather is nice today, ok.", "You are a helpful assistant.",
+            '{"name": "search", "arguments": {"q": "pack"}}', "Cutting Knowledge Date: December 2023\n\nToday Date"]
+
+
+def bpe_tokenizer(specials: list, eos: str, bos: str | None = None, vocab_size: int = 300):
+    """A byte-level BPE trained here on BPE_TEXT (ms), with `specials` as special tokens: a real tokenizer's
+    offsets and merges for the chat-template tests, held in memory (`save_pretrained` to use it as a directory)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(BPE_TEXT * 4, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos)
+
+
 def documents(n_docs: int, min_words: int = 5, max_words: int = 40, n_words: int = 60, seed: int = 0) -> list[str]:
     import random
     rng = random.Random(seed)

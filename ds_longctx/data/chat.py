@@ -7,17 +7,21 @@ labels. Their row checks (a reason per bad row, for data/scan.py) and their toke
 
 Which tokens of a session train (`train_on`; a message's own `"train": true|false` overrides it, tool output trains
 only under all):
-- a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; its k-th run of
-  marked tokens is the k-th assistant message.
-- otherwise: what each message adds to the rendering (render the first i messages, then the first i + 1; the
-  difference is message i; an assistant message's starts after its generation prompt, the role header). The
-  pieces must join to the full rendering: a template that rewrites earlier turns (drops their reasoning) is refused.
+- a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
+  assistant message does not train, its k-th run of marked tokens is the k-th assistant message.
+- otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
+  difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
+  the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
+  The rendering of the first i + 1 messages must start the full one for every trained message i: a template that
+  rewrites earlier turns (drops their reasoning, moves the system prompt) is refused; last_assistant often still fits.
+- a token trains where its characters overlap a trained span (HF's rule).
 Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
 the vocabulary, or -100); the first token of a document is never a target (nothing precedes it).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Optional
 
@@ -107,26 +111,88 @@ def _render(tok, messages, tools, generation_prompt: bool = False) -> str:
     return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def message_spans(tok, messages: list, tools) -> tuple[str, list]:
-    """(the full rendering, [(start, end) characters of what message i adds]); ChatError when the pieces do not join
-    to the full rendering (a template that rewrites earlier turns)."""
-    full = _render(tok, messages, tools)
-    spans, before = [], ""
+def _shared(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
+def _closing(full: str, with_prompt: str, offsets: list) -> str:
+    """What the template writes after the last message only when no generation prompt follows (Phi-3's EOS): the
+    tail of `full` past its common prefix with `with_prompt`, that prefix cut back to a token start of `full`."""
+    at = _shared(full, with_prompt)
+    if at == len(full):
+        return ""
+    starts = [a for a, _ in offsets]
+    k = bisect.bisect_right(starts, at) - 1
+    return full[min(at, starts[k]) if k >= 0 else 0:]
+
+
+class _Prefixes:
+    """Where the first i messages end in the full rendering: their own rendering less the closing tail, which must
+    start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
+
+    def __init__(self, tok, messages: list, tools, full: str, closing: str):
+        self.tok, self.messages, self.tools, self.full, self.closing = tok, messages, tools, full, closing
+
+    def render(self, i: int, generation_prompt: bool = False) -> str:
+        try:
+            return _render(self.tok, self.messages[:i], self.tools, generation_prompt)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ChatError(f"the chat template renders the whole session but not its first {i} messages "
+                            f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
+                            f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
+                            f"last_assistant, or data.train_on: all") from None
+
+    def end(self, i: int) -> Optional[int]:
+        text = self.render(i)
+        if self.closing and text.endswith(self.closing):
+            text = text[:-len(self.closing)]
+        return len(text) if self.full.startswith(text) else None
+
+
+def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: list) -> list:
+    """[(start, end)] characters of the full rendering `full` (token `offsets`) that each message with trains[i]
+    adds: the rendering of the first i + 1 messages less that of the first i (an assistant's from the end of the
+    generation prompt, its role header). ChatError when a trained message's rendering does not start the full one
+    (a template that rewrites earlier turns: drops past reasoning)."""
+    closing = _closing(full, _render(tok, messages, tools, True), offsets)
+    at = _Prefixes(tok, messages, tools, full, closing)
+    spans = []
     for i, m in enumerate(messages):
-        after = _render(tok, messages[:i + 1], tools)
-        if not (after.startswith(before) and full.startswith(after)):
-            raise ChatError(f"the chat template rewrites earlier turns (rendering the first {i + 1} messages does not "
-                            f"extend the first {i}, or the whole session does not extend them), so the tokens of "
-                            f"each message cannot be told apart; use a template with {{% generation %}} markers "
-                            f"(HF's assistant mask), or data.train_on: all")
-        start = len(before)
-        if m["role"] == "assistant":  # the role header is the generation prompt: it does not train
-            head = _render(tok, messages[:i], tools, generation_prompt=True)
-            if len(head) >= start and after.startswith(head):
-                start = len(head)
-        spans.append((start, len(after)))
-        before = after
-    return full, spans
+        if not trains[i]:
+            continue
+        start, end = at.end(i), at.end(i + 1)
+        if start is None or end is None or start > end:
+            raise ChatError(f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
+                            f"once later messages follow, e.g. its reasoning dropped), so its tokens cannot be told "
+                            f"apart; use a template with {{% generation %}} markers (HF's assistant mask), "
+                            f"data.train_on: last_assistant (only the final answer), or data.train_on: all")
+        if m["role"] == "assistant" and i > 0:  # the generation prompt (role header, maybe more) does not train
+            head = _shared(at.render(i, generation_prompt=True), full)
+            start = head if start <= head <= end else start
+        spans.append((start, end))
+    return spans
+
+
+def trained_tokens(offsets: list, spans: list) -> list:
+    """0/1 per token: 1 where the token's characters overlap a span (HF's rule for its assistant mask)."""
+    keep, k = [0] * len(offsets), 0
+    for j, (a, b) in enumerate(offsets):
+        while k < len(spans) and a >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if b > spans[k][0]:
+            keep[j] = 1
+    return keep
 
 
 def _runs(mask: list) -> list:
@@ -141,6 +207,39 @@ def _runs(mask: list) -> list:
     return runs
 
 
+def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
+    """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th assistant message
+    (counted only where some assistant message does not train)."""
+    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    wanted = [t for t, m in zip(trains, messages) if m["role"] == "assistant"]
+    if all(wanted):
+        return ids, mask
+    runs = _runs(mask)
+    if len(runs) != len(wanted):
+        raise ChatError(f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
+                        f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
+                        f"each assistant message one generation block, or train every assistant message")
+    keep = [0] * len(ids)
+    for (a, b), t in zip(runs, wanted):
+        keep[a:b] = [int(t)] * (b - a)
+    return ids, keep
+
+
+def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tuple[list, list]:
+    """(ids, 0/1 per token) of a session whose messages train where `trains` says (module doc)."""
+    if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
+        ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
+        return ids, [1] * len(ids)
+    if _GENERATION.search(template) and not any(t and m["role"] != "assistant" for t, m in zip(trains, messages)):
+        return _marked(tok, messages, tools, trains)
+    full = _render(tok, messages, tools)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    return list(enc["input_ids"]), trained_tokens(offsets, message_spans(tok, messages, tools, trains, full, offsets))
+
+
 def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:
     """(input_ids, labels) of one chat session through the tokenizer's chat template (module doc)."""
     try:
@@ -151,36 +250,14 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
     try:
-        if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
-            ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
-            return ids, list(ids)
-        if _GENERATION.search(template) and not any(t and m["role"] != "assistant"
-                                                     for t, m in zip(trains, messages)):
-            out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                          return_assistant_tokens_mask=True)
-            ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
-            runs = _runs(mask)
-            wanted = [t for t, m in zip(trains, messages) if m["role"] == "assistant"]
-            if len(runs) != len(wanted):
-                raise ChatError(f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
-                                f"{len(wanted)} assistant messages; give each assistant message one generation block")
-            keep = [j for (a, b), t in zip(runs, wanted) if t for j in range(a, b)]
-        else:
-            full, spans = message_spans(tok, messages, tools)
-            enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
-            ids = list(enc["input_ids"])
-            chars = [span for span, t in zip(spans, trains) if t]
-            keep = [j for j, (a, _) in enumerate(enc["offset_mapping"]) if any(s <= a < e for s, e in chars)]
+        ids, keep = _session_mask(tok, template, messages, tools, trains)
     except ChatError:
         raise
     except Exception as e:  # the template's own error (jinja, a role it refuses, ...)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ChatError(f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
                         f"row or the template") from None
-    labels = [IGNORE_INDEX] * len(ids)
-    for j in keep:
-        labels[j] = ids[j]
-    return ids, labels
+    return ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)]
 
 
 def pair_tokens(tok, prompt: str, completion: str, train_on: str) -> tuple[list, list]:
