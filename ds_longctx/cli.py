@@ -50,12 +50,15 @@ def precheck(nproc: int, run_args: list[str]):
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
     cfg = parse_config(run_args, nproc, nproc)
-    if (holder := lock_holder(cfg.train.output_dir)) is not None:
-        refuse(f"refused before start: {in_use(cfg.train.output_dir, holder, FIX)}")
     try:
+        if (holder := lock_holder(cfg.train.output_dir)) is not None:
+            refuse(f"refused before start: {in_use(cfg.train.output_dir, holder, FIX)}")
         preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
     except ValueError as e:
         refuse(f"refused before start: {e}")
+    except OSError as e:  # a path no check could look at (a name too long, a folder that cannot be searched)
+        refuse(f"refused before start: {e.filename or ''}: {e.strerror or e}; give a path this machine can use "
+               f"(output_dir, data, tokenizer, eval_data)")
     return cfg
 
 

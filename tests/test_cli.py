@@ -27,3 +27,19 @@ def test_cli_dispatches_plan(tmp_path):
         main(["plan", "--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80", "--out",
               str(tmp_path)])
     assert e.value.code == 0 and (tmp_path / "run.yaml").is_file()
+
+
+LONG_NAME = "a" * 300  # past NAME_MAX: every look at such a path raises OSError (ENAMETOOLONG)
+
+
+@pytest.mark.parametrize("key", ["output_dir", "data"])
+def test_train_refuses_a_path_it_cannot_look_at_in_one_line(key, tmp_path, capsys):
+    """A name too long for the file system ended `ds-longctx train` in an OSError traceback (exit 1)."""
+    from ds_longctx.cli import main
+    paths = {"output_dir": str(tmp_path / "out"), key: str(tmp_path / LONG_NAME)}
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "1", *(x for k, v in paths.items() for x in (f"--{k}", v))])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("File name too long; give a path this machine can use (output_dir, "
+                                                 "data, tokenizer, eval_data)")

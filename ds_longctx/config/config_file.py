@@ -24,8 +24,8 @@ MAX_BYTES = 1 << 20
 
 
 def read_config_file(path: Union[str, Path]) -> Any:
-    """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules). FileNotFoundError for
-    a missing file; ValueError for everything else that is wrong with it."""
+    """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules). OSError for a file
+    that cannot be opened; ValueError for everything else that is wrong with it."""
     kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
     with open(path, "rb") as f:  # read one byte past the cap: a device or FIFO never streams in whole
         raw = f.read(MAX_BYTES + 1)

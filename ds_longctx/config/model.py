@@ -40,17 +40,26 @@ class ModelConfig(Section):
     def _known_model(cls, v: str) -> str:
         if v in shipped_models():
             return v
-        p = Path(v)
-        if p.is_dir() and (p / "config.json").is_file():
-            return v
-        if p.is_file() and p.suffix == ".json":
-            try:
-                ok = isinstance(json.loads(p.read_text()).get("model_type"), str)
-            except (ValueError, AttributeError):
-                ok = False
-            if not ok:
-                raise ValueError(f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
-                                 f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory")
-            return v
-        raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()}, an HF config.json file nor a "
-                         f"directory with a config.json; pass one of those names or a local HF checkpoint path")
+        try:
+            return _local_model(v)
+        except OSError as e:  # unreadable, a name too long
+            raise ValueError(f"model={v!r}: {e.strerror or e}; pass a shipped geometry {shipped_models()}, an HF "
+                             f"config.json file or a local HF checkpoint directory") from None
+
+
+def _local_model(v: str) -> str:
+    """`v` if it names an HF config.json file or a directory holding one, else ValueError naming the fix."""
+    p = Path(v)
+    if p.is_dir() and (p / "config.json").is_file():
+        return v
+    if p.is_file() and p.suffix == ".json":
+        try:
+            ok = isinstance(json.loads(p.read_text()).get("model_type"), str)
+        except (ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
+                             f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory")
+        return v
+    raise ValueError(f"model={v!r} is neither a shipped geometry {shipped_models()}, an HF config.json file nor a "
+                     f"directory with a config.json; pass one of those names or a local HF checkpoint path")

@@ -168,9 +168,13 @@ class RunConfig(BaseModel):
              **overrides) -> "RunConfig":
         """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
         the run is launched on, checked against sp_size first (None: not known here)."""
-        if Path(path).is_dir():
-            raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
-        data = read_config_file(path)  # FileNotFoundError, or a ValueError naming the file, the line and the fix
+        try:
+            if Path(path).is_dir():
+                raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
+            data = read_config_file(path)  # a ValueError naming the file, the line and the fix
+        except OSError as e:  # missing, unreadable, a name too long
+            raise ValueError(f"config {path}: {e.strerror or e}; give the path of a run config (.yaml or .json; "
+                             f"`ds-longctx plan --out DIR` writes DIR/run.yaml)") from None
         if data is None:  # an empty file would train the default toy model without a word
             raise ValueError(f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
                              f"`ds-longctx plan --out DIR`)")

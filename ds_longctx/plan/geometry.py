@@ -104,16 +104,11 @@ class ModelGeometry:
         """A shipped name (`qwen3-8b`, also as a Hub id `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON
         file. A path that does not exist is refused, not read as the shipped geometry of its last part."""
         text = str(name_or_path)
-        p = Path(text)
-        if p.is_dir():
-            p = p / "config.json"
-        if not p.is_file():
-            alias = SHIPPED_MODELS_DIR / f"{Path(text).name.lower()}.json"  # the name given, not its config.json
-            if not (alias.is_file() and ("/" not in text or _HUB_ID.fullmatch(text))):
-                shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
-                raise ValueError(f"model {text!r} is neither a shipped geometry {shipped} nor a directory / file "
-                                 f"holding an HF config.json" + (f" ({p} does not exist)" if "/" in text else ""))
-            p = alias
+        try:
+            p = _config_path(text)
+        except OSError as e:  # unreadable, a name too long
+            raise ValueError(f"model {text!r}: {e.strerror or e}; pass an HF config.json, its checkpoint directory or "
+                             f"a shipped geometry") from None
         name = p.stem if p.parent == SHIPPED_MODELS_DIR else text
         try:
             cfg = json.loads(p.read_text())
@@ -206,6 +201,24 @@ class ModelGeometry:
             return sum(self.param_numels())
         emb = self.vocab * self.hidden
         return self.layers * self.layer_params + emb + self.hidden + (0 if self.tied_embeddings else emb)
+
+
+def _config_path(text: str) -> Path:
+    """The config.json that `text` names: a file, a directory's config.json, else a shipped geometry's (also as a
+    Hub id); ValueError naming what is there and the fix."""
+    p = Path(text)
+    if p.is_file() or (p / "config.json").is_file():
+        return p if p.is_file() else p / "config.json"
+    alias = SHIPPED_MODELS_DIR / f"{p.name.lower()}.json"  # the name given, not its config.json
+    if alias.is_file() and ("/" not in text or _HUB_ID.fullmatch(text)):
+        return alias
+    shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
+    if p.is_dir():
+        raise ValueError(f"model {text!r} is a directory without a config.json; pass an HF checkpoint directory "
+                         f"(config.json beside its weights), a config.json file or a shipped geometry {shipped}")
+    there = "is not a regular file" if p.exists() else "does not exist"
+    raise ValueError(f"model {text!r} is neither a shipped geometry {shipped} nor a directory / file holding an HF "
+                     f"config.json" + (f" ({p} {there})" if "/" in text or p.exists() else ""))
 
 
 def as_geometry(geom) -> ModelGeometry:

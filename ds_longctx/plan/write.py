@@ -159,7 +159,13 @@ def check_out_dir(out: str) -> None:
     file, its nearest existing folder writable."""
     if not out.strip():
         raise ValueError("--out '': give the directory to write the plan's files to, e.g. --out plans/8b_1m")
-    p = Path(out)
+    try:
+        _check_out_path(out, Path(out))
+    except OSError as e:  # a name too long, a folder that cannot be searched
+        raise ValueError(f"--out {out}: {e.strerror or e}; give a directory you can write to") from None
+
+
+def _check_out_path(out: str, p: Path) -> None:
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out}: is a file, not a directory; give a directory (made if missing)")
     up = p

@@ -440,3 +440,16 @@ def test_every_key_is_in_one_resume_class(monkeypatch):
     monkeypatch.setattr(resume_keys, "FLAT", {**resume_keys.FLAT, "new_key": ("train", "new_key")})
     with pytest.raises(TypeError, match=r"unclassified \['new_key'\]"):
         resume_keys._check_classes()
+
+
+def test_a_config_or_model_path_that_cannot_be_opened_names_it_and_the_fix(tmp_path):
+    """A missing --config said only `[Errno 2] No such file or directory`; a name too long for the file system
+    (--config or --model) was an OSError traceback."""
+    for path, why in ((tmp_path / "missing.yaml", "No such file or directory"),
+                      (tmp_path / ("a" * 300 + ".yaml"), "File name too long")):
+        with pytest.raises(ValueError, match=rf"^config {path}: {why}; give the path of a run config \(.yaml or "
+                                             rf".json; `ds-longctx plan --out DIR` writes DIR/run.yaml\)$"):
+            RunConfig.from_cli(["--config", str(path)])
+    with pytest.raises(ValidationError) as e:
+        RunConfig.from_cli(["--model", str(tmp_path / ("a" * 300))])
+    assert "File name too long; pass a shipped geometry" in format_validation_error(e.value)

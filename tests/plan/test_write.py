@@ -398,3 +398,19 @@ def test_an_explicit_whole_optimizer_offload_is_kept(tmp_path, capsys):
     assert "optimizer_offload=True" in text and "(ratio" not in text.split("optimizer_offload=True")[1][:8]
     assert "--optimizer_offload_ratio 1`" in (out / "run.yaml").read_text()       # the command line says it
     assert yaml.safe_load((out / "run.yaml").read_text())["optimizer"]["offload_ratio"] == 1.0
+
+
+def test_model_and_out_paths_that_cannot_be_used_exit_2_naming_them(tmp_path, capsys):
+    """A name too long for the file system (--model, --out) was an OSError traceback; a directory without a
+    config.json was said to be neither a directory nor a file."""
+    base = ["--seq_len", "1024", "--gpus", "1"]
+    (tmp_path / "empty").mkdir()
+    for args, says in ((["--model", str(tmp_path / ("a" * 300))], "File name too long; pass an HF config.json"),
+                       (["--model", "qwen3-8b", "--out", str(tmp_path / ("a" * 300))],
+                        "File name too long; give a directory you can write to"),
+                       (["--model", str(tmp_path / "empty")], "is a directory without a config.json; pass an HF "
+                                                               "checkpoint directory (config.json beside its weights)"),
+                       (["--model", "/dev/null"], "(/dev/null is not a regular file)")):
+        assert write.main(args + base) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
