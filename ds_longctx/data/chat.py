@@ -22,6 +22,7 @@ the vocabulary, or -100); the first token of a document is never a target (nothi
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from typing import Optional
 
@@ -78,20 +79,96 @@ def row_problem(obj: dict, fmt: str) -> Optional[str]:
 def _messages_problem(messages, tools) -> Optional[str]:
     if not isinstance(messages, list) or not messages:
         return "'messages' is missing or not a non-empty list: a chat row holds a list of {role, content} objects"
-    if tools is not None and not isinstance(tools, list):
-        return "'tools' is not a list: give the row's tools as a list of function schemas"
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "'tools' is not a list of objects: give the row's tools as a list of function schemas"
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m:
-            return f"message {i} has no 'role': every message is an object with role and content"
-        if m["role"] not in ROLES:
-            return f"message {i} has role {m['role']!r}; use one of {list(ROLES)}"
-        if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):
-            return f"message {i}: 'tool_calls' is not a list: give the calls as a list of {{function: ...}} objects"
-        if m.get("train") is not None and not isinstance(m["train"], bool):
-            return f"message {i}: 'train' is {m['train']!r}; use true or false"
-        if not isinstance(m.get("content", ""), (str, list, type(None))):
-            return f"message {i}: 'content' is not a string: write the message's text as a JSON string"
+        why = _message_problem(m)
+        if why:
+            return f"message {i}{why}"
     return None
+
+
+def _message_problem(m) -> Optional[str]:
+    """What is wrong with one message, worded to follow "message i" (None: nothing)."""
+    if not isinstance(m, dict) or "role" not in m:
+        return " has no 'role': every message is an object with role and content"
+    if m["role"] not in ROLES:
+        return f" has role {m['role']!r}; use one of {list(ROLES)}"
+    if m.get("train") is not None and not isinstance(m["train"], bool):
+        return f": 'train' is {m['train']!r}; use true or false"
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            text = isinstance(part, dict) and part.get("type") in (None, "text") and isinstance(part.get("text"), str)
+            if not text:
+                what = part.get("type") if isinstance(part, dict) else part
+                return (f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
+                        f"{{\"type\": \"text\", \"text\": ...}} parts; drop the others or write the content as a "
+                        f"string")
+    elif not isinstance(content, (str, type(None))):
+        return ": 'content' is not a string: write the message's text as a JSON string (or a list of text parts)"
+    calls = m.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        return ": 'tool_calls' is not a list: give the calls as a list of {function: ...} objects"
+    for j, call in enumerate(calls or []):
+        why = _call_problem(call)
+        if why:
+            return f", tool call {j}{why}"
+    return None
+
+
+def _call_problem(call) -> Optional[str]:
+    """What is wrong with one tool call (OpenAI's {type, function: {name, arguments}}, or {name, arguments})."""
+    if not isinstance(call, dict):
+        return " is not an object: give {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}"
+    f = _function(call)
+    if not isinstance(f.get("name"), str):
+        return " has no function name: give {\"function\": {\"name\": ..., \"arguments\": {...}}}"
+    args = f.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return (f": 'arguments' is a string that is not a JSON object ({f['arguments'][:40]!r}); give the "
+                    f"arguments as an object, or as the JSON text of one")
+    elif args is not None and not isinstance(args, dict):
+        return f": 'arguments' is {str(args)[:40]!r}; give the arguments as an object"
+    return None
+
+
+def _function(call: dict) -> dict:
+    """The {name, arguments} of a tool call: its `function`, or the call itself."""
+    return call["function"] if isinstance(call.get("function"), dict) else call
+
+
+def template_messages(messages: list, parse: bool = True) -> list:
+    """The messages as the chat template reads them: text parts ({"type": "text", "text": ...}) joined into one
+    string (a template given a list writes its repr or nothing); with `parse`, tool-call arguments given as JSON text
+    as the object it holds (HF's form: most templates write them with tojson, which would quote the text)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if isinstance(m.get("content"), list):
+            m["content"] = "".join(part["text"] for part in m["content"])
+        if parse and isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [_parsed(call) for call in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _parsed(call: dict) -> dict:
+    f = _function(call)
+    if not isinstance(f.get("arguments"), str):
+        return call
+    f = {**f, "arguments": json.loads(f["arguments"]) if f["arguments"].strip() else {}}
+    return {**call, "function": f} if isinstance(call.get("function"), dict) else f
+
+
+def _text_arguments(messages: list) -> bool:
+    """Whether some tool call gives its arguments as JSON text."""
+    return any(isinstance(_function(c).get("arguments"), str) for m in messages for c in m.get("tool_calls") or [])
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -250,7 +327,15 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
     try:
-        ids, keep = _session_mask(tok, template, messages, tools, trains)
+        try:
+            ids, keep = _session_mask(tok, template, template_messages(messages), tools, trains)
+        except ChatError:
+            raise
+        except Exception:
+            if not _text_arguments(messages):
+                raise
+            # a template that writes the arguments as text (DeepSeek's) takes the JSON text as given
+            ids, keep = _session_mask(tok, template, template_messages(messages, parse=False), tools, trains)
     except ChatError:
         raise
     except Exception as e:  # the template's own error (jinja, a role it refuses, ...)

@@ -157,6 +157,11 @@ BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refu
     "unknown role": ({"messages": [{"role": "robot", "content": "w1"}]}, "gen", {}, "has role 'robot'; use one of"),
     "tool_calls not a list": ({"messages": [{"role": "assistant", "content": "w1", "tool_calls": CALL}]}, "gen", {},
                               "'tool_calls' is not a list"),
+    "image part": ({"messages": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]}]}, "gen", {},
+                   "message 0: content part 0 is not text ('image'): a text model reads only"),
+    "arguments not JSON": ({"messages": [{"role": "assistant", "content": "w1", "tool_calls": [
+        {"function": {"name": "w50", "arguments": "{x: 1"}}]}]}, "gen", {},
+        "message 0, tool call 0: 'arguments' is a string that is not a JSON object ('{x: 1')"),
     "template fails": ({"messages": SESSION}, "fails", {}, "failed to render this session (TemplateError: no tool"),
     "rewrites turns": ({"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content":
                                                                          "<think> w2 </think> w3"},

@@ -204,3 +204,33 @@ def test_generation_blocks_are_counted_only_where_some_assistant_message_does_no
     assert trained(tok, ids, labels) == ["I am fine."]
     with pytest.raises(ChatError, match="mark 1 spans but the session has 2 assistant messages"):
         session_tokens(tok, chat, None, "last_assistant")
+
+
+DEEPSEEK_CALLS = (  # writes a call's arguments as the JSON text it is given (the templates of DeepSeek-V3 and R1)
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}<｜Assistant｜>"
+    "{% for c in m.tool_calls %}{{ c.function.name + '\n```json\n' + c.function.arguments + '\n```' }}{% endfor %}"
+    "<｜end▁of▁sentence｜>{% elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"
+    "{% else %}<｜User｜>{{ m.content }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
+
+
+def test_text_parts_and_json_text_arguments_render_as_the_template_expects(tokenizers):
+    """Content as a list of text parts is its text (Llama's `| trim` would write the list's repr); arguments given as
+    JSON text are the object (tojson would quote the text), unless the template writes them as text (DeepSeek's)."""
+    tok = tok_for(tokenizers, "llama3")
+    parts = [{**m, "content": [{"type": "text", "text": m["content"][:5]}, {"type": "text", "text": m["content"][5:]}]}
+             for m in CHAT]
+    assert session_tokens(tok, parts, None, "assistant") == session_tokens(tok, CHAT, None, "assistant")
+    text_call = {**CALL, "function": {**CALL["function"], "arguments": '{"q": "pack"}'}}
+    chat = [CHAT[1], {"role": "assistant", "content": "", "tool_calls": [text_call]}, {"role": "tool", "content": "ok"},
+            CHAT[4]]
+    objects = [*chat[:1], {**chat[1], "tool_calls": [CALL]}, *chat[2:]]
+    ids, labels = session_tokens(tok, chat, TOOLS, "assistant")
+    assert (ids, labels) == session_tokens(tok, objects, TOOLS, "assistant")
+    assert '"parameters": {"q": "pack"}' in trained(tok, ids, labels)[0]
+    tok = tokenizers["deepseek"]
+    tok.chat_template = DEEPSEEK_CALLS
+    assert trained(tok, *session_tokens(tok, chat, None, "assistant"))[0] == \
+        'search\n```json\n{"q": "pack"}\n```<｜end▁of▁sentence｜>'
+    with pytest.raises(ChatError, match="failed to render this session .TypeError"):
+        session_tokens(tok, objects, None, "assistant")  # objects it cannot write: the template's own error
