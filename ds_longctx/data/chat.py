@@ -1,29 +1,18 @@
 """Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs, token ids with
-labels. Their row checks (a reason per bad row, for data/scan.py) and their token ids and labels (data/tokenize.py).
+labels. Their row checks (a reason per bad row, for data/scan.py) and the token ids and labels of prompt/completion and
+token rows (data/tokenize.py); a session's: data/chat_masks.py.
 
     fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
     why = row_problem(obj, fmt, "text")                          # None, or what is wrong with one JSON row
-    ids, labels = session_tokens(tok, messages, tools, "assistant")   # labels[i] = ids[i] where it trains, else -100
+    ids, labels = pair_tokens(tok, "prompt", "completion", "completion")   # labels[i] = ids[i] where it trains
 
-Which tokens of a session train (`train_on`; a message's own `"train": true|false` overrides it, tool output trains
-only under all):
-- a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
-  assistant message does not train, its k-th run of marked tokens is the k-th assistant message.
-- otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
-  difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
-  the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
-  The rendering of the first i + 1 messages must start the full one for every trained message i: a template that
-  rewrites earlier turns (drops their reasoning, moves the system prompt) is refused; last_assistant often still fits.
-- a token trains where its characters overlap a trained span (HF's rule).
 Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
 the vocabulary, or -100); the first token of a document is never a target (nothing precedes it).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
-import re
 from typing import Optional
 
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -31,7 +20,6 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
 ROLES = ("system", "user", "assistant", "tool")
 MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # what a tokens row may carry beside input_ids
-_GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
 class ChatError(ValueError):
@@ -121,7 +109,7 @@ def _call_problem(call) -> Optional[str]:
     """What is wrong with one tool call (OpenAI's {type, function: {name, arguments}}, or {name, arguments})."""
     if not isinstance(call, dict):
         return " is not an object: give {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}"
-    f = _function(call)
+    f = call_function(call)
     if not isinstance(f.get("name"), str):
         return " has no function name: give {\"function\": {\"name\": ..., \"arguments\": {...}}}"
     args = f.get("arguments")
@@ -138,211 +126,9 @@ def _call_problem(call) -> Optional[str]:
     return None
 
 
-def _function(call: dict) -> dict:
+def call_function(call: dict) -> dict:
     """The {name, arguments} of a tool call: its `function`, or the call itself."""
     return call["function"] if isinstance(call.get("function"), dict) else call
-
-
-def template_messages(messages: list, parse: bool = True) -> list:
-    """The messages as the chat template reads them: text parts ({"type": "text", "text": ...}) joined into one
-    string (a template given a list writes its repr or nothing); with `parse`, tool-call arguments given as JSON text
-    as the object it holds (HF's form: most templates write them with tojson, which would quote the text)."""
-    out = []
-    for m in messages:
-        m = dict(m)
-        if isinstance(m.get("content"), list):
-            m["content"] = "".join(part["text"] for part in m["content"])
-        if parse and isinstance(m.get("tool_calls"), list):
-            m["tool_calls"] = [_parsed(call) for call in m["tool_calls"]]
-        out.append(m)
-    return out
-
-
-def _parsed(call: dict) -> dict:
-    f = _function(call)
-    if not isinstance(f.get("arguments"), str):
-        return call
-    f = {**f, "arguments": json.loads(f["arguments"]) if f["arguments"].strip() else {}}
-    return {**call, "function": f} if isinstance(call.get("function"), dict) else f
-
-
-def _text_arguments(messages: list) -> bool:
-    """Whether some tool call gives its arguments as JSON text."""
-    return any(isinstance(_function(c).get("arguments"), str) for m in messages for c in m.get("tool_calls") or [])
-
-
-# ----------------------------------------------------------------------------- sessions
-def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
-    """Whether message `m` trains: its own `train` (null: none, as Arrow gives a missing key), else assistant messages
-    (last_assistant: the last one only)."""
-    if m.get("train") is not None:
-        return bool(m["train"])
-    if train_on == "all":
-        return True
-    return m["role"] == "assistant" and (train_on == "assistant" or is_last_assistant)
-
-
-def _render(tok, messages, tools, generation_prompt: bool = False) -> str:
-    if not messages:
-        return ""
-    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
-
-
-def _shared(a: str, b: str) -> int:
-    """The length of the longest common prefix of a and b."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
-    return lo
-
-
-def _closing(full: str, with_prompt: str, offsets: list) -> str:
-    """What the template writes after the last message only when no generation prompt follows (Phi-3's EOS): the
-    tail of `full` past its common prefix with `with_prompt`, that prefix cut back to a token start of `full`."""
-    at = _shared(full, with_prompt)
-    if at == len(full):
-        return ""
-    starts = [a for a, _ in offsets]
-    k = bisect.bisect_right(starts, at) - 1
-    return full[min(at, starts[k]) if k >= 0 else 0:]
-
-
-class _Prefixes:
-    """Where the first i messages end in the full rendering: their own rendering less the closing tail, which must
-    start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
-
-    def __init__(self, tok, messages: list, tools, full: str, closing: str):
-        self.tok, self.messages, self.tools, self.full, self.closing = tok, messages, tools, full, closing
-
-    def render(self, i: int, generation_prompt: bool = False) -> str:
-        try:
-            return _render(self.tok, self.messages[:i], self.tools, generation_prompt)
-        except Exception as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ChatError(f"the chat template renders the whole session but not its first {i} messages "
-                            f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
-                            f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
-                            f"last_assistant, or data.train_on: all") from None
-
-    def end(self, i: int) -> Optional[int]:
-        text = self.render(i)
-        if self.closing and text.endswith(self.closing):
-            text = text[:-len(self.closing)]
-        return len(text) if self.full.startswith(text) else None
-
-
-def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: list) -> list:
-    """[(start, end)] characters of the full rendering `full` (token `offsets`) that each message with trains[i]
-    adds: the rendering of the first i + 1 messages less that of the first i (an assistant's from the end of the
-    generation prompt, its role header). ChatError when a trained message's rendering does not start the full one
-    (a template that rewrites earlier turns: drops past reasoning)."""
-    closing = _closing(full, _render(tok, messages, tools, True), offsets)
-    at = _Prefixes(tok, messages, tools, full, closing)
-    spans = []
-    for i, m in enumerate(messages):
-        if not trains[i]:
-            continue
-        start, end = at.end(i), at.end(i + 1)
-        if start is None or end is None or start > end:
-            raise ChatError(f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
-                            f"once later messages follow, e.g. its reasoning dropped), so its tokens cannot be told "
-                            f"apart; use a template with {{% generation %}} markers (HF's assistant mask), "
-                            f"data.train_on: last_assistant (only the final answer), or data.train_on: all")
-        if m["role"] == "assistant" and i > 0:  # the generation prompt (role header, maybe more) does not train
-            head = _shared(at.render(i, generation_prompt=True), full)
-            start = head if start <= head <= end else start
-        spans.append((start, end))
-    return spans
-
-
-def trained_tokens(offsets: list, spans: list) -> list:
-    """0/1 per token: 1 where the token's characters overlap a span (HF's rule for its assistant mask)."""
-    keep, k = [0] * len(offsets), 0
-    for j, (a, b) in enumerate(offsets):
-        while k < len(spans) and a >= spans[k][1]:
-            k += 1
-        if k == len(spans):
-            break
-        if b > spans[k][0]:
-            keep[j] = 1
-    return keep
-
-
-def _runs(mask: list) -> list:
-    """[(start, end)] of each run of 1s in a 0/1 list."""
-    runs, start = [], None
-    for j, v in enumerate(list(mask) + [0]):
-        if v and start is None:
-            start = j
-        elif not v and start is not None:
-            runs.append((start, j))
-            start = None
-    return runs
-
-
-def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
-    """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th assistant message
-    (counted only where some assistant message does not train)."""
-    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
-    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
-    wanted = [t for t, m in zip(trains, messages) if m["role"] == "assistant"]
-    if all(wanted):
-        return ids, mask
-    runs = _runs(mask)
-    if len(runs) != len(wanted):
-        raise ChatError(f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
-                        f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
-                        f"each assistant message one generation block, or train every assistant message")
-    keep = [0] * len(ids)
-    for (a, b), t in zip(runs, wanted):
-        keep[a:b] = [int(t)] * (b - a)
-    return ids, keep
-
-
-def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tuple[list, list]:
-    """(ids, 0/1 per token) of a session whose messages train where `trains` says (module doc)."""
-    if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
-        ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
-        return ids, [1] * len(ids)
-    if _GENERATION.search(template) and not any(t and m["role"] != "assistant" for t, m in zip(trains, messages)):
-        return _marked(tok, messages, tools, trains)
-    full = _render(tok, messages, tools)
-    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
-    return list(enc["input_ids"]), trained_tokens(offsets, message_spans(tok, messages, tools, trains, full, offsets))
-
-
-def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:
-    """(input_ids, labels) of one chat session through the tokenizer's chat template (module doc)."""
-    try:
-        template = tok.get_chat_template(None, tools)
-    except Exception as e:
-        raise ChatError(f"the tokenizer has no chat template ({type(e).__name__}); set tokenizer.chat_template "
-                        f"(tokenizer_config.json) or use a tokenizer that has one") from None
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-    trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
-    try:
-        try:
-            ids, keep = _session_mask(tok, template, template_messages(messages), tools, trains)
-        except ChatError:
-            raise
-        except Exception:
-            if not _text_arguments(messages):
-                raise
-            # a template that writes the arguments as text (DeepSeek's) takes the JSON text as given
-            ids, keep = _session_mask(tok, template, template_messages(messages, parse=False), tools, trains)
-    except ChatError:
-        raise
-    except Exception as e:  # the template's own error (jinja, a role it refuses, ...)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ChatError(f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
-                        f"row or the template") from None
-    return ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)]
 
 
 def pair_tokens(tok, prompt: str, completion: str, train_on: str) -> tuple[list, list]:

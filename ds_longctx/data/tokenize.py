@@ -5,7 +5,8 @@
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
 
 Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
-token, chat and prompt/completion rows what data/chat.py says, token rows their own labels or mask.
+token, chat rows what data/chat_masks.py says, prompt/completion rows their completion, token rows their own labels
+or mask.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from ds_longctx.data import chat
+from ds_longctx.data import chat, chat_masks
 from ds_longctx.data.scan import MAX_NAMED
 from ds_longctx.data.sources import DataError, locate_rows
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -137,7 +138,7 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
             why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
             if why:
                 raise chat.ChatError(why)
-            return chat.session_tokens(tok, msgs, tools, train_on)
+            return chat_masks.session_tokens(tok, msgs, tools, train_on)
 
     def many(batch):
         got = []
@@ -169,7 +170,7 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
     many = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
     key = json.dumps([docs._fingerprint, fmt, mask_key, default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
-                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v3"])
+                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v4"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
     features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
