@@ -16,7 +16,7 @@ from typing import Optional, Union
 from ds_longctx.config.model import SHIPPED_MODELS_DIR
 from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
-from ds_longctx.plan import layer_types
+from ds_longctx.plan import hf_fields, layer_types
 from ds_longctx.plan.layer_types import HYBRID_TYPES, HybridShape
 from ds_longctx.plan.moe_geometry import MOE_FAMILIES, MoeShape, moe_shape
 
@@ -46,6 +46,7 @@ class ModelGeometry:
     trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: no max_position_embeddings given
     moe: Optional[MoeShape] = None  # the sparse layers of a mixture of experts (plan/moe_geometry.py); None: dense
     hybrid: Optional[HybridShape] = None  # Qwen3.5's layer types and linear-layer widths (plan/layer_types.py)
+    sliding_window: Optional[int] = None  # the window every layer attends within (Mistral's); None: full attention
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
@@ -67,37 +68,35 @@ class ModelGeometry:
         if mtype in HYBRID_TYPES:  # a composite (VL) config: its text model
             cfg = layer_types.text_config(cfg)
 
-        def size(key: str, value=None):
-            v = cfg.get(key) if value is None else value
+        family = cfg["model_type"]  # a hybrid's text model: qwen3_5_text
+
+        def size(key: str, fallback=None):  # absent or null: as transformers reads it (plan/hf_fields.py)
+            v = hf_fields.field(cfg, family, key, fallback, where)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 state = "is missing" if v is None else f"= {v!r} is not a positive integer"
                 raise ValueError(f"{where}: {key} {state}; an HF config.json of a {mtype} model gives it as a whole "
                                  f"number >= 1 (fix the config)")
             return v
 
-        heads = size("num_attention_heads")
-        hidden = size("hidden_size")
-        kv = cfg.get("num_key_value_heads")
-        kv_heads = heads if kv is None else size("num_key_value_heads")  # absent or null: one KV head per head (MHA)
+        heads, hidden, layers = size("num_attention_heads"), size("hidden_size"), size("num_hidden_layers")
+        kv_heads = size("num_key_value_heads", heads)  # the planner's fallback: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)
-        max_pos = cfg.get("max_position_embeddings")
+        head_dim = size("head_dim", kernel_rules.head_dim({"head_dim": hf_fields.field(
+            cfg, family, "head_dim", None, where), "hidden_size": hidden, "num_attention_heads": heads}))
+        max_pos = hf_fields.field(cfg, family, "max_position_embeddings", None, where)
         max_pos = 0 if max_pos is None else size("max_position_embeddings")
-        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}  # transformers' order: the older key wins
-        if not isinstance(rope, dict):
-            raise ValueError(f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
-                             f"config.json gives it as {{\"rope_type\": ..., ...}} or null (fix the config)")
-        rope = dict(rope, rope_type=rope.get("rope_type") or rope.get("type") or "default")  # "type": before HF 4.45
-        hybrid = HybridShape.from_config(cfg, size("num_hidden_layers"), where) if mtype in HYBRID_TYPES else None
-        return cls(name=name or mtype, hidden=hidden, intermediate=size("intermediate_size"),
-                   layers=size("num_hidden_layers"), heads=heads, kv_heads=kv_heads, hybrid=hybrid,
-                   head_dim=size("head_dim", kernel_rules.head_dim(cfg)), vocab=size("vocab_size"),
-                   tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope = hf_fields.rope_parameters(cfg, where)
+        hybrid = HybridShape.from_config(cfg, layers, where) if mtype in HYBRID_TYPES else None
+        bias = hf_fields.flag(cfg, "attention_bias", where)
+        return cls(name=name or mtype, hidden=hidden, intermediate=size("intermediate_size"), layers=layers,
+                   heads=heads, kv_heads=kv_heads, hybrid=hybrid, head_dim=head_dim, vocab=size("vocab_size"),
+                   tied_embeddings=hf_fields.flag(cfg, "tie_word_embeddings", where),
                    max_position_embeddings=max_pos, rope_type=str(rope["rope_type"]),
                    trained_context=trained_context_of(mtype, max_pos, rope) if max_pos else 0,
                    qk_norm=mtype in ("qwen3", "qwen3_moe") or hybrid is not None,
-                   attention_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
-                   o_bias=mtype != "qwen2" and bool(cfg.get("attention_bias", False)),
-                   mlp_bias=bool(cfg.get("mlp_bias", False)), moe=moe)
+                   attention_bias=mtype == "qwen2" or bias, o_bias=mtype != "qwen2" and bias,
+                   mlp_bias=hf_fields.flag(cfg, "mlp_bias", where), moe=moe,
+                   sliding_window=None if hybrid else hf_fields.sliding_window(cfg, family, layers, where))
 
     @classmethod
     def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":

@@ -45,6 +45,7 @@ from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED, default_host_mem_gb
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.hf_fields import window_problem
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import GB, check_headroom
@@ -136,6 +137,8 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
                          f"whole backward at once)")
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
+    if problem := window_problem(geom.name, geom.sliding_window, a.seq_len):
+        raise ValueError(problem)
     try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
         RunConfig(model=geom.name)
     except ValidationError as e:

@@ -34,6 +34,7 @@ def random_init(model: str) -> bool:
 def load_hf_config(model: str):
     """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
     A file transformers cannot read is a ValueError naming it."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers' typed config fields (a null, a string)
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     path = SHIPPED_MODELS_DIR / f"{model}.json"
@@ -48,9 +49,9 @@ def load_hf_config(model: str):
             cfg = AutoConfig.from_pretrained(model)
             if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
                 cfg = cfg.get_text_config()
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         where = model if Path(model).is_file() else str(Path(model) / "config.json")
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+        first = " ".join(x.strip() for x in str(e).strip().splitlines())[:240]  # hub's errors span lines
         raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
                          f"replace that config.json") from None
     cfg.use_cache = False

@@ -35,6 +35,7 @@ from ds_longctx.parallel.disk import free_bytes, size_text
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.parallel.units import GB
 from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.hf_fields import window_problem
 from ds_longctx.plan.planner import disk_checkpoint_bytes
 from ds_longctx.run.answer_loss import answer_sessions
 from ds_longctx.run.metrics_log import check_reporter
@@ -48,7 +49,9 @@ log = logging.getLogger("ds_longctx")
 def validate(cfg, world_size: int, per_node: int | None = None):
     """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
     node (None: from the launcher's environment, `local_world_size`)."""
-    ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
+    geom = ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
+    if problem := window_problem(cfg.model.name, geom.sliding_window, cfg.train.seq_len):
+        raise ValueError(problem)
     if problem := weights_problem(cfg.model.name):
         raise ValueError(problem)
     hf_cfg = load_hf_config(cfg.model.name)

@@ -385,9 +385,9 @@ def test_the_plans_rope_note_is_what_train_does_at_that_length(tmp_path):
     assert "train refuses run.yaml's rope_scaling auto" in note
     assert str(refused.value).split(" ", 1)[1] in note                # the refusal's words, after the class name
     plain = {k: v for k, v in llama3.items() if k not in ("rope_scaling", "max_position_embeddings")}
-    assert rope_notes(geom_and_hf(plain)[0], 4096) == [
-        "the config gives no max_position_embeddings: train takes the model class's default as the trained context "
-        "and sets YaRN from it past that (rope_scaling auto)"]
+    g, hf = geom_and_hf(plain)  # no max_position_embeddings: LlamaConfig's default (2048), as train reads it
+    (note,) = rope_notes(g, 4096)
+    assert "trained context 2,048" in note and note.endswith(f"factor {apply_rope_scaling(hf, 4096)['factor']:g})")
     with pytest.raises(ValueError, match="rope_parameters / rope_scaling = 'linear' is not a JSON object"):
         geom_and_hf(dict(llama3, rope_scaling="linear"))
 

@@ -1,0 +1,113 @@
+"""The fields of an HF config.json read as transformers' config classes read them (no torch, no transformers): a key
+left out takes its family's default, a null is derived where transformers derives it and refused where transformers
+cannot build the model, a flag is a JSON boolean, and a sliding window is found where transformers applies one.
+
+    kv = field(cfg, "qwen3", "num_key_value_heads", heads, where)   # absent: 32, Qwen3Config's default
+    window = sliding_window(cfg, "mistral", layers, where)          # 4096 where the key is absent; None: no window
+
+tests/plan/test_hf_fields.py holds every default here to the installed transformers' config classes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ds_longctx.parallel import kernel_rules
+
+# transformers' config-class defaults for the keys a config.json may leave out, where they are not the planner's own
+# fallback (head_dim: hidden / heads; num_key_value_heads: heads; max_position_embeddings: 0, unknown)
+DEFAULTS = {
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "llama": {"max_position_embeddings": 2048},
+    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096},
+    "qwen3_moe": {"num_key_value_heads": 4, "max_position_embeddings": 32768, "sliding_window": 4096},
+    "qwen3_5_text": {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 32768},
+}
+# the families whose config class turns a null into the fallback; for the others a null fails in transformers
+NULL_IS_FALLBACK = {"head_dim": ("llama", "mistral"), "num_key_value_heads": ("qwen3", "qwen2", "llama"),
+                    "max_position_embeddings": tuple(DEFAULTS)}
+FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
+QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
+
+
+def field(cfg: dict, family: str, key: str, fallback, where: str):
+    """`cfg[key]` as transformers reads it for `family`: absent, its config class's default (else `fallback`); null,
+    `fallback` where transformers derives it, else refused naming the key and the fix. The value is not checked."""
+    if key not in cfg:
+        return DEFAULTS.get(family, {}).get(key, fallback)
+    if cfg[key] is None:
+        if family in NULL_IS_FALLBACK.get(key, ()):
+            return fallback
+        raise ValueError(f"{where}: {key} is null, which transformers' {family} config cannot build; give it as a "
+                         f"whole number >= 1, or leave the key out for its default (fix the config)")
+    return cfg[key]
+
+
+def flag(cfg: dict, key: str, where: str) -> bool:
+    """A boolean key (absent or null: false); a string or number there is refused (transformers refuses it too)."""
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{where}: {key} = {v!r} is not a JSON boolean; write true or false, unquoted (fix the "
+                         f"config)")
+    return bool(v)
+
+
+def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[int]:
+    """The window (tokens) transformers' attention applies to every layer of this dense config, None where none:
+    Mistral's `sliding_window` (4096 where absent), Qwen3-MoE's with `use_sliding_window`. Qwen2 / Qwen3 with
+    `use_sliding_window` (the layers from `max_window_layers` on), or a `layer_types` list naming sliding_attention,
+    make some layers sliding: refused here as the engine refuses them (parallel/ulysses.check_wrappable_class)."""
+    use = flag(cfg, "use_sliding_window", where)
+    kinds = set(kernel_rules.layer_types(cfg)) if cfg.get("layer_types") else set()
+    if family in ("qwen2", "qwen3") and use and not kinds:  # Qwen2Config / Qwen3Config's own layer_types
+        start = cfg.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise ValueError(f"{where}: max_window_layers = {start!r} is not a whole number (fix the config)")
+        kinds = {"sliding_attention"} if cfg.get("sliding_window", 4096) is not None and layers > start else set()
+    if not kinds <= set(kernel_rules.LAYER_KINDS):
+        raise ValueError(f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx runs "
+                         f"full causal attention (and gated DeltaNet) layers, not sliding-window ones; set "
+                         f"\"use_sliding_window\": false, or full_attention for every layer in layer_types")
+    if not (family == "mistral" or (family == "qwen3_moe" and use)):
+        return None
+    window = cfg.get("sliding_window", DEFAULTS[family]["sliding_window"])
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the config)")
+    return window
+
+
+def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> Optional[str]:
+    """Why `seq_len` tokens (None: any length a search picks) cannot train a model whose every layer attends within
+    `window` tokens, or None: the attention kernels here are full causal, so past the window the model would train
+    unlike its config."""
+    if window is None or (seq_len is not None and seq_len <= window):
+        return None
+    at = f"past {window:,} tokens" if seq_len is None else f"at seq_len={seq_len:,} > {window:,}"
+    return (f"model {name} attends within a sliding window of {window:,} tokens (its config's sliding_window; "
+            f"transformers' default 4096 where the key is absent), and ds_longctx's attention is full causal: {at} it "
+            f"would train unlike its config. Set \"sliding_window\": null in its config.json to train it with full "
+            f"attention" + ("" if seq_len is None else f", or use seq_len <= {window:,}"))
+
+
+SCALED_ROPES = ("linear", "dynamic", "yarn", "llama3")  # the rope types transformers scales by `factor`
+
+
+def rope_parameters(cfg: dict, where: str) -> dict:
+    """The config's RoPE (rope_scaling, else rope_parameters: transformers' order, the older key wins) with its
+    rope_type ("type" before HF 4.45; none: default); a scaled one's factor a number >= 1, its
+    original_max_position_embeddings, where given, a positive integer."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
+                         f"config.json gives it as {{\"rope_type\": ..., ...}} or null (fix the config)")
+    rope = dict(rope, rope_type=rope.get("rope_type") or rope.get("type") or "default")
+    factor, orig = rope.get("factor"), rope.get("original_max_position_embeddings", 1)
+    if rope["rope_type"] in SCALED_ROPES and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                              or not factor >= 1):
+        raise ValueError(f"{where}: rope_type {rope['rope_type']!r} with factor = {factor!r}: give its scaling "
+                         f"factor as a number >= 1 (e.g. \"factor\": 4.0), or drop the rope scaling (fix the config)")
+    if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
+        raise ValueError(f"{where}: rope original_max_position_embeddings = {orig!r} is not a positive integer (fix "
+                         f"the config)")
+    return rope
