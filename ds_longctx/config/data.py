@@ -30,8 +30,9 @@ class DataConfig(Section):
         "auto", json_schema_extra={"flat": "data_format"})
     """What a row holds: text (`text_field`); messages (a chat session: a `messages` list of {role, content,
     tool_calls}, an optional `tools` list, rendered with the tokenizer's chat template); prompt_completion (`prompt`
-    and `completion` strings); tokens (`input_ids`, optionally `labels` or a 0/1 `completion_mask` /
-    `assistant_masks`). auto: the first row's keys decide (logged)."""
+    and `completion` strings); tokens (`input_ids`, optionally `labels` and 0/1 `completion_mask` /
+    `assistant_masks`, all honoured together, and `attention_mask`, whose 0s are padding left out). auto: the first
+    row's keys decide (logged)."""
     train_on: Optional[Literal["assistant", "last_assistant", "completion", "all"]] = None
     """Which tokens train: assistant (every assistant turn with its tool calls; the default of messages rows),
     last_assistant, completion (the default of prompt_completion rows), all (every token; the only choice for

@@ -106,7 +106,7 @@ def build_data(cfg, hf_config, dp_size: int):
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab)
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab)
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
     rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),

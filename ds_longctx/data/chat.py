@@ -19,7 +19,8 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 
 ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
 ROLES = ("system", "user", "assistant", "tool")
-MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # what a tokens row may carry beside input_ids
+MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # which tokens of a tokens row train
+TOKEN_KEYS = MASK_KEYS + ("attention_mask",)                   # what a tokens row may carry beside input_ids
 
 
 class ChatError(ValueError):
@@ -56,11 +57,7 @@ def row_problem(obj: dict, fmt: str) -> Optional[str]:
     if fmt == "tokens":
         if not _ints(obj.get("input_ids")):
             return "'input_ids' is not a list of ints: rows hold token ids, as the first row does"
-        for k in MASK_KEYS:
-            if k in obj and not (_ints(obj[k]) and len(obj[k]) == len(obj["input_ids"])):
-                return (f"{k!r} is not a list of {len(obj['input_ids'])} ints (one per input id): give one label "
-                        f"(or 0/1 mask value) per token")
-        return None
+        return token_problem(obj["input_ids"], {k: obj[k] for k in TOKEN_KEYS if k in obj}, None)
     return _messages_problem(obj.get("messages"), obj.get("tools"))
 
 
@@ -139,20 +136,60 @@ def pair_tokens(tok, prompt: str, completion: str, train_on: str) -> tuple[list,
     return p + c, (p if train_on == "all" else [IGNORE_INDEX] * len(p)) + c
 
 
-def token_labels(ids: list, given: Optional[list], key: Optional[str], vocab_size: Optional[int],
-                 train_on: str) -> list:
-    """The labels of a tokens row: `labels` as given (each -100 or an id in the vocabulary), a 0/1 mask (1: the token
-    trains), or the tokens themselves (none given, or train_on all)."""
-    if given is None or key is None or train_on == "all":
-        return list(ids)
-    if key != "labels":
-        bad = [v for v in given if v not in (0, 1)]
-        if bad:
-            raise ChatError(f"{key!r} holds {bad[0]}; a mask holds 0 (no training) or 1 (the token trains)")
-        return [t if v else IGNORE_INDEX for t, v in zip(ids, given)]
+def token_keys(keys) -> tuple:
+    """The keys of TOKEN_KEYS among `keys` (a tokens row's, or a table's columns), in TOKEN_KEYS order."""
+    return tuple(k for k in TOKEN_KEYS if k in keys)
+
+
+def keys_problem(row: dict, first: tuple) -> Optional[str]:
+    """A tokens row without a labels / mask key of the first row's (`first`), or with one the first row has not:
+    never dropped."""
+    keys = token_keys(row)
+    missing = [k for k in first if k not in keys]
+    if missing:
+        return f"no {missing[0]!r} key: every row carries it, as the first row does"
+    extra = [k for k in keys if k not in first]
+    if extra:
+        return (f"{extra[0]!r} here but not in the first row (its labels and masks: {', '.join(first) or 'none'}): "
+                f"every row carries those of the first row; give the first row {extra[0]!r} too, or drop it here")
+    return None
+
+
+def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional[str]:
+    """What is wrong with a tokens row (None: nothing): an id outside [0, vocab_size), a value of `given` (TOKEN_KEYS)
+    that is not one int per id, a label neither IGNORE_INDEX nor an id, a mask value neither 0 nor 1."""
     top = vocab_size if vocab_size is not None else float("inf")
-    bad = [v for v in given if v != IGNORE_INDEX and not 0 <= v < top]
-    if bad:
-        raise ChatError(f"'labels' holds {bad[0]}; a label is {IGNORE_INDEX} (no training) or a token id in "
-                        f"[0, {vocab_size})")
-    return list(given)
+    vocab = f"[0, {vocab_size})" if vocab_size is not None else "[0, the vocabulary size)"
+    if ids and (min(ids) < 0 or max(ids) >= top):
+        j, bad = next((j, t) for j, t in enumerate(ids) if not 0 <= t < top)
+        return (f"'input_ids' holds {bad} at position {j}; token ids are in {vocab}: re-tokenize with the model's "
+                f"tokenizer")
+    for k, v in given.items():
+        if not (_ints(v) and len(v) == len(ids)):
+            return (f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "
+                    f"per token")
+        bad = [x for x in v if x != IGNORE_INDEX and not 0 <= x < top] if k == "labels" else \
+            sorted(set(v) - {0, 1})
+        if bad and k == "labels":
+            return f"'labels' holds {bad[0]}; a label is {IGNORE_INDEX} (no training) or a token id in {vocab}"
+        if bad:
+            means = "0: padding, left out" if k == "attention_mask" else "1: the token trains"
+            return f"{k!r} holds {bad[0]}; a mask holds 0 or 1 ({means})"
+    return None
+
+
+def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: str) -> tuple[list, list]:
+    """(input_ids, labels) of a tokens row: its `labels` (else the tokens), IGNORE_INDEX where a 0/1 mask
+    (completion_mask, assistant_masks) holds 0; train_on all: every token. A token whose `attention_mask` is 0 is
+    padding, left out. ChatError naming what is wrong (`token_problem`)."""
+    why = token_problem(ids, given, vocab_size)
+    if why:
+        raise ChatError(why)
+    labels = list(ids) if train_on == "all" or "labels" not in given else list(given["labels"])
+    for k in ("completion_mask", "assistant_masks"):
+        if k in given and train_on != "all":
+            labels = [lab if v else IGNORE_INDEX for lab, v in zip(labels, given[k])]
+    if "attention_mask" in given:
+        keep = given["attention_mask"]
+        return [t for t, v in zip(ids, keep) if v], [lab for lab, v in zip(labels, keep) if v]
+    return list(ids), labels

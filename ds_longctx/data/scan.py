@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.data.chat import MASK_KEYS, detect_format, row_problem
+from ds_longctx.data.chat import detect_format, keys_problem, row_problem, token_keys
 
 log = logging.getLogger("ds_longctx")
 
@@ -78,7 +78,7 @@ class Scan:
     text_field: str
     fmt: str = "auto"                  # data.format: the mode asked for ("auto": the first row decides)
     mode: str = "text"                 # text | messages | prompt_completion | tokens (data/chat.py ROW_FORMATS)
-    mask_key: Optional[str] = None     # tokens rows: the labels / mask key of the first row, if any
+    mask_keys: tuple = ()              # tokens rows: the labels / mask keys of the first row (chat.TOKEN_KEYS)
     mode_decided: bool = False         # by the first object row (JSON) or the first file's columns (Parquet)
     rows: int = 0                      # good rows (documents)
     bad: int = 0
@@ -117,16 +117,17 @@ class Scan:
         return [f.short() for f in self.named]
 
     def gen_kwargs(self) -> dict:
-        return {"files": list(self.files), "text_field": self.text_field, "mode": self.mode, "mask_key": self.mask_key}
+        return {"files": list(self.files), "text_field": self.text_field, "mode": self.mode,
+                "mask_keys": self.mask_keys}
 
     def columns(self) -> dict:
         """The columns of the rows `json_documents` yields: name -> "string" or "ids"."""
         return {"text": {self.text_field: "string"}, "messages": {"messages": "string", "tools": "string"},
                 "prompt_completion": {"prompt": "string", "completion": "string"},
-                "tokens": {"input_ids": "ids", **({self.mask_key: "ids"} if self.mask_key else {})}}[self.mode]
+                "tokens": {"input_ids": "ids", **{k: "ids" for k in self.mask_keys}}}[self.mode]
 
     def fingerprint(self) -> str:
-        key = json.dumps([_VERSION, self.builder, self.stamps, self.text_field, self.mode, self.mask_key])
+        key = json.dumps([_VERSION, self.builder, self.stamps, self.text_field, self.mode, self.mask_keys])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -211,13 +212,11 @@ def _row_value(obj, scan: Scan) -> tuple:
     if not scan.mode_decided:
         scan.mode_decided = True
         scan.mode = detect_format(obj, scan.text_field, scan.fmt)
-        scan.mask_key = next((k for k in MASK_KEYS if k in obj), None) if scan.mode == "tokens" else None
+        scan.mask_keys = token_keys(obj) if scan.mode == "tokens" else ()
     if scan.mode == "tokens" and "input_ids" not in obj:
         return None, f"no 'input_ids' key (its keys: {sorted(obj)[:8]}): rows hold token ids, as the first row does"
     if scan.mode != "text":
-        why = row_problem(obj, scan.mode)
-        if why is None and scan.mask_key is not None and scan.mask_key not in obj:
-            why = f"no {scan.mask_key!r} key: every row carries it, as the first row does"
+        why = row_problem(obj, scan.mode) or (scan.mode == "tokens" and keys_problem(obj, scan.mask_keys))
         if why:
             return None, why
         return {k: (json.dumps(obj.get(k)) if kind == "string" and scan.mode == "messages" else obj.get(k))
@@ -328,11 +327,11 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
                         f"the array; fix the file (a .json file holds JSON lines or one array of objects)")
 
 
-def json_documents(files: list, text_field: str, mode: str, mask_key: Optional[str] = None) -> Iterator[dict]:
+def json_documents(files: list, text_field: str, mode: str, mask_keys: tuple = ()) -> Iterator[dict]:
     """The good rows of JSON files as `datasets` rows (`Scan.columns`: {text_field: str}, {"input_ids": [int], ...},
     messages and tools as JSON strings, ...), in file order: the generator of `Dataset.from_generator` (bad rows were
     counted by the scan and are left out here)."""
-    scan = Scan("json", files, text_field, mode=mode, mode_decided=True, mask_key=mask_key)
+    scan = Scan("json", files, text_field, mode=mode, mode_decided=True, mask_keys=tuple(mask_keys))
     for f in files:
         for _, got in json_rows(f, scan):
             if not isinstance(got, Fault):

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from ds_longctx.data.chat import detect_format
+from ds_longctx.data.chat import detect_format, token_keys
 from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
 
 __all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "prepared_split",
@@ -35,7 +34,7 @@ class Documents:
     ds: object                                   # datasets.Dataset
     skipped_rows: int = 0
     format: str = "text"                         # text | messages | prompt_completion | tokens (data/chat.py)
-    mask_key: Optional[str] = None               # tokens rows: their labels / mask column, if any
+    mask_keys: tuple = ()                        # tokens rows: their labels / mask columns (chat.TOKEN_KEYS)
 
 
 def _not_a_corpus(data: str, p: Path) -> None:
@@ -139,8 +138,8 @@ def load_documents(cfg) -> Documents:
         raise DataError(f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it "
                         f"documents or point data at the right file")
     fmt = scan.mode if scan is not None else detect_format(ds.column_names, cfg.data.text_field, cfg.data.format)
-    mask_key = scan.mask_key if scan is not None and scan.builder == "json" else \
-        next((k for k in ("labels", "completion_mask", "assistant_masks") if k in ds.column_names), None)
+    mask_keys = scan.mask_keys if scan is not None and scan.builder == "json" else \
+        token_keys(ds.column_names) if fmt == "tokens" else ()
     need = {"text": [cfg.data.text_field], "tokens": ["input_ids"], "messages": ["messages"],
             "prompt_completion": ["prompt", "completion"]}[fmt]
     if not set(need) <= set(ds.column_names):
@@ -150,8 +149,8 @@ def load_documents(cfg) -> Documents:
              "data.format" if cfg.data.format != "auto" else "detected from the first row")
     if builder in ("hub", "parquet") and fmt in ("text", "tokens"):
         docs = _drop_null_rows(ds, cfg, scan)
-        return Documents(docs.ds, docs.skipped_rows, fmt, mask_key)
-    return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_key)
+        return Documents(docs.ds, docs.skipped_rows, fmt, mask_keys)
+    return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_keys)
 
 
 def locate_rows(cfg, indices: list) -> dict:
@@ -161,7 +160,7 @@ def locate_rows(cfg, indices: list) -> dict:
     if builder != "json":
         return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
     seen = check_source(cfg)  # the files are read again (an error path: rows tokenization refused)
-    scan = Scan("json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_key=seen.mask_key)
+    scan = Scan("json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_keys=seen.mask_keys)
     want, out, k = set(indices), {}, 0
     for f in files:
         for _, (line, got) in json_rows(f, scan, lines=True):

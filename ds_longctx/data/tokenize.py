@@ -1,7 +1,7 @@
 """Rows -> token ids and labels through the datasets cache: the tokenizer, EOS, the cut, and a fingerprint of all.
 
     tok = load_tokenizer(cfg, vocab_size)               # checked against the model's vocabulary
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_key, vocab_size)
+    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab_size)
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
 
 Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
@@ -114,7 +114,7 @@ def default_train_on(cfg, fmt: str) -> str:
     return want
 
 
-def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
+def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
     """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`: the
     one text-or-ids switch. Text is tokenized a batch at once (the fast tokenizer's threads)."""
     train_on = default_train_on(cfg, fmt)
@@ -126,8 +126,7 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
         return many
     if fmt == "tokens":
         def one(r):
-            ids = list(r["input_ids"])
-            return ids, chat.token_labels(ids, r.get(mask_key), mask_key, vocab_size, train_on)
+            return chat.token_labels(list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on)
     elif fmt == "prompt_completion":
         def one(r):
             return chat.pair_tokens(tok, r["prompt"], r["completion"], train_on)
@@ -151,7 +150,7 @@ def _row_maker(fmt: str, tok, cfg, mask_key, vocab_size):
     return many
 
 
-def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Optional[str] = None,
+def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: tuple = (),
              vocab_size: Optional[int] = None):
     """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing trains), `trained` (the
     targets that train), `cut` (tokens left out by truncate head) and `bad` (why a row gives no document, "" when it
@@ -167,8 +166,8 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_key: Op
         raise DataError(f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
                         f"directory (the model's own), or provide an input_ids column")
     rule, L = cut_rule(cfg), cfg.train.seq_len
-    many = _row_maker(fmt, tok, cfg, mask_key, vocab_size)
-    key = json.dumps([docs._fingerprint, fmt, mask_key, default_train_on(cfg, fmt), vocab_size,
+    many = _row_maker(fmt, tok, cfg, tuple(mask_keys), vocab_size)
+    key = json.dumps([docs._fingerprint, fmt, list(mask_keys), default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
                       cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v4"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -112,15 +112,17 @@ def applied_masks(args) -> tuple:
 
 def fold_masks(example: dict, masks: tuple) -> dict:
     """`example` with the mask columns of `masks` it carries folded into `labels` and dropped: a token trains where its
-    label (without labels: the token) is not IGNORE_INDEX and every one of those masks holds 1. A mask that is not 0/1
-    per input id is refused naming the column."""
+    label (without labels: the token) is not IGNORE_INDEX and every one of those masks holds 1. Labels or a mask that
+    are not one value (a mask: 0/1) per input id are refused naming the column."""
     if not isinstance(example, Mapping):  # a dataset of tuples carries no named mask
         return example
+    ids, given = example.get("input_ids"), example.get("labels")
+    if ids is not None and given is not None and len(given) != len(ids):
+        raise ValueError(f"column 'labels' holds {len(given)} values for {len(ids)} input ids: give one label per "
+                         f"token ({IGNORE_INDEX} where it does not train)")
     present = [k for k in masks if example.get(k) is not None]
-    if not present or "input_ids" not in example:
+    if not present or ids is None:
         return example
-    ids = example["input_ids"]
-    given = example.get("labels")
     labels = torch.as_tensor(ids if given is None else given).clone()  # [L]
     for k in present:
         mask = torch.as_tensor(example[k])

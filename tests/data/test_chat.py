@@ -137,6 +137,24 @@ def test_token_rows_train_where_their_labels_say(toks, hf_cfg, tmp_path, key):
     assert batch.input_ids[0, :9].tolist() == [10, 11, 12, 13, 2, 20, 21, 22, 2]
 
 
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_token_rows_honour_labels_and_masks_together_and_leave_padding_out(hf_cfg, tmp_path, source):
+    """A token trains where its label is not -100 and every 0/1 mask holds 1 (none is dropped); attention_mask 0 is
+    padding: not in the document at all."""
+    rows = [{"input_ids": [10, 11, 12, 13, 0, 0], "labels": [10, 11, -100, 13, 0, 0],
+             "completion_mask": [0, 1, 1, 1, 1, 1], "attention_mask": [1, 1, 1, 1, 0, 0]}]
+    if source == "jsonl":
+        path = write(tmp_path / "ids.jsonl", rows)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        path = str(tmp_path / "ids.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    batch = batch_of(path, None, hf_cfg, tmp_path).get(0, 1, 0, 1)
+    assert batch.input_ids[0, :5].tolist() == [10, 11, 12, 13, 2]  # EOS (2) after the last real token
+    assert batch.labels[0, :5].tolist() == [-100, 11, -100, 13, 2] and (batch.labels[0, 5:] == IGNORE_INDEX).all()
+
+
 def test_two_sessions_packed_in_one_row_keep_their_masks_and_boundaries(toks, hf_cfg, tmp_path):
     paths, tok = toks
     short = [{"role": "user", "content": "w3"}, {"role": "assistant", "content": "w4 w5"}]
@@ -175,6 +193,11 @@ BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refu
                                           {"role": "assistant", "content": "w3"}]}, "gen", {"truncate": "refuse"},
                             "a document of 78 tokens is longer than seq_len=64 and data.truncate is refuse"),  # 77+EOS
     "label out of vocabulary": ({"input_ids": [5, 6], "labels": [5, 9999]}, None, {}, "'labels' holds 9999"),
+    "id out of vocabulary": ({"input_ids": [5, 9999], "labels": [5, 6]}, None, {},
+                             "'input_ids' holds 9999 at position 1; token ids are in [0, 512)"),
+    "negative id": ({"input_ids": [5, -1], "labels": [5, 6]}, None, {}, "'input_ids' holds -1 at position 1"),
+    "a mask the first row has not": ({"input_ids": [5, 6], "labels": [5, 6], "completion_mask": [0, 1]}, None, {},
+                                     "'completion_mask' here but not in the first row (its labels and masks: labels)"),
 }
 
 

@@ -134,3 +134,6 @@ def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
     for bad in ([0, 2, 1, 1], [1, 1, 1]):
         with pytest.raises(ValueError, match="column 'assistant_masks' is not a 0/1 list of 4 values"):
             fold_masks({**row, "assistant_masks": bad}, masks)
+    for short in (row, {"input_ids": [5, 6, 7, 8]}):  # labels one short: refused, with or without a mask to fold
+        with pytest.raises(ValueError, match="column 'labels' holds 3 values for 4 input ids"):
+            fold_masks({**short, "labels": [5, 6, 7]}, masks)
