@@ -43,3 +43,15 @@ def test_train_refuses_a_path_it_cannot_look_at_in_one_line(key, tmp_path, capsy
     assert e.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].endswith("File name too long; give a path this machine can use (output_dir, "
                                                  "data, tokenizer, eval_data)")
+
+
+def test_a_length_the_synthetic_task_cannot_fill_is_refused_before_any_worker(tmp_path, capsys):
+    """seq_len 1 (or `--seq_len true`, read as 1 before) passed every check here and was refused by each worker
+    after torchrun started them."""
+    from ds_longctx.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "1", "--seq_len", "8", "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1] == ("refused before start: seq_len=8 is too short for 8 "
+                                                                  "synthetic queries; use seq_len >= 40")
+    assert "torch/distributed" not in err and not (tmp_path / "out").exists()

@@ -25,6 +25,7 @@ import torch
 from ds_longctx import data
 from ds_longctx.checkpoint import layout_change, resume
 from ds_longctx.checkpoint.layout import META, ckpt_root
+from ds_longctx.data.synthetic import SyntheticRetrieval
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.gpu_budget import planning_gpu_gb
 from ds_longctx.levers.lora import check_model_targets
@@ -170,8 +171,11 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
-    data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
-    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    vocab = hf_cfg.get_text_config().vocab_size
+    data.check_data_source(cfg, vocab)
+    data.check_eval_source(cfg, vocab)
+    if "synthetic" in (cfg.data.source, cfg.eval.data):  # its rules (the shortest seq_len), before any worker
+        SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
     if cfg.eval.answer_loss:
         answer_sessions(cfg, limit=1)  # eval_data holds answers (its first session that does is read)
     meta = resume.check_run_dir(cfg, world_size)
