@@ -328,6 +328,8 @@ def _main(argv: list[str] | None) -> None:
     d.add_argument("--output_dir", default="runs/demo")
     args, rest = p.parse_known_args(argv)
     if args.cmd == "train":
+        if (n := sum(a == "--nproc" or a.startswith("--nproc=") for a in argv)) > 1:  # argparse keeps the last
+            t.error(f"--nproc is given {n} times; keep one")
         sys.exit(run_train(args.nproc, rest))
     if rest:
         p.error(f"unknown arguments for {args.cmd}: {rest}")

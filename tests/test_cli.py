@@ -55,3 +55,11 @@ def test_a_length_the_synthetic_task_cannot_fill_is_refused_before_any_worker(tm
     assert e.value.code == 2 and err.strip().splitlines()[-1] == ("refused before start: seq_len=8 is too short for 8 "
                                                                   "synthetic queries; use seq_len >= 40")
     assert "torch/distributed" not in err and not (tmp_path / "out").exists()
+
+
+def test_nproc_given_twice_is_refused(capsys):
+    """argparse kept the last --nproc silently."""
+    from ds_longctx.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "1", "--nproc=2"])
+    assert e.value.code == 2 and "--nproc is given 2 times; keep one" in capsys.readouterr().err

@@ -93,16 +93,17 @@ def parser() -> argparse.ArgumentParser:
 def world_of(cfg, a) -> tuple[int, int, int]:
     """(world, processes per node, nodes): the config's planned world, or --gpus / --nodes."""
     par = cfg.parallel
-    per_node = a.gpus or par.gpus_per_node
-    nodes = a.nodes or par.nodes or 1
+    per_node = a.gpus if a.gpus is not None else par.gpus_per_node  # --gpus 0 is refused, not read as not given
+    nodes = a.nodes if a.nodes is not None else par.nodes or 1
     if per_node is None:
         raise Refused(f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the GPUs per "
                       f"node it is for (`ds-longctx plan` writes both into run.yaml)")
+    given = " ".join(f"--{k} {v}" for k, v in (("gpus", a.gpus), ("nodes", a.nodes)) if v is not None)
     if per_node < 1 or nodes < 1:
-        raise Refused(f"--gpus {per_node} --nodes {nodes}: give at least one GPU and one node")
-    if (a.gpus and par.gpus_per_node and a.gpus != par.gpus_per_node) or \
-            (a.nodes and par.nodes and a.nodes != par.nodes):
-        raise Refused(f"--gpus {a.gpus} --nodes {a.nodes}: {a.config} was planned for {par.nodes} node(s) x "
+        raise Refused(f"{given}: give at least one GPU and one node")
+    if (a.gpus is not None and par.gpus_per_node and a.gpus != par.gpus_per_node) or \
+            (a.nodes is not None and par.nodes and a.nodes != par.nodes):
+        raise Refused(f"{given}: {a.config} was planned for {par.nodes} node(s) x "
                       f"{par.gpus_per_node}; drop --gpus / --nodes, or plan that world")
     return nodes * per_node, per_node, nodes
 

@@ -190,6 +190,18 @@ def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path, args, words)
     assert "rank 0/8" not in res.stdout
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--gpus", "0"], "--gpus 0: give at least one GPU and one node"),
+    (["--nodes", "0"], "--nodes 0: give at least one GPU and one node"),
+    (["--gpus", "4"], "--gpus 4: "),
+])
+def test_gpus_or_nodes_0_are_refused_not_read_as_not_given(tmp_path, capsys, args, says):
+    """`--gpus 0` was read as no --gpus: the config's world of 8 was rehearsed."""
+    from ds_longctx.rehearsal.rehearse import main
+    assert main(["--cpu", "--config", str(write_config(tmp_path)), *args]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"[rehearsal] refused: {says}")
+
+
 def test_a_config_without_its_world_needs_gpus(tmp_path):
     res = run_cli(["rehearse", "--cpu", "--config", str(write_config(tmp_path, gpus=None))], timeout=120)
     assert res.returncode == 2
