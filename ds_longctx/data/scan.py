@@ -219,8 +219,9 @@ def _row_value(obj, scan: Scan) -> tuple:
         why = row_problem(obj, scan.mode) or (scan.mode == "tokens" and keys_problem(obj, scan.mask_keys))
         if why:
             return None, why
-        return {k: (json.dumps(obj.get(k)) if kind == "string" and scan.mode == "messages" else obj.get(k))
-                for k, kind in scan.columns().items()}, None
+        row = {k: (json.dumps(obj.get(k), ensure_ascii=False) if kind == "string" and scan.mode == "messages" else
+                   obj.get(k)) for k, kind in scan.columns().items()}
+        return _utf8(row)
     if scan.text_field not in obj:
         return None, (f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the "
                       f"key holding the text")
@@ -228,7 +229,20 @@ def _row_value(obj, scan: Scan) -> tuple:
     if not isinstance(value, str):
         return None, (f"{scan.text_field!r} is a JSON {_kind(value)} ({json.dumps(value)[:40]}), not a string: "
                       f"write the text as a JSON string")
-    return {scan.text_field: value}, None
+    return _utf8({scan.text_field: value})
+
+
+def _utf8(row: dict) -> tuple:
+    """(row, None), or (None, why) where a string holds a lone UTF-16 surrogate (a \\ud800 escape without its pair):
+    JSON allows it, UTF-8 (Arrow, the tokenizer) does not."""
+    for k, v in row.items():
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return None, (f"{k!r} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x}, an escape without its "
+                              f"pair): not text; remove it or give its pair")
+    return row, None
 
 
 def _kind(v) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from ds_longctx.config import RunConfig
 from ds_longctx.data import build_data, check_data_source
+from ds_longctx.data.scan import json_documents
 from ds_longctx.data.synthetic import EOS
 from ds_longctx.run.model import load_hf_config
 from tests.helpers import SPECIALS, documents, make_tokenizer, read_metrics, run_cli, token_ids, write_parquet
@@ -143,6 +144,20 @@ def test_integer_text_values_are_refused_in_their_own_words(setup):
     assert msg.endswith("(5 of 5 rows are bad, also ints.jsonl:2, ints.jsonl:3, ints.jsonl:4, ints.jsonl:5)")
     msg = refusal(setup, path, skip_bad_rows=True)
     assert "all 5 rows are bad, nothing is left to train on" in msg
+
+
+def test_a_bom_and_crlf_lines_read_as_plain_lines_and_a_lone_surrogate_is_refused_by_line(setup):
+    """A UTF-8 BOM and Windows line ends give the same rows; JSON's \\ud800 without its pair is no text (Arrow and
+    the tokenizer failed on it, naming no line), its pair (an emoji) is."""
+    docs = documents(6, seed=8)
+    windows = setup["dir"] / "windows.jsonl"
+    windows.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps({"text": t}).encode() + b"\r\n" for t in docs))
+    assert list(json_documents([str(windows)], "text", "text")) == [{"text": t} for t in docs]
+    assert check_data_source(cfg_for(setup, windows), 512) is None
+    path = setup["dir"] / "surrogate.jsonl"
+    offsets = write_lines(path, ['{"text": "w1 \\ud83d\\ude00 w2"}', '{"text": "w1 \\ud800 w2"}'])
+    assert refusal(setup, path).startswith(f"data file {str(path)!r} line 2 (byte {offsets[1]}): 'text' holds a lone "
+                                           f"UTF-16 surrogate (\\ud800, an escape without its pair)")
 
 
 def test_a_tokenizer_directory_as_data_is_refused_in_its_own_words(setup):
