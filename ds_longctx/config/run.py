@@ -49,7 +49,7 @@ from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
-from ds_longctx.config.train import TrainConfig
+from ds_longctx.config.train import TrainConfig, whole_number_hint
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
 
@@ -282,6 +282,8 @@ def format_validation_error(err: ValidationError) -> str:
             # a type or range error: the value given beside what was expected (our own checks name it themselves)
             hint = {"bool_parsing": "; use true or false", "bool_type": "; use true or false",
                     "finite_number": "; give a finite number"}.get(e["type"], "")
+            if e["type"] == "int_parsing" and isinstance(e["input"], str):  # `128k`, `1e6`: the number it means
+                hint = whole_number_hint(e["input"])
             lines.append(f"{loc}: {msg} (got {e['input']!r}{hint})")
         else:
             lines.append(f"{loc}: {msg}" if loc else msg)

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Literal, Optional
 
 from pydantic import Field
 
 from ds_longctx.config.base import Section
+
+_SCALED = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG])")
+_POWERS = {"k": 1, "m": 2, "g": 3}
+
+
+def whole_number_hint(text: str) -> str:
+    """How to write `text` (a count given as `128k`, `1M`, `1e6`) as the whole number a length or count is: both
+    readings of a k / M / G suffix (powers of 1024 and of 1000), which this config does not guess between."""
+    if m := _SCALED.fullmatch(text.strip()):
+        n, p = float(m[1]), _POWERS[m[2].lower()]
+        ways = [f"{int(v)}" for v in (n * 1024 ** p, n * 1000 ** p) if v == int(v)]
+    else:
+        try:
+            v = float(text)
+        except ValueError:
+            v = 0.5
+        ways = [f"{int(v)}"] if math.isfinite(v) and v == int(v) else []
+    return f"; give the whole number, e.g. {' or '.join(ways)}" if ways else "; give a whole number"
 
 
 class TrainConfig(Section):

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.config.run import lever_conflict
+from ds_longctx.config.train import whole_number_hint
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import check_sp_size
 from ds_longctx.plan.cache_placement import fastest_placement
@@ -54,11 +55,19 @@ from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
+def tokens(text: str) -> int:
+    """--seq_len's type: a whole number of tokens (`128k` and `1M` are refused naming the numbers they may mean)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens{whole_number_hint(text)}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="shipped geometry (qwen3-8b, ...) or an HF checkpoint dir")
-    p.add_argument("--seq_len", type=int, help="tokens per sequence (required unless --find_max_len)")
+    p.add_argument("--seq_len", type=tokens, help="tokens per sequence (required unless --find_max_len)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs per node (one process each)")
     p.add_argument("--nodes", type=int, default=1, help="nodes of --gpus GPUs each (default 1); SP groups stay inside "
                    "a node, data parallelism runs across nodes")

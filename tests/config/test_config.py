@@ -83,6 +83,8 @@ def test_the_launchs_world_size_is_checked_before_the_seq_len_rule(tmp_path):
                                              "interpret input (got 'maybe'; use true or false)"),
     (dict(seq_len=-5), "train.seq_len: Input should be greater than 0 (got -5)"),
     (dict(lr="abc"), "(got 'abc')"),
+    (dict(seq_len="128k"), "(got '128k'; give the whole number, e.g. 131072 or 128000)"),  # and not a guess
+    (dict(steps="1e3"), "(got '1e3'; give the whole number, e.g. 1000)"),  # YAML reads 1e3 as a string
 ])
 def test_bad_values_name_the_fix(kwargs, needle):
     with pytest.raises(ValidationError) as e:

@@ -414,3 +414,14 @@ def test_model_and_out_paths_that_cannot_be_used_exit_2_naming_them(tmp_path, ca
         assert write.main(args + base) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err, err
+
+
+def test_a_length_written_128k_or_1m_is_refused_naming_the_numbers_it_may_mean(capsys):
+    """`--seq_len 1M` said only `invalid int value: '1M'`; 1M is 1048576 or 1000000, and the plan does not guess."""
+    for text, says in (("1M", "give the whole number, e.g. 1048576 or 1000000"), ("lots", "give a whole number"),
+                       ("128k", "give the whole number, e.g. 131072 or 128000"),
+                       ("1e6", "give the whole number, e.g. 1000000")):
+        with pytest.raises(SystemExit) as e:
+            write.main(["--model", "qwen3-8b", "--gpus", "8", "--seq_len", text])
+        assert e.value.code == 2 and f"argument --seq_len: '{text}' is not a whole number of tokens; {says}" in \
+            capsys.readouterr().err
