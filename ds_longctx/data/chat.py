@@ -30,10 +30,13 @@ class ChatError(ValueError):
 # ----------------------------------------------------------------------------- formats and row checks
 def detect_format(keys, text_field: str, fmt: str) -> str:
     """The row format: `fmt` unless "auto", else from the first row's keys (text_field, messages, prompt +
-    completion, input_ids; text when none fits, whose check then names the missing key)."""
+    completion, input_ids; text when none fits, whose check then names the missing key). A conversational
+    prompt/completion row, read as a session (`conversational`), is messages."""
+    keys = set(keys)
+    if fmt == "prompt_completion" and "messages" in keys and "prompt" not in keys:
+        return "messages"
     if fmt != "auto":
         return fmt
-    keys = set(keys)
     if text_field in keys:
         return "text"
     if "messages" in keys:
@@ -41,6 +44,30 @@ def detect_format(keys, text_field: str, fmt: str) -> str:
     if {"prompt", "completion"} <= keys:
         return "prompt_completion"
     return "tokens" if "input_ids" in keys else "text"
+
+
+def conversational(obj: dict) -> dict:
+    """A row whose `prompt` and `completion` are lists of messages (TRL's conversational prompt/completion) as a
+    session: the completion's messages train, not its tool output nor the prompt (a message's own `train` decides
+    first); any other row as it is."""
+    prompt, completion = obj.get("prompt"), obj.get("completion")
+    if "messages" in obj or not (isinstance(prompt, list) and isinstance(completion, list)):
+        return obj
+
+    def flagged(m, trains: bool):
+        return {**m, "train": trains and m.get("role") != "tool"} if isinstance(m, dict) and m.get("train") is None \
+            else m
+    return {"messages": [flagged(m, False) for m in prompt] + [flagged(m, True) for m in completion],
+            "tools": obj.get("tools")}
+
+
+def other_format(obj: dict, text_field: str, mode: str) -> Optional[str]:
+    """Why a row that does not fit `mode` rows is a row of another format (None where it is none)."""
+    other = detect_format(obj, text_field, "auto")
+    if other == mode or (other == "text" and text_field not in obj):
+        return None
+    return (f"a {other} row (its keys: {sorted(obj)[:8]}) among {mode} rows (the first row's format, or data.format): "
+            f"one source holds one format; convert this row, or move it to a file of its own")
 
 
 def _ints(v) -> bool:
@@ -52,7 +79,8 @@ def row_problem(obj: dict, fmt: str) -> Optional[str]:
     if fmt == "prompt_completion":
         for k in ("prompt", "completion"):
             if not isinstance(obj.get(k), str):
-                return f"{k!r} is missing or not a string: prompt_completion rows hold two strings"
+                return (f"{k!r} is missing or not a string: prompt_completion rows hold two strings (or two lists "
+                        f"of messages, TRL's conversational form, where the first row does)")
         return None
     if fmt == "tokens":
         if not _ints(obj.get("input_ids")):

@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.data.chat import detect_format, keys_problem, row_problem, token_keys
+from ds_longctx.data.chat import conversational, detect_format, keys_problem, other_format, row_problem, token_keys
 
 log = logging.getLogger("ds_longctx")
 
@@ -209,22 +209,23 @@ def _row_value(obj, scan: Scan) -> tuple:
     if not isinstance(obj, dict):
         return None, (f"a JSON {_kind(obj)}, not an object: write one object per row, e.g. "
                       f"{{\"{scan.text_field}\": \"...\"}}")
+    talk = conversational(obj)
     if not scan.mode_decided:
         scan.mode_decided = True
-        scan.mode = detect_format(obj, scan.text_field, scan.fmt)
+        scan.mode = detect_format(talk, scan.text_field, scan.fmt)
         scan.mask_keys = token_keys(obj) if scan.mode == "tokens" else ()
-    if scan.mode == "tokens" and "input_ids" not in obj:
-        return None, f"no 'input_ids' key (its keys: {sorted(obj)[:8]}): rows hold token ids, as the first row does"
+    obj = talk if scan.mode == "messages" else obj
     if scan.mode != "text":
         why = row_problem(obj, scan.mode) or (scan.mode == "tokens" and keys_problem(obj, scan.mask_keys))
         if why:
-            return None, why
+            return None, other_format(obj, scan.text_field, scan.mode) or why
         row = {k: (json.dumps(obj.get(k), ensure_ascii=False) if kind == "string" and scan.mode == "messages" else
                    obj.get(k)) for k, kind in scan.columns().items()}
         return _utf8(row)
     if scan.text_field not in obj:
-        return None, (f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the "
-                      f"key holding the text")
+        return None, other_format(obj, scan.text_field, "text") or (
+            f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the key holding "
+            f"the text")
     value = obj[scan.text_field]
     if not isinstance(value, str):
         return None, (f"{scan.text_field!r} is a JSON {_kind(value)} ({json.dumps(value)[:40]}), not a string: "

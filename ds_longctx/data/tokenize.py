@@ -129,15 +129,20 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
             return chat.token_labels(list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on)
     elif fmt == "prompt_completion":
         def one(r):
+            if isinstance(r["prompt"], list):  # hub / Parquet rows of TRL's conversational form: a session
+                return session(chat.conversational(r))
             return chat.pair_tokens(tok, r["prompt"], r["completion"], train_on)
     else:
         def one(r):
-            msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
-            tools = json.loads(r["tools"]) if isinstance(r.get("tools"), str) else r.get("tools")
-            why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
-            if why:
-                raise chat.ChatError(why)
-            return chat_masks.session_tokens(tok, msgs, tools, train_on)
+            return session(r)
+
+    def session(r):
+        msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
+        tools = json.loads(r["tools"]) if isinstance(r.get("tools"), str) else r.get("tools")
+        why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
+        if why:
+            raise chat.ChatError(why)
+        return chat_masks.session_tokens(tok, msgs, tools, train_on if fmt == "messages" else "assistant")
 
     def many(batch):
         got = []

@@ -124,6 +124,30 @@ def test_prompt_completion_trains_the_completion(toks, hf_cfg, tmp_path):
     assert first_doc(everything) == expected(tok, names, [1] * 5)
 
 
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_conversational_prompt_completion_is_a_session_whose_completion_trains(toks, hf_cfg, tmp_path, source):
+    """TRL's conversational form (prompt and completion as lists of messages): the completion's assistant turn trains,
+    the prompt's does not; its tool output never."""
+    paths, tok = toks
+    prompt = [{"role": "user", "content": "w3 w4"}, {"role": "assistant", "content": "w1"},
+              {"role": "user", "content": "w2"}]
+    completion = [{"role": "assistant", "content": "w5", "tool_calls": [CALL]}, {"role": "tool", "content": "w7"},
+                  {"role": "assistant", "content": "w9 w10"}]
+    row = {"prompt": prompt, "completion": completion}
+    if source == "jsonl":
+        path = write(tmp_path / "pc.jsonl", [row])
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        path = str(tmp_path / "pc.parquet")
+        pq.write_table(pa.Table.from_pylist([row]), path)
+    names = [S, "user", "w3", "w4", E, S, "assistant", "w1", E, S, "user", "w2", E, S, "assistant"] + TURN1 + \
+        [S, "tool", "w7", E, S, "assistant"] + TURN2
+    assert first_doc(batch_of(path, paths["gen"], hf_cfg, tmp_path)) == \
+        expected(tok, names, marks((names[:15], 0), (TURN1, 1), (TOOL[:1] + ["tool", "w7"] + TOOL[4:], 0),
+                                   (TURN2, 1)))
+
+
 @pytest.mark.parametrize("key", ["labels", "completion_mask"])
 def test_token_rows_train_where_their_labels_say(toks, hf_cfg, tmp_path, key):
     paths, _ = toks
@@ -193,6 +217,8 @@ BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refu
                                           {"role": "assistant", "content": "w3"}]}, "gen", {"truncate": "refuse"},
                             "a document of 78 tokens is longer than seq_len=64 and data.truncate is refuse"),  # 77+EOS
     "label out of vocabulary": ({"input_ids": [5, 6], "labels": [5, 9999]}, None, {}, "'labels' holds 9999"),
+    "a text row among chat rows": ({"text": "w1 w2"}, "gen", {},
+                                   "a text row (its keys: ['text']) among messages rows (the first row's format"),
     "id out of vocabulary": ({"input_ids": [5, 9999], "labels": [5, 6]}, None, {},
                              "'input_ids' holds 9999 at position 1; token ids are in [0, 512)"),
     "negative id": ({"input_ids": [5, -1], "labels": [5, 6]}, None, {}, "'input_ids' holds -1 at position 1"),
