@@ -213,9 +213,9 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
 
 def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool) -> tuple:
     """(ids, labels, why bad or "") of one document: EOS appended (trained when the last token is), cut by `rule`;
-    a `masked` one (not text) must keep a trained target."""
+    a `masked` one (not text) must keep a trained target (an empty one too: an empty text is a blank document)."""
     if not ids:
-        return [], [], ""
+        return [], [], "the row holds no tokens: nothing to learn from; drop it" if masked else ""
     if eos is not None:
         ids, labels = list(ids) + [eos], list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
     if len(ids) > L and rule == "refuse":
