@@ -193,6 +193,10 @@ def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tu
     if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
         ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
         return ids, [1] * len(ids)
+    if not tok.is_fast:  # HF's mask and the prefix rule both need the characters of each token
+        raise ChatError(f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
+                        f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
+                        f"form), or set data.train_on: all")
     if _GENERATION.search(template) and not any(t and m["role"] != "assistant" for t, m in zip(trains, messages)):
         return _marked(tok, messages, tools, trains)
     full = _render(tok, messages, tools)

@@ -171,6 +171,15 @@ def test_templates_that_rewrite_earlier_turns_are_refused_and_last_assistant_sti
         assert trained(tok, ids, labels) == [want]
 
 
+def test_a_tokenizer_without_offsets_is_refused_for_masks_and_trains_all(tokenizers, monkeypatch):
+    tok = tok_for(tokenizers, "llama3")
+    monkeypatch.setattr(type(tok), "is_fast", property(lambda self: False))
+    with pytest.raises(ChatError, match="is not a fast one: it gives no character offsets"):
+        session_tokens(tok, CHAT, None, "assistant")
+    ids, labels = session_tokens(tok, CHAT, None, "all")
+    assert ids == labels
+
+
 def test_gemma_refuses_a_tool_turn_by_its_own_message(tokenizers):
     with pytest.raises(ChatError, match="failed to render this session .TemplateError: Conversation roles must "
                                         "alternate"):
