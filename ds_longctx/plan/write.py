@@ -29,40 +29,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
 
-from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.config.run import lever_conflict
-from ds_longctx.config.train import whole_number_hint
-from ds_longctx.parallel import kernel_rules
-from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.config import RunConfig
+from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.plan.cache_placement import fastest_placement
-from ds_longctx.plan.committed import COMMITTED, default_host_mem_gb
+from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.geometry import ModelGeometry
-from ds_longctx.plan.hf_fields import window_problem
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
-from ds_longctx.plan.levers import Levers
-from ds_longctx.plan.planner import GB, check_headroom
+from ds_longctx.plan.plan_args import check_args, command_line, search_kw, tokens
+from ds_longctx.plan.planner import GB
 from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, find_max_len
 from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
-def tokens(text: str) -> int:
-    """--seq_len's type: a whole number of tokens (`128k` and `1M` are refused naming the numbers they may mean)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens{whole_number_hint(text)}") from None
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,119 +92,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora_rank", type=int, default=0,
                    help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
                         "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
+    p.add_argument("--lora_target_modules", default=None, help="with --lora_rank: the Linears that get adapters, "
+                   f"comma-separated suffixes or all-linear (default {','.join(DEFAULT_TARGETS)})")
     p.add_argument("--find_max_len", action="store_true",
                    help="report the longest seq_len that fits (and plan it when --out is given)")
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
                    "launch.txt, plan.txt (and with --nodes > 1 hostfile) into")
     return p
-
-
-def check_args(a: argparse.Namespace) -> tuple:
-    """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming the fix."""
-    if a.gpus < 1:
-        raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
-    if a.nodes < 1:
-        raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
-    if not 0 < a.gpu_mem_gb < float("inf"):  # also refuses nan
-        raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
-    host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb
-    if not 0 < host < float("inf"):  # also refuses nan
-        raise ValueError(f"--host_mem_gb {host:g}: give the node's host RAM in GB, e.g. 560")
-    check_headroom(a.headroom)
-    if a.seq_len is None and not a.find_max_len:
-        raise ValueError("--seq_len is required (or pass --find_max_len for the longest length that fits)")
-    if a.seq_len is not None and a.seq_len <= 0:
-        raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
-    if a.seq_len is not None and a.find_max_len:
-        raise ValueError(f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of them")
-    if a.out is not None:
-        check_out_dir(a.out)
-    if a.optimizer_offload_ratio is not None and not 0 <= a.optimizer_offload_ratio <= 1:  # also refuses nan
-        raise ValueError(f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
-                         f"share of the offloaded optimizer, e.g. 0.5")
-    if a.lora_rank < 0:
-        raise ValueError(f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning")
-    if msg := lever_conflict(lora_rank=a.lora_rank, tiled_layer=a.tiled_layer, offload_ratio=offload_ratio(a),
-                             offload_params=a.offload_params, flags=True):
-        raise ValueError(msg)
-    if a.attn_bwd_head_groups < 1:
-        raise ValueError(f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
-                         f"whole backward at once)")
-    geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
-    if problem := window_problem(geom.name, geom.sliding_window, a.seq_len):
-        raise ValueError(problem)
-    try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
-        RunConfig(model=geom.name)
-    except ValidationError as e:
-        raise ValueError(format_validation_error(e)) from None
-    if a.lora_rank > geom.hidden:
-        raise ValueError(f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an adapter "
-                         f"of that rank is no longer low-rank; use a rank such as 16 or 64")
-    if a.sp_size is not None and a.sp_size < 1:
-        raise ValueError(f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
-                         f"the largest that divides the GPUs and the heads)")
-    if a.sp_size is not None:
-        check_sp_size(a.sp_size, a.nodes * a.gpus, geom.heads, geom.kv_heads, per_node=a.gpus,
-                      linear_heads=geom.linear_heads)
-    # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
-    kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
-    return geom, host
-
-
-def check_out_dir(out: str) -> None:
-    """--out must name a directory that exists or can be made here (before any planning): not a file, not under a
-    file, its nearest existing folder writable."""
-    if not out.strip():
-        raise ValueError("--out '': give the directory to write the plan's files to, e.g. --out plans/8b_1m")
-    try:
-        _check_out_path(out, Path(out))
-    except OSError as e:  # a name too long, a folder that cannot be searched
-        raise ValueError(f"--out {out}: {e.strerror or e}; give a directory you can write to") from None
-
-
-def _check_out_path(out: str, p: Path) -> None:
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"--out {out}: is a file, not a directory; give a directory (made if missing)")
-    up = p
-    while not up.exists() and up != up.parent:
-        up = up.parent
-    if not up.is_dir():
-        raise ValueError(f"--out {out}: {up} is a file, so no directory can be made under it; give another path")
-    if not os.access(up, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {up} is not writable here; give a directory you can write to")
-
-
-def command_line(a: argparse.Namespace, host: float) -> str:
-    """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend on it)."""
-    parts = [f"--model {a.model}"]
-    parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
-    parts += [f"--nodes {a.nodes}"] if a.nodes > 1 else []
-    parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
-    parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
-    parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
-    parts += ["--no_attention_cache"] if a.no_attention_cache else []
-    parts += ["--pinned_pool"] if a.pinned_pool else []
-    parts += ["--tiled_layer"] if a.tiled_layer else []
-    parts += [f"--attn_bwd_head_groups {a.attn_bwd_head_groups}"] if a.attn_bwd_head_groups > 1 else []
-    parts += ["--offload_params"] if a.offload_params else []
-    ratio = a.optimizer_offload_ratio
-    parts += [f"--optimizer_offload_ratio {ratio:g}"] if ratio is not None else []
-    parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
-    return "ds-longctx plan " + " ".join(parts)
-
-
-def offload_ratio(a: argparse.Namespace) -> float:
-    """The host's share of an offloaded optimizer the command line asks for: all of it (1) when not given."""
-    return 1.0 if a.optimizer_offload_ratio is None else a.optimizer_offload_ratio
-
-
-def search_kw(a: argparse.Namespace, host: float) -> dict:
-    """`choose` / `find_max_len`'s hardware and search arguments from the command line."""
-    base = Levers(pinned_pool=a.pinned_pool, lora_rank=a.lora_rank, tiled_layer=a.tiled_layer,
-                  optimizer_offload_ratio=offload_ratio(a), partial_offload=a.optimizer_offload_ratio is None,
-                  attn_bwd_head_groups=a.attn_bwd_head_groups, offload_params=a.offload_params)
-    return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
-                sp_size=a.sp_size, base=base)
 
 
 def hardware(a: argparse.Namespace, host: float) -> str:

@@ -425,3 +425,23 @@ def test_a_length_written_128k_or_1m_is_refused_naming_the_numbers_it_may_mean(c
             write.main(["--model", "qwen3-8b", "--gpus", "8", "--seq_len", text])
         assert e.value.code == 2 and f"argument --seq_len: '{text}' is not a whole number of tokens; {says}" in \
             capsys.readouterr().err
+
+
+def test_lora_on_a_mixture_of_experts_names_targets_plan_takes(tmp_path, capsys):
+    """`--lora_rank 16` on Qwen3-30B-A3B (every layer sparse) ended in a ValueError traceback from deep in the search
+    (the default targets name the MLP, which its experts replace), and the fix it named, --lora_target_modules, was
+    not an option of plan."""
+    moe = ["--model", "qwen3-30b-a3b", "--seq_len", "65536", "--gpus", "8", "--lora_rank", "16"]
+    assert write.main(moe) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "use --lora_target_modules q_proj,k_proj,v_proj,o_proj" in err
+    assert write.main(moe + ["--lora_target_modules", "q_proj,k_proj,v_proj,o_proj", "--out", str(tmp_path)]) == 0
+    run = RunConfig.load(tmp_path / "run.yaml")
+    assert (run.lora.rank, run.lora.target_modules) == (16, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    assert "--lora_target_modules q_proj,k_proj,v_proj,o_proj" in (tmp_path / "launch.txt").read_text()
+    capsys.readouterr()
+    for args, says in ((["--lora_target_modules", "foo_proj"], "entry 'foo_proj' matches no Linear of the model"),
+                       (["--lora_target_modules", ","], "entry '' is not a module-name suffix")):
+        assert write.main(moe + args) == 2 and says in capsys.readouterr().err
+    assert write.main(moe[:-2] + ["--lora_target_modules", "q_proj"]) == 2
+    assert "--lora_target_modules q_proj without --lora_rank" in capsys.readouterr().err
