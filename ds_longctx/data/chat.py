@@ -151,6 +151,14 @@ def _call_problem(call) -> Optional[str]:
     return None
 
 
+def without_nulls(value):
+    """`value` with every null-valued key of its objects dropped, at any depth: a Parquet or hub row gives each
+    struct every key of its column (one call's arguments gain another's, as null), which no row wrote."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return [without_nulls(v) for v in value] if isinstance(value, list) else value
+
+
 def call_function(call: dict) -> dict:
     """The {name, arguments} of a tool call: its `function`, or the call itself."""
     return call["function"] if isinstance(call.get("function"), dict) else call

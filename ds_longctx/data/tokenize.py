@@ -137,8 +137,10 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
             return session(r)
 
     def session(r):
-        msgs = json.loads(r["messages"]) if isinstance(r["messages"], str) else r["messages"]
-        tools = json.loads(r["tools"]) if isinstance(r.get("tools"), str) else r.get("tools")
+        if isinstance(r["messages"], str):  # JSON lines, as written (data/scan.py)
+            msgs, tools = json.loads(r["messages"]), json.loads(r.get("tools") or "null")
+        else:
+            msgs, tools = chat.without_nulls(r["messages"]), chat.without_nulls(r.get("tools"))
         why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
         if why:
             raise chat.ChatError(why)

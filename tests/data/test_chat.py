@@ -281,11 +281,17 @@ def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, t
 
 
 def test_a_parquet_session_gives_the_labels_of_its_jsonl_twin(toks, hf_cfg, tmp_path):
-    """Arrow gives every message every key (null where absent): the same labels as the JSON line."""
+    """Arrow gives every message every key, and one call's arguments another's (null where absent): the same labels
+    as the JSON lines, no null argument written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     paths, tok = toks
     tools = [{"type": "function", "function": {"name": "w50", "parameters": {"type": "object"}}}]
-    pq.write_table(pa.Table.from_pylist([{"messages": SESSION, "tools": tools}]), str(tmp_path / "s.parquet"))
+    other = [{"role": "user", "content": "w3"}, {"role": "assistant", "content": "w4", "tool_calls": [
+        {"type": "function", "function": {"name": "w51", "arguments": {"y": "w8", "z": "w9"}}}]}]
+    sessions = [{"messages": SESSION, "tools": tools}, {"messages": other, "tools": tools}]
+    pq.write_table(pa.Table.from_pylist(sessions), str(tmp_path / "s.parquet"))
     rows = batch_of(str(tmp_path / "s.parquet"), paths["plain"], hf_cfg, tmp_path)
     assert first_doc(rows) == expected(tok, RENDERED, marks((HEAD, 0), (TURN1, 1), (TOOL, 0), (TURN2, 1)))
+    twin = batch_of(write(tmp_path / "s.jsonl", sessions), paths["plain"], hf_cfg, tmp_path)
+    assert torch.equal(rows.get(0, 1, 0, 1).labels, twin.get(0, 1, 0, 1).labels)
