@@ -56,7 +56,7 @@ class DataConfig(Section):
     cache_dir: Optional[str] = Field(None, json_schema_extra={"flat": "data_cache_dir"})
     """Cache for the converted and tokenized data (datasets' cache_dir); default: HF_DATASETS_CACHE."""
     add_eos: bool = True
-    """Append the EOS token (the tokenizer's, else the model config's) to every document."""
+    """Append the EOS token (the tokenizer's, else the model config's) to every document that does not end with it."""
     shuffle: bool = True
     """Visit rows in a new order each epoch, drawn from (seed, epoch); false: file order."""
     tokenize_num_proc: int = Field(1, ge=1)

@@ -176,7 +176,7 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
     many = _row_maker(fmt, tok, cfg, tuple(mask_keys), vocab_size)
     key = json.dumps([docs._fingerprint, fmt, list(mask_keys), default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
-                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v4"])
+                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v5"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
     features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
@@ -214,11 +214,12 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
 
 
 def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool) -> tuple:
-    """(ids, labels, why bad or "") of one document: EOS appended (trained when the last token is), cut by `rule`;
-    a `masked` one (not text) must keep a trained target (an empty one too: an empty text is a blank document)."""
+    """(ids, labels, why bad or "") of one document: EOS appended unless it ends with one (trained when the last token
+    is), cut by `rule`; a `masked` one (not text) must keep a trained target (an empty one too: an empty text is a
+    blank document)."""
     if not ids:
         return [], [], "the row holds no tokens: nothing to learn from; drop it" if masked else ""
-    if eos is not None:
+    if eos is not None and ids[-1] != eos:  # a document that ends with EOS (Llama's turns, TRL's rows) keeps one
         ids, labels = list(ids) + [eos], list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
     if len(ids) > L and rule == "refuse":
         return [], [], (f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "

@@ -24,6 +24,7 @@ from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.hf_fields import window_problem
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.memory_terms import adapters
+from ds_longctx.plan.moe_terms import moe_lever_problem
 from ds_longctx.plan.planner import check_headroom
 
 
@@ -78,6 +79,8 @@ def check_args(a: argparse.Namespace) -> tuple:
                          f"rank (e.g. --lora_rank 16), or drop it")
     if a.lora_rank:  # the targets against this model's Linears (a mixture of experts' experts take none)
         adapters(geom, a.lora_rank, lora_targets(a))
+    if problem := moe_lever_problem(geom, search_kw(a, host)["base"]):  # a lever forced on that this model cannot run
+        raise ValueError(f"{problem} (here: drop --tiled_layer)")
     if a.lora_rank > geom.hidden:
         raise ValueError(f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an adapter "
                          f"of that rank is no longer low-rank; use a rank such as 16 or 64")

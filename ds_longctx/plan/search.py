@@ -282,8 +282,8 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
     offloaded = ("the optimizer" if ratio >= 1 else f"{ratio:g} of the optimizer") + \
         (" and the parameters" if params else "")
 
-    def fits(n, gb, hb, m=nodes, b=base) -> bool:
-        return _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
+    def fits(n, gb, hb, m=nodes, b=base) -> bool:  # a pinned sp_size must divide n (SP groups stay in a node)
+        return not (sp_size and n % sp_size) and _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "

@@ -445,3 +445,15 @@ def test_lora_on_a_mixture_of_experts_names_targets_plan_takes(tmp_path, capsys)
         assert write.main(moe + args) == 2 and says in capsys.readouterr().err
     assert write.main(moe[:-2] + ["--lora_target_modules", "q_proj"]) == 2
     assert "--lora_target_modules q_proj without --lora_rank" in capsys.readouterr().err
+
+
+def test_a_pinned_sp_size_that_no_fix_can_keep_is_left_out_of_the_fixes(capsys):
+    """Nothing fits with --sp_size 2 on 2 GPUs: the fixes tried 1 GPU per node, where sp_size 2 cannot be, and the
+    refusal ended in check_sp_size's ValueError traceback. A pinned --tiled_layer on a mixture of experts too."""
+    args = ["--model", "qwen3.5-4b", "--seq_len", "1048576", "--gpus", "2", "--sp_size", "2",
+            "--optimizer_offload_ratio", "0.5"]
+    assert write.main(args) == 2
+    err = capsys.readouterr().err
+    assert "Longest length that fits" in err and "--gpus 1" not in err
+    assert write.main(["--model", "qwen3-moe-tiny", "--seq_len", "4096", "--gpus", "1", "--tiled_layer"]) == 2
+    assert "is a mixture of experts; the tiled layer tiles gated MLPs only" in capsys.readouterr().err
