@@ -1,231 +1,233 @@
-"""Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs, token ids with
-labels. Their row checks (a reason per bad row, for data/scan.py) and the token ids and labels of prompt/completion and
-token rows (data/tokenize.py); a session's: data/chat_masks.py.
+"""Which tokens of a chat session train, through the tokenizer's chat template: its `{% generation %}` markers, else
+what each message adds to the rendering.
 
-    fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
-    why = row_problem(obj, fmt, "text")                          # None, or what is wrong with one JSON row
-    ids, labels = pair_tokens(tok, "prompt", "completion", "completion")   # labels[i] = ids[i] where it trains
+    ids, labels = session_tokens(tok, messages, tools, "assistant")   # labels[i] = ids[i] where it trains, else -100
 
-Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
-the vocabulary, or -100); the first token of a document is never a target (nothing precedes it).
+Which tokens of a session train (`train_on`; a message's own `"train": true|false` overrides it, tool output trains
+only under all):
+- a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
+  assistant message does not train, its k-th run of marked tokens is the k-th assistant message.
+- otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
+  difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
+  the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
+  The rendering of the first i + 1 messages must start the full one for every trained message i: a template that
+  rewrites earlier turns (drops their reasoning, moves the system prompt) is refused; last_assistant often still fits.
+- a token trains where its characters overlap a trained span (HF's rule).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import re
 from typing import Optional
 
+from ds_longctx.data.chat import ChatError, call_function
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
-ROLES = ("system", "user", "assistant", "tool")
-MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # which tokens of a tokens row train
-TOKEN_KEYS = MASK_KEYS + ("attention_mask",)                   # what a tokens row may carry beside input_ids
+_GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
-class ChatError(ValueError):
-    """One row cannot give tokens and labels: the message says why and what to do (tokenize names its file:line)."""
+def template_messages(messages: list, parse: bool = True) -> list:
+    """The messages as the chat template reads them: text parts ({"type": "text", "text": ...}) joined into one
+    string (a template given a list writes its repr or nothing); with `parse`, tool-call arguments given as JSON text
+    as the object it holds (HF's form: most templates write them with tojson, which would quote the text)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if isinstance(m.get("content"), list):
+            m["content"] = "".join(part["text"] for part in m["content"])
+        if parse and isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [_parsed(call) for call in m["tool_calls"]]
+        out.append(m)
+    return out
 
 
-# ----------------------------------------------------------------------------- formats and row checks
-def detect_format(keys, text_field: str, fmt: str) -> str:
-    """The row format: `fmt` unless "auto", else from the first row's keys (text_field, messages, prompt +
-    completion, input_ids; text when none fits, whose check then names the missing key). A conversational
-    prompt/completion row, read as a session (`conversational`), is messages."""
-    keys = set(keys)
-    if fmt == "prompt_completion" and "messages" in keys and "prompt" not in keys:
-        return "messages"
-    if fmt != "auto":
-        return fmt
-    if text_field in keys:
-        return "text"
-    if "messages" in keys:
-        return "messages"
-    if {"prompt", "completion"} <= keys:
-        return "prompt_completion"
-    return "tokens" if "input_ids" in keys else "text"
-
-
-def conversational(obj: dict) -> dict:
-    """A row whose `prompt` and `completion` are lists of messages (TRL's conversational prompt/completion) as a
-    session: the completion's messages train, not its tool output nor the prompt (a message's own `train` decides
-    first); any other row as it is."""
-    prompt, completion = obj.get("prompt"), obj.get("completion")
-    if "messages" in obj or not (isinstance(prompt, list) and isinstance(completion, list)):
-        return obj
-
-    def flagged(m, trains: bool):
-        return {**m, "train": trains and m.get("role") != "tool"} if isinstance(m, dict) and m.get("train") is None \
-            else m
-    return {"messages": [flagged(m, False) for m in prompt] + [flagged(m, True) for m in completion],
-            "tools": obj.get("tools")}
-
-
-def other_format(obj: dict, text_field: str, mode: str) -> Optional[str]:
-    """Why a row that does not fit `mode` rows is a row of another format (None where it is none)."""
-    other = detect_format(obj, text_field, "auto")
-    if other == mode or (other == "text" and text_field not in obj):
-        return None
-    return (f"a {other} row (its keys: {sorted(obj)[:8]}) among {mode} rows (the first row's format, or data.format): "
-            f"one source holds one format; convert this row, or move it to a file of its own")
-
-
-def _ints(v) -> bool:
-    return isinstance(v, list) and all(type(x) is int for x in v)
-
-
-def row_problem(obj: dict, fmt: str) -> Optional[str]:
-    """What is wrong with a row of format messages, prompt_completion or tokens (None: nothing)."""
-    if fmt == "prompt_completion":
-        for k in ("prompt", "completion"):
-            if not isinstance(obj.get(k), str):
-                return (f"{k!r} is missing or not a string: prompt_completion rows hold two strings (or two lists "
-                        f"of messages, TRL's conversational form, where the first row does)")
-        return None
-    if fmt == "tokens":
-        if not _ints(obj.get("input_ids")):
-            return "'input_ids' is not a list of ints: rows hold token ids, as the first row does"
-        return token_problem(obj["input_ids"], {k: obj[k] for k in TOKEN_KEYS if k in obj}, None)
-    return _messages_problem(obj.get("messages"), obj.get("tools"))
-
-
-def _messages_problem(messages, tools) -> Optional[str]:
-    if not isinstance(messages, list) or not messages:
-        return "'messages' is missing or not a non-empty list: a chat row holds a list of {role, content} objects"
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        return "'tools' is not a list of objects: give the row's tools as a list of function schemas"
-    for i, m in enumerate(messages):
-        why = _message_problem(m)
-        if why:
-            return f"message {i}{why}"
-    return None
-
-
-def _message_problem(m) -> Optional[str]:
-    """What is wrong with one message, worded to follow "message i" (None: nothing)."""
-    if not isinstance(m, dict) or "role" not in m:
-        return " has no 'role': every message is an object with role and content"
-    if m["role"] not in ROLES:
-        return f" has role {m['role']!r}; use one of {list(ROLES)}"
-    if m.get("train") is not None and not isinstance(m["train"], bool):
-        return f": 'train' is {m['train']!r}; use true or false"
-    content = m.get("content")
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            text = isinstance(part, dict) and part.get("type") in (None, "text") and isinstance(part.get("text"), str)
-            if not text:
-                what = part.get("type") if isinstance(part, dict) else part
-                return (f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
-                        f"{{\"type\": \"text\", \"text\": ...}} parts; drop the others or write the content as a "
-                        f"string")
-    elif not isinstance(content, (str, type(None))):
-        return ": 'content' is not a string: write the message's text as a JSON string (or a list of text parts)"
-    calls = m.get("tool_calls")
-    if calls is not None and not isinstance(calls, list):
-        return ": 'tool_calls' is not a list: give the calls as a list of {function: ...} objects"
-    for j, call in enumerate(calls or []):
-        why = _call_problem(call)
-        if why:
-            return f", tool call {j}{why}"
-    return None
-
-
-def _call_problem(call) -> Optional[str]:
-    """What is wrong with one tool call (OpenAI's {type, function: {name, arguments}}, or {name, arguments})."""
-    if not isinstance(call, dict):
-        return " is not an object: give {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}"
+def _parsed(call: dict) -> dict:
     f = call_function(call)
-    if not isinstance(f.get("name"), str):
-        return " has no function name: give {\"function\": {\"name\": ..., \"arguments\": {...}}}"
-    args = f.get("arguments")
-    if isinstance(args, str):
+    if not isinstance(f.get("arguments"), str):
+        return call
+    f = {**f, "arguments": json.loads(f["arguments"]) if f["arguments"].strip() else {}}
+    return {**call, "function": f} if isinstance(call.get("function"), dict) else f
+
+
+def _text_arguments(messages: list) -> bool:
+    """Whether some tool call gives its arguments as JSON text."""
+    return any(isinstance(call_function(c).get("arguments"), str) for m in messages for c in m.get("tool_calls") or [])
+
+
+def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
+    """Whether message `m` trains: its own `train` (null: none, as Arrow gives a missing key), else assistant messages
+    (last_assistant: the last one only)."""
+    if m.get("train") is not None:
+        return bool(m["train"])
+    if train_on == "all":
+        return True
+    return m["role"] == "assistant" and (train_on == "assistant" or is_last_assistant)
+
+
+def _render(tok, messages, tools, generation_prompt: bool = False) -> str:
+    if not messages:
+        return ""
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def _shared(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid)
+    return lo
+
+
+def _closing(full: str, with_prompt: str, offsets: list) -> str:
+    """What the template writes after the last message only when no generation prompt follows (Phi-3's EOS): the
+    tail of `full` past its common prefix with `with_prompt`, that prefix cut back to a token start of `full`."""
+    at = _shared(full, with_prompt)
+    if at == len(full):
+        return ""
+    starts = [a for a, _ in offsets]
+    k = bisect.bisect_right(starts, at) - 1
+    return full[min(at, starts[k]) if k >= 0 else 0:]
+
+
+class _Prefixes:
+    """Where the first i messages end in the full rendering: their own rendering less the closing tail, which must
+    start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
+
+    def __init__(self, tok, messages: list, tools, full: str, closing: str):
+        self.tok, self.messages, self.tools, self.full, self.closing = tok, messages, tools, full, closing
+
+    def render(self, i: int, generation_prompt: bool = False) -> str:
         try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            args = None
-        if not isinstance(args, dict):
-            return (f": 'arguments' is a string that is not a JSON object ({f['arguments'][:40]!r}); give the "
-                    f"arguments as an object, or as the JSON text of one")
-    elif args is not None and not isinstance(args, dict):
-        return f": 'arguments' is {str(args)[:40]!r}; give the arguments as an object"
-    return None
+            return _render(self.tok, self.messages[:i], self.tools, generation_prompt)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ChatError(f"the chat template renders the whole session but not its first {i} messages "
+                            f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
+                            f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
+                            f"last_assistant, or data.train_on: all") from None
+
+    def end(self, i: int) -> Optional[int]:
+        text = self.render(i)
+        if self.closing and text.endswith(self.closing):
+            text = text[:-len(self.closing)]
+        return len(text) if self.full.startswith(text) else None
 
 
-def without_nulls(value):
-    """`value` with every null-valued key of its objects dropped, at any depth: a Parquet or hub row gives each
-    struct every key of its column (one call's arguments gain another's, as null), which no row wrote."""
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    return [without_nulls(v) for v in value] if isinstance(value, list) else value
+def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: list) -> list:
+    """[(start, end)] characters of the full rendering `full` (token `offsets`) that each message with trains[i]
+    adds: the rendering of the first i + 1 messages less that of the first i (an assistant's from the end of the
+    generation prompt, its role header). ChatError when a trained message's rendering does not start the full one
+    (a template that rewrites earlier turns: drops past reasoning)."""
+    closing = _closing(full, _render(tok, messages, tools, True), offsets)
+    at = _Prefixes(tok, messages, tools, full, closing)
+    spans = []
+    for i, m in enumerate(messages):
+        if not trains[i]:
+            continue
+        start, end = at.end(i), at.end(i + 1)
+        if start is None or end is None or start > end:
+            raise ChatError(f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
+                            f"once later messages follow, e.g. its reasoning dropped), so its tokens cannot be told "
+                            f"apart; use a template with {{% generation %}} markers (HF's assistant mask), "
+                            f"data.train_on: last_assistant (only the final answer), or data.train_on: all")
+        if m["role"] == "assistant" and i > 0:  # the generation prompt (role header, maybe more) does not train
+            head = _shared(at.render(i, generation_prompt=True), full)
+            start = head if start <= head <= end else start
+        spans.append((start, end))
+    return spans
 
 
-def call_function(call: dict) -> dict:
-    """The {name, arguments} of a tool call: its `function`, or the call itself."""
-    return call["function"] if isinstance(call.get("function"), dict) else call
+def span_mask(offsets: list, spans: list) -> list:
+    """0/1 per token: 1 where the token's characters overlap a span (HF's rule for its assistant mask)."""
+    keep, k = [0] * len(offsets), 0
+    for j, (a, b) in enumerate(offsets):
+        while k < len(spans) and a >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if b > spans[k][0]:
+            keep[j] = 1
+    return keep
 
 
-def pair_tokens(tok, prompt: str, completion: str, train_on: str) -> tuple[list, list]:
-    """(input_ids, labels) of a prompt/completion row: the prompt with the tokenizer's special tokens, then the
-    completion; the completion trains (all: both)."""
-    p = tok(prompt, add_special_tokens=True, return_attention_mask=False)["input_ids"]
-    c = tok(completion, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    return p + c, (p if train_on == "all" else [IGNORE_INDEX] * len(p)) + c
+def _runs(mask: list) -> list:
+    """[(start, end)] of each run of 1s in a 0/1 list."""
+    runs, start = [], None
+    for j, v in enumerate(list(mask) + [0]):
+        if v and start is None:
+            start = j
+        elif not v and start is not None:
+            runs.append((start, j))
+            start = None
+    return runs
 
 
-def token_keys(keys) -> tuple:
-    """The keys of TOKEN_KEYS among `keys` (a tokens row's, or a table's columns), in TOKEN_KEYS order."""
-    return tuple(k for k in TOKEN_KEYS if k in keys)
+def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
+    """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th assistant message
+    (counted only where some assistant message does not train)."""
+    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    wanted = [t for t, m in zip(trains, messages) if m["role"] == "assistant"]
+    if all(wanted):
+        return ids, mask
+    runs = _runs(mask)
+    if len(runs) != len(wanted):
+        raise ChatError(f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
+                        f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
+                        f"each assistant message one generation block, or train every assistant message")
+    keep = [0] * len(ids)
+    for (a, b), t in zip(runs, wanted):
+        keep[a:b] = [int(t)] * (b - a)
+    return ids, keep
 
 
-def keys_problem(row: dict, first: tuple) -> Optional[str]:
-    """A tokens row without a labels / mask key of the first row's (`first`), or with one the first row has not:
-    never dropped."""
-    keys = token_keys(row)
-    missing = [k for k in first if k not in keys]
-    if missing:
-        return f"no {missing[0]!r} key: every row carries it, as the first row does"
-    extra = [k for k in keys if k not in first]
-    if extra:
-        return (f"{extra[0]!r} here but not in the first row (its labels and masks: {', '.join(first) or 'none'}): "
-                f"every row carries those of the first row; give the first row {extra[0]!r} too, or drop it here")
-    return None
+def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tuple[list, list]:
+    """(ids, 0/1 per token) of a session whose messages train where `trains` says (module doc)."""
+    if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
+        ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
+        return ids, [1] * len(ids)
+    if not tok.is_fast:  # HF's mask and the prefix rule both need the characters of each token
+        raise ChatError(f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
+                        f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
+                        f"form), or set data.train_on: all")
+    if _GENERATION.search(template) and not any(t and m["role"] != "assistant" for t, m in zip(trains, messages)):
+        return _marked(tok, messages, tools, trains)
+    full = _render(tok, messages, tools)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    return list(enc["input_ids"]), span_mask(offsets, message_spans(tok, messages, tools, trains, full, offsets))
 
 
-def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional[str]:
-    """What is wrong with a tokens row (None: nothing): an id outside [0, vocab_size), a value of `given` (TOKEN_KEYS)
-    that is not one int per id, a label neither IGNORE_INDEX nor an id, a mask value neither 0 nor 1."""
-    top = vocab_size if vocab_size is not None else float("inf")
-    vocab = f"[0, {vocab_size})" if vocab_size is not None else "[0, the vocabulary size)"
-    if ids and (min(ids) < 0 or max(ids) >= top):
-        j, bad = next((j, t) for j, t in enumerate(ids) if not 0 <= t < top)
-        return (f"'input_ids' holds {bad} at position {j}; token ids are in {vocab}: re-tokenize with the model's "
-                f"tokenizer")
-    for k, v in given.items():
-        if not (_ints(v) and len(v) == len(ids)):
-            return (f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "
-                    f"per token")
-        bad = [x for x in v if x != IGNORE_INDEX and not 0 <= x < top] if k == "labels" else \
-            sorted(set(v) - {0, 1})
-        if bad and k == "labels":
-            return f"'labels' holds {bad[0]}; a label is {IGNORE_INDEX} (no training) or a token id in {vocab}"
-        if bad:
-            means = "0: padding, left out" if k == "attention_mask" else "1: the token trains"
-            return f"{k!r} holds {bad[0]}; a mask holds 0 or 1 ({means})"
-    return None
-
-
-def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: str) -> tuple[list, list]:
-    """(input_ids, labels) of a tokens row: its `labels` (else the tokens), IGNORE_INDEX where a 0/1 mask
-    (completion_mask, assistant_masks) holds 0; train_on all: every token. A token whose `attention_mask` is 0 is
-    padding, left out. ChatError naming what is wrong (`token_problem`)."""
-    why = token_problem(ids, given, vocab_size)
-    if why:
-        raise ChatError(why)
-    labels = list(ids) if train_on == "all" or "labels" not in given else list(given["labels"])
-    for k in ("completion_mask", "assistant_masks"):
-        if k in given and train_on != "all":
-            labels = [lab if v else IGNORE_INDEX for lab, v in zip(labels, given[k])]
-    if "attention_mask" in given:
-        keep = given["attention_mask"]
-        return [t for t, v in zip(ids, keep) if v], [lab for lab, v in zip(labels, keep) if v]
-    return list(ids), labels
+def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:
+    """(input_ids, labels) of one chat session through the tokenizer's chat template (module doc)."""
+    try:
+        template = tok.get_chat_template(None, tools)
+    except Exception as e:
+        raise ChatError(f"the tokenizer has no chat template ({type(e).__name__}); set tokenizer.chat_template "
+                        f"(tokenizer_config.json) or use a tokenizer that has one") from None
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
+    try:
+        try:
+            ids, keep = _session_mask(tok, template, template_messages(messages), tools, trains)
+        except ChatError:
+            raise
+        except Exception:
+            if not _text_arguments(messages):
+                raise
+            # a template that writes the arguments as text (DeepSeek's) takes the JSON text as given
+            ids, keep = _session_mask(tok, template, template_messages(messages, parse=False), tools, trains)
+    except ChatError:
+        raise
+    except Exception as e:  # the template's own error (jinja, a role it refuses, ...)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ChatError(f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
+                        f"row or the template") from None
+    return ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)]

@@ -1,0 +1,231 @@
+"""Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs, token ids with
+labels. Their row checks (a reason per bad row, for data/scan.py) and the token ids and labels of prompt/completion and
+token rows (data/tokenize.py); a session's: data/chat_masks.py.
+
+    fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
+    why = row_problem(obj, fmt, "text")                          # None, or what is wrong with one JSON row
+    ids, labels = pair_tokens(tok, "prompt", "completion", "completion")   # labels[i] = ids[i] where it trains
+
+Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
+the vocabulary, or -100); the first token of a document is never a target (nothing precedes it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from ds_longctx.parallel.units import IGNORE_INDEX
+
+ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
+ROLES = ("system", "user", "assistant", "tool")
+MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # which tokens of a tokens row train
+TOKEN_KEYS = MASK_KEYS + ("attention_mask",)                   # what a tokens row may carry beside input_ids
+
+
+class ChatError(ValueError):
+    """One row cannot give tokens and labels: the message says why and what to do (tokenize names its file:line)."""
+
+
+# ----------------------------------------------------------------------------- formats and row checks
+def detect_format(keys, text_field: str, fmt: str) -> str:
+    """The row format: `fmt` unless "auto", else from the first row's keys (text_field, messages, prompt +
+    completion, input_ids; text when none fits, whose check then names the missing key). A conversational
+    prompt/completion row, read as a session (`conversational`), is messages."""
+    keys = set(keys)
+    if fmt == "prompt_completion" and "messages" in keys and "prompt" not in keys:
+        return "messages"
+    if fmt != "auto":
+        return fmt
+    if text_field in keys:
+        return "text"
+    if "messages" in keys:
+        return "messages"
+    if {"prompt", "completion"} <= keys:
+        return "prompt_completion"
+    return "tokens" if "input_ids" in keys else "text"
+
+
+def conversational(obj: dict) -> dict:
+    """A row whose `prompt` and `completion` are lists of messages (TRL's conversational prompt/completion) as a
+    session: the completion's messages train, not its tool output nor the prompt (a message's own `train` decides
+    first); any other row as it is."""
+    prompt, completion = obj.get("prompt"), obj.get("completion")
+    if "messages" in obj or not (isinstance(prompt, list) and isinstance(completion, list)):
+        return obj
+
+    def flagged(m, trains: bool):
+        return {**m, "train": trains and m.get("role") != "tool"} if isinstance(m, dict) and m.get("train") is None \
+            else m
+    return {"messages": [flagged(m, False) for m in prompt] + [flagged(m, True) for m in completion],
+            "tools": obj.get("tools")}
+
+
+def other_format(obj: dict, text_field: str, mode: str) -> Optional[str]:
+    """Why a row that does not fit `mode` rows is a row of another format (None where it is none)."""
+    other = detect_format(obj, text_field, "auto")
+    if other == mode or (other == "text" and text_field not in obj):
+        return None
+    return (f"a {other} row (its keys: {sorted(obj)[:8]}) among {mode} rows (the first row's format, or data.format): "
+            f"one source holds one format; convert this row, or move it to a file of its own")
+
+
+def _ints(v) -> bool:
+    return isinstance(v, list) and all(type(x) is int for x in v)
+
+
+def row_problem(obj: dict, fmt: str) -> Optional[str]:
+    """What is wrong with a row of format messages, prompt_completion or tokens (None: nothing)."""
+    if fmt == "prompt_completion":
+        for k in ("prompt", "completion"):
+            if not isinstance(obj.get(k), str):
+                return (f"{k!r} is missing or not a string: prompt_completion rows hold two strings (or two lists "
+                        f"of messages, TRL's conversational form, where the first row does)")
+        return None
+    if fmt == "tokens":
+        if not _ints(obj.get("input_ids")):
+            return "'input_ids' is not a list of ints: rows hold token ids, as the first row does"
+        return token_problem(obj["input_ids"], {k: obj[k] for k in TOKEN_KEYS if k in obj}, None)
+    return _messages_problem(obj.get("messages"), obj.get("tools"))
+
+
+def _messages_problem(messages, tools) -> Optional[str]:
+    if not isinstance(messages, list) or not messages:
+        return "'messages' is missing or not a non-empty list: a chat row holds a list of {role, content} objects"
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return "'tools' is not a list of objects: give the row's tools as a list of function schemas"
+    for i, m in enumerate(messages):
+        why = _message_problem(m)
+        if why:
+            return f"message {i}{why}"
+    return None
+
+
+def _message_problem(m) -> Optional[str]:
+    """What is wrong with one message, worded to follow "message i" (None: nothing)."""
+    if not isinstance(m, dict) or "role" not in m:
+        return " has no 'role': every message is an object with role and content"
+    if m["role"] not in ROLES:
+        return f" has role {m['role']!r}; use one of {list(ROLES)}"
+    if m.get("train") is not None and not isinstance(m["train"], bool):
+        return f": 'train' is {m['train']!r}; use true or false"
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            text = isinstance(part, dict) and part.get("type") in (None, "text") and isinstance(part.get("text"), str)
+            if not text:
+                what = part.get("type") if isinstance(part, dict) else part
+                return (f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
+                        f"{{\"type\": \"text\", \"text\": ...}} parts; drop the others or write the content as a "
+                        f"string")
+    elif not isinstance(content, (str, type(None))):
+        return ": 'content' is not a string: write the message's text as a JSON string (or a list of text parts)"
+    calls = m.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        return ": 'tool_calls' is not a list: give the calls as a list of {function: ...} objects"
+    for j, call in enumerate(calls or []):
+        why = _call_problem(call)
+        if why:
+            return f", tool call {j}{why}"
+    return None
+
+
+def _call_problem(call) -> Optional[str]:
+    """What is wrong with one tool call (OpenAI's {type, function: {name, arguments}}, or {name, arguments})."""
+    if not isinstance(call, dict):
+        return " is not an object: give {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}"
+    f = call_function(call)
+    if not isinstance(f.get("name"), str):
+        return " has no function name: give {\"function\": {\"name\": ..., \"arguments\": {...}}}"
+    args = f.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return (f": 'arguments' is a string that is not a JSON object ({f['arguments'][:40]!r}); give the "
+                    f"arguments as an object, or as the JSON text of one")
+    elif args is not None and not isinstance(args, dict):
+        return f": 'arguments' is {str(args)[:40]!r}; give the arguments as an object"
+    return None
+
+
+def without_nulls(value):
+    """`value` with every null-valued key of its objects dropped, at any depth: a Parquet or hub row gives each
+    struct every key of its column (one call's arguments gain another's, as null), which no row wrote."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return [without_nulls(v) for v in value] if isinstance(value, list) else value
+
+
+def call_function(call: dict) -> dict:
+    """The {name, arguments} of a tool call: its `function`, or the call itself."""
+    return call["function"] if isinstance(call.get("function"), dict) else call
+
+
+def pair_tokens(tok, prompt: str, completion: str, train_on: str) -> tuple[list, list]:
+    """(input_ids, labels) of a prompt/completion row: the prompt with the tokenizer's special tokens, then the
+    completion; the completion trains (all: both)."""
+    p = tok(prompt, add_special_tokens=True, return_attention_mask=False)["input_ids"]
+    c = tok(completion, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return p + c, (p if train_on == "all" else [IGNORE_INDEX] * len(p)) + c
+
+
+def token_keys(keys) -> tuple:
+    """The keys of TOKEN_KEYS among `keys` (a tokens row's, or a table's columns), in TOKEN_KEYS order."""
+    return tuple(k for k in TOKEN_KEYS if k in keys)
+
+
+def keys_problem(row: dict, first: tuple) -> Optional[str]:
+    """A tokens row without a labels / mask key of the first row's (`first`), or with one the first row has not:
+    never dropped."""
+    keys = token_keys(row)
+    missing = [k for k in first if k not in keys]
+    if missing:
+        return f"no {missing[0]!r} key: every row carries it, as the first row does"
+    extra = [k for k in keys if k not in first]
+    if extra:
+        return (f"{extra[0]!r} here but not in the first row (its labels and masks: {', '.join(first) or 'none'}): "
+                f"every row carries those of the first row; give the first row {extra[0]!r} too, or drop it here")
+    return None
+
+
+def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional[str]:
+    """What is wrong with a tokens row (None: nothing): an id outside [0, vocab_size), a value of `given` (TOKEN_KEYS)
+    that is not one int per id, a label neither IGNORE_INDEX nor an id, a mask value neither 0 nor 1."""
+    top = vocab_size if vocab_size is not None else float("inf")
+    vocab = f"[0, {vocab_size})" if vocab_size is not None else "[0, the vocabulary size)"
+    if ids and (min(ids) < 0 or max(ids) >= top):
+        j, bad = next((j, t) for j, t in enumerate(ids) if not 0 <= t < top)
+        return (f"'input_ids' holds {bad} at position {j}; token ids are in {vocab}: re-tokenize with the model's "
+                f"tokenizer")
+    for k, v in given.items():
+        if not (_ints(v) and len(v) == len(ids)):
+            return (f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "
+                    f"per token")
+        bad = [x for x in v if x != IGNORE_INDEX and not 0 <= x < top] if k == "labels" else \
+            sorted(set(v) - {0, 1})
+        if bad and k == "labels":
+            return f"'labels' holds {bad[0]}; a label is {IGNORE_INDEX} (no training) or a token id in {vocab}"
+        if bad:
+            means = "0: padding, left out" if k == "attention_mask" else "1: the token trains"
+            return f"{k!r} holds {bad[0]}; a mask holds 0 or 1 ({means})"
+    return None
+
+
+def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: str) -> tuple[list, list]:
+    """(input_ids, labels) of a tokens row: its `labels` (else the tokens), IGNORE_INDEX where a 0/1 mask
+    (completion_mask, assistant_masks) holds 0; train_on all: every token. A token whose `attention_mask` is 0 is
+    padding, left out. ChatError naming what is wrong (`token_problem`)."""
+    why = token_problem(ids, given, vocab_size)
+    if why:
+        raise ChatError(why)
+    labels = list(ids) if train_on == "all" or "labels" not in given else list(given["labels"])
+    for k in ("completion_mask", "assistant_masks"):
+        if k in given and train_on != "all":
+            labels = [lab if v else IGNORE_INDEX for lab, v in zip(labels, given[k])]
+    if "attention_mask" in given:
+        keep = given["attention_mask"]
+        return [t for t, v in zip(ids, keep) if v], [lab for lab, v in zip(labels, keep) if v]
+    return list(ids), labels
