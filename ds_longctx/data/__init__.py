@@ -25,7 +25,7 @@ already has an `input_ids` column is used as token ids directly (checked against
 Rows (`data.format`, or the first row decides): text, chat sessions (`messages`, rendered by the tokenizer's chat
 template), prompt/completion pairs, token ids (with their own `labels` or 0/1 mask). From tokenization on every
 document is `input_ids` + `labels` (IGNORE_INDEX where it does not train: prompts, tool output, padding;
-data/chat_masks.py says which tokens of a session train), and every layout slices the labels with the tokens, so
+data/chat.py says which tokens of a session train), and every layout slices the labels with the tokens, so
 `Batch.labels` is always there; sharding.shift_labels turns them into next-token targets.
 
 Layouts (`cfg.data.layout`), all built lazily from the tokenized documents (one int per document kept in

@@ -22,7 +22,17 @@ import json
 import re
 from typing import Optional
 
-from ds_longctx.data.chat import ChatError, call_function
+from ds_longctx.data.formats import (  # noqa: F401 (the row API stays importable from here)
+    MASK_KEYS,
+    ROLES,
+    ROW_FORMATS,
+    ChatError,
+    call_function,
+    detect_format,
+    pair_tokens,
+    row_problem,
+    token_labels,
+)
 from ds_longctx.parallel.units import IGNORE_INDEX
 
 _GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")

@@ -1,6 +1,6 @@
 """Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs, token ids with
 labels. Their row checks (a reason per bad row, for data/scan.py) and the token ids and labels of prompt/completion and
-token rows (data/tokenize.py); a session's: data/chat_masks.py.
+token rows (data/tokenize.py); a session's: data/chat.py.
 
     fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
     why = row_problem(obj, fmt, "text")                          # None, or what is wrong with one JSON row

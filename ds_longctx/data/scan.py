@@ -12,7 +12,7 @@ object, a row without the text field (`text_field`), or whose value is not a str
 Parquet row whose text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the first
 object row has `input_ids` and no text field ("tokens" mode: every row then needs a list of ints there), or a chat
 session (`messages`) or `prompt` / `completion` strings: `data.format` names the mode, or the first row decides
-(data/chat.py checks those rows: a message without a role, an unknown role, `tool_calls` not a list, ...).
+(data/formats.py checks those rows: a message without a role, an unknown role, `tool_calls` not a list, ...).
 
 Written by hand because `datasets`' JSON builder (pyarrow) cannot do it: a malformed line fails the whole file with
 "row N" of its 10 MB chunk (no file line, no byte offset), so no row can be skipped; a text field holding a number in
@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.data.chat import conversational, detect_format, keys_problem, other_format, row_problem, token_keys
+from ds_longctx.data.formats import conversational, detect_format, keys_problem, other_format, row_problem, token_keys
 
 log = logging.getLogger("ds_longctx")
 
@@ -77,8 +77,8 @@ class Scan:
     files: list
     text_field: str
     fmt: str = "auto"                  # data.format: the mode asked for ("auto": the first row decides)
-    mode: str = "text"                 # text | messages | prompt_completion | tokens (data/chat.py ROW_FORMATS)
-    mask_keys: tuple = ()              # tokens rows: the labels / mask keys of the first row (chat.TOKEN_KEYS)
+    mode: str = "text"                 # text | messages | prompt_completion | tokens (data/formats.py ROW_FORMATS)
+    mask_keys: tuple = ()              # tokens rows: the labels / mask keys of the first row (formats.TOKEN_KEYS)
     mode_decided: bool = False         # by the first object row (JSON) or the first file's columns (Parquet)
     rows: int = 0                      # good rows (documents)
     bad: int = 0

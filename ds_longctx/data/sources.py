@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds_longctx.data.chat import detect_format, token_keys
+from ds_longctx.data.formats import detect_format, token_keys
 from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
 
 __all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "prepared_split",
@@ -33,8 +33,8 @@ class Documents:
     """The raw documents and how many rows were left out as bad on the way (data.skip_bad_rows)."""
     ds: object                                   # datasets.Dataset
     skipped_rows: int = 0
-    format: str = "text"                         # text | messages | prompt_completion | tokens (data/chat.py)
-    mask_keys: tuple = ()                        # tokens rows: their labels / mask columns (chat.TOKEN_KEYS)
+    format: str = "text"                         # text | messages | prompt_completion | tokens (data/formats.py)
+    mask_keys: tuple = ()                        # tokens rows: their labels / mask columns (formats.TOKEN_KEYS)
 
 
 def _not_a_corpus(data: str, p: Path) -> None:

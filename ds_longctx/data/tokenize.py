@@ -5,7 +5,7 @@
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
 
 Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
-token, chat rows what data/chat_masks.py says, prompt/completion rows their completion, token rows their own labels
+token, chat rows what data/chat.py says, prompt/completion rows their completion, token rows their own labels
 or mask.
 """
 
@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from ds_longctx.data import chat, chat_masks
+from ds_longctx.data import chat, formats
 from ds_longctx.data.scan import MAX_NAMED
 from ds_longctx.data.sources import DataError, locate_rows
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -126,12 +126,12 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         return many
     if fmt == "tokens":
         def one(r):
-            return chat.token_labels(list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on)
+            return formats.token_labels(list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on)
     elif fmt == "prompt_completion":
         def one(r):
             if isinstance(r["prompt"], list):  # hub / Parquet rows of TRL's conversational form: a session
-                return session(chat.conversational(r))
-            return chat.pair_tokens(tok, r["prompt"], r["completion"], train_on)
+                return session(formats.conversational(r))
+            return formats.pair_tokens(tok, r["prompt"], r["completion"], train_on)
     else:
         def one(r):
             return session(r)
@@ -140,18 +140,18 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         if isinstance(r["messages"], str):  # JSON lines, as written (data/scan.py)
             msgs, tools = json.loads(r["messages"]), json.loads(r.get("tools") or "null")
         else:
-            msgs, tools = chat.without_nulls(r["messages"]), chat.without_nulls(r.get("tools"))
-        why = chat.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
+            msgs, tools = formats.without_nulls(r["messages"]), formats.without_nulls(r.get("tools"))
+        why = formats.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
         if why:
-            raise chat.ChatError(why)
-        return chat_masks.session_tokens(tok, msgs, tools, train_on if fmt == "messages" else "assistant")
+            raise formats.ChatError(why)
+        return chat.session_tokens(tok, msgs, tools, train_on if fmt == "messages" else "assistant")
 
     def many(batch):
         got = []
         for i in range(len(next(iter(batch.values())))):
             try:
                 got.append(one({k: v[i] for k, v in batch.items()}))
-            except chat.ChatError as e:
+            except formats.ChatError as e:
                 got.append(e)
         return got
     return many
@@ -187,7 +187,7 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
     def fn(batch):
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
         for got in many(batch):
-            if isinstance(got, chat.ChatError):
+            if isinstance(got, formats.ChatError):
                 ids, labels, why, n = [], [], str(got), 0
             else:
                 n = len(got[0]) + (cfg.data.add_eos and len(got[0]) > 0)

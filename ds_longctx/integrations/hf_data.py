@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ds_longctx.data import build_data
-from ds_longctx.data.chat import MASK_KEYS
+from ds_longctx.data.formats import MASK_KEYS
 from ds_longctx.data.rows import RowOrder, filled_row, step_samples
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config

@@ -1,7 +1,7 @@
-"""Rows that say which of their tokens train (data/chat.py, data/tokenize.py, data/rows.py) on CPU: a chat session's
-labels against a token set written out by hand here, for a ChatML template with `{% generation %}` markers (and HF's
-own assistant mask) and one without; last_assistant, per-message train flags, prompt/completion rows, token rows
-with their own labels; every bad input refused naming its file and line; two sessions packed in one row."""
+"""Rows that say which of their tokens train (data/formats.py, data/chat.py, data/tokenize.py, data/rows.py) on CPU: a
+chat session's labels against a token set written out by hand here, for a ChatML template with `{% generation %}`
+markers (and HF's own assistant mask) and one without; last_assistant, per-message train flags, prompt/completion rows,
+token rows with their own labels; every bad input refused naming its file and line; two sessions packed in one row."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Which tokens of a session train (data/chat_masks.py `session_tokens`) under the chat templates of other model
+"""Which tokens of a session train (data/chat.py `session_tokens`) under the chat templates of other model
 families, on a real byte-level BPE: templates written here in the manner of Llama 3.x, Mistral (v3 / tekken), Gemma 2/3,
 Phi-3, DeepSeek-R1 and Qwen2.5 (each with its quirk: a dated system header and tools in the first user turn, the system
 prompt in the last user turn, alternation and the model role, an EOS only without a generation prompt, a generation
@@ -7,8 +7,7 @@ masks must be HF's own. Each expectation is the text of each trained run, decode
 
 import pytest
 
-from ds_longctx.data.chat import ChatError
-from ds_longctx.data.chat_masks import session_tokens
+from ds_longctx.data.chat import ChatError, session_tokens
 from ds_longctx.parallel.units import IGNORE_INDEX
 from tests.helpers import bpe_tokenizer
 
