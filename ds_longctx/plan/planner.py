@@ -145,12 +145,12 @@ class MemoryPlan:
                 f"{'term':<26}{'phase':<{pw}}{'GB/GPU':>9}{'GB host':>10}  formula"
                 + ("" if self.nodes == 1 else "  (GB host: per node)")]
         for t in self.terms:
-            rows.append(f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f}{t.host_bytes / GB:>10.2f}"
-                        f"  {t.formula}")
+            rows.append(f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}"
+                        f"  {t.formula}")  # the space: a GPU figure past 9 digits stays apart from the host one
         phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
         rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
-        rows.append(f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f}"
-                    f"{self.host_peak_bytes / GB:>10.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context")
+        rows.append(f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f} "
+                    f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context")
         return "\n".join(rows)
 
 

@@ -362,3 +362,10 @@ def test_offloaded_parameters_leave_the_small_ones_on_the_gpu_and_one_flat_pinne
             RunConfig(offload_params=True, **bad)
     with pytest.raises(ValueError, match="offload_params with lora_rank=16"):
         plan_memory(Q8, S, 2, 2, Levers(offload_params=True, lora_rank=16))
+
+
+def test_the_tables_columns_stay_apart_at_any_size():
+    """At 10^12 tokens a GPU figure of 9+ digits ran into the host one (`14446883.25295040186.34`)."""
+    plan = plan_memory(Q8, 10 ** 12, 8, 8, Levers(offload_layers=36))
+    peak = plan.table().splitlines()[-1].split()
+    assert peak[2:4] == [f"{plan.gpu_peak_bytes / GB:.2f}", f"{plan.host_peak_bytes / GB:.2f}"]
