@@ -58,13 +58,17 @@ HF_NAMES = {"save_steps": "save_every", "logging_steps": "log_every", "eval_step
 
 def nearest_keys(key: str, most: int = 4) -> list[str]:
     """The known keys (flat or dotted, one spelling per field) spelled most like `key`, closest first, at most `most`;
-    for an HF Trainer / TRL name, ours alone and whose name it is."""
+    for an HF Trainer / TRL name, ours alone and whose name it is; for a known key under the wrong section
+    (`train.lr`), its own dotted key first."""
     bare = key.strip("'\"").lstrip("-")
     if bare in HF_NAMES:
         return [f"{HF_NAMES[bare]} (the HF Trainer's {bare})"]
     pool = [*FLAT, *DOTTED, *LEGACY]
+    leaf = bare.rpartition(".")[2]
     near = difflib.get_close_matches(key, pool, n=2 * most, cutoff=0.5) or difflib.get_close_matches(
         key.rpartition(".")[2], pool, n=1, cutoff=0.0)
+    if "." in bare and leaf in FLAT:  # the right key in the wrong section
+        near = [".".join(FLAT[leaf]), *near]
     out, fields = [], set()
     for k in near:
         field = FLAT.get(k) or DOTTED.get(k) or k

@@ -255,6 +255,20 @@ def test_unknown_key_names_the_nearest_known_key(tmp_path, where):
     assert want in format_validation_error(e.value)
 
 
+def test_a_key_in_the_wrong_section_names_its_section(tmp_path):
+    """`train: {lr: ...}` was pointed at train.seq_len (spelled nearest), not at optimizer.lr."""
+    path = tmp_path / "run.yaml"
+    for text, want in (("train:\n  lr: 0.001\n", "unknown key 'train.lr'; nearest: optimizer.lr ("),
+                       ("model:\n  name: qwen3-tiny\n  seq_len: 64\n", "nearest: train.seq_len ("),
+                       ("data:\n  data_layout: pack\n", "nearest: data.layout (")):
+        path.write_text(text)
+        with pytest.raises(ValidationError) as e:
+            RunConfig.load(path, model="qwen3-tiny")
+        assert want in format_validation_error(e.value)
+    with pytest.raises(ValueError, match=r"^unknown option --optimizer.sp_size; nearest: --parallel.sp_size \("):
+        RunConfig.from_cli(["--optimizer.sp_size", "2"])
+
+
 def test_hf_trainer_names_point_at_ours():
     """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
     from ds_longctx.config.keys import FLAT, HF_NAMES
