@@ -198,8 +198,9 @@ def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional
     vocab = f"[0, {vocab_size})" if vocab_size is not None else "[0, the vocabulary size)"
     if ids and (min(ids) < 0 or max(ids) >= top):
         j, bad = next((j, t) for j, t in enumerate(ids) if not 0 <= t < top)
-        return (f"'input_ids' holds {bad} at position {j}; token ids are in {vocab}: re-tokenize with the model's "
-                f"tokenizer")
+        past = "< 0" if bad < 0 else f">= the model's vocab_size={vocab_size}"
+        return (f"'input_ids' holds token id {bad} at position {j}, {past}; token ids are in {vocab}: re-tokenize with "
+                f"the model's tokenizer")
     for k, v in given.items():
         if not (_ints(v) and len(v) == len(ids)):
             return (f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "

@@ -228,9 +228,10 @@ BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refu
     "a text row among chat rows": ({"text": "w1 w2"}, "gen", {},
                                    "a text row (its keys: ['text']) among messages rows (the first row's format"),
     "id out of vocabulary": ({"input_ids": [5, 9999], "labels": [5, 6]}, None, {},
-                             "'input_ids' holds 9999 at position 1; token ids are in [0, 512)"),
+                             "'input_ids' holds token id 9999 at position 1, >= the model's vocab_size=512"),
     "no tokens": ({"input_ids": [], "labels": []}, None, {}, "the row holds no tokens: nothing to learn from"),
-    "negative id": ({"input_ids": [5, -1], "labels": [5, 6]}, None, {}, "'input_ids' holds -1 at position 1"),
+    "negative id": ({"input_ids": [5, -1], "labels": [5, 6]}, None, {},
+                    "'input_ids' holds token id -1 at position 1, < 0"),
     "a mask the first row has not": ({"input_ids": [5, 6], "labels": [5, 6], "completion_mask": [0, 1]}, None, {},
                                      "'completion_mask' here but not in the first row (its labels and masks: labels)"),
 }

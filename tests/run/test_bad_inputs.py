@@ -433,7 +433,9 @@ def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_
                    "--seq_len", "32", "--data_cache_dir", files["cache"], "--output_dir", str(out)], timeout=300)
     assert res.returncode == 2, res.stderr[-3000:]
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
-    assert last.startswith("refused before start: data=") and "token id 700" in last and "re-tokenize" in last
+    path = str(files["dir"] / "ids_high.jsonl")  # named by file and line, as a bad row is
+    assert last.startswith(f"refused before start: data file {path!r} line 1: ") and "token id 700" in last and \
+        "re-tokenize" in last
     assert "Traceback" not in res.stderr + res.stdout and "ChildFailedError" not in res.stderr
     assert not out.exists()
 
