@@ -63,3 +63,25 @@ def test_nproc_given_twice_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--nproc", "1", "--nproc=2"])
     assert e.value.code == 2 and "--nproc is given 2 times; keep one" in capsys.readouterr().err
+
+
+def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before_any_worker(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """`ds-longctx train --nproc 8 --config <an 8-GPU plan of Qwen3-8B>` on a CPU machine started 8 workers that
+    spent minutes building the model before anything failed."""
+    import collections
+
+    import torch
+
+    from ds_longctx.cli import main
+    from ds_longctx.run import preflight
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight.psutil, "virtual_memory", lambda: collections.namedtuple("Mem", "total")(64e9))
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "1", "--model", "qwen3-8b", "--seq_len", "64", "--output_dir", str(tmp_path / "o")])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "its 8.19B parameters take >= 131.1 GB of host RAM across the ranks (16 bytes each: weights, grads and Adam "
+        "state), more than this machine's 64.0 GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller "
+        "model here (e.g. --model qwen3-tiny)")
+    from ds_longctx.config import RunConfig
+    assert preflight.cpu_model_problem(RunConfig(model="qwen3-8b", lora_rank=8, dtype="bf16"), 64e9) is None  # 16 GB

@@ -111,19 +111,37 @@ BATCH_BYTES_PER_TOKEN = 3 * 8  # input_ids, labels and position_ids of a step's 
 
 def host_problem(cfg) -> str | None:
     """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on each rank (
-    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or more tokenizing processes
-    than cores (datasets.map forks every one)."""
+    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, without a GPU the model's
+    training state beyond it (`cpu_model_problem`), or more tokenizing processes than cores (datasets.map forks
+    every one)."""
     tokens = cfg.train.micro_batch * cfg.train.seq_len
     need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
     if need > ram:
         return (f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
                 f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
                 f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)")
+    if not torch.cuda.is_available() and (problem := cpu_model_problem(cfg, ram)):
+        return problem
     cores = os.cpu_count() or 1
     if cfg.data.tokenize_num_proc > cores:
         return (f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
                 f"starts one process each; use tokenize_num_proc <= {cores}")
     return None
+
+
+def cpu_model_problem(cfg, ram: int) -> str | None:
+    """Without a GPU every rank's share of the training state is in host RAM, the shares together at least the
+    weights and, unless LoRA freezes them, their grads and Adam's two moments (16 bytes a parameter in fp32, as in
+    bf16 with its fp32 master): more than the machine holds is refused (None: it may fit)."""
+    per_param = (2 if cfg.model.dtype == "bf16" else 4) if cfg.lora.rank else 16
+    params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
+    if (need := params * per_param) <= ram:
+        return None
+    return (f"model={cfg.model.name!r} on CPU (no CUDA GPU here): its {params / 1e9:,.2f}B parameters take >= "
+            f"{need / 1e9:,.1f} GB of host RAM across the ranks ({per_param} bytes each: "
+            f"{'the frozen weights' if cfg.lora.rank else 'weights, grads and Adam state'}), more than this machine's "
+            f"{ram / 1e9:,.1f} GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller model here "
+            f"(e.g. --model qwen3-tiny)")
 
 
 def disk_problem(cfg, resume_meta) -> str | None:
