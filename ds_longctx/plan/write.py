@@ -188,7 +188,8 @@ def main(argv: list | None = None) -> int:
             try:
                 plan_choice(a, geom, host, 1024)
             except NoFit as e:
-                print(f"ds-longctx plan: {e}", file=sys.stderr)
+                print(f"ds-longctx plan: --find_max_len: no length fits, not even the search's shortest: {e}",
+                      file=sys.stderr)
             return 2
     try:
         choice = plan_choice(a, geom, host, seq_len)

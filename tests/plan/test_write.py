@@ -80,6 +80,9 @@ def test_find_max_len(capsys):
     got = capsys.readouterr()
     assert "longest seq_len that fits = 0 tokens" in got.out
     assert "does not fit 1 x 24 GB GPUs" in got.err and "Fix: GPUs of >= " in got.err and "No length fits" in got.err
+    # what bounds it: the host, even with every lever on
+    assert "--find_max_len: no length fits, not even the search's shortest: qwen3-8b at seq_len=1,024" in got.err
+    assert re.search(r"needs [\d.]+ GB/GPU and [\d.]+ GB host, over the budget \(host [\d.]+ > 115.2 GB\)", got.err)
 
 
 @pytest.mark.parametrize("args,says", [
