@@ -6,7 +6,8 @@ what each message adds to the rendering.
 Which tokens of a session train (`train_on`; a message's own `"train": true|false` overrides it, tool output trains
 only under all):
 - a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
-  assistant message does not train, its k-th run of marked tokens is the k-th assistant message.
+  assistant message does not train, its k-th run of marked tokens is the k-th assistant message. Another message that
+  trains (its own `train`, train_on all less one) is placed by the prefix rule below.
 - otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
   difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
   the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
@@ -207,12 +208,17 @@ def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tu
         raise ChatError(f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
                         f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
                         f"form), or set data.train_on: all")
-    if _GENERATION.search(template) and not any(t and m["role"] != "assistant" for t, m in zip(trains, messages)):
-        return _marked(tok, messages, tools, trains)
+    marked = bool(_GENERATION.search(template))
+    placed = [t and not (marked and m["role"] == "assistant") for t, m in zip(trains, messages)]  # by the prefix rule
+    if marked:
+        ids, keep = _marked(tok, messages, tools, trains)
+        if not any(placed):
+            return ids, keep
     full = _render(tok, messages, tools)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    return list(enc["input_ids"]), span_mask(offsets, message_spans(tok, messages, tools, trains, full, offsets))
+    spans = span_mask(offsets, message_spans(tok, messages, tools, placed, full, offsets))
+    return (ids, [a | b for a, b in zip(keep, spans)]) if marked else (list(enc["input_ids"]), spans)
 
 
 def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:

@@ -243,3 +243,19 @@ def test_text_parts_and_json_text_arguments_render_as_the_template_expects(token
         'search\n```json\n{"q": "pack"}\n```<｜end▁of▁sentence｜>'
     with pytest.raises(ChatError, match="failed to render this session .TypeError"):
         session_tokens(tok, objects, None, "assistant")  # objects it cannot write: the template's own error
+
+
+def test_with_markers_a_trained_user_turn_adds_to_hf_mask_not_replaces_it(tokenizers):
+    """A user message flagged to train is placed by the prefix rule; the assistant turns keep HF's mask, here one that
+    begins at the header's newline (TRL's training templates mark it)."""
+    tok = tokenizers["chatml"]
+    tok.chat_template = markers(QWEN25, True).replace("assistant\n{% generation %}",
+                                                      "assistant{% generation %}{{ '\\n' }}")
+    chat = [CHAT[1], {**CHAT[2], "train": False}, {**CHAT[3], "train": True}, CHAT[4]]
+    ids, labels = session_tokens(tok, chat, None, "assistant")
+    hf = tok.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert ids == hf["input_ids"]
+    assert trained(tok, ids, labels) == ["<|im_start|>user\nhow are you?<|im_end|>\n",
+                                         "\nThe weather is nice.<|im_end|>\n"]
+    last = max(j for j, v in enumerate(hf["assistant_masks"]) if not v) + 1  # the last assistant turn's HF run
+    assert all(v != IGNORE_INDEX for v in labels[last:]) and trained(tok, ids[last:], labels[last:])[0][0] == "\n"
