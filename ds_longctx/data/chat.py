@@ -7,7 +7,7 @@ Which tokens of a session train (`train_on`; a message's own `"train": true|fals
 only under all):
 - a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
   assistant message does not train, its k-th run of marked tokens is the k-th assistant message. Another message that
-  trains (its own `train`, train_on all less one) is placed by the prefix rule below.
+  trains (by its own `train`, or under train_on all) is placed by the prefix rule below.
 - otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
   difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
   the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
@@ -99,11 +99,10 @@ def _closing(full: str, with_prompt: str, offsets: list) -> str:
     """What the template writes after the last message only when no generation prompt follows (Phi-3's EOS): the
     tail of `full` past its common prefix with `with_prompt`, that prefix cut back to a token start of `full`."""
     at = _shared(full, with_prompt)
-    if at == len(full):
-        return ""
-    starts = [a for a, _ in offsets]
-    k = bisect.bisect_right(starts, at) - 1
-    return full[min(at, starts[k]) if k >= 0 else 0:]
+    k = bisect.bisect_right([a for a, _ in offsets], at) - 1
+    if k >= 0 and offsets[k][1] > at:  # `at` falls inside token k: the tail starts with it
+        at = offsets[k][0]
+    return full[at:]
 
 
 class _Prefixes:
