@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 class Section(BaseModel):
     """A config section: `extra="forbid"`, validated on assignment, documented by attribute docstrings.
 
-    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are refused by name), and
-    no number is a boolean (pydantic reads `true` as 1: `--seq_len true` or `lr: yes` would run).
+    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are refused by name), no
+    number is a boolean (pydantic reads `true` as 1: `--seq_len true` or `lr: yes` would run), and no text is blank
+    (`--output_dir=` wrote the run into the current directory, `--data=` read it as the data).
     A field's flat key (`--key value`, a flat YAML key) is its name unless its `json_schema_extra` names another
     (`{"flat": "data_layout"}`); config/__init__.py checks that every flat key maps to exactly one field."""
 
@@ -20,11 +21,14 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_a_number(cls, v, info: ValidationInfo):
-        if isinstance(v, bool):
+    def _no_bool_for_a_number_nor_blank_text(cls, v, info: ValidationInfo):
+        if isinstance(v, (bool, str)):
             kinds = {cls.model_fields[info.field_name].annotation}
             kinds |= set(get_args(next(iter(kinds))))
-            if kinds & {int, float} and bool not in kinds:
+            if isinstance(v, bool) and kinds & {int, float} and bool not in kinds:
                 raise ValueError(f"{str(v).lower()} is a boolean, not a number; give a number (every key's type: "
                                  f"ds-longctx train --help)")
+            if isinstance(v, str) and not v.strip() and str in kinds:
+                raise ValueError(f"{v!r} is blank; give a value" + (" or null" if type(None) in kinds else "")
+                                 + " (every key: ds-longctx train --help)")
         return v

@@ -203,7 +203,7 @@ class RunConfig(BaseModel):
         i = 0
         while i < len(argv):
             arg = argv[i]
-            if not arg.startswith("--"):
+            if not arg.startswith("--") or arg == "--":
                 raise ValueError(f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx train "
                                  f"--help)")
             key, eq, val = arg[2:].partition("=")
@@ -231,7 +231,10 @@ class RunConfig(BaseModel):
             else:
                 overrides[key] = yaml.safe_load(val)
             i += 1
-        if config_path:
+        if config_path is not None:
+            if not config_path.strip():  # else the defaults (the toy model) would train without a word
+                raise ValueError(f"--config {config_path!r} names no file; give the path of a run config (.yaml or "
+                                 f".json), or leave --config out")
             return cls.load(config_path, world_size, per_node, **overrides)
         return cls.model_validate(overrides, context={"world_size": world_size, "per_node": per_node})
 

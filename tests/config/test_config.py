@@ -469,3 +469,25 @@ def test_a_config_or_model_path_that_cannot_be_opened_names_it_and_the_fix(tmp_p
     with pytest.raises(ValidationError) as e:
         RunConfig.from_cli(["--model", str(tmp_path / ("a" * 300))])
     assert "File name too long; pass a shipped geometry" in format_validation_error(e.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--output_dir="], "train.output_dir: '' is blank; give a value (every key"),  # wrote the run into the cwd
+    (["--output_dir", "  "], "train.output_dir: '  ' is blank; give a value"),      # into a folder named '  '
+    (["--data="], "data.source: '' is blank; give a value"),                        # read the cwd as the data
+    (["--eval_data="], "eval.data: '' is blank; give a value or null"),
+    (["--tokenizer="], "data.tokenizer: '' is blank; give a value or null"),
+])
+def test_blank_text_is_refused_not_read_as_the_current_directory(argv, says):
+    with pytest.raises(ValidationError) as e:
+        RunConfig.from_cli(argv)
+    assert says in format_validation_error(e.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--config="], "--config '' names no file; give the path of a run config"),  # the toy model trained instead
+    (["--seq_len", "64", "--"], "unexpected argument '--'; options are --key value"),
+])
+def test_an_empty_config_path_or_a_bare_double_dash_is_refused(argv, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        RunConfig.from_cli(argv)
