@@ -79,6 +79,7 @@ class ModelGeometry:
             return v
 
         heads, hidden, layers = size("num_attention_heads"), size("hidden_size"), size("num_hidden_layers")
+        hf_fields.check_layer_types(cfg, layers, where)
         kv_heads = size("num_key_value_heads", heads)  # the planner's fallback: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)
         head_dim = size("head_dim", kernel_rules.head_dim({"head_dim": hf_fields.field(

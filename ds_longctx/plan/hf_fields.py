@@ -53,6 +53,16 @@ def flag(cfg: dict, key: str, where: str) -> bool:
     return bool(v)
 
 
+def check_layer_types(cfg: dict, layers: int, where: str) -> None:
+    """`layer_types`, where given, is a list of one name per layer (what the kinds may be: `sliding_window`, and
+    plan/layer_types.HybridShape for a hybrid model)."""
+    kinds = cfg.get("layer_types")
+    if kinds is not None and not (isinstance(kinds, list) and len(kinds) == layers
+                                  and all(isinstance(k, str) for k in kinds)):
+        raise ValueError(f"{where}: layer_types = {kinds!r:.80} is not a list of num_hidden_layers={layers} names, "
+                         f"one per layer (e.g. \"full_attention\"); fix the config")
+
+
 def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[int]:
     """The window (tokens) transformers' attention applies to every layer of this dense config, None where none:
     Mistral's `sliding_window` (4096 where absent), Qwen3-MoE's with `use_sliding_window`. Qwen2 / Qwen3 with

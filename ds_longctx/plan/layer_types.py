@@ -93,6 +93,9 @@ class HybridShape:
         kernel_rules.check_linear_heads(hk, hv, where)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+            raise ValueError(f"{where}: partial_rotary_factor = {prf!r} is not a number in (0, 1], the share of "
+                             f"head_dim that rotary rotates (Qwen3.5: 0.25; fix the config)")
         return cls(layer_types=kinds, linear_key_heads=hk, linear_value_heads=hv,
                    linear_key_dim=size("linear_key_head_dim", 128), linear_value_dim=size("linear_value_head_dim", 128),
                    conv_kernel=size("linear_conv_kernel_dim", 4), partial_rotary=float(prf))

@@ -77,6 +77,13 @@ def test_every_default_is_the_installed_transformers_one():
                                                            "ds_longctx runs full causal attention"),
     ({"layer_types": ["full_attention", "sliding_attention"] * 2}, "set \"use_sliding_window\": false, or "
                                                                    "full_attention for every layer in layer_types"),
+    # a traceback (sorting names with numbers) or a list of letters before
+    ({"layer_types": [1] + ["full_attention"] * 3}, "layer_types = [1, 'full_attention', 'full_attention', "
+                                                    "'full_attention'] is not a list of num_hidden_layers=4 names"),
+    ({"layer_types": "full_attention"}, "layer_types = 'full_attention' is not a list of num_hidden_layers=4 names"),
+    ({"model_type": "qwen3_5_text", "partial_rotary_factor": None}, "partial_rotary_factor = None is not a number "
+                                                                    "in (0, 1]"),  # a traceback before
+    ({"model_type": "qwen3_5_text", "partial_rotary_factor": 2.0}, "partial_rotary_factor = 2.0 is not a number"),
 ])
 def test_odd_fields_are_refused_as_transformers_or_the_engine_refuses_them(change, says, tmp_path):
     """Before: tie_word_embeddings "false" (a string, true to Python) and head_dim 0 planned, then `train` ended in a
