@@ -176,7 +176,7 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
     many = _row_maker(fmt, tok, cfg, tuple(mask_keys), vocab_size)
     key = json.dumps([docs._fingerprint, fmt, list(mask_keys), default_train_on(cfg, fmt), vocab_size,
                       _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
-                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v5"])
+                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v6"])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
     features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
@@ -188,15 +188,14 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
         for got in many(batch):
             if isinstance(got, formats.ChatError):
-                ids, labels, why, n = [], [], str(got), 0
+                ids, labels, why, cut = [], [], str(got), 0
             else:
-                n = len(got[0]) + (cfg.data.add_eos and len(got[0]) > 0)
-                ids, labels, why = _finish(*got, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
+                ids, labels, why, cut = _finish(*got, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
             out["input_ids"].append(ids)
             out["labels"].append(labels)
             out["trained"].append(max(len(ids) - 1, 0) if fmt == "text" else  # text: every target trains
                                   sum(v != IGNORE_INDEX for v in labels[1:]))
-            out["cut"].append(n - len(ids) if not why else 0)
+            out["cut"].append(cut)
             out["bad"].append(why)
         return out
     try:
@@ -214,23 +213,24 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
 
 
 def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool) -> tuple:
-    """(ids, labels, why bad or "") of one document: EOS appended unless it ends with one (trained when the last token
-    is), cut by `rule`; a `masked` one (not text) must keep a trained target (an empty one too: an empty text is a
-    blank document)."""
+    """(ids, labels, why bad or "", tokens cut) of one document: EOS appended unless it ends with one (trained when the
+    last token is), cut by `rule`; a `masked` one (not text) must keep a trained target (an empty one too: an empty
+    text is a blank document)."""
     if not ids:
-        return [], [], "the row holds no tokens: nothing to learn from; drop it" if masked else ""
+        return [], [], "the row holds no tokens: nothing to learn from; drop it" if masked else "", 0
     if eos is not None and ids[-1] != eos:  # a document that ends with EOS (Llama's turns, TRL's rows) keeps one
         ids, labels = list(ids) + [eos], list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
     if len(ids) > L and rule == "refuse":
         return [], [], (f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "
-                        f"shorten it, raise seq_len, or set data.truncate: head or split")
-    if rule == "head":
+                        f"shorten it, raise seq_len, or set data.truncate: head or split"), 0
+    cut = max(len(ids) - L, 0) if rule == "head" else 0
+    if cut:
         ids, labels = ids[:L], labels[:L]
     if masked and all(v == IGNORE_INDEX for v in labels[1:]):
-        cut = f" after cutting to seq_len={L} ({rule})" if rule == "head" and len(ids) == L else ""
-        return [], [], (f"no token trains{cut}: the row has nothing to learn from; check its messages (an assistant "
-                        f"turn, train flags), data.train_on, or raise seq_len")
-    return ids, labels, ""
+        after = f" after cutting to seq_len={L} ({rule})" if cut else ""
+        return [], [], (f"no token trains{after}: the row has nothing to learn from; check its messages (an assistant "
+                        f"turn, train flags), data.train_on, or raise seq_len"), 0
+    return ids, labels, "", cut
 
 
 def check_tokenized(tokenized, cfg, skipped_before: int) -> int:

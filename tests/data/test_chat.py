@@ -179,10 +179,12 @@ def test_token_rows_honour_labels_and_masks_together_and_leave_padding_out(hf_cf
     assert batch.labels[0, :5].tolist() == [-100, 11, -100, 13, 2] and (batch.labels[0, 5:] == IGNORE_INDEX).all()
 
 
-def test_a_row_that_ends_with_eos_gets_no_second_one(hf_cfg, tmp_path):
+def test_a_row_that_ends_with_eos_gets_no_second_one(hf_cfg, tmp_path, caplog):
     path = write(tmp_path / "ids.jsonl", [{"input_ids": [10, 11, 2], "labels": [-100, 11, 2]},
                                           {"input_ids": [20, 21], "labels": [-100, 21]}])
-    batch = batch_of(path, None, hf_cfg, tmp_path).get(0, 1, 0, 1)
+    with caplog.at_level("INFO", logger="ds_longctx"):
+        batch = batch_of(path, None, hf_cfg, tmp_path, truncate="head").get(0, 1, 0, 1)
+    assert "cut to their first" not in caplog.text  # no token was cut
     assert batch.input_ids[0, :6].tolist() == [10, 11, 2, 20, 21, 2]
     assert batch.labels[0, :7].tolist() == [-100, 11, 2, -100, 21, 2, -100]
 
