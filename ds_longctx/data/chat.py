@@ -143,9 +143,10 @@ def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: 
         start, end = at.end(i), at.end(i + 1)
         if start is None or end is None or start > end:
             raise ChatError(f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
-                            f"once later messages follow, e.g. its reasoning dropped), so its tokens cannot be told "
-                            f"apart; use a template with {{% generation %}} markers (HF's assistant mask), "
-                            f"data.train_on: last_assistant (only the final answer), or data.train_on: all")
+                            f"once later messages follow: past reasoning dropped, the system prompt moved, ...), so "
+                            f"its tokens cannot be told apart; use a template with {{% generation %}} markers (HF's "
+                            f"assistant mask), data.train_on: last_assistant (only the final answer), or "
+                            f"data.train_on: all")
         if m["role"] == "assistant" and i > 0:  # the generation prompt (role header, maybe more) does not train
             head = _shared(at.render(i, generation_prompt=True), full)
             start = head if start <= head <= end else start
