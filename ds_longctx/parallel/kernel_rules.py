@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ds_longctx.parallel.parallel_state import local_kv_heads
+from ds_longctx.parallel.parallel_state import divisors, local_kv_heads
 
 FA4_VERIFIED_HEAD_DIMS = (128, 256)
 FA4_MIN_HEAD_DIM = 64
@@ -28,7 +28,7 @@ def check_attention_heads(heads: int, kv_heads: int, where: str = "the model") -
     serves a whole group of query heads (heads a multiple of kv_heads, 1 <= kv_heads <= heads). Else the model does not
     run (HF's attention repeats each KV head heads // kv_heads times and the shapes disagree, or trains to NaN)."""
     if kv_heads < 1 or kv_heads > heads or heads % kv_heads:
-        fits = [n for n in range(1, heads + 1) if heads % n == 0] if heads >= 1 else []
+        fits = divisors(heads) if heads >= 1 else []
         raise ValueError(f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV head must "
                          f"serve a whole group of query heads (num_attention_heads a multiple of num_key_value_heads); "
                          f"fix the config: num_key_value_heads one of {fits}")
@@ -60,7 +60,7 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
     naming the group counts that do."""
     local = local_kv_heads(kv_heads, sp_size)
     if not head_groups_split(groups, kv_heads, sp_size):
-        fits = [n for n in range(1, local + 1) if local % n == 0]
+        fits = divisors(local)
         raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
                          f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}")
 

@@ -68,13 +68,17 @@ def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = No
     return None
 
 
+def divisors(n: int) -> list:
+    """The divisors of n >= 1, ascending, in O(sqrt(n)) (a config's 2^40 heads listed as 1..n did not finish)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 def valid_sp_sizes(world_size: int, num_heads: int, num_kv_heads: int, per_node: Optional[int] = None,
                    linear_heads: Optional[tuple] = None) -> list:
     """Every sp_size in 1..world_size that `sp_size_problem` accepts, ascending. Only divisors of world_size can be
-    (its first rule), so only they are asked: O(sqrt(world_size)), not O(world_size)."""
-    small = [d for d in range(1, int(world_size ** 0.5) + 1) if world_size % d == 0]
-    divisors = sorted({*small, *(world_size // d for d in small)})
-    return [sp for sp in divisors
+    (its first rule), so only they are asked."""
+    return [sp for sp in divisors(world_size)
             if sp_size_problem(sp, world_size, num_heads, num_kv_heads, per_node, linear_heads) is None]
 
 
@@ -104,7 +108,7 @@ def check_sp_size(sp_size: int, world_size: int, num_heads: Optional[int] = None
     else:
         more = across_fix if per_node is not None and per_node % max(sp_size, 1) else ""
     if num_heads is None:
-        ok = [sp for sp in range(1, world_size + 1) if sp_size_problem(sp, world_size, per_node=per_node) is None]
+        ok = [sp for sp in divisors(world_size) if sp_size_problem(sp, world_size, per_node=per_node) is None]
     else:
         ok = valid_sp_sizes(world_size, num_heads, num_kv_heads, per_node, linear_heads)
     raise ValueError(f"{problem}; try one of {ok}{more}")

@@ -78,7 +78,8 @@ class ModelGeometry:
                                  f"number >= 1 (fix the config)")
             return v
 
-        heads, hidden, layers = size("num_attention_heads"), size("hidden_size"), size("num_hidden_layers")
+        heads, hidden = size("num_attention_heads"), size("hidden_size")
+        layers = hf_fields.check_layer_count(size("num_hidden_layers"), where)
         hf_fields.check_layer_types(cfg, layers, where)
         kv_heads = size("num_key_value_heads", heads)  # the planner's fallback: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)

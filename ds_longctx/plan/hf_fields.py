@@ -53,6 +53,17 @@ def flag(cfg: dict, key: str, where: str) -> bool:
     return bool(v)
 
 
+MAX_LAYERS = 10_000  # past any published model (~100 layers): the plan holds one entry per layer
+
+
+def check_layer_count(layers: int, where: str) -> int:
+    """`layers`, refused past MAX_LAYERS (a config of 10^12 layers ran the planner out of memory)."""
+    if layers > MAX_LAYERS:
+        raise ValueError(f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
+                         f"the planner lays out (published ones have about 100); fix the config")
+    return layers
+
+
 def check_layer_types(cfg: dict, layers: int, where: str) -> None:
     """`layer_types`, where given, is a list of one name per layer (what the kinds may be: `sliding_window`, and
     plan/layer_types.HybridShape for a hybrid model)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ds_longctx.plan.hf_fields import check_layer_count
+
 MOE_FAMILIES = ("qwen3_moe",)
 # the keys HF configs use for an expert count (a config that names one, with a value, is a mixture of experts)
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -83,7 +85,7 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
         raise ValueError(f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
                          f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
                          f"one of those")
-    layers = _int(cfg, "num_hidden_layers", where)
+    layers = check_layer_count(_int(cfg, "num_hidden_layers", where), where)
     experts = _int(cfg, "num_experts", where)
     top_k = _int(cfg, "num_experts_per_tok", where)
     if top_k > experts:

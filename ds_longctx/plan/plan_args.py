@@ -27,6 +27,8 @@ from ds_longctx.plan.memory_terms import adapters
 from ds_longctx.plan.moe_terms import moe_lever_problem
 from ds_longctx.plan.planner import check_headroom
 
+MAX_GPUS_PER_NODE, MAX_NODES = 1024, 1_000_000  # past any machine; the search's fixes try divisors of these
+
 
 def tokens(text: str) -> int:
     """--seq_len's type: a whole number of tokens (`128k` and `1M` are refused naming the numbers they may mean)."""
@@ -42,6 +44,9 @@ def check_args(a: argparse.Namespace) -> tuple:
         raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
     if a.nodes < 1:
         raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
+    if a.gpus > MAX_GPUS_PER_NODE or a.nodes > MAX_NODES:
+        raise ValueError(f"--gpus {a.gpus} --nodes {a.nodes}: give at most {MAX_GPUS_PER_NODE} GPUs per node (8 on the "
+                         f"machines here; more GPUs: --nodes N of them) and {MAX_NODES:,} nodes")
     if not 0 < a.gpu_mem_gb < float("inf"):  # also refuses nan
         raise ValueError(f"--gpu_mem_gb {a.gpu_mem_gb:g}: give the memory per GPU in GB, e.g. 80 or 141")
     host = default_host_mem_gb(a.gpus) if a.host_mem_gb is None else a.host_mem_gb

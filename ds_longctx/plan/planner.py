@@ -124,6 +124,13 @@ class MemoryPlan:
     def fits(self, gpu_budget_bytes: float, host_budget_bytes: float) -> bool:
         return self.gpu_peak_bytes <= gpu_budget_bytes and self.host_peak_bytes <= host_budget_bytes
 
+    def over_budget(self, gpu_budget_bytes: float, host_budget_bytes: float) -> str:
+        """What a refusal says bounds it: `, over the budget (host 174.0 > 115.2 GB)`, or "" within both."""
+        over = [f"{what} {need / GB:.1f} > {budget / GB:.1f} GB" for what, need, budget in (
+            ("GPU", self.gpu_peak_bytes, gpu_budget_bytes), ("host", self.host_peak_bytes, host_budget_bytes))
+            if need > budget]
+        return f", over the budget ({', '.join(over)})" if over else ""
+
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
         lv = self.levers

@@ -286,15 +286,12 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
         return not (sp_size and n % sp_size) and _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
     hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
                 f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
-    over = [f"{what} {need / GB:.1f} > {budget:.1f} GB" for what, need, budget in (
-        ("GPU", best.gpu_peak_bytes, headroom * gpu_mem_gb), ("host", best.host_peak_bytes, headroom * host_mem_gb))
-        if need > budget * GB]  # what bounds it
     lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
              f"(sp_size={sp}, tiled {'layer' if tiled_layer_allowed(geom, base) else 'MLP'}, the attention backward "
              f"over {groups} KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and {best.host_peak_bytes / GB:.1f} GB host"
-             + (f", over the budget ({', '.join(over)})" if over else "")
-             + f". Longest length that fits: {max_len:,} tokens."]
+             f"{best.over_budget(headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB)}. Longest length that fits: "
+             f"{max_len:,} tokens."]
     lines += _fixes(fits, geom, gpus, nodes, gpu_mem_gb, host_mem_gb, headroom, base, sp)
     lines.append(f"Fix: shorten to <= {max_len:,} tokens." if max_len else "No length fits this hardware.")
     return NoFit("\n".join(lines), seq_len=seq_len, max_len=max_len, best=best)

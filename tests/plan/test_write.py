@@ -460,3 +460,18 @@ def test_a_pinned_sp_size_that_no_fix_can_keep_is_left_out_of_the_fixes(capsys):
     assert "Longest length that fits" in err and "--gpus 1" not in err
     assert write.main(["--model", "qwen3-moe-tiny", "--seq_len", "4096", "--gpus", "1", "--tiled_layer"]) == 2
     assert "is a mixture of experts; the tiled layer tiles gated MLPs only" in capsys.readouterr().err
+
+
+def test_absurd_gpu_node_and_head_counts_are_answered_at_once(tmp_path, capsys):
+    """--gpus 1000000000 searched its fixes over every divisor candidate below it (minutes); a config of 2^40 heads
+    listed the KV-head counts that split them the same way; a config of 10^12 layers ran the planner out of memory."""
+    for args, says in ((["--gpus", "1000000000"], "--gpus 1000000000 --nodes 1: give at most 1024 GPUs per node"),
+                       (["--gpus", "8", "--nodes", "10000000"], "and 1,000,000 nodes")):
+        assert write.main(["--model", "qwen3-8b", "--seq_len", "4096", *args]) == 2 and says in capsys.readouterr().err
+    tiny = json.loads((ROOT / "ds_longctx" / "models" / "qwen3-tiny.json").read_text())
+    for change, says in (({"num_attention_heads": 2 ** 40, "num_key_value_heads": 3, "head_dim": 8},
+                          "num_key_value_heads one of [1, 2, 4, 8, 16,"),
+                         ({"num_hidden_layers": 10 ** 12}, "num_hidden_layers = 1,000,000,000,000 is past 10,000")):
+        (tmp_path / "config.json").write_text(json.dumps(tiny | change))
+        assert write.main(["--model", str(tmp_path), "--seq_len", "4096", "--gpus", "8"]) == 2
+        assert says in capsys.readouterr().err
