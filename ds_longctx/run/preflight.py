@@ -120,7 +120,8 @@ def host_problem(cfg) -> str | None:
         return (f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
                 f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
                 f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)")
-    if not torch.cuda.is_available() and (problem := cpu_model_problem(cfg, ram)):
+    cpu_run = not torch.cuda.is_available() and cfg.memory.gpu_budget_gb is None  # a GPU budget: the plan's refusal
+    if cpu_run and (problem := cpu_model_problem(cfg, ram)):
         return problem
     cores = os.cpu_count() or 1
     if cfg.data.tokenize_num_proc > cores:
