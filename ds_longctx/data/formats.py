@@ -3,7 +3,7 @@ labels. Their row checks (a reason per bad row, for data/scan.py) and the token 
 token rows (data/tokenize.py); a session's: data/chat.py.
 
     fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
-    why = row_problem(obj, fmt, "text")                          # None, or what is wrong with one JSON row
+    why = row_problem(obj, fmt)                                  # None, or what is wrong with one JSON row
     ids, labels = pair_tokens(tok, "prompt", "completion", "completion")   # labels[i] = ids[i] where it trains
 
 Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
