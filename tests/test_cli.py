@@ -77,11 +77,13 @@ def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before
     from ds_longctx.run import preflight
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(preflight.psutil, "virtual_memory", lambda: collections.namedtuple("Mem", "total")(64e9))
-    with pytest.raises(SystemExit) as e:
-        main(["train", "--nproc", "1", "--model", "qwen3-8b", "--seq_len", "64", "--output_dir", str(tmp_path / "o")])
-    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
-        "its 8.19B parameters take >= 131.1 GB of host RAM across the ranks (16 bytes each: weights, grads and Adam "
-        "state), more than this machine's 64.0 GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller "
-        "model here (e.g. --model qwen3-tiny)")
+    for budget in ([], ["--gpu_budget_gb", "80"]):  # a plan for GPUs carries a budget: refused the same
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--nproc", "1", "--model", "qwen3-8b", "--seq_len", "64", *budget, "--output_dir",
+                  str(tmp_path / "o")])
+        assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
+            "its 8.19B parameters take >= 131.1 GB of host RAM across the ranks (16 bytes each: weights, grads and "
+            "Adam state), more than this machine's 64.0 GB; train it on GPUs (`ds-longctx plan` says what fits), or "
+            "a smaller model here (e.g. --model qwen3-tiny)")
     from ds_longctx.config import RunConfig
     assert preflight.cpu_model_problem(RunConfig(model="qwen3-8b", lora_rank=8, dtype="bf16"), 64e9) is None  # 16 GB

@@ -9,7 +9,8 @@ world, processes per node and heads (a hybrid model's linear heads too), attenti
 kernel, model class, LoRA targets, the placement plan for this model),
 the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
 support; answers where eval_answer_loss asks for them), then output_dir and resume (resume.check_run_dir: another
-run's files, the checkpoint's files) and the space its checkpoints take (`disk_problem`). Nothing is written: a
+run's files, the checkpoint's files; a resume's fit on a new world), without a GPU the model's training state
+beyond the host's RAM (`cpu_model_problem`), and the space its checkpoints take (`disk_problem`). Nothing is written: a
 refused run leaves no output.
 """
 
@@ -111,18 +112,14 @@ BATCH_BYTES_PER_TOKEN = 3 * 8  # input_ids, labels and position_ids of a step's 
 
 def host_problem(cfg) -> str | None:
     """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on each rank (
-    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, without a GPU the model's
-    training state beyond it (`cpu_model_problem`), or more tokenizing processes than cores (datasets.map forks
-    every one)."""
+    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or more tokenizing processes
+    than cores (datasets.map forks every one)."""
     tokens = cfg.train.micro_batch * cfg.train.seq_len
     need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
     if need > ram:
         return (f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
                 f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
                 f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)")
-    cpu_run = not torch.cuda.is_available() and cfg.memory.gpu_budget_gb is None  # a GPU budget: the plan's refusal
-    if cpu_run and (problem := cpu_model_problem(cfg, ram)):
-        return problem
     cores = os.cpu_count() or 1
     if cfg.data.tokenize_num_proc > cores:
         return (f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
@@ -200,6 +197,8 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     meta = resume.check_run_dir(cfg, world_size)
     if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
         raise ValueError(problem)
+    if not torch.cuda.is_available() and (problem := cpu_model_problem(cfg, psutil.virtual_memory().total)):
+        raise ValueError(problem)  # after the resume fit: that refusal names the length that fits
     if problem := disk_problem(cfg, meta):
         raise ValueError(problem)
     check_reporter(cfg.logging.report_to)
