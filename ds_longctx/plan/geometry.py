@@ -83,8 +83,7 @@ class ModelGeometry:
         hf_fields.check_layer_types(cfg, layers, where)
         kv_heads = size("num_key_value_heads", heads)  # the planner's fallback: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)
-        head_dim = size("head_dim", kernel_rules.head_dim({"head_dim": hf_fields.field(
-            cfg, family, "head_dim", None, where), "hidden_size": hidden, "num_attention_heads": heads}))
+        head_dim = size("head_dim", kernel_rules.head_dim({"hidden_size": hidden, "num_attention_heads": heads}))
         max_pos = hf_fields.field(cfg, family, "max_position_embeddings", None, where)
         max_pos = 0 if max_pos is None else size("max_position_embeddings")
         rope = hf_fields.rope_parameters(cfg, where)
