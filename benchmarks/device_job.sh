@@ -13,7 +13,8 @@
 #   answer_loss      issue 40: benchmarks/answer_loss.sh (STEPS=$AL_STEPS, default 100: ~21 min at 131,072 tokens)
 #   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step,
 #                    the allocator recorded
-#   rehearse:C:K[:R] `ds-longctx rehearse` of ds_configs/C, each rank role (or rank R), K of its layers (rehearsal_C.jsonl)
+#   rehearse:C:K[:R] `ds-longctx rehearse` of ds_configs/C, each rank role (or rank R), K of its layers
+#                    (rehearsal_C.jsonl)
 #   plan_run:M:N:K   model M planned for 1 x 141 GB + 128 GB host at N tokens, K steps, the allocator recorded
 #   moe_longest      issue 45: Qwen3-30B-A3B at full width, MOE_LAYERS (default 1) of 48 layers, at the longest length
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
@@ -55,7 +56,8 @@ elif [[ $1 == run ]]; then
                         'plan_train qwen35_longest 1 --memory_snapshot_steps 1 -- --model qwen3.5-4b --find_max_len' ;;
       rehearse:*:*) IFS=: read -r _ c k r <<< "$s"
                     step "rehearse_$c${r:+_rank$r}" 1200 python -m ds_longctx.cli rehearse \
-                      --config "ds_configs/$c/run.yaml" --rank "${r:-roles}" --layers "$k" --out "$RES/rehearsal_$c.jsonl" ;;
+                      --config "ds_configs/$c/run.yaml" --rank "${r:-roles}" --layers "$k" \
+                      --out "$RES/rehearsal_$c.jsonl" ;;
       moe_longest) python - "${MOE_LAYERS:-1}" <<'PY'
 import json, sys
 cfg = json.load(open("ds_longctx/models/qwen3-30b-a3b.json"))
