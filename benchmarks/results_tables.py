@@ -325,6 +325,22 @@ def ran(d: dict, r: dict) -> tuple:
     return f", ran {len(steps)} step{'s' if len(steps) > 1 else ''} ({steps[-1]:.0f} s the last)", runs[0]
 
 
+def other_longest(d: dict) -> list:
+    """README rows: per model other than Qwen3-8B and machine, its newest run at a planned longest length (its
+    depth named where reduced), peaks beside the plan's."""
+    newest = {(r["model"], machine(r)): r for r in d.get("longest", [])
+              if r["kind"] == "run" and r.get("model", "qwen3-8b") != "qwen3-8b"}  # file order: newest last
+    rows = []
+    for (model, m), r in newest.items():
+        done, total = (r.get("layers") or "1/1").split("/")
+        depth = "" if done == total else f", {done} of {total} layers"
+        rows.append([f"longest {model_label(model)}, {m}", f"planned, then run (measured{depth})",
+                     f"{n(r['seq_len'])} tokens, {gb(r['peak_gpu_bytes'])} GB peak GPU (plan "
+                     f"{gb(r['planned_reserved_bytes'])}), {gb(r['host_peak_bytes'])} GB host (plan "
+                     f"{gb(r['planned_host_bytes'])})", "", result_file("longest")])
+    return rows
+
+
 def readme(d: dict) -> str:
     """The README's one table: speed and GPU memory beside TRL and ALST, the longest lengths, the rehearsals' step
     times, the planner's accuracy; each row says whether its figure was measured, planned or predicted."""
@@ -340,7 +356,7 @@ def readme(d: dict) -> str:
                      f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']}), "
                      f"published" if paper else "",
                      result_file("longest", *(["planner_runs"] if run and run["kind"] == "plan" else []))])
-    rows += rehearsed(d) + longest_rehearsed(d)
+    rows += other_longest(d) + rehearsed(d) + longest_rehearsed(d)
     a = accuracy(d)
     rows.append(["planner, held-out plans run", "measured against the plan", f"{a['gpu_in']} of {a['gpu_n']} within "
                  f"±{GPU_TOL:.0%} GPU, {a['host_in']} of {a['host_n']} within ±{HOST_TOL:.0%} host",
