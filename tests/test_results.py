@@ -271,3 +271,23 @@ def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):
     assert row[0] == "s/step, Qwen3-4B, 1,024 tokens, 2 x GPU X"  # the 1-GPU run is another row's
     row = t.speed_row({"peers": [fast, line("alst", 30.0, 130e9)]}, "qwen3-4b", 2, 1024)
     assert row[2] == "20.0 s, 120.0 GB peak GPU" and row[4] == "[peers.jsonl](benchmarks/results/peers.jsonl)"
+
+
+def test_readme_gets_each_other_models_newest_longest_run_with_its_depth(doc):
+    """A run at a planned longest length of a model other than Qwen3-8B: one README row per model and machine, the
+    newest, its depth named where reduced; Qwen3-8B's runs stay in their own rows."""
+    import results_tables as t
+    base = {"kind": "run", "gpus": 1, "gpu_mem_gb": 141.0, "host_mem_gb": 128.0, "step_seconds": [1.0],
+            "peak_gpu_bytes": 110e9, "planned_reserved_bytes": 120e9, "host_peak_bytes": 50e9,
+            "planned_host_bytes": 51e9}
+    rows = [{**base, "model": "qwen3.5-4b", "layers": "32/32", "seq_len": 362_496},
+            {**base, "model": "qwen3.5-4b", "layers": "32/32", "seq_len": 375_808},  # newer
+            {**base, "model": "qwen3-30b-a3b", "layers": "1/48", "seq_len": 1_730_560},
+            {**base, "model": "qwen3-8b", "seq_len": 156_672}]
+    got = {r[0]: r for r in t.other_longest({"longest": rows})}
+    m = "1 x 141 GB + 128 GB host"
+    assert set(got) == {f"longest Qwen3.5-4B, {m}", f"longest Qwen3-30B-A3B, {m}"}
+    q35 = got["longest Qwen3.5-4B, 1 x 141 GB + 128 GB host"]
+    assert q35[1] == "planned, then run (measured)"
+    assert q35[2] == "375,808 tokens, 110.0 GB peak GPU (plan 120.0), 50.0 GB host (plan 51.0)"
+    assert got["longest Qwen3-30B-A3B, 1 x 141 GB + 128 GB host"][1] == "planned, then run (measured, 1 of 48 layers)"
