@@ -5,10 +5,14 @@
 #   2: carry [".whl", ".sdist", ".fa4b"]  bash .whl/install.sh; bash .fa4b/install.sh
 #   3: carry [".flaa"]                    bash .flaa/install.sh              (FLA: only for the qwen35_* stages)
 #   4: carry [".flab"]                    COMMIT=<sha> STAGES="..." bash benchmarks/device_job.sh start
-#   5..: no carry                         WAIT_S=420 bash benchmarks/device_job.sh wait   (until rc appears)
+#   5..: no carry                         WAIT_S=240 bash benchmarks/device_job.sh wait   (until rc appears)
 # The machine is given back after 30 s without a call, and the detached job dies with it: make each call right after
-# the last returns (read what came back while the next wait runs).
+# the last returns (read what came back while the next wait runs). Twice a wait of 420-560 s was followed by a fresh
+# machine although the next call came at once; waits of 240 s have held a lease to its end: keep them that short.
 # Without FLA, call 4 is `COMMIT=<sha> STAGES="..." NO_FLA=1 bash benchmarks/device_job.sh start` (no carry).
+# answer_loss on sessions prepared here (the same bytes, no device minute spent on them): `ds-longctx data prepare
+# --sessions 40 --out .alsess --min_tokens 131072 --max_tokens 262144` (~1 min; .alsess listed in .git/info/exclude),
+# then call 4 carries [".alsess"]: `COMMIT=<sha> STAGES=answer_loss AL_STEPS=100 SESSIONS=.alsess NO_FLA=1 bash ...`.
 # Stages (STAGES, space-separated, in that order):
 #   answer_loss      issue 40: benchmarks/answer_loss.sh (STEPS=$AL_STEPS, default 100: ~21 min at 131,072 tokens)
 #   qwen35_longest   issue 44: Qwen3.5-4B at the longest length its plan finds for 1 x 141 GB + 128 GB host, 1 step,
@@ -77,7 +81,10 @@ PY
   exit 0
 fi
 cd /tmp/proj 2>/dev/null || exit 1
-RUN_DIR=$RUN_DIR bash launch/wait.sh "${WAIT_S:-540}"; rc=$?
+RUN_DIR=$RUN_DIR bash launch/wait.sh "${WAIT_S:-240}"; rc=$?
+for f in metrics.jsonl eval_curve.jsonl answer_loss.jsonl; do  # answer_loss so far: back even if the lease ends
+  [[ -f /tmp/answer_loss/run/$f ]] && mkdir -p $RES/answer_loss && cp /tmp/answer_loss/run/$f $RES/answer_loss/
+done
 cp $RUN_DIR/log "$OUT/job.log" 2>/dev/null
 tar czf "$OUT/res.tgz" --exclude='*.pt' --exclude='*.pickle' --exclude='checkpoints' --exclude='cache' -C $RES . \
   2>/dev/null
