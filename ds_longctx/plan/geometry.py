@@ -63,8 +63,9 @@ class ModelGeometry:
                              f"{list(_DENSE_TYPES) + list(HYBRID_TYPES)}, the families the planner models")
         moe = moe_shape(cfg, mtype, where, _DENSE_TYPES)  # refuses an MoE family not modelled, naming those that are
         if mtype not in (*_DENSE_TYPES, *MOE_FAMILIES, *HYBRID_TYPES):
-            raise ValueError(f"model_type={mtype!r} is not modelled; the planner knows dense {list(_DENSE_TYPES)}, "
-                             f"hybrid {list(HYBRID_TYPES)} and the mixtures of experts {list(MOE_FAMILIES)}")
+            raise ValueError(f"{where}: model_type={mtype!r} is not modelled; the planner knows dense "
+                             f"{list(_DENSE_TYPES)}, hybrid {list(HYBRID_TYPES)} and the mixtures of experts "
+                             f"{list(MOE_FAMILIES)}")
         if mtype in HYBRID_TYPES:  # a composite (VL) config: its text model
             cfg = layer_types.text_config(cfg)
 

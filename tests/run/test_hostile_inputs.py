@@ -59,7 +59,7 @@ def test_train_refuses_a_model_plan_refuses_in_plans_words(tmp_path, capsys):
     plan_says = capsys.readouterr().err.strip().splitlines()[-1].removeprefix("ds-longctx plan: ")
     with pytest.raises(ValueError) as e:
         preflight(RunConfig(model=str(path), output_dir=str(tmp_path / "out")), 1)
-    assert str(e.value) == plan_says == ("model_type='bert' is not modelled; the planner knows dense "
+    assert str(e.value) == plan_says == (f"{path}: model_type='bert' is not modelled; the planner knows dense "
                                          "['qwen3', 'qwen2', 'llama', 'mistral'], hybrid ['qwen3_5', "
                                          "'qwen3_5_text'] and the mixtures of experts ['qwen3_moe']")
 
