@@ -43,7 +43,7 @@ class ModelGeometry:
     o_bias: bool = False  # a bias on o_proj (Llama / Mistral with attention_bias; Qwen2 has none)
     mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
     rope_type: str = "default"  # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
-    trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of); 0: no max_position_embeddings given
+    trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of)
     moe: Optional[MoeShape] = None  # the sparse layers of a mixture of experts (plan/moe_geometry.py); None: dense
     hybrid: Optional[HybridShape] = None  # Qwen3.5's layer types and linear-layer widths (plan/layer_types.py)
     sliding_window: Optional[int] = None  # the window every layer attends within (Mistral's); None: full attention
@@ -85,8 +85,7 @@ class ModelGeometry:
         kv_heads = size("num_key_value_heads", heads)  # the planner's fallback: one KV head per head (MHA)
         kernel_rules.check_attention_heads(heads, kv_heads, where)
         head_dim = size("head_dim", kernel_rules.head_dim({"hidden_size": hidden, "num_attention_heads": heads}))
-        max_pos = hf_fields.field(cfg, family, "max_position_embeddings", None, where)
-        max_pos = 0 if max_pos is None else size("max_position_embeddings")
+        max_pos = size("max_position_embeddings")
         rope = hf_fields.rope_parameters(cfg, where)
         hybrid = HybridShape.from_config(cfg, layers, where) if mtype in HYBRID_TYPES else None
         bias = hf_fields.flag(cfg, "attention_bias", where)
@@ -94,7 +93,7 @@ class ModelGeometry:
                    heads=heads, kv_heads=kv_heads, hybrid=hybrid, head_dim=head_dim, vocab=size("vocab_size"),
                    tied_embeddings=hf_fields.flag(cfg, "tie_word_embeddings", where),
                    max_position_embeddings=max_pos, rope_type=str(rope["rope_type"]),
-                   trained_context=trained_context_of(mtype, max_pos, rope) if max_pos else 0,
+                   trained_context=trained_context_of(mtype, max_pos, rope),
                    qk_norm=mtype in ("qwen3", "qwen3_moe") or hybrid is not None,
                    attention_bias=mtype == "qwen2" or bias, o_bias=mtype != "qwen2" and bias,
                    mlp_bias=hf_fields.flag(cfg, "mlp_bias", where), moe=moe,

@@ -15,7 +15,7 @@ from typing import Optional
 from ds_longctx.parallel import kernel_rules
 
 # transformers' config-class defaults for the keys a config.json may leave out, where they are not the planner's own
-# fallback (head_dim: hidden / heads; num_key_value_heads: heads; max_position_embeddings: 0, unknown)
+# fallback (head_dim: hidden / heads; num_key_value_heads: heads)
 DEFAULTS = {
     "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768},
     "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
@@ -25,8 +25,7 @@ DEFAULTS = {
     "qwen3_5_text": {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 32768},
 }
 # the families whose config class turns a null into the fallback; for the others a null fails in transformers
-NULL_IS_FALLBACK = {"head_dim": ("llama", "mistral"), "num_key_value_heads": ("qwen3", "qwen2", "llama"),
-                    "max_position_embeddings": tuple(DEFAULTS)}
+NULL_IS_FALLBACK = {"head_dim": ("llama", "mistral"), "num_key_value_heads": ("qwen3", "qwen2", "llama")}
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
 QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
 

@@ -218,9 +218,6 @@ def rope_notes(geom, seq_len: int) -> list:
     """What `train`'s default rope_scaling (auto) does at seq_len, by levers/rope's rules: nothing within the
     trained context; YaRN and its factor past it; past it over another scaled RoPE (Llama 3's), train's refusal."""
     trained = geom.trained_context
-    if not trained:
-        return ["the config gives no max_position_embeddings: train takes the model class's default as the trained "
-                "context and sets YaRN from it past that (rope_scaling auto)"]
     if seq_len <= trained:
         return []
     if problem := yarn_problem(geom.rope_type):

@@ -67,14 +67,21 @@ def test_a_config_json_the_model_cannot_have_is_refused_naming_the_file_and_the_
 
 
 def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path, monkeypatch):
-    """Legal in HF: num_key_value_heads null or absent (one KV head per head), max_position_embeddings null. Not JSON,
-    or JSON that is not an object: refused naming the file. A path that does not exist is not read as the shipped
-    geometry of its last part (the Hub spelling `org/name` of a shipped one still is)."""
+    """Legal in HF: num_key_value_heads null or absent (one KV head per head), max_position_embeddings absent (the
+    config class's default). max_position_embeddings null: refused, as transformers refuses it. Not JSON, or JSON that
+    is not an object: refused naming the file. A path that does not exist is not read as the shipped geometry of its
+    last part (the Hub spelling `org/name` of a shipped one still is)."""
     for kv in ({"num_key_value_heads": None}, {}):
-        cfg = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"} | kv | {"max_position_embeddings": None}
+        cfg = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"} | kv
         (tmp_path / "config.json").write_text(json.dumps(cfg))
         g = ModelGeometry.from_name_or_path(tmp_path)
-        assert (g.heads, g.kv_heads, g.max_position_embeddings) == (8, 8, 0)
+        assert (g.heads, g.kv_heads, g.max_position_embeddings, g.trained_context) == (8, 8, 2048, 2048)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA | {"max_position_embeddings": None}))
+    with pytest.raises(ValueError) as e:
+        ModelGeometry.from_name_or_path(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: max_position_embeddings is null, which transformers' llama "
+                            f"config cannot build; give it as a whole number >= 1, or leave the key out for its "
+                            f"default (fix the config)")
     for text, says in (('{"model_type": "llama",', "is not a JSON config"), ("[1, 2]", "is a JSON object, got a list")):
         (tmp_path / "config.json").write_text(text)
         with pytest.raises(ValueError, match=says):

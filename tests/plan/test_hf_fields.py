@@ -36,7 +36,8 @@ def hf_model(cfg: dict):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("left", [("head_dim",), ("num_key_value_heads",), ("head_dim", "num_key_value_heads")])
+@pytest.mark.parametrize("left", [("head_dim",), ("num_key_value_heads",), ("head_dim", "num_key_value_heads"),
+                                  ("max_position_embeddings",)])
 def test_keys_left_out_or_null_are_read_as_transformers_reads_them(family, left):
     """max_position_embeddings is left out throughout. Before: head_dim and num_key_value_heads left out were
     hidden / heads and one KV head per head in every family, so a Qwen3 config without them was planned at head_dim 8

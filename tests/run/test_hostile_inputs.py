@@ -64,6 +64,18 @@ def test_train_refuses_a_model_plan_refuses_in_plans_words(tmp_path, capsys):
                                          "'qwen3_5_text'] and the mixtures of experts ['qwen3_moe']")
 
 
+def test_a_null_max_position_embeddings_is_refused_by_plan_and_train_in_the_same_words(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY | {"max_position_embeddings": None}))
+    assert plan_main(["--model", str(path), "--seq_len", "128", "--gpus", "1"]) == 2
+    plan_says = capsys.readouterr().err.strip().splitlines()[-1].removeprefix("ds-longctx plan: ")
+    with pytest.raises(ValueError) as e:
+        preflight(RunConfig(model=str(path), output_dir=str(tmp_path / "out")), 1)
+    assert str(e.value) == plan_says == (f"{path}: max_position_embeddings is null, which transformers' qwen3 config "
+                                         f"cannot build; give it as a whole number >= 1, or leave the key out for its "
+                                         f"default (fix the config)")
+
+
 def test_a_broken_config_json_and_a_model_dir_without_weights_name_the_file_and_the_fix(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
