@@ -89,6 +89,24 @@ def yarn_problem(rope_type: Optional[str]) -> Optional[str]:
             "rope_parameters dict, or rope_scaling='none'")
 
 
+def rope_problem(name: str, rope_type: Optional[str], trained: int, seq_len: int,
+                 mode: Union[str, dict] = "auto") -> Optional[str]:
+    """Why rope_scaling `mode` cannot train model `name` at seq_len, or None: auto past the trained context, and yarn
+    at any length, set YaRN, which rescales only a plain RoPE or an existing YaRN (`yarn_problem`). Pure: `plan`
+    asks it before its search, `train` before any worker (the same words)."""
+    if isinstance(mode, dict) or mode == "none" or (mode == "auto" and seq_len <= trained):
+        return None
+    if yarn_problem(rope_type) is None:
+        return None
+    own = f"its config's own RoPE scaling (rope_type={rope_type!r}), which YaRN does not stack on"
+    if mode == "yarn":
+        return (f"model {name}: rope_scaling='yarn' sets YaRN over {own}; use rope_scaling 'auto' (seq_len <= "
+                f"{trained:,}), 'none', or an explicit rope_parameters dict")
+    return (f"model {name}: seq_len={seq_len:,} is past its trained context {trained:,}, where rope_scaling 'auto' "
+            f"sets YaRN over {own}; use seq_len <= {trained:,}, or set model.rope_scaling to 'none' (positions past "
+            f"{trained:,} untrained) or an explicit rope_parameters dict")
+
+
 def yarn_factor(seq_len: int, original: int) -> float:
     """F = seq_len / O rounded up to a multiple of 1 / FACTOR_STEP (the module doc), in exact integers."""
     return -(-seq_len * FACTOR_STEP // original) / FACTOR_STEP

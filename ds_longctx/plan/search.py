@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ds_longctx.config.run import lever_conflict
-from ds_longctx.levers.rope import yarn_factor, yarn_problem
+from ds_longctx.levers.rope import yarn_factor
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import local_kv_heads
 from ds_longctx.plan.geometry import as_geometry
@@ -216,13 +216,10 @@ def _notes(plan: MemoryPlan, pinned_sp: Optional[int], gpu_at, base: Levers = Le
 
 def rope_notes(geom, seq_len: int) -> list:
     """What `train`'s default rope_scaling (auto) does at seq_len, by levers/rope's rules: nothing within the
-    trained context; YaRN and its factor past it; past it over another scaled RoPE (Llama 3's), train's refusal."""
+    trained context; YaRN and its factor past it (where it cannot: plan_args refuses, levers/rope.rope_problem)."""
     trained = geom.trained_context
     if seq_len <= trained:
         return []
-    if problem := yarn_problem(geom.rope_type):
-        return [f"seq_len {seq_len:,} > the trained context {trained:,}: train refuses run.yaml's rope_scaling auto "
-                f"for this model, which {problem} (model.rope_scaling in run.yaml)"]
     return [f"seq_len {seq_len:,} > the trained context {trained:,}: train with YaRN (rope_scaling auto sets factor "
             f"{yarn_factor(seq_len, trained):g})"]
 

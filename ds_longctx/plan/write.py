@@ -37,13 +37,14 @@ import yaml
 
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
+from ds_longctx.levers.rope import rope_problem
 from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
-from ds_longctx.plan.plan_args import check_args, command_line, search_kw, tokens
+from ds_longctx.plan.plan_args import check_args, command_line, longest_fit, search_kw, tokens
 from ds_longctx.plan.planner import GB
-from ds_longctx.plan.search import MAX_SEARCH_TOKENS, Choice, NoFit, choose, find_max_len
+from ds_longctx.plan.search import Choice, NoFit, choose
 from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
@@ -99,12 +100,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
                    "launch.txt, plan.txt (and with --nodes > 1 hostfile) into")
     return p
-
-
-def hardware(a: argparse.Namespace, host: float) -> str:
-    if a.nodes == 1:
-        return f"{a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host"
-    return f"{a.nodes} nodes of {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host each"
 
 
 def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
@@ -178,11 +173,7 @@ def main(argv: list | None = None) -> int:
     seq_len = a.seq_len
     longest = ""
     if a.find_max_len:
-        seq_len = find_max_len(geom, **search_kw(a, host))
-        longest = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
-        if seq_len >= MAX_SEARCH_TOKENS:  # the search's end, not a limit this hardware reached
-            longest = (f"{geom.name} on {hardware(a, host)}: longest seq_len that fits >= {seq_len:,} tokens (the "
-                       f"search stops there; the plan below is for that length)")
+        seq_len, longest = longest_fit(geom, a, host)
         if not seq_len:  # the answer is 0: say so first, then what the shortest length would need (NoFit's fixes)
             print(longest, flush=True)
             try:
@@ -221,6 +212,8 @@ def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choic
     """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
     placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
     choice = choose(geom, seq_len, **search_kw(a, host))
+    if problem := rope_problem(geom.name, geom.rope_type, geom.trained_context, choice.plan.seq_len):
+        raise NoFit(problem, seq_len, 0, None)  # padded to a multiple of sp_size past the trained context
     return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
 
 
@@ -230,7 +223,7 @@ def regenerate_all(root: Path) -> None:
     for name, args in COMMITTED.items():
         a = parser().parse_args(args.split())
         geom, host = check_args(a)
-        seq_len = find_max_len(geom, **search_kw(a, host)) if a.find_max_len else a.seq_len
+        seq_len = longest_fit(geom, a, host)[0] if a.find_max_len else a.seq_len
         choice = plan_choice(a, geom, host, seq_len)
         write_files(root / name, choice, command_line(a, host), a, host)
         p, lv = choice.plan, choice.levers

@@ -30,7 +30,7 @@ from ds_longctx.data.synthetic import SyntheticRetrieval
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.gpu_budget import planning_gpu_gb
 from ds_longctx.levers.lora import check_model_targets
-from ds_longctx.levers.rope import apply_rope_scaling
+from ds_longctx.levers.rope import apply_rope_scaling, rope_problem
 from ds_longctx.levers.tiled_layer import check_tiled_layer
 from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses
 from ds_longctx.parallel.disk import free_bytes, size_text
@@ -53,6 +53,9 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     node (None: from the launcher's environment, `local_world_size`)."""
     geom = ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
     if problem := window_problem(cfg.model.name, geom.sliding_window, cfg.train.seq_len):
+        raise ValueError(problem)
+    if problem := rope_problem(cfg.model.name, geom.rope_type, geom.trained_context, cfg.train.seq_len,
+                               cfg.model.rope_scaling):
         raise ValueError(problem)
     if problem := weights_problem(cfg.model.name):
         raise ValueError(problem)

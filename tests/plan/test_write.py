@@ -378,10 +378,8 @@ def test_head_groups_that_hold_sp_down_are_said_so(capsys):
 
 def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monkeypatch):
     """find_max_len stops at MAX_SEARCH_TOKENS: reached, the answer is a lower bound and the line says so."""
-    from ds_longctx.plan import search
-    monkeypatch.setattr(write, "MAX_SEARCH_TOKENS", 16384)
-    real = search.find_max_len
-    monkeypatch.setattr(write, "find_max_len", lambda geom, **kw: real(geom, upper=16384, **kw))
+    from ds_longctx.plan import plan_args
+    monkeypatch.setattr(plan_args, "MAX_SEARCH_TOKENS", 16384)
     assert write.main(["--model", "qwen3-0.6b", "--find_max_len", "--gpus", "8", "--gpu_mem_gb", "141"]) == 0
     assert "longest seq_len that fits >= 16,384 tokens (the search stops there" in capsys.readouterr().out
 

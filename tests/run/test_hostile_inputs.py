@@ -76,6 +76,33 @@ def test_a_null_max_position_embeddings_is_refused_by_plan_and_train_in_the_same
                                          f"default (fix the config)")
 
 
+LLAMA31 = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 131072,
+           "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+
+
+def test_llama3_rope_past_its_trained_context_is_refused_by_plan_and_train_in_the_same_words(tmp_path, capsys):
+    from ds_longctx.cli import main
+    path = tmp_path / "llama31.json"
+    path.write_text(json.dumps(LLAMA31))
+    says = (f"model {path}: seq_len=262,144 is past its trained context 131,072, where rope_scaling 'auto' sets YaRN "
+            f"over its config's own RoPE scaling (rope_type='llama3'), which YaRN does not stack on; use seq_len <= "
+            f"131,072, or set model.rope_scaling to 'none' (positions past 131,072 untrained) or an explicit "
+            f"rope_parameters dict")
+    plan = ["--model", str(path), "--gpus", "1", "--gpu_mem_gb", "141", "--out", str(tmp_path / "plan")]
+    assert plan_main(plan + ["--seq_len", "262144"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"ds-longctx plan: {says}"
+    assert not (tmp_path / "plan").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--nproc", "1", "--model", str(path), "--seq_len", "262144", "--output_dir",
+              str(tmp_path / "out")])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == f"refused before start: {says}"
+    assert plan_main(plan + ["--find_max_len"]) == 0
+    assert "longest seq_len that fits = 131,072 tokens (searched up to the trained context: " in capsys.readouterr().out
+    assert "seq_len: 131072" in (tmp_path / "plan" / "run.yaml").read_text()
+
+
 def test_a_broken_config_json_and_a_model_dir_without_weights_name_the_file_and_the_fix(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
