@@ -54,11 +54,10 @@ def vs_plan(measured: float, planned: float) -> str:
 def check(cfg, world: int, per_node: int):
     """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
     returns the HF config. Raises ValueError."""
-    from ds_longctx import data
-    from ds_longctx.run.preflight import rope_coverage, validate
+    from ds_longctx.run.preflight import check_sources, rope_coverage, validate
     hf_cfg = validate(cfg, world, per_node)
     rope_coverage(cfg, hf_cfg)
-    data.check_data_source(cfg, hf_cfg.get_text_config().vocab_size)
+    check_sources(cfg, hf_cfg.get_text_config().vocab_size)
     return hf_cfg
 
 

@@ -183,6 +183,15 @@ def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str
     return None if problem is None else f"resume: {problem}"
 
 
+def check_sources(cfg, vocab: int) -> None:
+    """The data source and eval_data's (data/), and the synthetic task's rules (its shortest seq_len): what `train`
+    and `rehearse` ask before any process starts."""
+    data.check_data_source(cfg, vocab)
+    data.check_eval_source(cfg, vocab)
+    if "synthetic" in (cfg.data.source, cfg.eval.data):
+        SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
+
+
 def preflight(cfg, world_size: int, per_node: int | None = None):
     """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
     `validate`."""
@@ -190,11 +199,7 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
-    vocab = hf_cfg.get_text_config().vocab_size
-    data.check_data_source(cfg, vocab)
-    data.check_eval_source(cfg, vocab)
-    if "synthetic" in (cfg.data.source, cfg.eval.data):  # its rules (the shortest seq_len), before any worker
-        SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
+    check_sources(cfg, hf_cfg.get_text_config().vocab_size)
     if cfg.eval.answer_loss:
         answer_sessions(cfg, limit=1)  # eval_data holds answers (its first session that does is read)
     meta = resume.check_run_dir(cfg, world_size)

@@ -202,6 +202,20 @@ def test_gpus_or_nodes_0_are_refused_not_read_as_not_given(tmp_path, capsys, arg
     assert capsys.readouterr().err.strip().startswith(f"[rehearsal] refused: {says}")
 
 
+def test_a_length_the_synthetic_task_cannot_fill_is_refused_before_any_rank_as_train_refuses_it(tmp_path, capsys,
+                                                                                                monkeypatch):
+    """The child of a rank failed on it with a traceback."""
+    from ds_longctx.cli import main as cli_main
+    from ds_longctx.rehearsal import rehearse
+    says = "seq_len=8 is too short for 8 synthetic queries; use seq_len >= 40"
+    monkeypatch.setattr(rehearse, "run_child", lambda *a: pytest.fail("a rank started"))
+    assert rehearse.main(["--cpu", "--config", str(write_config(tmp_path)), "--seq_len", "8"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"[rehearsal] refused: {says}"
+    with pytest.raises(SystemExit) as e:
+        cli_main(["train", "--nproc", "1", "--seq_len", "8", "--output_dir", str(tmp_path / "out")])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == f"refused before start: {says}"
+
+
 def test_a_config_without_its_world_needs_gpus(tmp_path):
     res = run_cli(["rehearse", "--cpu", "--config", str(write_config(tmp_path, gpus=None))], timeout=120)
     assert res.returncode == 2
