@@ -87,3 +87,53 @@ def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before
             "a smaller model here (e.g. --model qwen3-tiny)")
     from ds_longctx.config import RunConfig
     assert preflight.cpu_model_problem(RunConfig(model="qwen3-8b", lora_rank=8, dtype="bf16"), 64e9) is None  # 16 GB
+
+
+def test_plan_train_and_rehearse_read_a_bare_name_that_is_also_a_local_folder_as_the_folder(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """`train` took the shipped preset first, `plan` the folder (config/model.resolve_model: one reading)."""
+    import json
+
+    from ds_longctx.cli import main
+    from ds_longctx.config import SHIPPED_MODELS_DIR, RunConfig
+    from ds_longctx.config.model import resolve_model
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.rehearsal.rehearse import main as rehearse_main
+    from ds_longctx.run.model import load_hf_config, random_init
+    preset = SHIPPED_MODELS_DIR / "qwen3-tiny.json"
+    (tmp_path / "qwen3-tiny").mkdir()
+    (tmp_path / "qwen3-tiny" / "config.json").write_text(
+        json.dumps(json.loads(preset.read_text()) | {"num_hidden_layers": 3}))
+    monkeypatch.chdir(tmp_path)
+    note = f"the local folder here, not the shipped preset qwen3-tiny; pass {preset} for the preset"
+    assert resolve_model("qwen3-tiny").note == note and resolve_model("./qwen3-tiny").note is None
+    assert resolve_model("qwen3-tiny").label == f"qwen3-tiny ({note})"
+    assert [ModelGeometry.from_name_or_path(m).layers for m in ("qwen3-tiny", "./qwen3-tiny", str(preset))] == [3, 3, 2]
+    assert [load_hf_config(m).num_hidden_layers for m in ("qwen3-tiny", "./qwen3-tiny", str(preset))] == [3, 3, 2]
+    assert (random_init("qwen3-tiny"), random_init(str(preset))) == (False, True)
+    assert main_exit(main, ["plan", "--model", "qwen3-tiny", "--seq_len", "1024", "--gpus", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"model qwen3-tiny: {note}"
+    weights = ("model='qwen3-tiny' holds a config.json but no weights (no model.safetensors / pytorch_model.bin, no "
+               "*.safetensors); copy the weights there, or pass qwen3-tiny/config.json to train from random init")
+    assert main_exit(main, ["train", "--nproc", "1", "--model", "qwen3-tiny", "--output_dir", "out"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"refused before start: {weights}"
+    (tmp_path / "run.yaml").write_text("model: qwen3-tiny\nseq_len: 256\ngpus_per_node: 1\n")
+    assert rehearse_main(["--cpu", "--config", "run.yaml"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"[rehearsal] refused: {weights}"
+    assert RunConfig(model=str(preset)).model.name == str(preset)
+
+
+def test_a_hub_id_is_planned_as_the_preset_of_its_shape_and_refused_by_a_run(capsys):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.config.model import resolve_model
+    assert (resolve_model("Qwen/Qwen3-8B").name, resolve_model("Qwen/Qwen3-8B").hub) == ("qwen3-8b", True)
+    with pytest.raises(ValueError, match=r"model='Qwen/Qwen3-8B' is a Hub id, which a run does not download: `hf "
+                                         r"download Qwen/Qwen3-8B --local-dir DIR` and pass DIR \(or qwen3-8b, the "
+                                         r"preset of its shape with random weights\)"):
+        RunConfig(model="Qwen/Qwen3-8B")
+
+
+def main_exit(main, argv: list) -> int:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code

@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
 
-from ds_longctx.config.model import SHIPPED_MODELS_DIR
+from ds_longctx.config.model import SHIPPED_MODELS_DIR, resolve_model
 from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan import hf_fields, layer_types
@@ -21,7 +20,6 @@ from ds_longctx.plan.layer_types import HYBRID_TYPES, HybridShape
 from ds_longctx.plan.moe_geometry import MOE_FAMILIES, MoeShape, moe_shape
 
 _DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as on the Hugging Face Hub
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ class ModelGeometry:
         file. A path that does not exist is refused, not read as the shipped geometry of its last part."""
         text = str(name_or_path)
         try:
-            p = _config_path(text)
+            p = resolve_model(text).config
         except OSError as e:  # unreadable, a name too long
             raise ValueError(f"model {text!r}: {e.strerror or e}; pass an HF config.json, its checkpoint directory or "
                              f"a shipped geometry") from None
@@ -201,24 +199,6 @@ class ModelGeometry:
             return sum(self.param_numels())
         emb = self.vocab * self.hidden
         return self.layers * self.layer_params + emb + self.hidden + (0 if self.tied_embeddings else emb)
-
-
-def _config_path(text: str) -> Path:
-    """The config.json that `text` names: a file, a directory's config.json, else a shipped geometry's (also as a
-    Hub id); ValueError naming what is there and the fix."""
-    p = Path(text)
-    if p.is_file() or (p / "config.json").is_file():
-        return p if p.is_file() else p / "config.json"
-    alias = SHIPPED_MODELS_DIR / f"{p.name.lower()}.json"  # the name given, not its config.json
-    if alias.is_file() and ("/" not in text or _HUB_ID.fullmatch(text)):
-        return alias
-    shipped = sorted(f.stem for f in SHIPPED_MODELS_DIR.glob("*.json"))
-    if p.is_dir():
-        raise ValueError(f"model {text!r} is a directory without a config.json; pass an HF checkpoint directory "
-                         f"(config.json beside its weights), a config.json file or a shipped geometry {shipped}")
-    there = "is not a regular file" if p.exists() else "does not exist"
-    raise ValueError(f"model {text!r} is neither a shipped geometry {shipped} nor a directory / file holding an HF "
-                     f"config.json" + (f" ({p} {there})" if "/" in text or p.exists() else ""))
 
 
 def as_geometry(geom) -> ModelGeometry:

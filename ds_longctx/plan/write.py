@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from ds_longctx.config import RunConfig
+from ds_longctx.config.model import resolve_model
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.rope import rope_problem
 from ds_longctx.plan.cache_placement import fastest_placement
@@ -170,6 +171,8 @@ def main(argv: list | None = None) -> int:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
     cmd = command_line(a, host)
+    if note := resolve_model(a.model).note:
+        print(f"model {a.model}: {note}", flush=True)
     seq_len = a.seq_len
     longest = ""
     if a.find_max_len:

@@ -43,6 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ds_longctx.config.model import resolve_model
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.rehearsal.world import Refused, cfg_layers, check, links, planned, vs_plan
 from ds_longctx.run.argv import parse_config
@@ -197,8 +198,9 @@ def main(argv: list | None = None) -> int:
         print(f"{PREFIX} refused: {e}", file=sys.stderr, flush=True)
         return REFUSED
     out = Path(a.out) if a.out else Path(cfg.train.output_dir) / "rehearsal.jsonl"
-    say(f"{a.config}: world {world} ({nodes} node(s) x {per_node}), sp {cfg.parallel.sp_size}, "
-        f"{cfg.train.seq_len:,} tokens; playing rank(s) {', '.join(map(str, ranks))}, {a.steps} steps each"
+    say(f"{a.config}: model {resolve_model(cfg.model.name).label}, world {world} ({nodes} node(s) x {per_node}), sp "
+        f"{cfg.parallel.sp_size}, {cfg.train.seq_len:,} tokens; playing rank(s) {', '.join(map(str, ranks))}, "
+        f"{a.steps} steps each"
         + (f"; not in a rehearsal: {', '.join(off)}" if off else ""))
     rows, failed = [], 0
     for rank in ranks:

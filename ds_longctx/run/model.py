@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ds_longctx.config import SHIPPED_MODELS_DIR
+from ds_longctx.config.model import resolve_model
 from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.parallel import fake_world
@@ -28,7 +28,7 @@ from ds_longctx.plan import layer_types
 
 def random_init(model: str) -> bool:
     """True for a geometry without weights (a shipped name or a config.json file): built and drawn, not loaded."""
-    return not Path(model).is_dir()
+    return resolve_model(model).kind != "directory"
 
 
 def load_hf_config(model: str):
@@ -37,20 +37,20 @@ def load_hf_config(model: str):
     from huggingface_hub.errors import StrictDataclassError  # transformers' typed config fields (a null, a string)
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    path = SHIPPED_MODELS_DIR / f"{model}.json"
+    src = resolve_model(model)
     try:
-        if path.is_file():  # a shipped geometry: its family's config class (Qwen3Config, Qwen3MoeConfig, ...)
-            d = json.loads(path.read_text())
+        if src.kind == "shipped":  # its family's config class (Qwen3Config, Qwen3MoeConfig, ...)
+            d = json.loads(src.config.read_text())
             cfg = CONFIG_MAPPING[d["model_type"]].from_dict(d)
-        elif Path(model).is_file():
-            d = layer_types.text_config(json.loads(Path(model).read_text()))
+        elif src.kind == "file":
+            d = layer_types.text_config(json.loads(src.config.read_text()))
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
-            cfg = AutoConfig.from_pretrained(model)
+            cfg = AutoConfig.from_pretrained(src.config.parent)
             if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
                 cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        where = model if Path(model).is_file() else str(Path(model) / "config.json")
+        where = str(src.config)
         first = " ".join(x.strip() for x in str(e).strip().splitlines())[:240]  # hub's errors span lines
         raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
                          f"replace that config.json") from None
@@ -64,9 +64,9 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # and their sharded `
 def weights_problem(model: str):
     """Why the checkpoint directory `model` cannot give `from_pretrained` its weights (None: it can, or `model` is
     not a directory): no weight file, or a shard its index names missing. Reads the index, not the weights."""
-    d = Path(model)
-    if not d.is_dir():
+    if resolve_model(model).kind != "directory":
         return None
+    d = Path(model)
     for name in WEIGHT_FILES:
         index = d / f"{name}.index.json"
         if index.is_file():
@@ -151,7 +151,7 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
         if is_path:
             from transformers.integrations import HfDeepSpeedConfig
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
-            model = cls.from_pretrained(cfg.model.name, config=hf_cfg, dtype=dtype)
+            model = cls.from_pretrained(resolve_model(cfg.model.name).config.parent, config=hf_cfg, dtype=dtype)
         else:
             with _without_hf_init(cls):
                 model = cls(hf_cfg).to(dtype)

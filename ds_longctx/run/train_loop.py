@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ds_longctx.checkpoint import layout_change, resume, run_lock
 from ds_longctx.checkpoint.layout import CheckpointError, ckpt_root, tag_for
 from ds_longctx.checkpoint.save import save
+from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
@@ -171,9 +172,9 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
+    dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
     log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
-             st.dp_size, cfg.model.name, cfg.train.seq_len, "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32",
-             start + 1, cfg.train.steps)
+             st.dp_size, resolve_model(cfg.model.name).label, cfg.train.seq_len, dtype, start + 1, cfg.train.steps)
 
 
 def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:

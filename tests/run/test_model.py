@@ -20,7 +20,9 @@ def test_a_config_file_builds_its_own_family_and_trains(tmp_path):
     hf = load_hf_config(str(cfg))
     assert type(hf).__name__ == "LlamaConfig" and model_class(hf).__name__ == "LlamaForCausalLM"
     assert (hf.hidden_size, hf.num_key_value_heads, hf.vocab_size) == (64, 2, 256)
-    assert random_init(str(cfg)) and random_init("qwen3-tiny") and not random_init(str(tmp_path))  # a dir: loaded
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    assert random_init(str(cfg)) and random_init("qwen3-tiny") and not random_init(str(tmp_path / "ckpt"))
     out = tmp_path / "run"
     res = run_cli(["train", "--nproc", "1", "--model", str(cfg), "--seq_len", "256", "--steps", "2",
                    "--output_dir", str(out)], output_dir=out)
