@@ -72,6 +72,7 @@ FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 # the Ulysses function was called
 INTERFACE_UNFLAGGED = ("qwen3_5_text",)
 LAYER_KINDS = (FULL_ATTENTION, LINEAR_ATTENTION)  # the token mixers this package runs (Ulysses around each)
+SLIDING_ATTENTION = "sliding_attention"  # run as full causal: alike within its window (plan/hf_fields.window_problem)
 
 
 def _getter(cfg):

@@ -108,6 +108,10 @@ class UlyssesAttention:
         if dropout:
             raise ValueError(f"attention dropout={dropout} is not supported; set attention_dropout=0.0")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        window, s = kwargs.get("sliding_window"), query.shape[2] * self.state.sp_size
+        if window is not None and s > window:  # full causal equals the window only within it
+            raise ValueError(f"a sliding-window layer (window {window:,}) at sequence length {s:,}: this attention is "
+                             f"full causal; use seq_len <= {window:,}, or set sliding_window null in the model config")
         group = self.state.sp_group
         slot = _slot_lookup[0](module)  # this layer's kept output (set_slot_lookup), or None
         if group is None:  # sp_size == 1: no exchange
@@ -197,10 +201,10 @@ def check_wrappable_class(model_cls, config) -> None:
                          f"(Qwen3, Llama, Mistral, ...)")
     cfg = config.get_text_config()
     kinds = set(kernel_rules.layer_types(cfg))
-    if not kinds <= set(kernel_rules.LAYER_KINDS):
+    if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
         raise ValueError(f"model {name} has layer types {sorted(kinds)}; supported are full causal attention and "
-                         f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)} (sliding-window / chunked "
-                         f"layers are not); disable sliding windows in its config")
+                         f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)}, and sliding-window layers "
+                         f"within their window (chunked layers are not); give full_attention for those layers")
     for key in ("num_attention_heads", "num_key_value_heads"):
         if not getattr(cfg, key, None):
             raise ValueError(f"model {name}'s config lacks {key}; Ulysses needs the head counts")

@@ -17,8 +17,8 @@ from ds_longctx.parallel import kernel_rules
 # transformers' config-class defaults for the keys a config.json may leave out, where they are not the planner's own
 # fallback (head_dim: hidden / heads; num_key_value_heads: heads)
 DEFAULTS = {
-    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768},
-    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096},
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096},
     "llama": {"max_position_embeddings": 2048},
     "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096},
     "qwen3_moe": {"num_key_value_heads": 4, "max_position_embeddings": 32768, "sliding_window": 4096},
@@ -74,24 +74,25 @@ def check_layer_types(cfg: dict, layers: int, where: str) -> None:
 
 
 def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[int]:
-    """The window (tokens) transformers' attention applies to every layer of this dense config, None where none:
-    Mistral's `sliding_window` (4096 where absent), Qwen3-MoE's with `use_sliding_window`. Qwen2 / Qwen3 with
-    `use_sliding_window` (the layers from `max_window_layers` on), or a `layer_types` list naming sliding_attention,
-    make some layers sliding: refused here as the engine refuses them (parallel/ulysses.check_wrappable_class)."""
+    """The window (tokens) transformers' attention applies to some or all layers of this dense config, None where
+    none: Mistral's `sliding_window` (4096 where absent) on every layer, Qwen3-MoE's with `use_sliding_window`, Qwen2 /
+    Qwen3's with it from `max_window_layers` on, or a `layer_types` list naming sliding_attention (`window_problem`
+    says up to where full causal attention trains it alike). Other layer kinds are refused."""
     use = flag(cfg, "use_sliding_window", where)
     kinds = set(kernel_rules.layer_types(cfg)) if cfg.get("layer_types") else set()
     if family in ("qwen2", "qwen3") and use and not kinds:  # Qwen2Config / Qwen3Config's own layer_types
         start = cfg.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
         if isinstance(start, bool) or not isinstance(start, int):
             raise ValueError(f"{where}: max_window_layers = {start!r} is not a whole number (fix the config)")
-        kinds = {"sliding_attention"} if cfg.get("sliding_window", 4096) is not None and layers > start else set()
-    if not kinds <= set(kernel_rules.LAYER_KINDS):
+        kinds = {kernel_rules.SLIDING_ATTENTION} if layers > start else set()
+    if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
         raise ValueError(f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx runs "
-                         f"full causal attention (and gated DeltaNet) layers, not sliding-window ones; set "
-                         f"\"use_sliding_window\": false, or full_attention for every layer in layer_types")
-    if not (family == "mistral" or (family == "qwen3_moe" and use)):
+                         f"full causal attention (and gated DeltaNet) layers; give full_attention for every layer in "
+                         f"layer_types")
+    sliding = kernel_rules.SLIDING_ATTENTION in kinds
+    if not (sliding or family == "mistral" or (family == "qwen3_moe" and use)):
         return None
-    window = cfg.get("sliding_window", DEFAULTS[family]["sliding_window"])
+    window = cfg.get("sliding_window", DEFAULTS[family].get("sliding_window", 4096))
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the config)")
     return window
@@ -104,10 +105,11 @@ def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> 
     if window is None or (seq_len is not None and seq_len <= window):
         return None
     at = f"past {window:,} tokens" if seq_len is None else f"at seq_len={seq_len:,} > {window:,}"
-    return (f"model {name} attends within a sliding window of {window:,} tokens (its config's sliding_window; "
-            f"transformers' default 4096 where the key is absent), and ds_longctx's attention is full causal: {at} it "
-            f"would train unlike its config. Set \"sliding_window\": null in its config.json to train it with full "
-            f"attention" + ("" if seq_len is None else f", or use seq_len <= {window:,}"))
+    return (f"model {name} attends within a sliding window of {window:,} tokens in some or all layers (its config's "
+            f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), "
+            f"and ds_longctx's attention is full causal, the same only within the window: {at} it would train unlike "
+            f"its config. Set \"sliding_window\": null in its config.json to train it with full attention"
+            + ("" if seq_len is None else f", or use seq_len <= {window:,}"))
 
 
 SCALED_ROPES = ("linear", "dynamic", "yarn", "llama3")  # the rope types transformers scales by `factor`

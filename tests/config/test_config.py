@@ -172,9 +172,22 @@ def test_model_whose_attention_cannot_be_wrapped():
 
     with pytest.raises(ValueError, match="does not dispatch attention through transformers' AttentionInterface"):
         ulysses.check_wrappable_class(NoInterface, cfg)
-    cfg.layer_types = ["full_attention", "sliding_attention"]
-    with pytest.raises(ValueError, match="sliding_attention.*disable sliding windows"):
+    cfg.layer_types = ["full_attention", "chunked_attention"]
+    with pytest.raises(ValueError, match="chunked_attention.*give full_attention for those layers"):
         ulysses.check_wrappable_class(type("M", (), {"_supports_attention_backend": True}), cfg)
+
+
+def test_a_sliding_window_layer_runs_full_causal_within_its_window_and_refuses_past_it():
+    import torch
+
+    from ds_longctx.parallel.parallel_state import ParallelState
+    attend = ulysses.UlyssesAttention(ParallelState.single(), 2, 2)
+    q = torch.randn(1, 2, 8, 4)
+    out, _ = attend(None, q, q, q, None, sliding_window=8)
+    assert out.shape == (1, 8, 2, 4)
+    with pytest.raises(ValueError, match=r"a sliding-window layer \(window 4\) at sequence length 8: this attention "
+                                         r"is full causal; use seq_len <= 4"):
+        attend(None, q, q, q, None, sliding_window=4)
 
 
 @pytest.mark.parametrize("seq_len", [["--seq_len", "96"], []], ids=["seq_len_divisible", "seq_len_not_divisible"])

@@ -74,9 +74,9 @@ def test_every_default_is_the_installed_transformers_one():
     ({"rope_scaling": {"type": "linear", "factor": "four"}}, "rope_type 'linear' with factor = 'four'"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": "32k"}},
      "rope original_max_position_embeddings = '32k' is not a positive integer"),
-    ({"use_sliding_window": True, "max_window_layers": 2}, "layer types ['full_attention', 'sliding_attention']: "
-                                                           "ds_longctx runs full causal attention"),
-    ({"layer_types": ["full_attention", "sliding_attention"] * 2}, "set \"use_sliding_window\": false, or "
+    ({"layer_types": ["full_attention", "chunked_attention"] * 2}, "layer types ['chunked_attention', "
+                                                                   "'full_attention']: ds_longctx runs full causal "
+                                                                   "attention (and gated DeltaNet) layers; give "
                                                                    "full_attention for every layer in layer_types"),
     # a traceback (sorting names with numbers) or a list of letters before
     ({"layer_types": [1] + ["full_attention"] * 3}, "layer_types = [1, 'full_attention', 'full_attention', "
@@ -117,6 +117,31 @@ def test_a_sliding_window_the_kernels_would_ignore_is_refused_by_plan_and_train(
     with pytest.raises(ValueError, match=says):
         validate(RunConfig(model=str(tmp_path / "config.json"), seq_len=8192), 1)
     validate(RunConfig(model=str(tmp_path / "config.json"), seq_len=4096), 1)
+
+
+@pytest.mark.parametrize("family, change", [
+    ("qwen3", {"max_window_layers": 2}), ("qwen2", {"max_window_layers": 2}), ("qwen3_moe", EXTRA["qwen3_moe"]),
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention"] * 2}),
+])
+def test_qwens_sliding_layers_train_within_their_window_and_are_refused_past_it_by_plan_and_train(
+        tmp_path, capsys, family, change):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": family, **BASE, "num_key_value_heads": 8, "use_sliding_window": True,
+                                "sliding_window": 1024, **change}))
+    argv = ["--model", str(path), "--gpus", "1", "--gpu_mem_gb", "141"]
+    assert plan_write.main(argv + ["--seq_len", "1024"]) == 0
+    validate(RunConfig(model=str(path), seq_len=1024), 1)
+    capsys.readouterr()
+    assert plan_write.main(argv + ["--seq_len", "2048"]) == 2
+    plan_says = capsys.readouterr().err.strip().splitlines()[-1].removeprefix("ds-longctx plan: ")
+    with pytest.raises(ValueError) as e:
+        validate(RunConfig(model=str(path), seq_len=2048), 1)
+    assert str(e.value) == plan_says == (
+        f"model {path} attends within a sliding window of 1,024 tokens in some or all layers (its config's "
+        f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), and "
+        f"ds_longctx's attention is full causal, the same only within the window: at seq_len=2,048 > 1,024 it would "
+        f"train unlike its config. Set \"sliding_window\": null in its config.json to train it with full attention, or "
+        f"use seq_len <= 1,024")
 
 
 def test_a_field_transformers_refuses_by_type_is_a_refusal_of_train_not_a_traceback(tmp_path):
