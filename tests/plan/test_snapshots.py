@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from ds_longctx.config import RunConfig
 from ds_longctx.rehearsal.world import planned
@@ -20,6 +21,8 @@ RECORDED = [
     ("session_2026-12-04_h200x1-20261204T1000/moe_longest", 1),
     ("session_2026-12-04_h200x1-20261204T1235/moe_longest", 1),
     ("session_2026-12-04_h200x1-20261204T1235/qwen35_longest", None),
+    ("session_2026-12-04_h200x1-20261204T1845/qwen35_longest", None),
+    ("session_2026-12-04_h200x1-20261204T1845/plan_run_qwen3.5-4b_131072", None),
 ]
 
 
@@ -32,13 +35,15 @@ def allocated_peak(run_dir) -> int:
 @pytest.mark.parametrize("where,layers", RECORDED, ids=[r[0].split("/")[-1] + "@" + r[0][-5:] for r in RECORDED])
 def test_the_plan_holds_what_the_allocator_held(where, layers, tmp_path):
     run_dir = SESSIONS / where
-    cfg = RunConfig.load(run_dir / "plan/run.yaml")
+    overrides = {}
     if layers is not None:  # benchmarks/device_job.sh's reduced model file, written again here
-        shipped = cfg.model.name.split("/")[-1].split("-reduced")[0]  # /tmp/qwen3-30b-a3b-reduced.json
+        name = yaml.safe_load((run_dir / "plan/run.yaml").read_text())["model"]["name"]
+        shipped = name.split("/")[-1].split("-reduced")[0]  # /tmp/qwen3-30b-a3b-reduced.json
         geometry = json.loads((ROOT / "ds_longctx/models" / f"{shipped}.json").read_text())
         geometry["num_hidden_layers"] = layers
         (tmp_path / "model.json").write_text(json.dumps(geometry))
-        cfg.model.name = str(tmp_path / "model.json")
+        overrides["model"] = str(tmp_path / "model.json")
+    cfg = RunConfig.load(run_dir / "plan/run.yaml", **overrides)
     p = planned(cfg, 1, 1)
     live = p.reserved_bytes - p.term("allocator_slack").gpu_bytes  # all + the peak phase
     measured = allocated_peak(run_dir)
