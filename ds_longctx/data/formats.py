@@ -20,6 +20,7 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
 ROLES = ("system", "user", "assistant", "tool")
 MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # which tokens of a tokens row train
+MASK_COLUMNS = MASK_KEYS[1:]                                   # 0/1 per token, 1: it trains
 TOKEN_KEYS = MASK_KEYS + ("attention_mask",)                   # what a tokens row may carry beside input_ids
 
 
@@ -215,17 +216,23 @@ def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional
     return None
 
 
+def folded_labels(ids: list, given: dict, masks: tuple = MASK_COLUMNS) -> list:
+    """The labels of a row: its `labels` (without: the tokens), IGNORE_INDEX where a 0/1 mask of `masks` that `given`
+    carries holds 0. The one fold of `token_labels` and the HF Trainer's (integrations/hf_data.py `fold_masks`)."""
+    labels = list(given["labels"]) if given.get("labels") is not None else list(ids)
+    for k in masks:
+        if given.get(k) is not None:
+            labels = [lab if v else IGNORE_INDEX for lab, v in zip(labels, given[k])]
+    return labels
+
+
 def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: str) -> tuple[list, list]:
-    """(input_ids, labels) of a tokens row: its `labels` (else the tokens), IGNORE_INDEX where a 0/1 mask
-    (completion_mask, assistant_masks) holds 0; train_on all: every token. A token whose `attention_mask` is 0 is
-    padding, left out. ChatError naming what is wrong (`token_problem`)."""
+    """(input_ids, labels) of a tokens row: `folded_labels`; train_on all: every token. A token whose
+    `attention_mask` is 0 is padding, left out. ChatError naming what is wrong (`token_problem`)."""
     why = token_problem(ids, given, vocab_size)
     if why:
         raise ChatError(why)
-    labels = list(ids) if train_on == "all" or "labels" not in given else list(given["labels"])
-    for k in ("completion_mask", "assistant_masks"):
-        if k in given and train_on != "all":
-            labels = [lab if v else IGNORE_INDEX for lab, v in zip(labels, given[k])]
+    labels = list(ids) if train_on == "all" else folded_labels(ids, given)
     if "attention_mask" in given:
         keep = given["attention_mask"]
         return [t for t, v in zip(ids, keep) if v], [lab for lab, v in zip(labels, keep) if v]

@@ -19,8 +19,9 @@ does. Eval: every row once per dp replica group (torch's DistributedSampler over
 the replicas out).
 
 Masks (`masked_collate`): a row's `completion_mask` / `assistant_masks` (TRL's names, 1 where a token trains) are
-folded into its `labels` before the trainer's collator sees it, so no step of the Trainer's (its unused-column
-removal, TRL's collator, which reads only `labels`) can drop them and train every token.
+folded into its `labels` (`data.formats.folded_labels`, as `ds-longctx train` folds a tokens row's) before the
+trainer's collator sees it, so no step of the Trainer's (its unused-column removal, TRL's collator, which reads only
+`labels`) can drop them and train every token.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ds_longctx.data import build_data
-from ds_longctx.data.formats import MASK_KEYS
+from ds_longctx.data.formats import MASK_COLUMNS, folded_labels
 from ds_longctx.data.rows import RowOrder, filled_row, step_samples
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
@@ -42,7 +43,6 @@ from ds_longctx.run.ranks import rank0_first
 
 ROWS_TAG = "ds_longctx token rows"  # DatasetInfo.description of `rows_dataset`'s datasets
 ROW_COLUMNS = ("input_ids", "position_ids", "labels")
-MASK_COLUMNS = tuple(k for k in MASK_KEYS if k != "labels")  # 0/1 per token, 1: it trains
 
 
 class StepSampler(Sampler):
@@ -123,16 +123,21 @@ def fold_masks(example: dict, masks: tuple) -> dict:
     present = [k for k in masks if example.get(k) is not None]
     if not present or ids is None:
         return example
-    labels = torch.as_tensor(ids if given is None else given).clone()  # [L]
     for k in present:
         mask = torch.as_tensor(example[k])
-        if mask.shape != labels.shape or not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError(f"column {k!r} is not a 0/1 list of {labels.numel()} values (one per input id): give one "
+        if mask.shape != (len(ids),) or not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"column {k!r} is not a 0/1 list of {len(ids)} values (one per input id): give one "
                              f"0 (no training) or 1 (trains) per token, or drop the column")
-        labels[mask == 0] = IGNORE_INDEX
+    given = {k: _as_list(example[k]) for k in ("labels", *present) if example.get(k) is not None}
+    labels = folded_labels(_as_list(ids), given, tuple(present))
     out = {k: v for k, v in example.items() if k not in present}
-    out["labels"] = labels if torch.is_tensor(ids) else labels.tolist()
+    src = ids if example.get("labels") is None else example["labels"]
+    out["labels"] = torch.as_tensor(labels, dtype=torch.as_tensor(src).dtype) if torch.is_tensor(ids) else labels
     return out
+
+
+def _as_list(v) -> list:
+    return v.tolist() if hasattr(v, "tolist") else list(v)
 
 
 def masked_collate(collate, masks: tuple, examples: list) -> dict:

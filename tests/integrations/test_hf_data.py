@@ -1,7 +1,8 @@
 """hf_data.py on CPU, one process: the HF Trainer's loaders read, step by step, the rows `ds-longctx train` reads
 (`TokenRows.get`, and `step_batches` under grad_accum: the references), the same rows on every SP rank of a replica
 and different rows on the dp replicas, across epochs too; eval reads every row once per replica group;
-`token_rows_dataset` holds `TokenRows.row`; mask columns fold into labels (`fold_masks`), a bad mask is refused."""
+`token_rows_dataset` holds `TokenRows.row`; mask columns fold into labels (`fold_masks`), a bad mask is refused; the
+same token rows get the same labels here as through `ds-longctx train`'s data path."""
 
 import pytest
 import torch
@@ -137,3 +138,59 @@ def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
     for short in (row, {"input_ids": [5, 6, 7, 8]}):  # labels one short: refused, with or without a mask to fold
         with pytest.raises(ValueError, match="column 'labels' holds 3 values for 4 input ids"):
             fold_masks({**short, "labels": [5, 6, 7]}, masks)
+
+
+def _documents(rows, lengths: list) -> list:
+    """The labels of the documents of `lengths`, in order, from the packed rows (padding tails skipped)."""
+    docs, want = [], list(lengths)
+    for r in range(rows.n_rows):
+        _, pos, labels = rows.row(r)
+        starts = [0] if pos is None else (pos == 0).nonzero().flatten().tolist()
+        for a, b in zip(starts, starts[1:] + [len(labels)]):
+            if want and b - a == want[0]:
+                docs.append(labels[a:b].tolist())
+                want.pop(0)
+    assert not want, f"documents of {want} tokens not found"
+    return docs
+
+
+@pytest.mark.parametrize("keys", [("labels",), ("completion_mask",), ("assistant_masks",),
+                                  ("labels", "completion_mask", "assistant_masks")])
+def test_ds_longctx_train_and_the_hf_trainer_fold_the_same_labels(tmp_path, keys):
+    """The same token rows through `ds-longctx train`'s data path (build_data, no EOS) and the HF Trainer's
+    (`_longctx_rows`' collate, lists and tensors): both give the reference written here, label (else token) where
+    every mask holds 1."""
+    import json
+    import random
+    from types import SimpleNamespace
+
+    import datasets
+
+    from ds_longctx.integrations.hf_trainer import LongCtxTrainerMixin
+    rng = random.Random(len(keys))
+    rows, want = [], []
+    for n in (7, 12, 5, 9):
+        ids = [rng.randrange(4, 500) for _ in range(n)]
+        row = {"input_ids": ids}
+        for k in keys:  # the last token trains: the data path refuses a row with no trained target
+            row[k] = [rng.choice([-100, t]) for t in ids[:-1]] + [ids[-1]] if k == "labels" else \
+                [rng.randint(0, 1) for _ in ids[:-1]] + [1]
+        rows.append(row)
+        base = row.get("labels", ids)
+        want.append([lab if all(row[k][j] for k in keys if k != "labels") else -100 for j, lab in enumerate(base)])
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RunConfig(data=str(path), seq_len=L, data_layout="pack", shuffle=False, add_eos=False,
+                    data_cache_dir=str(tmp_path / "cache"))
+    assert _documents(build_data(cfg, load_hf_config("qwen3-tiny"), 1), [len(r["input_ids"]) for r in rows]) == want
+    trainer = SimpleNamespace(args=SimpleNamespace(), data_collator=list,
+                              _get_collator_with_removed_columns=lambda c, description: c)
+    for dataset in (datasets.Dataset.from_list(rows), datasets.Dataset.from_list(rows).with_format("torch")):
+        dataset, collate = LongCtxTrainerMixin._longctx_rows(trainer, dataset, "training")
+        folded = collate([dataset[j] for j in range(len(rows))])
+        assert [_as_list(e["labels"]) for e in folded] == want
+        assert all(set(e) == {"input_ids", "labels"} for e in folded)
+
+
+def _as_list(v) -> list:
+    return v.tolist() if torch.is_tensor(v) else v
