@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ds_longctx.data.code_facts import KINDS, facts_of
 from ds_longctx.data.scan import DataError
-from ds_longctx.data.session_chat import SYSTEM, TOOLS, Renderer, token_at, tool_call, trained_tokens
+from ds_longctx.data.session_chat import SYSTEM, TOOLS, Renderer, token_at, tool_call, trained_run
 
 FINAL_QUESTIONS = 3
 QA_BUDGET = 256          # tokens of a question and its answer, at most
@@ -76,6 +76,7 @@ class _Session:
     messages: list
     tokens: int = 0
     trained: int = 0
+    runs: list = field(default_factory=list)      # [first, end) of each assistant turn's trained tokens
     reads: list = field(default_factory=list)
     keys: dict = field(default_factory=dict)      # fact key -> files read so far holding it
     asked: set = field(default_factory=set)
@@ -137,9 +138,11 @@ class SessionMaker:
     def _add(self, s: _Session, m: dict, tools=None) -> None:
         piece, enc = self.ren.message(m, tools)
         s.messages.append(m)
-        s.tokens += len(enc.ids)
         if m["role"] == "assistant":
-            s.trained += trained_tokens(piece, enc)
+            a, b = trained_run(piece, enc)
+            s.trained += b - a
+            s.runs.append([s.tokens + a, s.tokens + b])
+        s.tokens += len(enc.ids)
 
     def _cost(self, *messages) -> int:
         return sum(len(self.ren.message(m)[1].ids) for m in messages)
@@ -283,4 +286,5 @@ class SessionMaker:
                             f"--only names) or raise --min_tokens")
         return {"name": name, "tools": TOOLS, "messages": s.messages,
                 "meta": {"tokens": s.tokens, "target_tokens": target, "trained_tokens": s.trained,
+                         "trained_runs": s.runs,
                          "files_read": len(s.reads), "answers": s.answers}}

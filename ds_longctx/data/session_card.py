@@ -20,6 +20,7 @@ from ds_longctx.data.code_facts import KINDS
 from ds_longctx.data.session_builder import FINAL_QUESTIONS, MIN_DISTANCE, margin
 from ds_longctx.data.session_chat import CHAT_SPECIALS, TOOLS
 from ds_longctx.data.stdlib_corpus import SPECIALS
+from ds_longctx.data.tokenize import untrained_windows
 
 DISTANCE_EDGES = [0] + [1024 * 4 ** k for k in range(6)]  # [0, 1k), [1k, 4k), ... [256k, 1M), [1M, ...)
 TEMPLATE = ("ChatML: <|im_start|>ROLE\\n...<|im_end|>, tools in the system turn, tool calls as <tool_call> JSON "
@@ -42,6 +43,21 @@ def bucket_counts(values: list, edges: list = DISTANCE_EDGES) -> list:
 def bucket_index(v: int, edges: list = DISTANCE_EDGES) -> int:
     """The bucket k of `v`: edges[k] <= v < edges[k + 1]; the last is open."""
     return max(k for k, e in enumerate(edges) if v >= e)
+
+
+def split_windows(meta: list) -> list:
+    """Per seq_len L (powers of two from 1024, below the longest session + EOS): the sessions longer than L, their
+    windows of L under data.truncate split and those with no trained token (`tokenize.untrained_windows`)."""
+    import numpy as np
+    trained = [np.concatenate([np.arange(a, b) for a, b in m["trained_runs"]] or [np.zeros(0, np.int64)])
+               for m in meta]
+    out, L = [], 1024
+    while L < max(m["tokens"] for m in meta) + 1:
+        counts = [untrained_windows(m["tokens"] + 1, t, L) for m, t in zip(meta, trained) if m["tokens"] + 1 > L]
+        out.append({"seq_len": L, "sessions": len(counts), "windows": sum(w for w, _ in counts),
+                    "untrained": sum(e for _, e in counts)})
+        L *= 2
+    return out
 
 
 def session_card(rows: list, files: list, source: str, python: str, vocab: int, args) -> dict:
@@ -67,6 +83,10 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
         "trained_tokens": {**trained, "share": round(trained["total"] / sum(tokens), 4),
                            "rule": "the tokens of the assistant turns' generation blocks, as HF's assistant mask "
                                    "marks them"},
+        "split_windows": {"by_seq_len": split_windows(meta),
+                          "rule": "a session (with the EOS training appends) longer than seq_len is cut into windows "
+                                  "of seq_len (data.truncate: split, pack's default), each its own document; a window "
+                                  "whose tokens after its first hold no trained token trains nothing"},
         "answers": {"count": len(answers), "per_session": _stats([len(m["answers"]) for m in meta]),
                     "by_kind": {k: sum(a["kind"] == k for a in answers) for k in KINDS},
                     "rule": f"after a read the user may ask about a file read earlier, its evidence at least "
@@ -119,6 +139,12 @@ def session_card_markdown(c: dict) -> str:
     for k, n in enumerate(d["counts"]):
         hi = size_name(edges[k + 1]) if k + 1 < len(edges) else "..."
         lines.append(f"| {size_name(edges[k])} - {hi} | {n} |")
+    w = c["split_windows"]
+    lines += ["", "## Windows of a session longer than seq_len", "", f"{w['rule'][0].upper()}{w['rule'][1:]}.", "",
+              "| seq_len | sessions longer | windows | windows with no trained token |",
+              "| ---: | ---: | ---: | ---: |"]
+    lines += [f"| {x['seq_len']:,} | {x['sessions']} | {x['windows']:,} | {x['untrained']:,} |"
+              for x in w["by_seq_len"]]
     lines += ["", "## Sessions", "", "| session | tokens | target | trained | messages | files read | answers | "
               "farthest answer (tokens back) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {s['name']} | {s['tokens']:,} | {s['target_tokens']:,} | {s['trained_tokens']:,} | {s['messages']} "

@@ -90,9 +90,11 @@ class Renderer:
         return self.tok.apply_chat_template(messages, tools=tools, tokenize=False)
 
 
-def trained_tokens(piece: str, enc) -> int:
-    """The tokens of an assistant piece that its generation block covers (what HF's assistant mask marks)."""
+def trained_run(piece: str, enc) -> tuple[int, int]:
+    """[first, end) of the tokens of an assistant piece that its generation block covers (what HF's assistant mask
+    marks: one run)."""
     if not (piece.startswith(ASSISTANT_HEAD) and piece.endswith("<|im_end|>\n")):
         raise AssertionError(f"an assistant piece of CHAT_TEMPLATE has another shape: {piece[:60]!r}")
     a, b = len(ASSISTANT_HEAD), len(piece) - 1
-    return sum(1 for s, e in enc.offsets if e > a and s < b)
+    marked = [j for j, (s, e) in enumerate(enc.offsets) if e > a and s < b]
+    return marked[0], marked[-1] + 1

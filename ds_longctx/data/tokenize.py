@@ -233,9 +233,33 @@ def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L:
     return ids, labels, "", cut
 
 
+def untrained_windows(n_tokens: int, trained, L: int) -> tuple[int, int]:
+    """(windows, those with no trained target) of a document of `n_tokens` cut into windows of L (truncate split:
+    window k is tokens [kL, (k+1)L), its own document, so its first token is no target); `trained`: the indices of
+    the tokens whose label trains."""
+    import numpy as np
+    t = np.asarray(trained, np.int64)
+    windows = -(-n_tokens // L)
+    return windows, windows - len(np.unique(t[t % L != 0] // L))
+
+
+def _split_windows(tokenized, lengths, L: int) -> tuple[int, int, int]:
+    """(documents longer than L, their windows of L, those with no trained target): `untrained_windows`."""
+    import numpy as np
+    col = tokenized.data.column("labels")
+    long = np.flatnonzero(lengths > L)
+    windows = empty = 0
+    for i in long.tolist():
+        labels = col[i].values.to_numpy(zero_copy_only=False)
+        w, e = untrained_windows(len(labels), np.flatnonzero(labels != IGNORE_INDEX), L)
+        windows, empty = windows + w, empty + e
+    return len(long), windows, empty
+
+
 def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
     """Refuse the rows tokenization marked bad naming file and line (or count them with data.skip_bad_rows); log the
-    trained tokens per document (min, median, max) and their share of all tokens. Returns the skipped rows."""
+    trained tokens per document (min, median, max), their share of all tokens and, under truncate split, the windows
+    that hold no trained target (they train nothing). Returns the skipped rows."""
     import numpy as np
     import pyarrow.compute as pc
     bad_col = tokenized.data.column("bad")
@@ -260,6 +284,11 @@ def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
     lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_numpy(zero_copy_only=False)
     real = trained[lengths > 0]
     if len(real):
-        log.info("data: trained tokens per document min %d, median %d, max %d; %.1f%% of all %d tokens", real.min(),
-                 int(np.median(real)), real.max(), 100 * real.sum() / max(int(lengths.sum()), 1), int(lengths.sum()))
+        L = cfg.train.seq_len
+        split = _split_windows(tokenized, lengths, L) if cut_rule(cfg) == "split" else (0, 0, 0)
+        windows = f"; {split[2]} of the {split[1]} windows of the {split[0]} documents longer than seq_len={L} " \
+                  f"(data.truncate: split) hold no trained token and train nothing" if split[0] else ""
+        log.info("data: trained tokens per document min %d, median %d, max %d; %.1f%% of all %d tokens%s", real.min(),
+                 int(np.median(real)), real.max(), 100 * real.sum() / max(int(lengths.sum()), 1), int(lengths.sum()),
+                 windows)
     return skipped_before + len(bad)

@@ -1,7 +1,8 @@
 """`ds-longctx data prepare --sessions` on a few small stdlib modules: the same seed gives the same bytes; every tool
 result is the file (listing, search) it says; every answer quotes a fact of its evidence message, at the distance
 recorded, recomputed here from the whole session's tokens; ds_longctx's own data pipeline trains exactly the tokens
-HF's assistant mask marks (never tool output); bad options are refused with exit 2; a tiny model trains on them."""
+HF's assistant mask marks (never tool output); the card's windows that train nothing are the mask's; bad options
+are refused with exit 2; a tiny model trains on them."""
 
 import ast
 import json
@@ -170,6 +171,39 @@ def test_the_pipeline_trains_exactly_the_assistant_turns(sessions, tok, tmp_path
             if m["role"] == "tool":
                 a, b = starts[k], starts[k] + len(m["content"])
                 assert all(labels[t] == -100 for t, (s, e) in enumerate(enc["offset_mapping"]) if e > a and s < b)
+
+
+def test_the_card_counts_the_windows_that_train_nothing(sessions, tok, tmp_path, caplog):
+    """Each session's trained_runs are the runs of HF's assistant mask; the card's windows of a split session with no
+    trained token, per seq_len, are those of the reference labels (HF's mask, + EOS) cut here; the training log at
+    seq_len 1024 says the card's count."""
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data import build_data
+    from ds_longctx.run.model import load_hf_config
+    labels = []
+    for row in rows_of(sessions):
+        hf = tok.apply_chat_template(row["messages"], tools=row["tools"], tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+        mask = list(hf["assistant_masks"]) + [0]  # the EOS training appends does not train here
+        starts = [j for j, m in enumerate(mask) if m and (j == 0 or not mask[j - 1])]
+        ends = [j for j in range(1, len(mask)) if mask[j - 1] and not mask[j]]
+        assert row["meta"]["trained_runs"] == [list(r) for r in zip(starts, ends)]
+        labels.append(mask)
+    card = json.loads((sessions / "data_card.json").read_text())["split_windows"]["by_seq_len"]
+    assert [x["seq_len"] for x in card] == [1024, 2048, 4096, 8192]
+    for x in card:
+        n = x["seq_len"]
+        cut = [[m[k:k + n] for k in range(0, len(m), n)] for m in labels if len(m) > n]
+        assert x == {"seq_len": n, "sessions": len(cut), "windows": sum(map(len, cut)),
+                     "untrained": sum(not any(w[1:]) for c in cut for w in c)}
+    assert 0 < card[0]["untrained"] < card[0]["windows"]
+    assert f"| 1,024 | 3 | {card[0]['windows']} | {card[0]['untrained']} |" in (sessions / "data_card.md").read_text()
+    cfg = RunConfig(**{"data": str(sessions), "tokenizer": str(sessions / "tokenizer"), "seq_len": 1024,
+                       "data_layout": "pack", "data_cache_dir": str(tmp_path / "cache")})
+    with caplog.at_level("INFO", logger="ds_longctx"):
+        build_data(cfg, load_hf_config("qwen3-tiny"), 1)
+    assert f"; {card[0]['untrained']} of the {card[0]['windows']} windows of the 3 documents longer than " \
+           f"seq_len=1024" in caplog.text
 
 
 def test_sessions_of_a_prepared_corpus_read_its_files_with_its_tokenizer(tmp_path):

@@ -10,6 +10,7 @@ import torch
 
 from ds_longctx.config import RunConfig
 from ds_longctx.data import DataError, build_data
+from ds_longctx.data.tokenize import untrained_windows
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
 from tests.helpers import CHATML, chat_template, make_chat_tokenizer
@@ -202,6 +203,39 @@ def test_two_sessions_packed_in_one_row_keep_their_masks_and_boundaries(toks, hf
     assert batch.input_ids[0, :n].tolist() == a[0] + b[0] and batch.labels[0, :n].tolist() == a[1] + b[1]
     assert batch.position_ids[0, :n].tolist() == list(range(len(a[0]))) + list(range(len(b[0])))
     assert (batch.labels[0, n:] == IGNORE_INDEX).all()
+
+
+def test_windows_of_a_split_session_that_train_nothing_are_counted(toks, hf_cfg, tmp_path, caplog):
+    """A session of 166 tokens (a long tool result in the middle) split into windows of 64: the log counts the windows
+    whose labels (less their first, no target) are all ignored, as the reference labels written here say, and as many
+    documents of the packed rows train nothing."""
+    paths, tok = toks
+    session = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"},
+               {"role": "tool", "content": " ".join(["w7"] * 150)}, {"role": "assistant", "content": "w3"}]
+    short = [{"role": "user", "content": "w4"}, {"role": "assistant", "content": "w5"}]
+    path = write(tmp_path / "long.jsonl", [{"messages": session}, {"messages": short}])
+    with caplog.at_level("INFO", logger="ds_longctx"):
+        rows = batch_of(path, paths["gen"], hf_cfg, tmp_path)
+    names = [S, "user", "w1", E, S, "assistant", "w2", E, S, "tool"] + ["w7"] * 150 + [E, S, "assistant", "w3", E]
+    _, labels = expected(tok, names, marks((names[:6], 0), (names[6:8], 1), (names[8:-2], 0), (names[-2:], 1)))
+    windows = [labels[k:k + L] for k in range(0, len(labels), L)]
+    empty = sum(all(v == IGNORE_INDEX for v in w[1:]) for w in windows)
+    assert (len(labels), len(windows), empty) == (166, 3, 1)
+    assert untrained_windows(130, [64], L) == (3, 3) and untrained_windows(130, [65], L) == (3, 2)  # a first: no target
+    assert f"; {empty} of the {len(windows)} windows of the 1 documents longer than seq_len={L} (data.truncate: " \
+           f"split) hold no trained token and train nothing" in caplog.text
+    untrained = 0
+    for r in range(rows.n_rows):
+        ids, pos, lab = rows.row(r)
+        starts = [0] if pos is None else (pos == 0).nonzero().flatten().tolist()
+        for a, b in zip(starts, starts[1:] + [L]):
+            real = (ids[a:b] != rows.pad_id).any()
+            untrained += bool(real and (lab[a + 1:b] == IGNORE_INDEX).all())
+    assert untrained == empty
+    with caplog.at_level("INFO", logger="ds_longctx"):
+        caplog.clear()
+        batch_of(path, paths["gen"], hf_cfg, tmp_path, truncate="head")
+    assert "trained tokens per document" in caplog.text and "hold no trained token" not in caplog.text
 
 
 BAD = {  # name: (the bad second row, its tokenizer, extra config, what the refusal says)
