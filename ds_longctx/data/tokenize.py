@@ -33,13 +33,16 @@ def tokenizer_path(cfg) -> Optional[str]:
 
 def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
     """The tokenizer directory of a run of `model`: `tokenizer` when given, else the model directory when it holds
-    one (a local HF checkpoint), else None."""
+    one, else None. A model directory is one with a config.json, as config.model.resolve_model reads a name."""
     if tokenizer:
         return tokenizer
     p = Path(model)
-    if p.is_dir() and any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if (p / "config.json").is_file() and any((p / f).is_file() for f in TOKENIZER_FILES):
         return str(p)
     return None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def load_tokenizer(cfg, vocab_size: int):

@@ -155,3 +155,22 @@ def test_synthetic_queries_look_at_least_90_percent_back(fused):
     assert b.labels is not None and int((b.labels != IGNORE_INDEX).sum()) == 2 * 4
     # the default task is what test_ulysses and the demo have always used
     assert torch.equal(SyntheticRetrieval(64, 512).batch(0, 1, 0, 1)[0], SyntheticRetrieval(64, 512).sample(0)[0])
+
+
+def test_a_runs_tokenizer_is_the_given_one_else_its_model_directorys(tmp_path, monkeypatch):
+    """tokenizer_of: a given tokenizer first; else a model directory's own (one with a config.json, the directory
+    config.model.resolve_model loads); a folder with tokenizer files but no config.json is no model directory, and a
+    preset has no tokenizer."""
+    from ds_longctx.config.model import resolve_model
+    from ds_longctx.data.tokenize import tokenizer_of
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "qwen3-tiny").mkdir()  # a preset's name, tokenizer files, no config.json
+    (tmp_path / "qwen3-tiny" / "tokenizer.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text('{"model_type": "qwen3"}')
+    (ckpt / "tokenizer_config.json").write_text("{}")
+    assert tokenizer_of("tok/", str(ckpt)) == "tok/"
+    assert tokenizer_of(None, str(ckpt)) == str(ckpt) and resolve_model(str(ckpt)).kind == "directory"
+    assert tokenizer_of(None, "qwen3-tiny") is None and resolve_model("qwen3-tiny").kind == "shipped"
+    assert tokenizer_of(None, str(tmp_path / "gone")) is None
