@@ -27,7 +27,7 @@ from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.memory_terms import adapters
 from ds_longctx.plan.moe_terms import moe_lever_problem
 from ds_longctx.plan.planner import check_headroom
-from ds_longctx.plan.search import MAX_SEARCH_TOKENS, find_max_len
+from ds_longctx.plan.search import MAX_SEARCH_TOKENS, find_max_len, hardware
 
 MAX_GPUS_PER_NODE, MAX_NODES = 1024, 1_000_000  # past any machine; the search's fixes try divisors of these
 
@@ -127,20 +127,15 @@ def _check_out_path(out: str, p: Path) -> None:
         raise ValueError(f"--out {out}: {up} is not writable here; give a directory you can write to")
 
 
-def hardware(a: argparse.Namespace, host: float) -> str:
-    if a.nodes == 1:
-        return f"{a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host"
-    return f"{a.nodes} nodes of {a.gpus} x {a.gpu_mem_gb:g} GB GPUs + {host:g} GB host each"
-
-
 def longest_fit(geom, a: argparse.Namespace, host: float) -> tuple:
     """(--find_max_len's length, its line): the longest that fits, searched up to the longest train's rope_scaling
     auto takes (`rope_problem`: past the trained context of a RoPE YaRN cannot rescale), else MAX_SEARCH_TOKENS."""
     capped = rope_problem(geom.name, geom.rope_type, geom.trained_context, geom.trained_context + 1)
     seq_len = find_max_len(geom, upper=geom.trained_context if capped else MAX_SEARCH_TOKENS, **search_kw(a, host))
-    line = f"{geom.name} on {hardware(a, host)}: longest seq_len that fits = {seq_len:,} tokens"
+    machine = hardware(a.gpus, a.gpu_mem_gb, host, a.nodes)
+    line = f"{geom.name} on {machine}: longest seq_len that fits = {seq_len:,} tokens"
     if seq_len >= MAX_SEARCH_TOKENS:  # the search's end, not a limit this hardware reached
-        line = (f"{geom.name} on {hardware(a, host)}: longest seq_len that fits >= {seq_len:,} tokens (the search "
+        line = (f"{geom.name} on {machine}: longest seq_len that fits >= {seq_len:,} tokens (the search "
                 f"stops there; the plan below is for that length)")
     elif capped and seq_len + 1024 > geom.trained_context:
         line += f" (searched up to the trained context: {capped})"

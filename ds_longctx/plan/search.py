@@ -266,6 +266,12 @@ def _every_lever(geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Le
     return best, sp, groups, params
 
 
+def hardware(gpus: int, gpu_mem_gb: float, host_mem_gb: float, nodes: int = 1) -> str:
+    """The machine in words, as plans and refusals name it."""
+    each = f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host"
+    return each if nodes == 1 else f"{nodes} nodes of {each} each"
+
+
 def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float, headroom: float,
             sp_size: Optional[int], base: Levers, nodes: int, knobs) -> NoFit:
     """`choose`'s refusal: what every lever needs, the longest length that fits, and each change that would fit."""
@@ -278,9 +284,8 @@ def _no_fit(geom, seq_len: int, gpus: int, gpu_mem_gb: float, host_mem_gb: float
 
     def fits(n, gb, hb, m=nodes, b=base) -> bool:  # a pinned sp_size must divide n (SP groups stay in a node)
         return not (sp_size and n % sp_size) and _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
-    hardware = (f"{gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host" if nodes == 1 else
-                f"{nodes} nodes of {gpus} x {gpu_mem_gb:g} GB GPUs + {host_mem_gb:g} GB host each")
-    lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {hardware} (x headroom {headroom:g}). Every lever on "
+    machine = hardware(gpus, gpu_mem_gb, host_mem_gb, nodes)
+    lines = [f"{geom.name} at seq_len={seq_len:,} does not fit {machine} (x headroom {headroom:g}). Every lever on "
              f"(sp_size={sp}, tiled {'layer' if tiled_layer_allowed(geom, base) else 'MLP'}, the attention backward "
              f"over {groups} KV-head group(s), all {geom.layers} checkpoints and {offloaded} offloaded) needs "
              f"{best.gpu_peak_bytes / GB:.1f} GB/GPU and {best.host_peak_bytes / GB:.1f} GB host"
