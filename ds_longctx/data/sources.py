@@ -22,8 +22,9 @@ __all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_r
 log = logging.getLogger("ds_longctx")
 
 FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: a tokenizer loads
 # what a tokenizer or model directory holds (passed as data by mistake)
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
+_TOKENIZER_FILES = (*TOKENIZER_FILES, "special_tokens_map.json")
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 PREPARED_CARD = "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/prepare.py)
 

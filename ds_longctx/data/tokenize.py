@@ -20,7 +20,7 @@ from typing import Optional
 
 from ds_longctx.data import chat, formats
 from ds_longctx.data.scan import MAX_NAMED
-from ds_longctx.data.sources import DataError, locate_rows
+from ds_longctx.data.sources import TOKENIZER_FILES, DataError, locate_rows
 from ds_longctx.parallel.units import IGNORE_INDEX
 
 log = logging.getLogger("ds_longctx")
@@ -40,9 +40,6 @@ def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
     if (p / "config.json").is_file() and any((p / f).is_file() for f in TOKENIZER_FILES):
         return str(p)
     return None
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def load_tokenizer(cfg, vocab_size: int):
