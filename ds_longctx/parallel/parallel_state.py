@@ -69,7 +69,7 @@ def sp_size_problem(sp_size: int, world_size: int, num_heads: Optional[int] = No
 
 
 def divisors(n: int) -> list:
-    """The divisors of n >= 1, ascending, in O(sqrt(n)) (a config's 2^40 heads listed as 1..n did not finish)."""
+    """The divisors of n >= 1, ascending, in O(sqrt(n)): a config may give any head count."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
 

@@ -56,7 +56,7 @@ MAX_LAYERS = 10_000  # past any published model (~100 layers): the plan holds on
 
 
 def check_layer_count(layers: int, where: str) -> int:
-    """`layers`, refused past MAX_LAYERS (a config of 10^12 layers ran the planner out of memory)."""
+    """`layers`, refused past MAX_LAYERS (the plan holds one entry per layer: memory grows with the count)."""
     if layers > MAX_LAYERS:
         raise ValueError(f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
                          f"the planner lays out (published ones have about 100); fix the config")
