@@ -7,8 +7,8 @@
 #   4: carry [".flab"]                    COMMIT=<sha> STAGES="..." bash benchmarks/device_job.sh start
 #   5..: no carry                         WAIT_S=240 bash benchmarks/device_job.sh wait   (until rc appears)
 # The machine is given back after 30 s without a call, and the detached job dies with it: make each call right after
-# the last returns (read what came back while the next wait runs). Twice a wait of 420-560 s was followed by a fresh
-# machine although the next call came at once; waits of 240 s have held a lease to its end: keep them that short.
+# the last returns (read what came back while the next wait runs). Keep waits at 240 s: after waits of 420 s and
+# more the next call, made at once, can find a fresh machine (benchmarks/results/sessions/README.md, T1845).
 # Without FLA, call 4 is `COMMIT=<sha> STAGES="..." NO_FLA=1 bash benchmarks/device_job.sh start` (no carry).
 # answer_loss on sessions prepared here (the same bytes, no device minute spent on them): `ds-longctx data prepare
 # --sessions 40 --out .alsess --min_tokens 131072 --max_tokens 262144` (~1 min; .alsess listed in .git/info/exclude),
