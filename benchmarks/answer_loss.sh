@@ -9,10 +9,11 @@
 #   3. train at SEQ_LEN (sessions longer than it cut into windows, shorter ones packed, `pack` layout) for STEPS
 #      steps; the held-out sessions forwarded whole before step 1 and every EVAL_EVERY steps: answer_loss.jsonl
 #
-# One H200 with the wheels installed (bash .whl/install.sh). At 131,072 tokens a step takes ~12.4 s with every layer's
-# attention output kept (CACHE=all; attention-bound: FlashAttention 4's forward and backward of 28 layers are ~10.7 s
-# of it), so 100 steps take ~21 min: start it
-# detached and collect every call:
+# One H200 with the wheels installed (bash .whl/install.sh). At 131,072 tokens a step of one whole-row document takes
+# ~12.4 s with every layer's attention output kept (CACHE=all; attention-bound: FlashAttention 4's forward and backward
+# of 28 layers are ~10.7 s of it); packed session windows 10.2 s on average, so 100 steps, tokenizing and 3
+# evaluations take ~21 min (sessions/session_2026-12-04_h200x1-20261204T2115/answer_loss_h200): start it detached and
+# collect every call:
 #   RES=/tmp/res/answer_loss RUN_DIR=/tmp/al launch/detach.sh bash benchmarks/answer_loss.sh
 #   RUN_DIR=/tmp/al launch/wait.sh 540; tar czf $OUT/res.tgz -C /tmp/res answer_loss
 # Knobs (env): STEPS (100), SEQ_LEN (131072), EVAL_EVERY (STEPS/2: start, middle, end), EVAL_ROWS (4), LR (5e-4),
