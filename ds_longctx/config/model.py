@@ -55,10 +55,22 @@ class ModelConfig(Section):
         return src.name
 
 
+CONFIG_FILE_MAX = 16 * 2**20  # bytes: a config.json is kilobytes; a larger file (weights) is not read
+
+
+def read_config_json(p: Path):
+    """The JSON value of the config file `p` (any name, as from_pretrained takes it); ValueError where it is larger
+    than CONFIG_FILE_MAX or not JSON text."""
+    size = p.stat().st_size
+    if size > CONFIG_FILE_MAX:
+        raise ValueError(f"{p} is {size:,} bytes: larger than any config.json ({CONFIG_FILE_MAX:,} at most)")
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
 def _check_config_file(v: str, p: Path) -> None:
     """A config file given as the model is JSON with a model_type; else ValueError naming the fix."""
     try:
-        ok = p.suffix == ".json" and isinstance(json.loads(p.read_text()).get("model_type"), str)
+        ok = isinstance(read_config_json(p).get("model_type"), str)
     except (ValueError, AttributeError):
         ok = False
     if not ok:

@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
 
-from ds_longctx.config.model import SHIPPED_MODELS_DIR, resolve_model
+from ds_longctx.config.model import SHIPPED_MODELS_DIR, read_config_json, resolve_model
 from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan import hf_fields, layer_types
@@ -109,8 +108,8 @@ class ModelGeometry:
                              f"a shipped geometry") from None
         name = p.stem if p.parent == SHIPPED_MODELS_DIR else text
         try:
-            cfg = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+            cfg = read_config_json(p)
+        except (OSError, ValueError) as e:
             raise ValueError(f"model {text!r}: {p} is not a JSON config ({e}); pass an HF config.json, its checkpoint "
                              f"directory or a shipped geometry") from None
         return cls.from_config(cfg, name=name, source=str(p) if p.parent != SHIPPED_MODELS_DIR else "")

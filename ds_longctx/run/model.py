@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ds_longctx.config.model import resolve_model
+from ds_longctx.config.model import read_config_json, resolve_model
 from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.parallel import fake_world
@@ -43,7 +43,7 @@ def load_hf_config(model: str):
             d = json.loads(src.config.read_text())
             cfg = CONFIG_MAPPING[d["model_type"]].from_dict(d)
         elif src.kind == "file":
-            d = layer_types.text_config(json.loads(src.config.read_text()))
+            d = layer_types.text_config(read_config_json(src.config))
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
             cfg = AutoConfig.from_pretrained(src.config.parent)

@@ -1,5 +1,7 @@
 """Run config and up-front validation: bad input is refused before any work, naming the value and the fix."""
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -8,8 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.config.model import CONFIG_FILE_MAX
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import check_sp_size, local_world_size, valid_sp_sizes
+from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.preflight import validate
 from tests.helpers import ROOT, cpu_env, run_cli
@@ -319,15 +323,25 @@ def test_fa4_is_gated_by_head_dim(monkeypatch):
 
 
 def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
-    """model: an HF config.json file (random init, like a shipped geometry); a JSON file without a model_type, or a
-    file that is not JSON, is refused naming what it needs."""
-    good = tmp_path / "llama.json"
-    good.write_text('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}')
-    assert RunConfig(model=str(good)).model.name == str(good)
+    """model: an HF config.json file of any name (random init, like a shipped geometry), read alike by the config and
+    the planner; a JSON file without a model_type, a file that is not JSON, or one too large to be a config (not read)
+    is refused naming what it needs."""
+    for name in ("llama.json", "llama.cfg"):  # any file name, as from_pretrained and the planner take it
+        good = tmp_path / name
+        good.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}))
+        assert RunConfig(model=str(good)).model.name == str(good)
+        assert ModelGeometry.from_name_or_path(good).hidden == 64
+    big = tmp_path / "model.safetensors"  # sparse: its size says it is no config, nothing of it is read
+    big.write_text('{"model_type": "llama"}')
+    os.truncate(big, CONFIG_FILE_MAX + 1)
+    with pytest.raises(ValueError, match="larger than any config.json"):
+        ModelGeometry.from_name_or_path(big)
     for name, text in (("weights.json", '{"hidden_size": 64}'), ("list.json", "[1, 2]"), ("bad.json", "{not json"),
-                       ("notes.txt", "x")):
+                       ("notes.txt", "x"), ("model.safetensors", None)):
         p = tmp_path / name
-        p.write_text(text)
+        if text is not None:
+            p.write_text(text)
         with pytest.raises(ValidationError) as e:
             RunConfig(model=str(p))
         assert f"model='{p}' is a file but not an HF config.json" in format_validation_error(e.value)
