@@ -49,7 +49,7 @@ RUNS = ("trl_sft", "train", "lora")
 def make_corpus(d: Path, tokens: int, n_words: int) -> tuple[Path, Path]:
     """A tokenizer over n_words words and a folder of text files holding at least `tokens` of them."""
     sys.path.insert(0, str(ROOT))
-    from tests.helpers import documents, make_tokenizer, write_txt_dir
+    from tests.corpus import documents, make_tokenizer, write_txt_dir
     tok = make_tokenizer(d / "tok", n_words=n_words)
     per_doc = 20_000
     n_docs = tokens // per_doc + 2

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cpu_env, documents, make_tokenizer, run_cli, tiny_config, torchrun, write_jsonl
+from tests.corpus import documents, make_tokenizer, write_jsonl
+from tests.helpers import ROOT, cpu_env, run_cli, tiny_config, torchrun
 from tests.test_docs import DOCS
 
 pytestmark = pytest.mark.slow

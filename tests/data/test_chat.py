@@ -13,7 +13,7 @@ from ds_longctx.data import DataError, build_data
 from ds_longctx.data.tokenize import untrained_windows
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
-from tests.helpers import CHATML, chat_template, make_chat_tokenizer
+from tests.corpus import CHATML, chat_template, make_chat_tokenizer
 
 L = 64
 TOOLS = [{"type": "function", "function": {"name": "w50", "parameters": {}}}]

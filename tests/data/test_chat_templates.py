@@ -9,7 +9,7 @@ import pytest
 
 from ds_longctx.data.chat import ChatError, session_tokens
 from ds_longctx.parallel.units import IGNORE_INDEX
-from tests.helpers import bpe_tokenizer
+from tests.corpus import bpe_tokenizer
 
 LLAMA = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 MISTRAL = ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",

@@ -13,7 +13,7 @@ from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
 from ds_longctx.parallel.sharding import shard_batch
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
-from tests.helpers import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
+from tests.corpus import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
 
 L = 32
 

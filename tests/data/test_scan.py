@@ -12,7 +12,8 @@ from ds_longctx.data import build_data, check_data_source
 from ds_longctx.data.scan import json_documents
 from ds_longctx.data.synthetic import EOS
 from ds_longctx.run.model import load_hf_config
-from tests.helpers import SPECIALS, documents, make_tokenizer, read_metrics, run_cli, token_ids, write_parquet
+from tests.corpus import SPECIALS, documents, make_tokenizer, token_ids, write_parquet
+from tests.helpers import read_metrics, run_cli
 
 L = 32
 BOOK_WORD = "w" + "x" * 99  # one vocabulary word of 100 characters: an 11 MB line of ~110k tokens tokenizes fast

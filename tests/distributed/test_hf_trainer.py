@@ -15,21 +15,9 @@ import sys
 
 import pytest
 
+from tests.corpus import chat_template, documents, make_chat_tokenizer, make_tokenizer, write_txt_dir
 from tests.data.test_chat import SESSION, TOOLS
-from tests.helpers import (
-    ROOT,
-    chat_template,
-    cpu_env,
-    documents,
-    free_port,
-    make_chat_tokenizer,
-    make_tokenizer,
-    read_metrics,
-    rel_err,
-    run_cli,
-    torchrun,
-    write_txt_dir,
-)
+from tests.helpers import ROOT, cpu_env, free_port, read_metrics, rel_err, run_cli, torchrun
 
 pytestmark = pytest.mark.slow
 STEP1, STEP2 = 1e-5, 1e-4  # fp32 rel: the step-1 loss, the step-2 loss (after one optimizer step)

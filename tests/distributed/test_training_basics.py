@@ -9,7 +9,8 @@ import pytest
 
 from ds_longctx.config import RunConfig
 from ds_longctx.plan.lr_schedule import lr_factor
-from tests.helpers import read_metrics, rel_err, run_cli, text_run_args, token_ids
+from tests.corpus import token_ids
+from tests.helpers import read_metrics, rel_err, run_cli, text_run_args
 
 pytestmark = pytest.mark.slow
 RUN = ["--model", "qwen3-tiny", "--seq_len", "64", "--sp_size", "2", "--dtype", "fp32", "--steps", "3",
@@ -64,7 +65,7 @@ def test_every_metrics_line_has_the_basics_and_tensorboard_holds_them(accumulate
 
 
 def test_epochs_run_two_passes_over_the_rows(tmp_path):
-    from tests.helpers import documents
+    from tests.corpus import documents
     args = text_run_args(tmp_path / "data")
     tokens = sum(len(ids) + 1 for ids in token_ids(documents(120, seed=1)))  # + EOS per document
     rows = tokens // 64  # concat: rows of seq_len

@@ -22,7 +22,7 @@ from ds_longctx.integrations.hf_data import (
 )
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.run.model import load_hf_config
-from tests.helpers import documents, make_tokenizer, write_jsonl
+from tests.corpus import documents, make_tokenizer, write_jsonl
 
 L = 32
 

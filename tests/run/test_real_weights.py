@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_tokenizer, read_metrics, rel_err, run_cli, tiny_config, words, write_jsonl
+from tests.corpus import make_tokenizer, words, write_jsonl
+from tests.helpers import read_metrics, rel_err, run_cli, tiny_config
 
 pytestmark = pytest.mark.slow
 SEQ = 64
