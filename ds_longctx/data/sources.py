@@ -72,6 +72,9 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
         raise DataError(f"data={data!r} does not exist; pass an existing .txt/.jsonl/.json/.parquet file or a "
                         f"directory of them (or data: synthetic)")
     _not_a_corpus(data, p)
+    if not (p.is_file() or p.is_dir()):  # a device, a pipe, a socket: nothing to read twice
+        raise DataError(f"data={data!r} is neither a regular file nor a directory; pass a .txt/.jsonl/.json/.parquet "
+                        f"file or a directory of them")
     if p.is_file():
         files = [p]
     else:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ds_longctx.checkpoint.layout import CheckpointError
+from ds_longctx.checkpoint.resume import check_output_dir
 from tests.corpus import documents, make_tokenizer, token_ids, write_jsonl, write_parquet
 from tests.helpers import ROOT, free_port, refused, run_cli, run_module
 
@@ -59,6 +61,7 @@ def data_kw(files, name, **kw):
     ("list.jsonl", ["list.jsonl", "JSON list, not an object", "one"]),
     ("mixed", ["mixed", "mixes formats", "['json', 'parquet']", "split the"]),
     ("empty_dir", ["empty_dir", "empty directory", "put .txt"]),
+    ("/dev/zero", ["'/dev/zero' is neither a regular file nor a directory"]),  # endless: never read
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_bad_data_files(files, tmp_path, name, fragments):
     refused(tmp_path / "out", fragments, **data_kw(files, name))
@@ -152,6 +155,13 @@ def test_output_dir_is_a_file(files):
 
 def test_output_dir_under_a_file(files):
     refused(files["dir"] / "a_file" / "run", ["a_file", "cannot be created", "is a file", "another output_dir"])
+
+
+@pytest.mark.parametrize("out, says", [("/", "is the filesystem root"), ("~", "is your home directory")])
+def test_output_dir_that_is_the_root_or_home_is_refused(out, says):
+    """The check `refused`'s preflight runs (test_output_dir_not_writable), asked alone: a snapshot of / is no test."""
+    with pytest.raises(CheckpointError, match=f"output_dir={out!r} {says}; give the run a directory of its own"):
+        check_output_dir(out)
 
 
 def test_output_dir_not_writable(tmp_path):
