@@ -87,6 +87,11 @@ def check_output_dir(output_dir: str) -> None:
     p = Path(output_dir).expanduser()
     if p.exists() and not p.is_dir():
         raise CheckpointError(f"output_dir={output_dir!r} is a file; choose a directory path for the run")
+    here = p.resolve()
+    if here in (Path(here.anchor), Path.home().resolve()):  # the run's files would litter it
+        what = "your home directory" if here == Path.home().resolve() else "the filesystem root"
+        raise CheckpointError(f"output_dir={output_dir!r} is {what}; give the run a directory of its own, e.g. "
+                              f"runs/NAME")
     anc = p
     while not anc.exists():
         anc = anc.parent
