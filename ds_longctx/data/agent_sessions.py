@@ -8,7 +8,8 @@ DIR gets train.jsonl (one session a line: {"name", "tools", "messages", "meta"};
 is made), tokenizer/ (a PreTrainedTokenizerFast carrying session_chat.CHAT_TEMPLATE, with `{% generation %}` markers)
 and the data card (data_card.md, data_card.json, and data_card.png where matplotlib is installed). Written as --stdlib
 writes (stdlib_corpus.write_corpus): everything under DIR.partial, renamed to DIR at the end. `--data DIR` trains on
-train.jsonl; its `meta` is for evaluation and the trainer never reads it.
+train.jsonl; its `meta` is for evaluation and the trainer never reads it. Sessions that would not fit the memory
+they are built in, or the free space of --out, are refused before anything is read (`check_session_room`).
 
 Files: without --corpus, the standard library's .py files as --stdlib reads them (`stdlib_corpus.read_files`), each
 in the group of its document, and a byte-level BPE of `vocab_size` ids trained on them (`train_tokenizer`), the chat's
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 # transformers is imported where the tokenizer is made (seconds at import).
 import json
+import math
 import re
 import sys
 import sysconfig
@@ -43,9 +45,12 @@ from ds_longctx.data.stdlib_corpus import (
     train_tokenizer,
     write_corpus,
 )
+from ds_longctx.parallel.disk import free_bytes, size_text
 
 MIN_TOKENS = 2048        # the shortest session asked for, at least
 MAX_TOKENS = 1 << 24
+BYTES_PER_TOKEN = 4.2    # train.jsonl bytes per session token (the committed 32,000-id cards: 4.12 and 4.16)
+HELD_COPIES = 3          # the sessions are held in memory as rows, their JSON text and its bytes before writing
 _HEADER = re.compile(r"^# file: (\S+\.py)\n", re.M)
 
 
@@ -60,6 +65,7 @@ def check_session_args(args) -> Path:
         raise DataError(f"--max_tokens {args.max_tokens} must be in [{lowest_max(args.min_tokens)}, {MAX_TOKENS}] "
                         f"with --min_tokens {args.min_tokens} (room for the last questions and the margin a session "
                         f"is built to); raise --max_tokens or lower --min_tokens")
+    check_session_room(args)
     if args.corpus is not None:
         c = Path(args.corpus)
         if not ((c / "data_card.json").is_file() and (c / "train.jsonl").is_file() and (c / "tokenizer").is_dir()):
@@ -68,6 +74,23 @@ def check_session_args(args) -> Path:
     else:
         check_vocab_size(args.vocab_size, len(SPECIALS) + len(CHAT_SPECIALS))
     return check_prepare_dir(args.out, "train.jsonl, tokenizer/ and the data card")
+
+
+def check_session_room(args) -> None:
+    """Refuse (DataError) a request whose sessions would not fit this machine's available memory, where they are
+    built, or the free space of --out: the mean of the log-uniform target lengths, BYTES_PER_TOKEN, HELD_COPIES."""
+    import psutil
+    low, high = lowest_max(args.min_tokens), args.max_tokens
+    mean = (high - low) / math.log(high / low) if high > low else low  # tokens per session
+    size = args.sessions * mean * BYTES_PER_TOKEN
+    ram, free = psutil.virtual_memory().available, free_bytes(args.out)
+    what = f"--sessions {args.sessions:,} of ~{mean:,.0f} tokens on average are ~{size_text(size)} of train.jsonl"
+    if size * HELD_COPIES > ram:
+        raise DataError(f"{what}, built in memory (~{size_text(size * HELD_COPIES)}), and this machine has "
+                        f"{size_text(ram)} available; write fewer sessions or lower --max_tokens")
+    if free is not None and size > free:
+        raise DataError(f"{what}, and {args.out!r} has {size_text(free)} free; write fewer sessions, lower "
+                        f"--max_tokens or choose an --out with more space")
 
 
 def _keep(text: str) -> bool:

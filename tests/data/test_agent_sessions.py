@@ -234,6 +234,7 @@ def test_sessions_of_a_prepared_corpus_read_its_files_with_its_tokenizer(tmp_pat
     (["--vocab_size", "260"], "--vocab_size 260 must be > 263 (the bytes and the 7 special tokens)"),
     (["--stdlib"], "data prepare needs one source"),
     (["--sessions", "x"], "argument --sessions: invalid int value: 'x'"),
+    (["--sessions", "1000000000"], "--sessions 1,000,000,000 of ~"),  # then the memory it needs and has
 ])
 def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, capsys, bad, says):
     from ds_longctx import cli
