@@ -24,7 +24,7 @@
 # On CPU, the check that it runs: BASE_MODEL=qwen3-tiny DTYPE=fp32 SEQ_LEN=2048 STEPS=4 N_SESSIONS=6 MIN_TOKENS=8192
 # MAX_TOKENS=16384 RES=/tmp/al_cpu bash benchmarks/answer_loss.sh
 # Writes to $RES: log.txt, data_card.md, model_config.json, run.yaml, metrics.jsonl, eval_curve.jsonl,
-# answer_loss.jsonl; notebooks/answer_loss.ipynb plots the last (RUN_DIR=$RES).
+# answer_loss.jsonl, answer_loss_answers.jsonl; notebooks/answer_loss.ipynb plots the last (RUN_DIR=$RES).
 set -euo pipefail
 RES=${RES:-${OUT:?set OUT or RES}}
 WORK=${WORK:-/tmp/answer_loss}
@@ -67,7 +67,7 @@ python3 -m ds_longctx.cli train --nproc 1 --model "$WORK/model.json" --dtype "$D
 rc=${PIPESTATUS[0]}
 set -e
 echo "train: exit $rc, $((SECONDS - t0)) s" | tee -a "$LOG"
-for f in run.yaml metrics.jsonl eval_curve.jsonl answer_loss.jsonl; do
+for f in run.yaml metrics.jsonl eval_curve.jsonl answer_loss.jsonl answer_loss_answers.jsonl; do
   [[ -f "$WORK/run/$f" ]] && cp "$WORK/run/$f" "$RES/"
 done
 exit "$rc"

@@ -7,11 +7,14 @@ far back? One JSON line per distance bucket per evaluation, in `<output_dir>/ans
     lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
     lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
     -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
+    buckets, each = answer_loss_both(losses, sessions, step)     # and one line per answer (`answer_lines`)
 
 Per answer: the mean CE of predicting the tokens of its quoted value (data/answer_spans.py: tokens a .. b - 1, so the
 losses at row indices a - 1 .. b - 2), the session forwarded whole as one row (no EOS, no packing, no window).
 Per bucket: `mean_loss` is the mean of its answers' means (each answer counts once, whatever its length); `tokens`
-the answer tokens summed.
+the answer tokens summed. Per answer (`<output_dir>/answer_loss_answers.jsonl`): its session, message, kind of fact,
+distance and bucket, `position` (the row index of its value's first token: past the training seq_len, a position
+training never reached), `tokens` and `loss`, so the buckets can be read by kind and by position.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE
 from ds_longctx.data.answer_spans import BUCKETS, answer_spans
 
 
@@ -111,14 +114,27 @@ def bucket_lines(answers: list, step: int) -> list:
     return lines
 
 
+def answer_lines(answers: list, step: int) -> list:
+    """One line per answer (module doc), in session and message order."""
+    return [{"step": step, "session": x["session"], "message": x["message"], "kind": x["kind"],
+             "distance_tokens": x["distance_tokens"], "bucket": x["bucket"], "position": x["tokens"][0],
+             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"]} for x in answers]
+
+
 def answer_loss(losses, sessions: list, step: int) -> list:
     """The bucket lines of `sessions`' answers at `step` (module doc)."""
     return bucket_lines(per_answer(losses, sessions), step)
 
 
+def answer_loss_both(losses, sessions: list, step: int) -> tuple:
+    """(the bucket lines, the answer lines) of `sessions`' answers at `step`, from one forward of each session."""
+    answers = per_answer(losses, sessions)
+    return bucket_lines(answers, step), answer_lines(answers, step)
+
+
 def answer_loss_lines(engine, cfg):
-    """`lines(step)`: the bucket lines of eval_data's first eval_rows sessions under `engine` at `step` (every rank
-    gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
+    """`lines(step)`: (the bucket lines, the answer lines) of eval_data's first eval_rows sessions under `engine` at
+    `step` (every rank gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
     from transformers import AutoTokenizer
 
     from ds_longctx.data.tokenize import tokenizer_path
@@ -126,17 +142,18 @@ def answer_loss_lines(engine, cfg):
     tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
     sessions = session_spans(tok, rows)  # rendered and tokenized once, read at every evaluation
     losses = engine_losses(engine)
-    return lambda step: answer_loss(losses, sessions, step)
+    return lambda step: answer_loss_both(losses, sessions, step)
 
 
 def answer_loss_writer(engine, cfg):
-    """`write(step)`: `answer_loss_lines` at `step`, appended by rank 0 to `<output_dir>/answer_loss.jsonl`.
-    Collective."""
+    """`write(step)`: `answer_loss_lines` at `step`, appended by rank 0 to `<output_dir>/answer_loss.jsonl` and
+    `answer_loss_answers.jsonl`. Collective."""
     from ds_longctx.run.evaluate import append_jsonl
-    lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir) / ANSWER_LOSS_FILE
+    lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)
 
     def write(step: int) -> None:
-        got = lines(step)
+        buckets, each = lines(step)
         if engine.state.rank == 0:
-            append_jsonl(out, *got)
+            append_jsonl(out / ANSWER_LOSS_FILE, *buckets)
+            append_jsonl(out / ANSWERS_FILE, *each)
     return write

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, CURVE_FILE, METRICS_FILE, loadable
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, CURVE_FILE, METRICS_FILE, loadable
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.parallel.parallel_state import init_distributed
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---------------------------------------------------------------- evaluate, write, say
     result = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)
-    answers = answer_loss_lines(engine, cfg)(meta["step"]) if cfg.eval.answer_loss else []  # collective
+    answers = answer_loss_lines(engine, cfg)(meta["step"]) if cfg.eval.answer_loss else ([], [])  # collective
     unwritten = [write_lines(result, answers, out, tag_dir, meta, cfg) if rank == 0 else None]
     run_lock.release_all()
     if torch.distributed.is_initialized():
@@ -152,11 +152,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
-def write_lines(result, answers: list, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
-    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and its `answers` lines (if any)
-    in answer_loss.jsonl, then the loss said. Returns None, or the one line saying what could not be written (a full
-    disk, a permission) and the metrics line itself."""
+def write_lines(result, answers: tuple, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
+    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `answers` (bucket lines,
+    answer lines; empty without --answer_loss) in answer_loss.jsonl and answer_loss_answers.jsonl, then the loss
+    said. Returns None, or the one line saying what could not be written (a full disk, a permission) and the metrics
+    line itself."""
     extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
+    answers, each = answers
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +166,7 @@ def write_lines(result, answers: list, out: Path, tag_dir: Path, meta: dict, cfg
         append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
         if answers:
             append_jsonl(out / ANSWER_LOSS_FILE, *({**x, **extra} for x in answers))
+            append_jsonl(out / ANSWERS_FILE, *({**x, **extra} for x in each))
     except OSError as e:
         return (f"eval_loss {result.loss:.6f} at step {meta['step']} of {tag_dir}, but its lines were not all written "
                 f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; make {out} "
@@ -171,7 +174,7 @@ def write_lines(result, answers: list, out: Path, tag_dir: Path, meta: dict, cfg
     print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
           f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}"
           + (f"; answer loss of {sum(x['answers'] for x in answers)} answers in {len(answers)} distance buckets in "
-             f"{out / ANSWER_LOSS_FILE}" if answers else ""), flush=True)
+             f"{out / ANSWER_LOSS_FILE} (each answer in {ANSWERS_FILE})" if answers else ""), flush=True)
     return None
 
 

@@ -275,6 +275,8 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
     assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in ref], rel=1e-5)
     assert [(x["bucket"], x["answers"], x["tokens"]) for x in got] == [(x["bucket"], x["answers"], x["tokens"])
                                                                        for x in ref]
+    each = read_metrics(out, "answer_loss_answers.jsonl")  # the answers the bucket lines average, at both steps
+    assert [x["step"] for x in each] == [0] * (n := sum(x["answers"] for x in got)) + [2] * n
 
 
 def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessions, trained, tmp_path):
@@ -291,6 +293,11 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessi
     assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in want], rel=1e-6)
     assert [x["mean_loss"] for x in got] != pytest.approx(untrained, rel=1e-3)  # the step-2 weights were loaded
     assert all(x["checkpoint"].endswith("step2") and x["eval_data"] == str(sessions) for x in got)
+    want_each = [x for x in read_metrics(trained, "answer_loss_answers.jsonl") if x["step"] == 2]
+    got_each = read_metrics(tmp_path, "answer_loss_answers.jsonl")
+    assert [(x["session"], x["message"], x["position"]) for x in got_each] == \
+           [(x["session"], x["message"], x["position"]) for x in want_each]
+    assert [x["loss"] for x in got_each] == pytest.approx([x["loss"] for x in want_each], rel=1e-6)
     assert [m["step"] for m in read_metrics(tmp_path)] == [2] and "answer loss of " in res.stdout
 
 

@@ -69,3 +69,22 @@ def test_bucket_lines_count_the_meta_distances(sessions, model, tmp_path):
     assert {x["bucket"]: x["answers"] for x in lines} == {b: n for b, n in zip(BUCKETS, counts) if n}
     assert all(x["step"] == 7 and x["tokens"] >= x["answers"] and x["mean_loss"] > 0 for x in lines)
     json.dumps(lines)
+
+
+def test_answer_lines_are_the_answers_the_bucket_lines_average(sessions, model):
+    """answer_loss_both: one line per answer (its span's start and length, kind, loss), whose per-bucket means and
+    counts are the bucket lines."""
+    from ds_longctx.run.answer_loss import answer_loss_both, hf_losses, per_answer, read_sessions, session_spans
+    d, tok = sessions
+    spans = session_spans(tok, read_sessions(d))
+    buckets, each = answer_loss_both(hf_losses(model), spans, step=3)
+    ref = per_answer(hf_losses(model), spans)
+    assert [(x["session"], x["message"], x["kind"], x["position"], x["tokens"]) for x in each] == \
+           [(r["session"], r["message"], r["kind"], r["tokens"][0], r["tokens"][1] - r["tokens"][0]) for r in ref]
+    assert [x["loss"] for x in each] == pytest.approx([r["loss"] for r in ref], rel=1e-6)
+    for b in buckets:
+        mine = [x for x in each if x["bucket"] == b["bucket"]]
+        assert len(mine) == b["answers"] and sum(x["tokens"] for x in mine) == b["tokens"]
+        assert sum(x["loss"] for x in mine) / len(mine) == pytest.approx(b["mean_loss"], rel=1e-9)
+    assert all(x["step"] == 3 for x in each) and len({x["kind"] for x in each}) > 1
+    json.dumps(each)
