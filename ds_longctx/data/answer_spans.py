@@ -3,6 +3,7 @@ answer-to-evidence distance bucket (run/answer_loss.py measures the loss there).
 
     ids, spans = answer_spans(tok, row)   # ids: the rendered session's tokens (what training reads, less its EOS)
     spans[k] = {"message", "kind", "distance_tokens", "bucket", "tokens": [a, b]}
+    row = without_evidence(row)           # the same session, every answer's evidence blanked (the control)
 
 Span: tokens a .. b - 1 of `ids` cover the quoted value (`meta["answers"][k]["answer_chars"]` of the answer's content),
 found through the tokenizer's character offsets on the whole rendering; a token that straddles the value's edge is in.
@@ -10,6 +11,8 @@ Buckets: `DISTANCE_EDGES` of the data card, named "0-1k", "1k-4k", ... "256k-1M"
 """
 
 from __future__ import annotations
+
+import re
 
 from ds_longctx.data.session_card import DISTANCE_EDGES, bucket_index, size_name
 from ds_longctx.data.session_chat import Renderer, token_at
@@ -39,3 +42,18 @@ def answer_spans(tok, row: dict) -> tuple:
         spans.append({"message": f["message"], "kind": f["kind"], "distance_tokens": f["distance_tokens"],
                       "bucket": BUCKETS[bucket_index(f["distance_tokens"])], "tokens": span})
     return list(enc.ids), spans
+
+
+def without_evidence(row: dict) -> dict:
+    """`row` with every answer's evidence (its `evidence_chars` in its tool message's content) blanked to spaces,
+    newlines kept: the session in which the answers must be given without their facts. Every other message, and so
+    every answer's value and characters, is unchanged."""
+    msgs = [dict(m) for m in row["messages"]]
+    for f in row["meta"]["answers"]:
+        m, (a, b) = msgs[f["evidence_message"]], f["evidence_chars"]
+        if not isinstance(m.get("content"), str) or not 0 <= a <= b <= len(m["content"]):
+            raise ValueError(f"{row.get('name')}: the evidence of the answer in message {f['message']} is not "
+                             f"characters {f['evidence_chars']} of message {f['evidence_message']}'s text; prepare "
+                             f"the sessions again")
+        m["content"] = m["content"][:a] + re.sub(r"[^\n]", " ", m["content"][a:b]) + m["content"][b:]
+    return {**row, "messages": msgs}

@@ -7,7 +7,8 @@ far back? One JSON line per distance bucket per evaluation, in `<output_dir>/ans
     lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
     lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
     -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
-    buckets, each = answer_loss_both(losses, sessions, step)     # and one line per answer (`answer_lines`)
+    buckets, each = answer_loss_both(losses, sessions, step, control)  # and one line per answer; control: the
+                                                                 # sessions without evidence (`control_spans`)
 
 Per answer: the mean CE of predicting the tokens of its quoted value (data/answer_spans.py: tokens a .. b - 1, so the
 losses at row indices a - 1 .. b - 2), the session forwarded whole as one row (no EOS, no packing, no window).
@@ -15,6 +16,10 @@ Per bucket: `mean_loss` is the mean of its answers' means (each answer counts on
 the answer tokens summed. Per answer (`<output_dir>/answer_loss_answers.jsonl`): its session, message, kind of fact,
 distance and bucket, `position` (the row index of its value's first token: past the training seq_len, a position
 training never reached), `tokens` and `loss`, so the buckets can be read by kind and by position.
+
+The control: each session again with every answer's evidence blanked (answer_spans.without_evidence), its answers
+scored alike: `loss_without_evidence` per answer, `mean_loss_without_evidence` per bucket. The loss a model reaches
+from the question, the kind of fact and the format alone; what the evidence saves is the difference.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 from pathlib import Path
 
 from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE
-from ds_longctx.data.answer_spans import BUCKETS, answer_spans
+from ds_longctx.data.answer_spans import BUCKETS, answer_spans, without_evidence
 
 
 def read_sessions(path, limit: int | None = None) -> list:
@@ -91,6 +96,11 @@ def session_spans(tok, rows: list) -> list:
     return [(row.get("name"), *answer_spans(tok, row)) for row in rows]
 
 
+def control_spans(tok, rows: list) -> list:
+    """`session_spans` of the rows with their evidence blanked (module doc: the control)."""
+    return session_spans(tok, [without_evidence(row) for row in rows])
+
+
 def per_answer(losses, sessions: list) -> list:
     """Every answer's span (`session_spans`) with `loss`, the mean CE over its value's tokens, and `session`."""
     out = []
@@ -111,6 +121,8 @@ def bucket_lines(answers: list, step: int) -> list:
             lines.append({"step": step, "bucket": name, "answers": len(got),
                           "tokens": sum(x["tokens"][1] - x["tokens"][0] for x in got),
                           "mean_loss": sum(x["loss"] for x in got) / len(got)})
+            if "loss_without_evidence" in got[0]:
+                lines[-1]["mean_loss_without_evidence"] = sum(x["loss_without_evidence"] for x in got) / len(got)
     return lines
 
 
@@ -118,7 +130,9 @@ def answer_lines(answers: list, step: int) -> list:
     """One line per answer (module doc), in session and message order."""
     return [{"step": step, "session": x["session"], "message": x["message"], "kind": x["kind"],
              "distance_tokens": x["distance_tokens"], "bucket": x["bucket"], "position": x["tokens"][0],
-             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"]} for x in answers]
+             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"],
+             **({"loss_without_evidence": x["loss_without_evidence"]} if "loss_without_evidence" in x else {})}
+            for x in answers]
 
 
 def answer_loss(losses, sessions: list, step: int) -> list:
@@ -126,9 +140,14 @@ def answer_loss(losses, sessions: list, step: int) -> list:
     return bucket_lines(per_answer(losses, sessions), step)
 
 
-def answer_loss_both(losses, sessions: list, step: int) -> tuple:
-    """(the bucket lines, the answer lines) of `sessions`' answers at `step`, from one forward of each session."""
+def answer_loss_both(losses, sessions: list, step: int, control: list | None = None) -> tuple:
+    """(the bucket lines, the answer lines) of `sessions`' answers at `step`, from one forward of each session;
+    with `control` (`control_spans` of the same rows), each answer's loss without its evidence too."""
     answers = per_answer(losses, sessions)
+    if control is not None:
+        for x, c in zip(answers, per_answer(losses, control), strict=True):
+            assert (x["session"], x["message"]) == (c["session"], c["message"]), (x, c)
+            x["loss_without_evidence"] = c["loss"]
     return bucket_lines(answers, step), answer_lines(answers, step)
 
 
@@ -140,9 +159,9 @@ def answer_loss_lines(engine, cfg):
     from ds_longctx.data.tokenize import tokenizer_path
     rows = answer_sessions(cfg)
     tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
-    sessions = session_spans(tok, rows)  # rendered and tokenized once, read at every evaluation
+    sessions, control = session_spans(tok, rows), control_spans(tok, rows)  # tokenized once, read at every eval
     losses = engine_losses(engine)
-    return lambda step: answer_loss_both(losses, sessions, step)
+    return lambda step: answer_loss_both(losses, sessions, step, control)
 
 
 def answer_loss_writer(engine, cfg):

@@ -268,11 +268,13 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
     lines = read_metrics(out, "answer_loss.jsonl")
     assert sorted({x["step"] for x in lines}) == [0, 2] and all(x["answers"] > 0 for x in lines)
-    from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions, session_spans
+    from ds_longctx.run.answer_loss import answer_loss_both, control_spans, hf_losses, read_sessions, session_spans
     from tests.helpers import tiny_model
-    ref = answer_loss(hf_losses(tiny_model().eval()), session_spans(tok, read_sessions(sessions)[:1]), 0)
+    rows = read_sessions(sessions)[:1]
+    ref, _ = answer_loss_both(hf_losses(tiny_model().eval()), session_spans(tok, rows), 0, control_spans(tok, rows))
     got = [x for x in lines if x["step"] == 0]
-    assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in ref], rel=1e-5)
+    for key in ("mean_loss", "mean_loss_without_evidence"):
+        assert [x[key] for x in got] == pytest.approx([x[key] for x in ref], rel=1e-5)
     assert [(x["bucket"], x["answers"], x["tokens"]) for x in got] == [(x["bucket"], x["answers"], x["tokens"])
                                                                        for x in ref]
     each = read_metrics(out, "answer_loss_answers.jsonl")  # the answers the bucket lines average, at both steps
@@ -290,7 +292,8 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessi
     got = read_metrics(tmp_path, "answer_loss.jsonl")
     assert [(x["step"], x["bucket"], x["answers"], x["tokens"]) for x in got] == \
            [(x["step"], x["bucket"], x["answers"], x["tokens"]) for x in want]
-    assert [x["mean_loss"] for x in got] == pytest.approx([x["mean_loss"] for x in want], rel=1e-6)
+    for key in ("mean_loss", "mean_loss_without_evidence"):
+        assert [x[key] for x in got] == pytest.approx([x[key] for x in want], rel=1e-6)
     assert [x["mean_loss"] for x in got] != pytest.approx(untrained, rel=1e-3)  # the step-2 weights were loaded
     assert all(x["checkpoint"].endswith("step2") and x["eval_data"] == str(sessions) for x in got)
     want_each = [x for x in read_metrics(trained, "answer_loss_answers.jsonl") if x["step"] == 2]

@@ -1,6 +1,6 @@
 """Answer loss by distance (run/answer_loss.py) on two tiny sessions: each answer's span covers exactly its quoted
 value's tokens, its loss is a plain HF forward's F.cross_entropy over those tokens, and the buckets count the meta's
-distances as the data card buckets them."""
+distances as the data card buckets them; the control scores the same answers with their evidence blanked."""
 
 import json
 
@@ -88,3 +88,56 @@ def test_answer_lines_are_the_answers_the_bucket_lines_average(sessions, model):
         assert sum(x["loss"] for x in mine) / len(mine) == pytest.approx(b["mean_loss"], rel=1e-9)
     assert all(x["step"] == 3 for x in each) and len({x["kind"] for x in each}) > 1
     json.dumps(each)
+
+
+def test_without_evidence_blanks_exactly_each_answers_evidence(sessions):
+    """The control's sessions: every answer's evidence characters turned to spaces (newlines kept), nothing else."""
+    from ds_longctx.data.answer_spans import without_evidence
+    from ds_longctx.run.answer_loss import read_sessions
+    d, _ = sessions
+    for row in read_sessions(d):
+        before = json.dumps(row)
+        blank = without_evidence(row)
+        assert json.dumps(row) == before  # the row itself untouched
+        spans = {}
+        for f in row["meta"]["answers"]:
+            spans.setdefault(f["evidence_message"], []).append(f["evidence_chars"])
+        assert spans and all(row["messages"][k]["role"] == "tool" for k in spans)
+        for k, (m, n) in enumerate(zip(row["messages"], blank["messages"], strict=True)):
+            if k not in spans:
+                assert n == m
+                continue
+            inside = [any(a <= i < b for a, b in spans[k]) for i in range(len(m["content"]))]
+            assert n["content"] == "".join(" " if x and c != "\n" else c for c, x in zip(m["content"], inside))
+            assert all(not n["content"][a:b].strip() for a, b in spans[k])
+
+
+def test_the_control_scores_each_answer_on_its_session_without_evidence(sessions, model):
+    """loss_without_evidence: plain CE over the answer's value tokens of the blanked session as the chat template
+    renders it; the bucket line's mean is its answers' mean."""
+    import torch
+    import torch.nn.functional as F
+
+    from ds_longctx.data.answer_spans import without_evidence
+    from ds_longctx.run.answer_loss import answer_loss_both, control_spans, hf_losses, read_sessions, session_spans
+    d, tok = sessions
+    rows = read_sessions(d)
+    control = control_spans(tok, rows)
+    buckets, each = answer_loss_both(hf_losses(model), session_spans(tok, rows), 0, control)
+    i = 0
+    for row, (_, ids, spans) in zip(rows, control, strict=True):
+        blank = without_evidence(row)
+        want = tok.apply_chat_template(blank["messages"], tools=row["tools"], tokenize=True,
+                                       return_dict=True)["input_ids"]
+        assert ids == list(want) and ids != session_spans(tok, [row])[0][1]
+        with torch.no_grad():
+            logits = model(torch.tensor(ids)[None]).logits[0]
+        for s in spans:
+            a, b = s["tokens"]
+            ref = F.cross_entropy(logits[a - 1:b - 1], torch.tensor(ids[a:b])).item()
+            assert each[i]["loss_without_evidence"] == pytest.approx(ref, rel=1e-5, abs=1e-5)
+            i += 1
+    assert i == len(each)
+    for b in buckets:
+        mine = [x["loss_without_evidence"] for x in each if x["bucket"] == b["bucket"]]
+        assert b["mean_loss_without_evidence"] == pytest.approx(sum(mine) / len(mine), rel=1e-9)
