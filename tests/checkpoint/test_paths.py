@@ -1,7 +1,8 @@
 """checkpoint/paths.py and the save around it, in one process: every path read out of a run's files stays
 inside the run (a `latest` or tag leading elsewhere, a manifest entry or link leading out, a renamed tag), checked
 with an audit hook that records every file opened; partial saves set aside or refused; a save whose write fails
-(a full disk) fails in one line and leaves the previous checkpoint; the launcher's repeated-signal rule."""
+(a full disk) fails in one line and leaves the previous checkpoint; the launcher's repeated-signal rule; which
+model names a LoRA export ships the base of."""
 
 import errno
 import json
@@ -202,3 +203,17 @@ def test_no_refusal_asks_to_delete_anything_outside_the_run():
                     for m in re.finditer(r"[^;:(]*\b(delete|remove|rm)\b[^;)]*", part.value, re.I):
                         found.add(m.group(0).strip())
     assert found <= set(REMOVALS), sorted(found - set(REMOVALS))
+
+
+def test_a_lora_export_ships_the_base_exactly_where_the_run_had_no_weights(tmp_path, monkeypatch):
+    """ships_base reads a model name as training did (resolve_model): a shipped geometry or a config file has no
+    weights elsewhere, so its export carries the base; a local checkpoint folder, even one named like a preset, is
+    the base to point at."""
+    from ds_longctx.checkpoint.export import ships_base
+    assert ships_base("qwen3-tiny") and ships_base("Qwen/Qwen3-8B")
+    (tmp_path / "my.json").write_text('{"model_type": "qwen3"}')
+    assert ships_base(str(tmp_path / "my.json"))
+    (tmp_path / "qwen3-tiny").mkdir()
+    (tmp_path / "qwen3-tiny" / "config.json").write_text('{"model_type": "qwen3"}')
+    monkeypatch.chdir(tmp_path)
+    assert not ships_base("qwen3-tiny") and not ships_base(str(tmp_path / "qwen3-tiny"))
