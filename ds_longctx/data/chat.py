@@ -105,15 +105,39 @@ def _closing(full: str, with_prompt: str, offsets: list) -> str:
     return full[at:]
 
 
+def _direct(tok, messages: list, tools, full: str, prompted: str):
+    """`render(i, generation_prompt)` of the first i messages through transformers' compiled template, the messages
+    converted for it once (apply_chat_template converts all of them at every call: most of the prefix rule's time);
+    None where this transformers has no such path or it does not give apply_chat_template's own renderings of the
+    whole session, `full` and `prompted` (with the generation prompt)."""
+    try:  # private helpers of transformers: any change in them falls back to apply_chat_template
+        from transformers.utils import chat_template_utils as ctu
+        compiled = ctu._compile_jinja_template(tok.get_chat_template(None, tools))
+        plain = ctu._plain_template_data  # JSON types only, as the sandbox gets them
+        chat = ctu._alias_reasoning_fields(plain(ctu._normalize_chat_messages(messages)))
+        extra, schemas = plain(dict(tok.special_tokens_map)), plain(tools)
+
+        def render(i: int, generation_prompt: bool = False) -> str:
+            return compiled.render(messages=chat[:i], tools=schemas, documents=None,
+                                   add_generation_prompt=generation_prompt, **extra) if i else ""
+        same = render(len(messages)) == full and render(len(messages), True) == prompted
+    except Exception:
+        return None
+    return render if same else None
+
+
 class _Prefixes:
     """Where the first i messages end in the full rendering: their own rendering less the closing tail, which must
     start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
 
-    def __init__(self, tok, messages: list, tools, full: str, closing: str):
+    def __init__(self, tok, messages: list, tools, full: str, closing: str, direct=None):
         self.tok, self.messages, self.tools, self.full, self.closing = tok, messages, tools, full, closing
+        self.direct = direct  # `_direct`'s render, or None: apply_chat_template
 
     def render(self, i: int, generation_prompt: bool = False) -> str:
         try:
+            if self.direct is not None:
+                return self.direct(i, generation_prompt)
             return _render(self.tok, self.messages[:i], self.tools, generation_prompt)
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -134,8 +158,9 @@ def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: 
     adds: the rendering of the first i + 1 messages less that of the first i (an assistant's from the end of the
     generation prompt, its role header). ChatError when a trained message's rendering does not start the full one
     (a template that rewrites earlier turns: drops past reasoning)."""
-    closing = _closing(full, _render(tok, messages, tools, True), offsets)
-    at = _Prefixes(tok, messages, tools, full, closing)
+    prompted = _render(tok, messages, tools, True)
+    closing = _closing(full, prompted, offsets)
+    at = _Prefixes(tok, messages, tools, full, closing, _direct(tok, messages, tools, full, prompted))
     spans = []
     for i, m in enumerate(messages):
         if not trains[i]:

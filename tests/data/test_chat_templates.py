@@ -259,3 +259,23 @@ def test_with_markers_a_trained_user_turn_adds_to_hf_mask_not_replaces_it(tokeni
                                          "\nThe weather is nice.<|im_end|>\n"]
     last = max(j for j, v in enumerate(hf["assistant_masks"]) if not v) + 1  # the last assistant turn's HF run
     assert all(v != IGNORE_INDEX for v in labels[last:]) and trained(tok, ids[last:], labels[last:])[0][0] == "\n"
+
+
+@pytest.mark.parametrize("name", list(TURNS))
+def test_the_prefix_rules_direct_renders_give_apply_chat_templates_tokens(tokenizers, name, monkeypatch):
+    """The prefix rule renders through the compiled template (chat._direct) only where that gives apply_chat_template's
+    renderings: with it and without it, the same ids and labels (or the same refusal), chat and tool sessions."""
+    import ds_longctx.data.chat as chat
+    tok, real, made = tok_for(tokenizers, name), chat._direct, []
+
+    def outcome(msgs, tools):
+        try:
+            return session_tokens(tok, msgs, tools, "assistant")
+        except ChatError as e:
+            return str(e)
+    for msgs, tools in ((CHAT, None), (AGENT, TOOLS)):
+        monkeypatch.setattr(chat, "_direct", lambda *a: made.append(real(*a)) or made[-1])
+        direct = outcome(msgs, tools)
+        monkeypatch.setattr(chat, "_direct", lambda *a: None)
+        assert outcome(msgs, tools) == direct
+    assert made and all(m is not None for m in made), name  # it ran, and matched the whole session's renderings
