@@ -42,7 +42,7 @@ from ds_longctx.checkpoint.layout import CKPT_SUBDIR, LATEST, CheckpointError
 from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.config import FLAT
 from ds_longctx.config.lora import LoraConfig
-from ds_longctx.config.model import resolve_model
+from ds_longctx.config.model import random_init
 from ds_longctx.data.tokenize import tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
@@ -92,9 +92,9 @@ def run_lora(meta: dict) -> LoraConfig:
 
 
 def ships_base(model_name: str) -> bool:
-    """Whether a LoRA export writes its frozen base: a model without weights (a shipped geometry or a config file,
-    as `resolve_model` reads the name) has its random init nowhere else, so there is no base to point at."""
-    return resolve_model(model_name).kind != "directory"
+    """Whether a LoRA export writes its frozen base: a model without weights (`random_init`) has its random init
+    nowhere else, so there is no base to point at."""
+    return random_init(model_name)
 
 
 def export_bytes(model, adapters: dict, lora: LoraConfig, model_name: str, merged: bool) -> int:

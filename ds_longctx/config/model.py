@@ -117,3 +117,9 @@ def resolve_model(name: str) -> ModelSource:
     there = "is not a regular file" if p.exists() else "does not exist"
     raise ValueError(f"model={name!r} is neither a shipped geometry {shipped} nor a directory / file holding an HF "
                      f"config.json" + (f" ({p} {there})" if not bare or p.exists() else "") + "; pass one of those")
+
+
+def random_init(model: str) -> bool:
+    """True for a model without weights (a shipped geometry or a config.json file, as `resolve_model` reads the
+    name): built and drawn, not loaded."""
+    return resolve_model(model).kind != "directory"

@@ -19,16 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ds_longctx.config.model import read_config_json, resolve_model
+from ds_longctx.config.model import random_init, read_config_json, resolve_model
 from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.parallel import fake_world
 from ds_longctx.plan import layer_types
-
-
-def random_init(model: str) -> bool:
-    """True for a geometry without weights (a shipped name or a config.json file): built and drawn, not loaded."""
-    return resolve_model(model).kind != "directory"
 
 
 def load_hf_config(model: str):
@@ -64,7 +59,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # and their sharded `
 def weights_problem(model: str):
     """Why the checkpoint directory `model` cannot give `from_pretrained` its weights (None: it can, or `model` is
     not a directory): no weight file, or a shard its index names missing. Reads the index, not the weights."""
-    if resolve_model(model).kind != "directory":
+    if random_init(model):
         return None
     d = Path(model)
     for name in WEIGHT_FILES:
