@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
-def write_lines(result, answers: tuple, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
-    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `answers` (bucket lines,
+def write_lines(result, scored: tuple, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
+    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `scored` (bucket lines,
     answer lines; empty without --answer_loss) in answer_loss.jsonl and answer_loss_answers.jsonl, then the loss
     said. Returns None, or the one line saying what could not be written (a full disk, a permission) and the metrics
     line itself."""
     extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
-    answers, each = answers
+    answers, each = scored
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
