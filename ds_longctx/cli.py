@@ -293,6 +293,9 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "checkpoint":
         from ds_longctx.checkpoint.convert import main as checkpoint_main
         sys.exit(checkpoint_main(argv[1:]))
+    if argv and argv[0] == "models":  # `ds-longctx models get NAME --out DIR`: a real model as an HF directory
+        from ds_longctx.checkpoint.real_models import main as models_main
+        sys.exit(models_main(argv[1:]))
     if argv and argv[0] == "plot":
         from ds_longctx.run.plots import main as plot_main
         sys.exit(plot_main(argv[1:]))
@@ -312,6 +315,7 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
                                 "(ds-longctx data prepare -h)")
     sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
+    sub.add_parser("models", help="a real model as an HF directory: ds-longctx models get NAME --out DIR")
     sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
