@@ -91,3 +91,11 @@ def cpu_adam():
 def _cpu_adam_for_marked(request):
     if request.node.get_closest_marker("cpu_adam"):
         request.getfixturevalue("cpu_adam")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as `ds-longctx models get` converts it, from its machine-wide cache (converted there
+    once: checkpoint/real_models.ensure_cached)."""
+    from ds_longctx.checkpoint.real_models import ensure_cached
+    return ensure_cached("smollm2-135m-instruct")

@@ -156,7 +156,11 @@ def ensure_cached(name: str) -> Path:
     try:
         convert(gguf, tmp, m.facts)
         write_marker(tmp, m)
-        finish_partial(tmp, dest)
+        try:
+            finish_partial(tmp, dest)
+        except OSError:
+            if not is_complete(dest, m):  # else another process converted it first
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
