@@ -115,6 +115,10 @@ RULES = [
          "the test suite itself: .ci/run runs this line verbatim (tests/test_docs.py checks that)"),
     Rule("python3 -m venv .venv", "manual", "a fresh virtual environment and pip install from the network (.ci/run)"),
     Rule('pip install -e ".[gpu]"', "gpu", "CUDA wheels (FlashAttention 4, the CUTLASS DSL, Liger)"),
+    covered("tests/checkpoint/test_real_models.py::test_models_get_writes_the_directory_and_a_greedy_answer",
+            "ds-longctx models get smollm2-135m-instruct --out smollm2"),
+    covered("tests/distributed/test_real_model_sp.py::test_smollm2_packed_sessions_at_sp3_give_hf_loss_on_delta_rule_"
+            "tokens", "ds-longctx train --nproc 3 --sp_size 3 --model smollm2"),
     Rule("ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 512 --steps 5$", "run"),
     Rule("ds-longctx train --help", "run"),
     Rule("ds-longctx plan ", "run"),  # the planner is arithmetic: every plan runs as written, 8B and 1M included

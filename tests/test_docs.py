@@ -212,7 +212,8 @@ def check_command(cmd: str, parsers: dict) -> list:
 
 def test_every_ds_longctx_command_parses(monkeypatch):
     parsers = {sub: parser_of(sub, monkeypatch)
-               for sub in ("train", "demo", "plan", "rehearse", "data", "export", "checkpoint", "eval", "plot")}
+               for sub in ("train", "demo", "plan", "rehearse", "data", "export", "checkpoint", "eval", "plot",
+                           "models")}
     found, bad = 0, []
     for rel in DOCS:
         for cmd in commands(rel):
@@ -231,7 +232,7 @@ def test_every_flag_the_prose_names_is_an_option(monkeypatch):
     from ds_longctx.config.run import DOTTED, FLAT
     known = {f"--{k}" for k in (*FLAT, *DOTTED, "config")}
     todo = [parser_of(sub, monkeypatch) for sub in ("train", "plan", "rehearse", "data", "export", "checkpoint",
-                                                     "eval", "plot")]
+                                                     "eval", "plot", "models")]
     while todo:
         p = todo.pop()
         known |= set(p._option_string_actions)

