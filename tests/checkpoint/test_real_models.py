@@ -17,6 +17,7 @@ PROMPT = [{"role": "user", "content": "Name three rivers of Europe and the seas 
 BF16_TOL = 2e-2  # relative error of the logits from fp32 weights rounded to bf16 (measured: 5e-3)
 
 
+@pytest.mark.slow
 def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,6 +44,7 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     assert cfg["tie_word_embeddings"] is True
 
 
+@pytest.mark.slow
 def test_models_get_writes_the_directory_and_a_greedy_answer(smollm2_dir, tmp_path):
     out = tmp_path / "smollm2"
     res = run_cli(["models", "get", NAME, "--out", str(out)])
