@@ -15,6 +15,7 @@ from __future__ import annotations
 
 # torch-free: the conversion (torch, gguf, transformers) is imported where it runs.
 import argparse
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -155,24 +156,24 @@ def ensure_cached(name: str) -> Path:
     """KNOWN[name] converted into `cache_dir(name)` once (a complete one is reused); its path."""
     m, dest = KNOWN[name], cache_dir(name)
     gguf = locate_gguf(m)
-    if is_complete(dest, m):
-        return dest
-    if dest.exists():
-        raise ValueError(f"{dest} exists without a complete {MARKER}; remove it "
-                         f"(or set ${CACHE_ENV})")
-    from ds_longctx.checkpoint.gguf_convert import convert
-    tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
-    make_partial(tmp)
-    try:
-        convert(gguf, tmp, m.facts)
-        write_marker(tmp, m)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.with_name(f"{dest.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process converts; the others wait and reuse it
+        if is_complete(dest, m):
+            return dest
+        if dest.exists():
+            raise ValueError(f"{dest} exists without a complete {MARKER}; remove it "
+                             f"(or set ${CACHE_ENV})")
+        from ds_longctx.checkpoint.gguf_convert import convert
+        tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
+        clear_partial(tmp, "remove it by hand")
+        make_partial(tmp)
         try:
+            convert(gguf, tmp, m.facts)
+            write_marker(tmp, m)
             finish_partial(tmp, dest)
-        except OSError:
-            if not is_complete(dest, m):  # else another process converted it first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
