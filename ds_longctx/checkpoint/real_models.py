@@ -191,9 +191,10 @@ def out_problem(out: Path) -> str | None:
         return None
     if not out.is_dir():
         return f"--out {out} exists and is not a directory; give a new directory"
-    if any(out.iterdir()) and marker_of(out) is None:
+    ours = set((marker_of(out) or {}).get("files") or []) | {MARKER}
+    if others := sorted(p.name for p in out.iterdir() if p.name not in ours):
         return (f"--out {out} holds files that `ds-longctx models get` did not write "
-                f"(no {MARKER}), so it is left alone; give a new or empty directory")
+                f"({', '.join(others[:3])}), so it is left alone; give a new or empty directory")
     return None
 
 

@@ -55,6 +55,9 @@ def test_models_get_writes_the_directory_and_a_greedy_answer(smollm2_dir, tmp_pa
     assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= {*files}
     [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("greedy: ")]
     assert "Paris" in line, line  # real weights answer; random ones would not
+    (out / "notes.txt").write_text("mine")  # a file of the user's beside an earlier output: kept
+    res = run_cli(["models", "get", NAME, "--out", str(out)])
+    assert res.returncode == 2 and "notes.txt" in res.stderr and (out / "notes.txt").exists()
 
 
 def no_network_env(tmp_path) -> dict:
