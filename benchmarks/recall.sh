@@ -31,7 +31,7 @@ SEQ_LEN=${SEQ_LEN:-65536} STEPS=${STEPS:-300} EVAL_ROWS=${EVAL_ROWS:-8} LR=${LR:
 EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 2))} DTYPE=${DTYPE:-bf16}
 mkdir -p "$RES" "$WORK"
 LOG="$RES/log.txt"
-export DS_LONGCTX_COMMIT=${DS_LONGCTX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+export PYTHONUNBUFFERED=1 DS_LONGCTX_COMMIT=${DS_LONGCTX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 echo "recall: $(date -u +%FT%TZ) commit $DS_LONGCTX_COMMIT model $MODEL seq_len $SEQ_LEN steps $STEPS lr $LR" \
      "eval every $EVAL_EVERY ($EVAL_ROWS sessions)" | tee -a "$LOG"
 quiet() { tr '\r' '\n' | awk '!/^[[:space:]]*$|\/s[],]/ {print; fflush()}' | tee -a "$LOG"; }  # progress bars left out

@@ -1,7 +1,8 @@
 """Recall (run/recall.py) on a tiny model and a short session (a prepared session cut after its first answer): an
 answer's `exact` from one teacher-forced forward is what HF `generate(do_sample=False)` from the cut prompt gives
 back; a model trained to give the answer recalls it (exact match 1.0), a random one does not (0); the rows carry the
-schema the notebook reads; `ds-longctx eval --model` refuses sessions without answers, naming the file."""
+schema the notebook reads; `ds-longctx eval --model DIR --recall true` gives the taught model's directory exact
+match 1.0 through the engine, and refuses sessions without answers, naming the file."""
 
 import json
 
@@ -61,6 +62,14 @@ def trained_to_answer(ids: list, span: list, steps: int = 200):
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def taught(short):
+    from ds_longctx.run.answer_loss import session_spans
+    _, tok, row = short
+    _, ids, spans = session_spans(tok, [row])[0]
+    return trained_to_answer(ids, spans[0]["tokens"])
+
+
 def greedy(model, ids: list, span: list) -> list:
     """HF greedy decoding from the cut prompt (the session up to the value's first token), as many tokens as the
     value has."""
@@ -72,7 +81,7 @@ def greedy(model, ids: list, span: list) -> list:
     return out[0, a:].tolist()
 
 
-def test_exact_is_what_greedy_generation_gives_back(short):
+def test_exact_is_what_greedy_generation_gives_back(short, taught):
     """Per answer, exact (every value token its position's argmax, one forward) == (greedy decoding from the cut
     prompt reproduces the value's tokens): true for the model taught the answer, false for a random one; recall's
     bucket rows say exact match 1.0 and 0.0 with the module doc's fields."""
@@ -84,7 +93,7 @@ def test_exact_is_what_greedy_generation_gives_back(short):
     span = spans[0]["tokens"]
     assert span[1] - span[0] >= 2  # a value of several tokens: each must be the argmax, not only the first
     seen = {}
-    for name, model in (("random", tiny_model(seed=0).eval()), ("taught", trained_to_answer(ids, span))):
+    for name, model in (("random", tiny_model(seed=0).eval()), ("taught", taught)):
         _, each = answer_loss_both(hf_losses(model), sessions, 0, control_spans(tok, [row]))
         got = greedy(model, ids, span)
         assert each[0]["exact"] == (got == ids[span[0]:span[1]]), (name, got, ids[span[0]:span[1]])
@@ -93,6 +102,28 @@ def test_exact_is_what_greedy_generation_gives_back(short):
         seen[name] = rows[0]["recall_exact_match"]
         json.dumps(rows)
     assert seen == {"random": 0.0, "taught": 1.0}
+
+
+def test_eval_of_a_model_directory_recalls_what_it_was_taught(short, taught, tmp_path):
+    """`ds-longctx eval --model DIR --recall true` (the engine: its chunked loss's argmax flags) on the taught model's
+    directory: stage base, step 0, exact match 1.0, the losses of a plain HF forward."""
+    from ds_longctx.run.answer_loss import answer_loss_both, control_spans, hf_losses, session_spans
+    from tests.helpers import read_metrics, run_cli
+    d, tok, row = short
+    taught.save_pretrained(str(tmp_path / "taught"))
+    (tmp_path / "s.jsonl").write_text(json.dumps(row) + "\n")
+    out = tmp_path / "out"
+    res = run_cli(["eval", "--model", str(tmp_path / "taught"), "--data", str(tmp_path / "s.jsonl"), "--tokenizer",
+                   str(d / "tokenizer"), "--recall", "true", "--seq_len", "512", "--rows", "1", "--data_layout",
+                   "pack", "--dtype", "fp32", "--out", str(out)], timeout=300, output_dir=out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (got,) = read_metrics(out, "recall.jsonl")
+    _, each = answer_loss_both(hf_losses(taught), session_spans(tok, [row]), 0, control_spans(tok, [row]))
+    assert (got["stage"], got["step"], got["seq_len"], got["answers"], got["recall_exact_match"]) == \
+           ("base", 0, 512, 1, 1.0)
+    assert got["loss_with_evidence"] == pytest.approx(each[0]["loss"], rel=1e-4)
+    assert got["loss_without_evidence"] == pytest.approx(each[0]["loss_without_evidence"], rel=1e-4)
+    assert read_metrics(out, "recall_answers.jsonl")[0]["exact"] is True
 
 
 def test_recall_is_refused_on_sessions_without_answers(short, tmp_path, capsys):
