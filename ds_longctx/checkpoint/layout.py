@@ -51,6 +51,8 @@ METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "eval_curve.jsonl"
 ANSWER_LOSS_FILE = "answer_loss.jsonl"
 ANSWERS_FILE = "answer_loss_answers.jsonl"  # one line per answer per evaluation
+RECALL_FILE = "recall.jsonl"  # one line per (stage, step, bucket): run/recall.py
+RECALL_ANSWERS_FILE = "recall_answers.jsonl"  # one line per answer per recall evaluation
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
 RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
 

@@ -34,6 +34,10 @@ class EvalConfig(Section):
     at every evaluation, to answer_loss.jsonl (run/answer_loss.py): eval_data must be a `data prepare --sessions`
     directory (or its jsonl); its first eval_rows sessions, each forwarded whole. `ds-longctx eval --answer_loss true`
     writes the same lines at the checkpoint's step."""
+    recall: bool = Field(False, json_schema_extra={"flat": "eval_recall"})
+    """Also recall: per distance bucket, the share of answers whose value greedy decoding gives back, with the answer
+    loss with and without the evidence, at the same evaluations as eval_answer_loss, to recall.jsonl (run/recall.py;
+    the same sessions and forwards). `ds-longctx eval --recall true` writes them for a checkpoint or a model."""
 
     @field_validator("every", "rows", "buckets")
     @classmethod
@@ -51,4 +55,7 @@ class EvalConfig(Section):
         if self.answer_loss and self.data is None:
             raise ValueError("eval_answer_loss is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
                              "prepare --sessions` directory) or drop eval_answer_loss")
+        if self.recall and self.data is None:
+            raise ValueError("eval_recall is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
+                             "prepare --sessions` directory) or drop eval_recall")
         return self

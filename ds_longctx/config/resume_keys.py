@@ -33,7 +33,7 @@ FIXED = {
 MAY_CHANGE = (
     "steps", "epochs", "loss_average", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay", "grad_clip",
     "optimizer_state_at_build", "save_every", "keep_checkpoints", "log_every", "report_to", "memory_snapshot_steps",
-    "eval_data", "eval_every", "eval_rows", "eval_buckets", "eval_answer_loss",
+    "eval_data", "eval_every", "eval_rows", "eval_buckets", "eval_answer_loss", "eval_recall",
     "data_cache_dir", "tokenize_num_proc", "fused_ops",
     "chunked_loss", "loss_chunk_rows", "activation_checkpointing", "offload_layers", "attention_cache_layers",
     "placement", "pinned_pool", "tiled_mlp", "tiled_layer", "tile_tokens", "attn_bwd_head_groups", "gpu_budget_gb",

@@ -2,7 +2,8 @@
 whose answers sit far back in the session.
 
     ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576] [--seed 0]
-                                                     [--vocab_size 32000 | --corpus CORPUS_DIR] [--only json,...]
+                                                     [--vocab_size 32000 | --corpus CORPUS_DIR]
+                                                     [--tokenizer MODEL_DIR] [--only json,...]
 
 DIR gets train.jsonl (one session a line: {"name", "tools", "messages", "meta"}; session_builder.py says how a session
 is made), tokenizer/ (a PreTrainedTokenizerFast carrying session_chat.CHAT_TEMPLATE, with `{% generation %}` markers)
@@ -15,8 +16,11 @@ Files: without --corpus, the standard library's .py files as --stdlib reads them
 in the group of its document, and a byte-level BPE of `vocab_size` ids trained on them (`train_tokenizer`), the chat's
 special tokens among its ids. With --corpus (a directory `data prepare --stdlib` wrote), the files of its train.jsonl
 and eval.jsonl, each document cut at its `# file: <path>` lines (a file's text as the corpus holds it: a newline ends
-each), and the corpus's tokenizer with the chat's special tokens added. Files holding the text of a special token, or
-only whitespace, are left out. The same files, options and seed give the same bytes.
+each), and the corpus's tokenizer with the chat's special tokens added. With --tokenizer (a model directory whose
+tokenizer has <|im_start|> and <|im_end|> as special tokens, e.g. SmolLM2's), that tokenizer as it is, no BPE trained:
+tokenizer/ is it with CHAT_TEMPLATE (ChatML with tools, as the model's own turns; <tool_call> is plain text to it), so
+a run's --tokenizer DIR/tokenizer trains the model on its own ids. Files holding the text of a special token (any
+added token of the tokenizer), or only whitespace, are left out. The same files, options and seed give the same bytes.
 """
 
 from __future__ import annotations
@@ -71,7 +75,9 @@ def check_session_args(args) -> Path:
         if not ((c / "data_card.json").is_file() and (c / "train.jsonl").is_file() and (c / "tokenizer").is_dir()):
             raise DataError(f"--corpus {args.corpus!r} is not a directory `ds-longctx data prepare --stdlib` wrote (no "
                             f"data_card.json, train.jsonl and tokenizer/ in it); prepare one, or drop --corpus")
-    else:
+    if args.tokenizer is not None:
+        model_tokenizer(args.tokenizer)
+    elif args.corpus is None:
         check_vocab_size(args.vocab_size, len(SPECIALS) + len(CHAT_SPECIALS))
     return check_prepare_dir(args.out, "train.jsonl, tokenizer/ and the data card")
 
@@ -128,10 +134,30 @@ def corpus_source(corpus: Path, only: set | None) -> list:
     return files
 
 
+def model_tokenizer(path: str):
+    """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers (CHAT_SPECIALS'
+    first two) are special tokens of it: the rendering cuts at them (session_chat.py)."""
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise DataError(f"--tokenizer {path!r} holds no tokenizer transformers can load ({str(e).splitlines()[0]}); "
+                        f"give a model directory (e.g. `ds-longctx models get ... --out DIR`)") from None
+    specials = {t.content for t in tok.added_tokens_decoder.values() if t.special}
+    missing = [t for t in CHAT_SPECIALS[:2] if t not in specials]
+    if missing or not tok.is_fast:
+        raise DataError(f"--tokenizer {path!r} lacks the ChatML special tokens {missing or '(not a fast tokenizer)'}"
+                        f" the sessions' chat template is written in; use a ChatML model's tokenizer, or drop "
+                        f"--tokenizer to train a BPE")
+    return tok
+
+
 def session_tokenizer(files: list, args):
     """The sessions' tokenizer (module doc), carrying CHAT_TEMPLATE."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    if args.corpus is not None:
+    if args.tokenizer is not None:
+        tok = model_tokenizer(args.tokenizer)
+    elif args.corpus is not None:
         tok = AutoTokenizer.from_pretrained(str(Path(args.corpus) / "tokenizer"), local_files_only=True)
         tok.add_special_tokens({"additional_special_tokens": list(CHAT_SPECIALS)})
     else:
@@ -172,6 +198,8 @@ def prepare_sessions(args) -> tuple[dict, float]:
     if not files:
         raise DataError("the corpus holds no file to read; give --only names of documents with code")
     tok = session_tokenizer(files, args)
+    specials = [t.content for t in tok.added_tokens_decoder.values()]
+    files = [f for f in files if not any(t in f.text for t in specials)]  # a model tokenizer's own specials too
     rows = build_sessions(files, tok, args)
     lines = {"train": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()}
 

@@ -3,7 +3,8 @@
     ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10] [--eval_min_chars 131072]
                                                [--only json,email,...]
     ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576] [--seed 0]
-                                                     [--vocab_size 32000 | --corpus CORPUS_DIR] [--only json,...]
+                                                     [--vocab_size 32000 | --corpus CORPUS_DIR]
+                                                     [--tokenizer MODEL_DIR] [--only json,...]
 
 --stdlib: the Python standard library as documents (data/stdlib_corpus.py). --sessions: N long agent sessions (16
 without N) whose tool results are the library's files and whose answers quote facts read far back
@@ -21,7 +22,7 @@ from ds_longctx.data.scan import DataError
 SESSIONS = 16
 # options of one source, with their defaults (None in the parser, so that a value given to the other is seen)
 STDLIB_OPTIONS = {"eval_every": 10, "eval_min_chars": 131072}
-SESSIONS_OPTIONS = {"min_tokens": 32768, "max_tokens": 1048576, "seed": 0, "corpus": None}
+SESSIONS_OPTIONS = {"min_tokens": 32768, "max_tokens": 1048576, "seed": 0, "corpus": None, "tokenizer": None}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     sessions.add_argument("--seed", type=int, help="the sessions drawn (default 0): the same seed gives the same bytes")
     sessions.add_argument("--corpus", help="a directory of `data prepare --stdlib` to read files and the tokenizer "
                                            "from (default: read the standard library, train a BPE)")
+    sessions.add_argument("--tokenizer", help="a model's tokenizer directory (with the ChatML special tokens "
+                                              "<|im_start|> and <|im_end|>) to write the sessions in, no BPE trained")
     return p
 
 
@@ -64,10 +67,13 @@ def resolve(args) -> argparse.Namespace:
     if getattr(args, "corpus", None) is not None and args.vocab_size is not None:
         raise DataError(f"--vocab_size {args.vocab_size} with --corpus {args.corpus!r}: the sessions reuse the "
                         f"corpus's tokenizer; drop --vocab_size (or --corpus, to train a new BPE)")
+    if getattr(args, "tokenizer", None) is not None and args.vocab_size is not None:
+        raise DataError(f"--vocab_size {args.vocab_size} with --tokenizer {args.tokenizer!r}: the sessions use that "
+                        f"tokenizer's vocabulary; drop --vocab_size")
     for k, v in mine.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if args.vocab_size is None and getattr(args, "corpus", None) is None:
+    if args.vocab_size is None and args.corpus is None and args.tokenizer is None:
         args.vocab_size = 32000
     return args
 

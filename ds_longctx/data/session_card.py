@@ -75,7 +75,8 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
         "files": len(files), "modules": len({f.group for f in files}), "only": sorted(args.only.split(",")) if
         args.only else None,
         "options": {"sessions": args.sessions, "min_tokens": args.min_tokens, "max_tokens": args.max_tokens,
-                    "seed": args.seed, "vocab_size": args.vocab_size, "corpus": args.corpus},
+                    "seed": args.seed, "vocab_size": args.vocab_size, "corpus": args.corpus,
+                    "tokenizer": args.tokenizer},
         "sessions": len(rows), "tokens": _stats(tokens),
         "length_rule": f"a target drawn log-uniformly from [min_tokens + reserve + margin, max_tokens], built to "
                        f"within margin ({margin(args.min_tokens)} tokens) below it; tokens of the rendered session, "
@@ -96,7 +97,8 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
                             "rule": "token index of the answer's first character less that of the evidence's last "
                                     "character, in the rendered session"},
         "tokenizer": {"size": vocab, "specials": SPECIALS, "chat_specials": list(CHAT_SPECIALS),
-                      "trained": "corpus's" if args.corpus else "byte-level BPE on the files read from",
+                      "trained": f"the model tokenizer of {args.tokenizer}" if args.tokenizer else "corpus's"
+                      if args.corpus else "byte-level BPE on the files read from",
                       "template": TEMPLATE, "tokenizers": tokenizers.__version__,
                       "transformers": transformers.__version__},
         "tools": [t["function"]["name"] for t in TOOLS],

@@ -91,9 +91,11 @@ def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: to
 
 
 def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-               grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None) -> torch.Tensor:
+               grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None,
+               hits: torch.Tensor | None = None) -> torch.Tensor:
     """Row losses [c] fp32 of one chunk; writes dL/dh_chunk into grad_hidden [c, H] and adds dL/dweight into
-    grad_weight [V, H] (either may be None). A function of its own so that the chunk's [c, V] tensors are
+    grad_weight [V, H] (either may be None), and into `hits` [c] whether the target's logit is the row's max (the
+    greedy choice; False on ignored rows). A function of its own so that the chunk's [c, V] tensors are
     freed on return, before the next chunk's are allocated (a loop body would hold them one chunk longer)."""
     mask = valid.unsqueeze(1)  # [c] -> [c, 1]
     target = labels.masked_fill(~valid, 0).unsqueeze(1)  # [c] -> [c, 1], ignored rows point at class 0
@@ -101,6 +103,8 @@ def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
     logits = F.linear(h_chunk, weight).float()  # [c, V] fp32
     row_max = logits.amax(dim=1, keepdim=True)  # [c, 1]
     target_logit = logits.gather(1, target) - row_max  # [c, 1]
+    if hits is not None:
+        hits.copy_((target_logit.squeeze(1) >= 0) & valid)  # [c]: target logit == row max
     exp = logits.sub_(row_max).exp_()  # [c, V] in place: exp(logit - max)
     sum_exp = exp.sum(dim=1, keepdim=True)  # [c, 1]
     row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0).squeeze(1)  # [c]: logsumexp - target
@@ -118,9 +122,10 @@ def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
 
 
 def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
-                ignore_index: int, need_hidden_grad: bool, need_weight_grad: bool):
+                ignore_index: int, need_hidden_grad: bool, need_weight_grad: bool, hits: torch.Tensor | None = None):
     """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight [V, H]
-    of their sum (None when not asked). Inputs must have passed ``_validate``."""
+    of their sum (None when not asked); `hits` [N] bool, if given, gets each row's argmax hit (`_one_chunk`).
+    Inputs must have passed ``_validate``."""
     n, h = hidden.shape
     valid = labels != ignore_index  # [N] bool
     n_chunks = -(-n // chunk_size)
@@ -135,7 +140,8 @@ def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
             continue  # every row ignored: zero loss and zero gradient, already in place
         end = min(start + chunk_size, n)
         losses[start:end] = _one_chunk(hidden[start:end], weight, labels[start:end], valid[start:end],
-                                       None if grad_hidden is None else grad_hidden[start:end], grad_weight)
+                                       None if grad_hidden is None else grad_hidden[start:end], grad_weight,
+                                       None if hits is None else hits[start:end])
     if grad_weight is not None:
         grad_weight = grad_weight.to(weight.dtype)  # fp32 -> weight dtype (a no-op for fp32)
     return losses, grad_hidden, grad_weight
@@ -203,6 +209,16 @@ def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: 
     """
     _validate(hidden, weight, labels, chunk_size, ignore_index)
     return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False)[0]
+
+
+@torch.no_grad()
+def per_token_scores(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                     chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> tuple:
+    """(``per_token_cross_entropy``, hits [N] bool): row i's hit is whether its label's logit is the row's max,
+    i.e. greedy decoding from the true prefix emits the label (False on ignored rows); still c x V logits at a time."""
+    _validate(hidden, weight, labels, chunk_size, ignore_index)
+    hits = torch.zeros(labels.shape, dtype=torch.bool, device=hidden.device)
+    return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False, hits)[0], hits
 
 
 def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

@@ -3,7 +3,7 @@
     module = LossHead(model, state, chunked=True, chunk_rows=4096)   # what deepspeed.initialize wraps
     loss, group_loss, n_tokens = module(input_ids, position_ids, shift_labels)
     with torch.no_grad():                                            # evaluation (engine.eval_batch)
-        token_loss = module(input_ids, position_ids, shift_labels, per_token=True)   # [b, s/sp] fp32
+        token_loss, hit = module(input_ids, position_ids, shift_labels, per_token=True)   # [b, s/sp] fp32, bool
 
     route_forward(model, module)       # or the model itself is wrapped (the HF Trainer): its forward, given
     model(input_ids=..., position_ids=..., ds_longctx_shift_labels=...)   # these labels, runs the loss head
@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, plain_cross_entropy
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_scores, plain_cross_entropy
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.patching import own_forward, restore_forward
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -44,12 +44,12 @@ class LMHeadLoss(nn.Module):
             import deepspeed
             deepspeed.zero.register_external_parameter(self, weight)
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False) -> torch.Tensor:
-        """The CE sum (fp32, 0-dim); `per_token`: each row's CE [N] instead, forward only, chunked whatever
-        `chunked` says (no N x V logits, no gradients: evaluation)."""
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False):
+        """The CE sum (fp32, 0-dim); `per_token`: (each row's CE [N], its argmax hit [N]) instead, forward only,
+        chunked whatever `chunked` says (no N x V logits, no gradients: evaluation; chunked_loss.per_token_scores)."""
         weight = self._lm_head[0].weight  # [V, H]
         if per_token:
-            return per_token_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
+            return per_token_scores(hidden, weight, labels, chunk_size=self.chunk_rows)
         if self.chunked:
             return chunked_cross_entropy(hidden, weight, labels, chunk_size=self.chunk_rows)
         return plain_cross_entropy(hidden, weight, labels)
@@ -57,7 +57,7 @@ class LMHeadLoss(nn.Module):
 
 class LossHead(nn.Module):
     """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count), or with
-    `per_token=True` the slice's per-token CE [b, s/sp] (evaluation, under no_grad).
+    `per_token=True` the slice's per-token CE [b, s/sp] and argmax hits (evaluation, under no_grad).
 
     DeepSpeed averages gradients over all W = sp * dp ranks (see parallel_state.py for why DeepSpeed is not told
     about SP). Given `row_weights` (`ds-longctx train`: run/engine.py weighs the step's rows so that the step's loss
@@ -90,10 +90,10 @@ class LossHead(nn.Module):
         this slice, returned as (that loss, None, this slice's tokens)."""
         hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False).last_hidden_state  # [b, s/sp, H]
-        if per_token:  # evaluation: this slice's per-token CE, 0.0 where ignored; no SP reduction
+        if per_token:  # evaluation: this slice's per-token CE (0.0 where ignored) and hits; no SP reduction
             with record_function("ds_longctx.loss"):
-                token_loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
-            return token_loss.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
+                token_loss, hit = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
+            return token_loss.view(shift_labels.shape), hit.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
         n_tokens = (shift_labels != IGNORE_INDEX).sum()
         aux, aux_share = self._aux_loss()  # after the trunk: every router has recorded
         if row_weights is not None:

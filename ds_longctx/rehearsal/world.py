@@ -5,18 +5,12 @@ step time is predicted for, and the row's provenance (commit, date)."""
 from __future__ import annotations
 
 # the data and torch are imported inside the functions that use them (module doc of rehearse.py).
-import os
-import subprocess
-import time
-from pathlib import Path
-
 from ds_longctx.plan import interconnect as ic
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.placement_plan import run_placement
-
-COMMIT_ENV = "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
+from ds_longctx.run.provenance import commit, now  # noqa: F401 (rank.py reads them here)
 
 
 class Refused(ValueError):
@@ -75,26 +69,7 @@ def cfg_layers(cfg) -> int:
     return as_geometry(cfg.model.name).layers
 
 
-def commit() -> str:
-    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted changes)."""
-    if os.environ.get(COMMIT_ENV):
-        return os.environ[COMMIT_ENV]
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
-
-
 def fastest_steady(seconds: list) -> float:
     """The fastest timed step (step 2 on): a later step of a cold process (the first a job rehearses) can still hold
     one-time compile or autotune work, which is no step cost."""
     return min(seconds[1:])
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

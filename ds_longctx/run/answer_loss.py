@@ -5,6 +5,7 @@ far back? One JSON line per distance bucket per evaluation, in `<output_dir>/ans
     rows = answer_sessions(cfg)                              # eval_data's first eval_rows sessions, or refused
     sessions = session_spans(tok, rows)                      # tokens and answer spans, once per run
     lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
+                                                             # (run/recall.py writes them at each evaluation)
     lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
     -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
     buckets, each = answer_loss_both(losses, sessions, step, control)  # and one line per answer; control: the
@@ -27,7 +28,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE
 from ds_longctx.data.answer_spans import BUCKETS, answer_spans, without_evidence
 
 
@@ -62,7 +62,8 @@ def answer_sessions(cfg, limit: int | None = None, names: tuple = ("eval_answer_
 
 
 def hf_losses(model):
-    """Per-token losses of one row from a plain HF causal LM: ids [L] -> [L - 1] fp32, loss i predicts token i + 1."""
+    """Per-token scores of one row from a plain HF causal LM: ids [L] -> (losses [L - 1] fp32, hits [L - 1] bool);
+    index i predicts token i + 1, its hit: that token's logit is the max (greedy decoding emits it)."""
     import torch
     import torch.nn.functional as F
 
@@ -70,24 +71,28 @@ def hf_losses(model):
         x = torch.tensor(ids, device=model.device)
         with torch.no_grad():
             logits = model(x[None]).logits[0].float()   # [L, V]
-        return F.cross_entropy(logits[:-1], x[1:], reduction="none").cpu()
+        target = logits[:-1].gather(1, x[1:, None])[:, 0]  # [L - 1]
+        hits = target >= logits[:-1].amax(dim=1)
+        return F.cross_entropy(logits[:-1], x[1:], reduction="none").cpu(), hits.cpu()
     return losses
 
 
 def engine_losses(engine):
-    """Per-token losses of one row under the engine (SP: every rank passes the whole row; `eval_batch` gives this
-    rank's slice, summed over the SP group into the whole row). Collective: every rank calls it on the same rows."""
+    """`hf_losses` of one row under the engine (SP: every rank passes the whole row; `eval_batch` gives this rank's
+    slice, summed over the SP group into the whole row). Collective: every rank calls it on the same rows."""
     import torch
     import torch.distributed as dist
 
     def losses(ids: list):
         part = engine.eval_batch(torch.tensor([ids]))
-        full = torch.zeros(part.length, dtype=torch.float32, device=part.loss.device)  # [L]
-        n = max(0, min(part.loss.shape[1], part.length - part.start))                  # the slice less padding
-        full[part.start:part.start + n] = part.loss[0, :n]
+        full = torch.zeros(2, part.length, dtype=torch.float32, device=part.loss.device)  # [loss, hit] x [L]
+        n = max(0, min(part.loss.shape[1], part.length - part.start))                     # the slice less padding
+        full[0, part.start:part.start + n] = part.loss[0, :n]
+        full[1, part.start:part.start + n] = part.hit[0, :n].float()
         if engine.state.sp_size > 1:
             dist.all_reduce(full, group=engine.state.sp_group)
-        return full[:-1].cpu()  # the last index predicts nothing (labels are the row shifted)
+        full = full[:, :-1].cpu()  # the last index predicts nothing (labels are the row shifted)
+        return full[0], full[1] > 0.5
     return losses
 
 
@@ -102,13 +107,15 @@ def control_spans(tok, rows: list) -> list:
 
 
 def per_answer(losses, sessions: list) -> list:
-    """Every answer's span (`session_spans`) with `loss`, the mean CE over its value's tokens, and `session`."""
+    """Every answer's span (`session_spans`) with `loss`, the mean CE over its value's tokens, `exact`, whether every
+    one of them is its position's argmax (run/recall.py: greedy decoding reproduces the value), and `session`."""
     out = []
     for name, ids, spans in sessions:
-        token_loss = losses(ids)  # [L - 1]
+        token_loss, hits = losses(ids)  # [L - 1] x 2
         for s in spans:
             a, b = s["tokens"]
-            out.append({**s, "session": name, "loss": float(token_loss[a - 1:b - 1].double().mean())})
+            out.append({**s, "session": name, "loss": float(token_loss[a - 1:b - 1].double().mean()),
+                        "exact": bool(hits[a - 1:b - 1].all())})
     return out
 
 
@@ -130,7 +137,7 @@ def answer_lines(answers: list, step: int) -> list:
     """One line per answer (module doc), in session and message order."""
     return [{"step": step, "session": x["session"], "message": x["message"], "kind": x["kind"],
              "distance_tokens": x["distance_tokens"], "bucket": x["bucket"], "position": x["tokens"][0],
-             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"],
+             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"], "exact": x["exact"],
              **({"loss_without_evidence": x["loss_without_evidence"]} if "loss_without_evidence" in x else {})}
             for x in answers]
 
@@ -163,16 +170,3 @@ def answer_loss_lines(engine, cfg):
     losses = engine_losses(engine)
     return lambda step: answer_loss_both(losses, sessions, step, control)
 
-
-def answer_loss_writer(engine, cfg):
-    """`write(step)`: `answer_loss_lines` at `step`, appended by rank 0 to `<output_dir>/answer_loss.jsonl` and
-    `answer_loss_answers.jsonl`. Collective."""
-    from ds_longctx.run.evaluate import append_jsonl
-    lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)
-
-    def write(step: int) -> None:
-        buckets, each = lines(step)
-        if engine.state.rank == 0:
-            append_jsonl(out / ANSWER_LOSS_FILE, *buckets)
-            append_jsonl(out / ANSWERS_FILE, *each)
-    return write

@@ -171,6 +171,7 @@ class SliceLosses:
     its row; loss i is the CE of predicting that index's label (the next token), 0.0 where `valid` is False."""
     loss: torch.Tensor    # [b, L/sp] fp32
     valid: torch.Tensor   # [b, L/sp] bool: a supervised token (not padding, not an ignored label)
+    hit: torch.Tensor     # [b, L/sp] bool: the label's logit is the max (greedy decoding emits it), False where invalid
     start: int            # index in the row of this slice's first token
     length: int           # tokens per row before padding (L)
 
@@ -230,13 +231,13 @@ class LongCtxEngine:
         self.ds.eval()
         try:
             with torch.no_grad(), record_function("ds_longctx.eval"):
-                loss = self.module(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
-                                   shard.shift_labels.to(self.device), per_token=True)  # [b, L/sp]
+                loss, hit = self.module(shard.input_ids.to(self.device), shard.position_ids.to(self.device),
+                                        shard.shift_labels.to(self.device), per_token=True)  # [b, L/sp] x 2
         finally:
             self.ds.train(was_training)
         n = shard.input_ids.shape[1]
-        return SliceLosses(loss=loss, valid=shard.shift_labels.to(self.device) != IGNORE_INDEX, start=st.sp_rank * n,
-                           length=input_ids.shape[1])
+        return SliceLosses(loss=loss, valid=shard.shift_labels.to(self.device) != IGNORE_INDEX, hit=hit,
+                           start=st.sp_rank * n, length=input_ids.shape[1])
 
     def step(self) -> None:
         with record_function("ds_longctx.optimizer"):

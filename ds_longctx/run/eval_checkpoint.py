@@ -1,7 +1,9 @@
 """`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows, under SP.
 
     ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300] [--rows R]
-                    [--buckets B] [--answer_loss true] [--out DIR] [--key value ...]
+                    [--buckets B] [--answer_loss true] [--recall true] [--out DIR] [--key value ...]
+    ds-longctx eval --model MODEL_DIR --data SESSIONS --out DIR [--recall true] [--seq_len L] [--sp_size N]
+                    [--nproc N] [--key value ...]
     torchrun --nproc_per_node N -m ds_longctx.eval --checkpoint ... (the per-process entry it starts)
 
 The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows`, `--buckets` and
@@ -19,6 +21,12 @@ lock: checkpoint/run_lock.py; an eval with --out elsewhere only reads the run). 
 cannot write (a full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every
 file is checked and loaded weights-only as a resume's (checkpoint/resume.py); SIGTERM / SIGINT end the eval with
 nothing written.
+
+--recall true (run/recall.py): per distance bucket, the share of the sessions' answers whose value greedy decoding
+gives back and the answer loss with and without the evidence, to `<out>/recall.jsonl` (stage `trained`) and each
+answer to recall_answers.jsonl. --model instead of --checkpoint evaluates a model directory as it is (stage `base`,
+step 0): its config is built from the flags as `train`'s (seq_len past the model's context sets YaRN as training
+does, levers/rope.py), its weights loaded as training loads them, --out required, --nproc default sp_size.
 """
 
 from __future__ import annotations
@@ -34,11 +42,20 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, CURVE_FILE, METRICS_FILE, loadable
+from ds_longctx.checkpoint.layout import (
+    ANSWER_LOSS_FILE,
+    ANSWERS_FILE,
+    CURVE_FILE,
+    METRICS_FILE,
+    RECALL_ANSWERS_FILE,
+    RECALL_FILE,
+    loadable,
+)
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.parallel.parallel_state import init_distributed
 from ds_longctx.run.evaluate import append_jsonl, evaluate
+from ds_longctx.run.recall import recall_rows
 from ds_longctx.run.refuse import last_line, refuse
 from ds_longctx.run.stops import FAILED, end_on_signal, watch_launcher
 
@@ -51,7 +68,8 @@ OUT_FIX = "pass --out another directory (an eval that writes elsewhere only read
 def args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx eval", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--checkpoint", default=None, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--model", default=None, help="instead of --checkpoint: a model directory, evaluated as it is")
     p.add_argument("--data", required=True, help="held-out data: synthetic, or a file / directory like --data")
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
     p.add_argument("--rows", type=int, default=None, help="eval rows (default: the run's eval_rows)")
@@ -59,6 +77,9 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer_loss", "--eval_answer_loss", "--eval.answer_loss", dest="answer_loss", default="false",
                    help="true: also the loss on session answers by answer-to-evidence distance, to answer_loss.jsonl "
                         "(--data: a `data prepare --sessions` directory; default false, whatever the run's)")
+    p.add_argument("--recall", "--eval_recall", "--eval.recall", dest="recall", default="false",
+                   help="true: also recall by answer-to-evidence distance, to recall.jsonl (run/recall.py; --data: "
+                        "a `data prepare --sessions` directory; default false, whatever the run's)")
     p.add_argument("--out", default=None, help="where metrics.jsonl and eval_curve.jsonl get the lines (default: "
                                                "the checkpoint's output_dir)")
     p.add_argument("--nproc", type=int, default=None, help="local processes (ds-longctx eval: the checkpoint's "
@@ -70,12 +91,34 @@ def eval_inputs(argv: list[str], world_size: int | None):
     """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
     check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
     from ds_longctx import data
-    from ds_longctx.checkpoint.export import find_run_checkpoint
     from ds_longctx.checkpoint.resume import check_output_dir
     from ds_longctx.run.answer_loss import answer_sessions
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
+    ours = {"eval_data": a.data, "eval_rows": a.rows, "eval_buckets": a.buckets, "eval_answer_loss": a.answer_loss,
+            "eval_recall": a.recall}
+    flags = [x for k, v in ours.items() if v is not None for x in (f"--{k}", str(v))]
+    if (a.checkpoint is None) == (a.model is None):
+        raise ValueError("eval: give one of --checkpoint RUN (a run's weights) and --model DIR (a model as it is)")
+    if a.model is not None:
+        cfg, tag_dir, meta, world = model_inputs(a, rest, flags, world_size)
+    else:
+        cfg, tag_dir, meta, world = checkpoint_inputs(a, rest, flags, world_size)
+    out = Path(a.out) if a.out else tag_dir.parent.parent
+    check_output_dir(str(out))
+    hf_cfg = validate(cfg, world)
+    rope_coverage(cfg, hf_cfg)
+    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    if cfg.eval.answer_loss or cfg.eval.recall:
+        answer_sessions(cfg, limit=1, names=("--recall true" if cfg.eval.recall else "--answer_loss true", "--data"))
+    return cfg, hf_cfg, tag_dir, meta, out
+
+
+def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tuple:
+    """(run config, tag directory, meta, world size) of an eval of a checkpoint: its saved run config with `flags`
+    and `rest`, refused (ValueError) where the layout cannot load it or a FIXED key changes."""
+    from ds_longctx.checkpoint.export import find_run_checkpoint
     tag_dir, meta = find_run_checkpoint(a.checkpoint, a.tag, what="eval")
     run = meta["run"]
     world = run["world_size"] if world_size is None else world_size
@@ -84,8 +127,6 @@ def eval_inputs(argv: list[str], world_size: int | None):
                          f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per rank: "
                          f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model directory "
                          f"and train/evaluate that in a new run)")
-    ours = {"eval_data": a.data, "eval_rows": a.rows, "eval_buckets": a.buckets, "eval_answer_loss": a.answer_loss}
-    flags = [x for k, v in ours.items() if v is not None for x in (f"--{k}", str(v))]
     saved = RunConfig.load(tag_dir / "run.yaml")
     try:
         cfg = RunConfig.from_cli(["--config", str(tag_dir / "run.yaml"), *rest, *flags])
@@ -96,14 +137,19 @@ def eval_inputs(argv: list[str], world_size: int | None):
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise ValueError(f"eval: this changes {what} from checkpoint {str(tag_dir)!r}, whose weights and partitions "
                          f"are made for its own; drop those options")
-    out = Path(a.out) if a.out else tag_dir.parent.parent
-    check_output_dir(str(out))
-    hf_cfg = validate(cfg, world)
-    rope_coverage(cfg, hf_cfg)
-    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
-    if cfg.eval.answer_loss:
-        answer_sessions(cfg, limit=1, names=("--answer_loss true", "--data"))
-    return cfg, hf_cfg, tag_dir, meta, out
+    return cfg, tag_dir, meta, world
+
+
+def model_inputs(a, rest: list, flags: list, world_size: int | None) -> tuple:
+    """(run config, None, meta of step 0, world size) of an eval of a model directory as it is (module doc)."""
+    if a.out is None:
+        raise ValueError(f"eval --model {a.model!r} needs --out DIR, where its lines go")
+    try:
+        cfg = RunConfig.from_cli(["--model", a.model, *rest, *flags, "--output_dir", a.out])
+    except ValidationError as e:
+        raise ValueError(format_validation_error(e)) from None
+    world = cfg.parallel.sp_size if world_size is None else world_size
+    return cfg, None, {"step": 0, "run": {"world_size": world}}, world
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,15 +179,18 @@ def main(argv: list[str] | None = None) -> None:
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
-    engine = build_engine(cfg, hf_cfg)
+    # --model: its weights, loaded as training loads them; no optimizer state there (an eval never steps)
+    engine = build_engine(cfg, hf_cfg, optimizer_state=tag_dir is not None)
     try:
-        resume.load_weights(engine, tag_dir, meta)
+        if tag_dir is not None:
+            resume.load_weights(engine, tag_dir, meta)
     except ValueError as e:
         refuse(f"refused: {e}", rank)
 
     # ---------------------------------------------------------------- evaluate, write, say
     result = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)
-    answers = answer_loss_lines(engine, cfg)(meta["step"]) if cfg.eval.answer_loss else ([], [])  # collective
+    scored = cfg.eval.answer_loss or cfg.eval.recall
+    answers = answer_loss_lines(engine, cfg)(meta["step"]) if scored else ([], [])  # collective
     unwritten = [write_lines(result, answers, out, tag_dir, meta, cfg) if rank == 0 else None]
     run_lock.release_all()
     if torch.distributed.is_initialized():
@@ -152,13 +201,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
-def write_lines(result, scored: tuple, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
+def write_lines(result, scored: tuple, out: Path, tag_dir: Path | None, meta: dict, cfg) -> str | None:
     """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `scored` (bucket lines,
-    answer lines; empty without --answer_loss) in answer_loss.jsonl and answer_loss_answers.jsonl, then the loss
-    said. Returns None, or the one line saying what could not be written (a full disk, a permission) and the metrics
-    line itself."""
-    extra = {"checkpoint": str(tag_dir), "eval_data": cfg.eval.data}
-    answers, each = scored
+    answer lines; empty without --answer_loss or --recall) in answer_loss.jsonl and answer_loss_answers.jsonl
+    (--answer_loss) and as recall rows in recall.jsonl and recall_answers.jsonl (--recall), then the loss said.
+    Returns None, or the one line saying what could not be written (a full disk, a permission) and the metrics
+    line itself. `tag_dir` None: a model directory's eval (stage base)."""
+    source = str(tag_dir) if tag_dir is not None else cfg.model.name
+    extra = {"checkpoint" if tag_dir is not None else "model": source, "eval_data": cfg.eval.data}
+    answers, each = scored if cfg.eval.answer_loss else ([], [])
+    recall = recall_rows(scored[1], model=cfg.model.name, stage="trained" if tag_dir is not None else "base",
+                         step=meta["step"], seq_len=cfg.train.seq_len) if cfg.eval.recall else ([], [])
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -167,14 +220,19 @@ def write_lines(result, scored: tuple, out: Path, tag_dir: Path, meta: dict, cfg
         if answers:
             append_jsonl(out / ANSWER_LOSS_FILE, *({**x, **extra} for x in answers))
             append_jsonl(out / ANSWERS_FILE, *({**x, **extra} for x in each))
+        if recall[0]:
+            append_jsonl(out / RECALL_FILE, *recall[0])
+            append_jsonl(out / RECALL_ANSWERS_FILE, *({**x, **extra} for x in recall[1]))
     except OSError as e:
-        return (f"eval_loss {result.loss:.6f} at step {meta['step']} of {tag_dir}, but its lines were not all written "
+        return (f"eval_loss {result.loss:.6f} at step {meta['step']} of {source}, but its lines were not all written "
                 f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; make {out} "
                 f"writable or pass --out another directory")
     print(f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
-          f"at step {meta['step']} of {tag_dir}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}"
+          f"at step {meta['step']} of {source}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}"
           + (f"; answer loss of {sum(x['answers'] for x in answers)} answers in {len(answers)} distance buckets in "
-             f"{out / ANSWER_LOSS_FILE} (each answer in {ANSWERS_FILE})" if answers else ""), flush=True)
+             f"{out / ANSWER_LOSS_FILE} (each answer in {ANSWERS_FILE})" if answers else "")
+          + (f"; recall exact match {sum(x['exact'] for x in recall[1])} of {len(recall[1])} answers in "
+             f"{out / RECALL_FILE}" if recall[1] else ""), flush=True)
     return None
 
 

@@ -200,8 +200,9 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     hf_cfg = validate(cfg, world_size, per_node)
     rope_coverage(cfg, hf_cfg)
     check_sources(cfg, hf_cfg.get_text_config().vocab_size)
-    if cfg.eval.answer_loss:
-        answer_sessions(cfg, limit=1)  # eval_data holds answers (its first session that does is read)
+    if cfg.eval.answer_loss or cfg.eval.recall:
+        key = "eval_recall" if cfg.eval.recall else "eval_answer_loss"
+        answer_sessions(cfg, limit=1, names=(key, "eval_data"))  # eval_data holds answers (its first one is read)
     meta = resume.check_run_dir(cfg, world_size)
     if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
         raise ValueError(problem)

@@ -29,12 +29,12 @@ from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
-from ds_longctx.run.answer_loss import answer_loss_writer
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
 from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
+from ds_longctx.run.recall import answers_writer
 from ds_longctx.run.refuse import last_line, refuse
 from ds_longctx.run.step import TimedStep, timed_step
 from ds_longctx.run.stops import FAILED, StopRequest, saving, signal_exit, signal_name
@@ -201,7 +201,7 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
     snapshot_steps = cfg.logging.memory_snapshot_steps
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0,
                desc="train", unit="step", dynamic_ncols=True)
-    answers = answer_loss_writer(engine, cfg) if cfg.eval.answer_loss else None
+    answers = answers_writer(engine, cfg, cfg.model.name) if cfg.eval.answer_loss or cfg.eval.recall else None
     if answers is not None and start == 0:
         answers(0)  # the untrained model's, before the first step
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1

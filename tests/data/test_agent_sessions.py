@@ -24,7 +24,7 @@ ROOT = Path(sysconfig.get_paths()["stdlib"])
 def prepare(out: Path, *extra) -> Path:
     """Sessions of SMALL (a 512-id BPE, or a corpus's tokenizer) into `out`."""
     from ds_longctx.data.prepare import main
-    vocab = [] if "--corpus" in extra else ["--vocab_size", "512"]
+    vocab = [] if "--corpus" in extra or "--tokenizer" in extra else ["--vocab_size", "512"]
     assert main(["prepare", "--out", str(out), *SMALL, *vocab, *extra]) == 0
     return out
 
@@ -232,6 +232,8 @@ def test_sessions_of_a_prepared_corpus_read_its_files_with_its_tokenizer(tmp_pat
     (["--vocab_size", "512", "--corpus", "nowhere"], "--vocab_size 512 with --corpus 'nowhere'"),
     (["--corpus", "nowhere"], "--corpus 'nowhere' is not a directory `ds-longctx data prepare --stdlib` wrote"),
     (["--vocab_size", "260"], "--vocab_size 260 must be > 263 (the bytes and the 7 special tokens)"),
+    (["--vocab_size", "512", "--tokenizer", "x"], "--vocab_size 512 with --tokenizer 'x': the sessions use that"),
+    (["--tokenizer", "nowhere"], "--tokenizer 'nowhere' holds no tokenizer transformers can load"),
     (["--stdlib"], "data prepare needs one source"),
     (["--sessions", "x"], "argument --sessions: invalid int value: 'x'"),
     (["--sessions", "1000000000"], "--sessions 1,000,000,000 of ~"),  # then the memory it needs and has
@@ -246,16 +248,42 @@ def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, c
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids(sessions, tmp_path, capsys):
+    """--tokenizer DIR (a ChatML tokenizer: here the sessions' own) writes the sessions in its ids, no BPE trained:
+    the same sessions byte for byte, and tokenizer/ is it with CHAT_TEMPLATE. A tokenizer without <|im_start|> and
+    <|im_end|> as special tokens is refused in one line, nothing written."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from ds_longctx import cli
+    from ds_longctx.data.session_chat import CHAT_TEMPLATE
+    from ds_longctx.data.stdlib_corpus import train_tokenizer
+    out = prepare(tmp_path / "again", "--tokenizer", str(sessions / "tokenizer"))
+    assert (out / "train.jsonl").read_bytes() == (sessions / "train.jsonl").read_bytes()
+    tokens = [(d / "tokenizer" / "tokenizer.json").read_bytes() for d in (out, sessions)]
+    assert tokens[0] == tokens[1]
+    assert json.loads((out / "data_card.json").read_text())["options"]["tokenizer"] == str(sessions / "tokenizer")
+    assert AutoTokenizer.from_pretrained(str(out / "tokenizer")).chat_template == CHAT_TEMPLATE
+    plain = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(["def f(x):\n    return x\n"] * 4, 300))
+    plain.save_pretrained(str(tmp_path / "plain"))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["data", "prepare", "--out", str(tmp_path / "s"), *SMALL, "--tokenizer", str(tmp_path / "plain")])
+    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
+    assert stopped.value.code == 2 and "lacks the ChatML special tokens ['<|im_start|>', '<|im_end|>']" in last, last
+    assert not (tmp_path / "s").exists()
+
+
 @pytest.fixture(scope="module")
 def trained(sessions, tmp_path_factory):
     """`ds-longctx train` on the prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into
-    packed windows, 2 steps; the answer loss of the first session before step 1 and after step 2, saved at step 2."""
+    packed windows, 2 steps; the answer loss and recall of the first session before step 1 and after step 2, saved at
+    step 2."""
     out = tmp_path_factory.mktemp("trained") / "run"
     res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--dtype", "fp32",
                    "--steps", "2", "--seq_len", "2048", "--data", str(sessions), "--tokenizer",
                    str(sessions / "tokenizer"), "--data_layout", "pack", "--data_cache_dir",
                    str(out.parent / "cache"), "--report_to", "none", "--output_dir", str(out), "--eval_data",
-                   str(sessions), "--eval_rows", "1", "--eval_answer_loss", "true", "--save_every", "2"],
+                   str(sessions), "--eval_rows", "1", "--eval_answer_loss", "true", "--eval_recall", "true",
+                   "--save_every", "2"],
                   output_dir=out)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
@@ -263,7 +291,8 @@ def trained(sessions, tmp_path_factory):
 
 def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
     """The run of `trained`; its answer loss by distance (whole sessions under SP=2) at step 0 equals a plain HF
-    model's (the same initial weights)."""
+    model's (the same initial weights), and so do its recall rows (each answer's exact match from the argmax hits of
+    the chunked loss under SP=2, the HF reference's from its full logits)."""
     out = trained
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
     lines = read_metrics(out, "answer_loss.jsonl")
@@ -279,13 +308,25 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
                                                                        for x in ref]
     each = read_metrics(out, "answer_loss_answers.jsonl")  # the answers the bucket lines average, at both steps
     assert [x["step"] for x in each] == [0] * (n := sum(x["answers"] for x in got)) + [2] * n
+    from ds_longctx.run.recall import recall_rows
+    _, ref_each = answer_loss_both(hf_losses(tiny_model().eval()), session_spans(tok, rows), 0,
+                                   control_spans(tok, rows))
+    want, _ = recall_rows(ref_each, model="qwen3-tiny", stage="trained", step=0, seq_len=2048)
+    recall = read_metrics(out, "recall.jsonl")
+    assert sorted({x["step"] for x in recall}) == [0, 2] and {x["stage"] for x in recall} == {"trained"}
+    got = [x for x in recall if x["step"] == 0]
+    assert [(x["bucket"], x["answers"], x["recall_exact_match"], x["seq_len"]) for x in got] == \
+           [(x["bucket"], x["answers"], x["recall_exact_match"], x["seq_len"]) for x in want]
+    for key in ("loss_with_evidence", "loss_without_evidence"):
+        assert [x[key] for x in got] == pytest.approx([x[key] for x in want], rel=1e-5)
+    assert [x["exact"] for x in read_metrics(out, "recall_answers.jsonl")[:n]] == [x["exact"] for x in ref_each]
 
 
 def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessions, trained, tmp_path):
-    """`ds-longctx eval --answer_loss true` of the step-2 checkpoint writes training's step-2 answer_loss lines (the
-    same session, the same weights), beside its eval line."""
+    """`ds-longctx eval --answer_loss true --recall true` of the step-2 checkpoint writes training's step-2
+    answer_loss lines and recall rows (the same session, the same weights), beside its eval line."""
     res = run_cli(["eval", "--checkpoint", str(trained), "--data", str(sessions), "--rows", "1", "--answer_loss",
-                   "true", "--out", str(tmp_path)], timeout=300, output_dir=tmp_path)
+                   "true", "--recall", "true", "--out", str(tmp_path)], timeout=300, output_dir=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = read_metrics(trained, "answer_loss.jsonl")
     want, untrained = [x for x in lines if x["step"] == 2], [x["mean_loss"] for x in lines if x["step"] == 0]
@@ -302,6 +343,11 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(sessi
            [(x["session"], x["message"], x["position"]) for x in want_each]
     assert [x["loss"] for x in got_each] == pytest.approx([x["loss"] for x in want_each], rel=1e-6)
     assert [m["step"] for m in read_metrics(tmp_path)] == [2] and "answer loss of " in res.stdout
+    want = [x for x in read_metrics(trained, "recall.jsonl") if x["step"] == 2]  # --recall: training's rows
+    got = read_metrics(tmp_path, "recall.jsonl")
+    assert [(x["stage"], x["step"], x["bucket"], x["answers"], x["recall_exact_match"]) for x in got] == \
+           [(x["stage"], x["step"], x["bucket"], x["answers"], x["recall_exact_match"]) for x in want]
+    assert [x["loss_with_evidence"] for x in got] == pytest.approx([x["loss_with_evidence"] for x in want], rel=1e-6)
 
 
 def test_ds_longctx_eval_refuses_the_answer_loss_on_data_without_answers(sessions, trained, tmp_path, capsys,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy
+from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, per_token_scores
 from tests.helpers import rel_err
 
 IGNORE = -100
@@ -123,6 +123,21 @@ def test_no_grad_and_per_token():
     assert per_row.shape == (37,) and per_row.dtype == torch.float32 and not per_row.requires_grad
     assert rel_err(per_row, want) <= 1e-6
     assert (per_row[labels == IGNORE] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_token_hits_are_the_argmax_of_the_full_logits(dtype):
+    """per_token_scores: the losses of per_token_cross_entropy, and hit[i] == (labels[i]'s logit is row i's max),
+    False where ignored; half the labels set to the argmax so both outcomes occur, chunks of 8 rows."""
+    hidden, weight, gen = make_inputs(37, dtype)
+    labels = make_labels(37, "chunk_ignored", gen)
+    logits = F.linear(hidden, weight).float()  # [N, V]
+    labels = torch.where((torch.arange(37) % 2 == 0) & (labels != IGNORE), logits.argmax(dim=1), labels)
+    loss, hit = per_token_scores(hidden, weight, labels, chunk_size=8)
+    assert torch.equal(loss, per_token_cross_entropy(hidden, weight, labels, chunk_size=8))
+    target = logits.gather(1, labels.clamp(min=0)[:, None])[:, 0]  # [N]
+    want = (target == logits.amax(dim=1)) & (labels != IGNORE)  # a tie with the max counts as a hit
+    assert hit.dtype == torch.bool and torch.equal(hit, want) and 0 < int(hit.sum()) < int((labels != IGNORE).sum())
 
 
 def test_second_backward_raises():

@@ -1,0 +1,68 @@
+"""Recall of long agent sessions by answer-to-evidence distance: does greedy decoding give back the value an answer
+quotes from far back? One JSON line per (stage, step, bucket) in `<out>/recall.jsonl`, one per answer in
+`recall_answers.jsonl`.
+
+    write = answers_writer(engine, cfg, model, stage)   # write(step): the lines at `step`; collective
+
+The cut: for each answer, the prompt is the session up to its value's first token: every message before it (the
+evidence far back, the question) and the answer's own lead-in (`<|im_start|>assistant\\n` and the words before the
+value, e.g. "`timeout` defaults to `"). Greedy decoding from that prompt reproduces the value's tokens iff, at each
+of them, the value token's logit is the maximum of the model's next-token logits given the true prefix (the tokens
+before it are then the ones greedy emitted). So one teacher-forced forward of the whole session gives every answer's
+exact match at once: `exact` is true when every value token is its position's argmax (levers/chunked_loss.py
+`per_token_scores`; a tie with the maximum counts as a hit). tests/run/test_recall.py holds this against HF
+`generate(do_sample=False)`.
+
+Per bucket: `answers`, `loss_with_evidence` and `loss_without_evidence` (the means of the answers' value losses
+in the session and in its control, every answer's evidence blanked: run/answer_loss.py), `recall_exact_match` (the
+share of its answers with `exact`); with model, stage (`base`: a model directory as it is, `trained`: a run's
+weights), step, seq_len, commit, device, date.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, RECALL_ANSWERS_FILE, RECALL_FILE
+from ds_longctx.data.answer_spans import BUCKETS
+from ds_longctx.run.answer_loss import answer_loss_lines
+from ds_longctx.run.provenance import commit, device_name, now
+
+STAGES = ("base", "trained")
+
+
+def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) -> tuple:
+    """(the bucket rows, the answer rows) of the answer lines `each` (answer_loss.answer_lines, with the control's
+    loss): the module doc's fields, buckets that hold an answer, nearest first."""
+    where = {"model": model, "stage": stage, "step": step, "seq_len": seq_len}
+    said = {"commit": commit(), "device": device_name(), "date": now()}
+    rows = []
+    for name in BUCKETS:
+        got = [x for x in each if x["bucket"] == name]
+        if got:
+            rows.append({**where, "bucket": name, "answers": len(got),
+                         "loss_with_evidence": sum(x["loss"] for x in got) / len(got),
+                         "loss_without_evidence": sum(x["loss_without_evidence"] for x in got) / len(got),
+                         "recall_exact_match": sum(x["exact"] for x in got) / len(got), **said})
+    return rows, [{**where, **x} for x in each]
+
+
+def answers_writer(engine, cfg, model: str, stage: str = "trained"):
+    """`write(step)`: the answers of eval_data's first eval_rows sessions scored under `engine` at `step` (one
+    forward of each session and of its control), appended by rank 0 to `<output_dir>`'s answer_loss files where
+    eval_answer_loss is on and its recall files where eval_recall is on. Collective."""
+    from ds_longctx.run.evaluate import append_jsonl
+    lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)
+
+    def write(step: int) -> None:
+        buckets, each = lines(step)
+        if engine.state.rank != 0:
+            return
+        if cfg.eval.answer_loss:
+            append_jsonl(out / ANSWER_LOSS_FILE, *buckets)
+            append_jsonl(out / ANSWERS_FILE, *each)
+        if cfg.eval.recall:
+            rows, answers = recall_rows(each, model=model, stage=stage, step=step, seq_len=cfg.train.seq_len)
+            append_jsonl(out / RECALL_FILE, *rows)
+            append_jsonl(out / RECALL_ANSWERS_FILE, *answers)
+    return write
