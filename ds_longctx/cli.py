@@ -109,9 +109,10 @@ def run_eval(argv: list[str]) -> int:
         return REFUSED
     try:
         _, _, _, meta, out = eval_inputs(argv, nproc)
+        holder = lock_holder(out)
     except ValueError as e:
         refuse(f"refused before start: {e}")
-    if (holder := lock_holder(out)) is not None:  # eval writes its lines into `out`: one writer there
+    if holder is not None:  # eval writes its lines into `out`: one writer there
         refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
     if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
         print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
