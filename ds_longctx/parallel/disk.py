@@ -43,6 +43,13 @@ def size_text(n: float) -> str:
     return f"{int(n)} bytes"
 
 
+def user_path(path: str) -> str:
+    """The one resolution of a path a user gives (config key or command option): a leading `~` expanded, so every
+    reader and writer (the lock, the files, the workers) means the same directory; a relative path stays relative
+    to the working directory, which a run's processes share, and is made absolute where it is opened."""
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
 def existing_ancestor(path) -> Path:
     """`path` itself if it exists, else its nearest existing parent (where a new file would land)."""
     p = Path(os.path.abspath(Path(path).expanduser()))

@@ -134,3 +134,23 @@ def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_at_once_its_target_unto
     assert time.monotonic() - started < 5
     assert victim.read_text() == "the user's own file\n" and sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
     assert (out / LOCK_FILE).is_symlink() if kind == "symlink" else (out / LOCK_FILE).is_fifo()
+
+
+def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeypatch):
+    """`~/rk` from the command line or a config file resolves once (parallel/disk.user_path): the files and the lock
+    land in $HOME/rk, nothing in a literal ./~, and a second writer naming $HOME/rk by its absolute path is refused."""
+    from ds_longctx.run.argv import parse_config
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    (cwd / "run.yaml").write_text("model: qwen3-tiny\noutput_dir: ~/rk\ndata_cache_dir: ~/cache\n")
+    for argv in (["--output_dir", "~/rk"], ["--config", "run.yaml"]):
+        cfg = parse_config(argv)
+        assert cfg.train.output_dir == str(home / "rk")
+    assert cfg.data.cache_dir == str(home / "cache")
+    lock = run_lock.take(cfg.train.output_dir)
+    with pytest.raises(RunLockError, match="is in use by pid"):
+        RunLock.acquire(home / "rk")
+    assert lock_holder(str(home / "rk"))["pid"] == os.getpid() and list(cwd.iterdir()) == [cwd / "run.yaml"]
+    lock.release()
