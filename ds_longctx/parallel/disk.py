@@ -14,6 +14,7 @@ removed: `clear_partial` raises NotOurs naming it, and the command refuses.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shlex
@@ -175,3 +176,31 @@ def finish_partial(path: Path, dest: Path) -> None:
     if Path(dest).is_dir():
         Path(dest).rmdir()  # empty: rmdir refuses otherwise
     os.replace(path, dest)
+
+
+def _digest(path: Path) -> Optional[str]:
+    if path.is_symlink() or not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def mark_written(d: Path, marker: str, names) -> None:
+    """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours` asks)."""
+    record = {"maker": maker(), "files": {n: _digest(Path(d) / n) for n in names}}
+    (Path(d) / marker).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def not_ours(d: Path, marker: str, names=None) -> list:
+    """The entries of `d` (of `names` only, where given) that `d/marker` does not record as written by this project
+    with their present content: a user's own files, never overwritten nor removed. The marker itself is ours."""
+    d = Path(d)
+    try:
+        text = (d / marker).read_text()[:1 << 20] if (d / marker).is_file() else "{}"
+        recorded = json.loads(text).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    present = sorted(p.name for p in d.iterdir()) if names is None else [n for n in names
+                                                                         if os.path.lexists(d / n)]
+    return [n for n in present if n != marker and (n not in recorded or _digest(d / n) != recorded[n])]
