@@ -25,12 +25,13 @@ from typing import Optional
 import torch.distributed as dist
 
 from ds_longctx.checkpoint import files, layout_change, paths
-from ds_longctx.checkpoint.layout import CKPT_SUBDIR, META, READS, RUN_FILES, TAG, CheckpointError, ckpt_root
+from ds_longctx.checkpoint.layout import (CKPT_SUBDIR, META, READS, RUN_CONFIGS, RUN_FILES, RUN_MARKER, TAG,
+                                          CheckpointError, ckpt_root)
 from ds_longctx.checkpoint.paths import read_latest, shown
 from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.checkpoint.rng import rng_file, set_rng_state
 from ds_longctx.config import resume_keys
-from ds_longctx.parallel.disk import PARTIAL_MARKER
+from ds_longctx.parallel.disk import PARTIAL_MARKER, not_ours
 
 log = logging.getLogger("ds_longctx")
 
@@ -137,6 +138,11 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     check_output_dir(cfg.train.output_dir)
     root = ckpt_root(cfg.train.output_dir)
     if not cfg.checkpoint.resume:
+        out = Path(cfg.train.output_dir)
+        if out.is_dir() and (theirs := not_ours(out, RUN_MARKER, RUN_CONFIGS)):
+            raise CheckpointError(f"output_dir={cfg.train.output_dir!r} holds {' and '.join(theirs)}, which no run "
+                                  f"wrote there (or changed since): your own, which a run would replace; keep "
+                                  f"them elsewhere (a run writes its own copies here) or choose another output_dir")
         held = previous_run(cfg.train.output_dir)
         if held and not cfg.train.overwrite:
             raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds {', '.join(held)} of another "

@@ -22,11 +22,12 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ds_longctx.checkpoint import layout_change, resume, run_lock
-from ds_longctx.checkpoint.layout import CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.layout import RUN_CONFIGS, RUN_MARKER, CheckpointError, ckpt_root, tag_for
 from ds_longctx.checkpoint.save import save
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
+from ds_longctx.parallel.disk import mark_written
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.answer_loss import answer_loss_writer
@@ -172,6 +173,7 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
+    mark_written(out, RUN_MARKER, RUN_CONFIGS)  # ours: a later --overwrite may replace them
     dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
     log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
              st.dp_size, resolve_model(cfg.model.name).label, cfg.train.seq_len, dtype, start + 1, cfg.train.steps)
