@@ -25,8 +25,17 @@ from typing import Optional
 import torch.distributed as dist
 
 from ds_longctx.checkpoint import files, layout_change, paths
-from ds_longctx.checkpoint.layout import (CKPT_SUBDIR, META, READS, RUN_CONFIGS, RUN_FILES, RUN_MARKER, TAG,
-                                          CheckpointError, ckpt_root)
+from ds_longctx.checkpoint.layout import (
+    CKPT_SUBDIR,
+    META,
+    READS,
+    RUN_CONFIGS,
+    RUN_FILES,
+    RUN_MARKER,
+    TAG,
+    CheckpointError,
+    ckpt_root,
+)
 from ds_longctx.checkpoint.paths import read_latest, shown
 from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.checkpoint.rng import rng_file, set_rng_state
