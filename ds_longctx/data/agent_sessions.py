@@ -130,9 +130,11 @@ def corpus_source(corpus: Path, only: set | None) -> list:
 
 def session_tokenizer(files: list, args):
     """The sessions' tokenizer (module doc), carrying CHAT_TEMPLATE."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    from ds_longctx.data.tokenize import open_tokenizer
     if args.corpus is not None:
-        tok = AutoTokenizer.from_pretrained(str(Path(args.corpus) / "tokenizer"), local_files_only=True)
+        tok = open_tokenizer(Path(args.corpus) / "tokenizer")
         tok.add_special_tokens({"additional_special_tokens": list(CHAT_SPECIALS)})
     else:
         bpe = train_tokenizer([f.text for f in files], args.vocab_size, (*SPECIALS.values(), *CHAT_SPECIALS))
