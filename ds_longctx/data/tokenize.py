@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data import chat, formats
+from ds_longctx.data.budget import RowOverBudget, over_budget_reason, row_budget
 from ds_longctx.data.scan import MAX_NAMED
 from ds_longctx.data.sources import TOKENIZER_FILES, DataError, locate_rows
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -162,9 +163,12 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         got = []
         for i in range(len(next(iter(batch.values())))):
             try:
-                got.append(one({k: v[i] for k, v in batch.items()}))
+                with row_budget():
+                    got.append(one({k: v[i] for k, v in batch.items()}))
             except formats.ChatError as e:
                 got.append(e)
+            except RowOverBudget:
+                got.append(formats.ChatError(over_budget_reason()))
         return got
     return many
 

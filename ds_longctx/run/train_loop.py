@@ -78,7 +78,7 @@ def out_of_memory(cfg, step: int):
 
 def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     """The run of this rank, from the engine's checks to the end (exit through `parallel_state.leave`)."""
-    engine, data, held, resume_meta = build_run(cfg, rank, world)
+    engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
     start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
@@ -89,7 +89,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     end_run(cfg, engine, data, metrics, signals, start, done, saved)
 
 
-def build_run(cfg, rank: int, world: int) -> tuple:
+def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
     """(engine, data, held-out data or None, resume meta or None): checks, process group, data, engine. A refusal
     (bad input found here) exits 2 on every rank."""
     # ------------------------------------------------------------ checks (nothing started or written)
@@ -106,8 +106,9 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     try:
         rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
                     rank)
-        data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
-        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
+        with signals.now("reading and tokenizing the data"):  # no step boundary to wait for yet
+            data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
+            held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
         steps_of_epochs(cfg, data, dp_size, rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
