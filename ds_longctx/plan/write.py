@@ -171,7 +171,7 @@ def main(argv: list | None = None) -> int:
     a = parser().parse_args(argv)
     try:
         geom, host = check_args(a)
-        check_out(a)
+        check_plan_out(a)
     except ValueError as e:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
@@ -217,7 +217,7 @@ def main(argv: list | None = None) -> int:
     return 0
 
 
-def check_out(a: argparse.Namespace) -> None:
+def check_plan_out(a: argparse.Namespace) -> None:
     """`--out` (resolved: disk.user_path) is new, empty, or holds only the files of an earlier plan, unchanged
     (PLAN_MARKER records them): a ValueError naming what else it holds."""
     if not a.out:

@@ -76,3 +76,31 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
     assert exit_code == 143 and took < 10, (exit_code, took, lines[-5:])
     assert lines[-1] == "stopped by SIGTERM while reading and tokenizing the data: nothing trained, nothing saved"
     assert "stopping at the end of this step" not in log.read_text() and not (tmp_path / "out").exists()
+
+
+TURNS = '[{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]'
+
+
+@pytest.mark.parametrize("row, key", [
+    ('{"messages": ' + TURNS + ', "train": true, "train": false}', "train"),
+    ('{"messages": [], "messages": ' + TURNS + '}', "messages"),
+    ('{"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "role": "system", "content": "w2"}]}',
+     "messages[1].role"),
+])
+def test_a_data_row_giving_a_key_twice_is_refused_by_file_and_line(tmp_path, row, key):
+    """JSON keeps the last of a doubled key silently; a data row, like a run config (parallel/json_keys.py), is
+    refused naming the key's path, the file and the line (in a JSON lines file and in a .json array)."""
+    from ds_longctx.data.scan import scan_files
+    good = json.dumps(SESSION)
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text(f"{good}\n{row}\n")
+    scan = scan_files("json", [str(lines)], "text")
+    with pytest.raises(DataError) as e:
+        scan.refuse_bad(skip=False, source=str(lines))
+    assert str(e.value).startswith(f"data file {str(lines)!r} line 2 (byte {len(good) + 1}): key {key} appears twice "
+                                   f"in this row; keep one; fix that line in the file"), str(e.value)
+    array = tmp_path / "rows.json"
+    array.write_text(f"[\n{good},\n{row}\n]\n")
+    with pytest.raises(DataError) as e:
+        scan_files("json", [str(array)], "text")
+    assert str(e.value) == f"data file {str(array)!r} line 3: element 2 of the array: key {key} appears twice; keep one"
