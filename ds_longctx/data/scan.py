@@ -47,7 +47,7 @@ from ds_longctx.data.formats import (
     token_keys,
     utf8_row,
 )
-from ds_longctx.parallel.json_keys import DuplicateKey, json_kind, loads_unique, raw_decode_unique
+from ds_longctx.parallel.json_keys import DuplicateKey, TooDeep, json_kind, loads_unique, raw_decode_unique
 
 log = logging.getLogger("ds_longctx")
 
@@ -271,8 +271,8 @@ def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
             text = text.rstrip("\r\n")
             try:
                 obj = loads_unique(text)
-            except DuplicateKey as e:
-                yield offset, Fault(f, line_no, start, f"{e} in this row; keep one")
+            except (DuplicateKey, TooDeep) as e:
+                yield offset, Fault(f, line_no, start, str(e))
                 continue
             except json.JSONDecodeError as e:
                 at = start + len(text[:e.pos].encode("utf-8"))
@@ -312,9 +312,9 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
             return
         try:
             obj, end = raw_decode_unique(text, i)
-        except DuplicateKey as e:  # its lines counted within the element
-            raise DataError(f"data file {f!r} line {where(i)[0] + (e.first or 1) - 1}: element {element + 1} of the "
-                            f"array: {e}; keep one") from None
+        except (DuplicateKey, TooDeep) as e:  # a doubled key's lines are counted within the element
+            raise DataError(f"data file {f!r} line {where(i)[0] + (getattr(e, 'first', 1) or 1) - 1}: element "
+                            f"{element + 1} of the array: {e}") from None
         except json.JSONDecodeError as e:
             line, at = where(e.pos)
             raise DataError(f"data file {f!r} line {line} (byte {at}): not JSON ({e.msg}), in element {element + 1} "

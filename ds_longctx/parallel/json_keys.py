@@ -2,7 +2,7 @@
 The one rule for every JSON a user writes (run configs: config/config_file.py; data rows: data/scan.py). Torch-free,
 at the bottom.
 
-    obj = loads_unique(text)      # DuplicateKey(path, first_line, second_line) where a key appears twice
+    obj = loads_unique(text)      # DuplicateKey(path, first_line, second_line) where a key appears twice; TooDeep
     obj, end = raw_decode_unique(text, i)          # the same, of the value at text[i:] (a JSON array's element)
 """
 
@@ -17,7 +17,7 @@ class DuplicateKey(ValueError):
     """A key given twice in one object: its dotted path (`messages[1].role`) and the lines of both (None: unknown)."""
 
     def __init__(self, path: str, first: Optional[int], second: Optional[int]):
-        super().__init__(f"key {path} appears twice")
+        super().__init__(f"key {path} appears twice; keep one")
         self.path, self.first, self.second = path, first, second
 
     def lines(self) -> str:
@@ -25,6 +25,14 @@ class DuplicateKey(ValueError):
         if not (self.first and self.second):
             return ""
         return f" (lines {self.first} and {self.second})" if self.first != self.second else f" (line {self.first})"
+
+
+class TooDeep(ValueError):
+    """Containers nested deeper than Python's JSON reader goes (its recursion limit)."""
+
+    def __init__(self):
+        super().__init__("nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); "
+                         "flatten it")
 
 
 class _Twice(Exception):
@@ -42,11 +50,14 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
 def loads_unique(text: str) -> Any:
-    """`json.loads(text)`, or DuplicateKey naming the first key given twice (json.JSONDecodeError as json's)."""
+    """`json.loads(text)`, or DuplicateKey naming the first key given twice, TooDeep for a value nested past the
+    reader (json.JSONDecodeError as json's)."""
     try:
         return json.loads(text, object_pairs_hook=_unique)
     except _Twice:
         raise duplicate_in(text) from None
+    except RecursionError:
+        raise TooDeep from None
 
 
 def raw_decode_unique(text: str, i: int) -> tuple:
@@ -54,6 +65,8 @@ def raw_decode_unique(text: str, i: int) -> tuple:
     `loads_unique`, its lines counted within the value."""
     try:
         return _DECODER.raw_decode(text, i)
+    except RecursionError:
+        raise TooDeep from None
     except _Twice:
         end = json.JSONDecoder().raw_decode(text, i)[1]
         raise duplicate_in(text[i:end]) from None

@@ -81,15 +81,20 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
 TURNS = '[{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]'
 
 
-@pytest.mark.parametrize("row, key", [
-    ('{"messages": ' + TURNS + ', "train": true, "train": false}', "train"),
-    ('{"messages": [], "messages": ' + TURNS + '}', "messages"),
+DEEP = "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); flatten it"
+
+
+@pytest.mark.parametrize("row, what", [
+    ('{"messages": ' + TURNS + ', "train": true, "train": false}', "key train appears twice; keep one"),
+    ('{"messages": [], "messages": ' + TURNS + '}', "key messages appears twice; keep one"),
     ('{"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "role": "system", "content": "w2"}]}',
-     "messages[1].role"),
+     "key messages[1].role appears twice; keep one"),
+    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", DEEP),
 ])
-def test_a_data_row_giving_a_key_twice_is_refused_by_file_and_line(tmp_path, row, key):
+def test_a_data_row_giving_a_key_twice_or_nested_past_the_reader_is_refused_by_file_and_line(tmp_path, row, what):
     """JSON keeps the last of a doubled key silently; a data row, like a run config (parallel/json_keys.py), is
-    refused naming the key's path, the file and the line (in a JSON lines file and in a .json array)."""
+    refused naming the key's path, the file and the line (in a JSON lines file and in a .json array). A row nested
+    past Python's JSON reader (a RecursionError) is refused the same way."""
     from ds_longctx.data.scan import scan_files
     good = json.dumps(SESSION)
     lines = tmp_path / "rows.jsonl"
@@ -97,10 +102,10 @@ def test_a_data_row_giving_a_key_twice_is_refused_by_file_and_line(tmp_path, row
     scan = scan_files("json", [str(lines)], "text")
     with pytest.raises(DataError) as e:
         scan.refuse_bad(skip=False, source=str(lines))
-    assert str(e.value).startswith(f"data file {str(lines)!r} line 2 (byte {len(good) + 1}): key {key} appears twice "
-                                   f"in this row; keep one; fix that line in the file"), str(e.value)
+    assert str(e.value).startswith(f"data file {str(lines)!r} line 2 (byte {len(good) + 1}): {what}; fix that line "
+                                   f"in the file"), str(e.value)
     array = tmp_path / "rows.json"
     array.write_text(f"[\n{good},\n{row}\n]\n")
     with pytest.raises(DataError) as e:
         scan_files("json", [str(array)], "text")
-    assert str(e.value) == f"data file {str(array)!r} line 3: element 2 of the array: key {key} appears twice; keep one"
+    assert str(e.value) == f"data file {str(array)!r} line 3: element 2 of the array: {what}"
