@@ -98,6 +98,9 @@ def check_output_dir(output_dir: str) -> None:
     if p.exists() and not p.is_dir():
         raise CheckpointError(f"output_dir={output_dir!r} is a file; choose a directory path for the run")
     here = p.resolve()
+    if tag := next((d for d in (here, *here.parents) if d.parent.name == CKPT_SUBDIR and (d / META).is_file()), None):
+        raise CheckpointError(f"output_dir={output_dir!r} is inside {str(tag)!r}, a checkpoint, whose files its "
+                              f"{META} records; choose an output_dir outside every run's checkpoints/")
     if here in (Path(here.anchor), Path.home().resolve()):  # the run's files would litter it
         what = "your home directory" if here == Path.home().resolve() else "the filesystem root"
         raise CheckpointError(f"output_dir={output_dir!r} is {what}; give the run a directory of its own, e.g. "

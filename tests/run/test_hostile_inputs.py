@@ -210,3 +210,15 @@ def test_the_run_yaml_and_ds_config_a_run_writes_are_its_own_to_replace(tmp_path
     with pytest.raises(ValueError, match="already holds run.yaml, ds_config.json of another run"):
         preflight(cfg, 1)
     assert preflight(RunConfig(output_dir=str(out), overwrite=True), 1)[1] is None
+
+
+def test_an_output_dir_inside_a_checkpoint_is_refused(tmp_path):
+    tag = ckpt_root(tmp_path / "other") / "step2"
+    tag.mkdir(parents=True)
+    (tag / "meta.json").write_text('{"files": {}}')
+    for out in (tag, tag / "sub" / "run"):
+        with pytest.raises(ValueError) as e:
+            preflight(RunConfig(output_dir=str(out)), 1)
+        assert str(e.value) == (f"output_dir={str(out)!r} is inside {str(tag)!r}, a checkpoint, whose files its "
+                                f"meta.json records; choose an output_dir outside every run's checkpoints/")
+    assert sorted(p.name for p in tag.iterdir()) == ["meta.json"]
