@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_VOCAB = 1 << 20  # ids of a trained BPE: 7x Qwen3's
+
+
 def resolve(args) -> argparse.Namespace:
     """`args` with the source's defaults filled in; DataError for no source or two, an option of the other source,
     or --vocab_size with --corpus."""
@@ -64,6 +67,9 @@ def resolve(args) -> argparse.Namespace:
     if getattr(args, "corpus", None) is not None and args.vocab_size is not None:
         raise DataError(f"--vocab_size {args.vocab_size} with --corpus {args.corpus!r}: the sessions reuse the "
                         f"corpus's tokenizer; drop --vocab_size (or --corpus, to train a new BPE)")
+    if args.vocab_size is not None and not 256 <= args.vocab_size <= MAX_VOCAB:  # past it the BPE trainer aborts
+        raise DataError(f"--vocab_size {args.vocab_size}: give 256 to {MAX_VOCAB:,} ids (a byte-level BPE needs its "
+                        f"256 bytes; Qwen3's vocabulary has 151,669), e.g. --vocab_size 32000")
     for k, v in mine.items():
         if getattr(args, k) is None:
             setattr(args, k, v)

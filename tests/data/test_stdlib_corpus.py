@@ -161,3 +161,13 @@ def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(tmp_path, capsys
                                f"writing {tmp_path / 'corpus.partial' / 'train.jsonl'} (needs ~")
         assert last.endswith("free); nothing was left there; free space or choose another --out")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("vocab", ["1000000000", "10"])
+def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp_path, vocab):
+    """Past MAX_VOCAB the tokenizers trainer aborts the process (Rust); under 256 a byte-level BPE has no room."""
+    from ds_longctx.data.prepare import main
+    from ds_longctx.data.scan import DataError
+    with pytest.raises(DataError, match=rf"^--vocab_size {vocab}: give 256 to 1,048,576 ids"):
+        main(["prepare", "--stdlib", "--out", str(tmp_path / "c"), "--vocab_size", vocab])
+    assert not list(tmp_path.iterdir())
