@@ -77,6 +77,10 @@ def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume")
         raise CheckpointError(f"{what}: {str(tag_dir)!r} has checkpoint format "
                               f"{meta.get('format') if isinstance(meta, dict) else None!r}, this version reads "
                               f"{list(READS)}; {what} with the ds_longctx version that wrote it")
+    if meta.get("tag") != tag and not (isinstance(meta.get("tag"), str) and TAG.fullmatch(meta["tag"])):
+        raise CheckpointError(f"{what}: {str(meta_path)!r} names tag {shown(str(meta.get('tag')))}, which no save "
+                              f"writes (step<N>): the file was changed after its save; use another of "
+                              f"{paths.tag_names(root)}")
     if meta.get("tag") != tag:
         raise CheckpointError(f"{what}: directory {str(tag_dir)!r} holds the checkpoint saved as tag "
                               f"{shown(str(meta.get('tag')))} (its {META}); a tag directory keeps its name: rename it "
