@@ -222,3 +222,15 @@ def test_an_output_dir_inside_a_checkpoint_is_refused(tmp_path):
         assert str(e.value) == (f"output_dir={str(out)!r} is inside {str(tag)!r}, a checkpoint, whose files its "
                                 f"meta.json records; choose an output_dir outside every run's checkpoints/")
     assert sorted(p.name for p in tag.iterdir()) == ["meta.json"]
+
+
+def test_a_tensorboard_path_that_is_not_a_directory_is_refused_before_start(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tensorboard").write_text("a user's file\n")
+    with pytest.raises(ValueError) as e:
+        preflight(RunConfig(output_dir=str(out), overwrite=True), 1)
+    assert str(e.value) == (f"{out / 'tensorboard'} is not a directory, so TensorBoard's events cannot go there; move "
+                            f"it out of the output_dir, or report_to: none")
+    assert preflight(RunConfig(output_dir=str(out), overwrite=True, report_to="none"), 1)[1] is None
+    assert (out / "tensorboard").read_text() == "a user's file\n"
