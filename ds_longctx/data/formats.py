@@ -77,6 +77,10 @@ def _ints(v) -> bool:
 
 def row_problem(obj: dict, fmt: str) -> Optional[str]:
     """What is wrong with a row of format messages, prompt_completion or tokens (None: nothing)."""
+    if fmt != "tokens" and (masks := [k for k in MASK_KEYS if k in obj]):
+        return (f"{masks[0]!r} beside the {fmt} fields: which tokens of a {fmt} row train is its template's and "
+                f"train_on's (or each message's own \"train\"), so it would be dropped; drop the key, or give "
+                f"token rows (input_ids with labels)")
     if fmt == "prompt_completion":
         for k in ("prompt", "completion"):
             if not isinstance(obj.get(k), str):

@@ -109,3 +109,16 @@ def test_a_data_row_giving_a_key_twice_or_nested_past_the_reader_is_refused_by_f
     with pytest.raises(DataError) as e:
         scan_files("json", [str(array)], "text")
     assert str(e.value) == f"data file {str(array)!r} line 3: element 2 of the array: {what}"
+
+
+@pytest.mark.parametrize("row", [{**SESSION, "labels": [1, 2]}, {"prompt": "w1", "completion": "w2",
+                                                                  "completion_mask": [0, 1]}])
+def test_a_label_or_mask_column_beside_a_chat_or_prompt_row_is_refused_not_dropped(tmp_path, row):
+    from ds_longctx.data.scan import scan_files
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError) as e:
+        scan_files("json", [str(path)], "text").refuse_bad(skip=False, source=str(path))
+    key = "labels" if "labels" in row else "completion_mask"
+    assert str(e.value).startswith(f"data file {str(path)!r} line 1 (byte 0): {key!r} beside the "), str(e.value)
+    assert "so it would be dropped; drop the key, or give token rows (input_ids with labels)" in str(e.value)
