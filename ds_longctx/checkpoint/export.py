@@ -47,7 +47,7 @@ from ds_longctx.data.scan import DataError
 from ds_longctx.data.tokenize import open_tokenizer, tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
-from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text
+from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text, user_path
 
 
 def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
@@ -240,9 +240,11 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ds-longctx export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--checkpoint", required=True, type=user_path,
+                   help="a run's output_dir (or its checkpoints/ directory)")
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
-    p.add_argument("--out", required=True, help="new directory for the HF model (must not exist or be empty)")
+    p.add_argument("--out", required=True, type=user_path,
+                   help="new directory for the HF model (must not exist or be empty)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="weights dtype (auto: the training dtype)")
     p.add_argument("--merged", action="store_true",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ds_longctx.data.scan import DataError
+from ds_longctx.parallel.disk import user_path
 
 SESSIONS = 16
 # options of one source, with their defaults (None in the parser, so that a value given to the other is seen)
@@ -33,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--stdlib", action="store_true", help="the Python standard library of this interpreter")
     prep.add_argument("--sessions", type=int, nargs="?", const=SESSIONS, default=None, metavar="N",
                       help=f"N long agent sessions over the standard library (default {SESSIONS})")
-    prep.add_argument("--out", required=True, help="new (or empty) directory for the corpus")
+    prep.add_argument("--out", required=True, type=user_path, help="new (or empty) directory for the corpus")
     prep.add_argument("--vocab_size", type=int, default=None,
                       help="BPE vocabulary, bytes and special tokens included (default 32000)")
     prep.add_argument("--only", default=None, help="comma-separated document names to keep (a quick, small corpus)")
@@ -44,8 +45,9 @@ def parser() -> argparse.ArgumentParser:
     sessions.add_argument("--min_tokens", type=int, help="shortest session, tokens (default 32768)")
     sessions.add_argument("--max_tokens", type=int, help="longest session, tokens (default 1048576)")
     sessions.add_argument("--seed", type=int, help="the sessions drawn (default 0): the same seed gives the same bytes")
-    sessions.add_argument("--corpus", help="a directory of `data prepare --stdlib` to read files and the tokenizer "
-                                           "from (default: read the standard library, train a BPE)")
+    sessions.add_argument("--corpus", type=user_path,
+                          help="a directory of `data prepare --stdlib` to read files and the tokenizer from "
+                               "(default: read the standard library, train a BPE)")
     return p
 
 

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, CURVE_FILE, METRICS_FILE, loadable
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.parallel.disk import describe_os_error
+from ds_longctx.parallel.disk import describe_os_error, user_path
 from ds_longctx.parallel.parallel_state import init_distributed
 from ds_longctx.run.evaluate import append_jsonl, evaluate
 from ds_longctx.run.refuse import last_line, refuse
@@ -51,7 +51,8 @@ OUT_FIX = "pass --out another directory (an eval that writes elsewhere only read
 def args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx eval", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--checkpoint", required=True, type=user_path,
+                   help="a run's output_dir (or its checkpoints/ directory)")
     p.add_argument("--data", required=True, help="held-out data: synthetic, or a file / directory like --data")
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
     p.add_argument("--rows", type=int, default=None, help="eval rows (default: the run's eval_rows)")
@@ -59,8 +60,9 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer_loss", "--eval_answer_loss", "--eval.answer_loss", dest="answer_loss", default="false",
                    help="true: also the loss on session answers by answer-to-evidence distance, to answer_loss.jsonl "
                         "(--data: a `data prepare --sessions` directory; default false, whatever the run's)")
-    p.add_argument("--out", default=None, help="where metrics.jsonl and eval_curve.jsonl get the lines (default: "
-                                               "the checkpoint's output_dir)")
+    p.add_argument("--out", default=None, type=user_path,
+                   help="where metrics.jsonl and eval_curve.jsonl get the lines (default: the checkpoint's "
+                        "output_dir)")
     p.add_argument("--nproc", type=int, default=None, help="local processes (ds-longctx eval: the checkpoint's "
                                                            "world size, the default)")
     return p

@@ -138,7 +138,8 @@ def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_at_once_its_target_unto
 
 def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeypatch):
     """`~/rk` from the command line or a config file resolves once (parallel/disk.user_path): the files and the lock
-    land in $HOME/rk, nothing in a literal ./~, and a second writer naming $HOME/rk by its absolute path is refused."""
+    land in $HOME/rk, nothing in a literal ./~, and a second writer naming $HOME/rk by its absolute path is refused.
+    A command's own path options (`--out=~/corpus`, which no shell expands) resolve the same way."""
     from ds_longctx.run.argv import parse_config
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir(), cwd.mkdir()
@@ -154,3 +155,5 @@ def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeyp
         RunLock.acquire(home / "rk")
     assert lock_holder(str(home / "rk"))["pid"] == os.getpid() and list(cwd.iterdir()) == [cwd / "run.yaml"]
     lock.release()
+    from ds_longctx.data.prepare import parser  # a command's own path options: the same resolution
+    assert parser().parse_args(["prepare", "--stdlib", "--out=~/corpus"]).out == str(home / "corpus")
