@@ -284,10 +284,16 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib|--sessions --out DIR`: its own options
         from ds_longctx.data.prepare import main as data_main
         from ds_longctx.run.refuse import refuse
+        from ds_longctx.run.stops import StopRequest
+        signals = StopRequest().install()  # no step to wait for: a signal ends it at once, with its line
         try:
-            sys.exit(data_main(argv[1:]))
+            with signals.now("preparing the data", "nothing written at --out (a .partial directory beside it, if "
+                                                   "any, goes at the next `data prepare` there)"):
+                sys.exit(data_main(argv[1:]))
         except ValueError as e:
             refuse(f"refused: {e}")
+        finally:
+            signals.uninstall()
     if argv and argv[0] == "export":
         from ds_longctx.checkpoint.export import main as export_main
         sys.exit(export_main(argv[1:]))

@@ -76,11 +76,11 @@ class StopRequest:
         self.signum = self.signum or signum
 
     @contextlib.contextmanager
-    def now(self, what: str):
-        """Within the block (work before step 1 that has no step boundary: reading and tokenizing the data), a
-        signal ends this process within moments, nothing trained nor saved: rank 0's last line says so, exit
-        128 + the signal's number (`signal_exit`)."""
-        self._now = what
+    def now(self, what: str, left: str = "nothing trained, nothing saved"):
+        """Within the block (work that has no step boundary: reading and tokenizing the data before step 1, `data
+        prepare`), a signal ends this process within moments: rank 0's last line says what it stopped and `left`
+        (what is on disk), exit 128 + the signal's number (`signal_exit`)."""
+        self._now, self._left = what, left
         try:
             if self.signum:  # one came before the block
                 self._stop_now(self.signum)
@@ -93,7 +93,7 @@ class StopRequest:
         if os.getpid() == self._pid:  # not a forked datasets worker: the run's own process says it
             release_all()
             os.write(2, b"\n")  # past a progress bar's line
-            last_line(f"stopped by {signal_name(signum)} while {self._now}: nothing trained, nothing saved",
+            last_line(f"stopped by {signal_name(signum)} while {self._now}: {self._left}",
                       signal_exit(signum), int(os.environ.get("RANK", "0")))
         os._exit(signal_exit(signum))
 
