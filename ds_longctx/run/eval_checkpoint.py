@@ -34,9 +34,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, CURVE_FILE, METRICS_FILE, loadable
+from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, CURVE_FILE, METRICS_FILE, RUN_MARKER, loadable
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.parallel.disk import describe_os_error, user_path
+from ds_longctx.parallel.disk import describe_os_error, mark_written, user_path
 from ds_longctx.parallel.parallel_state import init_distributed
 from ds_longctx.run.evaluate import append_jsonl, evaluate
 from ds_longctx.run.refuse import last_line, refuse
@@ -45,6 +45,7 @@ from ds_longctx.run.stops import FAILED, end_on_signal, watch_launcher
 log = logging.getLogger("ds_longctx")
 FIXED = ("model", "dtype", "rope_scaling", "seq_len", "sp_size")  # keys that make the model and its partitions
 # the way out when `out` is another writer's: an eval whose lines go elsewhere only reads the run (no lock there)
+EVAL_MARKER = ".ds_longctx-eval"  # in an --out an eval made: its lines files are an eval's, appended to later
 OUT_FIX = "pass --out another directory (an eval that writes elsewhere only reads the checkpoint)"
 
 
@@ -100,6 +101,9 @@ def eval_inputs(argv: list[str], world_size: int | None):
                          f"are made for its own; drop those options")
     out = Path(a.out) if a.out else tag_dir.parent.parent
     check_output_dir(str(out))
+    if out.resolve() != tag_dir.parent.parent.resolve() and (theirs := users_lines(out)):
+        raise ValueError(f"eval: --out {out} holds {', '.join(theirs)}, which no run or eval of this project wrote "
+                         f"there, and eval appends its lines to them; choose another --out")
     hf_cfg = validate(cfg, world)
     rope_coverage(cfg, hf_cfg)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
@@ -154,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
+def users_lines(out: Path) -> list:
+    """The files of `out` an eval appends to that neither a run (RUN_MARKER) nor an eval (EVAL_MARKER) made there."""
+    if any((out / m).is_file() for m in (RUN_MARKER, EVAL_MARKER)):
+        return []
+    return [n for n in (METRICS_FILE, CURVE_FILE, ANSWER_LOSS_FILE, ANSWERS_FILE) if os.path.lexists(out / n)]
+
+
 def write_lines(result, scored: tuple, out: Path, tag_dir: Path, meta: dict, cfg) -> str | None:
     """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `scored` (bucket lines,
     answer lines; empty without --answer_loss) in answer_loss.jsonl and answer_loss_answers.jsonl, then the loss
@@ -164,6 +175,8 @@ def write_lines(result, scored: tuple, out: Path, tag_dir: Path, meta: dict, cfg
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        if not any((out / m).is_file() for m in (RUN_MARKER, EVAL_MARKER)):
+            mark_written(out, EVAL_MARKER, [])  # its lines are an eval's: a later eval may append to them
         append_jsonl(out / METRICS_FILE, row)
         append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
         if answers:
