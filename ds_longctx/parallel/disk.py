@@ -188,19 +188,22 @@ def _digest(path: Path) -> Optional[str]:
 def mark_written(d: Path, marker: str, names) -> None:
     """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours` asks)."""
     record = {"maker": maker(), "files": {n: _digest(Path(d) / n) for n in names}}
-    (Path(d) / marker).write_text(json.dumps(record, indent=1) + "\n")
+    fd = os.open(Path(d) / marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "w") as f:  # a link in its place is never written through (ELOOP)
+        f.write(json.dumps(record, indent=1) + "\n")
 
 
 def not_ours(d: Path, marker: str, names=None) -> list:
     """The entries of `d` (of `names` only, where given) that `d/marker` does not record as written by this project
     with their present content: a user's own files, never overwritten nor removed. The marker itself is ours."""
     d = Path(d)
+    mine = (d / marker).is_file() and not (d / marker).is_symlink()
     try:
-        text = (d / marker).read_text()[:1 << 20] if (d / marker).is_file() else "{}"
+        text = (d / marker).read_text()[:1 << 20] if mine else "{}"
         recorded = json.loads(text).get("files", {})
     except (OSError, ValueError, AttributeError):
         recorded = {}
     recorded = recorded if isinstance(recorded, dict) else {}
     present = sorted(p.name for p in d.iterdir()) if names is None else [n for n in names
                                                                          if os.path.lexists(d / n)]
-    return [n for n in present if n != marker and (n not in recorded or _digest(d / n) != recorded[n])]
+    return [n for n in present if not (n == marker and mine) and (n not in recorded or _digest(d / n) != recorded[n])]

@@ -92,9 +92,10 @@ class StopRequest:
         from ds_longctx.checkpoint.run_lock import release_all
         if os.getpid() == self._pid:  # not a forked datasets worker: the run's own process says it
             release_all()
-            os.write(2, b"\n")  # past a progress bar's line
-            last_line(f"stopped by {signal_name(signum)} while {self._now}: {self._left}",
-                      signal_exit(signum), int(os.environ.get("RANK", "0")))
+            rank = int(os.environ.get("RANK", "0"))
+            if rank == 0:
+                os.write(2, b"\n")  # past a progress bar's line
+            last_line(f"stopped by {signal_name(signum)} while {self._now}: {self._left}", signal_exit(signum), rank)
         os._exit(signal_exit(signum))
 
     def install(self) -> "StopRequest":

@@ -200,3 +200,9 @@ def test_plan_out_into_a_directory_holding_a_users_files_is_refused_writing_noth
     assert write.main(plan + [str(again)]) == 2 and "holds launch.txt, which no plan" in capsys.readouterr().err
     assert (again / "launch.txt").read_text() == "my own launch lines\n"
     assert write.main(plan + ["/"]) == 2 and "--out / holds " in capsys.readouterr().err
+    linked, victim = tmp_path / "linked", tmp_path / "victim.txt"
+    linked.mkdir()
+    victim.write_text("mine\n")
+    (linked / write.PLAN_MARKER).symlink_to(victim)  # a marker that is a link is no plan's, never written through
+    assert write.main(plan + [str(linked)]) == 2
+    assert f"holds {write.PLAN_MARKER}, which no plan" in capsys.readouterr().err and victim.read_text() == "mine\n"
