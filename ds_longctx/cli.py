@@ -109,9 +109,10 @@ def run_eval(argv: list[str]) -> int:
         return REFUSED
     try:
         _, _, _, meta, out = eval_inputs(argv, nproc)
+        holder = lock_holder(out)
     except ValueError as e:
         refuse(f"refused before start: {e}")
-    if (holder := lock_holder(out)) is not None:  # eval writes its lines into `out`: one writer there
+    if holder is not None:  # eval writes its lines into `out`: one writer there
         refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
     if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
         print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
@@ -283,10 +284,16 @@ def _main(argv: list[str] | None) -> None:
     if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib|--sessions --out DIR`: its own options
         from ds_longctx.data.prepare import main as data_main
         from ds_longctx.run.refuse import refuse
+        from ds_longctx.run.stops import StopRequest
+        signals = StopRequest().install()  # no step to wait for: a signal ends it at once, with its line
         try:
-            sys.exit(data_main(argv[1:]))
+            with signals.now("preparing the data", "nothing written at --out (a .partial directory beside it, if "
+                                                   "any, goes at the next `data prepare` there)"):
+                sys.exit(data_main(argv[1:]))
         except ValueError as e:
             refuse(f"refused: {e}")
+        finally:
+            signals.uninstall()
     if argv and argv[0] == "export":
         from ds_longctx.checkpoint.export import main as export_main
         sys.exit(export_main(argv[1:]))

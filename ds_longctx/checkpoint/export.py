@@ -43,10 +43,11 @@ from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.config import FLAT
 from ds_longctx.config.lora import LoraConfig
 from ds_longctx.config.model import random_init
-from ds_longctx.data.tokenize import tokenizer_of
+from ds_longctx.data.scan import DataError
+from ds_longctx.data.tokenize import open_tokenizer, tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
-from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text
+from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text, user_path
 
 
 def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
@@ -155,7 +156,7 @@ def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(str(tag_dir))
+    config = AutoConfig.from_pretrained(str(tag_dir), trust_remote_code=False)
     train_dtype = "bf16" if str(getattr(config, "dtype", "")).endswith("bfloat16") else "fp32"
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[train_dtype if dtype == "auto" else dtype]
     bad = files.problem(tag_dir, meta, None, show=True)
@@ -217,8 +218,7 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
             dirs = [tmp]
         tok = tokenizer_of(meta["run"].get("tokenizer"), meta["run"]["model"])  # the model directory's by default
         if tok:
-            from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(tok, local_files_only=True)
+            tokenizer = open_tokenizer(tok)
             for d in dirs:
                 tokenizer.save_pretrained(str(d))
         (tmp / "ds_longctx_export.json").write_text(json.dumps(
@@ -240,9 +240,11 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ds-longctx export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--checkpoint", required=True, type=user_path,
+                   help="a run's output_dir (or its checkpoints/ directory)")
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
-    p.add_argument("--out", required=True, help="new directory for the HF model (must not exist or be empty)")
+    p.add_argument("--out", required=True, type=user_path,
+                   help="new directory for the HF model (must not exist or be empty)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="weights dtype (auto: the training dtype)")
     p.add_argument("--merged", action="store_true",
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         dest = export(a.checkpoint, a.out, a.tag, a.dtype, a.merged)
-    except CheckpointError as e:
+    except (CheckpointError, DataError) as e:
         print(f"export refused: {e}", file=sys.stderr)
         return 2
     print(f"exported {dest}")

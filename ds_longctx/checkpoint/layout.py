@@ -11,7 +11,7 @@ statement of that layout and that rule; every other module names its files from 
             universal/                   the layout-free form a resume at another layout reads, with its own
                                          manifest (checkpoint/universal.py; `ds-longctx checkpoint reshard`)
         checkpoints/.tmp-step300/        a save in progress, marked as ours; renamed to step300 once complete
-        run.yaml, ds_config.json         the run's config and its DeepSpeed JSON
+        run.yaml, ds_config.json         the run's config and its DeepSpeed JSON (RUN_MARKER: their digests)
         metrics.jsonl, eval_curve.jsonl  one line per step / evaluation (run/metrics_log.py), answer_loss.jsonl
         tensorboard/                     report_to's events
         LOCK_FILE                        the one writer's lock (checkpoint/run_lock.py)
@@ -55,6 +55,8 @@ RECALL_FILE = "recall.jsonl"  # one line per (stage, step, bucket): run/recall.p
 RECALL_ANSWERS_FILE = "recall_answers.jsonl"  # one line per answer per recall evaluation
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
 RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
+RUN_CONFIGS = ("run.yaml", "ds_config.json")  # what a run (re)writes in output_dir, recorded in RUN_MARKER
+RUN_MARKER = ".ds_longctx-run"  # their sha256 as the run wrote them: one without is a user's, never replaced
 
 
 def ckpt_root(output_dir) -> Path:

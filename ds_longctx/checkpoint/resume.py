@@ -25,12 +25,22 @@ from typing import Optional
 import torch.distributed as dist
 
 from ds_longctx.checkpoint import files, layout_change, paths
-from ds_longctx.checkpoint.layout import CKPT_SUBDIR, META, READS, RUN_FILES, TAG, CheckpointError, ckpt_root
+from ds_longctx.checkpoint.layout import (
+    CKPT_SUBDIR,
+    META,
+    READS,
+    RUN_CONFIGS,
+    RUN_FILES,
+    RUN_MARKER,
+    TAG,
+    CheckpointError,
+    ckpt_root,
+)
 from ds_longctx.checkpoint.paths import read_latest, shown
 from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.checkpoint.rng import rng_file, set_rng_state
 from ds_longctx.config import resume_keys
-from ds_longctx.parallel.disk import PARTIAL_MARKER
+from ds_longctx.parallel.disk import PARTIAL_MARKER, not_ours
 
 log = logging.getLogger("ds_longctx")
 
@@ -67,6 +77,10 @@ def find_checkpoint(root: Path, tag: Optional[str] = None, what: str = "resume")
         raise CheckpointError(f"{what}: {str(tag_dir)!r} has checkpoint format "
                               f"{meta.get('format') if isinstance(meta, dict) else None!r}, this version reads "
                               f"{list(READS)}; {what} with the ds_longctx version that wrote it")
+    if meta.get("tag") != tag and not (isinstance(meta.get("tag"), str) and TAG.fullmatch(meta["tag"])):
+        raise CheckpointError(f"{what}: {str(meta_path)!r} names tag {shown(str(meta.get('tag')))}, which no save "
+                              f"writes (step<N>): the file was changed after its save; use another of "
+                              f"{paths.tag_names(root)}")
     if meta.get("tag") != tag:
         raise CheckpointError(f"{what}: directory {str(tag_dir)!r} holds the checkpoint saved as tag "
                               f"{shown(str(meta.get('tag')))} (its {META}); a tag directory keeps its name: rename it "
@@ -88,6 +102,9 @@ def check_output_dir(output_dir: str) -> None:
     if p.exists() and not p.is_dir():
         raise CheckpointError(f"output_dir={output_dir!r} is a file; choose a directory path for the run")
     here = p.resolve()
+    if tag := next((d for d in (here, *here.parents) if d.parent.name == CKPT_SUBDIR and (d / META).is_file()), None):
+        raise CheckpointError(f"output_dir={output_dir!r} is inside {str(tag)!r}, a checkpoint, whose files its "
+                              f"{META} records; choose an output_dir outside every run's checkpoints/")
     if here in (Path(here.anchor), Path.home().resolve()):  # the run's files would litter it
         what = "your home directory" if here == Path.home().resolve() else "the filesystem root"
         raise CheckpointError(f"output_dir={output_dir!r} is {what}; give the run a directory of its own, e.g. "
@@ -137,6 +154,11 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
     check_output_dir(cfg.train.output_dir)
     root = ckpt_root(cfg.train.output_dir)
     if not cfg.checkpoint.resume:
+        out = Path(cfg.train.output_dir)
+        if out.is_dir() and (theirs := not_ours(out, RUN_MARKER, RUN_CONFIGS)):
+            raise CheckpointError(f"output_dir={cfg.train.output_dir!r} holds {' and '.join(theirs)}, which no run "
+                                  f"wrote there (or changed since): your own, which a run would replace; keep "
+                                  f"them elsewhere (a run writes its own copies here) or choose another output_dir")
         held = previous_run(cfg.train.output_dir)
         if held and not cfg.train.overwrite:
             raise CheckpointError(f"output_dir={cfg.train.output_dir!r} already holds {', '.join(held)} of another "

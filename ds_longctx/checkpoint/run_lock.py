@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Optional
@@ -66,11 +67,33 @@ def in_use(out, holder: dict, fix: str) -> str:
             f"{fix}")
 
 
-def lock_holder(out) -> Optional[dict]:
-    """The record of the process holding `out`'s lock, None where nobody does (or there is no lock file)."""
-    path = Path(out) / LOCK_FILE
+_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a link or a FIFO never followed nor waited on
+
+
+def _open_lock(path: Path, flags: int, fix: str = FIX) -> int:
+    """`path` opened with `flags`, never following a link nor blocking; RunLockError unless a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, flags | _OPEN, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        fd = None
+    kind = "a symbolic link" if fd is None else None
+    if fd is not None and not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+    if kind:
+        raise RunLockError(f"output_dir={str(path.parent)!r}: its lock file {LOCK_FILE} is {kind}, which no run "
+                           f"of this project makes, so nothing there is opened or written; {fix}", {})
+    return fd
+
+
+def lock_holder(out) -> Optional[dict]:
+    """The record of the process holding `out`'s lock, None where nobody does (or there is no lock file);
+    RunLockError where the lock file is not a regular file. Never blocks."""
+    path = Path(os.path.abspath(Path(out).expanduser())) / LOCK_FILE
+    try:
+        fd = _open_lock(path, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -101,7 +124,7 @@ class RunLock:
         out.mkdir(parents=True, exist_ok=True)
         path = out / LOCK_FILE
         for attempt in range(_TRIES):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(path, os.O_RDWR | os.O_CREAT, fix)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -120,7 +143,7 @@ class RunLock:
                 log.warning("%s: this filesystem has no flock, so a second writer into it is not detected", path)
                 return cls(path, None, [])
             try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(path).st_ino
             except FileNotFoundError:
                 same = False
             if not same:  # its holder released (removed) it between our open and flock: lock the new file
@@ -140,7 +163,7 @@ class RunLock:
         if self.fd is None or self.pid != os.getpid():
             return
         try:
-            if os.fstat(self.fd).st_ino == os.stat(self.path).st_ino:
+            if os.fstat(self.fd).st_ino == os.lstat(self.path).st_ino:
                 self.path.unlink()
         except OSError:
             pass

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from ds_longctx.parallel.disk import user_path
 
 
 class Section(BaseModel):
@@ -18,6 +20,12 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
                               protected_namespaces=(), allow_inf_nan=False)
+    USER_PATHS: ClassVar[tuple] = ()  # fields holding a user's path: resolved once (parallel/disk.user_path)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _resolve_user_path(cls, v, info: ValidationInfo):
+        return user_path(v) if info.field_name in cls.USER_PATHS and isinstance(v, str) else v
 
     @field_validator("*", mode="before")
     @classmethod

@@ -13,12 +13,12 @@ Rules (each refusal names the file, the line and the fix):
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
+
+from ds_longctx.parallel.json_keys import DuplicateKey, loads_unique
 
 MAX_BYTES = 1 << 20
 
@@ -119,49 +119,8 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 # ----------------------------------------------------------------------------- JSON
-class _Duplicate(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list) -> dict:
-    out = dict(pairs)
-    if len(out) < len(pairs):
-        raise _Duplicate
-    return out
-
-
 def _json(text: str, path) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except _Duplicate:
-        key, first, second = _json_duplicate(text)
-        raise _twice(path, key, first, second) from None
-
-
-# a JSON string, or one structural character (numbers and literals are skipped over)
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]')
-
-
-def _json_duplicate(text: str) -> tuple:
-    """(dotted path, first line, second line) of the first key given twice in one object of the valid JSON `text`."""
-    frames: list = []  # one per open container: [path, {key: line} (None: an array), item index, expecting a key]
-    line, pos = 1, 0
-    for m in _JSON_TOKEN.finditer(text):
-        tok = m.group()
-        top = frames[-1] if frames else None
-        if tok in "{[":
-            at = top[4] if top and top[1] is not None else (f"{top[0]}[{top[2]}]" if top else "")
-            frames.append([at, {} if tok == "{" else None, 0, tok == "{", at])
-        elif tok in "}]":
-            frames.pop()
-        elif tok == ",":
-            top[2] += 1
-            top[3] = top[1] is not None
-        elif tok[0] == '"' and top and top[3]:  # a key
-            line, pos = line + text.count("\n", pos, m.start()), m.start()
-            key = json.loads(tok)
-            top[4] = f"{top[0]}.{key}" if top[0] else key
-            if key in top[1]:
-                return top[4], top[1][key], line
-            top[1][key], top[3] = line, False
-    return "?", None, None
+        return loads_unique(text)  # the one rule (parallel/json_keys.py)
+    except DuplicateKey as e:
+        raise _twice(path, e.path, e.first, e.second) from None

@@ -12,6 +12,8 @@ from ds_longctx.config.base import Section
 class DataConfig(Section):
     """What the run reads and how documents become rows of seq_len tokens."""
 
+    USER_PATHS = ("source", "tokenizer", "cache_dir")
+
     source: str = Field("synthetic", json_schema_extra={"flat": "data"})
     """`synthetic` (key-value retrieval with long-range structure), a local .txt / .jsonl / .json / .parquet file or
     a directory of them (one format), a corpus directory of `ds-longctx data prepare` (its train.jsonl), or a

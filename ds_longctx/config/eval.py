@@ -17,6 +17,8 @@ _LOWEST = {"every": (0, "steps between evaluations; 0: after the last step only"
 class EvalConfig(Section):
     """Held-out evaluation: which rows, how often, and the buckets of the per-position loss curve."""
 
+    USER_PATHS = ("data",)
+
     data: Optional[str] = Field(None, json_schema_extra={"flat": "eval_data"})
     """Held-out data. None: no evaluation. `synthetic`: the synthetic task drawn from another seed stream than
     training's (data/synthetic.py `held_out`); or a file, directory or hub name read like `data` (same tokenizer,

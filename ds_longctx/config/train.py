@@ -32,6 +32,8 @@ def whole_number_hint(text: str) -> str:
 class TrainConfig(Section):
     """The sequence length, the step count, the seed and the output directory."""
 
+    USER_PATHS = ("output_dir",)
+
     seq_len: int = Field(256, gt=0)
     """Tokens per sequence (one sequence per rank group per step)."""
     micro_batch: int = Field(1, ge=1)

@@ -1,10 +1,10 @@
 """Training data: local files or a hub dataset -> token rows of exactly `seq_len` (the synthetic task: synthetic.py).
 
 Modules, each importing only those before it: scan.py (read local files through, name every bad row) -> sources.py
-(find files, load documents) -> tokenize.py (tokenizer, token ids through the cache) -> rows.py (rows in the run's
-order, `Batch`) -> synthetic.py (the long-range task, same interface); this file holds the entry points and the
-checks that span them. prepare.py (`ds-longctx data prepare`) writes a corpus and its tokenizer: the standard library
-as documents (stdlib_corpus.py) or long agent sessions over it (agent_sessions.py).
+(find files, load documents) -> budget.py (one row's time budget) -> tokenize.py (tokenizer, token ids through the
+cache) -> rows.py (rows in the run's order, `Batch`) -> synthetic.py (the long-range task, same interface); this file
+holds the entry points and the checks that span them. prepare.py (`ds-longctx data prepare`) writes a corpus and its
+tokenizer: the standard library as documents (stdlib_corpus.py) or long agent sessions over it (agent_sessions.py).
 
     data = build_data(cfg, hf_config, dp_size)          # TokenRows (files) or SyntheticRetrieval ("synthetic")
     batch = data.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels

@@ -137,12 +137,8 @@ def corpus_source(corpus: Path, only: set | None) -> list:
 def model_tokenizer(path: str):
     """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers (CHAT_SPECIALS'
     first two) are special tokens of it: the rendering cuts at them (session_chat.py)."""
-    from transformers import AutoTokenizer
-    try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise DataError(f"--tokenizer {path!r} holds no tokenizer transformers can load ({str(e).splitlines()[0]}); "
-                        f"give a model directory (e.g. `ds-longctx models get ... --out DIR`)") from None
+    from ds_longctx.data.tokenize import open_tokenizer
+    tok = open_tokenizer(path, named=f"--tokenizer {path}")
     specials = {t.content for t in tok.added_tokens_decoder.values() if t.special}
     missing = [t for t in CHAT_SPECIALS[:2] if t not in specials]
     if missing or not tok.is_fast:
@@ -154,11 +150,13 @@ def model_tokenizer(path: str):
 
 def session_tokenizer(files: list, args):
     """The sessions' tokenizer (module doc), carrying CHAT_TEMPLATE."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+
+    from ds_longctx.data.tokenize import open_tokenizer
     if args.tokenizer is not None:
         tok = model_tokenizer(args.tokenizer)
     elif args.corpus is not None:
-        tok = AutoTokenizer.from_pretrained(str(Path(args.corpus) / "tokenizer"), local_files_only=True)
+        tok = open_tokenizer(Path(args.corpus) / "tokenizer")
         tok.add_special_tokens({"additional_special_tokens": list(CHAT_SPECIALS)})
     else:
         bpe = train_tokenizer([f.text for f in files], args.vocab_size, (*SPECIALS.values(), *CHAT_SPECIALS))

@@ -77,6 +77,10 @@ def _ints(v) -> bool:
 
 def row_problem(obj: dict, fmt: str) -> Optional[str]:
     """What is wrong with a row of format messages, prompt_completion or tokens (None: nothing)."""
+    if fmt != "tokens" and (masks := [k for k in MASK_KEYS if k in obj]):
+        return (f"{masks[0]!r} beside the {fmt} fields: which tokens of a {fmt} row train is its template's and "
+                f"train_on's (or each message's own \"train\"), so it would be dropped; drop the key, or give "
+                f"token rows (input_ids with labels)")
     if fmt == "prompt_completion":
         for k in ("prompt", "completion"):
             if not isinstance(obj.get(k), str):
@@ -237,3 +241,16 @@ def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: st
         keep = given["attention_mask"]
         return [t for t, v in zip(ids, keep) if v], [lab for lab, v in zip(labels, keep) if v]
     return list(ids), labels
+
+
+def utf8_row(row: dict) -> tuple:
+    """(row, None), or (None, why) where a string holds a lone UTF-16 surrogate (a \\ud800 escape without its pair):
+    JSON allows it, UTF-8 (Arrow, the tokenizer) does not."""
+    for k, v in row.items():
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return None, (f"{k!r} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x}, an escape without its "
+                              f"pair): not text; remove it or give its pair")
+    return row, None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from ds_longctx.data.scan import DataError
+from ds_longctx.parallel.disk import user_path
 
 SESSIONS = 16
 # options of one source, with their defaults (None in the parser, so that a value given to the other is seen)
@@ -34,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument("--stdlib", action="store_true", help="the Python standard library of this interpreter")
     prep.add_argument("--sessions", type=int, nargs="?", const=SESSIONS, default=None, metavar="N",
                       help=f"N long agent sessions over the standard library (default {SESSIONS})")
-    prep.add_argument("--out", required=True, help="new (or empty) directory for the corpus")
+    prep.add_argument("--out", required=True, type=user_path, help="new (or empty) directory for the corpus")
     prep.add_argument("--vocab_size", type=int, default=None,
                       help="BPE vocabulary, bytes and special tokens included (default 32000)")
     prep.add_argument("--only", default=None, help="comma-separated document names to keep (a quick, small corpus)")
@@ -45,11 +46,16 @@ def parser() -> argparse.ArgumentParser:
     sessions.add_argument("--min_tokens", type=int, help="shortest session, tokens (default 32768)")
     sessions.add_argument("--max_tokens", type=int, help="longest session, tokens (default 1048576)")
     sessions.add_argument("--seed", type=int, help="the sessions drawn (default 0): the same seed gives the same bytes")
-    sessions.add_argument("--corpus", help="a directory of `data prepare --stdlib` to read files and the tokenizer "
-                                           "from (default: read the standard library, train a BPE)")
-    sessions.add_argument("--tokenizer", help="a model's tokenizer directory (with the ChatML special tokens "
-                                              "<|im_start|> and <|im_end|>) to write the sessions in, no BPE trained")
+    sessions.add_argument("--corpus", type=user_path,
+                          help="a directory of `data prepare --stdlib` to read files and the tokenizer "
+                               "from (default: read the standard library, train a BPE)")
+    sessions.add_argument("--tokenizer", type=user_path,
+                          help="a model's tokenizer directory (with the ChatML special tokens "
+                               "<|im_start|> and <|im_end|>) to write the sessions in, no BPE trained")
     return p
+
+
+MAX_VOCAB = 1 << 20  # ids of a trained BPE: 7x Qwen3's
 
 
 def resolve(args) -> argparse.Namespace:
@@ -70,6 +76,9 @@ def resolve(args) -> argparse.Namespace:
     if getattr(args, "tokenizer", None) is not None and args.vocab_size is not None:
         raise DataError(f"--vocab_size {args.vocab_size} with --tokenizer {args.tokenizer!r}: the sessions use that "
                         f"tokenizer's vocabulary; drop --vocab_size")
+    if args.vocab_size is not None and not 256 <= args.vocab_size <= MAX_VOCAB:  # past it the BPE trainer aborts
+        raise DataError(f"--vocab_size {args.vocab_size}: give 256 to {MAX_VOCAB:,} ids (a byte-level BPE needs its "
+                        f"256 bytes; Qwen3's vocabulary has 151,669), e.g. --vocab_size 32000")
     for k, v in mine.items():
         if getattr(args, k) is None:
             setattr(args, k, v)

@@ -8,10 +8,11 @@ byte offset, before anything is converted.
 Faults of a file (refused always, `DataError`): a text file that is not UTF-8 or holds a NUL byte, a Parquet file
 without its magic or whose column is not text, a .json array that is not UTF-8 or does not parse. Faults of a row
 (refused unless `data.skip_bad_rows`, else skipped and counted): a JSON line that is not UTF-8, not JSON or not an
-object, a row without the text field (`text_field`), or whose value is not a string (null, a number, a list, ...), a
-Parquet row whose text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the first
-object row has `input_ids` and no text field ("tokens" mode: every row then needs a list of ints there), or a chat
-session (`messages`) or `prompt` / `completion` strings: `data.format` names the mode, or the first row decides
+object, or that gives a key twice at any depth (parallel/json_keys.py, as run configs are read; in a .json array: the
+file is refused), a row without the text field (`text_field`), or whose value is not a string (null, a number, a list,
+...), a Parquet row whose text is null. A blank line is no row. Rows hold text (`text_field`), or token ids where the
+first object row has `input_ids` and no text field ("tokens" mode: every row then needs a list of ints there), or a
+chat session (`messages`) or `prompt` / `completion` strings: `data.format` names the mode, or the first row decides
 (data/formats.py checks those rows: a message without a role, an unknown role, `tool_calls` not a list, ...).
 
 Written by hand because `datasets`' JSON builder (pyarrow) cannot do it: a malformed line fails the whole file with
@@ -37,13 +38,22 @@ from typing import Iterator, Optional
 
 from tqdm import tqdm
 
-from ds_longctx.data.formats import conversational, detect_format, keys_problem, other_format, row_problem, token_keys
+from ds_longctx.data.formats import (
+    conversational,
+    detect_format,
+    keys_problem,
+    other_format,
+    row_problem,
+    token_keys,
+    utf8_row,
+)
+from ds_longctx.parallel.json_keys import DuplicateKey, TooDeep, json_kind, loads_unique, raw_decode_unique
 
 log = logging.getLogger("ds_longctx")
 
 MAX_NAMED = 5          # bad rows named in a refusal or in the log; the rest are counted
 _CHUNK = 1 << 20       # bytes read at a time from a text file
-_VERSION = "scan-v1"   # part of the cache fingerprint of the rows read here
+_VERSION = "scan-v2"   # part of the cache fingerprint of the rows read here
 _BAR_BYTES = 256 << 20  # sources at least this large show a progress bar
 NL = b"\n"
 
@@ -207,7 +217,7 @@ def _scan_text(f: str) -> bool:
 def _row_value(obj, scan: Scan) -> tuple:
     """(the row's text or token ids, None) or (None, what is wrong with it). The first object row decides the mode."""
     if not isinstance(obj, dict):
-        return None, (f"a JSON {_kind(obj)}, not an object: write one object per row, e.g. "
+        return None, (f"a JSON {json_kind(obj)}, not an object: write one object per row, e.g. "
                       f"{{\"{scan.text_field}\": \"...\"}}")
     talk = conversational(obj)
     if not scan.mode_decided:
@@ -221,35 +231,16 @@ def _row_value(obj, scan: Scan) -> tuple:
             return None, other_format(obj, scan.text_field, scan.mode) or why
         row = {k: (json.dumps(obj.get(k), ensure_ascii=False) if kind == "string" and scan.mode == "messages" else
                    obj.get(k)) for k, kind in scan.columns().items()}
-        return _utf8(row)
+        return utf8_row(row)
     if scan.text_field not in obj:
         return None, other_format(obj, scan.text_field, "text") or (
             f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the key holding "
             f"the text")
     value = obj[scan.text_field]
     if not isinstance(value, str):
-        return None, (f"{scan.text_field!r} is a JSON {_kind(value)} ({json.dumps(value)[:40]}), not a string: "
+        return None, (f"{scan.text_field!r} is a JSON {json_kind(value)} ({json.dumps(value)[:40]}), not a string: "
                       f"write the text as a JSON string")
-    return _utf8({scan.text_field: value})
-
-
-def _utf8(row: dict) -> tuple:
-    """(row, None), or (None, why) where a string holds a lone UTF-16 surrogate (a \\ud800 escape without its pair):
-    JSON allows it, UTF-8 (Arrow, the tokenizer) does not."""
-    for k, v in row.items():
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                return None, (f"{k!r} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x}, an escape without its "
-                              f"pair): not text; remove it or give its pair")
-    return row, None
-
-
-def _kind(v) -> str:
-    """The JSON type of a parsed value: object, list, string, number, boolean or null."""
-    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
-    return "null" if v is None else names.get(type(v), type(v).__name__)
+    return utf8_row({scan.text_field: value})
 
 
 def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
@@ -279,7 +270,10 @@ def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
                 continue
             text = text.rstrip("\r\n")
             try:
-                obj = json.loads(text)
+                obj = loads_unique(text)
+            except (DuplicateKey, TooDeep) as e:
+                yield offset, Fault(f, line_no, start, str(e))
+                continue
             except json.JSONDecodeError as e:
                 at = start + len(text[:e.pos].encode("utf-8"))
                 cut = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated")
@@ -300,7 +294,7 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
         raise DataError(f"data file {f!r} line {raw.count(NL, 0, e.start) + 1} (byte {e.start}): byte "
                         f"{raw[e.start]:#04x} is not UTF-8; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
                         ) from None
-    decoder, ws = json.JSONDecoder(), " \t\r\n"
+    ws = " \t\r\n"
     i, byte_at, line_at, counted = text.index("[") + 1, 3 if raw.startswith(b"\xef\xbb\xbf") else 0, 1, 0
 
     def where(pos: int) -> tuple:  # (line, byte offset) of char `pos`; positions only grow: counted forward once
@@ -317,7 +311,10 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
         if i < len(text) and text[i] == "]" and element == 0:
             return
         try:
-            obj, end = decoder.raw_decode(text, i)
+            obj, end = raw_decode_unique(text, i)
+        except (DuplicateKey, TooDeep) as e:  # a doubled key's lines are counted within the element
+            raise DataError(f"data file {f!r} line {where(i)[0] + (getattr(e, 'first', 1) or 1) - 1}: element "
+                            f"{element + 1} of the array: {e}") from None
         except json.JSONDecodeError as e:
             line, at = where(e.pos)
             raise DataError(f"data file {f!r} line {line} (byte {at}): not JSON ({e.msg}), in element {element + 1} "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data import chat, formats
+from ds_longctx.data.budget import RowOverBudget, over_budget_reason, row_budget
 from ds_longctx.data.scan import MAX_NAMED
 from ds_longctx.data.sources import TOKENIZER_FILES, DataError, locate_rows
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -42,6 +43,24 @@ def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
     return None
 
 
+def open_tokenizer(path, named=None):
+    """The tokenizer saved in directory `path` as every command loads one: local files only, and no Python of the
+    directory's own (trust_remote_code=False: transformers neither runs it nor asks on a terminal). DataError naming
+    `named` (default: `path`) and the fix where it cannot be loaded."""
+    from transformers import AutoTokenizer
+    named = str(path) if named is None else named
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as e:
+        if "trust_remote_code" in str(e):
+            raise DataError(f"tokenizer={named!r} asks to run Python of its own (auto_map in its "
+                            f"tokenizer_config.json), which ds_longctx never runs; pass a tokenizer whose class "
+                            f"transformers ships (`tokenizer.save_pretrained` of a loaded one)") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise DataError(f"tokenizer={named!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
+                        f"saved by `tokenizer.save_pretrained`") from None
+
+
 def load_tokenizer(cfg, vocab_size: int):
     """The run's tokenizer, checked against the model's vocabulary; None when there is none to load."""
     path = tokenizer_path(cfg)
@@ -51,13 +70,7 @@ def load_tokenizer(cfg, vocab_size: int):
     if not p.is_dir():
         raise DataError(f"tokenizer={path!r} is not a directory; pass a local tokenizer directory (one with "
                         f"tokenizer.json / tokenizer_config.json, e.g. the model's own checkpoint directory)")
-    from transformers import AutoTokenizer
-    try:
-        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise DataError(f"tokenizer={path!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
-                        f"saved by `tokenizer.save_pretrained`") from None
+    tok = open_tokenizer(p, path)
     ids = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)  # added tokens may sit past len - 1
     if ids > vocab_size:
         raise DataError(f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
@@ -150,9 +163,12 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         got = []
         for i in range(len(next(iter(batch.values())))):
             try:
-                got.append(one({k: v[i] for k, v in batch.items()}))
+                with row_budget():
+                    got.append(one({k: v[i] for k, v in batch.items()}))
             except formats.ChatError as e:
                 got.append(e)
+            except RowOverBudget:
+                got.append(formats.ChatError(over_budget_reason()))
         return got
     return many
 

@@ -14,6 +14,7 @@ removed: `clear_partial` raises NotOurs naming it, and the command refuses.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shlex
@@ -41,6 +42,13 @@ def size_text(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}" if n < 100 * scale else f"{n / scale:,.0f} {unit}"
     return f"{int(n)} bytes"
+
+
+def user_path(path: str) -> str:
+    """The one resolution of a path a user gives (config key or command option): a leading `~` expanded, so every
+    reader and writer (the lock, the files, the workers) means the same directory; a relative path stays relative
+    to the working directory, which a run's processes share, and is made absolute where it is opened."""
+    return os.path.expanduser(path) if path.startswith("~") else path
 
 
 def existing_ancestor(path) -> Path:
@@ -168,3 +176,34 @@ def finish_partial(path: Path, dest: Path) -> None:
     if Path(dest).is_dir():
         Path(dest).rmdir()  # empty: rmdir refuses otherwise
     os.replace(path, dest)
+
+
+def _digest(path: Path) -> Optional[str]:
+    if path.is_symlink() or not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def mark_written(d: Path, marker: str, names) -> None:
+    """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours` asks)."""
+    record = {"maker": maker(), "files": {n: _digest(Path(d) / n) for n in names}}
+    fd = os.open(Path(d) / marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "w") as f:  # a link in its place is never written through (ELOOP)
+        f.write(json.dumps(record, indent=1) + "\n")
+
+
+def not_ours(d: Path, marker: str, names=None) -> list:
+    """The entries of `d` (of `names` only, where given) that `d/marker` does not record as written by this project
+    with their present content: a user's own files, never overwritten nor removed. The marker itself is ours."""
+    d = Path(d)
+    mine = (d / marker).is_file() and not (d / marker).is_symlink()
+    try:
+        text = (d / marker).read_text()[:1 << 20] if mine else "{}"
+        recorded = json.loads(text).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    present = sorted(p.name for p in d.iterdir()) if names is None else [n for n in names
+                                                                         if os.path.lexists(d / n)]
+    return [n for n in present if not (n == marker and mine) and (n not in recorded or _digest(d / n) != recorded[n])]

@@ -16,6 +16,8 @@ With `--out DIR` it writes:
     launch.txt       the launch lines (run them from DIR: every path in DIR is relative to DIR)
     plan.txt         the table and one line of reasoning per choice
     hostfile         with --nodes N > 1 only: DeepSpeed's hostfile, a template (node-0 slots=G ...)
+    .ds_longctx-plan which of these files the plan wrote, with their sha256: a directory holding anything else
+                     (a user's own run.yaml, or one changed since) is refused, nothing written
 Several nodes (--nodes N, --gpus G per node): SP groups stay inside a node, data parallelism runs across nodes,
 ZeRO-3 partitions over all N·G GPUs; host RAM (--host_mem_gb) and the host column are per node. accelerate.yaml
 then has num_machines N (each node passes its own --machine_rank), launch.txt the deepspeed --hostfile line (once,
@@ -39,6 +41,7 @@ from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.rope import rope_problem
+from ds_longctx.parallel.disk import mark_written, not_ours, user_path
 from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
@@ -50,6 +53,7 @@ from ds_longctx.plan.step_time import predict_step
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
+PLAN_MARKER = ".ds_longctx-plan"  # which files of --out a plan wrote, with their sha256 (disk.mark_written)
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,6 +171,7 @@ def main(argv: list | None = None) -> int:
     a = parser().parse_args(argv)
     try:
         geom, host = check_args(a)
+        check_plan_out(a)
     except ValueError as e:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
@@ -197,6 +202,7 @@ def main(argv: list | None = None) -> int:
         out = Path(a.out)
         try:
             write_files(out, choice, cmd, a, host)
+            mark_written(out, PLAN_MARKER, FILES if a.nodes == 1 else MULTINODE_FILES)
         except OSError as e:  # what check_out_dir cannot see ahead (a read-only or special file system)
             print(f"ds-longctx plan: --out {a.out}: could not write the plan's files ({e}); give a directory you can "
                   f"write to", file=sys.stderr)
@@ -209,6 +215,21 @@ def main(argv: list | None = None) -> int:
               f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:")
         print("\n".join("  " + line for line in launch_lines(a.gpus, a.nodes)))
     return 0
+
+
+def check_plan_out(a: argparse.Namespace) -> None:
+    """`--out` (resolved: disk.user_path) is new, empty, or holds only the files of an earlier plan, unchanged
+    (PLAN_MARKER records them): a ValueError naming what else it holds."""
+    if not a.out:
+        return
+    a.out = user_path(a.out)
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {a.out} is a file; give a new directory for the plan's files")
+    if out.is_dir() and (theirs := not_ours(out, PLAN_MARKER)):
+        raise ValueError(f"--out {a.out} holds {', '.join(theirs[:5])}{' ...' if len(theirs) > 5 else ''}, which "
+                         f"no plan wrote there (or changed since), so nothing is written; give a new or empty "
+                         f"directory (an earlier plan's own unchanged files are replaced)")
 
 
 def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choice:

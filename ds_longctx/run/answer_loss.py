@@ -161,11 +161,9 @@ def answer_loss_both(losses, sessions: list, step: int, control: list | None = N
 def answer_loss_lines(engine, cfg):
     """`lines(step)`: (the bucket lines, the answer lines) of eval_data's first eval_rows sessions under `engine` at
     `step` (every rank gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
-    from transformers import AutoTokenizer
-
-    from ds_longctx.data.tokenize import tokenizer_path
+    from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path
     rows = answer_sessions(cfg)
-    tok = AutoTokenizer.from_pretrained(tokenizer_path(cfg), local_files_only=True)
+    tok = open_tokenizer(tokenizer_path(cfg))
     sessions, control = session_spans(tok, rows), control_spans(tok, rows)  # tokenized once, read at every eval
     losses = engine_losses(engine)
     return lambda step: answer_loss_both(losses, sessions, step, control)

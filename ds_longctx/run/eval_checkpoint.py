@@ -49,10 +49,11 @@ from ds_longctx.checkpoint.layout import (
     METRICS_FILE,
     RECALL_ANSWERS_FILE,
     RECALL_FILE,
+    RUN_MARKER,
     loadable,
 )
 from ds_longctx.config import RunConfig, format_validation_error
-from ds_longctx.parallel.disk import describe_os_error
+from ds_longctx.parallel.disk import describe_os_error, mark_written, user_path
 from ds_longctx.parallel.parallel_state import init_distributed
 from ds_longctx.run.evaluate import append_jsonl, evaluate
 from ds_longctx.run.recall import recall_rows
@@ -62,14 +63,17 @@ from ds_longctx.run.stops import FAILED, end_on_signal, watch_launcher
 log = logging.getLogger("ds_longctx")
 FIXED = ("model", "dtype", "rope_scaling", "seq_len", "sp_size")  # keys that make the model and its partitions
 # the way out when `out` is another writer's: an eval whose lines go elsewhere only reads the run (no lock there)
+EVAL_MARKER = ".ds_longctx-eval"  # in an --out an eval made: its lines files are an eval's, appended to later
 OUT_FIX = "pass --out another directory (an eval that writes elsewhere only reads the checkpoint)"
 
 
 def args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ds-longctx eval", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", default=None, help="a run's output_dir (or its checkpoints/ directory)")
-    p.add_argument("--model", default=None, help="instead of --checkpoint: a model directory, evaluated as it is")
+    p.add_argument("--checkpoint", default=None, type=user_path,
+                   help="a run's output_dir (or its checkpoints/ directory)")
+    p.add_argument("--model", default=None, type=user_path,
+                   help="instead of --checkpoint: a model directory, evaluated as it is")
     p.add_argument("--data", required=True, help="held-out data: synthetic, or a file / directory like --data")
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
     p.add_argument("--rows", type=int, default=None, help="eval rows (default: the run's eval_rows)")
@@ -80,8 +84,9 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--recall", "--eval_recall", "--eval.recall", dest="recall", default="false",
                    help="true: also recall by answer-to-evidence distance, to recall.jsonl (run/recall.py; --data: "
                         "a `data prepare --sessions` directory; default false, whatever the run's)")
-    p.add_argument("--out", default=None, help="where metrics.jsonl and eval_curve.jsonl get the lines (default: "
-                                               "the checkpoint's output_dir)")
+    p.add_argument("--out", default=None, type=user_path,
+                   help="where metrics.jsonl and eval_curve.jsonl get the lines (default: the checkpoint's "
+                        "output_dir)")
     p.add_argument("--nproc", type=int, default=None, help="local processes (ds-longctx eval: the checkpoint's "
                                                            "world size, the default)")
     return p
@@ -105,8 +110,12 @@ def eval_inputs(argv: list[str], world_size: int | None):
         cfg, tag_dir, meta, world = model_inputs(a, rest, flags, world_size)
     else:
         cfg, tag_dir, meta, world = checkpoint_inputs(a, rest, flags, world_size)
-    out = Path(a.out) if a.out else tag_dir.parent.parent
+    run_dir = None if tag_dir is None else tag_dir.parent.parent
+    out = Path(a.out) if a.out else run_dir
     check_output_dir(str(out))
+    if (run_dir is None or out.resolve() != run_dir.resolve()) and (theirs := users_lines(out)):
+        raise ValueError(f"eval: --out {out} holds {', '.join(theirs)}, which no run or eval of this project wrote "
+                         f"there, and eval appends its lines to them; choose another --out")
     hf_cfg = validate(cfg, world)
     rope_coverage(cfg, hf_cfg)
     data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
@@ -201,6 +210,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(FAILED)
 
 
+def users_lines(out: Path) -> list:
+    """The files of `out` an eval appends to that neither a run (RUN_MARKER) nor an eval (EVAL_MARKER) made there."""
+    if any((out / m).is_file() for m in (RUN_MARKER, EVAL_MARKER)):
+        return []
+    names = (METRICS_FILE, CURVE_FILE, ANSWER_LOSS_FILE, ANSWERS_FILE, RECALL_FILE, RECALL_ANSWERS_FILE)
+    return [n for n in names if os.path.lexists(out / n)]
+
+
 def write_lines(result, scored: tuple, out: Path, tag_dir: Path | None, meta: dict, cfg) -> str | None:
     """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `scored` (bucket lines,
     answer lines; empty without --answer_loss or --recall) in answer_loss.jsonl and answer_loss_answers.jsonl
@@ -215,6 +232,8 @@ def write_lines(result, scored: tuple, out: Path, tag_dir: Path | None, meta: di
     row = result.metrics_row(meta["step"], **extra)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        if not any((out / m).is_file() for m in (RUN_MARKER, EVAL_MARKER)):
+            mark_written(out, EVAL_MARKER, [])  # its lines are an eval's: a later eval may append to them
         append_jsonl(out / METRICS_FILE, row)
         append_jsonl(out / CURVE_FILE, result.curve_row(meta["step"], **extra))
         if answers:

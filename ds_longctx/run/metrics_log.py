@@ -45,12 +45,19 @@ def _continue_lines(path: Path, start_step: int) -> None:
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "seconds", "trained_tokens", "peak_gpu_bytes", "host_rss_bytes")
 
 
-def check_reporter(report_to: str) -> None:
-    """ValueError naming the install when the package `report_to` asks for does not import (nothing is written)."""
+def check_reporter(report_to: str, out=None) -> None:
+    """ValueError naming the install when the package `report_to` asks for does not import, or naming `out`/tensorboard
+    where TensorBoard's events could not be written there (nothing is written)."""
     import importlib.util
     need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
     if need and importlib.util.find_spec(need) is None:
         raise ValueError(f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)")
+    events = Path(out) / "tensorboard" if out is not None else None
+    if report_to in ("auto", "tensorboard") and events is not None and os.path.lexists(events) and (
+            events.is_symlink() or not events.is_dir() or not os.access(events, os.W_OK | os.X_OK)):
+        what = "not a directory" if events.is_symlink() or not events.is_dir() else "not writable"
+        raise ValueError(f"{events} is {what}, so TensorBoard's events cannot go there; move it out of the "
+                         f"output_dir, or report_to: none")
 
 
 def reporter(report_to: str, out: Path, start_step: int, cfg=None):

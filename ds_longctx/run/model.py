@@ -41,7 +41,7 @@ def load_hf_config(model: str):
             d = layer_types.text_config(read_config_json(src.config))
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
-            cfg = AutoConfig.from_pretrained(src.config.parent)
+            cfg = AutoConfig.from_pretrained(src.config.parent, trust_remote_code=False)
             if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
                 cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:

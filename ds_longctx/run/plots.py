@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ds_longctx.checkpoint.layout import METRICS_FILE
+from ds_longctx.parallel.disk import mark_written, not_ours, user_path
 from ds_longctx.run.evaluate import read_jsonl
 from ds_longctx.run.refuse import refuse
 
@@ -32,6 +33,7 @@ PANELS = {
 STYLES = {"eval_loss": dict(linestyle="none", marker="o"), "host_rss_bytes": dict(linestyle="--")}
 NAMES = {"loss": "train", "eval_loss": "eval", "peak_gpu_bytes": "peak GPU reserved", "host_rss_bytes": "host RSS"}
 INSTALL = "pip install matplotlib"
+PLOT_MARKER = ".ds_longctx-plot"  # which PNGs of --out a plot wrote, with their sha256 (disk.mark_written)
 
 
 def read_runs(dirs: list) -> dict:
@@ -95,14 +97,15 @@ def plot_runs(dirs: list, out) -> list:
     if not figs:
         raise ValueError(f"{', '.join(map(str, dirs))}: no line of {METRICS_FILE} has any of "
                          f"{sorted({f for _, fields, _ in PANELS.values() for f in fields})}; nothing to plot")
-    out = Path(out)
+    out, names = Path(user_path(str(out))), [f"{panel}.png" for panel in figs]
+    if out.is_dir() and (theirs := not_ours(out, PLOT_MARKER, names)):
+        raise ValueError(f"--out {out} holds {', '.join(theirs)}, which no plot wrote there (or changed since), so "
+                         f"nothing is written; choose another --out (an earlier plot's own files are replaced)")
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for panel, fig in figs.items():
-        path = out / f"{panel}.png"
-        fig.savefig(path, dpi=100)
-        written.append(path)
-    return written
+    for name, fig in zip(names, figs.values()):
+        fig.savefig(out / name, dpi=100)
+    mark_written(out, PLOT_MARKER, names)
+    return [out / name for name in names]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -210,5 +210,5 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(problem)  # after the resume fit: that refusal names the length that fits
     if problem := disk_problem(cfg, meta):
         raise ValueError(problem)
-    check_reporter(cfg.logging.report_to)
+    check_reporter(cfg.logging.report_to, cfg.train.output_dir)
     return hf_cfg, meta

@@ -60,16 +60,43 @@ class StopRequest:
     def __init__(self):
         self.signum = 0
         self._previous: dict = {}
+        self._now: Optional[str] = None  # what this process is doing while a signal ends it at once (`now`)
+        self._pid = os.getpid()
 
     @property
     def flag(self) -> bool:
         return bool(self.signum)
 
     def _on_signal(self, signum, frame) -> None:
+        if self._now is not None:
+            self._stop_now(signum)
         if not self.signum and os.environ.get("RANK", "0") == "0":
             os.write(2, f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n"
                         .encode())
         self.signum = self.signum or signum
+
+    @contextlib.contextmanager
+    def now(self, what: str, left: str = "nothing trained, nothing saved"):
+        """Within the block (work that has no step boundary: reading and tokenizing the data before step 1, `data
+        prepare`), a signal ends this process within moments: rank 0's last line says what it stopped and `left`
+        (what is on disk), exit 128 + the signal's number (`signal_exit`)."""
+        self._now, self._left = what, left
+        try:
+            if self.signum:  # one came before the block
+                self._stop_now(self.signum)
+            yield
+        finally:
+            self._now = None
+
+    def _stop_now(self, signum: int) -> None:
+        from ds_longctx.checkpoint.run_lock import release_all
+        if os.getpid() == self._pid:  # not a forked datasets worker: the run's own process says it
+            release_all()
+            rank = int(os.environ.get("RANK", "0"))
+            if rank == 0:
+                os.write(2, b"\n")  # past a progress bar's line
+            last_line(f"stopped by {signal_name(signum)} while {self._now}: {self._left}", signal_exit(signum), rank)
+        os._exit(signal_exit(signum))
 
     def install(self) -> "StopRequest":
         for s in SIGNALS:

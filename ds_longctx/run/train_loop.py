@@ -22,11 +22,12 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ds_longctx.checkpoint import layout_change, resume, run_lock
-from ds_longctx.checkpoint.layout import CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.layout import RUN_CONFIGS, RUN_MARKER, CheckpointError, ckpt_root, tag_for
 from ds_longctx.checkpoint.save import save
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.levers.gpu_budget import out_of_budget
+from ds_longctx.parallel.disk import mark_written
 from ds_longctx.parallel.parallel_state import init_distributed, leave
 from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.engine import LongCtxEngine, build_engine
@@ -77,7 +78,7 @@ def out_of_memory(cfg, step: int):
 
 def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     """The run of this rank, from the engine's checks to the end (exit through `parallel_state.leave`)."""
-    engine, data, held, resume_meta = build_run(cfg, rank, world)
+    engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
     start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
@@ -88,7 +89,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     end_run(cfg, engine, data, metrics, signals, start, done, saved)
 
 
-def build_run(cfg, rank: int, world: int) -> tuple:
+def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
     """(engine, data, held-out data or None, resume meta or None): checks, process group, data, engine. A refusal
     (bad input found here) exits 2 on every rank."""
     # ------------------------------------------------------------ checks (nothing started or written)
@@ -105,8 +106,9 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     try:
         rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
                     rank)
-        data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
-        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
+        with signals.now("reading and tokenizing the data"):  # no step boundary to wait for yet
+            data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
+            held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
         steps_of_epochs(cfg, data, dp_size, rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
@@ -172,6 +174,7 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
+    mark_written(out, RUN_MARKER, RUN_CONFIGS)  # ours: a later --overwrite may replace them
     dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
     log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
              st.dp_size, resolve_model(cfg.model.name).label, cfg.train.seq_len, dtype, start + 1, cfg.train.steps)

@@ -110,6 +110,13 @@ def test_a_renamed_tag_names_what_it_expected_and_what_it_found(two_runs):
     assert "tag 'step2' does not exist" in refused(ours) and "available: []" in refused(ours)
     msg = refused(ours, "mine")
     assert "saved as tag 'step2'" in msg and "rename it back to 'step2'" in msg
+    meta = json.loads((ours / "mine" / "meta.json").read_text())
+    for tampered in ("../../other/checkpoints/step9", str(other_run_tag := ours.parent.parent / "b"), 7):
+        (ours / "mine" / "meta.json").write_text(json.dumps({**meta, "tag": tampered}))
+        msg = refused(ours, "mine")  # a meta.json whose tag no save writes: never "rename it back" to that
+        assert f"names tag {str(tampered)!r}, which no save writes (step<N>)" in msg, msg
+        assert "rename it back" not in msg
+    assert not other_run_tag.exists()
 
 
 def test_partial_saves_are_set_aside_and_foreign_ones_refused_never_removed(tmp_path, caplog):

@@ -102,3 +102,58 @@ def test_checkpoint_convert_of_a_run_in_progress_is_refused(tmp_path, holder, ca
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"refused: output_dir={str(tmp_path / 'run')!r} is in use by pid {holder.pid}") and \
         err.endswith("or convert it once that run has ended")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_at_once_its_target_untouched(tmp_path, kind, capsys):
+    """The holder check (train's and eval's launcher) and the acquire (every writer: train, eval, convert) refuse a
+    lock file that is not a regular file, in well under 5 s, without opening a FIFO for good or writing through a
+    link; the link and its target stay as they were."""
+    import time
+
+    from ds_longctx import cli
+    out, victim = tmp_path / "run", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("the user's own file\n")
+    if kind == "symlink":
+        (out / LOCK_FILE).symlink_to("../victim.txt")
+    else:
+        os.mkfifo(out / LOCK_FILE)
+    what = "a symbolic link" if kind == "symlink" else "a FIFO"
+    started = time.monotonic()
+    for check in (lambda: lock_holder(out), lambda: RunLock.acquire(out), lambda: run_lock.take(out)):
+        with pytest.raises(RunLockError, match=f"its lock file {LOCK_FILE} is {what}, which no run"):
+            check()
+    for resume in ([], ["--resume"]):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["train", "--nproc", "1", "--model", "qwen3-tiny", "--seq_len", "64", "--steps", "1",
+                      "--output_dir", str(out), *resume])
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert stopped.value.code == 2 and last.startswith(f"refused before start: output_dir={str(out)!r}: its "
+                                                           f"lock file {LOCK_FILE} is {what}"), last
+    assert time.monotonic() - started < 5
+    assert victim.read_text() == "the user's own file\n" and sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+    assert (out / LOCK_FILE).is_symlink() if kind == "symlink" else (out / LOCK_FILE).is_fifo()
+
+
+def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeypatch):
+    """`~/rk` from the command line or a config file resolves once (parallel/disk.user_path): the files and the lock
+    land in $HOME/rk, nothing in a literal ./~, and a second writer naming $HOME/rk by its absolute path is refused.
+    A command's own path options (`--out=~/corpus`, which no shell expands) resolve the same way."""
+    from ds_longctx.run.argv import parse_config
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    (cwd / "run.yaml").write_text("model: qwen3-tiny\noutput_dir: ~/rk\ndata_cache_dir: ~/cache\n")
+    for argv in (["--output_dir", "~/rk"], ["--config", "run.yaml"]):
+        cfg = parse_config(argv)
+        assert cfg.train.output_dir == str(home / "rk")
+    assert cfg.data.cache_dir == str(home / "cache")
+    lock = run_lock.take(cfg.train.output_dir)
+    with pytest.raises(RunLockError, match="is in use by pid"):
+        RunLock.acquire(home / "rk")
+    assert lock_holder(str(home / "rk"))["pid"] == os.getpid() and list(cwd.iterdir()) == [cwd / "run.yaml"]
+    lock.release()
+    from ds_longctx.data.prepare import parser  # a command's own path options: the same resolution
+    assert parser().parse_args(["prepare", "--stdlib", "--out=~/corpus"]).out == str(home / "corpus")

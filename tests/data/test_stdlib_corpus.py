@@ -161,3 +161,45 @@ def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(tmp_path, capsys
                                f"writing {tmp_path / 'corpus.partial' / 'train.jsonl'} (needs ~")
         assert last.endswith("free); nothing was left there; free space or choose another --out")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("vocab", ["1000000000", "10"])
+def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp_path, vocab):
+    """Past MAX_VOCAB the tokenizers trainer aborts the process (Rust); under 256 a byte-level BPE has no room."""
+    from ds_longctx.data.prepare import main
+    from ds_longctx.data.scan import DataError
+    with pytest.raises(DataError, match=rf"^--vocab_size {vocab}: give 256 to 1,048,576 ids"):
+        main(["prepare", "--stdlib", "--out", str(tmp_path / "c"), "--vocab_size", vocab])
+    assert not list(tmp_path.iterdir())
+
+
+def test_sigterm_during_prepare_ends_it_within_10_s_with_one_line(tmp_path):
+    """`data prepare` has no step to wait for: SIGTERM ends it within seconds, exit 143, its last line saying what is
+    on disk (a .partial directory it made carries its marker: the next prepare there removes it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT, cpu_env
+    out, log = tmp_path / "corpus", tmp_path / "log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "data", "prepare", "--stdlib", "--out",
+                                 str(out), "--vocab_size", "512"], env=cpu_env(), cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "read stdlib" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    last = [line for line in log.read_text().splitlines() if line.strip()][-1]
+    assert code == 143 and took < 10, (code, took, log.read_text()[-2000:])
+    assert last == ("stopped by SIGTERM while preparing the data: nothing written at --out (a .partial directory "
+                    "beside it, if any, goes at the next `data prepare` there)")
+    assert not out.exists()

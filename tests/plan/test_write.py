@@ -26,7 +26,7 @@ PLAN_8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gp
 
 def test_1m_on_8x80_writes_every_file(tmp_path, capsys):
     assert write.main(PLAN_8X80 + ["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.FILES + (write.PLAN_MARKER,))
     out = capsys.readouterr().out
     assert "checkpoints" in out and "GB/GPU" in out and "GB host" in out  # the table
     assert "deepspeed --num_gpus 8 --module ds_longctx.train --config run.yaml" in out
@@ -146,7 +146,7 @@ PLAN_2X8X80 = ["--model", "qwen3-8b", "--seq_len", "1048576", "--nodes", "2", "-
 
 def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_lines(tmp_path, capsys):
     assert write.main(PLAN_2X8X80 + ["--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.MULTINODE_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(write.MULTINODE_FILES + (write.PLAN_MARKER,))
     c = fastest_placement(choose("qwen3-8b", 1 << 20, 8, 80, 560, nodes=2), 80, 560)
     cfg = RunConfig.load(tmp_path / "run.yaml")
     assert cfg.parallel.sp_size == c.sp_size == 8 and not cfg.parallel.sp_across_nodes  # SP inside a node

@@ -176,3 +176,33 @@ def test_absurd_gpu_node_and_head_counts_are_answered_at_once(tmp_path, capsys):
         (tmp_path / "config.json").write_text(json.dumps(tiny | change))
         assert write.main(["--model", str(tmp_path), "--seq_len", "4096", "--gpus", "8"]) == 2
         assert says in capsys.readouterr().err
+
+
+def test_plan_out_into_a_directory_holding_a_users_files_is_refused_writing_nothing(tmp_path, capsys):
+    """--out holding files no plan wrote (a user's run.yaml), or a plan's file changed since, is refused before the
+    search, every byte kept; a directory holding only an earlier plan's unchanged files is planned into again;
+    `--out /` is refused (it holds other files)."""
+    plan = ["--model", "qwen3-8b", "--seq_len", "131072", "--gpus", "8", "--gpu_mem_gb", "80", "--out"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "run.yaml").write_text("model: qwen3-8b  # my own\n")
+    (mine / "notes.txt").write_text("mine\n")
+    assert write.main(plan + [str(mine)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ds-longctx plan: --out {mine} holds notes.txt, run.yaml, which no plan wrote there (or changed "
+                   f"since), so nothing is written; give a new or empty directory (an earlier plan's own unchanged "
+                   f"files are replaced)")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "run.yaml"]
+    assert (mine / "run.yaml").read_text() == "model: qwen3-8b  # my own\n"
+    again = tmp_path / "again"
+    assert write.main(plan + [str(again)]) == 0 and write.main(plan + [str(again)]) == 0  # its own files replaced
+    (again / "launch.txt").write_text("my own launch lines\n")  # a plan's file the user changed is theirs now
+    assert write.main(plan + [str(again)]) == 2 and "holds launch.txt, which no plan" in capsys.readouterr().err
+    assert (again / "launch.txt").read_text() == "my own launch lines\n"
+    assert write.main(plan + ["/"]) == 2 and "--out / holds " in capsys.readouterr().err
+    linked, victim = tmp_path / "linked", tmp_path / "victim.txt"
+    linked.mkdir()
+    victim.write_text("mine\n")
+    (linked / write.PLAN_MARKER).symlink_to(victim)  # a marker that is a link is no plan's, never written through
+    assert write.main(plan + [str(linked)]) == 2
+    assert f"holds {write.PLAN_MARKER}, which no plan" in capsys.readouterr().err and victim.read_text() == "mine\n"

@@ -212,3 +212,31 @@ def test_export_refusals(tmp_path):
                                                          "choose a new path"):
         export(str(tmp_path / "run"), str(tmp_path / "busy"))
     assert not (tmp_path / "hf").exists() and os.listdir(tmp_path / "busy") == ["x"]
+
+
+def test_eval_out_never_appends_to_a_users_own_metrics(tmp_path):
+    """`eval --out DIR` appends to DIR's metrics.jsonl only where a run or an earlier eval made it (their markers);
+    a user's own is refused before anything starts, and kept."""
+    from types import SimpleNamespace
+
+    from ds_longctx.run.eval_checkpoint import EVAL_MARKER, eval_inputs, write_lines
+    tag = fake_checkpoint(tmp_path / "run", world=1, sp=1)
+    RunConfig(output_dir=str(tmp_path / "run")).dump(tag / "run.yaml")
+    meta = json.loads((tag / "meta.json").read_text())
+    meta["files"].update(checkpoint_files.entries(tag, ["run.yaml"]))  # as a save lists it
+    (tag / "meta.json").write_text(json.dumps(meta))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.jsonl").write_text('{"my": 1}\n')
+    argv = ["--checkpoint", str(tmp_path / "run"), "--data", "synthetic", "--out"]
+    with pytest.raises(ValueError) as e:
+        eval_inputs(argv + [str(mine)], 1)
+    assert str(e.value) == (f"eval: --out {mine} holds metrics.jsonl, which no run or eval of this project wrote "
+                            f"there, and eval appends its lines to them; choose another --out")
+    assert (mine / "metrics.jsonl").read_text() == '{"my": 1}\n'
+    cfg, _, tag_dir, meta, out = eval_inputs(argv + [str(tmp_path / "evals")], 1)
+    result = SimpleNamespace(loss=1.0, tokens=64, rows=1, metrics_row=lambda step, **kw: {"step": step},
+                             curve_row=lambda step, **kw: {"step": step})
+    assert write_lines(result, ([], []), out, tag_dir, meta, cfg) is None
+    assert (out / EVAL_MARKER).is_file()
+    assert eval_inputs(argv + [str(out)], 1)[4] == out  # an earlier eval's lines: appended to

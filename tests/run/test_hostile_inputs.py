@@ -8,8 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from ds_longctx.checkpoint import resume
-from ds_longctx.checkpoint.layout import ckpt_root
+from ds_longctx.checkpoint.layout import RUN_CONFIGS, RUN_MARKER, ckpt_root
 from ds_longctx.config import RunConfig, format_validation_error
+from ds_longctx.parallel.disk import mark_written
 from ds_longctx.plan.write import main as plan_main
 from ds_longctx.run.preflight import preflight
 from tests.helpers import ROOT, run_cli
@@ -128,6 +129,7 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     out.mkdir()
     (out / "run.yaml").write_text("seq_len: 4096\n")
     (out / "ds_config.json").write_text("{}")
+    mark_written(out, RUN_MARKER, RUN_CONFIGS)  # as a run writes them (run/train_loop.write_run_files)
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (ckpt_root(out) / "step2").mkdir(parents=True)
     (ckpt_root(out) / "step2" / "meta.json").write_text('{"files": {}}')  # a save's (what overwrite deletes)
@@ -143,6 +145,30 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
     assert (out / "run.yaml").read_text() == "seq_len: 4096\n"  # the check writes nothing
     resume.clear_previous_run(cfg)  # what rank 0 does before the run writes
     assert not ckpt_root(out).exists() and (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("changed", ["never a run's", "a run's, edited since"])
+def test_a_users_own_run_yaml_and_ds_config_are_never_called_a_runs_nor_replaced(tmp_path, changed):
+    """run.yaml and ds_config.json in output_dir that RUN_MARKER does not record as a run's (a user's own, or a
+    run's edited since) are refused by a fresh run with and without --overwrite, never suggesting --overwrite, and
+    kept byte for byte; a run's own are replaced
+    (test_an_output_dir_holding_another_run_is_refused_unless_overwrite)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.yaml").write_text("seq_len: 4096\n")
+    (out / "ds_config.json").write_text("{}")
+    if changed == "a run's, edited since":
+        mark_written(out, RUN_MARKER, RUN_CONFIGS)
+        (out / "run.yaml").write_text("seq_len: 8192  # mine now\n")
+        (out / "ds_config.json").write_text('{"mine": 1}')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for overwrite in (False, True):
+        with pytest.raises(ValueError) as e:
+            preflight(RunConfig(output_dir=str(out), overwrite=overwrite), 1)
+        assert str(e.value) == (f"output_dir={str(out)!r} holds run.yaml and ds_config.json, which no run wrote "
+                                f"there (or changed since): your own, which a run would replace; keep them "
+                                f"elsewhere (a run writes its own copies here) or choose another output_dir")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     with pytest.raises(ValueError, match="overwrite with resume: .*drop one of them"):
         preflight(RunConfig(output_dir=str(out), overwrite=True, resume=True), 1)
 
@@ -167,3 +193,44 @@ def test_sizes_past_what_the_host_can_hold_or_run_are_refused_before_anything_is
     with pytest.raises(ValueError, match=says):
         preflight(RunConfig(output_dir=str(tmp_path / "out"), **kw), 1)
     assert time.perf_counter() - t0 < 30 and not (tmp_path / "out").exists()
+
+
+def test_the_run_yaml_and_ds_config_a_run_writes_are_its_own_to_replace(tmp_path):
+    """What rank 0 writes before step 1 (train_loop.write_run_files) is recorded as the run's: a later fresh run
+    with --overwrite passes the check and replaces it."""
+    from types import SimpleNamespace
+
+    from ds_longctx.run.train_loop import write_run_files
+    out = tmp_path / "out"
+    cfg = RunConfig(output_dir=str(out))
+    engine = SimpleNamespace(state=SimpleNamespace(rank=0, world_size=1, sp_size=1, dp_size=1),
+                             ds_config={"bf16": {"enabled": False}})
+    write_run_files(cfg, engine, out, 0)
+    assert sorted(p.name for p in out.iterdir()) == sorted((*RUN_CONFIGS, RUN_MARKER))
+    with pytest.raises(ValueError, match="already holds run.yaml, ds_config.json of another run"):
+        preflight(cfg, 1)
+    assert preflight(RunConfig(output_dir=str(out), overwrite=True), 1)[1] is None
+
+
+def test_an_output_dir_inside_a_checkpoint_is_refused(tmp_path):
+    tag = ckpt_root(tmp_path / "other") / "step2"
+    tag.mkdir(parents=True)
+    (tag / "meta.json").write_text('{"files": {}}')
+    for out in (tag, tag / "sub" / "run"):
+        with pytest.raises(ValueError) as e:
+            preflight(RunConfig(output_dir=str(out)), 1)
+        assert str(e.value) == (f"output_dir={str(out)!r} is inside {str(tag)!r}, a checkpoint, whose files its "
+                                f"meta.json records; choose an output_dir outside every run's checkpoints/")
+    assert sorted(p.name for p in tag.iterdir()) == ["meta.json"]
+
+
+def test_a_tensorboard_path_that_is_not_a_directory_is_refused_before_start(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tensorboard").write_text("a user's file\n")
+    with pytest.raises(ValueError) as e:
+        preflight(RunConfig(output_dir=str(out), overwrite=True), 1)
+    assert str(e.value) == (f"{out / 'tensorboard'} is not a directory, so TensorBoard's events cannot go there; move "
+                            f"it out of the output_dir, or report_to: none")
+    assert preflight(RunConfig(output_dir=str(out), overwrite=True, report_to="none"), 1)[1] is None
+    assert (out / "tensorboard").read_text() == "a user's file\n"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from ds_longctx.run.plots import PLOT_MARKER
 from tests.helpers import run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -47,8 +50,9 @@ def test_plot_writes_a_png_per_panel_for_two_runs(tmp_path):
     out = tmp_path / "plots"
     res = run_cli(["plot", str(full), str(older), "--out", str(out)], timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.glob("*.png"))
     assert names == ["grad_norm.png", "loss.png", "lr.png", "memory.png", "tokens_per_s.png"], names
+    assert sorted(p.name for p in out.iterdir()) == sorted(names + [PLOT_MARKER])
     assert all((out / n).read_bytes().startswith(PNG) and (out / n).stat().st_size > 5000 for n in names)
     assert f"5 plot(s) of 2 run(s) in {out}" in res.stdout
 
@@ -58,7 +62,8 @@ def test_only_the_panels_a_run_has_are_written(tmp_path):
     _, older = two_runs(tmp_path)
     res = run_cli(["plot", str(older)], timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in (older / "plots").iterdir()) == ["loss.png", "memory.png", "tokens_per_s.png"]
+    assert sorted(p.name for p in (older / "plots").iterdir()) == sorted([PLOT_MARKER, "loss.png", "memory.png",
+                                                                          "tokens_per_s.png"])
 
 
 def test_a_directory_without_metrics_is_refused_naming_it(tmp_path):
@@ -82,3 +87,19 @@ def test_without_matplotlib_plot_is_refused_naming_the_install(tmp_path, monkeyp
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     with pytest.raises(ValueError, match="pip install matplotlib"):
         plots.plot_runs([str(full)], tmp_path / "plots")
+
+
+def test_plot_out_keeps_a_users_own_png(tmp_path):
+    """--out holding a PNG of a panel's name that no plot wrote (or one changed since) is refused, nothing written;
+    an earlier plot's own unchanged PNGs are replaced."""
+    from ds_longctx.run.plots import plot_runs
+    _, older = two_runs(tmp_path)
+    out = tmp_path / "figures"
+    assert sorted(p.name for p in plot_runs([older], out)) == ["loss.png", "memory.png", "tokens_per_s.png"]
+    plot_runs([older], out)  # its own files: replaced
+    (out / "loss.png").write_bytes(PNG + b"my own figure")
+    with pytest.raises(ValueError) as e:
+        plot_runs([older], out)
+    assert str(e.value) == (f"--out {out} holds loss.png, which no plot wrote there (or changed since), so nothing is "
+                            f"written; choose another --out (an earlier plot's own files are replaced)")
+    assert (out / "loss.png").read_bytes() == PNG + b"my own figure"
