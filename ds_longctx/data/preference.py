@@ -12,12 +12,14 @@ sequence of each trained token (IGNORE_INDEX elsewhere), the key of levers/prefe
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ds_longctx.data import chat, formats
-from ds_longctx.data.sources import DataError
+from ds_longctx.data.rows import Batch, RowOrder
+from ds_longctx.data.sources import DataError, resolve_source
 from ds_longctx.parallel.units import IGNORE_INDEX
 
 PAIR_KEYS = ("chosen", "rejected")
@@ -85,8 +87,9 @@ def pair_tokens_of(tok, obj, eos: Optional[int]) -> tuple:
     return seqs
 
 
-def read_pairs(files: list, tok, eos: Optional[int]) -> list:
-    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and line."""
+def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = None) -> list:
+    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and line (a pair
+    whose two sequences together pass `seq_len` is one: a row holds both)."""
     pairs = []
     for f in files:
         with open(f, encoding="utf-8") as fh:
@@ -95,6 +98,10 @@ def read_pairs(files: list, tok, eos: Optional[int]) -> list:
                     continue
                 try:
                     pairs.append(pair_tokens_of(tok, json.loads(text), eos))
+                    n = len(pairs[-1][0][0]) + len(pairs[-1][1][0])
+                    if seq_len is not None and n > seq_len:
+                        raise formats.ChatError(f"the pair's two sequences hold {n} tokens together, more than "
+                                                f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it")
                 except (json.JSONDecodeError, formats.ChatError) as e:
                     what = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
                     raise DataError(f"data file {f!r} line {line_no}: {what}") from None
@@ -113,3 +120,62 @@ def pack_pairs(pairs: list) -> tuple:
         labels += s_labels
         seq += [k if v != IGNORE_INDEX else IGNORE_INDEX for v in s_labels]
     return tuple(torch.tensor(x, dtype=torch.int64) for x in (ids, pos, labels, seq))
+
+
+def pair_files(source: str) -> list:
+    """The JSON-lines files of a preference source (a .jsonl file, or a directory of them)."""
+    builder, files = resolve_source(source)
+    if builder != "json":
+        raise DataError(f"data={source!r} is {builder} data; objective dpo reads JSON lines of prompt, chosen and "
+                        f"rejected (TRL's preference format)")
+    return files
+
+
+@dataclass
+class PairBatch(Batch):
+    seq: Optional[torch.Tensor] = None   # [1, L] sequence id of each trained token (module doc), else IGNORE_INDEX
+    pairs: tuple = ()                    # the row's pairs, by index in the data (the reference log-probs' rows)
+    ref: Optional[torch.Tensor] = None   # [P, 2] their reference log-probs (chosen, rejected), once computed
+
+
+class PairRows:
+    """Rows of seq_len holding whole pairs, next-fit in file order, the rest padding (a document of its own), in
+    the (seed, step) order of data/rows.py. `ref`: the reference log-probs [pairs, 2] (chosen, rejected), set by the
+    run before its first step."""
+
+    def __init__(self, pairs: list, seq_len: int, seed: int, shuffle: bool, pad_id: int, source: str = ""):
+        self.pairs, self.seq_len, self.pad_id, self.source = pairs, seq_len, pad_id, source
+        self.rows_of, fill = [[]], 0
+        for i, (c, r) in enumerate(pairs):
+            n = len(c[0]) + len(r[0])
+            if fill + n > seq_len:
+                self.rows_of.append([])
+                fill = 0
+            self.rows_of[-1].append(i)
+            fill += n
+        self.n_rows, self.seed, self.shuffle = len(self.rows_of), seed, shuffle
+        self.order = RowOrder(self.n_rows, seed, shuffle)
+        self.skipped_rows = 0
+        self.ref: Optional[torch.Tensor] = None
+
+    def signature(self) -> dict:
+        """What a resumed run must find unchanged for the order to continue."""
+        return {"kind": "pairs", "seq_len": self.seq_len, "n_rows": self.n_rows, "n_pairs": len(self.pairs),
+                "seed": self.seed, "shuffle": self.shuffle}
+
+    def row(self, r: int) -> PairBatch:
+        """Row r as a batch of one: its pairs packed (`pack_pairs`), padded to seq_len."""
+        ids, pos, labels, seq = pack_pairs([self.pairs[i] for i in self.rows_of[r]])
+        pad = self.seq_len - len(ids)
+        if pad:
+            ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
+            pos = torch.cat([pos, torch.arange(pad)])
+            labels, seq = (torch.cat([t, t.new_full((pad,), IGNORE_INDEX)]) for t in (labels, seq))
+        at = self.rows_of[r]
+        return PairBatch(ids[None], pos[None], labels[None], seq[None], tuple(at),
+                         None if self.ref is None else self.ref[at])
+
+    def rows(self, samples: range) -> PairBatch:
+        if len(samples) != 1:
+            raise ValueError(f"preference rows are packed: one row per micro-batch, asked for {len(samples)}")
+        return self.row(self.order.row_of_sample(samples[0]))

@@ -139,6 +139,17 @@ def pair_metrics(out: DpoOut) -> dict:
 
 
 
+def sp_logps(local: torch.Tensor, seq: torch.Tensor, n_seq: int, sp_group) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs [n_seq] summed over the SP group, differentiable; trained tokens [n_seq] of each sequence) from
+    this slice's `local` sums and sequence ids `seq` (any shape)."""
+    kept = seq[seq != IGNORE_INDEX]
+    tokens = torch.zeros(n_seq, dtype=torch.float32, device=seq.device)
+    tokens.index_add_(0, kept, torch.ones_like(kept, dtype=torch.float32))
+    if sp_group is not None:
+        dist.all_reduce(tokens, group=sp_group)
+    return group_sum(local, sp_group), tokens
+
+
 def row_logps(model, weight: torch.Tensor, sp_group, input_ids, position_ids, shift_labels, shift_seq, n_seq: int,
               chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [n_seq] of the micro-batch's sequences, summed over the SP group; their trained tokens [n_seq])
@@ -148,12 +159,7 @@ def row_logps(model, weight: torch.Tensor, sp_group, input_ids, position_ids, sh
                               use_cache=False).last_hidden_state  # [b, s/sp, H]
     seq = shift_seq.flatten()
     local = sequence_logps(hidden.flatten(0, 1), weight, shift_labels.flatten(), seq, n_seq, chunk_rows)
-    kept = seq[seq != IGNORE_INDEX]
-    tokens = torch.zeros(n_seq, dtype=torch.float32, device=seq.device)
-    tokens.index_add_(0, kept, torch.ones_like(kept, dtype=torch.float32))
-    if sp_group is not None:
-        dist.all_reduce(tokens, group=sp_group)
-    return group_sum(local, sp_group), tokens
+    return sp_logps(local, seq, n_seq, sp_group)
 
 
 def pair_forward(model, weight: torch.Tensor, sp_group, input_ids, position_ids, shift_labels, shift_seq,

@@ -1,11 +1,13 @@
 """Worker for tests/levers/test_preference.py at SP > 1: one DPO micro-batch through Ulysses SP on plain HF models (the
-reference pass first, then the policy's loss and backward); rank 0 saves the loss, the reference log-probs and the
-parameter gradients summed over the SP group.
+reference pass first, then the policy's loss and backward), then the same row through the engine (ZeRO-3, objective
+dpo) given the reference log-probs; rank 0 saves the losses, the reference log-probs and the parameter gradients
+summed over the SP group (the engine's: ZeRO-3's full gradients).
 
 torchrun --nproc_per_node 2 tests/distributed/dpo_worker.py --row row.pt --out got.pt
 """
 
 import argparse
+import os
 
 import torch
 
@@ -37,6 +39,25 @@ def dpo_side(policy, ref_model, row: dict, state, beta: float, loss_type: str, c
     return loss.detach(), ref, {n: p.grad for n, p in policy.named_parameters()}
 
 
+def engine_side(row: dict, ref: torch.Tensor, beta: float, loss_type: str, sp: int, out_dir: str) -> dict:
+    """The engine's step loss and full gradients on the row (one micro-batch, these reference log-probs)."""
+    import deepspeed
+
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data.preference import PairBatch
+    from ds_longctx.run.engine import build_engine
+    n = len(row["input_ids"])
+    cfg = RunConfig(model="qwen3-tiny", seq_len=n + (-n) % sp, sp_size=sp, dtype="fp32", seed=0, objective="dpo",
+                    beta=beta, loss_type=loss_type, data="unused.jsonl", output_dir=out_dir, loss_chunk_rows=5)
+    eng = build_engine(cfg)
+    batch = PairBatch(row["input_ids"][None], row["position_ids"][None], row["labels"][None], row["seq"][None],
+                      tuple(range(len(ref))), ref)
+    res = eng.forward_backward([batch])
+    grads = {n.removeprefix("model."): deepspeed.utils.safe_get_full_grad(p).detach().clone()
+             for n, p in eng.module.named_parameters()}
+    return {"loss": res.loss, "grads": grads, "metrics": res.extra}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--row", required=True)
@@ -44,9 +65,9 @@ def main():
     a = ap.parse_args()
     import torch.distributed as dist
 
-    from ds_longctx.parallel.parallel_state import ParallelState, leave
+    from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, leave
     from tests.helpers import tiny_model
-    dist.init_process_group("gloo")
+    init_distributed()  # DeepSpeed's, as the engine wants it (gloo on CPU)
     state = ParallelState.build(dist.get_world_size(), 8, 2)
     task = torch.load(a.row)
     out = []
@@ -56,6 +77,7 @@ def main():
         for g in grads.values():
             dist.all_reduce(g, group=state.sp_group)  # each rank's share of the gradient -> the whole
         out.append({"loss": loss, "ref": ref, "grads": grads})
+    out.append(engine_side(task["row"], out[0]["ref"], *task["cases"][0], state.sp_size, os.path.dirname(a.out)))
     if state.rank == 0:
         torch.save(out, a.out)
     leave(0)

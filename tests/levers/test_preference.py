@@ -38,8 +38,10 @@ def trl_reference(tok, chosen_rows: list, beta: float, loss_type: str) -> dict:
     at = [rows.index(c) for c in chosen_rows]  # TRL's batch: every chosen, then every rejected
     ref = torch.stack([batch["ref_chosen_logps"], batch["ref_rejected_logps"]], dim=1)[at]
     rows = [rows[i] for i in at] + [rows[len(at) + i] for i in at]
+    metrics = {k: trainer._metrics["train"][k][-1] for k in ("rewards/chosen", "rewards/rejected",
+                                                              "rewards/accuracies", "rewards/margins")}
     return {"loss": loss.detach(), "grads": {n: p.grad for n, p in policy.named_parameters()}, "ref": ref,
-            "rows": rows}
+            "rows": rows, "metrics": metrics}
 
 
 @pytest.fixture(scope="module")
@@ -81,5 +83,10 @@ def test_dpo_sp2_packed_matches_trl(setup):
     d, _, row, refs = setup
     torch.save({"row": row, "cases": CASES}, d / "row.pt")
     torchrun(2, ["tests/distributed/dpo_worker.py", "--row", str(d / "row.pt"), "--out", str(d / "got.pt")])
-    for case, got in zip(CASES, torch.load(d / "got.pt")):
-        check(got["loss"], got["ref"], got["grads"], refs[case])
+    got = torch.load(d / "got.pt")
+    for case, one in zip(CASES, got):
+        check(one["loss"], one["ref"], one["grads"], refs[case])
+    engine, want = got[-1], refs[CASES[0]]  # through ds-longctx's engine: ZeRO-3, objective dpo
+    check(engine["loss"], want["ref"], engine["grads"], want)
+    for k, v in want["metrics"].items():
+        assert abs(engine["metrics"][k] - v) <= TOL * max(1.0, abs(v)), (k, engine["metrics"][k], v)
