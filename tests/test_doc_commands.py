@@ -155,6 +155,8 @@ RULES = [
     covered("tests/test_bench_planner.py::test_check_says_which_committed_predictions_are_still_held_out",
             "python benchmarks/bench_planner.py --check"),
     # docs/workflows.md
+    covered("tests/run/test_preference_step.py::test_dpo_train_stores_the_reference_and_logs_rewards",
+            "ds-longctx train --nproc 2 --sp_size 2 --model /path/to/Qwen3-8B --objective dpo"),
     Rule("ds-longctx train --nproc 2 --config my_run/run.yaml", "gpu", "my_run is the Qwen3-8B plan for 8 GPUs"),
     Rule("torchrun --nproc_per_node 8 -m ds_longctx.train", "gpu", EIGHT),
     Rule("deepspeed --num_gpus 8 ", "gpu", EIGHT),
