@@ -122,6 +122,38 @@ def pack_pairs(pairs: list) -> tuple:
     return tuple(torch.tensor(x, dtype=torch.int64) for x in (ids, pos, labels, seq))
 
 
+def _shared_len(chosen: tuple, rejected: tuple) -> int:
+    """Tokens the two sequences share from the start, none of them trained."""
+    n = 0
+    for a, la, b, lb in zip(*chosen, *rejected):
+        if a != b or la != IGNORE_INDEX or lb != IGNORE_INDEX:
+            break
+        n += 1
+    return n
+
+
+def pack_shared_pairs(pairs: list) -> tuple:
+    """One row of the pairs, each its prompt once, then both completions (parallel/shared_prefix.py): input_ids,
+    position_ids, labels, seq and branch (0 the shared prompt, 1 chosen, 2 rejected; int64 [T] each). The prompt's
+    last token starts each branch (it predicts the branch's first token), the branches' positions continue the
+    prompt's. Tokens, labels and sequence ids are those of `pack_pairs` with the prompt written once."""
+    ids, pos, labels, seq, branch = [], [], [], [], []
+    for p, (c, r) in enumerate(pairs):
+        keep = max(_shared_len(c, r) - 1, 0)
+        ids += c[0][:keep]
+        pos += range(keep)
+        labels += [IGNORE_INDEX] * keep
+        seq += [IGNORE_INDEX] * keep
+        branch += [0] * keep
+        for k, (s_ids, s_labels) in enumerate((c, r)):
+            ids += s_ids[keep:]
+            pos += range(keep, len(s_ids))
+            labels += s_labels[keep:]
+            seq += [2 * p + k if v != IGNORE_INDEX else IGNORE_INDEX for v in s_labels[keep:]]
+            branch += [k + 1 if keep else 0] * (len(s_ids) - keep)  # no shared token: two plain documents
+    return tuple(torch.tensor(x, dtype=torch.int64) for x in (ids, pos, labels, seq, branch))
+
+
 def pair_files(source: str) -> list:
     """The JSON-lines files of a preference source (a .jsonl file, or a directory of them)."""
     builder, files = resolve_source(source)

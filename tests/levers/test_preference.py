@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ds_longctx.data.preference import pack_pairs, read_pairs
+from ds_longctx.data.preference import pack_pairs, pack_shared_pairs, read_pairs
 from ds_longctx.parallel.parallel_state import ParallelState
 from tests.corpus import make_tokenizer
 from tests.distributed.dpo_worker import dpo_side
@@ -16,7 +16,7 @@ from tests.helpers import rel_err, tiny_model, torchrun
 TOL = 1e-5
 PAIRS = [{"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
          {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
-         {"prompt": "w20", "chosen": " w21 w22", "rejected": " w23 w24 w25"}]
+         {"prompt": "w20", "chosen": " w21 w22 w26", "rejected": " w23 w24 w25"}]
 CASES = [(0.1, "sigmoid"), (0.5, "ipo")]
 
 
@@ -53,7 +53,8 @@ def setup(tmp_path_factory):
     pairs = read_pairs([str(d / "pairs.jsonl")], tok, tok.eos_token_id)
     ids, pos, labels, seq = pack_pairs(pairs)
     refs = {case: trl_reference(tok, [c[0] for c, _ in pairs], *case) for case in CASES}
-    return d, pairs, {"input_ids": ids, "position_ids": pos, "labels": labels, "seq": seq}, refs
+    shared = dict(zip(("input_ids", "position_ids", "labels", "seq", "branch"), pack_shared_pairs(pairs)))
+    return d, pairs, {"input_ids": ids, "position_ids": pos, "labels": labels, "seq": seq}, refs, shared
 
 
 def check(loss, ref_logps, grads, want):
@@ -64,7 +65,7 @@ def check(loss, ref_logps, grads, want):
 
 
 def test_pairs_tokenize_as_trl_does(setup):
-    _, pairs, _, refs = setup
+    _, pairs, _, refs, _ = setup
     want = refs[CASES[0]]["rows"]
     got = [c[0] for c, _ in pairs] + [r[0] for _, r in pairs]
     assert got == want
@@ -72,7 +73,7 @@ def test_pairs_tokenize_as_trl_does(setup):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[1] for c in CASES])
 def test_dpo_sp1_packed_matches_trl(setup, case):
-    _, _, row, refs = setup
+    _, _, row, refs, _ = setup
     loss, ref, grads = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), row,
                                 ParallelState.single(), *case)
     check(loss, ref, grads, refs[case])
@@ -80,13 +81,31 @@ def test_dpo_sp1_packed_matches_trl(setup, case):
 
 @pytest.mark.slow
 def test_dpo_sp2_packed_matches_trl(setup):
-    d, _, row, refs = setup
-    torch.save({"row": row, "cases": CASES}, d / "row.pt")
+    d, _, row, refs, shared = setup
+    torch.save({"row": row, "cases": CASES, "shared": shared}, d / "row.pt")
     torchrun(2, ["tests/distributed/dpo_worker.py", "--row", str(d / "row.pt"), "--out", str(d / "got.pt")])
     got = torch.load(d / "got.pt")
-    for case, one in zip(CASES, got):
-        check(one["loss"], one["ref"], one["grads"], refs[case])
-    engine, want = got[-1], refs[CASES[0]]  # through ds-longctx's engine: ZeRO-3, objective dpo
+    for case in CASES:
+        check(got[case]["loss"], got[case]["ref"], got[case]["grads"], refs[case])
+    one = got["shared"]  # the shared-prompt row at SP=2 (35 tokens: one of SP padding)
+    check(one["loss"], one["ref"], one["grads"], refs[CASES[0]])
+    engine, want = got["engine"], refs[CASES[0]]  # through ds-longctx's engine: ZeRO-3, objective dpo
     check(engine["loss"], want["ref"], engine["grads"], want)
     for k, v in want["metrics"].items():
         assert abs(engine["metrics"][k] - v) <= TOL * max(1.0, abs(v)), (k, engine["metrics"][k], v)
+
+
+def test_shared_prompt_row_equals_the_two_pass_row(setup):
+    """Each pair's prompt once, then both completions: the loss, the reference log-probs and every gradient of the
+    two-pass packed row (each completion after its own copy of the prompt; TRL's numbers above)."""
+    _, pairs, row, refs, shared = setup
+    # prompts of 5, 3 and 1 tokens: each but its last token written once (the 1-token one: two plain documents)
+    assert len(shared["input_ids"]) == len(row["input_ids"]) - (4 + 2 + 0)
+    assert shared["branch"].unique().tolist() == [0, 1, 2]
+    for case in CASES:
+        two = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), row,
+                       ParallelState.single(), *case)
+        one = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), shared,
+                       ParallelState.single(), *case)
+        check(one[0], one[1], one[2], {"loss": two[0], "ref": two[1], "grads": two[2]})
+        check(one[0], one[1], one[2], refs[case])
