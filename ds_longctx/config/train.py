@@ -56,6 +56,9 @@ class TrainConfig(Section):
     """DPO's beta: the weight of the log-ratio to the reference (TRL's DPOConfig.beta)."""
     loss_type: Literal["sigmoid", "hinge", "ipo"] = "sigmoid"
     """DPO's per-pair loss, by TRL's DPOConfig.loss_type names."""
+    shared_prompt: bool = True
+    """DPO rows hold each pair's prompt once, then both completions, each attending to the prompt and to itself (the
+    prompt's layers run once, its attention twice); false: each completion after its own copy of the prompt."""
     ref_model: Optional[str] = None
     """DPO's reference model; None: the starting weights (the only reference built so far)."""
     seed: int = Field(0, ge=0, lt=2 ** 32)

@@ -112,7 +112,8 @@ def build_pairs(cfg, vocab_size: int, hf_config=None) -> PairRows:
     eos = eos_id(tok, hf_config) if cfg.data.add_eos else None
     pairs = read_pairs(pair_files(cfg.data.source), tok, eos, cfg.train.seq_len)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos or 0
-    return PairRows(pairs, cfg.train.seq_len, cfg.train.seed, cfg.data.shuffle, int(pad), cfg.data.source)
+    return PairRows(pairs, cfg.train.seq_len, cfg.train.seed, cfg.data.shuffle, int(pad), cfg.data.source,
+                    cfg.train.shared_prompt)
 
 
 def build_data(cfg, hf_config, dp_size: int):

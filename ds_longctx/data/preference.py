@@ -168,18 +168,20 @@ class PairBatch(Batch):
     seq: Optional[torch.Tensor] = None   # [1, L] sequence id of each trained token (module doc), else IGNORE_INDEX
     pairs: tuple = ()                    # the row's pairs, by index in the data (the reference log-probs' rows)
     ref: Optional[torch.Tensor] = None   # [P, 2] their reference log-probs (chosen, rejected), once computed
+    branch: Optional[torch.Tensor] = None  # [1, L] shared-prompt rows: 0 prompt, 1 chosen, 2 rejected (else None)
 
 
 class PairRows:
     """Rows of seq_len holding whole pairs, next-fit in file order, the rest padding (a document of its own), in
-    the (seed, step) order of data/rows.py. `ref`: the reference log-probs [pairs, 2] (chosen, rejected), set by the
-    run before its first step."""
+    the (seed, step) order of data/rows.py; `shared`: each pair's prompt once (`pack_shared_pairs`). `ref`: the
+    reference log-probs [pairs, 2] (chosen, rejected), set by the run before its first step."""
 
-    def __init__(self, pairs: list, seq_len: int, seed: int, shuffle: bool, pad_id: int, source: str = ""):
-        self.pairs, self.seq_len, self.pad_id, self.source = pairs, seq_len, pad_id, source
+    def __init__(self, pairs: list, seq_len: int, seed: int, shuffle: bool, pad_id: int, source: str = "",
+                 shared: bool = False):
+        self.pairs, self.seq_len, self.pad_id, self.source, self.shared = pairs, seq_len, pad_id, source, shared
         self.rows_of, fill = [[]], 0
         for i, (c, r) in enumerate(pairs):
-            n = len(c[0]) + len(r[0])
+            n = len(c[0]) + len(r[0]) - (max(_shared_len(c, r) - 1, 0) if shared else 0)
             if fill + n > seq_len:
                 self.rows_of.append([])
                 fill = 0
@@ -193,19 +195,21 @@ class PairRows:
     def signature(self) -> dict:
         """What a resumed run must find unchanged for the order to continue."""
         return {"kind": "pairs", "seq_len": self.seq_len, "n_rows": self.n_rows, "n_pairs": len(self.pairs),
-                "seed": self.seed, "shuffle": self.shuffle}
+                "seed": self.seed, "shuffle": self.shuffle, "shared": self.shared}
 
     def row(self, r: int) -> PairBatch:
         """Row r as a batch of one: its pairs packed (`pack_pairs`), padded to seq_len."""
-        ids, pos, labels, seq = pack_pairs([self.pairs[i] for i in self.rows_of[r]])
+        at = self.rows_of[r]
+        pairs = [self.pairs[i] for i in at]
+        ids, pos, labels, seq, *branch = pack_shared_pairs(pairs) if self.shared else pack_pairs(pairs)
         pad = self.seq_len - len(ids)
-        if pad:
+        if pad:  # a plain document of its own
             ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
             pos = torch.cat([pos, torch.arange(pad)])
             labels, seq = (torch.cat([t, t.new_full((pad,), IGNORE_INDEX)]) for t in (labels, seq))
-        at = self.rows_of[r]
+            branch = [torch.cat([b, b.new_zeros(pad)]) for b in branch]
         return PairBatch(ids[None], pos[None], labels[None], seq[None], tuple(at),
-                         None if self.ref is None else self.ref[at])
+                         None if self.ref is None else self.ref[at], branch[0][None] if branch else None)
 
     def rows(self, samples: range) -> PairBatch:
         if len(samples) != 1:

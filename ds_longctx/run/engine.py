@@ -74,6 +74,7 @@ from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses, ulysses_linear
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
 from ds_longctx.parallel.sharding import shard_batch, trained_counts
+from ds_longctx.parallel.shared_prefix import shared_layout
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.lr_schedule import lr_factor
@@ -143,7 +144,7 @@ def step_weights(batches: list, state: ParallelState, average: str,
 def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
                  position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                  row_weights: Optional[list] = None, micro_batches: int = 1, seq: Optional[torch.Tensor] = None,
-                 n_seq: int = 0):
+                 n_seq: int = 0, branch: Optional[torch.Tensor] = None):
     """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
     (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
     loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention, starts the attention caches' step
@@ -152,6 +153,7 @@ def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch
     shard = shard_batch(input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids)
     attn = levers.attn
     attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+    attn.shared = None if branch is None else shared_layout(position_ids[0], branch[0], shard.pad)
     attention_cache.new_step(levers.layers)
     if levers.moe is not None:
         b, n = shard.input_ids.shape
@@ -220,7 +222,7 @@ class LongCtxEngine:
         """(log-probs [2P] of a preference batch's sequences over the SP group, their trained tokens [2P]) through
         the DeepSpeed engine: the policy's, differentiable (under no_grad: the reference pass)."""
         return sharded_loss(self.ds, self.levers, self.state, self.device, batch.input_ids, batch.position_ids,
-                            batch.labels, seq=batch.seq, n_seq=2 * len(batch.pairs))
+                            batch.labels, seq=batch.seq, n_seq=2 * len(batch.pairs), branch=batch.branch)
 
     def eval_batch(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                    labels: Optional[torch.Tensor] = None) -> SliceLosses:
@@ -239,7 +241,7 @@ class LongCtxEngine:
         """
         st = self.state
         shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
-        self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+        self.attn.cu_seqlens, self.attn.max_seqlen, self.attn.shared = shard.cu_seqlens, shard.max_seqlen, None
         was_training = self.module.training
         self.ds.eval()
         try:

@@ -1,7 +1,7 @@
-"""`ds-longctx train --objective dpo` end to end (one process, ZeRO-3): the reference pass over the starting
-weights stored in output_dir with the log-probs of a plain HF forward, step 1 at log 2 (policy = reference), the
-rewards in metrics.jsonl; a resume reads the stored pass back; bad pairs and grpo refused with exit 2. The step's
-loss, gradients and rewards against TRL's DPOTrainer, at SP=2 through the engine too:
+"""`ds-longctx train --objective dpo` end to end (SP=2, ZeRO-3, shared-prompt rows): the reference pass over the
+starting weights stored in output_dir with the log-probs of a plain HF forward of each sequence alone, step 1 at log 2
+(policy = reference), the rewards in metrics.jsonl; a resume reads the stored pass back; bad pairs and grpo refused
+with exit 2. The step's loss, gradients and rewards against TRL's DPOTrainer, at SP=2 through the engine too:
 tests/levers/test_preference.py."""
 
 import json
@@ -58,7 +58,7 @@ def plain_logps(tok_dir: str) -> torch.Tensor:
 def test_dpo_train_stores_the_reference_and_logs_rewards(files):
     d, tok, data = files
     out = d / "run"
-    res = run_cli(args(d, tok, data, "--nproc", "1", "--steps", "2", "--output_dir", str(out)),
+    res = run_cli(args(d, tok, data, "--nproc", "2", "--sp_size", "2", "--steps", "2", "--output_dir", str(out)),
                   timeout=300, output_dir=out)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert "reference log-probs: 3 pairs in a first pass over the starting weights" in res.stderr + res.stdout
