@@ -12,16 +12,32 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
 from ds_longctx.levers.preference import dpo_loss
+from ds_longctx.parallel import kernel_rules
 
 log = logging.getLogger("ds_longctx")
 
 REF_FILE = "reference_logps.pt"   # in output_dir: {"logps": [pairs, 2] fp32, "signature": the data's, as JSON}
+
+
+def dpo_model_problem(train, text_config) -> Optional[str]:
+    """What objective dpo refuses of a model (None: nothing): a mixture of experts (its load-balancing loss is not
+    added to DPO's yet), and shared-prompt rows on a model with linear-attention layers (their recurrence would run
+    the second completion after the first)."""
+    if train.objective != "dpo":
+        return None
+    if getattr(text_config, "num_experts", 0):
+        return "objective=dpo on a mixture of experts is not built yet (its load-balancing loss); use a dense model"
+    if train.shared_prompt and kernel_rules.linear_heads(text_config) is not None:
+        return ("shared_prompt: true on a model with linear-attention layers: their recurrence would carry the chosen "
+                "completion into the rejected one; set shared_prompt: false")
+    return None
 
 
 def reference_logps(engine, data, output_dir, fresh: bool) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from ds_longctx.run.preference_step import REF_FILE, reference_logps
 from tests.corpus import make_tokenizer
-from tests.helpers import read_metrics, rel_err, run_cli, tiny_model
+from tests.helpers import read_metrics, refused, rel_err, run_cli, tiny_model
 
 PAIRS = [{"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
          {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
@@ -103,3 +103,13 @@ def test_bad_dpo_input_exits_2_naming_file_and_line(files, case):
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert says in res.stderr, res.stderr[-2000:]
     assert not (d / f"out_{case}").exists()
+
+
+@pytest.mark.parametrize("model, says", [
+    ("qwen3-moe-tiny", "objective=dpo on a mixture of experts is not built yet"),
+    ("qwen3.5-tiny", "shared_prompt: true on a model with linear-attention layers"),
+], ids=["moe", "linear_attention_shared_prompt"])
+def test_dpo_models_not_built_are_refused_before_the_engine(files, model, says):
+    d, tok, data = files
+    refused(d / f"out_{model}", [says], model=model, objective="dpo", data=data, tokenizer=tok, seq_len=64,
+            dtype="fp32", data_cache_dir=str(d / "cache"))
