@@ -131,7 +131,7 @@ class RunConfig(BaseModel):
             raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
                              f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
                              f"concat")
-        if msg := objective_problem(self.train, self.data):
+        if msg := objective_problem(self.train, self.data, self.eval.data):
             raise ValueError(msg)
         if self.lora.rank and self.lora.dropout and self.memory.tiled_mlp:
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "

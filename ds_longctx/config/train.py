@@ -72,8 +72,8 @@ class TrainConfig(Section):
     it holds. Not with resume (which continues that run)."""
 
 
-def objective_problem(train: TrainConfig, data) -> Optional[str]:
-    """What the train section's objective keys refuse with the rest of the config (None: nothing)."""
+def objective_problem(train: TrainConfig, data, eval_data: Optional[str]) -> Optional[str]:
+    """What the train section's objective keys refuse with the data and eval_data (None: nothing)."""
     if train.objective == "grpo":
         return "objective=grpo is not built yet; use objective: sft or dpo"
     if train.objective != "dpo":
@@ -83,6 +83,9 @@ def objective_problem(train: TrainConfig, data) -> Optional[str]:
                 f"ref_model unset (the reference log-probs come from the starting weights)")
     if train.micro_batch != 1:
         return f"objective=dpo packs pairs into rows of seq_len and takes micro_batch=1, got {train.micro_batch}"
+    if eval_data is not None:
+        return (f"eval_data={eval_data!r} with objective=dpo: a held-out evaluation of preference pairs is not built "
+                f"yet; leave eval_data unset")
     if data.source == "synthetic":
         return ("objective=dpo trains on preference pairs; set data to a .jsonl file of prompt, chosen and rejected "
                 "rows")

@@ -113,3 +113,18 @@ def test_dpo_models_not_built_are_refused_before_the_engine(files, model, says):
     d, tok, data = files
     refused(d / f"out_{model}", [says], model=model, objective="dpo", data=data, tokenizer=tok, seq_len=64,
             dtype="fp32", data_cache_dir=str(d / "cache"))
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"objective": "grpo"}, "objective=grpo is not built yet"),
+    ({"ref_model": "ref/"}, "a reference other than the starting weights is not built yet"),
+    ({"eval_data": "synthetic"}, "a held-out evaluation of preference pairs is not built yet"),
+    ({"micro_batch": 2}, "takes micro_batch=1"),
+    ({"data": "synthetic"}, "objective=dpo trains on preference pairs"),
+], ids=["grpo", "ref_model", "eval_data", "micro_batch", "synthetic"])
+def test_objective_keys_refused_with_the_rest_of_the_config(kw, says):
+    from pydantic import ValidationError
+
+    from ds_longctx.config import RunConfig
+    with pytest.raises(ValidationError, match=says):
+        RunConfig(**{"objective": "dpo", "data": "pairs.jsonl", **kw})
