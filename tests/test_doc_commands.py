@@ -165,6 +165,8 @@ RULES = [
             "ds-longctx eval --model MODEL_DIR --data smol_sessions/"),
     covered("tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
             "ds-longctx train ... --eval_data smol_sessions/ --eval_answer_loss true --eval_recall true"),
+    covered("tests/run/test_preference_step.py::test_dpo_train_stores_the_reference_and_logs_rewards",
+            "ds-longctx train --nproc 2 --sp_size 2 --model /path/to/Qwen3-8B --objective dpo"),
     Rule("ds-longctx train --nproc 2 --config my_run/run.yaml", "gpu", "my_run is the Qwen3-8B plan for 8 GPUs"),
     Rule("torchrun --nproc_per_node 8 -m ds_longctx.train", "gpu", EIGHT),
     Rule("deepspeed --num_gpus 8 ", "gpu", EIGHT),

@@ -26,6 +26,7 @@ FIXED = {
     "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
     "add_eos": "", "skip_bad_rows": "", "data_format": "", "train_on": "", "truncate": "",
     "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
+    "objective": "", "beta": "", "loss_type": "", "ref_model": "", "shared_prompt": "",
     "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
     "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "
                                "their size) and is not carried into another split",

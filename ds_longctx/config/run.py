@@ -49,7 +49,7 @@ from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
-from ds_longctx.config.train import TrainConfig, whole_number_hint
+from ds_longctx.config.train import TrainConfig, objective_problem, whole_number_hint
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
 
@@ -131,6 +131,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
                              f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
                              f"concat")
+        if msg := objective_problem(self.train, self.data, self.eval.data):
+            raise ValueError(msg)
         if self.lora.rank and self.lora.dropout and self.memory.tiled_mlp:
             raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
                              f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "

@@ -51,6 +51,7 @@ from typing import Optional
 
 import torch
 
+from ds_longctx.data.preference import PairRows, pair_files, read_pairs
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents, prepared_split
 from ds_longctx.data.synthetic import SyntheticRetrieval
@@ -90,6 +91,9 @@ def check_data_source(cfg, vocab_size: int) -> None:
     token) is refused when the rows are tokenized (data/tokenize.py `check_tokenized`), by file and line too."""
     if cfg.data.source == "synthetic":
         return
+    if cfg.train.objective == "dpo":
+        build_pairs(cfg, vocab_size)  # every pair read and tokenized: a bad one is refused by file and line
+        return
     scan = check_source(cfg)
     cut_rule(cfg)
     if scan is not None:
@@ -98,11 +102,27 @@ def check_data_source(cfg, vocab_size: int) -> None:
     check_packing(cfg)
 
 
+def build_pairs(cfg, vocab_size: int, hf_config=None) -> PairRows:
+    """objective dpo: the preference pairs of data (data/preference.py) packed in rows of seq_len."""
+    check_packing(cfg.model_copy(update={"data": cfg.data.model_copy(update={"layout": "pack"})}))
+    tok = load_tokenizer(cfg, vocab_size)
+    if tok is None:
+        raise DataError(f"data={cfg.data.source!r} holds preference pairs as text and needs a tokenizer; set "
+                        f"tokenizer to the model's tokenizer directory")
+    eos = eos_id(tok, hf_config) if cfg.data.add_eos else None
+    pairs = read_pairs(pair_files(cfg.data.source), tok, eos, cfg.train.seq_len)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos or 0
+    return PairRows(pairs, cfg.train.seq_len, cfg.train.seed, cfg.data.shuffle, int(pad), cfg.data.source,
+                    cfg.train.shared_prompt)
+
+
 def build_data(cfg, hf_config, dp_size: int):
     """The run's data: `SyntheticRetrieval` for data='synthetic', else `TokenRows` (validated; see module doc)."""
     vocab = hf_config.get_text_config().vocab_size
     if cfg.data.source == "synthetic":
         return SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
+    if cfg.train.objective == "dpo":
+        return build_pairs(cfg, vocab, hf_config)
     check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)

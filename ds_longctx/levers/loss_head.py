@@ -23,6 +23,7 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_scores, plain_cross_entropy
+from ds_longctx.levers.preference import sequence_logps, sp_logps
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.patching import own_forward, restore_forward
 from ds_longctx.parallel.units import IGNORE_INDEX
@@ -44,10 +45,15 @@ class LMHeadLoss(nn.Module):
             import deepspeed
             deepspeed.zero.register_external_parameter(self, weight)
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False):
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False, seq=None,
+                n_seq: int = 0):
         """The CE sum (fp32, 0-dim); `per_token`: (each row's CE [N], its argmax hit [N]) instead, forward only,
-        chunked whatever `chunked` says (no N x V logits, no gradients: evaluation; chunked_loss.per_token_scores)."""
+        chunked whatever `chunked` says (no N x V logits, no gradients: evaluation; chunked_loss.per_token_scores);
+        `seq` [N]: the log-prob sums [n_seq] of each sequence's rows (levers/preference.py; here, so that ZeRO-3
+        gathers lm_head for its backward too)."""
         weight = self._lm_head[0].weight  # [V, H]
+        if seq is not None:
+            return sequence_logps(hidden, weight, labels, seq, n_seq, self.chunk_rows)
         if per_token:
             return per_token_scores(hidden, weight, labels, chunk_size=self.chunk_rows)
         if self.chunked:
@@ -85,11 +91,17 @@ class LossHead(nn.Module):
             return 0.0, 0.0
         return value, value * self.aux.weight / self.state.sp_size
 
-    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False, row_weights=None):
+    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False, row_weights=None, seq=None,
+                n_seq: int = 0):
         """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE sum of row r on
-        this slice, returned as (that loss, None, this slice's tokens)."""
+        this slice, returned as (that loss, None, this slice's tokens). `seq` ([b, s/sp], preference rows): the
+        log-prob sums [n_seq] of the micro-batch's sequences over the SP group and their trained tokens
+        (levers/preference.py `row_logps`)."""
         hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
                                        use_cache=False).last_hidden_state  # [b, s/sp, H]
+        if seq is not None:
+            return sp_logps(self.loss(hidden.flatten(0, 1), shift_labels.flatten(), seq=seq.flatten(), n_seq=n_seq),
+                            seq, n_seq, self.state.sp_group)
         if per_token:  # evaluation: this slice's per-token CE (0.0 where ignored) and hits; no SP reduction
             with record_function("ds_longctx.loss"):
                 token_loss, hit = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ds_longctx.parallel import attention, kernel_rules
 from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.parallel.shared_prefix import SharedLayout
 
 ATTN_IMPLEMENTATION = "ds_longctx"
 
@@ -100,6 +101,7 @@ class UlyssesAttention:
         self.kv_rep = sp // num_kv_heads if sp > num_kv_heads else 1
         self.cu_seqlens: Optional[torch.Tensor] = None
         self.max_seqlen: Optional[int] = None
+        self.shared: Optional[SharedLayout] = None  # documents that branch (parallel/shared_prefix.py), per batch
         self.calls = 0
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -115,8 +117,7 @@ class UlyssesAttention:
         group = self.state.sp_group
         slot = _slot_lookup[0](module)  # this layer's kept output (set_slot_lookup), or None
         if group is None:  # sp_size == 1: no exchange
-            out = attention.attend(query, key, value, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
-            return out, None
+            return self._attend(query, key, value, scale, slot), None
         if self.kv_rep > 1:
             # [b, hk, s/sp, d] -> [b, hk*r = sp, s/sp, d]: each rank receives the KV head its queries read
             key = key.repeat_interleave(self.kv_rep, dim=1)
@@ -124,9 +125,21 @@ class UlyssesAttention:
         q = seq_to_head(query, group)  # [b, h, s/sp, d] -> [b, h/sp, s, d]
         k = seq_to_head(key, group)    # [b, hk', s/sp, d] -> [b, hk'/sp, s, d]
         v = seq_to_head(value, group)
-        out = attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)  # [b, s, h/sp, d]
+        out = self._attend(q, k, v, scale, slot)  # [b, s, h/sp, d]
         out = head_to_seq(out, group)  # [b, s, h/sp, d] -> [b, s/sp, h, d]
         return out, None
+
+
+    def _attend(self, q, k, v, scale, slot):
+        """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents kept apart, a
+        branching one through its virtual sequence (parallel/shared_prefix.py)."""
+        lay = self.shared
+        if lay is None:
+            return attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
+        g = lay.gather.to(q.device)
+        q, k, v = (t[:, :, g] for t in (q, k, v))  # [b, h', s, d] -> [b, h', s', d]
+        out = attention.attend(q, k, v, scale, lay.cu_seqlens, lay.max_seqlen, slot=slot)  # [b, s', h', d]
+        return out[:, lay.take.to(out.device)]  # [b, s', h', d] -> [b, s, h', d]
 
 
 _REGISTERED: Optional[UlyssesAttention] = None

@@ -51,7 +51,7 @@ import logging
 import os
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import psutil
@@ -74,6 +74,7 @@ from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses, ulysses_linear
 from ds_longctx.parallel.parallel_state import ParallelState, init_distributed
 from ds_longctx.parallel.sharding import shard_batch, trained_counts
+from ds_longctx.parallel.shared_prefix import shared_layout
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.lr_schedule import lr_factor
@@ -81,6 +82,7 @@ from ds_longctx.run.model import build_partitioned_model
 from ds_longctx.run.moe_checks import router_aux_coef, untiled_warning
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
 from ds_longctx.run.placement_plan import run_placement
+from ds_longctx.run.preference_step import pair_forward_backward
 from ds_longctx.run.preflight import validate
 
 log = logging.getLogger("ds_longctx")
@@ -102,6 +104,7 @@ def _build_stage(stage: str, t0: float, rank: int) -> None:
 class StepResult:
     loss: float      # the step's loss (train.loss_average) over every micro-batch and replica
     tokens: int      # trained tokens of the step over every micro-batch and replica
+    extra: dict = field(default_factory=dict)   # more of the step's metrics (objective dpo: its rewards)
 
 
 @dataclass
@@ -140,7 +143,8 @@ def step_weights(batches: list, state: ParallelState, average: str,
 
 def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch.device, input_ids: torch.Tensor,
                  position_ids: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                 row_weights: Optional[list] = None, micro_batches: int = 1):
+                 row_weights: Optional[list] = None, micro_batches: int = 1, seq: Optional[torch.Tensor] = None,
+                 n_seq: int = 0, branch: Optional[torch.Tensor] = None):
     """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
     (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
     loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention, starts the attention caches' step
@@ -149,6 +153,7 @@ def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch
     shard = shard_batch(input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids)
     attn = levers.attn
     attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+    attn.shared = None if branch is None else shared_layout(position_ids[0], branch[0], shard.pad)
     attention_cache.new_step(levers.layers)
     if levers.moe is not None:
         b, n = shard.input_ids.shape
@@ -156,6 +161,9 @@ def sharded_loss(run, levers: AppliedLevers, state: ParallelState, device: torch
         levers.moe.aux.begin(None if valid is None else valid.to(device), state.sp_size / micro_batches)
     calls_before = attn.calls
     extra = {} if row_weights is None else {"row_weights": row_weights}
+    if seq is not None:  # preference rows: each trained token's sequence id, sharded and shifted as the labels are
+        seq = shard_batch(input_ids, state.sp_size, state.sp_rank, labels=seq, position_ids=position_ids).shift_labels
+        extra = {"seq": seq.to(device), "n_seq": n_seq}
     with record_function("ds_longctx.forward"):
         out = run(shard.input_ids.to(device), shard.position_ids.to(device), shard.shift_labels.to(device), **extra)
     if attn.calls == calls_before:
@@ -195,6 +203,8 @@ class LongCtxEngine:
         `[b, L]`, the same on every SP rank), each backpropagated with the row weights of `step_weights`;
         DeepSpeed's step after each but the last (the caller makes that one, `step`)."""
         st = self.state
+        if self.cfg.train.objective == "dpo":
+            return StepResult(*pair_forward_backward(self, batches, self.pair_logps))
         weights, n_step = step_weights(batches, st, self.cfg.train.loss_average, self.device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, (batch, w) in enumerate(zip(batches, weights)):
@@ -208,6 +218,12 @@ class LongCtxEngine:
         if dist.is_initialized() and st.world_size > 1:
             dist.all_reduce(total)  # every rank's share of the step's loss
         return StepResult(loss=float(total) / st.world_size, tokens=n_step)
+
+    def pair_logps(self, batch) -> tuple:
+        """(log-probs [2P] of a preference batch's sequences over the SP group, their trained tokens [2P]) through
+        the DeepSpeed engine: the policy's, differentiable (under no_grad: the reference pass)."""
+        return sharded_loss(self.ds, self.levers, self.state, self.device, batch.input_ids, batch.position_ids,
+                            batch.labels, seq=batch.seq, n_seq=2 * len(batch.pairs), branch=batch.branch)
 
     def eval_batch(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                    labels: Optional[torch.Tensor] = None) -> SliceLosses:
@@ -226,7 +242,7 @@ class LongCtxEngine:
         """
         st = self.state
         shard = shard_batch(input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids)
-        self.attn.cu_seqlens, self.attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+        self.attn.cu_seqlens, self.attn.max_seqlen, self.attn.shared = shard.cu_seqlens, shard.max_seqlen, None
         was_training = self.module.training
         self.ds.eval()
         try:

@@ -4,7 +4,8 @@
     figs = figures(read_runs(["runs/a"]))                 # {panel: matplotlib Figure}, for a notebook
 
 One PNG per panel of PANELS: the loss (the eval loss beside it, as points), the learning rate, the gradient norm,
-tokens per second, and memory (peak GPU reserved and host RSS, GB = 1e9 bytes). Each run has one colour, labelled
+tokens per second, memory (peak GPU reserved and host RSS, GB = 1e9 bytes), and a dpo run's rewards and their
+accuracy. Each run has one colour, labelled
 with its directory's name; a field a run's lines lack is left out of its panel, and a panel no run has is not
 written. Figures are drawn on matplotlib's Agg canvas without pyplot, so no global backend is switched.
 """
@@ -29,9 +30,12 @@ PANELS = {
     "grad_norm": ("gradient norm (before clipping)", ("grad_norm",), 1),
     "tokens_per_s": ("tokens / s", ("tokens_per_s",), 1),
     "memory": ("GB", ("peak_gpu_bytes", "host_rss_bytes"), GB),
+    "rewards": ("DPO reward", ("rewards/chosen", "rewards/rejected", "rewards/margins"), 1),
+    "reward_accuracy": ("DPO reward accuracy", ("rewards/accuracies",), 1),
 }
 STYLES = {"eval_loss": dict(linestyle="none", marker="o"), "host_rss_bytes": dict(linestyle="--")}
-NAMES = {"loss": "train", "eval_loss": "eval", "peak_gpu_bytes": "peak GPU reserved", "host_rss_bytes": "host RSS"}
+NAMES = {"loss": "train", "eval_loss": "eval", "peak_gpu_bytes": "peak GPU reserved", "host_rss_bytes": "host RSS",
+         "rewards/chosen": "chosen", "rewards/rejected": "rejected", "rewards/margins": "margin"}
 INSTALL = "pip install matplotlib"
 PLOT_MARKER = ".ds_longctx-plot"  # which PNGs of --out a plot wrote, with their sha256 (disk.mark_written)
 

@@ -44,6 +44,7 @@ from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.moe_checks import check_moe
 from ds_longctx.run.placement_plan import run_placement
+from ds_longctx.run.preference_step import dpo_model_problem
 
 log = logging.getLogger("ds_longctx")
 
@@ -78,6 +79,8 @@ def validate(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
                          f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU")
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
+    if problem := dpo_model_problem(cfg.train, text):
+        raise ValueError(problem)
     if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: every layer checked on a meta model
         check_tiled_layer(model_class(hf_cfg), hf_cfg)
     check_moe(cfg, hf_cfg, world_size)  # a mixture of experts: its coefficient, untileable blocks against the budget

@@ -7,7 +7,7 @@ measures it (rehearsal/rank.py): the batch (`data.get`), `forward_backward`, the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -23,6 +23,7 @@ class TimedStep:
     seconds: float         # from the batch to the end of the optimizer step, CUDA-synchronized at both ends
     peak_reserved: int     # torch.cuda.max_memory_reserved over the step, bytes (0 without CUDA)
     peak_allocated: int    # torch.cuda.max_memory_allocated over the step, bytes (0 without CUDA)
+    extra: dict = field(default_factory=dict)   # more of the step's metrics (objective dpo: its rewards)
 
 
 def timed_step(engine, data, step: int, train, before_optimizer: Optional[Callable] = None) -> TimedStep:
@@ -49,4 +50,4 @@ def timed_step(engine, data, step: int, train, before_optimizer: Optional[Callab
     seconds = time.perf_counter() - t0
     return TimedStep(loss=res.loss, tokens=res.tokens, lr=lr, seconds=seconds,
                      peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else 0,
-                     peak_allocated=torch.cuda.max_memory_allocated() if on_gpu else 0)
+                     peak_allocated=torch.cuda.max_memory_allocated() if on_gpu else 0, extra=res.extra)

@@ -33,6 +33,7 @@ from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
+from ds_longctx.run.preference_step import reference_logps
 from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
 from ds_longctx.run.recall import answers_writer
@@ -83,6 +84,11 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
+    if cfg.train.objective == "dpo":
+        try:
+            reference_logps(engine, data, out, fresh=resume_meta is None)
+        except ValueError as e:
+            refuse(f"refused: {e}", engine.state.rank)
     metrics = MetricsLog(out, start, cfg.logging.report_to, enabled=engine.state.rank == 0, cfg=cfg)
     saved = resume_meta["step"] if resume_meta else None
     done, saved = train_steps(cfg, engine, data, held, metrics, signals, start, saved)
@@ -187,7 +193,7 @@ def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
     row = {"step": done, "loss": t.loss, "lr": t.lr, "grad_norm": engine.grad_norm(), "tokens": tokens,
            "trained_tokens": t.tokens, "seconds": round(t.seconds, 4), "tokens_per_s": round(tokens / t.seconds, 1),
            "peak_gpu_bytes": t.peak_reserved, "peak_gpu_allocated_bytes": t.peak_allocated,
-           "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows}
+           "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows, **t.extra}
     if dist.is_initialized() and torch.cuda.is_available():
         m = torch.tensor([t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)

@@ -34,7 +34,7 @@ def test_each_panel_draws_each_runs_fields_against_step(tmp_path):
     from ds_longctx.run.plots import PANELS, figures, read_runs
     full, older = two_runs(tmp_path)
     figs = figures(read_runs([str(full), str(older)]))
-    assert list(figs) == list(PANELS)
+    assert list(figs) == [p for p in PANELS if not p.startswith("reward")]  # no dpo run: no reward panel
     drawn = {p: {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in f.axes[0].lines}
              for p, f in figs.items()}
     assert drawn["loss"] == {"full: train": ([1, 2, 3], [4.0, 3.0, 2.0]), "full: eval": ([2], [4.5]),
@@ -43,6 +43,16 @@ def test_each_panel_draws_each_runs_fields_against_step(tmp_path):
     assert set(drawn["grad_norm"]) == {"full"}
     assert drawn["memory"]["full: peak GPU reserved"] == ([1, 2, 3], [2.0, 4.0, 6.0])  # GB
     assert drawn["memory"]["older: host RSS"] == ([1, 2], [1.0, 1.0])
+
+
+def test_a_dpo_run_draws_its_rewards_and_their_accuracy(tmp_path):
+    from ds_longctx.run.plots import figures, read_runs
+    lines = [{"step": s, "loss": 0.7 / s, "rewards/chosen": 0.1 * s, "rewards/rejected": -0.2 * s,
+              "rewards/margins": 0.3 * s, "rewards/accuracies": 0.5} for s in (1, 2)]
+    figs = figures(read_runs([str(write_run(tmp_path / "dpo", lines))]))
+    drawn = {p: {line.get_label(): list(line.get_ydata()) for line in f.axes[0].lines} for p, f in figs.items()}
+    assert drawn["rewards"] == {"dpo: chosen": [0.1, 0.2], "dpo: rejected": [-0.2, -0.4], "dpo: margin": [0.3, 0.6]}
+    assert drawn["reward_accuracy"] == {"dpo": [0.5, 0.5]}
 
 
 def test_plot_writes_a_png_per_panel_for_two_runs(tmp_path):
