@@ -114,9 +114,9 @@ def run_eval(argv: list[str]) -> int:
         refuse(f"refused before start: {e}")
     if (holder := lock_holder(out)) is not None:  # eval writes its lines into `out`: one writer there
         refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
-    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
-        print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
-              f"starts)", file=sys.stderr)
+    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world (--model: sp_size), no --nproc
+        whose = "the checkpoint was written by" if "sp_size" in meta["run"] else "--model evaluates at sp_size, so"
+        print(f"{problem} ({whose} world_size={meta['run']['world_size']}, which eval starts)", file=sys.stderr)
         return REFUSED
     return launch_holding(out, OUT_FIX, meta["run"]["world_size"], argv, "ds_longctx.eval")
 
