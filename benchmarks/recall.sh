@@ -7,6 +7,7 @@
 #      of SEQ_LEN (MAX_TOKENS = SEQ_LEN - 64: room for the EOS training appends), answer-to-evidence distances from
 #      ~1k to ~64k tokens at the defaults; or SESSIONS=DIR prepared earlier with the same options (deterministic from
 #      its seed: prepare it off the device and carry it). The first EVAL_ROWS sessions are held out, the rest trained.
+#      MIN_TOKENS above SEQ_LEN / 2 keeps two sessions out of one packed row (each eval row is one session).
 #      Size: 4 sessions of 34,556 to 57,281 tokens (30 answers: 3 at 0-1k, 4 at 1k-4k, 9 at 4k-16k, 14 at 16k-64k)
 #      took 12 s on 2 shared cores and 660 KB (3.8 bytes a token); the default 128 are ~6M tokens, ~23 MB, ~7 min:
 #        python3 -m ds_longctx.cli data prepare --sessions 128 --out sessions --tokenizer MODEL --max_tokens 65472
@@ -21,9 +22,11 @@
 #
 # Knobs (env): MODEL (required), SEQ_LEN (65536), STEPS (300), EVAL_EVERY (STEPS/2: start, middle, end), EVAL_ROWS (8),
 # LR (1e-4), WARMUP (10), DTYPE (bf16), SESSIONS, N_SESSIONS (128), MIN_TOKENS (32768), MAX_TOKENS (SEQ_LEN - 64),
-# SEED (0), WORK (/tmp/recall).
+# SEED (0), WORK (/tmp/recall), DS_LONGCTX_COMMIT (the rows' commit; default `git describe --dirty`: set it where the
+# copy has no .git, as on the device).
 #
-# On CPU, the check that it runs (~15 min on 2 shared cores, most of it the 135M model's forwards):
+# On CPU, the check that it runs: 23 min on 2 shared cores (sessions 25 s, base 310 s, 2 steps with 3 recall
+# evaluations 1,047 s; benchmarks/results/sessions/2026-12-06/recall_cpu has what it wrote):
 #   MODEL=/work/cache/smollm2-135m-instruct SEQ_LEN=4096 STEPS=2 EVAL_ROWS=2 N_SESSIONS=4 MIN_TOKENS=2048 \
 #   MAX_TOKENS=4000 SEED=2 DTYPE=fp32 RES=/tmp/recall_cpu bash benchmarks/recall.sh
 set -euo pipefail
@@ -34,7 +37,8 @@ SEQ_LEN=${SEQ_LEN:-65536} STEPS=${STEPS:-300} EVAL_ROWS=${EVAL_ROWS:-8} LR=${LR:
 EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 2))} DTYPE=${DTYPE:-bf16}
 mkdir -p "$RES" "$WORK"
 LOG="$RES/log.txt"
-export PYTHONUNBUFFERED=1 DS_LONGCTX_COMMIT=${DS_LONGCTX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+# the rows' commit: the checkout's, -dirty with uncommitted changes (DS_LONGCTX_COMMIT names it where .git is absent)
+export PYTHONUNBUFFERED=1 DS_LONGCTX_COMMIT=${DS_LONGCTX_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo '?')}
 echo "recall: $(date -u +%FT%TZ) commit $DS_LONGCTX_COMMIT model $MODEL seq_len $SEQ_LEN steps $STEPS lr $LR" \
      "eval every $EVAL_EVERY ($EVAL_ROWS sessions)" | tee -a "$LOG"
 # each line as it comes (carriage returns end lines too), tqdm's progress bars left out

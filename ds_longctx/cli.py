@@ -6,7 +6,8 @@
     ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]   # one GPU plays ranks of the config's world
     ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
     ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--answer_loss true]
-                    [--key value ...]
+                    [--recall true] [--key value ...]
+    ds-longctx eval --model DIR --data SESSIONS --recall true --out DIR [--seq_len L] [--key value ...]   # as it is
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
     ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
@@ -114,9 +115,9 @@ def run_eval(argv: list[str]) -> int:
         refuse(f"refused before start: {e}")
     if holder is not None:  # eval writes its lines into `out`: one writer there
         refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
-    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world, where no --nproc was given
-        print(f"{problem} (the checkpoint was written by world_size={meta['run']['world_size']}, which eval "
-              f"starts)", file=sys.stderr)
+    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world (--model: sp_size), no --nproc
+        whose = "the checkpoint was written by" if "sp_size" in meta["run"] else "--model evaluates at sp_size, so"
+        print(f"{problem} ({whose} world_size={meta['run']['world_size']}, which eval starts)", file=sys.stderr)
         return REFUSED
     return launch_holding(out, OUT_FIX, meta["run"]["world_size"], argv, "ds_longctx.eval")
 
@@ -324,7 +325,8 @@ def _main(argv: list[str] | None) -> None:
     sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
     sub.add_parser("models", help="a real model as an HF directory: ds-longctx models get NAME --out DIR")
     sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
-    sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
+    sub.add_parser("eval", help="a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "
+                                "rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig
     t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options "
                        "go to the run config (--config FILE, --key value)", epilog=RunConfig.help_text(),
