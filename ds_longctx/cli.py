@@ -130,9 +130,13 @@ def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, save
         lock = take(out, fix)
     except ValueError as e:
         refuse(f"refused before start: {e}")
+    from ds_longctx.run.run_log import guarded_output, keep_log
     os.environ[LOCK_ENV] = lock_env_value()
     try:
-        return launch(nproc, args, module, str(out) if saves else None)
+        with guarded_output():  # the terminal may go away (`| tee` ended by Ctrl-C): run/run_log.py
+            if saves:
+                keep_log(out)  # the launcher's lines (the stop line last) beside the workers'
+            return launch(nproc, args, module, str(out) if saves else None)
     finally:
         os.environ.pop(LOCK_ENV, None)
         if lock is not None:

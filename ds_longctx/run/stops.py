@@ -30,6 +30,7 @@ import time
 from typing import Optional
 
 from ds_longctx.run.refuse import last_line
+from ds_longctx.run.run_log import say_now
 
 FAILED = 1
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -67,8 +68,7 @@ class StopRequest:
 
     def _on_signal(self, signum, frame) -> None:
         if not self.signum and os.environ.get("RANK", "0") == "0":
-            os.write(2, f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n"
-                        .encode())
+            say_now(f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n")
         self.signum = self.signum or signum
 
     def install(self) -> "StopRequest":

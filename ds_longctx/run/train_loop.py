@@ -36,6 +36,7 @@ from ds_longctx.run.metrics_log import MetricsLog
 from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
 from ds_longctx.run.refuse import last_line, refuse
+from ds_longctx.run.run_log import keep_log
 from ds_longctx.run.step import TimedStep, timed_step
 from ds_longctx.run.stops import FAILED, StopRequest, saving, signal_exit, signal_name
 
@@ -105,6 +106,7 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     try:
         rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
                     rank)
+        keep_log(cfg.train.output_dir)  # the run's directory is this run's now: its output goes there too
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
         steps_of_epochs(cfg, data, dp_size, rank)
