@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -108,7 +109,9 @@ def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
     they were made for (memory.gpu_budget_gb: the run caps its allocator there, levers/gpu_budget.py)."""
     plan = choice.plan
     gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
-    return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
+    model = plan.geom.name  # a local model as an absolute path: run.yaml works from any directory
+    model = os.path.abspath(model) if resolve_model(model).kind != "shipped" else model
+    return RunConfig(model=model, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
                      nodes=plan.nodes, gpus_per_node=plan.gpus,
                      output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
                      **choice.levers.run_config_fields())
