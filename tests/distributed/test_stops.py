@@ -143,3 +143,4 @@ def test_ctrl_c_through_a_pipe_whose_reader_dies_saves_and_the_stop_line_is_in_t
     assert last_line(text) == (f"stopped by SIGINT at step {k} of {10 * LONG}: saved {ckpt_root(out) / f'step{k}'}; "
                                f"the same command with --resume continues it")
     assert read_latest(ckpt_root(out)) == f"step{k}" and "BrokenPipeError" not in text
+    assert "_ds_longctx" not in (ckpt_root(out) / f"step{k}" / "config.json").read_text()  # no key of ours
