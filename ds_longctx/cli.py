@@ -130,12 +130,10 @@ def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, save
         lock = take(out, fix)
     except ValueError as e:
         refuse(f"refused before start: {e}")
-    from ds_longctx.run.run_log import guarded_output, keep_log
+    from ds_longctx.run.run_log import guarded_output
     os.environ[LOCK_ENV] = lock_env_value()
     try:
         with guarded_output():  # the terminal may go away (`| tee` ended by Ctrl-C): run/run_log.py
-            if saves:
-                keep_log(out)  # the launcher's lines (the stop line last) beside the workers'
             return launch(nproc, args, module, str(out) if saves else None)
     finally:
         os.environ.pop(LOCK_ENV, None)
@@ -160,6 +158,7 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
     from torch.distributed.run import run
 
     from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
+    from ds_longctx.run.run_log import LOG_NAME, keep_log
     from ds_longctx.run.stops import SIGNALS, STATUS_FILE_ENV, LauncherSignals
     from ds_longctx.run.worker_env import worker_env
     os.environ.update(worker_env())
@@ -182,6 +181,8 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
             os.environ.pop(REFUSAL_FILE_ENV, None)
             os.environ.pop(STATUS_FILE_ENV, None)
         recorded = recorded_line(path)
+    if output_dir is not None and (Path(output_dir) / LOG_NAME).is_file():  # the workers' log: the last line too
+        keep_log(output_dir)
     return _last_word(recorded, signals, signum, failure, output_dir)
 
 

@@ -83,6 +83,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     out = Path(cfg.train.output_dir)
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
+    keep_log(out)  # past every refusal (a refused run writes nothing): this rank's output goes there too
     metrics = MetricsLog(out, start, cfg.logging.report_to, enabled=engine.state.rank == 0, cfg=cfg)
     saved = resume_meta["step"] if resume_meta else None
     done, saved = train_steps(cfg, engine, data, held, metrics, signals, start, saved)
@@ -106,7 +107,6 @@ def build_run(cfg, rank: int, world: int) -> tuple:
     try:
         rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
                     rank)
-        keep_log(cfg.train.output_dir)  # the run's directory is this run's now: its output goes there too
         data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
         steps_of_epochs(cfg, data, dp_size, rank)
