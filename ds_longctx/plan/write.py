@@ -44,10 +44,10 @@ from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
-from ds_longctx.plan.plan_args import check_args, command_line, longest_fit, search_kw, tokens
+from ds_longctx.plan.plan_args import check_args, command_line, local_gpu_kind, longest_fit, search_kw, tokens
 from ds_longctx.plan.planner import GB
 from ds_longctx.plan.search import Choice, NoFit, choose
-from ds_longctx.plan.step_time import predict_step
+from ds_longctx.plan.step_time import GPU_RATES, step_line
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
@@ -65,6 +65,10 @@ def parser() -> argparse.ArgumentParser:
                         "1 GPU 128, 2: 256, 4: 512, 8: 560)")
     p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid that divides "
                    "--gpus)")
+    p.add_argument("--gpu", default=None, type=str.lower,
+                   help="the GPU kind the step time is counted for, at its measured or published kernel rates "
+                        f"({', '.join(sorted(GPU_RATES))}: plan/step_time.py GPU_RATES; another kind: the time is "
+                        "unknown); default: this machine's GPU (nvidia-smi), none on a machine without one")
     p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
     p.add_argument("--no_attention_cache", action="store_true",
                    help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
@@ -139,7 +143,7 @@ def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> s
     head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
                 f"{per_node}")
     head.append(f"placement per layer: {plan.placement.describe()}")
-    head.append(predict_step(plan, a.gpu_mem_gb).line())
+    head.append(step_line(plan, a.gpu_mem_gb, a.gpu))
     head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 
@@ -173,6 +177,7 @@ def main(argv: list | None = None) -> int:
     except ValueError as e:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
+    a.gpu = a.gpu or local_gpu_kind()
     cmd = command_line(a, host)
     if note := resolve_model(a.model).note:
         print(f"model {a.model}: {note}", flush=True)
