@@ -10,10 +10,11 @@
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
     ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
+    ds-longctx checkpoint reshard DIR [--tag T]          # its universal form ahead of a resume on another layout
     ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]    # loss, lr, grad norm, tokens/s, memory against step (PNGs)
 
-Exit codes (README "Exit codes and stops"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by SIGINT / SIGTERM
-after the workers saved; every stop prints its one line last.
+Exit codes (docs/reliability.md, "Every stop ends with one line"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by
+SIGINT / SIGTERM after the workers saved; every stop prints its one line last.
 """
 
 from __future__ import annotations
@@ -316,7 +317,8 @@ def _main(argv: list[str] | None) -> None:
                                     "(ds-longctx rehearse -h)")
     sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
                                 "(ds-longctx data prepare -h)")
-    sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
+    sub.add_parser("checkpoint", help="convert a checkpoint of an older version, or reshard one ahead of a resume on "
+                                      "another layout (ds-longctx checkpoint convert|reshard -h)")
     sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
     sub.add_parser("eval", help="a checkpoint's eval loss and per-position curve on held-out rows (ds-longctx eval -h)")
     from ds_longctx.config import RunConfig

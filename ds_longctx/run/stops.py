@@ -1,5 +1,6 @@
 """How a run stops: on SIGTERM or SIGINT (every rank at the same step boundary, saved), when its launcher dies (each
-worker ends itself), and the exit code and last line of each stop (the table in README's "Exit codes and stops").
+worker ends itself), and the exit code and last line of each stop (docs/reliability.md: "Every stop ends with one
+line").
 
     stop = StopRequest().install()       # SIGTERM and SIGINT set a flag; the loop asks `agreed()` once per step
     watch_launcher()                     # at a worker's start: end this process when its launcher is gone
