@@ -144,3 +144,5 @@ def test_ctrl_c_through_a_pipe_whose_reader_dies_saves_and_the_stop_line_is_in_t
                                f"the same command with --resume continues it")
     assert read_latest(ckpt_root(out)) == f"step{k}" and "BrokenPipeError" not in text
     assert "_ds_longctx" not in (ckpt_root(out) / f"step{k}" / "config.json").read_text()  # no key of ours
+    assert "weights random init (no checkpoint); tokenizer none (synthetic data or token ids); output also in " \
+           f"{out / 'train.log'}" in text and f"TensorBoard events in {out / 'tensorboard'}" in text
