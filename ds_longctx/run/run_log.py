@@ -1,9 +1,9 @@
-"""A run's output survives its terminal: stdout and stderr go to the terminal and, once the run's directory is
-known, to `<output_dir>/train.log`. A terminal that goes away (`| tee log` ended by the same Ctrl-C, a closed ssh)
+"""A run's output survives its terminal: stdout and stderr go to the terminal and, once the run is past its
+refusals, to `<output_dir>/train.log`. A terminal that goes away (`| tee log` ended by the same Ctrl-C, a closed ssh)
 stops only the writes to it: its descriptor is pointed at /dev/null and the run goes on to its save and last line.
 
     with guarded_output():          # a process's whole life: the launcher's `launch`, a worker's `main`
-        keep_log(output_dir)        # once output_dir is the run's (lock taken): both streams append there too
+        keep_log(output_dir)        # past every refusal (a refused run writes nothing): both streams append there
         say_now(text)               # from a signal handler: os.write to stderr and the log, errors ignored
 """
 
