@@ -134,10 +134,17 @@ def rehearsed(d: dict) -> list:
                         "since: not yet rehearsed as it is)"),
                      f"{slow['predicted_seconds_per_step']:.1f} s (compute {slow['compute_seconds_per_step']:.1f} s), "
                      f"{gb(top['peak_gpu_bytes'])} GB peak GPU (plan {gb(top['planned_gpu_bytes'])})",
-                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published, on {p['machine']}"
-                               for p in peer),
+                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published{published_by(p)}, on "
+                               f"{p['machine']}" for p in peer),
                      result_file("rehearsal", *(["longest"] if peer else []))])
     return rows
+
+
+def published_by(peer: dict) -> str:
+    """` in <where>` for a published figure: its source's first words (TRL's docs example, a pull request), so two
+    figures of one peer in one cell say which is which; "" without a source."""
+    where = peer.get("paper", "").split(",")[0].split(" (")[0]
+    return f" in {where}" if where else ""
 
 
 def longest_plan(config: str) -> dict | None:

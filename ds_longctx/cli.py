@@ -11,10 +11,11 @@
     ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
     ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
     ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
+    ds-longctx checkpoint reshard DIR [--tag T]          # its universal form ahead of a resume on another layout
     ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]    # loss, lr, grad norm, tokens/s, memory against step (PNGs)
 
-Exit codes (README "Exit codes and stops"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by SIGINT / SIGTERM
-after the workers saved; every stop prints its one line last.
+Exit codes (docs/reliability.md, "Every stop ends with one line"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by
+SIGINT / SIGTERM after the workers saved; every stop prints its one line last.
 """
 
 from __future__ import annotations
@@ -132,9 +133,11 @@ def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, save
         lock = take(out, fix)
     except ValueError as e:
         refuse(f"refused before start: {e}")
+    from ds_longctx.run.run_log import guarded_output
     os.environ[LOCK_ENV] = lock_env_value()
     try:
-        return launch(nproc, args, module, str(out) if saves else None)
+        with guarded_output():  # the terminal may go away (`| tee` ended by Ctrl-C): run/run_log.py
+            return launch(nproc, args, module, str(out) if saves else None)
     finally:
         os.environ.pop(LOCK_ENV, None)
         if lock is not None:
@@ -158,6 +161,7 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
     from torch.distributed.run import run
 
     from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
+    from ds_longctx.run.run_log import LOG_NAME, keep_log
     from ds_longctx.run.stops import SIGNALS, STATUS_FILE_ENV, LauncherSignals
     from ds_longctx.run.worker_env import worker_env
     os.environ.update(worker_env())
@@ -180,6 +184,8 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
             os.environ.pop(REFUSAL_FILE_ENV, None)
             os.environ.pop(STATUS_FILE_ENV, None)
         recorded = recorded_line(path)
+    if output_dir is not None and (Path(output_dir) / LOG_NAME).is_file():  # the workers' log: the last line too
+        keep_log(output_dir)
     return _last_word(recorded, signals, signum, failure, output_dir)
 
 
@@ -322,7 +328,8 @@ def _main(argv: list[str] | None) -> None:
                                     "(ds-longctx rehearse -h)")
     sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
                                 "(ds-longctx data prepare -h)")
-    sub.add_parser("checkpoint", help="convert a checkpoint of an older version (ds-longctx checkpoint convert -h)")
+    sub.add_parser("checkpoint", help="convert a checkpoint of an older version, or reshard one ahead of a resume on "
+                                      "another layout (ds-longctx checkpoint convert|reshard -h)")
     sub.add_parser("models", help="a real model as an HF directory: ds-longctx models get NAME --out DIR")
     sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
     sub.add_parser("eval", help="a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "

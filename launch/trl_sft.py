@@ -23,7 +23,7 @@ import sys
 
 
 def main(argv=None):
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from ds_longctx.integrations import hf_trainer as longctx  # ds_longctx
@@ -35,9 +35,9 @@ def main(argv=None):
                 print(json.dumps({"step": state.global_step, **logs}), flush=True)
 
     args = longctx.training_args(cfg, SFTConfig, logging_steps=1)  # ds_longctx: saves, reports as the run config says
+    tokenizer = longctx.tokenizer(cfg)  # ds_longctx: --tokenizer, else the model directory's (as ds-longctx train)
     model = longctx.build_model(cfg)  # ds_longctx
     train_dataset = longctx.rows_dataset(cfg)  # ds_longctx
-    tokenizer = AutoTokenizer.from_pretrained(cfg.data.tokenizer)
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=train_dataset,  # ds_longctx
                               processing_class=tokenizer, callbacks=[PrintLogs()])
     trainer.train()

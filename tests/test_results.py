@@ -231,6 +231,10 @@ def test_readme_step_rows_take_the_slowest_role_and_a_peer_of_the_same_model(tmp
     assert r[1].startswith("2 rank roles rehearsed on GPU X, 4 of 48 layers run and extrapolated")
     assert r[2] == "345.7 s (compute 1.0 s), 68.4 GB peak GPU (plan 70.5)"
     assert r[3] == "TRL: 483.0 s, published, on 8 x H100"
+    # two figures of one peer in one cell: each names its source
+    cited = [{**p, "paper": "TRL documentation, \"1M+ tokens\""} for p in peers]
+    [r] = t.rehearsed({"rehearsal": rows, "longest": cited})
+    assert r[3] == "TRL: 483.0 s, published in TRL documentation, on 8 x H100"
     # a rehearsal of every layer, though older, is the row's
     whole = {**row, "rank": 0, "commit": "older", "layers": "48/48", "predicted_seconds_per_step": 350.0,
              "peak_gpu_bytes": 70e9}

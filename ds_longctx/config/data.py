@@ -21,11 +21,12 @@ class DataConfig(Section):
     tokenizer: Optional[str] = None
     """Local tokenizer directory for text data (default: the model directory when it holds a tokenizer). Its size
     must not exceed the model's vocab_size. Not needed when the data has an `input_ids` column."""
-    layout: Literal["concat", "pack", "document"] = Field("concat", json_schema_extra={"flat": "data_layout"})
+    layout: Literal["auto", "concat", "pack", "document"] = Field("auto", json_schema_extra={"flat": "data_layout"})
     """concat: documents joined end to end (EOS between) and cut into rows of exactly seq_len (PG-19 style); pack:
     whole documents packed into rows, position ids restart per document and attention stays inside each (needs a
     varlen attention kernel); document: one document per row, its first seq_len tokens (every document must be
-    that long)."""
+    that long). auto: pack for messages, prompt_completion and tokens rows (concat where pack cannot run here, said
+    in one line), concat for text; the log names the layout taken."""
     text_field: str = "text"
     """Column holding the text in JSONL / Parquet / hub data."""
     format: Literal["auto", "text", "messages", "prompt_completion", "tokens"] = Field(

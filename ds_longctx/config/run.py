@@ -18,6 +18,7 @@ The DeepSpeed JSON is derived from this object (plan/ds_config.py) and never rea
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -183,7 +184,7 @@ class RunConfig(BaseModel):
         if not isinstance(data, dict):
             raise ValueError(f"config {path} must hold a mapping of keys, got {type(data).__name__}")
         try:
-            merged = fold(data, overrides)
+            merged = fold(paths_beside(fold(data), Path(path).parent), overrides)
         except ValueError as e:  # an unknown or doubled key: the same ValidationError as the constructor's
             raise ValidationError.from_exception_data(cls.__name__, [
                 {"type": "value_error", "loc": (), "input": data, "ctx": {"error": e}}]) from None
@@ -293,3 +294,19 @@ def format_validation_error(err: ValidationError) -> str:
         else:
             lines.append(f"{loc}: {msg}" if loc else msg)
     return "invalid run config:\n  " + "\n  ".join(lines)
+
+
+PATH_KEYS = (("model", "name"), ("data", "source"), ("data", "tokenizer"), ("eval", "data"))
+
+
+def paths_beside(sections: dict, config_dir: Path) -> dict:
+    """A relative model, data or tokenizer path in a config file names the path beside the file where one exists
+    there (a plan's run.yaml runs from its own directory or from anywhere else); otherwise it stays as written: a
+    shipped geometry, `synthetic`, a Hub id, a path from the working directory."""
+    if config_dir.resolve() == Path.cwd().resolve():
+        return sections
+    for section, key in PATH_KEYS:
+        value = sections.get(section, {}).get(key)
+        if isinstance(value, str) and value and not os.path.isabs(value) and (config_dir / value).exists():
+            sections[section][key] = os.path.normpath(config_dir / value)
+    return sections

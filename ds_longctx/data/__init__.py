@@ -47,6 +47,7 @@ and a resumed run continues it.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -58,6 +59,7 @@ from ds_longctx.data.synthetic import SyntheticRetrieval
 from ds_longctx.data.tokenize import check_tokenized, cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
 from ds_longctx.parallel import attention
 
+log = logging.getLogger("ds_longctx")
 __all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
            "check_eval_source", "check_packing", "eval_view"]
 
@@ -84,6 +86,28 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
                         f"tokens; use seq_len <= {attention.MAX_MASKED_TOKENS}, data_layout: concat, or a GPU")
 
 
+PACKED_FORMATS = ("messages", "prompt_completion", "tokens")  # rows that are sessions or pairs: data_layout auto packs
+
+
+def resolve_layout(cfg, fmt: str) -> str:
+    """data_layout auto, decided once from the rows' format `fmt` (cfg.data.layout set, rank 0 logs it): pack for
+    PACKED_FORMATS (attention stays inside each session), concat for text and where pack cannot run here."""
+    if cfg.data.layout != "auto":
+        return cfg.data.layout
+    cfg.data.layout, why = "concat", f"the default for {fmt} rows: documents joined end to end"
+    if fmt in PACKED_FORMATS:
+        why = f"the default for {fmt} rows: each one its own document, attention kept inside it"
+        cfg.data.layout = "pack"
+        try:
+            if cfg.train.micro_batch != 1:
+                raise DataError(f"pack takes micro_batch=1, this run has {cfg.train.micro_batch}")
+            check_packing(cfg)
+        except DataError as e:
+            cfg.data.layout, why = "concat", f"not pack, the default for {fmt} rows: {e}"
+    log.info("data layout: %s (%s; data_layout sets it)", cfg.data.layout, why)
+    return cfg.data.layout
+
+
 def check_data_source(cfg, vocab_size: int) -> None:
     """Checks before any process group exists: the source resolves, every local file reads through (data/scan.py:
     every bad row refused, or counted with skip_bad_rows), train_on and truncate fit the rows and layout, the
@@ -95,6 +119,8 @@ def check_data_source(cfg, vocab_size: int) -> None:
         build_pairs(cfg, vocab_size)  # every pair read and tokenized: a bad one is refused by file and line
         return
     scan = check_source(cfg)
+    if scan is not None:
+        resolve_layout(cfg, scan.mode)
     cut_rule(cfg)
     if scan is not None:
         default_train_on(cfg, scan.mode)
@@ -123,9 +149,10 @@ def build_data(cfg, hf_config, dp_size: int):
         return SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
     if cfg.train.objective == "dpo":
         return build_pairs(cfg, vocab, hf_config)
-    check_packing(cfg)
     tok = load_tokenizer(cfg, vocab)
     docs = load_documents(cfg)
+    resolve_layout(cfg, docs.format)
+    check_packing(cfg)
     tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab)
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0

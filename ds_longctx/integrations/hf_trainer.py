@@ -205,6 +205,14 @@ def build_model(cfg, stage=lambda name: None):
     return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
 
+def tokenizer(cfg):
+    """The run's tokenizer as `ds-longctx train` loads it (data/tokenize.load_tokenizer: data.tokenizer, else the model
+    directory's own), checked against the model's vocabulary; None where the run has none."""
+    from ds_longctx.data.tokenize import load_tokenizer
+    from ds_longctx.run.model import load_hf_config
+    return load_tokenizer(cfg, load_hf_config(cfg.model.name).get_text_config().vocab_size)
+
+
 def __getattr__(name: str):
     """`rows_dataset` is hf_data's (`longctx.rows_dataset(cfg)`), imported on first use: hf_data imports torch, and
     importing this module must not."""

@@ -173,7 +173,7 @@ def register(model, state: ParallelState) -> UlyssesAttention:
     cfg = model.config.get_text_config()
     fn = UlyssesAttention(state, cfg.num_attention_heads, cfg.num_key_value_heads)
     AttentionInterface.register(ATTN_IMPLEMENTATION, fn)
-    model.config._ds_longctx_prev_attn = model.config._attn_implementation
+    model._ds_longctx_prev_attn = model.config._attn_implementation  # on the module: config.json never holds it
     _set_attn(model, ATTN_IMPLEMENTATION)
     _REGISTERED = fn
     return fn
@@ -184,10 +184,10 @@ def unregister(model) -> None:
     global _REGISTERED
     from transformers import AttentionInterface
 
-    prev = getattr(model.config, "_ds_longctx_prev_attn", None)
+    prev = getattr(model, "_ds_longctx_prev_attn", None)
     if prev is not None:
         _set_attn(model, prev)
-        del model.config._ds_longctx_prev_attn
+        del model._ds_longctx_prev_attn
     AttentionInterface._global_mapping.pop(ATTN_IMPLEMENTATION, None)
     _REGISTERED = None
 

@@ -26,6 +26,9 @@ DEFAULTS = {
 }
 # the families whose config class turns a null into the fallback; for the others a null fails in transformers
 NULL_IS_FALLBACK = {"head_dim": ("llama", "mistral"), "num_key_value_heads": ("qwen3", "qwen2", "llama")}
+# keys a config class renamed: {family: {the planner's name: the name transformers' `attribute_map` maps it to}};
+# a config.json may hold either (transformers 5.25's save_pretrained writes Qwen3-MoE's num_local_experts)
+RENAMED = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
 QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
 
@@ -41,6 +44,12 @@ def field(cfg: dict, family: str, key: str, fallback, where: str):
         raise ValueError(f"{where}: {key} is null, which transformers' {family} config cannot build; give it as a "
                          f"whole number >= 1, or leave the key out for its default (fix the config)")
     return cfg[key]
+
+
+def with_old_names(cfg: dict, family: str) -> dict:
+    """`cfg` with each renamed key of `family` (RENAMED) under the planner's name too, where only the new one is set."""
+    renamed = {old: cfg[new] for old, new in RENAMED.get(family, {}).items() if old not in cfg and new in cfg}
+    return {**cfg, **renamed} if renamed else cfg
 
 
 def flag(cfg: dict, key: str, where: str) -> bool:

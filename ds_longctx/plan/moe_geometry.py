@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ds_longctx.plan.hf_fields import check_layer_count
+from ds_longctx.plan.hf_fields import check_layer_count, with_old_names
 
 MOE_FAMILIES = ("qwen3_moe",)
 # the keys HF configs use for an expert count (a config that names one, with a value, is a mixture of experts)
@@ -85,6 +85,7 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
         raise ValueError(f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
                          f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
                          f"one of those")
+    cfg = with_old_names(cfg, mtype)  # num_local_experts, as transformers 5.25 writes num_experts
     layers = check_layer_count(_int(cfg, "num_hidden_layers", where), where)
     experts = _int(cfg, "num_experts", where)
     top_k = _int(cfg, "num_experts_per_tok", where)

@@ -148,6 +148,7 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
     parts += [f"--nodes {a.nodes}"] if a.nodes > 1 else []
     parts += [f"--gpus {a.gpus}", f"--gpu_mem_gb {a.gpu_mem_gb:g}", f"--host_mem_gb {host:g}"]
+    parts += [f"--gpu {a.gpu}"] if a.gpu else []
     parts += [f"--sp_size {a.sp_size}"] if a.sp_size else []
     parts += [f"--headroom {a.headroom:g}"] if a.headroom != 0.9 else []
     parts += ["--no_attention_cache"] if a.no_attention_cache else []
@@ -181,3 +182,16 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
                   attn_bwd_head_groups=a.attn_bwd_head_groups, offload_params=a.offload_params)
     return dict(gpus=a.gpus, nodes=a.nodes, gpu_mem_gb=a.gpu_mem_gb, host_mem_gb=host, headroom=a.headroom,
                 sp_size=a.sp_size, base=base)
+
+
+def local_gpu_kind() -> str | None:
+    """This machine's first GPU as a kind `--gpu` takes (`NVIDIA H100 80GB HBM3` -> h100), None without nvidia-smi."""
+    import re
+    import subprocess
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    kind = re.search(r"\b([A-Z]+\d{2,3}[A-Z]?)\b", name[0]) if name else None
+    return kind.group(1).lower() if kind else None

@@ -1,7 +1,8 @@
 """A plan's step time before any GPU runs it: the work of one rank counted from the plan's shapes at measured rates, its
 collectives' bytes through plan/interconnect.py's model (the same one a rehearsal's measured compute goes through).
 
-    t = predict_step(plan)      # StepTime: .seconds, .line() (what plan.txt prints)
+    t = predict_step(plan, 80, "h100")    # StepTime: .seconds, .line(); UnknownRate for a rate not known
+    step_line(plan, 80, gpu)              # what plan.txt prints (the reason where there is no prediction)
 
 Per decoder layer, on one rank (T = S / sp tokens, every layer checkpointed):
     attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS
@@ -24,6 +25,7 @@ the optimizer under optimizer_offload (CPU_ADAM_PARAMS_PER_S, an assumption). Ov
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ds_longctx.levers.placement import Place
 from ds_longctx.parallel.parallel_state import local_linear_heads
@@ -48,6 +50,33 @@ GATED_DELTA_FWD_S = 28.17e-3 / (1_048_576 * 6)
 GATED_DELTA_BWD_S = 81.90e-3 / (1_048_576 * 6)
 CONV1D_FWD_S = 2.33e-3 / (1_048_576 * 6)
 CONV1D_BWD_S = 10.42e-3 / (1_048_576 * 6)
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """The rates one GPU kind's step is counted at (FLOP/s; the gated rule's seconds per token and value head); None:
+    not known for this kind, so a plan that needs it gets no step time."""
+
+    attention: tuple  # causal (forward, backward), head_dim <= 128
+    attention_d256: Optional[tuple]  # the same at head_dim 256 (a hybrid's full layers)
+    dense_tokenwise: float
+    moe_tokenwise: Optional[float]
+    gated_delta: Optional[tuple]  # (delta rule fwd, bwd, conv1d fwd, bwd)
+    source: str
+
+
+# Per GPU kind (`ds-longctx plan --gpu`): measured here or published, with the source. Unknown kinds: no step time.
+GPU_RATES = {
+    "h200": GpuRates((ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS), (ATTENTION_D256_FWD_FLOPS, ATTENTION_D256_BWD_FLOPS),
+                     DENSE_TOKENWISE_FLOPS, MOE_TOKENWISE_FLOPS,
+                     (GATED_DELTA_FWD_S, GATED_DELTA_BWD_S, CONV1D_FWD_S, CONV1D_BWD_S),
+                     "rates measured on H200"),
+    # attention: FlashAttention-3's paper (arXiv 2407.08608), H100 SXM5 bf16, head_dim 128, 16k tokens: causal
+    # forward 616, backward 561 TFLOP/s. Token-wise GEMMs: the H200 rate, the same GH100 chip (SMs, clocks, 989
+    # TFLOP/s dense bf16 peak); the MoE block and the gated rule lean on memory bandwidth (3.35 vs 4.8 TB/s): unknown
+    "h100": GpuRates((616e12, 561e12), None, DENSE_TOKENWISE_FLOPS, None, None,
+                     "FlashAttention-3's published H100 rates"),
+}
 # DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
 # measured here: docs/calibration.md#cpu-adam-rate
 CPU_ADAM_PARAMS_PER_S = 1e9
@@ -55,6 +84,7 @@ CPU_ADAM_PARAMS_PER_S = 1e9
 
 @dataclass(frozen=True)
 class StepTime:
+    gpu: str           # the GPU kind whose rates (GPU_RATES) count it
     attention: float   # seconds: forward, backward and recomputed forward over every layer
     tokenwise: float   # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
     loss: float
@@ -67,7 +97,8 @@ class StepTime:
 
     def line(self) -> str:
         p = self.prediction
-        return (f"predicted step (analytic, plan/step_time.py): {p.seconds:.1f} s = attention {self.attention:.1f} + "
+        return (f"predicted step on {self.gpu} (analytic, plan/step_time.py, {GPU_RATES[self.gpu].source}): "
+                f"{p.seconds:.1f} s = attention {self.attention:.1f} + "
                 f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer {self.optimizer:.1f} + "
                 f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO overlapped)")
 
@@ -83,24 +114,37 @@ def _tokenwise_flops(plan: MemoryPlan, layer: int) -> tuple:
     return proj, 2 * 3 * g.hidden * g.intermediate
 
 
-def _layer_seconds(plan: MemoryPlan) -> tuple:
-    """(attention seconds, token-wise seconds) over every layer of one rank."""
+def _needed(rates: GpuRates, gpu: str, field: str, work: str):
+    value = getattr(rates, field)
+    if value is None:
+        raise UnknownRate(f"no rate known for {work} on {gpu}")
+    return value
+
+
+def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
+    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates` (UnknownRate where one a
+    layer needs is not known)."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
     fwd = 2 * plan.seq_len ** 2 * (g.heads // plan.sp_size) * g.head_dim
-    rates = (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS) if g.head_dim <= 128 else \
-        (ATTENTION_D256_FWD_FLOPS, ATTENTION_D256_BWD_FLOPS)
+    pair = rates.attention if g.head_dim <= 128 else _needed(rates, gpu, "attention_d256", "attention at head_dim 256")
     attention = tokenwise = 0.0
     for i, place in enumerate(plan.placement.layers):
         recompute = 0 if place in (Place.CACHE, Place.CACHE_OFFLOAD) else 1
         if g.hybrid is not None and not g.hybrid.is_full(i):
+            delta_fwd, delta_bwd, conv_fwd, conv_bwd = _needed(rates, gpu, "gated_delta", "the gated delta rule")
             heads = plan.seq_len * local_linear_heads(g.hybrid.linear_heads, plan.sp_size)[1]
-            attention += heads * (2 * (GATED_DELTA_FWD_S + CONV1D_FWD_S) + GATED_DELTA_BWD_S + CONV1D_BWD_S)
+            attention += heads * (2 * (delta_fwd + conv_fwd) + delta_bwd + conv_bwd)
         else:
-            attention += fwd * (1 + recompute) / rates[0] + 2.5 * fwd / rates[1]
+            attention += fwd * (1 + recompute) / pair[0] + 2.5 * fwd / pair[1]
         proj, mlp = _tokenwise_flops(plan, i)
-        rate = MOE_TOKENWISE_FLOPS if g.moe is not None and g.moe.is_sparse(i) else DENSE_TOKENWISE_FLOPS
+        sparse = g.moe is not None and g.moe.is_sparse(i)
+        rate = _needed(rates, gpu, "moe_tokenwise", "a sparse MoE block") if sparse else rates.dense_tokenwise
         tokenwise += T * (4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)) / rate
     return attention, tokenwise
+
+
+class UnknownRate(ValueError):
+    """A plan's step needs a rate its GPU kind does not have (GPU_RATES)."""
 
 
 def _payloads(plan: MemoryPlan) -> dict:
@@ -118,15 +162,30 @@ def _payloads(plan: MemoryPlan) -> dict:
             ("reduce_scatter", world): 2 * trained * (plan.world > 1)}
 
 
-def predict_step(plan: MemoryPlan, gpu_mem_gb: float) -> StepTime:
-    """The plan's step time on one rank (module doc), on the NVLink of GPUs of `gpu_mem_gb` GB
-    (interconnect.intra_link_for) and InfiniBand across nodes."""
+def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
+    """The plan's step time on one rank of GPU kind `gpu` (module doc; its GPU_RATES), on the NVLink of GPUs of
+    `gpu_mem_gb` GB (interconnect.intra_link_for) and InfiniBand across nodes. UnknownRate where a rate it needs is not
+    known for that kind."""
+    if gpu not in GPU_RATES:
+        raise UnknownRate(f"no measured or published kernel rates for GPU kind {gpu!r} (known: {sorted(GPU_RATES)})")
+    rates = GPU_RATES[gpu]
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
-    attention, tokenwise = _layer_seconds(plan)
-    loss = 6 * T * g.hidden * g.vocab / DENSE_TOKENWISE_FLOPS
+    attention, tokenwise = _layer_seconds(plan, rates, gpu)
+    loss = 6 * T * g.hidden * g.vocab / rates.dense_tokenwise
     host_share = lv.optimizer_offload_ratio if lv.optimizer_offload else 0.0
     optimizer = host_share * g.num_params / plan.world / CPU_ADAM_PARAMS_PER_S
     link = interconnect.LINKS[interconnect.intra_link_for(gpu_mem_gb)]
     inter = interconnect.LINKS[interconnect.DEFAULT_INTERNODE]
     pred = interconnect.predict(attention + tokenwise + loss + optimizer, _payloads(plan), 0, plan.gpus, link, inter)
-    return StepTime(attention, tokenwise, loss, optimizer, pred)
+    return StepTime(gpu, attention, tokenwise, loss, optimizer, pred)
+
+
+def step_line(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> str:
+    """plan.txt's step-time line: the prediction on GPU kind `gpu`, or why there is none (no kind, no rate)."""
+    if gpu is None:
+        return (f"predicted step: unknown (no GPU kind: pass --gpu, one of {sorted(GPU_RATES)}, for a step time at "
+                f"its kernel rates)")
+    try:
+        return predict_step(plan, gpu_mem_gb, gpu).line()
+    except UnknownRate as e:
+        return f"predicted step on {gpu}: unknown ({e}; plan/step_time.py GPU_RATES holds the rates known)"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -46,10 +47,10 @@ from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
-from ds_longctx.plan.plan_args import check_args, command_line, longest_fit, search_kw, tokens
+from ds_longctx.plan.plan_args import check_args, command_line, local_gpu_kind, longest_fit, search_kw, tokens
 from ds_longctx.plan.planner import GB
 from ds_longctx.plan.search import Choice, NoFit, choose
-from ds_longctx.plan.step_time import predict_step
+from ds_longctx.plan.step_time import GPU_RATES, step_line
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
@@ -68,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
                         "1 GPU 128, 2: 256, 4: 512, 8: 560)")
     p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid that divides "
                    "--gpus)")
+    p.add_argument("--gpu", default=None, type=str.lower,
+                   help="the GPU kind the step time is counted for, at its measured or published kernel rates "
+                        f"({', '.join(sorted(GPU_RATES))}: plan/step_time.py GPU_RATES; another kind: the time is "
+                        "unknown); default: this machine's GPU (nvidia-smi), none on a machine without one")
     p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
     p.add_argument("--no_attention_cache", action="store_true",
                    help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
@@ -112,7 +117,9 @@ def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
     they were made for (memory.gpu_budget_gb: the run caps its allocator there, levers/gpu_budget.py)."""
     plan = choice.plan
     gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
-    return RunConfig(model=plan.geom.name, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
+    model = plan.geom.name  # a local model as an absolute path: run.yaml works from any directory
+    model = os.path.abspath(model) if resolve_model(model).kind != "shipped" else model
+    return RunConfig(model=model, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
                      nodes=plan.nodes, gpus_per_node=plan.gpus,
                      output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
                      **choice.levers.run_config_fields())
@@ -140,7 +147,7 @@ def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> s
     head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
                 f"{per_node}")
     head.append(f"placement per layer: {plan.placement.describe()}")
-    head.append(predict_step(plan, a.gpu_mem_gb).line())
+    head.append(step_line(plan, a.gpu_mem_gb, a.gpu))
     head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
     return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
 
@@ -175,6 +182,7 @@ def main(argv: list | None = None) -> int:
     except ValueError as e:
         print(f"ds-longctx plan: {e}", file=sys.stderr)
         return 2
+    a.gpu = a.gpu or local_gpu_kind()
     cmd = command_line(a, host)
     if note := resolve_model(a.model).note:
         print(f"model {a.model}: {note}", flush=True)

@@ -71,6 +71,7 @@ def reporter(report_to: str, out: Path, start_step: int, cfg=None):
                 return None
             raise ValueError("report_to=tensorboard needs the tensorboard package: pip install tensorboard (or "
                              "report_to: none)") from None
+        log.info("TensorBoard events in %s (tensorboard --logdir %s)", out / "tensorboard", out / "tensorboard")
         return TensorBoard(SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None))
     if report_to == "wandb":
         try:
@@ -81,6 +82,7 @@ def reporter(report_to: str, out: Path, start_step: int, cfg=None):
         os.environ.setdefault("WANDB_MODE", "offline")  # no network needed; `wandb sync` uploads later
         run = wandb.init(dir=str(out), project="ds_longctx", name=out.name, resume="allow",
                          config=cfg.model_dump() if cfg is not None else None)
+        log.info("Weights & Biases run in %s (%s)", out / "wandb", os.environ["WANDB_MODE"])
         return WandB(run)
     return None
 

@@ -1,5 +1,6 @@
 """How a run stops: on SIGTERM or SIGINT (every rank at the same step boundary, saved), when its launcher dies (each
-worker ends itself), and the exit code and last line of each stop (the table in README's "Exit codes and stops").
+worker ends itself), and the exit code and last line of each stop (docs/reliability.md: "Every stop ends with one
+line").
 
     stop = StopRequest().install()       # SIGTERM and SIGINT set a flag; the loop asks `agreed()` once per step
     watch_launcher()                     # at a worker's start: end this process when its launcher is gone
@@ -30,6 +31,7 @@ import time
 from typing import Optional
 
 from ds_longctx.run.refuse import last_line
+from ds_longctx.run.run_log import say_now
 
 FAILED = 1
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -71,8 +73,7 @@ class StopRequest:
         if self._now is not None:
             self._stop_now(signum)
         if not self.signum and os.environ.get("RANK", "0") == "0":
-            os.write(2, f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n"
-                        .encode())
+            say_now(f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n")
         self.signum = self.signum or signum
 
     @contextlib.contextmanager

@@ -28,6 +28,7 @@ import sys
 
 from ds_longctx.parallel.parallel_state import local_world_size
 from ds_longctx.run.argv import parse_config
+from ds_longctx.run.run_log import guarded_output
 from ds_longctx.run.stops import StopRequest, watch_launcher
 
 
@@ -36,10 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     cfg = parse_config(sys.argv[1:] if argv is None else argv, world, local_world_size(world), usage=__doc__)
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before torch is imported
-    from ds_longctx.run.train_loop import train  # torch and deepspeed: only once the config is known good
-    train(cfg, signals, rank, world)
+    with guarded_output():  # a terminal that goes away (`| tee` ended by Ctrl-C) ends nothing: run/run_log.py
+        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before torch is imported
+        from ds_longctx.run.train_loop import train  # torch and deepspeed: only once the config is known good
+        train(cfg, signals, rank, world)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from ds_longctx.checkpoint.layout import RUN_CONFIGS, RUN_MARKER, CheckpointErro
 from ds_longctx.checkpoint.save import save
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
+from ds_longctx.data.tokenize import tokenizer_path
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.disk import mark_written
 from ds_longctx.parallel.parallel_state import init_distributed, leave
@@ -38,6 +39,7 @@ from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
 from ds_longctx.run.recall import answers_writer
 from ds_longctx.run.refuse import last_line, refuse
+from ds_longctx.run.run_log import LOG_NAME, keep_log
 from ds_longctx.run.step import TimedStep, timed_step
 from ds_longctx.run.stops import FAILED, StopRequest, saving, signal_exit, signal_name
 
@@ -82,6 +84,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
     start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
+    keep_log(out)  # past every refusal of a new run (it writes nothing): this rank's output goes there too
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
     if cfg.train.objective == "dpo":
@@ -184,6 +187,11 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
     log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
              st.dp_size, resolve_model(cfg.model.name).label, cfg.train.seq_len, dtype, start + 1, cfg.train.steps)
+    source = resolve_model(cfg.model.name)
+    weights = f"loaded from {source.config.parent}" if source.kind == "directory" else "random init (no checkpoint)"
+    tok = tokenizer_path(cfg) if cfg.data.source != "synthetic" else None
+    log.info("weights %s; tokenizer %s; output also in %s", weights, tok or "none (synthetic data or token ids)",
+             out / LOG_NAME)
 
 
 def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:

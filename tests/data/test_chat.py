@@ -301,8 +301,8 @@ def test_train_on_that_does_not_fit_the_rows_is_refused(toks, hf_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, tmp_path):
-    """`ds-longctx train` on 2 processes (SP=2), packed sessions: exit 0, and each step's trained_tokens is the count of
-    targets whose label trains inside one session, counted here from the rows."""
+    """`ds-longctx train` on 2 processes (SP=2), sessions packed by default: exit 0, and each step's trained_tokens
+    is the count of targets whose label trains inside one session, counted here from the rows."""
     from tests.helpers import read_metrics, run_cli
     paths, _ = toks
     short = [{"role": "user", "content": "w3"}, {"role": "assistant", "content": "w4 w5"}]
@@ -311,10 +311,11 @@ def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, t
     path = write(tmp_path / "sessions.jsonl", sessions)
     out = tmp_path / "run"
     res = run_cli(["train", "--nproc", "2", "--sp_size", "2", "--model", "qwen3-tiny", "--seq_len", str(L), "--dtype",
-                   "fp32", "--data", path, "--tokenizer", paths["gen"], "--data_layout", "pack", "--steps", "2",
+                   "fp32", "--data", path, "--tokenizer", paths["gen"], "--steps", "2",
                    "--data_cache_dir", str(tmp_path / "cache"), "--report_to", "none", "--output_dir", str(out)],
                   output_dir=out)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "data layout: pack (the default for messages rows" in res.stderr  # data_layout left at its default
     rows = batch_of(path, paths["gen"], hf_cfg, tmp_path, shuffle=True)
     want = []
     for step in range(2):
@@ -340,3 +341,26 @@ def test_a_parquet_session_gives_the_labels_of_its_jsonl_twin(toks, hf_cfg, tmp_
     assert first_doc(rows) == expected(tok, RENDERED, marks((HEAD, 0), (TURN1, 1), (TOOL, 0), (TURN2, 1)))
     twin = batch_of(write(tmp_path / "s.jsonl", sessions), paths["plain"], hf_cfg, tmp_path)
     assert torch.equal(rows.get(0, 1, 0, 1).labels, twin.get(0, 1, 0, 1).labels)
+
+
+def test_a_chat_file_shorter_than_seq_len_is_packed_by_default_and_falls_back_where_pack_cannot_run(
+        toks, hf_cfg, tmp_path, caplog):
+    """data_layout auto: messages rows are packed (concat refused one session shorter than seq_len: "fewer than one
+    row"), said in the log; where pack cannot run (micro_batch 2, the CPU mask's limit) concat, said in one line."""
+    from ds_longctx.parallel.attention import MAX_MASKED_TOKENS
+    paths, tok = toks
+    path = write(tmp_path / "one.jsonl", [{"messages": SESSION, "tools": TOOLS}])
+    caplog.set_level("INFO", logger="ds_longctx")
+    rows = batch_of(path, paths["gen"], hf_cfg, tmp_path, data_layout="auto")
+    assert rows.layout == "pack" and rows.n_rows == 1
+    assert first_doc(rows) == expected(tok, RENDERED, marks((HEAD, 0), (TURN1, 1), (TOOL, 0), (TURN2, 1)))
+    assert "data layout: pack (the default for messages rows" in caplog.text
+    for kw, why in (({"micro_batch": 2}, "pack takes micro_batch=1, this run has 2"),
+                    ({"seq_len": 2 * MAX_MASKED_TOKENS}, "needs a varlen attention kernel (CUDA)")):
+        caplog.clear()
+        cfg = RunConfig(**{"data": path, "tokenizer": paths["gen"], "seq_len": L, **kw})
+        with pytest.raises(DataError, match="fewer than one row|one step needs"):
+            build_data(cfg, hf_cfg, 1)
+        assert cfg.data.layout == "concat"
+        line, = [r.getMessage() for r in caplog.records if "data layout" in r.getMessage()]
+        assert line.startswith("data layout: concat (not pack, the default for messages rows: ") and why in line

@@ -64,7 +64,8 @@ def test_pretokenized_input_ids_are_used_as_they_are(corpus, hf_cfg, tmp_path):
     import json
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in token_ids(corpus["docs"])))
-    rows = rows_of(corpus, hf_cfg, data=str(path), tokenizer=None, shuffle=False)
+    rows = rows_of(corpus, hf_cfg, data=str(path), tokenizer=None, shuffle=False,
+                  data_layout="concat")
     assert rows.row(0)[0].tolist() == stream(corpus["docs"])[:L].tolist()
 
 

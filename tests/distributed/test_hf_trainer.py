@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +108,19 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes accelerate.yaml and run.yaml,
     `accelerate launch` starts 2 processes; the options after --config override the plan (fp32, the corpus, and both
     layers' attention output cached: the plan caches none at the tiny model's head_dim 16, where a GPU would run
-    cuDNN SDPA, but the CPU's flash kernel pair caches). Rank 0 prints one JSON line per logged step."""
+    cuDNN SDPA, but the CPU's flash kernel pair caches). Rank 0 prints one JSON line per logged step. The model is a
+    checkpoint directory holding its tokenizer, and no --tokenizer is given: the directory's is taken (TRL's script
+    asked the Hub for it)."""
+    import shutil
+
+    from tests.helpers import tiny_model
+    model = tmp_path / "tiny_qwen3"  # the weights qwen3-tiny's random init draws for seed 0: the reference's
+    tiny_model(seed=0).save_pretrained(model)
+    tok = corpus[corpus.index("--tokenizer") + 1]
+    for f in Path(tok).iterdir():
+        shutil.copy(f, model / f.name)
+    args = [a for i, a in enumerate(corpus) if "--tokenizer" not in corpus[max(i - 1, 0):i + 1]]
+    args[args.index("--model") + 1] = str(model)
     plan = tmp_path / "plan"
     res = run_cli(["plan", "--model", "qwen3-tiny", "--seq_len", "64", "--gpus", "2", "--out", str(plan)])
     assert res.returncode == 0, res.stderr[-3000:]
@@ -115,7 +128,7 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     env["PATH"] = f"{sys.executable.rsplit('/', 1)[0]}:{env.get('PATH', '')}"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(plan / "accelerate.yaml"),
            "--main_process_port", str(free_port()), "launch/trl_sft.py", "--config", str(plan / "run.yaml"),
-           *corpus, "--placement", "cache:2", "--output_dir", str(tmp_path / "run")]
+           *args, "--placement", "cache:2", "--output_dir", str(tmp_path / "run")]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
     logs = [json.loads(m) for m in re.findall(r'\{"step": [^{}]*\}', res.stdout)]
@@ -123,7 +136,7 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     assert [r["step"] for r in logs if "loss" in r] == [1, 2]
     saved = tmp_path / "run"  # as any HF Trainer run: the model and tokenizer, and the run config's report_to
     assert (saved / "config.json").is_file() and list(saved.glob("*.safetensors"))
-    assert (saved / "tokenizer.json").is_file()
+    assert (saved / "tokenizer.json").is_file() and "_ds_longctx" not in (saved / "config.json").read_text()
     assert list((saved / "runs").rglob("events.out.tfevents.*")), sorted(p.name for p in saved.rglob("*"))
 
 

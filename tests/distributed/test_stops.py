@@ -118,3 +118,31 @@ def test_sigkill_of_the_launchers_process_group_leaves_no_worker_alive(launcher,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_ctrl_c_through_a_pipe_whose_reader_dies_saves_and_the_stop_line_is_in_the_runs_log(tmp_path):
+    """`ds-longctx train ... | cat`, Ctrl-C to the terminal's group: the reader dies with the launcher's signal, the
+    ranks' writes to the dead pipe end nothing, the step is saved and the stop line is train.log's last."""
+    out = tmp_path / "piped"
+    reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0)
+    proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "1", *RUN[:4], "--dtype",
+                             "fp32", "--steps", str(10 * LONG), "--output_dir", str(out)], env=cpu_env(), cwd=ROOT,
+                            stdout=reader.stdin, stderr=subprocess.STDOUT, process_group=reader.pid)
+    reader.stdin.close()
+    try:
+        wait_for_steps(proc, out, 1, out / "train.log")
+        os.killpg(reader.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.kill()
+    text = (out / "train.log").read_text()
+    k = read_metrics(out)[-1]["step"]
+    assert reader.wait() == -signal.SIGINT and rc == 130, text[-3000:]
+    assert last_line(text) == (f"stopped by SIGINT at step {k} of {10 * LONG}: saved {ckpt_root(out) / f'step{k}'}; "
+                               f"the same command with --resume continues it")
+    assert read_latest(ckpt_root(out)) == f"step{k}" and "BrokenPipeError" not in text
+    assert "_ds_longctx" not in (ckpt_root(out) / f"step{k}" / "config.json").read_text()  # no key of ours
+    assert "weights random init (no checkpoint); tokenizer none (synthetic data or token ids); output also in " \
+           f"{out / 'train.log'}" in text and f"TensorBoard events in {out / 'tensorboard'}" in text

@@ -153,3 +153,27 @@ def test_a_field_transformers_refuses_by_type_is_a_refusal_of_train_not_a_traceb
         with pytest.raises(ValueError, match=rf"transformers cannot read {path} \(StrictDataclassFieldValidationError: "
                                              rf"Validation error for field '{key}': TypeError: .*fix or replace"):
             validate(RunConfig(model=str(path), seq_len=64), 1)
+
+
+@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "qwen3.5-tiny"])
+def test_a_config_saved_by_the_installed_transformers_plans_and_trains(model, tmp_path):
+    """transformers 5.25's save_pretrained writes Qwen3-MoE's expert count as num_local_experts (its attribute_map
+    reads num_experts there); the plan refused "num_experts is missing"."""
+    from ds_longctx.run.model import load_hf_config
+    from tests.helpers import read_metrics, run_cli
+    saved = load_hf_config(model)
+    saved.save_pretrained(tmp_path / "m")
+    config = tmp_path / "m" / "config.json"
+    g = ModelGeometry.from_name_or_path(str(config))
+    assert g.layers == saved.num_hidden_layers and g.num_params == ModelGeometry.from_name_or_path(model).num_params
+    if g.moe is not None:
+        assert g.moe.experts == saved.num_experts == 4
+        renamed = hf_fields.RENAMED["qwen3_moe"]["num_experts"]
+        assert type(saved).attribute_map.get("num_experts", renamed) == renamed  # the name transformers maps to
+    assert plan_write.main(["--model", str(config), "--seq_len", "1024", "--gpus", "1", "--out",
+                            str(tmp_path / "plan")]) == 0
+    out = tmp_path / "run"
+    res = run_cli(["train", "--nproc", "1", "--model", str(config), "--seq_len", "64", "--steps", "1", "--dtype",
+                   "fp32", "--output_dir", str(out)], output_dir=out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(read_metrics(out)) == 1

@@ -28,7 +28,7 @@ def test_a_hybrid_caches_its_full_attention_layers_only_and_the_most_that_fit(mo
         cached = [i for i, p in enumerate(got.placement.layers) if p.value == "cache"]
         assert cached and cached == full[len(full) - len(cached):]
         assert got.fits(0.9 * gpu_gb * GB, 0.9 * 560 * GB)
-        assert predict_step(got, gpu_gb).seconds < predict_step(c.plan, gpu_gb).seconds
+        assert predict_step(got, gpu_gb, "h200").seconds < predict_step(c.plan, gpu_gb, "h200").seconds
         if len(cached) < len(full):  # one more cached full layer fits at no offload count
             for off in range(c.plan.placement.offloaded, g.layers):
                 if sum(g.attention_layers[off:]) <= len(cached):

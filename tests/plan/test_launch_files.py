@@ -83,3 +83,13 @@ def test_the_multinode_torchrun_line_parses_as_two_nodes_of_8():
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 8)
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "10.0.0.1:29500")
     assert cmd_args[-3:] == ["ds_longctx.train", "--config", "run.yaml"]
+
+
+def test_the_single_node_launch_txt_has_a_torchrun_line_of_8_processes(tmp_path):
+    """README says launch.txt holds deepspeed, torchrun and accelerate lines; one node's had no torchrun line."""
+    from torch.distributed.run import config_from_args, get_args_parser
+    assert write.main(["--model", "qwen3-8b", "--seq_len", "131072", "--gpus", "8", "--out", str(tmp_path)]) == 0
+    line, = [x for x in (tmp_path / "launch.txt").read_text().splitlines() if x.startswith("torchrun ")]
+    config, cmd, cmd_args = config_from_args(get_args_parser().parse_args(line.split()[1:]))
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (1, 1, 8)
+    assert cmd_args[-3:] == ["ds_longctx.train", "--config", "run.yaml"]

@@ -9,6 +9,8 @@ from dataclasses import replace
 import pytest
 
 from ds_longctx.config import RunConfig
+from ds_longctx.levers.placement import Place
+from ds_longctx.plan import write
 from ds_longctx.plan.cache_placement import ATTENTION_FWD_FLOPS
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.levers import Levers
@@ -19,7 +21,7 @@ from ds_longctx.plan.moe_terms import (
     block_fwd_flops,
 )
 from ds_longctx.plan.planner import plan_memory
-from ds_longctx.plan.step_time import predict_step
+from ds_longctx.plan.step_time import ATTENTION_BWD_FLOPS, predict_step
 from ds_longctx.run.placement_plan import run_placement
 from tests.helpers import ROOT
 
@@ -34,11 +36,11 @@ def committed_plan(name: str):
 @pytest.mark.parametrize("name", ["qwen3-8b_1m_8x80gb", "qwen3-8b_max_2x141gb", "qwen3-8b_max_4x80gb"])
 def test_the_analytic_step_is_within_3_percent_of_the_rehearsals(name):
     """Every committed rehearsal of the config (its predicted step: measured compute + the same interconnect model)."""
-    cfg, plan = committed_plan(name)
+    cfg, plan = committed_plan(name)  # the rehearsals ran on H200: its rates
     rows = [json.loads(line) for line in (ROOT / "benchmarks/results/rehearsal.jsonl").read_text().splitlines()]
     seen = [r["predicted_seconds_per_step"] for r in rows if r["config"] == f"ds_configs/{name}/run.yaml"]
     assert seen
-    got = predict_step(plan, cfg.memory.gpu_budget_gb).seconds
+    got = predict_step(plan, cfg.memory.gpu_budget_gb, "h200").seconds  # rehearsed on H200
     assert all(abs(got / s - 1) < 0.03 for s in seen), (got, seen)
 
 
@@ -56,11 +58,35 @@ def test_moe_counts_experts_at_top_k_the_cache_and_the_tiles():
     g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
     base = plan_memory(g, 1 << 20, 8, 8, Levers(placement=None))
     top16 = plan_memory(replace(g, moe=replace(g.moe, top_k=16)), 1 << 20, 8, 8, Levers())
-    t0, t16 = predict_step(base, 80), predict_step(top16, 80)
+    t0, t16 = predict_step(base, 80, "h200"), predict_step(top16, 80, "h200")
     assert t16.tokenwise > 1.5 * t0.tokenwise and t16.attention == t0.attention
     cached = plan_memory(g, 1 << 20, 8, 8, Levers(attention_cache_layers=48))
     fwd = 2 * (1 << 20) ** 2 * 4 * 128 / ATTENTION_FWD_FLOPS
-    assert predict_step(base, 80).attention - predict_step(cached, 80).attention == pytest.approx(48 * fwd)
+    saved = predict_step(base, 80, "h200").attention - predict_step(cached, 80, "h200").attention
+    assert saved == pytest.approx(48 * fwd)
     tiled = plan_memory(g, 1 << 20, 8, 8, Levers(tiled_mlp=True, tile_tokens=2048))
-    assert predict_step(tiled, 80).tokenwise > t0.tokenwise
+    assert predict_step(tiled, 80, "h200").tokenwise > t0.tokenwise
     assert t0.prediction.comm_seconds["all_to_all"] > 0 and t0.prediction.comm_seconds["all_gather"] > 0
+
+
+def test_each_gpu_kind_counts_at_its_own_rates_and_an_unknown_kind_gets_no_time(tmp_path):
+    """`plan --gpu h100` and `--gpu h200`: the attention at each kind's causal rates (H100: FlashAttention-3's
+    published 616 / 561 TFLOP/s; H200: the rates measured here), each in its plan.txt; a kind without rates (a100)
+    and a plan without a kind say the time is unknown instead of borrowing the H200's."""
+    _, plan = committed_plan("qwen3-8b_1m_8x80gb")
+    g, fwd = plan.geom, 2 * plan.seq_len ** 2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim
+    cached = sum(p in (Place.CACHE, Place.CACHE_OFFLOAD) for p in plan.placement.layers)
+    seconds = {}
+    for gpu, (f, b) in (("h100", (616e12, 561e12)), ("h200", (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS))):
+        t = predict_step(plan, 80, gpu)
+        assert t.attention == pytest.approx(fwd * ((2 * g.layers - cached) / f + 2.5 * g.layers / b))
+        seconds[gpu] = t.seconds
+    assert seconds["h100"] > seconds["h200"] * 1.05
+    args = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80", "--host_mem_gb", "560"]
+    for gpu in ("h100", "h200", "a100", None):
+        assert write.main(args + (["--gpu", gpu] if gpu else []) + ["--out", str(tmp_path / str(gpu))]) == 0
+        line = next(x for x in (tmp_path / str(gpu) / "plan.txt").read_text().splitlines() if "predicted step" in x)
+        if gpu in seconds:
+            assert line.startswith(f"predicted step on {gpu} (") and f"): {seconds[gpu]:.1f} s = " in line, line
+        else:
+            assert "unknown" in line and ("'a100'" if gpu else "pass --gpu") in line and " s = " not in line, line

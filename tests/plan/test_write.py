@@ -7,6 +7,7 @@ import re
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -312,3 +313,22 @@ def test_lora_on_a_mixture_of_experts_names_targets_plan_takes(tmp_path, capsys)
     assert "--lora_target_modules q_proj without --lora_rank" in capsys.readouterr().err
 
 
+
+
+def test_a_plan_of_a_relative_model_directory_runs_from_its_own_directory_and_from_the_root(tmp_path, monkeypatch):
+    """`plan --model tiny_qwen3/ --out tiny_run`, then launch.txt's way (from tiny_run/) and from where plan ran: the
+    run reads the same model either way (it refused "tiny_qwen3 does not exist" from tiny_run/); a hand-written
+    relative path in a config file names the path beside the file."""
+    from ds_longctx.run.preflight import preflight
+    from tests.helpers import tiny_model
+    tiny_model().save_pretrained(tmp_path / "tiny_qwen3")
+    monkeypatch.chdir(tmp_path)
+    assert write.main(["--model", "tiny_qwen3/", "--seq_len", "1024", "--gpus", "1", "--out", "tiny_run"]) == 0
+    (tmp_path / "tiny_run" / "rel.yaml").write_text("model: ../tiny_qwen3\nseq_len: 1024\n")
+    for cwd, config in ((tmp_path / "tiny_run", "run.yaml"), (tmp_path, "tiny_run/run.yaml"),
+                        (tmp_path / "tiny_run", "rel.yaml"), (tmp_path, "tiny_run/rel.yaml")):
+        monkeypatch.chdir(cwd)
+        cfg = RunConfig.from_cli(["--config", config, "--output_dir", str(tmp_path / "out"), "--dtype", "fp32"], 1, 1)
+        hf_cfg, _ = preflight(cfg, 1)
+        assert Path(cfg.model.name).resolve() == tmp_path / "tiny_qwen3", (cwd, config, cfg.model.name)
+        assert hf_cfg.num_hidden_layers == 2
