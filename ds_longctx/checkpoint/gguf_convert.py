@@ -116,7 +116,8 @@ def convert(gguf_path: Path, dest: Path, facts: dict) -> None:
     config.save_pretrained(str(dest))
     GenerationConfig.from_model_config(config).save_pretrained(str(dest))
     gguf_path = Path(gguf_path)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                        trust_remote_code=False)
     template = field_value(reader, "tokenizer.chat_template")
     if template and tok.chat_template != template:
         raise ValueError("transformers' tokenizer of the GGUF lost its chat template")
@@ -126,8 +127,9 @@ def convert(gguf_path: Path, dest: Path, facts: dict) -> None:
 def greedy_answer(model_dir: Path, prompt: str, tokens: int = GEN_TOKENS) -> str:
     """The greedy reply to one user message through the chat template, `tokens` at most."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 trust_remote_code=False).eval()
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]
     with torch.no_grad():

@@ -138,7 +138,11 @@ def model_tokenizer(path: str):
     """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers (CHAT_SPECIALS'
     first two) are special tokens of it: the rendering cuts at them (session_chat.py)."""
     from ds_longctx.data.tokenize import open_tokenizer
-    tok = open_tokenizer(path, named=f"--tokenizer {path}")
+    try:
+        tok = open_tokenizer(path)
+    except DataError as e:
+        raise DataError(f"--tokenizer {path!r} holds no tokenizer transformers can load ({e}); give a model "
+                        f"directory (e.g. `ds-longctx models get ... --out DIR`)") from None
     specials = {t.content for t in tok.added_tokens_decoder.values() if t.special}
     missing = [t for t in CHAT_SPECIALS[:2] if t not in specials]
     if missing or not tok.is_fast:
