@@ -26,7 +26,7 @@ BLOCK = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 ORDER = ["peers", "hf_trainer", "longest_latest", "longest_history", "longest_runs", "published", "planner_accuracy",
          "planner_plans", "planner_tables", "planner_levers", "planner_unrun", "attention", "levers", "profile",
-         "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "reshard"]
+         "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "reshard", "recall"]
 
 
 def load() -> dict:

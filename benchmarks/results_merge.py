@@ -61,6 +61,11 @@ META = {
 }
 
 
+# the model each device session's recall run scored (its rows name the directory it lay in there)
+RECALL_MODELS = {"sessions/session_2026-12-06_h100x1-20261206T0529/recall_h100":
+                 "SmolLM2-135M-Instruct (`models get smollm2-135m-instruct`)"}
+
+
 def rel(path: Path) -> str:
     return path.relative_to(RESULTS).as_posix()
 
@@ -85,6 +90,8 @@ def annotate(row: dict, path: Path, line: int | str | None = None, **extra) -> d
     out = {**row, **META.get(path.name, {}), **extra}
     out["source"] = rel(path) + (line if isinstance(line, str) else f":{line}" if line else "")
     out["date"] = str(row.get("date") or date_of(out["source"]))[:10]
+    if path.suffix == ".jsonl" and row.get("date"):  # a raw line's own date is kept as it is
+        out["date"] = row["date"]
     if path.name in COMMITS:
         tree, note = COMMITS[path.name]
         if row.get("commit") != tree:
@@ -98,7 +105,8 @@ def rows_of(pattern: str) -> list:
 
 
 def build_simple() -> dict:
-    """The current files that are their raw lines, each with its source."""
+    """The current files that are their raw lines, each with its source; recall.jsonl: the device sessions' runs
+    (a CPU check under sessions/<date>/ shows the tool working, not a measurement)."""
     levers = rows_of("levers_*.jsonl") + rows_of("train_qwen3-8b_*.jsonl")
     profile = [annotate(json.loads(p.read_text()), p) for p in found("profile_*.json")]
     chunked = []
@@ -113,7 +121,9 @@ def build_simple() -> dict:
     return {"peers.jsonl": rows_of("peers*.jsonl"), "hf_trainer.jsonl": rows_of("hf_trainer*.jsonl"),
             "attention.jsonl": rows_of("attention_*.jsonl"), "levers.jsonl": levers, "profile.jsonl": profile,
             "chunked_loss.jsonl": chunked, "long_range.jsonl": long_range, "stdlib_corpus.jsonl": stdlib,
-            "masked_step.jsonl": rows_of("masked_step_*.jsonl")}
+            "masked_step.jsonl": rows_of("masked_step_*.jsonl"),
+            "recall.jsonl": [annotate(r, p, i, model_name=RECALL_MODELS[rel(p.parent)]) for p in found("recall.jsonl")
+                             if rel(p).startswith("sessions/session_") for i, r in jsonl(p)]}
 
 
 def build_longest() -> list:

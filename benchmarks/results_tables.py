@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bench_planner import GPU_TOL, HOST_TOL, steady_gpu_peak  # the bars and the one-step rule: one home each
 from results_format import META, device, err, gb, meta, n, result_file, src, table
+from results_recall import recall, recall_rows  # noqa: F401 (SECTIONS takes recall by name)
 from results_rehearsal import (
     longest_rehearsed,
     model_label,
@@ -34,7 +35,8 @@ TITLES = {"peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.j
           "stdlib_corpus": "Real text: the Python standard library as a corpus (`stdlib_corpus.jsonl`)",
           "masked_step": "What a masked row costs: a share of tokens trained against all (`masked_step.jsonl`)",
           "rehearsal": "Rehearsals: one GPU plays a rank of a larger world (`rehearsal.jsonl`)",
-          "reshard": "A checkpoint's universal form for a resume on another layout (`reshard.jsonl`)"}
+          "reshard": "A checkpoint's universal form for a resume on another layout (`reshard.jsonl`)",
+          "recall": "Recall far back: a real model on agent sessions, base and fine-tuned (`recall.jsonl`)"}
 
 
 def heading(name: str) -> str:
@@ -356,7 +358,7 @@ def readme(d: dict) -> str:
                      f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']}), "
                      f"published" if paper else "",
                      result_file("longest", *(["planner_runs"] if run and run["kind"] == "plan" else []))])
-    rows += other_longest(d) + rehearsed(d) + longest_rehearsed(d)
+    rows += other_longest(d) + rehearsed(d) + longest_rehearsed(d) + recall_rows(d)
     a = accuracy(d)
     rows.append(["planner, held-out plans run", "measured against the plan", f"{a['gpu_in']} of {a['gpu_n']} within "
                  f"±{GPU_TOL:.0%} GPU, {a['host_in']} of {a['host_n']} within ±{HOST_TOL:.0%} host",
@@ -389,4 +391,4 @@ def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
 SECTIONS = {name: globals()[name] for name in (
     "peers", "hf_trainer", "longest_latest", "longest_history", "longest_runs", "published", "planner_accuracy",
     "planner_plans", "planner_tables", "planner_levers", "planner_unrun", "attention", "levers", "profile",
-    "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "reshard", "readme")}
+    "chunked_loss", "long_range", "stdlib_corpus", "masked_step", "rehearsal", "reshard", "recall", "readme")}

