@@ -75,7 +75,8 @@ GPU_RATES = {
     # forward 616, backward 561 TFLOP/s. Token-wise GEMMs: the H200 rate, the same GH100 chip (SMs, clocks, 989
     # TFLOP/s dense bf16 peak); the MoE block and the gated rule lean on memory bandwidth (3.35 vs 4.8 TB/s): unknown
     "h100": GpuRates((616e12, 561e12), None, DENSE_TOKENWISE_FLOPS, None, None,
-                     "FlashAttention-3's published H100 rates"),
+                     "attention at FlashAttention-3's published H100 rates, token-wise GEMMs at the H200's "
+                     "measured rate (the same chip and peak; not measured on an H100)"),
 }
 # DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
 # measured here: docs/calibration.md#cpu-adam-rate
