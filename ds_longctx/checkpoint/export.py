@@ -47,7 +47,7 @@ from ds_longctx.data.scan import DataError
 from ds_longctx.data.tokenize import open_tokenizer, tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
-from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text, user_path
+from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text, unwritable, user_path
 
 
 def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
@@ -72,18 +72,9 @@ def check_out(out: str) -> Path:
     if not parent.is_dir():
         raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
                               f"it first or choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):  # EROFS too: access(2) checks the mount
-        raise CheckpointError(f"export: --out {out!r} cannot be written ({str(parent)!r} is not writable: "
-                              f"{'a read-only filesystem' if _read_only(parent) else 'no write permission'}); choose "
-                              f"a writable --out")
+    if why := unwritable(p):
+        raise CheckpointError(f"export: --out {out!r} cannot be written ({why}); choose a writable --out")
     return p
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def run_lora(meta: dict) -> LoraConfig:

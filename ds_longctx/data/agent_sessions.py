@@ -69,7 +69,6 @@ def check_session_args(args) -> Path:
         raise DataError(f"--max_tokens {args.max_tokens} must be in [{lowest_max(args.min_tokens)}, {MAX_TOKENS}] "
                         f"with --min_tokens {args.min_tokens} (room for the last questions and the margin a session "
                         f"is built to); raise --max_tokens or lower --min_tokens")
-    check_session_room(args)
     if args.corpus is not None:
         c = Path(args.corpus)
         if not ((c / "data_card.json").is_file() and (c / "train.jsonl").is_file() and (c / "tokenizer").is_dir()):
@@ -79,7 +78,9 @@ def check_session_args(args) -> Path:
         model_tokenizer(args.tokenizer)
     elif args.corpus is None:
         check_vocab_size(args.vocab_size, len(SPECIALS) + len(CHAT_SPECIALS))
-    return check_prepare_dir(args.out, "train.jsonl, tokenizer/ and the data card")
+    out = check_prepare_dir(args.out, "train.jsonl, tokenizer/ and the data card")
+    check_session_room(args)  # free space, once --out is known writable
+    return out
 
 
 def check_session_room(args) -> None:

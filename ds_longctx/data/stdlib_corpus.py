@@ -55,6 +55,7 @@ from ds_longctx.parallel.disk import (
     make_partial,
     partial_maker,
     size_text,
+    unwritable,
 )
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"}
@@ -256,6 +257,8 @@ def check_prepare_dir(out: str, writes: str) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare writes "
                         f"{writes} there)")
+    if why := unwritable(out):
+        raise DataError(f"--out {str(out)!r} cannot be written: {why}; choose a writable --out")
     try:
         check_partial(out.with_name(out.name + ".partial"), PARTIAL_FIX)
     except NotOurs as e:

@@ -75,6 +75,25 @@ def free_bytes(path) -> Optional[int]:
         return None
 
 
+def read_only(path) -> bool:
+    """Whether `path` lies on a filesystem mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def unwritable(path) -> Optional[str]:
+    """Why no file can be made at `path`, naming its nearest existing parent (a file, on a read-only filesystem or
+    not writable by this user); None where one can. Asked before free space, which means nothing there."""
+    anc = existing_ancestor(path)
+    if not anc.is_dir():
+        return f"{anc} is a file, not a directory"
+    if os.access(anc, os.W_OK | os.X_OK):  # EROFS too: access(2) checks the mount
+        return None
+    return f"{anc} is {'on a read-only filesystem' if read_only(anc) else 'not writable by this user'}"
+
+
 def is_disk_error(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in DISK_ERRNOS
 
