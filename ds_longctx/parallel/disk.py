@@ -60,8 +60,9 @@ def existing_ancestor(path) -> Path:
 
 
 def mount_point(path) -> Path:
-    """The mount point of the filesystem that holds (or would hold) `path`: what a full disk is."""
-    p = existing_ancestor(path)
+    """The mount point of the filesystem that holds (or would hold) `path`, links followed (a link into
+    another filesystem names that one): what a full disk is."""
+    p = Path(os.path.realpath(existing_ancestor(path)))
     while not os.path.ismount(p) and p != p.parent:
         p = p.parent
     return p
