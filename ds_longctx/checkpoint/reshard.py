@@ -133,7 +133,7 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
         except Exception as e:  # every rank stops with rank 0's reason, not in a collective that never ends
             made = str(e) if isinstance(e, (CheckpointError, OSError)) else f"{type(e).__name__}: {e}"
     _agreed(made, f"resume: checkpoint {str(tag_dir)!r} could not be resharded")
-    manifest = universal.read_manifest(tag_dir)
+    manifest = universal.read_manifest(tag_dir, step)
     world = dist.get_world_size() if dist.is_initialized() else 1
     _agreed(universal.universal_problem(tag_dir, manifest, (rank, world), show=rank == 0),
             f"resume: the universal form of {str(tag_dir)!r} could not be loaded", universal.rewrite(tag_dir))

@@ -191,8 +191,9 @@ def _libc():
 
 
 # ----------------------------------------------------------------------------- reading
-def read_manifest(tag_dir: Path) -> dict:
-    """The universal manifest of `tag_dir`, or a CheckpointError saying how to make it."""
+def read_manifest(tag_dir: Path, step: int | None = None) -> dict:
+    """The universal manifest of `tag_dir`, or a CheckpointError naming the file (and the key) and how to make it
+    again; `step`: the tag's own (its meta.json's), which the manifest's must equal."""
     path = universal_dir(tag_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -203,7 +204,20 @@ def read_manifest(tag_dir: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; "
                               f"{rewrite(tag_dir)}")
+    if bad := _step_problem(manifest, step):
+        raise CheckpointError(f"reshard: {str(path)!r}: {bad}; {rewrite(tag_dir)}")
     return manifest
+
+
+def _step_problem(manifest: dict, step: int | None):
+    """What is wrong with the manifest's `step` (the tag's) or `optimizer_step` (Adam's count, a whole number no
+    greater than the steps trained); None: nothing."""
+    s, o = manifest.get("step"), manifest.get("optimizer_step")
+    if type(s) is not int or s < 0 or (step is not None and s != step):
+        return f"step={s!r} is not the tag's step ({step if step is not None else 'a whole number >= 0'})"
+    if type(o) not in (int, float) or not 0 <= o <= s or o != int(o):
+        return f"optimizer_step={o!r} is not a whole number from 0 to the tag's step {s}"
+    return None
 
 
 def rewrite(tag_dir: Path) -> str:
@@ -222,22 +236,31 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
     extra = sorted(p.name for p in base.iterdir() if p.name not in listed and p.name != MANIFEST)
     if extra:
         return f"{str(base)!r} holds {', '.join(extra[:5])}, which the conversion did not write (not in {MANIFEST})"
+    numels = {param_file(p["name"]): p["numel"] for p in manifest["params"]}
     for name in sorted(listed)[share[0]::share[1]]:
         path = files.manifest_path(base, name, "reshard")
         entry = listed[name]
-        if not path.is_file() or path.stat().st_size != entry["bytes"]:
-            return f"{str(path)!r} is missing or not the size its conversion wrote"
+        if not path.is_file():
+            return f"{str(path)!r} is missing"
+        if name not in numels:
+            return f"{str(path)!r} is listed in {MANIFEST} but is no parameter's file there"
+        if (size := path.stat().st_size) != entry["bytes"]:
+            return f"{str(path)!r} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,}: not what its conversion wrote"
         if (found := files.digest(path, show)) != entry["sha256"]:
             return (f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
                     f"was written")
         try:
             with safe_open(str(path), framework="pt") as f:
                 keys = sorted(f.keys())
+                shapes = {k: f.get_slice(k).get_shape() for k in keys}
         except Exception as e:  # not a safetensors file (a pickle, anything else): never loaded otherwise
             return (f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal checkpoint holds "
                     f"tensors only, so it is refused unloaded")
         if keys != sorted(KEYS):
             return f"{str(path)!r} holds {keys}, not {list(KEYS)}"
+        if wrong := [(k, v) for k, v in shapes.items() if v != [numels[name]]]:
+            return (f"{str(path)!r}: {wrong[0][0]} has shape {wrong[0][1]}, {MANIFEST} says [{numels[name]}] "
+                    f"(the parameter's elements)")
     return None
 
 

@@ -1,0 +1,76 @@
+"""checkpoint/universal.py's checks of a universal form, in one process on a form written here (safetensors' own
+save_file, the manifest's sizes and sha256 from hashlib): a manifest's step or optimizer step out of reason, and a
+file of the wrong length, each refused in one line naming the file, before any tensor is read."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ds_longctx.checkpoint import universal
+from ds_longctx.checkpoint.layout import CheckpointError
+
+PARAMS = {"w": [3, 4], "b": [5]}
+
+
+def write_param(base: Path, name: str, numel: int) -> None:
+    save_file({k: torch.arange(numel, dtype=torch.float32) + i for i, k in enumerate(universal.KEYS)},
+              str(base / universal.param_file(name)))
+
+
+def write_manifest(tag: Path, **changes) -> dict:
+    base = universal.universal_dir(tag)
+    entries = {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+               for p in base.glob("*.safetensors")}
+    manifest = {"format": universal.FORMAT, "tag": tag.name, "step": 2, "optimizer_step": 2.0,
+                "source": {"world_size": 2, "sp_size": 2, "dp_size": 1}, "files": entries,
+                "params": [{"name": n, "shape": s, "numel": s[0] * (s[1:] or [1])[0], "group": 0}
+                           for n, s in PARAMS.items()], **changes}
+    (base / universal.MANIFEST).write_text(json.dumps(manifest))
+    return manifest
+
+
+@pytest.fixture
+def tag(tmp_path):
+    """checkpoints/step2 with the universal form of a 2-parameter model, as write_universal lays it out."""
+    t = tmp_path / "run" / "checkpoints" / "step2"
+    universal.universal_dir(t).mkdir(parents=True)
+    for name, shape in PARAMS.items():
+        write_param(universal.universal_dir(t), name, shape[0] * (shape[1:] or [1])[0])
+    write_manifest(t)
+    return t
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"optimizer_step": 1e12}, "optimizer_step=1000000000000.0 is not a whole number from 0 to the tag's step 2"),
+    ({"optimizer_step": -1}, "optimizer_step=-1 is not"), ({"optimizer_step": 1.5}, "optimizer_step=1.5 is not"),
+    ({"optimizer_step": "2"}, "optimizer_step='2' is not"), ({"optimizer_step": True}, "optimizer_step=True is not"),
+    ({"step": 10**12, "optimizer_step": 10**12}, "step=1000000000000 is not the tag's step (2)")])
+def test_a_manifest_step_out_of_reason_is_refused_naming_the_file_and_the_key(tag, changes, says):
+    assert universal.read_manifest(tag, 2)["optimizer_step"] == 2.0  # the form as written is taken
+    write_manifest(tag, **changes)
+    path = universal.universal_dir(tag) / universal.MANIFEST
+    with pytest.raises(CheckpointError) as e:
+        universal.read_manifest(tag, 2)
+    assert str(e.value).startswith(f"reshard: {str(path)!r}: {says}"), e.value
+    assert str(e.value).endswith(f"`ds-longctx checkpoint reshard {tag.parent.parent} --tag step2` writes it from "
+                                 f"the checkpoint (replacing what is there)")
+
+
+def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_sizes(tag):
+    """A file cut short (its manifest entry unchanged) and one rewritten one element short with its entry to match
+    (whose slices the load would otherwise fail on): each named with what was expected and what was found."""
+    manifest = universal.read_manifest(tag, 2)
+    assert universal.universal_problem(tag, manifest) is None
+    w = universal.universal_dir(tag) / universal.param_file("w")
+    size = w.stat().st_size
+    w.write_bytes(w.read_bytes()[:-4])
+    assert universal.universal_problem(tag, manifest) == (
+        f"{str(w)!r} is {size - 4:,} bytes, manifest.json says {size:,}: not what its conversion wrote")
+    write_param(w.parent, "w", 11)
+    manifest = write_manifest(tag)
+    assert universal.universal_problem(tag, manifest) == (
+        f"{str(w)!r}: exp_avg has shape [11], manifest.json says [12] (the parameter's elements)")
