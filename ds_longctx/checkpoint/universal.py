@@ -103,9 +103,8 @@ def _rank_pieces(path: Path) -> tuple[list, list, float]:
 
 def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against `meta` first);
-    returns the manifest. Written under a temporary name and renamed when whole."""
-    import torch
-    from tqdm import tqdm
+    returns the manifest. Written under a temporary name and renamed when whole; on any error or signal
+    (KeyboardInterrupt) the temporary directory is removed, so nothing is left but what was there before."""
     tag_dir = Path(tag_dir)
     if (problem := files.problem(tag_dir, meta, None, show=show)) is not None:
         raise CheckpointError(f"reshard: checkpoint {str(tag_dir)!r} could not be read ({problem})")
@@ -114,6 +113,21 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        manifest = _fill(tag_dir, meta, groups, world, tmp, show)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return manifest
+
+
+def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: bool) -> dict:
+    """The parameter files and the manifest of `tag_dir`'s universal form, written into `tmp`; the manifest."""
+    import torch
+    from tqdm import tqdm
     t0 = time.perf_counter()
     params, starts = [], {}
     for gi, group in enumerate(groups):
@@ -157,9 +171,6 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
                 "source": {k: run[k] for k in ("world_size", "sp_size", "dp_size")},
                 "params": params, "files": entries, "seconds": round(time.perf_counter() - t0, 2)}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
     return manifest
 
 

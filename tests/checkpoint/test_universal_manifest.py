@@ -1,6 +1,7 @@
 """checkpoint/universal.py's checks of a universal form, in one process on a form written here (safetensors' own
 save_file, the manifest's sizes and sha256 from hashlib): a manifest's step or optimizer step out of reason, and a
-file of the wrong length, each refused in one line naming the file, before any tensor is read."""
+file of the wrong length, each refused in one line naming the file, before any tensor is read; a SIGINT while
+one is written leaves no partial."""
 
 import hashlib
 import json
@@ -74,3 +75,32 @@ def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_size
     manifest = write_manifest(tag)
     assert universal.universal_problem(tag, manifest) == (
         f"{str(w)!r}: exp_avg has shape [11], manifest.json says [12] (the parameter's elements)")
+
+
+def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there(tag, monkeypatch):
+    """`checkpoint reshard` stopped by a real SIGINT while the ranks' files are read (its line says "nothing
+    written"): the partial `.tmp-universal` is removed and the universal form already there is unchanged. Reading
+    the source checkpoint is stubbed (its checks and rank 0's model file); the files are laid out for real."""
+    import os
+    import signal
+    base = universal.universal_dir(tag)
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    monkeypatch.setattr(universal.files, "problem", lambda *a, **k: None)
+    monkeypatch.setattr(universal, "_source_groups", lambda *a: ([[(n, tuple(s)) for n, s in PARAMS.items()]], 2))
+    laid_out = []
+
+    def interrupted(path):
+        laid_out.extend(sorted(p.name for p in (tag / universal.PARTIAL).iterdir()))
+        os.kill(os.getpid(), signal.SIGINT)  # Python's handler raises KeyboardInterrupt at the next bytecode
+        return [], [], 0.0
+
+    monkeypatch.setattr(universal, "_rank_pieces", interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            universal.write_universal(tag, {"step": 2, "run": {"world_size": 2}})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert laid_out == sorted(universal.param_file(n) for n in PARAMS)  # the partial was there when it came
+    assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before
