@@ -47,7 +47,14 @@ from ds_longctx.data.scan import DataError
 from ds_longctx.data.tokenize import open_tokenizer, tokenizer_of
 from ds_longctx.levers.lora import ADAPTER, is_adapter, model_linears, peft_config, target_names
 from ds_longctx.parallel import fake_world
-from ds_longctx.parallel.disk import describe_os_error, existing_ancestor, free_bytes, size_text, unwritable, user_path
+from ds_longctx.parallel.disk import (
+    describe_os_error,
+    existing_ancestor,
+    free_bytes,
+    size_text,
+    unwritable,
+    user_path,
+)
 
 
 def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
@@ -73,7 +80,8 @@ def check_out(out: str) -> Path:
         raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
                               f"it first or choose another path")
     if why := unwritable(p):
-        raise CheckpointError(f"export: --out {out!r} cannot be written ({why}); choose a writable --out")
+        raise CheckpointError(f"export: --out {out!r} cannot be written ({why}); "
+                              f"choose a writable --out")
     return p
 
 

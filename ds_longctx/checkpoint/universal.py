@@ -103,8 +103,8 @@ def _rank_pieces(path: Path) -> tuple[list, list, float]:
 
 def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against `meta` first);
-    returns the manifest. Written under a temporary name and renamed when whole; on any error or signal
-    (KeyboardInterrupt) the temporary directory is removed, so nothing is left but what was there before."""
+    returns the manifest. Written under a temporary name and renamed when whole; on any error or
+    signal (KeyboardInterrupt) the temporary directory is removed: what was there before stays."""
     tag_dir = Path(tag_dir)
     if (problem := files.problem(tag_dir, meta, None, show=show)) is not None:
         raise CheckpointError(f"reshard: checkpoint {str(tag_dir)!r} could not be read ({problem})")
@@ -125,7 +125,7 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
 
 
 def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: bool) -> dict:
-    """The parameter files and the manifest of `tag_dir`'s universal form, written into `tmp`; the manifest."""
+    """The parameter files and the manifest of `tag_dir`'s universal form, written into `tmp`."""
     import torch
     from tqdm import tqdm
     t0 = time.perf_counter()
@@ -203,8 +203,8 @@ def _libc():
 
 # ----------------------------------------------------------------------------- reading
 def read_manifest(tag_dir: Path, step: int | None = None) -> dict:
-    """The universal manifest of `tag_dir`, or a CheckpointError naming the file (and the key) and how to make it
-    again; `step`: the tag's own (its meta.json's), which the manifest's must equal."""
+    """The universal manifest of `tag_dir`, or a CheckpointError naming the file (and the key) and
+    how to make it again; `step`: the tag's own (its meta.json's), which the manifest's must be."""
     path = universal_dir(tag_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -221,11 +221,12 @@ def read_manifest(tag_dir: Path, step: int | None = None) -> dict:
 
 
 def _step_problem(manifest: dict, step: int | None):
-    """What is wrong with the manifest's `step` (the tag's) or `optimizer_step` (Adam's count, a whole number no
-    greater than the steps trained); None: nothing."""
+    """What is wrong with the manifest's `step` (the tag's) or `optimizer_step` (Adam's count, a
+    whole number no greater than the steps trained); None: nothing."""
     s, o = manifest.get("step"), manifest.get("optimizer_step")
     if type(s) is not int or s < 0 or (step is not None and s != step):
-        return f"step={s!r} is not the tag's step ({step if step is not None else 'a whole number >= 0'})"
+        want = step if step is not None else "a whole number >= 0"
+        return f"step={s!r} is not the tag's step ({want})"
     if type(o) not in (int, float) or not 0 <= o <= s or o != int(o):
         return f"optimizer_step={o!r} is not a whole number from 0 to the tag's step {s}"
     return None
@@ -256,7 +257,8 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
         if name not in numels:
             return f"{str(path)!r} is listed in {MANIFEST} but is no parameter's file there"
         if (size := path.stat().st_size) != entry["bytes"]:
-            return f"{str(path)!r} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,}: not what its conversion wrote"
+            return (f"{str(path)!r} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,}: "
+                    f"not what its conversion wrote")
         if (found := files.digest(path, show)) != entry["sha256"]:
             return (f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
                     f"was written")
@@ -270,8 +272,9 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
         if keys != sorted(KEYS):
             return f"{str(path)!r} holds {keys}, not {list(KEYS)}"
         if wrong := [(k, v) for k, v in shapes.items() if v != [numels[name]]]:
-            return (f"{str(path)!r}: {wrong[0][0]} has shape {wrong[0][1]}, {MANIFEST} says [{numels[name]}] "
-                    f"(the parameter's elements)")
+            key, shape = wrong[0]
+            return (f"{str(path)!r}: {key} has shape {shape}, {MANIFEST} says "
+                    f"[{numels[name]}] (the parameter's elements)")
     return None
 
 

@@ -60,8 +60,8 @@ def existing_ancestor(path) -> Path:
 
 
 def mount_point(path) -> Path:
-    """The mount point of the filesystem that holds (or would hold) `path`, links followed (a link into
-    another filesystem names that one): what a full disk is."""
+    """The mount point of the filesystem that holds (or would hold) `path`, links followed (a link
+    into another filesystem names that one): what a full disk is."""
     p = Path(os.path.realpath(existing_ancestor(path)))
     while not os.path.ismount(p) and p != p.parent:
         p = p.parent
@@ -85,14 +85,15 @@ def read_only(path) -> bool:
 
 
 def unwritable(path) -> Optional[str]:
-    """Why no file can be made at `path`, naming its nearest existing parent (a file, on a read-only filesystem or
-    not writable by this user); None where one can. Asked before free space, which means nothing there."""
+    """Why no file can be made at `path`, naming its nearest existing parent (a file, on a read-only
+    filesystem or not writable by this user); None where one can. Asked before free space."""
     anc = existing_ancestor(path)
     if not anc.is_dir():
         return f"{anc} is a file, not a directory"
     if os.access(anc, os.W_OK | os.X_OK):  # EROFS too: access(2) checks the mount
         return None
-    return f"{anc} is {'on a read-only filesystem' if read_only(anc) else 'not writable by this user'}"
+    why = "on a read-only filesystem" if read_only(anc) else "not writable by this user"
+    return f"{anc} is {why}"
 
 
 def is_disk_error(e: BaseException) -> bool:

@@ -1,7 +1,7 @@
-"""checkpoint/universal.py's checks of a universal form, in one process on a form written here (safetensors' own
-save_file, the manifest's sizes and sha256 from hashlib): a manifest's step or optimizer step out of reason, and a
-file of the wrong length, each refused in one line naming the file, before any tensor is read; a SIGINT while
-one is written leaves no partial."""
+"""checkpoint/universal.py's checks of a universal form, in one process on a form written here
+(safetensors' own save_file, the manifest's sizes and sha256 from hashlib): a manifest's step or
+optimizer step out of reason, and a file of the wrong length, each refused in one line naming the
+file, before any tensor is read; a SIGINT while one is written leaves no partial."""
 
 import hashlib
 import json
@@ -18,13 +18,15 @@ PARAMS = {"w": [3, 4], "b": [5]}
 
 
 def write_param(base: Path, name: str, numel: int) -> None:
-    save_file({k: torch.arange(numel, dtype=torch.float32) + i for i, k in enumerate(universal.KEYS)},
-              str(base / universal.param_file(name)))
+    tensors = {k: torch.arange(numel, dtype=torch.float32) + i
+               for i, k in enumerate(universal.KEYS)}
+    save_file(tensors, str(base / universal.param_file(name)))
 
 
 def write_manifest(tag: Path, **changes) -> dict:
     base = universal.universal_dir(tag)
-    entries = {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    entries = {p.name: {"bytes": p.stat().st_size,
+                        "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
                for p in base.glob("*.safetensors")}
     manifest = {"format": universal.FORMAT, "tag": tag.name, "step": 2, "optimizer_step": 2.0,
                 "source": {"world_size": 2, "sp_size": 2, "dp_size": 1}, "files": entries,
@@ -36,7 +38,7 @@ def write_manifest(tag: Path, **changes) -> dict:
 
 @pytest.fixture
 def tag(tmp_path):
-    """checkpoints/step2 with the universal form of a 2-parameter model, as write_universal lays it out."""
+    """checkpoints/step2 with the universal form of a 2-parameter model, laid out as written."""
     t = tmp_path / "run" / "checkpoints" / "step2"
     universal.universal_dir(t).mkdir(parents=True)
     for name, shape in PARAMS.items():
@@ -46,9 +48,12 @@ def tag(tmp_path):
 
 
 @pytest.mark.parametrize("changes, says", [
-    ({"optimizer_step": 1e12}, "optimizer_step=1000000000000.0 is not a whole number from 0 to the tag's step 2"),
-    ({"optimizer_step": -1}, "optimizer_step=-1 is not"), ({"optimizer_step": 1.5}, "optimizer_step=1.5 is not"),
-    ({"optimizer_step": "2"}, "optimizer_step='2' is not"), ({"optimizer_step": True}, "optimizer_step=True is not"),
+    ({"optimizer_step": 1e12},
+     "optimizer_step=1000000000000.0 is not a whole number from 0 to the tag's step 2"),
+    ({"optimizer_step": -1}, "optimizer_step=-1 is not"),
+    ({"optimizer_step": 1.5}, "optimizer_step=1.5 is not"),
+    ({"optimizer_step": "2"}, "optimizer_step='2' is not"),
+    ({"optimizer_step": True}, "optimizer_step=True is not"),
     ({"step": 10**12, "optimizer_step": 10**12}, "step=1000000000000 is not the tag's step (2)")])
 def test_a_manifest_step_out_of_reason_is_refused_naming_the_file_and_the_key(tag, changes, says):
     assert universal.read_manifest(tag, 2)["optimizer_step"] == 2.0  # the form as written is taken
@@ -57,20 +62,22 @@ def test_a_manifest_step_out_of_reason_is_refused_naming_the_file_and_the_key(ta
     with pytest.raises(CheckpointError) as e:
         universal.read_manifest(tag, 2)
     assert str(e.value).startswith(f"reshard: {str(path)!r}: {says}"), e.value
-    assert str(e.value).endswith(f"`ds-longctx checkpoint reshard {tag.parent.parent} --tag step2` writes it from "
-                                 f"the checkpoint (replacing what is there)")
+    assert str(e.value).endswith(f"`ds-longctx checkpoint reshard {tag.parent.parent} --tag step2` "
+                                 f"writes it from the checkpoint (replacing what is there)")
 
 
 def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_sizes(tag):
-    """A file cut short (its manifest entry unchanged) and one rewritten one element short with its entry to match
-    (whose slices the load would otherwise fail on): each named with what was expected and what was found."""
+    """A file cut short (its manifest entry unchanged), and one rewritten one element short with its
+    entry to match (whose slices the load would otherwise fail on): each named with what was
+    expected and what was found."""
     manifest = universal.read_manifest(tag, 2)
     assert universal.universal_problem(tag, manifest) is None
     w = universal.universal_dir(tag) / universal.param_file("w")
     size = w.stat().st_size
     w.write_bytes(w.read_bytes()[:-4])
     assert universal.universal_problem(tag, manifest) == (
-        f"{str(w)!r} is {size - 4:,} bytes, manifest.json says {size:,}: not what its conversion wrote")
+        f"{str(w)!r} is {size - 4:,} bytes, manifest.json says {size:,}: not what its conversion "
+        f"wrote")
     write_param(w.parent, "w", 11)
     manifest = write_manifest(tag)
     assert universal.universal_problem(tag, manifest) == (
@@ -78,20 +85,21 @@ def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_size
 
 
 def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there(tag, monkeypatch):
-    """`checkpoint reshard` stopped by a real SIGINT while the ranks' files are read (its line says "nothing
-    written"): the partial `.tmp-universal` is removed and the universal form already there is unchanged. Reading
-    the source checkpoint is stubbed (its checks and rank 0's model file); the files are laid out for real."""
+    """`checkpoint reshard` stopped by a real SIGINT while the ranks' files are read (its line says
+    "nothing written"): the partial `.tmp-universal` is removed, the universal form already there
+    unchanged. The source checkpoint's checks and reads are stubbed; the files are real."""
     import os
     import signal
     base = universal.universal_dir(tag)
     before = {p.name: p.read_bytes() for p in base.iterdir()}
     monkeypatch.setattr(universal.files, "problem", lambda *a, **k: None)
-    monkeypatch.setattr(universal, "_source_groups", lambda *a: ([[(n, tuple(s)) for n, s in PARAMS.items()]], 2))
+    groups = [[(n, tuple(s)) for n, s in PARAMS.items()]]
+    monkeypatch.setattr(universal, "_source_groups", lambda *a: (groups, 2))
     laid_out = []
 
     def interrupted(path):
         laid_out.extend(sorted(p.name for p in (tag / universal.PARTIAL).iterdir()))
-        os.kill(os.getpid(), signal.SIGINT)  # Python's handler raises KeyboardInterrupt at the next bytecode
+        os.kill(os.getpid(), signal.SIGINT)  # Python's handler raises KeyboardInterrupt
         return [], [], 0.0
 
     monkeypatch.setattr(universal, "_rank_pieces", interrupted)
@@ -101,6 +109,6 @@ def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there
             universal.write_universal(tag, {"step": 2, "run": {"world_size": 2}})
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert laid_out == sorted(universal.param_file(n) for n in PARAMS)  # the partial was there when it came
+    assert laid_out == sorted(universal.param_file(n) for n in PARAMS)  # the partial existed
     assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
     assert {p.name: p.read_bytes() for p in base.iterdir()} == before

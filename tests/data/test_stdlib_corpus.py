@@ -207,7 +207,7 @@ def test_sigterm_during_prepare_ends_it_within_10_s_with_one_line(tmp_path):
 
 @pytest.fixture
 def unwritable_dir(tmp_path):
-    """A directory this process cannot write: one made read-only (any user but root), else /proc/sys."""
+    """A directory this process cannot write: one made read-only (not root), else /proc/sys."""
     import os
     if os.geteuid() != 0:
         d = tmp_path / "ro"
@@ -222,8 +222,9 @@ def unwritable_dir(tmp_path):
 
 @pytest.mark.parametrize("source", [["--stdlib"], ["--sessions", "2"]])
 def test_an_unwritable_out_is_called_not_writable_before_any_work(unwritable_dir, capsys, source):
-    """Not a free-space figure (a read-only filesystem has none worth naming): the nearest existing parent named as
-    not writable, exit 2, nothing read or tokenized first. `export --out` asks the same rule (disk.unwritable)."""
+    """Not a free-space figure (a read-only filesystem has none worth naming): the nearest existing
+    parent named as not writable, exit 2, nothing read or tokenized first. `export --out` asks the
+    same rule (disk.unwritable)."""
     from ds_longctx import cli
     from ds_longctx.checkpoint.export import CheckpointError, check_out
     out = unwritable_dir / "new" / "corpus"
@@ -231,8 +232,9 @@ def test_an_unwritable_out_is_called_not_writable_before_any_work(unwritable_dir
         cli.main(["data", "prepare", *source, "--out", str(out)])
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.strip().splitlines() == [
-        f"refused: --out {str(out)!r} cannot be written: {unwritable_dir} is not writable by this user; choose a "
-        f"writable --out"], err
-    with pytest.raises(CheckpointError, match=rf"^export: --out '{unwritable_dir}/hf' cannot be written "
-                                              rf"\({unwritable_dir} is not writable by this user\); choose"):
+        f"refused: --out {str(out)!r} cannot be written: {unwritable_dir} is not writable by this "
+        f"user; choose a writable --out"], err
+    says = (rf"^export: --out '{unwritable_dir}/hf' cannot be written "
+            rf"\({unwritable_dir} is not writable")
+    with pytest.raises(CheckpointError, match=says):
         check_out(str(unwritable_dir / "hf"))

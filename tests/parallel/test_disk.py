@@ -75,12 +75,13 @@ def test_a_partial_directory_is_removed_only_once_its_maker_is_gone(tmp_path):
 
 def df(path) -> str:
     """The mount point `df` names for `path` (links followed)."""
-    return subprocess.run(["df", "--output=target", str(path)], capture_output=True, text=True).stdout.split()[-1]
+    res = subprocess.run(["df", "--output=target", str(path)], capture_output=True, text=True)
+    return res.stdout.split()[-1]
 
 
 def test_a_full_disk_reached_through_a_link_is_named_by_its_own_mount_point(tmp_path):
-    """ENOSPC under a link into another filesystem names the filesystem that is full (df's, links followed) and its
-    free bytes, never the filesystem holding the link."""
+    """ENOSPC under a link into another filesystem names the filesystem that is full (df's, links
+    followed) and its free bytes, never the filesystem holding the link."""
     other = Path("/dev/shm")
     if not other.is_dir() or not os.access(other, os.W_OK) or df(other) == df(tmp_path):
         pytest.skip("no second writable filesystem (/dev/shm) here")
@@ -91,6 +92,7 @@ def test_a_full_disk_reached_through_a_link_is_named_by_its_own_mount_point(tmp_
         f = tmp_path / "runs" / "r" / "metrics.jsonl"
         free = disk.size_text(shutil.disk_usage(target).free)
         full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
-        assert disk.describe_os_error(full, f) == f"no space left on {df(target)} writing {f} ({free} free)"
+        said = disk.describe_os_error(full, f)
+        assert said == f"no space left on {df(target)} writing {f} ({free} free)"
     finally:
         target.rmdir()
