@@ -286,6 +286,27 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout
     raise AssertionError(f"no {n} steps within {timeout}s:\n{log.read_text()[-4000:]}")
 
 
+def sigterm_once(argv: list[str], log: Path, ready: str, settle: float = 0.0) -> tuple:
+    """Start `argv` from the repo root (CPU env, output to `log`), SIGTERM it once `ready` is in the log (and
+    `settle` seconds more); (its exit code, seconds from the signal to its exit, the log's non-blank lines)."""
+    import signal
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, env=cpu_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while ready not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(settle)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    return code, took, [line for line in log.read_text().splitlines() if line.strip()]
+
+
 def hold_lock(out: Path) -> subprocess.Popen:
     """Another process holding `out`'s run lock (checkpoint/run_lock.py) until it is killed; returned once it holds
     it."""

@@ -37,10 +37,9 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
     """A template that loops for minutes (under the default budget): SIGTERM once tokenization has started ends the
     process within 10 s, exit 143, its last line saying what it stopped and that nothing was trained or saved
     (what run/train_loop.build_run does around the data; the lock it holds is released)."""
-    import subprocess
     import sys
 
-    from tests.helpers import ROOT, cpu_env
+    from tests.helpers import sigterm_once
     tok = make_chat_tokenizer(tmp_path / "tok", NESTED)
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps(SESSION) + "\n")
@@ -57,22 +56,7 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
             "    print('tokenizing', flush=True)\n"
             "    build_data(cfg, load_hf_config('qwen3-tiny'), 1)\n")
     log = tmp_path / "log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=cpu_env(), cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while "tokenizing" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
-        assert proc.poll() is None, log.read_text()
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        exit_code = proc.wait(timeout=30)
-        took = time.monotonic() - sent
-    finally:
-        proc.kill()
-    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    exit_code, took, lines = sigterm_once([sys.executable, "-c", code], log, "tokenizing", settle=0.5)
     assert exit_code == 143 and took < 10, (exit_code, took, lines[-5:])
     assert lines[-1] == "stopped by SIGTERM while reading and tokenizing the data: nothing trained, nothing saved"
     assert "stopping at the end of this step" not in log.read_text() and not (tmp_path / "out").exists()

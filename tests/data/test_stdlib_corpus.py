@@ -176,29 +176,13 @@ def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp
 def test_sigterm_during_prepare_ends_it_within_10_s_with_one_line(tmp_path):
     """`data prepare` has no step to wait for: SIGTERM ends it within seconds, exit 143, its last line saying what is
     on disk (a .partial directory it made carries its marker: the next prepare there removes it)."""
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from tests.helpers import ROOT, cpu_env
+    from tests.helpers import sigterm_once
     out, log = tmp_path / "corpus", tmp_path / "log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "data", "prepare", "--stdlib", "--out",
-                                 str(out), "--vocab_size", "512"], env=cpu_env(), cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while "read stdlib" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert proc.poll() is None, log.read_text()
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(timeout=30)
-        took = time.monotonic() - sent
-    finally:
-        proc.kill()
-    last = [line for line in log.read_text().splitlines() if line.strip()][-1]
+    code, took, lines = sigterm_once([sys.executable, "-m", "ds_longctx.cli", "data", "prepare", "--stdlib", "--out",
+                                      str(out), "--vocab_size", "512"], log, "read stdlib")
+    last = lines[-1]
     assert code == 143 and took < 10, (code, took, log.read_text()[-2000:])
     assert last == ("stopped by SIGTERM while preparing the data: nothing written at --out (a .partial directory "
                     "beside it, if any, goes at the next `data prepare` there)")
