@@ -28,6 +28,7 @@ def tflops(flops: float, ms: float) -> float:
 def timed(fn, reps: int) -> float:
     """Median milliseconds of `fn` over `reps` calls (cuda events), after one warm-up call."""
     import torch
+
     fn()
     torch.cuda.synchronize()
     times = []
@@ -56,17 +57,24 @@ def at_length(S: int, h: int, hk: int, d: int, reps: int) -> list:
     k = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(1, hk, S, d, device="cuda", dtype=torch.bfloat16, generator=g)
     dout = torch.randn(1, S, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    scale = d ** -0.5
+    scale = d**-0.5
     outs = {}
 
     # cuDNN SDPA through torch's own autograd (what `sdpa` runs without the cache)
     qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+
         def cudnn_fwd():
-            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+            )
+
         fwd_ms = timed(cudnn_fwd, reps)
         out = cudnn_fwd()
-        bwd_ms = timed(lambda: torch.autograd.grad(out, (qs, ks, vs), dout.transpose(1, 2), retain_graph=True), reps)
+        bwd_ms = timed(
+            lambda: torch.autograd.grad(out, (qs, ks, vs), dout.transpose(1, 2), retain_graph=True),
+            reps,
+        )
     outs["sdpa_cudnn"] = out.transpose(1, 2).detach()
     rows.append({"backend": "sdpa_cudnn", "seq_len": S, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
     del out
@@ -96,29 +104,48 @@ def main() -> None:
     ap.add_argument("--kv_heads", type=int, default=4)
     ap.add_argument("--head_dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
-    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
+    ap.add_argument(
+        "--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>"
+    )
+    ap.add_argument(
+        "--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)"
+    )
     a = ap.parse_args()
 
     import torch
 
     h, hk, d = a.heads, a.kv_heads, a.head_dim
     commit = git_commit(a.commit)
-    rows = [r for S in (int(x) for x in a.seq_lens.split(",")) for r in at_length(S, h, hk, d, a.reps)]
-    meta = {"date": datetime.date.today().isoformat(), "commit": commit, "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": "bf16", "causal": True}
+    rows = [
+        r for S in (int(x) for x in a.seq_lens.split(",")) for r in at_length(S, h, hk, d, a.reps)
+    ]
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "heads": h,
+        "kv_heads": hk,
+        "head_dim": d,
+        "dtype": "bf16",
+        "causal": True,
+    }
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"attention_{meta['date']}.jsonl"
-    lines = [f"{'backend':<12}{'seq_len':>10}{'fwd ms':>10}{'fwd TF/s':>10}{'bwd ms':>10}{'bwd TF/s':>10}"]
+    lines = [
+        f"{'backend':<12}{'seq_len':>10}{'fwd ms':>10}{'fwd TF/s':>10}{'bwd ms':>10}{'bwd TF/s':>10}"
+    ]
     with path.open("a") as f:
         for r in rows:
             S = r["seq_len"]
             r["fwd_tflops"] = round(tflops(2.0 * S * S * h * d, r["fwd_ms"]), 1)
             r["bwd_tflops"] = round(tflops(5.0 * S * S * h * d, r["bwd_ms"]), 1)
             f.write(json.dumps({**meta, **r}) + "\n")
-            lines.append(f"{r['backend']:<12}{S:>10,}{r['fwd_ms']:>10.1f}{r['fwd_tflops']:>10.1f}{r['bwd_ms']:>10.1f}"
-                         f"{r['bwd_tflops']:>10.1f}")
+            lines.append(
+                f"{r['backend']:<12}{S:>10,}{r['fwd_ms']:>10.1f}{r['fwd_tflops']:>10.1f}{r['bwd_ms']:>10.1f}"
+                f"{r['bwd_tflops']:>10.1f}"
+            )
     print("\n".join(lines))
 
 

@@ -50,11 +50,16 @@ def make_corpus(d: Path, tokens: int, n_words: int) -> tuple[Path, Path]:
     """A tokenizer over n_words words and a folder of text files holding at least `tokens` of them."""
     sys.path.insert(0, str(ROOT))
     from tests.corpus import documents, make_tokenizer, write_txt_dir
+
     tok = make_tokenizer(d / "tok", n_words=n_words)
     per_doc = 20_000
     n_docs = tokens // per_doc + 2
-    write_txt_dir(d / "books", documents(n_docs, min_words=per_doc // 2, max_words=per_doc * 3 // 2,
-                                         n_words=n_words, seed=0))
+    write_txt_dir(
+        d / "books",
+        documents(
+            n_docs, min_words=per_doc // 2, max_words=per_doc * 3 // 2, n_words=n_words, seed=0
+        ),
+    )
     return d / "books", tok
 
 
@@ -63,47 +68,108 @@ def run_one(a, run: str, books: Path, tok: Path, work: Path, commit: str, device
     d.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     plan = d / "plan"
-    plan_cmd = [py, "-m", "ds_longctx.cli", "plan", "--model", a.model, "--seq_len", str(a.seq_len), "--gpus",
-                str(a.gpus), "--gpu_mem_gb", str(a.gpu_mem_gb), "--out", str(plan)]
+    plan_cmd = [
+        py,
+        "-m",
+        "ds_longctx.cli",
+        "plan",
+        "--model",
+        a.model,
+        "--seq_len",
+        str(a.seq_len),
+        "--gpus",
+        str(a.gpus),
+        "--gpu_mem_gb",
+        str(a.gpu_mem_gb),
+        "--out",
+        str(plan),
+    ]
     if run == "lora":
         plan_cmd += ["--lora_rank", str(a.lora_rank)]
     rc, _, _ = run_job(plan_cmd, d / "plan.log", 600)
-    data = ["--data", str(books), "--tokenizer", str(tok), "--data_cache_dir", str(work / "cache"),
-            "--steps", str(a.steps), "--output_dir", str(d / "run"), *shlex.split(a.extra)]
+    data = [
+        "--data",
+        str(books),
+        "--tokenizer",
+        str(tok),
+        "--data_cache_dir",
+        str(work / "cache"),
+        "--steps",
+        str(a.steps),
+        "--output_dir",
+        str(d / "run"),
+        *shlex.split(a.extra),
+    ]
     if rc != 0:
         argv, error = plan_cmd, f"plan failed ({rc}): see {d / 'plan.log'}"
         rows, host = [], 0
     else:
         if run == "trl_sft":
-            argv = [py, "-m", "accelerate.commands.launch", "--config_file", str(plan / "accelerate.yaml"),
-                    "--main_process_port", str(free_port()), str(ROOT / "launch" / "trl_sft.py"),
-                    "--config", str(plan / "run.yaml"), *data]
+            argv = [
+                py,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(plan / "accelerate.yaml"),
+                "--main_process_port",
+                str(free_port()),
+                str(ROOT / "launch" / "trl_sft.py"),
+                "--config",
+                str(plan / "run.yaml"),
+                *data,
+            ]
         else:
-            argv = [py, "-m", "ds_longctx.cli", "train", "--config", str(plan / "run.yaml"), "--nproc",
-                    str(a.gpus), *data]
+            argv = [
+                py,
+                "-m",
+                "ds_longctx.cli",
+                "train",
+                "--config",
+                str(plan / "run.yaml"),
+                "--nproc",
+                str(a.gpus),
+                *data,
+            ]
         print(f"\n== {run}: {shlex.join(argv)}", flush=True)
         rc, host, _ = run_job(argv, d / "log.txt", a.timeout_s)
         log = (d / "log.txt").read_text(errors="replace")
         if run == "trl_sft":
-            rows = [json.loads(m) for m in re.findall(r'\{"step": [^{}]*\}', log)]  # after a progress bar
+            rows = [
+                json.loads(m) for m in re.findall(r'\{"step": [^{}]*\}', log)
+            ]  # after a progress bar
             rows = [r for r in rows if "loss" in r and "seconds" in r]
         else:
-            rows = [{**r, "peak_gpu_bytes": r.get("peak_gpu_bytes_max_rank", r["peak_gpu_bytes"])}
-                    for r in read_lines(d / "run" / "metrics.jsonl")]
+            rows = [
+                {**r, "peak_gpu_bytes": r.get("peak_gpu_bytes_max_rank", r["peak_gpu_bytes"])}
+                for r in read_lines(d / "run" / "metrics.jsonl")
+            ]
         lines = [x.strip() for x in log.splitlines() if x.strip()]
         said = [x for x in lines if re.search(r"refused|Error|error:", x) and "Traceback" not in x]
         error = None if rc == 0 else f"exit {rc}: {(said or lines or [''])[-1][:300]}"
     secs = [r["seconds"] for r in rows]
     if error is None and len(secs) < 2:
         error = f"only {len(secs)} step(s) logged; the median needs the steps after the first"
-    line = {"run": run, "model": a.model, "seq_len": a.seq_len, "gpus": a.gpus, "steps": a.steps,
-            "seconds_per_step": round(statistics.median(secs[1:]), 3) if len(secs) > 1 else None,
-            "step_seconds": secs, "peak_gpu_bytes": max((r.get("peak_gpu_bytes", 0) for r in rows), default=None),
-            "planned_gpu_bytes": read_plan(plan)["planned_gpu_bytes"] if (plan / "plan.txt").is_file() else None,
-            "host_peak_bytes": host or None,
-            "losses": [r["loss"] for r in rows], "commit": commit, "device": device,
-            "date": datetime.date.today().isoformat(), "command": shlex.join(argv).replace(str(ROOT) + "/", ""),
-            **({"lora_rank": a.lora_rank} if run == "lora" else {}), **({"error": error} if error else {})}
+    line = {
+        "run": run,
+        "model": a.model,
+        "seq_len": a.seq_len,
+        "gpus": a.gpus,
+        "steps": a.steps,
+        "seconds_per_step": round(statistics.median(secs[1:]), 3) if len(secs) > 1 else None,
+        "step_seconds": secs,
+        "peak_gpu_bytes": max((r.get("peak_gpu_bytes", 0) for r in rows), default=None),
+        "planned_gpu_bytes": read_plan(plan)["planned_gpu_bytes"]
+        if (plan / "plan.txt").is_file()
+        else None,
+        "host_peak_bytes": host or None,
+        "losses": [r["loss"] for r in rows],
+        "commit": commit,
+        "device": device,
+        "date": datetime.date.today().isoformat(),
+        "command": shlex.join(argv).replace(str(ROOT) + "/", ""),
+        **({"lora_rank": a.lora_rank} if run == "lora" else {}),
+        **({"error": error} if error else {}),
+    }
     with (Path(a.out) / "hf_trainer.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
     print(json.dumps({k: v for k, v in line.items() if k != "command"}), flush=True)
@@ -111,7 +177,9 @@ def run_one(a, run: str, books: Path, tok: Path, work: Path, commit: str, device
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--seq_len", type=int, default=131072)
     ap.add_argument("--gpus", type=int, default=2)
@@ -119,11 +187,17 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--lora_rank", type=int, default=16)
-    ap.add_argument("--n_words", type=int, default=4000, help="tokenizer size (<= the model's vocab)")
+    ap.add_argument(
+        "--n_words", type=int, default=4000, help="tokenizer size (<= the model's vocab)"
+    )
     ap.add_argument("--extra", default="", help="run-config options added to every run, one string")
     ap.add_argument("--timeout_s", type=float, default=1200)
-    ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
-    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
+    ap.add_argument(
+        "--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)"
+    )
+    ap.add_argument(
+        "--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>"
+    )
     a = ap.parse_args()
     runs = parse_choices(ap, "--runs", a.runs, RUNS)
     check_steps(ap, a.steps)
@@ -131,6 +205,7 @@ def main():
     work = out / "hf_trainer_runs"
     work.mkdir(parents=True, exist_ok=True)
     from ds_longctx.run.model import load_hf_config
+
     n_words = min(a.n_words, load_hf_config(a.model).vocab_size - 4)  # + 4 special tokens
     books, tok = make_corpus(work, a.seq_len * (a.steps + 2), n_words)
     commit, device = git_commit(a.commit), gpu_name()

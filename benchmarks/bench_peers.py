@@ -42,7 +42,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_levers import H200_BF16_PEAK, model_flops  # benchmarks/ is sys.path[0] when this file runs
+from bench_levers import (
+    H200_BF16_PEAK,
+    model_flops,
+)  # benchmarks/ is sys.path[0] when this file runs
 from bench_peers_worker import PEERS, peer_recipe, tiny_tokenizer, write_recipe_files
 from harness import (
     ALLOC_CONF,
@@ -59,25 +62,88 @@ from harness import (
 )
 
 SYSTEMS = ("ds_longctx", *PEERS)
-LINE_KEYS = ("session", "system", "seq_len", "gpus", "seconds_per_step", "peak_gpu_bytes", "host_peak_bytes", "mfu",
-             "commit", "device", "config")
+LINE_KEYS = (
+    "session",
+    "system",
+    "seq_len",
+    "gpus",
+    "seconds_per_step",
+    "peak_gpu_bytes",
+    "host_peak_bytes",
+    "mfu",
+    "commit",
+    "device",
+    "config",
+)
 VERSIONS = ("torch", "transformers", "accelerate", "deepspeed", "trl", "flash-attn-4")
+
 
 def command(system: str, a, run_dir: Path, port: int) -> list[str]:
     py = sys.executable
     if system == "ds_longctx":
         extra = shlex.split(a.ds_longctx_args)
-        lr = [] if any(x.split("=")[0] in ("--lr", "--optimizer.lr") for x in extra) else ["--lr", "1e-5"]
-        return [py, "-m", "ds_longctx.cli", "train", "--nproc", str(a.gpus), "--model", a.model, "--seq_len",
-                str(a.seq_len), "--sp_size", str(a.gpus), "--steps", str(a.steps), *lr, "--output_dir",
-                str(run_dir / "run"), *extra]
-    worker = [str(Path(__file__).resolve().with_name("bench_peers_worker.py")), system, "--model", a.model,
-              "--seq_len", str(a.seq_len), "--steps", str(a.steps), "--gpus", str(a.gpus), "--run_dir", str(run_dir)]
+        lr = (
+            []
+            if any(x.split("=")[0] in ("--lr", "--optimizer.lr") for x in extra)
+            else ["--lr", "1e-5"]
+        )
+        return [
+            py,
+            "-m",
+            "ds_longctx.cli",
+            "train",
+            "--nproc",
+            str(a.gpus),
+            "--model",
+            a.model,
+            "--seq_len",
+            str(a.seq_len),
+            "--sp_size",
+            str(a.gpus),
+            "--steps",
+            str(a.steps),
+            *lr,
+            "--output_dir",
+            str(run_dir / "run"),
+            *extra,
+        ]
+    worker = [
+        str(Path(__file__).resolve().with_name("bench_peers_worker.py")),
+        system,
+        "--model",
+        a.model,
+        "--seq_len",
+        str(a.seq_len),
+        "--steps",
+        str(a.steps),
+        "--gpus",
+        str(a.gpus),
+        "--run_dir",
+        str(run_dir),
+    ]
     if system == "trl_fsdp2_cp":
-        return [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml"),
-                "--main_process_port", str(port), *worker]
-    return [py, "-m", "torch.distributed.run", "--nproc_per_node", str(a.gpus), "--master_addr", "127.0.0.1",
-            "--master_port", str(port), *worker]
+        return [
+            py,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(run_dir / "accelerate.yaml"),
+            "--main_process_port",
+            str(port),
+            *worker,
+        ]
+    return [
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(a.gpus),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        *worker,
+    ]
 
 
 # ----------------------------------------------------------------------------- driver
@@ -88,22 +154,42 @@ def collect(system: str, run_dir: Path, gpus: int) -> dict:
         seen = {}
         if (run_dir / "run" / "run.yaml").is_file():
             import yaml
+
             seen["run_config"] = yaml.safe_load((run_dir / "run" / "run.yaml").read_text())
-        log = (run_dir / "log.txt").read_text(errors="replace") if (run_dir / "log.txt").is_file() else ""
-        seen["attention"] = next((x.split("attention: ", 1)[1] for x in log.splitlines() if "] attention: " in x), None)
-        return {"seconds": [r["seconds"] for r in rows], "losses": [r["loss"] for r in rows], "observed": seen,
-                "peaks": [r.get("peak_gpu_bytes_max_rank", r["peak_gpu_bytes"]) for r in rows], "error": None}
+        log = (
+            (run_dir / "log.txt").read_text(errors="replace")
+            if (run_dir / "log.txt").is_file()
+            else ""
+        )
+        seen["attention"] = next(
+            (x.split("attention: ", 1)[1] for x in log.splitlines() if "] attention: " in x), None
+        )
+        return {
+            "seconds": [r["seconds"] for r in rows],
+            "losses": [r["loss"] for r in rows],
+            "observed": seen,
+            "peaks": [r.get("peak_gpu_bytes_max_rank", r["peak_gpu_bytes"]) for r in rows],
+            "error": None,
+        }
     ranks = [read_lines(run_dir / f"rank{r}.jsonl") for r in range(gpus)]
     steps = [[x for x in rk if x["event"] == "step"] for rk in ranks]
     n = min((len(s) for s in steps), default=0)
     errors = [x["error"] for rk in ranks for x in rk if x["event"] == "error"]
-    return {"seconds": [x["seconds"] for x in steps[0][:n]] if n else [],
-            "peaks": [max(s[i]["peak_reserved"] for s in steps) for i in range(n)],
-            "losses": [x.get("loss") for x in ranks[0] if x["event"] == "log" and "loss" in x],
-            "observed": next(({k: v for k, v in x.items() if k != "event"}
-                              for x in ranks[0] if x["event"] == "config"), {}),
-            "self_reported_host_peak_bytes": sum(s[n - 1]["ru_maxrss"] for s in steps) if n else None,
-            "error": errors[0] if errors else None}
+    return {
+        "seconds": [x["seconds"] for x in steps[0][:n]] if n else [],
+        "peaks": [max(s[i]["peak_reserved"] for s in steps) for i in range(n)],
+        "losses": [x.get("loss") for x in ranks[0] if x["event"] == "log" and "loss" in x],
+        "observed": next(
+            (
+                {k: v for k, v in x.items() if k != "event"}
+                for x in ranks[0]
+                if x["event"] == "config"
+            ),
+            {},
+        ),
+        "self_reported_host_peak_bytes": sum(s[n - 1]["ru_maxrss"] for s in steps) if n else None,
+        "error": errors[0] if errors else None,
+    }
 
 
 def failure(rc, timeout_s: float, log_path: Path, reported) -> str | None:
@@ -120,6 +206,7 @@ def failure(rc, timeout_s: float, log_path: Path, reported) -> str | None:
 
 def versions() -> dict:
     from importlib import metadata
+
     out = {}
     for name in VERSIONS:
         try:
@@ -129,25 +216,46 @@ def versions() -> dict:
     return out
 
 
-def line_for(a, system: str, res: dict, host: int, config: dict, error: str | None, commit: str, device: str,
-             flops: float) -> dict:
+def line_for(
+    a,
+    system: str,
+    res: dict,
+    host: int,
+    config: dict,
+    error: str | None,
+    commit: str,
+    device: str,
+    flops: float,
+) -> dict:
     """The peers.jsonl line: the issue's keys, in its order, `error` only when the run failed."""
     steady = res["seconds"][1:]
     sps = statistics.median(steady) if steady else None
     if error is None and not steady:
         error = f"only {len(res['seconds'])} step(s) finished; the median needs the steps after the first"
-    line = {"session": a.session, "system": system, "seq_len": a.seq_len, "gpus": a.gpus,
-            "seconds_per_step": round(sps, 3) if sps else None,
-            "peak_gpu_bytes": max(res["peaks"]) if res["peaks"] else None, "host_peak_bytes": host or None,
-            "mfu": round(flops / (sps * a.gpus * H200_BF16_PEAK), 4) if sps else None,
-            "commit": commit, "device": device, "config": config}
+    line = {
+        "session": a.session,
+        "system": system,
+        "seq_len": a.seq_len,
+        "gpus": a.gpus,
+        "seconds_per_step": round(sps, 3) if sps else None,
+        "peak_gpu_bytes": max(res["peaks"]) if res["peaks"] else None,
+        "host_peak_bytes": host or None,
+        "mfu": round(flops / (sps * a.gpus * H200_BF16_PEAK), 4) if sps else None,
+        "commit": commit,
+        "device": device,
+        "config": config,
+    }
     assert tuple(line) == LINE_KEYS
     return {**line, "error": error} if error else line
 
 
-def run_system(a, system: str, session_dir: Path, commit: str, device: str, flops: float, out: Path) -> dict:
+def run_system(
+    a, system: str, session_dir: Path, commit: str, device: str, flops: float, out: Path
+) -> dict:
     run_dir = fresh_dir(session_dir / system)
-    recipe = None if system == "ds_longctx" else peer_recipe(system, a.seq_len, a.steps, a.gpus, run_dir)
+    recipe = (
+        None if system == "ds_longctx" else peer_recipe(system, a.seq_len, a.steps, a.gpus, run_dir)
+    )
     if recipe:
         write_recipe_files(system, recipe, run_dir)
     argv = command(system, a, run_dir, free_port())
@@ -155,16 +263,29 @@ def run_system(a, system: str, session_dir: Path, commit: str, device: str, flop
     rc, host, wall = run_job(argv, run_dir / "log.txt", a.timeout_s)
     res = collect(system, run_dir, a.gpus)
     error = failure(rc, a.timeout_s, run_dir / "log.txt", res["error"])
-    config = {"entry": shlex.join(argv[1:]).replace(str(ROOT) + "/", ""), **(recipe or {}), "observed": res["observed"],
-              "model": a.model, "weights": "random init from the shipped geometry", "steps": a.steps,
-              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF), "versions": versions()}
+    config = {
+        "entry": shlex.join(argv[1:]).replace(str(ROOT) + "/", ""),
+        **(recipe or {}),
+        "observed": res["observed"],
+        "model": a.model,
+        "weights": "random init from the shipped geometry",
+        "steps": a.steps,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF),
+        "versions": versions(),
+    }
     line = line_for(a, system, res, host, config, error, commit, device, flops)
     with (out / "peers.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
-    summary = {"line": line, "step_seconds": res["seconds"], "step_peak_reserved": res["peaks"],
-               "losses": res["losses"],
-               "self_reported_host_peak_bytes": res.get("self_reported_host_peak_bytes"), "exit": rc,
-               "wall_seconds": round(wall, 1), "date": datetime.date.today().isoformat()}
+    summary = {
+        "line": line,
+        "step_seconds": res["seconds"],
+        "step_peak_reserved": res["peaks"],
+        "losses": res["losses"],
+        "self_reported_host_peak_bytes": res.get("self_reported_host_peak_bytes"),
+        "exit": rc,
+        "wall_seconds": round(wall, 1),
+        "date": datetime.date.today().isoformat(),
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in line.items() if k != "config"}), flush=True)
     return line
@@ -176,12 +297,26 @@ def collect_after(a, system: str, run_dir: Path, out: Path) -> dict:
     reported at its last step (the same VmHWM the driver polls), and config says so."""
     recipe = json.loads((run_dir / "recipe.json").read_text())
     res = collect(system, run_dir, a.gpus)
-    config = {**recipe, "observed": res["observed"], "model": a.model,
-              "weights": "random init from the shipped geometry", "steps": a.steps,
-              "collected": "line written after the device session from the ranks' files (the driver was stopped "
-                           "when the session's device time ran out); host_peak_bytes from the ranks' ru_maxrss"}
-    line = line_for(a, system, res, res.get("self_reported_host_peak_bytes") or 0, config, res["error"],
-                    git_commit(a.commit), a.device or "unknown", a.flops)
+    config = {
+        **recipe,
+        "observed": res["observed"],
+        "model": a.model,
+        "weights": "random init from the shipped geometry",
+        "steps": a.steps,
+        "collected": "line written after the device session from the ranks' files (the driver was stopped "
+        "when the session's device time ran out); host_peak_bytes from the ranks' ru_maxrss",
+    }
+    line = line_for(
+        a,
+        system,
+        res,
+        res.get("self_reported_host_peak_bytes") or 0,
+        config,
+        res["error"],
+        git_commit(a.commit),
+        a.device or "unknown",
+        a.flops,
+    )
     with (out / "peers.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
     return line
@@ -206,65 +341,135 @@ def dry(a, systems: list[str]) -> None:
             import dataclasses
 
             from trl import SFTConfig
+
             unknown = set(recipe["sft_config"]) - {f.name for f in dataclasses.fields(SFTConfig)}
-            print(f"SFTConfig fields: {'all known' if not unknown else f'UNKNOWN {sorted(unknown)}'}")
+            print(
+                f"SFTConfig fields: {'all known' if not unknown else f'UNKNOWN {sorted(unknown)}'}"
+            )
         except ImportError as e:
             print(f"SFTConfig fields not checked (trl does not import here: {e})")
         if system == "alst":
             from accelerate import ParallelismConfig
             from accelerate.utils import DeepSpeedSequenceParallelConfig
+
             pc = recipe["parallelism_config"]
-            print(ParallelismConfig(sp_size=pc["sp_size"], sp_backend=pc["sp_backend"],
-                                    sp_handler=DeepSpeedSequenceParallelConfig(
-                                        sp_seq_length_is_variable=pc["sp_seq_length_is_variable"],
-                                        sp_attn_implementation=pc["sp_attn_implementation"])))
+            print(
+                ParallelismConfig(
+                    sp_size=pc["sp_size"],
+                    sp_backend=pc["sp_backend"],
+                    sp_handler=DeepSpeedSequenceParallelConfig(
+                        sp_seq_length_is_variable=pc["sp_seq_length_is_variable"],
+                        sp_attn_implementation=pc["sp_attn_implementation"],
+                    ),
+                )
+            )
         if system == "trl_fsdp2_cp":
             from accelerate.commands.launch import _validate_launch_command, launch_command_parser
             from accelerate.utils.launch import prepare_multi_gpu_env
+
             args = launch_command_parser().parse_args(command(system, a, run_dir, 29500)[3:])
             args, _, _ = _validate_launch_command(args)
             env = prepare_multi_gpu_env(args)
-            print("accelerate launch sets:", {k: v for k, v in sorted(env.items()) if k.startswith(
-                ("FSDP_", "PARALLELISM_CONFIG_", "ACCELERATE_USE_", "ACCELERATE_MIXED"))})
+            print(
+                "accelerate launch sets:",
+                {
+                    k: v
+                    for k, v in sorted(env.items())
+                    if k.startswith(
+                        ("FSDP_", "PARALLELISM_CONFIG_", "ACCELERATE_USE_", "ACCELERATE_MIXED")
+                    )
+                },
+            )
     from ds_longctx.levers.rope import apply_rope_scaling
     from ds_longctx.run.model import load_hf_config
+
     hf_cfg = load_hf_config(a.model)
     apply_rope_scaling(hf_cfg, a.seq_len)
-    print(f"\nYaRN for all three at {a.seq_len}: {hf_cfg.rope_parameters}, max_position_embeddings "
-          f"{hf_cfg.max_position_embeddings}")
+    print(
+        f"\nYaRN for all three at {a.seq_len}: {hf_cfg.rope_parameters}, max_position_embeddings "
+        f"{hf_cfg.max_position_embeddings}"
+    )
     tok = tiny_tokenizer()
-    print(f"tiny tokenizer: pad {tok.pad_token}={tok.pad_token_id}, eos {tok.eos_token}={tok.eos_token_id}")
+    print(
+        f"tiny tokenizer: pad {tok.pad_token}={tok.pad_token_id}, eos {tok.eos_token}={tok.eos_token_id}"
+    )
     fake = {"seconds": [40.0, 30.0, 31.0, 32.0], "peaks": [80 * 2**30] * 4}
-    print("a peers.jsonl line (made-up numbers):", json.dumps(line_for(
-        a, systems[0], fake, 40 * 2**30, {"...": "..."}, None, git_commit(a.commit), "cpu", a.flops)))
+    print(
+        "a peers.jsonl line (made-up numbers):",
+        json.dumps(
+            line_for(
+                a,
+                systems[0],
+                fake,
+                40 * 2**30,
+                {"...": "..."},
+                None,
+                git_commit(a.commit),
+                "cpu",
+                a.flops,
+            )
+        ),
+    )
     print(f"generated files under {tmp}")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--model", default="qwen3-8b", help="a shipped geometry (ds_longctx/models/<name>.json)")
+    ap.add_argument(
+        "--model", default="qwen3-8b", help="a shipped geometry (ds_longctx/models/<name>.json)"
+    )
     ap.add_argument("--seq_len", type=int, default=131072)
-    ap.add_argument("--gpus", type=int, default=2, help="GPUs per run = sp_size = cp_size (one sequence per step)")
-    ap.add_argument("--steps", type=int, default=4, help="steps per run; the median is over all but the first")
-    ap.add_argument("--session", default=None, help="label shared by the runs of one device session")
-    ap.add_argument("--out", default=raw_dir(), help="peers.jsonl and peers_<session>/ (default: $OUT, else "
-                    "benchmarks/results/sessions/<date>)")
-    ap.add_argument("--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)")
+    ap.add_argument(
+        "--gpus",
+        type=int,
+        default=2,
+        help="GPUs per run = sp_size = cp_size (one sequence per step)",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=4, help="steps per run; the median is over all but the first"
+    )
+    ap.add_argument(
+        "--session", default=None, help="label shared by the runs of one device session"
+    )
+    ap.add_argument(
+        "--out",
+        default=raw_dir(),
+        help="peers.jsonl and peers_<session>/ (default: $OUT, else "
+        "benchmarks/results/sessions/<date>)",
+    )
+    ap.add_argument(
+        "--commit", default=None, help="used when `git rev-parse` fails (no .git on the device)"
+    )
     ap.add_argument("--timeout_s", type=float, default=1800, help="per system, launch to exit")
-    ap.add_argument("--ds_longctx_args", default="", help="extra run-config options for ds_longctx, one string")
-    ap.add_argument("--dry", action="store_true", help="print the commands and configs, launch nothing")
-    ap.add_argument("--collect", metavar="RUN_DIR", help="write the line of the one --systems peer run in RUN_DIR "
-                    "whose driver was stopped after its steps (with --session, --commit, --device)")
+    ap.add_argument(
+        "--ds_longctx_args", default="", help="extra run-config options for ds_longctx, one string"
+    )
+    ap.add_argument(
+        "--dry", action="store_true", help="print the commands and configs, launch nothing"
+    )
+    ap.add_argument(
+        "--collect",
+        metavar="RUN_DIR",
+        help="write the line of the one --systems peer run in RUN_DIR "
+        "whose driver was stopped after its steps (with --session, --commit, --device)",
+    )
     ap.add_argument("--device", help="with --collect: the device name the run had")
     a = ap.parse_args()
     systems = parse_choices(ap, "--systems", a.systems, SYSTEMS)
     check_steps(ap, a.steps)
     if a.seq_len % (2 * a.gpus):
-        ap.error(f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts 2*cp chunks); "
-                 f"try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}")
+        ap.error(
+            f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts 2*cp chunks); "
+            f"try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}"
+        )
     from ds_longctx.plan.geometry import ModelGeometry
-    a.flops = model_flops(ModelGeometry.from_name_or_path(a.model), a.seq_len)  # one sequence per step, all GPUs
+
+    a.flops = model_flops(
+        ModelGeometry.from_name_or_path(a.model), a.seq_len
+    )  # one sequence per step, all GPUs
     if a.dry:
         a.session = a.session or "dry"
         return dry(a, systems)
@@ -274,7 +479,9 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if a.collect:
         if len(systems) != 1 or systems[0] == "ds_longctx":
-            ap.error(f"--collect reads one peer run: give --systems trl_fsdp2_cp or alst, not {systems}")
+            ap.error(
+                f"--collect reads one peer run: give --systems trl_fsdp2_cp or alst, not {systems}"
+            )
         return print(json.dumps(collect_after(a, systems[0], Path(a.collect), out))[:600])
     session_dir = out / f"peers_{a.session}"
     commit, device = git_commit(a.commit), gpu_name()

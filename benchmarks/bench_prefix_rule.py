@@ -34,8 +34,12 @@ def session(turns: int, tool_words: int) -> list:
     call = {"type": "function", "function": {"name": "read", "arguments": {"path": "x"}}}
     msgs = [{"role": "system", "content": "you are"}]
     for _ in range(turns):
-        msgs += [{"role": "user", "content": text(50)}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "content": text(tool_words)}, {"role": "assistant", "content": text(30)}]
+        msgs += [
+            {"role": "user", "content": text(50)},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": text(tool_words)},
+            {"role": "assistant", "content": text(30)},
+        ]
     return msgs
 
 
@@ -62,8 +66,11 @@ def main() -> None:
 
     import ds_longctx.data.chat as chat
     from tests.corpus import chat_template, make_chat_tokenizer
+
     with tempfile.TemporaryDirectory() as d:
-        tok = AutoTokenizer.from_pretrained(str(make_chat_tokenizer(Path(d) / "tok", chat_template(False))))
+        tok = AutoTokenizer.from_pretrained(
+            str(make_chat_tokenizer(Path(d) / "tok", chat_template(False)))
+        )
     msgs = session(args.turns, args.tool_words)
     run = lambda: chat.session_tokens(tok, msgs, None, "assistant")  # noqa: E731
     direct_s, direct = timed(run, args.repeats)
@@ -73,12 +80,20 @@ def main() -> None:
     finally:
         chat._direct = real
     ids, labels = direct
-    row = {"date": datetime.date.today().isoformat(), "commit": git_commit(None),
-           "machine": f"CPU, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
-           "command": "python benchmarks/bench_prefix_rule.py " + " ".join(sys.argv[1:]), "messages": len(msgs),
-           "tokens": len(ids), "trained_tokens": sum(x != -100 for x in labels), "repeats": args.repeats,
-           "direct_s": round(direct_s, 3), "apply_chat_template_s": round(plain_s, 3),
-           "speedup": round(plain_s / direct_s, 2), "same_ids_and_labels": direct == plain}
+    row = {
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(None),
+        "machine": f"CPU, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
+        "command": "python benchmarks/bench_prefix_rule.py " + " ".join(sys.argv[1:]),
+        "messages": len(msgs),
+        "tokens": len(ids),
+        "trained_tokens": sum(x != -100 for x in labels),
+        "repeats": args.repeats,
+        "direct_s": round(direct_s, 3),
+        "apply_chat_template_s": round(plain_s, 3),
+        "speedup": round(plain_s / direct_s, 2),
+        "same_ids_and_labels": direct == plain,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"prefix_rule_{row['date']}.json"
     path.write_text(json.dumps(row, indent=1) + "\n")

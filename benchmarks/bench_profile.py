@@ -33,8 +33,21 @@ from pathlib import Path
 from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
 ATTN_HINTS = ("flash", "fmha", "sdpa", "attention", "cudnn_generated")
-CATEGORIES = ("attn_fwd", "attn_recompute", "attn_bwd", "matmul", "all_to_all", "zero_gather", "zero_reduce",
-              "memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "loss", "optimizer", "other")
+CATEGORIES = (
+    "attn_fwd",
+    "attn_recompute",
+    "attn_bwd",
+    "matmul",
+    "all_to_all",
+    "zero_gather",
+    "zero_reduce",
+    "memcpy_h2d",
+    "memcpy_d2h",
+    "memcpy_d2d",
+    "loss",
+    "optimizer",
+    "other",
+)
 
 
 def classify(name: str) -> str:
@@ -76,9 +89,13 @@ def table(prof, wall_s: float, num_layers: int) -> dict:
     those launched by a CPU op inside the engine's `ds_longctx.loss` / `ds_longctx.optimizer` ranges (matched by
     kernel name and duration to the device events). Busy time is the union of the kernels' intervals."""
     from torch.autograd import DeviceType
+
     events = prof.events()
-    device = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in events
-                    if ev.device_type == DeviceType.CUDA)
+    device = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name)
+        for ev in events
+        if ev.device_type == DeviceType.CUDA
+    )
     tagged: dict = {}  # (kernel name, duration us) -> "loss" | "optimizer", from the CPU ops that launched them
     for ev in events:
         if ev.device_type == DeviceType.CUDA or not ev.kernels:
@@ -117,13 +134,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", required=True)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
-    ap.add_argument("--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)")
+    ap.add_argument(
+        "--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>"
+    )
+    ap.add_argument(
+        "--commit", default=None, help="the tree's commit (a device copy can carry a stale .git)"
+    )
     a, rest = ap.parse_known_args()
 
     import logging
-    logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
-                        format="[ds_longctx] %(message)s")
+
+    logging.basicConfig(
+        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+        format="[ds_longctx] %(message)s",
+    )
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     import torch
     import torch.distributed as dist
@@ -155,29 +179,53 @@ def main() -> None:
         sec = time.perf_counter() - t0
         if prof is not None:
             prof.__exit__(None, None, None)
-        peak = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0], dtype=torch.float64,
-                            device=eng.device)
+        peak = torch.tensor(
+            [torch.cuda.max_memory_reserved() if cuda else 0],
+            dtype=torch.float64,
+            device=eng.device,
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        rows.append({"step": step + 1, "seconds": round(sec, 3), "loss": res.loss,
-                     "peak_reserved_gib": round(peak.item() / 2**30, 2)})
+        rows.append(
+            {
+                "step": step + 1,
+                "seconds": round(sec, 3),
+                "loss": res.loss,
+                "peak_reserved_gib": round(peak.item() / 2**30, 2),
+            }
+        )
         if st.rank == 0:
             print(json.dumps(rows[-1]), flush=True)
     if st.rank == 0:
         try:
             result = table(prof, rows[-1]["seconds"], len(eng.layers))
         except Exception as e:  # keep the step times even if the profile cannot be read
-            result = {"ms": {c: 0.0 for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms")}, "top_kernels": [],
-                      "profile_error": f"{type(e).__name__}: {e}"}
+            result = {
+                "ms": {c: 0.0 for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms")},
+                "top_kernels": [],
+                "profile_error": f"{type(e).__name__}: {e}",
+            }
         commit = git_commit(a.commit)
-        record = {"label": a.label, "date": datetime.date.today().isoformat(), "commit": commit,
-                  "device": torch.cuda.get_device_name() if cuda else "cpu", "gpus": st.world_size,
-                  "torch": torch.__version__,
-                  "placement": eng.placement.spec(), "steps": rows, **result, "config": cfg.flat()}
+        record = {
+            "label": a.label,
+            "date": datetime.date.today().isoformat(),
+            "commit": commit,
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "gpus": st.world_size,
+            "torch": torch.__version__,
+            "placement": eng.placement.spec(),
+            "steps": rows,
+            **result,
+            "config": cfg.flat(),
+        }
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"profile_{a.label}_{cfg.train.seq_len}.json").write_text(json.dumps(record, indent=1) + "\n")
+        (out / f"profile_{a.label}_{cfg.train.seq_len}.json").write_text(
+            json.dumps(record, indent=1) + "\n"
+        )
         ms = result["ms"]
-        print(f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: {rows[-1]['seconds']:.2f} s")
+        print(
+            f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: {rows[-1]['seconds']:.2f} s"
+        )
         for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms"):
             print(f"  {c:<16}{(ms[c] or 0) / 1000:>9.2f} s")
         if "profile_error" in result:

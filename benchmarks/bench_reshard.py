@@ -31,7 +31,10 @@ def param_shapes(geometry: str, layers: int) -> list:
     """[(name, shape)] of the engine's parameters (`model.` + HF's names), in order, with `layers` decoder layers."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = AutoConfig.from_pretrained(str(harness.ROOT / "ds_longctx" / "models" / f"{geometry}.json"))
+
+    cfg = AutoConfig.from_pretrained(
+        str(harness.ROOT / "ds_longctx" / "models" / f"{geometry}.json")
+    )
     cfg.num_hidden_layers = layers
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
@@ -53,23 +56,36 @@ def groups_of(shapes: list, world: int, sub_group: int) -> list:
 def write_rank(d: Path, rank: int, groups: list, world: int) -> None:
     import torch
     from deepspeed.runtime.zero.config import ZeroStageEnum
+
     flat, state = [], {}
     for gi, group in enumerate(groups):
         n = sum(math.ceil(math.prod(s) / world) for _, s in group)
         flat.append(torch.full((n,), float(rank)))
-        state[gi] = {"step": torch.tensor(7.0), "exp_avg": torch.full((n,), rank + 0.5),
-                     "exp_avg_sq": torch.full((n,), rank + 0.25)}
-    optim = {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "partition_count": world,
-                                      "optimizer_state_dict": {"state": state, "param_groups": [{"lr": 1e-5}]},
-                                      "fp32_flat_groups": flat}}
+        state[gi] = {
+            "step": torch.tensor(7.0),
+            "exp_avg": torch.full((n,), rank + 0.5),
+            "exp_avg_sq": torch.full((n,), rank + 0.25),
+        }
+    optim = {
+        "optimizer_state_dict": {
+            "zero_stage": ZeroStageEnum.weights,
+            "partition_count": world,
+            "optimizer_state_dict": {"state": state, "param_groups": [{"lr": 1e-5}]},
+            "fp32_flat_groups": flat,
+        }
+    }
     torch.save(optim, d / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
-    model = {"param_shapes": [OrderedDict((n, torch.Size(s)) for n, s in g) for g in groups], "global_steps": 7}
+    model = {
+        "param_shapes": [OrderedDict((n, torch.Size(s)) for n, s in g) for g in groups],
+        "global_steps": 7,
+    }
     torch.save(model, d / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
 
 
 def check(tag: Path, shapes: list, world: int) -> None:
     """Each parameter's universal fp32 holds rank r's value over its r-th partition (first, last, middle one)."""
     from ds_longctx.checkpoint import universal
+
     for name, shape in (shapes[0], shapes[len(shapes) // 2], shapes[-1]):
         numel = math.prod(shape)
         part = math.ceil(numel / world)
@@ -81,7 +97,9 @@ def check(tag: Path, shapes: list, world: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--geometry", default="qwen3-8b")
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--layers", type=int, default=4)
@@ -91,6 +109,7 @@ def main() -> None:
     from ds_longctx.checkpoint import files
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.zero_buffers import DS_SUB_GROUP_ELEMS
+
     d = Path(a.dir) / "checkpoints" / "step7"
     d.mkdir(parents=True, exist_ok=True)
     shapes = param_shapes(a.geometry, a.layers)
@@ -99,11 +118,25 @@ def main() -> None:
     for r in range(a.world):
         write_rank(d, r, groups, a.world)
     wrote = time.perf_counter() - t0
-    run = {"model": a.geometry, "world_size": a.world, "sp_size": a.world, "dp_size": 1, "micro_batch": 1,
-           "grad_accum": 1, "seed": 0}
+    run = {
+        "model": a.geometry,
+        "world_size": a.world,
+        "sp_size": a.world,
+        "dp_size": 1,
+        "micro_batch": 1,
+        "grad_accum": 1,
+        "seed": 0,
+    }
     names = sorted(f.name for f in d.iterdir() if f.name.endswith(".pt"))
-    meta = {"format": 2, "step": 7, "tag": "step7", "run": run, "data": {}, "samples": 7,
-            "files": files.entries(d, names)}
+    meta = {
+        "format": 2,
+        "step": 7,
+        "tag": "step7",
+        "run": run,
+        "data": {},
+        "samples": 7,
+        "files": files.entries(d, names),
+    }
     (d / "meta.json").write_text(json.dumps(meta, indent=1))
     (d.parent / "latest").write_text("step7")
     source_bytes = sum((d / n).stat().st_size for n in names)
@@ -119,14 +152,26 @@ def main() -> None:
     check(d, shapes, a.world)
     whole = ModelGeometry.from_name_or_path(a.geometry)
     part = sum(math.prod(s) for _, s in shapes)
-    row = {"what": f"ds-longctx checkpoint reshard of a {a.geometry} ZeRO-3 checkpoint over {a.world} ranks",
-           "geometry": a.geometry, "layers": a.layers, "of_layers": whole.layers, "params": part,
-           "source_bytes": source_bytes, "seconds": seconds, "wall_s": round(wall, 1), "peak_host_rss_gb": peak,
-           "gb_per_s": round(source_bytes / 1e9 / seconds, 3), "whole_params": whole.num_params,
-           "whole_predicted_s": round(seconds * whole.num_params / part, 1), "wrote_source_s": round(wrote, 1),
-           "report": line, "device": f"{harness.gpu_name()} host ({os.cpu_count()} cores)",
-           "commit": harness.git_commit(a.commit), "date": time.strftime("%Y-%m-%d"),
-           "command": " ".join(["benchmarks/bench_reshard.py", *sys.argv[1:]])}
+    row = {
+        "what": f"ds-longctx checkpoint reshard of a {a.geometry} ZeRO-3 checkpoint over {a.world} ranks",
+        "geometry": a.geometry,
+        "layers": a.layers,
+        "of_layers": whole.layers,
+        "params": part,
+        "source_bytes": source_bytes,
+        "seconds": seconds,
+        "wall_s": round(wall, 1),
+        "peak_host_rss_gb": peak,
+        "gb_per_s": round(source_bytes / 1e9 / seconds, 3),
+        "whole_params": whole.num_params,
+        "whole_predicted_s": round(seconds * whole.num_params / part, 1),
+        "wrote_source_s": round(wrote, 1),
+        "report": line,
+        "device": f"{harness.gpu_name()} host ({os.cpu_count()} cores)",
+        "commit": harness.git_commit(a.commit),
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["benchmarks/bench_reshard.py", *sys.argv[1:]]),
+    }
     out = Path(harness.raw_dir())
     out.mkdir(parents=True, exist_ok=True)
     with (out / "reshard.jsonl").open("a") as f:

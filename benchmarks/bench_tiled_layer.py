@@ -31,11 +31,21 @@ def shapes():
     from transformers import Qwen3Config
 
     from ds_longctx.run.model import load_hf_config
+
     tiny = load_hf_config("qwen3-tiny")
     tiny._attn_implementation = "sdpa"
-    eight_b = Qwen3Config(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=1, head_dim=128, max_position_embeddings=65536,
-                          use_cache=False, attn_implementation="sdpa")
+    eight_b = Qwen3Config(
+        vocab_size=512,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=128,
+        max_position_embeddings=65536,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
     return {"qwen3-tiny": tiny, "8b-shape": eight_b}
 
 
@@ -47,6 +57,7 @@ def measure(cfg, kind: str, tokens: int, tile: int) -> int:
 
     from ds_longctx.levers.tiled_layer import apply_tiled_layer
     from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
+
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).train()
     if kind == "tiled_mlp":
@@ -71,6 +82,7 @@ def planned(cfg, kind: str, tokens: int, tile: int) -> tuple:
     """(the planner's larger layer phase, the same less its sp=1 double count), bytes."""
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import LAYER, Levers, plan_memory
+
     geom = ModelGeometry.from_config(cfg.to_dict(), name=cfg.model_type)
     lv = Levers(tiled_mlp=kind != "untiled", tiled_layer=kind == "tiled_layer", tile_tokens=tile)
     plan = plan_memory(geom, tokens, 1, 1, lv)
@@ -80,10 +92,14 @@ def planned(cfg, kind: str, tokens: int, tile: int) -> tuple:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--tile", type=int, default=512)
-    ap.add_argument("--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>")
+    ap.add_argument(
+        "--out", default=raw_dir(), help="default: $OUT, else benchmarks/results/sessions/<date>"
+    )
     ap.add_argument("--commit", default=None)
     a = ap.parse_args()
     rows = []
@@ -92,22 +108,45 @@ def main() -> None:
         for kind in KINDS:
             got = measure(cfg, kind, a.tokens, a.tile)
             phase, exact = planned(cfg, kind, a.tokens, a.tile)
-            rows.append({"geometry": name, "kind": kind, "tokens": a.tokens, "tile": a.tile, "measured_bytes": got,
-                         "planned_layer_phase_bytes": phase, "planned_sp1_exact_bytes": exact, "E": E,
-                         "measured_E": round(got / E, 2), "planned_plus_2E": round(phase / E + 2, 2),
-                         "planned_sp1_exact_plus_2E": round(exact / E + 2, 2)})
+            rows.append(
+                {
+                    "geometry": name,
+                    "kind": kind,
+                    "tokens": a.tokens,
+                    "tile": a.tile,
+                    "measured_bytes": got,
+                    "planned_layer_phase_bytes": phase,
+                    "planned_sp1_exact_bytes": exact,
+                    "E": E,
+                    "measured_E": round(got / E, 2),
+                    "planned_plus_2E": round(phase / E + 2, 2),
+                    "planned_sp1_exact_plus_2E": round(exact / E + 2, 2),
+                }
+            )
             print(json.dumps(rows[-1]))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"tiled_layer_cpu_{datetime.date.today().isoformat()}"
-    meta = {"date": datetime.date.today().isoformat(), "commit": git_commit(a.commit),
-            "command": f"python benchmarks/bench_tiled_layer.py --tokens {a.tokens} --tile {a.tile}"}
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(a.commit),
+        "command": f"python benchmarks/bench_tiled_layer.py --tokens {a.tokens} --tile {a.tile}",
+    }
     stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    md = [f"# One layer's forward + backward peak, CPU bf16 (MemTracker), vs the planner ({meta['date']}, "
-          f"commit {meta['commit']})", "", f"`{meta['command']}`; units of E = T·H·2 (T = {a.tokens}).", "",
-          "| geometry | layer | measured | planner + 2E | planner, sp=1 exact, + 2E |", "|---|---|---|---|---|"]
-    md += [f"| {r['geometry']} | {r['kind']} | {r['measured_E']} | {r['planned_plus_2E']} | "
-           f"{r['planned_sp1_exact_plus_2E']} |" for r in rows]
+    md = [
+        f"# One layer's forward + backward peak, CPU bf16 (MemTracker), vs the planner ({meta['date']}, "
+        f"commit {meta['commit']})",
+        "",
+        f"`{meta['command']}`; units of E = T·H·2 (T = {a.tokens}).",
+        "",
+        "| geometry | layer | measured | planner + 2E | planner, sp=1 exact, + 2E |",
+        "|---|---|---|---|---|",
+    ]
+    md += [
+        f"| {r['geometry']} | {r['kind']} | {r['measured_E']} | {r['planned_plus_2E']} | "
+        f"{r['planned_sp1_exact_plus_2E']} |"
+        for r in rows
+    ]
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -23,6 +23,8 @@
 #   moe_longest      issue 45: Qwen3-30B-A3B at full width, MOE_LAYERS (default 1) of 48 layers, at the longest length
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
 #                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
+#   attn:S,..:H:KV   benchmarks/bench_attention.py at those lengths with H q / KV kv heads a rank (attn/)
+#   gpu_tests        pytest tests/gpu, whole (about 15 min on one H200)
 #   gpu_some         pytest tests/gpu -k "$K" (default: the placement budget path: a world of one rehearsed against
 #                    its real run; every lever against plain HF; FA4's kernel pair at head_dim 256, Qwen3.5's full
 #                    layers, against fp32 SDPA: what `auto` needs before it may pick FA4 and the attention cache there)
@@ -73,6 +75,10 @@ PY
       plan_run:*:*:*) IFS=: read -r _ m n k <<< "$s"  # the plan for 1 x 141 GB + 128 GB host at n tokens, k steps
                       step "plan_run_${m}_$n" 900 bash -c \
                         "plan_train plan_run_${m}_$n $k --memory_snapshot_steps 1 -- --model $m --seq_len $n" ;;
+      attn:*:*:*) IFS=: read -r _ lens h kv <<< "$s"  # kernel rates at one Ulysses shape (q / kv heads a rank)
+                  step "attn_${h}_$kv" 600 python benchmarks/bench_attention.py --seq_lens "$lens" \
+                    --heads "$h" --kv_heads "$kv" --out "$RES/attn" ;;
+      gpu_tests) step gpu_tests 1500 python -m pytest -q -p no:cacheprovider --durations=15 tests/gpu ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
                   -k "${K:-$GPU_SOME}" ;;
       *) echo "unknown stage $s" ;;

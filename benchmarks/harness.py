@@ -20,14 +20,19 @@ from pathlib import Path
 from ds_longctx.parallel.parallel_state import free_port  # noqa: F401 (the benchmarks' rendezvous ports)
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"  # current files at the top (results_merge.py); raw files under sessions/
-ALLOC_CONF = "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
+RESULTS = (
+    ROOT / "benchmarks" / "results"
+)  # current files at the top (results_merge.py); raw files under sessions/
+ALLOC_CONF = (
+    "expandable_segments:True"  # the guide's setting; ds_longctx's train entry sets the same
+)
 
 
 def raw_dir() -> str:
     """Where a driver writes its raw files by default: $OUT on a device, else benchmarks/results/sessions/<today>
     (committed there, then folded into the current files by `python benchmarks/results_merge.py`)."""
     import datetime
+
     return os.environ.get("OUT") or str(RESULTS / "sessions" / datetime.date.today().isoformat())
 
 
@@ -55,16 +60,23 @@ def read_plan(plan_dir: Path) -> dict:
     ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
     host_budget = re.search(r"^budget: .*?GB per GPU, ([\d.]+) GB host", text, re.M)
     slack = float(re.search(r"^allocator_slack\s+\S+\s+([\d.]+)", text, re.M).group(1))
-    return {"host_mem_gb": float(host_budget.group(1)) if host_budget else None,
-            "planned_gpu_bytes": int(float(gpu) * 1e9), "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
-            "planned_allocated_bytes": int((float(gpu) - ctx - slack) * 1e9),
-            "planned_host_bytes": int(float(host) * 1e9),
-            "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
-            "optimizer_offload": "optimizer_offload=True" in text, "command": text.splitlines()[0],
-            "optimizer_offload_ratio": float(r.group(1)) if (r := re.search(
-                r"optimizer_offload=True \(ratio ([\d.]+)\)", text)) else 1.0,
-            "offload_params": " offload_params=True" in text,
-            "attn_bwd_head_groups": int(m.group(1)) if (m := re.search(r" attn_bwd_head_groups=(\d+)", text)) else 1}
+    return {
+        "host_mem_gb": float(host_budget.group(1)) if host_budget else None,
+        "planned_gpu_bytes": int(float(gpu) * 1e9),
+        "planned_reserved_bytes": int((float(gpu) - ctx) * 1e9),
+        "planned_allocated_bytes": int((float(gpu) - ctx - slack) * 1e9),
+        "planned_host_bytes": int(float(host) * 1e9),
+        "placement": re.search(r"^placement per layer: (\S+)", text, re.M).group(1),
+        "optimizer_offload": "optimizer_offload=True" in text,
+        "command": text.splitlines()[0],
+        "optimizer_offload_ratio": float(r.group(1))
+        if (r := re.search(r"optimizer_offload=True \(ratio ([\d.]+)\)", text))
+        else 1.0,
+        "offload_params": " offload_params=True" in text,
+        "attn_bwd_head_groups": int(m.group(1))
+        if (m := re.search(r" attn_bwd_head_groups=(\d+)", text))
+        else 1,
+    }
 
 
 class RankMemory:
@@ -87,6 +99,7 @@ class RankMemory:
 
     def sample(self):
         import psutil
+
         try:
             kids = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:
@@ -95,14 +108,19 @@ class RankMemory:
             try:
                 if p.pid not in self._rank:
                     parent = p.parent()
-                    self._rank[p.pid] = ("LOCAL_RANK" in p.environ()
-                                         and not (parent and "LOCAL_RANK" in parent.environ()))
+                    self._rank[p.pid] = "LOCAL_RANK" in p.environ() and not (
+                        parent and "LOCAL_RANK" in parent.environ()
+                    )
                     if self._rank[p.pid]:
-                        self.ranks.append(p)  # the Process object: signals to it are safe from pid reuse
+                        self.ranks.append(
+                            p
+                        )  # the Process object: signals to it are safe from pid reuse
                 if self._rank[p.pid]:
                     for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
                         if line.startswith("VmHWM:"):
-                            self.peak[p.pid] = max(self.peak.get(p.pid, 0), int(line.split()[1]) * 1024)
+                            self.peak[p.pid] = max(
+                                self.peak.get(p.pid, 0), int(line.split()[1]) * 1024
+                            )
             except (psutil.Error, OSError):
                 continue
 
@@ -118,6 +136,7 @@ def end_tree(proc, ranks) -> None:
     """Stop what this run started and left alive: the launcher, its descendants, and the ranks seen (torch's agent
     starts each rank in its own session, so a killed launcher can leave them orphaned)."""
     import psutil
+
     roots, procs = list(ranks), []
     if proc.poll() is None:
         roots.append(psutil.Process(proc.pid))
@@ -142,8 +161,12 @@ def end_tree(proc, ranks) -> None:
 
 def run_job(argv: list[str], log_path: Path, timeout_s: float) -> tuple:
     """(exit code or None on timeout, host peak bytes, wall seconds)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     t0 = time.perf_counter()
     with log_path.open("w") as log:
@@ -161,22 +184,36 @@ def run_job(argv: list[str], log_path: Path, timeout_s: float) -> tuple:
 
 
 def read_lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if path.is_file()
+        else []
+    )
 
 
 def git_commit(given: str | None) -> str:
     """`given` (--commit) when set: a device copy of the tree can carry a stale .git; else `git rev-parse`."""
     if given:
         return given
-    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
 
 
 def gpu_name() -> str:
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                           timeout=30)
-        return r.stdout.splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return (
+            r.stdout.splitlines()[0].strip()
+            if r.returncode == 0 and r.stdout.strip()
+            else "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "cpu"
 

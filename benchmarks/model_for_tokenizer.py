@@ -12,6 +12,12 @@ from ds_longctx.config.model import SHIPPED_MODELS_DIR
 base, tok_dir, out = sys.argv[1:]
 tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
 cfg = json.loads((SHIPPED_MODELS_DIR / f"{base}.json").read_text())
-cfg.update(vocab_size=-(-len(tok) // 128) * 128, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+cfg.update(
+    vocab_size=-(-len(tok) // 128) * 128,
+    bos_token_id=tok.bos_token_id,
+    eos_token_id=tok.eos_token_id,
+)
 open(out, "w").write(json.dumps(cfg, indent=1) + "\n")
-print(f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos {tok.eos_token_id}")
+print(
+    f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos {tok.eos_token_id}"
+)

@@ -24,17 +24,30 @@ from ds_longctx.levers import fused_ops  # noqa: E402
 
 
 class OneLayer(torch.nn.Module):
-    __module__ = modeling_qwen3.__name__  # fused_ops patches the rotary function of the model's modeling module
+    __module__ = (
+        modeling_qwen3.__name__
+    )  # fused_ops patches the rotary function of the model's modeling module
 
     def __init__(self, cfg):
         super().__init__()
-        self.layer, self.rot, self.config = Qwen3DecoderLayer(cfg, 0), Qwen3RotaryEmbedding(cfg), cfg
+        self.layer, self.rot, self.config = (
+            Qwen3DecoderLayer(cfg, 0),
+            Qwen3RotaryEmbedding(cfg),
+            cfg,
+        )
 
 
 def main():
     kind, T = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1024
-    cfg = Qwen3Config(hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4,
-                      head_dim=64, num_hidden_layers=1, vocab_size=128)
+    cfg = Qwen3Config(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_hidden_layers=1,
+        vocab_size=128,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     m = OneLayer(cfg).to(torch.bfloat16)
@@ -42,7 +55,9 @@ def main():
         fused_ops.apply_fused_ops(m, kind)
     x = torch.randn(1, T, 512, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = (t.detach() for t in m.rot(x, torch.arange(T)[None]))
-    params = {p.untyped_storage().data_ptr() for p in m.parameters()} | {x.untyped_storage().data_ptr()}
+    params = {p.untyped_storage().data_ptr() for p in m.parameters()} | {
+        x.untyped_storage().data_ptr()
+    }
     seen = {}
 
     def pack(t):
@@ -50,6 +65,7 @@ def main():
         if st.data_ptr() not in params:
             seen[st.data_ptr()] = (st.nbytes(), tuple(t.shape), str(t.dtype).replace("torch.", ""))
         return t
+
     for _ in range(2):  # the first call compiles
         seen.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -57,7 +73,9 @@ def main():
     E = T * 512 * 2
     for nbytes, shape, dtype in sorted(seen.values(), reverse=True):
         print(f"{nbytes / E:6.2f} E  {dtype:9s} {shape}")
-    print(f"{kind}: {sum(v[0] for v in seen.values()) / E:.2f} E saved in {len(seen)} storages (E = T·H·2)")
+    print(
+        f"{kind}: {sum(v[0] for v in seen.values()) / E:.2f} E saved in {len(seen)} storages (E = T·H·2)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,14 +5,20 @@ history, one recording mode per process (why run/memory_snapshot.py records with
 
 On torch 2.11 (H200) context="all" fails (SystemError from Function.apply, as pytorch/pytorch#179536), "alloc",
 "state" and no context run: benchmarks/results/sessions/2026-11-30/memory_snapshot_probe_2026-11-30.txt."""
+
 import sys
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-MODES = {"all/python": dict(context="all", stacks="python"), "all/all": dict(context="all", stacks="all"),
-         "alloc/python": dict(context="alloc", stacks="python"), "state/python": dict(context="state", stacks="python"),
-         "all/cpp": dict(context="all", stacks="cpp"), "none": dict(context=None)}
+MODES = {
+    "all/python": dict(context="all", stacks="python"),
+    "all/all": dict(context="all", stacks="all"),
+    "alloc/python": dict(context="alloc", stacks="python"),
+    "state/python": dict(context="state", stacks="python"),
+    "all/cpp": dict(context="all", stacks="cpp"),
+    "none": dict(context=None),
+}
 
 
 class Lin(torch.autograd.Function):

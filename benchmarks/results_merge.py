@@ -36,34 +36,74 @@ SESSIONS = RESULTS / "sessions"
 NOTES = "sessions/README.md"  # the session notes: what each session ran, at which tree
 # raw files whose own `commit` is empty or names another tree than the one that ran: (tree, where the notes say so)
 COMMITS = {
-    "attention_2026-11-30.jsonl": ("5ec1da5", f"{NOTES}, issue 11 section: the rows' 3655a3e is the device copy's"),
-    "levers_qwen3-0.6b_131072_2026-11-30.jsonl": ("e231c9e", f"{NOTES}, issue 3 (b): the device tree had no .git"),
-    "levers_qwen3-8b_131072_2026-11-30.jsonl": ("e231c9e", f"{NOTES}, issue 3 (b): the device tree had no .git"),
-    "levers_qwen3-8b_262144_2026-11-30.jsonl": ("e231c9e", f"{NOTES}, issue 3 (b): the device tree had no .git"),
-    "profile_base_cudnn_131072.json": ("026edaf", "sessions/2026-11-30/profile_131072_2026-11-30.md"),
+    "attention_2026-11-30.jsonl": (
+        "5ec1da5",
+        f"{NOTES}, issue 11 section: the rows' 3655a3e is the device copy's",
+    ),
+    "levers_qwen3-0.6b_131072_2026-11-30.jsonl": (
+        "e231c9e",
+        f"{NOTES}, issue 3 (b): the device tree had no .git",
+    ),
+    "levers_qwen3-8b_131072_2026-11-30.jsonl": (
+        "e231c9e",
+        f"{NOTES}, issue 3 (b): the device tree had no .git",
+    ),
+    "levers_qwen3-8b_262144_2026-11-30.jsonl": (
+        "e231c9e",
+        f"{NOTES}, issue 3 (b): the device tree had no .git",
+    ),
+    "profile_base_cudnn_131072.json": (
+        "026edaf",
+        "sessions/2026-11-30/profile_131072_2026-11-30.md",
+    ),
     "profile_fa4_131072.json": ("026edaf", "sessions/2026-11-30/profile_131072_2026-11-30.md"),
-    "profile_fa4_cache_all_131072.json": ("026edaf", "sessions/2026-11-30/profile_131072_2026-11-30.md"),
+    "profile_fa4_cache_all_131072.json": (
+        "026edaf",
+        "sessions/2026-11-30/profile_131072_2026-11-30.md",
+    ),
     "chunked_loss_2026-11-30.json": ("72efce3", f"{NOTES}, issue 3 (a)"),
     "train_qwen3-8b_131072_sp2_2026-11-30.jsonl": ("cd4d4d8", f"{NOTES}, issue 2"),
-    "long_range_all_labels_2026-11-30.json": ("7feaeb6", f"{NOTES}: 7feaeb6 plus a --supervise flag since replaced"),
+    "long_range_all_labels_2026-11-30.json": (
+        "7feaeb6",
+        f"{NOTES}: 7feaeb6 plus a --supervise flag since replaced",
+    ),
     "stdlib_corpus_cpu": ("2b1f0d1", f"{NOTES}, issue 28"),
-    "peers_2026-12-04.jsonl": ("b22aeab", f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git"),
-    "masked_step_2026-12-04.jsonl": ("b22aeab", f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git"),
-    "stdlib_corpus_h200": ("54f7e5b", "notebooks/stdlib_corpus.ipynb: the log names the device copy's stale 906b5bf"),
+    "peers_2026-12-04.jsonl": (
+        "b22aeab",
+        f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git",
+    ),
+    "masked_step_2026-12-04.jsonl": (
+        "b22aeab",
+        f"{NOTES}, 2026-12-04: the rows' 205c05a is the device copy's .git",
+    ),
+    "stdlib_corpus_h200": (
+        "54f7e5b",
+        "notebooks/stdlib_corpus.ipynb: the log names the device copy's stale 906b5bf",
+    ),
 }
 # what a raw file's rows do not say about themselves (the file name or the notes do)
 META = {
-    "train_qwen3-8b_131072_sp2_2026-11-30.jsonl": {"model": "qwen3-8b", "seq_len": 131072, "sp_size": 2, "gpus": 2,
-                                                   "variant": "train defaults", "device": "NVIDIA H200"},
+    "train_qwen3-8b_131072_sp2_2026-11-30.jsonl": {
+        "model": "qwen3-8b",
+        "seq_len": 131072,
+        "sp_size": 2,
+        "gpus": 2,
+        "variant": "train defaults",
+        "device": "NVIDIA H200",
+    },
     "stdlib_corpus_cpu": {"device": "CPU (2 cores, shared)"},
-    **{f"long_range{k}_2026-11-30.json": {"device": "CPU (2 cores)"} for k in ("", "_all_labels", "_eval")},
+    **{
+        f"long_range{k}_2026-11-30.json": {"device": "CPU (2 cores)"}
+        for k in ("", "_all_labels", "_eval")
+    },
     "stdlib_corpus_h200": {"device": "NVIDIA H200"},
 }
 
 
 # the model each device session's recall run scored (its rows name the directory it lay in there)
-RECALL_MODELS = {"sessions/session_2026-12-06_h100x1-20261206T0529/recall_h100":
-                 "SmolLM2-135M-Instruct (`models get smollm2-135m-instruct`)"}
+RECALL_MODELS = {
+    "sessions/session_2026-12-06_h100x1-20261206T0529/recall_h100": "SmolLM2-135M-Instruct (`models get smollm2-135m-instruct`)"
+}
 
 
 def rel(path: Path) -> str:
@@ -113,42 +153,79 @@ def build_simple() -> dict:
     for p in found("chunked_loss*.json"):
         run = json.loads(p.read_text())
         meta = {k: v for k, v in run.items() if k != "results"}
-        chunked += [annotate({**meta, **r}, p, f"#results[{i}]") for i, r in enumerate(run["results"])]
-    long_range = [annotate(json.loads(p.read_text()), p, name=re.sub(r"_\d{4}-\d\d-\d\d$", "", p.stem))
-                  for p in found("long_range*.json")]
-    stdlib = [annotate(parse_stdlib_summary(d / "summary.txt"), d, run=d.name) for d in found("stdlib_corpus_*")
-              if (d / "summary.txt").is_file()]
-    return {"peers.jsonl": rows_of("peers*.jsonl"), "hf_trainer.jsonl": rows_of("hf_trainer*.jsonl"),
-            "attention.jsonl": rows_of("attention_*.jsonl"), "levers.jsonl": levers, "profile.jsonl": profile,
-            "chunked_loss.jsonl": chunked, "long_range.jsonl": long_range, "stdlib_corpus.jsonl": stdlib,
-            "masked_step.jsonl": rows_of("masked_step_*.jsonl"),
-            "recall.jsonl": [annotate(r, p, i, model_name=RECALL_MODELS[rel(p.parent)]) for p in found("recall.jsonl")
-                             if rel(p).startswith("sessions/session_") for i, r in jsonl(p)]}
+        chunked += [
+            annotate({**meta, **r}, p, f"#results[{i}]") for i, r in enumerate(run["results"])
+        ]
+    long_range = [
+        annotate(json.loads(p.read_text()), p, name=re.sub(r"_\d{4}-\d\d-\d\d$", "", p.stem))
+        for p in found("long_range*.json")
+    ]
+    stdlib = [
+        annotate(parse_stdlib_summary(d / "summary.txt"), d, run=d.name)
+        for d in found("stdlib_corpus_*")
+        if (d / "summary.txt").is_file()
+    ]
+    return {
+        "peers.jsonl": rows_of("peers*.jsonl"),
+        "hf_trainer.jsonl": rows_of("hf_trainer*.jsonl"),
+        "attention.jsonl": rows_of("attention_*.jsonl"),
+        "levers.jsonl": levers,
+        "profile.jsonl": profile,
+        "chunked_loss.jsonl": chunked,
+        "long_range.jsonl": long_range,
+        "stdlib_corpus.jsonl": stdlib,
+        "masked_step.jsonl": rows_of("masked_step_*.jsonl"),
+        "recall.jsonl": [
+            annotate(r, p, i, model_name=RECALL_MODELS[rel(p.parent)])
+            for p in found("recall.jsonl")
+            if rel(p).startswith("sessions/session_")
+            for i, r in jsonl(p)
+        ],
+    }
 
 
 def build_longest() -> list:
     """Planned lengths (every `plan --find_max_len` of longest_planned_*.txt), runs (longest.jsonl lines, the same
     run written twice kept once: the line with more fields) and what papers report (sessions/literature)."""
-    planned = [annotate(r, p, i, kind="planned") for p in found("longest_planned_*.txt")
-               for i, r in parse_longest(p)]
+    planned = [
+        annotate(r, p, i, kind="planned")
+        for p in found("longest_planned_*.txt")
+        for i, r in parse_longest(p)
+    ]
     runs: dict = {}  # one run's key -> (its fields, the row)
     for p in found("longest.jsonl"):
         for i, r in jsonl(p):
             key = (r["seq_len"], r["gpus"], r["commit"], r["seconds"])
             if key not in runs or len(r) > runs[key][0]:
                 runs[key] = len(r), annotate(r, p, i, kind="run")
-    published = [annotate(r, p, i, kind="published") for p in found("published.jsonl") for i, r in jsonl(p)]
+    published = [
+        annotate(r, p, i, kind="published") for p in found("published.jsonl") for i, r in jsonl(p)
+    ]
     return planned + [r for _, r in runs.values()] + published
 
 
 # planner_runs_*.md tables whose runs have no planner_plans line: what the file's text says of them
 TABLES = {
-    "planner_runs_2026-11-30b.md": {"planner_commit": "4242837", "commit": "4242837", "seq_len": 131072,
-                                    "gpu_mem_gb": 141.0, "host_mem_gb": 256.0},
-    "planner_runs_2026-11-30c.md": {"planner_commit": "213b2e0", "commit": "213b2e0", "seq_len": 262144,
-                                    "gpu_mem_gb": 129.0, "host_mem_gb": 256.0},
-    "planner_runs_2026-11-30d.md": {"seq_len": 262144, "prediction_spec": "262144:64", "host_mem_gb": 256.0,
-                                    "skip": "262144:141:tiled_layer"},  # that run's planner_plans line is the row
+    "planner_runs_2026-11-30b.md": {
+        "planner_commit": "4242837",
+        "commit": "4242837",
+        "seq_len": 131072,
+        "gpu_mem_gb": 141.0,
+        "host_mem_gb": 256.0,
+    },
+    "planner_runs_2026-11-30c.md": {
+        "planner_commit": "213b2e0",
+        "commit": "213b2e0",
+        "seq_len": 262144,
+        "gpu_mem_gb": 129.0,
+        "host_mem_gb": 256.0,
+    },
+    "planner_runs_2026-11-30d.md": {
+        "seq_len": 262144,
+        "prediction_spec": "262144:64",
+        "host_mem_gb": 256.0,
+        "skip": "262144:141:tiled_layer",
+    },  # that run's planner_plans line is the row
 }
 
 
@@ -156,27 +233,52 @@ def build_planner() -> list:
     """Every planner prediction, with its measurement where it ran (module doc of bench_planner.py):
     kind `levers` (the lever runs of bench_planner --runs), `plan` (a whole plan predicted, committed, then run),
     `table` (a run measured against its plan in a planner_runs_*.md table only), `prediction` (never run)."""
-    preds = [annotate(r, p, i, kind="prediction", planner_commit=r.get("commit"), ran=False)
-             for p in found("planner_predictions_*.jsonl") for i, r in jsonl(p)]
+    preds = [
+        annotate(r, p, i, kind="prediction", planner_commit=r.get("commit"), ran=False)
+        for p in found("planner_predictions_*.jsonl")
+        for i, r in jsonl(p)
+    ]
 
     def joined(spec: str, gpus: int, commit: str, row: dict | None = None) -> list:
         """The sources of the predictions a run was measured against (the same plan, at the same planner)."""
-        hits = [q for q in preds if q["spec"] == spec and q["gpus"] == gpus and q["commit"] == commit
-                and (row is None or all(q.get(k) == row.get(k) for k in ("planned_reserved_bytes",
-                                                                           "planned_host_bytes")))]
+        hits = [
+            q
+            for q in preds
+            if q["spec"] == spec
+            and q["gpus"] == gpus
+            and q["commit"] == commit
+            and (
+                row is None
+                or all(
+                    q.get(k) == row.get(k) for k in ("planned_reserved_bytes", "planned_host_bytes")
+                )
+            )
+        ]
         for q in hits:
             q["ran"] = True
         return [q["source"] for q in hits]
 
-    levers = [annotate(r, p, i, kind="levers", held_out=r.get("set") == "validation")
-              for p in found("planner_runs_*.jsonl") for i, r in jsonl(p)]
+    levers = [
+        annotate(r, p, i, kind="levers", held_out=r.get("set") == "validation")
+        for p in found("planner_runs_*.jsonl")
+        for i, r in jsonl(p)
+    ]
     plans = []
     for p in found("planner_plans_*.jsonl"):
         for i, r in jsonl(p):
             at = r.get("predicted_at")
             held = at not in (None, "fresh") and not r.get("plan_changed_since_prediction")
-            plans.append(annotate(r, p, i, kind="plan", planner_commit=at if held else None, held_out=held,
-                                  prediction_source=joined(r["spec"], r["gpus"], at, r) if held else []))
+            plans.append(
+                annotate(
+                    r,
+                    p,
+                    i,
+                    kind="plan",
+                    planner_commit=at if held else None,
+                    held_out=held,
+                    prediction_source=joined(r["spec"], r["gpus"], at, r) if held else [],
+                )
+            )
     tables = []
     for p in found("planner_runs_*.md"):
         meta = TABLES.get(p.name)
@@ -185,32 +287,50 @@ def build_planner() -> list:
                 continue
             row = {k: v for k, v in meta.items() if k != "skip"}
             if "prediction_spec" in row:  # the planner that predicted it is the prediction's
-                row["planner_commit"] = next(q["commit"] for q in preds if q["spec"] == row["prediction_spec"])
+                row["planner_commit"] = next(
+                    q["commit"] for q in preds if q["spec"] == row["prediction_spec"]
+                )
                 row["prediction_source"] = joined(row["prediction_spec"], 2, row["planner_commit"])
-            tables.append(annotate({"model": "qwen3-8b", "gpus": 2, **row, **r}, p, i, kind="table",
-                                   held_out=True, device="2 x NVIDIA H200"))
+            tables.append(
+                annotate(
+                    {"model": "qwen3-8b", "gpus": 2, **row, **r},
+                    p,
+                    i,
+                    kind="table",
+                    held_out=True,
+                    device="2 x NVIDIA H200",
+                )
+            )
     return levers + plans + tables + [q for q in preds if not q["ran"]]
 
 
 def git_head() -> str:
     """The commit whose planner answers `todays_plan` (+ "+changes" where ds_longctx/ differs from it)."""
+
     def git(*a):
-        return subprocess.run(["git", *a], cwd=RESULTS, capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "../../ds_longctx")
-                                                  else "")
+        return subprocess.run(
+            ["git", *a], cwd=RESULTS, capture_output=True, text=True
+        ).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (
+        "+changes" if git("status", "--porcelain", "../../ds_longctx") else ""
+    )
 
 
 def plan_check(r: dict, fresh: dict) -> dict | None:
     """A planner_runs row with a plan spec: `todays_plan` True when today's planner makes the same plan (placement,
     optimizer share, reserved and host bytes), else False with `todays_plan_change` saying what moved."""
     from bench_planner import plan_changed, predict_plans
+
     if "spec" not in r:
         return None
     key = (r["spec"], r.get("model", "qwen3-8b"), r["gpus"])
     if key not in fresh:
         fresh[key] = predict_plans([key[0]], key[1], key[2], Path(tempfile.mkdtemp()))[0]
     now = fresh[key]
-    change = f"today's plan fails: {now['error'][-120:]}" if "error" in now else plan_changed(r, now)
+    change = (
+        f"today's plan fails: {now['error'][-120:]}" if "error" in now else plan_changed(r, now)
+    )
     return {"todays_plan": not change, **({"todays_plan_change": change} if change else {})}
 
 
@@ -219,8 +339,12 @@ def longest_check(r: dict, fresh: dict) -> dict | None:
     if r["kind"] != "planned":
         return None
     if r["command"] not in fresh:
-        out = subprocess.run([sys.executable, "-m", "ds_longctx.cli", *shlex.split(r["command"])[1:]],
-                             capture_output=True, text=True, cwd=RESULTS.parents[1])
+        out = subprocess.run(
+            [sys.executable, "-m", "ds_longctx.cli", *shlex.split(r["command"])[1:]],
+            capture_output=True,
+            text=True,
+            cwd=RESULTS.parents[1],
+        )
         m = re.search(r"longest seq_len that fits = ([\d,]+) tokens", out.stdout)
         fresh[r["command"]] = int(m[1].replace(",", "")) if m else None
     n = fresh[r["command"]]
@@ -232,18 +356,34 @@ def config_check(r: dict, fresh: dict) -> dict | None:
     (every key both files have, at the row's commit and now: keys added since take their defaults); None where git
     does not have that commit."""
     import yaml
+
     if not r.get("config", "").startswith("ds_configs/") or not r.get("commit"):
         return None
-    then = subprocess.run(["git", "show", f"{r['commit']}:{r['config']}"], cwd=RESULTS, capture_output=True, text=True)
+    then = subprocess.run(
+        ["git", "show", f"{r['commit']}:{r['config']}"], cwd=RESULTS, capture_output=True, text=True
+    )
     if then.returncode:
         return None
 
     def flat(d: dict, at: str = "") -> dict:
-        return {k: v for key, val in d.items()
-                for k, v in (flat(val, f"{at}{key}.").items() if isinstance(val, dict) else [(at + key, val)])}
-    old, new = flat(yaml.safe_load(then.stdout)), flat(yaml.safe_load((RESULTS.parents[1] / r["config"]).read_text()))
-    unread = {"train.output_dir"} | ({"data.layout"} if new.get("data.source") == "synthetic" else set())  # no rows
-    return {"todays_config": all(old[k] == new[k] for k in old.keys() & new.keys() if k not in unread)}
+        return {
+            k: v
+            for key, val in d.items()
+            for k, v in (
+                flat(val, f"{at}{key}.").items() if isinstance(val, dict) else [(at + key, val)]
+            )
+        }
+
+    old, new = (
+        flat(yaml.safe_load(then.stdout)),
+        flat(yaml.safe_load((RESULTS.parents[1] / r["config"]).read_text())),
+    )
+    unread = {"train.output_dir"} | (
+        {"data.layout"} if new.get("data.source") == "synthetic" else set()
+    )  # no rows
+    return {
+        "todays_config": all(old[k] == new[k] for k in old.keys() & new.keys() if k not in unread)
+    }
 
 
 CHECKS = ("todays_plan", "todays_plan_change", "todays_seq_len", "todays_config", "checked_at")
@@ -251,7 +391,9 @@ CHECKS = ("todays_plan", "todays_plan_change", "todays_seq_len", "todays_config"
 
 def row_key(r: dict) -> str:
     """A row's name across rebuilds: its source, else (the oldest rehearsal rows) what it rehearsed, where and when."""
-    return r.get("source") or "|".join(str(r.get(k)) for k in ("config", "rank", "commit", "date", "layers"))
+    return r.get("source") or "|".join(
+        str(r.get(k)) for k in ("config", "rank", "commit", "date", "layers")
+    )
 
 
 def check(rows: list, ask, kept: dict | None) -> None:
@@ -267,11 +409,20 @@ def check(rows: list, ask, kept: dict | None) -> None:
 
 def build(keep_checks: bool) -> dict:
     """{current file name: its rows}."""
-    files = {**build_simple(), "longest.jsonl": build_longest(), "planner_runs.jsonl": build_planner()}
+    files = {
+        **build_simple(),
+        "longest.jsonl": build_longest(),
+        "planner_runs.jsonl": build_planner(),
+    }
     rehearsal = RESULTS / "rehearsal.jsonl"  # as committed, its checks asked again
-    files["rehearsal.jsonl"] = [{k: v for k, v in r.items() if k not in CHECKS} for _, r in jsonl(rehearsal)]
-    for name, ask in (("planner_runs.jsonl", plan_check), ("longest.jsonl", longest_check),
-                      ("rehearsal.jsonl", config_check)):
+    files["rehearsal.jsonl"] = [
+        {k: v for k, v in r.items() if k not in CHECKS} for _, r in jsonl(rehearsal)
+    ]
+    for name, ask in (
+        ("planner_runs.jsonl", plan_check),
+        ("longest.jsonl", longest_check),
+        ("rehearsal.jsonl", config_check),
+    ):
         kept = None
         if keep_checks:
             path = RESULTS / name
@@ -286,9 +437,15 @@ def text(rows: list) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keep_checks", action="store_true", help="keep the todays_plan columns the files hold")
-    ap.add_argument("--diff", action="store_true", help="change nothing; name each file that differs (exit 1)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--keep_checks", action="store_true", help="keep the todays_plan columns the files hold"
+    )
+    ap.add_argument(
+        "--diff", action="store_true", help="change nothing; name each file that differs (exit 1)"
+    )
     a = ap.parse_args(argv)
     stale = []
     for name, rows in build(a.keep_checks or a.diff).items():

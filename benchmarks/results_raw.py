@@ -12,9 +12,13 @@ from pathlib import Path
 
 # transcripts whose header names the planner only as "the commit that adds this file" (or the one after another):
 # the commit `git log --diff-filter=A` gives for the file
-PLANNER_COMMITS = {"longest_planned_2026-12-01.txt": "5af0d3a", "longest_planned_2026-12-01b.txt": "daa32ac",
-                   "longest_planned_2026-12-01c.txt": "cdf5c8c", "longest_planned_2026-12-01d.txt": "2d69b00",
-                   "longest_planned_2026-12-02.txt": "4c53428"}
+PLANNER_COMMITS = {
+    "longest_planned_2026-12-01.txt": "5af0d3a",
+    "longest_planned_2026-12-01b.txt": "daa32ac",
+    "longest_planned_2026-12-01c.txt": "cdf5c8c",
+    "longest_planned_2026-12-01d.txt": "2d69b00",
+    "longest_planned_2026-12-02.txt": "4c53428",
+}
 
 
 def number(text: str) -> float:
@@ -52,7 +56,9 @@ def parse_longest(path: Path) -> list:
             rows.append((i, cur))
         elif cur is None:
             continue
-        elif (m := re.search(r"longest seq_len that fits = ([\d,]+) tokens", line)) and "seq_len" not in cur:
+        elif (
+            m := re.search(r"longest seq_len that fits = ([\d,]+) tokens", line)
+        ) and "seq_len" not in cur:
             cur["seq_len"] = int(number(m[1]))
         elif m := re.match(r"planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", line):
             cur.setdefault("planned_gpu_gb", float(m[1]))
@@ -116,21 +122,58 @@ def parse_stdlib_summary(path: Path) -> dict:
     import json
 
     import yaml
+
     text = path.read_text()
-    corpus = re.search(r"corpus: Python (\S+) stdlib, ([\d,]+) documents \((\d+) held out\), ([\d,]+) tokens, "
-                       r"longest (\S+) \(([\d,]+)\), prepared in ([\d.]+) s", text)
-    train = re.search(r"train: (\d+) steps, loss ([\d.]+) -> ([\d.]+), ([\d.]+) s/step \(median after the first "
-                      r"quarter\), peak GPU ([\d.]+) GiB, skipped rows (\d+)", text)
-    evals = [dict(zip(("step", "eval_loss", "first_bucket", "last_bucket", "near_half", "far_half", "far_minus_near"),
-                      (int(m[1]), *map(float, m.groups()[1:]))))
-             for m in re.finditer(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([+-][\d.]+)$",
-                                  text, re.M)]
+    corpus = re.search(
+        r"corpus: Python (\S+) stdlib, ([\d,]+) documents \((\d+) held out\), ([\d,]+) tokens, "
+        r"longest (\S+) \(([\d,]+)\), prepared in ([\d.]+) s",
+        text,
+    )
+    train = re.search(
+        r"train: (\d+) steps, loss ([\d.]+) -> ([\d.]+), ([\d.]+) s/step \(median after the first "
+        r"quarter\), peak GPU ([\d.]+) GiB, skipped rows (\d+)",
+        text,
+    )
+    evals = [
+        dict(
+            zip(
+                (
+                    "step",
+                    "eval_loss",
+                    "first_bucket",
+                    "last_bucket",
+                    "near_half",
+                    "far_half",
+                    "far_minus_near",
+                ),
+                (int(m[1]), *map(float, m.groups()[1:])),
+            )
+        )
+        for m in re.finditer(
+            r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([+-][\d.]+)$",
+            text,
+            re.M,
+        )
+    ]
     run = yaml.safe_load((path.parent / "run.yaml").read_text())
     model = json.loads((path.parent / "model_config.json").read_text())
-    return {"python": corpus[1], "documents": int(number(corpus[2])), "held_out_documents": int(corpus[3]),
-            "tokens": int(number(corpus[4])), "longest_document": corpus[5], "longest_tokens": int(number(corpus[6])),
-            "prepare_seconds": float(corpus[7]), "steps": int(train[1]), "loss_first": float(train[2]),
-            "loss_last": float(train[3]), "seconds_per_step": float(train[4]), "peak_gpu_gib": float(train[5]),
-            "skipped_rows": int(train[6]), "seq_len": run["train"]["seq_len"],
-            "hidden_size": model["hidden_size"], "layers": model["num_hidden_layers"],
-            "vocab_size": model["vocab_size"], "evals": evals}
+    return {
+        "python": corpus[1],
+        "documents": int(number(corpus[2])),
+        "held_out_documents": int(corpus[3]),
+        "tokens": int(number(corpus[4])),
+        "longest_document": corpus[5],
+        "longest_tokens": int(number(corpus[6])),
+        "prepare_seconds": float(corpus[7]),
+        "steps": int(train[1]),
+        "loss_first": float(train[2]),
+        "loss_last": float(train[3]),
+        "seconds_per_step": float(train[4]),
+        "peak_gpu_gib": float(train[5]),
+        "skipped_rows": int(train[6]),
+        "seq_len": run["train"]["seq_len"],
+        "hidden_size": model["hidden_size"],
+        "layers": model["num_hidden_layers"],
+        "vocab_size": model["vocab_size"],
+        "evals": evals,
+    }

@@ -18,23 +18,60 @@ def recall_rows(d: dict) -> list:
         base = {r["bucket"]: r for r in rows if r["stage"] == "base"}
         end = {r["bucket"]: r for r in rows if r["stage"] == "trained" and r["step"] == last}
         far = [b for b in end if b in base and not b.startswith(("0-", "1k-"))]
-        cells = [f"{b} ({end[b]['answers']} answers): exact match {base[b]['recall_exact_match']:.0%} -> "
-                 f"{end[b]['recall_exact_match']:.0%}, evidence saves {saved(base[b]):.2f} -> {saved(end[b]):.2f} "
-                 f"nat" for b in far]
+        cells = [
+            f"{b} ({end[b]['answers']} answers): exact match {base[b]['recall_exact_match']:.0%} -> "
+            f"{end[b]['recall_exact_match']:.0%}, evidence saves {saved(base[b]):.2f} -> {saved(end[b]):.2f} "
+            f"nat"
+            for b in far
+        ]
         r = rows[0]
-        out.append([f"recall far back, {r['model_name']} fine-tuned {last} steps at "
-                    f"{n(r['seq_len'])} tokens, {r['device']}", "measured (base model, then trained)",
-                    "; ".join(cells), "", result_file("recall")])
+        out.append(
+            [
+                f"recall far back, {r['model_name']} fine-tuned {last} steps at "
+                f"{n(r['seq_len'])} tokens, {r['device']}",
+                "measured (base model, then trained)",
+                "; ".join(cells),
+                "",
+                result_file("recall"),
+            ]
+        )
     return out
 
 
 def recall(d: dict) -> str:
     """Each recall row: exact match of the answers' values and their loss with and without the evidence."""
-    rows = [[r["model_name"], r["stage"], r["step"], n(r["seq_len"]), r["bucket"], r["answers"],
-             f"{r['recall_exact_match']:.3f}", f"{r['loss_with_evidence']:.3f}",
-             f"{r['loss_without_evidence']:.3f}", f"{saved(r):+.3f}", *meta(r)] for r in d.get("recall", [])]
-    return table(["model", "stage", "step", "seq_len", "distance", "answers", "exact match", "loss with evidence",
-                  "loss without", "evidence saves", *META], rows)
+    rows = [
+        [
+            r["model_name"],
+            r["stage"],
+            r["step"],
+            n(r["seq_len"]),
+            r["bucket"],
+            r["answers"],
+            f"{r['recall_exact_match']:.3f}",
+            f"{r['loss_with_evidence']:.3f}",
+            f"{r['loss_without_evidence']:.3f}",
+            f"{saved(r):+.3f}",
+            *meta(r),
+        ]
+        for r in d.get("recall", [])
+    ]
+    return table(
+        [
+            "model",
+            "stage",
+            "step",
+            "seq_len",
+            "distance",
+            "answers",
+            "exact match",
+            "loss with evidence",
+            "loss without",
+            "evidence saves",
+            *META,
+        ],
+        rows,
+    )
 
 
 def saved(r: dict) -> float:

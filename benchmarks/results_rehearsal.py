@@ -22,31 +22,98 @@ def off(measured, planned) -> str:
 def in_bars(r: dict) -> str:
     """yes where the rank's peak GPU is within GPU_TOL of the plan and under the budget and its host RSS within
     HOST_TOL of the plan's share per process."""
-    gpu, plan, host, host_plan = (r.get(k) for k in ("peak_gpu_bytes", "planned_gpu_bytes", "host_rss_bytes",
-                                                        "planned_host_bytes_per_process"))
+    gpu, plan, host, host_plan = (
+        r.get(k)
+        for k in (
+            "peak_gpu_bytes",
+            "planned_gpu_bytes",
+            "host_rss_bytes",
+            "planned_host_bytes_per_process",
+        )
+    )
     if not (gpu and plan and host and host_plan):
         return ""
-    ok = abs(gpu / plan - 1) <= GPU_TOL and gpu < r["gpu_budget_bytes"] and abs(host / host_plan - 1) <= HOST_TOL
+    ok = (
+        abs(gpu / plan - 1) <= GPU_TOL
+        and gpu < r["gpu_budget_bytes"]
+        and abs(host / host_plan - 1) <= HOST_TOL
+    )
     return "yes" if ok else "no"
 
 
 def rehearsal(d: dict) -> str:
-    rows = [[r.get("config"), r.get("rank"), r.get("role"), n(r.get("seq_len")), r.get("layers"),
-             gb(r.get("peak_gpu_bytes")), gb(r.get("planned_gpu_bytes")), off(r.get("peak_gpu_bytes"),
-             r.get("planned_gpu_bytes")), gb(r.get("gpu_budget_bytes")), gb(r.get("host_rss_bytes")),
-             gb(r.get("planned_host_bytes_per_process")), off(r.get("host_rss_bytes"),
-             r.get("planned_host_bytes_per_process")), in_bars(r), r.get("compute_seconds_per_step"),
-             r.get("predicted_seconds_per_step"), r.get("status"), r.get("date"), r.get("commit"), r.get("device"),
-             src(r) if "source" in r else "`rehearsal.jsonl`"] for r in d.get("rehearsal", [])]
-    out = table(["config", "rank", "role", "tokens", "layers run", "peak GPU GB", "planned", "vs plan", "budget",
-                 "host RSS GB", "planned per process", "vs plan", f"in bars (±{GPU_TOL:.0%} GPU, under budget, "
-                 f"±{HOST_TOL:.0%} host)", "compute s/step", "predicted s/step", "status", *META], rows)
+    rows = [
+        [
+            r.get("config"),
+            r.get("rank"),
+            r.get("role"),
+            n(r.get("seq_len")),
+            r.get("layers"),
+            gb(r.get("peak_gpu_bytes")),
+            gb(r.get("planned_gpu_bytes")),
+            off(r.get("peak_gpu_bytes"), r.get("planned_gpu_bytes")),
+            gb(r.get("gpu_budget_bytes")),
+            gb(r.get("host_rss_bytes")),
+            gb(r.get("planned_host_bytes_per_process")),
+            off(r.get("host_rss_bytes"), r.get("planned_host_bytes_per_process")),
+            in_bars(r),
+            r.get("compute_seconds_per_step"),
+            r.get("predicted_seconds_per_step"),
+            r.get("status"),
+            r.get("date"),
+            r.get("commit"),
+            r.get("device"),
+            src(r) if "source" in r else "`rehearsal.jsonl`",
+        ]
+        for r in d.get("rehearsal", [])
+    ]
+    out = table(
+        [
+            "config",
+            "rank",
+            "role",
+            "tokens",
+            "layers run",
+            "peak GPU GB",
+            "planned",
+            "vs plan",
+            "budget",
+            "host RSS GB",
+            "planned per process",
+            "vs plan",
+            f"in bars (±{GPU_TOL:.0%} GPU, under budget, ±{HOST_TOL:.0%} host)",
+            "compute s/step",
+            "predicted s/step",
+            "status",
+            *META,
+        ],
+        rows,
+    )
     pairs = layers_pairs(d)
     if pairs:
-        out += ("\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
-                "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n")
-        out += table(["config", "rank", "tokens", "commit", "layers run", "peak GPU GB", "whole", "peak vs whole",
-                      "compute s/step", "whole", "time vs whole", "host GB", "whole", "host vs whole"], pairs)
+        out += (
+            "\n`--layers` against the whole step: each rehearsal of some layers beside the rehearsal of all of "
+            "them of the same config, rank, length and commit (extrapolated / whole - 1).\n\n"
+        )
+        out += table(
+            [
+                "config",
+                "rank",
+                "tokens",
+                "commit",
+                "layers run",
+                "peak GPU GB",
+                "whole",
+                "peak vs whole",
+                "compute s/step",
+                "whole",
+                "time vs whole",
+                "host GB",
+                "whole",
+                "host vs whole",
+            ],
+            pairs,
+        )
     return out
 
 
@@ -58,18 +125,34 @@ def every_layer(r: dict) -> bool:
 
 def layers_pairs(d: dict) -> list:
     rows = d.get("rehearsal", [])
-    whole = {(r["config"], r["rank"], r["seq_len"], r["commit"]): r for r in rows
-             if r.get("status") == "ok" and every_layer(r)}
+    whole = {
+        (r["config"], r["rank"], r["seq_len"], r["commit"]): r
+        for r in rows
+        if r.get("status") == "ok" and every_layer(r)
+    }
     out = []
     for r in rows:
         w = whole.get((r["config"], r["rank"], r["seq_len"], r["commit"]))
         if w is None or r is w or r.get("status") != "ok":
             continue
-        out.append([r["config"], r["rank"], n(r["seq_len"]), r["commit"], r["layers"], gb(r["peak_gpu_bytes"]),
-                    gb(w["peak_gpu_bytes"]), off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
-                    r["compute_seconds_per_step"], w["compute_seconds_per_step"],
-                    off(r["compute_seconds_per_step"], w["compute_seconds_per_step"]), gb(r["host_rss_bytes"]),
-                    gb(w["host_rss_bytes"]), off(r["host_rss_bytes"], w["host_rss_bytes"])])
+        out.append(
+            [
+                r["config"],
+                r["rank"],
+                n(r["seq_len"]),
+                r["commit"],
+                r["layers"],
+                gb(r["peak_gpu_bytes"]),
+                gb(w["peak_gpu_bytes"]),
+                off(r["peak_gpu_bytes"], w["peak_gpu_bytes"]),
+                r["compute_seconds_per_step"],
+                w["compute_seconds_per_step"],
+                off(r["compute_seconds_per_step"], w["compute_seconds_per_step"]),
+                gb(r["host_rss_bytes"]),
+                gb(w["host_rss_bytes"]),
+                off(r["host_rss_bytes"], w["host_rss_bytes"]),
+            ]
+        )
     return out
 
 
@@ -111,32 +194,54 @@ def rehearsed(d: dict) -> list:
     beside a published step time of the same model, length and GPU count."""
     by: dict = {}
     for r in d.get("rehearsal", []):
-        if (r.get("status") == "ok" and r.get("nodes", 1) == 1 and r["config"].startswith("ds_configs/")
-                and longest_plan(r["config"]) is None):  # a longest plan's row is longest_rehearsed's
+        if (
+            r.get("status") == "ok"
+            and r.get("nodes", 1) == 1
+            and r["config"].startswith("ds_configs/")
+            and longest_plan(r["config"]) is None
+        ):  # a longest plan's row is longest_rehearsed's
             by.setdefault(r["config"], []).append(r)
-    timed = [r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r]
+    timed = [
+        r for r in d.get("longest", []) if r["kind"] == "published" and "seconds_per_step" in r
+    ]
     rows = []
     for cfg, found in sorted(by.items()):
         ranks = newest_rehearsal(found)
         slow = max(ranks, key=lambda r: r["predicted_seconds_per_step"])
         top = max(ranks, key=lambda r: r["peak_gpu_bytes"])
         run, total = slow["layers"].split("/")
-        peer = [p for p in timed if p["gpus"] == slow["world"] and p["model"].lower() == slow["model"].lower()
-                and abs(p["seq_len"] / slow["seq_len"] - 1) < 0.01]
+        peer = [
+            p
+            for p in timed
+            if p["gpus"] == slow["world"]
+            and p["model"].lower() == slow["model"].lower()
+            and abs(p["seq_len"] / slow["seq_len"] - 1) < 0.01
+        ]
         host = plan_host_gb(cfg)
-        rows.append([f"s/step, {model_label(slow['model'])}, {n(slow['seq_len'])} tokens, {slow['world']} x "
-                     f"{slow['gpu_budget_bytes'] / 1e9:.0f} GB ({slow['link'].split()[0]})"
-                     + (f" + {host} GB host" if host else ""),
-                     f"{len(ranks)} rank role{'s' if len(ranks) > 1 else ''} rehearsed on {slow['device']}"
-                     + ("" if run == total else f", {run} of {total} layers run and extrapolated")
-                     + ": time predicted, memory measured"
-                     + ("" if slow.get("todays_config", True) else " (the committed config has been re-planned "
-                        "since: not yet rehearsed as it is)"),
-                     f"{slow['predicted_seconds_per_step']:.1f} s (compute {slow['compute_seconds_per_step']:.1f} s), "
-                     f"{gb(top['peak_gpu_bytes'])} GB peak GPU (plan {gb(top['planned_gpu_bytes'])})",
-                     ", ".join(f"{p['system']}: {p['seconds_per_step']:.1f} s, published{published_by(p)}, on "
-                               f"{p['machine']}" for p in peer),
-                     result_file("rehearsal", *(["longest"] if peer else []))])
+        rows.append(
+            [
+                f"s/step, {model_label(slow['model'])}, {n(slow['seq_len'])} tokens, {slow['world']} x "
+                f"{slow['gpu_budget_bytes'] / 1e9:.0f} GB ({slow['link'].split()[0]})"
+                + (f" + {host} GB host" if host else ""),
+                f"{len(ranks)} rank role{'s' if len(ranks) > 1 else ''} rehearsed on {slow['device']}"
+                + ("" if run == total else f", {run} of {total} layers run and extrapolated")
+                + ": time predicted, memory measured"
+                + (
+                    ""
+                    if slow.get("todays_config", True)
+                    else " (the committed config has been re-planned "
+                    "since: not yet rehearsed as it is)"
+                ),
+                f"{slow['predicted_seconds_per_step']:.1f} s (compute {slow['compute_seconds_per_step']:.1f} s), "
+                f"{gb(top['peak_gpu_bytes'])} GB peak GPU (plan {gb(top['planned_gpu_bytes'])})",
+                ", ".join(
+                    f"{p['system']}: {p['seconds_per_step']:.1f} s, published{published_by(p)}, on "
+                    f"{p['machine']}"
+                    for p in peer
+                ),
+                result_file("rehearsal", *(["longest"] if peer else [])),
+            ]
+        )
     return rows
 
 
@@ -172,12 +277,19 @@ def longest_rehearsed(d: dict) -> list:
     each = []
     for r, plan in rows:
         host = f" + {plan['host_mem_gb']} GB host" if plan["host_mem_gb"] else ""
-        each.append(f"{r['world']} x {r['gpu_budget_bytes'] / 1e9:.0f} GB{host}: {n(r['seq_len'])} tokens, "
-                    f"{gb(r['peak_gpu_bytes'])} GB (plan {gb(r['planned_gpu_bytes'])}, "
-                    f"{off(r['peak_gpu_bytes'], r['planned_gpu_bytes'])}), {r['layers']} layers")
+        each.append(
+            f"{r['world']} x {r['gpu_budget_bytes'] / 1e9:.0f} GB{host}: {n(r['seq_len'])} tokens, "
+            f"{gb(r['peak_gpu_bytes'])} GB (plan {gb(r['planned_gpu_bytes'])}, "
+            f"{off(r['peak_gpu_bytes'], r['planned_gpu_bytes'])}), {r['layers']} layers"
+        )
     devices = sorted({r["device"] for r, _ in rows})
     models = sorted({model_label(r["model"]) for r, _ in rows})
-    return [[f"longest {', '.join(models)} plans, one rank rehearsed on {', '.join(devices)}",
-             "measured against the plan",
-             f"{inside} of {len(rows)} inside ±{GPU_TOL:.0%} GPU (under budget), ±{HOST_TOL:.0%} host", "; ".join(each),
-             result_file("rehearsal")]]
+    return [
+        [
+            f"longest {', '.join(models)} plans, one rank rehearsed on {', '.join(devices)}",
+            "measured against the plan",
+            f"{inside} of {len(rows)} inside ±{GPU_TOL:.0%} GPU (under budget), ±{HOST_TOL:.0%} host",
+            "; ".join(each),
+            result_file("rehearsal"),
+        ]
+    ]

@@ -29,20 +29,6 @@ import sys
 from pathlib import Path
 
 
-def torchrun_args(nproc: int, run_args: list[str], module: str = "ds_longctx.train") -> argparse.Namespace:
-    """torchrun's parsed arguments that start `nproc` local processes of `module` with `run_args` (what
-    `python -m torch.distributed.run ... -m MODULE RUN_ARGS` would parse). `run_args` are handed over as they are,
-    never parsed by torchrun: its parser takes an abbreviation of its own options anywhere on the line (`--nproc`
-    is ambiguous with its `--nproc-per-node`), even after the module."""
-    from torch.distributed.run import get_args_parser
-
-    from ds_longctx.parallel.parallel_state import free_port
-    args = get_args_parser().parse_args(["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-                                         "--master_port", str(free_port()), "-m", module])
-    args.training_script_args = list(run_args)
-    return args
-
-
 def precheck(nproc: int, run_args: list[str]):
     """Parse and check the run in this process (another writer in output_dir: checkpoint/run_lock.py; `preflight`: the
     engine's checks, RoPE coverage, data source, output_dir / resume), before any worker starts. Exits 2 on bad
@@ -51,32 +37,41 @@ def precheck(nproc: int, run_args: list[str]):
     from ds_longctx.run.argv import parse_config
     from ds_longctx.run.preflight import preflight
     from ds_longctx.run.refuse import refuse
+
     cfg = parse_config(run_args, nproc, nproc)
     try:
         if (holder := lock_holder(cfg.train.output_dir)) is not None:
             refuse(f"refused before start: {in_use(cfg.train.output_dir, holder, FIX)}")
-        preflight(cfg, nproc, per_node=nproc)  # one node: this process's environment is not the workers'
+        # one node: this process's environment is not the workers'
+        preflight(cfg, nproc, per_node=nproc)
     except ValueError as e:
         refuse(f"refused before start: {e}")
-    except OSError as e:  # a path no check could look at (a name too long, a folder that cannot be searched)
-        refuse(f"refused before start: {e.filename or ''}: {e.strerror or e}; give a path this machine can use "
-               f"(output_dir, data, tokenizer, eval_data)")
+    except OSError as e:  # a path no check could look at (a name too long, an unsearchable folder)
+        refuse(
+            f"refused before start: {e.filename or ''}: {e.strerror or e}; give a path this machine can use "
+            f"(output_dir, data, tokenizer, eval_data)"
+        )
     return cfg
 
 
 def run_train(nproc: int, run_args: list[str]) -> int:
-    """Check the run here (`precheck`), then start `nproc` local training workers (`launch`) holding output_dir's
-    lock."""
+    """Check the run here (`precheck`), then start `nproc` local training workers (run/launch.py) holding
+    output_dir's lock."""
     from ds_longctx.checkpoint.run_lock import FIX
+    from ds_longctx.run.launch import launch_holding
     from ds_longctx.run.refuse import REFUSED
+
     if problem := nproc_problem(nproc):
         print(problem, file=sys.stderr)
         return REFUSED
     cfg = precheck(nproc, run_args)
-    return launch_holding(cfg.train.output_dir, FIX, nproc, run_args, "ds_longctx.train", saves=True)
+    return launch_holding(
+        cfg.train.output_dir, FIX, nproc, run_args, "ds_longctx.train", saves=True
+    )
 
 
-CPU_PROCESSES_PER_CORE = 4  # gloo workers past this many per core only wait for each other (and each holds a model)
+# gloo workers past this many per core only wait for each other (and each holds a model)
+CPU_PROCESSES_PER_CORE = 4
 
 
 def nproc_problem(nproc: int) -> str | None:
@@ -84,18 +79,23 @@ def nproc_problem(nproc: int) -> str | None:
     CPU_PROCESSES_PER_CORE per core. Asked before anything starts: a worker count past the machine forks hundreds of
     processes that torchrun then struggles to stop."""
     import torch
+
     if nproc < 1:
         return f"--nproc {nproc}: need at least 1 process"
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
         if nproc > gpus:
-            return (f"--nproc {nproc}: this machine has {gpus} GPU(s), one process each; use --nproc <= {gpus} "
-                    f"(more GPUs: several nodes, launched as in the plan's launch.txt)")
+            return (
+                f"--nproc {nproc}: this machine has {gpus} GPU(s), one process each; use --nproc <= {gpus} "
+                f"(more GPUs: several nodes, launched as in the plan's launch.txt)"
+            )
         return None
     cores = os.cpu_count() or 1
     if nproc > CPU_PROCESSES_PER_CORE * cores:
-        return (f"--nproc {nproc}: no GPU here, so the processes share {cores} CPU core(s) over gloo; use --nproc <= "
-                f"{CPU_PROCESSES_PER_CORE * cores} ({CPU_PROCESSES_PER_CORE} per core), or run on GPUs")
+        return (
+            f"--nproc {nproc}: no GPU here, so the processes share {cores} CPU core(s) over gloo; use --nproc <= "
+            f"{CPU_PROCESSES_PER_CORE * cores} ({CPU_PROCESSES_PER_CORE} per core), or run on GPUs"
+        )
     return None
 
 
@@ -104,7 +104,9 @@ def run_eval(argv: list[str]) -> int:
     checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
     from ds_longctx.checkpoint.run_lock import in_use, lock_holder
     from ds_longctx.run.eval_checkpoint import OUT_FIX, args_parser, eval_inputs
+    from ds_longctx.run.launch import launch_holding
     from ds_longctx.run.refuse import REFUSED, refuse
+
     nproc = args_parser().parse_known_args(argv)[0].nproc
     if nproc is not None and (problem := nproc_problem(nproc)):
         print(problem, file=sys.stderr)
@@ -116,113 +118,19 @@ def run_eval(argv: list[str]) -> int:
         refuse(f"refused before start: {e}")
     if holder is not None:  # eval writes its lines into `out`: one writer there
         refuse(f"refused before start: {in_use(out, holder, OUT_FIX)}")
-    if problem := nproc_problem(meta["run"]["world_size"]):  # the checkpoint's world (--model: sp_size), no --nproc
-        whose = "the checkpoint was written by" if "sp_size" in meta["run"] else "--model evaluates at sp_size, so"
-        print(f"{problem} ({whose} world_size={meta['run']['world_size']}, which eval starts)", file=sys.stderr)
+    # the checkpoint's world (--model: sp_size), no --nproc
+    if problem := nproc_problem(meta["run"]["world_size"]):
+        whose = (
+            "the checkpoint was written by"
+            if "sp_size" in meta["run"]
+            else "--model evaluates at sp_size, so"
+        )
+        print(
+            f"{problem} ({whose} world_size={meta['run']['world_size']}, which eval starts)",
+            file=sys.stderr,
+        )
         return REFUSED
     return launch_holding(out, OUT_FIX, meta["run"]["world_size"], argv, "ds_longctx.eval")
-
-
-def launch_holding(out, fix: str, nproc: int, args: list[str], module: str, saves: bool = False) -> int:
-    """`launch` while this process holds `out`'s lock (checkpoint/run_lock.py), named to the workers in
-    $DS_LONGCTX_RUN_LOCK; exits 2 where another process took it since the check. `saves`: `out` is a training run's
-    (its checkpoints are named after an abandoned save)."""
-    from ds_longctx.checkpoint.run_lock import LOCK_ENV, lock_env_value, take
-    from ds_longctx.run.refuse import refuse
-    try:
-        lock = take(out, fix)
-    except ValueError as e:
-        refuse(f"refused before start: {e}")
-    from ds_longctx.run.run_log import guarded_output
-    os.environ[LOCK_ENV] = lock_env_value()
-    try:
-        with guarded_output():  # the terminal may go away (`| tee` ended by Ctrl-C): run/run_log.py
-            return launch(nproc, args, module, str(out) if saves else None)
-    finally:
-        os.environ.pop(LOCK_ENV, None)
-        if lock is not None:
-            lock.release()
-
-
-def launch(nproc: int, args: list[str], module: str, output_dir: str | None = None) -> int:
-    """Start `nproc` local workers of `module` under torchrun's agent (in this process). The workers' last line
-    (a refusal, a NaN stop, a signal's stop: run/refuse.last_line, through $DS_LONGCTX_REFUSAL_FILE) is printed last
-    and its exit code returned, without torchrun's report or this process's traceback; SIGINT / SIGTERM to this
-    process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save), and later
-    ones wait for that save unless it is abandoned (run/stops.LauncherSignals); once the workers are gone, signals
-    are ignored (the command only prints its last line). Another failure ends with torchrun's one-paragraph summary
-    and its exit code."""
-    import signal
-    import tempfile
-
-    import torch.distributed.elastic.multiprocessing.api as elastic
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import run
-
-    from ds_longctx.run.refuse import REFUSAL_FILE_ENV, recorded_line
-    from ds_longctx.run.run_log import LOG_NAME, keep_log
-    from ds_longctx.run.stops import SIGNALS, STATUS_FILE_ENV, LauncherSignals
-    from ds_longctx.run.worker_env import worker_env
-    os.environ.update(worker_env())
-    failure, signum, torch_handler = None, 0, elastic._terminate_process_handler
-    with tempfile.TemporaryDirectory(prefix="ds_longctx-") as tmp:
-        os.environ[REFUSAL_FILE_ENV] = path = os.path.join(tmp, "last_line.txt")
-        os.environ[STATUS_FILE_ENV] = os.path.join(tmp, "status.txt")
-        signals = LauncherSignals(os.environ[STATUS_FILE_ENV], torch_handler)
-        elastic._terminate_process_handler = signals  # what the agent installs for its signals (paired below)
-        try:
-            run(torchrun_args(nproc, args, module))
-        except ChildFailedError as e:
-            failure = e
-        except SignalException as e:
-            signum = int(e.sigval)
-        finally:
-            for s in SIGNALS:  # the workers are gone: nothing is left to stop (a late press must not cut the line)
-                signal.signal(s, signal.SIG_IGN)
-            elastic._terminate_process_handler = torch_handler
-            os.environ.pop(REFUSAL_FILE_ENV, None)
-            os.environ.pop(STATUS_FILE_ENV, None)
-        recorded = recorded_line(path)
-    if output_dir is not None and (Path(output_dir) / LOG_NAME).is_file():  # the workers' log: the last line too
-        keep_log(output_dir)
-    return _last_word(recorded, signals, signum, failure, output_dir)
-
-
-def _last_word(recorded, signals, signum: int, failure, output_dir: str | None) -> int:
-    """Print the launch's last line; its exit code (`launch`'s doc)."""
-    from ds_longctx.run.stops import signal_exit, signal_name
-    if signals.abandoned:
-        print(abandoned_line(signals, output_dir), file=sys.stderr, flush=True)
-        return signal_exit(signals.first)
-    if recorded is not None:
-        print(recorded[1], file=sys.stderr, flush=True)
-        return recorded[0]
-    if signum:
-        print(f"stopped by {signal_name(signum)} before the workers reached a step boundary: nothing saved by this "
-              f"run (an earlier checkpoint, if any, is unchanged)", file=sys.stderr, flush=True)
-        return signal_exit(signum)
-    if failure is not None:
-        print(failure.format_msg().strip(), file=sys.stderr, flush=True)
-        codes = [f.exitcode for f in failure.failures.values() if f.exitcode and f.exitcode > 0]
-        return codes[0] if codes else 1
-    return 0
-
-
-def abandoned_line(signals, output_dir: str | None) -> str:
-    """The last line after a save (or the step before it) was abandoned by a repeated signal."""
-    from ds_longctx.checkpoint.layout import ckpt_root
-    from ds_longctx.checkpoint.paths import read_latest
-    from ds_longctx.run.stops import signal_name
-    latest = None
-    if output_dir is not None:
-        try:
-            latest = read_latest(ckpt_root(output_dir))
-        except (ValueError, OSError):
-            latest = None
-    kept = (f"the last complete checkpoint, {ckpt_root(output_dir) / latest}, is unchanged: --resume "
-            f"continues it" if latest else "no earlier checkpoint of this run exists")
-    return f"stopped by {signal_name(signals.first)}, then abandoned ({signals.abandoned}): {kept}"
 
 
 def read_losses(output_dir: str) -> list[float]:
@@ -236,12 +144,26 @@ def run_demo(args) -> int:
     """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes, then
     the same run on 1 process (SP=1), losses side by side."""
     import signal
-    base = ["--model", "qwen3-tiny", "--seq_len", str(args.seq_len), "--steps", str(args.steps),
-            "--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32", "--overwrite"]  # a demo replaces the last
+
+    base = [
+        "--model",
+        "qwen3-tiny",
+        "--seq_len",
+        str(args.seq_len),
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--lr",
+        "1e-3",
+        "--dtype",
+        "fp32",
+        "--overwrite",
+    ]  # a demo replaces the last
     out = Path(args.output_dir)
     runs = {"sp2": (2, ["--sp_size", "2"]), "sp1": (1, ["--sp_size", "1"])}
     for name, (nproc, extra) in runs.items():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # `launch` leaves signals ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a launch leaves signals ignored
         print(f"\n== {name}: {nproc} process(es), {' '.join(extra)}", flush=True)
         rc = run_train(nproc, base + extra + ["--output_dir", str(out / name)])
         if rc:
@@ -250,8 +172,14 @@ def run_demo(args) -> int:
     print((out / "sp2" / "ds_config.json").read_text())
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import Levers, plan_memory
-    plan = plan_memory(ModelGeometry.from_name_or_path("qwen3-tiny"), args.seq_len, 2, 2,
-                       Levers(tiled_mlp=False, loss_chunk_rows=4096))
+
+    plan = plan_memory(
+        ModelGeometry.from_name_or_path("qwen3-tiny"),
+        args.seq_len,
+        2,
+        2,
+        Levers(tiled_mlp=False, loss_chunk_rows=4096),
+    )
     print("memory plan of this run (per GPU if it ran on GPUs; `ds-longctx plan` for real runs):")
     print(plan.table())
     print()
@@ -260,18 +188,29 @@ def run_demo(args) -> int:
     for i, (a, b) in enumerate(zip(sp2, sp1), 1):
         print(f"{i:>4}  {a:12.6f}  {b:12.6f}  {abs(a - b) / abs(b):9.1e}")
     worst = max(abs(a - b) / abs(b) for a, b in zip(sp2, sp1))
-    print(f"SP=2 matches SP=1 to rel {worst:.1e}" if worst <= 1e-4 else f"MISMATCH: rel {worst:.1e} > 1e-4")
+    print(
+        f"SP=2 matches SP=1 to rel {worst:.1e}"
+        if worst <= 1e-4
+        else f"MISMATCH: rel {worst:.1e} > 1e-4"
+    )
     return 0 if worst <= 1e-4 else 1
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C before any worker ran (after, torchrun's agent hands it to them)
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C before any worker ran (after, torchrun's agent hands it to them)
         import signal
 
         from ds_longctx.run.stops import signal_exit
-        print("stopped by SIGINT before any worker started: nothing written", file=sys.stderr, flush=True)
+
+        print(
+            "stopped by SIGINT before any worker started: nothing written",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(signal_exit(signal.SIGINT))
     except BrokenPipeError:
         # the reader went away (`ds-longctx plan ... | head`): no traceback; stdout's remaining buffer goes to
@@ -280,75 +219,144 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def _main(argv: list[str] | None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "plan":  # the generator owns its own options
-        from ds_longctx.plan.write import main as plan_main
-        sys.exit(plan_main(argv[1:]))
-    if argv and argv[0] == "rehearse":
-        from ds_longctx.rehearsal.rehearse import main as rehearse_main
-        sys.exit(rehearse_main(argv[1:]))
-    if argv and argv[0] == "data":  # `ds-longctx data prepare --stdlib|--sessions --out DIR`: its own options
-        from ds_longctx.data.prepare import main as data_main
-        from ds_longctx.run.refuse import refuse
-        from ds_longctx.run.stops import StopRequest
-        signals = StopRequest().install()  # no step to wait for: a signal ends it at once, with its line
-        try:
-            with signals.now("preparing the data", "nothing written at --out (a .partial directory beside it, if "
-                                                   "any, goes at the next `data prepare` there)"):
-                sys.exit(data_main(argv[1:]))
-        except ValueError as e:
-            refuse(f"refused: {e}")
-        finally:
-            signals.uninstall()
-    if argv and argv[0] == "export":
-        from ds_longctx.checkpoint.export import main as export_main
-        sys.exit(export_main(argv[1:]))
-    if argv and argv[0] == "checkpoint":
-        from ds_longctx.checkpoint.convert import main as checkpoint_main
-        sys.exit(checkpoint_main(argv[1:]))
-    if argv and argv[0] == "models":  # `ds-longctx models get NAME --out DIR`: a real model as an HF directory
-        from ds_longctx.checkpoint.real_models import main as models_main
-        sys.exit(models_main(argv[1:]))
-    if argv and argv[0] == "plot":
-        from ds_longctx.run.plots import main as plot_main
-        sys.exit(plot_main(argv[1:]))
-    if argv and argv[0] == "eval":  # its own options (ds-longctx eval -h); the rest go to the run config
-        if "-h" in argv or "--help" in argv:
-            from ds_longctx.run.eval_checkpoint import args_parser
-            args_parser().print_help()
-            sys.exit(0)
-        sys.exit(run_eval(argv[1:]))
-    p = argparse.ArgumentParser(prog="ds-longctx", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("plan", help="memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)")
-    sub.add_parser("export", help="DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)")
-    sub.add_parser("rehearse", help="one GPU plays ranks of a config's world: memory, time, collectives "
-                                    "(ds-longctx rehearse -h)")
-    sub.add_parser("data", help="prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
-                                "(ds-longctx data prepare -h)")
-    sub.add_parser("checkpoint", help="convert a checkpoint of an older version, or reshard one ahead of a resume on "
-                                      "another layout (ds-longctx checkpoint convert|reshard -h)")
-    sub.add_parser("models", help="a real model as an HF directory: ds-longctx models get NAME --out DIR")
-    sub.add_parser("plot", help="a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)")
-    sub.add_parser("eval", help="a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "
-                                "rows (ds-longctx eval -h)")
+# ---------------------------------------------------------------- subcommands that own their options
+def _plan(args: list[str]) -> int:
+    from ds_longctx.plan.write import main as plan_main
+
+    return plan_main(args)
+
+
+def _rehearse(args: list[str]) -> int:
+    from ds_longctx.rehearsal.rehearse import main as rehearse_main
+
+    return rehearse_main(args)
+
+
+def _data(args: list[str]) -> int:
+    """`ds-longctx data prepare --stdlib|--sessions --out DIR`; a signal ends it at once, with its line."""
+    from ds_longctx.data.prepare import main as data_main
+    from ds_longctx.run.refuse import refuse
+    from ds_longctx.run.stops import StopRequest
+
+    signals = StopRequest().install()  # no step to wait for
+    try:
+        with signals.now(
+            "preparing the data",
+            "nothing written at --out (a .partial directory beside it, if "
+            "any, goes at the next `data prepare` there)",
+        ):
+            sys.exit(data_main(args))
+    except ValueError as e:
+        refuse(f"refused: {e}")
+    finally:
+        signals.uninstall()
+
+
+def _export(args: list[str]) -> int:
+    from ds_longctx.checkpoint.export import main as export_main
+
+    return export_main(args)
+
+
+def _checkpoint(args: list[str]) -> int:
+    from ds_longctx.checkpoint.convert import main as checkpoint_main
+
+    return checkpoint_main(args)
+
+
+def _models(args: list[str]) -> int:
+    """`ds-longctx models get NAME --out DIR`: a real model as an HF directory."""
+    from ds_longctx.checkpoint.real_models import main as models_main
+
+    return models_main(args)
+
+
+def _plot(args: list[str]) -> int:
+    from ds_longctx.run.plots import main as plot_main
+
+    return plot_main(args)
+
+
+def _eval(args: list[str]) -> int:
+    """Its own options (ds-longctx eval -h); the rest go to the run config."""
+    if "-h" in args or "--help" in args:
+        from ds_longctx.run.eval_checkpoint import args_parser
+
+        args_parser().print_help()
+        return 0
+    return run_eval(args)
+
+
+OWN_OPTIONS = {
+    "plan": _plan,
+    "rehearse": _rehearse,
+    "data": _data,
+    "export": _export,
+    "checkpoint": _checkpoint,
+    "models": _models,
+    "plot": _plot,
+    "eval": _eval,
+}
+
+# ---------------------------------------------------------------- the top parser: --help, train, demo
+SUBCOMMAND_HELP = {
+    "plan": "memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)",
+    "export": "DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)",
+    "rehearse": "one GPU plays ranks of a config's world: memory, time, collectives "
+    "(ds-longctx rehearse -h)",
+    "data": "prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
+    "(ds-longctx data prepare -h)",
+    "checkpoint": "convert a checkpoint of an older version, or reshard one ahead of a resume on "
+    "another layout (ds-longctx checkpoint convert|reshard -h)",
+    "models": "a real model as an HF directory: ds-longctx models get NAME --out DIR",
+    "plot": "a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)",
+    "eval": "a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "
+    "rows (ds-longctx eval -h)",
+}
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top parser and its `train` subparser (`train` and `demo` are parsed here)."""
     from ds_longctx.config import RunConfig
-    t = sub.add_parser("train", allow_abbrev=False, help="start N local training processes (torchrun); other options "
-                       "go to the run config (--config FILE, --key value)", epilog=RunConfig.help_text(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Start N local training processes under torchrun; every option but --nproc goes "
-                                   "to the run config (below). Refusals exit 2 with one line, printed last.")
-    t.add_argument("--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)")
-    d = sub.add_parser("demo", help="the embedded default: tiny Qwen3, 2 CPU processes, SP=2 vs SP=1")
+
+    p = argparse.ArgumentParser(
+        prog="ds-longctx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, text in SUBCOMMAND_HELP.items():
+        sub.add_parser(name, help=text)
+    t = sub.add_parser(
+        "train",
+        allow_abbrev=False,
+        help="start N local training processes (torchrun); other options "
+        "go to the run config (--config FILE, --key value)",
+        epilog=RunConfig.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start N local training processes under torchrun; every option but --nproc goes "
+        "to the run config (below). Refusals exit 2 with one line, printed last.",
+    )
+    t.add_argument(
+        "--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)"
+    )
+    d = sub.add_parser(
+        "demo", help="the embedded default: tiny Qwen3, 2 CPU processes, SP=2 vs SP=1"
+    )
     d.add_argument("--steps", type=int, default=4)
     d.add_argument("--seq_len", type=int, default=256)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--output_dir", default="runs/demo")
+    return p, t
+
+
+def _main(argv: list[str] | None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in OWN_OPTIONS:
+        sys.exit(OWN_OPTIONS[argv[0]](argv[1:]))
+    p, t = _parser()
     args, rest = p.parse_known_args(argv)
     if args.cmd == "train":
-        if (n := sum(a == "--nproc" or a.startswith("--nproc=") for a in argv)) > 1:  # argparse keeps the last
+        # argparse keeps the last
+        if (n := sum(a == "--nproc" or a.startswith("--nproc=") for a in argv)) > 1:
             t.error(f"--nproc is given {n} times; keep one")
         sys.exit(run_train(args.nproc, rest))
     if rest:

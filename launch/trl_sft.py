@@ -27,19 +27,33 @@ def main(argv=None):
     from trl import SFTConfig, SFTTrainer
 
     from ds_longctx.integrations import hf_trainer as longctx  # ds_longctx
-    cfg = longctx.run_config(sys.argv[1:] if argv is None else argv)  # ds_longctx: --config run.yaml --key value ...
+
+    cfg = longctx.run_config(
+        sys.argv[1:] if argv is None else argv
+    )  # ds_longctx: --config run.yaml --key value ...
 
     class PrintLogs(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs:
                 print(json.dumps({"step": state.global_step, **logs}), flush=True)
 
-    args = longctx.training_args(cfg, SFTConfig, logging_steps=1)  # ds_longctx: saves, reports as the run config says
-    tokenizer = longctx.tokenizer(cfg)  # ds_longctx: --tokenizer, else the model directory's (as ds-longctx train)
+    args = longctx.training_args(
+        cfg, SFTConfig, logging_steps=1
+    )  # ds_longctx: saves, reports as the run config says
+    tokenizer = longctx.tokenizer(
+        cfg
+    )  # ds_longctx: --tokenizer, else the model directory's (as ds-longctx train)
     model = longctx.build_model(cfg)  # ds_longctx
     train_dataset = longctx.rows_dataset(cfg)  # ds_longctx
-    trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=train_dataset,  # ds_longctx
-                              processing_class=tokenizer, callbacks=[PrintLogs()])
+    trainer = longctx.trainer(
+        SFTTrainer,
+        cfg,
+        model=model,
+        args=args,
+        train_dataset=train_dataset,  # ds_longctx
+        processing_class=tokenizer,
+        callbacks=[PrintLogs()],
+    )
     trainer.train()
     trainer.save_model()  # the weights (gathered from ZeRO-3) and the tokenizer in output_dir, as any HF Trainer run
     longctx.finish()  # ds_longctx: every rank done, groups torn down, exit 0

@@ -11,8 +11,11 @@ import os
 
 
 def build() -> None:
-    os.environ.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")  # what the CPU tests load (helpers.cpu_env)
+    os.environ.update(
+        DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""
+    )  # what the CPU tests load (helpers.cpu_env)
     from deepspeed.ops.op_builder import CPUAdamBuilder
+
     CPUAdamBuilder().load(verbose=False)
     print("cpu_adam ready", flush=True)
 

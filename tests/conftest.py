@@ -32,15 +32,25 @@ _build: dict = {}
 
 def _start_build() -> None:
     from tests.helpers import ROOT, cpu_env
+
     log = Path(tempfile.mkdtemp(prefix="cpu_adam-")) / "build.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, *BUILD], env=cpu_env(), cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19), start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *BUILD],
+            env=cpu_env(),
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.nice(19),
+            start_new_session=True,
+        )
     _build.update(proc=proc, log=log)
 
 
 def pytest_configure(config):
-    if "torch" in sys.modules:  # imported before this file (a plugin): the environment came too late
+    if (
+        "torch" in sys.modules
+    ):  # imported before this file (a plugin): the environment came too late
         sys.modules["torch"].set_num_threads(1)
 
 
@@ -48,8 +58,12 @@ def pytest_collection_modifyitems(config, items):
     """The tests marked `slow` (multi-process) first, so that pytest-xdist hands out its longest modules before the
     short ones fill in around them; the tests marked `cpu_adam` last, so that the build has the whole run to finish.
     Stable order otherwise."""
-    items.sort(key=lambda item: (item.get_closest_marker("cpu_adam") is not None,
-                                 item.get_closest_marker("slow") is None))
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("cpu_adam") is not None,
+            item.get_closest_marker("slow") is None,
+        )
+    )
 
 
 def pytest_collection_finish(session):
@@ -83,7 +97,9 @@ def cpu_adam():
         proc.kill()
         raise
     log = _build["log"].read_text(errors="replace")
-    assert code == 0 and "cpu_adam ready" in log, f"building DeepSpeed's CPU Adam failed ({code}):\n{log[-4000:]}"
+    assert code == 0 and "cpu_adam ready" in log, (
+        f"building DeepSpeed's CPU Adam failed ({code}):\n{log[-4000:]}"
+    )
     return os.environ.get("TORCH_EXTENSIONS_DIR", "~/.cache/torch_extensions")
 
 
@@ -98,4 +114,5 @@ def smollm2_dir():
     """SmolLM2-135M-Instruct as `ds-longctx models get` converts it, from its machine-wide cache (converted there
     once: checkpoint/real_models.ensure_cached)."""
     from ds_longctx.checkpoint.real_models import ensure_cached
+
     return ensure_cached("smollm2-135m-instruct")

@@ -41,16 +41,34 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # what the workers import (a name that fails to import is skipped: an extra that is not installed)
-PRELOAD = ("torch", "torch.distributed", "deepspeed", "yaml", "transformers",
-           "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama",
-           "transformers.models.mistral.modeling_mistral", "ds_longctx.config", "ds_longctx.data",
-           "ds_longctx.run.engine", "ds_longctx.run.train", "ds_longctx.run.evaluate", "ds_longctx.checkpoint.resume",
-           "ds_longctx.integrations.hf_trainer", "peft", "trl", "ds_longctx.cli", "torch.distributed.run",
-           "ds_longctx.run.train_loop", "ds_longctx.run.preflight", "ds_longctx.rehearsal.rehearse",
-           "ds_longctx.checkpoint.export",
-           "ds_longctx.run.eval_checkpoint",
-           # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile: torch._inductor)
-           "deepspeed.runtime.zero.muon.muon_optimizer")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "deepspeed",
+    "yaml",
+    "transformers",
+    "transformers.models.qwen3.modeling_qwen3",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.mistral.modeling_mistral",
+    "ds_longctx.config",
+    "ds_longctx.data",
+    "ds_longctx.run.engine",
+    "ds_longctx.run.train",
+    "ds_longctx.run.evaluate",
+    "ds_longctx.checkpoint.resume",
+    "ds_longctx.integrations.hf_trainer",
+    "peft",
+    "trl",
+    "ds_longctx.cli",
+    "torch.distributed.run",
+    "ds_longctx.run.train_loop",
+    "ds_longctx.run.preflight",
+    "ds_longctx.rehearsal.rehearse",
+    "ds_longctx.checkpoint.export",
+    "ds_longctx.run.eval_checkpoint",
+    # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile: torch._inductor)
+    "deepspeed.runtime.zero.muon.muon_optimizer",
+)
 START_TIMEOUT_S = 300
 
 
@@ -81,10 +99,23 @@ def _child(task: dict, rank: int) -> None:
         _fork_torchrun_workers()
     else:
         n = task["nproc"]
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
-                   WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), GROUP_WORLD_SIZE="1", ROLE_WORLD_SIZE=str(n),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(task["port"]), TORCHELASTIC_RESTART_COUNT="0",
-                   TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="False")
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            GROUP_RANK="0",
+            ROLE_RANK=str(rank),
+            ROLE_NAME="default",
+            WORLD_SIZE=str(n),
+            LOCAL_WORLD_SIZE=str(n),
+            GROUP_WORLD_SIZE="1",
+            ROLE_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(task["port"]),
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_RUN_ID="none",
+            TORCHELASTIC_USE_AGENT_STORE="False",
+        )
     os.chdir(task["cwd"])
     args = task["rank_args"][rank] if task.get("rank_args") else task["args"]
     _run_main(args, task["module"], env)
@@ -93,7 +124,9 @@ def _child(task: dict, rank: int) -> None:
 def _run_main(args: list[str], module: bool, env: dict) -> None:
     """Run `args` (a script or, with `module`, a module, then its arguments) as `__main__` in this forked process with
     exactly `env` and the signal handlers of a fresh interpreter, then `os._exit` with its exit status."""
-    for sig in signal.valid_signals():  # the handlers a parent installed (torchrun's agent: SIGTERM, SIGINT, ...)
+    for sig in (
+        signal.valid_signals()
+    ):  # the handlers a parent installed (torchrun's agent: SIGTERM, SIGINT, ...)
         try:
             if callable(signal.getsignal(sig)):
                 signal.signal(sig, signal.SIG_DFL)
@@ -105,6 +138,7 @@ def _run_main(args: list[str], module: bool, env: dict) -> None:
     code = 0
     try:
         import runpy
+
         first, *rest = args
         sys.argv = [first, *rest]
         if module:
@@ -116,6 +150,7 @@ def _run_main(args: list[str], module: bool, env: dict) -> None:
         code = _exit_code(e)
     except BaseException:  # noqa: BLE001 (a worker's failure of any kind is its exit status, as in a fresh process)
         import traceback
+
         traceback.print_exc()
         code = 1
     for stream in (sys.stdout, sys.stderr):
@@ -153,12 +188,19 @@ def _fork_torchrun_workers() -> None:
     """In a launcher task (`ds-longctx train --nproc N`, `eval`): torchrun's agent, which runs in this process, forks
     each `python -u [-m] X ARGS` worker from it (everything imported) instead of starting a fresh interpreter. The
     worker gets what Popen would give it: its own session, the agent's environment and output files."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
+        SubprocessHandler,
+    )
+
     popen = SubprocessHandler._popen
 
     def fork_popen(handler, args: tuple, env: dict):
         cmd = [str(a) for a in args]
-        if len(cmd) < 3 or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable) or cmd[1] != "-u":
+        if (
+            len(cmd) < 3
+            or os.path.realpath(cmd[0]) != os.path.realpath(sys.executable)
+            or cmd[1] != "-u"
+        ):
             return popen(handler, args, env)
         module = cmd[2] == "-m"
         target = cmd[3:] if module else cmd[2:]
@@ -224,7 +266,10 @@ def serve() -> None:
         except ImportError:
             pass
     from ds_longctx.run.model import load_hf_config, model_class
-    model_class(load_hf_config("qwen3-tiny"))  # transformers' lazy import structure, built once here
+
+    model_class(
+        load_hf_config("qwen3-tiny")
+    )  # transformers' lazy import structure, built once here
     out = sys.stdout
     print("ready", file=out, flush=True)
     for line in sys.stdin:
@@ -239,15 +284,26 @@ _server: subprocess.Popen | None = None
 def _start(env: dict) -> subprocess.Popen:
     """The server, its own stderr into a file (not the stderr pytest captures for the test that happens to start it)."""
     import tempfile
+
     log = Path(tempfile.mkdtemp(prefix="forkrun-")) / "server.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.forkrun"], env=env, cwd=ROOT, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.forkrun"],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            bufsize=1,
+        )
     proc.log = log
     if _readline(proc, START_TIMEOUT_S) != "ready":
         proc.kill()
-        raise RuntimeError(f"tests/forkrun.py's server did not start (exit {proc.poll()}):\n"
-                           f"{log.read_text(errors='replace')[-4000:]}")
+        raise RuntimeError(
+            f"tests/forkrun.py's server did not start (exit {proc.poll()}):\n"
+            f"{log.read_text(errors='replace')[-4000:]}"
+        )
     atexit.register(_stop, proc)
     return proc
 
@@ -266,8 +322,18 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
     return proc.stdout.readline().strip() if ready else None
 
 
-def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir: Path, timeout: float,
-        launcher: bool = False, rank_args: list[list[str]] | None = None, cwd: Path | None = None) -> list[int]:
+def run(
+    nproc: int,
+    args: list[str],
+    module: bool,
+    env: dict,
+    port: int,
+    log_dir: Path,
+    timeout: float,
+    launcher: bool = False,
+    rank_args: list[list[str]] | None = None,
+    cwd: Path | None = None,
+) -> list[int]:
     """Run one job on the server (started on first use, with `env`, or again if it died); each process's exit code
     (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err. `launcher`: one
     process without torchrun's worker environment, whose own torchrun workers are forked from it (a `ds-longctx`
@@ -276,24 +342,37 @@ def run(nproc: int, args: list[str], module: bool, env: dict, port: int, log_dir
     global _server
     if _server is None or _server.poll() is not None:
         _server = _start(env)
-    task = {"nproc": nproc, "args": [str(a) for a in args], "module": module, "env": env, "port": port,
-            "log_dir": str(log_dir), "timeout": timeout, "cwd": str(cwd or ROOT), "launcher": launcher,
-            "rank_args": [[str(a) for a in r] for r in rank_args] if rank_args else None}
+    task = {
+        "nproc": nproc,
+        "args": [str(a) for a in args],
+        "module": module,
+        "env": env,
+        "port": port,
+        "log_dir": str(log_dir),
+        "timeout": timeout,
+        "cwd": str(cwd or ROOT),
+        "launcher": launcher,
+        "rank_args": [[str(a) for a in r] for r in rank_args] if rank_args else None,
+    }
     _server.stdin.write(json.dumps(task) + "\n")
     _server.stdin.flush()
     line = _readline(_server, timeout + 60)
     if not line:
         _server.kill()
         _server.wait()  # the next job starts a new server
-        raise RuntimeError(f"tests/forkrun.py's server gave no answer for {args} within {timeout + 60:.0f}s:\n"
-                           f"{_server_log()}")
+        raise RuntimeError(
+            f"tests/forkrun.py's server gave no answer for {args} within {timeout + 60:.0f}s:\n"
+            f"{_server_log()}"
+        )
     return json.loads(line)["codes"]
 
 
 def outputs(log_dir: Path, nproc: int) -> list[tuple[str, str]]:
     """(stdout, stderr) of each process of the job whose `log_dir` was given to `run`, in rank order."""
-    return [tuple((Path(log_dir) / f"rank{r}.{s}").read_text(errors="replace") for s in ("out", "err"))
-            for r in range(nproc)]
+    return [
+        tuple((Path(log_dir) / f"rank{r}.{s}").read_text(errors="replace") for s in ("out", "err"))
+        for r in range(nproc)
+    ]
 
 
 def _server_log() -> str:

@@ -17,6 +17,7 @@ def saved_bytes(fn, *args, exclude=(), numel: int | None = None, **kwargs) -> in
         if s.data_ptr() not in own and (numel is None or t.numel() == numel):
             saved[s.data_ptr()] = s.nbytes()
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*args, **kwargs)
     return sum(saved.values())

@@ -28,16 +28,29 @@ CALIBRATION = "docs/calibration.md"  # its own rule: every number read from the 
 # pages another open branch writes (issue 30's code part): a link to one must resolve once it exists
 ELSEWHERE = {"docs/architecture.md", "docs/calibration.md"}
 NUMBER = re.compile(r"(?<![\w.\-/^])±?\d[\d,]*(?:\.\d+)?%?")
-PACKAGES = {"config", "parallel", "levers", "plan", "data", "run", "integrations", "models"}  # ds_longctx/<these>/
+PACKAGES = {
+    "config",
+    "parallel",
+    "levers",
+    "plan",
+    "data",
+    "run",
+    "integrations",
+    "models",
+}  # ds_longctx/<these>/
 TOP = {"ds_longctx", "tests", "benchmarks", "docs", "notebooks", "launch", "ds_configs", ".ci"}
 
 
 def derived() -> dict:
     """{number as the docs write it: where it comes from} for the few rule constants prose may quote."""
     from ds_longctx.plan.planner import MAX_HEADROOM
+
     bp = bench_planner()
-    return {f"{MAX_HEADROOM:g}": "ds_longctx/plan/planner.py MAX_HEADROOM",
-            f"±{bp.GPU_TOL:.0%}": "benchmarks/bench_planner.py GPU_TOL", f"±{bp.HOST_TOL:.0%}": "HOST_TOL"}
+    return {
+        f"{MAX_HEADROOM:g}": "ds_longctx/plan/planner.py MAX_HEADROOM",
+        f"±{bp.GPU_TOL:.0%}": "benchmarks/bench_planner.py GPU_TOL",
+        f"±{bp.HOST_TOL:.0%}": "HOST_TOL",
+    }
 
 
 def prose(text: str) -> str:
@@ -66,17 +79,33 @@ def test_readme_is_short_and_in_order():
     text = read("README.md")
     assert len(text.splitlines()) <= 200
     heads = [h for h in re.findall(r"^## (.+)$", text, re.M)]
-    order = [text.index(s) for s in ("<!-- results:readme -->", "## Install", "## The two commands",
-                                     "## A million tokens", "**1. Plan**", "**2. Rehearse**", "**3. Launch**",
-                                     "## Documentation")]
+    order = [
+        text.index(s)
+        for s in (
+            "<!-- results:readme -->",
+            "## Install",
+            "## The two commands",
+            "## A million tokens",
+            "**1. Plan**",
+            "**2. Rehearse**",
+            "**3. Launch**",
+            "## Documentation",
+        )
+    ]
     assert order == sorted(order), heads
-    assert text.index("<!-- results:readme -->") < text.index("\n## ")  # the table is in the opening section
+    assert text.index("<!-- results:readme -->") < text.index(
+        "\n## "
+    )  # the table is in the opening section
     assert 'pip install -e ".[gpu]"' in text
 
 
 def test_the_two_set_up_commands_and_ci_run_the_same_line():
     blocks = re.findall(r"```bash\n(.*?)```", read("README.md"), re.S)
-    one_line = [b.strip() for b in blocks if b.strip().startswith("python3 -m venv") and "\n" not in b.strip()]
+    one_line = [
+        b.strip()
+        for b in blocks
+        if b.strip().startswith("python3 -m venv") and "\n" not in b.strip()
+    ]
     demo = [b for b in one_line if b.endswith("ds-longctx demo")]
     tests = [b for b in one_line if "pytest" in b]
     assert len(demo) == 1 and len(tests) == 1, one_line
@@ -86,6 +115,7 @@ def test_the_two_set_up_commands_and_ci_run_the_same_line():
 
 def test_the_gpu_extra_pins_flash_attention_4_and_liger():
     import tomllib
+
     gpu = tomllib.loads(read("pyproject.toml"))["project"]["optional-dependencies"]["gpu"]
     pins = {re.split(r"[\[=]", p)[0]: p for p in gpu}
     assert "==" in pins["flash-attn-4"] and "==" in pins["liger-kernel"], gpu
@@ -94,21 +124,37 @@ def test_the_gpu_extra_pins_flash_attention_4_and_liger():
 @pytest.mark.parametrize("rel", [d for d in WRITTEN if d != CALIBRATION])
 def test_every_number_outside_the_generated_blocks_is_derived(rel):
     ok = derived()
-    hand = [(i, n) for i, line in enumerate(prose(read(rel)).splitlines(), 1) for n in claimed(line) if n not in ok]
-    assert not hand, (f"{rel}: numbers typed by hand {hand}: quote measurements through a generated block "
-                      f"(<!-- results:NAME -->, benchmarks/results_tables.py) or derive them here (DERIVED)")
+    hand = [
+        (i, n)
+        for i, line in enumerate(prose(read(rel)).splitlines(), 1)
+        for n in claimed(line)
+        if n not in ok
+    ]
+    assert not hand, (
+        f"{rel}: numbers typed by hand {hand}: quote measurements through a generated block "
+        f"(<!-- results:NAME -->, benchmarks/results_tables.py) or derive them here (DERIVED)"
+    )
 
 
 def test_a_number_typed_into_prose_is_caught():
-    text = read("README.md").replace("## Install\n", "## Install\n\nA step takes 21.9 s, 4% faster, at 131,072.\n")
+    text = read("README.md").replace(
+        "## Install\n", "## Install\n\nA step takes 21.9 s, 4% faster, at 131,072.\n"
+    )
     assert claimed(prose(text)) == ["21.9", "4%", "131,072"]
-    assert claimed(prose("<!-- results:readme -->\n21.9 s\n<!-- /results:readme -->\n`1.5` ```\n2.5\n```")) == []
+    assert (
+        claimed(
+            prose("<!-- results:readme -->\n21.9 s\n<!-- /results:readme -->\n`1.5` ```\n2.5\n```")
+        )
+        == []
+    )
 
 
 def links_and_paths(rel: str) -> list:
     text = read(rel)
     code = re.sub(r"```.*?```", "", text, flags=re.S)
-    links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", code) if not re.match(r"\w+:", t)]
+    links = [
+        t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", code) if not re.match(r"\w+:", t)
+    ]
     spans = re.findall(r"`([^`\s]+)`", code)
     return [("link", (ROOT / rel).parent / t) for t in links if t] + [("span", s) for s in spans]
 
@@ -130,7 +176,10 @@ def test_links_and_paths_exist(rel):
     missing = []
     for kind, item in links_and_paths(rel):
         if kind == "link":
-            if not item.resolve().exists() and item.resolve().relative_to(ROOT).as_posix() not in ELSEWHERE:
+            if (
+                not item.resolve().exists()
+                and item.resolve().relative_to(ROOT).as_posix() not in ELSEWHERE
+            ):
                 missing.append(str(item))
             continue
         path = repo_path(item)
@@ -159,6 +208,7 @@ def parser_of(sub: str, monkeypatch) -> argparse.ArgumentParser:
 
     def stop(self, *a, **k):
         raise Parsed(self)
+
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", stop)
     try:
@@ -175,24 +225,31 @@ def commands(rel: str) -> list:
     """Every `ds-longctx ...` command of a page: fenced lines (joined at a trailing backslash, a `# comment` cut) and
     code spans."""
     text = read(rel)
-    out = [s for s in re.findall(r"`(ds-longctx [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+    out = [
+        s for s in re.findall(r"`(ds-longctx [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    ]
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s#.*$", "", line).strip()
             if "ds-longctx " in line:
-                out.append(line[line.index("ds-longctx "):].split(" && ")[0].split(" | ")[0])
+                out.append(line[line.index("ds-longctx ") :].split(" && ")[0].split(" | ")[0])
     return out
 
 
 def check_command(cmd: str, parsers: dict) -> list:
     """What of `cmd` the CLI does not know: its subcommand, a nested subcommand, or a flag."""
     from ds_longctx.config.run import DOTTED, FLAT
-    words = [w.strip("[]") for w in shlex.split(cmd)[1:] if w not in ("...", "[--key", "value", "...]")]
+
+    words = [
+        w.strip("[]") for w in shlex.split(cmd)[1:] if w not in ("...", "[--key", "value", "...]")
+    ]
     if not words or words[0] not in parsers:
         return [f"subcommand {words[:1]}"]
     parser, sub = parsers[words[0]], words[0]
     if sub in ("train", "demo"):  # the top parser; its subparser holds their options
-        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[sub]
+        parser = next(
+            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        ).choices[sub]
     for w in words[1:]:
         nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         if nested and w in nested[0].choices:
@@ -211,9 +268,21 @@ def check_command(cmd: str, parsers: dict) -> list:
 
 
 def test_every_ds_longctx_command_parses(monkeypatch):
-    parsers = {sub: parser_of(sub, monkeypatch)
-               for sub in ("train", "demo", "plan", "rehearse", "data", "export", "checkpoint", "eval", "plot",
-                           "models")}
+    parsers = {
+        sub: parser_of(sub, monkeypatch)
+        for sub in (
+            "train",
+            "demo",
+            "plan",
+            "rehearse",
+            "data",
+            "export",
+            "checkpoint",
+            "eval",
+            "plot",
+            "models",
+        )
+    }
     found, bad = 0, []
     for rel in DOCS:
         for cmd in commands(rel):
@@ -221,7 +290,9 @@ def test_every_ds_longctx_command_parses(monkeypatch):
             if problems := check_command(cmd, parsers):
                 bad.append((rel, cmd, problems))
     assert found >= 20 and not bad, bad
-    assert check_command("ds-longctx plan --gpus 8 --gpu_mem 80", parsers) == ["--gpu_mem"]  # no abbreviations
+    assert check_command("ds-longctx plan --gpus 8 --gpu_mem 80", parsers) == [
+        "--gpu_mem"
+    ]  # no abbreviations
     assert check_command("ds-longctx train --nproc 2 --seqlen 9", parsers) == ["--seqlen"]
     assert check_command("ds-longctx lint", parsers) == ["subcommand ['lint']"]
 
@@ -230,20 +301,43 @@ def test_every_flag_the_prose_names_is_an_option(monkeypatch):
     """A code span that starts with `--` (`--skip_bad_rows true`) names an option of some subcommand or a run-config
     key."""
     from ds_longctx.config.run import DOTTED, FLAT
+
     known = {f"--{k}" for k in (*FLAT, *DOTTED, "config")}
-    todo = [parser_of(sub, monkeypatch) for sub in ("train", "plan", "rehearse", "data", "export", "checkpoint",
-                                                     "eval", "plot", "models")]
+    todo = [
+        parser_of(sub, monkeypatch)
+        for sub in (
+            "train",
+            "plan",
+            "rehearse",
+            "data",
+            "export",
+            "checkpoint",
+            "eval",
+            "plot",
+            "models",
+        )
+    ]
     while todo:
         p = todo.pop()
         known |= set(p._option_string_actions)
-        todo += [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
-    spans = [(rel, s.split()[0].split("=")[0]) for rel in WRITTEN
-             for s in re.findall(r"`(--[\w.-]+[^`]*)`", re.sub(r"```.*?```", "", read(rel), flags=re.S))]
+        todo += [
+            c
+            for a in p._actions
+            if isinstance(a, argparse._SubParsersAction)
+            for c in a.choices.values()
+        ]
+    spans = [
+        (rel, s.split()[0].split("=")[0])
+        for rel in WRITTEN
+        for s in re.findall(r"`(--[\w.-]+[^`]*)`", re.sub(r"```.*?```", "", read(rel), flags=re.S))
+    ]
     assert len(spans) >= 20 and [(r, s) for r, s in spans if s not in known and s != "--key"] == []
 
 
 def test_docs_are_tracked_or_generated():
     """Every page the README links to is committed (a page only on this machine is no documentation)."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     linked = re.findall(r"\]\((docs/[^)#]+)\)", read("README.md"))
     assert [p for p in linked if p not in tracked and p not in ELSEWHERE] == []

@@ -13,10 +13,17 @@ from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from tests.helpers import ROOT
 from tests.test_docs import CALIBRATION, TOP, read, repo_path
 
-CAL_NUMBER = re.compile(r"(?<![\w.^])([-+±−]?)(\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?)(%?)(?![\w]|\.\d)")
+CAL_NUMBER = re.compile(
+    r"(?<![\w.^])([-+±−]?)(\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?)(%?)(?![\w]|\.\d)"
+)
 FILE_NUMBER = re.compile(r"(?<![\w.])[-+]?(\d+(?:[,_]\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 ASSIGNED = re.compile(r"^([A-Z][A-Z0-9_]*) = (.+)$")
-BINOPS = {ast.Div: operator.truediv, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub}
+BINOPS = {
+    ast.Div: operator.truediv,
+    ast.Mult: operator.mul,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+}
 
 
 def calibration_numbers(line: str) -> list:
@@ -42,8 +49,12 @@ def quantity(token: str):
 def held(value: Decimal, decimals: int, numbers: set) -> bool:
     """Whether a file number with as many decimals or more rounds to `value` at the decimals written."""
     step, near = Decimal(1).scaleb(-decimals), Decimal(1).scaleb(-decimals) / 2
-    return any(d >= decimals and abs(v - value) <= near and value in (
-        v.quantize(step, ROUND_HALF_UP), v.quantize(step, ROUND_HALF_EVEN)) for v, d in numbers)
+    return any(
+        d >= decimals
+        and abs(v - value) <= near
+        and value in (v.quantize(step, ROUND_HALF_UP), v.quantize(step, ROUND_HALF_EVEN))
+        for v, d in numbers
+    )
 
 
 def file_numbers(path) -> set:
@@ -71,9 +82,17 @@ def module_constants(path) -> dict:
     """{NAME: the expression node} of a module's top-level `NAME = value` assignments."""
     out = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             out[node.targets[0].id] = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value is not None
+        ):
             out[node.target.id] = node.value
     return out
 
@@ -85,14 +104,20 @@ def same_value(written: str, node) -> bool:
     code = evaluate(node)
     if isinstance(doc, tuple) and Ellipsis in doc:
         i = doc.index(Ellipsis)
-        head, tail = doc[:i], doc[i + 1:]
-        return isinstance(code, tuple) and len(code) >= len(head) + len(tail) and code[:len(head)] == head and (
-            not tail or code[-len(tail):] == tail)
+        head, tail = doc[:i], doc[i + 1 :]
+        return (
+            isinstance(code, tuple)
+            and len(code) >= len(head) + len(tail)
+            and code[: len(head)] == head
+            and (not tail or code[-len(tail) :] == tail)
+        )
     return doc == code
 
 
 def committed_files() -> set:
-    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     return set(out.split())
 
 
@@ -119,7 +144,9 @@ def cited_files(spans: list, tracked: set, root=ROOT) -> list:
 def blank_code(text: str) -> str:
     """`text` without code spans and link targets, each replaced by the newlines it held (line numbers kept)."""
     keep = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
-    return re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", keep, re.sub(r"<!--.*?-->", keep, text, flags=re.S)))
+    return re.sub(
+        r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", keep, re.sub(r"<!--.*?-->", keep, text, flags=re.S))
+    )
 
 
 def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=None) -> list:
@@ -137,7 +164,9 @@ def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=N
         for f in files:
             if f.suffix == ".py" and f.is_relative_to(root / "ds_longctx"):
                 constants.update({k: (f, v) for k, v in module_constants(f).items()})
-        named = {n for s in spans for n in re.findall(r"\b[A-Z][A-Z0-9_]{2,}\b", s) if n in constants}
+        named = {
+            n for s in spans for n in re.findall(r"\b[A-Z][A-Z0-9_]{2,}\b", s) if n in constants
+        }
         allowed = set()
         for name in named:
             for node in ast.walk(constants[name][1]):
@@ -153,10 +182,14 @@ def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=N
             if m := ASSIGNED.match(span):
                 name, written = m.groups()
                 if name not in constants:
-                    problems.append(f"{rel}: `{span}`: no cited ds_longctx module assigns {name}: cite the module")
+                    problems.append(
+                        f"{rel}: `{span}`: no cited ds_longctx module assigns {name}: cite the module"
+                    )
                 elif not same_value(written, constants[name][1]):
-                    problems.append(f"{rel}: `{span}`: the code has {name} = "
-                                    f"{ast.unparse(constants[name][1])}: write the code's value")
+                    problems.append(
+                        f"{rel}: `{span}`: the code has {name} = "
+                        f"{ast.unparse(constants[name][1])}: write the code's value"
+                    )
         numbers = set().union(*(file_numbers(f) for f in files)) if files else set()
         for i, line in enumerate(blank_code(section).splitlines(), a + 1):
             for token in calibration_numbers(line):
@@ -167,7 +200,8 @@ def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=N
                     f"{rel}:{i}: {token} is neither a constant this section names nor in a file it cites "
                     f"({', '.join(f.relative_to(root).as_posix() for f in files[:6]) or 'none'}"
                     f"{', ...' if len(files) > 6 else ''}): cite the committed file that holds it, or write the "
-                    f"figures that file holds instead, or drop it")
+                    f"figures that file holds instead, or drop it"
+                )
     return problems
 
 
@@ -184,32 +218,67 @@ def test_a_calibration_number_no_cited_file_holds_is_caught(tmp_path):
     (tmp_path / "ds_longctx/plan").mkdir(parents=True)
     (tmp_path / "ds_longctx/plan/planner.py").write_text("PROCESS_HOST_GIB = 2.25\nOTHER = 7.5\n")
     (tmp_path / "benchmarks/results").mkdir(parents=True)
-    (tmp_path / "benchmarks/results/a.md").write_text("| run | reserved GB | predicted GB |\n| a | 71.53 | 64.0 |\n")
+    (tmp_path / "benchmarks/results/a.md").write_text(
+        "| run | reserved GB | predicted GB |\n| a | 71.53 | 64.0 |\n"
+    )
     (tmp_path / "benchmarks/results/b.md").write_text("host 2.214 GiB per rank, 131072 tokens\n")
     (tmp_path / "benchmarks/results/c.md").write_text("3.3\n")
     tracked = {"ds_longctx/plan/planner.py", "benchmarks/results/a.md", "benchmarks/results/b.md"}
-    page = ("# Calibration\n\n## one\n\n`plan/planner.py`: `PROCESS_HOST_GIB = 2.25`. Reserved 71.5 GB against\n"
-            "64.0 at 131,072 tokens (`benchmarks/results/a.md`, `benchmarks/results/b.md`); 2.21 GiB host.\n\n"
-            "## two\n\nThe plan at 64.0 (`benchmarks/results/a.md`).\n")
+    page = (
+        "# Calibration\n\n## one\n\n`plan/planner.py`: `PROCESS_HOST_GIB = 2.25`. Reserved 71.5 GB against\n"
+        "64.0 at 131,072 tokens (`benchmarks/results/a.md`, `benchmarks/results/b.md`); 2.21 GiB host.\n\n"
+        "## two\n\nThe plan at 64.0 (`benchmarks/results/a.md`).\n"
+    )
     assert calibration_problems(page, "x.md", tmp_path, tracked) == []
     # a constant's value where its section does not name the constant is a typed number
-    assert calibration_problems(page.replace("plan at 64.0", "plan at 2.25"), "x.md", tmp_path, tracked)
-    bad = {"Reserved 71.5 GB": "Reserved 11.8% more, 71.5 GB",  # 71.53 / 64.0 - 1: computed, held by no file
-           "## two\n\nThe plan": "## two\n\nThe plan 71.53 and 2.214",  # b.md, another section's file: not here
-           "2.21 GiB host": "2.21 GiB host, 3.3 s",  # only in c.md, which is not committed
-           "64.0 at": "64.00 at",  # more decimals than the file has
-           "`PROCESS_HOST_GIB = 2.25`": "`PROCESS_HOST_GIB = 2.5`, `MISSING = 1.5`"}
+    assert calibration_problems(
+        page.replace("plan at 64.0", "plan at 2.25"), "x.md", tmp_path, tracked
+    )
+    bad = {
+        "Reserved 71.5 GB": "Reserved 11.8% more, 71.5 GB",  # 71.53 / 64.0 - 1: computed, held by no file
+        "## two\n\nThe plan": "## two\n\nThe plan 71.53 and 2.214",  # b.md, another section's file: not here
+        "2.21 GiB host": "2.21 GiB host, 3.3 s",  # only in c.md, which is not committed
+        "64.0 at": "64.00 at",  # more decimals than the file has
+        "`PROCESS_HOST_GIB = 2.25`": "`PROCESS_HOST_GIB = 2.5`, `MISSING = 1.5`",
+    }
     for before, after in bad.items():
         problems = calibration_problems(page.replace(before, after), "x.md", tmp_path, tracked)
         assert problems and all(p.startswith("x.md") for p in problems), (after, problems)
-        assert all("cite the committed file" in p or "write the code's value" in p or "cite the module" in p
-                   for p in problems), problems
-    lines = calibration_problems(page.replace("## two\n\nThe plan", "## two\n\nThe plan 71.53 and 2.214"), "x.md",
-                                 tmp_path, tracked)
-    assert [p.split(": ")[0:2] for p in lines] == [["x.md:10", "2.214 is neither a constant this section names nor "
-                                                                  "in a file it cites (benchmarks/results/a.md)"]]
-    assert len(calibration_problems(page.replace("`PROCESS_HOST_GIB = 2.25`", "`PROCESS_HOST_GIB = 2.5`, "
-                                                 "`MISSING = 1.5`"), "x.md", tmp_path, tracked)) == 2
-    assert calibration_numbers("1.03-1.06 and -3.4% to +1.6% at 131,072 on Qwen3-0.6B, H200, 2e-5, 36 layers") == [
-        "1.03", "1.06", "-3.4%", "+1.6%", "131,072", "2e-5"]
-    assert held(*quantity("5%"), {quantity("4.98")}) and not held(*quantity("5.0%"), {quantity("5")})
+        assert all(
+            "cite the committed file" in p
+            or "write the code's value" in p
+            or "cite the module" in p
+            for p in problems
+        ), problems
+    lines = calibration_problems(
+        page.replace("## two\n\nThe plan", "## two\n\nThe plan 71.53 and 2.214"),
+        "x.md",
+        tmp_path,
+        tracked,
+    )
+    assert [p.split(": ")[0:2] for p in lines] == [
+        [
+            "x.md:10",
+            "2.214 is neither a constant this section names nor "
+            "in a file it cites (benchmarks/results/a.md)",
+        ]
+    ]
+    assert (
+        len(
+            calibration_problems(
+                page.replace(
+                    "`PROCESS_HOST_GIB = 2.25`", "`PROCESS_HOST_GIB = 2.5`, `MISSING = 1.5`"
+                ),
+                "x.md",
+                tmp_path,
+                tracked,
+            )
+        )
+        == 2
+    )
+    assert calibration_numbers(
+        "1.03-1.06 and -3.4% to +1.6% at 131,072 on Qwen3-0.6B, H200, 2e-5, 36 layers"
+    ) == ["1.03", "1.06", "-3.4%", "+1.6%", "131,072", "2e-5"]
+    assert held(*quantity("5%"), {quantity("4.98")}) and not held(
+        *quantity("5.0%"), {quantity("5")}
+    )

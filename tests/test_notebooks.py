@@ -26,7 +26,9 @@ from nbclient import NotebookClient
 from tests.helpers import ROOT
 
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
-QUOTE = re.compile(r"\d\.\d|\d%|\d of \d")  # a decimal, a percentage or "N of M": a number the notebook measured
+QUOTE = re.compile(
+    r"\d\.\d|\d%|\d of \d"
+)  # a decimal, a percentage or "N of M": a number the notebook measured
 _runs: dict = {}
 
 
@@ -38,8 +40,12 @@ def executed(name: str):
         fresh = nbformat.read(path, as_version=4)
         figures = {p: p.read_bytes() for p in (ROOT / "notebooks").glob("*.png")}
         try:
-            NotebookClient(fresh, timeout=600, kernel_name="python3",
-                           resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+            NotebookClient(
+                fresh,
+                timeout=600,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(ROOT / "notebooks")}},
+            ).execute()
         finally:
             for p, data in figures.items():
                 p.write_bytes(data)
@@ -69,21 +75,28 @@ def _is_module(name: str) -> bool:
 
 def spans(nb) -> list[str]:
     """The `code spans` of the markdown cells, a line break inside one read as a space (as markdown renders it)."""
-    return [" ".join(s.split()) for c in nb.cells if c.cell_type == "markdown"
-            for s in re.findall(r"`([^`]+)`", c.source)]
+    return [
+        " ".join(s.split())
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for s in re.findall(r"`([^`]+)`", c.source)
+    ]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_prints_what_is_committed(name):
     committed, fresh = executed(name)
-    assert fresh.metadata.get("kernelspec", {}).get("name") == "python3", f"{name}: no python3 kernelspec"
+    assert fresh.metadata.get("kernelspec", {}).get("name") == "python3", (
+        f"{name}: no python3 kernelspec"
+    )
     code = [(a, b) for a, b in zip(committed.cells, fresh.cells) if a.cell_type == "code"]
     assert code and all(b.get("execution_count") for _, b in code)
     for i, (was, now) in enumerate(code):
         assert not [o for o in now.outputs if o.output_type == "error"], printed(now)
         assert printed(now) == printed(was), (
             f"{name}.ipynb code cell {i} prints otherwise than committed; re-run it: jupyter nbconvert --to notebook "
-            f"--execute --inplace notebooks/{name}.ipynb\n--- committed:\n{printed(was)}\n--- now:\n{printed(now)}")
+            f"--execute --inplace notebooks/{name}.ipynb\n--- committed:\n{printed(was)}\n--- now:\n{printed(now)}"
+        )
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -98,7 +111,9 @@ def test_notebook_prose_quotes_its_output(name):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_names_what_exists(name):
     _, fresh = executed(name)
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for span in spans(fresh):
         if re.fullmatch(r"ds_longctx(\.\w+)+", span):
             parts = span.split(".")
@@ -109,4 +124,6 @@ def test_notebook_names_what_exists(name):
                 obj = getattr(obj, attr)
         elif "/" in span and not re.search(r"[\s*]", span):
             path = span.rstrip("/")
-            assert any(f == path or f.startswith(path + "/") for f in tracked), f"{name}.ipynb names {span}"
+            assert any(f == path or f.startswith(path + "/") for f in tracked), (
+                f"{name}.ipynb names {span}"
+            )

@@ -35,11 +35,15 @@ def tags(directory: str, tag: str | None) -> list:
     p = Path(directory)
     root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
     if tag is not None:
-        return [root / paths.check_tag(tag, f"--tag ({paths.shown(tag)})", "checkpoint convert", root)]
+        return [
+            root / paths.check_tag(tag, f"--tag ({paths.shown(tag)})", "checkpoint convert", root)
+        ]
     found = [root / n for n in paths.tag_names(root)]
     if not found:
-        raise CheckpointError(f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "
-                              f"output_dir")
+        raise CheckpointError(
+            f"checkpoint convert: no checkpoint tag (stepN) in {str(root)!r}; pass a run's "
+            f"output_dir"
+        )
     return found
 
 
@@ -50,7 +54,9 @@ def convert_tag(tag_dir: Path) -> bool:
         return False
     bad = files.problem(tag_dir, meta, None)
     if bad:
-        raise CheckpointError(f"checkpoint convert: {str(tag_dir)!r} is not converted ({bad}); nothing changed")
+        raise CheckpointError(
+            f"checkpoint convert: {str(tag_dir)!r} is not converted ({bad}); nothing changed"
+        )
     for name in sorted(meta["files"]):
         if name.startswith("rng_rank") and name.endswith(".pt"):
             state = files.load(tag_dir / name, legacy_rng=True)
@@ -71,31 +77,49 @@ def reshard_tag(root: Path, tag: str | None) -> str:
     import time
 
     from ds_longctx.checkpoint.universal import universal_dir, write_universal
+
     tag_dir, meta = find_checkpoint(root, tag, what="checkpoint reshard")
     t0 = time.perf_counter()
     manifest = write_universal(tag_dir, meta, show=True)
     size = sum(e["bytes"] for e in manifest["files"].values())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return (f"{universal_dir(tag_dir)}: {len(manifest['params'])} parameters, {size / 1e9:.2f} GB, written in "
-            f"{time.perf_counter() - t0:.1f} s (files checked and hashed included); peak host RSS {peak / 1e9:.2f} GB")
+    return (
+        f"{universal_dir(tag_dir)}: {len(manifest['params'])} parameters, {size / 1e9:.2f} GB, written in "
+        f"{time.perf_counter() - t0:.1f} s (files checked and hashed included); peak host RSS {peak / 1e9:.2f} GB"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ds-longctx checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["convert", "reshard"],
-                   help="convert: format 1 -> format 2, in place; reshard: write a tag's universal form")
+    p = argparse.ArgumentParser(
+        prog="ds-longctx checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "action",
+        choices=["convert", "reshard"],
+        help="convert: format 1 -> format 2, in place; reshard: write a tag's universal form",
+    )
     p.add_argument("checkpoint", help="a run's output_dir (or its checkpoints/ directory)")
-    p.add_argument("--tag", default=None, help="one tag, e.g. step300 (default: convert every tag, reshard the latest)")
+    p.add_argument(
+        "--tag",
+        default=None,
+        help="one tag, e.g. step300 (default: convert every tag, reshard the latest)",
+    )
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         found = tags(a.checkpoint, a.tag)
-        lock = run_lock.take(found[0].parent.parent, "convert it once that run has ended")  # it rewrites files there
+        lock = run_lock.take(
+            found[0].parent.parent, "convert it once that run has ended"
+        )  # it rewrites files there
         try:
             if a.action == "reshard":
                 print(reshard_tag(found[0].parent, a.tag), flush=True)
             for t in found if a.action == "convert" else []:
-                print(f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}", flush=True)
+                print(
+                    f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}",
+                    flush=True,
+                )
         finally:
             if lock is not None:
                 lock.release()

@@ -57,38 +57,59 @@ from ds_longctx.parallel.disk import (
 )
 
 
-def find_run_checkpoint(checkpoint: str, tag: str | None, what: str = "export") -> tuple[Path, dict]:
+def find_run_checkpoint(
+    checkpoint: str, tag: str | None, what: str = "export"
+) -> tuple[Path, dict]:
     """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory
     (`what`: the command named in refusals; `ds-longctx eval` asks too)."""
     p = Path(checkpoint)
     if not p.is_dir():
-        raise CheckpointError(f"{what}: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir")
+        raise CheckpointError(
+            f"{what}: --checkpoint {checkpoint!r} is not a directory; pass a run's output_dir"
+        )
     root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
-    if tag is None and not (root / LATEST).is_file() and not (root / CKPT_SUBDIR).exists() and root == p:
-        raise CheckpointError(f"{what}: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
-                              f"pass the output_dir of a run that saved one (save_every > 0, or stopped by SIGTERM)")
+    if (
+        tag is None
+        and not (root / LATEST).is_file()
+        and not (root / CKPT_SUBDIR).exists()
+        and root == p
+    ):
+        raise CheckpointError(
+            f"{what}: no checkpoint in {checkpoint!r} (neither checkpoints/latest nor latest); "
+            f"pass the output_dir of a run that saved one (save_every > 0, or stopped by SIGTERM)"
+        )
     return find_checkpoint(root, tag, what=what)
 
 
 def check_out(out: str) -> Path:
     p = Path(out)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise CheckpointError(f"export: --out {out!r} already exists and is not an empty directory; choose a new "
-                              f"path (or an empty directory)")
+        raise CheckpointError(
+            f"export: --out {out!r} already exists and is not an empty directory; choose a new "
+            f"path (or an empty directory)"
+        )
     parent = p.parent if p.parent != Path("") else Path(".")
     if not parent.is_dir():
-        raise CheckpointError(f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
-                              f"it first or choose another path")
+        raise CheckpointError(
+            f"export: the parent of --out {out!r} ({str(parent)!r}) is not a directory; create "
+            f"it first or choose another path"
+        )
     if why := unwritable(p):
-        raise CheckpointError(f"export: --out {out!r} cannot be written ({why}); "
-                              f"choose a writable --out")
+        raise CheckpointError(
+            f"export: --out {out!r} cannot be written ({why}); choose a writable --out"
+        )
     return p
 
 
 def run_lora(meta: dict) -> LoraConfig:
     """The `lora` section of the run that wrote a checkpoint (its meta's flat keys; rank 0 before LoRA existed)."""
-    return LoraConfig(**{name: meta["run"][flat] for flat, (sec, name) in FLAT.items()
-                         if sec == "lora" and flat in meta["run"]})
+    return LoraConfig(
+        **{
+            name: meta["run"][flat]
+            for flat, (sec, name) in FLAT.items()
+            if sec == "lora" and flat in meta["run"]
+        }
+    )
 
 
 def ships_base(model_name: str) -> bool:
@@ -105,14 +126,18 @@ def export_bytes(model, adapters: dict, lora: LoraConfig, model_name: str, merge
     return copies * weights + sum(t.numel() * t.element_size() for t in adapters.values())
 
 
-def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool) -> list:
+def _save_lora(
+    model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool
+) -> list:
     """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry, the merged
     model if asked; returns the model directories written (for the tokenizer)."""
     try:
         from peft import get_peft_model
     except ImportError:
-        raise CheckpointError("export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
-                              "(or pip install peft)") from None
+        raise CheckpointError(
+            "export: this is a LoRA run and peft is not installed; pip install 'ds-longctx[lora]' "
+            "(or pip install peft)"
+        ) from None
     dirs = [tmp]
     shipped = ships_base(model_name)
     if shipped:  # before PEFT wraps the model
@@ -120,14 +145,22 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
         dirs.append(tmp / "base")
     linears, output = model_linears(model)
     base = str((dest / "base").resolve()) if shipped else model_name
-    peft_model = get_peft_model(model, peft_config(lora, target_names(linears, lora.target_modules, output)),
-                                adapter_name=ADAPTER, autocast_adapter_dtype=False)
-    peft_model.peft_config[ADAPTER].base_model_name_or_path = base  # get_peft_model wrote the checkpoint dir there
+    peft_model = get_peft_model(
+        model,
+        peft_config(lora, target_names(linears, lora.target_modules, output)),
+        adapter_name=ADAPTER,
+        autocast_adapter_dtype=False,
+    )
+    peft_model.peft_config[
+        ADAPTER
+    ].base_model_name_or_path = base  # get_peft_model wrote the checkpoint dir there
     missing, unexpected = peft_model.get_base_model().load_state_dict(adapters, strict=False)
     missing = [k for k in missing if is_adapter(k)]
     if missing or unexpected:
-        raise CheckpointError(f"export: the checkpoint's adapters do not match lora_target_modules="
-                              f"{lora.target_modules!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(
+            f"export: the checkpoint's adapters do not match lora_target_modules="
+            f"{lora.target_modules!r}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     peft_model.save_pretrained(str(tmp), safe_serialization=True)
     if merged:
         peft_model.merge_and_unload().save_pretrained(str(tmp / "merged"), safe_serialization=True)
@@ -135,14 +168,18 @@ def _save_lora(model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, m
     return dirs
 
 
-def export(checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False) -> Path:
+def export(
+    checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False
+) -> Path:
     """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
     fake_world.refuse_in_rehearsal("an export", CheckpointError)
     tag_dir, meta = find_run_checkpoint(checkpoint, tag)
     lora = run_lora(meta)
     if merged and not lora.rank:
-        raise CheckpointError(f"export: --merged folds LoRA adapters into the base, and {str(tag_dir)!r} is from a "
-                              f"full fine-tuning run (lora_rank 0): drop --merged, the export is the full model")
+        raise CheckpointError(
+            f"export: --merged folds LoRA adapters into the base, and {str(tag_dir)!r} is from a "
+            f"full fine-tuning run (lora_rank 0): drop --merged, the export is the full model"
+        )
     dest = check_out(out)
     model, adapters = _load_model(tag_dir, meta, dtype)
     _write(model, adapters, lora, tag_dir, meta, dest, merged)
@@ -157,11 +194,15 @@ def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
 
     config = AutoConfig.from_pretrained(str(tag_dir), trust_remote_code=False)
     train_dtype = "bf16" if str(getattr(config, "dtype", "")).endswith("bfloat16") else "fp32"
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[train_dtype if dtype == "auto" else dtype]
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[
+        train_dtype if dtype == "auto" else dtype
+    ]
     bad = files.problem(tag_dir, meta, None, show=True)
     if bad:
-        raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} could not be loaded ({bad}); export an earlier "
-                              f"tag (--tag)")
+        raise CheckpointError(
+            f"export: checkpoint {str(tag_dir)!r} could not be loaded ({bad}); export an earlier "
+            f"tag (--tag)"
+        )
     try:
         with files.weights_only_loads():
             state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
@@ -181,31 +222,45 @@ def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     text = config.get_text_config()
-    tied = set(getattr(model, "_tied_weights_keys", None) or []) if text.tie_word_embeddings else set()
+    tied = (
+        set(getattr(model, "_tied_weights_keys", None) or []) if text.tie_word_embeddings else set()
+    )
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise CheckpointError(f"export: checkpoint {str(tag_dir)!r} does not match {type(model).__name__}: missing "
-                              f"{missing[:5]}, unexpected {unexpected[:5]}; export with the ds_longctx version "
-                              f"that trained it")
+        raise CheckpointError(
+            f"export: checkpoint {str(tag_dir)!r} does not match {type(model).__name__}: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}; export with the ds_longctx version "
+            f"that trained it"
+        )
     if tied:
         model.tie_weights()
     return model.to(torch_dtype), adapters
 
 
-def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, dest: Path, merged: bool) -> None:
+def _write(
+    model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, dest: Path, merged: bool
+) -> None:
     """The export into a fresh `<dest>.tmp-*` directory, renamed to `dest` at the end; on any error the temporary
     directory goes and nothing is left at `dest`."""
     from safetensors import SafetensorError
-    needed, free = export_bytes(model, adapters, lora, meta["run"]["model"], merged), free_bytes(dest.parent)
+
+    needed, free = (
+        export_bytes(model, adapters, lora, meta["run"]["model"], merged),
+        free_bytes(dest.parent),
+    )
     if free is not None and free < needed:
-        raise CheckpointError(f"export: --out {str(dest)!r} needs ~{size_text(needed)} and "
-                              f"{existing_ancestor(dest)} has {size_text(free)} free; choose an --out on a filesystem "
-                              f"with more space")
+        raise CheckpointError(
+            f"export: --out {str(dest)!r} needs ~{size_text(needed)} and "
+            f"{existing_ancestor(dest)} has {size_text(free)} free; choose an --out on a filesystem "
+            f"with more space"
+        )
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
     except OSError as e:
-        raise CheckpointError(f"export: --out {str(dest)!r} cannot be written ({describe_os_error(e, dest)}); choose "
-                              f"a writable --out") from None
+        raise CheckpointError(
+            f"export: --out {str(dest)!r} cannot be written ({describe_os_error(e, dest)}); choose "
+            f"a writable --out"
+        ) from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -215,39 +270,73 @@ def _write(model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, d
         else:
             model.save_pretrained(str(tmp), safe_serialization=True)
             dirs = [tmp]
-        tok = tokenizer_of(meta["run"].get("tokenizer"), meta["run"]["model"])  # the model directory's by default
+        tok = tokenizer_of(
+            meta["run"].get("tokenizer"), meta["run"]["model"]
+        )  # the model directory's by default
         if tok:
             tokenizer = open_tokenizer(tok)
             for d in dirs:
                 tokenizer.save_pretrained(str(d))
-        (tmp / "ds_longctx_export.json").write_text(json.dumps(
-            {"checkpoint": str(tag_dir), "step": meta["step"], "dtype": str(model.dtype).removeprefix("torch."),
-             "lora": lora.model_dump() if lora.rank else None, "run": meta["run"]}, indent=1) + "\n")
+        (tmp / "ds_longctx_export.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint": str(tag_dir),
+                    "step": meta["step"],
+                    "dtype": str(model.dtype).removeprefix("torch."),
+                    "lora": lora.model_dump() if lora.rank else None,
+                    "run": meta["run"],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         if dest.exists():
             dest.rmdir()  # an empty directory (checked above)
         tmp.rename(dest)
     except (OSError, SafetensorError) as e:  # safetensors reports an I/O error as its own type
         shutil.rmtree(tmp, ignore_errors=True)
-        why = describe_os_error(e, dest, needed) if isinstance(e, OSError) and e.strerror else str(e)
-        raise CheckpointError(f"export: writing {str(dest)!r} failed: {why}; nothing was left there; free space or "
-                              f"choose another --out") from None
+        why = (
+            describe_os_error(e, dest, needed) if isinstance(e, OSError) and e.strerror else str(e)
+        )
+        raise CheckpointError(
+            f"export: writing {str(dest)!r} failed: {why}; nothing was left there; free space or "
+            f"choose another --out"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ds-longctx export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=user_path,
-                   help="a run's output_dir (or its checkpoints/ directory)")
+    p = argparse.ArgumentParser(
+        prog="ds-longctx export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        type=user_path,
+        help="a run's output_dir (or its checkpoints/ directory)",
+    )
     p.add_argument("--tag", default=None, help="checkpoint tag, e.g. step300 (default: latest)")
-    p.add_argument("--out", required=True, type=user_path,
-                   help="new directory for the HF model (must not exist or be empty)")
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="weights dtype (auto: the training dtype)")
-    p.add_argument("--merged", action="store_true",
-                   help="LoRA runs: also write the base with the adapters folded in, under <out>/merged")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=user_path,
+        help="new directory for the HF model (must not exist or be empty)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="weights dtype (auto: the training dtype)",
+    )
+    p.add_argument(
+        "--merged",
+        action="store_true",
+        help="LoRA runs: also write the base with the adapters folded in, under <out>/merged",
+    )
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         dest = export(a.checkpoint, a.out, a.tag, a.dtype, a.merged)

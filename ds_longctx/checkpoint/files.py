@@ -44,10 +44,18 @@ PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file lar
 _CHUNK = 8 << 20
 _RANK_FILE = re.compile(r"(?:^|_)zero_pp_rank_(\d+)_|^rng_rank(\d+)\.pt$")
 # DeepSpeed 0.19.8's ZeRO-3 optimizer state (stage3._rigid_state_dict): the stage and the (bf16 / fp32) loss scaler
-ALLOWED = ("deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.runtime.fp16.loss_scaler.LossScaler")
+ALLOWED = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+)
 # what numpy's RNG state pickles to (np.random.get_state()): only format-1 RNG files, written before RNG was tensors
-LEGACY_RNG = ("numpy.dtype", "numpy.ndarray", "numpy._core.multiarray._reconstruct",
-              "numpy.core.multiarray._reconstruct", "numpy.dtypes.UInt32DType")
+LEGACY_RNG = (
+    "numpy.dtype",
+    "numpy.ndarray",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray._reconstruct",
+    "numpy.dtypes.UInt32DType",
+)
 _FORCE, _FORCE_NO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _TORCH_PROSE = ("Weights only load failed", "Check the documentation", "Please file", "\t", " ")
 # torch names the global it refused: "GLOBAL x.y was not an allowed global" or "GLOBAL posix.system whose module ..."
@@ -79,7 +87,10 @@ def digest(path: Path, show: bool = False) -> str:
 
 def entries(tag_dir: Path, names: Iterable[str], show: bool = False) -> dict:
     """Manifest entries {name: {"bytes", "sha256"}} of `names` under `tag_dir`."""
-    return {n: {"bytes": (tag_dir / n).stat().st_size, "sha256": digest(tag_dir / n, show)} for n in sorted(names)}
+    return {
+        n: {"bytes": (tag_dir / n).stat().st_size, "sha256": digest(tag_dir / n, show)}
+        for n in sorted(names)
+    }
 
 
 def owned(names: Iterable[str], rank: Optional[int]) -> list:
@@ -98,18 +109,27 @@ def check_sizes(tag_dir: Path, meta: dict, what: str, fix: str) -> None:
     listed = meta.get("files", {})
     for name in listed:
         manifest_path(tag_dir, name, what)
-    extra = sorted(rel for rel in walk_files(tag_dir, what) if rel not in listed and rel != META
-                   and Path(rel).parts[0] not in UNIVERSAL_DIRS)
+    extra = sorted(
+        rel
+        for rel in walk_files(tag_dir, what)
+        if rel not in listed and rel != META and Path(rel).parts[0] not in UNIVERSAL_DIRS
+    )
     if extra:
-        raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} holds {', '.join(extra[:5])}, which its save did "
-                              f"not write (not in {META}); remove it, or {fix}")
+        raise CheckpointError(
+            f"{what}: checkpoint {str(tag_dir)!r} holds {', '.join(extra[:5])}, which its save did "
+            f"not write (not in {META}); remove it, or {fix}"
+        )
     for name, entry in listed.items():
         f = tag_dir / name
         if not f.is_file():
-            raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is corrupt: {name} is missing; {fix}")
+            raise CheckpointError(
+                f"{what}: checkpoint {str(tag_dir)!r} is corrupt: {name} is missing; {fix}"
+            )
         if f.stat().st_size != expected_size(entry):
-            raise CheckpointError(f"{what}: checkpoint {str(tag_dir)!r} is corrupt: {name} has {f.stat().st_size} "
-                                  f"bytes, {expected_size(entry)} were written; {fix}")
+            raise CheckpointError(
+                f"{what}: checkpoint {str(tag_dir)!r} is corrupt: {name} has {f.stat().st_size} "
+                f"bytes, {expected_size(entry)} were written; {fix}"
+            )
 
 
 def problem(tag_dir: Path, meta: dict, rank: Optional[int], show: bool = False) -> Optional[str]:
@@ -120,19 +140,25 @@ def problem(tag_dir: Path, meta: dict, rank: Optional[int], show: bool = False) 
     for name in owned(files, rank):
         path = manifest_path(tag_dir, name, "load")
         if name.endswith(".pt"):
-            asked = unsafe_globals(path, legacy_rng=meta.get("format") == 1 and name.startswith("rng_rank"))
+            asked = unsafe_globals(
+                path, legacy_rng=meta.get("format") == 1 and name.startswith("rng_rank")
+            )
             if isinstance(asked, str):
                 return f"{name}: {asked}"
             if asked:
-                return (f"{name} asks to run {', '.join(asked)} when loaded; a checkpoint holds tensors and numbers "
-                        f"(and DeepSpeed's {', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused "
-                        f"unloaded")
+                return (
+                    f"{name} asks to run {', '.join(asked)} when loaded; a checkpoint holds tensors and numbers "
+                    f"(and DeepSpeed's {', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused "
+                    f"unloaded"
+                )
         entry = files[name]
         if isinstance(entry, dict):
             found = digest(path, show)
             if found != entry["sha256"]:
-                return (f"{name}: sha256 {found}, the manifest ({META}) says {entry['sha256']}: the file changed "
-                        f"after it was written")
+                return (
+                    f"{name}: sha256 {found}, the manifest ({META}) says {entry['sha256']}: the file changed "
+                    f"after it was written"
+                )
     return None
 
 
@@ -141,6 +167,7 @@ def unsafe_globals(path: Path, legacy_rng: bool = False):
     `legacy_rng`), read without running it (torch's `get_unsafe_globals_in_checkpoint`); a string when `path` is
     not a torch archive."""
     import torch
+
     try:
         asked = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except (ValueError, RuntimeError, OSError, pickle.UnpicklingError, KeyError) as e:
@@ -153,9 +180,11 @@ def allowed_globals(legacy_rng: bool = False) -> list:
     """The objects of ALLOWED (and of LEGACY_RNG) that a weights-only load may build."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
+
     out = [ZeroStageEnum, LossScaler]
     if legacy_rng:
         import numpy as np
+
         try:
             from numpy._core.multiarray import _reconstruct
         except ImportError:  # numpy < 2
@@ -169,6 +198,7 @@ def weights_only_loads(legacy_rng: bool = False):
     """Within the block every torch.load of this process is weights-only and may build only `allowed_globals`;
     the environment and torch's safe-globals list are restored after."""
     import torch
+
     saved_env = {k: os.environ.get(k) for k in (_FORCE, _FORCE_NO)}
     saved_globals = torch.serialization.get_safe_globals()
     os.environ[_FORCE] = "1"
@@ -195,16 +225,21 @@ def refusal(exc: BaseException, where: str) -> Optional[str]:
     if m:
         asked = m.group(1)
     else:  # no global named: torch's own line about what it met
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(_TORCH_PROSE)]
+        lines = [
+            ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(_TORCH_PROSE)
+        ]
         asked = f"more than tensors ({(lines or ['?'])[-1][:200]})"
-    return (f"{where} asks to run {asked} when loaded; a checkpoint holds tensors and numbers (and DeepSpeed's "
-            f"{', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused")
+    return (
+        f"{where} asks to run {asked} when loaded; a checkpoint holds tensors and numbers (and DeepSpeed's "
+        f"{', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused"
+    )
 
 
 def load(path: Path, legacy_rng: bool = False, map_location="cpu"):
     """torch.load of one checkpoint file, weights-only (module doc); CheckpointError naming the file and the global
     it asked for."""
     import torch
+
     try:
         with weights_only_loads(legacy_rng):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -218,7 +253,9 @@ def load(path: Path, legacy_rng: bool = False, map_location="cpu"):
 # ----------------------------------------------------------------------------- what of checkpoints/ a save wrote
 # beside its tag directories a save leaves `latest` (and its temporary) and DeepSpeed's two scripts
 SAVED_FILES = ("latest", "latest.tmp", "zero_to_fp32.py", "zero_to_torch.py")
-_SAVING = re.compile(r"^\.tmp-(old-)?step\d+$")  # a save in progress, or the tag directory it replaces
+_SAVING = re.compile(
+    r"^\.tmp-(old-)?step\d+$"
+)  # a save in progress, or the tag directory it replaces
 
 
 def foreign_files(root: Path, tag: re.Pattern) -> list:
@@ -244,9 +281,16 @@ def foreign_files(root: Path, tag: re.Pattern) -> list:
             except (OSError, ValueError, AttributeError):
                 foreign.append(f"{rel}/{META} (not a checkpoint's)")
                 continue
-            foreign += [f"{rel}/{f.relative_to(p)}" for f in sorted(p.rglob("*")) if f.is_symlink()
-                        or (f.is_file() and str(f.relative_to(p)) not in (*listed, META)
-                            and f.relative_to(p).parts[0] not in UNIVERSAL_DIRS)]
+            foreign += [
+                f"{rel}/{f.relative_to(p)}"
+                for f in sorted(p.rglob("*"))
+                if f.is_symlink()
+                or (
+                    f.is_file()
+                    and str(f.relative_to(p)) not in (*listed, META)
+                    and f.relative_to(p).parts[0] not in UNIVERSAL_DIRS
+                )
+            ]
     return foreign
 
 
@@ -256,5 +300,7 @@ def overwrite_problem(root: Path, tag: re.Pattern) -> Optional[str]:
     if not foreign:
         return None
     more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-    return (f"overwrite deletes {str(root)!r} only where every file in it is a checkpoint's, and it holds "
-            f"{', '.join(foreign[:5])}{more}, which no save wrote; move those out of it, or choose a new output_dir")
+    return (
+        f"overwrite deletes {str(root)!r} only where every file in it is a checkpoint's, and it holds "
+        f"{', '.join(foreign[:5])}{more}, which no save wrote; move those out of it, or choose a new output_dir"
+    )

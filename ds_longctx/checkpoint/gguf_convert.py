@@ -18,13 +18,21 @@ import numpy as np
 import torch
 
 LAYER_NAMES = {  # GGUF blk.N.<key> -> HF model.layers.N.<value>
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                "output": "lm_head"}
+GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 GEN_TOKENS = 12
 
 
@@ -37,17 +45,21 @@ def field_value(reader, key: str):
 def hf_config(reader):
     """The LlamaConfig that the GGUF's metadata describes (bf16)."""
     from transformers import LlamaConfig
+
     arch = field_value(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"GGUF architecture {arch!r}: only llama is converted")
 
     def meta(key):
         return field_value(reader, f"llama.{key}")
+
     hidden, heads = meta("embedding_length"), meta("attention.head_count")
     return LlamaConfig(
         vocab_size=meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
-        hidden_size=hidden, intermediate_size=meta("feed_forward_length"),
-        num_hidden_layers=meta("block_count"), num_attention_heads=heads,
+        hidden_size=hidden,
+        intermediate_size=meta("feed_forward_length"),
+        num_hidden_layers=meta("block_count"),
+        num_attention_heads=heads,
         num_key_value_heads=meta("attention.head_count_kv"),
         head_dim=meta("rope.dimension_count") or hidden // heads,
         max_position_embeddings=meta("context_length"),
@@ -57,7 +69,9 @@ def hf_config(reader):
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=field_value(reader, "tokenizer.ggml.eos_token_id"),
         pad_token_id=field_value(reader, "tokenizer.ggml.padding_token_id"),
-        architectures=["LlamaForCausalLM"], dtype="bfloat16")
+        architectures=["LlamaForCausalLM"],
+        dtype="bfloat16",
+    )
 
 
 def check_facts(config, facts: dict) -> None:
@@ -85,6 +99,7 @@ def hf_name(gguf_name: str) -> str:
 def state_dict(reader, config) -> dict:
     """Every GGUF tensor dequantized, named as HF's Llama names it, in bf16; the names checked."""
     from gguf.quants import dequantize
+
     out = {}
     for t in reader.tensors:
         w = dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -98,8 +113,10 @@ def state_dict(reader, config) -> dict:
     want |= {"model.embed_tokens.weight", "model.norm.weight"}
     want |= set() if config.tie_word_embeddings else {"lm_head.weight"}
     if set(out) != want:
-        raise ValueError(f"the GGUF's tensors do not make a Llama: missing "
-                         f"{sorted(want - set(out))[:3]}, extra {sorted(set(out) - want)[:3]}")
+        raise ValueError(
+            f"the GGUF's tensors do not make a Llama: missing "
+            f"{sorted(want - set(out))[:3]}, extra {sorted(set(out) - want)[:3]}"
+        )
     return out
 
 
@@ -108,16 +125,19 @@ def convert(gguf_path: Path, dest: Path, facts: dict) -> None:
     from gguf import GGUFReader
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, GenerationConfig
+
     reader = GGUFReader(str(gguf_path))
     config = hf_config(reader)
     check_facts(config, facts)
-    save_file(state_dict(reader, config), str(Path(dest) / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        state_dict(reader, config), str(Path(dest) / "model.safetensors"), metadata={"format": "pt"}
+    )
     config.save_pretrained(str(dest))
     GenerationConfig.from_model_config(config).save_pretrained(str(dest))
     gguf_path = Path(gguf_path)
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                        trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False
+    )
     template = field_value(reader, "tokenizer.chat_template")
     if template and tok.chat_template != template:
         raise ValueError("transformers' tokenizer of the GGUF lost its chat template")
@@ -127,12 +147,23 @@ def convert(gguf_path: Path, dest: Path, facts: dict) -> None:
 def greedy_answer(model_dir: Path, prompt: str, tokens: int = GEN_TOKENS) -> str:
     """The greedy reply to one user message through the chat template, `tokens` at most."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                 trust_remote_code=False).eval()
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, trust_remote_code=False
+    ).eval()
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=tokens, pad_token_id=tok.pad_token_id)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=tokens,
+            pad_token_id=tok.pad_token_id,
+        )
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()

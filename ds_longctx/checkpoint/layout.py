@@ -41,11 +41,15 @@ class CheckpointError(ValueError):
 CKPT_SUBDIR = "checkpoints"
 LATEST = "latest"
 TAG = re.compile(r"^step(\d+)$")  # the tags a save writes
-PARTIAL_PREFIX = ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
+PARTIAL_PREFIX = (
+    ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
+)
 # a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their own manifest
 UNIVERSAL_DIRS = ("universal", ".tmp-universal")
 META = "meta.json"
-FORMAT = 2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only, RNG pickled with numpy
+FORMAT = (
+    2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only, RNG pickled with numpy
+)
 READS = (1, 2)
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "eval_curve.jsonl"
@@ -55,8 +59,13 @@ RECALL_FILE = "recall.jsonl"  # one line per (stage, step, bucket): run/recall.p
 RECALL_ANSWERS_FILE = "recall_answers.jsonl"  # one line per answer per recall evaluation
 # a fresh run refuses an output_dir holding any of these (another run's), unless overwrite
 RUN_FILES = (CKPT_SUBDIR, "run.yaml", "ds_config.json", METRICS_FILE, CURVE_FILE, "tensorboard")
-RUN_CONFIGS = ("run.yaml", "ds_config.json")  # what a run (re)writes in output_dir, recorded in RUN_MARKER
-RUN_MARKER = ".ds_longctx-run"  # their sha256 as the run wrote them: one without is a user's, never replaced
+RUN_CONFIGS = (
+    "run.yaml",
+    "ds_config.json",
+)  # what a run (re)writes in output_dir, recorded in RUN_MARKER
+RUN_MARKER = (
+    ".ds_longctx-run"  # their sha256 as the run wrote them: one without is a user's, never replaced
+)
 
 
 def ckpt_root(output_dir) -> Path:

@@ -48,7 +48,10 @@ def check_layout(cfg, world_size: int, meta: dict, where: str) -> Optional[str]:
     old, new = layout_of(run), (world_size, sp, dp)
     old_batch = global_batch(run)
     batch = dp * cfg.train.micro_batch * cfg.train.grad_accum
-    same_batch = (run["micro_batch"], run["grad_accum"]) == (cfg.train.micro_batch, cfg.train.grad_accum)
+    same_batch = (run["micro_batch"], run["grad_accum"]) == (
+        cfg.train.micro_batch,
+        cfg.train.grad_accum,
+    )
     if old == new and same_batch:
         return None
     if batch != old_batch and not cfg.checkpoint.allow_batch_change:
@@ -57,12 +60,18 @@ def check_layout(cfg, world_size: int, meta: dict, where: str) -> Optional[str]:
             f"resume: checkpoint {where} trained {old_batch} sequences a step (dp {run['dp_size']} x micro_batch "
             f"{run['micro_batch']} x grad_accum {run['grad_accum']}); this run trains {batch} (dp {dp} x micro_batch "
             f"{cfg.train.micro_batch} x grad_accum {cfg.train.grad_accum}), which changes the tokens of every step; "
-            f"{keep}, or pass --allow_batch_change true")
-    line = (f"resume: layout world {old[0]} = sp {old[1]} x dp {old[2]} -> world {world_size} = sp {sp} x dp {dp}"
-            if old != new else "resume: layout kept")
+            f"{keep}, or pass --allow_batch_change true"
+        )
+    line = (
+        f"resume: layout world {old[0]} = sp {old[1]} x dp {old[2]} -> world {world_size} = sp {sp} x dp {dp}"
+        if old != new
+        else "resume: layout kept"
+    )
     if batch != old_batch:
-        line += (f"; global batch {old_batch} -> {batch} sequences a step (allow_batch_change): the sample stream "
-                 f"continues at sample {samples_done(meta)}")
+        line += (
+            f"; global batch {old_batch} -> {batch} sequences a step (allow_batch_change): the sample stream "
+            f"continues at sample {samples_done(meta)}"
+        )
     return line + "; the optimizer state is resharded from the checkpoint's universal form"
 
 
@@ -73,19 +82,29 @@ def _keeping(batch: int, dp: int, micro_batch: int) -> str:
     return f"no grad_accum keeps it at dp {dp} x micro_batch {micro_batch}; choose a dp that divides {batch}"
 
 
-def plan_problem(geom, seq_len: int, world_size: int, gpu_mem_gb: Optional[float], host_mem_gb: float,
-                 per_node: int) -> Optional[str]:
+def plan_problem(
+    geom,
+    seq_len: int,
+    world_size: int,
+    gpu_mem_gb: Optional[float],
+    host_mem_gb: float,
+    per_node: int,
+) -> Optional[str]:
     """Why the planner says `seq_len` cannot train on this machine (`world_size` GPUs of `gpu_mem_gb` GB, `per_node`
     a node with `host_mem_gb` GB of host), with the longest length that does; None when it fits or there is no GPU
     to plan for."""
-    from ds_longctx.plan.search import NoFit, choose
+    from ds_longctx.plan.no_fit import NoFit
+    from ds_longctx.plan.search import choose
+
     if gpu_mem_gb is None:
         return None
     nodes = max(1, world_size // per_node)
     try:
         choose(geom, seq_len, min(per_node, world_size), gpu_mem_gb, host_mem_gb, nodes=nodes)
     except NoFit as e:
-        return (f"the planner says seq_len={seq_len:,} does not fit {world_size} x {gpu_mem_gb:g} GB GPUs with "
-                f"{host_mem_gb:g} GB host a node (the longest that fits is {e.max_len:,} tokens); resume on a machine "
-                f"that fits it (`ds-longctx plan --find_max_len` asks for one), nothing was loaded")
+        return (
+            f"the planner says seq_len={seq_len:,} does not fit {world_size} x {gpu_mem_gb:g} GB GPUs with "
+            f"{host_mem_gb:g} GB host a node (the longest that fits is {e.max_len:,} tokens); resume on a machine "
+            f"that fits it (`ds-longctx plan --find_max_len` asks for one), nothing was loaded"
+        )
     return None

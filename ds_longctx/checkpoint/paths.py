@@ -38,11 +38,19 @@ def inside(base: Path, path: Path) -> bool:
 def check_tag(tag: str, source: str, what: str, root: Path) -> str:
     """`tag` when it is one plain path component naming a directory inside `root`, else CheckpointError naming
     `source` (the file or option it came from) and the value."""
-    plain = (0 < len(tag) <= 255 and tag not in (".", "..") and "/" not in tag and "\\" not in tag
-             and "\x00" not in tag and tag.isprintable())
+    plain = (
+        0 < len(tag) <= 255
+        and tag not in (".", "..")
+        and "/" not in tag
+        and "\\" not in tag
+        and "\x00" not in tag
+        and tag.isprintable()
+    )
     if not plain or not inside(root, root / tag):
-        raise CheckpointError(f"{what}: {source} holds {shown(tag)}, which is not a checkpoint of this run (a tag is "
-                              f"a directory name inside {str(root)!r}); name one of {tag_names(root)}")
+        raise CheckpointError(
+            f"{what}: {source} holds {shown(tag)}, which is not a checkpoint of this run (a tag is "
+            f"a directory name inside {str(root)!r}); name one of {tag_names(root)}"
+        )
     return tag
 
 
@@ -50,7 +58,11 @@ def tag_names(root: Path) -> list:
     """The complete-looking tag directories of `root`, oldest first (names only; nothing read)."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p.name) for p in root.iterdir() if (m := TAG.match(p.name)) and inside(root, p)]
+    found = [
+        (int(m.group(1)), p.name)
+        for p in root.iterdir()
+        if (m := TAG.match(p.name)) and inside(root, p)
+    ]
     return [name for _, name in sorted(found)]
 
 
@@ -58,16 +70,22 @@ def read_small(path: Path, base: Path, what: str) -> str:
     """The text of `path`, a file of the run inside `base` (checked before it is opened), at most MAX_SMALL_FILE
     bytes."""
     if not inside(base, path):
-        raise CheckpointError(f"{what}: {str(path)!r} is a link that leads out of {str(base)!r}, so it is not read; "
-                              f"replace it with the run's own file")
+        raise CheckpointError(
+            f"{what}: {str(path)!r} is a link that leads out of {str(base)!r}, so it is not read; "
+            f"replace it with the run's own file"
+        )
     size = path.stat().st_size
     if size > MAX_SMALL_FILE:
-        raise CheckpointError(f"{what}: {str(path)!r} has {size} bytes, more than a run writes there "
-                              f"({MAX_SMALL_FILE}); it is not read")
+        raise CheckpointError(
+            f"{what}: {str(path)!r} has {size} bytes, more than a run writes there "
+            f"({MAX_SMALL_FILE}); it is not read"
+        )
     try:
         return path.read_text()
     except UnicodeDecodeError:
-        raise CheckpointError(f"{what}: {str(path)!r} is not text, so it is not what a save writes there") from None
+        raise CheckpointError(
+            f"{what}: {str(path)!r} is not text, so it is not what a save writes there"
+        ) from None
 
 
 def read_latest(root: Path, what: str = "resume") -> Optional[str]:
@@ -81,11 +99,15 @@ def read_latest(root: Path, what: str = "resume") -> Optional[str]:
 def manifest_path(tag_dir: Path, name: str, what: str) -> Path:
     """tag_dir / name for a manifest entry `name`: a relative path without '..' that stays inside `tag_dir`."""
     if not name or Path(name).is_absolute() or ".." in Path(name).parts or "\x00" in name:
-        raise CheckpointError(f"{what}: {str(tag_dir / 'meta.json')!r} lists the file {shown(name)}, which is not "
-                              f"inside its checkpoint directory; nothing of it is read; use an earlier tag")
+        raise CheckpointError(
+            f"{what}: {str(tag_dir / 'meta.json')!r} lists the file {shown(name)}, which is not "
+            f"inside its checkpoint directory; nothing of it is read; use an earlier tag"
+        )
     if not inside(tag_dir, tag_dir / name):
-        raise CheckpointError(f"{what}: {str(tag_dir / name)!r} is a link that leads out of checkpoint "
-                              f"{str(tag_dir)!r}, so nothing of it is read; remove the link or use an earlier tag")
+        raise CheckpointError(
+            f"{what}: {str(tag_dir / name)!r} is a link that leads out of checkpoint "
+            f"{str(tag_dir)!r}, so nothing of it is read; remove the link or use an earlier tag"
+        )
     return tag_dir / name
 
 
@@ -96,8 +118,10 @@ def walk_files(tag_dir: Path, what: str) -> Iterator[str]:
         for n in dirs + names:
             p = Path(d) / n
             if p.is_symlink() and not inside(tag_dir, p):
-                raise CheckpointError(f"{what}: {str(p)!r} is a link that leads out of checkpoint {str(tag_dir)!r}, "
-                                      f"so nothing of it is read; remove the link or use an earlier tag")
+                raise CheckpointError(
+                    f"{what}: {str(p)!r} is a link that leads out of checkpoint {str(tag_dir)!r}, "
+                    f"so nothing of it is read; remove the link or use an earlier tag"
+                )
         for n in names:
             yield str((Path(d) / n).relative_to(tag_dir))
 
@@ -110,7 +134,11 @@ def unmark_partial(d: Path) -> None:
 
 def is_ours(d: Path) -> bool:
     """`d` is a directory this project wrote: a marked partial output, or a checkpoint with its meta.json."""
-    return d.is_dir() and not d.is_symlink() and ((d / PARTIAL_MARKER).is_file() or (d / META).is_file())
+    return (
+        d.is_dir()
+        and not d.is_symlink()
+        and ((d / PARTIAL_MARKER).is_file() or (d / META).is_file())
+    )
 
 
 def partial_saves(root: Path) -> list:
@@ -120,4 +148,8 @@ def partial_saves(root: Path) -> list:
 
 def foreign_partials(root: Path) -> list:
     """Paths under `root` named like a save in progress that this project did not make (never removed)."""
-    return sorted(p for p in root.glob(PARTIAL_PREFIX + "*") if not is_ours(p)) if root.is_dir() else []
+    return (
+        sorted(p for p in root.glob(PARTIAL_PREFIX + "*") if not is_ours(p))
+        if root.is_dir()
+        else []
+    )

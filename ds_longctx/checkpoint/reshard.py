@@ -29,11 +29,15 @@ def _zero3(engine):
     """The engine's ZeRO-3 optimizer, or a CheckpointError saying why this layout cannot take a resharded load."""
     zo = engine.ds.optimizer
     if not hasattr(zo, "fp32_partitioned_groups_flat") or not hasattr(zo, "param_names"):
-        raise CheckpointError(f"reshard: the engine's optimizer is {type(zo).__name__}, not DeepSpeed 0.19.8's ZeRO-3 "
-                              f"optimizer; resume at the checkpoint's own layout")
+        raise CheckpointError(
+            f"reshard: the engine's optimizer is {type(zo).__name__}, not DeepSpeed 0.19.8's ZeRO-3 "
+            f"optimizer; resume at the checkpoint's own layout"
+        )
     if getattr(zo, "swap_optimizer", False):
-        raise CheckpointError("reshard: the optimizer is swapped to NVMe, which a resharded load does not fill; "
-                              "resume with optimizer offload to cpu or none, then change it back")
+        raise CheckpointError(
+            "reshard: the optimizer is swapped to NVMe, which a resharded load does not fill; "
+            "resume with optimizer offload to cpu or none, then change it back"
+        )
     return zo
 
 
@@ -44,7 +48,7 @@ def _rank_slices(tag_dir: Path, name: str, numel: int, rank: int, world: int) ->
     out = {k: torch.zeros(part, dtype=torch.float32) for k in KEYS}
     if stop > start:
         for k, piece in read_slices(tag_dir, name, start, stop).items():
-            out[k][:stop - start] = piece
+            out[k][: stop - start] = piece
     return out
 
 
@@ -57,10 +61,12 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
     wanted = [zo.param_names[p] for group in zo.fp16_groups for p in group]
     missing = [n for n in wanted if n not in params]
     if missing:
-        raise CheckpointError(f"reshard: {str(tag_dir)!r} has no {', '.join(missing[:3])}"
-                              f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}: the model or its "
-                              f"trainable parameters changed since it was saved; resume with the model it was saved "
-                              f"with")
+        raise CheckpointError(
+            f"reshard: {str(tag_dir)!r} has no {', '.join(missing[:3])}"
+            f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}: the model or its "
+            f"trainable parameters changed since it was saved; resume with the model it was saved "
+            f"with"
+        )
     step = torch.tensor(float(manifest["optimizer_step"]))
     for gi, group in enumerate(zo.fp16_groups):
         fp32 = zo.fp32_partitioned_groups_flat[gi]
@@ -69,8 +75,10 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
             name = zo.param_names[p]
             numel, shape = params[name]["numel"], tuple(params[name]["shape"])
             if tuple(p.ds_shape) != shape:
-                raise CheckpointError(f"reshard: {name} is {list(p.ds_shape)} in this model and {list(shape)} in "
-                                      f"{str(tag_dir)!r}; resume with the model it was saved with")
+                raise CheckpointError(
+                    f"reshard: {name} is {list(p.ds_shape)} in this model and {list(shape)} in "
+                    f"{str(tag_dir)!r}; resume with the model it was saved with"
+                )
             pg = zo._get_param_partition_group(p)
             rank, world = dist.get_rank(group=pg), dist.get_world_size(group=pg)
             for key, piece in _rank_slices(tag_dir, name, numel, rank, world).items():
@@ -78,9 +86,11 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
         for key, parts in pieces.items():
             flat = torch.cat(parts) if parts else torch.zeros(0)
             if flat.numel() != fp32.numel():
-                raise CheckpointError(f"reshard: sub-group {gi} holds {fp32.numel()} elements on this rank and the "
-                                      f"partitions cut for it {flat.numel()}; DeepSpeed's layout is not the one this "
-                                      f"loader knows (0.19.8)")
+                raise CheckpointError(
+                    f"reshard: sub-group {gi} holds {fp32.numel()} elements on this rank and the "
+                    f"partitions cut for it {flat.numel()}; DeepSpeed's layout is not the one this "
+                    f"loader knows (0.19.8)"
+                )
             if key == "fp32":
                 fp32.data.copy_(flat.to(fp32.device))
             else:
@@ -102,7 +112,9 @@ def _refresh_bf16(zo) -> None:
         if fp32.numel() > 0:
             zo.fp16_partitioned_groups_flat[gi].data.copy_(fp32.data)
     for gi, flat in enumerate(zo.fp16_partitioned_groups_flat):
-        for part, new in zip(zo.fp16_partitioned_groups[gi], zo.unflatten(flat, zo.fp16_partitioned_groups[gi])):
+        for part, new in zip(
+            zo.fp16_partitioned_groups[gi], zo.unflatten(flat, zo.fp16_partitioned_groups[gi])
+        ):
             part.data = new.data
 
 
@@ -114,7 +126,9 @@ def _agreed(problem, what: str, fix: str = "") -> None:
         dist.all_gather_object(found, problem)
     bad = [(r, p) for r, p in enumerate(found) if p is not None]
     if bad:
-        raise CheckpointError(f"{what} (rank {bad[0][0]}: {bad[0][1]})" + (f"; {fix}" if fix else ""))
+        raise CheckpointError(
+            f"{what} (rank {bad[0][0]}: {bad[0][1]})" + (f"; {fix}" if fix else "")
+        )
 
 
 def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
@@ -123,20 +137,31 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
     then takes its partitions; DeepSpeed's step counters are set, and each rank's RNG is re-derived from the seed
     and the step (the old ranks' states belong to other ranks)."""
     from ds_longctx.checkpoint import universal
+
     rank, step = engine.state.rank, int(meta["step"])
     made = None
     if rank == 0 and not (universal.universal_dir(tag_dir) / universal.MANIFEST).is_file():
-        log.info("reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does this ahead of a "
-                 "job)", tag_dir)
+        log.info(
+            "reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does this ahead of a "
+            "job)",
+            tag_dir,
+        )
         try:
             universal.write_universal(tag_dir, meta, show=True)
-        except Exception as e:  # every rank stops with rank 0's reason, not in a collective that never ends
-            made = str(e) if isinstance(e, (CheckpointError, OSError)) else f"{type(e).__name__}: {e}"
+        except (
+            Exception
+        ) as e:  # every rank stops with rank 0's reason, not in a collective that never ends
+            made = (
+                str(e) if isinstance(e, (CheckpointError, OSError)) else f"{type(e).__name__}: {e}"
+            )
     _agreed(made, f"resume: checkpoint {str(tag_dir)!r} could not be resharded")
     manifest = universal.read_manifest(tag_dir, step)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    _agreed(universal.universal_problem(tag_dir, manifest, (rank, world), show=rank == 0),
-            f"resume: the universal form of {str(tag_dir)!r} could not be loaded", universal.rewrite(tag_dir))
+    _agreed(
+        universal.universal_problem(tag_dir, manifest, (rank, world), show=rank == 0),
+        f"resume: the universal form of {str(tag_dir)!r} could not be loaded",
+        universal.rewrite(tag_dir),
+    )
     load_universal(engine, tag_dir, manifest)
     ds = engine.ds
     ds.global_steps = step
@@ -150,7 +175,8 @@ def derive_rng(seed: int, step: int, rank: int) -> None:
     import random
 
     import numpy as np
+
     s = (seed * 1_000_003 + step) * 65_537 + rank
     torch.manual_seed(s)  # CUDA's generators too
     random.seed(s)
-    np.random.seed(s % 2 ** 32)
+    np.random.seed(s % 2**32)

@@ -63,11 +63,15 @@ def in_use(out, holder: dict, fix: str) -> str:
     if holder.get("pid"):
         here = holder.get("host") == socket.gethostname()
         stop = f" (or stop it: kill -TERM {holder['pid']}{'' if here else ' on ' + str(holder.get('host'))})"
-    return (f"output_dir={str(out)!r} is in use by {who(holder)}: one writer per run; wait for it to end{stop}, or "
-            f"{fix}")
+    return (
+        f"output_dir={str(out)!r} is in use by {who(holder)}: one writer per run; wait for it to end{stop}, or "
+        f"{fix}"
+    )
 
 
-_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a link or a FIFO never followed nor waited on
+_OPEN = (
+    os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+)  # a link or a FIFO never followed nor waited on
 
 
 def _open_lock(path: Path, flags: int, fix: str = FIX) -> int:
@@ -83,8 +87,11 @@ def _open_lock(path: Path, flags: int, fix: str = FIX) -> int:
         os.close(fd)
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
     if kind:
-        raise RunLockError(f"output_dir={str(path.parent)!r}: its lock file {LOCK_FILE} is {kind}, which no run "
-                           f"of this project makes, so nothing there is opened or written; {fix}", {})
+        raise RunLockError(
+            f"output_dir={str(path.parent)!r}: its lock file {LOCK_FILE} is {kind}, which no run "
+            f"of this project makes, so nothing there is opened or written; {fix}",
+            {},
+        )
     return fd
 
 
@@ -140,20 +147,27 @@ class RunLock:
                 os.close(fd)
                 if e.errno not in _UNSUPPORTED:
                     raise
-                log.warning("%s: this filesystem has no flock, so a second writer into it is not detected", path)
+                log.warning(
+                    "%s: this filesystem has no flock, so a second writer into it is not detected",
+                    path,
+                )
                 return cls(path, None, [])
             try:
                 same = os.fstat(fd).st_ino == os.lstat(path).st_ino
             except FileNotFoundError:
                 same = False
-            if not same:  # its holder released (removed) it between our open and flock: lock the new file
+            if (
+                not same
+            ):  # its holder released (removed) it between our open and flock: lock the new file
                 os.close(fd)
                 continue
             left = _record(fd)
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(maker()) + "\n").encode(), 0)
             if left:
-                log.warning("took over the lock of %s left by %s, which no longer holds it", out, who(left))
+                log.warning(
+                    "took over the lock of %s left by %s, which no longer holds it", out, who(left)
+                )
             return cls(path, fd, created)
         raise RunLockError(in_use(out, {}, fix), {})
 
@@ -197,5 +211,8 @@ def take(out, fix: str = FIX, rank: int = 0, launcher: Optional[str] = None) -> 
     try:
         return RunLock.acquire(out, fix, launcher)
     except OSError as e:
-        raise RunLockError(f"output_dir={str(out)!r}: its lock cannot be made ({describe_os_error(e, out)}); "
-                           f"choose a writable output directory", {}) from None
+        raise RunLockError(
+            f"output_dir={str(out)!r}: its lock cannot be made ({describe_os_error(e, out)}); "
+            f"choose a writable output directory",
+            {},
+        ) from None

@@ -24,7 +24,15 @@ import torch
 import torch.distributed as dist
 
 from ds_longctx.checkpoint import files, paths
-from ds_longctx.checkpoint.layout import FORMAT, LATEST, META, TAG, CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.layout import (
+    FORMAT,
+    LATEST,
+    META,
+    TAG,
+    CheckpointError,
+    ckpt_root,
+    tag_for,
+)
 from ds_longctx.checkpoint.paths import read_latest
 from ds_longctx.checkpoint.rng import rng_file, rng_state
 from ds_longctx.config import resume_keys
@@ -63,8 +71,11 @@ def write_meta(tag_dir: Path, meta: dict) -> None:
 
 
 def _own_files(tmp: Path, rank: int) -> list:
-    return [str(f.relative_to(tmp)) for f in sorted(tmp.rglob("*"))
-            if f.is_file() and files.owner(f.name) == rank and f.name != PARTIAL_MARKER]
+    return [
+        str(f.relative_to(tmp))
+        for f in sorted(tmp.rglob("*"))
+        if f.is_file() and files.owner(f.name) == rank and f.name != PARTIAL_MARKER
+    ]
 
 
 def save(engine, cfg, step: int, data_signature: dict) -> Path:
@@ -90,9 +101,13 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
     err = _agree(err)
     if err is not None:
         if engine.state.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # ours (marked), and holding the space a full disk lacks
-        raise CheckpointError(f"the save of step {step} failed: {err}; the partial save is removed, the last "
-                              f"complete checkpoint ({read_latest(root, 'save') or 'none'}) is unchanged")
+            shutil.rmtree(
+                tmp, ignore_errors=True
+            )  # ours (marked), and holding the space a full disk lacks
+        raise CheckpointError(
+            f"the save of step {step} failed: {err}; the partial save is removed, the last "
+            f"complete checkpoint ({read_latest(root, 'save') or 'none'}) is unchanged"
+        )
     return root / tag
 
 
@@ -102,7 +117,7 @@ def _attempt(write) -> Optional[str]:
         write()
         return None
     except OSError as e:
-        return describe_os_error(e, e.filename or '?')
+        return describe_os_error(e, e.filename or "?")
 
 
 def _agree(err: Optional[str]) -> Optional[str]:
@@ -127,13 +142,16 @@ def _write_own(engine, cfg, tmp: Path, step: int) -> list:
     or a rank's error line in its place. Collective."""
     st, wrote = engine.state, False
     try:
-        engine.ds.save_checkpoint(str(tmp.parent), tag=tmp.name, client_state={"ds_longctx_step": step},
-                                  save_latest=False)
+        engine.ds.save_checkpoint(
+            str(tmp.parent), tag=tmp.name, client_state={"ds_longctx_step": step}, save_latest=False
+        )
         wrote = True
         torch.save(rng_state(), tmp / rng_file(st.rank))
-        mine = files.entries(tmp, _own_files(tmp, st.rank), show=st.rank == 0)  # this rank's own files
+        mine = files.entries(
+            tmp, _own_files(tmp, st.rank), show=st.rank == 0
+        )  # this rank's own files
     except OSError as e:
-        mine = describe_os_error(e, e.filename or '?')
+        mine = describe_os_error(e, e.filename or "?")
         if not wrote:  # DeepSpeed's save ends with a barrier this rank skipped
             _barrier()
     if not dist.is_initialized():
@@ -143,9 +161,12 @@ def _write_own(engine, cfg, tmp: Path, step: int) -> list:
     return gathered
 
 
-def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_signature: dict) -> None:
+def _finish(
+    engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_signature: dict
+) -> None:
     """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag, `latest`, pruning."""
     import deepspeed
+
     st, tag = engine.state, tag_for(step)
     run = resume_keys.stored_values(cfg)
     run.update(world_size=st.world_size, sp_size=st.sp_size, dp_size=st.dp_size)
@@ -153,13 +174,25 @@ def _finish(engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_s
     cfg.dump(tmp / "run.yaml")
     manifest = {k: v for d in digests for k, v in d.items()}
     manifest.update(files.entries(tmp, ["config.json", "run.yaml"]))
-    samples = engine.sample_offset + step * st.dp_size * cfg.train.micro_batch * cfg.train.grad_accum
-    meta = {"format": FORMAT, "step": step, "tag": tag, "run": run, "data": data_signature, "samples": samples,
-            "deepspeed": deepspeed.__version__, "files": dict(sorted(manifest.items()))}
+    samples = (
+        engine.sample_offset + step * st.dp_size * cfg.train.micro_batch * cfg.train.grad_accum
+    )
+    meta = {
+        "format": FORMAT,
+        "step": step,
+        "tag": tag,
+        "run": run,
+        "data": data_signature,
+        "samples": samples,
+        "deepspeed": deepspeed.__version__,
+        "files": dict(sorted(manifest.items())),
+    }
     paths.unmark_partial(tmp)
     write_meta(tmp, meta)
     final = root / tag
-    if final.exists():  # a tag of an abandoned later timeline (resumed from an earlier tag): replace it
+    if (
+        final.exists()
+    ):  # a tag of an abandoned later timeline (resumed from an earlier tag): replace it
         old = root / f"{paths.PARTIAL_PREFIX}old-{tag}"
         final.rename(old)
         shutil.rmtree(old, ignore_errors=True)
@@ -173,7 +206,11 @@ def _prune(root: Path, step: int, keep: int) -> None:
     """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left alone)."""
     if keep <= 0:
         return
-    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := TAG.match(p.name)) and (p / META).is_file())
+    tags = sorted(
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := TAG.match(p.name)) and (p / META).is_file()
+    )
     older = [p for s, p in tags if s <= step]
     for p in older[:-keep]:
         shutil.rmtree(p, ignore_errors=True)

@@ -55,7 +55,10 @@ def partition(numel: int, world: int) -> int:
 def _layout(numel: int) -> tuple[bytes, int]:
     """(the safetensors header for KEYS of [numel] float32, the byte where the data starts)."""
     n = numel * _F32
-    header = {k: {"dtype": "F32", "shape": [numel], "data_offsets": [i * n, (i + 1) * n]} for i, k in enumerate(KEYS)}
+    header = {
+        k: {"dtype": "F32", "shape": [numel], "data_offsets": [i * n, (i + 1) * n]}
+        for i, k in enumerate(KEYS)
+    }
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # data aligned to 8 bytes
     return struct.pack("<Q", len(text)) + text, 8 + len(text)
@@ -89,16 +92,25 @@ def optim_file(rank: int) -> str:
 def _rank_pieces(path: Path) -> tuple[list, list, float]:
     """(fp32 flat groups, [{exp_avg, exp_avg_sq}] per sub-group, optimizer step) of one optim file, memory-mapped."""
     import torch
+
     with files.weights_only_loads():
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["optimizer_state_dict"]
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)[
+            "optimizer_state_dict"
+        ]
     state = sd["optimizer_state_dict"]["state"]
     flat = sd["fp32_flat_groups"]
     if sorted(state) != list(range(len(flat))):
-        raise CheckpointError(f"reshard: {path} holds optimizer state for sub-groups {sorted(state)} and fp32 "
-                              f"groups 0..{len(flat) - 1}: not a ZeRO-3 save with Adam moments; resume it at its own "
-                              f"layout")
+        raise CheckpointError(
+            f"reshard: {path} holds optimizer state for sub-groups {sorted(state)} and fp32 "
+            f"groups 0..{len(flat) - 1}: not a ZeRO-3 save with Adam moments; resume it at its own "
+            f"layout"
+        )
     step = state[0].get("step", 0)
-    return flat, [state[i] for i in range(len(flat))], float(step.item() if hasattr(step, "item") else step)
+    return (
+        flat,
+        [state[i] for i in range(len(flat))],
+        float(step.item() if hasattr(step, "item") else step),
+    )
 
 
 def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
@@ -128,6 +140,7 @@ def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: 
     """The parameter files and the manifest of `tag_dir`'s universal form, written into `tmp`."""
     import torch
     from tqdm import tqdm
+
     t0 = time.perf_counter()
     params, starts = [], {}
     for gi, group in enumerate(groups):
@@ -146,30 +159,43 @@ def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: 
             for name, shape in group:
                 numel = math.prod(shape)
                 part = partition(numel, world)
-                valid = max(0, min(part, numel - r * part))  # the rest of the last partitions is padding
+                valid = max(
+                    0, min(part, numel - r * part)
+                )  # the rest of the last partitions is padding
                 if valid:
                     fd = os.open(tmp / param_file(name), os.O_WRONLY)
                     try:
                         for k, src in enumerate(sources):
                             piece = src.detach().narrow(0, offset, valid)
                             at = starts[name] + k * numel * _F32 + r * part * _F32
-                            os.pwrite(fd, piece.to(torch.float32).contiguous().numpy().tobytes(), at)
+                            os.pwrite(
+                                fd, piece.to(torch.float32).contiguous().numpy().tobytes(), at
+                            )
                             _drop_pages(piece)
                     finally:
                         os.close(fd)
                 offset += part
             if offset != flat[gi].numel():
-                raise CheckpointError(f"reshard: {optim_file(r)} sub-group {gi} holds {flat[gi].numel()} elements, "
-                                      f"its parameters' partitions {offset}: not this layout's save; resume it at its "
-                                      f"own layout")
+                raise CheckpointError(
+                    f"reshard: {optim_file(r)} sub-group {gi} holds {flat[gi].numel()} elements, "
+                    f"its parameters' partitions {offset}: not this layout's save; resume it at its "
+                    f"own layout"
+                )
         del flat, state  # the memory map of this rank's file goes with them
         bar.update(1)
     bar.close()
     entries = files.entries(tmp, [param_file(p["name"]) for p in params], show=show)
     run = meta["run"]
-    manifest = {"format": FORMAT, "tag": tag_dir.name, "step": int(meta["step"]), "optimizer_step": step,
-                "source": {k: run[k] for k in ("world_size", "sp_size", "dp_size")},
-                "params": params, "files": entries, "seconds": round(time.perf_counter() - t0, 2)}
+    manifest = {
+        "format": FORMAT,
+        "tag": tag_dir.name,
+        "step": int(meta["step"]),
+        "optimizer_step": step,
+        "source": {k: run[k] for k in ("world_size", "sp_size", "dp_size")},
+        "params": params,
+        "files": entries,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -179,6 +205,7 @@ def _drop_pages(t) -> None:
     touch), so host memory stays a fragment however large the rank file is. A no-op where libc has no madvise."""
     import ctypes
     import mmap
+
     libc = _libc()
     if libc is None or t.numel() == 0:
         return
@@ -194,6 +221,7 @@ def _drop_pages(t) -> None:
 def _libc():
     import ctypes
     import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc if hasattr(libc, "madvise") else None
@@ -209,12 +237,18 @@ def read_manifest(tag_dir: Path, step: int | None = None) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"reshard: {str(path)!r} does not exist; {rewrite(tag_dir)}") from None
+        raise CheckpointError(
+            f"reshard: {str(path)!r} does not exist; {rewrite(tag_dir)}"
+        ) from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"reshard: {str(path)!r} is not a manifest ({e}); {rewrite(tag_dir)}") from None
+        raise CheckpointError(
+            f"reshard: {str(path)!r} is not a manifest ({e}); {rewrite(tag_dir)}"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; "
-                              f"{rewrite(tag_dir)}")
+        raise CheckpointError(
+            f"reshard: {str(path)!r} is not a universal manifest of format {FORMAT}; "
+            f"{rewrite(tag_dir)}"
+        )
     if bad := _step_problem(manifest, step):
         raise CheckpointError(f"reshard: {str(path)!r}: {bad}; {rewrite(tag_dir)}")
     return manifest
@@ -234,8 +268,10 @@ def _step_problem(manifest: dict, step: int | None):
 
 def rewrite(tag_dir: Path) -> str:
     """The fix for a universal form that is missing or damaged: the command that writes it (again, replacing it)."""
-    return (f"`ds-longctx checkpoint reshard {tag_dir.parent.parent} --tag {tag_dir.name}` writes it from the "
-            f"checkpoint (replacing what is there)")
+    return (
+        f"`ds-longctx checkpoint reshard {tag_dir.parent.parent} --tag {tag_dir.name}` writes it from the "
+        f"checkpoint (replacing what is there)"
+    )
 
 
 def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
@@ -243,13 +279,14 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
     index is `share`[0] modulo `share`[1] (the ranks split the reading): inside universal/, the size and sha256
     recorded, a safetensors file of KEYS only (no pickle is ever opened); and no file beside them."""
     from safetensors import safe_open
+
     base = universal_dir(tag_dir)
     listed = manifest["files"]
     extra = sorted(p.name for p in base.iterdir() if p.name not in listed and p.name != MANIFEST)
     if extra:
         return f"{str(base)!r} holds {', '.join(extra[:5])}, which the conversion did not write (not in {MANIFEST})"
     numels = {param_file(p["name"]): p["numel"] for p in manifest["params"]}
-    for name in sorted(listed)[share[0]::share[1]]:
+    for name in sorted(listed)[share[0] :: share[1]]:
         path = files.manifest_path(base, name, "reshard")
         entry = listed[name]
         if not path.is_file():
@@ -257,24 +294,34 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
         if name not in numels:
             return f"{str(path)!r} is listed in {MANIFEST} but is no parameter's file there"
         if (size := path.stat().st_size) != entry["bytes"]:
-            return (f"{str(path)!r} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,}: "
-                    f"not what its conversion wrote")
+            return (
+                f"{str(path)!r} is {size:,} bytes, {MANIFEST} says {entry['bytes']:,}: "
+                f"not what its conversion wrote"
+            )
         if (found := files.digest(path, show)) != entry["sha256"]:
-            return (f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
-                    f"was written")
+            return (
+                f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
+                f"was written"
+            )
         try:
             with safe_open(str(path), framework="pt") as f:
                 keys = sorted(f.keys())
                 shapes = {k: f.get_slice(k).get_shape() for k in keys}
-        except Exception as e:  # not a safetensors file (a pickle, anything else): never loaded otherwise
-            return (f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal checkpoint holds "
-                    f"tensors only, so it is refused unloaded")
+        except (
+            Exception
+        ) as e:  # not a safetensors file (a pickle, anything else): never loaded otherwise
+            return (
+                f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal checkpoint holds "
+                f"tensors only, so it is refused unloaded"
+            )
         if keys != sorted(KEYS):
             return f"{str(path)!r} holds {keys}, not {list(KEYS)}"
         if wrong := [(k, v) for k, v in shapes.items() if v != [numels[name]]]:
             key, shape = wrong[0]
-            return (f"{str(path)!r}: {key} has shape {shape}, {MANIFEST} says "
-                    f"[{numels[name]}] (the parameter's elements)")
+            return (
+                f"{str(path)!r}: {key} has shape {shape}, {MANIFEST} says "
+                f"[{numels[name]}] (the parameter's elements)"
+            )
     return None
 
 
@@ -282,5 +329,6 @@ def read_slices(tag_dir: Path, name: str, start: int, stop: int, keys: tuple = K
     """{key: elements [start, stop) of parameter `name`'s flat `key`} (float32 tensors), from one opening of its file;
     only those bytes are read."""
     from safetensors import safe_open
+
     with safe_open(str(universal_dir(tag_dir) / param_file(name)), framework="pt") as f:
         return {k: f.get_slice(k)[start:stop] for k in keys}

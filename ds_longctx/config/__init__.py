@@ -7,9 +7,17 @@ Sections: model, train, data, parallel, kernels, memory, lora, optimizer, checkp
 Keys are flat (`seq_len`), dotted (`train.seq_len`) or nested; `RunConfig.help_text()` documents every field.
 """
 
+from ds_longctx.config.errors import format_validation_error
 from ds_longctx.config.keys import DOTTED, FLAT, SECTIONS
 from ds_longctx.config.model import SHIPPED_MODELS_DIR, shipped_models
-from ds_longctx.config.run import RunConfig, format_validation_error
+from ds_longctx.config.run import RunConfig
 
-__all__ = ["DOTTED", "FLAT", "SECTIONS", "SHIPPED_MODELS_DIR", "RunConfig", "format_validation_error",
-           "shipped_models"]
+__all__ = [
+    "DOTTED",
+    "FLAT",
+    "SECTIONS",
+    "SHIPPED_MODELS_DIR",
+    "RunConfig",
+    "format_validation_error",
+    "shipped_models",
+]

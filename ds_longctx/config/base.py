@@ -18,9 +18,16 @@ class Section(BaseModel):
     A field's flat key (`--key value`, a flat YAML key) is its name unless its `json_schema_extra` names another
     (`{"flat": "data_layout"}`); config/__init__.py checks that every flat key maps to exactly one field."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True,
-                              protected_namespaces=(), allow_inf_nan=False)
-    USER_PATHS: ClassVar[tuple] = ()  # fields holding a user's path: resolved once (parallel/disk.user_path)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+        protected_namespaces=(),
+        allow_inf_nan=False,
+    )
+    USER_PATHS: ClassVar[
+        tuple
+    ] = ()  # fields holding a user's path: resolved once (parallel/disk.user_path)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -34,9 +41,14 @@ class Section(BaseModel):
             kinds = {cls.model_fields[info.field_name].annotation}
             kinds |= set(get_args(next(iter(kinds))))
             if isinstance(v, bool) and kinds & {int, float} and bool not in kinds:
-                raise ValueError(f"{str(v).lower()} is a boolean, not a number; give a number (every key's type: "
-                                 f"ds-longctx train --help)")
+                raise ValueError(
+                    f"{str(v).lower()} is a boolean, not a number; give a number (every key's type: "
+                    f"ds-longctx train --help)"
+                )
             if isinstance(v, str) and not v.strip() and str in kinds:
-                raise ValueError(f"{v!r} is blank; give a value" + (" or null" if type(None) in kinds else "")
-                                 + " (every key: ds-longctx train --help)")
+                raise ValueError(
+                    f"{v!r} is blank; give a value"
+                    + (" or null" if type(None) in kinds else "")
+                    + " (every key: ds-longctx train --help)"
+                )
         return v

@@ -29,6 +29,8 @@ class CheckpointConfig(Section):
     @model_validator(mode="after")
     def _tag_needs_resume(self) -> "CheckpointConfig":
         if self.resume_tag is not None and not self.resume:
-            raise ValueError(f"resume_tag={self.resume_tag!r} is set but resume is false; add --resume true or drop "
-                             f"resume_tag")
+            raise ValueError(
+                f"resume_tag={self.resume_tag!r} is set but resume is false; add --resume true or drop "
+                f"resume_tag"
+            )
         return self

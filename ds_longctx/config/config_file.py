@@ -27,13 +27,19 @@ def read_config_file(path: Union[str, Path]) -> Any:
     """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules). OSError for a file
     that cannot be opened; ValueError for everything else that is wrong with it."""
     kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
-    with open(path, "rb") as f:  # read one byte past the cap: a device or FIFO never streams in whole
+    with open(
+        path, "rb"
+    ) as f:  # read one byte past the cap: a device or FIFO never streams in whole
         raw = f.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
         size = Path(path).stat().st_size
-        said = f"{size / 2 ** 20:.1f} MiB" if size > MAX_BYTES else f"more than {MAX_BYTES // 2 ** 20} MiB"
-        raise ValueError(f"config {path} is {said}, over the {MAX_BYTES // 2 ** 20} MiB a run config may be (one is a "
-                         f"few KiB); check that this is the run config, or write one with `ds-longctx plan --out`")
+        said = (
+            f"{size / 2**20:.1f} MiB" if size > MAX_BYTES else f"more than {MAX_BYTES // 2**20} MiB"
+        )
+        raise ValueError(
+            f"config {path} is {said}, over the {MAX_BYTES // 2**20} MiB a run config may be (one is a "
+            f"few KiB); check that this is the run config, or write one with `ds-longctx plan --out`"
+        )
     try:
         text = raw.decode()
         return _yaml(text, path) if kind == "YAML" else _json(text, path)
@@ -41,8 +47,10 @@ def read_config_file(path: Union[str, Path]) -> Any:
         if isinstance(e, _Refused):
             raise ValueError(str(e)) from None
         first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
-        raise ValueError(f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
-                         f"with `ds-longctx plan --out`") from None
+        raise ValueError(
+            f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
+            f"with `ds-longctx plan --out`"
+        ) from None
 
 
 class _Refused(ValueError):
@@ -87,11 +95,15 @@ class _StrictLoader(yaml.SafeLoader):
         event = self.peek_event()
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(f"config {self.where} line {line} uses a YAML alias (*{event.anchor}); write the values "
-                           f"out")
+            raise _Refused(
+                f"config {self.where} line {line} uses a YAML alias (*{event.anchor}); write the values "
+                f"out"
+            )
         if getattr(event, "anchor", None) is not None:
-            raise _Refused(f"config {self.where} line {line} defines a YAML anchor (&{event.anchor}); a run config "
-                           f"has no use for one: remove it and write the values out")
+            raise _Refused(
+                f"config {self.where} line {line} defines a YAML anchor (&{event.anchor}); a run config "
+                f"has no use for one: remove it and write the values out"
+            )
         return super().compose_node(parent, index)
 
     def construct_document(self, node):
@@ -101,8 +113,10 @@ class _StrictLoader(yaml.SafeLoader):
     def _check(self, node, at: str) -> None:
         """Every node under `node` (dotted path `at`): a known tag, and no mapping key twice."""
         if node.tag not in self.yaml_constructors or node.tag is None:
-            raise _Refused(f"config {self.where} line {node.start_mark.line + 1} uses the YAML tag {node.tag!r}; a "
-                           f"run config holds plain keys and values: remove the tag")
+            raise _Refused(
+                f"config {self.where} line {node.start_mark.line + 1} uses the YAML tag {node.tag!r}; a "
+                f"run config holds plain keys and values: remove the tag"
+            )
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for k, v in node.value:

@@ -21,7 +21,9 @@ class DataConfig(Section):
     tokenizer: Optional[str] = None
     """Local tokenizer directory for text data (default: the model directory when it holds a tokenizer). Its size
     must not exceed the model's vocab_size. Not needed when the data has an `input_ids` column."""
-    layout: Literal["auto", "concat", "pack", "document"] = Field("auto", json_schema_extra={"flat": "data_layout"})
+    layout: Literal["auto", "concat", "pack", "document"] = Field(
+        "auto", json_schema_extra={"flat": "data_layout"}
+    )
     """concat: documents joined end to end (EOS between) and cut into rows of exactly seq_len (PG-19 style); pack:
     whole documents packed into rows, position ids restart per document and attention stays inside each (needs a
     varlen attention kernel); document: one document per row, its first seq_len tokens (every document must be
@@ -30,7 +32,8 @@ class DataConfig(Section):
     text_field: str = "text"
     """Column holding the text in JSONL / Parquet / hub data."""
     format: Literal["auto", "text", "messages", "prompt_completion", "tokens"] = Field(
-        "auto", json_schema_extra={"flat": "data_format"})
+        "auto", json_schema_extra={"flat": "data_format"}
+    )
     """What a row holds: text (`text_field`); messages (a chat session: a `messages` list of {role, content,
     tool_calls}, an optional `tools` list, rendered with the tokenizer's chat template); prompt_completion (`prompt`
     and `completion` strings); tokens (`input_ids`, optionally `labels` and 0/1 `completion_mask` /

@@ -9,9 +9,14 @@ from pydantic import Field, field_validator, model_validator
 from ds_longctx.config.base import Section
 
 # the lowest value of each count, and what it counts (the refusal names both)
-_LOWEST = {"every": (0, "steps between evaluations; 0: after the last step only"),
-           "rows": (1, "held-out rows per evaluation, e.g. eval_rows: 8; to turn evaluation off drop eval_data"),
-           "buckets": (1, "position buckets of the loss curve, e.g. eval_buckets: 32")}
+_LOWEST = {
+    "every": (0, "steps between evaluations; 0: after the last step only"),
+    "rows": (
+        1,
+        "held-out rows per evaluation, e.g. eval_rows: 8; to turn evaluation off drop eval_data",
+    ),
+    "buckets": (1, "position buckets of the loss curve, e.g. eval_buckets: 32"),
+}
 
 
 class EvalConfig(Section):
@@ -52,12 +57,18 @@ class EvalConfig(Section):
     @model_validator(mode="after")
     def _every_needs_data(self) -> "EvalConfig":
         if self.every and self.data is None:
-            raise ValueError(f"eval_every={self.every} is set but eval_data is not; add --eval_data synthetic (or a "
-                             f"path) or drop eval_every")
+            raise ValueError(
+                f"eval_every={self.every} is set but eval_data is not; add --eval_data synthetic (or a "
+                f"path) or drop eval_every"
+            )
         if self.answer_loss and self.data is None:
-            raise ValueError("eval_answer_loss is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
-                             "prepare --sessions` directory) or drop eval_answer_loss")
+            raise ValueError(
+                "eval_answer_loss is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
+                "prepare --sessions` directory) or drop eval_answer_loss"
+            )
         if self.recall and self.data is None:
-            raise ValueError("eval_recall is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
-                             "prepare --sessions` directory) or drop eval_recall")
+            raise ValueError(
+                "eval_recall is set but eval_data is not; add --eval_data DIR (a `ds-longctx data "
+                "prepare --sessions` directory) or drop eval_recall"
+            )
         return self

@@ -8,7 +8,16 @@ from pydantic import field_validator
 
 from ds_longctx.config.base import Section
 
-ATTN_BACKENDS = ("auto", "fa4", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flash_attn")
+ATTN_BACKENDS = (
+    "auto",
+    "fa4",
+    "sdpa",
+    "sdpa_cudnn",
+    "sdpa_flash",
+    "sdpa_efficient",
+    "sdpa_math",
+    "flash_attn",
+)
 
 
 class KernelsConfig(Section):

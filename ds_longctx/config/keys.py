@@ -24,10 +24,24 @@ from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
 from ds_longctx.config.train import TrainConfig
 
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig, "parallel": ParallelConfig,
-            "kernels": KernelsConfig, "memory": MemoryConfig, "lora": LoraConfig, "optimizer": OptimizerConfig,
-            "checkpoint": CheckpointConfig, "logging": LoggingConfig, "eval": EvalConfig}
-LEGACY = ("activation_offload", "tensorboard", "logging.tensorboard")  # keys of older files, read by `_fold_one`
+SECTIONS = {
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+    "parallel": ParallelConfig,
+    "kernels": KernelsConfig,
+    "memory": MemoryConfig,
+    "lora": LoraConfig,
+    "optimizer": OptimizerConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+    "eval": EvalConfig,
+}
+LEGACY = (
+    "activation_offload",
+    "tensorboard",
+    "logging.tensorboard",
+)  # keys of older files, read by `_fold_one`
 
 
 def _flat_keys() -> dict:
@@ -48,12 +62,25 @@ DOTTED = {f"{sec}.{name}": (sec, name) for sec, name in FLAT.values()}
 
 # the HF Trainer's / TRL's names of settings this config spells otherwise: an unknown key that is one of them is
 # pointed at ours, not at the key spelled most like it (`save_steps` is closest to `steps` by spelling)
-HF_NAMES = {"save_steps": "save_every", "logging_steps": "log_every", "eval_steps": "eval_every",
-            "learning_rate": "lr", "max_steps": "steps", "max_grad_norm": "grad_clip",
-            "max_seq_length": "seq_len", "max_length": "seq_len", "per_device_train_batch_size": "micro_batch",
-            "gradient_checkpointing": "activation_checkpointing", "save_total_limit": "keep_checkpoints",
-            "resume_from_checkpoint": "resume", "model_name_or_path": "model", "dataset_text_field": "text_field",
-            "attn_implementation": "attn_backend", "lora_r": "lora_rank", "bf16": "dtype"}
+HF_NAMES = {
+    "save_steps": "save_every",
+    "logging_steps": "log_every",
+    "eval_steps": "eval_every",
+    "learning_rate": "lr",
+    "max_steps": "steps",
+    "max_grad_norm": "grad_clip",
+    "max_seq_length": "seq_len",
+    "max_length": "seq_len",
+    "per_device_train_batch_size": "micro_batch",
+    "gradient_checkpointing": "activation_checkpointing",
+    "save_total_limit": "keep_checkpoints",
+    "resume_from_checkpoint": "resume",
+    "model_name_or_path": "model",
+    "dataset_text_field": "text_field",
+    "attn_implementation": "attn_backend",
+    "lora_r": "lora_rank",
+    "bf16": "dtype",
+}
 
 
 def nearest_keys(key: str, most: int = 4) -> list[str]:
@@ -65,8 +92,9 @@ def nearest_keys(key: str, most: int = 4) -> list[str]:
         return [f"{HF_NAMES[bare]} (the HF Trainer's {bare})"]
     pool = [*FLAT, *DOTTED, *LEGACY]
     leaf = bare.rpartition(".")[2]
-    near = difflib.get_close_matches(key, pool, n=2 * most, cutoff=0.5) or difflib.get_close_matches(
-        key.rpartition(".")[2], pool, n=1, cutoff=0.0)
+    near = difflib.get_close_matches(
+        key, pool, n=2 * most, cutoff=0.5
+    ) or difflib.get_close_matches(key.rpartition(".")[2], pool, n=1, cutoff=0.0)
     if "." in bare and leaf in FLAT:  # the right key in the wrong section
         near = [".".join(FLAT[leaf]), *near]
     out, fields = [], set()
@@ -81,8 +109,10 @@ def nearest_keys(key: str, most: int = 4) -> list[str]:
 def unknown_key(key: str, prefix: str = "") -> ValueError:
     first, *others = nearest_keys(key)
     also = f" (also close: {', '.join(prefix + k for k in others)})" if others else ""
-    return ValueError(f"unknown {'option' if prefix else 'key'} {prefix}{key}; nearest: {prefix}{first}{also}; "
-                      f"every key: ds-longctx train --help")
+    return ValueError(
+        f"unknown {'option' if prefix else 'key'} {prefix}{key}; nearest: {prefix}{first}{also}; "
+        f"every key: ds-longctx train --help"
+    )
 
 
 def field_of(key: str):
@@ -104,8 +134,10 @@ def _fold_one(data: dict) -> dict:
 
     def put(sec: str, name: str, value, spelling: str) -> None:
         if name in out[sec] and out[sec][name] != value:
-            raise ValueError(f"{sec}.{name} is given twice: {spelled[(sec, name)]}={out[sec][name]!r} and "
-                             f"{spelling}={value!r}; keep one")
+            raise ValueError(
+                f"{sec}.{name} is given twice: {spelled[(sec, name)]}={out[sec][name]!r} and "
+                f"{spelling}={value!r}; keep one"
+            )
         out[sec][name], spelled[(sec, name)] = value, spelling
 
     for key, value in data.items():
@@ -119,11 +151,17 @@ def _fold_one(data: dict) -> dict:
                     raise unknown_key(repr(f"{key}.{name}"))
                 put(key, name, v, f"{key}.{name}")
             continue
-        if key in SECTIONS and key not in FLAT and key not in DOTTED:  # a section (`model` is a flat key too)
-            if value is None:  # `memory:` with nothing under it (YAML's null): an empty section, the defaults
+        if (
+            key in SECTIONS and key not in FLAT and key not in DOTTED
+        ):  # a section (`model` is a flat key too)
+            if (
+                value is None
+            ):  # `memory:` with nothing under it (YAML's null): an empty section, the defaults
                 continue
-            raise ValueError(f"{key}: {value!r} is not a mapping; the {key} section holds keys, e.g. "
-                             f"{key}: {{{next(iter(SECTIONS[key].model_fields))}: ...}}")
+            raise ValueError(
+                f"{key}: {value!r} is not a mapping; the {key} section holds keys, e.g. "
+                f"{key}: {{{next(iter(SECTIONS[key].model_fields))}: ...}}"
+            )
         where = field_of(key)
         if where is None and key.endswith("tensorboard"):
             legacy_tb = value
@@ -137,14 +175,18 @@ def _fold_one(data: dict) -> dict:
         if legacy_offload in (False, "false", 0):
             n = mem.get("offload_layers", 0)
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                raise ValueError(f"activation_offload=false with offload_layers={n}: the first says no layer is "
-                                 f"offloaded, the second {n}; drop activation_offload (offload_layers alone is the "
-                                 f"lever now) or set offload_layers: 0")
+                raise ValueError(
+                    f"activation_offload=false with offload_layers={n}: the first says no layer is "
+                    f"offloaded, the second {n}; drop activation_offload (offload_layers alone is the "
+                    f"lever now) or set offload_layers: 0"
+                )
             mem["offload_layers"] = 0
         else:
             mem.setdefault("offload_layers", "all")
     if legacy_tb is not None:  # `tensorboard: true|false` before report_to
-        out["logging"].setdefault("report_to", "none" if legacy_tb in (False, "false", 0) else "auto")
+        out["logging"].setdefault(
+            "report_to", "none" if legacy_tb in (False, "false", 0) else "auto"
+        )
     return {s: v for s, v in out.items() if v}
 
 
@@ -178,4 +220,8 @@ def is_optional_key(key: str) -> bool:
 
 
 def type_name(ann) -> str:
-    return ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "").replace("NoneType", "None")
+    return (
+        ann.__name__
+        if isinstance(ann, type)
+        else str(ann).replace("typing.", "").replace("NoneType", "None")
+    )

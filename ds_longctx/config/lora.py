@@ -22,7 +22,8 @@ class LoraConfig(Section):
     """Dropout on the adapters' input, in [0, 1). Must be 0 with tiled_mlp (its tile recompute does not replay
     the RNG)."""
     target_modules: Union[Literal["all-linear"], list[str]] = Field(
-        list(DEFAULT_TARGETS), json_schema_extra={"flat": "lora_target_modules"})
+        list(DEFAULT_TARGETS), json_schema_extra={"flat": "lora_target_modules"}
+    )
     """Which Linears get adapters: module-name suffixes (`q_proj` matches every `...self_attn.q_proj`; on the
     command line a comma-separated list, `--lora_target_modules q_proj,v_proj`) or all-linear (every Linear but
     the output layer). The output layer (lm_head) cannot be targeted: the chunked loss reads its weight."""
@@ -42,8 +43,10 @@ class LoraConfig(Section):
     @classmethod
     def _alpha(cls, v: float) -> float:
         if not v > 0:
-            raise ValueError(f"lora_alpha={v} must be > 0 (the adapter output is scaled by alpha / rank); try 16 "
-                             f"or twice the rank")
+            raise ValueError(
+                f"lora_alpha={v} must be > 0 (the adapter output is scaled by alpha / rank); try 16 "
+                f"or twice the rank"
+            )
         return v
 
     @field_validator("dropout")

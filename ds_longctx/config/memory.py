@@ -64,8 +64,14 @@ class MemoryConfig(Section):
 
     @model_validator(mode="after")
     def _placement_request(self) -> "MemoryConfig":
-        check_request(self.offload_layers, self.attention_cache_layers, self.activation_checkpointing,
-                      self.placement)
+        check_request(
+            self.offload_layers,
+            self.attention_cache_layers,
+            self.activation_checkpointing,
+            self.placement,
+        )
         if self.gpu_budget_gb is not None:
-            allocator_fraction(self.gpu_budget_gb, total_bytes=2 ** 62)  # refuses a budget the context fills
+            allocator_fraction(
+                self.gpu_budget_gb, total_bytes=2**62
+            )  # refuses a budget the context fills
         return self

@@ -25,10 +25,15 @@ def shipped_models() -> list:
 class ModelConfig(Section):
     """Which model, in which dtype, with which RoPE scaling."""
 
-    name: str = Field("qwen3-tiny", json_schema_extra={"flat": "model"}, description=(
-        f"A shipped geometry (random init: {', '.join(shipped_models())}), an HF config.json file (random init from "
-        f"it, as the shipped ones: plan or train a model whose weights are not here), or a local HF checkpoint "
-        f"directory; a local one comes before a preset of the same name (`resolve_model`)."))
+    name: str = Field(
+        "qwen3-tiny",
+        json_schema_extra={"flat": "model"},
+        description=(
+            f"A shipped geometry (random init: {', '.join(shipped_models())}), an HF config.json file (random init from "
+            f"it, as the shipped ones: plan or train a model whose weights are not here), or a local HF checkpoint "
+            f"directory; a local one comes before a preset of the same name (`resolve_model`)."
+        ),
+    )
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 on GPU, fp32 on CPU."""
     rope_scaling: Union[Literal["auto", "none", "yarn"], dict] = "auto"
@@ -45,17 +50,23 @@ class ModelConfig(Section):
         try:
             src = resolve_model(v)
         except OSError as e:  # unreadable, a name too long
-            raise ValueError(f"model={v!r}: {e.strerror or e}; pass a shipped geometry {shipped_models()}, an HF "
-                             f"config.json file or a local HF checkpoint directory") from None
+            raise ValueError(
+                f"model={v!r}: {e.strerror or e}; pass a shipped geometry {shipped_models()}, an HF "
+                f"config.json file or a local HF checkpoint directory"
+            ) from None
         if src.hub:
-            raise ValueError(f"model={v!r} is a Hub id, which a run does not download: `hf download {v} --local-dir "
-                             f"DIR` and pass DIR (or {src.name}, the preset of its shape with random weights)")
+            raise ValueError(
+                f"model={v!r} is a Hub id, which a run does not download: `hf download {v} --local-dir "
+                f"DIR` and pass DIR (or {src.name}, the preset of its shape with random weights)"
+            )
         if src.kind == "file":
             _check_config_file(v, src.config)
         return src.name
 
 
-CONFIG_FILE_MAX = 16 * 2**20  # bytes: a config.json is kilobytes; a larger file (weights) is not read
+CONFIG_FILE_MAX = (
+    16 * 2**20
+)  # bytes: a config.json is kilobytes; a larger file (weights) is not read
 
 
 def read_config_json(p: Path):
@@ -63,7 +74,9 @@ def read_config_json(p: Path):
     than CONFIG_FILE_MAX or not JSON text."""
     size = p.stat().st_size
     if size > CONFIG_FILE_MAX:
-        raise ValueError(f"{p} is {size:,} bytes: larger than any config.json ({CONFIG_FILE_MAX:,} at most)")
+        raise ValueError(
+            f"{p} is {size:,} bytes: larger than any config.json ({CONFIG_FILE_MAX:,} at most)"
+        )
     return json.loads(p.read_text(encoding="utf-8"))
 
 
@@ -74,8 +87,10 @@ def _check_config_file(v: str, p: Path) -> None:
     except (ValueError, AttributeError):
         ok = False
     if not ok:
-        raise ValueError(f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
-                         f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory")
+        raise ValueError(
+            f"model={v!r} is a file but not an HF config.json (a JSON object with a model_type); "
+            f"pass a config.json, a shipped geometry {shipped_models()} or a checkpoint directory"
+        )
 
 
 @dataclass(frozen=True)
@@ -103,20 +118,37 @@ def resolve_model(name: str) -> ModelSource:
     (any case), a Hub id (`Qwen/Qwen3-8B`) the preset of its last part (hub=True: its shape, not its weights).
     ValueError naming the fix; OSError where a path cannot be looked at."""
     p = Path(name)
-    preset, bare = SHIPPED_MODELS_DIR / f"{p.name.lower()}.json", "/" not in name and os.sep not in name
+    preset, bare = (
+        SHIPPED_MODELS_DIR / f"{p.name.lower()}.json",
+        "/" not in name and os.sep not in name,
+    )
     if p.is_file() or (p / "config.json").is_file():
-        note = (f"the local {'file' if p.is_file() else 'folder'} here, not the shipped preset {preset.stem}; "
-                f"pass {preset} for the preset") if bare and preset.is_file() else None
-        return ModelSource(name, *(("file", p) if p.is_file() else ("directory", p / "config.json")), note=note)
+        note = (
+            (
+                f"the local {'file' if p.is_file() else 'folder'} here, not the shipped preset {preset.stem}; "
+                f"pass {preset} for the preset"
+            )
+            if bare and preset.is_file()
+            else None
+        )
+        return ModelSource(
+            name, *(("file", p) if p.is_file() else ("directory", p / "config.json")), note=note
+        )
     if preset.is_file() and (bare or _HUB_ID.fullmatch(name)):
         return ModelSource(preset.stem, "shipped", preset, hub=not bare)
     shipped = shipped_models()
     if p.is_dir():
-        raise ValueError(f"model={name!r} is a directory without a config.json; pass an HF checkpoint directory "
-                         f"(config.json beside its weights), a config.json file or a shipped geometry {shipped}")
+        raise ValueError(
+            f"model={name!r} is a directory without a config.json; pass an HF checkpoint directory "
+            f"(config.json beside its weights), a config.json file or a shipped geometry {shipped}"
+        )
     there = "is not a regular file" if p.exists() else "does not exist"
-    raise ValueError(f"model={name!r} is neither a shipped geometry {shipped} nor a directory / file holding an HF "
-                     f"config.json" + (f" ({p} {there})" if not bare or p.exists() else "") + "; pass one of those")
+    raise ValueError(
+        f"model={name!r} is neither a shipped geometry {shipped} nor a directory / file holding an HF "
+        f"config.json"
+        + (f" ({p} {there})" if not bare or p.exists() else "")
+        + "; pass one of those"
+    )
 
 
 def random_init(model: str) -> bool:

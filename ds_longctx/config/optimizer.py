@@ -17,7 +17,9 @@ class OptimizerConfig(Section):
     rewrites the model (fine-tuning uses 1e-6 to 1e-3)."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up steps (from 0 to lr), before `schedule`."""
-    schedule: Literal["constant", "cosine", "linear"] = Field("constant", json_schema_extra={"flat": "lr_schedule"})
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", json_schema_extra={"flat": "lr_schedule"}
+    )
     """After the warm-up: lr held (constant), or decayed to `min_lr` at the last step along a half cosine or a line
     (plan/lr_schedule.py)."""
     min_lr: float = Field(0.0, ge=0)
@@ -43,7 +45,9 @@ class OptimizerConfig(Section):
     the same size (power-of-two rounded). `ds-longctx plan` adds it after the optimizer offload where nothing fits
     without it. Not with LoRA or a partial optimizer offload. Its memory against the plan:
     docs/calibration.md#offload-params; its step-time cost is not measured."""
-    offload_ratio: float = Field(1.0, ge=0.0, le=1.0, json_schema_extra={"flat": "optimizer_offload_ratio"})
+    offload_ratio: float = Field(
+        1.0, ge=0.0, le=1.0, json_schema_extra={"flat": "optimizer_offload_ratio"}
+    )
     """With optimizer_offload: the share of the optimizer state (fp32 master, grads, Adam moments) on the host,
     stepped by CPU Adam; the rest stays on the GPU and steps there (DeepSpeed ZeRO-3 partial offload,
     offload_optimizer.ratio, split at its sub-groups, about OFFLOAD_SUB_GROUPS per rank: plan/zero_buffers.py).
@@ -53,6 +57,8 @@ class OptimizerConfig(Section):
     @model_validator(mode="after")
     def _floor_under_peak(self) -> "OptimizerConfig":
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr={self.min_lr:g} is above lr={self.lr:g}: the schedule decays from lr down to "
-                             f"min_lr; set min_lr <= {self.lr:g}")
+            raise ValueError(
+                f"min_lr={self.min_lr:g} is above lr={self.lr:g}: the schedule decays from lr down to "
+                f"min_lr; set min_lr <= {self.lr:g}"
+            )
         return self

@@ -21,29 +21,96 @@ from ds_longctx.config.keys import FLAT
 
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
 FIXED = {
-    "model": "", "dtype": "", "rope_scaling": "", "router_aux_loss_coef": "", "attn_backend": "",
-    "linear_attn_backend": "", "seq_len": "", "seed": "", "shuffle": "",
-    "data": "", "data_split": "", "data_layout": "", "tokenizer": "", "text_field": "", "text_unit": "",
-    "add_eos": "", "skip_bad_rows": "", "data_format": "", "train_on": "", "truncate": "",
-    "lora_rank": "", "lora_alpha": "", "lora_dropout": "", "lora_target_modules": "", "lora_init": "",
-    "objective": "", "beta": "", "loss_type": "", "ref_model": "", "shared_prompt": "",
+    "model": "",
+    "dtype": "",
+    "rope_scaling": "",
+    "router_aux_loss_coef": "",
+    "attn_backend": "",
+    "linear_attn_backend": "",
+    "seq_len": "",
+    "seed": "",
+    "shuffle": "",
+    "data": "",
+    "data_split": "",
+    "data_layout": "",
+    "tokenizer": "",
+    "text_field": "",
+    "text_unit": "",
+    "add_eos": "",
+    "skip_bad_rows": "",
+    "data_format": "",
+    "train_on": "",
+    "truncate": "",
+    "lora_rank": "",
+    "lora_alpha": "",
+    "lora_dropout": "",
+    "lora_target_modules": "",
+    "lora_init": "",
+    "objective": "",
+    "beta": "",
+    "loss_type": "",
+    "ref_model": "",
+    "shared_prompt": "",
     "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
     "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "
-                               "their size) and is not carried into another split",
+    "their size) and is not carried into another split",
 }
 MAY_CHANGE = (
-    "steps", "epochs", "loss_average", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay", "grad_clip",
-    "optimizer_state_at_build", "save_every", "keep_checkpoints", "log_every", "report_to", "memory_snapshot_steps",
-    "eval_data", "eval_every", "eval_rows", "eval_buckets", "eval_answer_loss", "eval_recall",
-    "data_cache_dir", "tokenize_num_proc", "fused_ops",
-    "chunked_loss", "loss_chunk_rows", "activation_checkpointing", "offload_layers", "attention_cache_layers",
-    "placement", "pinned_pool", "tiled_mlp", "tiled_layer", "tile_tokens", "attn_bwd_head_groups", "gpu_budget_gb",
-    "run_ahead_layers", "optimizer_offload", "offload_params",
-    "collective_timeout_s", "sp_across_nodes", "nodes", "gpus_per_node",
+    "steps",
+    "epochs",
+    "loss_average",
+    "lr",
+    "warmup_steps",
+    "lr_schedule",
+    "min_lr",
+    "weight_decay",
+    "grad_clip",
+    "optimizer_state_at_build",
+    "save_every",
+    "keep_checkpoints",
+    "log_every",
+    "report_to",
+    "memory_snapshot_steps",
+    "eval_data",
+    "eval_every",
+    "eval_rows",
+    "eval_buckets",
+    "eval_answer_loss",
+    "eval_recall",
+    "data_cache_dir",
+    "tokenize_num_proc",
+    "fused_ops",
+    "chunked_loss",
+    "loss_chunk_rows",
+    "activation_checkpointing",
+    "offload_layers",
+    "attention_cache_layers",
+    "placement",
+    "pinned_pool",
+    "tiled_mlp",
+    "tiled_layer",
+    "tile_tokens",
+    "attn_bwd_head_groups",
+    "gpu_budget_gb",
+    "run_ahead_layers",
+    "optimizer_offload",
+    "offload_params",
+    "collective_timeout_s",
+    "sp_across_nodes",
+    "nodes",
+    "gpus_per_node",
 )
 # the layout and the global batch: checked together by checkpoint/layout_change.check_layout
-NOT_COMPARED = ("output_dir", "overwrite", "resume", "resume_tag", "sp_size", "micro_batch", "grad_accum",
-                "allow_batch_change")
+NOT_COMPARED = (
+    "output_dir",
+    "overwrite",
+    "resume",
+    "resume_tag",
+    "sp_size",
+    "micro_batch",
+    "grad_accum",
+    "allow_batch_change",
+)
 # the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups (lr,
 # weight_decay) and the scheduler's step from the checkpoint
 OPTIMIZER_KEYS = ("steps", "epochs", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay")
@@ -53,8 +120,10 @@ def _check_classes() -> None:
     keys = [*FIXED, *MAY_CHANGE, *NOT_COMPARED]
     if sorted(keys) != sorted(FLAT):
         twice = sorted({k for k in keys if keys.count(k) > 1})
-        raise TypeError(f"config/resume_keys.py: every run-config key belongs to one class; unclassified "
-                        f"{sorted(set(FLAT) - set(keys))}, unknown {sorted(set(keys) - set(FLAT))}, twice {twice}")
+        raise TypeError(
+            f"config/resume_keys.py: every run-config key belongs to one class; unclassified "
+            f"{sorted(set(FLAT) - set(keys))}, unknown {sorted(set(keys) - set(FLAT))}, twice {twice}"
+        )
 
 
 _check_classes()
@@ -69,8 +138,11 @@ def saved_values(stored: dict, run_yaml: Path) -> dict:
     """A checkpoint's values: meta.json's `run` (`stored`), and for the keys that its version did not store there, its
     run.yaml's (a dump in sections), where the checkpoint has one."""
     dump = read_config_file(run_yaml) if run_yaml.is_file() else None
-    dumped = {flat: dump[sec][name] for flat, (sec, name) in FLAT.items()
-              if isinstance(dump, dict) and isinstance(dump.get(sec), dict) and name in dump[sec]}
+    dumped = {
+        flat: dump[sec][name]
+        for flat, (sec, name) in FLAT.items()
+        if isinstance(dump, dict) and isinstance(dump.get(sec), dict) and name in dump[sec]
+    }
     return {**dumped, **stored}
 
 
@@ -94,12 +166,18 @@ def _show(v) -> str:
 
 def resume_refusal(refused: list, where: str) -> str:
     """The refusal of a resume that changes FIXED keys (`compare`'s first list) of checkpoint `where`."""
-    what = ", ".join(f"{dotted(k)} {_show(a)} -> {_show(b)}" + (f" ({FIXED[k]})" if FIXED[k] else "")
-                     for k, a, b in refused)
-    return (f"resume: this run changes {what} from checkpoint {where}; resume with the checkpoint's values (its "
-            f"run.yaml) or start a new output_dir")
+    what = ", ".join(
+        f"{dotted(k)} {_show(a)} -> {_show(b)}" + (f" ({FIXED[k]})" if FIXED[k] else "")
+        for k, a, b in refused
+    )
+    return (
+        f"resume: this run changes {what} from checkpoint {where}; resume with the checkpoint's values (its "
+        f"run.yaml) or start a new output_dir"
+    )
 
 
 def changed_line(changed: list, step: int) -> str:
     """The one log line of what a resume at `step` changes (`compare`'s second list)."""
-    return f"resume: changed since step {step}: " + ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changed)
+    return f"resume: changed since step {step}: " + ", ".join(
+        f"{k} {_show(a)} -> {_show(b)}" for k, a, b in changed
+    )

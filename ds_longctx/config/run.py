@@ -50,16 +50,23 @@ from ds_longctx.config.memory import MemoryConfig
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
-from ds_longctx.config.train import TrainConfig, objective_problem, whole_number_hint
+from ds_longctx.config.train import TrainConfig, objective_problem
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
 
-def lever_conflict(*, lora_rank: int = 0, tiled_layer: bool = False, offload_ratio: float = 1.0,
-                   offload_params: bool = False, flags: bool = False) -> Optional[str]:
+def lever_conflict(
+    *,
+    lora_rank: int = 0,
+    tiled_layer: bool = False,
+    offload_ratio: float = 1.0,
+    offload_params: bool = False,
+    flags: bool = False,
+) -> Optional[str]:
     """The one home of which levers do not go together: the run config's validator, `ds-longctx plan`'s arguments
     (plan/write.py) and the planner (plan_memory) ask here. Returns the refusal, naming the values and the fix, or
     None. `flags`: spelled as `ds-longctx plan`'s switches (`--lora_rank 16`; the fix: drop one), else as run-config
     keys (`lora_rank=16`; the fix: the key to set)."""
+
     def name(key, value=True):
         if flags:
             return f"--{key}" + ("" if value is True else f" {value:g}")
@@ -67,17 +74,27 @@ def lever_conflict(*, lora_rank: int = 0, tiled_layer: bool = False, offload_rat
 
     def fix(*keys):
         return "drop one of them" if flags else "set " + ", or ".join(keys)
+
     lora, ratio = name("lora_rank", lora_rank), name("optimizer_offload_ratio", offload_ratio)
     if tiled_layer and lora_rank:
-        return (f"{name('tiled_layer')} with {lora}: the tiled layer computes from the base weights and would skip "
-                f"the adapters; " + fix("tiled_layer: false (tiled_mlp: true works with LoRA)"))
+        return (
+            f"{name('tiled_layer')} with {lora}: the tiled layer computes from the base weights and would skip "
+            f"the adapters; " + fix("tiled_layer: false (tiled_mlp: true works with LoRA)")
+        )
     if offload_ratio < 1 and lora_rank:
-        return (f"{ratio} with {lora}: the adapters' optimizer state is small, split it no further; "
-                + fix("optimizer_offload_ratio: 1", "optimizer_offload: false"))
+        return (
+            f"{ratio} with {lora}: the adapters' optimizer state is small, split it no further; "
+            + fix("optimizer_offload_ratio: 1", "optimizer_offload: false")
+        )
     if offload_params and (lora_rank or offload_ratio < 1):
-        return (f"{name('offload_params')} with {lora if lora_rank else ratio}: parameter offload is planned and "
-                f"built for a whole trained model with its whole optimizer on one side; "
-                + fix("offload_params: false", "lora_rank: 0" if lora_rank else "optimizer_offload_ratio: 1"))
+        return (
+            f"{name('offload_params')} with {lora if lora_rank else ratio}: parameter offload is planned and "
+            f"built for a whole trained model with its whole optimizer on one side; "
+            + fix(
+                "offload_params: false",
+                "lora_rank: 0" if lora_rank else "optimizer_offload_ratio: 1",
+            )
+        )
     return None
 
 
@@ -106,8 +123,10 @@ class RunConfig(BaseModel):
         folded = fold(data)
         train = folded.get("train", {})
         if train.get("epochs") is not None and "steps" in train:
-            raise ValueError(f"steps={train['steps']} and epochs={train['epochs']} both say how long to train; keep "
-                             f"one")
+            raise ValueError(
+                f"steps={train['steps']} and epochs={train['epochs']} both say how long to train; keep "
+                f"one"
+            )
         return folded
 
     @model_validator(mode="after")
@@ -119,38 +138,57 @@ class RunConfig(BaseModel):
         seq, sp, par = self.train.seq_len, self.parallel.sp_size, self.parallel
         if (world := (info.context or {}).get("world_size")) is not None:
             per_node = (info.context or {}).get("per_node") or world
-            check_planned_world(par.nodes, par.gpus_per_node, world, per_node)  # the world a plan was made for first
+            # the world a plan was made for first
+            check_planned_world(par.nodes, par.gpus_per_node, world, per_node)
             check_sp_size(sp, world)
         if seq < sp:
-            raise ValueError(f"seq_len={seq} is shorter than sp_size={sp}: each rank needs at least one token; "
-                             f"raise seq_len or lower sp_size")
+            raise ValueError(
+                f"seq_len={seq} is shorter than sp_size={sp}: each rank needs at least one token; "
+                f"raise seq_len or lower sp_size"
+            )
         if seq % sp:
             lo = seq - seq % sp
-            raise ValueError(f"seq_len={seq} is not divisible by sp_size={sp}; use seq_len={lo} or {lo + sp} "
-                             f"(packed data of any length is padded per batch instead)")
+            raise ValueError(
+                f"seq_len={seq} is not divisible by sp_size={sp}; use seq_len={lo} or {lo + sp} "
+                f"(packed data of any length is padded per batch instead)"
+            )
         if self.data.layout == "pack" and self.train.micro_batch != 1:
-            raise ValueError(f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
-                             f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
-                             f"concat")
+            raise ValueError(
+                f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
+                f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
+                f"concat"
+            )
         if msg := objective_problem(self.train, self.data, self.eval.data):
             raise ValueError(msg)
         if self.lora.rank and self.lora.dropout and self.memory.tiled_mlp:
-            raise ValueError(f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
-                             f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
-                             f"tiled_mlp: false")
+            raise ValueError(
+                f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
+                f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
+                f"tiled_mlp: false"
+            )
         ratio = self.optimizer.offload_ratio
         if ratio < 1 and not self.optimizer.offload:
-            raise ValueError(f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "
-                             f"true, or leave optimizer_offload_ratio at 1")
-        if msg := lever_conflict(lora_rank=self.lora.rank, tiled_layer=self.memory.tiled_layer, offload_ratio=ratio,
-                                 offload_params=self.optimizer.offload_params):
+            raise ValueError(
+                f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "
+                f"true, or leave optimizer_offload_ratio at 1"
+            )
+        if msg := lever_conflict(
+            lora_rank=self.lora.rank,
+            tiled_layer=self.memory.tiled_layer,
+            offload_ratio=ratio,
+            offload_params=self.optimizer.offload_params,
+        ):
             raise ValueError(msg)
         if self.train.epochs is not None and self.data.source == "synthetic":
-            raise ValueError(f"epochs={self.train.epochs:g} counts passes over the data's rows, and data='synthetic' "
-                             f"draws new rows forever; give steps instead")
+            raise ValueError(
+                f"epochs={self.train.epochs:g} counts passes over the data's rows, and data='synthetic' "
+                f"draws new rows forever; give steps instead"
+            )
         if self.eval.data is not None and self.eval.buckets > seq:
-            raise ValueError(f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
-                             f"at least one; use eval_buckets <= {seq}")
+            raise ValueError(
+                f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
+                f"at least one; use eval_buckets <= {seq}"
+            )
         return self
 
     # ---------------------------------------------------------------- reading by key
@@ -167,34 +205,54 @@ class RunConfig(BaseModel):
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, path: Union[str, Path], world_size: Optional[int] = None, per_node: Optional[int] = None,
-             **overrides) -> "RunConfig":
+    def load(
+        cls,
+        path: Union[str, Path],
+        world_size: Optional[int] = None,
+        per_node: Optional[int] = None,
+        **overrides,
+    ) -> "RunConfig":
         """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
         the run is launched on, checked against sp_size first (None: not known here)."""
         try:
             if Path(path).is_dir():
-                raise ValueError(f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)")
+                raise ValueError(
+                    f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)"
+                )
             data = read_config_file(path)  # a ValueError naming the file, the line and the fix
         except OSError as e:  # missing, unreadable, a name too long
-            raise ValueError(f"config {path}: {e.strerror or e}; give the path of a run config (.yaml or .json; "
-                             f"`ds-longctx plan --out DIR` writes DIR/run.yaml)") from None
+            raise ValueError(
+                f"config {path}: {e.strerror or e}; give the path of a run config (.yaml or .json; "
+                f"`ds-longctx plan --out DIR` writes DIR/run.yaml)"
+            ) from None
         if data is None:  # an empty file would train the default toy model without a word
-            raise ValueError(f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
-                             f"`ds-longctx plan --out DIR`)")
+            raise ValueError(
+                f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
+                f"`ds-longctx plan --out DIR`)"
+            )
         if not isinstance(data, dict):
-            raise ValueError(f"config {path} must hold a mapping of keys, got {type(data).__name__}")
+            raise ValueError(
+                f"config {path} must hold a mapping of keys, got {type(data).__name__}"
+            )
         try:
             merged = fold(paths_beside(fold(data), Path(path).parent), overrides)
-        except ValueError as e:  # an unknown or doubled key: the same ValidationError as the constructor's
-            raise ValidationError.from_exception_data(cls.__name__, [
-                {"type": "value_error", "loc": (), "input": data, "ctx": {"error": e}}]) from None
-        if merged.get("model", {}).get("name") is None:  # else the default toy model trains, without a word
-            raise ValueError(f"config {path} names no model; add `model: qwen3-8b` (a shipped geometry, an HF "
-                             f"config.json or a checkpoint directory) to it, or pass --model")
+        except ValueError as e:  # an unknown or doubled key: the constructor's ValidationError
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [{"type": "value_error", "loc": (), "input": data, "ctx": {"error": e}}],
+            ) from None
+        # else the default toy model trains, without a word
+        if merged.get("model", {}).get("name") is None:
+            raise ValueError(
+                f"config {path} names no model; add `model: qwen3-8b` (a shipped geometry, an HF "
+                f"config.json or a checkpoint directory) to it, or pass --model"
+            )
         return cls.model_validate(merged, context={"world_size": world_size, "per_node": per_node})
 
     @classmethod
-    def from_cli(cls, argv: list, world_size: Optional[int] = None, per_node: Optional[int] = None) -> "RunConfig":
+    def from_cli(
+        cls, argv: list, world_size: Optional[int] = None, per_node: Optional[int] = None
+    ) -> "RunConfig":
         """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
         (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
         unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. A key is given
@@ -207,15 +265,21 @@ class RunConfig(BaseModel):
         while i < len(argv):
             arg = argv[i]
             if not arg.startswith("--") or arg == "--":
-                raise ValueError(f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx train "
-                                 f"--help)")
+                raise ValueError(
+                    f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx train "
+                    f"--help)"
+                )
             key, eq, val = arg[2:].partition("=")
             key = key.replace("-", "_")
             if key != "config" and key not in FLAT and key not in DOTTED and key not in LEGACY:
                 raise unknown_key(key, prefix="--")
             if not eq:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
-                if key != "config" and key_annotation(key) is bool and (nxt is None or nxt.startswith("--")):
+                if (
+                    key != "config"
+                    and key_annotation(key) is bool
+                    and (nxt is None or nxt.startswith("--"))
+                ):
                     val = "true"  # a bare flag: `--resume`
                 elif nxt is None:
                     raise ValueError(f"option --{key} needs a value")
@@ -224,22 +288,30 @@ class RunConfig(BaseModel):
             field = key if key == "config" else (field_of(key) or key)
             if field in given:
                 name = field if isinstance(field, str) else ".".join(field)
-                raise ValueError(f"{name} is given twice on the command line: {given[field]} and --{key} {val}; keep "
-                                 f"one")
+                raise ValueError(
+                    f"{name} is given twice on the command line: {given[field]} and --{key} {val}; keep "
+                    f"one"
+                )
             given[field] = f"--{key} {val}"
             if key == "config":
                 config_path = val
             elif is_text_key(key):
-                overrides[key] = None if val == "null" and is_optional_key(key) else val  # --tokenizer null unsets it
+                # --tokenizer null unsets it
+                overrides[key] = None if val == "null" and is_optional_key(key) else val
             else:
                 overrides[key] = yaml.safe_load(val)
             i += 1
         if config_path is not None:
-            if not config_path.strip():  # else the defaults (the toy model) would train without a word
-                raise ValueError(f"--config {config_path!r} names no file; give the path of a run config (.yaml or "
-                                 f".json), or leave --config out")
+            # else the defaults (the toy model) would train without a word
+            if not config_path.strip():
+                raise ValueError(
+                    f"--config {config_path!r} names no file; give the path of a run config (.yaml or "
+                    f".json), or leave --config out"
+                )
             return cls.load(config_path, world_size, per_node, **overrides)
-        return cls.model_validate(overrides, context={"world_size": world_size, "per_node": per_node})
+        return cls.model_validate(
+            overrides, context={"world_size": world_size, "per_node": per_node}
+        )
 
     def dump(self, path: Union[str, Path]) -> None:
         """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is
@@ -247,7 +319,8 @@ class RunConfig(BaseModel):
         is left out."""
         data = self.model_dump()
         data["train"]["overwrite"] = False
-        if self.train.epochs is not None:  # the steps an epoch count came to are the run's to work out again
+        # the steps an epoch count came to are the run's to work out again
+        if self.train.epochs is not None:
             del data["train"]["steps"]
         if str(path).endswith((".yaml", ".yml")):
             Path(path).write_text(yaml_text(data))
@@ -258,42 +331,31 @@ class RunConfig(BaseModel):
     @classmethod
     def help_text(cls, width: int = 100) -> str:
         """Every field by section: its flat and dotted key, type, default and doc (what `--help` prints)."""
-        lines = ["run config: a YAML/JSON file (--config FILE) and/or --key value overrides. A key is flat "
-                 "(--seq_len 4096) or dotted by section (--train.seq_len 4096); a file may use either, or nest "
-                 "sections (as run.yaml does).", ""]
+        lines = [
+            "run config: a YAML/JSON file (--config FILE) and/or --key value overrides. A key is flat "
+            "(--seq_len 4096) or dotted by section (--train.seq_len 4096); a file may use either, or nest "
+            "sections (as run.yaml does).",
+            "",
+        ]
         flat_of = {where: flat for flat, where in FLAT.items()}
         for sec, scls in SECTIONS.items():
             lines.append(f"{sec}:  {(scls.__doc__ or '').strip().splitlines()[0]}")
             for name, f in scls.model_fields.items():
                 flat = flat_of[(sec, name)]
                 default = f.get_default(call_default_factory=True)
-                lines.append(f"  --{flat}  (--{sec}.{name})  {type_name(f.annotation)}, default {default!r}")
+                lines.append(
+                    f"  --{flat}  (--{sec}.{name})  {type_name(f.annotation)}, default {default!r}"
+                )
                 doc = " ".join((f.description or "").split())
-                lines += textwrap.wrap(doc, width=width, initial_indent="      ", subsequent_indent="      ")
+                lines += textwrap.wrap(
+                    doc, width=width, initial_indent="      ", subsequent_indent="      "
+                )
             lines.append("")
-        lines.append("legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true = all "
-                     "unless offload_layers says how many)")
+        lines.append(
+            "legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true = all "
+            "unless offload_layers says how many)"
+        )
         return "\n".join(lines)
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem, without pydantic's URLs: what a user reads before anything runs."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            lines.append(str(unknown_key(repr(loc))))
-        elif loc and e["type"] != "value_error" and "input" in e and not isinstance(e["input"], (dict, BaseModel)):
-            # a type or range error: the value given beside what was expected (our own checks name it themselves)
-            hint = {"bool_parsing": "; use true or false", "bool_type": "; use true or false",
-                    "finite_number": "; give a finite number"}.get(e["type"], "")
-            if e["type"] == "int_parsing" and isinstance(e["input"], str):  # `128k`, `1e6`: the number it means
-                hint = whole_number_hint(e["input"])
-            lines.append(f"{loc}: {msg} (got {e['input']!r}{hint})")
-        else:
-            lines.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid run config:\n  " + "\n  ".join(lines)
 
 
 PATH_KEYS = (("model", "name"), ("data", "source"), ("data", "tokenizer"), ("eval", "data"))
@@ -307,6 +369,11 @@ def paths_beside(sections: dict, config_dir: Path) -> dict:
         return sections
     for section, key in PATH_KEYS:
         value = sections.get(section, {}).get(key)
-        if isinstance(value, str) and value and not os.path.isabs(value) and (config_dir / value).exists():
+        if (
+            isinstance(value, str)
+            and value
+            and not os.path.isabs(value)
+            and (config_dir / value).exists()
+        ):
             sections[section][key] = os.path.normpath(config_dir / value)
     return sections

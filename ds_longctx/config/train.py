@@ -19,7 +19,7 @@ def whole_number_hint(text: str) -> str:
     readings of a k / M / G suffix (powers of 1024 and of 1000), which this config does not guess between."""
     if m := _SCALED.fullmatch(text.strip()):
         n, p = float(m[1]), _POWERS[m[2].lower()]
-        ways = [f"{int(v)}" for v in (n * 1024 ** p, n * 1000 ** p) if v == int(v)]
+        ways = [f"{int(v)}" for v in (n * 1024**p, n * 1000**p) if v == int(v)]
     else:
         try:
             v = float(text)
@@ -63,7 +63,7 @@ class TrainConfig(Section):
     prompt's layers run once, its attention twice); false: each completion after its own copy of the prompt."""
     ref_model: Optional[str] = None
     """DPO's reference model; None: the starting weights (the only reference built so far)."""
-    seed: int = Field(0, ge=0, lt=2 ** 32)
+    seed: int = Field(0, ge=0, lt=2**32)
     """Seed for random init and synthetic data; identical for any world size / sp_size. A 32-bit number (torch's
     generators take seed x 1,000,003 + epoch, which must fit 64 bits)."""
     output_dir: str = "runs/latest"
@@ -79,16 +79,26 @@ def objective_problem(train: TrainConfig, data, eval_data: Optional[str]) -> Opt
     if train.objective == "grpo":
         return "objective=grpo is not built yet; use objective: sft or dpo"
     if train.objective != "dpo":
-        return "ref_model applies to objective: dpo; leave it unset" if train.ref_model is not None else None
+        return (
+            "ref_model applies to objective: dpo; leave it unset"
+            if train.ref_model is not None
+            else None
+        )
     if train.ref_model is not None:
-        return (f"ref_model={train.ref_model!r}: a reference other than the starting weights is not built yet; leave "
-                f"ref_model unset (the reference log-probs come from the starting weights)")
+        return (
+            f"ref_model={train.ref_model!r}: a reference other than the starting weights is not built yet; leave "
+            f"ref_model unset (the reference log-probs come from the starting weights)"
+        )
     if train.micro_batch != 1:
         return f"objective=dpo packs pairs into rows of seq_len and takes micro_batch=1, got {train.micro_batch}"
     if eval_data is not None:
-        return (f"eval_data={eval_data!r} with objective=dpo: a held-out evaluation of preference pairs is not built "
-                f"yet; leave eval_data unset")
+        return (
+            f"eval_data={eval_data!r} with objective=dpo: a held-out evaluation of preference pairs is not built "
+            f"yet; leave eval_data unset"
+        )
     if data.source == "synthetic":
-        return ("objective=dpo trains on preference pairs; set data to a .jsonl file of prompt, chosen and rejected "
-                "rows")
+        return (
+            "objective=dpo trains on preference pairs; set data to a .jsonl file of prompt, chosen and rejected "
+            "rows"
+        )
     return None

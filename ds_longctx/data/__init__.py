@@ -1,10 +1,11 @@
 """Training data: local files or a hub dataset -> token rows of exactly `seq_len` (the synthetic task: synthetic.py).
 
-Modules, each importing only those before it: scan.py (read local files through, name every bad row) -> sources.py
-(find files, load documents) -> budget.py (one row's time budget) -> tokenize.py (tokenizer, token ids through the
-cache) -> rows.py (rows in the run's order, `Batch`) -> synthetic.py (the long-range task, same interface); this file
-holds the entry points and the checks that span them. prepare.py (`ds-longctx data prepare`) writes a corpus and its
-tokenizer: the standard library as documents (stdlib_corpus.py) or long agent sessions over it (agent_sessions.py).
+Modules, each importing only those before it: scan.py (read local rows through, name every bad row) ->
+scan_source.py (a whole source) -> sources.py (find files, load documents) -> budget.py (one row's time budget) ->
+tokenize.py (tokenizer, token ids through the cache) -> rows.py (rows in the run's order, `Batch`) -> synthetic.py
+(the long-range task, same interface); this file holds the entry points and the checks that span them. prepare.py
+(`ds-longctx data prepare`) writes a corpus and its tokenizer: the standard library as documents (stdlib_corpus.py)
+or long agent sessions over it (agent_sessions.py).
 
     data = build_data(cfg, hf_config, dp_size)          # TokenRows (files) or SyntheticRetrieval ("synthetic")
     batch = data.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
@@ -56,12 +57,22 @@ from ds_longctx.data.preference import PairRows, pair_files, read_pairs
 from ds_longctx.data.rows import Batch, TokenRows
 from ds_longctx.data.sources import DataError, check_source, load_documents, prepared_split
 from ds_longctx.data.synthetic import SyntheticRetrieval
-from ds_longctx.data.tokenize import check_tokenized, cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
+from ds_longctx.data.tokenize import cut_rule, default_train_on, eos_id, load_tokenizer, tokenize
+from ds_longctx.data.tokenize_check import check_tokenized
 from ds_longctx.parallel import attention
 
 log = logging.getLogger("ds_longctx")
-__all__ = ["Batch", "DataError", "TokenRows", "build_data", "build_eval_data", "check_data_source",
-           "check_eval_source", "check_packing", "eval_view"]
+__all__ = [
+    "Batch",
+    "DataError",
+    "TokenRows",
+    "build_data",
+    "build_eval_data",
+    "check_data_source",
+    "check_eval_source",
+    "check_packing",
+    "eval_view",
+]
 
 
 def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
@@ -75,18 +86,27 @@ def check_packing(cfg, on_cuda: Optional[bool] = None) -> None:
     if on_cuda:
         try:
             from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+
             return
         except ImportError:
-            raise DataError(f"data_layout='pack' on CUDA with attn_backend={cfg.kernels.attn_backend!r} needs "
-                            f"torch.nn.attention.varlen (torch >= 2.9, this is {torch.__version__}) or flash-attn; "
-                            f"upgrade torch, install flash-attn, or use data_layout: concat") from None
+            raise DataError(
+                f"data_layout='pack' on CUDA with attn_backend={cfg.kernels.attn_backend!r} needs "
+                f"torch.nn.attention.varlen (torch >= 2.9, this is {torch.__version__}) or flash-attn; "
+                f"upgrade torch, install flash-attn, or use data_layout: concat"
+            ) from None
     if cfg.train.seq_len > attention.MAX_MASKED_TOKENS:
-        raise DataError(f"data_layout='pack' at seq_len={cfg.train.seq_len} needs a varlen attention kernel (CUDA); "
-                        f"the CPU fallback masks a full seq_len^2 matrix and stops at {attention.MAX_MASKED_TOKENS} "
-                        f"tokens; use seq_len <= {attention.MAX_MASKED_TOKENS}, data_layout: concat, or a GPU")
+        raise DataError(
+            f"data_layout='pack' at seq_len={cfg.train.seq_len} needs a varlen attention kernel (CUDA); "
+            f"the CPU fallback masks a full seq_len^2 matrix and stops at {attention.MAX_MASKED_TOKENS} "
+            f"tokens; use seq_len <= {attention.MAX_MASKED_TOKENS}, data_layout: concat, or a GPU"
+        )
 
 
-PACKED_FORMATS = ("messages", "prompt_completion", "tokens")  # rows that are sessions or pairs: data_layout auto packs
+PACKED_FORMATS = (
+    "messages",
+    "prompt_completion",
+    "tokens",
+)  # rows that are sessions or pairs: data_layout auto packs
 
 
 def resolve_layout(cfg, fmt: str) -> str:
@@ -112,11 +132,13 @@ def check_data_source(cfg, vocab_size: int) -> None:
     """Checks before any process group exists: the source resolves, every local file reads through (data/scan.py:
     every bad row refused, or counted with skip_bad_rows), train_on and truncate fit the rows and layout, the
     tokenizer fits. What only the tokenizer shows (a template that fails or rewrites turns, a row with no trained
-    token) is refused when the rows are tokenized (data/tokenize.py `check_tokenized`), by file and line too."""
+    token) is refused when the rows are tokenized (data/tokenize_check.py `check_tokenized`), by file and line too."""
     if cfg.data.source == "synthetic":
         return
     if cfg.train.objective == "dpo":
-        build_pairs(cfg, vocab_size)  # every pair read and tokenized: a bad one is refused by file and line
+        build_pairs(
+            cfg, vocab_size
+        )  # every pair read and tokenized: a bad one is refused by file and line
         return
     scan = check_source(cfg)
     if scan is not None:
@@ -133,13 +155,22 @@ def build_pairs(cfg, vocab_size: int, hf_config=None) -> PairRows:
     check_packing(cfg.model_copy(update={"data": cfg.data.model_copy(update={"layout": "pack"})}))
     tok = load_tokenizer(cfg, vocab_size)
     if tok is None:
-        raise DataError(f"data={cfg.data.source!r} holds preference pairs as text and needs a tokenizer; set "
-                        f"tokenizer to the model's tokenizer directory")
+        raise DataError(
+            f"data={cfg.data.source!r} holds preference pairs as text and needs a tokenizer; set "
+            f"tokenizer to the model's tokenizer directory"
+        )
     eos = eos_id(tok, hf_config) if cfg.data.add_eos else None
     pairs = read_pairs(pair_files(cfg.data.source), tok, eos, cfg.train.seq_len)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos or 0
-    return PairRows(pairs, cfg.train.seq_len, cfg.train.seed, cfg.data.shuffle, int(pad), cfg.data.source,
-                    cfg.train.shared_prompt)
+    return PairRows(
+        pairs,
+        cfg.train.seq_len,
+        cfg.train.seed,
+        cfg.data.shuffle,
+        int(pad),
+        cfg.data.source,
+        cfg.train.shared_prompt,
+    )
 
 
 def build_data(cfg, hf_config, dp_size: int):
@@ -153,16 +184,34 @@ def build_data(cfg, hf_config, dp_size: int):
     docs = load_documents(cfg)
     resolve_layout(cfg, docs.format)
     check_packing(cfg)
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab)
+    tokenized = tokenize(
+        docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab
+    )
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)
-    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else eos_id(tok, hf_config) or 0
-    rows = TokenRows(tokenized, cfg.train.seq_len, cfg.data.layout, cfg.train.seed, cfg.data.shuffle, int(pad),
-                     source=cfg.data.source, vocab_size=vocab, skipped_rows=skipped, cut=cut_rule(cfg))
+    pad = (
+        tok.pad_token_id
+        if tok is not None and tok.pad_token_id is not None
+        else eos_id(tok, hf_config) or 0
+    )
+    rows = TokenRows(
+        tokenized,
+        cfg.train.seq_len,
+        cfg.data.layout,
+        cfg.train.seed,
+        cfg.data.shuffle,
+        int(pad),
+        source=cfg.data.source,
+        vocab_size=vocab,
+        skipped_rows=skipped,
+        cut=cut_rule(cfg),
+    )
     need = dp_size * cfg.train.micro_batch
     if rows.n_rows < need:
-        raise DataError(f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
-                        f"({cfg.data.layout}) but one step needs {need} different rows (dp={dp_size} x micro_batch="
-                        f"{cfg.train.micro_batch}); add data, lower seq_len, or lower micro_batch")
+        raise DataError(
+            f"data={cfg.data.source!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
+            f"({cfg.data.layout}) but one step needs {need} different rows (dp={dp_size} x micro_batch="
+            f"{cfg.train.micro_batch}); add data, lower seq_len, or lower micro_batch"
+        )
     return rows
 
 
@@ -190,7 +239,9 @@ def build_eval_data(cfg, hf_config):
     if cfg.eval.data == "synthetic":
         return rows.held_out()
     if rows.n_rows < cfg.eval.rows:
-        raise DataError(f"eval_data={cfg.eval.data!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
-                        f"({cfg.data.layout}), fewer than eval_rows={cfg.eval.rows}; lower eval_rows to "
-                        f"{rows.n_rows} or add held-out data")
+        raise DataError(
+            f"eval_data={cfg.eval.data!r} gives {rows.n_rows} rows of seq_len={cfg.train.seq_len} "
+            f"({cfg.data.layout}), fewer than eval_rows={cfg.eval.rows}; lower eval_rows to "
+            f"{rows.n_rows} or add held-out data"
+        )
     return rows

@@ -17,8 +17,9 @@ import re
 from ds_longctx.data.session_card import DISTANCE_EDGES, bucket_index, size_name
 from ds_longctx.data.session_chat import Renderer, token_at
 
-BUCKETS = [f"{size_name(a)}-{size_name(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + \
-          [f"{size_name(DISTANCE_EDGES[-1])}+"]
+BUCKETS = [f"{size_name(a)}-{size_name(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + [
+    f"{size_name(DISTANCE_EDGES[-1])}+"
+]
 
 
 def answer_spans(tok, row: dict) -> tuple:
@@ -26,7 +27,10 @@ def answer_spans(tok, row: dict) -> tuple:
     value is not at its recorded characters is refused: its meta is not this rendering's."""
     ren, msgs, tools = Renderer(tok), row["messages"], row["tools"]
     whole = ren.session(msgs, tools)
-    starts, at = [], 0  # the session's rendering is its messages' pieces end to end (session_chat.py)
+    starts, at = (
+        [],
+        0,
+    )  # the session's rendering is its messages' pieces end to end (session_chat.py)
     for k, m in enumerate(msgs):
         starts.append(at + len(f"<|im_start|>{m['role']}\n"))
         at += len(ren.piece(m, tools if k == 0 else None))
@@ -36,11 +40,20 @@ def answer_spans(tok, row: dict) -> tuple:
     for f in row["meta"]["answers"]:
         a, b = (starts[f["message"]] + c for c in f["answer_chars"])
         if whole[a:b] != f["value"]:
-            raise ValueError(f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} at "
-                             f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer")
+            raise ValueError(
+                f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} at "
+                f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer"
+            )
         span = [token_at(ends, a), token_at(ends, b - 1) + 1]  # the tokens of characters a .. b - 1
-        spans.append({"message": f["message"], "kind": f["kind"], "distance_tokens": f["distance_tokens"],
-                      "bucket": BUCKETS[bucket_index(f["distance_tokens"])], "tokens": span})
+        spans.append(
+            {
+                "message": f["message"],
+                "kind": f["kind"],
+                "distance_tokens": f["distance_tokens"],
+                "bucket": BUCKETS[bucket_index(f["distance_tokens"])],
+                "tokens": span,
+            }
+        )
     return list(enc.ids), spans
 
 
@@ -52,8 +65,12 @@ def without_evidence(row: dict) -> dict:
     for f in row["meta"]["answers"]:
         m, (a, b) = msgs[f["evidence_message"]], f["evidence_chars"]
         if not isinstance(m.get("content"), str) or not 0 <= a <= b <= len(m["content"]):
-            raise ValueError(f"{row.get('name')}: the evidence of the answer in message {f['message']} is not "
-                             f"characters {f['evidence_chars']} of message {f['evidence_message']}'s text; prepare "
-                             f"the sessions again")
-        m["content"] = m["content"][:a] + re.sub(r"[^\n]", " ", m["content"][a:b]) + m["content"][b:]
+            raise ValueError(
+                f"{row.get('name')}: the evidence of the answer in message {f['message']} is not "
+                f"characters {f['evidence_chars']} of message {f['evidence_message']}'s text; prepare "
+                f"the sessions again"
+            )
+        m["content"] = (
+            m["content"][:a] + re.sub(r"[^\n]", " ", m["content"][a:b]) + m["content"][b:]
+        )
     return {**row, "messages": msgs}

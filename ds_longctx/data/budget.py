@@ -51,6 +51,8 @@ def row_budget(seconds: float | None = None):
 
 def over_budget_reason(seconds: float | None = None) -> str:
     """The refusal of a row past its budget (the caller names its file and line)."""
-    return (f"rendering and tokenizing this row took over {ROW_BUDGET_S if seconds is None else seconds:g} s, the "
-            f"budget of one row (data/budget.py), so it is refused rather than waited for; fix its chat template (a "
-            f"loop without end) or split the row")
+    return (
+        f"rendering and tokenizing this row took over {ROW_BUDGET_S if seconds is None else seconds:g} s, the "
+        f"budget of one row (data/budget.py), so it is refused rather than waited for; fix its chat template (a "
+        f"loop without end) or split the row"
+    )

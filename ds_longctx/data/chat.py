@@ -64,7 +64,11 @@ def _parsed(call: dict) -> dict:
 
 def _text_arguments(messages: list) -> bool:
     """Whether some tool call gives its arguments as JSON text."""
-    return any(isinstance(call_function(c).get("arguments"), str) for m in messages for c in m.get("tool_calls") or [])
+    return any(
+        isinstance(call_function(c).get("arguments"), str)
+        for m in messages
+        for c in m.get("tool_calls") or []
+    )
 
 
 def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
@@ -80,7 +84,9 @@ def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
 def _render(tok, messages, tools, generation_prompt: bool = False) -> str:
     if not messages:
         return ""
-    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    return tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 def _shared(a: str, b: str) -> int:
@@ -112,14 +118,25 @@ def _direct(tok, messages: list, tools, full: str, prompted: str):
     whole session, `full` and `prompted` (with the generation prompt)."""
     try:  # private helpers of transformers: any change in them falls back to apply_chat_template
         from transformers.utils import chat_template_utils as ctu
+
         compiled = ctu._compile_jinja_template(tok.get_chat_template(None, tools))
         plain = ctu._plain_template_data  # JSON types only, as the sandbox gets them
         chat = ctu._alias_reasoning_fields(plain(ctu._normalize_chat_messages(messages)))
         extra, schemas = plain(dict(tok.special_tokens_map)), plain(tools)
 
         def render(i: int, generation_prompt: bool = False) -> str:
-            return compiled.render(messages=chat[:i], tools=schemas, documents=None,
-                                   add_generation_prompt=generation_prompt, **extra) if i else ""
+            return (
+                compiled.render(
+                    messages=chat[:i],
+                    tools=schemas,
+                    documents=None,
+                    add_generation_prompt=generation_prompt,
+                    **extra,
+                )
+                if i
+                else ""
+            )
+
         same = render(len(messages)) == full and render(len(messages), True) == prompted
     except Exception:
         return None
@@ -131,7 +148,13 @@ class _Prefixes:
     start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
 
     def __init__(self, tok, messages: list, tools, full: str, closing: str, direct=None):
-        self.tok, self.messages, self.tools, self.full, self.closing = tok, messages, tools, full, closing
+        self.tok, self.messages, self.tools, self.full, self.closing = (
+            tok,
+            messages,
+            tools,
+            full,
+            closing,
+        )
         self.direct = direct  # `_direct`'s render, or None: apply_chat_template
 
     def render(self, i: int, generation_prompt: bool = False) -> str:
@@ -141,15 +164,17 @@ class _Prefixes:
             return _render(self.tok, self.messages[:i], self.tools, generation_prompt)
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ChatError(f"the chat template renders the whole session but not its first {i} messages "
-                            f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
-                            f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
-                            f"last_assistant, or data.train_on: all") from None
+            raise ChatError(
+                f"the chat template renders the whole session but not its first {i} messages "
+                f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
+                f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
+                f"last_assistant, or data.train_on: all"
+            ) from None
 
     def end(self, i: int) -> Optional[int]:
         text = self.render(i)
         if self.closing and text.endswith(self.closing):
-            text = text[:-len(self.closing)]
+            text = text[: -len(self.closing)]
         return len(text) if self.full.startswith(text) else None
 
 
@@ -160,19 +185,25 @@ def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: 
     (a template that rewrites earlier turns: drops past reasoning)."""
     prompted = _render(tok, messages, tools, True)
     closing = _closing(full, prompted, offsets)
-    at = _Prefixes(tok, messages, tools, full, closing, _direct(tok, messages, tools, full, prompted))
+    at = _Prefixes(
+        tok, messages, tools, full, closing, _direct(tok, messages, tools, full, prompted)
+    )
     spans = []
     for i, m in enumerate(messages):
         if not trains[i]:
             continue
         start, end = at.end(i), at.end(i + 1)
         if start is None or end is None or start > end:
-            raise ChatError(f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
-                            f"once later messages follow: past reasoning dropped, the system prompt moved, ...), so "
-                            f"its tokens cannot be told apart; use a template with {{% generation %}} markers (HF's "
-                            f"assistant mask), data.train_on: last_assistant (only the final answer), or "
-                            f"data.train_on: all")
-        if m["role"] == "assistant" and i > 0:  # the generation prompt (role header, maybe more) does not train
+            raise ChatError(
+                f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
+                f"once later messages follow: past reasoning dropped, the system prompt moved, ...), so "
+                f"its tokens cannot be told apart; use a template with {{% generation %}} markers (HF's "
+                f"assistant mask), data.train_on: last_assistant (only the final answer), or "
+                f"data.train_on: all"
+            )
+        if (
+            m["role"] == "assistant" and i > 0
+        ):  # the generation prompt (role header, maybe more) does not train
             head = _shared(at.render(i, generation_prompt=True), full)
             start = head if start <= head <= end else start
         spans.append((start, end))
@@ -207,17 +238,20 @@ def _runs(mask: list) -> list:
 def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
     """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th assistant message
     (counted only where some assistant message does not train)."""
-    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
     wanted = [t for t, m in zip(trains, messages) if m["role"] == "assistant"]
     if all(wanted):
         return ids, mask
     runs = _runs(mask)
     if len(runs) != len(wanted):
-        raise ChatError(f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
-                        f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
-                        f"each assistant message one generation block, or train every assistant message")
+        raise ChatError(
+            f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
+            f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
+            f"each assistant message one generation block, or train every assistant message"
+        )
     keep = [0] * len(ids)
     for (a, b), t in zip(runs, wanted):
         keep[a:b] = [int(t)] * (b - a)
@@ -226,15 +260,25 @@ def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
 
 def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tuple[list, list]:
     """(ids, 0/1 per token) of a session whose messages train where `trains` says (module doc)."""
-    if all(trains):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
-        ids = list(tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)["input_ids"])
+    if all(
+        trains
+    ):  # nothing to tell apart: the rendering as it is (a template that rewrites turns is fine)
+        ids = list(
+            tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
         return ids, [1] * len(ids)
     if not tok.is_fast:  # HF's mask and the prefix rule both need the characters of each token
-        raise ChatError(f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
-                        f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
-                        f"form), or set data.train_on: all")
+        raise ChatError(
+            f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
+            f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
+            f"form), or set data.train_on: all"
+        )
     marked = bool(_GENERATION.search(template))
-    placed = [t and not (marked and m["role"] == "assistant") for t, m in zip(trains, messages)]  # by the prefix rule
+    placed = [
+        t and not (marked and m["role"] == "assistant") for t, m in zip(trains, messages)
+    ]  # by the prefix rule
     if marked:
         ids, keep = _marked(tok, messages, tools, trains)
         if not any(placed):
@@ -243,7 +287,9 @@ def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tu
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     spans = span_mask(offsets, message_spans(tok, messages, tools, placed, full, offsets))
-    return (ids, [a | b for a, b in zip(keep, spans)]) if marked else (list(enc["input_ids"]), spans)
+    return (
+        (ids, [a | b for a, b in zip(keep, spans)]) if marked else (list(enc["input_ids"]), spans)
+    )
 
 
 def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:
@@ -251,8 +297,10 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
     try:
         template = tok.get_chat_template(None, tools)
     except Exception as e:
-        raise ChatError(f"the tokenizer has no chat template ({type(e).__name__}); set tokenizer.chat_template "
-                        f"(tokenizer_config.json) or use a tokenizer that has one") from None
+        raise ChatError(
+            f"the tokenizer has no chat template ({type(e).__name__}); set tokenizer.chat_template "
+            f"(tokenizer_config.json) or use a tokenizer that has one"
+        ) from None
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     trains = [message_trains(m, train_on, i == last) for i, m in enumerate(messages)]
     try:
@@ -264,11 +312,15 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
             if not _text_arguments(messages):
                 raise
             # a template that writes the arguments as text (DeepSeek's) takes the JSON text as given
-            ids, keep = _session_mask(tok, template, template_messages(messages, parse=False), tools, trains)
+            ids, keep = _session_mask(
+                tok, template, template_messages(messages, parse=False), tools, trains
+            )
     except ChatError:
         raise
     except Exception as e:  # the template's own error (jinja, a role it refuses, ...)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise ChatError(f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
-                        f"row or the template") from None
+        raise ChatError(
+            f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
+            f"row or the template"
+        ) from None
     return ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)]

@@ -21,19 +21,19 @@ import ast
 from dataclasses import dataclass
 
 KINDS = ("default", "params", "bases", "constant", "doc")
-MAX_VALUE = 60       # characters of a value (a docstring line: MAX_DOC)
+MAX_VALUE = 60  # characters of a value (a docstring line: MAX_DOC)
 MAX_DOC = 100
 MIN_DOC = 12
 
 
 @dataclass(frozen=True)
 class Fact:
-    kind: str            # one of KINDS
-    subject: str         # qualified name: `Class.method`, `function`, `NAME`
-    param: str           # the parameter of a default ("" for the other kinds)
-    value: str           # the answer as quoted (params: the count)
-    span: tuple          # (start, end) characters of `text` holding the evidence
-    names: tuple = ()    # params: the parameters in order
+    kind: str  # one of KINDS
+    subject: str  # qualified name: `Class.method`, `function`, `NAME`
+    param: str  # the parameter of a default ("" for the other kinds)
+    value: str  # the answer as quoted (params: the count)
+    span: tuple  # (start, end) characters of `text` holding the evidence
+    names: tuple = ()  # params: the parameters in order
 
     @property
     def key(self) -> tuple:
@@ -57,12 +57,14 @@ class _Positions:
 
     def span(self, first: ast.AST, last: ast.AST | None = None) -> tuple:
         last = last or first
-        return self.char(first.lineno, first.col_offset), self.char(last.end_lineno, last.end_col_offset)
+        return self.char(first.lineno, first.col_offset), self.char(
+            last.end_lineno, last.end_col_offset
+        )
 
 
 def _plain(text: str, span: tuple, one_line: bool = True, most: int = MAX_VALUE) -> str | None:
     """The characters of `span` when they make a quotable value (ASCII, short, one line), else None."""
-    s = text[span[0]:span[1]]
+    s = text[span[0] : span[1]]
     if not s or not s.isascii() or len(s) > most or (one_line and "\n" in s) or "`" in s:
         return None
     return s
@@ -73,7 +75,7 @@ def _signature(fn, qual: str, pos: _Positions, text: str) -> list:
     a = fn.args
     plain = a.posonlyargs + a.args
     out = []
-    for arg, default in zip(plain[len(plain) - len(a.defaults):], a.defaults):
+    for arg, default in zip(plain[len(plain) - len(a.defaults) :], a.defaults):
         if (v := _plain(text, pos.span(default))) is not None:
             out.append(Fact("default", qual, arg.arg, v, pos.span(default)))
     for arg, default in zip(a.kwonlyargs, a.kw_defaults):
@@ -84,7 +86,7 @@ def _signature(fn, qual: str, pos: _Positions, text: str) -> list:
         ends = [n for n in every + a.defaults + [d for d in a.kw_defaults if d is not None]]
         last = max(ends, key=lambda n: (n.end_lineno, n.end_col_offset))
         span = (pos.char(fn.lineno, fn.col_offset), pos.char(last.end_lineno, last.end_col_offset))
-        if text[span[0]:span[1]].isascii():
+        if text[span[0] : span[1]].isascii():
             names = tuple(n.arg for n in every)
             out.append(Fact("params", qual, "", str(len(names)), span, names))
     return out
@@ -93,18 +95,28 @@ def _signature(fn, qual: str, pos: _Positions, text: str) -> list:
 def _docline(node, pos: _Positions, text: str) -> Fact | None:
     """The doc fact of a function or class: its docstring's first line as written in the file."""
     body = node.body
-    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)):
+    if not (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         return None
     s = body[0].value
     start = pos.char(s.lineno, s.col_offset)
-    raw = text[start:pos.char(s.end_lineno, s.end_col_offset)]
+    raw = text[start : pos.char(s.end_lineno, s.end_col_offset)]
     opening = len(raw) - len(raw.lstrip("rRuU"))
-    quotes = 3 if raw[opening:opening + 3] in ('"""', "'''") else 1
-    first = raw[opening + quotes:].split("\n")[0]
+    quotes = 3 if raw[opening : opening + 3] in ('"""', "'''") else 1
+    first = raw[opening + quotes :].split("\n")[0]
     line = first.strip()
     want = s.value.strip().split("\n")[0].strip()
-    if line != want or "\\" in line or not MIN_DOC <= len(line) <= MAX_DOC or not line.isascii() or "`" in line:
+    if (
+        line != want
+        or "\\" in line
+        or not MIN_DOC <= len(line) <= MAX_DOC
+        or not line.isascii()
+        or "`" in line
+    ):
         return None
     at = start + opening + quotes + first.index(line)
     return Fact("doc", "", "", line, (at, at + len(line)))
@@ -118,7 +130,11 @@ def _constants(tree: ast.Module, pos: _Positions, text: str) -> list:
             stores[n.id] = stores.get(n.id, 0) + 1
     out = []
     for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             continue
         name = node.targets[0].id
         if not (name.isupper() and stores.get(name) == 1 and len(name) > 1):
@@ -154,7 +170,10 @@ def facts_of(text: str) -> list:
     for qual, node in _walk(tree.body, ""):
         defined[qual] = defined.get(qual, 0) + 1
         if isinstance(node, ast.ClassDef):
-            if node.bases and (v := _plain(text, pos.span(node.bases[0], node.bases[-1]))) is not None:
+            if (
+                node.bases
+                and (v := _plain(text, pos.span(node.bases[0], node.bases[-1]))) is not None
+            ):
                 found.append(Fact("bases", qual, "", v, pos.span(node.bases[0], node.bases[-1])))
         else:
             found += _signature(node, qual, pos, text)
@@ -164,5 +183,7 @@ def facts_of(text: str) -> list:
     keys: dict = {}
     for f in found:
         keys[f.key] = keys.get(f.key, 0) + 1
-    return sorted((f for f in found if defined.get(f.subject, 1) == 1 and keys[f.key] == 1),
-                  key=lambda f: (f.span, f.key))
+    return sorted(
+        (f for f in found if defined.get(f.subject, 1) == 1 and keys[f.key] == 1),
+        key=lambda f: (f.span, f.key),
+    )

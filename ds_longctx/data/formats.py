@@ -17,11 +17,11 @@ from typing import Optional
 
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")   # data.format, less auto
+ROW_FORMATS = ("text", "messages", "prompt_completion", "tokens")  # data.format, less auto
 ROLES = ("system", "user", "assistant", "tool")
-MASK_KEYS = ("labels", "completion_mask", "assistant_masks")   # which tokens of a tokens row train
-MASK_COLUMNS = MASK_KEYS[1:]                                   # 0/1 per token, 1: it trains
-TOKEN_KEYS = MASK_KEYS + ("attention_mask",)                   # what a tokens row may carry beside input_ids
+MASK_KEYS = ("labels", "completion_mask", "assistant_masks")  # which tokens of a tokens row train
+MASK_COLUMNS = MASK_KEYS[1:]  # 0/1 per token, 1: it trains
+TOKEN_KEYS = MASK_KEYS + ("attention_mask",)  # what a tokens row may carry beside input_ids
 
 
 class ChatError(ValueError):
@@ -56,10 +56,16 @@ def conversational(obj: dict) -> dict:
         return obj
 
     def flagged(m, trains: bool):
-        return {**m, "train": trains and m.get("role") != "tool"} if isinstance(m, dict) and m.get("train") is None \
+        return (
+            {**m, "train": trains and m.get("role") != "tool"}
+            if isinstance(m, dict) and m.get("train") is None
             else m
-    return {"messages": [flagged(m, False) for m in prompt] + [flagged(m, True) for m in completion],
-            "tools": obj.get("tools")}
+        )
+
+    return {
+        "messages": [flagged(m, False) for m in prompt] + [flagged(m, True) for m in completion],
+        "tools": obj.get("tools"),
+    }
 
 
 def other_format(obj: dict, text_field: str, mode: str) -> Optional[str]:
@@ -67,8 +73,10 @@ def other_format(obj: dict, text_field: str, mode: str) -> Optional[str]:
     other = detect_format(obj, text_field, "auto")
     if other == mode or (other == "text" and text_field not in obj):
         return None
-    return (f"a {other} row (its keys: {sorted(obj)[:8]}) among {mode} rows (the first row's format, or data.format): "
-            f"one source holds one format; convert this row, or move it to a file of its own")
+    return (
+        f"a {other} row (its keys: {sorted(obj)[:8]}) among {mode} rows (the first row's format, or data.format): "
+        f"one source holds one format; convert this row, or move it to a file of its own"
+    )
 
 
 def _ints(v) -> bool:
@@ -78,14 +86,18 @@ def _ints(v) -> bool:
 def row_problem(obj: dict, fmt: str) -> Optional[str]:
     """What is wrong with a row of format messages, prompt_completion or tokens (None: nothing)."""
     if fmt != "tokens" and (masks := [k for k in MASK_KEYS if k in obj]):
-        return (f"{masks[0]!r} beside the {fmt} fields: which tokens of a {fmt} row train is its template's and "
-                f"train_on's (or each message's own \"train\"), so it would be dropped; drop the key, or give "
-                f"token rows (input_ids with labels)")
+        return (
+            f"{masks[0]!r} beside the {fmt} fields: which tokens of a {fmt} row train is its template's and "
+            f"train_on's (or each message's own \"train\"), so it would be dropped; drop the key, or give "
+            f"token rows (input_ids with labels)"
+        )
     if fmt == "prompt_completion":
         for k in ("prompt", "completion"):
             if not isinstance(obj.get(k), str):
-                return (f"{k!r} is missing or not a string: prompt_completion rows hold two strings (or two lists "
-                        f"of messages, TRL's conversational form, where the first row does)")
+                return (
+                    f"{k!r} is missing or not a string: prompt_completion rows hold two strings (or two lists "
+                    f"of messages, TRL's conversational form, where the first row does)"
+                )
         return None
     if fmt == "tokens":
         if not _ints(obj.get("input_ids")):
@@ -97,8 +109,12 @@ def row_problem(obj: dict, fmt: str) -> Optional[str]:
 def _messages_problem(messages, tools) -> Optional[str]:
     if not isinstance(messages, list) or not messages:
         return "'messages' is missing or not a non-empty list: a chat row holds a list of {role, content} objects"
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        return "'tools' is not a list of objects: give the row's tools as a list of function schemas"
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        return (
+            "'tools' is not a list of objects: give the row's tools as a list of function schemas"
+        )
     for i, m in enumerate(messages):
         why = _message_problem(m)
         if why:
@@ -117,12 +133,18 @@ def _message_problem(m) -> Optional[str]:
     content = m.get("content")
     if isinstance(content, list):
         for j, part in enumerate(content):
-            text = isinstance(part, dict) and part.get("type") in (None, "text") and isinstance(part.get("text"), str)
+            text = (
+                isinstance(part, dict)
+                and part.get("type") in (None, "text")
+                and isinstance(part.get("text"), str)
+            )
             if not text:
                 what = part.get("type") if isinstance(part, dict) else part
-                return (f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
-                        f"{{\"type\": \"text\", \"text\": ...}} parts; drop the others or write the content as a "
-                        f"string")
+                return (
+                    f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
+                    f'{{"type": "text", "text": ...}} parts; drop the others or write the content as a '
+                    f"string"
+                )
     elif not isinstance(content, (str, type(None))):
         return ": 'content' is not a string: write the message's text as a JSON string (or a list of text parts)"
     calls = m.get("tool_calls")
@@ -138,10 +160,10 @@ def _message_problem(m) -> Optional[str]:
 def _call_problem(call) -> Optional[str]:
     """What is wrong with one tool call (OpenAI's {type, function: {name, arguments}}, or {name, arguments})."""
     if not isinstance(call, dict):
-        return " is not an object: give {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": {...}}}"
+        return ' is not an object: give {"type": "function", "function": {"name": ..., "arguments": {...}}}'
     f = call_function(call)
     if not isinstance(f.get("name"), str):
-        return " has no function name: give {\"function\": {\"name\": ..., \"arguments\": {...}}}"
+        return ' has no function name: give {"function": {"name": ..., "arguments": {...}}}'
     args = f.get("arguments")
     if isinstance(args, str):
         try:
@@ -149,8 +171,10 @@ def _call_problem(call) -> Optional[str]:
         except ValueError:
             args = None
         if not isinstance(args, dict):
-            return (f": 'arguments' is a string that is not a JSON object ({f['arguments'][:40]!r}); give the "
-                    f"arguments as an object, or as the JSON text of one")
+            return (
+                f": 'arguments' is a string that is not a JSON object ({f['arguments'][:40]!r}); give the "
+                f"arguments as an object, or as the JSON text of one"
+            )
     elif args is not None and not isinstance(args, dict):
         return f": 'arguments' is {str(args)[:40]!r}; give the arguments as an object"
     return None
@@ -191,8 +215,10 @@ def keys_problem(row: dict, first: tuple) -> Optional[str]:
         return f"no {missing[0]!r} key: every row carries it, as the first row does"
     extra = [k for k in keys if k not in first]
     if extra:
-        return (f"{extra[0]!r} here but not in the first row (its labels and masks: {', '.join(first) or 'none'}): "
-                f"every row carries those of the first row; give the first row {extra[0]!r} too, or drop it here")
+        return (
+            f"{extra[0]!r} here but not in the first row (its labels and masks: {', '.join(first) or 'none'}): "
+            f"every row carries those of the first row; give the first row {extra[0]!r} too, or drop it here"
+        )
     return None
 
 
@@ -204,14 +230,21 @@ def token_problem(ids: list, given: dict, vocab_size: Optional[int]) -> Optional
     if ids and (min(ids) < 0 or max(ids) >= top):
         j, bad = next((j, t) for j, t in enumerate(ids) if not 0 <= t < top)
         past = "< 0" if bad < 0 else f">= the model's vocab_size={vocab_size}"
-        return (f"'input_ids' holds token id {bad} at position {j}, {past}; token ids are in {vocab}: re-tokenize with "
-                f"the model's tokenizer")
+        return (
+            f"'input_ids' holds token id {bad} at position {j}, {past}; token ids are in {vocab}: re-tokenize with "
+            f"the model's tokenizer"
+        )
     for k, v in given.items():
         if not (_ints(v) and len(v) == len(ids)):
-            return (f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "
-                    f"per token")
-        bad = [x for x in v if x != IGNORE_INDEX and not 0 <= x < top] if k == "labels" else \
-            sorted(set(v) - {0, 1})
+            return (
+                f"{k!r} is not a list of {len(ids)} ints (one per input id): give one label (or 0/1 mask value) "
+                f"per token"
+            )
+        bad = (
+            [x for x in v if x != IGNORE_INDEX and not 0 <= x < top]
+            if k == "labels"
+            else sorted(set(v) - {0, 1})
+        )
         if bad and k == "labels":
             return f"'labels' holds {bad[0]}; a label is {IGNORE_INDEX} (no training) or a token id in {vocab}"
         if bad:
@@ -230,7 +263,9 @@ def folded_labels(ids: list, given: dict, masks: tuple = MASK_COLUMNS) -> list:
     return labels
 
 
-def token_labels(ids: list, given: dict, vocab_size: Optional[int], train_on: str) -> tuple[list, list]:
+def token_labels(
+    ids: list, given: dict, vocab_size: Optional[int], train_on: str
+) -> tuple[list, list]:
     """(input_ids, labels) of a tokens row: `folded_labels`; train_on all: every token. A token whose
     `attention_mask` is 0 is padding, left out. ChatError naming what is wrong (`token_problem`)."""
     why = token_problem(ids, given, vocab_size)
@@ -251,6 +286,8 @@ def utf8_row(row: dict) -> tuple:
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError as e:
-                return None, (f"{k!r} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x}, an escape without its "
-                              f"pair): not text; remove it or give its pair")
+                return None, (
+                    f"{k!r} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x}, an escape without its "
+                    f"pair): not text; remove it or give its pair"
+                )
     return row, None

@@ -28,7 +28,9 @@ PAIR_KEYS = ("chosen", "rejected")
 def _empty(value) -> bool:
     if isinstance(value, str):
         return not value.strip()
-    return isinstance(value, list) and not any(isinstance(m, dict) and m.get("content") for m in value)
+    return isinstance(value, list) and not any(
+        isinstance(m, dict) and m.get("content") for m in value
+    )
 
 
 def split_pair(obj) -> tuple:
@@ -38,14 +40,18 @@ def split_pair(obj) -> tuple:
         return f"a JSON {type(obj).__name__}, not an object: write one pair per line"
     missing = [k for k in PAIR_KEYS if k not in obj]
     if missing:
-        return (f"no {missing[0]!r} key (its keys: {sorted(obj)[:8]}): a preference pair holds prompt, chosen and "
-                f"rejected")
+        return (
+            f"no {missing[0]!r} key (its keys: {sorted(obj)[:8]}): a preference pair holds prompt, chosen and "
+            f"rejected"
+        )
     prompt, chosen, rejected = obj.get("prompt"), obj["chosen"], obj["rejected"]
     if prompt is None and all(isinstance(v, list) and v for v in (chosen, rejected)):
         if chosen[:-1] != rejected[:-1]:
             at = next(i for i, (a, b) in enumerate(zip(chosen, rejected + [None])) if a != b)
-            return (f"chosen and rejected differ before their last message (at message {at}): a pair shares its "
-                    f"prompt; give the shared messages as 'prompt' and one completion each")
+            return (
+                f"chosen and rejected differ before their last message (at message {at}): a pair shares its "
+                f"prompt; give the shared messages as 'prompt' and one completion each"
+            )
         prompt, chosen, rejected = chosen[:-1], chosen[-1:], rejected[-1:]
     if prompt is None:
         return "no 'prompt' key: give the prompt, or chosen and rejected as whole conversations"
@@ -56,8 +62,9 @@ def split_pair(obj) -> tuple:
         if _empty(v):
             return f"{k!r} is an empty completion: nothing to compare; drop the pair or write the completion"
     if isinstance(prompt, list):
-        why = formats.row_problem({"messages": prompt + chosen}, "messages") or \
-            formats.row_problem({"messages": prompt + rejected}, "messages")
+        why = formats.row_problem({"messages": prompt + chosen}, "messages") or formats.row_problem(
+            {"messages": prompt + rejected}, "messages"
+        )
         if why:
             return why
     return prompt, chosen, rejected
@@ -83,7 +90,9 @@ def pair_tokens_of(tok, obj, eos: Optional[int]) -> tuple:
     seqs = tuple(completion_tokens(tok, prompt, c, eos) for c in (chosen, rejected))
     for k, (_, labels) in zip(PAIR_KEYS, seqs):
         if all(v == IGNORE_INDEX for v in labels[1:]):
-            raise formats.ChatError(f"{k!r} gives no trained token (the template or tokenizer left it empty)")
+            raise formats.ChatError(
+                f"{k!r} gives no trained token (the template or tokenizer left it empty)"
+            )
     return seqs
 
 
@@ -100,13 +109,17 @@ def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = No
                     pairs.append(pair_tokens_of(tok, json.loads(text), eos))
                     n = len(pairs[-1][0][0]) + len(pairs[-1][1][0])
                     if seq_len is not None and n > seq_len:
-                        raise formats.ChatError(f"the pair's two sequences hold {n} tokens together, more than "
-                                                f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it")
+                        raise formats.ChatError(
+                            f"the pair's two sequences hold {n} tokens together, more than "
+                            f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it"
+                        )
                 except (json.JSONDecodeError, formats.ChatError) as e:
                     what = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
                     raise DataError(f"data file {f!r} line {line_no}: {what}") from None
     if not pairs:
-        raise DataError(f"data files {files} hold no preference pair; write one JSON object per line")
+        raise DataError(
+            f"data files {files} hold no preference pair; write one JSON object per line"
+        )
     return pairs
 
 
@@ -150,7 +163,9 @@ def pack_shared_pairs(pairs: list) -> tuple:
             pos += range(keep, len(s_ids))
             labels += s_labels[keep:]
             seq += [2 * p + k if v != IGNORE_INDEX else IGNORE_INDEX for v in s_labels[keep:]]
-            branch += [k + 1 if keep else 0] * (len(s_ids) - keep)  # no shared token: two plain documents
+            branch += [k + 1 if keep else 0] * (
+                len(s_ids) - keep
+            )  # no shared token: two plain documents
     return tuple(torch.tensor(x, dtype=torch.int64) for x in (ids, pos, labels, seq, branch))
 
 
@@ -158,17 +173,25 @@ def pair_files(source: str) -> list:
     """The JSON-lines files of a preference source (a .jsonl file, or a directory of them)."""
     builder, files = resolve_source(source)
     if builder != "json":
-        raise DataError(f"data={source!r} is {builder} data; objective dpo reads JSON lines of prompt, chosen and "
-                        f"rejected (TRL's preference format)")
+        raise DataError(
+            f"data={source!r} is {builder} data; objective dpo reads JSON lines of prompt, chosen and "
+            f"rejected (TRL's preference format)"
+        )
     return files
 
 
 @dataclass
 class PairBatch(Batch):
-    seq: Optional[torch.Tensor] = None   # [1, L] sequence id of each trained token (module doc), else IGNORE_INDEX
-    pairs: tuple = ()                    # the row's pairs, by index in the data (the reference log-probs' rows)
-    ref: Optional[torch.Tensor] = None   # [P, 2] their reference log-probs (chosen, rejected), once computed
-    branch: Optional[torch.Tensor] = None  # [1, L] shared-prompt rows: 0 prompt, 1 chosen, 2 rejected (else None)
+    seq: Optional[torch.Tensor] = (
+        None  # [1, L] sequence id of each trained token (module doc), else IGNORE_INDEX
+    )
+    pairs: tuple = ()  # the row's pairs, by index in the data (the reference log-probs' rows)
+    ref: Optional[torch.Tensor] = (
+        None  # [P, 2] their reference log-probs (chosen, rejected), once computed
+    )
+    branch: Optional[torch.Tensor] = (
+        None  # [1, L] shared-prompt rows: 0 prompt, 1 chosen, 2 rejected (else None)
+    )
 
 
 class PairRows:
@@ -176,9 +199,23 @@ class PairRows:
     the (seed, step) order of data/rows.py; `shared`: each pair's prompt once (`pack_shared_pairs`). `ref`: the
     reference log-probs [pairs, 2] (chosen, rejected), set by the run before its first step."""
 
-    def __init__(self, pairs: list, seq_len: int, seed: int, shuffle: bool, pad_id: int, source: str = "",
-                 shared: bool = False):
-        self.pairs, self.seq_len, self.pad_id, self.source, self.shared = pairs, seq_len, pad_id, source, shared
+    def __init__(
+        self,
+        pairs: list,
+        seq_len: int,
+        seed: int,
+        shuffle: bool,
+        pad_id: int,
+        source: str = "",
+        shared: bool = False,
+    ):
+        self.pairs, self.seq_len, self.pad_id, self.source, self.shared = (
+            pairs,
+            seq_len,
+            pad_id,
+            source,
+            shared,
+        )
         self.rows_of, fill = [[]], 0
         for i, (c, r) in enumerate(pairs):
             n = len(c[0]) + len(r[0]) - (max(_shared_len(c, r) - 1, 0) if shared else 0)
@@ -194,24 +231,42 @@ class PairRows:
 
     def signature(self) -> dict:
         """What a resumed run must find unchanged for the order to continue."""
-        return {"kind": "pairs", "seq_len": self.seq_len, "n_rows": self.n_rows, "n_pairs": len(self.pairs),
-                "seed": self.seed, "shuffle": self.shuffle, "shared": self.shared}
+        return {
+            "kind": "pairs",
+            "seq_len": self.seq_len,
+            "n_rows": self.n_rows,
+            "n_pairs": len(self.pairs),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shared": self.shared,
+        }
 
     def row(self, r: int) -> PairBatch:
         """Row r as a batch of one: its pairs packed (`pack_pairs`), padded to seq_len."""
         at = self.rows_of[r]
         pairs = [self.pairs[i] for i in at]
-        ids, pos, labels, seq, *branch = pack_shared_pairs(pairs) if self.shared else pack_pairs(pairs)
+        ids, pos, labels, seq, *branch = (
+            pack_shared_pairs(pairs) if self.shared else pack_pairs(pairs)
+        )
         pad = self.seq_len - len(ids)
         if pad:  # a plain document of its own
             ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
             pos = torch.cat([pos, torch.arange(pad)])
             labels, seq = (torch.cat([t, t.new_full((pad,), IGNORE_INDEX)]) for t in (labels, seq))
             branch = [torch.cat([b, b.new_zeros(pad)]) for b in branch]
-        return PairBatch(ids[None], pos[None], labels[None], seq[None], tuple(at),
-                         None if self.ref is None else self.ref[at], branch[0][None] if branch else None)
+        return PairBatch(
+            ids[None],
+            pos[None],
+            labels[None],
+            seq[None],
+            tuple(at),
+            None if self.ref is None else self.ref[at],
+            branch[0][None] if branch else None,
+        )
 
     def rows(self, samples: range) -> PairBatch:
         if len(samples) != 1:
-            raise ValueError(f"preference rows are packed: one row per micro-batch, asked for {len(samples)}")
+            raise ValueError(
+                f"preference rows are packed: one row per micro-batch, asked for {len(samples)}"
+            )
         return self.row(self.order.row_of_sample(samples[0]))

@@ -38,12 +38,12 @@ from ds_longctx.data.scan import DataError
 from ds_longctx.data.session_chat import SYSTEM, TOOLS, Renderer, token_at, tool_call, trained_run
 
 FINAL_QUESTIONS = 3
-QA_BUDGET = 256          # tokens of a question and its answer, at most
+QA_BUDGET = 256  # tokens of a question and its answer, at most
 RESERVE = FINAL_QUESTIONS * QA_BUDGET
-MIN_DISTANCE = 512       # tokens back, at least, where a question looks
-ASK_P = 0.3              # chance of a question after a read
-SEARCH_P = 0.1           # chance of a search after a read
-SEARCH_LINES = 20        # lines a search returns, at most
+MIN_DISTANCE = 512  # tokens back, at least, where a question looks
+ASK_P = 0.3  # chance of a question after a read
+SEARCH_P = 0.1  # chance of a search after a read
+SEARCH_LINES = 20  # lines a search returns, at most
 
 
 def margin(min_tokens: int) -> int:
@@ -58,17 +58,17 @@ def lowest_max(min_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class SourceFile:
-    path: str        # relative to the corpus root, "/"-separated
-    group: str       # the module or package it belongs to (stdlib_corpus.document_of)
+    path: str  # relative to the corpus root, "/"-separated
+    group: str  # the module or package it belongs to (stdlib_corpus.document_of)
     text: str
 
 
 @dataclass
 class _Read:
     file: SourceFile
-    message: int     # the tool message's index
-    start: int       # its first token in the session
-    facts: list      # [(Fact, its evidence's last token in the session)]
+    message: int  # the tool message's index
+    start: int  # its first token in the session
+    facts: list  # [(Fact, its evidence's last token in the session)]
 
 
 @dataclass
@@ -76,9 +76,9 @@ class _Session:
     messages: list
     tokens: int = 0
     trained: int = 0
-    runs: list = field(default_factory=list)      # [first, end) of each assistant turn's trained tokens
+    runs: list = field(default_factory=list)  # [first, end) of each assistant turn's trained tokens
     reads: list = field(default_factory=list)
-    keys: dict = field(default_factory=dict)      # fact key -> files read so far holding it
+    keys: dict = field(default_factory=dict)  # fact key -> files read so far holding it
     asked: set = field(default_factory=set)
     answers: list = field(default_factory=list)
 
@@ -91,24 +91,42 @@ def _qa(f, path: str, rng: random.Random) -> tuple:
     """(question, answer, where the value starts in the answer) of fact `f` of the file at `path`."""
     s, v = f.subject, f.value
     if f.kind == "default":
-        q = rng.choice([f"In `{path}`, what is the default value of the parameter `{f.param}` of `{s}`?",
-                        f"What does `{f.param}` default to in `{s}`, in `{path}`?"])
+        q = rng.choice(
+            [
+                f"In `{path}`, what is the default value of the parameter `{f.param}` of `{s}`?",
+                f"What does `{f.param}` default to in `{s}`, in `{path}`?",
+            ]
+        )
         head, tail = f"`{f.param}` defaults to `", f"` in `{s}` (`{path}`)."
     elif f.kind == "params":
-        q = rng.choice([f"How many parameters does `{s}` in `{path}` declare?",
-                        f"Count the parameters of `{s}` in `{path}`, and name them."])
-        head, tail = f"`{s}` declares ", f" parameter{'s' if v != '1' else ''}: " + ", ".join(
-            f"`{n}`" for n in f.names) + "."
+        q = rng.choice(
+            [
+                f"How many parameters does `{s}` in `{path}` declare?",
+                f"Count the parameters of `{s}` in `{path}`, and name them.",
+            ]
+        )
+        head, tail = (
+            f"`{s}` declares ",
+            f" parameter{'s' if v != '1' else ''}: " + ", ".join(f"`{n}`" for n in f.names) + ".",
+        )
     elif f.kind == "bases":
-        q = rng.choice([f"Which base classes does `{s}` in `{path}` name?",
-                        f"What does `{s}` in `{path}` inherit from?"])
+        q = rng.choice(
+            [
+                f"Which base classes does `{s}` in `{path}` name?",
+                f"What does `{s}` in `{path}` inherit from?",
+            ]
+        )
         head, tail = f"`{s}` derives from `", "`."
     elif f.kind == "constant":
         q = f"What value does `{path}` assign to `{s}` at module level?"
         head, tail = f"`{s}` is `", f"` in `{path}`."
     else:
-        q = rng.choice([f"How does the docstring of `{s}` in `{path}` begin?",
-                        f"Quote the first line of the docstring of `{s}` in `{path}`."])
+        q = rng.choice(
+            [
+                f"How does the docstring of `{s}` in `{path}` begin?",
+                f"Quote the first line of the docstring of `{s}` in `{path}`.",
+            ]
+        )
         head, tail = "Its first line reads: ", ""
     return q, head + v + tail, len(head)
 
@@ -132,7 +150,10 @@ class SessionMaker:
             piece, enc = self.ren.message({"role": "tool", "content": f.text})
             head = piece.index(f.text)
             ends = [e for _, e in enc.offsets]
-            self._files[f.path] = (len(enc.ids), [(x, token_at(ends, head + x.span[1] - 1)) for x in facts_of(f.text)])
+            self._files[f.path] = (
+                len(enc.ids),
+                [(x, token_at(ends, head + x.span[1] - 1)) for x in facts_of(f.text)],
+            )
         return self._files[f.path]
 
     def _add(self, s: _Session, m: dict, tools=None) -> None:
@@ -188,7 +209,9 @@ class SessionMaker:
                     return True
         return False
 
-    def _answer(self, s: _Session, rng: random.Random, r: _Read, x, ev: int, lo: float, limit: int) -> bool:
+    def _answer(
+        self, s: _Session, rng: random.Random, r: _Read, x, ev: int, lo: float, limit: int
+    ) -> bool:
         """Ask about fact `x` of read `r` (its evidence ends at token `ev`) and answer it, if the answer comes at least
         `lo` tokens after the evidence and the pair fits under `limit`; False otherwise."""
         q, a, at = _qa(x, r.file.path, rng)
@@ -205,13 +228,26 @@ class SessionMaker:
         s.asked.add(x.key)
         self._add(s, user)
         self._add(s, answer)
-        s.answers.append({"message": len(s.messages) - 1, "evidence_message": r.message, "distance_tokens": first - ev,
-                          "kind": x.kind, "path": r.file.path, "subject": x.subject, "param": x.param,
-                          "value": x.value, "evidence_chars": list(x.span), "answer_chars": [at, at + len(x.value)]})
+        s.answers.append(
+            {
+                "message": len(s.messages) - 1,
+                "evidence_message": r.message,
+                "distance_tokens": first - ev,
+                "kind": x.kind,
+                "path": r.file.path,
+                "subject": x.subject,
+                "param": x.param,
+                "value": x.value,
+                "evidence_chars": list(x.span),
+                "answer_chars": [at, at + len(x.value)],
+            }
+        )
         return True
 
     # ------------------------------------------------------------------------- reading
-    def _read(self, s: _Session, rng: random.Random, f: SourceFile, folder: str, limit: int) -> None:
+    def _read(
+        self, s: _Session, rng: random.Random, f: SourceFile, folder: str, limit: int
+    ) -> None:
         """The read of `f` (its call and result), maybe a search and a question after it."""
         n, facts = self._file(f)
         self._add(s, tool_call("read_file", f"Reading `{f.path}`.", path=f.path))
@@ -224,22 +260,30 @@ class SessionMaker:
         if facts and rng.random() < SEARCH_P:
             name = rng.choice(facts)[0].subject.rsplit(".", 1)[-1]
             found = {"role": "tool", "content": self._search(name, folder)}
-            ask = tool_call("search", f"Searching for `{name}`" + (f" under `{folder}`." if folder else "."),
-                            pattern=name, path=folder or ".")
+            ask = tool_call(
+                "search",
+                f"Searching for `{name}`" + (f" under `{folder}`." if folder else "."),
+                pattern=name,
+                path=folder or ".",
+            )
             if s.tokens + self._cost(ask, found) <= limit:
                 self._add(s, ask)
                 self._add(s, found)
         if rng.random() < ASK_P:
             self._ask(s, rng, MIN_DISTANCE, limit)
 
-    def _group(self, s: _Session, rng: random.Random, group: str, limit: int, stop: int, largest: int) -> None:
+    def _group(
+        self, s: _Session, rng: random.Random, group: str, limit: int, stop: int, largest: int
+    ) -> None:
         """Read the files of one module or package that fit under `limit` (at most `largest` tokens each), until the
         session reaches `stop`."""
         folder, listing = self._listing(group)
         opening = [{"role": "user", "content": f"Now look at `{group}`."}]
         if folder:
-            opening += [tool_call("list_files", f"Listing `{folder}`.", path=folder),
-                        {"role": "tool", "content": listing}]
+            opening += [
+                tool_call("list_files", f"Listing `{folder}`.", path=folder),
+                {"role": "tool", "content": listing},
+            ]
         opened, head = False, None
         for f in self.groups[group]:
             n, _ = self._file(f)
@@ -263,28 +307,49 @@ class SessionMaker:
         limit, stop = target - RESERVE, target - RESERVE - self.margin
         s = _Session([])
         self._add(s, {"role": "system", "content": SYSTEM}, TOOLS)
-        self._add(s, {"role": "user", "content": "We are going to read parts of the Python standard library. I will "
-                                                 "point you at modules; read their code, then answer my questions "
-                                                 "about what you read."})
+        self._add(
+            s,
+            {
+                "role": "user",
+                "content": "We are going to read parts of the Python standard library. I will "
+                "point you at modules; read their code, then answer my questions "
+                "about what you read.",
+            },
+        )
         groups = sorted(self.groups)
         rng.shuffle(groups)
         for g in groups:
             self._group(s, rng, g, limit, stop, target // 2)
             if s.tokens >= stop:
                 break
-        while s.tokens < stop and self._ask(s, rng, MIN_DISTANCE, limit):  # no file fits: questions fill the gap
+        while s.tokens < stop and self._ask(
+            s, rng, MIN_DISTANCE, limit
+        ):  # no file fits: questions fill the gap
             pass
         name = f"session-{index:04d}"
         if s.tokens < stop:
-            raise DataError(f"{name}: the corpus ({len(self._corpus)} files, {len(self.groups)} modules) filled "
-                            f"{s.tokens:,} of its {target:,}-token target; lower --max_tokens, or use a larger "
-                            f"corpus (fewer --only names)")
+            raise DataError(
+                f"{name}: the corpus ({len(self._corpus)} files, {len(self.groups)} modules) filled "
+                f"{s.tokens:,} of its {target:,}-token target; lower --max_tokens, or use a larger "
+                f"corpus (fewer --only names)"
+            )
         for _ in range(FINAL_QUESTIONS):
             self._ask(s, rng, max(MIN_DISTANCE, s.tokens / 2), target)
         if not s.answers:
-            raise DataError(f"{name}: no fact of the files it read could be asked about; use a larger corpus (fewer "
-                            f"--only names) or raise --min_tokens")
-        return {"name": name, "tools": TOOLS, "messages": s.messages,
-                "meta": {"tokens": s.tokens, "target_tokens": target, "trained_tokens": s.trained,
-                         "trained_runs": s.runs,
-                         "files_read": len(s.reads), "answers": s.answers}}
+            raise DataError(
+                f"{name}: no fact of the files it read could be asked about; use a larger corpus (fewer "
+                f"--only names) or raise --min_tokens"
+            )
+        return {
+            "name": name,
+            "tools": TOOLS,
+            "messages": s.messages,
+            "meta": {
+                "tokens": s.tokens,
+                "target_tokens": target,
+                "trained_tokens": s.trained,
+                "trained_runs": s.runs,
+                "files_read": len(s.reads),
+                "answers": s.answers,
+            },
+        }

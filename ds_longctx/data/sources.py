@@ -14,28 +14,54 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds_longctx.data.formats import detect_format, token_keys
-from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows, scan_files
+from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows
+from ds_longctx.data.scan_source import scan_files
 
-__all__ = ["DataError", "Documents", "check_source", "load_documents", "locate_rows", "prepared_split",
-           "resolve_source"]
+__all__ = [
+    "DataError",
+    "Documents",
+    "check_source",
+    "load_documents",
+    "locate_rows",
+    "prepared_split",
+    "resolve_source",
+]
 
 log = logging.getLogger("ds_longctx")
 
-FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: a tokenizer loads
+FORMATS = {
+    ".txt": "text",
+    ".text": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+)  # any one: a tokenizer loads
 # what a tokenizer or model directory holds (passed as data by mistake)
 _TOKENIZER_FILES = (*TOKENIZER_FILES, "special_tokens_map.json")
-_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-PREPARED_CARD = "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/prepare.py)
+_MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+)
+PREPARED_CARD = (
+    "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/prepare.py)
+)
 
 
 @dataclass
 class Documents:
     """The raw documents and how many rows were left out as bad on the way (data.skip_bad_rows)."""
-    ds: object                                   # datasets.Dataset
+
+    ds: object  # datasets.Dataset
     skipped_rows: int = 0
-    format: str = "text"                         # text | messages | prompt_completion | tokens (data/formats.py)
-    mask_keys: tuple = ()                        # tokens rows: their labels / mask columns (formats.TOKEN_KEYS)
+    format: str = "text"  # text | messages | prompt_completion | tokens (data/formats.py)
+    mask_keys: tuple = ()  # tokens rows: their labels / mask columns (formats.TOKEN_KEYS)
 
 
 def _not_a_corpus(data: str, p: Path) -> None:
@@ -48,8 +74,10 @@ def _not_a_corpus(data: str, p: Path) -> None:
         what, use = "a tokenizer", "tokenizer"
     else:
         return
-    raise DataError(f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and point "
-                    f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)")
+    raise DataError(
+        f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and point "
+        f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)"
+    )
 
 
 def prepared_split(data: str, split: str = "train") -> str:
@@ -69,26 +97,36 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
     if not looks_local:
         return "hub", []
     if not p.exists():
-        raise DataError(f"data={data!r} does not exist; pass an existing .txt/.jsonl/.json/.parquet file or a "
-                        f"directory of them (or data: synthetic)")
+        raise DataError(
+            f"data={data!r} does not exist; pass an existing .txt/.jsonl/.json/.parquet file or a "
+            f"directory of them (or data: synthetic)"
+        )
     _not_a_corpus(data, p)
     if not (p.is_file() or p.is_dir()):  # a device, a pipe, a socket: nothing to read twice
-        raise DataError(f"data={data!r} is neither a regular file nor a directory; pass a .txt/.jsonl/.json/.parquet "
-                        f"file or a directory of them")
+        raise DataError(
+            f"data={data!r} is neither a regular file nor a directory; pass a .txt/.jsonl/.json/.parquet "
+            f"file or a directory of them"
+        )
     if p.is_file():
         files = [p]
     else:
         files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
         if not files:
-            raise DataError(f"data={data!r} is an empty directory; put .txt/.jsonl/.json/.parquet files in it")
+            raise DataError(
+                f"data={data!r} is an empty directory; put .txt/.jsonl/.json/.parquet files in it"
+            )
     kinds = {FORMATS.get(f.suffix.lower()) for f in files}
     unknown = [f for f in files if f.suffix.lower() not in FORMATS]
     if unknown:
-        raise DataError(f"data file {str(unknown[0])!r} has extension {unknown[0].suffix or '(none)'!r}; supported: "
-                        f"{sorted(FORMATS)} (rename it, convert it, or move it out of {data!r})")
+        raise DataError(
+            f"data file {str(unknown[0])!r} has extension {unknown[0].suffix or '(none)'!r}; supported: "
+            f"{sorted(FORMATS)} (rename it, convert it, or move it out of {data!r})"
+        )
     if len(kinds) > 1:
-        raise DataError(f"data={data!r} mixes formats {sorted(kinds)}; a run reads one format: split the "
-                        f"directory or convert the files")
+        raise DataError(
+            f"data={data!r} mixes formats {sorted(kinds)}; a run reads one format: split the "
+            f"directory or convert the files"
+        )
     return kinds.pop(), [str(f) for f in files]
 
 
@@ -100,8 +138,10 @@ def check_source(cfg) -> Scan | None:
         return None
     scan = scan_files(builder, files, cfg.data.text_field, cfg.data.format)
     if (scan.blank_files == len(files)) if builder == "text" else not scan.rows + scan.bad:
-        raise DataError(f"data={cfg.data.source!r} is empty (0 documents: {len(files)} file(s) with no text); "
-                        f"give it documents or point data at the right file")
+        raise DataError(
+            f"data={cfg.data.source!r} is empty (0 documents: {len(files)} file(s) with no text); "
+            f"give it documents or point data at the right file"
+        )
     scan.refuse_bad(cfg.data.skip_bad_rows, cfg.data.source)
     return scan
 
@@ -109,52 +149,104 @@ def check_source(cfg) -> Scan | None:
 def load_documents(cfg) -> Documents:
     """The raw documents as a `datasets.Dataset` (converted to Arrow in the cache on first use), bad rows left out
     (with data.skip_bad_rows) or refused (check_source)."""
-    import datasets
     builder, files = resolve_source(cfg.data.source)
     scan = check_source(cfg)
+    ds = _read_dataset(cfg, builder, files, scan)
+    fmt, mask_keys = _row_format(cfg, ds, scan)
+    if builder in ("hub", "parquet") and fmt in ("text", "tokens"):
+        docs = _drop_null_rows(ds, cfg, scan)
+        return Documents(docs.ds, docs.skipped_rows, fmt, mask_keys)
+    return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_keys)
+
+
+def _read_dataset(cfg, builder: str, files: list, scan: Scan | None):
+    """The source as one non-empty `datasets.Dataset`; a builder's own error becomes a one-line DataError."""
+    import datasets
+
     try:
         if builder == "hub":
-            ds = datasets.load_dataset(cfg.data.source, split=cfg.data.split, cache_dir=cfg.data.cache_dir)
-        elif builder == "json":  # our reader (it names bad rows and leaves them out), datasets' Arrow cache
-            kinds = {"ids": datasets.List(datasets.Value("int64")), "string": datasets.Value("string")}
+            ds = datasets.load_dataset(
+                cfg.data.source, split=cfg.data.split, cache_dir=cfg.data.cache_dir
+            )
+        elif (
+            builder == "json"
+        ):  # our reader (it names bad rows and leaves them out), datasets' Arrow cache
+            kinds = {
+                "ids": datasets.List(datasets.Value("int64")),
+                "string": datasets.Value("string"),
+            }
             features = datasets.Features({k: kinds[v] for k, v in scan.columns().items()})
-            ds = datasets.Dataset.from_generator(json_documents, features=features,
-                                                 gen_kwargs=scan.gen_kwargs(), fingerprint=scan.fingerprint(),
-                                                 cache_dir=cfg.data.cache_dir)
+            ds = datasets.Dataset.from_generator(
+                json_documents,
+                features=features,
+                gen_kwargs=scan.gen_kwargs(),
+                fingerprint=scan.fingerprint(),
+                cache_dir=cfg.data.cache_dir,
+            )
         else:
             kwargs = {"sample_by": cfg.data.text_unit} if builder == "text" else {}
-            ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=cfg.data.cache_dir,
-                                       **kwargs)
+            ds = datasets.load_dataset(
+                builder, data_files=files, split="train", cache_dir=cfg.data.cache_dir, **kwargs
+            )
     except DataError:
         raise
     except Exception as e:  # the builders' own errors, one line, with the source named
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         if builder == "hub":
-            raise DataError(f"data={cfg.data.source!r} is not a local path and could not be loaded from the hub "
-                            f"(split {cfg.data.split!r}): {first}; pass a local .txt/.jsonl/.parquet file or "
-                            f"directory, or check the name and the network") from None
-        raise DataError(f"data={cfg.data.source!r} could not be read as {builder}: {type(e).__name__}: {first}; check "
-                        f"the file's format matches its extension") from None
+            raise DataError(
+                f"data={cfg.data.source!r} is not a local path and could not be loaded from the hub "
+                f"(split {cfg.data.split!r}): {first}; pass a local .txt/.jsonl/.parquet file or "
+                f"directory, or check the name and the network"
+            ) from None
+        raise DataError(
+            f"data={cfg.data.source!r} could not be read as {builder}: {type(e).__name__}: {first}; check "
+            f"the file's format matches its extension"
+        ) from None
     if not isinstance(ds, datasets.Dataset):
-        raise DataError(f"data={cfg.data.source!r} split {cfg.data.split!r} gave a {type(ds).__name__}; pass a split "
-                        f"name (data_split) that exists")
+        raise DataError(
+            f"data={cfg.data.source!r} split {cfg.data.split!r} gave a {type(ds).__name__}; pass a split "
+            f"name (data_split) that exists"
+        )
     if ds.num_rows == 0:
-        raise DataError(f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it "
-                        f"documents or point data at the right file")
-    fmt = scan.mode if scan is not None else detect_format(ds.column_names, cfg.data.text_field, cfg.data.format)
-    mask_keys = scan.mask_keys if scan is not None and scan.builder == "json" else \
-        token_keys(ds.column_names) if fmt == "tokens" else ()
-    need = {"text": [cfg.data.text_field], "tokens": ["input_ids"], "messages": ["messages"],
-            "prompt_completion": ["prompt", "completion"]}[fmt]
+        raise DataError(
+            f"data={cfg.data.source!r} is empty (0 documents in split {cfg.data.split!r}); give it "
+            f"documents or point data at the right file"
+        )
+    return ds
+
+
+def _row_format(cfg, ds, scan: Scan | None) -> tuple:
+    """(the row format, the token rows' mask keys) of the loaded rows; DataError when its columns are missing."""
+    fmt = (
+        scan.mode
+        if scan is not None
+        else detect_format(ds.column_names, cfg.data.text_field, cfg.data.format)
+    )
+    mask_keys = (
+        scan.mask_keys
+        if scan is not None and scan.builder == "json"
+        else token_keys(ds.column_names)
+        if fmt == "tokens"
+        else ()
+    )
+    need = {
+        "text": [cfg.data.text_field],
+        "tokens": ["input_ids"],
+        "messages": ["messages"],
+        "prompt_completion": ["prompt", "completion"],
+    }[fmt]
     if not set(need) <= set(ds.column_names):
-        raise DataError(f"data={cfg.data.source!r} has no column {need} for data.format {fmt} (columns: "
-                        f"{ds.column_names}); set text_field to the column holding the text, or data.format")
-    log.info("data=%r: rows are %s (%s)", cfg.data.source, fmt,
-             "data.format" if cfg.data.format != "auto" else "detected from the first row")
-    if builder in ("hub", "parquet") and fmt in ("text", "tokens"):
-        docs = _drop_null_rows(ds, cfg, scan)
-        return Documents(docs.ds, docs.skipped_rows, fmt, mask_keys)
-    return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_keys)
+        raise DataError(
+            f"data={cfg.data.source!r} has no column {need} for data.format {fmt} (columns: "
+            f"{ds.column_names}); set text_field to the column holding the text, or data.format"
+        )
+    log.info(
+        "data=%r: rows are %s (%s)",
+        cfg.data.source,
+        fmt,
+        "data.format" if cfg.data.format != "auto" else "detected from the first row",
+    )
+    return fmt, mask_keys
 
 
 def locate_rows(cfg, indices: list) -> dict:
@@ -164,7 +256,9 @@ def locate_rows(cfg, indices: list) -> dict:
     if builder != "json":
         return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
     seen = check_source(cfg)  # the files are read again (an error path: rows tokenization refused)
-    scan = Scan("json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_keys=seen.mask_keys)
+    scan = Scan(
+        "json", files, seen.text_field, mode=seen.mode, mode_decided=True, mask_keys=seen.mask_keys
+    )
     want, out, k = set(indices), {}, 0
     for f in files:
         for _, (line, got) in json_rows(f, scan, lines=True):
@@ -180,25 +274,42 @@ def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
     data.skip_bad_rows (a Parquet file's were named by its scan, a hub split's are named here)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    column = "input_ids" if "input_ids" in ds.column_names and cfg.data.text_field not in ds.column_names else \
-        cfg.data.text_field
+
+    column = (
+        "input_ids"
+        if "input_ids" in ds.column_names and cfg.data.text_field not in ds.column_names
+        else cfg.data.text_field
+    )
     col = ds.data.column(column)
-    if column != "input_ids" and not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        raise DataError(f"data={cfg.data.source!r} column {column!r} holds {col.type}, not text; set text_field to the "
-                        f"column holding the text")
+    if column != "input_ids" and not (
+        pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+    ):
+        raise DataError(
+            f"data={cfg.data.source!r} column {column!r} holds {col.type}, not text; set text_field to the "
+            f"column holding the text"
+        )
     if not col.null_count:
         return Documents(ds)
     nulls = pc.indices_nonzero(pc.is_null(col)).to_pylist()
     named = scan.skipped() if scan is not None else [f"row {i + 1}" for i in nulls[:MAX_NAMED]]
     if not cfg.data.skip_bad_rows:
-        raise DataError(f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} rows have "
-                        f"no text (null {column!r}): {'; '.join(named)}; drop those rows or set data.skip_bad_rows: "
-                        f"true to skip them")
+        raise DataError(
+            f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} rows have "
+            f"no text (null {column!r}): {'; '.join(named)}; drop those rows or set data.skip_bad_rows: "
+            f"true to skip them"
+        )
     if len(nulls) == ds.num_rows:
-        raise DataError(f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set text_field to "
-                        f"the column holding the text")
+        raise DataError(
+            f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set text_field to "
+            f"the column holding the text"
+        )
     if scan is None:
-        log.info("data=%r: skipping %d row(s) with a null %r (data.skip_bad_rows): %s", cfg.data.source,
-                 len(nulls), column, "; ".join(named))
+        log.info(
+            "data=%r: skipping %d row(s) with a null %r (data.skip_bad_rows): %s",
+            cfg.data.source,
+            len(nulls),
+            column,
+            "; ".join(named),
+        )
     keep = ds.filter(lambda v: v is not None, input_columns=[column], desc="leave out null rows")
     return Documents(keep, len(nulls))

@@ -4,10 +4,8 @@
                                                [--only json,email,...]
 
 DIR gets train.jsonl and eval.jsonl (one {"name", "text"} object per document, in the order below), tokenizer/ (a
-PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json). Everything is written under
-DIR.partial (made with parallel/disk.PARTIAL_MARKER) and renamed to DIR at the end: DIR holds a whole corpus or
-nothing. A DIR.partial without the marker is not this command's: it is refused, never removed; a full disk or a
-permission that stops the write is said in one line, with nothing left behind.
+PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json), written all or nothing
+(corpus_write.py).
 
 Documents: the `*.py` files of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`; site-packages,
 dist-packages and __pycache__ left out). One document per top-level module (`os.py` -> `os`) or package tree
@@ -32,7 +30,6 @@ from __future__ import annotations
 # tokenizers and transformers are imported where the tokenizer is trained and saved, after the documents are read.
 import json
 import platform
-import shutil
 import sys
 import sysconfig
 import time
@@ -42,36 +39,29 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ds_longctx.data.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
 from ds_longctx.data.scan import DataError
-from ds_longctx.parallel.disk import (
-    NotOurs,
-    check_partial,
-    clear_partial,
-    describe_os_error,
-    existing_ancestor,
-    finish_partial,
-    free_bytes,
-    is_disk_error,
-    make_partial,
-    partial_maker,
-    size_text,
-    unwritable,
-)
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"}
-SPLIT_PACKAGES = ("test",)  # packages of independent modules: one document per module or subpackage under them
+SPLIT_PACKAGES = (
+    "test",
+)  # packages of independent modules: one document per module or subpackage under them
 LEFT_OUT_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-ORDER = ("documents in sorted name order; a document's files in sorted relative-path order, each opened by a line "
-         "'# file: <path under the stdlib>'")
-HIST_EDGES = [0] + [2 ** k for k in range(8, 23)]  # tokens per document: [0, 256), [256, 512), ... [2^21, 2^22)
+ORDER = (
+    "documents in sorted name order; a document's files in sorted relative-path order, each opened by a line "
+    "'# file: <path under the stdlib>'"
+)
+HIST_EDGES = [0] + [
+    2**k for k in range(8, 23)
+]  # tokens per document: [0, 256), [256, 512), ... [2^21, 2^22)
 
 
 @dataclass
 class Document:
     name: str
-    files: list          # paths relative to the stdlib
+    files: list  # paths relative to the stdlib
     text: str
-    tokens: int = 0      # BPE tokens, without the EOS training appends
+    tokens: int = 0  # BPE tokens, without the EOS training appends
     split: str = "train"
 
 
@@ -86,8 +76,11 @@ def document_of(rel: Path) -> str:
 
 def stdlib_files(root: Path) -> list:
     """The stdlib's .py files (relative paths, sorted), without site-packages, dist-packages and __pycache__."""
-    return sorted(p.relative_to(root) for p in root.rglob("*.py")
-                  if p.is_file() and not LEFT_OUT_DIRS & set(p.relative_to(root).parts[:-1]))
+    return sorted(
+        p.relative_to(root)
+        for p in root.rglob("*.py")
+        if p.is_file() and not LEFT_OUT_DIRS & set(p.relative_to(root).parts[:-1])
+    )
 
 
 def read_files(root: Path, only: set | None) -> tuple[dict, list]:
@@ -99,8 +92,10 @@ def read_files(root: Path, only: set | None) -> tuple[dict, list]:
     if only is not None:
         unknown = sorted(only - set(grouped))
         if unknown:
-            raise DataError(f"--only names {unknown}, which are not documents of {root}; pick from e.g. "
-                            f"{sorted(grouped)[:12]} (top-level modules and packages, test.<module>)")
+            raise DataError(
+                f"--only names {unknown}, which are not documents of {root}; pick from e.g. "
+                f"{sorted(grouped)[:12]} (top-level modules and packages, test.<module>)"
+            )
         grouped = {k: v for k, v in grouped.items() if k in only}
     read, left_out = {}, []
     bar = tqdm(total=sum(len(v) for v in grouped.values()), desc="read stdlib", unit="file")
@@ -110,7 +105,10 @@ def read_files(root: Path, only: set | None) -> tuple[dict, list]:
             try:
                 with tokenize.open(root / rel) as fh:
                     body = fh.read()
-            except (SyntaxError, UnicodeDecodeError) as e:  # a bad coding cookie or bytes that do not decode
+            except (
+                SyntaxError,
+                UnicodeDecodeError,
+            ) as e:  # a bad coding cookie or bytes that do not decode
                 why = str(e).replace(repr(str(root / rel)), "it").splitlines()[0][:120]
                 left_out.append((rel.as_posix(), f"{type(e).__name__}: {why}"))
                 continue
@@ -122,20 +120,32 @@ def read_files(root: Path, only: set | None) -> tuple[dict, list]:
 def read_documents(root: Path, only: set | None) -> tuple[list, list]:
     """(documents in name order, [(file, why) left out]): `read_files`, each document its files' texts joined."""
     read, left_out = read_files(root, only)
-    docs = [Document(name, [rel for rel, _ in files], "".join(
-        f"# file: {rel}\n{body}{'' if body.endswith(chr(10)) else chr(10)}" for rel, body in files))
-            for name, files in read.items()]
+    docs = [
+        Document(
+            name,
+            [rel for rel, _ in files],
+            "".join(
+                f"# file: {rel}\n{body}{'' if body.endswith(chr(10)) else chr(10)}"
+                for rel, body in files
+            ),
+        )
+        for name, files in read.items()
+    ]
     return docs, left_out
 
 
 def hold_out(docs: list, every: int, min_chars: int) -> list:
     """Mark the held-out documents (module doc); returns their names, longest first."""
-    long = sorted((d for d in docs if len(d.text) >= min_chars), key=lambda d: (-len(d.text), d.name))
+    long = sorted(
+        (d for d in docs if len(d.text) >= min_chars), key=lambda d: (-len(d.text), d.name)
+    )
     held = long[1::every]
     if not held:
-        raise DataError(f"{len(long)} document(s) have >= {min_chars} characters: too few to hold every "
-                        f"{every}-th out from the second; lower --eval_min_chars or --eval_every, or keep more "
-                        f"documents (--only)")
+        raise DataError(
+            f"{len(long)} document(s) have >= {min_chars} characters: too few to hold every "
+            f"{every}-th out from the second; lower --eval_min_chars or --eval_every, or keep more "
+            f"documents (--only)"
+        )
     for d in held:
         d.split = "eval"
     return [d.name for d in held]
@@ -146,11 +156,16 @@ def train_tokenizer(texts: list, vocab_size: int, specials: tuple = tuple(SPECIA
     """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids, `specials` first, trained on `texts` (module
     doc)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=True,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        show_progress=True,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     return tok
 
@@ -163,7 +178,9 @@ def count_tokens(docs: list, tok) -> None:
         batch.append(d)
         chars += len(d.text)
         if chars >= 4 << 20 or i == len(docs) - 1:
-            for b, e in zip(batch, tok.encode_batch([b.text for b in batch], add_special_tokens=False)):
+            for b, e in zip(
+                batch, tok.encode_batch([b.text for b in batch], add_special_tokens=False)
+            ):
                 b.tokens = len(e.ids)
             bar.update(chars)
             batch, chars = [], 0
@@ -173,6 +190,7 @@ def count_tokens(docs: list, tok) -> None:
 def save_tokenizer(tok, path: Path) -> int:
     """`tok` as a PreTrainedTokenizerFast directory (EOS, PAD, BOS set); returns its size (len)."""
     from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
     fast.save_pretrained(str(path))
     return len(fast)
@@ -187,30 +205,63 @@ def histogram(tokens: list) -> list:
     return counts
 
 
-def card(docs: list, root: Path, left_out: list, held: list, vocab: int, args, seconds: dict) -> dict:
+def card(
+    docs: list, root: Path, left_out: list, held: list, vocab: int, args, seconds: dict
+) -> dict:
     import tokenizers
     import transformers
+
     by = {s: [d for d in docs if d.split == s] for s in ("train", "eval")}
     longest = max(docs, key=lambda d: (d.tokens, d.name))
     return {
-        "source": "python-stdlib", "python": sys.version.split()[0], "implementation": platform.python_implementation(),
-        "stdlib": str(root), "platform": platform.platform(), "order": ORDER, "split_packages": list(SPLIT_PACKAGES),
+        "source": "python-stdlib",
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "stdlib": str(root),
+        "platform": platform.platform(),
+        "order": ORDER,
+        "split_packages": list(SPLIT_PACKAGES),
         "documents": {s: len(v) for s, v in by.items()},
         "tokens": {s: sum(d.tokens for d in v) for s, v in by.items()},
         "characters": {s: sum(len(d.text) for d in v) for s, v in by.items()},
-        "files": sum(len(d.files) for d in docs), "files_left_out": [{"file": f, "why": w} for f, w in left_out],
-        "longest": {"name": longest.name, "tokens": longest.tokens, "characters": len(longest.text),
-                    "files": len(longest.files), "split": longest.split},
-        "histogram": {"edges": HIST_EDGES, "train": histogram([d.tokens for d in by["train"]]),
-                      "eval": histogram([d.tokens for d in by["eval"]])},
+        "files": sum(len(d.files) for d in docs),
+        "files_left_out": [{"file": f, "why": w} for f, w in left_out],
+        "longest": {
+            "name": longest.name,
+            "tokens": longest.tokens,
+            "characters": len(longest.text),
+            "files": len(longest.files),
+            "split": longest.split,
+        },
+        "histogram": {
+            "edges": HIST_EDGES,
+            "train": histogram([d.tokens for d in by["train"]]),
+            "eval": histogram([d.tokens for d in by["eval"]]),
+        },
         "eval_rule": f"documents of >= {args.eval_min_chars} characters, longest first, every {args.eval_every}-th "
-                     f"from the second", "eval_documents": held,
-        "tokenizer": {"kind": "byte-level BPE", "trained_on": "train.jsonl", "size": vocab, "asked": args.vocab_size,
-                      "specials": SPECIALS, "tokenizers": tokenizers.__version__,
-                      "transformers": transformers.__version__},
-        "only": sorted(args.only.split(",")) if args.only else None, "seconds": seconds,
-        "per_document": [{"name": d.name, "split": d.split, "files": len(d.files), "characters": len(d.text),
-                          "tokens": d.tokens} for d in docs],
+        f"from the second",
+        "eval_documents": held,
+        "tokenizer": {
+            "kind": "byte-level BPE",
+            "trained_on": "train.jsonl",
+            "size": vocab,
+            "asked": args.vocab_size,
+            "specials": SPECIALS,
+            "tokenizers": tokenizers.__version__,
+            "transformers": transformers.__version__,
+        },
+        "only": sorted(args.only.split(",")) if args.only else None,
+        "seconds": seconds,
+        "per_document": [
+            {
+                "name": d.name,
+                "split": d.split,
+                "files": len(d.files),
+                "characters": len(d.text),
+                "tokens": d.tokens,
+            }
+            for d in docs
+        ],
     }
 
 
@@ -218,65 +269,64 @@ def card_markdown(c: dict) -> str:
     """The data card as markdown: provenance, counts, the longest documents, the histogram."""
     docs = sorted(c["per_document"], key=lambda d: -d["tokens"])
     total = {k: sum(c[k].values()) for k in ("documents", "tokens", "characters")}
-    lines = [f"# Data card: the Python {c['python']} standard library as a corpus", "",
-             f"Written by `ds-longctx data prepare --stdlib` from `{c['stdlib']}` ({c['implementation']}, "
-             f"{c['platform']}) in {c['seconds']['total']:.0f} s. Order: {c['order']}. Held out: {c['eval_rule']}.",
-             "Tokens: the BPE's, without the EOS that training appends to each document.",
-             "", "| | documents | tokens | characters |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        f"# Data card: the Python {c['python']} standard library as a corpus",
+        "",
+        f"Written by `ds-longctx data prepare --stdlib` from `{c['stdlib']}` ({c['implementation']}, "
+        f"{c['platform']}) in {c['seconds']['total']:.0f} s. Order: {c['order']}. Held out: {c['eval_rule']}.",
+        "Tokens: the BPE's, without the EOS that training appends to each document.",
+        "",
+        "| | documents | tokens | characters |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for s in ("train", "eval"):
-        lines.append(f"| {s} | {c['documents'][s]:,} | {c['tokens'][s]:,} | {c['characters'][s]:,} |")
-    lines += [f"| all | {total['documents']:,} | {total['tokens']:,} | {total['characters']:,} |", "",
-              f"Longest document: `{c['longest']['name']}`, {c['longest']['tokens']:,} tokens, "
-              f"{c['longest']['characters']:,} characters, {c['longest']['files']} files ({c['longest']['split']}). "
-              f"Files: {c['files']:,} read, {len(c['files_left_out'])} left out"
-              + "".join(f"; `{f['file']}` ({f['why']})" for f in c["files_left_out"]) + ".",
-              "", f"Tokenizer: {c['tokenizer']['kind']}, {c['tokenizer']['size']:,} ids, trained on train.jsonl "
-              f"(tokenizers {c['tokenizer']['tokenizers']}); specials {c['tokenizer']['specials']}.",
-              "", "## Tokens per document", "", "| tokens | train | eval |", "| --- | ---: | ---: |"]
+        lines.append(
+            f"| {s} | {c['documents'][s]:,} | {c['tokens'][s]:,} | {c['characters'][s]:,} |"
+        )
+    lines += [
+        f"| all | {total['documents']:,} | {total['tokens']:,} | {total['characters']:,} |",
+        "",
+        f"Longest document: `{c['longest']['name']}`, {c['longest']['tokens']:,} tokens, "
+        f"{c['longest']['characters']:,} characters, {c['longest']['files']} files ({c['longest']['split']}). "
+        f"Files: {c['files']:,} read, {len(c['files_left_out'])} left out"
+        + "".join(f"; `{f['file']}` ({f['why']})" for f in c["files_left_out"])
+        + ".",
+        "",
+        f"Tokenizer: {c['tokenizer']['kind']}, {c['tokenizer']['size']:,} ids, trained on train.jsonl "
+        f"(tokenizers {c['tokenizer']['tokenizers']}); specials {c['tokenizer']['specials']}.",
+        "",
+        "## Tokens per document",
+        "",
+        "| tokens | train | eval |",
+        "| --- | ---: | ---: |",
+    ]
     edges, h = c["histogram"]["edges"], c["histogram"]
     for k, lo in enumerate(edges):
         if h["train"][k] or h["eval"][k]:
             hi = f"{edges[k + 1]:,}" if k + 1 < len(edges) else "..."
             lines.append(f"| {lo:,} - {hi} | {h['train'][k]} | {h['eval'][k]} |")
-    lines += ["", "## The 15 longest documents", "", "| document | split | files | tokens |",
-              "| --- | --- | ---: | ---: |"]
-    lines += [f"| `{d['name']}` | {d['split']} | {d['files']} | {d['tokens']:,} |" for d in docs[:15]]
+    lines += [
+        "",
+        "## The 15 longest documents",
+        "",
+        "| document | split | files | tokens |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    lines += [
+        f"| `{d['name']}` | {d['split']} | {d['files']} | {d['tokens']:,} |" for d in docs[:15]
+    ]
     lines += ["", "Held out: " + ", ".join(f"`{n}`" for n in c["eval_documents"]) + ".", ""]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- entry point
-PARTIAL_FIX = "move it away (or choose another --out)"
-TOKENIZER_BYTES_PER_ID = 100  # tokenizer.json and its companions, per vocabulary id (a 32,000-id BPE: ~2.5 MB)
-
-
-def check_prepare_dir(out: str, writes: str) -> Path:
-    """The --out directory, refused (DataError) before anything is read: not new or empty, or an `<out>.partial`
-    that an earlier prepare did not leave (parallel/disk.check_partial). `writes`: what prepare puts there."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare writes "
-                        f"{writes} there)")
-    if why := unwritable(out):
-        raise DataError(f"--out {str(out)!r} cannot be written: {why}; choose a writable --out")
-    try:
-        check_partial(out.with_name(out.name + ".partial"), PARTIAL_FIX)
-    except NotOurs as e:
-        raise DataError(f"--out {str(out)!r}: {e}") from None
-    return out
-
-
-def check_vocab_size(vocab_size: int, specials: int) -> None:
-    if vocab_size < 256 + specials + 1:
-        raise DataError(f"--vocab_size {vocab_size} must be > {256 + specials} (the bytes and the {specials} special "
-                        f"tokens); try --vocab_size 512 or more")
-
-
 def check_prepare_out(args) -> Path:
     """`check_prepare_dir` for --stdlib, with its sizes checked."""
     check_vocab_size(args.vocab_size, len(SPECIALS))
     if args.eval_every < 1 or args.eval_min_chars < 0:
-        raise DataError(f"--eval_every {args.eval_every} must be >= 1 and --eval_min_chars {args.eval_min_chars} >= 0")
+        raise DataError(
+            f"--eval_every {args.eval_every} must be >= 1 and --eval_min_chars {args.eval_min_chars} >= 0"
+        )
     return check_prepare_dir(args.out, "train.jsonl, eval.jsonl, tokenizer/ and the data card")
 
 
@@ -292,46 +342,24 @@ def prepare(args) -> dict:
     seconds["tokenizer"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
     count_tokens(docs, tok)
     seconds["tokenize"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
-    lines = {split: "".join(json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n" for d in docs
-                            if d.split == split).encode() for split in ("train", "eval")}
+    lines = {
+        split: "".join(
+            json.dumps({"name": d.name, "text": d.text}, ensure_ascii=False) + "\n"
+            for d in docs
+            if d.split == split
+        ).encode()
+        for split in ("train", "eval")
+    }
 
     def make_card(vocab: int) -> tuple:
         seconds["write"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
         seconds["total"] = round(time.perf_counter() - t0, 1)
         c = card(docs, root, left_out, held, vocab, args, seconds)
-        return c, {"data_card.json": (json.dumps(c, indent=1) + "\n").encode(),
-                   "data_card.md": card_markdown(c).encode()}
-    return write_corpus(out, lines, lambda path: save_tokenizer(tok, path), tok.get_vocab_size(), make_card)
+        return c, {
+            "data_card.json": (json.dumps(c, indent=1) + "\n").encode(),
+            "data_card.md": card_markdown(c).encode(),
+        }
 
-
-def write_corpus(out: Path, lines: dict, save, ids: int, make_card) -> dict:
-    """The tokenizer (`save(path)` writes it, returns its size; `ids`: about its vocabulary), `<split>.jsonl` for
-    each of `lines` (their bytes) and the card (`make_card(size)` -> (card, {file name: bytes})) into `<out>.partial`
-    (made with its marker), renamed to `out` at the end; returns the card. A full disk or a permission is refused
-    before the first byte where the free space is short, else named in one line (DataError) with nothing left
-    behind."""
-    partial = out.with_name(out.name + ".partial")
-    needed = sum(len(b) for b in lines.values()) + TOKENIZER_BYTES_PER_ID * ids
-    free = free_bytes(out)
-    if free is not None and free < needed:
-        raise DataError(f"--out {str(out)!r}: the corpus needs ~{size_text(needed)} and {existing_ancestor(out)} has "
-                        f"{size_text(free)} free; choose an --out on a filesystem with more space")
-    if said := clear_partial(partial, PARTIAL_FIX):
-        print(said, file=sys.stderr)
-    try:
-        make_partial(partial)
-        vocab = save(partial / "tokenizer")
-        for split, data in lines.items():
-            (partial / f"{split}.jsonl").write_bytes(data)
-        c, files = make_card(vocab)
-        for name, data in files.items():
-            (partial / name).write_bytes(data)
-        finish_partial(partial, out)
-    except BaseException as e:
-        if partial_maker(partial) is not None:  # ours, made above (without the marker it was never made)
-            shutil.rmtree(partial, ignore_errors=True)
-        if not is_disk_error(e):
-            raise
-        raise DataError(f"--out {str(out)!r}: writing the corpus failed: {describe_os_error(e, partial, needed)}; "
-                        f"nothing was left there; free space or choose another --out") from None
-    return c
+    return write_corpus(
+        out, lines, lambda path: save_tokenizer(tok, path), tok.get_vocab_size(), make_card
+    )

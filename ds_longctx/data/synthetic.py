@@ -49,25 +49,39 @@ class SyntheticRetrieval:
     num_keys: Optional[int] = None
     num_values: Optional[int] = None
     fused_pairs: bool = False
-    supervise: str = "all"  # "all": every next token (labels=None); "queries": only the query values
-    skipped_rows: ClassVar[int] = 0  # no source rows to leave out (TokenRows' field, in metrics.jsonl)
+    supervise: str = (
+        "all"  # "all": every next token (labels=None); "queries": only the query values
+    )
+    skipped_rows: ClassVar[int] = (
+        0  # no source rows to leave out (TokenRows' field, in metrics.jsonl)
+    )
 
     def __post_init__(self):
         if self.vocab_size < 16:
-            raise ValueError(f"vocab_size={self.vocab_size} is too small for the synthetic task; need >= 16")
+            raise ValueError(
+                f"vocab_size={self.vocab_size} is too small for the synthetic task; need >= 16"
+            )
         if self.seq_len < 4 * self.num_queries + 8:
-            raise ValueError(f"seq_len={self.seq_len} is too short for {self.num_queries} synthetic queries; "
-                             f"use seq_len >= {4 * self.num_queries + 8}")
+            raise ValueError(
+                f"seq_len={self.seq_len} is too short for {self.num_queries} synthetic queries; "
+                f"use seq_len >= {4 * self.num_queries + 8}"
+            )
         keys, values, filler = self.ranges
         if len(filler) < 1:
-            raise ValueError(f"num_keys={len(keys)} x num_values={len(values)} fused pair ids leave no filler in "
-                             f"vocab_size={self.vocab_size}; lower num_keys / num_values")
+            raise ValueError(
+                f"num_keys={len(keys)} x num_values={len(values)} fused pair ids leave no filler in "
+                f"vocab_size={self.vocab_size}; lower num_keys / num_values"
+            )
         if self.pairs < self.num_queries or self.pairs > len(keys):
-            raise ValueError(f"num_pairs={self.pairs} must be in [num_queries={self.num_queries}, {len(keys)} keys]")
+            raise ValueError(
+                f"num_pairs={self.pairs} must be in [num_queries={self.num_queries}, {len(keys)} keys]"
+            )
         pair_tokens = self.pairs if self.fused_pairs else 2 * self.pairs
         if self.num_pairs is not None and 1 + pair_tokens > self.seq_len - 3 * self.num_queries:
-            raise ValueError(f"{self.pairs} pairs and {self.num_queries} queries do not fit seq_len={self.seq_len}; "
-                             f"lower num_pairs / num_queries or raise seq_len")
+            raise ValueError(
+                f"{self.pairs} pairs and {self.num_queries} queries do not fit seq_len={self.seq_len}; "
+                f"lower num_pairs / num_queries or raise seq_len"
+            )
         if self.supervise not in ("all", "queries"):
             raise ValueError(f"supervise={self.supervise!r}; use 'all' or 'queries'")
 
@@ -76,7 +90,11 @@ class SyntheticRetrieval:
         """Token ids of keys, values and filler (fused pair ids, if any, sit between values and filler)."""
         if self.fused_pairs:
             k, v = self.num_keys or 8, self.num_values or 16
-            return range(4, 4 + k), range(4 + k, 4 + k + v), range(4 + k + v + k * v, self.vocab_size)
+            return (
+                range(4, 4 + k),
+                range(4 + k, 4 + k + v),
+                range(4 + k + v + k * v, self.vocab_size),
+            )
         third = (self.vocab_size - 4) // 3
         keys = range(4, 4 + min(third, self.num_keys or third))
         values = range(4 + third, 4 + third + min(third, self.num_values or third))
@@ -107,12 +125,12 @@ class SyntheticRetrieval:
         k = keys.start + torch.randperm(len(keys), generator=g)[:n_pairs]
         v = torch.randint(values.start, values.stop, (n_pairs,), generator=g)
         if self.fused_pairs:
-            tok[1:1 + n_pairs] = values.stop + (k - keys.start) * len(values) + (v - values.start)
+            tok[1 : 1 + n_pairs] = values.stop + (k - keys.start) * len(values) + (v - values.start)
         else:
-            tok[1:1 + 2 * n_pairs:2], tok[2:2 + 2 * n_pairs:2] = k, v
-        q = torch.randperm(n_pairs, generator=g)[:self.num_queries]
+            tok[1 : 1 + 2 * n_pairs : 2], tok[2 : 2 + 2 * n_pairs : 2] = k, v
+        q = torch.randperm(n_pairs, generator=g)[: self.num_queries]
         start = L - 3 * self.num_queries
-        tok[start::3], tok[start + 1::3], tok[start + 2::3] = SEP, k[q], v[q]
+        tok[start::3], tok[start + 1 :: 3], tok[start + 2 :: 3] = SEP, k[q], v[q]
         return tok, torch.arange(start + 2, L, 3), (1 + q) if self.fused_pairs else (1 + 2 * q)
 
     def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,4 +164,9 @@ class SyntheticRetrieval:
         return replace(self, seed=self.seed + HELD_OUT_SEED)
 
     def signature(self) -> dict:
-        return {"kind": "synthetic", "seq_len": self.seq_len, "seed": self.seed, "vocab_size": self.vocab_size}
+        return {
+            "kind": "synthetic",
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "vocab_size": self.vocab_size,
+        }

@@ -2,7 +2,7 @@
 
     tok = load_tokenizer(cfg, vocab_size)               # checked against the model's vocabulary
     tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab_size)
-    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # bad rows refused by file:line, or counted
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # data/tokenize_check.py
 
 Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
 token, chat rows what data/chat.py says, prompt/completion rows their completion, token rows their own labels
@@ -14,17 +14,13 @@ from __future__ import annotations
 # transformers and datasets are imported where a tokenizer is loaded and text tokenized (seconds at import).
 import hashlib
 import json
-import logging
 from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data import chat, formats
 from ds_longctx.data.budget import RowOverBudget, over_budget_reason, row_budget
-from ds_longctx.data.scan import MAX_NAMED
-from ds_longctx.data.sources import TOKENIZER_FILES, DataError, locate_rows
+from ds_longctx.data.sources import TOKENIZER_FILES, DataError
 from ds_longctx.parallel.units import IGNORE_INDEX
-
-log = logging.getLogger("ds_longctx")
 
 
 def tokenizer_path(cfg) -> Optional[str]:
@@ -48,17 +44,24 @@ def open_tokenizer(path, named=None):
     directory's own (trust_remote_code=False: transformers neither runs it nor asks on a terminal). DataError naming
     `named` (default: `path`) and the fix where it cannot be loaded."""
     from transformers import AutoTokenizer
+
     named = str(path) if named is None else named
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
     except Exception as e:
         if "trust_remote_code" in str(e):
-            raise DataError(f"tokenizer={named!r} asks to run Python of its own (auto_map in its "
-                            f"tokenizer_config.json), which ds_longctx never runs; pass a tokenizer whose class "
-                            f"transformers ships (`tokenizer.save_pretrained` of a loaded one)") from None
+            raise DataError(
+                f"tokenizer={named!r} asks to run Python of its own (auto_map in its "
+                f"tokenizer_config.json), which ds_longctx never runs; pass a tokenizer whose class "
+                f"transformers ships (`tokenizer.save_pretrained` of a loaded one)"
+            ) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise DataError(f"tokenizer={named!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
-                        f"saved by `tokenizer.save_pretrained`") from None
+        raise DataError(
+            f"tokenizer={named!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
+            f"saved by `tokenizer.save_pretrained`"
+        ) from None
 
 
 def load_tokenizer(cfg, vocab_size: int):
@@ -68,15 +71,21 @@ def load_tokenizer(cfg, vocab_size: int):
         return None
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise DataError(f"tokenizer={path!r} is not a directory; pass a local tokenizer directory (one with "
-                        f"tokenizer.json / tokenizer_config.json, e.g. the model's own checkpoint directory)")
+        raise DataError(
+            f"tokenizer={path!r} is not a directory; pass a local tokenizer directory (one with "
+            f"tokenizer.json / tokenizer_config.json, e.g. the model's own checkpoint directory)"
+        )
     tok = open_tokenizer(p, path)
-    ids = max(len(tok), max(tok.get_vocab().values(), default=-1) + 1)  # added tokens may sit past len - 1
+    ids = max(
+        len(tok), max(tok.get_vocab().values(), default=-1) + 1
+    )  # added tokens may sit past len - 1
     if ids > vocab_size:
-        raise DataError(f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
-                        f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's own "
-                        f"tokenizer, or a model whose vocabulary covers this one (a config.json of its geometry with "
-                        f"\"vocab_size\": {-(-ids // 128) * 128} as --model)")
+        raise DataError(
+            f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
+            f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's own "
+            f"tokenizer, or a model whose vocabulary covers this one (a config.json of its geometry with "
+            f'"vocab_size": {-(-ids // 128) * 128} as --model)'
+        )
     return tok
 
 
@@ -105,25 +114,38 @@ def cut_rule(cfg) -> Optional[str]:
     layout, rule = cfg.data.layout, cfg.data.truncate
     if layout == "concat":
         if rule is not None:
-            raise DataError(f"data.truncate={rule!r} with data_layout='concat': concat joins documents and cuts the "
-                            f"stream at row borders; use data_layout: pack or document, or leave truncate unset")
+            raise DataError(
+                f"data.truncate={rule!r} with data_layout='concat': concat joins documents and cuts the "
+                f"stream at row borders; use data_layout: pack or document, or leave truncate unset"
+            )
         return None
     if layout == "document" and rule == "split":
-        raise DataError("data.truncate='split' with data_layout='document' (one document per row); use head or "
-                        "refuse, or data_layout: pack")
+        raise DataError(
+            "data.truncate='split' with data_layout='document' (one document per row); use head or "
+            "refuse, or data_layout: pack"
+        )
     return rule or ("split" if layout == "pack" else "head")
 
 
 def default_train_on(cfg, fmt: str) -> str:
     """data.train_on, else the format's default (messages: assistant, prompt_completion: completion, tokens: their
     labels, text: all); refused where it does not apply to the format."""
-    want = cfg.data.train_on or {"messages": "assistant", "prompt_completion": "completion",
-                                 "tokens": "labels"}.get(fmt, "all")
-    fits = {"messages": ("assistant", "last_assistant", "all"), "prompt_completion": ("completion", "all"),
-            "tokens": ("all",), "text": ("all",)}[fmt]
+    want = cfg.data.train_on or {
+        "messages": "assistant",
+        "prompt_completion": "completion",
+        "tokens": "labels",
+    }.get(fmt, "all")
+    fits = {
+        "messages": ("assistant", "last_assistant", "all"),
+        "prompt_completion": ("completion", "all"),
+        "tokens": ("all",),
+        "text": ("all",),
+    }[fmt]
     if cfg.data.train_on is not None and want not in fits:
-        raise DataError(f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use one "
-                        f"of {list(fits)}{' (tokens rows train where their labels say)' if fmt == 'tokens' else ''}")
+        raise DataError(
+            f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use one "
+            f"of {list(fits)}{' (tokens rows train where their labels say)' if fmt == 'tokens' else ''}"
+        )
     return want
 
 
@@ -133,19 +155,30 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
     train_on = default_train_on(cfg, fmt)
     field = cfg.data.text_field
     if fmt == "text":
+
         def many(batch):
-            ids = tok(batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False)["input_ids"]
+            ids = tok(
+                batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False
+            )["input_ids"]
             return [(x, list(x)) for x in ids]
+
         return many
     if fmt == "tokens":
+
         def one(r):
-            return formats.token_labels(list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on)
+            return formats.token_labels(
+                list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on
+            )
     elif fmt == "prompt_completion":
+
         def one(r):
-            if isinstance(r["prompt"], list):  # hub / Parquet rows of TRL's conversational form: a session
+            if isinstance(
+                r["prompt"], list
+            ):  # hub / Parquet rows of TRL's conversational form: a session
                 return session(formats.conversational(r))
             return formats.pair_tokens(tok, r["prompt"], r["completion"], train_on)
     else:
+
         def one(r):
             return session(r)
 
@@ -153,8 +186,13 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         if isinstance(r["messages"], str):  # JSON lines, as written (data/scan.py)
             msgs, tools = json.loads(r["messages"]), json.loads(r.get("tools") or "null")
         else:
-            msgs, tools = formats.without_nulls(r["messages"]), formats.without_nulls(r.get("tools"))
-        why = formats.row_problem({"messages": msgs, "tools": tools}, "messages")  # hub / Parquet rows: unscanned
+            msgs, tools = (
+                formats.without_nulls(r["messages"]),
+                formats.without_nulls(r.get("tools")),
+            )
+        why = formats.row_problem(
+            {"messages": msgs, "tools": tools}, "messages"
+        )  # hub / Parquet rows: unscanned
         if why:
             raise formats.ChatError(why)
         return chat.session_tokens(tok, msgs, tools, train_on if fmt == "messages" else "assistant")
@@ -170,11 +208,19 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
             except RowOverBudget:
                 got.append(formats.ChatError(over_budget_reason()))
         return got
+
     return many
 
 
-def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: tuple = (),
-             vocab_size: Optional[int] = None):
+def tokenize(
+    docs,
+    tok,
+    cfg,
+    eos: Optional[int],
+    fmt: str = "text",
+    mask_keys: tuple = (),
+    vocab_size: Optional[int] = None,
+):
     """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing trains), `trained` (the
     targets that train), `cut` (tokens left out by truncate head) and `bad` (why a row gives no document, "" when it
     does), through the datasets cache.
@@ -182,23 +228,86 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
     EOS appended (`add_eos`) trains when the document's last token does. A document longer than seq_len is cut here
     under `cut_rule` head (or marked bad under refuse); one left with no trained target is marked bad."""
     import datasets
-    if cfg.data.add_eos and eos is None:
-        raise DataError("add_eos=true but neither the tokenizer nor the model config has an EOS token; set "
-                        "add_eos: false or use a tokenizer with an eos_token")
-    if fmt != "tokens" and tok is None:
-        raise DataError(f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
-                        f"directory (the model's own), or provide an input_ids column")
+
+    _check_can_tokenize(cfg, eos, fmt, tok)
     rule, L = cut_rule(cfg), cfg.train.seq_len
     many = _row_maker(fmt, tok, cfg, tuple(mask_keys), vocab_size)
-    key = json.dumps([docs._fingerprint, fmt, list(mask_keys), default_train_on(cfg, fmt), vocab_size,
-                      _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "", cfg.data.text_field,
-                      cfg.data.add_eos and eos, rule, L if rule in ("head", "refuse") else 0, "v6"])
-    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    fingerprint = _cache_fingerprint(docs, cfg, eos, fmt, mask_keys, vocab_size, rule, L)
+    fn = _documents_fn(many, eos if cfg.data.add_eos else None, rule, L, fmt)
+    try:
+        return docs.map(
+            fn,
+            batched=True,
+            batch_size=64,
+            remove_columns=docs.column_names,
+            features=_features(datasets),
+            new_fingerprint=fingerprint,
+            num_proc=cfg.data.tokenize_num_proc if cfg.data.tokenize_num_proc > 1 else None,
+            desc="tokenize" if fmt != "tokens" else "read token ids",
+        )
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, DataError):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise DataError(
+            f"data={cfg.data.source!r} ({fmt} rows) could not be turned into token ids "
+            f"({type(e).__name__}: {first}); input_ids must be lists of ints, {cfg.data.text_field!r} "
+            f"strings"
+        ) from None
+
+
+def _check_can_tokenize(cfg, eos: Optional[int], fmt: str, tok) -> None:
+    """DataError where add_eos has no EOS, or rows that are not token ids have no tokenizer."""
+    if cfg.data.add_eos and eos is None:
+        raise DataError(
+            "add_eos=true but neither the tokenizer nor the model config has an EOS token; set "
+            "add_eos: false or use a tokenizer with an eos_token"
+        )
+    if fmt != "tokens" and tok is None:
+        raise DataError(
+            f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
+            f"directory (the model's own), or provide an input_ids column"
+        )
+
+
+def _cache_fingerprint(
+    docs, cfg, eos: Optional[int], fmt: str, mask_keys, vocab_size, rule: Optional[str], L: int
+) -> str:
+    """The datasets cache fingerprint of `tokenize`: the rows and everything that changes their tokens."""
+    key = json.dumps(
+        [
+            docs._fingerprint,
+            fmt,
+            list(mask_keys),
+            default_train_on(cfg, fmt),
+            vocab_size,
+            _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "",
+            cfg.data.text_field,
+            cfg.data.add_eos and eos,
+            rule,
+            L if rule in ("head", "refuse") else 0,
+            "v6",
+        ]
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _features(datasets):
+    """The columns `tokenize` writes."""
     list_type = getattr(datasets, "List", None) or datasets.Sequence  # datasets >= 4 | 3.x
-    features = datasets.Features({"input_ids": list_type(datasets.Value("int32")),
-                                  "labels": list_type(datasets.Value("int32")),
-                                  "trained": datasets.Value("int64"), "cut": datasets.Value("int64"),
-                                  "bad": datasets.Value("string")})
+    return datasets.Features(
+        {
+            "input_ids": list_type(datasets.Value("int32")),
+            "labels": list_type(datasets.Value("int32")),
+            "trained": datasets.Value("int64"),
+            "cut": datasets.Value("int64"),
+            "bad": datasets.Value("string"),
+        }
+    )
+
+
+def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, fmt: str):
+    """fn(a batch of rows) -> the columns of `_features`: each row made by `many`, then `_finish`ed."""
 
     def fn(batch):
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
@@ -206,105 +315,64 @@ def tokenize(docs, tok, cfg, eos: Optional[int], fmt: str = "text", mask_keys: t
             if isinstance(got, formats.ChatError):
                 ids, labels, why, cut = [], [], str(got), 0
             else:
-                ids, labels, why, cut = _finish(*got, eos if cfg.data.add_eos else None, rule, L, fmt != "text")
+                ids, labels, why, cut = _finish(*got, eos, rule, L, fmt != "text")
             out["input_ids"].append(ids)
             out["labels"].append(labels)
-            out["trained"].append(max(len(ids) - 1, 0) if fmt == "text" else  # text: every target trains
-                                  sum(v != IGNORE_INDEX for v in labels[1:]))
+            out["trained"].append(
+                max(len(ids) - 1, 0)
+                if fmt == "text"
+                # text: every target trains
+                else sum(v != IGNORE_INDEX for v in labels[1:])
+            )
             out["cut"].append(cut)
             out["bad"].append(why)
         return out
-    try:
-        return docs.map(fn, batched=True, batch_size=64, remove_columns=docs.column_names, features=features,
-                        new_fingerprint=fingerprint,
-                        num_proc=cfg.data.tokenize_num_proc if cfg.data.tokenize_num_proc > 1 else None,
-                        desc="tokenize" if fmt != "tokens" else "read token ids")
-    except (TypeError, ValueError, OverflowError) as e:
-        if isinstance(e, DataError):
-            raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise DataError(f"data={cfg.data.source!r} ({fmt} rows) could not be turned into token ids "
-                        f"({type(e).__name__}: {first}); input_ids must be lists of ints, {cfg.data.text_field!r} "
-                        f"strings") from None
+
+    return fn
 
 
-def _finish(ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool) -> tuple:
+def _finish(
+    ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool
+) -> tuple:
     """(ids, labels, why bad or "", tokens cut) of one document: EOS appended unless it ends with one (trained when the
     last token is), cut by `rule`; a `masked` one (not text) must keep a trained target (an empty one too: an empty
     text is a blank document)."""
     if not ids:
-        return [], [], "the row holds no tokens: nothing to learn from; drop it" if masked else "", 0
-    if eos is not None and ids[-1] != eos:  # a document that ends with EOS (Llama's turns, TRL's rows) keeps one
-        ids, labels = list(ids) + [eos], list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX]
+        return (
+            [],
+            [],
+            "the row holds no tokens: nothing to learn from; drop it" if masked else "",
+            0,
+        )
+    if (
+        eos is not None and ids[-1] != eos
+    ):  # a document that ends with EOS (Llama's turns, TRL's rows) keeps one
+        ids, labels = (
+            list(ids) + [eos],
+            list(labels) + [eos if labels[-1] != IGNORE_INDEX else IGNORE_INDEX],
+        )
     if len(ids) > L and rule == "refuse":
-        return [], [], (f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "
-                        f"shorten it, raise seq_len, or set data.truncate: head or split"), 0
+        return (
+            [],
+            [],
+            (
+                f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "
+                f"shorten it, raise seq_len, or set data.truncate: head or split"
+            ),
+            0,
+        )
     cut = max(len(ids) - L, 0) if rule == "head" else 0
     if cut:
         ids, labels = ids[:L], labels[:L]
     if masked and all(v == IGNORE_INDEX for v in labels[1:]):
         after = f" after cutting to seq_len={L} ({rule})" if cut else ""
-        return [], [], (f"no token trains{after}: the row has nothing to learn from; check its messages (an assistant "
-                        f"turn, train flags), data.train_on, or raise seq_len"), 0
+        return (
+            [],
+            [],
+            (
+                f"no token trains{after}: the row has nothing to learn from; check its messages (an assistant "
+                f"turn, train flags), data.train_on, or raise seq_len"
+            ),
+            0,
+        )
     return ids, labels, "", cut
-
-
-def untrained_windows(n_tokens: int, trained, L: int) -> tuple[int, int]:
-    """(windows, those with no trained target) of a document of `n_tokens` cut into windows of L (truncate split:
-    window k is tokens [kL, (k+1)L), its own document, so its first token is no target); `trained`: the indices of
-    the tokens whose label trains."""
-    import numpy as np
-    t = np.asarray(trained, np.int64)
-    windows = -(-n_tokens // L)
-    return windows, windows - len(np.unique(t[t % L != 0] // L))
-
-
-def _split_windows(tokenized, lengths, L: int) -> tuple[int, int, int]:
-    """(documents longer than L, their windows of L, those with no trained target): `untrained_windows`."""
-    import numpy as np
-    col = tokenized.data.column("labels")
-    long = np.flatnonzero(lengths > L)
-    windows = empty = 0
-    for i in long.tolist():
-        labels = col[i].values.to_numpy(zero_copy_only=False)
-        w, e = untrained_windows(len(labels), np.flatnonzero(labels != IGNORE_INDEX), L)
-        windows, empty = windows + w, empty + e
-    return len(long), windows, empty
-
-
-def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
-    """Refuse the rows tokenization marked bad naming file and line (or count them with data.skip_bad_rows); log the
-    trained tokens per document (min, median, max), their share of all tokens and, under truncate split, the windows
-    that hold no trained target (they train nothing). Returns the skipped rows."""
-    import numpy as np
-    import pyarrow.compute as pc
-    bad_col = tokenized.data.column("bad")
-    bad = pc.indices_nonzero(pc.not_equal(bad_col, "")).to_pylist()
-    if bad:
-        named = bad[:MAX_NAMED]
-        where = locate_rows(cfg, named)
-        why = [bad_col[i].as_py() for i in named]
-        if not cfg.data.skip_bad_rows:
-            more = f" ({len(bad)} rows are bad, also {', '.join(where[i] for i in named[1:])})" if len(bad) > 1 else ""
-            raise DataError(f"{where[named[0]]}: {why[0]}; or set data.skip_bad_rows: true to skip such rows{more}")
-        if len(bad) == tokenized.num_rows:
-            raise DataError(f"data={cfg.data.source!r}: all {len(bad)} rows are bad (the first: {where[named[0]]}: "
-                            f"{why[0]})")
-        log.info("data=%r: skipping %d row(s) tokenization refused (data.skip_bad_rows): %s", cfg.data.source,
-                 len(bad), "; ".join(f"{where[i]}: {w}" for i, w in zip(named, why)))
-    cut = tokenized.data.column("cut").to_numpy()
-    if cut.any():
-        log.info("data: %d documents longer than seq_len=%d cut to their first %d tokens (%d tokens left out; "
-                 "data.truncate: head)", int((cut > 0).sum()), cfg.train.seq_len, cfg.train.seq_len, int(cut.sum()))
-    trained = tokenized.data.column("trained").to_numpy()
-    lengths = pc.list_value_length(tokenized.data.column("input_ids")).to_numpy(zero_copy_only=False)
-    real = trained[lengths > 0]
-    if len(real):
-        L = cfg.train.seq_len
-        split = _split_windows(tokenized, lengths, L) if cut_rule(cfg) == "split" else (0, 0, 0)
-        windows = f"; {split[2]} of the {split[1]} windows of the {split[0]} documents longer than seq_len={L} " \
-                  f"(data.truncate: split) hold no trained token and train nothing" if split[0] else ""
-        log.info("data: trained tokens per document min %d, median %d, max %d; %.1f%% of all %d tokens%s", real.min(),
-                 int(np.median(real)), real.max(), 100 * real.sum() / max(int(lengths.sum()), 1), int(lengths.sum()),
-                 windows)
-    return skipped_before + len(bad)

@@ -49,13 +49,17 @@ class StepSampler(Sampler):
     """Row indices of one dp replica, optimizer step after step (`per_step` = micro_batch x grad_accum rows each), in
     `ds-longctx train`'s order (module docstring)."""
 
-    def __init__(self, n_rows: int, per_step: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool):
+    def __init__(
+        self, n_rows: int, per_step: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool
+    ):
         self.order = RowOrder(n_rows, seed, shuffle)
         self.per_step, self.dp_rank, self.dp_size = per_step, dp_rank, dp_size
         self.steps_per_epoch = n_rows // (dp_size * per_step)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch x grad_accum="
-                             f"{per_step}); add data, lower seq_len, or lower micro_batch or grad_accum")
+            raise ValueError(
+                f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch x grad_accum="
+                f"{per_step}); add data, lower seq_len, or lower micro_batch or grad_accum"
+            )
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -83,24 +87,50 @@ def _loader_kwargs(num_workers: int) -> dict:
     return {"num_workers": num_workers, "pin_memory": torch.cuda.is_available()}
 
 
-def train_loader(dataset, collate, state, micro_batch: int, seed: int, shuffle: bool,
-                 num_workers: int = 0, grad_accum: int = 1) -> EpochLoader:
+def train_loader(
+    dataset,
+    collate,
+    state,
+    micro_batch: int,
+    seed: int,
+    shuffle: bool,
+    num_workers: int = 0,
+    grad_accum: int = 1,
+) -> EpochLoader:
     """Batches `[b, L]` of this rank's dp replica (the same on every rank of its SP group), grad_accum a step."""
-    sampler = StepSampler(len(dataset), micro_batch * grad_accum, state.dp_rank, state.dp_size, seed, shuffle)
-    return EpochLoader(dataset, batch_size=micro_batch, sampler=sampler, collate_fn=collate,
-                       **_loader_kwargs(num_workers))
+    sampler = StepSampler(
+        len(dataset), micro_batch * grad_accum, state.dp_rank, state.dp_size, seed, shuffle
+    )
+    return EpochLoader(
+        dataset,
+        batch_size=micro_batch,
+        sampler=sampler,
+        collate_fn=collate,
+        **_loader_kwargs(num_workers),
+    )
 
 
 def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) -> DataLoader:
     """Every row once per dp replica group, in order; SP peers read the same batches."""
-    sampler = DistributedSampler(dataset, num_replicas=state.dp_size, rank=state.dp_rank, shuffle=False)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
-                      **_loader_kwargs(num_workers))
+    sampler = DistributedSampler(
+        dataset, num_replicas=state.dp_size, rank=state.dp_rank, shuffle=False
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        **_loader_kwargs(num_workers),
+    )
 
 
 def collate_rows(examples: list) -> dict:
     """Rows (dicts of 1-D token tensors of one length L) -> a batch of int64 `[b, L]` tensors, column by column."""
-    return {k: torch.stack([torch.as_tensor(e[k]) for e in examples]).long() for k in ROW_COLUMNS if k in examples[0]}
+    return {
+        k: torch.stack([torch.as_tensor(e[k]) for e in examples]).long()
+        for k in ROW_COLUMNS
+        if k in examples[0]
+    }
 
 
 def applied_masks(args) -> tuple:
@@ -118,21 +148,29 @@ def fold_masks(example: dict, masks: tuple) -> dict:
         return example
     ids, given = example.get("input_ids"), example.get("labels")
     if ids is not None and given is not None and len(given) != len(ids):
-        raise ValueError(f"column 'labels' holds {len(given)} values for {len(ids)} input ids: give one label per "
-                         f"token ({IGNORE_INDEX} where it does not train)")
+        raise ValueError(
+            f"column 'labels' holds {len(given)} values for {len(ids)} input ids: give one label per "
+            f"token ({IGNORE_INDEX} where it does not train)"
+        )
     present = [k for k in masks if example.get(k) is not None]
     if not present or ids is None:
         return example
     for k in present:
         mask = torch.as_tensor(example[k])
         if mask.shape != (len(ids),) or not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError(f"column {k!r} is not a 0/1 list of {len(ids)} values (one per input id): give one "
-                             f"0 (no training) or 1 (trains) per token, or drop the column")
+            raise ValueError(
+                f"column {k!r} is not a 0/1 list of {len(ids)} values (one per input id): give one "
+                f"0 (no training) or 1 (trains) per token, or drop the column"
+            )
     given = {k: _as_list(example[k]) for k in ("labels", *present) if example.get(k) is not None}
     labels = folded_labels(_as_list(ids), given, tuple(present))
     out = {k: v for k, v in example.items() if k not in present}
     src = ids if example.get("labels") is None else example["labels"]
-    out["labels"] = torch.as_tensor(labels, dtype=torch.as_tensor(src).dtype) if torch.is_tensor(ids) else labels
+    out["labels"] = (
+        torch.as_tensor(labels, dtype=torch.as_tensor(src).dtype)
+        if torch.is_tensor(ids)
+        else labels
+    )
     return out
 
 
@@ -155,6 +193,7 @@ def needs_preparing(dataset) -> bool:
     """Whether TRL's SFTTrainer must tokenize `dataset` itself: a `datasets.Dataset` without token ids (a `text`
     column, or TRL's conversational ones), not `rows_dataset`'s rows."""
     import datasets
+
     return isinstance(dataset, datasets.Dataset) and "input_ids" not in dataset.column_names
 
 
@@ -163,6 +202,7 @@ def token_rows_dataset(rows):
     `labels` (IGNORE_INDEX where nothing trains), and for the pack layout also `position_ids` (restarting per
     document). The rows are held in memory (4 bytes per token and column)."""
     import datasets
+
     packed = rows.layout == "pack"
     cols = {k: [] for k in ROW_COLUMNS if packed or k != "position_ids"}
     for j in range(rows.n_rows):
@@ -170,7 +210,9 @@ def token_rows_dataset(rows):
         for k, t in (("input_ids", ids), ("position_ids", pos), ("labels", labels)):
             if k in cols:
                 cols[k].append(t.numpy().astype(np.int32))
-    return datasets.Dataset.from_dict(cols, info=datasets.DatasetInfo(description=ROWS_TAG)).with_format("torch")
+    return datasets.Dataset.from_dict(
+        cols, info=datasets.DatasetInfo(description=ROWS_TAG)
+    ).with_format("torch")
 
 
 def rows_dataset(cfg, hf_config=None):

@@ -4,7 +4,7 @@
                                                                         # their row weights are made here
     loss = trainer.compute_loss(model, batches[i])                      # sum_r weight_r x CE sum of row r on the slice
 
-The loss (`train.loss_average`, `run/engine.step_weights`): tokens, the CE summed over every trained token of the
+The loss (`train.loss_average`, `run/batch_loss.step_weights`): tokens, the CE summed over every trained token of the
 step (every micro-batch, every dp replica, every SP slice) over their count N; each row weighs W / N (W = sp x dp
 ranks: DeepSpeed averages gradients over W), so the gradient does not change with the world size. sequences: each
 row's token mean, averaged over the step's rows that train any. A row, a replica or a step without trained tokens
@@ -31,8 +31,10 @@ def check_padding(attention_mask) -> None:
     if attention_mask is None or bool(attention_mask.all()):
         return
     if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
-        raise ValueError("a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
-                         "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')")
+        raise ValueError(
+            "a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
+            "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')"
+        )
 
 
 def batch_labels(inputs: dict):
@@ -40,6 +42,7 @@ def batch_labels(inputs: dict):
     import torch
 
     from ds_longctx.parallel.units import IGNORE_INDEX
+
     labels = inputs.get("labels")
     labels = inputs["input_ids"] if labels is None else labels
     mask = inputs.get("attention_mask")
@@ -49,13 +52,19 @@ def batch_labels(inputs: dict):
 
 
 def step_row_weights(batches: list, state, average: str, device) -> list:
-    """Per batch of one optimizer step, the weight of each of its rows (`run/engine.step_weights`; collective over
+    """Per batch of one optimizer step, the weight of each of its rows (`run/batch_loss.step_weights`; collective over
     dp). The counts are made on `device`, where the process group's backend can reduce them (nccl: CUDA only)."""
     from ds_longctx.data.rows import Batch
-    from ds_longctx.run.engine import step_weights
-    rows = [Batch(input_ids=b["input_ids"].to(device), labels=batch_labels(b).to(device),
-                  position_ids=None if b.get("position_ids") is None else b["position_ids"].to(device))
-            for b in batches]
+    from ds_longctx.run.batch_loss import step_weights
+
+    rows = [
+        Batch(
+            input_ids=b["input_ids"].to(device),
+            labels=batch_labels(b).to(device),
+            position_ids=None if b.get("position_ids") is None else b["position_ids"].to(device),
+        )
+        for b in batches
+    ]
     return step_weights(rows, state, average)[0]
 
 
@@ -67,53 +76,89 @@ class LongCtxLossMixin:
         """The Trainer's prefetch of one optimizer step's batches, and their row weights (`step_row_weights`), which
         the step's `compute_loss` calls take in order."""
         batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
-        self._longctx_weights = deque(step_row_weights(batches, self.longctx_state,
-                                                       self.longctx_config.train.loss_average, self.args.device))
-        self._longctx_micro = max(len(batches), 1)  # a mixture of experts' aux: the mean over the step's batches
+        self._longctx_weights = deque(
+            step_row_weights(
+                batches,
+                self.longctx_state,
+                self.longctx_config.train.loss_average,
+                self.args.device,
+            )
+        )
+        self._longctx_micro = max(
+            len(batches), 1
+        )  # a mixture of experts' aux: the mean over the step's batches
         return batches, count
 
     def _longctx_forward(self, model, inputs, row_weights=None, micro_batches: int = 1):
         """The loss head's triple on this rank's slice of `inputs` (full rows, on the device)."""
         from ds_longctx.levers.loss_head import ROUTE_KWARG, WEIGHTS_KWARG
-        from ds_longctx.run.engine import sharded_loss
+        from ds_longctx.run.batch_loss import sharded_loss
+
         check_padding(inputs.get("attention_mask"))
 
         def run(input_ids, position_ids, shift_labels, row_weights=None):
-            return model(input_ids=input_ids, position_ids=position_ids,
-                         **{ROUTE_KWARG: shift_labels, WEIGHTS_KWARG: row_weights})
+            return model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                **{ROUTE_KWARG: shift_labels, WEIGHTS_KWARG: row_weights},
+            )
 
-        return sharded_loss(run, self.longctx, self.longctx_state, self.args.device, inputs["input_ids"],
-                            inputs.get("position_ids"), batch_labels(inputs), row_weights=row_weights,
-                            micro_batches=micro_batches)
+        return sharded_loss(
+            run,
+            self.longctx,
+            self.longctx_state,
+            self.args.device,
+            inputs["input_ids"],
+            inputs.get("position_ids"),
+            batch_labels(inputs),
+            row_weights=row_weights,
+            micro_batches=micro_batches,
+        )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The loss to backpropagate: sum over the rows of weight x CE sum on this rank's slice, with the next weights
         of the step (`get_batch_samples`; a batch outside one is a step of its own). With `return_outputs`, also
         {"tokens": this slice's trained tokens}."""
         if not getattr(self, "_longctx_weights", None):
-            self._longctx_weights = deque(step_row_weights([inputs], self.longctx_state,
-                                                           self.longctx_config.train.loss_average, self.args.device))
+            self._longctx_weights = deque(
+                step_row_weights(
+                    [inputs],
+                    self.longctx_state,
+                    self.longctx_config.train.loss_average,
+                    self.args.device,
+                )
+            )
             self._longctx_micro = 1
-        loss, _, n = self._longctx_forward(model, inputs, self._longctx_weights.popleft(), self._longctx_micro)
+        loss, _, n = self._longctx_forward(
+            model, inputs, self._longctx_weights.popleft(), self._longctx_micro
+        )
         return (loss, {"tokens": n}) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """Forward and backward of one batch; DeepSpeed accumulates, and steps at the step's last batch inside
         `accelerator.backward`. Returns this rank's share of the step's loss (what the Trainer sums and averages)."""
-        if not getattr(self, "_longctx_optimizer_state", False):  # optimizer.state_at_build, before the first batch
+        if not getattr(
+            self, "_longctx_optimizer_state", False
+        ):  # optimizer.state_at_build, before the first batch
             from ds_longctx.run.optimizer_state import at_start
-            at_start(self.longctx_config, getattr(model, "optimizer", None), self.longctx_state.rank)
+
+            at_start(
+                self.longctx_config, getattr(model, "optimizer", None), self.longctx_state.rank
+            )
             self._longctx_optimizer_state = True
         model.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
-        self.accelerator.backward(loss, scale_wrt_gas=False)  # the weights already cover the step's batches
+        self.accelerator.backward(
+            loss, scale_wrt_gas=False
+        )  # the weights already cover the step's batches
         return loss.detach()
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """(the SP group's token-mean loss, no logits, no labels): eval under SP (the L x V logits never exist)."""
         import torch
+
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             _, group_loss, _ = self._longctx_forward(model, inputs)

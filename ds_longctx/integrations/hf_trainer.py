@@ -13,17 +13,17 @@ Launch with `accelerate launch --config_file my_run/accelerate.yaml script.py ..
 or torchrun; `launch/trl_sft.py` is a complete script.
 
 What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `cls`):
-- levers: after the Trainer's own set-up, `run/engine.apply_levers` (the engine's steps 4-8: LoRA, attention kernel +
-  Ulysses, fused ops, tiled MLP, placement plan, loss head; the one home of their order) on the model, then
+- levers: after the Trainer's own set-up, `run/lever_order.apply_levers` (the engine's steps 4-8: LoRA, attention
+  kernel + Ulysses, fused ops, tiled MLP, placement plan, loss head; the one home of their order) on the model, then
   `levers/loss_head.route_forward`: the DeepSpeed engine the Trainer builds wraps the HF model, whose forward, given
   our shift labels, runs the trunk and the chunked loss on this rank's slice.
 - data (hf_data.py): SP peers read the same rows, dp replicas different ones, in `ds-longctx train`'s order; an epoch
   is rows / (dp x micro_batch x grad_accum) steps (never x sp), and the Trainer's batch size counts dp replicas, not
   ranks. A row's `completion_mask` / `assistant_masks` are folded into its labels before the collator
   (`hf_data.fold_masks`; completion_mask not under completion_only_loss=False), so none is dropped.
-- loss (hf_loss.py): `compute_loss` cuts the full rows into this rank's slice (`run/engine.sharded_loss`: labels
+- loss (hf_loss.py): `compute_loss` cuts the full rows into this rank's slice (`run/batch_loss.sharded_loss`: labels
   shifted before slicing, packed documents -> cu_seqlens) and weighs each row as `ds-longctx train` does
-  (`run/engine.step_weights` over every micro-batch of the optimizer step and every dp replica, train.loss_average),
+  (`run/batch_loss.step_weights` over every micro-batch of the optimizer step and every dp replica, train.loss_average),
   so what the Trainer logs is, step for step, the loss `ds-longctx train` writes to metrics.jsonl, and gradient
   accumulation (train.grad_accum) accumulates that one loss. Eval: the SP group's token mean of each batch (no
   logits: the L x V logits never exist).
@@ -55,6 +55,7 @@ import logging
 import os
 
 from ds_longctx.checkpoint.files import weights_only_loads
+from ds_longctx.integrations.hf_args import SKIP_PREPARE, training_kwargs
 from ds_longctx.integrations.hf_loss import LongCtxLossMixin
 from ds_longctx.integrations.step_clock import step_clock
 from ds_longctx.parallel import kernel_rules
@@ -80,12 +81,15 @@ def start_processes(cfg) -> None:
     from accelerate import PartialState
 
     from ds_longctx.run.ranks import default_group_timeout
+
     default_group_timeout(cfg.parallel.collective_timeout_s)
     if not torch.distributed.is_initialized():
         init_distributed(cfg.parallel.collective_timeout_s)
         atexit.register(_end_processes)
     before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
-    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # PartialState marks itself DeepSpeed's (as the Trainer's does)
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = (
+        "true"  # PartialState marks itself DeepSpeed's (as the Trainer's does)
+    )
     try:
         PartialState(backend="nccl" if torch.cuda.is_available() else "gloo")
     finally:
@@ -106,6 +110,7 @@ def _end_processes() -> None:
     """At exit: tear the process group down while the interpreter still runs (left to interpreter teardown, gloo's
     threads can abort the process: "terminate called without an active exception", exit -6 under `deepspeed`)."""
     import torch.distributed as dist
+
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -116,75 +121,16 @@ def trainer_ds_config(cfg) -> dict:
     import torch.distributed as dist
 
     from ds_longctx.plan.ds_config import hf_trainer_ds_config
+
     return hf_trainer_ds_config(cfg, dist.get_world_size(), torch.cuda.is_available())
 
 
-# the HF Trainer's name for each optimizer.schedule (what its logs say; `create_scheduler` steps ours)
-SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr", "linear": "linear"}
-
-
-def owned_fields(cfg, ds: dict) -> dict:
-    """TrainingArguments fields that come from the run config: {field: (value, the run-config key to change)}."""
-    opt = ds["optimizer"]["params"]
-    return {"deepspeed": (ds, "the run config (training_args passes its DeepSpeed JSON)"),
-            "per_device_train_batch_size": (cfg.train.micro_batch, "train.micro_batch"),
-            "per_device_eval_batch_size": (cfg.train.micro_batch, "train.micro_batch"),
-            "gradient_accumulation_steps": (ds["gradient_accumulation_steps"], "train.grad_accum"),
-            "learning_rate": (opt["lr"], "optimizer.lr"),
-            "weight_decay": (opt["weight_decay"], "optimizer.weight_decay"),
-            "adam_beta1": (opt["betas"][0], "none (plan/ds_config.py)"),
-            "adam_beta2": (opt["betas"][1], "none (plan/ds_config.py)"),
-            "adam_epsilon": (opt["eps"], "none (plan/ds_config.py)"),
-            "max_grad_norm": (ds["gradient_clipping"], "optimizer.grad_clip"),
-            "warmup_steps": (cfg.optimizer.warmup_steps, "optimizer.warmup_steps"),
-            "lr_scheduler_type": (SCHEDULES[cfg.optimizer.schedule], "optimizer.schedule (the Trainer steps "
-                                  "plan/lr_schedule.py's schedule: LongCtxTrainerMixin.create_scheduler)"),
-            "bf16": (ds["bf16"]["enabled"], "model.dtype"), "fp16": (False, "model.dtype"),
-            "seed": (cfg.train.seed, "train.seed"), "max_steps": (cfg.train.steps, "train.steps"),
-            "gradient_checkpointing": (False, "memory.* (the placement plan checkpoints the layers)")}
-
-
-def report_to(ours: str) -> str:
-    """The Trainer's report_to for logging.report_to (auto: tensorboard where it imports, as `ds-longctx train`)."""
-    if ours != "auto":
-        return ours
-    import importlib.util
-    return "tensorboard" if importlib.util.find_spec("tensorboard") is not None else "none"
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-SKIP_PREPARE = {"skip_prepare_dataset": True}  # an SFTConfig's dataset_kwargs for rows_dataset's ready rows
-
-
-def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
-    """The keyword arguments `training_args` gives `args_cls` (see there); raises ValueError on a clash."""
-    owned = owned_fields(cfg, ds)
-    clash = [f"{k}={_short(kwargs[k])} (the run config says {_short(v)}; change {where})"
-             for k, (v, where) in owned.items() if k in kwargs and kwargs[k] != v]
-    if clash:
-        raise ValueError(f"training_args: {'; '.join(clash)}")
-    save = cfg.checkpoint.save_every
-    out = {"output_dir": cfg.train.output_dir, "logging_steps": cfg.logging.log_every,
-           "save_strategy": "steps" if save else "no", **({"save_steps": save} if save else {}),
-           "report_to": report_to(cfg.logging.report_to)}
-    if "max_length" in getattr(args_cls, "__dataclass_fields__", {}):  # TRL's SFTConfig
-        out.update(max_length=cfg.train.seq_len, dataset_kwargs=dict(SKIP_PREPARE))
-    out.update(kwargs)
-    out.update({k: v for k, (v, _) in owned.items()})
-    out["accelerator_config"] = {**dict(kwargs.get("accelerator_config") or {}), "use_configured_state": True}
-    return out
-
-
 def training_args(cfg, args_cls=None, **kwargs):
-    """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`: the fields in `owned_fields` come
-    from `cfg` (a different value in kwargs is refused, naming the key to change); output_dir, logging_steps and saving
-    default to the run config's; an SFTConfig gets max_length = seq_len and skips TRL's dataset preparation (the rows
-    of `rows_dataset` are ready; `trainer` drops the skip for a text dataset, which TRL then tokenizes). Starts the
-    process group first (`start_processes`)."""
+    """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`, from
+    `hf_args.training_kwargs`: the fields in `owned_fields` come from `cfg` (a different value in kwargs is refused,
+    naming the key to change); output_dir, logging_steps and saving default to the run config's; an SFTConfig gets
+    max_length = seq_len and skips TRL's dataset preparation (the rows of `rows_dataset` are ready; `trainer` drops
+    the skip for a text dataset, which TRL then tokenizes). Starts the process group first (`start_processes`)."""
     start_processes(cfg)
     if args_cls is None:
         from transformers import TrainingArguments as args_cls
@@ -199,6 +145,7 @@ def build_model(cfg, stage=lambda name: None):
 
     from ds_longctx.run import model as run_model
     from ds_longctx.run.preflight import rope_coverage, validate
+
     start_processes(cfg)
     hf_cfg = validate(cfg, dist.get_world_size())
     rope_coverage(cfg, hf_cfg)
@@ -210,6 +157,7 @@ def tokenizer(cfg):
     directory's own), checked against the model's vocabulary; None where the run has none."""
     from ds_longctx.data.tokenize import load_tokenizer
     from ds_longctx.run.model import load_hf_config
+
     return load_tokenizer(cfg, load_hf_config(cfg.model.name).get_text_config().vocab_size)
 
 
@@ -218,6 +166,7 @@ def __getattr__(name: str):
     importing this module must not."""
     if name == "rows_dataset":
         from ds_longctx.integrations.hf_data import rows_dataset
+
         return rows_dataset
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -234,12 +183,18 @@ def trainer(trainer_cls: type, run_config, **kwargs):
     our rows is dropped (dataset_kwargs={}). A dataset with a `completion_mask` column trains the completion: an
     SFTConfig's completion_only_loss left None becomes True (TRL would otherwise build labels without it)."""
     from ds_longctx.integrations.hf_data import needs_preparing
+
     args = kwargs.get("args")
     given = [kwargs.get(k) for k in ("train_dataset", "eval_dataset")]
-    if getattr(args, "dataset_kwargs", None) == SKIP_PREPARE and any(needs_preparing(d) for d in given):
+    if getattr(args, "dataset_kwargs", None) == SKIP_PREPARE and any(
+        needs_preparing(d) for d in given
+    ):
         args.dataset_kwargs = {}
-    if hasattr(args, "completion_only_loss") and args.completion_only_loss is None and any(
-            "completion_mask" in (getattr(d, "column_names", None) or ()) for d in given):
+    if (
+        hasattr(args, "completion_only_loss")
+        and args.completion_only_loss is None
+        and any("completion_mask" in (getattr(d, "column_names", None) or ()) for d in given)
+    ):
         args.completion_only_loss = True
     return trainer_class(trainer_cls)(run_config=run_config, **kwargs)
 
@@ -251,20 +206,30 @@ def check_trainer(tr, cfg) -> None:
         raise ValueError(f"ds_longctx's Trainer integration runs under DeepSpeed ZeRO-3; {fix}")
     ds = tr.accelerator.state.deepspeed_plugin.deepspeed_config
     if ds.get("sequence_parallel_size", 1) != cfg.parallel.sp_size:
-        raise ValueError(f"the DeepSpeed config has sequence_parallel_size={ds.get('sequence_parallel_size')}, the "
-                         f"run config sp_size={cfg.parallel.sp_size}; {fix}")
+        raise ValueError(
+            f"the DeepSpeed config has sequence_parallel_size={ds.get('sequence_parallel_size')}, the "
+            f"run config sp_size={cfg.parallel.sp_size}; {fix}"
+        )
     if tr.args.gradient_checkpointing:
-        raise ValueError(f"gradient_checkpointing=True: the placement plan checkpoints the layers; {fix}")
+        raise ValueError(
+            f"gradient_checkpointing=True: the placement plan checkpoints the layers; {fix}"
+        )
     if getattr(tr.args, "activation_offloading", False):
-        raise ValueError("activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; set it "
-                         "False and use the run config's memory.offload_layers")
+        raise ValueError(
+            "activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; set it "
+            "False and use the run config's memory.offload_layers"
+        )
     if hasattr(tr.model, "peft_config"):
-        raise ValueError("the model already carries PEFT adapters (a peft_config): ds_longctx puts them in itself, "
-                         "from the run config's lora section (lora.rank, lora.target_modules); drop peft_config")
+        raise ValueError(
+            "the model already carries PEFT adapters (a peft_config): ds_longctx puts them in itself, "
+            "from the run config's lora section (lora.rank, lora.target_modules); drop peft_config"
+        )
     pc = getattr(tr.accelerator, "parallelism_config", None)
     if pc is not None and (pc.sp_size > 1 or pc.cp_size > 1):
-        raise ValueError(f"accelerate's parallelism_config (sp_size={pc.sp_size}, cp_size={pc.cp_size}) would split "
-                         f"the sequence a second time; drop it: the run config's parallel.sp_size sets ds_longctx's SP")
+        raise ValueError(
+            f"accelerate's parallelism_config (sp_size={pc.sp_size}, cp_size={pc.cp_size}) would split "
+            f"the sequence a second time; drop it: the run config's parallel.sp_size sets ds_longctx's SP"
+        )
 
 
 def _log_to_stderr() -> None:
@@ -287,18 +252,30 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
     def __init__(self, *args, run_config, **kwargs):
         super().__init__(*args, **kwargs)
         from ds_longctx.levers.loss_head import route_forward
-        from ds_longctx.run.engine import apply_levers
+        from ds_longctx.run.lever_order import apply_levers
+
         check_trainer(self, run_config)
         _log_to_stderr()
         text = self.model.config.get_text_config()
         self.longctx_config = run_config
-        self.longctx_state = ParallelState.build(run_config.parallel.sp_size, text.num_attention_heads,
-                                                 text.num_key_value_heads, kernel_rules.linear_heads(text))
-        self.longctx = apply_levers(run_config, self.model, self.longctx_state,
-                                    self.accelerator.state.deepspeed_plugin.deepspeed_config)
+        self.longctx_state = ParallelState.build(
+            run_config.parallel.sp_size,
+            text.num_attention_heads,
+            text.num_key_value_heads,
+            kernel_rules.linear_heads(text),
+        )
+        self.longctx = apply_levers(
+            run_config,
+            self.model,
+            self.longctx_state,
+            self.accelerator.state.deepspeed_plugin.deepspeed_config,
+        )
         route_forward(self.model, self.longctx.head)
         self.longctx_clock = step_clock()
-        self.longctx_clock.snapshot = (run_config.logging.memory_snapshot_steps, self.args.output_dir)
+        self.longctx_clock.snapshot = (
+            run_config.logging.memory_snapshot_steps,
+            self.args.output_dir,
+        )
         self.add_callback(self.longctx_clock)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -306,9 +283,12 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         from torch.optim.lr_scheduler import LambdaLR
 
         from ds_longctx.plan.lr_schedule import lr_factor
+
         if self.lr_scheduler is None:
             opt = self.optimizer if optimizer is None else optimizer
-            self.lr_scheduler = LambdaLR(opt, lr_factor(self.longctx_config.optimizer, num_training_steps))
+            self.lr_scheduler = LambdaLR(
+                opt, lr_factor(self.longctx_config.optimizer, num_training_steps)
+            )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -332,14 +312,21 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         import functools
 
         from ds_longctx.integrations import hf_data
+
         if hf_data.is_rows_dataset(dataset):
             return dataset, hf_data.collate_rows
         if hf_data.needs_preparing(dataset):
-            raise ValueError(f"the {description} dataset has no input_ids (columns {dataset.column_names}): TRL "
-                             f"tokenizes it only when its preparation runs; build the trainer with longctx.trainer, "
-                             f"which gives such a dataset to TRL, or pass dataset_kwargs={{}} to training_args")
-        collate = self._get_collator_with_removed_columns(self.data_collator, description=description)
-        return dataset, functools.partial(hf_data.masked_collate, collate, hf_data.applied_masks(self.args))
+            raise ValueError(
+                f"the {description} dataset has no input_ids (columns {dataset.column_names}): TRL "
+                f"tokenizes it only when its preparation runs; build the trainer with longctx.trainer, "
+                f"which gives such a dataset to TRL, or pass dataset_kwargs={{}} to training_args"
+            )
+        collate = self._get_collator_with_removed_columns(
+            self.data_collator, description=description
+        )
+        return dataset, functools.partial(
+            hf_data.masked_collate, collate, hf_data.applied_masks(self.args)
+        )
 
     def _reject_skip_prepare_without_labels(self, datasets, data_collator) -> None:
         """TRL refuses mask columns without labels when its preparation is skipped (its collator reads only labels);
@@ -349,10 +336,19 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         from ds_longctx.integrations import hf_data
+
         dataset, collate = self._longctx_rows(self.train_dataset, "training")
         cfg = self.longctx_config
-        return hf_data.train_loader(dataset, collate, self.longctx_state, cfg.train.micro_batch, cfg.train.seed,
-                                    cfg.data.shuffle, self.args.dataloader_num_workers, cfg.train.grad_accum)
+        return hf_data.train_loader(
+            dataset,
+            collate,
+            self.longctx_state,
+            cfg.train.micro_batch,
+            cfg.train.seed,
+            cfg.data.shuffle,
+            self.args.dataloader_num_workers,
+            cfg.train.grad_accum,
+        )
 
     def get_eval_dataloader(self, eval_dataset=None):
         if eval_dataset is None and self.eval_dataset is None:
@@ -360,14 +356,23 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         from ds_longctx.integrations import hf_data
-        dataset, collate = self._longctx_rows(eval_dataset if eval_dataset is not None else self.eval_dataset,
-                                              "evaluation")
-        return hf_data.eval_loader(dataset, collate, self.longctx_state, self.args.eval_batch_size,
-                                   self.args.dataloader_num_workers)
+
+        dataset, collate = self._longctx_rows(
+            eval_dataset if eval_dataset is not None else self.eval_dataset, "evaluation"
+        )
+        return hf_data.eval_loader(
+            dataset,
+            collate,
+            self.longctx_state,
+            self.args.eval_batch_size,
+            self.args.dataloader_num_workers,
+        )
 
     def get_test_dataloader(self, test_dataset):
         return self.get_eval_dataloader(test_dataset)
 
     def get_total_train_batch_size(self, args) -> int:
         """Sequences per optimizer step: micro_batch x accumulation x dp (an SP group reads one batch)."""
-        return self._train_batch_size * args.gradient_accumulation_steps * self.longctx_state.dp_size
+        return (
+            self._train_batch_size * args.gradient_accumulation_steps * self.longctx_state.dp_size
+        )

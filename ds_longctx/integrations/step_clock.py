@@ -16,7 +16,10 @@ class StepClock:
     peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
     (`step_clock()` puts them together: transformers is not imported at module level)."""
 
-    snapshot = (0, None)  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
+    snapshot = (
+        0,
+        None,
+    )  # (logging.memory_snapshot_steps, output_dir): record from the first step, dump after N
 
     def __init__(self):
         self.seconds, self.peak, self.t0 = [], 0, None
@@ -24,6 +27,7 @@ class StepClock:
 
     def on_step_begin(self, args, state, control, **kwargs):
         import torch
+
         if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
             memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
             self.recorded = 0
@@ -34,6 +38,7 @@ class StepClock:
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch
+
         if self.t0 is None:
             return
         if torch.cuda.is_available():
@@ -43,14 +48,19 @@ class StepClock:
         self.t0 = None
         if self.recorded is not None:
             self.recorded += 1
-            if self.recorded == self.snapshot[0]:  # the first N steps of this run (a resumed one too)
+            if (
+                self.recorded == self.snapshot[0]
+            ):  # the first N steps of this run (a resumed one too)
                 import torch.distributed as dist
 
-                memory_snapshot.dump(self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded)
+                memory_snapshot.dump(
+                    self.snapshot[1], dist.get_rank() if dist.is_initialized() else 0, self.recorded
+                )
                 self.snapshot, self.recorded = (0, None), None  # done: nothing more to record
 
     def read(self) -> dict:
         import torch
+
         out = {}
         if self.seconds:
             out["seconds"] = round(sum(self.seconds) / len(self.seconds), 4)
@@ -63,4 +73,5 @@ class StepClock:
 def step_clock():
     """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
     from transformers import TrainerCallback
+
     return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()

@@ -50,8 +50,10 @@ class _HostBuffer:
         nbytes = self.tensor.numel() * self.tensor.element_size()
         err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), nbytes, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host memory "
-                               f"for the offloaded attention cache; use placement 'cache' or 'keep' for some layers")
+            raise RuntimeError(
+                f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host memory "
+                f"for the offloaded attention cache; use placement 'cache' or 'keep' for some layers"
+            )
         self.registered = True
 
     def release(self) -> None:
@@ -69,7 +71,7 @@ def carve(region: torch.Tensor, tensors) -> Optional[list]:
         off = -(-off // ALIGN) * ALIGN
         if off + n > region.numel():
             return None
-        views.append(region[off:off + n].view(t.dtype).view(t.shape))
+        views.append(region[off : off + n].view(t.dtype).view(t.shape))
         off += n
     return views
 
@@ -80,9 +82,9 @@ class Slot:
 
     def __init__(self, on_host: bool, key=None):
         self.on_host, self.key = on_host, key  # key: the layer index (its region of the pool)
-        self.kept = None          # (out, saved tensors, meta) on the GPU, or the host copies' event
-        self._bufs = None         # the host tensors the kept ones are copied into (on_host)
-        self._own: list = []      # _HostBuffer of the slot's own (when no pool region takes them)
+        self.kept = None  # (out, saved tensors, meta) on the GPU, or the host copies' event
+        self._bufs = None  # the host tensors the kept ones are copied into (on_host)
+        self._own: list = []  # _HostBuffer of the slot's own (when no pool region takes them)
         self._shapes = None
         self._event = None
 
@@ -94,9 +96,13 @@ class Slot:
         if views is not None:
             return views
         if region is not None:
-            log.warning("attention cache: layer %s keeps %.3f GB, more than its pool region (%.3f GB): buffers of its "
-                        "own, registered now", self.key, sum(t.numel() * t.element_size() for t in tensors) / 1e9,
-                        region.numel() / 1e9)
+            log.warning(
+                "attention cache: layer %s keeps %.3f GB, more than its pool region (%.3f GB): buffers of its "
+                "own, registered now",
+                self.key,
+                sum(t.numel() * t.element_size() for t in tensors) / 1e9,
+                region.numel() / 1e9,
+            )
         if not tensors[0].is_cuda:
             return None
         self._own = [_HostBuffer(t) for t in tensors]
@@ -112,7 +118,9 @@ class Slot:
         if self._shapes != shapes:
             self._release_own()
             self._bufs, self._shapes = self._host_buffers(tensors), shapes
-        if not out.is_cuda:  # CPU (tests): copied into the pool region, or cloned; the mechanism is the same
+        if (
+            not out.is_cuda
+        ):  # CPU (tests): copied into the pool region, or cloned; the mechanism is the same
             if self._bufs is None:
                 self.kept = ("host", [t.clone() for t in tensors], meta)
                 return
@@ -126,7 +134,9 @@ class Slot:
         with torch.cuda.stream(side):
             for buf, t in zip(self._bufs, tensors):
                 buf.copy_(t, non_blocking=True)
-                t.record_stream(side)  # the GPU copy may be freed once the side stream is done with it
+                t.record_stream(
+                    side
+                )  # the GPU copy may be freed once the side stream is done with it
         self._event = torch.cuda.Event()
         self._event.record(side)
         self.kept = ("host", [t.device for t in tensors], meta)
@@ -141,8 +151,10 @@ class Slot:
         if self._event is not None:
             torch.cuda.current_stream().wait_event(self._event)
         # to the device (a copy); a tensor that lives on the CPU is cloned, never handed out as the reused buffer
-        out, *saved = [buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf.clone()
-                       for buf, dev in zip(self._bufs, devices)]
+        out, *saved = [
+            buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf.clone()
+            for buf, dev in zip(self._bufs, devices)
+        ]
         return out, tuple(saved), meta
 
     def clear(self) -> None:
@@ -175,22 +187,30 @@ def attention_module(layer):
     """A decoder layer's attention module (transformers' `self_attn`), which the attention function is called with."""
     attn = getattr(layer, "self_attn", None)
     if attn is None:
-        raise ValueError(f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the "
-                         f"attention cache keeps a softmax-attention layer's output; cache full-attention layers only")
+        raise ValueError(
+            f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the "
+            f"attention cache keeps a softmax-attention layer's output; cache full-attention layers only"
+        )
     return attn
 
 
 def attach(layer, on_host: bool, key=None) -> None:
-    """Give `layer` a slot (placement.apply_placement calls this for cache / cache+offload layers; `key`: the layer's
+    """Give `layer` a slot (placement_apply.apply_placement calls this for cache / cache+offload layers; `key`: the layer's
     index, whose region of the pinned pool an on-host slot uses when one is reserved)."""
     detach(layer)
     setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host, key))
-    ulysses.set_slot_lookup(slot_of)  # the attention function asks `slot_of` for every layer from now on
+    ulysses.set_slot_lookup(
+        slot_of
+    )  # the attention function asks `slot_of` for every layer from now on
 
 
 def detach(layer) -> None:
     """Take `layer`'s slot away (a layer without softmax attention has none)."""
-    slot = getattr(layer, "self_attn", None).__dict__.pop(_SLOT_ATTR, None) if hasattr(layer, "self_attn") else None
+    slot = (
+        getattr(layer, "self_attn", None).__dict__.pop(_SLOT_ATTR, None)
+        if hasattr(layer, "self_attn")
+        else None
+    )
     if slot is not None:
         slot.release()
 
@@ -202,7 +222,7 @@ def slot_of(module) -> Optional[Slot]:
 
 
 def layer_slot(layer) -> Optional[Slot]:
-    """`layer`'s slot whatever the mode (placement.applied_placement reads it back); None for a layer without softmax
+    """`layer`'s slot whatever the mode (placement_apply.applied_placement reads it back); None for a layer without softmax
     attention."""
     return getattr(getattr(layer, "self_attn", None), _SLOT_ATTR, None)
 

@@ -46,36 +46,57 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 _ADDMM_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
-def _validate(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
-              ignore_index: int) -> None:
+def _validate(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int,
+    ignore_index: int,
+) -> None:
     """Fail before any work, naming the bad value and the fix."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int (rows per chunk), e.g. 4096")
+        raise ValueError(
+            f"chunk_size={chunk_size!r} must be a positive int (rows per chunk), e.g. 4096"
+        )
     if hidden.dim() != 2:
-        raise ValueError(f"hidden has shape {tuple(hidden.shape)}; expected [N, H]: flatten it with "
-                         f"hidden.reshape(-1, hidden.shape[-1])")
+        raise ValueError(
+            f"hidden has shape {tuple(hidden.shape)}; expected [N, H]: flatten it with "
+            f"hidden.reshape(-1, hidden.shape[-1])"
+        )
     if weight.dim() != 2 or weight.shape[0] == 0:
-        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [V, H] with V > 0. Under ZeRO-3 "
-                         f"gather it first (deepspeed.zero.GatheredParameters or inside lm_head's forward)")
+        raise ValueError(
+            f"weight has shape {tuple(weight.shape)}; expected [V, H] with V > 0. Under ZeRO-3 "
+            f"gather it first (deepspeed.zero.GatheredParameters or inside lm_head's forward)"
+        )
     if hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden size {hidden.shape[1]} != weight's {weight.shape[1]} (weight is "
-                         f"{tuple(weight.shape)}); pass lm_head.weight, shaped [V, H]")
+        raise ValueError(
+            f"hidden size {hidden.shape[1]} != weight's {weight.shape[1]} (weight is "
+            f"{tuple(weight.shape)}); pass lm_head.weight, shaped [V, H]"
+        )
     if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
-        raise ValueError(f"hidden dtype {hidden.dtype} and weight dtype {weight.dtype} must be the same "
-                         f"float dtype; cast hidden with .to(weight.dtype)")
+        raise ValueError(
+            f"hidden dtype {hidden.dtype} and weight dtype {weight.dtype} must be the same "
+            f"float dtype; cast hidden with .to(weight.dtype)"
+        )
     if labels.dtype != torch.int64 or labels.shape != hidden.shape[:1]:
-        raise ValueError(f"labels are {labels.dtype} {tuple(labels.shape)}; expected int64 [N={hidden.shape[0]}] "
-                         f"(labels.reshape(-1).long(), already shifted)")
+        raise ValueError(
+            f"labels are {labels.dtype} {tuple(labels.shape)}; expected int64 [N={hidden.shape[0]}] "
+            f"(labels.reshape(-1).long(), already shifted)"
+        )
     if not (hidden.device == weight.device == labels.device):
-        raise ValueError(f"hidden, weight, labels are on {hidden.device}, {weight.device}, {labels.device}; "
-                         f"move them to one device")
+        raise ValueError(
+            f"hidden, weight, labels are on {hidden.device}, {weight.device}, {labels.device}; "
+            f"move them to one device"
+        )
     vocab = weight.shape[0]
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))  # [N]
     if bad.any():
         pos = int(bad.nonzero()[0, 0])
-        raise ValueError(f"labels[{pos}]={int(labels[pos])} is outside [0, V={vocab}) and is not "
-                         f"ignore_index={ignore_index}; mask it with ignore_index, or check the tokenizer's "
-                         f"vocabulary against lm_head's {vocab} rows")
+        raise ValueError(
+            f"labels[{pos}]={int(labels[pos])} is outside [0, V={vocab}) and is not "
+            f"ignore_index={ignore_index}; mask it with ignore_index, or check the tokenizer's "
+            f"vocabulary against lm_head's {vocab} rows"
+        )
 
 
 def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: torch.Tensor) -> None:
@@ -90,15 +111,23 @@ def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: to
         acc.addmm_(grad_t.to(acc.dtype), h_chunk.to(acc.dtype))
 
 
-def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
-               grad_hidden: torch.Tensor | None, grad_weight: torch.Tensor | None,
-               hits: torch.Tensor | None = None) -> torch.Tensor:
+def _one_chunk(
+    h_chunk: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    grad_hidden: torch.Tensor | None,
+    grad_weight: torch.Tensor | None,
+    hits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Row losses [c] fp32 of one chunk; writes dL/dh_chunk into grad_hidden [c, H] and adds dL/dweight into
     grad_weight [V, H] (either may be None), and into `hits` [c] whether the target's logit is the row's max (the
     greedy choice; False on ignored rows). A function of its own so that the chunk's [c, V] tensors are
     freed on return, before the next chunk's are allocated (a loop body would hold them one chunk longer)."""
     mask = valid.unsqueeze(1)  # [c] -> [c, 1]
-    target = labels.masked_fill(~valid, 0).unsqueeze(1)  # [c] -> [c, 1], ignored rows point at class 0
+    target = labels.masked_fill(~valid, 0).unsqueeze(
+        1
+    )  # [c] -> [c, 1], ignored rows point at class 0
     # matmul in the input dtype, then fp32: exactly F.linear(h, w).float()
     logits = F.linear(h_chunk, weight).float()  # [c, V] fp32
     row_max = logits.amax(dim=1, keepdim=True)  # [c, 1]
@@ -107,7 +136,9 @@ def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
         hits.copy_((target_logit.squeeze(1) >= 0) & valid)  # [c]: target logit == row max
     exp = logits.sub_(row_max).exp_()  # [c, V] in place: exp(logit - max)
     sum_exp = exp.sum(dim=1, keepdim=True)  # [c, 1]
-    row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0).squeeze(1)  # [c]: logsumexp - target
+    row_loss = torch.where(mask, sum_exp.log() - target_logit, 0.0).squeeze(
+        1
+    )  # [c]: logsumexp - target
     if grad_hidden is None and grad_weight is None:
         return row_loss
     # dL/dlogits = softmax - onehot(target) on kept rows, 0 on ignored rows; in place over exp
@@ -121,8 +152,16 @@ def _one_chunk(h_chunk: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
     return row_loss
 
 
-def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int,
-                ignore_index: int, need_hidden_grad: bool, need_weight_grad: bool, hits: torch.Tensor | None = None):
+def _chunk_loop(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int,
+    ignore_index: int,
+    need_hidden_grad: bool,
+    need_weight_grad: bool,
+    hits: torch.Tensor | None = None,
+):
     """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight [V, H]
     of their sum (None when not asked); `hits` [N] bool, if given, gets each row's argmax hit (`_one_chunk`).
     Inputs must have passed ``_validate``."""
@@ -130,18 +169,32 @@ def _chunk_loop(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
     valid = labels != ignore_index  # [N] bool
     n_chunks = -(-n // chunk_size)
     # [N] -> [n_chunks * c] (padded with False) -> [n_chunks, c] -> [n_chunks]; one host sync for the loop
-    has_target = F.pad(valid, (0, n_chunks * chunk_size - n)).view(n_chunks, chunk_size).any(dim=1).tolist()
+    has_target = (
+        F.pad(valid, (0, n_chunks * chunk_size - n)).view(n_chunks, chunk_size).any(dim=1).tolist()
+    )
 
     losses = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    grad_hidden = torch.zeros(n, h, dtype=hidden.dtype, device=hidden.device) if need_hidden_grad else None
-    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight_grad else None
+    grad_hidden = (
+        torch.zeros(n, h, dtype=hidden.dtype, device=hidden.device) if need_hidden_grad else None
+    )
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        if need_weight_grad
+        else None
+    )
     for i, start in enumerate(range(0, n, chunk_size)):
         if not has_target[i]:
             continue  # every row ignored: zero loss and zero gradient, already in place
         end = min(start + chunk_size, n)
-        losses[start:end] = _one_chunk(hidden[start:end], weight, labels[start:end], valid[start:end],
-                                       None if grad_hidden is None else grad_hidden[start:end], grad_weight,
-                                       None if hits is None else hits[start:end])
+        losses[start:end] = _one_chunk(
+            hidden[start:end],
+            weight,
+            labels[start:end],
+            valid[start:end],
+            None if grad_hidden is None else grad_hidden[start:end],
+            grad_weight,
+            None if hits is None else hits[start:end],
+        )
     if grad_weight is not None:
         grad_weight = grad_weight.to(weight.dtype)  # fp32 -> weight dtype (a no-op for fp32)
     return losses, grad_hidden, grad_weight
@@ -153,7 +206,7 @@ def _scale_(grad: torch.Tensor, scale: torch.Tensor, rows: int) -> None:
         grad.mul_(scale)
         return
     for start in range(0, grad.shape[0], rows):
-        block = grad[start:start + rows]  # [rows, H]
+        block = grad[start : start + rows]  # [rows, H]
         block.copy_(block.float().mul_(scale))
 
 
@@ -163,8 +216,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk_size, ignore_index):
         need_hidden_grad, need_weight_grad = ctx.needs_input_grad[:2]
-        losses, grad_hidden, grad_weight = _chunk_loop(hidden, weight, labels, chunk_size, ignore_index,
-                                                       need_hidden_grad, need_weight_grad)
+        losses, grad_hidden, grad_weight = _chunk_loop(
+            hidden, weight, labels, chunk_size, ignore_index, need_hidden_grad, need_weight_grad
+        )
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.chunk_size = chunk_size
         ctx.used = False
@@ -173,8 +227,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         if ctx.used:
-            raise RuntimeError("chunked_cross_entropy's stored gradients are scaled in place, so its backward "
-                               "runs once; call the loss again instead of backward(retain_graph=True) twice")
+            raise RuntimeError(
+                "chunked_cross_entropy's stored gradients are scaled in place, so its backward "
+                "runs once; call the loss again instead of backward(retain_graph=True) twice"
+            )
         ctx.used = True
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_output.float()
@@ -184,8 +240,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                          chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """Sum over non-ignored rows of cross_entropy(hidden @ weight.T, labels), fp32, 0-dim.
 
     hidden [N, H] and weight [V, H] share one float dtype; labels [N] int64, already shifted (label i is
@@ -200,8 +261,13 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
 
 
 @torch.no_grad()
-def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                            chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def per_token_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """Per-row cross-entropy [N] fp32, no gradients, for a loss-by-position probe.
 
     Ignored rows are 0.0, as in ``F.cross_entropy(..., reduction="none")``, so ``.sum()`` equals
@@ -212,17 +278,28 @@ def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: 
 
 
 @torch.no_grad()
-def per_token_scores(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                     chunk_size: int = 4096, ignore_index: int = IGNORE_INDEX) -> tuple:
+def per_token_scores(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 4096,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple:
     """(``per_token_cross_entropy``, hits [N] bool): row i's hit is whether its label's logit is the row's max,
     i.e. greedy decoding from the true prefix emits the label (False on ignored rows); still c x V logits at a time."""
     _validate(hidden, weight, labels, chunk_size, ignore_index)
     hits = torch.zeros(labels.shape, dtype=torch.bool, device=hidden.device)
-    return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False, hits)[0], hits
+    return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False, hits)[
+        0
+    ], hits
 
 
-def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                        ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def plain_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """The unchunked path (lever off): full [N, V] logits, fp32 cross-entropy, reduction="sum"."""
     logits = F.linear(hidden, weight).float()  # [N, V]
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")

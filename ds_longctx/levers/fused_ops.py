@@ -47,14 +47,18 @@ _ROPE = "_ds_longctx_prev_rope"
 def liger_available() -> bool:
     try:
         import liger_kernel.ops.rms_norm  # noqa: F401  (imports triton)
+
         return True
     except Exception:
         return False
 
 
 # What `auto` picks on a CUDA GPU, and why (the reason is logged). calibrated: see docs/calibration.md#fused-ops-auto
-AUTO_CUDA = ("compile", "auto: CUDA GPU; torch.compile measured fastest of compile, liger and none, with the same "
-                        "losses (benchmarks/results/peers.jsonl; docs/calibration.md#fused-ops-auto)")
+AUTO_CUDA = (
+    "compile",
+    "auto: CUDA GPU; torch.compile measured fastest of compile, liger and none, with the same "
+    "losses (benchmarks/results/peers.jsonl; docs/calibration.md#fused-ops-auto)",
+)
 
 
 def resolve_fused_ops(name: str, on_cuda: bool) -> tuple:
@@ -70,10 +74,14 @@ def check_fused_ops(name: str, on_cuda: bool) -> None:
     if name in ("none", "compile", "auto"):
         return
     if not on_cuda:
-        raise ValueError(f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none on CPU")
+        raise ValueError(
+            f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none on CPU"
+        )
     if not liger_available():
-        raise ValueError(f"fused_ops={name!r} but liger-kernel does not import; `pip install liger-kernel`, "
-                         f"fused_ops: compile, or fused_ops: none")
+        raise ValueError(
+            f"fused_ops={name!r} but liger-kernel does not import; `pip install liger-kernel`, "
+            f"fused_ops: compile, or fused_ops: none"
+        )
 
 
 def _rms_math(x, weight, eps):
@@ -92,8 +100,12 @@ def _kernels(kind: str, rope):
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
-        return ((lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)),
-                LigerSiLUMulFunction.apply, liger_rotary_pos_emb)
+
+        return (
+            (lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)),
+            LigerSiLUMulFunction.apply,
+            liger_rotary_pos_emb,
+        )
     if kind == "compile":
         return _compiled(rope)
     raise ValueError(f"fused_ops={kind!r} is not one of liger, compile")
@@ -114,20 +126,28 @@ def _compiled(rope):
     shape once: up to COMPILE_SHAPES graphs per function (`torch.compile(recompile_limit=)` where this torch has it,
     else TorchDynamo's process-wide `recompile_limit` raised to it, with a log line)."""
     import torch._dynamo
+
     kw = {"dynamic": False}
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         kw["recompile_limit"] = COMPILE_SHAPES
     elif torch._dynamo.config.recompile_limit < COMPILE_SHAPES:
-        log.info("fused ops (torch.compile): torch._dynamo.config.recompile_limit %d -> %d (one graph per shape and "
-                 "grad mode of a tiled run)", torch._dynamo.config.recompile_limit, COMPILE_SHAPES)
+        log.info(
+            "fused ops (torch.compile): torch._dynamo.config.recompile_limit %d -> %d (one graph per shape and "
+            "grad mode of a tiled run)",
+            torch._dynamo.config.recompile_limit,
+            COMPILE_SHAPES,
+        )
         torch._dynamo.config.recompile_limit = COMPILE_SHAPES
     return torch.compile(_rms_math, **kw), torch.compile(_silu_mul, **kw), torch.compile(rope, **kw)
 
 
 def _is_gated_silu_mlp(m) -> bool:
     act = getattr(m, "act_fn", None)
-    return all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj")) and act is not None and \
-        type(act).__name__ in ("SiLU", "SiLUActivation")
+    return (
+        all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj"))
+        and act is not None
+        and type(act).__name__ in ("SiLU", "SiLUActivation")
+    )
 
 
 def _patch(module, forward) -> None:
@@ -139,26 +159,46 @@ def apply_fused_ops(model: nn.Module, kind: str = "liger") -> list:
     """Route RMSNorm, SwiGLU and rotary through fused kernels: Liger-Kernel's (`liger`) or TorchInductor's
     compilation of HF's own math (`compile`) (module doc). Returns what was routed."""
     modeling = importlib.import_module(type(model).__module__)
-    own_rope = model.__dict__[_ROPE][1] if _ROPE in model.__dict__ else getattr(modeling, "apply_rotary_pos_emb", None)
+    own_rope = (
+        model.__dict__[_ROPE][1]
+        if _ROPE in model.__dict__
+        else getattr(modeling, "apply_rotary_pos_emb", None)
+    )
     rms, silu_mul, rope = _kernels(kind, own_rope)
     routed = set()
     for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "weight") and hasattr(m, "variance_epsilon"):
+        if (
+            type(m).__name__.endswith("RMSNorm")
+            and hasattr(m, "weight")
+            and hasattr(m, "variance_epsilon")
+        ):
             _patch(m, functools.partial(lambda x, _m: rms(x, _m.weight, _m.variance_epsilon), _m=m))
             routed.add("rms_norm")
         elif _is_gated_silu_mlp(m):
-            _patch(m, functools.partial(lambda x, _m: _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x))), _m=m))
+            _patch(
+                m,
+                functools.partial(
+                    lambda x, _m: _m.down_proj(silu_mul(_m.gate_proj(x), _m.up_proj(x))), _m=m
+                ),
+            )
             routed.add("swiglu")
     text = model.config.get_text_config()
-    partial = ((getattr(text, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0) < 1
-               or getattr(text, "partial_rotary_factor", 1.0) < 1)
-    if own_rope is not None and not (kind == "liger" and partial):  # Liger's rotary rotates the whole head
+    partial = (getattr(text, "rope_parameters", None) or {}).get(
+        "partial_rotary_factor", 1.0
+    ) < 1 or getattr(text, "partial_rotary_factor", 1.0) < 1
+    if own_rope is not None and not (
+        kind == "liger" and partial
+    ):  # Liger's rotary rotates the whole head
         if _ROPE not in model.__dict__:
             model.__dict__[_ROPE] = (modeling, own_rope)
         modeling.apply_rotary_pos_emb = rope
         routed.add("rope")
     names = sorted(routed)
-    log.info("fused ops (%s): %s", "Liger-Kernel" if kind == "liger" else "torch.compile", ", ".join(names) or "none")
+    log.info(
+        "fused ops (%s): %s",
+        "Liger-Kernel" if kind == "liger" else "torch.compile",
+        ", ".join(names) or "none",
+    )
     return names
 
 

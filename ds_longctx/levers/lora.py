@@ -44,15 +44,27 @@ _ADAPTER_PARTS = (".lora_A.", ".lora_B.")
 def check_targets(targets: list) -> None:
     """The target list on its own (no model): non-empty names, all-linear alone. Raises ValueError naming the fix."""
     if not targets:
-        raise ValueError(f"lora_target_modules is empty; name module suffixes (e.g. {','.join(DEFAULT_TARGETS)}) "
-                         f"or all-linear")
+        raise ValueError(
+            f"lora_target_modules is empty; name module suffixes (e.g. {','.join(DEFAULT_TARGETS)}) "
+            f"or all-linear"
+        )
     for t in targets:
-        if not isinstance(t, str) or not t or t != t.strip() or t.startswith(".") or t.endswith("."):
-            raise ValueError(f"lora_target_modules entry {t!r} is not a module-name suffix; use names such as "
-                             f"q_proj or mlp.down_proj, comma-separated on the command line")
+        if (
+            not isinstance(t, str)
+            or not t
+            or t != t.strip()
+            or t.startswith(".")
+            or t.endswith(".")
+        ):
+            raise ValueError(
+                f"lora_target_modules entry {t!r} is not a module-name suffix; use names such as "
+                f"q_proj or mlp.down_proj, comma-separated on the command line"
+            )
     if ALL_LINEAR in targets and len(targets) > 1:
-        raise ValueError(f"lora_target_modules={targets}: {ALL_LINEAR} already means every Linear but the output "
-                         f"layer; give it alone or list suffixes without it")
+        raise ValueError(
+            f"lora_target_modules={targets}: {ALL_LINEAR} already means every Linear but the output "
+            f"layer; give it alone or list suffixes without it"
+        )
 
 
 def _matches(name: str, target: str) -> bool:
@@ -71,12 +83,16 @@ def target_names(linears: dict, targets, output: str) -> list:
         hit = [n for n in linears if _matches(n, t)]
         if not hit:
             suffixes = sorted({n.rpartition(".")[2] for n in linears if n != output})
-            raise ValueError(f"lora_target_modules entry {t!r} matches no Linear of the model; its Linears end in "
-                             f"{', '.join(suffixes)} (or use all-linear)")
+            raise ValueError(
+                f"lora_target_modules entry {t!r} matches no Linear of the model; its Linears end in "
+                f"{', '.join(suffixes)} (or use all-linear)"
+            )
         if output in hit:
-            raise ValueError(f"lora_target_modules entry {t!r} matches the output layer {output!r}: the chunked loss "
-                             f"computes it from its weight, so an adapter there would never run; drop it (all-linear "
-                             f"leaves it out)")
+            raise ValueError(
+                f"lora_target_modules entry {t!r} matches the output layer {output!r}: the chunked loss "
+                f"computes it from its weight, so an adapter there would never run; drop it (all-linear "
+                f"leaves it out)"
+            )
     return [n for n in linears if any(_matches(n, t) for t in targets)]
 
 
@@ -89,6 +105,7 @@ def is_adapter(name: str) -> bool:
 def model_linears(model) -> tuple:
     """({full name: (in_features, out_features)} of every nn.Linear of `model`, the output layer's name)."""
     import torch.nn as nn
+
     head = model.get_output_embeddings()
     linears, output = {}, None
     for name, m in model.named_modules():
@@ -103,11 +120,14 @@ def check_model_targets(model_cls, hf_config, targets) -> list:
     """`target_names` for a model class and config, on a meta-device instance (nothing allocated), and PEFT
     importable: what the engine's checks (run/preflight.validate) run before any work. Raises ValueError."""
     import torch
+
     try:
         import peft  # noqa: F401
     except ImportError:
-        raise ValueError("lora_rank > 0 needs peft, which is not installed: pip install 'ds-longctx[lora]' (or "
-                         "pip install peft), or set lora_rank: 0") from None
+        raise ValueError(
+            "lora_rank > 0 needs peft, which is not installed: pip install 'ds-longctx[lora]' (or "
+            "pip install peft), or set lora_rank: 0"
+        ) from None
     with torch.device("meta"):
         model = model_cls(copy.deepcopy(hf_config))
     linears, output = model_linears(model)
@@ -118,14 +138,22 @@ def peft_config(lora, target_modules: list, base_model_name_or_path=None):
     """PEFT's LoraConfig for run-config section `lora` on exactly `target_modules` (full names: `target_names`
     decides, PEFT only executes)."""
     from peft import LoraConfig
-    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
-                      target_modules=list(target_modules), base_model_name_or_path=base_model_name_or_path)
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        bias="none",
+        target_modules=list(target_modules),
+        base_model_name_or_path=base_model_name_or_path,
+    )
 
 
 def inject(model, lora) -> list:
     """Wrap the targeted Linears of `model` in place with PEFT adapters and freeze everything else; returns the
     targeted names. The adapters are PEFT's initial draw (`init_adapters` replaces it)."""
     from peft import inject_adapter_in_model
+
     linears, output = model_linears(model)
     names = target_names(linears, lora.target_modules, output)
     inject_adapter_in_model(peft_config(lora, names), model, adapter_name=ADAPTER)
@@ -139,19 +167,28 @@ def init_adapters(model, seed: int, init: str = "zero_b") -> None:
     adapters for any world size or sp_size. A ~ U(±1/sqrt(in)) (PEFT's kaiming-uniform bound); B = 0 for
     `zero_b` (PEFT's default), else drawn the same way (bound 1/sqrt(r))."""
     import torch
+
     for name, p in model.named_parameters():
         if not is_adapter(name):
             continue
         if hasattr(p, "ds_id"):
-            raise RuntimeError(f"init_adapters: {name} is already partitioned by ZeRO-3; draw the adapters before "
-                               f"deepspeed.initialize")
+            raise RuntimeError(
+                f"init_adapters: {name} is already partitioned by ZeRO-3; draw the adapters before "
+                f"deepspeed.initialize"
+            )
         with torch.no_grad():
             if ".lora_B." in name and init == "zero_b":
                 p.zero_()
                 continue
-            g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
+            g = torch.Generator(device=p.device).manual_seed(
+                seed * 7919 + zlib.crc32(name.encode())
+            )
             bound = p.shape[1] ** -0.5  # [r, in] or [out, r]: 1/sqrt(fan_in)
-            p.copy_(torch.rand(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(2 * bound).sub_(bound))
+            p.copy_(
+                torch.rand(p.shape, generator=g, device=p.device, dtype=torch.float32)
+                .mul_(2 * bound)
+                .sub_(bound)
+            )
 
 
 def apply_lora(model, lora, seed: int) -> int:
@@ -163,8 +200,14 @@ def apply_lora(model, lora, seed: int) -> int:
     init_adapters(model, seed, lora.init)
     model.enable_input_require_grads()
     n = sum(p.numel() for p in trainable_parameters(model))
-    log.info("LoRA: rank %d, alpha %g on %d Linears (%s): %d adapter parameters train, the base is frozen",
-             lora.rank, lora.alpha, len(names), ",".join(sorted({x.rpartition(".")[2] for x in names})), n)
+    log.info(
+        "LoRA: rank %d, alpha %g on %d Linears (%s): %d adapter parameters train, the base is frozen",
+        lora.rank,
+        lora.alpha,
+        len(names),
+        ",".join(sorted({x.rpartition(".")[2] for x in names})),
+        n,
+    )
     return n
 
 

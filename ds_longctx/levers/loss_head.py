@@ -22,7 +22,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_scores, plain_cross_entropy
+from ds_longctx.levers.chunked_loss import (
+    chunked_cross_entropy,
+    per_token_scores,
+    plain_cross_entropy,
+)
 from ds_longctx.levers.preference import sequence_logps, sp_logps
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.patching import own_forward, restore_forward
@@ -43,10 +47,17 @@ class LMHeadLoss(nn.Module):
         weight = lm_head.weight
         if hasattr(weight, "ds_id"):
             import deepspeed
+
             deepspeed.zero.register_external_parameter(self, weight)
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, per_token: bool = False, seq=None,
-                n_seq: int = 0):
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.Tensor,
+        per_token: bool = False,
+        seq=None,
+        n_seq: int = 0,
+    ):
         """The CE sum (fp32, 0-dim); `per_token`: (each row's CE [N], its argmax hit [N]) instead, forward only,
         chunked whatever `chunked` says (no N x V logits, no gradients: evaluation; chunked_loss.per_token_scores);
         `seq` [N]: the log-prob sums [n_seq] of each sequence's rows (levers/preference.py; here, so that ZeRO-3
@@ -66,7 +77,7 @@ class LossHead(nn.Module):
     `per_token=True` the slice's per-token CE [b, s/sp] and argmax hits (evaluation, under no_grad).
 
     DeepSpeed averages gradients over all W = sp * dp ranks (see parallel_state.py for why DeepSpeed is not told
-    about SP). Given `row_weights` (`ds-longctx train`: run/engine.py weighs the step's rows so that the step's loss
+    about SP). Given `row_weights` (`ds-longctx train`: run/batch_loss.py weighs the step's rows so that the step's loss
     is its definition, train.loss_average), the loss to backprop is sum_r weight_r x CE sum of row r on this
     slice. Without (the HF Trainer's batches), it is sp x CE sum on this slice / tokens of the whole SP group: the
     mean over the dp replicas of each SP group's token-mean loss; a group without trained tokens gives 0.
@@ -74,8 +85,14 @@ class LossHead(nn.Module):
     levers/moe_aux.py says (its gradient is added at the routers in the backward).
     """
 
-    def __init__(self, model: nn.Module, state: ParallelState, chunked: bool = True, chunk_rows: int = 4096,
-                 aux=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        state: ParallelState,
+        chunked: bool = True,
+        chunk_rows: int = 4096,
+        aux=None,
+    ):
         super().__init__()
         self.model = model
         self.state = state
@@ -91,21 +108,42 @@ class LossHead(nn.Module):
             return 0.0, 0.0
         return value, value * self.aux.weight / self.state.sp_size
 
-    def forward(self, input_ids, position_ids, shift_labels, per_token: bool = False, row_weights=None, seq=None,
-                n_seq: int = 0):
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        shift_labels,
+        per_token: bool = False,
+        row_weights=None,
+        seq=None,
+        n_seq: int = 0,
+    ):
         """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE sum of row r on
         this slice, returned as (that loss, None, this slice's tokens). `seq` ([b, s/sp], preference rows): the
         log-prob sums [n_seq] of the micro-batch's sequences over the SP group and their trained tokens
         (levers/preference.py `row_logps`)."""
-        hidden = self.model.base_model(input_ids=input_ids, position_ids=position_ids,
-                                       use_cache=False).last_hidden_state  # [b, s/sp, H]
+        hidden = self.model.base_model(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # [b, s/sp, H]
         if seq is not None:
-            return sp_logps(self.loss(hidden.flatten(0, 1), shift_labels.flatten(), seq=seq.flatten(), n_seq=n_seq),
-                            seq, n_seq, self.state.sp_group)
-        if per_token:  # evaluation: this slice's per-token CE (0.0 where ignored) and hits; no SP reduction
+            return sp_logps(
+                self.loss(
+                    hidden.flatten(0, 1), shift_labels.flatten(), seq=seq.flatten(), n_seq=n_seq
+                ),
+                seq,
+                n_seq,
+                self.state.sp_group,
+            )
+        if (
+            per_token
+        ):  # evaluation: this slice's per-token CE (0.0 where ignored) and hits; no SP reduction
             with record_function("ds_longctx.loss"):
-                token_loss, hit = self.loss(hidden.flatten(0, 1), shift_labels.flatten(), per_token=True)  # [b*s/sp]
-            return token_loss.view(shift_labels.shape), hit.view(shift_labels.shape)  # [b*s/sp] -> [b, s/sp]
+                token_loss, hit = self.loss(
+                    hidden.flatten(0, 1), shift_labels.flatten(), per_token=True
+                )  # [b*s/sp]
+            return token_loss.view(shift_labels.shape), hit.view(
+                shift_labels.shape
+            )  # [b*s/sp] -> [b, s/sp]
         n_tokens = (shift_labels != IGNORE_INDEX).sum()
         aux, aux_share = self._aux_loss()  # after the trunk: every router has recorded
         if row_weights is not None:
@@ -113,10 +151,17 @@ class LossHead(nn.Module):
                 if len(set(row_weights)) == 1:  # one weight: one pass over the whole slice
                     loss = self.loss(hidden.flatten(0, 1), shift_labels.flatten()) * row_weights[0]
                 else:  # [s/sp, H] per row
-                    loss = sum(self.loss(hidden[r], shift_labels[r]) * row_weights[r] for r in range(len(hidden)))
+                    loss = sum(
+                        self.loss(hidden[r], shift_labels[r]) * row_weights[r]
+                        for r in range(len(hidden))
+                    )
             return loss + aux_share, None, n_tokens
-        with record_function("ds_longctx.loss"):  # benchmarks/bench_profile.py attributes its kernels by this
-            loss_sum = self.loss(hidden.flatten(0, 1), shift_labels.flatten())  # [b*s/sp, H] -> fp32 scalar
+        with record_function(
+            "ds_longctx.loss"
+        ):  # benchmarks/bench_profile.py attributes its kernels by this
+            loss_sum = self.loss(
+                hidden.flatten(0, 1), shift_labels.flatten()
+            )  # [b*s/sp, H] -> fp32 scalar
         group_sum = loss_sum.detach().clone()
         if self.state.sp_group is not None:
             both = torch.stack([n_tokens.to(group_sum.dtype), group_sum])
@@ -125,12 +170,16 @@ class LossHead(nn.Module):
         else:
             n_group = n_tokens.to(group_sum.dtype)
         n_group = n_group.clamp(min=1)
-        return loss_sum * self.state.sp_size / n_group + aux_share, group_sum / n_group + aux, n_group
+        return (
+            loss_sum * self.state.sp_size / n_group + aux_share,
+            group_sum / n_group + aux,
+            n_group,
+        )
 
 
 ROUTE_KWARG = "ds_longctx_shift_labels"
-WEIGHTS_KWARG = "ds_longctx_row_weights"   # beside ROUTE_KWARG: LossHead's row_weights
-_LOSS_CHILD = "ds_longctx_loss"   # the loss module as a child of the model (no parameters: the state dict is unchanged)
+WEIGHTS_KWARG = "ds_longctx_row_weights"  # beside ROUTE_KWARG: LossHead's row_weights
+_LOSS_CHILD = "ds_longctx_loss"  # the loss module as a child of the model (no parameters: the state dict is unchanged)
 _PREV_FORWARD = "_ds_longctx_prev_forward"
 
 
@@ -144,7 +193,9 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
     parameter) as they do under `LossHead`. The forward is set on the instance, over whatever forward it had (TRL
     sets its own the same way). Undo with `unroute_forward`."""
     if _PREV_FORWARD in model.__dict__:
-        raise ValueError(f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first")
+        raise ValueError(
+            f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first"
+        )
     original = model.forward
     model.__dict__[_PREV_FORWARD] = own_forward(model)
     model.add_module(_LOSS_CHILD, head.loss)
@@ -154,7 +205,12 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
         shift_labels = kwargs.pop(ROUTE_KWARG, None)
         if shift_labels is None:
             return original(*args, **kwargs)
-        return head(kwargs["input_ids"], kwargs["position_ids"], shift_labels, row_weights=kwargs.get(WEIGHTS_KWARG))
+        return head(
+            kwargs["input_ids"],
+            kwargs["position_ids"],
+            shift_labels,
+            row_weights=kwargs.get(WEIGHTS_KWARG),
+        )
 
     model.forward = forward
 

@@ -3,7 +3,7 @@ over the whole sequence (levers/moe_aux.py), and the sparse block over token til
 
     set_experts_kernel(hf_config)                          # before the model is built: transformers' grouped_mm
     moe = apply_moe(model, coef=0.001, tile_tokens=2048)   # every sparse block; None for a model without one
-    moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)   # per micro-batch (run/engine.sharded_loss, LossHead)
+    moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)   # per micro-batch (run/batch_loss.sharded_loss, LossHead)
     remove_moe(model)
 
 Dimensions: n rows of this rank's slice (b·s/sp), H hidden, E experts, k experts per token, t tile_tokens.
@@ -61,26 +61,37 @@ def expert_kernel(experts: nn.Module) -> str:
     grouped GEMM runs for these weights' device and dtype or transformers falls back to its per-expert loop)."""
     impl = getattr(getattr(experts, "config", None), "_experts_implementation", None) or "eager"
     if impl != "grouped_mm":
-        return f"{impl} (transformers' experts_implementation; the loop over experts)" if impl == "eager" else impl
+        return (
+            f"{impl} (transformers' experts_implementation; the loop over experts)"
+            if impl == "eager"
+            else impl
+        )
     from transformers.integrations import moe as hf_moe
+
     can = getattr(hf_moe, "_can_use_grouped_mm", None)
     w = experts.gate_up_proj
     if can is None:
         return "grouped_mm (transformers chooses the kernel)"
     x = torch.empty(0, _shape(w)[-1], device=w.device, dtype=w.dtype)
-    if can(x, w, torch.zeros(max(getattr(experts, "num_experts", 1), 1), dtype=torch.int32, device=w.device)):
+    if can(
+        x,
+        w,
+        torch.zeros(max(getattr(experts, "num_experts", 1), 1), dtype=torch.int32, device=w.device),
+    ):
         fn = "torch.nn.functional.grouped_mm" if hasattr(F, "grouped_mm") else "torch._grouped_mm"
         return f"grouped_mm ({fn})"
-    return (f"grouped_mm asked for; transformers runs its per-expert fallback loop (grouped_mm_fallback): no grouped "
-            f"GEMM for {w.device.type} / {w.dtype} in this torch")
+    return (
+        f"grouped_mm asked for; transformers runs its per-expert fallback loop (grouped_mm_fallback): no grouped "
+        f"GEMM for {w.device.type} / {w.dtype} in this torch"
+    )
 
 
 def route(gate: nn.Module, x: torch.Tensor, valid: torch.Tensor, aux: LoadBalance):
     """transformers' Qwen3MoeTopKRouter on rows x [n, H]: (logits [n, E], routing weights [n, k], experts [n, k]),
     the logits carrying the load-balancing gradient and their statistics recorded (moe_aux.py)."""
-    logits = with_aux_grad(F.linear(x, gate.weight), valid, aux)                 # [n, E]
-    probs = F.softmax(logits, dtype=torch.float, dim=-1)                         # [n, E] fp32
-    top, idx = torch.topk(probs, gate.top_k, dim=-1)                             # [n, k]
+    logits = with_aux_grad(F.linear(x, gate.weight), valid, aux)  # [n, E]
+    probs = F.softmax(logits, dtype=torch.float, dim=-1)  # [n, E] fp32
+    top, idx = torch.topk(probs, gate.top_k, dim=-1)  # [n, k]
     aux.record(probs, idx, valid)
     if gate.norm_topk_prob:
         top = top / top.sum(dim=-1, keepdim=True)
@@ -105,14 +116,29 @@ def tile_problem(block: nn.Module) -> Optional[str]:
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
     if not isinstance(gate, nn.Module) or not isinstance(experts, nn.Module):
         return f"{type(block).__name__} has no gate / experts modules"
-    if not (isinstance(getattr(gate, "weight", None), nn.Parameter) and len(_shape(gate.weight)) == 2
-            and hasattr(gate, "top_k") and hasattr(gate, "norm_topk_prob") and getattr(gate, "bias", None) is None):
-        return f"its router {type(gate).__name__} is not a softmax top-k router with one [E, H] weight"
-    if not all(isinstance(getattr(experts, n, None), nn.Parameter) and len(_shape(getattr(experts, n))) == 3
-               for n in ("gate_up_proj", "down_proj")):
+    if not (
+        isinstance(getattr(gate, "weight", None), nn.Parameter)
+        and len(_shape(gate.weight)) == 2
+        and hasattr(gate, "top_k")
+        and hasattr(gate, "norm_topk_prob")
+        and getattr(gate, "bias", None) is None
+    ):
+        return (
+            f"its router {type(gate).__name__} is not a softmax top-k router with one [E, H] weight"
+        )
+    if not all(
+        isinstance(getattr(experts, n, None), nn.Parameter)
+        and len(_shape(getattr(experts, n))) == 3
+        for n in ("gate_up_proj", "down_proj")
+    ):
         return f"its experts {type(experts).__name__} do not keep gate_up_proj / down_proj as 3-D parameters"
-    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
-              "_is_expert_parallel": False}
+    layout = {
+        "has_gate": True,
+        "has_bias": False,
+        "is_transposed": False,
+        "is_concatenated": True,
+        "_is_expert_parallel": False,
+    }
     odd = [k for k, v in layout.items() if getattr(experts, k, v) != v]
     if odd:
         return f"its experts have {', '.join(f'{k}={getattr(experts, k)!r}' for k in odd)}"
@@ -126,51 +152,64 @@ def tile_problem(block: nn.Module) -> Optional[str]:
 @dataclass
 class _Patch:
     """What apply_moe changed on one block, so remove_moe can undo it exactly."""
-    forwards: tuple                 # ((module, previous instance forward or MISSING), ...)
+
+    forwards: tuple  # ((module, previous instance forward or MISSING), ...)
 
 
 @dataclass
 class MoeLever:
     """What apply_moe put on a model: the load-balancing statistics every router feeds, the sparse blocks, which of
     them run tiled (tile_tokens) and which untiled with the reason, and the experts' kernel."""
+
     aux: LoadBalance
     blocks: list
     tile_tokens: Optional[int]
-    untiled: dict = field(default_factory=dict)   # {block index: why the tiles cannot compute it}
+    untiled: dict = field(default_factory=dict)  # {block index: why the tiles cannot compute it}
     kernel: str = ""
 
 
 def sparse_blocks(model: nn.Module) -> list:
     """Every decoder layer's `mlp` that is a sparse MoE block (has `gate` and `experts`), in module order."""
-    return [m.mlp for m in model.modules() if isinstance(getattr(m, "mlp", None), nn.Module)
-            and isinstance(getattr(m.mlp, "experts", None), nn.Module) and isinstance(getattr(m.mlp, "gate", None),
-                                                                                       nn.Module)]
+    return [
+        m.mlp
+        for m in model.modules()
+        if isinstance(getattr(m, "mlp", None), nn.Module)
+        and isinstance(getattr(m.mlp, "experts", None), nn.Module)
+        and isinstance(getattr(m.mlp, "gate", None), nn.Module)
+    ]
 
 
-def _block_forward(block: nn.Module, untiled: Callable, tile_tokens: int, aux: LoadBalance, first: Callable):
+def _block_forward(
+    block: nn.Module, untiled: Callable, tile_tokens: int, aux: LoadBalance, first: Callable
+):
     gate, experts = block.gate, block.experts
     params = tuple(block.parameters())
     run_experts = _experts_fn(experts)
 
-    def tile(x, valid):                                          # [t, H], [t] -> [t, H]
+    def tile(x, valid):  # [t, H], [t] -> [t, H]
         _, weights, idx = route(gate, x, valid, aux)
         return run_experts(x, idx, weights)
 
-    def forward(hidden):                                         # [b, s, H] -> [b, s, H]
+    def forward(hidden):  # [b, s, H] -> [b, s, H]
         first()
         lead, H = hidden.shape[:-1], hidden.shape[-1]
-        x = hidden.reshape(-1, H)                                # [n, H]
+        x = hidden.reshape(-1, H)  # [n, H]
         if x.shape[0] <= tile_tokens:
             return untiled(hidden)
-        valid = aux.valid_rows(x.shape[0], x.device)             # [n]
+        valid = aux.valid_rows(x.shape[0], x.device)  # [n]
         # the block's weights gathered once per pass (a prefetch in flight, the lever applied after DeepSpeed's trace
         # was recorded, is refused there by name)
-        y = TiledRows.apply(tile, params, tile_tokens, lambda: _gathered(params), x, valid)   # [n, H]
+        y = TiledRows.apply(
+            tile, params, tile_tokens, lambda: _gathered(params), x, valid
+        )  # [n, H]
         return y.reshape(*lead, H)
+
     return forward
 
 
-def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) -> Optional[MoeLever]:
+def apply_moe(
+    model: nn.Module, coef: float, tile_tokens: Optional[int] = None
+) -> Optional[MoeLever]:
     """Route every sparse block's router through `route` (its load-balancing statistics and gradient, coefficient
     `coef`; 0: none) and, with `tile_tokens`, run the blocks the tiles can compute (`tile_problem`) over tiles of that
     many rows. None for a model without sparse blocks. Undo with `remove_moe`."""
@@ -196,18 +235,26 @@ def apply_moe(model: nn.Module, coef: float, tile_tokens: Optional[int] = None) 
                 log.info("MoE experts: %s (%d sparse blocks)", lv.kernel, len(lv.blocks))
 
         patched = [(gate, own_forward(gate))]
-        gate.forward = (lambda x, g=gate: route(g, x.reshape(-1, x.shape[-1]),
-                                                aux.valid_rows(x.numel() // x.shape[-1], x.device), aux))
+        gate.forward = lambda x, g=gate: route(
+            g, x.reshape(-1, x.shape[-1]), aux.valid_rows(x.numel() // x.shape[-1], x.device), aux
+        )
         patched.append((block, own_forward(block)))
         if tile_tokens is None or problem is not None:
             own = block.forward
-            block.forward = (lambda h, own=own, first=first: (first(), own(h))[1])
+            block.forward = lambda h, own=own, first=first: (first(), own(h))[1]
         else:
-            block.forward = _block_forward(block, type(block).forward.__get__(block), tile_tokens, aux, first)
+            block.forward = _block_forward(
+                block, type(block).forward.__get__(block), tile_tokens, aux, first
+            )
         block.__dict__[_PATCH_ATTR] = _Patch(forwards=tuple(patched))
     tiled = len(blocks) - len(lever.untiled) if tile_tokens is not None else 0
-    log.info("MoE: %d sparse blocks, router aux loss coefficient %g, %d tiled%s", len(blocks), coef, tiled,
-             f" (tiles of {tile_tokens} tokens)" if tiled else "")
+    log.info(
+        "MoE: %d sparse blocks, router aux loss coefficient %g, %d tiled%s",
+        len(blocks),
+        coef,
+        tiled,
+        f" (tiles of {tile_tokens} tokens)" if tiled else "",
+    )
     return lever
 
 

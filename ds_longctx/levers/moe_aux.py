@@ -41,11 +41,15 @@ class LoadBalance:
 
     def __init__(self, experts: int, top_k: int, coef: float):
         self.experts, self.top_k, self.coef = experts, top_k, float(coef)
-        self.valid: Optional[torch.Tensor] = None   # [n] bool of this rank's rows, None: every row counts
+        self.valid: Optional[torch.Tensor] = (
+            None  # [n] bool of this rank's rows, None: every row counts
+        )
         self.weight = 1.0
         self.recording = False
-        self.prob_grad: Optional[torch.Tensor] = None   # [E] fp32: coef · weight · E · C / R², once finished
-        self._sums: Optional[torch.Tensor] = None   # [2E + 1] float64: C, P, R
+        self.prob_grad: Optional[torch.Tensor] = (
+            None  # [E] fp32: coef · weight · E · C / R², once finished
+        )
+        self._sums: Optional[torch.Tensor] = None  # [2E + 1] float64: C, P, R
 
     def begin(self, valid: Optional[torch.Tensor], weight: float) -> None:
         """A micro-batch starts: `valid` [n] marks the counted rows of this rank's slice (None: all), `weight` its share
@@ -69,11 +73,13 @@ class LoadBalance:
         with torch.no_grad():
             w = valid.to(torch.float64)
             if self._sums is None:
-                self._sums = torch.zeros(2 * self.experts + 1, dtype=torch.float64, device=probs.device)
+                self._sums = torch.zeros(
+                    2 * self.experts + 1, dtype=torch.float64, device=probs.device
+                )
             E = self.experts
-            self._sums[:E].index_add_(0, idx.reshape(-1), w.repeat_interleave(idx.shape[-1]))   # C
-            self._sums[E:2 * E] += (probs.to(torch.float64) * w[:, None]).sum(dim=0)           # P
-            self._sums[2 * E] += w.sum()                                                     # R
+            self._sums[:E].index_add_(0, idx.reshape(-1), w.repeat_interleave(idx.shape[-1]))  # C
+            self._sums[E : 2 * E] += (probs.to(torch.float64) * w[:, None]).sum(dim=0)  # P
+            self._sums[2 * E] += w.sum()  # R
 
     def finish(self, group) -> Optional[torch.Tensor]:
         """Sum the statistics over the SP `group` (None: one rank), set the gradient the routers' backward adds, stop
@@ -88,9 +94,9 @@ class LoadBalance:
         if group is not None:
             dist.all_reduce(sums, group=group)
         E = self.experts
-        counts, probs, rows = sums[:E], sums[E:2 * E], sums[2 * E].clamp(min=1.0)
+        counts, probs, rows = sums[:E], sums[E : 2 * E], sums[2 * E].clamp(min=1.0)
         aux = E * (counts / rows * probs / rows).sum()
-        self.prob_grad = (self.coef * self.weight * E * counts / rows ** 2).to(torch.float32)
+        self.prob_grad = (self.coef * self.weight * E * counts / rows**2).to(torch.float32)
         return (self.coef * aux).to(torch.float32)
 
 
@@ -110,8 +116,10 @@ class _AuxGrad(torch.autograd.Function):
         g = ctx.aux.prob_grad
         if g is None:
             return grad, None, None
-        p = torch.softmax(logits.float(), dim=-1)                                     # [n, E]
-        extra = p * (g.to(p.device) - (p * g.to(p.device)).sum(dim=-1, keepdim=True))  # softmax's Jacobian · g
+        p = torch.softmax(logits.float(), dim=-1)  # [n, E]
+        extra = p * (
+            g.to(p.device) - (p * g.to(p.device)).sum(dim=-1, keepdim=True)
+        )  # softmax's Jacobian · g
         extra = extra * valid.to(extra.dtype)[:, None]
         return (extra if grad is None else grad + extra).to(logits.dtype), None, None
 

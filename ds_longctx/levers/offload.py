@@ -1,32 +1,14 @@
-"""CPU activation offload through DeepSpeed's activation checkpointing: the checkpoint function of `offload` layers.
+"""CPU activation offload: the checkpoint function of `offload` layers, and our exact-size pinned pool.
 
-With activation checkpointing every decoder layer keeps one tensor, its input `[b, s/sp, H]`, from its
-forward until its backward (288 KiB per token of the full sequence for Qwen3-8B, split over sp ranks).
-Offload moves those to pinned host memory and brings each back when backward reaches its layer.
-
-What is DeepSpeed's and what is ours:
-- The offload itself is DeepSpeed's: the DeepSpeed JSON's `activation_checkpointing` block
-  (`cpu_checkpointing: true`) configures `deepspeed.checkpointing`, and an offloaded layer's
-  `_gradient_checkpointing_func` is `deepspeed.checkpointing.checkpoint`. In DeepSpeed 0.19.8 that path
-  already copies on a side stream into a pool of pinned buffers (`_ActivationOffloadEngine`) and keeps the
-  newest checkpoint on the GPU (its backward comes first).
-- Or ours (`memory.pinned_pool: true`): `pool_checkpoint_function`, a reentrant checkpoint like DeepSpeed's whose
-  layer input goes into one exact-size pinned slot per layer on a side stream, back when its backward starts. The
-  slots are slices of one cudaHostRegister'd pageable allocation per rank (`PinnedPool`), reserved when the engine is
-  built and reused every step; the same block holds the offloaded attention caches' regions (attention_cache.py).
-  Same host bytes as the data, not the next power of two; the planner turns it on where the host needs it, else
-  DeepSpeed's path runs.
-- The budget is ours: which layers offload is the placement plan's (placement.py): only the first N layers,
-  whose checkpoints live longest, leave the GPU; `auto` asks the planner for the fewest that fit. Offloading
-  layers that fit anyway costs PCIe traffic and host memory (DeepSpeed ALST offloads all layers: ~290 GiB of
-  host memory at 1M tokens).
-- Restore is on demand (no prefetch): one layer's checkpoint is `s/sp * H * 2` bytes, e.g. 0.5 GiB at
-  131k tokens over sp=2, ~10 ms at the 55 GB/s measured for pinned copies, against ~0.5 s of backward
-  per layer; benchmarks/bench_levers.py measures what it costs in step time.
-
-On CPU there is nothing to offload to (and DeepSpeed's CPU->CPU copy path crashes: `cpu_checkpointing` with no
-partitioning empties the tensor it copied onto itself), so `cpu_checkpointing` stays off there and only the
-routing through DeepSpeed's checkpoint is exercised.
+Each checkpointed decoder layer keeps its input `[b, s/sp, H]` until its backward; offload moves it to pinned host
+memory and brings it back on demand when backward reaches the layer. Two paths:
+- DeepSpeed's (`offload_checkpoint_function`): `deepspeed.checkpointing.checkpoint`, configured by the DeepSpeed
+  JSON's `activation_checkpointing` block (`activation_checkpointing_block`; `cpu_checkpointing` only on GPU).
+- Ours (`memory.pinned_pool: true`, `pool_checkpoint_function`): a reentrant checkpoint that copies the layer input
+  on a side stream into one exact-size slot of `PinnedPool`, one registered host block per rank that also holds the
+  offloaded attention caches' regions (attention_cache.py). The engine plans it (`plan_pool`) and makes it after
+  `deepspeed.initialize` (`reserve_pool`).
+Which layers offload is the placement plan's (placement.py). Why, and what it costs: docs/design/levers.md.
 """
 
 from __future__ import annotations
@@ -45,18 +27,26 @@ log = logging.getLogger("ds_longctx")
 
 def activation_checkpointing_block(offload: bool, on_gpu: bool) -> dict:
     """The DeepSpeed JSON `activation_checkpointing` block (`offload`: some layer's checkpoint goes to the host)."""
-    return {"partition_activations": False, "cpu_checkpointing": bool(offload and on_gpu),
-            "contiguous_memory_optimization": False, "number_checkpoints": None,
-            "synchronize_checkpoint_boundary": False, "profile": False}
+    return {
+        "partition_activations": False,
+        "cpu_checkpointing": bool(offload and on_gpu),
+        "contiguous_memory_optimization": False,
+        "number_checkpoints": None,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
 
 
 def offload_checkpoint_function(ds_config: dict) -> Callable:
     """DeepSpeed's checkpoint, configured from `ds_config`'s activation_checkpointing block: the
-    `_gradient_checkpointing_func` of an `offload` layer (placement.apply_placement sets it)."""
+    `_gradient_checkpointing_func` of an `offload` layer (placement_apply.apply_placement sets it)."""
     import deepspeed
+
     deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
-    log.info("activation offload through deepspeed.checkpointing (cpu_checkpointing=%s)",
-             ds_config.get("activation_checkpointing", {}).get("cpu_checkpointing"))
+    log.info(
+        "activation offload through deepspeed.checkpointing (cpu_checkpointing=%s)",
+        ds_config.get("activation_checkpointing", {}).get("cpu_checkpointing"),
+    )
     return deepspeed.checkpointing.checkpoint
 
 
@@ -65,26 +55,20 @@ ALIGN = 512  # bytes: where each region of the pool, and each tensor carved from
 
 
 class PinnedPool:
-    """Pinned host memory for offloaded checkpoints and offloaded attention caches, exact-size (torch's pinned
-    allocator, which DeepSpeed's offload uses, rounds every block up to a power of two: a 2.16 GB checkpoint holds 4
-    GiB there).
+    """Exact-size pinned host memory for offloaded checkpoints and offloaded attention caches.
 
     `reserve`: one host allocation per rank, registered with CUDA once: one slot per offloaded layer (its input) and
-    one byte region per `cache+offload` layer (its kept attention output and LSE, carved by attention_cache.Slot).
-    The engine plans it with the levers (`plan_pool`) and makes it at the end of its build, after
-    `deepspeed.initialize` has dropped its host-side build buffers (the planner's build phase), so the first step
-    allocates and pins nothing and a host too small to pin it fails before any step; where nothing reserved it at
-    build (the HF Trainer wrapper), the first slot or region asked for reserves the whole block. A slot asked for
-    with another shape than reserved (a shorter eval batch) gets its own registration, made at first use and reused
-    after. On CPU (tests) nothing is registered; the slicing is the same."""
+    one byte region per `cache+offload` layer (its attention output and LSE, carved by attention_cache.Slot). Made at
+    build, else by the first slot or region asked for; a slot of another shape than reserved gets its own
+    registration (docs/design/levers.md). On CPU (tests) nothing is registered; the slicing is the same."""
 
     def __init__(self):
-        self._reserved: dict = {}   # key -> its slice of the block
-        self._own: dict = {}        # key -> a slot of its own (a shape other than reserved)
-        self._regions: dict = {}    # key -> its byte region of the block (attention caches)
-        self._block = None          # the reserved allocation (bytes), registered as one
-        self._pinned: set = set()   # ids of the buffers this pool registered with CUDA
-        self._planned = None        # (keys, shape, dtype, pin, regions): the reservation to make
+        self._reserved: dict = {}  # key -> its slice of the block
+        self._own: dict = {}  # key -> a slot of its own (a shape other than reserved)
+        self._regions: dict = {}  # key -> its byte region of the block (attention caches)
+        self._block = None  # the reserved allocation (bytes), registered as one
+        self._pinned: set = set()  # ids of the buffers this pool registered with CUDA
+        self._planned = None  # (keys, shape, dtype, pin, regions): the reservation to make
         self.registered_bytes = 0
 
     def plan(self, keys, shape: tuple, dtype, pin: bool, regions: dict | None = None) -> int:
@@ -102,6 +86,7 @@ class PinnedPool:
     def _layout(self, keys, shape, dtype, regions) -> tuple:
         """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each region aligned."""
         import torch
+
         per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         off, where = len(keys) * per, {}
         for key, nbytes in regions.items():
@@ -124,6 +109,7 @@ class PinnedPool:
         `regions` entry (key -> bytes), registered with CUDA when `pin`; replaces whatever the pool held. Returns its
         bytes."""
         import torch
+
         self.release()
         self._planned = None
         keys, regions = list(keys), dict(regions or {})
@@ -136,8 +122,11 @@ class PinnedPool:
             what += [f"{len(regions)} offloaded attention caches"] if regions else []
             self._register(block, " and ".join(what))
         self._block = block
-        self._reserved = {key: block[i * per:(i + 1) * per].view(dtype).view(shape) for i, key in enumerate(keys)}
-        self._regions = {key: block[o:o + n] for key, (o, n) in where.items()}
+        self._reserved = {
+            key: block[i * per : (i + 1) * per].view(dtype).view(shape)
+            for i, key in enumerate(keys)
+        }
+        self._regions = {key: block[o : o + n] for key, (o, n) in where.items()}
         return total
 
     def holds(self, key) -> bool:
@@ -153,17 +142,27 @@ class PinnedPool:
 
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
-        if self._planned is not None:  # not made at build (the HF Trainer path): make it now if this is its shape
+
+        if (
+            self._planned is not None
+        ):  # not made at build (the HF Trainer path): make it now if this is its shape
             _, shape, dtype, _, _ = self._planned
             if tuple(like.shape) == shape and like.dtype == dtype:
                 self.reserve_planned()
             else:  # a block of another shape would sit beside per-layer slots: keep only the slots
-                log.warning("pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot per layer "
-                            "instead", list(shape), dtype, list(like.shape), like.dtype)
+                log.warning(
+                    "pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot per layer "
+                    "instead",
+                    list(shape),
+                    dtype,
+                    list(like.shape),
+                    like.dtype,
+                )
                 self._planned = None
 
         def fits(buf) -> bool:
             return buf is not None and buf.shape == like.shape and buf.dtype == like.dtype
+
         if fits(self._reserved.get(key)):
             self._drop_own(key)
             return self._reserved[key]
@@ -178,18 +177,22 @@ class PinnedPool:
 
     def _register(self, buf: "torch.Tensor", what: str) -> None:
         import torch
+
         nbytes = buf.numel() * buf.element_size()
         err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
-                               f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on "
-                               f"the GPU, or more host RAM)")
+            raise RuntimeError(
+                f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
+                f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on "
+                f"the GPU, or more host RAM)"
+            )
         self._pinned.add(id(buf))
         self.registered_bytes += nbytes
 
     def _unregister(self, buf) -> None:
         if buf is not None and id(buf) in self._pinned:
             import torch
+
             torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
             self._pinned.discard(id(buf))
             self.registered_bytes -= buf.numel() * buf.element_size()
@@ -205,8 +208,15 @@ class PinnedPool:
         self._block, self._reserved, self._regions = None, {}, {}
 
 
-def plan_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, dtype, pin: bool,
-              cache_regions: dict | None = None) -> int:
+def plan_pool(
+    layer_indices,
+    micro_batch: int,
+    local_tokens: int,
+    hidden: int,
+    dtype,
+    pin: bool,
+    cache_regions: dict | None = None,
+) -> int:
     """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], and one byte region per
     `cache+offload` layer (`cache_regions`: layer index -> bytes, `cache_region_bytes`), made by
     `reserve_pool`."""
@@ -214,12 +224,17 @@ def plan_pool(layer_indices, micro_batch: int, local_tokens: int, hidden: int, d
     return _POOL.plan(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin, regions)
 
 
-def cache_region_bytes(micro_batch: int, seq_len: int, local_heads: int, head_dim: int, elem_bytes: int) -> int:
+def cache_region_bytes(
+    micro_batch: int, seq_len: int, local_heads: int, head_dim: int, elem_bytes: int
+) -> int:
     """Pool bytes for one `cache+offload` layer (the engine's region, the planner's host term): the kernel output
     [b, S, hq/sp, d] in the model dtype and its fp32 LSE [b, hq/sp, S], with room for a kernel that pads the LSE to
     128 more rows and for its small extra tensors (cuDNN's seed / offset) and their alignment: 64 KiB."""
-    return (micro_batch * seq_len * local_heads * head_dim * elem_bytes
-            + micro_batch * local_heads * (seq_len + 128) * 4 + 64 * 1024)
+    return (
+        micro_batch * seq_len * local_heads * head_dim * elem_bytes
+        + micro_batch * local_heads * (seq_len + 128) * 4
+        + 64 * 1024
+    )
 
 
 def attention_cache_key(layer_index: int) -> tuple:
@@ -230,17 +245,26 @@ def attention_cache_key(layer_index: int) -> tuple:
 def reserve_pool() -> int:
     """Make the planned pool now (the engine, after deepspeed.initialize); returns its bytes."""
     planned = _POOL._planned
-    if planned and planned[3]:  # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
-        log.info("pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; at a few GB/s "
-                 "this can take minutes)", _POOL.planned_bytes() / 1e9)
+    if (
+        planned and planned[3]
+    ):  # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
+        log.info(
+            "pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; at a few GB/s "
+            "this can take minutes)",
+            _POOL.planned_bytes() / 1e9,
+        )
     n = _POOL.reserve_planned()
     if n:
         keys, shape, dtype, pin, regions = planned
         dtype_name = str(dtype).replace("torch.", "")
         what = [f"{len(keys)} offloaded checkpoints of {list(shape)} {dtype_name}"] if keys else []
         what += [f"{len(regions)} offloaded attention caches"] if regions else []
-        log.info("pinned pool: %s in one exact-size %s allocation (%.2f GB)", " and ".join(what),
-                 "pinned" if pin else "host", n / 1e9)
+        log.info(
+            "pinned pool: %s in one exact-size %s allocation (%.2f GB)",
+            " and ".join(what),
+            "pinned" if pin else "host",
+            n / 1e9,
+        )
     return n
 
 
@@ -251,12 +275,18 @@ def pool_checkpoint_function(layer_index: int) -> Callable:
     """The `_gradient_checkpointing_func` of an offloaded layer with our own pool (memory.pinned_pool): a reentrant
     checkpoint (like DeepSpeed's) whose saved layer input is copied into this layer's exact-size pinned slot on a side
     stream during the forward and copied back when its backward starts."""
+
     def checkpoint(function, *args, **kwargs):
         kwargs.pop("use_reentrant", None)
         if kwargs:
-            raise ValueError(f"pool offload takes the layer function and positional tensors, got kwargs {list(kwargs)}")
+            raise ValueError(
+                f"pool offload takes the layer function and positional tensors, got kwargs {list(kwargs)}"
+            )
         return _PooledCheckpoint.apply(function, layer_index, *args)
-    checkpoint.pinned_pool = True  # placement.applied_placement reads a layer's offload back by this
+
+    checkpoint.pinned_pool = (
+        True  # placement_apply.applied_placement reads a layer's offload back by this
+    )
     return checkpoint
 
 
@@ -267,6 +297,7 @@ def pool() -> PinnedPool:
 
 def _copy_stream():
     import torch
+
     dev = torch.cuda.current_device()
     if dev not in _STREAMS:
         _STREAMS[dev] = torch.cuda.Stream()
@@ -298,7 +329,9 @@ def _make_function():
             ctx.grad_mask = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
             with torch.no_grad():
                 outputs = function(*args)
-            hidden = args[0]  # the layer input: the one tensor worth offloading (others are small: cos/sin, ids)
+            hidden = args[
+                0
+            ]  # the layer input: the one tensor worth offloading (others are small: cos/sin, ids)
             host = _POOL.slot(layer_index, hidden)
             if hidden.is_cuda:
                 side = _copy_stream()
@@ -324,15 +357,26 @@ def _make_function():
             else:
                 hidden = host.clone()
             inputs = [hidden, *ctx.rest]
-            inputs = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
-                      for t, need in zip(inputs, ctx.grad_mask)]
+            inputs = [
+                t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                for t, need in zip(inputs, ctx.grad_mask)
+            ]
             with torch.enable_grad():
                 outputs = ctx.function(*inputs)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, torch.Tensor) and o.requires_grad
-                     and g is not None]
+            pairs = [
+                (o, g)
+                for o, g in zip(outputs, grads)
+                if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+            ]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            return (None, None, *[t.grad if isinstance(t, torch.Tensor) and need else None
-                                  for t, need in zip(inputs, ctx.grad_mask)])
+            return (
+                None,
+                None,
+                *[
+                    t.grad if isinstance(t, torch.Tensor) and need else None
+                    for t, need in zip(inputs, ctx.grad_mask)
+                ],
+            )
 
     return PooledCheckpoint

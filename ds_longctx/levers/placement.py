@@ -3,8 +3,8 @@
     plan = resolve_placement(offload_layers="auto", attention_cache_layers=2, checkpointing=True,
                              placement=None, num_layers=36, auto_offload=lambda: 30)
     plan.spec()        # 'offload:30,keep:4,cache:2'   (what plan.txt and the engine's log print)
-    apply_placement(model, plan, ds_config)   # the only place layers are routed; remove_placement undoes it
-    applied_placement(model) == plan          # read back from the layers (tests compare it with the plan)
+
+placement_apply.py routes a model's layers as a plan says (`apply_placement`) and reads it back.
 
 Entries (`Place`), one per decoder layer, in layer order:
     keep           activation checkpoint (the layer's input) on the GPU; the layer is recomputed in backward
@@ -27,19 +27,10 @@ Torch-free at import: the planner and `ds-longctx plan` use it without torch.
 
 from __future__ import annotations
 
-# torch, transformers, deepspeed and the attention cache (which imports torch) are imported inside the functions
-# that use them: config/ and plan/ import this module, and `ds-longctx plan` runs without them.
-import logging
+# config/ and plan/ import this module, and `ds-longctx plan` runs without torch.
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Optional, Union
-
-from ds_longctx.levers.offload import offload_checkpoint_function, pool_checkpoint_function
-
-if TYPE_CHECKING:
-    import torch.nn as nn
-
-log = logging.getLogger("ds_longctx")
+from typing import Callable, Optional, Union
 
 Count = Union[int, str]  # an int, or "all" / "auto" where the field allows it
 
@@ -52,8 +43,8 @@ class Place(str, Enum):
     NONE = "none"
 
 
-ON_HOST = (Place.OFFLOAD, Place.CACHE_OFFLOAD)          # the layer's checkpoint lives in host memory
-CACHED = (Place.CACHE, Place.CACHE_OFFLOAD)             # the layer's attention output is kept
+ON_HOST = (Place.OFFLOAD, Place.CACHE_OFFLOAD)  # the layer's checkpoint lives in host memory
+CACHED = (Place.CACHE, Place.CACHE_OFFLOAD)  # the layer's attention output is kept
 CHECKPOINTED = (Place.KEEP, Place.OFFLOAD, Place.CACHE, Place.CACHE_OFFLOAD)
 NOT_YET: dict = {}  # placements named but not built yet: {Place: why}
 
@@ -70,21 +61,31 @@ class PlacementPlan:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_counts(cls, num_layers: int, offload: int = 0, cache: int = 0, checkpointing: bool = True,
-                    cacheable: Optional[tuple] = None) -> "PlacementPlan":
+    def from_counts(
+        cls,
+        num_layers: int,
+        offload: int = 0,
+        cache: int = 0,
+        checkpointing: bool = True,
+        cacheable: Optional[tuple] = None,
+    ) -> "PlacementPlan":
         """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none` everywhere without
         checkpointing). `cacheable` (per layer, None: all): the layers with softmax attention, the only ones a cache
         can go to; the last `cache` of those cache. Counts are checked by `resolve_placement`; here they must fit."""
         if not checkpointing:
             return cls((Place.NONE,) * num_layers)
         if offload + cache > num_layers or min(offload, cache) < 0:
-            raise ValueError(f"offload={offload} + cache={cache} layers do not fit {num_layers} layers")
+            raise ValueError(
+                f"offload={offload} + cache={cache} layers do not fit {num_layers} layers"
+            )
         places = [Place.OFFLOAD] * offload + [Place.KEEP] * (num_layers - offload)
         can = [i for i in range(offload, num_layers) if cacheable is None or cacheable[i]]
         if cache > len(can):
-            raise ValueError(f"attention_cache_layers={cache}: only {len(can)} layers after the {offload} offloaded "
-                             f"have softmax attention (the attention cache keeps their output); use at most {len(can)}")
-        for i in can[len(can) - cache:]:
+            raise ValueError(
+                f"attention_cache_layers={cache}: only {len(can)} layers after the {offload} offloaded "
+                f"have softmax attention (the attention cache keeps their output); use at most {len(can)}"
+            )
+        for i in can[len(can) - cache :]:
             places[i] = Place.CACHE
         return cls(tuple(places))
 
@@ -97,11 +98,15 @@ class PlacementPlan:
             try:
                 place = Place(name.strip())
             except ValueError:
-                raise ValueError(f"placement={spec!r}: {name.strip()!r} is not a placement; use "
-                                 f"{[p.value for p in Place]}, e.g. 'offload:30,keep:6'") from None
+                raise ValueError(
+                    f"placement={spec!r}: {name.strip()!r} is not a placement; use "
+                    f"{[p.value for p in Place]}, e.g. 'offload:30,keep:6'"
+                ) from None
             if n and (not n.strip().isdigit() or int(n) < 1):
-                raise ValueError(f"placement={spec!r}: {part!r} needs a positive layer count after ':', "
-                                 f"e.g. 'offload:30'")
+                raise ValueError(
+                    f"placement={spec!r}: {part!r} needs a positive layer count after ':', "
+                    f"e.g. 'offload:30'"
+                )
             out += [place] * (int(n) if n else 1)
         return cls(tuple(out))
 
@@ -158,8 +163,10 @@ def check_layers(layers: tuple) -> None:
     if not layers:
         raise ValueError("a placement plan needs one entry per decoder layer; got none")
     if Place.NONE in layers and set(layers) != {Place.NONE}:
-        raise ValueError("a placement plan mixes 'none' (no checkpoint) with checkpointed layers; checkpointing is "
-                         "on or off for the whole run (activation_checkpointing)")
+        raise ValueError(
+            "a placement plan mixes 'none' (no checkpoint) with checkpointed layers; checkpointing is "
+            "on or off for the whole run (activation_checkpointing)"
+        )
     for place, why in NOT_YET.items():
         if place in layers:
             raise ValueError(f"placement '{place.value}' is not supported yet: {why}")
@@ -173,40 +180,58 @@ def check_cacheable(plan: PlacementPlan, cacheable: Optional[tuple]) -> None:
     bad = [i for i in plan.indices(*CACHED) if not cacheable[i]]
     if bad:
         ok = [i for i, c in enumerate(cacheable) if c]
-        raise ValueError(f"placement {plan.spec()} caches layers {bad}, which have no softmax attention (linear "
-                         f"attention); the attention cache goes on full-attention layers only: {ok}")
+        raise ValueError(
+            f"placement {plan.spec()} caches layers {bad}, which have no softmax attention (linear "
+            f"attention); the attention cache goes on full-attention layers only: {ok}"
+        )
 
 
 def _count_ok(name: str, value, allowed: tuple) -> None:
     if isinstance(value, bool) or not (isinstance(value, int) or value in allowed):
         raise ValueError(f"{name}={value!r} must be a layer count or one of {list(allowed)}")
     if isinstance(value, int) and value < 0:
-        raise ValueError(f"{name}={value} must be >= 0" + (f" or {' / '.join(repr(a) for a in allowed)}"
-                                                           if allowed else ""))
+        raise ValueError(
+            f"{name}={value} must be >= 0"
+            + (f" or {' / '.join(repr(a) for a in allowed)}" if allowed else "")
+        )
 
 
-def check_request(offload_layers: Count, attention_cache_layers: Count, checkpointing: bool,
-                  placement: Optional[str]) -> None:
+def check_request(
+    offload_layers: Count,
+    attention_cache_layers: Count,
+    checkpointing: bool,
+    placement: Optional[str],
+) -> None:
     """Every placement rule that needs no model (the run config calls it): raises ValueError naming the fix."""
     _count_ok("offload_layers", offload_layers, ("all", "auto"))
     _count_ok("attention_cache_layers", attention_cache_layers, ("all",))
     if offload_layers and not checkpointing:
-        raise ValueError(f"offload_layers={offload_layers!r} offloads the checkpointed layer inputs: it needs "
-                         f"activation checkpointing; set activation_checkpointing: true")
+        raise ValueError(
+            f"offload_layers={offload_layers!r} offloads the checkpointed layer inputs: it needs "
+            f"activation checkpointing; set activation_checkpointing: true"
+        )
     if attention_cache_layers and not checkpointing:
-        raise ValueError(f"attention_cache_layers={attention_cache_layers!r} keeps attention outputs through "
-                         f"activation checkpointing; set activation_checkpointing: true or attention_cache_layers: 0")
+        raise ValueError(
+            f"attention_cache_layers={attention_cache_layers!r} keeps attention outputs through "
+            f"activation checkpointing; set activation_checkpointing: true or attention_cache_layers: 0"
+        )
     if attention_cache_layers == "all" and offload_layers == "auto":
-        raise ValueError("attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' (the "
-                         "fewest that fit, counting the cache) is circular; give attention_cache_layers a number")
+        raise ValueError(
+            "attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' (the "
+            "fewest that fit, counting the cache) is circular; give attention_cache_layers a number"
+        )
     if placement is not None:
         if offload_layers or attention_cache_layers:
-            raise ValueError(f"placement={placement!r} names every layer's place; drop offload_layers="
-                             f"{offload_layers!r} / attention_cache_layers={attention_cache_layers!r} (or the "
-                             f"placement)")
+            raise ValueError(
+                f"placement={placement!r} names every layer's place; drop offload_layers="
+                f"{offload_layers!r} / attention_cache_layers={attention_cache_layers!r} (or the "
+                f"placement)"
+            )
         plan = PlacementPlan.parse(placement)
         if not checkpointing and plan.checkpointed:
-            raise ValueError(f"placement={placement!r} places checkpoints; set activation_checkpointing: true")
+            raise ValueError(
+                f"placement={placement!r} places checkpoints; set activation_checkpointing: true"
+            )
 
 
 def requests_offload(offload_layers: Count, placement: Optional[str]) -> bool:
@@ -216,10 +241,15 @@ def requests_offload(offload_layers: Count, placement: Optional[str]) -> bool:
     return offload_layers not in (0, None)
 
 
-def resolve_placement(offload_layers: Count, attention_cache_layers: Count, checkpointing: bool,
-                      placement: Optional[str], num_layers: int,
-                      auto_offload: Optional[Callable[[], int]] = None,
-                      cacheable: Optional[tuple] = None) -> PlacementPlan:
+def resolve_placement(
+    offload_layers: Count,
+    attention_cache_layers: Count,
+    checkpointing: bool,
+    placement: Optional[str],
+    num_layers: int,
+    auto_offload: Optional[Callable[[], int]] = None,
+    cacheable: Optional[tuple] = None,
+) -> PlacementPlan:
     """The run's plan for a model of `num_layers` decoder layers (see the module doc). `auto_offload()` answers
     offload_layers='auto' (the planner's fewest layers that fit); it is called only then. `cacheable`: per layer,
     whether it has softmax attention (a hybrid model's full-attention layers; None: every layer)."""
@@ -228,15 +258,19 @@ def resolve_placement(offload_layers: Count, attention_cache_layers: Count, chec
     if placement is not None:
         plan = PlacementPlan.parse(placement)
         if len(plan) != L:
-            raise ValueError(f"placement={placement!r} has {len(plan)} entries but the model has {L} decoder "
-                             f"layers; give one place per layer (run lengths summing to {L})")
+            raise ValueError(
+                f"placement={placement!r} has {len(plan)} entries but the model has {L} decoder "
+                f"layers; give one place per layer (run lengths summing to {L})"
+            )
         check_cacheable(plan, cacheable)
         return plan
     if not checkpointing:
         return PlacementPlan.from_counts(L, checkpointing=False)
     cache = attention_cache_layers
     if isinstance(cache, int) and cache > L:
-        raise ValueError(f"attention_cache_layers={cache} is more than the model's {L} layers; use 0..{L} or 'all'")
+        raise ValueError(
+            f"attention_cache_layers={cache} is more than the model's {L} layers; use 0..{L} or 'all'"
+        )
     if offload_layers == "auto":
         if auto_offload is None:
             raise ValueError("offload_layers='auto' needs the planner's answer (auto_offload)")
@@ -246,131 +280,17 @@ def resolve_placement(offload_layers: Count, attention_cache_layers: Count, chec
     else:
         off = int(offload_layers)
         if off > L:
-            raise ValueError(f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in that "
-                             f"range, 'all' or 'auto'")
+            raise ValueError(
+                f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in that "
+                f"range, 'all' or 'auto'"
+            )
     if cache == "all":
         cache = L - off if cacheable is None else sum(cacheable[off:])
     if cache and off + cache > L:
-        raise ValueError(f"attention_cache_layers={cache} (the last layers) overlaps offload_layers="
-                         f"{offload_layers} (the first layers) of {L}: DeepSpeed's offloading checkpoint has no "
-                         f"selective policy; keep attention_cache_layers + offload_layers <= {L}, or "
-                         f"attention_cache_layers: all")
+        raise ValueError(
+            f"attention_cache_layers={cache} (the last layers) overlaps offload_layers="
+            f"{offload_layers} (the first layers) of {L}: DeepSpeed's offloading checkpoint has no "
+            f"selective policy; keep attention_cache_layers + offload_layers <= {L}, or "
+            f"attention_cache_layers: all"
+        )
     return PlacementPlan.from_counts(L, off, cache, cacheable=cacheable)
-
-
-# ----------------------------------------------------------------------------- applying it (torch side)
-_PLACE_ATTR = "_ds_longctx_place"
-_PREV_ATTR = "_ds_longctx_prev_ckpt"
-_ENABLED_ATTR = "_ds_longctx_enabled_ckpt"
-_MISSING = object()  # a layer that had no checkpoint function of its own before apply_placement
-
-
-def decoder_layers(model: nn.Module) -> list:
-    """The model's decoder layers (transformers' GradientCheckpointingLayer instances), in order."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no GradientCheckpointingLayer decoder layers; activation "
-                         f"checkpointing, offload and the attention cache need transformers' checkpointing layers")
-    return layers
-
-
-def apply_placement(model: nn.Module, plan: PlacementPlan, ds_config: Optional[dict] = None,
-                    pinned_pool: bool = False) -> PlacementPlan:
-    """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
-
-    Enables transformers' non-reentrant checkpointing (unless the plan is all `none`), then sets each layer's
-    `_gradient_checkpointing_func`: keep -> torch's checkpoint (transformers' default), offload -> DeepSpeed's
-    checkpoint configured from `ds_config` (its `activation_checkpointing` block), or with `pinned_pool` our own
-    exact-size pinned pool (offload.pool_checkpoint_function); cache / cache+offload also get an attention slot
-    (attention_cache.py). Undo with `remove_placement`. Returns the plan read back from the layers.
-    """
-    layers = decoder_layers(model)
-    if len(layers) != len(plan):
-        raise ValueError(f"placement plan has {len(plan)} entries, {type(model).__name__} has {len(layers)} decoder "
-                         f"layers")
-    if not plan.checkpointed:
-        return applied_placement(model)
-    originals = [layer.__dict__.get("_gradient_checkpointing_func", _MISSING) for layer in layers]
-    if not getattr(layers[0], "gradient_checkpointing", False):
-        _checkpointing(model, on=True)
-        model.__dict__[_ENABLED_ATTR] = True
-    funcs = {Place.KEEP: None, Place.CACHE: None}
-    if plan.offloaded and not pinned_pool:
-        if ds_config is None:
-            raise ValueError("offloaded layers need the DeepSpeed config (its activation_checkpointing block)")
-        funcs[Place.OFFLOAD] = funcs[Place.CACHE_OFFLOAD] = offload_checkpoint_function(ds_config)
-    from ds_longctx.levers import attention_cache
-    for i, (layer, place, original) in enumerate(zip(layers, plan.layers, originals)):
-        layer.__dict__.setdefault(_PREV_ATTR, original)
-        fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]
-        layer._gradient_checkpointing_func = fn or layer._gradient_checkpointing_func  # keep / cache: torch's
-        if place in CACHED:
-            attention_cache.attach(layer, on_host=place == Place.CACHE_OFFLOAD, key=i)
-        else:
-            attention_cache.detach(layer)
-    applied = applied_placement(model)
-    log.info("placement: %s", applied.describe())
-    return applied
-
-
-def applied_placement(model: nn.Module) -> PlacementPlan:
-    """What the layers were given, read off them: the checkpoint function (DeepSpeed's: offloaded) and the
-    attention slot (on the host or the GPU); `none` for a layer that is not checkpointed."""
-    from ds_longctx.levers import attention_cache
-    out = []
-    for layer in decoder_layers(model):
-        if not getattr(layer, "gradient_checkpointing", False):
-            out.append(Place.NONE)
-            continue
-        offloaded = _is_offload_function(layer.__dict__.get("_gradient_checkpointing_func"))
-        slot = attention_cache.layer_slot(layer)
-        if slot is None:
-            out.append(Place.OFFLOAD if offloaded else Place.KEEP)
-        else:
-            out.append(Place.CACHE_OFFLOAD if offloaded and slot.on_host else Place.CACHE if not offloaded and
-                       not slot.on_host else _mixed(offloaded, slot.on_host))
-    return PlacementPlan(tuple(out))
-
-
-def _is_offload_function(fn) -> bool:
-    if getattr(fn, "pinned_pool", False):
-        return True
-    if fn is None or "deepspeed" not in getattr(fn, "__module__", ""):
-        return False
-    import deepspeed
-    return fn is deepspeed.checkpointing.checkpoint
-
-
-def _mixed(offloaded: bool, on_host: bool):
-    raise RuntimeError(f"a layer has its checkpoint {'offloaded' if offloaded else 'on the GPU'} and its attention "
-                       f"cache {'on the host' if on_host else 'on the GPU'}: no placement applies that")
-
-
-def remove_placement(model: nn.Module) -> None:
-    """Give every layer back the checkpoint function it had before `apply_placement` (and turn checkpointing off
-    again if `apply_placement` turned it on)."""
-    from ds_longctx.levers import attention_cache
-    if model.__dict__.pop(_ENABLED_ATTR, False):
-        _checkpointing(model, on=False)
-    for layer in decoder_layers(model):
-        attention_cache.detach(layer)
-        prev = layer.__dict__.pop(_PREV_ATTR, None)
-        if prev is _MISSING:
-            layer.__dict__.pop("_gradient_checkpointing_func", None)
-        elif prev is not None:
-            layer._gradient_checkpointing_func = prev
-        layer.__dict__.pop(_PLACE_ATTR, None)
-
-
-def _checkpointing(model: nn.Module, on: bool) -> None:
-    """transformers' non-reentrant activation checkpointing on or off (the name changed in transformers 5.2x)."""
-    if on:
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif hasattr(model, "activation_checkpointing_disable"):
-        model.activation_checkpointing_disable()
-    else:
-        model.gradient_checkpointing_disable()

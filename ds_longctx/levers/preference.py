@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ds_longctx.levers.chunked_loss import _accumulate_grad_weight, per_token_cross_entropy
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-LOSS_TYPES = ("sigmoid", "hinge", "ipo")   # TRL's DPOConfig.loss_type names built here
+LOSS_TYPES = ("sigmoid", "hinge", "ipo")  # TRL's DPOConfig.loss_type names built here
 
 
 def _weighted_grads(hidden, weight, labels, row_weight, chunk_rows: int):
@@ -51,7 +51,9 @@ class _SequenceLogps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, seq, n_seq: int, chunk_rows: int):
-        ce = per_token_cross_entropy(hidden, weight, labels, chunk_size=chunk_rows)  # [N] fp32, 0 where ignored
+        ce = per_token_cross_entropy(
+            hidden, weight, labels, chunk_size=chunk_rows
+        )  # [N] fp32, 0 where ignored
         keep = seq != IGNORE_INDEX  # [N]
         out = torch.zeros(n_seq, dtype=torch.float32, device=hidden.device)
         out.index_add_(0, seq[keep], -ce[keep])
@@ -69,17 +71,27 @@ class _SequenceLogps(torch.autograd.Function):
         return gh, gw, None, None, None, None
 
 
-def sequence_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, seq: torch.Tensor,
-                   n_seq: int, chunk_rows: int = 4096) -> torch.Tensor:
+def sequence_logps(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    seq: torch.Tensor,
+    n_seq: int,
+    chunk_rows: int = 4096,
+) -> torch.Tensor:
     """fp32 [n_seq]: sum of log p(label_i | row i) over this slice's rows i of each sequence (`seq`, int64 [N];
     IGNORE_INDEX rows count nowhere). hidden [N, H], weight [V, H], labels int64 [N] shifted. Differentiable."""
     trains = labels != IGNORE_INDEX
     named = seq != IGNORE_INDEX
     if bool((named & (~trains | (seq < 0))).any()):
-        raise ValueError("a row names a sequence but trains nothing (or a sequence id < 0): give each sequence id "
-                         "only where its label trains")
+        raise ValueError(
+            "a row names a sequence but trains nothing (or a sequence id < 0): give each sequence id "
+            "only where its label trains"
+        )
     if bool((seq >= n_seq).any()):
-        raise ValueError(f"sequence id {int(seq.max())} >= n_seq={n_seq}; count every sequence of the row")
+        raise ValueError(
+            f"sequence id {int(seq.max())} >= n_seq={n_seq}; count every sequence of the row"
+        )
     return _SequenceLogps.apply(hidden, weight, labels, seq, n_seq, chunk_rows)
 
 
@@ -105,14 +117,23 @@ def group_sum(x: torch.Tensor, group) -> torch.Tensor:
 
 @dataclass
 class DpoOut:
-    losses: torch.Tensor            # [P] per-pair loss
-    chosen_rewards: torch.Tensor    # [P] beta x (policy - reference) log-prob of the chosen completion, detached
+    losses: torch.Tensor  # [P] per-pair loss
+    chosen_rewards: (
+        torch.Tensor
+    )  # [P] beta x (policy - reference) log-prob of the chosen completion, detached
     rejected_rewards: torch.Tensor  # [P] the same for the rejected one
 
 
-def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
-             beta: float, loss_type: str, chosen_tokens: Optional[torch.Tensor] = None,
-             rejected_tokens: Optional[torch.Tensor] = None) -> DpoOut:
+def dpo_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    loss_type: str,
+    chosen_tokens: Optional[torch.Tensor] = None,
+    rejected_tokens: Optional[torch.Tensor] = None,
+) -> DpoOut:
     """TRL's DPOTrainer per-pair loss (f-divergence reverse_kl) on summed log-probs [P]; ipo averages each score
     over its completion's tokens (`*_tokens`, [P]), as TRL does."""
     chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
@@ -122,9 +143,13 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
         losses = torch.relu(1 - beta * (chosen_ratio - rejected_ratio))
     elif loss_type == "ipo":
         if chosen_tokens is None or rejected_tokens is None:
-            raise ValueError("loss_type ipo averages over each completion's tokens: pass chosen_tokens and "
-                             "rejected_tokens")
-        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
+            raise ValueError(
+                "loss_type ipo averages over each completion's tokens: pass chosen_tokens and "
+                "rejected_tokens"
+            )
+        delta = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(
+            min=1
+        )
         losses = (delta - 1 / (2 * beta)) ** 2
     else:
         raise ValueError(f"loss_type={loss_type!r} is not built; use one of {list(LOSS_TYPES)}")
@@ -134,12 +159,17 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
 def pair_metrics(out: DpoOut) -> dict:
     """The step's DPO metrics as TRL names them: mean rewards, accuracy (chosen above rejected) and margin."""
     margin = out.chosen_rewards - out.rejected_rewards
-    return {"rewards/chosen": float(out.chosen_rewards.mean()), "rewards/rejected": float(out.rejected_rewards.mean()),
-            "rewards/accuracies": float((margin > 0).float().mean()), "rewards/margins": float(margin.mean())}
+    return {
+        "rewards/chosen": float(out.chosen_rewards.mean()),
+        "rewards/rejected": float(out.rejected_rewards.mean()),
+        "rewards/accuracies": float((margin > 0).float().mean()),
+        "rewards/margins": float(margin.mean()),
+    }
 
 
-
-def sp_logps(local: torch.Tensor, seq: torch.Tensor, n_seq: int, sp_group) -> tuple[torch.Tensor, torch.Tensor]:
+def sp_logps(
+    local: torch.Tensor, seq: torch.Tensor, n_seq: int, sp_group
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [n_seq] summed over the SP group, differentiable; trained tokens [n_seq] of each sequence) from
     this slice's `local` sums and sequence ids `seq` (any shape)."""
     kept = seq[seq != IGNORE_INDEX]
@@ -150,25 +180,59 @@ def sp_logps(local: torch.Tensor, seq: torch.Tensor, n_seq: int, sp_group) -> tu
     return group_sum(local, sp_group), tokens
 
 
-def row_logps(model, weight: torch.Tensor, sp_group, input_ids, position_ids, shift_labels, shift_seq, n_seq: int,
-              chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+def row_logps(
+    model,
+    weight: torch.Tensor,
+    sp_group,
+    input_ids,
+    position_ids,
+    shift_labels,
+    shift_seq,
+    n_seq: int,
+    chunk_rows: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs [n_seq] of the micro-batch's sequences, summed over the SP group; their trained tokens [n_seq])
     from this rank's slice (`[b, s/sp]` each): the HF model's trunk, then `sequence_logps`. `weight` is lm_head's
     [V, H], gathered. Under no_grad this is the reference pass."""
-    hidden = model.base_model(input_ids=input_ids, position_ids=position_ids,
-                              use_cache=False).last_hidden_state  # [b, s/sp, H]
+    hidden = model.base_model(
+        input_ids=input_ids, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # [b, s/sp, H]
     seq = shift_seq.flatten()
-    local = sequence_logps(hidden.flatten(0, 1), weight, shift_labels.flatten(), seq, n_seq, chunk_rows)
+    local = sequence_logps(
+        hidden.flatten(0, 1), weight, shift_labels.flatten(), seq, n_seq, chunk_rows
+    )
     return sp_logps(local, seq, n_seq, sp_group)
 
 
-def pair_forward(model, weight: torch.Tensor, sp_group, input_ids, position_ids, shift_labels, shift_seq,
-                 ref: torch.Tensor, beta: float, loss_type: str, chunk_rows: int = 4096):
+def pair_forward(
+    model,
+    weight: torch.Tensor,
+    sp_group,
+    input_ids,
+    position_ids,
+    shift_labels,
+    shift_seq,
+    ref: torch.Tensor,
+    beta: float,
+    loss_type: str,
+    chunk_rows: int = 4096,
+):
     """One micro-batch of P pairs (`row_logps`; sequence ids number its sequences, pair p's chosen 2p, rejected
     2p + 1): the mean of TRL's per-pair loss against `ref` ([P, 2] reference log-probs, chosen first). Returns (loss,
     DpoOut, policy log-probs [2P] detached); the loss's gradients summed over the SP ranks are the whole rows'."""
-    logps, tokens = row_logps(model, weight, sp_group, input_ids, position_ids, shift_labels, shift_seq,
-                              2 * ref.shape[0], chunk_rows)
+    logps, tokens = row_logps(
+        model,
+        weight,
+        sp_group,
+        input_ids,
+        position_ids,
+        shift_labels,
+        shift_seq,
+        2 * ref.shape[0],
+        chunk_rows,
+    )
     ref = ref.to(logps)
-    out = dpo_loss(logps[0::2], logps[1::2], ref[:, 0], ref[:, 1], beta, loss_type, tokens[0::2], tokens[1::2])
+    out = dpo_loss(
+        logps[0::2], logps[1::2], ref[:, 0], ref[:, 1], beta, loss_type, tokens[0::2], tokens[1::2]
+    )
     return out.losses.mean(), out, logps.detach()

@@ -55,8 +55,11 @@ _GATED_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
 @dataclass(frozen=True)
 class _Patch:
     """What apply_tiled_mlp changed on one MLP module, so remove_tiled_mlp can undo it exactly."""
-    instance_forward: object   # mlp.__dict__["forward"] before patching, or MISSING (the class forward)
-    untiled: Callable          # the forward the tiles call (the bound original)
+
+    instance_forward: (
+        object  # mlp.__dict__["forward"] before patching, or MISSING (the class forward)
+    )
+    untiled: Callable  # the forward the tiles call (the bound original)
     tile_tokens: int
 
 
@@ -67,8 +70,10 @@ def _tile_bounds(n: int, tile_tokens: int) -> list[tuple[int, int]]:
 
 def _check_tile_tokens(tile_tokens) -> None:
     if not isinstance(tile_tokens, int) or isinstance(tile_tokens, bool) or tile_tokens < 1:
-        raise ValueError(f"tile_tokens={tile_tokens!r} must be an int >= 1 (tokens per MLP tile); try 8192 "
-                         "(it need not divide the sequence length; the last tile is shorter)")
+        raise ValueError(
+            f"tile_tokens={tile_tokens!r} must be an int >= 1 (tokens per MLP tile); try 8192 "
+            "(it need not divide the sequence length; the last tile is shorter)"
+        )
 
 
 def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
@@ -99,11 +104,12 @@ def _gathered(params: tuple):
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
 
     inflight = _inflight(params)
-    if inflight:   # tiled_mlp_forward sends such MLPs per tile; a backward cannot switch paths
+    if inflight:  # tiled_mlp_forward sends such MLPs per tile; a backward cannot switch paths
         raise RuntimeError(
             f"tiled MLP: ZeRO-3 params ds_id={inflight} are being prefetched by DeepSpeed while the tiled MLP "
             "gathers them, which only its module hooks can wait on; DeepSpeed's fetch trace still lists this "
-            "MLP's Linears. Re-run with tiled MLP applied before the first step, or turn it off")
+            "MLP's Linears. Re-run with tiled MLP applied before the first step, or turn it off"
+        )
     partitioned = [p for p in zero if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
     # modifier_rank=None: read-only; exit re-partitions and frees the gathered copies (every rank alike)
     with GatheredParameters(partitioned, modifier_rank=None, enabled=bool(partitioned)):
@@ -122,8 +128,14 @@ class TiledRows(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, fn: Callable, params: tuple, tile_tokens: int, gathered: Callable[[], ContextManager],
-                *xs: torch.Tensor):
+    def forward(
+        ctx,
+        fn: Callable,
+        params: tuple,
+        tile_tokens: int,
+        gathered: Callable[[], ContextManager],
+        *xs: torch.Tensor,
+    ):
         n = xs[0].shape[0]
         ctx.fn, ctx.params, ctx.tile_tokens, ctx.gathered = fn, params, tile_tokens, gathered
         ctx.autocast = _autocast_state(xs[0].device.type)
@@ -131,11 +143,11 @@ class TiledRows(torch.autograd.Function):
         outs: Optional[list] = None
         with torch.no_grad(), gathered():
             for start, stop in _tile_bounds(n, tile_tokens):
-                ys = fn(*(x[start:stop] for x in xs))       # [t, ...] -> [t, W] or ([t, W_i], ...)
+                ys = fn(*(x[start:stop] for x in xs))  # [t, ...] -> [t, W] or ([t, W_i], ...)
                 ctx.many = isinstance(ys, tuple)
                 ys = ys if ctx.many else (ys,)
-                if outs is None:                            # dtype/width from fn itself (autocast)
-                    outs = [y.new_empty((n, y.shape[-1])) for y in ys]   # [n, W_i]
+                if outs is None:  # dtype/width from fn itself (autocast)
+                    outs = [y.new_empty((n, y.shape[-1])) for y in ys]  # [n, W_i]
                 for out, y in zip(outs, ys):
                     out[start:stop] = y
         return tuple(outs) if ctx.many else outs[0]
@@ -144,25 +156,34 @@ class TiledRows(torch.autograd.Function):
     def backward(ctx, *grad_outs: torch.Tensor):
         xs = ctx.saved_tensors
         need = ctx.needs_input_grad[4:]
-        grad_xs = [torch.empty_like(x) if nd else None for x, nd in zip(xs, need)]   # every row written below
+        grad_xs = [
+            torch.empty_like(x) if nd else None for x, nd in zip(xs, need)
+        ]  # every row written below
         wanted = [i for i, nd in enumerate(need) if nd]
         params = [p for p in ctx.params if p.requires_grad]
-        sums: list[Optional[torch.Tensor]] = [None] * len(params)   # tiles 0..k-2, fp32 or wider
+        sums: list[Optional[torch.Tensor]] = [None] * len(params)  # tiles 0..k-2, fp32 or wider
         tiles = _tile_bounds(xs[0].shape[0], ctx.tile_tokens)
         enabled, dtype = ctx.autocast
-        with ctx.gathered():    # held until the last tile's reduce hooks have fired
+        with ctx.gathered():  # held until the last tile's reduce hooks have fired
             for i, (start, stop) in enumerate(tiles):
-                x_tiles = [x[start:stop].detach().requires_grad_(nd) for x, nd in zip(xs, need)]   # [t, ...]
-                with torch.enable_grad(), torch.autocast(xs[0].device.type, dtype=dtype, enabled=enabled):
-                    ys = ctx.fn(*x_tiles)                                           # [t, W] or ([t, W_i], ...)
+                x_tiles = [
+                    x[start:stop].detach().requires_grad_(nd) for x, nd in zip(xs, need)
+                ]  # [t, ...]
+                with (
+                    torch.enable_grad(),
+                    torch.autocast(xs[0].device.type, dtype=dtype, enabled=enabled),
+                ):
+                    ys = ctx.fn(*x_tiles)  # [t, W] or ([t, W_i], ...)
                 ys = ys if ctx.many else (ys,)
                 # outputs autograd gave no grad (unused downstream) are left out
                 y = [yy for yy, go in zip(ys, grad_outs) if go is not None]
-                g = [go[start:stop] for go in grad_outs if go is not None]         # [t, W_i]
+                g = [go[start:stop] for go in grad_outs if go is not None]  # [t, W_i]
                 if i < len(tiles) - 1:
                     # autograd.grad: no .grad accumulation, so no ZeRO/DDP hook fires for this tile
-                    grads = torch.autograd.grad(y, [x_tiles[j] for j in wanted] + params, g, allow_unused=True)
-                    tile_x_grads, grads = grads[:len(wanted)], grads[len(wanted):]
+                    grads = torch.autograd.grad(
+                        y, [x_tiles[j] for j in wanted] + params, g, allow_unused=True
+                    )
+                    tile_x_grads, grads = grads[: len(wanted)], grads[len(wanted) :]
                     for j, pg in enumerate(grads):
                         if pg is not None:
                             wide = torch.promote_types(pg.dtype, torch.float32)
@@ -170,8 +191,11 @@ class TiledRows(torch.autograd.Function):
                 else:
                     # the last tile accumulates for real; each param's hook adds the earlier tiles on the way
                     # in, so the post-accumulate (ZeRO reduce) hook fires once, with the whole grad
-                    handles = [p.register_hook(lambda pg, s=s: s.add_(pg).to(pg.dtype))
-                               for p, s in zip(params, sums) if s is not None]
+                    handles = [
+                        p.register_hook(lambda pg, s=s: s.add_(pg).to(pg.dtype))
+                        for p, s in zip(params, sums)
+                        if s is not None
+                    ]
                     try:
                         torch.autograd.backward(y, g)
                     finally:
@@ -206,21 +230,28 @@ def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
         return None
     parts = [getattr(mlp, name, None) for name in _GATED_MLP_PARTS]
     act = getattr(mlp, "act_fn", None)
-    if not all(isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward and "forward" not in m.__dict__
-               and not getattr(m, "_z3_leaf", False) for m in parts):
+    if not all(
+        isinstance(m, nn.Linear)
+        and type(m).forward is nn.Linear.forward
+        and "forward" not in m.__dict__
+        and not getattr(m, "_z3_leaf", False)
+        for m in parts
+    ):
         return None
     if not callable(act) or (isinstance(act, nn.Module) and "forward" in act.__dict__):
         return None
     if {id(p) for p in mlp.parameters()} != {id(p) for m in parts for p in m.parameters()}:
-        return None    # act_fn or the MLP itself holds params the gated form would not use
+        return None  # act_fn or the MLP itself holds params the gated form would not use
     return (*parts, act.forward if isinstance(act, nn.Module) else act)
 
 
 def _gated_tile_fn(gate: nn.Linear, up: nn.Linear, down: nn.Linear, act: Callable) -> Callable:
     """One tile of the gated MLP on the weight tensors (read at call time: the gathered ones under ZeRO-3)."""
-    def tile(x: torch.Tensor) -> torch.Tensor:             # [t, H] -> [t, H_out]
-        h = act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias)     # [t, I]
+
+    def tile(x: torch.Tensor) -> torch.Tensor:  # [t, H] -> [t, H_out]
+        h = act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias)  # [t, I]
         return F.linear(h, down.weight, down.bias)
+
     return tile
 
 
@@ -234,7 +265,7 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
     """
     _check_tile_tokens(tile_tokens)
     lead, hidden = x.shape[:-1], x.shape[-1]
-    x_rows = x.reshape(-1, hidden)                                      # [b, s, H] -> [b*s, H]
+    x_rows = x.reshape(-1, hidden)  # [b, s, H] -> [b*s, H]
     if x_rows.shape[0] <= tile_tokens:
         return _untiled_forward(mlp)(x)
     params = tuple(mlp.parameters())
@@ -245,15 +276,18 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
         fn, gathered = _gated_tile_fn(*gated), (lambda: _gathered(params))
     else:
         fn, gathered = _untiled_forward(mlp), contextlib.nullcontext
-    y_rows = TiledRows.apply(fn, params, tile_tokens, gathered, x_rows)   # [b*s, H_out]
-    return y_rows.reshape(*lead, y_rows.shape[-1])                      # [b*s, H_out] -> [b, s, H_out]
+    y_rows = TiledRows.apply(fn, params, tile_tokens, gathered, x_rows)  # [b*s, H_out]
+    return y_rows.reshape(*lead, y_rows.shape[-1])  # [b*s, H_out] -> [b, s, H_out]
 
 
 def _decoder_mlps(model: nn.Module) -> list[nn.Module]:
     """Every `<layer>.mlp` that is a gated MLP (gate_proj, up_proj, down_proj), in module order."""
-    return [m.mlp for m in model.modules()
-            if isinstance(getattr(m, "mlp", None), nn.Module)
-            and all(isinstance(getattr(m.mlp, part, None), nn.Module) for part in _GATED_MLP_PARTS)]
+    return [
+        m.mlp
+        for m in model.modules()
+        if isinstance(getattr(m, "mlp", None), nn.Module)
+        and all(isinstance(getattr(m.mlp, part, None), nn.Module) for part in _GATED_MLP_PARTS)
+    ]
 
 
 def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -> int:
@@ -271,24 +305,31 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -
         raise ValueError(
             f"apply_tiled_mlp found no decoder-layer MLP in {type(model).__name__}: it looks for modules "
             f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...; MoE blocks: levers/moe.py). "
-            "Other MLP shapes are not supported; turn tiled MLP off for this model")
+            "Other MLP shapes are not supported; turn tiled MLP off for this model"
+        )
     patched = [m for m in mlps if _PATCH_ATTR in m.__dict__]
     if patched:
         raise RuntimeError(
             f"tiled MLP is already applied to {len(patched)} MLPs of {type(model).__name__} "
             f"(tile_tokens={patched[0].__dict__[_PATCH_ATTR].tile_tokens}); "
-            "call remove_tiled_mlp(model) before applying it again")
+            "call remove_tiled_mlp(model) before applying it again"
+        )
     for mlp in mlps:
-        patch = _Patch(instance_forward=own_forward(mlp),
-                       untiled=mlp.forward, tile_tokens=tile_tokens)
+        patch = _Patch(
+            instance_forward=own_forward(mlp), untiled=mlp.forward, tile_tokens=tile_tokens
+        )
         mlp.__dict__[_PATCH_ATTR] = patch
 
         def forward(x, _mlp=mlp, _t=tile_tokens):
             return tiled_mlp_forward(_mlp, x, _t)
 
         mlp.forward = forward
-    log.info("tiled MLP: %d MLPs of %s run in tiles of %d tokens", len(mlps), type(model).__name__,
-             tile_tokens)
+    log.info(
+        "tiled MLP: %d MLPs of %s run in tiles of %d tokens",
+        len(mlps),
+        type(model).__name__,
+        tile_tokens,
+    )
     return len(mlps)
 
 

@@ -40,19 +40,25 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.kernel_pairs import _FA4, _Attend, _CpuFlashSDPA, _CudnnSDPA, _Pair
-from ds_longctx.parallel.kernel_pairs import set_head_groups as set_head_groups  # the attention module's entry
+from ds_longctx.parallel.kernel_pairs import (
+    set_head_groups as set_head_groups,
+)  # the attention module's entry
 
 log = logging.getLogger("ds_longctx")
 
-_SDPA_KERNELS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-                 "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+_SDPA_KERNELS = {
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_math": "MATH",
+}
 MAX_MASKED_TOKENS = 16384  # block-diagonal mask fallback is O(s^2): refuse beyond this
 
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    backend: str          # "fa4", "flash_attn" or "sdpa"
-    sdpa_kernels: tuple   # SDPBackend names in priority order (sdpa only)
+    backend: str  # "fa4", "flash_attn" or "sdpa"
+    sdpa_kernels: tuple  # SDPBackend names in priority order (sdpa only)
     reason: str
 
 
@@ -68,6 +74,7 @@ def fa4_available() -> bool:
     """FlashAttention 4's CuTe-DSL interface imports (needs CUDA, the CUTLASS DSL and an SM90/SM100 GPU)."""
     try:
         from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd  # noqa: F401
+
         return True
     except Exception:
         return False
@@ -83,42 +90,71 @@ def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoic
     on_cuda = torch.cuda.is_available()
     if name == "fa4":
         if not on_cuda or torch.cuda.get_device_capability()[0] not in (9, 10):
-            raise ValueError("attn_backend='fa4' needs an SM90 (Hopper) or SM100 (Blackwell) GPU; use "
-                             "attn_backend='auto' or 'sdpa'")
+            raise ValueError(
+                "attn_backend='fa4' needs an SM90 (Hopper) or SM100 (Blackwell) GPU; use "
+                "attn_backend='auto' or 'sdpa'"
+            )
         if not fa4_available():
-            raise ValueError("attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
-                             "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'")
+            raise ValueError(
+                "attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
+                "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'"
+            )
         if (why := kernel_rules.fa4_refusal(head_dim)) is not None:
             raise ValueError(why)
-        return AttentionChoice("fa4", (), "asked for" + ("" if kernel_rules.fa4_verified(head_dim)
-                                                         else f" (head_dim {head_dim} not yet verified here)"))
+        return AttentionChoice(
+            "fa4",
+            (),
+            "asked for"
+            + (
+                ""
+                if kernel_rules.fa4_verified(head_dim)
+                else f" (head_dim {head_dim} not yet verified here)"
+            ),
+        )
     if name == "flash_attn":
         if not flash_attn_available():
-            raise ValueError("attn_backend='flash_attn' but flash-attn is not installed; "
-                             "`pip install ds-longctx[flash]` or use attn_backend='sdpa'")
+            raise ValueError(
+                "attn_backend='flash_attn' but flash-attn is not installed; "
+                "`pip install ds-longctx[flash]` or use attn_backend='sdpa'"
+            )
         if not on_cuda:
-            raise ValueError("attn_backend='flash_attn' needs a CUDA GPU; use attn_backend='sdpa' on CPU")
+            raise ValueError(
+                "attn_backend='flash_attn' needs a CUDA GPU; use attn_backend='sdpa' on CPU"
+            )
         return AttentionChoice("flash_attn", (), "asked for")
     if name in _SDPA_KERNELS:
         if not on_cuda and name != "sdpa_math":
             return AttentionChoice("sdpa", (), f"{name} asked for but no CUDA: SDPA's CPU kernel")
         return AttentionChoice("sdpa", (_SDPA_KERNELS[name],), "asked for")
     if name == "auto" and _is_hopper() and fa4_available() and kernel_rules.fa4_verified(head_dim):
-        return AttentionChoice("fa4", (), "auto: Hopper GPU and FlashAttention 4 imports (faster than cuDNN SDPA "
-                                          "at Ulysses shapes: benchmarks/bench_attention.py)")
-    unverified = (f" (FlashAttention 4 not verified at head_dim {head_dim}: "
-                  f"{list(kernel_rules.FA4_VERIFIED_HEAD_DIMS)})"
-                  if name == "auto" and _is_hopper() and fa4_available() else "")
+        return AttentionChoice(
+            "fa4",
+            (),
+            "auto: Hopper GPU and FlashAttention 4 imports (faster than cuDNN SDPA "
+            "at Ulysses shapes: benchmarks/bench_attention.py)",
+        )
+    unverified = (
+        f" (FlashAttention 4 not verified at head_dim {head_dim}: "
+        f"{list(kernel_rules.FA4_VERIFIED_HEAD_DIMS)})"
+        if name == "auto" and _is_hopper() and fa4_available()
+        else ""
+    )
     if name == "auto" and on_cuda and flash_attn_available() and not _is_hopper():
         return AttentionChoice("flash_attn", (), "auto: flash-attn installed, GPU is not Hopper")
     if not on_cuda:
         return AttentionChoice("sdpa", (), f"{name}: no CUDA, SDPA's CPU kernel")
     if _is_hopper():
-        return AttentionChoice("sdpa", ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
-                               f"{name}: Hopper GPU, cuDNN SDPA" + (unverified or (" (FlashAttention 4 not installed)"
-                                                                                  if name == "auto" else "")))
-    return AttentionChoice("sdpa", ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"),
-                           f"{name}: non-Hopper GPU, SDPA flash kernel")
+        return AttentionChoice(
+            "sdpa",
+            ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
+            f"{name}: Hopper GPU, cuDNN SDPA"
+            + (unverified or (" (FlashAttention 4 not installed)" if name == "auto" else "")),
+        )
+    return AttentionChoice(
+        "sdpa",
+        ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"),
+        f"{name}: non-Hopper GPU, SDPA flash kernel",
+    )
 
 
 _CHOICE: Optional[AttentionChoice] = None
@@ -130,8 +166,12 @@ def select(name: str, announce: bool = True, head_dim: Optional[int] = None) -> 
     _CHOICE = resolve_backend(name, head_dim)
     if announce:
         kern = "/".join(_CHOICE.sdpa_kernels) or "default"
-        log.info("attention: %s%s (%s)", _CHOICE.backend,
-                 f"[{kern}]" if _CHOICE.backend == "sdpa" else "", _CHOICE.reason)
+        log.info(
+            "attention: %s%s (%s)",
+            _CHOICE.backend,
+            f"[{kern}]" if _CHOICE.backend == "sdpa" else "",
+            _CHOICE.reason,
+        )
     return _CHOICE
 
 
@@ -160,8 +200,11 @@ def kernel_pair(q: torch.Tensor, cu_seqlens) -> Optional[_Pair]:
         return None
     if not q.is_cuda:
         return _CpuFlashSDPA() if not choice.sdpa_kernels else None
-    if CUDNN_PAIR and choice.sdpa_kernels[:1] == ("CUDNN_ATTENTION",) and q.dtype in (torch.bfloat16,
-                                                                                        torch.float16):
+    if (
+        CUDNN_PAIR
+        and choice.sdpa_kernels[:1] == ("CUDNN_ATTENTION",)
+        and q.dtype in (torch.bfloat16, torch.float16)
+    ):
         return _CudnnSDPA()
     return None
 
@@ -199,8 +242,10 @@ def _sdpa(q, k, v, scale, mask=None):
 def _block_causal_mask(cu_seqlens: torch.Tensor, s: int, device) -> torch.Tensor:
     """[s, s] bool: True where query i may attend key j (same document, j <= i)."""
     if s > MAX_MASKED_TOKENS:
-        raise ValueError(f"packed documents at s={s} need a varlen kernel (FA4, flash-attn, or varlen_attn on CUDA); "
-                         f"the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens")
+        raise ValueError(
+            f"packed documents at s={s} need a varlen kernel (FA4, flash-attn, or varlen_attn on CUDA); "
+            f"the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens"
+        )
     doc = torch.zeros(s, dtype=torch.long, device=device)
     doc[cu_seqlens[1:-1].to(device)] = 1
     doc = doc.cumsum(0)
@@ -213,29 +258,49 @@ def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen):
     choice = current()
     if choice.backend == "flash_attn":
         from flash_attn import flash_attn_func, flash_attn_varlen_func
+
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] -> [b, s, h, d]
         if cu_seqlens is None:
             return flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=True)
-        out = flash_attn_varlen_func(qt[0], kt[0], vt[0], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                     softmax_scale=scale, causal=True)
+        out = flash_attn_varlen_func(
+            qt[0],
+            kt[0],
+            vt[0],
+            cu_seqlens,
+            cu_seqlens,
+            max_seqlen,
+            max_seqlen,
+            softmax_scale=scale,
+            causal=True,
+        )
         return out.unsqueeze(0)
     if cu_seqlens is None:
         return _sdpa(q, k, v, scale).transpose(1, 2)
     if q.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
+
         qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))  # [1, h, s, d] -> [s, h, d]
         if kt.shape[1] != qt.shape[1]:
             rep = qt.shape[1] // kt.shape[1]
             kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        out = varlen_attn(qt, kt, vt, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=(-1, 0))
+        out = varlen_attn(
+            qt, kt, vt, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=(-1, 0)
+        )
         return out.unsqueeze(0)
     mask = _block_causal_mask(cu_seqlens, q.shape[2], q.device)
     return _sdpa(q, k, v, scale, mask=mask).transpose(1, 2)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-           cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None, slot=None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    max_seqlen: Optional[int] = None,
+    slot=None,
+) -> torch.Tensor:
     """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s, d]` -> `[b, s, h, d]`.
 
     `cu_seqlens` (int32 `[n_docs + 1]`, offsets of documents in the full sequence) keeps packed documents
@@ -248,12 +313,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if pair is None:
         if slot is not None and not _WARNED_SLOT[0]:
             _WARNED_SLOT[0] = True
-            log.warning("attention cache: backend %s (%s, %s) has no kernel pair with its LSE here; cached layers "
-                        "recompute attention", current().backend, q.dtype, "packed" if cu_seqlens is not None
-                        else "dense")
+            log.warning(
+                "attention cache: backend %s (%s, %s) has no kernel pair with its LSE here; cached layers "
+                "recompute attention",
+                current().backend,
+                q.dtype,
+                "packed" if cu_seqlens is not None else "dense",
+            )
         return _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen)
     if not pair.gqa and k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]  # [b, hk, s, d] -> [b, h, s, d]; autograd sums the grads back
+        rep = (
+            q.shape[1] // k.shape[1]
+        )  # [b, hk, s, d] -> [b, h, s, d]; autograd sums the grads back
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)

@@ -105,8 +105,14 @@ def describe_os_error(e: OSError, path, needed: Optional[int] = None) -> str:
     the bytes needed (where known) against the free space. The caller adds the fix."""
     where = str(e.filename or path)
     free = free_bytes(where)
-    room = ", ".join(x for x in (f"needs ~{size_text(needed)}" if needed else "",
-                                 f"{size_text(free)} free" if free is not None else "") if x)
+    room = ", ".join(
+        x
+        for x in (
+            f"needs ~{size_text(needed)}" if needed else "",
+            f"{size_text(free)} free" if free is not None else "",
+        )
+        if x
+    )
     room = f" ({room})" if room else ""
     if e.errno == errno.ENOSPC:
         return f"no space left on {mount_point(where)} writing {where}{room}"
@@ -123,8 +129,12 @@ def describe_os_error(e: OSError, path, needed: Optional[int] = None) -> str:
 
 def maker() -> dict:
     """Who this process is, as the marker and the run lock record it: pid, host, since (local time), command."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else ""}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "",
+    }
 
 
 def alive_here(info: dict) -> bool:
@@ -144,8 +154,9 @@ def who(info: dict) -> str:
     """'pid 123 on host h since <its local start time> (its command)' from a marker's or lock's record."""
     if not info:
         return "an unknown process (its record is empty)"
-    return (f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')}"
-            + (f" ({info['command']})" if info.get("command") else ""))
+    return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')}" + (
+        f" ({info['command']})" if info.get("command") else ""
+    )
 
 
 def make_partial(path: Path) -> None:
@@ -174,8 +185,10 @@ def check_partial(path: Path, fix: str) -> Optional[dict]:
         return None
     info = partial_maker(p) if p.is_dir() and not p.is_symlink() else None
     if info is None:
-        raise NotOurs(f"{str(p)!r} exists and was not made by ds_longctx (no {PARTIAL_MARKER} marker in it), so it "
-                      f"is left alone; {fix}")
+        raise NotOurs(
+            f"{str(p)!r} exists and was not made by ds_longctx (no {PARTIAL_MARKER} marker in it), so it "
+            f"is left alone; {fix}"
+        )
     if info.get("pid") != os.getpid() and alive_here(info):
         raise NotOurs(f"{str(p)!r} is being written by {who(info)}; wait for it to end, or {fix}")
     return info
@@ -209,7 +222,11 @@ def _digest(path: Path) -> Optional[str]:
 def mark_written(d: Path, marker: str, names) -> None:
     """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours` asks)."""
     record = {"maker": maker(), "files": {n: _digest(Path(d) / n) for n in names}}
-    fd = os.open(Path(d) / marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    fd = os.open(
+        Path(d) / marker,
+        os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK,
+        0o644,
+    )
     with os.fdopen(fd, "w") as f:  # a link in its place is never written through (ELOOP)
         f.write(json.dumps(record, indent=1) + "\n")
 
@@ -220,11 +237,18 @@ def not_ours(d: Path, marker: str, names=None) -> list:
     d = Path(d)
     mine = (d / marker).is_file() and not (d / marker).is_symlink()
     try:
-        text = (d / marker).read_text()[:1 << 20] if mine else "{}"
+        text = (d / marker).read_text()[: 1 << 20] if mine else "{}"
         recorded = json.loads(text).get("files", {})
     except (OSError, ValueError, AttributeError):
         recorded = {}
     recorded = recorded if isinstance(recorded, dict) else {}
-    present = sorted(p.name for p in d.iterdir()) if names is None else [n for n in names
-                                                                         if os.path.lexists(d / n)]
-    return [n for n in present if not (n == marker and mine) and (n not in recorded or _digest(d / n) != recorded[n])]
+    present = (
+        sorted(p.name for p in d.iterdir())
+        if names is None
+        else [n for n in names if os.path.lexists(d / n)]
+    )
+    return [
+        n
+        for n in present
+        if not (n == marker and mine) and (n not in recorded or _digest(d / n) != recorded[n])
+    ]

@@ -46,6 +46,7 @@ REHEARSAL_ENV = "DS_LONGCTX_REHEARSAL"  # set while a process plays a rank: "R/N
 class CollectiveLog:
     """Payload bytes per (kind, group ranks) since `reset`, and calls per kind. `scope` labels the calls made while
     it is set (a decoder layer's index, or None outside the layers): `by_scope` keeps the same sums per label."""
+
     bytes: dict = field(default_factory=lambda: defaultdict(int))
     calls: dict = field(default_factory=lambda: defaultdict(int))
     by_scope: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
@@ -81,13 +82,24 @@ def collective_log() -> CollectiveLog:
 def launcher_env(rank: int, world_size: int, per_node: int) -> dict:
     """The environment torchrun gives rank `rank` of `world_size` with `per_node` processes per node."""
     if not 0 <= rank < world_size or world_size % per_node:
-        raise ValueError(f"rank {rank} of world {world_size} with {per_node} per node: need 0 <= rank < world and "
-                         f"per_node dividing world")
+        raise ValueError(
+            f"rank {rank} of world {world_size} with {per_node} per node: need 0 <= rank < world and "
+            f"per_node dividing world"
+        )
     node = rank // per_node
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % per_node),
-            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node), "NODE_RANK": str(node),
-            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500", REHEARSAL_ENV: f"{rank}/{world_size}"}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank % per_node),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "GROUP_RANK": str(node),
+        "NODE_RANK": str(node),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        REHEARSAL_ENV: f"{rank}/{world_size}",
+    }
 
 
 def start(rank: int, world_size: int, per_node: int) -> CollectiveLog:
@@ -97,15 +109,20 @@ def start(rank: int, world_size: int, per_node: int) -> CollectiveLog:
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:  # private API: say which torch lacks it
-        raise RuntimeError(f"torch {torch.__version__} has no fake process group "
-                           f"(torch.testing._internal.distributed.fake_pg): {e}") from None
+        raise RuntimeError(
+            f"torch {torch.__version__} has no fake process group "
+            f"(torch.testing._internal.distributed.fake_pg): {e}"
+        ) from None
     if dist.is_initialized():
         raise RuntimeError("a process group is already running; a rehearsal needs a fresh process")
     env = launcher_env(rank, world_size, per_node)
     for var in (*env, "LOCAL_SIZE", "TORCH_DIST_INIT_BARRIER"):
         _ENV[var] = os.environ.get(var)
     os.environ.update(env)
-    for var in ("LOCAL_SIZE", "TORCH_DIST_INIT_BARRIER"):  # DeepSpeed's shared-memory op would wait for peers
+    for var in (
+        "LOCAL_SIZE",
+        "TORCH_DIST_INIT_BARRIER",
+    ):  # DeepSpeed's shared-memory op would wait for peers
         os.environ.pop(var, None)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     _LOG = CollectiveLog()
@@ -137,8 +154,10 @@ def refuse_in_rehearsal(what: str, error: type = RuntimeError) -> None:
     """Raise `error` where a rehearsal must not go (a checkpoint, an eval, an export): it plays a rank on a fake
     process group, so what it would write or measure is not a run's."""
     if active():
-        raise error(f"{what} refused: this process is a rehearsal (rank {os.environ.get(REHEARSAL_ENV)} on a "
-                           f"fake process group): it saves no checkpoint, runs no eval and exports nothing")
+        raise error(
+            f"{what} refused: this process is a rehearsal (rank {os.environ.get(REHEARSAL_ENV)} on a "
+            f"fake process group): it saves no checkpoint, runs no eval and exports nothing"
+        )
 
 
 # ------------------------------------------------------------------ the symmetric world's collectives
@@ -173,7 +192,9 @@ def _all_gather_into_tensor(orig, *args, **kwargs):
     out, inp = _arg(args, kwargs, 0, "output_tensor"), _arg(args, kwargs, 1, "input_tensor")
     group = _arg(args, kwargs, 2, "group")
     work = orig(*args, **kwargs)
-    out.view(-1).view(-1, inp.numel()).copy_(inp.reshape(1, -1).expand(out.numel() // inp.numel(), -1))
+    out.view(-1).view(-1, inp.numel()).copy_(
+        inp.reshape(1, -1).expand(out.numel() // inp.numel(), -1)
+    )
     _LOG.add("all_gather", _ranks(group), _nbytes(out))
     return work
 
@@ -211,10 +232,15 @@ def _reduce_scatter(orig, *args, **kwargs):
 
 def _all_to_all_single(orig, *args, **kwargs):
     out, inp = _arg(args, kwargs, 0, "output"), _arg(args, kwargs, 1, "input")
-    out_splits, in_splits = _arg(args, kwargs, 2, "output_split_sizes"), _arg(args, kwargs, 3, "input_split_sizes")
+    out_splits, in_splits = (
+        _arg(args, kwargs, 2, "output_split_sizes"),
+        _arg(args, kwargs, 3, "input_split_sizes"),
+    )
     group = _arg(args, kwargs, 4, "group")
     if out_splits or in_splits:
-        raise NotImplementedError("a rehearsal's all_to_all_single takes equal splits only (Ulysses' are equal)")
+        raise NotImplementedError(
+            "a rehearsal's all_to_all_single takes equal splits only (Ulysses' are equal)"
+        )
     work = orig(*args, **kwargs)
     n, me = len(_ranks(group)), _me(group)
     own = inp.reshape(n, -1)[me]
@@ -224,7 +250,10 @@ def _all_to_all_single(orig, *args, **kwargs):
 
 
 def _all_to_all(orig, *args, **kwargs):
-    outs, ins = _arg(args, kwargs, 0, "output_tensor_list"), _arg(args, kwargs, 1, "input_tensor_list")
+    outs, ins = (
+        _arg(args, kwargs, 0, "output_tensor_list"),
+        _arg(args, kwargs, 1, "input_tensor_list"),
+    )
     group = _arg(args, kwargs, 2, "group")
     work = orig(*args, **kwargs)
     own = ins[_me(group)]
@@ -263,8 +292,10 @@ def _broadcast(orig, *args, **kwargs):
 def _unchanged(kind: str):
     """A collective that leaves its arguments as they are in a symmetric world (objects, barriers): counted, no
     bytes."""
+
     def wrapper(orig, *args, **kwargs):
         _LOG.add(kind, _ranks(kwargs.get("group")), 0)
+
     return wrapper
 
 
@@ -275,14 +306,23 @@ def _all_gather_object(orig, *args, **kwargs):
 
 
 WRAPPERS = {
-    "all_gather_into_tensor": _all_gather_into_tensor, "_all_gather_base": _all_gather_into_tensor,
-    "all_gather_single": _all_gather_into_tensor, "all_gather": _all_gather,
-    "reduce_scatter_tensor": _reduce_scatter_tensor, "_reduce_scatter_base": _reduce_scatter_tensor,
-    "reduce_scatter_single": _reduce_scatter_tensor, "reduce_scatter": _reduce_scatter,
-    "all_to_all_single": _all_to_all_single, "all_to_all": _all_to_all,
-    "all_reduce": _all_reduce, "all_reduce_coalesced": _all_reduce_coalesced, "broadcast": _broadcast,
-    "barrier": _unchanged("barrier"), "monitored_barrier": _unchanged("barrier"),
-    "broadcast_object_list": _unchanged("broadcast"), "all_gather_object": _all_gather_object,
+    "all_gather_into_tensor": _all_gather_into_tensor,
+    "_all_gather_base": _all_gather_into_tensor,
+    "all_gather_single": _all_gather_into_tensor,
+    "all_gather": _all_gather,
+    "reduce_scatter_tensor": _reduce_scatter_tensor,
+    "_reduce_scatter_base": _reduce_scatter_tensor,
+    "reduce_scatter_single": _reduce_scatter_tensor,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all_single": _all_to_all_single,
+    "all_to_all": _all_to_all,
+    "all_reduce": _all_reduce,
+    "all_reduce_coalesced": _all_reduce_coalesced,
+    "broadcast": _broadcast,
+    "barrier": _unchanged("barrier"),
+    "monitored_barrier": _unchanged("barrier"),
+    "broadcast_object_list": _unchanged("broadcast"),
+    "all_gather_object": _all_gather_object,
 }
 
 
@@ -292,6 +332,7 @@ _DEPTH = threading.local()
 def _bind(orig, wrapper):
     """`wrapper` around `orig`; a collective called from inside another (torch 2.13's all_gather_into_tensor calls
     all_gather_single) goes straight to its original: the outer call counts and writes."""
+
     def call(*args, **kwargs):
         if getattr(_DEPTH, "n", 0):
             return orig(*args, **kwargs)
@@ -300,6 +341,7 @@ def _bind(orig, wrapper):
             return wrapper(orig, *args, **kwargs)
         finally:
             _DEPTH.n = 0
+
     call.__name__ = getattr(orig, "__name__", "collective")
     call.__wrapped__ = orig
     return call
@@ -335,8 +377,14 @@ def _install() -> None:
         return
     _patch(zero_utils, "assert_lst_len_same_as_other_ranks", lambda lst: None)
     _patch(zero_utils, "get_lst_from_rank0", lambda lst: list(lst))
-    if not torch.cuda.is_available():  # the CPU shared-memory comm op would JIT-build and wait for the other ranks
-        _patch(deepspeed.ops, "__compatible_ops__", dict(deepspeed.ops.__compatible_ops__, deepspeed_shm_comm=False))
+    if (
+        not torch.cuda.is_available()
+    ):  # the CPU shared-memory comm op would JIT-build and wait for the other ranks
+        _patch(
+            deepspeed.ops,
+            "__compatible_ops__",
+            dict(deepspeed.ops.__compatible_ops__, deepspeed_shm_comm=False),
+        )
         return
     # LOCAL_RANK is the played rank's (up to 7 on an 8-GPU node); this machine's one device stands for it
     device = torch.cuda.current_device()

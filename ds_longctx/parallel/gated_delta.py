@@ -35,9 +35,11 @@ log = logging.getLogger("ds_longctx")
 LINEAR_BACKENDS = ("auto", "fla", "torch")
 CHUNK = 64  # the torch path's chunk of the gated delta rule (transformers' and FLA's default)
 # What a GPU pays for the torch fallback, said in its warning. measured: see docs/calibration.md#gated-delta
-FALLBACK_COST = ("FLA's chunk_gated_delta_rule runs 1,048,576 tokens x 4 heads fwd+bwd in 0.10 s on an H200; the "
-                 "torch path is a Python loop over 64-token chunks, one document at a time, in fp32: orders of "
-                 "magnitude slower and several times the memory")
+FALLBACK_COST = (
+    "FLA's chunk_gated_delta_rule runs 1,048,576 tokens x 4 heads fwd+bwd in 0.10 s on an H200; the "
+    "torch path is a Python loop over 64-token chunks, one document at a time, in fp32: orders of "
+    "magnitude slower and several times the memory"
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ def fla_available() -> bool:
     try:
         from fla.modules.convolution import causal_conv1d  # noqa: F401
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: F401
+
         return True
     except Exception:
         return False
@@ -59,13 +62,17 @@ def fla_available() -> bool:
 def _fla_refusal() -> Optional[str]:
     """kernel_rules.fla_triton_refusal for this process's GPU, Triton and tilelang."""
     import os
+
     try:
         import triton
+
         version = triton.__version__
     except Exception:
         version = None
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-    tilelang = importlib.util.find_spec("tilelang") is not None and os.environ.get("FLA_TILELANG") != "0"
+    tilelang = (
+        importlib.util.find_spec("tilelang") is not None and os.environ.get("FLA_TILELANG") != "0"
+    )
     return kernel_rules.fla_triton_refusal(version, hopper, tilelang)
 
 
@@ -73,24 +80,35 @@ def resolve_linear_backend(name: str) -> LinearChoice:
     """The kernel `name` means here, or ValueError naming the fix (FLA asked for without CUDA or without FLA; FLA on
     an unsafe Triton)."""
     if name not in LINEAR_BACKENDS:
-        raise ValueError(f"linear_attn_backend={name!r} is unknown; use one of {list(LINEAR_BACKENDS)}")
+        raise ValueError(
+            f"linear_attn_backend={name!r} is unknown; use one of {list(LINEAR_BACKENDS)}"
+        )
     on_cuda = torch.cuda.is_available()
     if name == "torch":
         return LinearChoice("torch", "asked for")
     if name == "fla" and not on_cuda:
-        raise ValueError("linear_attn_backend='fla' needs a CUDA GPU; use linear_attn_backend='torch' (or 'auto') on "
-                         "CPU")
+        raise ValueError(
+            "linear_attn_backend='fla' needs a CUDA GPU; use linear_attn_backend='torch' (or 'auto') on "
+            "CPU"
+        )
     if name == "fla" and not fla_available():
-        raise ValueError("linear_attn_backend='fla' but flash-linear-attention does not import (`pip install "
-                         "ds-longctx[gpu]`: fla-core / flash-linear-attention 0.6.0); use linear_attn_backend='auto'")
+        raise ValueError(
+            "linear_attn_backend='fla' but flash-linear-attention does not import (`pip install "
+            "ds-longctx[gpu]`: fla-core / flash-linear-attention 0.6.0); use linear_attn_backend='auto'"
+        )
     if not on_cuda:
         return LinearChoice("torch", "auto: no CUDA")
     if not fla_available():
-        return LinearChoice("torch", "auto: CUDA GPU but flash-linear-attention does not import (`pip install "
-                                     "ds-longctx[gpu]`)")
+        return LinearChoice(
+            "torch",
+            "auto: CUDA GPU but flash-linear-attention does not import (`pip install "
+            "ds-longctx[gpu]`)",
+        )
     if (why := _fla_refusal()) is not None:
         raise ValueError(why)
-    return LinearChoice("fla", "asked for" if name == "fla" else "auto: CUDA GPU and flash-linear-attention imports")
+    return LinearChoice(
+        "fla", "asked for" if name == "fla" else "auto: CUDA GPU and flash-linear-attention imports"
+    )
 
 
 _CHOICE: list = [None]
@@ -103,9 +121,12 @@ def select_linear(name: str, announce: bool = True) -> LinearChoice:
     if announce:
         log.info("linear attention: %s (%s)", choice.backend, choice.reason)
         if choice.backend == "torch" and torch.cuda.is_available():
-            log.warning("linear attention: the gated DeltaNet layers run the torch fallback on this GPU (%s). "
-                        "%s. Install flash-linear-attention (ds-longctx[gpu]) for the kernels", choice.reason,
-                        FALLBACK_COST)
+            log.warning(
+                "linear attention: the gated DeltaNet layers run the torch fallback on this GPU (%s). "
+                "%s. Install flash-linear-attention (ds-longctx[gpu]) for the kernels",
+                choice.reason,
+                FALLBACK_COST,
+            )
     return choice
 
 
@@ -114,49 +135,74 @@ def current_linear() -> LinearChoice:
 
 
 # ----------------------------------------------------------------------------- the conv1d
-def positions_in_document(cu_seqlens: Optional[torch.Tensor], s: int, device) -> Optional[torch.Tensor]:
+def positions_in_document(
+    cu_seqlens: Optional[torch.Tensor], s: int, device
+) -> Optional[torch.Tensor]:
     """int64 `[s]`: each token's index in its document (None without documents)."""
     if cu_seqlens is None:
         return None
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     starts = torch.zeros(s, dtype=torch.long, device=device)
-    starts[cu[1:-1]] = cu[1:-1] - cu[:-2]  # at each document's first token: the length of the one before
+    starts[cu[1:-1]] = (
+        cu[1:-1] - cu[:-2]
+    )  # at each document's first token: the length of the one before
     idx = torch.arange(s, device=device)
     return idx - starts.cumsum(0)
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+def causal_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """SiLU(causal depthwise conv1d) of x `[b, s, c]` with weight `[c, K]` (transformers' Conv1d weight
     `[c, 1, K]` squeezed), the window cut at each document's start -> `[b, s, c]`."""
     if current_linear().backend == "fla" and x.is_cuda:
         from fla.modules.convolution import causal_conv1d as fla_conv
+
         cu = None if cu_seqlens is None else cu_seqlens.to(device=x.device, dtype=torch.long)
         return fla_conv(x, weight, activation="silu", cu_seqlens=cu)[0]
     s, K = x.shape[1], weight.shape[1]
     pos = positions_in_document(cu_seqlens, s, x.device)
-    out = x * weight[:, K - 1]  # tap j reads token t - j with weight[:, K-1-j] (F.conv1d with K-1 left padding)
+    out = (
+        x * weight[:, K - 1]
+    )  # tap j reads token t - j with weight[:, K-1-j] (F.conv1d with K-1 left padding)
     for j in range(1, min(K, s)):
-        shifted = F.pad(x, (0, 0, j, 0))[:, :s]  # [b, s, c]: token t - j, zero before the row's start
+        shifted = F.pad(x, (0, 0, j, 0))[
+            :, :s
+        ]  # [b, s, c]: token t - j, zero before the row's start
         if pos is not None:
-            shifted = shifted * (pos >= j).to(x.dtype)[None, :, None]  # zero where t - j is in an earlier document
+            shifted = (
+                shifted * (pos >= j).to(x.dtype)[None, :, None]
+            )  # zero where t - j is in an earlier document
         out = out + shifted * weight[:, K - 1 - j]
     return F.silu(out)
 
 
 # ----------------------------------------------------------------------------- the gated delta rule
-def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The gated delta rule with q / k L2-normalised in the kernel (as Qwen3.5 calls it), state from zero at each
     row and each document. q, k `[b, s, hk, dk]`, v `[b, s, hv, dv]` (hv a multiple of hk: each key head serves
     hv / hk consecutive value heads), g (log decay, <= 0) and beta `[b, s, hv]` -> `[b, s, hv, dv]` in v's dtype."""
     if current_linear().backend == "fla" and q.is_cuda:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
         cu = None if cu_seqlens is None else cu_seqlens.to(device=q.device, dtype=torch.long)
-        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)[0]
+        return chunk_gated_delta_rule(
+            q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu
+        )[0]
     if cu_seqlens is None:
         return _torch_rule(q, k, v, g, beta)
     bounds = cu_seqlens.tolist()
-    parts = [_torch_rule(*(t[:, a:e] for t in (q, k, v, g, beta))) for a, e in zip(bounds[:-1], bounds[1:])]
+    parts = [
+        _torch_rule(*(t[:, a:e] for t in (q, k, v, g, beta)))
+        for a, e in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(parts, dim=1)
 
 
@@ -181,21 +227,30 @@ def _torch_rule(q, k, v, g, beta) -> torch.Tensor:
     q, k, v = (t.reshape(b, hv, n, CHUNK, -1) for t in (q, k, v))
     beta, gc = beta.reshape(b, hv, n, CHUNK), g.reshape(b, hv, n, CHUNK).cumsum(-1)
     lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # [b, hv, n, C, C]
+    decay = (
+        (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    )  # [b, hv, n, C, C]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     # the WY form: (I + strictly-lower(beta k k^T . decay)) u = v beta, and the same for the decayed keys
     system = ((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(~lower.tril(-1), 0.0)
     system = system + torch.eye(CHUNK, device=q.device)
     u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * gc.exp()[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(
+        system, k_beta * gc.exp()[..., None], upper=False, unitriangular=True
+    )
     state = q.new_zeros(b, hv, q.shape[-1], dv)  # [b, hv, dk, dv]
     out = torch.empty_like(v)
     for i in range(n):
         qi, ki = q[:, :, i], k[:, :, i]
         v_new = u[:, :, i] - w[:, :, i] @ state  # what the state does not already predict
-        intra = (qi @ ki.transpose(-1, -2)) * decay[:, :, i]  # causal within the chunk (decay is 0 above)
+        intra = (qi @ ki.transpose(-1, -2)) * decay[
+            :, :, i
+        ]  # causal within the chunk (decay is 0 above)
         out[:, :, i] = (qi * gc[:, :, i, :, None].exp()) @ state + intra @ v_new
         last = gc[:, :, i, -1, None]  # [b, hv, 1]
-        state = state * last[..., None].exp() + (ki * (last - gc[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        state = (
+            state * last[..., None].exp()
+            + (ki * (last - gc[:, :, i]).exp()[..., None]).transpose(-1, -2) @ v_new
+        )
     # [b, hv, n, C, dv] -> [b, s, hv, dv]
     return out.reshape(b, hv, n * CHUNK, dv)[:, :, :s].transpose(1, 2).to(dtype)

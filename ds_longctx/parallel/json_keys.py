@@ -24,15 +24,21 @@ class DuplicateKey(ValueError):
         """' (lines 3 and 7)', ' (line 3)' (both on one line), or '' where not known."""
         if not (self.first and self.second):
             return ""
-        return f" (lines {self.first} and {self.second})" if self.first != self.second else f" (line {self.first})"
+        return (
+            f" (lines {self.first} and {self.second})"
+            if self.first != self.second
+            else f" (line {self.first})"
+        )
 
 
 class TooDeep(ValueError):
     """Containers nested deeper than Python's JSON reader goes (its recursion limit)."""
 
     def __init__(self):
-        super().__init__("nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); "
-                         "flatten it")
+        super().__init__(
+            "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); "
+            "flatten it"
+        )
 
 
 class _Twice(Exception):
@@ -74,7 +80,14 @@ def raw_decode_unique(text: str, i: int) -> tuple:
 
 def json_kind(v) -> str:
     """The JSON type of a parsed value: object, list, string, number, boolean or null."""
-    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    names = {
+        dict: "object",
+        list: "list",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+    }
     return "null" if v is None else names.get(type(v), type(v).__name__)
 
 

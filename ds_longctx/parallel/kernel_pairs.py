@@ -48,33 +48,60 @@ class _FA4(_Pair):
 
     def fwd(self, q, k, v, scale, cu, max_len):
         from flash_attn.cute.interface import _flash_attn_fwd
+
         if cu is None:
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))            # [b, h, s, d] -> [b, s, h, d]
-            out, lse, *_ = _flash_attn_fwd(qt, kt, vt, softmax_scale=scale, causal=True, return_lse=True)
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] -> [b, s, h, d]
+            out, lse, *_ = _flash_attn_fwd(
+                qt, kt, vt, softmax_scale=scale, causal=True, return_lse=True
+            )
         else:
-            qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))         # [1, h, s, d] -> [s, h, d]
-            out, lse, *_ = _flash_attn_fwd(qt, kt, vt, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
-                                           max_seqlen_k=max_len, softmax_scale=scale, causal=True,
-                                           return_lse=True)
+            qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))  # [1, h, s, d] -> [s, h, d]
+            out, lse, *_ = _flash_attn_fwd(
+                qt,
+                kt,
+                vt,
+                cu_seqlens_q=cu,
+                cu_seqlens_k=cu,
+                max_seqlen_q=max_len,
+                max_seqlen_k=max_len,
+                softmax_scale=scale,
+                causal=True,
+                return_lse=True,
+            )
         return out, (lse,), {}
 
     def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
         from flash_attn.cute.interface import _flash_attn_bwd
+
         (lse,) = saved
         if cu is None:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             dq, dk, dv = _flash_attn_bwd(qt, kt, vt, out, dout, lse, scale, True)
             return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
         qt, kt, vt = (t[0].transpose(0, 1) for t in (q, k, v))
-        dq, dk, dv = _flash_attn_bwd(qt, kt, vt, out, dout, lse, scale, True, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                     max_seqlen_q=max_len, max_seqlen_k=max_len)
+        dq, dk, dv = _flash_attn_bwd(
+            qt,
+            kt,
+            vt,
+            out,
+            dout,
+            lse,
+            scale,
+            True,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=max_len,
+            max_seqlen_k=max_len,
+        )
         return tuple(t.transpose(0, 1)[None] for t in (dq, dk, dv))
 
     @staticmethod
     def out_bshd(out):
-        return out if out.dim() == 4 else out[None]                       # varlen [s, h, d] -> [1, s, h, d]
+        return out if out.dim() == 4 else out[None]  # varlen [s, h, d] -> [1, s, h, d]
 
-    def heads(self, out, saved, start, n):  # out [b, s, h, d] (varlen [s, h, d]); LSE [b, h, s] (varlen [h, s])
+    def heads(
+        self, out, saved, start, n
+    ):  # out [b, s, h, d] (varlen [s, h, d]); LSE [b, h, s] (varlen [h, s])
         (lse,) = saved
         return out.narrow(out.dim() - 2, start, n), (lse.narrow(lse.dim() - 2, start, n),)
 
@@ -83,7 +110,9 @@ class _CudnnSDPA(_Pair):
     """SDPA's cuDNN kernel through its aten ops (dense, bf16/fp16); out `[b, h, s, d]`."""
 
     def fwd(self, q, k, v, scale, cu, max_len):
-        res = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+        res = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=scale
+        )
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset = res[:8]
         return out, (lse, cum_q, cum_k, seed, offset), {"max_q": max_q, "max_k": max_k}
 
@@ -92,8 +121,23 @@ class _CudnnSDPA(_Pair):
         if dout.stride() != out.stride():  # the kernel reads dO in O's layout
             dout = torch.empty_like(out).copy_(dout)
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, meta["max_q"],
-            meta["max_k"], 0.0, True, scale=scale)
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seed,
+            offset,
+            None,
+            cum_q,
+            cum_k,
+            meta["max_q"],
+            meta["max_k"],
+            0.0,
+            True,
+            scale=scale,
+        )
 
     @staticmethod
     def out_bshd(out):
@@ -106,13 +150,23 @@ class _CpuFlashSDPA(_Pair):
     splits_heads = True
 
     def fwd(self, q, k, v, scale, cu, max_len):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale
+        )
         return out, (lse,), {}
 
     def bwd(self, dout, q, k, v, out, saved, meta, scale, cu, max_len):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
-            saved[0].contiguous(), 0.0, True, scale=scale)
+            dout.contiguous(),
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            out.contiguous(),
+            saved[0].contiguous(),
+            0.0,
+            True,
+            scale=scale,
+        )
 
     @staticmethod
     def out_bshd(out):
@@ -156,7 +210,9 @@ def _grouped_bwd(pair: _Pair, groups: int, dout, q, k, v, out, saved, args) -> t
     each group's grads are computed into fresh tensors by the kernel, then copied into the full ones."""
     hq, hk = q.shape[1], k.shape[1]
     if hq % groups or hk % groups:
-        raise ValueError(f"attn_bwd_head_groups={groups} does not split {hq} query / {hk} KV heads evenly")
+        raise ValueError(
+            f"attn_bwd_head_groups={groups} does not split {hq} query / {hk} KV heads evenly"
+        )
     gq, gk = hq // groups, hk // groups
     grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # their layout: q/k/v's
     for g in range(groups):

@@ -29,9 +29,11 @@ def check_attention_heads(heads: int, kv_heads: int, where: str = "the model") -
     run (HF's attention repeats each KV head heads // kv_heads times and the shapes disagree, or trains to NaN)."""
     if kv_heads < 1 or kv_heads > heads or heads % kv_heads:
         fits = divisors(heads) if heads >= 1 else []
-        raise ValueError(f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV head must "
-                         f"serve a whole group of query heads (num_attention_heads a multiple of num_key_value_heads); "
-                         f"fix the config: num_key_value_heads one of {fits}")
+        raise ValueError(
+            f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV head must "
+            f"serve a whole group of query heads (num_attention_heads a multiple of num_key_value_heads); "
+            f"fix the config: num_key_value_heads one of {fits}"
+        )
 
 
 def fa4_verified(head_dim: Optional[int]) -> bool:
@@ -42,9 +44,11 @@ def fa4_verified(head_dim: Optional[int]) -> bool:
 def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
     """Why `attn_backend: fa4` is refused for this head_dim, or None."""
     if head_dim is not None and head_dim < FA4_MIN_HEAD_DIM:
-        return (f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are made for head dims "
-                f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN SDPA's here; use "
-                f"attn_backend='sdpa' (or 'auto')")
+        return (
+            f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are made for head dims "
+            f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN SDPA's here; use "
+            f"attn_backend='sdpa' (or 'auto')"
+        )
     return None
 
 
@@ -61,8 +65,10 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
     local = local_kv_heads(kv_heads, sp_size)
     if not head_groups_split(groups, kv_heads, sp_size):
         fits = divisors(local)
-        raise ValueError(f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
-                         f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}")
+        raise ValueError(
+            f"attn_bwd_head_groups={groups}: each rank attends {local} KV head(s) ({kv_heads} over "
+            f"sp_size={sp_size}), which {groups} groups do not split evenly; use one of {fits}"
+        )
 
 
 # ----------------------------------------------------------------------------- hybrid models' layer types
@@ -71,7 +77,10 @@ FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
 # `_supports_attention_backend` False (transformers 5.17 and 5.25's Qwen3.5); the engine still checks every batch that
 # the Ulysses function was called
 INTERFACE_UNFLAGGED = ("qwen3_5_text",)
-LAYER_KINDS = (FULL_ATTENTION, LINEAR_ATTENTION)  # the token mixers this package runs (Ulysses around each)
+LAYER_KINDS = (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+)  # the token mixers this package runs (Ulysses around each)
 SLIDING_ATTENTION = "sliding_attention"  # run as full causal: alike within its window (plan/hf_fields.window_problem)
 
 
@@ -100,9 +109,11 @@ def check_linear_heads(key_heads: int, value_heads: int, where: str = "the model
     """The gated delta rule's grouped values: each key head serves a whole group of value heads (FLA's GVA and
     transformers' torch path both repeat the key heads value_heads // key_heads times)."""
     if key_heads < 1 or value_heads < key_heads or value_heads % key_heads:
-        raise ValueError(f"{where}: linear_num_value_heads={value_heads} with linear_num_key_heads={key_heads}: each "
-                         f"key head must serve a whole group of value heads; fix the config (value heads a multiple "
-                         f"of key heads)")
+        raise ValueError(
+            f"{where}: linear_num_value_heads={value_heads} with linear_num_key_heads={key_heads}: each "
+            f"key head must serve a whole group of value heads; fix the config (value heads a multiple "
+            f"of key heads)"
+        )
 
 
 # FLA's gated backward on Hopper gives wrong gradients with Triton >= 3.4.0 and < 3.7.1 (FLA #640), unless its tilelang
@@ -118,7 +129,9 @@ def _version_tuple(version: str) -> tuple:
     return tuple(parts + [0] * (3 - len(parts)))
 
 
-def fla_triton_refusal(triton_version: Optional[str], hopper: bool, tilelang: bool) -> Optional[str]:
+def fla_triton_refusal(
+    triton_version: Optional[str], hopper: bool, tilelang: bool
+) -> Optional[str]:
     """Why FLA's gated-delta kernels may not train here (None: they may): a Hopper GPU with a Triton in
     FLA_UNSAFE_TRITON and no tilelang backend to take the broken backward kernel."""
     if not hopper or triton_version is None or tilelang:
@@ -126,6 +139,8 @@ def fla_triton_refusal(triton_version: Optional[str], hopper: bool, tilelang: bo
     lo, hi = FLA_UNSAFE_TRITON
     if not lo <= _version_tuple(triton_version) < hi:
         return None
-    return (f"FLA's gated-delta backward on Hopper with Triton {triton_version} (>= 3.4.0, < 3.7.1) gives wrong "
-            f"gradients (FLA #640); install tilelang (`pip install tilelang==0.1.15 apache-tvm-ffi==0.1.12`: FLA then "
-            f"runs that kernel through it) or Triton >= 3.7.1, or set linear_attn_backend: torch (slow)")
+    return (
+        f"FLA's gated-delta backward on Hopper with Triton {triton_version} (>= 3.4.0, < 3.7.1) gives wrong "
+        f"gradients (FLA #640); install tilelang (`pip install tilelang==0.1.15 apache-tvm-ffi==0.1.12`: FLA then "
+        f"runs that kernel through it) or Triton >= 3.7.1, or set linear_attn_backend: torch (slow)"
+    )

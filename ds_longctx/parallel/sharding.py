@@ -26,16 +26,21 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 
 @dataclass
 class Shard:
-    input_ids: torch.Tensor      # [b, L/sp]
-    position_ids: torch.Tensor   # [b, L/sp] global positions
-    shift_labels: torch.Tensor   # [b, L/sp] target of each token, IGNORE_INDEX where none
-    cu_seqlens: Optional[torch.Tensor]  # int32 [n_docs + 1] offsets in the full sequence, None if 1 doc/row
+    input_ids: torch.Tensor  # [b, L/sp]
+    position_ids: torch.Tensor  # [b, L/sp] global positions
+    shift_labels: torch.Tensor  # [b, L/sp] target of each token, IGNORE_INDEX where none
+    cu_seqlens: Optional[
+        torch.Tensor
+    ]  # int32 [n_docs + 1] offsets in the full sequence, None if 1 doc/row
     max_seqlen: Optional[int]
-    pad: int                     # tokens of padding appended to reach a multiple of sp
+    pad: int  # tokens of padding appended to reach a multiple of sp
 
 
-def shift_labels(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
-                 position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+def shift_labels(
+    input_ids: torch.Tensor,
+    labels: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """`[b, L]` -> `[b, L]`: target of token i is labels[i+1] (labels default to input_ids); last is ignored,
     and so is the last token of each packed document (where position_ids[i+1] == 0)."""
     src = input_ids if labels is None else labels
@@ -46,12 +51,17 @@ def shift_labels(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
     return out
 
 
-def trained_counts(input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
-                   position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+def trained_counts(
+    input_ids: torch.Tensor,
+    labels: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """int64 [b]: the tokens of each row of a full batch `[b, L]` whose next token trains (what `shard_batch`'s
     shift_labels leave unignored over all SP ranks)."""
     packed = position_ids is not None and bool((position_ids[:, 1:] == 0).any())
-    return (shift_labels(input_ids, labels, position_ids if packed else None) != IGNORE_INDEX).sum(dim=1)
+    return (shift_labels(input_ids, labels, position_ids if packed else None) != IGNORE_INDEX).sum(
+        dim=1
+    )
 
 
 def doc_boundaries(position_ids: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[int]]:
@@ -68,14 +78,22 @@ def doc_boundaries(position_ids: torch.Tensor) -> tuple[Optional[torch.Tensor], 
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
-def shard_batch(input_ids: torch.Tensor, sp_size: int, sp_rank: int, labels: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, pad_token_id: int = 0) -> Shard:
+def shard_batch(
+    input_ids: torch.Tensor,
+    sp_size: int,
+    sp_rank: int,
+    labels: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    pad_token_id: int = 0,
+) -> Shard:
     """This rank's slice of a full batch `[b, L]` (see module docstring)."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
     b, L = input_ids.shape
     if L < sp_size:
-        raise ValueError(f"sequence of {L} tokens is shorter than sp_size={sp_size}; each rank needs a token")
+        raise ValueError(
+            f"sequence of {L} tokens is shorter than sp_size={sp_size}; each rank needs a token"
+        )
     packed = position_ids is not None and bool((position_ids[:, 1:] == 0).any())
     if packed and b != 1:
         raise ValueError(f"packed documents need micro_batch=1, got batch {b}")
@@ -96,5 +114,11 @@ def shard_batch(input_ids: torch.Tensor, sp_size: int, sp_rank: int, labels: Opt
             max_len = max(max_len, pad)
     n = (L + pad) // sp_size
     sl = slice(sp_rank * n, (sp_rank + 1) * n)
-    return Shard(input_ids=input_ids[:, sl].contiguous(), position_ids=position_ids[:, sl].contiguous(),
-                 shift_labels=targets[:, sl].contiguous(), cu_seqlens=cu, max_seqlen=max_len, pad=pad)
+    return Shard(
+        input_ids=input_ids[:, sl].contiguous(),
+        position_ids=position_ids[:, sl].contiguous(),
+        shift_labels=targets[:, sl].contiguous(),
+        cu_seqlens=cu,
+        max_seqlen=max_len,
+        pad=pad,
+    )

@@ -24,9 +24,9 @@ import torch
 
 @dataclass
 class SharedLayout:
-    gather: torch.Tensor       # int64 [s']: the row token written at each virtual position
-    take: torch.Tensor         # int64 [s]: the virtual position each row token reads its output from
-    cu_seqlens: torch.Tensor   # int32 [n + 1]: the virtual documents' offsets
+    gather: torch.Tensor  # int64 [s']: the row token written at each virtual position
+    take: torch.Tensor  # int64 [s]: the virtual position each row token reads its output from
+    cu_seqlens: torch.Tensor  # int32 [n + 1]: the virtual documents' offsets
     max_seqlen: int
 
 
@@ -36,21 +36,29 @@ def _runs(branch: list, a: int, b: int) -> Optional[tuple]:
     ids = branch[a:b]
     if 2 not in ids:
         if any(x not in (0,) for x in ids):
-            raise ValueError(f"tokens {a}..{b - 1} carry branch ids {sorted(set(ids))} without a second branch (2)")
+            raise ValueError(
+                f"tokens {a}..{b - 1} carry branch ids {sorted(set(ids))} without a second branch (2)"
+            )
         return None
     n0, n1 = ids.count(0), ids.count(1)
     if n1 == 0 or ids != [0] * n0 + [1] * n1 + [2] * (len(ids) - n0 - n1):
-        raise ValueError(f"tokens {a}..{b - 1} branch out of order: a document holds its shared prefix (0), then its "
-                         f"first branch (1), then its second (2), each contiguous and both branches non-empty")
+        raise ValueError(
+            f"tokens {a}..{b - 1} branch out of order: a document holds its shared prefix (0), then its "
+            f"first branch (1), then its second (2), each contiguous and both branches non-empty"
+        )
     return range(a, a + n0), range(a + n0, a + n0 + n1), range(a + n0 + n1, b)
 
 
-def shared_layout(position_ids: torch.Tensor, branch: torch.Tensor, pad: int = 0) -> Optional[SharedLayout]:
+def shared_layout(
+    position_ids: torch.Tensor, branch: torch.Tensor, pad: int = 0
+) -> Optional[SharedLayout]:
     """The virtual sequence of a row `[L]` and `pad` tokens of SP padding after it (module doc): documents start where
     positions are 0, and the padding is one of its own. None where no document branches."""
     n, br = len(position_ids), branch.tolist() + [0] * pad
     s = n + pad
-    starts = sorted({0, *torch.nonzero(position_ids == 0).flatten().tolist(), *([n] if pad else [])}) + [s]
+    starts = sorted(
+        {0, *torch.nonzero(position_ids == 0).flatten().tolist(), *([n] if pad else [])}
+    ) + [s]
     gather, take, cu, branched = [], [0] * s, [0], False
     for a, b in zip(starts[:-1], starts[1:]):
         runs = _runs(br, a, b)
@@ -65,5 +73,9 @@ def shared_layout(position_ids: torch.Tensor, branch: torch.Tensor, pad: int = 0
     if not branched:
         return None
     cu_t = torch.tensor(cu, dtype=torch.int32)
-    return SharedLayout(torch.tensor(gather, dtype=torch.int64), torch.tensor(take, dtype=torch.int64), cu_t,
-                        int((cu_t[1:] - cu_t[:-1]).max()))
+    return SharedLayout(
+        torch.tensor(gather, dtype=torch.int64),
+        torch.tensor(take, dtype=torch.int64),
+        cu_t,
+        int((cu_t[1:] - cu_t[:-1]).max()),
+    )

@@ -52,23 +52,32 @@ class _SeqAllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _all_to_all(grad.contiguous(), ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+        return (
+            _all_to_all(grad.contiguous(), ctx.group, ctx.gather_dim, ctx.scatter_dim),
+            None,
+            None,
+            None,
+        )
 
 
 def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
     sp = dist.get_world_size(group)
     shape = list(x.shape)
     if shape[scatter_dim] % sp:
-        raise ValueError(f"dim {scatter_dim} of size {shape[scatter_dim]} is not divisible by sp={sp}")
+        raise ValueError(
+            f"dim {scatter_dim} of size {shape[scatter_dim]} is not divisible by sp={sp}"
+        )
     # [.., S, ..] -> [sp, .., S/sp, ..]: chunk j of the scatter dim leads, goes to rank j
-    chunks = x.reshape(shape[:scatter_dim] + [sp, shape[scatter_dim] // sp] + shape[scatter_dim + 1:])
+    chunks = x.reshape(
+        shape[:scatter_dim] + [sp, shape[scatter_dim] // sp] + shape[scatter_dim + 1 :]
+    )
     send = chunks.movedim(scatter_dim, 0).contiguous()
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     # recv[j] came from rank j: put it back in place of the gather dim, rank-major
     out = recv.movedim(0, gather_dim)  # [.., sp, G, ..] with G the old gather-dim size
     new_shape = list(out.shape)
-    new_shape[gather_dim:gather_dim + 2] = [new_shape[gather_dim] * new_shape[gather_dim + 1]]
+    new_shape[gather_dim : gather_dim + 2] = [new_shape[gather_dim] * new_shape[gather_dim + 1]]
     return out.reshape(new_shape)
 
 
@@ -101,19 +110,27 @@ class UlyssesAttention:
         self.kv_rep = sp // num_kv_heads if sp > num_kv_heads else 1
         self.cu_seqlens: Optional[torch.Tensor] = None
         self.max_seqlen: Optional[int] = None
-        self.shared: Optional[SharedLayout] = None  # documents that branch (parallel/shared_prefix.py), per batch
+        self.shared: Optional[SharedLayout] = (
+            None  # documents that branch (parallel/shared_prefix.py), per batch
+        )
         self.calls = 0
 
-    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    def __call__(
+        self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+    ):
         # query [b, h, s/sp, d]; key/value [b, hk, s/sp, d]; the mask is None (no mask function registered).
         self.calls += 1
         if dropout:
-            raise ValueError(f"attention dropout={dropout} is not supported; set attention_dropout=0.0")
+            raise ValueError(
+                f"attention dropout={dropout} is not supported; set attention_dropout=0.0"
+            )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         window, s = kwargs.get("sliding_window"), query.shape[2] * self.state.sp_size
         if window is not None and s > window:  # full causal equals the window only within it
-            raise ValueError(f"a sliding-window layer (window {window:,}) at sequence length {s:,}: this attention is "
-                             f"full causal; use seq_len <= {window:,}, or set sliding_window null in the model config")
+            raise ValueError(
+                f"a sliding-window layer (window {window:,}) at sequence length {s:,}: this attention is "
+                f"full causal; use seq_len <= {window:,}, or set sliding_window null in the model config"
+            )
         group = self.state.sp_group
         slot = _slot_lookup[0](module)  # this layer's kept output (set_slot_lookup), or None
         if group is None:  # sp_size == 1: no exchange
@@ -123,12 +140,11 @@ class UlyssesAttention:
             key = key.repeat_interleave(self.kv_rep, dim=1)
             value = value.repeat_interleave(self.kv_rep, dim=1)
         q = seq_to_head(query, group)  # [b, h, s/sp, d] -> [b, h/sp, s, d]
-        k = seq_to_head(key, group)    # [b, hk', s/sp, d] -> [b, hk'/sp, s, d]
+        k = seq_to_head(key, group)  # [b, hk', s/sp, d] -> [b, hk'/sp, s, d]
         v = seq_to_head(value, group)
         out = self._attend(q, k, v, scale, slot)  # [b, s, h/sp, d]
         out = head_to_seq(out, group)  # [b, s, h/sp, d] -> [b, s/sp, h, d]
         return out, None
-
 
     def _attend(self, q, k, v, scale, slot):
         """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents kept apart, a
@@ -138,7 +154,9 @@ class UlyssesAttention:
             return attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
         g = lay.gather.to(q.device)
         q, k, v = (t[:, :, g] for t in (q, k, v))  # [b, h', s, d] -> [b, h', s', d]
-        out = attention.attend(q, k, v, scale, lay.cu_seqlens, lay.max_seqlen, slot=slot)  # [b, s', h', d]
+        out = attention.attend(
+            q, k, v, scale, lay.cu_seqlens, lay.max_seqlen, slot=slot
+        )  # [b, s', h', d]
         return out[:, lay.take.to(out.device)]  # [b, s', h', d] -> [b, s, h', d]
 
 
@@ -173,7 +191,9 @@ def register(model, state: ParallelState) -> UlyssesAttention:
     cfg = model.config.get_text_config()
     fn = UlyssesAttention(state, cfg.num_attention_heads, cfg.num_key_value_heads)
     AttentionInterface.register(ATTN_IMPLEMENTATION, fn)
-    model._ds_longctx_prev_attn = model.config._attn_implementation  # on the module: config.json never holds it
+    model._ds_longctx_prev_attn = (
+        model.config._attn_implementation
+    )  # on the module: config.json never holds it
     _set_attn(model, ATTN_IMPLEMENTATION)
     _REGISTERED = fn
     return fn
@@ -208,21 +228,35 @@ def check_wrappable_class(model_cls, config) -> None:
     """Refuse, before any work, a model whose attention does not go through transformers' interface."""
     name = model_cls.__name__
     text_type = getattr(config.get_text_config(), "model_type", None)
-    if not (getattr(model_cls, "_supports_attention_backend", False) or text_type in kernel_rules.INTERFACE_UNFLAGGED):
-        raise ValueError(f"model {name} does not dispatch attention through transformers' AttentionInterface "
-                         f"(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that does "
-                         f"(Qwen3, Llama, Mistral, ...)")
+    if not (
+        getattr(model_cls, "_supports_attention_backend", False)
+        or text_type in kernel_rules.INTERFACE_UNFLAGGED
+    ):
+        raise ValueError(
+            f"model {name} does not dispatch attention through transformers' AttentionInterface "
+            f"(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that does "
+            f"(Qwen3, Llama, Mistral, ...)"
+        )
     cfg = config.get_text_config()
     kinds = set(kernel_rules.layer_types(cfg))
     if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
-        raise ValueError(f"model {name} has layer types {sorted(kinds)}; supported are full causal attention and "
-                         f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)}, and sliding-window layers "
-                         f"within their window (chunked layers are not); give full_attention for those layers")
+        raise ValueError(
+            f"model {name} has layer types {sorted(kinds)}; supported are full causal attention and "
+            f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)}, and sliding-window layers "
+            f"within their window (chunked layers are not); give full_attention for those layers"
+        )
     for key in ("num_attention_heads", "num_key_value_heads"):
         if not getattr(cfg, key, None):
             raise ValueError(f"model {name}'s config lacks {key}; Ulysses needs the head counts")
     if kernel_rules.LINEAR_ATTENTION in kinds:
-        for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+        for key in (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+        ):
             if not getattr(cfg, key, None):
-                raise ValueError(f"model {name}'s config lacks {key}; its linear-attention layers need it")
+                raise ValueError(
+                    f"model {name}'s config lacks {key}; its linear-attention layers need it"
+                )
         kernel_rules.check_linear_heads(*kernel_rules.linear_heads(cfg), f"model {name}")

@@ -13,32 +13,32 @@ COMMITTED = {
     "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --gpu h200 --host_mem_gb 256",
     "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --gpu h100 --host_mem_gb 512",
     "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --gpu h100 "
-                            "--host_mem_gb 560",
+    "--host_mem_gb 560",
     "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "
-                                   "256 --lora_rank 16",
+    "256 --lora_rank 16",
     "qwen3-30b-a3b_1m_8x80gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 "
-                               "--host_mem_gb 560",
+    "--host_mem_gb 560",
     "qwen3-30b-a3b_1m_8x80gb_1024gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 "
-                                      "--host_mem_gb 1024",
+    "--host_mem_gb 1024",
     "qwen3-30b-a3b_1m_8x141gb": "--model qwen3-30b-a3b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --gpu h200 "
-                                "--host_mem_gb 560",
+    "--host_mem_gb 560",
     "qwen3-30b-a3b_max_8x80gb": "--model qwen3-30b-a3b --find_max_len --gpus 8 --gpu_mem_gb 80 --gpu h100 "
-                                "--host_mem_gb 560",
+    "--host_mem_gb 560",
     "qwen3-30b-a3b_max_8x141gb": "--model qwen3-30b-a3b --find_max_len --gpus 8 --gpu_mem_gb 141 --gpu h200 "
-                                 "--host_mem_gb 560",
+    "--host_mem_gb 560",
     # Qwen3.5 (hybrid): the 4B at 1M tokens and its longest; the 27B does not fit 1M on one 8-GPU node (its plan's
     # refusal says what would), so its longest length
     "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb "
-                            "560",
+    "560",
     "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "
-                             "560",
+    "560",
     "qwen3.5-4b_max_8x80gb": "--model qwen3.5-4b --find_max_len --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb 560",
     "qwen3.5-4b_max_8x141gb": "--model qwen3.5-4b --find_max_len --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "
-                              "560",
+    "560",
     "qwen3.5-27b_max_8x80gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb "
-                              "560",
+    "560",
     "qwen3.5-27b_max_8x141gb": "--model qwen3.5-27b --find_max_len --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "
-                               "560",
+    "560",
 }
 
 

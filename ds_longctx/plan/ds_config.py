@@ -19,7 +19,12 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     """The DeepSpeed config for `cfg` on `world_size` ranks (bf16 on GPU, fp32 on CPU unless forced)."""
     dp = dp_size(world_size, cfg.parallel.sp_size)
     bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and on_gpu)
-    opt_params = {"lr": cfg.optimizer.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": cfg.optimizer.weight_decay}
+    opt_params = {
+        "lr": cfg.optimizer.lr,
+        "betas": [0.9, 0.95],
+        "eps": 1e-8,
+        "weight_decay": cfg.optimizer.weight_decay,
+    }
     if cfg.optimizer.torch_adam:
         opt_params["torch_adam"] = True
     ds = {
@@ -30,7 +35,10 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
         "gradient_clipping": cfg.optimizer.grad_clip,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "optimizer": {"type": "AdamW", "params": opt_params},  # the lr schedule: plan/lr_schedule.py, not a block
+        "optimizer": {
+            "type": "AdamW",
+            "params": opt_params,
+        },  # the lr schedule: plan/lr_schedule.py, not a block
         "bf16": {"enabled": bf16},
         "zero_optimization": {
             "stage": 3,
@@ -46,11 +54,16 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     }
     if cfg.optimizer.offload:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if cfg.optimizer.offload_ratio < 1:  # partial offload: DeepSpeed's first int((1-ratio)·n) sub-groups on GPU
+        if (
+            cfg.optimizer.offload_ratio < 1
+        ):  # partial offload: DeepSpeed's first int((1-ratio)·n) sub-groups on GPU
             ds["zero_optimization"]["offload_optimizer"]["ratio"] = cfg.optimizer.offload_ratio
             ds["zero_optimization"]["sub_group_size"] = offload_sub_group_elems(
-                ModelGeometry.from_name_or_path(cfg.model.name), world_size)
-        opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
+                ModelGeometry.from_name_or_path(cfg.model.name), world_size
+            )
+        opt_params.pop(
+            "torch_adam", None
+        )  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
     if cfg.optimizer.offload_params:
         # pin_memory false: zero.Init's per-parameter partitions stay unpinned (each pinned one would be a power-of-two
         # block of torch's host cache, held after the move); the stage-3 optimizer pins its one flat buffer anyway
@@ -58,7 +71,8 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
         ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(
-            requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu)
+            requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu
+        )
     return ds
 
 

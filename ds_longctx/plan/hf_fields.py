@@ -17,20 +17,38 @@ from ds_longctx.parallel import kernel_rules
 # transformers' config-class defaults for the keys a config.json may leave out, where they are not the planner's own
 # fallback (head_dim: hidden / heads; num_key_value_heads: heads)
 DEFAULTS = {
-    "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096},
+    "qwen3": {
+        "head_dim": 128,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+    },
     "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096},
     "llama": {"max_position_embeddings": 2048},
-    "mistral": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096},
-    "qwen3_moe": {"num_key_value_heads": 4, "max_position_embeddings": 32768, "sliding_window": 4096},
+    "mistral": {
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+    },
+    "qwen3_moe": {
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+    },
     "qwen3_5_text": {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 32768},
 }
 # the families whose config class turns a null into the fallback; for the others a null fails in transformers
-NULL_IS_FALLBACK = {"head_dim": ("llama", "mistral"), "num_key_value_heads": ("qwen3", "qwen2", "llama")}
+NULL_IS_FALLBACK = {
+    "head_dim": ("llama", "mistral"),
+    "num_key_value_heads": ("qwen3", "qwen2", "llama"),
+}
 # keys a config class renamed: {family: {the planner's name: the name transformers' `attribute_map` maps it to}};
 # a config.json may hold either (transformers 5.25's save_pretrained writes Qwen3-MoE's num_local_experts)
 RENAMED = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
-QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
+QWEN_MAX_WINDOW_LAYERS = (
+    28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
+)
 
 
 def field(cfg: dict, family: str, key: str, fallback, where: str):
@@ -41,14 +59,20 @@ def field(cfg: dict, family: str, key: str, fallback, where: str):
     if cfg[key] is None:
         if family in NULL_IS_FALLBACK.get(key, ()):
             return fallback
-        raise ValueError(f"{where}: {key} is null, which transformers' {family} config cannot build; give it as a "
-                         f"whole number >= 1, or leave the key out for its default (fix the config)")
+        raise ValueError(
+            f"{where}: {key} is null, which transformers' {family} config cannot build; give it as a "
+            f"whole number >= 1, or leave the key out for its default (fix the config)"
+        )
     return cfg[key]
 
 
 def with_old_names(cfg: dict, family: str) -> dict:
     """`cfg` with each renamed key of `family` (RENAMED) under the planner's name too, where only the new one is set."""
-    renamed = {old: cfg[new] for old, new in RENAMED.get(family, {}).items() if old not in cfg and new in cfg}
+    renamed = {
+        old: cfg[new]
+        for old, new in RENAMED.get(family, {}).items()
+        if old not in cfg and new in cfg
+    }
     return {**cfg, **renamed} if renamed else cfg
 
 
@@ -56,8 +80,10 @@ def flag(cfg: dict, key: str, where: str) -> bool:
     """A boolean key (absent or null: false); a string or number there is refused (transformers refuses it too)."""
     v = cfg.get(key)
     if v is not None and not isinstance(v, bool):
-        raise ValueError(f"{where}: {key} = {v!r} is not a JSON boolean; write true or false, unquoted (fix the "
-                         f"config)")
+        raise ValueError(
+            f"{where}: {key} = {v!r} is not a JSON boolean; write true or false, unquoted (fix the "
+            f"config)"
+        )
     return bool(v)
 
 
@@ -67,8 +93,10 @@ MAX_LAYERS = 10_000  # past any published model (~100 layers): the plan holds on
 def check_layer_count(layers: int, where: str) -> int:
     """`layers`, refused past MAX_LAYERS (the plan holds one entry per layer: memory grows with the count)."""
     if layers > MAX_LAYERS:
-        raise ValueError(f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
-                         f"the planner lays out (published ones have about 100); fix the config")
+        raise ValueError(
+            f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
+            f"the planner lays out (published ones have about 100); fix the config"
+        )
     return layers
 
 
@@ -76,10 +104,13 @@ def check_layer_types(cfg: dict, layers: int, where: str) -> None:
     """`layer_types`, where given, is a list of one name per layer (what the kinds may be: `sliding_window`, and
     plan/layer_types.HybridShape for a hybrid model)."""
     kinds = cfg.get("layer_types")
-    if kinds is not None and not (isinstance(kinds, list) and len(kinds) == layers
-                                  and all(isinstance(k, str) for k in kinds)):
-        raise ValueError(f"{where}: layer_types = {kinds!r:.80} is not a list of num_hidden_layers={layers} names, "
-                         f"one per layer (e.g. \"full_attention\"); fix the config")
+    if kinds is not None and not (
+        isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) for k in kinds)
+    ):
+        raise ValueError(
+            f"{where}: layer_types = {kinds!r:.80} is not a list of num_hidden_layers={layers} names, "
+            f'one per layer (e.g. "full_attention"); fix the config'
+        )
 
 
 def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[int]:
@@ -89,21 +120,31 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
     says up to where full causal attention trains it alike). Other layer kinds are refused."""
     use = flag(cfg, "use_sliding_window", where)
     kinds = set(kernel_rules.layer_types(cfg)) if cfg.get("layer_types") else set()
-    if family in ("qwen2", "qwen3") and use and not kinds:  # Qwen2Config / Qwen3Config's own layer_types
+    if (
+        family in ("qwen2", "qwen3") and use and not kinds
+    ):  # Qwen2Config / Qwen3Config's own layer_types
         start = cfg.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
         if isinstance(start, bool) or not isinstance(start, int):
-            raise ValueError(f"{where}: max_window_layers = {start!r} is not a whole number (fix the config)")
+            raise ValueError(
+                f"{where}: max_window_layers = {start!r} is not a whole number (fix the config)"
+            )
         kinds = {kernel_rules.SLIDING_ATTENTION} if layers > start else set()
     if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
-        raise ValueError(f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx runs "
-                         f"full causal attention (and gated DeltaNet) layers; give full_attention for every layer in "
-                         f"layer_types")
+        raise ValueError(
+            f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx runs "
+            f"full causal attention (and gated DeltaNet) layers; give full_attention for every layer in "
+            f"layer_types"
+        )
     sliding = kernel_rules.SLIDING_ATTENTION in kinds
     if not (sliding or family == "mistral" or (family == "qwen3_moe" and use)):
         return None
     window = cfg.get("sliding_window", DEFAULTS[family].get("sliding_window", 4096))
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the config)")
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise ValueError(
+            f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the config)"
+        )
     return window
 
 
@@ -114,14 +155,21 @@ def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> 
     if window is None or (seq_len is not None and seq_len <= window):
         return None
     at = f"past {window:,} tokens" if seq_len is None else f"at seq_len={seq_len:,} > {window:,}"
-    return (f"model {name} attends within a sliding window of {window:,} tokens in some or all layers (its config's "
-            f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), "
-            f"and ds_longctx's attention is full causal, the same only within the window: {at} it would train unlike "
-            f"its config. Set \"sliding_window\": null in its config.json to train it with full attention"
-            + ("" if seq_len is None else f", or use seq_len <= {window:,}"))
+    return (
+        f"model {name} attends within a sliding window of {window:,} tokens in some or all layers (its config's "
+        f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), "
+        f"and ds_longctx's attention is full causal, the same only within the window: {at} it would train unlike "
+        f'its config. Set "sliding_window": null in its config.json to train it with full attention'
+        + ("" if seq_len is None else f", or use seq_len <= {window:,}")
+    )
 
 
-SCALED_ROPES = ("linear", "dynamic", "yarn", "llama3")  # the rope types transformers scales by `factor`
+SCALED_ROPES = (
+    "linear",
+    "dynamic",
+    "yarn",
+    "llama3",
+)  # the rope types transformers scales by `factor`
 
 
 def rope_parameters(cfg: dict, where: str) -> dict:
@@ -130,15 +178,22 @@ def rope_parameters(cfg: dict, where: str) -> dict:
     original_max_position_embeddings, where given, a positive integer."""
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
-        raise ValueError(f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
-                         f"config.json gives it as {{\"rope_type\": ..., ...}} or null (fix the config)")
+        raise ValueError(
+            f"{where}: rope_parameters / rope_scaling = {rope!r} is not a JSON object; an HF "
+            f'config.json gives it as {{"rope_type": ..., ...}} or null (fix the config)'
+        )
     rope = dict(rope, rope_type=rope.get("rope_type") or rope.get("type") or "default")
     factor, orig = rope.get("factor"), rope.get("original_max_position_embeddings", 1)
-    if rope["rope_type"] in SCALED_ROPES and (isinstance(factor, bool) or not isinstance(factor, (int, float))
-                                              or not factor >= 1):
-        raise ValueError(f"{where}: rope_type {rope['rope_type']!r} with factor = {factor!r}: give its scaling "
-                         f"factor as a number >= 1 (e.g. \"factor\": 4.0), or drop the rope scaling (fix the config)")
+    if rope["rope_type"] in SCALED_ROPES and (
+        isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1
+    ):
+        raise ValueError(
+            f"{where}: rope_type {rope['rope_type']!r} with factor = {factor!r}: give its scaling "
+            f'factor as a number >= 1 (e.g. "factor": 4.0), or drop the rope scaling (fix the config)'
+        )
     if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
-        raise ValueError(f"{where}: rope original_max_position_embeddings = {orig!r} is not a positive integer (fix "
-                         f"the config)")
+        raise ValueError(
+            f"{where}: rope original_max_position_embeddings = {orig!r} is not a positive integer (fix "
+            f"the config)"
+        )
     return rope

@@ -31,21 +31,29 @@ GBS = 1e9  # bytes per second in one GB/s
 class Link:
     name: str
     gb_per_s: float  # per GPU, each way, what a collective achieves
-    source: str      # where the figure comes from
+    source: str  # where the figure comes from
 
 
 # NVLink 4 (H100 / H200 SXM over NVSwitch): 450 GB/s each way nominal; 327 GB/s is what all_to_all_single reached
 # between two H200s here (shared/KNOWN.md), used for both: the same NVLink generation.
 # InfiniBand: one NIC per GPU; 90% of the line rate (an assumption, not measured here).
 LINKS = {
-    "nvlink-h100": Link("nvlink-h100", 327.0, "NVLink 4: all_to_all measured on 2 x H200 (same NVLink generation)"),
+    "nvlink-h100": Link(
+        "nvlink-h100", 327.0, "NVLink 4: all_to_all measured on 2 x H200 (same NVLink generation)"
+    ),
     "nvlink-h200": Link("nvlink-h200", 327.0, "NVLink 4: all_to_all measured on 2 x H200"),
-    "ib-ndr400": Link("ib-ndr400", 45.0, "InfiniBand NDR 400 Gb/s per GPU at 90% of line rate (assumed)"),
-    "ib-hdr200": Link("ib-hdr200", 22.5, "InfiniBand HDR 200 Gb/s per GPU at 90% of line rate (assumed)"),
+    "ib-ndr400": Link(
+        "ib-ndr400", 45.0, "InfiniBand NDR 400 Gb/s per GPU at 90% of line rate (assumed)"
+    ),
+    "ib-hdr200": Link(
+        "ib-hdr200", 22.5, "InfiniBand HDR 200 Gb/s per GPU at 90% of line rate (assumed)"
+    ),
 }
 DEFAULT_INTERNODE = "ib-ndr400"
-OVERLAP = ("all-to-all serial (on the attention's critical path); ZeRO all-gather and reduce-scatter overlapped "
-           "with compute (only their excess over the compute adds); all-reduce and broadcast serial")
+OVERLAP = (
+    "all-to-all serial (on the attention's critical path); ZeRO all-gather and reduce-scatter overlapped "
+    "with compute (only their excess over the compute adds); all-reduce and broadcast serial"
+)
 
 
 def intra_link_for(gpu_mem_gb: float | None) -> str:
@@ -56,7 +64,9 @@ def intra_link_for(gpu_mem_gb: float | None) -> str:
 def link_from_gbps(name: str, gbps: float) -> Link:
     """A link given in Gbit/s on the command line (e.g. --link_gbps 3600 for 450 GB/s)."""
     if not 0 < gbps < float("inf"):
-        raise ValueError(f"{name} {gbps:g}: give the link's rate in Gbit/s per GPU each way, e.g. 400")
+        raise ValueError(
+            f"{name} {gbps:g}: give the link's rate in Gbit/s per GPU each way, e.g. 400"
+        )
     return Link(f"{gbps:g} Gbit/s", gbps / 8, f"{name} {gbps:g} (given)")
 
 
@@ -71,8 +81,9 @@ def sent_bytes(kind: str, payload: int, n: int) -> float:
     return float(payload)  # broadcast, barrier (0 bytes)
 
 
-def collective_seconds(kind: str, payload: int, ranks: tuple, rank: int, per_node: int, intra: Link,
-                       inter: Link) -> tuple[float, float]:
+def collective_seconds(
+    kind: str, payload: int, ranks: tuple, rank: int, per_node: int, intra: Link, inter: Link
+) -> tuple[float, float]:
     """(seconds, bytes sent to other nodes) of `payload` bytes of `kind` over the global `ranks`, seen by `rank`."""
     n = len(ranks)
     node = rank // per_node
@@ -90,21 +101,29 @@ def collective_seconds(kind: str, payload: int, ranks: tuple, rank: int, per_nod
 @dataclass(frozen=True)
 class Prediction:
     compute_seconds: float
-    comm_seconds: dict        # kind -> seconds over a step
-    cross_node_bytes: float   # bytes this rank sends to other nodes per step
-    seconds: float            # the predicted step, with OVERLAP
+    comm_seconds: dict  # kind -> seconds over a step
+    cross_node_bytes: float  # bytes this rank sends to other nodes per step
+    seconds: float  # the predicted step, with OVERLAP
     no_overlap_seconds: float
 
     def breakdown(self) -> str:
-        zero = self.comm_seconds.get("all_gather", 0.0) + self.comm_seconds.get("reduce_scatter", 0.0)
-        serial = sum(v for k, v in self.comm_seconds.items() if k not in ("all_gather", "reduce_scatter"))
+        zero = self.comm_seconds.get("all_gather", 0.0) + self.comm_seconds.get(
+            "reduce_scatter", 0.0
+        )
+        serial = sum(
+            v for k, v in self.comm_seconds.items() if k not in ("all_gather", "reduce_scatter")
+        )
         exposed = max(0.0, zero - self.compute_seconds)
-        return (f"{self.seconds:.1f} s = compute {self.compute_seconds:.1f} + all-to-all and small collectives "
-                f"{serial:.2f} (serial) + ZeRO all-gather/reduce-scatter {exposed:.2f} exposed of {zero:.2f} "
-                f"(overlapped); nothing overlapped: {self.no_overlap_seconds:.1f} s")
+        return (
+            f"{self.seconds:.1f} s = compute {self.compute_seconds:.1f} + all-to-all and small collectives "
+            f"{serial:.2f} (serial) + ZeRO all-gather/reduce-scatter {exposed:.2f} exposed of {zero:.2f} "
+            f"(overlapped); nothing overlapped: {self.no_overlap_seconds:.1f} s"
+        )
 
 
-def predict(compute_seconds: float, payloads: dict, rank: int, per_node: int, intra: Link, inter: Link) -> Prediction:
+def predict(
+    compute_seconds: float, payloads: dict, rank: int, per_node: int, intra: Link, inter: Link
+) -> Prediction:
     """The step time from the measured compute and the step's payloads {(kind, ranks): bytes}."""
     comm: dict = {}
     cross = 0.0

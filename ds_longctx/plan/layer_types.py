@@ -54,8 +54,10 @@ def text_config(cfg: dict) -> dict:
         return cfg
     text = cfg.get(key)
     if not isinstance(text, dict):
-        raise ValueError(f"a {cfg.get('model_type')} config.json carries its text model under {key!r}; this one has "
-                         f"none (fix the config)")
+        raise ValueError(
+            f"a {cfg.get('model_type')} config.json carries its text model under {key!r}; this one has "
+            f"none (fix the config)"
+        )
     return dict(text, model_type=text.get("model_type") or f"{cfg['model_type']}_text")
 
 
@@ -70,40 +72,63 @@ class HybridShape:
     linear_value_dim: int
     conv_kernel: int
     partial_rotary: float  # the share of the full layers' head_dim that rotary rotates
-    output_gate: bool = True  # the full layers' sigmoid gate on the attention output (q_proj 2·hq·d wide)
+    output_gate: bool = (
+        True  # the full layers' sigmoid gate on the attention output (q_proj 2·hq·d wide)
+    )
 
     @classmethod
     def from_config(cls, cfg: dict, layers: int, where: str) -> "HybridShape":
         """From a text config dict (transformers' Qwen3_5TextConfig defaults where a key is absent); a size that is
         not a positive integer is a ValueError naming `where` and the key."""
+
         def size(key: str, default: int) -> int:
             v = cfg.get(key, default)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{where}: {key} = {v!r} is not a positive integer; an HF config.json of a hybrid "
-                                 f"model gives it as a whole number >= 1 (fix the config)")
+                raise ValueError(
+                    f"{where}: {key} = {v!r} is not a positive integer; an HF config.json of a hybrid "
+                    f"model gives it as a whole number >= 1 (fix the config)"
+                )
             return v
 
-        kinds = kernel_rules.layer_types(cfg) if cfg.get("layer_types") else tuple(
-            LINEAR_ATTENTION if (i + 1) % size("full_attention_interval", 4) else FULL_ATTENTION
-            for i in range(layers))  # transformers' default: every full_attention_interval-th layer full
+        kinds = (
+            kernel_rules.layer_types(cfg)
+            if cfg.get("layer_types")
+            else tuple(
+                LINEAR_ATTENTION if (i + 1) % size("full_attention_interval", 4) else FULL_ATTENTION
+                for i in range(layers)
+            )
+        )  # transformers' default: every full_attention_interval-th layer full
         if len(kinds) != layers or not set(kinds) <= {FULL_ATTENTION, LINEAR_ATTENTION}:
-            raise ValueError(f"{where}: layer_types has {len(kinds)} entries of {sorted(set(kinds))} for "
-                             f"num_hidden_layers={layers}; give one of {list(kernel_rules.LAYER_KINDS)} per layer")
+            raise ValueError(
+                f"{where}: layer_types has {len(kinds)} entries of {sorted(set(kinds))} for "
+                f"num_hidden_layers={layers}; give one of {list(kernel_rules.LAYER_KINDS)} per layer"
+            )
         hk, hv = size("linear_num_key_heads", 16), size("linear_num_value_heads", 32)
         kernel_rules.check_linear_heads(hk, hv, where)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         prf = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
         if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 < prf <= 1:
-            raise ValueError(f"{where}: partial_rotary_factor = {prf!r} is not a number in (0, 1], the share of "
-                             f"head_dim that rotary rotates (Qwen3.5: 0.25; fix the config)")
-        return cls(layer_types=kinds, linear_key_heads=hk, linear_value_heads=hv,
-                   linear_key_dim=size("linear_key_head_dim", 128), linear_value_dim=size("linear_value_head_dim", 128),
-                   conv_kernel=size("linear_conv_kernel_dim", 4), partial_rotary=float(prf))
+            raise ValueError(
+                f"{where}: partial_rotary_factor = {prf!r} is not a number in (0, 1], the share of "
+                f"head_dim that rotary rotates (Qwen3.5: 0.25; fix the config)"
+            )
+        return cls(
+            layer_types=kinds,
+            linear_key_heads=hk,
+            linear_value_heads=hv,
+            linear_key_dim=size("linear_key_head_dim", 128),
+            linear_value_dim=size("linear_value_head_dim", 128),
+            conv_kernel=size("linear_conv_kernel_dim", 4),
+            partial_rotary=float(prf),
+        )
 
     @property
     def conv_dim(self) -> int:
         """c = 2·hk·dk + hv·dv: the q, k and v channels the depthwise conv1d runs over."""
-        return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
+        return (
+            2 * self.linear_key_heads * self.linear_key_dim
+            + self.linear_value_heads * self.linear_value_dim
+        )
 
     @property
     def value_width(self) -> int:
@@ -132,7 +157,17 @@ def mixer_numels(g, kind: str) -> list:
     if kind == FULL_ATTENTION:
         return [H * q * (2 if h.output_gate else 1), H * kv, H * kv, q * H, d, d]
     hv, c = h.linear_value_heads, h.conv_dim
-    return [hv, hv, c * h.conv_kernel, h.linear_value_dim, h.value_width * H, H * c, H * h.value_width, H * hv, H * hv]
+    return [
+        hv,
+        hv,
+        c * h.conv_kernel,
+        h.linear_value_dim,
+        h.value_width * H,
+        H * c,
+        H * h.value_width,
+        H * hv,
+        H * hv,
+    ]
 
 
 def layer_numels(g, kind: str) -> list:
@@ -146,8 +181,16 @@ def mixer_linears(g, kind: str) -> dict:
     h, H = g.hybrid, g.hidden
     if kind == FULL_ATTENTION:
         q, kv = g.heads * g.head_dim, g.kv_heads * g.head_dim
-        return {"self_attn.q_proj": (H, q * (2 if h.output_gate else 1)), "self_attn.k_proj": (H, kv),
-                "self_attn.v_proj": (H, kv), "self_attn.o_proj": (q, H)}
-    return {"linear_attn.in_proj_qkv": (H, h.conv_dim), "linear_attn.in_proj_z": (H, h.value_width),
-            "linear_attn.in_proj_b": (H, h.linear_value_heads), "linear_attn.in_proj_a": (H, h.linear_value_heads),
-            "linear_attn.out_proj": (h.value_width, H)}
+        return {
+            "self_attn.q_proj": (H, q * (2 if h.output_gate else 1)),
+            "self_attn.k_proj": (H, kv),
+            "self_attn.v_proj": (H, kv),
+            "self_attn.o_proj": (q, H),
+        }
+    return {
+        "linear_attn.in_proj_qkv": (H, h.conv_dim),
+        "linear_attn.in_proj_z": (H, h.value_width),
+        "linear_attn.in_proj_b": (H, h.linear_value_heads),
+        "linear_attn.in_proj_a": (H, h.linear_value_heads),
+        "linear_attn.out_proj": (h.value_width, H),
+    }

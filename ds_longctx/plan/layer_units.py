@@ -1,6 +1,6 @@
 """What one decoder layer's backward holds at its peak, in units of the layer's hidden states (E = T·H·2) or of its
 projections' outputs, per way of running it (eager HF ops, compiled token-wise ops, the tiled layer, an offloaded
-layer restored from our pool): each count with what it is made of. plan/memory_terms.py multiplies them into its
+layer restored from our pool): each count with what it is made of. plan/layer_terms.py multiplies them into its
 layer-phase terms.
 """
 

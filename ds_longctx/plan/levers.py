@@ -1,7 +1,7 @@
 """The memory levers a plan is made of, and the one mapping between them and the run config.
 
-    lv = Levers.from_run_config(cfg, placement)      # what plan_memory reads
-    RunConfig(**lv.run_config_fields(), ...)         # what `ds-longctx plan` writes into run.yaml
+lv = Levers.from_run_config(cfg, placement)      # what plan_memory reads
+RunConfig(**lv.run_config_fields(), ...)         # what `ds-longctx plan` writes into run.yaml
 """
 
 from __future__ import annotations
@@ -31,63 +31,109 @@ class Levers:
     chunked_loss: bool = True
     loss_chunk_rows: int = 4096
     tiled_mlp: bool = False
-    tiled_layer: bool = False  # the whole layer's token-wise work in tiles (levers/tiled_layer.py; the MLP's too)
+    tiled_layer: bool = (
+        False  # the whole layer's token-wise work in tiles (levers/tiled_layer.py; the MLP's too)
+    )
     tile_tokens: Optional[int] = None
     offload_layers: int = 0
     optimizer_offload: bool = False
-    optimizer_offload_ratio: float = 1.0  # with optimizer_offload: the host's share (DeepSpeed partial offload)
-    offload_params: bool = False  # the bf16 parameter partitions in host memory (DeepSpeed offload_param)
+    optimizer_offload_ratio: float = (
+        1.0  # with optimizer_offload: the host's share (DeepSpeed partial offload)
+    )
+    offload_params: bool = (
+        False  # the bf16 parameter partitions in host memory (DeepSpeed offload_param)
+    )
     attention_cache_layers: int = 0
     placement: Optional[PlacementPlan] = None
-    pinned_pool: bool = False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
+    pinned_pool: bool = (
+        False  # offloaded checkpoints in our exact-size pool (no power-of-two rounding)
+    )
     lora_rank: int = 0
     lora_targets: Union[str, tuple] = DEFAULT_TARGETS
-    fused_ops: str = "auto"  # the run config's kernels.fused_ops; a plan is for a GPU, where auto is compile
-    attn_bwd_head_groups: int = 1  # the attention backward over this many KV-head groups (parallel/attention.py)
-    partial_offload: bool = True  # the search may put a share of the optimizer on the host (False: the user fixed it)
+    fused_ops: str = (
+        "auto"  # the run config's kernels.fused_ops; a plan is for a GPU, where auto is compile
+    )
+    attn_bwd_head_groups: int = (
+        1  # the attention backward over this many KV-head groups (parallel/attention.py)
+    )
+    partial_offload: bool = (
+        True  # the search may put a share of the optimizer on the host (False: the user fixed it)
+    )
 
     def __post_init__(self):
         if self.fused_ops not in FUSED_OPS:
-            raise ValueError(f"Levers: fused_ops={self.fused_ops!r} is not one of {', '.join(FUSED_OPS)}")
+            raise ValueError(
+                f"Levers: fused_ops={self.fused_ops!r} is not one of {', '.join(FUSED_OPS)}"
+            )
         if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
-            raise ValueError(f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
-                             f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both")
+            raise ValueError(
+                f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
+                f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both"
+            )
 
-    def placement_for(self, num_layers: int, attention_layers: Optional[tuple] = None) -> PlacementPlan:
+    def placement_for(
+        self, num_layers: int, attention_layers: Optional[tuple] = None
+    ) -> PlacementPlan:
         """The per-layer plan these levers mean for a model of `num_layers` layers (`attention_layers`: which are
         full attention, where a cache can go; None: all)."""
         if self.placement is not None:
             if len(self.placement) != num_layers:
-                raise ValueError(f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
-                                 f"{num_layers} layers")
+                raise ValueError(
+                    f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
+                    f"{num_layers} layers"
+                )
             check_cacheable(self.placement, attention_layers)
             return self.placement
-        return resolve_placement(self.offload_layers, self.attention_cache_layers, True, None, num_layers,
-                                 cacheable=attention_layers)
+        return resolve_placement(
+            self.offload_layers,
+            self.attention_cache_layers,
+            True,
+            None,
+            num_layers,
+            cacheable=attention_layers,
+        )
 
     @classmethod
     def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
         """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
         the model (run/placement_plan.run_placement), is passed in: counts stay 0 here, the plan says it all."""
         mem, targets = cfg.memory, cfg.lora.target_modules
-        return cls(chunked_loss=mem.chunked_loss, loss_chunk_rows=mem.loss_chunk_rows, tiled_mlp=mem.tiled_mlp,
-                   tiled_layer=mem.tiled_layer, tile_tokens=mem.tile_tokens, optimizer_offload=cfg.optimizer.offload,
-                   optimizer_offload_ratio=cfg.optimizer.offload_ratio, placement=placement,
-                   offload_params=cfg.optimizer.offload_params,
-                   pinned_pool=mem.pinned_pool, fused_ops=cfg.kernels.fused_ops,
-                   attn_bwd_head_groups=mem.attn_bwd_head_groups,
-                   lora_rank=cfg.lora.rank, lora_targets=targets if isinstance(targets, str) else tuple(targets))
+        return cls(
+            chunked_loss=mem.chunked_loss,
+            loss_chunk_rows=mem.loss_chunk_rows,
+            tiled_mlp=mem.tiled_mlp,
+            tiled_layer=mem.tiled_layer,
+            tile_tokens=mem.tile_tokens,
+            optimizer_offload=cfg.optimizer.offload,
+            optimizer_offload_ratio=cfg.optimizer.offload_ratio,
+            placement=placement,
+            offload_params=cfg.optimizer.offload_params,
+            pinned_pool=mem.pinned_pool,
+            fused_ops=cfg.kernels.fused_ops,
+            attn_bwd_head_groups=mem.attn_bwd_head_groups,
+            lora_rank=cfg.lora.rank,
+            lora_targets=targets if isinstance(targets, str) else tuple(targets),
+        )
 
     def run_config_fields(self) -> dict:
         """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
         counts' (first offloaded, last cached), else the explicit per-layer placement."""
-        out = {"chunked_loss": self.chunked_loss, "loss_chunk_rows": self.loss_chunk_rows,
-               "tiled_mlp": self.tiled_mlp, "tiled_layer": self.tiled_layer, "tile_tokens": self.tile_tokens,
-               "optimizer_offload": self.optimizer_offload, "activation_checkpointing": True,
-               "optimizer_offload_ratio": self.optimizer_offload_ratio if self.optimizer_offload else 1.0,
-               "pinned_pool": self.pinned_pool,
-               "torch_adam": not self.optimizer_offload,  # offloaded Adam is DeepSpeedCPUAdam
-               "lora_rank": self.lora_rank, "lora_target_modules": self.lora_targets}
+        out = {
+            "chunked_loss": self.chunked_loss,
+            "loss_chunk_rows": self.loss_chunk_rows,
+            "tiled_mlp": self.tiled_mlp,
+            "tiled_layer": self.tiled_layer,
+            "tile_tokens": self.tile_tokens,
+            "optimizer_offload": self.optimizer_offload,
+            "activation_checkpointing": True,
+            "optimizer_offload_ratio": self.optimizer_offload_ratio
+            if self.optimizer_offload
+            else 1.0,
+            "pinned_pool": self.pinned_pool,
+            "torch_adam": not self.optimizer_offload,  # offloaded Adam is DeepSpeedCPUAdam
+            "lora_rank": self.lora_rank,
+            "lora_target_modules": self.lora_targets,
+        }
         if self.fused_ops != "auto":
             out["fused_ops"] = self.fused_ops
         if self.offload_params:
@@ -97,5 +143,8 @@ class Levers:
         if self.placement is not None:
             out["placement"] = self.placement.spec()
         else:
-            out.update(offload_layers=self.offload_layers, attention_cache_layers=self.attention_cache_layers)
+            out.update(
+                offload_layers=self.offload_layers,
+                attention_cache_layers=self.attention_cache_layers,
+            )
         return out

@@ -1,5 +1,5 @@
 """A hybrid model's gated DeltaNet layers in the memory plan: what the top linear layer's backward holds beyond the
-terms every layer shares (plan/memory_terms.py), in two phases of its own.
+terms every layer shares (plan/layer_terms.py), in two phases of its own.
 
     lin_mlp_bwd   the top linear layer recomputed, its MLP backward running: the mixer's saved tensors live
     lin_norm_bwd  its post-attention norm's eager backward, between the two: the same saved tensors, the norms' units
@@ -8,7 +8,7 @@ terms every layer shares (plan/memory_terms.py), in two phases of its own.
 Legend (plan/planner.py's, and): hk' / hv' the key / value heads each rank mixes after the exchange (hk/sp or 1
 replicated, hv/sp), dk / dv their dims, c = 2·hk·dk + hv·dv the conv channels, c' = 2·hk'·dk + hv'·dv this rank's.
 The shared terms (the layer's grads, its norms' hidden-size tensors, the MLP's) are counted for these phases by
-memory_terms (`layer_phases`); the full-attention layers keep their own (qkv_a2a, the kernel's LSE, ...).
+layer_terms (`Sizes.layer_phases`); the full-attention layers keep their own (qkv_a2a, the kernel's LSE, ...).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 6
 # The bench's peak also holds its output and the grad it feeds back (bf16, dv = 128 each): in a layer the output is
 # not kept (the gated norm saves its fp32 copy: lin_norm_saved) and its grad is lin_grads_local's, so not counted here
 BENCH_OUTPUT_AND_GRAD_BYTES = 2 * 128 * 2
-GATED_DELTA_BYTES_PER_TOKEN_HEAD = GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS - BENCH_OUTPUT_AND_GRAD_BYTES
+GATED_DELTA_BYTES_PER_TOKEN_HEAD = (
+    GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS - BENCH_OUTPUT_AND_GRAD_BYTES
+)
 # What the mixer saves for its backward, per token and value head / per element of [T, hv·dv]:
 # FLA keeps the chunk's WY matrix A [s, hv, 64] in k's dtype (solve_tril's output, bf16); HF's gated RMSNorm its fp32
 # input, gate and silu(gate) (4 each), the bf16 normed copy and its weight product (2 each), and out_proj its bf16
@@ -40,19 +42,51 @@ def linear_terms(t: Terms, z: Sizes) -> None:
     hk_l, hv_l = local_linear_heads(h.linear_heads, z.sp)
     dk, dv, hv = h.linear_key_dim, h.linear_value_dim, h.linear_value_heads
     c_l = 2 * hk_l * dk + hv_l * dv
-    t.add("lin_conv_in", S * c_l * 2, 0, "S·c'·2 (the exchanged q/k/v: the conv1d's saved input)", LIN)
+    t.add(
+        "lin_conv_in", S * c_l * 2, 0, "S·c'·2 (the exchanged q/k/v: the conv1d's saved input)", LIN
+    )
     saved = (LIN_MLP, LIN_NORM)  # until the mixer's own backward
-    t.add("lin_rule_saved", S * (c_l * 2 + hv_l * (4 + 2 + WY_BYTES_PER_TOKEN_HEAD)), 0,
-          f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)", saved)
-    t.add("lin_norm_saved", T * hv * dv * NORM_SAVED_BYTES, 0, f"T·hv·dv·{NORM_SAVED_BYTES} (gated RMSNorm, out_proj)",
-          saved)
-    t.add("hidden_norm_bwd", LIN_NORM_BWD_UNITS * z.E, 0, f"{LIN_NORM_BWD_UNITS}·T·H·2 (the norms' eager units: "
-          "plan/layer_units.py)", (LIN_NORM,))
-    t.add("lin_gates", T * hv * (4 + 2) * 2, 0, "T·hv·(4+2)·2 (g fp32 and beta on the slice, and their grads)", LIN)
-    t.add("lin_rule_bwd", round(S * hv_l * GATED_DELTA_BYTES_PER_TOKEN_HEAD), 0,
-          f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
-          (LIN_MIX,))
+    t.add(
+        "lin_rule_saved",
+        S * (c_l * 2 + hv_l * (4 + 2 + WY_BYTES_PER_TOKEN_HEAD)),
+        0,
+        f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)",
+        saved,
+    )
+    t.add(
+        "lin_norm_saved",
+        T * hv * dv * NORM_SAVED_BYTES,
+        0,
+        f"T·hv·dv·{NORM_SAVED_BYTES} (gated RMSNorm, out_proj)",
+        saved,
+    )
+    t.add(
+        "hidden_norm_bwd",
+        LIN_NORM_BWD_UNITS * z.E,
+        0,
+        f"{LIN_NORM_BWD_UNITS}·T·H·2 (the norms' eager units: plan/layer_units.py)",
+        (LIN_NORM,),
+    )
+    t.add(
+        "lin_gates",
+        T * hv * (4 + 2) * 2,
+        0,
+        "T·hv·(4+2)·2 (g fp32 and beta on the slice, and their grads)",
+        LIN,
+    )
+    t.add(
+        "lin_rule_bwd",
+        round(S * hv_l * GATED_DELTA_BYTES_PER_TOKEN_HEAD),
+        0,
+        f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
+        (LIN_MIX,),
+    )
     # beside the kernel: the grads of its output and of z (bf16); the conv's input grad and its exchange back come
     # after the kernel has freed its buffers, and are smaller
-    t.add("lin_grads_local", T * hv * dv * 4, 0, "T·hv·dv·4 (the rule output's and z's grads, beside the kernel)",
-          (LIN_MIX,))
+    t.add(
+        "lin_grads_local",
+        T * hv * dv * 4,
+        0,
+        "T·hv·dv·4 (the rule output's and z's grads, beside the kernel)",
+        (LIN_MIX,),
+    )

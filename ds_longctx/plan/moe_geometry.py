@@ -20,10 +20,20 @@ from ds_longctx.plan.hf_fields import check_layer_count, with_old_names
 
 MOE_FAMILIES = ("qwen3_moe",)
 # the keys HF configs use for an expert count (a config that names one, with a value, is a mixture of experts)
-EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+EXPERT_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+)
 # transformers' Qwen3MoeConfig defaults for the keys a config.json may leave out
-QWEN3_MOE_DEFAULTS = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False,
-                      "router_aux_loss_coef": 0.001}
+QWEN3_MOE_DEFAULTS = {
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": False,
+    "router_aux_loss_coef": 0.001,
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,10 @@ def _int(cfg: dict, key: str, where: str, default=None) -> int:
     v = cfg.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         state = "is missing" if v is None else f"= {v!r} is not a positive integer"
-        raise ValueError(f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole number "
-                         f">= 1 (fix the config)")
+        raise ValueError(
+            f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole number "
+            f">= 1 (fix the config)"
+        )
     return v
 
 
@@ -82,30 +94,50 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
         if named is None:
             return None
         dense = f" and the dense families {list(dense_families)}" if dense_families else ""
-        raise ValueError(f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
-                         f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
-                         f"one of those")
+        raise ValueError(
+            f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
+            f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
+            f"one of those"
+        )
     cfg = with_old_names(cfg, mtype)  # num_local_experts, as transformers 5.25 writes num_experts
     layers = check_layer_count(_int(cfg, "num_hidden_layers", where), where)
     experts = _int(cfg, "num_experts", where)
     top_k = _int(cfg, "num_experts_per_tok", where)
     if top_k > experts:
-        raise ValueError(f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is routed "
-                         f"to at most every expert (fix the config)")
+        raise ValueError(
+            f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is routed "
+            f"to at most every expert (fix the config)"
+        )
     step = _int(cfg, "decoder_sparse_step", where, QWEN3_MOE_DEFAULTS["decoder_sparse_step"])
     only = cfg.get("mlp_only_layers", QWEN3_MOE_DEFAULTS["mlp_only_layers"]) or []
-    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
-        raise ValueError(f"{where}: mlp_only_layers = {only!r} is not a list of layer indices (fix the config)")
+    if not isinstance(only, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in only
+    ):
+        raise ValueError(
+            f"{where}: mlp_only_layers = {only!r} is not a list of layer indices (fix the config)"
+        )
     coef = cfg.get("router_aux_loss_coef", QWEN3_MOE_DEFAULTS["router_aux_loss_coef"])
     if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
-        raise ValueError(f"{where}: router_aux_loss_coef = {coef!r} is not a number >= 0 (fix the config)")
-    return MoeShape(experts=experts, top_k=top_k, expert_intermediate=_int(cfg, "moe_intermediate_size", where),
-                    sparse_layers=sparse_layers(layers, step, only),
-                    norm_topk_prob=bool(cfg.get("norm_topk_prob", QWEN3_MOE_DEFAULTS["norm_topk_prob"])),
-                    router_aux_loss_coef=float(coef))
+        raise ValueError(
+            f"{where}: router_aux_loss_coef = {coef!r} is not a number >= 0 (fix the config)"
+        )
+    return MoeShape(
+        experts=experts,
+        top_k=top_k,
+        expert_intermediate=_int(cfg, "moe_intermediate_size", where),
+        sparse_layers=sparse_layers(layers, step, only),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", QWEN3_MOE_DEFAULTS["norm_topk_prob"])),
+        router_aux_loss_coef=float(coef),
+    )
 
 
-EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj", "experts", "gate")  # what a sparse layer's MLP targets would name
+EXPERT_PARTS = (
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "experts",
+    "gate",
+)  # what a sparse layer's MLP targets would name
 
 
 def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]:
@@ -118,6 +150,8 @@ def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]
     named = [t for t in targets if t.rpartition(".")[2] in EXPERT_PARTS]
     if not named:
         return None
-    return (f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA adapters here (the "
-            f"experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves the experts and "
-            f"the router frozen: use --lora_target_modules q_proj,k_proj,v_proj,o_proj (or all-linear)")
+    return (
+        f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA adapters here (the "
+        f"experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves the experts and "
+        f"the router frozen: use --lora_target_modules q_proj,k_proj,v_proj,o_proj (or all-linear)"
+    )

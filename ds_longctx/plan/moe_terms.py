@@ -1,4 +1,4 @@
-"""A mixture of experts' memory terms: what the top layer's sparse block holds in its backward (plan/memory_terms.py's
+"""A mixture of experts' memory terms: what the top layer's sparse block holds in its backward (plan/layer_terms.py's
 mlp terms for a dense layer), whole or in tiles (levers/moe.py). The rest of an MoE step is a dense one's with the
 MoE layer's parameter count (plan/geometry.py: `gathered_layers` holds all E experts of each live layer, ZeRO-3
 gathers them as any parameter; `layer_grads_bf16` their gradients).
@@ -30,7 +30,9 @@ MOE_MEASURED_SECONDS = 2.42
 MOE_MEASURED_ATTENTION_SECONDS = 0.87
 MOE_TOKENWISE_FLOPS = 131e12
 ROUTER_ROW_BYTES = 8  # + 6·E: the counted flag (fp32) and the top-k sum
-DISPATCH_INDEX_BYTES = 38  # per row and expert: the sort, gather and top-k indices (int64) and weights
+DISPATCH_INDEX_BYTES = (
+    38  # per row and expert: the sort, gather and top-k indices (int64) and weights
+)
 
 
 def top_layer_sparse(g: ModelGeometry) -> bool:
@@ -54,8 +56,10 @@ def tiled_moe_seconds(g: ModelGeometry, tokens: int) -> float:
 def moe_lever_problem(g: ModelGeometry, lv: Levers) -> str | None:
     """Why these levers cannot run this mixture of experts (None: they can): the tiled layer tiles gated MLPs only."""
     if g.moe is not None and lv.tiled_layer:
-        return (f"tiled_layer: {g.name} is a mixture of experts; the tiled layer tiles gated MLPs only. Use tiled_mlp "
-                f"(it tiles the sparse block: router, experts and combine per tile) and set tiled_layer: false")
+        return (
+            f"tiled_layer: {g.name} is a mixture of experts; the tiled layer tiles gated MLPs only. Use tiled_mlp "
+            f"(it tiles the sparse block: router, experts and combine per tile) and set tiled_layer: false"
+        )
     return None
 
 
@@ -63,8 +67,12 @@ def block_bytes(g: ModelGeometry, rows: int) -> tuple:
     """(router, dispatch, experts, backward grads) bytes of one sparse block over `rows` rows (module doc)."""
     m, H = g.moe, g.hidden
     E, k, width = m.experts, m.top_k, m.expert_intermediate
-    return (rows * (6 * E + ROUTER_ROW_BYTES), rows * k * (2 * H + DISPATCH_INDEX_BYTES),
-            rows * k * (2 * H + 8 * width), 6 * rows * k * H)
+    return (
+        rows * (6 * E + ROUTER_ROW_BYTES),
+        rows * k * (2 * H + DISPATCH_INDEX_BYTES),
+        rows * k * (2 * H + 8 * width),
+        6 * rows * k * H,
+    )
 
 
 def moe_terms(t, z, lv: Levers) -> None:
@@ -73,17 +81,31 @@ def moe_terms(t, z, lv: Levers) -> None:
     g, T = z.g, z.T
     m = g.moe
     E, k = m.experts, m.top_k
-    t.add("moe_router_stats", (2 * E + 1) * 8 + E * 4, 0, "(2·E+1)·8 + E·4 (C, P, R in fp64; the gradient row)")
+    t.add(
+        "moe_router_stats",
+        (2 * E + 1) * 8 + E * 4,
+        0,
+        "(2·E+1)·8 + E·4 (C, P, R in fp64; the gradient row)",
+    )
     if lv.tiled_mlp:
         tile = min(lv.tile_tokens or g.hidden, T)
         router, dispatch, experts, grads = block_bytes(g, tile)
-        t.add("moe_tile", router + dispatch + experts + grads, 0,
-              f"t·(6·E+8 + k·(4·H+8·I+38)) + 6·t·k·H (t={tile}, one tile's router, dispatch, experts and grads)",
-              ("mlp_bwd",))
+        t.add(
+            "moe_tile",
+            router + dispatch + experts + grads,
+            0,
+            f"t·(6·E+8 + k·(4·H+8·I+38)) + 6·t·k·H (t={tile}, one tile's router, dispatch, experts and grads)",
+            ("mlp_bwd",),
+        )
         t.add("moe_tile_hidden", 2 * tile * g.hidden * 2, 0, f"2·t·H·2 (t={tile})", ("mlp_bwd",))
-        block = (z.A_mlp if z.lora else m.block_params(g.hidden))
-        t.add("moe_tile_wgrad", 6 * block * (T > tile), 0, "(4+2)·P_block if T > t (fp32 sums + a tile's bf16 grad; "
-              f"P_block={block:,})", ("mlp_bwd",))
+        block = z.A_mlp if z.lora else m.block_params(g.hidden)
+        t.add(
+            "moe_tile_wgrad",
+            6 * block * (T > tile),
+            0,
+            f"(4+2)·P_block if T > t (fp32 sums + a tile's bf16 grad; P_block={block:,})",
+            ("mlp_bwd",),
+        )
         return
     router, dispatch, experts, grads = block_bytes(g, T)
     t.add("moe_router", router, 0, "T·(6·E+8)", ("mlp_bwd",))

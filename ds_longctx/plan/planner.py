@@ -24,8 +24,8 @@ The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live wh
 model's top layer is full attention; its top linear layer is counted in phases of its own).
 Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak = max(Σ step host terms,
 Σ build host terms) over one node (its G ranks: every node holds the same). The terms, one builder per part of the
-step, are plan/memory_terms.py's; each prints its formula in `MemoryPlan.table()`. GB below means 10⁹ bytes (an
-"80 GB" card passed as 80 is conservative: H100 has 85.0e9).
+step, are plan/memory_terms.py's and plan/layer_terms.py's; each prints its formula in `MemoryPlan.table()`. GB
+below means 10⁹ bytes (an "80 GB" card passed as 80 is conservative: H100 has 85.0e9).
 
 Usage (which levers to pull for a length is `plan.search.choose`):
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
@@ -43,6 +43,7 @@ from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import kernel_rules, parallel_state
 from ds_longctx.plan.geometry import ModelGeometry, as_geometry
+from ds_longctx.plan.layer_terms import attention_terms, mlp_terms
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.linear_terms import linear_terms
 from ds_longctx.plan.memory_terms import (  # noqa: F401
@@ -54,11 +55,9 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     Term,
     Terms,
     adapters,
-    attention_terms,
     checkpoint_terms,
     embed_loss_terms,
     host_terms,
-    mlp_terms,
     sizes,
     zero3_terms,
 )
@@ -126,54 +125,80 @@ class MemoryPlan:
 
     def over_budget(self, gpu_budget_bytes: float, host_budget_bytes: float) -> str:
         """What a refusal says bounds it: `, over the budget (host 174.0 > 115.2 GB)`, or "" within both."""
-        over = [f"{what} {need / GB:.1f} > {budget / GB:.1f} GB" for what, need, budget in (
-            ("GPU", self.gpu_peak_bytes, gpu_budget_bytes), ("host", self.host_peak_bytes, host_budget_bytes))
-            if need > budget]
+        over = [
+            f"{what} {need / GB:.1f} > {budget / GB:.1f} GB"
+            for what, need, budget in (
+                ("GPU", self.gpu_peak_bytes, gpu_budget_bytes),
+                ("host", self.host_peak_bytes, host_budget_bytes),
+            )
+            if need > budget
+        ]
         return f", over the budget ({', '.join(over)})" if over else ""
 
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
         lv = self.levers
         # the phase column: 17 wide (a dense model's), wider for a hybrid model's longer phase lists
-        pw = 17 if self.geom.hybrid is None else 2 + max(len(",".join(t.phases)) for t in self.terms)
-        where = (f"gpus={self.gpus}" if self.nodes == 1 else
-                 f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}")
-        rows = [f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
-                f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
-                f"tiled_mlp={lv.tiled_mlp}{' tiled_layer=True' if lv.tiled_layer else ''} "
-                f"tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
-                + (f" (ratio {lv.optimizer_offload_ratio})" if lv.optimizer_offload and lv.optimizer_offload_ratio < 1
-                   else "")
-                + (" offload_params=True" if lv.offload_params else "")
-                + (f" attn_bwd_head_groups={lv.attn_bwd_head_groups}" if lv.attn_bwd_head_groups > 1 else "")
-                + (f" fused_ops={lv.fused_ops}" if lv.fused_ops != "auto" else "")
-                + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
-                f"placement: {self.placement.describe()}",
-                f"{'term':<26}{'phase':<{pw}}{'GB/GPU':>9}{'GB host':>10}  formula"
-                + ("" if self.nodes == 1 else "  (GB host: per node)")]
+        pw = (
+            17 if self.geom.hybrid is None else 2 + max(len(",".join(t.phases)) for t in self.terms)
+        )
+        where = (
+            f"gpus={self.gpus}"
+            if self.nodes == 1
+            else f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}"
+        )
+        rows = [
+            f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
+            f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
+            f"tiled_mlp={lv.tiled_mlp}{' tiled_layer=True' if lv.tiled_layer else ''} "
+            f"tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
+            + (
+                f" (ratio {lv.optimizer_offload_ratio})"
+                if lv.optimizer_offload and lv.optimizer_offload_ratio < 1
+                else ""
+            )
+            + (" offload_params=True" if lv.offload_params else "")
+            + (
+                f" attn_bwd_head_groups={lv.attn_bwd_head_groups}"
+                if lv.attn_bwd_head_groups > 1
+                else ""
+            )
+            + (f" fused_ops={lv.fused_ops}" if lv.fused_ops != "auto" else "")
+            + (f" lora_rank={lv.lora_rank}" if lv.lora_rank else ""),
+            f"placement: {self.placement.describe()}",
+            f"{'term':<26}{'phase':<{pw}}{'GB/GPU':>9}{'GB host':>10}  formula"
+            + ("" if self.nodes == 1 else "  (GB host: per node)"),
+        ]
         for t in self.terms:
-            rows.append(f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}"
-                        f"  {t.formula}")  # the space: a GPU figure past 9 digits stays apart from the host one
+            rows.append(
+                f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}"
+                f"  {t.formula}"
+            )  # the space: a GPU figure past 9 digits stays apart from the host one
         phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
         rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
-        rows.append(f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f} "
-                    f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context")
+        rows.append(
+            f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f} "
+            f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context"
+        )
         return "\n".join(rows)
 
 
 def check_headroom(headroom: float) -> None:
     """Refuse a headroom outside (0, MAX_HEADROOM] (the safety rule above), naming the value and the fix."""
     if not 0 < headroom <= MAX_HEADROOM:
-        raise ValueError(f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above {MAX_HEADROOM:g} of "
-                         f"the budget could run past it (the planner's worst under-prediction of a measured peak: "
-                         f"docs/calibration.md#max-headroom); use {MAX_HEADROOM:g} or less")
+        raise ValueError(
+            f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above {MAX_HEADROOM:g} of "
+            f"the budget could run past it (the planner's worst under-prediction of a measured peak: "
+            f"docs/calibration.md#max-headroom); use {MAX_HEADROOM:g} or less"
+        )
 
 
 def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
     """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
     is parallel_state.sp_size_problem's)."""
-    return parallel_state.valid_sp_sizes(nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus,
-                                         linear_heads=geom.linear_heads)
+    return parallel_state.valid_sp_sizes(
+        nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus, linear_heads=geom.linear_heads
+    )
 
 
 def _host_bytes(terms, phases: tuple) -> int:
@@ -191,8 +216,9 @@ def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
 SAVED_BYTES_PER_TRAINED_PARAM = 12
 
 
-def disk_checkpoint_bytes(geom: ModelGeometry, lora_rank: int = 0, lora_targets=DEFAULT_TARGETS,
-                          dtype_bytes: int = 2) -> int:
+def disk_checkpoint_bytes(
+    geom: ModelGeometry, lora_rank: int = 0, lora_targets=DEFAULT_TARGETS, dtype_bytes: int = 2
+) -> int:
     """Bytes on disk of one saved checkpoint (checkpoint/save.save: every rank's files): 12·P (full fine-tuning), or
     12·A + dtype_bytes·P under LoRA (the frozen base is saved too, in the training dtype). Qwen3-8B: 98 GB."""
     A = adapters(geom, lora_rank, lora_targets)[0]
@@ -201,13 +227,21 @@ def disk_checkpoint_bytes(geom: ModelGeometry, lora_rank: int = 0, lora_targets=
     return SAVED_BYTES_PER_TRAINED_PARAM * A + dtype_bytes * geom.num_params
 
 
-
-
-def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, levers: Levers = Levers(), *,
-                nodes: int = 1, live_layers: int = 2, fragmentation: float = FRAGMENTATION,
-                offload_fragmentation: float = OFFLOAD_FRAGMENTATION,
-                ds_offload_fragmentation: float = DS_OFFLOAD_FRAGMENTATION, cuda_context_gib: float = CUDA_CONTEXT_GIB,
-                process_host_gib: float = PROCESS_HOST_GIB) -> MemoryPlan:
+def plan_memory(
+    geom: ModelGeometry,
+    seq_len: int,
+    gpus: int,
+    sp_size: int,
+    levers: Levers = Levers(),
+    *,
+    nodes: int = 1,
+    live_layers: int = 2,
+    fragmentation: float = FRAGMENTATION,
+    offload_fragmentation: float = OFFLOAD_FRAGMENTATION,
+    ds_offload_fragmentation: float = DS_OFFLOAD_FRAGMENTATION,
+    cuda_context_gib: float = CUDA_CONTEXT_GIB,
+    process_host_gib: float = PROCESS_HOST_GIB,
+) -> MemoryPlan:
     """Every allocation of one training step, per GPU and on the host of one node (module doc). `gpus` G is per
     node, `nodes` N; the ZeRO-3 world is W = N·G (the formulas write G for W on one node). Raises ValueError, naming
     the fix, for a request the run would refuse (sp_size, head groups, levers that do not go together).
@@ -217,29 +251,66 @@ def plan_memory(geom: ModelGeometry, seq_len: int, gpus: int, sp_size: int, leve
     offload engine with the optimizer offloaded too; `cuda_context_gib` (context, NCCL, cuBLAS workspaces) is on the
     card outside the allocator. `live_layers`: the layers ZeRO-3 holds gathered at once (computed + prefetched).
     """
-    return _plan_memory(as_geometry(geom), seq_len, gpus, sp_size, levers, nodes, live_layers, fragmentation,
-                        offload_fragmentation, ds_offload_fragmentation, cuda_context_gib, process_host_gib)
+    return _plan_memory(
+        as_geometry(geom),
+        seq_len,
+        gpus,
+        sp_size,
+        levers,
+        nodes,
+        live_layers,
+        fragmentation,
+        offload_fragmentation,
+        ds_offload_fragmentation,
+        cuda_context_gib,
+        process_host_gib,
+    )
 
 
 @functools.lru_cache(maxsize=16384)
-def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers, nodes: int, live_layers: int,
-                 fragmentation: float, offload_fragmentation: float, ds_offload_fragmentation: float,
-                 cuda_context_gib: float, process_host_gib: float) -> MemoryPlan:
+def _plan_memory(
+    g: ModelGeometry,
+    seq_len: int,
+    G: int,
+    sp: int,
+    levers: Levers,
+    nodes: int,
+    live_layers: int,
+    fragmentation: float,
+    offload_fragmentation: float,
+    ds_offload_fragmentation: float,
+    cuda_context_gib: float,
+    process_host_gib: float,
+) -> MemoryPlan:
     """`plan_memory`'s work, remembered by its arguments: the search asks for the same plan many times (every argument
     and the MemoryPlan are immutable, so callers share one)."""
     if nodes < 1:
         raise ValueError(f"nodes={nodes}: need at least 1 node")
-    parallel_state.check_sp_size(sp, nodes * G, g.heads, g.kv_heads, per_node=G, linear_heads=g.linear_heads)
+    parallel_state.check_sp_size(
+        sp, nodes * G, g.heads, g.kv_heads, per_node=G, linear_heads=g.linear_heads
+    )
     kernel_rules.check_head_groups(levers.attn_bwd_head_groups, g.kv_heads, sp)
-    placement = levers.placement_for(g.layers, g.attention_layers)  # refuses one that does not match the model
-    if min(seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens) < 1:
-        raise ValueError(f"seq_len={seq_len}, loss_chunk_rows={levers.loss_chunk_rows}, tile_tokens="
-                         f"{levers.tile_tokens} must be >= 1")
+    placement = levers.placement_for(
+        g.layers, g.attention_layers
+    )  # refuses one that does not match the model
+    if (
+        min(
+            seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens
+        )
+        < 1
+    ):
+        raise ValueError(
+            f"seq_len={seq_len}, loss_chunk_rows={levers.loss_chunk_rows}, tile_tokens="
+            f"{levers.tile_tokens} must be >= 1"
+        )
     z = sizes(g, seq_len, G, sp, levers, nodes, placement)
     off = levers.optimizer_offload
-    if msg := lever_conflict(lora_rank=levers.lora_rank, tiled_layer=levers.tiled_layer,
-                             offload_ratio=levers.optimizer_offload_ratio if off else 1.0,
-                             offload_params=levers.offload_params) or moe_lever_problem(g, levers):
+    if msg := lever_conflict(
+        lora_rank=levers.lora_rank,
+        tiled_layer=levers.tiled_layer,
+        offload_ratio=levers.optimizer_offload_ratio if off else 1.0,
+        offload_params=levers.offload_params,
+    ) or moe_lever_problem(g, levers):
         raise ValueError(msg)
     terms = Terms()
     zero3_terms(terms, z, levers, live_layers)
@@ -254,14 +325,26 @@ def _plan_memory(g: ModelGeometry, seq_len: int, G: int, sp: int, levers: Levers
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in z.phases)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
     sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
-    ds_opt = z.k and off and not levers.pinned_pool  # DeepSpeed's offload engine beside its CPU optimizer's copies
+    ds_opt = (
+        z.k and off and not levers.pinned_pool
+    )  # DeepSpeed's offload engine beside its CPU optimizer's copies
     f = ds_offload_fragmentation if ds_opt else offload_fragmentation if z.k else fragmentation
     slack = round((f - 1) * sub)
     terms.add("allocator_slack", slack, 0, f"({f:g}-1)·(all + {peak_phase})")
     terms.add("cuda_context", ctx, 0, f"{cuda_context_gib:g} GiB")
     host_terms(terms, z, levers, process_host_gib, BUILD_HOST_GIB)
-    return MemoryPlan(geom=g, seq_len=z.S, gpus=G, nodes=nodes, sp_size=sp, levers=levers, terms=tuple(terms),
-                      phase_bytes=phase_bytes, peak_phase=peak_phase, reserved_bytes=sub + slack,
-                      gpu_peak_bytes=sub + slack + ctx,
-                      host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)),
-                      placement=placement)
+    return MemoryPlan(
+        geom=g,
+        seq_len=z.S,
+        gpus=G,
+        nodes=nodes,
+        sp_size=sp,
+        levers=levers,
+        terms=tuple(terms),
+        phase_bytes=phase_bytes,
+        peak_phase=peak_phase,
+        reserved_bytes=sub + slack,
+        gpu_peak_bytes=sub + slack + ctx,
+        host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)),
+        placement=placement,
+    )

@@ -67,16 +67,26 @@ class GpuRates:
 
 # Per GPU kind (`ds-longctx plan --gpu`): measured here or published, with the source. Unknown kinds: no step time.
 GPU_RATES = {
-    "h200": GpuRates((ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS), (ATTENTION_D256_FWD_FLOPS, ATTENTION_D256_BWD_FLOPS),
-                     DENSE_TOKENWISE_FLOPS, MOE_TOKENWISE_FLOPS,
-                     (GATED_DELTA_FWD_S, GATED_DELTA_BWD_S, CONV1D_FWD_S, CONV1D_BWD_S),
-                     "rates measured on H200"),
+    "h200": GpuRates(
+        (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS),
+        (ATTENTION_D256_FWD_FLOPS, ATTENTION_D256_BWD_FLOPS),
+        DENSE_TOKENWISE_FLOPS,
+        MOE_TOKENWISE_FLOPS,
+        (GATED_DELTA_FWD_S, GATED_DELTA_BWD_S, CONV1D_FWD_S, CONV1D_BWD_S),
+        "rates measured on H200",
+    ),
     # attention: FlashAttention-3's paper (arXiv 2407.08608), H100 SXM5 bf16, head_dim 128, 16k tokens: causal
     # forward 616, backward 561 TFLOP/s. Token-wise GEMMs: the H200 rate, the same GH100 chip (SMs, clocks, 989
     # TFLOP/s dense bf16 peak); the MoE block and the gated rule lean on memory bandwidth (3.35 vs 4.8 TB/s): unknown
-    "h100": GpuRates((616e12, 561e12), None, DENSE_TOKENWISE_FLOPS, None, None,
-                     "attention at FlashAttention-3's published H100 rates, token-wise GEMMs at the H200's "
-                     "measured rate (the same chip and peak; not measured on an H100)"),
+    "h100": GpuRates(
+        (616e12, 561e12),
+        None,
+        DENSE_TOKENWISE_FLOPS,
+        None,
+        None,
+        "attention at FlashAttention-3's published H100 rates, token-wise GEMMs at the H200's "
+        "measured rate (the same chip and peak; not measured on an H100)",
+    ),
 }
 # DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
 # measured here: docs/calibration.md#cpu-adam-rate
@@ -85,11 +95,11 @@ CPU_ADAM_PARAMS_PER_S = 1e9
 
 @dataclass(frozen=True)
 class StepTime:
-    gpu: str           # the GPU kind whose rates (GPU_RATES) count it
-    attention: float   # seconds: forward, backward and recomputed forward over every layer
-    tokenwise: float   # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
+    gpu: str  # the GPU kind whose rates (GPU_RATES) count it
+    attention: float  # seconds: forward, backward and recomputed forward over every layer
+    tokenwise: float  # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
     loss: float
-    optimizer: float   # the host's share of an offloaded optimizer
+    optimizer: float  # the host's share of an offloaded optimizer
     prediction: interconnect.Prediction
 
     @property
@@ -98,18 +108,24 @@ class StepTime:
 
     def line(self) -> str:
         p = self.prediction
-        return (f"predicted step on {self.gpu} (analytic, plan/step_time.py, {GPU_RATES[self.gpu].source}): "
-                f"{p.seconds:.1f} s = attention {self.attention:.1f} + "
-                f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer {self.optimizer:.1f} + "
-                f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO overlapped)")
+        return (
+            f"predicted step on {self.gpu} (analytic, plan/step_time.py, {GPU_RATES[self.gpu].source}): "
+            f"{p.seconds:.1f} s = attention {self.attention:.1f} + "
+            f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer {self.optimizer:.1f} + "
+            f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO overlapped)"
+        )
 
 
 def _tokenwise_flops(plan: MemoryPlan, layer: int) -> tuple:
     """(forward FLOPs per token of layer `layer`'s projections, of its MLP or sparse block)."""
     g = plan.geom
     proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
-    if g.hybrid is not None:  # its own Linears: the gated q_proj, or the linear layer's in / out projections
-        proj = 2 * sum(i * o for i, o in layer_types.mixer_linears(g, g.hybrid.layer_types[layer]).values())
+    if (
+        g.hybrid is not None
+    ):  # its own Linears: the gated q_proj, or the linear layer's in / out projections
+        proj = 2 * sum(
+            i * o for i, o in layer_types.mixer_linears(g, g.hybrid.layer_types[layer]).values()
+        )
     if g.moe is not None and g.moe.is_sparse(layer):
         return proj, block_fwd_flops(g)
     return proj, 2 * 3 * g.hidden * g.intermediate
@@ -126,20 +142,30 @@ def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
     """(attention seconds, token-wise seconds) over every layer of one rank, at `rates` (UnknownRate where one a
     layer needs is not known)."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
-    fwd = 2 * plan.seq_len ** 2 * (g.heads // plan.sp_size) * g.head_dim
-    pair = rates.attention if g.head_dim <= 128 else _needed(rates, gpu, "attention_d256", "attention at head_dim 256")
+    fwd = 2 * plan.seq_len**2 * (g.heads // plan.sp_size) * g.head_dim
+    pair = (
+        rates.attention
+        if g.head_dim <= 128
+        else _needed(rates, gpu, "attention_d256", "attention at head_dim 256")
+    )
     attention = tokenwise = 0.0
     for i, place in enumerate(plan.placement.layers):
         recompute = 0 if place in (Place.CACHE, Place.CACHE_OFFLOAD) else 1
         if g.hybrid is not None and not g.hybrid.is_full(i):
-            delta_fwd, delta_bwd, conv_fwd, conv_bwd = _needed(rates, gpu, "gated_delta", "the gated delta rule")
+            delta_fwd, delta_bwd, conv_fwd, conv_bwd = _needed(
+                rates, gpu, "gated_delta", "the gated delta rule"
+            )
             heads = plan.seq_len * local_linear_heads(g.hybrid.linear_heads, plan.sp_size)[1]
             attention += heads * (2 * (delta_fwd + conv_fwd) + delta_bwd + conv_bwd)
         else:
             attention += fwd * (1 + recompute) / pair[0] + 2.5 * fwd / pair[1]
         proj, mlp = _tokenwise_flops(plan, i)
         sparse = g.moe is not None and g.moe.is_sparse(i)
-        rate = _needed(rates, gpu, "moe_tokenwise", "a sparse MoE block") if sparse else rates.dense_tokenwise
+        rate = (
+            _needed(rates, gpu, "moe_tokenwise", "a sparse MoE block")
+            if sparse
+            else rates.dense_tokenwise
+        )
         tokenwise += T * (4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)) / rate
     return attention, tokenwise
 
@@ -152,15 +178,23 @@ def _payloads(plan: MemoryPlan) -> dict:
     """{(kind, ranks): bytes} of one step of rank 0 (its SP group is ranks 0..sp-1; ZeRO-3 spans the world)."""
     g, sp, T, d = plan.geom, plan.sp_size, plan.local_tokens, plan.geom.head_dim
     sp_ranks, world = tuple(range(sp)), tuple(range(plan.world))
-    exchange = T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2  # q, k, v in; the attention output back
-    if g.hybrid is not None:  # per layer of each kind: a linear layer exchanges its conv channels, gates and output
+    exchange = (
+        T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2
+    )  # q, k, v in; the attention output back
+    if (
+        g.hybrid is not None
+    ):  # per layer of each kind: a linear layer exchanges its conv channels, gates and output
         h = g.hybrid
         linear = T * (h.conv_dim + 2 * h.linear_value_heads + h.value_width) * 2
         exchange = (h.full_layers * exchange + h.linear_layers * linear) / g.layers
-    trained = g.num_params if not plan.levers.lora_rank else 0  # LoRA's adapters: a rounding error here
-    return {("all_to_all", sp_ranks): 3 * g.layers * exchange * (sp > 1),
-            ("all_gather", world): 3 * 2 * g.num_params * (plan.world > 1),
-            ("reduce_scatter", world): 2 * trained * (plan.world > 1)}
+    trained = (
+        g.num_params if not plan.levers.lora_rank else 0
+    )  # LoRA's adapters: a rounding error here
+    return {
+        ("all_to_all", sp_ranks): 3 * g.layers * exchange * (sp > 1),
+        ("all_gather", world): 3 * 2 * g.num_params * (plan.world > 1),
+        ("reduce_scatter", world): 2 * trained * (plan.world > 1),
+    }
 
 
 def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
@@ -168,7 +202,9 @@ def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
     `gpu_mem_gb` GB (interconnect.intra_link_for) and InfiniBand across nodes. UnknownRate where a rate it needs is not
     known for that kind."""
     if gpu not in GPU_RATES:
-        raise UnknownRate(f"no measured or published kernel rates for GPU kind {gpu!r} (known: {sorted(GPU_RATES)})")
+        raise UnknownRate(
+            f"no measured or published kernel rates for GPU kind {gpu!r} (known: {sorted(GPU_RATES)})"
+        )
     rates = GPU_RATES[gpu]
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
     attention, tokenwise = _layer_seconds(plan, rates, gpu)
@@ -177,15 +213,19 @@ def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
     optimizer = host_share * g.num_params / plan.world / CPU_ADAM_PARAMS_PER_S
     link = interconnect.LINKS[interconnect.intra_link_for(gpu_mem_gb)]
     inter = interconnect.LINKS[interconnect.DEFAULT_INTERNODE]
-    pred = interconnect.predict(attention + tokenwise + loss + optimizer, _payloads(plan), 0, plan.gpus, link, inter)
+    pred = interconnect.predict(
+        attention + tokenwise + loss + optimizer, _payloads(plan), 0, plan.gpus, link, inter
+    )
     return StepTime(gpu, attention, tokenwise, loss, optimizer, pred)
 
 
 def step_line(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> str:
     """plan.txt's step-time line: the prediction on GPU kind `gpu`, or why there is none (no kind, no rate)."""
     if gpu is None:
-        return (f"predicted step: unknown (no GPU kind: pass --gpu, one of {sorted(GPU_RATES)}, for a step time at "
-                f"its kernel rates)")
+        return (
+            f"predicted step: unknown (no GPU kind: pass --gpu, one of {sorted(GPU_RATES)}, for a step time at "
+            f"its kernel rates)"
+        )
     try:
         return predict_step(plan, gpu_mem_gb, gpu).line()
     except UnknownRate as e:

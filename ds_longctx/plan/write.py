@@ -27,6 +27,7 @@ Exit codes: 0 planned; 2 bad input or nothing fits (the message names the longes
 what to change). Imports neither torch nor deepspeed: a plan that fits answers in under a second; one that does
 not takes a few seconds (its fixes are searched).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,76 +41,36 @@ import yaml
 
 from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
-from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.rope import rope_problem
 from ds_longctx.parallel.disk import mark_written, not_ours, user_path
 from ds_longctx.plan.cache_placement import fastest_placement
 from ds_longctx.plan.committed import COMMITTED
 from ds_longctx.plan.ds_config import build_ds_config
-from ds_longctx.plan.launch_files import REHEARSE, accelerate_config, hostfile_text, launch_lines, launch_text
-from ds_longctx.plan.plan_args import check_args, command_line, local_gpu_kind, longest_fit, search_kw, tokens
+from ds_longctx.plan.launch_files import (
+    REHEARSE,
+    accelerate_config,
+    hostfile_text,
+    launch_lines,
+    launch_text,
+)
+from ds_longctx.plan.no_fit import NoFit
+from ds_longctx.plan.options import parser
+from ds_longctx.plan.plan_args import (
+    check_args,
+    command_line,
+    local_gpu_kind,
+    longest_fit,
+    search_kw,
+)
 from ds_longctx.plan.planner import GB
-from ds_longctx.plan.search import Choice, NoFit, choose
-from ds_longctx.plan.step_time import GPU_RATES, step_line
+from ds_longctx.plan.search import Choice, choose
+from ds_longctx.plan.step_time import step_line
 
 FILES = ("run.yaml", "ds_config.json", "accelerate.yaml", "launch.txt", "plan.txt")
 MULTINODE_FILES = FILES + ("hostfile",)
-PLAN_MARKER = ".ds_longctx-plan"  # which files of --out a plan wrote, with their sha256 (disk.mark_written)
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ds-longctx plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="shipped geometry (qwen3-8b, ...) or an HF checkpoint dir")
-    p.add_argument("--seq_len", type=tokens, help="tokens per sequence (required unless --find_max_len)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs per node (one process each)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes of --gpus GPUs each (default 1); SP groups stay inside "
-                   "a node, data parallelism runs across nodes")
-    p.add_argument("--gpu_mem_gb", type=float, default=80.0, help="memory per GPU in GB (1e9 bytes); default 80")
-    p.add_argument("--host_mem_gb", type=float, default=None,
-                   help="host RAM per node in GB; default 128 per GPU up to 560 (the H200 machines here: "
-                        "1 GPU 128, 2: 256, 4: 512, 8: 560)")
-    p.add_argument("--sp_size", type=int, default=None, help="pin sp_size (default: the largest valid that divides "
-                   "--gpus)")
-    p.add_argument("--gpu", default=None, type=str.lower,
-                   help="the GPU kind the step time is counted for, at its measured or published kernel rates "
-                        f"({', '.join(sorted(GPU_RATES))}: plan/step_time.py GPU_RATES; another kind: the time is "
-                        "unknown); default: this machine's GPU (nvidia-smi), none on a machine without one")
-    p.add_argument("--headroom", type=float, default=0.9, help="fraction of GPU and host memory a plan may use")
-    p.add_argument("--no_attention_cache", action="store_true",
-                   help="plan only the fewest offloaded checkpoints (no attention cache): for a GPU without "
-                        "FlashAttention 4, where cached layers would recompute anyway. By default the plan keeps "
-                        "the attention output of as many layers as fit (on the GPU, else in host memory) so the "
-                        "checkpoint recompute skips attention")
-    p.add_argument("--pinned_pool", action="store_true",
-                   help="offloaded checkpoints in our exact-size pinned pool (memory.pinned_pool) instead of "
-                        "DeepSpeed's power-of-two buffers: the same data in up to half the host memory. The search "
-                        "picks it by itself where the host needs it; this forces it on")
-    p.add_argument("--tiled_layer", action="store_true",
-                   help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
-                        "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. The search "
-                        "picks it by itself where nothing fits without it; this forces it on. Not with --lora_rank")
-    p.add_argument("--attn_bwd_head_groups", type=int, default=1,
-                   help="the attention backward over this many groups of KV heads, one at a time "
-                        "(memory.attn_bwd_head_groups): the kernel's fp32 accumulators of one group. The search "
-                        "picks it by itself (one group per KV head) where nothing fits without it; this forces it")
-    p.add_argument("--offload_params", action="store_true",
-                   help="the bf16 parameters in pinned host memory too (optimizer.offload_params, DeepSpeed "
-                        "offload_param). The search picks it by itself after the optimizer offload where nothing "
-                        "fits without it; this forces it on. Not with --lora_rank or --optimizer_offload_ratio")
-    p.add_argument("--optimizer_offload_ratio", type=float, default=None,
-                   help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
-                        "offload; the rest steps on the GPU). Not given: all of it, and the search picks a smaller "
-                        "share by itself only where the whole optimizer on the host breaks its budget. Given (1 "
-                        "included): this share, fixed; 0 keeps the optimizer on the GPU")
-    p.add_argument("--lora_rank", type=int, default=0,
-                   help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
-                        "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)")
-    p.add_argument("--lora_target_modules", default=None, help="with --lora_rank: the Linears that get adapters, "
-                   f"comma-separated suffixes or all-linear (default {','.join(DEFAULT_TARGETS)})")
-    p.add_argument("--find_max_len", action="store_true",
-                   help="report the longest seq_len that fits (and plan it when --out is given)")
-    p.add_argument("--out", default=None, help="directory to write run.yaml, ds_config.json, accelerate.yaml, "
-                   "launch.txt, plan.txt (and with --nodes > 1 hostfile) into")
-    return p
+PLAN_MARKER = (
+    ".ds_longctx-plan"  # which files of --out a plan wrote, with their sha256 (disk.mark_written)
+)
 
 
 def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
@@ -119,10 +80,18 @@ def plan_run_config(choice: Choice, gpu_mem_gb: float | None = None):
     gpus = f"{plan.gpus}gpu" if plan.nodes == 1 else f"{plan.nodes}x{plan.gpus}gpu"
     model = plan.geom.name  # a local model as an absolute path: run.yaml works from any directory
     model = os.path.abspath(model) if resolve_model(model).kind != "shipped" else model
-    return RunConfig(model=model, seq_len=plan.seq_len, sp_size=plan.sp_size, micro_batch=1, dtype="bf16",
-                     nodes=plan.nodes, gpus_per_node=plan.gpus,
-                     output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}", gpu_budget_gb=gpu_mem_gb,
-                     **choice.levers.run_config_fields())
+    return RunConfig(
+        model=model,
+        seq_len=plan.seq_len,
+        sp_size=plan.sp_size,
+        micro_batch=1,
+        dtype="bf16",
+        nodes=plan.nodes,
+        gpus_per_node=plan.gpus,
+        output_dir=f"runs/{run_name(plan.geom.name)}_{plan.seq_len}_{gpus}",
+        gpu_budget_gb=gpu_mem_gb,
+        **choice.levers.run_config_fields(),
+    )
 
 
 def run_name(model: str) -> str:
@@ -130,26 +99,35 @@ def run_name(model: str) -> str:
     (or JSON file's) name, so a local model does not put its absolute path under runs/."""
     p = Path(model)
     if p.name.endswith(".json"):
-        p = p.parent if p.name == "config.json" else p.with_name(p.name[:-len(".json")])
+        p = p.parent if p.name == "config.json" else p.with_name(p.name[: -len(".json")])
     return re.sub(r"[^A-Za-z0-9._-]+", "_", p.name).strip("._") or "model"
 
 
 def plan_text(choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> str:
     plan = choice.plan
     nodes, per_node = ("", "") if a.nodes == 1 else (f"{a.nodes} nodes x ", " per node")
-    head = [f"# generated by `{cmd}`; do not edit",
-            f"budget: {nodes}{a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
-            f"{host:g} GB host{per_node} -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)"]
+    head = [
+        f"# generated by `{cmd}`; do not edit",
+        f"budget: {nodes}{a.gpus} x {a.gpu_mem_gb:g} GB GPUs -> {a.headroom * a.gpu_mem_gb:.1f} GB per GPU, "
+        f"{host:g} GB host{per_node} -> {a.headroom * host:.1f} GB (headroom {a.headroom:g}; GB = 1e9 bytes)",
+    ]
     if a.find_max_len:
         head.append(f"longest seq_len that fits: {plan.seq_len:,} tokens (a multiple of 1024)")
     elif plan.seq_len != a.seq_len:
-        head.append(f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}")
-    head.append(f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
-                f"{per_node}")
+        head.append(
+            f"seq_len {a.seq_len:,} padded to {plan.seq_len:,}, a multiple of sp_size={plan.sp_size}"
+        )
+    head.append(
+        f"planned: {plan.gpu_peak_bytes / GB:.1f} GB per GPU, {plan.host_peak_bytes / GB:.1f} GB host"
+        f"{per_node}"
+    )
     head.append(f"placement per layer: {plan.placement.describe()}")
     head.append(step_line(plan, a.gpu_mem_gb, a.gpu))
     head.append(f"rehearse before renting (one GPU plays each role of this world): {REHEARSE}")
-    return "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes]) + "\n"
+    return (
+        "\n".join(head + ["", plan.table(), "", "choices:"] + [f"  - {n}" for n in choice.notes])
+        + "\n"
+    )
 
 
 def write_files(out: Path, choice: Choice, cmd: str, a: argparse.Namespace, host: float) -> None:
@@ -162,10 +140,14 @@ def write_files(out: Path, choice: Choice, cmd: str, a: argparse.Namespace, host
     ds = build_ds_config(cfg, world_size=a.nodes * a.gpus, on_gpu=True)
     (out / "ds_config.json").write_text(json.dumps(ds, indent=2) + "\n")
     if a.nodes > 1:
-        header += (f"# every node: --machine_rank (0..{a.nodes - 1}), --main_process_ip / --main_process_port "
-                   f"(node 0's address and a free port there) on its accelerate launch line (launch.txt)\n")
+        header += (
+            f"# every node: --machine_rank (0..{a.nodes - 1}), --main_process_ip / --main_process_port "
+            f"(node 0's address and a free port there) on its accelerate launch line (launch.txt)\n"
+        )
         (out / "hostfile").write_text(hostfile_text(cmd, a.gpus, a.nodes))
-    (out / "accelerate.yaml").write_text(header + yaml.safe_dump(accelerate_config(a.gpus, a.nodes), sort_keys=False))
+    (out / "accelerate.yaml").write_text(
+        header + yaml.safe_dump(accelerate_config(a.gpus, a.nodes), sort_keys=False)
+    )
     (out / "launch.txt").write_text(launch_text(cmd, a.gpus, a.nodes))
     (out / "plan.txt").write_text(plan_text(choice, cmd, a, host))
 
@@ -175,7 +157,7 @@ def main(argv: list | None = None) -> int:
     if argv[:1] == ["--regen-all"]:
         regenerate_all(Path(argv[1] if len(argv) > 1 else "ds_configs"))
         return 0
-    a = parser().parse_args(argv)
+    a = parser(__doc__).parse_args(argv)
     try:
         geom, host = check_args(a)
         check_plan_out(a)
@@ -195,8 +177,10 @@ def main(argv: list | None = None) -> int:
             try:
                 plan_choice(a, geom, host, 1024)
             except NoFit as e:
-                print(f"ds-longctx plan: --find_max_len: no length fits, not even the search's shortest: {e}",
-                      file=sys.stderr)
+                print(
+                    f"ds-longctx plan: --find_max_len: no length fits, not even the search's shortest: {e}",
+                    file=sys.stderr,
+                )
             return 2
     try:
         choice = plan_choice(a, geom, host, seq_len)
@@ -211,16 +195,23 @@ def main(argv: list | None = None) -> int:
         try:
             write_files(out, choice, cmd, a, host)
             mark_written(out, PLAN_MARKER, FILES if a.nodes == 1 else MULTINODE_FILES)
-        except OSError as e:  # what check_out_dir cannot see ahead (a read-only or special file system)
-            print(f"ds-longctx plan: --out {a.out}: could not write the plan's files ({e}); give a directory you can "
-                  f"write to", file=sys.stderr)
+        except (
+            OSError
+        ) as e:  # what check_out_dir cannot see ahead (a read-only or special file system)
+            print(
+                f"ds-longctx plan: --out {a.out}: could not write the plan's files ({e}); give a directory you can "
+                f"write to",
+                file=sys.stderr,
+            )
             return 2
     if longest:
         print(longest)
     print(plan_text(choice, cmd, a, host), end="")
     if a.out:
-        print(f"\nwrote {', '.join(FILES if a.nodes == 1 else MULTINODE_FILES)} to {out}/; from there launch with"
-              f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:")
+        print(
+            f"\nwrote {', '.join(FILES if a.nodes == 1 else MULTINODE_FILES)} to {out}/; from there launch with"
+            f"{'' if a.nodes == 1 else ' (launch.txt says where each runs)'}:"
+        )
         print("\n".join("  " + line for line in launch_lines(a.gpus, a.nodes)))
     return 0
 
@@ -235,36 +226,51 @@ def check_plan_out(a: argparse.Namespace) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {a.out} is a file; give a new directory for the plan's files")
     if out.is_dir() and (theirs := not_ours(out, PLAN_MARKER)):
-        raise ValueError(f"--out {a.out} holds {', '.join(theirs[:5])}{' ...' if len(theirs) > 5 else ''}, which "
-                         f"no plan wrote there (or changed since), so nothing is written; give a new or empty "
-                         f"directory (an earlier plan's own unchanged files are replaced)")
+        raise ValueError(
+            f"--out {a.out} holds {', '.join(theirs[:5])}{' ...' if len(theirs) > 5 else ''}, which "
+            f"no plan wrote there (or changed since), so nothing is written; give a new or empty "
+            f"directory (an earlier plan's own unchanged files are replaced)"
+        )
 
 
 def plan_choice(a: argparse.Namespace, geom, host: float, seq_len: int) -> Choice:
     """What `ds-longctx plan` writes: `choose`'s levers for seq_len, then (unless --no_attention_cache) the
     placement that skips the most attention recomputes and still fits (`fastest_placement`). Raises NoFit."""
     choice = choose(geom, seq_len, **search_kw(a, host))
-    if problem := rope_problem(geom.name, geom.rope_type, geom.trained_context, choice.plan.seq_len):
-        raise NoFit(problem, seq_len, 0, None)  # padded to a multiple of sp_size past the trained context
-    return choice if a.no_attention_cache else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
+    if problem := rope_problem(
+        geom.name, geom.rope_type, geom.trained_context, choice.plan.seq_len
+    ):
+        raise NoFit(
+            problem, seq_len, 0, None
+        )  # padded to a multiple of sp_size past the trained context
+    return (
+        choice
+        if a.no_attention_cache
+        else fastest_placement(choice, a.gpu_mem_gb, host, a.headroom)
+    )
 
 
 def regenerate_all(root: Path) -> None:
     """Rewrite `root/<name>/` for every committed config and `root/README.md` (their table)."""
     rows = []
     for name, args in COMMITTED.items():
-        a = parser().parse_args(args.split())
+        a = parser(__doc__).parse_args(args.split())
         geom, host = check_args(a)
         seq_len = longest_fit(geom, a, host)[0] if a.find_max_len else a.seq_len
         choice = plan_choice(a, geom, host, seq_len)
         write_files(root / name, choice, command_line(a, host), a, host)
         p, lv = choice.plan, choice.levers
-        hw = (f"{a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host" if a.nodes == 1 else
-              f"{a.nodes} nodes × {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host each")
-        rows.append(f"| `{name}/` | {hw} | {p.seq_len:,} | {p.sp_size} "
-                    f"| {p.placement.spec()} | {'yes' if lv.tiled_mlp else 'no'} | {lv.loss_chunk_rows} | "
-                    f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
-                    f"{p.host_peak_bytes / GB:.1f} |")
+        hw = (
+            f"{a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host"
+            if a.nodes == 1
+            else f"{a.nodes} nodes × {a.gpus}×{a.gpu_mem_gb:g} GB, {host:g} GB host each"
+        )
+        rows.append(
+            f"| `{name}/` | {hw} | {p.seq_len:,} | {p.sp_size} "
+            f"| {p.placement.spec()} | {'yes' if lv.tiled_mlp else 'no'} | {lv.loss_chunk_rows} | "
+            f"{'yes' if lv.optimizer_offload else 'no'} | {p.gpu_peak_bytes / GB:.1f} | "
+            f"{p.host_peak_bytes / GB:.1f} |"
+        )
         print(f"wrote {root / name}/")
     (root / "README.md").write_text(README.format(rows="\n".join(rows)))
 

@@ -35,7 +35,9 @@ def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
     return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
 
 
-@functools.lru_cache(maxsize=256)  # pure in its arguments; a tuple, so no caller can change the cached value
+@functools.lru_cache(
+    maxsize=256
+)  # pure in its arguments; a tuple, so no caller can change the cached value
 def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> tuple:
     """One rank's optimizer partition cut into DeepSpeed ZeRO-3's sub-groups (stage3.py `_create_fp16_sub_groups`:
     parameters in order, each a ceil(numel/W) partition, a sub-group closed once it reaches sub_group_size elements
@@ -50,12 +52,14 @@ def sub_groups(geom: ModelGeometry, world: int, sub_group_elems: int) -> tuple:
     return tuple(groups)
 
 
-def optimizer_split(geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None) -> tuple:
+def optimizer_split(
+    geom: ModelGeometry, world: int, ratio: float, sub_group_elems: int | None = None
+) -> tuple:
     """(elements on the GPU, elements on the host) of one rank's optimizer partition under DeepSpeed ZeRO-3 partial
     offload, cut where DeepSpeed cuts (`sub_groups`; the first int((1 - ratio)·n) of the n sub-groups stay on the
     GPU). ratio 1: all on the host."""
     groups = sub_groups(geom, world, sub_group_elems or offload_sub_group_elems(geom, world))
-    on_gpu = sum(groups[:int((1 - ratio) * len(groups))])
+    on_gpu = sum(groups[: int((1 - ratio) * len(groups))])
     return on_gpu, sum(groups) - on_gpu
 
 
@@ -72,13 +76,21 @@ def held_pinned_blocks(sizes, on_gpu: int) -> int:
             free[b] -= 1
         else:
             held += b
-        if i < on_gpu:  # copied to the GPU, then freed: the variable is rebound before the next sub-group's pin
+        if (
+            i < on_gpu
+        ):  # copied to the GPU, then freed: the variable is rebound before the next sub-group's pin
             free[b] = free.get(b, 0) + 1
     return held
 
 
-def offload_pinned_grads(geom: ModelGeometry, world: int, part_t: int, lora: bool, sub_group_elems: int,
-                         ratio: float = 1.0) -> tuple:
+def offload_pinned_grads(
+    geom: ModelGeometry,
+    world: int,
+    part_t: int,
+    lora: bool,
+    sub_group_elems: int,
+    ratio: float = 1.0,
+) -> tuple:
     """(bf16 bytes, fp32 bytes, note) of the two gradient buffers DeepSpeed ZeRO-3 pins per rank under optimizer
     offload, as torch's pinned allocator holds them (every block rounded up to a power of two, `pow2`):
     - the model-dtype (bf16) grad partition, one flat block of the rank's whole partition (stage3.py:

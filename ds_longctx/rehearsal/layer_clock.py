@@ -13,33 +13,11 @@ it ends. Hooks add no tensor and no reference to one, so what the layer frees (a
 are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the
 process RSS at the forward's two stamps.
 
-A layer's GPU leftover (`gpu_leftover`), what its forward leaves on the GPU for its backward besides ZeRO's gathered
-parameters: d - out + in x [its checkpoint is on the GPU], with d the allocated bytes at the forward's end minus at
-its start, out the bytes of its output and in those of its input. d holds the output (the next layer's input, alive
-at the end mark) and not the input (alive at both marks): the output is the next layer's to count, the input is
-this layer's where it keeps it on the GPU for its backward (every kind but the on-host ones, whose input the pinned
-pool copies to the host and then frees).
-
-Extrapolation, layer j not run (its kind k_j = its placement): step time + mean time of the run layers of kind k_j,
-peak GPU + mean GPU leftover of such a layer (every forward's leftovers are alive at the top layer's backward, where
-the step peaks), in-layer collective bytes (Ulysses' all-to-all) + the per-layer mean of that kind. The first and the
-top layer (always run) count in a mean only where no other layer of their kind ran: what ZeRO-3 holds differs at their
-forward's start or end by parameter-sized buffers, which are not a per-layer cost. Host: an on-host layer (offload,
-cache+offload) whose host buffers the pinned pool made at build adds nothing (`pooled`); one whose buffer is made at
-first use adds the mean host bytes step 1's forward took for such a layer. Where DeepSpeed's async offload engine
-holds the checkpoints (`cpu_checkpointing` without the pool), its window is modelled instead, since it decides where a
-checkpoint lives by its order among the step's on-host layers: the newest `keep_last_count` inputs stay on the GPU and
-never reach the host, the `max_fwd_stash_count - 1` before them stay on the GPU too while their copy drains, every
-other input is on the host. With c the bytes of one layer's input, n of the N on-host layers run and W the window, the
-L-layer step adds ((N - keep) - (n - keep)) x pow2(c) host (each term at least 0: the engine pins each buffer through
-torch's host allocator, which rounds a block up to a power of two) and (min(N, W) - min(n, W)) x c GPU. The
-window, not the layer, decides where an on-host input lives, so an on-host layer's leftover counts no input; the
-inputs the window let go during the run's forwards, n - min(n, W), each took c off a run on-host layer's d, and are
-added back spread over the n.
-ZeRO-3's all-gathers and reduce-scatters (partly issued outside any layer: buckets, the persistent parameters'
-refresh after the step) scale with the elements they move: x all parameters (trainable ones for the
-reduce-scatter) / those of the layers run and the rest of the model; exact where every parameter moves the same
-bytes per element, as in a model whose parameters are all persistent.
+A layer's GPU leftover (`gpu_leftover`) is what its forward leaves on the GPU for its backward besides ZeRO's
+gathered parameters. A layer not run adds the mean time, GPU leftover and in-layer collective bytes of the run layers
+of its kind (`layer_pick.layer_kinds`); ZeRO's all-gathers and reduce-scatters scale with the parameter elements they
+move; DeepSpeed's async offload window, where it holds the checkpoints, is modelled by count. The formulas and why:
+docs/design/rehearsal.md.
 """
 
 from __future__ import annotations
@@ -53,9 +31,11 @@ import torch
 import torch.nn as nn
 
 from ds_longctx.levers.offload import attention_cache_key, pool
-from ds_longctx.levers.placement import ON_HOST, PlacementPlan, decoder_layers
+from ds_longctx.levers.placement import ON_HOST, PlacementPlan
+from ds_longctx.levers.placement_apply import decoder_layers
 from ds_longctx.parallel import fake_world
 from ds_longctx.plan.zero_buffers import pow2
+from ds_longctx.rehearsal.layer_pick import layer_kinds, pick_layers
 
 
 class _Stamp:
@@ -85,12 +65,14 @@ def _on_grad(t: torch.Tensor, call) -> None:
 @dataclass
 class LayerRecord:
     """One layer in one step."""
-    fwd: list                 # [start, end] stamps
-    bwd: list                 # [start, end] stamps
-    gpu_left: int = 0         # bytes allocated at the forward's end minus at its start
-    host_left: int = 0        # RSS bytes likewise
-    input_bytes: int = 0      # bytes of the layer's input (its checkpoint, where the layer is checkpointed)
-    output_bytes: int = 0     # bytes of the layer's output (the next layer's input)
+
+    fwd: list  # [start, end] stamps
+    bwd: list  # [start, end] stamps
+    gpu_left: int = 0  # bytes allocated at the forward's end minus at its start
+    host_left: int = 0  # RSS bytes likewise
+    # bytes of the layer's input (its checkpoint, where the layer is checkpointed)
+    input_bytes: int = 0
+    output_bytes: int = 0  # bytes of the layer's output (the next layer's input)
 
 
 class _Timed(nn.Module):
@@ -103,7 +85,8 @@ class _Timed(nn.Module):
     def forward(self, hidden_states, *args, **kwargs):
         c, i = self.clock, self.index
         c._fwd_start(i, hidden_states.numel() * hidden_states.element_size())
-        _on_grad(hidden_states, lambda: c._bwd_end(i))  # its gradient is ready: the layer's backward has ended
+        # its gradient is ready: the layer's backward has ended
+        _on_grad(hidden_states, lambda: c._bwd_end(i))
         out = self.layer(hidden_states, *args, **kwargs)
         h = out[0] if isinstance(out, tuple) else out
         c._fwd_end(i, h.numel() * h.element_size())
@@ -124,7 +107,8 @@ def _numel(module: nn.Module) -> tuple:
 
 
 ZERO_KINDS = ("all_gather", "reduce_scatter")
-HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements whose layers keep their checkpoint in host memory
+# placements whose layers keep their checkpoint in host memory
+HOST_KINDS = tuple(p.value for p in ON_HOST)
 
 
 def on_host(kind: str) -> bool:
@@ -133,18 +117,9 @@ def on_host(kind: str) -> bool:
     return kind.split(" ")[0] in HOST_KINDS
 
 
-def layer_kinds(placement: PlacementPlan, layer_types) -> list:
-    """Each layer's kind: its placement, and where the model mixes layer types (Qwen3.5) its type too, so a layer not
-    run is extrapolated from run layers of its own placement and type."""
-    places = [p.value for p in placement.layers]
-    if layer_types is None or len(set(layer_types)) < 2:
-        return places
-    return [f"{p} {t}" for p, t in zip(places, layer_types)]
-
-
 def gpu_leftover(record: LayerRecord, kind: str) -> int:
     """GPU bytes layer `record`'s forward leaves for its backward (module docstring): its allocation change less its
-    output, plus its input where its checkpoint is on the GPU (every kind not in HOST_KINDS)."""
+    output, plus its input where its checkpoint is on the GPU (every kind not in HOST_KINDS; docs/design/rehearsal.md)."""
     kept_input = record.input_bytes if not on_host(kind) else 0
     return record.gpu_left - record.output_bytes + kept_input
 
@@ -153,6 +128,7 @@ def offload_window():
     """(keep_last_count, inputs held on the GPU in all) of DeepSpeed's async checkpoint offload engine, or None where
     no checkpoint went through it (no GPU, nothing offloaded, or the pinned pool's own copies)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing
+
     engine = getattr(checkpointing, "_cpu_offload_engine", None)
     if engine is None:
         return None
@@ -169,37 +145,6 @@ def _layer_list(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__}: no ModuleList holds its decoder layers")
 
 
-def pick_layers(kinds: list, k: int) -> list:
-    """K layer indices in order for a model whose layer i has kind `kinds[i]`: every kind in proportion to its count
-    (at least one each), the first and the top layer included, the rest evenly spread within each kind. Raises
-    ValueError where K cannot hold every kind."""
-    n = len(kinds)
-    by_kind = defaultdict(list)
-    for i, kind in enumerate(kinds):
-        by_kind[kind].append(i)
-    must = {kind: sum(1 for i in {0, n - 1} if kinds[i] == kind) for kind in by_kind}  # first and top layers
-    least = sum(max(1, m) for m in must.values())
-    if not least <= k <= n:
-        raise ValueError(f"--layers {k}: give {least} to {n} layers (this placement has {len(by_kind)} kind(s) of "
-                         f"layer: {', '.join(by_kind)}; each runs at least once, and so do the first and top layers)")
-    share = {kind: k * len(ix) / n for kind, ix in by_kind.items()}
-    quota = {kind: max(1, must[kind], round(share[kind])) for kind in by_kind}
-    while sum(quota.values()) > k:  # take from the kind most over its share that can spare one
-        kind = max((q for q in quota if quota[q] > max(1, must[q])), key=lambda q: quota[q] - share[q])
-        quota[kind] -= 1
-    while sum(quota.values()) < k:  # give to the kind most under its share that has layers left
-        kind = max((q for q in quota if quota[q] < len(by_kind[q])), key=lambda q: share[q] - quota[q])
-        quota[kind] += 1
-    chosen = set()
-    for kind, ix in by_kind.items():
-        ends = [i for i in sorted({0, n - 1}) if i in ix]
-        rest = [i for i in ix if i not in ends]
-        want = quota[kind] - len(ends)
-        step = len(rest) / want if want > 0 else 0
-        chosen.update(ends + [rest[int((j + 0.5) * step)] for j in range(max(want, 0))])
-    return sorted(chosen)
-
-
 class LayerClock:
     """Marks on every decoder layer of `model`; `placement` gives each layer's kind."""
 
@@ -207,14 +152,22 @@ class LayerClock:
         self.container = _layer_list(model)
         self.layers = list(self.container)
         if len(self.layers) != len(placement):
-            raise ValueError(f"placement has {len(placement)} entries, the model {len(self.layers)} layers")
+            raise ValueError(
+                f"placement has {len(placement)} entries, the model {len(self.layers)} layers"
+            )
         self.text_config = model.config.get_text_config() if hasattr(model, "config") else None
         types = getattr(self.text_config, "layer_types", None)
-        self.kinds = layer_kinds(placement, types if types is not None and len(types) == len(self.layers) else None)
-        self.layer_numel = [_numel(layer) for layer in self.layers]  # (all, trainable) elements per layer
+        self.kinds = layer_kinds(
+            placement, types if types is not None and len(types) == len(self.layers) else None
+        )
+        # (all, trainable) elements per layer
+        self.layer_numel = [_numel(layer) for layer in self.layers]
         self.model_numel = _numel(model)
-        self.partitioned = [p for p in model.parameters() if hasattr(p, "ds_status") and not getattr(p, "ds_persist",
-                                                                                                         False)]
+        self.partitioned = [
+            p
+            for p in model.parameters()
+            if hasattr(p, "ds_status") and not getattr(p, "ds_persist", False)
+        ]
         self.on_gpu, self.run = on_gpu, list(range(len(self.layers)))
         self.records: dict = {}
         self.steps: list = []  # one {layer: LayerRecord} per finished step
@@ -241,7 +194,11 @@ class LayerClock:
         self.container._modules.clear()
         for j, i in enumerate(self.run):
             self.container.add_module(str(j), wrapped[i])
-        model_cfg = self.text_config if self.text_config is not None else getattr(self.layers[0], "config", None)
+        model_cfg = (
+            self.text_config
+            if self.text_config is not None
+            else getattr(self.layers[0], "config", None)
+        )
         types = getattr(model_cfg, "layer_types", None)
         if types is not None and len(types) == len(self.layers):
             model_cfg.layer_types = [types[i] for i in self.run]
@@ -253,6 +210,7 @@ class LayerClock:
             if types is not None and len(types) == len(self.layers):
                 model_cfg.layer_types = types
             self.run = list(range(len(self.layers)))
+
         return undo
 
     # ------------------------------------------------------------ the marks
@@ -268,8 +226,11 @@ class LayerClock:
 
     def _gathered_bytes(self) -> int:
         """Bytes of the partitioned parameters whose whole tensor is on the GPU now (gathered or being gathered)."""
-        return sum(p.ds_numel * p.element_size() for p in self.partitioned
-                   if p.ds_status.name != "NOT_AVAILABLE")
+        return sum(
+            p.ds_numel * p.element_size()
+            for p in self.partitioned
+            if p.ds_status.name != "NOT_AVAILABLE"
+        )
 
     def _fwd_start(self, i: int, input_bytes: int = 0) -> None:
         self.records[i] = LayerRecord(fwd=[self._now()], bwd=[], input_bytes=input_bytes)
@@ -309,13 +270,18 @@ class LayerClock:
 
     def layer_seconds(self, step: int = -1) -> dict:
         """{layer: forward + backward seconds} of a finished step."""
-        return {i: r.fwd[0].seconds_to(r.fwd[1]) + r.bwd[0].seconds_to(r.bwd[1])
-                for i, r in self.steps[step].items() if len(r.fwd) == 2 and len(r.bwd) == 2}
+        return {
+            i: r.fwd[0].seconds_to(r.fwd[1]) + r.bwd[0].seconds_to(r.bwd[1])
+            for i, r in self.steps[step].items()
+            if len(r.fwd) == 2 and len(r.bwd) == 2
+        }
 
     def steady_layer_seconds(self) -> dict:
         """{layer: its fastest forward + backward over the timed steps (step 2 on; the only step when one ran)}: a
         later step of a cold process can still compile or autotune, once, which is no step cost."""
-        timed = [self.layer_seconds(k) for k in range(1 if len(self.steps) > 1 else 0, len(self.steps))]
+        timed = [
+            self.layer_seconds(k) for k in range(1 if len(self.steps) > 1 else 0, len(self.steps))
+        ]
         return {i: min(t[i] for t in timed if i in t) for i in set().union(*timed)}
 
     # ------------------------------------------------------------ extrapolation
@@ -333,41 +299,81 @@ class LayerClock:
         """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention region too) are in
         the pinned pool, made at build: a layer not run still holds them."""
         kind = self.kinds[j].split(" ")[0]
-        return kind in HOST_KINDS and pool().holds(j) and (kind != "cache+offload" or
-                                                           pool().holds(attention_cache_key(j)))
+        return (
+            kind in HOST_KINDS
+            and pool().holds(j)
+            and (kind != "cache+offload" or pool().holds(attention_cache_key(j)))
+        )
 
     def missing(self) -> list:
         return [j for j in range(len(self.layers)) if j not in self.run]
 
-    def extrapolate(self, seconds: float, peak_reserved: int, peak_allocated: int, host: int,
-                    payloads: dict) -> dict:
+    def extrapolate(
+        self, seconds: float, peak_reserved: int, peak_allocated: int, host: int, payloads: dict
+    ) -> dict:
         """The L-layer step's seconds, peaks, host and collective payloads from the run layers: their fastest timed
-        step each, the last step's memory and bytes (module docstring). With every layer run it returns the measured
+        step each, the last step's memory and bytes (docs/design/rehearsal.md). With every layer run it returns the measured
         values."""
         last = self.steps[-1]
         miss = self.missing()
         t = self._means(self.steady_layer_seconds())
         gpu_by_layer = {i: gpu_leftover(r, self.kinds[i]) for i, r in last.items()}
-        host_by_layer = {i: r.host_left if on_host(self.kinds[i]) else 0
-                         for i, r in self.steps[0].items()}  # buffers taken at first use: step 1
+        host_by_layer = {
+            i: r.host_left if on_host(self.kinds[i]) else 0 for i, r in self.steps[0].items()
+        }  # buffers taken at first use: step 1
         gpu, host_mean = self._means(gpu_by_layer), self._means(host_by_layer)
         window = offload_window() if self.on_gpu else None
+        extra_gpu, extra_host = self._window_terms(window, last, gpu, host_mean)
+        out_payloads = self._payloads(payloads, miss)
+        more_gpu = sum(gpu[self.kinds[j]] for j in miss) + extra_gpu
+        return {
+            "seconds": seconds + sum(t[self.kinds[j]] for j in miss),
+            "peak_reserved": peak_reserved + more_gpu,
+            "peak_allocated": peak_allocated + more_gpu,
+            "host": host
+            + sum(max(host_mean[self.kinds[j]], 0) for j in miss if not self.pooled(j))
+            + extra_host,
+            "payloads": {k: int(v) for k, v in out_payloads.items()},
+            "layer_seconds_by_kind": t,
+            "layer_gpu_bytes_by_kind": gpu,
+            "layer_host_bytes_by_kind": host_mean,
+            "layer_gpu_bytes": gpu_by_layer,
+            "layer_host_bytes": host_by_layer,
+            "offload_window": None
+            if window is None
+            else {
+                "keep_last": window[0],
+                "held_on_gpu": window[1],
+                "host_bytes_added": int(extra_host),
+                "gpu_bytes_added": int(extra_gpu),
+            },
+        }
+
+    def _window_terms(self, window, last: dict, gpu: dict, host_mean: dict) -> tuple:
+        """(GPU, host) bytes DeepSpeed's offload `window` adds for the on-host layers not run; moves the inputs it let
+        go into `gpu` and zeroes `host_mean` of the on-host kinds, in place (docs/design/rehearsal.md)."""
         on_host_run = [i for i in self.run if on_host(self.kinds[i])]
-        extra_gpu = extra_host = 0.0
-        if window is not None and on_host_run:
-            keep, held = window
-            n, big_n = len(on_host_run), sum(1 for k in self.kinds if on_host(k))
-            c = sum(last[i].input_bytes for i in on_host_run if i in last) / n
-            let_go = c * (n - min(n, held)) / n  # inputs the window freed in the run's forwards, spread over them
-            for kind in {k for k in self.kinds if on_host(k)}:
-                if kind in gpu:
-                    gpu[kind] += let_go
-                host_mean[kind] = 0.0
-            # each input on the host is one pinned buffer of torch's host allocator: rounded up to a power of two
-            extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * pow2(int(c))
-            extra_gpu = (min(big_n, held) - min(n, held)) * c
+        if window is None or not on_host_run:
+            return 0.0, 0.0
+        keep, held = window
+        n, big_n = len(on_host_run), sum(1 for k in self.kinds if on_host(k))
+        c = sum(last[i].input_bytes for i in on_host_run if i in last) / n
+        # inputs the window freed in the run's forwards, spread over them
+        let_go = c * (n - min(n, held)) / n
+        for kind in {k for k in self.kinds if on_host(k)}:
+            if kind in gpu:
+                gpu[kind] += let_go
+            host_mean[kind] = 0.0
+        # each input on the host is one pinned buffer of torch's host allocator: rounded up to a power of two
+        extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * pow2(int(c))
+        extra_gpu = (min(big_n, held) - min(n, held)) * c
+        return extra_gpu, extra_host
+
+    def _payloads(self, payloads: dict, miss: list) -> dict:
+        """The L-layer step's collective payloads from the run's: ZeRO's scaled by the parameter elements they move,
+        each layer not run adding the in-layer collectives (Ulysses') of a run layer of its kind."""
         scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
-        per_kind_bytes = defaultdict(lambda: defaultdict(float))  # Ulysses' and other in-layer collectives
+        per_kind_bytes = defaultdict(lambda: defaultdict(float))
         for kind in set(self.kinds[i] for i in self.run):
             ix = [i for i in self.run if self.kinds[i] == kind]
             for i in ix:
@@ -377,21 +383,14 @@ class LayerClock:
         # ZeRO's all-gathers and reduce-scatters move parameters and gradients: scaled by the elements they move
         # (all parameters / the trainable ones) over those of the layers run and of the rest of the model
         gone = [sum(self.layer_numel[j][w] for j in miss) for w in (0, 1)]
-        scale = {kind: self.model_numel[w] / max(self.model_numel[w] - gone[w], 1)
-                 for kind, w in (("all_gather", 0), ("reduce_scatter", 1))}
+        scale = {
+            kind: self.model_numel[w] / max(self.model_numel[w] - gone[w], 1)
+            for kind, w in (("all_gather", 0), ("reduce_scatter", 1))
+        }
         out_payloads = defaultdict(float)
         for key, b in payloads.items():
             out_payloads[key] += b * scale.get(key[0], 1.0)
         for j in miss:
             for key, b in per_kind_bytes[self.kinds[j]].items():
                 out_payloads[key] += b
-        more_gpu = sum(gpu[self.kinds[j]] for j in miss) + extra_gpu
-        return {"seconds": seconds + sum(t[self.kinds[j]] for j in miss),
-                "peak_reserved": peak_reserved + more_gpu, "peak_allocated": peak_allocated + more_gpu,
-                "host": host + sum(max(host_mean[self.kinds[j]], 0) for j in miss if not self.pooled(j)) + extra_host,
-                "payloads": {k: int(v) for k, v in out_payloads.items()},
-                "layer_seconds_by_kind": t, "layer_gpu_bytes_by_kind": gpu, "layer_host_bytes_by_kind": host_mean,
-                "layer_gpu_bytes": gpu_by_layer, "layer_host_bytes": host_by_layer,
-                "offload_window": None if window is None else {"keep_last": window[0], "held_on_gpu": window[1],
-                                                               "host_bytes_added": int(extra_host),
-                                                               "gpu_bytes_added": int(extra_gpu)}}
+        return out_payloads

@@ -22,7 +22,17 @@ import torch
 from ds_longctx.data import build_data
 from ds_longctx.plan.interconnect import OVERLAP, predict
 from ds_longctx.rehearsal.layer_clock import LayerClock
-from ds_longctx.rehearsal.world import cfg_layers, check, commit, fastest_steady, links, now, planned, role_of, vs_plan
+from ds_longctx.rehearsal.world import (
+    cfg_layers,
+    check,
+    commit,
+    fastest_steady,
+    links,
+    now,
+    planned,
+    role_of,
+    vs_plan,
+)
 from ds_longctx.run import optimizer_state
 from ds_longctx.run.engine import build_engine
 from ds_longctx.run.step import timed_step
@@ -34,23 +44,74 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.1f} GB"
 
 
+def _layer_fields(est: dict) -> dict:
+    """The row's per-layer figures from `LayerClock.extrapolate`'s answer."""
+    return {
+        "layer_seconds_by_kind": {k: round(v, 4) for k, v in est["layer_seconds_by_kind"].items()},
+        "layer_gpu_bytes_by_kind": {k: int(v) for k, v in est["layer_gpu_bytes_by_kind"].items()},
+        "layer_host_bytes_by_kind": {k: int(v) for k, v in est["layer_host_bytes_by_kind"].items()},
+        "layer_gpu_bytes": {str(i): int(v) for i, v in sorted(est["layer_gpu_bytes"].items())},
+        "layer_host_bytes": {str(i): int(v) for i, v in sorted(est["layer_host_bytes"].items())},
+        "offload_window": est["offload_window"],
+    }
+
+
+def _log_result(row: dict, pred) -> None:
+    """The rank's closing log line: its peaks and step time against the plan."""
+    log.info(
+        "GPU peak %s reserved (%s allocated) against the plan's %s (%s), budget %s; host %s against "
+        "%s per process (%s); compute %.1f s per step; predicted %s",
+        _gb(row["peak_gpu_bytes"]),
+        _gb(row["peak_gpu_allocated_bytes"]),
+        _gb(row["planned_gpu_bytes"]),
+        vs_plan(row["peak_gpu_bytes"], row["planned_gpu_bytes"]),
+        _gb(row["gpu_budget_bytes"]),
+        _gb(row["host_rss_bytes"]),
+        _gb(row["planned_host_bytes_per_process"]),
+        vs_plan(row["host_rss_bytes"], row["planned_host_bytes_per_process"]),
+        row["compute_seconds_per_step"],
+        pred.breakdown(),
+    )
+
+
 class RankRun:
-    def __init__(self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts, command: str):
-        self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = a, cfg, rank, world, per_node, nodes
+    def __init__(
+        self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts, command: str
+    ):
+        self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = (
+            a,
+            cfg,
+            rank,
+            world,
+            per_node,
+            nodes,
+        )
         self.counts, self.command = counts, command
         self.on_gpu = torch.cuda.is_available()
 
     def _row_head(self) -> dict:
         cfg, sp = self.cfg, self.cfg.parallel.sp_size
         plan = planned(cfg, self.per_node, self.nodes)
-        budget = cfg.memory.gpu_budget_gb * 1e9 if cfg.memory.gpu_budget_gb else (
-            torch.cuda.get_device_properties(0).total_memory if self.on_gpu else 0)
-        return {"config": self.a.config, "rank": self.rank, "world": self.world, "nodes": self.nodes,
-                "gpus_per_node": self.per_node, "role": role_of(self.rank, self.per_node, sp),
-                "sp_size": sp, "seq_len": cfg.train.seq_len, "model": cfg.model.name,
-                "placement": plan.placement.spec(),  # the per-layer plan rehearsed
-                "planned_gpu_bytes": int(plan.gpu_peak_bytes), "gpu_budget_bytes": int(budget),
-                "planned_host_bytes_per_process": int(plan.host_peak_bytes / self.per_node)}
+        budget = (
+            cfg.memory.gpu_budget_gb * 1e9
+            if cfg.memory.gpu_budget_gb
+            else (torch.cuda.get_device_properties(0).total_memory if self.on_gpu else 0)
+        )
+        return {
+            "config": self.a.config,
+            "rank": self.rank,
+            "world": self.world,
+            "nodes": self.nodes,
+            "gpus_per_node": self.per_node,
+            "role": role_of(self.rank, self.per_node, sp),
+            "sp_size": sp,
+            "seq_len": cfg.train.seq_len,
+            "model": cfg.model.name,
+            "placement": plan.placement.spec(),  # the per-layer plan rehearsed
+            "planned_gpu_bytes": int(plan.gpu_peak_bytes),
+            "gpu_budget_bytes": int(budget),
+            "planned_host_bytes_per_process": int(plan.host_peak_bytes / self.per_node),
+        }
 
     def play(self) -> dict:
         row = self._row_head()
@@ -58,7 +119,9 @@ class RankRun:
             return self._play(row)
         except torch.OutOfMemoryError as e:
             log.error("out of memory: %s", str(e).splitlines()[0])
-            row.update(status="out_of_memory", error=str(e).splitlines()[0], layers=self._layers_text())
+            row.update(
+                status="out_of_memory", error=str(e).splitlines()[0], layers=self._layers_text()
+            )
         except NonFinite as e:
             log.error("%s", e)
             row.update(status="non_finite", error=str(e), layers=self._layers_text())
@@ -70,28 +133,29 @@ class RankRun:
         return f"{self.a.layers or total}/{total}"
 
     def _provenance(self) -> dict:
-        device = torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
-        return {"commit": commit(), "device": device, "date": now(), "torch": torch.__version__,
-                "deepspeed": deepspeed.__version__,
-                "command": self.command}
+        device = (
+            torch.cuda.get_device_name(0) if self.on_gpu else f"cpu ({psutil.cpu_count()} cores)"
+        )
+        return {
+            "commit": commit(),
+            "device": device,
+            "date": now(),
+            "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__,
+            "command": self.command,
+        }
 
     def _play(self, row: dict) -> dict:
         cfg, a = self.cfg, self.a
-        t0 = time.perf_counter()
-        hf_cfg = check(cfg, self.world, self.per_node)
-        data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
-        engine = build_engine(cfg, hf_cfg, optimizer_state=False)
-        optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
+        engine, data, params = self._build()
         st = engine.state
-        params = {"params_local": local_params(engine.model), "params_total": full_params(engine.model)}  # all L
-        log.info("built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here (1/%d), sp rank "
-                 "%d of %d", time.perf_counter() - t0, self.world, params["params_local"], params["params_total"],
-                 self.world, st.sp_rank, st.sp_size)
         clock = LayerClock(engine.model, engine.placement, self.on_gpu)
         if a.layers:
             ran = clock.pick(a.layers)
             clock.run_only(ran)
-            log.info("running %d of %d layers: %s (every layer built)", len(ran), len(clock.layers), ran)
+            log.info(
+                "running %d of %d layers: %s (every layer built)", len(ran), len(clock.layers), ran
+            )
         steps = []
         for step in range(a.steps):
             steps.append(self._step(engine, data, clock, step))
@@ -101,51 +165,92 @@ class RankRun:
         intra, inter = links(a, cfg)
         pred = predict(est["seconds"], est["payloads"], self.rank, self.per_node, intra, inter)
         total = len(clock.layers)
-        row.update({
-            "status": "ok", "layers": f"{len(clock.run)}/{total}", "layers_run": clock.run, "steps": a.steps,
-            "peak_gpu_bytes": int(est["peak_reserved"]), "peak_gpu_allocated_bytes": int(est["peak_allocated"]),
-            "host_rss_bytes": int(est["host"]), "compute_seconds_per_step": round(est["seconds"], 3),
-            "predicted_seconds_per_step": round(pred.seconds, 3),
-            "predicted_no_overlap_seconds_per_step": round(pred.no_overlap_seconds, 3),
-            "comm_seconds_per_step": {k: round(v, 4) for k, v in pred.comm_seconds.items()},
-            "prediction": pred.breakdown(), "overlap": OVERLAP,
-            "link": f"{intra.name} {intra.gb_per_s:g} GB/s" + (f" + {inter.name} {inter.gb_per_s:g} GB/s across nodes"
-                                                               if self.nodes > 1 else ""),
-            "link_sources": {intra.name: intra.source, inter.name: inter.source},
-            "collective_bytes_per_step": self._by_group(est["payloads"], st),
-            "cross_node_bytes_per_step": int(pred.cross_node_bytes),
-            "step_seconds": [round(s["seconds"], 3) for s in steps],
-            "optimizer_seconds_per_step": round(fastest_steady([s["optimizer_seconds"] for s in steps]), 3),
-            "losses": [s["loss"] for s in steps],
-            "grad_norms": [s["grad_norm"] for s in steps], "finite": True,
-            "measured": {"compute_seconds_per_step": round(compute, 3), "peak_gpu_bytes": peak_reserved,
-                         "peak_gpu_allocated_bytes": peak_allocated, "host_rss_bytes": host},
-            "layer_seconds_by_kind": {k: round(v, 4) for k, v in est["layer_seconds_by_kind"].items()},
-            "layer_gpu_bytes_by_kind": {k: int(v) for k, v in est["layer_gpu_bytes_by_kind"].items()},
-            "layer_host_bytes_by_kind": {k: int(v) for k, v in est["layer_host_bytes_by_kind"].items()},
-            "layer_gpu_bytes": {str(i): int(v) for i, v in sorted(est["layer_gpu_bytes"].items())},
-            "layer_host_bytes": {str(i): int(v) for i, v in sorted(est["layer_host_bytes"].items())},
-            "offload_window": est["offload_window"], **params,
-            "dp_size": st.dp_size, "train_batch_size": engine.ds.train_batch_size(),
-        })
+        row.update(
+            {
+                "status": "ok",
+                "layers": f"{len(clock.run)}/{total}",
+                "layers_run": clock.run,
+                "steps": a.steps,
+                "peak_gpu_bytes": int(est["peak_reserved"]),
+                "peak_gpu_allocated_bytes": int(est["peak_allocated"]),
+                "host_rss_bytes": int(est["host"]),
+                "compute_seconds_per_step": round(est["seconds"], 3),
+                **self._prediction_fields(pred, intra, inter, est["payloads"], st),
+                "step_seconds": [round(s["seconds"], 3) for s in steps],
+                "optimizer_seconds_per_step": round(
+                    fastest_steady([s["optimizer_seconds"] for s in steps]), 3
+                ),
+                "losses": [s["loss"] for s in steps],
+                "grad_norms": [s["grad_norm"] for s in steps],
+                "finite": True,
+                "measured": {
+                    "compute_seconds_per_step": round(compute, 3),
+                    "peak_gpu_bytes": peak_reserved,
+                    "peak_gpu_allocated_bytes": peak_allocated,
+                    "host_rss_bytes": host,
+                },
+                **_layer_fields(est),
+                **params,
+                "dp_size": st.dp_size,
+                "train_batch_size": engine.ds.train_batch_size(),
+            }
+        )
         row["gpu_vs_plan"] = row["peak_gpu_bytes"] / row["planned_gpu_bytes"] - 1
         row["host_vs_plan"] = row["host_rss_bytes"] / row["planned_host_bytes_per_process"] - 1
         row.update(self._provenance())
-        log.info("GPU peak %s reserved (%s allocated) against the plan's %s (%s), budget %s; host %s against "
-                 "%s per process (%s); compute %.1f s per step; predicted %s", _gb(row["peak_gpu_bytes"]),
-                 _gb(row["peak_gpu_allocated_bytes"]), _gb(row["planned_gpu_bytes"]),
-                 vs_plan(row["peak_gpu_bytes"], row["planned_gpu_bytes"]), _gb(row["gpu_budget_bytes"]),
-                 _gb(row["host_rss_bytes"]), _gb(row["planned_host_bytes_per_process"]),
-                 vs_plan(row["host_rss_bytes"], row["planned_host_bytes_per_process"]),
-                 row["compute_seconds_per_step"], pred.breakdown())
+        _log_result(row, pred)
         return row
+
+    def _build(self) -> tuple:
+        """(engine, data, parameter counts): the rank built as `train` builds one, its optimizer state at build."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        hf_cfg = check(cfg, self.world, self.per_node)
+        data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
+        engine = build_engine(cfg, hf_cfg, optimizer_state=False)
+        optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
+        st = engine.state
+        params = {
+            "params_local": local_params(engine.model),
+            "params_total": full_params(engine.model),
+        }  # all L
+        log.info(
+            "built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here (1/%d), sp rank "
+            "%d of %d",
+            time.perf_counter() - t0,
+            self.world,
+            params["params_local"],
+            params["params_total"],
+            self.world,
+            st.sp_rank,
+            st.sp_size,
+        )
+        return engine, data, params
+
+    def _prediction_fields(self, pred, intra, inter, payloads: dict, st) -> dict:
+        """The row's predicted step time, its links and the collective bytes (by group and across nodes)."""
+        return {
+            "predicted_seconds_per_step": round(pred.seconds, 3),
+            "predicted_no_overlap_seconds_per_step": round(pred.no_overlap_seconds, 3),
+            "comm_seconds_per_step": {k: round(v, 4) for k, v in pred.comm_seconds.items()},
+            "prediction": pred.breakdown(),
+            "overlap": OVERLAP,
+            "link": f"{intra.name} {intra.gb_per_s:g} GB/s"
+            + (f" + {inter.name} {inter.gb_per_s:g} GB/s across nodes" if self.nodes > 1 else ""),
+            "link_sources": {intra.name: intra.source, inter.name: inter.source},
+            "collective_bytes_per_step": self._by_group(payloads, st),
+            "cross_node_bytes_per_step": int(pred.cross_node_bytes),
+        }
 
     @staticmethod
     def _estimate(clock, steps: list, seconds: float) -> tuple:
         """(the L-layer extrapolation of the steps so far at `seconds` per step, (peak reserved, peak allocated, host
         RSS) as measured): peaks over the steps, the host peak of the process, the last step's collectives."""
-        measured = (max(s["peak_reserved"] for s in steps), max(s["peak_allocated"] for s in steps),
-                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        measured = (
+            max(s["peak_reserved"] for s in steps),
+            max(s["peak_allocated"] for s in steps),
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        )
         return clock.extrapolate(seconds, *measured, steps[-1]["payloads"]), measured
 
     def _so_far(self, clock, steps: list, row: dict) -> None:
@@ -155,11 +260,22 @@ class RankRun:
         gpu, host = est["peak_reserved"], est["host"]
         plan_gpu, plan_host = row["planned_gpu_bytes"], row["planned_host_bytes_per_process"]
         left = ", ".join(f"{i}: {b:,}" for i, b in sorted(est["layer_gpu_bytes"].items()))
-        log.info("after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against %s (%s), step "
-                 "%.1f s%s", len(steps), f"extrapolated from {len(clock.run)} to {len(clock.layers)} layers"
-                 if clock.missing() else "every layer run", _gb(gpu), _gb(plan_gpu), vs_plan(gpu, plan_gpu), _gb(host),
-                 _gb(plan_host), vs_plan(host, plan_host), est["seconds"],
-                 f"; GPU left by each layer run (bytes) {left}" if clock.missing() else "")
+        log.info(
+            "after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against %s (%s), step "
+            "%.1f s%s",
+            len(steps),
+            f"extrapolated from {len(clock.run)} to {len(clock.layers)} layers"
+            if clock.missing()
+            else "every layer run",
+            _gb(gpu),
+            _gb(plan_gpu),
+            vs_plan(gpu, plan_gpu),
+            _gb(host),
+            _gb(plan_host),
+            vs_plan(host, plan_host),
+            est["seconds"],
+            f"; GPU left by each layer run (bytes) {left}" if clock.missing() else "",
+        )
 
     def _step(self, engine, data, clock, step: int) -> dict:
         """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes
@@ -178,14 +294,29 @@ class RankRun:
         norm = engine.ds.get_global_grad_norm()
         norm = float(norm) if norm is not None else None
         if not math.isfinite(t.loss) or (norm is not None and not math.isfinite(norm)):
-            raise NonFinite(f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
-                            f"finite (kernels on non-finite values run faster, so its time would be wrong)")
-        out = {"seconds": t.seconds, "optimizer_seconds": optimizer_seconds, "loss": t.loss, "grad_norm": norm,
-               "peak_reserved": t.peak_reserved,
-               "peak_allocated": t.peak_allocated, "payloads": dict(self.counts.bytes)}
-        log.info("step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
-                 step + 1, self.a.steps, t.seconds, t.loss, f"{norm:.3g}" if norm is not None else "n/a",
-                 _gb(out["peak_reserved"]), _gb(psutil.Process().memory_info().rss))
+            raise NonFinite(
+                f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
+                f"finite (kernels on non-finite values run faster, so its time would be wrong)"
+            )
+        out = {
+            "seconds": t.seconds,
+            "optimizer_seconds": optimizer_seconds,
+            "loss": t.loss,
+            "grad_norm": norm,
+            "peak_reserved": t.peak_reserved,
+            "peak_allocated": t.peak_allocated,
+            "payloads": dict(self.counts.bytes),
+        }
+        log.info(
+            "step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
+            step + 1,
+            self.a.steps,
+            t.seconds,
+            t.loss,
+            f"{norm:.3g}" if norm is not None else "n/a",
+            _gb(out["peak_reserved"]),
+            _gb(psutil.Process().memory_info().rss),
+        )
         return out
 
     def _by_group(self, payloads: dict, st) -> dict:
@@ -200,7 +331,13 @@ class RankRun:
             elif len(ranks) == self.world:
                 label = "zero" if kind in ("all_gather", "reduce_scatter") else "world"
             else:
-                label = "sp" if ranks == sp_ranks else "dp" if ranks == dp_ranks else f"ranks {ranks[0]}..{ranks[-1]}"
+                label = (
+                    "sp"
+                    if ranks == sp_ranks
+                    else "dp"
+                    if ranks == dp_ranks
+                    else f"ranks {ranks[0]}..{ranks[-1]}"
+                )
             out.setdefault(kind, {})
             out[kind][label] = out[kind].get(label, 0) + int(b)
         return out
@@ -212,9 +349,10 @@ class NonFinite(RuntimeError):
 
 def local_params(model) -> int:
     """Elements of the parameters this rank holds (ZeRO-3's partitions; whole tensors where not partitioned)."""
-    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    return sum(
+        p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters()
+    )
 
 
 def full_params(model) -> int:
     return sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
-

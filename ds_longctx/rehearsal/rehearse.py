@@ -57,35 +57,78 @@ DEFAULT_STEPS = 3
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ds-longctx rehearse", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="ds-longctx rehearse",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     p.add_argument("--config", required=True, help="the run config (e.g. a plan's run.yaml)")
-    p.add_argument("--rank", default="0", help="the rank to play (0..world-1), or `roles`: the first and last rank "
-                   "of an SP group on node 0, and on node 1 where there are several nodes")
-    p.add_argument("--layers", type=int, default=None,
-                   help="run K of the model's L decoder layers (all built) and extrapolate to L; default all")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                   help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed, the fastest "
-                        "counts)")
-    p.add_argument("--gpus", type=int, default=None,
-                   help="GPUs (processes) per node of the world, where the config has no parallel.gpus_per_node")
-    p.add_argument("--nodes", type=int, default=None,
-                   help="nodes of the world, where the config has no parallel.nodes (default 1)")
-    p.add_argument("--out", default=None, help="JSON lines file to append one line per rank to "
-                   "(default <output_dir>/rehearsal.jsonl)")
-    p.add_argument("--link", default=None, help="the intra-node link of plan/interconnect.LINKS (default: "
-                   "nvlink-h200 for a GPU budget over 100 GB, else nvlink-h100)")
-    p.add_argument("--link_gbps", type=float, default=None, help="override the intra-node link: Gbit/s per GPU "
-                   "each way (NVLink 4: 3600 nominal)")
-    p.add_argument("--internode_gbps", type=float, default=None, help="override the inter-node link: Gbit/s per GPU "
-                   "each way (default ib-ndr400: 400 Gb/s at 90%%)")
-    p.add_argument("--cpu", action="store_true", help="play the rank(s) on this CPU, without a GPU (tiny models, "
-                   "tests): the GPU figures read zero")
+    p.add_argument(
+        "--rank",
+        default="0",
+        help="the rank to play (0..world-1), or `roles`: the first and last rank "
+        "of an SP group on node 0, and on node 1 where there are several nodes",
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="run K of the model's L decoder layers (all built) and extrapolate to L; default all",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed, the fastest "
+        "counts)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs (processes) per node of the world, where the config has no parallel.gpus_per_node",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes of the world, where the config has no parallel.nodes (default 1)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON lines file to append one line per rank to "
+        "(default <output_dir>/rehearsal.jsonl)",
+    )
+    p.add_argument(
+        "--link",
+        default=None,
+        help="the intra-node link of plan/interconnect.LINKS (default: "
+        "nvlink-h200 for a GPU budget over 100 GB, else nvlink-h100)",
+    )
+    p.add_argument(
+        "--link_gbps",
+        type=float,
+        default=None,
+        help="override the intra-node link: Gbit/s per GPU each way (NVLink 4: 3600 nominal)",
+    )
+    p.add_argument(
+        "--internode_gbps",
+        type=float,
+        default=None,
+        help="override the inter-node link: Gbit/s per GPU "
+        "each way (default ib-ndr400: 400 Gb/s at 90%%)",
+    )
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="play the rank(s) on this CPU, without a GPU (tiny models, "
+        "tests): the GPU figures read zero",
+    )
     p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
     return p
-
-
 
 
 # ------------------------------------------------------------------ the world, the roles, the plan
@@ -94,21 +137,28 @@ def parser() -> argparse.ArgumentParser:
 def world_of(cfg, a) -> tuple[int, int, int]:
     """(world, processes per node, nodes): the config's planned world, or --gpus / --nodes."""
     par = cfg.parallel
-    per_node = a.gpus if a.gpus is not None else par.gpus_per_node  # --gpus 0 is refused, not read as not given
+    per_node = (
+        a.gpus if a.gpus is not None else par.gpus_per_node
+    )  # --gpus 0 is refused, not read as not given
     nodes = a.nodes if a.nodes is not None else par.nodes or 1
     if per_node is None:
-        raise Refused(f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the GPUs per "
-                      f"node it is for (`ds-longctx plan` writes both into run.yaml)")
-    given = " ".join(f"--{k} {v}" for k, v in (("gpus", a.gpus), ("nodes", a.nodes)) if v is not None)
+        raise Refused(
+            f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the GPUs per "
+            f"node it is for (`ds-longctx plan` writes both into run.yaml)"
+        )
+    given = " ".join(
+        f"--{k} {v}" for k, v in (("gpus", a.gpus), ("nodes", a.nodes)) if v is not None
+    )
     if per_node < 1 or nodes < 1:
         raise Refused(f"{given}: give at least one GPU and one node")
-    if (a.gpus is not None and par.gpus_per_node and a.gpus != par.gpus_per_node) or \
-            (a.nodes is not None and par.nodes and a.nodes != par.nodes):
-        raise Refused(f"{given}: {a.config} was planned for {par.nodes} node(s) x "
-                      f"{par.gpus_per_node}; drop --gpus / --nodes, or plan that world")
+    if (a.gpus is not None and par.gpus_per_node and a.gpus != par.gpus_per_node) or (
+        a.nodes is not None and par.nodes and a.nodes != par.nodes
+    ):
+        raise Refused(
+            f"{given}: {a.config} was planned for {par.nodes} node(s) x "
+            f"{par.gpus_per_node}; drop --gpus / --nodes, or plan that world"
+        )
     return nodes * per_node, per_node, nodes
-
-
 
 
 def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
@@ -124,32 +174,33 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
     except ValueError:
         raise Refused(f"--rank {spec}: give a rank (0..{world - 1}) or `roles`") from None
     if not 0 <= rank < world:
-        raise Refused(f"--rank {rank}: this world has ranks 0..{world - 1} ({world // per_node} node(s) x {per_node})")
+        raise Refused(
+            f"--rank {rank}: this world has ranks 0..{world - 1} ({world // per_node} node(s) x {per_node})"
+        )
     return [rank]
-
-
 
 
 def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
     """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with less memory than
     the plan's per-GPU figure. Asked before the model's config is read (seconds: torch, not transformers)."""
     import torch
+
     if a.cpu:
         return None
     if not torch.cuda.is_available():
-        return ("a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is False); run it on "
-                "one GPU of the kind the plan is for (or add --cpu to play a tiny model on this CPU)")
+        return (
+            "a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is False); run it on "
+            "one GPU of the kind the plan is for (or add --cpu to play a tiny model on this CPU)"
+        )
     gpu = torch.cuda.get_device_properties(0)
     have, need = gpu.total_memory / 1e9, planned(cfg, per_node, nodes).gpu_peak_bytes / 1e9
     if have < need:
-        return (f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU for the "
-                f"rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} GB, or plan for this one "
-                f"(ds-longctx plan --gpu_mem_gb {have:.0f})")
+        return (
+            f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU for the "
+            f"rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} GB, or plan for this one "
+            f"(ds-longctx plan --gpu_mem_gb {have:.0f})"
+        )
     return None
-
-
-
-
 
 
 def rehearsal_config(argv: list):
@@ -167,10 +218,6 @@ def rehearsal_config(argv: list):
     return cfg, off
 
 
-
-
-
-
 # ------------------------------------------------------------------ the parent: checks, one process per rank, table
 
 
@@ -181,7 +228,9 @@ def main(argv: list | None = None) -> int:
         return play_rank(a, rest)
     try:
         if a.steps < 2:
-            raise Refused(f"--steps {a.steps}: give at least 2 (step 1 warms up; step 2 on are timed)")
+            raise Refused(
+                f"--steps {a.steps}: give at least 2 (step 1 warms up; step 2 on are timed)"
+            )
         cfg, off = rehearsal_config(["--config", a.config, *rest])
         world, per_node, nodes = world_of(cfg, a)
         ranks = ranks_to_play(a.rank, world, per_node, cfg.parallel.sp_size)
@@ -190,7 +239,8 @@ def main(argv: list | None = None) -> int:
             raise Refused(problem)
         check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.rehearsal.layer_clock import layer_kinds, pick_layers
+            from ds_longctx.rehearsal.layer_pick import layer_kinds, pick_layers
+
             placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
             hybrid = as_geometry(cfg.model.name).hybrid
             pick_layers(layer_kinds(placement, hybrid.layer_types if hybrid else None), a.layers)
@@ -198,10 +248,11 @@ def main(argv: list | None = None) -> int:
         print(f"{PREFIX} refused: {e}", file=sys.stderr, flush=True)
         return REFUSED
     out = Path(a.out) if a.out else Path(cfg.train.output_dir) / "rehearsal.jsonl"
-    say(f"{a.config}: model {resolve_model(cfg.model.name).label}, world {world} ({nodes} node(s) x {per_node}), sp "
+    say(
+        f"{a.config}: model {resolve_model(cfg.model.name).label}, world {world} ({nodes} node(s) x {per_node}), sp "
         f"{cfg.parallel.sp_size}, {cfg.train.seq_len:,} tokens; playing rank(s) {', '.join(map(str, ranks))}, "
-        f"{a.steps} steps each"
-        + (f"; not in a rehearsal: {', '.join(off)}" if off else ""))
+        f"{a.steps} steps each" + (f"; not in a rehearsal: {', '.join(off)}" if off else "")
+    )
     rows, failed = [], 0
     for rank in ranks:
         row, code = run_child(argv, rank, world, per_node)
@@ -216,8 +267,6 @@ def main(argv: list | None = None) -> int:
     return 1 if failed else 0
 
 
-
-
 def say(line: str, stream=None) -> None:
     print(f"{PREFIX} {line}", file=stream or sys.stdout, flush=True)
 
@@ -227,10 +276,24 @@ def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
     tag = f"[rehearsal rank {rank}/{world}]"
     with tempfile.TemporaryDirectory(prefix="ds_longctx-rehearsal-") as tmp:
         row_path = Path(tmp) / "row.json"
-        cmd = [sys.executable, "-m", "ds_longctx.rehearsal.rehearse", *argv, "--child_rank", str(rank),
-               "--child_row", str(row_path)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env=worker_env())
+        cmd = [
+            sys.executable,
+            "-m",
+            "ds_longctx.rehearsal.rehearse",
+            *argv,
+            "--child_rank",
+            str(rank),
+            "--child_row",
+            str(row_path),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=worker_env(),
+        )
         try:
             for line in proc.stdout:
                 print(f"{tag} {line.rstrip()}", flush=True)
@@ -247,12 +310,16 @@ def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
 
 def table(rows: list) -> str:
     gb = 1e9
-    head = (f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>8} {'budget':>6}  "
-            f"{'host':>6} {'plan':>6} {'vs plan':>8}  {'compute s':>9}  {'predicted s':>11}  link")
+    head = (
+        f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>8} {'budget':>6}  "
+        f"{'host':>6} {'plan':>6} {'vs plan':>8}  {'compute s':>9}  {'predicted s':>11}  link"
+    )
     lines = [head]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['status']}: {r.get('error', '')}")
+            lines.append(
+                f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['status']}: {r.get('error', '')}"
+            )
             continue
         lines.append(
             f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['peak_gpu_bytes'] / gb:8.1f} "
@@ -261,7 +328,8 @@ def table(rows: list) -> str:
             f"{r['planned_host_bytes_per_process'] / gb:6.1f} "
             f"{vs_plan(r['host_rss_bytes'], r['planned_host_bytes_per_process']):>8}  "
             f"{r['compute_seconds_per_step']:9.1f}  "
-            f"{r['predicted_seconds_per_step']:11.1f}  {r['link']}")
+            f"{r['predicted_seconds_per_step']:11.1f}  {r['link']}"
+        )
     return "\n".join(lines)
 
 
@@ -274,11 +342,13 @@ def play_rank(a, rest: list) -> int:
     world, per_node, nodes = world_of(cfg, a)
     rank = a.child_rank
     from ds_longctx.parallel import fake_world
+
     counts = fake_world.start(rank, world, per_node)
     watch_launcher()  # the rehearse command that started this process is its launcher: it ends with it
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from ds_longctx.rehearsal.rank import RankRun
+
     run = RankRun(a, cfg, rank, world, per_node, nodes, counts, replay_command(a, rank, rest))
     row = run.play()
     Path(a.child_row).write_text(json.dumps(row))
@@ -293,16 +363,18 @@ def replay_command(a, rank: int, overrides: list) -> str:
     opts = ["--config", a.config, "--rank", str(rank)]
     for action in parser()._actions:  # every option the parser has, so a new one is replayed too
         value = getattr(a, action.dest, None)
-        if action.dest in ("config", "rank", "out", "child_rank", "child_row") or value is None or value is False:
+        if (
+            action.dest in ("config", "rank", "out", "child_rank", "child_row")
+            or value is None
+            or value is False
+        ):
             continue
-        opts += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
+        opts += (
+            [action.option_strings[0]]
+            if action.nargs == 0
+            else [action.option_strings[0], str(value)]
+        )
     return shlex.join(["ds-longctx", "rehearse", *opts, *overrides])
-
-
-
-
-
-
 
 
 if __name__ == "__main__":

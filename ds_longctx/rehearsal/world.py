@@ -20,16 +20,24 @@ class Refused(ValueError):
 def role_of(rank: int, per_node: int, sp: int) -> str:
     node, first = rank // per_node, rank - rank % sp
     where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
-    return (f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
-            f"{rank % per_node}")
+    return (
+        f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
+        f"{rank % per_node}"
+    )
 
 
 def planned(cfg, per_node: int, nodes: int):
     """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
-    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size,
-                       Levers.from_run_config(cfg, placement), nodes=nodes)
+    return plan_memory(
+        geom,
+        cfg.train.seq_len,
+        per_node,
+        cfg.parallel.sp_size,
+        Levers.from_run_config(cfg, placement),
+        nodes=nodes,
+    )
 
 
 # bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
@@ -49,6 +57,7 @@ def check(cfg, world: int, per_node: int):
     """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
     returns the HF config. Raises ValueError."""
     from ds_longctx.run.preflight import check_sources, rope_coverage, validate
+
     hf_cfg = validate(cfg, world, per_node)
     rope_coverage(cfg, hf_cfg)
     check_sources(cfg, hf_cfg.get_text_config().vocab_size)
@@ -59,9 +68,14 @@ def links(a, cfg):
     name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
     if name not in ic.LINKS:
         raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
-    intra = ic.link_from_gbps("--link_gbps", a.link_gbps) if a.link_gbps is not None else ic.LINKS[name]
-    inter = (ic.link_from_gbps("--internode_gbps", a.internode_gbps) if a.internode_gbps is not None
-             else ic.LINKS[ic.DEFAULT_INTERNODE])
+    intra = (
+        ic.link_from_gbps("--link_gbps", a.link_gbps) if a.link_gbps is not None else ic.LINKS[name]
+    )
+    inter = (
+        ic.link_from_gbps("--internode_gbps", a.internode_gbps)
+        if a.internode_gbps is not None
+        else ic.LINKS[ic.DEFAULT_INTERNODE]
+    )
     return intra, inter
 
 

@@ -47,17 +47,25 @@ def read_sessions(path, limit: int | None = None) -> list:
     return rows
 
 
-def answer_sessions(cfg, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")) -> list:
+def answer_sessions(
+    cfg, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")
+) -> list:
     """The first `limit` sessions of eval_data that hold answers (None: eval_rows of them); ValueError naming the fix
     where it holds none (synthetic, a hub name, text or chat rows without `meta.answers`). `names`: the options to
     name in it (train's keys; `ds-longctx eval`'s --answer_loss and --data)."""
     data = cfg.eval.data
     p = Path(data).expanduser()
-    rows = read_sessions(p, limit or cfg.eval.rows) if (p / "train.jsonl").is_file() or p.is_file() else []
+    rows = (
+        read_sessions(p, limit or cfg.eval.rows)
+        if (p / "train.jsonl").is_file() or p.is_file()
+        else []
+    )
     if not rows:
-        raise ValueError(f"{names[0]}: {names[1]}={data!r} holds no session with meta.answers (the loss on answers "
-                         f"needs them); give {names[1]} a `ds-longctx data prepare --sessions` directory (or its "
-                         f"train.jsonl), or drop {names[0]}")
+        raise ValueError(
+            f"{names[0]}: {names[1]}={data!r} holds no session with meta.answers (the loss on answers "
+            f"needs them); give {names[1]} a `ds-longctx data prepare --sessions` directory (or its "
+            f"train.jsonl), or drop {names[0]}"
+        )
     return rows
 
 
@@ -70,10 +78,11 @@ def hf_losses(model):
     def losses(ids: list):
         x = torch.tensor(ids, device=model.device)
         with torch.no_grad():
-            logits = model(x[None]).logits[0].float()   # [L, V]
+            logits = model(x[None]).logits[0].float()  # [L, V]
         target = logits[:-1].gather(1, x[1:, None])[:, 0]  # [L - 1]
         hits = target >= logits[:-1].amax(dim=1)
         return F.cross_entropy(logits[:-1], x[1:], reduction="none").cpu(), hits.cpu()
+
     return losses
 
 
@@ -85,14 +94,17 @@ def engine_losses(engine):
 
     def losses(ids: list):
         part = engine.eval_batch(torch.tensor([ids]))
-        full = torch.zeros(2, part.length, dtype=torch.float32, device=part.loss.device)  # [loss, hit] x [L]
-        n = max(0, min(part.loss.shape[1], part.length - part.start))                     # the slice less padding
-        full[0, part.start:part.start + n] = part.loss[0, :n]
-        full[1, part.start:part.start + n] = part.hit[0, :n].float()
+        full = torch.zeros(
+            2, part.length, dtype=torch.float32, device=part.loss.device
+        )  # [loss, hit] x [L]
+        n = max(0, min(part.loss.shape[1], part.length - part.start))  # the slice less padding
+        full[0, part.start : part.start + n] = part.loss[0, :n]
+        full[1, part.start : part.start + n] = part.hit[0, :n].float()
         if engine.state.sp_size > 1:
             dist.all_reduce(full, group=engine.state.sp_group)
         full = full[:, :-1].cpu()  # the last index predicts nothing (labels are the row shifted)
         return full[0], full[1] > 0.5
+
     return losses
 
 
@@ -114,8 +126,14 @@ def per_answer(losses, sessions: list) -> list:
         token_loss, hits = losses(ids)  # [L - 1] x 2
         for s in spans:
             a, b = s["tokens"]
-            out.append({**s, "session": name, "loss": float(token_loss[a - 1:b - 1].double().mean()),
-                        "exact": bool(hits[a - 1:b - 1].all())})
+            out.append(
+                {
+                    **s,
+                    "session": name,
+                    "loss": float(token_loss[a - 1 : b - 1].double().mean()),
+                    "exact": bool(hits[a - 1 : b - 1].all()),
+                }
+            )
     return out
 
 
@@ -125,21 +143,44 @@ def bucket_lines(answers: list, step: int) -> list:
     for name in BUCKETS:
         got = [x for x in answers if x["bucket"] == name]
         if got:
-            lines.append({"step": step, "bucket": name, "answers": len(got),
-                          "tokens": sum(x["tokens"][1] - x["tokens"][0] for x in got),
-                          "mean_loss": sum(x["loss"] for x in got) / len(got)})
+            lines.append(
+                {
+                    "step": step,
+                    "bucket": name,
+                    "answers": len(got),
+                    "tokens": sum(x["tokens"][1] - x["tokens"][0] for x in got),
+                    "mean_loss": sum(x["loss"] for x in got) / len(got),
+                }
+            )
             if "loss_without_evidence" in got[0]:
-                lines[-1]["mean_loss_without_evidence"] = sum(x["loss_without_evidence"] for x in got) / len(got)
+                lines[-1]["mean_loss_without_evidence"] = sum(
+                    x["loss_without_evidence"] for x in got
+                ) / len(got)
     return lines
 
 
 def answer_lines(answers: list, step: int) -> list:
     """One line per answer (module doc), in session and message order."""
-    return [{"step": step, "session": x["session"], "message": x["message"], "kind": x["kind"],
-             "distance_tokens": x["distance_tokens"], "bucket": x["bucket"], "position": x["tokens"][0],
-             "tokens": x["tokens"][1] - x["tokens"][0], "loss": x["loss"], "exact": x["exact"],
-             **({"loss_without_evidence": x["loss_without_evidence"]} if "loss_without_evidence" in x else {})}
-            for x in answers]
+    return [
+        {
+            "step": step,
+            "session": x["session"],
+            "message": x["message"],
+            "kind": x["kind"],
+            "distance_tokens": x["distance_tokens"],
+            "bucket": x["bucket"],
+            "position": x["tokens"][0],
+            "tokens": x["tokens"][1] - x["tokens"][0],
+            "loss": x["loss"],
+            "exact": x["exact"],
+            **(
+                {"loss_without_evidence": x["loss_without_evidence"]}
+                if "loss_without_evidence" in x
+                else {}
+            ),
+        }
+        for x in answers
+    ]
 
 
 def answer_loss(losses, sessions: list, step: int) -> list:
@@ -162,9 +203,12 @@ def answer_loss_lines(engine, cfg):
     """`lines(step)`: (the bucket lines, the answer lines) of eval_data's first eval_rows sessions under `engine` at
     `step` (every rank gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
     from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path
+
     rows = answer_sessions(cfg)
     tok = open_tokenizer(tokenizer_path(cfg))
-    sessions, control = session_spans(tok, rows), control_spans(tok, rows)  # tokenized once, read at every eval
+    sessions, control = (
+        session_spans(tok, rows),
+        control_spans(tok, rows),
+    )  # tokenized once, read at every eval
     losses = engine_losses(engine)
     return lambda step: answer_loss_both(losses, sessions, step, control)
-

@@ -1,6 +1,6 @@
 """A worker's command line: the launcher's arguments dropped, the run config parsed (or the process refused).
 
-    cfg = parse_config(sys.argv[1:], world_size, per_node, usage)   # train, rehearse, cli, the HF Trainer
+cfg = parse_config(sys.argv[1:], world_size, per_node, usage)   # train, rehearse, cli, the HF Trainer
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
-def parse_config(argv: list[str], world_size: int | None = None, per_node: int | None = None, usage: str = ""):
+def parse_config(
+    argv: list[str], world_size: int | None = None, per_node: int | None = None, usage: str = ""
+):
     """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
     prints `usage` (the caller's, e.g. the train entry's docstring) and every field (section, flat and dotted key,
     type, default, doc) and exits 0. `world_size`, `per_node`: the processes the run is launched on, in all and per

@@ -39,11 +39,15 @@ def start(max_entries: int = MAX_ENTRIES) -> None:
     `SystemError: ... returned NULL without setting an exception`), with or without torch.compile (measured: see
     docs/calibration.md#memory-snapshot-context). What holds memory at the peak needs only the allocations' stacks."""
     import torch
-    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=max_entries)
+
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="alloc", stacks="python", max_entries=max_entries
+    )
 
 
 def stop() -> None:
     import torch
+
     torch.cuda.memory._record_memory_history(enabled=None)
 
 
@@ -51,7 +55,9 @@ def origin(frames: list) -> str:
     """`file:line in function` of the innermost frame in our stack of libraries (else the innermost frame)."""
     if not frames:
         return "(allocated before recording began)"
-    pick = next((f for f in frames if any(f"/{name}/" in f.get("filename", "") for name in OURS)), frames[0])
+    pick = next(
+        (f for f in frames if any(f"/{name}/" in f.get("filename", "") for name in OURS)), frames[0]
+    )
     path = pick.get("filename", "?")
     for name in OURS:
         if f"/{name}/" in path:
@@ -81,7 +87,11 @@ def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
     traces = snapshot.get("device_traces", [])
     events = traces[device] if device < len(traces) else []
     # the event that ends each block's life: free_requested, or free_completed when no request was recorded (or held)
-    ends, last_alloc, requested = {}, {}, {}  # end event index -> frames of the alloc before it at that address
+    ends, last_alloc, requested = (
+        {},
+        {},
+        {},
+    )  # end event index -> frames of the alloc before it at that address
     for i, e in enumerate(events):
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc":
@@ -130,56 +140,82 @@ def stream_table(snapshot: dict, device: int = 0) -> list:
             continue
         r = rows[seg.get("stream", 0)]
         r[0] += seg.get("total_size", sum(b["size"] for b in seg.get("blocks", [])))
-        r[1] += seg.get("allocated_size", sum(b["size"] for b in seg.get("blocks", [])
-                                              if b.get("state") == "active_allocated"))
+        r[1] += seg.get(
+            "allocated_size",
+            sum(b["size"] for b in seg.get("blocks", []) if b.get("state") == "active_allocated"),
+        )
         r[2] += 1
         for b in seg.get("blocks", []):
             if b.get("frames"):
                 r[3][origin(b["frames"])] += b["size"]
-    traced = defaultdict(lambda: defaultdict(int))  # stream -> origin -> bytes allocated there in the window
+    traced = defaultdict(
+        lambda: defaultdict(int)
+    )  # stream -> origin -> bytes allocated there in the window
     traces = snapshot.get("device_traces", [])
     for e in traces[device] if device < len(traces) else []:
         if e.get("action") == "alloc" and e.get("frames"):
             traced[e.get("stream", 0)][origin(e["frames"])] += e.get("size", 0)
     out = []
     for stream, (reserved, allocated, n, by) in rows.items():
-        by = by or traced.get(stream, {})  # nothing alive there now: who allocated on it during the window
+        by = by or traced.get(
+            stream, {}
+        )  # nothing alive there now: who allocated on it during the window
         top = max(by.items(), key=lambda kv: kv[1])[0] if by else "(no recorded stacks)"
         out.append((stream, reserved, allocated, n, top))
     return sorted(out, key=lambda t: -t[1])
 
 
-def format_table(table: dict, rank: int, steps: int, top: int = 40, held: dict | None = None,
-                 streams: list | None = None) -> str:
-    gib = 2 ** 30
-    lines = [f"rank {rank}: allocated bytes alive at the highest point of the first {steps} step(s) (event "
-             f"{table['event']} of {table['events']} recorded): {table['peak_bytes'] / gib:.2f} GiB",
-             f"{'GiB':>9} {'blocks':>7}  allocated at"]
+def format_table(
+    table: dict,
+    rank: int,
+    steps: int,
+    top: int = 40,
+    held: dict | None = None,
+    streams: list | None = None,
+) -> str:
+    gib = 2**30
+    lines = [
+        f"rank {rank}: allocated bytes alive at the highest point of the first {steps} step(s) (event "
+        f"{table['event']} of {table['events']} recorded): {table['peak_bytes'] / gib:.2f} GiB",
+        f"{'GiB':>9} {'blocks':>7}  allocated at",
+    ]
 
     def rows(t: dict) -> None:
         for where, size, n in t["groups"][:top]:
             lines.append(f"{size / gib:9.3f} {n:7d}  {where}")
         rest = t["groups"][top:]
         if rest:
-            lines.append(f"{sum(s for _, s, _ in rest) / gib:9.3f} {sum(n for _, _, n in rest):7d}  "
-                         f"({len(rest)} more places)")
+            lines.append(
+                f"{sum(s for _, s, _ in rest) / gib:9.3f} {sum(n for _, _, n in rest):7d}  "
+                f"({len(rest)} more places)"
+            )
+
     rows(table)
     if held is not None:
-        lines += ["", f"held (freed blocks still waiting for another stream's work count until it has run) at its "
-                      f"highest point (event {held['event']}): {held['peak_bytes'] / gib:.2f} GiB",
-                  f"{'GiB':>9} {'blocks':>7}  allocated at"]
+        lines += [
+            "",
+            f"held (freed blocks still waiting for another stream's work count until it has run) at its "
+            f"highest point (event {held['event']}): {held['peak_bytes'] / gib:.2f} GiB",
+            f"{'GiB':>9} {'blocks':>7}  allocated at",
+        ]
         rows(held)
     if streams:
-        lines += ["", "reserved by stream at the end of the window (a stream's cached blocks serve that stream only)",
-                  f"{'stream':>16} {'reserved GiB':>12} {'allocated GiB':>13} {'segments':>8}  most bytes from"]
+        lines += [
+            "",
+            "reserved by stream at the end of the window (a stream's cached blocks serve that stream only)",
+            f"{'stream':>16} {'reserved GiB':>12} {'allocated GiB':>13} {'segments':>8}  most bytes from",
+        ]
         for stream, reserved, allocated, n, where in streams:
-            lines.append(f"{stream:>16} {reserved / gib:12.3f} {allocated / gib:13.3f} {n:8d}  {where}")
+            lines.append(
+                f"{stream:>16} {reserved / gib:12.3f} {allocated / gib:13.3f} {n:8d}  {where}"
+            )
     return "\n".join(lines) + "\n"
 
 
 def dump(out_dir: Path, rank: int, steps: int) -> Path:
     """Write this rank's snapshot and peak table, stop recording; returns the table's path."""
     import torch
+
     snap = torch.cuda.memory._snapshot()
     stop()
     d = Path(out_dir) / "memory"
@@ -188,7 +224,16 @@ def dump(out_dir: Path, rank: int, steps: int) -> Path:
         pickle.dump(snap, f)
     path = d / f"rank{rank}_peak.txt"
     dev = torch.cuda.current_device()
-    path.write_text(format_table(peak_table(snap, dev), rank, steps, held=peak_table(snap, dev, held=True),
-                                 streams=stream_table(snap, dev)))
-    log.info("memory snapshot of steps 1-%d: %s (and %s)", steps, path, d / f"rank{rank}_snapshot.pickle")
+    path.write_text(
+        format_table(
+            peak_table(snap, dev),
+            rank,
+            steps,
+            held=peak_table(snap, dev, held=True),
+            streams=stream_table(snap, dev),
+        )
+    )
+    log.info(
+        "memory snapshot of steps 1-%d: %s (and %s)", steps, path, d / f"rank{rank}_snapshot.pickle"
+    )
     return path

@@ -36,28 +36,50 @@ def _continue_lines(path: Path, start_step: int) -> None:
         path.rename(old)
         log.info("previous %s kept as %s", path.name, old)
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start_step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= start_step
+    ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
 
 
-SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "seconds", "trained_tokens", "peak_gpu_bytes", "host_rss_bytes")
+SCALARS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "seconds",
+    "trained_tokens",
+    "peak_gpu_bytes",
+    "host_rss_bytes",
+)
 
 
 def check_reporter(report_to: str, out=None) -> None:
     """ValueError naming the install when the package `report_to` asks for does not import, or naming `out`/tensorboard
     where TensorBoard's events could not be written there (nothing is written)."""
     import importlib.util
+
     need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
     if need and importlib.util.find_spec(need) is None:
-        raise ValueError(f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)")
+        raise ValueError(
+            f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)"
+        )
     events = Path(out) / "tensorboard" if out is not None else None
-    if report_to in ("auto", "tensorboard") and events is not None and os.path.lexists(events) and (
-            events.is_symlink() or not events.is_dir() or not os.access(events, os.W_OK | os.X_OK)):
+    if (
+        report_to in ("auto", "tensorboard")
+        and events is not None
+        and os.path.lexists(events)
+        and (events.is_symlink() or not events.is_dir() or not os.access(events, os.W_OK | os.X_OK))
+    ):
         what = "not a directory" if events.is_symlink() or not events.is_dir() else "not writable"
-        raise ValueError(f"{events} is {what}, so TensorBoard's events cannot go there; move it out of the "
-                         f"output_dir, or report_to: none")
+        raise ValueError(
+            f"{events} is {what}, so TensorBoard's events cannot go there; move it out of the "
+            f"output_dir, or report_to: none"
+        )
 
 
 def reporter(report_to: str, out: Path, start_step: int, cfg=None):
@@ -69,19 +91,37 @@ def reporter(report_to: str, out: Path, start_step: int, cfg=None):
         except ImportError:
             if report_to == "auto":
                 return None
-            raise ValueError("report_to=tensorboard needs the tensorboard package: pip install tensorboard (or "
-                             "report_to: none)") from None
-        log.info("TensorBoard events in %s (tensorboard --logdir %s)", out / "tensorboard", out / "tensorboard")
-        return TensorBoard(SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None))
+            raise ValueError(
+                "report_to=tensorboard needs the tensorboard package: pip install tensorboard (or "
+                "report_to: none)"
+            ) from None
+        log.info(
+            "TensorBoard events in %s (tensorboard --logdir %s)",
+            out / "tensorboard",
+            out / "tensorboard",
+        )
+        return TensorBoard(
+            SummaryWriter(
+                str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
+        )
     if report_to == "wandb":
         try:
             import wandb
         except ImportError:
-            raise ValueError("report_to=wandb needs the wandb package: pip install wandb (or report_to: none)"
-                             ) from None
-        os.environ.setdefault("WANDB_MODE", "offline")  # no network needed; `wandb sync` uploads later
-        run = wandb.init(dir=str(out), project="ds_longctx", name=out.name, resume="allow",
-                         config=cfg.model_dump() if cfg is not None else None)
+            raise ValueError(
+                "report_to=wandb needs the wandb package: pip install wandb (or report_to: none)"
+            ) from None
+        os.environ.setdefault(
+            "WANDB_MODE", "offline"
+        )  # no network needed; `wandb sync` uploads later
+        run = wandb.init(
+            dir=str(out),
+            project="ds_longctx",
+            name=out.name,
+            resume="allow",
+            config=cfg.model_dump() if cfg is not None else None,
+        )
         log.info("Weights & Biases run in %s (%s)", out / "wandb", os.environ["WANDB_MODE"])
         return WandB(run)
     return None
@@ -116,7 +156,12 @@ class MetricsLog:
     appends."""
 
     def __init__(self, out: Path, start_step: int, report_to: str, enabled: bool, cfg=None):
-        self.path, self.curve_path, self.enabled, self.tb = out / METRICS_FILE, out / CURVE_FILE, enabled, None
+        self.path, self.curve_path, self.enabled, self.tb = (
+            out / METRICS_FILE,
+            out / CURVE_FILE,
+            enabled,
+            None,
+        )
         self.unwritten: dict = {}  # path -> the rows it has not taken yet, in order
         self.why: dict = {}  # path -> the first error that kept them
         if not enabled:
@@ -137,7 +182,9 @@ class MetricsLog:
         if "eval_loss" in row:
             self.tb.scalars({"eval/loss": row["eval_loss"]}, row["step"])
             return
-        self.tb.scalars({f"train/{k}": row[k] for k in SCALARS if row.get(k) is not None}, row["step"])
+        self.tb.scalars(
+            {f"train/{k}": row[k] for k in SCALARS if row.get(k) is not None}, row["step"]
+        )
 
     def write_eval(self, result, step: int) -> None:
         """One evaluation: its metrics.jsonl line and its eval_curve.jsonl line."""
@@ -154,12 +201,21 @@ class MetricsLog:
         except OSError as e:
             if path not in self.why:
                 self.why[path] = describe_os_error(e, path)
-                log.warning("metrics: %s; step %s's line and later ones are kept and written once the file takes "
-                            "them", self.why[path], row["step"])
+                log.warning(
+                    "metrics: %s; step %s's line and later ones are kept and written once the file takes "
+                    "them",
+                    self.why[path],
+                    row["step"],
+                )
             return
         if path in self.why:
-            log.warning("metrics: %s takes lines again: the %d kept (steps %s-%s) written", path, len(rows),
-                        rows[0]["step"], rows[-1]["step"])
+            log.warning(
+                "metrics: %s takes lines again: the %d kept (steps %s-%s) written",
+                path,
+                len(rows),
+                rows[0]["step"],
+                rows[-1]["step"],
+            )
             del self.why[path]
         del self.unwritten[path]
 
@@ -172,9 +228,15 @@ class MetricsLog:
         notes = []
         for path, rows in self.unwritten.items():
             for row in rows:
-                print(f"[ds_longctx] unwritten {path.name} line: {json.dumps(row)}", file=sys.stderr, flush=True)
-            notes.append(f"{len(rows)} line(s) of {path.name} (steps {rows[0]['step']}-{rows[-1]['step']}) were not "
-                         f"written ({self.why[path]}) and are printed above")
+                print(
+                    f"[ds_longctx] unwritten {path.name} line: {json.dumps(row)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            notes.append(
+                f"{len(rows)} line(s) of {path.name} (steps {rows[0]['step']}-{rows[-1]['step']}) were not "
+                f"written ({self.why[path]}) and are printed above"
+            )
         self.unwritten.clear()
         self.why.clear()
         return "; ".join(notes)

@@ -29,9 +29,12 @@ from ds_longctx.plan import layer_types
 def load_hf_config(model: str):
     """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
     A file transformers cannot read is a ValueError naming it."""
-    from huggingface_hub.errors import StrictDataclassError  # transformers' typed config fields (a null, a string)
+    from huggingface_hub.errors import (
+        StrictDataclassError,
+    )  # transformers' typed config fields (a null, a string)
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     src = resolve_model(model)
     try:
         if src.kind == "shipped":  # its family's config class (Qwen3Config, Qwen3MoeConfig, ...)
@@ -42,13 +45,19 @@ def load_hf_config(model: str):
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
             cfg = AutoConfig.from_pretrained(src.config.parent, trust_remote_code=False)
-            if cfg.model_type in layer_types.HYBRID_TYPES:  # a composite (VL) checkpoint: its text model trains
+            if (
+                cfg.model_type in layer_types.HYBRID_TYPES
+            ):  # a composite (VL) checkpoint: its text model trains
                 cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         where = str(src.config)
-        first = " ".join(x.strip() for x in str(e).strip().splitlines())[:240]  # hub's errors span lines
-        raise ValueError(f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
-                         f"replace that config.json") from None
+        first = " ".join(x.strip() for x in str(e).strip().splitlines())[
+            :240
+        ]  # hub's errors span lines
+        raise ValueError(
+            f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
+            f"replace that config.json"
+        ) from None
     cfg.use_cache = False
     return cfg
 
@@ -70,23 +79,34 @@ def weights_problem(model: str):
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 return f"{index} is not a weight index ({type(e).__name__}: {e}); restore it from the model's source"
             missing = sorted(s for s in shards if not (d / s).is_file())
-            return (f"{index} names {len(missing)} shard(s) missing from {d} ({', '.join(missing[:3])}); copy them "
-                    f"there") if missing else None
+            return (
+                (
+                    f"{index} names {len(missing)} shard(s) missing from {d} ({', '.join(missing[:3])}); copy them "
+                    f"there"
+                )
+                if missing
+                else None
+            )
         if (d / name).is_file():
             return None
     if any(d.glob("*.safetensors")):
         return None
-    return (f"model={model!r} holds a config.json but no weights (no {' / '.join(WEIGHT_FILES)}, no *.safetensors); "
-            f"copy the weights there, or pass {d / 'config.json'} to train from random init")
+    return (
+        f"model={model!r} holds a config.json but no weights (no {' / '.join(WEIGHT_FILES)}, no *.safetensors); "
+        f"copy the weights there, or pass {d / 'config.json'} to train from random init"
+    )
 
 
 def model_class(hf_config):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
     try:
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
     except KeyError:
-        raise ValueError(f"model type {hf_config.model_type!r} has no causal-LM class in transformers; "
-                         f"ds_longctx trains causal LMs (Qwen3, Llama, ...)") from None
+        raise ValueError(
+            f"model type {hf_config.model_type!r} has no causal-LM class in transformers; "
+            f"ds_longctx trains causal LMs (Qwen3, Llama, ...)"
+        ) from None
 
 
 def init_weights(model: nn.Module, seed: int, std: float) -> None:
@@ -95,8 +115,12 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
     N(0, std) as transformers' `_init_weights` does for Qwen3/Llama; a hybrid model's own vectors (zero-centred norms,
     the gated DeltaNet's dt_bias / A_log) as plan/layer_types.vector_init says."""
     import deepspeed
-    owner = {f"{m_name}.{p_name}".lstrip("."): type(m).__name__ for m_name, m in model.named_modules()
-             for p_name, _ in m.named_parameters(recurse=False)}
+
+    owner = {
+        f"{m_name}.{p_name}".lstrip("."): type(m).__name__
+        for m_name, m in model.named_modules()
+        for p_name, _ in m.named_parameters(recurse=False)
+    }
     # rank 0 draws and the gather's exit hands each rank its slice; a rehearsal's fake world moves no data, so there
     # every rank draws the same values itself (else it keeps torch's module init: N(0, 1) embeddings)
     only_rank0 = dist.is_initialized() and dist.get_rank() != 0 and not fake_world.active()
@@ -108,8 +132,14 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
                 if p.dim() == 1:
                     p.fill_(layer_types.vector_init(name, owner.get(name, "")))
                 else:
-                    g = torch.Generator(device=p.device).manual_seed(seed * 7919 + zlib.crc32(name.encode()))
-                    p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std))
+                    g = torch.Generator(device=p.device).manual_seed(
+                        seed * 7919 + zlib.crc32(name.encode())
+                    )
+                    p.copy_(
+                        torch.randn(
+                            p.shape, generator=g, device=p.device, dtype=torch.float32
+                        ).mul_(std)
+                    )
 
 
 @contextlib.contextmanager
@@ -132,10 +162,13 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     `deepspeed.zero.Init` (parameters born partitioned: an 8B model never exists whole on one rank), then
     shipped geometries re-drawn deterministically (`init_weights`). `stage(name)` is told each step's end."""
     import deepspeed
+
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     cls = model_class(hf_cfg)
     hf_cfg._attn_implementation = "sdpa"
-    set_experts_kernel(hf_cfg)  # a mixture of experts: transformers' grouped_mm experts (levers/moe.py)
+    set_experts_kernel(
+        hf_cfg
+    )  # a mixture of experts: transformers' grouped_mm experts (levers/moe.py)
     hf_cfg.dtype = dtype
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
     apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)
@@ -145,8 +178,11 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None, enabled=not is_path):
         if is_path:
             from transformers.integrations import HfDeepSpeedConfig
+
             _keep = HfDeepSpeedConfig(ds_config)  # noqa: F841  makes from_pretrained load partitioned
-            model = cls.from_pretrained(resolve_model(cfg.model.name).config.parent, config=hf_cfg, dtype=dtype)
+            model = cls.from_pretrained(
+                resolve_model(cfg.model.name).config.parent, config=hf_cfg, dtype=dtype
+            )
         else:
             with _without_hf_init(cls):
                 model = cls(hf_cfg).to(dtype)
@@ -154,4 +190,6 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     if not is_path:
         init_weights(model, cfg.train.seed, getattr(hf_cfg, "initializer_range", 0.02))
         stage("init_weights")
-    return model.train()  # SP must never run in eval mode by accident (accelerate's SP disables itself in eval)
+    return (
+        model.train()
+    )  # SP must never run in eval mode by accident (accelerate's SP disables itself in eval)

@@ -34,29 +34,38 @@ def untiled_cost_gb(cfg, world_size: int) -> float:
     placement = run_placement(cfg, geom.layers, world_size, gpu_mem_gb=None)
     tiled = Levers.from_run_config(cfg, placement)
     args = (geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size)
-    return (plan_memory(*args, replace(tiled, tiled_mlp=False)).gpu_peak_bytes
-            - plan_memory(*args, tiled).gpu_peak_bytes) / GB
+    return (
+        plan_memory(*args, replace(tiled, tiled_mlp=False)).gpu_peak_bytes
+        - plan_memory(*args, tiled).gpu_peak_bytes
+    ) / GB
 
 
 def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
     """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index: why})."""
     first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size)
-    cost = (f"about {extra:.1f} GB more per GPU at seq_len={cfg.train.seq_len:,}" if extra >= 0.05 else
-            f"no more GPU memory at seq_len={cfg.train.seq_len:,} (another phase sets the peak)")
-    return (f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): {cost} by the planner's untiled "
-            f"sparse block against its tiles")
+    cost = (
+        f"about {extra:.1f} GB more per GPU at seq_len={cfg.train.seq_len:,}"
+        if extra >= 0.05
+        else f"no more GPU memory at seq_len={cfg.train.seq_len:,} (another phase sets the peak)"
+    )
+    return (
+        f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): {cost} by the planner's untiled "
+        f"sparse block against its tiles"
+    )
 
 
 def check_moe(cfg, hf_config, world_size: int) -> None:
     """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the experts
     (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
     the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no longer fits
-    `memory.gpu_budget_gb` (without a budget they run untiled with one warning: run/engine.py)."""
+    `memory.gpu_budget_gb` (without a budget they run untiled with one warning: run/lever_order.py)."""
     text = hf_config.get_text_config()
     if not getattr(text, "num_experts", 0):
         if cfg.model.router_aux_loss_coef is not None:
-            raise ValueError(f"router_aux_loss_coef={cfg.model.router_aux_loss_coef:g} is set, but model="
-                             f"{cfg.model.name!r} has no experts (no load-balancing loss); remove the key")
+            raise ValueError(
+                f"router_aux_loss_coef={cfg.model.router_aux_loss_coef:g} is set, but model="
+                f"{cfg.model.name!r} has no experts (no load-balancing loss); remove the key"
+            )
         return
     geom = as_geometry(cfg.model.name)
     if cfg.lora.rank and (problem := lora_problem(geom.moe, geom.layers, cfg.lora.target_modules)):
@@ -64,16 +73,27 @@ def check_moe(cfg, hf_config, world_size: int) -> None:
     if not cfg.memory.tiled_mlp or not cfg.memory.gpu_budget_gb:
         return
     from ds_longctx.run.model import model_class
+
     with torch.device("meta"):
         model = model_class(hf_config)(copy.deepcopy(hf_config))
     problems = [p for b in sparse_blocks(model) if (p := tile_problem(b)) is not None]
     if not problems:
         return
     extra = untiled_cost_gb(cfg, world_size)
-    untiled = replace(Levers.from_run_config(cfg, run_placement(cfg, geom.layers, world_size, None)), tiled_mlp=False)
-    peak = plan_memory(geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size, untiled).gpu_peak_bytes / GB
+    untiled = replace(
+        Levers.from_run_config(cfg, run_placement(cfg, geom.layers, world_size, None)),
+        tiled_mlp=False,
+    )
+    peak = (
+        plan_memory(
+            geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size, untiled
+        ).gpu_peak_bytes
+        / GB
+    )
     if peak > cfg.memory.gpu_budget_gb:
-        raise ValueError(f"tiled_mlp: the sparse MoE blocks of model={cfg.model.name!r} cannot run in tiles "
-                         f"({problems[0]}); untiled they need {extra:.1f} GB more per GPU, {peak:.1f} GB in all, over "
-                         f"gpu_budget_gb={cfg.memory.gpu_budget_gb:g}; shorten seq_len or plan again "
-                         f"(ds-longctx plan) with more GPUs")
+        raise ValueError(
+            f"tiled_mlp: the sparse MoE blocks of model={cfg.model.name!r} cannot run in tiles "
+            f"({problems[0]}); untiled they need {extra:.1f} GB more per GPU, {peak:.1f} GB in all, over "
+            f"gpu_budget_gb={cfg.memory.gpu_budget_gb:g}; shorten seq_len or plan again "
+            f"(ds-longctx plan) with more GPUs"
+        )

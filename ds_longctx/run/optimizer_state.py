@@ -39,12 +39,16 @@ SUPPORTED = ("Adam", "AdamW", "FusedAdam", "DeepSpeedCPUAdam")
 
 def optimizers(zo) -> list:
     """The optimizers ZeRO-3 steps its sub-groups with: the main one, and the GPU's AdamW of a partial offload."""
-    return [zo.optimizer] + ([zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else [])
+    return [zo.optimizer] + (
+        [zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else []
+    )
 
 
 def skip_reason(zo) -> Optional[str]:
     """Why `materialize` leaves this ZeRO optimizer's state to its lazy default, or None."""
-    if not all(hasattr(zo, a) for a in ("_optimizer_step", "fp32_partitioned_groups_flat", "optimizer")):
+    if not all(
+        hasattr(zo, a) for a in ("_optimizer_step", "fp32_partitioned_groups_flat", "optimizer")
+    ):
         return f"{type(zo).__name__} is not DeepSpeed's ZeRO-3 optimizer as of 0.19 (no per-sub-group step)"
     if getattr(zo, "swap_optimizer", False):
         return "the optimizer state is swapped to NVMe"
@@ -80,8 +84,15 @@ def materialize(zo) -> tuple[int, str]:
                 continue
             grad = p.grad
             if grad is None:
-                if zero is None or zero.device != p.device or zero.dtype != p.dtype or zero.numel() < p.numel():
-                    largest = max(q.numel() for q in zo.fp32_partitioned_groups_flat if q is not None)
+                if (
+                    zero is None
+                    or zero.device != p.device
+                    or zero.dtype != p.dtype
+                    or zero.numel() < p.numel()
+                ):
+                    largest = max(
+                        q.numel() for q in zo.fp32_partitioned_groups_flat if q is not None
+                    )
                     zero = torch.zeros(largest, dtype=p.dtype, device=p.device)
                 p.grad = zero.narrow(0, 0, p.numel()).view_as(p)
             else:  # an offloaded sub-group's pinned gradient buffer, kept by DeepSpeed across steps: zeros at build
@@ -99,7 +110,9 @@ def materialize(zo) -> tuple[int, str]:
         for g, had in had_group_step:
             if not had:
                 g.pop("step", None)
-        for st in (o.state[p] for p in made for o in opts if p in o.state):  # only the state made here
+        for st in (
+            o.state[p] for p in made for o in opts if p in o.state
+        ):  # only the state made here
             if "step" in st:
                 if torch.is_tensor(st["step"]):
                     st["step"].zero_()
@@ -110,7 +123,9 @@ def materialize(zo) -> tuple[int, str]:
     names = ", ".join(sorted({type(o).__name__ for o in opts}))
     if not made:
         return 0, f"already there for every sub-group ({names}: a resumed checkpoint's)"
-    return len(made), f"made at build for {len(made)} sub-groups ({names}, {_size(grown)} on this rank)"
+    return len(
+        made
+    ), f"made at build for {len(made)} sub-groups ({names}, {_size(grown)} on this rank)"
 
 
 def at_start(cfg, zo, rank: int) -> int:
@@ -131,5 +146,10 @@ def _size(n: int) -> str:
 
 
 def _state_bytes(opts) -> int:
-    return sum(t.numel() * t.element_size() for o in opts for st in o.state.values() for t in st.values()
-               if torch.is_tensor(t) and t.dim() > 0)
+    return sum(
+        t.numel() * t.element_size()
+        for o in opts
+        for st in o.state.values()
+        for t in st.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )

@@ -34,10 +34,19 @@ PANELS = {
     "reward_accuracy": ("DPO reward accuracy", ("rewards/accuracies",), 1),
 }
 STYLES = {"eval_loss": dict(linestyle="none", marker="o"), "host_rss_bytes": dict(linestyle="--")}
-NAMES = {"loss": "train", "eval_loss": "eval", "peak_gpu_bytes": "peak GPU reserved", "host_rss_bytes": "host RSS",
-         "rewards/chosen": "chosen", "rewards/rejected": "rejected", "rewards/margins": "margin"}
+NAMES = {
+    "loss": "train",
+    "eval_loss": "eval",
+    "peak_gpu_bytes": "peak GPU reserved",
+    "host_rss_bytes": "host RSS",
+    "rewards/chosen": "chosen",
+    "rewards/rejected": "rejected",
+    "rewards/margins": "margin",
+}
 INSTALL = "pip install matplotlib"
-PLOT_MARKER = ".ds_longctx-plot"  # which PNGs of --out a plot wrote, with their sha256 (disk.mark_written)
+PLOT_MARKER = (
+    ".ds_longctx-plot"  # which PNGs of --out a plot wrote, with their sha256 (disk.mark_written)
+)
 
 
 def read_runs(dirs: list) -> dict:
@@ -48,14 +57,20 @@ def read_runs(dirs: list) -> dict:
     for d, name in zip(dirs, names):
         path = Path(d) / METRICS_FILE
         if not path.is_file():
-            raise ValueError(f"{d}: no {METRICS_FILE} there; pass a run's output_dir (the directory `ds-longctx train` "
-                             f"wrote {METRICS_FILE} into)")
+            raise ValueError(
+                f"{d}: no {METRICS_FILE} there; pass a run's output_dir (the directory `ds-longctx train` "
+                f"wrote {METRICS_FILE} into)"
+            )
         try:
             lines = read_jsonl(path)
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ValueError(f"{path} cannot be read as JSON lines ({type(e).__name__}: {e}); pass a run's "
-                             f"metrics.jsonl as the run wrote it") from None
-        runs[name if names.count(name) == 1 else str(d)] = [r for r in lines if isinstance(r, dict) and "step" in r]
+            raise ValueError(
+                f"{path} cannot be read as JSON lines ({type(e).__name__}: {e}); pass a run's "
+                f"metrics.jsonl as the run wrote it"
+            ) from None
+        runs[name if names.count(name) == 1 else str(d)] = [
+            r for r in lines if isinstance(r, dict) and "step" in r
+        ]
     return runs
 
 
@@ -68,6 +83,7 @@ def series(lines: list, field: str) -> tuple:
 def figures(runs: dict) -> dict:
     """{panel: Figure} of every panel at least one run has a field of."""
     from matplotlib.figure import Figure
+
     out = {}
     for panel, (ylabel, fields, unit) in PANELS.items():
         drawn = [(label, f, series(lines, f)) for label, lines in runs.items() for f in fields]
@@ -79,7 +95,13 @@ def figures(runs: dict) -> dict:
         colours = {label: f"C{i}" for i, label in enumerate(runs)}
         for label, f, (steps, values) in drawn:
             name = label if len(fields) == 1 else f"{label}: {NAMES[f]}"
-            ax.plot(steps, [v / unit for v in values], color=colours[label], label=name, **STYLES.get(f, {}))
+            ax.plot(
+                steps,
+                [v / unit for v in values],
+                color=colours[label],
+                label=name,
+                **STYLES.get(f, {}),
+            )
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(panel.replace("_", " "))
@@ -95,16 +117,22 @@ def plot_runs(dirs: list, out) -> list:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ValueError(f"ds-longctx plot draws with matplotlib, which is not installed: {INSTALL}") from None
+        raise ValueError(
+            f"ds-longctx plot draws with matplotlib, which is not installed: {INSTALL}"
+        ) from None
     runs = read_runs(dirs)
     figs = figures(runs)
     if not figs:
-        raise ValueError(f"{', '.join(map(str, dirs))}: no line of {METRICS_FILE} has any of "
-                         f"{sorted({f for _, fields, _ in PANELS.values() for f in fields})}; nothing to plot")
+        raise ValueError(
+            f"{', '.join(map(str, dirs))}: no line of {METRICS_FILE} has any of "
+            f"{sorted({f for _, fields, _ in PANELS.values() for f in fields})}; nothing to plot"
+        )
     out, names = Path(user_path(str(out))), [f"{panel}.png" for panel in figs]
     if out.is_dir() and (theirs := not_ours(out, PLOT_MARKER, names)):
-        raise ValueError(f"--out {out} holds {', '.join(theirs)}, which no plot wrote there (or changed since), so "
-                         f"nothing is written; choose another --out (an earlier plot's own files are replaced)")
+        raise ValueError(
+            f"--out {out} holds {', '.join(theirs)}, which no plot wrote there (or changed since), so "
+            f"nothing is written; choose another --out (an earlier plot's own files are replaced)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     for name, fig in zip(names, figs.values()):
         fig.savefig(out / name, dpi=100)
@@ -113,10 +141,20 @@ def plot_runs(dirs: list, out) -> list:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ds-longctx plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (holding metrics.jsonl)")
-    p.add_argument("--out", default=None, help="directory for the PNGs (default: RUN_DIR/plots of the first run)")
+    p = argparse.ArgumentParser(
+        prog="ds-longctx plot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (holding metrics.jsonl)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory for the PNGs (default: RUN_DIR/plots of the first run)",
+    )
     return p
 
 
@@ -128,7 +166,12 @@ def main(argv: list) -> int:
     except ValueError as e:
         refuse(f"refused: {e}")
     except OSError as e:
-        refuse(f"refused: --out {out}: cannot write there ({type(e).__name__}: {e}); choose another --out")
-    print(f"{len(written)} plot(s) of {len(a.runs)} run(s) in {out}: {', '.join(p.name for p in written)}",
-          file=sys.stdout, flush=True)
+        refuse(
+            f"refused: --out {out}: cannot write there ({type(e).__name__}: {e}); choose another --out"
+        )
+    print(
+        f"{len(written)} plot(s) of {len(a.runs)} run(s) in {out}: {', '.join(p.name for p in written)}",
+        file=sys.stdout,
+        flush=True,
+    )
     return 0

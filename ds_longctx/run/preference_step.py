@@ -23,7 +23,7 @@ from ds_longctx.parallel import kernel_rules
 
 log = logging.getLogger("ds_longctx")
 
-REF_FILE = "reference_logps.pt"   # in output_dir: {"logps": [pairs, 2] fp32, "signature": the data's, as JSON}
+REF_FILE = "reference_logps.pt"  # in output_dir: {"logps": [pairs, 2] fp32, "signature": the data's, as JSON}
 
 
 def dpo_model_problem(train, text_config) -> Optional[str]:
@@ -35,8 +35,10 @@ def dpo_model_problem(train, text_config) -> Optional[str]:
     if getattr(text_config, "num_experts", 0):
         return "objective=dpo on a mixture of experts is not built yet (its load-balancing loss); use a dense model"
     if train.shared_prompt and kernel_rules.linear_heads(text_config) is not None:
-        return ("shared_prompt: true on a model with linear-attention layers: their recurrence would carry the chosen "
-                "completion into the rejected one; set shared_prompt: false")
+        return (
+            "shared_prompt: true on a model with linear-attention layers: their recurrence would carry the chosen "
+            "completion into the rejected one; set shared_prompt: false"
+        )
     return None
 
 
@@ -47,12 +49,16 @@ def reference_logps(engine, data, output_dir, fresh: bool) -> None:
     signature = json.dumps(data.signature(), sort_keys=True)
     if not fresh:
         if not path.exists():
-            raise ValueError(f"{path} is missing: a resumed dpo run reads the reference log-probs its first step "
-                             f"computed from the starting weights; start the run again without resume")
+            raise ValueError(
+                f"{path} is missing: a resumed dpo run reads the reference log-probs its first step "
+                f"computed from the starting weights; start the run again without resume"
+            )
         saved = torch.load(path, weights_only=True)
         if saved["signature"] != signature:
-            raise ValueError(f"{path} holds reference log-probs of other data ({saved['signature']}, now "
-                             f"{signature}); resume on the data the run started with")
+            raise ValueError(
+                f"{path} holds reference log-probs of other data ({saved['signature']}, now "
+                f"{signature}); resume on the data the run started with"
+            )
         data.ref = saved["logps"]
         log.info("reference log-probs of %d pairs read from %s", len(data.ref), path)
         return
@@ -61,13 +67,17 @@ def reference_logps(engine, data, output_dir, fresh: bool) -> None:
     was_training = engine.module.training
     engine.ds.eval()
     try:
-        for first in range(0, data.n_rows, st.dp_size):  # every rank forwards each round: ZeRO-3 gathers over all
+        for first in range(
+            0, data.n_rows, st.dp_size
+        ):  # every rank forwards each round: ZeRO-3 gathers over all
             r = first + st.dp_rank
             batch = data.row(r if r < data.n_rows else 0)
             with torch.no_grad():
                 logps, _ = engine.pair_logps(batch)
             if r < data.n_rows:
-                table[list(batch.pairs)] = logps.view(-1, 2).double()  # [2P] -> [P, 2]: chosen, rejected
+                table[list(batch.pairs)] = logps.view(
+                    -1, 2
+                ).double()  # [2P] -> [P, 2]: chosen, rejected
     finally:
         engine.ds.train(was_training)
     if st.dp_group is not None:
@@ -75,9 +85,13 @@ def reference_logps(engine, data, output_dir, fresh: bool) -> None:
     data.ref = table.float().cpu()
     if st.rank == 0:
         torch.save({"logps": data.ref, "signature": signature}, path)
-        log.info("reference log-probs: %d pairs in a first pass over the starting weights (%.1f s), stored in %s "
-                 "(TRL's precompute_ref_log_probs; a resume reads them)", len(data.ref), time.perf_counter() - t0,
-                 path)
+        log.info(
+            "reference log-probs: %d pairs in a first pass over the starting weights (%.1f s), stored in %s "
+            "(TRL's precompute_ref_log_probs; a resume reads them)",
+            len(data.ref),
+            time.perf_counter() - t0,
+            path,
+        )
 
 
 def pair_forward_backward(engine, batches: list, logps_of) -> tuple:
@@ -90,21 +104,43 @@ def pair_forward_backward(engine, batches: list, logps_of) -> tuple:
     for k, batch in enumerate(batches):
         logps, tokens = logps_of(batch)  # [2P] each, over the SP group
         ref = batch.ref.to(logps)  # [P, 2]
-        out = dpo_loss(logps[0::2], logps[1::2], ref[:, 0], ref[:, 1], train.beta, train.loss_type, tokens[0::2],
-                       tokens[1::2])
+        out = dpo_loss(
+            logps[0::2],
+            logps[1::2],
+            ref[:, 0],
+            ref[:, 1],
+            train.beta,
+            train.loss_type,
+            tokens[0::2],
+            tokens[1::2],
+        )
         loss = out.losses.mean()
         with record_function("ds_longctx.backward"):
             engine.ds.backward(loss * st.sp_size / len(batches), scale_wrt_gas=False)
         margin = out.chosen_rewards - out.rejected_rewards
-        sums += torch.stack([loss.detach() / len(batches), out.chosen_rewards.sum(), out.rejected_rewards.sum(),
-                             (margin > 0).sum(), margin.sum(), torch.tensor(float(len(margin))).to(margin),
-                             tokens.sum()]).double()
+        sums += torch.stack(
+            [
+                loss.detach() / len(batches),
+                out.chosen_rewards.sum(),
+                out.rejected_rewards.sum(),
+                (margin > 0).sum(),
+                margin.sum(),
+                torch.tensor(float(len(margin))).to(margin),
+                tokens.sum(),
+            ]
+        ).double()
         if k < len(batches) - 1:
             engine.step()
     if dist.is_initialized() and st.world_size > 1:
-        dist.all_reduce(sums)  # each SP rank holds its group's values: sums over the world are sp x those over dp
+        dist.all_reduce(
+            sums
+        )  # each SP rank holds its group's values: sums over the world are sp x those over dp
         sums /= st.sp_size
     pairs = float(sums[5])
-    metrics = {"rewards/chosen": float(sums[1]) / pairs, "rewards/rejected": float(sums[2]) / pairs,
-               "rewards/accuracies": float(sums[3]) / pairs, "rewards/margins": float(sums[4]) / pairs}
+    metrics = {
+        "rewards/chosen": float(sums[1]) / pairs,
+        "rewards/rejected": float(sums[2]) / pairs,
+        "rewards/accuracies": float(sums[3]) / pairs,
+        "rewards/margins": float(sums[4]) / pairs,
+    }
     return float(sums[0]) / st.dp_size, int(sums[6]), metrics

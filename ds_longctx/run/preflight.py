@@ -52,11 +52,18 @@ log = logging.getLogger("ds_longctx")
 def validate(cfg, world_size: int, per_node: int | None = None):
     """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
     node (None: from the launcher's environment, `local_world_size`)."""
-    geom = ModelGeometry.from_name_or_path(cfg.model.name)  # the model families and sizes `plan` knows: one home
+    geom = ModelGeometry.from_name_or_path(
+        cfg.model.name
+    )  # the model families and sizes `plan` knows: one home
     if problem := window_problem(cfg.model.name, geom.sliding_window, cfg.train.seq_len):
         raise ValueError(problem)
-    if problem := rope_problem(cfg.model.name, geom.rope_type, geom.trained_context, cfg.train.seq_len,
-                               cfg.model.rope_scaling):
+    if problem := rope_problem(
+        cfg.model.name,
+        geom.rope_type,
+        geom.trained_context,
+        cfg.train.seq_len,
+        cfg.model.rope_scaling,
+    ):
         raise ValueError(problem)
     if problem := weights_problem(cfg.model.name):
         raise ValueError(problem)
@@ -64,27 +71,47 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     text = hf_cfg.get_text_config()
     per_node = local_world_size(world_size) if per_node is None else per_node
     check_planned_world(cfg.parallel.nodes, cfg.parallel.gpus_per_node, world_size, per_node)
-    kernel_rules.check_attention_heads(text.num_attention_heads, text.num_key_value_heads or text.num_attention_heads,
-                                       f"model={cfg.model.name!r}")
-    check_sp_size(cfg.parallel.sp_size, world_size, text.num_attention_heads, text.num_key_value_heads,
-                  per_node=None if cfg.parallel.sp_across_nodes else per_node,
-                  across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes",
-                  linear_heads=kernel_rules.linear_heads(text))
+    kernel_rules.check_attention_heads(
+        text.num_attention_heads,
+        text.num_key_value_heads or text.num_attention_heads,
+        f"model={cfg.model.name!r}",
+    )
+    check_sp_size(
+        cfg.parallel.sp_size,
+        world_size,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        per_node=None if cfg.parallel.sp_across_nodes else per_node,
+        across_fix=" per node, or set sp_across_nodes: true to let SP groups span nodes",
+        linear_heads=kernel_rules.linear_heads(text),
+    )
     attention.resolve_backend(cfg.kernels.attn_backend, attention.model_head_dim(text))
-    if kernel_rules.linear_heads(text) is not None:  # a hybrid model's gated DeltaNet kernel (FLA's Triton rule)
+    if (
+        kernel_rules.linear_heads(text) is not None
+    ):  # a hybrid model's gated DeltaNet kernel (FLA's Triton rule)
         gated_delta.resolve_linear_backend(cfg.kernels.linear_attn_backend)
-    kernel_rules.check_head_groups(cfg.memory.attn_bwd_head_groups, text.num_key_value_heads, cfg.parallel.sp_size)
+    kernel_rules.check_head_groups(
+        cfg.memory.attn_bwd_head_groups, text.num_key_value_heads, cfg.parallel.sp_size
+    )
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
-        raise ValueError(f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
-                         f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU")
+        raise ValueError(
+            f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
+            f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU"
+        )
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if problem := dpo_model_problem(cfg.train, text):
         raise ValueError(problem)
-    if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: every layer checked on a meta model
+    if (
+        cfg.memory.tiled_layer
+    ):  # the tiles compute from plain Linear weights: every layer checked on a meta model
         check_tiled_layer(model_class(hf_cfg), hf_cfg)
-    check_moe(cfg, hf_cfg, world_size)  # a mixture of experts: its coefficient, untileable blocks against the budget
-    if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
+    check_moe(
+        cfg, hf_cfg, world_size
+    )  # a mixture of experts: its coefficient, untileable blocks against the budget
+    if (
+        cfg.lora.rank
+    ):  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
     # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
     run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
@@ -107,13 +134,17 @@ def rope_coverage(cfg, hf_config) -> None:
         covered = float(rp["factor"]) * int(rp["original_max_position_embeddings"])
         if covered < seq_len:
             need = seq_len / int(rp["original_max_position_embeddings"])
-            raise ValueError(f"seq_len={seq_len} is beyond what YaRN is set for: factor {rp['factor']} x "
-                             f"original_max_position_embeddings {rp['original_max_position_embeddings']} = "
-                             f"{int(covered)} positions; use factor >= {need:g} in rope_scaling, "
-                             f"rope_scaling: auto (sets it from seq_len), or seq_len <= {int(covered)}")
+            raise ValueError(
+                f"seq_len={seq_len} is beyond what YaRN is set for: factor {rp['factor']} x "
+                f"original_max_position_embeddings {rp['original_max_position_embeddings']} = "
+                f"{int(covered)} positions; use factor >= {need:g} in rope_scaling, "
+                f"rope_scaling: auto (sets it from seq_len), or seq_len <= {int(covered)}"
+            )
 
 
-BATCH_BYTES_PER_TOKEN = 3 * 8  # input_ids, labels and position_ids of a step's rows, int64 (data/rows.Batch)
+BATCH_BYTES_PER_TOKEN = (
+    3 * 8
+)  # input_ids, labels and position_ids of a step's rows, int64 (data/rows.Batch)
 
 
 def host_problem(cfg) -> str | None:
@@ -123,13 +154,17 @@ def host_problem(cfg) -> str | None:
     tokens = cfg.train.micro_batch * cfg.train.seq_len
     need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
     if need > ram:
-        return (f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
-                f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
-                f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)")
+        return (
+            f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
+            f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
+            f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)"
+        )
     cores = os.cpu_count() or 1
     if cfg.data.tokenize_num_proc > cores:
-        return (f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
-                f"starts one process each; use tokenize_num_proc <= {cores}")
+        return (
+            f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
+            f"starts one process each; use tokenize_num_proc <= {cores}"
+        )
     return None
 
 
@@ -141,11 +176,13 @@ def cpu_model_problem(cfg, ram: int) -> str | None:
     params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
     if (need := params * per_param) <= ram:
         return None
-    return (f"model={cfg.model.name!r} on CPU (no CUDA GPU here): its {params / 1e9:,.2f}B parameters take >= "
-            f"{need / 1e9:,.1f} GB of host RAM across the ranks ({per_param} bytes each: "
-            f"{'the frozen weights' if cfg.lora.rank else 'weights, grads and Adam state'}), more than this machine's "
-            f"{ram / 1e9:,.1f} GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller model here "
-            f"(e.g. --model qwen3-tiny)")
+    return (
+        f"model={cfg.model.name!r} on CPU (no CUDA GPU here): its {params / 1e9:,.2f}B parameters take >= "
+        f"{need / 1e9:,.1f} GB of host RAM across the ranks ({per_param} bytes each: "
+        f"{'the frozen weights' if cfg.lora.rank else 'weights, grads and Adam state'}), more than this machine's "
+        f"{ram / 1e9:,.1f} GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller model here "
+        f"(e.g. --model qwen3-tiny)"
+    )
 
 
 def disk_problem(cfg, resume_meta) -> str | None:
@@ -155,9 +192,15 @@ def disk_problem(cfg, resume_meta) -> str | None:
     ck, steps = cfg.checkpoint, cfg.train.steps
     if not ck.save_every:
         return None
-    cuda_bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and torch.cuda.is_available())
-    one = disk_checkpoint_bytes(ModelGeometry.from_name_or_path(cfg.model.name), cfg.lora.rank,
-                                cfg.lora.target_modules, 2 if cuda_bf16 else 4)
+    cuda_bf16 = cfg.model.dtype == "bf16" or (
+        cfg.model.dtype == "auto" and torch.cuda.is_available()
+    )
+    one = disk_checkpoint_bytes(
+        ModelGeometry.from_name_or_path(cfg.model.name),
+        cfg.lora.rank,
+        cfg.lora.target_modules,
+        2 if cuda_bf16 else 4,
+    )
     start = resume_meta["step"] if resume_meta else 0
     saves = steps // ck.save_every - start // ck.save_every + (1 if steps % ck.save_every else 0)
     root = ckpt_root(cfg.train.output_dir)
@@ -167,13 +210,17 @@ def disk_problem(cfg, resume_meta) -> str | None:
     if free is None or needed <= free:
         return None
     fits = free // one  # whole checkpoints that fit beside the ones held
-    fix = (f"set keep_checkpoints {fits + held - 1} ({fits + held} at once while a save is written)"
-           if fits + held >= 2 else "no two checkpoints fit there (keep_checkpoints 1 holds two while a save is "
-           "written)")
-    return (f"output_dir={cfg.train.output_dir!r}: its checkpoints need ~{size_text(needed)} more and its filesystem "
-            f"has {size_text(free)} free (one checkpoint of {cfg.model.name}{' with LoRA' if cfg.lora.rank else ''} "
-            f"is ~{size_text(one)}; save_every={ck.save_every}, keep_checkpoints={ck.keep}: {at_once} at once); "
-            f"{fix}, or choose an output_dir with more free space")
+    fix = (
+        f"set keep_checkpoints {fits + held - 1} ({fits + held} at once while a save is written)"
+        if fits + held >= 2
+        else "no two checkpoints fit there (keep_checkpoints 1 holds two while a save is written)"
+    )
+    return (
+        f"output_dir={cfg.train.output_dir!r}: its checkpoints need ~{size_text(needed)} more and its filesystem "
+        f"has {size_text(free)} free (one checkpoint of {cfg.model.name}{' with LoRA' if cfg.lora.rank else ''} "
+        f"is ~{size_text(one)}; save_every={ck.save_every}, keep_checkpoints={ck.keep}: {at_once} at once); "
+        f"{fix}, or choose an output_dir with more free space"
+    )
 
 
 def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str | None:
@@ -181,8 +228,14 @@ def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str
     device's memory; none on CPU: nothing to plan) and host RAM against the run's model and seq_len."""
     gpu_gb = planning_gpu_gb(cfg.memory.gpu_budget_gb)
     per_node = local_world_size(world_size) if per_node is None else per_node
-    problem = layout_change.plan_problem(ModelGeometry.from_name_or_path(cfg.model.name), cfg.train.seq_len, world_size,
-                                  gpu_gb, psutil.virtual_memory().total / GB, per_node)
+    problem = layout_change.plan_problem(
+        ModelGeometry.from_name_or_path(cfg.model.name),
+        cfg.train.seq_len,
+        world_size,
+        gpu_gb,
+        psutil.virtual_memory().total / GB,
+        per_node,
+    )
     return None if problem is None else f"resume: {problem}"
 
 
@@ -205,11 +258,19 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     check_sources(cfg, hf_cfg.get_text_config().vocab_size)
     if cfg.eval.answer_loss or cfg.eval.recall:
         key = "eval_recall" if cfg.eval.recall else "eval_answer_loss"
-        answer_sessions(cfg, limit=1, names=(key, "eval_data"))  # eval_data holds answers (its first one is read)
+        answer_sessions(
+            cfg, limit=1, names=(key, "eval_data")
+        )  # eval_data holds answers (its first one is read)
     meta = resume.check_run_dir(cfg, world_size)
-    if meta is not None and meta.get("layout_change") and (problem := resume_fit_problem(cfg, world_size, per_node)):
+    if (
+        meta is not None
+        and meta.get("layout_change")
+        and (problem := resume_fit_problem(cfg, world_size, per_node))
+    ):
         raise ValueError(problem)
-    if not torch.cuda.is_available() and (problem := cpu_model_problem(cfg, psutil.virtual_memory().total)):
+    if not torch.cuda.is_available() and (
+        problem := cpu_model_problem(cfg, psutil.virtual_memory().total)
+    ):
         raise ValueError(problem)  # after the resume fit: that refusal names the length that fits
     if problem := disk_problem(cfg, meta):
         raise ValueError(problem)

@@ -7,7 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-COMMIT_ENV = "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
+COMMIT_ENV = (
+    "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
+)
 
 
 def commit() -> str:
@@ -16,10 +18,20 @@ def commit() -> str:
         return os.environ[COMMIT_ENV]
     root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
@@ -33,4 +45,9 @@ def device_name() -> str:
     """The GPU's name, or `cpu (N cores)`."""
     import psutil
     import torch
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({psutil.cpu_count()} cores)"
+
+    return (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({psutil.cpu_count()} cores)"
+    )

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ds_longctx.checkpoint.layout import ANSWER_LOSS_FILE, ANSWERS_FILE, RECALL_ANSWERS_FILE, RECALL_FILE
+from ds_longctx.checkpoint.layout import (
+    ANSWER_LOSS_FILE,
+    ANSWERS_FILE,
+    RECALL_ANSWERS_FILE,
+    RECALL_FILE,
+)
 from ds_longctx.data.answer_spans import BUCKETS
 from ds_longctx.run.answer_loss import answer_loss_lines
 from ds_longctx.run.provenance import commit, device_name, now
@@ -40,10 +45,18 @@ def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) 
     for name in BUCKETS:
         got = [x for x in each if x["bucket"] == name]
         if got:
-            rows.append({**where, "bucket": name, "answers": len(got),
-                         "loss_with_evidence": sum(x["loss"] for x in got) / len(got),
-                         "loss_without_evidence": sum(x["loss_without_evidence"] for x in got) / len(got),
-                         "recall_exact_match": sum(x["exact"] for x in got) / len(got), **said})
+            rows.append(
+                {
+                    **where,
+                    "bucket": name,
+                    "answers": len(got),
+                    "loss_with_evidence": sum(x["loss"] for x in got) / len(got),
+                    "loss_without_evidence": sum(x["loss_without_evidence"] for x in got)
+                    / len(got),
+                    "recall_exact_match": sum(x["exact"] for x in got) / len(got),
+                    **said,
+                }
+            )
     return rows, [{**where, **x} for x in each]
 
 
@@ -52,6 +65,7 @@ def answers_writer(engine, cfg, model: str, stage: str = "trained"):
     forward of each session and of its control), appended by rank 0 to `<output_dir>`'s answer_loss files where
     eval_answer_loss is on and its recall files where eval_recall is on. Collective."""
     from ds_longctx.run.evaluate import append_jsonl
+
     lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)
 
     def write(step: int) -> None:
@@ -62,7 +76,10 @@ def answers_writer(engine, cfg, model: str, stage: str = "trained"):
             append_jsonl(out / ANSWER_LOSS_FILE, *buckets)
             append_jsonl(out / ANSWERS_FILE, *each)
         if cfg.eval.recall:
-            rows, answers = recall_rows(each, model=model, stage=stage, step=step, seq_len=cfg.train.seq_len)
+            rows, answers = recall_rows(
+                each, model=model, stage=stage, step=step, seq_len=cfg.train.seq_len
+            )
             append_jsonl(out / RECALL_FILE, *rows)
             append_jsonl(out / RECALL_ANSWERS_FILE, *answers)
+
     return write

@@ -36,9 +36,11 @@ def refuse(message: str, rank: int = 0):
     """Leave this process with exit 2; rank 0 prints `message` (and records it for the launcher). Tears the
     process group down first when there is one, and lets go of an output_dir lock this process took (run_lock)."""
     from ds_longctx.checkpoint.run_lock import release_all
+
     release_all()  # a refused run leaves no lock file, nor the directory its lock made
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     last_line(message, REFUSED, rank)
@@ -51,4 +53,8 @@ def recorded_line(path: str) -> Optional[tuple]:
     if not p.is_file():
         return None
     code, _, message = p.read_text().partition("\n")
-    return (int(code), message.strip()) if code.strip().lstrip("-").isdigit() and message.strip() else None
+    return (
+        (int(code), message.strip())
+        if code.strip().lstrip("-").isdigit() and message.strip()
+        else None
+    )

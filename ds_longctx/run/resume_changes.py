@@ -62,10 +62,15 @@ def apply_changes(engine, cfg, tag_dir: Path, meta: dict) -> list:
     """Apply what this run changes against the checkpoint `tag_dir` with `meta` (just loaded into `engine`); log it
     in one line on rank 0. Returns [(flat key, old, new)]."""
     changed = compare(saved_values(meta["run"], tag_dir / "run.yaml"), cfg)[1]
-    if any(k in OPTIMIZER_KEYS for k, _, _ in changed) or "lr_schedule" not in meta["run"] or \
-            meta.get("layout_change"):  # or no LambdaLR saved, or none loaded (a resharded load)
+    if (
+        any(k in OPTIMIZER_KEYS for k, _, _ in changed)
+        or "lr_schedule" not in meta["run"]
+        or meta.get("layout_change")
+    ):  # or no LambdaLR saved, or none loaded (a resharded load)
         set_schedule(engine.ds, cfg.optimizer.lr, cfg.optimizer.weight_decay, int(meta["step"]))
-    adopt_saved_state(engine.ds.optimizer)  # always: checkpoints older than this rule do not store optimizer_offload
+    adopt_saved_state(
+        engine.ds.optimizer
+    )  # always: checkpoints older than this rule do not store optimizer_offload
     if changed and engine.state.rank == 0:
         log.info(changed_line(changed, int(meta["step"])))
     return changed

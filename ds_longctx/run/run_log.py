@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 LOG_NAME = "train.log"
-_log_fd: Optional[int] = None  # the open train.log of this process (O_APPEND: every rank and the launcher share it)
+_log_fd: Optional[int] = (
+    None  # the open train.log of this process (O_APPEND: every rank and the launcher share it)
+)
 
 
 class _Tee(io.TextIOBase):

@@ -39,8 +39,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~98 GB and a 1M-token step ~15 min)
 STOP_GRACE_S = 3600
 WATCH_POLL_S = 0.5
-ABANDON_WINDOW_S = 10.0  # after the launcher's "waiting for the save" line, another signal within this abandons it
-DEBOUNCE_S = 0.5  # signals closer than this to the previous one count as one (a held or mashed Ctrl-C)
+ABANDON_WINDOW_S = (
+    10.0  # after the launcher's "waiting for the save" line, another signal within this abandons it
+)
+DEBOUNCE_S = (
+    0.5  # signals closer than this to the previous one count as one (a held or mashed Ctrl-C)
+)
 STATUS_FILE_ENV = "DS_LONGCTX_STATUS_FILE"  # rank 0 writes "saving step N" there for the launcher
 _saving: Optional[int] = None  # the step this worker is saving, None when not saving
 
@@ -62,7 +66,9 @@ class StopRequest:
     def __init__(self):
         self.signum = 0
         self._previous: dict = {}
-        self._now: Optional[str] = None  # what this process is doing while a signal ends it at once (`now`)
+        self._now: Optional[str] = (
+            None  # what this process is doing while a signal ends it at once (`now`)
+        )
         self._pid = os.getpid()
 
     @property
@@ -73,7 +79,9 @@ class StopRequest:
         if self._now is not None:
             self._stop_now(signum)
         if not self.signum and os.environ.get("RANK", "0") == "0":
-            say_now(f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n")
+            say_now(
+                f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n"
+            )
         self.signum = self.signum or signum
 
     @contextlib.contextmanager
@@ -91,12 +99,17 @@ class StopRequest:
 
     def _stop_now(self, signum: int) -> None:
         from ds_longctx.checkpoint.run_lock import release_all
+
         if os.getpid() == self._pid:  # not a forked datasets worker: the run's own process says it
             release_all()
             rank = int(os.environ.get("RANK", "0"))
             if rank == 0:
                 os.write(2, b"\n")  # past a progress bar's line
-            last_line(f"stopped by {signal_name(signum)} while {self._now}: {self._left}", signal_exit(signum), rank)
+            last_line(
+                f"stopped by {signal_name(signum)} while {self._now}: {self._left}",
+                signal_exit(signum),
+                rank,
+            )
         os._exit(signal_exit(signum))
 
     def install(self) -> "StopRequest":
@@ -113,6 +126,7 @@ class StopRequest:
         """The signal some rank got (0: none), the same on every rank. Collective when a process group exists."""
         import torch
         import torch.distributed as dist
+
         if not dist.is_initialized():
             return self.signum
         t = torch.tensor([float(self.signum)], device=device)
@@ -142,13 +156,19 @@ def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
         while os.getppid() == launcher:
             time.sleep(poll_s)
         if _saving is not None:
-            _say(f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; finishing the save of "
-                 f"step {_saving} first")
+            _say(
+                f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; finishing the save of "
+                f"step {_saving} first"
+            )
         while _saving is not None:
             time.sleep(poll_s)
         try:
-            print(f"[ds_longctx] rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; ending "
-                  f"this worker (nothing saved since the last checkpoint)", file=sys.stderr, flush=True)
+            print(
+                f"[ds_longctx] rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; ending "
+                f"this worker (nothing saved since the last checkpoint)",
+                file=sys.stderr,
+                flush=True,
+            )
         except OSError:  # stderr was a pipe to the launcher
             pass
         os._exit(FAILED)
@@ -225,14 +245,17 @@ class LauncherSignals:
             kill_children()
             return self.forward(signum, frame)
         self._warned = now
-        _say(f"{signal_name(signum)}: the workers are {doing}; waiting for them. {signal_name(signum)} again within "
-             f"{ABANDON_WINDOW_S:.0f} s abandons it (the last complete checkpoint stays)")
+        _say(
+            f"{signal_name(signum)}: the workers are {doing}; waiting for them. {signal_name(signum)} again within "
+            f"{ABANDON_WINDOW_S:.0f} s abandons it (the last complete checkpoint stays)"
+        )
         return None
 
 
 def kill_children() -> None:
     """SIGKILL to every process this one started, their children too."""
     import psutil
+
     for child in psutil.Process().children(recursive=True):
         try:
             child.kill()
@@ -243,9 +266,13 @@ def kill_children() -> None:
 def end_on_signal(what: str) -> None:
     """For a job with nothing to save (`ds-longctx eval`): SIGTERM / SIGINT end this process at once, exit 0, rank 0's
     line last ("eval stopped by SIGINT: nothing written"; the launcher exits 128 + the signal)."""
+
     def handler(signum, frame) -> None:
-        last_line(f"{what} stopped by {signal_name(signum)}: nothing written", signal_exit(signum),
-                  int(os.environ.get("RANK", "0")))
+        last_line(
+            f"{what} stopped by {signal_name(signum)}: nothing written",
+            signal_exit(signum),
+            int(os.environ.get("RANK", "0")),
+        )
         sys.stderr.flush()
         os._exit(0)
 

@@ -19,7 +19,6 @@ Each of these ends with one line (run/refuse.py, run/stops.py). A worker whose l
 `--help` lists every run-config field.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -34,13 +33,26 @@ from ds_longctx.run.stops import StopRequest, watch_launcher
 
 def main(argv: list[str] | None = None) -> None:
     watch_launcher()  # from the first moment: a killed launcher must not leave this worker running
-    signals = StopRequest().install()  # SIGTERM / SIGINT from here on: stop at a step boundary, save
+    signals = (
+        StopRequest().install()
+    )  # SIGTERM / SIGINT from here on: stop at a step boundary, save
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = parse_config(sys.argv[1:] if argv is None else argv, world, local_world_size(world), usage=__doc__)
-    with guarded_output():  # a terminal that goes away (`| tee` ended by Ctrl-C) ends nothing: run/run_log.py
-        logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s")
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before torch is imported
-        from ds_longctx.run.train_loop import train  # torch and deepspeed: only once the config is known good
+    cfg = parse_config(
+        sys.argv[1:] if argv is None else argv, world, local_world_size(world), usage=__doc__
+    )
+    with (
+        guarded_output()
+    ):  # a terminal that goes away (`| tee` ended by Ctrl-C) ends nothing: run/run_log.py
+        logging.basicConfig(
+            level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s"
+        )
+        os.environ.setdefault(
+            "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
+        )  # before torch is imported
+        from ds_longctx.run.train_loop import (
+            train,
+        )  # torch and deepspeed: only once the config is known good
+
         train(cfg, signals, rank, world)
 
 

@@ -22,7 +22,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ds_longctx.checkpoint import layout_change, resume, run_lock
-from ds_longctx.checkpoint.layout import RUN_CONFIGS, RUN_MARKER, CheckpointError, ckpt_root, tag_for
+from ds_longctx.checkpoint.layout import (
+    RUN_CONFIGS,
+    RUN_MARKER,
+    CheckpointError,
+    ckpt_root,
+    tag_for,
+)
 from ds_longctx.checkpoint.save import save
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
@@ -59,15 +65,19 @@ def fail(message: str, rank: int):
     sys.exit(FAILED)
 
 
-def stopped_by_signal(signum: int, done: int, steps: int, tag_dir, rank: int, note: str = "") -> None:
+def stopped_by_signal(
+    signum: int, done: int, steps: int, tag_dir, rank: int, note: str = ""
+) -> None:
     """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained;
     `note`: metrics lines not written); the launcher's exit code is the signal's (`signal_exit`)."""
     name = signal_name(signum)
     if tag_dir is None:
         message = f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing saved"
     else:
-        message = (f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
-                   f"continues it")
+        message = (
+            f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
+            f"continues it"
+        )
     last_line(message + (f"; {note}" if note else ""), signal_exit(signum), rank)
 
 
@@ -84,7 +94,9 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
     start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
-    keep_log(out)  # past every refusal of a new run (it writes nothing): this rank's output goes there too
+    keep_log(
+        out
+    )  # past every refusal of a new run (it writes nothing): this rank's output goes there too
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
     if cfg.train.objective == "dpo":
@@ -113,8 +125,12 @@ def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
     # ------------------------------------------------------------ one writer: rank 0 holds output_dir's lock, unless
     # `ds-longctx train` does (checkpoint/run_lock.py); then data (rank 0 tokenizes into the cache first)
     try:
-        rank0_first(lambda: run_lock.take(cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)),
-                    rank)
+        rank0_first(
+            lambda: run_lock.take(
+                cfg.train.output_dir, rank=rank, launcher=os.environ.get(run_lock.LOCK_ENV)
+            ),
+            rank,
+        )
         with signals.now("reading and tokenizing the data"):  # no step boundary to wait for yet
             data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
             held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
@@ -124,7 +140,9 @@ def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
     # ------------------------------------------------------------ engine
     if cfg.logging.memory_snapshot_steps:
         memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
-    engine = build_engine(cfg, hf_cfg, optimizer_state=False)  # made by `resume`, after a checkpoint could bring it
+    engine = build_engine(
+        cfg, hf_cfg, optimizer_state=False
+    )  # made by `resume`, after a checkpoint could bring it
     return engine, data, held, resume_meta
 
 
@@ -135,17 +153,28 @@ def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
     if t.epochs is None:
         return
     if not hasattr(data, "n_rows"):
-        raise ValueError(f"epochs={t.epochs:g} counts passes over the data's rows, and data='synthetic' draws new rows "
-                         f"forever; give steps instead")
+        raise ValueError(
+            f"epochs={t.epochs:g} counts passes over the data's rows, and data='synthetic' draws new rows "
+            f"forever; give steps instead"
+        )
     per_epoch = data.n_rows // per_step
     if per_epoch == 0:
-        raise ValueError(f"epochs={t.epochs:g}: the data has {data.n_rows} rows, fewer than one step's {per_step} "
-                         f"(dp {dp_size} x micro_batch {t.micro_batch} x grad_accum {t.grad_accum}); add data or give "
-                         f"steps")
+        raise ValueError(
+            f"epochs={t.epochs:g}: the data has {data.n_rows} rows, fewer than one step's {per_step} "
+            f"(dp {dp_size} x micro_batch {t.micro_batch} x grad_accum {t.grad_accum}); add data or give "
+            f"steps"
+        )
     t.steps = max(1, int(t.epochs * per_epoch))
     if rank == 0:
-        log.info("epochs %g: %d rows, %d steps an epoch of %d sequences (%d tokens) -> %d steps", t.epochs,
-                 data.n_rows, per_epoch, per_step, per_step * t.seq_len, t.steps)
+        log.info(
+            "epochs %g: %d rows, %d steps an epoch of %d sequences (%d tokens) -> %d steps",
+            t.epochs,
+            data.n_rows,
+            per_epoch,
+            per_step,
+            per_step * t.seq_len,
+            t.steps,
+        )
 
 
 def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
@@ -158,18 +187,26 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
             start = resume.load(engine, tag_dir, resume_meta, data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
-        resume_changes.apply_changes(engine, cfg, tag_dir, resume_meta)  # this run's lr and schedule over the saved
-        engine.sample_offset = layout_change.sample_offset(resume_meta, st.dp_size * cfg.train.micro_batch
-                                                    * cfg.train.grad_accum)
+        resume_changes.apply_changes(
+            engine, cfg, tag_dir, resume_meta
+        )  # this run's lr and schedule over the saved
+        engine.sample_offset = layout_change.sample_offset(
+            resume_meta, st.dp_size * cfg.train.micro_batch * cfg.train.grad_accum
+        )
     t_state = time.perf_counter()
     try:
         made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)
     except torch.OutOfMemoryError:
         out_of_memory(cfg, 0)
-    if made and st.rank == 0:  # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
-        log.info("optimizer state ready: %.1f s, host RSS %.2f GiB, GPU allocated %.2f GiB",
-                 time.perf_counter() - t_state, _host_rss() / 2 ** 30,
-                 torch.cuda.memory_allocated() / 2 ** 30 if torch.cuda.is_available() else 0.0)
+    if (
+        made and st.rank == 0
+    ):  # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
+        log.info(
+            "optimizer state ready: %.1f s, host RSS %.2f GiB, GPU allocated %.2f GiB",
+            time.perf_counter() - t_state,
+            _host_rss() / 2**30,
+            torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        )
     return start
 
 
@@ -178,47 +215,101 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     st = engine.state
     try:
         resume.clear_previous_run(cfg)
-    except ValueError as e:  # a file that no save wrote appeared in checkpoints/ since preflight's check
+    except (
+        ValueError
+    ) as e:  # a file that no save wrote appeared in checkpoints/ since preflight's check
         refuse(f"refused: {e}", st.rank)
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
     mark_written(out, RUN_MARKER, RUN_CONFIGS)  # ours: a later --overwrite may replace them
     dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
-    log.info("world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d", st.world_size, st.sp_size,
-             st.dp_size, resolve_model(cfg.model.name).label, cfg.train.seq_len, dtype, start + 1, cfg.train.steps)
+    log.info(
+        "world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d",
+        st.world_size,
+        st.sp_size,
+        st.dp_size,
+        resolve_model(cfg.model.name).label,
+        cfg.train.seq_len,
+        dtype,
+        start + 1,
+        cfg.train.steps,
+    )
     source = resolve_model(cfg.model.name)
-    weights = f"loaded from {source.config.parent}" if source.kind == "directory" else "random init (no checkpoint)"
+    weights = (
+        f"loaded from {source.config.parent}"
+        if source.kind == "directory"
+        else "random init (no checkpoint)"
+    )
     tok = tokenizer_path(cfg) if cfg.data.source != "synthetic" else None
-    log.info("weights %s; tokenizer %s; output also in %s", weights, tok or "none (synthetic data or token ids)",
-             out / LOG_NAME)
+    log.info(
+        "weights %s; tokenizer %s; output also in %s",
+        weights,
+        tok or "none (synthetic data or token ids)",
+        out / LOG_NAME,
+    )
 
 
 def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
     """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the rank that
     reached the highest (a collective)."""
     tokens = cfg.train.seq_len * cfg.train.micro_batch * cfg.train.grad_accum * engine.state.dp_size
-    row = {"step": done, "loss": t.loss, "lr": t.lr, "grad_norm": engine.grad_norm(), "tokens": tokens,
-           "trained_tokens": t.tokens, "seconds": round(t.seconds, 4), "tokens_per_s": round(tokens / t.seconds, 1),
-           "peak_gpu_bytes": t.peak_reserved, "peak_gpu_allocated_bytes": t.peak_allocated,
-           "host_rss_bytes": _host_rss(), "skipped_rows": data.skipped_rows, **t.extra}
+    row = {
+        "step": done,
+        "loss": t.loss,
+        "lr": t.lr,
+        "grad_norm": engine.grad_norm(),
+        "tokens": tokens,
+        "trained_tokens": t.tokens,
+        "seconds": round(t.seconds, 4),
+        "tokens_per_s": round(tokens / t.seconds, 1),
+        "peak_gpu_bytes": t.peak_reserved,
+        "peak_gpu_allocated_bytes": t.peak_allocated,
+        "host_rss_bytes": _host_rss(),
+        "skipped_rows": data.skipped_rows,
+        **t.extra,
+    }
     if dist.is_initialized() and torch.cuda.is_available():
-        m = torch.tensor([t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device)
+        m = torch.tensor(
+            [t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device
+        )
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        row["peak_gpu_bytes_max_rank"], row["peak_gpu_allocated_bytes_max_rank"] = int(m[0]), int(m[1])
+        row["peak_gpu_bytes_max_rank"], row["peak_gpu_allocated_bytes_max_rank"] = (
+            int(m[0]),
+            int(m[1]),
+        )
     return row
 
 
-def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, signals: StopRequest, start: int,
-         saved) -> tuple:
+def train_steps(
+    cfg,
+    engine: LongCtxEngine,
+    data,
+    held,
+    metrics: MetricsLog,
+    signals: StopRequest,
+    start: int,
+    saved,
+) -> tuple:
     """Optimizer steps start + 1 .. train.steps, each: the step (stopped before its optimizer step on a non-finite
     loss), its metrics line, the memory snapshot, an evaluation and a checkpoint when due. Ends early at the step
     boundary where every rank saw a signal. Returns (steps done, step of the last checkpoint or None)."""
     st, done, last_eval = engine.state, start, None
     snapshot_steps = cfg.logging.memory_snapshot_steps
-    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=st.rank != 0,
-               desc="train", unit="step", dynamic_ncols=True)
-    answers = answers_writer(engine, cfg, cfg.model.name) if cfg.eval.answer_loss or cfg.eval.recall else None
+    bar = tqdm(
+        range(start, cfg.train.steps),
+        initial=start,
+        total=cfg.train.steps,
+        disable=st.rank != 0,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+    )
+    answers = (
+        answers_writer(engine, cfg, cfg.model.name)
+        if cfg.eval.answer_loss or cfg.eval.recall
+        else None
+    )
     if answers is not None and start == 0:
         answers(0)  # the untrained model's, before the first step
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
@@ -228,10 +319,14 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
         def finite_or_stop(res, step=step):
             if not math.isfinite(res.loss):
                 note = metrics.close()
-                fail(f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
-                     f"those after step {step}; last checkpoint: {tag_for(saved) if saved else 'none'}). "
-                     f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows"
-                     + (f"; {note}" if note else ""), st.rank)
+                fail(
+                    f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
+                    f"those after step {step}; last checkpoint: {tag_for(saved) if saved else 'none'}). "
+                    f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows"
+                    + (f"; {note}" if note else ""),
+                    st.rank,
+                )
+
         try:
             t = timed_step(engine, data, step, cfg.train, before_optimizer=finite_or_stop)
         except torch.OutOfMemoryError:
@@ -241,16 +336,24 @@ def train_steps(cfg, engine: LongCtxEngine, data, held, metrics: MetricsLog, sig
         metrics.write(row)
         if snapshot_steps and done == min(start + snapshot_steps, cfg.train.steps):
             memory_snapshot.dump(Path(cfg.train.output_dir), st.rank, done - start)
-        if held is not None and (done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)):
+        if held is not None and (
+            done == cfg.train.steps or (cfg.eval.every and done % cfg.eval.every == 0)
+        ):
             last_eval = evaluate(engine, held, cfg.eval.rows, cfg.eval.buckets)  # collective
             metrics.write_eval(last_eval, done)
             if answers is not None:
                 answers(done)  # collective
         if st.rank == 0 and (step % cfg.logging.log_every == 0 or done == cfg.train.steps):
-            bar.set_postfix(loss=f"{t.loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}",
-                            mem=f"{t.peak_reserved / 2**30:.1f}GiB", rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",
-                            **({"eval": f"{last_eval.loss:.4f}"} if last_eval is not None else {}))
-        if cfg.checkpoint.save_every and (done % cfg.checkpoint.save_every == 0 or done == cfg.train.steps):
+            bar.set_postfix(
+                loss=f"{t.loss:.4f}",
+                tok_s=f"{row['tokens_per_s']:.0f}",
+                mem=f"{t.peak_reserved / 2**30:.1f}GiB",
+                rss=f"{row['host_rss_bytes'] / 2**30:.1f}GiB",
+                **({"eval": f"{last_eval.loss:.4f}"} if last_eval is not None else {}),
+            )
+        if cfg.checkpoint.save_every and (
+            done % cfg.checkpoint.save_every == 0 or done == cfg.train.steps
+        ):
             save_or_stop(engine, cfg, done, data)
             saved = done
     bar.close()
@@ -266,8 +369,16 @@ def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
         fail(f"stopped at step {done} of {cfg.train.steps}: {e}", engine.state.rank)
 
 
-def end_run(cfg, engine: LongCtxEngine, data, metrics: MetricsLog, signals: StopRequest, start: int, done: int,
-           saved) -> None:
+def end_run(
+    cfg,
+    engine: LongCtxEngine,
+    data,
+    metrics: MetricsLog,
+    signals: StopRequest,
+    start: int,
+    done: int,
+    saved,
+) -> None:
     """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line
     (exit 1 where metrics lines could not be written: they are printed, and the line says so). Every rank leaves
     through `parallel_state.leave` (barrier, groups torn down, no Python teardown), output_dir's lock released."""

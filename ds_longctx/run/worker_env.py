@@ -11,6 +11,7 @@ from ds_longctx.run.stops import STOP_GRACE_S
 def has_cuda() -> bool:
     try:
         import torch
+
         return torch.cuda.is_available()
     except Exception:
         return False

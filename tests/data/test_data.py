@@ -13,7 +13,14 @@ from ds_longctx.data.synthetic import EOS, SyntheticRetrieval
 from ds_longctx.parallel.sharding import shard_batch
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
-from tests.corpus import documents, make_tokenizer, token_ids, write_jsonl, write_parquet, write_txt_dir
+from tests.corpus import (
+    documents,
+    make_tokenizer,
+    token_ids,
+    write_jsonl,
+    write_parquet,
+    write_txt_dir,
+)
 
 L = 32
 
@@ -22,8 +29,13 @@ L = 32
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     docs = documents(40, min_words=3, max_words=50)
-    return {"dir": d, "docs": docs, "tok": str(make_tokenizer(d / "tok")),
-            "jsonl": str(write_jsonl(d / "c.jsonl", docs)), "cache": str(d / "cache")}
+    return {
+        "dir": d,
+        "docs": docs,
+        "tok": str(make_tokenizer(d / "tok")),
+        "jsonl": str(write_jsonl(d / "c.jsonl", docs)),
+        "cache": str(d / "cache"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +44,9 @@ def hf_cfg():
 
 
 def rows_of(corpus, hf_cfg, dp=1, **kw) -> TokenRows:
-    args = dict(data=corpus["jsonl"], tokenizer=corpus["tok"], seq_len=L, data_cache_dir=corpus["cache"])
+    args = dict(
+        data=corpus["jsonl"], tokenizer=corpus["tok"], seq_len=L, data_cache_dir=corpus["cache"]
+    )
     return build_data(RunConfig(**{**args, **kw}), hf_cfg, dp)
 
 
@@ -47,13 +61,15 @@ def test_concat_rows_are_the_document_stream_cut_at_seq_len(corpus, hf_cfg):
     for r in range(rows.n_rows):
         ids, pos, labels = rows.row(r)
         assert pos is None and torch.equal(labels, ids)  # text: every token trains
-        assert ids.tolist() == want[r * L:(r + 1) * L].tolist()
+        assert ids.tolist() == want[r * L : (r + 1) * L].tolist()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "txt_dir"])
 def test_every_format_gives_the_same_tokens(corpus, hf_cfg, fmt):
     d, docs = corpus["dir"], corpus["docs"]
-    path = write_parquet(d / "c.parquet", docs) if fmt == "parquet" else write_txt_dir(d / "txt", docs)
+    path = (
+        write_parquet(d / "c.parquet", docs) if fmt == "parquet" else write_txt_dir(d / "txt", docs)
+    )
     rows = rows_of(corpus, hf_cfg, data=str(path), shuffle=False)
     ref = rows_of(corpus, hf_cfg, shuffle=False)
     assert rows.n_tokens == ref.n_tokens
@@ -62,17 +78,23 @@ def test_every_format_gives_the_same_tokens(corpus, hf_cfg, fmt):
 
 def test_pretokenized_input_ids_are_used_as_they_are(corpus, hf_cfg, tmp_path):
     import json
+
     path = tmp_path / "ids.jsonl"
-    path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in token_ids(corpus["docs"])))
-    rows = rows_of(corpus, hf_cfg, data=str(path), tokenizer=None, shuffle=False,
-                  data_layout="concat")
+    path.write_text(
+        "".join(json.dumps({"input_ids": ids}) + "\n" for ids in token_ids(corpus["docs"]))
+    )
+    rows = rows_of(
+        corpus, hf_cfg, data=str(path), tokenizer=None, shuffle=False, data_layout="concat"
+    )
     assert rows.row(0)[0].tolist() == stream(corpus["docs"])[:L].tolist()
 
 
 def test_pack_keeps_documents_whole_and_apart(corpus, hf_cfg):
     rows = rows_of(corpus, hf_cfg, data_layout="pack", shuffle=False)
     docs = [ids + [EOS] for ids in token_ids(corpus["docs"])]
-    pieces = [d[i:i + L] for d in docs for i in range(0, len(d), L)]  # longer documents: pieces of L
+    pieces = [
+        d[i : i + L] for d in docs for i in range(0, len(d), L)
+    ]  # longer documents: pieces of L
     got = []
     for r in range(rows.n_rows):
         ids, pos, labels = rows.row(r)
@@ -84,7 +106,9 @@ def test_pack_keeps_documents_whole_and_apart(corpus, hf_cfg):
         real = [(a, b) for a, b in segs if (labels[a:b] != IGNORE_INDEX).any()]
         got += [ids[a:b].tolist() for a, b in real]
         pad_from = real[-1][1]
-        assert (labels[pad_from:] == IGNORE_INDEX).all() and torch.equal(labels[:pad_from], ids[:pad_from])
+        assert (labels[pad_from:] == IGNORE_INDEX).all() and torch.equal(
+            labels[:pad_from], ids[:pad_from]
+        )
         # the attention sees the documents apart: cu_seqlens at every restart
         shard = shard_batch(ids[None], 2, 0, labels=labels[None], position_ids=pos[None])
         assert shard.cu_seqlens.tolist() == starts
@@ -95,7 +119,9 @@ def test_pack_keeps_documents_whole_and_apart(corpus, hf_cfg):
 
 def test_pack_rows_next_fit():
     row_ptr, start, n = pack_rows(np.array([10, 30, 5, 70, 2]), 32)
-    rows = [list(zip(start[a:b].tolist(), n[a:b].tolist())) for a, b in zip(row_ptr[:-1], row_ptr[1:])]
+    rows = [
+        list(zip(start[a:b].tolist(), n[a:b].tolist())) for a, b in zip(row_ptr[:-1], row_ptr[1:])
+    ]
     assert rows == [[(0, 10)], [(10, 30)], [(40, 5)], [(45, 32)], [(77, 32)], [(109, 6), (115, 2)]]
 
 
@@ -109,10 +135,13 @@ def test_document_layout_takes_each_documents_first_tokens(corpus, hf_cfg, tmp_p
 
 def test_tokenization_is_cached(corpus, hf_cfg):
     from pathlib import Path
+
     rows_of(corpus, hf_cfg)
     files = sorted(Path(corpus["cache"]).rglob("*.arrow"))
     again = rows_of(corpus, hf_cfg)
-    assert sorted(Path(corpus["cache"]).rglob("*.arrow")) == files  # nothing re-tokenized or re-converted
+    assert (
+        sorted(Path(corpus["cache"]).rglob("*.arrow")) == files
+    )  # nothing re-tokenized or re-converted
     assert again.n_tokens == len(stream(corpus["docs"]))
 
 
@@ -123,7 +152,9 @@ def test_order_depends_only_on_seed_and_step(corpus, hf_cfg):
     for step in range(epoch):
         r0, r1 = a.get(step, 1, 0, 2).input_ids, a.get(step, 1, 1, 2).input_ids
         assert not torch.equal(r0, r1)  # dp replicas read different rows
-        assert torch.equal(r0, b.get(step, 1, 0, 2).input_ids)  # another process, same (seed, step): same row
+        assert torch.equal(
+            r0, b.get(step, 1, 0, 2).input_ids
+        )  # another process, same (seed, step): same row
         seen += [a.row_of_sample(2 * step), a.row_of_sample(2 * step + 1)]
     assert len(set(seen)) == len(seen)  # within an epoch no row comes twice
     # a resumed run at step s reads what the straight run read at step s, in any order of calls
@@ -137,8 +168,17 @@ def test_order_depends_only_on_seed_and_step(corpus, hf_cfg):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["pairs", "fused_pairs"])
 def test_synthetic_queries_look_at_least_90_percent_back(fused):
-    task = SyntheticRetrieval(256, 512, seed=1, num_pairs=6 if not fused else 8, num_queries=4, num_keys=8,
-                              num_values=16, fused_pairs=fused, supervise="queries")
+    task = SyntheticRetrieval(
+        256,
+        512,
+        seed=1,
+        num_pairs=6 if not fused else 8,
+        num_queries=4,
+        num_keys=8,
+        num_values=16,
+        fused_pairs=fused,
+        supervise="queries",
+    )
     assert task.min_distance >= 0.9 * 256
     keys, values, filler = task.ranges
     for i in range(5):
@@ -149,13 +189,17 @@ def test_synthetic_queries_look_at_least_90_percent_back(fused):
             assert torch.equal(keys.start + pair // len(values), query_keys)
             assert torch.equal(values.start + pair % len(values), query_values)
         else:
-            assert torch.equal(tok[pair_pos], query_keys) and torch.equal(tok[pair_pos + 1], query_values)
+            assert torch.equal(tok[pair_pos], query_keys) and torch.equal(
+                tok[pair_pos + 1], query_values
+            )
         assert ((value_pos - 1) - pair_pos).min() >= task.min_distance
         assert all(int(t) in filler for t in tok[20:240])
     b = task.get(3, 2, 1, 2)
     assert b.labels is not None and int((b.labels != IGNORE_INDEX).sum()) == 2 * 4
     # the default task is what test_ulysses and the demo have always used
-    assert torch.equal(SyntheticRetrieval(64, 512).batch(0, 1, 0, 1)[0], SyntheticRetrieval(64, 512).sample(0)[0])
+    assert torch.equal(
+        SyntheticRetrieval(64, 512).batch(0, 1, 0, 1)[0], SyntheticRetrieval(64, 512).sample(0)[0]
+    )
 
 
 def test_a_runs_tokenizer_is_the_given_one_else_its_model_directorys(tmp_path, monkeypatch):
@@ -164,6 +208,7 @@ def test_a_runs_tokenizer_is_the_given_one_else_its_model_directorys(tmp_path, m
     preset has no tokenizer."""
     from ds_longctx.config.model import resolve_model
     from ds_longctx.data.tokenize import tokenizer_of
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "qwen3-tiny").mkdir()  # a preset's name, tokenizer files, no config.json
     (tmp_path / "qwen3-tiny" / "tokenizer.json").write_text("{}")
@@ -172,6 +217,10 @@ def test_a_runs_tokenizer_is_the_given_one_else_its_model_directorys(tmp_path, m
     (ckpt / "config.json").write_text('{"model_type": "qwen3"}')
     (ckpt / "tokenizer_config.json").write_text("{}")
     assert tokenizer_of("tok/", str(ckpt)) == "tok/"
-    assert tokenizer_of(None, str(ckpt)) == str(ckpt) and resolve_model(str(ckpt)).kind == "directory"
-    assert tokenizer_of(None, "qwen3-tiny") is None and resolve_model("qwen3-tiny").kind == "shipped"
+    assert (
+        tokenizer_of(None, str(ckpt)) == str(ckpt) and resolve_model(str(ckpt)).kind == "directory"
+    )
+    assert (
+        tokenizer_of(None, "qwen3-tiny") is None and resolve_model("qwen3-tiny").kind == "shipped"
+    )
     assert tokenizer_of(None, str(tmp_path / "gone")) is None

@@ -19,8 +19,11 @@ REJECTED = [{"role": "assistant", "content": "w8"}]
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     from transformers import AutoTokenizer
+
     d = tmp_path_factory.mktemp("tok")
-    return AutoTokenizer.from_pretrained(str(make_chat_tokenizer(d, chat_template(True), n_words=20)))
+    return AutoTokenizer.from_pretrained(
+        str(make_chat_tokenizer(d, chat_template(True), n_words=20))
+    )
 
 
 def write(path, rows):
@@ -40,22 +43,38 @@ def test_conversational_pairs_train_as_sft_sessions(tmp_path, tok):
     lens = [len(s[0]) for p in pairs for s in p]
     assert pos.tolist() == [i for n in lens for i in range(n)]
     # each trained token names its sequence: 0, 1 (pair 0's chosen, rejected), then 2, 3
-    assert seq[labels != IGNORE_INDEX].tolist() == [k for k, p in enumerate(s for p in pairs for s in p)
-                                                    for v in p[1] if v != IGNORE_INDEX]
+    assert seq[labels != IGNORE_INDEX].tolist() == [
+        k for k, p in enumerate(s for p in pairs for s in p) for v in p[1] if v != IGNORE_INDEX
+    ]
     assert bool((seq[labels == IGNORE_INDEX] == IGNORE_INDEX).all())
 
 
-@pytest.mark.parametrize("row, fragment", [
-    ({"prompt": "w1", "chosen": "w2"}, "no 'rejected' key"),
-    ({"prompt": "w1", "chosen": " ", "rejected": "w2"}, "'chosen' is an empty completion"),
-    ({"prompt": PROMPT, "chosen": CHOSEN, "rejected": [{"role": "assistant", "content": ""}]},
-     "'rejected' is an empty completion"),
-    ({"chosen": PROMPT + CHOSEN, "rejected": PROMPT[1:] + REJECTED}, "differ before their last message (at message 0)"),
-    ("{not json", "not JSON"),
-], ids=["no_rejected", "empty_chosen", "empty_rejected_message", "prompts_differ", "not_json"])
+@pytest.mark.parametrize(
+    "row, fragment",
+    [
+        ({"prompt": "w1", "chosen": "w2"}, "no 'rejected' key"),
+        ({"prompt": "w1", "chosen": " ", "rejected": "w2"}, "'chosen' is an empty completion"),
+        (
+            {
+                "prompt": PROMPT,
+                "chosen": CHOSEN,
+                "rejected": [{"role": "assistant", "content": ""}],
+            },
+            "'rejected' is an empty completion",
+        ),
+        (
+            {"chosen": PROMPT + CHOSEN, "rejected": PROMPT[1:] + REJECTED},
+            "differ before their last message (at message 0)",
+        ),
+        ("{not json", "not JSON"),
+    ],
+    ids=["no_rejected", "empty_chosen", "empty_rejected_message", "prompts_differ", "not_json"],
+)
 def test_bad_pair_refused_naming_file_and_line(tmp_path, tok, row, fragment):
     good = {"prompt": "w1", "chosen": "w2", "rejected": "w3"}
     files = write(tmp_path / "pairs.jsonl", [good, row])
     with pytest.raises(DataError) as e:
         read_pairs(files, tok, tok.eos_token_id)
-    assert f"data file {files[0]!r} line 2: " in str(e.value) and fragment in str(e.value), str(e.value)
+    assert f"data file {files[0]!r} line 2: " in str(e.value) and fragment in str(e.value), str(
+        e.value
+    )

@@ -18,11 +18,18 @@ def test_every_auto_class_from_pretrained_in_the_package_passes_trust_remote_cod
     calls = []
     for path in sorted((ROOT / "ds_longctx").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "from_pretrained" and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id.startswith("Auto")):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "from_pretrained"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id.startswith("Auto")
+            ):
                 kw = {k.arg: k.value for k in node.keywords}
-                ok = isinstance(kw.get("trust_remote_code"), ast.Constant) and kw["trust_remote_code"].value is False
+                ok = (
+                    isinstance(kw.get("trust_remote_code"), ast.Constant)
+                    and kw["trust_remote_code"].value is False
+                )
                 calls.append((f"{path.relative_to(ROOT)}:{node.lineno}", ok))
     assert len(calls) >= 3 and all(ok for _, ok in calls), calls
 
@@ -37,8 +44,10 @@ def test_a_tokenizer_with_auto_map_is_refused_on_a_terminal_without_a_prompt(tmp
     config.pop("tokenizer_class", None)
     (tok / "tokenizer_config.json").write_text(json.dumps(config))
     (tok / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
-    code = ("import sys\nfrom ds_longctx.data.tokenize import open_tokenizer\ntry:\n"
-            f"    open_tokenizer({str(tok)!r})\nexcept ValueError as e:\n    sys.exit(f'refused: {{e}}')\n")
+    code = (
+        "import sys\nfrom ds_longctx.data.tokenize import open_tokenizer\ntry:\n"
+        f"    open_tokenizer({str(tok)!r})\nexcept ValueError as e:\n    sys.exit(f'refused: {{e}}')\n"
+    )
     argv = [sys.executable, "-c", code]
     pid, fd = pty.fork()
     if pid == 0:  # the child: stdin, stdout and stderr are the terminal
@@ -59,8 +68,10 @@ def test_a_tokenizer_with_auto_map_is_refused_on_a_terminal_without_a_prompt(tmp
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     out = text.decode(errors="replace").replace("\r\n", "\n")
     last = [line for line in out.splitlines() if line.strip()][-1]
-    assert code == 1 and last == (f"refused: tokenizer={str(tok)!r} asks to run Python of its own "
-                                  f"(auto_map in its tokenizer_config.json), which ds_longctx never runs; pass a "
-                                  f"tokenizer whose class transformers ships (`tokenizer.save_pretrained` of a "
-                                  f"loaded one)"), out
+    assert code == 1 and last == (
+        f"refused: tokenizer={str(tok)!r} asks to run Python of its own "
+        f"(auto_map in its tokenizer_config.json), which ds_longctx never runs; pass a "
+        f"tokenizer whose class transformers ships (`tokenizer.save_pretrained` of a "
+        f"loaded one)"
+    ), out
     assert "[y/N]" not in out and not (tmp_path / "ran").exists()

@@ -19,25 +19,30 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 def sp_logits(engine, input_ids: torch.Tensor) -> torch.Tensor:
     """`[b, L]` -> fp32 logits `[b, L, V]` of the engine's model, computed under SP and gathered."""
     from ds_longctx.parallel.sharding import shard_batch
+
     st = engine.state
     shard = shard_batch(input_ids, st.sp_size, st.sp_rank)
     engine.attn.cu_seqlens = engine.attn.max_seqlen = None
     with torch.no_grad():
-        hidden = engine.model.base_model(input_ids=shard.input_ids.to(engine.device),
-                                         position_ids=shard.position_ids.to(engine.device),
-                                         use_cache=False).last_hidden_state      # [b, L/sp, H]
-        local = engine.model.lm_head(hidden).float().contiguous()               # [b, L/sp, V]
+        hidden = engine.model.base_model(
+            input_ids=shard.input_ids.to(engine.device),
+            position_ids=shard.position_ids.to(engine.device),
+            use_cache=False,
+        ).last_hidden_state  # [b, L/sp, H]
+        local = engine.model.lm_head(hidden).float().contiguous()  # [b, L/sp, V]
     if st.sp_group is None:
-        return local[:, :input_ids.shape[1]]
+        return local[:, : input_ids.shape[1]]
     parts = [torch.empty_like(local) for _ in range(st.sp_size)]
-    dist.all_gather(parts, local, group=st.sp_group)                            # sp x [b, L/sp, V]
-    return torch.cat(parts, dim=1)[:, :input_ids.shape[1]]                      # [b, L, V]
+    dist.all_gather(parts, local, group=st.sp_group)  # sp x [b, L/sp, V]
+    return torch.cat(parts, dim=1)[:, : input_ids.shape[1]]  # [b, L, V]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--set", action="append", default=[], help="run-config override key=value (YAML value)")
+    ap.add_argument(
+        "--set", action="append", default=[], help="run-config override key=value (YAML value)"
+    )
     a = ap.parse_args()
 
     import yaml
@@ -47,9 +52,20 @@ def main():
     from ds_longctx.data.synthetic import SyntheticRetrieval
     from ds_longctx.parallel.parallel_state import init_distributed
     from ds_longctx.run.engine import build_engine
+
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)}
-    cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2, dtype="fp32", lr=1e-3, seed=0, output_dir=a.out,
-                    rope_scaling=YARN, save_every=2, **overrides)
+    cfg = RunConfig(
+        model="qwen3-tiny",
+        seq_len=64,
+        sp_size=2,
+        dtype="fp32",
+        lr=1e-3,
+        seed=0,
+        output_dir=a.out,
+        rope_scaling=YARN,
+        save_every=2,
+        **overrides,
+    )
     init_distributed(cfg.parallel.collective_timeout_s)
     engine = build_engine(cfg)
     st = engine.state
@@ -63,6 +79,7 @@ def main():
         torch.save({"input_ids": probe, "logits": logits}, f"{a.out}/engine_logits.pt")
     # leave together, groups torn down (as grad_worker.py does)
     from ds_longctx.parallel.parallel_state import leave
+
     leave(0)  # barrier, groups torn down, no teardown
 
 

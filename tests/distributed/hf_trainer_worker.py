@@ -26,7 +26,9 @@ import json
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trainer", choices=["trainer", "sft", "sft_text", "masks", "weights"], required=True)
+    ap.add_argument(
+        "--trainer", choices=["trainer", "sft", "sft_text", "masks", "weights"], required=True
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases")
     ap.add_argument("run", nargs=argparse.REMAINDER)
@@ -46,9 +48,16 @@ def main():
             cases = json.load(f)
         (token_sets if a.trainer == "masks" else train_grads)(cfg, cases, a.out)
         longctx.finish()
-    extra = dict(report_to="none", logging_steps=1, eval_on_start=True, eval_strategy="no", save_strategy="no")
+    extra = dict(
+        report_to="none",
+        logging_steps=1,
+        eval_on_start=True,
+        eval_strategy="no",
+        save_strategy="no",
+    )
     if a.trainer.startswith("sft"):
         from trl import SFTConfig, SFTTrainer
+
         cls, args = SFTTrainer, longctx.training_args(cfg, SFTConfig, **extra)
         kw = {"processing_class": AutoTokenizer.from_pretrained(cfg.data.tokenizer)}
     else:
@@ -62,8 +71,15 @@ def main():
     order = RowOrder(len(train), cfg.train.seed, cfg.data.shuffle)
     per_step = cfg.train.micro_batch * cfg.train.grad_accum
     first = [order.row_of_sample(i) for r in range(dp) for i in step_samples(0, per_step, r, dp)]
-    trainer = longctx.trainer(cls, cfg, model=model, args=args, train_dataset=train, eval_dataset=train.select(first),
-                              **kw)
+    trainer = longctx.trainer(
+        cls,
+        cfg,
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=train.select(first),
+        **kw,
+    )
     trainer.train()
 
     st, cu = trainer.longctx_state, trainer.longctx.attn.cu_seqlens  # the documents of step 2's row
@@ -73,10 +89,19 @@ def main():
     dist.all_gather(peers, batch, group=st.sp_group)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
-            json.dump({"global_step": trainer.state.global_step, "log_history": trainer.state.log_history,
-                       "train_batch_size": trainer.model_wrapped.train_batch_size(), "steps_per_epoch": len(loader),
-                       "sp_peers_same": all(torch.equal(p, batch) for p in peers), "dp": st.dp_size,
-                       "n_rows": len(train), "documents": 1 if cu is None else len(cu) - 1}, f)
+            json.dump(
+                {
+                    "global_step": trainer.state.global_step,
+                    "log_history": trainer.state.log_history,
+                    "train_batch_size": trainer.model_wrapped.train_batch_size(),
+                    "steps_per_epoch": len(loader),
+                    "sp_peers_same": all(torch.equal(p, batch) for p in peers),
+                    "dp": st.dp_size,
+                    "n_rows": len(train),
+                    "documents": 1 if cu is None else len(cu) - 1,
+                },
+                f,
+            )
     longctx.finish()
 
 
@@ -89,15 +114,28 @@ def text_only(cls, cfg, model, args, kw: dict, out: str) -> None:
     import torch.distributed as dist
 
     from ds_longctx.integrations import hf_trainer as longctx
+
     texts = [f.read_text() for f in sorted(Path(cfg.data.source).glob("*.txt"))]
     args.eval_on_start = False
-    trainer = longctx.trainer(cls, cfg, model=model, args=args,
-                              train_dataset=datasets.Dataset.from_dict({"text": texts}), **kw)
+    trainer = longctx.trainer(
+        cls,
+        cfg,
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"text": texts}),
+        **kw,
+    )
     trainer.train()
     if dist.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump({"global_step": trainer.state.global_step, "dataset_kwargs": trainer.args.dataset_kwargs,
-                       "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h]}, f)
+            json.dump(
+                {
+                    "global_step": trainer.state.global_step,
+                    "dataset_kwargs": trainer.args.dataset_kwargs,
+                    "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+                },
+                f,
+            )
     longctx.finish()
 
 
@@ -108,12 +146,25 @@ def case_trainer(cfg, case: dict, **extra):
     from trl import SFTConfig, SFTTrainer
 
     from ds_longctx.integrations import hf_trainer as longctx
+
     sft = case["trainer"] == "sft"
-    args = longctx.training_args(cfg, SFTConfig if sft else TrainingArguments, report_to="none", logging_steps=1,
-                                 save_strategy="no", **case.get("args", {}), **extra)
-    return longctx.trainer(SFTTrainer if sft else Trainer, cfg, model=longctx.build_model(cfg), args=args,
-                           train_dataset=datasets.Dataset.from_list(case["rows"]),
-                           processing_class=AutoTokenizer.from_pretrained(cfg.data.tokenizer))
+    args = longctx.training_args(
+        cfg,
+        SFTConfig if sft else TrainingArguments,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        **case.get("args", {}),
+        **extra,
+    )
+    return longctx.trainer(
+        SFTTrainer if sft else Trainer,
+        cfg,
+        model=longctx.build_model(cfg),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(case["rows"]),
+        processing_class=AutoTokenizer.from_pretrained(cfg.data.tokenizer),
+    )
 
 
 def token_sets(cfg, cases: dict, out: str) -> None:
@@ -121,13 +172,21 @@ def token_sets(cfg, cases: dict, out: str) -> None:
     from accelerate.state import AcceleratorState
 
     from ds_longctx.integrations.hf_loss import batch_labels
+
     got = {}
     for name, case in cases.items():
         AcceleratorState._reset_state()  # one Accelerator (DeepSpeed's) per trainer; the process group stays
         trainer = case_trainer(cfg, case)
-        got[name] = [{"input_ids": b["input_ids"].tolist(), "labels": batch_labels(b).tolist(),
-                      "position_ids": None if b.get("position_ids") is None else b["position_ids"].tolist()}
-                     for b in trainer.get_train_dataloader()]
+        got[name] = [
+            {
+                "input_ids": b["input_ids"].tolist(),
+                "labels": batch_labels(b).tolist(),
+                "position_ids": None
+                if b.get("position_ids") is None
+                else b["position_ids"].tolist(),
+            }
+            for b in trainer.get_train_dataloader()
+        ]
     with open(out, "w") as f:
         json.dump(got, f)
 
@@ -138,11 +197,19 @@ def train_grads(cfg, cases: dict, out: str) -> None:
     import torch.distributed as dist
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.utils import safe_get_full_grad
+
     grads, step = [], DeepSpeedEngine.step
 
-    def capture(engine, *args, **kwargs):  # at the step's boundary, before the optimizer (collective under ZeRO-3)
+    def capture(
+        engine, *args, **kwargs
+    ):  # at the step's boundary, before the optimizer (collective under ZeRO-3)
         if engine.is_gradient_accumulation_boundary():
-            grads.append({n: safe_get_full_grad(p).detach().clone() for n, p in engine.module.named_parameters()})
+            grads.append(
+                {
+                    n: safe_get_full_grad(p).detach().clone()
+                    for n, p in engine.module.named_parameters()
+                }
+            )
         return step(engine, *args, **kwargs)
 
     DeepSpeedEngine.step = capture
@@ -150,8 +217,15 @@ def train_grads(cfg, cases: dict, out: str) -> None:
     trainer.train()
     train = [h for h in trainer.state.log_history if "loss" in h]
     if dist.get_rank() == 0:
-        torch.save({"losses": [h["loss"] for h in train], "grad_norms": [h["grad_norm"] for h in train],
-                    "grads": grads, "global_step": trainer.state.global_step}, out)
+        torch.save(
+            {
+                "losses": [h["loss"] for h in train],
+                "grad_norms": [h["grad_norm"] for h in train],
+                "grads": grads,
+                "global_step": trainer.state.global_step,
+            },
+            out,
+        )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,13 @@ def test_export_loads_with_from_pretrained_and_gives_the_engines_logits(tmp_path
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
     assert not list(tmp_path.glob("hf.tmp-*"))
-    saved = list(tmp_path.rglob("config.json"))  # the checkpoint's and the export's: no key of ours reaches the Hub
+    saved = list(
+        tmp_path.rglob("config.json")
+    )  # the checkpoint's and the export's: no key of ours reaches the Hub
     assert len(saved) >= 2 and not [p for p in saved if "_ds_longctx" in p.read_text()]
 
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(str(out))
     assert model.dtype == torch.float32
     rp = model.config.rope_parameters

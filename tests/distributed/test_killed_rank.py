@@ -25,8 +25,19 @@ def data(tmp_path_factory) -> list:
 
 def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path, data):
     out, log = tmp_path / "run", tmp_path / "log.txt"
-    proc = start(2, [*data, "--steps", "100000", "--collective_timeout_s",
-                     str(TIMEOUT_S), "--output_dir", str(out)], log)
+    proc = start(
+        2,
+        [
+            *data,
+            "--steps",
+            "100000",
+            "--collective_timeout_s",
+            str(TIMEOUT_S),
+            "--output_dir",
+            str(out),
+        ],
+        log,
+    )
     try:
         wait_for_steps(proc, out, 2, log)
         survivor = worker(proc, 0)
@@ -47,14 +58,29 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
     every group: run/ranks.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
     out, log = tmp_path / "run", tmp_path / "log.txt"
     timeout_s = 15
-    proc = start(2, [*data, "--steps", "100000", "--collective_timeout_s", str(timeout_s), "--output_dir", str(out)],
-                 log)
+    proc = start(
+        2,
+        [
+            *data,
+            "--steps",
+            "100000",
+            "--collective_timeout_s",
+            str(timeout_s),
+            "--output_dir",
+            str(out),
+        ],
+        log,
+    )
     try:
         wait_for_steps(proc, out, 2, log)
         survivor, hung = worker(proc, 0), worker(proc, 1)
         hung.send_signal(signal.SIGSTOP)
         t0 = time.time()
-        while survivor.is_running() and survivor.status() != "zombie" and time.time() - t0 < timeout_s + 30:
+        while (
+            survivor.is_running()
+            and survivor.status() != "zombie"
+            and time.time() - t0 < timeout_s + 30
+        ):
             time.sleep(0.2)
         elapsed = time.time() - t0
         hung.send_signal(signal.SIGCONT)
@@ -69,4 +95,7 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
     # is stopped in is a race (seen both ways in full CI runs, 2026-11-30). The elapsed bound above ties it to the
     # 15 s timeout either way.
     text = log.read_text()
-    assert f"Timed out waiting {timeout_s * 1000}ms" in text or "Application timeout caused pair closure" in text
+    assert (
+        f"Timed out waiting {timeout_s * 1000}ms" in text
+        or "Application timeout caused pair closure" in text
+    )

@@ -25,6 +25,7 @@ def reference(rows: list, doc_lens: list = None):
 
     from ds_longctx.levers.moe import set_experts_kernel
     from ds_longctx.run.model import init_weights, load_hf_config, model_class
+
     cfg = load_hf_config("qwen3-moe-tiny")
     cfg._attn_implementation = "eager"
     set_experts_kernel(cfg)
@@ -35,14 +36,18 @@ def reference(rows: list, doc_lens: list = None):
     for ids in rows:
         routers, start = [], 0
         for L in doc_lens or [len(ids)]:
-            doc = ids[start:start + L][None]
+            doc = ids[start : start + L][None]
             out = model(input_ids=doc, labels=doc, output_router_logits=True)
-            doc_ce = out.loss - cfg.router_aux_loss_coef * out.aux_loss  # HF adds the document's own aux: taken out
+            doc_ce = (
+                out.loss - cfg.router_aux_loss_coef * out.aux_loss
+            )  # HF adds the document's own aux: taken out
             ce = ce + doc_ce * (L - 1)  # HF's token mean of the document, back to its sum
             n += L - 1
             routers.append(out.router_logits)
             start += L
-        per_layer = tuple(torch.cat(layer) for layer in zip(*routers))  # [row tokens, E] per sparse layer
+        per_layer = tuple(
+            torch.cat(layer) for layer in zip(*routers)
+        )  # [row tokens, E] per sparse layer
         auxes.append(load_balancing_loss_func(per_layer, cfg.num_experts, cfg.num_experts_per_tok))
     aux = auxes[0]
     loss = ce / n + cfg.router_aux_loss_coef * sum(auxes) / len(auxes)
@@ -54,11 +59,24 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
     ids = sample(0, sum(LENS))
     ref_loss, ref_grads, aux = reference([ids], LENS)
     assert aux > 1.0  # the load-balancing term is there (E · Σ f·P >= 1 for top-2 of 4)
-    runs = {"sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
-            "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
-            # tiled, under DeepSpeed's (reentrant) checkpoint of the lower layer and the upper one's attention cache
-            "sp2_tiled": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny", tiled_mlp=True,
-                             tile_tokens=7, placement="offload:1,cache:1", chunked_loss=True, loss_chunk_rows=5)}
+    runs = {
+        "sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
+        "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
+        # tiled, under DeepSpeed's (reentrant) checkpoint of the lower layer and the upper one's attention cache
+        "sp2_tiled": run(
+            tmp_path,
+            2,
+            2,
+            length=sum(LENS),
+            packed=LENS,
+            model="qwen3-moe-tiny",
+            tiled_mlp=True,
+            tile_tokens=7,
+            placement="offload:1,cache:1",
+            chunked_loss=True,
+            loss_chunk_rows=5,
+        ),
+    }
     for name, got in runs.items():
         assert got["tokens"] == sum(L - 1 for L in LENS), name
         check(got, ref_loss, ref_grads)

@@ -13,6 +13,7 @@ def test_offloaded_parameters_give_the_plain_hf_grads(tmp_path):
     check(got, *reference([sample(0)]))
     # DeepSpeed took it: its stage-3 optimizer offloads the parameters into one flat buffer of the rank's partition
     from tests.helpers import tiny_model
+
     n = sum(p.numel() for p in tiny_model(seed=0, attn="eager").parameters())
     assert got["offload_param"] and n // 2 <= got["param_host_buffer"] <= n // 2 + 1024
     plain = run(tmp_path, 2, 2)

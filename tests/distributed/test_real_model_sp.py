@@ -18,14 +18,18 @@ SP = 3
 TOL = 1e-4  # fp32: ZeRO-3 and the SP all-to-all against one plain forward (measured: 2e-6)
 SESSIONS = [
     # no system message: the template adds its own
-    [{"role": "user", "content": "What does ls -a show?"},
-     {"role": "assistant", "content": "Every entry of the directory, hidden ones too."},
-     {"role": "user", "content": "And -l?"},
-     {"role": "assistant", "content": "One line per entry: permissions, owner, size and date."}],
-    [{"role": "system", "content": "You answer in one word."},
-     {"role": "user", "content": "The capital of Italy?"},
-     {"role": "tool", "content": "geo: Italy -> Rome"},
-     {"role": "assistant", "content": "Rome."}],
+    [
+        {"role": "user", "content": "What does ls -a show?"},
+        {"role": "assistant", "content": "Every entry of the directory, hidden ones too."},
+        {"role": "user", "content": "And -l?"},
+        {"role": "assistant", "content": "One line per entry: permissions, owner, size and date."},
+    ],
+    [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "The capital of Italy?"},
+        {"role": "tool", "content": "geo: Italy -> Rome"},
+        {"role": "assistant", "content": "Rome."},
+    ],
 ]
 
 
@@ -38,12 +42,14 @@ def delta_rule_labels(tok, messages: list) -> tuple:
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
             head = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-            upto = tok.apply_chat_template(messages[:i + 1], tokenize=False)
+            upto = tok.apply_chat_template(messages[: i + 1], tokenize=False)
             assert full.startswith(upto) and upto.startswith(head)
             spans.append((len(head), len(upto)))
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
-    labels = [t if any(a < e and b > s for s, e in spans) else -100
-              for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])]
+    labels = [
+        t if any(a < e and b > s for s, e in spans) else -100
+        for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
     return enc["input_ids"], labels
 
 
@@ -52,6 +58,7 @@ def hf_loss(model_dir) -> tuple:
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     total, count, tokens = 0.0, 0, 0
@@ -73,11 +80,34 @@ def test_smollm2_packed_sessions_at_sp3_give_hf_loss_on_delta_rule_tokens(smollm
     out = tmp_path / "run"
     # add_eos false: the sessions end as the template ends them (docs/data.md: an appended EOS
     # trains where the last token does)
-    res = run_cli(["train", "--nproc", str(SP), "--sp_size", str(SP), "--model", str(smollm2_dir),
-                   "--data", str(data), "--data_layout", "pack", "--seq_len", str(seq_len),
-                   "--add_eos", "false", "--dtype", "fp32", "--steps", "1",
-                   "--data_cache_dir", str(tmp_path / "cache"), "--output_dir", str(out)],
-                  output_dir=out)
+    res = run_cli(
+        [
+            "train",
+            "--nproc",
+            str(SP),
+            "--sp_size",
+            str(SP),
+            "--model",
+            str(smollm2_dir),
+            "--data",
+            str(data),
+            "--data_layout",
+            "pack",
+            "--seq_len",
+            str(seq_len),
+            "--add_eos",
+            "false",
+            "--dtype",
+            "fp32",
+            "--steps",
+            "1",
+            "--data_cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(out),
+        ],
+        output_dir=out,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     [step1] = read_metrics(out)
     assert rel_err(step1["loss"], want) <= TOL, (step1["loss"], want)

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 def save_seconds_model(tmp_path):
     """A Qwen3 config.json whose ZeRO-3 fp32 checkpoint is ~0.5 GB: a save of seconds on CPU."""
     cfg = json.loads((ROOT / "ds_longctx" / "models" / "qwen3-tiny.json").read_text())
-    cfg.update(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, vocab_size=32000, head_dim=64)
+    cfg.update(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=4, vocab_size=32000, head_dim=64
+    )
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     return tmp_path / "config.json"
 
@@ -38,9 +40,28 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
     out, log = tmp_path / "cut", tmp_path / "cut.log"
     env = cpu_env() | {SAVE_PAUSE_ENV: "30@2"}  # step 1 saves at once
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *run, "--steps", "3",
-                                 "--save_every", "1", "--output_dir", str(out)], env=env, cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ds_longctx.cli",
+                "train",
+                "--nproc",
+                "2",
+                *run,
+                "--steps",
+                "3",
+                "--save_every",
+                "1",
+                "--output_dir",
+                str(out),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for_line(proc, log, "checkpoint: saving step 2")
         for _ in range(4):  # mashed: one stop
@@ -56,12 +77,22 @@ def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(t
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text, root = log.read_text(), ckpt_root(out)
-    assert rc == 130 and "Traceback" not in text and text.count("stopping at the end of this step") == 1, text[-3000:]
-    assert last_line(text) == (f"stopped by SIGINT, then abandoned (saving step 2): the last complete checkpoint, "
-                               f"{root / 'step1'}, is unchanged: --resume continues it"), text[-2000:]
+    assert (
+        rc == 130
+        and "Traceback" not in text
+        and text.count("stopping at the end of this step") == 1
+    ), text[-3000:]
+    assert last_line(text) == (
+        f"stopped by SIGINT, then abandoned (saving step 2): the last complete checkpoint, "
+        f"{root / 'step1'}, is unchanged: --resume continues it"
+    ), text[-2000:]
     assert read_latest(root) == "step1" and resume.find_checkpoint(root)[1]["step"] == 1
-    straight = [r["loss"] for r in read_metrics(out)]  # steps 1 and 2, trained before the save was abandoned
-    res = run_cli(["train", "--nproc", "2", *run, "--steps", "3", "--resume", "--output_dir", str(out)])
+    straight = [
+        r["loss"] for r in read_metrics(out)
+    ]  # steps 1 and 2, trained before the save was abandoned
+    res = run_cli(
+        ["train", "--nproc", "2", *run, "--steps", "3", "--resume", "--output_dir", str(out)]
+    )
     assert res.returncode == 0 and "a save that never completed" in res.stderr, res.stderr[-3000:]
     resumed = [r["loss"] for r in read_metrics(out)]
     assert len(straight) == 2 and resumed[:2] == straight and len(resumed) == 3

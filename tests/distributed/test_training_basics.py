@@ -13,8 +13,26 @@ from tests.corpus import token_ids
 from tests.helpers import read_metrics, rel_err, run_cli, text_run_args
 
 pytestmark = pytest.mark.slow
-RUN = ["--model", "qwen3-tiny", "--seq_len", "64", "--sp_size", "2", "--dtype", "fp32", "--steps", "3",
-       "--lr", "1e-3", "--lr_schedule", "cosine", "--warmup_steps", "1", "--min_lr", "1e-4"]
+RUN = [
+    "--model",
+    "qwen3-tiny",
+    "--seq_len",
+    "64",
+    "--sp_size",
+    "2",
+    "--dtype",
+    "fp32",
+    "--steps",
+    "3",
+    "--lr",
+    "1e-3",
+    "--lr_schedule",
+    "cosine",
+    "--warmup_steps",
+    "1",
+    "--min_lr",
+    "1e-4",
+]
 
 
 def train(out, *extra):
@@ -52,10 +70,19 @@ def test_cosine_with_warmup_reaches_its_floor_at_the_last_step(accumulated):
 
 def test_every_metrics_line_has_the_basics_and_tensorboard_holds_them(accumulated):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out, rows = accumulated
     for r in rows:
-        for key in ("loss", "lr", "grad_norm", "trained_tokens", "tokens_per_s", "seconds", "peak_gpu_bytes",
-                    "host_rss_bytes"):
+        for key in (
+            "loss",
+            "lr",
+            "grad_norm",
+            "trained_tokens",
+            "tokens_per_s",
+            "seconds",
+            "peak_gpu_bytes",
+            "host_rss_bytes",
+        ):
             assert r.get(key) is not None, (key, r)
         assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
     events = EventAccumulator(str(out / "tensorboard")).Reload()
@@ -66,18 +93,49 @@ def test_every_metrics_line_has_the_basics_and_tensorboard_holds_them(accumulate
 
 def test_epochs_run_two_passes_over_the_rows(tmp_path):
     from tests.corpus import documents
+
     args = text_run_args(tmp_path / "data")
     tokens = sum(len(ids) + 1 for ids in token_ids(documents(120, seed=1)))  # + EOS per document
     rows = tokens // 64  # concat: rows of seq_len
-    res = run_cli(["train", "--nproc", "2", *args, "--epochs", "2", "--grad_accum", "2", "--report_to", "none",
-                   "--output_dir", str(tmp_path / "run")], output_dir=tmp_path / "run")
+    res = run_cli(
+        [
+            "train",
+            "--nproc",
+            "2",
+            *args,
+            "--epochs",
+            "2",
+            "--grad_accum",
+            "2",
+            "--report_to",
+            "none",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        output_dir=tmp_path / "run",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     per_epoch = rows // 2  # dp 1 x micro_batch 1 x grad_accum 2
     assert len(read_metrics(tmp_path / "run")) == 2 * per_epoch
     assert f"epochs 2: {rows} rows, {per_epoch} steps an epoch" in res.stderr
-    both = run_cli(["train", "--nproc", "2", *args, "--epochs", "2", "--steps", "5", "--output_dir",
-                    str(tmp_path / "x")])
-    assert both.returncode == 2 and "both say how long to train" in both.stderr.strip().splitlines()[-1]
+    both = run_cli(
+        [
+            "train",
+            "--nproc",
+            "2",
+            *args,
+            "--epochs",
+            "2",
+            "--steps",
+            "5",
+            "--output_dir",
+            str(tmp_path / "x"),
+        ]
+    )
+    assert (
+        both.returncode == 2
+        and "both say how long to train" in both.stderr.strip().splitlines()[-1]
+    )
 
 
 def test_two_replicas_with_unequal_trained_tokens_equal_one_replica_over_both_rows(tmp_path):
@@ -86,12 +144,42 @@ def test_two_replicas_with_unequal_trained_tokens_equal_one_replica_over_both_ro
     args = [a for a in text_run_args(tmp_path / "data") if a not in ("--sp_size", "2")]
     base = [*args, "--data_layout", "pack", "--steps", "2", "--report_to", "none"]
     for average in ("tokens", "sequences"):
-        dp2 = run_cli(["train", "--nproc", "2", *base, "--sp_size", "1", "--loss_average", average, "--output_dir",
-                       str(tmp_path / f"dp2_{average}")], output_dir=tmp_path / f"dp2_{average}")
-        one = run_cli(["train", "--nproc", "1", *base, "--grad_accum", "2", "--loss_average", average, "--output_dir",
-                       str(tmp_path / f"one_{average}")], output_dir=tmp_path / f"one_{average}")
+        dp2 = run_cli(
+            [
+                "train",
+                "--nproc",
+                "2",
+                *base,
+                "--sp_size",
+                "1",
+                "--loss_average",
+                average,
+                "--output_dir",
+                str(tmp_path / f"dp2_{average}"),
+            ],
+            output_dir=tmp_path / f"dp2_{average}",
+        )
+        one = run_cli(
+            [
+                "train",
+                "--nproc",
+                "1",
+                *base,
+                "--grad_accum",
+                "2",
+                "--loss_average",
+                average,
+                "--output_dir",
+                str(tmp_path / f"one_{average}"),
+            ],
+            output_dir=tmp_path / f"one_{average}",
+        )
         assert dp2.returncode == 0 and one.returncode == 0, (dp2.stderr[-2000:], one.stderr[-2000:])
         a, b = read_metrics(tmp_path / f"dp2_{average}"), read_metrics(tmp_path / f"one_{average}")
         assert [r["trained_tokens"] for r in a] == [r["trained_tokens"] for r in b]
         assert max(rel_err(x["loss"], y["loss"]) for x, y in zip(a, b)) <= 1e-5, (average, a, b)
-        assert max(rel_err(x["grad_norm"], y["grad_norm"]) for x, y in zip(a, b)) <= 1e-5, (average, a, b)
+        assert max(rel_err(x["grad_norm"], y["grad_norm"]) for x, y in zip(a, b)) <= 1e-5, (
+            average,
+            a,
+            b,
+        )

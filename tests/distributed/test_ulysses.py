@@ -25,7 +25,7 @@ def reference(samples: list[torch.Tensor], doc_lens=None, mask_from=None):
         else:  # packed: each document on its own, token-weighted
             parts, start, n = [], 0, 0
             for L in doc_lens:
-                doc, lab = ids[start:start + L][None], labels[start:start + L][None]
+                doc, lab = ids[start : start + L][None], labels[start : start + L][None]
                 k = int((lab[:, 1:] != -100).sum())
                 if k:
                     parts.append(model(input_ids=doc, labels=lab).loss * k)
@@ -37,13 +37,31 @@ def reference(samples: list[torch.Tensor], doc_lens=None, mask_from=None):
     return total, {n: p.grad for n, p in model.named_parameters()}
 
 
-def run(tmp_path, nproc, sp, length=64, packed=None, env=None, read_placement=False, mask_from=None, micro=1,
-        **overrides):
+def run(
+    tmp_path,
+    nproc,
+    sp,
+    length=64,
+    packed=None,
+    env=None,
+    read_placement=False,
+    mask_from=None,
+    micro=1,
+    **overrides,
+):
     """Launch grad_worker on nproc processes; overrides go to the run config (key=value); `read_placement`: also
     return each layer's applied checkpoint kind."""
     out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}_{micro}.pt"
-    args = ["tests/distributed/grad_worker.py", "--sp", str(sp), "--length", str(length), "--out", str(out),
-            *(["--placement"] if read_placement else [])]
+    args = [
+        "tests/distributed/grad_worker.py",
+        "--sp",
+        str(sp),
+        "--length",
+        str(length),
+        "--out",
+        str(out),
+        *(["--placement"] if read_placement else []),
+    ]
     if packed:
         args += ["--packed", ",".join(map(str, packed))]
     if mask_from is not None:
@@ -88,8 +106,19 @@ def test_odd_length_is_padded(tmp_path):
 def test_every_lever_on_matches_plain(tmp_path):
     # chunked loss with chunks smaller than a slice, tiled MLP with a tile that does not divide the slice,
     # checkpointing routed through DeepSpeed's checkpoint (offload itself needs a GPU: tests/gpu), YaRN
-    got = run(tmp_path, 2, 2, length=64, chunked_loss=True, loss_chunk_rows=5, tiled_mlp=True, tile_tokens=7,
-              activation_checkpointing=True, activation_offload=True, rope_scaling="none")
+    got = run(
+        tmp_path,
+        2,
+        2,
+        length=64,
+        chunked_loss=True,
+        loss_chunk_rows=5,
+        tiled_mlp=True,
+        tile_tokens=7,
+        activation_checkpointing=True,
+        activation_offload=True,
+        rope_scaling="none",
+    )
     check(got, *reference([sample(0)]))
 
 
@@ -107,21 +136,36 @@ def test_packed_masked_rows_where_one_rank_trains_nothing_match_sp1_and_plain_hf
     lens = [20, 29, 15]
     sp2 = run(tmp_path, 2, 2, length=64, packed=lens, mask_from=32)
     sp1 = run(tmp_path, 1, 1, length=64, packed=lens, mask_from=32)
-    assert sp2["tokens"] == sp1["tokens"] == 19 + 11  # document 1's 19 targets, document 2's up to position 31
-    assert torch.isfinite(torch.tensor(sp2["loss"])) and all(torch.isfinite(g).all() for g in sp2["grads"].values())
+    assert (
+        sp2["tokens"] == sp1["tokens"] == 19 + 11
+    )  # document 1's 19 targets, document 2's up to position 31
+    assert torch.isfinite(torch.tensor(sp2["loss"])) and all(
+        torch.isfinite(g).all() for g in sp2["grads"].values()
+    )
     check(sp2, sp1["loss"], sp1["grads"], tol=1e-6)
     check(sp2, *reference([sample(0)], doc_lens=lens, mask_from=32))
 
 
-@pytest.mark.parametrize("placement,pool", [("offload:1,keep:1", False), ("cache:2", False),
-                                            ("offload:1,cache:1", True)])
+@pytest.mark.parametrize(
+    "placement,pool", [("offload:1,keep:1", False), ("cache:2", False), ("offload:1,cache:1", True)]
+)
 def test_tiled_layer_matches_plain(tmp_path, placement, pool):
     """The whole layer's token-wise work tiled (levers/tiled_layer.py; tiles of 7 divide no slice) under ZeRO-3 and
     SP=2, with a checkpoint through DeepSpeed's offload path, the attention output cached, or (the longest plan's
     levers: offload:35,cache:1 with the pool) the checkpoint in our pinned pool under a cached top layer; chunked
     loss."""
-    got = run(tmp_path, 2, 2, length=64, chunked_loss=True, loss_chunk_rows=5, tiled_layer=True, tile_tokens=7,
-              placement=placement, pinned_pool=pool)
+    got = run(
+        tmp_path,
+        2,
+        2,
+        length=64,
+        chunked_loss=True,
+        loss_chunk_rows=5,
+        tiled_layer=True,
+        tile_tokens=7,
+        placement=placement,
+        pinned_pool=pool,
+    )
     check(got, *reference([sample(0)]))
 
 
@@ -134,10 +178,21 @@ def test_tiled_layer_keeps_packed_documents_apart(tmp_path):
 def family_checkpoint(tmp_path, family: str):
     """A tiny local HF checkpoint of another family (random weights; the engine loads them from the directory)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
-                          "mistral": (MistralConfig, MistralForCausalLM)}[family]
-    cfg = cfg_cls(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=2048, use_cache=False)
+
+    cfg_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }[family]
+    cfg = cfg_cls(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     path = tmp_path / family
     model_cls(cfg).save_pretrained(path)
@@ -149,7 +204,16 @@ def test_other_families_with_the_tiled_layer_match_plain_hf(tmp_path, family):
     """Llama and Mistral checkpoints through the whole engine (SP=2, ZeRO-3, tiled layer with uneven tiles, chunked
     loss): the plain HF model's loss and every gradient on the full sequence."""
     path, model_cls = family_checkpoint(tmp_path, family)
-    got = run(tmp_path, 2, 2, length=64, model=str(path), tiled_layer=True, tile_tokens=7, loss_chunk_rows=5)
+    got = run(
+        tmp_path,
+        2,
+        2,
+        length=64,
+        model=str(path),
+        tiled_layer=True,
+        tile_tokens=7,
+        loss_chunk_rows=5,
+    )
     ref = model_cls.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).train()
     ids = sample(0)[None]
     loss = ref(input_ids=ids, labels=ids).loss
@@ -161,4 +225,7 @@ def test_tiled_layer_with_kv_replication_and_data_parallelism(tmp_path):
     """sp=4 over 2 KV heads (each replicated twice inside the exchange) and sp=2 x dp=2, with the tiled layer
     (tiles of 5): the plain model's loss and grads (the dp case against the two-replica mean)."""
     check(run(tmp_path, 4, 4, length=64, tiled_layer=True, tile_tokens=5), *reference([sample(0)]))
-    check(run(tmp_path, 4, 2, length=64, tiled_layer=True, tile_tokens=5), *reference([sample(0), sample(1)]))
+    check(
+        run(tmp_path, 4, 2, length=64, tiled_layer=True, tile_tokens=5),
+        *reference([sample(0), sample(1)]),
+    )

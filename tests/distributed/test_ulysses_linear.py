@@ -13,7 +13,11 @@ from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3.5-tiny"
-LENS = [20, 29, 15]  # the 29-token document straddles the slice borders at 32 (sp 2) and 32, 48 (sp 4)
+LENS = [
+    20,
+    29,
+    15,
+]  # the 29-token document straddles the slice borders at 32 (sp 2) and 32, 48 (sp 4)
 
 
 def reference(ids, doc_lens=None):
@@ -24,7 +28,7 @@ def reference(ids, doc_lens=None):
     else:
         parts, start = [], 0
         for n in doc_lens:
-            doc = ids[start:start + n][None]
+            doc = ids[start : start + n][None]
             parts.append(model(input_ids=doc, labels=doc).loss * (n - 1))
             start += n
         loss = sum(parts) / sum(n - 1 for n in doc_lens)
@@ -35,14 +39,31 @@ def reference(ids, doc_lens=None):
 # sp2 also pulls the levers that touch every layer type: the chunked loss (chunks smaller than a slice), the tiled MLP
 # (tiles that divide no slice), two linear layers' checkpoints through DeepSpeed's offloading checkpoint and the
 # full-attention layer's output kept by the attention cache
-LEVERS = dict(chunked_loss=True, loss_chunk_rows=5, tiled_mlp=True, tile_tokens=7, placement="offload:2,keep:1,cache:1")
+LEVERS = dict(
+    chunked_loss=True,
+    loss_chunk_rows=5,
+    tiled_mlp=True,
+    tile_tokens=7,
+    placement="offload:2,keep:1,cache:1",
+)
 
 
-@pytest.mark.parametrize("sp,packed,levers", [(1, True, {}), (2, False, LEVERS), (4, True, {})],
-                         ids=["sp1_packed", "sp2_levers", "sp4_past_key_heads_packed"])
+@pytest.mark.parametrize(
+    "sp,packed,levers",
+    [(1, True, {}), (2, False, LEVERS), (4, True, {})],
+    ids=["sp1_packed", "sp2_levers", "sp4_past_key_heads_packed"],
+)
 def test_hybrid_sp_matches_plain_hf(tmp_path, sp, packed, levers):
-    got = run(tmp_path, sp, sp, length=64, packed=LENS if packed else None, model=MODEL, read_placement=bool(levers),
-              **levers)
+    got = run(
+        tmp_path,
+        sp,
+        sp,
+        length=64,
+        packed=LENS if packed else None,
+        model=MODEL,
+        read_placement=bool(levers),
+        **levers,
+    )
     if levers:  # what the layers really run, read off them
         assert got["applied"] == ["offload", "offload", "keep", "cache"]
     assert got["tokens"] == (sum(n - 1 for n in LENS) if packed else 63)

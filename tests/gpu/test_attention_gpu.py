@@ -16,12 +16,21 @@ from tests.helpers import gpu_env, gpus_here, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-N = gpus_here() if torch.cuda.is_available() else 0  # the levers' tests run SP = N over N GPUs (2 at most)
+N = (
+    gpus_here() if torch.cuda.is_available() else 0
+)  # the levers' tests run SP = N over N GPUs (2 at most)
 # the engine-level FA4 tests run a tiny Qwen3 with the target models' head_dim (128): FA4 is refused below 64 and
 # `auto` picks it only at verified head dims (parallel/attention.py)
 D128 = "qwen3-tiny-d128"  # shipped geometry: qwen3-tiny with head_dim 128 (hidden 256)
-BACKENDS = ["sdpa_cudnn", pytest.param("fa4", marks=pytest.mark.skipif(not attention.fa4_available(),
-                                                                           reason="FlashAttention 4 not installed"))]
+BACKENDS = [
+    "sdpa_cudnn",
+    pytest.param(
+        "fa4",
+        marks=pytest.mark.skipif(
+            not attention.fa4_available(), reason="FlashAttention 4 not installed"
+        ),
+    ),
+]
 
 
 def reference(q, k, v, dout, cu=None):
@@ -34,8 +43,11 @@ def reference(q, k, v, dout, cu=None):
     else:
         parts = []
         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
-            parts.append(F.scaled_dot_product_attention(q32[:, :, a:b], kk[:, :, a:b], vv[:, :, a:b],
-                                                        is_causal=True).transpose(1, 2))
+            parts.append(
+                F.scaled_dot_product_attention(
+                    q32[:, :, a:b], kk[:, :, a:b], vv[:, :, a:b], is_causal=True
+                ).transpose(1, 2)
+            )
         out = torch.cat(parts, dim=1)
     out.backward(dout.float())
     return out.detach(), q32.grad, k32.grad, v32.grad
@@ -43,8 +55,14 @@ def reference(q, k, v, dout, cu=None):
 
 # head_dim 128 is the dense target models'; 256 Qwen3.5's full-attention layers' (a rank's 3 q / 1 kv heads of the 27B
 # at SP=8, 8 / 2 of the 4B at SP=2); 16 is the tiny test model's (the engine-level tests run it) and 64 between
-SHAPES = [(4096, 16, 4, 128), (3000, 8, 8, 128), (2048, 8, 2, 16), (2048, 8, 2, 64), (4096, 3, 1, 256),
-          (3000, 8, 2, 256)]
+SHAPES = [
+    (4096, 16, 4, 128),
+    (3000, 8, 8, 128),
+    (2048, 8, 2, 16),
+    (2048, 8, 2, 64),
+    (4096, 3, 1, 256),
+    (3000, 8, 2, 256),
+]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -58,11 +76,15 @@ def test_kernel_pair_matches_sdpa_dense(backend, s, h, hk, d):
         return
     attention.select(backend, announce=False, head_dim=d)
     g = torch.Generator(device="cuda").manual_seed(s)
-    q, k, v = (torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for n in (h, hk, hk))
-    pair = attention._FA4() if backend == "fa4" else attention._CudnnSDPA()  # the pair itself (cuDNN's is off)
+    q, k, v = (
+        torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        for n in (h, hk, hk)
+    )
+    pair = (
+        attention._FA4() if backend == "fa4" else attention._CudnnSDPA()
+    )  # the pair itself (cuDNN's is off)
     kk, vv = (k, v) if pair.gqa else (t.repeat_interleave(h // hk, 1) for t in (k, v))
-    out = pair.out_bshd(attention._Attend.apply(q, kk, vv, pair, d ** -0.5, None, None, None))
+    out = pair.out_bshd(attention._Attend.apply(q, kk, vv, pair, d**-0.5, None, None, None))
     dout = torch.randn_like(out)
     out.backward(dout)
     ref, dq, dk, dv = reference(q, k, v, dout)
@@ -76,14 +98,21 @@ def test_sdpa_cudnn_with_gqa_matches_reference(s, h, hk, d):
     """What `sdpa_cudnn` runs in the engine while its pair is off: SDPA's own autograd, enable_gqa, cuDNN first."""
     attention.select("sdpa_cudnn", announce=False)
     g = torch.Generator(device="cuda").manual_seed(s + 1)
-    q, k, v = (torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for n in (h, hk, hk))
-    out = attention.attend(q, k, v, d ** -0.5)
+    q, k, v = (
+        torch.randn(1, n, s, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        for n in (h, hk, hk)
+    )
+    out = attention.attend(q, k, v, d**-0.5)
     dout = torch.randn_like(out)
     out.backward(dout)
     ref, dq, dk, dv = reference(q, k, v, dout)
-    errs = {"out": rel_err(out.float(), ref), **{n: rel_err(got.float(), want) for n, got, want in
-                                                  (("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv))}}
+    errs = {
+        "out": rel_err(out.float(), ref),
+        **{
+            n: rel_err(got.float(), want)
+            for n, got, want in (("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv))
+        },
+    }
     assert errs["out"] <= 1e-2 and max(errs.values()) <= 2e-2, errs
 
 
@@ -92,10 +121,12 @@ def test_fa4_varlen_keeps_documents_apart():
     attention.select("fa4", announce=False)
     g = torch.Generator(device="cuda").manual_seed(0)
     s, h, hk = 2048, 8, 2
-    q, k, v = (torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for n in (h, hk, hk))
+    q, k, v = (
+        torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        for n in (h, hk, hk)
+    )
     cu = torch.tensor([0, 700, 2000, 2048], dtype=torch.int32, device="cuda")
-    out = attention.attend(q, k, v, 128 ** -0.5, cu_seqlens=cu, max_seqlen=1300)
+    out = attention.attend(q, k, v, 128**-0.5, cu_seqlens=cu, max_seqlen=1300)
     dout = torch.randn_like(out)
     out.backward(dout)
     ref, dq, dk, dv = reference(q, k, v, dout, cu)
@@ -112,7 +143,10 @@ def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packe
     attention.select("fa4", announce=False)
     g = torch.Generator(device="cuda").manual_seed(7)
     s, h, hk = 4096, 16, 4
-    base = [torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g) for n in (h, hk, hk)]
+    base = [
+        torch.randn(1, n, s, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        for n in (h, hk, hk)
+    ]
     cu = torch.tensor([0, 1500, 4000, 4096], dtype=torch.int32, device="cuda") if packed else None
     dout = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     got = {}
@@ -120,7 +154,9 @@ def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packe
         for groups in (1, 4):
             attention.set_head_groups(groups)
             q, k, v = (t.clone().requires_grad_() for t in base)
-            out = attention.attend(q, k, v, 128 ** -0.5, cu_seqlens=cu, max_seqlen=2500 if packed else None)
+            out = attention.attend(
+                q, k, v, 128**-0.5, cu_seqlens=cu, max_seqlen=2500 if packed else None
+            )
             out.backward(dout)
             got[groups] = (out.detach(), q.grad, k.grad, v.grad)
     finally:
@@ -150,11 +186,24 @@ def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend
 def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
     """The engine with FA4 at SP=2 against cuDNN SDPA at SP=1 (bf16, head_dim 128): the same loss and grads within bf16
     noise. (At head_dim 16 the worst grad disagreed by 1.16: logs/gpu_tests_2026-11-30_session4.log.)"""
-    sp1 = run(tmp_path, 1, 1, dtype="bf16", length=2048, env=gpu_env(), attn_backend="sdpa_cudnn", model=D128)
-    sp2 = run(tmp_path, 2, 2, dtype="bf16", length=2048, env=gpu_env(), attn_backend="fa4", model=D128)
+    sp1 = run(
+        tmp_path,
+        1,
+        1,
+        dtype="bf16",
+        length=2048,
+        env=gpu_env(),
+        attn_backend="sdpa_cudnn",
+        model=D128,
+    )
+    sp2 = run(
+        tmp_path, 2, 2, dtype="bf16", length=2048, env=gpu_env(), attn_backend="fa4", model=D128
+    )
     assert rel_err(sp2["loss"], sp1["loss"]) <= 5e-3
     errs = sorted(((rel_err(sp2["grads"][n], g), n) for n, g in sp1["grads"].items()), reverse=True)
-    assert errs[0][0] <= 5e-2, errs[:6]  # the parameters that disagree most, to tell the kernels apart
+    assert errs[0][0] <= 5e-2, errs[
+        :6
+    ]  # the parameters that disagree most, to tell the kernels apart
 
 
 def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
@@ -163,15 +212,27 @@ def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
     both `keep`."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
-    pooled = run(tmp_path, N, N, placement="offload,cache+offload", pinned_pool=True, read_placement=True, **kw)
+    pooled = run(
+        tmp_path,
+        N,
+        N,
+        placement="offload,cache+offload",
+        pinned_pool=True,
+        read_placement=True,
+        **kw,
+    )
     assert pooled["applied"] == ["offload", "cache+offload"]
     # both checkpoints in slots of the one registered block made at build, layer 1's kept output + LSE carved from
     # its region of the same block: no slot or buffer of their own
     pool = pooled["pool"]
-    (at, size), = [v for k, v in pool["regions"].items() if k == ("attention", 1)]
+    ((at, size),) = [v for k, v in pool["regions"].items() if k == ("attention", 1)]
     assert pool["own"] == [] and set(pool["slots"]) == {0, 1} and pool["block_bytes"] == at + size
-    if attention.fa4_available():  # auto runs FA4: a kernel pair, so the slot keeps (cuDNN's path recomputes instead)
-        assert len(pool["cache_kept_at"][1]) >= 2 and all(at <= o < at + size for o in pool["cache_kept_at"][1])
+    if (
+        attention.fa4_available()
+    ):  # auto runs FA4: a kernel pair, so the slot keeps (cuDNN's path recomputes instead)
+        assert len(pool["cache_kept_at"][1]) >= 2 and all(
+            at <= o < at + size for o in pool["cache_kept_at"][1]
+        )
     assert rel_err(pooled["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(pooled["grads"][n], g) for n, g in keep["grads"].items())
     assert worst <= 1e-2, worst
@@ -183,8 +244,17 @@ def test_longest_plan_levers_give_the_plain_grads(tmp_path):
     layers `keep` without the tiled layer; tolerances as the pool test's."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
-    longest = run(tmp_path, N, N, placement="offload,cache", pinned_pool=True, tiled_layer=True, tile_tokens=512,
-                  read_placement=True, **kw)
+    longest = run(
+        tmp_path,
+        N,
+        N,
+        placement="offload,cache",
+        pinned_pool=True,
+        tiled_layer=True,
+        tile_tokens=512,
+        read_placement=True,
+        **kw,
+    )
     assert longest["applied"] == ["offload", "cache"]
     assert rel_err(longest["loss"], keep["loss"]) <= 1e-3
     worst = max(rel_err(longest["grads"][n], g) for n, g in keep["grads"].items())

@@ -17,25 +17,54 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 N = gpus_here() if torch.cuda.is_available() else 0
 
 
-@pytest.mark.parametrize("case, loss_tol, weight_tol", [("bf16", 1e-2, 1e-3), ("fp32_offload", 1e-5, 1e-5)])
-def test_resume_on_gpu_gives_the_straight_runs_losses_with_the_weights_only_loader(tmp_path, case, loss_tol,
-                                                                                    weight_tol):
+@pytest.mark.parametrize(
+    "case, loss_tol, weight_tol", [("bf16", 1e-2, 1e-3), ("fp32_offload", 1e-5, 1e-5)]
+)
+def test_resume_on_gpu_gives_the_straight_runs_losses_with_the_weights_only_loader(
+    tmp_path, case, loss_tol, weight_tol
+):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from ds_longctx.checkpoint import files
     from ds_longctx.checkpoint.layout import ckpt_root
-    extra = ["--dtype", "bf16"] if case == "bf16" else ["--dtype", "fp32", "--optimizer_offload", "true"]
-    base = ["train", "--nproc", str(N), "--sp_size", str(N), "--model", "qwen3-tiny", "--seq_len", "512", "--lr",
-            "1e-3", "--weight_decay", "0.01", "--fused_ops", "none", *extra]
+
+    extra = (
+        ["--dtype", "bf16"]
+        if case == "bf16"
+        else ["--dtype", "fp32", "--optimizer_offload", "true"]
+    )
+    base = [
+        "train",
+        "--nproc",
+        str(N),
+        "--sp_size",
+        str(N),
+        "--model",
+        "qwen3-tiny",
+        "--seq_len",
+        "512",
+        "--lr",
+        "1e-3",
+        "--weight_decay",
+        "0.01",
+        "--fused_ops",
+        "none",
+        *extra,
+    ]
     straight, cut = tmp_path / "straight", tmp_path / "cut"
-    for args, out in ((["--steps", "4", "--save_every", "4"], straight), (["--steps", "2", "--save_every", "2"], cut),
-                      (["--steps", "4", "--save_every", "2", "--resume"], cut)):
+    for args, out in (
+        (["--steps", "4", "--save_every", "4"], straight),
+        (["--steps", "2", "--save_every", "2"], cut),
+        (["--steps", "4", "--save_every", "2", "--resume"], cut),
+    ):
         res = run_cli([*base, *args, "--output_dir", str(out)], env=gpu_env())
         assert res.returncode == 0, res.stderr[-3000:]
     a, b = read_metrics(straight), read_metrics(cut)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert all(rel_err(x["loss"], y["loss"]) <= loss_tol for x, y in zip(a, b)), ([r["loss"] for r in a],
-                                                                                  [r["loss"] for r in b])
+    assert all(rel_err(x["loss"], y["loss"]) <= loss_tol for x, y in zip(a, b)), (
+        [r["loss"] for r in a],
+        [r["loss"] for r in b],
+    )
     tag = ckpt_root(cut) / "step2"  # the one the resume read
     meta = json.loads((tag / "meta.json").read_text())
     assert meta["format"] == 2 and files.problem(tag, meta, None) is None

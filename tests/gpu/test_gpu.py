@@ -1,6 +1,6 @@
 """CUDA-only checks, run on the lent H200s before resolving GPU work (skipped without CUDA).
 
-    pytest -q tests/gpu
+pytest -q tests/gpu
 """
 
 import pytest
@@ -11,17 +11,22 @@ from tests.helpers import gpu_env, gpus_here, rel_err, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-N = gpus_here() if torch.cuda.is_available() else 0  # the levers' tests run SP = N over N GPUs (2 at most)
+N = (
+    gpus_here() if torch.cuda.is_available() else 0
+)  # the levers' tests run SP = N over N GPUs (2 at most)
 
 
 def test_auto_backend_on_hopper_is_fa4_else_cudnn():
     from ds_longctx.parallel import attention
+
     choice = attention.resolve_backend("auto")
     if torch.cuda.get_device_capability()[0] == 9:
         if attention.fa4_available():
             assert choice.backend == "fa4", choice
             assert attention.resolve_backend("auto", head_dim=128).backend == "fa4"
-            small = attention.resolve_backend("auto", head_dim=16)  # FA4 unverified there: cuDNN, and it says why
+            small = attention.resolve_backend(
+                "auto", head_dim=16
+            )  # FA4 unverified there: cuDNN, and it says why
             assert small.backend == "sdpa" and "not verified at head_dim 16" in small.reason, small
         elif not attention.flash_attn_available():
             assert choice.backend == "sdpa" and choice.sdpa_kernels[0] == "CUDNN_ATTENTION"
@@ -30,6 +35,7 @@ def test_auto_backend_on_hopper_is_fa4_else_cudnn():
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 5e-3)])
 def test_packed_varlen_matches_per_document(dtype, tol):
     from ds_longctx.parallel import attention
+
     attention.select("sdpa", announce=False)
     torch.manual_seed(0)
     lens = [700, 1300, 48]
@@ -37,13 +43,18 @@ def test_packed_varlen_matches_per_document(dtype, tol):
     q = torch.randn(1, h, s, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(1, hk, s, d, device="cuda", dtype=dtype) for _ in range(2))
     cu = torch.tensor([0, 700, 2000, 2048], dtype=torch.int32, device="cuda")
-    out = attention.attend(q, k, v, d ** -0.5, cu_seqlens=cu, max_seqlen=1300)  # [1, s, h, d]
+    out = attention.attend(q, k, v, d**-0.5, cu_seqlens=cu, max_seqlen=1300)  # [1, s, h, d]
     ref, start = [], 0
     for L in lens:  # reference: plain causal SDPA in fp32 on each document alone
         sl = slice(start, start + L)
-        ref.append(torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, sl].float(), k[:, :, sl].float().repeat_interleave(h // hk, 1),
-            v[:, :, sl].float().repeat_interleave(h // hk, 1), is_causal=True).transpose(1, 2))
+        ref.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, sl].float(),
+                k[:, :, sl].float().repeat_interleave(h // hk, 1),
+                v[:, :, sl].float().repeat_interleave(h // hk, 1),
+                is_causal=True,
+            ).transpose(1, 2)
+        )
         start += L
     assert rel_err(out.float(), torch.cat(ref, dim=1)) <= tol
 
@@ -51,6 +62,7 @@ def test_packed_varlen_matches_per_document(dtype, tol):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_chunked_loss_cuda_matches_plain(dtype, tol):
     from ds_longctx.levers.chunked_loss import chunked_cross_entropy
+
     torch.manual_seed(0)
     n, hdim, v = 3001, 256, 5000
     h = torch.randn(n, hdim, device="cuda", dtype=dtype, requires_grad=True)
@@ -62,7 +74,11 @@ def test_chunked_loss_cuda_matches_plain(dtype, tol):
     h32, w32 = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     ref = torch.nn.functional.cross_entropy(h32 @ w32.T, y, ignore_index=-100, reduction="sum")
     (ref * 0.37).backward()
-    assert rel_err(loss, ref) <= tol and rel_err(h.grad, h32.grad) <= tol and rel_err(w.grad, w32.grad) <= tol
+    assert (
+        rel_err(loss, ref) <= tol
+        and rel_err(h.grad, h32.grad) <= tol
+        and rel_err(w.grad, w32.grad) <= tol
+    )
 
 
 @two_gpus
@@ -100,8 +116,18 @@ def check_against_plain_hf(got, length: int = 2048):
 
 def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
     """fp32, SP = the GPUs here (2 at most), chunked loss + tiled MLP + offloaded checkpoints vs plain HF on one GPU."""
-    got = run(tmp_path, N, N, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_mlp=True,
-              tile_tokens=100, activation_offload=True)
+    got = run(
+        tmp_path,
+        N,
+        N,
+        dtype="fp32",
+        length=2048,
+        env=gpu_env(),
+        loss_chunk_rows=300,
+        tiled_mlp=True,
+        tile_tokens=100,
+        activation_offload=True,
+    )
     check_against_plain_hf(got)
 
 
@@ -112,15 +138,32 @@ def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
     import re
 
     from tests.helpers import read_metrics, run_cli
+
     out = tmp_path / "run"
-    res = run_cli(["train", "--nproc", "1", "--model", "qwen3-tiny", "--seq_len", "1024", "--steps", "1",
-                   "--memory_snapshot_steps", "1", "--output_dir", str(out)], env=gpu_env())
+    res = run_cli(
+        [
+            "train",
+            "--nproc",
+            "1",
+            "--model",
+            "qwen3-tiny",
+            "--seq_len",
+            "1024",
+            "--steps",
+            "1",
+            "--memory_snapshot_steps",
+            "1",
+            "--output_dir",
+            str(out),
+        ],
+        env=gpu_env(),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     text = (out / "memory" / "rank0_peak.txt").read_text()
     assert (out / "memory" / "rank0_snapshot.pickle").stat().st_size > 0
-    peak = float(re.search(r": ([\d.]+) GiB", text.splitlines()[0]).group(1)) * 2 ** 30
+    peak = float(re.search(r": ([\d.]+) GiB", text.splitlines()[0]).group(1)) * 2**30
     step = read_metrics(out)[0]["peak_gpu_allocated_bytes"]
-    assert 0.99 * step <= peak <= 1.5 * step + 2 ** 20, (peak, step, text)
+    assert 0.99 * step <= peak <= 1.5 * step + 2**20, (peak, step, text)
 
 
 def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
@@ -130,12 +173,37 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
     import json
 
     from tests.helpers import read_metrics, run_cli
+
     losses = {}
     for ratio in ("1", "0.5"):
         out = tmp_path / f"r{ratio}"
-        res = run_cli(["train", "--nproc", str(N), "--sp_size", str(N), "--model", "qwen3-tiny", "--seq_len", "512",
-                       "--steps", "3", "--dtype", "fp32", "--lr", "1e-3", "--optimizer_offload", "true",
-                       "--optimizer_offload_ratio", ratio, "--output_dir", str(out)], env=gpu_env(), output_dir=out)
+        res = run_cli(
+            [
+                "train",
+                "--nproc",
+                str(N),
+                "--sp_size",
+                str(N),
+                "--model",
+                "qwen3-tiny",
+                "--seq_len",
+                "512",
+                "--steps",
+                "3",
+                "--dtype",
+                "fp32",
+                "--lr",
+                "1e-3",
+                "--optimizer_offload",
+                "true",
+                "--optimizer_offload_ratio",
+                ratio,
+                "--output_dir",
+                str(out),
+            ],
+            env=gpu_env(),
+            output_dir=out,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         zero = json.loads((out / "ds_config.json").read_text())["zero_optimization"]
         assert zero["offload_optimizer"].get("ratio", 1.0) == float(ratio)
@@ -149,8 +217,18 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
 def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
     """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100),
     checkpoints offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
-    got = run(tmp_path, N, N, dtype="fp32", length=2048, env=gpu_env(), loss_chunk_rows=300, tiled_layer=True,
-              tile_tokens=100, placement=placement)
+    got = run(
+        tmp_path,
+        N,
+        N,
+        dtype="fp32",
+        length=2048,
+        env=gpu_env(),
+        loss_chunk_rows=300,
+        tiled_layer=True,
+        tile_tokens=100,
+        placement=placement,
+    )
     check_against_plain_hf(got)
 
 
@@ -182,19 +260,25 @@ def test_gpu_budget_caps_what_side_stream_frees_would_reserve():
     import sys
 
     from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES
+
     env = dict(gpu_env(), PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     got = {}
-    for budget in ("none", f"{(CUDA_CONTEXT_BYTES + 2 ** 30) / 1e9:.4f}"):
-        res = subprocess.run([sys.executable, "-c", SIDE_STREAM_FREES, budget], env=env, capture_output=True,
-                             text=True, timeout=300)
+    for budget in ("none", f"{(CUDA_CONTEXT_BYTES + 2**30) / 1e9:.4f}"):
+        res = subprocess.run(
+            [sys.executable, "-c", SIDE_STREAM_FREES, budget],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         reserved, allocated, value = res.stdout.split()
         got[budget] = (int(reserved), int(allocated), float(value))
     (free_r, free_a, free_v), (cap_r, cap_a, cap_v) = got.values()
-    assert free_a == cap_a == 64 * 2 ** 20 and free_v == cap_v == 1.0
-    assert free_r >= 2 * 2 ** 30, got  # the behaviour the cap is for (else this test shows nothing)
+    assert free_a == cap_a == 64 * 2**20 and free_v == cap_v == 1.0
+    assert free_r >= 2 * 2**30, got  # the behaviour the cap is for (else this test shows nothing)
     # measured on H200 (expandable segments): 1,090,519,040 bytes = the 1 GiB cap + 16 MiB; the bound allows 32 MiB
-    assert cap_r <= 2 ** 30 + 32 * 2 ** 20, got
+    assert cap_r <= 2**30 + 32 * 2**20, got
 
 
 def test_bounded_run_ahead_reuses_what_offload_copies_free():
@@ -202,7 +286,8 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     offloaded checkpoint; record_stream). The host unbounded enqueues all 32 at once and every freed input waits on the
     side stream, so each layer gets new memory; bounded to 2 layers ahead, the allocator reuses them."""
     from ds_longctx.levers.gpu_budget import bound_run_ahead
-    n, mib = 64 * 2 ** 20 // 2, 2 ** 20
+
+    n, mib = 64 * 2**20 // 2, 2**20
     side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
 
     class Layer(torch.nn.Module):
@@ -233,7 +318,9 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     unbounded, v0 = reserved_for(0)
     bounded, v2 = reserved_for(2)
     assert v0 == v2 == 32.0
-    assert unbounded >= 16 * 64 * mib, unbounded / mib  # the pile-up this bound is for (else the test shows nothing)
+    assert unbounded >= 16 * 64 * mib, (
+        unbounded / mib
+    )  # the pile-up this bound is for (else the test shows nothing)
     # bounded: 2-3 freed outputs still waiting on the side stream, the live input, the new output, the first input
     assert bounded <= 8 * 64 * mib, bounded / mib
 
@@ -245,13 +332,17 @@ def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, cas
     DeepSpeed's lazy default does, to fp32 rounding, for two steps; and right after the build the GPU holds the
     moments of its own sub-groups (2 fp32 tensors of each), which the lazy build does not."""
     from tests.distributed.test_optimizer_state import assert_steps_as_the_lazy_default, run
+
     made, lazy = run(tmp_path, case, True, N, gpu_env()), run(tmp_path, case, False, N, gpu_env())
     assert_steps_as_the_lazy_default(made, lazy, case, exact=False)
     for m, lz in zip(made, lazy):
-        on_gpu = sum(st["exp_avg"].numel() for p, st in zip(m["built"]["master"], m["built"]["state"])
-                     if st.get("device") == "cuda")
+        on_gpu = sum(
+            st["exp_avg"].numel()
+            for p, st in zip(m["built"]["master"], m["built"]["state"])
+            if st.get("device") == "cuda"
+        )
         grown = m["built"]["allocated"] - lz["built"]["allocated"]
-        assert on_gpu > 0 and abs(grown - 8 * on_gpu) <= 0.01 * 8 * on_gpu + 2 ** 20, (grown, on_gpu)
+        assert on_gpu > 0 and abs(grown - 8 * on_gpu) <= 0.01 * 8 * on_gpu + 2**20, (grown, on_gpu)
 
 
 def test_pinned_cache_reuse_is_what_the_planner_counts_for_a_partial_offload():
@@ -267,6 +358,7 @@ def test_pinned_cache_reuse_is_what_the_planner_counts_for_a_partial_offload():
     import sys
 
     from ds_longctx.plan.zero_buffers import held_pinned_blocks
+
     numels, on_gpu = [40_000_000] + [10_000_000] * 6 + [40_000_000], 4
     expected = held_pinned_blocks([4 * n for n in numels], on_gpu)
     assert expected == (256 + 3 * 64) * 2**20  # worked by hand above
@@ -285,7 +377,9 @@ s1 = torch.cuda.host_memory_stats()
 print(json.dumps({{"rss": rss() - r0, "made": s1.get("num_host_alloc", -1) - s0.get("num_host_alloc", 0),
                   "stats": {{k: v for k, v in s1.items() if "bytes" in k or "alloc" in k}}}}))
 """
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     if got["made"] >= 0:  # torch's host stats name it so since 2.5

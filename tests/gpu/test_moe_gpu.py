@@ -33,15 +33,33 @@ def plan_and_train(tmp_path, args: list, steps: int = 2):
     per-GPU reserved and host bytes, the metrics, the run's output)."""
     gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     out = tmp_path / "plan"
-    plan = run_cli(["plan", *args, "--gpus", "1", "--gpu_mem_gb", f"{gb:.0f}", "--out", str(out)], env=gpu_env(),
-                   timeout=600)
+    plan = run_cli(
+        ["plan", *args, "--gpus", "1", "--gpu_mem_gb", f"{gb:.0f}", "--out", str(out)],
+        env=gpu_env(),
+        timeout=600,
+    )
     assert plan.returncode == 0, plan.stderr[-4000:]
     text = (out / "plan.txt").read_text()
     planned_gpu = float(re.search(r"planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text).group(1))
-    planned_host = float(re.search(r"planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text).group(2))
+    planned_host = float(
+        re.search(r"planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text).group(2)
+    )
     run_dir = tmp_path / "run"
-    res = run_cli(["train", "--nproc", "1", "--config", str(out / "run.yaml"), "--steps", str(steps), "--output_dir",
-                   str(run_dir)], env=gpu_env(), timeout=3600)
+    res = run_cli(
+        [
+            "train",
+            "--nproc",
+            "1",
+            "--config",
+            str(out / "run.yaml"),
+            "--steps",
+            str(steps),
+            "--output_dir",
+            str(run_dir),
+        ],
+        env=gpu_env(),
+        timeout=3600,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return text, planned_gpu, planned_host, read_metrics(run_dir), res.stdout + res.stderr
 
@@ -50,23 +68,31 @@ def check_against_plan(planned_gpu, planned_host, rows, log):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     peak = max(r["peak_gpu_bytes"] for r in rows) / 1e9
     host = max(r["host_rss_bytes"] for r in rows) / 1e9
-    print(f"GPU peak {peak:.1f} GB (plan {planned_gpu:.1f}), host {host:.1f} GB (plan {planned_host:.1f}), "
-          f"{rows[-1]['seconds']:.2f} s/step")
+    print(
+        f"GPU peak {peak:.1f} GB (plan {planned_gpu:.1f}), host {host:.1f} GB (plan {planned_host:.1f}), "
+        f"{rows[-1]['seconds']:.2f} s/step"
+    )
     assert abs(peak / planned_gpu - 1) <= 0.10, (peak, planned_gpu)
     assert abs(host / planned_host - 1) <= 0.15, (host, planned_host)
-    assert "MoE experts: grouped_mm (torch.nn.functional.grouped_mm)" in log or \
-        "MoE experts: grouped_mm (torch._grouped_mm)" in log, log[-3000:]
+    assert (
+        "MoE experts: grouped_mm (torch.nn.functional.grouped_mm)" in log
+        or "MoE experts: grouped_mm (torch._grouped_mm)" in log
+    ), log[-3000:]
 
 
 def test_reduced_depth_30b_a3b_at_131072_tokens_runs_as_planned(tmp_path):
     model = reduced_config(tmp_path)
-    _, gpu, host, rows, log = plan_and_train(tmp_path, ["--model", str(model), "--seq_len", "131072"])
+    _, gpu, host, rows, log = plan_and_train(
+        tmp_path, ["--model", str(model), "--seq_len", "131072"]
+    )
     check_against_plan(gpu, host, rows, log)
 
 
 def test_reduced_depth_30b_a3b_at_its_longest_length_runs_as_planned(tmp_path):
     model = reduced_config(tmp_path)
-    text, gpu, host, rows, log = plan_and_train(tmp_path, ["--model", str(model), "--find_max_len"], steps=1)
+    text, gpu, host, rows, log = plan_and_train(
+        tmp_path, ["--model", str(model), "--find_max_len"], steps=1
+    )
     assert "longest seq_len that fits" in text
     check_against_plan(gpu, host, rows, log)
 
@@ -76,8 +102,11 @@ def test_the_committed_1m_8x80gb_config_rehearses_inside_the_bars(tmp_path):
     host within ±15%; the predicted step printed beside the analytic one of its plan.txt."""
     cfg = ROOT / "ds_configs/qwen3-30b-a3b_1m_8x80gb/run.yaml"
     out = tmp_path / "rehearsal.jsonl"
-    res = run_cli(["rehearse", "--config", str(cfg), "--rank", "roles", "--layers", "4", "--out", str(out)],
-                  env=gpu_env(), timeout=7200)
+    res = run_cli(
+        ["rehearse", "--config", str(cfg), "--rank", "roles", "--layers", "4", "--out", str(out)],
+        env=gpu_env(),
+        timeout=7200,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for r in rows:
@@ -85,4 +114,10 @@ def test_the_committed_1m_8x80gb_config_rehearses_inside_the_bars(tmp_path):
         assert abs(r["gpu_vs_plan"]) <= 0.10 and abs(r["host_vs_plan"]) <= 0.15, r
         assert r["peak_gpu_bytes"] <= r["gpu_budget_bytes"], r
         print(f"rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step")
-    print(next(line for line in (cfg.parent / "plan.txt").read_text().splitlines() if "predicted step" in line))
+    print(
+        next(
+            line
+            for line in (cfg.parent / "plan.txt").read_text().splitlines()
+            if "predicted step" in line
+        )
+    )

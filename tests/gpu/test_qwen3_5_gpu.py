@@ -14,10 +14,20 @@ from ds_longctx.parallel import gated_delta
 from tests.distributed.test_ulysses import run, sample
 from tests.helpers import gpu_env, gpus_here, rel_err, tiny_model
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-              pytest.mark.skipif(not gated_delta.fla_available(), reason="flash-linear-attention not installed")]
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(
+        not gated_delta.fla_available(), reason="flash-linear-attention not installed"
+    ),
+]
 N = gpus_here() if torch.cuda.is_available() else 0
-DOCS = [0, 1000, 1001, 3000, 4096]  # cu_seqlens: a one-token document, lengths not multiples of the 64-token chunk
+DOCS = [
+    0,
+    1000,
+    1001,
+    3000,
+    4096,
+]  # cu_seqlens: a one-token document, lengths not multiples of the 64-token chunk
 
 
 def _inputs(s: int, hk: int, hv: int, d: int):
@@ -25,6 +35,7 @@ def _inputs(s: int, hk: int, hv: int, d: int):
 
     def rand(*shape):
         return torch.randn(*shape, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+
     q, k, v = rand(1, s, hk, d), rand(1, s, hk, d), rand(1, s, hv, d)
     gate = (-F.softplus(torch.randn(1, s, hv, device="cuda", generator=g) - 4.6)).requires_grad_()
     beta = torch.rand(1, s, hv, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
@@ -33,7 +44,10 @@ def _inputs(s: int, hk: int, hv: int, d: int):
 
 def _run(backend: str, fn, inputs, dout):
     gated_delta.select_linear(backend, announce=False)
-    xs = [t.detach().float().requires_grad_() if backend == "torch" else t.detach().requires_grad_() for t in inputs]
+    xs = [
+        t.detach().float().requires_grad_() if backend == "torch" else t.detach().requires_grad_()
+        for t in inputs
+    ]
     out = fn(*xs)
     out.backward(dout.to(out.dtype))
     return out.detach().float(), [x.grad.float() for x in xs]
@@ -44,8 +58,12 @@ def test_fla_delta_rule_matches_the_torch_path(packed):
     q, k, v, gate, beta = _inputs(4096, 2, 6, 128)  # Qwen3.5-27B's heads per rank at SP=8
     cu = torch.tensor(DOCS, dtype=torch.int32, device="cuda") if packed else None
     dout = torch.randn(1, 4096, 6, 128, device="cuda")
-    ref, ref_grads = _run("torch", lambda *t: gated_delta.gated_delta_rule(*t, cu), (q, k, v, gate, beta), dout)
-    got, grads = _run("fla", lambda *t: gated_delta.gated_delta_rule(*t, cu), (q, k, v, gate, beta), dout)
+    ref, ref_grads = _run(
+        "torch", lambda *t: gated_delta.gated_delta_rule(*t, cu), (q, k, v, gate, beta), dout
+    )
+    got, grads = _run(
+        "fla", lambda *t: gated_delta.gated_delta_rule(*t, cu), (q, k, v, gate, beta), dout
+    )
     assert rel_err(got, ref) < 2e-2
     for name, a, b in zip(("q", "k", "v", "g", "beta"), grads, ref_grads):
         assert rel_err(a, b) < 5e-2, name
@@ -66,11 +84,13 @@ def test_hybrid_engine_on_gpus_matches_plain_hf(tmp_path):
     """qwen3.5-tiny through the engine on N GPUs (SP = N, bf16, FLA kernels, packed documents) against plain HF in
     fp32 on the same weights, each document alone."""
     lens = [20, 29, 15]
-    got = run(tmp_path, N, N, length=64, packed=lens, env=gpu_env(), model="qwen3.5-tiny", dtype="bf16")
+    got = run(
+        tmp_path, N, N, length=64, packed=lens, env=gpu_env(), model="qwen3.5-tiny", dtype="bf16"
+    )
     model = tiny_model(model="qwen3.5-tiny", attn="eager", device="cuda")
     ids, start, parts = sample(0).cuda(), 0, []
     for n in lens:
-        doc = ids[start:start + n][None]
+        doc = ids[start : start + n][None]
         parts.append(float(model(input_ids=doc, labels=doc).loss) * (n - 1))
         start += n
     ref = sum(parts) / sum(n - 1 for n in lens)
@@ -86,6 +106,7 @@ def test_fa4_with_the_attention_kept_at_head_dim_256_gives_cudnns_loss_and_grads
 
     from ds_longctx.parallel import attention
     from tests.helpers import ROOT
+
     if not attention.fa4_available():
         pytest.skip("FlashAttention 4 not installed")
     spec = json.loads((ROOT / "ds_longctx/models/qwen3.5-tiny.json").read_text())
@@ -94,7 +115,9 @@ def test_fa4_with_the_attention_kept_at_head_dim_256_gives_cudnns_loss_and_grads
     model.write_text(json.dumps(spec))
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), model=str(model))
     ref = run(tmp_path, N, N, attn_backend="sdpa_cudnn", placement="keep:4", **kw)
-    got = run(tmp_path, N, N, attn_backend="fa4", placement="keep:3,cache:1", read_placement=True, **kw)
+    got = run(
+        tmp_path, N, N, attn_backend="fa4", placement="keep:3,cache:1", read_placement=True, **kw
+    )
     assert got["applied"][3] == "cache"
     assert rel_err(got["loss"], ref["loss"]) <= 5e-3
     errs = sorted(((rel_err(got["grads"][n], g), n) for n, g in ref["grads"].items()), reverse=True)
@@ -105,11 +128,14 @@ def _plan_train_check(tmp_path, args: list, steps: int):
     """`ds-longctx plan ARGS` for this GPU, `ds-longctx train` on it: the loss finite, the GPU peak within ±10% of the
     plan, the host within ±15%, the FLA kernels named in the log (tests/gpu/test_moe_gpu.py's plan_and_train)."""
     from tests.gpu.test_moe_gpu import plan_and_train
+
     text, gpu, host, rows, log = plan_and_train(tmp_path, args, steps=steps)
     peak = max(r["peak_gpu_bytes"] for r in rows) / 1e9
     rss = max(r["host_rss_bytes"] for r in rows) / 1e9
-    print(f"{args}: GPU peak {peak:.1f} GB (plan {gpu:.1f}), host {rss:.1f} GB (plan {host:.1f}), "
-          f"{rows[-1]['seconds']:.2f} s/step, losses {[round(r['loss'], 4) for r in rows]}")
+    print(
+        f"{args}: GPU peak {peak:.1f} GB (plan {gpu:.1f}), host {rss:.1f} GB (plan {host:.1f}), "
+        f"{rows[-1]['seconds']:.2f} s/step, losses {[round(r['loss'], 4) for r in rows]}"
+    )
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     assert "linear attention: fla" in log, log[-3000:]
     assert abs(peak / gpu - 1) <= 0.10, (peak, gpu)
@@ -133,13 +159,29 @@ def test_the_committed_1m_configs_rehearse_inside_the_bars(tmp_path, config):
     import json
 
     from tests.helpers import ROOT, run_cli
+
     out = tmp_path / "rehearsal.jsonl"
-    res = run_cli(["rehearse", "--config", str(ROOT / "ds_configs" / config / "run.yaml"), "--rank", "roles",
-                   "--layers", "4", "--out", str(out)], env=gpu_env(), timeout=7200)
+    res = run_cli(
+        [
+            "rehearse",
+            "--config",
+            str(ROOT / "ds_configs" / config / "run.yaml"),
+            "--rank",
+            "roles",
+            "--layers",
+            "4",
+            "--out",
+            str(out),
+        ],
+        env=gpu_env(),
+        timeout=7200,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     for r in (json.loads(line) for line in out.read_text().splitlines()):
-        print(f"{config} rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step, GPU "
-              f"{r['gpu_vs_plan']:+.1%}, host {r['host_vs_plan']:+.1%}")
+        print(
+            f"{config} rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step, GPU "
+            f"{r['gpu_vs_plan']:+.1%}, host {r['host_vs_plan']:+.1%}"
+        )
         assert r["status"] == "ok" and r["finite"], r
         assert abs(r["gpu_vs_plan"]) <= 0.10 and abs(r["host_vs_plan"]) <= 0.15, r
         assert r["peak_gpu_bytes"] <= r["gpu_budget_bytes"], r

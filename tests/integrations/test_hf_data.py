@@ -30,16 +30,27 @@ L = 32
 @pytest.fixture(scope="module", params=["concat", "pack"])
 def rows(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("hf_data")
-    cfg = RunConfig(data=str(write_jsonl(d / "c.jsonl", documents(40, min_words=3, max_words=50))),
-                    tokenizer=str(make_tokenizer(d / "tok")), seq_len=L, data_cache_dir=str(d / "cache"), seed=3,
-                    data_layout=request.param)
+    cfg = RunConfig(
+        data=str(write_jsonl(d / "c.jsonl", documents(40, min_words=3, max_words=50))),
+        tokenizer=str(make_tokenizer(d / "tok")),
+        seq_len=L,
+        data_cache_dir=str(d / "cache"),
+        seed=3,
+        data_layout=request.param,
+    )
     return build_data(cfg, load_hf_config("qwen3-tiny"), 2)
 
 
 def rank(sp_rank: int, dp_rank: int, sp: int = 2, dp: int = 2) -> ParallelState:
     """The ParallelState of one rank of a world sp x dp (no process groups: the loaders read only the ranks)."""
-    return ParallelState(world_size=sp * dp, rank=dp_rank * sp + sp_rank, sp_size=sp, sp_rank=sp_rank, dp_size=dp,
-                         dp_rank=dp_rank)
+    return ParallelState(
+        world_size=sp * dp,
+        rank=dp_rank * sp + sp_rank,
+        sp_size=sp,
+        sp_rank=sp_rank,
+        dp_size=dp,
+        dp_rank=dp_rank,
+    )
 
 
 def batches(loader, n: int) -> list:
@@ -69,18 +80,26 @@ def test_train_loader_reads_ds_longctx_trains_rows(rows, micro_batch):
     per_epoch = rows.n_rows // (2 * micro_batch)
 
     def loader(sp_rank, dp_rank):
-        return train_loader(ds, collate_rows, rank(sp_rank, dp_rank), micro_batch, seed=3, shuffle=True)
+        return train_loader(
+            ds, collate_rows, rank(sp_rank, dp_rank), micro_batch, seed=3, shuffle=True
+        )
 
     for dp_rank in (0, 1):
         first, peer = loader(0, dp_rank), loader(1, dp_rank)
-        assert len(first) == per_epoch  # steps of one replica in an epoch: rows / (dp x micro_batch), never x sp
+        assert (
+            len(first) == per_epoch
+        )  # steps of one replica in an epoch: rows / (dp x micro_batch), never x sp
         got, got_peer = batches(first, per_epoch), batches(peer, per_epoch)
         for step in range(per_epoch):
             ref = rows.get(step, micro_batch, dp_rank, 2)
             assert torch.equal(got[step]["input_ids"], ref.input_ids)
-            assert torch.equal(got_peer[step]["input_ids"], got[step]["input_ids"])  # SP peers: the same rows
+            assert torch.equal(
+                got_peer[step]["input_ids"], got[step]["input_ids"]
+            )  # SP peers: the same rows
         other = batches(loader(0, 1 - dp_rank), per_epoch)
-        assert all(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(got, other))  # replicas differ
+        assert all(
+            not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(got, other)
+        )  # replicas differ
     # the next Trainer epoch continues the same sample stream (across the data's own epoch boundary)
     nxt = loader(0, 1)
     nxt.set_epoch(1)
@@ -94,10 +113,14 @@ def test_eval_loader_reads_every_row_once_per_replica_group(rows):
     for dp_rank in (0, 1):
         a = [b["input_ids"] for b in eval_loader(ds, collate_rows, rank(0, dp_rank), 1)]
         b = [b["input_ids"] for b in eval_loader(ds, collate_rows, rank(1, dp_rank), 1)]
-        assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b))  # SP peers: the same rows
+        assert len(a) == 3 and all(
+            torch.equal(x, y) for x, y in zip(a, b)
+        )  # SP peers: the same rows
         seen += a
     want = [ds[j]["input_ids"].long() for j in range(5)]
-    assert all(any(torch.equal(w, s[0]) for s in seen) for w in want)  # 5 rows over 2 replicas, one repeated
+    assert all(
+        any(torch.equal(w, s[0]) for s in seen) for w in want
+    )  # 5 rows over 2 replicas, one repeated
 
 
 def test_train_loader_under_grad_accum_reads_the_rows_of_ds_longctx_trains_steps(rows):
@@ -105,8 +128,12 @@ def test_train_loader_under_grad_accum_reads_the_rows_of_ds_longctx_trains_steps
     ds = token_rows_dataset(rows)
     per_epoch = rows.n_rows // (2 * 2)
     for dp_rank in (0, 1):
-        loader = train_loader(ds, collate_rows, rank(0, dp_rank), 1, seed=3, shuffle=True, grad_accum=2)
-        assert len(loader) == per_epoch * 2  # micro-batches: the Trainer counts len // grad_accum optimizer steps
+        loader = train_loader(
+            ds, collate_rows, rank(0, dp_rank), 1, seed=3, shuffle=True, grad_accum=2
+        )
+        assert (
+            len(loader) == per_epoch * 2
+        )  # micro-batches: the Trainer counts len // grad_accum optimizer steps
         got = batches(loader, per_epoch * 2)
         for step in range(per_epoch):
             for k, ref in enumerate(step_batches(rows, step, 1, 2, dp_rank, 2)):
@@ -117,10 +144,15 @@ def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
     """A token trains where its label (else the token) and every applied mask say so; completion_mask is left alone
     under completion_only_loss=False; the mask columns are gone; a list comes back a list, a tensor a tensor."""
     from types import SimpleNamespace
+
     masks = applied_masks(SimpleNamespace())
     assert masks == ("completion_mask", "assistant_masks")
     assert applied_masks(SimpleNamespace(completion_only_loss=False)) == ("assistant_masks",)
-    row = {"input_ids": [5, 6, 7, 8], "completion_mask": [0, 1, 1, 1], "assistant_masks": [1, 1, 0, 1]}
+    row = {
+        "input_ids": [5, 6, 7, 8],
+        "completion_mask": [0, 1, 1, 1],
+        "assistant_masks": [1, 1, 0, 1],
+    }
     assert fold_masks(row, masks) == {"input_ids": [5, 6, 7, 8], "labels": [-100, 6, -100, 8]}
     both = fold_masks({**row, "labels": [5, 6, 7, -100]}, masks)
     assert both["labels"] == [-100, 6, -100, -100]
@@ -133,9 +165,14 @@ def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
     masked_collate(seen.append, masks, [row])
     assert seen == [[{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, -100, 8]}]]
     for bad in ([0, 2, 1, 1], [1, 1, 1]):
-        with pytest.raises(ValueError, match="column 'assistant_masks' is not a 0/1 list of 4 values"):
+        with pytest.raises(
+            ValueError, match="column 'assistant_masks' is not a 0/1 list of 4 values"
+        ):
             fold_masks({**row, "assistant_masks": bad}, masks)
-    for short in (row, {"input_ids": [5, 6, 7, 8]}):  # labels one short: refused, with or without a mask to fold
+    for short in (
+        row,
+        {"input_ids": [5, 6, 7, 8]},
+    ):  # labels one short: refused, with or without a mask to fold
         with pytest.raises(ValueError, match="column 'labels' holds 3 values for 4 input ids"):
             fold_masks({**short, "labels": [5, 6, 7]}, masks)
 
@@ -154,8 +191,15 @@ def _documents(rows, lengths: list) -> list:
     return docs
 
 
-@pytest.mark.parametrize("keys", [("labels",), ("completion_mask",), ("assistant_masks",),
-                                  ("labels", "completion_mask", "assistant_masks")])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ("labels",),
+        ("completion_mask",),
+        ("assistant_masks",),
+        ("labels", "completion_mask", "assistant_masks"),
+    ],
+)
 def test_ds_longctx_train_and_the_hf_trainer_fold_the_same_labels(tmp_path, keys):
     """The same token rows through `ds-longctx train`'s data path (build_data, no EOS) and the HF Trainer's
     (`_longctx_rows`' collate, lists and tensors): both give the reference written here, label (else token) where
@@ -167,25 +211,51 @@ def test_ds_longctx_train_and_the_hf_trainer_fold_the_same_labels(tmp_path, keys
     import datasets
 
     from ds_longctx.integrations.hf_trainer import LongCtxTrainerMixin
+
     rng = random.Random(len(keys))
     rows, want = [], []
     for n in (7, 12, 5, 9):
         ids = [rng.randrange(4, 500) for _ in range(n)]
         row = {"input_ids": ids}
         for k in keys:  # the last token trains: the data path refuses a row with no trained target
-            row[k] = [rng.choice([-100, t]) for t in ids[:-1]] + [ids[-1]] if k == "labels" else \
-                [rng.randint(0, 1) for _ in ids[:-1]] + [1]
+            row[k] = (
+                [rng.choice([-100, t]) for t in ids[:-1]] + [ids[-1]]
+                if k == "labels"
+                else [rng.randint(0, 1) for _ in ids[:-1]] + [1]
+            )
         rows.append(row)
         base = row.get("labels", ids)
-        want.append([lab if all(row[k][j] for k in keys if k != "labels") else -100 for j, lab in enumerate(base)])
+        want.append(
+            [
+                lab if all(row[k][j] for k in keys if k != "labels") else -100
+                for j, lab in enumerate(base)
+            ]
+        )
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = RunConfig(data=str(path), seq_len=L, data_layout="pack", shuffle=False, add_eos=False,
-                    data_cache_dir=str(tmp_path / "cache"))
-    assert _documents(build_data(cfg, load_hf_config("qwen3-tiny"), 1), [len(r["input_ids"]) for r in rows]) == want
-    trainer = SimpleNamespace(args=SimpleNamespace(), data_collator=list,
-                              _get_collator_with_removed_columns=lambda c, description: c)
-    for dataset in (datasets.Dataset.from_list(rows), datasets.Dataset.from_list(rows).with_format("torch")):
+    cfg = RunConfig(
+        data=str(path),
+        seq_len=L,
+        data_layout="pack",
+        shuffle=False,
+        add_eos=False,
+        data_cache_dir=str(tmp_path / "cache"),
+    )
+    assert (
+        _documents(
+            build_data(cfg, load_hf_config("qwen3-tiny"), 1), [len(r["input_ids"]) for r in rows]
+        )
+        == want
+    )
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(),
+        data_collator=list,
+        _get_collator_with_removed_columns=lambda c, description: c,
+    )
+    for dataset in (
+        datasets.Dataset.from_list(rows),
+        datasets.Dataset.from_list(rows).with_format("torch"),
+    ):
         dataset, collate = LongCtxTrainerMixin._longctx_rows(trainer, dataset, "training")
         folded = collate([dataset[j] for j in range(len(rows))])
         assert [_as_list(e["labels"]) for e in folded] == want

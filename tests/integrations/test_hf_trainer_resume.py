@@ -22,13 +22,18 @@ class ResumingTrainer:
     """The part of transformers.Trainer.train a DeepSpeed resume runs: the engine's checkpoint load."""
 
     def train(self, resume_from_checkpoint):
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine,
+        )
+
         return TorchCheckpointEngine().load(resume_from_checkpoint)
 
 
 def test_the_trainers_resume_refuses_a_payload_and_reads_a_plain_state(tmp_path):
     cls = type("LongCtxResumingTrainer", (LongCtxTrainerMixin, ResumingTrainer), {})
-    trainer = cls.__new__(cls)  # the mixin's __init__ builds levers on a real model; train() needs none of it
+    trainer = cls.__new__(
+        cls
+    )  # the mixin's __init__ builds levers on a real model; train() needs none of it
     plain, evil, marker = tmp_path / "plain.pt", tmp_path / "evil.pt", tmp_path / "marker"
     torch.save({"module": {"w": torch.ones(2)}}, plain)
     torch.save({"module": {}, "x": Payload(marker)}, evil)

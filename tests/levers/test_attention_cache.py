@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from ds_longctx.levers import attention_cache
-from ds_longctx.levers.placement import PlacementPlan, apply_placement, decoder_layers, remove_placement
+from ds_longctx.levers.placement import PlacementPlan
+from ds_longctx.levers.placement_apply import apply_placement, decoder_layers, remove_placement
 from ds_longctx.parallel import attention, ulysses
 from ds_longctx.parallel.parallel_state import ParallelState
 from tests.helpers import rel_err, tiny_model
@@ -36,8 +37,10 @@ def counted_forwards():
         def fwd_counted(*args):
             calls[0] += 1
             return fwd(*args)
+
         pair.fwd = fwd_counted
         return pair
+
     attention.kernel_pair = counting
     try:
         yield calls
@@ -61,7 +64,9 @@ def models():
     ref = tiny_model(attn="eager")
     model = copy.deepcopy(ref)
     ulysses.register(model, ParallelState.single())
-    ids = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(1)
+    )
     yield ref, model, ids
     remove_placement(model)
     ulysses.unregister(model)
@@ -71,7 +76,7 @@ def models():
 def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(models, spec):
     ref, model, ids = models
     L = ref.config.num_hidden_layers
-    loss_ref, grads_ref, _ = loss_and_grads(ref, ids)             # eager, no checkpointing: the reference
+    loss_ref, grads_ref, _ = loss_and_grads(ref, ids)  # eager, no checkpointing: the reference
     apply_placement(model, PlacementPlan.parse(f"keep:{L}"))
     _, _, calls_ckpt = loss_and_grads(model, ids)
     assert calls_ckpt == 2 * L  # plain checkpointing runs every layer's kernel again in backward
@@ -83,7 +88,9 @@ def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(models, spec):
     assert rel_err(loss, loss_ref, norm="max") <= 1e-6
     for n, g in grads_ref.items():
         assert rel_err(grads[n], g, norm="max") <= 1e-5, n
-    assert attention_cache.kept_bytes(decoder_layers(model)) == 0  # every kept output was taken by its recompute
+    assert (
+        attention_cache.kept_bytes(decoder_layers(model)) == 0
+    )  # every kept output was taken by its recompute
     remove_placement(model)
     apply_placement(model, PlacementPlan.parse(f"keep:{L}"))
     assert loss_and_grads(model, ids)[2] == 2 * L  # removed: back to recomputing every kernel
@@ -96,7 +103,9 @@ def test_a_step_without_backward_leaves_nothing_for_the_next(models):
     _, grads_ref, _ = loss_and_grads(ref, ids)
     apply_placement(model, PlacementPlan.parse("cache:2"))
     layers = decoder_layers(model)
-    other = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(9))
+    other = torch.randint(
+        0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(9)
+    )
     model(input_ids=other, labels=other)  # forward only: both slots now hold `other`'s outputs
     assert attention_cache.kept_bytes(layers) > 0
     _, grads, calls = loss_and_grads(model, ids)  # new_step() first
@@ -112,7 +121,9 @@ def test_a_step_without_backward_leaves_nothing_for_the_next(models):
 
 def test_a_kernel_without_a_pair_recomputes_and_says_so(models, caplog):
     ref, model, ids = models
-    attention.select("sdpa_math", announce=False)  # math SDPA on CPU: no forward that returns its LSE
+    attention.select(
+        "sdpa_math", announce=False
+    )  # math SDPA on CPU: no forward that returns its LSE
     attention._WARNED_SLOT[0] = False
     apply_placement(model, PlacementPlan.parse("cache:2"))
     _, grads_ref, _ = loss_and_grads(ref, ids)
@@ -132,17 +143,30 @@ def test_offloaded_caches_live_in_their_pool_regions_every_step(models, caplog, 
     the recompute skips the kernel, and loss and grads equal plain HF's. A region too small for the kernel's tensors:
     a warning naming the layer, the slot's own buffers (on CPU: clones), the same loss and grads."""
     from ds_longctx.levers import offload
+
     ref, model, ids = models
     cfg, L, S = ref.config, ref.config.num_hidden_layers, ids.shape[1]
     loss_ref, grads_ref, _ = loss_and_grads(ref, ids)
     apply_placement(model, PlacementPlan.parse(f"cache+offload:{L}"), pinned_pool=True)
     per = offload.cache_region_bytes(1, S, cfg.num_attention_heads, cfg.head_dim, 4)
     # output [1, S, hq, d] fp32 + LSE [1, hq, S + 128 rows] fp32 + 64 KiB
-    assert per == S * cfg.num_attention_heads * cfg.head_dim * 4 + cfg.num_attention_heads * (S + 128) * 4 + 65536
+    assert (
+        per
+        == S * cfg.num_attention_heads * cfg.head_dim * 4
+        + cfg.num_attention_heads * (S + 128) * 4
+        + 65536
+    )
     pool = offload.pool()
     try:
-        n = offload.plan_pool(range(L), 1, S, cfg.hidden_size, torch.float32, pin=False,
-                              cache_regions={i: per if room == "planned" else 1024 for i in range(L)})
+        n = offload.plan_pool(
+            range(L),
+            1,
+            S,
+            cfg.hidden_size,
+            torch.float32,
+            pin=False,
+            cache_regions={i: per if room == "planned" else 1024 for i in range(L)},
+        )
         assert offload.reserve_pool() == n and pool._block.numel() == n
         lo, hi = pool._block.data_ptr(), pool._block.data_ptr() + n
         ptrs = []
@@ -157,13 +181,18 @@ def test_offloaded_caches_live_in_their_pool_regions_every_step(models, caplog, 
                 assert not any(s._own for s in slots)
                 if room == "planned":
                     ptrs.append([t.data_ptr() for s in slots for t in s._bufs])
-                    assert all(lo <= p < hi for p in ptrs[-1]) and len(ptrs[-1]) == 2 * L  # output + LSE each
+                    assert (
+                        all(lo <= p < hi for p in ptrs[-1]) and len(ptrs[-1]) == 2 * L
+                    )  # output + LSE each
                 else:
                     assert all(s._bufs is None for s in slots)
         if room == "planned":
             assert ptrs[0] == ptrs[1] == ptrs[2] and "pool region" not in caplog.text
         else:
-            assert "attention cache: layer 0 keeps" in caplog.text and "more than its pool region" in caplog.text
+            assert (
+                "attention cache: layer 0 keeps" in caplog.text
+                and "more than its pool region" in caplog.text
+            )
     finally:
         pool.release()
     assert pool._block is None and not pool._regions

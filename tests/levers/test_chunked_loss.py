@@ -11,7 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ds_longctx.levers.chunked_loss import chunked_cross_entropy, per_token_cross_entropy, per_token_scores
+from ds_longctx.levers.chunked_loss import (
+    chunked_cross_entropy,
+    per_token_cross_entropy,
+    per_token_scores,
+)
 from tests.helpers import rel_err
 
 IGNORE = -100
@@ -77,12 +81,16 @@ CASES = [  # (name, N, chunk_size, labels case, grad_scale)
 def test_matches_plain_cross_entropy(name, n, chunk, case, grad_scale, dtype):
     hidden, weight, gen = make_inputs(n, dtype)
     labels = make_labels(n, case, gen)
-    ours = loss_and_grads(chunked_cross_entropy, hidden, weight, labels, grad_scale, chunk_size=chunk)
+    ours = loss_and_grads(
+        chunked_cross_entropy, hidden, weight, labels, grad_scale, chunk_size=chunk
+    )
     assert ours[0].dtype == torch.float32 and ours[0].dim() == 0
     assert ours[1].dtype == dtype and ours[2].dtype == dtype
 
     # the reference in fp32, from the same (possibly bf16-rounded) inputs
-    ref = loss_and_grads(reference_cross_entropy, hidden.float(), weight.float(), labels, grad_scale)
+    ref = loss_and_grads(
+        reference_cross_entropy, hidden.float(), weight.float(), labels, grad_scale
+    )
     if case == "all_ignored":
         assert ours[0].item() == 0.0 and ours[1].abs().sum() == 0 and ours[2].abs().sum() == 0
     assert rel_err(ours[0], ref[0]) <= LOSS_TOLERANCE[dtype]
@@ -119,7 +127,9 @@ def test_no_grad_and_per_token():
     assert rel_err(loss, reference_cross_entropy(hidden, weight, labels)) <= 1e-6
 
     per_row = per_token_cross_entropy(h, weight, labels, chunk_size=8)
-    want = F.cross_entropy(F.linear(hidden, weight).float(), labels, ignore_index=IGNORE, reduction="none")
+    want = F.cross_entropy(
+        F.linear(hidden, weight).float(), labels, ignore_index=IGNORE, reduction="none"
+    )
     assert per_row.shape == (37,) and per_row.dtype == torch.float32 and not per_row.requires_grad
     assert rel_err(per_row, want) <= 1e-6
     assert (per_row[labels == IGNORE] == 0).all()
@@ -132,17 +142,25 @@ def test_per_token_hits_are_the_argmax_of_the_full_logits(dtype):
     hidden, weight, gen = make_inputs(37, dtype)
     labels = make_labels(37, "chunk_ignored", gen)
     logits = F.linear(hidden, weight).float()  # [N, V]
-    labels = torch.where((torch.arange(37) % 2 == 0) & (labels != IGNORE), logits.argmax(dim=1), labels)
+    labels = torch.where(
+        (torch.arange(37) % 2 == 0) & (labels != IGNORE), logits.argmax(dim=1), labels
+    )
     loss, hit = per_token_scores(hidden, weight, labels, chunk_size=8)
     assert torch.equal(loss, per_token_cross_entropy(hidden, weight, labels, chunk_size=8))
     target = logits.gather(1, labels.clamp(min=0)[:, None])[:, 0]  # [N]
     want = (target == logits.amax(dim=1)) & (labels != IGNORE)  # a tie with the max counts as a hit
-    assert hit.dtype == torch.bool and torch.equal(hit, want) and 0 < int(hit.sum()) < int((labels != IGNORE).sum())
+    assert (
+        hit.dtype == torch.bool
+        and torch.equal(hit, want)
+        and 0 < int(hit.sum()) < int((labels != IGNORE).sum())
+    )
 
 
 def test_second_backward_raises():
     hidden, weight, gen = make_inputs(16, torch.float32)
-    loss = chunked_cross_entropy(hidden.requires_grad_(), weight, make_labels(16, "scattered", gen), chunk_size=8)
+    loss = chunked_cross_entropy(
+        hidden.requires_grad_(), weight, make_labels(16, "scattered", gen), chunk_size=8
+    )
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="runs once"):
         loss.backward()
@@ -164,13 +182,16 @@ def test_bad_chunk_size_names_the_value(chunk):
         chunked_cross_entropy(hidden, weight, make_labels(12, "scattered", gen), chunk_size=chunk)
 
 
-@pytest.mark.parametrize("what,match", [
-    ("hidden_3d", r"hidden has shape \(1, 12, 24\)"),
-    ("weight_hidden_size", r"hidden size 24 != weight's 23"),
-    ("dtype", r"hidden dtype torch.float32 and weight dtype torch.bfloat16"),
-    ("labels_int32", r"labels are torch.int32"),
-    ("zero3_empty_weight", r"weight has shape \(0,\).*ZeRO-3"),
-])
+@pytest.mark.parametrize(
+    "what,match",
+    [
+        ("hidden_3d", r"hidden has shape \(1, 12, 24\)"),
+        ("weight_hidden_size", r"hidden size 24 != weight's 23"),
+        ("dtype", r"hidden dtype torch.float32 and weight dtype torch.bfloat16"),
+        ("labels_int32", r"labels are torch.int32"),
+        ("zero3_empty_weight", r"weight has shape \(0,\).*ZeRO-3"),
+    ],
+)
 def test_bad_shapes_name_the_value(what, match):
     hidden, weight, gen = make_inputs(12, torch.float32)
     labels = make_labels(12, "scattered", gen)
@@ -202,7 +223,10 @@ class RecordShapes(TorchDispatchMode):
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor):
                 self.shapes.append(tuple(t.shape))
-                if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and t.shape[-1] == V:
+                if (
+                    func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                    and t.shape[-1] == V
+                ):
                     self.logit_matmuls += 1
         return out
 

@@ -5,7 +5,12 @@ import pytest
 import yaml
 
 from ds_longctx.config import RunConfig
-from ds_longctx.levers.gpu_budget import CUDA_CONTEXT_BYTES, allocator_fraction, apply, out_of_budget
+from ds_longctx.levers.gpu_budget import (
+    CUDA_CONTEXT_BYTES,
+    allocator_fraction,
+    apply,
+    out_of_budget,
+)
 from ds_longctx.plan import write
 
 H200 = 150_754_820_096  # torch.cuda.get_device_properties().total_memory of an H200 (141 GB card)
@@ -36,7 +41,18 @@ def test_without_a_gpu_or_a_budget_nothing_is_set():
 
 
 def test_the_plan_writes_its_budget_into_the_run_config(tmp_path):
-    argv = ["--model", "qwen3-8b", "--seq_len", "262144", "--gpus", "2", "--gpu_mem_gb", "64", "--out", str(tmp_path)]
+    argv = [
+        "--model",
+        "qwen3-8b",
+        "--seq_len",
+        "262144",
+        "--gpus",
+        "2",
+        "--gpu_mem_gb",
+        "64",
+        "--out",
+        str(tmp_path),
+    ]
     assert write.main(argv) == 0
     run = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert run["memory"]["gpu_budget_gb"] == 64.0
@@ -45,13 +61,20 @@ def test_the_plan_writes_its_budget_into_the_run_config(tmp_path):
 
 def test_the_out_of_memory_message_names_the_budget_and_the_fix():
     msg = out_of_budget(64.0, 2)
-    assert "step 2" in msg and "64 GB budget per GPU (memory.gpu_budget_gb)" in msg and "--gpu_mem_gb" in msg
+    assert (
+        "step 2" in msg
+        and "64 GB budget per GPU (memory.gpu_budget_gb)" in msg
+        and "--gpu_mem_gb" in msg
+    )
     assert "the GPU's memory" in out_of_budget(None, 1)
-    assert out_of_budget(80.0, 0).startswith("stopped: making the optimizer state before step 1 ran out of the 80 GB")
+    assert out_of_budget(80.0, 0).startswith(
+        "stopped: making the optimizer state before step 1 ran out of the 80 GB"
+    )
 
 
 def test_the_run_ahead_bound_is_a_no_op_without_a_gpu_and_defaults_to_two_layers():
     from ds_longctx.levers.gpu_budget import bound_run_ahead
+
     assert bound_run_ahead([object()], 2) == [] and bound_run_ahead([], 0) == []
     assert RunConfig(model="qwen3-tiny").memory.run_ahead_layers == 2
     with pytest.raises(ValueError):

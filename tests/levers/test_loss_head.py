@@ -26,7 +26,9 @@ def test_route_forward_runs_the_loss_head_and_unroute_restores_the_model():
     assert all(rel_err(g, w) == 0 for g, w in zip(got, want))
     assert set(model.state_dict()) == keys  # the loss child has no parameters of its own
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids).logits, logits)  # without the keyword: the model's own forward
+        assert torch.equal(
+            model(input_ids=ids).logits, logits
+        )  # without the keyword: the model's own forward
 
     unroute_forward(model)
     assert "forward" not in model.__dict__ and not hasattr(model, "ds_longctx_loss")

@@ -20,6 +20,7 @@ TOL = 1e-5
 
 def moe_model(seed: int = 0, dtype=torch.float32):
     from ds_longctx.run.model import init_weights, load_hf_config, model_class
+
     cfg = load_hf_config("qwen3-moe-tiny")
     cfg._attn_implementation = "eager"
     set_experts_kernel(cfg)
@@ -64,12 +65,16 @@ def test_loss_and_grads_equal_plain_hf_with_its_aux_loss(tile):
     assert lever.untiled == {} and remove_moe(model) == 2
     assert all("forward" not in m.__dict__ for m in model.modules())  # every forward restored
     _, no_aux = hf_reference(aux=False)
-    assert rel_err(grads["model.layers.1.mlp.gate.weight"], no_aux["model.layers.1.mlp.gate.weight"]) > 1e-3
+    assert (
+        rel_err(grads["model.layers.1.mlp.gate.weight"], no_aux["model.layers.1.mlp.gate.weight"])
+        > 1e-3
+    )
 
 
 def test_counted_rows_are_hfs_attention_mask():
     """Rows begin() leaves out (SP padding) are left out as HF leaves out attention-masked rows."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
     model = moe_model()
     mask = torch.ones(1, IDS.shape[1], dtype=torch.long)
     mask[:, -5:] = 0
@@ -81,7 +86,9 @@ def test_counted_rows_are_hfs_attention_mask():
         model(input_ids=IDS)
         got = lever.aux.finish(None) / 0.5
     assert rel_err(got, want) <= 1e-6
-    assert rel_err(got, load_balancing_loss_func(logits, 4, 2)) > 1e-4  # the masked rows would count
+    assert (
+        rel_err(got, load_balancing_loss_func(logits, 4, 2)) > 1e-4
+    )  # the masked rows would count
 
 
 def test_saved_bytes_are_the_planners():
@@ -89,13 +96,16 @@ def test_saved_bytes_are_the_planners():
     plan/moe_terms.block_bytes' router + dispatch + experts, to 64 bytes (a few [E] buffers)."""
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.moe_terms import block_bytes
+
     model = moe_model(dtype=torch.bfloat16)
     lever = apply_moe(model, 0.01, None)
     lever.aux.begin(None, 1.0)
     block = model.model.layers[0].mlp
     x = torch.randn(1, 256, 64, dtype=torch.bfloat16, requires_grad=True)
     got = saved_bytes(block, x, exclude=(*block.parameters(), x))
-    router, dispatch, experts, _ = block_bytes(ModelGeometry.from_name_or_path("qwen3-moe-tiny"), 256)
+    router, dispatch, experts, _ = block_bytes(
+        ModelGeometry.from_name_or_path("qwen3-moe-tiny"), 256
+    )
     assert abs(got - (router + dispatch + experts)) <= 64, (got, router + dispatch + experts)
 
 
@@ -124,4 +134,5 @@ def test_a_block_the_tiles_cannot_compute_runs_untiled_and_says_why():
 
 def test_a_dense_model_has_no_moe_lever():
     from tests.helpers import tiny_model
+
     assert apply_moe(tiny_model(), 0.01, 7) is None

@@ -14,11 +14,13 @@ from tests.distributed.dpo_worker import dpo_side
 from tests.helpers import rel_err, tiny_model, torchrun
 
 TOL = 1e-5
-PAIRS = [{"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
-         {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
-         {"prompt": "w20", "chosen": " w21 w22 w26", "rejected": " w23 w24 w25"}]
+PAIRS = [
+    {"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
+    {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
+    {"prompt": "w20", "chosen": " w21 w22 w26", "rejected": " w23 w24 w25"},
+]
 CASES = [(0.1, "sigmoid"), (0.5, "ipo"), (0.2, "hinge")]
-SP2_CASES = CASES[:2]   # the worker's (each case costs the 2-process run a step)
+SP2_CASES = CASES[:2]  # the worker's (each case costs the 2-process run a step)
 
 
 def trl_reference(tok, chosen_rows: list, beta: float, loss_type: str) -> dict:
@@ -26,12 +28,28 @@ def trl_reference(tok, chosen_rows: list, beta: float, loss_type: str) -> dict:
     the pairs' order (`chosen_rows`: each pair's chosen ids; TRL's sampler shuffles)."""
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
+
     policy, ref = tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager")
-    args = DPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=len(PAIRS), precompute_ref_log_probs=True,
-                     report_to=[], use_cpu=True, bf16=False, beta=beta, loss_type=[loss_type], save_strategy="no",
-                     dataloader_num_workers=0, max_length=None)
-    trainer = DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=Dataset.from_list(PAIRS),
-                         processing_class=tok)
+    args = DPOConfig(
+        output_dir="/tmp/unused",
+        per_device_train_batch_size=len(PAIRS),
+        precompute_ref_log_probs=True,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        beta=beta,
+        loss_type=[loss_type],
+        save_strategy="no",
+        dataloader_num_workers=0,
+        max_length=None,
+    )
+    trainer = DPOTrainer(
+        model=policy,
+        ref_model=ref,
+        args=args,
+        train_dataset=Dataset.from_list(PAIRS),
+        processing_class=tok,
+    )
     batch = next(iter(trainer.get_train_dataloader()))
     loss = trainer.compute_loss(trainer.model, batch)
     loss.backward()
@@ -39,23 +57,39 @@ def trl_reference(tok, chosen_rows: list, beta: float, loss_type: str) -> dict:
     at = [rows.index(c) for c in chosen_rows]  # TRL's batch: every chosen, then every rejected
     ref = torch.stack([batch["ref_chosen_logps"], batch["ref_rejected_logps"]], dim=1)[at]
     rows = [rows[i] for i in at] + [rows[len(at) + i] for i in at]
-    metrics = {k: trainer._metrics["train"][k][-1] for k in ("rewards/chosen", "rewards/rejected",
-                                                              "rewards/accuracies", "rewards/margins")}
-    return {"loss": loss.detach(), "grads": {n: p.grad for n, p in policy.named_parameters()}, "ref": ref,
-            "rows": rows, "metrics": metrics}
+    metrics = {
+        k: trainer._metrics["train"][k][-1]
+        for k in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+    }
+    return {
+        "loss": loss.detach(),
+        "grads": {n: p.grad for n, p in policy.named_parameters()},
+        "ref": ref,
+        "rows": rows,
+        "metrics": metrics,
+    }
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from transformers import AutoTokenizer
+
     d = tmp_path_factory.mktemp("dpo")
     tok = AutoTokenizer.from_pretrained(str(make_tokenizer(d / "tok", n_words=30)))
     (d / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
     pairs = read_pairs([str(d / "pairs.jsonl")], tok, tok.eos_token_id)
     ids, pos, labels, seq = pack_pairs(pairs)
     refs = {case: trl_reference(tok, [c[0] for c, _ in pairs], *case) for case in CASES}
-    shared = dict(zip(("input_ids", "position_ids", "labels", "seq", "branch"), pack_shared_pairs(pairs)))
-    return d, pairs, {"input_ids": ids, "position_ids": pos, "labels": labels, "seq": seq}, refs, shared
+    shared = dict(
+        zip(("input_ids", "position_ids", "labels", "seq", "branch"), pack_shared_pairs(pairs))
+    )
+    return (
+        d,
+        pairs,
+        {"input_ids": ids, "position_ids": pos, "labels": labels, "seq": seq},
+        refs,
+        shared,
+    )
 
 
 def check(loss, ref_logps, grads, want):
@@ -75,8 +109,13 @@ def test_pairs_tokenize_as_trl_does(setup):
 @pytest.mark.parametrize("case", CASES, ids=[c[1] for c in CASES])
 def test_dpo_sp1_packed_matches_trl(setup, case):
     _, _, row, refs, _ = setup
-    loss, ref, grads = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), row,
-                                ParallelState.single(), *case)
+    loss, ref, grads = dpo_side(
+        tiny_model(seed=0, attn="eager"),
+        tiny_model(seed=1, attn="eager"),
+        row,
+        ParallelState.single(),
+        *case,
+    )
     check(loss, ref, grads, refs[case])
 
 
@@ -84,13 +123,19 @@ def test_dpo_sp1_packed_matches_trl(setup, case):
 def test_dpo_sp2_packed_matches_trl(setup):
     d, _, row, refs, shared = setup
     torch.save({"row": row, "cases": SP2_CASES, "shared": shared}, d / "row.pt")
-    torchrun(2, ["tests/distributed/dpo_worker.py", "--row", str(d / "row.pt"), "--out", str(d / "got.pt")])
+    torchrun(
+        2,
+        ["tests/distributed/dpo_worker.py", "--row", str(d / "row.pt"), "--out", str(d / "got.pt")],
+    )
     got = torch.load(d / "got.pt")
     for case in SP2_CASES:
         check(got[case]["loss"], got[case]["ref"], got[case]["grads"], refs[case])
     one = got["shared"]  # the shared-prompt row at SP=2 (35 tokens: one of SP padding)
     check(one["loss"], one["ref"], one["grads"], refs[CASES[0]])
-    engine, want = got["engine"], refs[CASES[0]]  # through ds-longctx's engine: ZeRO-3, objective dpo
+    engine, want = (
+        got["engine"],
+        refs[CASES[0]],
+    )  # through ds-longctx's engine: ZeRO-3, objective dpo
     check(engine["loss"], want["ref"], engine["grads"], want)
     for k, v in want["metrics"].items():
         assert abs(engine["metrics"][k] - v) <= TOL * max(1.0, abs(v)), (k, engine["metrics"][k], v)
@@ -104,9 +149,19 @@ def test_shared_prompt_row_equals_the_two_pass_row(setup):
     assert len(shared["input_ids"]) == len(row["input_ids"]) - (4 + 2 + 0)
     assert shared["branch"].unique().tolist() == [0, 1, 2]
     for case in SP2_CASES:
-        two = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), row,
-                       ParallelState.single(), *case)
-        one = dpo_side(tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), shared,
-                       ParallelState.single(), *case)
+        two = dpo_side(
+            tiny_model(seed=0, attn="eager"),
+            tiny_model(seed=1, attn="eager"),
+            row,
+            ParallelState.single(),
+            *case,
+        )
+        one = dpo_side(
+            tiny_model(seed=0, attn="eager"),
+            tiny_model(seed=1, attn="eager"),
+            shared,
+            ParallelState.single(),
+            *case,
+        )
         check(one[0], one[1], one[2], {"loss": two[0], "ref": two[1], "grads": two[2]})
         check(one[0], one[1], one[2], refs[case])

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 import ds_longctx
-from ds_longctx.levers.rope import apply_rope_scaling, trained_context, yarn_inv_freq, yarn_rope_parameters
+from ds_longctx.levers.rope import (
+    apply_rope_scaling,
+    trained_context,
+    yarn_inv_freq,
+    yarn_rope_parameters,
+)
 from tests.helpers import rel_err
 
 MODELS = Path(ds_longctx.__file__).parent / "models"
@@ -27,8 +32,12 @@ def test_yarn_inv_freq_matches_transformers_qwen3_8b(seq_len, factor):
 
     cfg = config("qwen3-8b")
     params = yarn_rope_parameters(cfg, seq_len, original_max_position_embeddings=32768)
-    assert params == {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 32768,
-                      "rope_theta": 1e6}
+    assert params == {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": 32768,
+        "rope_theta": 1e6,
+    }
     cfg.rope_parameters = params
     ref_inv_freq, ref_attention = ROPE_INIT_FUNCTIONS["yarn"](cfg)
     inv_freq, attention = yarn_inv_freq(128, 1e6, factor, 32768)
@@ -44,24 +53,31 @@ def test_yarn_inv_freq_matches_transformers_qwen3_8b(seq_len, factor):
 def test_tiny_model_built_after_auto_uses_our_yarn():
     from transformers import Qwen3ForCausalLM
 
-    cfg = config("qwen3-tiny")                  # max_position_embeddings 2048, head_dim 16, theta 1e6
+    cfg = config("qwen3-tiny")  # max_position_embeddings 2048, head_dim 16, theta 1e6
     applied = apply_rope_scaling(cfg, 8192, "auto")
-    assert applied == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
-                       "rope_theta": 1e6}
+    assert applied == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 2048,
+        "rope_theta": 1e6,
+    }
     assert cfg.max_position_embeddings == 8192
     rotary = Qwen3ForCausalLM(cfg).model.rotary_emb
     inv_freq, attention = yarn_inv_freq(16, 1e6, 4.0, 2048)
     assert rel_err(rotary.inv_freq, inv_freq, norm="elementwise") <= 1e-6
     assert abs(rotary.attention_scaling - attention) <= 1e-6 * attention
-    assert apply_rope_scaling(cfg, 8192, "auto") == applied     # applying twice: the same
+    assert apply_rope_scaling(cfg, 8192, "auto") == applied  # applying twice: the same
 
 
-@pytest.mark.parametrize("seq_len, orig, factor", [
-    (100_000, 32768, 3.125),        # 3.0518 rounded up to a multiple of 1/8
-    (131_072, 40960, 3.25),         # O = max_position_embeddings given explicitly (3.2 -> 3.25)
-    (1_048_576, 40960, 25.625),
-    (32769, 32768, 1.125),
-])
+@pytest.mark.parametrize(
+    "seq_len, orig, factor",
+    [
+        (100_000, 32768, 3.125),  # 3.0518 rounded up to a multiple of 1/8
+        (131_072, 40960, 3.25),  # O = max_position_embeddings given explicitly (3.2 -> 3.25)
+        (1_048_576, 40960, 25.625),
+        (32769, 32768, 1.125),
+    ],
+)
 def test_factor_rounds_up_to_an_eighth(seq_len, orig, factor):
     cfg = config("qwen3-8b")
     params = yarn_rope_parameters(cfg, seq_len, orig)
@@ -87,7 +103,7 @@ def test_fits_in_trained_context():
     assert yarn_rope_parameters(cfg, 2048) is None
     assert apply_rope_scaling(cfg, 2048, "auto") is None
     assert cfg.to_dict() == before
-    forced = apply_rope_scaling(cfg, 1024, "yarn")             # "yarn" always: factor 1, a no-op YaRN
+    forced = apply_rope_scaling(cfg, 1024, "yarn")  # "yarn" always: factor 1, a no-op YaRN
     assert forced["factor"] == 1.0 and cfg.max_position_embeddings == 2048
     no_op = 1e6 ** (-torch.arange(0, 16, 2) / 16)
     assert rel_err(yarn_inv_freq(16, 1e6, 1.0, 2048)[0], no_op, norm="elementwise") <= 1e-6
@@ -113,13 +129,19 @@ def test_explicit_dict_is_validated_and_completed(caplog):
     assert "factor 4.0" in caplog.text and "explicit" in caplog.text
 
 
-@pytest.mark.parametrize("mode, match", [
-    ({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 2048}, "factor=0.5"),
-    ({"rope_type": "yarn", "factor": 4.0}, r"missing \['original_max_position_embeddings'\]"),
-    ({"factor": 4.0}, "no 'rope_type'"),
-    ({"rope_type": "yarnn", "factor": 4.0}, "rope_type='yarnn'"),
-    ("yarnn", "mode='yarnn'"),
-])
+@pytest.mark.parametrize(
+    "mode, match",
+    [
+        (
+            {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 2048},
+            "factor=0.5",
+        ),
+        ({"rope_type": "yarn", "factor": 4.0}, r"missing \['original_max_position_embeddings'\]"),
+        ({"factor": 4.0}, "no 'rope_type'"),
+        ({"rope_type": "yarnn", "factor": 4.0}, "rope_type='yarnn'"),
+        ("yarnn", "mode='yarnn'"),
+    ],
+)
 def test_bad_input_errors_name_the_value(mode, match):
     cfg = config("qwen3-tiny")
     before = cfg.to_dict()

@@ -54,7 +54,9 @@ def run(fn, mlp, x, g):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b", [1, 2])
-@pytest.mark.parametrize("tile_tokens", [1, 5, 11, 37, 64, 1000])   # n = 37 or 74 rows; 5 and 11 divide neither
+@pytest.mark.parametrize(
+    "tile_tokens", [1, 5, 11, 37, 64, 1000]
+)  # n = 37 or 74 rows; 5 and 11 divide neither
 def test_tiled_equals_plain_mlp(tile_tokens, b, dtype, path):
     torch.manual_seed(1)
     mlp = one_mlp(dtype, path)
@@ -63,7 +65,7 @@ def test_tiled_equals_plain_mlp(tile_tokens, b, dtype, path):
     y_ref, gx_ref, gp_ref = run(plain_mlp, mlp, x, g)
     y, gx, gp = run(lambda m, t: tiled_mlp_forward(m, t, tile_tokens), mlp, x, g)
     assert y.shape == y_ref.shape and gx.shape == gx_ref.shape
-    if b * 37 <= tile_tokens:                 # one tile: an exact pass-through
+    if b * 37 <= tile_tokens:  # one tile: an exact pass-through
         assert torch.equal(y, y_ref) and torch.equal(gx, gx_ref)
         assert all(torch.equal(gp[n], gp_ref[n]) for n in gp_ref)
     assert rel_err(y, y_ref, norm="max") <= TOL[dtype]
@@ -98,8 +100,8 @@ def test_intermediates_never_span_the_whole_slice(path):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = tiled_mlp_forward(mlp, x, tile)
     y.sum().backward()
-    assert saved == [(n, 64)]                          # only x
-    assert max(rows) <= tile and sum(rows) == 2 * n    # forward tiles + recompute tiles
+    assert saved == [(n, 64)]  # only x
+    assert max(rows) <= tile and sum(rows) == 2 * n  # forward tiles + recompute tiles
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -136,13 +138,15 @@ def test_gated_path_gathers_once_per_pass_and_never_enters_the_linears(tile_toke
         getattr(mlp, name).register_forward_pre_hook(lambda m, i, name=name: calls.append(name))
     x = torch.randn(2, 37, 64, requires_grad=True)
     y = tiled_mlp_forward(mlp, x, tile_tokens)
-    assert len(entered) == 1                             # forward
+    assert len(entered) == 1  # forward
     y.sum().backward()
-    assert len(entered) == 2 and calls == []             # + backward; no Linear module entered
+    assert len(entered) == 2 and calls == []  # + backward; no Linear module entered
     per_tile(mlp)
     tiled_mlp_forward(mlp, x, tile_tokens).sum().backward()
-    assert len(entered) == 2                             # the per-tile path does not gather itself ...
-    assert len(calls) == 2 * 3 * -(-74 // tile_tokens)  # ... it enters each Linear per tile, fwd + recompute
+    assert len(entered) == 2  # the per-tile path does not gather itself ...
+    assert len(calls) == 2 * 3 * -(
+        -74 // tile_tokens
+    )  # ... it enters each Linear per tile, fwd + recompute
 
 
 def test_gated_form_is_recognised_only_where_it_is_exact():
@@ -153,16 +157,16 @@ def test_gated_form_is_recognised_only_where_it_is_exact():
     llama = LlamaMLP(LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=1))
     assert tiled_mlp._gated_parts(llama) is not None
     mlp = one_mlp()
-    mlp.forward = mlp.forward                            # an instance-level forward: anything may be in it
+    mlp.forward = mlp.forward  # an instance-level forward: anything may be in it
     assert tiled_mlp._gated_parts(mlp) is None
     mlp = one_mlp()
-    mlp.act_fn = nn.PReLU()                              # an activation with params
+    mlp.act_fn = nn.PReLU()  # an activation with params
     assert tiled_mlp._gated_parts(mlp) is None
     mlp = one_mlp()
-    mlp.down_proj._z3_leaf = True                        # DeepSpeed z3 leaf: reduced by its module hook
+    mlp.down_proj._z3_leaf = True  # DeepSpeed z3 leaf: reduced by its module hook
     assert tiled_mlp._gated_parts(mlp) is None
     mlp = one_mlp()
-    mlp.scale = nn.Parameter(torch.ones(1))              # a param the gated form would not use
+    mlp.scale = nn.Parameter(torch.ones(1))  # a param the gated form would not use
     assert tiled_mlp._gated_parts(mlp) is None
 
 
@@ -173,14 +177,19 @@ def test_gated_path_with_biases(dtype):
     from transformers.models.llama.modeling_llama import LlamaMLP
 
     torch.manual_seed(5)
-    mlp = LlamaMLP(LlamaConfig(hidden_size=24, intermediate_size=40, num_attention_heads=1, mlp_bias=True)).to(dtype)
+    mlp = LlamaMLP(
+        LlamaConfig(hidden_size=24, intermediate_size=40, num_attention_heads=1, mlp_bias=True)
+    ).to(dtype)
     for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
         nn.init.normal_(lin.bias)
     assert tiled_mlp._gated_parts(mlp) is not None
     x, g = torch.randn(3, 19, 24, dtype=dtype), torch.randn(3, 19, 24, dtype=dtype)
     y_ref, gx_ref, gp_ref = run(plain_mlp, mlp, x, g)
     y, gx, gp = run(lambda m, t: tiled_mlp_forward(m, t, 7), mlp, x, g)
-    assert rel_err(y, y_ref, norm="max") <= TOL[dtype] and rel_err(gx, gx_ref, norm="max") <= TOL[dtype]
+    assert (
+        rel_err(y, y_ref, norm="max") <= TOL[dtype]
+        and rel_err(gx, gx_ref, norm="max") <= TOL[dtype]
+    )
     assert len(gp) == 6
     for name in gp_ref:
         assert rel_err(gp[name], gp_ref[name], norm="max") <= TOL[dtype], name
@@ -198,14 +207,17 @@ def test_bf16_param_grads_are_rounded_once():
     """bf16 against an fp32 reference: ours as close as the plain bf16 MLP; DeepSpeed's k roundings drift."""
     torch.manual_seed(1)
     mlp = one_mlp(torch.bfloat16)
-    x, g = torch.randn(2, 37, 64, dtype=torch.bfloat16), torch.randn(2, 37, 64, dtype=torch.bfloat16)
+    x, g = (
+        torch.randn(2, 37, 64, dtype=torch.bfloat16),
+        torch.randn(2, 37, 64, dtype=torch.bfloat16),
+    )
     _, _, truth = run(plain_mlp, copy.deepcopy(mlp).float(), x.float(), g.float())
 
     def err(fn):
         grads = run(fn, mlp, x, g)[2]
         return max(rel_err(grads[name], truth[name], norm="max") for name in truth)
 
-    plain, ours = err(plain_mlp), err(lambda m, t: tiled_mlp_forward(m, t, 1))        # 74 tiles
+    plain, ours = err(plain_mlp), err(lambda m, t: tiled_mlp_forward(m, t, 1))  # 74 tiles
     theirs = err(lambda m, t: deepspeed_tiled(m, t, 1))
     assert ours <= 1.5 * plain, (ours, plain)
     assert theirs >= 2 * ours, (theirs, ours)
@@ -241,17 +253,21 @@ def loss_and_grads(model, ids):
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
-@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated")   # transformers >= 5.2x
+@pytest.mark.filterwarnings(
+    "ignore:`gradient_checkpointing_enable` is deprecated"
+)  # transformers >= 5.2x
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("checkpointing", [None, "non_reentrant", "reentrant"])
 @pytest.mark.parametrize("tile_tokens", [5, 16])
 def test_tiny_qwen3_tiled_equals_plain(tile_tokens, checkpointing, path):
     ref = tiny_model()
     ids = torch.randint(0, 512, (2, 37), generator=torch.Generator().manual_seed(3))
-    loss_ref, grads_ref = loss_and_grads(ref, ids)       # plain: no tiling, no checkpointing
+    loss_ref, grads_ref = loss_and_grads(ref, ids)  # plain: no tiling, no checkpointing
 
     model = copy.deepcopy(ref)
     if path == "per_tile":
@@ -259,7 +275,8 @@ def test_tiny_qwen3_tiled_equals_plain(tile_tokens, checkpointing, path):
             per_tile(layer.mlp)
     if checkpointing:
         model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+            gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"}
+        )
         assert model.model.gradient_checkpointing
     assert apply_tiled_mlp(model, tile_tokens) == 2
     loss, grads = loss_and_grads(model, ids)
@@ -272,7 +289,7 @@ def test_tiny_qwen3_tiled_equals_plain(tile_tokens, checkpointing, path):
 def test_remove_restores_original_forwards():
     model = tiny_model()
     mlps = [layer.mlp for layer in model.model.layers]
-    custom = type(mlps[1]).forward.__get__(mlps[1])          # an instance-level forward someone else set
+    custom = type(mlps[1]).forward.__get__(mlps[1])  # an instance-level forward someone else set
     mlps[1].forward = custom
     attrs_before = [dict(m.__dict__) for m in mlps]
     ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(4))
@@ -288,7 +305,9 @@ def test_remove_restores_original_forwards():
     assert "forward" not in mlps[0].__dict__ and mlps[0].forward.__func__ is type(mlps[0]).forward
     assert mlps[1].__dict__["forward"] is custom
     for m, attrs in zip(mlps, attrs_before):
-        assert m.__dict__.keys() == attrs.keys() and all(m.__dict__[k] is v for k, v in attrs.items())
+        assert m.__dict__.keys() == attrs.keys() and all(
+            m.__dict__[k] is v for k, v in attrs.items()
+        )
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, before)
     assert remove_tiled_mlp(model) == 0

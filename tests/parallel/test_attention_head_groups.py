@@ -32,7 +32,11 @@ def run(q, k, v, dout, groups):
 def test_grouped_backward_gives_the_whole_backward_and_plain_sdpa_grads(h, hk, groups, monkeypatch):
     calls = []
     bwd = attention._CpuFlashSDPA.bwd
-    monkeypatch.setattr(attention._CpuFlashSDPA, "bwd", lambda self, *a: calls.append(a[1].shape[1]) or bwd(self, *a))
+    monkeypatch.setattr(
+        attention._CpuFlashSDPA,
+        "bwd",
+        lambda self, *a: calls.append(a[1].shape[1]) or bwd(self, *a),
+    )
     g = torch.Generator().manual_seed(h * 10 + hk)
     s, d = 96, 16
     q, k, v = (torch.randn(2, n, s, d, generator=g) for n in (h, hk, hk))
@@ -41,23 +45,31 @@ def test_grouped_backward_gives_the_whole_backward_and_plain_sdpa_grads(h, hk, g
     whole = run(q, k, v, dout, 1)
     assert calls == [h]
     grouped = run(q, k, v, dout, groups)
-    assert calls[1:] == [h // groups] * groups  # one kernel backward per group, each on its query heads
+    assert (
+        calls[1:] == [h // groups] * groups
+    )  # one kernel backward per group, each on its query heads
     for a, b in zip(whole, grouped):
         assert rel_err(b, a) <= 1e-5
     # the reference: plain SDPA with its own autograd, KV repeated per query head
     qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    ref = F.scaled_dot_product_attention(qr, kr.repeat_interleave(h // hk, 1), vr.repeat_interleave(h // hk, 1),
-                                         is_causal=True).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(
+        qr, kr.repeat_interleave(h // hk, 1), vr.repeat_interleave(h // hk, 1), is_causal=True
+    ).transpose(1, 2)
     ref.backward(dout)
     for got, want in zip(grouped, (ref, qr.grad, kr.grad, vr.grad)):
         assert rel_err(got, want) <= 1e-4
 
 
 def test_a_group_count_that_does_not_split_the_heads_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"attn_bwd_head_groups=3: each rank attends 4 KV head\(s\) \(8 over "
-                                         r"sp_size=2\).*use one of \[1, 2, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"attn_bwd_head_groups=3: each rank attends 4 KV head\(s\) \(8 over "
+        r"sp_size=2\).*use one of \[1, 2, 4\]",
+    ):
         kernel_rules.check_head_groups(3, 8, 2)
-    with pytest.raises(ValueError, match=r"each rank attends 1 KV head\(s\) \(8 over sp_size=16\).*\[1\]"):
+    with pytest.raises(
+        ValueError, match=r"each rank attends 1 KV head\(s\) \(8 over sp_size=16\).*\[1\]"
+    ):
         kernel_rules.check_head_groups(2, 8, 16)  # KV heads replicated past sp 8: one per rank
     kernel_rules.check_head_groups(4, 8, 2)
     with pytest.raises(ValueError, match="must be >= 1"):
@@ -69,8 +81,10 @@ def test_a_group_count_that_does_not_split_the_heads_is_refused_with_the_choices
 
 def test_preflight_refuses_groups_the_model_cannot_split():
     from ds_longctx.run.preflight import validate
+
     cfg = RunConfig(model="qwen3-tiny", seq_len=64, sp_size=1, attn_bwd_head_groups=3)
     from ds_longctx.run.model import load_hf_config
+
     kv = load_hf_config("qwen3-tiny").get_text_config().num_key_value_heads
     with pytest.raises(ValueError, match=f"attn_bwd_head_groups=3: each rank attends {kv} KV head"):
         validate(cfg, world_size=1, per_node=1)
@@ -81,7 +95,8 @@ def test_a_model_trained_with_grouped_backward_gets_the_plain_hf_grads():
     every parameter's grad as the plain eager HF model's, with the attention cache placement on as well."""
     import copy
 
-    from ds_longctx.levers.placement import PlacementPlan, apply_placement, remove_placement
+    from ds_longctx.levers.placement import PlacementPlan
+    from ds_longctx.levers.placement_apply import apply_placement, remove_placement
     from ds_longctx.parallel import ulysses
     from ds_longctx.parallel.parallel_state import ParallelState
     from tests.helpers import tiny_model
@@ -89,7 +104,9 @@ def test_a_model_trained_with_grouped_backward_gets_the_plain_hf_grads():
     ref = tiny_model(attn="eager")
     groups = ref.config.num_key_value_heads
     assert groups > 1
-    ids = torch.randint(0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(
+        0, ref.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(3)
+    )
     out = ref(input_ids=ids, labels=ids)
     out.loss.backward()
     for spec in (None, f"cache:{ref.config.num_hidden_layers}"):

@@ -16,23 +16,34 @@ from ds_longctx.parallel import disk
 
 def test_size_text():
     assert [disk.size_text(n) for n in (80, 12_300, 540e6, 3.21e9, 112e9)] == [
-        "80 bytes", "12.3 kB", "540 MB", "3.2 GB", "112 GB"]
+        "80 bytes",
+        "12.3 kB",
+        "540 MB",
+        "3.2 GB",
+        "112 GB",
+    ]
 
 
 def test_describe_os_error_names_the_path_and_the_room(tmp_path):
     f = tmp_path / "metrics.jsonl"
     free = disk.size_text(shutil.disk_usage(tmp_path).free)
-    mount = subprocess.run(["df", "--output=target", str(tmp_path)], capture_output=True, text=True).stdout.split()[-1]
+    mount = subprocess.run(
+        ["df", "--output=target", str(tmp_path)], capture_output=True, text=True
+    ).stdout.split()[-1]
     assert disk.mount_point(f) == Path(mount)
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
     assert disk.describe_os_error(full, f, needed=3_200_000_000) == (
-        f"no space left on {mount} writing {f} (needs ~3.2 GB, {free} free)")
+        f"no space left on {mount} writing {f} (needs ~3.2 GB, {free} free)"
+    )
     assert disk.describe_os_error(OSError(errno.EDQUOT, "Disk quota exceeded"), f) == (
-        f"disk quota exceeded writing {f} ({free} free)")
-    assert disk.describe_os_error(PermissionError(errno.EACCES, "Permission denied", str(f)), "x") == (
-        f"no permission to write {f} (Permission denied)")
+        f"disk quota exceeded writing {f} ({free} free)"
+    )
+    assert disk.describe_os_error(
+        PermissionError(errno.EACCES, "Permission denied", str(f)), "x"
+    ) == (f"no permission to write {f} (Permission denied)")
     assert disk.describe_os_error(OSError(errno.EROFS, "Read-only file system"), "/proc/x") == (
-        "/proc/x is on a read-only filesystem")
+        "/proc/x is on a read-only filesystem"
+    )
     assert disk.free_bytes(tmp_path / "not" / "yet") == shutil.disk_usage(tmp_path).free
 
 
@@ -40,8 +51,11 @@ def test_a_directory_without_the_marker_is_never_removed(tmp_path):
     foreign = tmp_path / "corpus.partial"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("a user's file")
-    with pytest.raises(disk.NotOurs, match=r"corpus.partial' exists and was not made by ds_longctx \(no "
-                                           r"\.ds_longctx-partial marker in it\), so it is left alone; move it away"):
+    with pytest.raises(
+        disk.NotOurs,
+        match=r"corpus.partial' exists and was not made by ds_longctx \(no "
+        r"\.ds_longctx-partial marker in it\), so it is left alone; move it away",
+    ):
         disk.clear_partial(foreign, "move it away")
     assert (foreign / "mine.txt").read_text() == "a user's file"
     (tmp_path / "a_file.partial").write_text("x")
@@ -56,21 +70,32 @@ def test_a_partial_directory_is_removed_only_once_its_maker_is_gone(tmp_path):
     try:
         disk.make_partial(part)
         (part / disk.PARTIAL_MARKER).write_text(
-            f'{{"pid": {live.pid}, "host": "{socket.gethostname()}", "since": "then", "command": "prepare"}}')
-        with pytest.raises(disk.NotOurs, match=f"is being written by pid {live.pid} on host .* since then "
-                                               f"\\(prepare\\); wait for it to end, or move it away"):
+            f'{{"pid": {live.pid}, "host": "{socket.gethostname()}", "since": "then", "command": "prepare"}}'
+        )
+        with pytest.raises(
+            disk.NotOurs,
+            match=f"is being written by pid {live.pid} on host .* since then "
+            f"\\(prepare\\); wait for it to end, or move it away",
+        ):
             disk.clear_partial(part, "move it away")
     finally:
         live.kill()
         live.wait()
     assert part.is_dir()
     said = disk.clear_partial(part, "move it away")
-    assert said == f"removed {str(part)!r}, left unfinished by pid {live.pid} on host {socket.gethostname()} since " \
-                   f"then (prepare)" and not part.exists()
+    assert (
+        said
+        == f"removed {str(part)!r}, left unfinished by pid {live.pid} on host {socket.gethostname()} since "
+        f"then (prepare)"
+        and not part.exists()
+    )
     disk.make_partial(part)  # this process's own: a done partial goes into place without its marker
     (part / "train.jsonl").write_text("{}\n")
     disk.finish_partial(part, tmp_path / "corpus")
-    assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["train.jsonl"] and not part.exists()
+    assert (
+        sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["train.jsonl"]
+        and not part.exists()
+    )
 
 
 def df(path) -> str:

@@ -20,8 +20,11 @@ def test_slices_reassemble_the_full_sequence(L, sp):
 
     def cat(f):
         return torch.cat([getattr(s, f) for s in shards], dim=1)
+
     assert torch.equal(cat("input_ids")[:, :L], ids)
-    assert torch.equal(cat("shift_labels")[:, :L], full_targets(ids))  # border tokens keep their next token
+    assert torch.equal(
+        cat("shift_labels")[:, :L], full_targets(ids)
+    )  # border tokens keep their next token
     assert (cat("shift_labels")[:, L:] == IGNORE_INDEX).all()
     assert torch.equal(cat("position_ids"), torch.arange(L + pad).expand(2, -1))
     assert all(s.cu_seqlens is None for s in shards)
@@ -45,4 +48,9 @@ def test_bad_position_ids_and_shapes():
     with pytest.raises(ValueError, match="shorter than sp_size=4"):
         shard_batch(torch.arange(3)[None], 4, 0)
     with pytest.raises(ValueError, match="micro_batch=1"):
-        shard_batch(torch.zeros(2, 6, dtype=torch.long), 2, 0, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]] * 2))
+        shard_batch(
+            torch.zeros(2, 6, dtype=torch.long),
+            2,
+            0,
+            position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]] * 2),
+        )

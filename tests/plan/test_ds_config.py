@@ -19,11 +19,18 @@ def test_offload_blocks():
     assert gpu["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert "torch_adam" not in gpu["optimizer"]["params"]
     # on CPU the checkpoints are already in host memory (and DeepSpeed's CPU->CPU copy path crashes)
-    assert build_ds_config(cfg, world_size=2, on_gpu=False)["activation_checkpointing"]["cpu_checkpointing"] is False
+    assert (
+        build_ds_config(cfg, world_size=2, on_gpu=False)["activation_checkpointing"][
+            "cpu_checkpointing"
+        ]
+        is False
+    )
 
 
 def test_hf_trainer_config_is_the_same_json_less_train_batch_size():
     """The HF Trainer checks train_batch_size against world x micro (no SP); DeepSpeed derives micro x world / sp."""
     cfg = RunConfig(sp_size=2, micro_batch=1, seq_len=256, warmup_steps=3)
     ds, trainer = build_ds_config(cfg, 8, True), hf_trainer_ds_config(cfg, 8, True)
-    assert "train_batch_size" not in trainer and trainer == {k: v for k, v in ds.items() if k != "train_batch_size"}
+    assert "train_batch_size" not in trainer and trainer == {
+        k: v for k, v in ds.items() if k != "train_batch_size"
+    }

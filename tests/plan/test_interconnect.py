@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ds_longctx.plan.interconnect import LINKS, Link, collective_seconds, link_from_gbps, predict, sent_bytes
+from ds_longctx.plan.interconnect import (
+    LINKS,
+    Link,
+    collective_seconds,
+    link_from_gbps,
+    predict,
+    sent_bytes,
+)
 
 NV, IB = Link("nv", 300.0, "test"), Link("ib", 50.0, "test")
 
@@ -37,8 +44,12 @@ def test_a_ring_across_nodes_runs_at_the_slower_link():
 
 def test_the_prediction_adds_the_all_to_all_and_hides_zero_under_the_compute():
     world = tuple(range(8))
-    payloads = {("all_to_all", world): 8e9 * 300 / 7 / 300 * 7, ("all_gather", world): 80e9,
-                ("reduce_scatter", world): 8e9, ("all_reduce", world): 8}
+    payloads = {
+        ("all_to_all", world): 8e9 * 300 / 7 / 300 * 7,
+        ("all_gather", world): 80e9,
+        ("reduce_scatter", world): 8e9,
+        ("all_reduce", world): 8,
+    }
     p = predict(10.0, payloads, 0, 8, NV, IB)
     a2a = 7 / 8 * payloads[("all_to_all", world)] / 300e9
     zero = 7 / 8 * 88e9 / 300e9
@@ -46,7 +57,9 @@ def test_the_prediction_adds_the_all_to_all_and_hides_zero_under_the_compute():
     assert p.seconds == pytest.approx(10.0 + a2a + small)  # zero (0.26 s) < compute: hidden
     assert p.no_overlap_seconds == pytest.approx(10.0 + a2a + small + zero)
     short = predict(0.1, payloads, 0, 8, NV, IB)
-    assert short.seconds == pytest.approx(0.1 + a2a + small + zero - 0.1)  # zero exceeds the compute: the excess adds
+    assert short.seconds == pytest.approx(
+        0.1 + a2a + small + zero - 0.1
+    )  # zero exceeds the compute: the excess adds
 
 
 def test_links_given_in_gbit_per_s():

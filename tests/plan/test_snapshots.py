@@ -29,10 +29,12 @@ RECORDED = [
 def allocated_peak(run_dir) -> int:
     """The first line of rank0_peak.txt: `... (event N of M recorded): X GiB`, in bytes."""
     first = (run_dir / "run/memory/rank0_peak.txt").read_text().splitlines()[0]
-    return round(float(re.search(r": ([\d.]+) GiB$", first).group(1)) * 2 ** 30)
+    return round(float(re.search(r": ([\d.]+) GiB$", first).group(1)) * 2**30)
 
 
-@pytest.mark.parametrize("where,layers", RECORDED, ids=[r[0].split("/")[-1] + "@" + r[0][-5:] for r in RECORDED])
+@pytest.mark.parametrize(
+    "where,layers", RECORDED, ids=[r[0].split("/")[-1] + "@" + r[0][-5:] for r in RECORDED]
+)
 def test_the_plan_holds_what_the_allocator_held(where, layers, tmp_path):
     run_dir = SESSIONS / where
     overrides = {}

@@ -30,15 +30,26 @@ def committed_plan(name: str):
     cfg = RunConfig.load(ROOT / "ds_configs" / name / "run.yaml")
     g = ModelGeometry.from_name_or_path(cfg.model.name)
     levers = Levers.from_run_config(cfg, run_placement(cfg, g.layers, 8, None))
-    return cfg, plan_memory(g, cfg.train.seq_len, cfg.parallel.gpus_per_node, cfg.parallel.sp_size, levers)
+    return cfg, plan_memory(
+        g, cfg.train.seq_len, cfg.parallel.gpus_per_node, cfg.parallel.sp_size, levers
+    )
 
 
-@pytest.mark.parametrize("name", ["qwen3-8b_1m_8x80gb", "qwen3-8b_max_2x141gb", "qwen3-8b_max_4x80gb"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-8b_1m_8x80gb", "qwen3-8b_max_2x141gb", "qwen3-8b_max_4x80gb"]
+)
 def test_the_analytic_step_is_within_3_percent_of_the_rehearsals(name):
     """Every committed rehearsal of the config (its predicted step: measured compute + the same interconnect model)."""
     cfg, plan = committed_plan(name)  # the rehearsals ran on H200: its rates
-    rows = [json.loads(line) for line in (ROOT / "benchmarks/results/rehearsal.jsonl").read_text().splitlines()]
-    seen = [r["predicted_seconds_per_step"] for r in rows if r["config"] == f"ds_configs/{name}/run.yaml"]
+    rows = [
+        json.loads(line)
+        for line in (ROOT / "benchmarks/results/rehearsal.jsonl").read_text().splitlines()
+    ]
+    seen = [
+        r["predicted_seconds_per_step"]
+        for r in rows
+        if r["config"] == f"ds_configs/{name}/run.yaml"
+    ]
     assert seen
     got = predict_step(plan, cfg.memory.gpu_budget_gb, "h200").seconds  # rehearsed on H200
     assert all(abs(got / s - 1) < 0.03 for s in seen), (got, seen)
@@ -66,7 +77,10 @@ def test_moe_counts_experts_at_top_k_the_cache_and_the_tiles():
     assert saved == pytest.approx(48 * fwd)
     tiled = plan_memory(g, 1 << 20, 8, 8, Levers(tiled_mlp=True, tile_tokens=2048))
     assert predict_step(tiled, 80, "h200").tokenwise > t0.tokenwise
-    assert t0.prediction.comm_seconds["all_to_all"] > 0 and t0.prediction.comm_seconds["all_gather"] > 0
+    assert (
+        t0.prediction.comm_seconds["all_to_all"] > 0
+        and t0.prediction.comm_seconds["all_gather"] > 0
+    )
 
 
 def test_each_gpu_kind_counts_at_its_own_rates_and_an_unknown_kind_gets_no_time(tmp_path):
@@ -74,19 +88,49 @@ def test_each_gpu_kind_counts_at_its_own_rates_and_an_unknown_kind_gets_no_time(
     published 616 / 561 TFLOP/s; H200: the rates measured here), each in its plan.txt; a kind without rates (a100)
     and a plan without a kind say the time is unknown instead of borrowing the H200's."""
     _, plan = committed_plan("qwen3-8b_1m_8x80gb")
-    g, fwd = plan.geom, 2 * plan.seq_len ** 2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim
+    g, fwd = plan.geom, 2 * plan.seq_len**2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim
     cached = sum(p in (Place.CACHE, Place.CACHE_OFFLOAD) for p in plan.placement.layers)
     seconds = {}
-    for gpu, (f, b) in (("h100", (616e12, 561e12)), ("h200", (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS))):
+    for gpu, (f, b) in (
+        ("h100", (616e12, 561e12)),
+        ("h200", (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS)),
+    ):
         t = predict_step(plan, 80, gpu)
-        assert t.attention == pytest.approx(fwd * ((2 * g.layers - cached) / f + 2.5 * g.layers / b))
+        assert t.attention == pytest.approx(
+            fwd * ((2 * g.layers - cached) / f + 2.5 * g.layers / b)
+        )
         seconds[gpu] = t.seconds
     assert seconds["h100"] > seconds["h200"] * 1.05
-    args = ["--model", "qwen3-8b", "--seq_len", "1048576", "--gpus", "8", "--gpu_mem_gb", "80", "--host_mem_gb", "560"]
+    args = [
+        "--model",
+        "qwen3-8b",
+        "--seq_len",
+        "1048576",
+        "--gpus",
+        "8",
+        "--gpu_mem_gb",
+        "80",
+        "--host_mem_gb",
+        "560",
+    ]
     for gpu in ("h100", "h200", "a100", None):
-        assert write.main(args + (["--gpu", gpu] if gpu else []) + ["--out", str(tmp_path / str(gpu))]) == 0
-        line = next(x for x in (tmp_path / str(gpu) / "plan.txt").read_text().splitlines() if "predicted step" in x)
+        assert (
+            write.main(args + (["--gpu", gpu] if gpu else []) + ["--out", str(tmp_path / str(gpu))])
+            == 0
+        )
+        line = next(
+            x
+            for x in (tmp_path / str(gpu) / "plan.txt").read_text().splitlines()
+            if "predicted step" in x
+        )
         if gpu in seconds:
-            assert line.startswith(f"predicted step on {gpu} (") and f"): {seconds[gpu]:.1f} s = " in line, line
+            assert (
+                line.startswith(f"predicted step on {gpu} (")
+                and f"): {seconds[gpu]:.1f} s = " in line
+            ), line
         else:
-            assert "unknown" in line and ("'a100'" if gpu else "pass --gpu") in line and " s = " not in line, line
+            assert (
+                "unknown" in line
+                and ("'a100'" if gpu else "pass --gpu") in line
+                and " s = " not in line
+            ), line

@@ -1,4 +1,4 @@
-"""Which layers a `--layers K` rehearsal runs (rehearsal/layer_clock.pick_layers), and the memory its extrapolation adds
+"""Which layers a `--layers K` rehearsal runs (rehearsal/layer_pick.pick_layers), and the memory its extrapolation adds
 for the layers it did not run (`gpu_leftover`, `LayerClock.extrapolate`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from ds_longctx.rehearsal.layer_clock import pick_layers
+from ds_longctx.rehearsal.layer_pick import pick_layers
 
 PLACEMENTS = {
     "cache+offload:6,cache:30": ["cache+offload"] * 6 + ["cache"] * 30,
@@ -25,7 +25,9 @@ def test_k_layers_hold_every_kind_the_first_and_the_top_layer(name, k):
     assert len(got) == k and got == sorted(set(got))
     assert got[0] == 0 and got[-1] == len(kinds) - 1
     assert set(kinds[i] for i in got) == set(kinds)
-    if k >= 12:  # enough layers for the proportions to show: each kind within one layer of its share
+    if (
+        k >= 12
+    ):  # enough layers for the proportions to show: each kind within one layer of its share
         counts, total = Counter(kinds[i] for i in got), Counter(kinds)
         for kind, n in total.items():
             assert abs(counts[kind] - k * n / len(kinds)) <= 1.5, (kind, counts)
@@ -42,6 +44,7 @@ def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
     """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model needed); each
     layer's output is the size of its input, as a decoder layer's is."""
     from ds_longctx.rehearsal.layer_clock import LayerClock, LayerRecord, _Stamp
+
     clock = LayerClock.__new__(LayerClock)
     clock.kinds, clock.run, clock.on_gpu = kinds, run, on_gpu
     clock.layers = [None] * len(kinds)
@@ -51,7 +54,9 @@ def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
     t0 = _Stamp(False)
     step = {}
     for i in run:
-        r = LayerRecord(fwd=[t0, t0], bwd=[t0, t0], input_bytes=input_bytes, output_bytes=input_bytes)
+        r = LayerRecord(
+            fwd=[t0, t0], bwd=[t0, t0], input_bytes=input_bytes, output_bytes=input_bytes
+        )
         r.gpu_left = gpu_left[kinds[i]]
         step[i] = r
     clock.steps = [step]
@@ -65,6 +70,7 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     the cache layers' by 2 GB: output and attention output, and each keeps its 1 GB input). All 36: 5 inputs on the
     host (all but the kept one), 2 on the GPU, the cache layers' 2 GB each."""
     from ds_longctx.rehearsal import layer_clock
+
     kinds = ["cache+offload"] * 6 + ["cache"] * 30
     run = [0, 9, 16, 24, 31, 35]
     gb = 1e9
@@ -114,7 +120,11 @@ def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
 
 
 C = 4000  # bytes of one layer's input and output: 1000 fp32 elements
-EXTRA = {"offload": 100, "keep": 0, "cache": C}  # what a layer saves besides its input (cache: the attention output)
+EXTRA = {
+    "offload": 100,
+    "keep": 0,
+    "cache": C,
+}  # what a layer saves besides its input (cache: the attention output)
 
 
 def _simulated_forward(clock, kinds, run, first_extra=0):
@@ -127,6 +137,7 @@ def _simulated_forward(clock, kinds, run, first_extra=0):
     import torch.nn as nn
 
     from ds_longctx.rehearsal.layer_clock import HOST_KINDS, _Timed
+
     mem = [0]
     clock._mem = lambda: (mem[0], 0)
 
@@ -153,9 +164,14 @@ def _simulated_forward(clock, kinds, run, first_extra=0):
 
 def _sim_clock(kinds, run):
     from ds_longctx.rehearsal.layer_clock import LayerClock
+
     clock = LayerClock.__new__(LayerClock)
     clock.kinds, clock.run, clock.on_gpu = kinds, run, False
-    clock.layers, clock.layer_numel, clock.model_numel = [None] * len(kinds), [(0, 0)] * len(kinds), (1, 1)
+    clock.layers, clock.layer_numel, clock.model_numel = (
+        [None] * len(kinds),
+        [(0, 0)] * len(kinds),
+        (1, 1),
+    )
     clock.records, clock.steps, clock.scoped_bytes = {}, [], []
     return clock
 
@@ -170,7 +186,9 @@ def test_a_layers_gpu_leftover_counts_its_kept_input_and_not_its_output():
     full = _sim_clock(kinds, list(range(10)))
     top = _simulated_forward(full, kinds, full.run)
     assert top == 24600
-    assert full.extrapolate(1.0, top, top, 0, {})["peak_allocated"] == 24600  # every layer run: the measured peak
+    assert (
+        full.extrapolate(1.0, top, top, 0, {})["peak_allocated"] == 24600
+    )  # every layer run: the measured peak
     part = _sim_clock(kinds, [0, 7, 9])
     top = _simulated_forward(part, kinds, part.run)
     assert top == 16100
@@ -189,12 +207,18 @@ def test_the_first_layer_counts_in_its_kinds_mean_only_where_it_ran_alone():
     whole = _simulated_forward(full, kinds, full.run, first_extra=96)
     assert whole == 24600 + 96
     part = _sim_clock(kinds, [0, 3, 7, 9])
-    est = part.extrapolate(1.0, *[_simulated_forward(part, kinds, part.run, first_extra=96)] * 2, 0, {})
+    est = part.extrapolate(
+        1.0, *[_simulated_forward(part, kinds, part.run, first_extra=96)] * 2, 0, {}
+    )
     assert est["layer_gpu_bytes_by_kind"]["offload"] == 100
     assert est["layer_gpu_bytes"][0] == 196 and est["layer_gpu_bytes"][3] == 100
     assert est["peak_allocated"] == whole
-    alone = _sim_clock(kinds, [0, 7, 9])  # layer 0 the only offloaded layer run: it is the kind's mean
-    est = alone.extrapolate(1.0, *[_simulated_forward(alone, kinds, alone.run, first_extra=96)] * 2, 0, {})
+    alone = _sim_clock(
+        kinds, [0, 7, 9]
+    )  # layer 0 the only offloaded layer run: it is the kind's mean
+    est = alone.extrapolate(
+        1.0, *[_simulated_forward(alone, kinds, alone.run, first_extra=96)] * 2, 0, {}
+    )
     assert est["layer_gpu_bytes_by_kind"]["offload"] == 196
 
 
@@ -203,13 +227,16 @@ def test_layers_whose_host_buffers_the_pool_made_at_build_add_no_host(monkeypatc
     layer's, is in the pinned pool made at build, so the 5 offloaded layers not run add nothing; a layer whose slot
     the pool does not hold takes its buffer at first use and adds the 300."""
     from ds_longctx.levers import offload
+
     kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
     clock = _clock_with(kinds, [0, 7, 9], {"offload": 0, "keep": C, "cache": 2 * C}, input_bytes=C)
     clock.steps[0][0].host_left = 300
     monkeypatch.setattr(offload, "_POOL", offload.PinnedPool())
     offload.pool().reserve(range(6), (1, 2, 2), torch.float32, pin=False)
     assert clock.extrapolate(1.0, 0, 0, 10_000, {})["host"] == 10_000
-    offload.pool().reserve(range(3), (1, 2, 2), torch.float32, pin=False)  # layers 3-5 not in the pool
+    offload.pool().reserve(
+        range(3), (1, 2, 2), torch.float32, pin=False
+    )  # layers 3-5 not in the pool
     est = clock.extrapolate(1.0, 0, 0, 10_000, {})
     assert est["host"] == 10_000 + 3 * 300 and est["layer_host_bytes"] == {0: 300, 7: 0, 9: 0}
 
@@ -219,9 +246,17 @@ def test_a_hybrid_models_layers_are_picked_and_extrapolated_by_placement_and_typ
     layer type) pair, so a layer not run is extrapolated from run layers of its own type."""
     from ds_longctx.levers.placement import PlacementPlan
     from ds_longctx.plan.geometry import as_geometry
-    from ds_longctx.rehearsal.layer_clock import layer_kinds, on_host
-    kinds = layer_kinds(PlacementPlan.parse("offload:13,keep:19"), as_geometry("qwen3.5-4b").hybrid.layer_types)
-    assert kinds[3] == "offload full_attention" and kinds[13] == "keep linear_attention" and on_host(kinds[3])
+    from ds_longctx.rehearsal.layer_clock import on_host
+    from ds_longctx.rehearsal.layer_pick import layer_kinds
+
+    kinds = layer_kinds(
+        PlacementPlan.parse("offload:13,keep:19"), as_geometry("qwen3.5-4b").hybrid.layer_types
+    )
+    assert (
+        kinds[3] == "offload full_attention"
+        and kinds[13] == "keep linear_attention"
+        and on_host(kinds[3])
+    )
     picked = pick_layers(kinds, 6)
     assert {kinds[i] for i in picked} == set(kinds) and {0, 31} <= set(picked)
     assert layer_kinds(PlacementPlan.parse("keep:2"), ["full_attention"] * 2) == ["keep", "keep"]
@@ -235,7 +270,10 @@ def _timed_step(clock, seconds: dict) -> None:
         a, b = _Stamp(False), _Stamp(False)
         b.t = a.t + d
         return [a, b]
-    clock.records = {i: LayerRecord(fwd=span(s / 4), bwd=span(3 * s / 4)) for i, s in seconds.items()}
+
+    clock.records = {
+        i: LayerRecord(fwd=span(s / 4), bwd=span(3 * s / 4)) for i, s in seconds.items()
+    }
     clock.steps.append(clock.records)
     clock.records = {}
 
@@ -257,4 +295,5 @@ def test_each_layer_is_timed_at_its_fastest_timed_step():
 
 def test_a_rank_is_timed_at_its_fastest_timed_step():
     from ds_longctx.rehearsal.world import fastest_steady
+
     assert fastest_steady([200.0, 16.8, 11.2]) == 11.2 and fastest_steady([50.0, 40.0]) == 40.0

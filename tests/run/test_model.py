@@ -9,9 +9,18 @@ import math
 from ds_longctx.run.model import load_hf_config, model_class, random_init
 from tests.helpers import read_metrics, run_cli
 
-TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
-              "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+}
 
 
 def test_a_config_file_builds_its_own_family_and_trains(tmp_path):
@@ -22,10 +31,28 @@ def test_a_config_file_builds_its_own_family_and_trains(tmp_path):
     assert (hf.hidden_size, hf.num_key_value_heads, hf.vocab_size) == (64, 2, 256)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(TINY_LLAMA))
-    assert random_init(str(cfg)) and random_init("qwen3-tiny") and not random_init(str(tmp_path / "ckpt"))
+    assert (
+        random_init(str(cfg))
+        and random_init("qwen3-tiny")
+        and not random_init(str(tmp_path / "ckpt"))
+    )
     out = tmp_path / "run"
-    res = run_cli(["train", "--nproc", "1", "--model", str(cfg), "--seq_len", "256", "--steps", "2",
-                   "--output_dir", str(out)], output_dir=out)
+    res = run_cli(
+        [
+            "train",
+            "--nproc",
+            "1",
+            "--model",
+            str(cfg),
+            "--seq_len",
+            "256",
+            "--steps",
+            "2",
+            "--output_dir",
+            str(out),
+        ],
+        output_dir=out,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     steps = read_metrics(out)
     assert [m["step"] for m in steps] == [1, 2] and steps[0]["tokens"] == 256

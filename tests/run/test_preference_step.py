@@ -14,9 +14,11 @@ from ds_longctx.run.preference_step import REF_FILE, reference_logps
 from tests.corpus import make_tokenizer
 from tests.helpers import read_metrics, refused, rel_err, run_cli, tiny_model
 
-PAIRS = [{"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
-         {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
-         {"prompt": "w20", "chosen": " w21 w22", "rejected": " w23 w24 w25"}]
+PAIRS = [
+    {"prompt": "w1 w2 w3 w4 w5", "chosen": " w6 w7 w8", "rejected": " w9 w10"},
+    {"prompt": "w11 w12 w3", "chosen": " w13 w14 w15 w16 w2", "rejected": " w17"},
+    {"prompt": "w20", "chosen": " w21 w22", "rejected": " w23 w24 w25"},
+]
 
 
 def write_pairs(path, rows):
@@ -31,9 +33,28 @@ def files(tmp_path_factory):
 
 
 def args(d, tok, data, *more, objective="dpo"):
-    return ["train", "--objective", objective, "--beta", "0.5", "--data", data, "--tokenizer", tok, "--model",
-            "qwen3-tiny", "--seq_len", "64", "--dtype", "fp32", "--lr", "1e-2", "--data_cache_dir", str(d / "cache"),
-            *more]
+    return [
+        "train",
+        "--objective",
+        objective,
+        "--beta",
+        "0.5",
+        "--data",
+        data,
+        "--tokenizer",
+        tok,
+        "--model",
+        "qwen3-tiny",
+        "--seq_len",
+        "64",
+        "--dtype",
+        "fp32",
+        "--lr",
+        "1e-2",
+        "--data_cache_dir",
+        str(d / "cache"),
+        *more,
+    ]
 
 
 def plain_logps(tok_dir: str) -> torch.Tensor:
@@ -41,6 +62,7 @@ def plain_logps(tok_dir: str) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     from ds_longctx.data.preference import pair_tokens_of
+
     tok = AutoTokenizer.from_pretrained(tok_dir)
     model = tiny_model(seed=0)
     out = []
@@ -58,15 +80,25 @@ def plain_logps(tok_dir: str) -> torch.Tensor:
 def test_dpo_train_stores_the_reference_and_logs_rewards(files):
     d, tok, data = files
     out = d / "run"
-    res = run_cli(args(d, tok, data, "--nproc", "2", "--sp_size", "2", "--steps", "2", "--output_dir", str(out)),
-                  timeout=300, output_dir=out)
+    res = run_cli(
+        args(
+            d, tok, data, "--nproc", "2", "--sp_size", "2", "--steps", "2", "--output_dir", str(out)
+        ),
+        timeout=300,
+        output_dir=out,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    assert "reference log-probs: 3 pairs in a first pass over the starting weights" in res.stderr + res.stdout
+    assert (
+        "reference log-probs: 3 pairs in a first pass over the starting weights"
+        in res.stderr + res.stdout
+    )
     stored = torch.load(out / REF_FILE, weights_only=True)["logps"]
     assert rel_err(stored, plain_logps(tok)) <= 1e-5
     rows = read_metrics(out)
     assert abs(rows[0]["loss"] - math.log(2)) <= 1e-6 and rows[0]["rewards/margins"] == 0.0
-    assert rows[1]["rewards/margins"] > 0 and rows[1]["loss"] < math.log(2)  # one step towards the chosen
+    assert rows[1]["rewards/margins"] > 0 and rows[1]["loss"] < math.log(
+        2
+    )  # one step towards the chosen
     assert rows[0]["trained_tokens"] == 22  # completions and their EOS: 4 + 3, 6 + 2, 3 + 4
 
 
@@ -82,7 +114,10 @@ def test_resume_reads_the_stored_reference_and_refuses_another(tmp_path):
     with pytest.raises(ValueError, match=f"{REF_FILE} is missing"):
         reference_logps(None, Rows(2), tmp_path, fresh=False)
     logps = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
-    torch.save({"logps": logps, "signature": json.dumps(Rows(2).signature(), sort_keys=True)}, tmp_path / REF_FILE)
+    torch.save(
+        {"logps": logps, "signature": json.dumps(Rows(2).signature(), sort_keys=True)},
+        tmp_path / REF_FILE,
+    )
     rows = Rows(2)
     reference_logps(None, rows, tmp_path, fresh=False)
     assert torch.equal(rows.ref, logps)
@@ -98,33 +133,62 @@ def test_bad_dpo_input_exits_2_naming_file_and_line(files, case):
     else:
         data = write_pairs(d / "bad.jsonl", PAIRS[:1] + [{"prompt": "w1", "chosen": "w2"}])
         says = f"data file {data!r} line 2: no 'rejected' key"
-    res = run_cli(args(d, tok, data, "--nproc", "1", "--output_dir", str(d / f"out_{case}"),
-                       objective="grpo" if case == "grpo" else "dpo"), timeout=120)
+    res = run_cli(
+        args(
+            d,
+            tok,
+            data,
+            "--nproc",
+            "1",
+            "--output_dir",
+            str(d / f"out_{case}"),
+            objective="grpo" if case == "grpo" else "dpo",
+        ),
+        timeout=120,
+    )
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert says in res.stderr, res.stderr[-2000:]
     assert not (d / f"out_{case}").exists()
 
 
-@pytest.mark.parametrize("model, says", [
-    ("qwen3-moe-tiny", "objective=dpo on a mixture of experts is not built yet"),
-    ("qwen3.5-tiny", "shared_prompt: true on a model with linear-attention layers"),
-], ids=["moe", "linear_attention_shared_prompt"])
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        ("qwen3-moe-tiny", "objective=dpo on a mixture of experts is not built yet"),
+        ("qwen3.5-tiny", "shared_prompt: true on a model with linear-attention layers"),
+    ],
+    ids=["moe", "linear_attention_shared_prompt"],
+)
 def test_dpo_models_not_built_are_refused_before_the_engine(files, model, says):
     d, tok, data = files
-    refused(d / f"out_{model}", [says], model=model, objective="dpo", data=data, tokenizer=tok, seq_len=64,
-            dtype="fp32", data_cache_dir=str(d / "cache"))
+    refused(
+        d / f"out_{model}",
+        [says],
+        model=model,
+        objective="dpo",
+        data=data,
+        tokenizer=tok,
+        seq_len=64,
+        dtype="fp32",
+        data_cache_dir=str(d / "cache"),
+    )
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"objective": "grpo"}, "objective=grpo is not built yet"),
-    ({"ref_model": "ref/"}, "a reference other than the starting weights is not built yet"),
-    ({"eval_data": "synthetic"}, "a held-out evaluation of preference pairs is not built yet"),
-    ({"micro_batch": 2}, "takes micro_batch=1"),
-    ({"data": "synthetic"}, "objective=dpo trains on preference pairs"),
-], ids=["grpo", "ref_model", "eval_data", "micro_batch", "synthetic"])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"objective": "grpo"}, "objective=grpo is not built yet"),
+        ({"ref_model": "ref/"}, "a reference other than the starting weights is not built yet"),
+        ({"eval_data": "synthetic"}, "a held-out evaluation of preference pairs is not built yet"),
+        ({"micro_batch": 2}, "takes micro_batch=1"),
+        ({"data": "synthetic"}, "objective=dpo trains on preference pairs"),
+    ],
+    ids=["grpo", "ref_model", "eval_data", "micro_batch", "synthetic"],
+)
 def test_objective_keys_refused_with_the_rest_of_the_config(kw, says):
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig
+
     with pytest.raises(ValidationError, match=says):
         RunConfig(**{"objective": "dpo", "data": "pairs.jsonl", **kw})

@@ -17,6 +17,7 @@ def built(lr: float, warmup: int, weight_decay: float = 0.0, schedule: str = "co
     """What the engine builds for the run config (lr, warmup_steps, a cosine to 1e-5 over 12 steps): the optimizer
     and its scheduler, as engine.ds."""
     from torch.optim.lr_scheduler import LambdaLR
+
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=lr, weight_decay=weight_decay)
     cfg = RunConfig(lr=lr, warmup_steps=warmup, lr_schedule=schedule, min_lr=1e-5)
     sched = LambdaLR(opt, lr_factor(cfg.optimizer, 12))
@@ -31,13 +32,23 @@ def stepped(engine, steps: int):
     return engine
 
 
-@pytest.mark.parametrize("then, now", [((1e-3, 0), (5e-4, 0)), ((1e-3, 4), (5e-4, 8)), ((1e-3, 0), (5e-4, 8)),
-                                       ((1e-3, 8), (1e-3, 0)), ((1e-3, 8), (1e-3, 2))])
+@pytest.mark.parametrize(
+    "then, now",
+    [
+        ((1e-3, 0), (5e-4, 0)),
+        ((1e-3, 4), (5e-4, 8)),
+        ((1e-3, 0), (5e-4, 8)),
+        ((1e-3, 8), (1e-3, 0)),
+        ((1e-3, 8), (1e-3, 2)),
+    ],
+)
 def test_the_resumed_lr_is_the_new_runs_at_that_step(then, now):
     step = 3
     saved = stepped(built(*then), step)
     resumed = built(*now, weight_decay=0.1)
-    for g, s in zip(resumed.optimizer.optimizer.param_groups, saved.optimizer.optimizer.param_groups):
+    for g, s in zip(
+        resumed.optimizer.optimizer.param_groups, saved.optimizer.optimizer.param_groups
+    ):
         g["lr"], g["weight_decay"] = s["lr"], s["weight_decay"]  # what the load restores
     if saved.lr_scheduler is not None and resumed.lr_scheduler is not None:
         resumed.lr_scheduler.load_state_dict(saved.lr_scheduler.state_dict())

@@ -1,0 +1,108 @@
+"""The loss of one full batch on this rank: its slice cut and run (`sharded_loss`), its rows weighed over the step
+(`step_weights`). `run/engine.py`'s steps and the HF Trainer's loss (`integrations/hf_loss.py`) both run these, so
+both train the same loss (train.loss_average).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from ds_longctx.levers import attention_cache
+from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.parallel.sharding import shard_batch, trained_counts
+from ds_longctx.parallel.shared_prefix import shared_layout
+
+if TYPE_CHECKING:
+    from ds_longctx.run.lever_order import AppliedLevers
+
+
+def step_weights(
+    batches: list, state: ParallelState, average: str, device: Optional[torch.device] = None
+) -> tuple[list, int]:
+    """(per micro-batch, the weight of each of its rows; the step's trained tokens over every replica). The loss to
+    backprop is sum over rows of weight x the row's CE sum on this rank's slice; DeepSpeed averages gradients over
+    the W = sp x dp ranks, so weight = W / N makes the step's gradient that of (CE summed over every trained token
+    of the step) / N: N the step's trained tokens (`average` tokens), or N = the row's trained tokens x the step's
+    rows that train any (sequences). A row or a whole step without trained tokens weighs 0. Collective over dp, on
+    `device` (the engine's: nccl reduces CUDA tensors only; default the batches' own)."""
+    counts = [
+        trained_counts(b.input_ids, b.labels, b.position_ids).double() for b in batches
+    ]  # [b] each
+    sums = torch.stack(
+        [torch.cat(counts).sum(), (torch.cat(counts) > 0).sum().double()]
+    )  # tokens, rows
+    sums = sums if device is None else sums.to(device)
+    if state.dp_group is not None:
+        dist.all_reduce(sums, group=state.dp_group)
+    tokens, rows = float(sums[0]), float(sums[1])
+    w = state.world_size
+    if average == "tokens":
+        weights = [[w / max(tokens, 1.0)] * len(c) for c in counts]
+    else:
+        weights = [[w / (float(n) * rows) if n > 0 else 0.0 for n in c] for c in counts]
+    return weights, int(tokens)
+
+
+def sharded_loss(
+    run,
+    levers: AppliedLevers,
+    state: ParallelState,
+    device: torch.device,
+    input_ids: torch.Tensor,
+    position_ids: Optional[torch.Tensor] = None,
+    labels: Optional[torch.Tensor] = None,
+    row_weights: Optional[list] = None,
+    micro_batches: int = 1,
+    seq: Optional[torch.Tensor] = None,
+    n_seq: int = 0,
+    branch: Optional[torch.Tensor] = None,
+):
+    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
+    (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
+    loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention, starts the attention caches' step
+    and a mixture of experts' load balance (its counted rows: not the SP padding; its weight: one of the step's
+    `micro_batches`) first; fails if the model's attention did not go through Ulysses."""
+    shard = shard_batch(
+        input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids
+    )
+    attn = levers.attn
+    attn.cu_seqlens, attn.max_seqlen = shard.cu_seqlens, shard.max_seqlen
+    attn.shared = None if branch is None else shared_layout(position_ids[0], branch[0], shard.pad)
+    attention_cache.new_step(levers.layers)
+    if levers.moe is not None:
+        b, n = shard.input_ids.shape
+        valid = (
+            (torch.arange(n) + state.sp_rank * n < input_ids.shape[1]).expand(b, n)
+            if shard.pad
+            else None
+        )
+        levers.moe.aux.begin(
+            None if valid is None else valid.to(device), state.sp_size / micro_batches
+        )
+    calls_before = attn.calls
+    extra = {} if row_weights is None else {"row_weights": row_weights}
+    if (
+        seq is not None
+    ):  # preference rows: each trained token's sequence id, sharded and shifted as the labels are
+        seq = shard_batch(
+            input_ids, state.sp_size, state.sp_rank, labels=seq, position_ids=position_ids
+        ).shift_labels
+        extra = {"seq": seq.to(device), "n_seq": n_seq}
+    with record_function("ds_longctx.forward"):
+        out = run(
+            shard.input_ids.to(device),
+            shard.position_ids.to(device),
+            shard.shift_labels.to(device),
+            **extra,
+        )
+    if attn.calls == calls_before:
+        model = levers.head.model
+        raise RuntimeError(
+            f"{type(model).__name__} did not call the Ulysses attention function: its "
+            f"attention is not routed through transformers' AttentionInterface"
+        )
+    return out
