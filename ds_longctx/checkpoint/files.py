@@ -1,25 +1,9 @@
-"""The files of a checkpoint: whose each one is, what the manifest says it holds, and loading one without running
-any code it carries.
+"""The files of a checkpoint: each one's owning rank (`owner`), the manifest's size and sha256 per
+file, checking them before a load (`verify`), and loading without running code (`load`,
+`weights_only_loads`, ALLOWED globals).
 
-Manifest (meta.json's "files", format 2): every file of the tag directory but meta.json, as
-`{"bytes": size, "sha256": hex digest}` (format 1, before digests, held the size alone). A file is rank r's when
-DeepSpeed wrote it for r (`*zero_pp_rank_<r>_*`) or it is `rng_rank<r:05d>.pt`; every other file is rank 0's
-(`owner`). Each rank hashes its own files after a save and checks them before a load (`verify`): the size, the
-digest, and the globals its pickle names. A damaged or altered file is refused naming the rank, the file, the
-digest the manifest expects and the one found, before DeepSpeed's collective load starts.
-
-Cost: sha256 reads every byte once, about 1.5 GB/s per process on a CPU with SHA extensions (1.56 GB/s measured on
-the CI machine). A Qwen3-8B checkpoint is ~98 GB (12 bytes a parameter: fp32 master and two Adam moments; a ZeRO-3
-save writes no separate bf16 weights; plan/planner.disk_checkpoint_bytes): on 8 ranks each hashes ~12 GB, ~8 s at
-save and again at load; on one rank ~65 s each. Rank 0 shows a progress bar for files
-of more than PROGRESS_BYTES.
-
-Loading runs no code: `load` opens a file with `torch.load(weights_only=True)`, which builds tensors, numbers,
-strings and containers, and of other globals only those in ALLOWED: what DeepSpeed 0.19.8's ZeRO-3 optimizer states
-hold (a ZeroStageEnum and a LossScaler; its model states need none). `weights_only_loads()` makes every torch.load
-in this process weights-only for a block (DeepSpeed's own loads and zero_to_fp32's pass weights_only=False; torch's
-TORCH_FORCE_WEIGHTS_ONLY_LOAD overrides them). A file that asks for any other global is refused naming the file and
-the global (`unsafe_globals`, read from the pickle without running it, then torch's own refusal at load).
+A damaged or altered file is refused naming the rank, the file and both digests, before DeepSpeed's
+collective load. Manifest formats, hashing cost and the allowed globals: docs/design/checkpoint.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
-"""A run's directory and its checkpoints: what they hold, and which run may load a checkpoint. This is the one
-statement of that layout and that rule; every other module names its files from here.
+"""A run's directory and its checkpoints, and which run may load a checkpoint: the one statement of
+both.
 
-    <output_dir>/                        on one filesystem that every node mounts at the same path
-        checkpoints/latest               tag of the newest complete checkpoint, replaced atomically
-        checkpoints/step300/             DeepSpeed's files (ZeRO-3: one partition per rank), and ours:
-            meta.json                    step, run layout, data signature and every file's size and sha256; last
-            config.json                  the HF config the engine built (YaRN included): export's config
-            run.yaml                     the run config
-            rng_rank00000.pt             each rank's RNG states (checkpoint/rng.py)
-            universal/                   the layout-free form a resume at another layout reads, with its own
-                                         manifest (checkpoint/universal.py; `ds-longctx checkpoint reshard`)
-        checkpoints/.tmp-step300/        a save in progress, marked as ours; renamed to step300 once complete
-        run.yaml, ds_config.json         the run's config and its DeepSpeed JSON (RUN_MARKER: their digests)
-        metrics.jsonl, eval_curve.jsonl  one line per step / evaluation (run/metrics_log.py), answer_loss.jsonl
-        tensorboard/                     report_to's events
-        LOCK_FILE                        the one writer's lock (checkpoint/run_lock.py)
-
-A tag is `step<N>`, N the completed optimizer steps; meta.json's FORMAT says how its files are checked
-(checkpoint/files.py) and READS the formats this version loads.
-
-Which run may load a checkpoint: a resume, any world size, sp size and dp size that keeps the global batch
-(dp x micro_batch x grad_accum; another one only with allow_batch_change) and that the planner says fits the
-machine: ZeRO-3's partitions are per rank, so another layout cuts its own from the checkpoint's universal form
-(checkpoint/layout_change.py says what carries over, checkpoint/reshard.py loads it). `ds-longctx eval` reads the
-partitions as saved: the same world size and sp_size (`loadable`). A resume also needs the same model, numerics,
-data and optimizer layout; which keys may change instead (lr, steps, the memory levers, ...) is config/resume_keys.py's
-rule, and run/resume_changes.py applies them.
-"""
+Every other module names its files from here. A tag is `step<N>`; meta.json's FORMAT says how its
+files are checked and READS the formats this version loads. `ds-longctx eval` loads partitions only
+at the saved world and sp size; a resume at another layout reads the universal form. The full layout
+and rule: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Which layout may resume a checkpoint, and what carries over when it is another one.
 
-A checkpoint resumes at any world size, sp size and dp size (checkpoint/reshard.py cuts the new partitions). What
-must hold:
-- the global batch, dp x micro_batch x grad_accum sequences a step, is the checkpoint's: a step then trains the same
-  samples, and the sample stream continues where it stopped. Another global batch is refused unless
-  `allow_batch_change` (then the stream continues from the samples consumed, said in one line);
-- the new machine fits the run: the planner is asked before anything is loaded (`plan_problem`).
-
-The data position is counted in samples: step s of a run trains samples [offset + s*B, offset + (s+1)*B), B the
-global batch; `offset` is 0 until a resume changes B, and a checkpoint records the samples consumed (meta "samples").
-"""
+Any world, sp and dp size may resume if the global batch is the checkpoint's (else only with
+`allow_batch_change`) and the planner says the run fits (`plan_problem`). The data position is
+counted in samples (meta "samples"). Details: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

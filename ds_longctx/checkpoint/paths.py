@@ -1,12 +1,8 @@
 """Paths read out of a run's own files, kept inside the run.
 
-Every name the project takes from a run's files (`latest`, the tag in meta.json, the manifest's file names) or from
-the user as a tag (`resume_tag`, `--tag`) is resolved here, and only here: a tag is one plain path component, and
-every path, after symlinks, lies inside the checkpoint directory it was read from. Anything else is a
-CheckpointError naming the file and the value it holds, raised before the target is opened; what a link points at is
-never printed. train, resume, eval, export and `ds-longctx checkpoint` all find checkpoints through
-`resume.find_checkpoint`, which asks this module.
-"""
+Every tag or file name taken from a run's files or from the user is resolved here only: a tag is one
+plain path component, and every path, after symlinks, lies inside its checkpoint directory; anything
+else is a CheckpointError raised before the target is opened. Details: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

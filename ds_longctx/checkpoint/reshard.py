@@ -1,15 +1,10 @@
-"""A checkpoint resumed at another world size, sp size or dp size: each rank cuts its own ZeRO-3 partitions of the
-fp32 masters and Adam moments out of the checkpoint's universal form (checkpoint/universal.py) into the engine built
-for the new layout.
+"""A checkpoint resumed at another world size, sp size or dp size: each rank cuts its own ZeRO-3
+partitions of the fp32 masters and Adam moments out of the universal form (checkpoint/universal.py)
+into the new engine.
 
     load_universal(engine, tag_dir, manifest)    # collective only in that every rank does it; reads its slices
 
-Per sub-group of the new optimizer (DeepSpeed 0.19.8's `fp16_groups`, the order its flat buffers hold): each
-parameter's partition [rank * p, (rank + 1) * p) of its flat tensor, p = ceil(numel / W) over the parameter's
-partition group (every rank), zero past numel, as DeepSpeed's own universal load cuts it
-(`load_hp_checkpoint_state`). The fp32 flat buffer, `exp_avg`, `exp_avg_sq` and the optimizer's step are set; the
-bf16 partitions are copied from the fp32 ones, as after any ZeRO-3 load. Host memory: one sub-group's partition.
-"""
+The partitions are cut as DeepSpeed's own universal load cuts them; docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""One writer per output directory: an advisory lock on a file in it (LOCK_FILE), held for the life of a run or eval.
+"""One writer per output directory: an advisory lock on a file in it (LOCK_FILE), held for the life
+of a run or eval.
 
     if (holder := lock_holder(out)) ...           # who holds it now (None: free); opens nothing for writing
     lock = RunLock.acquire(out)                   # RunLockError naming the holder where another process holds it
     lock.release()                                # also at exit; the kernel lets go when the holder dies
 
-The lock is flock(2) on the file, exclusive, never waited for; the file records its holder (pid, host, since,
-command: parallel/disk.maker). `ds-longctx train` and `eval` take it in the launching process before any worker
-starts and name themselves to their workers in $DS_LONGCTX_RUN_LOCK (pid@host); a worker's rank 0 takes it itself
-otherwise (`take`: torchrun, deepspeed, accelerate, `python -m ds_longctx.train`), so every launch is covered.
-A lock file whose holder died is free to flock: it is taken over with one line naming the old holder. Release
-removes the file, then the directories the acquire created where they are still empty (a refused run leaves none).
-"""
+Exclusive flock(2), never waited for; the file records its holder. Who takes it, and takeover of a
+dead holder's lock: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

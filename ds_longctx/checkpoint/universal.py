@@ -1,21 +1,13 @@
-"""A ZeRO-3 checkpoint in a layout-free form: each trainable parameter's whole fp32 master and Adam moments, what a
-resume at another world size, sp size or dp size cuts its own partitions from (checkpoint/reshard.py).
+"""A ZeRO-3 checkpoint in a layout-free form: each trainable parameter's whole fp32 master and Adam
+moments, what a resume at another world size, sp size or dp size cuts its own partitions from
+(checkpoint/reshard.py).
 
     <tag>/universal/manifest.json                 source layout, optimizer step, every parameter, every file's sha256
     <tag>/universal/<param name>.safetensors      "fp32", "exp_avg", "exp_avg_sq": [numel] float32 each
 
-Where each piece comes from (DeepSpeed 0.19.8's ZeRO-3 save, `_rigid_state_dict`): rank r's optim file holds, per
-sub-group i, `fp32_flat_groups[i]` and the optimizer state `state[i]` (`exp_avg`, `exp_avg_sq`, `step`), each the
-concatenation, over that sub-group's parameters in `param_shapes[i]` order (the model file), of the parameter's
-r-th partition: ceil(numel / W) elements of the parameter flattened and zero-padded to W partitions. ZeRO-3
-partitions over every rank (Ulysses adds no axis of its own), so W is the world size whatever sp is.
-
-Writing streams one old rank at a time and one parameter fragment at a time into files laid out first (the
-safetensors header, then `os.pwrite` at each fragment's offset): host memory is a fragment plus the pages of the
-rank file being read (memory-mapped, dropped after each rank), never a whole model. Reading is a slice of a file
-(`safe_open(...).get_slice`): a rank reads its own partition only. Safetensors hold no code; every file is checked
-against the manifest's digest before anything is read from it.
-"""
+Writing streams one old rank and one fragment at a time, never a whole model in host memory; a rank
+reads only its slice; every file is checked against the manifest's digest first. Where each piece
+comes from: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 

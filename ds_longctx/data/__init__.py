@@ -1,50 +1,15 @@
-"""Training data: local files or a hub dataset -> token rows of exactly `seq_len` (the synthetic task: synthetic.py).
-
-Modules, each importing only those before it: scan.py (read local rows through, name every bad row) ->
-scan_source.py (a whole source) -> sources.py (find files, load documents) -> budget.py (one row's time budget) ->
-tokenize.py (tokenizer, token ids through the cache) -> rows.py (rows in the run's order, `Batch`) -> synthetic.py
-(the long-range task, same interface); this file holds the entry points and the checks that span them. prepare.py
-(`ds-longctx data prepare`) writes a corpus and its tokenizer: the standard library as documents (stdlib_corpus.py)
-or long agent sessions over it (agent_sessions.py).
+"""Training data: local files or a hub dataset -> token rows of exactly `seq_len` (synthetic task:
+synthetic.py).
 
     data = build_data(cfg, hf_config, dp_size)          # TokenRows (files) or SyntheticRetrieval ("synthetic")
     batch = data.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
     held = build_eval_data(cfg, hf_config)              # eval_data's rows, read the same way (None: no eval)
 
-Dimension legend: b micro batch, L seq_len, N documents, T tokens in the whole dataset, R rows.
-
-Sources (`cfg.data.source`): a .txt / .jsonl / .json / .parquet file, a directory of files of one format (a
-corpus directory of `ds-longctx data prepare`: its train.jsonl, and eval.jsonl as eval_data), or a `datasets` hub
-name (needs a reachable hub). Local files are read through before anything is converted
-(data/scan.py): a fault is refused naming the file, the line and the byte offset; a bad row (no text field, a
-value that is not a string, a line that is not JSON) too, or with `data.skip_bad_rows` it is left out, counted
-(`skipped_rows` in metrics.jsonl) and the first few named in the log. The text goes
-through the tokenizer in `datasets.map` (progress bar, cached in `data_cache_dir` under a fingerprint of the
-source, the tokenizer files and the options, so a second run and every other rank read the cache). Data that
-already has an `input_ids` column is used as token ids directly (checked against the vocabulary).
-
-Rows (`data.format`, or the first row decides): text, chat sessions (`messages`, rendered by the tokenizer's chat
-template), prompt/completion pairs, token ids (with their own `labels` or 0/1 mask). From tokenization on every
-document is `input_ids` + `labels` (IGNORE_INDEX where it does not train: prompts, tool output, padding;
-data/chat.py says which tokens of a session train), and every layout slices the labels with the tokens, so
-`Batch.labels` is always there; sharding.shift_labels turns them into next-token targets.
-
-Layouts (`cfg.data.layout`), all built lazily from the tokenized documents (one int per document kept in
-memory; a row's tokens are sliced from the memory-mapped Arrow stream when the row is used):
-- concat: documents with EOS appended, joined end to end into one stream of T tokens, cut into
-  R = T // L rows of exactly L tokens (the tail shorter than L is dropped). PG-19 style: books joined into
-  ~1M-token rows, a row may start mid-document.
-- pack: documents placed whole, in order, into rows of L (next fit); a document longer than L is cut into
-  pieces of L, each its own document. Position ids restart at 0 per document and the row's tail is padding
-  with ignored labels; `sharding.shard_batch` turns the restarts into `cu_seqlens` so attention never
-  crosses a document (needs a varlen kernel: refused by `check_packing` where there is none).
-- document: one document per row, its first L tokens; every document must have at least L tokens.
-
-Order: sample i of the run is row perm_e[i mod R] of epoch e = i // R, perm_e drawn from (seed, e) (or the
-identity with shuffle off); step s, dp replica r reads samples (s * dp + r) * b ... + b - 1. The order
-depends only on (seed, step): every SP rank of a replica reads the same row, replicas read different rows,
-and a resumed run continues it.
-"""
+Modules import only those before them: scan -> scan_source -> sources -> budget -> tokenize -> rows
+-> synthetic; this file holds the entry points and the checks that span them. Rules: a bad local row
+is refused or, with `data.skip_bad_rows`, counted and left out; every layout (concat, pack,
+document) slices labels with the tokens; the row order depends only on (seed, step). Sources,
+formats, layouts and order: docs/design/data.md."""
 
 from __future__ import annotations
 

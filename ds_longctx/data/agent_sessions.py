@@ -1,27 +1,13 @@
-"""Long agent sessions nobody here wrote the text of: the Python standard library read through tools, with questions
-whose answers sit far back in the session.
+"""Long agent sessions over the Python standard library read through tools, with questions whose
+answers sit far back in the session.
 
     ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576] [--seed 0]
                                                      [--vocab_size 32000 | --corpus CORPUS_DIR]
                                                      [--tokenizer MODEL_DIR] [--only json,...]
 
-DIR gets train.jsonl (one session a line: {"name", "tools", "messages", "meta"}; session_builder.py says how a session
-is made), tokenizer/ (a PreTrainedTokenizerFast carrying session_chat.CHAT_TEMPLATE, with `{% generation %}` markers)
-and the data card (data_card.md, data_card.json, and data_card.png where matplotlib is installed). Written as --stdlib
-writes (corpus_write.write_corpus): everything under DIR.partial, renamed to DIR at the end. `--data DIR` trains on
-train.jsonl; its `meta` is for evaluation and the trainer never reads it. Sessions that would not fit the memory
-they are built in, or the free space of --out, are refused before anything is read (`check_session_room`).
-
-Files: without --corpus, the standard library's .py files as --stdlib reads them (`stdlib_corpus.read_files`), each
-in the group of its document, and a byte-level BPE of `vocab_size` ids trained on them (`train_tokenizer`), the chat's
-special tokens among its ids. With --corpus (a directory `data prepare --stdlib` wrote), the files of its train.jsonl
-and eval.jsonl, each document cut at its `# file: <path>` lines (a file's text as the corpus holds it: a newline ends
-each), and the corpus's tokenizer with the chat's special tokens added. With --tokenizer (a model directory whose
-tokenizer has <|im_start|> and <|im_end|> as special tokens, e.g. SmolLM2's), that tokenizer as it is, no BPE trained:
-tokenizer/ is it with CHAT_TEMPLATE (ChatML with tools, as the model's own turns; <tool_call> is plain text to it), so
-a run's --tokenizer DIR/tokenizer trains the model on its own ids. Files holding the text of a special token (any
-added token of the tokenizer), or only whitespace, are left out. The same files, options and seed give the same bytes.
-"""
+DIR gets train.jsonl, tokenizer/ and the data card, written all or nothing
+(corpus_write.write_corpus). The same files, options and seed give the same bytes. Files, tokenizers
+and refusals: docs/design/data.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""Where each answer of a long agent session (`data prepare --sessions`) sits in the session's tokens, and its
-answer-to-evidence distance bucket (run/answer_loss.py measures the loss there).
+"""Where each answer of a long agent session sits in its tokens, and its answer-to-evidence distance
+bucket (run/answer_loss.py measures the loss there).
 
     ids, spans = answer_spans(tok, row)   # ids: the rendered session's tokens (what training reads, less its EOS)
     spans[k] = {"message", "kind", "distance_tokens", "bucket", "tokens": [a, b]}
     row = without_evidence(row)           # the same session, every answer's evidence blanked (the control)
 
-Span: tokens a .. b - 1 of `ids` cover the quoted value (`meta["answers"][k]["answer_chars"]` of the answer's content),
-found through the tokenizer's character offsets on the whole rendering; a token that straddles the value's edge is in.
-Buckets: `DISTANCE_EDGES` of the data card, named "0-1k", "1k-4k", ... "256k-1M", "1M+".
-"""
+Span and bucket rules: docs/design/data.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""A time budget for the work of one data row (its chat template's rendering): past it the row is refused, never
-waited for, whatever the template does (a loop nested past the sandbox's cap on one `range()`).
+"""A time budget for one data row's chat-template rendering: past it the row is refused, never
+waited for.
 
     with row_budget():      # RowOverBudget once ROW_BUDGET_S have passed; the caller refuses the row (file, line)
         ids, labels = session_tokens(...)
 
-SIGALRM on the main thread (a datasets worker process runs its rows there too), repeated every REPEAT_S until the
-row ends, so a template's own `except` cannot swallow it; RowOverBudget is a BaseException for the same reason. Off
-the main thread there is no budget (a signal reaches the main thread only). The timer is stopped and the previous
-handler restored on exit.
-"""
+SIGALRM, repeated every REPEAT_S, on the main thread only; docs/design/data.md says why."""
 
 from __future__ import annotations
 

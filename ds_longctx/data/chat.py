@@ -1,20 +1,10 @@
-"""Which tokens of a chat session train, through the tokenizer's chat template: its `{% generation %}` markers, else
-what each message adds to the rendering.
+"""Which tokens of a chat session train, through the tokenizer's chat template: its `{% generation
+%}` markers, else what each message adds to the rendering.
 
     ids, labels = session_tokens(tok, messages, tools, "assistant")   # labels[i] = ids[i] where it trains, else -100
 
-Which tokens of a session train (`train_on`; a message's own `"train": true|false` overrides it, tool output trains
-only under all):
-- a template with `{% generation %}` markers: the tokens HF's `return_assistant_tokens_mask` marks; where some
-  assistant message does not train, its k-th run of marked tokens is the k-th assistant message. Another message that
-  trains (by its own `train`, or under train_on all) is placed by the prefix rule below.
-- otherwise: what each trained message adds to the rendering (render the first i messages, then the first i + 1; the
-  difference is message i; an assistant message's starts where the rendering stops following its generation prompt,
-  the role header). A tail the template writes only when no generation prompt follows (Phi-3's EOS) is no message's.
-  The rendering of the first i + 1 messages must start the full one for every trained message i: a template that
-  rewrites earlier turns (drops their reasoning, moves the system prompt) is refused; last_assistant often still fits.
-- a token trains where its characters overlap a trained span (HF's rule).
-"""
+`train_on` picks the messages; a message's own `"train"` overrides it. A template that rewrites
+earlier turns is refused. The marker and prefix rules: docs/design/data.md."""
 
 from __future__ import annotations
 

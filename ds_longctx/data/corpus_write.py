@@ -1,12 +1,10 @@
-"""The all-or-nothing write every `ds-longctx data prepare` shares: --out checked before anything is read, then the
-tokenizer, the splits and the card written under `<out>.partial` and renamed to `<out>` at the end.
+"""The all-or-nothing write every `ds-longctx data prepare` shares: --out checked first, everything
+written under `<out>.partial` and renamed to `<out>` at the end.
 
     out = check_prepare_dir(args.out, "train.jsonl, tokenizer/ and the data card")
     card = write_corpus(out, {"train": bytes}, save, ids, make_card)
 
-A `<out>.partial` without parallel/disk.PARTIAL_MARKER is not prepare's: it is refused, never removed. A full disk or
-a permission is said in one line (DataError), with nothing left behind.
-"""
+A `<out>.partial` that is not prepare's is refused, never removed."""
 
 from __future__ import annotations
 

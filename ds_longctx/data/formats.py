@@ -1,14 +1,13 @@
-"""Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs, token ids with
-labels. Their row checks (a reason per bad row, for data/scan.py) and the token ids and labels of prompt/completion and
-token rows (data/tokenize.py); a session's: data/chat.py.
+"""Rows that say which of their tokens train: chat sessions (`messages`), prompt/completion pairs,
+token ids with labels: their row checks and the token ids and labels of pairs and token rows (a
+session's: data/chat.py).
 
     fmt = detect_format(first_row_keys, "text", "auto")          # text | messages | prompt_completion | tokens
     why = row_problem(obj, fmt)                                  # None, or what is wrong with one JSON row
     ids, labels = pair_tokens(tok, "prompt", "completion", "completion")   # labels[i] = ids[i] where it trains
 
-Rules that cost nothing to state: a label differs from its token only where the user's `labels` say so (any id in
-the vocabulary, or -100); the first token of a document is never a target (nothing precedes it).
-"""
+A label differs from its token only where the user's `labels` say so; a document's first token is
+never a target."""
 
 from __future__ import annotations
 

@@ -1,30 +1,13 @@
-"""One long agent session over a corpus of real files, built to a length in tokens (data/agent_sessions.py writes them).
+"""One long agent session over a corpus of real files, built to a length in tokens
+(data/agent_sessions.py writes them).
 
     maker = SessionMaker(files, Renderer(tok), min_tokens, max_tokens)
     row = maker.build(index, seed)      # {"name", "tools", "messages", "meta"}: the same row for the same (index, seed)
 
-A session: the system prompt (with TOOLS), the user's task, then module after module of the corpus (an order drawn
-from the seed): the user names it, the assistant lists a package's files, then reads each file (`read_file`, whose
-`tool` result is the file's text), now and then searches it; after a read the user may ask a question about a file
-read earlier, which the assistant answers from memory (a fact of data/code_facts.py, quoted). Three last questions
-ask about the farther half of the session.
-
-Length: a target T is drawn log-uniformly from [min_tokens + reserve + margin, max_tokens] (reserve: FINAL_QUESTIONS
-question-answer pairs of at most QA_BUDGET tokens; margin: `margin`); files are read, skipping any that would pass
-T - reserve or is over half of T, until the session is within margin of T - reserve (where no file fits, questions
-fill the gap); the last questions follow. So
-every session has between min_tokens and max_tokens tokens, rendered as a whole; a corpus that cannot fill one is
-refused, nothing is cut.
-
-Questions: a distance D is drawn log-uniformly (between MIN_DISTANCE and the session so far; the last questions:
-from half of it), and the fact comes from the file read about D tokens back, its evidence at least MIN_DISTANCE (the
-last questions: half the session) tokens before the answer. A fact is asked once, only while no
-other file read so far has a fact of its kind and subject (the question also names the file), and never when the
-question would hold its value. Per answer, `meta["answers"]` records its message, the evidence's tool message, the
-fact, the characters of the evidence in that tool message's content and of the value in the answer, and
-`distance_tokens`: the token index (in the rendered session) of the answer's first character less that of the
-evidence's last character.
-"""
+The assistant reads files through tools and answers questions about files read far back
+(data/code_facts.py). Every session has between min_tokens and max_tokens tokens; a corpus that
+cannot fill one is refused, nothing is cut. Length, question and `meta["answers"]` rules:
+docs/design/data.md."""
 
 from __future__ import annotations
 

@@ -25,19 +25,9 @@ HELD_OUT_SEED = 1_000_000  # seed shift of the held-out stream (`held_out`)
 class SyntheticRetrieval:
     """Key-value retrieval with long-range structure, identical for any world size and sp_size.
 
-    A sequence opens with `num_pairs` key-value pairs (`BOS k1 v1 k2 v2 ...`), then filler, then
-    `num_queries` queries `SEP k v` at the very end. Predicting a query's value needs the pair placed near
-    the start; `min_distance` is the shortest look-back (with the pairs in the first and the queries in the
-    last 5% of the sequence, every query looks >= 90% of it back). Sample `i` depends only on (seed, i).
-
-    Defaults: keys, values and filler are three equal thirds of the vocabulary above the 4 specials and
-    num_pairs = max(num_queries, pairs_fraction * seq_len / 2). `num_keys` / `num_values` narrow the keys
-    and values drawn, `num_pairs` sets the pairs exactly. `fused_pairs`: each pair is one token
-    (id = pair base + key * num_values + value, ids placed after the keys and values, filler after them):
-    `BOS p1 p2 ... <filler> SEP k v`; retrieving a value is then one attention hop (the query's key to the
-    pair token holding it) instead of an induction circuit (previous-token head + match), which a tiny
-    model learns in hundreds of CPU steps (benchmarks/bench_long_range.py). `supervise="queries"` puts the
-    labels on the query values only.
+    `BOS k1 v1 k2 v2 ... <filler> SEP k v ...`: pairs at the start, queries at the end, so a
+    query looks back >= `min_distance` tokens. Sample `i` depends only on (seed, i). Defaults,
+    `fused_pairs` and `supervise`: docs/design/data.md.
     """
 
     seq_len: int
@@ -158,9 +148,7 @@ class SyntheticRetrieval:
         return Batch(ids, labels=labels)
 
     def held_out(self) -> "SyntheticRetrieval":
-        """The same task drawn from another seed stream (the run's eval rows): sample i is drawn from
-        (seed + HELD_OUT_SEED) * 1_000_003 + i, which a training run of this seed would reach only after ~10^12
-        samples."""
+        """The same task from another seed stream (the run's eval rows)."""
         return replace(self, seed=self.seed + HELD_OUT_SEED)
 
     def signature(self) -> dict:

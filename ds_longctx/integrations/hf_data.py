@@ -1,28 +1,14 @@
-"""Rows for the HF Trainer under sequence parallelism: every rank of an SP group reads the same rows, the dp replicas
-read different ones, in `ds-longctx train`'s order; and the run's own token rows as a `datasets.Dataset`.
+"""Rows for the HF Trainer under sequence parallelism: every rank of an SP group reads the same
+rows, the dp replicas read different ones, in `ds-longctx train`'s order; and the run's own token
+rows as a `datasets.Dataset`.
 
     dataset = rows_dataset(cfg)                              # data/: files -> rows of seq_len (concat, pack, document)
     loader = train_loader(dataset, collate, state, micro_batch, seed, shuffle)
     loader = eval_loader(dataset, collate, state, batch_size)
 
 Dimension legend: b micro batch, L seq_len, R rows, dp data-parallel replicas (world / sp).
-
-Why not the Trainer's own loaders: `accelerator.prepare` shards a loader over all W processes, so the two ranks of
-an SP group would read different rows (their slices would belong to different sequences) and the Trainer would
-count sp times the steps of an epoch. These loaders are not prepared: batches stay on the host until the Trainer's
-`_prepare_inputs` moves them, and len(train loader) is one dp replica's micro-batches in an epoch (k = grad_accum:
-R // (dp * b * k) steps of k), what the Trainer counts epochs and max_steps by. Train order: optimizer step s of
-replica r reads the rows of samples `data.rows.step_samples(s, b * k, r, dp)`, b at a time, through
-`data.rows.RowOrder` (seeded per epoch): the rows `ds-longctx train` reads at step s. A Trainer epoch is
-R // (dp * b * k) steps of that one sample stream, so the order carries on across epochs as `ds-longctx train`'s
-does. Eval: every row once per dp replica group (torch's DistributedSampler over dp, the last rows repeated to even
-the replicas out).
-
-Masks (`masked_collate`): a row's `completion_mask` / `assistant_masks` (TRL's names, 1 where a token trains) are
-folded into its `labels` (`data.formats.folded_labels`, as `ds-longctx train` folds a tokens row's) before the
-trainer's collator sees it, so no step of the Trainer's (its unused-column removal, TRL's collator, which reads only
-`labels`) can drop them and train every token.
-"""
+Completion and assistant masks are folded into labels before the collator (`masked_collate`). Why
+not the Trainer's own loaders, and the order rules: docs/design/integrations.md."""
 
 from __future__ import annotations
 

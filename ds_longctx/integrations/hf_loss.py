@@ -1,24 +1,12 @@
-"""The loss under the HF Trainer: one optimizer step's rows weighed as `ds-longctx train` weighs them.
+"""The loss under the HF Trainer: one optimizer step's rows weighed as `ds-longctx train` weighs
+them.
 
-    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # the Trainer prefetches a step's k batches:
-                                                                        # their row weights are made here
+    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # row weights are made here
     loss = trainer.compute_loss(model, batches[i])                      # sum_r weight_r x CE sum of row r on the slice
 
-The loss (`train.loss_average`, `run/batch_loss.step_weights`): tokens, the CE summed over every trained token of the
-step (every micro-batch, every dp replica, every SP slice) over their count N; each row weighs W / N (W = sp x dp
-ranks: DeepSpeed averages gradients over W), so the gradient does not change with the world size. sequences: each
-row's token mean, averaged over the step's rows that train any. A row, a replica or a step without trained tokens
-weighs 0: zero loss, zero gradient, never NaN. The Trainer's `num_items_in_batch` is not used (it counts a row once
-per SP rank).
-
-What the Trainer logs: `training_step` returns this rank's share of the step's loss; the Trainer's mean over the W ranks
-of their sums over the step's micro-batches is then the step's loss, the one `ds-longctx train` writes.
-Evaluation (`prediction_step`): each batch's SP-group token mean.
-
-Which tokens of a batch train (`batch_labels`): `labels` (else the tokens themselves), never where `attention_mask` is
-0; `position_ids` that restart at 0 mark packed documents (TRL's packing / padding_free), whose last token predicts
-nothing. Mask columns were folded into `labels` before the collator (`hf_data.fold_masks`).
-"""
+The gradient does not change with the world size, a step without trained tokens weighs 0 (never
+NaN), and what the Trainer logs is the loss `ds-longctx train` writes. The weights and which tokens
+train: docs/design/integrations.md."""
 
 from __future__ import annotations
 

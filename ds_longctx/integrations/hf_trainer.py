@@ -1,49 +1,19 @@
-"""ds_longctx under the HF `Trainer` and TRL's `SFTTrainer`: Ulysses SP, the attention kernel, the chunked loss,
-tiled MLP, the placement plan (checkpoint / offload / attention cache) and the planner's DeepSpeed config.
+"""ds_longctx under the HF `Trainer` and TRL's `SFTTrainer`: Ulysses SP, the attention kernel, the
+chunked loss, tiled MLP, the placement plan and the planner's DeepSpeed config.
 
     from ds_longctx.integrations import hf_trainer as longctx
     cfg = longctx.run_config(sys.argv[1:])                           # --config my_run/run.yaml [--key value ...]
     args = longctx.training_args(cfg, SFTConfig, logging_steps=1)    # instead of SFTConfig(...)
     model = longctx.build_model(cfg)                                 # instead of from_pretrained(...)
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=rows_dataset(cfg), ...)
-    trainer.train()                                                  # (rows_dataset: hf_data.py, our data pipeline)
+    trainer.train()
     longctx.finish()                                                 # every rank done, groups down, exit 0
 
-Launch with `accelerate launch --config_file my_run/accelerate.yaml script.py ...`, `deepspeed --num_gpus N script.py`
-or torchrun; `launch/trl_sft.py` is a complete script.
-
-What `trainer(cls, cfg, ...)` changes (`LongCtxTrainerMixin`, put in front of `cls`):
-- levers: after the Trainer's own set-up, `run/lever_order.apply_levers` (the engine's steps 4-8: LoRA, attention
-  kernel + Ulysses, fused ops, tiled MLP, placement plan, loss head; the one home of their order) on the model, then
-  `levers/loss_head.route_forward`: the DeepSpeed engine the Trainer builds wraps the HF model, whose forward, given
-  our shift labels, runs the trunk and the chunked loss on this rank's slice.
-- data (hf_data.py): SP peers read the same rows, dp replicas different ones, in `ds-longctx train`'s order; an epoch
-  is rows / (dp x micro_batch x grad_accum) steps (never x sp), and the Trainer's batch size counts dp replicas, not
-  ranks. A row's `completion_mask` / `assistant_masks` are folded into its labels before the collator
-  (`hf_data.fold_masks`; completion_mask not under completion_only_loss=False), so none is dropped.
-- loss (hf_loss.py): `compute_loss` cuts the full rows into this rank's slice (`run/batch_loss.sharded_loss`: labels
-  shifted before slicing, packed documents -> cu_seqlens) and weighs each row as `ds-longctx train` does
-  (`run/batch_loss.step_weights` over every micro-batch of the optimizer step and every dp replica, train.loss_average),
-  so what the Trainer logs is, step for step, the loss `ds-longctx train` writes to metrics.jsonl, and gradient
-  accumulation (train.grad_accum) accumulates that one loss. Eval: the SP group's token mean of each batch (no
-  logits: the L x V logits never exist).
-- DeepSpeed: `training_args` hands the Trainer `plan/ds_config.hf_trainer_ds_config` (the run's JSON less
-  train_batch_size, which the Trainer would get wrong under SP) and sets every TrainingArguments field the Trainer
-  checks against that JSON (batch, accumulation, clipping, AdamW, warm-up, precision) from the same run config; a
-  different value passed for one of them is refused, naming the run-config key. DeepSpeed builds the optimizer (the
-  JSON's AdamW block) and, with warm-up, the WarmupLR schedule; without, the Trainer's "constant" one: as
-  `ds-longctx train`. Gradient checkpointing is the placement plan's, so the Trainer's own stays off.
-- resume: `train` runs with every torch.load weights-only (checkpoint/files.weights_only_loads; DeepSpeed's own
-  loads pass weights_only=False): a checkpoint file that asks to run code is refused.
-- optimizer state: `training_step` makes the Adam moments before the first batch (`run/optimizer_state.at_start`,
-  `optimizer.state_at_build`), after the Trainer's engine and any checkpoint it resumed, as `ds-longctx train` does
-  at build.
-
-Process group: `training_args` starts it through DeepSpeed (nccl on GPU, gloo on CPU) and configures accelerate's
-PartialState on it (`use_configured_state`): on CPU accelerate would otherwise see one process.
-Not here: resuming from a Trainer checkpoint in the middle of an epoch (the Trainer's batch skipping does not know
-this sampler); compute_metrics (it gets no logits).
-"""
+Launch with `accelerate launch`, `deepspeed` or torchrun; `launch/trl_sft.py` is a complete script.
+Rules: the levers go on in `run/lever_order.py`'s order, the loss and data order match `ds-longctx
+train` step for step, a TrainingArguments field that contradicts the run config is refused, and
+every torch.load is weights-only. What `trainer` changes and what is not supported:
+docs/design/integrations.md."""
 
 from __future__ import annotations
 
@@ -126,11 +96,9 @@ def trainer_ds_config(cfg) -> dict:
 
 
 def training_args(cfg, args_cls=None, **kwargs):
-    """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`, from
-    `hf_args.training_kwargs`: the fields in `owned_fields` come from `cfg` (a different value in kwargs is refused,
-    naming the key to change); output_dir, logging_steps and saving default to the run config's; an SFTConfig gets
-    max_length = seq_len and skips TRL's dataset preparation (the rows of `rows_dataset` are ready; `trainer` drops
-    the skip for a text dataset, which TRL then tokenizes). Starts the process group first (`start_processes`)."""
+    """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`
+    (`hf_args.training_kwargs`: the owned fields come from `cfg`, a different value is refused).
+    Starts the process group first."""
     start_processes(cfg)
     if args_cls is None:
         from transformers import TrainingArguments as args_cls

@@ -1,32 +1,7 @@
 """Attention cache: a layer keeps its attention output + LSE from the forward, so the checkpoint recompute skips
 attention.
 
-With activation checkpointing every decoder layer runs its forward twice: once in the forward pass (keeping
-only its input) and again in backward, to rebuild what backward needs. At long lengths attention dominates
-that recompute: Qwen3-8B at 131,072 tokens spends ~72% of its model FLOPs in attention, so the second
-attention forward is ~1/4 of all attention work in a step. Its backward needs only q, k, v (cheap to rebuild:
-projections, norms, RoPE, the all-to-all) and the kernel's output and log-sum-exp.
-
-How. Attention runs through our own autograd Function around a kernel pair (parallel/attention.py: a forward that
-returns the LSE and a backward that takes it). For a cached layer the Ulysses attention function hands that
-Function this layer's `Slot`: the first call of a step (the forward, under whichever checkpoint the placement
-gave the layer, torch's or DeepSpeed's) runs the kernel and keeps (out, LSE, ...) in the slot; the second call
-(the recompute, inside backward) takes them instead of running the kernel. The cache is independent of how the
-layer's checkpoint is kept, so it composes with offloaded checkpoints.
-
-Where the kept tensors live (the placement plan, levers/placement.py): `cache` layers keep them on the GPU (per
-cached layer S·(hq/sp)·d·2 + (hq/sp)·S·4 bytes per GPU: the size of one more layer checkpoint for Qwen3-8B);
-`cache+offload` layers copy them to pinned host memory on a side stream as soon as the forward made them and
-back when the recompute asks (a layer's output at 524,288 tokens, SP=2, is 2.1 GB: ~40 ms each way at the
-55 GB/s of pinned copies, against seconds of that layer's backward). Host buffers are exact-size pinned memory
-(pageable memory registered with cudaHostRegister: no power-of-two rounding) reused every step: the layer's region of
-the rank's pinned pool (levers/offload.py; the engine plans `offload.cache_region_bytes` per `cache+offload` layer and
-reserves the pool at build, so the first step allocates and pins nothing), carved into the kernel's tensors at the
-first forward; where no region was reserved, or the kernel's tensors do not fit it, buffers of the slot's own,
-registered at that forward.
-
-A step that ends without its backward (an exception, an eval forward) leaves slots full; `new_step()` (the
-engine calls it before every forward) empties them, so a stale output is never handed to another step.
+Design notes: docs/design/levers.md, section `attention_cache.py`.
 """
 
 from __future__ import annotations

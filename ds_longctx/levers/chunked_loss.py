@@ -1,38 +1,6 @@
 """lm_head + cross-entropy over row chunks, with its gradients computed in the forward pass.
 
-At 131,072 tokens per rank, Qwen3-8B's fp32 logits alone are 74 GiB (593 KiB per token), and plain
-``F.cross_entropy(F.linear(h, w).float(), y)`` keeps about three such tensors alive across its backward.
-``chunked_cross_entropy`` never builds the N x V logits: it walks ``chunk_size`` rows at a time, and
-because the loss is a scalar at the end of the graph it computes dL/dhidden and dL/dweight right there
-(Liger-Kernel's trick); backward only multiplies the stored gradients by grad_output.
-
-Dimensions:
-    N = rows (tokens on this rank; labels already shifted)    H = hidden size    V = vocab size
-    c = rows in one chunk (chunk_size, the last one may be shorter)
-
-Extra memory for bf16 inputs (chunk_size=4096, V=151,936, H=4096 in brackets):
-    per chunk   c x V x (2 bf16 logits, then 4 fp32 logits turned in place into probabilities,
-                then 2 for their bf16 cast) = c x V x 6 bytes, under the c x V x 4 x ~2 bound    [3.5 GiB]
-    whole loop  grad_weight fp32 accumulator V x H x 4                                      [2.3 GiB]
-    held until backward  grad_hidden N x H x 2, grad_weight V x H x 2 (bf16)   [1.0 GiB at N=131,072, 1.2 GiB]
-    peak over the inputs = N x H x 2 + V x H x 4 + c x V x 6 bytes                [6.8 GiB at N=131,072]
-On CUDA the weight gradient is accumulated with ``addmm(out_dtype=float32)``; CPU lacks that kernel,
-so there it multiplies fp32 copies of the [V, c] and [c, H] operands (CPU runs only the tests).
-Numerics: the same bf16 roundings as the plain path, except that with grad_output != 1 the stored bf16
-gradients are rounded once more when backward scales them (tests/levers/test_chunked_loss.py bounds the cost).
-
-Why not DeepSpeed's ``TiledFusedLogitsLoss`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py)?
-It also runs backward inside forward, but through ``torch.autograd.backward`` per shard, so the
-weight gradient lands in ``weight.grad`` during forward with a fixed incoming gradient of 1, and its
-backward rescales only the hidden gradient: with ``loss_sum / n_tokens`` (our caller) the lm_head
-gradient comes out n_tokens times too large (checked on deepspeed 0.19.8). It also accumulates that
-gradient across shards in the parameter dtype (bf16), takes a shard count rather than a size, and
-wants [b, s, H] inputs. Why not Liger's fused linear cross-entropy? Its kernels are Triton (no CPU,
-so no CPU tests), and by default it accumulates the weight gradient in bf16. Both are timed against
-this one in benchmarks/bench_chunked_loss.py.
-
-Under ZeRO-3 the weight must be gathered when this is called (inside lm_head's forward or under
-``deepspeed.zero.GatheredParameters``); backward does not need it again.
+Design notes: docs/design/levers.md, section `chunked_loss.py`.
 """
 
 from __future__ import annotations
@@ -120,10 +88,7 @@ def _one_chunk(
     grad_weight: torch.Tensor | None,
     hits: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Row losses [c] fp32 of one chunk; writes dL/dh_chunk into grad_hidden [c, H] and adds dL/dweight into
-    grad_weight [V, H] (either may be None), and into `hits` [c] whether the target's logit is the row's max (the
-    greedy choice; False on ignored rows). A function of its own so that the chunk's [c, V] tensors are
-    freed on return, before the next chunk's are allocated (a loop body would hold them one chunk longer)."""
+    """Row losses [c] fp32 of one chunk. More: docs/design/levers.md."""
     mask = valid.unsqueeze(1)  # [c] -> [c, 1]
     target = labels.masked_fill(~valid, 0).unsqueeze(
         1
@@ -249,10 +214,7 @@ def chunked_cross_entropy(
 ) -> torch.Tensor:
     """Sum over non-ignored rows of cross_entropy(hidden @ weight.T, labels), fp32, 0-dim.
 
-    hidden [N, H] and weight [V, H] share one float dtype; labels [N] int64, already shifted (label i is
-    row i's target), ``ignore_index`` rows contribute nothing. The caller divides by the token count
-    all-reduced over the sequence-parallel group. Gradients are those of
-    ``plain_cross_entropy`` (up to summation order); only ``chunk_size`` x V logits exist at a time.
+    Notes: docs/design/levers.md, `chunked_loss.py`.
     """
     _validate(hidden, weight, labels, chunk_size, ignore_index)
     if not torch.is_grad_enabled():  # needs_input_grad ignores no_grad: skip the gradient work here

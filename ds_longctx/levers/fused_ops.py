@@ -1,27 +1,6 @@
 """Fused token-wise kernels: RMSNorm, SwiGLU and rotary as one fused kernel each (Liger-Kernel, or torch.compile).
 
-HF's Qwen3 / Llama layers run these as chains of elementwise ops (RMSNorm: cast, square, mean, rsqrt, multiply,
-cast, multiply; SwiGLU: silu then multiply; rotary: rotate_half, two multiplies, an add), each reading and
-writing the whole [s/sp, H] or [s/sp, I] tensor (the `other` row of a step's profile:
-docs/calibration.md#fused-ops-auto). Liger-Kernel fuses each chain into one pass and keeps fewer tensors for backward.
-
-    names = apply_fused_ops(model, "liger")    # or "compile"; ["rms_norm", "rope", "swiglu"]: what was routed
-    remove_fused_ops(model)           # every module and the modeling module's rotary function restored
-
-What is patched (instance level, so other models in the process are untouched, except rotary, below):
-- every `*RMSNorm` module with `weight` and `variance_epsilon`: `LigerRMSNormFunction` (Llama casting: compute in
-  fp32, cast back, then the weight), not in place;
-- every gated MLP (`gate_proj`, `up_proj`, `down_proj`, silu activation): `down(LigerSiLUMul(gate(x), up(x)))`
-  (the Linear modules are still called, so ZeRO-3's hooks gather their weights as usual). Tiled MLP, applied after
-  this in the engine, replaces the MLP forward again: with it on, the MLP runs tiled and the SwiGLU is not fused;
-- rotary: `apply_rotary_pos_emb` in the model's modeling module (a module-level function the attention forward
-  looks up at call time) set to Liger's, and put back by `remove_fused_ops`; not with Liger where the rotary covers
-  part of the head (Qwen3.5's partial_rotary_factor 0.25: Liger rotates whole heads). Qwen3.5's zero-centred RMSNorm
-  (weight used as 1 + w, no `variance_epsilon`) and its gated RMSNorm are not routed.
-`liger` needs CUDA and Triton (`pip install liger-kernel`); `compile` compiles HF's own math for these three with
-TorchInductor (any device; the first step pays the compilation). Which is faster is for the device to say
-(benchmarks/bench_profile.py with `--fused_ops liger|compile`). Numerics: tests/levers/test_fused_ops.py (CPU),
-tests/gpu/test_fused_ops_gpu.py.
+Design notes: docs/design/levers.md, section `fused_ops.py`. Calibration: `docs/calibration.md#fused-ops-auto`.
 """
 
 from __future__ import annotations
@@ -111,20 +90,15 @@ def _kernels(kind: str, rope):
     raise ValueError(f"fused_ops={kind!r} is not one of liger, compile")
 
 
-# Graphs TorchDynamo may compile per function before it runs the rest eagerly (its `recompile_limit`, default 8).
-# Compiled with static shapes, one function meets every shape and grad mode of a run: `_rms_math` alone sees the
-# hidden-size norms, the q-head and KV-head norms, each on a full tile and on the shorter last one when the tile does
-# not divide the sequence, and the final norm, each with grad (recompute) and without (checkpointed forward): 14
-# graphs. Past 8, torch runs the eager norm, slower and holding more than the planner counts. 64 covers that with room.
+# TorchDynamo's per-function graph limit (`recompile_limit`); a run needs 14 (docs/design/levers.md).
 # calibrated: see docs/calibration.md#compile-shapes
 COMPILE_SHAPES = 64
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(rope):
-    """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU); compiled once per process, each
-    shape once: up to COMPILE_SHAPES graphs per function (`torch.compile(recompile_limit=)` where this torch has it,
-    else TorchDynamo's process-wide `recompile_limit` raised to it, with a log line)."""
+    """The same math, each chain fused by TorchInductor (Triton on GPU, C++ on CPU). More:
+    docs/design/levers.md."""
     import torch._dynamo
 
     kw = {"dynamic": False}

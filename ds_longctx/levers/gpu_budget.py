@@ -2,23 +2,7 @@
 
     memory.gpu_budget_gb: 64      # run config; `ds-longctx plan` writes its --gpu_mem_gb here; null: the whole GPU
 
-Why a cap: the caching allocator grows whenever it finds no free block, and a block that was used on another stream
-(`record_stream`: DeepSpeed's checkpoint-offload copies, ZeRO-3's all-gather stream) comes back only after that
-stream's work has run. With the host far ahead of the GPU (asynchronous offload, ZeRO-3 prefetch), each layer then
-gets new memory while the older, already-freed blocks wait, and a run reserves well past what it allocates
-(measured: docs/calibration.md#gpu-budget). Under a cap
-(`torch.cuda.set_per_process_memory_fraction`) the allocator, before it would pass the cap, waits for those blocks
-and returns its cached ones (what it does on a card that really has this much memory) and raises an out-of-memory
-error only when the live tensors do not fit.
-
-The cap is the budget less the CUDA context (which lives outside the allocator: the planner's `cuda_context` term),
-so what the run reserves plus its context stays within the budget. A budget at or above the card's memory sets
-nothing.
-
-The cap keeps a run inside its budget; `bound_run_ahead` keeps it near what it allocates, with or without a cap:
-the host may enqueue at most `memory.run_ahead_layers` decoder layers ahead of the GPU (an event per layer start;
-the host waits for the one that many layers back), so at most that many freed-but-waiting blocks per stream exist.
-The GPU still has that many layers queued (a layer at these lengths is ~1 s of GPU work, its launch a few ms).
+Design notes: docs/design/levers.md, section `gpu_budget.py`. Calibration: `docs/calibration.md#gpu-budget`.
 """
 
 from __future__ import annotations

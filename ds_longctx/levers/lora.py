@@ -4,30 +4,12 @@
     params = trainable_parameters(module)      # what deepspeed.initialize gets: the adapters (every param without LoRA)
     names = target_names(linears, targets, output)   # which Linears get adapters (the engine and the planner ask it)
 
-Each targeted Linear W [out, in] becomes W·x + (alpha / r)·B·(A·dropout(x)), A [r, in], B [out, r] (PEFT's
-`lora.Linear`). Injected with `peft.inject_adapter_in_model`, so the model keeps its class: `model.base_model`
-is still the decoder trunk and `model.get_output_embeddings()` the lm_head, as levers/loss_head.py expects
-(`get_peft_model` would put a PeftModel around it, whose `base_model` runs the whole causal LM). Base weight
-names gain `.base_layer` (`...q_proj.base_layer.weight`), adapters are `...q_proj.lora_A.default.weight`.
-
-Under ZeRO-3 the base is born partitioned (run/model.py's zero.Init); the adapters are made after it, as
-ordinary tensors, identical on every rank (drawn per parameter name from the seed, as run/model.init_weights
-draws the base), and `deepspeed.initialize` partitions them (it converts every parameter zero.Init did not
-make). Only they reach the optimizer: gradients, fp32 master weights and Adam state exist for the adapters
-alone, while the frozen base is still gathered layer by layer for forward and backward.
-
-`apply_lora` also makes the embedding output require grad (`enable_input_require_grads`): with the base
-frozen, nothing before the first adapter would need a gradient, so a checkpointed layer or a tiled MLP whose
-input needs no gradient would have its output cut from the graph and its adapters would get none.
-
-Module level imports no torch (the planner and the config import the rules here); PEFT is imported only when
-LoRA is on (`pip install ds-longctx[lora]`).
+Design notes: docs/design/levers.md, section `lora.py`.
 """
 
 from __future__ import annotations
 
-# torch and peft are imported inside the functions that use them: config/ and plan/ import this module, and
-# `ds-longctx plan` runs without them.
+# torch and peft are imported lazily: `ds-longctx plan` imports this module without them.
 import copy
 import logging
 import zlib
@@ -72,10 +54,8 @@ def _matches(name: str, target: str) -> bool:
 
 
 def target_names(linears: dict, targets, output: str) -> list:
-    """The full names of the Linears that get adapters, in module order: those whose name is a target or ends in
-    `.target`; for all-linear every Linear but `output` (the lm_head). `linears` is {name: (in, out)} of every
-    Linear (`model_linears`, or the planner's `ModelGeometry.linears`). Raises ValueError naming the fix when a
-    target matches no Linear or matches the output layer."""
+    """The full names of the Linears that get adapters, in module order. More:
+    docs/design/levers.md."""
     if targets == ALL_LINEAR or list(targets) == [ALL_LINEAR]:
         return [n for n in linears if n != output]
     check_targets(list(targets))
@@ -163,9 +143,8 @@ def inject(model, lora) -> list:
 
 
 def init_adapters(model, seed: int, init: str = "zero_b") -> None:
-    """Draw every adapter from a generator seeded by (seed, parameter name), on the parameter's device: the same
-    adapters for any world size or sp_size. A ~ U(±1/sqrt(in)) (PEFT's kaiming-uniform bound); B = 0 for
-    `zero_b` (PEFT's default), else drawn the same way (bound 1/sqrt(r))."""
+    """Draw every adapter from a generator seeded by (seed, parameter name), on the parameter's
+    device: the same adapters for any world size or sp_size. More: docs/design/levers.md."""
     import torch
 
     for name, p in model.named_parameters():

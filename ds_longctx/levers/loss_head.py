@@ -36,8 +36,7 @@ from ds_longctx.parallel.units import IGNORE_INDEX
 class LMHeadLoss(nn.Module):
     """lm_head + cross-entropy sum on the local slice, chunked or plain (chunked_loss.py).
 
-    The lm_head weight is registered as a ZeRO-3 *external* parameter of this module, so DeepSpeed gathers
-    it only while the loss runs (not for the whole forward) and the chunked Function can take it as input.
+    Notes: docs/design/levers.md, `loss_head.py`.
     """
 
     def __init__(self, lm_head: nn.Module, chunked: bool, chunk_rows: int):
@@ -76,13 +75,7 @@ class LossHead(nn.Module):
     """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count), or with
     `per_token=True` the slice's per-token CE [b, s/sp] and argmax hits (evaluation, under no_grad).
 
-    DeepSpeed averages gradients over all W = sp * dp ranks (see parallel_state.py for why DeepSpeed is not told
-    about SP). Given `row_weights` (`ds-longctx train`: run/batch_loss.py weighs the step's rows so that the step's loss
-    is its definition, train.loss_average), the loss to backprop is sum_r weight_r x CE sum of row r on this
-    slice. Without (the HF Trainer's batches), it is sp x CE sum on this slice / tokens of the whole SP group: the
-    mean over the dp replicas of each SP group's token-mean loss; a group without trained tokens gives 0.
-    A mixture of experts (`aux`) adds coef x its load-balancing loss over the SP group's sequences, weighed as
-    levers/moe_aux.py says (its gradient is added at the routers in the backward).
+    Notes: docs/design/levers.md, `loss_head.py`.
     """
 
     def __init__(
@@ -188,10 +181,8 @@ def route_forward(model: nn.Module, head: LossHead) -> None:
     triple (the trunk and the chunked loss on this rank's slice, with those row weights); without the labels keyword the
     model's own forward runs (generation unchanged).
 
-    For a wrapper that holds the HF model itself (the HF Trainer hands it to DeepSpeed) rather than the loss head:
-    the loss module becomes a child of the model, so ZeRO-3's hooks gather lm_head's weight for it (its external
-    parameter) as they do under `LossHead`. The forward is set on the instance, over whatever forward it had (TRL
-    sets its own the same way). Undo with `unroute_forward`."""
+    Notes: docs/design/levers.md, `loss_head.py`.
+    """
     if _PREV_FORWARD in model.__dict__:
         raise ValueError(
             f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first"

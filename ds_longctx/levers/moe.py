@@ -6,23 +6,7 @@ over the whole sequence (levers/moe_aux.py), and the sparse block over token til
     moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)   # per micro-batch (run/batch_loss.sharded_loss, LossHead)
     remove_moe(model)
 
-Dimensions: n rows of this rank's slice (b·s/sp), H hidden, E experts, k experts per token, t tile_tokens.
-
-Routing and the experts are per token, so each rank routes its own rows and runs them through its layer's experts:
-ZeRO-3 gathers a layer's experts (all E, as one [E, 2I, H] and one [E, H, I] tensor) as it gathers any parameter;
-there is no expert parallelism and no token exchange. The experts run transformers' own kernels
-(`experts_implementation`, set to grouped_mm: `torch.nn.functional.grouped_mm` where torch has it for the device and
-dtype, else transformers' per-expert loop); which one ran is logged at the first forward (`expert_kernel`).
-
-The router is transformers' Qwen3MoeTopKRouter computed here (`route`: logits, fp32 softmax, top-k, optional
-renormalisation) so that the load-balancing loss can see each rank's rows and add its gradient (moe_aux.py).
-
-Tiled (`tile_tokens`, the tiled MLP lever): router + dispatch + experts + combine run per tile of t rows under
-levers/tiled_mlp.TiledRows (forward without grad, each tile recomputed in backward, the block's weights gathered once
-per pass, each parameter's ZeRO-3 reduce hook fired once with the whole gradient). Output and gradients equal the
-untiled block's (tests/levers/test_moe.py). A block the tiles cannot compute from its weights (`tile_problem`: another
-router or experts layout, a patched forward) runs untiled; `MoeLever.untiled` says which and why, and the engine
-warns once with the memory it costs.
+Design notes: docs/design/levers.md, section `moe.py`.
 """
 
 from __future__ import annotations
@@ -109,10 +93,8 @@ def _experts_fn(experts: nn.Module) -> Callable:
 
 
 def tile_problem(block: nn.Module) -> Optional[str]:
-    """Why the tiles cannot compute `block` from its weights (None: they can). They need transformers' Qwen3-MoE
-    layout: a `gate` with a router weight [E, H], `top_k` and `norm_topk_prob`; `experts` with 3-D `gate_up_proj` /
-    `down_proj` (gated, concatenated, not transposed, no bias, no expert parallelism); no other parameter and no
-    forward patched on the instance by someone else."""
+    """Why the tiles cannot compute `block` from its weights (None: they can). More:
+    docs/design/levers.md."""
     gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
     if not isinstance(gate, nn.Module) or not isinstance(experts, nn.Module):
         return f"{type(block).__name__} has no gate / experts modules"
@@ -158,8 +140,7 @@ class _Patch:
 
 @dataclass
 class MoeLever:
-    """What apply_moe put on a model: the load-balancing statistics every router feeds, the sparse blocks, which of
-    them run tiled (tile_tokens) and which untiled with the reason, and the experts' kernel."""
+    """What apply_moe put on a model. More: docs/design/levers.md."""
 
     aux: LoadBalance
     blocks: list
@@ -197,8 +178,7 @@ def _block_forward(
         if x.shape[0] <= tile_tokens:
             return untiled(hidden)
         valid = aux.valid_rows(x.shape[0], x.device)  # [n]
-        # the block's weights gathered once per pass (a prefetch in flight, the lever applied after DeepSpeed's trace
-        # was recorded, is refused there by name)
+        # weights gathered once per pass; a prefetch in flight is refused there
         y = TiledRows.apply(
             tile, params, tile_tokens, lambda: _gathered(params), x, valid
         )  # [n, H]

@@ -6,26 +6,7 @@ its statistics summed over the SP group, its gradient added at each router.
     ... the trunk's forward: every router calls aux.record(probs, idx, valid) and with_aux_grad(logits, valid, aux)
     value = aux.finish(sp_group)    # coef x aux of the micro-batch's sequences (fp32, no graph); recording stops
 
-The loss (transformers' Qwen3-MoE, `output_router_logits`), over every sparse layer l and counted row t:
-
-    aux = E · Σ_e (C_e / R) · (P_e / R),   C_e = Σ_{l,t} [e in top-k(t)],  P_e = Σ_{l,t} p_{l,t,e},  R = Σ_l rows
-
-(rows of this micro-batch's sequences, every SP rank's; HF counts the rows its attention_mask keeps: here every token
-of a row, the SP padding appended by parallel/sharding.py excluded). Each rank records its rows' C, P and R in float64
-as its routers run; `finish` sums the 2E+1 numbers over the SP group (one all-reduce), so every rank holds the
-sequence's aux, equal to SP=1's. C is a count (no gradient), so for each counted row
-
-    ∂aux/∂p_{l,t,e} = E · C_e / R²,
-
-and `_AuxGrad`, an identity on the router logits, adds coef · weight · that through softmax's Jacobian in the backward.
-Nothing of the aux is kept between forward and backward but these numbers: a checkpointed layer's recompute (torch's
-or DeepSpeed's reentrant one) and a tiled block's recompute add the same gradient, and the statistics are the first
-forward's (a recompute after `finish` records nothing).
-
-The weight: DeepSpeed averages gradients over the W = sp · dp ranks (parallel/parallel_state.py), and each SP rank adds
-its own rows' share, so a micro-batch of weight sp / n_micro (run/engine.py) makes the step's aux gradient coef x the
-mean of its micro-batches' aux over its dp replicas; the loss head adds coef · weight · aux / sp to each rank's loss,
-which sums to the same over the W ranks (levers/loss_head.py).
+Design notes: docs/design/levers.md, section `moe_aux.py`.
 """
 
 from __future__ import annotations

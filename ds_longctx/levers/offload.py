@@ -1,20 +1,11 @@
 """CPU activation offload: the checkpoint function of `offload` layers, and our exact-size pinned pool.
 
-Each checkpointed decoder layer keeps its input `[b, s/sp, H]` until its backward; offload moves it to pinned host
-memory and brings it back on demand when backward reaches the layer. Two paths:
-- DeepSpeed's (`offload_checkpoint_function`): `deepspeed.checkpointing.checkpoint`, configured by the DeepSpeed
-  JSON's `activation_checkpointing` block (`activation_checkpointing_block`; `cpu_checkpointing` only on GPU).
-- Ours (`memory.pinned_pool: true`, `pool_checkpoint_function`): a reentrant checkpoint that copies the layer input
-  on a side stream into one exact-size slot of `PinnedPool`, one registered host block per rank that also holds the
-  offloaded attention caches' regions (attention_cache.py). The engine plans it (`plan_pool`) and makes it after
-  `deepspeed.initialize` (`reserve_pool`).
-Which layers offload is the placement plan's (placement.py). Why, and what it costs: docs/design/levers.md.
+Design notes: docs/design/levers.md, section `offload.py`.
 """
 
 from __future__ import annotations
 
-# torch and deepspeed are imported inside the functions that use them: the planner imports this module
-# (cache_region_bytes), and `ds-longctx plan` runs without them.
+# torch and deepspeed are imported lazily: `ds-longctx plan` imports this module without them.
 import logging
 import math
 from typing import TYPE_CHECKING, Callable
@@ -51,16 +42,14 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
 
 
 # ----------------------------------------------------------------------------- our own: one exact-size pinned pool
-ALIGN = 512  # bytes: where each region of the pool, and each tensor carved from one, starts (any dtype views from it)
+ALIGN = 512  # bytes: start of each pool region and carved tensor (any dtype views from it)
 
 
 class PinnedPool:
     """Exact-size pinned host memory for offloaded checkpoints and offloaded attention caches.
 
-    `reserve`: one host allocation per rank, registered with CUDA once: one slot per offloaded layer (its input) and
-    one byte region per `cache+offload` layer (its attention output and LSE, carved by attention_cache.Slot). Made at
-    build, else by the first slot or region asked for; a slot of another shape than reserved gets its own
-    registration (docs/design/levers.md). On CPU (tests) nothing is registered; the slicing is the same."""
+    Notes: docs/design/levers.md, `offload.py`.
+    """
 
     def __init__(self):
         self._reserved: dict = {}  # key -> its slice of the block
@@ -227,9 +216,8 @@ def plan_pool(
 def cache_region_bytes(
     micro_batch: int, seq_len: int, local_heads: int, head_dim: int, elem_bytes: int
 ) -> int:
-    """Pool bytes for one `cache+offload` layer (the engine's region, the planner's host term): the kernel output
-    [b, S, hq/sp, d] in the model dtype and its fp32 LSE [b, hq/sp, S], with room for a kernel that pads the LSE to
-    128 more rows and for its small extra tensors (cuDNN's seed / offset) and their alignment: 64 KiB."""
+    """Pool bytes for one `cache+offload` layer (the engine's region, the planner's host term).
+    More: docs/design/levers.md."""
     return (
         micro_batch * seq_len * local_heads * head_dim * elem_bytes
         + micro_batch * local_heads * (seq_len + 128) * 4
@@ -272,9 +260,8 @@ _POOL = PinnedPool()
 
 
 def pool_checkpoint_function(layer_index: int) -> Callable:
-    """The `_gradient_checkpointing_func` of an offloaded layer with our own pool (memory.pinned_pool): a reentrant
-    checkpoint (like DeepSpeed's) whose saved layer input is copied into this layer's exact-size pinned slot on a side
-    stream during the forward and copied back when its backward starts."""
+    """The `_gradient_checkpointing_func` of an offloaded layer with our own pool
+    (memory.pinned_pool). More: docs/design/levers.md."""
 
     def checkpoint(function, *args, **kwargs):
         kwargs.pop("use_reentrant", None)

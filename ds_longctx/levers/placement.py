@@ -4,25 +4,7 @@
                              placement=None, num_layers=36, auto_offload=lambda: 30)
     plan.spec()        # 'offload:30,keep:4,cache:2'   (what plan.txt and the engine's log print)
 
-placement_apply.py routes a model's layers as a plan says (`apply_placement`) and reads it back.
-
-Entries (`Place`), one per decoder layer, in layer order:
-    keep           activation checkpoint (the layer's input) on the GPU; the layer is recomputed in backward
-    offload        the checkpoint in pinned host memory, through DeepSpeed's checkpoint (offload.py)
-    cache          checkpoint on the GPU and the attention kernel's output + LSE kept on the GPU, so the
-                   recompute skips attention (attention_cache.py)
-    cache+offload  checkpoint and the kept attention output + LSE both in pinned host memory: no attention
-                   recompute, nothing of the layer held on the GPU between its forward and its backward
-    none           no checkpoint: every activation kept (activation_checkpointing: false, all layers)
-
-How a plan is made (`resolve_placement`): an explicit `placement` spec from the config (`offload:30,keep:6`), or
-from the counts: the first `offload_layers` layers offload (their checkpoints live longest, so their copies have
-the most time to overlap), the last `attention_cache_layers` layers cache; `auto` offload asks the planner
-(plan/search.py) for the fewest layers that fit. Every rule about which placements may be combined lives in
-`check_request` (needs no model) and `resolve_placement` (needs the layer count): nowhere else. The planner's
-memory terms (plan/planner.py) read the same plan.
-
-Torch-free at import: the planner and `ds-longctx plan` use it without torch.
+Design notes: docs/design/levers.md, section `placement.py`.
 """
 
 from __future__ import annotations
@@ -69,9 +51,8 @@ class PlacementPlan:
         checkpointing: bool = True,
         cacheable: Optional[tuple] = None,
     ) -> "PlacementPlan":
-        """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none` everywhere without
-        checkpointing). `cacheable` (per layer, None: all): the layers with softmax attention, the only ones a cache
-        can go to; the last `cache` of those cache. Counts are checked by `resolve_placement`; here they must fit."""
+        """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none`
+        everywhere without checkpointing). More: docs/design/levers.md."""
         if not checkpointing:
             return cls((Place.NONE,) * num_layers)
         if offload + cache > num_layers or min(offload, cache) < 0:
@@ -250,9 +231,8 @@ def resolve_placement(
     auto_offload: Optional[Callable[[], int]] = None,
     cacheable: Optional[tuple] = None,
 ) -> PlacementPlan:
-    """The run's plan for a model of `num_layers` decoder layers (see the module doc). `auto_offload()` answers
-    offload_layers='auto' (the planner's fewest layers that fit); it is called only then. `cacheable`: per layer,
-    whether it has softmax attention (a hybrid model's full-attention layers; None: every layer)."""
+    """The run's plan for a model of `num_layers` decoder layers. More:
+    docs/design/levers.md."""
     check_request(offload_layers, attention_cache_layers, checkpointing, placement)
     L = num_layers
     if placement is not None:

@@ -49,11 +49,7 @@ def apply_placement(
 ) -> PlacementPlan:
     """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
 
-    Enables transformers' non-reentrant checkpointing (unless the plan is all `none`), then sets each layer's
-    `_gradient_checkpointing_func`: keep -> torch's checkpoint (transformers' default), offload -> DeepSpeed's
-    checkpoint configured from `ds_config` (its `activation_checkpointing` block), or with `pinned_pool` our own
-    exact-size pinned pool (offload.pool_checkpoint_function); cache / cache+offload also get an attention slot
-    (attention_cache.py). Undo with `remove_placement`. Returns the plan read back from the layers.
+    Notes: docs/design/levers.md, `placement_apply.py`.
     """
     layers = decoder_layers(model)
     if len(layers) != len(plan):
@@ -92,8 +88,7 @@ def apply_placement(
 
 
 def applied_placement(model: nn.Module) -> PlacementPlan:
-    """What the layers were given, read off them: the checkpoint function (DeepSpeed's: offloaded) and the
-    attention slot (on the host or the GPU); `none` for a layer that is not checkpointed."""
+    """What the layers were given, read off them. More: docs/design/levers.md."""
     from ds_longctx.levers import attention_cache
 
     out = []

@@ -4,11 +4,7 @@
     logps = group_sum(logps, state.sp_group)                                # the whole sequences'
     out = dpo_loss(logps[0::2], logps[1::2], ref[:, 0], ref[:, 1], beta=0.1, loss_type="sigmoid")
 
-A row holds P pairs as 2P sequences: pair p's chosen is sequence 2p, its rejected 2p + 1. `shift_seq` is sharded
-and shifted like the labels (parallel/sharding.py): entry i names the sequence whose completion token is row i's
-target, IGNORE_INDEX where row i trains nothing. The log-prob of a token is minus its cross-entropy.
-
-Dimensions: N rows of this slice, H hidden, V vocab, c rows of one chunk, P pairs of a row.
+Design notes: docs/design/levers.md, section `preference.py`.
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """YaRN RoPE scaling: choose the factor for a target length and set it on the HF config before the model is built.
 
-Dimensions: d head_dim (d/2 rotary frequencies), s target sequence length, O the trained ("original")
-context, F the YaRN factor, b rope_theta.
-
-    apply_rope_scaling(hf_config, seq_len=1_048_576, mode="auto")   # then build the model from hf_config
-
-The rule. O is `trained_context(hf_config)`, the one home of which O a model gets: a config that already carries
-YaRN keeps its `original_max_position_embeddings` (so applying twice gives the same result); a model whose
-publisher documents YaRN against a shorter context than `max_position_embeddings` takes that one
-(`PUBLISHED_ORIGINAL`: Qwen3's cards enable YaRN with original_max_position_embeddings = 32768 although
-`max_position_embeddings` is 40960, so factor 4 -> 131,072 tokens, factor 32 -> 1,048,576); any other model
-takes `max_position_embeddings`. An explicit `original_max_position_embeddings` argument (or a rope_parameters
-dict) overrides it. F = s / O, rounded UP to a multiple of 1/8: F is then exact in binary, F x O is a whole
-number of positions >= s whenever 8 divides O, and the overshoot is at most O/8 positions.
-`max_position_embeddings` becomes max(old, s, F x O), so transformers' own check
-(max_position_embeddings / O == F) holds in the usual case.
-
-`yarn_inv_freq` is our own computation from the YaRN paper (Peng et al. 2023, arXiv:2309.00071,
-"NTK-by-parts" + attention temperature), written without transformers so the test can hold transformers'
-`ROPE_INIT_FUNCTIONS["yarn"]` to it. Per frequency i (theta_i = b^(-2i/d)) the number of rotations over
-the trained context is r_i = O theta_i / 2pi. Frequencies with r > beta_fast (32) keep theta_i (they
-already turned many times inside O), those with r < beta_slow (1) are interpolated to theta_i / F, and
-the ones between are blended. As in the authors' reference code (and transformers), the blend is linear
-in the frequency index i between the (fractional) indices where r = beta_fast and r = beta_slow, rounded
-outward (floor / ceil), rather than linear in r as the paper's formula reads. The attention temperature
-sqrt(1/t) = 0.1 ln F + 1 multiplies cos and sin, so q.k is scaled by 1/t.
+Design notes: docs/design/levers.md, section `rope.py`.
 """
 
 from __future__ import annotations
 
-# torch and transformers are imported inside the functions that use them: plan/geometry.py imports this module,
-# and `ds-longctx plan` runs without them.
+# torch and transformers are imported lazily: `ds-longctx plan` imports this module without them.
 import copy
 import logging
 import math
@@ -99,8 +74,8 @@ def trained_context_of(model_type: Optional[str], max_position_embeddings: int, 
 
 
 def yarn_problem(rope_type: Optional[str]) -> Optional[str]:
-    """Why YaRN cannot be set from seq_len over this RoPE (rope_scaling auto / yarn), or None: only a plain RoPE or
-    an existing YaRN is rescaled here (pure: the planner asks it too, so a plan says what `train` would refuse)."""
+    """Why YaRN cannot be set from seq_len over this RoPE (rope_scaling auto / yarn), or None. More:
+    docs/design/levers.md."""
     if (rope_type or "default") in ("default", "yarn"):
         return None
     return (
@@ -112,9 +87,8 @@ def yarn_problem(rope_type: Optional[str]) -> Optional[str]:
 def rope_problem(
     name: str, rope_type: Optional[str], trained: int, seq_len: int, mode: Union[str, dict] = "auto"
 ) -> Optional[str]:
-    """Why rope_scaling `mode` cannot train model `name` at seq_len, or None: auto past the trained context, and yarn
-    at any length, set YaRN, which rescales only a plain RoPE or an existing YaRN (`yarn_problem`). Pure: `plan`
-    asks it before its search, `train` before any worker (the same words)."""
+    """Why rope_scaling `mode` cannot train model `name` at seq_len, or None. More:
+    docs/design/levers.md."""
     if isinstance(mode, dict) or mode == "none" or (mode == "auto" and seq_len <= trained):
         return None
     if yarn_problem(rope_type) is None:
@@ -240,10 +214,7 @@ def apply_rope_scaling(
 ) -> Optional[dict]:
     """Set `hf_config.rope_parameters` (and max_position_embeddings >= seq_len) for training at `seq_len`.
 
-    mode: "auto" (YaRN when seq_len exceeds the trained context, else unchanged), "yarn" (always; factor 1.0,
-    a no-op YaRN, when seq_len fits), "none" (never; warns when seq_len exceeds the trained context), or an
-    explicit rope_parameters dict. Call before building the model. Returns the dict applied, or None when the
-    config was left unchanged. Logs one line saying what and why.
+    Notes: docs/design/levers.md, `rope.py`.
     """
     _check_seq_len(seq_len)
     trained = original_max_position_embeddings or trained_context(hf_config)

@@ -1,33 +1,6 @@
 """Tiled layer: a decoder layer's token-wise work in sequence tiles; only attention sees the whole slice.
 
-Dimensions: b batch, s local sequence, n = b*s rows, H hidden, I intermediate, hq / hkv heads, d head_dim,
-t tile_tokens, E = n·H·2 bytes (one bf16 hidden tensor).
-
-Why: with the MLP tiled (levers/tiled_mlp.py), the top layer's backward still holds the token-wise tensors of
-the rest of the layer, each as long as the slice: HF's RMSNorm saves an fp32 upcast and a normed copy (4·E per
-norm with the next matmul's saved input), q_norm / k_norm the same per head vector (3·n·(hq+hkv)·d·2), and the
-grads of each. At 604,160 tokens on 2 GPUs that is ~34 GB of the 43 GB layer phase (`ds-longctx plan`'s
-hidden_mlp_bwd / hidden_attn_bwd / qk_norm_saved terms) — the term that bounds the longest length (issue 12).
-
-What runs tiled (tiled_mlp.TiledRows: forward under no_grad tile by tile, only the inputs saved, each tile
-recomputed in backward; ZeRO-3 weights gathered once per pass, reduce hooks fired once per param):
-    pre   x -> input_layernorm -> q/k/v projections -> q_norm / k_norm -> rotary: q, k, v ([n, h·d] each, each
-          its own grad in backward) for the attention function (the same one the layer would call: Ulysses, the
-          attention cache). Saves x (the layer's checkpoint input itself) and the rotary cos / sin rows.
-    mlp   h -> post_attention_layernorm -> gated MLP: saves h = x + o_proj(attention).
-The layer's own forward still runs (so transformers' checkpointing, which wraps it, and every hook on the
-layer stay): its two norms are patched to pass their input through (their math moved into the tiles), its
-attention module's forward runs `pre` + attention + o_proj, its MLP's forward runs `mlp`. The residual adds
-save nothing; o_proj is called as a module and saves its input as before.
-
-Supported: decoder layers with `input_layernorm`, `post_attention_layernorm`, `self_attn` (plain nn.Linear
-q/k/v/o projections, optional `q_norm` / `k_norm`, rotary through the modeling module's
-`apply_rotary_pos_emb`) and a gated SiLU MLP (`down(act(gate(x)) * up(x))`): Qwen3, Qwen2, Llama, Mistral.
-Anything else (LoRA-wrapped projections, other layer shapes) is refused by name. Training only: a KV cache is
-refused. Numerics: tests/levers/test_tiled_layer.py (against the plain HF layer), tests/distributed.
-
-    n = apply_tiled_layer(model, tile_tokens=4096)   # every decoder layer; returns how many
-    remove_tiled_layer(model)                        # every patched forward restored
+Design notes: docs/design/levers.md, section `tiled_layer.py`.
 """
 
 from __future__ import annotations
@@ -312,9 +285,8 @@ def _decoder_layers(model: nn.Module) -> list:
 
 
 def apply_tiled_layer(model: nn.Module, tile_tokens: int) -> int:
-    """Tile every decoder layer's token-wise work (module doc); returns how many layers. Checks every layer
-    before patching any. Undo with `remove_tiled_layer(model)`. Apply after fused_ops / tiled MLP (their
-    forwards are the ones the tiles call for the norms; the MLP's is replaced)."""
+    """Tile every decoder layer's token-wise work (module doc); returns how many layers. More:
+    docs/design/levers.md."""
     _check_tile_tokens(tile_tokens)
     layers = _decoder_layers(model)
     if not layers:

@@ -3,38 +3,12 @@
     n = apply_tiled_mlp(model, tile_tokens=8192)   # patches every decoder layer's mlp.forward
     remove_tiled_mlp(model)                        # restores the original forwards
 
-Dimensions: b batch, s local sequence (this rank's slice), n = b*s rows, H hidden, I intermediate,
-T tile_tokens, k = ceil(n / T) tiles.
-
-What it saves: the MLP holds four [n, I] tensors (gate, up, act(gate), act*up); tiled, four [T, I]. Forward runs each
-tile under `no_grad` into one preallocated [n, H] output and saves only x; backward recomputes each tile with grad and
-writes x's grad tile by tile into one [n, H] buffer. A tile count of 1 (n <= T) calls the MLP directly.
-
-Invariants:
-- ZeRO-3's reduce hook fires once per parameter per step, with the whole grad, as without tiling: tiles 0..k-2 take
-  their parameter grads with `torch.autograd.grad` (no `.grad`, no hook) and sum them in fp32; the last tile runs an
-  ordinary backward and a one-shot tensor hook adds the sum on the grad's way into `.grad`. The grad is rounded to the
-  param dtype once. Cost: the fp32 sums of one layer's MLP weights during its backward. The MLP's params must be its
-  own (`mlp.parameters()`).
-- One all-gather per pass, not one per tile: for the gated form (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`,
-  detected by `_gated_parts`) the tiles call `F.linear` on the weights inside one `deepspeed.zero.GatheredParameters`
-  of the MLP's params, in forward and again in backward. The Linear modules are never entered (their hooks do not
-  run; DeepSpeed's fetch trace never lists them), and only params partitioned on entry are gathered and released.
-  Any other MLP (a Linear subclass such as LoRA, an activation with params, an instance-level forward, a z3-leaf
-  Linear) takes the per-tile path, with its per-tile gathers: every rank must then run the same number of tiles.
-- Under activation checkpointing the layer's recompute calls this Function's forward again; the forward's autocast
-  state is restored in the recompute. The MLP must be deterministic (no dropout): its RNG state is not replayed.
-
-Not DeepSpeed's `TiledMLP` (deepspeed/runtime/sequence_parallel/ulysses_sp.py): that one accumulates every tile into
-`.grad` in the param dtype (k roundings in bf16, ZeRO told to skip all but the last through a `ds_grad_is_ready`
-flag), never re-arms that flag when `torch.chunk` returns fewer pieces than asked, concatenates its output tiles (two
-[n, H] outputs at the forward peak) and does not carry autocast into the recompute (tests/levers/test_tiled_mlp.py
-shows the first two).
+Design notes: docs/design/levers.md, section `tiled_mlp.py`.
 """
 
 from __future__ import annotations
 
-# deepspeed is imported where ZeRO-3's partitioned parameters are gathered, not at import.
+# deepspeed is imported lazily, where ZeRO-3 params are gathered.
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -94,8 +68,7 @@ def _inflight(params: tuple) -> list[int]:
 def _gathered(params: tuple):
     """Hold the ZeRO-3-partitioned ones among `params` gathered for the block; a no-op for other params.
 
-    Only params partitioned on entry are gathered, and only they are released (re-partitioned) on exit:
-    params DeepSpeed already holds (persistent ones; a z3-leaf MLP's, fetched by its module hook) stay its own.
+    Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
     zero = [p for p in params if hasattr(p, "ds_id")]
     if not zero:
@@ -218,12 +191,7 @@ def _untiled_forward(mlp: nn.Module) -> Callable:
 def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
     """(gate_proj, up_proj, down_proj, act) when the tiles can compute `mlp` from its weights, else None.
 
-    Yes when the forward the tiles would call is the class's own (no instance-level forward), the three
-    parts are Linears with nn.Linear's forward (not LoRA or other subclasses), `act_fn` is a callable
-    without params (called through `.forward` when a Module, so no module hooks run per tile), the MLP
-    has no other params, and no part is a DeepSpeed z3-leaf module (its grads would be reduced by a
-    module backward hook that never runs here). The forward itself must be the gated form
-    `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, as in Qwen3MLP / LlamaMLP / MistralMLP.
+    Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
     patch = mlp.__dict__.get(_PATCH_ATTR)
     if (patch.instance_forward if patch is not None else own_forward(mlp)) is not MISSING:
@@ -258,10 +226,7 @@ def _gated_tile_fn(gate: nn.Linear, up: nn.Linear, down: nn.Linear, act: Callabl
 def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torch.Tensor:
     """`mlp(x)` computed over tiles of `tile_tokens` rows of the flattened [b*s, H] input.
 
-    Works on any row-wise module (each output row depends only on the same input row), e.g.
-    Qwen3MLP / LlamaMLP. x: [b, s, H] (or any [..., H]); returns [b, s, H_out]. When b*s <= tile_tokens
-    this is exactly `mlp(x)` (no recompute). A gated MLP (`_gated_parts`) is computed from its weights,
-    gathered once per pass under ZeRO-3; any other calls its original forward per tile.
+    Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
     _check_tile_tokens(tile_tokens)
     lead, hidden = x.shape[:-1], x.shape[-1]
@@ -271,8 +236,7 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
     params = tuple(mlp.parameters())
     gated = _gated_parts(mlp)
     if gated is not None and not _inflight(params):
-        # (in flight: DeepSpeed's trace still holds the Linears, e.g. tiled MLP was applied after some steps.
-        # The per-tile path lets its hooks wait; the trace then no longer matches and is re-recorded.)
+        # in flight (applied after DeepSpeed's trace was recorded): the per-tile path lets its hooks wait
         fn, gathered = _gated_tile_fn(*gated), (lambda: _gathered(params))
     else:
         fn, gathered = _untiled_forward(mlp), contextlib.nullcontext
@@ -293,9 +257,7 @@ def _decoder_mlps(model: nn.Module) -> list[nn.Module]:
 def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -> int:
     """Patch every decoder layer's gated `mlp.forward` to run tiled; returns how many MLPs were patched.
 
-    Apply before or after `deepspeed.initialize` (DeepSpeed's hooks sit on `__call__`, not `forward`).
-    Undo with `remove_tiled_mlp(model)`. `required=False`: a model without a gated MLP (a mixture of experts whose
-    every layer is sparse: levers/moe.py tiles those) patches nothing.
+    Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
     _check_tile_tokens(tile_tokens)
     mlps = _decoder_mlps(model)

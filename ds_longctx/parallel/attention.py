@@ -1,29 +1,6 @@
 """Which attention kernel runs: chosen once per process, logged once, used by every layer.
 
-Dimensions: b batch, h query heads (local), hk KV heads (local), s full sequence, d head dim.
-`attend(q, k, v, scale, ..., slot=None)` takes `[b, h, s, d]` / `[b, hk, s, d]` and returns `[b, s, h, d]`
-(transformers' attention-function convention), always causal.
-
-Backends (`kernels.attn_backend` in the run config):
-- `fa4`: FlashAttention 4 (`flash-attn-4`, the flash-attention project's CuTe-DSL kernels; SM90 / SM100), dense
-  and varlen, GQA without repeating KV.
-- `flash_attn`: the flash-attn 2 package (`flash_attn_func`, `flash_attn_varlen_func` for packed documents).
-- `sdpa_cudnn` / `sdpa_flash` / `sdpa_efficient` / `sdpa_math`: PyTorch SDPA pinned to one kernel.
-- `sdpa`: SDPA with the kernel picked per device: cuDNN on Hopper, else the flash kernel; on CPU whatever SDPA has.
-- `auto`: FA4 on Hopper when it imports (faster than cuDNN SDPA at our shapes: benchmarks/bench_attention.py),
-  else flash-attn 2 when installed on a non-Hopper GPU, else `sdpa`. The choice and its reason are logged.
-
-Kernel pairs (parallel/kernel_pairs.py). Where a backend exposes its forward with the log-sum-exp and a backward
-that takes them (FA4; SDPA's flash kernel on CPU; cuDNN SDPA's pair exists but is off, see CUDNN_PAIR), attention
-runs through our own autograd Function around that pair (`kernel_pair` picks it). That is what lets the attention
-cache keep a layer's output + LSE from its forward for the checkpoint recompute, and what the grouped backward
-(`set_head_groups`) splits. Other paths (flash-attn 2, the other SDPA kernels, fp32 on CUDA, packed documents without
-FA4) use the kernel's own autograd and cannot cache (a cache slot given to them is refused loudly once per process)
-or group.
-
-Packed documents (`cu_seqlens` of the full sequence, b == 1): FA4 varlen, flash-attn varlen,
-`torch.nn.attention.varlen.varlen_attn` on CUDA, or (CPU / tests, small s only) SDPA with a block-diagonal
-causal mask.
+Design notes: docs/design/parallel.md, section `attention.py`.
 """
 
 from __future__ import annotations
@@ -303,9 +280,7 @@ def attend(
 ) -> torch.Tensor:
     """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s, d]` -> `[b, s, h, d]`.
 
-    `cu_seqlens` (int32 `[n_docs + 1]`, offsets of documents in the full sequence) keeps packed documents
-    apart; it needs b == 1. `slot` (levers/attention_cache.py) keeps this call's output for the recompute, or
-    hands back the one kept; it needs a kernel pair (module doc).
+    Notes: docs/design/parallel.md, `attention.py`.
     """
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError(f"packed documents need micro_batch=1, got batch {q.shape[0]}")

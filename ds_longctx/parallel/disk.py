@@ -6,9 +6,7 @@ makes a partial output this project's own. Torch-free, at the bottom (data, run 
     clear_partial(dir, fix)                   # remove it only if it carries the marker and its maker is gone
     finish_partial(dir, dest)                 # the marker removed, the directory renamed into place
 
-Rule: nothing is deleted that this project did not make. A directory this project writes into before renaming it
-into place (`<out>.partial`, a save in progress) carries PARTIAL_MARKER from its creation; one without it is never
-removed: `clear_partial` raises NotOurs naming it, and the command refuses.
+Design notes: docs/design/parallel.md, section `disk.py`.
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ def size_text(n: float) -> str:
 
 
 def user_path(path: str) -> str:
-    """The one resolution of a path a user gives (config key or command option): a leading `~` expanded, so every
-    reader and writer (the lock, the files, the workers) means the same directory; a relative path stays relative
-    to the working directory, which a run's processes share, and is made absolute where it is opened."""
+    """The one resolution of a path a user gives (config key or command option). More:
+    docs/design/parallel.md."""
     return os.path.expanduser(path) if path.startswith("~") else path
 
 

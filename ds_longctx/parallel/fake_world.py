@@ -1,34 +1,11 @@
 """One rank of a world of N in one process: torch's fake process group, collectives of a symmetric world, counted.
 
-A rehearsal (`ds-longctx rehearse`) plays rank R of N with the real shapes: ZeRO-3 shards over N, Ulysses splits
-the sequence over sp. No data moves. Every collective instead returns what it would return if every rank held
-this rank's tensors (a *symmetric world*), so every output is written, finite where the inputs are, and scaled as
-in a real run:
-
-    all_gather        every chunk of the output = this rank's input
-    reduce_scatter    this rank's chunk of the input, x n for SUM (n ranks contributed the same), x 1 for AVG/MAX/MIN
-    all_to_all        every chunk of the output = the chunk this rank sends to itself
-    all_reduce        x n for SUM, x 1 for AVG / MAX / MIN (PRODUCT: ^n)
-    broadcast, barrier, *_object*  unchanged (the source holds what this rank holds)
-
-Each call is counted (`CollectiveLog`): its kind, its group's global ranks and its payload bytes (the full tensor a
-rank hands to the collective: the gathered output of an all-gather, the input of a reduce-scatter, all-to-all,
-all-reduce or broadcast). `plan/interconnect.py` turns those bytes into seconds.
-
-    log = fake_world.start(rank=3, world_size=8, per_node=8)    # env as the launcher sets it, fake group, wrappers
-    ...                                                          # build and run as any rank does
-    fake_world.stop()                                            # original collectives back, group destroyed
-
-Torch's own fake group (`torch.testing._internal.distributed.fake_pg`, a private module: `start` says so when it is
-missing) gives the process group and its work handles; the wrappers call it first, then write the outputs.
-DeepSpeed compares a few lists with rank 0 by broadcasting them (`assert_ints_same_as_other_ranks`); in a symmetric
-world they agree, so those checks return this rank's list (`start` patches them, `stop` restores them).
+Design notes: docs/design/parallel.md, section `fake_world.py`.
 """
 
 from __future__ import annotations
 
-# deepspeed and torch's private fake process group are imported by `start`, which alone needs them: checkpoint,
-# export and evaluate import this module to ask whether a rehearsal is running.
+# deepspeed and torch are imported in `start` only: light importers ask whether a rehearsal runs.
 import os
 import threading
 from collections import defaultdict
@@ -44,8 +21,8 @@ REHEARSAL_ENV = "DS_LONGCTX_REHEARSAL"  # set while a process plays a rank: "R/N
 
 @dataclass
 class CollectiveLog:
-    """Payload bytes per (kind, group ranks) since `reset`, and calls per kind. `scope` labels the calls made while
-    it is set (a decoder layer's index, or None outside the layers): `by_scope` keeps the same sums per label."""
+    """Payload bytes per (kind, group ranks) since `reset`, and calls per kind. More:
+    docs/design/parallel.md."""
 
     bytes: dict = field(default_factory=lambda: defaultdict(int))
     calls: dict = field(default_factory=lambda: defaultdict(int))
@@ -151,8 +128,8 @@ def stop() -> None:
 
 
 def refuse_in_rehearsal(what: str, error: type = RuntimeError) -> None:
-    """Raise `error` where a rehearsal must not go (a checkpoint, an eval, an export): it plays a rank on a fake
-    process group, so what it would write or measure is not a run's."""
+    """Raise `error` where a rehearsal must not go (a checkpoint, an eval, an export). More:
+    docs/design/parallel.md."""
     if active():
         raise error(
             f"{what} refused: this process is a rehearsal (rank {os.environ.get(REHEARSAL_ENV)} on a "

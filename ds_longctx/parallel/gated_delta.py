@@ -1,20 +1,7 @@
 """A gated DeltaNet layer's token mixing on whole sequences, documents kept apart: the causal depthwise conv1d and the
 gated delta rule, on the kernel chosen once per process (`linear_attn_backend`: FLA on a CUDA GPU, torch elsewhere).
 
-Dimensions: b batch (1 with packed documents), s the full sequence, c channels (this rank's q/k/v channels), K the
-conv kernel, hk / hv key / value heads (this rank's), dk / dv their dims, n documents.
-
-    y = causal_conv1d(x, w, cu_seqlens)                      # [b, s, c], [c, K] -> [b, s, c], SiLU applied
-    o = gated_delta_rule(q, k, v, g, beta, cu_seqlens)       # [b, s, hk, dk] x2, [b, s, hv, dv], [b, s, hv] x2
-
-Packed documents (`cu_seqlens`, int `[n + 1]` offsets in the full sequence): the conv1d window and the delta rule's
-state restart at each document. FLA takes cu_seqlens in both kernels; the torch path masks the conv window by each
-token's position in its document and runs the delta rule one document at a time from a zero state.
-
-Backends (`kernels.linear_attn_backend`): `fla` (flash-linear-attention's Triton / tilelang kernels, CUDA only),
-`torch` (the chunked algorithm below, any device, slow: per document, fp32), `auto` (FLA on a CUDA GPU when it
-imports, else torch: one warning with the cost when a GPU runs the torch path). A Hopper GPU with a Triton that FLA's
-gated backward gets wrong and no tilelang is refused (kernel_rules.fla_triton_refusal), never run.
+Design notes: docs/design/parallel.md, section `gated_delta.py`.
 """
 
 from __future__ import annotations
@@ -186,9 +173,8 @@ def gated_delta_rule(
     beta: torch.Tensor,
     cu_seqlens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The gated delta rule with q / k L2-normalised in the kernel (as Qwen3.5 calls it), state from zero at each
-    row and each document. q, k `[b, s, hk, dk]`, v `[b, s, hv, dv]` (hv a multiple of hk: each key head serves
-    hv / hk consecutive value heads), g (log decay, <= 0) and beta `[b, s, hv]` -> `[b, s, hv, dv]` in v's dtype."""
+    """The gated delta rule with q / k L2-normalised in the kernel (as Qwen3.5 calls it), state from
+    zero at each row and each document. More: docs/design/parallel.md."""
     if current_linear().backend == "fla" and q.is_cuda:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 

@@ -2,13 +2,7 @@
 through our own autograd Function (`_Attend`). parallel/attention.py picks the pair (`kernel_pair`) and routes
 through it; this module holds the pairs and the Function.
 
-Dimensions: b batch, h query heads (local), hk KV heads (local), s full sequence, d head dim.
-
-`_Attend` takes an optional cache slot (levers/attention_cache.py): a slot holding this layer's output + saved tensors
-(kept by its forward) is taken instead of running the kernel, which is how the checkpoint recompute skips attention.
-Grouped backward (`memory.attn_bwd_head_groups` G > 1, `set_head_groups`): the backward runs over G groups of KV
-heads (with their query heads) one after another, so the kernel's fp32 accumulators (dQ, and dK / dV with grouped
-heads: FlashAttention 4) exist for one group at a time; each group's grads are copied into the full dQ / dK / dV.
+Design notes: docs/design/parallel.md, section `kernel_pairs.py`.
 """
 
 from __future__ import annotations
@@ -18,9 +12,8 @@ import torch
 
 
 class _Pair:
-    """A forward that returns (out, saved tensors, meta) and the backward that takes them. q/k/v `[b, h, s, d]`.
-    `heads(out, saved, start, n)`: the same for query heads start..start+n (the grouped backward), where the pair
-    can split them (`splits_heads`)."""
+    """A forward that returns (out, saved tensors, meta) and the backward that takes them. More:
+    docs/design/parallel.md."""
 
     gqa = False  # the kernel reads fewer KV heads than query heads itself
     splits_heads = False
@@ -177,8 +170,7 @@ class _CpuFlashSDPA(_Pair):
 
 
 class _Attend(torch.autograd.Function):
-    """Attention through a kernel pair, with an optional cache slot: a slot holding this layer's output + saved
-    tensors (kept by its forward) is taken instead of running the kernel (the checkpoint recompute)."""
+    """Attention through a kernel pair, with an optional cache slot. More: docs/design/parallel.md."""
 
     @staticmethod
     def forward(ctx, q, k, v, pair, scale, cu, max_len, slot):

@@ -24,9 +24,9 @@ def head_dim(cfg) -> int:
 
 
 def check_attention_heads(heads: int, kv_heads: int, where: str = "the model") -> None:
-    """Grouped-query attention's rule, for the planner's geometry and the engine's preflight alike: every KV head
-    serves a whole group of query heads (heads a multiple of kv_heads, 1 <= kv_heads <= heads). Else the model does not
-    run (HF's attention repeats each KV head heads // kv_heads times and the shapes disagree, or trains to NaN)."""
+    """Grouped-query attention's rule, for the planner's geometry and the engine's preflight alike:
+    every KV head serves a whole group of query heads (heads a multiple of kv_heads, 1 <= kv_heads
+    <= heads). More: docs/design/parallel.md."""
     if kv_heads < 1 or kv_heads > heads or heads % kv_heads:
         fits = divisors(heads) if heads >= 1 else []
         raise ValueError(
@@ -53,9 +53,8 @@ def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
 
 
 def head_groups_split(groups: int, kv_heads: int, sp_size: int) -> bool:
-    """`groups` split the KV heads each rank attends at this sp (kv_heads / sp, or 1 head when sp replicates them)
-    evenly: the rule of `memory.attn_bwd_head_groups` (parallel/attention.py's grouped backward), which the run
-    config's check, the planner's search and its notes all ask."""
+    """`groups` split the KV heads each rank attends at this sp (kv_heads / sp, or 1 head when sp
+    replicates them) evenly. More: docs/design/parallel.md."""
     return groups >= 1 and local_kv_heads(kv_heads, sp_size) % groups == 0
 
 
@@ -73,9 +72,8 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
 
 # ----------------------------------------------------------------------------- hybrid models' layer types
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
-# Text models whose attention layers call transformers' ALL_ATTENTION_FUNCTIONS although their class leaves
-# `_supports_attention_backend` False (transformers 5.17 and 5.25's Qwen3.5); the engine still checks every batch that
-# the Ulysses function was called
+# Models calling ALL_ATTENTION_FUNCTIONS though `_supports_attention_backend` is False (transformers 5.17 and
+# 5.25's Qwen3.5); the engine still checks each batch that the Ulysses function ran
 INTERFACE_UNFLAGGED = ("qwen3_5_text",)
 LAYER_KINDS = (
     FULL_ATTENTION,
@@ -89,8 +87,8 @@ def _getter(cfg):
 
 
 def layer_types(cfg) -> tuple:
-    """Each decoder layer's token mixer of a model config (a dict or an HF config): its `layer_types`, else full
-    attention everywhere. The one home of this reading: the planner's geometry and the engine's checks ask it."""
+    """Each decoder layer's token mixer of a model config (a dict or an HF config). More:
+    docs/design/parallel.md."""
     get = _getter(cfg)
     kinds = get("layer_types")
     return tuple(kinds) if kinds else (FULL_ATTENTION,) * int(get("num_hidden_layers") or 0)

@@ -1,30 +1,6 @@
 """SP/DP layout and process groups in one frozen object, which owns the sequence-parallel size rule.
 
-Layout (world W, sequence-parallel degree sp, data-parallel degree dp = W / sp): SP groups are runs of
-consecutive ranks, so on one node the all-to-all stays on the fastest links:
-
-    W=4, sp=2:  SP groups [0,1] [2,3]      DP groups [0,2] [1,3]
-
-Across nodes the launchers number ranks node-major (torchrun: RANK = node rank · LOCAL_WORLD_SIZE + LOCAL_RANK;
-deepspeed's launcher the same), so an SP group stays inside one node whenever sp divides the processes per node,
-and DP runs across nodes: 2 nodes x 2 processes, sp=2: SP [0,1] on node 0, [2,3] on node 1, DP [0,2] [1,3].
-
-The rule (`sp_size_problem`, the only place it is written): sp divides the world size and the query heads, and
-either divides the KV heads or is a multiple of them (KV heads are then replicated, ulysses.py); given the processes
-per node, sp divides that too (no SP group straddles nodes; the run lifts this only with
-`parallel.sp_across_nodes`). A hybrid model's gated-DeltaNet layers (`linear_heads` = (key heads, value heads)) add
-the same rule at their widths: sp divides the value heads, and divides the key heads or is a multiple of them (key
-heads replicated, parallel/ulysses_linear.py); sp past the value heads would split one head's recurrence over ranks.
-Everything else asks it: `valid_sp_sizes` (the planner's search, error messages), `check_sp_size` (the run's
-preflight, `ds-longctx plan --sp_size`), `ParallelState.build` (validates itself, like torchtitan's ParallelDims), and
-`dp_size` (the DeepSpeed JSON's batch math). Torch-free at import: the planner uses it.
-
-DeepSpeed is *not* given this as an `mpu`: in DeepSpeed 0.19.8 the two ZeRO-3 gradient-reduction paths
-disagree on SP averaging (`__avg_scatter_contiguous_grads` divides by W/sp, `__avg_scatter_grads`, the
-default with reduce_scatter, by W), so gradients would depend on a bucket-size setting. DeepSpeed sees a
-plain W-rank data-parallel world (ZeRO-3 partitions over all W ranks, gradients averaged over W) and
-`levers/loss_head.LossHead` scales the loss by sp, which makes that average the mean over the dp replicas.
-sp_size == 1 is the explicit no-op path: no SP group is built.
+Design notes: docs/design/parallel.md, section `parallel_state.py`.
 """
 
 from __future__ import annotations
@@ -47,9 +23,7 @@ def sp_size_problem(
     per_node: Optional[int] = None,
     linear_heads: Optional[tuple] = None,
 ) -> Optional[str]:
-    """Why `sp_size` cannot run (None if it can). Heads None: only the world size is checked. `per_node`: the
-    processes per node (None: no node boundary to respect, e.g. sp_across_nodes). `linear_heads`: a hybrid model's
-    (linear_num_key_heads, linear_num_value_heads), None for a model without gated-DeltaNet layers."""
+    """Why `sp_size` cannot run (None if it can). More: docs/design/parallel.md."""
     if sp_size < 1 or world_size % sp_size:
         return f"sp_size={sp_size} does not divide world_size={world_size}"
     if per_node is not None and per_node % sp_size:
@@ -111,8 +85,7 @@ def local_linear_heads(linear_heads: tuple, sp_size: int) -> tuple:
 
 
 def local_kv_heads(num_kv_heads: int, sp_size: int) -> int:
-    """The KV heads each rank attends after Ulysses' exchange: num_kv_heads / sp, or 1 when sp > num_kv_heads
-    (the heads are replicated so each rank gets the one its query heads read)."""
+    """The KV heads each rank attends after Ulysses' exchange. More: docs/design/parallel.md."""
     return max(num_kv_heads // sp_size, 1)
 
 
@@ -167,8 +140,7 @@ def check_planned_world(
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing holds now: a rendezvous of our own launch (torchrun's --master_port) or a
-    plain-python world of one. A fixed one made two such jobs on one machine collide (EADDRINUSE on the second)."""
+    """A TCP port on 127.0.0.1 that nothing holds now. More: docs/design/parallel.md."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -259,9 +231,8 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
     """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if both are started.
     `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps DeepSpeed's default.
 
-    Where torch.distributed was started without DeepSpeed (a rehearsal's fake group, `parallel/fake_world.py`),
-    DeepSpeed's comm is put on that group: without it `deepspeed.comm.get_world_size` raises, and DeepSpeedConfig
-    (built by zero.Init) silently takes a world of 1, so its batch check fails wherever dp > 1."""
+    Notes: docs/design/parallel.md, `parallel_state.py`.
+    """
     import deepspeed
     import deepspeed.comm
     import torch
@@ -294,10 +265,8 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
 def leave(code: int = 0) -> None:
     """End this process now that its work is written: barrier, tear every process group down, flush, `os._exit`.
 
-    Skipping Python's teardown matters twice: an offloaded run's pinned host memory is not freed block by block (a
-    262k run with optimizer offload took more than 25 s to exit after "done"), and no C++ destructor of a still
-    running communication thread can end the process with "terminate called without an active exception" after the
-    job finished (seen at the exit of 2-4-process gloo runs)."""
+    Notes: docs/design/parallel.md, `parallel_state.py`.
+    """
     if "torch.distributed" in sys.modules:
         import torch.distributed as dist
 

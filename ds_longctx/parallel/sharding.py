@@ -1,17 +1,6 @@
 """Cut a batch into this rank's sequence slice.
 
-Dimension legend: b batch, L full (padded) length, L/sp local slice length.
-
-Every SP rank sees the whole batch and keeps its slice `[sp_rank * L/sp, (sp_rank+1) * L/sp)`. Labels are
-shifted on the full sequence *before* slicing (label i is the target of token i), so the token at a slice
-border still predicts the first token of the next slice: no label is lost. Position ids are global (the
-rotary embedding of token i is the one it has in the full sequence). A length not divisible by sp is padded
-at the end with ignored labels (padding after the last real token cannot change any real token under
-causal attention).
-
-Packed documents: position ids restart at 0 for each document; the label of a document's last token is
-ignored (it must not predict the next document), and `cu_seqlens` (document offsets in the full
-sequence) goes to the attention kernel so documents never attend to each other.
+Design notes: docs/design/parallel.md, section `sharding.py`.
 """
 
 from __future__ import annotations

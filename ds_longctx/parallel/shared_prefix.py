@@ -1,17 +1,6 @@
 """One shared prompt under two completions: attention over a row whose documents may branch.
 
-A document (its positions start at 0) whose tokens carry branch ids 0, 1, 2 in that order holds a shared prefix S
-(branch 0), then a first branch B1, then a second B2, the positions of both branches continuing S's. Each branch
-attends to S and to itself, never to the other. Attention runs over a virtual sequence in which S is written twice,
-as the documents S+B1 and S+B2; each token reads its output from its first copy (S, B1) or from S+B2 (B2), and
-autograd sums the gradients reaching S's keys and values over both copies. The layers' token-wise work runs once;
-attention over S runs twice (the second copy's query rows are dropped).
-
-    layout = shared_layout(position_ids[0], branch[0], pad)   # None where no document branches
-    q, k, v = (t[:, :, layout.gather] for t in (q, k, v))  # [b, h, s, d] -> [b, h, s', d]
-    out = attend(q, k, v, scale, layout.cu_seqlens, layout.max_seqlen)[:, layout.take]   # [b, s, h, d]
-
-Dimensions: s the row's tokens (SP padding included), s' the virtual sequence's (s + each shared prefix's length).
+Design notes: docs/design/parallel.md, section `shared_prefix.py`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Ulysses sequence parallelism around attention, plugged into transformers' attention interface.
 
-Dimension legend: b batch, s full sequence, s/sp local slice, h query heads, hk KV heads, d head dim,
-sp sequence-parallel degree, r = sp // hk KV replication factor (when sp > hk).
-
-Each rank holds s/sp tokens of every sequence. Everything outside attention is per-token, so it runs on
-the slice unchanged. Around attention an all-to-all trades the sequence split for a head split:
-
-    q [b, h, s/sp, d] -> [b, h/sp, s, d]      k, v [b, hk, s/sp, d] -> [b, max(hk/sp, 1), s, d]
-    attention on all s tokens, h/sp heads    out [b, s, h/sp, d] -> [b, s/sp, h, d]
-
-GQA: with sp <= hk each rank gets hk/sp KV heads; with hk < sp <= h the KV heads are replicated r = sp/hk
-times before the exchange so each rank gets the one KV head its h/sp query heads read.
-
-Written here rather than built on DeepSpeed's `ulysses_sp.UlyssesSPAttentionHF` because that class
-(a) overwrites transformers' global `sdpa` entry with no way back (we register our own key and remove it:
-`register()`/`unregister()`), (b) all-gathers position_ids in every layer (we derive document boundaries
-once per batch in `sharding.py`), (c) drops packed-document boundaries under SDPA (we pass cu_seqlens to a
-varlen kernel), (d) keeps its groups in module globals (we take a frozen `ParallelState`), and (e) leaves
-the kernel to transformers' dispatch (we pin it: `attention.py`). The exchange itself is the same
-all_to_all_single; tests/distributed/test_ulysses.py checks loss and every gradient against a plain
-single-process model.
+Design notes: docs/design/parallel.md, section `ulysses.py`.
 """
 
 from __future__ import annotations
@@ -41,8 +22,7 @@ ATTN_IMPLEMENTATION = "ds_longctx"
 class _SeqAllToAll(torch.autograd.Function):
     """all_to_all_single over the SP group that moves the split from one dim to another.
 
-    x `[..]` with dim `scatter_dim` split into sp chunks (chunk j goes to rank j) and the received chunks
-    concatenated along `gather_dim` in rank order. Backward is the same exchange with the dims swapped.
+    Notes: docs/design/parallel.md, `ulysses.py`.
     """
 
     @staticmethod
@@ -99,8 +79,7 @@ def seq_to_head_bshd(x: torch.Tensor, group) -> torch.Tensor:
 class UlyssesAttention:
     """The attention function transformers calls (registered under `ATTN_IMPLEMENTATION`).
 
-    Per batch the engine sets `doc_bounds` (cu_seqlens of the full sequence, or None for one document per
-    row); `calls` counts invocations so the engine can prove attention was routed through here.
+    Notes: docs/design/parallel.md, `ulysses.py`.
     """
 
     def __init__(self, state: ParallelState, num_heads: int, num_kv_heads: int):
@@ -171,18 +150,16 @@ _slot_lookup = [_no_slot]
 
 
 def set_slot_lookup(lookup: Optional[Callable]) -> None:
-    """How the attention function finds a layer's cache slot: `lookup(attention_module)` returns the slot
-    (parallel/kernel_pairs.py's `_Attend` keeps or hands back the output there) or None. The attention cache
-    (levers/attention_cache.py) registers its own when it gives a layer a slot; its lookup answers None for a module
-    without one, so it stays registered. None: the default, no layer has a slot."""
+    """How the attention function finds a layer's cache slot: `lookup(attention_module)` returns the
+    slot (parallel/kernel_pairs.py's `_Attend` keeps or hands back the output there) or None. More:
+    docs/design/parallel.md."""
     _slot_lookup[0] = lookup or _no_slot
 
 
 def register(model, state: ParallelState) -> UlyssesAttention:
     """Route `model`'s attention through Ulysses (also for sp_size 1: same kernel choice, packed docs).
 
-    Registers `ATTN_IMPLEMENTATION` in transformers' AttentionInterface (and no mask function, so
-    transformers builds no O(s^2) mask) and switches the model's config to it. Undo with `unregister`.
+    Notes: docs/design/parallel.md, `ulysses.py`.
     """
     global _REGISTERED
     from transformers import AttentionInterface

@@ -1,28 +1,6 @@
 """Ulysses sequence parallelism around a hybrid model's gated DeltaNet layers (Qwen3.5's `linear_attention`).
 
-Dimension legend: b batch, s full sequence, s/sp local slice, H hidden, hk / hv key / value heads, dk / dv their
-dims, sp sequence-parallel degree, r = sp // hk key-head replication (when sp > hk), c = 2·hk·dk + hv·dv channels.
-
-A gated DeltaNet layer is per-token work around two sequence mixers, its causal depthwise conv1d (a window of K
-tokens) and the gated delta rule (a recurrence over the whole sequence, per value head). Projections, gates and the
-gated RMSNorm stay on the sequence slice; around the two mixers an all-to-all trades the sequence split for a head
-split and back, as Ulysses does around softmax attention (ulysses.py):
-
-    in_proj_qkv / in_proj_z / in_proj_b / in_proj_a on [b, s/sp, H]   (slice)
-    q, k [b, s/sp, hk, dk] -> [b, s, hk/sp, dk]    v [b, s/sp, hv, dv] -> [b, s, hv/sp, dv]    g, beta likewise
-    conv1d (this rank's channels of the depthwise weight) + SiLU, gated delta rule on all s tokens    (heads)
-    out [b, s, hv/sp, dv] -> [b, s/sp, hv, dv]; gated RMSNorm with z, out_proj                       (slice)
-
-Grouped values: each key head serves hv / hk consecutive value heads, so rank j's value heads [j·hv/sp, (j+1)·hv/sp)
-read key heads [j·hk/sp, (j+1)·hk/sp) when sp divides hk; with hk < sp the key heads are repeated r times before the
-exchange so rank j gets the one key head (j // r) its value heads read, as KV heads are for attention. The conv is
-depthwise, so a replicated head is convolved with its own channels' weights on every rank that holds it; each rank's
-weight gradient covers its channels and ZeRO-3's sum over the ranks gives the whole. The sp sizes this allows are
-parallel_state.sp_size_problem's (one rule). Packed documents: the full sequence's cu_seqlens (the same the attention
-function holds for the batch, `UlyssesAttention.cu_seqlens`) go to both mixers (gated_delta.py).
-
-    mixing = install(model, state, attn)     # every gated DeltaNet layer's forward (and its conv1d's) replaced
-    uninstall(model)                         # both restored, exactly
+Design notes: docs/design/parallel.md, section `ulysses_linear.py`.
 """
 
 from __future__ import annotations
@@ -109,8 +87,8 @@ class LinearMixing:
         return self._channels
 
     def mix(self, module: nn.Module, q, k, v, g, beta) -> torch.Tensor:
-        """conv1d + SiLU and the gated delta rule over the whole sequence for this rank's heads. q, k
-        `[b, s/sp, hk, dk]`, v `[b, s/sp, hv, dv]`, g (fp32) and beta `[b, s/sp, hv]` -> `[b, s/sp, hv, dv]`."""
+        """conv1d + SiLU and the gated delta rule over the whole sequence for this rank's heads.
+        More: docs/design/parallel.md."""
         self.calls += 1
         group, cu = self.state.sp_group, self.attn.cu_seqlens
         if cu is not None and q.shape[0] != 1:
@@ -202,9 +180,8 @@ def _replace(module: nn.Module, forward) -> None:
 
 
 def install(model: nn.Module, state: ParallelState, attn) -> Optional[LinearMixing]:
-    """Route every gated DeltaNet layer of `model` through the exchange (also at sp 1: the same kernels and document
-    bounds). `attn`: the model's Ulysses attention function (ulysses.register), whose cu_seqlens the engine sets per
-    batch. None when the model has no such layer. Undo with `uninstall`."""
+    """Route every gated DeltaNet layer of `model` through the exchange (also at sp 1: the same
+    kernels and document bounds). More: docs/design/parallel.md."""
     layers = linear_modules(model)
     if not layers:
         return None

@@ -22,11 +22,11 @@ from ds_longctx.plan.search import (
 )
 from ds_longctx.plan.search_notes import POOL_HOW
 
-# FlashAttention 4's causal forward at Ulysses shapes on H200, FLOP/s: what one skipped recompute saves, for the notes.
+# FlashAttention 4's causal forward at Ulysses shapes on H200, FLOP/s.
 # calibrated: see docs/calibration.md#attention-fwd-flops
 ATTENTION_FWD_FLOPS = 660e12
-# What the tiled layer costs a step beyond the tiled MLP, seconds per token of one rank's slice (its extra work, the
-# q/k/v projections' tile recompute, is linear in the slice). calibrated: see docs/calibration.md#tiled-layer-seconds
+# What the tiled layer costs a step beyond the tiled MLP, per token of one rank's slice.
+# calibrated: see docs/calibration.md#tiled-layer-seconds
 TILED_LAYER_SECONDS_PER_TOKEN = 2.36 / 131_072
 
 
@@ -46,17 +46,7 @@ def fastest_placement(
 ) -> Choice:
     """`choice`'s levers with the per-layer placement that skips the most attention recomputes and still fits.
 
-    Each cached layer (levers/attention_cache.py) saves one attention forward in its checkpoint recompute, the
-    biggest single cost of a long-context step; a host copy of a kept output costs ~1% of that (2 × its bytes
-    at ~55 GB/s, overlapped). So: the most cached layers n = x + y that fit, x of them with the output on the GPU
-    (`cache`, the top layers: their cache lives shortest) and y in pinned host memory (`cache+offload`, checkpoint
-    there too), preferring GPU caches (no copies); the other layers keep their checkpoint on the GPU (`keep`) as
-    far as it fits, the rest `offload`. Order in the plan: offload, cache+offload, keep, cache (host-side layers
-    first: their checkpoints live longest). Same sp / loss chunk / optimizer placement as `choice`.
-    Two levers are added where they let more layers cache: the exact-size pinned pool (host room: no power-of-two
-    buffers; GPU room: one checkpoint restored at a time; free), and the tiled layer (GPU room; taken only when the
-    attention forwards it skips outweigh its estimated cost, TILED_LAYER_SECONDS_PER_TOKEN). The cache needs a kernel
-    pair (FlashAttention 4 on Hopper): with another kernel cached layers recompute.
+    The rule, its orders and costs: docs/design/plan.md (attention cache placement).
     """
     plan = choice.plan
     geom = plan.geom

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 NODE_HOST_GB = {1: 128, 2: 256, 4: 512}  # host RAM of the H200 machines this project runs on
 NODE_HOST_CAP_GB = 560  # the 8-GPU node
-# The committed configs (`ds_configs/<name>/`): plan arguments, host RAM given explicitly so that a change of
-# the --host_mem_gb default never changes them silently.
+# host RAM given explicitly so that a change of the --host_mem_gb default never changes them
 COMMITTED = {
     "qwen3-8b_1m_8x80gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb 560",
     "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb 560",
@@ -26,8 +25,7 @@ COMMITTED = {
     "--host_mem_gb 560",
     "qwen3-30b-a3b_max_8x141gb": "--model qwen3-30b-a3b --find_max_len --gpus 8 --gpu_mem_gb 141 --gpu h200 "
     "--host_mem_gb 560",
-    # Qwen3.5 (hybrid): the 4B at 1M tokens and its longest; the 27B does not fit 1M on one 8-GPU node (its plan's
-    # refusal says what would), so its longest length
+    # the 27B does not fit 1M on one 8-GPU node, so its longest length
     "qwen3.5-4b_1m_8x80gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb "
     "560",
     "qwen3.5-4b_1m_8x141gb": "--model qwen3.5-4b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "
@@ -43,5 +41,5 @@ COMMITTED = {
 
 
 def default_host_mem_gb(gpus: int) -> float:
-    """128 GB per GPU up to the 8-GPU node's 560 GB: the machines here (1: 128, 2: 256, 4: 512, 8: 560)."""
+    """128 GB per GPU up to the 8-GPU node's 560 GB."""
     return NODE_HOST_GB.get(gpus, min(128 * gpus, NODE_HOST_CAP_GB))

@@ -35,10 +35,7 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
         "gradient_clipping": cfg.optimizer.grad_clip,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        "optimizer": {
-            "type": "AdamW",
-            "params": opt_params,
-        },  # the lr schedule: plan/lr_schedule.py, not a block
+        "optimizer": {"type": "AdamW", "params": opt_params},
         "bf16": {"enabled": bf16},
         "zero_optimization": {
             "stage": 3,
@@ -54,20 +51,14 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     }
     if cfg.optimizer.offload:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-        if (
-            cfg.optimizer.offload_ratio < 1
-        ):  # partial offload: DeepSpeed's first int((1-ratio)·n) sub-groups on GPU
+        if cfg.optimizer.offload_ratio < 1:
             ds["zero_optimization"]["offload_optimizer"]["ratio"] = cfg.optimizer.offload_ratio
             ds["zero_optimization"]["sub_group_size"] = offload_sub_group_elems(
                 ModelGeometry.from_name_or_path(cfg.model.name), world_size
             )
-        opt_params.pop(
-            "torch_adam", None
-        )  # offloaded Adam is DeepSpeedCPUAdam (built on first use)
+        opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam
     if cfg.optimizer.offload_params:
-        # pin_memory false: zero.Init's per-parameter partitions stay unpinned (each pinned one would be a power-of-two
-        # block of torch's host cache, held after the move); the stage-3 optimizer pins its one flat buffer anyway
-        # (stage3.py `_create_param_groups_fp16_flat_cpu_memory`)
+        # unpinned: see docs/design/plan.md (DeepSpeed config)
         ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(
@@ -77,14 +68,8 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
 
 
 def hf_trainer_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
-    """`build_ds_config` for the HF Trainer: the same dict without `train_batch_size`.
-
-    The Trainer checks that key against world_size x micro_batch x grad_accum (transformers' HfTrainerDeepSpeedConfig
-    knows no sequence parallelism: with sp > 1 it reports a mismatch) and accelerate fills it the same way when it is
-    "auto". Left out, neither touches it and DeepSpeed derives micro_batch x grad_accum x world_size / sp_size from
-    `sequence_parallel_size`: the value `build_ds_config` writes. Every other key the Trainer checks (micro batch,
-    accumulation, clipping, the AdamW block, bf16) is matched by `training_args`; the lr schedule is the Trainer's
-    `create_scheduler` (plan/lr_schedule.py)."""
+    """`build_ds_config` for the HF Trainer: the same dict without `train_batch_size`, which the
+    Trainer would check against a world size that ignores sp (docs/design/plan.md)."""
     ds = build_ds_config(cfg, world_size, on_gpu)
     del ds["train_batch_size"]
     return ds

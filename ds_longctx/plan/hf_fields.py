@@ -1,6 +1,6 @@
-"""The fields of an HF config.json read as transformers' config classes read them (no torch, no transformers): a key
-left out takes its family's default, a null is derived where transformers derives it and refused where transformers
-cannot build the model, a flag is a JSON boolean, and a sliding window is found where transformers applies one.
+"""The fields of an HF config.json read as transformers' config classes read them (no torch): a
+missing key takes its family's default, a null is derived or refused as transformers does, a flag is
+a JSON boolean.
 
     kv = field(cfg, "qwen3", "num_key_value_heads", heads, where)   # absent: 32, Qwen3Config's default
     window = sliding_window(cfg, "mistral", layers, where)          # 4096 where the key is absent; None: no window
@@ -14,8 +14,7 @@ from typing import Optional
 
 from ds_longctx.parallel import kernel_rules
 
-# transformers' config-class defaults for the keys a config.json may leave out, where they are not the planner's own
-# fallback (head_dim: hidden / heads; num_key_value_heads: heads)
+# transformers' config-class defaults, where they differ from the planner's fallback
 DEFAULTS = {
     "qwen3": {
         "head_dim": 128,
@@ -37,23 +36,18 @@ DEFAULTS = {
     },
     "qwen3_5_text": {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 32768},
 }
-# the families whose config class turns a null into the fallback; for the others a null fails in transformers
 NULL_IS_FALLBACK = {
     "head_dim": ("llama", "mistral"),
     "num_key_value_heads": ("qwen3", "qwen2", "llama"),
 }
-# keys a config class renamed: {family: {the planner's name: the name transformers' `attribute_map` maps it to}};
-# a config.json may hold either (transformers 5.25's save_pretrained writes Qwen3-MoE's num_local_experts)
+# {family: {the planner's name: transformers' `attribute_map` name}}; a config.json may hold either
 RENAMED = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
-QWEN_MAX_WINDOW_LAYERS = (
-    28  # Qwen2Config / Qwen3Config: layers from this index on slide when the window is on
-)
+QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config's max_window_layers default
 
 
 def field(cfg: dict, family: str, key: str, fallback, where: str):
-    """`cfg[key]` as transformers reads it for `family`: absent, its config class's default (else `fallback`); null,
-    `fallback` where transformers derives it, else refused naming the key and the fix. The value is not checked."""
+    """`cfg[key]` as transformers reads it for `family`; the value is not checked."""
     if key not in cfg:
         return DEFAULTS.get(family, {}).get(key, fallback)
     if cfg[key] is None:
@@ -67,7 +61,7 @@ def field(cfg: dict, family: str, key: str, fallback, where: str):
 
 
 def with_old_names(cfg: dict, family: str) -> dict:
-    """`cfg` with each renamed key of `family` (RENAMED) under the planner's name too, where only the new one is set."""
+    """`cfg` with each RENAMED key of `family` under the planner's name too."""
     renamed = {
         old: cfg[new]
         for old, new in RENAMED.get(family, {}).items()
@@ -77,7 +71,7 @@ def with_old_names(cfg: dict, family: str) -> dict:
 
 
 def flag(cfg: dict, key: str, where: str) -> bool:
-    """A boolean key (absent or null: false); a string or number there is refused (transformers refuses it too)."""
+    """A boolean key (absent or null: false); anything else is refused."""
     v = cfg.get(key)
     if v is not None and not isinstance(v, bool):
         raise ValueError(
@@ -87,11 +81,11 @@ def flag(cfg: dict, key: str, where: str) -> bool:
     return bool(v)
 
 
-MAX_LAYERS = 10_000  # past any published model (~100 layers): the plan holds one entry per layer
+MAX_LAYERS = 10_000  # the plan holds one entry per layer
 
 
 def check_layer_count(layers: int, where: str) -> int:
-    """`layers`, refused past MAX_LAYERS (the plan holds one entry per layer: memory grows with the count)."""
+    """`layers`, refused past MAX_LAYERS."""
     if layers > MAX_LAYERS:
         raise ValueError(
             f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
@@ -101,8 +95,7 @@ def check_layer_count(layers: int, where: str) -> int:
 
 
 def check_layer_types(cfg: dict, layers: int, where: str) -> None:
-    """`layer_types`, where given, is a list of one name per layer (what the kinds may be: `sliding_window`, and
-    plan/layer_types.HybridShape for a hybrid model)."""
+    """Refuse a `layer_types` that is not a list of one name per layer."""
     kinds = cfg.get("layer_types")
     if kinds is not None and not (
         isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) for k in kinds)
@@ -114,15 +107,11 @@ def check_layer_types(cfg: dict, layers: int, where: str) -> None:
 
 
 def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[int]:
-    """The window (tokens) transformers' attention applies to some or all layers of this dense config, None where
-    none: Mistral's `sliding_window` (4096 where absent) on every layer, Qwen3-MoE's with `use_sliding_window`, Qwen2 /
-    Qwen3's with it from `max_window_layers` on, or a `layer_types` list naming sliding_attention (`window_problem`
-    says up to where full causal attention trains it alike). Other layer kinds are refused."""
+    """The window (tokens) transformers' attention applies to some or all layers of this dense
+    config, or None. Layer kinds other than full and sliding attention are refused."""
     use = flag(cfg, "use_sliding_window", where)
     kinds = set(kernel_rules.layer_types(cfg)) if cfg.get("layer_types") else set()
-    if (
-        family in ("qwen2", "qwen3") and use and not kinds
-    ):  # Qwen2Config / Qwen3Config's own layer_types
+    if family in ("qwen2", "qwen3") and use and not kinds:
         start = cfg.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
         if isinstance(start, bool) or not isinstance(start, int):
             raise ValueError(
@@ -149,9 +138,7 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
 
 
 def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> Optional[str]:
-    """Why `seq_len` tokens (None: any length a search picks) cannot train a model whose every layer attends within
-    `window` tokens, or None: the attention kernels here are full causal, so past the window the model would train
-    unlike its config."""
+    """Why `seq_len` tokens (None: any length) cannot train a model with a `window`, or None."""
     if window is None or (seq_len is not None and seq_len <= window):
         return None
     at = f"past {window:,} tokens" if seq_len is None else f"at seq_len={seq_len:,} > {window:,}"
@@ -164,18 +151,11 @@ def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> 
     )
 
 
-SCALED_ROPES = (
-    "linear",
-    "dynamic",
-    "yarn",
-    "llama3",
-)  # the rope types transformers scales by `factor`
+SCALED_ROPES = ("linear", "dynamic", "yarn", "llama3")  # scaled by `factor`
 
 
 def rope_parameters(cfg: dict, where: str) -> dict:
-    """The config's RoPE (rope_scaling, else rope_parameters: transformers' order, the older key wins) with its
-    rope_type ("type" before HF 4.45; none: default); a scaled one's factor a number >= 1, its
-    original_max_position_embeddings, where given, a positive integer."""
+    """The config's RoPE (rope_scaling, else rope_parameters) with its rope_type, checked."""
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ValueError(

@@ -1,23 +1,7 @@
-"""A step's communication time from the bytes a rank hands to its collectives, and the step time it predicts.
-
-Pure arithmetic (no torch). The bytes come from a rehearsal (`parallel/fake_world.py` counts them per collective
-kind and group); the links from `LINKS` (or `--link_gbps` / `--internode_gbps`). Units: bytes, seconds, GB/s =
-1e9 bytes per second each way per GPU.
-
-What a rank sends for a payload of B bytes over a group of n ranks (NCCL's ring and pairwise algorithms):
-
-    all_to_all       (n-1)/n · B, of which (n - n_node)/n · B to ranks on other nodes (n_node: the group's ranks on
-                     this rank's node); intra- and inter-node parts run at once: max of the two times
-    all_gather       (n-1)/n · B   (B: the gathered output)
-    reduce_scatter   (n-1)/n · B   (B: the full input)
-    all_reduce       2(n-1)/n · B
-    broadcast        B
-A group inside one node runs at the intra-node link; a ring over several nodes at the slower of the two links.
-
-Overlap (stated in every prediction, `OVERLAP`): Ulysses' all-to-all sits on the attention's critical path, so it
-adds to the compute; ZeRO-3's all-gathers (prefetched) and reduce-scatters (bucketed) run on their own streams
-beside the compute, so only what exceeds the compute adds; all-reduce and broadcast (a few bytes: loss, norms)
-add. `no_overlap_seconds` is the bound with nothing hidden.
+"""A step's communication time from the bytes a rank hands to its collectives, and the step time
+it predicts. Pure arithmetic. Bytes come from a rehearsal (`parallel/fake_world.py`), links from
+`LINKS` (or `--link_gbps` / `--internode_gbps`); GB/s is 1e9 bytes per second each way per GPU.
+Per-collective bytes and the overlap rule: docs/design/plan.md.
 """
 
 from __future__ import annotations
@@ -34,9 +18,7 @@ class Link:
     source: str  # where the figure comes from
 
 
-# NVLink 4 (H100 / H200 SXM over NVSwitch): 450 GB/s each way nominal; 327 GB/s is what all_to_all_single reached
-# between two H200s here (shared/KNOWN.md), used for both: the same NVLink generation.
-# InfiniBand: one NIC per GPU; 90% of the line rate (an assumption, not measured here).
+# NVLink: all_to_all_single measured on two H200s. InfiniBand: one NIC per GPU, assumed.
 LINKS = {
     "nvlink-h100": Link(
         "nvlink-h100", 327.0, "NVLink 4: all_to_all measured on 2 x H200 (same NVLink generation)"

@@ -1,17 +1,7 @@
-"""A hybrid model's shapes per layer type: Qwen3.5's gated DeltaNet (`linear_attention`) and gated full attention
-(`full_attention`) layers, read from an HF config.json (no torch). plan/geometry.py holds one `HybridShape` per
-hybrid model (`ModelGeometry.hybrid`) and asks this module for every per-layer count; the planner's memory terms for
-the linear layers are `linear_terms` here.
-
-Dimensions: H hidden, I intermediate, hq / hkv the full layers' query / KV heads of d (256 in Qwen3.5; the query
-projection is 2·hq·d wide: half queries, half the sigmoid gate on the attention output), hk / hv the linear layers'
-key / value heads of dk / dv, c = 2·hk·dk + hv·dv the conv channels, K the conv kernel.
-
-A linear layer's parameters, in `model.parameters()` order (transformers' Qwen3_5GatedDeltaNet registration):
-dt_bias hv, A_log hv, conv1d c·K, norm dv, out_proj hv·dv·H, in_proj_qkv H·c, in_proj_z H·hv·dv, in_proj_b H·hv,
-in_proj_a H·hv; then the MLP 3·H·I and the two norms 2·H. A full layer's: q_proj H·2·hq·d, k_proj / v_proj H·hkv·d,
-o_proj hq·d·H, q_norm / k_norm d; the MLP and the two norms. tests/plan/test_layer_types.py holds both to a real
-Qwen3_5ForCausalLM.
+"""A hybrid model's shapes per layer type: Qwen3.5's gated DeltaNet (`linear_attention`) and gated
+full attention (`full_attention`) layers, read from an HF config.json (no torch). plan/geometry.py
+holds one `HybridShape` per hybrid model and asks this module for every per-layer count.
+Dimensions and parameter order: docs/design/plan.md.
 """
 
 from __future__ import annotations
@@ -24,10 +14,7 @@ from ds_longctx.parallel.kernel_rules import FULL_ATTENTION, LINEAR_ATTENTION
 
 # Norms that scale by (1 + weight) (transformers' Qwen3_5RMSNorm): a weight of 0 is the identity scale
 ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm",)
-# The gated DeltaNet's vectors in a random-init run: A = 1 (A_log 0) and a time step dt = 0.01 (dt_bias = softplus^-1
-# of it), the geometric middle of the [0.001, 0.1] range FLA's GatedDeltaNet and Mamba-2 draw dt from: a decay of
-# exp(-0.01) per token. (transformers' dt_bias 1 with A = 1 decays by exp(-1.31) per token, and its A_log / dt_bias
-# gradients are then ill-conditioned: plain HF in fp32 is 1e-5 off its own fp64 there, 2e-6 with these.)
+# The gated DeltaNet's vectors in a random-init run: A = 1, dt = 0.01 (why: docs/design/plan.md).
 DELTANET_VECTORS = {"dt_bias": math.log(math.expm1(0.01)), "A_log": 0.0}
 
 
@@ -72,9 +59,7 @@ class HybridShape:
     linear_value_dim: int
     conv_kernel: int
     partial_rotary: float  # the share of the full layers' head_dim that rotary rotates
-    output_gate: bool = (
-        True  # the full layers' sigmoid gate on the attention output (q_proj 2·hq·d wide)
-    )
+    output_gate: bool = True  # the full layers' sigmoid gate on the attention output
 
     @classmethod
     def from_config(cls, cfg: dict, layers: int, where: str) -> "HybridShape":

@@ -1,14 +1,6 @@
-"""A hybrid model's gated DeltaNet layers in the memory plan: what the top linear layer's backward holds beyond the
-terms every layer shares (plan/layer_terms.py), in two phases of its own.
-
-    lin_mlp_bwd   the top linear layer recomputed, its MLP backward running: the mixer's saved tensors live
-    lin_norm_bwd  its post-attention norm's eager backward, between the two: the same saved tensors, the norms' units
-    lin_bwd       its token mixing's backward: the gated delta rule's kernel (FLA) and the conv1d's, the exchanges
-
-Legend (plan/planner.py's, and): hk' / hv' the key / value heads each rank mixes after the exchange (hk/sp or 1
-replicated, hv/sp), dk / dv their dims, c = 2·hk·dk + hv·dv the conv channels, c' = 2·hk'·dk + hv'·dv this rank's.
-The shared terms (the layer's grads, its norms' hidden-size tensors, the MLP's) are counted for these phases by
-layer_terms (`Sizes.layer_phases`); the full-attention layers keep their own (qkv_a2a, the kernel's LSE, ...).
+"""A hybrid model's gated DeltaNet layers in the memory plan: what the top linear layer's backward
+holds beyond the terms every layer shares, in phases of its own (lin_mlp_bwd, lin_norm_bwd,
+lin_bwd). Phases and legend: docs/design/plan.md.
 """
 
 from __future__ import annotations
@@ -17,21 +9,17 @@ from ds_longctx.parallel.parallel_state import local_linear_heads
 from ds_longctx.plan.layer_units import LIN_NORM_BWD_UNITS
 from ds_longctx.plan.memory_terms import LIN, LIN_MIX, LIN_MLP, LIN_NORM, Sizes, Terms
 
-# The gated delta rule's forward + backward peak per token and value head (its inputs, output, saved WY matrices,
-# chunk states and grads): chunk_gated_delta_rule at dk = dv = 128, 2 key / 6 value heads, bf16, on one H200.
+# chunk_gated_delta_rule's forward + backward peak, over its token-heads.
 # calibrated: see docs/calibration.md#gated-delta
 GATED_DELTA_PEAK_BYTES = 27.25e9
 GATED_DELTA_PEAK_TOKEN_HEADS = 1_048_576 * 6
-# The bench's peak also holds its output and the grad it feeds back (bf16, dv = 128 each): in a layer the output is
-# not kept (the gated norm saves its fp32 copy: lin_norm_saved) and its grad is lin_grads_local's, so not counted here
+# In the bench's peak, counted elsewhere in a layer.
 BENCH_OUTPUT_AND_GRAD_BYTES = 2 * 128 * 2
 GATED_DELTA_BYTES_PER_TOKEN_HEAD = (
     GATED_DELTA_PEAK_BYTES / GATED_DELTA_PEAK_TOKEN_HEADS - BENCH_OUTPUT_AND_GRAD_BYTES
 )
-# What the mixer saves for its backward, per token and value head / per element of [T, hv·dv]:
-# FLA keeps the chunk's WY matrix A [s, hv, 64] in k's dtype (solve_tril's output, bf16); HF's gated RMSNorm its fp32
-# input, gate and silu(gate) (4 each), the bf16 normed copy and its weight product (2 each), and out_proj its bf16
-# input (2). calibrated: see docs/calibration.md#gated-delta
+# What the mixer saves, per token and value head / per element of [T, hv·dv].
+# calibrated: see docs/calibration.md#gated-delta
 WY_BYTES_PER_TOKEN_HEAD = 64 * 2
 NORM_SAVED_BYTES = 18
 
@@ -81,8 +69,7 @@ def linear_terms(t: Terms, z: Sizes) -> None:
         f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
         (LIN_MIX,),
     )
-    # beside the kernel: the grads of its output and of z (bf16); the conv's input grad and its exchange back come
-    # after the kernel has freed its buffers, and are smaller
+    # the conv's input grad and its exchange back come after the kernel frees its buffers
     t.add(
         "lin_grads_local",
         T * hv * dv * 4,

@@ -182,12 +182,11 @@ def sizes(
 
 
 def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
-    """The parameters, gradients and optimizer state ZeRO-3 partitions over all W ranks (phase all), where they live
-    with optimizer_offload / offload_params, and the gathered layers. LoRA: only the adapters train (P_t = A)."""
+    """ZeRO-3's partitioned parameters, gradients and optimizer state (phase all), and the gathered
+    layers. LoRA: only the adapters train (P_t = A)."""
     G, W, w, g = z.G, z.W, z.w, z.g
     part, part_t, Pt = z.part, z.part_t, "A" if z.lora else "P"
     off, ratio = lv.optimizer_offload, lv.optimizer_offload_ratio
-    # DeepSpeed offload_param: one flat pinned buffer of the partition per rank
     if lv.offload_params:
         persistent = sum(n for n in g.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
         t.add(
@@ -199,13 +198,12 @@ def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
         )
     else:
         t.add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if z.lora else f"2·P/{w}")
-    if off and ratio < 1:  # partial offload: DeepSpeed's sub-groups, the first ones on the GPU
+    if off and ratio < 1:
         on_gpu, on_host = optimizer_split(g, W, ratio)
         share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
     else:
         on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
-    if off:  # DeepSpeed's pinned grad buffers, rounded (offload_pinned_grads)
-        # as ds_config.py writes it
+    if off:
         sub_elems = offload_sub_group_elems(g, W) if ratio < 1 else DS_SUB_GROUP_ELEMS
         pinned_bf16, pinned_fp32, n_groups = offload_pinned_grads(
             g, W, part_t, z.lora, sub_elems, ratio
@@ -259,9 +257,8 @@ def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
 
 
 def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The checkpointed layer inputs (on the GPU, or k of them in pinned host memory: torch rounds each block up to a
-    power of two, our exact-size pool does not), the offloaded layer's GPU staging, the kept attention outputs of
-    the placement's `cache` / `cache+offload` layers, rotary tables and token ids (phase all)."""
+    """The checkpointed layer inputs, the offloaded layer's GPU staging, the kept attention outputs,
+    rotary tables and token ids (phase all)."""
     G, E, L, k, T, d = z.G, z.E, z.g.layers, z.k, z.T, z.g.head_dim
     # freed by the time the top linear layer runs its backward: not in its phases (LIN)
     a = z.above_lin
@@ -290,10 +287,7 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
         )
     # restored on demand into one GPU tensor, freed after the layer's backward
     if k and lv.pinned_pool:
-        # Offloaded layers are the lowest (placement order), so when one runs its backward every layer kept on the
-        # GPU has had its own and freed its checkpoint and cache: what an offloaded layer adds (POOLED_LAYER_UNITS·E,
-        # and its restored cache when the top layer's kernel output is not already counted) only counts where it is
-        # more than they held.
+        # counts only beyond what the kept layers held (docs/design/plan.md, memory terms)
         kept = (L - k) * E + z.n_cache * z.cache_layer
         restored = POOLED_LAYER_UNITS * E + (
             z.cache_layer if z.n_cache_host and z.top_cached else 0
@@ -364,10 +358,8 @@ def embed_loss_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 def host_terms(
     t: Terms, z: Sizes, lv: Levers, process_host_gib: float, build_host_gib: float
 ) -> None:
-    """The host beyond the partitions and checkpoints: each rank's steady process memory and dataset row (all), and
-    while the engine is built (build) its process and ZeRO-3's init copies (`defragment` in
-    deepspeed/runtime/zero/utils.py; with offload_params zero.Init's unpinned partitions beside the flat pinned buffer
-    they move into)."""
+    """The host beyond the partitions and checkpoints: each rank's process and dataset row (all),
+    and during the engine build its process and ZeRO-3's init copies (build)."""
     G, w, part = z.G, z.w, z.part
     gib = 2**30
     t.add("process_overhead", 0, round(G * process_host_gib * gib), f"G·{process_host_gib:g} GiB")

@@ -3,12 +3,8 @@
     moe = moe_shape(cfg, "qwen3_moe", where)     # MoeShape, or None for a dense config; ValueError for another MoE
     moe.block_numels(hidden)                     # the sparse block's parameters in HF's order: experts, then router
 
-The families supported (`MOE_FAMILIES`): Qwen3-MoE (`qwen3_moe`: transformers' Qwen3MoeSparseMoeBlock, a softmax
-top-k router with no bias and 3-D expert tensors `gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I], no shared
-expert). A layer is sparse unless listed in `mlp_only_layers` or off the `decoder_sparse_step` grid; a dense one is
-a Qwen3 gated MLP of `intermediate_size` (HF's Qwen3MoeDecoderLayer rule, `sparse_layers`). Any other config that
-names experts (Mixtral's num_local_experts, DeepSeek's n_routed_experts, Qwen2-MoE's num_experts, ...) is refused
-here, before any planning or worker, naming the families supported.
+Supported: `MOE_FAMILIES`; any other config that names experts is refused before any planning.
+The family's layout: docs/design/plan.md.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from typing import Optional
 from ds_longctx.plan.hf_fields import check_layer_count, with_old_names
 
 MOE_FAMILIES = ("qwen3_moe",)
-# the keys HF configs use for an expert count (a config that names one, with a value, is a mixture of experts)
+# a config that sets one of these is a mixture of experts
 EXPERT_KEYS = (
     "num_experts",
     "num_local_experts",
@@ -48,8 +44,7 @@ class MoeShape:
     router_aux_loss_coef: float  # the config's load-balancing loss coefficient (the run's default)
 
     def block_numels(self, hidden: int) -> list:
-        """The sparse block's parameters in `parameters()` order: experts.gate_up_proj [E, 2I, H], experts.down_proj
-        [E, H, I], gate.weight [E, H]."""
+        """The sparse block's parameters in `parameters()` order: gate_up_proj, down_proj, gate."""
         E, width, H = self.experts, self.expert_intermediate, hidden
         return [E * 2 * width * H, E * H * width, E * H]
 
@@ -87,8 +82,8 @@ def expert_count_key(cfg: dict) -> Optional[tuple]:
 
 
 def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> Optional[MoeShape]:
-    """The MoE shape of a parsed HF config of family `mtype`; None for a config without experts. A config of another
-    family that names experts is refused (ValueError naming the families supported, `dense_families` too)."""
+    """The MoE shape of a parsed HF config of family `mtype`; None without experts; ValueError for
+    another family that names experts."""
     named = expert_count_key(cfg)
     if mtype not in MOE_FAMILIES:
         if named is None:
@@ -141,10 +136,8 @@ EXPERT_PARTS = (
 
 
 def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]:
-    """Why LoRA cannot take `targets` on this mixture of experts (None: it can). Its experts are 3-D tensors, not
-    Linears, and its router is no Linear either: adapters go on the attention (and on dense MLP layers, if any), the
-    experts and router stay frozen. A target list naming MLP parts on a model whose every layer is sparse is refused;
-    all-linear is the attention's Linears (and the dense layers')."""
+    """Why LoRA cannot take `targets` on this mixture of experts, or None: experts and router are no
+    Linears, so MLP targets on an all-sparse model are refused."""
     if moe is None or isinstance(targets, str) or len(moe.sparse_layers) < layers:
         return None
     named = [t for t in targets if t.rpartition(".")[2] in EXPERT_PARTS]

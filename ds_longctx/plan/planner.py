@@ -1,31 +1,8 @@
 """Memory model: how much GPU and host memory a run takes, before anything is allocated.
 
-Pure arithmetic on an HF config's geometry: no torch, no deepspeed, no transformers. It models the
-design this package trains with (per GPU: bf16 compute, one sequence per SP group, micro-batch 1,
-ZeRO-3 over all ranks, every decoder layer checkpointed, Ulysses all-to-all around attention).
-
-Dimensions (bytes are bf16 = 2 unless said):
-    G GPUs per node    N nodes    W = N·G ranks (the ZeRO-3 world; W = G on one node)
-    sp sp_size (divides G: an SP group stays inside a node)    dp = W / sp
-    S seq_len padded up to a multiple of sp    T = S / sp (tokens per rank)
-    H hidden    I intermediate    L layers    hq / hkv query / KV heads    d head_dim    V vocab
-    P all parameters    P_layer one decoder layer's parameters    k offload_layers    E = T·H·2 (one hidden tensor)
-    c = min(chunk_rows, T) loss rows per chunk    t = min(tile_tokens, T) MLP tile    kv' = max(hkv/sp, 1)
-    A LoRA adapter parameters (0: full fine-tuning), A_layer / A_mlp the top layer's / its MLP's
-
-A step's GPU memory is the terms live in every phase ("all") plus the largest of the transient phases:
-    embed     the embedding's forward / backward
-    loss      lm_head + cross-entropy (the loss-head gradients are computed in its forward and kept)
-    mlp_bwd   the top layer recomputed, all its saved tensors live, its MLP backward running
-    attn_bwd  the same layer's attention backward (MLP saved tensors freed, attention grads live)
-    lin_mlp_bwd, lin_norm_bwd, lin_bwd   a hybrid model's top gated DeltaNet layer: the same two moments and the
-              post-attention norm's eager backward between them (plan/linear_terms.py)
-The top layer (L-1) is the worst layer: every on-GPU checkpoint is still live when its backward runs (a hybrid
-model's top layer is full attention; its top linear layer is counted in phases of its own).
-Then  gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context;  host_peak = max(Σ step host terms,
-Σ build host terms) over one node (its G ranks: every node holds the same). The terms, one builder per part of the
-step, are plan/memory_terms.py's and plan/layer_terms.py's; each prints its formula in `MemoryPlan.table()`. GB
-below means 10⁹ bytes (an "80 GB" card passed as 80 is conservative: H100 has 85.0e9).
+Pure arithmetic on an HF config's geometry.
+gpu_peak = fragmentation · (Σ all + Σ peak phase) + cuda_context; host_peak is one node's.
+Dimensions, phases and the modelled design: docs/design/plan.md.
 
 Usage (which levers to pull for a length is `plan.search.choose`):
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
@@ -64,20 +41,16 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
 from ds_longctx.plan.moe_terms import moe_lever_problem
 
 GIB = 2**30
-# max_memory_reserved / max_memory_allocated: without offloaded checkpoints, with them, and with DeepSpeed's offload
-# engine beside its CPU optimizer (side streams caching their own blocks).
-# calibrated: see docs/calibration.md#fragmentation
+# reserved / allocated. calibrated: see docs/calibration.md#fragmentation
 FRAGMENTATION = 1.06
 OFFLOAD_FRAGMENTATION = 1.12
 DS_OFFLOAD_FRAGMENTATION = 1.28
-# A rank's steady host RSS (Python, torch, CUDA and NCCL host state). calibrated: see docs/calibration.md#process-host
+# A rank's steady host RSS. calibrated: see docs/calibration.md#process-host
 PROCESS_HOST_GIB = 2.25
-# The safety rule: a plan fills at most MAX_HEADROOM of the budget the user gave; a higher `--headroom` is refused
-# (check_headroom). tests/plan/test_planner_runs.py re-reads every committed run and fails if one needs a lower bound.
+# A plan fills at most this share of the user's budget (check_headroom).
 # calibrated: see docs/calibration.md#max-headroom
 MAX_HEADROOM = 0.90
-# A rank's RSS at the start of DeepSpeed's ZeRO-3 init, before its CPU defragment buffer.
-# calibrated: see docs/calibration.md#build-host
+# A rank's RSS at ZeRO-3 init. calibrated: see docs/calibration.md#build-host
 BUILD_HOST_GIB = 1.5
 
 
@@ -138,7 +111,6 @@ class MemoryPlan:
     def table(self) -> str:
         """A fixed-width table: term, phase, GB per GPU, GB host (node), formula; then the peaks."""
         lv = self.levers
-        # the phase column: 17 wide (a dense model's), wider for a hybrid model's longer phase lists
         pw = (
             17 if self.geom.hybrid is None else 2 + max(len(",".join(t.phases)) for t in self.terms)
         )
@@ -173,7 +145,7 @@ class MemoryPlan:
             rows.append(
                 f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}"
                 f"  {t.formula}"
-            )  # the space: a GPU figure past 9 digits stays apart from the host one
+            )
         phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
         rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
         rows.append(
@@ -184,7 +156,7 @@ class MemoryPlan:
 
 
 def check_headroom(headroom: float) -> None:
-    """Refuse a headroom outside (0, MAX_HEADROOM] (the safety rule above), naming the value and the fix."""
+    """Refuse a headroom outside (0, MAX_HEADROOM]."""
     if not 0 < headroom <= MAX_HEADROOM:
         raise ValueError(
             f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above {MAX_HEADROOM:g} of "
@@ -194,8 +166,7 @@ def check_headroom(headroom: float) -> None:
 
 
 def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
-    """The sp sizes a model geometry can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node (the rule
-    is parallel_state.sp_size_problem's)."""
+    """The sp sizes `geom` can run on `nodes` nodes of `gpus` GPUs, each SP group inside a node."""
     return parallel_state.valid_sp_sizes(
         nodes * gpus, geom.heads, geom.kv_heads, per_node=gpus, linear_heads=geom.linear_heads
     )
@@ -211,16 +182,14 @@ def checkpoint_bytes_per_token(geom: ModelGeometry) -> int:
     return geom.layers * geom.hidden * 2
 
 
-# a saved ZeRO-3 checkpoint holds per trained parameter its fp32 master weight and Adam's two fp32 moments (the
-# optimizer files; the model files hold no trained weight); tests/distributed/test_resume.py checks a real save
+# fp32 master weight + Adam's two moments per trained parameter.
 SAVED_BYTES_PER_TRAINED_PARAM = 12
 
 
 def disk_checkpoint_bytes(
     geom: ModelGeometry, lora_rank: int = 0, lora_targets=DEFAULT_TARGETS, dtype_bytes: int = 2
 ) -> int:
-    """Bytes on disk of one saved checkpoint (checkpoint/save.save: every rank's files): 12·P (full fine-tuning), or
-    12·A + dtype_bytes·P under LoRA (the frozen base is saved too, in the training dtype). Qwen3-8B: 98 GB."""
+    """Bytes on disk of one saved checkpoint: 12·P, or 12·A + dtype_bytes·P under LoRA."""
     A = adapters(geom, lora_rank, lora_targets)[0]
     if not A:
         return SAVED_BYTES_PER_TRAINED_PARAM * geom.num_params
@@ -242,15 +211,9 @@ def plan_memory(
     cuda_context_gib: float = CUDA_CONTEXT_GIB,
     process_host_gib: float = PROCESS_HOST_GIB,
 ) -> MemoryPlan:
-    """Every allocation of one training step, per GPU and on the host of one node (module doc). `gpus` G is per
-    node, `nodes` N; the ZeRO-3 world is W = N·G (the formulas write G for W on one node). Raises ValueError, naming
-    the fix, for a request the run would refuse (sp_size, head groups, levers that do not go together).
-
-    The slack: f·(all + peak phase) is what torch.cuda.max_memory_reserved reports, f = `fragmentation`, or
-    `offload_fragmentation` when checkpoints are offloaded, or `ds_offload_fragmentation` when through DeepSpeed's
-    offload engine with the optimizer offloaded too; `cuda_context_gib` (context, NCCL, cuBLAS workspaces) is on the
-    card outside the allocator. `live_layers`: the layers ZeRO-3 holds gathered at once (computed + prefetched).
-    """
+    """Every allocation of one training step, per GPU and on one node's host. `gpus` is per node.
+    Raises ValueError, naming the fix, for a request the run would refuse. `live_layers`: layers
+    ZeRO-3 holds gathered."""
     return _plan_memory(
         as_geometry(geom),
         seq_len,
@@ -282,17 +245,14 @@ def _plan_memory(
     cuda_context_gib: float,
     process_host_gib: float,
 ) -> MemoryPlan:
-    """`plan_memory`'s work, remembered by its arguments: the search asks for the same plan many times (every argument
-    and the MemoryPlan are immutable, so callers share one)."""
+    """`plan_memory`'s work, cached: arguments and result are immutable."""
     if nodes < 1:
         raise ValueError(f"nodes={nodes}: need at least 1 node")
     parallel_state.check_sp_size(
         sp, nodes * G, g.heads, g.kv_heads, per_node=G, linear_heads=g.linear_heads
     )
     kernel_rules.check_head_groups(levers.attn_bwd_head_groups, g.kv_heads, sp)
-    placement = levers.placement_for(
-        g.layers, g.attention_layers
-    )  # refuses one that does not match the model
+    placement = levers.placement_for(g.layers, g.attention_layers)
     if (
         min(
             seq_len, levers.loss_chunk_rows, 1 if levers.tile_tokens is None else levers.tile_tokens
@@ -318,16 +278,14 @@ def _plan_memory(
     embed_loss_terms(terms, z, levers)
     attention_terms(terms, z, levers)
     mlp_terms(terms, z, levers)
-    if g.hybrid is not None:  # the top gated DeltaNet layer's own phases
+    if g.hybrid is not None:
         linear_terms(terms, z)
 
     base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in z.phases)
     peak_phase, peak_extra = max(phase_bytes, key=lambda pb: pb[1])
     sub, ctx = base + peak_extra, round(cuda_context_gib * GIB)
-    ds_opt = (
-        z.k and off and not levers.pinned_pool
-    )  # DeepSpeed's offload engine beside its CPU optimizer's copies
+    ds_opt = z.k and off and not levers.pinned_pool
     f = ds_offload_fragmentation if ds_opt else offload_fragmentation if z.k else fragmentation
     slack = round((f - 1) * sub)
     terms.add("allocator_slack", slack, 0, f"({f:g}-1)·(all + {peak_phase})")

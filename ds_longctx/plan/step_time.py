@@ -1,25 +1,9 @@
-"""A plan's step time before any GPU runs it: the work of one rank counted from the plan's shapes at measured rates, its
-collectives' bytes through plan/interconnect.py's model (the same one a rehearsal's measured compute goes through).
+"""A plan's step time before any GPU runs it: one rank's work counted from the plan's shapes at
+measured rates, its collectives through plan/interconnect.py's model. The cost model:
+docs/design/plan.md.
 
     t = predict_step(plan, 80, "h100")    # StepTime: .seconds, .line(); UnknownRate for a rate not known
     step_line(plan, 80, gpu)              # what plan.txt prints (the reason where there is no prediction)
-
-Per decoder layer, on one rank (T = S / sp tokens, every layer checkpointed):
-    attention   causal forward 2·S²·(hq/sp)·d FLOPs at ATTENTION_FWD_FLOPS, backward 2.5x that at ATTENTION_BWD_FLOPS
-                (head_dim 256, a hybrid model's full layers: the ATTENTION_D256_* rates); the checkpoint's
-                recompute runs the forward again unless the layer keeps its attention output (the placement's cache /
-                cache+offload). A gated DeltaNet layer: its delta rule and conv1d at their measured seconds per token
-                and value head (S·hv/sp of them), the forward twice and the backward once
-    token-wise  q/k/v/o projections and the MLP, forward 2·T·(2·H·(hq + hkv)·d + MLP) FLOPs: a gated MLP 3·H·I, a
-                sparse MoE block k·3·H·I_e + E·H (the grouped GEMMs of the k experts each token goes to, and the
-                router); forward, backward (2x) and the recompute (1x) = 4x forward, + 1x the MLP's when it is tiled;
-                at DENSE_TOKENWISE_FLOPS, or MOE_TOKENWISE_FLOPS for a sparse layer (the router, sort, gather and
-                combine around its small GEMMs run far below the dense rate)
-    exchange    Ulysses' all-to-alls: q/k/v (KV heads replicated up to sp) and the attention output, in the forward,
-                the recompute and the backward
-    ZeRO-3      the parameters all-gathered 3x (forward, recompute, backward; bf16), the gradients reduce-scattered
-Beside the layers: the loss head (lm_head forward and both gradients, 6·T·H·V at the dense rate) and the host's share of
-the optimizer under optimizer_offload (CPU_ADAM_PARAMS_PER_S, an assumption). Overlap: plan/interconnect.OVERLAP.
 """
 
 from __future__ import annotations
@@ -37,10 +21,10 @@ from ds_longctx.plan.planner import MemoryPlan
 # FlashAttention 4's causal backward at Ulysses shapes on H200, FLOP/s. calibrated: see
 # docs/calibration.md#attention-bwd-flops
 ATTENTION_BWD_FLOPS = 618e12
-# The token-wise work of a dense Qwen3 layer, FLOP/s: what makes the analytic step of ds_configs/qwen3-8b_1m_8x80gb its
-# rehearsed compute. calibrated: see docs/calibration.md#tokenwise-flops
+# The token-wise work of a dense Qwen3 layer, FLOP/s.
+# calibrated: see docs/calibration.md#tokenwise-flops
 DENSE_TOKENWISE_FLOPS = 480e12
-# FlashAttention 4's causal forward / backward at head_dim 256 (what `auto` runs there on Hopper), FLOP/s.
+# FlashAttention 4's causal forward / backward at head_dim 256, FLOP/s.
 # calibrated: see docs/calibration.md#gated-delta-seconds
 ATTENTION_D256_FWD_FLOPS = 720e12
 ATTENTION_D256_BWD_FLOPS = 368e12
@@ -54,8 +38,7 @@ CONV1D_BWD_S = 10.42e-3 / (1_048_576 * 6)
 
 @dataclass(frozen=True)
 class GpuRates:
-    """The rates one GPU kind's step is counted at (FLOP/s; the gated rule's seconds per token and value head); None:
-    not known for this kind, so a plan that needs it gets no step time."""
+    """The rates one GPU kind's step is counted at; None: not known for this kind."""
 
     attention: tuple  # causal (forward, backward), head_dim <= 128
     attention_d256: Optional[tuple]  # the same at head_dim 256 (a hybrid's full layers)
@@ -65,7 +48,7 @@ class GpuRates:
     source: str
 
 
-# Per GPU kind (`ds-longctx plan --gpu`): measured here or published, with the source. Unknown kinds: no step time.
+# Per GPU kind (`ds-longctx plan --gpu`).
 GPU_RATES = {
     "h200": GpuRates(
         (ATTENTION_FWD_FLOPS, ATTENTION_BWD_FLOPS),
@@ -75,9 +58,7 @@ GPU_RATES = {
         (GATED_DELTA_FWD_S, GATED_DELTA_BWD_S, CONV1D_FWD_S, CONV1D_BWD_S),
         "rates measured on H200",
     ),
-    # attention: FlashAttention-3's paper (arXiv 2407.08608), H100 SXM5 bf16, head_dim 128, 16k tokens: causal
-    # forward 616, backward 561 TFLOP/s. Token-wise GEMMs: the H200 rate, the same GH100 chip (SMs, clocks, 989
-    # TFLOP/s dense bf16 peak); the MoE block and the gated rule lean on memory bandwidth (3.35 vs 4.8 TB/s): unknown
+    # attention: FlashAttention-3's paper (arXiv 2407.08608); the rest: docs/design/plan.md
     "h100": GpuRates(
         (616e12, 561e12),
         None,
@@ -88,8 +69,7 @@ GPU_RATES = {
         "measured rate (the same chip and peak; not measured on an H100)",
     ),
 }
-# DeepSpeedCPUAdam's parameters per second per rank (the host's share of an offloaded optimizer). An assumption, not
-# measured here: docs/calibration.md#cpu-adam-rate
+# DeepSpeedCPUAdam's parameters per second per rank, assumed: docs/calibration.md#cpu-adam-rate
 CPU_ADAM_PARAMS_PER_S = 1e9
 
 
@@ -120,9 +100,7 @@ def _tokenwise_flops(plan: MemoryPlan, layer: int) -> tuple:
     """(forward FLOPs per token of layer `layer`'s projections, of its MLP or sparse block)."""
     g = plan.geom
     proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
-    if (
-        g.hybrid is not None
-    ):  # its own Linears: the gated q_proj, or the linear layer's in / out projections
+    if g.hybrid is not None:
         proj = 2 * sum(
             i * o for i, o in layer_types.mixer_linears(g, g.hybrid.layer_types[layer]).values()
         )
@@ -139,8 +117,7 @@ def _needed(rates: GpuRates, gpu: str, field: str, work: str):
 
 
 def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
-    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates` (UnknownRate where one a
-    layer needs is not known)."""
+    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates`."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
     fwd = 2 * plan.seq_len**2 * (g.heads // plan.sp_size) * g.head_dim
     pair = (
@@ -178,18 +155,12 @@ def _payloads(plan: MemoryPlan) -> dict:
     """{(kind, ranks): bytes} of one step of rank 0 (its SP group is ranks 0..sp-1; ZeRO-3 spans the world)."""
     g, sp, T, d = plan.geom, plan.sp_size, plan.local_tokens, plan.geom.head_dim
     sp_ranks, world = tuple(range(sp)), tuple(range(plan.world))
-    exchange = (
-        T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2
-    )  # q, k, v in; the attention output back
-    if (
-        g.hybrid is not None
-    ):  # per layer of each kind: a linear layer exchanges its conv channels, gates and output
+    exchange = T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2  # q, k, v in; output back
+    if g.hybrid is not None:  # a linear layer exchanges its conv channels, gates and output
         h = g.hybrid
         linear = T * (h.conv_dim + 2 * h.linear_value_heads + h.value_width) * 2
         exchange = (h.full_layers * exchange + h.linear_layers * linear) / g.layers
-    trained = (
-        g.num_params if not plan.levers.lora_rank else 0
-    )  # LoRA's adapters: a rounding error here
+    trained = g.num_params if not plan.levers.lora_rank else 0  # LoRA's adapters: negligible
     return {
         ("all_to_all", sp_ranks): 3 * g.layers * exchange * (sp > 1),
         ("all_gather", world): 3 * 2 * g.num_params * (plan.world > 1),
@@ -198,9 +169,8 @@ def _payloads(plan: MemoryPlan) -> dict:
 
 
 def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
-    """The plan's step time on one rank of GPU kind `gpu` (module doc; its GPU_RATES), on the NVLink of GPUs of
-    `gpu_mem_gb` GB (interconnect.intra_link_for) and InfiniBand across nodes. UnknownRate where a rate it needs is not
-    known for that kind."""
+    """The plan's step time on one rank of GPU kind `gpu`, on the NVLink of GPUs of `gpu_mem_gb` GB
+    and InfiniBand across nodes. UnknownRate where a rate it needs is not known for that kind."""
     if gpu not in GPU_RATES:
         raise UnknownRate(
             f"no measured or published kernel rates for GPU kind {gpu!r} (known: {sorted(GPU_RATES)})"

@@ -1,24 +1,14 @@
-"""Per decoder layer: its forward and backward time, the GPU and host memory its forward leaves behind, the bytes of
-collectives issued inside it; and a step of L layers extrapolated from K of them run (`ds-longctx rehearse
---layers K`).
+"""Per decoder layer: its forward and backward time, the memory its forward leaves behind, the bytes
+of collectives issued inside it; and a step of L layers extrapolated from K of them run (`ds-longctx
+rehearse --layers K`).
 
     clock = LayerClock(model, placement, on_gpu)      # wraps every decoder layer between two marks
     undo = run_only(model, clock.pick(K))             # optional: the forward runs K of the L layers
     ... steps ...; clock.step_done()                  # after each step (synchronizes the GPU)
     est = clock.extrapolate(step_seconds, peaks)      # the L-layer step from the K-layer steps
 
-The marks sit outside the layer's checkpoint: in forward they stamp the layer's start and end; in backward a
-gradient hook on the output stamps when the layer's backward (its recompute included) starts, one on the input when
-it ends. Hooks add no tensor and no reference to one, so what the layer frees (an offloaded input) is freed. Stamps
-are CUDA events on the current stream on a GPU, the host clock on CPU. Memory: `torch.cuda.memory_allocated` and the
-process RSS at the forward's two stamps.
-
-A layer's GPU leftover (`gpu_leftover`) is what its forward leaves on the GPU for its backward besides ZeRO's
-gathered parameters. A layer not run adds the mean time, GPU leftover and in-layer collective bytes of the run layers
-of its kind (`layer_pick.layer_kinds`); ZeRO's all-gathers and reduce-scatters scale with the parameter elements they
-move; DeepSpeed's async offload window, where it holds the checkpoints, is modelled by count. The formulas and why:
-docs/design/rehearsal.md.
-"""
+Hooks add no tensor and no reference to one. Where the marks sit and the formulas:
+docs/design/rehearsal.md."""
 
 from __future__ import annotations
 

@@ -1,27 +1,16 @@
-"""The loss on the answers of long agent sessions by answer-to-evidence distance: did the model learn to answer from
-far back? One JSON line per distance bucket per evaluation, in `<output_dir>/answer_loss.jsonl`.
+"""The loss on the answers of long agent sessions by answer-to-evidence distance: did the model
+learn to answer from far back? One JSON line per distance bucket per evaluation, in
+`<output_dir>/answer_loss.jsonl`.
 
     rows = read_sessions(path)                               # a `data prepare --sessions` directory or its jsonl
     rows = answer_sessions(cfg)                              # eval_data's first eval_rows sessions, or refused
     sessions = session_spans(tok, rows)                      # tokens and answer spans, once per run
     lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
-                                                             # (run/recall.py writes them at each evaluation)
     lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
-    -> [{"step", "bucket", "answers", "tokens", "mean_loss"}, ...]   buckets that hold an answer, nearest first
-    buckets, each = answer_loss_both(losses, sessions, step, control)  # and one line per answer; control: the
-                                                                 # sessions without evidence (`control_spans`)
+    buckets, each = answer_loss_both(losses, sessions, step, control)  # and one line per answer
 
-Per answer: the mean CE of predicting the tokens of its quoted value (data/answer_spans.py: tokens a .. b - 1, so the
-losses at row indices a - 1 .. b - 2), the session forwarded whole as one row (no EOS, no packing, no window).
-Per bucket: `mean_loss` is the mean of its answers' means (each answer counts once, whatever its length); `tokens`
-the answer tokens summed. Per answer (`<output_dir>/answer_loss_answers.jsonl`): its session, message, kind of fact,
-distance and bucket, `position` (the row index of its value's first token: past the training seq_len, a position
-training never reached), `tokens` and `loss`, so the buckets can be read by kind and by position.
-
-The control: each session again with every answer's evidence blanked (answer_spans.without_evidence), its answers
-scored alike: `loss_without_evidence` per answer, `mean_loss_without_evidence` per bucket. The loss a model reaches
-from the question, the kind of fact and the format alone; what the evidence saves is the difference.
-"""
+Each session is forwarded whole as one row; each answer counts once in its bucket's mean; the
+control blanks every answer's evidence. The fields and their meaning: docs/design/run.md."""
 
 from __future__ import annotations
 

@@ -23,12 +23,10 @@ if TYPE_CHECKING:
 def step_weights(
     batches: list, state: ParallelState, average: str, device: Optional[torch.device] = None
 ) -> tuple[list, int]:
-    """(per micro-batch, the weight of each of its rows; the step's trained tokens over every replica). The loss to
-    backprop is sum over rows of weight x the row's CE sum on this rank's slice; DeepSpeed averages gradients over
-    the W = sp x dp ranks, so weight = W / N makes the step's gradient that of (CE summed over every trained token
-    of the step) / N: N the step's trained tokens (`average` tokens), or N = the row's trained tokens x the step's
-    rows that train any (sequences). A row or a whole step without trained tokens weighs 0. Collective over dp, on
-    `device` (the engine's: nccl reduces CUDA tensors only; default the batches' own)."""
+    """(per micro-batch, the weight of each of its rows; the step's trained tokens over every
+    replica). A row weighs W / N (W = sp x dp ranks, over which DeepSpeed averages gradients; N per
+    `average`: docs/design/run.md), 0 without trained tokens. Collective over dp, on `device` (nccl
+    reduces CUDA tensors only)."""
     counts = [
         trained_counts(b.input_ids, b.labels, b.position_ids).double() for b in batches
     ]  # [b] each
@@ -61,11 +59,10 @@ def sharded_loss(
     n_seq: int = 0,
     branch: Optional[torch.Tensor] = None,
 ):
-    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]` of its dp replica
-    (every SP rank passes the same batch): returns what the loss head returns (loss to backprop, group token-mean
-    loss, group tokens). Sets the documents' cu_seqlens on the Ulysses attention, starts the attention caches' step
-    and a mixture of experts' load balance (its counted rows: not the SP padding; its weight: one of the step's
-    `micro_batches`) first; fails if the model's attention did not go through Ulysses."""
+    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]`
+    of its dp replica (every SP rank passes the same batch): what the loss head returns. Sets the
+    documents' cu_seqlens, the attention caches' step and the experts' load balance first; fails if
+    the attention did not go through Ulysses."""
     shard = shard_batch(
         input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids
     )

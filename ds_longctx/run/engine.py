@@ -1,22 +1,9 @@
-"""Build the engine (`build_engine`): the levers in one order around the model, then `deepspeed.initialize` (ZeRO-3).
+"""Build the engine (`build_engine`): the levers in one order around the model, then
+`deepspeed.initialize` (ZeRO-3).
 
-Order (each step says why it comes where it does):
- 1. checks (`run/preflight.validate`): sp_size against world size and heads, attention backend, model class,
-    the placement plan: all before anything is allocated, so bad input fails in seconds naming the fix.
- 2. process groups (`ParallelState.build`): zero.Init and the Ulysses exchange need them.
- 3. the model (`run/model.build_partitioned_model`): YaRN on the config from the target seq_len, built under
-    `deepspeed.zero.Init`, weights drawn per parameter name.
- 4-8. `run/lever_order.apply_levers`, the one home of their order (its docstring says why): LoRA, attention kernel
-    + Ulysses + fused ops, tiled MLP or tiled layer, placement plan, loss head and GPU budget.
- 9. `deepspeed.initialize(model, config)` with the trainable parameters: ZeRO-3 over all W ranks, gradients
-    averaged over W (the loss head's sp factor makes that the mean over the dp = W / sp replicas). Then the
-    optimizer's state (`run/optimizer_state.py`, `optimizer.state_at_build`), before the pool: DeepSpeed leaves the
-    Adam moments to step 1's optimizer step, and step 1 should hold what every step holds (`ds-longctx train` makes
-    it itself, after a resume could bring it).
-
-A step runs `run/batch_loss.py` (slice, document boundaries, attention-cache step, loss head, row weights), as the
-HF Trainer integration (`integrations/hf_trainer.py`) does.
-"""
+Order: checks (`run/preflight.validate`), process groups, the model under zero.Init, the levers
+(`run/lever_order.apply_levers`), `deepspeed.initialize`, then the optimizer's state. Why this
+order: docs/design/run.md. A step runs `run/batch_loss.py`, as the HF Trainer integration does."""
 
 from __future__ import annotations
 
@@ -182,19 +169,11 @@ class LongCtxEngine:
         position_ids: Optional[torch.Tensor] = None,
         labels: Optional[torch.Tensor] = None,
     ) -> SliceLosses:
-        """Per-token losses of this rank's slice of one full batch `[b, L]` (every SP rank passes the same),
-        forward only: under no_grad (no activation kept, no checkpoint, no recompute; the loss is the forward-only
-        chunked per-token CE) and in eval mode for the call, train mode restored after.
-
-        What eval mode changes here, and why it is wanted: transformers skips the decoder layers' checkpoint
-        functions (torch's or DeepSpeed's offloading one: nothing to recompute without a backward), and the
-        attention-cache slots stay idle (they act only while training), so no layer keeps anything. It changes
-        no number: the model has no dropout (the Ulysses function refuses attention dropout) and our attention
-        and sharding ignore the mode (unlike accelerate's SP, which turns itself off in eval mode). The module
-        is called directly rather than through the DeepSpeed engine, whose forward only adds backward hooks;
-        ZeRO-3's parameter gathering lives in hooks on the module itself and runs under no_grad too (its
-        prefetch trace resets at every top-level forward; an eval forward is a prefix of the training one).
-        """
+        """Per-token losses of this rank's slice of one full batch `[b, L]` (every SP rank passes
+        the same), forward only: under no_grad (no activation kept, no checkpoint, no recompute; the
+        loss is the forward-only chunked per-token CE) and in eval mode for the call, train mode
+        restored after. Eval mode changes no number; why it is used and why the module is called
+        directly: docs/design/run.md."""
         st = self.state
         shard = shard_batch(
             input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids
@@ -241,9 +220,9 @@ class LongCtxEngine:
 
 
 def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
-    """Steps 1-9 of the module docstring. Call under torchrun / deepspeed (or plain python for 1 rank).
-    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py` makes it after a resume,
-    whose checkpoint brings it: made here first, it would exist twice while the checkpoint's loads)."""
+    """Steps 1-9 (docs/design/run.md). Call under torchrun / deepspeed (or plain python for 1 rank).
+    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py`, after a
+    resume)."""
     import deepspeed
 
     t0 = time.perf_counter()

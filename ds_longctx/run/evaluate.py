@@ -5,26 +5,9 @@
     append_jsonl(out / "metrics.jsonl", result.metrics_row(step))     # {"step", "eval_loss", "eval_tokens", ...}
     append_jsonl(out / "eval_curve.jsonl", result.curve_row(step))    # {"step", "edges", "loss", "tokens", ...}
 
-Dimension legend: b micro batch, L seq_len, sp sequence-parallel degree, B buckets.
-
-Rows: the eval set is samples 0 .. rows-1 of the held-out data, split over the dp replicas as a training step
-splits its rows: eval batch k of replica r holds samples (k * dp + r) * b .. + b - 1. Samples past `rows` (the
-last batch of a replica that has fewer) run with every label ignored: every rank makes the same number of
-forwards, since ZeRO-3's parameter gathers are collective over all ranks.
-
-Loss: the token mean over every supervised token of the rows (sum of CE / count), not a mean of row means.
-
-Curve: the row is cut into B equal spans, edges[k] = ceil(k * L / B); index i of the row (the token that predicts
-token i + 1 from tokens 0 .. i) falls in bucket i * B // L. Each bucket's value is the mean CE of its supervised
-tokens (None if it has none). The index in the row, not position_ids: with packed documents the curve is over row
-positions.
-
-Memory: each batch is one forward through `engine.eval_batch` (no_grad: no activation kept) and its [b, L/sp] fp32
-losses; across batches only the B loss sums and token counts (float64) are kept, so the peak does not grow with
-the number of rows. One all-reduce over all ranks at the end sums every slice of every replica.
-
-Torch is imported inside `evaluate` only: the entry points import this module before anything heavy.
-"""
+Dimension legend: b micro batch, L seq_len, sp sequence-parallel degree, B buckets. Rules: every
+rank makes the same number of forwards; the loss is a token mean; memory does not grow with the
+number of rows. Row split, curve buckets and memory: docs/design/run.md."""
 
 from __future__ import annotations
 

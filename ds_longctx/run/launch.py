@@ -67,13 +67,10 @@ def launch_holding(
 
 
 def launch(nproc: int, args: list[str], module: str, output_dir: str | None = None) -> int:
-    """Start `nproc` local workers of `module` under torchrun's agent (in this process). The workers' last line
-    (a refusal, a NaN stop, a signal's stop: run/refuse.last_line, through $DS_LONGCTX_REFUSAL_FILE) is printed last
-    and its exit code returned, without torchrun's report or this process's traceback; SIGINT / SIGTERM to this
-    process reach the workers (torchrun's agent passes them on and waits STOP_GRACE_S for their save), and later
-    ones wait for that save unless it is abandoned (run/stops.LauncherSignals); once the workers are gone, signals
-    are ignored (the command only prints its last line). Another failure ends with torchrun's one-paragraph summary
-    and its exit code."""
+    """Start `nproc` local workers of `module` under torchrun's agent (in this process). The
+    workers' last line (run/refuse.last_line) is printed last and its exit code returned; signals
+    reach the workers and wait for their save (run/stops.LauncherSignals). Another failure ends with
+    torchrun's summary and its exit code."""
     import signal
     import tempfile
 

@@ -1,35 +1,9 @@
-"""The levers applied to a partitioned model in one order (`apply_levers`): steps 4-8 of `run/engine.py`.
+"""The levers applied to a partitioned model in one order (`apply_levers`): steps 4-8 of
+`run/engine.py`.
 
-`build_engine` and the HF Trainer integration (`integrations/hf_trainer.py`, where the Trainer runs
-`deepspeed.initialize`) both call `apply_levers`, the one home of this order:
- 4. LoRA (`levers/lora.apply_lora`, when lora_rank > 0): adapters injected in place into the targeted Linears,
-    the base frozen. After 3: it wraps the model's Linears, and the base stays as zero.Init partitioned it.
-    Before 5-8: the tiled MLP (which sends an MLP with adapters down its per-tile path) and the checkpoint
-    recompute must run the adapted Linears, the loss head must find the model's own trunk and lm_head (the
-    model class is unchanged), and deepspeed.initialize must partition the new adapters and give the optimizer
-    only them (`trainable_parameters`).
- 5. the attention kernel, chosen once (`attention.select`), with its backward's head groups
-    (`attention.set_head_groups`), then Ulysses attention (`ulysses.register`): swaps
-    the attention function, before DeepSpeed wraps the model; a hybrid model's gated DeltaNet layers get their kernel
-    (`gated_delta.select_linear`) and the same exchange around their conv1d and delta rule (`ulysses_linear.install`,
-    reading the batch's document bounds from the attention function); then fused token-wise kernels if asked
-    (`fused_ops.apply_fused_ops`: RMSNorm, SwiGLU, rotary), before 6 so a tiled MLP takes the MLP back and before 7
-    so the recompute runs the fused code.
- 6. tiled MLP (`tiled_mlp.apply_tiled_mlp`): the MLP over sequence tiles; before 7 so the checkpoint
-    recompute runs the tiled code too. Or, with `tiled_layer`, the whole layer's token-wise work in tiles
-    (`tiled_layer.apply_tiled_layer`: norms, projections, rotary, MLP; after 5, whose norm / rotary code the
-    tiles call).
- 7. the placement plan (`levers/placement.py`), computed once (`run/placement_plan.run_placement`: the config, or
-    the planner for `auto`) and applied in one place: each decoder layer checkpointed on the GPU, offloaded
-    through DeepSpeed's checkpoint, or with its attention output cached (after 5: the recompute replays the
-    exchange; after 6: it replays the tiled MLP).
- 8. loss head (`levers/loss_head.LossHead`): chunked lm_head + cross-entropy on the local slice,
-    token-weighted over the SP group; the lm_head weight is a ZeRO-3 external parameter of the loss module
-    (frozen under LoRA: the chunked loss then computes no weight gradient). Then the GPU budget
-    (`levers/gpu_budget.py`): the allocator capped at `memory.gpu_budget_gb`, the host at most `run_ahead_layers`
-    decoder layers ahead of the GPU; with `pinned_pool`, the pool's one allocation for the offloaded layers (7),
-    made after `deepspeed.initialize`.
-"""
+`build_engine` and the HF Trainer integration both call `apply_levers`, the one home of this order:
+LoRA, attention kernel + Ulysses + fused ops, tiled MLP or tiled layer, placement plan, loss head
+and GPU budget. Why each step comes where it does: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -100,11 +74,8 @@ def _attention_levers(
 def _tiled_levers(
     cfg: RunConfig, model: nn.Module, state: ParallelState, text
 ) -> Optional[MoeLever]:
-    """Step 6. The tiled MLP patches each MLP's forward; under the checkpoint (7), the layer recompute calls the
-    tiled forward too, so the four intermediate-width tensors never exist for the whole slice. A mixture of
-    experts' sparse blocks: the router (its load-balancing loss over the SP group) and, tiled, router + experts
-    per tile (levers/moe.py); its dense MLPs, if any, take the tiled MLP. The tiled layer: the norms,
-    projections, rotary and MLP of every layer in tiles."""
+    """Step 6: tiled MLP (a mixture of experts' sparse blocks per tile: levers/moe.py) or tiled
+    layer."""
     tile = cfg.memory.tile_tokens or text.hidden_size
     moe = apply_moe(model, router_aux_coef(cfg, text), tile if cfg.memory.tiled_mlp else None)
     if moe is not None and moe.untiled and state.rank == 0:
@@ -150,23 +121,18 @@ def _plan_pinned_pool(
 def apply_levers(
     cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict
 ) -> AppliedLevers:
-    """Steps 4-8 of the module docstring on a model built by `run/model.build_partitioned_model` (partitioned by
-    zero.Init), in that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with (its
-    activation_checkpointing block routes offloaded layers). Needs the process groups of `state`."""
+    """Steps 4-8 (docs/design/run.md) on a model built by `run/model.build_partitioned_model`, in
+    that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with. Needs the process
+    groups of `state`."""
     text = model.config.get_text_config()
-    # 4. LoRA: adapters on the partitioned base, drawn per name; the base frozen
-    apply_lora(model, cfg.lora, cfg.train.seed)
-    # 5. the attention kernel, Ulysses attention, fused ops
-    attn = _attention_levers(cfg, model, state, text)
-    # 6. tiled MLP (a mixture of experts' blocks with it) or tiled layer
-    moe = _tiled_levers(cfg, model, state, text)
-    # 7. the placement plan: computed once, applied in one place (needs 6's final layer code and the DeepSpeed
-    #    JSON's activation_checkpointing block for offloaded layers)
+    apply_lora(model, cfg.lora, cfg.train.seed)  # 4
+    attn = _attention_levers(cfg, model, state, text)  # 5
+    moe = _tiled_levers(cfg, model, state, text)  # 6
+    # 7. needs 6's final layer code and the DeepSpeed JSON's activation_checkpointing block
     gpu_gb = gpu_budget.planning_gpu_gb(cfg.memory.gpu_budget_gb)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_gb)
     placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
     _plan_pinned_pool(cfg, model, state, text, placement)
-    # 8. loss head: chunked lm_head + CE on the local slice
     head = LossHead(
         model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, moe and moe.aux
     )

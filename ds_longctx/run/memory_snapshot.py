@@ -1,21 +1,12 @@
-"""What holds the GPU memory at a step's peak: the CUDA allocator's history, recorded for the first steps of a run.
+"""What holds the GPU memory at a step's peak: the CUDA allocator's history, recorded for the first
+steps of a run.
 
     logging.memory_snapshot_steps: 2      # run config; 0 (default) records nothing
 
-Recording starts before the engine is built (so the weights' and optimizer state's blocks carry the code line that
-made them) and stops after step N. Then each rank writes, under `output_dir/memory/`:
-    rank<r>_snapshot.pickle   torch.cuda.memory._snapshot(): drag it onto https://pytorch.org/memory_viz
-    rank<r>_peak.txt          the blocks alive at the recorded window's highest allocated moment, grouped by the
-                              code line that allocated them (the innermost frame in ds_longctx, transformers,
-                              deepspeed, peft, flash_attn or liger; else the innermost frame), largest first; then
-                              the same for the held peak (freed blocks still waiting on another stream count), then
-                              the reserved memory by stream
-The planner's terms (plan/planner.py) name the same tensors: this is how a plan that misses is traced to a term.
-
-`peak_table` reads a snapshot dict and needs no GPU: it walks the trace backwards from the blocks alive at snapshot
-time (an `alloc` event: the block did not exist before it; a `free_completed` event: it did), so the live set at
-every event of the window is exact even when the ring buffer dropped the oldest events.
-"""
+Recording starts before the engine is built and stops after step N; each rank then writes
+`output_dir/memory/rank<r>_snapshot.pickle` (for https://pytorch.org/memory_viz) and
+`rank<r>_peak.txt` (the blocks alive at the peak, grouped by the code line that allocated them).
+`peak_table` needs no GPU. The file layout and how the live set is rebuilt: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -32,12 +23,9 @@ MAX_ENTRIES = 2_000_000
 
 
 def start(max_entries: int = MAX_ENTRIES) -> None:
-    """Record every allocation from now on (Python stacks; the allocator keeps the last `max_entries` events).
-
-    Stacks of allocations only (`context="alloc"`): with `context="all"` (frees' stacks too), torch 2.11 fails a
-    custom autograd Function recomputed by non-reentrant checkpoint (ZeRO-3's linear in every checkpointed layer:
-    `SystemError: ... returned NULL without setting an exception`), with or without torch.compile (measured: see
-    docs/calibration.md#memory-snapshot-context). What holds memory at the peak needs only the allocations' stacks."""
+    """Record every allocation from now on (Python stacks; the allocator keeps the last
+    `max_entries` events). Allocation stacks only: `context="all"` fails under non-reentrant
+    checkpoint (docs/calibration.md#memory-snapshot-context)."""
     import torch
 
     torch.cuda.memory._record_memory_history(
@@ -67,13 +55,11 @@ def origin(frames: list) -> str:
 
 
 def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
-    """{"peak_bytes", "event", "events", "groups": [(origin, bytes, blocks), ...] largest first} for the moment of the
-    window at which the most bytes were alive on `device` (blocks alive at snapshot time included).
-
-    A block is alive from its `alloc` to its `free_requested` (the caller let go: what torch.cuda.max_memory_allocated
-    counts). `held=True`: to its `free_completed` instead. A block used on another stream (`record_stream`, e.g.
-    DeepSpeed's checkpoint offload copies) is only given back once that stream's work up to the free has run; until
-    then its memory is neither allocated nor reusable, so the held peak is what the allocator had to reserve."""
+    """{"peak_bytes", "event", "events", "groups": [(origin, bytes, blocks), ...] largest first} for
+    the moment of the window at which the most bytes were alive on `device`. A block is alive from
+    its `alloc` to its `free_requested` (what torch.cuda.max_memory_allocated counts); `held=True`:
+    to its `free_completed`, which a block used on another stream reaches later (the held peak: what
+    the allocator had to reserve)."""
     end_state = ("active_allocated", "active_pending_free") if held else ("active_allocated",)
     live = {}  # addr -> (size, frames): the blocks alive at the end
     for seg in snapshot.get("segments", []):
@@ -130,10 +116,10 @@ def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
 
 
 def stream_table(snapshot: dict, device: int = 0) -> list:
-    """[(stream, reserved, allocated, segments, top origin of its blocks), ...] largest first: the allocator's
-    segments at snapshot time by the stream that owns them (the origin: of its live blocks, else of what the window's
-    allocations on that stream were). A stream's cached blocks serve only that stream, so a
-    side stream's reserved memory is not available to the compute stream's activations (and the other way)."""
+    """[(stream, reserved, allocated, segments, top origin of its blocks), ...] largest first: the
+    allocator's segments at snapshot time by the stream that owns them (the origin: of its live
+    blocks, else of what the window's allocations on that stream were). A stream's cached blocks
+    serve only that stream."""
     rows = defaultdict(lambda: [0, 0, 0, defaultdict(int)])
     for seg in snapshot.get("segments", []):
         if seg.get("device", device) != device:

@@ -3,9 +3,8 @@
     hf_cfg = load_hf_config("qwen3-8b")        # a shipped geometry or a checkpoint directory (no weights)
     model = build_partitioned_model(cfg, hf_cfg, ds_config)     # under zero.Init, YaRN applied, weights drawn
 
-Shipped geometries get random weights drawn per parameter name (`init_weights`), so a run of any world size or
-sp_size starts from the same weights; a checkpoint directory is loaded with `from_pretrained`, partitioned.
-"""
+Shipped geometries draw weights per parameter name (`init_weights`), the same at any world size or
+sp_size."""
 
 from __future__ import annotations
 

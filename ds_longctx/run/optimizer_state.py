@@ -1,27 +1,11 @@
 """The optimizer's state made at build, so step 1 holds what every later step holds.
 
-DeepSpeed 0.19.8's ZeRO-3 (`initialize_optimizer_states` in `deepspeed/runtime/zero/stage3.py`) gives each fp32
-sub-group a gradient buffer but runs no optimizer step. torch's AdamW, DeepSpeed's FusedAdam and DeepSpeedCPUAdam all
-create their moments lazily, in their first `step()`. That is the optimizer step at the end of step 1.
-- On the GPU, step 1's forward and backward therefore run without the 8·P/G bytes of Adam moments the plan counts for
-  every step, and peak that much below it (measured: docs/calibration.md#optimizer-state-at-build).
-- So a one-step check understates the run, and a plan that does not fit fails at step 2, after the first step's
-  minutes, not at build.
-- With the optimizer offloaded the same moments land in host memory at step 1's end.
-
-`materialize` makes that state before the first step. Each sub-group goes through ZeRO-3's own per-sub-group step
-(`_optimizer_step`), so its optimizer (the host's CPU Adam or the GPU's AdamW under a partial offload) makes the state
-exactly as its first step would. For that one step:
-- the gradient is zeros;
-- every group's lr and weight_decay are 0 (restored after), so the weights and the moments stay exactly as they
-  were: AdamW multiplies the weights by 1 - 0 and adds -0 · m / (sqrt(v) + eps), and the moments of a zero
-  gradient are zeros;
-- the step counters are set back to 0 after, so the first real step is step 1 with its bias correction.
-
-Only optimizers whose lazy state and step counter this handles are touched (`SUPPORTED`); any other optimizer, an
-NVMe-swapped one, a sub-group that already has state, or a DeepSpeed without these internals is left to its lazy
-default, and the reason is returned for the build log.
-"""
+DeepSpeed's ZeRO-3 optimizers make their Adam moments lazily, in step 1's optimizer step, so step 1
+peaks below every later step (measured: docs/calibration.md#optimizer-state-at-build) and a plan
+that does not fit would fail at step 2. `materialize` runs one zero-gradient, zero-lr step per
+sub-group that leaves weights and moments unchanged and resets the step counters. Only optimizers in
+`SUPPORTED` are touched; otherwise the reason is returned for the build log. Details:
+docs/design/run.md."""
 
 from __future__ import annotations
 

@@ -95,10 +95,10 @@ def reference_logps(engine, data, output_dir, fresh: bool) -> None:
 
 
 def pair_forward_backward(engine, batches: list, logps_of) -> tuple:
-    """(loss, trained tokens, metrics) of one optimizer step of this dp replica: each micro-batch's mean per-pair
-    loss (TRL's, train.beta and train.loss_type) backpropagated with weight sp / micro-batches (DeepSpeed averages
-    over the sp x dp ranks; each SP rank's gradient is its share), DeepSpeed's step after each but the last. The loss
-    and metrics are over every micro-batch and replica: rewards of chosen and rejected, accuracy and margin."""
+    """(loss, trained tokens, metrics) of one optimizer step of this dp replica: each micro-batch's
+    mean per-pair loss (TRL's, train.beta and train.loss_type) backpropagated with weight sp /
+    micro-batches (DeepSpeed averages over the sp x dp ranks). The loss and metrics are over every
+    micro-batch and replica."""
     st, train = engine.state, engine.cfg.train
     sums = torch.zeros(7, dtype=torch.float64, device=engine.device)
     for k, batch in enumerate(batches):

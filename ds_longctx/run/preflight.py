@@ -1,18 +1,10 @@
-"""Every check of a run that reads no dataset and starts nothing: called before any process group exists (by
-`ds-longctx train` before it starts workers, and by each rank).
+"""Every check of a run that reads no dataset and starts nothing: called before any process group
+exists (by `ds-longctx train` before it starts workers, and by each rank).
 
     hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
 
-Order: what the host cannot hold (`host_problem`), the engine's checks (`validate`: the model as `plan` reads it
-(plan/geometry.py: the same refusal in the same words), its weights where it is a checkpoint directory, sp_size vs
-world, processes per node and heads (a hybrid model's linear heads too), attention backend and the gated DeltaNet
-kernel, model class, LoRA targets, the placement plan for this model),
-the RoPE coverage at seq_len, the data source and eval_data's (path, file sniffing, tokenizer vs vocabulary, packing
-support; answers where eval_answer_loss asks for them), then output_dir and resume (resume.check_run_dir: another
-run's files, the checkpoint's files; a resume's fit on a new world), without a GPU the model's training state
-beyond the host's RAM (`cpu_model_problem`), and the space its checkpoints take (`disk_problem`). Nothing is written: a
-refused run leaves no output.
-"""
+Rules: the cheap checks come first, each refusal names the fix, and nothing is written (a refused
+run leaves no output). The order of the checks: docs/design/run.md."""
 
 from __future__ import annotations
 

@@ -14,12 +14,9 @@ import torch.distributed.distributed_c10d as c10d
 
 
 def default_group_timeout(seconds: float) -> None:
-    """Make `seconds` the timeout of every process group created from now on, not only the world group.
-
-    init_process_group's timeout covers the world group; `new_group` (our SP/DP groups, DeepSpeed's ZeRO
-    groups) falls back to torch's module default (30 min gloo, 10 min NCCL), so a hung rank would hold those
-    collectives that long. Set process-wide and never undone: this process lives for this one run.
-    """
+    """Make `seconds` the timeout of every process group created from now on, not only the world
+    group (`new_group` would otherwise use torch's module default). Process-wide and never undone:
+    this process lives for one run."""
     c10d.default_pg_timeout = timedelta(seconds=seconds)
     c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
 

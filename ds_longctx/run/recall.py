@@ -1,23 +1,12 @@
-"""Recall of long agent sessions by answer-to-evidence distance: does greedy decoding give back the value an answer
-quotes from far back? One JSON line per (stage, step, bucket) in `<out>/recall.jsonl`, one per answer in
-`recall_answers.jsonl`.
+"""Recall of long agent sessions by answer-to-evidence distance: does greedy decoding give back the
+value an answer quotes from far back? One JSON line per (stage, step, bucket) in
+`<out>/recall.jsonl`, one per answer in `recall_answers.jsonl`.
 
     write = answers_writer(engine, cfg, model, stage)   # write(step): the lines at `step`; collective
 
-The cut: for each answer, the prompt is the session up to its value's first token: every message before it (the
-evidence far back, the question) and the answer's own lead-in (`<|im_start|>assistant\\n` and the words before the
-value, e.g. "`timeout` defaults to `"). Greedy decoding from that prompt reproduces the value's tokens iff, at each
-of them, the value token's logit is the maximum of the model's next-token logits given the true prefix (the tokens
-before it are then the ones greedy emitted). So one teacher-forced forward of the whole session gives every answer's
-exact match at once: `exact` is true when every value token is its position's argmax (levers/chunked_loss.py
-`per_token_scores`; a tie with the maximum counts as a hit). tests/run/test_recall.py holds this against HF
-`generate(do_sample=False)`.
-
-Per bucket: `answers`, `loss_with_evidence` and `loss_without_evidence` (the means of the answers' value losses
-in the session and in its control, every answer's evidence blanked: run/answer_loss.py), `recall_exact_match` (the
-share of its answers with `exact`); with model, stage (`base`: a model directory as it is, `trained`: a run's
-weights), step, seq_len, commit, device, date.
-"""
+One teacher-forced forward of each session gives every answer's exact match: `exact` when every
+value token is its position's argmax (tests/run/test_recall.py holds this against greedy
+`generate`). The cut and the fields: docs/design/run.md."""
 
 from __future__ import annotations
 

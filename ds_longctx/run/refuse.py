@@ -1,12 +1,7 @@
-"""Refusals: bad config, bad input, an unusable checkpoint. Every one exits with `REFUSED` (2), says why in one
-line, and changes nothing.
-
-Inside workers (after `ds-longctx train` started them, e.g. data whose token ids are outside the vocabulary):
-every rank exits 2 and rank 0 prints the line, or, when `ds-longctx train` launched it, writes it to the file
-named by $DS_LONGCTX_REFUSAL_FILE instead, so the launcher prints it as the last line rather than under
-torchrun's failure report. A planned stop (run/stops.py: a signal, a NaN loss) hands its line and exit code to
-the launcher the same way (`last_line`).
-"""
+"""Refusals: bad config, bad input, an unusable checkpoint. Every one exits with `REFUSED` (2), says
+why in one line, and changes nothing. Inside workers launched by `ds-longctx train`, the line goes
+to $DS_LONGCTX_REFUSAL_FILE so the launcher prints it last (`last_line`; also used by
+run/stops.py)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
-"""What a resume changes (config/resume_keys.py decides what may change), applied after the checkpoint's load and
-listed in one log line on rank 0:
+"""What a resume changes (config/resume_keys.py decides what may change), applied after the
+checkpoint's load and listed in one log line on rank 0:
 
     resume: changed since step 3: lr 0.001 -> 0.0005, steps 6 -> 8
 
-Most keys take effect by being read from this run's config. The optimizer's do not: DeepSpeed's load restores the
-param groups (lr, weight_decay) and the lr scheduler's state (its step and peak lr) from the checkpoint, while the
-schedule's shape (plan/lr_schedule.py: warm-up, decay, floor, steps) is built from this run's config. So after the
-load every group gets this run's weight_decay and the scheduler this run's peak lr at the checkpoint's step: the next
-step runs with the lr this run's schedule gives it (as a run with this config from the start would, from that step
-on). A changed optimizer_offload loads one Adam's saved state into the other (`adopt_saved_state`).
-"""
+After the load every param group gets this run's weight_decay and the scheduler this run's peak lr,
+so the next step runs with the lr this run's schedule gives it. Why: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -43,11 +38,10 @@ def set_schedule(ds_engine, lr: float, weight_decay: float, step: int) -> None:
 
 
 def adopt_saved_state(zo) -> None:
-    """After a load of another Adam's state (optimizer_offload changed: torch AdamW <-> DeepSpeed CPU Adam): each
-    param group gets the settings this optimizer keeps and the saved groups lack (CPU Adam's `bias_correction`: a
-    KeyError at the first step otherwise), and CPU Adam's per-parameter step counters become ints (torch's are
-    tensors; torch's AdamW converts the other way itself). The moments are the same tensors in both. A no-op where the
-    checkpoint's Adam is this run's."""
+    """After a load of another Adam's state (optimizer_offload changed: torch AdamW <-> DeepSpeed
+    CPU Adam): each param group gets the settings the saved groups lack (CPU Adam's
+    `bias_correction`) and CPU Adam's step counters become ints. A no-op where the checkpoint's Adam
+    is this run's."""
     for opt in optimizers(zo):
         for group in opt.param_groups:
             for key, value in opt.defaults.items():

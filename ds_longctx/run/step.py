@@ -33,11 +33,10 @@ class TimedStep:
 def timed_step(
     engine, data, step: int, train, before_optimizer: Optional[Callable] = None
 ) -> TimedStep:
-    """Make optimizer step `step + 1` (`step` are done) on this rank's dp replica: its micro-batches of `data` at
-    `step` (train section: micro_batch, grad_accum), loss and gradients, then the optimizer step.
-    `before_optimizer(result)` runs between the last backward and the optimizer step (train stops there on a
-    non-finite loss, the weights untouched). The peak-memory counters are reset at the start, so the peaks are this
-    step's."""
+    """Make optimizer step `step + 1` (`step` are done) on this rank's dp replica: its micro-batches
+    of `data` at `step` (train section: micro_batch, grad_accum), loss and gradients, then the
+    optimizer step. `before_optimizer(result)` runs between the last backward and the optimizer
+    step. The peaks are this step's."""
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()

@@ -1,23 +1,15 @@
-"""How a run stops: on SIGTERM or SIGINT (every rank at the same step boundary, saved), when its launcher dies (each
-worker ends itself), and the exit code and last line of each stop (docs/reliability.md: "Every stop ends with one
-line").
+"""How a run stops: on SIGTERM or SIGINT (every rank at the same step boundary, saved), when its
+launcher dies (each worker ends itself), and the exit code and last line of each stop
+(docs/reliability.md: "Every stop ends with one line").
 
     stop = StopRequest().install()       # SIGTERM and SIGINT set a flag; the loop asks `agreed()` once per step
     watch_launcher()                     # at a worker's start: end this process when its launcher is gone
     with saving(step): ...               # a save: the watch waits for it; the launcher is told which step
     LauncherSignals(status_file)         # in `ds-longctx train`: later signals wait for the workers' save
 
-A save, once started, is finished: further signals to the workers only repeat the stop request, a worker whose
-launcher dies finishes its save before it ends itself, and `ds-longctx train` answers a second SIGINT / SIGTERM
-with what the workers are doing ("saving step 6") and abandons their save (SIGKILL to the workers) only on another
-one ABANDON_WINDOW_S later at most. Presses closer than DEBOUNCE_S to the one before count once. The save itself is
-written aside and renamed (checkpoint/resume.py), so an abandoned save leaves the previous checkpoint as it was.
-
-Exit codes: 0 every step trained, or a worker stopped by a signal after saving (torchrun, accelerate and deepspeed
-see a clean exit); 1 a failure (FAILED: a NaN/inf loss with its one line, an error with its traceback, a dead or
-hung rank, a worker whose launcher died); 2 a refusal (run/refuse.py); 128 + the signal's number from
-`ds-longctx train` / `eval` stopped by SIGINT (130) or SIGTERM (143), the workers' save done (`signal_exit`).
-"""
+A save, once started, is finished unless abandoned by a repeated signal. Exit codes: 0 done or
+stopped after saving, 1 a failure, 2 a refusal, 128 + the signal's number from `ds-longctx train` /
+`eval`. Details: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -86,9 +78,8 @@ class StopRequest:
 
     @contextlib.contextmanager
     def now(self, what: str, left: str = "nothing trained, nothing saved"):
-        """Within the block (work that has no step boundary: reading and tokenizing the data before step 1, `data
-        prepare`), a signal ends this process within moments: rank 0's last line says what it stopped and `left`
-        (what is on disk), exit 128 + the signal's number (`signal_exit`)."""
+        """Within the block (work with no step boundary), a signal ends this process at once: rank
+        0's last line says what it stopped and `left`, exit `signal_exit`."""
         self._now, self._left = what, left
         try:
             if self.signum:  # one came before the block
@@ -138,15 +129,9 @@ _watching: Optional[threading.Thread] = None
 
 
 def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
-    """A worker started by a launcher (LOCAL_RANK set: torchrun, `accelerate launch`, the `deepspeed` launcher,
-    `ds-longctx train`) ends itself within `poll_s` of its launcher's death (exit FAILED, one line on stderr).
-
-    Those launchers start workers in their own sessions (torchrun) or cannot pass a signal on when they are killed
-    (SIGKILL), so a killed launcher left its workers training, saving and pruning checkpoints. The launcher is this
-    process's parent (torchrun's agent runs inside torchrun, accelerate and `ds-longctx train`; deepspeed's is
-    `deepspeed.launcher.launch`): when it dies the kernel gives the worker another parent, which a daemon thread sees
-    in getppid(). A process without a launcher (plain `python -m ds_longctx.train`) is not watched: its parent is
-    a shell that may leave it running on purpose (nohup). Idempotent."""
+    """A worker started by a launcher (LOCAL_RANK set) ends itself within `poll_s` of its launcher's
+    death (exit FAILED, one line on stderr), seen as a changed getppid(). Without a launcher nothing
+    is watched (nohup). Idempotent. Why: docs/design/run.md."""
     global _watching
     if _watching is not None or "LOCAL_RANK" not in os.environ:
         return _watching
