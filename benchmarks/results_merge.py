@@ -36,6 +36,10 @@ SESSIONS = RESULTS / "sessions"
 NOTES = "sessions/README.md"  # the session notes: what each session ran, at which tree
 # raw files whose own `commit` is empty or names another tree than the one that ran: (tree, where the notes say so)
 COMMITS = {
+    "attention_2026-12-06.jsonl": (
+        "9e7d87d",
+        f"{NOTES}, session_2026-12-06_h100x1-20261206T2036: a git archive of the tree, no .git",
+    ),
     "attention_2026-11-30.jsonl": (
         "5ec1da5",
         f"{NOTES}, issue 11 section: the rows' 3655a3e is the device copy's",

@@ -20,12 +20,16 @@ SIGINT / SIGTERM after the workers saved; every stop prints its one line last.
 
 from __future__ import annotations
 
-# Each subcommand imports its modules inside the function that runs it: `import ds_longctx.cli` loads argparse, json,
-# os, sys and pathlib only, so `ds-longctx plan` and every `--help` and refusal answer without torch, and fast.
+# Each command imports its modules when it runs (COMMANDS' entry points, imports inside functions): `import
+# ds_longctx.cli` loads the standard library only, so `ds-longctx plan` and every `--help` and refusal answer
+# without torch, and fast.
 import argparse
+import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -219,22 +223,44 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-# ---------------------------------------------------------------- subcommands that own their options
-def _plan(args: list[str]) -> int:
-    from ds_longctx.plan.write import main as plan_main
+# ---------------------------------------------------------------- entry points that live here
+def _train(args: list[str]) -> int:
+    """`ds-longctx train --nproc N [--config F] [--key value ...]`: --nproc here, the rest to the run config."""
+    from ds_longctx.config import RunConfig
 
-    return plan_main(args)
+    t = argparse.ArgumentParser(
+        prog="ds-longctx train",
+        allow_abbrev=False,
+        epilog=RunConfig.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start N local training processes under torchrun; every option but --nproc goes "
+        "to the run config (below). Refusals exit 2 with one line, printed last.",
+    )
+    t.add_argument(
+        "--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)"
+    )
+    parsed, rest = t.parse_known_args(args)
+    # argparse keeps the last
+    if (n := sum(a == "--nproc" or a.startswith("--nproc=") for a in args)) > 1:
+        t.error(f"--nproc is given {n} times; keep one")
+    return run_train(parsed.nproc, rest)
 
 
-def _rehearse(args: list[str]) -> int:
-    from ds_longctx.rehearsal.rehearse import main as rehearse_main
-
-    return rehearse_main(args)
+def _demo(args: list[str]) -> int:
+    d = argparse.ArgumentParser(prog="ds-longctx demo", description=COMMANDS["demo"].help)
+    d.add_argument("--steps", type=int, default=4)
+    d.add_argument("--seq_len", type=int, default=256)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--output_dir", default="runs/demo")
+    parsed, rest = d.parse_known_args(args)
+    if rest:
+        d.error(f"unknown arguments for demo: {rest}")
+    return run_demo(parsed)
 
 
 def _data(args: list[str]) -> int:
     """`ds-longctx data prepare --stdlib|--sessions --out DIR`; a signal ends it at once, with its line."""
-    from ds_longctx.data.prepare import main as data_main
+    from ds_longctx.corpora.prepare import main as data_main
     from ds_longctx.run.refuse import refuse
     from ds_longctx.run.stops import StopRequest
 
@@ -252,31 +278,6 @@ def _data(args: list[str]) -> int:
         signals.uninstall()
 
 
-def _export(args: list[str]) -> int:
-    from ds_longctx.checkpoint.export import main as export_main
-
-    return export_main(args)
-
-
-def _checkpoint(args: list[str]) -> int:
-    from ds_longctx.checkpoint.convert import main as checkpoint_main
-
-    return checkpoint_main(args)
-
-
-def _models(args: list[str]) -> int:
-    """`ds-longctx models get NAME --out DIR`: a real model as an HF directory."""
-    from ds_longctx.checkpoint.real_models import main as models_main
-
-    return models_main(args)
-
-
-def _plot(args: list[str]) -> int:
-    from ds_longctx.run.plots import main as plot_main
-
-    return plot_main(args)
-
-
 def _eval(args: list[str]) -> int:
     """Its own options (ds-longctx eval -h); the rest go to the run config."""
     if "-h" in args or "--help" in args:
@@ -287,81 +288,103 @@ def _eval(args: list[str]) -> int:
     return run_eval(args)
 
 
-OWN_OPTIONS = {
-    "plan": _plan,
-    "rehearse": _rehearse,
-    "data": _data,
-    "export": _export,
-    "checkpoint": _checkpoint,
-    "models": _models,
-    "plot": _plot,
-    "eval": _eval,
+# ---------------------------------------------------------------- the commands: one record each
+@dataclass(frozen=True)
+class Command:
+    """One `ds-longctx` command: its name, its line in `--help`, and its entry point ("module:function",
+    imported when the command runs and called with the arguments after the name)."""
+
+    name: str
+    help: str
+    entry: str
+
+    def resolve(self) -> Callable[[list[str]], int | None]:
+        module, _, function = self.entry.partition(":")
+        if module == HERE:  # this module, which `python -m ds_longctx.cli` runs as __main__
+            return globals()[function]
+        return getattr(importlib.import_module(module), function)
+
+
+HERE = "ds_longctx.cli"
+COMMANDS = {
+    c.name: c
+    for c in (
+        Command(
+            "demo",
+            "the embedded default: tiny Qwen3, 2 CPU processes, SP=2 vs SP=1",
+            f"{HERE}:_demo",
+        ),
+        Command(
+            "train",
+            "start N local training processes (torchrun); other options go to the run config "
+            "(--config FILE, --key value)",
+            f"{HERE}:_train",
+        ),
+        Command(
+            "plan",
+            "memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)",
+            "ds_longctx.plan.write:main",
+        ),
+        Command(
+            "rehearse",
+            "one GPU plays ranks of a config's world: memory, time, collectives "
+            "(ds-longctx rehearse -h)",
+            "ds_longctx.rehearsal.rehearse:main",
+        ),
+        Command(
+            "export",
+            "DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)",
+            "ds_longctx.checkpoint.export:main",
+        ),
+        Command(
+            "eval",
+            "a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "
+            "rows (ds-longctx eval -h)",
+            f"{HERE}:_eval",
+        ),
+        Command(
+            "data",
+            "prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
+            "(ds-longctx data prepare -h)",
+            f"{HERE}:_data",
+        ),
+        Command(
+            "checkpoint",
+            "convert a checkpoint of an older version, or reshard one ahead of a resume on "
+            "another layout (ds-longctx checkpoint convert|reshard -h)",
+            "ds_longctx.checkpoint.convert:main",
+        ),
+        Command(
+            "plot",
+            "a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)",
+            "ds_longctx.run.plots:main",
+        ),
+        Command(
+            "models",
+            "a real model as an HF directory: ds-longctx models get NAME --out DIR",
+            "ds_longctx.checkpoint.real_models:main",
+        ),
+    )
 }
 
-# ---------------------------------------------------------------- the top parser: --help, train, demo
-SUBCOMMAND_HELP = {
-    "plan": "memory plan + generated DeepSpeed/accelerate configs (ds-longctx plan -h)",
-    "export": "DeepSpeed checkpoint -> HF safetensors (ds-longctx export -h)",
-    "rehearse": "one GPU plays ranks of a config's world: memory, time, collectives "
-    "(ds-longctx rehearse -h)",
-    "data": "prepare a corpus: ds-longctx data prepare --stdlib|--sessions [N] --out DIR "
-    "(ds-longctx data prepare -h)",
-    "checkpoint": "convert a checkpoint of an older version, or reshard one ahead of a resume on "
-    "another layout (ds-longctx checkpoint convert|reshard -h)",
-    "models": "a real model as an HF directory: ds-longctx models get NAME --out DIR",
-    "plot": "a run's metrics.jsonl against step as PNGs, runs overlaid (ds-longctx plot -h)",
-    "eval": "a checkpoint's (or a model's) eval loss, per-position curve and recall on held-out "
-    "rows (ds-longctx eval -h)",
-}
 
-
-def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The top parser and its `train` subparser (`train` and `demo` are parsed here)."""
-    from ds_longctx.config import RunConfig
-
+def _parser() -> argparse.ArgumentParser:
+    """The top parser: `--help` lists COMMANDS; a missing or unknown command is refused here."""
     p = argparse.ArgumentParser(
         prog="ds-longctx", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, text in SUBCOMMAND_HELP.items():
-        sub.add_parser(name, help=text)
-    t = sub.add_parser(
-        "train",
-        allow_abbrev=False,
-        help="start N local training processes (torchrun); other options "
-        "go to the run config (--config FILE, --key value)",
-        epilog=RunConfig.help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Start N local training processes under torchrun; every option but --nproc goes "
-        "to the run config (below). Refusals exit 2 with one line, printed last.",
-    )
-    t.add_argument(
-        "--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)"
-    )
-    d = sub.add_parser(
-        "demo", help="the embedded default: tiny Qwen3, 2 CPU processes, SP=2 vs SP=1"
-    )
-    d.add_argument("--steps", type=int, default=4)
-    d.add_argument("--seq_len", type=int, default=256)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--output_dir", default="runs/demo")
-    return p, t
+    for c in COMMANDS.values():
+        sub.add_parser(c.name, help=c.help, add_help=False)
+    return p
 
 
 def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in OWN_OPTIONS:
-        sys.exit(OWN_OPTIONS[argv[0]](argv[1:]))
-    p, t = _parser()
-    args, rest = p.parse_known_args(argv)
-    if args.cmd == "train":
-        # argparse keeps the last
-        if (n := sum(a == "--nproc" or a.startswith("--nproc=") for a in argv)) > 1:
-            t.error(f"--nproc is given {n} times; keep one")
-        sys.exit(run_train(args.nproc, rest))
-    if rest:
-        p.error(f"unknown arguments for {args.cmd}: {rest}")
-    sys.exit(run_demo(args))
+    if not argv or argv[0] not in COMMANDS:  # --help; a missing or unknown command exits 2
+        parsed, rest = _parser().parse_known_args(argv)
+        argv = [parsed.cmd, *rest]
+    sys.exit(COMMANDS[argv[0]].resolve()(argv[1:]))
 
 
 if __name__ == "__main__":

@@ -392,15 +392,19 @@ def run_module(
     return subprocess.CompletedProcess(cmd, code, out, err)
 
 
-def start(nproc: int, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    """`ds_longctx.train ARGS` under torchrun in the background, stdout and stderr to `log`."""
+def start(
+    nproc: int, args: list[str], log: Path, env: dict | None = None, launcher: bool = False
+) -> subprocess.Popen:
+    """`ds_longctx.train ARGS` under torchrun in the background (`launcher`: under `ds-longctx train`), stdout
+    and stderr to `log`."""
+    cmd = (
+        [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", str(nproc), *args]
+        if launcher
+        else torchrun_cmd(nproc, ["ds_longctx.train", *args], module=True)
+    )
     with open(log, "w") as f:  # the child holds its own copy of the descriptor
         return subprocess.Popen(
-            torchrun_cmd(nproc, ["ds_longctx.train", *args], module=True),
-            env=env or cpu_env(),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cmd, env=env or cpu_env(), stdout=f, stderr=subprocess.STDOUT, cwd=ROOT
         )
 
 

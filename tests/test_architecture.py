@@ -119,7 +119,7 @@ def test_the_check_finds_an_upward_import_inside_a_function(tmp_path):
     line = victim.read_text().count("\n")
     assert upward_imports(tmp_path) == [
         f"ds_longctx/parallel/sharding.py:{line}: imports ds_longctx.run.engine: layer parallel imports layer run, "
-        f"above it (layers, lowest first: parallel -> levers/data -> config -> plan -> checkpoint -> run -> "
+        f"above it (layers, lowest first: parallel -> levers/data -> config/corpora -> plan -> checkpoint -> run -> "
         f"integrations/rehearsal -> cli/train/eval/generate)"
     ]
 

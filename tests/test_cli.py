@@ -1,6 +1,8 @@
 """The `ds-longctx` command (ds_longctx/cli.py): its hand-over to torchrun passes the workers' arguments as given, and
 it dispatches its subcommands."""
 
+import importlib
+
 import pytest
 
 from ds_longctx.run.launch import torchrun_args
@@ -229,3 +231,30 @@ def main_exit(main, argv: list) -> int:
     with pytest.raises(SystemExit) as e:
         main(argv)
     return e.value.code
+
+
+def test_every_command_is_one_record_that_help_lists_and_main_dispatches(capsys, monkeypatch):
+    """cli.COMMANDS is the one list: each entry point resolves to a function, `ds-longctx --help` lists exactly the
+    records with their help lines, and `ds-longctx NAME ARGS` calls NAME's entry with ARGS."""
+    import re
+
+    from ds_longctx import cli
+
+    entries = {name: c.resolve() for name, c in cli.COMMANDS.items()}
+    assert all(callable(f) for f in entries.values()) and "train" in entries and "plan" in entries
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    listed = re.search(r"^  \{([a-z,]+)\}$", out, re.M).group(1).split(",")
+    assert listed == list(cli.COMMANDS)
+    flat = " ".join(out.split())  # argparse wraps the help lines
+    assert all(f"{name} {' '.join(c.help.split())}" in flat for name, c in cli.COMMANDS.items())
+    called = []
+    for name, c in cli.COMMANDS.items():
+        module, _, function = c.entry.partition(":")
+        target = cli if module == cli.HERE else importlib.import_module(module)
+        monkeypatch.setattr(target, function, lambda args, name=name: called.append((name, args)))
+        with pytest.raises(SystemExit):
+            cli.main([name, "--x", "1"])
+    assert called == [(name, ["--x", "1"]) for name in cli.COMMANDS]

@@ -172,7 +172,7 @@ RULES = [
     ),
     # docs/data.md
     covered(
-        "tests/data/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
+        "tests/corpora/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
         "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 4096 --data corpus/ --tokenizer tok/",
     ),
     Rule(
@@ -181,7 +181,7 @@ RULES = [
         mini=Mini("six modules of the standard library, not all of it", append=STDLIB_FEW),
     ),
     covered(
-        "tests/data/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
+        "tests/corpora/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
         "ds-longctx train --nproc 1 --model qwen3-tiny --data corpus/ --tokenizer corpus/tokenizer",
     ),
     Rule(
@@ -213,15 +213,15 @@ RULES = [
         ),
     ),
     covered(
-        "tests/data/test_agent_sessions.py::test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids",
+        "tests/corpora/test_agent_sessions.py::test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids",
         "ds-longctx data prepare --sessions 64 --out smol_sessions/ --tokenizer MODEL_DIR",
     ),
     covered(
-        "tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
+        "tests/corpora/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
         "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --data tiny_sessions/",
     ),
     covered(
-        "tests/data/test_agent_sessions.py::test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss",
+        "tests/corpora/test_agent_sessions.py::test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss",
         "ds-longctx eval --checkpoint runs/answers --data tiny_sessions/",
     ),
     covered(
@@ -252,13 +252,27 @@ RULES = [
         "ds-longctx eval --model MODEL_DIR --data smol_sessions/",
     ),
     covered(
-        "tests/data/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
+        "tests/corpora/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
         "ds-longctx train ... --eval_data smol_sessions/ --eval_answer_loss true --eval_recall true",
     ),
     covered(
         "tests/run/test_preference_step.py::test_dpo_train_stores_the_reference_and_logs_rewards",
         "ds-longctx train --nproc 2 --sp_size 2 --model /path/to/Qwen3-8B --objective dpo",
     ),
+    covered(
+        "tests/levers/test_preference.py::test_dpo_and_grpo_sp2_packed_match_trl_and_the_hand_reference",
+        "ds-longctx train ... --objective dpo --ref_model",
+    ),
+    covered(
+        "tests/levers/test_preference.py::test_dpo_and_grpo_sp2_packed_match_trl_and_the_hand_reference",
+        "ds-longctx train --nproc 2 --sp_size 2 --model policy-0 --objective grpo",
+    ),
+    covered(
+        "tests/run/test_real_weights.py::test_a_checkpoint_directory_fine_tunes_from_its_weights_then_evals_and_"
+        "exports",
+        "ds-longctx export --checkpoint runs/grpo-",
+    ),
+    Rule("vllm serve ", "manual", "an inference engine serving the export (vLLM, on a GPU)"),
     Rule(
         "ds-longctx train --nproc 2 --config my_run/run.yaml",
         "gpu",

@@ -246,10 +246,6 @@ def check_command(cmd: str, parsers: dict) -> list:
     if not words or words[0] not in parsers:
         return [f"subcommand {words[:1]}"]
     parser, sub = parsers[words[0]], words[0]
-    if sub in ("train", "demo"):  # the top parser; its subparser holds their options
-        parser = next(
-            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        ).choices[sub]
     for w in words[1:]:
         nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         if nested and w in nested[0].choices:

@@ -18,6 +18,8 @@ holds the run's lock (checkpoint/run_lock.py): a run that is writing there is na
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -71,6 +73,33 @@ def convert_tag(tag_dir: Path) -> bool:
     return True
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT inside `stop_raises`: the block's cleanup runs (write_universal removes its partial)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_raises():
+    """Within the block the first SIGTERM or SIGINT raises Stopped and later ones wait for its cleanup; the
+    previous handlers come back after."""
+    got = []
+
+    def handler(signum, frame):
+        if not got:
+            got.append(signum)
+            raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def reshard_tag(root: Path, tag: str | None) -> str:
     """Write the universal form of `tag` (None: latest) under checkpoints/ `root`; its one-line report."""
     import resource
@@ -114,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         )  # it rewrites files there
         try:
             if a.action == "reshard":
-                print(reshard_tag(found[0].parent, a.tag), flush=True)
+                with stop_raises():
+                    line = reshard_tag(found[0].parent, a.tag)
+                print(line, flush=True)
             for t in found if a.action == "convert" else []:
                 print(
                     f"{t}: {'converted to format 2' if convert_tag(t) else 'already format 2'}",
@@ -126,7 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # CheckpointError, RunLockError
         print(f"refused: {e}", file=sys.stderr)
         return 2
-    return 0
+    except Stopped as e:
+        stopped = e.signum  # printed once `e` and the progress bar its frames hold are gone
+    else:
+        return 0
+    print(
+        f"\ncheckpoint reshard stopped by {signal.Signals(stopped).name}: nothing written (its partial "
+        f"universal form removed, the checkpoint unchanged); run it again to write it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + stopped
 
 
 if __name__ == "__main__":

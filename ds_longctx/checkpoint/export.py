@@ -181,9 +181,37 @@ def export(
             f"full fine-tuning run (lora_rank 0): drop --merged, the export is the full model"
         )
     dest = check_out(out)
-    model, adapters = _load_model(tag_dir, meta, dtype)
+    try:
+        model, adapters = _load_model(tag_dir, meta, dtype)
+    except Exception:
+        if line := pruned_line(tag_dir, meta):
+            raise CheckpointError(line) from None
+        raise
     _write(model, adapters, lora, tag_dir, meta, dest, merged)
     return dest
+
+
+def pruned_line(tag_dir: Path, meta: dict) -> str | None:
+    """The refusal of a tag whose files went while export read them (a running train pruned it past
+    keep_checkpoints), naming the tags still there; None while every file of its meta is in place."""
+    from ds_longctx.checkpoint.paths import read_latest, tag_names
+
+    names = ["meta.json", *(meta.get("files") or {})]
+    gone = [n for n in names if not (tag_dir / n).is_file()]
+    if not gone:
+        return None
+    root = tag_dir.parent
+    try:
+        latest = read_latest(root, "export")
+    except (CheckpointError, OSError):
+        latest = None
+    kept = [t for t in tag_names(root) if (root / t / "meta.json").is_file()]
+    return (
+        f"export: checkpoint {tag_dir.name!r} in {str(root)!r} was removed while export read it "
+        f"({len(gone)} of its {len(names)} files gone: a run writing there keeps only its newest "
+        f"keep_checkpoints tags); export the latest (now {latest!r}, --tag left out) or a kept tag "
+        f"({', '.join(kept) or 'none'}), or export once that run has ended"
+    )
 
 
 def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
 from ds_longctx.config.base import Section
 from ds_longctx.levers.gpu_budget import allocator_fraction
-from ds_longctx.levers.placement import check_request
+from ds_longctx.levers.placement import PlacementPlan, check_request
+from ds_longctx.parallel.disk import unwritable, user_path
 
 
 class MemoryConfig(Section):
@@ -62,6 +64,34 @@ class MemoryConfig(Section):
     while another stream still used it (offload copies, ZeRO-3's all-gathers) is reused instead of piling up.
     0: unbounded."""
 
+    nvme_path: Optional[str] = None
+    """A directory on a local NVMe disk for the disk tier (levers/disk_tier.py): `disk` layers' checkpoints and,
+    with nvme_optimizer / nvme_params, DeepSpeed ZeRO-Infinity's swap files. It must exist or be creatable, and be
+    writable. The run makes its own scratch directory inside and removes it at exit. null: no disk tier."""
+    nvme_gb: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    """GB (1e9 bytes) of nvme_path the run may fill; `ds-longctx plan --nvme_gb` plans within it."""
+    nvme_optimizer: bool = False
+    """With optimizer_offload: the fp32 master weights, grads and Adam state on nvme_path (DeepSpeed
+    offload_optimizer device nvme; needs DeepSpeed's async_io op, i.e. libaio)."""
+    nvme_params: bool = False
+    """With offload_params: the bf16 parameter partitions on nvme_path (DeepSpeed offload_param device nvme)."""
+
+    @model_validator(mode="after")
+    def _nvme(self) -> "MemoryConfig":
+        uses = [k for k in ("nvme_optimizer", "nvme_params") if getattr(self, k)]
+        if self.placement is not None and PlacementPlan.parse(self.placement).on_disk:
+            uses.append(f"placement={self.placement!r} (disk layers)")
+        if self.nvme_path is None:
+            if uses or self.nvme_gb is not None:
+                raise ValueError(
+                    f"{', '.join(uses) or 'nvme_gb'} needs nvme_path: set nvme_path to a directory on a "
+                    f"local disk (e.g. /local_nvme/ds_longctx), or drop the disk tier"
+                )
+            return self
+        if problem := nvme_path_problem(self.nvme_path):
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="after")
     def _placement_request(self) -> "MemoryConfig":
         check_request(
@@ -75,3 +105,26 @@ class MemoryConfig(Section):
                 self.gpu_budget_gb, total_bytes=2**62
             )  # refuses a budget the context fills
         return self
+
+
+def nvme_path_problem(path: str) -> Optional[str]:
+    """Why `path` cannot hold the disk tier (a file, or no directory can be made or written there), or None."""
+    p = user_path(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        return f"nvme_path={path!r} is a file, not a directory; give a directory on a local disk"
+    if why := unwritable(os.path.join(p, "probe")):
+        return (
+            f"nvme_path={path!r} cannot be written: {why}; give a directory you can write to, e.g. one "
+            f"on the machine's local NVMe"
+        )
+    return None
+
+
+DISK_KEYS = ("nvme_path", "nvme_gb", "nvme_optimizer", "nvme_params")
+
+
+def drop_unset_disk_keys(memory: dict) -> None:
+    """A dumped `memory` section without the disk keys when no disk tier is set (run.yaml unchanged by them)."""
+    if memory.get("nvme_path") is None:
+        for key in DISK_KEYS:
+            memory.pop(key, None)

@@ -46,11 +46,11 @@ from ds_longctx.config.keys import (
 )
 from ds_longctx.config.logs import LoggingConfig
 from ds_longctx.config.lora import LoraConfig
-from ds_longctx.config.memory import MemoryConfig
+from ds_longctx.config.memory import MemoryConfig, drop_unset_disk_keys
 from ds_longctx.config.model import ModelConfig
 from ds_longctx.config.optimizer import OptimizerConfig
 from ds_longctx.config.parallel import ParallelConfig
-from ds_longctx.config.train import TrainConfig, objective_problem
+from ds_longctx.config.train import TrainConfig, drop_other_objective_keys, objective_problem
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size
 
 
@@ -322,6 +322,8 @@ class RunConfig(BaseModel):
         # the steps an epoch count came to are the run's to work out again
         if self.train.epochs is not None:
             del data["train"]["steps"]
+        drop_unset_disk_keys(data["memory"])
+        drop_other_objective_keys(data["train"])
         if str(path).endswith((".yaml", ".yml")):
             Path(path).write_text(yaml_text(data))
         else:

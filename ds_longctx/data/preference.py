@@ -20,9 +20,10 @@ import torch
 from ds_longctx.data import chat, formats
 from ds_longctx.data.rows import Batch, RowOrder
 from ds_longctx.data.sources import DataError, resolve_source
+from ds_longctx.parallel.json_keys import DuplicateKey, TooDeep, loads_unique
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-PAIR_KEYS = ("chosen", "rejected")
+PAIR_KEYS = formats.row_format("preference").keys
 
 
 def _empty(value) -> bool:
@@ -106,14 +107,14 @@ def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = No
                 if not text.strip():
                     continue
                 try:
-                    pairs.append(pair_tokens_of(tok, json.loads(text), eos))
+                    pairs.append(pair_tokens_of(tok, loads_unique(text), eos))
                     n = len(pairs[-1][0][0]) + len(pairs[-1][1][0])
                     if seq_len is not None and n > seq_len:
                         raise formats.ChatError(
                             f"the pair's two sequences hold {n} tokens together, more than "
                             f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it"
                         )
-                except (json.JSONDecodeError, formats.ChatError) as e:
+                except (json.JSONDecodeError, DuplicateKey, TooDeep, formats.ChatError) as e:
                     what = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
                     raise DataError(f"data file {f!r} line {line_no}: {what}") from None
     if not pairs:
@@ -174,8 +175,8 @@ def pair_files(source: str) -> list:
     builder, files = resolve_source(source)
     if builder != "json":
         raise DataError(
-            f"data={source!r} is {builder} data; objective dpo reads JSON lines of prompt, chosen and "
-            f"rejected (TRL's preference format)"
+            f"data={source!r} is {builder} data; objective dpo and grpo read JSON lines (of prompt, chosen "
+            f"and rejected; of scored rollouts)"
         )
     return files
 
@@ -192,6 +193,9 @@ class PairBatch(Batch):
     branch: Optional[torch.Tensor] = (
         None  # [1, L] shared-prompt rows: 0 prompt, 1 chosen, 2 rejected (else None)
     )
+
+    def n_logps(self) -> int:
+        return 2 * len(self.pairs)
 
 
 class PairRows:
@@ -240,6 +244,15 @@ class PairRows:
             "shuffle": self.shuffle,
             "shared": self.shared,
         }
+
+    ref_shape = (-1, 2)  # the reference table: [pairs, 2], chosen first
+
+    def ref_numel(self) -> int:
+        return 2 * len(self.pairs)
+
+    def ref_slots(self, batch: PairBatch) -> torch.Tensor:
+        """Where the batch's log-probs [2P] go in the flat reference table."""
+        return torch.tensor([2 * p + k for p in batch.pairs for k in (0, 1)])
 
     def row(self, r: int) -> PairBatch:
         """Row r as a batch of one: its pairs packed (`pack_pairs`), padded to seq_len."""

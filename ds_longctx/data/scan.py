@@ -1,18 +1,20 @@
-"""Local data rows read through: every fault named by file, line and byte offset, before anything is converted.
-The types of a scan (`DataError`, `Fault`, `Scan`) and the JSON rows; data/scan_source.py reads whole sources.
+"""Local data rows read through: every fault named by file, line and byte offset, before anything is
+converted. The types of a scan (`DataError`, `Fault`, `Scan`) and the JSON rows; data/scan_source.py
+reads whole sources.
 
-    scan = scan_files("json", ["c.jsonl"], "text")         # data/scan_source.py: Scan, bad rows (MAX_NAMED named)
-    scan.refuse_bad(skip=False, source="c.jsonl")          # DataError naming the first bad row, unless skip
-    ds = datasets.Dataset.from_generator(json_documents, gen_kwargs=scan.gen_kwargs(), ...)   # the good rows
+    scan = scan_files("json", ["c.jsonl"], "text")    # data/scan_source.py: Scan, bad rows
+    scan.refuse_bad(skip=False, source="c.jsonl")     # DataError naming the first bad row (or skip)
+    ds = datasets.Dataset.from_generator(json_documents, gen_kwargs=scan.gen_kwargs(), ...)
 
-Faults of a file (refused always, `DataError`): a text file that is not UTF-8 or holds a NUL byte, a Parquet file
-without its magic or whose column is not text, a .json array that is not UTF-8 or does not parse. Faults of a row
-(refused unless `data.skip_bad_rows`, else skipped and counted): a JSON line that is not UTF-8, not JSON or not an
-object, or that gives a key twice at any depth (parallel/json_keys.py; in a .json array: the file is refused), a
-row without the text field (`text_field`) or whose value is not a string, a Parquet row whose text is null. A blank
-line is no row. Rows hold text, token ids ("tokens": the first object row has `input_ids` and no text field), a chat
-session (`messages`) or `prompt` / `completion` strings: `data.format` names the mode, or the first row decides
-(data/formats.py checks those rows). Why `datasets`' own JSON builder is not used: `docs/design/data.md`.
+Faults of a file (refused always, `DataError`): a text file that is not UTF-8 or holds a NUL byte, a
+Parquet file without its magic or whose column is not text, a .json array that is not UTF-8 or does
+not parse. Faults of a row (refused unless `data.skip_bad_rows`, else skipped and counted): a JSON
+line that is not UTF-8, not JSON or not an object, or that gives a key twice at any depth
+(parallel/json_keys.py; in a .json array: the file is refused), a row without the text field
+(`text_field`) or whose value is not a string, a Parquet row whose text is null. A blank line is no
+row. Rows hold one format of data/formats.py's FORMAT_TABLE: `data.format` names the mode, or the
+first row decides (data/formats.py checks those rows). Why `datasets`' own JSON builder is not used:
+`docs/design/data.md`.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from ds_longctx.data.formats import (
     detect_format,
     keys_problem,
     other_format,
+    row_format,
     row_problem,
-    token_keys,
     utf8_row,
 )
 from ds_longctx.parallel.json_keys import (
@@ -55,8 +57,8 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    """What is wrong at one place of a file: `line` is 1-based (a JSON line, a text line, a Parquet row, a JSON
-    array's element), `offset` the byte offset in the file (None for Parquet rows)."""
+    """What is wrong at one place of a file: `line` is 1-based (a JSON line, a text line, a Parquet
+    row, a JSON array's element), `offset` the byte offset in the file (None for Parquet rows)."""
 
     file: str
     line: int
@@ -74,14 +76,15 @@ class Fault:
 
 @dataclass
 class Scan:
-    """What a scan found: rows that will be read, bad rows (counted; the first MAX_NAMED kept), the row mode."""
+    """What a scan found: rows that will be read, bad rows (counted; the first MAX_NAMED kept), the
+    row mode."""
 
     builder: str
     files: list
     text_field: str
     fmt: str = "auto"  # data.format: the mode asked for ("auto": the first row decides)
-    mode: str = "text"  # text | messages | prompt_completion | tokens (data/formats.py ROW_FORMATS)
-    mask_keys: tuple = ()  # tokens rows: the labels / mask keys of the first row (formats.TOKEN_KEYS)
+    mode: str = "text"  # a name of data/formats.py ROW_FORMATS
+    mask_keys: tuple = ()  # the first row's optional keys, where every row carries them (tokens)
     mode_decided: bool = (
         False  # by the first object row (JSON) or the first file's columns (Parquet)
     )
@@ -106,7 +109,8 @@ class Scan:
         if not skip:
             also = ", ".join(f"{Path(f.file).name}:{f.line}" for f in self.named[1:])
             more = (
-                f" ({self.bad} of {total} rows are bad, also {also}{' ...' if self.bad > MAX_NAMED else ''})"
+                f" ({self.bad} of {total} rows are bad, also "
+                f"{also}{' ...' if self.bad > MAX_NAMED else ''})"
                 if self.bad > 1
                 else ""
             )
@@ -116,8 +120,8 @@ class Scan:
             )
         if not self.rows:
             raise DataError(
-                f"data={source!r}: all {self.bad} rows are bad, nothing is left to train on (the first: "
-                f"{first.where()}: {first.what})"
+                f"data={source!r}: all {self.bad} rows are bad, nothing is left to train on (the "
+                f"first: {first.where()}: {first.what})"
             )
         if (
             self.reported_by != os.getpid()
@@ -146,12 +150,10 @@ class Scan:
 
     def columns(self) -> dict:
         """The columns of the rows `json_documents` yields: name -> "string" or "ids"."""
-        return {
-            "text": {self.text_field: "string"},
-            "messages": {"messages": "string", "tools": "string"},
-            "prompt_completion": {"prompt": "string", "completion": "string"},
-            "tokens": {"input_ids": "ids", **{k: "ids" for k in self.mask_keys}},
-        }[self.mode]
+        rec = row_format(self.mode)
+        extra = self.mask_keys if rec.first_row_optional else rec.optional
+        kind = "ids" if rec.column == "ids" else "string"
+        return {k: kind for k in rec.required(self.text_field) + tuple(extra)}
 
     def fingerprint(self) -> str:
         key = json.dumps(
@@ -160,53 +162,51 @@ class Scan:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-# ----------------------------------------------------------------------------- JSON lines / a JSON array
+# ------------------------------------------------------------------------ JSON lines / a JSON array
 def _row_value(obj, scan: Scan) -> tuple:
-    """(the row's text or token ids, None) or (None, what is wrong with it). The first object row decides the mode."""
+    """(the row's text or token ids, None) or (None, what is wrong with it). The first object row
+    decides the mode."""
     if not isinstance(obj, dict):
         return None, (
             f"a JSON {json_kind(obj)}, not an object: write one object per row, e.g. "
             f'{{"{scan.text_field}": "..."}}'
         )
-    talk = conversational(obj)
-    if not scan.mode_decided:
-        scan.mode_decided = True
-        scan.mode = detect_format(talk, scan.text_field, scan.fmt)
-        scan.mask_keys = token_keys(obj) if scan.mode == "tokens" else ()
-    obj = talk if scan.mode == "messages" else obj
-    if scan.mode != "text":
+    talk, first = conversational(obj), not scan.mode_decided
+    if first:
+        scan.mode_decided, scan.mode = True, detect_format(talk, scan.text_field, scan.fmt)
+    rec = row_format(scan.mode)
+    if first and rec.first_row_optional:
+        scan.mask_keys = tuple(k for k in rec.optional if k in obj)
+    obj = talk if rec.column == "json" else obj  # a session: a conversational pair is one
+    if not rec.text_field:
         why = row_problem(obj, scan.mode) or (
-            scan.mode == "tokens" and keys_problem(obj, scan.mask_keys)
+            rec.first_row_optional and keys_problem(obj, scan.mask_keys)
         )
         if why:
             return None, other_format(obj, scan.text_field, scan.mode) or why
         row = {
-            k: (
-                json.dumps(obj.get(k), ensure_ascii=False)
-                if kind == "string" and scan.mode == "messages"
-                else obj.get(k)
-            )
-            for k, kind in scan.columns().items()
+            k: (json.dumps(obj.get(k), ensure_ascii=False) if rec.column == "json" else obj.get(k))
+            for k in scan.columns()
         }
         return utf8_row(row)
     if scan.text_field not in obj:
-        return None, other_format(obj, scan.text_field, "text") or (
-            f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field to the key holding "
-            f"the text"
+        return None, other_format(obj, scan.text_field, rec.name) or (
+            f"no text_field={scan.text_field!r} key (its keys: {sorted(obj)[:8]}): set text_field "
+            "to the key holding the text"
         )
     value = obj[scan.text_field]
     if not isinstance(value, str):
         return None, (
-            f"{scan.text_field!r} is a JSON {json_kind(value)} ({json.dumps(value)[:40]}), not a string: "
-            f"write the text as a JSON string"
+            f"{scan.text_field!r} is a JSON {json_kind(value)} ({json.dumps(value)[:40]}), not a "
+            "string: write the text as a JSON string"
         )
     return utf8_row({scan.text_field: value})
 
 
 def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
-    """(bytes read so far, row dict | Fault) of every row of a JSON lines file, or of a .json file holding one
-    array (`_json_array`); blank lines are no rows. `lines`: (line or element number, row | Fault) in place of the
-    row."""
+    """(bytes read so far, row dict | Fault) of every row of a JSON lines file, or of a .json file
+    holding one array (`_json_array`); blank lines are no rows. `lines`: (line or element number,
+    row | Fault) in place of the row."""
     with open(f, "rb") as fh:
         head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if f.lower().endswith(".json") and head.startswith(b"["):
@@ -266,14 +266,16 @@ def json_rows(f: str, scan: Scan, lines: bool = False) -> Iterator[tuple]:
 
 
 def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
-    """The elements of a file holding one JSON array (read whole, as `datasets` does): each element a row."""
+    """The elements of a file holding one JSON array (read whole, as `datasets` does): each element
+    a row."""
     raw = Path(f).read_bytes()
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(
             f"data file {f!r} line {raw.count(NL, 0, e.start) + 1} (byte {e.start}): byte "
-            f"{raw[e.start]:#04x} is not UTF-8; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            f"{raw[e.start]:#04x} is not UTF-8; convert it to UTF-8 (e.g. `iconv -f latin1 -t "
+            "utf-8`)"
         ) from None
     ws = " \t\r\n"
     i, byte_at, line_at, counted = (
@@ -308,8 +310,9 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
         except json.JSONDecodeError as e:
             line, at = where(e.pos)
             raise DataError(
-                f"data file {f!r} line {line} (byte {at}): not JSON ({e.msg}), in element {element + 1} "
-                f"of the array; fix the file (a .json file holds JSON lines or one array of objects)"
+                f"data file {f!r} line {line} (byte {at}): not JSON ({e.msg}), in element "
+                f"{element + 1} of the array; fix the file (a .json file holds JSON lines or one "
+                "array of objects)"
             ) from None
         element += 1
         value, why = _row_value(obj, scan)
@@ -327,17 +330,18 @@ def _json_array(f: str, scan: Scan) -> Iterator[tuple]:
             return
         line, at = where(i)
         raise DataError(
-            f"data file {f!r} line {line} (byte {at}): expected ',' or ']' after element {element} of "
-            f"the array; fix the file (a .json file holds JSON lines or one array of objects)"
+            f"data file {f!r} line {line} (byte {at}): expected ',' or ']' after element {element} "
+            "of the array; fix the file (a .json file holds JSON lines or one array of objects)"
         )
 
 
 def json_documents(
     files: list, text_field: str, mode: str, mask_keys: tuple = ()
 ) -> Iterator[dict]:
-    """The good rows of JSON files as `datasets` rows (`Scan.columns`: {text_field: str}, {"input_ids": [int], ...},
-    messages and tools as JSON strings, ...), in file order: the generator of `Dataset.from_generator` (bad rows were
-    counted by the scan and are left out here)."""
+    """The good rows of JSON files as `datasets` rows (`Scan.columns`: {text_field: str},
+    {"input_ids": [int], ...}, messages and tools as JSON strings, ...), in file order: the
+    generator of `Dataset.from_generator` (bad rows were counted by the scan and are left out
+    here)."""
     scan = Scan("json", files, text_field, mode=mode, mode_decided=True, mask_keys=tuple(mask_keys))
     for f in files:
         for _, got in json_rows(f, scan):

@@ -1,10 +1,11 @@
-"""A local source read through, file by file: text and Parquet checked here, JSON rows by data/scan.py (its module
-doc lists every fault). The one entry is `scan_files`; preflight and the load call it alike.
+"""A local source read through, file by file: text and Parquet checked here, JSON rows by
+data/scan.py (its module doc lists every fault). The one entry is `scan_files`; preflight and the
+load call it alike.
 
-    scan = scan_files("json", ["c.jsonl"], "text")         # Scan: rows, mode, bad rows (first MAX_NAMED named)
+    scan = scan_files("json", ["c.jsonl"], "text")    # Scan: rows, mode, bad rows (MAX_NAMED named)
 
-A scan is kept per process for the same files (path, size, mtime) and options: preflight and the load share it.
-Sources over 256 MB show a progress bar (bytes; rank 0 only).
+A scan is kept per process for the same files (path, size, mtime) and options: preflight and the
+load share it. Sources over 256 MB show a progress bar (bytes; rank 0 only).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 
 from tqdm import tqdm
 
-from ds_longctx.data.formats import detect_format
+from ds_longctx.data.formats import detect_format, row_format
 from ds_longctx.data.scan import NL, DataError, Fault, Scan, json_rows
 
 _CHUNK = 1 << 20  # bytes read at a time from a text file
@@ -29,8 +30,8 @@ def _stamp(f: str) -> tuple:
 
 
 def scan_files(builder: str, files: list, text_field: str, fmt: str = "auto") -> Scan:
-    """Read every file of a local source ("text", "json", "parquet"); DataError on a fault of a file (module doc).
-    Kept per process for unchanged files."""
+    """Read every file of a local source ("text", "json", "parquet"); DataError on a fault of a file
+    (module doc). Kept per process for unchanged files."""
     stamps = [_stamp(f) for f in files]
     key = (builder, tuple(stamps), text_field, fmt)
     if key in _SCANS:
@@ -70,7 +71,8 @@ def scan_files(builder: str, files: list, text_field: str, fmt: str = "auto") ->
 
 # ----------------------------------------------------------------------------- text
 def _scan_text(f: str) -> bool:
-    """Check a text file is UTF-8 without NUL bytes, streaming; True when it holds non-whitespace text."""
+    """Check a text file is UTF-8 without NUL bytes, streaming; True when it holds non-whitespace
+    text."""
     base, line, carry, seen_text = 0, 1, b"", False
     with open(f, "rb") as fh:
         while True:
@@ -81,8 +83,8 @@ def _scan_text(f: str) -> bool:
             if b"\x00" in data:
                 at = data.index(b"\x00")
                 raise DataError(
-                    f"data file {f!r} line {line + data.count(NL, 0, at)} (byte {base + at}) is not text "
-                    f"(NUL byte); pass UTF-8 text, JSON lines or Parquet"
+                    f"data file {f!r} line {line + data.count(NL, 0, at)} (byte {base + at}) is "
+                    "not text (NUL byte); pass UTF-8 text, JSON lines or Parquet"
                 )
             try:
                 text = data.decode("utf-8")
@@ -96,8 +98,8 @@ def _scan_text(f: str) -> bool:
                 else:
                     raise DataError(
                         f"data file {f!r} line {line + data.count(NL, 0, e.start)} (byte "
-                        f"{base + e.start}): byte {data[e.start]:#04x} is not UTF-8 text; convert it to "
-                        f"UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                        f"{base + e.start}): byte {data[e.start]:#04x} is not UTF-8 text; convert "
+                        "it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
                     ) from None
             seen_text = seen_text or bool(text.strip())
             used = len(data) - len(carry)
@@ -107,7 +109,8 @@ def _scan_text(f: str) -> bool:
 
 # ----------------------------------------------------------------------------- Parquet
 def _scan_parquet(f: str, scan: Scan) -> None:
-    """Magic at both ends, the text (or input_ids) column present and typed, null rows as bad rows."""
+    """Magic at both ends, the text (or input_ids) column present and typed, null rows as bad
+    rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -128,34 +131,33 @@ def _scan_parquet(f: str, scan: Scan) -> None:
     if not scan.mode_decided:
         scan.mode_decided = True
         scan.mode = detect_format(names, scan.text_field, scan.fmt)
-    if scan.mode in (
-        "messages",
-        "prompt_completion",
-    ):  # nested columns: their rows are checked when tokenized
-        need = ["messages"] if scan.mode == "messages" else ["prompt", "completion"]
+    rec = row_format(scan.mode)
+    if rec.nested:  # nested columns: their rows are checked when tokenized
+        need = list(rec.keys)
         if not set(need) <= set(names):
             raise DataError(
-                f"data file {f!r} has no column {need} (columns: {names}); data.format is {scan.mode}"
+                f"data file {f!r} has no column {need} (columns: {names}); data.format is "
+                f"{scan.mode}"
             )
         scan.rows += pf.metadata.num_rows
         return
-    column = "input_ids" if scan.mode == "tokens" else scan.text_field
+    column = rec.required(scan.text_field)[0]
     if column not in names:
         raise DataError(
-            f"data file {f!r} has no column {column!r} (columns: {names}); set text_field to the column "
-            f"holding the text, or provide input_ids"
+            f"data file {f!r} has no column {column!r} (columns: {names}); set text_field to the "
+            "column holding the text, or provide input_ids"
         )
     kind = pf.schema_arrow.field(column).type
     ok = (
         (pa.types.is_list(kind) or pa.types.is_large_list(kind))
-        if column == "input_ids"
+        if rec.column == "ids"
         else (pa.types.is_string(kind) or pa.types.is_large_string(kind))
     )
     if not ok:
-        want = "a list of ints" if column == "input_ids" else "text"
+        want = "a list of ints" if rec.column == "ids" else "text"
         raise DataError(
-            f"data file {f!r} column {column!r} is {kind}, not {want}; set text_field to the column "
-            f"holding the text, or convert that column to strings"
+            f"data file {f!r} column {column!r} is {kind}, not {want}; set text_field to the "
+            "column holding the text, or convert that column to strings"
         )
     row = 0
     for batch in pf.iter_batches(columns=[column], batch_size=65536):

@@ -1,9 +1,11 @@
-"""Where the documents come from: a local file or directory (read through once and checked, data/scan.py) or a hub name.
+"""Where the documents come from: a local file or directory (read through once and checked,
+data/scan.py) or a hub name.
 
-    builder, files = resolve_source("corpus/")          # ("text" | "json" | "parquet" | "hub", [paths])
-    docs = load_documents(cfg)                          # Documents: a datasets.Dataset (Arrow, cached) + bad rows
+    builder, files = resolve_source("corpus/")    # ("text" | "json" | "parquet" | "hub", [paths])
+    docs = load_documents(cfg)                    # Documents: a datasets.Dataset (Arrow) + bad rows
 
-Every refusal is a `DataError` naming the value (the file, line and byte offset where there is one) and the fix.
+Every refusal is a `DataError` naming the value (the file, line and byte offset where there is one)
+and the fix.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds_longctx.data.formats import detect_format, token_keys
+from ds_longctx.data.formats import detect_format, row_format
 from ds_longctx.data.scan import MAX_NAMED, DataError, Fault, Scan, json_documents, json_rows
 from ds_longctx.data.scan_source import scan_files
 
@@ -49,9 +51,8 @@ _MODEL_FILES = (
     "model.safetensors.index.json",
     "pytorch_model.bin",
 )
-PREPARED_CARD = (
-    "data_card.json"  # what marks a corpus directory of `ds-longctx data prepare` (data/prepare.py)
-)
+# what marks a corpus directory of `ds-longctx data prepare` (corpora/prepare.py)
+PREPARED_CARD = "data_card.json"
 
 
 @dataclass
@@ -60,12 +61,13 @@ class Documents:
 
     ds: object  # datasets.Dataset
     skipped_rows: int = 0
-    format: str = "text"  # text | messages | prompt_completion | tokens (data/formats.py)
-    mask_keys: tuple = ()  # tokens rows: their labels / mask columns (formats.TOKEN_KEYS)
+    format: str = "text"  # a name of data/formats.py ROW_FORMATS
+    mask_keys: tuple = ()  # the optional columns every row carries (tokens: labels / masks)
 
 
 def _not_a_corpus(data: str, p: Path) -> None:
-    """Refuse a model checkpoint or a tokenizer (a directory, or its config / tokenizer file) passed as data."""
+    """Refuse a model checkpoint or a tokenizer (a directory, or its config / tokenizer file) passed
+    as data."""
     names = {f.name for f in p.iterdir()} if p.is_dir() else {p.name}
     tok, model = sorted(names & set(_TOKENIZER_FILES)), sorted(names & set(_MODEL_FILES))
     if model and (p.is_dir() or p.name == "config.json"):
@@ -75,14 +77,15 @@ def _not_a_corpus(data: str, p: Path) -> None:
     else:
         return
     raise DataError(
-        f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and point "
-        f"data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)"
+        f"data={data!r} is {what} ({', '.join(model + tok)}), not documents; pass it as {use}: and "
+        "point data at your .jsonl/.txt/.parquet corpus (a file or a directory of them)"
     )
 
 
 def prepared_split(data: str, split: str = "train") -> str:
-    """`data`, or for a corpus directory that `ds-longctx data prepare` wrote (its PREPARED_CARD beside train.jsonl
-    and eval.jsonl) the file of `split`: the card, the tokenizer and the other split are not this split's documents."""
+    """`data`, or for a corpus directory that `ds-longctx data prepare` wrote (its PREPARED_CARD
+    beside train.jsonl and eval.jsonl) the file of `split`: the card, the tokenizer and the other
+    split are not this split's documents."""
     p = Path(data).expanduser()
     if p.is_dir() and (p / PREPARED_CARD).is_file() and (p / f"{split}.jsonl").is_file():
         return str(p / f"{split}.jsonl")
@@ -90,8 +93,8 @@ def prepared_split(data: str, split: str = "train") -> str:
 
 
 def resolve_source(data: str) -> tuple[str, list[str]]:
-    """(`datasets` builder, files) for a local file or directory (a prepared corpus: its train.jsonl,
-    `prepared_split`); ("hub", []) for a name that is not a path."""
+    """(`datasets` builder, files) for a local file or directory (a prepared corpus: its
+    train.jsonl, `prepared_split`); ("hub", []) for a name that is not a path."""
     p = Path(prepared_split(data)).expanduser()
     looks_local = p.exists() or data.startswith((".", "/", "~")) or p.suffix.lower() in FORMATS
     if not looks_local:
@@ -104,8 +107,8 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
     _not_a_corpus(data, p)
     if not (p.is_file() or p.is_dir()):  # a device, a pipe, a socket: nothing to read twice
         raise DataError(
-            f"data={data!r} is neither a regular file nor a directory; pass a .txt/.jsonl/.json/.parquet "
-            f"file or a directory of them"
+            f"data={data!r} is neither a regular file nor a directory; pass a "
+            ".txt/.jsonl/.json/.parquet file or a directory of them"
         )
     if p.is_file():
         files = [p]
@@ -119,8 +122,8 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
     unknown = [f for f in files if f.suffix.lower() not in FORMATS]
     if unknown:
         raise DataError(
-            f"data file {str(unknown[0])!r} has extension {unknown[0].suffix or '(none)'!r}; supported: "
-            f"{sorted(FORMATS)} (rename it, convert it, or move it out of {data!r})"
+            f"data file {str(unknown[0])!r} has extension {unknown[0].suffix or '(none)'!r}; "
+            f"supported: {sorted(FORMATS)} (rename it, convert it, or move it out of {data!r})"
         )
     if len(kinds) > 1:
         raise DataError(
@@ -131,8 +134,9 @@ def resolve_source(data: str) -> tuple[str, list[str]]:
 
 
 def check_source(cfg) -> Scan | None:
-    """Read every file of a local source through (data/scan.py) and refuse what it cannot train on: a fault of a
-    file, an empty source, a bad row unless data.skip_bad_rows. None for a hub name (checked once loaded)."""
+    """Read every file of a local source through (data/scan.py) and refuse what it cannot train on:
+    a fault of a file, an empty source, a bad row unless data.skip_bad_rows. None for a hub name
+    (checked once loaded)."""
     builder, files = resolve_source(cfg.data.source)
     if builder == "hub":
         return None
@@ -147,20 +151,21 @@ def check_source(cfg) -> Scan | None:
 
 
 def load_documents(cfg) -> Documents:
-    """The raw documents as a `datasets.Dataset` (converted to Arrow in the cache on first use), bad rows left out
-    (with data.skip_bad_rows) or refused (check_source)."""
+    """The raw documents as a `datasets.Dataset` (converted to Arrow in the cache on first use), bad
+    rows left out (with data.skip_bad_rows) or refused (check_source)."""
     builder, files = resolve_source(cfg.data.source)
     scan = check_source(cfg)
     ds = _read_dataset(cfg, builder, files, scan)
     fmt, mask_keys = _row_format(cfg, ds, scan)
-    if builder in ("hub", "parquet") and fmt in ("text", "tokens"):
-        docs = _drop_null_rows(ds, cfg, scan)
+    if builder in ("hub", "parquet") and not row_format(fmt).nested:
+        docs = _drop_null_rows(ds, cfg, scan, fmt)
         return Documents(docs.ds, docs.skipped_rows, fmt, mask_keys)
     return Documents(ds, scan.bad if scan is not None else 0, fmt, mask_keys)
 
 
 def _read_dataset(cfg, builder: str, files: list, scan: Scan | None):
-    """The source as one non-empty `datasets.Dataset`; a builder's own error becomes a one-line DataError."""
+    """The source as one non-empty `datasets.Dataset`; a builder's own error becomes a one-line
+    DataError."""
     import datasets
 
     try:
@@ -194,18 +199,18 @@ def _read_dataset(cfg, builder: str, files: list, scan: Scan | None):
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         if builder == "hub":
             raise DataError(
-                f"data={cfg.data.source!r} is not a local path and could not be loaded from the hub "
-                f"(split {cfg.data.split!r}): {first}; pass a local .txt/.jsonl/.parquet file or "
-                f"directory, or check the name and the network"
+                f"data={cfg.data.source!r} is not a local path and could not be loaded from the "
+                f"hub (split {cfg.data.split!r}): {first}; pass a local .txt/.jsonl/.parquet file "
+                "or directory, or check the name and the network"
             ) from None
         raise DataError(
-            f"data={cfg.data.source!r} could not be read as {builder}: {type(e).__name__}: {first}; check "
-            f"the file's format matches its extension"
+            f"data={cfg.data.source!r} could not be read as {builder}: {type(e).__name__}: "
+            f"{first}; check the file's format matches its extension"
         ) from None
     if not isinstance(ds, datasets.Dataset):
         raise DataError(
-            f"data={cfg.data.source!r} split {cfg.data.split!r} gave a {type(ds).__name__}; pass a split "
-            f"name (data_split) that exists"
+            f"data={cfg.data.source!r} split {cfg.data.split!r} gave a {type(ds).__name__}; pass a "
+            "split name (data_split) that exists"
         )
     if ds.num_rows == 0:
         raise DataError(
@@ -216,25 +221,22 @@ def _read_dataset(cfg, builder: str, files: list, scan: Scan | None):
 
 
 def _row_format(cfg, ds, scan: Scan | None) -> tuple:
-    """(the row format, the token rows' mask keys) of the loaded rows; DataError when its columns are missing."""
+    """(the row format, the token rows' mask keys) of the loaded rows; DataError when its columns
+    are missing."""
     fmt = (
         scan.mode
         if scan is not None
         else detect_format(ds.column_names, cfg.data.text_field, cfg.data.format)
     )
+    rec = row_format(fmt)
     mask_keys = (
         scan.mask_keys
         if scan is not None and scan.builder == "json"
-        else token_keys(ds.column_names)
-        if fmt == "tokens"
+        else tuple(k for k in rec.optional if k in ds.column_names)
+        if rec.first_row_optional
         else ()
     )
-    need = {
-        "text": [cfg.data.text_field],
-        "tokens": ["input_ids"],
-        "messages": ["messages"],
-        "prompt_completion": ["prompt", "completion"],
-    }[fmt]
+    need = list(rec.required(cfg.data.text_field))
     if not set(need) <= set(ds.column_names):
         raise DataError(
             f"data={cfg.data.source!r} has no column {need} for data.format {fmt} (columns: "
@@ -250,8 +252,8 @@ def _row_format(cfg, ds, scan: Scan | None) -> tuple:
 
 
 def locate_rows(cfg, indices: list) -> dict:
-    """{i: where} for rows i (0-based) of the loaded documents: "data file 'f' line N" for JSON files, else
-    "data=... row i+1"."""
+    """{i: where} for rows i (0-based) of the loaded documents: "data file 'f' line N" for JSON
+    files, else "data=... row i+1"."""
     builder, files = resolve_source(cfg.data.source)
     if builder != "json":
         return {i: f"data={cfg.data.source!r} row {i + 1}" for i in indices}
@@ -269,24 +271,22 @@ def locate_rows(cfg, indices: list) -> dict:
     return out
 
 
-def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
-    """Loaded columnar data: the text column must hold strings; null rows are refused, or left out with
-    data.skip_bad_rows (a Parquet file's were named by its scan, a hub split's are named here)."""
+def _drop_null_rows(ds, cfg, scan: Scan | None, fmt: str | None = None) -> Documents:
+    """Loaded columnar rows of format `fmt` (one column; None: the columns say): text must be
+    strings; null rows are refused, or left out with data.skip_bad_rows (a Parquet file's were named
+    by its scan, a hub split's here)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = (
-        "input_ids"
-        if "input_ids" in ds.column_names and cfg.data.text_field not in ds.column_names
-        else cfg.data.text_field
-    )
+    rec = row_format(fmt or detect_format(ds.column_names, cfg.data.text_field, "auto"))
+    column = rec.required(cfg.data.text_field)[0]
     col = ds.data.column(column)
-    if column != "input_ids" and not (
+    if rec.column != "ids" and not (
         pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
     ):
         raise DataError(
-            f"data={cfg.data.source!r} column {column!r} holds {col.type}, not text; set text_field to the "
-            f"column holding the text"
+            f"data={cfg.data.source!r} column {column!r} holds {col.type}, not text; set "
+            "text_field to the column holding the text"
         )
     if not col.null_count:
         return Documents(ds)
@@ -294,14 +294,14 @@ def _drop_null_rows(ds, cfg, scan: Scan | None) -> Documents:
     named = scan.skipped() if scan is not None else [f"row {i + 1}" for i in nulls[:MAX_NAMED]]
     if not cfg.data.skip_bad_rows:
         raise DataError(
-            f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} rows have "
-            f"no text (null {column!r}): {'; '.join(named)}; drop those rows or set data.skip_bad_rows: "
-            f"true to skip them"
+            f"data={cfg.data.source!r} split {cfg.data.split!r}: {len(nulls)} of {ds.num_rows} "
+            f"rows have no text (null {column!r}): {'; '.join(named)}; drop those rows or set "
+            "data.skip_bad_rows: true to skip them"
         )
     if len(nulls) == ds.num_rows:
         raise DataError(
-            f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set text_field to "
-            f"the column holding the text"
+            f"data={cfg.data.source!r}: all {ds.num_rows} rows have a null {column!r}; set "
+            "text_field to the column holding the text"
         )
     if scan is None:
         log.info(

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Optional
 
 from ds_longctx.data import chat, formats
-from ds_longctx.data.budget import RowOverBudget, over_budget_reason, row_budget
+from ds_longctx.data.budget import (
+    RowOverBudget,
+    over_budget_reason,
+    row_budget,
+    row_size_problem,
+    token_bytes,
+)
 from ds_longctx.data.sources import TOKENIZER_FILES, DataError
 from ds_longctx.parallel.units import IGNORE_INDEX
 
@@ -128,62 +134,40 @@ def cut_rule(cfg) -> Optional[str]:
 
 
 def default_train_on(cfg, fmt: str) -> str:
-    """data.train_on, else the format's default (messages: assistant, prompt_completion: completion, tokens: their
-    labels, text: all); refused where it does not apply to the format."""
-    want = cfg.data.train_on or {
-        "messages": "assistant",
-        "prompt_completion": "completion",
-        "tokens": "labels",
-    }.get(fmt, "all")
-    fits = {
-        "messages": ("assistant", "last_assistant", "all"),
-        "prompt_completion": ("completion", "all"),
-        "tokens": ("all",),
-        "text": ("all",),
-    }[fmt]
-    if cfg.data.train_on is not None and want not in fits:
+    """data.train_on, else the format's default (its record's `trains`); refused where it is none of
+    the record's `train_on`."""
+    rec = formats.row_format(fmt)
+    want = cfg.data.train_on or rec.trains
+    if cfg.data.train_on is not None and want not in rec.train_on:
+        note = f" ({fmt} rows train where their labels say)" if rec.trains == "labels" else ""
         raise DataError(
             f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use one "
-            f"of {list(fits)}{' (tokens rows train where their labels say)' if fmt == 'tokens' else ''}"
+            f"of {list(rec.train_on)}{note}"
         )
     return want
 
 
 def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
-    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`: the
-    one text-or-ids switch. Text is tokenized a batch at once (the fast tokenizer's threads)."""
-    train_on = default_train_on(cfg, fmt)
-    field = cfg.data.text_field
-    if fmt == "text":
+    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`,
+    by its record's `tokens`: text a batch at once (the fast tokenizer's threads), a session after its JSON."""
+    rec = formats.row_format(fmt)
+    train_on, row_tokens = default_train_on(cfg, fmt), rec.tokens_fn()
+    if not rec.masked:
+        return lambda batch: row_tokens(tok, batch[cfg.data.text_field])
 
-        def many(batch):
-            ids = tok(
-                batch[field], add_special_tokens=True, return_attention_mask=False, verbose=False
-            )["input_ids"]
-            return [(x, list(x)) for x in ids]
+    def one(r):  # a session: JSON text (data/scan.py), or TRL's conversational pair
+        talk = formats.conversational(r) if rec.nested else r
+        if talk is not r or rec.column == "json":
+            return session(talk)
+        return row_tokens(tok, r, train_on, mask_keys, vocab_size)
 
-        return many
-    if fmt == "tokens":
-
-        def one(r):
-            return formats.token_labels(
-                list(r["input_ids"]), {k: r[k] for k in mask_keys}, vocab_size, train_on
-            )
-    elif fmt == "prompt_completion":
-
-        def one(r):
-            if isinstance(
-                r["prompt"], list
-            ):  # hub / Parquet rows of TRL's conversational form: a session
-                return session(formats.conversational(r))
-            return formats.pair_tokens(tok, r["prompt"], r["completion"], train_on)
-    else:
-
-        def one(r):
-            return session(r)
+    rule, longest = cut_rule(cfg), token_bytes(tok) if tok is not None else 1
 
     def session(r):
         if isinstance(r["messages"], str):  # JSON lines, as written (data/scan.py)
+            size = len(r["messages"].encode()) + len((r.get("tools") or "").encode())
+            if why := row_size_problem(size, cfg.train.seq_len, rule, longest):
+                raise formats.ChatError(why)  # before its JSON is read or rendered
             msgs, tools = json.loads(r["messages"]), json.loads(r.get("tools") or "null")
         else:
             msgs, tools = (
@@ -195,7 +179,9 @@ def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
         )  # hub / Parquet rows: unscanned
         if why:
             raise formats.ChatError(why)
-        return chat.session_tokens(tok, msgs, tools, train_on if fmt == "messages" else "assistant")
+        return chat.session_tokens(
+            tok, msgs, tools, train_on if rec.column == "json" else "assistant"
+        )
 
     def many(batch):
         got = []
@@ -233,7 +219,9 @@ def tokenize(
     rule, L = cut_rule(cfg), cfg.train.seq_len
     many = _row_maker(fmt, tok, cfg, tuple(mask_keys), vocab_size)
     fingerprint = _cache_fingerprint(docs, cfg, eos, fmt, mask_keys, vocab_size, rule, L)
-    fn = _documents_fn(many, eos if cfg.data.add_eos else None, rule, L, fmt)
+    fn = _documents_fn(
+        many, eos if cfg.data.add_eos else None, rule, L, formats.row_format(fmt).masked
+    )
     try:
         return docs.map(
             fn,
@@ -243,7 +231,7 @@ def tokenize(
             features=_features(datasets),
             new_fingerprint=fingerprint,
             num_proc=cfg.data.tokenize_num_proc if cfg.data.tokenize_num_proc > 1 else None,
-            desc="tokenize" if fmt != "tokens" else "read token ids",
+            desc="tokenize" if formats.row_format(fmt).needs_tokenizer else "read token ids",
         )
     except (TypeError, ValueError, OverflowError) as e:
         if isinstance(e, DataError):
@@ -263,7 +251,7 @@ def _check_can_tokenize(cfg, eos: Optional[int], fmt: str, tok) -> None:
             "add_eos=true but neither the tokenizer nor the model config has an EOS token; set "
             "add_eos: false or use a tokenizer with an eos_token"
         )
-    if fmt != "tokens" and tok is None:
+    if formats.row_format(fmt).needs_tokenizer and tok is None:
         raise DataError(
             f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
             f"directory (the model's own), or provide an input_ids column"
@@ -281,7 +269,7 @@ def _cache_fingerprint(
             list(mask_keys),
             default_train_on(cfg, fmt),
             vocab_size,
-            _files_digest(tokenizer_path(cfg)) if fmt != "tokens" else "",
+            _files_digest(tokenizer_path(cfg)) if formats.row_format(fmt).needs_tokenizer else "",
             cfg.data.text_field,
             cfg.data.add_eos and eos,
             rule,
@@ -306,8 +294,9 @@ def _features(datasets):
     )
 
 
-def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, fmt: str):
-    """fn(a batch of rows) -> the columns of `_features`: each row made by `many`, then `_finish`ed."""
+def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, masked: bool):
+    """fn(a batch of rows) -> the columns of `_features`: each row made by `many`, then `_finish`ed (`masked`:
+    its labels say what trains; else every token does)."""
 
     def fn(batch):
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
@@ -315,14 +304,11 @@ def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, fmt: st
             if isinstance(got, formats.ChatError):
                 ids, labels, why, cut = [], [], str(got), 0
             else:
-                ids, labels, why, cut = _finish(*got, eos, rule, L, fmt != "text")
+                ids, labels, why, cut = _finish(*got, eos, rule, L, masked)
             out["input_ids"].append(ids)
             out["labels"].append(labels)
             out["trained"].append(
-                max(len(ids) - 1, 0)
-                if fmt == "text"
-                # text: every target trains
-                else sum(v != IGNORE_INDEX for v in labels[1:])
+                sum(v != IGNORE_INDEX for v in labels[1:]) if masked else max(len(ids) - 1, 0)
             )
             out["cut"].append(cut)
             out["bad"].append(why)

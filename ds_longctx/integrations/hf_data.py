@@ -1,14 +1,12 @@
-"""Rows for the HF Trainer under sequence parallelism: every rank of an SP group reads the same
-rows, the dp replicas read different ones, in `ds-longctx train`'s order; and the run's own token
-rows as a `datasets.Dataset`.
+"""Rows for the HF Trainer under SP, in `ds-longctx train`'s order (an SP group reads the same rows,
+dp replicas different ones), and the run's token rows as a `datasets.Dataset`.
 
-    dataset = rows_dataset(cfg)                              # data/: files -> rows of seq_len (concat, pack, document)
+    dataset = rows_dataset(cfg)                     # data/: files -> rows of seq_len
     loader = train_loader(dataset, collate, state, micro_batch, seed, shuffle)
     loader = eval_loader(dataset, collate, state, batch_size)
 
-Dimension legend: b micro batch, L seq_len, R rows, dp data-parallel replicas (world / sp).
-Completion and assistant masks are folded into labels before the collator (`masked_collate`). Why
-not the Trainer's own loaders, and the order rules: docs/design/integrations.md."""
+Dimensions: b micro batch, L seq_len, R rows, dp replicas. Why not the Trainer's loaders:
+docs/design/integrations.md."""
 
 from __future__ import annotations
 
@@ -32,8 +30,8 @@ ROW_COLUMNS = ("input_ids", "position_ids", "labels")
 
 
 class StepSampler(Sampler):
-    """Row indices of one dp replica, optimizer step after step (`per_step` = micro_batch x grad_accum rows each), in
-    `ds-longctx train`'s order (module docstring)."""
+    """Row indices of one dp replica, `per_step` rows per optimizer step, in `ds-longctx train`'s
+    order."""
 
     def __init__(
         self, n_rows: int, per_step: int, dp_rank: int, dp_size: int, seed: int, shuffle: bool
@@ -62,7 +60,7 @@ class StepSampler(Sampler):
 
 
 class EpochLoader(DataLoader):
-    """A DataLoader whose `set_epoch` (which the Trainer calls on its loader each epoch) reaches the sampler."""
+    """A DataLoader whose `set_epoch` reaches its sampler."""
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -83,7 +81,7 @@ def train_loader(
     num_workers: int = 0,
     grad_accum: int = 1,
 ) -> EpochLoader:
-    """Batches `[b, L]` of this rank's dp replica (the same on every rank of its SP group), grad_accum a step."""
+    """Batches `[b, L]` of this rank's dp replica, grad_accum per step."""
     sampler = StepSampler(
         len(dataset), micro_batch * grad_accum, state.dp_rank, state.dp_size, seed, shuffle
     )
@@ -97,7 +95,7 @@ def train_loader(
 
 
 def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) -> DataLoader:
-    """Every row once per dp replica group, in order; SP peers read the same batches."""
+    """Every row once per dp replica group, in order."""
     sampler = DistributedSampler(
         dataset, num_replicas=state.dp_size, rank=state.dp_rank, shuffle=False
     )
@@ -111,7 +109,7 @@ def eval_loader(dataset, collate, state, batch_size: int, num_workers: int = 0) 
 
 
 def collate_rows(examples: list) -> dict:
-    """Rows (dicts of 1-D token tensors of one length L) -> a batch of int64 `[b, L]` tensors, column by column."""
+    """Rows of 1-D token tensors -> int64 `[b, L]` tensors, column by column."""
     return {
         k: torch.stack([torch.as_tensor(e[k]) for e in examples]).long()
         for k in ROW_COLUMNS
@@ -120,16 +118,15 @@ def collate_rows(examples: list) -> dict:
 
 
 def applied_masks(args) -> tuple:
-    """The mask columns that say which tokens train (`fold_masks`): `assistant_masks`, and `completion_mask` unless the
-    trainer's args say `completion_only_loss=False` (TRL's choice to train the prompt too)."""
+    """The mask columns that say which tokens train: `assistant_masks`, and `completion_mask` unless
+    `completion_only_loss=False`."""
     off = getattr(args, "completion_only_loss", None) is False
     return tuple(k for k in MASK_COLUMNS if not (off and k == "completion_mask"))
 
 
 def fold_masks(example: dict, masks: tuple) -> dict:
-    """`example` with the mask columns of `masks` it carries folded into `labels` and dropped: a token trains where its
-    label (without labels: the token) is not IGNORE_INDEX and every one of those masks holds 1. Labels or a mask that
-    are not one value (a mask: 0/1) per input id are refused naming the column."""
+    """`example` with its `masks` columns folded into `labels` (a token trains where its label is
+    set and every mask is 1) and dropped; a column of the wrong length is refused."""
     if not isinstance(example, Mapping):  # a dataset of tuples carries no named mask
         return example
     ids, given = example.get("input_ids"), example.get("labels")
@@ -165,28 +162,25 @@ def _as_list(v) -> list:
 
 
 def masked_collate(collate, masks: tuple, examples: list) -> dict:
-    """`collate(examples)` with each example's masks folded into its labels first (`fold_masks`). Module-level, so that
-    `functools.partial(masked_collate, collate, masks)` pickles for loader workers."""
+    """`collate(examples)` after `fold_masks`; module-level so that a partial of it pickles."""
     return collate([fold_masks(e, masks) for e in examples])
 
 
 def is_rows_dataset(dataset) -> bool:
-    """Whether `dataset` came from `rows_dataset` (its rows go through `collate_rows`, not the trainer's collator)."""
+    """Whether `dataset` came from `rows_dataset`."""
     return getattr(getattr(dataset, "info", None), "description", None) == ROWS_TAG
 
 
 def needs_preparing(dataset) -> bool:
-    """Whether TRL's SFTTrainer must tokenize `dataset` itself: a `datasets.Dataset` without token ids (a `text`
-    column, or TRL's conversational ones), not `rows_dataset`'s rows."""
+    """Whether TRL must tokenize `dataset`: a `datasets.Dataset` without token ids."""
     import datasets
 
     return isinstance(dataset, datasets.Dataset) and "input_ids" not in dataset.column_names
 
 
 def token_rows_dataset(rows):
-    """A `data.TokenRows` as a `datasets.Dataset` (int32 columns, torch format), row j = rows.row(j): `input_ids`,
-    `labels` (IGNORE_INDEX where nothing trains), and for the pack layout also `position_ids` (restarting per
-    document). The rows are held in memory (4 bytes per token and column)."""
+    """A `data.TokenRows` as an in-memory `datasets.Dataset` of int32 columns: `input_ids`, `labels`
+    and, packed, `position_ids`."""
     import datasets
 
     packed = rows.layout == "pack"
@@ -202,9 +196,8 @@ def token_rows_dataset(rows):
 
 
 def rows_dataset(cfg, hf_config=None):
-    """The token rows `ds-longctx train` reads for run config `cfg` (`data.build_data`: tokenized on rank 0 first into
-    the cache, then read by the others), as a `datasets.Dataset` (`token_rows_dataset`). Call after
-    `hf_trainer.training_args` (the process group exists then)."""
+    """The token rows `ds-longctx train` reads for `cfg`, as a `datasets.Dataset`. Call after
+    `hf_trainer.training_args`."""
     hf = hf_config if hf_config is not None else load_hf_config(cfg.model.name)
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     rows = rank0_first(lambda: build_data(cfg, hf, world // cfg.parallel.sp_size), rank)

@@ -1,12 +1,10 @@
-"""The loss under the HF Trainer: one optimizer step's rows weighed as `ds-longctx train` weighs
+"""The loss under the HF Trainer, one optimizer step's rows weighed as `ds-longctx train` weighs
 them.
 
-    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # row weights are made here
-    loss = trainer.compute_loss(model, batches[i])                      # sum_r weight_r x CE sum of row r on the slice
+    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # row weights made here
+    loss = trainer.compute_loss(model, batches[i])                      # sum_r w_r x CE sum of row r
 
-The gradient does not change with the world size, a step without trained tokens weighs 0 (never
-NaN), and what the Trainer logs is the loss `ds-longctx train` writes. The weights and which tokens
-train: docs/design/integrations.md."""
+Weights and which tokens train: docs/design/integrations.md."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from collections import deque
 
 
 def check_padding(attention_mask) -> None:
-    """Right padding only: a causal model ignores tokens after the real ones, so the mask can be dropped."""
+    """Right padding only, so the attention mask can be dropped."""
     if attention_mask is None or bool(attention_mask.all()):
         return
     if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
@@ -26,7 +24,7 @@ def check_padding(attention_mask) -> None:
 
 
 def batch_labels(inputs: dict):
-    """`[b, L]` labels of a collated batch: `labels` (else `input_ids`), IGNORE_INDEX where attention_mask is 0."""
+    """`[b, L]` labels of a collated batch, IGNORE_INDEX where attention_mask is 0."""
     import torch
 
     from ds_longctx.parallel.units import IGNORE_INDEX
@@ -40,8 +38,8 @@ def batch_labels(inputs: dict):
 
 
 def step_row_weights(batches: list, state, average: str, device) -> list:
-    """Per batch of one optimizer step, the weight of each of its rows (`run/batch_loss.step_weights`; collective over
-    dp). The counts are made on `device`, where the process group's backend can reduce them (nccl: CUDA only)."""
+    """Per batch of one optimizer step, its row weights (`run/batch_loss.step_weights`), reduced on
+    `device`."""
     from ds_longctx.data.rows import Batch
     from ds_longctx.run.batch_loss import step_weights
 
@@ -57,12 +55,11 @@ def step_row_weights(batches: list, state, average: str, device) -> list:
 
 
 class LongCtxLossMixin:
-    """The Trainer's step, loss and eval loss under ds_longctx (module docstring). Needs `longctx_state`,
-    `longctx_config` and `longctx` (the applied levers) on the trainer."""
+    """The Trainer's step, loss and eval loss under ds_longctx; needs `longctx_state`,
+    `longctx_config` and `longctx` on the trainer."""
 
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
-        """The Trainer's prefetch of one optimizer step's batches, and their row weights (`step_row_weights`), which
-        the step's `compute_loss` calls take in order."""
+        """The Trainer's prefetch of one step's batches, with their row weights."""
         batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
         self._longctx_weights = deque(
             step_row_weights(
@@ -78,7 +75,7 @@ class LongCtxLossMixin:
         return batches, count
 
     def _longctx_forward(self, model, inputs, row_weights=None, micro_batches: int = 1):
-        """The loss head's triple on this rank's slice of `inputs` (full rows, on the device)."""
+        """The loss head's triple on this rank's slice of `inputs`."""
         from ds_longctx.levers.loss_head import ROUTE_KWARG, WEIGHTS_KWARG
         from ds_longctx.run.batch_loss import sharded_loss
 
@@ -104,9 +101,8 @@ class LongCtxLossMixin:
         )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The loss to backpropagate: sum over the rows of weight x CE sum on this rank's slice, with the next weights
-        of the step (`get_batch_samples`; a batch outside one is a step of its own). With `return_outputs`, also
-        {"tokens": this slice's trained tokens}."""
+        """Sum over the rows of weight x CE sum on this rank's slice; with `return_outputs`, also
+        {"tokens": trained tokens}."""
         if not getattr(self, "_longctx_weights", None):
             self._longctx_weights = deque(
                 step_row_weights(
@@ -123,8 +119,8 @@ class LongCtxLossMixin:
         return (loss, {"tokens": n}) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """Forward and backward of one batch; DeepSpeed accumulates, and steps at the step's last batch inside
-        `accelerator.backward`. Returns this rank's share of the step's loss (what the Trainer sums and averages)."""
+        """Forward and backward of one batch; DeepSpeed steps at the step's last batch. Returns this
+        rank's share of the step's loss."""
         if not getattr(
             self, "_longctx_optimizer_state", False
         ):  # optimizer.state_at_build, before the first batch
@@ -144,7 +140,7 @@ class LongCtxLossMixin:
         return loss.detach()
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """(the SP group's token-mean loss, no logits, no labels): eval under SP (the L x V logits never exist)."""
+        """(the SP group's token-mean loss, None, None): eval without logits."""
         import torch
 
         inputs = self._prepare_inputs(inputs)

@@ -2,18 +2,16 @@
 chunked loss, tiled MLP, the placement plan and the planner's DeepSpeed config.
 
     from ds_longctx.integrations import hf_trainer as longctx
-    cfg = longctx.run_config(sys.argv[1:])                           # --config my_run/run.yaml [--key value ...]
-    args = longctx.training_args(cfg, SFTConfig, logging_steps=1)    # instead of SFTConfig(...)
-    model = longctx.build_model(cfg)                                 # instead of from_pretrained(...)
-    trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=rows_dataset(cfg), ...)
+    cfg = longctx.run_config(sys.argv[1:])                         # --config run.yaml [--key value ...]
+    args = longctx.training_args(cfg, SFTConfig, logging_steps=1)  # instead of SFTConfig(...)
+    model = longctx.build_model(cfg)                               # instead of from_pretrained(...)
+    trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=..., ...)
     trainer.train()
-    longctx.finish()                                                 # every rank done, groups down, exit 0
+    longctx.finish()                                               # every rank done, exit 0
 
-Launch with `accelerate launch`, `deepspeed` or torchrun; `launch/trl_sft.py` is a complete script.
-Rules: the levers go on in `run/lever_order.py`'s order, the loss and data order match `ds-longctx
-train` step for step, a TrainingArguments field that contradicts the run config is refused, and
-every torch.load is weights-only. What `trainer` changes and what is not supported:
-docs/design/integrations.md."""
+`launch/trl_sft.py` is a complete script. Loss and data order match `ds-longctx train` step for
+step; a TrainingArguments field that contradicts the run config is refused. What `trainer` changes
+and what is not supported: docs/design/integrations.md."""
 
 from __future__ import annotations
 
@@ -35,18 +33,15 @@ from ds_longctx.run.stops import watch_launcher
 
 
 def run_config(argv: list):
-    """The run config from command-line arguments as `python -m ds_longctx.train` takes them (`--config run.yaml`, a
-    `ds-longctx plan` file, and `--key value` overrides; the deepspeed launcher's --local_rank dropped; --help lists
-    every field; a bad value exits 2 with one line saying what to change). Under a launcher, this process ends itself
-    when the launcher dies (run/stops.watch_launcher)."""
+    """The run config from `python -m ds_longctx.train`'s arguments (a bad value exits 2); under a
+    launcher, this process ends itself when the launcher dies."""
     watch_launcher()
     return parse_config(list(argv))
 
 
 def start_processes(cfg) -> None:
-    """The process group (DeepSpeed's init: nccl on GPU, gloo on CPU, the run's collective timeout) and accelerate's
-    PartialState on it, as DeepSpeed's (what `accelerator_config={"use_configured_state": True}` then uses).
-    Idempotent."""
+    """The process group (the run's collective timeout) and accelerate's PartialState on it, as
+    DeepSpeed's. Idempotent."""
     import torch
     from accelerate import PartialState
 
@@ -70,15 +65,14 @@ def start_processes(cfg) -> None:
 
 
 def finish() -> None:
-    """The last line of a script: every rank past a barrier, the process groups torn down, the process ended with
-    exit 0 without Python's teardown (parallel_state.leave: no pinned-memory teardown, no communication-thread
-    destructor aborting a finished job)."""
+    """The last line of a script: every rank past a barrier, the groups torn down, exit 0 without
+    Python's teardown (parallel_state.leave)."""
     leave(0)
 
 
 def _end_processes() -> None:
-    """At exit: tear the process group down while the interpreter still runs (left to interpreter teardown, gloo's
-    threads can abort the process: "terminate called without an active exception", exit -6 under `deepspeed`)."""
+    """At exit: tear the process group down while the interpreter still runs (gloo's threads can
+    abort the process in its teardown)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -86,7 +80,7 @@ def _end_processes() -> None:
 
 
 def trainer_ds_config(cfg) -> dict:
-    """The DeepSpeed JSON the Trainer runs with (`hf_trainer_ds_config` for this world size and device)."""
+    """The DeepSpeed JSON the Trainer runs with."""
     import torch
     import torch.distributed as dist
 
@@ -96,8 +90,7 @@ def trainer_ds_config(cfg) -> dict:
 
 
 def training_args(cfg, args_cls=None, **kwargs):
-    """`args_cls(**kwargs)` (TrainingArguments, SFTConfig, ...) for run config `cfg`
-    (`hf_args.training_kwargs`: the owned fields come from `cfg`, a different value is refused).
+    """`args_cls(**kwargs)` for `cfg`, the owned fields from `cfg` (`hf_args.training_kwargs`).
     Starts the process group first."""
     start_processes(cfg)
     if args_cls is None:
@@ -106,9 +99,7 @@ def training_args(cfg, args_cls=None, **kwargs):
 
 
 def build_model(cfg, stage=lambda name: None):
-    """The run's model as `ds-longctx train` builds it (`run/model.build_partitioned_model`: YaRN from seq_len, born
-    partitioned under zero.Init, shipped geometries drawn per parameter name), after the engine's checks
-    (`run/preflight`)."""
+    """The run's model as `ds-longctx train` builds it, after the engine's checks."""
     import torch.distributed as dist
 
     from ds_longctx.run import model as run_model
@@ -121,8 +112,8 @@ def build_model(cfg, stage=lambda name: None):
 
 
 def tokenizer(cfg):
-    """The run's tokenizer as `ds-longctx train` loads it (data/tokenize.load_tokenizer: data.tokenizer, else the model
-    directory's own), checked against the model's vocabulary; None where the run has none."""
+    """The run's tokenizer as `ds-longctx train` loads it, checked against the model's vocabulary;
+    None where the run has none."""
     from ds_longctx.data.tokenize import load_tokenizer
     from ds_longctx.run.model import load_hf_config
 
@@ -130,8 +121,7 @@ def tokenizer(cfg):
 
 
 def __getattr__(name: str):
-    """`rows_dataset` is hf_data's (`longctx.rows_dataset(cfg)`), imported on first use: hf_data imports torch, and
-    importing this module must not."""
+    """`rows_dataset` from hf_data, imported on first use (hf_data imports torch)."""
     if name == "rows_dataset":
         from ds_longctx.integrations.hf_data import rows_dataset
 
@@ -141,15 +131,13 @@ def __getattr__(name: str):
 
 @functools.lru_cache(maxsize=None)
 def trainer_class(trainer_cls: type) -> type:
-    """`LongCtx<Name>`: `LongCtxTrainerMixin` in front of `trainer_cls` (Trainer, SFTTrainer or a subclass)."""
+    """`LongCtx<Name>`: `LongCtxTrainerMixin` in front of `trainer_cls`."""
     return type("LongCtx" + trainer_cls.__name__, (LongCtxTrainerMixin, trainer_cls), {})
 
 
 def trainer(trainer_cls: type, run_config, **kwargs):
-    """`trainer_cls(**kwargs)` with ds_longctx's levers (module docstring); `kwargs["args"]` from `training_args`. A
-    text dataset (no input_ids: hf_data.needs_preparing) is TRL's to tokenize: the skip `training_args` set for
-    our rows is dropped (dataset_kwargs={}). A dataset with a `completion_mask` column trains the completion: an
-    SFTConfig's completion_only_loss left None becomes True (TRL would otherwise build labels without it)."""
+    """`trainer_cls(**kwargs)` with ds_longctx's levers; `kwargs["args"]` from `training_args`.
+    Dataset rules: docs/design/integrations.md."""
     from ds_longctx.integrations.hf_data import needs_preparing
 
     args = kwargs.get("args")
@@ -168,7 +156,7 @@ def trainer(trainer_cls: type, run_config, **kwargs):
 
 
 def check_trainer(tr, cfg) -> None:
-    """Refuse, before anything is applied, a Trainer this integration cannot make right (naming the fix)."""
+    """Refuse a Trainer this integration cannot make right, naming the fix."""
     fix = "build args with ds_longctx.integrations.hf_trainer.training_args(run_config, ...)"
     if not tr.is_deepspeed_enabled or tr.accelerator.state.deepspeed_plugin.zero_stage != 3:
         raise ValueError(f"ds_longctx's Trainer integration runs under DeepSpeed ZeRO-3; {fix}")
@@ -201,9 +189,8 @@ def check_trainer(tr, cfg) -> None:
 
 
 def _log_to_stderr() -> None:
-    """ds_longctx's build lines (attention kernel, placement, optimizer state, ...) on stderr as `ds-longctx train`
-    prints them (rank 0 at INFO, the others at WARNING), unless the script already routes logging somewhere: a
-    library adds no handler where its user has one."""
+    """ds_longctx's build lines on stderr as `ds-longctx train` prints them, unless the script
+    already has a handler."""
     logger = logging.getLogger("ds_longctx")
     if logger.hasHandlers():
         return
@@ -215,7 +202,7 @@ def _log_to_stderr() -> None:
 
 
 class LongCtxTrainerMixin(LongCtxLossMixin):
-    """In front of a Trainer class: ds_longctx's levers, data order and SP loss (module docstring)."""
+    """In front of a Trainer class: ds_longctx's levers, data order and SP loss."""
 
     def __init__(self, *args, run_config, **kwargs):
         super().__init__(*args, **kwargs)
@@ -247,7 +234,7 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         self.add_callback(self.longctx_clock)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
-        """plan/lr_schedule.py's schedule (`ds-longctx train`'s) over the Trainer's steps."""
+        """plan/lr_schedule.py's schedule over the Trainer's steps."""
         from torch.optim.lr_scheduler import LambdaLR
 
         from ds_longctx.plan.lr_schedule import lr_factor
@@ -261,22 +248,20 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         return self.lr_scheduler
 
     def train(self, *args, **kwargs):
-        """The Trainer's train with every torch.load weights-only (module docstring; torch's refusal names the
-        global)."""
+        """The Trainer's train with every torch.load weights-only."""
         with weights_only_loads():
             return super().train(*args, **kwargs)
 
     def log(self, logs, *args, **kwargs):
-        """The Trainer's log, with `ds-longctx train`'s per-step numbers beside a training loss: `seconds` (mean
-        optimizer-step time since the last log) and, on CUDA, `peak_gpu_bytes` (this rank's max_memory_reserved)."""
+        """The Trainer's log, with `seconds` and `peak_gpu_bytes` beside a training loss."""
         if "loss" in logs:
             logs = {**logs, **self.longctx_clock.read()}
         return super().log(logs, *args, **kwargs)
 
     # ---------------------------------------------------------------- data
     def _longctx_rows(self, dataset, description: str):
-        """(dataset, collate): our rows stacked as they are; other rows with their masks folded into labels
-        (`hf_data.masked_collate`), then the trainer's collator less the unused columns."""
+        """(dataset, collate): our rows stacked as they are; other rows with their masks folded into
+        labels, then the trainer's collator."""
         import functools
 
         from ds_longctx.integrations import hf_data
@@ -297,8 +282,7 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         )
 
     def _reject_skip_prepare_without_labels(self, datasets, data_collator) -> None:
-        """TRL refuses mask columns without labels when its preparation is skipped (its collator reads only labels);
-        ours folds them into labels (`_longctx_rows`), so there is nothing to refuse."""
+        """Nothing to refuse: `_longctx_rows` folds mask columns into labels."""
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
@@ -340,7 +324,7 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         return self.get_eval_dataloader(test_dataset)
 
     def get_total_train_batch_size(self, args) -> int:
-        """Sequences per optimizer step: micro_batch x accumulation x dp (an SP group reads one batch)."""
+        """Sequences per optimizer step: micro_batch x accumulation x dp."""
         return (
             self._train_batch_size * args.gradient_accumulation_steps * self.longctx_state.dp_size
         )

@@ -1,6 +1,5 @@
-"""The HF Trainer integration's step clock: each optimizer step's time and peak reserved GPU memory, for the
-Trainer's log (`LongCtxTrainerMixin.log`), and the memory snapshot of the run's first steps
-(logging.memory_snapshot_steps)."""
+"""The HF Trainer's step clock: each optimizer step's time and peak reserved GPU memory for its log,
+and the memory snapshot of the first steps."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from ds_longctx.run import memory_snapshot
 
 
 class StepClock:
-    """A TrainerCallback timing each optimizer step (CUDA-synchronized, from on_step_begin to on_step_end) and its
-    peak reserved GPU memory; `read()` hands over what was seen since the last read. A mixin for TrainerCallback
-    (`step_clock()` puts them together: transformers is not imported at module level)."""
+    """A TrainerCallback mixin timing each optimizer step (CUDA-synchronized) and its peak reserved
+    GPU memory; `read()` hands over what was seen since the last read."""
 
     snapshot = (
         0,
@@ -71,7 +69,7 @@ class StepClock:
 
 
 def step_clock():
-    """A new StepClock callback (StepClock in front of transformers' TrainerCallback)."""
+    """A new StepClock callback."""
     from transformers import TrainerCallback
 
     return type("LongCtxStepClock", (StepClock, TrainerCallback), {})()

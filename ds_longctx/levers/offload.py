@@ -262,19 +262,63 @@ _POOL = PinnedPool()
 def pool_checkpoint_function(layer_index: int) -> Callable:
     """The `_gradient_checkpointing_func` of an offloaded layer with our own pool
     (memory.pinned_pool). More: docs/design/levers.md."""
+    checkpoint = store_checkpoint_function(_POOL_STORE, layer_index)
+    # placement_apply.applied_placement reads a layer's offload back by this
+    checkpoint.pinned_pool = True
+    return checkpoint
+
+
+def store_checkpoint_function(store, key) -> Callable:
+    """A checkpoint function keeping the layer input in `store` (`put(key, hidden) -> handle` after the forward,
+    `get(handle) -> hidden` before the recompute): the pinned pool's, or the disk tier's (levers/disk_tier.py)."""
 
     def checkpoint(function, *args, **kwargs):
+        import torch
+
         kwargs.pop("use_reentrant", None)
         if kwargs:
             raise ValueError(
                 f"pool offload takes the layer function and positional tensors, got kwargs {list(kwargs)}"
             )
-        return _PooledCheckpoint.apply(function, layer_index, *args)
+        if not torch.is_grad_enabled():  # no backward will come for it: nothing to keep
+            return function(*args)
+        return _PooledCheckpoint.apply(function, store, key, *args)
 
-    checkpoint.pinned_pool = (
-        True  # placement_apply.applied_placement reads a layer's offload back by this
-    )
     return checkpoint
+
+
+class _PoolStore:
+    """The pinned pool as a checkpoint store: a slot per key, filled on a side stream on CUDA."""
+
+    @staticmethod
+    def put(key, hidden):
+        import torch
+
+        host = _POOL.slot(key, hidden)
+        if not hidden.is_cuda:
+            host.copy_(hidden)
+            return host, None, hidden.device
+        side = _copy_stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            host.copy_(hidden, non_blocking=True)
+            hidden.record_stream(side)
+        event = torch.cuda.Event()
+        event.record(side)
+        return host, event, hidden.device
+
+    @staticmethod
+    def get(handle):
+        import torch
+
+        host, event, device = handle
+        if event is None:
+            return host.clone()
+        torch.cuda.current_stream().wait_event(event)
+        return host.to(device, non_blocking=True)
+
+
+_POOL_STORE = _PoolStore()
 
 
 def pool() -> PinnedPool:
@@ -300,10 +344,10 @@ class _PooledCheckpoint:
     _fn = None
 
     @classmethod
-    def apply(cls, function, layer_index, *args):
+    def apply(cls, function, store, key, *args):
         if cls._fn is None:
             cls._fn = _make_function()
-        return cls._fn.apply(function, layer_index, *args)
+        return cls._fn.apply(function, store, key, *args)
 
 
 def _make_function():
@@ -311,39 +355,20 @@ def _make_function():
 
     class PooledCheckpoint(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, function, layer_index, *args):
-            ctx.function, ctx.layer_index = function, layer_index
+        def forward(ctx, function, store, key, *args):
+            ctx.function, ctx.store = function, store
             ctx.grad_mask = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
             with torch.no_grad():
                 outputs = function(*args)
-            hidden = args[
-                0
-            ]  # the layer input: the one tensor worth offloading (others are small: cos/sin, ids)
-            host = _POOL.slot(layer_index, hidden)
-            if hidden.is_cuda:
-                side = _copy_stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    host.copy_(hidden, non_blocking=True)
-                    hidden.record_stream(side)
-                ctx.event = torch.cuda.Event()
-                ctx.event.record(side)
-            else:
-                host.copy_(hidden)
-                ctx.event = None
-            ctx.device, ctx.host = hidden.device, host
+            # the layer input: the one tensor worth offloading (others are small: cos/sin, ids)
+            ctx.handle = store.put(key, args[0])
             ctx.rest = args[1:]
             return outputs
 
         @staticmethod
         def backward(ctx, *grads):
-            host = ctx.host
-            if ctx.event is not None:
-                torch.cuda.current_stream().wait_event(ctx.event)
-                hidden = host.to(ctx.device, non_blocking=True)
-            else:
-                hidden = host.clone()
-            inputs = [hidden, *ctx.rest]
+            inputs = [ctx.store.get(ctx.handle), *ctx.rest]
+            ctx.handle = None
             inputs = [
                 t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
                 for t, need in zip(inputs, ctx.grad_mask)
@@ -358,6 +383,7 @@ def _make_function():
             ]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
             return (
+                None,
                 None,
                 None,
                 *[

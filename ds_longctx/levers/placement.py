@@ -22,12 +22,15 @@ class Place(str, Enum):
     OFFLOAD = "offload"
     CACHE = "cache"
     CACHE_OFFLOAD = "cache+offload"
+    DISK = "disk"
     NONE = "none"
 
 
 ON_HOST = (Place.OFFLOAD, Place.CACHE_OFFLOAD)  # the layer's checkpoint lives in host memory
+ON_DISK = (Place.DISK,)  # ... in a scratch file under memory.nvme_path (levers/disk_tier.py)
+OFF_GPU = ON_HOST + ON_DISK
 CACHED = (Place.CACHE, Place.CACHE_OFFLOAD)  # the layer's attention output is kept
-CHECKPOINTED = (Place.KEEP, Place.OFFLOAD, Place.CACHE, Place.CACHE_OFFLOAD)
+CHECKPOINTED = (Place.KEEP, Place.OFFLOAD, Place.CACHE, Place.CACHE_OFFLOAD, Place.DISK)
 NOT_YET: dict = {}  # placements named but not built yet: {Place: why}
 
 
@@ -50,16 +53,23 @@ class PlacementPlan:
         cache: int = 0,
         checkpointing: bool = True,
         cacheable: Optional[tuple] = None,
+        disk: int = 0,
     ) -> "PlacementPlan":
-        """The first `offload` layers offloaded, the last `cache` cached, the rest kept (`none`
-        everywhere without checkpointing). More: docs/design/levers.md."""
+        """The first `offload` layers offloaded (the first `disk` of them to disk), the last `cache` cached, the
+        rest kept (`none` everywhere without checkpointing). More: docs/design/levers.md."""
         if not checkpointing:
             return cls((Place.NONE,) * num_layers)
         if offload + cache > num_layers or min(offload, cache) < 0:
             raise ValueError(
                 f"offload={offload} + cache={cache} layers do not fit {num_layers} layers"
             )
-        places = [Place.OFFLOAD] * offload + [Place.KEEP] * (num_layers - offload)
+        if not 0 <= disk <= offload:
+            raise ValueError(f"disk={disk} layers must be among the offload={offload} offloaded")
+        places = (
+            [Place.DISK] * disk
+            + [Place.OFFLOAD] * (offload - disk)
+            + [Place.KEEP] * (num_layers - offload)
+        )
         can = [i for i in range(offload, num_layers) if cacheable is None or cacheable[i]]
         if cache > len(can):
             raise ValueError(
@@ -108,6 +118,16 @@ class PlacementPlan:
     def offloaded(self) -> int:
         """Layers whose checkpoint lives in host memory."""
         return self.count(*ON_HOST)
+
+    @property
+    def on_disk(self) -> int:
+        """Layers whose checkpoint lives on disk."""
+        return self.count(*ON_DISK)
+
+    @property
+    def off_gpu(self) -> int:
+        """Layers whose checkpoint leaves the GPU (host or disk)."""
+        return self.count(*OFF_GPU)
 
     @property
     def cached(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
+from ds_longctx.levers.disk_tier import disk_checkpoint_function
 from ds_longctx.levers.offload import offload_checkpoint_function, pool_checkpoint_function
 from ds_longctx.levers.placement import CACHED, ON_HOST, Place, PlacementPlan
 
@@ -46,6 +47,7 @@ def apply_placement(
     plan: PlacementPlan,
     ds_config: Optional[dict] = None,
     pinned_pool: bool = False,
+    nvme_path: Optional[str] = None,
 ) -> PlacementPlan:
     """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
 
@@ -64,6 +66,10 @@ def apply_placement(
         _checkpointing(model, on=True)
         model.__dict__[_ENABLED_ATTR] = True
     funcs = {Place.KEEP: None, Place.CACHE: None}
+    if plan.on_disk and nvme_path is None:
+        raise ValueError(
+            f"placement {plan.spec()} puts {plan.on_disk} layers on disk: set memory.nvme_path"
+        )
     if plan.offloaded and not pinned_pool:
         if ds_config is None:
             raise ValueError(
@@ -74,7 +80,10 @@ def apply_placement(
 
     for i, (layer, place, original) in enumerate(zip(layers, plan.layers, originals)):
         layer.__dict__.setdefault(_PREV_ATTR, original)
-        fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]
+        if place == Place.DISK:
+            fn = disk_checkpoint_function(i, nvme_path)
+        else:
+            fn = pool_checkpoint_function(i) if pinned_pool and place in ON_HOST else funcs[place]
         layer._gradient_checkpointing_func = (
             fn or layer._gradient_checkpointing_func
         )  # keep / cache: torch's
@@ -96,7 +105,11 @@ def applied_placement(model: nn.Module) -> PlacementPlan:
         if not getattr(layer, "gradient_checkpointing", False):
             out.append(Place.NONE)
             continue
-        offloaded = _is_offload_function(layer.__dict__.get("_gradient_checkpointing_func"))
+        fn = layer.__dict__.get("_gradient_checkpointing_func")
+        if getattr(fn, "disk_tier", False):
+            out.append(Place.DISK)
+            continue
+        offloaded = _is_offload_function(fn)
         slot = attention_cache.layer_slot(layer)
         if slot is None:
             out.append(Place.OFFLOAD if offloaded else Place.KEEP)

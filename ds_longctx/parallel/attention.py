@@ -216,23 +216,33 @@ def _sdpa(q, k, v, scale, mask=None):
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def _block_causal_mask(cu_seqlens: torch.Tensor, s: int, device) -> torch.Tensor:
-    """[s, s] bool: True where query i may attend key j (same document, j <= i)."""
-    if s > MAX_MASKED_TOKENS:
+def _block_causal_mask(cu_q: torch.Tensor, s: int, device, cu_k=None, s_k=None) -> torch.Tensor:
+    """[s, s_k] bool: True where query i may attend key j, both of one document and j at most i counted from
+    the documents' ends (causal aligned bottom-right, as flash-attn's varlen does where q and k lengths differ)."""
+    cu_k, s_k = (cu_q, s) if cu_k is None else (cu_k, s_k)
+    if max(s, s_k) > MAX_MASKED_TOKENS:
         raise ValueError(
-            f"packed documents at s={s} need a varlen kernel (FA4, flash-attn, or varlen_attn on CUDA); "
-            f"the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens"
+            f"packed documents at s={max(s, s_k)} need a varlen kernel (FA4, flash-attn, or varlen_attn on "
+            f"CUDA); the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens"
         )
-    doc = torch.zeros(s, dtype=torch.long, device=device)
-    doc[cu_seqlens[1:-1].to(device)] = 1
-    doc = doc.cumsum(0)
-    idx = torch.arange(s, device=device)
-    return (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])
+
+    def doc_and_to_end(cu, n):  # each token's document and its offset from that document's end
+        cu = cu.to(device=device, dtype=torch.long)
+        doc = torch.zeros(n, dtype=torch.long, device=device)
+        doc[cu[1:-1]] = 1
+        doc = doc.cumsum(0)
+        return doc, torch.arange(n, device=device) - cu[1:][doc]
+
+    dq, eq = doc_and_to_end(cu_q, s)
+    dk, ek = doc_and_to_end(cu_k, s_k)
+    return (dq[:, None] == dk[None, :]) & (ek[None, :] <= eq[:, None])
 
 
-def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen):
-    """The paths without a kernel pair: the kernel's own autograd, `[b, s, h, d]` out."""
+def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen, cu_k=None, max_k=None):
+    """The paths without a kernel pair: the kernel's own autograd, `[b, s, h, d]` out (`cu_k`, `max_k`: the
+    keys' documents where they differ from the queries', causal aligned bottom-right)."""
     choice = current()
+    cu_k, max_k = (cu_seqlens, max_seqlen) if cu_k is None else (cu_k, max_k)
     if choice.backend == "flash_attn":
         from flash_attn import flash_attn_func, flash_attn_varlen_func
 
@@ -244,9 +254,9 @@ def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen):
             kt[0],
             vt[0],
             cu_seqlens,
-            cu_seqlens,
+            cu_k,
             max_seqlen,
-            max_seqlen,
+            max_k,
             softmax_scale=scale,
             causal=True,
         )
@@ -260,12 +270,10 @@ def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen):
         if kt.shape[1] != qt.shape[1]:
             rep = qt.shape[1] // kt.shape[1]
             kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
-        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        out = varlen_attn(
-            qt, kt, vt, cu, cu, max_seqlen, max_seqlen, scale=scale, window_size=(-1, 0)
-        )
+        cu, cuk = (c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens, cu_k))
+        out = varlen_attn(qt, kt, vt, cu, cuk, max_seqlen, max_k, scale=scale, window_size=(-1, 0))
         return out.unsqueeze(0)
-    mask = _block_causal_mask(cu_seqlens, q.shape[2], q.device)
+    mask = _block_causal_mask(cu_seqlens, q.shape[2], q.device, cu_k, k.shape[2])
     return _sdpa(q, k, v, scale, mask=mask).transpose(1, 2)
 
 
@@ -277,13 +285,18 @@ def attend(
     cu_seqlens: Optional[torch.Tensor] = None,
     max_seqlen: Optional[int] = None,
     slot=None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_k: Optional[int] = None,
 ) -> torch.Tensor:
-    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s, d]` -> `[b, s, h, d]`.
+    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s_k, d]` -> `[b, s, h, d]`; `cu_seqlens_k` (default
+    `cu_seqlens`) splits the keys into the queries' documents, causal aligned bottom-right.
 
     Notes: docs/design/parallel.md, `attention.py`.
     """
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError(f"packed documents need micro_batch=1, got batch {q.shape[0]}")
+    if cu_seqlens_k is None and k.shape[2] != q.shape[2]:
+        raise ValueError(f"{q.shape[2]} queries and {k.shape[2]} keys need cu_seqlens_k")
     pair = kernel_pair(q, cu_seqlens)
     if pair is None:
         if slot is not None and not _WARNED_SLOT[0]:
@@ -295,13 +308,26 @@ def attend(
                 q.dtype,
                 "packed" if cu_seqlens is not None else "dense",
             )
-        return _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen)
+        return _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen, cu_seqlens_k, max_seqlen_k)
     if not pair.gqa and k.shape[1] != q.shape[1]:
         rep = (
             q.shape[1] // k.shape[1]
         )  # [b, hk, s, d] -> [b, h, s, d]; autograd sums the grads back
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    if cu_seqlens is not None:
-        cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    out = _Attend.apply(q, k, v, pair, scale, cu_seqlens, max_seqlen, slot)
+    lens = None, None
+    if cu_seqlens is not None:  # the pair reads (queries', keys') documents
+        cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+        cus = tuple(c.to(device=q.device, dtype=torch.int32) for c in (cu_seqlens, cu_k))
+        lens = cus, (max_seqlen, max_seqlen if cu_seqlens_k is None else max_seqlen_k)
+    out = _Attend.apply(q, k, v, pair, scale, *lens, slot)
     return pair.out_bshd(out)
+
+
+# Backends whose varlen kernels take the keys' own documents (`attend`'s cu_seqlens_k), causal aligned
+# bottom-right: FA4, flash-attn 2 (>= 2.1), torch's varlen_attn on CUDA, the masked SDPA on CPU.
+SEPARATE_KEYS = ("fa4", "flash_attn", "sdpa")
+
+
+def separate_keys() -> bool:
+    """Whether the current backend runs queries and keys of different documents (`cu_seqlens_k`)."""
+    return current().backend in SEPARATE_KEYS

@@ -12,8 +12,8 @@ import torch
 
 
 class _Pair:
-    """A forward that returns (out, saved tensors, meta) and the backward that takes them. More:
-    docs/design/parallel.md."""
+    """A forward that returns (out, saved tensors, meta) and the backward that takes them; packed, `cu` and
+    `max_len` are (queries', keys') pairs. More: docs/design/parallel.md."""
 
     gqa = False  # the kernel reads fewer KV heads than query heads itself
     splits_heads = False
@@ -34,7 +34,8 @@ class _Pair:
 
 
 class _FA4(_Pair):
-    """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1); LSE `[b, h, s]`."""
+    """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1, causal aligned
+    bottom-right where a document's q and k lengths differ); LSE `[b, h, s]`."""
 
     gqa = True
     splits_heads = True
@@ -53,10 +54,10 @@ class _FA4(_Pair):
                 qt,
                 kt,
                 vt,
-                cu_seqlens_q=cu,
-                cu_seqlens_k=cu,
-                max_seqlen_q=max_len,
-                max_seqlen_k=max_len,
+                cu_seqlens_q=cu[0],
+                cu_seqlens_k=cu[1],
+                max_seqlen_q=max_len[0],
+                max_seqlen_k=max_len[1],
                 softmax_scale=scale,
                 causal=True,
                 return_lse=True,
@@ -81,10 +82,10 @@ class _FA4(_Pair):
             lse,
             scale,
             True,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
-            max_seqlen_q=max_len,
-            max_seqlen_k=max_len,
+            cu_seqlens_q=cu[0],
+            cu_seqlens_k=cu[1],
+            max_seqlen_q=max_len[0],
+            max_seqlen_k=max_len[1],
         )
         return tuple(t.transpose(0, 1)[None] for t in (dq, dk, dv))
 

@@ -15,8 +15,10 @@ import torch
 class SharedLayout:
     gather: torch.Tensor  # int64 [s']: the row token written at each virtual position
     take: torch.Tensor  # int64 [s]: the virtual position each row token reads its output from
-    cu_seqlens: torch.Tensor  # int32 [n + 1]: the virtual documents' offsets
+    cu_seqlens: torch.Tensor  # int32 [n + 1]: the virtual documents' offsets (the keys')
     max_seqlen: int
+    cu_seqlens_q: torch.Tensor  # int32 [n + 1]: the row's queries per virtual document (S+B1, B2)
+    max_seqlen_q: int
 
 
 def _runs(branch: list, a: int, b: int) -> Optional[tuple]:
@@ -48,11 +50,12 @@ def shared_layout(
     starts = sorted(
         {0, *torch.nonzero(position_ids == 0).flatten().tolist(), *([n] if pad else [])}
     ) + [s]
-    gather, take, cu, branched = [], [0] * s, [0], False
+    gather, take, cu, cu_q, branched = [], [0] * s, [0], [0], False
     for a, b in zip(starts[:-1], starts[1:]):
         runs = _runs(br, a, b)
         parts = [range(a, b)] if runs is None else [(*runs[0], *runs[1]), (*runs[0], *runs[2])]
         branched |= runs is not None
+        cu_q += [b] if runs is None else [runs[2].start, b]
         for k, part in enumerate(parts):
             for i in part:
                 if k == 0 or i >= runs[2].start:  # S is read from its first copy
@@ -61,10 +64,12 @@ def shared_layout(
             cu.append(len(gather))
     if not branched:
         return None
-    cu_t = torch.tensor(cu, dtype=torch.int32)
+    cu_t, cu_q_t = (torch.tensor(c, dtype=torch.int32) for c in (cu, cu_q))
     return SharedLayout(
         torch.tensor(gather, dtype=torch.int64),
         torch.tensor(take, dtype=torch.int64),
         cu_t,
         int((cu_t[1:] - cu_t[:-1]).max()),
+        cu_q_t,
+        int((cu_q_t[1:] - cu_q_t[:-1]).max()),
     )

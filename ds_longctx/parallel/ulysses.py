@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # transformers is imported where the attention function is registered: the engine's checks import this module
 # before any model exists.
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -17,6 +18,7 @@ from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.shared_prefix import SharedLayout
 
 ATTN_IMPLEMENTATION = "ds_longctx"
+log = logging.getLogger("ds_longctx")
 
 
 class _SeqAllToAll(torch.autograd.Function):
@@ -126,19 +128,35 @@ class UlyssesAttention:
         return out, None
 
     def _attend(self, q, k, v, scale, slot):
-        """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents kept apart, a
-        branching one through its virtual sequence (parallel/shared_prefix.py)."""
+        """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents kept apart; a
+        branching one's keys and values through its virtual sequence (parallel/shared_prefix.py)."""
         lay = self.shared
         if lay is None:
             return attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
-        g = lay.gather.to(q.device)
-        q, k, v = (t[:, :, g] for t in (q, k, v))  # [b, h', s, d] -> [b, h', s', d]
+        if lay.gather.device != q.device:  # moved once per batch: every layer reads it
+            lay.gather = lay.gather.to(q.device)
+        g = lay.gather
+        k, v = (t[:, :, g] for t in (k, v))  # [b, hk', s, d] -> [b, hk', s', d]
+        # queries stay the row's: S+B1 and B2 read their keys aligned bottom-right
+        if attention.separate_keys():
+            cu_k = dict(cu_seqlens_k=lay.cu_seqlens, max_seqlen_k=lay.max_seqlen)
+            return attention.attend(
+                q, k, v, scale, lay.cu_seqlens_q, lay.max_seqlen_q, slot, **cu_k
+            )
+        if not _WARNED_VIRTUAL[0]:
+            _WARNED_VIRTUAL[0] = True
+            log.warning(
+                "shared prompt: attention backend %s takes no separate key documents; the prompt's "
+                "queries run twice (the virtual sequence)",
+                attention.current().backend,
+            )
         out = attention.attend(
-            q, k, v, scale, lay.cu_seqlens, lay.max_seqlen, slot=slot
+            q[:, :, g], k, v, scale, lay.cu_seqlens, lay.max_seqlen, slot=slot
         )  # [b, s', h', d]
         return out[:, lay.take.to(out.device)]  # [b, s', h', d] -> [b, s, h', d]
 
 
+_WARNED_VIRTUAL = [False]
 _REGISTERED: Optional[UlyssesAttention] = None
 
 

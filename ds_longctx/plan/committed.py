@@ -11,6 +11,8 @@ COMMITTED = {
     "qwen3-8b_1m_8x141gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 141 --gpu h200 --host_mem_gb 560",
     "qwen3-8b_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --gpu h200 --host_mem_gb 256",
     "qwen3-8b_max_4x80gb": "--model qwen3-8b --find_max_len --gpus 4 --gpu_mem_gb 80 --gpu h100 --host_mem_gb 512",
+    "qwen3-8b-dpo_1m_8x80gb": "--model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 --gpu h100 --host_mem_gb "
+    "560 --objective dpo",
     "qwen3-8b_1m_2x8x80gb": "--model qwen3-8b --seq_len 1048576 --nodes 2 --gpus 8 --gpu_mem_gb 80 --gpu h100 "
     "--host_mem_gb 560",
     "qwen3-8b_lora16_max_2x141gb": "--model qwen3-8b --find_max_len --gpus 2 --gpu_mem_gb 141 --gpu h200 --host_mem_gb "

@@ -11,6 +11,12 @@ from ds_longctx.config import RunConfig
 from ds_longctx.levers.offload import activation_checkpointing_block
 from ds_longctx.levers.placement import requests_offload
 from ds_longctx.parallel.parallel_state import dp_size
+from ds_longctx.plan.disk_terms import (
+    NVME_OPTIMIZER_BUFFERS,
+    NVME_PARAM_BUFFER_ELEMS,
+    NVME_PARAM_BUFFERS,
+    NVME_SUB_GROUP_ELEMS,
+)
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS, offload_sub_group_elems
 
@@ -60,11 +66,46 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
     if cfg.optimizer.offload_params:
         # unpinned: see docs/design/plan.md (DeepSpeed config)
         ds["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": False}
+    if cfg.memory.nvme_path and (cfg.memory.nvme_optimizer or cfg.memory.nvme_params):
+        nvme_blocks(ds["zero_optimization"], cfg)
+        ds["aio"] = dict(AIO_BLOCK)
     if cfg.memory.activation_checkpointing:
         ds["activation_checkpointing"] = activation_checkpointing_block(
             requests_offload(cfg.memory.offload_layers, cfg.memory.placement), on_gpu
         )
     return ds
+
+
+def nvme_blocks(zero: dict, cfg: RunConfig) -> None:
+    """ZeRO-Infinity: the offloaded optimizer state / parameters swapped to memory.nvme_path (the swap buffer
+    sizes are the planner's: plan/disk_terms.py)."""
+    path = cfg.memory.nvme_path
+    if cfg.memory.nvme_optimizer and cfg.optimizer.offload:
+        zero["offload_optimizer"] = {
+            "device": "nvme",
+            "nvme_path": path,
+            "pin_memory": True,
+            "buffer_count": NVME_OPTIMIZER_BUFFERS,
+        }
+        zero["sub_group_size"] = NVME_SUB_GROUP_ELEMS
+    if cfg.memory.nvme_params and cfg.optimizer.offload_params:
+        zero["offload_param"] = {
+            "device": "nvme",
+            "nvme_path": path,
+            "pin_memory": True,
+            "buffer_count": NVME_PARAM_BUFFERS,
+            "buffer_size": NVME_PARAM_BUFFER_ELEMS,
+        }
+
+
+# DeepSpeed's async I/O op settings (its documented defaults, written out so the plan shows them)
+AIO_BLOCK = {
+    "block_size": 1048576,
+    "queue_depth": 8,
+    "thread_count": 1,
+    "single_submit": False,
+    "overlap_events": True,
+}
 
 
 def hf_trainer_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:

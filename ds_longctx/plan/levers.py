@@ -13,6 +13,16 @@ from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan, check_cacheable, resolve_placement
 
+# dpo: each completion's tokens where none is given (`plan --completion_len`, `rehearse --completion_len`), at
+# most a quarter of the row (default_completion_len)
+DEFAULT_COMPLETION_LEN = 4096
+
+
+def default_completion_len(seq_len: int) -> int:
+    """A dpo row's completion length where none is given: DEFAULT_COMPLETION_LEN, at most seq_len // 4."""
+    return min(DEFAULT_COMPLETION_LEN, seq_len // 4)
+
+
 FUSED_OPS = get_args(KernelsConfig.model_fields["fused_ops"].annotation)  # the run config's choices
 
 
@@ -59,6 +69,10 @@ class Levers:
     partial_offload: bool = (
         True  # the search may put a share of the optimizer on the host (False: the user fixed it)
     )
+    nvme_optimizer: bool = False  # the offloaded optimizer's fp32 state on NVMe (ZeRO-Infinity)
+    nvme_params: bool = False  # the offloaded bf16 parameters on NVMe (ZeRO-Infinity)
+    objective: str = "sft"  # train.objective: its terms are plan/preference_terms.py's
+    completion_len: int = 0  # dpo: tokens of each completion (chosen, rejected) of a row
 
     def __post_init__(self):
         if self.fused_ops not in FUSED_OPS:
@@ -109,10 +123,16 @@ class Levers:
             placement=placement,
             offload_params=cfg.optimizer.offload_params,
             pinned_pool=mem.pinned_pool,
+            nvme_optimizer=mem.nvme_optimizer,
+            nvme_params=mem.nvme_params,
             fused_ops=cfg.kernels.fused_ops,
             attn_bwd_head_groups=mem.attn_bwd_head_groups,
             lora_rank=cfg.lora.rank,
             lora_targets=targets if isinstance(targets, str) else tuple(targets),
+            objective=cfg.train.objective,
+            completion_len=default_completion_len(cfg.train.seq_len)
+            if cfg.train.objective == "dpo"
+            else 0,
         )
 
     def run_config_fields(self) -> dict:
@@ -140,6 +160,11 @@ class Levers:
             out["offload_params"] = True
         if self.attn_bwd_head_groups != 1:
             out["attn_bwd_head_groups"] = self.attn_bwd_head_groups
+        for key in ("nvme_optimizer", "nvme_params"):
+            if getattr(self, key):
+                out[key] = True
+        if self.objective != "sft":
+            out["objective"] = self.objective
         if self.placement is not None:
             out["placement"] = self.placement.spec()
         else:

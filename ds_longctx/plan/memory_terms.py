@@ -14,6 +14,7 @@ from ds_longctx.levers.lora import target_names
 from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
+from ds_longctx.plan import disk_terms
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.layer_units import COMPILED_FINAL_NORM_UNITS, POOLED_LAYER_UNITS
 from ds_longctx.plan.levers import Levers
@@ -47,13 +48,14 @@ class Term:
     host_bytes: int
     formula: str
     phases: tuple = ALL
+    disk_bytes: int = 0  # one node's bytes on its nvme_path (the disk tier)
 
 
 class Terms(list):
     """The terms of one plan, in table order."""
 
-    def add(self, name: str, gpu, host, formula: str, phases: tuple = ALL) -> None:
-        self.append(Term(name, int(gpu), int(host), formula, phases))
+    def add(self, name: str, gpu, host, formula: str, phases: tuple = ALL, disk=0) -> None:
+        self.append(Term(name, int(gpu), int(host), formula, phases, int(disk)))
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class Sizes:
     A_layer: int  # ... in the top layer
     A_mlp: int  # ... in the top layer's MLP
     n_top: int  # adapted Linears of the top layer
-    k: int  # offloaded layers
+    k: int  # layers whose checkpoint leaves the GPU (host or disk)
     n_cache: int  # layers whose attention output is kept on the GPU
     n_cache_host: int  # ... in pinned host memory
     top_cached: bool  # the top layer keeps its attention output on the GPU
@@ -83,6 +85,7 @@ class Sizes:
     # a hybrid model's layers above its top linear layer with their checkpoint on the GPU
     above_lin: int = 0
     above_lin_cached: int = 0  # ... of them, those keeping their attention output on the GPU
+    n_disk: int = 0  # of the k, those on disk
 
     @property
     def phases(self) -> tuple:
@@ -170,7 +173,7 @@ def sizes(
         A_layer=A_layer,
         A_mlp=A_mlp,
         n_top=n_top,
-        k=placement.offloaded,
+        k=placement.off_gpu,
         n_cache=placement.count(Place.CACHE),
         n_cache_host=placement.count(Place.CACHE_OFFLOAD),
         top_cached=placement[g.layers - 1] == Place.CACHE,
@@ -178,6 +181,7 @@ def sizes(
         compiled=levers.fused_ops in ("auto", "compile") and g.hybrid is None,
         above_lin=sum(p in (Place.KEEP, Place.CACHE) for p in above),
         above_lin_cached=sum(p == Place.CACHE for p in above),
+        n_disk=placement.on_disk,
     )
 
 
@@ -238,6 +242,7 @@ def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
                 else " (the fp32 grads DeepSpeedCPUAdam steps on)"
             ),
         )
+    disk_terms.onto_nvme(t, z, lv, on_host)  # ZeRO-Infinity: what nvme_optimizer / nvme_params move
     t.add(
         "reduce_bucket",
         REDUCE_BUCKET_ELEMS * 2,
@@ -263,7 +268,9 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     # freed by the time the top linear layer runs its backward: not in its phases (LIN)
     a = z.above_lin
     kept = f"(L-k-{a})" if a else "(L-k)"
-    if lv.pinned_pool:
+    if z.n_disk:
+        disk_terms.checkpoint_term(t, z, kept, a)
+    elif lv.pinned_pool:
         t.add(
             "checkpoints",
             (L - k - a) * E,
@@ -300,6 +307,8 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
             f"cache) - what the kept layers held, freed by then) (our pool; {L - k} kept, {z.n_cache} cached on "
             f"the GPU)",
         )
+    elif k and z.n_disk == k:  # the disk tier's: one restored at a time, as the pool's
+        t.add("offload_staging", E, 0, "T·H·2 (the disk tier's restored input)")
     elif k:  # DeepSpeed's offload engine: the input in use plus the engine's own GPU references
         t.add("offload_staging", 2 * E, 0, "2·T·H·2")
     t.add("rotary_cos_sin", T * d * 2 * 2, 0, "T·d·2·2")

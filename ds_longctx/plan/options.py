@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 
 from ds_longctx.levers.lora import DEFAULT_TARGETS
+from ds_longctx.plan.disk_args import add_disk_options
+from ds_longctx.plan.objective_args import add_objective_options
 from ds_longctx.plan.plan_args import tokens
 from ds_longctx.plan.step_time import GPU_RATES
 
@@ -140,6 +142,8 @@ def _lora_and_output_options(p: argparse.ArgumentParser) -> None:
         help="with --lora_rank: the Linears that get adapters, "
         f"comma-separated suffixes or all-linear (default {','.join(DEFAULT_TARGETS)})",
     )
+    add_disk_options(p)
+    add_objective_options(p)
     p.add_argument(
         "--find_max_len",
         action="store_true",

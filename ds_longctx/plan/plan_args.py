@@ -21,6 +21,7 @@ from ds_longctx.levers.lora import ALL_LINEAR, DEFAULT_TARGETS
 from ds_longctx.levers.rope import rope_problem
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.parallel_state import check_sp_size
+from ds_longctx.plan import disk_args, objective_args
 from ds_longctx.plan.committed import default_host_mem_gb
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.hf_fields import window_problem
@@ -50,6 +51,7 @@ def tokens(text: str) -> int:
 def check_args(a: argparse.Namespace) -> tuple:
     """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming the fix."""
     host = _check_values(a)
+    disk_args.check_disk_args(a)
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
     _check_against_model(a, geom, host)
     return geom, host
@@ -117,6 +119,7 @@ def _check_against_model(a: argparse.Namespace, geom: ModelGeometry, host: float
     """The checks of the flags against the model: its window and RoPE, LoRA targets, levers, sp_size, head groups."""
     if problem := window_problem(geom.name, geom.sliding_window, a.seq_len):
         raise ValueError(problem)
+    objective_args.check_objective_args(a, geom)
     if a.seq_len and (
         problem := rope_problem(geom.name, geom.rope_type, geom.trained_context, a.seq_len)
     ):
@@ -233,6 +236,8 @@ def command_line(a: argparse.Namespace, host: float) -> str:
     parts += [f"--optimizer_offload_ratio {ratio:g}"] if ratio is not None else []
     parts += [f"--lora_rank {a.lora_rank}"] if a.lora_rank else []
     parts += [f"--lora_target_modules {a.lora_target_modules}"] if a.lora_target_modules else []
+    parts += disk_args.command_parts(a)
+    parts += objective_args.objective_flags(a)
     return "ds-longctx plan " + " ".join(parts)
 
 
@@ -258,6 +263,8 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
         partial_offload=a.optimizer_offload_ratio is None,
         attn_bwd_head_groups=a.attn_bwd_head_groups,
         offload_params=a.offload_params,
+        objective=a.objective,
+        completion_len=objective_args.completion_len(a),
     )
     return dict(
         gpus=a.gpus,
@@ -267,6 +274,7 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
         headroom=a.headroom,
         sp_size=a.sp_size,
         base=base,
+        nvme_gb=disk_args.nvme_gb(a),
     )
 
 

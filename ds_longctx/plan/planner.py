@@ -39,6 +39,7 @@ from ds_longctx.plan.memory_terms import (  # noqa: F401
     zero3_terms,
 )
 from ds_longctx.plan.moe_terms import moe_lever_problem
+from ds_longctx.plan.preference_terms import objective_memory_terms
 
 GIB = 2**30
 # reserved / allocated. calibrated: see docs/calibration.md#fragmentation
@@ -71,6 +72,7 @@ class MemoryPlan:
     host_peak_bytes: int
     placement: PlacementPlan  # the per-layer plan the terms read (levers.placement_for)
     nodes: int = 1
+    disk_bytes: int = 0  # one node's bytes on nvme_path (the disk tier; plan/disk_terms.py)
 
     @property
     def world(self) -> int:
@@ -152,6 +154,10 @@ class MemoryPlan:
             f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f} "
             f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context"
         )
+        if self.disk_bytes:
+            rows.append(
+                f"disk (nvme_path, per node): {self.disk_bytes / GB:.2f} GB = Σ the terms' disk"
+            )
         return "\n".join(rows)
 
 
@@ -280,6 +286,7 @@ def _plan_memory(
     mlp_terms(terms, z, levers)
     if g.hybrid is not None:
         linear_terms(terms, z)
+    objective_memory_terms(terms, z, levers)
 
     base = sum(t.gpu_bytes for t in terms if t.phases == ALL)
     phase_bytes = tuple((p, sum(t.gpu_bytes for t in terms if p in t.phases)) for p in z.phases)
@@ -305,4 +312,5 @@ def _plan_memory(
         gpu_peak_bytes=sub + slack + ctx,
         host_peak_bytes=max(_host_bytes(terms, ALL), _host_bytes(terms, BUILD)),
         placement=placement,
+        disk_bytes=sum(t.disk_bytes for t in terms),
     )

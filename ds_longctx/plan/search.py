@@ -29,6 +29,7 @@ from ds_longctx.plan.planner import (
     plan_memory,
     sp_sizes_for,
 )
+from ds_longctx.plan.search_disk import onto_disk
 from ds_longctx.plan.search_notes import choice_notes
 
 
@@ -85,6 +86,7 @@ def _search(
     sp_size=None,
     base: Levers = Levers(),
     nodes=1,
+    disk_budget=0.0,
 ) -> Optional[Choice]:
     """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's), the cheaper lever first
     (docs/calibration.md#lever-step-costs): `_placements`, then sp descending, then `_levers_at`, then the fewest
@@ -114,6 +116,11 @@ def _search(
                 k = _fewest_k(lambda k: gpu_at(k).gpu_peak_bytes <= gpu_budget, L)
                 if k is not None and (plan := gpu_at(k)).host_peak_bytes <= host_budget:
                     return Choice(plan=plan, notes=choice_notes(plan, sp_size, gpu_at, base))
+                if k is not None and disk_budget and lv.pinned_pool:
+                    budgets = (gpu_budget, host_budget, disk_budget)
+                    if found := onto_disk(gpu_at(k), budgets, knobs):
+                        notes = choice_notes(plan, sp_size, gpu_at, base) + found[1]
+                        return Choice(plan=found[0], notes=notes)
                 host_bound |= k is not None and opt and not params and ratio == asked
     return None
 
@@ -192,6 +199,7 @@ def choose(
     sp_size: Optional[int] = None,
     base: Levers = Levers(),
     nodes: int = 1,
+    nvme_gb: float = 0.0,
     **knobs,
 ) -> Choice:
     """The levers for `seq_len` tokens on `nodes` nodes of `gpus` GPUs of `gpu_mem_gb` GB, each node with
@@ -203,11 +211,12 @@ def choose(
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     if sp_size is not None:
         plan_memory(geom, 1, gpus, sp_size, nodes=nodes)  # validates sp_size, naming the valid ones
-    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes)
+    disk = headroom * nvme_gb * GB
+    found = _search(geom, seq_len, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes, disk)
     if found is not None:
         return found
     raise _no_fit(
-        geom, seq_len, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size, base, nodes, knobs
+        geom, seq_len, gpus, gpu_mem_gb, host_mem_gb, headroom, sp_size, base, nodes, knobs, nvme_gb
     )
 
 
@@ -271,6 +280,7 @@ def _no_fit(
     base: Levers,
     nodes: int,
     knobs,
+    nvme_gb: float = 0.0,
 ) -> NoFit:
     """`choose`'s refusal (`no_fit.no_fit_error`): the longest length that fits, the search its fixes try."""
     max_len = find_max_len(
@@ -282,14 +292,16 @@ def _no_fit(
         sp_size=sp_size,
         base=base,
         nodes=nodes,
+        nvme_gb=nvme_gb,
         **knobs,
     )
+    disk = headroom * nvme_gb * GB
 
     def fits(n, gb, hb, m=nodes, b=base) -> bool:
         # a pinned sp_size must divide n (SP groups stay in a node)
         return (
             not (sp_size and n % sp_size)
-            and _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m) is not None
+            and _search(geom, seq_len, n, gb, hb, knobs, sp_size, b, m, disk) is not None
         )
 
     best = _every_lever(geom, seq_len, gpus, sp_size, base, nodes, knobs)
@@ -318,16 +330,18 @@ def find_max_len(
     sp_size: Optional[int] = None,
     base: Levers = Levers(),
     nodes: int = 1,
+    nvme_gb: float = 0.0,
     **knobs,
 ) -> int:
     """The longest seq_len, a multiple of `multiple`, for which `choose` finds a fit; 0 if none. Fitting is
     monotone in seq_len: double until a length fails, then bisect. Stops at `upper` tokens."""
     geom = as_geometry(geom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
+    disk = headroom * nvme_gb * GB
 
     def fits(n: int) -> bool:
         found = _search(
-            geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes
+            geom, n * multiple, gpus, gpu_budget, host_budget, knobs, sp_size, base, nodes, disk
         )
         return found is not None
 

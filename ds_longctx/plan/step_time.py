@@ -8,7 +8,7 @@ docs/design/plan.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ds_longctx.levers.placement import Place
@@ -17,10 +17,15 @@ from ds_longctx.plan import interconnect, layer_types
 from ds_longctx.plan.cache_placement import ATTENTION_FWD_FLOPS
 from ds_longctx.plan.moe_terms import MOE_TOKENWISE_FLOPS, block_fwd_flops
 from ds_longctx.plan.planner import MemoryPlan
+from ds_longctx.plan.preference_terms import attention_span, dpo_row
 
 # FlashAttention 4's causal backward at Ulysses shapes on H200, FLOP/s. calibrated: see
 # docs/calibration.md#attention-bwd-flops
 ATTENTION_BWD_FLOPS = 618e12
+# FlashAttention 4's causal forward / backward at Ulysses shapes on H100, FLOP/s.
+# calibrated: see docs/calibration.md#h100-rates
+H100_ATTENTION_FWD_FLOPS = 667e12
+H100_ATTENTION_BWD_FLOPS = 610e12
 # The token-wise work of a dense Qwen3 layer, FLOP/s.
 # calibrated: see docs/calibration.md#tokenwise-flops
 DENSE_TOKENWISE_FLOPS = 480e12
@@ -58,15 +63,14 @@ GPU_RATES = {
         (GATED_DELTA_FWD_S, GATED_DELTA_BWD_S, CONV1D_FWD_S, CONV1D_BWD_S),
         "rates measured on H200",
     ),
-    # attention: FlashAttention-3's paper (arXiv 2407.08608); the rest: docs/design/plan.md
+    # measured on an H100: docs/calibration.md#h100-rates
     "h100": GpuRates(
-        (616e12, 561e12),
+        (H100_ATTENTION_FWD_FLOPS, H100_ATTENTION_BWD_FLOPS),
         None,
         DENSE_TOKENWISE_FLOPS,
         None,
         None,
-        "attention at FlashAttention-3's published H100 rates, token-wise GEMMs at the H200's "
-        "measured rate (the same chip and peak; not measured on an H100)",
+        "FlashAttention 4 measured on H100, token-wise rate held to an H100 rehearsal",
     ),
 }
 # DeepSpeedCPUAdam's parameters per second per rank, assumed: docs/calibration.md#cpu-adam-rate
@@ -116,10 +120,11 @@ def _needed(rates: GpuRates, gpu: str, field: str, work: str):
     return value
 
 
-def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
-    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates`."""
+def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str, forward_only=False) -> tuple:
+    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates`; `forward_only`: the
+    forward alone (a reference pass: no recompute, no backward)."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
-    fwd = 2 * plan.seq_len**2 * (g.heads // plan.sp_size) * g.head_dim
+    fwd = 2 * attention_span(plan.seq_len, lv) * (g.heads // plan.sp_size) * g.head_dim
     pair = (
         rates.attention
         if g.head_dim <= 128
@@ -133,7 +138,10 @@ def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
                 rates, gpu, "gated_delta", "the gated delta rule"
             )
             heads = plan.seq_len * local_linear_heads(g.hybrid.linear_heads, plan.sp_size)[1]
-            attention += heads * (2 * (delta_fwd + conv_fwd) + delta_bwd + conv_bwd)
+            step = 2 * (delta_fwd + conv_fwd) + delta_bwd + conv_bwd
+            attention += heads * (delta_fwd + conv_fwd if forward_only else step)
+        elif forward_only:
+            attention += fwd / pair[0]
         else:
             attention += fwd * (1 + recompute) / pair[0] + 2.5 * fwd / pair[1]
         proj, mlp = _tokenwise_flops(plan, i)
@@ -143,7 +151,8 @@ def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str) -> tuple:
             if sparse
             else rates.dense_tokenwise
         )
-        tokenwise += T * (4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)) / rate
+        passes = (proj + mlp) if forward_only else 4 * (proj + mlp) + (mlp if lv.tiled_mlp else 0)
+        tokenwise += T * passes / rate
     return attention, tokenwise
 
 
@@ -200,3 +209,55 @@ def step_line(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> str:
         return predict_step(plan, gpu_mem_gb, gpu).line()
     except UnknownRate as e:
         return f"predicted step on {gpu}: unknown ({e}; plan/step_time.py GPU_RATES holds the rates known)"
+
+
+def reference_seconds(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> float:
+    """One row's reference forward (dpo; grpo with beta > 0): the step's forward alone (no recompute, backward or
+    optimizer), a third of its exchanges (one pass of three), no reduce-scatter. UnknownRate as `predict_step`."""
+    if gpu not in GPU_RATES:
+        raise UnknownRate(f"no kernel rates known for GPU kind {gpu!r}")
+    rates, g, T = GPU_RATES[gpu], plan.geom, plan.local_tokens
+    attention, tokenwise = _layer_seconds(plan, rates, gpu, forward_only=True)
+    loss = 2 * T * g.hidden * g.vocab / rates.dense_tokenwise
+    payloads = {k: v / 3 for k, v in _payloads(plan).items() if k[0] != "reduce_scatter"}
+    link = interconnect.LINKS[interconnect.intra_link_for(gpu_mem_gb)]
+    inter = interconnect.LINKS[interconnect.DEFAULT_INTERNODE]
+    compute = attention + tokenwise + loss
+    return interconnect.predict(compute, payloads, 0, plan.gpus, link, inter).seconds
+
+
+def objective_lines(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> list:
+    """plan.txt's lines on the objective's terms (plan/preference_terms.py): none for sft."""
+    lv, S = plan.levers, plan.seq_len
+    if lv.objective == "sft":
+        return []
+    try:
+        ref = f"{reference_seconds(plan, gpu_mem_gb, gpu):.1f} s" if gpu else "unknown (no --gpu)"
+    except UnknownRate as e:
+        ref = f"unknown ({e})"
+    if lv.objective == "grpo":
+        return [
+            "grpo: the sft terms, plus the old and reference log-probs of each token (2·T·4 bytes); with "
+            f"beta > 0 a reference pass before the first step: one forward per row, {ref} each, once over "
+            "the data"
+        ]
+    p, c, r = dpo_row(S, lv)
+    virtual = (p + c) ** 2 + (p + r) ** 2
+    lines = [
+        f"dpo row: prompt {p:,} + chosen {c:,} + rejected {r:,} = {S:,} tokens, the prompt once "
+        f"(--completion_len {c}); token-wise work over {S:,} tokens once; attention's queries once, its keys "
+        f"and values over [P, C, P, R]: (P+C)^2 + 2·P·R + R^2 = {attention_span(S, lv) / S**2:.5f} of the sft "
+        f"row's S^2 (both completions after their own prompt: {virtual / S**2:.2f})",
+        f"reference pass (the reference log-probs, stored in output_dir): one forward per row before the first "
+        f"step, {ref} per row, counted once over the data, not in the step",
+    ]
+    if gpu in GPU_RATES:
+        sft = replace(plan, levers=replace(lv, objective="sft", completion_len=0))
+        try:
+            dpo_s, sft_s = (predict_step(x, gpu_mem_gb, gpu).seconds for x in (plan, sft))
+            lines.append(
+                f"predicted step: dpo {dpo_s:.1f} s, this plan as sft {sft_s:.1f} s: {dpo_s / sft_s:.3f}x"
+            )
+        except UnknownRate:
+            pass
+    return lines

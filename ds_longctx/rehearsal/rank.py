@@ -21,6 +21,7 @@ import torch
 
 from ds_longctx.data import build_data
 from ds_longctx.plan.interconnect import OVERLAP, predict
+from ds_longctx.rehearsal.dpo_rows import synthetic_pair_rows
 from ds_longctx.rehearsal.layer_clock import LayerClock
 from ds_longctx.rehearsal.world import (
     cfg_layers,
@@ -91,7 +92,7 @@ class RankRun:
 
     def _row_head(self) -> dict:
         cfg, sp = self.cfg, self.cfg.parallel.sp_size
-        plan = planned(cfg, self.per_node, self.nodes)
+        plan = planned(cfg, self.per_node, self.nodes, self.a.completion_len)
         budget = (
             cfg.memory.gpu_budget_gb * 1e9
             if cfg.memory.gpu_budget_gb
@@ -206,7 +207,11 @@ class RankRun:
         cfg = self.cfg
         t0 = time.perf_counter()
         hf_cfg = check(cfg, self.world, self.per_node)
-        data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
+        if cfg.train.objective == "dpo":  # rehearse.rehearsal_config set its data synthetic
+            vocab, seed = hf_cfg.get_text_config().vocab_size, cfg.train.seed
+            data = synthetic_pair_rows(cfg.train.seq_len, vocab, self.a.completion_len, seed)
+        else:
+            data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
         engine = build_engine(cfg, hf_cfg, optimizer_state=False)
         optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
         st = engine.state

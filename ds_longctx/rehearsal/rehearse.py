@@ -45,6 +45,8 @@ from pathlib import Path
 
 from ds_longctx.config.model import resolve_model
 from ds_longctx.plan.geometry import as_geometry
+from ds_longctx.plan.levers import DEFAULT_COMPLETION_LEN
+from ds_longctx.rehearsal.dpo_rows import dpo_completion
 from ds_longctx.rehearsal.world import Refused, cfg_layers, check, links, planned, vs_plan
 from ds_longctx.run.argv import parse_config
 from ds_longctx.run.placement_plan import run_placement
@@ -126,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
         help="play the rank(s) on this CPU, without a GPU (tiny models, "
         "tests): the GPU figures read zero",
     )
+    p.add_argument(
+        "--completion_len",
+        type=int,
+        default=None,
+        help="objective dpo: each completion's tokens of the synthetic row rehearsed (a shared prompt the "
+        f"rest; default the planner's: {DEFAULT_COMPLETION_LEN}, at most seq_len // 4)",
+    )
     p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
     return p
@@ -193,7 +202,8 @@ def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
             "one GPU of the kind the plan is for (or add --cpu to play a tiny model on this CPU)"
         )
     gpu = torch.cuda.get_device_properties(0)
-    have, need = gpu.total_memory / 1e9, planned(cfg, per_node, nodes).gpu_peak_bytes / 1e9
+    need = planned(cfg, per_node, nodes, a.completion_len).gpu_peak_bytes / 1e9
+    have = gpu.total_memory / 1e9
     if have < need:
         return (
             f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU for the "
@@ -214,6 +224,9 @@ def rehearsal_config(argv: list):
     if cfg.eval.data:
         off.append(f"eval.data {cfg.eval.data}")
     cfg.checkpoint.save_every, cfg.checkpoint.resume, cfg.eval.data = 0, False, None
+    if cfg.train.objective == "dpo":  # rehearsal/dpo_rows.py: a synthetic shared-prompt row instead
+        off.append(f"data {cfg.data.source} (a synthetic pair per row) and the reference pass")
+        cfg.data.source = "synthetic"
     cfg.logging.report_to = "none"
     return cfg, off
 
@@ -232,6 +245,7 @@ def main(argv: list | None = None) -> int:
                 f"--steps {a.steps}: give at least 2 (step 1 warms up; step 2 on are timed)"
             )
         cfg, off = rehearsal_config(["--config", a.config, *rest])
+        dpo_completion(a, cfg)
         world, per_node, nodes = world_of(cfg, a)
         ranks = ranks_to_play(a.rank, world, per_node, cfg.parallel.sp_size)
         links(a, cfg)
@@ -339,6 +353,7 @@ def table(rows: list) -> str:
 def play_rank(a, rest: list) -> int:
     """Play rank `a.child_rank` in this process; write its row to `a.child_row`. Exit code as the module says."""
     cfg, _ = rehearsal_config(["--config", a.config, *rest])
+    dpo_completion(a, cfg)
     world, per_node, nodes = world_of(cfg, a)
     rank = a.child_rank
     from ds_longctx.parallel import fake_world

@@ -4,6 +4,9 @@ step time is predicted for, and the row's provenance (commit, date)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Optional
+
 # the data and torch are imported inside the functions that use them (module doc of rehearse.py).
 from ds_longctx.plan import interconnect as ic
 from ds_longctx.plan.geometry import as_geometry
@@ -26,18 +29,15 @@ def role_of(rank: int, per_node: int, sp: int) -> str:
     )
 
 
-def planned(cfg, per_node: int, nodes: int):
-    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`)."""
+def planned(cfg, per_node: int, nodes: int, completion_len: Optional[int] = None):
+    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`); objective dpo:
+    for completions of `completion_len` (None: the planner's default)."""
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
-    return plan_memory(
-        geom,
-        cfg.train.seq_len,
-        per_node,
-        cfg.parallel.sp_size,
-        Levers.from_run_config(cfg, placement),
-        nodes=nodes,
-    )
+    levers = Levers.from_run_config(cfg, placement)
+    if levers.objective == "dpo" and completion_len is not None:
+        levers = replace(levers, completion_len=completion_len)
+    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size, levers, nodes=nodes)
 
 
 # bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA

@@ -1,28 +1,24 @@
-"""The loss on the answers of long agent sessions by answer-to-evidence distance: did the model
-learn to answer from far back? One JSON line per distance bucket per evaluation, in
-`<output_dir>/answer_loss.jsonl`.
+"""The loss on the answers of long agent sessions by answer-to-evidence distance, one JSON line per
+bucket per evaluation in `<output_dir>/answer_loss.jsonl`.
 
-    rows = read_sessions(path)                               # a `data prepare --sessions` directory or its jsonl
-    rows = answer_sessions(cfg)                              # eval_data's first eval_rows sessions, or refused
-    sessions = session_spans(tok, rows)                      # tokens and answer spans, once per run
-    lines = answer_loss(engine_losses(engine), sessions, step)  # collective under the engine: every rank calls it
-    lines = answer_loss(hf_losses(model), sessions, step)       # a plain HF model (CPU reference)
-    buckets, each = answer_loss_both(losses, sessions, step, control)  # and one line per answer
+    rows = read_sessions(path)                         # a `data prepare --sessions` directory or jsonl
+    sessions = session_spans(tok, rows)                # tokens and answer spans, once per run
+    lines = answer_loss(engine_losses(engine), sessions, step)   # collective under the engine
+    lines = answer_loss(hf_losses(model), sessions, step)        # a plain HF model (CPU reference)
 
-Each session is forwarded whole as one row; each answer counts once in its bucket's mean; the
-control blanks every answer's evidence. The fields and their meaning: docs/design/run.md."""
+Fields, the control and the buckets: docs/design/run.md."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ds_longctx.data.answer_spans import BUCKETS, answer_spans, without_evidence
+from ds_longctx.corpora.answer_spans import BUCKETS, answer_spans, without_evidence
 
 
 def read_sessions(path, limit: int | None = None) -> list:
-    """The session rows of a `data prepare --sessions` directory (its train.jsonl) or of a jsonl file, rows without
-    `meta.answers` left out; the first `limit` of them (None: all), the file read no further."""
+    """The first `limit` session rows (None: all) with `meta.answers` of a `data prepare --sessions`
+    directory or jsonl file."""
     p = Path(path)
     p = p / "train.jsonl" if p.is_dir() else p
     rows = []
@@ -39,9 +35,8 @@ def read_sessions(path, limit: int | None = None) -> list:
 def answer_sessions(
     cfg, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")
 ) -> list:
-    """The first `limit` sessions of eval_data that hold answers (None: eval_rows of them); ValueError naming the fix
-    where it holds none (synthetic, a hub name, text or chat rows without `meta.answers`). `names`: the options to
-    name in it (train's keys; `ds-longctx eval`'s --answer_loss and --data)."""
+    """The first `limit` sessions of eval_data that hold answers, or ValueError naming `names` and
+    the fix."""
     data = cfg.eval.data
     p = Path(data).expanduser()
     rows = (
@@ -59,8 +54,8 @@ def answer_sessions(
 
 
 def hf_losses(model):
-    """Per-token scores of one row from a plain HF causal LM: ids [L] -> (losses [L - 1] fp32, hits [L - 1] bool);
-    index i predicts token i + 1, its hit: that token's logit is the max (greedy decoding emits it)."""
+    """Per-token (losses [L - 1] fp32, hits [L - 1] bool) of one row from a plain HF causal LM;
+    index i predicts token i + 1."""
     import torch
     import torch.nn.functional as F
 
@@ -76,8 +71,7 @@ def hf_losses(model):
 
 
 def engine_losses(engine):
-    """`hf_losses` of one row under the engine (SP: every rank passes the whole row; `eval_batch` gives this rank's
-    slice, summed over the SP group into the whole row). Collective: every rank calls it on the same rows."""
+    """`hf_losses` of one row under the engine, the SP slices summed into the whole row. Collective."""
     import torch
     import torch.distributed as dist
 
@@ -98,18 +92,18 @@ def engine_losses(engine):
 
 
 def session_spans(tok, rows: list) -> list:
-    """(name, token ids, answer spans) of each row (answer_spans): what every evaluation reads."""
+    """(name, token ids, answer spans) of each row."""
     return [(row.get("name"), *answer_spans(tok, row)) for row in rows]
 
 
 def control_spans(tok, rows: list) -> list:
-    """`session_spans` of the rows with their evidence blanked (module doc: the control)."""
+    """`session_spans` of the rows with their evidence blanked."""
     return session_spans(tok, [without_evidence(row) for row in rows])
 
 
 def per_answer(losses, sessions: list) -> list:
-    """Every answer's span (`session_spans`) with `loss`, the mean CE over its value's tokens, `exact`, whether every
-    one of them is its position's argmax (run/recall.py: greedy decoding reproduces the value), and `session`."""
+    """Every answer's span with `loss` (mean CE over its value), `exact` (every token its argmax)
+    and `session`."""
     out = []
     for name, ids, spans in sessions:
         token_loss, hits = losses(ids)  # [L - 1] x 2
@@ -127,7 +121,7 @@ def per_answer(losses, sessions: list) -> list:
 
 
 def bucket_lines(answers: list, step: int) -> list:
-    """One line per bucket that holds an answer (module doc), in BUCKETS order."""
+    """One line per bucket that holds an answer, in BUCKETS order."""
     lines = []
     for name in BUCKETS:
         got = [x for x in answers if x["bucket"] == name]
@@ -149,7 +143,7 @@ def bucket_lines(answers: list, step: int) -> list:
 
 
 def answer_lines(answers: list, step: int) -> list:
-    """One line per answer (module doc), in session and message order."""
+    """One line per answer, in session and message order."""
     return [
         {
             "step": step,
@@ -173,13 +167,13 @@ def answer_lines(answers: list, step: int) -> list:
 
 
 def answer_loss(losses, sessions: list, step: int) -> list:
-    """The bucket lines of `sessions`' answers at `step` (module doc)."""
+    """The bucket lines of `sessions`' answers at `step`."""
     return bucket_lines(per_answer(losses, sessions), step)
 
 
 def answer_loss_both(losses, sessions: list, step: int, control: list | None = None) -> tuple:
-    """(the bucket lines, the answer lines) of `sessions`' answers at `step`, from one forward of each session;
-    with `control` (`control_spans` of the same rows), each answer's loss without its evidence too."""
+    """(bucket lines, answer lines) from one forward per session; with `control`, each answer's loss
+    without its evidence too."""
     answers = per_answer(losses, sessions)
     if control is not None:
         for x, c in zip(answers, per_answer(losses, control), strict=True):
@@ -189,8 +183,8 @@ def answer_loss_both(losses, sessions: list, step: int, control: list | None = N
 
 
 def answer_loss_lines(engine, cfg):
-    """`lines(step)`: (the bucket lines, the answer lines) of eval_data's first eval_rows sessions under `engine` at
-    `step` (every rank gets them). Collective. Refused (`answer_sessions`) where eval_data holds no answer."""
+    """`lines(step)`: (bucket lines, answer lines) of eval_data's sessions under `engine`.
+    Collective."""
     from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path
 
     rows = answer_sessions(cfg)

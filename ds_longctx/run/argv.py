@@ -1,7 +1,4 @@
-"""A worker's command line: the launcher's arguments dropped, the run config parsed (or the process refused).
-
-cfg = parse_config(sys.argv[1:], world_size, per_node, usage)   # train, rehearse, cli, the HF Trainer
-"""
+"""A worker's command line: launcher arguments dropped, the run config parsed or refused."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from ds_longctx.run.refuse import refuse
 
 
 def strip_launcher_args(argv: list[str]) -> list[str]:
-    """Drop `--local_rank=N` / `--local-rank N` that the deepspeed launcher appends (LOCAL_RANK is in env)."""
+    """Drop the deepspeed launcher's `--local_rank N`."""
     out, skip = [], False
     for a in argv:
         if skip:
@@ -31,10 +28,8 @@ def strip_launcher_args(argv: list[str]) -> list[str]:
 def parse_config(
     argv: list[str], world_size: int | None = None, per_node: int | None = None, usage: str = ""
 ):
-    """RunConfig from argv, or exit 2 with a readable message (before anything heavy is imported). `--help` / `-h`
-    prints `usage` (the caller's, e.g. the train entry's docstring) and every field (section, flat and dotted key,
-    type, default, doc) and exits 0. `world_size`, `per_node`: the processes the run is launched on, in all and per
-    node (its planned world and sp_size are checked against them first), None where not known."""
+    """RunConfig from argv, or exit 2 with a readable message. `--help` prints `usage` and every
+    field. `world_size`, `per_node`: the launched processes, None where unknown."""
     argv = strip_launcher_args(argv)
     if "--help" in argv or "-h" in argv:
         print((usage + "\n" if usage else "") + RunConfig.help_text())

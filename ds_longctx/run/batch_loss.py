@@ -1,7 +1,5 @@
-"""The loss of one full batch on this rank: its slice cut and run (`sharded_loss`), its rows weighed over the step
-(`step_weights`). `run/engine.py`'s steps and the HF Trainer's loss (`integrations/hf_loss.py`) both run these, so
-both train the same loss (train.loss_average).
-"""
+"""The loss of one full batch on this rank (`sharded_loss`) and its rows' weights over the step
+(`step_weights`), shared by `run/engine.py` and the HF Trainer (`integrations/hf_loss.py`)."""
 
 from __future__ import annotations
 
@@ -23,10 +21,8 @@ if TYPE_CHECKING:
 def step_weights(
     batches: list, state: ParallelState, average: str, device: Optional[torch.device] = None
 ) -> tuple[list, int]:
-    """(per micro-batch, the weight of each of its rows; the step's trained tokens over every
-    replica). A row weighs W / N (W = sp x dp ranks, over which DeepSpeed averages gradients; N per
-    `average`: docs/design/run.md), 0 without trained tokens. Collective over dp, on `device` (nccl
-    reduces CUDA tensors only)."""
+    """(per micro-batch, its row weights; the step's trained tokens over every replica). A row
+    weighs W / N (docs/design/run.md), 0 without trained tokens. Collective over dp."""
     counts = [
         trained_counts(b.input_ids, b.labels, b.position_ids).double() for b in batches
     ]  # [b] each
@@ -59,10 +55,8 @@ def sharded_loss(
     n_seq: int = 0,
     branch: Optional[torch.Tensor] = None,
 ):
-    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]`
-    of its dp replica (every SP rank passes the same batch): what the loss head returns. Sets the
-    documents' cu_seqlens, the attention caches' step and the experts' load balance first; fails if
-    the attention did not go through Ulysses."""
+    """`run(input_ids, position_ids, shift_labels)` on this rank's slice of one full batch `[b, L]`,
+    after setting the documents, attention caches and MoE balance for it."""
     shard = shard_batch(
         input_ids, state.sp_size, state.sp_rank, labels=labels, position_ids=position_ids
     )

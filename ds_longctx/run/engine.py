@@ -1,9 +1,6 @@
-"""Build the engine (`build_engine`): the levers in one order around the model, then
-`deepspeed.initialize` (ZeRO-3).
-
-Order: checks (`run/preflight.validate`), process groups, the model under zero.Init, the levers
-(`run/lever_order.apply_levers`), `deepspeed.initialize`, then the optimizer's state. Why this
-order: docs/design/run.md. A step runs `run/batch_loss.py`, as the HF Trainer integration does."""
+"""Build the engine (`build_engine`): checks, process groups, the model under zero.Init, the levers
+(`run/lever_order.py`), `deepspeed.initialize` (ZeRO-3), the optimizer's state. A step runs
+`run/batch_loss.py`. Why this order: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.profiler import record_function
 
 from ds_longctx.config import RunConfig
+from ds_longctx.levers.disk_tier import private_swap_dirs
 from ds_longctx.levers.lora import trainable_parameters
 from ds_longctx.levers.offload import reserve_pool
 from ds_longctx.parallel import kernel_rules
@@ -35,15 +33,15 @@ from ds_longctx.run.batch_loss import sharded_loss, step_weights
 from ds_longctx.run.lever_order import AppliedLevers, apply_levers
 from ds_longctx.run.model import build_partitioned_model
 from ds_longctx.run.optimizer_state import at_start as make_optimizer_state
-from ds_longctx.run.preference_step import pair_forward_backward
+from ds_longctx.run.preference_step import pair_forward_backward, policy_forward_backward
 from ds_longctx.run.preflight import validate
 
 log = logging.getLogger("ds_longctx")
 
 
 def _build_stage(stage: str, t0: float, rank: int) -> None:
-    """One progress line per build stage on rank 0: seconds since the build began, host RSS now and at its
-    peak so far (ru_maxrss: the planner's host model is checked against these), GPU memory allocated."""
+    """One progress line per build stage on rank 0: seconds, host RSS now and at peak, GPU memory
+    allocated."""
     if rank != 0:
         return
 
@@ -77,8 +75,8 @@ class StepResult:
 
 @dataclass
 class SliceLosses:
-    """Per-token losses of this rank's slice of a batch (`eval_batch`): token i of the slice is index start + i of
-    its row; loss i is the CE of predicting that index's label (the next token), 0.0 where `valid` is False."""
+    """Per-token losses of this rank's slice of a batch: token i is index start + i of its row, 0.0
+    where `valid` is False."""
 
     loss: torch.Tensor  # [b, L/sp] fp32
     valid: torch.Tensor  # [b, L/sp] bool: a supervised token (not padding, not an ignored label)
@@ -88,7 +86,7 @@ class SliceLosses:
 
 
 class LongCtxEngine:
-    """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM. Build with `build_engine(cfg)`."""
+    """A DeepSpeed ZeRO-3 engine with Ulysses SP around a HF causal LM (`build_engine`)."""
 
     def __init__(
         self,
@@ -116,12 +114,13 @@ class LongCtxEngine:
         return self.module.model
 
     def forward_backward(self, batches: list) -> StepResult:
-        """Loss and gradients of one optimizer step of this dp replica: its grad_accum micro-batches (`Batch`es of
-        `[b, L]`, the same on every SP rank), each backpropagated with the row weights of `step_weights`;
-        DeepSpeed's step after each but the last (the caller makes that one, `step`)."""
+        """Loss and gradients of one optimizer step of this dp replica: its grad_accum micro-batches
+        `[b, L]`, weighed by `step_weights`; DeepSpeed's step after each but the last."""
         st = self.state
         if self.cfg.train.objective == "dpo":
             return StepResult(*pair_forward_backward(self, batches, self.pair_logps))
+        if self.cfg.train.objective == "grpo":
+            return StepResult(*policy_forward_backward(self, batches, self.pair_logps))
         weights, n_step = step_weights(batches, st, self.cfg.train.loss_average, self.device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for k, (batch, w) in enumerate(zip(batches, weights)):
@@ -148,8 +147,8 @@ class LongCtxEngine:
         return StepResult(loss=float(total) / st.world_size, tokens=n_step)
 
     def pair_logps(self, batch) -> tuple:
-        """(log-probs [2P] of a preference batch's sequences over the SP group, their trained tokens [2P]) through
-        the DeepSpeed engine: the policy's, differentiable (under no_grad: the reference pass)."""
+        """(sequence or token log-probs over the SP group, their trained tokens) of a preference or
+        rollout batch; differentiable."""
         return sharded_loss(
             self.ds,
             self.levers,
@@ -159,8 +158,8 @@ class LongCtxEngine:
             batch.position_ids,
             batch.labels,
             seq=batch.seq,
-            n_seq=2 * len(batch.pairs),
-            branch=batch.branch,
+            n_seq=batch.n_logps(),
+            branch=getattr(batch, "branch", None),
         )
 
     def eval_batch(
@@ -169,11 +168,8 @@ class LongCtxEngine:
         position_ids: Optional[torch.Tensor] = None,
         labels: Optional[torch.Tensor] = None,
     ) -> SliceLosses:
-        """Per-token losses of this rank's slice of one full batch `[b, L]` (every SP rank passes
-        the same), forward only: under no_grad (no activation kept, no checkpoint, no recompute; the
-        loss is the forward-only chunked per-token CE) and in eval mode for the call, train mode
-        restored after. Eval mode changes no number; why it is used and why the module is called
-        directly: docs/design/run.md."""
+        """Per-token losses of this rank's slice of one full batch `[b, L]`, forward only under
+        no_grad and eval mode. Why: docs/design/run.md."""
         st = self.state
         shard = shard_batch(
             input_ids, st.sp_size, st.sp_rank, labels=labels, position_ids=position_ids
@@ -214,15 +210,14 @@ class LongCtxEngine:
         return res
 
     def grad_norm(self) -> Optional[float]:
-        """The gradient norm of the last optimizer step, before clipping (None where DeepSpeed has none)."""
+        """The last optimizer step's gradient norm before clipping, or None."""
         norm = self.ds.get_global_grad_norm()
         return None if norm is None else float(norm)
 
 
 def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
-    """Steps 1-9 (docs/design/run.md). Call under torchrun / deepspeed (or plain python for 1 rank).
-    `optimizer_state=False` leaves the optimizer's state to the caller (`run/train_loop.py`, after a
-    resume)."""
+    """Steps 1-9 (docs/design/run.md), under a launcher or plain python for 1 rank.
+    `optimizer_state=False` leaves the optimizer's state to the caller."""
     import deepspeed
 
     t0 = time.perf_counter()
@@ -241,7 +236,8 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
         kernel_rules.linear_heads(text),
     )
     _build_stage("2/9 process groups", t0, state.rank)
-    ds_config = build_ds_config(cfg, state.world_size, on_gpu)
+    # ZeRO-Infinity's swap files in a directory of this run's own under nvme_path (removed at exit)
+    ds_config = private_swap_dirs(build_ds_config(cfg, state.world_size, on_gpu))
     # 3. the model, partitioned at birth, then deterministic weights
     model = build_partitioned_model(
         cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank)

@@ -1,33 +1,20 @@
-"""`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows, under SP.
+"""`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows,
+under SP.
 
     ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300] [--rows R]
                     [--buckets B] [--answer_loss true] [--recall true] [--out DIR] [--key value ...]
     ds-longctx eval --model MODEL_DIR --data SESSIONS --out DIR [--recall true] [--seq_len L] [--sp_size N]
                     [--nproc N] [--key value ...]
-    torchrun --nproc_per_node N -m ds_longctx.eval --checkpoint ... (the per-process entry it starts)
 
-The run config is the one saved with the checkpoint (`<tag>/run.yaml`); `--data`, `--rows`, `--buckets` and
-`--answer_loss` set its eval section (eval_data, eval_rows, eval_buckets, eval_answer_loss; rows and buckets default
-to the run's, answer_loss to false whatever the run's: it needs --data to hold sessions), and `--key value`
-overrides any other key except those that make the model (`FIXED`: model, dtype, rope_scaling, seq_len, sp_size).
-The layout must be one that may load the checkpoint (checkpoint/layout.py): N the world size that wrote it.
-Anything else (no checkpoint, another layout, a changed model key, bad data) is refused with exit 2 and one line
-before any worker starts. The workers build the engine as the run did, load the weights
-(`resume.load_weights`), evaluate (run/evaluate.py) and append one eval line to `<out>/metrics.jsonl` and the curve
-to `<out>/eval_curve.jsonl` (with --answer_loss true, the lines training writes at an evaluation,
-run/answer_loss.py, to `<out>/answer_loss.jsonl`: the data must hold `data prepare --sessions` answers, else exit
-2); out is --out or the checkpoint's output_dir, where the eval is the one writer (its
-lock: checkpoint/run_lock.py; an eval with --out elsewhere only reads the run). Rank 0 prints the loss; lines it
-cannot write (a full disk, a permission) end the eval with exit 1 and one line holding the metrics line. Every
-file is checked and loaded weights-only as a resume's (checkpoint/resume.py); SIGTERM / SIGINT end the eval with
-nothing written.
+The run config is the checkpoint's (`<tag>/run.yaml`); the flags set its eval section, and
+`--key value` any other key except those that make the model (`FIXED`). N must be the world size
+that wrote the checkpoint. Bad input exits 2 with one line before any worker starts.
 
---recall true (run/recall.py): per distance bucket, the share of the sessions' answers whose value greedy decoding
-gives back and the answer loss with and without the evidence, to `<out>/recall.jsonl` (stage `trained`) and each
-answer to recall_answers.jsonl. --model instead of --checkpoint evaluates a model directory as it is (stage `base`,
-step 0): its config is built from the flags as `train`'s (seq_len past the model's context sets YaRN as training
-does, levers/rope.py), its weights loaded as training loads them, --out required, --nproc default sp_size.
-"""
+Writes one line to `<out>/metrics.jsonl` and the curve to `<out>/eval_curve.jsonl`; --answer_loss
+true adds answer_loss.jsonl (the data must be `data prepare --sessions` output), --recall true
+recall.jsonl and recall_answers.jsonl. `out` is --out, else the checkpoint's output_dir. --model
+evaluates a model directory as it is (step 0; --out required; --nproc default sp_size). Details:
+docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -142,8 +129,8 @@ def args_parser() -> argparse.ArgumentParser:
 
 
 def eval_inputs(argv: list[str], world_size: int | None):
-    """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming the fix (every
-    check that starts nothing; `world_size` None: the checkpoint's). Reads no dataset."""
+    """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming
+    the fix. Starts and reads nothing heavy."""
     from ds_longctx import data
     from ds_longctx.checkpoint.resume import check_output_dir
     from ds_longctx.run.answer_loss import answer_sessions
@@ -187,8 +174,8 @@ def eval_inputs(argv: list[str], world_size: int | None):
 
 
 def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tuple:
-    """(run config, tag directory, meta, world size) of an eval of a checkpoint: its saved run config with `flags`
-    and `rest`, refused (ValueError) where the layout cannot load it or a FIXED key changes."""
+    """(run config, tag directory, meta, world size) of a checkpoint's eval; ValueError where the
+    layout cannot load it or a FIXED key changes."""
     from ds_longctx.checkpoint.export import find_run_checkpoint
 
     tag_dir, meta = find_run_checkpoint(a.checkpoint, a.tag, what="eval")
@@ -219,7 +206,7 @@ def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tup
 
 
 def model_inputs(a, rest: list, flags: list, world_size: int | None) -> tuple:
-    """(run config, None, meta of step 0, world size) of an eval of a model directory as it is (module doc)."""
+    """(run config, None, meta of step 0, world size) of a model directory's eval."""
     if a.out is None:
         raise ValueError(f"eval --model {a.model!r} needs --out DIR, where its lines go")
     try:
@@ -286,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def users_lines(out: Path) -> list:
-    """The files of `out` an eval appends to that neither a run (RUN_MARKER) nor an eval (EVAL_MARKER) made there."""
+    """The files of `out` an eval appends to that neither a run nor an eval made there."""
     if any((out / m).is_file() for m in (RUN_MARKER, EVAL_MARKER)):
         return []
     names = (
@@ -303,11 +290,9 @@ def users_lines(out: Path) -> list:
 def write_lines(
     result, scored: tuple, out: Path, tag_dir: Path | None, meta: dict, cfg
 ) -> str | None:
-    """Rank 0: the eval's line in `out`/metrics.jsonl, its curve in eval_curve.jsonl and `scored` (bucket lines,
-    answer lines; empty without --answer_loss or --recall) in answer_loss.jsonl and answer_loss_answers.jsonl
-    (--answer_loss) and as recall rows in recall.jsonl and recall_answers.jsonl (--recall), then the loss said.
-    Returns None, or the one line saying what could not be written (a full disk, a permission) and the metrics
-    line itself. `tag_dir` None: a model directory's eval (stage base)."""
+    """Rank 0: the eval's lines in `out` (metrics, curve, and the answer-loss and recall files it
+    was asked for), then the loss said. Returns None, or the one line naming what could not be
+    written."""
     source = str(tag_dir) if tag_dir is not None else cfg.model.name
     extra = {"checkpoint" if tag_dir is not None else "model": source, "eval_data": cfg.eval.data}
     answers, each = scored if cfg.eval.answer_loss else ([], [])

@@ -1,13 +1,12 @@
 """Held-out evaluation under SP: the eval loss and the per-position loss curve, forward only.
 
-    held = data.build_eval_data(cfg, hf_config)             # eval_data's rows (None: no eval)
-    result = evaluate(engine, held, rows=8, buckets=32)      # collective: every rank calls it, every rank gets it
-    append_jsonl(out / "metrics.jsonl", result.metrics_row(step))     # {"step", "eval_loss", "eval_tokens", ...}
-    append_jsonl(out / "eval_curve.jsonl", result.curve_row(step))    # {"step", "edges", "loss", "tokens", ...}
+    held = data.build_eval_data(cfg, hf_config)              # None: no eval
+    result = evaluate(engine, held, rows=8, buckets=32)       # collective; every rank gets it
+    append_jsonl(out / "metrics.jsonl", result.metrics_row(step))
+    append_jsonl(out / "eval_curve.jsonl", result.curve_row(step))
 
-Dimension legend: b micro batch, L seq_len, sp sequence-parallel degree, B buckets. Rules: every
-rank makes the same number of forwards; the loss is a token mean; memory does not grow with the
-number of rows. Row split, curve buckets and memory: docs/design/run.md."""
+Dimensions: b micro batch, L seq_len, sp SP degree, B buckets. Row split, buckets and memory:
+docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ class EvalResult:
     )
 
     def metrics_row(self, step: int, **extra) -> dict:
-        """The metrics.jsonl line of this evaluation (train lines have `loss`, eval lines `eval_loss`)."""
+        """The metrics.jsonl line of this evaluation."""
         return {
             "step": step,
             "eval_loss": self.loss,
@@ -48,7 +47,7 @@ class EvalResult:
         }
 
     def curve_row(self, step: int, **extra) -> dict:
-        """The eval_curve.jsonl line: bucket edges, mean loss and supervised tokens per bucket."""
+        """The eval_curve.jsonl line: edges, mean loss and tokens per bucket."""
         return {
             "step": step,
             "eval_loss": self.loss,
@@ -60,13 +59,13 @@ class EvalResult:
 
 
 def bucket_edges(length: int, buckets: int) -> list:
-    """[B + 1] edges of B equal spans of `length` positions: ceil(k * length / B) (index i is in bucket i*B//L)."""
+    """[B + 1] edges of B equal spans of `length` positions: ceil(k * length / B)."""
     return [-(-k * length // buckets) for k in range(buckets + 1)]
 
 
 def eval_batches(data, rows: int, micro_batch: int, dp_rank: int, dp_size: int) -> Iterator[tuple]:
-    """(input_ids [b, L], position_ids or None, labels or None) of each eval batch of replica `dp_rank`; samples
-    past `rows` get every label ignored (module doc)."""
+    """(input_ids [b, L], position_ids, labels) of replica `dp_rank`'s eval batches; samples past
+    `rows` are ignored."""
     from ds_longctx.parallel.units import IGNORE_INDEX
 
     per_batch = micro_batch * dp_size
@@ -81,7 +80,7 @@ def eval_batches(data, rows: int, micro_batch: int, dp_rank: int, dp_size: int) 
 
 
 def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
-    """Eval loss and per-position curve of `rows` held-out rows of `data` (module doc). Collective."""
+    """Eval loss and per-position curve of `rows` held-out rows of `data`. Collective."""
     from ds_longctx.parallel import fake_world
 
     fake_world.refuse_in_rehearsal("an eval")
@@ -127,8 +126,7 @@ def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
 
 
 def append_jsonl(path: Path, *rows: dict) -> None:
-    """Append `rows` to `path` as JSON lines, all or none: a write that fails part-way (a full disk) is cut back to
-    the file's size before it, then its OSError raised."""
+    """Append `rows` to `path` as JSON lines, all or none (a failed write is cut back, then raised)."""
     data = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode())
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:

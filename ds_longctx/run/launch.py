@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -108,10 +109,12 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
         recorded = recorded_line(path)
     if output_dir is not None and (Path(output_dir) / LOG_NAME).is_file():
         keep_log(output_dir)  # the workers' log: the last line too
-    return _last_word(recorded, signals, signum, failure, output_dir)
+    return _last_word(recorded, signals, signum, failure, output_dir, nproc)
 
 
-def _last_word(recorded, signals, signum: int, failure, output_dir: str | None) -> int:
+def _last_word(
+    recorded, signals, signum: int, failure, output_dir: str | None, nproc: int = 1
+) -> int:
     """Print the launch's last line; its exit code (`launch`'s doc)."""
     from ds_longctx.run.stops import signal_exit, signal_name
 
@@ -131,27 +134,107 @@ def _last_word(recorded, signals, signum: int, failure, output_dir: str | None) 
         return signal_exit(signum)
     if failure is not None:
         print(failure.format_msg().strip(), file=sys.stderr, flush=True)
+        print(failed_rank_line(failure.failures, nproc, output_dir), file=sys.stderr, flush=True)
         codes = [f.exitcode for f in failure.failures.values() if f.exitcode and f.exitcode > 0]
         return codes[0] if codes else 1
     return 0
 
 
-def abandoned_line(signals, output_dir: str | None) -> str:
-    """The last line after a save (or the step before it) was abandoned by a repeated signal."""
-    from ds_longctx.checkpoint.layout import ckpt_root
-    from ds_longctx.checkpoint.paths import read_latest
-    from ds_longctx.run.stops import signal_name
+# a rank's own record of a collective it gave up on (gloo, NCCL); NCCL's watchdog may SIGABRT instead
+TIMED_OUT = re.compile(r"[Tt]imed out|timeout caused|operation timeout")
+# failures seen this close to the first came before the agent's SIGKILL (30 s after its SIGTERM)
+FIRST_S = 10
+WAITED_S = 2  # timeouts this close to the first (whole seconds) are the ranks that waited
 
-    latest = None
-    if output_dir is not None:
-        try:
-            latest = read_latest(ckpt_root(output_dir))
-        except (ValueError, OSError):
-            latest = None
+
+def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
+    """The last line after workers failed (torchrun's ProcessFailure by rank): the rank killed by a signal
+    from outside, else the ranks the others timed out waiting for, else the first to fail; pid, host and what
+    is on disk."""
+    import signal
+    import socket
+
+    host = socket.gethostname()
+
+    def who(ranks) -> str:
+        named = [
+            f"rank {r} (pid {failures[r].pid} on {host})" if r in failures else f"rank {r}"
+            for r in ranks
+        ]
+        return ", ".join(named)
+
+    first = min(f.timestamp for f in failures.values())
+    killed = [
+        r
+        for r, f in sorted(failures.items())
+        if f.exitcode < 0
+        and -f.exitcode not in (signal.SIGTERM, signal.SIGABRT)
+        and f.timestamp <= first + FIRST_S
+    ]
+    timed = {
+        r: f.timestamp
+        for r, f in failures.items()
+        if TIMED_OUT.search(_said(f)) or f.exitcode == -signal.SIGABRT
+    }
+    # the first to give up waited for the rest; a rank timing out later (a stopped one, continued) was late
+    waited = sorted(r for r, t in timed.items() if t <= min(timed.values()) + WAITED_S)
+    hung = [r for r in range(nproc) if r not in waited]
+    if killed:
+        sigs = sorted({failures[r].signal_name() for r in killed})
+        what = f"{who(killed)} died, killed by {'/'.join(sigs)} (from outside the run: kill, the OOM killer)"
+    elif waited and hung:
+        what = (
+            f"{who(hung)} hung: {'rank' if len(waited) == 1 else 'ranks'} "
+            f"{', '.join(map(str, waited))} gave up waiting for {'it' if len(hung) == 1 else 'them'} "
+            f"in a collective "
+            f"(parallel.collective_timeout_s)"
+        )
+    elif waited:
+        what = "every rank timed out in a collective (parallel.collective_timeout_s)"
+    else:
+        r = min(failures, key=lambda r: (failures[r].timestamp, r))
+        f = failures[r]
+        said = _said(f).strip().splitlines()
+        how = said[0][:200] if said else f"exit code {f.exitcode}"
+        what = f"{who([r])} failed first ({how}; its traceback above)"
+    kept = kept_checkpoint(output_dir, partial=True) if output_dir else "this launch saves nothing"
+    return f"{what}; {kept}"
+
+
+def _said(failure) -> str:
+    """The exception a worker recorded (torch's error file: a message string or a dict holding one), or ''."""
+    m = failure.message
+    m = m.get("message", "") if isinstance(m, dict) else m
+    return m if isinstance(m, str) and failure.error_file != "<N/A>" else ""  # torch's "no file"
+
+
+def kept_checkpoint(output_dir: str | None, partial: bool = False) -> str:
+    """What a stopped run leaves: its last complete checkpoint (`--resume` continues it); `partial`: and a
+    partial save left there."""
+    from ds_longctx.checkpoint.layout import ckpt_root
+    from ds_longctx.checkpoint.paths import partial_saves, read_latest
+
+    if output_dir is None:
+        return "no earlier checkpoint of this run exists"
+    root = ckpt_root(output_dir)
+    try:
+        latest = read_latest(root)
+    except (ValueError, OSError):
+        latest = None
     kept = (
-        f"the last complete checkpoint, {ckpt_root(output_dir) / latest}, is unchanged: --resume "
-        f"continues it"
+        f"the last complete checkpoint, {root / latest}, is unchanged: --resume continues it"
         if latest
         else "no earlier checkpoint of this run exists"
     )
-    return f"stopped by {signal_name(signals.first)}, then abandoned ({signals.abandoned}): {kept}"
+    left = [p.name for p in partial_saves(root)] if partial else []
+    return kept + (f" ({', '.join(left)}: a partial save the next one removes)" if left else "")
+
+
+def abandoned_line(signals, output_dir: str | None) -> str:
+    """The last line after a save (or the step before it) was abandoned by a repeated signal."""
+    from ds_longctx.run.stops import signal_name
+
+    return (
+        f"stopped by {signal_name(signals.first)}, then abandoned ({signals.abandoned}): "
+        f"{kept_checkpoint(output_dir)}"
+    )

@@ -1,9 +1,6 @@
-"""The levers applied to a partitioned model in one order (`apply_levers`): steps 4-8 of
-`run/engine.py`.
-
-`build_engine` and the HF Trainer integration both call `apply_levers`, the one home of this order:
-LoRA, attention kernel + Ulysses + fused ops, tiled MLP or tiled layer, placement plan, loss head
-and GPU budget. Why each step comes where it does: docs/design/run.md."""
+"""The levers applied to a partitioned model in one order (`apply_levers`, steps 4-8 of
+`run/engine.py`), for `build_engine` and the HF Trainer alike. Why this order:
+docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ log = logging.getLogger("ds_longctx")
 
 @dataclass
 class AppliedLevers:
-    """What `apply_levers` put on a model: the Ulysses attention function, the placement read back from the layers,
-    the loss head (model + chunked loss), the decoder layers (whose attention caches start each step) and a mixture of
-    experts' lever."""
+    """What `apply_levers` put on a model: the attention function, the placement read back, the loss
+    head, the decoder layers and the MoE lever."""
 
     attn: ulysses.UlyssesAttention
     placement: PlacementPlan
@@ -52,7 +48,7 @@ class AppliedLevers:
 def _attention_levers(
     cfg: RunConfig, model: nn.Module, state: ParallelState, text
 ) -> ulysses.UlyssesAttention:
-    """Step 5: the attention kernel (once, logged), then Ulysses attention and the fused token-wise kernels."""
+    """Step 5: the attention kernel, Ulysses attention, fused token-wise kernels."""
     attention.select(
         cfg.kernels.attn_backend, announce=state.rank == 0, head_dim=attention.model_head_dim(text)
     )
@@ -74,8 +70,7 @@ def _attention_levers(
 def _tiled_levers(
     cfg: RunConfig, model: nn.Module, state: ParallelState, text
 ) -> Optional[MoeLever]:
-    """Step 6: tiled MLP (a mixture of experts' sparse blocks per tile: levers/moe.py) or tiled
-    layer."""
+    """Step 6: tiled MLP or tiled layer."""
     tile = cfg.memory.tile_tokens or text.hidden_size
     moe = apply_moe(model, router_aux_coef(cfg, text), tile if cfg.memory.tiled_mlp else None)
     if moe is not None and moe.untiled and state.rank == 0:
@@ -90,8 +85,8 @@ def _tiled_levers(
 def _plan_pinned_pool(
     cfg: RunConfig, model: nn.Module, state: ParallelState, text, placement: PlacementPlan
 ) -> None:
-    """The pinned pool: the pool-offloaded checkpoints (memory.pinned_pool) and every offloaded attention cache, in
-    host memory allocated and pinned once (reserve_pool, after deepspeed.initialize), not on a step's path."""
+    """The pinned pool of the pool-offloaded checkpoints and attention caches, allocated once after
+    deepspeed.initialize."""
     dtype, local = model.get_input_embeddings().weight.dtype, -(-cfg.train.seq_len // state.sp_size)
     pooled = (
         [i for i, place in enumerate(placement.layers) if place in ON_HOST]
@@ -121,9 +116,8 @@ def _plan_pinned_pool(
 def apply_levers(
     cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict
 ) -> AppliedLevers:
-    """Steps 4-8 (docs/design/run.md) on a model built by `run/model.build_partitioned_model`, in
-    that order; `ds_config` is the DeepSpeed JSON the model will be wrapped with. Needs the process
-    groups of `state`."""
+    """Steps 4-8 on a model from `run/model.build_partitioned_model`; `ds_config` is the JSON it
+    will be wrapped with. Needs `state`'s process groups."""
     text = model.config.get_text_config()
     apply_lora(model, cfg.lora, cfg.train.seed)  # 4
     attn = _attention_levers(cfg, model, state, text)  # 5
@@ -131,7 +125,9 @@ def apply_levers(
     # 7. needs 6's final layer code and the DeepSpeed JSON's activation_checkpointing block
     gpu_gb = gpu_budget.planning_gpu_gb(cfg.memory.gpu_budget_gb)
     plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_gb)
-    placement = apply_placement(model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool)
+    placement = apply_placement(
+        model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool, nvme_path=cfg.memory.nvme_path
+    )
     _plan_pinned_pool(cfg, model, state, text, placement)
     head = LossHead(
         model, state, cfg.memory.chunked_loss, cfg.memory.loss_chunk_rows, moe and moe.aux

@@ -1,12 +1,6 @@
-"""What holds the GPU memory at a step's peak: the CUDA allocator's history, recorded for the first
-steps of a run.
-
-    logging.memory_snapshot_steps: 2      # run config; 0 (default) records nothing
-
-Recording starts before the engine is built and stops after step N; each rank then writes
-`output_dir/memory/rank<r>_snapshot.pickle` (for https://pytorch.org/memory_viz) and
-`rank<r>_peak.txt` (the blocks alive at the peak, grouped by the code line that allocated them).
-`peak_table` needs no GPU. The file layout and how the live set is rebuilt: docs/design/run.md."""
+"""What holds the GPU memory at a step's peak: the CUDA allocator's history for a run's first steps
+(logging.memory_snapshot_steps: N), dumped per rank to `output_dir/memory/` as a snapshot pickle
+and a peak table by allocating code line. Layout and method: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -55,11 +49,8 @@ def origin(frames: list) -> str:
 
 
 def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
-    """{"peak_bytes", "event", "events", "groups": [(origin, bytes, blocks), ...] largest first} for
-    the moment of the window at which the most bytes were alive on `device`. A block is alive from
-    its `alloc` to its `free_requested` (what torch.cuda.max_memory_allocated counts); `held=True`:
-    to its `free_completed`, which a block used on another stream reaches later (the held peak: what
-    the allocator had to reserve)."""
+    """{"peak_bytes", "event", "events", "groups": [(origin, bytes, blocks), ...]} at the moment the
+    most bytes were alive on `device` (`held=True`: until their free completed)."""
     end_state = ("active_allocated", "active_pending_free") if held else ("active_allocated",)
     live = {}  # addr -> (size, frames): the blocks alive at the end
     for seg in snapshot.get("segments", []):
@@ -116,10 +107,8 @@ def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
 
 
 def stream_table(snapshot: dict, device: int = 0) -> list:
-    """[(stream, reserved, allocated, segments, top origin of its blocks), ...] largest first: the
-    allocator's segments at snapshot time by the stream that owns them (the origin: of its live
-    blocks, else of what the window's allocations on that stream were). A stream's cached blocks
-    serve only that stream."""
+    """[(stream, reserved, allocated, segments, top origin), ...] largest first: the allocator's
+    segments by owning stream."""
     rows = defaultdict(lambda: [0, 0, 0, defaultdict(int)])
     for seg in snapshot.get("segments", []):
         if seg.get("device", device) != device:

@@ -1,16 +1,12 @@
-"""The run's metrics files on rank 0: metrics.jsonl (one line per optimizer step with `loss`, one per evaluation with
-`eval_loss`), eval_curve.jsonl (run/evaluate.py), and the same numbers where logging.report_to sends them:
-TensorBoard events (output_dir/tensorboard) or Weights & Biases (offline under output_dir/wandb unless $WANDB_MODE
-says otherwise).
+"""The run's metrics files on rank 0: metrics.jsonl (a line per step with `loss`, per evaluation
+with `eval_loss`), eval_curve.jsonl, and the same numbers to TensorBoard or W&B
+(logging.report_to).
 
     metrics = MetricsLog(out, start_step, report_to="auto", enabled=rank == 0, cfg=cfg)
     metrics.write({"step": 1, "loss": ...}); metrics.write_eval(result, step); note = metrics.close()
 
-A line that cannot be written (a full disk, a quota, a file made read-only: OSError) is not lost: it is kept in
-memory with every later one, one warning line says why, and each later write tries them all again in order (a file
-gets whole lines or none: evaluate.append_jsonl). What is still unwritten when the run ends is printed to stderr, one
-JSON line each, and `close` returns the note that the run's last line carries (the run then exits 1).
-"""
+A line that cannot be written is kept and retried at each later write; what is still unwritten at
+the end goes to stderr and `close` returns the note for the run's last line (exit 1)."""
 
 from __future__ import annotations
 
@@ -59,8 +55,8 @@ SCALARS = (
 
 
 def check_reporter(report_to: str, out=None) -> None:
-    """ValueError naming the install when the package `report_to` asks for does not import, or naming `out`/tensorboard
-    where TensorBoard's events could not be written there (nothing is written)."""
+    """ValueError where `report_to`'s package does not import, W&B's host cannot be reached, or
+    TensorBoard cannot write under `out`."""
     import importlib.util
 
     need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
@@ -68,6 +64,8 @@ def check_reporter(report_to: str, out=None) -> None:
         raise ValueError(
             f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)"
         )
+    if report_to == "wandb" and (problem := wandb_problem()):
+        raise ValueError(problem)
     events = Path(out) / "tensorboard" if out is not None else None
     if (
         report_to in ("auto", "tensorboard")
@@ -82,9 +80,50 @@ def check_reporter(report_to: str, out=None) -> None:
         )
 
 
+WANDB_HOST = "https://api.wandb.ai"
+PROBE_S = 5.0  # seconds the W&B host has to answer a TCP connect
+OFFLINE_MODES = ("offline", "disabled", "dryrun")
+
+
+def _reach(host: str, port: int, box: list) -> None:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=PROBE_S).close()
+        box.append(None)
+    except OSError as e:
+        box.append(e.strerror or str(e) or type(e).__name__)
+
+
+def wandb_problem() -> str | None:
+    """Why W&B online cannot work here (its host unreachable within PROBE_S), else None."""
+    import threading
+    from urllib.parse import urlsplit
+
+    mode = os.environ.get("WANDB_MODE", "offline").strip().lower()
+    if mode in OFFLINE_MODES:
+        return None
+    url = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_HOST)
+    host, box = url.hostname or "", []
+    try:
+        port = url.port or (80 if url.scheme == "http" else 443)
+    except ValueError:
+        port = 443
+    probe = threading.Thread(target=_reach, args=(host, port, box), daemon=True)
+    probe.start()
+    probe.join(PROBE_S + 1)
+    if box and box[0] is None:
+        return None
+    why = box[0] if box else f"no answer in {PROBE_S:g} s"
+    return (
+        f"report_to=wandb with WANDB_MODE={mode}: the W&B host {host}:{port} cannot be reached "
+        f"({why}); set WANDB_MODE=offline (`wandb sync` uploads the run later), or report_to: none"
+    )
+
+
 def reporter(report_to: str, out: Path, start_step: int, cfg=None):
-    """The writer of `report_to` (an object with `scalars(dict, step)` and `close()`), None for none; ValueError
-    naming the install when an asked-for one does not import (auto: tensorboard where it imports)."""
+    """The `report_to` writer (`scalars(dict, step)`, `close()`), None for none; ValueError naming
+    the install."""
     if report_to in ("auto", "tensorboard"):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -151,9 +190,8 @@ class WandB:
 
 
 class MetricsLog:
-    """metrics.jsonl (train lines with `loss`, eval lines with `eval_loss`), eval_curve.jsonl and the report_to
-    writer, rank 0 only. A fresh run keeps older files aside; a resumed one drops lines past its checkpoint's step and
-    appends."""
+    """metrics.jsonl, eval_curve.jsonl and the report_to writer, rank 0 only; fresh runs keep old
+    files aside, resumed runs drop lines past their step."""
 
     def __init__(self, out: Path, start_step: int, report_to: str, enabled: bool, cfg=None):
         self.path, self.curve_path, self.enabled, self.tb = (
@@ -220,8 +258,7 @@ class MetricsLog:
         del self.unwritten[path]
 
     def close(self) -> str:
-        """Close TensorBoard; the rows still unwritten go to stderr, one JSON line each. Returns the note for the
-        run's last line ('' when every row was written)."""
+        """Close the writer; unwritten rows go to stderr. Returns the last-line note ('' if none)."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None

@@ -1,10 +1,8 @@
 """The model a run trains: its HF config, its class, and the model itself, partitioned at birth.
 
-    hf_cfg = load_hf_config("qwen3-8b")        # a shipped geometry or a checkpoint directory (no weights)
-    model = build_partitioned_model(cfg, hf_cfg, ds_config)     # under zero.Init, YaRN applied, weights drawn
-
-Shipped geometries draw weights per parameter name (`init_weights`), the same at any world size or
-sp_size."""
+hf_cfg = load_hf_config("qwen3-8b")        # a shipped geometry or a checkpoint directory
+model = build_partitioned_model(cfg, hf_cfg, ds_config)     # zero.Init, YaRN, weights drawn
+"""
 
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ from ds_longctx.plan import layer_types
 
 
 def load_hf_config(model: str):
-    """The HF config of a shipped geometry name, a config.json file or a checkpoint directory (cheap: no weights).
-    A file transformers cannot read is a ValueError naming it."""
+    """The HF config of a shipped geometry, a config.json or a checkpoint directory; ValueError
+    naming a file transformers cannot read."""
     from huggingface_hub.errors import (
         StrictDataclassError,
     )  # transformers' typed config fields (a null, a string)
@@ -65,8 +63,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # and their sharded `
 
 
 def weights_problem(model: str):
-    """Why the checkpoint directory `model` cannot give `from_pretrained` its weights (None: it can, or `model` is
-    not a directory): no weight file, or a shard its index names missing. Reads the index, not the weights."""
+    """Why checkpoint directory `model` cannot give `from_pretrained` its weights (None: it can): no
+    weight file, or a shard its index names missing."""
     if random_init(model):
         return None
     d = Path(model)
@@ -109,10 +107,8 @@ def model_class(hf_config):
 
 
 def init_weights(model: nn.Module, seed: int, std: float) -> None:
-    """Draw every parameter from a generator seeded by (seed, parameter name): the same weights whatever
-    the world size, sp_size or ZeRO partitioning (on one device type). Norm weights 1, biases 0, matrices
-    N(0, std) as transformers' `_init_weights` does for Qwen3/Llama; a hybrid model's own vectors (zero-centred norms,
-    the gated DeltaNet's dt_bias / A_log) as plan/layer_types.vector_init says."""
+    """Draw every parameter from a generator seeded by (seed, parameter name): the same weights at
+    any world size, sp_size or partitioning. Rules: docs/design/run.md."""
     import deepspeed
 
     owner = {
@@ -143,10 +139,8 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
 
 @contextlib.contextmanager
 def _without_hf_init(cls):
-    """`cls(config)` without transformers' per-module `_init_weights` (its weight tying still runs): init_weights draws
-    every parameter afterwards, and Qwen3.5's `_init_weights` copies into A_log, which zero.Init has already
-    partitioned to an empty tensor (a size mismatch). Replaced on the class that defines it for `cls` (the family's
-    PreTrainedModel, which its inner text model shares), put back after."""
+    """`cls(config)` without transformers' per-module `_init_weights` (put back after). Why:
+    docs/design/run.md."""
     owner = next(c for c in cls.__mro__ if "_init_weights" in c.__dict__)
     saved = owner.__dict__["_init_weights"]
     owner._init_weights = lambda self, module: None
@@ -157,9 +151,8 @@ def _without_hf_init(cls):
 
 
 def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
-    """The HF causal LM for run config `cfg`: YaRN set on `hf_cfg` from seq_len (rope.py), built under
-    `deepspeed.zero.Init` (parameters born partitioned: an 8B model never exists whole on one rank), then
-    shipped geometries re-drawn deterministically (`init_weights`). `stage(name)` is told each step's end."""
+    """The HF causal LM for `cfg`: YaRN from seq_len, built under `deepspeed.zero.Init`, shipped
+    geometries drawn by `init_weights`. `stage(name)` is told each step's end."""
     import deepspeed
 
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32

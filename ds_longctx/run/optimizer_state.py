@@ -1,11 +1,8 @@
 """The optimizer's state made at build, so step 1 holds what every later step holds.
 
-DeepSpeed's ZeRO-3 optimizers make their Adam moments lazily, in step 1's optimizer step, so step 1
-peaks below every later step (measured: docs/calibration.md#optimizer-state-at-build) and a plan
-that does not fit would fail at step 2. `materialize` runs one zero-gradient, zero-lr step per
-sub-group that leaves weights and moments unchanged and resets the step counters. Only optimizers in
-`SUPPORTED` are touched; otherwise the reason is returned for the build log. Details:
-docs/design/run.md."""
+`materialize` runs one zero-gradient, zero-lr step per sub-group, which leaves weights and moments
+unchanged, then resets the step counters; optimizers outside `SUPPORTED` are left alone, the reason
+logged. Why: docs/design/run.md (measured: docs/calibration.md#optimizer-state-at-build)."""
 
 from __future__ import annotations
 
@@ -22,14 +19,15 @@ SUPPORTED = ("Adam", "AdamW", "FusedAdam", "DeepSpeedCPUAdam")
 
 
 def optimizers(zo) -> list:
-    """The optimizers ZeRO-3 steps its sub-groups with: the main one, and the GPU's AdamW of a partial offload."""
+    """The optimizers ZeRO-3 steps its sub-groups with (the main one, a partial offload's GPU
+    AdamW)."""
     return [zo.optimizer] + (
         [zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else []
     )
 
 
 def skip_reason(zo) -> Optional[str]:
-    """Why `materialize` leaves this ZeRO optimizer's state to its lazy default, or None."""
+    """Why `materialize` leaves this optimizer's state to its lazy default, or None."""
     if not all(
         hasattr(zo, a) for a in ("_optimizer_step", "fp32_partitioned_groups_flat", "optimizer")
     ):
@@ -47,9 +45,8 @@ def skip_reason(zo) -> Optional[str]:
 
 
 def materialize(zo) -> tuple[int, str]:
-    """Create the optimizer state of every sub-group of the ZeRO-3 optimizer `zo` (`engine.optimizer`) that has none.
-    Returns (the sub-groups it made state for, a line for the build log). Call before the first step; collective-free.
-    """
+    """Create the state of every sub-group of ZeRO-3 optimizer `zo` that has none. Returns (the
+    sub-groups made, a build-log line). Call before the first step."""
     why = skip_reason(zo)
     if why:
         return 0, f"left to the first step ({why})"
@@ -113,10 +110,8 @@ def materialize(zo) -> tuple[int, str]:
 
 
 def at_start(cfg, zo, rank: int) -> int:
-    """`optimizer.state_at_build` for every entry point, before the first step and after any checkpoint a resumed
-    run loads (which brings the state: made before it, the state would exist twice while the checkpoint's loads):
-    `ds-longctx train` after its resume, `build_engine` for other callers, the HF Trainer before its first batch. Logs
-    one line on rank 0; returns the sub-groups it made state for."""
+    """`optimizer.state_at_build` before the first step and after any resume's load; logs one line
+    on rank 0 and returns the sub-groups made."""
     if not cfg.optimizer.state_at_build or zo is None:
         return 0
     made, line = materialize(zo)

@@ -1,7 +1,7 @@
-"""The per-layer placement a run uses, computed once for its model: the run config's, or for
-`offload_layers: auto` the planner's fewest offloaded layers that fit the GPU (levers/placement.py holds the rules).
+"""The per-layer placement a run uses, computed once: the run config's, or for
+`offload_layers: auto` the planner's fewest offloaded layers that fit (rules: levers/placement.py).
 
-    plan = run_placement(cfg, num_layers=36, world_size=8, gpu_mem_gb=80)   # engine; preflight validates with it
+    plan = run_placement(cfg, num_layers=36, world_size=8, gpu_mem_gb=80)
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from ds_longctx.plan.search import fewest_offload_layers
 def run_placement(
     cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[float]
 ) -> PlacementPlan:
-    """The per-layer placement plan of run config `cfg` for a model of `num_layers` layers. From the config, or for
-    offload_layers='auto' the fewest offloaded layers that fit `gpu_mem_gb` GB by the planner (0 with no GPU: there
-    is nowhere to offload from)."""
+    """The placement plan of `cfg` for `num_layers` layers; `auto`: the fewest offloaded layers that
+    fit `gpu_mem_gb` (0 without a GPU)."""
     mem = cfg.memory
 
     def auto() -> int:

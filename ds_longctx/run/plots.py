@@ -1,14 +1,11 @@
-"""`ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]`: each run's metrics.jsonl against step, the runs overlaid.
+"""`ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]`: each run's metrics.jsonl against step, the
+runs overlaid.
 
     written = plot_runs(["runs/a", "runs/b"], "plots")    # plots/loss.png, plots/lr.png, ...
     figs = figures(read_runs(["runs/a"]))                 # {panel: matplotlib Figure}, for a notebook
 
-One PNG per panel of PANELS: the loss (the eval loss beside it, as points), the learning rate, the gradient norm,
-tokens per second, memory (peak GPU reserved and host RSS, GB = 1e9 bytes), and a dpo run's rewards and their
-accuracy. Each run has one colour, labelled
-with its directory's name; a field a run's lines lack is left out of its panel, and a panel no run has is not
-written. Figures are drawn on matplotlib's Agg canvas without pyplot, so no global backend is switched.
-"""
+One PNG per panel of PANELS (loss and eval loss, lr, grad norm, tokens/s, memory, dpo rewards), one
+colour per run; a panel no run has is not written."""
 
 from __future__ import annotations
 
@@ -50,8 +47,8 @@ PLOT_MARKER = (
 
 
 def read_runs(dirs: list) -> dict:
-    """{label: metrics lines} of each run directory, in the order given; the label is the directory's name (its path
-    as given where two share a name). ValueError naming a directory without a readable metrics.jsonl."""
+    """{label: metrics lines} per run directory, labelled by its name; ValueError naming one without
+    a readable metrics.jsonl."""
     runs = {}
     names = [Path(d).resolve().name for d in dirs]
     for d, name in zip(dirs, names):

@@ -37,6 +37,7 @@ from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.moe_checks import check_moe
 from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.preference_step import dpo_model_problem
+from ds_longctx.run.ref_weights import ref_model_problem
 
 log = logging.getLogger("ds_longctx")
 
@@ -92,7 +93,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
             f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU"
         )
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
-    if problem := dpo_model_problem(cfg.train, text):
+    if problem := dpo_model_problem(cfg.train, text) or ref_model_problem(cfg, hf_cfg):
         raise ValueError(problem)
     if (
         cfg.memory.tiled_layer
@@ -246,6 +247,7 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
     if problem := host_problem(cfg):
         raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)
+    check_reporter(cfg.logging.report_to, cfg.train.output_dir)  # W&B's host probed before the data
     rope_coverage(cfg, hf_cfg)
     check_sources(cfg, hf_cfg.get_text_config().vocab_size)
     if cfg.eval.answer_loss or cfg.eval.recall:
@@ -266,5 +268,4 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
         raise ValueError(problem)  # after the resume fit: that refusal names the length that fits
     if problem := disk_problem(cfg, meta):
         raise ValueError(problem)
-    check_reporter(cfg.logging.report_to, cfg.train.output_dir)
     return hf_cfg, meta

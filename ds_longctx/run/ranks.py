@@ -1,8 +1,8 @@
-"""What the ranks of a run do together before training: one timeout for every collective, and work that rank 0
-does first (filling the datasets cache) with its refusal shared, so all ranks stop together.
+"""What the ranks do together before training: one timeout for every collective, and rank 0's work
+first with its refusal shared.
 
-    default_group_timeout(cfg.parallel.collective_timeout_s)         # before any process group exists
-    data = rank0_first(lambda: build_data(cfg, hf_cfg, dp), rank)    # after init_distributed
+    default_group_timeout(cfg.parallel.collective_timeout_s)       # before any process group
+    data = rank0_first(lambda: build_data(cfg, hf_cfg, dp), rank)  # after init_distributed
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ import torch.distributed.distributed_c10d as c10d
 
 
 def default_group_timeout(seconds: float) -> None:
-    """Make `seconds` the timeout of every process group created from now on, not only the world
-    group (`new_group` would otherwise use torch's module default). Process-wide and never undone:
-    this process lives for one run."""
+    """Make `seconds` the timeout of every process group made from now on. Process-wide."""
     c10d.default_pg_timeout = timedelta(seconds=seconds)
     c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
 
 
 def rank0_first(fn, rank: int):
-    """fn() on rank 0, then on the others (rank 0 fills the datasets cache, the others read it). A ValueError
-    on rank 0 is returned to every rank as its message, so all of them stop together."""
+    """fn() on rank 0, then on the others; rank 0's ValueError is raised on every rank."""
     msg = [None]
     if rank == 0:
         try:

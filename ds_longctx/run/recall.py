@@ -1,12 +1,10 @@
 """Recall of long agent sessions by answer-to-evidence distance: does greedy decoding give back the
-value an answer quotes from far back? One JSON line per (stage, step, bucket) in
-`<out>/recall.jsonl`, one per answer in `recall_answers.jsonl`.
+value an answer quotes from far back? Lines in `<out>/recall.jsonl` and `recall_answers.jsonl`.
 
     write = answers_writer(engine, cfg, model, stage)   # write(step): the lines at `step`; collective
 
-One teacher-forced forward of each session gives every answer's exact match: `exact` when every
-value token is its position's argmax (tests/run/test_recall.py holds this against greedy
-`generate`). The cut and the fields: docs/design/run.md."""
+One teacher-forced forward per session; `exact` when every value token is its position's argmax. The
+fields: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from ds_longctx.checkpoint.layout import (
     RECALL_ANSWERS_FILE,
     RECALL_FILE,
 )
-from ds_longctx.data.answer_spans import BUCKETS
+from ds_longctx.corpora.answer_spans import BUCKETS
 from ds_longctx.run.answer_loss import answer_loss_lines
 from ds_longctx.run.provenance import commit, device_name, now
 
@@ -26,8 +24,7 @@ STAGES = ("base", "trained")
 
 
 def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) -> tuple:
-    """(the bucket rows, the answer rows) of the answer lines `each` (answer_loss.answer_lines, with the control's
-    loss): the module doc's fields, buckets that hold an answer, nearest first."""
+    """(bucket rows, answer rows) of the answer lines `each`, nearest bucket first."""
     where = {"model": model, "stage": stage, "step": step, "seq_len": seq_len}
     said = {"commit": commit(), "device": device_name(), "date": now()}
     rows = []
@@ -50,9 +47,8 @@ def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) 
 
 
 def answers_writer(engine, cfg, model: str, stage: str = "trained"):
-    """`write(step)`: the answers of eval_data's first eval_rows sessions scored under `engine` at `step` (one
-    forward of each session and of its control), appended by rank 0 to `<output_dir>`'s answer_loss files where
-    eval_answer_loss is on and its recall files where eval_recall is on. Collective."""
+    """`write(step)`: eval_data's sessions scored under `engine`, appended by rank 0 to the
+    answer_loss and recall files the config asks for. Collective."""
     from ds_longctx.run.evaluate import append_jsonl
 
     lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)

@@ -1,7 +1,5 @@
-"""Refusals: bad config, bad input, an unusable checkpoint. Every one exits with `REFUSED` (2), says
-why in one line, and changes nothing. Inside workers launched by `ds-longctx train`, the line goes
-to $DS_LONGCTX_REFUSAL_FILE so the launcher prints it last (`last_line`; also used by
-run/stops.py)."""
+"""Refusals: exit `REFUSED` (2) with one line, nothing changed; under `ds-longctx train` the line
+goes to $DS_LONGCTX_REFUSAL_FILE for the launcher to print last."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ REFUSAL_FILE_ENV = "DS_LONGCTX_REFUSAL_FILE"
 
 
 def last_line(message: str, code: int, rank: int = 0) -> None:
-    """Rank 0's last word: for the launcher to print last with exit `code` (the file of $DS_LONGCTX_REFUSAL_FILE:
-    the code on its first line, the message after), else on stderr now. Other ranks say nothing."""
+    """Rank 0's last line with exit `code`: to $DS_LONGCTX_REFUSAL_FILE for the launcher, else
+    stderr."""
     if rank != 0:
         return
     path = os.environ.get(REFUSAL_FILE_ENV)
@@ -27,9 +25,18 @@ def last_line(message: str, code: int, rank: int = 0) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def record_failure(e: BaseException) -> None:
+    """This worker's exception (call it in `except`) where its torchrun agent reads it,
+    $TORCHELASTIC_ERROR_FILE: the launcher's last line names the rank others timed out waiting for."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)
+
+
 def refuse(message: str, rank: int = 0):
-    """Leave this process with exit 2; rank 0 prints `message` (and records it for the launcher). Tears the
-    process group down first when there is one, and lets go of an output_dir lock this process took (run_lock)."""
+    """Exit 2 with rank 0 saying `message`, after the process group and any output_dir lock are let
+    go."""
     from ds_longctx.checkpoint.run_lock import release_all
 
     release_all()  # a refused run leaves no lock file, nor the directory its lock made

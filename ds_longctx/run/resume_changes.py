@@ -1,10 +1,6 @@
-"""What a resume changes (config/resume_keys.py decides what may change), applied after the
-checkpoint's load and listed in one log line on rank 0:
-
-    resume: changed since step 3: lr 0.001 -> 0.0005, steps 6 -> 8
-
-After the load every param group gets this run's weight_decay and the scheduler this run's peak lr,
-so the next step runs with the lr this run's schedule gives it. Why: docs/design/run.md."""
+"""What a resume changes (config/resume_keys.py decides what may), applied after the checkpoint's
+load and logged in one line on rank 0 (`resume: changed since step 3: lr 0.001 -> 0.0005`). Why:
+docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ log = logging.getLogger("ds_longctx")
 
 
 def set_schedule(ds_engine, lr: float, weight_decay: float, step: int) -> None:
-    """Every param group's weight_decay set to this run's, and the lr schedule (a LambdaLR of this run's
-    plan/lr_schedule.py, stepped once per optimizer step) put at `step` with this run's peak lr: the next step runs
-    at lr x factor(step), as a run with this config from the start would."""
+    """Set every param group's weight_decay and put the lr schedule at `step` with peak `lr`, as a
+    run with this config from the start would have it."""
     sched = ds_engine.lr_scheduler
     for opt in optimizers(ds_engine.optimizer):
         for group in opt.param_groups:
@@ -38,10 +33,8 @@ def set_schedule(ds_engine, lr: float, weight_decay: float, step: int) -> None:
 
 
 def adopt_saved_state(zo) -> None:
-    """After a load of another Adam's state (optimizer_offload changed: torch AdamW <-> DeepSpeed
-    CPU Adam): each param group gets the settings the saved groups lack (CPU Adam's
-    `bias_correction`) and CPU Adam's step counters become ints. A no-op where the checkpoint's Adam
-    is this run's."""
+    """After loading another Adam's state: the settings the saved groups lack, CPU Adam's int step
+    counters. A no-op for the same Adam."""
     for opt in optimizers(zo):
         for group in opt.param_groups:
             for key, value in opt.defaults.items():
@@ -53,8 +46,7 @@ def adopt_saved_state(zo) -> None:
 
 
 def apply_changes(engine, cfg, tag_dir: Path, meta: dict) -> list:
-    """Apply what this run changes against the checkpoint `tag_dir` with `meta` (just loaded into `engine`); log it
-    in one line on rank 0. Returns [(flat key, old, new)]."""
+    """Apply and log what this run changes against checkpoint `tag_dir`; returns [(key, old, new)]."""
     changed = compare(saved_values(meta["run"], tag_dir / "run.yaml"), cfg)[1]
     if (
         any(k in OPTIMIZER_KEYS for k, _, _ in changed)

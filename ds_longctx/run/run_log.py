@@ -1,10 +1,9 @@
-"""A run's output survives its terminal: stdout and stderr go to the terminal and, once the run is past its
-refusals, to `<output_dir>/train.log`. A terminal that goes away (`| tee log` ended by the same Ctrl-C, a closed ssh)
-stops only the writes to it: its descriptor is pointed at /dev/null and the run goes on to its save and last line.
+"""A run's output survives its terminal: stdout and stderr go to the terminal and, past the
+refusals, to `<output_dir>/train.log`; a terminal that goes away stops only the writes to it.
 
-    with guarded_output():          # a process's whole life: the launcher's `launch`, a worker's `main`
-        keep_log(output_dir)        # past every refusal (a refused run writes nothing): both streams append there
-        say_now(text)               # from a signal handler: os.write to stderr and the log, errors ignored
+    with guarded_output():          # a process's whole life
+        keep_log(output_dir)        # past every refusal: both streams append there
+        say_now(text)               # from a signal handler: os.write to stderr and the log
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ _log_fd: Optional[int] = (
 
 
 class _Tee(io.TextIOBase):
-    """A text stream that writes to `stream` (dropped on its first OSError: EPIPE, EIO) and to the run's log."""
+    """A text stream writing to `stream` (dropped at its first OSError) and to the run's log."""
 
     def __init__(self, stream):
         self.stream = self.original = stream
@@ -41,7 +40,7 @@ class _Tee(io.TextIOBase):
         return len(s)
 
     def _drop(self) -> None:
-        """Point the dead descriptor at /dev/null (C code and children write there too), keep the text in the log."""
+        """Point the dead descriptor at /dev/null, keep the text in the log."""
         with contextlib.suppress(OSError, ValueError):
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self.stream.fileno())
@@ -87,7 +86,7 @@ def guarded_output():
 
 
 def keep_log(output_dir) -> Path:
-    """From now on this process's output also goes to `<output_dir>/train.log` (appended); its path."""
+    """From now on this process's output also goes to `<output_dir>/train.log`; its path."""
     global _log_fd
     path = Path(output_dir) / LOG_NAME
     if _log_fd is None:
@@ -97,7 +96,7 @@ def keep_log(output_dir) -> Path:
 
 
 def say_now(text: str) -> None:
-    """`text` to stderr and the run's log with bare os.write (safe in a signal handler); a dead terminal is skipped."""
+    """`text` to stderr and the run's log with bare os.write (safe in a signal handler)."""
     for fd in (2, _log_fd):
         if fd is not None:
             with contextlib.suppress(OSError):

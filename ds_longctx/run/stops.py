@@ -1,15 +1,14 @@
-"""How a run stops: on SIGTERM or SIGINT (every rank at the same step boundary, saved), when its
-launcher dies (each worker ends itself), and the exit code and last line of each stop
-(docs/reliability.md: "Every stop ends with one line").
+"""How a run stops: SIGTERM or SIGINT (every rank at the same step boundary, saved) or a dead
+launcher (each worker ends itself), each stop with its exit code and one last line
+(docs/reliability.md).
 
-    stop = StopRequest().install()       # SIGTERM and SIGINT set a flag; the loop asks `agreed()` once per step
-    watch_launcher()                     # at a worker's start: end this process when its launcher is gone
-    with saving(step): ...               # a save: the watch waits for it; the launcher is told which step
-    LauncherSignals(status_file)         # in `ds-longctx train`: later signals wait for the workers' save
+    stop = StopRequest().install()       # the loop asks `agreed()` once per step
+    watch_launcher()                     # a worker ends itself when its launcher is gone
+    with saving(step): ...               # the watch waits for a save; the launcher is told
+    LauncherSignals(status_file)         # in `ds-longctx train`: later signals wait for the save
 
-A save, once started, is finished unless abandoned by a repeated signal. Exit codes: 0 done or
-stopped after saving, 1 a failure, 2 a refusal, 128 + the signal's number from `ds-longctx train` /
-`eval`. Details: docs/design/run.md."""
+Exit codes: 0 done or stopped after saving, 1 failed, 2 refused, 128 + the signal from
+`ds-longctx train` / `eval`. Why: docs/design/run.md."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ def signal_name(signum: int) -> str:
 
 
 class StopRequest:
-    """SIGTERM and SIGINT set a flag (the first signal's number); `agreed()` (collective, once per step) all-reduces
-    it, so every rank stops at the same step boundary, saves and exits 0. install()/uninstall() put the previous
-    handlers back."""
+    """SIGTERM / SIGINT set a flag; `agreed()` (collective, once per step) all-reduces it, so every
+    rank stops at the same step boundary. install() / uninstall() restore the previous handlers."""
 
     def __init__(self):
         self.signum = 0
@@ -78,8 +76,8 @@ class StopRequest:
 
     @contextlib.contextmanager
     def now(self, what: str, left: str = "nothing trained, nothing saved"):
-        """Within the block (work with no step boundary), a signal ends this process at once: rank
-        0's last line says what it stopped and `left`, exit `signal_exit`."""
+        """Within the block a signal ends the process at once; rank 0's last line names `what` and
+        `left`."""
         self._now, self._left = what, left
         try:
             if self.signum:  # one came before the block
@@ -114,7 +112,7 @@ class StopRequest:
         self._previous = {}
 
     def agreed(self, device) -> int:
-        """The signal some rank got (0: none), the same on every rank. Collective when a process group exists."""
+        """The signal some rank got (0: none), the same on every rank. Collective."""
         import torch
         import torch.distributed as dist
 
@@ -129,9 +127,8 @@ _watching: Optional[threading.Thread] = None
 
 
 def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
-    """A worker started by a launcher (LOCAL_RANK set) ends itself within `poll_s` of its launcher's
-    death (exit FAILED, one line on stderr), seen as a changed getppid(). Without a launcher nothing
-    is watched (nohup). Idempotent. Why: docs/design/run.md."""
+    """A worker with LOCAL_RANK ends itself (exit FAILED) within `poll_s` of its launcher's death,
+    after any save in progress. Idempotent. Why: docs/design/run.md."""
     global _watching
     if _watching is not None or "LOCAL_RANK" not in os.environ:
         return _watching
@@ -171,7 +168,7 @@ def _say(line: str) -> None:
 
 
 def _status(text: str) -> None:
-    """Rank 0 tells `ds-longctx train` what the workers are doing (the file of $DS_LONGCTX_STATUS_FILE)."""
+    """Rank 0 writes what the workers are doing to $DS_LONGCTX_STATUS_FILE."""
     path = os.environ.get(STATUS_FILE_ENV)
     if path and os.environ.get("RANK", "0") == "0":
         try:
@@ -195,11 +192,9 @@ def saving(step: int):
 
 
 class LauncherSignals:
-    """SIGINT / SIGTERM in the process that started the workers (`ds-longctx train` / `eval`; module doc).
-
-    The first signal is `forward`ed (torchrun's agent passes it to the workers and waits for them); each later one
-    prints what the workers are doing, and one that comes within ABANDON_WINDOW_S of that line (and DEBOUNCE_S after
-    any signal) kills the workers (`abandoned` set) and forwards."""
+    """SIGINT / SIGTERM in `ds-longctx train` / `eval`: the first is forwarded; a later one says
+    what the workers do, and one within ABANDON_WINDOW_S of that kills them (`abandoned`) and
+    forwards."""
 
     def __init__(self, status_file: str, forward):
         self.status_file, self.forward = status_file, forward
@@ -249,8 +244,8 @@ def kill_children() -> None:
 
 
 def end_on_signal(what: str) -> None:
-    """For a job with nothing to save (`ds-longctx eval`): SIGTERM / SIGINT end this process at once, exit 0, rank 0's
-    line last ("eval stopped by SIGINT: nothing written"; the launcher exits 128 + the signal)."""
+    """For a job with nothing to save (eval): a signal ends the process at once, exit 0, rank 0's
+    line last."""
 
     def handler(signum, frame) -> None:
         last_line(

@@ -49,11 +49,21 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(
             "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
         )  # before torch is imported
-        from ds_longctx.run.train_loop import (
+        from ds_longctx.levers.disk_tier import DiskTierError
+        from ds_longctx.run.train_loop import (  # torch and deepspeed: once the config is known good
+            fail,
             train,
-        )  # torch and deepspeed: only once the config is known good
+        )
 
-        train(cfg, signals, rank, world)
+        try:
+            train(cfg, signals, rank, world)
+        except DiskTierError as e:  # a full disk mid-step: the checkpoints stay intact
+            fail(f"stopped: {e}; the last saved checkpoint is as it was", rank)
+        except Exception as e:  # a collective that timed out, among others: for the launcher
+            from ds_longctx.run.refuse import record_failure
+
+            record_failure(e)
+            raise
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from ds_longctx.run import memory_snapshot, optimizer_state, resume_changes
 from ds_longctx.run.engine import LongCtxEngine, build_engine
 from ds_longctx.run.evaluate import evaluate
 from ds_longctx.run.metrics_log import MetricsLog
-from ds_longctx.run.preference_step import reference_logps
+from ds_longctx.run.preference_step import needs_reference, reference_logps
 from ds_longctx.run.preflight import preflight
 from ds_longctx.run.ranks import default_group_timeout, rank0_first
 from ds_longctx.run.recall import answers_writer
@@ -99,9 +99,9 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     )  # past every refusal of a new run (it writes nothing): this rank's output goes there too
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
-    if cfg.train.objective == "dpo":
+    if needs_reference(cfg.train):
         try:
-            reference_logps(engine, data, out, fresh=resume_meta is None)
+            reference_logps(engine, data, out, resume_meta is None, cfg.train.ref_model)
         except ValueError as e:
             refuse(f"refused: {e}", engine.state.rank)
     metrics = MetricsLog(out, start, cfg.logging.report_to, enabled=engine.state.rank == 0, cfg=cfg)

@@ -18,9 +18,8 @@ def has_cuda() -> bool:
 
 
 def worker_env() -> dict:
-    """This process's environment plus the workers' defaults: DeepSpeed's accelerator (cpu without CUDA: it would
-    otherwise guess and warn), one OpenMP thread per process (gloo workers share the cores), no tokenizers
-    threads, no Python warnings, and torchrun's wait for the workers' save after a signal."""
+    """This environment plus the workers' defaults (DS_ACCELERATOR, one OpenMP thread, no tokenizers
+    threads, no warnings, torchrun's grace after a signal)."""
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cuda" if has_cuda() else "cpu")
     env.setdefault("OMP_NUM_THREADS", "1")

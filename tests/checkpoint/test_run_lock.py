@@ -217,7 +217,8 @@ def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeyp
         cwd / "run.yaml"
     ]
     lock.release()
-    from ds_longctx.data.prepare import parser  # a command's own path options: the same resolution
+    # a command's own path options: the same resolution
+    from ds_longctx.corpora.prepare import parser
 
     assert parser().parse_args(["prepare", "--stdlib", "--out=~/corpus"]).out == str(
         home / "corpus"

@@ -137,3 +137,46 @@ def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there
     assert laid_out == sorted(universal.param_file(n) for n in PARAMS)  # the partial existed
     assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
     assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_checkpoint_reshard_removes_the_partial_and_its_line_says_so(
+    tag, monkeypatch, capsys, sig
+):
+    """`ds-longctx checkpoint reshard` (convert.main) gets a real SIGTERM or SIGINT while the ranks' files are
+    read: exit 128 + the signal, one line saying nothing was written, no `.tmp-universal` left, the universal
+    form already there unchanged, the handlers put back. The source checkpoint's reading is stubbed as above."""
+    import os
+    import signal
+
+    from ds_longctx.checkpoint import convert
+
+    signum = getattr(signal, sig)
+    base = universal.universal_dir(tag)
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    monkeypatch.setattr(convert, "find_checkpoint", lambda root, t, what: (tag, {"step": 2}))
+    monkeypatch.setattr(convert.run_lock, "take", lambda *a, **k: None)
+    monkeypatch.setattr(universal.files, "problem", lambda *a, **k: None)
+    monkeypatch.setattr(
+        universal, "_source_groups", lambda *a: ([[(n, tuple(s)) for n, s in PARAMS.items()]], 2)
+    )
+    laid_out = []
+
+    def stopped(path):
+        laid_out.extend(sorted(p.name for p in (tag / universal.PARTIAL).iterdir()))
+        os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signum)  # a second one while the partial is removed waits
+        return [], [], 0.0
+
+    monkeypatch.setattr(universal, "_rank_pieces", stopped)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    code = convert.main(["reshard", str(tag.parent.parent), "--tag", tag.name])
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+    assert code == 128 + signum
+    assert capsys.readouterr().err.splitlines()[-1] == (  # below the progress bar's line
+        f"checkpoint reshard stopped by {sig}: nothing written (its partial universal form removed, the "
+        f"checkpoint unchanged); run it again to write it"
+    )
+    assert laid_out == sorted(universal.param_file(n) for n in PARAMS)
+    assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before

@@ -67,8 +67,19 @@ def test_conversational_pairs_train_as_sft_sessions(tmp_path, tok):
             "differ before their last message (at message 0)",
         ),
         ("{not json", "not JSON"),
+        (
+            '{"prompt": "w1", "chosen": "w2", "chosen": "w4", "rejected": "w3"}',
+            "key chosen appears twice",
+        ),
     ],
-    ids=["no_rejected", "empty_chosen", "empty_rejected_message", "prompts_differ", "not_json"],
+    ids=[
+        "no_rejected",
+        "empty_chosen",
+        "empty_rejected_message",
+        "prompts_differ",
+        "not_json",
+        "dup",
+    ],
 )
 def test_bad_pair_refused_naming_file_and_line(tmp_path, tok, row, fragment):
     good = {"prompt": "w1", "chosen": "w2", "rejected": "w3"}

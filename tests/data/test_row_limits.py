@@ -150,3 +150,67 @@ def test_a_label_or_mask_column_beside_a_chat_or_prompt_row_is_refused_not_dropp
         "so it would be dropped; drop the key, or give token rows (input_ids with labels)"
         in str(e.value)
     )
+
+
+def test_a_chat_row_too_large_for_seq_len_or_the_budget_is_refused_by_its_size_before_rendering(
+    tmp_path, monkeypatch
+):
+    """A 60 kB chat row at line 2 (issue 61's 60 MB, scaled down): under truncate refuse with seq_len=64 it
+    cannot fit (no token of the tokenizer stands for more than its longest, each byte of text at most 6 JSON
+    bytes), so it is refused by file and line without being rendered; one just inside that bound is rendered
+    (and then refused by its tokens). Under split, a row over ROW_BYTES_MAX is refused the same way."""
+    from ds_longctx.data import chat
+    from tests.corpus import chat_template
+
+    tok_dir = make_chat_tokenizer(tmp_path / "tok", chat_template(True))
+    longest = budget.token_bytes(__import__("transformers").AutoTokenizer.from_pretrained(tok_dir))
+    rendered = []
+    real = chat.session_tokens
+    monkeypatch.setattr(
+        chat,
+        "session_tokens",
+        lambda tok, msgs, *a: rendered.append(len(msgs)) or real(tok, msgs, *a),
+    )
+
+    def refusal(words: int, **kw) -> str:
+        big = {
+            "messages": [
+                {"role": "user", "content": " ".join(["w1"] * words)},
+                SESSION["messages"][1],
+            ]
+        }
+        data = tmp_path / f"rows{words}.jsonl"
+        data.write_text(json.dumps(SESSION) + "\n" + json.dumps(big, ensure_ascii=False) + "\n")
+        rendered.clear()
+        cfg = RunConfig(
+            data=str(data),
+            tokenizer=str(tok_dir),
+            seq_len=64,
+            data_layout="pack",
+            data_cache_dir=str(tmp_path / f"cache{words}{kw}"),
+            **kw,
+        )
+        with pytest.raises(DataError) as e:
+            build_data(cfg, load_hf_config("qwen3-tiny"), 1)
+        return str(e.value).removeprefix(f"data file {str(data)!r} line 2: ")
+
+    bound = 64 * 6 * longest
+    over = refusal(20_000, truncate="refuse")  # 60 kB of JSON, over the bound
+    assert (
+        bound < 60_000
+        and over.startswith("this chat row is 60.1 kB, so at least ")
+        and over.endswith(
+            "over seq_len=64, which data.truncate: refuse refuses; refused before rendering; split it into "
+            "sessions of at most 64 tokens, or set data.truncate: split; or set data.skip_bad_rows: true to "
+            "skip such rows"
+        )
+    ), over
+    assert rendered == [2]  # line 1 only
+    inside = (bound - 150) // 3  # " w1" a word: the row's JSON just under the bound
+    assert "refused before rendering" not in refusal(inside, truncate="refuse")
+    assert rendered == [2, 2]
+    monkeypatch.setattr(budget, "ROW_BYTES_MAX", 50_000)
+    assert refusal(20_000).startswith(
+        "this chat row is 60.1 kB, over the 50.0 kB one row may be (what its 120 s budget renders: "
+        "data/budget.py), so it is refused before rendering; split it into shorter sessions"
+    ) and rendered == [2]

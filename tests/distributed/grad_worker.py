@@ -112,7 +112,9 @@ def main():
             )
             slot = attention_cache.layer_slot(layer)
             kinds.append(
-                "none"
+                "disk"
+                if getattr(fn, "disk_tier", False)
+                else "none"
                 if not layer.gradient_checkpointing
                 else ("cache+offload" if offloaded and slot.on_host else "cache")
                 if slot is not None

@@ -2,10 +2,13 @@
 
 2 gloo processes (SP=2) train with a small collective_timeout_s. SIGKILL of rank 1: the surviving rank fails
 its next collective (gloo sees the peer's connection close) and torchrun tears the group down. SIGSTOP of
-rank 1 (a hung rank, sockets still open): rank 0's collective fails after exactly the configured timeout.
+rank 1 (a hung rank, sockets still open), under `ds-longctx train`: rank 0's collective fails after exactly the
+configured timeout, and the launcher's last line names rank 1, its pid and host, and what is on disk
+(run/launch.failed_rank_line; its other cases: tests/run/test_launch_line.py).
 """
 
 import signal
+import socket
 import time
 
 import pytest
@@ -70,6 +73,7 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
             str(out),
         ],
         log,
+        launcher=True,
     )
     try:
         wait_for_steps(proc, out, 2, log)
@@ -99,3 +103,11 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
         f"Timed out waiting {timeout_s * 1000}ms" in text
         or "Application timeout caused pair closure" in text
     )
+    assert last_line(log) == (
+        f"rank 1 (pid {hung.pid} on {socket.gethostname()}) hung: rank 0 gave up waiting for it in a "
+        f"collective (parallel.collective_timeout_s); no earlier checkpoint of this run exists"
+    ), text[-3000:]
+
+
+def last_line(log) -> str:
+    return [line for line in log.read_text().splitlines() if line.strip()][-1]

@@ -46,3 +46,22 @@ def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, ove
         }
         kept = pool["cache_kept_at"][1]
         assert len(kept) >= 2 and kept[0] == at and all(at <= k < at + region for k in kept)
+
+
+def test_disk_layers_through_the_engine_give_the_plain_hf_grads_and_leave_nvme_path_empty(tmp_path):
+    """A layer's checkpoint on disk (levers/disk_tier.py) beside one in the pinned pool, SP=2: the plan the engine
+    applies, the plain model's loss and gradients, and each rank's scratch directory gone after its step."""
+    nvme = tmp_path / "nvme"
+    got = run(
+        tmp_path,
+        2,
+        2,
+        length=64,
+        read_placement=True,
+        placement="disk,offload",
+        pinned_pool=True,
+        nvme_path=str(nvme),
+    )
+    assert got["planned"] == got["engine_plan"] == got["applied"] == ["disk", "offload"]
+    check(got, *reference([sample(0)]), tol=TOL)
+    assert nvme.is_dir() and list(nvme.iterdir()) == []

@@ -119,26 +119,74 @@ def test_dpo_sp1_packed_matches_trl(setup, case):
     check(loss, ref, grads, refs[case])
 
 
+def grpo_task(d, tok) -> tuple:
+    """The GRPO part of the SP=2 worker's task (tests/levers/test_policy_loss.py's rollouts) and its references."""
+    from ds_longctx.data.rl_rows import RolloutRows, read_rollouts
+    from tests.levers import test_policy_loss as grpo
+
+    seqs = read_rollouts(
+        [grpo.write(d / "r.jsonl", grpo.ROLLOUTS)], tok, tok.eos_token_id, 64, "group"
+    )
+    task = {
+        "grpo": grpo.grpo_row(RolloutRows(seqs, 64, 0, False, 0, grpo.MAX_LEN)),
+        "rollouts": seqs,
+        "grpo_cases": grpo.CASES[:2],
+        "grpo_engine": grpo.CASES[0],
+    }
+    refs = {
+        case: grpo.trl_grpo(
+            seqs, tiny_model(seed=0, attn="eager"), tiny_model(seed=1, attn="eager"), *case
+        )
+        for case in grpo.CASES[:2]
+    }
+    return task, refs
+
+
 @pytest.mark.slow
-def test_dpo_sp2_packed_matches_trl(setup):
-    d, _, row, refs, shared = setup
-    torch.save({"row": row, "cases": SP2_CASES, "shared": shared}, d / "row.pt")
+def test_dpo_and_grpo_sp2_packed_match_trl_and_the_hand_reference(setup):
+    """At SP=2: DPO against TRL's DPOTrainer (its ref_model, saved as a directory for the engine's --ref_model),
+    GRPO dapo (with the KL to that model) and grpo against tests/levers/test_policy_loss.py's reference, on plain
+    HF models and through the engine (ZeRO-3)."""
+    from transformers import AutoTokenizer
+
+    d, pairs, row, refs, shared = setup
+    tok = AutoTokenizer.from_pretrained(str(d / "tok"))
+    tiny_model(seed=1).save_pretrained(d / "ref")  # TRL's ref_model above, as a HF directory
+    tok.save_pretrained(d / "ref")
+    grpo, grpo_refs = grpo_task(d, tok)
+    task = {
+        "row": row,
+        "cases": SP2_CASES,
+        "shared": shared,
+        "pairs": pairs,
+        "ref_dir": str(d / "ref"),
+    }
+    torch.save({**task, **grpo}, d / "row.pt")
     torchrun(
         2,
         ["tests/distributed/dpo_worker.py", "--row", str(d / "row.pt"), "--out", str(d / "got.pt")],
     )
-    got = torch.load(d / "got.pt")
+    got = torch.load(d / "got.pt", weights_only=False)
     for case in SP2_CASES:
         check(got[case]["loss"], got[case]["ref"], got[case]["grads"], refs[case])
     one = got["shared"]  # the shared-prompt row at SP=2 (35 tokens: one of SP padding)
     check(one["loss"], one["ref"], one["grads"], refs[CASES[0]])
-    engine, want = (
-        got["engine"],
-        refs[CASES[0]],
-    )  # through ds-longctx's engine: ZeRO-3, objective dpo
+    engine, want = got["engine"], refs[CASES[0]]  # ZeRO-3, objective dpo, --ref_model DIR
     check(engine["loss"], want["ref"], engine["grads"], want)
     for k, v in want["metrics"].items():
         assert abs(engine["metrics"][k] - v) <= TOL * max(1.0, abs(v)), (k, engine["metrics"][k], v)
+    for case in grpo["grpo_cases"]:
+        want = {"loss": grpo_refs[case][0], "grads": grpo_refs[case][1], "ref": torch.zeros(1)}
+        check(got[("grpo", *case)]["loss"], torch.zeros(1), got[("grpo", *case)]["grads"], want)
+    engine = got["grpo_engine"]  # ZeRO-3, objective grpo dapo, beta 0.04 to --ref_model DIR
+    want = grpo_refs[grpo["grpo_engine"]]
+    check(
+        engine["loss"],
+        torch.zeros(1),
+        engine["grads"],
+        {"loss": want[0], "grads": want[1], "ref": torch.zeros(1)},
+    )
+    assert engine["metrics"]["kl"] > 0 and engine["metrics"]["clip_ratio/region_mean"] == 2 / 16
 
 
 def test_shared_prompt_row_equals_the_two_pass_row(setup):

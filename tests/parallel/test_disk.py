@@ -121,3 +121,50 @@ def test_a_full_disk_reached_through_a_link_is_named_by_its_own_mount_point(tmp_
         assert said == f"no space left on {df(target)} writing {f} ({free} free)"
     finally:
         target.rmdir()
+
+
+def test_an_out_on_a_read_only_filesystem_is_called_read_only_not_a_free_space_figure(
+    tmp_path, monkeypatch, capsys
+):
+    """A read-only mount simulated (no such mount here): access(2) says EROFS for the directory and statvfs
+    reports ST_RDONLY, as the kernel does. `data prepare --out` and `export --out` below it are refused naming
+    the directory as read-only, no free space named, nothing made; a writable twin is not."""
+    from ds_longctx import cli
+    from ds_longctx.checkpoint.export import CheckpointError, check_out
+
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    real_access, real_statvfs = os.access, os.statvfs
+
+    def access(path, mode, **kw):
+        if Path(path) == ro and mode & os.W_OK:
+            return False  # EROFS
+        return real_access(path, mode, **kw)
+
+    def statvfs(path):
+        st = real_statvfs(path)
+        if Path(path) != ro:
+            return st
+        return os.statvfs_result((*st[:8], st.f_flag | os.ST_RDONLY, st.f_namemax))
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    assert disk.read_only(ro) and not disk.read_only(rw)
+    assert disk.unwritable(ro / "a" / "b") == f"{ro} is on a read-only filesystem"
+    assert disk.unwritable(rw / "a") is None
+    out = ro / "new" / "corpus"
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["data", "prepare", "--stdlib", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.strip().splitlines() == [
+        f"refused: --out {str(out)!r} cannot be written: {ro} is on a read-only filesystem; "
+        f"choose a writable --out"
+    ], err
+    with pytest.raises(CheckpointError) as refused:
+        check_out(str(ro / "hf"))
+    assert str(refused.value) == (
+        f"export: --out {str(ro / 'hf')!r} cannot be written ({ro} is on a read-only "
+        f"filesystem); choose a writable --out"
+    )
+    assert not any(ro.iterdir()) and "free" not in err + str(refused.value)

@@ -375,7 +375,7 @@ def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatc
 
     cfg, _ = rehearse.rehearsal_config(["--config", str(write_config(tmp_path))])
     need = world.planned(cfg, 8, 1).gpu_peak_bytes
-    a = argparse.Namespace(cpu=False, config="run.yaml")
+    a = argparse.Namespace(cpu=False, config="run.yaml", completion_len=None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     problems = []
     for total in (need - 1e8, need + 1e8):

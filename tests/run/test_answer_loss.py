@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.data.test_agent_sessions import ONLY
+from tests.corpora.test_agent_sessions import ONLY
 from tests.helpers import tiny_config
 
 
@@ -14,7 +14,7 @@ from tests.helpers import tiny_config
 def sessions(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from ds_longctx.data.prepare import main
+    from ds_longctx.corpora.prepare import main
 
     out = tmp_path_factory.mktemp("answers") / "s"
     assert (
@@ -84,8 +84,8 @@ def test_spans_cover_the_quoted_values_and_losses_match_plain_cross_entropy(sess
 
 
 def test_bucket_lines_count_the_meta_distances(sessions, model, tmp_path):
-    from ds_longctx.data.answer_spans import BUCKETS
-    from ds_longctx.data.session_card import bucket_counts
+    from ds_longctx.corpora.answer_spans import BUCKETS
+    from ds_longctx.corpora.session_card import bucket_counts
     from ds_longctx.run.answer_loss import answer_loss, hf_losses, read_sessions, session_spans
 
     d, tok = sessions
@@ -129,7 +129,7 @@ def test_answer_lines_are_the_answers_the_bucket_lines_average(sessions, model):
 
 def test_without_evidence_blanks_exactly_each_answers_evidence(sessions):
     """The control's sessions: every answer's evidence characters turned to spaces (newlines kept), nothing else."""
-    from ds_longctx.data.answer_spans import without_evidence
+    from ds_longctx.corpora.answer_spans import without_evidence
     from ds_longctx.run.answer_loss import read_sessions
 
     d, _ = sessions
@@ -158,7 +158,7 @@ def test_the_control_scores_each_answer_on_its_session_without_evidence(sessions
     import torch
     import torch.nn.functional as F
 
-    from ds_longctx.data.answer_spans import without_evidence
+    from ds_longctx.corpora.answer_spans import without_evidence
     from ds_longctx.run.answer_loss import (
         answer_loss_both,
         control_spans,

@@ -4,6 +4,7 @@ checkpoint, settings that differ from the run's, a run with nothing left to trai
 checkpoints that would not fit the disk. Cases that need a real multi-process checkpoint are in
 tests/distributed/test_resume.py."""
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -368,6 +369,52 @@ def test_export_refusals(tmp_path):
     ):
         export(str(tmp_path / "run"), str(tmp_path / "busy"))
     assert not (tmp_path / "hf").exists() and os.listdir(tmp_path / "busy") == ["x"]
+
+
+@pytest.mark.parametrize("moment", ["config", "files"])
+def test_an_export_whose_tag_is_pruned_while_it_reads_names_the_kept_tags(
+    tmp_path, monkeypatch, moment
+):
+    """A running train prunes the tag export reads (its directory removed as save._prune does), at the config
+    read or at the files' check: one line naming the tag and the tags still there, exit 2, nothing at --out."""
+    import shutil
+
+    import transformers
+
+    from ds_longctx.checkpoint import export as ex
+
+    old = fake_checkpoint(tmp_path / "run", step=3)
+    fake_checkpoint(tmp_path / "run", step=5)
+    real_config, real_problem = transformers.AutoConfig.from_pretrained, ex.files.problem
+
+    def prune():
+        shutil.rmtree(old)
+
+    def config(path, **kw):
+        if moment == "config":
+            prune()
+            return real_config(path, **kw)
+        return transformers.Qwen3Config()
+
+    def problem(tag_dir, meta, *a, **kw):
+        prune()
+        return real_problem(tag_dir, meta, *a, **kw)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", config)
+    monkeypatch.setattr(ex.files, "problem", problem)
+    err = tmp_path / "err.txt"
+    with open(err, "w") as f, contextlib.redirect_stderr(f):
+        code = ex.main(
+            ["--checkpoint", str(tmp_path / "run"), "--tag", "step3", "--out", str(tmp_path / "hf")]
+        )
+    lines = err.read_text().splitlines()
+    root = ckpt_root(tmp_path / "run")
+    assert code == 2 and lines == [
+        f"export refused: export: checkpoint 'step3' in {str(root)!r} was removed while export read it "
+        f"(2 of its 2 files gone: a run writing there keeps only its newest keep_checkpoints tags); export "
+        f"the latest (now 'step5', --tag left out) or a kept tag (step5), or export once that run has ended"
+    ], lines
+    assert not (tmp_path / "hf").exists()
 
 
 def test_eval_out_never_appends_to_a_users_own_metrics(tmp_path):

@@ -79,3 +79,40 @@ def test_a_missing_reporter_is_named_before_anything_is_written(tmp_path, monkey
 )
 def test_an_older_files_tensorboard_key_reads_as_report_to(old, want):
     assert RunConfig(**old).logging.report_to == want
+
+
+def test_wandb_online_with_its_host_unreachable_is_refused_in_one_line_within_seconds(monkeypatch):
+    """WANDB_MODE=online and a W&B host that answers no connect (a local port nobody listens on): refused in
+    one line naming the host and WANDB_MODE=offline, in seconds; offline needs no probe, and a host that answers
+    passes."""
+    import socket
+    import time
+
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())  # wandb "installed"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as e:
+        metrics_log.check_reporter("wandb")
+    assert time.monotonic() - t0 < metrics_log.PROBE_S + 2
+    assert str(e.value).startswith(
+        f"report_to=wandb with WANDB_MODE=online: the W&B host 127.0.0.1:{port} cannot be reached ("
+    ) and str(e.value).endswith(
+        "); set WANDB_MODE=offline (`wandb sync` uploads the run later), or report_to: none"
+    )
+    assert "\n" not in str(e.value)
+    for mode in ("offline", "disabled"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        metrics_log.check_reporter("wandb")
+    monkeypatch.delenv("WANDB_MODE")  # unset: the run sets offline
+    metrics_log.check_reporter("wandb")
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        monkeypatch.setenv("WANDB_MODE", "online")
+        metrics_log.check_reporter("wandb")

@@ -1,11 +1,13 @@
 """`ds-longctx train --objective dpo` end to end (SP=2, ZeRO-3, shared-prompt rows): the reference pass over the
 starting weights stored in output_dir with the log-probs of a plain HF forward of each sequence alone, step 1 at log 2
-(policy = reference), the rewards in metrics.jsonl; a resume reads the stored pass back; bad pairs and grpo refused
+(policy = reference), the rewards in metrics.jsonl; a resume reads the stored pass back (refusing other data or another
+reference); bad pairs and rollouts refused
 with exit 2. The step's loss, gradients and rewards against TRL's DPOTrainer, at SP=2 through the engine too:
 tests/levers/test_preference.py."""
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -111,10 +113,12 @@ class Rows:
 
 
 def test_resume_reads_the_stored_reference_and_refuses_another(tmp_path):
+    from ds_longctx.run.ref_weights import signature_json
+
     with pytest.raises(ValueError, match=f"{REF_FILE} is missing"):
         reference_logps(None, Rows(2), tmp_path, fresh=False)
     logps = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
-    torch.save(
+    torch.save(  # as stored before ref_model existed: no reference named
         {"logps": logps, "signature": json.dumps(Rows(2).signature(), sort_keys=True)},
         tmp_path / REF_FILE,
     )
@@ -123,13 +127,29 @@ def test_resume_reads_the_stored_reference_and_refuses_another(tmp_path):
     assert torch.equal(rows.ref, logps)
     with pytest.raises(ValueError, match="reference log-probs of other data"):
         reference_logps(None, Rows(3), tmp_path, fresh=False)
+    ref = tmp_path / "ref"
+    tiny_model(seed=1).save_pretrained(ref)
+    with pytest.raises(ValueError, match="of another reference"):
+        reference_logps(None, Rows(2), tmp_path, fresh=False, ref_model=str(ref))
+    torch.save(
+        {"logps": logps, "signature": signature_json(Rows(2).signature(), str(ref))},
+        tmp_path / REF_FILE,
+    )
+    reference_logps(None, Rows(2), tmp_path, fresh=False, ref_model=str(ref))
+    with pytest.raises(ValueError, match="of another reference"):
+        reference_logps(None, Rows(2), tmp_path, fresh=False)
+    tiny_model(seed=2).save_pretrained(ref)  # same path and shapes, other weights
+    with pytest.raises(ValueError, match="of another reference"):
+        reference_logps(None, Rows(2), tmp_path, fresh=False, ref_model=str(ref))
 
 
-@pytest.mark.parametrize("case", ["no_rejected", "grpo"])
-def test_bad_dpo_input_exits_2_naming_file_and_line(files, case):
+@pytest.mark.parametrize("case", ["no_rejected", "grpo_advantage"])
+def test_bad_dpo_and_grpo_input_exits_2_naming_file_and_line(files, case):
     d, tok, _ = files
-    if case == "grpo":
-        data, says = str(d / "pairs.jsonl"), "objective=grpo is not built yet"
+    if case == "grpo_advantage":
+        row = {"prompt": "w1", "completion": " w2", "advantage": "high"}
+        data = write_pairs(d / "bad_rollouts.jsonl", [{**row, "advantage": 1.0}, row])
+        says = f"data file {data!r} line 2: advantage='high' is not a finite number"
     else:
         data = write_pairs(d / "bad.jsonl", PAIRS[:1] + [{"prompt": "w1", "chosen": "w2"}])
         says = f"data file {data!r} line 2: no 'rejected' key"
@@ -142,7 +162,7 @@ def test_bad_dpo_input_exits_2_naming_file_and_line(files, case):
             "1",
             "--output_dir",
             str(d / f"out_{case}"),
-            objective="grpo" if case == "grpo" else "dpo",
+            objective="grpo" if case.startswith("grpo") else "dpo",
         ),
         timeout=120,
     )
@@ -177,18 +197,65 @@ def test_dpo_models_not_built_are_refused_before_the_engine(files, model, says):
 @pytest.mark.parametrize(
     "kw, says",
     [
-        ({"objective": "grpo"}, "objective=grpo is not built yet"),
-        ({"ref_model": "ref/"}, "a reference other than the starting weights is not built yet"),
-        ({"eval_data": "synthetic"}, "a held-out evaluation of preference pairs is not built yet"),
+        ({"loss_type": "dapo"}, "loss_type='dapo' is not a dpo loss"),
+        ({"objective": "grpo", "loss_type": "ipo"}, "loss_type='ipo' is not a grpo loss"),
+        ({"objective": "grpo", "ref_model": "ref/"}, "with beta 0: grpo reads a reference only"),
+        (
+            {"objective": "sft", "ref_model": "r/", "data": "synthetic"},
+            "ref_model applies to objective dpo or grpo",
+        ),
+        ({"beta": 0}, "objective=dpo takes beta > 0"),
+        ({"eval_data": "synthetic"}, "a held-out evaluation is not built for it yet"),
         ({"micro_batch": 2}, "takes micro_batch=1"),
-        ({"data": "synthetic"}, "objective=dpo trains on preference pairs"),
+        (
+            {"data": "synthetic"},
+            "objective=dpo trains on a .jsonl file of prompt, chosen and rejected",
+        ),
     ],
-    ids=["grpo", "ref_model", "eval_data", "micro_batch", "synthetic"],
+    ids=[
+        "dpo_loss",
+        "grpo_loss",
+        "grpo_ref_beta0",
+        "sft_ref_model",
+        "dpo_beta0",
+        "eval",
+        "micro",
+        "synth",
+    ],
 )
 def test_objective_keys_refused_with_the_rest_of_the_config(kw, says):
     from pydantic import ValidationError
 
     from ds_longctx.config import RunConfig
 
-    with pytest.raises(ValidationError, match=says):
+    with pytest.raises(ValidationError, match=re.escape(says)):
         RunConfig(**{"objective": "dpo", "data": "pairs.jsonl", **kw})
+
+
+def test_a_reference_of_another_vocabulary_or_shape_is_refused_naming_both(tmp_path, files):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.run.ref_weights import ref_model_problem
+    from tests.helpers import tiny_config
+
+    _, tok, data = files
+    policy = tiny_config()
+    ref = tmp_path / "ref"
+    other = tiny_config()
+    other.vocab_size = 256
+    other.save_pretrained(ref)
+    (ref / "model.safetensors").write_bytes(b"")  # present: the check reads configs, never weights
+    cfg = RunConfig(objective="dpo", data=data, tokenizer=tok, ref_model=str(ref))
+    why = ref_model_problem(cfg, policy)
+    assert (
+        f"ref_model={str(ref)!r} differs from model='qwen3-tiny': vocab_size 256 (the policy's 512)"
+        in why
+    )
+    policy.save_pretrained(ref)
+    make_tokenizer(ref, n_words=31)  # one more word than the run's tokenizer
+    why = ref_model_problem(cfg, policy)
+    assert why == (
+        f"ref_model={str(ref)!r} holds a tokenizer whose vocabulary differs from tokenizer={tok!r}; give a "
+        f"reference trained with the policy's tokenizer"
+    )
+    make_tokenizer(ref, n_words=30)
+    assert ref_model_problem(cfg, policy) is None

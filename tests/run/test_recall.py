@@ -35,8 +35,8 @@ def short(tmp_path_factory):
     """(sessions directory, its tokenizer, a short session: one read, one question, an answer quoting VALUE)."""
     from argparse import Namespace
 
-    from ds_longctx.data.agent_sessions import session_tokenizer, stdlib_source
-    from ds_longctx.data.session_chat import tool_call
+    from ds_longctx.corpora.agent_sessions import session_tokenizer, stdlib_source
+    from ds_longctx.corpora.session_chat import tool_call
 
     files, _ = stdlib_source({"colorsys", "bisect"})
     tok = session_tokenizer(files, Namespace(tokenizer=None, corpus=None, vocab_size=512))

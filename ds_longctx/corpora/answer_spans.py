@@ -5,14 +5,14 @@ bucket (run/answer_loss.py measures the loss there).
     spans[k] = {"message", "kind", "distance_tokens", "bucket", "tokens": [a, b]}
     row = without_evidence(row)           # the same session, every answer's evidence blanked (the control)
 
-Span and bucket rules: docs/design/data.md."""
+Span and bucket rules: docs/design/corpora.md."""
 
 from __future__ import annotations
 
 import re
 
-from ds_longctx.data.session_card import DISTANCE_EDGES, bucket_index, size_name
-from ds_longctx.data.session_chat import Renderer, token_at
+from ds_longctx.corpora.session_card import DISTANCE_EDGES, bucket_index, size_name
+from ds_longctx.corpora.session_chat import Renderer, token_at
 
 BUCKETS = [f"{size_name(a)}-{size_name(b)}" for a, b in zip(DISTANCE_EDGES, DISTANCE_EDGES[1:])] + [
     f"{size_name(DISTANCE_EDGES[-1])}+"

@@ -6,9 +6,9 @@
                                                      [--vocab_size 32000 | --corpus CORPUS_DIR]
                                                      [--tokenizer MODEL_DIR] [--only json,...]
 
---stdlib: the Python standard library as documents (data/stdlib_corpus.py). --sessions: N long agent sessions (16
+--stdlib: the Python standard library as documents (corpora/stdlib_corpus.py). --sessions: N long agent sessions (16
 without N) whose tool results are the library's files and whose answers quote facts read far back
-(data/agent_sessions.py). A source takes its own options only; every bad value is refused (DataError: exit 2 through
+(corpora/agent_sessions.py). A source takes its own options only; every bad value is refused (DataError: exit 2 through
 the CLI, one line naming the value and the fix) before any file is read (an --only name that is no document: once the
 file names are listed).
 """
@@ -155,7 +155,7 @@ def main(argv: list) -> int:
     """`ds-longctx data prepare ...`: 0 when written; a DataError (exit 2 through the CLI) on bad input."""
     args = resolve(parser().parse_args(argv))
     if args.stdlib:
-        from ds_longctx.data.stdlib_corpus import prepare
+        from ds_longctx.corpora.stdlib_corpus import prepare
 
         c = prepare(args)
         print(
@@ -165,7 +165,7 @@ def main(argv: list) -> int:
             f"{args.out}/data_card.md"
         )
         return 0
-    from ds_longctx.data.agent_sessions import prepare_sessions
+    from ds_longctx.corpora.agent_sessions import prepare_sessions
 
     c, seconds = prepare_sessions(args)
     t = c["tokens"]

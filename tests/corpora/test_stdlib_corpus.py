@@ -23,7 +23,7 @@ ONLY = [
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from ds_longctx.data.prepare import main
+    from ds_longctx.corpora.prepare import main
 
     out = tmp_path_factory.mktemp("stdlib") / "corpus"
     assert (
@@ -227,7 +227,7 @@ def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(
     import errno
     import os
 
-    from ds_longctx.data import corpus_write
+    from ds_longctx.corpora import corpus_write
     from ds_longctx.parallel.disk import make_partial, mount_point
 
     out = tmp_path / "corpus"
@@ -270,7 +270,7 @@ def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(
 @pytest.mark.parametrize("vocab", ["1000000000", "10"])
 def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp_path, vocab):
     """Past MAX_VOCAB the tokenizers trainer aborts the process (Rust); under 256 a byte-level BPE has no room."""
-    from ds_longctx.data.prepare import main
+    from ds_longctx.corpora.prepare import main
     from ds_longctx.data.scan import DataError
 
     with pytest.raises(DataError, match=rf"^--vocab_size {vocab}: give 256 to 1,048,576 ids"):

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ds_longctx.data.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
+from ds_longctx.corpora.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
 from ds_longctx.data.scan import DataError
 
 SPECIALS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "bos_token": "<|bos|>"}

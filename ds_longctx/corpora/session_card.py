@@ -16,10 +16,10 @@ import json
 import platform
 from statistics import median_high
 
-from ds_longctx.data.code_facts import KINDS
-from ds_longctx.data.session_builder import FINAL_QUESTIONS, MIN_DISTANCE, margin
-from ds_longctx.data.session_chat import CHAT_SPECIALS, TOOLS
-from ds_longctx.data.stdlib_corpus import SPECIALS
+from ds_longctx.corpora.code_facts import KINDS
+from ds_longctx.corpora.session_builder import FINAL_QUESTIONS, MIN_DISTANCE, margin
+from ds_longctx.corpora.session_chat import CHAT_SPECIALS, TOOLS
+from ds_longctx.corpora.stdlib_corpus import SPECIALS
 from ds_longctx.data.tokenize_check import untrained_windows
 
 DISTANCE_EDGES = [0] + [

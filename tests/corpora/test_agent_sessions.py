@@ -25,7 +25,7 @@ ROOT = Path(sysconfig.get_paths()["stdlib"])
 
 def prepare(out: Path, *extra) -> Path:
     """Sessions of SMALL (a 512-id BPE, or a corpus's tokenizer) into `out`."""
-    from ds_longctx.data.prepare import main
+    from ds_longctx.corpora.prepare import main
 
     vocab = [] if "--corpus" in extra or "--tokenizer" in extra else ["--vocab_size", "512"]
     assert main(["prepare", "--out", str(out), *SMALL, *vocab, *extra]) == 0
@@ -265,7 +265,7 @@ def test_the_card_counts_the_windows_that_train_nothing(sessions, tok, tmp_path,
 def test_sessions_of_a_prepared_corpus_read_its_files_with_its_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from ds_longctx.data.prepare import main
+    from ds_longctx.corpora.prepare import main
 
     corpus = tmp_path / "corpus"
     assert (
@@ -361,8 +361,8 @@ def test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids(sessions, tmp
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from ds_longctx import cli
-    from ds_longctx.data.session_chat import CHAT_TEMPLATE
-    from ds_longctx.data.stdlib_corpus import train_tokenizer
+    from ds_longctx.corpora.session_chat import CHAT_TEMPLATE
+    from ds_longctx.corpora.stdlib_corpus import train_tokenizer
 
     out = prepare(tmp_path / "again", "--tokenizer", str(sessions / "tokenizer"))
     assert (out / "train.jsonl").read_bytes() == (sessions / "train.jsonl").read_bytes()

@@ -7,7 +7,7 @@ answers sit far back in the session.
 
 DIR gets train.jsonl, tokenizer/ and the data card, written all or nothing
 (corpus_write.write_corpus). The same files, options and seed give the same bytes. Files, tokenizers
-and refusals: docs/design/data.md."""
+and refusals: docs/design/corpora.md."""
 
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ds_longctx.data.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
+from ds_longctx.corpora.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
+from ds_longctx.corpora.session_builder import SessionMaker, SourceFile, lowest_max
+from ds_longctx.corpora.session_card import card_files, session_card
+from ds_longctx.corpora.session_chat import CHAT_SPECIALS, CHAT_TEMPLATE, Renderer
+from ds_longctx.corpora.stdlib_corpus import SPECIALS, document_of, read_files, train_tokenizer
 from ds_longctx.data.scan import DataError
-from ds_longctx.data.session_builder import SessionMaker, SourceFile, lowest_max
-from ds_longctx.data.session_card import card_files, session_card
-from ds_longctx.data.session_chat import CHAT_SPECIALS, CHAT_TEMPLATE, Renderer
-from ds_longctx.data.stdlib_corpus import SPECIALS, document_of, read_files, train_tokenizer
 from ds_longctx.parallel.disk import free_bytes, size_text
 
 MIN_TOKENS = 2048  # the shortest session asked for, at least

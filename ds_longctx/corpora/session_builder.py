@@ -1,13 +1,13 @@
 """One long agent session over a corpus of real files, built to a length in tokens
-(data/agent_sessions.py writes them).
+(corpora/agent_sessions.py writes them).
 
     maker = SessionMaker(files, Renderer(tok), min_tokens, max_tokens)
     row = maker.build(index, seed)      # {"name", "tools", "messages", "meta"}: the same row for the same (index, seed)
 
 The assistant reads files through tools and answers questions about files read far back
-(data/code_facts.py). Every session has between min_tokens and max_tokens tokens; a corpus that
+(corpora/code_facts.py). Every session has between min_tokens and max_tokens tokens; a corpus that
 cannot fill one is refused, nothing is cut. Length, question and `meta["answers"]` rules:
-docs/design/data.md."""
+docs/design/corpora.md."""
 
 from __future__ import annotations
 
@@ -16,9 +16,16 @@ import random
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from ds_longctx.data.code_facts import KINDS, facts_of
+from ds_longctx.corpora.code_facts import KINDS, facts_of
+from ds_longctx.corpora.session_chat import (
+    SYSTEM,
+    TOOLS,
+    Renderer,
+    token_at,
+    tool_call,
+    trained_run,
+)
 from ds_longctx.data.scan import DataError
-from ds_longctx.data.session_chat import SYSTEM, TOOLS, Renderer, token_at, tool_call, trained_run
 
 FINAL_QUESTIONS = 3
 QA_BUDGET = 256  # tokens of a question and its answer, at most

@@ -1,0 +1,264 @@
+"""The disk tier: `disk` layers keep their checkpointed input in a scratch file under memory.nvme_path.
+
+    fn = disk_checkpoint_function(layer_index, nvme_path)   # placement_apply gives it to the layer
+    disk_tier().close()                                     # remove the scratch directory (also at exit)
+
+After a layer's forward its input is copied into a pinned bounce buffer and written by one background thread
+(O_DIRECT where the filesystem allows, else a plain write, said once); before its backward it is read back
+and its file removed, and the next layer down is read ahead. The recompute is the pinned pool's
+(offload.store_checkpoint_function), so the results are bit-identical.
+Design notes: docs/design/levers.md, section `disk_tier.py`.
+"""
+
+from __future__ import annotations
+
+# torch is imported lazily: config/ and plan/ import this package without it.
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Optional
+
+from ds_longctx.levers.offload import store_checkpoint_function
+from ds_longctx.parallel import parallel_state
+from ds_longctx.parallel.direct_io import ALIGN, DirectFile
+from ds_longctx.parallel.disk import describe_os_error, user_path
+
+log = logging.getLogger("ds_longctx")
+# the run's own directory under nvme_path (the only one it removes)
+SCRATCH_PREFIX = "ds_longctx-disk-"
+SWAP_PREFIX = "ds_longctx-zero-"  # ... and ZeRO-Infinity's (private_swap_dirs)
+
+
+class DiskTierError(RuntimeError):
+    """A disk-tier write or read failed: the message is one line naming the path and the fix."""
+
+
+class DiskTier:
+    """One process's scratch files, bounce buffers and I/O thread (writes and reads run in order on it)."""
+
+    def __init__(self, nvme_path: str):
+        self.root = user_path(nvme_path)
+        self.dir: Optional[str] = None  # made on the first write (tempfile.mkdtemp: ours alone)
+        self.direct: Optional[bool] = None  # O_DIRECT on the last file (None: nothing written yet)
+        self.bytes_written = 0
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds_longctx-disk")
+        # the last write: the write buffer is busy until it ends
+        self._write: Optional[Future] = None
+        self._reads: dict = {}  # key -> its read-ahead into the read buffer
+        self._bufs: dict = {}  # "w" / "r" -> an ALIGN-aligned uint8 tensor (pinned on CUDA)
+        self._order: list = []  # keys in the order their last write came
+        self._sizes: dict = {}  # key -> bytes of its last write
+        self._said_buffered = self._said_where = False
+
+    # ---------------------------------------------------------------- the store (offload.store_checkpoint_function)
+    def put(self, key, hidden) -> tuple:
+        """Start writing `hidden` (one layer's input) to its file; returns the handle `get` takes."""
+        import torch
+
+        nbytes = hidden.numel() * hidden.element_size()
+        self._wait(self._write)
+        buf = self._buffer("w", nbytes, hidden.is_cuda)
+        buf[:nbytes].copy_(
+            hidden.detach().reshape(-1).view(torch.uint8), non_blocking=hidden.is_cuda
+        )
+        event = None
+        if hidden.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        if key in self._order:
+            self._order.remove(key)
+        self._order.append(key)
+        self._sizes[key] = nbytes
+        self._write = self._io.submit(self._write_file, self._path(key), buf, nbytes, event)
+        return key, tuple(hidden.shape), hidden.dtype, hidden.device, nbytes
+
+    def get(self, handle):
+        """The input `put` wrote, back on its device; then the next layer down is read ahead."""
+        import torch
+
+        key, shape, dtype, device, nbytes = handle
+        read = self._reads.pop(key, None)
+        if read is None:  # not read ahead: the buffer is ours once the pending reads are done
+            for other in self._reads.values():
+                self._wait(other)
+            self._reads.clear()
+            read = self._read(key, nbytes, device.type == "cuda")
+        self._wait(read)
+        out = torch.empty(shape, dtype=dtype, device=device)
+        # synchronous: the read buffer is free again after it
+        out.reshape(-1).view(torch.uint8).copy_(self._bufs["r"][:nbytes])
+        at = self._order.index(key) if key in self._order else 0
+        if at > 0:
+            below = self._order[at - 1]
+            self._reads[below] = self._read(below, self._sizes[below], device.type == "cuda")
+        return out
+
+    # ---------------------------------------------------------------- files and buffers
+    def _read(self, key, nbytes: int, pin: bool) -> Future:
+        buf = self._buffer("r", nbytes, pin)
+        return self._io.submit(self._read_file, self._path(key), buf, nbytes)
+
+    def _path(self, key) -> str:
+        if self.dir is None:
+            os.makedirs(self.root, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.root)
+            if not self._said_where:  # the directory is made again each step: said once
+                self._said_where = True
+                _on_exit(self.close)
+                log.info(
+                    "disk tier: disk layers' checkpoints in %s (each file removed once read)",
+                    self.dir,
+                )
+        return os.path.join(self.dir, f"layer{key}.bin")
+
+    def _buffer(self, which: str, nbytes: int, pin: bool):
+        """The bounce buffer `which`, at least `nbytes` (rounded up to ALIGN), its start ALIGN-aligned."""
+        import torch
+
+        buf = self._bufs.get(which)
+        need = -(-nbytes // ALIGN) * ALIGN
+        if buf is None or buf.numel() < need:
+            if which == "r":
+                for read in self._reads.values():
+                    self._wait(read)
+                self._reads.clear()
+            raw = torch.empty(need + ALIGN, dtype=torch.uint8, pin_memory=pin)
+            skip = -raw.data_ptr() % ALIGN
+            self._bufs[which] = buf = raw[skip : skip + need]
+        return buf
+
+    def _write_file(self, path: str, buf, nbytes: int, event) -> None:
+        if event is not None:
+            event.synchronize()
+        try:
+            f = DirectFile(path)
+            try:
+                f.write_from(buf.numpy(), nbytes)
+            finally:
+                f.close()
+        except OSError as e:
+            e.filename, e.needed = e.filename or path, nbytes
+            raise
+        self._note_direct(f.direct, path)
+        self.bytes_written += nbytes
+
+    def _read_file(self, path: str, buf, nbytes: int) -> None:
+        """Read `path` back and remove it (each checkpoint is read once); the scratch directory goes with its last
+        file, so between steps nothing of the run is on disk."""
+        f = DirectFile(path, direct=bool(self.direct), create=False)
+        try:
+            f.read_into(buf.numpy(), nbytes)
+        finally:
+            f.close()
+        os.unlink(path)
+        if self.dir is not None and not os.listdir(self.dir):
+            os.rmdir(self.dir)
+            self.dir = None
+
+    def _note_direct(self, direct: bool, path: str) -> None:
+        self.direct = direct
+        if not direct and not self._said_buffered:
+            self._said_buffered = True
+            log.warning(
+                "disk tier: %s takes no O_DIRECT; writing through the page cache instead (same data, "
+                "host memory may grow)",
+                os.path.dirname(path),
+            )
+
+    def _wait(self, job: Optional[Future]) -> None:
+        """Wait for `job`; its OSError becomes one line naming the path and the fix (DiskTierError)."""
+        if job is None:
+            return
+        try:
+            job.result()
+        except OSError as e:
+            where = e.filename or self.dir or self.root
+            raise DiskTierError(
+                f"disk tier: {describe_os_error(e, where, getattr(e, 'needed', None))}; free space under {self.root} or lower "
+                f"memory.nvme_gb and plan again (ds-longctx plan --nvme_gb)"
+            ) from None
+
+    def close(self) -> None:
+        """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself stays)."""
+        self._io.shutdown(wait=True, cancel_futures=True)
+        if self.dir is not None and os.path.isdir(self.dir):
+            for key in self._order:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, f"layer{key}.bin"))
+            with contextlib.suppress(OSError):  # holds a file it did not write: left as it is
+                os.rmdir(self.dir)
+        self.dir = None
+
+
+_TIERS: dict = {}  # nvme_path -> this process's DiskTier
+
+
+def disk_tier(nvme_path: Optional[str] = None) -> DiskTier:
+    """This process's tier for `nvme_path` (made on first use); without a path, the one there is."""
+    if nvme_path is None:
+        return next(iter(_TIERS.values()))
+    if nvme_path not in _TIERS:
+        _TIERS[nvme_path] = DiskTier(nvme_path)
+    return _TIERS[nvme_path]
+
+
+def close_all() -> None:
+    """Close every tier of this process (tests; atexit does it at the end)."""
+    for tier in list(_TIERS.values()):
+        tier.close()
+    _TIERS.clear()
+
+
+def disk_checkpoint_function(layer_index: int, nvme_path: str) -> Callable:
+    """The `_gradient_checkpointing_func` of a `disk` layer (placement_apply.apply_placement sets it)."""
+    checkpoint = store_checkpoint_function(disk_tier(nvme_path), layer_index)
+    # placement_apply.applied_placement reads a layer's place back by this
+    checkpoint.disk_tier = True
+    return checkpoint
+
+
+def private_swap_dirs(ds_config: dict) -> dict:
+    """`ds_config` with ZeRO-Infinity's nvme_path (offload_optimizer / offload_param: nvme) moved into a directory this
+    process makes under it, removed at exit: DeepSpeed empties its swap folder at start, and so touches only ours."""
+    zero = ds_config.get("zero_optimization", {})
+    blocks = [zero.get(k) for k in ("offload_optimizer", "offload_param")]
+    blocks = [b for b in blocks if b and b.get("device") == "nvme"]
+    if not blocks:
+        return ds_config
+    root = user_path(blocks[0]["nvme_path"])
+    os.makedirs(root, exist_ok=True)
+    made = tempfile.mkdtemp(prefix=SWAP_PREFIX, dir=root)
+    for block in blocks:
+        block["nvme_path"] = made
+
+    def remove():
+        shutil.rmtree(made, ignore_errors=True)
+
+    _on_exit(remove)
+    log.info("ZeRO-Infinity swap files in %s (removed at exit)", made)
+    return ds_config
+
+
+def _on_exit(close: Callable) -> None:
+    """Run `close` at exit, in `parallel_state.leave` and on SIGTERM / SIGINT / SIGHUP where nothing else handles
+    them."""
+    atexit.register(close)
+    parallel_state.AT_LEAVE.append(close)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _close_and_reraise)
+        except ValueError:  # not the main thread: atexit alone
+            pass
+
+
+def _close_and_reraise(signum, frame) -> None:
+    for close in parallel_state.AT_LEAVE:
+        close()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
