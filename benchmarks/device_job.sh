@@ -24,6 +24,7 @@
 #                    its plan finds for 1 x 141 GB + 128 GB host, 1 step, the allocator recorded
 #                    (memory/rank0_peak.txt: what holds the peak, by the line that allocated it)
 #   attn:S,..:H:KV   benchmarks/bench_attention.py at those lengths with H q / KV kv heads a rank (attn/)
+#   disk_tier        issue 58: benchmarks/disk_tier.sh (Qwen3-8B, the disk plan's longest length, 1 step)
 #   gpu_tests        pytest tests/gpu, whole (about 15 min on one H200)
 #   gpu_some         pytest tests/gpu -k "$K" (default: the placement budget path: a world of one rehearsed against
 #                    its real run; every lever against plain HF; FA4's kernel pair at head_dim 256, Qwen3.5's full
@@ -78,6 +79,8 @@ PY
       attn:*:*:*) IFS=: read -r _ lens h kv <<< "$s"  # kernel rates at one Ulysses shape (q / kv heads a rank)
                   step "attn_${h}_$kv" 600 python benchmarks/bench_attention.py --seq_lens "$lens" \
                     --heads "$h" --kv_heads "$kv" --out "$RES/attn" ;;
+      disk_tier) step disk_tier 1200 env RES="$RES/disk_tier" NVME_PATH=/tmp/ds_longctx_nvme NVME_GB=50 \
+                   bash benchmarks/disk_tier.sh ;;
       gpu_tests) step gpu_tests 1500 python -m pytest -q -p no:cacheprovider --durations=15 tests/gpu ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
                   -k "${K:-$GPU_SOME}" ;;
