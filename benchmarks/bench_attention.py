@@ -1,14 +1,15 @@
-"""Attention kernels at Ulysses shapes: forward and backward TFLOP/s of each backend's kernel pair (one GPU).
+"""Attention kernels at Ulysses shapes: forward and backward TFLOP/s of each backend's kernel pair
+(one GPU).
 
     python benchmarks/bench_attention.py --seq_lens 131072,524288 --heads 16 --kv_heads 4 --out $OUT
 
-Shapes: what one GPU runs for Qwen3-8B under SP=2 (32 q / 8 kv heads split over 2 ranks: 16 / 4), head_dim 128,
-causal, bf16, one sequence of S tokens. FLOPs: causal forward 2·S²·h·d (half of 4·S²·h·d), backward 2.5× that.
-Backends: cuDNN SDPA (`F.scaled_dot_product_attention` pinned to cuDNN, `enable_gqa`) and FlashAttention 4 (the
-kernel pair parallel/attention.py runs), each timed with CUDA events (median of `--reps` after a warm-up),
-forward alone and backward alone (backward from saved forward outputs). The outputs are compared with each
-other (max |diff|, bf16). Appends one JSON line per (backend, S) to `<out>/attention_<date>.jsonl` and prints a
-table.
+Shapes: what one GPU runs for Qwen3-8B under SP=2 (32 q / 8 kv heads split over 2 ranks: 16 / 4),
+head_dim 128, causal, bf16, one sequence of S tokens. FLOPs: causal forward 2·S²·h·d (half of
+4·S²·h·d), backward 2.5× that. Backends: cuDNN SDPA (`F.scaled_dot_product_attention` pinned to
+cuDNN, `enable_gqa`) and FlashAttention 4 (the kernel pair parallel/attention.py runs), each timed
+with CUDA events (median of `--reps` after a warm-up), forward alone and backward alone (backward
+from saved forward outputs). The outputs are compared with each other (max |diff|, bf16). Appends
+one JSON line per (backend, S) to `<out>/attention_<date>.jsonl` and prints a table.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def timed(fn, reps: int) -> float:
 
 
 def at_length(S: int, h: int, hk: int, d: int, reps: int) -> list:
-    """One row per backend at sequence length S: forward and backward ms (and, with both backends, their outputs'
-    largest difference)."""
+    """One row per backend at sequence length S: forward and backward ms (and, with both backends,
+    their outputs' largest difference)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -134,7 +135,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"attention_{meta['date']}.jsonl"
     lines = [
-        f"{'backend':<12}{'seq_len':>10}{'fwd ms':>10}{'fwd TF/s':>10}{'bwd ms':>10}{'bwd TF/s':>10}"
+        f"{'backend':<12}{'seq_len':>10}{'fwd ms':>10}"
+        f"{'fwd TF/s':>10}{'bwd ms':>10}{'bwd TF/s':>10}"
     ]
     with path.open("a") as f:
         for r in rows:

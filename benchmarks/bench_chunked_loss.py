@@ -1,19 +1,20 @@
 """Benchmark (a): the loss alone at Qwen3-8B's V=151,936, H=4096, bf16 -- peak memory and time of
-chunked vs plain cross-entropy vs DeepSpeed's TiledFusedLogitsLoss vs Liger's fused linear CE, one run.
+chunked vs plain cross-entropy vs DeepSpeed's TiledFusedLogitsLoss vs Liger's fused linear CE, one
+run.
 
-    python benchmarks/bench_chunked_loss.py                        # N = 8192, 32768, 131072; < 4 min on one H200
+    python benchmarks/bench_chunked_loss.py  # N = 8192, 32768, 131072; < 4 min on one H200
     python benchmarks/bench_chunked_loss.py --n 8192 --reps 2      # a quick look
 
 CUDA only. Writes chunked_loss.json and chunked_loss.md to --out (default $OUT, else
 benchmarks/results/sessions/<date>).
 
-Per N and method: forward+backward time (median of --reps after --warmup, CUDA events), peak memory over
-the baseline (max_memory_allocated after reset_peak_memory_stats, minus what was allocated before: the
-inputs), and relative errors ||a - b|| / ||b|| of loss, dL/dhidden, dL/dweight against an fp32 reference fed
-the same bf16 inputs: plain fp32 cross-entropy where it fits, else our chunked path in fp32 (which
-tests/levers/test_chunked_loss.py holds to 1e-6 of plain). The peak includes the bf16 gradients every method
-returns (N x H x 2 + V x H x 2 bytes). At the smallest N each method is also run with loss * 0.5 to check
-that both gradients halve ("grad_output ok").
+Per N and method: forward+backward time (median of --reps after --warmup, CUDA events), peak memory
+over the baseline (max_memory_allocated after reset_peak_memory_stats, minus what was allocated
+before: the inputs), and relative errors ||a - b|| / ||b|| of loss, dL/dhidden, dL/dweight against
+an fp32 reference fed the same bf16 inputs: plain fp32 cross-entropy where it fits, else our chunked
+path in fp32 (which tests/levers/test_chunked_loss.py holds to 1e-6 of plain). The peak includes the
+bf16 gradients every method returns (N x H x 2 + V x H x 2 bytes). At the smallest N each method is
+also run with loss * 0.5 to check that both gradients halve ("grad_output ok").
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def parse_args(argv=None):
 
 
 def build_methods(args, torch, F):
-    """name -> (loss_fn(hidden [N, H], weight [V, H], labels [N]) -> 0-dim sum, note, chunk rows or None)."""
+    """name -> (loss_fn(hidden [N, H], weight [V, H], labels [N]) -> 0-dim sum, note, chunk rows or
+    None)."""
     from ds_longctx.levers.chunked_loss import chunked_cross_entropy, plain_cross_entropy
 
     wanted = set(args.methods.split(","))
@@ -87,8 +89,9 @@ def build_methods(args, torch, F):
         else:
 
             def ds_loss(h, w, y):
-                # its API: apply(fn, self, x [b, s, H], y [b, s], mask, shards, compute_params, reduction);
-                # it writes weight.grad during forward and returns only the hidden gradient from backward
+                # its API: apply(fn, self, x [b, s, H], y [b, s], mask, shards, compute_params,
+                # reduction); it writes weight.grad during forward and returns only the hidden
+                # gradient from backward
                 lm_head = torch.nn.Module()
                 lm_head.weight = w
 
@@ -140,7 +143,8 @@ def build_methods(args, torch, F):
 
 
 def rel_err(torch, got, ref_cpu, rows=16384):
-    """||got - ref|| / ||ref||, with ref kept on the host and brought over ``rows`` rows at a time."""
+    """||got - ref|| / ||ref||, with ref kept on the host and brought over ``rows`` rows at a
+    time."""
     if not isinstance(got, torch.Tensor):
         return float("nan")
     diff2 = ref2 = 0.0
@@ -230,12 +234,13 @@ def write_results(out_dir, meta, rows):
     lines = [
         f"# Chunked loss: loss alone, V={meta['V']}, H={meta['H']}, bf16",
         "",
-        f"{meta['date']} -- {meta['device']} -- torch {meta['torch']}, deepspeed {meta['deepspeed']}, "
-        f"liger {meta['liger']}",
+        f"{meta['date']} -- {meta['device']} -- torch {meta['torch']}, deepspeed "
+        f"{meta['deepspeed']}, liger {meta['liger']}",
         "",
         f"`{meta['command']}`",
         "",
-        f"Median of {meta['reps']} fwd+bwd after {meta['warmup']} warm-up; {meta['ignore_frac']:.0%} labels "
+        f"Median of {meta['reps']} fwd+bwd after {meta['warmup']} warm-up; "
+        f"{meta['ignore_frac']:.0%} labels "
         "ignored. Peak is over the inputs and includes the returned bf16 gradients. Errors are "
         "||a-b||/||b|| vs the fp32 reference named in the last column. Predicted (ours): "
         "N*H*2 + V*H*4 + 6*c*V bytes.",
@@ -247,10 +252,13 @@ def write_results(out_dir, meta, rows):
     for r in rows:
         ok = r.get("grad_output_ok")
         lines.append(
-            f"| {r['N']} | {r['method']} | {fmt(r.get('time_ms'), '.1f')} | {fmt(r.get('peak_gib'), '.2f')} "
+            f"| {r['N']} | {r['method']} | {fmt(r.get('time_ms'), '.1f')} | "
+            f"{fmt(r.get('peak_gib'), '.2f')} "
             f"| {fmt(r.get('predicted_gib'), '.2f')} | {fmt(r.get('loss_rel_err'), '.1e')} "
-            f"| {fmt(r.get('hidden_grad_rel_err'), '.1e')} | {fmt(r.get('weight_grad_rel_err'), '.1e')} "
-            f"| {'-' if ok is None else ('yes' if ok else '**no**')} | {r.get('status') or r['reference']} |"
+            f"| {fmt(r.get('hidden_grad_rel_err'), '.1e')} | "
+            f"{fmt(r.get('weight_grad_rel_err'), '.1e')} "
+            f"| {'-' if ok is None else ('yes' if ok else '**no**')} | "
+            f"{r.get('status') or r['reference']} |"
         )
     (out_dir / "chunked_loss.md").write_text("\n".join(lines) + "\n")
     return out_dir
@@ -264,7 +272,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit(
             "bench_chunked_loss.py measures CUDA memory and time and needs a GPU; none is visible "
-            "(torch.cuda.is_available() is False). The CPU numerics are in tests/levers/test_chunked_loss.py."
+            "(torch.cuda.is_available() is False). The CPU numerics are in "
+            "tests/levers/test_chunked_loss.py."
         )
     torch.set_float32_matmul_precision("highest")  # the fp32 reference must not use TF32
     try:

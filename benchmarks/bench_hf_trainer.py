@@ -1,22 +1,29 @@
-"""TRL's SFTTrainer through ds_longctx (`launch/trl_sft.py`) beside `ds-longctx train` on the same plan, and a LoRA run:
-step time, GPU peak and host peak, one after another in one device session.
+"""TRL's SFTTrainer through ds_longctx (`launch/trl_sft.py`) beside `ds-longctx train` on the same
+plan, and a LoRA run: step time, GPU peak and host peak, one after another in one device session.
 
-    python benchmarks/bench_hf_trainer.py --model qwen3-8b --seq_len 131072 --gpus 2 --gpu_mem_gb 141 --steps 3 \\
-        --runs trl_sft,train,lora --lora_rank 16 --out $OUT [--commit SHA]
-    python benchmarks/bench_hf_trainer.py --model qwen3-tiny --seq_len 512 --gpus 2 --steps 3 --cpu --out /tmp/b
+    python benchmarks/bench_hf_trainer.py --model qwen3-8b --seq_len 131072 --gpus 2 \\
+        --gpu_mem_gb 141 --steps 3 --runs trl_sft,train,lora --lora_rank 16 \\
+        --out $OUT [--commit SHA]
+    python benchmarks/bench_hf_trainer.py --model qwen3-tiny --seq_len 512 --gpus 2 --steps 3 \\
+        --cpu --out /tmp/b
 
-The data is the seed guide's shape, in words: a folder of text files (random words `w0 ... wN`) and a word-level
-tokenizer (tests/helpers.py builds both), joined end to end and cut into rows of exactly seq_len tokens. For each run:
-`ds-longctx plan --model M --seq_len L --gpus G --gpu_mem_gb X [--lora_rank R] --out plan_<run>` writes run.yaml and
-accelerate.yaml, then
-    trl_sft  accelerate launch --config_file plan/accelerate.yaml launch/trl_sft.py --config plan/run.yaml --data ...
-             (rank 0 prints one JSON line per step: loss, seconds, peak_gpu_bytes = the integration's step clock)
-    train    ds-longctx train --config plan/run.yaml --nproc G --data ...        (its metrics.jsonl)
-    lora     ds-longctx train --config plan_lora/run.yaml --nproc G --data ...   (plan made with --lora_rank R)
-Appends one line per run to `<out>/hf_trainer.jsonl`: {run, model, seq_len, gpus, steps, seconds_per_step (median of
-the steps after the first), step_seconds, peak_gpu_bytes (max over steps; trl_sft: rank 0's, train/lora: max over
-ranks), planned_gpu_bytes, host_peak_bytes (sum over ranks of peak RSS, polled), losses, commit, device, date,
-command, error}; each run's log and plan under `<out>/hf_trainer_runs/<run>/`.
+The data is the seed guide's shape, in words: a folder of text files (random words `w0 ... wN`) and
+a word-level tokenizer (tests/helpers.py builds both), joined end to end and cut into rows of
+exactly seq_len tokens. For each run: `ds-longctx plan --model M --seq_len L --gpus G --gpu_mem_gb X
+[--lora_rank R] --out plan_<run>` writes run.yaml and accelerate.yaml, then
+    trl_sft  accelerate launch --config_file plan/accelerate.yaml launch/trl_sft.py \\
+                 --config plan/run.yaml --data ...
+             (rank 0 prints one JSON line per step: loss, seconds, peak_gpu_bytes = the
+             integration's step clock)
+    train    ds-longctx train --config plan/run.yaml --nproc G --data ...
+             (its metrics.jsonl)
+    lora     ds-longctx train --config plan_lora/run.yaml --nproc G --data ...
+             (plan made with --lora_rank R)
+Appends one line per run to `<out>/hf_trainer.jsonl`: {run, model, seq_len, gpus, steps,
+seconds_per_step (median of the steps after the first), step_seconds, peak_gpu_bytes (max over
+steps; trl_sft: rank 0's, train/lora: max over ranks), planned_gpu_bytes, host_peak_bytes (sum over
+ranks of peak RSS, polled), losses, commit, device, date, command, error}; each run's log and plan
+under `<out>/hf_trainer_runs/<run>/`.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ RUNS = ("trl_sft", "train", "lora")
 
 
 def make_corpus(d: Path, tokens: int, n_words: int) -> tuple[Path, Path]:
-    """A tokenizer over n_words words and a folder of text files holding at least `tokens` of them."""
+    """A tokenizer over n_words words and a folder of text files holding at least `tokens` of
+    them."""
     sys.path.insert(0, str(ROOT))
     from tests.corpus import documents, make_tokenizer, write_txt_dir
 

@@ -1,15 +1,16 @@
-"""Step time and peak memory of one model/length with each memory lever on and off, one engine build.
+"""Step time and peak memory of one model/length with each memory lever on and off, one engine
+build.
 
-    torchrun --nproc_per_node 2 benchmarks/bench_levers.py --model qwen3-8b --seq_len 131072 --sp_size 2 \
-        --variants base,offload,tiled,offload+tiled --steps 2 --out $OUT
+    torchrun --nproc_per_node 2 benchmarks/bench_levers.py --model qwen3-8b --seq_len 131072 \\
+        --sp_size 2 --variants base,offload,tiled,offload+tiled --steps 2 --out $OUT
 
-The engine is built once (checkpointing on, chunked loss on, DeepSpeed checkpointing configured for CPU
-offload with 0 layers routed); each variant then toggles levers in place (offload = route all layers
-through DeepSpeed's offloading checkpoint, tiled = tiled MLP, layer = tiled layer (levers/tiled_layer.py: the
-whole layer's token-wise work in tiles), cache = the attention cache on every layer
-(attention_cache.py), plain_loss = unchunked CE, run last since it may OOM). Per variant and step: seconds,
-peak reserved/allocated GPU bytes (max over ranks), host RSS, loss, MFU, and the planner's predicted per-GPU
-peak for the same levers. One JSON line per step in
+The engine is built once (checkpointing on, chunked loss on, DeepSpeed checkpointing configured for
+CPU offload with 0 layers routed); each variant then toggles levers in place (offload = route all
+layers through DeepSpeed's offloading checkpoint, tiled = tiled MLP, layer = tiled layer
+(levers/tiled_layer.py: the whole layer's token-wise work in tiles), cache = the attention cache on
+every layer (attention_cache.py), plain_loss = unchunked CE, run last since it may OOM). Per variant
+and step: seconds, peak reserved/allocated GPU bytes (max over ranks), host RSS, loss, MFU, and the
+planner's predicted per-GPU peak for the same levers. One JSON line per step in
 `<out>/levers_<model>_<seq_len>.jsonl`, and a markdown table printed and written beside it.
 """
 
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this file runs
 
-# As train.py: the planner models reserved memory under expandable segments (the entry point's setting).
+# As train.py: the planner models reserved memory under expandable segments (the entry point's
+# setting).
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s, vendor datasheet (SXM); MFU is against this
@@ -65,14 +67,15 @@ def parse_args() -> argparse.Namespace:
     for v in a.variants.split(","):
         if {"cache", "offload"} <= set(v.split("+")):
             ap.error(
-                f"variant {v!r}: offload routes every layer through DeepSpeed's checkpoint here, which leaves "
-                f"no layer for the attention cache; run them as separate variants"
+                f"variant {v!r}: offload routes every layer through DeepSpeed's checkpoint here, "
+                f"which leaves no layer for the attention cache; run them as separate variants"
             )
     return a
 
 
 def set_variant(eng, geom, variant: str, loss_chunk_rows: int, retrace: bool):
-    """Turn the built engine's levers to `variant` in place; the planner's Levers for the same choice."""
+    """Turn the built engine's levers to `variant` in place; the planner's Levers for the same
+    choice."""
     import torch
 
     from ds_longctx.levers.offload import activation_checkpointing_block
@@ -103,8 +106,9 @@ def set_variant(eng, geom, variant: str, loss_chunk_rows: int, retrace: bool):
         "activation_checkpointing": activation_checkpointing_block(True, torch.cuda.is_available()),
     }
     apply_placement(model, placement, ds_config)
-    # the layers' code changed: ZeRO-3's recorded fetch order (and its prefetches) no longer match it; a tiled
-    # MLP / layer refuses params DeepSpeed is still prefetching, so the trace is recorded afresh
+    # the layers' code changed: ZeRO-3's recorded fetch order (and its prefetches) no longer match
+    # it; a tiled MLP / layer refuses params DeepSpeed is still prefetching, so the trace is
+    # recorded afresh
     coordinator = getattr(
         getattr(eng.ds.optimizer, "parameter_offload", None), "get_param_coordinator", None
     )
@@ -121,8 +125,9 @@ def set_variant(eng, geom, variant: str, loss_chunk_rows: int, retrace: bool):
 
 
 def measure_step(eng, batch) -> dict:
-    """One training step, timed (cuda-synchronized), with its peaks: GPU reserved/allocated and RSS (max over
-    ranks), the job's host peak (every rank's ru_maxrss, summed) and the machine's used memory."""
+    """One training step, timed (cuda-synchronized), with its peaks: GPU reserved/allocated and RSS
+    (max over ranks), the job's host peak (every rank's ru_maxrss, summed) and the machine's used
+    memory."""
     import psutil
     import torch
     import torch.distributed as dist
@@ -178,8 +183,8 @@ def levers_table(rows: list) -> str:
     ]
     for v, r in last.items():
         lines.append(
-            f"| {v} | {r['seconds']} | {r['mfu']} | {r['peak_reserved_gib']} | {r['predicted_gpu_gib']} "
-            f"| {r['max_rank_rss_gib']} | {r['error'] or r['loss']} |"
+            f"| {v} | {r['seconds']} | {r['mfu']} | {r['peak_reserved_gib']} | "
+            f"{r['predicted_gpu_gib']} | {r['max_rank_rss_gib']} | {r['error'] or r['loss']} |"
         )
     return "\n".join(lines)
 

@@ -1,19 +1,22 @@
-"""A gated DeltaNet layer's token mixing against a full-attention layer's, forward + backward on one GPU, at what one
-rank runs under Ulysses (the planner's time model reads these rows).
+"""A gated DeltaNet layer's token mixing against a full-attention layer's, forward + backward on one
+GPU, at what one rank runs under Ulysses (the planner's time model reads these rows).
 
     python benchmarks/bench_linear_attention.py --seq_lens 131072,1048576 --out $OUT
 
-Shapes (defaults: Qwen3.5-27B at SP=8): the linear layer's --linear_heads key,value heads per rank (16 / 48 over 8:
-2 and 6) of dim 128, its depthwise conv1d over c' = 2·hk'·dk + hv'·dv channels (kernel 4); the full layer's
---heads / --kv_heads per rank (24 / 4 over 8: 3 and 1, the KV head replicated) of dim 256. One sequence of S tokens,
-bf16. Rows (one JSON line each, the keys of benchmarks/results/attention.jsonl, appended to
-`<out>/attention_linear_<date>.jsonl`, which results_merge.py folds into attention.jsonl), each fwd and bwd timed
-alone with CUDA events (median of --reps after a warm-up; the first FLA call compiles for up to minutes under
-tilelang) and its peak memory:
-    fla_gated_delta   FLA's chunk_gated_delta_rule (q/k L2-normalised in the kernel), what parallel/gated_delta.py runs
+Shapes (defaults: Qwen3.5-27B at SP=8): the linear layer's --linear_heads key,value heads per rank
+(16 / 48 over 8: 2 and 6) of dim 128, its depthwise conv1d over c' = 2·hk'·dk + hv'·dv channels
+(kernel 4); the full layer's --heads / --kv_heads per rank (24 / 4 over 8: 3 and 1, the KV head
+replicated) of dim 256. One sequence of S tokens, bf16. Rows (one JSON line each, the keys of
+benchmarks/results/attention.jsonl, appended to `<out>/attention_linear_<date>.jsonl`, which
+results_merge.py folds into attention.jsonl), each fwd and bwd timed alone with CUDA events (median
+of --reps after a warm-up; the first FLA call compiles for up to minutes under tilelang) and its
+peak memory:
+    fla_gated_delta   FLA's chunk_gated_delta_rule (q/k L2-normalised in the kernel), what
+                      parallel/gated_delta.py runs
     fla_conv1d        FLA's causal conv1d with SiLU
-    torch_conv1d      the torch conv1d path (the fallback; what the conv would cost without a kernel)
-    sdpa_cudnn, fa4   the full-attention layer's kernels (benchmarks/bench_attention.py's `at_length`)
+    torch_conv1d      the torch conv1d path (the fallback; the conv's cost without a kernel)
+    sdpa_cudnn, fa4   the full-attention layer's kernels (benchmarks/bench_attention.py's
+                      `at_length`)
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from harness import git_commit, raw_dir
 
 
 def _fwd_bwd(fn, inputs: tuple, reps: int) -> dict:
-    """fwd_ms, bwd_ms (from a saved forward) and the peak GB of one forward + backward of `fn(*inputs)`."""
+    """fwd_ms, bwd_ms (from a saved forward) and the peak GB of one forward + backward of
+    `fn(*inputs)`."""
     import torch
 
     torch.cuda.reset_peak_memory_stats()

@@ -1,13 +1,16 @@
-"""The host memory of loading a real-weights checkpoint directory into ZeRO-3 partitions on one node: N ranks each
-building the model as `ds-longctx train --model DIR` does (`run.model.build_partitioned_model`: `from_pretrained`
-under DeepSpeed's zero.Init), their summed peak RSS over the load.
+"""The host memory of loading a real-weights checkpoint directory into ZeRO-3 partitions on one
+node: N ranks each building the model as `ds-longctx train --model DIR` does
+(`run.model.build_partitioned_model`: `from_pretrained` under DeepSpeed's zero.Init), their summed
+peak RSS over the load.
 
-    python benchmarks/bench_load.py --geometry qwen3-8b --nproc 8 --dir /tmp/qwen3-8b-hf --cpu --commit C
+    python benchmarks/bench_load.py --geometry qwen3-8b --nproc 8 --dir /tmp/qwen3-8b-hf \\
+        --cpu --commit C
 
-A geometry's random-init checkpoint (bf16 safetensors, 5 GB shards) is written to --dir first when it holds none.
---cpu runs the ranks on gloo (a one-GPU machine cannot hold N NCCL ranks): each rank's bf16 partition (2P/N bytes)
-then sits in host memory too, and the row says so. The row goes to results/load.jsonl under $OUT (or the session
-folder): each rank's peak RSS, the tree's summed peak (harness.RankMemory), the load's seconds.
+A geometry's random-init checkpoint (bf16 safetensors, 5 GB shards) is written to --dir first when
+it holds none. --cpu runs the ranks on gloo (a one-GPU machine cannot hold N NCCL ranks): each
+rank's bf16 partition (2P/N bytes) then sits in host memory too, and the row says so. The row goes
+to results/load.jsonl under $OUT (or the session folder): each rank's peak RSS, the tree's summed
+peak (harness.RankMemory), the load's seconds.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def write_checkpoint(geometry: str, d: Path) -> float:
 
 
 def worker(a) -> None:
-    """One rank: the partitioned model of --dir; rank 0 prints every rank's peak RSS as one JSON line."""
+    """One rank: the partitioned model of --dir; rank 0 prints every rank's peak RSS as one JSON
+    line."""
     import torch.distributed as dist
 
     from ds_longctx.config import RunConfig
@@ -118,7 +122,10 @@ def main() -> int:
     )
     ranks = json.loads(line[5:]) if line else []
     row = {
-        "what": f"load a {a.geometry} checkpoint directory into ZeRO-3 partitions, {a.nproc} ranks on one node",
+        "what": (
+            f"load a {a.geometry} checkpoint directory into ZeRO-3 partitions, {a.nproc} ranks on "
+            "one node"
+        ),
         "checkpoint_bytes": ckpt,
         "ranks": a.nproc,
         "placement": "gloo ranks, partitions in host memory" if a.cpu else "one GPU per rank",

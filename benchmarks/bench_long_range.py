@@ -1,37 +1,44 @@
-"""Long-range check: a tiny Qwen3 trained with Ulysses SP=2 retrieves keys placed >= 90% of the sequence back.
+"""Long-range check: a tiny Qwen3 trained with Ulysses SP=2 retrieves keys placed >= 90% of the
+sequence back.
 
-    python benchmarks/bench_long_range.py                   # 2 CPU processes (gloo, ZeRO-3, fp32), < 5 min
-    python benchmarks/bench_long_range.py --steps 1200 --seq_len 256   # --out: benchmarks/results/sessions/<date>
-    python benchmarks/bench_long_range.py --then_all 300 --name long_range_eval   # notebooks/eval_curve.ipynb
+    python benchmarks/bench_long_range.py  # 2 CPU processes (gloo, ZeRO-3, fp32), < 5 min
+    # --out: benchmarks/results/sessions/<date>
+    python benchmarks/bench_long_range.py --steps 1200 --seq_len 256
+    # notebooks/eval_curve.ipynb
+    python benchmarks/bench_long_range.py --then_all 300 --name long_range_eval
 
-The task is `data.SyntheticRetrieval` with fused pairs: `BOS p1 .. p8 <filler> SEP k v SEP k v ...`, each p a
-single token binding one of 8 keys to one of 16 values, the pairs in the first and the queries in the last 5%
-of the sequence (`min_distance` >= 0.9 * seq_len; at 256 tokens the closest pair is 237 tokens back). The loss
-is on the query values only; `--then_all N` continues N steps on every next token. Accuracy is the argmax of
-the engine's logits (tests/distributed/export_worker.sp_logits: the SP forward, gathered) at each query's key
-against the value bound to that key, on held-out samples (the task's `held_out()` stream). Baselines: chance
-1 / num_values, and 1 / num_pairs (answering one of the values present in the sequence, which needs no key
-matching).
+The task is `data.SyntheticRetrieval` with fused pairs: `BOS p1 .. p8 <filler> SEP k v SEP k v ...`,
+each p a single token binding one of 8 keys to one of 16 values, the pairs in the first and the
+queries in the last 5% of the sequence (`min_distance` >= 0.9 * seq_len; at 256 tokens the closest
+pair is 237 tokens back). The loss is on the query values only; `--then_all N` continues N steps on
+every next token. Accuracy is the argmax of the engine's logits
+(tests/distributed/export_worker.sp_logits: the SP forward, gathered) at each query's key against
+the value bound to that key, on held-out samples (the task's `held_out()` stream). Baselines: chance
+1 / num_values, and 1 / num_pairs (answering one of the values present in the sequence, which needs
+no key matching).
 
-The per-position loss curve (run/evaluate.py: `engine.eval_batch` under SP, forward only) of `--eval_rows`
-held-out rows in `--eval_buckets` position buckets, every next token labelled, before training (step 0) and at
-every evaluation, goes to results/<name>_<date>_eval_curve.jsonl (the format of a run's eval_curve.jsonl, plus
-`value_loss`: the eval loss on the query values alone); notebooks/eval_curve.ipynb plots it.
+The per-position loss curve (run/evaluate.py: `engine.eval_batch` under SP, forward only) of
+`--eval_rows` held-out rows in `--eval_buckets` position buckets, every next token labelled, before
+training (step 0) and at every evaluation, goes to results/<name>_<date>_eval_curve.jsonl (the
+format of a run's eval_curve.jsonl, plus `value_loss`: the eval loss on the query values alone);
+notebooks/eval_curve.ipynb plots it.
 
-Why two phases: on every next token from the start, the 4 query values of 255 labels per row are drowned by the
-filler (uniform, irreducible): 3,000 steps at this size stayed at chance accuracy (0.04-0.11 vs 0.06,
-results/sessions/2026-11-30/long_range_all_labels_2026-11-30.md), while the query-only labels learn retrieval in ~800
-steps. The second phase teaches the rest of the sequence (filler, the query format) to a model that already
-retrieves, so near and far positions are comparable on one curve.
+Why two phases: on every next token from the start, the 4 query values of 255 labels per row are
+drowned by the filler (uniform, irreducible): 3,000 steps at this size stayed at chance accuracy
+(0.04-0.11 vs 0.06, results/sessions/2026-11-30/long_range_all_labels_2026-11-30.md), while the
+query-only labels learn retrieval in ~800 steps. The second phase teaches the rest of the sequence
+(filler, the query format) to a model that already retrieves, so near and far positions are
+comparable on one curve.
 
 Why fused pairs: with the plain `k v` layout the tiny model has to grow an induction circuit (a
-previous-token head composed with a matching head); on 2 CPU cores it stayed near the no-matching baseline
-for 1,500 steps (~20% vs 1/7), with or without dense recall warm-up data, other lr, RoPE base or head sizes.
-Binding key and value in one token makes retrieval one attention hop over >= 90% of the sequence, which is
-what this check is about: attention that really spans the sequence split across SP ranks.
+previous-token head composed with a matching head); on 2 CPU cores it stayed near the no-matching
+baseline for 1,500 steps (~20% vs 1/7), with or without dense recall warm-up data, other lr, RoPE
+base or head sizes. Binding key and value in one token makes retrieval one attention hop over >= 90%
+of the sequence, which is what this check is about: attention that really spans the sequence split
+across SP ranks.
 
-Writes results/<name>_<date>.json and .md (command, commit, settings, accuracy and eval loss per evaluation,
-seconds) and the curve file; name defaults to long_range.
+Writes results/<name>_<date>.json and .md (command, commit, settings, accuracy and eval loss per
+evaluation, seconds) and the curve file; name defaults to long_range.
 """
 
 from __future__ import annotations
@@ -91,7 +98,8 @@ def args_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- evaluation
 def accuracy(engine, held, n: int) -> float:
-    """Retrieval accuracy on held-out far samples: argmax at each query's key == the paired value."""
+    """Retrieval accuracy on held-out far samples: argmax at each query's key == the paired
+    value."""
     import torch
 
     from tests.distributed.export_worker import sp_logits
@@ -107,7 +115,8 @@ def accuracy(engine, held, n: int) -> float:
     return hits / total
 
 
-# ----------------------------------------------------------------------------- worker (one per rank)
+# ----------------------------------------------------------------------------- worker (one per
+# rank)
 def worker(a) -> None:
     from dataclasses import replace
 
@@ -253,29 +262,32 @@ def main() -> int:
     lines = [
         f"# Long-range retrieval, SP=2 on CPU ({date.today().isoformat()})",
         "",
-        f"`{result['command']}` (commit {result['commit']}) — {result['world']}; wall {wall:.0f} s (training "
-        f"{result['train_seconds']} s).",
+        f"`{result['command']}` (commit {result['commit']}) — {result['world']}; wall {wall:.0f} s "
+        f"(training {result['train_seconds']} s).",
         "",
         f"Keys >= {result['min_distance_fraction']:.0%} of the sequence back "
-        f"(seq_len {a.seq_len}, {a.pairs} pairs, {a.queries} queries, {a.keys} keys, {a.values} values). Train "
-        f"labels: the query values for {a.steps} steps, then every token for {a.then_all}. Eval on {a.eval_rows} "
-        f"held-out rows: every token (eval loss; per-position curve in `{curve_path.name}`) and the query values "
-        f"alone (value loss).",
+        f"(seq_len {a.seq_len}, {a.pairs} pairs, {a.queries} queries, {a.keys} keys, {a.values} "
+        "values). Train "
+        f"labels: the query values for {a.steps} steps, then every token for {a.then_all}. Eval on "
+        f"{a.eval_rows} "
+        f"held-out rows: every token (eval loss; per-position curve in `{curve_path.name}`) and "
+        f"the query values alone (value loss).",
         "",
-        "| step | train labels | train loss | eval loss | value loss | retrieval accuracy | chance (1/values) | "
-        "any present value (1/pairs) |",
+        "| step | train labels | train loss | eval loss | value loss | retrieval accuracy | chance "
+        "(1/values) | any present value (1/pairs) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {e['step']} | {e['labels']} | {e['loss']:.3f} | {e['eval_loss']:.3f} | {e['value_loss']:.3f} | "
+        f"| {e['step']} | {e['labels']} | {e['loss']:.3f} | {e['eval_loss']:.3f} | "
+        f"{e['value_loss']:.3f} | "
         f"{e['accuracy']:.3f} | {result['chance']:.3f} | {result['present_value_baseline']:.3f} |"
         for e in result["evals"]
     ]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(
-        f"final accuracy {final['accuracy']:.3f} vs chance {result['chance']:.3f}; wrote {stem}.md/.json and "
-        f"{curve_path.name}"
+        f"final accuracy {final['accuracy']:.3f} vs chance {result['chance']:.3f}; wrote "
+        f"{stem}.md/.json and {curve_path.name}"
     )
     return 0
 

@@ -1,12 +1,15 @@
-"""What a masked row costs against an unmasked one: `ds-longctx train` twice on the same token rows, once with
-labels that train a share of the tokens (assistant-like spans) and once with every token trained.
+"""What a masked row costs against an unmasked one: `ds-longctx train` twice on the same token rows,
+once with labels that train a share of the tokens (assistant-like spans) and once with every token
+trained.
 
-    python benchmarks/bench_masked_step.py --model qwen3-0.6b --seq_len 131072 --steps 4 --out DIR [--share 0.1]
+    python benchmarks/bench_masked_step.py --model qwen3-0.6b --seq_len 131072 --steps 4 \\
+        --out DIR [--share 0.1]
 
-Rows: random ids below the model's vocabulary, one row of seq_len per step (layout document). Masked labels train
-spans of `span` tokens spaced so that `share` of each row trains. Appends to DIR/masked_step.jsonl one line per run:
-date, commit, device, command, trained share, median seconds of the steps after the first, peak GPU bytes, trained
-tokens per step; then a line comparing the two ("masked_over_full": the ratio of their median step seconds).
+Rows: random ids below the model's vocabulary, one row of seq_len per step (layout document). Masked
+labels train spans of `span` tokens spaced so that `share` of each row trains. Appends to
+DIR/masked_step.jsonl one line per run: date, commit, device, command, trained share, median seconds
+of the steps after the first, peak GPU bytes, trained tokens per step; then a line comparing the two
+("masked_over_full": the ratio of their median step seconds).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 def write_rows(
     path: Path, rows: int, seq_len: int, vocab: int, share: float, span: int, seed: int
 ) -> None:
-    """`rows` rows of `seq_len` random ids; labels train `share` of each row in spans of `span` (1.0: no labels)."""
+    """`rows` rows of `seq_len` random ids; labels train `share` of each row in spans of `span`
+    (1.0: no labels)."""
     rng = random.Random(seed)
     period = max(span, round(span / share)) if share < 1 else span
     with path.open("w") as f:

@@ -1,33 +1,40 @@
-"""ds_longctx beside its peers at one model, length and GPU count: step time, GPU and host peaks, MFU.
+"""ds_longctx beside its peers at one model, length and GPU count: step time, GPU and host peaks,
+MFU.
 
-    python benchmarks/bench_peers.py --systems ds_longctx,trl_fsdp2_cp,alst --model qwen3-8b --seq_len 131072 \\
-        --gpus 2 --steps 4 --session LABEL [--out DIR] [--commit SHA] [--timeout_s 1800] \\
-        [--ds_longctx_args "--attn_backend fa4 --attention_cache_layers all"]
-    python benchmarks/bench_peers.py --dry --model qwen3-tiny --seq_len 4096   # print commands and configs, run none
+    python benchmarks/bench_peers.py --systems ds_longctx,trl_fsdp2_cp,alst --model qwen3-8b \\
+        --seq_len 131072 --gpus 2 --steps 4 --session LABEL [--out DIR] [--commit SHA] \\
+        [--timeout_s 1800] [--ds_longctx_args "--attn_backend fa4 --attention_cache_layers all"]
+    # print commands and configs, run none:
+    python benchmarks/bench_peers.py --dry --model qwen3-tiny --seq_len 4096
 
-One system after another, each its own process group, all with the same shipped geometry (random weights), the same
-YaRN (`levers/rope.py:apply_rope_scaling`, which ds_longctx applies itself), one sequence of `seq_len` tokens per step
-split over `gpus` GPUs, bf16, AdamW at lr 1e-5:
-    ds_longctx     `python -m ds_longctx.cli train --nproc G --sp_size G ...` (the real entry; its metrics.jsonl)
-    trl_fsdp2_cp   TRL's FSDP2 + context-parallel recipe: `accelerate launch` with TRL's context_parallel_2gpu.yaml
-                   (FSDP2, transformer-layer wrap, cp_size=G), SFTTrainer with its default chunked loss (the fused
-                   LM head), pad_to_multiple_of=2*G, gradient checkpointing with `offload` (pinned host memory)
-    alst           TRL's DeepSpeed ALST recipe: torchrun, SFTConfig(deepspeed=TRL's zero3.json (+ bf16 SP
-                   communication, as TRL's ALST yaml), parallelism_config=ParallelismConfig(sp_size=G,
-                   sp_backend="deepspeed")), the same chunked loss and offloaded checkpoints
-Each peer's rank runs `bench_peers_worker.py SYSTEM` (the recipes, as data, and the SFTTrainer they build): a
-TrainerCallback times each optimizer step between on_step_begin and on_step_end (cuda-synchronized) and writes
-`<run>/rank<r>.jsonl`.
+One system after another, each its own process group, all with the same shipped geometry (random
+weights), the same YaRN (`levers/rope.py:apply_rope_scaling`, which ds_longctx applies itself), one
+sequence of `seq_len` tokens per step split over `gpus` GPUs, bf16, AdamW at lr 1e-5:
+    ds_longctx     `python -m ds_longctx.cli train --nproc G --sp_size G ...` (the real entry; its
+                   metrics.jsonl)
+    trl_fsdp2_cp   TRL's FSDP2 + context-parallel recipe: `accelerate launch` with TRL's
+                   context_parallel_2gpu.yaml (FSDP2, transformer-layer wrap, cp_size=G), SFTTrainer
+                   with its default chunked loss (the fused LM head), pad_to_multiple_of=2*G,
+                   gradient checkpointing with `offload` (pinned host memory)
+    alst           TRL's DeepSpeed ALST recipe: torchrun, SFTConfig(deepspeed=TRL's zero3.json
+                   (+ bf16 SP communication, as TRL's ALST yaml),
+                   parallelism_config=ParallelismConfig(sp_size=G, sp_backend="deepspeed")), the
+                   same chunked loss and offloaded checkpoints
+Each peer's rank runs `bench_peers_worker.py SYSTEM` (the recipes, as data, and the SFTTrainer they
+build): a TrainerCallback times each optimizer step between on_step_begin and on_step_end
+(cuda-synchronized) and writes `<run>/rank<r>.jsonl`.
 
 Appends one line per system to `<out>/peers.jsonl`, exactly
-    session, system, seq_len, gpus, seconds_per_step, peak_gpu_bytes, host_peak_bytes, mfu, commit, device, config
-(+ `error` when the run failed, timed out or ran out of memory; the numbers of its finished steps are kept):
-seconds_per_step = median of the steps after the first; peak_gpu_bytes = max over ranks and steps of
-torch.cuda.max_memory_reserved (reset at each step's start); host_peak_bytes = sum over the ranks of each rank's
-peak RSS (VmHWM, what ru_maxrss reports), polled from /proc by this driver for all three systems alike;
-mfu = bench_levers.model_flops / (seconds_per_step x gpus x 989e12); config = what was on (recipe + what the
-worker saw at train start). Per run, `<out>/peers_<session>/<system>/` keeps the log, generated configs,
-per-step files and summary.json (step times, losses).
+    session, system, seq_len, gpus, seconds_per_step, peak_gpu_bytes, host_peak_bytes, mfu,
+    commit, device, config
+(+ `error` when the run failed, timed out or ran out of memory; the numbers of its finished steps
+are kept): seconds_per_step = median of the steps after the first; peak_gpu_bytes = max over ranks
+and steps of torch.cuda.max_memory_reserved (reset at each step's start); host_peak_bytes = sum over
+the ranks of each rank's peak RSS (VmHWM, what ru_maxrss reports), polled from /proc by this driver
+for all three systems alike; mfu = bench_levers.model_flops / (seconds_per_step x gpus x 989e12);
+config = what was on (recipe + what the worker saw at train start). Per run,
+`<out>/peers_<session>/<system>/` keeps the log, generated configs, per-step files and summary.json
+(step times, losses).
 """
 
 from __future__ import annotations
@@ -148,7 +155,8 @@ def command(system: str, a, run_dir: Path, port: int) -> list[str]:
 
 # ----------------------------------------------------------------------------- driver
 def collect(system: str, run_dir: Path, gpus: int) -> dict:
-    """Per-step seconds (rank 0), per-step peak reserved (max over ranks), losses, what the run saw, its error."""
+    """Per-step seconds (rank 0), per-step peak reserved (max over ranks), losses, what the run saw,
+    its error."""
     if system == "ds_longctx":
         rows = read_lines(run_dir / "run" / "metrics.jsonl")
         seen = {}
@@ -231,7 +239,10 @@ def line_for(
     steady = res["seconds"][1:]
     sps = statistics.median(steady) if steady else None
     if error is None and not steady:
-        error = f"only {len(res['seconds'])} step(s) finished; the median needs the steps after the first"
+        error = (
+            f"only {len(res['seconds'])} step(s) finished; the median needs the steps after the "
+            "first"
+        )
     line = {
         "session": a.session,
         "system": system,
@@ -292,9 +303,10 @@ def run_system(
 
 
 def collect_after(a, system: str, run_dir: Path, out: Path) -> dict:
-    """The peers.jsonl line of a peer run whose driver was stopped after its steps finished (device time ran out
-    while the launcher exited): from the ranks' own files; host_peak_bytes = Σ over ranks of the ru_maxrss each rank
-    reported at its last step (the same VmHWM the driver polls), and config says so."""
+    """The peers.jsonl line of a peer run whose driver was stopped after its steps finished (device
+    time ran out while the launcher exited): from the ranks' own files; host_peak_bytes = Σ over
+    ranks of the ru_maxrss each rank reported at its last step (the same VmHWM the driver polls),
+    and config says so."""
     recipe = json.loads((run_dir / "recipe.json").read_text())
     res = collect(system, run_dir, a.gpus)
     config = {
@@ -303,8 +315,9 @@ def collect_after(a, system: str, run_dir: Path, out: Path) -> dict:
         "model": a.model,
         "weights": "random init from the shipped geometry",
         "steps": a.steps,
-        "collected": "line written after the device session from the ranks' files (the driver was stopped "
-        "when the session's device time ran out); host_peak_bytes from the ranks' ru_maxrss",
+        "collected": "line written after the device session from the ranks' files "
+        "(the driver was stopped when the session's device time ran out); "
+        "host_peak_bytes from the ranks' ru_maxrss",
     }
     line = line_for(
         a,
@@ -323,8 +336,9 @@ def collect_after(a, system: str, run_dir: Path, out: Path) -> dict:
 
 
 def dry(a, systems: list[str]) -> None:
-    """Every command and generated config for these arguments, checked against the installed TRL and accelerate
-    where they import (field names of SFTConfig, the ParallelismConfig, the env `accelerate launch` would set)."""
+    """Every command and generated config for these arguments, checked against the installed TRL and
+    accelerate where they import (field names of SFTConfig, the ParallelismConfig, the env
+    `accelerate launch` would set)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench_peers_dry_"))
     for system in systems:
         run_dir = tmp / system
@@ -391,7 +405,8 @@ def dry(a, systems: list[str]) -> None:
     )
     tok = tiny_tokenizer()
     print(
-        f"tiny tokenizer: pad {tok.pad_token}={tok.pad_token_id}, eos {tok.eos_token}={tok.eos_token_id}"
+        f"tiny tokenizer: pad {tok.pad_token}={tok.pad_token_id}, eos "
+        f"{tok.eos_token}={tok.eos_token_id}"
     )
     fake = {"seconds": [40.0, 30.0, 31.0, 32.0], "peaks": [80 * 2**30] * 4}
     print(
@@ -462,8 +477,8 @@ def main():
     check_steps(ap, a.steps)
     if a.seq_len % (2 * a.gpus):
         ap.error(
-            f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts 2*cp chunks); "
-            f"try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}"
+            f"--seq_len {a.seq_len} must divide by 2*gpus={2 * a.gpus} (context parallelism cuts "
+            f"2*cp chunks); try {a.seq_len // (2 * a.gpus) * 2 * a.gpus}"
         )
     from ds_longctx.plan.geometry import ModelGeometry
 

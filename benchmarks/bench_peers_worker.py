@@ -1,12 +1,15 @@
-"""The peers of bench_peers.py as data and as the process each rank runs: TRL's FSDP2 + context-parallel recipe
-(trl_fsdp2_cp) and TRL's DeepSpeed ALST recipe (alst), as the TRL guide gives them (see bench_peers.py's docstring).
+"""The peers of bench_peers.py as data and as the process each rank runs: TRL's FSDP2 +
+context-parallel recipe (trl_fsdp2_cp) and TRL's DeepSpeed ALST recipe (alst), as the TRL guide
+gives them (see bench_peers.py's docstring).
 
-    python benchmarks/bench_peers_worker.py SYSTEM --model M --seq_len L --steps S --gpus G --run_dir DIR
+    python benchmarks/bench_peers_worker.py SYSTEM --model M --seq_len L --steps S --gpus G \\
+        --run_dir DIR
 
-bench_peers.py launches this file on every rank (`accelerate launch` or `torchrun`); it builds the recipe's
-SFTTrainer on a random-init model of the shipped geometry and writes `<run_dir>/rank<r>.jsonl`: the config the
-trainer saw (rank 0), each optimizer step's seconds (cuda-synchronized, on_step_begin to on_step_end), GPU peaks and
-RSS, the logged losses, and an error line if it fails.
+bench_peers.py launches this file on every rank (`accelerate launch` or `torchrun`); it builds the
+recipe's SFTTrainer on a random-init model of the shipped geometry and writes
+`<run_dir>/rank<r>.jsonl`: the config the trainer saw (rank 0), each optimizer step's seconds
+(cuda-synchronized, on_step_begin to on_step_end), GPU peaks and RSS, the logged losses, and an
+error line if it fails.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 PEERS = ("trl_fsdp2_cp", "alst")
 
 
-# ----------------------------------------------------------------------------- the peers' recipes, as data
-# TRL examples/deepspeed_configs/zero3.json (the guide's ALST recipe passes it as SFTConfig(deepspeed=...)), plus the
-# bf16 Ulysses gradient communication of TRL's examples/accelerate_configs/alst_ulysses_4gpu.yaml: DeepSpeed's own
+# ----------------------------------------------------------------------------- the peers' recipes,
+# as data TRL examples/deepspeed_configs/zero3.json (the guide's ALST recipe passes it as
+# SFTConfig(deepspeed=...)), plus the bf16 Ulysses gradient communication of TRL's
+# examples/accelerate_configs/alst_ulysses_4gpu.yaml: DeepSpeed's own
 # default is fp32 (runtime/engine.py uses `seq_parallel_communication_data_type` whenever sp > 1).
 ALST_DS_CONFIG = {
     "bf16": {"enabled": "auto"},
@@ -41,12 +45,14 @@ ALST_DS_CONFIG = {
 }
 
 
-# ----------------------------------------------------------------------------- the peers' recipes, as data
+# ----------------------------------------------------------------------------- the peers' recipes,
+# as data
 def fsdp2_cp_accelerate_config(gpus: int) -> dict:
-    """TRL examples/accelerate_configs/context_parallel_2gpu.yaml for `gpus` processes: FSDP2, wrap per decoder layer
-    (TRANSFORMER_BASED_WRAP reads the model's _no_split_modules), rank 0 loads and broadcasts, no FSDP activation
-    checkpointing (the trainer's gradient checkpointing does it: one of the two, not both), bf16 mixed precision
-    (accelerate keeps fp32 parameters and computes in bf16), and the whole node as one context-parallel group."""
+    """TRL examples/accelerate_configs/context_parallel_2gpu.yaml for `gpus` processes: FSDP2, wrap
+    per decoder layer (TRANSFORMER_BASED_WRAP reads the model's _no_split_modules), rank 0 loads and
+    broadcasts, no FSDP activation checkpointing (the trainer's gradient checkpointing does it: one
+    of the two, not both), bf16 mixed precision (accelerate keeps fp32 parameters and computes in
+    bf16), and the whole node as one context-parallel group."""
     return {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -83,7 +89,8 @@ def fsdp2_cp_accelerate_config(gpus: int) -> dict:
 
 
 def peer_recipe(system: str, seq_len: int, steps: int, gpus: int, run_dir: Path) -> dict:
-    """Everything a peer run is configured with (the worker builds from this; `config` records it)."""
+    """Everything a peer run is configured with (the worker builds from this; `config` records
+    it)."""
     sft = {
         "output_dir": str(run_dir / "trainer"),
         "per_device_train_batch_size": 1,
@@ -95,9 +102,11 @@ def peer_recipe(system: str, seq_len: int, steps: int, gpus: int, run_dir: Path)
         "max_length": seq_len,
         "packing": False,
         "dataset_kwargs": {"skip_prepare_dataset": True},
-        "loss_type": "nll",  # TRL's default: the fused LM head, logits in row tiles (the guide's chunked loss)
-        # the guide's `offload`: each checkpointed layer's input in pinned host memory (transformers >= 5.16);
-        # use_reentrant=False is transformers 5's default, spelled out so no version falls back to reentrant
+        # TRL's default: the fused LM head, logits in row tiles (the guide's chunked loss)
+        "loss_type": "nll",
+        # the guide's `offload`: each checkpointed layer's input in pinned host memory (transformers
+        # >= 5.16); use_reentrant=False is transformers 5's default, spelled out so no version falls
+        # back to reentrant
         "gradient_checkpointing": True,
         "gradient_checkpointing_kwargs": {"offload": True, "use_reentrant": False},
         "logging_steps": 1,
@@ -145,9 +154,11 @@ def write_recipe_files(system: str, recipe: dict, run_dir: Path) -> None:
     (run_dir / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
 
 
-# ----------------------------------------------------------------------------- the peers' worker (one per rank)
+# ----------------------------------------------------------------------------- the peers' worker
+# (one per rank)
 def tiny_tokenizer():
-    """SFTTrainer insists on a tokenizer (for pad/eos ids) even when the rows are token ids already."""
+    """SFTTrainer insists on a tokenizer (for pad/eos ids) even when the rows are token ids
+    already."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -161,7 +172,8 @@ def tiny_tokenizer():
 
 
 def observed(trainer) -> dict:
-    """What the trainer really runs with, read at train start (after accelerate/DeepSpeed prepared the model)."""
+    """What the trainer really runs with, read at train start (after accelerate/DeepSpeed prepared
+    the model)."""
     acc, model, args = trainer.accelerator, trainer.model, trainer.args
     pc = acc.parallelism_config
     layer = next((m for m in model.modules() if getattr(m, "gradient_checkpointing", False)), None)
@@ -238,8 +250,9 @@ def train_peer(a, rank: int, emit) -> None:
 
     recipe = peer_recipe(a.worker, a.seq_len, a.steps, a.gpus, Path(a.run_dir))
     hf_cfg = load_hf_config(a.model)
-    # YaRN as ds_longctx sets it (yarn_rope_parameters + max_position_embeddings): the recipes pass the same dict as
-    # model_init_kwargs={"rope_parameters": ...}, which needs a checkpoint to load; here the model is built from config
+    # YaRN as ds_longctx sets it (yarn_rope_parameters + max_position_embeddings): the recipes pass
+    # the same dict as model_init_kwargs={"rope_parameters": ...}, which needs a checkpoint to load;
+    # here the model is built from config
     apply_rope_scaling(hf_cfg, a.seq_len)
     kwargs = dict(recipe["sft_config"])
     if a.worker == "alst":
@@ -255,8 +268,9 @@ def train_peer(a, rank: int, emit) -> None:
                 sp_attn_implementation=pc["sp_attn_implementation"],
             ),
         )
-    # before the model: sets the device, and for ALST makes the ZeRO-3 config live, so from_config below builds the
-    # model under deepspeed.zero.Init (born partitioned, as from_pretrained would load it)
+    # before the model: sets the device, and for ALST makes the ZeRO-3 config live, so from_config
+    # below builds the model under deepspeed.zero.Init (born partitioned, as from_pretrained would
+    # load it)
     args = SFTConfig(**kwargs)
     if a.worker == "alst":
         from ds_longctx.run.model import init_weights
@@ -268,14 +282,16 @@ def train_peer(a, rank: int, emit) -> None:
             model, seed=0, std=hf_cfg.initializer_range
         )  # per-name draws under GatheredParameters
     else:
-        # drawn on this rank's GPU (fast), then handed over on CPU as from_pretrained would: accelerate upcasts to fp32,
+        # drawn on this rank's GPU (fast), then handed over on CPU as from_pretrained would:
+        # accelerate upcasts to fp32,
         # shards on meta and broadcasts rank 0's weights (fsdp_cpu_ram_efficient_loading)
         with torch.device(args.device):
             model = AutoModelForCausalLM.from_config(
                 hf_cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
             )
         model.to("cpu")
-    torch.cuda.empty_cache()  # the steps' reserved memory starts from what training holds, not the build's leftovers
+    # the steps' reserved memory starts from what training holds, not the build's leftovers
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     rows = np.random.default_rng(0).integers(
         0, hf_cfg.vocab_size, size=(a.steps * a.gpus, a.seq_len)

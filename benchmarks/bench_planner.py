@@ -1,36 +1,44 @@
-"""The planner against measured peaks: one fresh process per run, then a table of predicted vs measured.
+"""The planner against measured peaks: one fresh process per run, then a table of predicted vs
+measured.
 
-    python benchmarks/bench_planner.py --gpus 2 --runs qwen3-0.6b:65536:base,qwen3-8b:131072:offload --out $OUT
-    python benchmarks/bench_planner.py --table benchmarks/results/planner_runs.jsonl   # CPU, re-predict
+    python benchmarks/bench_planner.py --gpus 2 \\
+        --runs qwen3-0.6b:65536:base,qwen3-8b:131072:offload --out $OUT
+    # CPU, re-predict:
+    python benchmarks/bench_planner.py --table benchmarks/results/planner_runs.jsonl
 
-Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, tiled, plain_loss, joined with `+`).
-Every run is its own `torchrun ... bench_levers.py` process (one engine build, one variant, `--first_steps` steps,
-expandable segments as train.py sets them), so its peak is that variant's clean peak: no cache left over from another
-variant. Measured per run: GPU = the highest `max_memory_reserved` over the steps after the first (max over ranks;
-bench_levers.py builds its engine with the optimizer state made at build, but older rows are from runs whose first step
-made it at its end), host = the highest sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes the pinned
-checkpoint buffers).
+Each run is `model:seq_len:variant` (variant as bench_levers.py: base, offload, tiled, plain_loss,
+joined with `+`). Every run is its own `torchrun ... bench_levers.py` process (one engine build, one
+variant, `--first_steps` steps, expandable segments as train.py sets them), so its peak is that
+variant's clean peak: no cache left over from another variant. Measured per run: GPU = the highest
+`max_memory_reserved` over the steps after the first (max over ranks; bench_levers.py builds its
+engine with the optimizer state made at build, but older rows are from runs whose first step made it
+at its end), host = the highest sum over ranks of each rank's peak RSS (`ru_maxrss`, which includes
+the pinned checkpoint buffers).
 
-`--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan (run it before a
-device session: a changed plan is no longer held out). FILE: benchmarks/results/planner_runs.jsonl (every committed
-prediction, `planner_commit` the planner that made it) or a raw predictions file. Exit status 1 when any plan
-changed, so a script can stop before measuring a plan that is no longer held out.
+`--check FILE[,FILE]` says per committed prediction whether today's planner still makes that plan
+(run it before a device session: a changed plan is no longer held out). FILE:
+benchmarks/results/planner_runs.jsonl (every committed
+prediction, `planner_commit` the planner that made it) or a raw predictions file. Exit status 1 when
+any plan changed, so a script can stop before measuring a plan that is no longer held out.
 
-`--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown table:
-this is how a change to the planner's constants is checked against every measured run.
+`--table FILE` re-predicts stored runs with the current planner (no GPU) and writes the markdown
+table: this is how a change to the planner's constants is checked against every measured run.
 
 Whole plans, predicted first and committed, then run (held-out validation):
-    python benchmarks/bench_planner.py --plans 262144:64,262144:80,393216:141:pinned_pool --predict   # CPU
-    python benchmarks/bench_planner.py --plans ... --predictions benchmarks/results/planner_runs.jsonl \
-        --out $OUT --commit SHA                                                                       # GPU
-Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan` switches without their
-dashes, `name=value` for valued ones). `--predict` writes `planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ...
-when taken): what `ds-longctx plan` says (reserved = its peak less the cuda_context term, host, placement), under --out
-(default harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python benchmarks/results_merge.py` adds
-it to planner_runs.jsonl). Otherwise each plan is written and run with `ds-longctx train --config run.yaml --steps N`;
-measured: `max_memory_reserved` max over ranks on every step, host Σ over ranks of peak RSS;
-`planner_plans_<date>.jsonl/.md` set them against the given predictions (else the fresh plan's), with the budget
-(gpu_mem_gb) beside.
+    # CPU:
+    python benchmarks/bench_planner.py --plans 262144:64,262144:80,393216:141:pinned_pool --predict
+    # GPU:
+    python benchmarks/bench_planner.py --plans ... \\
+        --predictions benchmarks/results/planner_runs.jsonl --out $OUT --commit SHA
+Each plan is `seq_len:gpu_mem_gb[:flag+flag]` for --model on --gpus (flags: `ds-longctx plan`
+switches without their dashes, `name=value` for valued ones). `--predict` writes
+`planner_predictions_<date>.jsonl/.md` (`<date>b`, `c`, ... when taken): what `ds-longctx plan` says
+(reserved = its peak less the cuda_context term, host, placement), under --out (default
+harness.raw_dir: benchmarks/results/sessions/<date>; commit it, then `python
+benchmarks/results_merge.py` adds it to planner_runs.jsonl). Otherwise each plan is written and run
+with `ds-longctx train --config run.yaml --steps N`; measured: `max_memory_reserved` max over ranks
+on every step, host Σ over ranks of peak RSS; `planner_plans_<date>.jsonl/.md` set them against the
+given predictions (else the fresh plan's), with the budget (gpu_mem_gb) beside.
 """
 
 from __future__ import annotations
@@ -129,7 +137,8 @@ def measure(run: str, gpus: int, sp: int, steps: int, out: Path, timeout_s: int)
 
 
 def fresh(out: Path, stem: str, suffix: str) -> Path:
-    """out/stem+suffix, or stem + b, c, ... when taken: committed predictions are never overwritten."""
+    """out/stem+suffix, or stem + b, c, ... when taken: committed predictions are never
+    overwritten."""
     for tag in ["", *"bcdefghijklmnopqrstuvwxyz"]:
         path = out / f"{stem}{tag}{suffix}"
         if not path.exists() and not path.with_suffix(".md").exists():
@@ -160,10 +169,11 @@ def predict(row: dict) -> tuple:
 
 
 def table(rows: list) -> str:
-    """Markdown: one line per measured run, errors in %, and whether each is inside the issue's bars."""
+    """Markdown: one line per measured run, errors in %, and whether each is inside the issue's
+    bars."""
     lines = [
-        "| set | model | tokens | variant | s/step | MFU | reserved GiB (measured) | predicted | error | "
-        "host GiB (measured, Σ ranks) | predicted | error |",
+        "| set | model | tokens | variant | s/step | MFU | reserved GiB (measured) | predicted | "
+        "error | host GiB (measured, Σ ranks) | predicted | error |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     n_ok = 0
@@ -175,16 +185,17 @@ def table(rows: list) -> str:
             )
             continue
         pg, ph = predict(r)
-        # A CPU run has no GPU peak (0): its GPU error is undefined, shown as n/a and never "inside".
+        # A CPU run has no GPU peak (0): its GPU error is undefined, shown as n/a and never
+        # "inside".
         eg = pg / r["measured_gpu_gib"] - 1 if r["measured_gpu_gib"] else float("nan")
         eh = ph / r["measured_host_gib"] - 1
         ok = abs(eg) <= GPU_TOL and abs(eh) <= HOST_TOL
         n_ok += ok
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
         lines.append(
-            f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | {r['seconds']:.2f} | "
-            f"{mfu} | {r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | {r['measured_host_gib']:.2f} | "
-            f"{ph:.2f} | {eh:+.1%} |"
+            f"| {r.get('set', '')} | {r['model']} | {r['seq_len']:,} | {r['variant']} | "
+            f"{r['seconds']:.2f} | {mfu} | {r['measured_gpu_gib']:.2f} | {pg:.2f} | {eg:+.1%} | "
+            f"{r['measured_host_gib']:.2f} | {ph:.2f} | {eh:+.1%} |"
         )
     lines.append(
         f"\n{n_ok} of {len(rows)} runs inside ±{GPU_TOL:.0%} GPU and ±{HOST_TOL:.0%} host."
@@ -193,8 +204,9 @@ def table(rows: list) -> str:
 
 
 def plan_args(spec: str, model: str, gpus: int) -> tuple:
-    """(seq_len, gpu_mem_gb, model, `ds-longctx plan` arguments) of one `seq_len:gpu_mem_gb[:flag+flag]` spec; a
-    `model=NAME` flag overrides --model for that plan (one call can hold plans of several models)."""
+    """(seq_len, gpu_mem_gb, model, `ds-longctx plan` arguments) of one
+    `seq_len:gpu_mem_gb[:flag+flag]` spec; a `model=NAME` flag overrides --model for that plan (one
+    call can hold plans of several models)."""
     parts = spec.split(":")
     if len(parts) not in (2, 3):
         raise SystemExit(f"--plans: {spec!r} is not seq_len:gpu_mem_gb[:flag+flag]")
@@ -227,9 +239,10 @@ def plan_args(spec: str, model: str, gpus: int) -> tuple:
 
 
 def steady_gpu_peak(row: dict) -> bool:
-    """Whether a measured plan row's GPU peak is the steady state its plan is for: not when it ran one step with the
-    optimizer on the GPU and DeepSpeed made the Adam moments only at that step's end (`optimizer_state_at_build:
-    false`, the 860,160-token step of planner_runs_2026-12-01d.md; rows before the field all ran 2 steps or more)."""
+    """Whether a measured plan row's GPU peak is the steady state its plan is for: not when it ran
+    one step with the optimizer on the GPU and DeepSpeed made the Adam moments only at that step's
+    end (`optimizer_state_at_build: false`, the 860,160-token step of planner_runs_2026-12-01d.md;
+    rows before the field all ran 2 steps or more)."""
     return not (
         row.get("optimizer_state_at_build") is False
         and len(row["measured_steps"]) == 1
@@ -266,7 +279,8 @@ def predict_plans(specs: list, model: str, gpus: int, work: Path) -> list:
 
 
 def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None:
-    """Issue 12's `longest.jsonl` line for a run that finished: its step time and peaks beside the plan's."""
+    """Issue 12's `longest.jsonl` line for a run that finished: its step time and peaks beside the
+    plan's."""
     import yaml
 
     run = yaml.safe_load((plan_dir / "run.yaml").read_text())
@@ -312,7 +326,8 @@ def append_longest(path: Path, row: dict, plan_dir: Path, run_dir: Path) -> None
     print(f"longest: {json.dumps(line)}", flush=True)
 
 
-# what a plan is; a prediction made before a key was recorded had the default (no partial optimizer offload)
+# what a plan is; a prediction made before a key was recorded had the default (no partial optimizer
+# offload)
 PLAN_KEYS = {
     "placement": None,
     "optimizer_offload": None,
@@ -331,13 +346,14 @@ def plan_changed(given: dict, fresh: dict) -> str:
 
 
 def plans_table(rows: list) -> str:
-    """Markdown: each plan's measured peaks against its prediction, and whether they stayed under the budgets (GPU:
-    the measured reserved plus the plan's CUDA context term; host: Σ ranks' peak RSS, where the plan had a host
-    budget)."""
+    """Markdown: each plan's measured peaks against its prediction, and whether they stayed under
+    the budgets (GPU: the measured reserved plus the plan's CUDA context term; host: Σ ranks' peak
+    RSS, where the plan had a host budget)."""
     lines = [
-        "| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | predicted | "
-        "error | allocated GB (max rank) | predicted | error | reserved / allocated | host GB (Σ ranks) | "
-        "predicted | error | budget GB (GPU / host) | under it |",
+        "| plan | model | placement | optimizer offload | reserved GB, every step (max rank) | "
+        "predicted | "
+        "error | allocated GB (max rank) | predicted | error | reserved / allocated | host GB (Σ "
+        "ranks) | predicted | error | budget GB (GPU / host) | under it |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -373,29 +389,32 @@ def plans_table(rows: list) -> str:
         lines.append(
             f"| {spec} | {r.get('model', '')} | {r['placement']} | {offload} | "
             f"{' / '.join(f'{x / GB:.1f}' for x in r['measured_steps'])} | {pr / GB:.1f} | "
-            f"{m / pr - 1:+.1%} | {allocated} | {host / GB:.1f} | {r['planned_host_bytes'] / GB:.1f} | "
+            f"{m / pr - 1:+.1%} | {allocated} | {host / GB:.1f} | "
+            f"{r['planned_host_bytes'] / GB:.1f} | "
             f"{host / r['planned_host_bytes'] - 1:+.1%} | {budget} | {'yes' if under else 'NO'} |"
         )
     return "\n".join(lines)
 
 
 def read_predictions(files: str):
-    """(file name, row) of every committed prediction in `files` (comma-separated jsonl), in file order. A row of
-    planner_runs.jsonl (results_merge.py) is a prediction when it has a plan spec and the planner that made it
-    (`planner_commit`, given as the row's `commit`); its runs measured against a fresh plan are not."""
+    """(file name, row) of every committed prediction in `files` (comma-separated jsonl), in file
+    order. A row of planner_runs.jsonl (results_merge.py) is a prediction when it has a plan spec
+    and the planner that made it (`planner_commit`, given as the row's `commit`); its runs measured
+    against a fresh plan are not."""
     for f in filter(None, files.split(",")):
         for line in Path(f).read_text().splitlines():
             if not line.strip():
                 continue
             r = json.loads(line)
             if "spec" not in r or ("planner_commit" in r and not r["planner_commit"]):
-                continue  # a lever run or a table row (no plan spec), a run of a fresh plan (no prediction)
+                # a lever run or a table row (no plan spec), a run of a fresh plan (no prediction)
+                continue
             yield Path(f).name, dict(r, commit=r["planner_commit"]) if "planner_commit" in r else r
 
 
 def pick_predictions(files: str, fresh: dict) -> dict:
-    """Each spec's committed prediction from `files` (comma-separated jsonl): where several files predicted a spec,
-    the one whose plan is today's (held out), else the last file's."""
+    """Each spec's committed prediction from `files` (comma-separated jsonl): where several files
+    predicted a spec, the one whose plan is today's (held out), else the last file's."""
     given = {}
     for _, r in read_predictions(files):
         prev = given.get(r["spec"])
@@ -405,9 +424,9 @@ def pick_predictions(files: str, fresh: dict) -> dict:
 
 
 def check_predictions(files: str) -> int:
-    """Each committed prediction against today's planner (`plan_changed`), one line per spec: `held out` when the
-    plan is the same, else what moved (a run of it would be measured against today's plan, not held out). The GPU
-    count is each row's own. Returns the number that changed."""
+    """Each committed prediction against today's planner (`plan_changed`), one line per spec: `held
+    out` when the plan is the same, else what moved (a run of it would be measured against today's
+    plan, not held out). The GPU count is each row's own. Returns the number that changed."""
     import tempfile
 
     changed = 0
@@ -445,11 +464,12 @@ def run_plans(a, specs: list, out: Path) -> None:
                 "planned_allocated_bytes"
             ]  # the same plan's (checked below)
         if spec in given and (moved := plan_changed(given[spec], fresh[spec])):
-            # the run follows today's plan; measuring it against another plan's numbers would say nothing
+            # the run follows today's plan; measuring it against another plan's numbers would say
+            # nothing
             row.update(fresh[spec], predicted_at="fresh", plan_changed_since_prediction=moved)
             print(
-                f"{spec}: the plan changed since its prediction at {given[spec].get('commit')} ({moved}): "
-                f"measured against today's plan, not held out",
+                f"{spec}: the plan changed since its prediction at {given[spec].get('commit')} "
+                f"({moved}): measured against today's plan, not held out",
                 flush=True,
             )
         d, plan_dir = (
@@ -480,8 +500,9 @@ def run_plans(a, specs: list, out: Path) -> None:
                 wall_seconds=round(wall, 1),
                 measured_host_bytes=host,
                 step_seconds=[m["seconds"] for m in steps if "loss" in m],
-                # the Adam moments existed from step 1 on (run/optimizer_state.py), as the plan counts them;
-                # without it DeepSpeed makes them at step 1's end and step 1 alone understates the run
+                # the Adam moments existed from step 1 on (run/optimizer_state.py), as the plan
+                # counts them; without it DeepSpeed makes them at step 1's end and step 1 alone
+                # understates the run
                 optimizer_state_at_build="optimizer state: made at build"
                 in (d / "log.txt").read_text(errors="replace"),
             )
@@ -509,7 +530,8 @@ def run_plans(a, specs: list, out: Path) -> None:
         if a.longest and row.get("measured_steps"):
             append_longest(Path(a.longest), row, plan_dir, d)
         print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
-    # the table of every row in the jsonl (it appends: a second validate stage in one session adds to the first's)
+    # the table of every row in the jsonl (it appends: a second validate stage in one session adds
+    # to the first's)
     path.with_suffix(".md").write_text(plans_table(read_lines(path)) + "\n")
     print(plans_table(rows))
 
@@ -573,12 +595,15 @@ def main():
             path = fresh(out, f"planner_predictions_{datetime.date.today().isoformat()}", ".jsonl")
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             md = [
-                "| plan | placement | optimizer offload | reserved GB | GPU peak GB | host GB | budget GB |",
+                "| plan | placement | optimizer offload | reserved GB | GPU peak GB | host GB | "
+                "budget GB |",
                 "|---|---|---|---|---|---|---|",
             ]
             md += [
-                f"| {r['spec']} | {r.get('placement', r.get('error', ''))} | {r.get('optimizer_offload', '')} | "
-                f"{r.get('planned_reserved_bytes', 0) / GB:.1f} | {r.get('planned_gpu_bytes', 0) / GB:.1f} | "
+                f"| {r['spec']} | {r.get('placement', r.get('error', ''))} | "
+                f"{r.get('optimizer_offload', '')} | "
+                f"{r.get('planned_reserved_bytes', 0) / GB:.1f} | "
+                f"{r.get('planned_gpu_bytes', 0) / GB:.1f} | "
                 f"{r.get('planned_host_bytes', 0) / GB:.1f} | {r['gpu_mem_gb']:g} |"
                 for r in rows
             ]

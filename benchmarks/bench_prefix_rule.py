@@ -1,12 +1,14 @@
-"""The labels of a long agent session under a chat template without `{% generation %}` markers (the prefix rule,
-data/chat.py): seconds with the prefixes rendered through the compiled template (`_direct`) and through
-apply_chat_template, and whether both give the same ids and labels. CPU only.
+"""The labels of a long agent session under a chat template without `{% generation %}` markers (the
+prefix rule, data/chat.py): seconds with the prefixes rendered through the compiled template
+(`_direct`) and through apply_chat_template, and whether both give the same ids and labels. CPU
+only.
 
-    python benchmarks/bench_prefix_rule.py [--turns 250] [--tool_words 1500] [--repeats 3] [--out DIR]
+    python benchmarks/bench_prefix_rule.py [--turns 250] [--tool_words 1500] [--repeats 3] \\
+        [--out DIR]
 
-A session: a system message, then `turns` times a user question, an assistant tool call, a tool result of
-`tool_words` words and an assistant answer; ChatML without markers (tests/corpus.py), word-level tokenizer.
-Writes prefix_rule_<date>.json under --out (default: harness.raw_dir()).
+A session: a system message, then `turns` times a user question, an assistant tool call, a tool
+result of `tool_words` words and an assistant answer; ChatML without markers (tests/corpus.py),
+word-level tokenizer. Writes prefix_rule_<date>.json under --out (default: harness.raw_dir()).
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def main() -> None:
     row = {
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(None),
-        "machine": f"CPU, {platform.processor() or platform.machine()}, Python {platform.python_version()}",
+        "machine": (
+            f"CPU, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+        ),
         "command": "python benchmarks/bench_prefix_rule.py " + " ".join(sys.argv[1:]),
         "messages": len(msgs),
         "tokens": len(ids),

@@ -1,24 +1,29 @@
-"""Where a training step's time goes: one profiled step of `ds-longctx`'s engine, GPU time by category.
+"""Where a training step's time goes: one profiled step of `ds-longctx`'s engine, GPU time by
+category.
 
-    torchrun --nproc_per_node 2 benchmarks/bench_profile.py --label base --seq_len 131072 --model qwen3-8b \\
-        --sp_size 2 [--key value ...]  [--out DIR]
+    torchrun --nproc_per_node 2 benchmarks/bench_profile.py --label base --seq_len 131072 \\
+        --model qwen3-8b --sp_size 2 [--key value ...]  [--out DIR]
 
-Runs `--steps` steps (default 3) of the engine on synthetic rows, profiles the last one with torch.profiler
-(CPU + CUDA activities, rank 0), and sorts every GPU kernel's time into:
-    attn_fwd, attn_recompute, attn_bwd      attention kernels (FA4, cuDNN, flash, efficient); forward kernels
-                                            past the first one per layer are the checkpoint recompute
+Runs `--steps` steps (default 3) of the engine on synthetic rows, profiles the last one with
+torch.profiler (CPU + CUDA activities, rank 0), and sorts every GPU kernel's time into:
+    attn_fwd, attn_recompute, attn_bwd      attention kernels (FA4, cuDNN, flash, efficient);
+                                            forward kernels past the first one per layer are the
+                                            checkpoint recompute
     matmul                                  cuBLAS / CUTLASS GEMMs outside attention
     all_to_all                              the Ulysses exchange (NCCL AllToAll / SendRecv)
-    zero_gather, zero_reduce                ZeRO-3 parameter all-gathers, gradient reduce-scatters / all-reduces
+    zero_gather, zero_reduce                ZeRO-3 parameter all-gathers, gradient reduce-scatters /
+                                            all-reduces
     memcpy_h2d, memcpy_d2h, memcpy_d2d      copies: checkpoint / cache offload and back, staging
-    loss                                    kernels launched under the loss head's range (chunked lm_head + CE)
+    loss                                    kernels launched under the loss head's range (chunked
+                                            lm_head + CE)
     optimizer                               kernels launched under the optimizer step's range
-    other                                   norms, rotary, SwiGLU, residual adds, casts, everything else
-and reports idle = the step's wall time minus the union of kernel intervals on the GPU. Each kernel is counted once
-(device-side events); the loss and optimizer ranges are the engine's `record_function`s (`ds_longctx.loss`,
-`ds_longctx.optimizer`). Writes
-`<out>/profile_<label>_<seq_len>.json` (the table, the top 30 kernels, the run config) and prints the table.
-Any further `--key value` goes to the run config (`--attn_backend fa4 --attention_cache_layers all`).
+    other                                   norms, rotary, SwiGLU, residual adds, casts, the rest
+and reports idle = the step's wall time minus the union of kernel intervals on the GPU. Each kernel
+is counted once (device-side events); the loss and optimizer ranges are the engine's
+`record_function`s (`ds_longctx.loss`, `ds_longctx.optimizer`). Writes
+`<out>/profile_<label>_<seq_len>.json` (the table, the top 30 kernels, the run config) and prints
+the table. Any further `--key value` goes to the run config (`--attn_backend fa4
+--attention_cache_layers all`).
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ CATEGORIES = (
 
 
 def classify(name: str) -> str:
-    """The category of one GPU kernel by its name (loss, optimizer and the recompute split come from `table`)."""
+    """The category of one GPU kernel by its name (loss, optimizer and the recompute split come from
+    `table`)."""
     low = name.lower()
     if low.startswith("memcpy"):
         return "memcpy_h2d" if "htod" in low else "memcpy_d2h" if "dtoh" in low else "memcpy_d2d"
@@ -84,10 +90,11 @@ def union_ms(intervals: list) -> float:
 def table(prof, wall_s: float, num_layers: int) -> dict:
     """{category: ms} + idle + the top kernels, from one profiled step.
 
-    Every kernel is counted once, from the device-side events (name, interval). Attention forward kernels in time
-    order: the first `num_layers` are the forward, the rest the checkpoint recompute. Loss and optimizer kernels are
-    those launched by a CPU op inside the engine's `ds_longctx.loss` / `ds_longctx.optimizer` ranges (matched by
-    kernel name and duration to the device events). Busy time is the union of the kernels' intervals."""
+    Every kernel is counted once, from the device-side events (name, interval). Attention forward
+    kernels in time order: the first `num_layers` are the forward, the rest the checkpoint
+    recompute. Loss and optimizer kernels are those launched by a CPU op inside the engine's
+    `ds_longctx.loss` / `ds_longctx.optimizer` ranges (matched by kernel name and duration to the
+    device events). Busy time is the union of the kernels' intervals."""
     from torch.autograd import DeviceType
 
     events = prof.events()
@@ -96,7 +103,8 @@ def table(prof, wall_s: float, num_layers: int) -> dict:
         for ev in events
         if ev.device_type == DeviceType.CUDA
     )
-    tagged: dict = {}  # (kernel name, duration us) -> "loss" | "optimizer", from the CPU ops that launched them
+    # (kernel name, duration us) -> "loss" | "optimizer", from the CPU ops that launched them
+    tagged: dict = {}
     for ev in events:
         if ev.device_type == DeviceType.CUDA or not ev.kernels:
             continue
@@ -224,7 +232,8 @@ def main() -> None:
         )
         ms = result["ms"]
         print(
-            f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: {rows[-1]['seconds']:.2f} s"
+            f"profile {a.label} @ {cfg.train.seq_len:,} tokens, step {a.steps}: "
+            f"{rows[-1]['seconds']:.2f} s"
         )
         for c in (*CATEGORIES, "gpu_busy_ms", "idle_ms"):
             print(f"  {c:<16}{(ms[c] or 0) / 1000:>9.2f} s")

@@ -1,14 +1,16 @@
 """`ds-longctx checkpoint reshard` on a large ZeRO-3 checkpoint: its seconds and peak host memory.
 
-    python benchmarks/bench_reshard.py --geometry qwen3-8b --world 8 --layers 4 --dir /tmp/reshard --commit C
+    python benchmarks/bench_reshard.py --geometry qwen3-8b --world 8 --layers 4 \\
+        --dir /tmp/reshard --commit C
 
-The checkpoint is written here first, in DeepSpeed 0.19.8's ZeRO-3 file layout (what `_rigid_state_dict` saves and
-run/checkpoint_save.py hashes into meta.json: per rank the fp32 flat sub-groups, their Adam moments and step, the
-model file's `param_shapes`), cut into DeepSpeed's default sub-groups (plan/zero_buffers.sub_groups), values the
-rank's number (checked after the conversion). `--layers` keeps that many decoder layers of the geometry (the whole
-model needs 12 bytes a parameter twice on disk: source and universal form); the time is then scaled to the whole
-model by bytes, and the host memory is a fragment's whatever the size (checkpoint/universal.py). The row goes to
-reshard.jsonl under $OUT (or the session folder).
+The checkpoint is written here first, in DeepSpeed 0.19.8's ZeRO-3 file layout (what
+`_rigid_state_dict` saves and run/checkpoint_save.py hashes into meta.json: per rank the fp32 flat
+sub-groups, their Adam moments and step, the model file's `param_shapes`), cut into DeepSpeed's
+default sub-groups (plan/zero_buffers.sub_groups), values the rank's number (checked after the
+conversion). `--layers` keeps that many decoder layers of the geometry (the whole model needs 12
+bytes a parameter twice on disk: source and universal form); the time is then scaled to the whole
+model by bytes, and the host memory is a fragment's whatever the size (checkpoint/universal.py). The
+row goes to reshard.jsonl under $OUT (or the session folder).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import harness
 
 
 def param_shapes(geometry: str, layers: int) -> list:
-    """[(name, shape)] of the engine's parameters (`model.` + HF's names), in order, with `layers` decoder layers."""
+    """[(name, shape)] of the engine's parameters (`model.` + HF's names), in order, with `layers`
+    decoder layers."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -42,7 +45,8 @@ def param_shapes(geometry: str, layers: int) -> list:
 
 
 def groups_of(shapes: list, world: int, sub_group: int) -> list:
-    """The sub-groups DeepSpeed cuts: parameters in order, closed at `sub_group` partition elements or the end."""
+    """The sub-groups DeepSpeed cuts: parameters in order, closed at `sub_group` partition elements
+    or the end."""
     out, cur, size = [], [], 0
     for i, (name, shape) in enumerate(shapes):
         cur.append((name, shape))
@@ -83,7 +87,8 @@ def write_rank(d: Path, rank: int, groups: list, world: int) -> None:
 
 
 def check(tag: Path, shapes: list, world: int) -> None:
-    """Each parameter's universal fp32 holds rank r's value over its r-th partition (first, last, middle one)."""
+    """Each parameter's universal fp32 holds rank r's value over its r-th partition (first, last,
+    middle one)."""
     from ds_longctx.checkpoint import universal
 
     for name, shape in (shapes[0], shapes[len(shapes) // 2], shapes[-1]):
@@ -153,7 +158,10 @@ def main() -> None:
     whole = ModelGeometry.from_name_or_path(a.geometry)
     part = sum(math.prod(s) for _, s in shapes)
     row = {
-        "what": f"ds-longctx checkpoint reshard of a {a.geometry} ZeRO-3 checkpoint over {a.world} ranks",
+        "what": (
+            f"ds-longctx checkpoint reshard of a {a.geometry} ZeRO-3 checkpoint over {a.world} "
+            "ranks"
+        ),
         "geometry": a.geometry,
         "layers": a.layers,
         "of_layers": whole.layers,

@@ -1,13 +1,16 @@
-"""A DPO row's attention against the SFT row's of the same length (one GPU): forward + backward milliseconds.
+"""A DPO row's attention against the SFT row's of the same length (one GPU): forward + backward
+milliseconds.
 
     python benchmarks/bench_shared_prefix.py --seq_len 262144 --completion_len 4096 --out $OUT
 
-Shapes: one rank of Qwen3-8B under SP=8 (4 query / 1 KV head, head_dim 128), bf16, through the attention the
-engine runs (`ulysses.UlyssesAttention._attend`, the backend `auto` picks). Layouts: `sft` the row as one causal
-document; `shared` a DPO row (prompt S - 2C, chosen C, rejected C) with queries once and keys / values over
-[P, C, P, R] (parallel/shared_prefix.py); `virtual` the same row with the queries gathered too (each completion
-after its own prompt, the fallback). The planner counts shared/sft = 1 - 2·C²/S² and virtual/sft near 2
-(plan/preference_terms.py); the ratios printed are the measured ones. Appends one JSON line per layout to
+Shapes: one rank of Qwen3-8B under SP=8 (4 query / 1 KV head, head_dim 128), bf16, through the
+attention the engine runs (`ulysses.UlyssesAttention._attend`, the backend `auto` picks). Layouts:
+`sft` the row as one causal
+document; `shared` a DPO row (prompt S - 2C, chosen C, rejected C) with queries once and keys /
+values over [P, C, P, R] (parallel/shared_prefix.py); `virtual` the same row with the queries
+gathered too (each completion after its own prompt, the fallback). The planner counts shared/sft = 1
+- 2·C²/S² and virtual/sft near 2 (plan/preference_terms.py); the ratios printed are the measured
+  ones. Appends one JSON line per layout to
 `<out>/shared_prefix_<date>.jsonl`.
 """
 
@@ -23,7 +26,8 @@ from harness import git_commit, raw_dir  # benchmarks/ is sys.path[0] when this 
 
 
 def layouts(S: int, C: int) -> dict:
-    """{name: SharedLayout or None} of the three layouts of a row of S tokens with completions of C."""
+    """{name: SharedLayout or None} of the three layouts of a row of S tokens with completions of
+    C."""
     import torch
 
     from ds_longctx.parallel.shared_prefix import shared_layout
@@ -91,7 +95,8 @@ def main() -> None:
             r.update(device=torch.cuda.get_device_name(), commit=git_commit(a.commit))
             f.write(json.dumps(r) + "\n")
     print(
-        f"{'layout':<8} {'ms':>10} {'vs sft':>7}  ({rows[0]['backend']}, S={a.seq_len:,}, C={a.completion_len:,})"
+        f"{'layout':<8} {'ms':>10} {'vs sft':>7}  ({rows[0]['backend']}, S={a.seq_len:,}, "
+        f"C={a.completion_len:,})"
     )
     for r in rows:
         print(f"{r['layout']:<8} {r['fwd_bwd_ms']:>10.1f} {r['vs_sft']:>7.3f}")

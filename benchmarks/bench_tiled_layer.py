@@ -1,16 +1,18 @@
-"""One decoder layer's forward + backward peak (bytes beyond its parameters), untiled / tiled MLP / tiled layer,
-measured on CPU in bf16 by torch's MemTracker, beside the planner's layer phases for the same geometry.
+"""One decoder layer's forward + backward peak (bytes beyond its parameters), untiled / tiled MLP /
+tiled layer, measured on CPU in bf16 by torch's MemTracker, beside the planner's layer phases for
+the same geometry.
 
     python benchmarks/bench_tiled_layer.py [--tokens 8192] [--tile 512] [--out DIR] [--commit SHA]
 
-What it checks without a GPU: that the planner's per-layer terms (plan/planner.py: hidden_mlp_bwd, hidden_attn_bwd,
-qk_norm_saved, the MLP and q/k/v tile terms, ...) follow what the layer really keeps, lever by lever. The measured
-peak also holds the layer's input x (the checkpoint, an "all" term in the planner) and its output: the table adds
-2·E (E = T·H·2) to the planner's larger layer phase. At sp = 1 the planner also counts the q/k/v grads and o_proj's
-input on both sides of an all-to-all that does not happen (T·(hq+2·hkv)·d·2 + T·hq·d·2): the column "planner, sp=1
-exact" takes them off. The attention kernel is CPU SDPA's, not FA4's: its workspace differs from the planner's
-attn_bwd_workspace term (kept). Geometries: qwen3-tiny, and `8b-shape` (Qwen3-8B's ratios: I = 3H, hq·d = H,
-hq / hkv = 4, d = 128; H = 512, 2 layers).
+What it checks without a GPU: that the planner's per-layer terms (plan/planner.py: hidden_mlp_bwd,
+hidden_attn_bwd, qk_norm_saved, the MLP and q/k/v tile terms, ...) follow what the layer really
+keeps, lever by lever. The measured peak also holds the layer's input x (the checkpoint, an "all"
+term in the planner) and its output: the table adds 2·E (E = T·H·2) to the planner's larger layer
+phase. At sp = 1 the planner also counts the q/k/v grads and o_proj's input on both sides of an
+all-to-all that does not happen (T·(hq+2·hkv)·d·2 + T·hq·d·2): the column "planner, sp=1 exact"
+takes them off. The attention kernel is CPU SDPA's, not FA4's: its workspace differs from the
+planner's attn_bwd_workspace term (kept). Geometries: qwen3-tiny, and `8b-shape` (Qwen3-8B's ratios:
+I = 3H, hq·d = H, hq / hkv = 4, d = 128; H = 512, 2 layers).
 
 Writes `<out>/tiled_layer_cpu_<date>.json` and `.md`.
 """
@@ -50,7 +52,8 @@ def shapes():
 
 
 def measure(cfg, kind: str, tokens: int, tile: int) -> int:
-    """Peak bytes of one layer's forward + backward beyond its parameters (MemTracker, CPU, bf16)."""
+    """Peak bytes of one layer's forward + backward beyond its parameters (MemTracker, CPU,
+    bf16)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import Qwen3ForCausalLM
@@ -134,8 +137,8 @@ def main() -> None:
     }
     stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     md = [
-        f"# One layer's forward + backward peak, CPU bf16 (MemTracker), vs the planner ({meta['date']}, "
-        f"commit {meta['commit']})",
+        "# One layer's forward + backward peak, CPU bf16 (MemTracker), vs the planner "
+        f"({meta['date']}, commit {meta['commit']})",
         "",
         f"`{meta['command']}`; units of E = T·H·2 (T = {a.tokens}).",
         "",

@@ -1,9 +1,11 @@
-"""What the benchmark drivers share: run a job as its own process tree (its log, its ranks' host peak, a clean stop),
-read its JSON lines and its plan, name the commit and the device, and check the common arguments.
+"""What the benchmark drivers share: run a job as its own process tree (its log, its ranks' host
+peak, a clean stop), read its JSON lines and its plan, name the commit and the device, and check the
+common arguments.
 
     rc, host_peak_bytes, wall_s = run_job(argv, log_path, timeout_s)
     plan = read_plan(plan_dir)            # `ds-longctx plan`'s numbers from plan.txt
-Used by bench_peers.py, bench_hf_trainer.py and bench_planner.py (benchmarks/ is sys.path[0] when they run).
+Used by bench_peers.py, bench_hf_trainer.py and bench_planner.py (benchmarks/ is sys.path[0] when
+they run).
 """
 
 from __future__ import annotations
@@ -29,15 +31,17 @@ ALLOC_CONF = (
 
 
 def raw_dir() -> str:
-    """Where a driver writes its raw files by default: $OUT on a device, else benchmarks/results/sessions/<today>
-    (committed there, then folded into the current files by `python benchmarks/results_merge.py`)."""
+    """Where a driver writes its raw files by default: $OUT on a device, else
+    benchmarks/results/sessions/<today> (committed there, then folded into the current files by
+    `python benchmarks/results_merge.py`)."""
     import datetime
 
     return os.environ.get("OUT") or str(RESULTS / "sessions" / datetime.date.today().isoformat())
 
 
 def parse_choices(ap, flag: str, text: str, allowed) -> list:
-    """The comma-separated `text` of `flag` as a list, every item one of `allowed` (else `ap.error`, exit 2)."""
+    """The comma-separated `text` of `flag` as a list, every item one of `allowed` (else `ap.error`,
+    exit 2)."""
     items = [x for x in text.split(",") if x]
     bad = [x for x in items if x not in allowed]
     if bad:
@@ -51,10 +55,11 @@ def check_steps(ap, steps: int) -> None:
 
 
 def read_plan(plan_dir: Path) -> dict:
-    """The plan's numbers from its plan.txt (GB = 1e9 bytes): planned per-GPU peak (with the CUDA context), reserved
-    peak (without it: what max_memory_reserved reports) and allocated peak (without the allocator slack either: what
-    max_memory_allocated reports), host peak and host budget, placement, optimizer offload and its host share (1.0:
-    all of it, or no offload), parameter offload, attention backward head groups."""
+    """The plan's numbers from its plan.txt (GB = 1e9 bytes): planned per-GPU peak (with the CUDA
+    context), reserved peak (without it: what max_memory_reserved reports) and allocated peak
+    (without the allocator slack either: what max_memory_allocated reports), host peak and host
+    budget, placement, optimizer offload and its host share (1.0: all of it, or no offload),
+    parameter offload, attention backward head groups."""
     text = (plan_dir / "plan.txt").read_text()
     gpu, host = re.search(r"^planned: ([\d.]+) GB per GPU, ([\d.]+) GB host", text, re.M).groups()
     ctx = float(re.search(r"^cuda_context\s+\S+\s+([\d.]+)", text, re.M).group(1))
@@ -80,9 +85,10 @@ def read_plan(plan_dir: Path) -> dict:
 
 
 class RankMemory:
-    """Peak host memory of a job: the sum over its ranks of each rank's VmHWM (the peak RSS that ru_maxrss reports,
-    pinned buffers included), polled from /proc. A rank is a descendant started with LOCAL_RANK in its environment
-    whose parent was not (launchers and agents are left out, and so are a rank's own helper processes)."""
+    """Peak host memory of a job: the sum over its ranks of each rank's VmHWM (the peak RSS that
+    ru_maxrss reports, pinned buffers included), polled from /proc. A rank is a descendant started
+    with LOCAL_RANK in its environment whose parent was not (launchers and agents are left out, and
+    so are a rank's own helper processes)."""
 
     def __init__(self, pid: int, every_s: float = 1.0):
         self.pid, self.every_s, self.peak, self._rank, self.ranks = pid, every_s, {}, {}, []
@@ -133,8 +139,9 @@ class RankMemory:
 
 
 def end_tree(proc, ranks) -> None:
-    """Stop what this run started and left alive: the launcher, its descendants, and the ranks seen (torch's agent
-    starts each rank in its own session, so a killed launcher can leave them orphaned)."""
+    """Stop what this run started and left alive: the launcher, its descendants, and the ranks seen
+    (torch's agent starts each rank in its own session, so a killed launcher can leave them
+    orphaned)."""
     import psutil
 
     roots, procs = list(ranks), []
@@ -192,7 +199,8 @@ def read_lines(path: Path) -> list[dict]:
 
 
 def git_commit(given: str | None) -> str:
-    """`given` (--commit) when set: a device copy of the tree can carry a stale .git; else `git rev-parse`."""
+    """`given` (--commit) when set: a device copy of the tree can carry a stale .git; else `git
+    rev-parse`."""
     if given:
         return given
     r = subprocess.run(

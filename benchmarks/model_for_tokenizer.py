@@ -1,6 +1,7 @@
-"""A shipped geometry with a tokenizer's vocabulary: `python benchmarks/model_for_tokenizer.py BASE TOKENIZER_DIR OUT`
-writes OUT, the model config BASE (ds_longctx/models/BASE.json) with vocab_size the tokenizer's rounded up to a multiple
-of 128 and its bos / eos ids, and prints one line saying so (benchmarks/stdlib_corpus.sh, benchmarks/answer_loss.sh)."""
+"""A shipped geometry with a tokenizer's vocabulary: `python benchmarks/model_for_tokenizer.py BASE
+TOKENIZER_DIR OUT` writes OUT, the model config BASE (ds_longctx/models/BASE.json) with vocab_size
+the tokenizer's rounded up to a multiple of 128 and its bos / eos ids, and prints one line saying so
+(benchmarks/stdlib_corpus.sh, benchmarks/answer_loss.sh)."""
 
 import json
 import sys
@@ -19,5 +20,6 @@ cfg.update(
 )
 open(out, "w").write(json.dumps(cfg, indent=1) + "\n")
 print(
-    f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos {tok.eos_token_id}"
+    f"model: {base} geometry, vocab_size {cfg['vocab_size']} (tokenizer {len(tok)}), eos "
+    f"{tok.eos_token_id}"
 )

@@ -1,14 +1,15 @@
-"""What one Qwen3 decoder layer saves for backward with fused_ops none vs compile (CPU, bf16): the planner's hidden /
-q-k-norm / MLP units are counted for HF's eager ops; this lists the saved storages (size, shape, dtype) of each.
+"""What one Qwen3 decoder layer saves for backward with fused_ops none vs compile (CPU, bf16): the
+planner's hidden / q-k-norm / MLP units are counted for HF's eager ops; this lists the saved
+storages (size, shape, dtype) of each.
 
     python benchmarks/probe_fused_ops_saved.py none 1024
     python benchmarks/probe_fused_ops_saved.py compile 1024
 
-Seen 2026-12-01 (hidden 512, I 1536, 8 q / 4 kv heads of 64, T 1024; E = T·H·2): none keeps 2 fp32 [T, H] (the
-norms' upcasts), 2 bf16 normed copies, 4 [T, I] (gate, up, act, act·up) and fp32 + bf16 q/k norm copies; compile
-keeps the norms' bf16 inputs only, 3 [T, I] (gate, up, the product) and the q/k norms' bf16 inputs
-(benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01.md says what this would change in the planner and why
-it is not in yet).
+Seen 2026-12-01 (hidden 512, I 1536, 8 q / 4 kv heads of 64, T 1024; E = T·H·2): none keeps 2 fp32
+[T, H] (the norms' upcasts), 2 bf16 normed copies, 4 [T, I] (gate, up, act, act·up) and fp32 + bf16
+q/k norm copies; compile keeps the norms' bf16 inputs only, 3 [T, I] (gate, up, the product) and the
+q/k norms' bf16 inputs (benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01.md says what
+this would change in the planner and why it is not in yet).
 """
 
 import sys
@@ -74,7 +75,8 @@ def main():
     for nbytes, shape, dtype in sorted(seen.values(), reverse=True):
         print(f"{nbytes / E:6.2f} E  {dtype:9s} {shape}")
     print(
-        f"{kind}: {sum(v[0] for v in seen.values()) / E:.2f} E saved in {len(seen)} storages (E = T·H·2)"
+        f"{kind}: {sum(v[0] for v in seen.values()) / E:.2f} E saved in {len(seen)} storages (E = "
+        "T·H·2)"
     )
 
 

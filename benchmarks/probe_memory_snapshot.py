@@ -1,10 +1,14 @@
-"""Probe: a custom autograd Function recomputed by non-reentrant checkpoint while the CUDA allocator records its
-history, one recording mode per process (why run/memory_snapshot.py records with context="alloc"):
+"""Probe: a custom autograd Function recomputed by non-reentrant checkpoint while the CUDA allocator
+records its history, one recording mode per process (why run/memory_snapshot.py records with
+context="alloc"):
 
-    for m in all/python all/all alloc/python state/python none; do python benchmarks/probe_memory_snapshot.py $m; done
+    for m in all/python all/all alloc/python state/python none; do
+        python benchmarks/probe_memory_snapshot.py $m
+    done
 
-On torch 2.11 (H200) context="all" fails (SystemError from Function.apply, as pytorch/pytorch#179536), "alloc",
-"state" and no context run: benchmarks/results/sessions/2026-11-30/memory_snapshot_probe_2026-11-30.txt."""
+On torch 2.11 (H200) context="all" fails (SystemError from Function.apply, as
+pytorch/pytorch#179536), "alloc", "state" and no context run:
+benchmarks/results/sessions/2026-11-30/memory_snapshot_probe_2026-11-30.txt."""
 
 import sys
 

@@ -1,5 +1,6 @@
-"""Cell formats shared by the results tables (results_tables, results_rehearsal): a markdown table, numbers, GB
-(1e9 bytes), a planner error (planned / measured - 1), and each row's date, commit, device and source link."""
+"""Cell formats shared by the results tables (results_tables, results_rehearsal): a markdown table,
+numbers, GB (1e9 bytes), a planner error (planned / measured - 1), and each row's date, commit,
+device and source link."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def src(r: dict) -> str:
 
 
 def result_file(*stems: str) -> str:
-    """Links, from the repository root (the README), to the current result files `stems` (benchmarks/results/)."""
+    """Links, from the repository root (the README), to the current result files `stems`
+    (benchmarks/results/)."""
     return ", ".join(f"[{s}.jsonl](benchmarks/results/{s}.jsonl)" for s in stems)
 
 

@@ -1,21 +1,27 @@
-"""Build the current results files of benchmarks/results/ (one per question) from the raw files under
-benchmarks/results/sessions/, which hold what each device session and benchmark run wrote, as it wrote it.
+"""Build the current results files of benchmarks/results/ (one per question) from the raw files
+under benchmarks/results/sessions/, which hold what each device session and benchmark run wrote, as
+it wrote it.
 
-    python benchmarks/results_merge.py                # rebuild them; check each plan against today's planner (minutes)
-    python benchmarks/results_merge.py --keep_checks  # rebuild them; keep the `todays_plan` checks they hold (seconds)
-    python benchmarks/results_merge.py --diff         # name each current file that differs from its rebuild
+    # rebuild them; check each plan against today's planner (minutes):
+    python benchmarks/results_merge.py
+    # rebuild them; keep the `todays_plan` checks they hold (seconds):
+    python benchmarks/results_merge.py --keep_checks
+    # name each current file that differs from its rebuild:
+    python benchmarks/results_merge.py --diff
 
 Rules:
-- A current file is never edited by hand. New raw files go under sessions/ (a device session's files as
-  sessions/<session>/, other runs' under sessions/<date>/: the drivers' default output, harness.raw_dir), then this
-  script rebuilds the current files and both are committed. tests/test_results.py fails while they differ.
+- A current file is never edited by hand. New raw files go under sessions/ (a device session's files
+  as sessions/<session>/, other runs' under sessions/<date>/: the drivers' default output,
+  harness.raw_dir), then this script rebuilds the current files and both are committed.
+  tests/test_results.py fails while they differ.
 - Every row is a raw row (or the numbers of one line of a raw file), plus `source` (the file under
-  benchmarks/results/, `:line` where it has lines), `date`, and the commit the tree ran at: the raw `commit`, or where
-  that is empty or names another tree, the commit the session notes give (COMMITS, with where they say it). Numbers
-  are copied, never computed. The one column that asks the code is `todays_plan` (planner_runs.jsonl): whether
-  today's planner still makes the row's plan (bench_planner.plan_changed), with `checked_at`, the commit it asked.
-- rehearsal.jsonl is not built here: its rows are committed as they come; its one asked column is `todays_config`
-  (whether the committed run.yaml is still the one the row rehearsed).
+  benchmarks/results/, `:line` where it has lines), `date`, and the commit the tree ran at: the raw
+  `commit`, or where that is empty or names another tree, the commit the session notes give
+  (COMMITS, with where they say it). Numbers are copied, never computed. The one column that asks
+  the code is `todays_plan` (planner_runs.jsonl): whether today's planner still makes the row's plan
+  (bench_planner.plan_changed), with `checked_at`, the commit it asked.
+- rehearsal.jsonl is not built here: its rows are committed as they come; its one asked column is
+  `todays_config` (whether the committed run.yaml is still the one the row rehearsed).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from results_raw import md_rows, parse_longest, parse_stdlib_summary
 
 SESSIONS = RESULTS / "sessions"
 NOTES = "sessions/README.md"  # the session notes: what each session ran, at which tree
-# raw files whose own `commit` is empty or names another tree than the one that ran: (tree, where the notes say so)
+# raw files whose own `commit` is empty or names another tree than the one that ran: (tree, where
+# the notes say so)
 COMMITS = {
     "attention_2026-12-06.jsonl": (
         "9e7d87d",
@@ -106,7 +113,9 @@ META = {
 
 # the model each device session's recall run scored (its rows name the directory it lay in there)
 RECALL_MODELS = {
-    "sessions/session_2026-12-06_h100x1-20261206T0529/recall_h100": "SmolLM2-135M-Instruct (`models get smollm2-135m-instruct`)"
+    "sessions/session_2026-12-06_h100x1-20261206T0529/recall_h100": (
+        "SmolLM2-135M-Instruct (`models get smollm2-135m-instruct`)"
+    )
 }
 
 
@@ -129,8 +138,9 @@ def found(pattern: str) -> list:
 
 
 def annotate(row: dict, path: Path, line: int | str | None = None, **extra) -> dict:
-    """`row` with where it came from: `source` (`path:line` for a line of a text file, `path#key[i]` for an item of a
-    JSON file), `date` and the tree's `commit` (COMMITS where the raw one is not it)."""
+    """`row` with where it came from: `source` (`path:line` for a line of a text file, `path#key[i]`
+    for an item of a JSON file), `date` and the tree's `commit` (COMMITS where the raw one is not
+    it)."""
     out = {**row, **META.get(path.name, {}), **extra}
     out["source"] = rel(path) + (line if isinstance(line, str) else f":{line}" if line else "")
     out["date"] = str(row.get("date") or date_of(out["source"]))[:10]
@@ -148,9 +158,47 @@ def rows_of(pattern: str) -> list:
     return [annotate(r, p, i) for p in found(pattern) for i, r in jsonl(p)]
 
 
+# each device session's preference run: what it trained (its metrics name only the run directory)
+PREFERENCE_RUNS = {
+    "sessions/session_2026-12-06_h100x1-20261206T0529/dpo_131k": {
+        "objective": "dpo",
+        "model_name": "SmolLM2-135M-Instruct",
+        "device": "NVIDIA H100 80GB HBM3",
+        "commit": "fdc7db0",
+    }
+}
+
+
+def preference_runs() -> list:
+    """One row per preference run of PREFERENCE_RUNS: each step's seconds, peak, loss and rewards as
+    its metrics.jsonl holds them, and the reference pass as its log.txt says it."""
+    out = []
+    for path in found("metrics.jsonl"):
+        meta = PREFERENCE_RUNS.get(rel(path.parent))
+        if meta is None:
+            continue
+        steps = [r for _, r in jsonl(path)]
+        log = (path.parent / "log.txt").read_text()
+        ref = re.search(r"reference log-probs: (\d+) pairs in a first pass .*?\(([\d.]+) s\)", log)
+        row = {
+            **meta,
+            "seq_len": steps[0]["tokens"],
+            "steps": len(steps),
+            "step_seconds": [r["seconds"] for r in steps],
+            "peak_gpu_bytes": [r["peak_gpu_bytes"] for r in steps],
+            "losses": [r["loss"] for r in steps],
+            "rewards": [r[k] for r in steps for k in ("rewards/chosen", "rewards/rejected")],
+            "reference_pairs": int(ref.group(1)) if ref else None,
+            "reference_seconds": float(ref.group(2)) if ref else None,
+        }
+        out.append(annotate(row, path))
+    return out
+
+
 def build_simple() -> dict:
-    """The current files that are their raw lines, each with its source; recall.jsonl: the device sessions' runs
-    (a CPU check under sessions/<date>/ shows the tool working, not a measurement)."""
+    """The current files that are their raw lines, each with its source; recall.jsonl: the device
+    sessions' runs (a CPU check under sessions/<date>/ shows the tool working, not a
+    measurement)."""
     levers = rows_of("levers_*.jsonl") + rows_of("train_qwen3-8b_*.jsonl")
     profile = [annotate(json.loads(p.read_text()), p) for p in found("profile_*.json")]
     chunked = []
@@ -179,6 +227,7 @@ def build_simple() -> dict:
         "long_range.jsonl": long_range,
         "stdlib_corpus.jsonl": stdlib,
         "masked_step.jsonl": rows_of("masked_step_*.jsonl"),
+        "preference.jsonl": preference_runs(),
         "recall.jsonl": [
             annotate(r, p, i, model_name=RECALL_MODELS[rel(p.parent)])
             for p in found("recall.jsonl")
@@ -189,8 +238,9 @@ def build_simple() -> dict:
 
 
 def build_longest() -> list:
-    """Planned lengths (every `plan --find_max_len` of longest_planned_*.txt), runs (longest.jsonl lines, the same
-    run written twice kept once: the line with more fields) and what papers report (sessions/literature)."""
+    """Planned lengths (every `plan --find_max_len` of longest_planned_*.txt), runs (longest.jsonl
+    lines, the same run written twice kept once: the line with more fields) and what papers report
+    (sessions/literature)."""
     planned = [
         annotate(r, p, i, kind="planned")
         for p in found("longest_planned_*.txt")
@@ -235,8 +285,9 @@ TABLES = {
 
 def build_planner() -> list:
     """Every planner prediction, with its measurement where it ran (module doc of bench_planner.py):
-    kind `levers` (the lever runs of bench_planner --runs), `plan` (a whole plan predicted, committed, then run),
-    `table` (a run measured against its plan in a planner_runs_*.md table only), `prediction` (never run)."""
+    kind `levers` (the lever runs of bench_planner --runs), `plan` (a whole plan predicted,
+    committed, then run), `table` (a run measured against its plan in a planner_runs_*.md table
+    only), `prediction` (never run)."""
     preds = [
         annotate(r, p, i, kind="prediction", planner_commit=r.get("commit"), ran=False)
         for p in found("planner_predictions_*.jsonl")
@@ -244,7 +295,8 @@ def build_planner() -> list:
     ]
 
     def joined(spec: str, gpus: int, commit: str, row: dict | None = None) -> list:
-        """The sources of the predictions a run was measured against (the same plan, at the same planner)."""
+        """The sources of the predictions a run was measured against (the same plan, at the same
+        planner)."""
         hits = [
             q
             for q in preds
@@ -309,7 +361,8 @@ def build_planner() -> list:
 
 
 def git_head() -> str:
-    """The commit whose planner answers `todays_plan` (+ "+changes" where ds_longctx/ differs from it)."""
+    """The commit whose planner answers `todays_plan` (+ "+changes" where ds_longctx/ differs from
+    it)."""
 
     def git(*a):
         return subprocess.run(
@@ -322,8 +375,9 @@ def git_head() -> str:
 
 
 def plan_check(r: dict, fresh: dict) -> dict | None:
-    """A planner_runs row with a plan spec: `todays_plan` True when today's planner makes the same plan (placement,
-    optimizer share, reserved and host bytes), else False with `todays_plan_change` saying what moved."""
+    """A planner_runs row with a plan spec: `todays_plan` True when today's planner makes the same
+    plan (placement, optimizer share, reserved and host bytes), else False with `todays_plan_change`
+    saying what moved."""
     from bench_planner import plan_changed, predict_plans
 
     if "spec" not in r:
@@ -339,7 +393,8 @@ def plan_check(r: dict, fresh: dict) -> dict | None:
 
 
 def longest_check(r: dict, fresh: dict) -> dict | None:
-    """A planned longest.jsonl row: `todays_seq_len`, what its command gives today, and `todays_plan` (the same)."""
+    """A planned longest.jsonl row: `todays_seq_len`, what its command gives today, and
+    `todays_plan` (the same)."""
     if r["kind"] != "planned":
         return None
     if r["command"] not in fresh:
@@ -356,9 +411,9 @@ def longest_check(r: dict, fresh: dict) -> dict | None:
 
 
 def config_check(r: dict, fresh: dict) -> dict | None:
-    """A rehearsal row of a committed config: `todays_config`, whether its run.yaml sets what the rehearsed one set
-    (every key both files have, at the row's commit and now: keys added since take their defaults); None where git
-    does not have that commit."""
+    """A rehearsal row of a committed config: `todays_config`, whether its run.yaml sets what the
+    rehearsed one set (every key both files have, at the row's commit and now: keys added since take
+    their defaults); None where git does not have that commit."""
     import yaml
 
     if not r.get("config", "").startswith("ds_configs/") or not r.get("commit"):
@@ -394,15 +449,17 @@ CHECKS = ("todays_plan", "todays_plan_change", "todays_seq_len", "todays_config"
 
 
 def row_key(r: dict) -> str:
-    """A row's name across rebuilds: its source, else (the oldest rehearsal rows) what it rehearsed, where and when."""
+    """A row's name across rebuilds: its source, else (the oldest rehearsal rows) what it rehearsed,
+    where and when."""
     return r.get("source") or "|".join(
         str(r.get(k)) for k in ("config", "rank", "commit", "date", "layers")
     )
 
 
 def check(rows: list, ask, kept: dict | None) -> None:
-    """Set each row's checks with `ask` (row, cache) -> dict or None (not a row it checks), tagged with the commit
-    that answered; `kept`: {source: the checks the current file holds}, used instead of asking."""
+    """Set each row's checks with `ask` (row, cache) -> dict or None (not a row it checks), tagged
+    with the commit that answered; `kept`: {source: the checks the current file holds}, used instead
+    of asking."""
     head, cache = (git_head() if kept is None else None), {}
     for r in rows:
         if kept is not None:

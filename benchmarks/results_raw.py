@@ -1,7 +1,7 @@
-"""Readers of the raw text files under benchmarks/results/sessions/ that are not JSON: `ds-longctx plan
---find_max_len` transcripts (longest_planned_*.txt), the tables of planner_runs_*.md, and a stdlib corpus run's
-summary.txt. Each returns the numbers as the file prints them (GB = 1e9 bytes, GiB = 2**30), with the line they are
-on; nothing is computed.
+"""Readers of the raw text files under benchmarks/results/sessions/ that are not JSON: `ds-longctx
+plan --find_max_len` transcripts (longest_planned_*.txt), the tables of planner_runs_*.md, and a
+stdlib corpus run's summary.txt. Each returns the numbers as the file prints them (GB = 1e9 bytes,
+GiB = 2**30), with the line they are on; nothing is computed.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 import shlex
 from pathlib import Path
 
-# transcripts whose header names the planner only as "the commit that adds this file" (or the one after another):
-# the commit `git log --diff-filter=A` gives for the file
+# transcripts whose header names the planner only as "the commit that adds this file" (or the one
+# after another): the commit `git log --diff-filter=A` gives for the file
 PLANNER_COMMITS = {
     "longest_planned_2026-12-01.txt": "5af0d3a",
     "longest_planned_2026-12-01b.txt": "daa32ac",
@@ -26,7 +26,8 @@ def number(text: str) -> float:
 
 
 def plan_command(line: str) -> dict:
-    """The machine of one `$ ds-longctx plan ...` line: model, gpus, nodes, GPU and host budgets, other flags."""
+    """The machine of one `$ ds-longctx plan ...` line: model, gpus, nodes, GPU and host budgets,
+    other flags."""
     args, out, flags = shlex.split(line.lstrip("$ "))[2:], {}, []
     i = 0
     while i < len(args):
@@ -44,8 +45,9 @@ def plan_command(line: str) -> dict:
 
 
 def parse_longest(path: Path) -> list:
-    """(line, row) of every `plan --find_max_len` in a transcript: the command's machine, the longest seq_len,
-    the planned GB per GPU and host, the placement, the levers line, and the planner's commit."""
+    """(line, row) of every `plan --find_max_len` in a transcript: the command's machine, the
+    longest seq_len, the planned GB per GPU and host, the placement, the levers line, and the
+    planner's commit."""
     lines = path.read_text().splitlines()
     head = re.search(r"commit ([0-9a-f]{7})\b", lines[0])
     commit = PLANNER_COMMITS.get(path.name) or (head[1] if head else None)
@@ -71,10 +73,11 @@ def parse_longest(path: Path) -> list:
 
 
 def md_rows(path: Path) -> list:
-    """(line, row) of every row of the markdown tables of a planner_runs_*.md: the run, its placement, tree, fused
-    ops, the measured and predicted reserved GB (the highest step where several are given), host GB (measured as
-    Σ ranks; a rank-0 figure is kept as a note only), the GPU budget and whether the run stayed under it. A placement
-    written "same" is the row above's."""
+    """(line, row) of every row of the markdown tables of a planner_runs_*.md: the run, its
+    placement, tree, fused ops, the measured and predicted reserved GB (the highest step where
+    several are given), host GB (measured as Σ ranks; a rank-0 figure is kept as a note only), the
+    GPU budget and whether the run stayed under it. A placement written "same" is the row
+    above's."""
     out, head = [], None
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.startswith("|"):
@@ -117,8 +120,9 @@ def md_row(head: list, cells: list) -> dict:
 
 
 def parse_stdlib_summary(path: Path) -> dict:
-    """A stdlib corpus run's summary.txt (benchmarks/stdlib_corpus.sh writes it): the corpus line, the train line
-    and the eval table, plus the run's seq_len (run.yaml) and model size (model_config.json) beside it."""
+    """A stdlib corpus run's summary.txt (benchmarks/stdlib_corpus.sh writes it): the corpus line,
+    the train line and the eval table, plus the run's seq_len (run.yaml) and model size
+    (model_config.json) beside it."""
     import json
 
     import yaml

@@ -7,8 +7,9 @@ from results_format import META, meta, n, result_file, table
 
 
 def recall_rows(d: dict) -> list:
-    """README rows: per recall run (one raw file), the base model and its last trained step, bucket by bucket from
-    4k on: exact match and what the evidence saves (loss without it less loss with it)."""
+    """README rows: per recall run (one raw file), the base model and its last trained step, bucket
+    by bucket from 4k on: exact match and what the evidence saves (loss without it less loss with
+    it)."""
     runs: dict = {}
     for r in d.get("recall", []):
         runs.setdefault(r["source"].split(":")[0], []).append(r)
@@ -19,9 +20,9 @@ def recall_rows(d: dict) -> list:
         end = {r["bucket"]: r for r in rows if r["stage"] == "trained" and r["step"] == last}
         far = [b for b in end if b in base and not b.startswith(("0-", "1k-"))]
         cells = [
-            f"{b} ({end[b]['answers']} answers): exact match {base[b]['recall_exact_match']:.0%} -> "
-            f"{end[b]['recall_exact_match']:.0%}, evidence saves {saved(base[b]):.2f} -> {saved(end[b]):.2f} "
-            f"nat"
+            f"{b} ({end[b]['answers']} answers): exact match {base[b]['recall_exact_match']:.0%} "
+            f"-> {end[b]['recall_exact_match']:.0%}, evidence saves {saved(base[b]):.2f} -> "
+            f"{saved(end[b]):.2f} nat"
             for b in far
         ]
         r = rows[0]
@@ -39,7 +40,8 @@ def recall_rows(d: dict) -> list:
 
 
 def recall(d: dict) -> str:
-    """Each recall row: exact match of the answers' values and their loss with and without the evidence."""
+    """Each recall row: exact match of the answers' values and their loss with and without the
+    evidence."""
     rows = [
         [
             r["model_name"],

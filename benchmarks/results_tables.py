@@ -1,6 +1,7 @@
-"""The tables of docs/results.md and of the README's generated blocks, one function per question, each from the
-current results files ({file stem: rows}, benchmarks/results_doc.load). A function returns markdown, or "" where its
-file has no rows. Numbers are the files' (GB = 1e9 bytes, GiB = 2**30); a planner error is planned / measured - 1.
+"""The tables of docs/results.md and of the README's generated blocks, one function per question,
+each from the current results files ({file stem: rows}, benchmarks/results_doc.load). A function
+returns markdown, or "" where its file has no rows. Numbers are the files' (GB = 1e9 bytes, GiB =
+2**30); a planner error is planned / measured - 1.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from bench_planner import (
     steady_gpu_peak,
 )  # the bars and the one-step rule: one home each
 from results_format import META, device, err, gb, meta, n, result_file, src, table
+from results_preference import preference, preference_rows  # noqa: F401 (SECTIONS)
 from results_recall import recall, recall_rows  # noqa: F401 (SECTIONS takes recall by name)
 from results_rehearsal import (
     longest_rehearsed,
@@ -23,25 +25,36 @@ GIB = 2**30
 TITLES = {
     "peers": "How fast: ds_longctx beside TRL and DeepSpeed ALST (`peers.jsonl`)",
     "hf_trainer": "The HF Trainer / TRL path on the same plan (`hf_trainer.jsonl`)",
-    "longest_latest": "How long: the planner's longest Qwen3-8B length per machine (`longest.jsonl`)",
+    "longest_latest": (
+        "How long: the planner's longest Qwen3-8B length per machine (`longest.jsonl`)"
+    ),
     "longest_history": "How long: each planner's answer, oldest first (`longest.jsonl`)",
     "longest_runs": "How long: planned lengths that ran (`longest.jsonl`)",
     "published": "How long: what papers report (`longest.jsonl`)",
     "planner_accuracy": "How accurate the memory planner is (`planner_runs.jsonl`)",
-    "planner_plans": "Held-out whole plans: predicted and committed, then run (`planner_runs.jsonl`)",
+    "planner_plans": (
+        "Held-out whole plans: predicted and committed, then run (`planner_runs.jsonl`)"
+    ),
     "planner_tables": "Runs measured against their plan (`planner_runs.jsonl`, kind `table`)",
     "planner_levers": "Lever runs that calibrated and validated the planner (`planner_runs.jsonl`)",
     "planner_unrun": "Predictions not run (`planner_runs.jsonl`)",
     "attention": "Attention kernels alone (`attention.jsonl`)",
     "levers": "Memory levers on and off, Qwen3 on 2 x H200 (`levers.jsonl`)",
     "profile": "Where a step's GPU time goes (`profile.jsonl`)",
-    "chunked_loss": "The loss alone: chunked against plain cross-entropy and others (`chunked_loss.jsonl`)",
+    "chunked_loss": (
+        "The loss alone: chunked against plain cross-entropy and others (`chunked_loss.jsonl`)"
+    ),
     "long_range": "Long-range retrieval under SP, on CPU (`long_range.jsonl`)",
     "stdlib_corpus": "Real text: the Python standard library as a corpus (`stdlib_corpus.jsonl`)",
-    "masked_step": "What a masked row costs: a share of tokens trained against all (`masked_step.jsonl`)",
+    "masked_step": (
+        "What a masked row costs: a share of tokens trained against all (`masked_step.jsonl`)"
+    ),
     "rehearsal": "Rehearsals: one GPU plays a rank of a larger world (`rehearsal.jsonl`)",
     "reshard": "A checkpoint's universal form for a resume on another layout (`reshard.jsonl`)",
-    "recall": "Recall far back: a real model on agent sessions, base and fine-tuned (`recall.jsonl`)",
+    "recall": (
+        "Recall far back: a real model on agent sessions, base and fine-tuned (`recall.jsonl`)"
+    ),
+    "preference": "Preference training on a GPU: DPO and GRPO runs (`preference.jsonl`)",
 }
 
 
@@ -61,7 +74,10 @@ def system(r: dict) -> str:
         return SYSTEMS.get(r["system"], r["system"])
     obs = r["config"].get("observed", {})
     kernel = obs.get("attention", "?").split()[0]
-    return f"ds_longctx, attention {kernel}, fused_ops {obs.get('run_config', {}).get('kernels', {}).get('fused_ops')}"
+    return (
+        f"ds_longctx, attention {kernel}, fused_ops "
+        f"{obs.get('run_config', {}).get('kernels', {}).get('fused_ops')}"
+    )
 
 
 def peers(d: dict) -> str:
@@ -88,9 +104,10 @@ def peers(d: dict) -> str:
             ]
         )
     return (
-        "Shipped geometries (random init), one sequence per step over the run's GPUs, median of the steps after "
-        "the first; peak GPU: `max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One session's "
-        "systems ran one after another on one machine.\n\n"
+        "Shipped geometries (random init), one sequence per step over the run's GPUs, median of "
+        "the steps after "
+        "the first; peak GPU: `max_memory_reserved`, max over ranks; host: Σ ranks' peak RSS. One "
+        "session's systems ran one after another on one machine.\n\n"
         + table(
             [
                 "model",
@@ -277,7 +294,8 @@ def held(d: dict) -> list:
 
 
 def plan_errors(r: dict) -> tuple:
-    """(GPU error, host error or None): planned / measured - 1 of the reserved peak and of the host peak."""
+    """(GPU error, host error or None): planned / measured - 1 of the reserved peak and of the host
+    peak."""
     gpu = r["planned_reserved_bytes"] / max(r["measured_steps"]) - 1
     host = (
         r["planned_host_bytes"] / r["measured_host_bytes"] - 1
@@ -288,7 +306,8 @@ def plan_errors(r: dict) -> tuple:
 
 
 def under_budget(r: dict) -> bool:
-    """The run stayed under the budget its plan was made for (GPU: reserved + the plan's CUDA context; host: Σ RSS)."""
+    """The run stayed under the budget its plan was made for (GPU: reserved + the plan's CUDA
+    context; host: Σ RSS)."""
     gpu = (
         max(r["measured_steps"]) + r["planned_gpu_bytes"] - r["planned_reserved_bytes"]
         <= r["gpu_mem_gb"] * 1e9
@@ -323,11 +342,14 @@ def accuracy(d: dict) -> dict:
 def planner_accuracy(d: dict) -> str:
     a = accuracy(d)
     return (
-        f"Held-out whole plans (predicted and committed before they ran): {a['gpu_in']} of {a['gpu_n']} inside "
-        f"±{GPU_TOL:.0%} on the GPU ({a['one_step']} one-step run left out: its Adam moments did not exist yet), "
-        f"{a['host_in']} of {a['host_n']} inside ±{HOST_TOL:.0%} on the host; {a['over']} of {a['n']} went past "
-        f"the budget they were planned for. Of the runs whose plan today's planner still makes (checked at "
-        f"{a['checked_at']}): {a['today_in']} of {a['today_n']} inside both bars.\n"
+        f"Held-out whole plans (predicted and committed before they ran): {a['gpu_in']} of "
+        f"{a['gpu_n']} inside "
+        f"±{GPU_TOL:.0%} on the GPU ({a['one_step']} one-step run left out: its Adam moments did "
+        "not exist yet), "
+        f"{a['host_in']} of {a['host_n']} inside ±{HOST_TOL:.0%} on the host; {a['over']} of "
+        f"{a['n']} went past "
+        "the budget they were planned for. Of the runs whose plan today's planner still makes "
+        f"(checked at {a['checked_at']}): {a['today_in']} of {a['today_n']} inside both bars.\n"
     )
 
 
@@ -499,8 +521,9 @@ def planner_unrun(d: dict) -> str:
 
 
 def attention(d: dict) -> str:
-    """Softmax attention kernels, and a gated DeltaNet layer's (FLA's gated delta rule and conv1d, the torch conv1d:
-    `bench_linear_attention.py`, heads = key / value heads per rank, d = 128) at the same lengths."""
+    """Softmax attention kernels, and a gated DeltaNet layer's (FLA's gated delta rule and conv1d,
+    the torch conv1d: `bench_linear_attention.py`, heads = key / value heads per rank, d = 128) at
+    the same lengths."""
     rows = [
         [
             n(r["seq_len"]),
@@ -517,8 +540,8 @@ def attention(d: dict) -> str:
         for r in d.get("attention", [])
     ]
     return (
-        "Softmax attention: q / kv heads. The gated DeltaNet rows (fla_*, torch_conv1d): kv heads are its key "
-        "heads and heads its value heads per rank.\n\n"
+        "Softmax attention: q / kv heads. The gated DeltaNet rows (fla_*, torch_conv1d): kv heads "
+        "are its key heads and heads its value heads per rank.\n\n"
         + table(
             [
                 "tokens",
@@ -558,7 +581,8 @@ def levers(d: dict) -> str:
             ]
         )
     return (
-        "One engine per file, the variants toggled in place one after another (their reserved memory keeps "
+        "One engine per file, the variants toggled in place one after another (their reserved "
+        "memory keeps "
         "earlier variants' cache: compare allocated); step 1 of a variant builds its buffers.\n\n"
         + table(
             [
@@ -603,7 +627,8 @@ def profile(d: dict) -> str:
             ]
         )
     return (
-        "Step 2 profiled on rank 0, Qwen3-8B geometry, 131,072 tokens, SP=2; kernel seconds by category (each "
+        "Step 2 profiled on rank 0, Qwen3-8B geometry, 131,072 tokens, SP=2; kernel seconds by "
+        "category (each "
         "category an upper bound: `sessions/2026-11-30/profile_131072_2026-11-30.md`).\n\n"
         + table(
             [
@@ -742,8 +767,8 @@ def masked_step(d: dict) -> str:
     if not rows:
         return ""
     return (
-        "`ds-longctx train` on the same random ids twice: labels that train a share of each row (512-token spans) "
-        "and every token trained; median of the steps after the first.\n\n"
+        "`ds-longctx train` on the same random ids twice: labels that train a share of each row "
+        "(512-token spans) and every token trained; median of the steps after the first.\n\n"
         + table(
             [
                 "model",
@@ -762,7 +787,8 @@ def masked_step(d: dict) -> str:
 
 
 def reshard(d: dict) -> str:
-    """Each `bench_reshard.py` run: the checkpoint converted, its seconds and peak host RSS, the whole model's time."""
+    """Each `bench_reshard.py` run: the checkpoint converted, its seconds and peak host RSS, the
+    whole model's time."""
     rows = [
         [
             r["geometry"],
@@ -779,9 +805,12 @@ def reshard(d: dict) -> str:
     if not rows:
         return ""
     return (
-        "`ds-longctx checkpoint reshard` of a ZeRO-3 checkpoint over 8 ranks cut to its first decoder layers (the "
-        "whole model needs its size twice on disk), files checked and hashed included; the whole model's seconds "
-        "predicted by bytes. Host memory is bounded by the largest parameter's fragment, not the depth.\n\n"
+        "`ds-longctx checkpoint reshard` of a ZeRO-3 checkpoint over 8 ranks cut to its first "
+        "decoder layers (the "
+        "whole model needs its size twice on disk), files checked and hashed included; the whole "
+        "model's seconds "
+        "predicted by bytes. Host memory is bounded by the largest parameter's fragment, not the "
+        "depth.\n\n"
         + table(
             [
                 "geometry",
@@ -799,8 +828,9 @@ def reshard(d: dict) -> str:
 
 
 def ran(d: dict, r: dict) -> tuple:
-    """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a longest.jsonl run,
-    else a held-out plan run of planner_runs.jsonl); ("", None) where it did not."""
+    """(", ran k steps (s the last)", the run's row) where a planned length ran on its machine (a
+    longest.jsonl run, else a held-out plan run of planner_runs.jsonl); ("", None) where it did
+    not."""
     key = (r["seq_len"], r["gpus"], r["gpu_mem_gb"], r["host_mem_gb"])
     runs = [
         x
@@ -817,8 +847,8 @@ def ran(d: dict, r: dict) -> tuple:
 
 
 def other_longest(d: dict) -> list:
-    """README rows: per model other than Qwen3-8B and machine, its newest run at a planned longest length (its
-    depth named where reduced), peaks beside the plan's."""
+    """README rows: per model other than Qwen3-8B and machine, its newest run at a planned longest
+    length (its depth named where reduced), peaks beside the plan's."""
     newest = {
         (r["model"], machine(r)): r
         for r in d.get("longest", [])
@@ -843,8 +873,9 @@ def other_longest(d: dict) -> list:
 
 
 def readme(d: dict) -> str:
-    """The README's one table: speed and GPU memory beside TRL and ALST, the longest lengths, the rehearsals' step
-    times, the planner's accuracy; each row says whether its figure was measured, planned or predicted."""
+    """The README's one table: speed and GPU memory beside TRL and ALST, the longest lengths, the
+    rehearsals' step times, the planner's accuracy; each row says whether its figure was measured,
+    planned or predicted."""
     runs = {(r["config"]["model"], r["gpus"], r["seq_len"]) for r in d.get("peers", [])}
     rows = [
         speed_row(d, *k)
@@ -865,8 +896,8 @@ def readme(d: dict) -> str:
                 f"longest Qwen3-8B, {m}",
                 "planned" + (", then run (measured)" if run else ""),
                 f"{n(r['seq_len'])} tokens" + text,
-                f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, {paper['machine']}), "
-                f"published"
+                f"{paper['system']} paper: {paper['seq_len'] / 1e6:g}M ({paper['model']}, "
+                f"{paper['machine']}), published"
                 if paper
                 else "",
                 result_file(
@@ -875,6 +906,7 @@ def readme(d: dict) -> str:
             ]
         )
     rows += other_longest(d) + rehearsed(d) + longest_rehearsed(d) + recall_rows(d)
+    rows += preference_rows(d)
     a = accuracy(d)
     rows.append(
         [
@@ -895,9 +927,9 @@ def model_name(r: dict) -> str:
 
 
 def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
-    """The fastest ds_longctx run of `model` on `gpus` GPUs at `seq` tokens beside each peer's, seconds per step and
-    peak GPU memory (reserved, max over ranks) each; where ours holds more GPU memory, its placement says why: the
-    plan spends the budget on speed."""
+    """The fastest ds_longctx run of `model` on `gpus` GPUs at `seq` tokens beside each peer's,
+    seconds per step and peak GPU memory (reserved, max over ranks) each; where ours holds more GPU
+    memory, its placement says why: the plan spends the budget on speed."""
     at = [
         r
         for r in d["peers"]
@@ -952,6 +984,7 @@ SECTIONS = {
         "rehearsal",
         "reshard",
         "recall",
+        "preference",
         "readme",
     )
 }

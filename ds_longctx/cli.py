@@ -1,28 +1,41 @@
 """The `ds-longctx` command.
 
-    ds-longctx demo                              # tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
-    ds-longctx train --nproc N [--config F] [--key value ...]   # N local processes under torchrun
-    ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y] [--out DIR]
-    ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]   # one GPU plays ranks of the config's world
-    ds-longctx export --checkpoint DIR --out DIR [--merged]     # DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
-    ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B] [--answer_loss true]
-                    [--recall true] [--key value ...]
-    ds-longctx eval --model DIR --data SESSIONS --recall true --out DIR [--seq_len L] [--key value ...]   # as it is
-    ds-longctx data prepare --stdlib --out DIR                  # the Python stdlib as a corpus + BPE + data card
-    ds-longctx data prepare --sessions [N] --out DIR            # long agent sessions over it: tools, far-back answers
-    ds-longctx checkpoint convert DIR [--tag T]          # a checkpoint of an older version -> digests, RNG as tensors
-    ds-longctx checkpoint reshard DIR [--tag T]          # its universal form ahead of a resume on another layout
-    ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]    # loss, lr, grad norm, tokens/s, memory against step (PNGs)
+    ds-longctx demo
+        tiny Qwen3, 2 CPU processes, SP=2, beside an SP=1 reference
+    ds-longctx train --nproc N [--config F] [--key value ...]
+        N local processes under torchrun
+    ds-longctx plan --model M --seq_len N --gpus G [--nodes N] [--gpu_mem_gb X] [--host_mem_gb Y]
+                    [--out DIR]
+        the levers for a run, and the configs that launch it
+    ds-longctx rehearse --config run.yaml [--rank R|roles] [--layers K]
+        one GPU plays ranks of the config's world
+    ds-longctx export --checkpoint DIR --out DIR [--merged]
+        DeepSpeed checkpoint -> HF safetensors (LoRA: PEFT)
+    ds-longctx eval --checkpoint DIR --data PATH|synthetic [--nproc N] [--rows R] [--buckets B]
+                    [--answer_loss true] [--recall true] [--key value ...]
+    ds-longctx eval --model DIR --data SESSIONS --recall true --out DIR [--seq_len L]
+                    [--key value ...]
+        the model as it is
+    ds-longctx data prepare --stdlib --out DIR
+        the Python stdlib as a corpus + BPE + data card
+    ds-longctx data prepare --sessions [N] --out DIR
+        long agent sessions over it: tools, far-back answers
+    ds-longctx checkpoint convert DIR [--tag T]
+        a checkpoint of an older version -> digests, RNG as tensors
+    ds-longctx checkpoint reshard DIR [--tag T]
+        its universal form ahead of a resume on another layout
+    ds-longctx plot RUN_DIR [RUN_DIR ...] [--out DIR]
+        loss, lr, grad norm, tokens/s, memory against step (PNGs)
 
-Exit codes (docs/reliability.md, "Every stop ends with one line"): 0 done, 1 failed, 2 refused, 130 / 143 stopped by
-SIGINT / SIGTERM after the workers saved; every stop prints its one line last.
+Exit codes (docs/reliability.md, "Every stop ends with one line"): 0 done, 1 failed, 2 refused, 130
+/ 143 stopped by SIGINT / SIGTERM after the workers saved; every stop prints its one line last.
 """
 
 from __future__ import annotations
 
-# Each command imports its modules when it runs (COMMANDS' entry points, imports inside functions): `import
-# ds_longctx.cli` loads the standard library only, so `ds-longctx plan` and every `--help` and refusal answer
-# without torch, and fast.
+# Each command imports its modules when it runs (COMMANDS' entry points, imports inside functions):
+# `import ds_longctx.cli` loads the standard library only, so `ds-longctx plan` and every `--help`
+# and refusal answer without torch, and fast.
 import argparse
 import importlib
 import json
@@ -34,9 +47,9 @@ from pathlib import Path
 
 
 def precheck(nproc: int, run_args: list[str]):
-    """Parse and check the run in this process (another writer in output_dir: checkpoint/run_lock.py; `preflight`: the
-    engine's checks, RoPE coverage, data source, output_dir / resume), before any worker starts. Exits 2 on bad
-    input."""
+    """Parse and check the run in this process (another writer in output_dir:
+    checkpoint/run_lock.py; `preflight`: the engine's checks, RoPE coverage, data source,
+    output_dir / resume), before any worker starts. Exits 2 on bad input."""
     from ds_longctx.checkpoint.run_lock import FIX, in_use, lock_holder
     from ds_longctx.run.argv import parse_config
     from ds_longctx.run.preflight import preflight
@@ -52,15 +65,15 @@ def precheck(nproc: int, run_args: list[str]):
         refuse(f"refused before start: {e}")
     except OSError as e:  # a path no check could look at (a name too long, an unsearchable folder)
         refuse(
-            f"refused before start: {e.filename or ''}: {e.strerror or e}; give a path this machine can use "
-            f"(output_dir, data, tokenizer, eval_data)"
+            f"refused before start: {e.filename or ''}: {e.strerror or e}; give a path this "
+            f"machine can use (output_dir, data, tokenizer, eval_data)"
         )
     return cfg
 
 
 def run_train(nproc: int, run_args: list[str]) -> int:
-    """Check the run here (`precheck`), then start `nproc` local training workers (run/launch.py) holding
-    output_dir's lock."""
+    """Check the run here (`precheck`), then start `nproc` local training workers (run/launch.py)
+    holding output_dir's lock."""
     from ds_longctx.checkpoint.run_lock import FIX
     from ds_longctx.run.launch import launch_holding
     from ds_longctx.run.refuse import REFUSED
@@ -79,9 +92,9 @@ CPU_PROCESSES_PER_CORE = 4
 
 
 def nproc_problem(nproc: int) -> str | None:
-    """Why `--nproc` cannot start here, or None: one process per GPU on a GPU machine; on CPU (gloo) at most
-    CPU_PROCESSES_PER_CORE per core. Asked before anything starts: a worker count past the machine forks hundreds of
-    processes that torchrun then struggles to stop."""
+    """Why `--nproc` cannot start here, or None: one process per GPU on a GPU machine; on CPU (gloo)
+    at most CPU_PROCESSES_PER_CORE per core. Asked before anything starts: a worker count past the
+    machine forks hundreds of processes that torchrun then struggles to stop."""
     import torch
 
     if nproc < 1:
@@ -90,22 +103,24 @@ def nproc_problem(nproc: int) -> str | None:
         gpus = torch.cuda.device_count()
         if nproc > gpus:
             return (
-                f"--nproc {nproc}: this machine has {gpus} GPU(s), one process each; use --nproc <= {gpus} "
-                f"(more GPUs: several nodes, launched as in the plan's launch.txt)"
+                f"--nproc {nproc}: this machine has {gpus} GPU(s), one process each; use --nproc "
+                f"<= {gpus} (more GPUs: several nodes, launched as in the plan's launch.txt)"
             )
         return None
     cores = os.cpu_count() or 1
     if nproc > CPU_PROCESSES_PER_CORE * cores:
         return (
-            f"--nproc {nproc}: no GPU here, so the processes share {cores} CPU core(s) over gloo; use --nproc <= "
-            f"{CPU_PROCESSES_PER_CORE * cores} ({CPU_PROCESSES_PER_CORE} per core), or run on GPUs"
+            f"--nproc {nproc}: no GPU here, so the processes share {cores} CPU core(s) over gloo; "
+            f"use --nproc <= {CPU_PROCESSES_PER_CORE * cores} ({CPU_PROCESSES_PER_CORE} per core), "
+            "or run on GPUs"
         )
     return None
 
 
 def run_eval(argv: list[str]) -> int:
-    """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad input), then start the
-    checkpoint's world size of workers (or --nproc, refused unless equal) as `run_train` does."""
+    """`ds-longctx eval`: check everything here (run/eval_checkpoint.eval_inputs: exit 2 on bad
+    input), then start the checkpoint's world size of workers (or --nproc, refused unless equal) as
+    `run_train` does."""
     from ds_longctx.checkpoint.run_lock import in_use, lock_holder
     from ds_longctx.run.eval_checkpoint import OUT_FIX, args_parser, eval_inputs
     from ds_longctx.run.launch import launch_holding
@@ -145,25 +160,13 @@ def read_losses(output_dir: str) -> list[float]:
 
 
 def run_demo(args) -> int:
-    """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes, then
-    the same run on 1 process (SP=1), losses side by side."""
+    """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes,
+    then the same run on 1 process (SP=1), losses side by side."""
     import signal
 
-    base = [
-        "--model",
-        "qwen3-tiny",
-        "--seq_len",
-        str(args.seq_len),
-        "--steps",
-        str(args.steps),
-        "--seed",
-        str(args.seed),
-        "--lr",
-        "1e-3",
-        "--dtype",
-        "fp32",
-        "--overwrite",
-    ]  # a demo replaces the last
+    base = ["--model", "qwen3-tiny", "--seq_len", str(args.seq_len), "--steps", str(args.steps)]
+    base += ["--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32"]
+    base += ["--overwrite"]  # a demo replaces the last
     out = Path(args.output_dir)
     runs = {"sp2": (2, ["--sp_size", "2"]), "sp1": (1, ["--sp_size", "1"])}
     for name, (nproc, extra) in runs.items():
@@ -177,13 +180,8 @@ def run_demo(args) -> int:
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import Levers, plan_memory
 
-    plan = plan_memory(
-        ModelGeometry.from_name_or_path("qwen3-tiny"),
-        args.seq_len,
-        2,
-        2,
-        Levers(tiled_mlp=False, loss_chunk_rows=4096),
-    )
+    geom = ModelGeometry.from_name_or_path("qwen3-tiny")
+    plan = plan_memory(geom, args.seq_len, 2, 2, Levers(tiled_mlp=False, loss_chunk_rows=4096))
     print("memory plan of this run (per GPU if it ran on GPUs; `ds-longctx plan` for real runs):")
     print(plan.table())
     print()
@@ -203,9 +201,7 @@ def run_demo(args) -> int:
 def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C before any worker ran (after, torchrun's agent hands it to them)
+    except KeyboardInterrupt:  # Ctrl-C before any worker ran (after, torchrun hands it to them)
         import signal
 
         from ds_longctx.run.stops import signal_exit
@@ -217,15 +213,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(signal_exit(signal.SIGINT))
     except BrokenPipeError:
-        # the reader went away (`ds-longctx plan ... | head`): no traceback; stdout's remaining buffer goes to
-        # /dev/null so the interpreter's final flush cannot raise again (Python's documented recipe)
+        # the reader went away (`ds-longctx plan ... | head`): no traceback; stdout's remaining
+        # buffer goes to /dev/null so the interpreter's final flush cannot raise again (Python's
+        # documented recipe)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
 
 
 # ---------------------------------------------------------------- entry points that live here
 def _train(args: list[str]) -> int:
-    """`ds-longctx train --nproc N [--config F] [--key value ...]`: --nproc here, the rest to the run config."""
+    """`ds-longctx train --nproc N [--config F] [--key value ...]`: --nproc here, the rest to the
+    run config."""
     from ds_longctx.config import RunConfig
 
     t = argparse.ArgumentParser(
@@ -233,8 +231,8 @@ def _train(args: list[str]) -> int:
         allow_abbrev=False,
         epilog=RunConfig.help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Start N local training processes under torchrun; every option but --nproc goes "
-        "to the run config (below). Refusals exit 2 with one line, printed last.",
+        description="Start N local training processes under torchrun; every option but "
+        "--nproc goes to the run config (below). Refusals exit 2 with one line, printed last.",
     )
     t.add_argument(
         "--nproc", type=int, default=1, help="local processes (one per GPU; gloo on CPU)"
@@ -259,7 +257,8 @@ def _demo(args: list[str]) -> int:
 
 
 def _data(args: list[str]) -> int:
-    """`ds-longctx data prepare --stdlib|--sessions --out DIR`; a signal ends it at once, with its line."""
+    """`ds-longctx data prepare --stdlib|--sessions --out DIR`; a signal ends it at once, with its
+    line."""
     from ds_longctx.corpora.prepare import main as data_main
     from ds_longctx.run.refuse import refuse
     from ds_longctx.run.stops import StopRequest
@@ -268,8 +267,8 @@ def _data(args: list[str]) -> int:
     try:
         with signals.now(
             "preparing the data",
-            "nothing written at --out (a .partial directory beside it, if "
-            "any, goes at the next `data prepare` there)",
+            "nothing written at --out (a .partial directory beside it, if any, goes at the next "
+            "`data prepare` there)",
         ):
             sys.exit(data_main(args))
     except ValueError as e:
@@ -291,8 +290,9 @@ def _eval(args: list[str]) -> int:
 # ---------------------------------------------------------------- the commands: one record each
 @dataclass(frozen=True)
 class Command:
-    """One `ds-longctx` command: its name, its line in `--help`, and its entry point ("module:function",
-    imported when the command runs and called with the arguments after the name)."""
+    """One `ds-longctx` command: its name, its line in `--help`, and its entry point
+    ("module:function", imported when the command runs and called with the arguments after the
+    name)."""
 
     name: str
     help: str

@@ -1,4 +1,5 @@
-"""`python -m ds_longctx.eval`: the per-process entry of `ds-longctx eval` (`ds_longctx.run.eval_checkpoint`)."""
+"""`python -m ds_longctx.eval`: the per-process entry of `ds-longctx eval`
+(`ds_longctx.run.eval_checkpoint`)."""
 
 from ds_longctx.run.eval_checkpoint import main
 

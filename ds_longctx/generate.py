@@ -1,5 +1,5 @@
-"""`python -m ds_longctx.generate`: the old spelling of `python -m ds_longctx.plan` (the config writer,
-`ds_longctx.plan.write`)."""
+"""`python -m ds_longctx.generate`: the old spelling of `python -m ds_longctx.plan` (the config
+writer, `ds_longctx.plan.write`)."""
 
 import sys
 

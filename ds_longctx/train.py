@@ -1,4 +1,5 @@
-"""`python -m ds_longctx.train`: the per-process training entry (ds_longctx.run.train; the loop: run/train_loop.py)."""
+"""`python -m ds_longctx.train`: the per-process training entry (ds_longctx.run.train; the loop:
+run/train_loop.py)."""
 
 from ds_longctx.run.train import main
 

@@ -1,6 +1,7 @@
-"""Build DeepSpeed's CPU Adam op into torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
-where the tests marked `cpu_adam` load it in a second. The README's test command runs this once after the install;
-where it was not run, tests/conftest.py runs it in the background while the other tests go on.
+"""Build DeepSpeed's CPU Adam op into torch's extension cache (TORCH_EXTENSIONS_DIR, default
+~/.cache/torch_extensions), where the tests marked `cpu_adam` load it in a second. The README's test
+command runs this once after the install; where it was not run, tests/conftest.py runs it in the
+background while the other tests go on.
 
     python -m tests.build_ops
 """

@@ -1,12 +1,14 @@
-"""Suite-wide set-up: one torch thread per pytest process; DeepSpeed's CPU Adam op, built once, in the background.
+"""Suite-wide set-up: one torch thread per pytest process; DeepSpeed's CPU Adam op, built once, in
+the background.
 
-DeepSpeedCPUAdam is JIT-built by torch's cpp_extension on first use (about 100 s of one core on the 2-core CI
-machine) into torch's extension cache (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), where every later
-process loads it in a second. The README's test command builds it after the install (`python -m tests.build_ops`);
-where that did not run and a collected test is marked `cpu_adam`, the build starts as soon as collection
-ends, at the lowest CPU priority, so it runs on whatever core the other tests leave idle; the marked tests run last
-and wait for it (a cached build loads at once). Several pytest processes (xdist) may start it together: torch's
-lock on the extension directory makes one build and the others wait and load it.
+DeepSpeedCPUAdam is JIT-built by torch's cpp_extension on first use (about 100 s of one core on the
+2-core CI machine) into torch's extension cache (TORCH_EXTENSIONS_DIR, default
+~/.cache/torch_extensions), where every later process loads it in a second. The README's test
+command builds it after the install (`python -m tests.build_ops`); where that did not run and a
+collected test is marked `cpu_adam`, the build starts as soon as collection ends, at the lowest CPU
+priority, so it runs on whatever core the other tests leave idle; the marked tests run last and wait
+for it (a cached build loads at once). Several pytest processes (xdist) may start it together:
+torch's lock on the extension directory makes one build and the others wait and load it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-# One intra-op thread in every pytest process, set before torch is imported: the suite runs two pytest processes and
-# their children on two cores, where torch's default of a thread per core makes its OpenMP threads spin against each
-# other and a small test runs several times slower. Subprocesses get the same from helpers.cpu_env.
+# One intra-op thread in every pytest process, set before torch is imported: the suite runs two
+# pytest processes and their children on two cores, where torch's default of a thread per core makes
+# its OpenMP threads spin against each other and a small test runs several times slower.
+# Subprocesses get the same from helpers.cpu_env.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 BUILD = ["-m", "tests.build_ops"]  # prints "cpu_adam ready" once built
@@ -55,9 +58,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked `slow` (multi-process) first, so that pytest-xdist hands out its longest modules before the
-    short ones fill in around them; the tests marked `cpu_adam` last, so that the build has the whole run to finish.
-    Stable order otherwise."""
+    """The tests marked `slow` (multi-process) first, so that pytest-xdist hands out its longest
+    modules before the short ones fill in around them; the tests marked `cpu_adam` last, so that the
+    build has the whole run to finish. Stable order otherwise."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("cpu_adam") is not None,
@@ -74,8 +77,9 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
-    """A build still running (its tests deselected by -x, or failed first) is interrupted: SIGINT lets torch release
-    its lock on the extension directory (a killed build would leave it, and every later load would wait on it)."""
+    """A build still running (its tests deselected by -x, or failed first) is interrupted: SIGINT
+    lets torch release its lock on the extension directory (a killed build would leave it, and every
+    later load would wait on it)."""
     proc = _build.get("proc")
     if proc is not None and proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
@@ -87,7 +91,8 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def cpu_adam():
-    """DeepSpeedCPUAdam is built and in torch's extension cache (the background build waited for)."""
+    """DeepSpeedCPUAdam is built and in torch's extension cache (the background build waited
+    for)."""
     if not _build:
         _start_build()
     proc = _build["proc"]
@@ -111,8 +116,8 @@ def _cpu_adam_for_marked(request):
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
-    """SmolLM2-135M-Instruct as `ds-longctx models get` converts it, from its machine-wide cache (converted there
-    once: checkpoint/real_models.ensure_cached)."""
+    """SmolLM2-135M-Instruct as `ds-longctx models get` converts it, from its machine-wide cache
+    (converted there once: checkpoint/real_models.ensure_cached)."""
     from ds_longctx.checkpoint.real_models import ensure_cached
 
     return ensure_cached("smollm2-135m-instruct")

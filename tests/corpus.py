@@ -1,7 +1,9 @@
-"""The small local corpus of the tests (no network): word-level and BPE tokenizers, ChatML chat templates with and
-without generation markers, random documents and the files that hold them (JSONL, a folder of .txt, Parquet).
+"""The small local corpus of the tests (no network): word-level and BPE tokenizers, ChatML chat
+templates with and without generation markers, random documents and the files that hold them (JSONL,
+a folder of .txt, Parquet).
 
-Heavy imports (tokenizers, transformers, pyarrow) stay inside the functions, so importing this module is cheap.
+Heavy imports (tokenizers, transformers, pyarrow) stay inside the functions, so importing this
+module is cheap.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ def words(n: int) -> list[str]:
 
 
 def make_tokenizer(path: Path, n_words: int = 60, extra: tuple = ()) -> Path:
-    """A WordLevel tokenizer over `n_words` words + 4 specials, saved as a PreTrainedTokenizerFast directory
-    (ids: [PAD]=0 [BOS]=1 [EOS]=2 [UNK]=3, then w0, w1, ..., then the `extra` words)."""
+    """A WordLevel tokenizer over `n_words` words + 4 specials, saved as a PreTrainedTokenizerFast
+    directory (ids: [PAD]=0 [BOS]=1 [EOS]=2 [UNK]=3, then w0, w1, ..., then the `extra` words)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,30 +40,30 @@ def make_tokenizer(path: Path, n_words: int = 60, extra: tuple = ()) -> Path:
 
 CHAT_SPECIALS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
 CHAT_WORDS = ["system", "user", "assistant", "tool", "tools"]
-# ChatML, its tool calls as `<tool_call> NAME ARG_VALUES </tool_call>`; GENERATION marks what an assistant turn trains
+# ChatML, its tool calls as `<tool_call> NAME ARG_VALUES </tool_call>`; GENERATION marks what an
+# assistant turn trains
 CHATML = (
-    "{%- if tools %}<|im_start|>system\ntools {% for t in tools %}{{ t.function.name }} {% endfor %}<|im_end|>\n"
-    "{% endif %}"
-    "{%- for m in messages %}"
+    "{%- if tools %}<|im_start|>system\ntools {% for t in tools %}{{ t.function.name }} {% endfor "
+    "%}<|im_end|>\n{% endif %}{%- for m in messages %}"
     "{%- if m.role == 'assistant' %}<|im_start|>assistant\nGEN_START{{ m.content or '' }}"
     "{%- for tc in m.tool_calls or [] %} <tool_call> {{ tc.function.name }} "
     "{%- for k, v in tc.function.arguments.items() %} {{ v }}{% endfor %} </tool_call>{% endfor %}"
     "<|im_end|>GEN_END{{ '\\n' }}"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
 def chat_template(generation: bool) -> str:
-    """CHATML with `{% generation %}` markers around each assistant turn's content and end, or without."""
+    """CHATML with `{% generation %}` markers around each assistant turn's content and end, or
+    without."""
     start, end = ("{% generation %}", "{% endgeneration %}") if generation else ("", "")
     return CHATML.replace("GEN_START", start).replace("GEN_END", end)
 
 
 def make_chat_tokenizer(path: Path, template: str, n_words: int = 60) -> Path:
-    """`make_tokenizer` with ChatML's special tokens (after the words: CHAT_WORDS, then CHAT_SPECIALS as added
-    tokens) and `template` as its chat template."""
+    """`make_tokenizer` with ChatML's special tokens (after the words: CHAT_WORDS, then
+    CHAT_SPECIALS as added tokens) and `template` as its chat template."""
     from transformers import AutoTokenizer
 
     make_tokenizer(path, n_words, extra=tuple(CHAT_WORDS))
@@ -81,8 +83,9 @@ BPE_TEXT = [
 
 
 def bpe_tokenizer(specials: list, eos: str, bos: str | None = None, vocab_size: int = 300):
-    """A byte-level BPE trained here on BPE_TEXT (ms), with `specials` as special tokens: a real tokenizer's
-    offsets and merges for the chat-template tests, held in memory (`save_pretrained` to use it as a directory)."""
+    """A byte-level BPE trained here on BPE_TEXT (ms), with `specials` as special tokens: a real
+    tokenizer's offsets and merges for the chat-template tests, held in memory (`save_pretrained` to
+    use it as a directory)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

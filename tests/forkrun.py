@@ -1,29 +1,33 @@
-"""The tests' multi-process launcher on CPU: each process of a job is forked from one server process that has already
-imported torch, transformers, DeepSpeed and ds_longctx, instead of a fresh interpreter that imports them again
-(about 4 s of CPU a process, most of a tiny job's time on the 2-core CI machine).
+"""The tests' multi-process launcher on CPU: each process of a job is forked from one server process
+that has already imported torch, transformers, DeepSpeed and ds_longctx, instead of a fresh
+interpreter that imports them again (about 4 s of CPU a process, most of a tiny job's time on the
+2-core CI machine).
 
 Two kinds of job:
-- workers (`tests/helpers.torchrun`): each forked process gets what torchrun's agent gives a worker (RANK,
-  LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR/PORT, TORCHELASTIC_*); torchrun's agent
-  itself does not run.
-- launchers (`helpers.run_cli`: a `ds-longctx` command; `helpers.torchrun_nodes`: one torchrun agent per node): the
-  forked process runs the command's own code, torchrun's agent included, and the agent's workers are forked from it
-  (`_fork_torchrun_workers`) rather than started as `python -u -m MODULE`: the same environment, session and output
-  files that Popen would give them.
-Either way a process gets the caller's environment, its own session, fresh-interpreter signal handlers, stdout and
-stderr into files; it runs the script (or `-m` module) as `__main__` and exits without the interpreter's teardown.
-As under torchrun, one process that fails ends the others; a job past its timeout is killed.
+- workers (`tests/helpers.torchrun`): each forked process gets what torchrun's agent gives a worker
+  (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR/PORT,
+  TORCHELASTIC_*); torchrun's agent itself does not run.
+- launchers (`helpers.run_cli`: a `ds-longctx` command; `helpers.torchrun_nodes`: one torchrun agent
+  per node): the forked process runs the command's own code, torchrun's agent included, and the
+  agent's workers are forked from it (`_fork_torchrun_workers`) rather than started as `python -u -m
+  MODULE`: the same environment, session and output files that Popen would give them.
+Either way a process gets the caller's environment, its own session, fresh-interpreter signal
+handlers, stdout and stderr into files; it runs the script (or `-m` module) as `__main__` and exits
+without the interpreter's teardown. As under torchrun, one process that fails ends the others; a job
+past its timeout is killed.
 
-What a forked process shares with its parent is module state set before the fork (a memo, a logging handler); a
-fresh interpreter would start without it. The real paths keep their own tests: launchers started as processes
-(`deepspeed`, `accelerate launch`, `torchrun`, `ds-longctx train`: tests/test_launch.py, test_stops.py,
-test_train.py's deepspeed launcher, test_killed_rank.py), and `DS_LONGCTX_TEST_TORCHRUN=1` sends every job of
-tests/helpers (torchrun, run_cli, torchrun_nodes) to fresh processes instead.
+What a forked process shares with its parent is module state set before the fork (a memo, a logging
+handler); a fresh interpreter would start without it. The real paths keep their own tests: launchers
+started as processes (`deepspeed`, `accelerate launch`, `torchrun`, `ds-longctx train`:
+tests/test_launch.py, test_stops.py,
+test_train.py's deepspeed launcher, test_killed_rank.py), and `DS_LONGCTX_TEST_TORCHRUN=1` sends
+every job of tests/helpers (torchrun, run_cli, torchrun_nodes) to fresh processes instead.
 
-    codes, outputs = run(2, ["tests/distributed/grad_worker.py", "--sp", "2", "--out", "g.pt"], module=False, ...)
+    argv = ["tests/distributed/grad_worker.py", "--sp", "2", "--out", "g.pt"]
+    codes, outputs = run(2, argv, module=False, ...)
 
-Protocol with the server (`python -m tests.forkrun`): "ready" once imported, then per job one JSON line in (the
-task) and one out (each process's exit code: negative for a signal).
+Protocol with the server (`python -m tests.forkrun`): "ready" once imported, then per job one JSON
+line in (the task) and one out (each process's exit code: negative for a signal).
 """
 
 from __future__ import annotations
@@ -66,13 +70,15 @@ PRELOAD = (
     "ds_longctx.rehearsal.rehearse",
     "ds_longctx.checkpoint.export",
     "ds_longctx.run.eval_checkpoint",
-    # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile: torch._inductor)
+    # what DeepSpeed's ZeRO optimizer check imports on first use (Muon's torch.compile:
+    # torch._inductor)
     "deepspeed.runtime.zero.muon.muon_optimizer",
 )
 START_TIMEOUT_S = 300
 
 
-# ----------------------------------------------------------------------------- the server (a process of its own)
+# ----------------------------------------------------------------------------- the server (a
+# process of its own)
 def _exit_code(e: SystemExit) -> int:
     if e.code is None:
         return 0
@@ -83,8 +89,8 @@ def _exit_code(e: SystemExit) -> int:
 
 
 def _child(task: dict, rank: int) -> None:
-    """In the forked process: torchrun's worker environment (a launcher task: none, and its own workers forked too),
-    output to the task's files, the script, exit."""
+    """In the forked process: torchrun's worker environment (a launcher task: none, and its own
+    workers forked too), output to the task's files, the script, exit."""
     os.setsid()  # its own session: the server kills the process and anything it started together
     logs = Path(task["log_dir"])
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -122,8 +128,9 @@ def _child(task: dict, rank: int) -> None:
 
 
 def _run_main(args: list[str], module: bool, env: dict) -> None:
-    """Run `args` (a script or, with `module`, a module, then its arguments) as `__main__` in this forked process with
-    exactly `env` and the signal handlers of a fresh interpreter, then `os._exit` with its exit status."""
+    """Run `args` (a script or, with `module`, a module, then its arguments) as `__main__` in this
+    forked process with exactly `env` and the signal handlers of a fresh interpreter, then
+    `os._exit` with its exit status."""
     for sig in (
         signal.valid_signals()
     ):  # the handlers a parent installed (torchrun's agent: SIGTERM, SIGINT, ...)
@@ -162,8 +169,8 @@ def _run_main(args: list[str], module: bool, env: dict) -> None:
 
 
 class _ForkedWorker:
-    """What torchrun's agent uses of a worker's `Popen` (pid, poll, wait, returncode), for a worker forked from the
-    launcher's process instead of started as a fresh `python -u -m MODULE ...`."""
+    """What torchrun's agent uses of a worker's `Popen` (pid, poll, wait, returncode), for a worker
+    forked from the launcher's process instead of started as a fresh `python -u -m MODULE ...`."""
 
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
@@ -185,9 +192,10 @@ class _ForkedWorker:
 
 
 def _fork_torchrun_workers() -> None:
-    """In a launcher task (`ds-longctx train --nproc N`, `eval`): torchrun's agent, which runs in this process, forks
-    each `python -u [-m] X ARGS` worker from it (everything imported) instead of starting a fresh interpreter. The
-    worker gets what Popen would give it: its own session, the agent's environment and output files."""
+    """In a launcher task (`ds-longctx train --nproc N`, `eval`): torchrun's agent, which runs in
+    this process, forks each `python -u [-m] X ARGS` worker from it (everything imported) instead of
+    starting a fresh interpreter. The worker gets what Popen would give it: its own session, the
+    agent's environment and output files."""
     from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
         SubprocessHandler,
     )
@@ -230,7 +238,8 @@ def _kill(pid: int) -> None:
 
 
 def _run_task(task: dict) -> list[int]:
-    """Fork the task's processes and wait: all done, one failed (the others are killed) or the timeout passed."""
+    """Fork the task's processes and wait: all done, one failed (the others are killed) or the
+    timeout passed."""
     pids = []
     for rank in range(task["nproc"]):
         pid = os.fork()
@@ -277,12 +286,14 @@ def serve() -> None:
             print(json.dumps({"codes": _run_task(json.loads(line))}), file=out, flush=True)
 
 
-# ----------------------------------------------------------------------------- the client (the test process)
+# ----------------------------------------------------------------------------- the client (the test
+# process)
 _server: subprocess.Popen | None = None
 
 
 def _start(env: dict) -> subprocess.Popen:
-    """The server, its own stderr into a file (not the stderr pytest captures for the test that happens to start it)."""
+    """The server, its own stderr into a file (not the stderr pytest captures for the test that
+    happens to start it)."""
     import tempfile
 
     log = Path(tempfile.mkdtemp(prefix="forkrun-")) / "server.log"
@@ -334,11 +345,13 @@ def run(
     rank_args: list[list[str]] | None = None,
     cwd: Path | None = None,
 ) -> list[int]:
-    """Run one job on the server (started on first use, with `env`, or again if it died); each process's exit code
-    (negative: killed by that signal; -9 past `timeout`). Its output: `log_dir`/rank{r}.out and .err. `launcher`: one
-    process without torchrun's worker environment, whose own torchrun workers are forked from it (a `ds-longctx`
-    command). `rank_args`: each process's own arguments instead of `args` (several torchrun agents, one a node).
-    `cwd`: the processes' working directory (default the repository root)."""
+    """Run one job on the server (started on first use, with `env`, or again if it died); each
+    process's exit code (negative: killed by that signal; -9 past `timeout`). Its output:
+    `log_dir`/rank{r}.out and .err. `launcher`: one
+    process without torchrun's worker environment, whose own torchrun workers are forked from it (a
+    `ds-longctx` command). `rank_args`: each process's own arguments instead of `args` (several
+    torchrun agents, one a node). `cwd`: the processes' working directory (default the repository
+    root)."""
     global _server
     if _server is None or _server.poll() is not None:
         _server = _start(env)
@@ -368,7 +381,8 @@ def run(
 
 
 def outputs(log_dir: Path, nproc: int) -> list[tuple[str, str]]:
-    """(stdout, stderr) of each process of the job whose `log_dir` was given to `run`, in rank order."""
+    """(stdout, stderr) of each process of the job whose `log_dir` was given to `run`, in rank
+    order."""
     return [
         tuple((Path(log_dir) / f"rank{r}.{s}").read_text(errors="replace") for s in ("out", "err"))
         for r in range(nproc)

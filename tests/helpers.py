@@ -1,9 +1,11 @@
-"""The test toolbox: environments for subprocesses, the relative error, the tiny reference model, the multi-process
-harness (torchrun on CPU/gloo, the `ds-longctx` CLI), the refusal check (`refused`: a bad input stops
-before the engine and leaves output_dir as it was) and benchmarks/bench_planner.py loaded as a module. The small
-local corpus (tokenizers, chat templates, documents) is tests/corpus.py.
+"""The test toolbox: environments for subprocesses, the relative error, the tiny reference model,
+the multi-process harness (torchrun on CPU/gloo, the `ds-longctx` CLI), the refusal check
+(`refused`: a bad input stops before the engine and leaves output_dir as it was) and
+benchmarks/bench_planner.py loaded as a module. The small local corpus (tokenizers, chat templates,
+documents) is tests/corpus.py.
 
-Heavy imports (torch, transformers, deepspeed) stay inside the functions, so importing this module is cheap.
+Heavy imports (torch, transformers, deepspeed) stay inside the functions, so importing this module
+is cheap.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def gpu_env() -> dict:
 
 
 def gpus_here(most: int = 2) -> int:
-    """The GPU tests' world size: every GPU here, `most` at most. A lever's test that is not about SP runs at SP = this
-    (SP=2 on 2 GPUs, SP=1 on one), so a one-GPU machine still runs it."""
+    """The GPU tests' world size: every GPU here, `most` at most. A lever's test that is not about
+    SP runs at SP = this (SP=2 on 2 GPUs, SP=1 on one), so a one-GPU machine still runs it."""
     import torch
 
     return min(most, torch.cuda.device_count())
@@ -59,7 +61,8 @@ def read_metrics(output_dir, name: str = "metrics.jsonl") -> list[dict]:
 
 
 def checkpoint_weights(output_dir, tag: str) -> dict:
-    """{name: fp32 tensor} of the ZeRO-3 checkpoint `tag` of a run's `output_dir` (DeepSpeed's zero_to_fp32)."""
+    """{name: fp32 tensor} of the ZeRO-3 checkpoint `tag` of a run's `output_dir` (DeepSpeed's
+    zero_to_fp32)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from ds_longctx.checkpoint.resume import ckpt_root
@@ -69,10 +72,12 @@ def checkpoint_weights(output_dir, tag: str) -> dict:
 
 # ----------------------------------------------------------------------------- numerics
 def rel_err(a, b, norm: str = "fro") -> float:
-    """The relative error of `a` against the reference `b` (tensors or numbers), computed in float64.
+    """The relative error of `a` against the reference `b` (tensors or numbers), computed in
+    float64.
 
-    norm="fro":         ||a - b|| / ||b|| (Frobenius); ||a|| when ||b|| == 0 (so 0 when both are zero).
-    norm="max":         max|a - b| / max|b| (max|b| clamped at 1e-30): relative to the tensor's scale, so
+    norm="fro":         ||a - b|| / ||b|| (Frobenius); ||a|| when ||b|| == 0 (so 0 when both are
+    zero). norm="max":         max|a - b| / max|b| (max|b| clamped at 1e-30): relative to the
+    tensor's scale, so
                         near-zero elements do not dominate.
     norm="elementwise": max over elements of |a - b| / |b| (for references with no zero element).
     """
@@ -94,9 +99,9 @@ def rel_err(a, b, norm: str = "fro") -> float:
 
 # ----------------------------------------------------------------------------- the tiny model
 def tiny_config(attn: str = "sdpa", model: str = "qwen3-tiny"):
-    """The HF config of the shipped `qwen3-tiny` geometry (2 layers, hidden 64, 8 query / 2 KV heads, vocab 512),
-    or of another shipped `model` (`qwen3.5-tiny`: 3 gated DeltaNet layers and 1 full), with attention implementation
-    `attn`."""
+    """The HF config of the shipped `qwen3-tiny` geometry (2 layers, hidden 64, 8 query / 2 KV
+    heads, vocab 512), or of another shipped `model` (`qwen3.5-tiny`: 3 gated DeltaNet layers and 1
+    full), with attention implementation `attn`."""
     from ds_longctx.run.model import load_hf_config
 
     cfg = load_hf_config(model)
@@ -107,10 +112,10 @@ def tiny_config(attn: str = "sdpa", model: str = "qwen3-tiny"):
 def tiny_model(
     seed: int = 0, attn: str = "sdpa", dtype=None, device: str = "cpu", model: str = "qwen3-tiny"
 ):
-    """A plain HF causal LM (no DeepSpeed, no Ulysses) of the `qwen3-tiny` geometry (or shipped `model`), in train
-    mode, with the engine's deterministic weights for `seed` (`init_weights`: one draw per parameter name, from a
-    generator of the parameter's device, so the same weights as an engine on the same device type, in every
-    process)."""
+    """A plain HF causal LM (no DeepSpeed, no Ulysses) of the `qwen3-tiny` geometry (or shipped
+    `model`), in train mode, with the engine's deterministic weights for `seed` (`init_weights`: one
+    draw per parameter name, from a generator of the parameter's device, so the same weights as an
+    engine on the same device type, in every process)."""
     from ds_longctx.run.model import init_weights, model_class
 
     cfg = tiny_config(attn, model)
@@ -130,9 +135,10 @@ def torchrun_cmd(
     nodes: int = 1,
     node_rank: int = 0,
 ) -> list[str]:
-    """The torchrun command line for `args` (a script path + its args, or a module + its args when `module`).
-    `nodes` > 1: one "node" of several started on this machine (`--nnodes`, `--node_rank`, the c10d rendezvous of
-    the generated launch.txt on a localhost `port`, which every node's command must share)."""
+    """The torchrun command line for `args` (a script path + its args, or a module + its args when
+    `module`). `nodes` > 1: one "node" of several started on this machine (`--nnodes`,
+    `--node_rank`, the c10d rendezvous of the generated launch.txt on a localhost `port`, which
+    every node's command must share)."""
     if nodes == 1:
         rdzv = ["--master_addr", "127.0.0.1", "--master_port", str(port or free_port())]
     else:
@@ -166,10 +172,11 @@ def torchrun(
     timeout: int = 600,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `args` on `nproc` processes (CPU/gloo unless `env` says otherwise), blocking; AssertionError with the
-    output's tail when it fails. With the default environment the processes are forked from the pre-imported server
-    of tests/forkrun.py (torchrun's worker environment, without its agent); with another `env`, or with
-    DS_LONGCTX_TEST_TORCHRUN=1, under torchrun itself. `cwd`: the working directory (default the repository root)."""
+    """Run `args` on `nproc` processes (CPU/gloo unless `env` says otherwise), blocking;
+    AssertionError with the output's tail when it fails. With the default environment the processes
+    are forked from the pre-imported server of tests/forkrun.py (torchrun's worker environment,
+    without its agent); with another `env`, or with DS_LONGCTX_TEST_TORCHRUN=1, under torchrun
+    itself. `cwd`: the working directory (default the repository root)."""
     if env is None and os.environ.get("DS_LONGCTX_TEST_TORCHRUN") != "1":
         return _forked(nproc, args, module, timeout, cwd)
     cmd = torchrun_cmd(nproc, args, module)
@@ -177,8 +184,9 @@ def torchrun(
         cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT
     )
     if res.returncode and "terminate called without an active exception" in res.stderr:
-        # Seen once in CI (2026-11-30, the suite's first multi-process test, rank 1 SIGABRT at start-up, passed
-        # on rerun); cause not found. One retry on that exact signature only, on a fresh port; see issue notes.
+        # Seen once in CI (2026-11-30, the suite's first multi-process test, rank 1 SIGABRT at
+        # start-up, passed on rerun); cause not found. One retry on that exact signature only, on a
+        # fresh port; see issue notes.
         cmd[cmd.index("--master_port") + 1] = str(free_port())
         res = subprocess.run(
             cmd,
@@ -190,7 +198,8 @@ def torchrun(
         )
     if res.returncode:
         raise AssertionError(
-            f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+            f"{' '.join(cmd)} failed "
+            f"({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
         )
     return res
 
@@ -198,8 +207,8 @@ def torchrun(
 def _forked(
     nproc: int, args: list[str], module: bool, timeout: int, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """`torchrun` through tests/forkrun.py: the ranks' outputs joined in rank order; the exit code a failing rank's
-    own (else a killed rank's signal as 128 + its number), or 0."""
+    """`torchrun` through tests/forkrun.py: the ranks' outputs joined in rank order; the exit code a
+    failing rank's own (else a killed rank's signal as 128 + its number), or 0."""
     import tempfile
 
     from tests import forkrun
@@ -232,12 +241,14 @@ def torchrun_nodes(
     timeout: int = 600,
     output_dir: Path | None = None,
 ) -> list[str]:
-    """Run `args` as `nodes` "nodes" of `nproc` processes on this machine: one torchrun agent per node, started
-    together, one world of nodes·nproc ranks (each node's LOCAL_WORLD_SIZE is nproc). Blocking; returns each
-    node's output; AssertionError with every node's tail when one fails (the others are stopped).
+    """Run `args` as `nodes` "nodes" of `nproc` processes on this machine: one torchrun agent per
+    node, started together, one world of nodes·nproc ranks (each node's LOCAL_WORLD_SIZE is nproc).
+    Blocking; returns each node's output; AssertionError with every node's tail when one fails (the
+    others are stopped).
 
-    The start-up / exit SIGABRT that `torchrun` retries on is retried here too, once, on a fresh port, with the
-    run's `output_dir` put back as it was before (absent, or a copy: a resumed run's checkpoint)."""
+    The start-up / exit SIGABRT that `torchrun` retries on is retried here too, once, on a fresh
+    port, with the run's `output_dir` put back as it was before (absent, or a copy: a resumed run's
+    checkpoint)."""
     import shutil
     import tempfile
 
@@ -265,9 +276,10 @@ def torchrun_nodes(
 def _run_nodes(
     nodes: int, nproc: int, args: list[str], module: bool, env: dict | None, timeout: int
 ):
-    """One attempt of `torchrun_nodes`: (exit codes, outputs). A node still running once another failed (it would
-    wait for it) or at `timeout` is killed with its workers (each agent leads its own process group). With the default
-    environment the agents are forked from tests/forkrun.py's server, and their workers from them."""
+    """One attempt of `torchrun_nodes`: (exit codes, outputs). A node still running once another
+    failed (it would wait for it) or at `timeout` is killed with its workers (each agent leads its
+    own process group). With the default environment the agents are forked from tests/forkrun.py's
+    server, and their workers from them."""
     import signal
     import tempfile
 
@@ -332,15 +344,18 @@ def run_cli(
     output_dir: Path | None = None,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller checks it.
+    """`ds-longctx ARGS` (python -m ds_longctx.cli) from the repo root, output captured; the caller
+    checks it.
 
-    With the default environment the command, and the torchrun workers it starts, are forked from the pre-imported
-    server of tests/forkrun.py (its agent, checks and exit paths are the command's own); with another `env`, or with
-    DS_LONGCTX_TEST_TORCHRUN=1, a fresh `python -m ds_longctx.cli`.
+    With the default environment the command, and the torchrun workers it starts, are forked from
+    the pre-imported server of tests/forkrun.py (its agent, checks and exit paths are the command's
+    own); with another `env`, or with DS_LONGCTX_TEST_TORCHRUN=1, a fresh `python -m
+    ds_longctx.cli`.
 
-    `output_dir`: the one directory the command writes. Given, a run that a worker's abort ended (the signature
-    `torchrun` retries on, seen at the exit of 2-process `ds-longctx train` and `eval` runs under a busy pytest) is
-    removed and run once more. `cwd`: the working directory (default the repository root)."""
+    `output_dir`: the one directory the command writes. Given, a run that a worker's abort ended
+    (the signature `torchrun` retries on, seen at the exit of 2-process `ds-longctx train` and
+    `eval` runs under a busy pytest) is removed and run once more. `cwd`: the working directory
+    (default the repository root)."""
     for _ in range(2):
         res = _cli_once(args, env, timeout, cwd)
         if (
@@ -371,9 +386,10 @@ def _cli_once(
 def run_module(
     args: list[str], extra_env: dict | None = None, timeout: int = 300, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """`python -m ARGS` (a module, then its arguments) from the repo root (or `cwd`) in the CPU environment plus
-    `extra_env`, output captured; the caller checks it. Forked from tests/forkrun.py's pre-imported server (the
-    torchrun workers it starts too), unless DS_LONGCTX_TEST_TORCHRUN=1 asks for a fresh interpreter."""
+    """`python -m ARGS` (a module, then its arguments) from the repo root (or `cwd`) in the CPU
+    environment plus `extra_env`, output captured; the caller checks it. Forked from
+    tests/forkrun.py's pre-imported server (the torchrun workers it starts too), unless
+    DS_LONGCTX_TEST_TORCHRUN=1 asks for a fresh interpreter."""
     env = cpu_env() | (extra_env or {})
     cmd = [sys.executable, "-m", *map(str, args)]
     if os.environ.get("DS_LONGCTX_TEST_TORCHRUN") == "1":
@@ -395,8 +411,8 @@ def run_module(
 def start(
     nproc: int, args: list[str], log: Path, env: dict | None = None, launcher: bool = False
 ) -> subprocess.Popen:
-    """`ds_longctx.train ARGS` under torchrun in the background (`launcher`: under `ds-longctx train`), stdout
-    and stderr to `log`."""
+    """`ds_longctx.train ARGS` under torchrun in the background (`launcher`: under `ds-longctx
+    train`), stdout and stderr to `log`."""
     cmd = (
         [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", str(nproc), *args]
         if launcher
@@ -411,7 +427,8 @@ def start(
 def wait_for_steps(
     proc: subprocess.Popen, out: Path, n: int, log: Path, timeout: float = 240
 ) -> None:
-    """Until `out`/metrics.jsonl has `n` steps; AssertionError if the run ends first or `timeout` passes."""
+    """Until `out`/metrics.jsonl has `n` steps; AssertionError if the run ends first or `timeout`
+    passes."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if (out / "metrics.jsonl").exists() and len(read_metrics(out)) >= n:
@@ -426,8 +443,9 @@ def wait_for_steps(
 
 
 def sigterm_once(argv: list[str], log: Path, ready: str, settle: float = 0.0) -> tuple:
-    """Start `argv` from the repo root (CPU env, output to `log`), SIGTERM it once `ready` is in the log (and
-    `settle` seconds more); (its exit code, seconds from the signal to its exit, the log's non-blank lines)."""
+    """Start `argv` from the repo root (CPU env, output to `log`), SIGTERM it once `ready` is in the
+    log (and `settle` seconds more); (its exit code, seconds from the signal to its exit, the log's
+    non-blank lines)."""
     import signal
 
     with open(log, "w") as f:
@@ -448,11 +466,11 @@ def sigterm_once(argv: list[str], log: Path, ready: str, settle: float = 0.0) ->
 
 
 def hold_lock(out: Path) -> subprocess.Popen:
-    """Another process holding `out`'s run lock (checkpoint/run_lock.py) until it is killed; returned once it holds
-    it."""
+    """Another process holding `out`'s run lock (checkpoint/run_lock.py) until it is killed;
+    returned once it holds it."""
     code = (
-        "import sys, time; from ds_longctx.checkpoint.run_lock import RunLock; RunLock.acquire(sys.argv[1]); "
-        "print('held', flush=True); time.sleep(600)"
+        "import sys, time; from ds_longctx.checkpoint.run_lock import RunLock; "
+        "RunLock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(out)],
@@ -484,9 +502,9 @@ def worker(proc: subprocess.Popen, rank: int):
 
 
 def assert_saved_size(tag_dir, ranks=2, **lora):
-    """A real save of qwen3-tiny (fp32) against what preflight counts for it (plan/planner.disk_checkpoint_bytes): at
-    least that, and at most 100 kB per rank more (its RNG file and the names in its pickles: ~70 kB here, whatever
-    the model's size)."""
+    """A real save of qwen3-tiny (fp32) against what preflight counts for it
+    (plan/planner.disk_checkpoint_bytes): at least that, and at most 100 kB per rank more (its RNG
+    file and the names in its pickles: ~70 kB here, whatever the model's size)."""
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import disk_checkpoint_bytes
 
@@ -498,7 +516,8 @@ def assert_saved_size(tag_dir, ranks=2, **lora):
 
 
 def text_run_args(d: Path) -> list[str]:
-    """A small JSONL corpus + word-level tokenizer under `d`; the train options that read it (fp32, SP=2)."""
+    """A small JSONL corpus + word-level tokenizer under `d`; the train options that read it (fp32,
+    SP=2)."""
     if not (d / "c.jsonl").exists():
         d.mkdir(parents=True, exist_ok=True)
         make_tokenizer(d / "tok")
@@ -534,8 +553,8 @@ def snapshot(path: Path):
 
 
 def refused(out: Path, fragments, world: int = 1, **kw) -> str:
-    """Run the pre-engine checks of train.main for RunConfig(**kw); assert a refusal naming every fragment and
-    that `out` (the run's output_dir) is unchanged."""
+    """Run the pre-engine checks of train.main for RunConfig(**kw); assert a refusal naming every
+    fragment and that `out` (the run's output_dir) is unchanged."""
     kw.setdefault("output_dir", str(out))
     from pydantic import ValidationError
 

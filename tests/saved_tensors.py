@@ -1,5 +1,5 @@
-"""What autograd saves for a backward, counted by storage: the tests that hold a lever's or a layer's saved memory to
-the planner's count."""
+"""What autograd saves for a backward, counted by storage: the tests that hold a lever's or a
+layer's saved memory to the planner's count."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import torch
 
 
 def saved_bytes(fn, *args, exclude=(), numel: int | None = None, **kwargs) -> int:
-    """Bytes of the distinct storages autograd saves while fn(*args, **kwargs) runs, less those of `exclude` (tensors:
-    the inputs, the parameters); with `numel`, only tensors of that many elements."""
+    """Bytes of the distinct storages autograd saves while fn(*args, **kwargs) runs, less those of
+    `exclude` (tensors: the inputs, the parameters); with `numel`, only tensors of that many
+    elements."""
     own = {t.untyped_storage().data_ptr() for t in exclude}
     saved = {}
 

@@ -1,5 +1,5 @@
-"""The package's shape, read from its source with `ast` (nothing imported): layers import only downward
-(docs/architecture.md), no import circle, no module over 400 lines, no function over 80."""
+"""The package's shape, read from its source with `ast` (nothing imported): layers import only
+downward (docs/architecture.md), no import circle, no module over 400 lines, no function over 80."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ds_longctx"
-# the floors, lowest first (code_layers.json, beside docs/architecture.md): a module imports its own package
-# and the packages on lower floors, nothing beside or above it
+# the floors, lowest first (code_layers.json, beside docs/architecture.md): a module imports its own
+# package and the packages on lower floors, nothing beside or above it
 FLOORS = json.loads((ROOT / "code_layers.json").read_text())
 LAYERS = tuple(
     tuple(name for name, f in FLOORS.items() if f == floor)
@@ -42,8 +42,8 @@ def is_module(name: str, root: Path) -> bool:
 
 
 def imported(path: Path, root: Path) -> list[tuple[int, str]]:
-    """(line, dotted module) of every ds_longctx import in `path`, at module level or inside a function; `from X
-    import y` counts as X.y where y is a module."""
+    """(line, dotted module) of every ds_longctx import in `path`, at module level or inside a
+    function; `from X import y` counts as X.y where y is a module."""
     here = dotted(path, root)
     package = here if path.name == "__init__.py" else here.rpartition(".")[0]
     out = []
@@ -74,7 +74,8 @@ def layer(name: str) -> str | None:
 
 
 def upward_imports(root: Path = ROOT) -> list[str]:
-    """One line per import of the package under `root` that does not run down the layers: file, line, both layers."""
+    """One line per import of the package under `root` that does not run down the layers: file,
+    line, both layers."""
     bad = []
     order = " -> ".join("/".join(names) for names in LAYERS)
     for path in modules(root):
@@ -85,13 +86,14 @@ def upward_imports(root: Path = ROOT) -> list[str]:
                 continue
             if src not in RANK or dst not in RANK:
                 bad.append(
-                    f"{path.relative_to(root)}:{line}: {src} or {dst} has no layer in LAYERS ({order})"
+                    f"{path.relative_to(root)}:{line}: {src} or {dst} has no layer in LAYERS "
+                    f"({order})"
                 )
             elif RANK[dst] >= RANK[src]:
                 where = "above" if RANK[dst] > RANK[src] else "beside"
                 bad.append(
-                    f"{path.relative_to(root)}:{line}: imports {target}: layer {src} imports layer {dst}, "
-                    f"{where} it (layers, lowest first: {order})"
+                    f"{path.relative_to(root)}:{line}: imports {target}: layer {src} imports layer "
+                    f"{dst}, {where} it (layers, lowest first: {order})"
                 )
     return bad
 
@@ -107,8 +109,8 @@ def test_every_module_and_package_has_a_layer():
 
 
 def test_the_check_finds_an_upward_import_inside_a_function(tmp_path):
-    """The check itself: an import of run/ inside a function of parallel/ is reported with its file, line and both
-    layers (a copy of the package with one function added)."""
+    """The check itself: an import of run/ inside a function of parallel/ is reported with its file,
+    line and both layers (a copy of the package with one function added)."""
     import shutil
 
     shutil.copytree(PACKAGE, tmp_path / "ds_longctx", ignore=shutil.ignore_patterns("__pycache__"))
@@ -118,15 +120,17 @@ def test_the_check_finds_an_upward_import_inside_a_function(tmp_path):
     )
     line = victim.read_text().count("\n")
     assert upward_imports(tmp_path) == [
-        f"ds_longctx/parallel/sharding.py:{line}: imports ds_longctx.run.engine: layer parallel imports layer run, "
-        f"above it (layers, lowest first: parallel -> levers/data -> config/corpora -> plan -> checkpoint -> run -> "
-        f"integrations/rehearsal -> cli/train/eval/generate)"
+        f"ds_longctx/parallel/sharding.py:{line}: imports ds_longctx.run.engine: layer parallel "
+        "imports layer run, "
+        "above it (layers, lowest first: parallel -> levers/data -> config/corpora -> plan -> "
+        f"checkpoint -> run -> integrations/rehearsal -> cli/train/eval/generate)"
     ]
 
 
 def import_circles(root: Path = ROOT) -> list[str]:
-    """One line per import circle of the package under `root` (module-level and function-level imports alike), each
-    named by its modules in import order with the line of every import in it, e.g. `a (a.py:3) -> b (b.py:9) -> a`."""
+    """One line per import circle of the package under `root` (module-level and function-level
+    imports alike), each named by its modules in import order with the line of every import in it,
+    e.g. `a (a.py:3) -> b (b.py:9) -> a`."""
     edges: dict = {}
     for path in modules(root):
         here = dotted(path, root)
@@ -168,8 +172,8 @@ def test_no_import_circle():
 
 
 def test_the_check_names_an_import_circle_made_inside_a_function(tmp_path):
-    """The check itself: units.py importing disk.py inside a function (disk imports units at its top) is named, with
-    both lines (a copy of the package with one function added)."""
+    """The check itself: units.py importing disk.py inside a function (disk imports units at its
+    top) is named, with both lines (a copy of the package with one function added)."""
     import shutil
 
     shutil.copytree(PACKAGE, tmp_path / "ds_longctx", ignore=shutil.ignore_patterns("__pycache__"))
@@ -185,7 +189,8 @@ def test_the_check_names_an_import_circle_made_inside_a_function(tmp_path):
         if t.startswith("from ds_longctx.parallel.units")
     )
     assert import_circles(tmp_path) == [
-        f"ds_longctx.parallel.disk (ds_longctx/parallel/disk.py:{top}) -> ds_longctx.parallel.units "
+        f"ds_longctx.parallel.disk (ds_longctx/parallel/disk.py:{top}) -> "
+        "ds_longctx.parallel.units "
         f"(ds_longctx/parallel/units.py:{line}) -> ds_longctx.parallel.disk"
     ]
 
@@ -227,7 +232,8 @@ SHARED_NAMES = {
 
 
 def test_a_public_function_or_class_name_is_defined_once():
-    """One name, one thing: a public function or class of the package is defined at one module's top level."""
+    """One name, one thing: a public function or class of the package is defined at one module's top
+    level."""
     where: dict = {}
     for path in modules():
         for node in ast.parse(path.read_text()).body:
@@ -241,7 +247,8 @@ def test_a_public_function_or_class_name_is_defined_once():
     assert not twice, f"names defined in several modules (give each thing its own name): {twice}"
 
 
-# ----------------------------------------------------------------------------- the rule, not its history
+# ----------------------------------------------------------------------------- the rule, not its
+# history
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d")
 SESSION = re.compile(
     r"session[_ ]?(?:20\d\d|h\d{3}x)|\b\d{8}T\d{4}\b|\b(?:GPU|device) session\b", re.I
@@ -255,7 +262,8 @@ CALIBRATION = re.compile(r"docs/calibration\.md#([\w-]+)")
 
 
 def prose(path: Path):
-    """(line, kind, text) of every comment, docstring and other string constant (a note a user reads) of a module."""
+    """(line, kind, text) of every comment, docstring and other string constant (a note a user
+    reads) of a module."""
     src = path.read_text()
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.COMMENT:
@@ -301,8 +309,9 @@ def dotted_problem(name: str, root: Path = ROOT) -> str | None:
 
 
 def history_notes(root: Path = ROOT) -> list[str]:
-    """One line per comment, docstring or note of the package that names a date or a session, a dotted ds_longctx path
-    or a repository file that does not exist, or a docs/calibration.md anchor it lacks."""
+    """One line per comment, docstring or note of the package that names a date or a session, a
+    dotted ds_longctx path or a repository file that does not exist, or a docs/calibration.md anchor
+    it lacks."""
     anchors = (
         set(re.findall(r"^## (\S+)$", (root / "docs" / "calibration.md").read_text(), re.M))
         if (root / "docs" / "calibration.md").is_file()
@@ -315,8 +324,8 @@ def history_notes(root: Path = ROOT) -> list[str]:
             for what, rx in (("a date", DATE), ("a session", SESSION)):
                 if m := rx.search(text):
                     bad.append(
-                        f"{where}:{line}: a {kind} names {what} ({m.group(0)!r}); state the rule and cite "
-                        f"docs/calibration.md#<anchor>"
+                        f"{where}:{line}: a {kind} names {what} ({m.group(0)!r}); state the rule "
+                        f"and cite docs/calibration.md#<anchor>"
                     )
             if kind != "string":
                 bad += [
@@ -330,7 +339,8 @@ def history_notes(root: Path = ROOT) -> list[str]:
                 if not any((base / m.group(1)).exists() for base in (root, root / "ds_longctx"))
             ]
             bad += [
-                f"{where}:{line}: a {kind} cites docs/calibration.md#{m.group(1)}, which has no such section"
+                f"{where}:{line}: a {kind} cites docs/calibration.md#{m.group(1)}, which has no "
+                "such section"
                 for m in CALIBRATION.finditer(text)
                 if m.group(1) not in anchors
             ]

@@ -1,5 +1,6 @@
-"""benchmarks/bench_planner.py's held-out bookkeeping (CPU): plan specs with their model and budgets, the verdict
-against both budgets, what makes two predictions the same plan, predictions from several files, `--check`."""
+"""benchmarks/bench_planner.py's held-out bookkeeping (CPU): plan specs with their model and
+budgets, the verdict against both budgets, what makes two predictions the same plan, predictions
+from several files, `--check`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from tests.helpers import ROOT, bench_planner
 
 
 def test_held_out_plan_specs_carry_their_model_and_budgets():
-    """`seq_len:gpu_mem_gb[:flag+flag]`: `model=` picks the plan's model (not passed twice to `plan`); the table says
-    NO when the run went over either budget the plan had (GPU: reserved + the plan's context term; host: Σ RSS)."""
+    """`seq_len:gpu_mem_gb[:flag+flag]`: `model=` picks the plan's model (not passed twice to
+    `plan`); the table says NO when the run went over either budget the plan had (GPU: reserved +
+    the plan's context term; host: Σ RSS)."""
     bp = bench_planner()
     seq, gb, model, args = bp.plan_args(
         "264192:40:model=qwen3-1.7b+host_mem_gb=60+tiled_layer", "qwen3-8b", 1
@@ -54,7 +56,8 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
         return bp.plans_table([r]).splitlines()[-1].rstrip(" |").rsplit("|", 1)[-1].strip()
 
     assert verdict(row) == "yes" and "| 40 / 60 |" in bp.plans_table([row])
-    # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved / allocated 1.264
+    # allocated beside reserved, where both were recorded: 26.1 measured vs 29.7 planned, reserved /
+    # allocated 1.264
     both = dict(row, measured_allocated_steps=[25e9, 26.1e9], planned_allocated_bytes=29.7e9)
     assert "| 26.1 | 29.7 | -12.1% | 1.264 |" in bp.plans_table([both]) and verdict(both) == "yes"
     assert verdict(dict(row, measured_host_bytes=61e9)) == "NO"  # over the host budget only
@@ -62,7 +65,8 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
     assert (
         verdict(dict(row, host_mem_gb=None, measured_host_bytes=61e9)) == "yes"
     )  # no host budget given
-    # the host's share of a partial optimizer offload is in the row; a whole offload (or none) says no share
+    # the host's share of a partial optimizer offload is in the row; a whole offload (or none) says
+    # no share
     assert "| offload:28 | True (ratio 0.6) |" in bp.plans_table(
         [dict(row, optimizer_offload_ratio=0.6)]
     )
@@ -71,9 +75,10 @@ def test_held_out_plan_specs_carry_their_model_and_budgets():
 
 
 def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_share(tmp_path):
-    """A plan's identity includes the host's share of a partial optimizer offload: read from plan.txt (written by
-    `ds-longctx plan` for 1 x 141 GB + 128 GB host, where the search offloads part of the 8B's optimizer), compared
-    by `plan_changed`; a prediction committed before the share was recorded counts as the whole offload (1.0)."""
+    """A plan's identity includes the host's share of a partial optimizer offload: read from
+    plan.txt (written by `ds-longctx plan` for 1 x 141 GB + 128 GB host, where the search offloads
+    part of the 8B's optimizer), compared by `plan_changed`; a prediction committed before the share
+    was recorded counts as the whole offload (1.0)."""
     import sys
 
     from ds_longctx.plan import write
@@ -118,8 +123,9 @@ def test_a_held_out_prediction_is_the_same_plan_only_with_the_same_optimizer_sha
 
 
 def test_predictions_from_several_files_keep_the_one_that_is_todays_plan(tmp_path):
-    """`--predictions a.jsonl,b.jsonl`: every spec found; where two files predicted the same spec, the one whose plan
-    today's planner still makes (held out) wins over a later one that differs; else the later file's."""
+    """`--predictions a.jsonl,b.jsonl`: every spec found; where two files predicted the same spec,
+    the one whose plan today's planner still makes (held out) wins over a later one that differs;
+    else the later file's."""
     bp = bench_planner()
     plan = {
         "placement": "keep:28",
@@ -149,11 +155,12 @@ def test_predictions_from_several_files_keep_the_one_that_is_todays_plan(tmp_pat
 
 
 def test_check_says_which_committed_predictions_are_still_held_out(tmp_path, capsys):
-    """`bench_planner --check`: a committed prediction whose plan today's planner still makes is held out; one with
-    another host figure is not, and the line says what moved."""
+    """`bench_planner --check`: a committed prediction whose plan today's planner still makes is
+    held out; one with another host figure is not, and the line says what moved."""
     bp = bench_planner()
-    # a prediction made here by today's planner, written as `--predict` commits one (a committed file's rows go stale
-    # once the planner moves: the partial offloads of planner_predictions_2026-12-01j did at 579cba8)
+    # a prediction made here by today's planner, written as `--predict` commits one (a committed
+    # file's rows go stale once the planner moves: the partial offloads of
+    # planner_predictions_2026-12-01j did at 579cba8)
     row = bp.predict_plans(
         ["65536:40:model=qwen3-1.7b+host_mem_gb=24"], "qwen3-1.7b", 1, tmp_path / "plans"
     )[0]
@@ -193,9 +200,9 @@ def test_a_one_step_peak_before_the_adam_moments_is_not_steady():
 def test_a_second_validate_in_one_session_keeps_the_first_ones_rows_in_the_table(
     tmp_path, monkeypatch
 ):
-    """`planner_plans_<date>.jsonl` appends; its `.md` is the table of every row in it, so two validate stages of one
-    session (two models, one after the other) leave both rows in both files. The run itself is faked (no GPU): a
-    metrics.jsonl of two steps where `train` writes it."""
+    """`planner_plans_<date>.jsonl` appends; its `.md` is the table of every row in it, so two
+    validate stages of one session (two models, one after the other) leave both rows in both files.
+    The run itself is faked (no GPU): a metrics.jsonl of two steps where `train` writes it."""
     import argparse
 
     bp = bench_planner()

@@ -1,5 +1,5 @@
-"""The `ds-longctx` command (ds_longctx/cli.py): its hand-over to torchrun passes the workers' arguments as given, and
-it dispatches its subcommands."""
+"""The `ds-longctx` command (ds_longctx/cli.py): its hand-over to torchrun passes the workers'
+arguments as given, and it dispatches its subcommands."""
 
 import importlib
 
@@ -72,7 +72,8 @@ LONG_NAME = "a" * 300  # past NAME_MAX: every look at such a path raises OSError
 
 @pytest.mark.parametrize("key", ["output_dir", "data"])
 def test_train_refuses_a_path_it_cannot_look_at_in_one_line(key, tmp_path, capsys):
-    """A name too long for the file system ended `ds-longctx train` in an OSError traceback (exit 1)."""
+    """A name too long for the file system ended `ds-longctx train` in an OSError traceback (exit
+    1)."""
     from ds_longctx.cli import main
 
     paths = {"output_dir": str(tmp_path / "out"), key: str(tmp_path / LONG_NAME)}
@@ -91,8 +92,8 @@ def test_train_refuses_a_path_it_cannot_look_at_in_one_line(key, tmp_path, capsy
 
 
 def test_a_length_the_synthetic_task_cannot_fill_is_refused_before_any_worker(tmp_path, capsys):
-    """seq_len 1 (or `--seq_len true`, read as 1 before) passed every check here and was refused by each worker
-    after torchrun started them."""
+    """seq_len 1 (or `--seq_len true`, read as 1 before) passed every check here and was refused by
+    each worker after torchrun started them."""
     from ds_longctx.cli import main
 
     with pytest.raises(SystemExit) as e:
@@ -116,8 +117,8 @@ def test_nproc_given_twice_is_refused(capsys):
 def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before_any_worker(
     tmp_path, capsys, monkeypatch
 ):
-    """`ds-longctx train --nproc 8 --config <an 8-GPU plan of Qwen3-8B>` on a CPU machine started 8 workers that
-    spent minutes building the model before anything failed."""
+    """`ds-longctx train --nproc 8 --config <an 8-GPU plan of Qwen3-8B>` on a CPU machine started 8
+    workers that spent minutes building the model before anything failed."""
     import collections
 
     import torch
@@ -149,9 +150,10 @@ def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before
                 ]
             )
         assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].endswith(
-            "its 8.19B parameters take >= 131.1 GB of host RAM across the ranks (16 bytes each: weights, grads and "
-            "Adam state), more than this machine's 64.0 GB; train it on GPUs (`ds-longctx plan` says what fits), or "
-            "a smaller model here (e.g. --model qwen3-tiny)"
+            "its 8.19B parameters take >= 131.1 GB of host RAM across the ranks (16 bytes each: "
+            "weights, grads and "
+            "Adam state), more than this machine's 64.0 GB; train it on GPUs (`ds-longctx plan` "
+            "says what fits), or a smaller model here (e.g. --model qwen3-tiny)"
         )
     from ds_longctx.config import RunConfig
 
@@ -164,7 +166,8 @@ def test_a_model_whose_training_state_the_cpu_host_cannot_hold_is_refused_before
 def test_plan_train_and_rehearse_read_a_bare_name_that_is_also_a_local_folder_as_the_folder(
     tmp_path, capsys, monkeypatch
 ):
-    """`train` took the shipped preset first, `plan` the folder (config/model.resolve_model: one reading)."""
+    """`train` took the shipped preset first, `plan` the folder (config/model.resolve_model: one
+    reading)."""
     import json
 
     from ds_longctx.cli import main
@@ -196,8 +199,10 @@ def test_plan_train_and_rehearse_read_a_bare_name_that_is_also_a_local_folder_as
     )
     assert capsys.readouterr().out.splitlines()[0] == f"model qwen3-tiny: {note}"
     weights = (
-        "model='qwen3-tiny' holds a config.json but no weights (no model.safetensors / pytorch_model.bin, no "
-        "*.safetensors); copy the weights there, or pass qwen3-tiny/config.json to train from random init"
+        "model='qwen3-tiny' holds a config.json but no weights (no model.safetensors / "
+        "pytorch_model.bin, no "
+        "*.safetensors); copy the weights there, or pass qwen3-tiny/config.json to train from "
+        "random init"
     )
     assert (
         main_exit(main, ["train", "--nproc", "1", "--model", "qwen3-tiny", "--output_dir", "out"])
@@ -234,8 +239,9 @@ def main_exit(main, argv: list) -> int:
 
 
 def test_every_command_is_one_record_that_help_lists_and_main_dispatches(capsys, monkeypatch):
-    """cli.COMMANDS is the one list: each entry point resolves to a function, `ds-longctx --help` lists exactly the
-    records with their help lines, and `ds-longctx NAME ARGS` calls NAME's entry with ARGS."""
+    """cli.COMMANDS is the one list: each entry point resolves to a function, `ds-longctx --help`
+    lists exactly the records with their help lines, and `ds-longctx NAME ARGS` calls NAME's entry
+    with ARGS."""
     import re
 
     from ds_longctx import cli

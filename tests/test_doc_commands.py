@@ -1,19 +1,24 @@
 """Every command in a ```bash block of README.md and docs/*.md runs, or RULES says why not here.
 
-A command is one line of a block (a trailing backslash joins the next, a `# comment` is cut). RULES holds, for each,
-the first rule whose pattern matches the start of the line:
-- run: run on this CPU in a scratch directory of its page, the page's commands in order (a later one reads what an
-  earlier one wrote, as a reader following the page would); exit 0. `Mini` makes a GPU-sized or long example its CPU
-  miniature, naming what it changes; `env` adds variables (DRY_RUN=1: the launchers print their command).
+A command is one line of a block (a trailing backslash joins the next, a `# comment` is cut). RULES
+holds, for each, the first rule whose pattern matches the start of the line:
+- run: run on this CPU in a scratch directory of its page, the page's commands in order (a later one
+  reads what an earlier one wrote, as a reader following the page would); exit 0. `Mini` makes a
+  GPU-sized or long example its CPU miniature, naming what it changes; `env` adds variables
+  (DRY_RUN=1: the launchers print their command).
 - refused: run; exit 2 with the given words (a GPU-only command refuses early on a CPU).
-- gpu / manual: not run; the reason says what it needs (GPUs, several nodes, the network, minutes of a benchmark).
-- covered: not run here (too long for the suite); the named test runs it or its miniature (the test must exist).
-A command no rule matches fails: add a rule. `ds-longctx ...` and `torchrun --nproc_per_node N SCRIPT` are forked from
-the tests' pre-imported server (tests/forkrun.py); the rest runs under bash, with `ds-longctx` on PATH.
+- gpu / manual: not run; the reason says what it needs (GPUs, several nodes, the network, minutes of
+  a benchmark).
+- covered: not run here (too long for the suite); the named test runs it or its miniature (the test
+  must exist).
+A command no rule matches fails: add a rule. `ds-longctx ...` and `torchrun --nproc_per_node N
+SCRIPT` are forked from the tests' pre-imported server (tests/forkrun.py); the rest runs under bash,
+with `ds-longctx` on PATH.
 
-The scratch directory holds what the pages assume: `Qwen3-8B/` (a tiny Qwen3 and its tokenizer, saved by transformers:
-the stand-in for a downloaded checkpoint), `my.jsonl`, `launch/` and `notebooks/` (links to the repository's), and the
-metrics of runs the pages train elsewhere (`runs/basics`, `runs/demo/sp2`), for `ds-longctx plot`.
+The scratch directory holds what the pages assume: `Qwen3-8B/` (a tiny Qwen3 and its tokenizer,
+saved by transformers: the stand-in for a downloaded checkpoint), `my.jsonl`, `launch/` and
+`notebooks/` (links to the repository's), and the metrics of runs the pages train elsewhere
+(`runs/basics`, `runs/demo/sp2`), for `ds-longctx plot`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ STDLIB_FEW = (
     "--only bisect,colorsys,heapq,json,shlex,textwrap --eval_every 2 --eval_min_chars 10000"
 )
 SESSIONS_FEW = (
-    "--only abc,bisect,colorsys,copy,dbm,fnmatch,getopt,glob,heapq,hmac,json,keyword,reprlib,sched,shlex,"
+    "--only "
+    "abc,bisect,colorsys,copy,dbm,fnmatch,getopt,glob,heapq,hmac,json,keyword,reprlib,sched,shlex,"
     "sqlite3,stat,textwrap --min_tokens 4096"
 )
 
@@ -75,8 +81,8 @@ def commands_of(text: str, doc: str) -> list:
 
 @dataclass(frozen=True)
 class Mini:
-    """A CPU miniature: each `old` replaced by its `new` (an `old` missing from the command is an error: the rule is
-    stale), `append` added; `tail`: only the part after the last ` && `."""
+    """A CPU miniature: each `old` replaced by its `new` (an `old` missing from the command is an
+    error: the rule is stale), `append` added; `tail`: only the part after the last ` && `."""
 
     why: str
     replace: tuple = ()
@@ -129,12 +135,14 @@ RULES = [
         ),
     ),
     Rule(
-        'python3 -m venv .venv && . .venv/bin/activate && pip install -q "torch==2.13.0" -e . && ds-longctx demo',
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -q "torch==2.13.0" -e . && '
+        "ds-longctx demo",
         "run",
         mini=Mini("the demo itself (the install is the one .ci/run does)", tail=True),
     ),
     Rule(
-        'python3 -m venv .venv && . .venv/bin/activate && pip install -q "torch==2.13.0" -e ".[test]"',
+        'python3 -m venv .venv && . .venv/bin/activate && pip install -q "torch==2.13.0" -e '
+        '".[test]"',
         "manual",
         "the test suite itself: .ci/run runs this line verbatim (tests/test_docs.py checks that)",
     ),
@@ -173,7 +181,8 @@ RULES = [
     # docs/data.md
     covered(
         "tests/corpora/test_stdlib_corpus.py::test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval",
-        "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 4096 --data corpus/ --tokenizer tok/",
+        "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 4096 --data corpus/ "
+        "--tokenizer tok/",
     ),
     Rule(
         "ds-longctx data prepare --stdlib --out corpus/ --vocab_size 512",
@@ -198,7 +207,8 @@ RULES = [
         "ds-longctx data prepare --sessions --out sessions/",
         "run",
         mini=Mini(
-            "3 sessions of 4k to 12k tokens over 18 small modules, a 512-id BPE (the defaults: a minute of the stdlib)",
+            "3 sessions of 4k to 12k tokens over 18 small modules, a 512-id BPE (the defaults: a "
+            "minute of the stdlib)",
             (("--sessions --out", "--sessions 3 --out"),),
             f"--vocab_size 512 --max_tokens 12000 {SESSIONS_FEW}",
         ),
@@ -253,7 +263,8 @@ RULES = [
     ),
     covered(
         "tests/corpora/test_agent_sessions.py::test_a_tiny_model_trains_on_the_sessions",
-        "ds-longctx train ... --eval_data smol_sessions/ --eval_answer_loss true --eval_recall true",
+        "ds-longctx train ... --eval_data smol_sessions/ "
+        "--eval_answer_loss true --eval_recall true",
     ),
     covered(
         "tests/run/test_preference_step.py::test_dpo_train_stores_the_reference_and_logs_rewards",
@@ -326,7 +337,8 @@ RULES = [
     Rule("torchrun --nproc_per_node 2 launch/trl_sft.py --model qwen3-tiny", "run"),
     covered(
         "tests/distributed/test_lora.py::test_train_keeps_the_base_and_moves_the_adapters",
-        "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 512 --steps 5 --save_every 5",
+        "ds-longctx train --nproc 2 --sp_size 2 --model qwen3-tiny --seq_len 512 --steps 5 "
+        "--save_every 5",
     ),
     covered(
         "tests/distributed/test_lora.py::test_export_adapter_loads_with_peft_and_gives_the_engines_logits",
@@ -356,13 +368,15 @@ RULES = [
     ),
     covered(
         "tests/data/test_chat.py::test_sessions_train_end_to_end_on_their_trained_targets_only",
-        "ds-longctx train --nproc 2 --sp_size 2 --data sessions.jsonl --tokenizer tok/ --data_layout pack",
+        "ds-longctx train --nproc 2 --sp_size 2 --data sessions.jsonl --tokenizer tok/ "
+        "--data_layout pack",
     ),
 ]
 
 
 def rule_of(cmd: Command) -> Rule | None:
-    """The first rule whose pattern starts the command (a pattern ending in `$`: the whole command)."""
+    """The first rule whose pattern starts the command (a pattern ending in `$`: the whole
+    command)."""
     return next(
         (
             r
@@ -377,7 +391,8 @@ def rule_of(cmd: Command) -> Rule | None:
     )
 
 
-# ----------------------------------------------------------------------------- the scratch directories
+# ----------------------------------------------------------------------------- the scratch
+# directories
 def scratch(root: Path) -> Path:
     """A page's working directory: what the pages assume is there (module docstring)."""
     import torch
@@ -417,7 +432,8 @@ def scratch(root: Path) -> Path:
 
 
 def execute(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    """Run one command line in `cwd`: forked for a plain `ds-longctx` or single-node torchrun line, else bash."""
+    """Run one command line in `cwd`: forked for a plain `ds-longctx` or single-node torchrun line,
+    else bash."""
     words = shlex.split(text)
     if not env and words[0] == "ds-longctx" and not {"&&", "|", ";"} & set(words):
         return run_cli(words[1:], cwd=cwd, timeout=600)
@@ -436,12 +452,13 @@ def execute(text: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def check(cmd: Command, cwd: Path) -> str | None:
-    """What is wrong with `cmd` (None: it ran as its rule says, or its rule says why it does not run here)."""
+    """What is wrong with `cmd` (None: it ran as its rule says, or its rule says why it does not run
+    here)."""
     rule = rule_of(cmd)
     if rule is None:
         return (
-            f"{cmd}\n  matches no rule: add one to RULES in tests/test_doc_commands.py (run, refused, gpu, "
-            f"manual or covered, with its reason)"
+            f"{cmd}\n  matches no rule: add one to RULES in tests/test_doc_commands.py (run, "
+            f"refused, gpu, manual or covered, with its reason)"
         )
     if rule.kind == "covered":
         path, name = rule.why.split("::")
@@ -494,7 +511,8 @@ def test_documented_command(cmd, workdirs):
 
 
 def test_the_pages_have_their_commands():
-    """The extractor finds the pages' commands (a block it could not read would pass as no commands at all)."""
+    """The extractor finds the pages' commands (a block it could not read would pass as no commands
+    at all)."""
     assert all(
         PAGES[d] for d in ("README.md", "docs/workflows.md", "docs/planner.md", "docs/data.md")
     )
@@ -502,9 +520,11 @@ def test_the_pages_have_their_commands():
 
 
 def test_a_planted_typo_is_reported(tmp_path):
-    """A page whose example misspells an option, and one whose command no rule knows: both reported, naming them."""
+    """A page whose example misspells an option, and one whose command no rule knows: both reported,
+    naming them."""
     page = (
-        "Plan it:\n\n```bash\nds-longctx plan --model qwen3-8b --seq_len 1048576 --gpus 8 --gpu_mem_gb 80 \\\n"
+        "Plan it:\n\n```bash\nds-longctx plan --model qwen3-8b --seq_len 1048576 --gpus 8 "
+        "--gpu_mem_gb 80 \\\n"
         "  --ouf my_run      # the typo\n```\n\n```bash\nds-longctx lint --all\n```\n"
     )
     typo, unknown = commands_of(page, "planted.md")

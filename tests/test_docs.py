@@ -1,14 +1,18 @@
 """README.md and docs/*.md say only what the repository can show.
 
-- README: at most 200 lines, in the order what it is (with the generated results table), install, the two set-up
-  commands (the test one is .ci/run's, verbatim), the 1M-token recipe (plan, rehearse, launch), links.
-- Numbers: outside the generated blocks (`<!-- results:NAME -->`, rewritten and compared by tests/test_results.py),
-  code and link targets, a decimal, a percentage or a number with thousands separators is allowed only where it is
-  DERIVED from the committed file that holds it. A number typed by hand fails here.
+- README: at most 200 lines, in the order what it is (with the generated results table), install,
+  the two set-up commands (the test one is .ci/run's, verbatim), the 1M-token recipe (plan,
+  rehearse, launch), links.
+- Numbers: outside the generated blocks (`<!-- results:NAME -->`, rewritten and compared by
+  tests/test_results.py), code and link targets, a decimal, a percentage or a number with thousands
+  separators is allowed only where it is DERIVED from the committed file that holds it. A number
+  typed by hand fails here.
 - docs/calibration.md has its own number rule (tests/test_docs_calibration.py).
-- Every relative link and every repository path in backticks exists (`tests/x.py::name`: the file defines `name`).
-- Every `ds-longctx ...` command parses: its subcommand and flag names are the CLI's own argparse options (train and
-  eval: also the run config's keys), found by calling `ds_longctx.cli.main` with parsing stopped at the parser.
+- Every relative link and every repository path in backticks exists (`tests/x.py::name`: the file
+  defines `name`).
+- Every `ds-longctx ...` command parses: its subcommand and flag names are the CLI's own argparse
+  options (train and eval: also the run config's keys), found by calling `ds_longctx.cli.main` with
+  parsing stopped at the parser.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from tests.helpers import ROOT, bench_planner
 
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 WRITTEN = [d for d in DOCS if d != "docs/results.md"]  # docs/results.md is generated whole
-CALIBRATION = "docs/calibration.md"  # its own rule: every number read from the code or the file its section cites
+# its own rule: every number read from the code or the file its section cites
+CALIBRATION = "docs/calibration.md"
 # pages another open branch writes (issue 30's code part): a link to one must resolve once it exists
 ELSEWHERE = {"docs/architecture.md", "docs/calibration.md"}
 NUMBER = re.compile(r"(?<![\w.\-/^])±?\d[\d,]*(?:\.\d+)?%?")
@@ -42,7 +47,8 @@ TOP = {"ds_longctx", "tests", "benchmarks", "docs", "notebooks", "launch", "ds_c
 
 
 def derived() -> dict:
-    """{number as the docs write it: where it comes from} for the few rule constants prose may quote."""
+    """{number as the docs write it: where it comes from} for the few rule constants prose may
+    quote."""
     from ds_longctx.plan.planner import MAX_HEADROOM
 
     bp = bench_planner()
@@ -62,7 +68,8 @@ def prose(text: str) -> str:
 
 
 def claimed(text: str) -> list:
-    """The numbers of `text` that state a quantity: decimals, percentages, thousands-separated numbers."""
+    """The numbers of `text` that state a quantity: decimals, percentages, thousands-separated
+    numbers."""
     out = []
     for tok in NUMBER.findall(text):
         core = tok.lstrip("±").rstrip("%")
@@ -160,8 +167,9 @@ def links_and_paths(rel: str) -> list:
 
 
 def repo_path(span: str):
-    """The repository path a code span names, or None: it starts with a top-level directory (or is a file at the root),
-    or with a ds_longctx subpackage (`run/train.py`); `<placeholders>` and globs name no one file."""
+    """The repository path a code span names, or None: it starts with a top-level directory (or is a
+    file at the root), or with a ds_longctx subpackage (`run/train.py`); `<placeholders>` and globs
+    name no one file."""
     path = span.split("::")[0].rstrip("/")
     first = path.split("/")[0]
     if "<" in path or "*" in path:
@@ -195,7 +203,8 @@ def test_links_and_paths_exist(rel):
 
 
 class Parsed(Exception):
-    """Raised in place of parsing: carries the parser a subcommand would parse its arguments with."""
+    """Raised in place of parsing: carries the parser a subcommand would parse its arguments
+    with."""
 
     def __init__(self, parser):
         super().__init__(parser.prog)
@@ -203,7 +212,8 @@ class Parsed(Exception):
 
 
 def parser_of(sub: str, monkeypatch) -> argparse.ArgumentParser:
-    """The argparse parser `ds-longctx SUB ...` parses with (the CLI's own, caught before it parses anything)."""
+    """The argparse parser `ds-longctx SUB ...` parses with (the CLI's own, caught before it parses
+    anything)."""
     from ds_longctx import cli
 
     def stop(self, *a, **k):
@@ -222,8 +232,8 @@ def parser_of(sub: str, monkeypatch) -> argparse.ArgumentParser:
 
 
 def commands(rel: str) -> list:
-    """Every `ds-longctx ...` command of a page: fenced lines (joined at a trailing backslash, a `# comment` cut) and
-    code spans."""
+    """Every `ds-longctx ...` command of a page: fenced lines (joined at a trailing backslash, a `#
+    comment` cut) and code spans."""
     text = read(rel)
     out = [
         s for s in re.findall(r"`(ds-longctx [^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
@@ -294,8 +304,8 @@ def test_every_ds_longctx_command_parses(monkeypatch):
 
 
 def test_every_flag_the_prose_names_is_an_option(monkeypatch):
-    """A code span that starts with `--` (`--skip_bad_rows true`) names an option of some subcommand or a run-config
-    key."""
+    """A code span that starts with `--` (`--skip_bad_rows true`) names an option of some subcommand
+    or a run-config key."""
     from ds_longctx.config.run import DOTTED, FLAT
 
     known = {f"--{k}" for k in (*FLAT, *DOTTED, "config")}
@@ -331,7 +341,8 @@ def test_every_flag_the_prose_names_is_an_option(monkeypatch):
 
 
 def test_docs_are_tracked_or_generated():
-    """Every page the README links to is committed (a page only on this machine is no documentation)."""
+    """Every page the README links to is committed (a page only on this machine is no
+    documentation)."""
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()

@@ -1,6 +1,7 @@
-"""docs/calibration.md (one section per calibrated constant): every number of a section is the value of a constant the
-section names, read with ast from the cited ds_longctx module, or is held by a committed file the same section cites
-(`calibration_problems`). The other docs' number rule: tests/test_docs.py."""
+"""docs/calibration.md (one section per calibrated constant): every number of a section is the value
+of a constant the section names, read with ast from the cited ds_longctx module, or is held by a
+committed file the same section cites (`calibration_problems`). The other docs' number rule:
+tests/test_docs.py."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ BINOPS = {
 
 
 def calibration_numbers(line: str) -> list:
-    """The quantities of a prose line (code spans already blanked): decimals, percentages, thousands-separated and
-    exponent numbers, with a sign and either end of a range (`1.05-1.15`); integers count nothing, names (`Qwen3-0.6B`,
-    `H200`, session ids) hold none."""
+    """The quantities of a prose line (code spans already blanked): decimals, percentages,
+    thousands-separated and exponent numbers, with a sign and either end of a range (`1.05-1.15`);
+    integers count nothing, names (`Qwen3-0.6B`, `H200`, session ids) hold none."""
     out = []
     for sign, core, pct in CAL_NUMBER.findall(line):
         if pct or "." in core or "e" in core or "," in core:
@@ -38,8 +39,8 @@ def calibration_numbers(line: str) -> list:
 
 
 def quantity(token: str):
-    """(|value|, decimals written) of a number as a doc or a file writes it: separators dropped, a % read as the number
-    itself, an exponent counted into the decimals."""
+    """(|value|, decimals written) of a number as a doc or a file writes it: separators dropped, a %
+    read as the number itself, an exponent counted into the decimals."""
     core = token.lstrip("-+±−").rstrip("%").replace(",", "").replace("_", "")
     mantissa, _, exp = core.lower().partition("e")
     decimals = len(mantissa.partition(".")[2]) - int(exp or 0)
@@ -47,7 +48,8 @@ def quantity(token: str):
 
 
 def held(value: Decimal, decimals: int, numbers: set) -> bool:
-    """Whether a file number with as many decimals or more rounds to `value` at the decimals written."""
+    """Whether a file number with as many decimals or more rounds to `value` at the decimals
+    written."""
     step, near = Decimal(1).scaleb(-decimals), Decimal(1).scaleb(-decimals) / 2
     return any(
         d >= decimals
@@ -66,7 +68,8 @@ def file_numbers(path) -> set:
 
 
 def evaluate(node):
-    """The value of a constant expression (literals, tuples, + - * /, a unary minus); a ValueError otherwise."""
+    """The value of a constant expression (literals, tuples, + - * /, a unary minus); a ValueError
+    otherwise."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Tuple):
@@ -98,8 +101,8 @@ def module_constants(path) -> dict:
 
 
 def same_value(written: str, node) -> bool:
-    """Whether a doc's `NAME = value` states the code's value; a `...` in a written tuple stands for the elements the
-    code has between the written first and last ones."""
+    """Whether a doc's `NAME = value` states the code's value; a `...` in a written tuple stands for
+    the elements the code has between the written first and last ones."""
     doc = evaluate(ast.parse(written, mode="eval").body)
     code = evaluate(node)
     if isinstance(doc, tuple) and Ellipsis in doc:
@@ -122,8 +125,8 @@ def committed_files() -> set:
 
 
 def cited_files(spans: list, tracked: set, root=ROOT) -> list:
-    """The committed files a section's code spans cite: a path, every file under a directory, every match of a glob
-    (paths read under `root`: the repository, or a test's tmp tree)."""
+    """The committed files a section's code spans cite: a path, every file under a directory, every
+    match of a glob (paths read under `root`: the repository, or a test's tmp tree)."""
     out = []
     for span in spans:
         path = span.split("::")[0].rstrip("/")
@@ -142,7 +145,8 @@ def cited_files(spans: list, tracked: set, root=ROOT) -> list:
 
 
 def blank_code(text: str) -> str:
-    """`text` without code spans and link targets, each replaced by the newlines it held (line numbers kept)."""
+    """`text` without code spans and link targets, each replaced by the newlines it held (line
+    numbers kept)."""
     keep = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
     return re.sub(
         r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", keep, re.sub(r"<!--.*?-->", keep, text, flags=re.S))
@@ -150,9 +154,10 @@ def blank_code(text: str) -> str:
 
 
 def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=None) -> list:
-    """Every number of a calibration page that neither the code nor a cited file holds, each as `rel:line: ...`
-    saying how to fix it; and every `NAME = value` span whose NAME its section's modules lack or whose value differs.
-    `tracked`: the committed paths under `root` (git's, by default)."""
+    """Every number of a calibration page that neither the code nor a cited file holds, each as
+    `rel:line: ...` saying how to fix it; and every `NAME = value` span whose NAME its section's
+    modules lack or whose value differs. `tracked`: the committed paths under `root` (git's, by
+    default)."""
     tracked, problems = committed_files() if tracked is None else tracked, []
     lines = text.splitlines()
     starts = [i for i, ln in enumerate(lines) if ln.startswith("## ")]
@@ -183,7 +188,8 @@ def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=N
                 name, written = m.groups()
                 if name not in constants:
                     problems.append(
-                        f"{rel}: `{span}`: no cited ds_longctx module assigns {name}: cite the module"
+                        f"{rel}: `{span}`: no cited ds_longctx module assigns {name}: cite the "
+                        "module"
                     )
                 elif not same_value(written, constants[name][1]):
                     problems.append(
@@ -197,10 +203,11 @@ def calibration_problems(text: str, rel: str = CALIBRATION, root=ROOT, tracked=N
                 if value in allowed or held(value, decimals, numbers):
                     continue
                 problems.append(
-                    f"{rel}:{i}: {token} is neither a constant this section names nor in a file it cites "
+                    f"{rel}:{i}: {token} is neither a constant this section names nor in a file it "
+                    "cites "
                     f"({', '.join(f.relative_to(root).as_posix() for f in files[:6]) or 'none'}"
-                    f"{', ...' if len(files) > 6 else ''}): cite the committed file that holds it, or write the "
-                    f"figures that file holds instead, or drop it"
+                    f"{', ...' if len(files) > 6 else ''}): cite the committed file that holds it, "
+                    f"or write the figures that file holds instead, or drop it"
                 )
     return problems
 
@@ -211,10 +218,11 @@ def test_every_calibration_number_is_read_from_the_code_or_a_cited_file():
 
 
 def test_a_calibration_number_no_cited_file_holds_is_caught(tmp_path):
-    """Built in tmp: a module, two committed result files, one uncommitted, and a page of two sections. A number its
-    section's files hold passes; a % computed from two of a file's figures, a number only another section's file holds,
-    one only an uncommitted file holds, more decimals than the file has, and a constant's value the code lacks fail,
-    each with its line and how to fix it."""
+    """Built in tmp: a module, two committed result files, one uncommitted, and a page of two
+    sections. A number its section's files hold passes; a % computed from two of a file's figures, a
+    number only another section's file holds, one only an uncommitted file holds, more decimals than
+    the file has, and a constant's value the code lacks fail, each with its line and how to fix
+    it."""
     (tmp_path / "ds_longctx/plan").mkdir(parents=True)
     (tmp_path / "ds_longctx/plan/planner.py").write_text("PROCESS_HOST_GIB = 2.25\nOTHER = 7.5\n")
     (tmp_path / "benchmarks/results").mkdir(parents=True)
@@ -225,9 +233,10 @@ def test_a_calibration_number_no_cited_file_holds_is_caught(tmp_path):
     (tmp_path / "benchmarks/results/c.md").write_text("3.3\n")
     tracked = {"ds_longctx/plan/planner.py", "benchmarks/results/a.md", "benchmarks/results/b.md"}
     page = (
-        "# Calibration\n\n## one\n\n`plan/planner.py`: `PROCESS_HOST_GIB = 2.25`. Reserved 71.5 GB against\n"
-        "64.0 at 131,072 tokens (`benchmarks/results/a.md`, `benchmarks/results/b.md`); 2.21 GiB host.\n\n"
-        "## two\n\nThe plan at 64.0 (`benchmarks/results/a.md`).\n"
+        "# Calibration\n\n## one\n\n`plan/planner.py`: `PROCESS_HOST_GIB = 2.25`. Reserved 71.5 GB "
+        "against\n"
+        "64.0 at 131,072 tokens (`benchmarks/results/a.md`, `benchmarks/results/b.md`); 2.21 GiB "
+        "host.\n\n## two\n\nThe plan at 64.0 (`benchmarks/results/a.md`).\n"
     )
     assert calibration_problems(page, "x.md", tmp_path, tracked) == []
     # a constant's value where its section does not name the constant is a typed number
@@ -235,8 +244,10 @@ def test_a_calibration_number_no_cited_file_holds_is_caught(tmp_path):
         page.replace("plan at 64.0", "plan at 2.25"), "x.md", tmp_path, tracked
     )
     bad = {
-        "Reserved 71.5 GB": "Reserved 11.8% more, 71.5 GB",  # 71.53 / 64.0 - 1: computed, held by no file
-        "## two\n\nThe plan": "## two\n\nThe plan 71.53 and 2.214",  # b.md, another section's file: not here
+        # 71.53 / 64.0 - 1: computed, held by no file
+        "Reserved 71.5 GB": "Reserved 11.8% more, 71.5 GB",
+        # b.md, another section's file: not here
+        "## two\n\nThe plan": "## two\n\nThe plan 71.53 and 2.214",
         "2.21 GiB host": "2.21 GiB host, 3.3 s",  # only in c.md, which is not committed
         "64.0 at": "64.00 at",  # more decimals than the file has
         "`PROCESS_HOST_GIB = 2.25`": "`PROCESS_HOST_GIB = 2.5`, `MISSING = 1.5`",

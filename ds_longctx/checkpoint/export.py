@@ -1,32 +1,37 @@
 """DeepSpeed ZeRO-3 checkpoint -> a Hugging Face directory that `from_pretrained` loads.
 
-    ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf [--dtype auto|fp32|bf16] [--merged]
+    ds-longctx export --checkpoint runs/x [--tag step300] --out runs/x-hf \\
+        [--dtype auto|fp32|bf16] [--merged]
 
-`--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to `latest`. The fp32
-master weights are gathered from every rank's partition with DeepSpeed's `zero_to_fp32`, put into the model class
-of the config the engine built (saved in the checkpoint as config.json: YaRN rope parameters of the training
-seq_len included), and written with `save_pretrained` as safetensors, with the run's tokenizer when it had one
-(`--tokenizer`, else the model directory's). dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output
-appears atomically: everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before anything is
-loaded every file of the checkpoint is checked (size, sha256, the globals its pickle names:
-checkpoint/files.py), and every load is weights-only, zero_to_fp32's too: a checkpoint runs no code. An --out
-that cannot be written (permissions, a read-only filesystem, a full disk: its free space is checked first) is
-refused in one line naming it, the bytes needed and free, with nothing left behind
-(parallel/disk.describe_os_error).
+`--checkpoint` is a run's output_dir (or its `checkpoints/` directory); the tag defaults to
+`latest`. The fp32 master weights are gathered from every rank's partition with DeepSpeed's
+`zero_to_fp32`, put into the model class of the config the engine built (saved in the checkpoint as
+config.json: YaRN rope parameters of the training seq_len included), and written with
+`save_pretrained` as safetensors, with the run's tokenizer when it had one (`--tokenizer`, else the
+model directory's). dtype auto: the training dtype (bf16 on GPU, fp32 on CPU). The output appears
+atomically: everything is written to `<out>.tmp-*` and renamed to `<out>` at the end. Before
+anything is loaded every file of the checkpoint is checked (size, sha256, the globals its pickle
+names: checkpoint/files.py), and every load is weights-only, zero_to_fp32's too: a checkpoint runs
+no code. An --out that cannot be written (permissions, a read-only filesystem, a full disk: its free
+space is checked first) is refused in one line naming it, the bytes needed and free, with nothing
+left behind (parallel/disk.describe_os_error).
 
-A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own `save_pretrained`):
+A LoRA run (lora_rank > 0) exports its adapter in PEFT's format instead (PEFT's own
+`save_pretrained`):
     <out>/adapter_config.json, adapter_model.safetensors   `PeftModel.from_pretrained(base, <out>)`
-    <out>/base/     the frozen base, only for a shipped geometry (its random init exists nowhere else; its
-                    weights are the checkpoint's, i.e. the run's initial draw); the adapter's
-                    base_model_name_or_path names this directory (absolute), else the run's model directory
+    <out>/base/     the frozen base, only for a shipped geometry (its random init exists nowhere
+                    else; its weights are the checkpoint's, i.e. the run's initial draw); the
+                    adapter's base_model_name_or_path names this directory (absolute), else the
+                    run's model directory
     <out>/merged/   with --merged: base + (alpha / r)·B·A folded into each Linear, a plain HF model
-The adapter targets are the full module names the run adapted (levers/lora.target_names), so PEFT wraps
-exactly those Linears again.
+The adapter targets are the full module names the run adapted (levers/lora.target_names), so PEFT
+wraps exactly those Linears again.
 """
 
 from __future__ import annotations
 
-# deepspeed, transformers, peft and safetensors are imported when an export runs, after its arguments are checked.
+# deepspeed, transformers, peft and safetensors are imported when an export runs, after its
+# arguments are checked.
 import argparse
 import json
 import os
@@ -60,8 +65,8 @@ from ds_longctx.parallel.disk import (
 def find_run_checkpoint(
     checkpoint: str, tag: str | None, what: str = "export"
 ) -> tuple[Path, dict]:
-    """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/ directory
-    (`what`: the command named in refusals; `ds-longctx eval` asks too)."""
+    """(tag directory, meta) of a complete checkpoint under a run's output_dir or its checkpoints/
+    directory (`what`: the command named in refusals; `ds-longctx eval` asks too)."""
     p = Path(checkpoint)
     if not p.is_dir():
         raise CheckpointError(
@@ -102,7 +107,8 @@ def check_out(out: str) -> Path:
 
 
 def run_lora(meta: dict) -> LoraConfig:
-    """The `lora` section of the run that wrote a checkpoint (its meta's flat keys; rank 0 before LoRA existed)."""
+    """The `lora` section of the run that wrote a checkpoint (its meta's flat keys; rank 0 before
+    LoRA existed)."""
     return LoraConfig(
         **{
             name: meta["run"][flat]
@@ -113,14 +119,14 @@ def run_lora(meta: dict) -> LoraConfig:
 
 
 def ships_base(model_name: str) -> bool:
-    """Whether a LoRA export writes its frozen base: a model without weights (`random_init`) has its random init
-    nowhere else, so there is no base to point at."""
+    """Whether a LoRA export writes its frozen base: a model without weights (`random_init`) has its
+    random init nowhere else, so there is no base to point at."""
     return random_init(model_name)
 
 
 def export_bytes(model, adapters: dict, lora: LoraConfig, model_name: str, merged: bool) -> int:
-    """Bytes an export writes, near enough: the model's weights once (LoRA: the base where it is shipped and the
-    merged model with --merged), plus the adapters."""
+    """Bytes an export writes, near enough: the model's weights once (LoRA: the base where it is
+    shipped and the merged model with --merged), plus the adapters."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     copies = 1 if not lora.rank else int(ships_base(model_name)) + int(merged)
     return copies * weights + sum(t.numel() * t.element_size() for t in adapters.values())
@@ -129,8 +135,8 @@ def export_bytes(model, adapters: dict, lora: LoraConfig, model_name: str, merge
 def _save_lora(
     model, adapters: dict, lora: LoraConfig, tmp: Path, dest: Path, model_name: str, merged: bool
 ) -> list:
-    """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry, the merged
-    model if asked; returns the model directories written (for the tokenizer)."""
+    """The adapter in PEFT's format into `tmp` (module docstring), the base for a shipped geometry,
+    the merged model if asked; returns the model directories written (for the tokenizer)."""
     try:
         from peft import get_peft_model
     except ImportError:
@@ -171,7 +177,8 @@ def _save_lora(
 def export(
     checkpoint: str, out: str, tag: str | None = None, dtype: str = "auto", merged: bool = False
 ) -> Path:
-    """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing written then)."""
+    """Write the HF directory; returns its path. Raises CheckpointError on bad input (nothing
+    written then)."""
     fake_world.refuse_in_rehearsal("an export", CheckpointError)
     tag_dir, meta = find_run_checkpoint(checkpoint, tag)
     lora = run_lora(meta)
@@ -193,7 +200,8 @@ def export(
 
 def pruned_line(tag_dir: Path, meta: dict) -> str | None:
     """The refusal of a tag whose files went while export read them (a running train pruned it past
-    keep_checkpoints), naming the tags still there; None while every file of its meta is in place."""
+    keep_checkpoints), naming the tags still there; None while every file of its meta is in
+    place."""
     from ds_longctx.checkpoint.paths import read_latest, tag_names
 
     names = ["meta.json", *(meta.get("files") or {})]
@@ -215,8 +223,8 @@ def pruned_line(tag_dir: Path, meta: dict) -> str | None:
 
 
 def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
-    """(the HF model in `dtype` with the checkpoint's fp32 master weights, LoRA adapter tensors by name): every file
-    checked first, every load weights-only (module doc)."""
+    """(the HF model in `dtype` with the checkpoint's fp32 master weights, LoRA adapter tensors by
+    name): every file checked first, every load weights-only (module doc)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -268,8 +276,8 @@ def _load_model(tag_dir: Path, meta: dict, dtype: str) -> tuple:
 def _write(
     model, adapters: dict, lora: LoraConfig, tag_dir: Path, meta: dict, dest: Path, merged: bool
 ) -> None:
-    """The export into a fresh `<dest>.tmp-*` directory, renamed to `dest` at the end; on any error the temporary
-    directory goes and nothing is left at `dest`."""
+    """The export into a fresh `<dest>.tmp-*` directory, renamed to `dest` at the end; on any error
+    the temporary directory goes and nothing is left at `dest`."""
     from safetensors import SafetensorError
 
     needed, free = (
@@ -279,8 +287,8 @@ def _write(
     if free is not None and free < needed:
         raise CheckpointError(
             f"export: --out {str(dest)!r} needs ~{size_text(needed)} and "
-            f"{existing_ancestor(dest)} has {size_text(free)} free; choose an --out on a filesystem "
-            f"with more space"
+            f"{existing_ancestor(dest)} has {size_text(free)} free; choose an --out on a "
+            f"filesystem with more space"
         )
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))

@@ -8,8 +8,8 @@ collective load. Manifest formats, hashing cost and the allowed globals: docs/de
 
 from __future__ import annotations
 
-# torch, numpy and deepspeed are imported inside the functions that use them: the HF Trainer integration imports
-# this module, and importing it loads none of them.
+# torch, numpy and deepspeed are imported inside the functions that use them: the HF Trainer
+# integration imports this module, and importing it loads none of them.
 import contextlib
 import hashlib
 import json
@@ -27,12 +27,14 @@ from ds_longctx.checkpoint.paths import is_ours, manifest_path, walk_files
 PROGRESS_BYTES = 1 << 30  # rank 0 shows a progress bar while hashing a file larger than this
 _CHUNK = 8 << 20
 _RANK_FILE = re.compile(r"(?:^|_)zero_pp_rank_(\d+)_|^rng_rank(\d+)\.pt$")
-# DeepSpeed 0.19.8's ZeRO-3 optimizer state (stage3._rigid_state_dict): the stage and the (bf16 / fp32) loss scaler
+# DeepSpeed 0.19.8's ZeRO-3 optimizer state (stage3._rigid_state_dict): the stage and the (bf16 /
+# fp32) loss scaler
 ALLOWED = (
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
 )
-# what numpy's RNG state pickles to (np.random.get_state()): only format-1 RNG files, written before RNG was tensors
+# what numpy's RNG state pickles to (np.random.get_state()): only format-1 RNG files, written before
+# RNG was tensors
 LEGACY_RNG = (
     "numpy.dtype",
     "numpy.ndarray",
@@ -42,7 +44,8 @@ LEGACY_RNG = (
 )
 _FORCE, _FORCE_NO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _TORCH_PROSE = ("Weights only load failed", "Check the documentation", "Please file", "\t", " ")
-# torch names the global it refused: "GLOBAL x.y was not an allowed global" or "GLOBAL posix.system whose module ..."
+# torch names the global it refused: "GLOBAL x.y was not an allowed global" or "GLOBAL posix.system
+# whose module ..."
 _ASKED = re.compile(r"GLOBAL (\S+)")
 
 
@@ -53,7 +56,8 @@ def owner(name: str) -> int:
 
 
 def digest(path: Path, show: bool = False) -> str:
-    """sha256 of `path`, read in 8 MiB chunks (memory stays flat); with `show`, a progress bar for a large file."""
+    """sha256 of `path`, read in 8 MiB chunks (memory stays flat); with `show`, a progress bar for a
+    large file."""
     h = hashlib.sha256()
     size = path.stat().st_size
     bar = None
@@ -88,8 +92,9 @@ def expected_size(entry) -> int:
 
 
 def check_sizes(tag_dir: Path, meta: dict, what: str, fix: str) -> None:
-    """Every manifest file present at its recorded size and no other file beside them (cheap: no data read: a file
-    the save did not write would be read by DeepSpeed's globs), else CheckpointError."""
+    """Every manifest file present at its recorded size and no other file beside them (cheap: no
+    data read: a file the save did not write would be read by DeepSpeed's globs), else
+    CheckpointError."""
     listed = meta.get("files", {})
     for name in listed:
         manifest_path(tag_dir, name, what)
@@ -117,9 +122,10 @@ def check_sizes(tag_dir: Path, meta: dict, what: str, fix: str) -> None:
 
 
 def problem(tag_dir: Path, meta: dict, rank: Optional[int], show: bool = False) -> Optional[str]:
-    """What is wrong with `rank`'s files (None: every file) of `tag_dir`, or None: each is a torch archive whose
-    pickle names no global outside ALLOWED (LEGACY_RNG too for a format-1 RNG file), and, where the manifest has a
-    digest, hashes to it. Reads every byte of the files it hashes (the module doc's cost)."""
+    """What is wrong with `rank`'s files (None: every file) of `tag_dir`, or None: each is a torch
+    archive whose pickle names no global outside ALLOWED (LEGACY_RNG too for a format-1 RNG file),
+    and, where the manifest has a digest, hashes to it. Reads every byte of the files it hashes (the
+    module doc's cost)."""
     files = meta.get("files", {})
     for name in owned(files, rank):
         path = manifest_path(tag_dir, name, "load")
@@ -131,31 +137,35 @@ def problem(tag_dir: Path, meta: dict, rank: Optional[int], show: bool = False) 
                 return f"{name}: {asked}"
             if asked:
                 return (
-                    f"{name} asks to run {', '.join(asked)} when loaded; a checkpoint holds tensors and numbers "
-                    f"(and DeepSpeed's {', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused "
-                    f"unloaded"
+                    f"{name} asks to run {', '.join(asked)} when loaded; a checkpoint holds "
+                    "tensors and numbers "
+                    f"(and DeepSpeed's {', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it "
+                    f"is refused unloaded"
                 )
         entry = files[name]
         if isinstance(entry, dict):
             found = digest(path, show)
             if found != entry["sha256"]:
                 return (
-                    f"{name}: sha256 {found}, the manifest ({META}) says {entry['sha256']}: the file changed "
-                    f"after it was written"
+                    f"{name}: sha256 {found}, the manifest ({META}) says {entry['sha256']}: the "
+                    f"file changed after it was written"
                 )
     return None
 
 
 def unsafe_globals(path: Path, legacy_rng: bool = False):
-    """The globals the pickle in torch archive `path` names beyond torch's defaults and ALLOWED (LEGACY_RNG too with
-    `legacy_rng`), read without running it (torch's `get_unsafe_globals_in_checkpoint`); a string when `path` is
-    not a torch archive."""
+    """The globals the pickle in torch archive `path` names beyond torch's defaults and ALLOWED
+    (LEGACY_RNG too with `legacy_rng`), read without running it (torch's
+    `get_unsafe_globals_in_checkpoint`); a string when `path` is not a torch archive."""
     import torch
 
     try:
         asked = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except (ValueError, RuntimeError, OSError, pickle.UnpicklingError, KeyError) as e:
-        return f"not a readable torch archive ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+        return (
+            f"not a readable torch archive ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0][:200]})"
+        )
     return sorted(set(asked) - set(ALLOWED) - (set(LEGACY_RNG) if legacy_rng else set()))
 
 
@@ -179,8 +189,8 @@ def allowed_globals(legacy_rng: bool = False) -> list:
 
 @contextlib.contextmanager
 def weights_only_loads(legacy_rng: bool = False):
-    """Within the block every torch.load of this process is weights-only and may build only `allowed_globals`;
-    the environment and torch's safe-globals list are restored after."""
+    """Within the block every torch.load of this process is weights-only and may build only
+    `allowed_globals`; the environment and torch's safe-globals list are restored after."""
     import torch
 
     saved_env = {k: os.environ.get(k) for k in (_FORCE, _FORCE_NO)}
@@ -201,7 +211,8 @@ def weights_only_loads(legacy_rng: bool = False):
 
 
 def refusal(exc: BaseException, where: str) -> Optional[str]:
-    """The one-line reason when `exc` is torch's weights-only refusal ("asks to run GLOBAL"), else None."""
+    """The one-line reason when `exc` is torch's weights-only refusal ("asks to run GLOBAL"), else
+    None."""
     text = str(exc)
     if not isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" not in text:
         return None
@@ -214,14 +225,14 @@ def refusal(exc: BaseException, where: str) -> Optional[str]:
         ]
         asked = f"more than tensors ({(lines or ['?'])[-1][:200]})"
     return (
-        f"{where} asks to run {asked} when loaded; a checkpoint holds tensors and numbers (and DeepSpeed's "
-        f"{', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused"
+        f"{where} asks to run {asked} when loaded; a checkpoint holds tensors and numbers (and "
+        f"DeepSpeed's {', '.join(a.rpartition('.')[2] for a in ALLOWED)}), so it is refused"
     )
 
 
 def load(path: Path, legacy_rng: bool = False, map_location="cpu"):
-    """torch.load of one checkpoint file, weights-only (module doc); CheckpointError naming the file and the global
-    it asked for."""
+    """torch.load of one checkpoint file, weights-only (module doc); CheckpointError naming the file
+    and the global it asked for."""
     import torch
 
     try:
@@ -234,8 +245,9 @@ def load(path: Path, legacy_rng: bool = False, map_location="cpu"):
         raise CheckpointError(reason) from None
 
 
-# ----------------------------------------------------------------------------- what of checkpoints/ a save wrote
-# beside its tag directories a save leaves `latest` (and its temporary) and DeepSpeed's two scripts
+# ----------------------------------------------------------------------------- what of checkpoints/
+# a save wrote beside its tag directories a save leaves `latest` (and its temporary) and DeepSpeed's
+# two scripts
 SAVED_FILES = ("latest", "latest.tmp", "zero_to_fp32.py", "zero_to_torch.py")
 _SAVING = re.compile(
     r"^\.tmp-(old-)?step\d+$"
@@ -243,9 +255,10 @@ _SAVING = re.compile(
 
 
 def foreign_files(root: Path, tag: re.Pattern) -> list:
-    """What under checkpoints/ `root` no save of this project wrote, as paths from its parent: anything but
-    SAVED_FILES, `.tmp-*` saves marked as ours, and directories named like `tag` whose every file is meta.json or in
-    its manifest."""
+    """What under checkpoints/ `root` no save of this project wrote, as paths from its parent:
+    anything but
+    SAVED_FILES, `.tmp-*` saves marked as ours, and directories named like `tag` whose every file is
+    meta.json or in its manifest."""
     if root.is_symlink() or (root.exists() and not root.is_dir()):
         return [f"{root.name} (a {'symbolic link' if root.is_symlink() else 'file'})"]
     foreign = []
@@ -279,12 +292,15 @@ def foreign_files(root: Path, tag: re.Pattern) -> list:
 
 
 def overwrite_problem(root: Path, tag: re.Pattern) -> Optional[str]:
-    """Why --overwrite may not delete checkpoints/ `root` (it holds what no save wrote: `foreign_files`), or None."""
+    """Why --overwrite may not delete checkpoints/ `root` (it holds what no save wrote:
+    `foreign_files`), or None."""
     foreign = foreign_files(root, tag)
     if not foreign:
         return None
     more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
     return (
-        f"overwrite deletes {str(root)!r} only where every file in it is a checkpoint's, and it holds "
-        f"{', '.join(foreign[:5])}{more}, which no save wrote; move those out of it, or choose a new output_dir"
+        f"overwrite deletes {str(root)!r} only where every file in it is a checkpoint's, and it "
+        "holds "
+        f"{', '.join(foreign[:5])}{more}, which no save wrote; move those out of it, or choose a "
+        "new output_dir"
     )

@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 class CheckpointError(ValueError):
-    """A checkpoint or output directory that cannot be used: the message names the value and the fix."""
+    """A checkpoint or output directory that cannot be used: the message names the value and the
+    fix."""
 
 
 CKPT_SUBDIR = "checkpoints"
@@ -22,7 +23,8 @@ TAG = re.compile(r"^step(\d+)$")  # the tags a save writes
 PARTIAL_PREFIX = (
     ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
 )
-# a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their own manifest
+# a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their
+# own manifest
 UNIVERSAL_DIRS = ("universal", ".tmp-universal")
 META = "meta.json"
 FORMAT = (
@@ -55,6 +57,6 @@ def tag_for(step: int) -> str:
 
 
 def loadable(run: dict, world_size: int, sp_size: int) -> bool:
-    """Whether a run of `world_size` processes at `sp_size` may load the checkpoint whose meta.json "run" is `run`
-    as saved, without resharding (`ds-longctx eval`; module doc)."""
+    """Whether a run of `world_size` processes at `sp_size` may load the checkpoint whose meta.json
+    "run" is `run` as saved, without resharding (`ds-longctx eval`; module doc)."""
     return (run["world_size"], run["sp_size"]) == (world_size, sp_size)

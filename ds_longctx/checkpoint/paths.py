@@ -32,8 +32,8 @@ def inside(base: Path, path: Path) -> bool:
 
 
 def check_tag(tag: str, source: str, what: str, root: Path) -> str:
-    """`tag` when it is one plain path component naming a directory inside `root`, else CheckpointError naming
-    `source` (the file or option it came from) and the value."""
+    """`tag` when it is one plain path component naming a directory inside `root`, else
+    CheckpointError naming `source` (the file or option it came from) and the value."""
     plain = (
         0 < len(tag) <= 255
         and tag not in (".", "..")
@@ -63,8 +63,8 @@ def tag_names(root: Path) -> list:
 
 
 def read_small(path: Path, base: Path, what: str) -> str:
-    """The text of `path`, a file of the run inside `base` (checked before it is opened), at most MAX_SMALL_FILE
-    bytes."""
+    """The text of `path`, a file of the run inside `base` (checked before it is opened), at most
+    MAX_SMALL_FILE bytes."""
     if not inside(base, path):
         raise CheckpointError(
             f"{what}: {str(path)!r} is a link that leads out of {str(base)!r}, so it is not read; "
@@ -93,7 +93,8 @@ def read_latest(root: Path, what: str = "resume") -> Optional[str]:
 
 
 def manifest_path(tag_dir: Path, name: str, what: str) -> Path:
-    """tag_dir / name for a manifest entry `name`: a relative path without '..' that stays inside `tag_dir`."""
+    """tag_dir / name for a manifest entry `name`: a relative path without '..' that stays inside
+    `tag_dir`."""
     if not name or Path(name).is_absolute() or ".." in Path(name).parts or "\x00" in name:
         raise CheckpointError(
             f"{what}: {str(tag_dir / 'meta.json')!r} lists the file {shown(name)}, which is not "
@@ -108,8 +109,8 @@ def manifest_path(tag_dir: Path, name: str, what: str) -> Path:
 
 
 def walk_files(tag_dir: Path, what: str) -> Iterator[str]:
-    """Every file under `tag_dir`, relative; CheckpointError for a link that leads out of it (symlinked
-    directories are not followed)."""
+    """Every file under `tag_dir`, relative; CheckpointError for a link that leads out of it
+    (symlinked directories are not followed)."""
     for d, dirs, names in os.walk(tag_dir, followlinks=False):
         for n in dirs + names:
             p = Path(d) / n
@@ -129,7 +130,8 @@ def unmark_partial(d: Path) -> None:
 
 
 def is_ours(d: Path) -> bool:
-    """`d` is a directory this project wrote: a marked partial output, or a checkpoint with its meta.json."""
+    """`d` is a directory this project wrote: a marked partial output, or a checkpoint with its
+    meta.json."""
     return (
         d.is_dir()
         and not d.is_symlink()
@@ -138,12 +140,14 @@ def is_ours(d: Path) -> bool:
 
 
 def partial_saves(root: Path) -> list:
-    """The saves of ours under `root` that never completed (a crash, a full disk, an abandoned save)."""
+    """The saves of ours under `root` that never completed (a crash, a full disk, an abandoned
+    save)."""
     return sorted(p for p in root.glob(PARTIAL_PREFIX + "*") if is_ours(p)) if root.is_dir() else []
 
 
 def foreign_partials(root: Path) -> list:
-    """Paths under `root` named like a save in progress that this project did not make (never removed)."""
+    """Paths under `root` named like a save in progress that this project did not make (never
+    removed)."""
     return (
         sorted(p for p in root.glob(PARTIAL_PREFIX + "*") if not is_ours(p))
         if root.is_dir()

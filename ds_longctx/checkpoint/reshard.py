@@ -2,7 +2,8 @@
 partitions of the fp32 masters and Adam moments out of the universal form (checkpoint/universal.py)
 into the new engine.
 
-    load_universal(engine, tag_dir, manifest)    # collective only in that every rank does it; reads its slices
+    # collective only in that every rank does it; reads its slices:
+    load_universal(engine, tag_dir, manifest)
 
 The partitions are cut as DeepSpeed's own universal load cuts them; docs/design/checkpoint.md."""
 
@@ -21,12 +22,13 @@ log = logging.getLogger("ds_longctx")
 
 
 def _zero3(engine):
-    """The engine's ZeRO-3 optimizer, or a CheckpointError saying why this layout cannot take a resharded load."""
+    """The engine's ZeRO-3 optimizer, or a CheckpointError saying why this layout cannot take a
+    resharded load."""
     zo = engine.ds.optimizer
     if not hasattr(zo, "fp32_partitioned_groups_flat") or not hasattr(zo, "param_names"):
         raise CheckpointError(
-            f"reshard: the engine's optimizer is {type(zo).__name__}, not DeepSpeed 0.19.8's ZeRO-3 "
-            f"optimizer; resume at the checkpoint's own layout"
+            f"reshard: the engine's optimizer is {type(zo).__name__}, not DeepSpeed 0.19.8's "
+            f"ZeRO-3 optimizer; resume at the checkpoint's own layout"
         )
     if getattr(zo, "swap_optimizer", False):
         raise CheckpointError(
@@ -37,7 +39,8 @@ def _zero3(engine):
 
 
 def _rank_slices(tag_dir: Path, name: str, numel: int, rank: int, world: int) -> dict:
-    """{key: this rank's partition of parameter `name`'s flat key}, each zero-padded to the partition size."""
+    """{key: this rank's partition of parameter `name`'s flat key}, each zero-padded to the
+    partition size."""
     part = partition(numel, world)
     start, stop = min(rank * part, numel), min((rank + 1) * part, numel)
     out = {k: torch.zeros(part, dtype=torch.float32) for k in KEYS}
@@ -48,9 +51,10 @@ def _rank_slices(tag_dir: Path, name: str, numel: int, rank: int, world: int) ->
 
 
 def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
-    """Fill `engine`'s ZeRO-3 optimizer (fp32 masters, exp_avg, exp_avg_sq, step) and bf16 partitions from the
-    universal form of `tag_dir`, this rank's slices only (its files checked before: `universal_problem`); a
-    parameter the checkpoint lacks, or one of another shape, is a CheckpointError naming it."""
+    """Fill `engine`'s ZeRO-3 optimizer (fp32 masters, exp_avg, exp_avg_sq, step) and bf16
+    partitions from the universal form of `tag_dir`, this rank's slices only (its files checked
+    before: `universal_problem`); a parameter the checkpoint lacks, or one of another shape, is a
+    CheckpointError naming it."""
     zo = _zero3(engine)
     params = {p["name"]: p for p in manifest["params"]}
     wanted = [zo.param_names[p] for group in zo.fp16_groups for p in group]
@@ -95,14 +99,16 @@ def load_universal(engine, tag_dir: Path, manifest: dict) -> None:
 
 
 def _step_like(current, step: torch.Tensor):
-    """The optimizer's step counter in the type it keeps (torch's Adam: a tensor; DeepSpeed's CPU Adam: an int)."""
+    """The optimizer's step counter in the type it keeps (torch's Adam: a tensor; DeepSpeed's CPU
+    Adam: an int)."""
     if current is None or torch.is_tensor(current):
         return step.clone().to(current.device if torch.is_tensor(current) else "cpu")
     return int(step.item())
 
 
 def _refresh_bf16(zo) -> None:
-    """The bf16 (or fp32) model partitions copied from the fp32 masters and re-pointed, as DeepSpeed's loads do."""
+    """The bf16 (or fp32) model partitions copied from the fp32 masters and re-pointed, as
+    DeepSpeed's loads do."""
     for gi, fp32 in enumerate(zo.fp32_partitioned_groups_flat):
         if fp32.numel() > 0:
             zo.fp16_partitioned_groups_flat[gi].data.copy_(fp32.data)
@@ -114,7 +120,8 @@ def _refresh_bf16(zo) -> None:
 
 
 def _agreed(problem, what: str, fix: str = "") -> None:
-    """Every rank's `problem` (None: fine) gathered; a CheckpointError on every rank when any has one."""
+    """Every rank's `problem` (None: fine) gathered; a CheckpointError on every rank when any has
+    one."""
     found = [problem]
     if dist.is_initialized():
         found = [None] * dist.get_world_size()
@@ -127,18 +134,19 @@ def _agreed(problem, what: str, fix: str = "") -> None:
 
 
 def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
-    """Load checkpoint `tag_dir` into `engine` built for another layout (collective): rank 0 writes its universal
-    form when it has none (`ds-longctx checkpoint reshard` does it ahead), every rank checks its share of the files,
-    then takes its partitions; DeepSpeed's step counters are set, and each rank's RNG is re-derived from the seed
-    and the step (the old ranks' states belong to other ranks)."""
+    """Load checkpoint `tag_dir` into `engine` built for another layout (collective): rank 0 writes
+    its universal form when it has none (`ds-longctx checkpoint reshard` does it ahead), every rank
+    checks its share of the files, then takes its partitions; DeepSpeed's step counters are set, and
+    each rank's RNG is re-derived from the seed and the step (the old ranks' states belong to other
+    ranks)."""
     from ds_longctx.checkpoint import universal
 
     rank, step = engine.state.rank, int(meta["step"])
     made = None
     if rank == 0 and not (universal.universal_dir(tag_dir) / universal.MANIFEST).is_file():
         log.info(
-            "reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does this ahead of a "
-            "job)",
+            "reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does this "
+            "ahead of a job)",
             tag_dir,
         )
         try:

@@ -1,14 +1,16 @@
-"""Finding a checkpoint, the checks of output_dir and resume before anything starts, and the collective load.
+"""Finding a checkpoint, the checks of output_dir and resume before anything starts, and the
+collective load.
 
-The layout of a run's directory and which run may load a checkpoint: checkpoint/layout.py. Every path read from
-the run's files stays inside the run (checkpoint/paths.py). A partial save left by a crash or a SIGKILL never
-blocks a resume: it is named in one line and removed by the next save (checkpoint/save.py).
+The layout of a run's directory and which run may load a checkpoint: checkpoint/layout.py. Every
+path read from the run's files stays inside the run (checkpoint/paths.py). A partial save left by a
+crash or a SIGKILL never blocks a resume: it is named in one line and removed by the next save
+(checkpoint/save.py).
 
-Load: every file is checked before anything is loaded (sizes and the globals each pickle names when the checkpoint
-is found, each rank's own digests before DeepSpeed's load), and every load is weights-only: a checkpoint runs no
-code (checkpoint/files.py). Format-1 checkpoints (before digests) still load; `ds-longctx checkpoint convert DIR`
-rewrites them as format 2 (checkpoint/convert.py). `ds-longctx eval` (run/eval_checkpoint.py) reads the weights
-alone (`load_weights`).
+Load: every file is checked before anything is loaded (sizes and the globals each pickle names when
+the checkpoint is found, each rank's own digests before DeepSpeed's load), and every load is
+weights-only: a checkpoint runs no code (checkpoint/files.py). Format-1 checkpoints (before digests)
+still load; `ds-longctx checkpoint convert DIR` rewrites them as format 2 (checkpoint/convert.py).
+`ds-longctx eval` (run/eval_checkpoint.py) reads the weights alone (`load_weights`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ log = logging.getLogger("ds_longctx")
 def find_checkpoint(
     root: Path, tag: Optional[str] = None, what: str = "resume"
 ) -> tuple[Path, dict]:
-    """The complete checkpoint `tag` (default: latest) under `root` and its meta, or a CheckpointError. Every path
-    taken from the run's files stays inside `root` (checkpoint/paths.py)."""
+    """The complete checkpoint `tag` (default: latest) under `root` and its meta, or a
+    CheckpointError. Every path taken from the run's files stays inside `root`
+    (checkpoint/paths.py)."""
     if not root.is_dir():
         raise CheckpointError(
             f"{what}: no checkpoint in {str(root.parent)!r} ({str(root)!r} does not exist); "
@@ -105,8 +108,8 @@ def find_checkpoint(
     if meta.get("tag") != tag:
         raise CheckpointError(
             f"{what}: directory {str(tag_dir)!r} holds the checkpoint saved as tag "
-            f"{shown(str(meta.get('tag')))} (its {META}); a tag directory keeps its name: rename it "
-            f"back to {shown(str(meta.get('tag')))}, or pick another of {paths.tag_names(root)}"
+            f"{shown(str(meta.get('tag')))} (its {META}); a tag directory keeps its name: rename "
+            f"it back to {shown(str(meta.get('tag')))}, or pick another of {paths.tag_names(root)}"
         )
     files.check_sizes(tag_dir, meta, what, "use an earlier tag (or restore the file)")
     for name in meta.get(
@@ -128,7 +131,8 @@ def find_checkpoint(
 
 
 def check_output_dir(output_dir: str) -> None:
-    """output_dir is (or can be made) a writable directory. Writes nothing (a probe is made and removed)."""
+    """output_dir is (or can be made) a writable directory. Writes nothing (a probe is made and
+    removed)."""
     p = Path(output_dir).expanduser()
     if p.exists() and not p.is_dir():
         raise CheckpointError(
@@ -169,8 +173,8 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def previous_run(output_dir) -> list:
-    """What of another run `output_dir` holds (RUN_FILES present), each with its gist, e.g. 'checkpoints (latest
-    step6)', 'metrics.jsonl (6 lines)'."""
+    """What of another run `output_dir` holds (RUN_FILES present), each with its gist, e.g.
+    'checkpoints (latest step6)', 'metrics.jsonl (6 lines)'."""
     out = Path(output_dir)
     held = []
     for name in RUN_FILES:
@@ -194,9 +198,9 @@ def previous_run(output_dir) -> list:
 
 
 def check_run_dir(cfg, world_size: int) -> Optional[dict]:
-    """Every check of output_dir and resume, before anything is started or written. Returns the meta of the
-    checkpoint to resume from (None for a fresh run). A fresh run into an output_dir holding another run's files is
-    refused unless `overwrite` (then `clear_previous_run` replaces them)."""
+    """Every check of output_dir and resume, before anything is started or written. Returns the meta
+    of the checkpoint to resume from (None for a fresh run). A fresh run into an output_dir holding
+    another run's files is refused unless `overwrite` (then `clear_previous_run` replaces them)."""
     check_output_dir(cfg.train.output_dir)
     root = ckpt_root(cfg.train.output_dir)
     if not cfg.checkpoint.resume:
@@ -243,8 +247,8 @@ def check_run_dir(cfg, world_size: int) -> Optional[dict]:
 
 
 def set_aside(root: Path) -> None:
-    """Partial saves under `root` do not block a resume: ours are named in one line (the next save removes them),
-    anything else named like one is refused (never removed)."""
+    """Partial saves under `root` do not block a resume: ours are named in one line (the next save
+    removes them), anything else named like one is refused (never removed)."""
     foreign = paths.foreign_partials(root)
     if foreign:
         raise CheckpointError(
@@ -253,16 +257,16 @@ def set_aside(root: Path) -> None:
         )
     for p in paths.partial_saves(root):
         log.info(
-            "resume: %s is a save that never completed (a crash, a full disk or an abandoned save); it is "
-            "set aside and the next save removes it",
+            "resume: %s is a save that never completed (a crash, a full disk or an abandoned "
+            "save); it is set aside and the next save removes it",
             p,
         )
 
 
 def clear_previous_run(cfg) -> None:
-    """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its metrics are kept
-    aside by the metrics log, run.yaml and ds_config.json replaced), only where every file in it is a save's
-    (files.foreign_files; check_run_dir refused otherwise)."""
+    """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its
+    metrics are kept aside by the metrics log, run.yaml and ds_config.json replaced), only where
+    every file in it is a save's (files.foreign_files; check_run_dir refused otherwise)."""
     root = ckpt_root(cfg.train.output_dir)
     if cfg.train.overwrite and not cfg.checkpoint.resume and root.exists():
         if problem := files.overwrite_problem(root, TAG):
@@ -273,11 +277,12 @@ def clear_previous_run(cfg) -> None:
 
 # ----------------------------------------------------------------------------- load (collective)
 def load(engine, tag_dir: Path, meta: dict, data_signature: dict) -> int:
-    """Load weights, optimizer, scheduler and this rank's RNG from `tag_dir`; returns its step. Collective.
+    """Load weights, optimizer, scheduler and this rank's RNG from `tag_dir`; returns its step.
+    Collective.
 
-    Every rank first checks its own files (files.problem: the globals each pickle names, the sha256 the
-    manifest holds); the ranks share the verdicts before DeepSpeed's collective load, so a damaged or altered file
-    stops all of them with its rank and name. Every load is weights-only."""
+    Every rank first checks its own files (files.problem: the globals each pickle names, the sha256
+    the manifest holds); the ranks share the verdicts before DeepSpeed's collective load, so a
+    damaged or altered file stops all of them with its rank and name. Every load is weights-only."""
     if meta.get("data") != data_signature:
         raise CheckpointError(
             f"resume: the data changed since checkpoint {str(tag_dir)!r} (then {meta.get('data')}, "
@@ -302,9 +307,9 @@ def load(engine, tag_dir: Path, meta: dict, data_signature: dict) -> int:
 
 
 def load_weights(engine, tag_dir: Path, meta: dict) -> None:
-    """The weights of `tag_dir` for evaluation (`ds-longctx eval`): each rank's partition of the fp32 master
-    weights, which DeepSpeed keeps with the optimizer states (read along; neither the lr scheduler nor the RNG
-    is). Collective, with `load`'s checks."""
+    """The weights of `tag_dir` for evaluation (`ds-longctx eval`): each rank's partition of the
+    fp32 master weights, which DeepSpeed keeps with the optimizer states (read along; neither the lr
+    scheduler nor the RNG is). Collective, with `load`'s checks."""
     _load_states(engine, tag_dir, meta, "eval", "; evaluate an earlier tag (--tag)", resume=False)
     log.info("loaded the weights of %s (step %d)", tag_dir, meta["step"])
 
@@ -314,7 +319,8 @@ def _verdicts(engine, tag_dir: Path, meta: dict) -> list:
     rank = engine.state.rank
     if meta["format"] == 1 and rank == 0:
         log.warning(
-            "%s was written before checkpoints held digests (format 1): its files are checked for size and "
+            "%s was written before checkpoints held digests (format 1): its files are checked for "
+            "size and "
             "content, not for changed bytes; `ds-longctx checkpoint convert %s` adds the digests",
             tag_dir,
             tag_dir.parent.parent,
@@ -330,8 +336,8 @@ def _verdicts(engine, tag_dir: Path, meta: dict) -> list:
 
 
 def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume: bool) -> None:
-    """DeepSpeed's load of `tag_dir` after every rank's verdict on its own files (`load`'s doc); with `resume`
-    also the lr scheduler and this rank's RNG."""
+    """DeepSpeed's load of `tag_dir` after every rank's verdict on its own files (`load`'s doc);
+    with `resume` also the lr scheduler and this rank's RNG."""
     bad = [(r, e) for r, e in enumerate(_verdicts(engine, tag_dir, meta)) if e is not None]
     if bad:
         raise CheckpointError(
@@ -340,8 +346,9 @@ def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume:
         )
     rank = engine.state.rank
     try:
-        # this version saves plan/lr_schedule.py's LambdaLR; an older one's WarmupLR (or none) is not loaded: the
-        # resume sets the schedule at the checkpoint's step itself (run/resume_changes.set_schedule)
+        # this version saves plan/lr_schedule.py's LambdaLR; an older one's WarmupLR (or none) is
+        # not loaded: the resume sets the schedule at the checkpoint's step itself
+        # (run/resume_changes.set_schedule)
         sched = resume and "lr_schedule" in meta["run"]
         with files.weights_only_loads():
             path, client = engine.ds.load_checkpoint(

@@ -1,6 +1,7 @@
-"""Each rank's RNG states in a checkpoint (`rng_rank<r:05d>.pt`): torch, python, numpy and every CUDA device, as
-tensors and numbers, which a weights-only load reads. Format-1 files held numpy's state tuple pickled with numpy's
-globals; `set_rng_state` restores both, `numpy_state` converts the tuple."""
+"""Each rank's RNG states in a checkpoint (`rng_rank<r:05d>.pt`): torch, python, numpy and every
+CUDA device, as tensors and numbers, which a weights-only load reads. Format-1 files held numpy's
+state tuple pickled with numpy's globals; `set_rng_state` restores both, `numpy_state` converts the
+tuple."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 
 def numpy_state(state) -> dict:
-    """numpy's legacy RNG state tuple ('MT19937', key, pos, has_gauss, gauss) as tensors and numbers."""
+    """numpy's legacy RNG state tuple ('MT19937', key, pos, has_gauss, gauss) as tensors and
+    numbers."""
     name, key, pos, has_gauss, gauss = state
     return {
         "bit_generator": str(name),
@@ -23,7 +25,8 @@ def numpy_state(state) -> dict:
 
 
 def rng_state() -> dict:
-    """This process's RNG states (torch, python, numpy, every CUDA device) in what a weights-only load reads."""
+    """This process's RNG states (torch, python, numpy, every CUDA device) in what a weights-only
+    load reads."""
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),

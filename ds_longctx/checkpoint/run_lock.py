@@ -1,9 +1,9 @@
 """One writer per output directory: an advisory lock on a file in it (LOCK_FILE), held for the life
 of a run or eval.
 
-    if (holder := lock_holder(out)) ...           # who holds it now (None: free); opens nothing for writing
-    lock = RunLock.acquire(out)                   # RunLockError naming the holder where another process holds it
-    lock.release()                                # also at exit; the kernel lets go when the holder dies
+    if (holder := lock_holder(out)) ...  # who holds it now (None: free); opens nothing for writing
+    lock = RunLock.acquire(out)          # RunLockError naming the holder while another holds it
+    lock.release()                       # also at exit; the kernel lets go when the holder dies
 
 Exclusive flock(2), never waited for; the file records its holder. Who takes it, and takeover of a
 dead holder's lock: docs/design/checkpoint.md."""
@@ -32,7 +32,8 @@ _TRIES = 3  # a holder seen for an instant may be `lock_holder` peeking: try aga
 _WAIT_S = 0.05
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 FIX = "choose another output_dir"
-_HELD: list = []  # the locks this process holds (release_all: before a worker's os._exit); a forked child holds none
+# the locks this process holds (release_all: before a worker's os._exit); a forked child holds none
+_HELD: list = []
 os.register_at_fork(after_in_child=_HELD.clear)
 
 
@@ -54,14 +55,18 @@ def _record(fd: int) -> dict:
 
 
 def in_use(out, holder: dict, fix: str) -> str:
-    """The refusal of a writer into `out` while `holder` writes there; `fix`: the command's other way out."""
+    """The refusal of a writer into `out` while `holder` writes there; `fix`: the command's other
+    way out."""
     stop = ""
     if holder.get("pid"):
         here = holder.get("host") == socket.gethostname()
-        stop = f" (or stop it: kill -TERM {holder['pid']}{'' if here else ' on ' + str(holder.get('host'))})"
+        stop = (
+            " (or stop it: kill -TERM "
+            f"{holder['pid']}{'' if here else ' on ' + str(holder.get('host'))})"
+        )
     return (
-        f"output_dir={str(out)!r} is in use by {who(holder)}: one writer per run; wait for it to end{stop}, or "
-        f"{fix}"
+        f"output_dir={str(out)!r} is in use by {who(holder)}: one writer per run; wait for it to "
+        f"end{stop}, or {fix}"
     )
 
 
@@ -71,7 +76,8 @@ _OPEN = (
 
 
 def _open_lock(path: Path, flags: int, fix: str = FIX) -> int:
-    """`path` opened with `flags`, never following a link nor blocking; RunLockError unless a regular file."""
+    """`path` opened with `flags`, never following a link nor blocking; RunLockError unless a
+    regular file."""
     try:
         fd = os.open(path, flags | _OPEN, 0o644)
     except OSError as e:
@@ -92,8 +98,8 @@ def _open_lock(path: Path, flags: int, fix: str = FIX) -> int:
 
 
 def lock_holder(out) -> Optional[dict]:
-    """The record of the process holding `out`'s lock, None where nobody does (or there is no lock file);
-    RunLockError where the lock file is not a regular file. Never blocks."""
+    """The record of the process holding `out`'s lock, None where nobody does (or there is no lock
+    file); RunLockError where the lock file is not a regular file. Never blocks."""
     path = Path(os.path.abspath(Path(out).expanduser())) / LOCK_FILE
     try:
         fd = _open_lock(path, os.O_RDONLY)
@@ -111,7 +117,8 @@ def lock_holder(out) -> Optional[dict]:
 
 
 class RunLock:
-    """The lock of one directory held by this process (fd None: the filesystem has no flock; nothing held)."""
+    """The lock of one directory held by this process (fd None: the filesystem has no flock; nothing
+    held)."""
 
     def __init__(self, path: Path, fd: Optional[int], created: list):
         self.path, self.fd, self.created, self.pid = path, fd, created, os.getpid()
@@ -120,8 +127,9 @@ class RunLock:
 
     @classmethod
     def acquire(cls, out, fix: str = FIX, launcher: Optional[str] = None) -> Optional["RunLock"]:
-        """Hold `out`'s lock (creating `out` if needed). None where `launcher` (pid@host) holds it for this process.
-        RunLockError where another process holds it; OSError where `out` cannot be written."""
+        """Hold `out`'s lock (creating `out` if needed). None where `launcher` (pid@host) holds it
+        for this process. RunLockError where another process holds it; OSError where `out` cannot be
+        written."""
         out = Path(os.path.abspath(Path(out).expanduser()))
         created = [p for p in [out, *out.parents] if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
@@ -168,8 +176,9 @@ class RunLock:
         raise RunLockError(in_use(out, {}, fix), {})
 
     def release(self) -> None:
-        """Let go: the lock file removed (if still ours), then the directories acquire created, where empty. Only in
-        the process that took it (a forked child inherits the object, not the lock)."""
+        """Let go: the lock file removed (if still ours), then the directories acquire created,
+        where empty. Only in the process that took it (a forked child inherits the object, not the
+        lock)."""
         if self.fd is None or self.pid != os.getpid():
             return
         try:
@@ -189,7 +198,8 @@ class RunLock:
 
 @atexit.register
 def release_all() -> None:
-    """Release every lock this process holds (at exit, and before a worker leaves through os._exit)."""
+    """Release every lock this process holds (at exit, and before a worker leaves through
+    os._exit)."""
     for lock in list(_HELD):
         lock.release()
 
@@ -200,8 +210,9 @@ def lock_env_value() -> str:
 
 
 def take(out, fix: str = FIX, rank: int = 0, launcher: Optional[str] = None) -> Optional[RunLock]:
-    """The lock of `out` as a command takes it: on rank 0 only; None where `launcher` (pid@host, a worker's
-    $DS_LONGCTX_RUN_LOCK) holds it. RunLockError (a ValueError: a refusal) naming the holder, or the write error."""
+    """The lock of `out` as a command takes it: on rank 0 only; None where `launcher` (pid@host, a
+    worker's $DS_LONGCTX_RUN_LOCK) holds it. RunLockError (a ValueError: a refusal) naming the
+    holder, or the write error."""
     if rank != 0:
         return None
     try:

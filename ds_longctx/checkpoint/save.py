@@ -3,10 +3,10 @@
     with stops.saving(step):                          # the caller's: signals wait for the save
         tag_dir = save(engine, cfg, step, data.signature())
 
-Rank 0 makes and marks `.tmp-<tag>`; every rank writes its files there and hashes them; rank 0 writes meta.json,
-renames the directory to `<tag>`, replaces `latest`, prunes. Until the rename `latest` names the previous complete
-checkpoint; a failed write on any rank fails the save on all (one line: the path, the free space), and its partial
-directory is removed.
+Rank 0 makes and marks `.tmp-<tag>`; every rank writes its files there and hashes them; rank 0
+writes meta.json, renames the directory to `<tag>`, replaces `latest`, prunes. Until the rename
+`latest` names the previous complete checkpoint; a failed write on any rank fails the save on all
+(one line: the path, the free space), and its partial directory is removed.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ from ds_longctx.parallel import fake_world
 from ds_longctx.parallel.disk import PARTIAL_MARKER, describe_os_error, make_partial
 
 log = logging.getLogger("ds_longctx")
-SAVE_PAUSE_ENV = "DS_LONGCTX_DEBUG_SAVE_PAUSE_S"  # debug: seconds a save waits with every file written, unrenamed
+# debug: seconds a save waits with every file written, unrenamed
+SAVE_PAUSE_ENV = "DS_LONGCTX_DEBUG_SAVE_PAUSE_S"
 
 
 def _debug_pause(step: int) -> None:
-    """Tests interrupt a save here: SAVE_PAUSE_ENV is `S` (every save waits S seconds) or `S@N` (the save of step
-    N only)."""
+    """Tests interrupt a save here: SAVE_PAUSE_ENV is `S` (every save waits S seconds) or `S@N` (the
+    save of step N only)."""
     seconds, _, at = os.environ.get(SAVE_PAUSE_ENV, "0").partition("@")
     if not at or int(at) == step:
         time.sleep(float(seconds))
@@ -79,10 +80,10 @@ def _own_files(tmp: Path, rank: int) -> list:
 
 
 def save(engine, cfg, step: int, data_signature: dict) -> Path:
-    """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc). Collective.
-    A write that fails on any rank (a full disk, no permission) fails the save on every rank with one
-    CheckpointError naming the path and the free space; the partial save is removed, the previous checkpoint
-    stays."""
+    """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc).
+    Collective. A write that fails on any rank (a full disk, no permission) fails the save on every
+    rank with one CheckpointError naming the path and the free space; the partial save is removed,
+    the previous checkpoint stays."""
     fake_world.refuse_in_rehearsal("a checkpoint save")
     root = ckpt_root(cfg.train.output_dir)
     tag = tag_for(step)
@@ -112,7 +113,8 @@ def save(engine, cfg, step: int, data_signature: dict) -> Path:
 
 
 def _attempt(write) -> Optional[str]:
-    """None when `write()` succeeds; the one-line reason of its OSError (path, free space) when it fails."""
+    """None when `write()` succeeds; the one-line reason of its OSError (path, free space) when it
+    fails."""
     try:
         write()
         return None
@@ -121,7 +123,8 @@ def _attempt(write) -> Optional[str]:
 
 
 def _agree(err: Optional[str]) -> Optional[str]:
-    """The first rank's error of `err` on every rank (None: none failed). Collective; also a barrier."""
+    """The first rank's error of `err` on every rank (None: none failed). Collective; also a
+    barrier."""
     if not dist.is_initialized():
         return err
     gathered = [None] * dist.get_world_size()
@@ -138,8 +141,8 @@ def _begin(root: Path, tmp: Path, step: int) -> None:
 
 
 def _write_own(engine, cfg, tmp: Path, step: int) -> list:
-    """Every rank writes its files into `tmp` (DeepSpeed's, its RNG) and hashes them: the ranks' manifest entries,
-    or a rank's error line in its place. Collective."""
+    """Every rank writes its files into `tmp` (DeepSpeed's, its RNG) and hashes them: the ranks'
+    manifest entries, or a rank's error line in its place. Collective."""
     st, wrote = engine.state, False
     try:
         engine.ds.save_checkpoint(
@@ -164,7 +167,8 @@ def _write_own(engine, cfg, tmp: Path, step: int) -> list:
 def _finish(
     engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_signature: dict
 ) -> None:
-    """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag, `latest`, pruning."""
+    """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag,
+    `latest`, pruning."""
     import deepspeed
 
     st, tag = engine.state, tag_for(step)
@@ -203,7 +207,8 @@ def _finish(
 
 
 def _prune(root: Path, step: int, keep: int) -> None:
-    """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left alone)."""
+    """Delete all but the newest `keep` tags at or before `step` (later tags, if any, are left
+    alone)."""
     if keep <= 0:
         return
     tags = sorted(

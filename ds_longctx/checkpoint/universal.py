@@ -2,8 +2,9 @@
 moments, what a resume at another world size, sp size or dp size cuts its own partitions from
 (checkpoint/reshard.py).
 
-    <tag>/universal/manifest.json                 source layout, optimizer step, every parameter, every file's sha256
-    <tag>/universal/<param name>.safetensors      "fp32", "exp_avg", "exp_avg_sq": [numel] float32 each
+    <tag>/universal/manifest.json             source layout, optimizer step, every parameter,
+                                              every file's sha256
+    <tag>/universal/<param name>.safetensors  "fp32", "exp_avg", "exp_avg_sq": [numel] float32 each
 
 Writing streams one old rank and one fragment at a time, never a whole model in host memory; a rank
 reads only its slice; every file is checked against the manifest's digest first. Where each piece
@@ -39,11 +40,13 @@ def param_file(name: str) -> str:
 
 
 def partition(numel: int, world: int) -> int:
-    """Elements of one rank's partition of a `numel` parameter over `world` ranks (ZeRO-3: padded to equal)."""
+    """Elements of one rank's partition of a `numel` parameter over `world` ranks (ZeRO-3: padded to
+    equal)."""
     return math.ceil(numel / world)
 
 
-# ----------------------------------------------------------------------------- safetensors laid out, then filled
+# ----------------------------------------------------------------------------- safetensors laid
+# out, then filled
 def _layout(numel: int) -> tuple[bytes, int]:
     """(the safetensors header for KEYS of [numel] float32, the byte where the data starts)."""
     n = numel * _F32
@@ -66,7 +69,8 @@ def _create(path: Path, numel: int) -> int:
 
 
 def _source_groups(tag_dir: Path, meta: dict) -> tuple[list, int]:
-    """([[(name, shape), ...] per sub-group], old world size) from rank 0's model file and the meta."""
+    """([[(name, shape), ...] per sub-group], old world size) from rank 0's model file and the
+    meta."""
     world = int(meta["run"]["world_size"])
     model = files.load(tag_dir / model_file(0))
     groups = [[(n, tuple(int(x) for x in s)) for n, s in g.items()] for g in model["param_shapes"]]
@@ -82,7 +86,8 @@ def optim_file(rank: int) -> str:
 
 
 def _rank_pieces(path: Path) -> tuple[list, list, float]:
-    """(fp32 flat groups, [{exp_avg, exp_avg_sq}] per sub-group, optimizer step) of one optim file, memory-mapped."""
+    """(fp32 flat groups, [{exp_avg, exp_avg_sq}] per sub-group, optimizer step) of one optim file,
+    memory-mapped."""
     import torch
 
     with files.weights_only_loads():
@@ -106,9 +111,10 @@ def _rank_pieces(path: Path) -> tuple[list, list, float]:
 
 
 def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
-    """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against `meta` first);
-    returns the manifest. Written under a temporary name and renamed when whole; on any error or
-    signal (KeyboardInterrupt) the temporary directory is removed: what was there before stays."""
+    """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against
+    `meta` first); returns the manifest. Written under a temporary name and renamed when whole; on
+    any error or signal (KeyboardInterrupt) the temporary directory is removed: what was there
+    before stays."""
     tag_dir = Path(tag_dir)
     if (problem := files.problem(tag_dir, meta, None, show=show)) is not None:
         raise CheckpointError(f"reshard: checkpoint {str(tag_dir)!r} could not be read ({problem})")
@@ -170,8 +176,8 @@ def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: 
             if offset != flat[gi].numel():
                 raise CheckpointError(
                     f"reshard: {optim_file(r)} sub-group {gi} holds {flat[gi].numel()} elements, "
-                    f"its parameters' partitions {offset}: not this layout's save; resume it at its "
-                    f"own layout"
+                    f"its parameters' partitions {offset}: not this layout's save; resume it at "
+                    f"its own layout"
                 )
         del flat, state  # the memory map of this rank's file goes with them
         bar.update(1)
@@ -193,8 +199,9 @@ def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: 
 
 
 def _drop_pages(t) -> None:
-    """The pages of memory-mapped tensor `t` given back (madvise DONTNEED: read-only file pages, re-read on a later
-    touch), so host memory stays a fragment however large the rank file is. A no-op where libc has no madvise."""
+    """The pages of memory-mapped tensor `t` given back (madvise DONTNEED: read-only file pages,
+    re-read on a later touch), so host memory stays a fragment however large the rank file is. A
+    no-op where libc has no madvise."""
     import ctypes
     import mmap
 
@@ -259,24 +266,29 @@ def _step_problem(manifest: dict, step: int | None):
 
 
 def rewrite(tag_dir: Path) -> str:
-    """The fix for a universal form that is missing or damaged: the command that writes it (again, replacing it)."""
+    """The fix for a universal form that is missing or damaged: the command that writes it (again,
+    replacing it)."""
     return (
-        f"`ds-longctx checkpoint reshard {tag_dir.parent.parent} --tag {tag_dir.name}` writes it from the "
-        f"checkpoint (replacing what is there)"
+        f"`ds-longctx checkpoint reshard {tag_dir.parent.parent} --tag {tag_dir.name}` writes it "
+        f"from the checkpoint (replacing what is there)"
     )
 
 
 def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show: bool = False):
-    """What is wrong with the universal form of `tag_dir` (None: nothing), checking every file of the manifest whose
-    index is `share`[0] modulo `share`[1] (the ranks split the reading): inside universal/, the size and sha256
-    recorded, a safetensors file of KEYS only (no pickle is ever opened); and no file beside them."""
+    """What is wrong with the universal form of `tag_dir` (None: nothing), checking every file of
+    the manifest whose index is `share`[0] modulo `share`[1] (the ranks split the reading): inside
+    universal/, the size and sha256 recorded, a safetensors file of KEYS only (no pickle is ever
+    opened); and no file beside them."""
     from safetensors import safe_open
 
     base = universal_dir(tag_dir)
     listed = manifest["files"]
     extra = sorted(p.name for p in base.iterdir() if p.name not in listed and p.name != MANIFEST)
     if extra:
-        return f"{str(base)!r} holds {', '.join(extra[:5])}, which the conversion did not write (not in {MANIFEST})"
+        return (
+            f"{str(base)!r} holds {', '.join(extra[:5])}, which the conversion did not write (not "
+            f"in {MANIFEST})"
+        )
     numels = {param_file(p["name"]): p["numel"] for p in manifest["params"]}
     for name in sorted(listed)[share[0] :: share[1]]:
         path = files.manifest_path(base, name, "reshard")
@@ -292,8 +304,8 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
             )
         if (found := files.digest(path, show)) != entry["sha256"]:
             return (
-                f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file changed after it "
-                f"was written"
+                f"{str(path)!r}: sha256 {found}, {MANIFEST} says {entry['sha256']}: the file "
+                f"changed after it was written"
             )
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -303,8 +315,8 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
             Exception
         ) as e:  # not a safetensors file (a pickle, anything else): never loaded otherwise
             return (
-                f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal checkpoint holds "
-                f"tensors only, so it is refused unloaded"
+                f"{str(path)!r} is not a safetensors file ({type(e).__name__}); a universal "
+                f"checkpoint holds tensors only, so it is refused unloaded"
             )
         if keys != sorted(KEYS):
             return f"{str(path)!r} holds {keys}, not {list(KEYS)}"
@@ -318,8 +330,8 @@ def universal_problem(tag_dir: Path, manifest: dict, share: tuple = (0, 1), show
 
 
 def read_slices(tag_dir: Path, name: str, start: int, stop: int, keys: tuple = KEYS) -> dict:
-    """{key: elements [start, stop) of parameter `name`'s flat `key`} (float32 tensors), from one opening of its file;
-    only those bytes are read."""
+    """{key: elements [start, stop) of parameter `name`'s flat `key`} (float32 tensors), from one
+    opening of its file; only those bytes are read."""
     from safetensors import safe_open
 
     with safe_open(str(universal_dir(tag_dir) / param_file(name)), framework="pt") as f:

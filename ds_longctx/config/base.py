@@ -1,4 +1,5 @@
-"""What every config section shares: pydantic settings (unknown keys refused, attribute docstrings as docs)."""
+"""What every config section shares: pydantic settings (unknown keys refused, attribute docstrings
+as docs)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from ds_longctx.parallel.disk import user_path
 
 
 class Section(BaseModel):
-    """A config section: `extra="forbid"`, validated on assignment, documented by attribute docstrings.
+    """A config section: `extra="forbid"`, validated on assignment, documented by attribute
+    docstrings.
 
-    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are refused by name), no
-    number is a boolean (pydantic reads `true` as 1: `--seq_len true` or `lr: yes` would run), and no text is blank
+    Every float is finite (`allow_inf_nan=False`: inf, nan and 1e400, which reads as inf, are
+    refused by name), no number is a boolean (pydantic reads `true` as 1: `--seq_len true` or `lr:
+    yes` would run), and no text is blank
     (`--output_dir=` wrote the run into the current directory, `--data=` read it as the data).
-    A field's flat key (`--key value`, a flat YAML key) is its name unless its `json_schema_extra` names another
-    (`{"flat": "data_layout"}`); config/__init__.py checks that every flat key maps to exactly one field."""
+    A field's flat key (`--key value`, a flat YAML key) is its name unless its `json_schema_extra`
+    names another (`{"flat": "data_layout"}`); config/__init__.py checks that every flat key maps to
+    exactly one field."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -42,8 +46,8 @@ class Section(BaseModel):
             kinds |= set(get_args(next(iter(kinds))))
             if isinstance(v, bool) and kinds & {int, float} and bool not in kinds:
                 raise ValueError(
-                    f"{str(v).lower()} is a boolean, not a number; give a number (every key's type: "
-                    f"ds-longctx train --help)"
+                    f"{str(v).lower()} is a boolean, not a number; give a number (every key's "
+                    f"type: ds-longctx train --help)"
                 )
             if isinstance(v, str) and not v.strip() and str in kinds:
                 raise ValueError(

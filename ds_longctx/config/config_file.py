@@ -1,13 +1,14 @@
 """A run-config file's text -> its data, read strictly: what the file says is what the run gets.
 
-    data = read_config_file("run.yaml")     # a dict (or whatever the top level is); ValueError naming file and line
+    # a dict (or whatever the top level is); ValueError naming the file and line:
+    data = read_config_file("run.yaml")
 
 Rules (each refusal names the file, the line and the fix):
 - at most MAX_BYTES (1 MiB; a run config is a few KiB), checked before anything is parsed;
-- a key given twice in one mapping, at any depth (`lr` twice, two `optimizer:` sections), is refused naming its dotted
-  path and both lines: YAML and JSON parsers keep the last silently;
-- YAML anchors and aliases (`&name`, `*name`, `<<: *name`) are refused: a run config never needs them, and aliases
-  expand (billion laughs);
+- a key given twice in one mapping, at any depth (`lr` twice, two `optimizer:` sections), is refused
+  naming its dotted path and both lines: YAML and JSON parsers keep the last silently;
+- YAML anchors and aliases (`&name`, `*name`, `<<: *name`) are refused: a run config never needs
+  them, and aliases expand (billion laughs);
 - YAML tags beyond the safe loader's (`!!python/object`, `!custom`) are refused, naming the tag.
 """
 
@@ -24,8 +25,9 @@ MAX_BYTES = 1 << 20
 
 
 def read_config_file(path: Union[str, Path]) -> Any:
-    """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules). OSError for a file
-    that cannot be opened; ValueError for everything else that is wrong with it."""
+    """The parsed content of the YAML (.yaml / .yml) or JSON file `path` (module doc's rules).
+    OSError for a file that cannot be opened; ValueError for everything else that is wrong with
+    it."""
     kind = "YAML" if str(path).endswith((".yaml", ".yml")) else "JSON"
     with open(
         path, "rb"
@@ -37,8 +39,9 @@ def read_config_file(path: Union[str, Path]) -> Any:
             f"{size / 2**20:.1f} MiB" if size > MAX_BYTES else f"more than {MAX_BYTES // 2**20} MiB"
         )
         raise ValueError(
-            f"config {path} is {said}, over the {MAX_BYTES // 2**20} MiB a run config may be (one is a "
-            f"few KiB); check that this is the run config, or write one with `ds-longctx plan --out`"
+            f"config {path} is {said}, over the {MAX_BYTES // 2**20} MiB a run config may be (one "
+            "is a few KiB); check that this is the run config, or write one with `ds-longctx plan "
+            "--out`"
         )
     try:
         text = raw.decode()
@@ -48,8 +51,8 @@ def read_config_file(path: Union[str, Path]) -> Any:
             raise ValueError(str(e)) from None
         first = " ".join(x.strip() for x in str(e).strip().splitlines())[:300] or type(e).__name__
         raise ValueError(
-            f"config {path} could not be read as {kind} ({first}); fix the file, or write a new one "
-            f"with `ds-longctx plan --out`"
+            f"config {path} could not be read as {kind} ({first}); fix the file, or write a new "
+            f"one with `ds-longctx plan --out`"
         ) from None
 
 
@@ -65,7 +68,8 @@ def _twice(path, key: str, first: Optional[int], second: Optional[int]) -> _Refu
 
 # ----------------------------------------------------------------------------- YAML
 class _PlainDumper(yaml.SafeDumper):
-    """Writes a value seen twice out again instead of as an anchor and alias, which `read_config_file` refuses."""
+    """Writes a value seen twice out again instead of as an anchor and alias, which
+    `read_config_file` refuses."""
 
     def ignore_aliases(self, data) -> bool:
         return True
@@ -86,8 +90,8 @@ def _yaml(text: str, path) -> Any:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors, aliases, unknown tags and duplicate keys (module doc), on the composed nodes
-    before any value is constructed."""
+    """SafeLoader that refuses anchors, aliases, unknown tags and duplicate keys (module doc), on
+    the composed nodes before any value is constructed."""
 
     where: Any = None
 
@@ -96,13 +100,13 @@ class _StrictLoader(yaml.SafeLoader):
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(
-                f"config {self.where} line {line} uses a YAML alias (*{event.anchor}); write the values "
-                f"out"
+                f"config {self.where} line {line} uses a YAML alias (*{event.anchor}); write the "
+                f"values out"
             )
         if getattr(event, "anchor", None) is not None:
             raise _Refused(
-                f"config {self.where} line {line} defines a YAML anchor (&{event.anchor}); a run config "
-                f"has no use for one: remove it and write the values out"
+                f"config {self.where} line {line} defines a YAML anchor (&{event.anchor}); a run "
+                f"config has no use for one: remove it and write the values out"
             )
         return super().compose_node(parent, index)
 
@@ -114,8 +118,8 @@ class _StrictLoader(yaml.SafeLoader):
         """Every node under `node` (dotted path `at`): a known tag, and no mapping key twice."""
         if node.tag not in self.yaml_constructors or node.tag is None:
             raise _Refused(
-                f"config {self.where} line {node.start_mark.line + 1} uses the YAML tag {node.tag!r}; a "
-                f"run config holds plain keys and values: remove the tag"
+                f"config {self.where} line {node.start_mark.line + 1} uses the YAML tag "
+                f"{node.tag!r}; a run config holds plain keys and values: remove the tag"
             )
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}

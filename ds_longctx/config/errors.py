@@ -1,9 +1,11 @@
-"""A pydantic ValidationError of the run config as the lines a user reads: one per problem, without pydantic's URLs.
+"""A pydantic ValidationError of the run config as the lines a user reads: one per problem, without
+pydantic's URLs.
 
     except ValidationError as e:
         raise ValueError(format_validation_error(e)) from None
 
-An unknown key names the nearest known one (config/keys.py); a type or range error shows the value given.
+An unknown key names the nearest known one (config/keys.py); a type or range error shows the value
+given.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def format_validation_error(err: ValidationError) -> str:
             and "input" in e
             and not isinstance(e["input"], (dict, BaseModel))
         ):
-            # a type or range error: the value given beside what was expected (our own checks name it themselves)
+            # a type or range error: the value given beside what was expected (our own checks name
+            # it themselves)
             hint = {
                 "bool_parsing": "; use true or false",
                 "bool_type": "; use true or false",

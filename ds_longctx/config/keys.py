@@ -1,8 +1,10 @@
-"""The run config's keys: its sections, the three spellings of a key (sectioned, dotted, flat; module doc of
-config/run.py), the legacy key, and the refusal of an unknown one naming the nearest known keys.
+"""The run config's keys: its sections, the three spellings of a key (sectioned, dotted, flat;
+module doc of config/run.py), the legacy key, and the refusal of an unknown one naming the nearest
+known keys.
 
     FLAT["offload_layers"] == DOTTED["memory.offload_layers"] == ("memory", "offload_layers")
-    fold({"offload_layers": 4}, {"memory": {"tiled_mlp": True}})   # -> {"memory": {"offload_layers": 4, ...}}
+    fold({"offload_layers": 4}, {"memory": {"tiled_mlp": True}})
+    # -> {"memory": {"offload_layers": 4, ...}}
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ FLAT = _flat_keys()
 DOTTED = {f"{sec}.{name}": (sec, name) for sec, name in FLAT.values()}
 
 
-# the HF Trainer's / TRL's names of settings this config spells otherwise: an unknown key that is one of them is
-# pointed at ours, not at the key spelled most like it (`save_steps` is closest to `steps` by spelling)
+# the HF Trainer's / TRL's names of settings this config spells otherwise: an unknown key that is
+# one of them is pointed at ours, not at the key spelled most like it (`save_steps` is closest to
+# `steps` by spelling)
 HF_NAMES = {
     "save_steps": "save_every",
     "logging_steps": "log_every",
@@ -84,9 +87,9 @@ HF_NAMES = {
 
 
 def nearest_keys(key: str, most: int = 4) -> list[str]:
-    """The known keys (flat or dotted, one spelling per field) spelled most like `key`, closest first, at most `most`;
-    for an HF Trainer / TRL name, ours alone and whose name it is; for a known key under the wrong section
-    (`train.lr`), its own dotted key first."""
+    """The known keys (flat or dotted, one spelling per field) spelled most like `key`, closest
+    first, at most `most`; for an HF Trainer / TRL name, ours alone and whose name it is; for a
+    known key under the wrong section (`train.lr`), its own dotted key first."""
     bare = key.strip("'\"").lstrip("-")
     if bare in HF_NAMES:
         return [f"{HF_NAMES[bare]} (the HF Trainer's {bare})"]
@@ -116,7 +119,8 @@ def unknown_key(key: str, prefix: str = "") -> ValueError:
 
 
 def field_of(key: str):
-    """(section, field) that a flat or dotted key names; None for a legacy key; raises for an unknown one."""
+    """(section, field) that a flat or dotted key names; None for a legacy key; raises for an
+    unknown one."""
     if key in FLAT:
         return FLAT[key]
     if key in DOTTED:
@@ -177,8 +181,8 @@ def _fold_one(data: dict) -> dict:
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 raise ValueError(
                     f"activation_offload=false with offload_layers={n}: the first says no layer is "
-                    f"offloaded, the second {n}; drop activation_offload (offload_layers alone is the "
-                    f"lever now) or set offload_layers: 0"
+                    f"offloaded, the second {n}; drop activation_offload (offload_layers alone is "
+                    f"the lever now) or set offload_layers: 0"
                 )
             mem["offload_layers"] = 0
         else:

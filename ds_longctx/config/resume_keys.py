@@ -1,15 +1,17 @@
 """Which run-config keys a resume may change: the one home of that rule.
 
     saved = saved_values(meta["run"], tag_dir / "run.yaml")
-    refused, changed = compare(saved, cfg)           # the checkpoint's values against this run's
-    stored_values(cfg)                               # what checkpoint/save.save stores in meta.json's `run`
+    refused, changed = compare(saved, cfg)  # the checkpoint's values against this run's
+    stored_values(cfg)                      # what checkpoint/save.save stores in meta.json's `run`
 
-FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is refused before
-anything is loaded (checkpoint/resume.py check_run_dir), naming each key with both values. MAY_CHANGE keys are this
-run's to set: the step count, saving, logging, evaluation, the memory levers (optimizer and parameter offload
-included), the lr and its schedule; a change is applied after the checkpoint's load (run/resume_changes.py) and listed
-in one log line. NOT_COMPARED keys say where and whether to resume; sp_size, micro_batch and grad_accum make the layout
-and the global batch, which checkpoint/layout.py checks with the world size. Every key is in exactly one class.
+FIXED keys make the model, its numerics, the data order or the optimizer state's layout: a change is
+refused before anything is loaded (checkpoint/resume.py check_run_dir), naming each key with both
+values. MAY_CHANGE keys are this run's to set: the step count, saving, logging, evaluation, the
+memory levers (optimizer and parameter offload included), the lr and its schedule; a change is
+applied after the checkpoint's load (run/resume_changes.py) and listed in one log line. NOT_COMPARED
+keys say where and whether to resume; sp_size, micro_batch and grad_accum make the layout and the
+global batch, which checkpoint/layout.py checks with the world size. Every key is in exactly one
+class.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 from ds_longctx.config.config_file import read_config_file
 from ds_longctx.config.keys import FLAT
 
-# key -> why a change is refused where the reason is not the general one (the weights, numerics or data order)
+# key -> why a change is refused where the reason is not the general one (the weights, numerics or
+# data order)
 FIXED = {
     "model": "",
     "dtype": "",
@@ -55,9 +58,11 @@ FIXED = {
     "scale_rewards": "",
     "max_completion_length": "",
     "shared_prompt": "",
-    "torch_adam": "the saved Adam state is carried into another implementation only for optimizer_offload",
-    "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups (a partial offload sets "
-    "their size) and is not carried into another split",
+    "torch_adam": (
+        "the saved Adam state is carried into another implementation only for optimizer_offload"
+    ),
+    "optimizer_offload_ratio": "the optimizer state is saved in the old split's sub-groups "
+    "(a partial offload sets their size) and is not carried into another split",
 }
 MAY_CHANGE = (
     "steps",
@@ -119,8 +124,8 @@ NOT_COMPARED = (
     "grad_accum",
     "allow_batch_change",
 )
-# the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups (lr,
-# weight_decay) and the scheduler's step from the checkpoint
+# the keys whose change is set on the optimizer after the load: DeepSpeed restores its param groups
+# (lr, weight_decay) and the scheduler's step from the checkpoint
 OPTIMIZER_KEYS = ("steps", "epochs", "lr", "warmup_steps", "lr_schedule", "min_lr", "weight_decay")
 
 
@@ -130,7 +135,8 @@ def _check_classes() -> None:
         twice = sorted({k for k in keys if keys.count(k) > 1})
         raise TypeError(
             f"config/resume_keys.py: every run-config key belongs to one class; unclassified "
-            f"{sorted(set(FLAT) - set(keys))}, unknown {sorted(set(keys) - set(FLAT))}, twice {twice}"
+            f"{sorted(set(FLAT) - set(keys))}, unknown {sorted(set(keys) - set(FLAT))}, twice "
+            f"{twice}"
         )
 
 
@@ -138,13 +144,14 @@ _check_classes()
 
 
 def stored_values(cfg) -> dict:
-    """{flat key: value} of every compared key: what a checkpoint keeps to compare a resume against."""
+    """{flat key: value} of every compared key: what a checkpoint keeps to compare a resume
+    against."""
     return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE, "micro_batch", "grad_accum")}
 
 
 def saved_values(stored: dict, run_yaml: Path) -> dict:
-    """A checkpoint's values: meta.json's `run` (`stored`), and for the keys that its version did not store there, its
-    run.yaml's (a dump in sections), where the checkpoint has one."""
+    """A checkpoint's values: meta.json's `run` (`stored`), and for the keys that its version did
+    not store there, its run.yaml's (a dump in sections), where the checkpoint has one."""
     dump = read_config_file(run_yaml) if run_yaml.is_file() else None
     dumped = {
         flat: dump[sec][name]
@@ -159,9 +166,10 @@ def dotted(key: str) -> str:
 
 
 def compare(saved: dict, cfg) -> tuple[list, list]:
-    """(refused, changed): [(flat key, checkpoint's value, this run's)] of the FIXED and of the MAY_CHANGE keys that
-    differ; `saved`: `saved_values`. A FIXED key that a checkpoint holds nowhere held its default (its version did
-    not have it yet); such a MAY_CHANGE key is not listed (its value then is unknown)."""
+    """(refused, changed): [(flat key, checkpoint's value, this run's)] of the FIXED and of the
+    MAY_CHANGE keys that differ; `saved`: `saved_values`. A FIXED key that a checkpoint holds
+    nowhere held its default (its version did not have it yet); such a MAY_CHANGE key is not listed
+    (its value then is unknown)."""
     default = type(cfg)()
     refused = [(k, saved.get(k, default.get(k)), cfg.get(k)) for k in FIXED]
     changed = [(k, saved[k], cfg.get(k)) for k in MAY_CHANGE if k in saved]
@@ -173,14 +181,15 @@ def _show(v) -> str:
 
 
 def resume_refusal(refused: list, where: str) -> str:
-    """The refusal of a resume that changes FIXED keys (`compare`'s first list) of checkpoint `where`."""
+    """The refusal of a resume that changes FIXED keys (`compare`'s first list) of checkpoint
+    `where`."""
     what = ", ".join(
         f"{dotted(k)} {_show(a)} -> {_show(b)}" + (f" ({FIXED[k]})" if FIXED[k] else "")
         for k, a, b in refused
     )
     return (
-        f"resume: this run changes {what} from checkpoint {where}; resume with the checkpoint's values (its "
-        f"run.yaml) or start a new output_dir"
+        f"resume: this run changes {what} from checkpoint {where}; resume with the checkpoint's "
+        f"values (its run.yaml) or start a new output_dir"
     )
 
 

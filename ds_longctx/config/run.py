@@ -8,11 +8,13 @@
 Spellings (a file, the command line and `RunConfig(**kwargs)` take all three, mixed):
     sectioned   {"memory": {"offload_layers": 4}}     (what `dump` writes)
     dotted      {"memory.offload_layers": 4}          --memory.offload_layers 4
-    flat        {"offload_layers": 4}                 --offload_layers 4   (the keys README and old files use)
-Every flat key maps to exactly one section field (`FLAT`, config/keys.py); the same field given twice with different
-values is refused, and so is an unknown key, naming the nearest known one. One legacy key is translated:
-`activation_offload` (a bool beside `offload_layers`): false means no layer offloaded, true alone means all.
-The DeepSpeed JSON is derived from this object (plan/ds_config.py) and never read back.
+    flat        {"offload_layers": 4}                 --offload_layers 4
+                (the keys README and old files use)
+Every flat key maps to exactly one section field (`FLAT`, config/keys.py); the same field given
+twice with different values is refused, and so is an unknown key, naming the nearest known one. One
+legacy key is translated: `activation_offload` (a bool beside `offload_layers`): false means no
+layer offloaded, true alone means all. The DeepSpeed JSON is derived from this object
+(plan/ds_config.py) and never read back.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ def lever_conflict(
     offload_params: bool = False,
     flags: bool = False,
 ) -> Optional[str]:
-    """The one home of which levers do not go together: the run config's validator, `ds-longctx plan`'s arguments
-    (plan/write.py) and the planner (plan_memory) ask here. Returns the refusal, naming the values and the fix, or
-    None. `flags`: spelled as `ds-longctx plan`'s switches (`--lora_rank 16`; the fix: drop one), else as run-config
-    keys (`lora_rank=16`; the fix: the key to set)."""
+    """The one home of which levers do not go together: the run config's validator, `ds-longctx
+    plan`'s arguments (plan/write.py) and the planner (plan_memory) ask here. Returns the refusal,
+    naming the values and the fix, or None. `flags`: spelled as `ds-longctx plan`'s switches
+    (`--lora_rank 16`; the fix: drop one), else as run-config keys (`lora_rank=16`; the fix: the key
+    to set)."""
 
     def name(key, value=True):
         if flags:
@@ -78,7 +81,8 @@ def lever_conflict(
     lora, ratio = name("lora_rank", lora_rank), name("optimizer_offload_ratio", offload_ratio)
     if tiled_layer and lora_rank:
         return (
-            f"{name('tiled_layer')} with {lora}: the tiled layer computes from the base weights and would skip "
+            f"{name('tiled_layer')} with {lora}: the tiled layer computes from the base weights "
+            "and would skip "
             f"the adapters; " + fix("tiled_layer: false (tiled_mlp: true works with LoRA)")
         )
     if offload_ratio < 1 and lora_rank:
@@ -88,8 +92,8 @@ def lever_conflict(
         )
     if offload_params and (lora_rank or offload_ratio < 1):
         return (
-            f"{name('offload_params')} with {lora if lora_rank else ratio}: parameter offload is planned and "
-            f"built for a whole trained model with its whole optimizer on one side; "
+            f"{name('offload_params')} with {lora if lora_rank else ratio}: parameter offload is "
+            f"planned and built for a whole trained model with its whole optimizer on one side; "
             + fix(
                 "offload_params: false",
                 "lora_rank: 0" if lora_rank else "optimizer_offload_ratio: 1",
@@ -99,7 +103,8 @@ def lever_conflict(
 
 
 class RunConfig(BaseModel):
-    """Everything one training run needs, in sections. Field docs are the user documentation (`--help`)."""
+    """Everything one training run needs, in sections. Field docs are the user documentation
+    (`--help`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -124,17 +129,17 @@ class RunConfig(BaseModel):
         train = folded.get("train", {})
         if train.get("epochs") is not None and "steps" in train:
             raise ValueError(
-                f"steps={train['steps']} and epochs={train['epochs']} both say how long to train; keep "
-                f"one"
+                f"steps={train['steps']} and epochs={train['epochs']} both say how long to train; "
+                f"keep one"
             )
         return folded
 
     @model_validator(mode="after")
     def _across_sections(self, info: ValidationInfo) -> "RunConfig":
-        """Rules between two sections (each section checks its own). Given the launch's world size (validation
-        context `world_size`, and `per_node`: `from_cli`, `load`), the world the config was planned for and sp_size
-        are checked against it first: a wrong world or sp_size also breaks the seq_len rule, and the process count
-        is the thing to name."""
+        """Rules between two sections (each section checks its own). Given the launch's world size
+        (validation context `world_size`, and `per_node`: `from_cli`, `load`), the world the config
+        was planned for and sp_size are checked against it first: a wrong world or sp_size also
+        breaks the seq_len rule, and the process count is the thing to name."""
         seq, sp, par = self.train.seq_len, self.parallel.sp_size, self.parallel
         if (world := (info.context or {}).get("world_size")) is not None:
             per_node = (info.context or {}).get("per_node") or world
@@ -154,23 +159,24 @@ class RunConfig(BaseModel):
             )
         if self.data.layout == "pack" and self.train.micro_batch != 1:
             raise ValueError(
-                f"data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one row at a "
-                f"time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or data_layout: "
-                f"concat"
+                "data_layout='pack' needs micro_batch=1 (packed rows go to a varlen kernel one "
+                f"row at a time), got micro_batch={self.train.micro_batch}; set micro_batch: 1 or "
+                f"data_layout: concat"
             )
         if msg := objective_problem(self.train, self.data, self.eval.data):
             raise ValueError(msg)
         if self.lora.rank and self.lora.dropout and self.memory.tiled_mlp:
             raise ValueError(
-                f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each tile "
-                f"without replaying the RNG, so the dropout masks would differ; set lora_dropout: 0 or "
-                f"tiled_mlp: false"
+                f"lora_dropout={self.lora.dropout} with tiled_mlp: the tiled MLP recomputes each "
+                "tile "
+                "without replaying the RNG, so the dropout masks would differ; set lora_dropout: "
+                f"0 or tiled_mlp: false"
             )
         ratio = self.optimizer.offload_ratio
         if ratio < 1 and not self.optimizer.offload:
             raise ValueError(
-                f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set optimizer_offload: "
-                f"true, or leave optimizer_offload_ratio at 1"
+                f"optimizer_offload_ratio={ratio} splits an offloaded optimizer; set "
+                f"optimizer_offload: true, or leave optimizer_offload_ratio at 1"
             )
         if msg := lever_conflict(
             lora_rank=self.lora.rank,
@@ -181,13 +187,13 @@ class RunConfig(BaseModel):
             raise ValueError(msg)
         if self.train.epochs is not None and self.data.source == "synthetic":
             raise ValueError(
-                f"epochs={self.train.epochs:g} counts passes over the data's rows, and data='synthetic' "
-                f"draws new rows forever; give steps instead"
+                f"epochs={self.train.epochs:g} counts passes over the data's rows, and "
+                f"data='synthetic' draws new rows forever; give steps instead"
             )
         if self.eval.data is not None and self.eval.buckets > seq:
             raise ValueError(
-                f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket needs "
-                f"at least one; use eval_buckets <= {seq}"
+                f"eval_buckets={self.eval.buckets} is more than seq_len={seq} positions: a bucket "
+                f"needs at least one; use eval_buckets <= {seq}"
             )
         return self
 
@@ -212,12 +218,14 @@ class RunConfig(BaseModel):
         per_node: Optional[int] = None,
         **overrides,
     ) -> "RunConfig":
-        """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file. `world_size`: the processes
-        the run is launched on, checked against sp_size first (None: not known here)."""
+        """Read YAML (.yaml/.yml) or JSON; `overrides` (any spelling) win over the file.
+        `world_size`: the processes the run is launched on, checked against sp_size first (None: not
+        known here)."""
         try:
             if Path(path).is_dir():
                 raise ValueError(
-                    f"config {path} is a directory; give its run.yaml (or another .yaml / .json file)"
+                    f"config {path} is a directory; give its run.yaml (or another .yaml / .json "
+                    "file)"
                 )
             data = read_config_file(path)  # a ValueError naming the file, the line and the fix
         except OSError as e:  # missing, unreadable, a name too long
@@ -227,8 +235,8 @@ class RunConfig(BaseModel):
             ) from None
         if data is None:  # an empty file would train the default toy model without a word
             raise ValueError(
-                f"config {path} is empty; give at least model and train.seq_len (a generated run.yaml: "
-                f"`ds-longctx plan --out DIR`)"
+                f"config {path} is empty; give at least model and train.seq_len (a generated "
+                f"run.yaml: `ds-longctx plan --out DIR`)"
             )
         if not isinstance(data, dict):
             raise ValueError(
@@ -253,11 +261,11 @@ class RunConfig(BaseModel):
     def from_cli(
         cls, argv: list, world_size: Optional[int] = None, per_node: Optional[int] = None
     ) -> "RunConfig":
-        """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML scalars
-        (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123` stays a string; `null`
-        unsets an optional one: `--placement null`); a boolean key given bare (`--resume`) means true. A key is given
-        once: twice, in any spellings (`--lr` and `--optimizer.lr`), is refused naming both. `world_size`: as in
-        `load`."""
+        """`[--config FILE] [--key value ...]` with flat or dotted keys; values are parsed as YAML
+        scalars (`--lr 1e-4`, `--x true`) except for text fields (paths, names: `--tokenizer 123`
+        stays a string; `null` unsets an optional one: `--placement null`); a boolean key given bare
+        (`--resume`) means true. A key is given once: twice, in any spellings (`--lr` and
+        `--optimizer.lr`), is refused naming both. `world_size`: as in `load`."""
         config_path: Optional[str] = None
         overrides: dict = {}
         given: dict = {}  # field (or `config`, or a legacy key) -> the option as written
@@ -266,8 +274,8 @@ class RunConfig(BaseModel):
             arg = argv[i]
             if not arg.startswith("--") or arg == "--":
                 raise ValueError(
-                    f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx train "
-                    f"--help)"
+                    f"unexpected argument {arg!r}; options are --key value (every key: ds-longctx "
+                    f"train --help)"
                 )
             key, eq, val = arg[2:].partition("=")
             key = key.replace("-", "_")
@@ -289,8 +297,8 @@ class RunConfig(BaseModel):
             if field in given:
                 name = field if isinstance(field, str) else ".".join(field)
                 raise ValueError(
-                    f"{name} is given twice on the command line: {given[field]} and --{key} {val}; keep "
-                    f"one"
+                    f"{name} is given twice on the command line: {given[field]} and --{key} {val}; "
+                    f"keep one"
                 )
             given[field] = f"--{key} {val}"
             if key == "config":
@@ -305,8 +313,8 @@ class RunConfig(BaseModel):
             # else the defaults (the toy model) would train without a word
             if not config_path.strip():
                 raise ValueError(
-                    f"--config {config_path!r} names no file; give the path of a run config (.yaml or "
-                    f".json), or leave --config out"
+                    f"--config {config_path!r} names no file; give the path of a run config (.yaml "
+                    f"or .json), or leave --config out"
                 )
             return cls.load(config_path, world_size, per_node, **overrides)
         return cls.model_validate(
@@ -314,9 +322,9 @@ class RunConfig(BaseModel):
         )
 
     def dump(self, path: Union[str, Path]) -> None:
-        """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is written false: it is
-        this command's permission, and a file that ran again must not replace a run unasked; with `epochs`, `steps`
-        is left out."""
+        """Write as YAML (.yaml) or JSON in sections, loadable by `load`. `train.overwrite` is
+        written false: it is this command's permission, and a file that ran again must not replace a
+        run unasked; with `epochs`, `steps` is left out."""
         data = self.model_dump()
         data["train"]["overwrite"] = False
         # the steps an epoch count came to are the run's to work out again
@@ -332,11 +340,13 @@ class RunConfig(BaseModel):
     # ---------------------------------------------------------------- documentation
     @classmethod
     def help_text(cls, width: int = 100) -> str:
-        """Every field by section: its flat and dotted key, type, default and doc (what `--help` prints)."""
+        """Every field by section: its flat and dotted key, type, default and doc (what `--help`
+        prints)."""
         lines = [
-            "run config: a YAML/JSON file (--config FILE) and/or --key value overrides. A key is flat "
-            "(--seq_len 4096) or dotted by section (--train.seq_len 4096); a file may use either, or nest "
-            "sections (as run.yaml does).",
+            "run config: a YAML/JSON file (--config FILE) and/or --key value overrides. A key is "
+            "flat "
+            "(--seq_len 4096) or dotted by section (--train.seq_len 4096); a file may use either, "
+            "or nest sections (as run.yaml does).",
             "",
         ]
         flat_of = {where: flat for flat, where in FLAT.items()}
@@ -354,8 +364,8 @@ class RunConfig(BaseModel):
                 )
             lines.append("")
         lines.append(
-            "legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true = all "
-            "unless offload_layers says how many)"
+            "legacy: --activation_offload true|false (with offload_layers: false = 0 layers, true "
+            "= all unless offload_layers says how many)"
         )
         return "\n".join(lines)
 
@@ -364,9 +374,10 @@ PATH_KEYS = (("model", "name"), ("data", "source"), ("data", "tokenizer"), ("eva
 
 
 def paths_beside(sections: dict, config_dir: Path) -> dict:
-    """A relative model, data or tokenizer path in a config file names the path beside the file where one exists
-    there (a plan's run.yaml runs from its own directory or from anywhere else); otherwise it stays as written: a
-    shipped geometry, `synthetic`, a Hub id, a path from the working directory."""
+    """A relative model, data or tokenizer path in a config file names the path beside the file
+    where one exists there (a plan's run.yaml runs from its own directory or from anywhere else);
+    otherwise it stays as written: a shipped geometry, `synthetic`, a Hub id, a path from the
+    working directory."""
     if config_dir.resolve() == Path.cwd().resolve():
         return sections
     for section, key in PATH_KEYS:

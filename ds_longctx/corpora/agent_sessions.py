@@ -1,9 +1,10 @@
 """Long agent sessions over the Python standard library read through tools, with questions whose
 answers sit far back in the session.
 
-    ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576] [--seed 0]
+    ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576]
+                                                     [--seed 0] [--tokenizer MODEL_DIR]
                                                      [--vocab_size 32000 | --corpus CORPUS_DIR]
-                                                     [--tokenizer MODEL_DIR] [--only json,...]
+                                                     [--only json,...]
 
 DIR gets train.jsonl, tokenizer/ and the data card, written all or nothing
 (corpus_write.write_corpus). The same files, options and seed give the same bytes. Files, tokenizers
@@ -42,19 +43,21 @@ _HEADER = re.compile(r"^# file: (\S+\.py)\n", re.M)
 
 
 def check_session_args(args) -> Path:
-    """Every option of --sessions, refused (DataError) before anything is read; the --out directory."""
+    """Every option of --sessions, refused (DataError) before anything is read; the --out
+    directory."""
     if args.sessions < 1:
         raise DataError(f"--sessions {args.sessions}: write at least 1 session")
     if not MIN_TOKENS <= args.min_tokens <= MAX_TOKENS:
         raise DataError(
-            f"--min_tokens {args.min_tokens} must be in [{MIN_TOKENS}, {MAX_TOKENS}]: a session holds "
-            f"reads and the answers about them"
+            f"--min_tokens {args.min_tokens} must be in [{MIN_TOKENS}, {MAX_TOKENS}]: a session "
+            f"holds reads and the answers about them"
         )
     if not lowest_max(args.min_tokens) <= args.max_tokens <= MAX_TOKENS:
         raise DataError(
-            f"--max_tokens {args.max_tokens} must be in [{lowest_max(args.min_tokens)}, {MAX_TOKENS}] "
-            f"with --min_tokens {args.min_tokens} (room for the last questions and the margin a session "
-            f"is built to); raise --max_tokens or lower --min_tokens"
+            f"--max_tokens {args.max_tokens} must be in [{lowest_max(args.min_tokens)}, "
+            f"{MAX_TOKENS}] "
+            f"with --min_tokens {args.min_tokens} (room for the last questions and the margin a "
+            f"session is built to); raise --max_tokens or lower --min_tokens"
         )
     if args.corpus is not None:
         c = Path(args.corpus)
@@ -64,7 +67,8 @@ def check_session_args(args) -> Path:
             and (c / "tokenizer").is_dir()
         ):
             raise DataError(
-                f"--corpus {args.corpus!r} is not a directory `ds-longctx data prepare --stdlib` wrote (no "
+                f"--corpus {args.corpus!r} is not a directory `ds-longctx data prepare --stdlib` "
+                "wrote (no "
                 f"data_card.json, train.jsonl and tokenizer/ in it); prepare one, or drop --corpus"
             )
     if args.tokenizer is not None:
@@ -77,15 +81,19 @@ def check_session_args(args) -> Path:
 
 
 def check_session_room(args) -> None:
-    """Refuse (DataError) a request whose sessions would not fit this machine's available memory, where they are
-    built, or the free space of --out: the mean of the log-uniform target lengths, BYTES_PER_TOKEN, HELD_COPIES."""
+    """Refuse (DataError) a request whose sessions would not fit this machine's available memory,
+    where they are built, or the free space of --out: the mean of the log-uniform target lengths,
+    BYTES_PER_TOKEN, HELD_COPIES."""
     import psutil
 
     low, high = lowest_max(args.min_tokens), args.max_tokens
     mean = (high - low) / math.log(high / low) if high > low else low  # tokens per session
     size = args.sessions * mean * BYTES_PER_TOKEN
     ram, free = psutil.virtual_memory().available, free_bytes(args.out)
-    what = f"--sessions {args.sessions:,} of ~{mean:,.0f} tokens on average are ~{size_text(size)} of train.jsonl"
+    what = (
+        f"--sessions {args.sessions:,} of ~{mean:,.0f} tokens on average are ~{size_text(size)} of "
+        "train.jsonl"
+    )
     if size * HELD_COPIES > ram:
         raise DataError(
             f"{what}, built in memory (~{size_text(size * HELD_COPIES)}), and this machine has "
@@ -124,8 +132,8 @@ def corpus_source(corpus: Path, only: set | None) -> list:
     docs.sort(key=lambda d: d["name"])
     if only is not None and (unknown := sorted(only - {d["name"] for d in docs})):
         raise DataError(
-            f"--only names {unknown}, which are not documents of --corpus {str(corpus)!r}; pick from "
-            f"e.g. {[d['name'] for d in docs][:12]}"
+            f"--only names {unknown}, which are not documents of --corpus {str(corpus)!r}; pick "
+            f"from e.g. {[d['name'] for d in docs][:12]}"
         )
     files = []
     for d in docs:
@@ -142,8 +150,9 @@ def corpus_source(corpus: Path, only: set | None) -> list:
 
 
 def model_tokenizer(path: str):
-    """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers (CHAT_SPECIALS'
-    first two) are special tokens of it: the rendering cuts at them (session_chat.py)."""
+    """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers
+    (CHAT_SPECIALS' first two) are special tokens of it: the rendering cuts at them
+    (session_chat.py)."""
     from ds_longctx.data.tokenize import open_tokenizer
 
     try:
@@ -157,7 +166,8 @@ def model_tokenizer(path: str):
     missing = [t for t in CHAT_SPECIALS[:2] if t not in specials]
     if missing or not tok.is_fast:
         raise DataError(
-            f"--tokenizer {path!r} lacks the ChatML special tokens {missing or '(not a fast tokenizer)'}"
+            f"--tokenizer {path!r} lacks the ChatML special tokens "
+            f"{missing or '(not a fast tokenizer)'}"
             f" the sessions' chat template is written in; use a ChatML model's tokenizer, or drop "
             f"--tokenizer to train a BPE"
         )
@@ -187,7 +197,8 @@ def session_tokenizer(files: list, args):
 
 
 def build_sessions(files: list, tok, args) -> list:
-    """Every session as a row, each checked: its pieces join to the template's rendering of the whole session."""
+    """Every session as a row, each checked: its pieces join to the template's rendering of the
+    whole session."""
     ren = Renderer(tok)
     bar = tqdm(total=None, desc="sessions", unit="tok", unit_scale=True)
     maker = SessionMaker(files, ren, args.min_tokens, args.max_tokens, bar)

@@ -1,9 +1,11 @@
 """Where each answer of a long agent session sits in its tokens, and its answer-to-evidence distance
 bucket (run/answer_loss.py measures the loss there).
 
-    ids, spans = answer_spans(tok, row)   # ids: the rendered session's tokens (what training reads, less its EOS)
+    # ids: the rendered session's tokens (what training reads, less its EOS)
+    ids, spans = answer_spans(tok, row)
     spans[k] = {"message", "kind", "distance_tokens", "bucket", "tokens": [a, b]}
-    row = without_evidence(row)           # the same session, every answer's evidence blanked (the control)
+    # the same session, every answer's evidence blanked (the control)
+    row = without_evidence(row)
 
 Span and bucket rules: docs/design/corpora.md."""
 
@@ -20,8 +22,9 @@ BUCKETS = [f"{size_name(a)}-{size_name(b)}" for a, b in zip(DISTANCE_EDGES, DIST
 
 
 def answer_spans(tok, row: dict) -> tuple:
-    """(the session's token ids, one span per answer of `row["meta"]["answers"]`) (module doc). A row whose recorded
-    value is not at its recorded characters is refused: its meta is not this rendering's."""
+    """(the session's token ids, one span per answer of `row["meta"]["answers"]`) (module doc). A
+    row whose recorded value is not at its recorded characters is refused: its meta is not this
+    rendering's."""
     ren, msgs, tools = Renderer(tok), row["messages"], row["tools"]
     whole = ren.session(msgs, tools)
     starts, at = (
@@ -38,8 +41,8 @@ def answer_spans(tok, row: dict) -> tuple:
         a, b = (starts[f["message"]] + c for c in f["answer_chars"])
         if whole[a:b] != f["value"]:
             raise ValueError(
-                f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} at "
-                f"characters {f['answer_chars']}; prepare the sessions again with this tokenizer"
+                f"{row.get('name')}: answer in message {f['message']} does not hold {f['value']!r} "
+                f"at characters {f['answer_chars']}; prepare the sessions again with this tokenizer"
             )
         span = [token_at(ends, a), token_at(ends, b - 1) + 1]  # the tokens of characters a .. b - 1
         spans.append(
@@ -55,17 +58,17 @@ def answer_spans(tok, row: dict) -> tuple:
 
 
 def without_evidence(row: dict) -> dict:
-    """`row` with every answer's evidence (its `evidence_chars` in its tool message's content) blanked to spaces,
-    newlines kept: the session in which the answers must be given without their facts. Every other message, and so
-    every answer's value and characters, is unchanged."""
+    """`row` with every answer's evidence (its `evidence_chars` in its tool message's content)
+    blanked to spaces, newlines kept: the session in which the answers must be given without their
+    facts. Every other message, and so every answer's value and characters, is unchanged."""
     msgs = [dict(m) for m in row["messages"]]
     for f in row["meta"]["answers"]:
         m, (a, b) = msgs[f["evidence_message"]], f["evidence_chars"]
         if not isinstance(m.get("content"), str) or not 0 <= a <= b <= len(m["content"]):
             raise ValueError(
                 f"{row.get('name')}: the evidence of the answer in message {f['message']} is not "
-                f"characters {f['evidence_chars']} of message {f['evidence_message']}'s text; prepare "
-                f"the sessions again"
+                f"characters {f['evidence_chars']} of message {f['evidence_message']}'s text; "
+                f"prepare the sessions again"
             )
         m["content"] = (
             m["content"][:a] + re.sub(r"[^\n]", " ", m["content"][a:b]) + m["content"][b:]

@@ -1,18 +1,21 @@
-"""Facts about a Python file, read from the file itself with `ast`: the questions an agent session asks and their
-answers, each with the characters of the file that hold its evidence.
+"""Facts about a Python file, read from the file itself with `ast`: the questions an agent session
+asks and their answers, each with the characters of the file that hold its evidence.
 
     facts = facts_of(text)        # [Fact], in file order; [] for a file that does not parse
 
 Kinds (`KINDS`):
-- default:  the default value of a keyword argument (`def f(x, timeout=30)` -> `timeout` of `f` is `30`)
-- params:   the number of parameters a function declares (`self`, `*args` and `**kwargs` count one each)
+- default:  the default value of a keyword argument (`def f(x, timeout=30)` -> `timeout` of `f` is
+  `30`)
+- params:   the number of parameters a function declares (`self`, `*args` and `**kwargs` count one
+  each)
 - bases:    the base classes of a class, as written (`class C(A, B)` -> `A, B`)
 - constant: the value of an UPPER_CASE module-level name assigned once (`DEFAULT_PORT = 8080`)
 - doc:      the first line of a function's or class's docstring
 
-Rules: a subject (`Class.method`, `function`, `NAME`) defined twice in a file gives no fact (the answer would not be
-unique); evidence and values are ASCII and, except for params (a signature may span lines), on one line; values are
-at most MAX_VALUE characters. Positions are characters of `text` (ast's UTF-8 column offsets converted).
+Rules: a subject (`Class.method`, `function`, `NAME`) defined twice in a file gives no fact (the
+answer would not be unique); evidence and values are ASCII and, except for params (a signature may
+span lines), on one line; values are at most MAX_VALUE characters. Positions are characters of
+`text` (ast's UTF-8 column offsets converted).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class Fact:
 
     @property
     def key(self) -> tuple:
-        """What a question names: unique in a file (and checked unique in a session by its builder)."""
+        """What a question names: unique in a file (and checked unique in a session by its
+        builder)."""
         return self.kind, self.subject, self.param
 
 
@@ -63,7 +67,8 @@ class _Positions:
 
 
 def _plain(text: str, span: tuple, one_line: bool = True, most: int = MAX_VALUE) -> str | None:
-    """The characters of `span` when they make a quotable value (ASCII, short, one line), else None."""
+    """The characters of `span` when they make a quotable value (ASCII, short, one line), else
+    None."""
     s = text[span[0] : span[1]]
     if not s or not s.isascii() or len(s) > most or (one_line and "\n" in s) or "`" in s:
         return None
@@ -123,7 +128,8 @@ def _docline(node, pos: _Positions, text: str) -> Fact | None:
 
 
 def _constants(tree: ast.Module, pos: _Positions, text: str) -> list:
-    """constant facts: UPPER_CASE names assigned once in the whole module, at its top level, to a literal."""
+    """constant facts: UPPER_CASE names assigned once in the whole module, at its top level, to a
+    literal."""
     stores: dict = {}
     for n in ast.walk(tree):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
@@ -149,7 +155,8 @@ def _constants(tree: ast.Module, pos: _Positions, text: str) -> list:
 
 
 def _walk(body: list, prefix: str):
-    """(qualified name, node) of every class and function at module level or inside classes, in file order."""
+    """(qualified name, node) of every class and function at module level or inside classes, in file
+    order."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             qual = f"{prefix}{node.name}"

@@ -35,13 +35,14 @@ TOKENIZER_BYTES_PER_ID = (
 
 
 def check_prepare_dir(out: str, writes: str) -> Path:
-    """The --out directory, refused (DataError) before anything is read: not new or empty, or an `<out>.partial`
-    that an earlier prepare did not leave (parallel/disk.check_partial). `writes`: what prepare puts there."""
+    """The --out directory, refused (DataError) before anything is read: not new or empty, or an
+    `<out>.partial` that an earlier prepare did not leave (parallel/disk.check_partial). `writes`:
+    what prepare puts there."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(
-            f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare writes "
-            f"{writes} there)"
+            f"--out {str(out)!r} exists and is not an empty directory; choose a new one (prepare "
+            f"writes {writes} there)"
         )
     if why := unwritable(out):
         raise DataError(f"--out {str(out)!r} cannot be written: {why}; choose a writable --out")
@@ -55,23 +56,24 @@ def check_prepare_dir(out: str, writes: str) -> Path:
 def check_vocab_size(vocab_size: int, specials: int) -> None:
     if vocab_size < 256 + specials + 1:
         raise DataError(
-            f"--vocab_size {vocab_size} must be > {256 + specials} (the bytes and the {specials} special "
-            f"tokens); try --vocab_size 512 or more"
+            f"--vocab_size {vocab_size} must be > {256 + specials} (the bytes and the {specials} "
+            f"special tokens); try --vocab_size 512 or more"
         )
 
 
 def write_corpus(out: Path, lines: dict, save, ids: int, make_card) -> dict:
-    """The tokenizer (`save(path)` writes it, returns its size; `ids`: about its vocabulary), `<split>.jsonl` for
-    each of `lines` (their bytes) and the card (`make_card(size)` -> (card, {file name: bytes})) into `<out>.partial`
-    (made with its marker), renamed to `out` at the end; returns the card. A full disk or a permission is refused
-    before the first byte where the free space is short, else named in one line (DataError) with nothing left
-    behind."""
+    """The tokenizer (`save(path)` writes it, returns its size; `ids`: about its vocabulary),
+    `<split>.jsonl` for each of `lines` (their bytes) and the card (`make_card(size)` -> (card,
+    {file name: bytes})) into `<out>.partial` (made with its marker), renamed to `out` at the end;
+    returns the card. A full disk or a permission is refused before the first byte where the free
+    space is short, else named in one line (DataError) with nothing left behind."""
     partial = out.with_name(out.name + ".partial")
     needed = sum(len(b) for b in lines.values()) + TOKENIZER_BYTES_PER_ID * ids
     free = free_bytes(out)
     if free is not None and free < needed:
         raise DataError(
-            f"--out {str(out)!r}: the corpus needs ~{size_text(needed)} and {existing_ancestor(out)} has "
+            f"--out {str(out)!r}: the corpus needs ~{size_text(needed)} and "
+            f"{existing_ancestor(out)} has "
             f"{size_text(free)} free; choose an --out on a filesystem with more space"
         )
     if said := clear_partial(partial, PARTIAL_FIX):
@@ -93,7 +95,8 @@ def write_corpus(out: Path, lines: dict, save, ids: int, make_card) -> dict:
         if not is_disk_error(e):
             raise
         raise DataError(
-            f"--out {str(out)!r}: writing the corpus failed: {describe_os_error(e, partial, needed)}; "
+            f"--out {str(out)!r}: writing the corpus failed: "
+            f"{describe_os_error(e, partial, needed)}; "
             f"nothing was left there; free space or choose another --out"
         ) from None
     return c

@@ -1,16 +1,18 @@
-"""`ds-longctx data prepare`: a corpus with its tokenizer and data card, written all or nothing into a new directory.
+"""`ds-longctx data prepare`: a corpus with its tokenizer and data card, written all or nothing into
+a new directory.
 
-    ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10] [--eval_min_chars 131072]
-                                               [--only json,email,...]
-    ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576] [--seed 0]
+    ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10]
+                                               [--eval_min_chars 131072] [--only json,email,...]
+    ds-longctx data prepare --sessions [N] --out DIR [--min_tokens 32768] [--max_tokens 1048576]
+                                                     [--seed 0]
                                                      [--vocab_size 32000 | --corpus CORPUS_DIR]
                                                      [--tokenizer MODEL_DIR] [--only json,...]
 
---stdlib: the Python standard library as documents (corpora/stdlib_corpus.py). --sessions: N long agent sessions (16
-without N) whose tool results are the library's files and whose answers quote facts read far back
-(corpora/agent_sessions.py). A source takes its own options only; every bad value is refused (DataError: exit 2 through
-the CLI, one line naming the value and the fix) before any file is read (an --only name that is no document: once the
-file names are listed).
+--stdlib: the Python standard library as documents (corpora/stdlib_corpus.py). --sessions: N long
+agent sessions (16 without N) whose tool results are the library's files and whose answers quote
+facts read far back (corpora/agent_sessions.py). A source takes its own options only; every bad
+value is refused (DataError: exit 2 through the CLI, one line naming the value and the fix) before
+any file is read (an --only name that is no document: once the file names are listed).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ds_longctx.data.scan import DataError
 from ds_longctx.parallel.disk import user_path
 
 SESSIONS = 16
-# options of one source, with their defaults (None in the parser, so that a value given to the other is seen)
+# options of one source, with their defaults (None in the parser, so that a value given to the other
+# is seen)
 STDLIB_OPTIONS = {"eval_every": 10, "eval_min_chars": 131072}
 SESSIONS_OPTIONS = {
     "min_tokens": 32768,
@@ -109,8 +112,8 @@ MAX_VOCAB = 1 << 20  # ids of a trained BPE: 7x Qwen3's
 
 
 def resolve(args) -> argparse.Namespace:
-    """`args` with the source's defaults filled in; DataError for no source or two, an option of the other source,
-    or --vocab_size with --corpus."""
+    """`args` with the source's defaults filled in; DataError for no source or two, an option of the
+    other source, or --vocab_size with --corpus."""
     if args.stdlib == (args.sessions is not None):
         raise DataError(
             "data prepare needs one source: --stdlib (the Python standard library as documents) or "
@@ -123,8 +126,8 @@ def resolve(args) -> argparse.Namespace:
     if given:
         source = "--stdlib" if args.stdlib else "--sessions"
         raise DataError(
-            f"--{given[0]} {getattr(args, given[0])} does not apply to {source}; drop it (it is an option "
-            f"of {'--sessions' if args.stdlib else '--stdlib'})"
+            f"--{given[0]} {getattr(args, given[0])} does not apply to {source}; drop it (it is an "
+            f"option of {'--sessions' if args.stdlib else '--stdlib'})"
         )
     if getattr(args, "corpus", None) is not None and args.vocab_size is not None:
         raise DataError(
@@ -133,15 +136,15 @@ def resolve(args) -> argparse.Namespace:
         )
     if getattr(args, "tokenizer", None) is not None and args.vocab_size is not None:
         raise DataError(
-            f"--vocab_size {args.vocab_size} with --tokenizer {args.tokenizer!r}: the sessions use that "
-            f"tokenizer's vocabulary; drop --vocab_size"
+            f"--vocab_size {args.vocab_size} with --tokenizer {args.tokenizer!r}: the sessions use "
+            f"that tokenizer's vocabulary; drop --vocab_size"
         )
     if (
         args.vocab_size is not None and not 256 <= args.vocab_size <= MAX_VOCAB
     ):  # past it the BPE trainer aborts
         raise DataError(
-            f"--vocab_size {args.vocab_size}: give 256 to {MAX_VOCAB:,} ids (a byte-level BPE needs its "
-            f"256 bytes; Qwen3's vocabulary has 151,669), e.g. --vocab_size 32000"
+            f"--vocab_size {args.vocab_size}: give 256 to {MAX_VOCAB:,} ids (a byte-level BPE "
+            f"needs its 256 bytes; Qwen3's vocabulary has 151,669), e.g. --vocab_size 32000"
         )
     for k, v in mine.items():
         if getattr(args, k) is None:
@@ -152,17 +155,19 @@ def resolve(args) -> argparse.Namespace:
 
 
 def main(argv: list) -> int:
-    """`ds-longctx data prepare ...`: 0 when written; a DataError (exit 2 through the CLI) on bad input."""
+    """`ds-longctx data prepare ...`: 0 when written; a DataError (exit 2 through the CLI) on bad
+    input."""
     args = resolve(parser().parse_args(argv))
     if args.stdlib:
         from ds_longctx.corpora.stdlib_corpus import prepare
 
         c = prepare(args)
         print(
-            f"{args.out}: {sum(c['documents'].values())} documents ({c['documents']['eval']} held out), "
-            f"{sum(c['tokens'].values()):,} tokens, longest {c['longest']['name']} ({c['longest']['tokens']:,} "
-            f"tokens), tokenizer {c['tokenizer']['size']:,} ids, {c['seconds']['total']:.0f} s; card: "
-            f"{args.out}/data_card.md"
+            f"{args.out}: {sum(c['documents'].values())} documents ({c['documents']['eval']} held "
+            f"out), {sum(c['tokens'].values()):,} tokens, longest {c['longest']['name']} "
+            f"({c['longest']['tokens']:,} "
+            f"tokens), tokenizer {c['tokenizer']['size']:,} ids, {c['seconds']['total']:.0f} s; "
+            f"card: {args.out}/data_card.md"
         )
         return 0
     from ds_longctx.corpora.agent_sessions import prepare_sessions
@@ -170,8 +175,9 @@ def main(argv: list) -> int:
     c, seconds = prepare_sessions(args)
     t = c["tokens"]
     print(
-        f"{args.out}: {c['sessions']} sessions, {t['min']:,} to {t['max']:,} tokens (median {t['median']:,}), "
-        f"{c['answers']['count']} answers, tokenizer {c['tokenizer']['size']:,} ids, {seconds:.0f} s; card: "
-        f"{args.out}/data_card.md"
+        f"{args.out}: {c['sessions']} sessions, {t['min']:,} to {t['max']:,} tokens (median "
+        f"{t['median']:,}), "
+        f"{c['answers']['count']} answers, tokenizer {c['tokenizer']['size']:,} ids, {seconds:.0f} "
+        f"s; card: {args.out}/data_card.md"
     )
     return 0

@@ -2,7 +2,8 @@
 (corpora/agent_sessions.py writes them).
 
     maker = SessionMaker(files, Renderer(tok), min_tokens, max_tokens)
-    row = maker.build(index, seed)      # {"name", "tools", "messages", "meta"}: the same row for the same (index, seed)
+    # {"name", "tools", "messages", "meta"}: the same row for the same (index, seed)
+    row = maker.build(index, seed)
 
 The assistant reads files through tools and answers questions about files read far back
 (corpora/code_facts.py). Every session has between min_tokens and max_tokens tokens; a corpus that
@@ -78,7 +79,8 @@ def _loguniform(rng: random.Random, lo: float, hi: float) -> float:
 
 
 def _qa(f, path: str, rng: random.Random) -> tuple:
-    """(question, answer, where the value starts in the answer) of fact `f` of the file at `path`."""
+    """(question, answer, where the value starts in the answer) of fact `f` of the file at
+    `path`."""
     s, v = f.subject, f.value
     if f.kind == "default":
         q = rng.choice(
@@ -122,7 +124,8 @@ def _qa(f, path: str, rng: random.Random) -> tuple:
 
 
 class SessionMaker:
-    """Builds sessions over `files` (module doc); each file's tokens and facts are worked out once."""
+    """Builds sessions over `files` (module doc); each file's tokens and facts are worked out
+    once."""
 
     def __init__(self, files: list, ren: Renderer, min_tokens: int, max_tokens: int, bar=None):
         self.groups: dict = {}
@@ -135,7 +138,8 @@ class SessionMaker:
 
     # ------------------------------------------------------------------------- pieces
     def _file(self, f: SourceFile) -> tuple:
-        """(tokens of the tool message holding `f`, [(fact, its evidence's last token in that message)])."""
+        """(tokens of the tool message holding `f`, [(fact, its evidence's last token in that
+        message)])."""
         if f.path not in self._files:
             piece, enc = self.ren.message({"role": "tool", "content": f.text})
             head = piece.index(f.text)
@@ -181,8 +185,8 @@ class SessionMaker:
 
     # ------------------------------------------------------------------------- questions
     def _ask(self, s: _Session, rng: random.Random, lo: float, limit: int) -> bool:
-        """Ask and answer one question about a file read about D tokens back (D in [lo, s.tokens]); False when no fact
-        fits."""
+        """Ask and answer one question about a file read about D tokens back (D in [lo, s.tokens]);
+        False when no fact fits."""
         if not s.reads or s.tokens < lo:
             return False
         want = s.tokens - _loguniform(rng, lo, s.tokens)
@@ -202,8 +206,9 @@ class SessionMaker:
     def _answer(
         self, s: _Session, rng: random.Random, r: _Read, x, ev: int, lo: float, limit: int
     ) -> bool:
-        """Ask about fact `x` of read `r` (its evidence ends at token `ev`) and answer it, if the answer comes at least
-        `lo` tokens after the evidence and the pair fits under `limit`; False otherwise."""
+        """Ask about fact `x` of read `r` (its evidence ends at token `ev`) and answer it, if the
+        answer comes at least `lo` tokens after the evidence and the pair fits under `limit`; False
+        otherwise."""
         q, a, at = _qa(x, r.file.path, rng)
         if x.kind != "params" and x.value in q:
             return False
@@ -265,8 +270,8 @@ class SessionMaker:
     def _group(
         self, s: _Session, rng: random.Random, group: str, limit: int, stop: int, largest: int
     ) -> None:
-        """Read the files of one module or package that fit under `limit` (at most `largest` tokens each), until the
-        session reaches `stop`."""
+        """Read the files of one module or package that fit under `limit` (at most `largest` tokens
+        each), until the session reaches `stop`."""
         folder, listing = self._listing(group)
         opening = [{"role": "user", "content": f"Now look at `{group}`."}]
         if folder:
@@ -319,7 +324,8 @@ class SessionMaker:
         name = f"session-{index:04d}"
         if s.tokens < stop:
             raise DataError(
-                f"{name}: the corpus ({len(self._corpus)} files, {len(self.groups)} modules) filled "
+                f"{name}: the corpus ({len(self._corpus)} files, {len(self.groups)} modules) "
+                "filled "
                 f"{s.tokens:,} of its {target:,}-token target; lower --max_tokens, or use a larger "
                 f"corpus (fewer --only names)"
             )
@@ -327,8 +333,8 @@ class SessionMaker:
             self._ask(s, rng, max(MIN_DISTANCE, s.tokens / 2), target)
         if not s.answers:
             raise DataError(
-                f"{name}: no fact of the files it read could be asked about; use a larger corpus (fewer "
-                f"--only names) or raise --min_tokens"
+                f"{name}: no fact of the files it read could be asked about; use a larger corpus "
+                f"(fewer --only names) or raise --min_tokens"
             )
         return {
             "name": name,

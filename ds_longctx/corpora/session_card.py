@@ -1,11 +1,13 @@
-"""The data card of `ds-longctx data prepare --sessions`: lengths, trained tokens, answers and how far back their
-evidence lies (data_card.json, data_card.md, and data_card.png where matplotlib is installed).
+"""The data card of `ds-longctx data prepare --sessions`: lengths, trained tokens, answers and how
+far back their evidence lies (data_card.json, data_card.md, and data_card.png where matplotlib is
+installed).
 
     c = session_card(rows, files, source, vocab, args)
-    files = card_files(c)                 # {"data_card.json": bytes, "data_card.md": bytes[, "data_card.png": bytes]}
+    # {"data_card.json": bytes, "data_card.md": bytes[, "data_card.png": bytes]}
+    files = card_files(c)
 
-Medians are the upper middle value (`statistics.median_high`): a count of tokens, never a half. Nothing in the card
-depends on the clock: the same sessions give the same bytes.
+Medians are the upper middle value (`statistics.median_high`): a count of tokens, never a half.
+Nothing in the card depends on the clock: the same sessions give the same bytes.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ DISTANCE_EDGES = [0] + [
 # the prepare options the card records, in this order
 CARD_OPTIONS = ("sessions", "min_tokens", "max_tokens", "seed", "vocab_size", "corpus", "tokenizer")
 TEMPLATE = (
-    "ChatML: <|im_start|>ROLE\\n...<|im_end|>, tools in the system turn, tool calls as <tool_call> JSON "
-    "</tool_call>, tool results in `tool` turns; `{% generation %}` around each assistant turn's content, "
-    "calls and <|im_end|>"
+    "ChatML: <|im_start|>ROLE\\n...<|im_end|>, tools in the system turn, tool calls as <tool_call> "
+    "JSON "
+    "</tool_call>, tool results in `tool` turns; `{% generation %}` around each assistant turn's "
+    "content, calls and <|im_end|>"
 )
 
 
@@ -44,7 +47,8 @@ def _stats(values: list) -> dict:
 
 
 def bucket_counts(values: list, edges: list = DISTANCE_EDGES) -> list:
-    """How many values fall in each bucket: bucket k holds edges[k] <= v < edges[k + 1]; the last is open."""
+    """How many values fall in each bucket: bucket k holds edges[k] <= v < edges[k + 1]; the last is
+    open."""
     counts = [0] * len(edges)
     for v in values:
         counts[bucket_index(v, edges)] += 1
@@ -57,8 +61,9 @@ def bucket_index(v: int, edges: list = DISTANCE_EDGES) -> int:
 
 
 def split_windows(meta: list) -> list:
-    """Per seq_len L (powers of two from 1024, below the longest session + EOS): the sessions longer than L, their
-    windows of L under data.truncate split and those with no trained token (`tokenize_check.untrained_windows`)."""
+    """Per seq_len L (powers of two from 1024, below the longest session + EOS): the sessions longer
+    than L, their windows of L under data.truncate split and those with no trained token
+    (`tokenize_check.untrained_windows`)."""
     import numpy as np
 
     trained = [
@@ -85,7 +90,8 @@ def split_windows(meta: list) -> list:
 
 
 def session_card(rows: list, files: list, source: str, python: str, vocab: int, args) -> dict:
-    """The card's facts (module doc); `source`: where the files were read, `python`: the version they are of."""
+    """The card's facts (module doc); `source`: where the files were read, `python`: the version
+    they are of."""
     meta = [r["meta"] for r in rows]
     answers = [a for m in meta for a in m["answers"]]
     distances = [a["distance_tokens"] for a in answers]
@@ -102,9 +108,10 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
         "options": {k: getattr(args, k) for k in CARD_OPTIONS},
         "sessions": len(rows),
         "tokens": _stats(tokens),
-        "length_rule": f"a target drawn log-uniformly from [min_tokens + reserve + margin, max_tokens], built to "
-        f"within margin ({margin(args.min_tokens)} tokens) below it; tokens of the rendered session, "
-        f"without the EOS training appends",
+        "length_rule": "a target drawn log-uniformly from [min_tokens + reserve + margin, "
+        "max_tokens], built to "
+        f"within margin ({margin(args.min_tokens)} tokens) below it; tokens of the rendered "
+        f"session, without the EOS training appends",
         "trained_tokens": {
             **trained,
             "share": round(trained["total"] / sum(tokens), 4),
@@ -113,7 +120,8 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
         },
         "split_windows": {
             "by_seq_len": split_windows(meta),
-            "rule": "a session (with the EOS training appends) longer than seq_len is cut into windows "
+            "rule": "a session (with the EOS training appends) longer than seq_len is cut into "
+            "windows "
             "of seq_len (data.truncate: split, pack's default), each its own document; a window "
             "whose tokens after its first hold no trained token trains nothing",
         },
@@ -121,9 +129,10 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
             "count": len(answers),
             "per_session": _stats([len(m["answers"]) for m in meta]),
             "by_kind": {k: sum(a["kind"] == k for a in answers) for k in KINDS},
-            "rule": f"after a read the user may ask about a file read earlier, its evidence at least "
-            f"{MIN_DISTANCE} tokens before the answer (log-uniformly far); {FINAL_QUESTIONS} last "
-            f"questions ask about the farther half of the session",
+            "rule": "after a read the user may ask about a file read earlier, "
+            f"its evidence at least {MIN_DISTANCE} tokens before the answer "
+            f"(log-uniformly far); {FINAL_QUESTIONS} last "
+            "questions ask about the farther half of the session",
         },
         "distance_tokens": {
             **_stats(distances),
@@ -139,7 +148,8 @@ def session_card(rows: list, files: list, source: str, python: str, vocab: int, 
 
 
 def _tokenizer_facts(vocab: int, args) -> dict:
-    """The card's tokenizer: its size, specials, what it was trained on, the template, the library versions."""
+    """The card's tokenizer: its size, specials, what it was trained on, the template, the library
+    versions."""
     import tokenizers
     import transformers
 
@@ -159,7 +169,8 @@ def _tokenizer_facts(vocab: int, args) -> dict:
 
 
 def _session_row(r: dict, m: dict) -> dict:
-    """One session's line of the card: its name, sizes, reads, answers and the farthest answer's distance."""
+    """One session's line of the card: its name, sizes, reads, answers and the farthest answer's
+    distance."""
     return {
         "name": r["name"],
         "tokens": m["tokens"],
@@ -187,10 +198,13 @@ def session_card_markdown(c: dict) -> str:
     t, tr, d, a = c["tokens"], c["trained_tokens"], c["distance_tokens"], c["answers"]
     o = c["options"]
     lines = [
-        f"# Data card: {c['sessions']} long agent sessions over the Python {c['python']} standard library",
+        f"# Data card: {c['sessions']} long agent sessions over the Python {c['python']} standard "
+        "library",
         "",
-        f"Written by `ds-longctx data prepare --sessions {o['sessions']}` (min_tokens {o['min_tokens']:,}, "
-        f"max_tokens {o['max_tokens']:,}, seed {o['seed']}) from {c['files']:,} files of {c['modules']} modules"
+        f"Written by `ds-longctx data prepare --sessions {o['sessions']}` (min_tokens "
+        f"{o['min_tokens']:,}, "
+        f"max_tokens {o['max_tokens']:,}, seed {o['seed']}) from {c['files']:,} files of "
+        f"{c['modules']} modules"
         f" (`{c['read_from']}`{', only ' + ', '.join(c['only']) if c['only'] else ''}). Tools: "
         + ", ".join(f"`{x}`" for x in c["tools"])
         + "; every tool result is a real file, listing or search "
@@ -201,12 +215,15 @@ def session_card_markdown(c: dict) -> str:
         "| | min | median | max | total |",
         "| --- | ---: | ---: | ---: | ---: |",
         f"| tokens per session | {t['min']:,} | {t['median']:,} | {t['max']:,} | {t['total']:,} |",
-        f"| trained tokens per session | {tr['min']:,} | {tr['median']:,} | {tr['max']:,} | {tr['total']:,} |",
+        f"| trained tokens per session | {tr['min']:,} | {tr['median']:,} | {tr['max']:,} | "
+        f"{tr['total']:,} |",
         f"| answers per session | {a['per_session']['min']} | {a['per_session']['median']} | "
         f"{a['per_session']['max']} | {a['count']} |",
-        f"| answer-to-evidence distance (tokens) | {d['min']:,} | {d['median']:,} | {d['max']:,} | |",
+        f"| answer-to-evidence distance (tokens) | {d['min']:,} | {d['median']:,} | {d['max']:,} | "
+        "|",
         "",
-        f"Trained: {100 * tr['share']:.1f}% of all tokens ({tr['rule']}). Lengths: {c['length_rule']}.",
+        f"Trained: {100 * tr['share']:.1f}% of all tokens ({tr['rule']}). Lengths: "
+        f"{c['length_rule']}.",
         "Answers by kind: "
         + ", ".join(f"{k} {n}" for k, n in a["by_kind"].items())
         + f". Asked: {a['rule']}.",
@@ -245,15 +262,16 @@ def session_card_markdown(c: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {s['name']} | {s['tokens']:,} | {s['target_tokens']:,} | {s['trained_tokens']:,} | {s['messages']} "
-        f"| {s['files_read']} | {s['answers']} | {s['farthest']:,} |"
+        f"| {s['name']} | {s['tokens']:,} | {s['target_tokens']:,} | {s['trained_tokens']:,} | "
+        f"{s['messages']} | {s['files_read']} | {s['answers']} | {s['farthest']:,} |"
         for s in c["per_session"]
     ]
     return "\n".join(lines) + "\n"
 
 
 def distance_png(c: dict) -> bytes | None:
-    """The distance histogram as a PNG (matplotlib's Agg canvas, no pyplot); None without matplotlib."""
+    """The distance histogram as a PNG (matplotlib's Agg canvas, no pyplot); None without
+    matplotlib."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

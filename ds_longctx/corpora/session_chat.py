@@ -1,13 +1,15 @@
-"""What an agent session is written in: its tools, its system prompt, its chat template (ChatML with tools, tool calls
-and `{% generation %}` markers) and the tokenizer that renders it, message by message.
+"""What an agent session is written in: its tools, its system prompt, its chat template (ChatML with
+tools, tool calls and `{% generation %}` markers) and the tokenizer that renders it, message by
+message.
 
     ren = Renderer(tok)                  # tok: a PreTrainedTokenizerFast carrying CHAT_TEMPLATE
-    piece, enc = ren.message(m, TOOLS)   # the rendering of one message and its tokens (with character offsets)
+    piece, enc = ren.message(m, TOOLS)   # one message rendered, its tokens (with character offsets)
 
-The template renders each message on its own: the whole session's rendering is the join of its messages' (the system
-message carries the tools), and every piece starts with <|im_start|> and ends with "<|im_end|>\\n" (an assistant
-piece: "<|im_end|>" then "\\n"), special tokens that cut the text, so a session's tokens are its pieces' tokens end to
-end. An assistant piece's generation block (what trains) is its content, its tool calls and its <|im_end|>.
+The template renders each message on its own: the whole session's rendering is the join of its
+messages' (the system message carries the tools), and every piece starts with <|im_start|> and ends
+with "<|im_end|>\\n" (an assistant piece: "<|im_end|>" then "\\n"), special tokens that cut the
+text, so a session's tokens are its pieces' tokens end to end. An assistant piece's generation block
+(what trains) is its content, its tool calls and its <|im_end|>.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ CHAT_SPECIALS = ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
 ASSISTANT_HEAD = "<|im_start|>assistant\n"
 _NL = "{{ '\\n' }}"
 CHAT_TEMPLATE = (
-    "{%- if messages and messages[0].role == 'system' %}{% set sys = messages[0].content %}{% else %}"
-    "{% set sys = '' %}{% endif %}"
+    "{%- if messages and messages[0].role == 'system' %}{% set sys = messages[0].content %}{% else "
+    "%}{% set sys = '' %}{% endif %}"
     "{%- if sys or tools %}<|im_start|>system" + _NL + "{{ sys }}"
     "{%- if tools %}{% if sys %}"
     + _NL
@@ -37,10 +39,10 @@ CHAT_TEMPLATE = (
     + "</tools>"
     + _NL
     + _NL
-    + "For each call, return a JSON object with the function's name and arguments within <tool_call></tool_call>."
+    + "For each call, return a JSON object with the function's name and arguments within "
+    "<tool_call></tool_call>."
     "{%- endif %}<|im_end|>" + _NL + "{% endif %}"
-    "{%- for m in messages %}"
-    "{%- if loop.first and m.role == 'system' %}"
+    "{%- for m in messages %}{%- if loop.first and m.role == 'system' %}"
     "{%- elif m.role == 'assistant' %}<|im_start|>assistant"
     + _NL
     + "{% generation %}{{ m.content or '' }}"
@@ -63,9 +65,10 @@ CHAT_TEMPLATE = (
 )
 
 SYSTEM = (
-    "You are a coding agent in a read-only checkout of the Python standard library. Use the tools to look "
-    "around. When the user asks about code you have already read, answer from what you read, quoting the code "
-    "exactly, without reading the file again."
+    "You are a coding agent in a read-only checkout of the Python standard library. Use the tools "
+    "to look "
+    "around. When the user asks about code you have already read, answer from what you read, "
+    "quoting the code exactly, without reading the file again."
 )
 
 
@@ -114,8 +117,8 @@ def tool_call(name: str, content: str, **arguments) -> dict:
 
 
 def token_at(ends: list, char: int) -> int:
-    """The index of the token that holds character `char` of a text whose tokens end at characters `ends`
-    (`[e for _, e in encoding.offsets]`)."""
+    """The index of the token that holds character `char` of a text whose tokens end at characters
+    `ends` (`[e for _, e in encoding.offsets]`)."""
     return bisect_right(ends, char)
 
 
@@ -142,8 +145,8 @@ class Renderer:
 
 
 def trained_run(piece: str, enc) -> tuple[int, int]:
-    """[first, end) of the tokens of an assistant piece that its generation block covers (what HF's assistant mask
-    marks: one run)."""
+    """[first, end) of the tokens of an assistant piece that its generation block covers (what HF's
+    assistant mask marks: one run)."""
     if not (piece.startswith(ASSISTANT_HEAD) and piece.endswith("<|im_end|>\n")):
         raise AssertionError(
             f"an assistant piece of CHAT_TEMPLATE has another shape: {piece[:60]!r}"

@@ -1,33 +1,38 @@
-"""The Python standard library as a training corpus, offline: its documents, a BPE tokenizer trained on them, a card.
+"""The Python standard library as a training corpus, offline: its documents, a BPE tokenizer trained
+on them, a card.
 
-    ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10] [--eval_min_chars 131072]
-                                               [--only json,email,...]
+    ds-longctx data prepare --stdlib --out DIR [--vocab_size 32000] [--eval_every 10]
+                                               [--eval_min_chars 131072] [--only json,email,...]
 
-DIR gets train.jsonl and eval.jsonl (one {"name", "text"} object per document, in the order below), tokenizer/ (a
-PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json), written all or nothing
-(corpus_write.py).
+DIR gets train.jsonl and eval.jsonl (one {"name", "text"} object per document, in the order below),
+tokenizer/ (a PreTrainedTokenizerFast directory) and the data card (data_card.md, data_card.json),
+written all or nothing (corpus_write.py).
 
-Documents: the `*.py` files of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`; site-packages,
-dist-packages and __pycache__ left out). One document per top-level module (`os.py` -> `os`) or package tree
-(`asyncio/`, every .py file under it -> `asyncio`); the `test` package, CPython's regression tests (hundreds of
-independent modules), gives one document per module or subpackage under it (`test.test_os`). A document is its files
-in sorted relative-path order, each opened by a line `# file: <path under the stdlib>`; documents are listed in sorted
-name order (`ORDER`). Files are decoded as Python reads them (`tokenize.open`: their PEP 263 coding); a file that does
-not decode is left out and named in the card.
+Documents: the `*.py` files of this interpreter's standard library
+(`sysconfig.get_paths()["stdlib"]`; site-packages, dist-packages and __pycache__ left out). One
+document per top-level module (`os.py` -> `os`) or package tree (`asyncio/`, every .py file under it
+-> `asyncio`); the `test` package, CPython's regression tests (hundreds of independent modules),
+gives one document per module or subpackage under it (`test.test_os`). A document is its files in
+sorted relative-path order, each opened by a line `# file: <path under the stdlib>`; documents are
+listed in sorted name order (`ORDER`). Files are decoded as Python reads them (`tokenize.open`:
+their PEP 263 coding); a file that does not decode is left out and named in the card.
 
-Held out (eval.jsonl): the documents of at least `eval_min_chars` characters, ranked by length (longest first, ties by
-name), every `eval_every`-th from the second: long documents of every size class, none of them seen in training, so
-that a row of eval data is one document's span (the long-range eval).
+Held out (eval.jsonl): the documents of at least `eval_min_chars` characters, ranked by length
+(longest first, ties by name), every `eval_every`-th from the second: long documents of every size
+class, none of them seen in training, so that a row of eval data is one document's span (the
+long-range eval).
 
-Tokenizer: byte-level BPE (HF `tokenizers`: the GPT-2 pre-tokenizer, no normalizer) trained on train.jsonl alone,
-`vocab_size` ids in all (the 256 bytes and the specials included): <|endoftext|> 0 (EOS, appended to each document in
-training), <|pad|> 1, <|bos|> 2; nothing is added on encoding. A model trains on it when its vocab_size is at least
-the tokenizer's (data/tokenize.py refuses otherwise).
+Tokenizer: byte-level BPE (HF `tokenizers`: the GPT-2 pre-tokenizer, no normalizer) trained on
+train.jsonl alone, `vocab_size` ids in all (the 256 bytes and the specials included): <|endoftext|>
+0 (EOS, appended to each document in training), <|pad|> 1, <|bos|> 2; nothing is added on encoding.
+A model trains on it when its vocab_size is at least the tokenizer's (data/tokenize.py refuses
+otherwise).
 """
 
 from __future__ import annotations
 
-# tokenizers and transformers are imported where the tokenizer is trained and saved, after the documents are read.
+# tokenizers and transformers are imported where the tokenizer is trained and saved, after the
+# documents are read.
 import json
 import platform
 import sys
@@ -48,8 +53,8 @@ SPLIT_PACKAGES = (
 )  # packages of independent modules: one document per module or subpackage under them
 LEFT_OUT_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 ORDER = (
-    "documents in sorted name order; a document's files in sorted relative-path order, each opened by a line "
-    "'# file: <path under the stdlib>'"
+    "documents in sorted name order; a document's files in sorted relative-path order, each opened "
+    "by a line '# file: <path under the stdlib>'"
 )
 HIST_EDGES = [0] + [
     2**k for k in range(8, 23)
@@ -67,7 +72,8 @@ class Document:
 
 # ----------------------------------------------------------------------------- documents
 def document_of(rel: Path) -> str:
-    """The document a stdlib file belongs to: its top-level module or package, one level down in SPLIT_PACKAGES."""
+    """The document a stdlib file belongs to: its top-level module or package, one level down in
+    SPLIT_PACKAGES."""
     parts = rel.with_suffix("").parts if len(rel.parts) == 1 else rel.parts
     if parts[0] in SPLIT_PACKAGES and len(rel.parts) > 1:
         return f"{parts[0]}.{Path(rel.parts[1]).stem}"
@@ -75,7 +81,8 @@ def document_of(rel: Path) -> str:
 
 
 def stdlib_files(root: Path) -> list:
-    """The stdlib's .py files (relative paths, sorted), without site-packages, dist-packages and __pycache__."""
+    """The stdlib's .py files (relative paths, sorted), without site-packages, dist-packages and
+    __pycache__."""
     return sorted(
         p.relative_to(root)
         for p in root.rglob("*.py")
@@ -84,8 +91,8 @@ def stdlib_files(root: Path) -> list:
 
 
 def read_files(root: Path, only: set | None) -> tuple[dict, list]:
-    """({document: [(file, text)]} in name order, [(file, why) left out]), every file read through `tokenize.open`;
-    `only`: the documents to keep (DataError naming any that is not one)."""
+    """({document: [(file, text)]} in name order, [(file, why) left out]), every file read through
+    `tokenize.open`; `only`: the documents to keep (DataError naming any that is not one)."""
     grouped: dict = {}
     for rel in stdlib_files(root):
         grouped.setdefault(document_of(rel), []).append(rel)
@@ -118,7 +125,8 @@ def read_files(root: Path, only: set | None) -> tuple[dict, list]:
 
 
 def read_documents(root: Path, only: set | None) -> tuple[list, list]:
-    """(documents in name order, [(file, why) left out]): `read_files`, each document its files' texts joined."""
+    """(documents in name order, [(file, why) left out]): `read_files`, each document its files'
+    texts joined."""
     read, left_out = read_files(root, only)
     docs = [
         Document(
@@ -153,8 +161,8 @@ def hold_out(docs: list, every: int, min_chars: int) -> list:
 
 # ----------------------------------------------------------------------------- tokenizer
 def train_tokenizer(texts: list, vocab_size: int, specials: tuple = tuple(SPECIALS.values())):
-    """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids, `specials` first, trained on `texts` (module
-    doc)."""
+    """A byte-level BPE (`tokenizers.Tokenizer`) of `vocab_size` ids, `specials` first, trained on
+    `texts` (module doc)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -171,7 +179,8 @@ def train_tokenizer(texts: list, vocab_size: int, specials: tuple = tuple(SPECIA
 
 
 def count_tokens(docs: list, tok) -> None:
-    """Each document's token count (no specials), batches of ~4 M characters, a progress bar over characters."""
+    """Each document's token count (no specials), batches of ~4 M characters, a progress bar over
+    characters."""
     bar = tqdm(total=sum(len(d.text) for d in docs), desc="tokenize", unit="char", unit_scale=True)
     batch, chars = [], 0
     for i, d in enumerate(docs):
@@ -198,7 +207,8 @@ def save_tokenizer(tok, path: Path) -> int:
 
 # ----------------------------------------------------------------------------- the card
 def histogram(tokens: list) -> list:
-    """Documents per bin of HIST_EDGES (bin k: HIST_EDGES[k] <= tokens < HIST_EDGES[k + 1]); the last bin is open."""
+    """Documents per bin of HIST_EDGES (bin k: HIST_EDGES[k] <= tokens < HIST_EDGES[k + 1]); the
+    last bin is open."""
     counts = [0] * len(HIST_EDGES)
     for n in tokens:
         counts[max(k for k, e in enumerate(HIST_EDGES) if n >= e)] += 1
@@ -238,8 +248,8 @@ def card(
             "train": histogram([d.tokens for d in by["train"]]),
             "eval": histogram([d.tokens for d in by["eval"]]),
         },
-        "eval_rule": f"documents of >= {args.eval_min_chars} characters, longest first, every {args.eval_every}-th "
-        f"from the second",
+        "eval_rule": f"documents of >= {args.eval_min_chars} characters, longest first, every "
+        f"{args.eval_every}-th from the second",
         "eval_documents": held,
         "tokenizer": {
             "kind": "byte-level BPE",
@@ -272,8 +282,10 @@ def card_markdown(c: dict) -> str:
     lines = [
         f"# Data card: the Python {c['python']} standard library as a corpus",
         "",
-        f"Written by `ds-longctx data prepare --stdlib` from `{c['stdlib']}` ({c['implementation']}, "
-        f"{c['platform']}) in {c['seconds']['total']:.0f} s. Order: {c['order']}. Held out: {c['eval_rule']}.",
+        f"Written by `ds-longctx data prepare --stdlib` from `{c['stdlib']}` "
+        f"({c['implementation']}, "
+        f"{c['platform']}) in {c['seconds']['total']:.0f} s. Order: {c['order']}. Held out: "
+        f"{c['eval_rule']}.",
         "Tokens: the BPE's, without the EOS that training appends to each document.",
         "",
         "| | documents | tokens | characters |",
@@ -287,12 +299,14 @@ def card_markdown(c: dict) -> str:
         f"| all | {total['documents']:,} | {total['tokens']:,} | {total['characters']:,} |",
         "",
         f"Longest document: `{c['longest']['name']}`, {c['longest']['tokens']:,} tokens, "
-        f"{c['longest']['characters']:,} characters, {c['longest']['files']} files ({c['longest']['split']}). "
+        f"{c['longest']['characters']:,} characters, {c['longest']['files']} files "
+        f"({c['longest']['split']}). "
         f"Files: {c['files']:,} read, {len(c['files_left_out'])} left out"
         + "".join(f"; `{f['file']}` ({f['why']})" for f in c["files_left_out"])
         + ".",
         "",
-        f"Tokenizer: {c['tokenizer']['kind']}, {c['tokenizer']['size']:,} ids, trained on train.jsonl "
+        f"Tokenizer: {c['tokenizer']['kind']}, {c['tokenizer']['size']:,} ids, trained on "
+        "train.jsonl "
         f"(tokenizers {c['tokenizer']['tokenizers']}); specials {c['tokenizer']['specials']}.",
         "",
         "## Tokens per document",
@@ -325,7 +339,8 @@ def check_prepare_out(args) -> Path:
     check_vocab_size(args.vocab_size, len(SPECIALS))
     if args.eval_every < 1 or args.eval_min_chars < 0:
         raise DataError(
-            f"--eval_every {args.eval_every} must be >= 1 and --eval_min_chars {args.eval_min_chars} >= 0"
+            f"--eval_every {args.eval_every} must be >= 1 and --eval_min_chars "
+            f"{args.eval_min_chars} >= 0"
         )
     return check_prepare_dir(args.out, "train.jsonl, eval.jsonl, tokenizer/ and the data card")
 

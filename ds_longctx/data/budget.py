@@ -2,9 +2,11 @@
 waited for; a row too large for it, or surely longer than seq_len under truncate refuse, is refused
 by its size before it is rendered.
 
-    with row_budget():      # RowOverBudget once ROW_BUDGET_S have passed; the caller refuses the row (file, line)
+    # RowOverBudget once ROW_BUDGET_S have passed; the caller refuses the row (file, line)
+    with row_budget():
         ids, labels = session_tokens(...)
-    why = row_size_problem(len(row_json_bytes), seq_len, "refuse", token_bytes(tok))   # None: render it
+    # None: render it
+    why = row_size_problem(len(row_json_bytes), seq_len, "refuse", token_bytes(tok))
 
 SIGALRM, repeated every REPEAT_S, on the main thread only; docs/design/data.md says why."""
 
@@ -30,7 +32,8 @@ def _expire(signum, frame):
 
 @contextlib.contextmanager
 def row_budget(seconds: float | None = None):
-    """The block raises RowOverBudget once `seconds` (default ROW_BUDGET_S) have passed (module doc)."""
+    """The block raises RowOverBudget once `seconds` (default ROW_BUDGET_S) have passed (module
+    doc)."""
     seconds = ROW_BUDGET_S if seconds is None else seconds
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
@@ -52,9 +55,10 @@ def row_budget(seconds: float | None = None):
 def over_budget_reason(seconds: float | None = None) -> str:
     """The refusal of a row past its budget (the caller names its file and line)."""
     return (
-        f"rendering and tokenizing this row took over {ROW_BUDGET_S if seconds is None else seconds:g} s, the "
-        f"budget of one row (data/budget.py), so it is refused rather than waited for; fix its chat template (a "
-        f"loop without end) or split the row"
+        "rendering and tokenizing this row took over "
+        f"{ROW_BUDGET_S if seconds is None else seconds:g} s, the "
+        "budget of one row (data/budget.py), so it is refused rather than waited for; fix its "
+        f"chat template (a loop without end) or split the row"
     )
 
 
@@ -64,21 +68,25 @@ def token_bytes(tok) -> int:
 
 
 def row_size_problem(nbytes: int, seq_len: int, rule: str | None, longest: int) -> str | None:
-    """Why a chat row of `nbytes` JSON bytes is refused unrendered: over ROW_BYTES_MAX, or under truncate
-    refuse surely over seq_len tokens (each at most `longest` bytes of text); None: render it."""
+    """Why a chat row of `nbytes` JSON bytes is refused unrendered: over ROW_BYTES_MAX, or under
+    truncate refuse surely over seq_len tokens (each at most `longest` bytes of text); None: render
+    it."""
     from ds_longctx.parallel.disk import size_text
 
     if nbytes > ROW_BYTES_MAX:
         return (
-            f"this chat row is {size_text(nbytes)}, over the {size_text(ROW_BYTES_MAX)} one row may be "
-            f"(what its {ROW_BUDGET_S:g} s budget renders: data/budget.py), so it is refused before "
-            f"rendering; split it into shorter sessions"
+            f"this chat row is {size_text(nbytes)}, over the {size_text(ROW_BYTES_MAX)} one row "
+            "may be "
+            f"(what its {ROW_BUDGET_S:g} s budget renders: data/budget.py), so it is refused "
+            f"before rendering; split it into shorter sessions"
         )
     per_token = JSON_BYTES_MAX * longest
     if rule == "refuse" and nbytes > seq_len * per_token:
         return (
-            f"this chat row is {size_text(nbytes)}, so at least {nbytes // per_token} tokens (at most "
-            f"{per_token} JSON bytes a token), over seq_len={seq_len}, which data.truncate: refuse refuses; "
+            f"this chat row is {size_text(nbytes)}, so at least {nbytes // per_token} tokens (at "
+            "most "
+            f"{per_token} JSON bytes a token), over seq_len={seq_len}, which data.truncate: refuse "
+            "refuses; "
             f"refused before rendering; split it into sessions of at most {seq_len} tokens, or set "
             f"data.truncate: split"
         )

@@ -1,7 +1,8 @@
 """Which tokens of a chat session train, through the tokenizer's chat template: its `{% generation
 %}` markers, else what each message adds to the rendering.
 
-    ids, labels = session_tokens(tok, messages, tools, "assistant")   # labels[i] = ids[i] where it trains, else -100
+    # labels[i] = ids[i] where it trains, else -100
+    ids, labels = session_tokens(tok, messages, tools, "assistant")
 
 `train_on` picks the messages; a message's own `"train"` overrides it. A template that rewrites
 earlier turns is refused. The marker and prefix rules: docs/design/data.md."""
@@ -30,9 +31,10 @@ _GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
 def template_messages(messages: list, parse: bool = True) -> list:
-    """The messages as the chat template reads them: text parts ({"type": "text", "text": ...}) joined into one
-    string (a template given a list writes its repr or nothing); with `parse`, tool-call arguments given as JSON text
-    as the object it holds (HF's form: most templates write them with tojson, which would quote the text)."""
+    """The messages as the chat template reads them: text parts ({"type": "text", "text": ...})
+    joined into one string (a template given a list writes its repr or nothing); with `parse`,
+    tool-call arguments given as JSON text as the object it holds (HF's form: most templates write
+    them with tojson, which would quote the text)."""
     out = []
     for m in messages:
         m = dict(m)
@@ -62,8 +64,8 @@ def _text_arguments(messages: list) -> bool:
 
 
 def message_trains(m: dict, train_on: str, is_last_assistant: bool) -> bool:
-    """Whether message `m` trains: its own `train` (null: none, as Arrow gives a missing key), else assistant messages
-    (last_assistant: the last one only)."""
+    """Whether message `m` trains: its own `train` (null: none, as Arrow gives a missing key), else
+    assistant messages (last_assistant: the last one only)."""
     if m.get("train") is not None:
         return bool(m["train"])
     if train_on == "all":
@@ -92,8 +94,9 @@ def _shared(a: str, b: str) -> int:
 
 
 def _closing(full: str, with_prompt: str, offsets: list) -> str:
-    """What the template writes after the last message only when no generation prompt follows (Phi-3's EOS): the
-    tail of `full` past its common prefix with `with_prompt`, that prefix cut back to a token start of `full`."""
+    """What the template writes after the last message only when no generation prompt follows
+    (Phi-3's EOS): the tail of `full` past its common prefix with `with_prompt`, that prefix cut
+    back to a token start of `full`."""
     at = _shared(full, with_prompt)
     k = bisect.bisect_right([a for a, _ in offsets], at) - 1
     if k >= 0 and offsets[k][1] > at:  # `at` falls inside token k: the tail starts with it
@@ -102,10 +105,11 @@ def _closing(full: str, with_prompt: str, offsets: list) -> str:
 
 
 def _direct(tok, messages: list, tools, full: str, prompted: str):
-    """`render(i, generation_prompt)` of the first i messages through transformers' compiled template, the messages
-    converted for it once (apply_chat_template converts all of them at every call: most of the prefix rule's time);
-    None where this transformers has no such path or it does not give apply_chat_template's own renderings of the
-    whole session, `full` and `prompted` (with the generation prompt)."""
+    """`render(i, generation_prompt)` of the first i messages through transformers' compiled
+    template, the messages converted for it once (apply_chat_template converts all of them at every
+    call: most of the prefix rule's time); None where this transformers has no such path or it does
+    not give apply_chat_template's own renderings of the whole session, `full` and `prompted` (with
+    the generation prompt)."""
     try:  # private helpers of transformers: any change in them falls back to apply_chat_template
         from transformers.utils import chat_template_utils as ctu
 
@@ -134,8 +138,9 @@ def _direct(tok, messages: list, tools, full: str, prompted: str):
 
 
 class _Prefixes:
-    """Where the first i messages end in the full rendering: their own rendering less the closing tail, which must
-    start the full rendering (None where it does not: the template renders them otherwise once more follow)."""
+    """Where the first i messages end in the full rendering: their own rendering less the closing
+    tail, which must start the full rendering (None where it does not: the template renders them
+    otherwise once more follow)."""
 
     def __init__(self, tok, messages: list, tools, full: str, closing: str, direct=None):
         self.tok, self.messages, self.tools, self.full, self.closing = (
@@ -156,7 +161,8 @@ class _Prefixes:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
             raise ChatError(
                 f"the chat template renders the whole session but not its first {i} messages "
-                f"({type(e).__name__}: {first}), so the tokens of each message cannot be told apart; use "
+                f"({type(e).__name__}: {first}), so the tokens of each message cannot be told "
+                "apart; use "
                 f"a template with {{% generation %}} markers (HF's assistant mask), data.train_on: "
                 f"last_assistant, or data.train_on: all"
             ) from None
@@ -169,10 +175,11 @@ class _Prefixes:
 
 
 def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: list) -> list:
-    """[(start, end)] characters of the full rendering `full` (token `offsets`) that each message with trains[i]
-    adds: the rendering of the first i + 1 messages less that of the first i (an assistant's from the end of the
-    generation prompt, its role header). ChatError when a trained message's rendering does not start the full one
-    (a template that rewrites earlier turns: drops past reasoning)."""
+    """[(start, end)] characters of the full rendering `full` (token `offsets`) that each message
+    with trains[i] adds: the rendering of the first i + 1 messages less that of the first i (an
+    assistant's from the end of the generation prompt, its role header). ChatError when a trained
+    message's rendering does not start the full one (a template that rewrites earlier turns: drops
+    past reasoning)."""
     prompted = _render(tok, messages, tools, True)
     closing = _closing(full, prompted, offsets)
     at = _Prefixes(
@@ -185,10 +192,12 @@ def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: 
         start, end = at.end(i), at.end(i + 1)
         if start is None or end is None or start > end:
             raise ChatError(
-                f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders otherwise "
-                f"once later messages follow: past reasoning dropped, the system prompt moved, ...), so "
-                f"its tokens cannot be told apart; use a template with {{% generation %}} markers (HF's "
-                f"assistant mask), data.train_on: last_assistant (only the final answer), or "
+                f"the chat template rewrites earlier turns (message {i}, {m['role']}, renders "
+                "otherwise "
+                "once later messages follow: past reasoning dropped, the system prompt moved, "
+                "...), so "
+                "its tokens cannot be told apart; use a template with {% generation %} markers "
+                f"(HF's assistant mask), data.train_on: last_assistant (only the final answer), or "
                 f"data.train_on: all"
             )
         if (
@@ -201,7 +210,8 @@ def message_spans(tok, messages: list, tools, trains: list, full: str, offsets: 
 
 
 def span_mask(offsets: list, spans: list) -> list:
-    """0/1 per token: 1 where the token's characters overlap a span (HF's rule for its assistant mask)."""
+    """0/1 per token: 1 where the token's characters overlap a span (HF's rule for its assistant
+    mask)."""
     keep, k = [0] * len(offsets), 0
     for j, (a, b) in enumerate(offsets):
         while k < len(spans) and a >= spans[k][1]:
@@ -226,8 +236,8 @@ def _runs(mask: list) -> list:
 
 
 def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
-    """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th assistant message
-    (counted only where some assistant message does not train)."""
+    """(ids, 0/1 per token) through HF's assistant mask; its k-th run of marked tokens is the k-th
+    assistant message (counted only where some assistant message does not train)."""
     out = tok.apply_chat_template(
         messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
@@ -239,7 +249,8 @@ def _marked(tok, messages: list, tools, trains: list) -> tuple[list, list]:
     if len(runs) != len(wanted):
         raise ChatError(
             f"the template's {{% generation %}} blocks mark {len(runs)} spans but the session has "
-            f"{len(wanted)} assistant messages, so the ones that do not train cannot be told apart; give "
+            f"{len(wanted)} assistant messages, so the ones that do not train cannot be told "
+            "apart; give "
             f"each assistant message one generation block, or train every assistant message"
         )
     keep = [0] * len(ids)
@@ -261,9 +272,10 @@ def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tu
         return ids, [1] * len(ids)
     if not tok.is_fast:  # HF's mask and the prefix rule both need the characters of each token
         raise ChatError(
-            f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character offsets, so "
-            f"the tokens of each message cannot be told apart; save it with a tokenizer.json (its fast "
-            f"form), or set data.train_on: all"
+            f"the tokenizer ({type(tok).__name__}) is not a fast one: it gives no character "
+            "offsets, so "
+            "the tokens of each message cannot be told apart; save it with a tokenizer.json (its "
+            f"fast form), or set data.train_on: all"
         )
     marked = bool(_GENERATION.search(template))
     placed = [
@@ -283,7 +295,8 @@ def _session_mask(tok, template: str, messages: list, tools, trains: list) -> tu
 
 
 def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, list]:
-    """(input_ids, labels) of one chat session through the tokenizer's chat template (module doc)."""
+    """(input_ids, labels) of one chat session through the tokenizer's chat template (module
+    doc)."""
     try:
         template = tok.get_chat_template(None, tools)
     except Exception as e:
@@ -310,7 +323,7 @@ def session_tokens(tok, messages: list, tools, train_on: str) -> tuple[list, lis
     except Exception as e:  # the template's own error (jinja, a role it refuses, ...)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ChatError(
-            f"the chat template failed to render this session ({type(e).__name__}: {first}); fix the "
-            f"row or the template"
+            f"the chat template failed to render this session ({type(e).__name__}: {first}); fix "
+            f"the row or the template"
         ) from None
     return ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep)]

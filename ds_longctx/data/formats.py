@@ -211,8 +211,7 @@ def _message_problem(m) -> Optional[str]:
                 return (
                     f": content part {j} is not text ({str(what)[:40]!r}): a text model reads only "
                     f'{{"type": "text", "text": ...}} parts; drop the others or write the content '
-                    "as a "
-                    f"string"
+                    f"as a string"
                 )
     elif not isinstance(content, (str, type(None))):
         return (

@@ -1,12 +1,14 @@
-"""Preference pairs (TRL's format): `prompt` + `chosen` + `rejected`, as plain strings or as lists of messages, or
-`chosen` + `rejected` alone as whole conversations whose last message is the completion (TRL's implicit prompt).
+"""Preference pairs (TRL's format): `prompt` + `chosen` + `rejected`, as plain strings or as lists
+of messages, or `chosen` + `rejected` alone as whole conversations whose last message is the
+completion (TRL's implicit prompt).
 
-    pairs = read_pairs(["pairs.jsonl"], tok, eos)      # [(chosen (ids, labels), rejected (ids, labels))]
-    ids, pos, labels, seq = pack_pairs(pairs)          # one packed row: chosen, rejected, chosen, ...
+    pairs = read_pairs(["pairs.jsonl"], tok, eos)  # [(chosen, rejected)], each (ids, labels)
+    ids, pos, labels, seq = pack_pairs(pairs)      # one packed row: chosen, rejected, chosen, ...
 
-Only completion tokens train, with SFT's rules (data/formats.py `pair_tokens`, data/chat.py for messages); EOS ends a
-plain completion and trains. In a packed row, sequence 2p is pair p's chosen, 2p + 1 its rejected; `seq` names the
-sequence of each trained token (IGNORE_INDEX elsewhere), the key of levers/preference.py's per-sequence sums.
+Only completion tokens train, with SFT's rules (data/formats.py `pair_tokens`, data/chat.py for
+messages); EOS ends a plain completion and trains. In a packed row, sequence 2p is pair p's chosen,
+2p + 1 its rejected; `seq` names the sequence of each trained token (IGNORE_INDEX elsewhere), the
+key of levers/preference.py's per-sequence sums.
 """
 
 from __future__ import annotations
@@ -35,33 +37,39 @@ def _empty(value) -> bool:
 
 
 def split_pair(obj) -> tuple:
-    """(prompt, chosen, rejected) of a row, or a str saying what is wrong. Conversations given whole (no `prompt`)
-    share every message but their last, which is the completion."""
+    """(prompt, chosen, rejected) of a row, or a str saying what is wrong. Conversations given whole
+    (no `prompt`) share every message but their last, which is the completion."""
     if not isinstance(obj, dict):
         return f"a JSON {type(obj).__name__}, not an object: write one pair per line"
     missing = [k for k in PAIR_KEYS if k not in obj]
     if missing:
         return (
-            f"no {missing[0]!r} key (its keys: {sorted(obj)[:8]}): a preference pair holds prompt, chosen and "
-            f"rejected"
+            f"no {missing[0]!r} key (its keys: {sorted(obj)[:8]}): a preference pair holds prompt, "
+            f"chosen and rejected"
         )
     prompt, chosen, rejected = obj.get("prompt"), obj["chosen"], obj["rejected"]
     if prompt is None and all(isinstance(v, list) and v for v in (chosen, rejected)):
         if chosen[:-1] != rejected[:-1]:
             at = next(i for i, (a, b) in enumerate(zip(chosen, rejected + [None])) if a != b)
             return (
-                f"chosen and rejected differ before their last message (at message {at}): a pair shares its "
-                f"prompt; give the shared messages as 'prompt' and one completion each"
+                f"chosen and rejected differ before their last message (at message {at}): a pair "
+                f"shares its prompt; give the shared messages as 'prompt' and one completion each"
             )
         prompt, chosen, rejected = chosen[:-1], chosen[-1:], rejected[-1:]
     if prompt is None:
         return "no 'prompt' key: give the prompt, or chosen and rejected as whole conversations"
     kinds = {type(v) for v in (prompt, chosen, rejected)}
     if kinds not in ({str}, {list}):
-        return "prompt, chosen and rejected are all strings or all lists of messages; convert the odd one"
+        return (
+            "prompt, chosen and rejected are all strings or all lists of messages; convert the odd "
+            "one"
+        )
     for k, v in (("chosen", chosen), ("rejected", rejected)):
         if _empty(v):
-            return f"{k!r} is an empty completion: nothing to compare; drop the pair or write the completion"
+            return (
+                f"{k!r} is an empty completion: nothing to compare; drop the pair or write the "
+                "completion"
+            )
     if isinstance(prompt, list):
         why = formats.row_problem({"messages": prompt + chosen}, "messages") or formats.row_problem(
             {"messages": prompt + rejected}, "messages"
@@ -98,8 +106,8 @@ def pair_tokens_of(tok, obj, eos: Optional[int]) -> tuple:
 
 
 def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = None) -> list:
-    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and line (a pair
-    whose two sequences together pass `seq_len` is one: a row holds both)."""
+    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and
+    line (a pair whose two sequences together pass `seq_len` is one: a row holds both)."""
     pairs = []
     for f in files:
         with open(f, encoding="utf-8") as fh:
@@ -125,8 +133,8 @@ def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = No
 
 
 def pack_pairs(pairs: list) -> tuple:
-    """One row of the pairs' sequences as documents (chosen, rejected, chosen, ...): input_ids, position_ids (each
-    document from 0), labels and seq (int64 [T] each, T their total length)."""
+    """One row of the pairs' sequences as documents (chosen, rejected, chosen, ...): input_ids,
+    position_ids (each document from 0), labels and seq (int64 [T] each, T their total length)."""
     ids, pos, labels, seq = [], [], [], []
     for k, (s_ids, s_labels) in enumerate(s for pair in pairs for s in pair):
         ids += s_ids
@@ -147,10 +155,11 @@ def _shared_len(chosen: tuple, rejected: tuple) -> int:
 
 
 def pack_shared_pairs(pairs: list) -> tuple:
-    """One row of the pairs, each its prompt once, then both completions (parallel/shared_prefix.py): input_ids,
-    position_ids, labels, seq and branch (0 the shared prompt, 1 chosen, 2 rejected; int64 [T] each). The prompt's
-    last token starts each branch (it predicts the branch's first token), the branches' positions continue the
-    prompt's. Tokens, labels and sequence ids are those of `pack_pairs` with the prompt written once."""
+    """One row of the pairs, each its prompt once, then both completions
+    (parallel/shared_prefix.py): input_ids, position_ids, labels, seq and branch (0 the shared
+    prompt, 1 chosen, 2 rejected; int64 [T] each). The prompt's last token starts each branch (it
+    predicts the branch's first token), the branches' positions continue the prompt's. Tokens,
+    labels and sequence ids are those of `pack_pairs` with the prompt written once."""
     ids, pos, labels, seq, branch = [], [], [], [], []
     for p, (c, r) in enumerate(pairs):
         keep = max(_shared_len(c, r) - 1, 0)
@@ -175,8 +184,8 @@ def pair_files(source: str) -> list:
     builder, files = resolve_source(source)
     if builder != "json":
         raise DataError(
-            f"data={source!r} is {builder} data; objective dpo and grpo read JSON lines (of prompt, chosen "
-            f"and rejected; of scored rollouts)"
+            f"data={source!r} is {builder} data; objective dpo and grpo read JSON lines (of "
+            f"prompt, chosen and rejected; of scored rollouts)"
         )
     return files
 
@@ -199,9 +208,10 @@ class PairBatch(Batch):
 
 
 class PairRows:
-    """Rows of seq_len holding whole pairs, next-fit in file order, the rest padding (a document of its own), in
-    the (seed, step) order of data/rows.py; `shared`: each pair's prompt once (`pack_shared_pairs`). `ref`: the
-    reference log-probs [pairs, 2] (chosen, rejected), set by the run before its first step."""
+    """Rows of seq_len holding whole pairs, next-fit in file order, the rest padding (a document of
+    its own), in the (seed, step) order of data/rows.py; `shared`: each pair's prompt once
+    (`pack_shared_pairs`). `ref`: the reference log-probs [pairs, 2] (chosen, rejected), set by the
+    run before its first step."""
 
     def __init__(
         self,

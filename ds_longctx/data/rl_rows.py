@@ -1,14 +1,15 @@
-"""Scored rollouts for objective grpo, one per line of a JSON-lines file: `prompt` + `completion` (strings or lists of
-messages) or a session (`messages`, its assistant turns trained); `reward` + `group`, or a ready `advantage`; optional
-`old_logps` (one float per trained token, EOS included).
+"""Scored rollouts for objective grpo, one per line of a JSON-lines file: `prompt` + `completion`
+(strings or lists of messages) or a session (`messages`, its assistant turns trained); `reward` +
+`group`, or a ready `advantage`; optional `old_logps` (one float per trained token, EOS included).
 
-    seqs = read_rollouts(["rollouts.jsonl"], tok, eos, seq_len, "group")   # [Rollout]
-    rows = RolloutRows(seqs, seq_len, seed, shuffle, pad_id)               # rows.row(r) -> RolloutBatch
+    seqs = read_rollouts(["rollouts.jsonl"], tok, eos, seq_len, "group")  # [Rollout]
+    rows = RolloutRows(seqs, seq_len, seed, shuffle, pad_id)  # rows.row(r) -> RolloutBatch
 
-Only completion tokens train (SFT's rules: data/preference.completion_tokens, data/chat.py). Advantages of rewards
-follow TRL's GRPO: (r - group mean) / (std + 1e-4), std of the group (`group`), of every reward (`batch`) or 1
-(`none`), over the whole file. In a packed row, `seq` numbers the row's trained tokens 0..K-1 (IGNORE_INDEX elsewhere):
-levers/policy_loss.py's per-token log-probs come back in that order.
+Only completion tokens train (SFT's rules: data/preference.completion_tokens, data/chat.py).
+Advantages of rewards follow TRL's GRPO: (r - group mean) / (std + 1e-4), std of the group
+(`group`), of every reward (`batch`) or 1 (`none`), over the whole file. In a packed row, `seq`
+numbers the row's trained tokens 0..K-1 (IGNORE_INDEX elsewhere): levers/policy_loss.py's per-token
+log-probs come back in that order.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def _rollout(tok, obj, eos, seq_len, where) -> Rollout:
     old = obj.get("old_logps")
     if old is not None and len(old) != n:
         raise formats.ChatError(
-            f"old_logps holds {len(old)} values, the completion {n} tokens (EOS included); give one per token"
+            f"old_logps holds {len(old)} values, the completion {n} tokens (EOS included); give "
+            "one per token"
         )
     if len(ids) > seq_len:
         raise formats.ChatError(
@@ -118,7 +120,8 @@ def _rollout(tok, obj, eos, seq_len, where) -> Rollout:
 
 
 def advantages_of(seqs: list, scale: str) -> None:
-    """Set each rollout's advantage from its reward as TRL's GRPO does (module doc); DataError for a group of one."""
+    """Set each rollout's advantage from its reward as TRL's GRPO does (module doc); DataError for a
+    group of one."""
     groups: dict = {}
     for s in seqs:
         if s.advantage is None:
@@ -129,8 +132,8 @@ def advantages_of(seqs: list, scale: str) -> None:
     for g, members in groups.items():
         if len(members) == 1:
             raise DataError(
-                f"data {members[0].where}: group {g!r} has one rollout; GRPO's advantage compares a group's "
-                f"rollouts (give several, or a ready 'advantage')"
+                f"data {members[0].where}: group {g!r} has one rollout; GRPO's advantage compares "
+                f"a group's rollouts (give several, or a ready 'advantage')"
             )
         r = torch.tensor([s.reward for s in members], dtype=torch.float64)
         std = {"group": r.std(), "batch": every.std(), "none": None}[scale]
@@ -141,8 +144,8 @@ def advantages_of(seqs: list, scale: str) -> None:
 
 
 def read_rollouts(files: list, tok, eos: Optional[int], seq_len: int, scale: str) -> list:
-    """Every rollout of JSON-lines `files`, tokenized, advantages set; DataError naming the first bad row's file
-    and line."""
+    """Every rollout of JSON-lines `files`, tokenized, advantages set; DataError naming the first
+    bad row's file and line."""
     seqs = []
     for f in files:
         with open(f, encoding="utf-8") as fh:
@@ -185,8 +188,9 @@ class RolloutBatch(Batch):
 
 
 class RolloutRows:
-    """Rows of seq_len holding whole rollouts, next-fit in file order, the rest padding, in the (seed, step) order of
-    data/rows.py. `ref`: the reference log-probs of every trained token [T] (rollout order), set before step 1."""
+    """Rows of seq_len holding whole rollouts, next-fit in file order, the rest padding, in the
+    (seed, step) order of data/rows.py. `ref`: the reference log-probs of every trained token [T]
+    (rollout order), set before step 1."""
 
     def __init__(
         self, seqs: list, seq_len: int, seed: int, shuffle: bool, pad_id: int, max_len=None
@@ -210,7 +214,8 @@ class RolloutRows:
         self.ref: Optional[torch.Tensor] = None
 
     def signature(self) -> dict:
-        """What a resumed run must find unchanged for the order (and the stored reference) to hold."""
+        """What a resumed run must find unchanged for the order (and the stored reference) to
+        hold."""
         return {
             "kind": "rollouts",
             "seq_len": self.seq_len,
@@ -231,7 +236,8 @@ class RolloutRows:
         return torch.cat([torch.arange(self.starts[i], self.starts[i + 1]) for i in batch.items])
 
     def row(self, r: int) -> RolloutBatch:
-        """Row r as a batch of one: its rollouts as documents, padded to seq_len (a document of its own)."""
+        """Row r as a batch of one: its rollouts as documents, padded to seq_len (a document of its
+        own)."""
         at = self.rows_of[r]
         ids, pos, labels, seq, tok_seq, adv, old = [], [], [], [], [], [], []
         for k, i in enumerate(at):

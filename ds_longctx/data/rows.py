@@ -1,7 +1,9 @@
-"""Token rows of exactly seq_len from tokenized documents, in the (seed, step) order (layouts in data/__init__.py).
+"""Token rows of exactly seq_len from tokenized documents, in the (seed, step) order (layouts in
+data/__init__.py).
 
 rows = TokenRows(tokenized, seq_len, "concat" | "pack" | "document", seed, shuffle, pad_id)
-batch = rows.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids, labels
+batch = rows.get(step, micro_batch, dp_rank, dp_size)   # Batch: input_ids [b, L], position_ids,
+labels
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class Batch:
 
 
 def _token_stream(tokenized, column: str = "input_ids"):
-    """(all tokens (or labels) as one Arrow ChunkedArray [T] (memory-mapped), document lengths int64 [N])."""
+    """(all tokens (or labels) as one Arrow ChunkedArray [T] (memory-mapped), document lengths int64
+    [N])."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -50,9 +53,9 @@ def _token_stream(tokenized, column: str = "input_ids"):
 def pack_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Next-fit packing of documents (in order) into rows of `seq_len` tokens.
 
-    Returns (row_ptr [R+1], seg_start [S], seg_len [S]): row r holds segments row_ptr[r]:row_ptr[r+1], each
-    `seg_len` tokens from `seg_start` in the token stream. Documents longer than seq_len become several
-    segments of at most seq_len (each its own document)."""
+    Returns (row_ptr [R+1], seg_start [S], seg_len [S]): row r holds segments
+    row_ptr[r]:row_ptr[r+1], each `seg_len` tokens from `seg_start` in the token stream. Documents
+    longer than seq_len become several segments of at most seq_len (each its own document)."""
     starts = (
         np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
     )
@@ -78,11 +81,11 @@ def pack_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray
 
 
 def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int, offset: int = 0) -> range:
-    """The samples dp replica `dp_rank` reads at `step`: offset + (step * dp + r) * b ... + b - 1 (the order in the
-    module doc of data/__init__.py; also the HF Trainer's sampler, integrations/hf_data.py). A step's samples over
-    every replica are [offset + step * dp * b, offset + (step + 1) * dp * b) whatever dp is: a resume at another dp
-    with the same global batch continues the same stream (checkpoint/layout.py; `offset` moves it where the batch
-    changed)."""
+    """The samples dp replica `dp_rank` reads at `step`: offset + (step * dp + r) * b ... + b - 1
+    (the order in the module doc of data/__init__.py; also the HF Trainer's sampler,
+    integrations/hf_data.py). A step's samples over every replica are [offset + step * dp * b,
+    offset + (step + 1) * dp * b) whatever dp is: a resume at another dp with the same global batch
+    continues the same stream (checkpoint/layout.py; `offset` moves it where the batch changed)."""
     first = offset + (step * dp_size + dp_rank) * micro_batch
     return range(first, first + micro_batch)
 
@@ -90,15 +93,16 @@ def step_samples(step: int, micro_batch: int, dp_rank: int, dp_size: int, offset
 def step_batches(
     data, step: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_size: int, offset: int = 0
 ) -> list:
-    """The grad_accum `Batch`es of `[micro_batch, L]` that dp replica `dp_rank` trains in optimizer step `step + 1`
-    (`data`: TokenRows or SyntheticRetrieval): its micro_batch x grad_accum samples of `step_samples`, in order."""
+    """The grad_accum `Batch`es of `[micro_batch, L]` that dp replica `dp_rank` trains in optimizer
+    step `step + 1` (`data`: TokenRows or SyntheticRetrieval): its micro_batch x grad_accum samples
+    of `step_samples`, in order."""
     samples = step_samples(step, micro_batch * grad_accum, dp_rank, dp_size, offset)
     return [data.rows(samples[k * micro_batch : (k + 1) * micro_batch]) for k in range(grad_accum)]
 
 
 class RowOrder:
-    """Which row sample i is: row perm_e[i mod R] of epoch e = i // R, perm_e drawn from (seed, e), or the identity
-    with shuffle off. One permutation is kept (the current epoch's)."""
+    """Which row sample i is: row perm_e[i mod R] of epoch e = i // R, perm_e drawn from (seed, e),
+    or the identity with shuffle off. One permutation is kept (the current epoch's)."""
 
     def __init__(self, n_rows: int, seed: int, shuffle: bool):
         self.n_rows, self.seed, self.shuffle = n_rows, seed, shuffle
@@ -120,8 +124,9 @@ def filled_row(ids: torch.Tensor, pos: Optional[torch.Tensor], labels: torch.Ten
 
 
 class TokenRows:
-    """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the module doc.
-    `skipped_rows`: rows of the source left out as bad (data.skip_bad_rows), reported in metrics.jsonl."""
+    """Rows of exactly `seq_len` tokens over a tokenized dataset, in the (seed, step) order of the
+    module doc. `skipped_rows`: rows of the source left out as bad (data.skip_bad_rows), reported in
+    metrics.jsonl."""
 
     def __init__(
         self,
@@ -152,8 +157,8 @@ class TokenRows:
         self.n_tokens = int(lengths.sum())
         if self.n_tokens == 0:
             raise DataError(
-                f"data={source!r} tokenized to 0 tokens ({len(lengths)} documents, all empty); give it "
-                f"documents with text"
+                f"data={source!r} tokenized to 0 tokens ({len(lengths)} documents, all empty); "
+                f"give it documents with text"
             )
         if vocab_size is not None:
             check_token_range(self.stream, vocab_size, source)
@@ -168,13 +173,14 @@ class TokenRows:
         self.order = RowOrder(self.n_rows, seed, shuffle)
 
     def _concat_rows(self) -> None:
-        """concat: the token stream cut into rows of seq_len; the tail shorter than a row is unused."""
+        """concat: the token stream cut into rows of seq_len; the tail shorter than a row is
+        unused."""
         L, source = self.seq_len, self.source
         self.n_rows = self.n_tokens // L
         if self.n_rows == 0:
             raise DataError(
-                f"data={source!r} has {self.n_tokens} tokens, fewer than one row of seq_len={L}; add "
-                f"data or lower seq_len to at most {self.n_tokens}"
+                f"data={source!r} has {self.n_tokens} tokens, fewer than one row of seq_len={L}; "
+                f"add data or lower seq_len to at most {self.n_tokens}"
             )
         dropped = self.n_tokens - self.n_rows * L
         log.info(
@@ -187,15 +193,17 @@ class TokenRows:
         )
 
     def _document_rows(self, lengths: np.ndarray) -> None:
-        """document: one row per non-empty document, its first seq_len tokens; a shorter one is refused."""
+        """document: one row per non-empty document, its first seq_len tokens; a shorter one is
+        refused."""
         L, source = self.seq_len, self.source
         nonempty = lengths[lengths > 0]
         short = int((nonempty < L).sum())
         if short:
             raise DataError(
-                f"{short} of {len(nonempty)} documents in data={source!r} are shorter than seq_len={L} "
+                f"{short} of {len(nonempty)} documents in data={source!r} are shorter than "
+                f"seq_len={L} "
                 f"(shortest {int(nonempty.min())} tokens) and data_layout='document' takes one "
-                f"document per row; use data_layout: concat (join documents) or pack, or seq_len <= "
+                "document per row; use data_layout: concat (join documents) or pack, or seq_len <= "
                 f"{int(nonempty.min())}"
             )
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -216,8 +224,8 @@ class TokenRows:
             lengths > L
         ).any():  # under head they were cut when tokenized, under refuse refused there
             log.info(
-                "data: %d documents longer than seq_len=%d split into windows of %d, each its own document "
-                "(data.truncate: %s)",
+                "data: %d documents longer than seq_len=%d split into windows of %d, each its own "
+                "document (data.truncate: %s)",
                 int((lengths > L).sum()),
                 L,
                 L,
@@ -239,7 +247,8 @@ class TokenRows:
         return self.order.row_of_sample(i)
 
     def signature(self) -> dict:
-        """What a resumed run must find unchanged for the order to continue (saved in each checkpoint)."""
+        """What a resumed run must find unchanged for the order to continue (saved in each
+        checkpoint)."""
         return {
             "kind": "files",
             "layout": self.layout,
@@ -304,9 +313,11 @@ class TokenRows:
         return Batch(ids, torch.stack([filled_row(*r)[1] for r in rows]), labels)
 
 
-# ----------------------------------------------------------------------------- checks and entry point
+# ----------------------------------------------------------------------------- checks and entry
+# point
 def check_token_range(stream, vocab_size: int, source: str) -> None:
-    """Refuse token ids outside [0, vocab_size) (pre-tokenized data, or a tokenizer with added tokens)."""
+    """Refuse token ids outside [0, vocab_size) (pre-tokenized data, or a tokenizer with added
+    tokens)."""
     import pyarrow.compute as pc
 
     mm = pc.min_max(stream).as_py()
@@ -318,6 +329,7 @@ def check_token_range(stream, vocab_size: int, source: str) -> None:
         )
     if hi is not None and hi >= vocab_size:
         raise DataError(
-            f"data={source!r} holds token id {hi} >= the model's vocab_size={vocab_size}; re-tokenize "
+            f"data={source!r} holds token id {hi} >= the model's vocab_size={vocab_size}; "
+            "re-tokenize "
             f"with the model's own tokenizer (or use a model whose vocabulary covers these ids)"
         )

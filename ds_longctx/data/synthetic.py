@@ -1,8 +1,8 @@
 """The synthetic long-range task: key-value retrieval whose keys sit >= 90% of the sequence back.
 
-    task = SyntheticRetrieval(seq_len, vocab_size, seed)        # what `data: synthetic` trains on
-    batch = task.get(step, micro_batch, dp_rank, dp_size)      # data.Batch, same interface as data.TokenRows
-    held = task.held_out()                                      # what `eval_data: synthetic` evaluates on
+    task = SyntheticRetrieval(seq_len, vocab_size, seed)   # what `data: synthetic` trains on
+    batch = task.get(step, micro_batch, dp_rank, dp_size)  # data.Batch, as data.TokenRows gives
+    held = task.held_out()                                 # what `eval_data: synthetic` evaluates
 
 Used by the demo, the tests (tests/distributed/test_ulysses.py) and benchmarks/bench_long_range.py.
 """
@@ -59,25 +59,27 @@ class SyntheticRetrieval:
         keys, values, filler = self.ranges
         if len(filler) < 1:
             raise ValueError(
-                f"num_keys={len(keys)} x num_values={len(values)} fused pair ids leave no filler in "
-                f"vocab_size={self.vocab_size}; lower num_keys / num_values"
+                f"num_keys={len(keys)} x num_values={len(values)} fused pair ids leave no filler "
+                f"in vocab_size={self.vocab_size}; lower num_keys / num_values"
             )
         if self.pairs < self.num_queries or self.pairs > len(keys):
             raise ValueError(
-                f"num_pairs={self.pairs} must be in [num_queries={self.num_queries}, {len(keys)} keys]"
+                f"num_pairs={self.pairs} must be in [num_queries={self.num_queries}, {len(keys)} "
+                "keys]"
             )
         pair_tokens = self.pairs if self.fused_pairs else 2 * self.pairs
         if self.num_pairs is not None and 1 + pair_tokens > self.seq_len - 3 * self.num_queries:
             raise ValueError(
-                f"{self.pairs} pairs and {self.num_queries} queries do not fit seq_len={self.seq_len}; "
-                f"lower num_pairs / num_queries or raise seq_len"
+                f"{self.pairs} pairs and {self.num_queries} queries do not fit "
+                f"seq_len={self.seq_len}; lower num_pairs / num_queries or raise seq_len"
             )
         if self.supervise not in ("all", "queries"):
             raise ValueError(f"supervise={self.supervise!r}; use 'all' or 'queries'")
 
     @property
     def ranges(self) -> tuple[range, range, range]:
-        """Token ids of keys, values and filler (fused pair ids, if any, sit between values and filler)."""
+        """Token ids of keys, values and filler (fused pair ids, if any, sit between values and
+        filler)."""
         if self.fused_pairs:
             k, v = self.num_keys or 8, self.num_values or 16
             return (
@@ -99,14 +101,15 @@ class SyntheticRetrieval:
 
     @property
     def min_distance(self) -> int:
-        """Fewest tokens between a query's key and the pair it retrieves (the shortest look-back)."""
+        """Fewest tokens between a query's key and the pair it retrieves (the shortest
+        look-back)."""
         first_query_key = self.seq_len - 3 * self.num_queries + 1
         last_pair = self.pairs if self.fused_pairs else 1 + 2 * (self.pairs - 1)
         return first_query_key - last_pair
 
     def draw(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens [L], query-value positions [Q], positions of the queried pairs [Q]: their key token, or the
-        fused pair token) of sample `index`."""
+        """(tokens [L], query-value positions [Q], positions of the queried pairs [Q]: their key
+        token, or the fused pair token) of sample `index`."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         keys, values, filler = self.ranges
         L, n_pairs = self.seq_len, self.pairs
@@ -133,7 +136,8 @@ class SyntheticRetrieval:
         return self.get(step, micro_batch, dp_rank, dp_size).input_ids
 
     def get(self, step: int, micro_batch: int, dp_rank: int, dp_size: int) -> Batch:
-        """`Batch` for one replica at one step (labels only on the query values with supervise='queries')."""
+        """`Batch` for one replica at one step (labels only on the query values with
+        supervise='queries')."""
         return self.rows(step_samples(step, micro_batch, dp_rank, dp_size))
 
     def rows(self, samples: range) -> Batch:

@@ -1,17 +1,21 @@
-"""Rows -> token ids and labels through the datasets cache: the tokenizer, EOS, the cut, and a fingerprint of all.
+"""Rows -> token ids and labels through the datasets cache: the tokenizer, EOS, the cut, and a
+fingerprint of all.
 
     tok = load_tokenizer(cfg, vocab_size)               # checked against the model's vocabulary
-    tokenized = tokenize(docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab_size)
+    tokenized = tokenize(
+        docs.ds, tok, cfg, eos_id(tok, hf_config), docs.format, docs.mask_keys, vocab_size
+    )
     skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # data/tokenize_check.py
 
-Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text trains every
-token, chat rows what data/chat.py says, prompt/completion rows their completion, token rows their own labels
-or mask.
+Every document from here on is `input_ids` + `labels` (IGNORE_INDEX where it does not train): text
+trains every token, chat rows what data/chat.py says, prompt/completion rows their completion, token
+rows their own labels or mask.
 """
 
 from __future__ import annotations
 
-# transformers and datasets are imported where a tokenizer is loaded and text tokenized (seconds at import).
+# transformers and datasets are imported where a tokenizer is loaded and text tokenized (seconds at
+# import).
 import hashlib
 import json
 from pathlib import Path
@@ -35,8 +39,9 @@ def tokenizer_path(cfg) -> Optional[str]:
 
 
 def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
-    """The tokenizer directory of a run of `model`: `tokenizer` when given, else the model directory when it holds
-    one, else None. A model directory is one with a config.json, as config.model.resolve_model reads a name."""
+    """The tokenizer directory of a run of `model`: `tokenizer` when given, else the model directory
+    when it holds one, else None. A model directory is one with a config.json, as
+    config.model.resolve_model reads a name."""
     if tokenizer:
         return tokenizer
     p = Path(model)
@@ -46,9 +51,10 @@ def tokenizer_of(tokenizer: Optional[str], model: str) -> Optional[str]:
 
 
 def open_tokenizer(path, named=None):
-    """The tokenizer saved in directory `path` as every command loads one: local files only, and no Python of the
-    directory's own (trust_remote_code=False: transformers neither runs it nor asks on a terminal). DataError naming
-    `named` (default: `path`) and the fix where it cannot be loaded."""
+    """The tokenizer saved in directory `path` as every command loads one: local files only, and no
+    Python of the directory's own (trust_remote_code=False: transformers neither runs it nor asks on
+    a terminal). DataError naming `named` (default: `path`) and the fix where it cannot be
+    loaded."""
     from transformers import AutoTokenizer
 
     named = str(path) if named is None else named
@@ -60,18 +66,19 @@ def open_tokenizer(path, named=None):
         if "trust_remote_code" in str(e):
             raise DataError(
                 f"tokenizer={named!r} asks to run Python of its own (auto_map in its "
-                f"tokenizer_config.json), which ds_longctx never runs; pass a tokenizer whose class "
+                "tokenizer_config.json), which ds_longctx never runs; pass a tokenizer whose class "
                 f"transformers ships (`tokenizer.save_pretrained` of a loaded one)"
             ) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise DataError(
-            f"tokenizer={named!r} could not be loaded ({type(e).__name__}: {first}); pass a directory "
-            f"saved by `tokenizer.save_pretrained`"
+            f"tokenizer={named!r} could not be loaded ({type(e).__name__}: {first}); pass a "
+            f"directory saved by `tokenizer.save_pretrained`"
         ) from None
 
 
 def load_tokenizer(cfg, vocab_size: int):
-    """The run's tokenizer, checked against the model's vocabulary; None when there is none to load."""
+    """The run's tokenizer, checked against the model's vocabulary; None when there is none to
+    load."""
     path = tokenizer_path(cfg)
     if path is None:
         return None
@@ -88,8 +95,9 @@ def load_tokenizer(cfg, vocab_size: int):
     if ids > vocab_size:
         raise DataError(
             f"tokenizer={path!r} has {ids} tokens but the model {cfg.model.name!r} has vocab_size="
-            f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's own "
-            f"tokenizer, or a model whose vocabulary covers this one (a config.json of its geometry with "
+            f"{vocab_size}: ids >= {vocab_size} would index past the embedding; use the model's "
+            "own tokenizer, or a model whose vocabulary covers this one (a config.json of its "
+            "geometry with "
             f'"vocab_size": {-(-ids // 128) * 128} as --model)'
         )
     return tok
@@ -103,8 +111,8 @@ def eos_id(tok, hf_config) -> Optional[int]:
 
 
 def _files_digest(path: Optional[str]) -> str:
-    """Hash of a tokenizer directory's files (what the cache fingerprint depends on), its chat template
-    (chat_template.jinja, where transformers saves it) included."""
+    """Hash of a tokenizer directory's files (what the cache fingerprint depends on), its chat
+    template (chat_template.jinja, where transformers saves it) included."""
     h = hashlib.sha256()
     if path:
         for f in sorted(Path(path).glob("*")):
@@ -115,13 +123,15 @@ def _files_digest(path: Optional[str]) -> str:
 
 
 def cut_rule(cfg) -> Optional[str]:
-    """How a document longer than seq_len is cut: data.truncate, else the layout's own rule (pack: split into
+    """How a document longer than seq_len is cut: data.truncate, else the layout's own rule (pack:
+    split into
     windows, document: head); None for concat (its stream is cut at row borders)."""
     layout, rule = cfg.data.layout, cfg.data.truncate
     if layout == "concat":
         if rule is not None:
             raise DataError(
-                f"data.truncate={rule!r} with data_layout='concat': concat joins documents and cuts the "
+                f"data.truncate={rule!r} with data_layout='concat': concat joins documents and "
+                "cuts the "
                 f"stream at row borders; use data_layout: pack or document, or leave truncate unset"
             )
         return None
@@ -141,15 +151,16 @@ def default_train_on(cfg, fmt: str) -> str:
     if cfg.data.train_on is not None and want not in rec.train_on:
         note = f" ({fmt} rows train where their labels say)" if rec.trains == "labels" else ""
         raise DataError(
-            f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use one "
-            f"of {list(rec.train_on)}{note}"
+            f"data.train_on={want!r} does not apply to {fmt} rows of data={cfg.data.source!r}; use "
+            f"one of {list(rec.train_on)}{note}"
         )
     return want
 
 
 def _row_maker(fmt: str, tok, cfg, mask_keys: tuple, vocab_size):
-    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of format `fmt`,
-    by its record's `tokens`: text a batch at once (the fast tokenizer's threads), a session after its JSON."""
+    """fn(a batch of rows) -> [(input_ids, labels), or the ChatError of a row that gives none] of
+    format `fmt`, by its record's `tokens`: text a batch at once (the fast tokenizer's threads), a
+    session after its JSON."""
     rec = formats.row_format(fmt)
     train_on, row_tokens = default_train_on(cfg, fmt), rec.tokens_fn()
     if not rec.masked:
@@ -207,12 +218,13 @@ def tokenize(
     mask_keys: tuple = (),
     vocab_size: Optional[int] = None,
 ):
-    """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing trains), `trained` (the
-    targets that train), `cut` (tokens left out by truncate head) and `bad` (why a row gives no document, "" when it
-    does), through the datasets cache.
+    """Documents -> `input_ids` and `labels` (int32 lists; labels IGNORE_INDEX where nothing
+    trains), `trained` (the targets that train), `cut` (tokens left out by truncate head) and `bad`
+    (why a row gives no document, "" when it does), through the datasets cache.
 
-    EOS appended (`add_eos`) trains when the document's last token does. A document longer than seq_len is cut here
-    under `cut_rule` head (or marked bad under refuse); one left with no trained target is marked bad."""
+    EOS appended (`add_eos`) trains when the document's last token does. A document longer than
+    seq_len is cut here under `cut_rule` head (or marked bad under refuse); one left with no trained
+    target is marked bad."""
     import datasets
 
     _check_can_tokenize(cfg, eos, fmt, tok)
@@ -239,8 +251,8 @@ def tokenize(
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise DataError(
             f"data={cfg.data.source!r} ({fmt} rows) could not be turned into token ids "
-            f"({type(e).__name__}: {first}); input_ids must be lists of ints, {cfg.data.text_field!r} "
-            f"strings"
+            f"({type(e).__name__}: {first}); input_ids must be lists of ints, "
+            f"{cfg.data.text_field!r} strings"
         ) from None
 
 
@@ -253,15 +265,16 @@ def _check_can_tokenize(cfg, eos: Optional[int], fmt: str, tok) -> None:
         )
     if formats.row_format(fmt).needs_tokenizer and tok is None:
         raise DataError(
-            f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local tokenizer "
-            f"directory (the model's own), or provide an input_ids column"
+            f"data={cfg.data.source!r} is {fmt} and needs a tokenizer; set tokenizer to a local "
+            f"tokenizer directory (the model's own), or provide an input_ids column"
         )
 
 
 def _cache_fingerprint(
     docs, cfg, eos: Optional[int], fmt: str, mask_keys, vocab_size, rule: Optional[str], L: int
 ) -> str:
-    """The datasets cache fingerprint of `tokenize`: the rows and everything that changes their tokens."""
+    """The datasets cache fingerprint of `tokenize`: the rows and everything that changes their
+    tokens."""
     key = json.dumps(
         [
             docs._fingerprint,
@@ -295,8 +308,8 @@ def _features(datasets):
 
 
 def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, masked: bool):
-    """fn(a batch of rows) -> the columns of `_features`: each row made by `many`, then `_finish`ed (`masked`:
-    its labels say what trains; else every token does)."""
+    """fn(a batch of rows) -> the columns of `_features`: each row made by `many`, then `_finish`ed
+    (`masked`: its labels say what trains; else every token does)."""
 
     def fn(batch):
         out = {"input_ids": [], "labels": [], "trained": [], "cut": [], "bad": []}
@@ -320,9 +333,9 @@ def _documents_fn(many, eos: Optional[int], rule: Optional[str], L: int, masked:
 def _finish(
     ids: list, labels: list, eos: Optional[int], rule: Optional[str], L: int, masked: bool
 ) -> tuple:
-    """(ids, labels, why bad or "", tokens cut) of one document: EOS appended unless it ends with one (trained when the
-    last token is), cut by `rule`; a `masked` one (not text) must keep a trained target (an empty one too: an empty
-    text is a blank document)."""
+    """(ids, labels, why bad or "", tokens cut) of one document: EOS appended unless it ends with
+    one (trained when the last token is), cut by `rule`; a `masked` one (not text) must keep a
+    trained target (an empty one too: an empty text is a blank document)."""
     if not ids:
         return (
             [],
@@ -342,8 +355,8 @@ def _finish(
             [],
             [],
             (
-                f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is refuse; "
-                f"shorten it, raise seq_len, or set data.truncate: head or split"
+                f"a document of {len(ids)} tokens is longer than seq_len={L} and data.truncate is "
+                f"refuse; shorten it, raise seq_len, or set data.truncate: head or split"
             ),
             0,
         )
@@ -356,8 +369,8 @@ def _finish(
             [],
             [],
             (
-                f"no token trains{after}: the row has nothing to learn from; check its messages (an assistant "
-                f"turn, train flags), data.train_on, or raise seq_len"
+                f"no token trains{after}: the row has nothing to learn from; check its messages "
+                f"(an assistant turn, train flags), data.train_on, or raise seq_len"
             ),
             0,
         )

@@ -1,8 +1,10 @@
-"""The tokenized rows checked: rows marked bad refused by file and line (or counted), and the trained tokens logged.
+"""The tokenized rows checked: rows marked bad refused by file and line (or counted), and the
+trained tokens logged.
 
-    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)   # after data/tokenize.py `tokenize`
+    skipped = check_tokenized(tokenized, cfg, docs.skipped_rows)  # after data/tokenize.tokenize
 
-Under truncate split, `untrained_windows` counts the windows of L that hold no trained target (they train nothing).
+Under truncate split, `untrained_windows` counts the windows of L that hold no trained target (they
+train nothing).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ log = logging.getLogger("ds_longctx")
 
 
 def untrained_windows(n_tokens: int, trained, L: int) -> tuple[int, int]:
-    """(windows, those with no trained target) of a document of `n_tokens` cut into windows of L (truncate split:
-    window k is tokens [kL, (k+1)L), its own document, so its first token is no target); `trained`: the indices of
-    the tokens whose label trains."""
+    """(windows, those with no trained target) of a document of `n_tokens` cut into windows of L
+    (truncate split: window k is tokens [kL, (k+1)L), its own document, so its first token is no
+    target); `trained`: the indices of the tokens whose label trains."""
     import numpy as np
 
     t = np.asarray(trained, np.int64)
@@ -29,7 +31,8 @@ def untrained_windows(n_tokens: int, trained, L: int) -> tuple[int, int]:
 
 
 def _split_windows(tokenized, lengths, L: int) -> tuple[int, int, int]:
-    """(documents longer than L, their windows of L, those with no trained target): `untrained_windows`."""
+    """(documents longer than L, their windows of L, those with no trained target):
+    `untrained_windows`."""
     import numpy as np
 
     col = tokenized.data.column("labels")
@@ -43,9 +46,10 @@ def _split_windows(tokenized, lengths, L: int) -> tuple[int, int, int]:
 
 
 def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
-    """Refuse the rows tokenization marked bad naming file and line (or count them with data.skip_bad_rows); log the
-    trained tokens per document (min, median, max), their share of all tokens and, under truncate split, the windows
-    that hold no trained target (they train nothing). Returns the skipped rows."""
+    """Refuse the rows tokenization marked bad naming file and line (or count them with
+    data.skip_bad_rows); log the trained tokens per document (min, median, max), their share of all
+    tokens and, under truncate split, the windows that hold no trained target (they train nothing).
+    Returns the skipped rows."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -62,12 +66,13 @@ def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
                 else ""
             )
             raise DataError(
-                f"{where[named[0]]}: {why[0]}; or set data.skip_bad_rows: true to skip such rows{more}"
+                f"{where[named[0]]}: {why[0]}; or set data.skip_bad_rows: true to skip such "
+                f"rows{more}"
             )
         if len(bad) == tokenized.num_rows:
             raise DataError(
-                f"data={cfg.data.source!r}: all {len(bad)} rows are bad (the first: {where[named[0]]}: "
-                f"{why[0]})"
+                f"data={cfg.data.source!r}: all {len(bad)} rows are bad (the first: "
+                f"{where[named[0]]}: {why[0]})"
             )
         log.info(
             "data=%r: skipping %d row(s) tokenization refused (data.skip_bad_rows): %s",
@@ -78,8 +83,8 @@ def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
     cut = tokenized.data.column("cut").to_numpy()
     if cut.any():
         log.info(
-            "data: %d documents longer than seq_len=%d cut to their first %d tokens (%d tokens left out; "
-            "data.truncate: head)",
+            "data: %d documents longer than seq_len=%d cut to their first %d tokens (%d tokens "
+            "left out; data.truncate: head)",
             int((cut > 0).sum()),
             cfg.train.seq_len,
             cfg.train.seq_len,
@@ -94,13 +99,14 @@ def check_tokenized(tokenized, cfg, skipped_before: int) -> int:
         L = cfg.train.seq_len
         split = _split_windows(tokenized, lengths, L) if cut_rule(cfg) == "split" else (0, 0, 0)
         windows = (
-            f"; {split[2]} of the {split[1]} windows of the {split[0]} documents longer than seq_len={L} "
-            f"(data.truncate: split) hold no trained token and train nothing"
+            f"; {split[2]} of the {split[1]} windows of the {split[0]} documents longer than "
+            f"seq_len={L} (data.truncate: split) hold no trained token and train nothing"
             if split[0]
             else ""
         )
         log.info(
-            "data: trained tokens per document min %d, median %d, max %d; %.1f%% of all %d tokens%s",
+            "data: trained tokens per document min %d, median %d, max %d; "
+            "%.1f%% of all %d tokens%s",
             real.min(),
             int(np.median(real)),
             real.max(),

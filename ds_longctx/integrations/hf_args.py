@@ -1,16 +1,19 @@
-"""The HF Trainer's arguments from a run config: `training_kwargs` maps the run config onto TrainingArguments /
-SFTConfig fields (`owned_fields`), refusing a clashing value with the run-config key to change.
-`integrations/hf_trainer.training_args` builds the arguments from it. Imports neither torch nor transformers.
+"""The HF Trainer's arguments from a run config: `training_kwargs` maps the run config onto
+TrainingArguments / SFTConfig fields (`owned_fields`), refusing a clashing value with the run-config
+key to change. `integrations/hf_trainer.training_args` builds the arguments from it. Imports neither
+torch nor transformers.
 """
 
 from __future__ import annotations
 
-# the HF Trainer's name for each optimizer.schedule (what its logs say; `create_scheduler` steps ours)
+# the HF Trainer's name for each optimizer.schedule (what its logs say; `create_scheduler` steps
+# ours)
 SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr", "linear": "linear"}
 
 
 def owned_fields(cfg, ds: dict) -> dict:
-    """TrainingArguments fields that come from the run config: {field: (value, the run-config key to change)}."""
+    """TrainingArguments fields that come from the run config: {field: (value, the run-config key to
+    change)}."""
     opt = ds["optimizer"]["params"]
     return {
         "deepspeed": (ds, "the run config (training_args passes its DeepSpeed JSON)"),
@@ -38,7 +41,8 @@ def owned_fields(cfg, ds: dict) -> dict:
 
 
 def report_to(ours: str) -> str:
-    """The Trainer's report_to for logging.report_to (auto: tensorboard where it imports, as `ds-longctx train`)."""
+    """The Trainer's report_to for logging.report_to (auto: tensorboard where it imports, as
+    `ds-longctx train`)."""
     if ours != "auto":
         return ours
     import importlib.util
@@ -57,7 +61,8 @@ SKIP_PREPARE = {
 
 
 def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
-    """The keyword arguments `training_args` gives `args_cls` (see there); raises ValueError on a clash."""
+    """The keyword arguments `training_args` gives `args_cls` (see there); raises ValueError on a
+    clash."""
     owned = owned_fields(cfg, ds)
     clash = [
         f"{k}={_short(kwargs[k])} (the run config says {_short(v)}; change {where})"

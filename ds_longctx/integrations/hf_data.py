@@ -41,7 +41,8 @@ class StepSampler(Sampler):
         self.steps_per_epoch = n_rows // (dp_size * per_step)
         if self.steps_per_epoch == 0:
             raise ValueError(
-                f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch x grad_accum="
+                f"{n_rows} rows are fewer than one step needs (dp={dp_size} x micro_batch x "
+                "grad_accum="
                 f"{per_step}); add data, lower seq_len, or lower micro_batch or grad_accum"
             )
         self.epoch = 0
@@ -132,8 +133,8 @@ def fold_masks(example: dict, masks: tuple) -> dict:
     ids, given = example.get("input_ids"), example.get("labels")
     if ids is not None and given is not None and len(given) != len(ids):
         raise ValueError(
-            f"column 'labels' holds {len(given)} values for {len(ids)} input ids: give one label per "
-            f"token ({IGNORE_INDEX} where it does not train)"
+            f"column 'labels' holds {len(given)} values for {len(ids)} input ids: give one label "
+            f"per token ({IGNORE_INDEX} where it does not train)"
         )
     present = [k for k in masks if example.get(k) is not None]
     if not present or ids is None:

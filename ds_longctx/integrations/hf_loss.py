@@ -1,14 +1,15 @@
 """The loss under the HF Trainer, one optimizer step's rows weighed as `ds-longctx train` weighs
 them.
 
-    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)   # row weights made here
-    loss = trainer.compute_loss(model, batches[i])                      # sum_r w_r x CE sum of row r
+    batches, _ = trainer.get_batch_samples(epoch_iterator, k, device)  # row weights made here
+    loss = trainer.compute_loss(model, batches[i])                     # sum_r w_r x CE sum of row r
 
 Weights and which tokens train: docs/design/integrations.md."""
 
 from __future__ import annotations
 
-# torch is imported where a loss is computed: hf_trainer imports this module, and importing hf_trainer must not.
+# torch is imported where a loss is computed: hf_trainer imports this module, and importing
+# hf_trainer must not.
 from collections import deque
 
 
@@ -18,7 +19,8 @@ def check_padding(attention_mask) -> None:
         return
     if bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
         raise ValueError(
-            "a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, which is "
+            "a batch with left padding (attention_mask 0 before 1): ds_longctx drops the mask, "
+            "which is "
             "exact only for right padding; pad on the right (tokenizer.padding_side = 'right')"
         )
 

@@ -2,7 +2,7 @@
 chunked loss, tiled MLP, the placement plan and the planner's DeepSpeed config.
 
     from ds_longctx.integrations import hf_trainer as longctx
-    cfg = longctx.run_config(sys.argv[1:])                         # --config run.yaml [--key value ...]
+    cfg = longctx.run_config(sys.argv[1:])                         # --config F [--key value ...]
     args = longctx.training_args(cfg, SFTConfig, logging_steps=1)  # instead of SFTConfig(...)
     model = longctx.build_model(cfg)                               # instead of from_pretrained(...)
     trainer = longctx.trainer(SFTTrainer, cfg, model=model, args=args, train_dataset=..., ...)
@@ -15,7 +15,8 @@ and what is not supported: docs/design/integrations.md."""
 
 from __future__ import annotations
 
-# torch, transformers, accelerate and the run layer are imported inside the functions that use them: importing
+# torch, transformers, accelerate and the run layer are imported inside the functions that use them:
+# importing
 # this module (a training script's first lines) loads none of them.
 import atexit
 import functools
@@ -163,8 +164,8 @@ def check_trainer(tr, cfg) -> None:
     ds = tr.accelerator.state.deepspeed_plugin.deepspeed_config
     if ds.get("sequence_parallel_size", 1) != cfg.parallel.sp_size:
         raise ValueError(
-            f"the DeepSpeed config has sequence_parallel_size={ds.get('sequence_parallel_size')}, the "
-            f"run config sp_size={cfg.parallel.sp_size}; {fix}"
+            f"the DeepSpeed config has sequence_parallel_size={ds.get('sequence_parallel_size')}, "
+            f"the run config sp_size={cfg.parallel.sp_size}; {fix}"
         )
     if tr.args.gradient_checkpointing:
         raise ValueError(
@@ -172,19 +173,21 @@ def check_trainer(tr, cfg) -> None:
         )
     if getattr(tr.args, "activation_offloading", False):
         raise ValueError(
-            "activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; set it "
-            "False and use the run config's memory.offload_layers"
+            "activation_offloading=True (TRL's): the placement plan offloads checkpoints instead; "
+            "set it False and use the run config's memory.offload_layers"
         )
     if hasattr(tr.model, "peft_config"):
         raise ValueError(
-            "the model already carries PEFT adapters (a peft_config): ds_longctx puts them in itself, "
+            "the model already carries PEFT adapters (a peft_config): ds_longctx puts them in "
+            "itself, "
             "from the run config's lora section (lora.rank, lora.target_modules); drop peft_config"
         )
     pc = getattr(tr.accelerator, "parallelism_config", None)
     if pc is not None and (pc.sp_size > 1 or pc.cp_size > 1):
         raise ValueError(
-            f"accelerate's parallelism_config (sp_size={pc.sp_size}, cp_size={pc.cp_size}) would split "
-            f"the sequence a second time; drop it: the run config's parallel.sp_size sets ds_longctx's SP"
+            f"accelerate's parallelism_config (sp_size={pc.sp_size}, cp_size={pc.cp_size}) would "
+            "split the sequence a second time; drop it: the run config's parallel.sp_size sets "
+            "ds_longctx's SP"
         )
 
 
@@ -271,7 +274,8 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
         if hf_data.needs_preparing(dataset):
             raise ValueError(
                 f"the {description} dataset has no input_ids (columns {dataset.column_names}): TRL "
-                f"tokenizes it only when its preparation runs; build the trainer with longctx.trainer, "
+                "tokenizes it only when its preparation runs; build the trainer with "
+                "longctx.trainer, "
                 f"which gives such a dataset to TRL, or pass dataset_kwargs={{}} to training_args"
             )
         collate = self._get_collator_with_removed_columns(

@@ -3,8 +3,8 @@ and the memory snapshot of the first steps."""
 
 from __future__ import annotations
 
-# torch and transformers are imported inside the methods that use them: hf_trainer imports this module without
-# them.
+# torch and transformers are imported inside the methods that use them: hf_trainer imports this
+# module without them.
 import time
 
 from ds_longctx.run import memory_snapshot
@@ -27,7 +27,8 @@ class StepClock:
         import torch
 
         if self.snapshot[0] and self.recorded is None and torch.cuda.is_available():
-            memory_snapshot.start()  # after the Trainer's build: the weights' blocks show no code line
+            # after the Trainer's build: the weights' blocks show no code line
+            memory_snapshot.start()
             self.recorded = 0
         if torch.cuda.is_available():
             torch.cuda.synchronize()

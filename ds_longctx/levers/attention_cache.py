@@ -1,5 +1,5 @@
-"""Attention cache: a layer keeps its attention output + LSE from the forward, so the checkpoint recompute skips
-attention.
+"""Attention cache: a layer keeps its attention output + LSE from the forward, so the checkpoint
+recompute skips attention.
 
 Design notes: docs/design/levers.md, section `attention_cache.py`.
 """
@@ -26,8 +26,9 @@ class _HostBuffer:
         err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), nbytes, 0)
         if int(err) != 0:
             raise RuntimeError(
-                f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host memory "
-                f"for the offloaded attention cache; use placement 'cache' or 'keep' for some layers"
+                f"cudaHostRegister of {nbytes} bytes failed ({err}): not enough pinnable host "
+                "memory "
+                "for the offloaded attention cache; use placement 'cache' or 'keep' for some layers"
             )
         self.registered = True
 
@@ -38,8 +39,8 @@ class _HostBuffer:
 
 
 def carve(region: torch.Tensor, tensors) -> Optional[list]:
-    """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned as the pool aligns its
-    regions (offload.ALIGN); None when they do not fit."""
+    """Views of `region` (bytes) shaped and typed like `tensors`, each at an offset aligned as the
+    pool aligns its regions (offload.ALIGN); None when they do not fit."""
     views, off = [], 0
     for t in tensors:
         n = t.numel() * t.element_size()
@@ -52,8 +53,8 @@ def carve(region: torch.Tensor, tensors) -> Optional[list]:
 
 
 class Slot:
-    """One layer's kept attention output: on the GPU, or in host buffers reused every step (its region of the pinned
-    pool, else its own)."""
+    """One layer's kept attention output: on the GPU, or in host buffers reused every step (its
+    region of the pinned pool, else its own)."""
 
     def __init__(self, on_host: bool, key=None):
         self.on_host, self.key = on_host, key  # key: the layer index (its region of the pool)
@@ -64,16 +65,16 @@ class Slot:
         self._event = None
 
     def _host_buffers(self, tensors) -> Optional[list]:
-        """This slot's host tensors for `tensors`: carved from its pool region, else its own registered buffers (on
-        a GPU), else None (CPU without a pool: clones)."""
+        """This slot's host tensors for `tensors`: carved from its pool region, else its own
+        registered buffers (on a GPU), else None (CPU without a pool: clones)."""
         region = pool().region(attention_cache_key(self.key)) if self.key is not None else None
         views = carve(region, tensors) if region is not None else None
         if views is not None:
             return views
         if region is not None:
             log.warning(
-                "attention cache: layer %s keeps %.3f GB, more than its pool region (%.3f GB): buffers of its "
-                "own, registered now",
+                "attention cache: layer %s keeps %.3f GB, more than its pool region (%.3f GB): "
+                "buffers of its own, registered now",
                 self.key,
                 sum(t.numel() * t.element_size() for t in tensors) / 1e9,
                 region.numel() / 1e9,
@@ -125,7 +126,8 @@ class Slot:
             return devices[0], tuple(devices[1:]), meta
         if self._event is not None:
             torch.cuda.current_stream().wait_event(self._event)
-        # to the device (a copy); a tensor that lives on the CPU is cloned, never handed out as the reused buffer
+        # to the device (a copy); a tensor that lives on the CPU is cloned, never handed out as the
+        # reused buffer
         out, *saved = [
             buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf.clone()
             for buf, dev in zip(self._bufs, devices)
@@ -159,19 +161,22 @@ _SLOT_ATTR = "_ds_longctx_attention_slot"
 
 
 def attention_module(layer):
-    """A decoder layer's attention module (transformers' `self_attn`), which the attention function is called with."""
+    """A decoder layer's attention module (transformers' `self_attn`), which the attention function
+    is called with."""
     attn = getattr(layer, "self_attn", None)
     if attn is None:
         raise ValueError(
             f"{type(layer).__name__} has no `self_attn` (a linear-attention layer has none): the "
-            f"attention cache keeps a softmax-attention layer's output; cache full-attention layers only"
+            "attention cache keeps a softmax-attention layer's output; cache full-attention "
+            "layers only"
         )
     return attn
 
 
 def attach(layer, on_host: bool, key=None) -> None:
-    """Give `layer` a slot (placement_apply.apply_placement calls this for cache / cache+offload layers; `key`: the layer's
-    index, whose region of the pinned pool an on-host slot uses when one is reserved)."""
+    """Give `layer` a slot (placement_apply.apply_placement calls this for cache / cache+offload
+    layers; `key`: the layer's index, whose region of the pinned pool an on-host slot uses when one
+    is reserved)."""
     detach(layer)
     setattr(attention_module(layer), _SLOT_ATTR, Slot(on_host, key))
     ulysses.set_slot_lookup(
@@ -191,20 +196,20 @@ def detach(layer) -> None:
 
 
 def slot_of(module) -> Optional[Slot]:
-    """The slot the attention function uses for attention module `module`: None if its layer does not cache or it
-    is not training (an eval forward has no recompute)."""
+    """The slot the attention function uses for attention module `module`: None if its layer does
+    not cache or it is not training (an eval forward has no recompute)."""
     return getattr(module, _SLOT_ATTR, None) if getattr(module, "training", False) else None
 
 
 def layer_slot(layer) -> Optional[Slot]:
-    """`layer`'s slot whatever the mode (placement_apply.applied_placement reads it back); None for a layer without softmax
-    attention."""
+    """`layer`'s slot whatever the mode (placement_apply.applied_placement reads it back); None for
+    a layer without softmax attention."""
     return getattr(getattr(layer, "self_attn", None), _SLOT_ATTR, None)
 
 
 def new_step(layers) -> None:
-    """Empty every slot before a step's forward: an output kept by a step that never ran its backward is never
-    handed to another."""
+    """Empty every slot before a step's forward: an output kept by a step that never ran its
+    backward is never handed to another."""
     for layer in layers:
         slot = layer_slot(layer)
         if slot is not None:

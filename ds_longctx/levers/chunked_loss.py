@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from ds_longctx.parallel.units import IGNORE_INDEX
 
-# addmm(..., out_dtype=) (a bf16 product summed straight into an fp32 tensor) exists on CUDA from torch 2.8
+# addmm(..., out_dtype=) (a bf16 product summed straight into an fp32 tensor) exists on CUDA from
+# torch 2.8
 _ADDMM_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
@@ -48,8 +49,8 @@ def _validate(
         )
     if labels.dtype != torch.int64 or labels.shape != hidden.shape[:1]:
         raise ValueError(
-            f"labels are {labels.dtype} {tuple(labels.shape)}; expected int64 [N={hidden.shape[0]}] "
-            f"(labels.reshape(-1).long(), already shifted)"
+            f"labels are {labels.dtype} {tuple(labels.shape)}; expected int64 "
+            f"[N={hidden.shape[0]}] (labels.reshape(-1).long(), already shifted)"
         )
     if not (hidden.device == weight.device == labels.device):
         raise ValueError(
@@ -75,7 +76,8 @@ def _accumulate_grad_weight(acc: torch.Tensor, grad_t: torch.Tensor, h_chunk: to
         torch.addmm(acc, grad_t, h_chunk, out_dtype=acc.dtype, out=acc)  # no [V, H] temporary
     elif acc.is_cuda:
         acc += (grad_t @ h_chunk).to(acc.dtype)  # torch < 2.8: one [V, H] temporary per chunk
-    else:  # CPU has no addmm.dtype_out kernel: multiply the upcast operands, still no [V, H] temporary
+    # CPU has no addmm.dtype_out kernel: multiply the upcast operands, still no [V, H] temporary
+    else:
         acc.addmm_(grad_t.to(acc.dtype), h_chunk.to(acc.dtype))
 
 
@@ -127,13 +129,14 @@ def _chunk_loop(
     need_weight_grad: bool,
     hits: torch.Tensor | None = None,
 ):
-    """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight [V, H]
-    of their sum (None when not asked); `hits` [N] bool, if given, gets each row's argmax hit (`_one_chunk`).
-    Inputs must have passed ``_validate``."""
+    """Per-row losses [N] fp32 (0.0 on ignored rows) and, if asked, grad_hidden [N, H], grad_weight
+    [V, H] of their sum (None when not asked); `hits` [N] bool, if given, gets each row's argmax hit
+    (`_one_chunk`). Inputs must have passed ``_validate``."""
     n, h = hidden.shape
     valid = labels != ignore_index  # [N] bool
     n_chunks = -(-n // chunk_size)
-    # [N] -> [n_chunks * c] (padded with False) -> [n_chunks, c] -> [n_chunks]; one host sync for the loop
+    # [N] -> [n_chunks * c] (padded with False) -> [n_chunks, c] -> [n_chunks]; one host sync for
+    # the loop
     has_target = (
         F.pad(valid, (0, n_chunks * chunk_size - n)).view(n_chunks, chunk_size).any(dim=1).tolist()
     )
@@ -166,7 +169,8 @@ def _chunk_loop(
 
 
 def _scale_(grad: torch.Tensor, scale: torch.Tensor, rows: int) -> None:
-    """grad *= scale (a 0-dim fp32 tensor) in place, in fp32 blocks of ``rows`` rows: one rounding, no sync."""
+    """grad *= scale (a 0-dim fp32 tensor) in place, in fp32 blocks of ``rows`` rows: one rounding,
+    no sync."""
     if grad.dtype == torch.float32:
         grad.mul_(scale)
         return
@@ -176,7 +180,8 @@ def _scale_(grad: torch.Tensor, scale: torch.Tensor, rows: int) -> None:
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Sum of cross-entropy over rows; gradients computed in forward, scaled by grad_output in backward."""
+    """Sum of cross-entropy over rows; gradients computed in forward, scaled by grad_output in
+    backward."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk_size, ignore_index):
@@ -247,8 +252,9 @@ def per_token_scores(
     chunk_size: int = 4096,
     ignore_index: int = IGNORE_INDEX,
 ) -> tuple:
-    """(``per_token_cross_entropy``, hits [N] bool): row i's hit is whether its label's logit is the row's max,
-    i.e. greedy decoding from the true prefix emits the label (False on ignored rows); still c x V logits at a time."""
+    """(``per_token_cross_entropy``, hits [N] bool): row i's hit is whether its label's logit is the
+    row's max, i.e. greedy decoding from the true prefix emits the label (False on ignored rows);
+    still c x V logits at a time."""
     _validate(hidden, weight, labels, chunk_size, ignore_index)
     hits = torch.zeros(labels.shape, dtype=torch.bool, device=hidden.device)
     return _chunk_loop(hidden, weight, labels, chunk_size, ignore_index, False, False, hits)[

@@ -1,12 +1,13 @@
-"""The disk tier: `disk` layers keep their checkpointed input in a scratch file under memory.nvme_path.
+"""The disk tier: `disk` layers keep their checkpointed input in a scratch file under
+memory.nvme_path.
 
-    fn = disk_checkpoint_function(layer_index, nvme_path)   # placement_apply gives it to the layer
-    disk_tier().close()                                     # remove the scratch directory (also at exit)
+    fn = disk_checkpoint_function(layer_index, nvme_path)  # placement_apply gives it to the layer
+    disk_tier().close()                                    # remove the scratch dir (also at exit)
 
-After a layer's forward its input is copied into a pinned bounce buffer and written by one background thread
-(O_DIRECT where the filesystem allows, else a plain write, said once); before its backward it is read back
-and its file removed, and the next layer down is read ahead. The recompute is the pinned pool's
-(offload.store_checkpoint_function), so the results are bit-identical.
+After a layer's forward its input is copied into a pinned bounce buffer and written by one
+background thread (O_DIRECT where the filesystem allows, else a plain write, said once); before its
+backward it is read back and its file removed, and the next layer down is read ahead. The recompute
+is the pinned pool's (offload.store_checkpoint_function), so the results are bit-identical.
 Design notes: docs/design/levers.md, section `disk_tier.py`.
 """
 
@@ -39,7 +40,8 @@ class DiskTierError(RuntimeError):
 
 
 class DiskTier:
-    """One process's scratch files, bounce buffers and I/O thread (writes and reads run in order on it)."""
+    """One process's scratch files, bounce buffers and I/O thread (writes and reads run in order on
+    it)."""
 
     def __init__(self, nvme_path: str):
         self.root = user_path(nvme_path)
@@ -55,9 +57,11 @@ class DiskTier:
         self._sizes: dict = {}  # key -> bytes of its last write
         self._said_buffered = self._said_where = False
 
-    # ---------------------------------------------------------------- the store (offload.store_checkpoint_function)
+    # ---------------------------------------------------------------- the store
+    # (offload.store_checkpoint_function)
     def put(self, key, hidden) -> tuple:
-        """Start writing `hidden` (one layer's input) to its file; returns the handle `get` takes."""
+        """Start writing `hidden` (one layer's input) to its file; returns the handle `get`
+        takes."""
         import torch
 
         nbytes = hidden.numel() * hidden.element_size()
@@ -117,7 +121,8 @@ class DiskTier:
         return os.path.join(self.dir, f"layer{key}.bin")
 
     def _buffer(self, which: str, nbytes: int, pin: bool):
-        """The bounce buffer `which`, at least `nbytes` (rounded up to ALIGN), its start ALIGN-aligned."""
+        """The bounce buffer `which`, at least `nbytes` (rounded up to ALIGN), its start
+        ALIGN-aligned."""
         import torch
 
         buf = self._bufs.get(which)
@@ -148,8 +153,8 @@ class DiskTier:
         self.bytes_written += nbytes
 
     def _read_file(self, path: str, buf, nbytes: int) -> None:
-        """Read `path` back and remove it (each checkpoint is read once); the scratch directory goes with its last
-        file, so between steps nothing of the run is on disk."""
+        """Read `path` back and remove it (each checkpoint is read once); the scratch directory goes
+        with its last file, so between steps nothing of the run is on disk."""
         f = DirectFile(path, direct=bool(self.direct), create=False)
         try:
             f.read_into(buf.numpy(), nbytes)
@@ -165,13 +170,14 @@ class DiskTier:
         if not direct and not self._said_buffered:
             self._said_buffered = True
             log.warning(
-                "disk tier: %s takes no O_DIRECT; writing through the page cache instead (same data, "
-                "host memory may grow)",
+                "disk tier: %s takes no O_DIRECT; writing through the page cache instead (same "
+                "data, host memory may grow)",
                 os.path.dirname(path),
             )
 
     def _wait(self, job: Optional[Future]) -> None:
-        """Wait for `job`; its OSError becomes one line naming the path and the fix (DiskTierError)."""
+        """Wait for `job`; its OSError becomes one line naming the path and the fix
+        (DiskTierError)."""
         if job is None:
             return
         try:
@@ -179,12 +185,14 @@ class DiskTier:
         except OSError as e:
             where = e.filename or self.dir or self.root
             raise DiskTierError(
-                f"disk tier: {describe_os_error(e, where, getattr(e, 'needed', None))}; free space under {self.root} or lower "
+                f"disk tier: {describe_os_error(e, where, getattr(e, 'needed', None))}; free space "
+                f"under {self.root} or lower "
                 f"memory.nvme_gb and plan again (ds-longctx plan --nvme_gb)"
             ) from None
 
     def close(self) -> None:
-        """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself stays)."""
+        """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself
+        stays)."""
         self._io.shutdown(wait=True, cancel_futures=True)
         if self.dir is not None and os.path.isdir(self.dir):
             for key in self._order:
@@ -215,7 +223,8 @@ def close_all() -> None:
 
 
 def disk_checkpoint_function(layer_index: int, nvme_path: str) -> Callable:
-    """The `_gradient_checkpointing_func` of a `disk` layer (placement_apply.apply_placement sets it)."""
+    """The `_gradient_checkpointing_func` of a `disk` layer (placement_apply.apply_placement sets
+    it)."""
     checkpoint = store_checkpoint_function(disk_tier(nvme_path), layer_index)
     # placement_apply.applied_placement reads a layer's place back by this
     checkpoint.disk_tier = True
@@ -223,8 +232,9 @@ def disk_checkpoint_function(layer_index: int, nvme_path: str) -> Callable:
 
 
 def private_swap_dirs(ds_config: dict) -> dict:
-    """`ds_config` with ZeRO-Infinity's nvme_path (offload_optimizer / offload_param: nvme) moved into a directory this
-    process makes under it, removed at exit: DeepSpeed empties its swap folder at start, and so touches only ours."""
+    """`ds_config` with ZeRO-Infinity's nvme_path (offload_optimizer / offload_param: nvme) moved
+    into a directory this process makes under it, removed at exit: DeepSpeed empties its swap folder
+    at start, and so touches only ours."""
     zero = ds_config.get("zero_optimization", {})
     blocks = [zero.get(k) for k in ("offload_optimizer", "offload_param")]
     blocks = [b for b in blocks if b and b.get("device") == "nvme"]
@@ -245,8 +255,8 @@ def private_swap_dirs(ds_config: dict) -> dict:
 
 
 def _on_exit(close: Callable) -> None:
-    """Run `close` at exit, in `parallel_state.leave` and on SIGTERM / SIGINT / SIGHUP where nothing else handles
-    them."""
+    """Run `close` at exit, in `parallel_state.leave` and on SIGTERM / SIGINT / SIGHUP where nothing
+    else handles them."""
     atexit.register(close)
     parallel_state.AT_LEAVE.append(close)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -1,11 +1,14 @@
-"""Fused token-wise kernels: RMSNorm, SwiGLU and rotary as one fused kernel each (Liger-Kernel, or torch.compile).
+"""Fused token-wise kernels: RMSNorm, SwiGLU and rotary as one fused kernel each (Liger-Kernel, or
+torch.compile).
 
-Design notes: docs/design/levers.md, section `fused_ops.py`. Calibration: `docs/calibration.md#fused-ops-auto`.
+Design notes: docs/design/levers.md, section `fused_ops.py`. Calibration:
+`docs/calibration.md#fused-ops-auto`.
 """
 
 from __future__ import annotations
 
-# Liger (optional) and TorchDynamo (only for `compile`) are imported inside the functions that use them.
+# Liger (optional) and TorchDynamo (only for `compile`) are imported inside the functions that use
+# them.
 import functools
 import importlib
 import inspect
@@ -32,7 +35,8 @@ def liger_available() -> bool:
         return False
 
 
-# What `auto` picks on a CUDA GPU, and why (the reason is logged). calibrated: see docs/calibration.md#fused-ops-auto
+# What `auto` picks on a CUDA GPU, and why (the reason is logged). calibrated: see
+# docs/calibration.md#fused-ops-auto
 AUTO_CUDA = (
     "compile",
     "auto: CUDA GPU; torch.compile measured fastest of compile, liger and none, with the same "
@@ -41,8 +45,8 @@ AUTO_CUDA = (
 
 
 def resolve_fused_ops(name: str, on_cuda: bool) -> tuple:
-    """(kind that runs: liger | compile | none, the reason logged). `auto`: compile on CUDA, none on CPU (where runs
-    are tests and a compilation buys nothing)."""
+    """(kind that runs: liger | compile | none, the reason logged). `auto`: compile on CUDA, none on
+    CPU (where runs are tests and a compilation buys nothing)."""
     if name != "auto":
         return name, "asked for"
     return AUTO_CUDA if on_cuda else ("none", "auto: no CUDA GPU")
@@ -54,7 +58,8 @@ def check_fused_ops(name: str, on_cuda: bool) -> None:
         return
     if not on_cuda:
         raise ValueError(
-            f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none on CPU"
+            f"fused_ops={name!r} needs a CUDA GPU (Triton kernels); use fused_ops: compile or none "
+            "on CPU"
         )
     if not liger_available():
         raise ValueError(
@@ -74,7 +79,8 @@ def _silu_mul(gate, up):
 
 
 def _kernels(kind: str, rope):
-    """(rms(x, w, eps), silu_mul(gate, up), rotary function) of one backend. `rope` is the modeling module's own."""
+    """(rms(x, w, eps), silu_mul(gate, up), rotary function) of one backend. `rope` is the modeling
+    module's own."""
     if kind == "liger":
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -90,8 +96,8 @@ def _kernels(kind: str, rope):
     raise ValueError(f"fused_ops={kind!r} is not one of liger, compile")
 
 
-# TorchDynamo's per-function graph limit (`recompile_limit`); a run needs 14 (docs/design/levers.md).
-# calibrated: see docs/calibration.md#compile-shapes
+# TorchDynamo's per-function graph limit (`recompile_limit`); a run needs 14
+# (docs/design/levers.md). calibrated: see docs/calibration.md#compile-shapes
 COMPILE_SHAPES = 64
 
 
@@ -106,8 +112,8 @@ def _compiled(rope):
         kw["recompile_limit"] = COMPILE_SHAPES
     elif torch._dynamo.config.recompile_limit < COMPILE_SHAPES:
         log.info(
-            "fused ops (torch.compile): torch._dynamo.config.recompile_limit %d -> %d (one graph per shape and "
-            "grad mode of a tiled run)",
+            "fused ops (torch.compile): torch._dynamo.config.recompile_limit %d -> %d (one graph "
+            "per shape and grad mode of a tiled run)",
             torch._dynamo.config.recompile_limit,
             COMPILE_SHAPES,
         )
@@ -130,8 +136,9 @@ def _patch(module, forward) -> None:
 
 
 def apply_fused_ops(model: nn.Module, kind: str = "liger") -> list:
-    """Route RMSNorm, SwiGLU and rotary through fused kernels: Liger-Kernel's (`liger`) or TorchInductor's
-    compilation of HF's own math (`compile`) (module doc). Returns what was routed."""
+    """Route RMSNorm, SwiGLU and rotary through fused kernels: Liger-Kernel's (`liger`) or
+    TorchInductor's compilation of HF's own math (`compile`) (module doc). Returns what was
+    routed."""
     modeling = importlib.import_module(type(model).__module__)
     own_rope = (
         model.__dict__[_ROPE][1]

@@ -1,13 +1,17 @@
-"""The GPU memory a run may use: the CUDA caching allocator capped at the budget the plan was made for.
+"""The GPU memory a run may use: the CUDA caching allocator capped at the budget the plan was made
+for.
 
-    memory.gpu_budget_gb: 64      # run config; `ds-longctx plan` writes its --gpu_mem_gb here; null: the whole GPU
+    # run config; `ds-longctx plan` writes its --gpu_mem_gb here; null: the whole GPU
+    memory.gpu_budget_gb: 64
 
-Design notes: docs/design/levers.md, section `gpu_budget.py`. Calibration: `docs/calibration.md#gpu-budget`.
+Design notes: docs/design/levers.md, section `gpu_budget.py`. Calibration:
+`docs/calibration.md#gpu-budget`.
 """
 
 from __future__ import annotations
 
-# torch is imported inside the functions that use it: config/memory.py and the planner import this module.
+# torch is imported inside the functions that use it: config/memory.py and the planner import this
+# module.
 import collections
 import logging
 
@@ -23,12 +27,14 @@ CUDA_CONTEXT_BYTES = int(CUDA_CONTEXT_GIB * 2**30)
 def allocator_fraction(
     budget_gb: float, total_bytes: int, context_bytes: int = CUDA_CONTEXT_BYTES
 ) -> float | None:
-    """The fraction of the card's memory (`torch.cuda.get_device_properties().total_memory`) the allocator may reserve
-    for a budget of `budget_gb` GB per GPU; None when the budget is the whole card or more (no cap)."""
+    """The fraction of the card's memory (`torch.cuda.get_device_properties().total_memory`) the
+    allocator may reserve for a budget of `budget_gb` GB per GPU; None when the budget is the whole
+    card or more (no cap)."""
     if budget_gb * GB - context_bytes <= 0:
         raise ValueError(
             f"memory.gpu_budget_gb={budget_gb:g} leaves nothing for tensors once the CUDA context "
-            f"({context_bytes / GB:.2f} GB) is counted; give the GPU's memory in GB (1e9 bytes), e.g. 80"
+            f"({context_bytes / GB:.2f} GB) is counted; give the GPU's memory in GB (1e9 bytes), "
+            "e.g. 80"
         )
     if budget_gb * GB >= total_bytes:
         return None
@@ -36,8 +42,8 @@ def allocator_fraction(
 
 
 def planning_gpu_gb(budget_gb: float | None) -> float | None:
-    """The GPU memory a run is planned for, GB: its gpu_budget_gb, else this process's CUDA device's memory; None
-    without either (a CPU run: nothing to plan)."""
+    """The GPU memory a run is planned for, GB: its gpu_budget_gb, else this process's CUDA device's
+    memory; None without either (a CPU run: nothing to plan)."""
     import torch
 
     if budget_gb is not None or not torch.cuda.is_available():
@@ -46,8 +52,9 @@ def planning_gpu_gb(budget_gb: float | None) -> float | None:
 
 
 def apply(budget_gb: float | None, rank: int = 0) -> float | None:
-    """Cap this process's allocator on its current CUDA device at `budget_gb` (see the module doc); returns the
-    fraction set, None when nothing was capped (no budget, no GPU, or a budget of the whole card)."""
+    """Cap this process's allocator on its current CUDA device at `budget_gb` (see the module doc);
+    returns the fraction set, None when nothing was capped (no budget, no GPU, or a budget of the
+    whole card)."""
     import torch
 
     if budget_gb is None or not torch.cuda.is_available():
@@ -66,8 +73,8 @@ def apply(budget_gb: float | None, rank: int = 0) -> float | None:
     torch.cuda.set_per_process_memory_fraction(frac, dev)
     if rank == 0:
         log.info(
-            "GPU budget %.1f GB (memory.gpu_budget_gb): the allocator may reserve %.1f GB of this GPU's %.1f GB "
-            "(the rest is the CUDA context's)",
+            "GPU budget %.1f GB (memory.gpu_budget_gb): the allocator may reserve %.1f GB of this "
+            "GPU's %.1f GB (the rest is the CUDA context's)",
             budget_gb,
             frac * total / GB,
             total / GB,
@@ -76,8 +83,8 @@ def apply(budget_gb: float | None, rank: int = 0) -> float | None:
 
 
 def out_of_budget(budget_gb: float | None, step: int) -> str:
-    """The message for an out-of-memory error at step `step` (1-based; 0: making the optimizer state before step 1,
-    `run/optimizer_state.py`) under `budget_gb`."""
+    """The message for an out-of-memory error at step `step` (1-based; 0: making the optimizer state
+    before step 1, `run/optimizer_state.py`) under `budget_gb`."""
     where = (
         f"the {budget_gb:g} GB budget per GPU (memory.gpu_budget_gb)"
         if budget_gb is not None
@@ -85,16 +92,17 @@ def out_of_budget(budget_gb: float | None, step: int) -> str:
     )
     what = f"step {step}" if step else "making the optimizer state before step 1"
     return (
-        f"stopped: {what} ran out of {where}: the live tensors need more than the plan counted. Plan "
-        f"again with a smaller --gpu_mem_gb (`ds-longctx plan ... --gpu_mem_gb N`) so more checkpoints and the "
+        f"stopped: {what} ran out of {where}: the live tensors need more than the plan counted. "
+        "Plan again with a smaller --gpu_mem_gb (`ds-longctx plan ... --gpu_mem_gb N`) so more "
+        "checkpoints and the "
         f"optimizer go to the host, or lower train.seq_len; the allocator's report is above"
     )
 
 
 def bound_run_ahead(layers: list, depth: int) -> list:
-    """Make the host wait, before it enqueues a decoder layer's forward (the first pass or a checkpoint recompute), for
-    the GPU to reach the start of the layer `depth` layers back (module doc). Returns the hook handles; no-op (empty)
-    without CUDA or with depth 0."""
+    """Make the host wait, before it enqueues a decoder layer's forward (the first pass or a
+    checkpoint recompute), for the GPU to reach the start of the layer `depth` layers back (module
+    doc). Returns the hook handles; no-op (empty) without CUDA or with depth 0."""
     import torch
 
     if depth <= 0 or not torch.cuda.is_available():

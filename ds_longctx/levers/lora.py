@@ -1,8 +1,12 @@
-"""LoRA adapters on a frozen, ZeRO-3-partitioned base: the one home of the rule "which parameters train".
+"""LoRA adapters on a frozen, ZeRO-3-partitioned base: the one home of the rule "which parameters
+train".
 
-    n = apply_lora(model, cfg.lora, seed)      # adapters injected in place (PEFT), base frozen, adapters drawn
-    params = trainable_parameters(module)      # what deepspeed.initialize gets: the adapters (every param without LoRA)
-    names = target_names(linears, targets, output)   # which Linears get adapters (the engine and the planner ask it)
+    # adapters injected in place (PEFT), base frozen, adapters drawn:
+    n = apply_lora(model, cfg.lora, seed)
+    # what deepspeed.initialize gets: the adapters (every param without LoRA):
+    params = trainable_parameters(module)
+    # which Linears get adapters (the engine and the planner ask it):
+    names = target_names(linears, targets, output)
 
 Design notes: docs/design/levers.md, section `lora.py`.
 """
@@ -24,11 +28,12 @@ _ADAPTER_PARTS = (".lora_A.", ".lora_B.")
 
 # ----------------------------------------------------------------------------- the rule (no torch)
 def check_targets(targets: list) -> None:
-    """The target list on its own (no model): non-empty names, all-linear alone. Raises ValueError naming the fix."""
+    """The target list on its own (no model): non-empty names, all-linear alone. Raises ValueError
+    naming the fix."""
     if not targets:
         raise ValueError(
-            f"lora_target_modules is empty; name module suffixes (e.g. {','.join(DEFAULT_TARGETS)}) "
-            f"or all-linear"
+            "lora_target_modules is empty; name module suffixes (e.g. "
+            f"{','.join(DEFAULT_TARGETS)}) or all-linear"
         )
     for t in targets:
         if (
@@ -44,8 +49,8 @@ def check_targets(targets: list) -> None:
             )
     if ALL_LINEAR in targets and len(targets) > 1:
         raise ValueError(
-            f"lora_target_modules={targets}: {ALL_LINEAR} already means every Linear but the output "
-            f"layer; give it alone or list suffixes without it"
+            f"lora_target_modules={targets}: {ALL_LINEAR} already means every Linear but the "
+            f"output layer; give it alone or list suffixes without it"
         )
 
 
@@ -64,26 +69,29 @@ def target_names(linears: dict, targets, output: str) -> list:
         if not hit:
             suffixes = sorted({n.rpartition(".")[2] for n in linears if n != output})
             raise ValueError(
-                f"lora_target_modules entry {t!r} matches no Linear of the model; its Linears end in "
-                f"{', '.join(suffixes)} (or use all-linear)"
+                f"lora_target_modules entry {t!r} matches no Linear of the model; its Linears end "
+                f"in {', '.join(suffixes)} (or use all-linear)"
             )
         if output in hit:
             raise ValueError(
-                f"lora_target_modules entry {t!r} matches the output layer {output!r}: the chunked loss "
-                f"computes it from its weight, so an adapter there would never run; drop it (all-linear "
-                f"leaves it out)"
+                f"lora_target_modules entry {t!r} matches the output layer {output!r}: the chunked "
+                "loss computes it from its weight, so an adapter there would never run; drop it "
+                f"(all-linear leaves it out)"
             )
     return [n for n in linears if any(_matches(n, t) for t in targets)]
 
 
 def is_adapter(name: str) -> bool:
-    """A parameter name of a LoRA adapter (`...lora_A.default.weight`): what trains when LoRA is on."""
+    """A parameter name of a LoRA adapter (`...lora_A.default.weight`): what trains when LoRA is
+    on."""
     return any(part in name for part in _ADAPTER_PARTS)
 
 
-# ----------------------------------------------------------------------------- on a model (torch, PEFT)
+# ----------------------------------------------------------------------------- on a model (torch,
+# PEFT)
 def model_linears(model) -> tuple:
-    """({full name: (in_features, out_features)} of every nn.Linear of `model`, the output layer's name)."""
+    """({full name: (in_features, out_features)} of every nn.Linear of `model`, the output layer's
+    name)."""
     import torch.nn as nn
 
     head = model.get_output_embeddings()
@@ -97,8 +105,9 @@ def model_linears(model) -> tuple:
 
 
 def check_model_targets(model_cls, hf_config, targets) -> list:
-    """`target_names` for a model class and config, on a meta-device instance (nothing allocated), and PEFT
-    importable: what the engine's checks (run/preflight.validate) run before any work. Raises ValueError."""
+    """`target_names` for a model class and config, on a meta-device instance (nothing allocated),
+    and PEFT importable: what the engine's checks (run/preflight.validate) run before any work.
+    Raises ValueError."""
     import torch
 
     try:
@@ -115,7 +124,8 @@ def check_model_targets(model_cls, hf_config, targets) -> list:
 
 
 def peft_config(lora, target_modules: list, base_model_name_or_path=None):
-    """PEFT's LoraConfig for run-config section `lora` on exactly `target_modules` (full names: `target_names`
+    """PEFT's LoraConfig for run-config section `lora` on exactly `target_modules` (full names:
+    `target_names`
     decides, PEFT only executes)."""
     from peft import LoraConfig
 
@@ -130,8 +140,9 @@ def peft_config(lora, target_modules: list, base_model_name_or_path=None):
 
 
 def inject(model, lora) -> list:
-    """Wrap the targeted Linears of `model` in place with PEFT adapters and freeze everything else; returns the
-    targeted names. The adapters are PEFT's initial draw (`init_adapters` replaces it)."""
+    """Wrap the targeted Linears of `model` in place with PEFT adapters and freeze everything else;
+    returns the targeted names. The adapters are PEFT's initial draw (`init_adapters` replaces
+    it)."""
     from peft import inject_adapter_in_model
 
     linears, output = model_linears(model)
@@ -171,8 +182,9 @@ def init_adapters(model, seed: int, init: str = "zero_b") -> None:
 
 
 def apply_lora(model, lora, seed: int) -> int:
-    """Inject adapters into `model` (in place), freeze the base, draw the adapters, let the embedding output
-    require grad (module docstring); returns the number of adapter parameters. A no-op (0) when lora.rank is 0."""
+    """Inject adapters into `model` (in place), freeze the base, draw the adapters, let the
+    embedding output require grad (module docstring); returns the number of adapter parameters. A
+    no-op (0) when lora.rank is 0."""
     if lora.rank == 0:
         return 0
     names = inject(model, lora)
@@ -180,7 +192,8 @@ def apply_lora(model, lora, seed: int) -> int:
     model.enable_input_require_grads()
     n = sum(p.numel() for p in trainable_parameters(model))
     log.info(
-        "LoRA: rank %d, alpha %g on %d Linears (%s): %d adapter parameters train, the base is frozen",
+        "LoRA: rank %d, alpha %g on %d Linears (%s): %d adapter parameters train, the base is "
+        "frozen",
         lora.rank,
         lora.alpha,
         len(names),

@@ -1,12 +1,15 @@
-"""The loss head: the HF model's trunk, then lm_head + cross-entropy on this rank's slice (chunked_loss.py).
+"""The loss head: the HF model's trunk, then lm_head + cross-entropy on this rank's slice
+(chunked_loss.py).
 
-    module = LossHead(model, state, chunked=True, chunk_rows=4096)   # what deepspeed.initialize wraps
+    module = LossHead(model, state, chunked=True, chunk_rows=4096)  # deepspeed.initialize wraps it
     loss, group_loss, n_tokens = module(input_ids, position_ids, shift_labels)
-    with torch.no_grad():                                            # evaluation (engine.eval_batch)
-        token_loss, hit = module(input_ids, position_ids, shift_labels, per_token=True)   # [b, s/sp] fp32, bool
+    with torch.no_grad():  # evaluation (engine.eval_batch); [b, s/sp] fp32, bool
+        token_loss, hit = module(input_ids, position_ids, shift_labels, per_token=True)
 
-    route_forward(model, module)       # or the model itself is wrapped (the HF Trainer): its forward, given
-    model(input_ids=..., position_ids=..., ds_longctx_shift_labels=...)   # these labels, runs the loss head
+    # or the model itself is wrapped (the HF Trainer): its forward, given these labels, runs the
+    # loss head
+    route_forward(model, module)
+    model(input_ids=..., position_ids=..., ds_longctx_shift_labels=...)
     unroute_forward(model)
 
 Dimensions: b batch, s/sp this rank's slice, H hidden, V vocab.
@@ -14,7 +17,8 @@ Dimensions: b batch, s/sp this rank's slice, H hidden, V vocab.
 
 from __future__ import annotations
 
-# deepspeed is imported where the lm_head is registered as ZeRO-3's external parameter, not at import.
+# deepspeed is imported where the lm_head is registered as ZeRO-3's external parameter, not at
+# import.
 import functools
 
 import torch
@@ -57,10 +61,10 @@ class LMHeadLoss(nn.Module):
         seq=None,
         n_seq: int = 0,
     ):
-        """The CE sum (fp32, 0-dim); `per_token`: (each row's CE [N], its argmax hit [N]) instead, forward only,
-        chunked whatever `chunked` says (no N x V logits, no gradients: evaluation; chunked_loss.per_token_scores);
-        `seq` [N]: the log-prob sums [n_seq] of each sequence's rows (levers/preference.py; here, so that ZeRO-3
-        gathers lm_head for its backward too)."""
+        """The CE sum (fp32, 0-dim); `per_token`: (each row's CE [N], its argmax hit [N]) instead,
+        forward only, chunked whatever `chunked` says (no N x V logits, no gradients: evaluation;
+        chunked_loss.per_token_scores); `seq` [N]: the log-prob sums [n_seq] of each sequence's rows
+        (levers/preference.py; here, so that ZeRO-3 gathers lm_head for its backward too)."""
         weight = self._lm_head[0].weight  # [V, H]
         if seq is not None:
             return sequence_logps(hidden, weight, labels, seq, n_seq, self.chunk_rows)
@@ -72,8 +76,9 @@ class LMHeadLoss(nn.Module):
 
 
 class LossHead(nn.Module):
-    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token count), or with
-    `per_token=True` the slice's per-token CE [b, s/sp] and argmax hits (evaluation, under no_grad).
+    """HF causal LM + loss on the local slice. forward -> (loss to backprop, detached loss, token
+    count), or with `per_token=True` the slice's per-token CE [b, s/sp] and argmax hits (evaluation,
+    under no_grad).
 
     Notes: docs/design/levers.md, `loss_head.py`.
     """
@@ -93,9 +98,9 @@ class LossHead(nn.Module):
         self.aux = aux  # a mixture of experts' load balance (levers/moe_aux.LoadBalance), or None
 
     def _aux_loss(self):
-        """coef x the load-balancing loss of this micro-batch's sequences, summed over the SP group (the same on every
-        SP rank; levers/moe_aux.py), and the share of it each rank adds to its loss (weight / sp of it); (0, 0) for a
-        dense model."""
+        """coef x the load-balancing loss of this micro-batch's sequences, summed over the SP group
+        (the same on every SP rank; levers/moe_aux.py), and the share of it each rank adds to its
+        loss (weight / sp of it); (0, 0) for a dense model."""
         value = self.aux.finish(self.state.sp_group) if self.aux is not None else None
         if value is None:
             return 0.0, 0.0
@@ -111,10 +116,10 @@ class LossHead(nn.Module):
         seq=None,
         n_seq: int = 0,
     ):
-        """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE sum of row r on
-        this slice, returned as (that loss, None, this slice's tokens). `seq` ([b, s/sp], preference rows): the
-        log-prob sums [n_seq] of the micro-batch's sequences over the SP group and their trained tokens
-        (levers/preference.py `row_logps`)."""
+        """See the class doc. `row_weights` (b floats): the loss to backprop is sum_r weight_r x CE
+        sum of row r on this slice, returned as (that loss, None, this slice's tokens). `seq` ([b,
+        s/sp], preference rows): the log-prob sums [n_seq] of the micro-batch's sequences over the
+        SP group and their trained tokens (levers/preference.py `row_logps`)."""
         hidden = self.model.base_model(
             input_ids=input_ids, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # [b, s/sp, H]
@@ -172,20 +177,22 @@ class LossHead(nn.Module):
 
 ROUTE_KWARG = "ds_longctx_shift_labels"
 WEIGHTS_KWARG = "ds_longctx_row_weights"  # beside ROUTE_KWARG: LossHead's row_weights
-_LOSS_CHILD = "ds_longctx_loss"  # the loss module as a child of the model (no parameters: the state dict is unchanged)
+# the loss module as a child of the model (no parameters: the state dict is unchanged)
+_LOSS_CHILD = "ds_longctx_loss"
 _PREV_FORWARD = "_ds_longctx_prev_forward"
 
 
 def route_forward(model: nn.Module, head: LossHead) -> None:
-    """Make `model(input_ids=, position_ids=, ds_longctx_shift_labels=[, ds_longctx_row_weights=])` return `head(...)`'s
-    triple (the trunk and the chunked loss on this rank's slice, with those row weights); without the labels keyword the
-    model's own forward runs (generation unchanged).
+    """Make `model(input_ids=, position_ids=, ds_longctx_shift_labels=[, ds_longctx_row_weights=])`
+    return `head(...)`'s triple (the trunk and the chunked loss on this rank's slice, with those row
+    weights); without the labels keyword the model's own forward runs (generation unchanged).
 
     Notes: docs/design/levers.md, `loss_head.py`.
     """
     if _PREV_FORWARD in model.__dict__:
         raise ValueError(
-            f"{type(model).__name__} already routes its forward to a loss head; unroute_forward first"
+            f"{type(model).__name__} already routes its forward to a loss head; unroute_forward "
+            "first"
         )
     original = model.forward
     model.__dict__[_PREV_FORWARD] = own_forward(model)

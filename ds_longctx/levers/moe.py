@@ -1,9 +1,12 @@
-"""Mixture-of-experts layers under Ulysses SP and ZeRO-3: the routing, the experts' kernel, the load-balancing loss
-over the whole sequence (levers/moe_aux.py), and the sparse block over token tiles.
+"""Mixture-of-experts layers under Ulysses SP and ZeRO-3: the routing, the experts' kernel, the
+load-balancing loss over the whole sequence (levers/moe_aux.py), and the sparse block over token
+tiles.
 
-    set_experts_kernel(hf_config)                          # before the model is built: transformers' grouped_mm
-    moe = apply_moe(model, coef=0.001, tile_tokens=2048)   # every sparse block; None for a model without one
-    moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)   # per micro-batch (run/batch_loss.sharded_loss, LossHead)
+    set_experts_kernel(hf_config)  # before the model is built: transformers' grouped_mm
+    # every sparse block; None for a model without one:
+    moe = apply_moe(model, coef=0.001, tile_tokens=2048)
+    # per micro-batch (run/batch_loss.sharded_loss, LossHead):
+    moe.aux.begin(valid, weight)  ...  moe.aux.finish(group)
     remove_moe(model)
 
 Design notes: docs/design/levers.md, section `moe.py`.
@@ -31,8 +34,8 @@ _PATCH_ATTR = "_ds_longctx_moe"
 
 
 def set_experts_kernel(hf_config) -> bool:
-    """Ask transformers for its grouped experts kernel on a config with experts (before the model is built); returns
-    whether the config has experts."""
+    """Ask transformers for its grouped experts kernel on a config with experts (before the model is
+    built); returns whether the config has experts."""
     text = hf_config.get_text_config()
     if not getattr(text, "num_experts", 0):
         return False
@@ -41,8 +44,9 @@ def set_experts_kernel(hf_config) -> bool:
 
 
 def expert_kernel(experts: nn.Module) -> str:
-    """Which kernel transformers runs for `experts` (its `experts_implementation`; for grouped_mm, whether torch's
-    grouped GEMM runs for these weights' device and dtype or transformers falls back to its per-expert loop)."""
+    """Which kernel transformers runs for `experts` (its `experts_implementation`; for grouped_mm,
+    whether torch's grouped GEMM runs for these weights' device and dtype or transformers falls back
+    to its per-expert loop)."""
     impl = getattr(getattr(experts, "config", None), "_experts_implementation", None) or "eager"
     if impl != "grouped_mm":
         return (
@@ -65,14 +69,15 @@ def expert_kernel(experts: nn.Module) -> str:
         fn = "torch.nn.functional.grouped_mm" if hasattr(F, "grouped_mm") else "torch._grouped_mm"
         return f"grouped_mm ({fn})"
     return (
-        f"grouped_mm asked for; transformers runs its per-expert fallback loop (grouped_mm_fallback): no grouped "
-        f"GEMM for {w.device.type} / {w.dtype} in this torch"
+        "grouped_mm asked for; transformers runs its per-expert fallback loop "
+        f"(grouped_mm_fallback): no grouped GEMM for {w.device.type} / {w.dtype} in this torch"
     )
 
 
 def route(gate: nn.Module, x: torch.Tensor, valid: torch.Tensor, aux: LoadBalance):
-    """transformers' Qwen3MoeTopKRouter on rows x [n, H]: (logits [n, E], routing weights [n, k], experts [n, k]),
-    the logits carrying the load-balancing gradient and their statistics recorded (moe_aux.py)."""
+    """transformers' Qwen3MoeTopKRouter on rows x [n, H]: (logits [n, E], routing weights [n, k],
+    experts [n, k]), the logits carrying the load-balancing gradient and their statistics recorded
+    (moe_aux.py)."""
     logits = with_aux_grad(F.linear(x, gate.weight), valid, aux)  # [n, E]
     probs = F.softmax(logits, dtype=torch.float, dim=-1)  # [n, E] fp32
     top, idx = torch.topk(probs, gate.top_k, dim=-1)  # [n, k]
@@ -83,12 +88,14 @@ def route(gate: nn.Module, x: torch.Tensor, valid: torch.Tensor, aux: LoadBalanc
 
 
 def _shape(p: torch.Tensor) -> tuple:
-    """A parameter's full shape, also when ZeRO-3 holds it partitioned (its own shape is then empty)."""
+    """A parameter's full shape, also when ZeRO-3 holds it partitioned (its own shape is then
+    empty)."""
     return tuple(getattr(p, "ds_shape", p.shape))
 
 
 def _experts_fn(experts: nn.Module) -> Callable:
-    """The experts' forward without entering the module (no hooks per tile): its class's dispatching forward."""
+    """The experts' forward without entering the module (no hooks per tile): its class's dispatching
+    forward."""
     return lambda x, idx, w: type(experts).forward(experts, x, idx, w)
 
 
@@ -113,7 +120,10 @@ def tile_problem(block: nn.Module) -> Optional[str]:
         and len(_shape(getattr(experts, n))) == 3
         for n in ("gate_up_proj", "down_proj")
     ):
-        return f"its experts {type(experts).__name__} do not keep gate_up_proj / down_proj as 3-D parameters"
+        return (
+            f"its experts {type(experts).__name__} do not keep gate_up_proj / down_proj as 3-D "
+            "parameters"
+        )
     layout = {
         "has_gate": True,
         "has_bias": False,
@@ -126,7 +136,10 @@ def tile_problem(block: nn.Module) -> Optional[str]:
         return f"its experts have {', '.join(f'{k}={getattr(experts, k)!r}' for k in odd)}"
     own = {id(gate.weight), id(experts.gate_up_proj), id(experts.down_proj)}
     if {id(p) for p in block.parameters()} != own:
-        return "the block holds parameters beyond the router and the experts (adapters, a shared expert)"
+        return (
+            "the block holds parameters beyond the router and the experts (adapters, a shared "
+            "expert)"
+        )
     patched = [type(m).__name__ for m in (block, gate, experts) if "forward" in m.__dict__]
     return f"{patched[0]}.forward is patched on the instance" if patched else None
 
@@ -150,7 +163,8 @@ class MoeLever:
 
 
 def sparse_blocks(model: nn.Module) -> list:
-    """Every decoder layer's `mlp` that is a sparse MoE block (has `gate` and `experts`), in module order."""
+    """Every decoder layer's `mlp` that is a sparse MoE block (has `gate` and `experts`), in module
+    order."""
     return [
         m.mlp
         for m in model.modules()
@@ -190,9 +204,10 @@ def _block_forward(
 def apply_moe(
     model: nn.Module, coef: float, tile_tokens: Optional[int] = None
 ) -> Optional[MoeLever]:
-    """Route every sparse block's router through `route` (its load-balancing statistics and gradient, coefficient
-    `coef`; 0: none) and, with `tile_tokens`, run the blocks the tiles can compute (`tile_problem`) over tiles of that
-    many rows. None for a model without sparse blocks. Undo with `remove_moe`."""
+    """Route every sparse block's router through `route` (its load-balancing statistics and
+    gradient, coefficient `coef`; 0: none) and, with `tile_tokens`, run the blocks the tiles can
+    compute (`tile_problem`) over tiles of that many rows. None for a model without sparse blocks.
+    Undo with `remove_moe`."""
     blocks = sparse_blocks(model)
     if not blocks:
         return None

@@ -1,4 +1,4 @@
-"""CPU activation offload: the checkpoint function of `offload` layers, and our exact-size pinned pool.
+"""CPU activation offload: `offload` layers' checkpoint function and our exact-size pinned pool.
 
 Design notes: docs/design/levers.md, section `offload.py`.
 """
@@ -17,7 +17,8 @@ log = logging.getLogger("ds_longctx")
 
 
 def activation_checkpointing_block(offload: bool, on_gpu: bool) -> dict:
-    """The DeepSpeed JSON `activation_checkpointing` block (`offload`: some layer's checkpoint goes to the host)."""
+    """The DeepSpeed JSON `activation_checkpointing` block (`offload`: some layer's checkpoint goes
+    to the host)."""
     return {
         "partition_activations": False,
         "cpu_checkpointing": bool(offload and on_gpu),
@@ -30,7 +31,8 @@ def activation_checkpointing_block(offload: bool, on_gpu: bool) -> dict:
 
 def offload_checkpoint_function(ds_config: dict) -> Callable:
     """DeepSpeed's checkpoint, configured from `ds_config`'s activation_checkpointing block: the
-    `_gradient_checkpointing_func` of an `offload` layer (placement_apply.apply_placement sets it)."""
+    `_gradient_checkpointing_func` of an `offload` layer (placement_apply.apply_placement sets
+    it)."""
     import deepspeed
 
     deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
@@ -41,7 +43,7 @@ def offload_checkpoint_function(ds_config: dict) -> Callable:
     return deepspeed.checkpointing.checkpoint
 
 
-# ----------------------------------------------------------------------------- our own: one exact-size pinned pool
+# ----------------------------------------------------------------------------- our own pinned pool
 ALIGN = 512  # bytes: start of each pool region and carved tensor (any dtype views from it)
 
 
@@ -73,7 +75,8 @@ class PinnedPool:
         return self._layout(keys, shape, dtype, regions)[0]
 
     def _layout(self, keys, shape, dtype, regions) -> tuple:
-        """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each region aligned."""
+        """(total bytes, bytes per slot, {region key: (offset, bytes)}): the slots first, then each
+        region aligned."""
         import torch
 
         per = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -94,9 +97,9 @@ class PinnedPool:
         return {**self._reserved, **self._own}
 
     def reserve(self, keys, shape: tuple, dtype, pin: bool, regions: dict | None = None) -> int:
-        """One exact-size allocation of len(keys) slots of `shape`/`dtype` (slot i = keys[i]) and one byte region per
-        `regions` entry (key -> bytes), registered with CUDA when `pin`; replaces whatever the pool held. Returns its
-        bytes."""
+        """One exact-size allocation of len(keys) slots of `shape`/`dtype` (slot i = keys[i]) and
+        one byte region per `regions` entry (key -> bytes), registered with CUDA when `pin`;
+        replaces whatever the pool held. Returns its bytes."""
         import torch
 
         self.release()
@@ -123,8 +126,8 @@ class PinnedPool:
         return key in self._reserved or key in self._regions
 
     def region(self, key):
-        """The byte region reserved for `key` (a uint8 tensor), or None; makes a planned reservation first (the HF
-        Trainer path)."""
+        """The byte region reserved for `key` (a uint8 tensor), or None; makes a planned reservation
+        first (the HF Trainer path)."""
         if self._planned is not None and key in self._planned[4]:
             self.reserve_planned()
         return self._regions.get(key)
@@ -132,16 +135,15 @@ class PinnedPool:
     def slot(self, key, like: "torch.Tensor") -> "torch.Tensor":
         import torch
 
-        if (
-            self._planned is not None
-        ):  # not made at build (the HF Trainer path): make it now if this is its shape
+        # not made at build (the HF Trainer path): make it now if this is its shape
+        if self._planned is not None:
             _, shape, dtype, _, _ = self._planned
             if tuple(like.shape) == shape and like.dtype == dtype:
                 self.reserve_planned()
             else:  # a block of another shape would sit beside per-layer slots: keep only the slots
                 log.warning(
-                    "pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot per layer "
-                    "instead",
+                    "pinned pool: planned for %s %s, the first offloaded input is %s %s: one slot "
+                    "per layer instead",
                     list(shape),
                     dtype,
                     list(like.shape),
@@ -172,8 +174,8 @@ class PinnedPool:
         if int(err) != 0:
             raise RuntimeError(
                 f"cudaHostRegister of {nbytes / 1e9:.2f} GB for {what} failed ({err}): not enough "
-                f"pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb share on "
-                f"the GPU, or more host RAM)"
+                "pinnable host memory; offload fewer layers (plan with a larger --gpu_mem_gb "
+                f"share on the GPU, or more host RAM)"
             )
         self._pinned.add(id(buf))
         self.registered_bytes += nbytes
@@ -206,9 +208,9 @@ def plan_pool(
     pin: bool,
     cache_regions: dict | None = None,
 ) -> int:
-    """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], and one byte region per
-    `cache+offload` layer (`cache_regions`: layer index -> bytes, `cache_region_bytes`), made by
-    `reserve_pool`."""
+    """The engine's pool: one slot per pool-offloaded layer for its input [b, s/sp, H], and one byte
+    region per `cache+offload` layer (`cache_regions`: layer index -> bytes, `cache_region_bytes`),
+    made by `reserve_pool`."""
     regions = {attention_cache_key(i): n for i, n in (cache_regions or {}).items()}
     return _POOL.plan(layer_indices, (micro_batch, local_tokens, hidden), dtype, pin, regions)
 
@@ -226,19 +228,18 @@ def cache_region_bytes(
 
 
 def attention_cache_key(layer_index: int) -> tuple:
-    """The pool key of a layer's offloaded attention cache (its checkpoint's key is the bare index)."""
+    """The pool key of a layer's offloaded attention cache (its checkpoint's: the bare index)."""
     return ("attention", layer_index)
 
 
 def reserve_pool() -> int:
     """Make the planned pool now (the engine, after deepspeed.initialize); returns its bytes."""
     planned = _POOL._planned
-    if (
-        planned and planned[3]
-    ):  # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
+    # one cudaHostRegister of the whole block: minutes for hundreds of GB, no progress
+    if planned and planned[3]:
         log.info(
-            "pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; at a few GB/s "
-            "this can take minutes)",
+            "pinned pool: allocating and registering %.2f GB of host memory with CUDA (one call; "
+            "at a few GB/s this can take minutes)",
             _POOL.planned_bytes() / 1e9,
         )
     n = _POOL.reserve_planned()
@@ -269,8 +270,9 @@ def pool_checkpoint_function(layer_index: int) -> Callable:
 
 
 def store_checkpoint_function(store, key) -> Callable:
-    """A checkpoint function keeping the layer input in `store` (`put(key, hidden) -> handle` after the forward,
-    `get(handle) -> hidden` before the recompute): the pinned pool's, or the disk tier's (levers/disk_tier.py)."""
+    """A checkpoint function keeping the layer input in `store` (`put(key, hidden) -> handle` after
+    the forward, `get(handle) -> hidden` before the recompute): the pinned pool's, or the disk
+    tier's (levers/disk_tier.py)."""
 
     def checkpoint(function, *args, **kwargs):
         import torch
@@ -278,7 +280,8 @@ def store_checkpoint_function(store, key) -> Callable:
         kwargs.pop("use_reentrant", None)
         if kwargs:
             raise ValueError(
-                f"pool offload takes the layer function and positional tensors, got kwargs {list(kwargs)}"
+                "pool offload takes the layer function and positional tensors, got kwargs "
+                f"{list(kwargs)}"
             )
         if not torch.is_grad_enabled():  # no backward will come for it: nothing to keep
             return function(*args)
@@ -382,14 +385,10 @@ def _make_function():
                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
             ]
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            return (
-                None,
-                None,
-                None,
-                *[
-                    t.grad if isinstance(t, torch.Tensor) and need else None
-                    for t, need in zip(inputs, ctx.grad_mask)
-                ],
-            )
+            grads_in = [
+                t.grad if isinstance(t, torch.Tensor) and need else None
+                for t, need in zip(inputs, ctx.grad_mask)
+            ]
+            return (None, None, None, *grads_in)
 
     return PooledCheckpoint

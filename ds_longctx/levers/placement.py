@@ -1,4 +1,5 @@
-"""The per-layer placement plan: where each decoder layer keeps what its backward needs. One value, one home.
+"""The per-layer placement plan: where each decoder layer keeps what its backward needs. One value,
+one home.
 
     plan = resolve_placement(offload_layers="auto", attention_cache_layers=2, checkpointing=True,
                              placement=None, num_layers=36, auto_offload=lambda: 30)
@@ -55,8 +56,9 @@ class PlacementPlan:
         cacheable: Optional[tuple] = None,
         disk: int = 0,
     ) -> "PlacementPlan":
-        """The first `offload` layers offloaded (the first `disk` of them to disk), the last `cache` cached, the
-        rest kept (`none` everywhere without checkpointing). More: docs/design/levers.md."""
+        """The first `offload` layers offloaded (the first `disk` of them to disk), the last `cache`
+        cached, the rest kept (`none` everywhere without checkpointing). More:
+        docs/design/levers.md."""
         if not checkpointing:
             return cls((Place.NONE,) * num_layers)
         if offload + cache > num_layers or min(offload, cache) < 0:
@@ -73,8 +75,10 @@ class PlacementPlan:
         can = [i for i in range(offload, num_layers) if cacheable is None or cacheable[i]]
         if cache > len(can):
             raise ValueError(
-                f"attention_cache_layers={cache}: only {len(can)} layers after the {offload} offloaded "
-                f"have softmax attention (the attention cache keeps their output); use at most {len(can)}"
+                f"attention_cache_layers={cache}: only {len(can)} layers after the {offload} "
+                "offloaded "
+                "have softmax attention (the attention cache keeps their output); use at most "
+                f"{len(can)}"
             )
         for i in can[len(can) - cache :]:
             places[i] = Place.CACHE
@@ -82,7 +86,8 @@ class PlacementPlan:
 
     @classmethod
     def parse(cls, spec: str) -> "PlacementPlan":
-        """`offload:30,keep:4,cache:2` (run lengths) or `offload,keep,cache` (one entry per layer), or a mix."""
+        """`offload:30,keep:4,cache:2` (run lengths) or `offload,keep,cache` (one entry per layer),
+        or a mix."""
         out = []
         for part in (p.strip() for p in str(spec).split(",")):
             name, _, n = part.partition(":")
@@ -160,13 +165,14 @@ class PlacementPlan:
 
 
 def check_layers(layers: tuple) -> None:
-    """Rules on a whole plan: not empty; `none` only for every layer (checkpointing is on or off for the run)."""
+    """Rules on a whole plan: not empty; `none` only for every layer (checkpointing is on or off for
+    the run)."""
     if not layers:
         raise ValueError("a placement plan needs one entry per decoder layer; got none")
     if Place.NONE in layers and set(layers) != {Place.NONE}:
         raise ValueError(
-            "a placement plan mixes 'none' (no checkpoint) with checkpointed layers; checkpointing is "
-            "on or off for the whole run (activation_checkpointing)"
+            "a placement plan mixes 'none' (no checkpoint) with checkpointed layers; checkpointing "
+            "is on or off for the whole run (activation_checkpointing)"
         )
     for place, why in NOT_YET.items():
         if place in layers:
@@ -174,8 +180,8 @@ def check_layers(layers: tuple) -> None:
 
 
 def check_cacheable(plan: PlacementPlan, cacheable: Optional[tuple]) -> None:
-    """Refuse a plan that caches a layer without softmax attention (a gated DeltaNet layer has no attention output to
-    keep). `cacheable`: per layer, None: every layer has attention."""
+    """Refuse a plan that caches a layer without softmax attention (a gated DeltaNet layer has no
+    attention output to keep). `cacheable`: per layer, None: every layer has attention."""
     if cacheable is None:
         return
     bad = [i for i in plan.indices(*CACHED) if not cacheable[i]]
@@ -203,7 +209,8 @@ def check_request(
     checkpointing: bool,
     placement: Optional[str],
 ) -> None:
-    """Every placement rule that needs no model (the run config calls it): raises ValueError naming the fix."""
+    """Every placement rule that needs no model (the run config calls it): raises ValueError naming
+    the fix."""
     _count_ok("offload_layers", offload_layers, ("all", "auto"))
     _count_ok("attention_cache_layers", attention_cache_layers, ("all",))
     if offload_layers and not checkpointing:
@@ -214,11 +221,13 @@ def check_request(
     if attention_cache_layers and not checkpointing:
         raise ValueError(
             f"attention_cache_layers={attention_cache_layers!r} keeps attention outputs through "
-            f"activation checkpointing; set activation_checkpointing: true or attention_cache_layers: 0"
+            "activation checkpointing; set activation_checkpointing: true or "
+            "attention_cache_layers: 0"
         )
     if attention_cache_layers == "all" and offload_layers == "auto":
         raise ValueError(
-            "attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' (the "
+            "attention_cache_layers='all' (every layer not offloaded) with offload_layers='auto' "
+            "(the "
             "fewest that fit, counting the cache) is circular; give attention_cache_layers a number"
         )
     if placement is not None:
@@ -236,7 +245,8 @@ def check_request(
 
 
 def requests_offload(offload_layers: Count, placement: Optional[str]) -> bool:
-    """Whether a run may offload checkpoints (`auto` may): the DeepSpeed JSON then turns cpu_checkpointing on."""
+    """Whether a run may offload checkpoints (`auto` may): the DeepSpeed JSON then turns
+    cpu_checkpointing on."""
     if placement is not None:
         return PlacementPlan.parse(placement).offloaded > 0
     return offload_layers not in (0, None)
@@ -269,7 +279,8 @@ def resolve_placement(
     cache = attention_cache_layers
     if isinstance(cache, int) and cache > L:
         raise ValueError(
-            f"attention_cache_layers={cache} is more than the model's {L} layers; use 0..{L} or 'all'"
+            f"attention_cache_layers={cache} is more than the model's {L} layers; use 0..{L} or "
+            "'all'"
         )
     if offload_layers == "auto":
         if auto_offload is None:
@@ -281,8 +292,8 @@ def resolve_placement(
         off = int(offload_layers)
         if off > L:
             raise ValueError(
-                f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in that "
-                f"range, 'all' or 'auto'"
+                f"offload_layers={off} is outside 0..{L} (the model's layers); use a number in "
+                f"that range, 'all' or 'auto'"
             )
     if cache == "all":
         cache = L - off if cacheable is None else sum(cacheable[off:])

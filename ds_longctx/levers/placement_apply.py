@@ -1,16 +1,20 @@
-"""Applying a placement plan to a model: the only place a decoder layer's checkpoint function is chosen.
+"""Applying a placement plan to a model: the only place a decoder layer's checkpoint function is
+chosen.
 
-    apply_placement(model, plan, ds_config)   # route every layer as `plan` says; remove_placement undoes it
-    applied_placement(model) == plan          # read back from the layers (tests compare it with the plan)
+    # route every layer as `plan` says; remove_placement undoes it:
+    apply_placement(model, plan, ds_config)
+    # read back from the layers (tests compare it with the plan):
+    applied_placement(model) == plan
 
-The plan itself (`PlacementPlan`, its rules) is placement.py's; keep layers get torch's checkpoint, offloaded ones
-DeepSpeed's or our pinned pool's (offload.py), cached ones an attention slot (attention_cache.py).
+The plan itself (`PlacementPlan`, its rules) is placement.py's; keep layers get torch's checkpoint,
+offloaded ones DeepSpeed's or our pinned pool's (offload.py), cached ones an attention slot
+(attention_cache.py).
 """
 
 from __future__ import annotations
 
-# transformers, deepspeed and the attention cache (which imports torch) are imported inside the functions that use
-# them.
+# transformers, deepspeed and the attention cache (which imports torch) are imported inside the
+# functions that use them.
 import logging
 from typing import TYPE_CHECKING, Optional
 
@@ -37,7 +41,7 @@ def decoder_layers(model: nn.Module) -> list:
     if not layers:
         raise ValueError(
             f"{type(model).__name__} has no GradientCheckpointingLayer decoder layers; activation "
-            f"checkpointing, offload and the attention cache need transformers' checkpointing layers"
+            "checkpointing, offload and the attention cache need transformers' checkpointing layers"
         )
     return layers
 
@@ -49,15 +53,16 @@ def apply_placement(
     pinned_pool: bool = False,
     nvme_path: Optional[str] = None,
 ) -> PlacementPlan:
-    """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is chosen.
+    """Route every decoder layer as `plan` says: the only place a layer's checkpoint function is
+    chosen.
 
     Notes: docs/design/levers.md, `placement_apply.py`.
     """
     layers = decoder_layers(model)
     if len(layers) != len(plan):
         raise ValueError(
-            f"placement plan has {len(plan)} entries, {type(model).__name__} has {len(layers)} decoder "
-            f"layers"
+            f"placement plan has {len(plan)} entries, {type(model).__name__} has {len(layers)} "
+            f"decoder layers"
         )
     if not plan.checkpointed:
         return applied_placement(model)
@@ -136,14 +141,14 @@ def _is_offload_function(fn) -> bool:
 
 def _mixed(offloaded: bool, on_host: bool):
     raise RuntimeError(
-        f"a layer has its checkpoint {'offloaded' if offloaded else 'on the GPU'} and its attention "
-        f"cache {'on the host' if on_host else 'on the GPU'}: no placement applies that"
+        f"a layer has its checkpoint {'offloaded' if offloaded else 'on the GPU'} and its "
+        f"attention cache {'on the host' if on_host else 'on the GPU'}: no placement applies that"
     )
 
 
 def remove_placement(model: nn.Module) -> None:
-    """Give every layer back the checkpoint function it had before `apply_placement` (and turn checkpointing off
-    again if `apply_placement` turned it on)."""
+    """Give every layer back the checkpoint function it had before `apply_placement` (and turn
+    checkpointing off again if `apply_placement` turned it on)."""
     from ds_longctx.levers import attention_cache
 
     if model.__dict__.pop(_ENABLED_ATTR, False):
@@ -159,7 +164,8 @@ def remove_placement(model: nn.Module) -> None:
 
 
 def _checkpointing(model: nn.Module, on: bool) -> None:
-    """transformers' non-reentrant activation checkpointing on or off (the name changed in transformers 5.2x)."""
+    """transformers' non-reentrant activation checkpointing on or off (the name changed in
+    transformers 5.2x)."""
     if on:
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(

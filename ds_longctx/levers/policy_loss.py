@@ -1,7 +1,9 @@
-"""GRPO's clipped policy-gradient loss on per-token log-probs, as TRL's GRPOTrainer._compute_loss defines it
-(token-level importance sampling). Formulas and aggregation: docs/design/levers.md, `policy_loss.py`.
+"""GRPO's clipped policy-gradient loss on per-token log-probs, as TRL's GRPOTrainer._compute_loss
+defines it (token-level importance sampling). Formulas and aggregation: docs/design/levers.md,
+`policy_loss.py`.
 
-    logps, _ = row_logps(model, weight, sp_group, ids, pos, shift_labels, shift_seq, K)   # levers/preference.py
+    # levers/preference.py:
+    logps, _ = row_logps(model, weight, sp_group, ids, pos, shift_labels, shift_seq, K)
     out = policy_loss(logps, old, ref, adv, token_seq, n_seq, "dapo", 0.2, 0.2, 0.0, tokens=N)
 """
 
@@ -37,9 +39,9 @@ def policy_loss(
     tokens: Optional[float] = None,
     max_len: Optional[int] = None,
 ) -> PolicyOut:
-    """A micro-batch's loss from its K tokens' log-probs (differentiable), old log-probs (NaN: the policy's own),
-    reference log-probs (beta > 0), advantages and sequence ids (0..n_seq-1), [K] each. `tokens`: dapo's divisor;
-    `max_len`: dr_grpo's."""
+    """A micro-batch's loss from its K tokens' log-probs (differentiable), old log-probs (NaN: the
+    policy's own), reference log-probs (beta > 0), advantages and sequence ids (0..n_seq-1), [K]
+    each. `tokens`: dapo's divisor; `max_len`: dr_grpo's."""
     adv = advantages.to(logps)
     old = logps.detach() if old is None else torch.where(old.isnan(), logps.detach(), old.to(logps))
     ratio = torch.exp(logps - old)

@@ -1,6 +1,7 @@
-"""Preference optimization (DPO): per-sequence log-probs over SP slices and packed documents, and TRL's DPO losses.
+"""Preference optimization (DPO): per-sequence log-probs over SP slices and packed documents, and
+TRL's DPO losses.
 
-    logps = sequence_logps(hidden, weight, shift_labels, shift_seq, n_seq)  # [n_seq] this slice's share
+    logps = sequence_logps(hidden, weight, shift_labels, shift_seq, n_seq)  # [n_seq] this slice's
     logps = group_sum(logps, state.sp_group)                                # the whole sequences'
     out = dpo_loss(logps[0::2], logps[1::2], ref[:, 0], ref[:, 1], beta=0.1, loss_type="sigmoid")
 
@@ -23,7 +24,8 @@ LOSS_TYPES = ("sigmoid", "hinge", "ipo")  # TRL's DPOConfig.loss_type names buil
 
 
 def _weighted_grads(hidden, weight, labels, row_weight, chunk_rows: int):
-    """Gradients (hidden [N, H], weight [V, H]) of sum_i row_weight_i x CE_i, chunk by chunk (no N x V logits)."""
+    """Gradients (hidden [N, H], weight [V, H]) of sum_i row_weight_i x CE_i, chunk by chunk (no N x
+    V logits)."""
     grad_hidden = torch.zeros_like(hidden)
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     for start in range(0, hidden.shape[0], chunk_rows):
@@ -42,8 +44,9 @@ def _weighted_grads(hidden, weight, labels, row_weight, chunk_rows: int):
 
 
 class _SequenceLogps(torch.autograd.Function):
-    """Per-sequence sums of token log-probs; the backward recomputes the chunks' softmax, each row weighted by its
-    sequence's incoming gradient (so nothing of size N x V or n_seq x V x H is kept)."""
+    """Per-sequence sums of token log-probs; the backward recomputes the chunks' softmax, each row
+    weighted by its sequence's incoming gradient (so nothing of size N x V or n_seq x V x H is
+    kept)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, seq, n_seq: int, chunk_rows: int):
@@ -75,14 +78,15 @@ def sequence_logps(
     n_seq: int,
     chunk_rows: int = 4096,
 ) -> torch.Tensor:
-    """fp32 [n_seq]: sum of log p(label_i | row i) over this slice's rows i of each sequence (`seq`, int64 [N];
-    IGNORE_INDEX rows count nowhere). hidden [N, H], weight [V, H], labels int64 [N] shifted. Differentiable."""
+    """fp32 [n_seq]: sum of log p(label_i | row i) over this slice's rows i of each sequence (`seq`,
+    int64 [N]; IGNORE_INDEX rows count nowhere). hidden [N, H], weight [V, H], labels int64 [N]
+    shifted. Differentiable."""
     trains = labels != IGNORE_INDEX
     named = seq != IGNORE_INDEX
     if bool((named & (~trains | (seq < 0))).any()):
         raise ValueError(
-            "a row names a sequence but trains nothing (or a sequence id < 0): give each sequence id "
-            "only where its label trains"
+            "a row names a sequence but trains nothing (or a sequence id < 0): give each sequence "
+            "id only where its label trains"
         )
     if bool((seq >= n_seq).any()):
         raise ValueError(
@@ -92,8 +96,8 @@ def sequence_logps(
 
 
 class _GroupSum(torch.autograd.Function):
-    """All-reduce (sum) over a group; the backward passes the gradient through unchanged: every rank computes the
-    same loss from the sum, and each backpropagates only through its own share."""
+    """All-reduce (sum) over a group; the backward passes the gradient through unchanged: every rank
+    computes the same loss from the sum, and each backpropagates only through its own share."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -130,8 +134,8 @@ def dpo_loss(
     chosen_tokens: Optional[torch.Tensor] = None,
     rejected_tokens: Optional[torch.Tensor] = None,
 ) -> DpoOut:
-    """TRL's DPOTrainer per-pair loss (f-divergence reverse_kl) on summed log-probs [P]; ipo averages each score
-    over its completion's tokens (`*_tokens`, [P]), as TRL does."""
+    """TRL's DPOTrainer per-pair loss (f-divergence reverse_kl) on summed log-probs [P]; ipo
+    averages each score over its completion's tokens (`*_tokens`, [P]), as TRL does."""
     chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
     if loss_type == "sigmoid":
         losses = -F.logsigmoid(beta * (chosen_ratio - rejected_ratio))
@@ -153,7 +157,8 @@ def dpo_loss(
 
 
 def pair_metrics(out: DpoOut) -> dict:
-    """The step's DPO metrics as TRL names them: mean rewards, accuracy (chosen above rejected) and margin."""
+    """The step's DPO metrics as TRL names them: mean rewards, accuracy (chosen above rejected) and
+    margin."""
     margin = out.chosen_rewards - out.rejected_rewards
     return {
         "rewards/chosen": float(out.chosen_rewards.mean()),
@@ -166,8 +171,8 @@ def pair_metrics(out: DpoOut) -> dict:
 def sp_logps(
     local: torch.Tensor, seq: torch.Tensor, n_seq: int, sp_group
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs [n_seq] summed over the SP group, differentiable; trained tokens [n_seq] of each sequence) from
-    this slice's `local` sums and sequence ids `seq` (any shape)."""
+    """(log-probs [n_seq] summed over the SP group, differentiable; trained tokens [n_seq] of each
+    sequence) from this slice's `local` sums and sequence ids `seq` (any shape)."""
     kept = seq[seq != IGNORE_INDEX]
     tokens = torch.zeros(n_seq, dtype=torch.float32, device=seq.device)
     tokens.index_add_(0, kept, torch.ones_like(kept, dtype=torch.float32))
@@ -187,9 +192,10 @@ def row_logps(
     n_seq: int,
     chunk_rows: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs [n_seq] of the micro-batch's sequences, summed over the SP group; their trained tokens [n_seq])
-    from this rank's slice (`[b, s/sp]` each): the HF model's trunk, then `sequence_logps`. `weight` is lm_head's
-    [V, H], gathered. Under no_grad this is the reference pass."""
+    """(log-probs [n_seq] of the micro-batch's sequences, summed over the SP group; their trained
+    tokens [n_seq]) from this rank's slice (`[b, s/sp]` each): the HF model's trunk, then
+    `sequence_logps`. `weight` is lm_head's [V, H], gathered. Under no_grad this is the reference
+    pass."""
     hidden = model.base_model(
         input_ids=input_ids, position_ids=position_ids, use_cache=False
     ).last_hidden_state  # [b, s/sp, H]
@@ -213,9 +219,10 @@ def pair_forward(
     loss_type: str,
     chunk_rows: int = 4096,
 ):
-    """One micro-batch of P pairs (`row_logps`; sequence ids number its sequences, pair p's chosen 2p, rejected
-    2p + 1): the mean of TRL's per-pair loss against `ref` ([P, 2] reference log-probs, chosen first). Returns (loss,
-    DpoOut, policy log-probs [2P] detached); the loss's gradients summed over the SP ranks are the whole rows'."""
+    """One micro-batch of P pairs (`row_logps`; sequence ids number its sequences, pair p's chosen
+    2p, rejected 2p + 1): the mean of TRL's per-pair loss against `ref` ([P, 2] reference log-probs,
+    chosen first). Returns (loss, DpoOut, policy log-probs [2P] detached); the loss's gradients
+    summed over the SP ranks are the whole rows'."""
     logps, tokens = row_logps(
         model,
         weight,

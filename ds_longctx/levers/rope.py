@@ -1,4 +1,5 @@
-"""YaRN RoPE scaling: choose the factor for a target length and set it on the HF config before the model is built.
+"""YaRN RoPE scaling: choose the factor for a target length and set it on the HF config before the
+model is built.
 
 Design notes: docs/design/levers.md, section `rope.py`.
 """
@@ -57,8 +58,8 @@ PUBLISHED_ORIGINAL = {
 
 
 def trained_context(hf_config) -> int:
-    """YaRN's O for this model (the rule in the module doc): an existing YaRN's original length, a publisher's
-    documented one (`PUBLISHED_ORIGINAL`), else max_position_embeddings."""
+    """YaRN's O for this model (the rule in the module doc): an existing YaRN's original length, a
+    publisher's documented one (`PUBLISHED_ORIGINAL`), else max_position_embeddings."""
     return trained_context_of(
         getattr(hf_config, "model_type", None),
         int(hf_config.max_position_embeddings),
@@ -79,8 +80,8 @@ def yarn_problem(rope_type: Optional[str]) -> Optional[str]:
     if (rope_type or "default") in ("default", "yarn"):
         return None
     return (
-        f"already uses rope_type={rope_type!r}; YaRN on top of it is not defined here: pass an explicit "
-        "rope_parameters dict, or rope_scaling='none'"
+        f"already uses rope_type={rope_type!r}; YaRN on top of it is not defined here: pass an "
+        "explicit rope_parameters dict, or rope_scaling='none'"
     )
 
 
@@ -96,24 +97,26 @@ def rope_problem(
     own = f"its config's own RoPE scaling (rope_type={rope_type!r}), which YaRN does not stack on"
     if mode == "yarn":
         return (
-            f"model {name}: rope_scaling='yarn' sets YaRN over {own}; use rope_scaling 'auto' (seq_len <= "
-            f"{trained:,}), 'none', or an explicit rope_parameters dict"
+            f"model {name}: rope_scaling='yarn' sets YaRN over {own}; use rope_scaling 'auto' "
+            f"(seq_len <= {trained:,}), 'none', or an explicit rope_parameters dict"
         )
     return (
-        f"model {name}: seq_len={seq_len:,} is past its trained context {trained:,}, where rope_scaling 'auto' "
-        f"sets YaRN over {own}; use seq_len <= {trained:,}, or set model.rope_scaling to 'none' (positions past "
-        f"{trained:,} untrained) or an explicit rope_parameters dict"
+        f"model {name}: seq_len={seq_len:,} is past its trained context {trained:,}, where "
+        "rope_scaling 'auto' "
+        f"sets YaRN over {own}; use seq_len <= {trained:,}, or set model.rope_scaling to 'none' "
+        f"(positions past {trained:,} untrained) or an explicit rope_parameters dict"
     )
 
 
 def yarn_factor(seq_len: int, original: int) -> float:
-    """F = seq_len / O rounded up to a multiple of 1 / FACTOR_STEP (the module doc), in exact integers."""
+    """F = seq_len / O rounded up to a multiple of 1 / FACTOR_STEP (the module doc), in exact
+    integers."""
     return -(-seq_len * FACTOR_STEP // original) / FACTOR_STEP
 
 
 def original_context(model_type: Optional[str], max_position_embeddings: int) -> int:
-    """O for a model not yet scaled: its publisher's documented YaRN context, else max_position_embeddings (pure:
-    the planner asks it without torch or transformers)."""
+    """O for a model not yet scaled: its publisher's documented YaRN context, else
+    max_position_embeddings (pure: the planner asks it without torch or transformers)."""
     return PUBLISHED_ORIGINAL.get((model_type, max_position_embeddings), max_position_embeddings)
 
 
@@ -127,7 +130,8 @@ def _check_seq_len(seq_len) -> None:
 def yarn_rope_parameters(
     hf_config, seq_len: int, original_max_position_embeddings: Optional[int] = None
 ) -> Optional[dict]:
-    """The `rope_parameters` dict for YaRN at `seq_len`, or None when seq_len <= the trained context O.
+    """The `rope_parameters` dict for YaRN at `seq_len`, or None when seq_len <= the trained context
+    O.
 
     O = `original_max_position_embeddings` if given, else `trained_context(hf_config)`;
     factor = seq_len / O rounded up to a multiple of 1/8; rope_theta is the model's own.
@@ -156,27 +160,30 @@ def yarn_rope_parameters(
 
 
 def _validated(params: dict, hf_config, seq_len: int) -> dict:
-    """An explicit rope_parameters dict, checked, with the model's rope_theta filled in if missing."""
+    """An explicit rope_parameters dict, checked, with the model's rope_theta filled in if
+    missing."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if not isinstance(params.get("rope_type"), str):
         raise ValueError(
-            f"rope_parameters={params!r} has no 'rope_type'; e.g. {{'rope_type': 'yarn', 'factor': 4.0, "
-            "'original_max_position_embeddings': 32768}}"
+            f"rope_parameters={params!r} has no 'rope_type'; e.g. {{'rope_type': 'yarn', 'factor': "
+            "4.0, 'original_max_position_embeddings': 32768}}"
         )
     rope_type = params["rope_type"]
     known = ("default", *ROPE_INIT_FUNCTIONS)
     if rope_type not in known:
         raise ValueError(
-            f"rope_parameters rope_type={rope_type!r} is not one transformers knows; use one of {known}"
+            f"rope_parameters rope_type={rope_type!r} is not one transformers knows; use one of "
+            f"{known}"
         )
     if rope_type == "yarn":
         missing = [k for k in _YARN_REQUIRED if k not in params]
         if missing:
             raise ValueError(
                 f"YaRN rope_parameters={params!r} is missing {missing}; give all of "
-                f"{list(_YARN_REQUIRED)}, e.g. factor={seq_len / trained_context(hf_config):.3f} and "
-                f"original_max_position_embeddings={trained_context(hf_config)} for seq_len={seq_len}"
+                f"{list(_YARN_REQUIRED)}, e.g. factor={seq_len / trained_context(hf_config):.3f} "
+                f"and original_max_position_embeddings={trained_context(hf_config)} for "
+                f"seq_len={seq_len}"
             )
         orig = params["original_max_position_embeddings"]
         if not isinstance(orig, int) or orig < 1:
@@ -212,7 +219,8 @@ def apply_rope_scaling(
     mode: Union[str, dict] = "auto",
     original_max_position_embeddings: Optional[int] = None,
 ) -> Optional[dict]:
-    """Set `hf_config.rope_parameters` (and max_position_embeddings >= seq_len) for training at `seq_len`.
+    """Set `hf_config.rope_parameters` (and max_position_embeddings >= seq_len) for training at
+    `seq_len`.
 
     Notes: docs/design/levers.md, `rope.py`.
     """
@@ -223,9 +231,10 @@ def apply_rope_scaling(
     elif mode == "none":
         if seq_len > trained:
             log.warning(
-                "rope: rope_scaling='none' but seq_len=%d exceeds the trained context %d: positions past "
-                "%d are out of distribution and quality will suffer; use rope_scaling='auto' (YaRN) unless "
-                "this is deliberate",
+                "rope: rope_scaling='none' but seq_len=%d exceeds the trained context %d: "
+                "positions past "
+                "%d are out of distribution and quality will suffer; use rope_scaling='auto' "
+                "(YaRN) unless this is deliberate",
                 seq_len,
                 trained,
                 trained,
@@ -243,7 +252,10 @@ def apply_rope_scaling(
                 "original_max_position_embeddings": trained,
                 "rope_theta": _rope_theta(hf_config),
             }
-            why = f"rope_scaling='yarn' asked for; seq_len={seq_len} fits the trained context {trained}"
+            why = (
+                f"rope_scaling='yarn' asked for; seq_len={seq_len} fits the trained context "
+                f"{trained}"
+            )
         else:
             why = f"seq_len={seq_len} exceeds the trained context {trained}"
     else:
@@ -281,14 +293,16 @@ def yarn_inv_freq(
     beta_fast: float = 32,
     beta_slow: float = 1,
 ) -> tuple:
-    """YaRN inverse frequencies [d/2] (fp32) and the attention factor sqrt(1/t), from the paper (see module doc)."""
+    """YaRN inverse frequencies [d/2] (fp32) and the attention factor sqrt(1/t), from the paper (see
+    module doc)."""
     if head_dim < 2 or head_dim % 2:
         raise ValueError(
             f"head_dim={head_dim} must be even and >= 2 (RoPE rotates pairs of dimensions)"
         )
     if factor < 1:
         raise ValueError(
-            f"factor={factor} must be >= 1; YaRN stretches the trained context, it does not shrink it"
+            f"factor={factor} must be >= 1; YaRN stretches the trained context, it does not shrink "
+            "it"
         )
     import torch  # here, not at the top: the planner imports this module's rule without torch
 

@@ -1,4 +1,5 @@
-"""Tiled layer: a decoder layer's token-wise work in sequence tiles; only attention sees the whole slice.
+"""Tiled layer: a decoder layer's token-wise work in sequence tiles; only attention sees the whole
+slice.
 
 Design notes: docs/design/levers.md, section `tiled_layer.py`.
 """
@@ -33,7 +34,8 @@ _NO_ATTENTION_KWARGS = (
 
 @dataclass(frozen=True)
 class _Saved:
-    """The instance-level forwards apply_tiled_layer replaced on one layer (`MISSING`: the class's)."""
+    """The instance-level forwards apply_tiled_layer replaced on one layer (`MISSING`: the
+    class's)."""
 
     forwards: tuple  # ((module, previous instance forward or MISSING), ...)
     tile_tokens: int
@@ -49,7 +51,8 @@ def _plain_linear(m) -> bool:
 
 
 def layer_parts(layer: nn.Module) -> dict:
-    """The modules the tiles compute from, or ValueError naming what is missing (the layer is not supported)."""
+    """The modules the tiles compute from, or ValueError naming what is missing (the layer is not
+    supported)."""
     name = type(layer).__name__
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     need = {
@@ -64,20 +67,23 @@ def layer_parts(layer: nn.Module) -> dict:
             f"tiled_layer: {name} has no {', '.join(missing)}; it supports pre-norm decoder layers "
             f"(Qwen3, Qwen2, Llama, Mistral); set memory.tiled_layer: false (tiled_mlp still works)"
         )
-    # the tiles reproduce the pre-norm layer `h = x + attn(norm1(x)); y = h + mlp(norm2(h))`; a layer with other
-    # modules (Gemma's pre/post-feedforward norms, a cross-attention) computes something else: refused
+    # the tiles reproduce the pre-norm layer `h = x + attn(norm1(x)); y = h + mlp(norm2(h))`; a
+    # layer with other modules (Gemma's pre/post-feedforward norms, a cross-attention) computes
+    # something else: refused
     extra = sorted(set(dict(layer.named_children())) - set(need))
     if extra:
         raise ValueError(
-            f"tiled_layer: {name} has {', '.join(extra)} besides {', '.join(need)}; the tiles reproduce "
+            f"tiled_layer: {name} has {', '.join(extra)} besides {', '.join(need)}; the tiles "
+            "reproduce "
             f"the pre-norm layer x + attn(norm(x)), then + mlp(norm(.)) only (Qwen3, Qwen2, Llama, "
             f"Mistral); set memory.tiled_layer: false"
         )
     if isinstance(getattr(mlp, "experts", None), nn.Module):
         raise ValueError(
-            f"tiled_layer: {name}'s MLP is a mixture of experts ({type(mlp).__name__}); the tiled layer "
-            f"tiles gated MLPs only. Set memory.tiled_layer: false and memory.tiled_mlp: true (it tiles "
-            f"the sparse block: router, experts and combine per tile)"
+            f"tiled_layer: {name}'s MLP is a mixture of experts ({type(mlp).__name__}); the tiled "
+            "layer "
+            "tiles gated MLPs only. Set memory.tiled_layer: false and memory.tiled_mlp: true (it "
+            f"tiles the sparse block: router, experts and combine per tile)"
         )
     projs = {p: getattr(attn, p, None) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
     mlps = {p: getattr(mlp, p, None) for p in ("gate_proj", "up_proj", "down_proj")}
@@ -86,7 +92,8 @@ def layer_parts(layer: nn.Module) -> dict:
     ]
     if odd:
         raise ValueError(
-            f"tiled_layer: {name}'s {', '.join(odd)} are not plain nn.Linear (LoRA adapters or another "
+            f"tiled_layer: {name}'s {', '.join(odd)} are not plain nn.Linear (LoRA adapters or "
+            "another "
             f"layer type); the tiles compute from the weights. Set memory.tiled_layer: false"
         )
     act = getattr(mlp, "act_fn", None)
@@ -116,8 +123,9 @@ def layer_parts(layer: nn.Module) -> dict:
 
 
 def check_tiled_layer(model_cls, hf_config) -> int:
-    """`layer_parts` for every decoder layer of a meta-device instance (nothing allocated): the engine's check
-    before any work (run/preflight.validate). Returns how many layers; raises ValueError."""
+    """`layer_parts` for every decoder layer of a meta-device instance (nothing allocated): the
+    engine's check before any work (run/preflight.validate). Returns how many layers; raises
+    ValueError."""
     with torch.device("meta"):
         model = model_cls(copy.deepcopy(hf_config))
     layers = _decoder_layers(model)
@@ -144,7 +152,8 @@ def _params(*modules) -> tuple:
 
 
 def _pre_tile_fn(parts: dict, norm_fn: Callable) -> Callable:
-    """One tile of x -> norm -> q/k/v -> q/k norms -> rotary: (q [t, hq·d], k [t, hkv·d], v [t, hkv·d])."""
+    """One tile of x -> norm -> q/k/v -> q/k norms -> rotary: (q [t, hq·d], k [t, hkv·d], v [t,
+    hkv·d])."""
     qp, kp, vp, d, modeling = (
         parts["q_proj"],
         parts["k_proj"],
@@ -166,7 +175,8 @@ def _pre_tile_fn(parts: dict, norm_fn: Callable) -> Callable:
             q = q_norm_fn(q)
         if k_norm_fn is not None:
             k = k_norm_fn(k)
-        # the modeling module's rotary, looked up now (fused_ops may have routed it to a fused kernel)
+        # the modeling module's rotary, looked up now (fused_ops may have routed it to a fused
+        # kernel)
         q, k = modeling.apply_rotary_pos_emb(
             q.transpose(1, 2), k.transpose(1, 2), cos[None], sin[None]
         )
@@ -309,7 +319,8 @@ def apply_tiled_layer(model: nn.Module, tile_tokens: int) -> int:
         attn.forward = _attn_forward(parts, tile_tokens, norm1_fn)
         mlp.forward = _mlp_forward(parts, tile_tokens, norm2_fn)
     log.info(
-        "tiled layer: %d decoder layers of %s run norms, projections, rotary and MLP in tiles of %d tokens",
+        "tiled layer: %d decoder layers of %s run norms, projections, rotary and MLP in tiles of "
+        "%d tokens",
         len(layers),
         type(model).__name__,
         tile_tokens,

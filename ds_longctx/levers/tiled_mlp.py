@@ -55,7 +55,8 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
 
 
 def _inflight(params: tuple) -> list[int]:
-    """ds_ids of the ZeRO-3 params being prefetched by DeepSpeed's coordinator, which alone can wait on them."""
+    """ds_ids of the ZeRO-3 params being prefetched by DeepSpeed's coordinator, which alone can wait
+    on them."""
     zero = [p for p in params if hasattr(p, "ds_id")]
     if not zero:
         return []
@@ -66,7 +67,8 @@ def _inflight(params: tuple) -> list[int]:
 
 @contextlib.contextmanager
 def _gathered(params: tuple):
-    """Hold the ZeRO-3-partitioned ones among `params` gathered for the block; a no-op for other params.
+    """Hold the ZeRO-3-partitioned ones among `params` gathered for the block; a no-op for other
+    params.
 
     Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
@@ -79,22 +81,26 @@ def _gathered(params: tuple):
     inflight = _inflight(params)
     if inflight:  # tiled_mlp_forward sends such MLPs per tile; a backward cannot switch paths
         raise RuntimeError(
-            f"tiled MLP: ZeRO-3 params ds_id={inflight} are being prefetched by DeepSpeed while the tiled MLP "
-            "gathers them, which only its module hooks can wait on; DeepSpeed's fetch trace still lists this "
+            f"tiled MLP: ZeRO-3 params ds_id={inflight} are being prefetched by DeepSpeed while "
+            "the tiled MLP "
+            "gathers them, which only its module hooks can wait on; DeepSpeed's fetch trace still "
+            "lists this "
             "MLP's Linears. Re-run with tiled MLP applied before the first step, or turn it off"
         )
     partitioned = [p for p in zero if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
-    # modifier_rank=None: read-only; exit re-partitions and frees the gathered copies (every rank alike)
+    # modifier_rank=None: read-only; exit re-partitions and frees the gathered copies (every rank
+    # alike)
     with GatheredParameters(partitioned, modifier_rank=None, enabled=bool(partitioned)):
         yield
 
 
 class TiledRows(torch.autograd.Function):
-    """y = fn(*xs) over row tiles of the inputs xs (each [n, ...], row i of y from row i of each); saves only the
-    inputs and recomputes each tile in backward. The tiled MLP's one input is x; levers/tiled_layer.py's blocks
-    take two or three (hidden rows, attention rows, rotary cos / sin rows). Inputs that need no grad (cos / sin)
-    are only sliced. `fn` may return a tuple of [t, W_i] tiles (the q/k/v tiles): then the output is a tuple of
-    [n, W_i] tensors, each with its own grad in backward (no joined grad buffer).
+    """y = fn(*xs) over row tiles of the inputs xs (each [n, ...], row i of y from row i of each);
+    saves only the inputs and recomputes each tile in backward. The tiled MLP's one input is x;
+    levers/tiled_layer.py's blocks take two or three (hidden rows, attention rows, rotary cos / sin
+    rows). Inputs that need no grad (cos / sin) are only sliced. `fn` may return a tuple of [t, W_i]
+    tiles (the q/k/v tiles): then the output is a tuple of [n, W_i] tensors, each with its own grad
+    in backward (no joined grad buffer).
 
     `gathered()` is entered once around each pass's tile loop (forward; recompute + backward).
         y = TiledRows.apply(fn, params, tile_tokens, gathered, x0, x1, ...)
@@ -162,8 +168,9 @@ class TiledRows(torch.autograd.Function):
                             wide = torch.promote_types(pg.dtype, torch.float32)
                             sums[j] = pg.to(wide) if sums[j] is None else sums[j].add_(pg)
                 else:
-                    # the last tile accumulates for real; each param's hook adds the earlier tiles on the way
-                    # in, so the post-accumulate (ZeRO reduce) hook fires once, with the whole grad
+                    # the last tile accumulates for real; each param's hook adds the earlier tiles
+                    # on the way in, so the post-accumulate (ZeRO reduce) hook fires once, with the
+                    # whole grad
                     handles = [
                         p.register_hook(lambda pg, s=s: s.add_(pg).to(pg.dtype))
                         for p, s in zip(params, sums)
@@ -189,7 +196,8 @@ def _untiled_forward(mlp: nn.Module) -> Callable:
 
 
 def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
-    """(gate_proj, up_proj, down_proj, act) when the tiles can compute `mlp` from its weights, else None.
+    """(gate_proj, up_proj, down_proj, act) when the tiles can compute `mlp` from its weights, else
+    None.
 
     Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
@@ -214,7 +222,8 @@ def _gated_parts(mlp: nn.Module) -> Optional[tuple]:
 
 
 def _gated_tile_fn(gate: nn.Linear, up: nn.Linear, down: nn.Linear, act: Callable) -> Callable:
-    """One tile of the gated MLP on the weight tensors (read at call time: the gathered ones under ZeRO-3)."""
+    """One tile of the gated MLP on the weight tensors (read at call time: the gathered ones under
+    ZeRO-3)."""
 
     def tile(x: torch.Tensor) -> torch.Tensor:  # [t, H] -> [t, H_out]
         h = act(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias)  # [t, I]
@@ -236,7 +245,8 @@ def tiled_mlp_forward(mlp: nn.Module, x: torch.Tensor, tile_tokens: int) -> torc
     params = tuple(mlp.parameters())
     gated = _gated_parts(mlp)
     if gated is not None and not _inflight(params):
-        # in flight (applied after DeepSpeed's trace was recorded): the per-tile path lets its hooks wait
+        # in flight (applied after DeepSpeed's trace was recorded): the per-tile path lets its hooks
+        # wait
         fn, gathered = _gated_tile_fn(*gated), (lambda: _gathered(params))
     else:
         fn, gathered = _untiled_forward(mlp), contextlib.nullcontext
@@ -255,7 +265,8 @@ def _decoder_mlps(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -> int:
-    """Patch every decoder layer's gated `mlp.forward` to run tiled; returns how many MLPs were patched.
+    """Patch every decoder layer's gated `mlp.forward` to run tiled; returns how many MLPs were
+    patched.
 
     Notes: docs/design/levers.md, `tiled_mlp.py`.
     """
@@ -265,9 +276,10 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -
         return 0
     if not mlps:
         raise ValueError(
-            f"apply_tiled_mlp found no decoder-layer MLP in {type(model).__name__}: it looks for modules "
-            f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...; MoE blocks: levers/moe.py). "
-            "Other MLP shapes are not supported; turn tiled MLP off for this model"
+            f"apply_tiled_mlp found no decoder-layer MLP in {type(model).__name__}: it looks for "
+            "modules "
+            f"named `mlp` with {'/'.join(_GATED_MLP_PARTS)} (Qwen3MLP, LlamaMLP, ...; MoE blocks: "
+            "levers/moe.py). Other MLP shapes are not supported; turn tiled MLP off for this model"
         )
     patched = [m for m in mlps if _PATCH_ATTR in m.__dict__]
     if patched:
@@ -297,7 +309,8 @@ def apply_tiled_mlp(model: nn.Module, tile_tokens: int, required: bool = True) -
 
 def restore_forwards(model: nn.Module, attr: str) -> int:
     """Undo a lever that kept, under `attr` of each module it patched, a record whose `forwards` are
-    ((module, previous instance forward or MISSING), ...): every one put back; returns how many records."""
+    ((module, previous instance forward or MISSING), ...): every one put back; returns how many
+    records."""
     restored = 0
     for owner in model.modules():
         patch = owner.__dict__.pop(attr, None)

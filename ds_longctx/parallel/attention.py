@@ -5,7 +5,8 @@ Design notes: docs/design/parallel.md, section `attention.py`.
 
 from __future__ import annotations
 
-# FlashAttention 4 and 2 and torch's varlen kernel are optional: imported where a backend that has them runs.
+# FlashAttention 4 and 2 and torch's varlen kernel are optional: imported where a backend that has
+# them runs.
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -48,7 +49,8 @@ def flash_attn_available() -> bool:
 
 
 def fa4_available() -> bool:
-    """FlashAttention 4's CuTe-DSL interface imports (needs CUDA, the CUTLASS DSL and an SM90/SM100 GPU)."""
+    """FlashAttention 4's CuTe-DSL interface imports (needs CUDA, the CUTLASS DSL and an SM90/SM100
+    GPU)."""
     try:
         from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd  # noqa: F401
 
@@ -62,8 +64,8 @@ def _is_hopper() -> bool:
 
 
 def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoice:
-    """Map a config name to a concrete kernel for a model of `head_dim` (None: not known here). Raises for a
-    backend that cannot run here."""
+    """Map a config name to a concrete kernel for a model of `head_dim` (None: not known here).
+    Raises for a backend that cannot run here."""
     on_cuda = torch.cuda.is_available()
     if name == "fa4":
         if not on_cuda or torch.cuda.get_device_capability()[0] not in (9, 10):
@@ -73,8 +75,8 @@ def resolve_backend(name: str, head_dim: Optional[int] = None) -> AttentionChoic
             )
         if not fa4_available():
             raise ValueError(
-                "attn_backend='fa4' but FlashAttention 4 does not import (`pip install flash-attn-4`, "
-                "with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'"
+                "attn_backend='fa4' but FlashAttention 4 does not import (`pip install "
+                "flash-attn-4`, with nvidia-cutlass-dsl); use attn_backend='auto' or 'sdpa'"
             )
         if (why := kernel_rules.fa4_refusal(head_dim)) is not None:
             raise ValueError(why)
@@ -153,7 +155,8 @@ def select(name: str, announce: bool = True, head_dim: Optional[int] = None) -> 
 
 
 def model_head_dim(hf_config) -> int:
-    """The attention head dim of an HF config (its text config's `head_dim`, else hidden / heads)."""
+    """The attention head dim of an HF config (its text config's `head_dim`, else hidden /
+    heads)."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     return kernel_rules.head_dim(text)
 
@@ -162,14 +165,16 @@ def current() -> AttentionChoice:
     return _CHOICE if _CHOICE is not None else select("auto", announce=False)
 
 
-# The cuDNN pair matched SDPA alone on H200 (tests/gpu/test_attention_gpu.py, dense, GQA) but training through it
-# failed on the device, so cuDNN SDPA keeps its own autograd (no attention cache) until the engine's GPU tests pass
-# with this on. measured: see docs/calibration.md#cudnn-pair
+# The cuDNN pair matched SDPA alone on H200 (tests/gpu/test_attention_gpu.py, dense, GQA) but
+# training through it failed on the device, so cuDNN SDPA keeps its own autograd (no attention
+# cache) until the engine's GPU tests pass with this on. measured: see
+# docs/calibration.md#cudnn-pair
 CUDNN_PAIR = False
 
 
 def kernel_pair(q: torch.Tensor, cu_seqlens) -> Optional[_Pair]:
-    """The pair the current backend runs for these inputs, None where it has none (see the module doc)."""
+    """The pair the current backend runs for these inputs, None where it has none (see the module
+    doc)."""
     choice = current()
     if choice.backend == "fa4" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         return _FA4()
@@ -189,7 +194,8 @@ def kernel_pair(q: torch.Tensor, cu_seqlens) -> Optional[_Pair]:
 _WARNED_SLOT = [False]
 
 
-# ----------------------------------------------------------------------------- the kernels' own autograd
+# ----------------------------------------------------------------------------- the kernels' own
+# autograd
 def _sdpa(q, k, v, scale, mask=None):
     choice = current()
     kwargs = dict(scale=scale, enable_gqa=q.shape[1] != k.shape[1])
@@ -200,7 +206,8 @@ def _sdpa(q, k, v, scale, mask=None):
     if choice.sdpa_kernels and q.is_cuda:
         kernels = [getattr(SDPBackend, n) for n in choice.sdpa_kernels]
         if q.dtype == torch.float32:
-            # fp32 (tests, references) runs on no fused kernel with GQA: expand KV, mem-efficient or math
+            # fp32 (tests, references) runs on no fused kernel with GQA: expand KV, mem-efficient or
+            # math
             if kwargs["enable_gqa"]:
                 rep = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -217,12 +224,14 @@ def _sdpa(q, k, v, scale, mask=None):
 
 
 def _block_causal_mask(cu_q: torch.Tensor, s: int, device, cu_k=None, s_k=None) -> torch.Tensor:
-    """[s, s_k] bool: True where query i may attend key j, both of one document and j at most i counted from
-    the documents' ends (causal aligned bottom-right, as flash-attn's varlen does where q and k lengths differ)."""
+    """[s, s_k] bool: True where query i may attend key j, both of one document and j at most i
+    counted from the documents' ends (causal aligned bottom-right, as flash-attn's varlen does where
+    q and k lengths differ)."""
     cu_k, s_k = (cu_q, s) if cu_k is None else (cu_k, s_k)
     if max(s, s_k) > MAX_MASKED_TOKENS:
         raise ValueError(
-            f"packed documents at s={max(s, s_k)} need a varlen kernel (FA4, flash-attn, or varlen_attn on "
+            f"packed documents at s={max(s, s_k)} need a varlen kernel (FA4, flash-attn, or "
+            "varlen_attn on "
             f"CUDA); the masked SDPA fallback is O(s^2) and limited to {MAX_MASKED_TOKENS} tokens"
         )
 
@@ -239,8 +248,9 @@ def _block_causal_mask(cu_q: torch.Tensor, s: int, device, cu_k=None, s_k=None) 
 
 
 def _own_autograd(q, k, v, scale, cu_seqlens, max_seqlen, cu_k=None, max_k=None):
-    """The paths without a kernel pair: the kernel's own autograd, `[b, s, h, d]` out (`cu_k`, `max_k`: the
-    keys' documents where they differ from the queries', causal aligned bottom-right)."""
+    """The paths without a kernel pair: the kernel's own autograd, `[b, s, h, d]` out (`cu_k`,
+    `max_k`: the keys' documents where they differ from the queries', causal aligned
+    bottom-right)."""
     choice = current()
     cu_k, max_k = (cu_seqlens, max_seqlen) if cu_k is None else (cu_k, max_k)
     if choice.backend == "flash_attn":
@@ -288,8 +298,8 @@ def attend(
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_k: Optional[int] = None,
 ) -> torch.Tensor:
-    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s_k, d]` -> `[b, s, h, d]`; `cu_seqlens_k` (default
-    `cu_seqlens`) splits the keys into the queries' documents, causal aligned bottom-right.
+    """Causal attention. q `[b, h, s, d]`, k/v `[b, hk, s_k, d]` -> `[b, s, h, d]`; `cu_seqlens_k`
+    (default `cu_seqlens`) splits the keys into the queries' documents, causal aligned bottom-right.
 
     Notes: docs/design/parallel.md, `attention.py`.
     """
@@ -302,8 +312,8 @@ def attend(
         if slot is not None and not _WARNED_SLOT[0]:
             _WARNED_SLOT[0] = True
             log.warning(
-                "attention cache: backend %s (%s, %s) has no kernel pair with its LSE here; cached layers "
-                "recompute attention",
+                "attention cache: backend %s (%s, %s) has no kernel pair with its LSE here; cached "
+                "layers recompute attention",
                 current().backend,
                 q.dtype,
                 "packed" if cu_seqlens is not None else "dense",
@@ -323,8 +333,9 @@ def attend(
     return pair.out_bshd(out)
 
 
-# Backends whose varlen kernels take the keys' own documents (`attend`'s cu_seqlens_k), causal aligned
-# bottom-right: FA4, flash-attn 2 (>= 2.1), torch's varlen_attn on CUDA, the masked SDPA on CPU.
+# Backends whose varlen kernels take the keys' own documents (`attend`'s cu_seqlens_k), causal
+# aligned bottom-right: FA4, flash-attn 2 (>= 2.1), torch's varlen_attn on CUDA, the masked SDPA on
+# CPU.
 SEPARATE_KEYS = ("fa4", "flash_attn", "sdpa")
 
 

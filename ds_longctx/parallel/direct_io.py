@@ -1,9 +1,10 @@
-"""Whole-file I/O for the disk tier: O_DIRECT where the filesystem takes it, a plain write otherwise, and the
-disk's bandwidth, measured once and recorded beside the data. Torch-free (the planner reads the record).
+"""Whole-file I/O for the disk tier: O_DIRECT where the filesystem takes it, a plain write
+otherwise, and the disk's bandwidth, measured once and recorded beside the data. Torch-free (the
+planner reads the record).
 
     f = DirectFile(path)              # O_DIRECT if the filesystem allows (f.direct), else buffered
-    f.write_from(buf, n); f.close()   # buf: an ALIGN-aligned writable buffer (create=False: read it back)
-    bw = measure_bandwidth(dir)       # Bandwidth(write, read, source), recorded in dir/BANDWIDTH_FILE
+    f.write_from(buf, n); f.close()   # buf: an ALIGN-aligned writable buffer (create=False: read)
+    bw = measure_bandwidth(dir)       # Bandwidth(write, read, source), kept in dir/BANDWIDTH_FILE
     bw = recorded_bandwidth(dir)      # that record, or ASSUMED (labelled as such)
 """
 
@@ -43,19 +44,22 @@ class Bandwidth:
         return f"{self.write_gbs:.2f} GB/s write, {self.read_gbs:.2f} GB/s read ({self.source})"
 
 
-# a conservative single datacenter NVMe (PCIe 4 drives are rated 3-7 GB/s); replaced by a measurement
+# a conservative single datacenter NVMe (PCIe 4 drives are rated 3-7 GB/s); replaced by a
+# measurement
 ASSUMED = Bandwidth(
     1.5, 2.5, "assumed: measure with `ds-longctx plan --nvme_path DIR --measure_nvme`"
 )
 
 
 def aligned_buffer(nbytes: int) -> mmap.mmap:
-    """An anonymous page-aligned buffer of at least `nbytes` rounded up to ALIGN (what O_DIRECT needs)."""
+    """An anonymous page-aligned buffer of at least `nbytes` rounded up to ALIGN (what O_DIRECT
+    needs)."""
     return mmap.mmap(-1, max(ALIGN, -(-nbytes // ALIGN) * ALIGN))
 
 
 class DirectFile:
-    """One file written and read whole, from offset 0. `direct`: whether O_DIRECT is on (else buffered)."""
+    """One file written and read whole, from offset 0. `direct`: whether O_DIRECT is on (else
+    buffered)."""
 
     def __init__(self, path: str, direct: bool = True, create: bool = True):
         self.path = path
@@ -105,7 +109,8 @@ def _pread(fd: int, view, offset: int) -> int:
 
 
 def _all(op, fd: int, view) -> int:
-    """Run `op(fd, view[done:], done)` until the whole view is done or the file ends; returns the bytes done."""
+    """Run `op(fd, view[done:], done)` until the whole view is done or the file ends; returns the
+    bytes done."""
     done = 0
     while done < len(view):
         n = op(fd, view[done:], done)
@@ -116,8 +121,9 @@ def _all(op, fd: int, view) -> int:
 
 
 def measure_bandwidth(directory: str, nbytes: int = 1 << 30, chunk: int = 64 << 20) -> Bandwidth:
-    """Write then read `nbytes` in `chunk`s in `directory` (O_DIRECT where allowed, fsync'd; a buffered read
-    after dropping the file's pages), record the result in directory/BANDWIDTH_FILE and return it."""
+    """Write then read `nbytes` in `chunk`s in `directory` (O_DIRECT where allowed, fsync'd; a
+    buffered read after dropping the file's pages), record the result in directory/BANDWIDTH_FILE
+    and return it."""
     path = os.path.join(directory, f".ds_longctx-bandwidth-probe-{os.getpid()}")
     buf = aligned_buffer(chunk)
     buf.write(os.urandom(min(chunk, 1 << 20)) * (len(buf) // min(chunk, 1 << 20)))

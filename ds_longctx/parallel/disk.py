@@ -1,10 +1,12 @@
-"""Files on disk, for every layer that writes them: an OS error said in one line, free space, and the marker that
-makes a partial output this project's own. Torch-free, at the bottom (data, run and the commands import it).
+"""Files on disk, for every layer that writes them: an OS error said in one line, free space, and
+the marker that makes a partial output this project's own. Torch-free, at the bottom (data, run and
+the commands import it).
 
-    describe_os_error(e, path, needed=None)   # "no space left on /x writing /x/r/f (needs ~3.2 GB, 1.1 GB free)"
-    make_partial(dir)                         # a new directory carrying PARTIAL_MARKER (who made it, when)
-    clear_partial(dir, fix)                   # remove it only if it carries the marker and its maker is gone
-    finish_partial(dir, dest)                 # the marker removed, the directory renamed into place
+    # "no space left on /x writing /x/r/f (needs ~3.2 GB, 1.1 GB free)":
+    describe_os_error(e, path, needed=None)
+    make_partial(dir)          # a new directory carrying PARTIAL_MARKER (who made it, when)
+    clear_partial(dir, fix)    # remove it only if it carries the marker and its maker is gone
+    finish_partial(dir, dest)  # the marker removed, the directory renamed into place
 
 Design notes: docs/design/parallel.md, section `disk.py`.
 """
@@ -31,7 +33,8 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROF
 
 
 class NotOurs(ValueError):
-    """A path this project would remove or replace holds something it did not make: the message names it."""
+    """A path this project would remove or replace holds something it did not make: the message
+    names it."""
 
 
 def size_text(n: float) -> str:
@@ -49,7 +52,8 @@ def user_path(path: str) -> str:
 
 
 def existing_ancestor(path) -> Path:
-    """`path` itself if it exists, else its nearest existing parent (where a new file would land)."""
+    """`path` itself if it exists, else its nearest existing parent (where a new file would
+    land)."""
     p = Path(os.path.abspath(Path(path).expanduser()))
     while not p.exists() and p != p.parent:
         p = p.parent
@@ -66,7 +70,8 @@ def mount_point(path) -> Path:
 
 
 def free_bytes(path) -> Optional[int]:
-    """Free bytes on the filesystem that holds (or would hold) `path`, for this user; None if it cannot be read."""
+    """Free bytes on the filesystem that holds (or would hold) `path`, for this user; None if it
+    cannot be read."""
     try:
         return shutil.disk_usage(existing_ancestor(path)).free
     except OSError:
@@ -98,8 +103,9 @@ def is_disk_error(e: BaseException) -> bool:
 
 
 def describe_os_error(e: OSError, path, needed: Optional[int] = None) -> str:
-    """`e` (raised while writing `path`) in one line: what stopped the write, the file, and for a full disk or quota
-    the bytes needed (where known) against the free space. The caller adds the fix."""
+    """`e` (raised while writing `path`) in one line: what stopped the write, the file, and for a
+    full disk or quota the bytes needed (where known) against the free space. The caller adds the
+    fix."""
     where = str(e.filename or path)
     free = free_bytes(where)
     room = ", ".join(
@@ -120,12 +126,16 @@ def describe_os_error(e: OSError, path, needed: Optional[int] = None) -> str:
     if e.errno in (errno.EACCES, errno.EPERM):
         return f"no permission to write {where} ({e.strerror})"
     if e.errno == errno.EFBIG:
-        return f"{where}: {e.strerror} (over the filesystem's or this process's file-size limit, ulimit -f)"
+        return (
+            f"{where}: {e.strerror} (over the filesystem's or this process's file-size limit, "
+            "ulimit -f)"
+        )
     return f"{where}: {e.strerror or e}"
 
 
 def maker() -> dict:
-    """Who this process is, as the marker and the run lock record it: pid, host, since (local time), command."""
+    """Who this process is, as the marker and the run lock record it: pid, host, since (local time),
+    command."""
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -135,7 +145,8 @@ def maker() -> dict:
 
 
 def alive_here(info: dict) -> bool:
-    """Whether the process `info` names runs on this host (its pid exists here; another host: assumed alive)."""
+    """Whether the process `info` names runs on this host (its pid exists here; another host:
+    assumed alive)."""
     if info.get("host") != socket.gethostname():
         return True
     try:
@@ -148,7 +159,8 @@ def alive_here(info: dict) -> bool:
 
 
 def who(info: dict) -> str:
-    """'pid 123 on host h since <its local start time> (its command)' from a marker's or lock's record."""
+    """'pid 123 on host h since <its local start time> (its command)' from a marker's or lock's
+    record."""
     if not info:
         return "an unknown process (its record is empty)"
     return f"pid {info.get('pid')} on host {info.get('host')} since {info.get('since')}" + (
@@ -157,13 +169,15 @@ def who(info: dict) -> str:
 
 
 def make_partial(path: Path) -> None:
-    """Create directory `path` (it must not exist) with PARTIAL_MARKER in it: this process made it."""
+    """Create directory `path` (it must not exist) with PARTIAL_MARKER in it: this process made
+    it."""
     Path(path).mkdir(parents=True)
     (Path(path) / PARTIAL_MARKER).write_text(json.dumps(maker()) + "\n")
 
 
 def partial_maker(path: Path) -> Optional[dict]:
-    """The record in `path`'s PARTIAL_MARKER ({} if unreadable), or None where `path` has no marker."""
+    """The record in `path`'s PARTIAL_MARKER ({} if unreadable), or None where `path` has no
+    marker."""
     marker = Path(path) / PARTIAL_MARKER
     if not marker.is_file():
         return None
@@ -175,16 +189,17 @@ def partial_maker(path: Path) -> Optional[dict]:
 
 
 def check_partial(path: Path, fix: str) -> Optional[dict]:
-    """The maker of the partial directory `path` that this project left (its marker's maker is gone), None if `path`
-    does not exist. NotOurs, naming it and `fix`, where it lacks the marker or its maker still runs."""
+    """The maker of the partial directory `path` that this project left (its marker's maker is
+    gone), None if `path` does not exist. NotOurs, naming it and `fix`, where it lacks the marker or
+    its maker still runs."""
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         return None
     info = partial_maker(p) if p.is_dir() and not p.is_symlink() else None
     if info is None:
         raise NotOurs(
-            f"{str(p)!r} exists and was not made by ds_longctx (no {PARTIAL_MARKER} marker in it), so it "
-            f"is left alone; {fix}"
+            f"{str(p)!r} exists and was not made by ds_longctx (no {PARTIAL_MARKER} marker in it), "
+            f"so it is left alone; {fix}"
         )
     if info.get("pid") != os.getpid() and alive_here(info):
         raise NotOurs(f"{str(p)!r} is being written by {who(info)}; wait for it to end, or {fix}")
@@ -192,8 +207,8 @@ def check_partial(path: Path, fix: str) -> Optional[dict]:
 
 
 def clear_partial(path: Path, fix: str) -> Optional[str]:
-    """Remove the partial directory `path` where `check_partial` finds it ours; returns the line to say (None: there
-    was none)."""
+    """Remove the partial directory `path` where `check_partial` finds it ours; returns the line to
+    say (None: there was none)."""
     info = check_partial(path, fix)
     if info is None:
         return None
@@ -202,7 +217,8 @@ def clear_partial(path: Path, fix: str) -> Optional[str]:
 
 
 def finish_partial(path: Path, dest: Path) -> None:
-    """Rename the partial directory `path` (its marker removed) to `dest` (absent, or an empty directory)."""
+    """Rename the partial directory `path` (its marker removed) to `dest` (absent, or an empty
+    directory)."""
     (Path(path) / PARTIAL_MARKER).unlink()
     if Path(dest).is_dir():
         Path(dest).rmdir()  # empty: rmdir refuses otherwise
@@ -217,7 +233,8 @@ def _digest(path: Path) -> Optional[str]:
 
 
 def mark_written(d: Path, marker: str, names) -> None:
-    """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours` asks)."""
+    """`d/marker` records who wrote the files `names` of `d` and each one's sha256 (what `not_ours`
+    asks)."""
     record = {"maker": maker(), "files": {n: _digest(Path(d) / n) for n in names}}
     fd = os.open(
         Path(d) / marker,
@@ -229,8 +246,9 @@ def mark_written(d: Path, marker: str, names) -> None:
 
 
 def not_ours(d: Path, marker: str, names=None) -> list:
-    """The entries of `d` (of `names` only, where given) that `d/marker` does not record as written by this project
-    with their present content: a user's own files, never overwritten nor removed. The marker itself is ours."""
+    """The entries of `d` (of `names` only, where given) that `d/marker` does not record as written
+    by this project with their present content: a user's own files, never overwritten nor removed.
+    The marker itself is ours."""
     d = Path(d)
     mine = (d / marker).is_file() and not (d / marker).is_symlink()
     try:

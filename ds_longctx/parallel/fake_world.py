@@ -1,4 +1,5 @@
-"""One rank of a world of N in one process: torch's fake process group, collectives of a symmetric world, counted.
+"""One rank of a world of N in one process: torch's fake process group, collectives of a symmetric
+world, counted.
 
 Design notes: docs/design/parallel.md, section `fake_world.py`.
 """
@@ -57,11 +58,12 @@ def collective_log() -> CollectiveLog:
 
 
 def launcher_env(rank: int, world_size: int, per_node: int) -> dict:
-    """The environment torchrun gives rank `rank` of `world_size` with `per_node` processes per node."""
+    """The environment torchrun gives rank `rank` of `world_size` with `per_node` processes per
+    node."""
     if not 0 <= rank < world_size or world_size % per_node:
         raise ValueError(
-            f"rank {rank} of world {world_size} with {per_node} per node: need 0 <= rank < world and "
-            f"per_node dividing world"
+            f"rank {rank} of world {world_size} with {per_node} per node: need 0 <= rank < world "
+            f"and per_node dividing world"
         )
     node = rank // per_node
     return {
@@ -80,8 +82,9 @@ def launcher_env(rank: int, world_size: int, per_node: int) -> dict:
 
 
 def start(rank: int, world_size: int, per_node: int) -> CollectiveLog:
-    """Set the launcher's environment for `rank`, start the fake process group and install the counting wrappers.
-    Call before DeepSpeed starts its communication backend (it keeps references to the collectives)."""
+    """Set the launcher's environment for `rank`, start the fake process group and install the
+    counting wrappers. Call before DeepSpeed starts its communication backend (it keeps references
+    to the collectives)."""
     global _LOG
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -132,12 +135,13 @@ def refuse_in_rehearsal(what: str, error: type = RuntimeError) -> None:
     docs/design/parallel.md."""
     if active():
         raise error(
-            f"{what} refused: this process is a rehearsal (rank {os.environ.get(REHEARSAL_ENV)} on a "
-            f"fake process group): it saves no checkpoint, runs no eval and exports nothing"
+            f"{what} refused: this process is a rehearsal (rank {os.environ.get(REHEARSAL_ENV)} on "
+            f"a fake process group): it saves no checkpoint, runs no eval and exports nothing"
         )
 
 
-# ------------------------------------------------------------------ the symmetric world's collectives
+# ------------------------------------------------------------------ the symmetric world's
+# collectives
 
 
 def _ranks(group) -> tuple:
@@ -267,7 +271,8 @@ def _broadcast(orig, *args, **kwargs):
 
 
 def _unchanged(kind: str):
-    """A collective that leaves its arguments as they are in a symmetric world (objects, barriers): counted, no
+    """A collective that leaves its arguments as they are in a symmetric world (objects, barriers):
+    counted, no
     bytes."""
 
     def wrapper(orig, *args, **kwargs):
@@ -307,8 +312,9 @@ _DEPTH = threading.local()
 
 
 def _bind(orig, wrapper):
-    """`wrapper` around `orig`; a collective called from inside another (torch 2.13's all_gather_into_tensor calls
-    all_gather_single) goes straight to its original: the outer call counts and writes."""
+    """`wrapper` around `orig`; a collective called from inside another (torch 2.13's
+    all_gather_into_tensor calls all_gather_single) goes straight to its original: the outer call
+    counts and writes."""
 
     def call(*args, **kwargs):
         if getattr(_DEPTH, "n", 0):
@@ -328,16 +334,16 @@ _ABSENT = object()
 
 
 def _patch(obj, name: str, new) -> None:
-    """Set `obj.name` (a module's or an instance's attribute); `stop` restores it (an instance's method by deleting
-    the instance attribute that shadows it)."""
+    """Set `obj.name` (a module's or an instance's attribute); `stop` restores it (an instance's
+    method by deleting the instance attribute that shadows it)."""
     saved = obj.__dict__.get(name, _ABSENT) if not isinstance(obj, type(os)) else getattr(obj, name)
     _SAVED.setdefault((obj, name), saved)
     setattr(obj, name, new)
 
 
 def _install() -> None:
-    """The wrappers on `torch.distributed` and `distributed_c10d` (both spellings are called), and DeepSpeed's
-    compare-with-rank-0 checks as this rank's own lists."""
+    """The wrappers on `torch.distributed` and `distributed_c10d` (both spellings are called), and
+    DeepSpeed's compare-with-rank-0 checks as this rank's own lists."""
     for name, wrapper in WRAPPERS.items():
         orig = getattr(c10d, name, None)
         if orig is None:  # a name this torch does not have (all_gather_single is new in 2.13)
@@ -363,7 +369,8 @@ def _install() -> None:
             dict(deepspeed.ops.__compatible_ops__, deepspeed_shm_comm=False),
         )
         return
-    # LOCAL_RANK is the played rank's (up to 7 on an 8-GPU node); this machine's one device stands for it
+    # LOCAL_RANK is the played rank's (up to 7 on an 8-GPU node); this machine's one device stands
+    # for it
     device = torch.cuda.current_device()
     acc = get_accelerator()
     _patch(acc, "set_device", lambda index: torch.cuda.set_device(device))

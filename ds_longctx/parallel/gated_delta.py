@@ -1,5 +1,6 @@
-"""A gated DeltaNet layer's token mixing on whole sequences, documents kept apart: the causal depthwise conv1d and the
-gated delta rule, on the kernel chosen once per process (`linear_attn_backend`: FLA on a CUDA GPU, torch elsewhere).
+"""A gated DeltaNet layer's token mixing on whole sequences, documents kept apart: the causal
+depthwise conv1d and the gated delta rule, on the kernel chosen once per process
+(`linear_attn_backend`: FLA on a CUDA GPU, torch elsewhere).
 
 Design notes: docs/design/parallel.md, section `gated_delta.py`.
 """
@@ -21,9 +22,11 @@ log = logging.getLogger("ds_longctx")
 
 LINEAR_BACKENDS = ("auto", "fla", "torch")
 CHUNK = 64  # the torch path's chunk of the gated delta rule (transformers' and FLA's default)
-# What a GPU pays for the torch fallback, said in its warning. measured: see docs/calibration.md#gated-delta
+# What a GPU pays for the torch fallback, said in its warning. measured: see
+# docs/calibration.md#gated-delta
 FALLBACK_COST = (
-    "FLA's chunk_gated_delta_rule runs 1,048,576 tokens x 4 heads fwd+bwd in 0.10 s on an H200; the "
+    "FLA's chunk_gated_delta_rule runs 1,048,576 tokens x 4 heads fwd+bwd in 0.10 s on an H200; "
+    "the "
     "torch path is a Python loop over 64-token chunks, one document at a time, in fp32: orders of "
     "magnitude slower and several times the memory"
 )
@@ -64,8 +67,8 @@ def _fla_refusal() -> Optional[str]:
 
 
 def resolve_linear_backend(name: str) -> LinearChoice:
-    """The kernel `name` means here, or ValueError naming the fix (FLA asked for without CUDA or without FLA; FLA on
-    an unsafe Triton)."""
+    """The kernel `name` means here, or ValueError naming the fix (FLA asked for without CUDA or
+    without FLA; FLA on an unsafe Triton)."""
     if name not in LINEAR_BACKENDS:
         raise ValueError(
             f"linear_attn_backend={name!r} is unknown; use one of {list(LINEAR_BACKENDS)}"
@@ -75,13 +78,14 @@ def resolve_linear_backend(name: str) -> LinearChoice:
         return LinearChoice("torch", "asked for")
     if name == "fla" and not on_cuda:
         raise ValueError(
-            "linear_attn_backend='fla' needs a CUDA GPU; use linear_attn_backend='torch' (or 'auto') on "
-            "CPU"
+            "linear_attn_backend='fla' needs a CUDA GPU; use linear_attn_backend='torch' (or "
+            "'auto') on CPU"
         )
     if name == "fla" and not fla_available():
         raise ValueError(
             "linear_attn_backend='fla' but flash-linear-attention does not import (`pip install "
-            "ds-longctx[gpu]`: fla-core / flash-linear-attention 0.6.0); use linear_attn_backend='auto'"
+            "ds-longctx[gpu]`: fla-core / flash-linear-attention 0.6.0); use "
+            "linear_attn_backend='auto'"
         )
     if not on_cuda:
         return LinearChoice("torch", "auto: no CUDA")
@@ -102,15 +106,15 @@ _CHOICE: list = [None]
 
 
 def select_linear(name: str, announce: bool = True) -> LinearChoice:
-    """Choose the gated-delta kernel for this process; log it once, and warn once with the cost when a GPU runs the
-    torch path."""
+    """Choose the gated-delta kernel for this process; log it once, and warn once with the cost when
+    a GPU runs the torch path."""
     choice = _CHOICE[0] = resolve_linear_backend(name)
     if announce:
         log.info("linear attention: %s (%s)", choice.backend, choice.reason)
         if choice.backend == "torch" and torch.cuda.is_available():
             log.warning(
-                "linear attention: the gated DeltaNet layers run the torch fallback on this GPU (%s). "
-                "%s. Install flash-linear-attention (ds-longctx[gpu]) for the kernels",
+                "linear attention: the gated DeltaNet layers run the torch fallback on this GPU "
+                "(%s). %s. Install flash-linear-attention (ds-longctx[gpu]) for the kernels",
                 choice.reason,
                 FALLBACK_COST,
             )
@@ -140,8 +144,8 @@ def positions_in_document(
 def causal_conv1d(
     x: torch.Tensor, weight: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """SiLU(causal depthwise conv1d) of x `[b, s, c]` with weight `[c, K]` (transformers' Conv1d weight
-    `[c, 1, K]` squeezed), the window cut at each document's start -> `[b, s, c]`."""
+    """SiLU(causal depthwise conv1d) of x `[b, s, c]` with weight `[c, K]` (transformers' Conv1d
+    weight `[c, 1, K]` squeezed), the window cut at each document's start -> `[b, s, c]`."""
     if current_linear().backend == "fla" and x.is_cuda:
         from fla.modules.convolution import causal_conv1d as fla_conv
 
@@ -197,11 +201,13 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_rule(q, k, v, g, beta) -> torch.Tensor:
-    """One segment from a zero state, chunked (CHUNK tokens): inside a chunk the delta rule's updates are one
-    triangular solve (the WY form), across chunks a recurrence on the [dk, dv] state per value head. fp32."""
+    """One segment from a zero state, chunked (CHUNK tokens): inside a chunk the delta rule's
+    updates are one triangular solve (the WY form), across chunks a recurrence on the [dk, dv] state
+    per value head. fp32."""
     dtype, (b, s, hv, dv) = v.dtype, v.shape
     rep = hv // q.shape[2]
-    # [b, s, h, d] -> [b, hv, s, d] fp32, q / k repeated to the value heads, L2-normalised, q scaled by dk^-0.5
+    # [b, s, h, d] -> [b, hv, s, d] fp32, q / k repeated to the value heads, L2-normalised, q scaled
+    # by dk^-0.5
     q, k = (_l2norm(t.repeat_interleave(rep, dim=2).transpose(1, 2).float()) for t in (q, k))
     q = q * q.shape[-1] ** -0.5
     v, g, beta = v.transpose(1, 2).float(), g.transpose(1, 2).float(), beta.transpose(1, 2).float()
@@ -217,7 +223,8 @@ def _torch_rule(q, k, v, g, beta) -> torch.Tensor:
         (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")).exp()
     )  # [b, hv, n, C, C]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-    # the WY form: (I + strictly-lower(beta k k^T . decay)) u = v beta, and the same for the decayed keys
+    # the WY form: (I + strictly-lower(beta k k^T . decay)) u = v beta, and the same for the decayed
+    # keys
     system = ((k_beta @ k.transpose(-1, -2)) * decay).masked_fill(~lower.tril(-1), 0.0)
     system = system + torch.eye(CHUNK, device=q.device)
     u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)

@@ -1,9 +1,11 @@
-"""JSON read strictly: a key given twice in one object is refused, never the last one kept as `json.loads` does.
-The one rule for every JSON a user writes (run configs: config/config_file.py; data rows: data/scan.py). Torch-free,
-at the bottom.
+"""JSON read strictly: a key given twice in one object is refused, never the last one kept as
+`json.loads` does. The one rule for every JSON a user writes (run configs: config/config_file.py;
+data rows: data/scan.py). Torch-free, at the bottom.
 
-    obj = loads_unique(text)      # DuplicateKey(path, first_line, second_line) where a key appears twice; TooDeep
-    obj, end = raw_decode_unique(text, i)          # the same, of the value at text[i:] (a JSON array's element)
+    # DuplicateKey(path, first_line, second_line) where a key appears twice; TooDeep:
+    obj = loads_unique(text)
+    # the same, of the value at text[i:] (a JSON array's element):
+    obj, end = raw_decode_unique(text, i)
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Optional
 
 
 class DuplicateKey(ValueError):
-    """A key given twice in one object: its dotted path (`messages[1].role`) and the lines of both (None: unknown)."""
+    """A key given twice in one object: its dotted path (`messages[1].role`) and the lines of both
+    (None: unknown)."""
 
     def __init__(self, path: str, first: Optional[int], second: Optional[int]):
         super().__init__(f"key {path} appears twice; keep one")
@@ -36,8 +39,8 @@ class TooDeep(ValueError):
 
     def __init__(self):
         super().__init__(
-            "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); "
-            "flatten it"
+            "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 "
+            "levels); flatten it"
         )
 
 
@@ -56,8 +59,8 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_unique)
 
 
 def loads_unique(text: str) -> Any:
-    """`json.loads(text)`, or DuplicateKey naming the first key given twice, TooDeep for a value nested past the
-    reader (json.JSONDecodeError as json's)."""
+    """`json.loads(text)`, or DuplicateKey naming the first key given twice, TooDeep for a value
+    nested past the reader (json.JSONDecodeError as json's)."""
     try:
         return json.loads(text, object_pairs_hook=_unique)
     except _Twice:
@@ -67,8 +70,8 @@ def loads_unique(text: str) -> Any:
 
 
 def raw_decode_unique(text: str, i: int) -> tuple:
-    """`json.JSONDecoder().raw_decode(text, i)` (the value at `i` and where it ends), or DuplicateKey as
-    `loads_unique`, its lines counted within the value."""
+    """`json.JSONDecoder().raw_decode(text, i)` (the value at `i` and where it ends), or
+    DuplicateKey as `loads_unique`, its lines counted within the value."""
     try:
         return _DECODER.raw_decode(text, i)
     except RecursionError:
@@ -96,8 +99,10 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]')
 
 
 def duplicate_in(text: str) -> DuplicateKey:
-    """The first key given twice in one object of the valid JSON `text`: its dotted path and both lines."""
-    frames: list = []  # one per open container: [path, {key: line} (None: an array), item index, expecting a key]
+    """The first key given twice in one object of the valid JSON `text`: its dotted path and both
+    lines."""
+    # one per open container: [path, {key: line} (None: an array), item index, expecting a key]
+    frames: list = []
     line, pos = 1, 0
     for m in _JSON_TOKEN.finditer(text):
         tok = m.group()

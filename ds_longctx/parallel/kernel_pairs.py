@@ -1,6 +1,6 @@
-"""Kernel pairs: an attention kernel's forward that returns its log-sum-exp, and the backward that takes it, run
-through our own autograd Function (`_Attend`). parallel/attention.py picks the pair (`kernel_pair`) and routes
-through it; this module holds the pairs and the Function.
+"""Kernel pairs: an attention kernel's forward that returns its log-sum-exp, and the backward that
+takes it, run through our own autograd Function (`_Attend`). parallel/attention.py picks the pair
+(`kernel_pair`) and routes through it; this module holds the pairs and the Function.
 
 Design notes: docs/design/parallel.md, section `kernel_pairs.py`.
 """
@@ -12,8 +12,8 @@ import torch
 
 
 class _Pair:
-    """A forward that returns (out, saved tensors, meta) and the backward that takes them; packed, `cu` and
-    `max_len` are (queries', keys') pairs. More: docs/design/parallel.md."""
+    """A forward that returns (out, saved tensors, meta) and the backward that takes them; packed,
+    `cu` and `max_len` are (queries', keys') pairs. More: docs/design/parallel.md."""
 
     gqa = False  # the kernel reads fewer KV heads than query heads itself
     splits_heads = False
@@ -34,8 +34,8 @@ class _Pair:
 
 
 class _FA4(_Pair):
-    """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1, causal aligned
-    bottom-right where a document's q and k lengths differ); LSE `[b, h, s]`."""
+    """FlashAttention 4: q/k/v as `[b, s, h, d]` views (dense) or `[s, h, d]` (varlen, b == 1,
+    causal aligned bottom-right where a document's q and k lengths differ); LSE `[b, h, s]`."""
 
     gqa = True
     splits_heads = True
@@ -171,7 +171,8 @@ class _CpuFlashSDPA(_Pair):
 
 
 class _Attend(torch.autograd.Function):
-    """Attention through a kernel pair, with an optional cache slot. More: docs/design/parallel.md."""
+    """Attention through a kernel pair, with an optional cache slot. More:
+    docs/design/parallel.md."""
 
     @staticmethod
     def forward(ctx, q, k, v, pair, scale, cu, max_len, slot):
@@ -199,8 +200,9 @@ class _Attend(torch.autograd.Function):
 
 
 def _grouped_bwd(pair: _Pair, groups: int, dout, q, k, v, out, saved, args) -> tuple:
-    """The pair's backward over `groups` groups of KV heads with their query heads, one at a time (module doc):
-    each group's grads are computed into fresh tensors by the kernel, then copied into the full ones."""
+    """The pair's backward over `groups` groups of KV heads with their query heads, one at a time
+    (module doc): each group's grads are computed into fresh tensors by the kernel, then copied into
+    the full ones."""
     hq, hk = q.shape[1], k.shape[1]
     if hq % groups or hk % groups:
         raise ValueError(
@@ -224,7 +226,8 @@ _HEAD_GROUPS = [1]
 
 
 def set_head_groups(groups: int) -> None:
-    """The grouped backward's group count for every attention call of this process (1: ungrouped)."""
+    """The grouped backward's group count for every attention call of this process (1:
+    ungrouped)."""
     if groups < 1:
         raise ValueError(f"attn_bwd_head_groups={groups} must be >= 1")
     _HEAD_GROUPS[0] = groups

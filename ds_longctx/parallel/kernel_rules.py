@@ -1,9 +1,11 @@
-"""Which attention kernel may run a model, decided from its shape alone (no torch: the planner reads it too).
+"""Which attention kernel may run a model, decided from its shape alone (no torch: the planner reads
+it too).
 
-FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the attention cache needs on a GPU) is
-verified (against an fp32 reference and inside the engine, tests/gpu/test_attention_gpu.py) at FA4_VERIFIED_HEAD_DIMS
-only, so `auto` picks it only there. Its Hopper kernels take FA3's tile configurations, made for head dims 64-256;
-below FA4_MIN_HEAD_DIM its gradients are wrong, so it is refused. measured: see docs/calibration.md#fa4-head-dims
+FlashAttention 4 (parallel/attention.py's `fa4` backend and the kernel pair the attention cache
+needs on a GPU) is verified (against an fp32 reference and inside the engine,
+tests/gpu/test_attention_gpu.py) at FA4_VERIFIED_HEAD_DIMS only, so `auto` picks it only there. Its
+Hopper kernels take FA3's tile configurations, made for head dims 64-256; below FA4_MIN_HEAD_DIM its
+gradients are wrong, so it is refused. measured: see docs/calibration.md#fa4-head-dims
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ FA4_MIN_HEAD_DIM = 64
 
 
 def head_dim(cfg) -> int:
-    """The attention head dim of a model config (a dict, or an HF config object): its `head_dim`, else
-    hidden_size / num_attention_heads. The one home of this rule: plan/geometry.py and parallel/attention.py read it."""
+    """The attention head dim of a model config (a dict, or an HF config object): its `head_dim`,
+    else hidden_size / num_attention_heads. The one home of this rule: plan/geometry.py and
+    parallel/attention.py read it."""
     get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
     return get("head_dim") or get("hidden_size") // get("num_attention_heads")
 
@@ -30,9 +33,9 @@ def check_attention_heads(heads: int, kv_heads: int, where: str = "the model") -
     if kv_heads < 1 or kv_heads > heads or heads % kv_heads:
         fits = divisors(heads) if heads >= 1 else []
         raise ValueError(
-            f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV head must "
-            f"serve a whole group of query heads (num_attention_heads a multiple of num_key_value_heads); "
-            f"fix the config: num_key_value_heads one of {fits}"
+            f"{where}: num_attention_heads={heads} with num_key_value_heads={kv_heads}: each KV "
+            "head must serve a whole group of query heads (num_attention_heads a multiple of "
+            f"num_key_value_heads); fix the config: num_key_value_heads one of {fits}"
         )
 
 
@@ -45,9 +48,10 @@ def fa4_refusal(head_dim: Optional[int]) -> Optional[str]:
     """Why `attn_backend: fa4` is refused for this head_dim, or None."""
     if head_dim is not None and head_dim < FA4_MIN_HEAD_DIM:
         return (
-            f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are made for head dims "
-            f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN SDPA's here; use "
-            f"attn_backend='sdpa' (or 'auto')"
+            f"attn_backend='fa4' at head_dim={head_dim}: FlashAttention 4's Hopper kernels are "
+            "made for head dims "
+            f"{FA4_MIN_HEAD_DIM}-256, and at head_dim 16 their gradients disagreed with cuDNN "
+            f"SDPA's here; use attn_backend='sdpa' (or 'auto')"
         )
     return None
 
@@ -59,8 +63,8 @@ def head_groups_split(groups: int, kv_heads: int, sp_size: int) -> bool:
 
 
 def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
-    """Refuse `memory.attn_bwd_head_groups` that do not split the KV heads each rank attends (`head_groups_split`),
-    naming the group counts that do."""
+    """Refuse `memory.attn_bwd_head_groups` that do not split the KV heads each rank attends
+    (`head_groups_split`), naming the group counts that do."""
     local = local_kv_heads(kv_heads, sp_size)
     if not head_groups_split(groups, kv_heads, sp_size):
         fits = divisors(local)
@@ -70,16 +74,18 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
         )
 
 
-# ----------------------------------------------------------------------------- hybrid models' layer types
+# ----------------------------------------------------------------------------- hybrid models' layer
+# types
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
-# Models calling ALL_ATTENTION_FUNCTIONS though `_supports_attention_backend` is False (transformers 5.17 and
-# 5.25's Qwen3.5); the engine still checks each batch that the Ulysses function ran
+# Models calling ALL_ATTENTION_FUNCTIONS though `_supports_attention_backend` is False (transformers
+# 5.17 and 5.25's Qwen3.5); the engine still checks each batch that the Ulysses function ran
 INTERFACE_UNFLAGGED = ("qwen3_5_text",)
 LAYER_KINDS = (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
 )  # the token mixers this package runs (Ulysses around each)
-SLIDING_ATTENTION = "sliding_attention"  # run as full causal: alike within its window (plan/hf_fields.window_problem)
+# run as full causal: alike within its window (plan/hf_fields.window_problem)
+SLIDING_ATTENTION = "sliding_attention"
 
 
 def _getter(cfg):
@@ -95,8 +101,9 @@ def layer_types(cfg) -> tuple:
 
 
 def linear_heads(cfg) -> Optional[tuple]:
-    """(linear_num_key_heads, linear_num_value_heads) of a model with gated-DeltaNet layers, None without any: what
-    the sp-size rule (parallel_state.sp_size_problem) reads beside the attention heads."""
+    """(linear_num_key_heads, linear_num_value_heads) of a model with gated-DeltaNet layers, None
+    without any: what the sp-size rule (parallel_state.sp_size_problem) reads beside the attention
+    heads."""
     if LINEAR_ATTENTION not in layer_types(cfg):
         return None
     get = _getter(cfg)
@@ -104,18 +111,19 @@ def linear_heads(cfg) -> Optional[tuple]:
 
 
 def check_linear_heads(key_heads: int, value_heads: int, where: str = "the model") -> None:
-    """The gated delta rule's grouped values: each key head serves a whole group of value heads (FLA's GVA and
-    transformers' torch path both repeat the key heads value_heads // key_heads times)."""
+    """The gated delta rule's grouped values: each key head serves a whole group of value heads
+    (FLA's GVA and transformers' torch path both repeat the key heads value_heads // key_heads
+    times)."""
     if key_heads < 1 or value_heads < key_heads or value_heads % key_heads:
         raise ValueError(
-            f"{where}: linear_num_value_heads={value_heads} with linear_num_key_heads={key_heads}: each "
-            f"key head must serve a whole group of value heads; fix the config (value heads a multiple "
-            f"of key heads)"
+            f"{where}: linear_num_value_heads={value_heads} with linear_num_key_heads={key_heads}: "
+            "each key head must serve a whole group of value heads; fix the config (value heads a "
+            f"multiple of key heads)"
         )
 
 
-# FLA's gated backward on Hopper gives wrong gradients with Triton >= 3.4.0 and < 3.7.1 (FLA #640), unless its tilelang
-# backend takes that kernel. measured: see docs/calibration.md#fla-triton
+# FLA's gated backward on Hopper gives wrong gradients with Triton >= 3.4.0 and < 3.7.1 (FLA #640),
+# unless its tilelang backend takes that kernel. measured: see docs/calibration.md#fla-triton
 FLA_UNSAFE_TRITON = ((3, 4, 0), (3, 7, 1))
 
 
@@ -130,15 +138,16 @@ def _version_tuple(version: str) -> tuple:
 def fla_triton_refusal(
     triton_version: Optional[str], hopper: bool, tilelang: bool
 ) -> Optional[str]:
-    """Why FLA's gated-delta kernels may not train here (None: they may): a Hopper GPU with a Triton in
-    FLA_UNSAFE_TRITON and no tilelang backend to take the broken backward kernel."""
+    """Why FLA's gated-delta kernels may not train here (None: they may): a Hopper GPU with a Triton
+    in FLA_UNSAFE_TRITON and no tilelang backend to take the broken backward kernel."""
     if not hopper or triton_version is None or tilelang:
         return None
     lo, hi = FLA_UNSAFE_TRITON
     if not lo <= _version_tuple(triton_version) < hi:
         return None
     return (
-        f"FLA's gated-delta backward on Hopper with Triton {triton_version} (>= 3.4.0, < 3.7.1) gives wrong "
-        f"gradients (FLA #640); install tilelang (`pip install tilelang==0.1.15 apache-tvm-ffi==0.1.12`: FLA then "
+        f"FLA's gated-delta backward on Hopper with Triton {triton_version} (>= 3.4.0, < 3.7.1) "
+        "gives wrong gradients (FLA #640); install tilelang (`pip install tilelang==0.1.15 "
+        "apache-tvm-ffi==0.1.12`: FLA then "
         f"runs that kernel through it) or Triton >= 3.7.1, or set linear_attn_backend: torch (slow)"
     )

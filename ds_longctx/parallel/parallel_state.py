@@ -5,7 +5,8 @@ Design notes: docs/design/parallel.md, section `parallel_state.py`.
 
 from __future__ import annotations
 
-# torch and deepspeed are imported inside the functions that use them: config/ and plan/ import this module.
+# torch and deepspeed are imported inside the functions that use them: config/ and plan/ import this
+# module.
 import logging
 import os
 import socket
@@ -28,8 +29,8 @@ def sp_size_problem(
         return f"sp_size={sp_size} does not divide world_size={world_size}"
     if per_node is not None and per_node % sp_size:
         return (
-            f"sp_size={sp_size} does not divide the {per_node} processes per node, so an SP group would straddle "
-            f"nodes (its all-to-all over the inter-node network)"
+            f"sp_size={sp_size} does not divide the {per_node} processes per node, so an SP group "
+            f"would straddle nodes (its all-to-all over the inter-node network)"
         )
     if num_heads is None:
         return None
@@ -37,20 +38,20 @@ def sp_size_problem(
         return f"sp_size={sp_size} must divide num_attention_heads={num_heads}"
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
         return (
-            f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a multiple of it "
-            f"(KV-head replication)"
+            f"sp_size={sp_size} neither divides num_key_value_heads={num_kv_heads} nor is a "
+            f"multiple of it (KV-head replication)"
         )
     if linear_heads is not None:
         hk, hv = linear_heads
         if hv % sp_size:
             return (
-                f"sp_size={sp_size} must divide linear_num_value_heads={hv} (the gated-DeltaNet layers: each rank "
-                f"runs whole value heads over the whole sequence)"
+                f"sp_size={sp_size} must divide linear_num_value_heads={hv} (the gated-DeltaNet "
+                f"layers: each rank runs whole value heads over the whole sequence)"
             )
         if hk % sp_size and sp_size % hk:
             return (
-                f"sp_size={sp_size} neither divides linear_num_key_heads={hk} nor is a multiple of it "
-                f"(key-head replication in the gated-DeltaNet layers)"
+                f"sp_size={sp_size} neither divides linear_num_key_heads={hk} nor is a multiple of "
+                f"it (key-head replication in the gated-DeltaNet layers)"
             )
     return None
 
@@ -68,8 +69,8 @@ def valid_sp_sizes(
     per_node: Optional[int] = None,
     linear_heads: Optional[tuple] = None,
 ) -> list:
-    """Every sp_size in 1..world_size that `sp_size_problem` accepts, ascending. Only divisors of world_size can be
-    (its first rule), so only they are asked."""
+    """Every sp_size in 1..world_size that `sp_size_problem` accepts, ascending. Only divisors of
+    world_size can be (its first rule), so only they are asked."""
     return [
         sp
         for sp in divisors(world_size)
@@ -78,8 +79,8 @@ def valid_sp_sizes(
 
 
 def local_linear_heads(linear_heads: tuple, sp_size: int) -> tuple:
-    """(key heads, value heads) each rank runs in a gated-DeltaNet layer after the exchange: hk / sp (or 1 replicated
-    key head when sp > hk) and hv / sp."""
+    """(key heads, value heads) each rank runs in a gated-DeltaNet layer after the exchange: hk / sp
+    (or 1 replicated key head when sp > hk) and hv / sp."""
     hk, hv = linear_heads
     return max(hk // sp_size, 1), hv // sp_size
 
@@ -98,8 +99,9 @@ def check_sp_size(
     across_fix: str = "",
     linear_heads: Optional[tuple] = None,
 ) -> None:
-    """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with these heads
-    (and `per_node` processes per node). `across_fix` is appended when the node boundary is the problem."""
+    """Raise ValueError naming the valid sizes if `sp_size` cannot run on `world_size` ranks with
+    these heads (and `per_node` processes per node). `across_fix` is appended when the node boundary
+    is the problem."""
     problem = sp_size_problem(sp_size, world_size, num_heads, num_kv_heads, per_node, linear_heads)
     if problem is None:
         return
@@ -121,8 +123,9 @@ def check_sp_size(
 def check_planned_world(
     nodes: Optional[int], gpus_per_node: Optional[int], world_size: int, per_node: int
 ) -> None:
-    """Refuse a launch of `world_size` processes, `per_node` per node, when the config was planned for another
-    world (`parallel.nodes` x `parallel.gpus_per_node`; None: any). Raises ValueError naming both worlds and fixes."""
+    """Refuse a launch of `world_size` processes, `per_node` per node, when the config was planned
+    for another world (`parallel.nodes` x `parallel.gpus_per_node`; None: any). Raises ValueError
+    naming both worlds and fixes."""
     if nodes is None and gpus_per_node is None:
         return
     want_per = gpus_per_node or world_size // (nodes or 1)
@@ -132,8 +135,10 @@ def check_planned_world(
     have_nodes = max(world_size // max(per_node, 1), 1)
     raise ValueError(
         f"this config was planned for {want_nodes * want_per} processes ({want_nodes} node(s) x "
-        f"{want_per}); this launch has {world_size} ({have_nodes} node(s) x {per_node}): its memory plan "
-        f"holds for its own world only. Launch {want_nodes} x {want_per}, plan this world (ds-longctx "
+        f"{want_per}); this launch has {world_size} ({have_nodes} node(s) x {per_node}): its "
+        "memory plan "
+        f"holds for its own world only. Launch {want_nodes} x {want_per}, plan this world "
+        "(ds-longctx "
         f"plan --nodes {have_nodes} --gpus {per_node} ...), or set parallel.nodes: null and "
         f"parallel.gpus_per_node: null to run it anyway"
     )
@@ -147,9 +152,9 @@ def free_port() -> int:
 
 
 def local_world_size(world_size: int) -> int:
-    """Processes on this node, from the launcher's environment: LOCAL_WORLD_SIZE (torchrun, accelerate),
-    LOCAL_SIZE (deepspeed's launcher), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); `world_size` (one node) if none is
-    set, e.g. plain `python`."""
+    """Processes on this node, from the launcher's environment: LOCAL_WORLD_SIZE (torchrun,
+    accelerate), LOCAL_SIZE (deepspeed's launcher), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun);
+    `world_size` (one node) if none is set, e.g. plain `python`."""
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         if os.environ.get(var, "").isdigit() and int(os.environ[var]) > 0:
             return int(os.environ[var])
@@ -188,8 +193,9 @@ class ParallelState:
         num_kv_heads: Optional[int] = None,
         linear_heads: Optional[tuple] = None,
     ) -> "ParallelState":
-        """Validate `sp_size` against the world and the heads, then create the SP and DP groups (collective:
-        every rank must call it). Needs torch.distributed initialised unless sp_size == 1."""
+        """Validate `sp_size` against the world and the heads, then create the SP and DP groups
+        (collective: every rank must call it). Needs torch.distributed initialised unless sp_size ==
+        1."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -228,8 +234,9 @@ class ParallelState:
 
 
 def init_distributed(timeout_s: Optional[float] = None) -> None:
-    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if both are started.
-    `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps DeepSpeed's default.
+    """Start torch.distributed through DeepSpeed (nccl on GPU, gloo on CPU). No-op if both are
+    started. `timeout_s`: the process-group timeout (parallel.collective_timeout_s); None keeps
+    DeepSpeed's default.
 
     Notes: docs/design/parallel.md, `parallel_state.py`.
     """
@@ -263,7 +270,8 @@ def init_distributed(timeout_s: Optional[float] = None) -> None:
 
 
 def leave(code: int = 0) -> None:
-    """End this process now that its work is written: barrier, tear every process group down, flush, `os._exit`.
+    """End this process now that its work is written: barrier, tear every process group down, flush,
+    `os._exit`.
 
     Notes: docs/design/parallel.md, `parallel_state.py`.
     """

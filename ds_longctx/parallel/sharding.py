@@ -30,8 +30,8 @@ def shift_labels(
     labels: Optional[torch.Tensor] = None,
     position_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """`[b, L]` -> `[b, L]`: target of token i is labels[i+1] (labels default to input_ids); last is ignored,
-    and so is the last token of each packed document (where position_ids[i+1] == 0)."""
+    """`[b, L]` -> `[b, L]`: target of token i is labels[i+1] (labels default to input_ids); last is
+    ignored, and so is the last token of each packed document (where position_ids[i+1] == 0)."""
     src = input_ids if labels is None else labels
     out = torch.full_like(src, IGNORE_INDEX)
     out[:, :-1] = src[:, 1:]
@@ -45,8 +45,8 @@ def trained_counts(
     labels: Optional[torch.Tensor] = None,
     position_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """int64 [b]: the tokens of each row of a full batch `[b, L]` whose next token trains (what `shard_batch`'s
-    shift_labels leave unignored over all SP ranks)."""
+    """int64 [b]: the tokens of each row of a full batch `[b, L]` whose next token trains (what
+    `shard_batch`'s shift_labels leave unignored over all SP ranks)."""
     packed = position_ids is not None and bool((position_ids[:, 1:] == 0).any())
     return (shift_labels(input_ids, labels, position_ids if packed else None) != IGNORE_INDEX).sum(
         dim=1
@@ -54,7 +54,8 @@ def trained_counts(
 
 
 def doc_boundaries(position_ids: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[int]]:
-    """cu_seqlens (int32) and max document length of a packed row `[1, L]`; (None, None) if one document."""
+    """cu_seqlens (int32) and max document length of a packed row `[1, L]`; (None, None) if one
+    document."""
     pos = position_ids[0]
     starts = torch.nonzero(pos == 0).flatten()
     if starts.numel() == 0 or starts[0] != 0:
@@ -93,7 +94,8 @@ def shard_batch(
 
     pad = (-L) % sp_size
     if pad:
-        # [b, L] -> [b, L + pad]: pad tokens continue the positions, predict nothing, come after every real token
+        # [b, L] -> [b, L + pad]: pad tokens continue the positions, predict nothing, come after
+        # every real token
         input_ids = torch.cat([input_ids, input_ids.new_full((b, pad), pad_token_id)], dim=1)
         targets = torch.cat([targets, targets.new_full((b, pad), IGNORE_INDEX)], dim=1)
         tail = position_ids[:, -1:] + torch.arange(1, pad + 1, device=position_ids.device)

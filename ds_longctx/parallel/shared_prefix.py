@@ -22,19 +22,22 @@ class SharedLayout:
 
 
 def _runs(branch: list, a: int, b: int) -> Optional[tuple]:
-    """(S, B1, B2) as index ranges of document [a, b) when its branch ids are 0..0 1..1 2..2 with B1 and B2 not
-    empty; None where the document does not branch (no 2); ValueError where it branches out of that order."""
+    """(S, B1, B2) as index ranges of document [a, b) when its branch ids are 0..0 1..1 2..2 with B1
+    and B2 not empty; None where the document does not branch (no 2); ValueError where it branches
+    out of that order."""
     ids = branch[a:b]
     if 2 not in ids:
         if any(x not in (0,) for x in ids):
             raise ValueError(
-                f"tokens {a}..{b - 1} carry branch ids {sorted(set(ids))} without a second branch (2)"
+                f"tokens {a}..{b - 1} carry branch ids {sorted(set(ids))} without a second branch "
+                "(2)"
             )
         return None
     n0, n1 = ids.count(0), ids.count(1)
     if n1 == 0 or ids != [0] * n0 + [1] * n1 + [2] * (len(ids) - n0 - n1):
         raise ValueError(
-            f"tokens {a}..{b - 1} branch out of order: a document holds its shared prefix (0), then its "
+            f"tokens {a}..{b - 1} branch out of order: a document holds its shared prefix (0), "
+            "then its "
             f"first branch (1), then its second (2), each contiguous and both branches non-empty"
         )
     return range(a, a + n0), range(a + n0, a + n0 + n1), range(a + n0 + n1, b)
@@ -43,7 +46,8 @@ def _runs(branch: list, a: int, b: int) -> Optional[tuple]:
 def shared_layout(
     position_ids: torch.Tensor, branch: torch.Tensor, pad: int = 0
 ) -> Optional[SharedLayout]:
-    """The virtual sequence of a row `[L]` and `pad` tokens of SP padding after it (module doc): documents start where
+    """The virtual sequence of a row `[L]` and `pad` tokens of SP padding after it (module doc):
+    documents start where
     positions are 0, and the padding is one of its own. None where no document branches."""
     n, br = len(position_ids), branch.tolist() + [0] * pad
     s = n + pad

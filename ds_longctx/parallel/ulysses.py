@@ -5,8 +5,8 @@ Design notes: docs/design/parallel.md, section `ulysses.py`.
 
 from __future__ import annotations
 
-# transformers is imported where the attention function is registered: the engine's checks import this module
-# before any model exists.
+# transformers is imported where the attention function is registered: the engine's checks import
+# this module before any model exists.
 import logging
 from typing import Callable, Optional
 
@@ -74,7 +74,8 @@ def head_to_seq(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def seq_to_head_bshd(x: torch.Tensor, group) -> torch.Tensor:
-    """`[b, s/sp, heads, d] -> [b, s, heads/sp, d]` (the sequence-major layout the gated DeltaNet layers use)."""
+    """`[b, s/sp, heads, d] -> [b, s, heads/sp, d]` (the sequence-major layout the gated DeltaNet
+    layers use)."""
     return _SeqAllToAll.apply(x, group, 2, 1)
 
 
@@ -99,7 +100,8 @@ class UlyssesAttention:
     def __call__(
         self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
     ):
-        # query [b, h, s/sp, d]; key/value [b, hk, s/sp, d]; the mask is None (no mask function registered).
+        # query [b, h, s/sp, d]; key/value [b, hk, s/sp, d]; the mask is None (no mask function
+        # registered).
         self.calls += 1
         if dropout:
             raise ValueError(
@@ -109,15 +111,18 @@ class UlyssesAttention:
         window, s = kwargs.get("sliding_window"), query.shape[2] * self.state.sp_size
         if window is not None and s > window:  # full causal equals the window only within it
             raise ValueError(
-                f"a sliding-window layer (window {window:,}) at sequence length {s:,}: this attention is "
-                f"full causal; use seq_len <= {window:,}, or set sliding_window null in the model config"
+                f"a sliding-window layer (window {window:,}) at sequence length {s:,}: this "
+                "attention is "
+                f"full causal; use seq_len <= {window:,}, or set sliding_window null in the model "
+                "config"
             )
         group = self.state.sp_group
         slot = _slot_lookup[0](module)  # this layer's kept output (set_slot_lookup), or None
         if group is None:  # sp_size == 1: no exchange
             return self._attend(query, key, value, scale, slot), None
         if self.kv_rep > 1:
-            # [b, hk, s/sp, d] -> [b, hk*r = sp, s/sp, d]: each rank receives the KV head its queries read
+            # [b, hk, s/sp, d] -> [b, hk*r = sp, s/sp, d]: each rank receives the KV head its
+            # queries read
             key = key.repeat_interleave(self.kv_rep, dim=1)
             value = value.repeat_interleave(self.kv_rep, dim=1)
         q = seq_to_head(query, group)  # [b, h, s/sp, d] -> [b, h/sp, s, d]
@@ -128,8 +133,9 @@ class UlyssesAttention:
         return out, None
 
     def _attend(self, q, k, v, scale, slot):
-        """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents kept apart; a
-        branching one's keys and values through its virtual sequence (parallel/shared_prefix.py)."""
+        """Causal attention of the whole sequence `[b, h', s, d]` -> `[b, s, h', d]`, its documents
+        kept apart; a branching one's keys and values through its virtual sequence
+        (parallel/shared_prefix.py)."""
         lay = self.shared
         if lay is None:
             return attention.attend(q, k, v, scale, self.cu_seqlens, self.max_seqlen, slot=slot)
@@ -175,7 +181,8 @@ def set_slot_lookup(lookup: Optional[Callable]) -> None:
 
 
 def register(model, state: ParallelState) -> UlyssesAttention:
-    """Route `model`'s attention through Ulysses (also for sp_size 1: same kernel choice, packed docs).
+    """Route `model`'s attention through Ulysses (also for sp_size 1: same kernel choice, packed
+    docs).
 
     Notes: docs/design/parallel.md, `ulysses.py`.
     """
@@ -220,7 +227,8 @@ def check_wrappable(model) -> None:
 
 
 def check_wrappable_class(model_cls, config) -> None:
-    """Refuse, before any work, a model whose attention does not go through transformers' interface."""
+    """Refuse, before any work, a model whose attention does not go through transformers'
+    interface."""
     name = model_cls.__name__
     text_type = getattr(config.get_text_config(), "model_type", None)
     if not (
@@ -229,15 +237,17 @@ def check_wrappable_class(model_cls, config) -> None:
     ):
         raise ValueError(
             f"model {name} does not dispatch attention through transformers' AttentionInterface "
-            f"(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that does "
-            f"(Qwen3, Llama, Mistral, ...)"
+            "(_supports_attention_backend is False), so Ulysses cannot wrap it; use a model that "
+            f"does (Qwen3, Llama, Mistral, ...)"
         )
     cfg = config.get_text_config()
     kinds = set(kernel_rules.layer_types(cfg))
     if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
         raise ValueError(
-            f"model {name} has layer types {sorted(kinds)}; supported are full causal attention and "
-            f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)}, and sliding-window layers "
+            f"model {name} has layer types {sorted(kinds)}; supported are full causal attention "
+            "and "
+            f"gated DeltaNet linear attention {list(kernel_rules.LAYER_KINDS)}, and sliding-window "
+            "layers "
             f"within their window (chunked layers are not); give full_attention for those layers"
         )
     for key in ("num_attention_heads", "num_key_value_heads"):

@@ -1,4 +1,5 @@
-"""Ulysses sequence parallelism around a hybrid model's gated DeltaNet layers (Qwen3.5's `linear_attention`).
+"""Ulysses sequence parallelism around a hybrid model's gated DeltaNet layers (Qwen3.5's
+`linear_attention`).
 
 Design notes: docs/design/parallel.md, section `ulysses_linear.py`.
 """
@@ -17,7 +18,8 @@ from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.patching import own_forward, restore_saved
 from ds_longctx.parallel.ulysses import head_to_seq, seq_to_head_bshd
 
-_SAVED = "_ds_longctx_linear_forward"  # on a patched module: its instance-level forward before (patching.py)
+# on a patched module: its instance-level forward before (patching.py)
+_SAVED = "_ds_longctx_linear_forward"
 _PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "norm", "out_proj")
 
 
@@ -31,20 +33,24 @@ def linear_modules(model: nn.Module) -> list:
 
 
 def check_linear_module(module: nn.Module) -> None:
-    """Refuse a gated DeltaNet whose layout this wrapper does not compute (Qwen3-Next's fused in_proj_qkvz, a conv
-    bias), naming it."""
+    """Refuse a gated DeltaNet whose layout this wrapper does not compute (Qwen3-Next's fused
+    in_proj_qkvz, a conv bias), naming it."""
     missing = [p for p in _PARTS if not isinstance(getattr(module, p, None), nn.Module)]
     if missing or getattr(module.conv1d, "bias", None) is not None:
         raise ValueError(
-            f"{type(module).__name__} has no {', '.join(missing) or 'bias-free conv1d'}: the Ulysses "
-            f"wrapper computes Qwen3.5's gated DeltaNet (in_proj_qkv / z / b / a, a bias-free depthwise "
-            f"conv1d, gated RMSNorm, out_proj); this model's linear-attention layers are not supported"
+            f"{type(module).__name__} has no {', '.join(missing) or 'bias-free conv1d'}: the "
+            "Ulysses "
+            "wrapper computes Qwen3.5's gated DeltaNet (in_proj_qkv / z / b / a, a bias-free "
+            "depthwise "
+            "conv1d, gated RMSNorm, out_proj); this model's linear-attention layers are not "
+            "supported"
         )
     kernel_rules.check_linear_heads(module.num_k_heads, module.num_v_heads, type(module).__name__)
 
 
 class LinearMixing:
-    """The exchange and the two mixers for every gated DeltaNet layer of one model. `calls` counts layer calls."""
+    """The exchange and the two mixers for every gated DeltaNet layer of one model. `calls` counts
+    layer calls."""
 
     def __init__(
         self,
@@ -66,8 +72,8 @@ class LinearMixing:
         self._channels: Optional[torch.Tensor] = None
 
     def channels(self, device) -> Optional[torch.Tensor]:
-        """int64 `[c / sp-ish]`: the depthwise conv's channels this rank convolves (its q, k and v heads' channels in
-        that order); None at sp 1 (all of them)."""
+        """int64 `[c / sp-ish]`: the depthwise conv's channels this rank convolves (its q, k and v
+        heads' channels in that order); None at sp 1 (all of them)."""
         sp, r = self.state.sp_size, self.state.sp_rank
         if sp == 1:
             return None
@@ -135,16 +141,17 @@ def _layer_forward(
     attention_mask=None,
     **kwargs,
 ) -> torch.Tensor:
-    """Qwen3.5's `Qwen3_5GatedDeltaNet.forward` (training: no cache, no padding mask) with `mixing` between the
-    projections and the gated norm. hidden_states `[b, s/sp, H]` -> `[b, s/sp, H]`."""
+    """Qwen3.5's `Qwen3_5GatedDeltaNet.forward` (training: no cache, no padding mask) with `mixing`
+    between the projections and the gated norm. hidden_states `[b, s/sp, H]` -> `[b, s/sp, H]`."""
     if cache is not None or kwargs.get("past_key_values") is not None:
         raise ValueError(
-            "the Ulysses gated DeltaNet wrapper trains; a recurrent / KV cache is not supported here"
+            "the Ulysses gated DeltaNet wrapper trains; a recurrent / KV cache is not supported "
+            "here"
         )
     if attention_mask is not None:
         raise ValueError(
-            "the Ulysses gated DeltaNet wrapper takes no padding mask (rows are padded with ignored "
-            "labels after the last token, parallel/sharding.py); pass attention_mask=None"
+            "the Ulysses gated DeltaNet wrapper takes no padding mask (rows are padded with "
+            "ignored labels after the last token, parallel/sharding.py); pass attention_mask=None"
         )
     b, n, _ = hidden_states.shape
     hk, hv, dk, dv = mixing.hk, mixing.hv, mixing.dk, mixing.dv
@@ -198,5 +205,6 @@ def install(model: nn.Module, state: ParallelState, attn) -> Optional[LinearMixi
 
 
 def uninstall(model: nn.Module) -> int:
-    """Give every patched module back the forward it had before `install`; returns how many layers."""
+    """Give every patched module back the forward it had before `install`; returns how many
+    layers."""
     return sum(is_gated_delta(m) for m in restore_saved(model, _SAVED))

@@ -1,5 +1,5 @@
-"""`python -m ds_longctx.plan`: `ds-longctx plan` (ds_longctx.plan.write), `--regen-all DIR` rewrites the committed
-configs."""
+"""`python -m ds_longctx.plan`: `ds-longctx plan` (ds_longctx.plan.write), `--regen-all DIR`
+rewrites the committed configs."""
 
 import sys
 

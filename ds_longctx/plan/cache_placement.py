@@ -1,7 +1,9 @@
-"""The per-layer placement that skips the most attention recomputes and still fits: `fastest_placement`, what
+"""The per-layer placement that skips the most attention recomputes and still fits:
+`fastest_placement`, what
 `ds-longctx plan` writes after `search.choose` picked the levers (unless --no_attention_cache).
 
-    choice = fastest_placement(choose("qwen3-8b", 1 << 20, gpus=8, gpu_mem_gb=80, host_mem_gb=560), 80, 560)
+    plan = choose("qwen3-8b", 1 << 20, gpus=8, gpu_mem_gb=80, host_mem_gb=560)
+    choice = fastest_placement(plan, 80, 560)
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def attention_fwd_seconds(plan: MemoryPlan) -> float:
 def fastest_placement(
     choice: Choice, gpu_mem_gb: float, host_mem_gb: float, headroom: float = 0.9, **knobs
 ) -> Choice:
-    """`choice`'s levers with the per-layer placement that skips the most attention recomputes and still fits.
+    """`choice`'s levers with the per-layer placement that skips the most attention recomputes and
+    still fits.
 
     The rule, its orders and costs: docs/design/plan.md (attention cache placement).
     """
@@ -56,9 +59,10 @@ def fastest_placement(
             choice,
             notes=choice.notes
             + (
-                f"no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks only at head_dim "
-                f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: {geom.head_dim}; "
-                f"parallel/kernel_rules.py)",
+                "no attention cache: it needs FlashAttention 4's kernel pair, which `auto` picks "
+                "only at head_dim "
+                f"{'/'.join(map(str, kernel_rules.FA4_VERIFIED_HEAD_DIMS))} (this model: "
+                f"{geom.head_dim}; parallel/kernel_rules.py)",
             ),
         )
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
@@ -80,8 +84,9 @@ def fastest_placement(
 
 
 def _candidates(plan: MemoryPlan, knobs: dict) -> list:
-    """(levers, estimated seconds they cost a step, tag) to try: the chosen levers without a placement, then with
-    the pinned pool, the tiled sparse blocks (MoE) and the tiled layer added where they are not already on."""
+    """(levers, estimated seconds they cost a step, tag) to try: the chosen levers without a
+    placement, then with the pinned pool, the tiled sparse blocks (MoE) and the tiled layer added
+    where they are not already on."""
     geom, base = (
         plan.geom,
         replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None),
@@ -105,7 +110,8 @@ def _candidates(plan: MemoryPlan, knobs: dict) -> list:
 
 
 def _tiled(plan: MemoryPlan, base: Levers, knobs: dict, **levers) -> Levers:
-    """`base` with the tiled MLP (and `levers`), its tile and the loss chunk rows that go with it."""
+    """`base` with the tiled MLP (and `levers`), its tile and the loss chunk rows that go with
+    it."""
     lv = replace(
         base,
         tiled_mlp=True,
@@ -123,7 +129,8 @@ def _lever_notes(tag: str, n: int, plain: int, skipped: float, cost: float) -> t
     notes = []
     if "pool" in tag:
         notes.append(
-            f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): {POOL_HOW}"
+            f"pinned_pool=True: it lets {n} layers cache (without the added levers {plain}): "
+            f"{POOL_HOW}"
         )
     if "moe" in tag:
         notes.append(
@@ -141,9 +148,10 @@ def _lever_notes(tag: str, n: int, plain: int, skipped: float, cost: float) -> t
 
 
 def _hybrid_cached(choice: Choice, gpu_budget: float, host_budget: float, knobs: dict) -> Choice:
-    """A hybrid model's placement: the most full-attention layers keeping their output on the GPU (the last n of them,
-    `PlacementPlan.from_counts`' cacheable layers; linear layers have no softmax to skip), with the fewest layers
-    offloaded from the chosen plan's count on; the chosen plan where none fits."""
+    """A hybrid model's placement: the most full-attention layers keeping their output on the GPU
+    (the last n of them, `PlacementPlan.from_counts`' cacheable layers; linear layers have no
+    softmax to skip), with the fewest layers offloaded from the chosen plan's count on; the chosen
+    plan where none fits."""
     plan = choice.plan
     geom, L, cacheable = plan.geom, plan.geom.layers, plan.geom.attention_layers
     base = replace(plan.levers, offload_layers=0, attention_cache_layers=0, placement=None)
@@ -167,10 +175,14 @@ def _hybrid_cached(choice: Choice, gpu_budget: float, host_budget: float, knobs:
                     plan=new,
                     notes=choice.notes
                     + (
-                        f"placement {layout.spec()}: the last {n} of {sum(cacheable)} full-attention layers keep their "
-                        f"attention output on the GPU, so the recompute skips {n} attention forwards (~{saved:.1f} s per "
-                        f"step at {ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s); {off} layers offloaded: the most cached that "
-                        f"fit {new.gpu_peak_bytes / GB:.1f} GB/GPU and {new.host_peak_bytes / GB:.1f} GB host",
+                        f"placement {layout.spec()}: the last {n} of {sum(cacheable)} "
+                        "full-attention layers keep their "
+                        f"attention output on the GPU, so the recompute skips {n} attention "
+                        f"forwards (~{saved:.1f} s per "
+                        f"step at {ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s); {off} layers "
+                        "offloaded: the most cached that "
+                        f"fit {new.gpu_peak_bytes / GB:.1f} GB/GPU and "
+                        f"{new.host_peak_bytes / GB:.1f} GB host",
                     ),
                 )
     return replace(
@@ -183,7 +195,8 @@ def _hybrid_cached(choice: Choice, gpu_budget: float, host_budget: float, knobs:
 def _most_cached(
     plan: MemoryPlan, base: Levers, gpu_budget: float, host_budget: float, knobs: dict
 ):
-    """(plan, cached layers, note) of `fastest_placement`'s rule for levers `base`, or None if no layout fits."""
+    """(plan, cached layers, note) of `fastest_placement`'s rule for levers `base`, or None if no
+    layout fits."""
     geom, L = plan.geom, plan.geom.layers
 
     def at(x: int, y: int, w: int):
@@ -224,10 +237,14 @@ def _placement_note(plan: MemoryPlan, x: int, y: int, w: int) -> str:
     L, n = plan.geom.layers, x + y
     saved = n * attention_fwd_seconds(plan)
     return (
-        f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on the GPU, "
-        f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per step at "
-        f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints kept on the GPU, "
-        f"{L - n - w} offloaded: the most cached layers that fit {plan.gpu_peak_bytes / GB:.1f} GB/GPU and "
-        f"{plan.host_peak_bytes / GB:.1f} GB host (the cache needs FlashAttention 4; with cuDNN SDPA cached layers "
-        f"recompute)"
+        f"placement {plan.placement.spec()}: {n} of {L} layers keep their attention output ({x} on "
+        "the GPU, "
+        f"{y} in host memory), so the recompute skips {n} attention forwards (~{saved:.1f} s per "
+        "step at "
+        f"{ATTENTION_FWD_FLOPS / 1e12:.0f} TFLOP/s, FlashAttention 4 on H200); {w} checkpoints "
+        "kept on the GPU, "
+        f"{L - n - w} offloaded: the most cached layers that fit {plan.gpu_peak_bytes / GB:.1f} "
+        "GB/GPU and "
+        f"{plan.host_peak_bytes / GB:.1f} GB host (the cache needs FlashAttention 4; with cuDNN "
+        f"SDPA cached layers recompute)"
     )

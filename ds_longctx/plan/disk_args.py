@@ -1,4 +1,5 @@
-"""`ds-longctx plan`'s disk-tier options: --nvme_path, --nvme_gb, --measure_nvme; their checks and plan lines.
+"""`ds-longctx plan`'s disk-tier options: --nvme_path, --nvme_gb, --measure_nvme; their checks and
+plan lines.
 
 ds-longctx plan --model qwen3-8b --gpus 1 --gpu_mem_gb 141 --nvme_gb 2000 --find_max_len
 ds-longctx plan ... --nvme_path /local_nvme/run --nvme_gb 50 --measure_nvme   # and record it
@@ -21,20 +22,22 @@ def add_disk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nvme_path",
         default=None,
-        help="a directory on a local NVMe disk for the disk tier (memory.nvme_path): checkpoints of "
-        "`disk` layers and, where the plan needs it, ZeRO-Infinity's optimizer / parameter swap files",
+        help="a directory on a local NVMe disk for the disk tier (memory.nvme_path): "
+        "checkpoints of `disk` layers and, where the plan needs it, "
+        "ZeRO-Infinity's optimizer / parameter swap files",
     )
     p.add_argument(
         "--nvme_gb",
         type=float,
         default=None,
-        help="GB of that disk the run may fill; the search puts checkpoints (then the optimizer state, "
-        "then the parameters) there only where the host runs out. Not given: no disk tier",
+        help="GB of that disk the run may fill; the search puts checkpoints (then the optimizer "
+        "state, then the parameters) there only where the host runs out. Not given: no disk tier",
     )
     p.add_argument(
         "--measure_nvme",
         action="store_true",
-        help="with --nvme_path: measure its write and read bandwidth (1 GB, O_DIRECT where allowed), "
+        help="with --nvme_path: measure its write and read bandwidth (1 GB, O_DIRECT where "
+        "allowed), "
         "record it there and plan with it (otherwise a recorded figure, else an assumed one)",
     )
 
@@ -53,8 +56,8 @@ def check_disk_args(a: argparse.Namespace) -> None:
         )
     if a.nvme_path is not None and not a.nvme_gb and not a.measure_nvme:
         raise ValueError(
-            f"--nvme_path {a.nvme_path} without --nvme_gb: give the GB of it the run may fill, e.g. "
-            f"--nvme_gb 500 (the search plans the disk tier within that)"
+            f"--nvme_path {a.nvme_path} without --nvme_gb: give the GB of it the run may fill, "
+            f"e.g. --nvme_gb 500 (the search plans the disk tier within that)"
         )
     if a.measure_nvme:
         if a.nvme_path is None:
@@ -70,7 +73,8 @@ def nvme_gb(a: argparse.Namespace) -> float:
 
 
 def command_parts(a: argparse.Namespace) -> list:
-    """The disk flags of the canonical command line (the path excluded: files must not depend on it)."""
+    """The disk flags of the canonical command line (the path excluded: files must not depend on
+    it)."""
     return [f"--nvme_gb {a.nvme_gb:g}"] if a.nvme_gb else []
 
 
@@ -83,8 +87,8 @@ def run_config_keys(a: argparse.Namespace, plan) -> dict:
 
 
 def plan_lines(a: argparse.Namespace, plan, host: float) -> list:
-    """plan.txt's disk lines: with --find_max_len what binds next; the bytes on disk, the bandwidth used and the
-    I/O seconds of one step."""
+    """plan.txt's disk lines: with --find_max_len what binds next; the bytes on disk, the bandwidth
+    used and the I/O seconds of one step."""
     lines = []
     if a.nvme_gb and a.find_max_len:
         binds = what_binds(

@@ -12,9 +12,11 @@ from typing import Optional
 
 from ds_longctx.parallel.direct_io import Bandwidth
 
-# the disk tier's pinned buffers per rank: one checkpoint being written, one read ahead (levers/disk_tier.py)
+# the disk tier's pinned buffers per rank: one checkpoint being written, one read ahead
+# (levers/disk_tier.py)
 DISK_BOUNCE_BUFFERS = 2
-# ZeRO-Infinity's swap buffers as plan/ds_config.py writes them (offload_optimizer / offload_param: nvme)
+# ZeRO-Infinity's swap buffers as plan/ds_config.py writes them (offload_optimizer / offload_param:
+# nvme)
 NVME_SUB_GROUP_ELEMS = 10**8
 NVME_OPTIMIZER_BUFFERS = 4
 NVME_PARAM_BUFFERS = 5
@@ -22,8 +24,8 @@ NVME_PARAM_BUFFER_ELEMS = 10**8
 
 
 def checkpoint_term(t, z, kept: str, a: int) -> None:
-    """The checkpoints with some on disk: the GPU's and host's as the pool's, each disk layer's in a scratch file,
-    and DISK_BOUNCE_BUFFERS pinned buffers per rank."""
+    """The checkpoints with some on disk: the GPU's and host's as the pool's, each disk layer's in a
+    scratch file, and DISK_BOUNCE_BUFFERS pinned buffers per rank."""
     G, E, L, k, n = z.G, z.E, z.g.layers, z.k, z.n_disk
     t.add(
         "checkpoints",
@@ -42,8 +44,8 @@ def checkpoint_term(t, z, kept: str, a: int) -> None:
 
 
 def onto_nvme(t, z, lv, on_host: int) -> None:
-    """Replace the host's optimizer state (nvme_optimizer) and parameter (nvme_params) terms in `t` by their
-    ZeRO-Infinity forms: the bytes on disk, pinned swap buffers on the host."""
+    """Replace the host's optimizer state (nvme_optimizer) and parameter (nvme_params) terms in `t`
+    by their ZeRO-Infinity forms: the bytes on disk, pinned swap buffers on the host."""
     G, w, Pt = z.G, z.w, "A" if z.lora else "P"
     new = {}
     if lv.optimizer_offload and lv.nvme_optimizer:
@@ -73,19 +75,20 @@ def onto_nvme(t, z, lv, on_host: int) -> None:
 
 
 def disk_seconds(plan, bandwidth: Bandwidth, compute_s: Optional[float] = None) -> tuple:
-    """(checkpoint I/O seconds, optimizer and parameter I/O seconds, one line) of one step on one node: each
-    disk checkpoint written once and read once (overlapping compute: only what exceeds `compute_s` adds to the
-    step); the optimizer state read and written in the step; the parameters read in forward and backward. The
-    node's ranks share its disk."""
+    """(checkpoint I/O seconds, optimizer and parameter I/O seconds, one line) of one step on one
+    node: each disk checkpoint written once and read once (overlapping compute: only what exceeds
+    `compute_s` adds to the step); the optimizer state read and written in the step; the parameters
+    read in forward and backward. The node's ranks share its disk."""
     ckpt = sum(t.disk_bytes for t in plan.terms if t.name == "checkpoints")
     params = sum(t.disk_bytes for t in plan.terms if t.name == "params_bf16")
     opt = plan.disk_bytes - ckpt - params
     ckpt_s = ckpt / bandwidth.write_bytes_s + ckpt / bandwidth.read_bytes_s
     other_s = opt / bandwidth.write_bytes_s + (opt + 2 * params) / bandwidth.read_bytes_s
     line = (
-        f"disk per step: {(ckpt + opt) / 1e9:,.1f} GB written, {(ckpt + opt + 2 * params) / 1e9:,.1f} GB "
-        f"read; checkpoints ~{ckpt_s:.1f} s (overlapping compute), optimizer/parameters ~{other_s:.1f} s, "
-        f"at {bandwidth.describe()}"
+        f"disk per step: {(ckpt + opt) / 1e9:,.1f} GB written, "
+        f"{(ckpt + opt + 2 * params) / 1e9:,.1f} GB "
+        f"read; checkpoints ~{ckpt_s:.1f} s (overlapping compute), optimizer/parameters "
+        f"~{other_s:.1f} s, at {bandwidth.describe()}"
     )
     if compute_s is not None:
         total = compute_s + max(0.0, ckpt_s - compute_s) + other_s

@@ -2,7 +2,8 @@
 
 Batch math: with `sequence_parallel_size` in the JSON DeepSpeed counts data-parallel replicas as
 world_size / sp_size, so `train_batch_size = micro_batch * grad_accum * dp` (dp = world / sp).
-`hf_trainer_ds_config` is the same dict for the HF Trainer (integrations/hf_trainer.py), less that one key.
+`hf_trainer_ds_config` is the same dict for the HF Trainer (integrations/hf_trainer.py), less that
+one key.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS, offload_sub_gr
 
 
 def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
-    """The DeepSpeed config for `cfg` on `world_size` ranks (bf16 on GPU, fp32 on CPU unless forced)."""
+    """The DeepSpeed config for `cfg` on `world_size` ranks (bf16 on GPU, fp32 on CPU unless
+    forced)."""
     dp = dp_size(world_size, cfg.parallel.sp_size)
     bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and on_gpu)
     opt_params = {
@@ -77,8 +79,8 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
 
 
 def nvme_blocks(zero: dict, cfg: RunConfig) -> None:
-    """ZeRO-Infinity: the offloaded optimizer state / parameters swapped to memory.nvme_path (the swap buffer
-    sizes are the planner's: plan/disk_terms.py)."""
+    """ZeRO-Infinity: the offloaded optimizer state / parameters swapped to memory.nvme_path (the
+    swap buffer sizes are the planner's: plan/disk_terms.py)."""
     path = cfg.memory.nvme_path
     if cfg.memory.nvme_optimizer and cfg.optimizer.offload:
         zero["offload_optimizer"] = {

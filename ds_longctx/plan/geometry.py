@@ -1,7 +1,8 @@
 """The shapes memory depends on, read from an HF `config.json` (no torch, no transformers).
 
-geom = ModelGeometry.from_name_or_path("qwen3-8b")   # a shipped name, a checkpoint dir, or a config.json
-geom.num_params, geom.layer_params                   # 8,190,735,360 and one decoder layer's
+geom = ModelGeometry.from_name_or_path("qwen3-8b")   # a shipped name, a checkpoint dir, or a
+config.json geom.num_params, geom.layer_params                   # 8,190,735,360 and one decoder
+layer's
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class ModelGeometry:
     )
     o_bias: bool = False  # a bias on o_proj (Llama / Mistral with attention_bias; Qwen2 has none)
     mlp_bias: bool = False  # biases on gate/up/down (Llama's mlp_bias)
-    rope_type: str = "default"  # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
+    # the config's RoPE (rope_scaling, else rope_parameters): default, yarn, llama3, ...
+    rope_type: str = "default"
     trained_context: int = 0  # YaRN's O (levers/rope.trained_context_of)
     moe: Optional[MoeShape] = (
         None  # the sparse layers of a mixture of experts (plan/moe_geometry.py); None: dense
@@ -55,9 +57,10 @@ class ModelGeometry:
 
     @classmethod
     def from_config(cls, cfg: dict, name: str = "", source: str = "") -> "ModelGeometry":
-        """From a parsed HF config dict (dense Qwen3 / Qwen2 / Llama / Mistral). Every field memory depends on is
-        checked here, before any planning: a missing, null, non-integer or non-positive size, or KV heads that do not
-        split the query heads, is a ValueError naming the config (`source`, else `name`) and the field."""
+        """From a parsed HF config dict (dense Qwen3 / Qwen2 / Llama / Mistral). Every field memory
+        depends on is checked here, before any planning: a missing, null, non-integer or
+        non-positive size, or KV heads that do not split the query heads, is a ValueError naming the
+        config (`source`, else `name`) and the field."""
         where = source or name or "the model config"
         if not isinstance(cfg, dict):
             raise ValueError(
@@ -91,8 +94,8 @@ class ModelGeometry:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 state = "is missing" if v is None else f"= {v!r} is not a positive integer"
                 raise ValueError(
-                    f"{where}: {key} {state}; an HF config.json of a {mtype} model gives it as a whole "
-                    f"number >= 1 (fix the config)"
+                    f"{where}: {key} {state}; an HF config.json of a {mtype} model gives it as a "
+                    f"whole number >= 1 (fix the config)"
                 )
             return v
 
@@ -134,23 +137,24 @@ class ModelGeometry:
 
     @classmethod
     def from_name_or_path(cls, name_or_path: Union[str, Path]) -> "ModelGeometry":
-        """A shipped name (`qwen3-8b`, also as a Hub id `Qwen/Qwen3-8B`), a checkpoint dir with config.json, or a JSON
-        file. A path that does not exist is refused, not read as the shipped geometry of its last part."""
+        """A shipped name (`qwen3-8b`, also as a Hub id `Qwen/Qwen3-8B`), a checkpoint dir with
+        config.json, or a JSON file. A path that does not exist is refused, not read as the shipped
+        geometry of its last part."""
         text = str(name_or_path)
         try:
             p = resolve_model(text).config
         except OSError as e:  # unreadable, a name too long
             raise ValueError(
-                f"model {text!r}: {e.strerror or e}; pass an HF config.json, its checkpoint directory or "
-                f"a shipped geometry"
+                f"model {text!r}: {e.strerror or e}; pass an HF config.json, its checkpoint "
+                f"directory or a shipped geometry"
             ) from None
         name = p.stem if p.parent == SHIPPED_MODELS_DIR else text
         try:
             cfg = read_config_json(p)
         except (OSError, ValueError) as e:
             raise ValueError(
-                f"model {text!r}: {p} is not a JSON config ({e}); pass an HF config.json, its checkpoint "
-                f"directory or a shipped geometry"
+                f"model {text!r}: {p} is not a JSON config ({e}); pass an HF config.json, its "
+                f"checkpoint directory or a shipped geometry"
             ) from None
         return cls.from_config(
             cfg, name=name, source=str(p) if p.parent != SHIPPED_MODELS_DIR else ""
@@ -158,12 +162,14 @@ class ModelGeometry:
 
     @property
     def linear_heads(self) -> Optional[tuple]:
-        """(key heads, value heads) of the gated DeltaNet layers (the sp-size rule reads them), None if none."""
+        """(key heads, value heads) of the gated DeltaNet layers (the sp-size rule reads them), None
+        if none."""
         return self.hybrid.linear_heads if self.hybrid is not None else None
 
     @property
     def attention_layers(self) -> Optional[tuple]:
-        """Per layer: whether it is full attention (where an attention cache can go); None: every layer is."""
+        """Per layer: whether it is full attention (where an attention cache can go); None: every
+        layer is."""
         return (
             None
             if self.hybrid is None
@@ -172,9 +178,10 @@ class ModelGeometry:
 
     @cached_property
     def layer_params(self) -> int:
-        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ the q/k/v, o_proj and gate/up/down
-        biases the config has). A mixture of experts: its largest layer's, a sparse one (experts and router in place
-        of gate/up/down). A hybrid model: its largest layer's (plan/layer_types.py)."""
+        """q/k/v/o + gate/up/down + 2 RMSNorm (+ q_norm/k_norm of head_dim) (+ the q/k/v, o_proj and
+        gate/up/down biases the config has). A mixture of experts: its largest layer's, a sparse one
+        (experts and router in place of gate/up/down). A hybrid model: its largest layer's
+        (plan/layer_types.py)."""
         if self.hybrid is not None:
             return max(
                 sum(layer_types.layer_numels(self, kind)) for kind in set(self.hybrid.layer_types)
@@ -188,8 +195,9 @@ class ModelGeometry:
         return self.mixer_params() + mlp + H  # + the second norm
 
     def mixer_params(self, kind: str = layer_types.FULL_ATTENTION) -> int:
-        """One layer's token mixer: q/k/v/o (+ biases, q_norm/k_norm) and its input norm; a hybrid model's layer of
-        `kind` (plan/layer_types.py). Its grads are what the mixer's backward makes (plan/memory_terms.py)."""
+        """One layer's token mixer: q/k/v/o (+ biases, q_norm/k_norm) and its input norm; a hybrid
+        model's layer of `kind` (plan/layer_types.py). Its grads are what the mixer's backward makes
+        (plan/memory_terms.py)."""
         if self.hybrid is not None:
             return sum(layer_types.mixer_numels(self, kind)) + self.hidden
         H, d, q, kv = (
@@ -208,15 +216,17 @@ class ModelGeometry:
 
     @property
     def mlp_params(self) -> int:
-        """One layer's MLP (a sparse layer's experts and router) and its second norm: the layer less its mixer."""
+        """One layer's MLP (a sparse layer's experts and router) and its second norm: the layer less
+        its mixer."""
         if self.hybrid is not None:
             kinds = set(self.hybrid.layer_types)
             return max(sum(layer_types.layer_numels(self, k)) - self.mixer_params(k) for k in kinds)
         return self.layer_params - self.mixer_params()
 
     def linears(self) -> dict:
-        """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name them (the
-        output layer is `lm_head`): what levers/lora.target_names reads to count adapters without a model."""
+        """{module name: (in, out)} of every Linear, in module order, as HF's dense causal LMs name
+        them (the output layer is `lm_head`): what levers/lora.target_names reads to count adapters
+        without a model."""
         H, inter, q, kv = (
             self.hidden,
             self.intermediate,
@@ -251,9 +261,10 @@ class ModelGeometry:
         return out
 
     def param_numels(self) -> list:
-        """Each parameter's element count in `model.parameters()` order (HF's module registration order: the
-        embedding; per layer q/k/v/o (+ biases), q_norm/k_norm, gate/up/down, the two norms; the final norm;
-        lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from (zero_buffers.optimizer_split)."""
+        """Each parameter's element count in `model.parameters()` order (HF's module registration
+        order: the embedding; per layer q/k/v/o (+ biases), q_norm/k_norm, gate/up/down, the two
+        norms; the final norm; lm_head unless tied): what DeepSpeed's ZeRO-3 sub-groups are cut from
+        (zero_buffers.optimizer_split)."""
         H, inter, d = self.hidden, self.intermediate, self.head_dim
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         b, m = self.attention_bias, self.mlp_bias
@@ -294,7 +305,8 @@ class ModelGeometry:
 
     @cached_property  # the planner's search asks it thousands of times
     def num_params(self) -> int:
-        """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B: 8,190,735,360)."""
+        """L·P_layer + embedding V·H + final norm H + lm_head V·H unless tied (Qwen3-8B:
+        8,190,735,360)."""
         if self.moe is not None or self.hybrid is not None:  # layers of two kinds
             return sum(self.param_numels())
         emb = self.vocab * self.hidden

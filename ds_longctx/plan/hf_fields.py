@@ -2,8 +2,10 @@
 missing key takes its family's default, a null is derived or refused as transformers does, a flag is
 a JSON boolean.
 
-    kv = field(cfg, "qwen3", "num_key_value_heads", heads, where)   # absent: 32, Qwen3Config's default
-    window = sliding_window(cfg, "mistral", layers, where)          # 4096 where the key is absent; None: no window
+    # absent: 32, Qwen3Config's default
+    kv = field(cfg, "qwen3", "num_key_value_heads", heads, where)
+    # 4096 where the key is absent; None: no window
+    window = sliding_window(cfg, "mistral", layers, where)
 
 tests/plan/test_hf_fields.py holds every default here to the installed transformers' config classes.
 """
@@ -54,8 +56,8 @@ def field(cfg: dict, family: str, key: str, fallback, where: str):
         if family in NULL_IS_FALLBACK.get(key, ()):
             return fallback
         raise ValueError(
-            f"{where}: {key} is null, which transformers' {family} config cannot build; give it as a "
-            f"whole number >= 1, or leave the key out for its default (fix the config)"
+            f"{where}: {key} is null, which transformers' {family} config cannot build; give it as "
+            f"a whole number >= 1, or leave the key out for its default (fix the config)"
         )
     return cfg[key]
 
@@ -88,8 +90,8 @@ def check_layer_count(layers: int, where: str) -> int:
     """`layers`, refused past MAX_LAYERS."""
     if layers > MAX_LAYERS:
         raise ValueError(
-            f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any model "
-            f"the planner lays out (published ones have about 100); fix the config"
+            f"{where}: num_hidden_layers = {layers:,} is past {MAX_LAYERS:,}, more layers than any "
+            f"model the planner lays out (published ones have about 100); fix the config"
         )
     return layers
 
@@ -101,7 +103,8 @@ def check_layer_types(cfg: dict, layers: int, where: str) -> None:
         isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) for k in kinds)
     ):
         raise ValueError(
-            f"{where}: layer_types = {kinds!r:.80} is not a list of num_hidden_layers={layers} names, "
+            f"{where}: layer_types = {kinds!r:.80} is not a list of num_hidden_layers={layers} "
+            "names, "
             f'one per layer (e.g. "full_attention"); fix the config'
         )
 
@@ -120,9 +123,9 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
         kinds = {kernel_rules.SLIDING_ATTENTION} if layers > start else set()
     if not kinds <= {*kernel_rules.LAYER_KINDS, kernel_rules.SLIDING_ATTENTION}:
         raise ValueError(
-            f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx runs "
-            f"full causal attention (and gated DeltaNet) layers; give full_attention for every layer in "
-            f"layer_types"
+            f"{where}: layer types {sorted(kinds | {kernel_rules.FULL_ATTENTION})}: ds_longctx "
+            "runs full causal attention (and gated DeltaNet) layers; give full_attention for every "
+            f"layer in layer_types"
         )
     sliding = kernel_rules.SLIDING_ATTENTION in kinds
     if not (sliding or family == "mistral" or (family == "qwen3_moe" and use)):
@@ -132,7 +135,8 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
         isinstance(window, bool) or not isinstance(window, int) or window < 1
     ):
         raise ValueError(
-            f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the config)"
+            f"{where}: sliding_window = {window!r} is not a positive integer or null (fix the "
+            "config)"
         )
     return window
 
@@ -143,9 +147,12 @@ def window_problem(name: str, window: Optional[int], seq_len: Optional[int]) -> 
         return None
     at = f"past {window:,} tokens" if seq_len is None else f"at seq_len={seq_len:,} > {window:,}"
     return (
-        f"model {name} attends within a sliding window of {window:,} tokens in some or all layers (its config's "
-        f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), "
-        f"and ds_longctx's attention is full causal, the same only within the window: {at} it would train unlike "
+        f"model {name} attends within a sliding window of {window:,} tokens in some or all layers "
+        "(its config's "
+        "sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with "
+        "use_sliding_window), "
+        f"and ds_longctx's attention is full causal, the same only within the window: {at} it "
+        "would train unlike "
         f'its config. Set "sliding_window": null in its config.json to train it with full attention'
         + ("" if seq_len is None else f", or use seq_len <= {window:,}")
     )
@@ -169,11 +176,12 @@ def rope_parameters(cfg: dict, where: str) -> dict:
     ):
         raise ValueError(
             f"{where}: rope_type {rope['rope_type']!r} with factor = {factor!r}: give its scaling "
-            f'factor as a number >= 1 (e.g. "factor": 4.0), or drop the rope scaling (fix the config)'
+            'factor as a number >= 1 (e.g. "factor": 4.0), or drop the rope scaling (fix the '
+            "config)"
         )
     if isinstance(orig, bool) or not isinstance(orig, int) or orig < 1:
         raise ValueError(
-            f"{where}: rope original_max_position_embeddings = {orig!r} is not a positive integer (fix "
-            f"the config)"
+            f"{where}: rope original_max_position_embeddings = {orig!r} is not a positive integer "
+            f"(fix the config)"
         )
     return rope

@@ -33,13 +33,15 @@ LINKS = {
 }
 DEFAULT_INTERNODE = "ib-ndr400"
 OVERLAP = (
-    "all-to-all serial (on the attention's critical path); ZeRO all-gather and reduce-scatter overlapped "
+    "all-to-all serial (on the attention's critical path); ZeRO all-gather and reduce-scatter "
+    "overlapped "
     "with compute (only their excess over the compute adds); all-reduce and broadcast serial"
 )
 
 
 def intra_link_for(gpu_mem_gb: float | None) -> str:
-    """The NVLink row for a GPU of this size: nvlink-h200 above 100 GB (141 GB H200), else nvlink-h100."""
+    """The NVLink row for a GPU of this size: nvlink-h200 above 100 GB (141 GB H200), else
+    nvlink-h100."""
     return "nvlink-h200" if gpu_mem_gb and gpu_mem_gb > 100 else "nvlink-h100"
 
 
@@ -53,7 +55,8 @@ def link_from_gbps(name: str, gbps: float) -> Link:
 
 
 def sent_bytes(kind: str, payload: int, n: int) -> float:
-    """Bytes one rank of an n-rank group sends for one payload of `payload` bytes (module docstring)."""
+    """Bytes one rank of an n-rank group sends for one payload of `payload` bytes (module
+    docstring)."""
     if n <= 1:
         return 0.0
     if kind in ("all_to_all", "all_gather", "reduce_scatter"):
@@ -66,7 +69,8 @@ def sent_bytes(kind: str, payload: int, n: int) -> float:
 def collective_seconds(
     kind: str, payload: int, ranks: tuple, rank: int, per_node: int, intra: Link, inter: Link
 ) -> tuple[float, float]:
-    """(seconds, bytes sent to other nodes) of `payload` bytes of `kind` over the global `ranks`, seen by `rank`."""
+    """(seconds, bytes sent to other nodes) of `payload` bytes of `kind` over the global `ranks`,
+    seen by `rank`."""
     n = len(ranks)
     node = rank // per_node
     n_node = sum(1 for r in ranks if r // per_node == node)
@@ -97,9 +101,10 @@ class Prediction:
         )
         exposed = max(0.0, zero - self.compute_seconds)
         return (
-            f"{self.seconds:.1f} s = compute {self.compute_seconds:.1f} + all-to-all and small collectives "
-            f"{serial:.2f} (serial) + ZeRO all-gather/reduce-scatter {exposed:.2f} exposed of {zero:.2f} "
-            f"(overlapped); nothing overlapped: {self.no_overlap_seconds:.1f} s"
+            f"{self.seconds:.1f} s = compute {self.compute_seconds:.1f} + all-to-all and small "
+            "collectives "
+            f"{serial:.2f} (serial) + ZeRO all-gather/reduce-scatter {exposed:.2f} exposed of "
+            f"{zero:.2f} (overlapped); nothing overlapped: {self.no_overlap_seconds:.1f} s"
         )
 
 

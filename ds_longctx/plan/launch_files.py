@@ -1,6 +1,7 @@
-"""The launch files of a plan: accelerate.yaml's config, the launch lines (one node, or several: deepspeed over a
-hostfile, accelerate / torchrun on every node, SLURM), launch.txt and the hostfile template. Deterministic text: the
-committed configs are regenerated and diffed (tests/plan/test_write.py).
+"""The launch files of a plan: accelerate.yaml's config, the launch lines (one node, or several:
+deepspeed over a
+hostfile, accelerate / torchrun on every node, SLURM), launch.txt and the hostfile template.
+Deterministic text: the committed configs are regenerated and diffed (tests/plan/test_write.py).
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ MASTER_PORT = 29500  # the rendezvous port in the multi-node launch lines and ac
 
 
 def accelerate_config(gpus: int, nodes: int = 1) -> dict:
-    """accelerate 1.15's config (the keys `accelerate config` writes) with the DeepSpeed plugin on our JSON.
+    """accelerate 1.15's config (the keys `accelerate config` writes) with the DeepSpeed plugin on
+    our JSON.
 
-    No `mixed_precision`: with a `deepspeed_config_file` accelerate refuses it (the precision is the JSON's
-    bf16 block), as its own questionnaire does. The file path is relative: launch from this directory.
-    Several nodes: num_machines, num_processes in all, node 0's address and port (`main_process_ip` a placeholder,
-    overridden by the launch line), and the `standard` multi-node launcher: `accelerate launch --machine_rank R`
-    on every node starts torchrun there (no ssh / pdsh); machine_rank 0 here, each node passes its own.
+    No `mixed_precision`: with a `deepspeed_config_file` accelerate refuses it (the precision is the
+    JSON's bf16 block), as its own questionnaire does. The file path is relative: launch from this
+    directory. Several nodes: num_machines, num_processes in all, node 0's address and port
+    (`main_process_ip` a placeholder, overridden by the launch line), and the `standard` multi-node
+    launcher: `accelerate launch --machine_rank R` on every node starts torchrun there (no ssh /
+    pdsh); machine_rank 0 here, each node passes its own.
     """
     multi = nodes > 1
     return {
@@ -48,9 +51,9 @@ def host_name(node: int) -> str:
 
 
 def launch_lines(gpus: int, nodes: int = 1) -> list:
-    """The commands of launch.txt (run from the plan's directory). Several nodes: deepspeed once from node 0 over
-    the hostfile; accelerate and torchrun on every node with NODE_RANK and MASTER_ADDR set; SLURM: one srun task
-    per node running torchrun."""
+    """The commands of launch.txt (run from the plan's directory). Several nodes: deepspeed once
+    from node 0 over the hostfile; accelerate and torchrun on every node with NODE_RANK and
+    MASTER_ADDR set; SLURM: one srun task per node running torchrun."""
     train = "ds_longctx.train --config run.yaml"
     if nodes == 1:
         return [
@@ -61,8 +64,8 @@ def launch_lines(gpus: int, nodes: int = 1) -> list:
 
     def torchrun(rank: str, master: str, rdzv_id: str = "") -> str:
         return (
-            f"torchrun --nnodes {nodes} --nproc_per_node {gpus} --node_rank {rank} --rdzv_backend c10d {rdzv_id}"
-            f"--rdzv_endpoint {master}:{MASTER_PORT} -m {train}"
+            f"torchrun --nnodes {nodes} --nproc_per_node {gpus} --node_rank {rank} --rdzv_backend "
+            f"c10d {rdzv_id}--rdzv_endpoint {master}:{MASTER_PORT} -m {train}"
         )
 
     slurm = torchrun(
@@ -72,8 +75,8 @@ def launch_lines(gpus: int, nodes: int = 1) -> list:
     )
     return [
         f"deepspeed --hostfile hostfile --num_nodes {nodes} --num_gpus {gpus} --module {train}",
-        f"accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
-        f"-m {train}",
+        "accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK "
+        f"--main_process_ip $MASTER_ADDR -m {train}",
         torchrun("$NODE_RANK", "$MASTER_ADDR"),
         f"srun --nodes {nodes} --ntasks-per-node 1 bash -c '{slurm}'",
     ]
@@ -83,10 +86,11 @@ REHEARSE = "ds-longctx rehearse --config run.yaml --rank roles"
 
 
 def launch_text(cmd: str, gpus: int, nodes: int) -> str:
-    """launch.txt: the rehearsal on one GPU, then the launch lines under comments saying where each one runs."""
+    """launch.txt: the rehearsal on one GPU, then the launch lines under comments saying where each
+    one runs."""
     rehearse = [
-        f"# before you rent the node{'s' if nodes > 1 else ''}: one GPU plays each role of this world "
-        f"(memory against the plan, step time predicted; --layers K: faster, extrapolated)",
+        f"# before you rent the node{'s' if nodes > 1 else ''}: one GPU plays each role of this "
+        f"world (memory against the plan, step time predicted; --layers K: faster, extrapolated)",
         REHEARSE,
     ]
     if nodes == 1:
@@ -95,8 +99,9 @@ def launch_text(cmd: str, gpus: int, nodes: int) -> str:
                 [
                     f"# generated by `{cmd}`",
                     *rehearse,
-                    f"# run from this directory; {gpus} processes, one per GPU; append --key value to override "
-                    f"the run config: run.yaml trains synthetic data, so give --data FILE --steps N",
+                    f"# run from this directory; {gpus} processes, one per GPU; "
+                    "append --key value to override the run config: "
+                    "run.yaml trains synthetic data, so give --data FILE --steps N",
                     *launch_lines(gpus),
                 ]
             )
@@ -108,16 +113,19 @@ def launch_text(cmd: str, gpus: int, nodes: int) -> str:
             [
                 f"# generated by `{cmd}`",
                 *rehearse,
-                f"# {nodes} nodes x {gpus} GPUs = {nodes * gpus} processes, one per GPU; run from this directory, at the same "
-                f"path on every node (a shared filesystem: run.yaml, and output_dir for checkpoints and resume); append "
-                f"--key value to override the run config",
-                f"# DeepSpeed, once on {host_name(0)} (passwordless ssh to the others, pdsh); first put the nodes' hostnames "
-                f"into hostfile",
+                f"# {nodes} nodes x {gpus} GPUs = {nodes * gpus} processes, one per GPU; run from "
+                "this directory, at the same "
+                "path on every node (a shared filesystem: run.yaml, and output_dir for "
+                f"checkpoints and resume); append --key value to override the run config",
+                f"# DeepSpeed, once on {host_name(0)} (passwordless ssh to the others, pdsh); "
+                f"first put the nodes' hostnames into hostfile",
                 ds,
-                f"# accelerate or torchrun, on every node: NODE_RANK = 0..{nodes - 1}, MASTER_ADDR = {host_name(0)}'s address",
+                f"# accelerate or torchrun, on every node: NODE_RANK = 0..{nodes - 1}, MASTER_ADDR "
+                f"= {host_name(0)}'s address",
                 acc,
                 tr,
-                "# SLURM (sbatch --nodes ... script): one task per node, torchrun starts the GPUs' processes",
+                "# SLURM (sbatch --nodes ... script): one task per node, torchrun starts the GPUs' "
+                "processes",
                 srun,
             ]
         )
@@ -128,7 +136,7 @@ def launch_text(cmd: str, gpus: int, nodes: int) -> str:
 def hostfile_text(cmd: str, gpus: int, nodes: int) -> str:
     """DeepSpeed's hostfile (`hostname slots=GPUs`), a template: the names are placeholders."""
     return (
-        f"# generated by `{cmd}`\n# a template: replace {host_name(0)} .. {host_name(nodes - 1)} with the nodes' "
-        f"hostnames (the first one runs `deepspeed --hostfile hostfile`)\n"
+        f"# generated by `{cmd}`\n# a template: replace {host_name(0)} .. {host_name(nodes - 1)} "
+        f"with the nodes' hostnames (the first one runs `deepspeed --hostfile hostfile`)\n"
         + "".join(f"{host_name(n)} slots={gpus}\n" for n in range(nodes))
     )

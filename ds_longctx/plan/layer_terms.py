@@ -1,7 +1,8 @@
-"""The memory terms of the top decoder layer's backward, the step's worst layer (every on-GPU checkpoint is still
-live then): its grads and hidden-size tensors, the attention's all-to-all buffers and kernel state
-(`attention_terms`), and its MLP's saved tensors, whole or tiled (`mlp_terms`). `planner.plan_memory` calls them
-after plan/memory_terms.py's other builders, in this order; a mixture of experts' sparse block is plan/moe_terms.py's.
+"""The memory terms of the top decoder layer's backward, the step's worst layer (every on-GPU
+checkpoint is still live then): its grads and hidden-size tensors, the attention's all-to-all
+buffers and kernel state (`attention_terms`), and its MLP's saved tensors, whole or tiled
+(`mlp_terms`). `planner.plan_memory` calls them after plan/memory_terms.py's other builders, in this
+order; a mixture of experts' sparse block is plan/moe_terms.py's.
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ from ds_longctx.plan.moe_terms import moe_terms, top_layer_sparse
 
 
 def attention_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The top layer's backward (mlp_bwd and attn_bwd; the top layer is the worst: every on-GPU checkpoint is still
-    live then): its grads, the hidden-size tensors (layer_units), the all-to-all buffers, the kernel's saved output,
-    LSE and fp32 accumulators (per KV-head group with attn_bwd_head_groups)."""
+    """The top layer's backward (mlp_bwd and attn_bwd; the top layer is the worst: every on-GPU
+    checkpoint is still live then): its grads, the hidden-size tensors (layer_units), the all-to-all
+    buffers, the kernel's saved output, LSE and fp32 accumulators (per KV-head group with
+    attn_bwd_head_groups)."""
     _grad_terms(t, z, lv)
     _hidden_terms(t, z, lv)
     _kernel_terms(t, z, lv)
 
 
 def _grad_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The top layer's weight grads (or LoRA's), the tied lm_head grad held, LoRA's saved low-rank inputs."""
+    """The top layer's weight grads (or LoRA's), the tied lm_head grad held, LoRA's saved low-rank
+    inputs."""
     g = z.g
     if g.tied_embeddings and not z.lora:
-        # the lm_head grad (made in the loss forward) waits in autograd's input buffer for the embedding's
-        # grad: a tied leaf's AccumulateGrad runs once, after its last use's backward (the embedding, last)
+        # the lm_head grad (made in the loss forward) waits in autograd's input buffer for the
+        # embedding's grad: a tied leaf's AccumulateGrad runs once, after its last use's backward
+        # (the embedding, last)
         t.add(
             "tied_lm_head_grad_held",
             g.vocab * g.hidden * 2,
@@ -45,7 +49,8 @@ def _grad_terms(t: Terms, z: Sizes, lv: Levers) -> None:
             "V·H·2 (tied embeddings)",
             z.layer_phases(*LAYER) + ("embed",),
         )
-    # Each part's grads live in the phase of its own backward (ZeRO-3 moves them to its bucket right after)
+    # Each part's grads live in the phase of its own backward (ZeRO-3 moves them to its bucket right
+    # after)
     if z.lora:
         t.add("layer_grads_bf16", z.A_mlp * 2, 0, "A_mlp·2", z.layer_phases("mlp_bwd"))
         t.add(
@@ -90,7 +95,8 @@ def _grad_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 
 
 def _hidden_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The hidden-size tensors of the layer's backward (layer_units), the output gate's, the q/k norms' saved."""
+    """The hidden-size tensors of the layer's backward (layer_units), the output gate's, the q/k
+    norms' saved."""
     g, T, E, d, tl = z.g, z.T, z.E, z.g.head_dim, lv.tiled_layer
     hq, hkv = g.heads, g.kv_heads
     u_mlp, u_attn = (
@@ -124,7 +130,8 @@ def _hidden_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 
 
 def _kernel_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The attention's all-to-all buffers and grads, the kernel's saved output and LSE, its fp32 accumulators."""
+    """The attention's all-to-all buffers and grads, the kernel's saved output and LSE, its fp32
+    accumulators."""
     T, S, sp, d, hq_l, kv_l = z.T, z.S, z.sp, z.g.head_dim, z.hq_l, z.kv_l
     hq, hkv = z.g.heads, z.g.kv_heads
     qkv_a2a = S * (hq_l + 2 * kv_l) * d * 2
@@ -145,9 +152,10 @@ def _kernel_terms(t: Terms, z: Sizes, lv: Levers) -> None:
         ("attn_bwd",),
     )
     kv_pre = max(hkv, sp)  # KV heads are repeated up to sp before the all-to-all when sp > hkv
-    # After the kernel (sp > 1): q/k/v grads back through the all-to-all. Inside it, with grouped KV heads,
-    # FlashAttention 4 accumulates dK / dV in fp32 per KV head (flash_attn/cute/interface.py's _flash_attn_bwd).
-    # The term is the larger; at sp 1 there is no exchange.
+    # After the kernel (sp > 1): q/k/v grads back through the all-to-all. Inside it, with grouped KV
+    # heads, FlashAttention 4 accumulates dK / dV in fp32 per KV head
+    # (flash_attn/cute/interface.py's _flash_attn_bwd). The term is the larger; at sp 1 there is no
+    # exchange.
     local = T * (hq + 2 * kv_pre) * d * 2 if sp > 1 else 0
     accum = 2 * kv_l * S * d * 4 // hg if hq_l > kv_l else 0
     t.add(
@@ -159,7 +167,8 @@ def _kernel_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     )
     if hg > 1:  # each group's q/k/v grads, made by the kernel, then copied into the full ones
         t.add("attn_bwd_group_grads", qkv_a2a // hg, 0, f"S·(hq/sp+2·kv')·d·2/{hg}", ("attn_bwd",))
-    # o_proj's saved input: the kernel's output itself at sp 1 (no exchange), counted in attn_out_a2a or the cache
+    # o_proj's saved input: the kernel's output itself at sp 1 (no exchange), counted in
+    # attn_out_a2a or the cache
     t.add(
         "attn_out_local",
         T * hq * d * 2 * (sp > 1),
@@ -170,9 +179,10 @@ def _kernel_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 
 
 def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The top layer's token-wise work in its backward: the MLP whole (its saved intermediate-width tensors and
-    grads) or in tiles of t tokens (tiled_mlp; with tiled_layer the q/k/v projections and norms tiled too, their fp32
-    weight-grad sums beside the tiles); a mixture of experts' sparse block: plan/moe_terms.py."""
+    """The top layer's token-wise work in its backward: the MLP whole (its saved intermediate-width
+    tensors and grads) or in tiles of t tokens (tiled_mlp; with tiled_layer the q/k/v projections
+    and norms tiled too, their fp32 weight-grad sums beside the tiles); a mixture of experts' sparse
+    block: plan/moe_terms.py."""
     g, T, tl = z.g, z.T, lv.tiled_layer
     if top_layer_sparse(g):  # a mixture of experts' sparse block (plan/moe_terms.py)
         moe_terms(t, z, lv)
@@ -180,9 +190,10 @@ def mlp_terms(t: Terms, z: Sizes, lv: Levers) -> None:
     H, inter, d, hq, hkv = g.hidden, g.intermediate, g.head_dim, g.heads, g.kv_heads
     tile = min(lv.tile_tokens or H, T)  # the tile of the tiled MLP / tiled layer
     if tl:
-        # the q/k/v tiles' backward: one tile's norm / projections / rotary with their grads, and the fp32 sums
-        # of the attention-side weight grads (o_proj's is an ordinary Linear's); q, k and v are three outputs,
-        # so their grads (qkv_local_grad) go in as they are, never joined into one buffer
+        # the q/k/v tiles' backward: one tile's norm / projections / rotary with their grads, and
+        # the fp32 sums of the attention-side weight grads (o_proj's is an ordinary Linear's); q, k
+        # and v are three outputs, so their grads (qkv_local_grad) go in as they are, never joined
+        # into one buffer
         t.add(
             "qkv_tile",
             tile * (6 * H + 4 * (hq + 2 * hkv) * d) * 2,

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.kernel_rules import FULL_ATTENTION, LINEAR_ATTENTION
 
-# Norms that scale by (1 + weight) (transformers' Qwen3_5RMSNorm): a weight of 0 is the identity scale
+# Norms that scale by (1 + weight) (transformers' Qwen3_5RMSNorm): a weight of 0 is the identity
+# scale
 ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm",)
 # The gated DeltaNet's vectors in a random-init run: A = 1, dt = 0.01 (why: docs/design/plan.md).
 DELTANET_VECTORS = {"dt_bias": math.log(math.expm1(0.01)), "A_log": 0.0}
 
 
 def vector_init(name: str, module_class: str) -> float:
-    """The value a random-init run fills a 1-D parameter with (run/model.init_weights): norm weights 1 (0 for a
-    zero-centred norm), the gated DeltaNet's own vectors as DELTANET_VECTORS, biases 0."""
+    """The value a random-init run fills a 1-D parameter with (run/model.init_weights): norm weights
+    1 (0 for a zero-centred norm), the gated DeltaNet's own vectors as DELTANET_VECTORS, biases
+    0."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf in DELTANET_VECTORS:
         return DELTANET_VECTORS[leaf]
@@ -29,28 +31,30 @@ def vector_init(name: str, module_class: str) -> float:
     return 0.0
 
 
-# model_type -> the key of a composite config's text model (the VL checkpoint's config.json); the text types as is
+# model_type -> the key of a composite config's text model (the VL checkpoint's config.json); the
+# text types as is
 HYBRID_TYPES = {"qwen3_5": "text_config", "qwen3_5_text": None}
 
 
 def text_config(cfg: dict) -> dict:
-    """The text model's config of a hybrid config.json: a composite `qwen3_5` one's `text_config` (its model_type
-    `qwen3_5_text`), a text one as is."""
+    """The text model's config of a hybrid config.json: a composite `qwen3_5` one's `text_config`
+    (its model_type `qwen3_5_text`), a text one as is."""
     key = HYBRID_TYPES.get(cfg.get("model_type"))
     if key is None:
         return cfg
     text = cfg.get(key)
     if not isinstance(text, dict):
         raise ValueError(
-            f"a {cfg.get('model_type')} config.json carries its text model under {key!r}; this one has "
-            f"none (fix the config)"
+            f"a {cfg.get('model_type')} config.json carries its text model under {key!r}; this one "
+            f"has none (fix the config)"
         )
     return dict(text, model_type=text.get("model_type") or f"{cfg['model_type']}_text")
 
 
 @dataclass(frozen=True)
 class HybridShape:
-    """What a hybrid model adds to the dense geometry: which layers are which, and the linear layers' widths."""
+    """What a hybrid model adds to the dense geometry: which layers are which, and the linear
+    layers' widths."""
 
     layer_types: tuple  # per decoder layer: kernel_rules.FULL_ATTENTION or LINEAR_ATTENTION
     linear_key_heads: int
@@ -63,15 +67,15 @@ class HybridShape:
 
     @classmethod
     def from_config(cls, cfg: dict, layers: int, where: str) -> "HybridShape":
-        """From a text config dict (transformers' Qwen3_5TextConfig defaults where a key is absent); a size that is
-        not a positive integer is a ValueError naming `where` and the key."""
+        """From a text config dict (transformers' Qwen3_5TextConfig defaults where a key is absent);
+        a size that is not a positive integer is a ValueError naming `where` and the key."""
 
         def size(key: str, default: int) -> int:
             v = cfg.get(key, default)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(
-                    f"{where}: {key} = {v!r} is not a positive integer; an HF config.json of a hybrid "
-                    f"model gives it as a whole number >= 1 (fix the config)"
+                    f"{where}: {key} = {v!r} is not a positive integer; an HF config.json of a "
+                    f"hybrid model gives it as a whole number >= 1 (fix the config)"
                 )
             return v
 
@@ -86,7 +90,8 @@ class HybridShape:
         if len(kinds) != layers or not set(kinds) <= {FULL_ATTENTION, LINEAR_ATTENTION}:
             raise ValueError(
                 f"{where}: layer_types has {len(kinds)} entries of {sorted(set(kinds))} for "
-                f"num_hidden_layers={layers}; give one of {list(kernel_rules.LAYER_KINDS)} per layer"
+                f"num_hidden_layers={layers}; give one of {list(kernel_rules.LAYER_KINDS)} per "
+                "layer"
             )
         hk, hv = size("linear_num_key_heads", 16), size("linear_num_value_heads", 32)
         kernel_rules.check_linear_heads(hk, hv, where)
@@ -136,7 +141,8 @@ class HybridShape:
 
 
 def mixer_numels(g, kind: str) -> list:
-    """The token mixer's parameter sizes of one layer of `kind`, in registration order (module doc)."""
+    """The token mixer's parameter sizes of one layer of `kind`, in registration order (module
+    doc)."""
     h = g.hybrid
     H, d, q, kv = g.hidden, g.head_dim, g.heads * g.head_dim, g.kv_heads * g.head_dim
     if kind == FULL_ATTENTION:
@@ -156,13 +162,15 @@ def mixer_numels(g, kind: str) -> list:
 
 
 def layer_numels(g, kind: str) -> list:
-    """One decoder layer's parameter sizes in `model.parameters()` order: mixer, MLP (gate, up, down), two norms."""
+    """One decoder layer's parameter sizes in `model.parameters()` order: mixer, MLP (gate, up,
+    down), two norms."""
     H, inter = g.hidden, g.intermediate
     return [*mixer_numels(g, kind), H * inter, H * inter, inter * H, H, H]
 
 
 def mixer_linears(g, kind: str) -> dict:
-    """{name under the layer: (in, out)} of the token mixer's Linears (LoRA's targets, levers/lora.py)."""
+    """{name under the layer: (in, out)} of the token mixer's Linears (LoRA's targets,
+    levers/lora.py)."""
     h, H = g.hybrid, g.hidden
     if kind == FULL_ATTENTION:
         q, kv = g.heads * g.head_dim, g.kv_heads * g.head_dim

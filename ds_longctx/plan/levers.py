@@ -13,13 +13,14 @@ from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan, check_cacheable, resolve_placement
 
-# dpo: each completion's tokens where none is given (`plan --completion_len`, `rehearse --completion_len`), at
-# most a quarter of the row (default_completion_len)
+# dpo: each completion's tokens where none is given (`plan --completion_len`, `rehearse
+# --completion_len`), at most a quarter of the row (default_completion_len)
 DEFAULT_COMPLETION_LEN = 4096
 
 
 def default_completion_len(seq_len: int) -> int:
-    """A dpo row's completion length where none is given: DEFAULT_COMPLETION_LEN, at most seq_len // 4."""
+    """A dpo row's completion length where none is given: DEFAULT_COMPLETION_LEN, at most seq_len //
+    4."""
     return min(DEFAULT_COMPLETION_LEN, seq_len // 4)
 
 
@@ -28,14 +29,16 @@ FUSED_OPS = get_args(KernelsConfig.model_fields["fused_ops"].annotation)  # the 
 
 @dataclass(frozen=True)
 class Levers:
-    """The memory levers a run can pull (see `plan/search.choose` for how each is picked); defaults as the run
-    config's. `from_run_config` / `run_config_fields` are the only mapping between the two.
+    """The memory levers a run can pull (see `plan/search.choose` for how each is picked); defaults
+    as the run config's. `from_run_config` / `run_config_fields` are the only mapping between the
+    two.
 
-    tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H) shards.
-    lora_rank > 0: LoRA adapters of that rank on `lora_targets` (levers/lora.py's rule), the base frozen.
-    Where each layer's checkpoint lives is a placement plan (levers/placement.py): `placement` as given, or made
-    from the counts (the first `offload_layers` offloaded, the last `attention_cache_layers` cached); the memory
-    terms read that plan (`placement_for`).
+    tile_tokens None means min(T, hidden): DeepSpeed/ArcticTraining TiledMLP's automatic ceil(T/H)
+    shards. lora_rank > 0: LoRA adapters of that rank on `lora_targets` (levers/lora.py's rule), the
+    base frozen. Where each layer's checkpoint lives is a placement plan (levers/placement.py):
+    `placement` as given, or made
+    from the counts (the first `offload_layers` offloaded, the last `attention_cache_layers`
+    cached); the memory terms read that plan (`placement_for`).
     """
 
     chunked_loss: bool = True
@@ -82,19 +85,20 @@ class Levers:
         if self.placement is not None and (self.offload_layers or self.attention_cache_layers):
             raise ValueError(
                 f"Levers: give a placement ({self.placement.spec()}) or the counts offload_layers="
-                f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, not both"
+                f"{self.offload_layers} / attention_cache_layers={self.attention_cache_layers}, "
+                "not both"
             )
 
     def placement_for(
         self, num_layers: int, attention_layers: Optional[tuple] = None
     ) -> PlacementPlan:
-        """The per-layer plan these levers mean for a model of `num_layers` layers (`attention_layers`: which are
-        full attention, where a cache can go; None: all)."""
+        """The per-layer plan these levers mean for a model of `num_layers` layers
+        (`attention_layers`: which are full attention, where a cache can go; None: all)."""
         if self.placement is not None:
             if len(self.placement) != num_layers:
                 raise ValueError(
-                    f"placement {self.placement.spec()} has {len(self.placement)} entries, the model "
-                    f"{num_layers} layers"
+                    f"placement {self.placement.spec()} has {len(self.placement)} entries, the "
+                    f"model {num_layers} layers"
                 )
             check_cacheable(self.placement, attention_layers)
             return self.placement
@@ -109,8 +113,9 @@ class Levers:
 
     @classmethod
     def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
-        """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once resolved for
-        the model (run/placement_plan.run_placement), is passed in: counts stay 0 here, the plan says it all."""
+        """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once
+        resolved for the model (run/placement_plan.run_placement), is passed in: counts stay 0 here,
+        the plan says it all."""
         mem, targets = cfg.memory, cfg.lora.target_modules
         return cls(
             chunked_loss=mem.chunked_loss,
@@ -136,8 +141,9 @@ class Levers:
         )
 
     def run_config_fields(self) -> dict:
-        """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the plan is the
-        counts' (first offloaded, last cached), else the explicit per-layer placement."""
+        """The run-config keys that carry these levers (`RunConfig(**fields, ...)`): counts when the
+        plan is the counts' (first offloaded, last cached), else the explicit per-layer
+        placement."""
         out = {
             "chunked_loss": self.chunked_loss,
             "loss_chunk_rows": self.loss_chunk_rows,

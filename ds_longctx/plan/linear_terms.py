@@ -38,7 +38,8 @@ def linear_terms(t: Terms, z: Sizes) -> None:
         "lin_rule_saved",
         S * (c_l * 2 + hv_l * (4 + 2 + WY_BYTES_PER_TOKEN_HEAD)),
         0,
-        f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY matrix)",
+        f"S·(c'·2 + hv'·(4+2+{WY_BYTES_PER_TOKEN_HEAD})) (the delta rule's q/k/v, g fp32, beta, WY "
+        "matrix)",
         saved,
     )
     t.add(
@@ -66,7 +67,8 @@ def linear_terms(t: Terms, z: Sizes) -> None:
         "lin_rule_bwd",
         round(S * hv_l * GATED_DELTA_BYTES_PER_TOKEN_HEAD),
         0,
-        f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and value head)",
+        f"S·hv'·{GATED_DELTA_BYTES_PER_TOKEN_HEAD:.0f} (the kernel's fwd+bwd peak per token and "
+        "value head)",
         (LIN_MIX,),
     )
     # the conv's input grad and its exchange back come after the kernel frees its buffers

@@ -1,7 +1,9 @@
-"""The learning rate of every optimizer step: linear warm-up, then constant, cosine or linear decay to a floor.
+"""The learning rate of every optimizer step: linear warm-up, then constant, cosine or linear decay
+to a floor.
 
-    factor = lr_factor(cfg.optimizer, total_steps)     # factor(i): lr of step i + 1 over the peak lr
-    torch.optim.lr_scheduler.LambdaLR(optimizer, factor)   # what `ds-longctx train` and the HF Trainer step
+    factor = lr_factor(cfg.optimizer, total_steps)  # factor(i): lr of step i + 1 over the peak lr
+    # what `ds-longctx train` and the HF Trainer step:
+    torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 Formulas: docs/design/plan.md.
 """

@@ -1,9 +1,9 @@
 """The terms of one training step's memory, phase by phase: what `planner.plan_memory` sums.
 
-Each builder appends `Term`s (bytes per GPU, bytes on one node's host, the formula printed in the plan's table, the
-phases the term is live in) for one part of the step, reading the sizes of `Sizes` (the legend of plan/planner.py).
-The order in which they are appended is the order of the printed table. The top layer's backward (attention
-and MLP) has its own builders: plan/layer_terms.py.
+Each builder appends `Term`s (bytes per GPU, bytes on one node's host, the formula printed in the
+plan's table, the phases the term is live in) for one part of the step, reading the sizes of `Sizes`
+(the legend of plan/planner.py). The order in which they are appended is the order of the printed
+table. The top layer's backward (attention and MLP) has its own builders: plan/layer_terms.py.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ds_longctx.plan.zero_buffers import (
 PHASES = ("embed", "loss", "mlp_bwd", "attn_bwd")
 ALL = ("all",)
 LAYER = ("mlp_bwd", "attn_bwd")
-# a hybrid model's top gated DeltaNet layer: its MLP backward, its post-attention norm's, its token mixing's
-# (plan/linear_terms.py)
+# a hybrid model's top gated DeltaNet layer: its MLP backward, its post-attention norm's, its token
+# mixing's (plan/linear_terms.py)
 LIN_MLP, LIN_NORM, LIN_MIX = "lin_mlp_bwd", "lin_norm_bwd", "lin_bwd"
 LIN = (LIN_MLP, LIN_NORM, LIN_MIX)
 BUILD = ("build",)  # host only: while the engine is built, never at the same time as a step
@@ -41,7 +41,7 @@ BUILD = ("build",)  # host only: while the engine is built, never at the same ti
 
 @dataclass(frozen=True)
 class Term:
-    """One named allocation: bytes per GPU, bytes on the host (one node's total), formula, phases it is live in."""
+    """One named allocation: bytes per GPU, on the host (one node's total), formula, live phases."""
 
     name: str
     gpu_bytes: int
@@ -60,7 +60,7 @@ class Terms(list):
 
 @dataclass(frozen=True)
 class Sizes:
-    """The legend's quantities for one plan (plan/planner.py): elements, tokens or bytes as there."""
+    """The legend's quantities of one plan (plan/planner.py), in elements, tokens or bytes."""
 
     g: ModelGeometry
     G: int  # GPUs per node
@@ -80,22 +80,20 @@ class Sizes:
     n_cache: int  # layers whose attention output is kept on the GPU
     n_cache_host: int  # ... in pinned host memory
     top_cached: bool  # the top layer keeps its attention output on the GPU
-    # the token-wise ops are compiled (fused_ops auto or compile: what a GPU run does)
-    compiled: bool
-    # a hybrid model's layers above its top linear layer with their checkpoint on the GPU
-    above_lin: int = 0
+    compiled: bool  # the token-wise ops are compiled (fused_ops auto or compile: a GPU run)
+    above_lin: int = 0  # a hybrid's layers above its top linear one, checkpoint on the GPU
     above_lin_cached: int = 0  # ... of them, those keeping their attention output on the GPU
     n_disk: int = 0  # of the k, those on disk
 
     @property
     def phases(self) -> tuple:
-        """The transient phases of this model's step: PHASES, and a hybrid model's linear layer's (LIN)."""
+        """The transient phases of this model's step: PHASES, and a hybrid's linear ones (LIN)."""
         return PHASES + (LIN if self.g.hybrid is not None else ())
 
     def layer_phases(self, *phases: str) -> tuple:
-        """`phases` of the full-attention layer, and a hybrid model's matching linear-layer phases: for the terms
-        every decoder layer holds (its grads, norms, MLP). A term held through both the MLP's and the mixer's
-        backward is held through the norm's between them."""
+        """`phases` of the full-attention layer, and a hybrid model's matching linear-layer phases:
+        for the terms every decoder layer holds (its grads, norms, MLP). A term held through both
+        the MLP's and the mixer's backward is held through the norm's between them."""
         if self.g.hybrid is None:
             return phases
         lin = tuple(lin for p, lin in zip(LAYER, (LIN_MLP, LIN_MIX)) if p in phases)
@@ -126,7 +124,8 @@ class Sizes:
 
 
 def adapters(g: ModelGeometry, rank: int, targets) -> tuple:
-    """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears in it."""
+    """(A, A_layer, A_mlp, n): adapter params in all, in the top layer, in its MLP; adapted Linears
+    in it."""
     if not rank:
         return 0, 0, 0, 0
     if problem := lora_problem(g.moe, g.layers, targets):
@@ -149,11 +148,11 @@ def sizes(
     nodes: int,
     placement: PlacementPlan,
 ) -> Sizes:
-    """The legend's quantities of a checked request (plan_memory checks first) with its per-layer placement."""
+    """The legend's quantities of a checked request (plan_memory checks it) and its placement."""
     S = -(-seq_len // sp) * sp
     T = S // sp
     A, A_layer, A_mlp, n_top = adapters(g, levers.lora_rank, levers.lora_targets)
-    # above a hybrid model's top linear layer: their backward has run (and freed their checkpoints) before its own
+    # layers above a hybrid's top linear one run their backward (freeing checkpoints) before it
     top_lin = max(
         (i for i, full in enumerate(g.attention_layers or ()) if not full), default=g.layers
     )
@@ -177,7 +176,7 @@ def sizes(
         n_cache=placement.count(Place.CACHE),
         n_cache_host=placement.count(Place.CACHE_OFFLOAD),
         top_cached=placement[g.layers - 1] == Place.CACHE,
-        # a hybrid model's zero-centred norms are not among the fused ops (levers/fused_ops.py): eager units
+        # a hybrid's zero-centred norms are not among the fused ops (levers/fused_ops.py): eager
         compiled=levers.fused_ops in ("auto", "compile") and g.hybrid is None,
         above_lin=sum(p in (Place.KEEP, Place.CACHE) for p in above),
         above_lin_cached=sum(p == Place.CACHE for p in above),
@@ -197,14 +196,17 @@ def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
             "params_bf16",
             2 * persistent,
             G * pow2(2 * part),
-            f"2·(params <= {PARAM_PERSISTENCE_ELEMS:.0e} elements, kept whole); host G·pow2(2·P/{w}) (offload_param:"
-            f" stage3.py's flat pinned buffer)",
+            f"2·(params <= {PARAM_PERSISTENCE_ELEMS:.0e} elements, kept whole); host "
+            f"G·pow2(2·P/{w}) (offload_param: stage3.py's flat pinned buffer)",
         )
     else:
         t.add("params_bf16", 2 * part, 0, f"2·(P+A)/{w}" if z.lora else f"2·P/{w}")
     if off and ratio < 1:
         on_gpu, on_host = optimizer_split(g, W, ratio)
-        share = f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups on GPU)"
+        share = (
+            f" (partial offload ratio {ratio}: {on_gpu / part_t:.2f} of the partition's sub-groups "
+            "on GPU)"
+        )
     else:
         on_gpu, on_host, share = (0, part_t, "") if off else (part_t, 0, "")
     if off:
@@ -249,7 +251,7 @@ def zero3_terms(t: Terms, z: Sizes, lv: Levers, live_layers: int) -> None:
         0,
         f"reduce_bucket_size({REDUCE_BUCKET_ELEMS:.0e})·2",
     )
-    # one rank (W = 1): ZeRO-3 has nothing to gather, a layer's params are views of the flat partition
+    # one rank (W = 1): nothing to gather, a layer's params are views of the flat partition
     gather = W > 1 or lv.offload_params
     t.add(
         "gathered_layers",
@@ -304,8 +306,8 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
             max(0, restored - kept),
             0,
             f"max(0, {POOLED_LAYER_UNITS}·T·H·2 (+ its restored "
-            f"cache) - what the kept layers held, freed by then) (our pool; {L - k} kept, {z.n_cache} cached on "
-            f"the GPU)",
+            f"cache) - what the kept layers held, freed by then) (our pool; {L - k} kept, "
+            f"{z.n_cache} cached on the GPU)",
         )
     elif k and z.n_disk == k:  # the disk tier's: one restored at a time, as the pool's
         t.add("offload_staging", E, 0, "T·H·2 (the disk tier's restored input)")
@@ -336,8 +338,9 @@ def checkpoint_terms(t: Terms, z: Sizes, lv: Levers) -> None:
 
 
 def embed_loss_terms(t: Terms, z: Sizes, lv: Levers) -> None:
-    """The embedding's phase (embed) and the loss head's (loss): lm_head + cross-entropy, over row chunks
-    (levers/chunked_loss.py) or whole (the backward of log_softmax holds three T x V fp32 tensors at once)."""
+    """The embedding's phase (embed) and the loss head's (loss): lm_head + cross-entropy, over row
+    chunks (levers/chunked_loss.py) or whole (the backward of log_softmax holds three T x V fp32
+    tensors at once)."""
     V, H, E, T = z.g.vocab, z.g.hidden, z.E, z.T
     frozen = " (0: frozen, LoRA)" if z.lora else ""
     t.add("embedding_gathered", V * H * 2, 0, "V·H·2", ("embed",))

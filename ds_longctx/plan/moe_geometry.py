@@ -1,7 +1,10 @@
-"""Mixture-of-experts shapes read from an HF `config.json` (no torch), and the one refusal of MoE families not modelled.
+"""Mixture-of-experts shapes read from an HF `config.json` (no torch), and the one refusal of MoE
+families not modelled.
 
-    moe = moe_shape(cfg, "qwen3_moe", where)     # MoeShape, or None for a dense config; ValueError for another MoE
-    moe.block_numels(hidden)                     # the sparse block's parameters in HF's order: experts, then router
+    # MoeShape, or None for a dense config; ValueError for another MoE:
+    moe = moe_shape(cfg, "qwen3_moe", where)
+    # the sparse block's parameters in HF's order: experts, then router:
+    moe.block_numels(hidden)
 
 Supported: `MOE_FAMILIES`; any other config that names experts is refused before any planning.
 The family's layout: docs/design/plan.md.
@@ -34,7 +37,8 @@ QWEN3_MOE_DEFAULTS = {
 
 @dataclass(frozen=True)
 class MoeShape:
-    """The sparse layers of a Qwen3-MoE model: E experts of width I, k active per token, a router [E, H]."""
+    """The sparse layers of a Qwen3-MoE model: E experts of width I, k active per token, a router
+    [E, H]."""
 
     experts: int  # E
     top_k: int  # k
@@ -53,7 +57,8 @@ class MoeShape:
         return sum(self.block_numels(hidden))
 
     def expert_params(self, hidden: int) -> int:
-        """The experts alone, E·3·H·I: what one tile's weight-gradient buffers hold (levers/moe.py)."""
+        """The experts alone, E·3·H·I: what one tile's weight-gradient buffers hold
+        (levers/moe.py)."""
         return 3 * self.experts * hidden * self.expert_intermediate
 
     def is_sparse(self, layer: int) -> bool:
@@ -65,14 +70,15 @@ def _int(cfg: dict, key: str, where: str, default=None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         state = "is missing" if v is None else f"= {v!r} is not a positive integer"
         raise ValueError(
-            f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole number "
-            f">= 1 (fix the config)"
+            f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole "
+            f"number >= 1 (fix the config)"
         )
     return v
 
 
 def sparse_layers(layers: int, step: int, mlp_only: list) -> tuple:
-    """The layers whose MLP is the sparse block: HF's rule, `i not in mlp_only_layers and (i + 1) % step == 0`."""
+    """The layers whose MLP is the sparse block: HF's rule, `i not in mlp_only_layers and (i + 1) %
+    step == 0`."""
     return tuple(i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)
 
 
@@ -91,8 +97,8 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
         dense = f" and the dense families {list(dense_families)}" if dense_families else ""
         raise ValueError(
             f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
-            f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: use "
-            f"one of those"
+            f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: "
+            f"use one of those"
         )
     cfg = with_old_names(cfg, mtype)  # num_local_experts, as transformers 5.25 writes num_experts
     layers = check_layer_count(_int(cfg, "num_hidden_layers", where), where)
@@ -100,8 +106,8 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
     top_k = _int(cfg, "num_experts_per_tok", where)
     if top_k > experts:
         raise ValueError(
-            f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is routed "
-            f"to at most every expert (fix the config)"
+            f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is "
+            f"routed to at most every expert (fix the config)"
         )
     step = _int(cfg, "decoder_sparse_step", where, QWEN3_MOE_DEFAULTS["decoder_sparse_step"])
     only = cfg.get("mlp_only_layers", QWEN3_MOE_DEFAULTS["mlp_only_layers"]) or []
@@ -144,7 +150,9 @@ def lora_problem(moe: Optional[MoeShape], layers: int, targets) -> Optional[str]
     if not named:
         return None
     return (
-        f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA adapters here (the "
-        f"experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves the experts and "
+        f"lora_target_modules {named}: a mixture of experts' experts and router take no LoRA "
+        "adapters here (the "
+        "experts are 3-D tensors, not Linears); LoRA trains adapters on the attention and leaves "
+        "the experts and "
         f"the router frozen: use --lora_target_modules q_proj,k_proj,v_proj,o_proj (or all-linear)"
     )

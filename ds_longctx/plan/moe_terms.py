@@ -37,14 +37,17 @@ def moe_lever_problem(g: ModelGeometry, lv: Levers) -> str | None:
     """Why these levers cannot run this mixture of experts, or None."""
     if g.moe is not None and lv.tiled_layer:
         return (
-            f"tiled_layer: {g.name} is a mixture of experts; the tiled layer tiles gated MLPs only. Use tiled_mlp "
-            f"(it tiles the sparse block: router, experts and combine per tile) and set tiled_layer: false"
+            f"tiled_layer: {g.name} is a mixture of experts; the tiled layer tiles gated MLPs "
+            "only. Use tiled_mlp "
+            "(it tiles the sparse block: router, experts and combine per tile) and set "
+            "tiled_layer: false"
         )
     return None
 
 
 def block_bytes(g: ModelGeometry, rows: int) -> tuple:
-    """(router, dispatch, experts, backward grads) bytes of one sparse block over `rows` rows (module doc)."""
+    """(router, dispatch, experts, backward grads) bytes of one sparse block over `rows` rows
+    (module doc)."""
     m, H = g.moe, g.hidden
     E, k, width = m.experts, m.top_k, m.expert_intermediate
     return (
@@ -73,7 +76,8 @@ def moe_terms(t, z, lv: Levers) -> None:
             "moe_tile",
             router + dispatch + experts + grads,
             0,
-            f"t·(6·E+8 + k·(4·H+8·I+38)) + 6·t·k·H (t={tile}, one tile's router, dispatch, experts and grads)",
+            f"t·(6·E+8 + k·(4·H+8·I+38)) + 6·t·k·H (t={tile}, one tile's router, dispatch, experts "
+            "and grads)",
             ("mlp_bwd",),
         )
         t.add("moe_tile_hidden", 2 * tile * g.hidden * 2, 0, f"2·t·H·2 (t={tile})", ("mlp_bwd",))

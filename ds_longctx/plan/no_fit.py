@@ -1,8 +1,9 @@
 """When nothing fits: `NoFit`, the refusal `search.choose` raises, and the "Fix:" lines it carries.
 
-`no_fit_error` writes the message from the plan with every lever on; `fix_lines` tries each change of
-hardware or flags through a `fits` callable the search hands in (this module runs no search of its own) and names
-those with which a plan fits; `hardware` is the machine in words, as plans and refusals name it. No torch.
+`no_fit_error` writes the message from the plan with every lever on; `fix_lines` tries each change
+of hardware or flags through a `fits` callable the search hands in (this module runs no search of
+its own) and names those with which a plan fits; `hardware` is the machine in words, as plans and
+refusals name it. No torch.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def no_fit_error(
     headroom: float,
     base: Levers,
 ) -> NoFit:
-    """The refusal of `seq_len` tokens: what `best` (every lever on) needs, the longest length that fits
-    (`max_len`), and each change of hardware or flags with which `fits` finds a plan (`fix_lines`)."""
+    """The refusal of `seq_len` tokens: what `best` (every lever on) needs, the longest length that
+    fits (`max_len`), and each change of hardware or flags with which `fits` finds a plan
+    (`fix_lines`)."""
     geom, gpus, nodes, sp, lv = best.geom, best.gpus, best.nodes, best.sp_size, best.levers
     ratio = base.optimizer_offload_ratio
     offloaded = ("the optimizer" if ratio >= 1 else f"{ratio:g} of the optimizer") + (
@@ -49,12 +51,14 @@ def no_fit_error(
     )
     machine = hardware(gpus, gpu_mem_gb, host_mem_gb, nodes)
     lines = [
-        f"{geom.name} at seq_len={seq_len:,} does not fit {machine} (x headroom {headroom:g}). Every lever on "
+        f"{geom.name} at seq_len={seq_len:,} does not fit {machine} (x headroom {headroom:g}). "
+        "Every lever on "
         f"(sp_size={sp}, tiled {'layer' if lv.tiled_layer else 'MLP'}, the attention backward "
-        f"over {lv.attn_bwd_head_groups} KV-head group(s), all {geom.layers} checkpoints and {offloaded} "
-        f"offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and {best.host_peak_bytes / GB:.1f} GB host"
-        f"{best.over_budget(headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB)}. Longest length that fits: "
-        f"{max_len:,} tokens."
+        f"over {lv.attn_bwd_head_groups} KV-head group(s), all {geom.layers} checkpoints and "
+        f"{offloaded} offloaded) needs {best.gpu_peak_bytes / GB:.1f} GB/GPU and "
+        f"{best.host_peak_bytes / GB:.1f} GB host"
+        f"{best.over_budget(headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB)}. Longest "
+        f"length that fits: {max_len:,} tokens."
     ]
     lines += fix_lines(fits, geom, gpus, nodes, gpu_mem_gb, host_mem_gb, headroom, base, sp)
     lines.append(
@@ -74,8 +78,8 @@ def fix_lines(
     base: Levers,
     sp: int,
 ) -> list:
-    """The "Fix:" lines of a refusal: each change of hardware or flags with which `fits(gpus, gpu_budget,
-    host_budget, nodes, base)` finds a plan."""
+    """The "Fix:" lines of a refusal: each change of hardware or flags with which `fits(gpus,
+    gpu_budget, host_budget, nodes, base)` finds a plan."""
     return _hardware_fixes(fits, gpus, nodes, gpu_mem_gb, host_mem_gb, headroom) + _flag_fixes(
         fits, geom, gpus, gpu_mem_gb, host_mem_gb, headroom, base, sp
     )
@@ -106,7 +110,8 @@ def _hardware_fixes(
         lines.append(
             f"Fix: {m} nodes like these (--nodes {m}: ZeRO-3 partitions over {m * gpus} GPUs)."
         )
-    # the same GPUs spread over more nodes, each node's host holding fewer processes (the most per node that fits)
+    # the same GPUs spread over more nodes, each node's host holding fewer processes (the most per
+    # node that fits)
     spread = next(
         (
             n
@@ -141,15 +146,16 @@ def _flag_fixes(
     ):
         # the asked groups held sp down (or ruled the search's own groups out)
         lines.append(
-            f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the groups and "
-            f"sp_size itself; at sp_size={sp} every rank attends {local_kv_heads(geom.kv_heads, sp)} KV "
-            f"heads)."
+            f"Fix: drop --attn_bwd_head_groups {base.attn_bwd_head_groups} (the search picks the "
+            f"groups and sp_size itself; at sp_size={sp} every rank attends "
+            f"{local_kv_heads(geom.kv_heads, sp)} KV heads)."
         )
     if headroom < MAX_HEADROOM and fits(
         gpus, MAX_HEADROOM * gpu_mem_gb * GB, MAX_HEADROOM * host_mem_gb * GB
     ):
         lines.append(
-            f"Fix: --headroom {MAX_HEADROOM:g} (now {headroom:g}; the most of the budget a plan may fill)."
+            f"Fix: --headroom {MAX_HEADROOM:g} (now {headroom:g}; the most of the budget a plan "
+            "may fill)."
         )
     if (
         not base.partial_offload
@@ -158,14 +164,15 @@ def _flag_fixes(
     ):
         # the whole optimizer on the host, as asked, is what breaks it
         lines.append(
-            "Fix: drop --optimizer_offload_ratio 1 (the search then keeps a share of the optimizer on the "
-            "GPU where the whole of it breaks the host budget)."
+            "Fix: drop --optimizer_offload_ratio 1 (the search then keeps a share of the optimizer "
+            "on the GPU where the whole of it breaks the host budget)."
         )
     return lines
 
 
 def _least(ok, hi: float = 1e14, tol: float = 0.5 * GB) -> Optional[float]:
-    """The smallest budget b in (0, hi] (to within tol) with ok(b), for ok monotone in b; None if ok(hi) fails."""
+    """The smallest budget b in (0, hi] (to within tol) with ok(b), for ok monotone in b; None if
+    ok(hi) fails."""
     if not ok(hi):
         return None
     lo = 0.0

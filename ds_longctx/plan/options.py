@@ -1,6 +1,6 @@
-"""`ds-longctx plan`'s options: its argparse parser (plan/write.py runs the command, plan/plan_args.py checks the
-values). The options are added in their --help order: the model and the machine, then the levers a user may force,
-then LoRA and what to write.
+"""`ds-longctx plan`'s options: its argparse parser (plan/write.py runs the command,
+plan/plan_args.py checks the values). The options are added in their --help order: the model and the
+machine, then the levers a user may force, then LoRA and what to write.
 
     a = parser(write.__doc__).parse_args(argv)
 """
@@ -17,7 +17,8 @@ from ds_longctx.plan.step_time import GPU_RATES
 
 
 def parser(description: str = "") -> argparse.ArgumentParser:
-    """The parser of `ds-longctx plan`, with `description` (the command's documentation) atop its --help."""
+    """The parser of `ds-longctx plan`, with `description` (the command's documentation) atop its
+    --help."""
     p = argparse.ArgumentParser(
         prog="ds-longctx plan",
         description=description,
@@ -78,7 +79,8 @@ def _machine_options(p: argparse.ArgumentParser) -> None:
 
 
 def _lever_options(p: argparse.ArgumentParser) -> None:
-    """The levers a user may force on (the search picks each by itself where nothing fits without it)."""
+    """The levers a user may force on (the search picks each by itself where nothing fits without
+    it)."""
     p.add_argument(
         "--no_attention_cache",
         action="store_true",
@@ -97,7 +99,8 @@ def _lever_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tiled_layer",
         action="store_true",
-        help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence tiles "
+        help="every decoder layer's token-wise work (norms, projections, rotary, MLP) in sequence "
+        "tiles "
         "(memory.tiled_layer): a smaller per-layer working set, so longer lengths fit. The search "
         "picks it by itself where nothing fits without it; this forces it on. Not with --lora_rank",
     )
@@ -120,7 +123,8 @@ def _lever_options(p: argparse.ArgumentParser) -> None:
         "--optimizer_offload_ratio",
         type=float,
         default=None,
-        help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed partial "
+        help="when the plan offloads the optimizer: the share of its state on the host (DeepSpeed "
+        "partial "
         "offload; the rest steps on the GPU). Not given: all of it, and the search picks a smaller "
         "share by itself only where the whole optimizer on the host breaks its budget. Given (1 "
         "included): this share, fixed; 0 keeps the optimizer on the GPU",
@@ -133,7 +137,8 @@ def _lora_and_output_options(p: argparse.ArgumentParser) -> None:
         "--lora_rank",
         type=int,
         default=0,
-        help="plan a LoRA run (lora section): adapters of this rank on the default target modules; the "
+        help="plan a LoRA run (lora section): adapters of this rank on the default target modules; "
+        "the "
         "optimizer state, master weights and grads are the adapters' only (0: full fine-tuning)",
     )
     p.add_argument(

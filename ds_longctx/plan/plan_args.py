@@ -1,6 +1,6 @@
-"""`ds-longctx plan`'s command line, checked before any planning (plan/write.py parses it and writes the plan):
-every refusal a ValueError naming the value and the fix; the canonical command line the files record; the search's
-arguments.
+"""`ds-longctx plan`'s command line, checked before any planning (plan/write.py parses it and writes
+the plan): every refusal a ValueError naming the value and the fix; the canonical command line the
+files record; the search's arguments.
 
     geom, host = check_args(options.parser().parse_args(argv))   # ValueError on bad input
     choose(geom, seq_len, **search_kw(a, host))
@@ -39,7 +39,8 @@ MAX_GPUS_PER_NODE, MAX_NODES = (
 
 
 def tokens(text: str) -> int:
-    """--seq_len's type: a whole number of tokens (`128k` and `1M` are refused naming the numbers they may mean)."""
+    """--seq_len's type: a whole number of tokens (`128k` and `1M` are refused naming the numbers
+    they may mean)."""
     try:
         return int(text)
     except ValueError:
@@ -49,7 +50,8 @@ def tokens(text: str) -> int:
 
 
 def check_args(a: argparse.Namespace) -> tuple:
-    """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming the fix."""
+    """Every check that needs no planning; returns (geometry, host_mem_gb). Raises ValueError naming
+    the fix."""
     host = _check_values(a)
     disk_args.check_disk_args(a)
     geom = ModelGeometry.from_name_or_path(a.model)  # names the shipped geometries if unknown
@@ -58,15 +60,16 @@ def check_args(a: argparse.Namespace) -> tuple:
 
 
 def _check_values(a: argparse.Namespace) -> float:
-    """The checks of the numbers and flags alone (no model read); returns host_mem_gb, the default filled in."""
+    """The checks of the numbers and flags alone (no model read); returns host_mem_gb, the default
+    filled in."""
     if a.gpus < 1:
         raise ValueError(f"--gpus {a.gpus}: need at least 1 GPU")
     if a.nodes < 1:
         raise ValueError(f"--nodes {a.nodes}: need at least 1 node")
     if a.gpus > MAX_GPUS_PER_NODE or a.nodes > MAX_NODES:
         raise ValueError(
-            f"--gpus {a.gpus} --nodes {a.nodes}: give at most {MAX_GPUS_PER_NODE} GPUs per node (8 on the "
-            f"machines here; more GPUs: --nodes N of them) and {MAX_NODES:,} nodes"
+            f"--gpus {a.gpus} --nodes {a.nodes}: give at most {MAX_GPUS_PER_NODE} GPUs per node (8 "
+            f"on the machines here; more GPUs: --nodes N of them) and {MAX_NODES:,} nodes"
         )
     if not 0 < a.gpu_mem_gb < float("inf"):  # also refuses nan
         raise ValueError(
@@ -84,7 +87,8 @@ def _check_values(a: argparse.Namespace) -> float:
         raise ValueError(f"--seq_len {a.seq_len}: need a positive number of tokens, e.g. 1048576")
     if a.seq_len is not None and a.find_max_len:
         raise ValueError(
-            f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of them"
+            f"--seq_len {a.seq_len} with --find_max_len: the search picks the length; drop one of "
+            "them"
         )
     if a.out is not None:
         check_out_dir(a.out)
@@ -92,12 +96,13 @@ def _check_values(a: argparse.Namespace) -> float:
         a.optimizer_offload_ratio is not None and not 0 <= a.optimizer_offload_ratio <= 1
     ):  # also refuses nan
         raise ValueError(
-            f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the host's "
-            f"share of the offloaded optimizer, e.g. 0.5"
+            f"--optimizer_offload_ratio {a.optimizer_offload_ratio:g} must be in [0, 1]: the "
+            f"host's share of the offloaded optimizer, e.g. 0.5"
         )
     if a.lora_rank < 0:
         raise ValueError(
-            f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full fine-tuning"
+            f"--lora_rank {a.lora_rank}: give the adapters' rank (e.g. 16), or 0 for full "
+            "fine-tuning"
         )
     if msg := lever_conflict(
         lora_rank=a.lora_rank,
@@ -109,14 +114,15 @@ def _check_values(a: argparse.Namespace) -> float:
         raise ValueError(msg)
     if a.attn_bwd_head_groups < 1:
         raise ValueError(
-            f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: the "
-            f"whole backward at once)"
+            f"--attn_bwd_head_groups {a.attn_bwd_head_groups}: give a number of groups >= 1 (1: "
+            f"the whole backward at once)"
         )
     return host
 
 
 def _check_against_model(a: argparse.Namespace, geom: ModelGeometry, host: float) -> None:
-    """The checks of the flags against the model: its window and RoPE, LoRA targets, levers, sp_size, head groups."""
+    """The checks of the flags against the model: its window and RoPE, LoRA targets, levers,
+    sp_size, head groups."""
     if problem := window_problem(geom.name, geom.sliding_window, a.seq_len):
         raise ValueError(problem)
     objective_args.check_objective_args(a, geom)
@@ -124,7 +130,8 @@ def _check_against_model(a: argparse.Namespace, geom: ModelGeometry, host: float
         problem := rope_problem(geom.name, geom.rope_type, geom.trained_context, a.seq_len)
     ):
         raise ValueError(problem)
-    try:  # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
+    # geom.name is the shipped name (`Qwen/Qwen3-8B` -> qwen3-8b) or the checkpoint path as given
+    try:
         RunConfig(model=geom.name, lora_target_modules=lora_targets(a))
     except ValidationError as e:
         raise ValueError(format_validation_error(e)) from None
@@ -143,13 +150,13 @@ def _check_against_model(a: argparse.Namespace, geom: ModelGeometry, host: float
         raise ValueError(f"{problem} (here: drop --tiled_layer)")
     if a.lora_rank > geom.hidden:
         raise ValueError(
-            f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an adapter "
-            f"of that rank is no longer low-rank; use a rank such as 16 or 64"
+            f"--lora_rank {a.lora_rank} is more than {geom.name}'s hidden size {geom.hidden}: an "
+            f"adapter of that rank is no longer low-rank; use a rank such as 16 or 64"
         )
     if a.sp_size is not None and a.sp_size < 1:
         raise ValueError(
-            f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan picks "
-            f"the largest that divides the GPUs and the heads)"
+            f"--sp_size {a.sp_size}: give a sequence-parallel size >= 1 (or leave it out: the plan "
+            f"picks the largest that divides the GPUs and the heads)"
         )
     if a.sp_size is not None:
         check_sp_size(
@@ -160,13 +167,14 @@ def _check_against_model(a: argparse.Namespace, geom: ModelGeometry, host: float
             per_node=a.gpus,
             linear_heads=geom.linear_heads,
         )
-    # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at every sp)
+    # at the pinned sp, else at sp 1 (the most KV heads per rank: groups that fail there fail at
+    # every sp)
     kernel_rules.check_head_groups(a.attn_bwd_head_groups, geom.kv_heads, a.sp_size or 1)
 
 
 def check_out_dir(out: str) -> None:
-    """--out must name a directory that exists or can be made here (before any planning): not a file, not under a
-    file, its nearest existing folder writable."""
+    """--out must name a directory that exists or can be made here (before any planning): not a
+    file, not under a file, its nearest existing folder writable."""
     if not out.strip():
         raise ValueError(
             "--out '': give the directory to write the plan's files to, e.g. --out plans/8b_1m"
@@ -198,8 +206,9 @@ def _check_out_path(out: str, p: Path) -> None:
 
 
 def longest_fit(geom, a: argparse.Namespace, host: float) -> tuple:
-    """(--find_max_len's length, its line): the longest that fits, searched up to the longest train's rope_scaling
-    auto takes (`rope_problem`: past the trained context of a RoPE YaRN cannot rescale), else MAX_SEARCH_TOKENS."""
+    """(--find_max_len's length, its line): the longest that fits, searched up to the longest
+    train's rope_scaling auto takes (`rope_problem`: past the trained context of a RoPE YaRN cannot
+    rescale), else MAX_SEARCH_TOKENS."""
     capped = rope_problem(geom.name, geom.rope_type, geom.trained_context, geom.trained_context + 1)
     seq_len = find_max_len(
         geom, upper=geom.trained_context if capped else MAX_SEARCH_TOKENS, **search_kw(a, host)
@@ -208,8 +217,8 @@ def longest_fit(geom, a: argparse.Namespace, host: float) -> tuple:
     line = f"{geom.name} on {machine}: longest seq_len that fits = {seq_len:,} tokens"
     if seq_len >= MAX_SEARCH_TOKENS:  # the search's end, not a limit this hardware reached
         line = (
-            f"{geom.name} on {machine}: longest seq_len that fits >= {seq_len:,} tokens (the search "
-            f"stops there; the plan below is for that length)"
+            f"{geom.name} on {machine}: longest seq_len that fits >= {seq_len:,} tokens (the "
+            f"search stops there; the plan below is for that length)"
         )
     elif capped and seq_len + 1024 > geom.trained_context:
         line += f" (searched up to the trained context: {capped})"
@@ -217,7 +226,8 @@ def longest_fit(geom, a: argparse.Namespace, host: float) -> tuple:
 
 
 def command_line(a: argparse.Namespace, host: float) -> str:
-    """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend on it)."""
+    """The canonical `ds-longctx plan` line for these inputs (without --out: files must not depend
+    on it)."""
     parts = [f"--model {a.model}"]
     parts += ["--find_max_len"] if a.find_max_len else [f"--seq_len {a.seq_len}"]
     parts += [f"--nodes {a.nodes}"] if a.nodes > 1 else []
@@ -248,7 +258,8 @@ def lora_targets(a: argparse.Namespace):
 
 
 def offload_ratio(a: argparse.Namespace) -> float:
-    """The host's share of an offloaded optimizer the command line asks for: all of it (1) when not given."""
+    """The host's share of an offloaded optimizer the command line asks for: all of it (1) when not
+    given."""
     return 1.0 if a.optimizer_offload_ratio is None else a.optimizer_offload_ratio
 
 
@@ -279,7 +290,8 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
 
 
 def local_gpu_kind() -> str | None:
-    """This machine's first GPU as a kind `--gpu` takes (`NVIDIA H100 80GB HBM3` -> h100), None without nvidia-smi."""
+    """This machine's first GPU as a kind `--gpu` takes (`NVIDIA H100 80GB HBM3` -> h100), None
+    without nvidia-smi."""
     import re
     import subprocess
 

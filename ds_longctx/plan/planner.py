@@ -6,7 +6,8 @@ Dimensions, phases and the modelled design: docs/design/plan.md.
 
 Usage (which levers to pull for a length is `plan.search.choose`):
     from ds_longctx.plan.planner import Levers, ModelGeometry, plan_memory
-    print(plan_memory(ModelGeometry.from_name_or_path("qwen3-8b"), 1 << 20, 8, 8, Levers(offload_layers=32)).table())
+    geometry = ModelGeometry.from_name_or_path("qwen3-8b")
+    print(plan_memory(geometry, 1 << 20, 8, 8, Levers(offload_layers=32)).table())
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ BUILD_HOST_GIB = 1.5
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """The result of `plan_memory`: every term, the peak phase, per-GPU and node-host peaks (bytes)."""
+    """The result of `plan_memory`: every term, the peak phase, per-GPU and node-host peaks
+    (bytes)."""
 
     geom: ModelGeometry
     seq_len: int  # padded to a multiple of sp_size
@@ -99,7 +101,8 @@ class MemoryPlan:
         return self.gpu_peak_bytes <= gpu_budget_bytes and self.host_peak_bytes <= host_budget_bytes
 
     def over_budget(self, gpu_budget_bytes: float, host_budget_bytes: float) -> str:
-        """What a refusal says bounds it: `, over the budget (host 174.0 > 115.2 GB)`, or "" within both."""
+        """What a refusal says bounds it: `, over the budget (host 174.0 > 115.2 GB)`, or "" within
+        both."""
         over = [
             f"{what} {need / GB:.1f} > {budget / GB:.1f} GB"
             for what, need, budget in (
@@ -122,8 +125,9 @@ class MemoryPlan:
             else f"nodes={self.nodes} gpus/node={self.gpus} world={self.world}"
         )
         rows = [
-            f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} dp={self.dp_size} "
-            f"T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} loss_chunk_rows={lv.loss_chunk_rows} "
+            f"{self.geom.name}: seq_len={self.seq_len:,} {where} sp={self.sp_size} "
+            f"dp={self.dp_size} T={self.local_tokens:,} | chunked_loss={lv.chunked_loss} "
+            f"loss_chunk_rows={lv.loss_chunk_rows} "
             f"tiled_mlp={lv.tiled_mlp}{' tiled_layer=True' if lv.tiled_layer else ''} "
             f"tile_tokens={lv.tile_tokens} optimizer_offload={lv.optimizer_offload}"
             + (
@@ -145,14 +149,15 @@ class MemoryPlan:
         ]
         for t in self.terms:
             rows.append(
-                f"{t.name:<26}{','.join(t.phases):<{pw}}{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}"
-                f"  {t.formula}"
+                f"{t.name:<26}{','.join(t.phases):<{pw}}"
+                f"{t.gpu_bytes / GB:>9.2f} {t.host_bytes / GB:>9.2f}  {t.formula}"
             )
         phases = "  ".join(f"{p}={b / GB:.2f}" for p, b in self.phase_bytes)
         rows.append(f"phases (GB/GPU beyond 'all'): {phases}")
         rows.append(
             f"{'peak (' + self.peak_phase + ')':<{26 + pw}}{self.gpu_peak_bytes / GB:>9.2f} "
-            f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + cuda_context"
+            f"{self.host_peak_bytes / GB:>9.2f}  = fragmentation·(all + {self.peak_phase}) + "
+            "cuda_context"
         )
         if self.disk_bytes:
             rows.append(
@@ -165,9 +170,10 @@ def check_headroom(headroom: float) -> None:
     """Refuse a headroom outside (0, MAX_HEADROOM]."""
     if not 0 < headroom <= MAX_HEADROOM:
         raise ValueError(
-            f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above {MAX_HEADROOM:g} of "
-            f"the budget could run past it (the planner's worst under-prediction of a measured peak: "
-            f"docs/calibration.md#max-headroom); use {MAX_HEADROOM:g} or less"
+            f"--headroom {headroom:g} must be in (0, {MAX_HEADROOM:g}]: a plan above "
+            f"{MAX_HEADROOM:g} of "
+            "the budget could run past it (the planner's worst under-prediction of a measured "
+            f"peak: docs/calibration.md#max-headroom); use {MAX_HEADROOM:g} or less"
         )
 
 
@@ -179,7 +185,8 @@ def sp_sizes_for(geom: ModelGeometry, gpus: int, nodes: int = 1) -> list:
 
 
 def _host_bytes(terms, phases: tuple) -> int:
-    """Σ host bytes of the terms live in exactly `phases` (ALL: the steps; BUILD: the engine build)."""
+    """Σ host bytes of the terms live in exactly `phases` (ALL: the steps; BUILD: the engine
+    build)."""
     return sum(t.host_bytes for t in terms if t.phases == phases)
 
 

@@ -1,8 +1,9 @@
 """Which levers a run needs: the search over the memory model (`planner.plan_memory`).
 
 `choose` picks the levers for one length, `find_max_len` the longest length anything fits,
-`fewest_offload_layers` the engine's `offload_layers: auto`. No torch: the CLI answers in milliseconds.
-Notes: `search_notes.py`; refusals: `no_fit.py`; the search order's reasons: `docs/design/plan.md`.
+`fewest_offload_layers` the engine's `offload_layers: auto`. No torch: the CLI answers in
+milliseconds. Notes: `search_notes.py`; refusals: `no_fit.py`; the search order's reasons:
+`docs/design/plan.md`.
 
 Usage:
     from ds_longctx.plan.search import choose
@@ -35,7 +36,7 @@ from ds_longctx.plan.search_notes import choice_notes
 
 @dataclass(frozen=True)
 class Choice:
-    """What `choose` picked: the plan (sp_size and levers inside) and one line of reasoning per choice."""
+    """What `choose` picked: the plan (sp_size and levers inside) and one note per choice."""
 
     plan: MemoryPlan
     notes: tuple = field(default=())
@@ -50,8 +51,9 @@ class Choice:
 
 
 def chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=256) -> int:
-    """Largest power of two in [min_rows, max_rows] whose loss phase stays at or under the layer-backward
-    phase (so the loss never sets the peak); min_rows (TRL's 256, still a full-width matmul) if none does."""
+    """Largest power of two in [min_rows, max_rows] whose loss phase stays at or under the
+    layer-backward phase (so the loss never sets the peak); min_rows (TRL's 256, still a full-width
+    matmul) if none does."""
     rows = max_rows
     while rows > min_rows:
         pb = dict(
@@ -66,13 +68,13 @@ def chunk_rows(geom, seq_len, gpus, sp, levers, knobs, max_rows=4096, min_rows=2
 
 
 def tiled_layer_allowed(geom, base: Levers) -> bool:
-    """Whether the search may tile whole layers (levers/tiled_layer.py): not with LoRA, a hybrid or a MoE
-    model (docs/design/plan.md)."""
+    """Whether the search may tile whole layers (levers/tiled_layer.py): not with LoRA, a hybrid or
+    a MoE model (docs/design/plan.md)."""
     return not base.lora_rank and geom.hybrid is None and geom.moe is None
 
 
 def tile_tokens_for(geom, seq_len: int, sp: int) -> int:
-    """Tokens per tile of the tiled MLP / tiled layer: the hidden size, or the whole slice if that is shorter."""
+    """Tokens per tile of the tiled MLP / layer: the hidden size, or the whole slice if shorter."""
     return min(geom.hidden, -(-seq_len // sp))
 
 
@@ -88,16 +90,19 @@ def _search(
     nodes=1,
     disk_budget=0.0,
 ) -> Optional[Choice]:
-    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's), the cheaper lever first
-    (docs/calibration.md#lever-step-costs): `_placements`, then sp descending, then `_levers_at`, then the fewest
-    offloaded checkpoints. `base` carries what the user fixed; the search sets the rest."""
+    """The first fit on `nodes` nodes of `gpus` GPUs (host_budget: one node's), the cheaper lever
+    first (docs/calibration.md#lever-step-costs): `_placements`, then sp descending, then
+    `_levers_at`, then the fewest offloaded checkpoints. `base` carries what the user fixed; the
+    search sets the rest."""
     L, sps = geom.layers, [sp_size] if sp_size else sp_sizes_for(geom, gpus, nodes)[::-1]
     knobs = dict(knobs, nodes=nodes)
     asked = base.optimizer_offload_ratio  # < 1: the user's partial offload, the only offload tried
-    host_bound = False  # the full offload fit the GPUs somewhere but not the host: only then can a partial one fit
+    # the full offload fit the GPUs somewhere but not the host: only then can a partial one fit
+    host_bound = False
     for opt, params, ratio in _placements(base):
         if ratio < asked and not host_bound:
-            continue  # a partial offload takes more GPU memory than the full one, which already did not fit it
+            # a partial offload takes more GPU memory than the full one, which did not fit
+            continue
         for sp in sps:
             for lv in _levers_at(geom, seq_len, sp, base, opt, params, ratio):
                 if (
@@ -105,7 +110,8 @@ def _search(
                     and plan_memory(geom, seq_len, gpus, sp, lv, **knobs).host_peak_bytes
                     > host_budget
                 ):
-                    continue  # a partial offload whose least host (no checkpoint offloaded) breaks it: no k fits
+                    # its least host (no checkpoint offloaded) breaks the budget: no k fits
+                    continue
                 lv = replace(lv, loss_chunk_rows=chunk_rows(geom, seq_len, gpus, sp, lv, knobs))
 
                 def gpu_at(k, lv=lv):
@@ -126,12 +132,12 @@ def _search(
 
 
 def _placements(base: Levers) -> list:
-    """(optimizer offloaded, parameters offloaded, host share) in the order tried: on GPU, offloaded, the
-    parameters too, then partial offloads (PARTIAL_OFFLOAD_RATIOS; the rules: docs/design/plan.md)."""
+    """(optimizer offloaded, parameters offloaded, host share) in the order tried: on GPU,
+    offloaded, the parameters too, then partial offloads (PARTIAL_OFFLOAD_RATIOS; the rules:
+    docs/design/plan.md)."""
     asked = base.optimizer_offload_ratio
-    whole = not (
-        base.lora_rank or asked < 1 or base.offload_params
-    )  # the full model's optimizer, nothing fixed
+    # the full model's optimizer, nothing fixed
+    whole = not (base.lora_rank or asked < 1 or base.offload_params)
     return (
         [(False, False, asked), (True, False, asked)]
         + ([(True, True, 1.0)] if whole else [])
@@ -140,8 +146,9 @@ def _placements(base: Levers) -> list:
 
 
 def _levers_at(geom, seq_len: int, sp: int, base: Levers, opt: bool, params: bool, ratio: float):
-    """The levers tried at one sp and placement, in order: untiled, tiled MLP, tiled layer, grouped attention
-    backward; each with DeepSpeed's pinned buffers, then our pool. Nothing where the asked groups do not split."""
+    """The levers tried at one sp and placement, in order: untiled, tiled MLP, tiled layer, grouped
+    attention backward; each with DeepSpeed's pinned buffers, then our pool. Nothing where the asked
+    groups do not split."""
     if not kernel_rules.head_groups_split(base.attn_bwd_head_groups, geom.kv_heads, sp):
         return
     # (tiled MLP, tiled layer): a tiled layer tiles its MLP too
@@ -153,7 +160,7 @@ def _levers_at(geom, seq_len: int, sp: int, base: Levers, opt: bool, params: boo
     )
     pools = (True,) if base.pinned_pool else (False, True)
     most = local_kv_heads(geom.kv_heads, sp)
-    # then the grouped attention backward, with the last shape: one group per KV head this rank attends
+    # then the grouped attention backward on the last shape: one group per local KV head
     grouped = [(*shapes[-1], most)] if base.attn_bwd_head_groups == 1 and most > 1 else []
     for tiled, layer, groups in [(t, ly, base.attn_bwd_head_groups) for t, ly in shapes] + grouped:
         for pool in pools:
@@ -170,14 +177,15 @@ def _levers_at(geom, seq_len: int, sp: int, base: Levers, opt: bool, params: boo
             )
 
 
-# The host's shares of the optimizer a partial offload tries (`offload_optimizer.ratio`), most on the host first.
-# calibrated: see docs/calibration.md#partial-offload
+# The host's shares of the optimizer a partial offload tries (`offload_optimizer.ratio`), most on
+# the host first. calibrated: see docs/calibration.md#partial-offload
 PARTIAL_OFFLOAD_RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 
 
 def _fewest_k(fits, layers: int) -> Optional[int]:
-    """The fewest offloaded layers k in 0..layers with fits(k); None if none. fits is monotone over 1..layers
-    only (k=1 costs more than k=0: the staging buffers), so k=0 is tried first, then bisection over 1..L."""
+    """The fewest offloaded layers k in 0..layers with fits(k); None if none. fits is monotone over
+    1..layers only (k=1 costs more than k=0: the staging buffers), so k=0 is tried first, then
+    bisection over 1..L."""
     if fits(0):
         return 0
     if not fits(layers):
@@ -202,10 +210,11 @@ def choose(
     nvme_gb: float = 0.0,
     **knobs,
 ) -> Choice:
-    """The levers for `seq_len` tokens on `nodes` nodes of `gpus` GPUs of `gpu_mem_gb` GB, each node with
-    `host_mem_gb` GB of host RAM. A plan fits when its GPU peak <= headroom·gpu_mem_gb and its node's host peak <=
-    headroom·host_mem_gb; `_search` gives the order (docs/design/plan.md). `sp_size` pins sp; `knobs` go to
-    `plan_memory`. Raises `NoFit` with the longest length that fits and what to change."""
+    """The levers for `seq_len` tokens on `nodes` nodes of `gpus` GPUs of `gpu_mem_gb` GB, each node
+    with `host_mem_gb` GB of host RAM. A plan fits when its GPU peak <= headroom·gpu_mem_gb and its
+    node's host peak <= headroom·host_mem_gb; `_search` gives the order (docs/design/plan.md).
+    `sp_size` pins sp; `knobs` go to `plan_memory`. Raises `NoFit` with the longest length that fits
+    and what to change."""
     geom = as_geometry(geom)
     check_headroom(headroom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
@@ -223,8 +232,8 @@ def choose(
 def _every_lever(
     geom, seq_len: int, gpus: int, sp_size: Optional[int], base: Levers, nodes: int, knobs
 ) -> MemoryPlan:
-    """The plan with every lever the search may pull (the least GPU memory of any), at the largest sp whose
-    ranks' KV heads the asked groups split."""
+    """The plan with every lever the search may pull (the least GPU memory of any), at the largest
+    sp whose ranks' KV heads the asked groups split."""
     sp = sp_size or next(
         (
             v
@@ -282,7 +291,8 @@ def _no_fit(
     knobs,
     nvme_gb: float = 0.0,
 ) -> NoFit:
-    """`choose`'s refusal (`no_fit.no_fit_error`): the longest length that fits, the search its fixes try."""
+    """`choose`'s refusal (`no_fit.no_fit_error`): the longest length that fits, the search its
+    fixes try."""
     max_len = find_max_len(
         geom,
         gpus,
@@ -309,7 +319,7 @@ def _no_fit(
 
 
 def last_fit(fits, lo: int, hi: int) -> int:
-    """The largest n in [lo, hi) with fits(n), for fits monotone (true then false), fits(lo) and not fits(hi)."""
+    """The largest n in [lo, hi) with fits(n), fits true then false, fits(lo), not fits(hi)."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
@@ -333,8 +343,9 @@ def find_max_len(
     nvme_gb: float = 0.0,
     **knobs,
 ) -> int:
-    """The longest seq_len, a multiple of `multiple`, for which `choose` finds a fit; 0 if none. Fitting is
-    monotone in seq_len: double until a length fails, then bisect. Stops at `upper` tokens."""
+    """The longest seq_len, a multiple of `multiple`, for which `choose` finds a fit; 0 if none.
+    Fitting is monotone in seq_len: double until a length fails, then bisect. Stops at `upper`
+    tokens."""
     geom = as_geometry(geom)
     gpu_budget, host_budget = headroom * gpu_mem_gb * GB, headroom * host_mem_gb * GB
     disk = headroom * nvme_gb * GB
@@ -365,9 +376,10 @@ def fewest_offload_layers(
     headroom: float = 0.9,
     **knobs,
 ) -> int:
-    """`offload_layers: auto`: the fewest layers whose checkpoints must leave the GPU for the per-GPU peak to
-    stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run then fails loudly). The
-    `levers.attention_cache_layers` last layers stay on the GPU (their cache counts), so k stops at L - that."""
+    """`offload_layers: auto`: the fewest layers whose checkpoints must leave the GPU for the
+    per-GPU peak to stay under headroom·gpu_mem_gb (all layers if even that does not fit: the run
+    then fails loudly). The `levers.attention_cache_layers` last layers stay on the GPU (their cache
+    counts), so k stops at L - that."""
     geom = as_geometry(geom)
     budget, most = headroom * gpu_mem_gb * GB, geom.layers - levers.attention_cache_layers
     k = _fewest_k(

@@ -2,8 +2,9 @@
 
     onto_disk(plan, (gpu_budget, host_budget, disk_budget), knobs)   # (plan, notes) or None
 
-Order, cheapest step time first: the fewest offloaded checkpoints onto disk (their I/O overlaps compute), then
-with the optimizer state on disk too (its I/O is in the optimizer step), then the parameters (read every pass).
+Order, cheapest step time first: the fewest offloaded checkpoints onto disk (their I/O overlaps
+compute), then with the optimizer state on disk too (its I/O is in the optimizer step), then the
+parameters (read every pass).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from ds_longctx.plan.planner import GB, MemoryPlan, plan_memory
 
 
 def _with(plan: MemoryPlan, d: int, nvme_opt: bool, nvme_params: bool, knobs) -> MemoryPlan:
-    """`plan` with its first `d` off-GPU checkpoints on disk and the optimizer / parameters as asked."""
+    """`plan` with its first `d` off-GPU checkpoints on disk and the optimizer / parameters as
+    asked."""
     lv, L = plan.levers, plan.geom.layers
     layout = PlacementPlan.from_counts(L, plan.placement.off_gpu, 0, disk=d)
     lv = replace(
@@ -31,7 +33,8 @@ def _with(plan: MemoryPlan, d: int, nvme_opt: bool, nvme_params: bool, knobs) ->
 
 
 def onto_disk(plan: MemoryPlan, budgets: tuple, knobs) -> Optional[tuple]:
-    """The least moved to disk with which `plan` (fits the GPU, not the host) fits all three budgets."""
+    """The least moved to disk with which `plan` (fits the GPU, not the host) fits all three
+    budgets."""
     gpu_budget, host_budget, disk_budget = budgets
     lv, k = plan.levers, plan.placement.off_gpu
     steps = [(False, False)]
@@ -62,7 +65,8 @@ def _notes(plan: MemoryPlan, nvme_opt: bool, nvme_params: bool, host_budget: flo
     moved = ["the optimizer state"] if nvme_opt else []
     moved += ["the bf16 parameters"] if nvme_params else []
     notes = (
-        f"disk tier: host memory binds ({host_budget / GB:.1f} GB); {n} of {plan.placement.off_gpu} offloaded "
+        f"disk tier: host memory binds ({host_budget / GB:.1f} GB); {n} of "
+        f"{plan.placement.off_gpu} offloaded "
         f"checkpoints on disk (layers 0-{n - 1}), the fewest that fit the host"
         + (f", with {' and '.join(moved)} on NVMe (ZeRO-Infinity)" if moved else "")
         + f": {plan.disk_bytes / GB:.1f} GB on nvme_path",

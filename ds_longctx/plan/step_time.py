@@ -2,8 +2,8 @@
 measured rates, its collectives through plan/interconnect.py's model. The cost model:
 docs/design/plan.md.
 
-    t = predict_step(plan, 80, "h100")    # StepTime: .seconds, .line(); UnknownRate for a rate not known
-    step_line(plan, 80, gpu)              # what plan.txt prints (the reason where there is no prediction)
+    t = predict_step(plan, 80, "h100")  # StepTime (.seconds, .line()); UnknownRate: no rate known
+    step_line(plan, 80, gpu)            # what plan.txt prints (or why there is no prediction)
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ DENSE_TOKENWISE_FLOPS = 480e12
 # calibrated: see docs/calibration.md#gated-delta-seconds
 ATTENTION_D256_FWD_FLOPS = 720e12
 ATTENTION_D256_BWD_FLOPS = 368e12
-# FLA's gated delta rule and causal conv1d, seconds per token and value head (dk = dv = 128, bf16, H200).
-# calibrated: see docs/calibration.md#gated-delta-seconds
+# FLA's gated delta rule and causal conv1d, seconds per token and value head (dk = dv = 128, bf16,
+# H200). calibrated: see docs/calibration.md#gated-delta-seconds
 GATED_DELTA_FWD_S = 28.17e-3 / (1_048_576 * 6)
 GATED_DELTA_BWD_S = 81.90e-3 / (1_048_576 * 6)
 CONV1D_FWD_S = 2.33e-3 / (1_048_576 * 6)
@@ -81,7 +81,8 @@ CPU_ADAM_PARAMS_PER_S = 1e9
 class StepTime:
     gpu: str  # the GPU kind whose rates (GPU_RATES) count it
     attention: float  # seconds: forward, backward and recomputed forward over every layer
-    tokenwise: float  # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
+    # seconds: projections and MLP / sparse blocks, forward, backward, recompute (+ tiles)
+    tokenwise: float
     loss: float
     optimizer: float  # the host's share of an offloaded optimizer
     prediction: interconnect.Prediction
@@ -93,10 +94,12 @@ class StepTime:
     def line(self) -> str:
         p = self.prediction
         return (
-            f"predicted step on {self.gpu} (analytic, plan/step_time.py, {GPU_RATES[self.gpu].source}): "
-            f"{p.seconds:.1f} s = attention {self.attention:.1f} + "
-            f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer {self.optimizer:.1f} + "
-            f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO overlapped)"
+            f"predicted step on {self.gpu} (analytic, plan/step_time.py, "
+            f"{GPU_RATES[self.gpu].source}): {p.seconds:.1f} s = attention {self.attention:.1f} + "
+            f"token-wise {self.tokenwise:.1f} + loss {self.loss:.1f} + optimizer "
+            f"{self.optimizer:.1f} + "
+            f"communication {p.seconds - p.compute_seconds:.1f} (all-to-all serial, ZeRO "
+            "overlapped)"
         )
 
 
@@ -121,8 +124,8 @@ def _needed(rates: GpuRates, gpu: str, field: str, work: str):
 
 
 def _layer_seconds(plan: MemoryPlan, rates: GpuRates, gpu: str, forward_only=False) -> tuple:
-    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates`; `forward_only`: the
-    forward alone (a reference pass: no recompute, no backward)."""
+    """(attention seconds, token-wise seconds) over every layer of one rank, at `rates`;
+    `forward_only`: the forward alone (a reference pass: no recompute, no backward)."""
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
     fwd = 2 * attention_span(plan.seq_len, lv) * (g.heads // plan.sp_size) * g.head_dim
     pair = (
@@ -161,7 +164,8 @@ class UnknownRate(ValueError):
 
 
 def _payloads(plan: MemoryPlan) -> dict:
-    """{(kind, ranks): bytes} of one step of rank 0 (its SP group is ranks 0..sp-1; ZeRO-3 spans the world)."""
+    """{(kind, ranks): bytes} of one step of rank 0 (its SP group is ranks 0..sp-1; ZeRO-3 spans the
+    world)."""
     g, sp, T, d = plan.geom, plan.sp_size, plan.local_tokens, plan.geom.head_dim
     sp_ranks, world = tuple(range(sp)), tuple(range(plan.world))
     exchange = T * (g.heads + 2 * max(g.kv_heads, sp) + g.heads) * d * 2  # q, k, v in; output back
@@ -182,7 +186,8 @@ def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
     and InfiniBand across nodes. UnknownRate where a rate it needs is not known for that kind."""
     if gpu not in GPU_RATES:
         raise UnknownRate(
-            f"no measured or published kernel rates for GPU kind {gpu!r} (known: {sorted(GPU_RATES)})"
+            f"no measured or published kernel rates for GPU kind {gpu!r} (known: "
+            f"{sorted(GPU_RATES)})"
         )
     rates = GPU_RATES[gpu]
     g, lv, T = plan.geom, plan.levers, plan.local_tokens
@@ -199,21 +204,26 @@ def predict_step(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> StepTime:
 
 
 def step_line(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> str:
-    """plan.txt's step-time line: the prediction on GPU kind `gpu`, or why there is none (no kind, no rate)."""
+    """plan.txt's step-time line: the prediction on GPU kind `gpu`, or why there is none (no kind,
+    no rate)."""
     if gpu is None:
         return (
-            f"predicted step: unknown (no GPU kind: pass --gpu, one of {sorted(GPU_RATES)}, for a step time at "
-            f"its kernel rates)"
+            f"predicted step: unknown (no GPU kind: pass --gpu, one of {sorted(GPU_RATES)}, for a "
+            f"step time at its kernel rates)"
         )
     try:
         return predict_step(plan, gpu_mem_gb, gpu).line()
     except UnknownRate as e:
-        return f"predicted step on {gpu}: unknown ({e}; plan/step_time.py GPU_RATES holds the rates known)"
+        return (
+            f"predicted step on {gpu}: unknown ({e}; plan/step_time.py GPU_RATES holds the rates "
+            "known)"
+        )
 
 
 def reference_seconds(plan: MemoryPlan, gpu_mem_gb: float, gpu: str) -> float:
-    """One row's reference forward (dpo; grpo with beta > 0): the step's forward alone (no recompute, backward or
-    optimizer), a third of its exchanges (one pass of three), no reduce-scatter. UnknownRate as `predict_step`."""
+    """One row's reference forward (dpo; grpo with beta > 0): the step's forward alone (no
+    recompute, backward or optimizer), a third of its exchanges (one pass of three), no
+    reduce-scatter. UnknownRate as `predict_step`."""
     if gpu not in GPU_RATES:
         raise UnknownRate(f"no kernel rates known for GPU kind {gpu!r}")
     rates, g, T = GPU_RATES[gpu], plan.geom, plan.local_tokens
@@ -237,26 +247,29 @@ def objective_lines(plan: MemoryPlan, gpu_mem_gb: float, gpu: Optional[str]) -> 
         ref = f"unknown ({e})"
     if lv.objective == "grpo":
         return [
-            "grpo: the sft terms, plus the old and reference log-probs of each token (2·T·4 bytes); with "
-            f"beta > 0 a reference pass before the first step: one forward per row, {ref} each, once over "
-            "the data"
+            "grpo: the sft terms, plus the old and reference log-probs of each token (2·T·4 "
+            "bytes); with "
+            f"beta > 0 a reference pass before the first step: one forward per row, {ref} each, "
+            "once over the data"
         ]
     p, c, r = dpo_row(S, lv)
     virtual = (p + c) ** 2 + (p + r) ** 2
     lines = [
         f"dpo row: prompt {p:,} + chosen {c:,} + rejected {r:,} = {S:,} tokens, the prompt once "
-        f"(--completion_len {c}); token-wise work over {S:,} tokens once; attention's queries once, its keys "
-        f"and values over [P, C, P, R]: (P+C)^2 + 2·P·R + R^2 = {attention_span(S, lv) / S**2:.5f} of the sft "
-        f"row's S^2 (both completions after their own prompt: {virtual / S**2:.2f})",
-        f"reference pass (the reference log-probs, stored in output_dir): one forward per row before the first "
-        f"step, {ref} per row, counted once over the data, not in the step",
+        f"(--completion_len {c}); token-wise work over {S:,} tokens once; attention's queries "
+        "once, its keys "
+        f"and values over [P, C, P, R]: (P+C)^2 + 2·P·R + R^2 = {attention_span(S, lv) / S**2:.5f} "
+        f"of the sft row's S^2 (both completions after their own prompt: {virtual / S**2:.2f})",
+        "reference pass (the reference log-probs, stored in output_dir): one forward per row "
+        f"before the first step, {ref} per row, counted once over the data, not in the step",
     ]
     if gpu in GPU_RATES:
         sft = replace(plan, levers=replace(lv, objective="sft", completion_len=0))
         try:
             dpo_s, sft_s = (predict_step(x, gpu_mem_gb, gpu).seconds for x in (plan, sft))
             lines.append(
-                f"predicted step: dpo {dpo_s:.1f} s, this plan as sft {sft_s:.1f} s: {dpo_s / sft_s:.3f}x"
+                f"predicted step: dpo {dpo_s:.1f} s, this plan as sft {sft_s:.1f} s: "
+                f"{dpo_s / sft_s:.3f}x"
             )
         except UnknownRate:
             pass

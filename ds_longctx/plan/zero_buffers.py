@@ -9,7 +9,8 @@ import functools
 
 from ds_longctx.plan.geometry import ModelGeometry
 
-# ds_config.py's reduce_bucket_size (elements); tests/plan/test_zero_buffers.py checks the two agree.
+# ds_config.py's reduce_bucket_size (elements); tests/plan/test_zero_buffers.py checks the two
+# agree.
 REDUCE_BUCKET_ELEMS = 50_000_000
 # stage3_param_persistence_threshold: smaller parameters stay whole on every GPU.
 PARAM_PERSISTENCE_ELEMS = 100_000
@@ -20,13 +21,15 @@ DS_SUB_GROUP_ELEMS = 1_000_000_000
 
 
 def pow2(n: int) -> int:
-    """n rounded up to a power of two (torch's CachingHostAllocator block sizes for pinned memory)."""
+    """n rounded up to a power of two (torch's CachingHostAllocator block sizes for pinned
+    memory)."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
 @functools.lru_cache(maxsize=256)
 def offload_sub_group_elems(geom: ModelGeometry, world: int) -> int:
-    """DeepSpeed's sub_group_size for partial offload: one rank's partition in about OFFLOAD_SUB_GROUPS groups."""
+    """DeepSpeed's sub_group_size for partial offload: one rank's partition in about
+    OFFLOAD_SUB_GROUPS groups."""
     return max(1, -(-sum(-(-n // world) for n in geom.param_numels()) // OFFLOAD_SUB_GROUPS))
 
 

@@ -1,20 +1,25 @@
-"""What a rehearsal of an objective-dpo config steps on instead of its pairs file: one synthetic preference pair per
-row of seq_len, its prompt shared (branch ids 0, 1, 2: parallel/shared_prefix.py), so the attention it times is the
-shared layout's. The reference log-probs are zeros: the reference pass is not rehearsed (plan.txt states its time).
+"""What a rehearsal of an objective-dpo config steps on instead of its pairs file: one synthetic
+preference pair per row of seq_len, its prompt shared (branch ids 0, 1, 2:
+parallel/shared_prefix.py), so the attention it times is the
+shared layout's. The reference log-probs are zeros: the reference pass is not rehearsed (plan.txt
+states its time).
 
-    dpo_completion(a, cfg)                                              # a.completion_len resolved, checked
-    rows = synthetic_pair_rows(seq_len, vocab, completion_len, seed)   # data.preference.PairRows, ref set
+    dpo_completion(a, cfg)  # a.completion_len resolved, checked
+    # data.preference.PairRows, ref set:
+    rows = synthetic_pair_rows(seq_len, vocab, completion_len, seed)
 """
 
 from __future__ import annotations
 
-# torch and the data are imported where the row is made: `ds-longctx rehearse` checks its arguments first.
+# torch and the data are imported where the row is made: `ds-longctx rehearse` checks its arguments
+# first.
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.levers import default_completion_len
 
 
 def dpo_completion(a, cfg) -> None:
-    """Objective dpo: `a.completion_len` resolved (the planner's default where not given) and checked."""
+    """Objective dpo: `a.completion_len` resolved (the planner's default where not given) and
+    checked."""
     if cfg.train.objective == "dpo":
         if a.completion_len is None:
             a.completion_len = default_completion_len(cfg.train.seq_len)
@@ -26,15 +31,16 @@ def check_completion_len(seq_len: int, c: int) -> int:
     prompt = seq_len - 2 * c - 1
     if c < 1 or prompt < 2:
         raise ValueError(
-            f"--completion_len {c}: a dpo row of {seq_len:,} tokens holds a prompt of at least 2 tokens and "
-            f"two completions; give 1 to {(seq_len - 3) // 2:,}"
+            f"--completion_len {c}: a dpo row of {seq_len:,} tokens holds a prompt of at least 2 "
+            f"tokens and two completions; give 1 to {(seq_len - 3) // 2:,}"
         )
     return prompt
 
 
 def synthetic_pair_rows(seq_len: int, vocab: int, completion_len: int, seed: int):
-    """A prompt of seq_len - 2·completion_len - 1 tokens, then chosen and rejected of completion_len + 1 each (the
-    prompt's last token heads both: data/preference.pack_shared_pairs), random ids, one row of exactly seq_len."""
+    """A prompt of seq_len - 2·completion_len - 1 tokens, then chosen and rejected of completion_len
+    + 1 each (the prompt's last token heads both: data/preference.pack_shared_pairs), random ids,
+      one row of exactly seq_len."""
     import torch
 
     from ds_longctx.data.preference import PairRows

@@ -45,9 +45,10 @@ class _Stamp:
 
 
 def _on_grad(t: torch.Tensor, call) -> None:
-    """Call `call()` when the gradient of `t` is computed. A hook, not an identity autograd function: that function's
-    output would be a view of `t`, and a view keeps its base's storage alive, so a checkpoint offload that empties
-    the layer's input (DeepSpeed's) would leave it on the GPU, a cost the real run does not have."""
+    """Call `call()` when the gradient of `t` is computed. A hook, not an identity autograd
+    function: that function's output would be a view of `t`, and a view keeps its base's storage
+    alive, so a checkpoint offload that empties the layer's input (DeepSpeed's) would leave it on
+    the GPU, a cost the real run does not have."""
     if t.requires_grad:
         t.register_hook(lambda grad: call())
 
@@ -60,13 +61,12 @@ class LayerRecord:
     bwd: list  # [start, end] stamps
     gpu_left: int = 0  # bytes allocated at the forward's end minus at its start
     host_left: int = 0  # RSS bytes likewise
-    # bytes of the layer's input (its checkpoint, where the layer is checkpointed)
-    input_bytes: int = 0
+    input_bytes: int = 0  # bytes of the layer's input (its checkpoint, where checkpointed)
     output_bytes: int = 0  # bytes of the layer's output (the next layer's input)
 
 
 class _Timed(nn.Module):
-    """A decoder layer between two marks; attributes read through to the layer (e.g. `attention_type`)."""
+    """A decoder layer between two marks; attributes read through to it (`attention_type`)."""
 
     def __init__(self, layer: nn.Module, index: int, clock: "LayerClock"):
         super().__init__()
@@ -91,32 +91,33 @@ class _Timed(nn.Module):
 
 
 def _numel(module: nn.Module) -> tuple:
-    """(all, trainable) parameter elements of `module`, whole (ZeRO-3's ds_numel where partitioned)."""
+    """(all, trainable) parameter elements of `module`, whole (ZeRO-3's ds_numel if partitioned)."""
     sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in module.parameters()]
     return sum(n for n, _ in sizes), sum(n for n, t in sizes if t)
 
 
 ZERO_KINDS = ("all_gather", "reduce_scatter")
-# placements whose layers keep their checkpoint in host memory
-HOST_KINDS = tuple(p.value for p in ON_HOST)
+HOST_KINDS = tuple(p.value for p in ON_HOST)  # placements keeping their checkpoint on the host
 
 
 def on_host(kind: str) -> bool:
-    """Whether a layer of `kind` (its placement, then a hybrid model's layer type: `offload linear_attention`) keeps
-    its checkpoint in host memory."""
+    """Whether a layer of `kind` (its placement, then a hybrid model's layer type: `offload
+    linear_attention`) keeps its checkpoint in host memory."""
     return kind.split(" ")[0] in HOST_KINDS
 
 
 def gpu_leftover(record: LayerRecord, kind: str) -> int:
-    """GPU bytes layer `record`'s forward leaves for its backward (module docstring): its allocation change less its
-    output, plus its input where its checkpoint is on the GPU (every kind not in HOST_KINDS; docs/design/rehearsal.md)."""
+    """GPU bytes layer `record`'s forward leaves for its backward (module docstring): its allocation
+    change less its output, plus its input where its checkpoint is on the GPU (every kind not in
+    HOST_KINDS; docs/design/rehearsal.md)."""
     kept_input = record.input_bytes if not on_host(kind) else 0
     return record.gpu_left - record.output_bytes + kept_input
 
 
 def offload_window():
-    """(keep_last_count, inputs held on the GPU in all) of DeepSpeed's async checkpoint offload engine, or None where
-    no checkpoint went through it (no GPU, nothing offloaded, or the pinned pool's own copies)."""
+    """(keep_last_count, inputs held on the GPU in all) of DeepSpeed's async checkpoint offload
+    engine, or None where no checkpoint went through it (no GPU, nothing offloaded, or the pinned
+    pool's own copies)."""
     from deepspeed.runtime.activation_checkpointing import checkpointing
 
     engine = getattr(checkpointing, "_cpu_offload_engine", None)
@@ -177,8 +178,9 @@ class LayerClock:
         return pick_layers(self.kinds, k)
 
     def run_only(self, indices: list):
-        """The model's forward runs these layers only (in order); the others keep their parameters, gradients
-        and optimizer state, so the memory they hold is the real model's. Returns the undo."""
+        """The model's forward runs these layers only (in order); the others keep their parameters,
+        gradients and optimizer state, so the memory they hold is the real model's. Returns the
+        undo."""
         self.run = sorted(indices)
         wrapped = [self.container[i] for i in range(len(self.layers))]
         self.container._modules.clear()
@@ -208,14 +210,15 @@ class LayerClock:
         return _Stamp(self.on_gpu)
 
     def _mem(self):
-        """(GPU bytes allocated less ZeRO-3's gathered parameters, host RSS): what a layer's forward leaves for its
-        backward is its activations; parameters gathered or prefetched then are a bounded pool (ZeRO's
-        stage3_max_live_parameters), not a per-layer cost."""
+        """(GPU bytes allocated less ZeRO-3's gathered parameters, host RSS): what a layer's forward
+        leaves for its backward is its activations; parameters gathered or prefetched then are a
+        bounded pool (ZeRO's stage3_max_live_parameters), not a per-layer cost."""
         gpu = torch.cuda.memory_allocated() - self._gathered_bytes() if self.on_gpu else 0
         return gpu, psutil.Process().memory_info().rss
 
     def _gathered_bytes(self) -> int:
-        """Bytes of the partitioned parameters whose whole tensor is on the GPU now (gathered or being gathered)."""
+        """Bytes of the partitioned parameters whose whole tensor is on the GPU now (gathered or
+        being gathered)."""
         return sum(
             p.ds_numel * p.element_size()
             for p in self.partitioned
@@ -244,7 +247,7 @@ class LayerClock:
 
     def _bwd_end(self, i: int) -> None:
         self.records[i].bwd.append(self._now())
-        # the layer below's backward may have begun already: its hook is on the same tensor, registered first
+        # the layer below's backward may have begun: its hook, on the same tensor, came first
         if fake_world.active() and fake_world.collective_log().scope == i:
             fake_world.collective_log().scope = None
 
@@ -267,8 +270,9 @@ class LayerClock:
         }
 
     def steady_layer_seconds(self) -> dict:
-        """{layer: its fastest forward + backward over the timed steps (step 2 on; the only step when one ran)}: a
-        later step of a cold process can still compile or autotune, once, which is no step cost."""
+        """{layer: its fastest forward + backward over the timed steps (step 2 on; the only step
+        when one ran)}: a later step of a cold process can still compile or autotune, once, which is
+        no step cost."""
         timed = [
             self.layer_seconds(k) for k in range(1 if len(self.steps) > 1 else 0, len(self.steps))
         ]
@@ -276,7 +280,8 @@ class LayerClock:
 
     # ------------------------------------------------------------ extrapolation
     def _means(self, values: dict) -> dict:
-        """{kind: mean of `values` over the run layers of that kind}, the first and top layers only where alone."""
+        """{kind: mean of `values` over the run layers of that kind}, the first and top layers only
+        where alone."""
         ends = {0, len(self.layers) - 1}
         out = {}
         for kind in set(self.kinds[i] for i in self.run):
@@ -286,8 +291,8 @@ class LayerClock:
         return out
 
     def pooled(self, j: int) -> bool:
-        """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention region too) are in
-        the pinned pool, made at build: a layer not run still holds them."""
+        """Whether layer j's host buffers (its checkpoint's slot; a cache+offload layer's attention
+        region too) are in the pinned pool, made at build: a layer not run still holds them."""
         kind = self.kinds[j].split(" ")[0]
         return (
             kind in HOST_KINDS
@@ -301,9 +306,9 @@ class LayerClock:
     def extrapolate(
         self, seconds: float, peak_reserved: int, peak_allocated: int, host: int, payloads: dict
     ) -> dict:
-        """The L-layer step's seconds, peaks, host and collective payloads from the run layers: their fastest timed
-        step each, the last step's memory and bytes (docs/design/rehearsal.md). With every layer run it returns the measured
-        values."""
+        """The L-layer step's seconds, peaks, host and collective payloads from the layers run: each
+        one's fastest timed step, the last step's memory and bytes (docs/design/rehearsal.md). With
+        every layer run, the measured values."""
         last = self.steps[-1]
         miss = self.missing()
         t = self._means(self.steady_layer_seconds())
@@ -340,8 +345,9 @@ class LayerClock:
         }
 
     def _window_terms(self, window, last: dict, gpu: dict, host_mean: dict) -> tuple:
-        """(GPU, host) bytes DeepSpeed's offload `window` adds for the on-host layers not run; moves the inputs it let
-        go into `gpu` and zeroes `host_mean` of the on-host kinds, in place (docs/design/rehearsal.md)."""
+        """(GPU, host) bytes DeepSpeed's offload `window` adds for the on-host layers not run; moves
+        the inputs it let go into `gpu` and zeroes `host_mean` of the on-host kinds, in place
+        (docs/design/rehearsal.md)."""
         on_host_run = [i for i in self.run if on_host(self.kinds[i])]
         if window is None or not on_host_run:
             return 0.0, 0.0
@@ -354,14 +360,15 @@ class LayerClock:
             if kind in gpu:
                 gpu[kind] += let_go
             host_mean[kind] = 0.0
-        # each input on the host is one pinned buffer of torch's host allocator: rounded up to a power of two
+        # each input on the host is one pinned buffer of torch's host allocator: a power of two
         extra_host = (max(big_n - keep, 0) - max(n - keep, 0)) * pow2(int(c))
         extra_gpu = (min(big_n, held) - min(n, held)) * c
         return extra_gpu, extra_host
 
     def _payloads(self, payloads: dict, miss: list) -> dict:
-        """The L-layer step's collective payloads from the run's: ZeRO's scaled by the parameter elements they move,
-        each layer not run adding the in-layer collectives (Ulysses') of a run layer of its kind."""
+        """The L-layer step's collective payloads from the run's: ZeRO's scaled by the parameter
+        elements they move, each layer not run adding the in-layer collectives (Ulysses') of a run
+        layer of its kind."""
         scoped = self.scoped_bytes[-1] if self.scoped_bytes else {}
         per_kind_bytes = defaultdict(lambda: defaultdict(float))
         for kind in set(self.kinds[i] for i in self.run):
@@ -370,8 +377,9 @@ class LayerClock:
                 for key, b in scoped.get(i, {}).items():
                     if key[0] not in ZERO_KINDS:
                         per_kind_bytes[kind][key] += b / len(ix)
-        # ZeRO's all-gathers and reduce-scatters move parameters and gradients: scaled by the elements they move
-        # (all parameters / the trainable ones) over those of the layers run and of the rest of the model
+        # ZeRO's all-gathers and reduce-scatters move parameters and gradients: scaled by the
+        # elements they move (all parameters / the trainable ones) over those of the layers run and
+        # of the rest of the model
         gone = [sum(self.layer_numel[j][w] for j in miss) for w in (0, 1)]
         scale = {
             kind: self.model_numel[w] / max(self.model_numel[w] - gone[w], 1)

@@ -1,10 +1,11 @@
-"""Which K of a model's L decoder layers a `ds-longctx rehearse --layers K` run plays, and each layer's kind.
+"""Which K of a model's L decoder layers a `ds-longctx rehearse --layers K` run plays, and each
+layer's kind.
 
-    kinds = layer_kinds(placement, layer_types)   # 'offload', or 'offload linear_attention' in a hybrid model
-    pick_layers(kinds, k)                         # K indices: every kind, the first and the top layer
+    kinds = layer_kinds(placement, layer_types)  # 'offload', or 'offload linear_attention' (hybrid)
+    pick_layers(kinds, k)                        # K indices: every kind, the first and top layer
 
-Torch-free: the rehearse command checks K against the placement before any rank starts. layer_clock.py runs the
-picked layers and extrapolates the rest from them.
+Torch-free: the rehearse command checks K against the placement before any rank starts.
+layer_clock.py runs the picked layers and extrapolates the rest from them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 
 
 def layer_kinds(placement: PlacementPlan, layer_types) -> list:
-    """Each layer's kind: its placement, and where the model mixes layer types (Qwen3.5) its type too, so a layer not
-    run is extrapolated from run layers of its own placement and type."""
+    """Each layer's kind: its placement, and where the model mixes layer types (Qwen3.5) its type
+    too, so a layer not run is extrapolated from run layers of its own placement and type."""
     places = [p.value for p in placement.layers]
     if layer_types is None or len(set(layer_types)) < 2:
         return places
@@ -26,9 +27,9 @@ def layer_kinds(placement: PlacementPlan, layer_types) -> list:
 
 
 def pick_layers(kinds: list, k: int) -> list:
-    """K layer indices in order for a model whose layer i has kind `kinds[i]`: every kind in proportion to its count
-    (at least one each), the first and the top layer included, the rest evenly spread within each kind. Raises
-    ValueError where K cannot hold every kind."""
+    """K layer indices in order for a model whose layer i has kind `kinds[i]`: every kind in
+    proportion to its count (at least one each), the first and the top layer included, the rest
+    evenly spread within each kind. Raises ValueError where K cannot hold every kind."""
     n = len(kinds)
     by_kind = defaultdict(list)
     for i, kind in enumerate(kinds):
@@ -39,8 +40,9 @@ def pick_layers(kinds: list, k: int) -> list:
     least = sum(max(1, m) for m in must.values())
     if not least <= k <= n:
         raise ValueError(
-            f"--layers {k}: give {least} to {n} layers (this placement has {len(by_kind)} kind(s) of "
-            f"layer: {', '.join(by_kind)}; each runs at least once, and so do the first and top layers)"
+            f"--layers {k}: give {least} to {n} layers (this placement has {len(by_kind)} kind(s) "
+            f"of layer: {', '.join(by_kind)}; each runs at least once, and so do the first and top "
+            "layers)"
         )
     share = {kind: k * len(ix) / n for kind, ix in by_kind.items()}
     quota = {kind: max(1, must[kind], round(share[kind])) for kind in by_kind}

@@ -1,11 +1,13 @@
-"""One rank of a rehearsal (`ds-longctx rehearse`, rehearsal/rehearse.py), in the process that plays it.
+"""One rank of a rehearsal (`ds-longctx rehearse`, rehearsal/rehearse.py), in the process that plays
+it.
 
     row = RankRun(args, cfg, rank, world, per_node, nodes, counts, command).play()
 
-The rank is built and stepped as `train` builds and steps one (run/train_loop.py): preflight's checks, the data, the
-engine, the optimizer state at build, then per step train's own `run/step.timed_step` (`data.get`,
-`forward_backward`, `step`, CUDA-synchronized timing and peaks). The fake process group
-is already running (`fake_world.start`). The row is the module docstring's of rehearsal/rehearse.py.
+The rank is built and stepped as `train` builds and steps one (run/train_loop.py): preflight's
+checks, the data, the engine, the optimizer state at build, then per step train's own
+`run/step.timed_step` (`data.get`, `forward_backward`, `step`, CUDA-synchronized timing and peaks).
+The fake process group is already running (`fake_world.start`). The row is the module docstring's of
+rehearsal/rehearse.py.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def _layer_fields(est: dict) -> dict:
 def _log_result(row: dict, pred) -> None:
     """The rank's closing log line: its peaks and step time against the plan."""
     log.info(
-        "GPU peak %s reserved (%s allocated) against the plan's %s (%s), budget %s; host %s against "
-        "%s per process (%s); compute %.1f s per step; predicted %s",
+        "GPU peak %s reserved (%s allocated) against the plan's %s (%s), budget %s; host %s "
+        "against %s per process (%s); compute %.1f s per step; predicted %s",
         _gb(row["peak_gpu_bytes"]),
         _gb(row["peak_gpu_allocated_bytes"]),
         _gb(row["planned_gpu_bytes"]),
@@ -203,7 +205,8 @@ class RankRun:
         return row
 
     def _build(self) -> tuple:
-        """(engine, data, parameter counts): the rank built as `train` builds one, its optimizer state at build."""
+        """(engine, data, parameter counts): the rank built as `train` builds one, its optimizer
+        state at build."""
         cfg = self.cfg
         t0 = time.perf_counter()
         hf_cfg = check(cfg, self.world, self.per_node)
@@ -220,8 +223,8 @@ class RankRun:
             "params_total": full_params(engine.model),
         }  # all L
         log.info(
-            "built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here (1/%d), sp rank "
-            "%d of %d",
+            "built in %.1f s: ZeRO-3 over %d ranks holds %d of the model's %d parameters here "
+            "(1/%d), sp rank %d of %d",
             time.perf_counter() - t0,
             self.world,
             params["params_local"],
@@ -233,7 +236,8 @@ class RankRun:
         return engine, data, params
 
     def _prediction_fields(self, pred, intra, inter, payloads: dict, st) -> dict:
-        """The row's predicted step time, its links and the collective bytes (by group and across nodes)."""
+        """The row's predicted step time, its links and the collective bytes (by group and across
+        nodes)."""
         return {
             "predicted_seconds_per_step": round(pred.seconds, 3),
             "predicted_no_overlap_seconds_per_step": round(pred.no_overlap_seconds, 3),
@@ -249,8 +253,9 @@ class RankRun:
 
     @staticmethod
     def _estimate(clock, steps: list, seconds: float) -> tuple:
-        """(the L-layer extrapolation of the steps so far at `seconds` per step, (peak reserved, peak allocated, host
-        RSS) as measured): peaks over the steps, the host peak of the process, the last step's collectives."""
+        """(the L-layer extrapolation of the steps so far at `seconds` per step, (peak reserved,
+        peak allocated, host RSS) as measured): peaks over the steps, the host peak of the process,
+        the last step's collectives."""
         measured = (
             max(s["peak_reserved"] for s in steps),
             max(s["peak_allocated"] for s in steps),
@@ -259,15 +264,16 @@ class RankRun:
         return clock.extrapolate(seconds, *measured, steps[-1]["payloads"]), measured
 
     def _so_far(self, clock, steps: list, row: dict) -> None:
-        """One log line per step with the rank's memory so far against the plan (extrapolated to every layer with
-        --layers), so that a rehearsal whose machine is lost before its row is written still leaves its numbers."""
+        """One log line per step with the rank's memory so far against the plan (extrapolated to
+        every layer with --layers), so that a rehearsal whose machine is lost before its row is
+        written still leaves its numbers."""
         est, _ = self._estimate(clock, steps, steps[-1]["seconds"])
         gpu, host = est["peak_reserved"], est["host"]
         plan_gpu, plan_host = row["planned_gpu_bytes"], row["planned_host_bytes_per_process"]
         left = ", ".join(f"{i}: {b:,}" for i, b in sorted(est["layer_gpu_bytes"].items()))
         log.info(
-            "after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against %s (%s), step "
-            "%.1f s%s",
+            "after step %d, %s: GPU peak %s reserved against the plan's %s (%s), host %s against "
+            "%s (%s), step %.1f s%s",
             len(steps),
             f"extrapolated from {len(clock.run)} to {len(clock.layers)} layers"
             if clock.missing()
@@ -283,10 +289,11 @@ class RankRun:
         )
 
     def _step(self, engine, data, clock, step: int) -> dict:
-        """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the collectives' bytes
-        counted; refuses a non-finite loss or gradient norm."""
+        """Optimizer step `step + 1` through train's own step (run/step.timed_step), with the
+        collectives' bytes counted; refuses a non-finite loss or gradient norm."""
         self.counts.reset()
-        marks = []  # the optimizer step's start: the gradients made (step_time.py's optimizer term, measured)
+        # the optimizer step's start: the gradients made (step_time.py's optimizer term, measured)
+        marks = []
 
         def before_optimizer(_res):
             if torch.cuda.is_available():
@@ -300,8 +307,8 @@ class RankRun:
         norm = float(norm) if norm is not None else None
         if not math.isfinite(t.loss) or (norm is not None and not math.isfinite(norm)):
             raise NonFinite(
-                f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must stay "
-                f"finite (kernels on non-finite values run faster, so its time would be wrong)"
+                f"step {step + 1}: loss {t.loss}, gradient norm {norm}: a rehearsal's numbers must "
+                f"stay finite (kernels on non-finite values run faster, so its time would be wrong)"
             )
         out = {
             "seconds": t.seconds,
@@ -313,7 +320,8 @@ class RankRun:
             "payloads": dict(self.counts.bytes),
         }
         log.info(
-            "step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host RSS %s",
+            "step %d/%d: %.2f s, loss %.4f and gradient norm %s finite, GPU peak %s reserved, host "
+            "RSS %s",
             step + 1,
             self.a.steps,
             t.seconds,
@@ -325,8 +333,9 @@ class RankRun:
         return out
 
     def _by_group(self, payloads: dict, st) -> dict:
-        """{kind: {group label: bytes}}: `sp` (this rank's SP group: Ulysses' all-to-all), `zero` (ZeRO-3's all-gather
-        and reduce-scatter over the whole world), `world` (other collectives over it), `dp`, or the ranks."""
+        """{kind: {group label: bytes}}: `sp` (this rank's SP group: Ulysses' all-to-all), `zero`
+        (ZeRO-3's all-gather and reduce-scatter over the whole world), `world` (other collectives
+        over it), `dp`, or the ranks."""
         sp_ranks = tuple(range(self.rank - st.sp_rank, self.rank - st.sp_rank + st.sp_size))
         dp_ranks = tuple(range(st.sp_rank, self.world, st.sp_size))
         out: dict = {}
@@ -353,7 +362,8 @@ class NonFinite(RuntimeError):
 
 
 def local_params(model) -> int:
-    """Elements of the parameters this rank holds (ZeRO-3's partitions; whole tensors where not partitioned)."""
+    """Elements of the parameters this rank holds (ZeRO-3's partitions; whole tensors where not
+    partitioned)."""
     return sum(
         p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters()
     )

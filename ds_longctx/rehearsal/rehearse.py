@@ -1,38 +1,37 @@
-"""`ds-longctx rehearse`: this machine's one GPU (the CPU in tests) plays ranks of a config's world, before the
-nodes are rented.
+"""`ds-longctx rehearse`: this machine's one GPU (the CPU in tests) plays ranks of a config's world,
+before the nodes are rented.
 
-    ds-longctx rehearse --config ds_configs/qwen3-8b_1m_8x141gb/run.yaml            # rank 0
-    ds-longctx rehearse --config run.yaml --rank roles                                # each distinct role once
-    ds-longctx rehearse --config run.yaml --rank 8 --layers 6 --out rehearsal.jsonl   # 6 of the layers, extrapolated
+    ds-longctx rehearse --config ds_configs/qwen3-8b_1m_8x141gb/run.yaml  # rank 0
+    ds-longctx rehearse --config run.yaml --rank roles                    # each distinct role once
+    # 6 of the layers, extrapolated:
+    ds-longctx rehearse --config run.yaml --rank 8 --layers 6 --out rehearsal.jsonl
 
-Each rank runs in its own process (`play_rank`) on torch's fake process group (`parallel/fake_world.py`): the
-launcher's environment as that rank sees it (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK), ZeRO-3 shards over
-the whole world, Ulysses splits the sequence over sp, with the real shapes. It is built and stepped as `train`
-builds and steps a rank (preflight's checks, `build_data`, `build_engine`, the optimizer state at build, then
-`data.get`, `forward_backward`, `step`). The collectives move no data and return a symmetric world's values, so
-every tensor stays finite and the kernels do the work they do for real; each step checks that (loss and gradient
-norm finite) and a rehearsal whose numbers go non-finite stops, since such steps time low. There is no NaN stop,
-no checkpoint, no eval and no export; every line printed is prefixed `[rehearsal ...]`.
+Each rank runs in its own process (`play_rank`) on torch's fake process group, with the real
+shapes, built and stepped as `train` builds and steps a rank; its collectives move no data (how:
+docs/design/rehearsal.md). A step whose loss or gradient norm is not finite stops it (such steps
+time low). No checkpoint, eval or export; every line printed is prefixed `[rehearsal ...]`.
 
-It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.jsonl`) and a table: peak GPU
-(reserved, allocated) against the plan and the budget, the rank's peak host RSS against the plan's share per
-process, the compute seconds of the fastest timed step (step 2 on; a cold process's later steps can still compile)
-and the optimizer step's share of them (from the gradients made to the step's end), the bytes each collective moved
-per group, and the step time predicted from them (`plan/interconnect.py`: the link table, the overlap assumed).
-`--layers K` runs K of the L decoder layers (all L built: their weights, gradients and optimizer state are the real
-rank's) and extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).
+It reports, per rank, one JSON line in `--out` (default `<output_dir>/rehearsal.jsonl`) and a table:
+peak GPU (reserved, allocated) against the plan and the budget, the rank's peak host RSS against
+the plan's share per process, the compute seconds of the fastest timed step (step 2 on; a cold
+process's later steps can still compile) and the optimizer step's share of them (from the gradients
+made to the step's end), the bytes each collective moved per group, and the step time predicted
+from them (`plan/interconnect.py`: the link table, the overlap assumed). `--layers K` runs K of the
+L decoder layers (all L built: their weights, gradients and optimizer state are the real rank's)
+and extrapolates time, memory and bytes to L (`rehearsal/layer_clock.py`).
 
-It needs a CUDA GPU with at least the plan's per-GPU memory: without one it is refused in seconds, before any model
-is built (`--cpu` plays the rank on the CPU instead: tiny models and the tests, whose GPU figures read zero).
+It needs a CUDA GPU with at least the plan's per-GPU memory: without one it is refused in seconds,
+before any model is built (`--cpu` plays the rank on the CPU instead: tiny models and the tests,
+whose GPU figures read zero).
 
-Exit codes: 0 every rank ran; 1 a rank failed (out of memory, non-finite numbers); 2 refused (bad config or
-arguments, no CUDA GPU, a GPU smaller than the plan), before any rank starts.
+Exit codes: 0 every rank ran; 1 a rank failed (out of memory, non-finite numbers); 2 refused (bad
+config or arguments, no CUDA GPU, a GPU smaller than the plan), before any rank starts.
 """
 
 from __future__ import annotations
 
-# the engine, the data and torch are imported inside the functions that use them: `ds-longctx rehearse` checks
-# its arguments and starts one process per rank first.
+# the engine, the data and torch are imported inside the functions that use them: `ds-longctx
+# rehearse` checks its arguments and starts one process per rank first.
 import argparse
 import json
 import logging
@@ -82,14 +81,14 @@ def parser() -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=DEFAULT_STEPS,
-        help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed, the fastest "
-        "counts)",
+        help=f"steps per rank (default {DEFAULT_STEPS}: step 1 warms up, step 2 on are timed, the "
+        "fastest counts)",
     )
     p.add_argument(
         "--gpus",
         type=int,
         default=None,
-        help="GPUs (processes) per node of the world, where the config has no parallel.gpus_per_node",
+        help="GPUs (processes) per node, where the config has no parallel.gpus_per_node",
     )
     p.add_argument(
         "--nodes",
@@ -100,9 +99,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help="JSON lines file to append one line per rank to "
-        "(default <output_dir>/rehearsal.jsonl)",
+        help="JSON lines file to append a line per rank to (default <output_dir>/rehearsal.jsonl)",
     )
+    _add_link_args(p)
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="play the rank(s) on this CPU (tiny models, tests): the GPU figures read zero",
+    )
+    p.add_argument(
+        "--completion_len",
+        type=int,
+        default=None,
+        help="objective dpo: each completion's tokens of the synthetic row rehearsed (a shared "
+        f"prompt the rest; default the planner's: {DEFAULT_COMPLETION_LEN}, at most seq_len // 4)",
+    )
+    p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _add_link_args(p: argparse.ArgumentParser) -> None:
+    """The links the predicted step time assumes (`world.links` reads them)."""
     p.add_argument(
         "--link",
         default=None,
@@ -119,25 +137,9 @@ def parser() -> argparse.ArgumentParser:
         "--internode_gbps",
         type=float,
         default=None,
-        help="override the inter-node link: Gbit/s per GPU "
-        "each way (default ib-ndr400: 400 Gb/s at 90%%)",
+        help="override the inter-node link: Gbit/s per GPU each way (default ib-ndr400: 400 Gb/s "
+        "at 90%%)",
     )
-    p.add_argument(
-        "--cpu",
-        action="store_true",
-        help="play the rank(s) on this CPU, without a GPU (tiny models, "
-        "tests): the GPU figures read zero",
-    )
-    p.add_argument(
-        "--completion_len",
-        type=int,
-        default=None,
-        help="objective dpo: each completion's tokens of the synthetic row rehearsed (a shared prompt the "
-        f"rest; default the planner's: {DEFAULT_COMPLETION_LEN}, at most seq_len // 4)",
-    )
-    p.add_argument("--child_rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--child_row", default=None, help=argparse.SUPPRESS)
-    return p
 
 
 # ------------------------------------------------------------------ the world, the roles, the plan
@@ -146,14 +148,12 @@ def parser() -> argparse.ArgumentParser:
 def world_of(cfg, a) -> tuple[int, int, int]:
     """(world, processes per node, nodes): the config's planned world, or --gpus / --nodes."""
     par = cfg.parallel
-    per_node = (
-        a.gpus if a.gpus is not None else par.gpus_per_node
-    )  # --gpus 0 is refused, not read as not given
+    per_node = a.gpus if a.gpus is not None else par.gpus_per_node  # --gpus 0: refused, not unset
     nodes = a.nodes if a.nodes is not None else par.nodes or 1
     if per_node is None:
         raise Refused(
-            f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the GPUs per "
-            f"node it is for (`ds-longctx plan` writes both into run.yaml)"
+            f"{a.config} names no world (parallel.gpus_per_node): give --gpus G [--nodes N], the "
+            f"GPUs per node it is for (`ds-longctx plan` writes both into run.yaml)"
         )
     given = " ".join(
         f"--{k} {v}" for k, v in (("gpus", a.gpus), ("nodes", a.nodes)) if v is not None
@@ -171,7 +171,8 @@ def world_of(cfg, a) -> tuple[int, int, int]:
 
 
 def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
-    """`--rank`: one rank, or `roles`: the first and last rank of node 0's first SP group, and of node 1's."""
+    """`--rank`: one rank, or `roles`: the first and last rank of node 0's first SP group, and of
+    node 1's."""
     if spec == "roles":
         out = []
         for node in range(min(2, world // per_node)):
@@ -184,37 +185,41 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
         raise Refused(f"--rank {spec}: give a rank (0..{world - 1}) or `roles`") from None
     if not 0 <= rank < world:
         raise Refused(
-            f"--rank {rank}: this world has ranks 0..{world - 1} ({world // per_node} node(s) x {per_node})"
+            f"--rank {rank}: this world has ranks 0..{world - 1} ({world // per_node} node(s) x "
+            f"{per_node})"
         )
     return [rank]
 
 
 def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
-    """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with less memory than
-    the plan's per-GPU figure. Asked before the model's config is read (seconds: torch, not transformers)."""
+    """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with
+    less memory than the plan's per-GPU figure. Asked before the model's config is read (seconds:
+    torch, not transformers)."""
     import torch
 
     if a.cpu:
         return None
     if not torch.cuda.is_available():
         return (
-            "a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is False); run it on "
-            "one GPU of the kind the plan is for (or add --cpu to play a tiny model on this CPU)"
+            "a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is "
+            "False); run it on one GPU of the kind the plan is for (or add --cpu to play a tiny "
+            "model on this CPU)"
         )
     gpu = torch.cuda.get_device_properties(0)
     need = planned(cfg, per_node, nodes, a.completion_len).gpu_peak_bytes / 1e9
     have = gpu.total_memory / 1e9
     if have < need:
         return (
-            f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU for the "
-            f"rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} GB, or plan for this one "
-            f"(ds-longctx plan --gpu_mem_gb {have:.0f})"
+            f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU "
+            f"for the rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} "
+            f"GB, or plan for this one (ds-longctx plan --gpu_mem_gb {have:.0f})"
         )
     return None
 
 
 def rehearsal_config(argv: list):
-    """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each said in a line)."""
+    """The run config of `argv` as a rehearsal runs it: nothing saved, resumed or evaluated (each
+    said in a line)."""
     cfg = parse_config(argv)
     off = []
     if cfg.checkpoint.save_every:
@@ -231,7 +236,7 @@ def rehearsal_config(argv: list):
     return cfg, off
 
 
-# ------------------------------------------------------------------ the parent: checks, one process per rank, table
+# ------------------------------------------------------------------ the parent: checks, ranks
 
 
 def main(argv: list | None = None) -> int:
@@ -263,8 +268,9 @@ def main(argv: list | None = None) -> int:
         return REFUSED
     out = Path(a.out) if a.out else Path(cfg.train.output_dir) / "rehearsal.jsonl"
     say(
-        f"{a.config}: model {resolve_model(cfg.model.name).label}, world {world} ({nodes} node(s) x {per_node}), sp "
-        f"{cfg.parallel.sp_size}, {cfg.train.seq_len:,} tokens; playing rank(s) {', '.join(map(str, ranks))}, "
+        f"{a.config}: model {resolve_model(cfg.model.name).label}, world {world} ({nodes} node(s) "
+        f"x {per_node}), sp {cfg.parallel.sp_size}, {cfg.train.seq_len:,} tokens; playing rank(s) "
+        f"{', '.join(map(str, ranks))}, "
         f"{a.steps} steps each" + (f"; not in a rehearsal: {', '.join(off)}" if off else "")
     )
     rows, failed = [], 0
@@ -286,20 +292,13 @@ def say(line: str, stream=None) -> None:
 
 
 def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
-    """Play `rank` in a fresh process, its every output line prefixed; (its row or None, its exit code)."""
+    """Play `rank` in a fresh process, its every output line prefixed; (its row or None, its exit
+    code)."""
     tag = f"[rehearsal rank {rank}/{world}]"
     with tempfile.TemporaryDirectory(prefix="ds_longctx-rehearsal-") as tmp:
         row_path = Path(tmp) / "row.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "ds_longctx.rehearsal.rehearse",
-            *argv,
-            "--child_rank",
-            str(rank),
-            "--child_row",
-            str(row_path),
-        ]
+        cmd = [sys.executable, "-m", "ds_longctx.rehearsal.rehearse", *argv]
+        cmd += ["--child_rank", str(rank), "--child_row", str(row_path)]
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -325,8 +324,9 @@ def run_child(argv: list, rank: int, world: int, per_node: int) -> tuple:
 def table(rows: list) -> str:
     gb = 1e9
     head = (
-        f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>8} {'budget':>6}  "
-        f"{'host':>6} {'plan':>6} {'vs plan':>8}  {'compute s':>9}  {'predicted s':>11}  link"
+        f"{PREFIX} {'rank':>4}  {'layers':>6}  {'GPU peak':>8} {'plan':>6} {'vs plan':>8} "
+        f"{'budget':>6}  {'host':>6} {'plan':>6} {'vs plan':>8}  {'compute s':>9}  "
+        f"{'predicted s':>11}  link"
     )
     lines = [head]
     for r in rows:
@@ -337,7 +337,8 @@ def table(rows: list) -> str:
             continue
         lines.append(
             f"{PREFIX} {r['rank']:>4}  {r['layers']:>6}  {r['peak_gpu_bytes'] / gb:8.1f} "
-            f"{r['planned_gpu_bytes'] / gb:6.1f} {vs_plan(r['peak_gpu_bytes'], r['planned_gpu_bytes']):>8} "
+            f"{r['planned_gpu_bytes'] / gb:6.1f} "
+            f"{vs_plan(r['peak_gpu_bytes'], r['planned_gpu_bytes']):>8} "
             f"{r['gpu_budget_bytes'] / gb:6.1f}  {r['host_rss_bytes'] / gb:6.1f} "
             f"{r['planned_host_bytes_per_process'] / gb:6.1f} "
             f"{vs_plan(r['host_rss_bytes'], r['planned_host_bytes_per_process']):>8}  "
@@ -351,7 +352,8 @@ def table(rows: list) -> str:
 
 
 def play_rank(a, rest: list) -> int:
-    """Play rank `a.child_rank` in this process; write its row to `a.child_row`. Exit code as the module says."""
+    """Play rank `a.child_rank` in this process; write its row to `a.child_row`. Exit code as the
+    module says."""
     cfg, _ = rehearsal_config(["--config", a.config, *rest])
     dpo_completion(a, cfg)
     world, per_node, nodes = world_of(cfg, a)
@@ -359,7 +361,8 @@ def play_rank(a, rest: list) -> int:
     from ds_longctx.parallel import fake_world
 
     counts = fake_world.start(rank, world, per_node)
-    watch_launcher()  # the rehearse command that started this process is its launcher: it ends with it
+    # the rehearse command that started this process is its launcher: it ends with it
+    watch_launcher()
     logging.basicConfig(level=logging.INFO, format="[ds_longctx] %(message)s")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from ds_longctx.rehearsal.rank import RankRun
@@ -373,22 +376,15 @@ def play_rank(a, rest: list) -> int:
 
 
 def replay_command(a, rank: int, overrides: list) -> str:
-    """The command that plays `rank` again as this process plays it: every option given (config overrides too),
-    `--rank` this one rank, without `--out`."""
+    """The command that plays `rank` again as this process plays it: every option given (config
+    overrides too), `--rank` this one rank, without `--out`."""
     opts = ["--config", a.config, "--rank", str(rank)]
     for action in parser()._actions:  # every option the parser has, so a new one is replayed too
         value = getattr(a, action.dest, None)
-        if (
-            action.dest in ("config", "rank", "out", "child_rank", "child_row")
-            or value is None
-            or value is False
-        ):
+        skip = action.dest in ("config", "rank", "out", "child_rank", "child_row")
+        if skip or value is None or value is False:
             continue
-        opts += (
-            [action.option_strings[0]]
-            if action.nargs == 0
-            else [action.option_strings[0], str(value)]
-        )
+        opts += [action.option_strings[0]] + ([] if action.nargs == 0 else [str(value)])
     return shlex.join(["ds-longctx", "rehearse", *opts, *overrides])
 
 

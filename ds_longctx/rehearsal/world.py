@@ -1,6 +1,7 @@
-"""What `ds-longctx rehearse` (rehearse.py) and each rank it plays (rank.py) both read: a rank's role in the world,
-the plan it is held against and how a figure compares with it, the checks before a rank is built, the links its
-step time is predicted for, and the row's provenance (commit, date)."""
+"""What `ds-longctx rehearse` (rehearse.py) and each rank it plays (rank.py) both read: a rank's
+role in the world, the plan it is held against and how a figure compares with it, the checks before
+a rank is built, the links its step time is predicted for, and the row's provenance (commit,
+date)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ def role_of(rank: int, per_node: int, sp: int) -> str:
     node, first = rank // per_node, rank - rank % sp
     where = "first" if rank == first else "last" if rank == first + sp - 1 else f"#{rank - first}"
     return (
-        f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local rank "
-        f"{rank % per_node}"
+        f"{where} of SP group {rank // sp} (ranks {first}-{first + sp - 1}), node {node}, local "
+        f"rank {rank % per_node}"
     )
 
 
 def planned(cfg, per_node: int, nodes: int, completion_len: Optional[int] = None):
-    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`); objective dpo:
-    for completions of `completion_len` (None: the planner's default)."""
+    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`);
+    objective dpo: for completions of `completion_len` (None: the planner's default)."""
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
     levers = Levers.from_run_config(cfg, placement)
@@ -40,22 +41,22 @@ def planned(cfg, per_node: int, nodes: int, completion_len: Optional[int] = None
     return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size, levers, nodes=nodes)
 
 
-# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly the fixed CUDA
-# context: "-100%" of it says nothing)
+# bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly
+# the fixed CUDA context: "-100%" of it says nothing)
 PERCENT_FROM = 4e9
 
 
 def vs_plan(measured: float, planned: float) -> str:
-    """The measured against the planned: a percentage, or the difference in GB where the plan is under
-    PERCENT_FROM bytes."""
+    """The measured against the planned: a percentage, or the difference in GB where the plan is
+    under PERCENT_FROM bytes."""
     if planned >= PERCENT_FROM:
         return f"{measured / planned - 1:+.1%}"
     return f"{(measured - planned) / 1e9:+.2f} GB"
 
 
 def check(cfg, world: int, per_node: int):
-    """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it writes no run);
-    returns the HF config. Raises ValueError."""
+    """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it
+    writes no run); returns the HF config. Raises ValueError."""
     from ds_longctx.run.preflight import check_sources, rope_coverage, validate
 
     hf_cfg = validate(cfg, world, per_node)
@@ -84,6 +85,6 @@ def cfg_layers(cfg) -> int:
 
 
 def fastest_steady(seconds: list) -> float:
-    """The fastest timed step (step 2 on): a later step of a cold process (the first a job rehearses) can still hold
-    one-time compile or autotune work, which is no step cost."""
+    """The fastest timed step (step 2 on): a later step of a cold process (the first a job
+    rehearses) can still hold one-time compile or autotune work, which is no step cost."""
     return min(seconds[1:])

@@ -1,7 +1,7 @@
 """The loss on the answers of long agent sessions by answer-to-evidence distance, one JSON line per
 bucket per evaluation in `<output_dir>/answer_loss.jsonl`.
 
-    rows = read_sessions(path)                         # a `data prepare --sessions` directory or jsonl
+    rows = read_sessions(path)                         # a `data prepare --sessions` dir or jsonl
     sessions = session_spans(tok, rows)                # tokens and answer spans, once per run
     lines = answer_loss(engine_losses(engine), sessions, step)   # collective under the engine
     lines = answer_loss(hf_losses(model), sessions, step)        # a plain HF model (CPU reference)
@@ -46,9 +46,10 @@ def answer_sessions(
     )
     if not rows:
         raise ValueError(
-            f"{names[0]}: {names[1]}={data!r} holds no session with meta.answers (the loss on answers "
-            f"needs them); give {names[1]} a `ds-longctx data prepare --sessions` directory (or its "
-            f"train.jsonl), or drop {names[0]}"
+            f"{names[0]}: {names[1]}={data!r} holds no session with meta.answers (the loss on "
+            "answers "
+            f"needs them); give {names[1]} a `ds-longctx data prepare --sessions` directory (or "
+            f"its train.jsonl), or drop {names[0]}"
         )
     return rows
 
@@ -71,7 +72,8 @@ def hf_losses(model):
 
 
 def engine_losses(engine):
-    """`hf_losses` of one row under the engine, the SP slices summed into the whole row. Collective."""
+    """`hf_losses` of one row under the engine, the SP slices summed into the whole row.
+    Collective."""
     import torch
     import torch.distributed as dist
 

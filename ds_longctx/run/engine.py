@@ -80,7 +80,8 @@ class SliceLosses:
 
     loss: torch.Tensor  # [b, L/sp] fp32
     valid: torch.Tensor  # [b, L/sp] bool: a supervised token (not padding, not an ignored label)
-    hit: torch.Tensor  # [b, L/sp] bool: the label's logit is the max (greedy decoding emits it), False where invalid
+    # [b, L/sp] bool: the label's logit is the max (greedy decoding emits it), False where invalid
+    hit: torch.Tensor
     start: int  # index in the row of this slice's first token
     length: int  # tokens per row before padding (L)
 
@@ -141,7 +142,8 @@ class LongCtxEngine:
                 )  # the weights already sum the micro-batches
             total += loss.detach().double()
             if k < len(batches) - 1:
-                self.step()  # a micro-step: DeepSpeed accumulates, the optimizer waits for the boundary
+                # a micro-step: DeepSpeed accumulates, the optimizer waits for the boundary
+                self.step()
         if dist.is_initialized() and st.world_size > 1:
             dist.all_reduce(total)  # every rank's share of the step's loss
         return StepResult(loss=float(total) / st.world_size, tokens=n_step)

@@ -1,10 +1,11 @@
 """`ds-longctx eval`: a saved checkpoint's eval loss and per-position loss curve on held-out rows,
 under SP.
 
-    ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300] [--rows R]
-                    [--buckets B] [--answer_loss true] [--recall true] [--out DIR] [--key value ...]
-    ds-longctx eval --model MODEL_DIR --data SESSIONS --out DIR [--recall true] [--seq_len L] [--sp_size N]
-                    [--nproc N] [--key value ...]
+    ds-longctx eval --checkpoint OUTPUT_DIR --data PATH|synthetic [--nproc N] [--tag step300]
+                    [--rows R] [--buckets B] [--answer_loss true] [--recall true] [--out DIR]
+                    [--key value ...]
+    ds-longctx eval --model MODEL_DIR --data SESSIONS --out DIR [--recall true] [--seq_len L]
+                    [--sp_size N] [--nproc N] [--key value ...]
 
 The run config is the checkpoint's (`<tag>/run.yaml`); the flags set its eval section, and
 `--key value` any other key except those that make the model (`FIXED`). N must be the world size
@@ -18,8 +19,8 @@ docs/design/run.md."""
 
 from __future__ import annotations
 
-# torch, the data and the engine are imported by `main`, in the workers: the launcher checks the arguments
-# (`eval_inputs`) without them.
+# torch, the data and the engine are imported by `main`, in the workers: the launcher checks the
+# arguments (`eval_inputs`) without them.
 import argparse
 import json
 import logging
@@ -55,7 +56,8 @@ FIXED = (
     "seq_len",
     "sp_size",
 )  # keys that make the model and its partitions
-# the way out when `out` is another writer's: an eval whose lines go elsewhere only reads the run (no lock there)
+# the way out when `out` is another writer's: an eval whose lines go elsewhere only reads the run
+# (no lock there)
 EVAL_MARKER = (
     ".ds_longctx-eval"  # in an --out an eval made: its lines files are an eval's, appended to later
 )
@@ -100,7 +102,8 @@ def args_parser() -> argparse.ArgumentParser:
         "--eval.answer_loss",
         dest="answer_loss",
         default="false",
-        help="true: also the loss on session answers by answer-to-evidence distance, to answer_loss.jsonl "
+        help="true: also the loss on session answers by answer-to-evidence distance, to "
+        "answer_loss.jsonl "
         "(--data: a `data prepare --sessions` directory; default false, whatever the run's)",
     )
     p.add_argument(
@@ -109,8 +112,8 @@ def args_parser() -> argparse.ArgumentParser:
         "--eval.recall",
         dest="recall",
         default="false",
-        help="true: also recall by answer-to-evidence distance, to recall.jsonl (run/recall.py; --data: "
-        "a `data prepare --sessions` directory; default false, whatever the run's)",
+        help="true: also recall by answer-to-evidence distance, to recall.jsonl (run/recall.py; "
+        "--data: a `data prepare --sessions` directory; default false, whatever the run's)",
     )
     p.add_argument(
         "--out",
@@ -147,7 +150,8 @@ def eval_inputs(argv: list[str], world_size: int | None):
     flags = [x for k, v in ours.items() if v is not None for x in (f"--{k}", str(v))]
     if (a.checkpoint is None) == (a.model is None):
         raise ValueError(
-            "eval: give one of --checkpoint RUN (a run's weights) and --model DIR (a model as it is)"
+            "eval: give one of --checkpoint RUN (a run's weights) and --model DIR (a model as it "
+            "is)"
         )
     if a.model is not None:
         cfg, tag_dir, meta, world = model_inputs(a, rest, flags, world_size)
@@ -158,8 +162,8 @@ def eval_inputs(argv: list[str], world_size: int | None):
     check_output_dir(str(out))
     if (run_dir is None or out.resolve() != run_dir.resolve()) and (theirs := users_lines(out)):
         raise ValueError(
-            f"eval: --out {out} holds {', '.join(theirs)}, which no run or eval of this project wrote "
-            f"there, and eval appends its lines to them; choose another --out"
+            f"eval: --out {out} holds {', '.join(theirs)}, which no run or eval of this project "
+            f"wrote there, and eval appends its lines to them; choose another --out"
         )
     hf_cfg = validate(cfg, world)
     rope_coverage(cfg, hf_cfg)
@@ -186,9 +190,10 @@ def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tup
     ):  # sp_size: a FIXED key, so the world alone can differ
         raise ValueError(
             f"eval: checkpoint {str(tag_dir)!r} was written by world_size={run['world_size']} with "
-            f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per rank: "
-            f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model directory "
-            f"and train/evaluate that in a new run)"
+            f"sp_size={run['sp_size']}, this eval has {world} processes; ZeRO-3 partitions are per "
+            "rank: "
+            f"evaluate with --nproc {run['world_size']} (or `ds-longctx export` it to a model "
+            f"directory and train/evaluate that in a new run)"
         )
     saved = RunConfig.load(tag_dir / "run.yaml")
     try:
@@ -199,8 +204,8 @@ def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tup
     if changed:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise ValueError(
-            f"eval: this changes {what} from checkpoint {str(tag_dir)!r}, whose weights and partitions "
-            f"are made for its own; drop those options"
+            f"eval: this changes {what} from checkpoint {str(tag_dir)!r}, whose weights and "
+            f"partitions are made for its own; drop those options"
         )
     return cfg, tag_dir, meta, world
 
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING, format="[ds_longctx] %(message)s"
     )
-    # ---------------------------------------------------------------- checks (nothing started or written)
+    # ---------------------------------------------------------------- checks (nothing started or
+    # written)
     try:
         cfg, hf_cfg, tag_dir, meta, out = eval_inputs(argv, world)
     except ValueError as e:
@@ -238,17 +244,21 @@ def main(argv: list[str] | None = None) -> None:
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.ranks import default_group_timeout, rank0_first
 
-    # ------------------------------------------------------------ process group, `out`'s lock, rows, engine, weights
+    # ------------------------------------------------------------ process group, `out`'s lock,
+    # rows, engine, weights
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
-    try:  # rank 0 holds `out`'s lock unless `ds-longctx eval` does (checkpoint/run_lock.py); released at exit
+    # rank 0 holds `out`'s lock unless `ds-longctx eval` does (checkpoint/run_lock.py); released at
+    # exit
+    try:
         rank0_first(
             lambda: run_lock.take(out, OUT_FIX, rank, os.environ.get(run_lock.LOCK_ENV)), rank
         )
         held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
-    # --model: its weights, loaded as training loads them; no optimizer state there (an eval never steps)
+    # --model: its weights, loaded as training loads them; no optimizer state there (an eval never
+    # steps)
     engine = build_engine(cfg, hf_cfg, optimizer_state=tag_dir is not None)
     try:
         if tag_dir is not None:
@@ -324,22 +334,24 @@ def write_lines(
             append_jsonl(out / RECALL_ANSWERS_FILE, *({**x, **extra} for x in recall[1]))
     except OSError as e:
         return (
-            f"eval_loss {result.loss:.6f} at step {meta['step']} of {source}, but its lines were not all written "
-            f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; make {out} "
-            f"writable or pass --out another directory"
+            f"eval_loss {result.loss:.6f} at step {meta['step']} of {source}, but its lines were "
+            "not all written "
+            f"({describe_os_error(e, out / METRICS_FILE)}); its metrics line: {json.dumps(row)}; "
+            f"make {out} writable or pass --out another directory"
         )
     print(
-        f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of {cfg.train.seq_len}) "
+        f"eval_loss {result.loss:.6f} over {result.tokens} tokens ({result.rows} rows of "
+        f"{cfg.train.seq_len}) "
         f"at step {meta['step']} of {source}; lines in {out / METRICS_FILE} and {out / CURVE_FILE}"
         + (
-            f"; answer loss of {sum(x['answers'] for x in answers)} answers in {len(answers)} distance buckets in "
-            f"{out / ANSWER_LOSS_FILE} (each answer in {ANSWERS_FILE})"
+            f"; answer loss of {sum(x['answers'] for x in answers)} answers in {len(answers)} "
+            f"distance buckets in {out / ANSWER_LOSS_FILE} (each answer in {ANSWERS_FILE})"
             if answers
             else ""
         )
         + (
-            f"; recall exact match {sum(x['exact'] for x in recall[1])} of {len(recall[1])} answers in "
-            f"{out / RECALL_FILE}"
+            f"; recall exact match {sum(x['exact'] for x in recall[1])} of {len(recall[1])} "
+            f"answers in {out / RECALL_FILE}"
             if recall[1]
             else ""
         ),

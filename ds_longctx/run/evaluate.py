@@ -10,8 +10,8 @@ docs/design/run.md."""
 
 from __future__ import annotations
 
-# torch and the parallel modules are imported inside the functions that use them: `ds-longctx eval`'s launcher
-# reads this module's file names without them.
+# torch and the parallel modules are imported inside the functions that use them: `ds-longctx
+# eval`'s launcher reads this module's file names without them.
 import contextlib
 import json
 import os
@@ -126,7 +126,8 @@ def evaluate(engine, data, rows: int, buckets: int) -> EvalResult:
 
 
 def append_jsonl(path: Path, *rows: dict) -> None:
-    """Append `rows` to `path` as JSON lines, all or none (a failed write is cut back, then raised)."""
+    """Append `rows` to `path` as JSON lines, all or none (a failed write is cut back, then
+    raised)."""
     data = memoryview("".join(json.dumps(r) + "\n" for r in rows).encode())
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:

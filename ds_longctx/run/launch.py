@@ -1,9 +1,12 @@
-"""Start local workers of a module under torchrun's agent, in this process, and end with their one last line.
+"""Start local workers of a module under torchrun's agent, in this process, and end with their one
+last line.
 
-    rc = launch_holding(out, FIX, nproc, argv, "ds_longctx.train", saves=True)   # `ds-longctx train` / `eval`
+    # `ds-longctx train` / `eval`:
+    rc = launch_holding(out, FIX, nproc, argv, "ds_longctx.train", saves=True)
 
-The workers' last line (run/refuse.py) is printed last and its exit code returned; signals reach the workers and
-wait for their save (run/stops.py). torch is imported inside the functions: `ds-longctx --help` answers without it.
+The workers' last line (run/refuse.py) is printed last and its exit code returned; signals reach the
+workers and wait for their save (run/stops.py). torch is imported inside the functions: `ds-longctx
+--help` answers without it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pathlib import Path
 def torchrun_args(
     nproc: int, run_args: list[str], module: str = "ds_longctx.train"
 ) -> argparse.Namespace:
-    """torchrun's parsed arguments that start `nproc` local processes of `module` with `run_args` (what
-    `python -m torch.distributed.run ... -m MODULE RUN_ARGS` would parse). `run_args` are handed over as they are,
-    never parsed by torchrun: its parser takes an abbreviation of its own options anywhere on the line (`--nproc`
-    is ambiguous with its `--nproc-per-node`), even after the module."""
+    """torchrun's parsed arguments that start `nproc` local processes of `module` with `run_args`
+    (what `python -m torch.distributed.run ... -m MODULE RUN_ARGS` would parse). `run_args` are
+    handed over as they are, never parsed by torchrun: its parser takes an abbreviation of its own
+    options anywhere on the line (`--nproc` is ambiguous with its `--nproc-per-node`), even after
+    the module."""
     from torch.distributed.run import get_args_parser
 
     from ds_longctx.parallel.parallel_state import free_port
@@ -45,9 +49,9 @@ def torchrun_args(
 def launch_holding(
     out, fix: str, nproc: int, args: list[str], module: str, saves: bool = False
 ) -> int:
-    """`launch` while this process holds `out`'s lock (checkpoint/run_lock.py), named to the workers in
-    $DS_LONGCTX_RUN_LOCK; exits 2 where another process took it since the check. `saves`: `out` is a training run's
-    (its checkpoints are named after an abandoned save)."""
+    """`launch` while this process holds `out`'s lock (checkpoint/run_lock.py), named to the workers
+    in $DS_LONGCTX_RUN_LOCK; exits 2 where another process took it since the check. `saves`: `out`
+    is a training run's (its checkpoints are named after an abandoned save)."""
     from ds_longctx.checkpoint.run_lock import LOCK_ENV, lock_env_value, take
     from ds_longctx.run.refuse import refuse
 
@@ -126,8 +130,8 @@ def _last_word(
         return recorded[0]
     if signum:
         print(
-            f"stopped by {signal_name(signum)} before the workers reached a step boundary: nothing saved by this "
-            f"run (an earlier checkpoint, if any, is unchanged)",
+            f"stopped by {signal_name(signum)} before the workers reached a step boundary: nothing "
+            f"saved by this run (an earlier checkpoint, if any, is unchanged)",
             file=sys.stderr,
             flush=True,
         )
@@ -140,7 +144,8 @@ def _last_word(
     return 0
 
 
-# a rank's own record of a collective it gave up on (gloo, NCCL); NCCL's watchdog may SIGABRT instead
+# a rank's own record of a collective it gave up on (gloo, NCCL); NCCL's watchdog may SIGABRT
+# instead
 TIMED_OUT = re.compile(r"[Tt]imed out|timeout caused|operation timeout")
 # failures seen this close to the first came before the agent's SIGKILL (30 s after its SIGTERM)
 FIRST_S = 10
@@ -148,9 +153,9 @@ WAITED_S = 2  # timeouts this close to the first (whole seconds) are the ranks t
 
 
 def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
-    """The last line after workers failed (torchrun's ProcessFailure by rank): the rank killed by a signal
-    from outside, else the ranks the others timed out waiting for, else the first to fail; pid, host and what
-    is on disk."""
+    """The last line after workers failed (torchrun's ProcessFailure by rank): the rank killed by a
+    signal from outside, else the ranks the others timed out waiting for, else the first to fail;
+    pid, host and what is on disk."""
     import signal
     import socket
 
@@ -176,18 +181,21 @@ def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
         for r, f in failures.items()
         if TIMED_OUT.search(_said(f)) or f.exitcode == -signal.SIGABRT
     }
-    # the first to give up waited for the rest; a rank timing out later (a stopped one, continued) was late
+    # the first to give up waited for the rest; a rank timing out later (a stopped one, continued)
+    # was late
     waited = sorted(r for r, t in timed.items() if t <= min(timed.values()) + WAITED_S)
     hung = [r for r in range(nproc) if r not in waited]
     if killed:
         sigs = sorted({failures[r].signal_name() for r in killed})
-        what = f"{who(killed)} died, killed by {'/'.join(sigs)} (from outside the run: kill, the OOM killer)"
+        what = (
+            f"{who(killed)} died, killed by {'/'.join(sigs)} (from outside the run: kill, the OOM "
+            "killer)"
+        )
     elif waited and hung:
         what = (
             f"{who(hung)} hung: {'rank' if len(waited) == 1 else 'ranks'} "
-            f"{', '.join(map(str, waited))} gave up waiting for {'it' if len(hung) == 1 else 'them'} "
-            f"in a collective "
-            f"(parallel.collective_timeout_s)"
+            f"{', '.join(map(str, waited))} gave up waiting for "
+            f"{'it' if len(hung) == 1 else 'them'} in a collective (parallel.collective_timeout_s)"
         )
     elif waited:
         what = "every rank timed out in a collective (parallel.collective_timeout_s)"
@@ -202,14 +210,16 @@ def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
 
 
 def _said(failure) -> str:
-    """The exception a worker recorded (torch's error file: a message string or a dict holding one), or ''."""
+    """The exception a worker recorded (torch's error file: a message string or a dict holding one),
+    or ''."""
     m = failure.message
     m = m.get("message", "") if isinstance(m, dict) else m
     return m if isinstance(m, str) and failure.error_file != "<N/A>" else ""  # torch's "no file"
 
 
 def kept_checkpoint(output_dir: str | None, partial: bool = False) -> str:
-    """What a stopped run leaves: its last complete checkpoint (`--resume` continues it); `partial`: and a
+    """What a stopped run leaves: its last complete checkpoint (`--resume` continues it); `partial`:
+    and a
     partial save left there."""
     from ds_longctx.checkpoint.layout import ckpt_root
     from ds_longctx.checkpoint.paths import partial_saves, read_latest

@@ -34,7 +34,8 @@ def stop() -> None:
 
 
 def origin(frames: list) -> str:
-    """`file:line in function` of the innermost frame in our stack of libraries (else the innermost frame)."""
+    """`file:line in function` of the innermost frame in our stack of libraries (else the innermost
+    frame)."""
     if not frames:
         return "(allocated before recording began)"
     pick = next(
@@ -63,7 +64,8 @@ def peak_table(snapshot: dict, device: int = 0, held: bool = False) -> dict:
             addr += b["size"]
     traces = snapshot.get("device_traces", [])
     events = traces[device] if device < len(traces) else []
-    # the event that ends each block's life: free_requested, or free_completed when no request was recorded (or held)
+    # the event that ends each block's life: free_requested, or free_completed when no request was
+    # recorded (or held)
     ends, last_alloc, requested = (
         {},
         {},
@@ -150,7 +152,8 @@ def format_table(
 ) -> str:
     gib = 2**30
     lines = [
-        f"rank {rank}: allocated bytes alive at the highest point of the first {steps} step(s) (event "
+        f"rank {rank}: allocated bytes alive at the highest point of the first {steps} step(s) "
+        "(event "
         f"{table['event']} of {table['events']} recorded): {table['peak_bytes'] / gib:.2f} GiB",
         f"{'GiB':>9} {'blocks':>7}  allocated at",
     ]
@@ -169,16 +172,18 @@ def format_table(
     if held is not None:
         lines += [
             "",
-            f"held (freed blocks still waiting for another stream's work count until it has run) at its "
-            f"highest point (event {held['event']}): {held['peak_bytes'] / gib:.2f} GiB",
+            "held (freed blocks still waiting for another stream's work count until it has run) "
+            f"at its highest point (event {held['event']}): {held['peak_bytes'] / gib:.2f} GiB",
             f"{'GiB':>9} {'blocks':>7}  allocated at",
         ]
         rows(held)
     if streams:
         lines += [
             "",
-            "reserved by stream at the end of the window (a stream's cached blocks serve that stream only)",
-            f"{'stream':>16} {'reserved GiB':>12} {'allocated GiB':>13} {'segments':>8}  most bytes from",
+            "reserved by stream at the end of the window (a stream's cached blocks serve that "
+            "stream only)",
+            f"{'stream':>16} {'reserved GiB':>12} {'allocated GiB':>13} {'segments':>8}  most "
+            "bytes from",
         ]
         for stream, reserved, allocated, n, where in streams:
             lines.append(

@@ -3,7 +3,9 @@ with `eval_loss`), eval_curve.jsonl, and the same numbers to TensorBoard or W&B
 (logging.report_to).
 
     metrics = MetricsLog(out, start_step, report_to="auto", enabled=rank == 0, cfg=cfg)
-    metrics.write({"step": 1, "loss": ...}); metrics.write_eval(result, step); note = metrics.close()
+    metrics.write({"step": 1, "loss": ...})
+    metrics.write_eval(result, step)
+    note = metrics.close()
 
 A line that cannot be written is kept and retried at each later write; what is still unwritten at
 the end goes to stderr and `close` returns the note for the run's last line (exit 1)."""
@@ -24,7 +26,8 @@ log = logging.getLogger("ds_longctx")
 
 
 def _continue_lines(path: Path, start_step: int) -> None:
-    """A fresh run (start_step 0) keeps an older `path` aside; a resumed one drops its lines past start_step."""
+    """A fresh run (start_step 0) keeps an older `path` aside; a resumed one drops its lines past
+    start_step."""
     if not path.exists():
         return
     if start_step == 0:
@@ -62,7 +65,8 @@ def check_reporter(report_to: str, out=None) -> None:
     need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
     if need and importlib.util.find_spec(need) is None:
         raise ValueError(
-            f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: none)"
+            f"report_to={report_to} needs the {need} package: pip install {need} (or report_to: "
+            "none)"
         )
     if report_to == "wandb" and (problem := wandb_problem()):
         raise ValueError(problem)
@@ -231,7 +235,8 @@ class MetricsLog:
             self._append(self.curve_path, result.curve_row(step))
 
     def _append(self, path: Path, row: dict) -> None:
-        """`row` after the rows `path` has not taken yet, all of them or (OSError) none: kept for the next try."""
+        """`row` after the rows `path` has not taken yet, all of them or (OSError) none: kept for
+        the next try."""
         rows = self.unwritten.setdefault(path, [])
         rows.append(row)
         try:
@@ -240,8 +245,8 @@ class MetricsLog:
             if path not in self.why:
                 self.why[path] = describe_os_error(e, path)
                 log.warning(
-                    "metrics: %s; step %s's line and later ones are kept and written once the file takes "
-                    "them",
+                    "metrics: %s; step %s's line and later ones are kept and written once the file "
+                    "takes them",
                     self.why[path],
                     row["step"],
                 )
@@ -258,7 +263,8 @@ class MetricsLog:
         del self.unwritten[path]
 
     def close(self) -> str:
-        """Close the writer; unwritten rows go to stderr. Returns the last-line note ('' if none)."""
+        """Close the writer; unwritten rows go to stderr. Returns the last-line note ('' if
+        none)."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None
@@ -271,8 +277,8 @@ class MetricsLog:
                     flush=True,
                 )
             notes.append(
-                f"{len(rows)} line(s) of {path.name} (steps {rows[0]['step']}-{rows[-1]['step']}) were not "
-                f"written ({self.why[path]}) and are printed above"
+                f"{len(rows)} line(s) of {path.name} (steps {rows[0]['step']}-{rows[-1]['step']}) "
+                f"were not written ({self.why[path]}) and are printed above"
             )
         self.unwritten.clear()
         self.why.clear()

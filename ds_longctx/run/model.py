@@ -6,7 +6,8 @@ model = build_partitioned_model(cfg, hf_cfg, ds_config)     # zero.Init, YaRN, w
 
 from __future__ import annotations
 
-# transformers and deepspeed are imported inside the functions that use them (seconds each at import).
+# transformers and deepspeed are imported inside the functions that use them (seconds each at
+# import).
 import contextlib
 import json
 import zlib
@@ -52,8 +53,8 @@ def load_hf_config(model: str):
             :240
         ]  # hub's errors span lines
         raise ValueError(
-            f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix or "
-            f"replace that config.json"
+            f"model={model!r}: transformers cannot read {where} ({type(e).__name__}: {first}); fix "
+            f"or replace that config.json"
         ) from None
     cfg.use_cache = False
     return cfg
@@ -74,12 +75,15 @@ def weights_problem(model: str):
             try:
                 shards = set(json.loads(index.read_text())["weight_map"].values())
             except (ValueError, KeyError, TypeError, AttributeError) as e:
-                return f"{index} is not a weight index ({type(e).__name__}: {e}); restore it from the model's source"
+                return (
+                    f"{index} is not a weight index ({type(e).__name__}: {e}); restore it from the "
+                    "model's source"
+                )
             missing = sorted(s for s in shards if not (d / s).is_file())
             return (
                 (
-                    f"{index} names {len(missing)} shard(s) missing from {d} ({', '.join(missing[:3])}); copy them "
-                    f"there"
+                    f"{index} names {len(missing)} shard(s) missing from {d} "
+                    f"({', '.join(missing[:3])}); copy them there"
                 )
                 if missing
                 else None
@@ -89,7 +93,8 @@ def weights_problem(model: str):
     if any(d.glob("*.safetensors")):
         return None
     return (
-        f"model={model!r} holds a config.json but no weights (no {' / '.join(WEIGHT_FILES)}, no *.safetensors); "
+        f"model={model!r} holds a config.json but no weights (no {' / '.join(WEIGHT_FILES)}, no "
+        "*.safetensors); "
         f"copy the weights there, or pass {d / 'config.json'} to train from random init"
     )
 
@@ -116,8 +121,10 @@ def init_weights(model: nn.Module, seed: int, std: float) -> None:
         for m_name, m in model.named_modules()
         for p_name, _ in m.named_parameters(recurse=False)
     }
-    # rank 0 draws and the gather's exit hands each rank its slice; a rehearsal's fake world moves no data, so there
-    # every rank draws the same values itself (else it keeps torch's module init: N(0, 1) embeddings)
+    # rank 0 draws and the gather's exit hands each rank its slice; a rehearsal's fake world moves
+    # no data, so there every rank draws the same values itself (else it keeps torch's module init:
+    # N(0, 1)
+    # embeddings)
     only_rank0 = dist.is_initialized() and dist.get_rank() != 0 and not fake_world.active()
     for name, p in model.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0, enabled=hasattr(p, "ds_id")):
@@ -165,8 +172,8 @@ def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: Non
     # YaRN before the model exists: the rotary embedding reads rope_parameters at construction
     apply_rope_scaling(hf_cfg, cfg.train.seq_len, cfg.model.rope_scaling)
     is_path = not random_init(cfg.model.name)
-    # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a DeepSpeed
-    # precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
+    # dtype=None: zero.Init then takes it from ds_config (passing one is ignored on CPU by a
+    # DeepSpeed precedence bug in Init._set_dtype, which would silently give bf16 weights on CPU)
     with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None, enabled=not is_path):
         if is_path:
             from transformers.integrations import HfDeepSpeedConfig

@@ -1,8 +1,9 @@
-"""A mixture of experts in a run: its load-balancing coefficient, the checks before any work, and the one warning of
-a sparse block that runs untiled (levers/moe.py), with what it costs by the planner.
+"""A mixture of experts in a run: its load-balancing coefficient, the checks before any work, and
+the one warning of a sparse block that runs untiled (levers/moe.py), with what it costs by the
+planner.
 
     coef = router_aux_coef(cfg, hf_text_config)       # the run's key, else the model config's own
-    check_moe(cfg, hf_config, world_size)             # preflight: ValueError naming the value and the fix
+    check_moe(cfg, hf_config, world_size)             # preflight: ValueError naming value and fix
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from ds_longctx.run.placement_plan import run_placement
 
 
 def router_aux_coef(cfg, text_config) -> float:
-    """`model.router_aux_loss_coef`, else the model config's `router_aux_loss_coef` (0 for a model without one)."""
+    """`model.router_aux_loss_coef`, else the model config's `router_aux_loss_coef` (0 for a model
+    without one)."""
     if cfg.model.router_aux_loss_coef is not None:
         return cfg.model.router_aux_loss_coef
     return float(getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0)
 
 
 def untiled_cost_gb(cfg, world_size: int) -> float:
-    """GB per GPU the planner adds when the sparse blocks run untiled under this run's levers (tiled_mlp off)."""
+    """GB per GPU the planner adds when the sparse blocks run untiled under this run's levers
+    (tiled_mlp off)."""
     geom = as_geometry(cfg.model.name)
     placement = run_placement(cfg, geom.layers, world_size, gpu_mem_gb=None)
     tiled = Levers.from_run_config(cfg, placement)
@@ -41,7 +44,8 @@ def untiled_cost_gb(cfg, world_size: int) -> float:
 
 
 def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
-    """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index: why})."""
+    """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index:
+    why})."""
     first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size)
     cost = (
         f"about {extra:.1f} GB more per GPU at seq_len={cfg.train.seq_len:,}"
@@ -49,16 +53,17 @@ def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
         else f"no more GPU memory at seq_len={cfg.train.seq_len:,} (another phase sets the peak)"
     )
     return (
-        f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): {cost} by the planner's untiled "
-        f"sparse block against its tiles"
+        f"tiled_mlp: {len(untiled)} sparse MoE block(s) run untiled ({first}): {cost} by the "
+        f"planner's untiled sparse block against its tiles"
     )
 
 
 def check_moe(cfg, hf_config, world_size: int) -> None:
-    """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the experts
-    (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
-    the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no longer fits
-    `memory.gpu_budget_gb` (without a budget they run untiled with one warning: run/lever_order.py)."""
+    """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the
+    experts (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
+    the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no
+    longer fits `memory.gpu_budget_gb` (without a budget they run untiled with one warning:
+    run/lever_order.py)."""
     text = hf_config.get_text_config()
     if not getattr(text, "num_experts", 0):
         if cfg.model.router_aux_loss_coef is not None:
@@ -93,7 +98,7 @@ def check_moe(cfg, hf_config, world_size: int) -> None:
     if peak > cfg.memory.gpu_budget_gb:
         raise ValueError(
             f"tiled_mlp: the sparse MoE blocks of model={cfg.model.name!r} cannot run in tiles "
-            f"({problems[0]}); untiled they need {extra:.1f} GB more per GPU, {peak:.1f} GB in all, over "
-            f"gpu_budget_gb={cfg.memory.gpu_budget_gb:g}; shorten seq_len or plan again "
+            f"({problems[0]}); untiled they need {extra:.1f} GB more per GPU, {peak:.1f} GB in "
+            f"all, over gpu_budget_gb={cfg.memory.gpu_budget_gb:g}; shorten seq_len or plan again "
             f"(ds-longctx plan) with more GPUs"
         )

@@ -13,8 +13,8 @@ import torch
 
 log = logging.getLogger("ds_longctx")
 
-# optimizer class names whose state is {step, exp_avg, exp_avg_sq[, max_exp_avg_sq]} made on the first step(), with
-# a per-parameter `step` counter (an int, or a tensor for torch's)
+# optimizer class names whose state is {step, exp_avg, exp_avg_sq[, max_exp_avg_sq]} made on the
+# first step(), with a per-parameter `step` counter (an int, or a tensor for torch's)
 SUPPORTED = ("Adam", "AdamW", "FusedAdam", "DeepSpeedCPUAdam")
 
 
@@ -31,7 +31,10 @@ def skip_reason(zo) -> Optional[str]:
     if not all(
         hasattr(zo, a) for a in ("_optimizer_step", "fp32_partitioned_groups_flat", "optimizer")
     ):
-        return f"{type(zo).__name__} is not DeepSpeed's ZeRO-3 optimizer as of 0.19 (no per-sub-group step)"
+        return (
+            f"{type(zo).__name__} is not DeepSpeed's ZeRO-3 optimizer as of 0.19 (no per-sub-group "
+            "step)"
+        )
     if getattr(zo, "swap_optimizer", False):
         return "the optimizer state is swapped to NVMe"
     if getattr(zo, "torch_autocast_gradscaler", None) is not None:
@@ -54,7 +57,9 @@ def materialize(zo) -> tuple[int, str]:
     saved = [(g, g["lr"], g.get("weight_decay")) for o in opts for g in o.param_groups]
     had_group_step = [(g, "step" in g) for o in opts for g in o.param_groups]
     made, bytes_before = [], _state_bytes(opts)
-    zero = None  # one zero gradient buffer per device, the largest sub-group's size, as stage3.py's own init makes
+    # one zero gradient buffer per device, the largest sub-group's size, as stage3.py's own init
+    # makes
+    zero = None
     try:
         for g, _, wd in saved:
             g["lr"] = 0.0
@@ -76,7 +81,9 @@ def materialize(zo) -> tuple[int, str]:
                     )
                     zero = torch.zeros(largest, dtype=p.dtype, device=p.device)
                 p.grad = zero.narrow(0, 0, p.numel()).view_as(p)
-            else:  # an offloaded sub-group's pinned gradient buffer, kept by DeepSpeed across steps: zeros at build
+            # an offloaded sub-group's pinned gradient buffer, kept by DeepSpeed across steps: zeros
+            # at build
+            else:
                 grad.zero_()
             try:
                 zo._optimizer_step(i)

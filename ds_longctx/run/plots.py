@@ -2,7 +2,7 @@
 runs overlaid.
 
     written = plot_runs(["runs/a", "runs/b"], "plots")    # plots/loss.png, plots/lr.png, ...
-    figs = figures(read_runs(["runs/a"]))                 # {panel: matplotlib Figure}, for a notebook
+    figs = figures(read_runs(["runs/a"]))                 # {panel: matplotlib Figure}: a notebook's
 
 One PNG per panel of PANELS (loss and eval loss, lr, grad norm, tokens/s, memory, dpo rewards), one
 colour per run; a panel no run has is not written."""
@@ -55,8 +55,8 @@ def read_runs(dirs: list) -> dict:
         path = Path(d) / METRICS_FILE
         if not path.is_file():
             raise ValueError(
-                f"{d}: no {METRICS_FILE} there; pass a run's output_dir (the directory `ds-longctx train` "
-                f"wrote {METRICS_FILE} into)"
+                f"{d}: no {METRICS_FILE} there; pass a run's output_dir (the directory `ds-longctx "
+                f"train` wrote {METRICS_FILE} into)"
             )
         try:
             lines = read_jsonl(path)
@@ -109,8 +109,8 @@ def figures(runs: dict) -> dict:
 
 
 def plot_runs(dirs: list, out) -> list:
-    """Write `out`/PANEL.png for each panel of the runs in `dirs`; the paths written. ValueError on a bad run
-    directory or a missing matplotlib (naming its install)."""
+    """Write `out`/PANEL.png for each panel of the runs in `dirs`; the paths written. ValueError on
+    a bad run directory or a missing matplotlib (naming its install)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -127,7 +127,8 @@ def plot_runs(dirs: list, out) -> list:
     out, names = Path(user_path(str(out))), [f"{panel}.png" for panel in figs]
     if out.is_dir() and (theirs := not_ours(out, PLOT_MARKER, names)):
         raise ValueError(
-            f"--out {out} holds {', '.join(theirs)}, which no plot wrote there (or changed since), so "
+            f"--out {out} holds {', '.join(theirs)}, which no plot wrote there (or changed since), "
+            "so "
             f"nothing is written; choose another --out (an earlier plot's own files are replaced)"
         )
     out.mkdir(parents=True, exist_ok=True)
@@ -164,10 +165,12 @@ def main(argv: list) -> int:
         refuse(f"refused: {e}")
     except OSError as e:
         refuse(
-            f"refused: --out {out}: cannot write there ({type(e).__name__}: {e}); choose another --out"
+            f"refused: --out {out}: cannot write there ({type(e).__name__}: {e}); choose another "
+            "--out"
         )
     print(
-        f"{len(written)} plot(s) of {len(a.runs)} run(s) in {out}: {', '.join(p.name for p in written)}",
+        f"{len(written)} plot(s) of {len(a.runs)} run(s) in {out}: "
+        f"{', '.join(p.name for p in written)}",
         file=sys.stdout,
         flush=True,
     )

@@ -1,6 +1,7 @@
-"""objective dpo in a run: the reference pass (once, from the starting weights, stored in output_dir and read back
-on resume, as TRL's precompute_ref_log_probs does) and an optimizer step's loss and gradients over its micro-batches
-of preference pairs (data/preference.py rows, levers/preference.py's loss).
+"""objective dpo in a run: the reference pass (once, from the starting weights, stored in output_dir
+and read back on resume, as TRL's precompute_ref_log_probs does) and an optimizer step's loss and
+gradients over its micro-batches of preference pairs (data/preference.py rows,
+levers/preference.py's loss).
 
     reference_logps(engine, data, output_dir, fresh=True)       # sets data.ref [pairs, 2]
     loss, tokens, metrics = pair_forward_backward(engine, batches, engine.pair_logps)
@@ -26,19 +27,20 @@ from ds_longctx.run.ref_weights import reference_weights, signature_json
 
 log = logging.getLogger("ds_longctx")
 
-REF_FILE = "reference_logps.pt"  # in output_dir: {"logps": [pairs, 2] fp32, "signature": the data's, as JSON}
+# in output_dir: {"logps": [pairs, 2] fp32, "signature": the data's, as JSON}
+REF_FILE = "reference_logps.pt"
 
 
 def dpo_model_problem(train, text_config) -> Optional[str]:
-    """What objective dpo or grpo refuses of a model (None: nothing): a mixture of experts (its load-balancing loss
-    is not added yet), and dpo's shared-prompt rows on a model with linear-attention layers (their recurrence would
-    run the second completion after the first)."""
+    """What objective dpo or grpo refuses of a model (None: nothing): a mixture of experts (its
+    load-balancing loss is not added yet), and dpo's shared-prompt rows on a model with
+    linear-attention layers (their recurrence would run the second completion after the first)."""
     if train.objective not in ("dpo", "grpo"):
         return None
     if getattr(text_config, "num_experts", 0):
         return (
-            f"objective={train.objective} on a mixture of experts is not built yet (its load-balancing loss); "
-            f"use a dense model"
+            f"objective={train.objective} on a mixture of experts is not built yet (its "
+            f"load-balancing loss); use a dense model"
         )
     if (
         train.objective == "dpo"
@@ -46,8 +48,8 @@ def dpo_model_problem(train, text_config) -> Optional[str]:
         and kernel_rules.linear_heads(text_config) is not None
     ):
         return (
-            "shared_prompt: true on a model with linear-attention layers: their recurrence would carry the chosen "
-            "completion into the rejected one; set shared_prompt: false"
+            "shared_prompt: true on a model with linear-attention layers: their recurrence would "
+            "carry the chosen completion into the rejected one; set shared_prompt: false"
         )
     return None
 
@@ -62,11 +64,12 @@ def _what(ref: torch.Tensor) -> str:
 
 
 def _read_back(data, path: Path, signature: str) -> None:
-    """Set `data.ref` from a stored pass; ValueError where none is stored, or one of other data or reference."""
+    """Set `data.ref` from a stored pass; ValueError where none is stored, or one of other data or
+    reference."""
     if not path.exists():
         raise ValueError(
-            f"{path} is missing: a resumed run reads the reference log-probs its first step computed; "
-            f"start the run again without resume"
+            f"{path} is missing: a resumed run reads the reference log-probs its first step "
+            f"computed; start the run again without resume"
         )
     saved = torch.load(path, weights_only=True)
     was, now = json.loads(saved["signature"]), json.loads(signature)
@@ -86,9 +89,10 @@ def _read_back(data, path: Path, signature: str) -> None:
 
 
 def reference_logps(engine, data, output_dir, fresh: bool, ref_model: Optional[str] = None) -> None:
-    """Set `data.ref` (dpo: [pairs, 2]; grpo: [tokens]): computed now by the engine's model with the weights of
-    `ref_model` (None: the starting weights) and written by rank 0 with the data's and the reference's signature,
-    or read back (`fresh` False: a resume). ValueError where a resume finds no file, or one of another signature."""
+    """Set `data.ref` (dpo: [pairs, 2]; grpo: [tokens]): computed now by the engine's model with the
+    weights of `ref_model` (None: the starting weights) and written by rank 0 with the data's and
+    the reference's signature, or read back (`fresh` False: a resume). ValueError where a resume
+    finds no file, or one of another signature."""
     path = Path(output_dir) / REF_FILE
     signature = signature_json(data.signature(), ref_model)
     if not fresh:
@@ -176,11 +180,12 @@ def pair_forward_backward(engine, batches: list, logps_of) -> tuple:
 
 
 def policy_forward_backward(engine, batches: list, logps_of) -> tuple:
-    """(loss, trained tokens, metrics) of one optimizer step of this dp replica under objective grpo: each
-    micro-batch's per-token log-probs (`logps_of`, over the SP group), TRL's GRPO loss (levers/policy_loss.py), its
-    backward weighted so DeepSpeed's mean over the sp x dp ranks gives TRL's step: grpo and dr_grpo, the mean of
-    the micro-batches' losses (TRL divides by grad accumulation); dapo, the sum of every token's loss over the
-    step's completion tokens. The loss and metrics are over every micro-batch and replica."""
+    """(loss, trained tokens, metrics) of one optimizer step of this dp replica under objective
+    grpo: each micro-batch's per-token log-probs (`logps_of`, over the SP group), TRL's GRPO loss
+    (levers/policy_loss.py), its backward weighted so DeepSpeed's mean over the sp x dp ranks gives
+    TRL's step: grpo and dr_grpo, the mean of the micro-batches' losses (TRL divides by grad
+    accumulation); dapo, the sum of every token's loss over the step's completion tokens. The loss
+    and metrics are over every micro-batch and replica."""
     st, train = engine.state, engine.cfg.train
     beta, loss_type = objective_terms(train)
     eps_high = train.epsilon if train.epsilon_high is None else train.epsilon_high

@@ -1,7 +1,7 @@
 """Every check of a run that reads no dataset and starts nothing: called before any process group
 exists (by `ds-longctx train` before it starts workers, and by each rank).
 
-    hf_config, resume_meta = preflight(cfg, world_size)   # raises ValueError naming the value and the fix
+    hf_config, resume_meta = preflight(cfg, world_size)  # ValueError naming the value and the fix
 
 Rules: the cheap checks come first, each refusal names the fix, and nothing is written (a refused
 run leaves no output). The order of the checks: docs/design/run.md."""
@@ -43,7 +43,8 @@ log = logging.getLogger("ds_longctx")
 
 
 def validate(cfg, world_size: int, per_node: int | None = None):
-    """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`: processes per
+    """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`:
+    processes per
     node (None: from the launcher's environment, `local_world_size`)."""
     geom = ModelGeometry.from_name_or_path(
         cfg.model.name
@@ -89,8 +90,8 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
         raise ValueError(
-            f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator and "
-            f"needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU"
+            f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator "
+            f"and needs a CUDA GPU; set memory_snapshot_steps: 0 on CPU"
         )
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if problem := dpo_model_problem(cfg.train, text) or ref_model_problem(cfg, hf_cfg):
@@ -106,14 +107,16 @@ def validate(cfg, world_size: int, per_node: int | None = None):
         cfg.lora.rank
     ):  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
-    # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0 here)
+    # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0
+    # here)
     run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
     return hf_cfg
 
 
 def rope_coverage(cfg, hf_config) -> None:
-    """Refuse a seq_len beyond the positions YaRN is set for (an explicit rope_parameters dict, or a checkpoint
-    that already carries YaRN with rope_scaling='none'). Works on a copy: the engine applies it itself."""
+    """Refuse a seq_len beyond the positions YaRN is set for (an explicit rope_parameters dict, or a
+    checkpoint that already carries YaRN with rope_scaling='none'). Works on a copy: the engine
+    applies it itself."""
     hf = copy.deepcopy(hf_config)
     quiet = log.disabled
     log.disabled = True
@@ -141,47 +144,53 @@ BATCH_BYTES_PER_TOKEN = (
 
 
 def host_problem(cfg) -> str | None:
-    """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on each rank (
-    micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or more tokenizing processes
-    than cores (datasets.map forks every one)."""
+    """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on
+    each rank ( micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or
+    more tokenizing processes than cores (datasets.map forks every one)."""
     tokens = cfg.train.micro_batch * cfg.train.seq_len
     need, ram = tokens * BATCH_BYTES_PER_TOKEN, psutil.virtual_memory().total
     if need > ram:
         return (
-            f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} tokens per step: its "
-            f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than this machine's "
-            f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives what fits)"
+            f"micro_batch={cfg.train.micro_batch} x seq_len={cfg.train.seq_len} = {tokens:,} "
+            "tokens per step: its "
+            f"ids, labels and positions alone take {need / 1e9:,.1f} GB on each rank, more than "
+            "this machine's "
+            f"{ram / 1e9:,.1f} GB of RAM; lower seq_len or micro_batch (`ds-longctx plan` gives "
+            "what fits)"
         )
     cores = os.cpu_count() or 1
     if cfg.data.tokenize_num_proc > cores:
         return (
-            f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores and datasets "
-            f"starts one process each; use tokenize_num_proc <= {cores}"
+            f"tokenize_num_proc={cfg.data.tokenize_num_proc}: this machine has {cores} CPU cores "
+            f"and datasets starts one process each; use tokenize_num_proc <= {cores}"
         )
     return None
 
 
 def cpu_model_problem(cfg, ram: int) -> str | None:
-    """Without a GPU every rank's share of the training state is in host RAM, the shares together at least the
-    weights and, unless LoRA freezes them, their grads and Adam's two moments (16 bytes a parameter in fp32, as in
-    bf16 with its fp32 master): more than the machine holds is refused (None: it may fit)."""
+    """Without a GPU every rank's share of the training state is in host RAM, the shares together at
+    least the weights and, unless LoRA freezes them, their grads and Adam's two moments (16 bytes a
+    parameter in fp32, as in bf16 with its fp32 master): more than the machine holds is refused
+    (None: it may fit)."""
     per_param = (2 if cfg.model.dtype == "bf16" else 4) if cfg.lora.rank else 16
     params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
     if (need := params * per_param) <= ram:
         return None
     return (
-        f"model={cfg.model.name!r} on CPU (no CUDA GPU here): its {params / 1e9:,.2f}B parameters take >= "
-        f"{need / 1e9:,.1f} GB of host RAM across the ranks ({per_param} bytes each: "
-        f"{'the frozen weights' if cfg.lora.rank else 'weights, grads and Adam state'}), more than this machine's "
-        f"{ram / 1e9:,.1f} GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller model here "
-        f"(e.g. --model qwen3-tiny)"
+        f"model={cfg.model.name!r} on CPU (no CUDA GPU here): its {params / 1e9:,.2f}B parameters "
+        f"take >= {need / 1e9:,.1f} GB of host RAM across the ranks ({per_param} bytes each: "
+        f"{'the frozen weights' if cfg.lora.rank else 'weights, grads and Adam state'}), more than "
+        "this machine's "
+        f"{ram / 1e9:,.1f} GB; train it on GPUs (`ds-longctx plan` says what fits), or a smaller "
+        f"model here (e.g. --model qwen3-tiny)"
     )
 
 
 def disk_problem(cfg, resume_meta) -> str | None:
-    """Where save_every > 0: the space the run's checkpoints take at once (keep_checkpoints + 1 while a save is
-    written; keep 0 keeps every one; plan/planner.disk_checkpoint_bytes each) beyond what output_dir's filesystem has
-    free, less what the checkpoints already there hold (a resume). None: it fits, or nothing is saved periodically."""
+    """Where save_every > 0: the space the run's checkpoints take at once (keep_checkpoints + 1
+    while a save is written; keep 0 keeps every one; plan/planner.disk_checkpoint_bytes each) beyond
+    what output_dir's filesystem has free, less what the checkpoints already there hold (a resume).
+    None: it fits, or nothing is saved periodically."""
     ck, steps = cfg.checkpoint, cfg.train.steps
     if not ck.save_every:
         return None
@@ -209,16 +218,18 @@ def disk_problem(cfg, resume_meta) -> str | None:
         else "no two checkpoints fit there (keep_checkpoints 1 holds two while a save is written)"
     )
     return (
-        f"output_dir={cfg.train.output_dir!r}: its checkpoints need ~{size_text(needed)} more and its filesystem "
-        f"has {size_text(free)} free (one checkpoint of {cfg.model.name}{' with LoRA' if cfg.lora.rank else ''} "
-        f"is ~{size_text(one)}; save_every={ck.save_every}, keep_checkpoints={ck.keep}: {at_once} at once); "
-        f"{fix}, or choose an output_dir with more free space"
+        f"output_dir={cfg.train.output_dir!r}: its checkpoints need ~{size_text(needed)} more and "
+        f"its filesystem has {size_text(free)} free (one checkpoint of "
+        f"{cfg.model.name}{' with LoRA' if cfg.lora.rank else ''} "
+        f"is ~{size_text(one)}; save_every={ck.save_every}, keep_checkpoints={ck.keep}: {at_once} "
+        f"at once); {fix}, or choose an output_dir with more free space"
     )
 
 
 def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str | None:
-    """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else the CUDA
-    device's memory; none on CPU: nothing to plan) and host RAM against the run's model and seq_len."""
+    """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else
+    the CUDA device's memory; none on CPU: nothing to plan) and host RAM against the run's model and
+    seq_len."""
     gpu_gb = planning_gpu_gb(cfg.memory.gpu_budget_gb)
     per_node = local_world_size(world_size) if per_node is None else per_node
     problem = layout_change.plan_problem(
@@ -233,8 +244,8 @@ def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str
 
 
 def check_sources(cfg, vocab: int) -> None:
-    """The data source and eval_data's (data/), and the synthetic task's rules (its shortest seq_len): what `train`
-    and `rehearse` ask before any process starts."""
+    """The data source and eval_data's (data/), and the synthetic task's rules (its shortest
+    seq_len): what `train` and `rehearse` ask before any process starts."""
     data.check_data_source(cfg, vocab)
     data.check_eval_source(cfg, vocab)
     if "synthetic" in (cfg.data.source, cfg.eval.data):
@@ -242,8 +253,8 @@ def check_sources(cfg, vocab: int) -> None:
 
 
 def preflight(cfg, world_size: int, per_node: int | None = None):
-    """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input. `per_node` as in
-    `validate`."""
+    """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input.
+    `per_node` as in `validate`."""
     if problem := host_problem(cfg):
         raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)

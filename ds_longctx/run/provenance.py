@@ -1,4 +1,5 @@
-"""A result row's provenance: the tree's commit, the device and the date (rehearsal rows and recall rows)."""
+"""A result row's provenance: the tree's commit, the device and the date (rehearsal rows and recall
+rows)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ COMMIT_ENV = (
 
 
 def commit() -> str:
-    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted changes)."""
+    """The tree's commit: $DS_LONGCTX_COMMIT, else `git rev-parse` here (+ `-dirty` with uncommitted
+    changes)."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
     root = Path(__file__).resolve().parents[2]

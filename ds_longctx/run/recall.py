@@ -1,7 +1,7 @@
 """Recall of long agent sessions by answer-to-evidence distance: does greedy decoding give back the
 value an answer quotes from far back? Lines in `<out>/recall.jsonl` and `recall_answers.jsonl`.
 
-    write = answers_writer(engine, cfg, model, stage)   # write(step): the lines at `step`; collective
+    write = answers_writer(engine, cfg, model, stage)  # write(step): lines at `step`; collective
 
 One teacher-forced forward per session; `exact` when every value token is its position's argmax. The
 fields: docs/design/run.md."""

@@ -1,13 +1,16 @@
-"""The reference model of dpo and grpo (train.ref_model, a HF directory): checked against the policy before any work
-(`ref_model_problem`), named with a digest beside the stored reference log-probs (`ref_signature`), and its weights
-swapped into the engine's model for the reference pass, the starting weights put back after (`reference_weights`).
+"""The reference model of dpo and grpo (train.ref_model, a HF directory): checked against the policy
+before any work (`ref_model_problem`), named with a digest beside the stored reference log-probs
+(`ref_signature`), and its weights swapped into the engine's model for the reference pass, the
+starting weights put back after (`reference_weights`).
 
     if why := ref_model_problem(cfg, hf_cfg): refuse(why)
-    with reference_weights(engine.module.model, cfg.train.ref_model):   # None: the starting weights as they are
+    # ref_model None: the starting weights as they are
+    with reference_weights(engine.module.model, cfg.train.ref_model):
         ...the reference pass...
 
-The swap needs the policy's architecture (the same parameter names and shapes); each rank keeps a CPU copy of its
-own ZeRO-3 partition of the starting weights meanwhile. Design notes: docs/design/run.md.
+The swap needs the policy's architecture (the same parameter names and shapes); each rank keeps a
+CPU copy of its own ZeRO-3 partition of the starting weights meanwhile. Design notes:
+docs/design/run.md.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def _vocab(tok_dir: str) -> Optional[dict]:
 
 
 def ref_model_problem(cfg, policy_cfg) -> Optional[str]:
-    """Why train.ref_model cannot be the run's reference (None: it can, or it is unset): not a model directory, another
-    architecture (the keys that differ) or another vocabulary than the policy's (naming both)."""
+    """Why train.ref_model cannot be the run's reference (None: it can, or it is unset): not a model
+    directory, another architecture (the keys that differ) or another vocabulary than the policy's
+    (naming both)."""
     ref = cfg.train.ref_model
     if ref is None:
         return None
@@ -69,15 +73,16 @@ def ref_model_problem(cfg, policy_cfg) -> Optional[str]:
     ]
     if odd:
         return (
-            f"ref_model={ref!r} differs from model={cfg.model.name!r}: {', '.join(odd)}; the reference pass "
-            f"runs the reference's weights in the policy's engine, so it takes the policy's architecture and "
-            f"vocabulary"
+            f"ref_model={ref!r} differs from model={cfg.model.name!r}: {', '.join(odd)}; the "
+            "reference pass "
+            "runs the reference's weights in the policy's engine, so it takes the policy's "
+            f"architecture and vocabulary"
         )
     tok = cfg.data.tokenizer
     if tok is not None and (theirs := _vocab(ref)) is not None and theirs != _vocab(tok):
         return (
-            f"ref_model={ref!r} holds a tokenizer whose vocabulary differs from tokenizer={tok!r}; give a "
-            f"reference trained with the policy's tokenizer"
+            f"ref_model={ref!r} holds a tokenizer whose vocabulary differs from tokenizer={tok!r}; "
+            f"give a reference trained with the policy's tokenizer"
         )
     return None
 
@@ -87,9 +92,10 @@ def _weight_files(d: Path) -> list:
 
 
 def ref_signature(ref: Optional[str]) -> dict:
-    """What names the reference: its path and a digest of its config.json and, of each weight file, its name, size,
-    safetensors header (tensor names, shapes, dtypes) and first and last 64 KiB of data (other weights of the same
-    shapes differ there); {"ref_model": None} for the starting weights."""
+    """What names the reference: its path and a digest of its config.json and, of each weight file,
+    its name, size, safetensors header (tensor names, shapes, dtypes) and first and last 64 KiB of
+    data (other weights of the same shapes differ there); {"ref_model": None} for the starting
+    weights."""
     if ref is None:
         return {"ref_model": None}
     d, h = Path(ref), hashlib.sha256()
@@ -123,7 +129,8 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def _load(model, ref: Path) -> None:
-    """Copy the reference's weights into `model` (names as HF saves them; a tied lm_head may be absent)."""
+    """Copy the reference's weights into `model` (names as HF saves them; a tied lm_head may be
+    absent)."""
     import deepspeed
 
     params = {  # under LoRA, PEFT's wrapper holds the base weight as `<linear>.base_layer.weight`
@@ -150,8 +157,9 @@ def _load(model, ref: Path) -> None:
 
 @contextlib.contextmanager
 def reference_weights(model, ref: Optional[str]):
-    """Within: `model` holds the reference's weights (`ref` None: unchanged); after, each rank's starting
-    partition is copied back exactly. LoRA adapters are not swapped (lora_init zero_b: they add nothing at start)."""
+    """Within: `model` holds the reference's weights (`ref` None: unchanged); after, each rank's
+    starting partition is copied back exactly. LoRA adapters are not swapped (lora_init zero_b: they
+    add nothing at start)."""
     if ref is None:
         yield
         return
@@ -170,7 +178,8 @@ def reference_weights(model, ref: Optional[str]):
 
 
 def _copies(p: torch.Tensor) -> tuple:
-    """CPU copies of a parameter's partition and, where ZeRO-3 holds it whole too (a persistent one), the whole."""
+    """CPU copies of a parameter's partition and, where ZeRO-3 holds it whole too (a persistent
+    one), the whole."""
     whole = p.data if hasattr(p, "ds_tensor") and p.data.numel() else None
     return (
         _local(p).detach().to("cpu", copy=True),

@@ -3,7 +3,8 @@ goes to $DS_LONGCTX_REFUSAL_FILE for the launcher to print last."""
 
 from __future__ import annotations
 
-# torch is imported where a process group may need tearing down: the CLI imports this module without it.
+# torch is imported where a process group may need tearing down: the CLI imports this module without
+# it.
 import os
 import sys
 from pathlib import Path
@@ -27,7 +28,8 @@ def last_line(message: str, code: int, rank: int = 0) -> None:
 
 def record_failure(e: BaseException) -> None:
     """This worker's exception (call it in `except`) where its torchrun agent reads it,
-    $TORCHELASTIC_ERROR_FILE: the launcher's last line names the rank others timed out waiting for."""
+    $TORCHELASTIC_ERROR_FILE: the launcher's last line names the rank others timed out waiting
+    for."""
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 

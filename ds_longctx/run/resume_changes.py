@@ -46,7 +46,8 @@ def adopt_saved_state(zo) -> None:
 
 
 def apply_changes(engine, cfg, tag_dir: Path, meta: dict) -> list:
-    """Apply and log what this run changes against checkpoint `tag_dir`; returns [(key, old, new)]."""
+    """Apply and log what this run changes against checkpoint `tag_dir`; returns [(key, old,
+    new)]."""
     changed = compare(saved_values(meta["run"], tag_dir / "run.yaml"), cfg)[1]
     if (
         any(k in OPTIMIZER_KEYS for k, _, _ in changed)

@@ -68,7 +68,8 @@ class _Tee(io.TextIOBase):
 
 @contextlib.contextmanager
 def guarded_output():
-    """sys.stdout and sys.stderr as _Tee for the block (idempotent), the previous streams back after it."""
+    """sys.stdout and sys.stderr as _Tee for the block (idempotent), the previous streams back after
+    it."""
     global _log_fd
     previous, outer = (sys.stdout, sys.stderr), not isinstance(sys.stdout, _Tee)
     if outer:

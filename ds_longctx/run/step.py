@@ -1,5 +1,6 @@
-"""One optimizer step of a rank, timed, as `ds-longctx train` runs it (run/train_loop.py) and as a rehearsal
-measures it (rehearsal/rank.py): the batch (`data.get`), `forward_backward`, the optimizer `step`.
+"""One optimizer step of a rank, timed, as `ds-longctx train` runs it (run/train_loop.py) and as a
+rehearsal measures it (rehearsal/rank.py): the batch (`data.get`), `forward_backward`, the optimizer
+`step`.
 
     s = timed_step(engine, data, step, cfg.train)     # s.loss, s.seconds, s.peak_reserved, ...
 """

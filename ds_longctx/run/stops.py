@@ -26,8 +26,9 @@ from ds_longctx.run.run_log import say_now
 
 FAILED = 1
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# how long `ds-longctx train` lets its workers finish the current step and save after a signal before torchrun
-# kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~98 GB and a 1M-token step ~15 min)
+# how long `ds-longctx train` lets its workers finish the current step and save after a signal
+# before torchrun kills them (torch's own default is 30 s; a Qwen3-8B checkpoint is ~98 GB and a
+# 1M-token step ~15 min)
 STOP_GRACE_S = 3600
 WATCH_POLL_S = 0.5
 ABANDON_WINDOW_S = (
@@ -70,7 +71,8 @@ class StopRequest:
             self._stop_now(signum)
         if not self.signum and os.environ.get("RANK", "0") == "0":
             say_now(
-                f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then saving\n"
+                f"\n[ds_longctx] {signal_name(signum)}: stopping at the end of this step, then "
+                "saving\n"
             )
         self.signum = self.signum or signum
 
@@ -139,15 +141,15 @@ def watch_launcher(poll_s: float = WATCH_POLL_S) -> Optional[threading.Thread]:
             time.sleep(poll_s)
         if _saving is not None:
             _say(
-                f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; finishing the save of "
-                f"step {_saving} first"
+                f"rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; "
+                f"finishing the save of step {_saving} first"
             )
         while _saving is not None:
             time.sleep(poll_s)
         try:
             print(
-                f"[ds_longctx] rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) is gone; ending "
-                f"this worker (nothing saved since the last checkpoint)",
+                f"[ds_longctx] rank {os.environ.get('RANK', '?')}: its launcher (pid {launcher}) "
+                f"is gone; ending this worker (nothing saved since the last checkpoint)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -226,7 +228,8 @@ class LauncherSignals:
             return self.forward(signum, frame)
         self._warned = now
         _say(
-            f"{signal_name(signum)}: the workers are {doing}; waiting for them. {signal_name(signum)} again within "
+            f"{signal_name(signum)}: the workers are {doing}; waiting for them. "
+            f"{signal_name(signum)} again within "
             f"{ABANDON_WINDOW_S:.0f} s abandons it (the last complete checkpoint stays)"
         )
         return None

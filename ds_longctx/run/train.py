@@ -3,20 +3,21 @@
     torchrun --nproc_per_node 2 -m ds_longctx.train --config run.yaml [--key value ...]
     deepspeed --num_gpus 2 --module ds_longctx.train --config run.yaml
     accelerate launch --config_file accelerate.yaml -m ds_longctx.train --config run.yaml
-    ds-longctx train --nproc 2 --sp_size 2            # starts the processes for you
-    ... --save_every 100                              # checkpoints in <output_dir>/checkpoints
-    ... --resume                                      # continue the latest one (layouts: checkpoint/layout.py)
+    ds-longctx train --nproc 2 --sp_size 2  # starts the processes for you
+    ... --save_every 100                    # checkpoints in <output_dir>/checkpoints
+    ... --resume                            # resume the latest one (layouts: checkpoint/layout.py)
 
 Writes `<output_dir>/metrics.jsonl`: one JSON line per optimizer step
-(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes, skipped_rows: the data's rows left out
-as bad under data.skip_bad_rows, the same on every line), and with eval_data one line per
-evaluation (step, eval_loss, eval_tokens, eval_rows, eval_seconds: every eval_every steps and after the last)
-whose per-position curve goes to `<output_dir>/eval_curve.jsonl` (run/evaluate.py), and TensorBoard events in
-`<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM or SIGINT: every rank stops at the next
-step boundary, saves a checkpoint and exits 0 (`ds-longctx train` itself 143 / 130). A NaN/inf loss stops the run
-(exit 1) before its optimizer step. A refusal (bad config, bad data, an unusable checkpoint) exits 2 on every rank.
-Each of these ends with one line (run/refuse.py, run/stops.py). A worker whose launcher dies ends itself.
-`--help` lists every run-config field.
+(step, loss, tokens, seconds, tokens_per_s, peak_gpu_bytes, host_rss_bytes, skipped_rows: the data's
+rows left out as bad under data.skip_bad_rows, the same on every line), and with eval_data one line
+per evaluation (step, eval_loss, eval_tokens, eval_rows, eval_seconds: every eval_every steps and
+after the last) whose per-position curve goes to `<output_dir>/eval_curve.jsonl` (run/evaluate.py),
+and TensorBoard events in `<output_dir>/tensorboard` when torch.utils.tensorboard imports. SIGTERM
+or SIGINT: every rank stops at the next step boundary, saves a checkpoint and exits 0 (`ds-longctx
+train` itself 143 / 130). A NaN/inf loss stops the run (exit 1) before its optimizer step. A refusal
+(bad config, bad data, an unusable checkpoint) exits 2 on every rank. Each of these ends with one
+line (run/refuse.py, run/stops.py). A worker whose launcher dies ends itself. `--help` lists every
+run-config field.
 """
 
 from __future__ import annotations
@@ -50,10 +51,9 @@ def main(argv: list[str] | None = None) -> None:
             "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
         )  # before torch is imported
         from ds_longctx.levers.disk_tier import DiskTierError
-        from ds_longctx.run.train_loop import (  # torch and deepspeed: once the config is known good
-            fail,
-            train,
-        )
+
+        # torch and deepspeed: once the config is known good
+        from ds_longctx.run.train_loop import fail, train
 
         try:
             train(cfg, signals, rank, world)

@@ -1,8 +1,8 @@
-"""The training run of one process, after its config passed the entry's checks (run/train.py): the engine's
-preflight, the process group, the data, the engine, a resume, then the loop of optimizer steps and the end.
+"""The training run of one process, after its config passed the entry's checks (run/train.py):
+preflight, process group, data, engine, resume, then the loop of optimizer steps and the end.
 
-Each section is one function, called in order by `train`; what each writes and how each stops is run/train.py's
-module docstring.
+Each section is one function, called in order by `train`; what each writes and how each stops is
+run/train.py's module docstring.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def _host_rss() -> int:
 
 
 def fail(message: str, rank: int):
-    """A failure (not a refusal): every rank leaves with exit 1 (FAILED); rank 0 says why, last (run/refuse.last_line).
-    Tears the process group down."""
+    """A failure (not a refusal): every rank leaves with exit 1 (FAILED); rank 0 says why, last
+    (run/refuse.last_line). Tears the process group down."""
     if dist.is_initialized():
         dist.destroy_process_group()
     last_line(message, FAILED, rank)
@@ -68,35 +68,39 @@ def fail(message: str, rank: int):
 def stopped_by_signal(
     signum: int, done: int, steps: int, tag_dir, rank: int, note: str = ""
 ) -> None:
-    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None: nothing trained;
-    `note`: metrics lines not written); the launcher's exit code is the signal's (`signal_exit`)."""
+    """Rank 0's last line after a signal stopped the run at step `done` (saved in `tag_dir`, None:
+    nothing trained; `note`: metrics lines unwritten); the launcher's exit code is the signal's."""
     name = signal_name(signum)
     if tag_dir is None:
-        message = f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing saved"
+        message = (
+            f"stopped by {name} before step {done + 1}: nothing trained since the start, nothing "
+            "saved"
+        )
     else:
         message = (
-            f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with --resume "
-            f"continues it"
+            f"stopped by {name} at step {done} of {steps}: saved {tag_dir}; the same command with "
+            f"--resume continues it"
         )
     last_line(message + (f"; {note}" if note else ""), signal_exit(signum), rank)
 
 
 def out_of_memory(cfg, step: int):
-    """An out-of-memory error at `step` on this rank (0: the optimizer state before step 1; maybe not rank 0): the
-    allocator's report, then what to change; exit 1 (the launcher ends the other ranks)."""
+    """An out-of-memory error at `step` on this rank (0: the optimizer state before step 1; maybe
+    not rank 0): the allocator's report, then what to change; exit 1 (the launcher ends the other
+    ranks)."""
     traceback.print_exc()
     print(out_of_budget(cfg.memory.gpu_budget_gb, step), file=sys.stderr, flush=True)
     os._exit(1)  # the other ranks wait in a collective: no teardown that would wait for them
 
 
 def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
-    """The run of this rank, from the engine's checks to the end (exit through `parallel_state.leave`)."""
+    """The run of this rank, from the engine's checks to the end (exit through
+    `parallel_state.leave`)."""
     engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
     start = resume_run(cfg, engine, data, resume_meta)
     out = Path(cfg.train.output_dir)
-    keep_log(
-        out
-    )  # past every refusal of a new run (it writes nothing): this rank's output goes there too
+    # past every refusal of a new run (it writes nothing): this rank's output goes there too
+    keep_log(out)
     if engine.state.rank == 0:
         write_run_files(cfg, engine, out, start)
     if needs_reference(cfg.train):
@@ -111,19 +115,20 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
 
 
 def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
-    """(engine, data, held-out data or None, resume meta or None): checks, process group, data, engine. A refusal
-    (bad input found here) exits 2 on every rank."""
-    # ------------------------------------------------------------ checks (nothing started or written)
+    """(engine, data, held-out data or None, resume meta or None): checks, process group, data,
+    engine. A refusal (bad input found here) exits 2 on every rank."""
+    # ------------------------------------------------------------ checks (nothing started/written)
     try:
         hf_cfg, resume_meta = preflight(cfg, world)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
-    # ------------------------------------------------------------ process group (a dead or hung rank ends the job)
+    # ------------------------------------------------------------ process group (hangs time out)
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
     dp_size = world // cfg.parallel.sp_size
-    # ------------------------------------------------------------ one writer: rank 0 holds output_dir's lock, unless
-    # `ds-longctx train` does (checkpoint/run_lock.py); then data (rank 0 tokenizes into the cache first)
+    # ------------------------------------------------------------ one writer, then data
+    # rank 0 holds output_dir's lock unless `ds-longctx train` does (checkpoint/run_lock.py), and
+    # tokenizes into the cache first
     try:
         rank0_first(
             lambda: run_lock.take(
@@ -139,30 +144,31 @@ def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
         refuse(f"refused before start: {e}", rank)
     # ------------------------------------------------------------ engine
     if cfg.logging.memory_snapshot_steps:
-        memory_snapshot.start()  # before the build: the weights' and optimizer's blocks get their code lines
-    engine = build_engine(
-        cfg, hf_cfg, optimizer_state=False
-    )  # made by `resume`, after a checkpoint could bring it
+        # before the build: the weights' and optimizer's blocks get their code lines
+        memory_snapshot.start()
+    # the optimizer state is made by `resume_run`, after a checkpoint could bring it
+    engine = build_engine(cfg, hf_cfg, optimizer_state=False)
     return engine, data, held, resume_meta
 
 
 def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
-    """With train.epochs: train.steps set to epochs x the steps of one pass over the data's rows, said in one line."""
+    """With train.epochs: train.steps set to epochs x the steps of one pass over the data's rows,
+    said in one line."""
     t = cfg.train
     per_step = dp_size * t.micro_batch * t.grad_accum
     if t.epochs is None:
         return
     if not hasattr(data, "n_rows"):
         raise ValueError(
-            f"epochs={t.epochs:g} counts passes over the data's rows, and data='synthetic' draws new rows "
-            f"forever; give steps instead"
+            f"epochs={t.epochs:g} counts passes over the data's rows, and data='synthetic' draws "
+            f"new rows forever; give steps instead"
         )
     per_epoch = data.n_rows // per_step
     if per_epoch == 0:
         raise ValueError(
-            f"epochs={t.epochs:g}: the data has {data.n_rows} rows, fewer than one step's {per_step} "
-            f"(dp {dp_size} x micro_batch {t.micro_batch} x grad_accum {t.grad_accum}); add data or give "
-            f"steps"
+            f"epochs={t.epochs:g}: the data has {data.n_rows} rows, fewer than one step's "
+            f"{per_step} (dp {dp_size} x micro_batch {t.micro_batch} x grad_accum {t.grad_accum}); "
+            "add data or give steps"
         )
     t.steps = max(1, int(t.epochs * per_epoch))
     if rank == 0:
@@ -178,8 +184,9 @@ def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
 
 
 def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
-    """Load the checkpoint of `resume_meta` (None: a fresh run), then make the Adam moments before step 1
-    (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already done."""
+    """Load the checkpoint of `resume_meta` (None: a fresh run), then make the Adam moments before
+    step 1 (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already
+    done."""
     st, start = engine.state, 0
     if resume_meta is not None:
         tag_dir = ckpt_root(Path(cfg.train.output_dir)) / resume_meta["tag"]
@@ -187,9 +194,8 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
             start = resume.load(engine, tag_dir, resume_meta, data.signature())
         except ValueError as e:
             refuse(f"refused: {e}", st.rank)
-        resume_changes.apply_changes(
-            engine, cfg, tag_dir, resume_meta
-        )  # this run's lr and schedule over the saved
+        # this run's lr and schedule over the saved
+        resume_changes.apply_changes(engine, cfg, tag_dir, resume_meta)
         engine.sample_offset = layout_change.sample_offset(
             resume_meta, st.dp_size * cfg.train.micro_batch * cfg.train.grad_accum
         )
@@ -198,9 +204,8 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
         made = optimizer_state.at_start(cfg, engine.ds.optimizer, st.rank)
     except torch.OutOfMemoryError:
         out_of_memory(cfg, 0)
-    if (
-        made and st.rank == 0
-    ):  # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
+    # its seconds: one optimizer pass over every sub-group (CPU Adam where offloaded)
+    if made and st.rank == 0:
         log.info(
             "optimizer state ready: %.1f s, host RSS %.2f GiB, GPU allocated %.2f GiB",
             time.perf_counter() - t_state,
@@ -211,36 +216,33 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
 
 
 def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
-    """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json in `out`."""
+    """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json
+    in `out`."""
     st = engine.state
     try:
         resume.clear_previous_run(cfg)
-    except (
-        ValueError
-    ) as e:  # a file that no save wrote appeared in checkpoints/ since preflight's check
+    except ValueError as e:  # a file no save wrote appeared in checkpoints/ since preflight's check
         refuse(f"refused: {e}", st.rank)
     out.mkdir(parents=True, exist_ok=True)
     cfg.dump(out / "run.yaml")
     (out / "ds_config.json").write_text(json.dumps(engine.ds_config, indent=2) + "\n")
     mark_written(out, RUN_MARKER, RUN_CONFIGS)  # ours: a later --overwrite may replace them
     dtype = "bf16" if engine.ds_config["bf16"]["enabled"] else "fp32"
+    source = resolve_model(cfg.model.name)
     log.info(
         "world %d = sp %d x dp %d, model %s, seq_len %d, %s, steps %d..%d",
         st.world_size,
         st.sp_size,
         st.dp_size,
-        resolve_model(cfg.model.name).label,
+        source.label,
         cfg.train.seq_len,
         dtype,
         start + 1,
         cfg.train.steps,
     )
-    source = resolve_model(cfg.model.name)
-    weights = (
-        f"loaded from {source.config.parent}"
-        if source.kind == "directory"
-        else "random init (no checkpoint)"
-    )
+    weights = "random init (no checkpoint)"
+    if source.kind == "directory":
+        weights = f"loaded from {source.config.parent}"
     tok = tokenizer_path(cfg) if cfg.data.source != "synthetic" else None
     log.info(
         "weights %s; tokenizer %s; output also in %s",
@@ -251,8 +253,8 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
 
 
 def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
-    """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the rank that
-    reached the highest (a collective)."""
+    """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the
+    rank that reached the highest (a collective)."""
     tokens = cfg.train.seq_len * cfg.train.micro_batch * cfg.train.grad_accum * engine.state.dp_size
     row = {
         "step": done,
@@ -270,14 +272,11 @@ def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
         **t.extra,
     }
     if dist.is_initialized() and torch.cuda.is_available():
-        m = torch.tensor(
-            [t.peak_reserved, t.peak_allocated], dtype=torch.float64, device=engine.device
-        )
+        peaks = [t.peak_reserved, t.peak_allocated]
+        m = torch.tensor(peaks, dtype=torch.float64, device=engine.device)
         dist.all_reduce(m, op=dist.ReduceOp.MAX)
-        row["peak_gpu_bytes_max_rank"], row["peak_gpu_allocated_bytes_max_rank"] = (
-            int(m[0]),
-            int(m[1]),
-        )
+        row["peak_gpu_bytes_max_rank"] = int(m[0])
+        row["peak_gpu_allocated_bytes_max_rank"] = int(m[1])
     return row
 
 
@@ -291,25 +290,16 @@ def train_steps(
     start: int,
     saved,
 ) -> tuple:
-    """Optimizer steps start + 1 .. train.steps, each: the step (stopped before its optimizer step on a non-finite
-    loss), its metrics line, the memory snapshot, an evaluation and a checkpoint when due. Ends early at the step
-    boundary where every rank saw a signal. Returns (steps done, step of the last checkpoint or None)."""
+    """Optimizer steps start + 1 .. train.steps, each: the step (stopped before its optimizer step
+    on a non-finite loss), its metrics line, the memory snapshot, an evaluation and a checkpoint
+    when due. Ends early at the step boundary where every rank saw a signal. Returns (steps done,
+    step of the last checkpoint or None)."""
     st, done, last_eval = engine.state, start, None
     snapshot_steps = cfg.logging.memory_snapshot_steps
-    bar = tqdm(
-        range(start, cfg.train.steps),
-        initial=start,
-        total=cfg.train.steps,
-        disable=st.rank != 0,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-    )
-    answers = (
-        answers_writer(engine, cfg, cfg.model.name)
-        if cfg.eval.answer_loss or cfg.eval.recall
-        else None
-    )
+    shown = dict(disable=st.rank != 0, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, **shown)
+    scored = cfg.eval.answer_loss or cfg.eval.recall
+    answers = answers_writer(engine, cfg, cfg.model.name) if scored else None
     if answers is not None and start == 0:
         answers(0)  # the untrained model's, before the first step
     for step in bar:  # `step` optimizer steps are done; this iteration makes step + 1
@@ -320,10 +310,11 @@ def train_steps(
             if not math.isfinite(res.loss):
                 note = metrics.close()
                 fail(
-                    f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step (the weights are "
-                    f"those after step {step}; last checkpoint: {tag_for(saved) if saved else 'none'}). "
-                    f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's rows"
-                    + (f"; {note}" if note else ""),
+                    f"stopped: loss is {res.loss} at step {step + 1}, before its optimizer step "
+                    f"(the weights are those after step {step}; last checkpoint: "
+                    f"{tag_for(saved) if saved else 'none'}). "
+                    f"Lower lr (now {cfg.optimizer.lr}), add warmup_steps, or check this step's "
+                    "rows" + (f"; {note}" if note else ""),
                     st.rank,
                 )
 
@@ -361,7 +352,8 @@ def train_steps(
 
 
 def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
-    """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one line, exit 1."""
+    """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one
+    line, exit 1."""
     try:
         with saving(done):  # signals wait for the save (run/stops.py)
             return save(engine, cfg, done, data.signature())
@@ -379,9 +371,10 @@ def end_run(
     done: int,
     saved,
 ) -> None:
-    """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line; else the done line
-    (exit 1 where metrics lines could not be written: they are printed, and the line says so). Every rank leaves
-    through `parallel_state.leave` (barrier, groups torn down, no Python teardown), output_dir's lock released."""
+    """The end: after a signal, a checkpoint where the ranks stopped and the signal's last line;
+    else the done line (exit 1 where metrics lines could not be written: they are printed, and the
+    line says so). Every rank leaves through `parallel_state.leave` (barrier, groups torn down, no
+    Python teardown), output_dir's lock released."""
     st = engine.state
     signum = signals.agreed(engine.device)
     if signum and done < cfg.train.steps:

@@ -1,8 +1,10 @@
-"""The environment a worker process starts with: the launcher's, with this project's defaults filled in."""
+"""The environment a worker process starts with: the launcher's, with this project's defaults filled
+in."""
 
 from __future__ import annotations
 
-# torch is imported where the environment needs to know about CUDA: the CLI imports this module without it.
+# torch is imported where the environment needs to know about CUDA: the CLI imports this module
+# without it.
 import os
 
 from ds_longctx.run.stops import STOP_GRACE_S

@@ -1,6 +1,6 @@
-"""checkpoint/files.py in one process: file ownership, the sha256 manifest against hashlib, the per-rank check
-(a changed byte, a payload), weights-only loading that holds for DeepSpeed's own loads, the install/restore pair,
-and RNG states that round-trip through a weights-only load."""
+"""checkpoint/files.py in one process: file ownership, the sha256 manifest against hashlib, the
+per-rank check (a changed byte, a payload), weights-only loading that holds for DeepSpeed's own
+loads, the install/restore pair, and RNG states that round-trip through a weights-only load."""
 
 import hashlib
 import os
@@ -14,7 +14,8 @@ from ds_longctx.checkpoint import files, rng
 
 
 class Payload:
-    """What a crafted checkpoint carries: unpickling it runs a shell command that creates `marker`."""
+    """What a crafted checkpoint carries: unpickling it runs a shell command that creates
+    `marker`."""
 
     def __init__(self, marker):
         self.marker = str(marker)
@@ -92,9 +93,11 @@ def test_a_payload_is_named_by_the_check_and_by_the_load_and_never_runs(tmp_path
 def test_weights_only_loads_hold_for_deepspeeds_own_loads_and_restore_what_was_there(
     tmp_path, monkeypatch
 ):
-    """DeepSpeed 0.19.8's TorchCheckpointEngine.load and zero_to_fp32 pass weights_only=False: outside the block a
-    payload runs (the marker appears), inside it torch refuses it; after the block the environment and torch's
-    safe-globals list are what they were (a user's own entries and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD included)."""
+    """DeepSpeed 0.19.8's TorchCheckpointEngine.load and zero_to_fp32 pass weights_only=False:
+    outside the block a
+    payload runs (the marker appears), inside it torch refuses it; after the block the environment
+    and torch's safe-globals list are what they were (a user's own entries and
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD included)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.utils import zero_to_fp32
 
@@ -131,8 +134,8 @@ def test_weights_only_loads_hold_for_deepspeeds_own_loads_and_restore_what_was_t
 
 
 def test_deepspeeds_zero3_optimizer_state_loads_weights_only(tmp_path):
-    """What stage3._rigid_state_dict saves (a ZeroStageEnum, a LossScaler, tensors) passes; numpy's pickled RNG
-    (format 1) only where the legacy RNG globals are allowed."""
+    """What stage3._rigid_state_dict saves (a ZeroStageEnum, a LossScaler, tensors) passes; numpy's
+    pickled RNG (format 1) only where the legacy RNG globals are allowed."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
@@ -155,8 +158,9 @@ def test_deepspeeds_zero3_optimizer_state_loads_weights_only(tmp_path):
 
 
 def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
-    """The RNG file holds tensors and numbers: a weights-only load with nothing allowed beyond DeepSpeed's two
-    classes restores torch's, python's and numpy's generators (the next draws equal the draws after the save)."""
+    """The RNG file holds tensors and numbers: a weights-only load with nothing allowed beyond
+    DeepSpeed's two classes restores torch's, python's and numpy's generators (the next draws equal
+    the draws after the save)."""
     torch.manual_seed(3), random.seed(4), np.random.seed(5)
     np.random.standard_normal()  # numpy now holds a cached gaussian (has_gauss = 1)
     torch.save(rng.rng_state(), tmp_path / "rng_rank00000.pt")
@@ -169,7 +173,8 @@ def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
 
 
 def test_format_1_rng_state_restores_as_format_2_does(tmp_path):
-    """A format-1 RNG file (numpy's tuple, pickled) and its conversion (rng.numpy_state) set one state."""
+    """A format-1 RNG file (numpy's tuple, pickled) and its conversion (rng.numpy_state) set one
+    state."""
     np.random.seed(11)
     np.random.standard_normal()
     legacy = np.random.get_state()

@@ -1,5 +1,5 @@
-"""Which layout may resume a checkpoint (checkpoint/layout_change.py): the global batch kept or allowed to change,
-the sample stream's offset, the planner asked about the new machine."""
+"""Which layout may resume a checkpoint (checkpoint/layout_change.py): the global batch kept or
+allowed to change, the sample stream's offset, the planner asked about the new machine."""
 
 import pytest
 
@@ -42,8 +42,8 @@ def test_another_batch_is_refused_naming_the_grad_accum_that_keeps_it_unless_all
         RunConfig(sp_size=2, grad_accum=2, allow_batch_change=True), 4, meta(), "'ck'"
     )
     assert (
-        "global batch 2 -> 4 sequences a step (allow_batch_change): the sample stream continues at sample 20"
-        in line
+        "global batch 2 -> 4 sequences a step (allow_batch_change): the sample stream continues at "
+        "sample 20" in line
     )
 
 
@@ -59,12 +59,13 @@ def test_the_sample_stream_continues_from_the_samples_consumed():
 
 
 def test_the_planner_refuses_1m_tokens_on_2_x_141_gb_naming_860160():
-    """The issue's case: a 1M-token Qwen3-8B run saved on 8 GPUs resumed on 2 x 141 GB (256 GB host)."""
+    """The issue's case: a 1M-token Qwen3-8B run saved on 8 GPUs resumed on 2 x 141 GB (256 GB
+    host)."""
     geom = ModelGeometry.from_name_or_path("qwen3-8b")
     said = plan_problem(geom, 1_048_576, 2, 141, 256, 2)
     assert (
-        "does not fit 2 x 141 GB GPUs with 256 GB host a node (the longest that fits is 860,160 tokens)"
-        in said
+        "does not fit 2 x 141 GB GPUs with 256 GB host a node (the longest that fits is 860,160 "
+        "tokens)" in said
     )
     assert plan_problem(geom, 1_048_576, 8, 141, 1000, 8) is None  # its own machine fits it
     assert plan_problem(geom, 1_048_576, 2, None, 256, 2) is None  # no GPU: nothing to plan

@@ -1,8 +1,9 @@
-"""checkpoint/paths.py and the save around it, in one process: every path read out of a run's files stays
-inside the run (a `latest` or tag leading elsewhere, a manifest entry or link leading out, a renamed tag), checked
-with an audit hook that records every file opened; partial saves set aside or refused; a save whose write fails
-(a full disk) fails in one line and leaves the previous checkpoint; the launcher's repeated-signal rule; which
-model names a LoRA export ships the base of."""
+"""checkpoint/paths.py and the save around it, in one process: every path read out of a run's files
+stays inside the run (a `latest` or tag leading elsewhere, a manifest entry or link leading out, a
+renamed tag), checked with an audit hook that records every file opened; partial saves set aside or
+refused; a save whose write fails (a full disk) fails in one line and leaves the previous
+checkpoint; the launcher's repeated-signal rule; which model names a LoRA export ships the base
+of."""
 
 import errno
 import json
@@ -33,7 +34,8 @@ sys.addaudithook(_audit)  # audit hooks cannot be removed: it records only insid
 
 
 def fake_tag(root: Path, tag: str, secret: str = "") -> Path:
-    """A tag directory with a format-2 meta.json listing one small file (what find_checkpoint checks first)."""
+    """A tag directory with a format-2 meta.json listing one small file (what find_checkpoint checks
+    first)."""
     d = root / tag
     d.mkdir(parents=True)
     (d / "run.yaml").write_text(secret or "model: qwen3-tiny\n")
@@ -51,7 +53,8 @@ def fake_tag(root: Path, tag: str, secret: str = "") -> Path:
 
 @pytest.fixture
 def two_runs(tmp_path):
-    """Our run (checkpoints/step2) and another user's run beside it holding a secret in every file."""
+    """Our run (checkpoints/step2) and another user's run beside it holding a secret in every
+    file."""
     ours, other = tmp_path / "ours" / "checkpoints", tmp_path / "other" / "checkpoints"
     fake_tag(ours, "step2")
     fake_tag(other, "step9", secret="SECRET-OF-ANOTHER-RUN\n")
@@ -162,7 +165,8 @@ def test_partial_saves_are_set_aside_and_foreign_ones_refused_never_removed(tmp_
 
 
 def fake_engine(root: Path, fail: OSError | None):
-    """What save() asks of an engine in a world of one; DeepSpeed's save writes one file or raises `fail`."""
+    """What save() asks of an engine in a world of one; DeepSpeed's save writes one file or raises
+    `fail`."""
 
     def save_checkpoint(save_dir, tag, client_state, save_latest):
         if fail is not None:
@@ -218,20 +222,26 @@ def test_the_launcher_waits_for_a_save_and_abandons_only_on_a_deliberate_repeat(
     assert killed == [113.0] and forwarded == [signal.SIGINT] * 2 and s.abandoned == "saving step 6"
 
 
-# every refusal that asks the user to delete or remove something, and why that thing is inside what the run owns
+# every refusal that asks the user to delete or remove something, and why that thing is inside what
+# the run owns
 REMOVALS = {
     "remove it and write the values out": "the YAML anchor on a line of the user's own config file",
     "remove the tag": "the YAML tag on a line of the user's own config file",
     "remove it, or": "a file inside the checkpoint's tag directory that its save did not write",
     "remove the link or use an earlier tag": "a link inside the checkpoint's tag directory",
-    "remove the key": "router_aux_loss_coef in the user's own run config, on a model without experts",
-    "remove it (or set $": "a converted model's entry of the model cache, named after its GGUF, left incomplete",
+    "remove the key": (
+        "router_aux_loss_coef in the user's own run config, on a model without experts"
+    ),
+    "remove it (or set $": (
+        "a converted model's entry of the model cache, named after its GGUF, left incomplete"
+    ),
 }
 
 
 def test_no_refusal_asks_to_delete_anything_outside_the_run():
-    """Read from the source (ast): the literal parts of every message raised that say delete / remove / rm are the
-    reviewed REMOVALS, each naming something inside the run directory or the user's own config file."""
+    """Read from the source (ast): the literal parts of every message raised that say delete /
+    remove / rm are the reviewed REMOVALS, each naming something inside the run directory or the
+    user's own config file."""
     import ast
     import re
 
@@ -249,9 +259,9 @@ def test_no_refusal_asks_to_delete_anything_outside_the_run():
 
 
 def test_a_lora_export_ships_the_base_exactly_where_the_run_had_no_weights(tmp_path, monkeypatch):
-    """ships_base reads a model name as training did (resolve_model): a shipped geometry or a config file has no
-    weights elsewhere, so its export carries the base; a local checkpoint folder, even one named like a preset, is
-    the base to point at."""
+    """ships_base reads a model name as training did (resolve_model): a shipped geometry or a config
+    file has no weights elsewhere, so its export carries the base; a local checkpoint folder, even
+    one named like a preset, is the base to point at."""
     from ds_longctx.checkpoint.export import ships_base
 
     assert ships_base("qwen3-tiny") and ships_base("Qwen/Qwen3-8B")

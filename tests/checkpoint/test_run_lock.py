@@ -1,7 +1,8 @@
-"""One writer per run (checkpoint/run_lock.py), in-process: a second writer is refused naming the holder, a
-launcher's lock covers its workers, a dead holder's lock is taken over with one line, and a released lock leaves
-nothing behind. `ds-longctx train` refusing while another process writes its output_dir: here, in-process, before
-any worker; two real resumes at once: tests/distributed/test_resume.py; eval: tests/distributed/test_eval.py."""
+"""One writer per run (checkpoint/run_lock.py), in-process: a second writer is refused naming the
+holder, a launcher's lock covers its workers, a dead holder's lock is taken over with one line, and
+a released lock leaves nothing behind. `ds-longctx train` refusing while another process writes its
+output_dir: here, in-process, before any worker; two real resumes at once:
+tests/distributed/test_resume.py; eval: tests/distributed/test_eval.py."""
 
 import json
 import logging
@@ -44,8 +45,8 @@ def test_a_second_writer_is_refused_naming_the_holder_and_the_fix(tmp_path, hold
 
 
 def test_the_launchers_lock_covers_its_workers_and_no_one_else(tmp_path, holder):
-    """A worker of `ds-longctx train` (its launcher named in $DS_LONGCTX_RUN_LOCK) runs under its launcher's lock;
-    a worker of another launcher is refused."""
+    """A worker of `ds-longctx train` (its launcher named in $DS_LONGCTX_RUN_LOCK) runs under its
+    launcher's lock; a worker of another launcher is refused."""
     out = tmp_path / "run"
     assert run_lock.take(out, launcher=f"{holder.pid}@{socket.gethostname()}") is None
     with pytest.raises(RunLockError, match=f"in use by pid {holder.pid}"):
@@ -71,8 +72,8 @@ def test_a_dead_holders_lock_is_taken_over_with_one_line(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="ds_longctx"):
         lock = RunLock.acquire(out)
     assert [r.getMessage() for r in caplog.records] == [
-        f"took over the lock of {out} left by pid {record['pid']} on host {record['host']} since 2026-12-01 10:00:00 "
-        f"(ds-longctx train --resume), which no longer holds it"
+        f"took over the lock of {out} left by pid {record['pid']} on host {record['host']} since "
+        f"2026-12-01 10:00:00 (ds-longctx train --resume), which no longer holds it"
     ]
     assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
     lock.release()
@@ -96,7 +97,8 @@ def test_release_removes_the_lock_and_the_directories_it_made_only(tmp_path):
 def test_ds_longctx_train_into_a_directory_in_use_is_refused_before_any_worker(
     tmp_path, holder, capsys
 ):
-    """The launcher's precheck: exit 2, the holder named in the last line, nothing of the holder's touched."""
+    """The launcher's precheck: exit 2, the holder named in the last line, nothing of the holder's
+    touched."""
     from ds_longctx import cli
 
     out = tmp_path / "run"
@@ -141,9 +143,9 @@ def test_checkpoint_convert_of_a_run_in_progress_is_refused(tmp_path, holder, ca
 def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_at_once_its_target_untouched(
     tmp_path, kind, capsys
 ):
-    """The holder check (train's and eval's launcher) and the acquire (every writer: train, eval, convert) refuse a
-    lock file that is not a regular file, in well under 5 s, without opening a FIFO for good or writing through a
-    link; the link and its target stay as they were."""
+    """The holder check (train's and eval's launcher) and the acquire (every writer: train, eval,
+    convert) refuse a lock file that is not a regular file, in well under 5 s, without opening a
+    FIFO for good or writing through a link; the link and its target stay as they were."""
     import time
 
     from ds_longctx import cli
@@ -196,9 +198,10 @@ def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused_at_once_its_target_unto
 
 
 def test_a_tilde_output_dir_is_one_run_directory_with_one_lock(tmp_path, monkeypatch):
-    """`~/rk` from the command line or a config file resolves once (parallel/disk.user_path): the files and the lock
-    land in $HOME/rk, nothing in a literal ./~, and a second writer naming $HOME/rk by its absolute path is refused.
-    A command's own path options (`--out=~/corpus`, which no shell expands) resolve the same way."""
+    """`~/rk` from the command line or a config file resolves once (parallel/disk.user_path): the
+    files and the lock land in $HOME/rk, nothing in a literal ./~, and a second writer naming
+    $HOME/rk by its absolute path is refused. A command's own path options (`--out=~/corpus`, which
+    no shell expands) resolve the same way."""
     from ds_longctx.run.argv import parse_config
 
     home, cwd = tmp_path / "home", tmp_path / "cwd"

@@ -143,9 +143,10 @@ def test_sigint_while_writing_a_universal_form_leaves_nothing_but_what_was_there
 def test_a_stop_signal_during_checkpoint_reshard_removes_the_partial_and_its_line_says_so(
     tag, monkeypatch, capsys, sig
 ):
-    """`ds-longctx checkpoint reshard` (convert.main) gets a real SIGTERM or SIGINT while the ranks' files are
-    read: exit 128 + the signal, one line saying nothing was written, no `.tmp-universal` left, the universal
-    form already there unchanged, the handlers put back. The source checkpoint's reading is stubbed as above."""
+    """`ds-longctx checkpoint reshard` (convert.main) gets a real SIGTERM or SIGINT while the ranks'
+    files are read: exit 128 + the signal, one line saying nothing was written, no `.tmp-universal`
+    left, the universal form already there unchanged, the handlers put back. The source checkpoint's
+    reading is stubbed as above."""
     import os
     import signal
 
@@ -174,8 +175,8 @@ def test_a_stop_signal_during_checkpoint_reshard_removes_the_partial_and_its_lin
     assert {s: signal.getsignal(s) for s in handlers} == handlers
     assert code == 128 + signum
     assert capsys.readouterr().err.splitlines()[-1] == (  # below the progress bar's line
-        f"checkpoint reshard stopped by {sig}: nothing written (its partial universal form removed, the "
-        f"checkpoint unchanged); run it again to write it"
+        f"checkpoint reshard stopped by {sig}: nothing written (its partial universal form "
+        f"removed, the checkpoint unchanged); run it again to write it"
     )
     assert laid_out == sorted(universal.param_file(n) for n in PARAMS)
     assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]

@@ -1,4 +1,5 @@
-"""Run config and up-front validation: bad input is refused before any work, naming the value and the fix."""
+"""Run config and up-front validation: bad input is refused before any work, naming the value and
+the fix."""
 
 import json
 import os
@@ -56,9 +57,13 @@ def test_unknown_cli_option_is_refused():
 
 
 def test_the_launchs_world_size_is_checked_before_the_seq_len_rule(tmp_path):
-    """Given the processes it runs on (from_cli / load), the config names the sp_size they cannot hold before the
-    seq_len it does not divide; without them, the seq_len rule is what it can say."""
-    want = "sp_size=3 does not divide world_size=2; try one of [1, 2] or launch a multiple of 3 processes"
+    """Given the processes it runs on (from_cli / load), the config names the sp_size they cannot
+    hold before the seq_len it does not divide; without them, the seq_len rule is what it can
+    say."""
+    want = (
+        "sp_size=3 does not divide world_size=2; try one of [1, 2] or launch a multiple of 3 "
+        "processes"
+    )
     path = tmp_path / "run.yaml"
     path.write_text("model: qwen3-tiny\nsp_size: 3\n")
     for make in (
@@ -106,7 +111,8 @@ def test_the_launchs_world_size_is_checked_before_the_seq_len_rule(tmp_path):
             "eval_buckets=65 is more than seq_len=64 positions: "
             "a bucket needs at least one; use eval_buckets <= 64",
         ),
-        # pydantic's own type and range errors carry the value given (and, for a bool, the two accepted)
+        # pydantic's own type and range errors carry the value given (and, for a bool, the two
+        # accepted)
         (
             dict(optimizer_state_at_build="maybe"),
             "optimizer.state_at_build: Input should be a valid boolean, unable to "
@@ -220,7 +226,8 @@ def test_an_sp_group_may_not_straddle_nodes_unless_allowed(monkeypatch):
     validate(
         RunConfig(model="qwen3-tiny", seq_len=64, sp_size=2), 4, per_node=2
     )  # inside a node: fine
-    # the processes per node come from the launcher: torchrun's LOCAL_WORLD_SIZE, deepspeed's LOCAL_SIZE
+    # the processes per node come from the launcher: torchrun's LOCAL_WORLD_SIZE, deepspeed's
+    # LOCAL_SIZE
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(var, raising=False)
     assert local_world_size(4) == 4  # no launcher: one node
@@ -282,8 +289,8 @@ def test_a_sliding_window_layer_runs_full_causal_within_its_window_and_refuses_p
     "seq_len", [["--seq_len", "96"], []], ids=["seq_len_divisible", "seq_len_not_divisible"]
 )
 def test_cli_refuses_before_starting_workers(seq_len):
-    """sp_size 3 on 2 processes names the process count, also where seq_len (the default 256) is not a multiple of 3:
-    the sp_size is what to change."""
+    """sp_size 3 on 2 processes names the process count, also where seq_len (the default 256) is not
+    a multiple of 3: the sp_size is what to change."""
     t = time.perf_counter()
     res = run_cli(["train", "--nproc", "2", "--sp_size", "3", *seq_len], timeout=120)
     assert res.returncode == 2
@@ -424,7 +431,8 @@ def test_a_key_in_the_wrong_section_names_its_section(tmp_path):
 
 
 def test_hf_trainer_names_point_at_ours():
-    """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps would get steps)."""
+    """A key spelled as the HF Trainer / TRL spell it names our key (by spelling alone save_steps
+    would get steps)."""
     from ds_longctx.config.keys import FLAT, HF_NAMES
 
     assert set(HF_NAMES.values()) <= set(FLAT) and not set(HF_NAMES) & set(FLAT)
@@ -448,8 +456,8 @@ def test_a_key_given_twice_with_two_values_is_refused():
 
 
 def test_fa4_is_gated_by_head_dim(monkeypatch):
-    """FA4 (faked present on a faked Hopper GPU): `auto` takes it only at verified head dims and says why not
-    otherwise; asked for below 64 it is refused naming the fix."""
+    """FA4 (faked present on a faked Hopper GPU): `auto` takes it only at verified head dims and
+    says why not otherwise; asked for below 64 it is refused naming the fix."""
     from ds_longctx.parallel import attention
 
     monkeypatch.setattr(attention.torch.cuda, "is_available", lambda: True)
@@ -478,9 +486,9 @@ def test_fa4_is_gated_by_head_dim(monkeypatch):
 
 
 def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
-    """model: an HF config.json file of any name (random init, like a shipped geometry), read alike by the config and
-    the planner; a JSON file without a model_type, a file that is not JSON, or one too large to be a config (not read)
-    is refused naming what it needs."""
+    """model: an HF config.json file of any name (random init, like a shipped geometry), read alike
+    by the config and the planner; a JSON file without a model_type, a file that is not JSON, or one
+    too large to be a config (not read) is refused naming what it needs."""
     for name in (
         "llama.json",
         "llama.cfg",
@@ -556,8 +564,9 @@ def test_a_config_json_file_is_a_model_and_other_files_are_refused(tmp_path):
 def test_levers_that_do_not_go_together_are_refused_alike_by_config_planner_and_plan(
     kw, says, fix, flag_says, capsys
 ):
-    """One rule (config/run.lever_conflict), three askers: the run config, the planner (plan_memory) and
-    `ds-longctx plan`'s arguments refuse the same combinations with the same words, the last spelled as its flags."""
+    """One rule (config/run.lever_conflict), three askers: the run config, the planner (plan_memory)
+    and `ds-longctx plan`'s arguments refuse the same combinations with the same words, the last
+    spelled as its flags."""
     from ds_longctx.plan import write
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.planner import Levers, plan_memory

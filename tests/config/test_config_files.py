@@ -1,5 +1,6 @@
-"""Config files and command lines mean what they say: a file that is no config, a key or option given twice,
-YAML aliases and tags, blank text and empty paths are each refused naming the file, line or option and the fix."""
+"""Config files and command lines mean what they say: a file that is no config, a key or option
+given twice, YAML aliases and tags, blank text and empty paths are each refused naming the file,
+line or option and the fix."""
 
 import re
 
@@ -11,9 +12,9 @@ from tests.helpers import run_cli
 
 
 def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_fix(tmp_path):
-    """RunConfig.load: a directory, malformed YAML or JSON, an empty file (which would train the default toy model
-    without a word) and a section spelled with a list are ValueErrors naming the file or key; `memory:` with nothing
-    under it is an empty section (the defaults)."""
+    """RunConfig.load: a directory, malformed YAML or JSON, an empty file (which would train the
+    default toy model without a word) and a section spelled with a list are ValueErrors naming the
+    file or key; `memory:` with nothing under it is an empty section (the defaults)."""
     cases = {
         "bad.yaml": ("model: [unclosed\n- x: : :\n", "could not be read as YAML"),
         "bad.json": ('{"model": ', "could not be read as JSON"),
@@ -55,7 +56,8 @@ def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_f
         ),
         (
             "section.yaml",
-            "model: qwen3-tiny\noptimizer:\n  lr: 1e-3\ntrain:\n  steps: 4\noptimizer:\n  warmup_steps: 2\n",
+            "model: qwen3-tiny\noptimizer:\n  lr: 1e-3\ntrain:\n  steps: 4\noptimizer:\n  "
+            "warmup_steps: 2\n",
             "key optimizer appears twice (lines 2 and 6)",
         ),
         (
@@ -65,12 +67,14 @@ def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_f
         ),
         (
             "nested.json",
-            '{"model": "qwen3-tiny",\n "optimizer": {"lr": 1e-3,\n   "warmup_steps": 2,\n   "lr": 5e-4}}\n',
+            '{"model": "qwen3-tiny",\n "optimizer": {"lr": 1e-3,\n   "warmup_steps": 2,\n   "lr": '
+            "5e-4}}\n",
             "key optimizer.lr appears twice (lines 2 and 4)",
         ),
         (
             "section.json",
-            '{"optimizer": {"lr": 1e-3},\n "model": "qwen3-tiny",\n "optimizer": {"warmup_steps": 2}}\n',
+            '{"optimizer": {"lr": 1e-3},\n "model": "qwen3-tiny",\n "optimizer": {"warmup_steps": '
+            "2}}\n",
             "key optimizer appears twice (lines 1 and 3)",
         ),
     ],
@@ -78,7 +82,8 @@ def test_config_files_that_are_not_configs_are_refused_naming_the_file_and_the_f
 def test_a_key_given_twice_in_a_file_is_refused_naming_its_path_and_both_lines(
     tmp_path, name, text, says
 ):
-    """YAML and JSON parsers keep the last of two equal keys without a word (a second `optimizer:` drops the first)."""
+    """YAML and JSON parsers keep the last of two equal keys without a word (a second `optimizer:`
+    drops the first)."""
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError) as e:
         RunConfig.load(tmp_path / name)
@@ -86,8 +91,9 @@ def test_a_key_given_twice_in_a_file_is_refused_naming_its_path_and_both_lines(
 
 
 def test_yaml_aliases_tags_and_oversized_files_are_refused(tmp_path):
-    """Aliases expand (billion laughs) and a run config never needs them; tags beyond plain values are refused
-    naming the line; the size cap is checked before parsing. A dump (which repeats equal values) reads back."""
+    """Aliases expand (billion laughs) and a run config never needs them; tags beyond plain values
+    are refused naming the line; the size cap is checked before parsing. A dump (which repeats equal
+    values) reads back."""
     cases = {
         "alias.yaml": (
             "model: qwen3-tiny\ntrain: &t {seq_len: 64}\neval: *t\n",
@@ -166,7 +172,8 @@ def test_ds_longctx_train_refuses_a_doubled_key_in_its_last_line(tmp_path, case)
 
 
 def test_every_key_is_in_one_resume_class(monkeypatch):
-    """config/resume_keys.py: a new field must be placed (fixed by the checkpoint, or this run's to change)."""
+    """config/resume_keys.py: a new field must be placed (fixed by the checkpoint, or this run's to
+    change)."""
     from ds_longctx.config import resume_keys
 
     resume_keys._check_classes()
@@ -176,8 +183,8 @@ def test_every_key_is_in_one_resume_class(monkeypatch):
 
 
 def test_a_config_or_model_path_that_cannot_be_opened_names_it_and_the_fix(tmp_path):
-    """A missing --config said only `[Errno 2] No such file or directory`; a name too long for the file system
-    (--config or --model) was an OSError traceback."""
+    """A missing --config said only `[Errno 2] No such file or directory`; a name too long for the
+    file system (--config or --model) was an OSError traceback."""
     for path, why in (
         (tmp_path / "missing.yaml", "No such file or directory"),
         (tmp_path / ("a" * 300 + ".yaml"), "File name too long"),

@@ -1,8 +1,9 @@
-"""`ds-longctx data prepare --sessions` on a few small stdlib modules: the same seed gives the same bytes; every tool
-result is the file (listing, search) it says; every answer quotes a fact of its evidence message, at the distance
-recorded, recomputed here from the whole session's tokens; ds_longctx's own data pipeline trains exactly the tokens
-HF's assistant mask marks (never tool output); the card's windows that train nothing are the mask's; bad options
-are refused with exit 2; a tiny model trains on them."""
+"""`ds-longctx data prepare --sessions` on a few small stdlib modules: the same seed gives the same
+bytes; every tool result is the file (listing, search) it says; every answer quotes a fact of its
+evidence message, at the distance recorded, recomputed here from the whole session's tokens;
+ds_longctx's own data pipeline trains exactly the tokens HF's assistant mask marks (never tool
+output); the card's windows that train nothing are the mask's; bad options are refused with exit 2;
+a tiny model trains on them."""
 
 import ast
 import json
@@ -150,7 +151,8 @@ def test_answers_quote_their_evidence_at_the_recorded_distance(sessions, tok):
 
 
 def documents(rows) -> list:
-    """Each document of packed rows (positions restart at 0), the padding tail left out: [(ids, labels)]."""
+    """Each document of packed rows (positions restart at 0), the padding tail left out: [(ids,
+    labels)]."""
     docs = []
     for r in range(rows.n_rows):
         ids, pos, labels = rows.row(r)
@@ -162,8 +164,8 @@ def documents(rows) -> list:
 
 
 def test_the_pipeline_trains_exactly_the_assistant_turns(sessions, tok, tmp_path):
-    """build_data (train_on assistant) against HF's assistant mask on the same row: the reference. Tool output never
-    trains; the card's trained tokens are the mask's."""
+    """build_data (train_on assistant) against HF's assistant mask on the same row: the reference.
+    Tool output never trains; the card's trained tokens are the mask's."""
     from ds_longctx.config import RunConfig
     from ds_longctx.data import build_data
     from ds_longctx.run.model import load_hf_config
@@ -208,9 +210,9 @@ def test_the_pipeline_trains_exactly_the_assistant_turns(sessions, tok, tmp_path
 
 
 def test_the_card_counts_the_windows_that_train_nothing(sessions, tok, tmp_path, caplog):
-    """Each session's trained_runs are the runs of HF's assistant mask; the card's windows of a split session with no
-    trained token, per seq_len, are those of the reference labels (HF's mask, + EOS) cut here; the training log at
-    seq_len 1024 says the card's count."""
+    """Each session's trained_runs are the runs of HF's assistant mask; the card's windows of a
+    split session with no trained token, per seq_len, are those of the reference labels (HF's mask,
+    + EOS) cut here; the training log at seq_len 1024 says the card's count."""
     from ds_longctx.config import RunConfig
     from ds_longctx.data import build_data
     from ds_longctx.run.model import load_hf_config
@@ -257,7 +259,8 @@ def test_the_card_counts_the_windows_that_train_nothing(sessions, tok, tmp_path,
     with caplog.at_level("INFO", logger="ds_longctx"):
         build_data(cfg, load_hf_config("qwen3-tiny"), 1)
     assert (
-        f"; {card[0]['untrained']} of the {card[0]['windows']} windows of the 3 documents longer than "
+        f"; {card[0]['untrained']} of the {card[0]['windows']} windows of the 3 documents longer "
+        "than "
         f"seq_len=1024" in caplog.text
     )
 
@@ -355,9 +358,10 @@ def test_a_bad_option_is_refused_with_exit_2_before_anything_is_read(tmp_path, c
 
 
 def test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids(sessions, tmp_path, capsys):
-    """--tokenizer DIR (a ChatML tokenizer: here the sessions' own) writes the sessions in its ids, no BPE trained:
-    the same sessions byte for byte, and tokenizer/ is it with CHAT_TEMPLATE. A tokenizer without <|im_start|> and
-    <|im_end|> as special tokens is refused in one line, nothing written."""
+    """--tokenizer DIR (a ChatML tokenizer: here the sessions' own) writes the sessions in its ids,
+    no BPE trained: the same sessions byte for byte, and tokenizer/ is it with CHAT_TEMPLATE. A
+    tokenizer without <|im_start|> and <|im_end|> as special tokens is refused in one line, nothing
+    written."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from ds_longctx import cli
@@ -398,9 +402,9 @@ def test_sessions_in_a_given_tokenizer_are_the_sessions_of_its_ids(sessions, tmp
 
 @pytest.fixture(scope="module")
 def trained(sessions, tmp_path_factory):
-    """`ds-longctx train` on the prepared directory as --data (its train.jsonl), 2 processes, SP=2, sessions cut into
-    packed windows, 2 steps; the answer loss and recall of the first session before step 1 and after step 2, saved at
-    step 2."""
+    """`ds-longctx train` on the prepared directory as --data (its train.jsonl), 2 processes, SP=2,
+    sessions cut into packed windows, 2 steps; the answer loss and recall of the first session
+    before step 1 and after step 2, saved at step 2."""
     out = tmp_path_factory.mktemp("trained") / "run"
     res = run_cli(
         [
@@ -447,9 +451,10 @@ def trained(sessions, tmp_path_factory):
 
 
 def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
-    """The run of `trained`; its answer loss by distance (whole sessions under SP=2) at step 0 equals a plain HF
-    model's (the same initial weights), and so do its recall rows (each answer's exact match from the argmax hits of
-    the chunked loss under SP=2, the HF reference's from its full logits)."""
+    """The run of `trained`; its answer loss by distance (whole sessions under SP=2) at step 0
+    equals a plain HF model's (the same initial weights), and so do its recall rows (each answer's
+    exact match from the argmax hits of the chunked loss under SP=2, the HF reference's from its
+    full logits)."""
     out = trained
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]
     lines = read_metrics(out, "answer_loss.jsonl")
@@ -501,8 +506,9 @@ def test_a_tiny_model_trains_on_the_sessions(sessions, tok, trained):
 def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(
     sessions, trained, tmp_path
 ):
-    """`ds-longctx eval --answer_loss true --recall true` of the step-2 checkpoint writes training's step-2
-    answer_loss lines and recall rows (the same session, the same weights), beside its eval line."""
+    """`ds-longctx eval --answer_loss true --recall true` of the step-2 checkpoint writes training's
+    step-2 answer_loss lines and recall rows (the same session, the same weights), beside its eval
+    line."""
     res = run_cli(
         [
             "eval",
@@ -560,9 +566,9 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_trainings_answer_loss(
 def test_ds_longctx_eval_refuses_the_answer_loss_on_data_without_answers(
     sessions, trained, tmp_path, capsys, monkeypatch
 ):
-    """Chat rows without meta.answers (the sessions, meta dropped): exit 2 before any worker, naming the data and the
-    fix; train refuses synthetic eval data for it alike; without --answer_loss, eval does not inherit the run's
-    eval_answer_loss (the launch, faked here, is reached)."""
+    """Chat rows without meta.answers (the sessions, meta dropped): exit 2 before any worker, naming
+    the data and the fix; train refuses synthetic eval data for it alike; without --answer_loss,
+    eval does not inherit the run's eval_answer_loss (the launch, faked here, is reached)."""
     from ds_longctx import cli
 
     plain = tmp_path / "chat.jsonl"

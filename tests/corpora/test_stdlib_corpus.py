@@ -1,6 +1,7 @@
-"""`ds-longctx data prepare --stdlib` on a few small stdlib documents: the documents are the stdlib's files as this
-test reads them, the card's counts are the saved tokenizer's, the held-out rule holds; then a tiny model trains on it
-end to end (pack layout, the held-out eval and its per-position curve)."""
+"""`ds-longctx data prepare --stdlib` on a few small stdlib documents: the documents are the
+stdlib's files as this test reads them, the card's counts are the saved tokenizer's, the held-out
+rule holds; then a tiny model trains on it end to end (pack layout, the held-out eval and its
+per-position curve)."""
 
 import json
 import sysconfig
@@ -104,8 +105,9 @@ def test_prepare_refuses_a_used_out_directory_with_exit_2(corpus, capsys):
 
 
 def test_the_corpus_directory_is_its_train_split_as_data_and_its_eval_split_as_eval_data(corpus):
-    """`--data corpus/`: its train.jsonl (not the card, the tokenizer's files nor eval.jsonl); `--eval_data corpus/`:
-    its eval.jsonl. A directory of documents without the card is read whole, as before."""
+    """`--data corpus/`: its train.jsonl (not the card, the tokenizer's files nor eval.jsonl);
+    `--eval_data corpus/`: its eval.jsonl. A directory of documents without the card is read whole,
+    as before."""
     from ds_longctx.config import RunConfig
     from ds_longctx.data import eval_view
     from ds_longctx.data.sources import resolve_source
@@ -178,7 +180,8 @@ def test_a_tiny_model_trains_on_it_packed_with_the_long_range_eval(corpus, tmp_p
 
 
 def prepare_cli(out, capsys) -> tuple:
-    """`ds-longctx data prepare` of two small documents into `out`, in-process: (exit code, last line of stderr)."""
+    """`ds-longctx data prepare` of two small documents into `out`, in-process: (exit code, last
+    line of stderr)."""
     from ds_longctx import cli
 
     with pytest.raises(SystemExit) as stopped:
@@ -204,8 +207,8 @@ def prepare_cli(out, capsys) -> tuple:
 
 
 def test_prepare_leaves_a_partial_directory_it_did_not_make_alone(tmp_path, capsys):
-    """`--out X` with an `X.partial/` that carries no marker of an earlier prepare (someone's own directory): refused,
-    exit 2, untouched (prepare removed it before)."""
+    """`--out X` with an `X.partial/` that carries no marker of an earlier prepare (someone's own
+    directory): refused, exit 2, untouched (prepare removed it before)."""
     out, partial = tmp_path / "corpus", tmp_path / "corpus.partial"
     partial.mkdir()
     (partial / "notes.txt").write_text("mine")
@@ -222,8 +225,9 @@ def test_prepare_leaves_a_partial_directory_it_did_not_make_alone(tmp_path, caps
 def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(
     tmp_path, capsys, monkeypatch, when
 ):
-    """Free space short of the corpus: refused before the first byte; ENOSPC part-way (train.jsonl here): named in one
-    line with the bytes needed and free, the partial directory gone, a stale one of a dead prepare removed first."""
+    """Free space short of the corpus: refused before the first byte; ENOSPC part-way (train.jsonl
+    here): named in one line with the bytes needed and free, the partial directory gone, a stale one
+    of a dead prepare removed first."""
     import errno
     import os
 
@@ -269,7 +273,8 @@ def test_a_full_disk_is_one_line_with_exit_2_and_leaves_nothing(
 
 @pytest.mark.parametrize("vocab", ["1000000000", "10"])
 def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp_path, vocab):
-    """Past MAX_VOCAB the tokenizers trainer aborts the process (Rust); under 256 a byte-level BPE has no room."""
+    """Past MAX_VOCAB the tokenizers trainer aborts the process (Rust); under 256 a byte-level BPE
+    has no room."""
     from ds_longctx.corpora.prepare import main
     from ds_longctx.data.scan import DataError
 
@@ -279,8 +284,9 @@ def test_a_vocab_size_the_bpe_trainer_cannot_take_is_refused_before_any_work(tmp
 
 
 def test_sigterm_during_prepare_ends_it_within_10_s_with_one_line(tmp_path):
-    """`data prepare` has no step to wait for: SIGTERM ends it within seconds, exit 143, its last line saying what is
-    on disk (a .partial directory it made carries its marker: the next prepare there removes it)."""
+    """`data prepare` has no step to wait for: SIGTERM ends it within seconds, exit 143, its last
+    line saying what is on disk (a .partial directory it made carries its marker: the next prepare
+    there removes it)."""
     import sys
 
     from tests.helpers import sigterm_once
@@ -305,8 +311,8 @@ def test_sigterm_during_prepare_ends_it_within_10_s_with_one_line(tmp_path):
     last = lines[-1]
     assert code == 143 and took < 10, (code, took, log.read_text()[-2000:])
     assert last == (
-        "stopped by SIGTERM while preparing the data: nothing written at --out (a .partial directory "
-        "beside it, if any, goes at the next `data prepare` there)"
+        "stopped by SIGTERM while preparing the data: nothing written at --out (a .partial "
+        "directory beside it, if any, goes at the next `data prepare` there)"
     )
     assert not out.exists()
 

@@ -1,7 +1,8 @@
-"""Rows that say which of their tokens train (data/formats.py, data/chat.py, data/tokenize.py, data/rows.py) on CPU: a
-chat session's labels against a token set written out by hand here, for a ChatML template with `{% generation %}`
-markers (and HF's own assistant mask) and one without; last_assistant, per-message train flags, prompt/completion rows,
-token rows with their own labels; every bad input refused naming its file and line; two sessions packed in one row."""
+"""Rows that say which of their tokens train (data/formats.py, data/chat.py, data/tokenize.py,
+data/rows.py) on CPU: a chat session's labels against a token set written out by hand here, for a
+ChatML template with `{% generation %}` markers (and HF's own assistant mask) and one without;
+last_assistant, per-message train flags, prompt/completion rows, token rows with their own labels;
+every bad input refused naming its file and line; two sessions packed in one row."""
 
 import json
 
@@ -25,7 +26,8 @@ SESSION = [
     {"role": "tool", "content": "w7 w8"},
     {"role": "assistant", "content": "w9 w10"},
 ]
-# the rendering of SESSION with TOOLS, token by token; the assistant turns (their content, calls and end) train
+# the rendering of SESSION with TOOLS, token by token; the assistant turns (their content, calls and
+# end) train
 S, E = "<|im_start|>", "<|im_end|>"
 HEAD = [
     S,
@@ -50,17 +52,19 @@ TURN1 = ["w5", "<tool_call>", "w50", "w6", "</tool_call>", E]
 TOOL = [S, "tool", "w7", "w8", E, S, "assistant"]
 TURN2 = ["w9", "w10", E]
 RENDERED = HEAD + TURN1 + TOOL + TURN2
-# <think> of an assistant turn before the last user message is dropped: a template that rewrites earlier turns
+# <think> of an assistant turn before the last user message is dropped: a template that rewrites
+# earlier turns
 REWRITES = (
-    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = "
-    "loop.index0 %}{%- endif %}{%- endfor %}"
-    "{%- for m in messages %}{%- if m.role == 'assistant' and loop.index0 < ns.last %}<|im_start|>assistant\n"
-    "{{ m.content.split('</think>')[-1] }}<|im_end|>{{ '\\n' }}"
+    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set "
+    "ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- if m.role == 'assistant' and loop.index0 < ns.last "
+    "%}<|im_start|>assistant\n{{ m.content.split('</think>')[-1] }}<|im_end|>{{ '\\n' }}"
     "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 FAILS = (
-    "{%- for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool turns here') }}{% endif %}"
+    "{%- for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool turns here') "
+    "}}{% endif %}"
     "{%- endfor %}" + CHATML.replace("GEN_START", "").replace("GEN_END", "")
 )
 
@@ -108,7 +112,8 @@ def batch_of(path, tok_dir, hf_cfg, tmp_path, **kw):
 
 
 def expected(tok, names: list, trains: list) -> tuple[list, list]:
-    """(ids, labels) of a document: the tokens `names` (+ EOS), label = id where `trains` (EOS: as the last)."""
+    """(ids, labels) of a document: the tokens `names` (+ EOS), label = id where `trains` (EOS: as
+    the last)."""
     ids = tok.convert_tokens_to_ids(names) + [tok.eos_token_id]
     trains = list(trains) + [trains[-1]]
     return ids, [i if t else IGNORE_INDEX for i, t in zip(ids, trains)]
@@ -181,8 +186,8 @@ def test_prompt_completion_trains_the_completion(toks, hf_cfg, tmp_path):
 def test_conversational_prompt_completion_is_a_session_whose_completion_trains(
     toks, hf_cfg, tmp_path, source
 ):
-    """TRL's conversational form (prompt and completion as lists of messages): the completion's assistant turn trains,
-    the prompt's does not; its tool output never."""
+    """TRL's conversational form (prompt and completion as lists of messages): the completion's
+    assistant turn trains, the prompt's does not; its tool output never."""
     paths, tok = toks
     prompt = [
         {"role": "user", "content": "w3 w4"},
@@ -236,8 +241,8 @@ def test_token_rows_train_where_their_labels_say(toks, hf_cfg, tmp_path, key):
 def test_token_rows_honour_labels_and_masks_together_and_leave_padding_out(
     hf_cfg, tmp_path, source
 ):
-    """A token trains where its label is not -100 and every 0/1 mask holds 1 (none is dropped); attention_mask 0 is
-    padding: not in the document at all."""
+    """A token trains where its label is not -100 and every 0/1 mask holds 1 (none is dropped);
+    attention_mask 0 is padding: not in the document at all."""
     rows = [
         {
             "input_ids": [10, 11, 12, 13, 0, 0],
@@ -306,9 +311,9 @@ def test_two_sessions_packed_in_one_row_keep_their_masks_and_boundaries(toks, hf
 
 
 def test_windows_of_a_split_session_that_train_nothing_are_counted(toks, hf_cfg, tmp_path, caplog):
-    """A session of 166 tokens (a long tool result in the middle) split into windows of 64: the log counts the windows
-    whose labels (less their first, no target) are all ignored, as the reference labels written here say, and as many
-    documents of the packed rows train nothing."""
+    """A session of 166 tokens (a long tool result in the middle) split into windows of 64: the log
+    counts the windows whose labels (less their first, no target) are all ignored, as the reference
+    labels written here say, and as many documents of the packed rows train nothing."""
     paths, tok = toks
     session = [
         {"role": "user", "content": "w1"},
@@ -336,7 +341,8 @@ def test_windows_of_a_split_session_that_train_nothing_are_counted(toks, hf_cfg,
         2,
     )  # a first: no target
     assert (
-        f"; {empty} of the {len(windows)} windows of the 1 documents longer than seq_len={L} (data.truncate: "
+        f"; {empty} of the {len(windows)} windows of the 1 documents longer than seq_len={L} "
+        "(data.truncate: "
         f"split) hold no trained token and train nothing" in caplog.text
     )
     untrained = 0
@@ -507,8 +513,9 @@ def test_train_on_that_does_not_fit_the_rows_is_refused(toks, hf_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, tmp_path):
-    """`ds-longctx train` on 2 processes (SP=2), sessions packed by default: exit 0, and each step's trained_tokens
-    is the count of targets whose label trains inside one session, counted here from the rows."""
+    """`ds-longctx train` on 2 processes (SP=2), sessions packed by default: exit 0, and each step's
+    trained_tokens is the count of targets whose label trains inside one session, counted here from
+    the rows."""
     from tests.helpers import read_metrics, run_cli
 
     paths, _ = toks
@@ -567,7 +574,8 @@ def test_sessions_train_end_to_end_on_their_trained_targets_only(toks, hf_cfg, t
 
 
 def test_a_parquet_session_gives_the_labels_of_its_jsonl_twin(toks, hf_cfg, tmp_path):
-    """Arrow gives every message every key, and one call's arguments another's (null where absent): the same labels
+    """Arrow gives every message every key, and one call's arguments another's (null where absent):
+    the same labels
     as the JSON lines, no null argument written."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -600,8 +608,10 @@ def test_a_parquet_session_gives_the_labels_of_its_jsonl_twin(toks, hf_cfg, tmp_
 def test_a_chat_file_shorter_than_seq_len_is_packed_by_default_and_falls_back_where_pack_cannot_run(
     toks, hf_cfg, tmp_path, caplog
 ):
-    """data_layout auto: messages rows are packed (concat refused one session shorter than seq_len: "fewer than one
-    row"), said in the log; where pack cannot run (micro_batch 2, the CPU mask's limit) concat, said in one line."""
+    """data_layout auto: messages rows are packed (concat refused one session shorter than seq_len:
+    "fewer than one
+    row"), said in the log; where pack cannot run (micro_batch 2, the CPU mask's limit) concat, said
+    in one line."""
     from ds_longctx.parallel.attention import MAX_MASKED_TOKENS
 
     paths, tok = toks

@@ -1,9 +1,10 @@
-"""Which tokens of a session train (data/chat.py `session_tokens`) under the chat templates of other model
-families, on a real byte-level BPE: templates written here in the manner of Llama 3.x, Mistral (v3 / tekken), Gemma 2/3,
-Phi-3, DeepSeek-R1 and Qwen2.5 (each with its quirk: a dated system header and tools in the first user turn, the system
-prompt in the last user turn, alternation and the model role, an EOS only without a generation prompt, a generation
-prompt that opens the reasoning, tool results merged in one turn), and two with `{% generation %}` markers, whose
-masks must be HF's own. Each expectation is the text of each trained run, decoded."""
+"""Which tokens of a session train (data/chat.py `session_tokens`) under the chat templates of other
+model families, on a real byte-level BPE: templates written here in the manner of Llama 3.x, Mistral
+(v3 / tekken), Gemma 2/3, Phi-3, DeepSeek-R1 and Qwen2.5 (each with its quirk: a dated system header
+and tools in the first user turn, the system prompt in the last user turn, alternation and the model
+role, an EOS only without a generation prompt, a generation prompt that opens the reasoning, tool
+results merged in one turn), and two with `{% generation %}` markers, whose masks must be HF's own.
+Each expectation is the text of each trained run, decoded."""
 
 import pytest
 
@@ -31,10 +32,12 @@ CHATML = ["<|im_start|>", "<|im_end|>"]
 H = "<|start_header_id|>{r}<|end_header_id|>\n\n"
 LLAMA3 = (  # the system turn carries a date; tools go into the first user turn (which must exist)
     "{{ bos_token }}{% set msgs = messages %}{% set system = '' %}"
-    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set msgs = messages[1:] %}"
+    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set msgs = "
+    "messages[1:] %}"
     "{% endif %}" + H.format(r="system") + "{% if tools %}Environment: ipython\n{% endif %}"
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n{{ system }}<|eot_id|>"
-    "{% if tools %}{% if not msgs %}{{ raise_exception('no first user message to put the tools in') }}{% endif %}"
+    "{% if tools %}{% if not msgs %}{{ raise_exception('no first user message to put the tools "
+    "in') }}{% endif %}"
     + H.format(r="user")
     + "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{{ msgs[0].content }}<|eot_id|>"
     "{% set msgs = msgs[1:] %}{% endif %}"
@@ -50,24 +53,30 @@ LLAMA3 = (  # the system turn carries a date; tools go into the first user turn 
 )
 MISTRAL3 = (  # no generation prompt; the system prompt and the tools go with the last user turn
     "{{ bos_token }}{% set msgs = messages %}{% set system = '' %}"
-    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set msgs = messages[1:] %}"
-    "{% endif %}{% set ns = namespace(last=-1) %}"
-    "{% for m in msgs %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for m in msgs %}{% if m.role == 'user' %}"
-    "{% if loop.index0 == ns.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
-    "[INST]{% if loop.index0 == ns.last and system %}{{ system }}\n\n{% endif %}{{ m.content }}[/INST]"
+    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}{% set msgs = "
+    "messages[1:] %}{% endif %}{% set ns = namespace(last=-1) %}"
+    "{% for m in msgs %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% "
+    "endfor %}{% for m in msgs %}{% if m.role == 'user' %}"
+    "{% if loop.index0 == ns.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson "
+    "}}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST]{% if loop.index0 == ns.last and system %}{{ system }}\n\n{% endif %}{{ m.content "
+    "}}[/INST]"
     "{% elif m.role == 'assistant' %}{% if m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}"
     '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
-    "{% if not loop.last %}, {% endif %}{% endfor %}]{% else %}{{ m.content }}{% endif %}{{ eos_token }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}]{% else %}{{ m.content }}{% endif %}{{ "
+    "eos_token }}"
     "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}{% endfor %}"
 )
 GEMMA3 = (  # the system prompt opens the first user turn; user and model alternate
     "{{ bos_token }}{% set msgs = messages %}{% set prefix = '' %}"
-    "{% if messages[0].role == 'system' %}{% set prefix = messages[0].content + '\n\n' %}{% set msgs = messages[1:] %}"
+    "{% if messages[0].role == 'system' %}{% set prefix = messages[0].content + '\n\n' %}{% set "
+    "msgs = messages[1:] %}"
     "{% endif %}{% for m in msgs %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ prefix if loop.first else '' }}"
-    "{{ m.content | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') "
+    "}}{% endif %}"
+    "<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n{{ prefix if loop.first "
+    "else '' }}{{ m.content | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt "
+    "%}<start_of_turn>model\n{% endif %}"
 )
 PHI3 = (  # EOS closes the conversation only when no generation prompt follows
     "{% for m in messages %}{{ '<|' + m.role + '|>' }}\n{{ m.content }}<|end|>\n{% endfor %}"
@@ -75,19 +84,24 @@ PHI3 = (  # EOS closes the conversation only when no generation prompt follows
 )
 DEEPSEEK_R1 = (  # past turns lose their reasoning; the generation prompt opens a new one
     "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}"
-    "{% elif m.role == 'user' %}<｜User｜>{{ m.content }}{% elif m.role == 'assistant' %}{% set c = m.content %}"
+    "{% elif m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{% elif m.role == 'assistant' %}{% set c = m.content %}"
     "{% if not loop.last and '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
     "<｜Assistant｜>{{ c }}<｜end▁of▁sentence｜>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}"
 )
-QWEN25 = (  # consecutive tool results share one user turn: its end moves when another result follows
+# consecutive tool results share one user turn: its end moves when another result follows
+QWEN25 = (
     "{% for m in messages %}{% if m.role == 'tool' %}"
     "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
     "\n<tool_response>\n{{ m.content }}\n</tool_response>"
     "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% elif m.role == 'assistant' %}<|im_start|>assistant\nGEN{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
-    '\n<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
-    "\n</tool_call>{% endfor %}<|im_end|>\nEND{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\nGEN{{ m.content or '' }}{% for c in "
+    "m.tool_calls or [] %}"
+    '\n<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | '
+    "tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\nEND{% else %}<|im_start|>{{ m.role }}\n{{ m.content "
+    "}}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 LLAMA3_GEN = (
@@ -197,8 +211,9 @@ def test_each_family_trains_its_assistant_turns_not_their_headers(tokenizers, na
 
 
 def test_tool_sessions_of_templates_whose_prefixes_do_not_render(tokenizers):
-    """Llama's tools need a first user turn (a prefix of the system message alone fails to render); Qwen2.5's tool
-    turn ends only after the last of consecutive results: neither matters to the assistant turns, which train."""
+    """Llama's tools need a first user turn (a prefix of the system message alone fails to render);
+    Qwen2.5's tool turn ends only after the last of consecutive results: neither matters to the
+    assistant turns, which train."""
     tok = tok_for(tokenizers, "llama3")
     ids, labels = session_tokens(tok, AGENT[:4] + AGENT[5:], TOOLS, "assistant")
     assert trained(tok, ids, labels) == [
@@ -216,8 +231,9 @@ def test_tool_sessions_of_templates_whose_prefixes_do_not_render(tokenizers):
 def test_templates_that_rewrite_earlier_turns_are_refused_and_last_assistant_still_trains(
     tokenizers,
 ):
-    """DeepSeek-R1 drops the reasoning of past turns and Mistral moves the system prompt to the last user turn: every
-    assistant turn cannot be told apart, the last one can (its generation prompt's `<think>` is the prompt's)."""
+    """DeepSeek-R1 drops the reasoning of past turns and Mistral moves the system prompt to the last
+    user turn: every assistant turn cannot be told apart, the last one can (its generation prompt's
+    `<think>` is the prompt's)."""
     think = [
         {**m, "content": "<think>\nhmm\n</think>\n\n" + m["content"]}
         if m["role"] == "assistant"
@@ -262,8 +278,8 @@ def test_gemma_refuses_a_tool_turn_by_its_own_message(tokenizers):
 def test_generation_markers_give_hf_assistant_mask_and_agree_with_the_prefix_rule(
     tokenizers, name, session
 ):
-    """With markers: exactly HF's `return_assistant_tokens_mask`; the same template without them (each message what
-    it adds to the rendering) trains the same tokens."""
+    """With markers: exactly HF's `return_assistant_tokens_mask`; the same template without them
+    (each message what it adds to the rendering) trains the same tokens."""
     messages, tools = (CHAT, None) if session == "chat" else (AGENT[:4] + AGENT[5:], TOOLS)
     tok = tok_for(tokenizers, name)
     ids, labels = session_tokens(tok, messages, tools, "assistant")
@@ -281,8 +297,8 @@ def test_generation_markers_give_hf_assistant_mask_and_agree_with_the_prefix_rul
 
 
 def test_generation_blocks_are_counted_only_where_some_assistant_message_does_not_train(tokenizers):
-    """An empty generation block marks no token: HF's mask trains as it is; telling the last answer from the others
-    needs one run per assistant message, and says so."""
+    """An empty generation block marks no token: HF's mask trains as it is; telling the last answer
+    from the others needs one run per assistant message, and says so."""
     tok = tokenizers["chatml"]
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
@@ -296,18 +312,21 @@ def test_generation_blocks_are_counted_only_where_some_assistant_message_does_no
         session_tokens(tok, chat, None, "last_assistant")
 
 
-DEEPSEEK_CALLS = (  # writes a call's arguments as the JSON text it is given (the templates of DeepSeek-V3 and R1)
+# writes a call's arguments as the JSON text it is given (the templates of DeepSeek-V3 and R1)
+DEEPSEEK_CALLS = (
     "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}<｜Assistant｜>"
-    "{% for c in m.tool_calls %}{{ c.function.name + '\n```json\n' + c.function.arguments + '\n```' }}{% endfor %}"
-    "<｜end▁of▁sentence｜>{% elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>"
-    "{% else %}<｜User｜>{{ m.content }}{% endif %}{% endfor %}"
+    "{% for c in m.tool_calls %}{{ c.function.name + '\n```json\n' + c.function.arguments + "
+    "'\n```' }}{% endfor %}"
+    "<｜end▁of▁sentence｜>{% elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content "
+    "}}<｜end▁of▁sentence｜>{% else %}<｜User｜>{{ m.content }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
 )
 
 
 def test_text_parts_and_json_text_arguments_render_as_the_template_expects(tokenizers):
-    """Content as a list of text parts is its text (Llama's `| trim` would write the list's repr); arguments given as
-    JSON text are the object (tojson would quote the text), unless the template writes them as text (DeepSeek's)."""
+    """Content as a list of text parts is its text (Llama's `| trim` would write the list's repr);
+    arguments given as JSON text are the object (tojson would quote the text), unless the template
+    writes them as text (DeepSeek's)."""
     tok = tok_for(tokenizers, "llama3")
     parts = [
         {
@@ -346,8 +365,8 @@ def test_text_parts_and_json_text_arguments_render_as_the_template_expects(token
 
 
 def test_with_markers_a_trained_user_turn_adds_to_hf_mask_not_replaces_it(tokenizers):
-    """A user message flagged to train is placed by the prefix rule; the assistant turns keep HF's mask, here one that
-    begins at the header's newline (TRL's training templates mark it)."""
+    """A user message flagged to train is placed by the prefix rule; the assistant turns keep HF's
+    mask, here one that begins at the header's newline (TRL's training templates mark it)."""
     tok = tokenizers["chatml"]
     tok.chat_template = markers(QWEN25, True).replace(
         "assistant\n{% generation %}", "assistant{% generation %}{{ '\\n' }}"
@@ -375,8 +394,9 @@ def test_with_markers_a_trained_user_turn_adds_to_hf_mask_not_replaces_it(tokeni
 def test_the_prefix_rules_direct_renders_give_apply_chat_templates_tokens(
     tokenizers, name, monkeypatch
 ):
-    """The prefix rule renders through the compiled template (chat._direct) only where that gives apply_chat_template's
-    renderings: with it and without it, the same ids and labels (or the same refusal), chat and tool sessions."""
+    """The prefix rule renders through the compiled template (chat._direct) only where that gives
+    apply_chat_template's renderings: with it and without it, the same ids and labels (or the same
+    refusal), chat and tool sessions."""
     import ds_longctx.data.chat as chat
 
     tok, real, made = tok_for(tokenizers, name), chat._direct, []

@@ -1,6 +1,6 @@
-"""data.py on CPU, no network: every source format gives the same token stream, the three layouts cut it as
-documented (checked against the tokens written into the files), tokenization is cached, and the row order
-depends only on (seed, step)."""
+"""data.py on CPU, no network: every source format gives the same token stream, the three layouts
+cut it as documented (checked against the tokens written into the files), tokenization is cached,
+and the row order depends only on (seed, step)."""
 
 import numpy as np
 import pytest
@@ -203,9 +203,9 @@ def test_synthetic_queries_look_at_least_90_percent_back(fused):
 
 
 def test_a_runs_tokenizer_is_the_given_one_else_its_model_directorys(tmp_path, monkeypatch):
-    """tokenizer_of: a given tokenizer first; else a model directory's own (one with a config.json, the directory
-    config.model.resolve_model loads); a folder with tokenizer files but no config.json is no model directory, and a
-    preset has no tokenizer."""
+    """tokenizer_of: a given tokenizer first; else a model directory's own (one with a config.json,
+    the directory config.model.resolve_model loads); a folder with tokenizer files but no
+    config.json is no model directory, and a preset has no tokenizer."""
     from ds_longctx.config.model import resolve_model
     from ds_longctx.data.tokenize import tokenizer_of
 

@@ -1,6 +1,6 @@
 """data/formats.py's FORMAT_TABLE is the one place the row formats are named: config accepts each
-record's name, a scan recognises a row of its keys, train_on and the layout follow the record, and no
-other module compares a format with a name of its own."""
+record's name, a scan recognises a row of its keys, train_on and the layout follow the record, and
+no other module compares a format with a name of its own."""
 
 import ast
 import json

@@ -1,5 +1,6 @@
-"""Preference pairs (data/preference.py): conversational pairs train their completion as an SFT session does, whole
-conversations share their prompt, and each bad pair is refused naming its file and line."""
+"""Preference pairs (data/preference.py): conversational pairs train their completion as an SFT
+session does, whole conversations share their prompt, and each bad pair is refused naming its file
+and line."""
 
 import json
 

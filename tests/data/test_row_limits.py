@@ -1,6 +1,6 @@
-"""A data row cannot hang nor stretch a run: its rendering has a time budget (data/budget.py) and a refused row is
-named by file and line; a stop signal during the data work ends the run within seconds with its line
-(run/stops.StopRequest.now)."""
+"""A data row cannot hang nor stretch a run: its rendering has a time budget (data/budget.py) and a
+refused row is named by file and line; a stop signal during the data work ends the run within
+seconds with its line (run/stops.StopRequest.now)."""
 
 import json
 import signal
@@ -13,7 +13,8 @@ from ds_longctx.data import DataError, budget, build_data
 from ds_longctx.run.model import load_hf_config
 from tests.corpus import make_chat_tokenizer
 
-NESTED = "{% for i in range(30000) %}{% for j in range(30000) %}{% endfor %}{% endfor %}"  # 9e8 turns, no output
+# 9e8 turns, no output
+NESTED = "{% for i in range(30000) %}{% for j in range(30000) %}{% endfor %}{% endfor %}"
 SESSION = {"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]}
 
 
@@ -44,9 +45,10 @@ def test_a_template_with_nested_loops_is_refused_within_the_budget_by_file_and_l
 
 
 def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp_path):
-    """A template that loops for minutes (under the default budget): SIGTERM once tokenization has started ends the
-    process within 10 s, exit 143, its last line saying what it stopped and that nothing was trained or saved
-    (what run/train_loop.build_run does around the data; the lock it holds is released)."""
+    """A template that loops for minutes (under the default budget): SIGTERM once tokenization has
+    started ends the process within 10 s, exit 143, its last line saying what it stopped and that
+    nothing was trained or saved (what run/train_loop.build_run does around the data; the lock it
+    holds is released)."""
     import sys
 
     from tests.helpers import sigterm_once
@@ -56,11 +58,9 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
     data.write_text(json.dumps(SESSION) + "\n")
     code = (
         "from ds_longctx.checkpoint.run_lock import RunLock\n"
-        "from ds_longctx.config import RunConfig\n"
-        "from ds_longctx.data import build_data\n"
+        "from ds_longctx.config import RunConfig\nfrom ds_longctx.data import build_data\n"
         "from ds_longctx.run.model import load_hf_config\n"
-        "from ds_longctx.run.stops import StopRequest\n"
-        "signals = StopRequest().install()\n"
+        "from ds_longctx.run.stops import StopRequest\nsignals = StopRequest().install()\n"
         f"RunLock.acquire({str(tmp_path / 'out')!r})\n"
         f"cfg = RunConfig(data={str(data)!r}, tokenizer={str(tok)!r}, seq_len=64, "
         f"data_cache_dir={str(tmp_path / 'cache')!r})\n"
@@ -73,9 +73,8 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
         [sys.executable, "-c", code], log, "tokenizing", settle=0.5
     )
     assert exit_code == 143 and took < 10, (exit_code, took, lines[-5:])
-    assert (
-        lines[-1]
-        == "stopped by SIGTERM while reading and tokenizing the data: nothing trained, nothing saved"
+    assert lines[-1] == (
+        "stopped by SIGTERM while reading and tokenizing the data: nothing trained, nothing saved"
     )
     assert (
         "stopping at the end of this step" not in log.read_text()
@@ -86,7 +85,10 @@ def test_sigterm_while_tokenizing_ends_the_process_within_10_s_with_its_line(tmp
 TURNS = '[{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]'
 
 
-DEEP = "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); flatten it"
+DEEP = (
+    "nested deeper than the JSON reader goes (Python's recursion limit, about 1,000 levels); "
+    "flatten it"
+)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +100,8 @@ DEEP = "nested deeper than the JSON reader goes (Python's recursion limit, about
         ),
         ('{"messages": [], "messages": ' + TURNS + "}", "key messages appears twice; keep one"),
         (
-            '{"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "role": "system", "content": "w2"}]}',
+            '{"messages": [{"role": "user", "content": "w1"}, {"role": "assistant", "role": '
+            '"system", "content": "w2"}]}',
             "key messages[1].role appears twice; keep one",
         ),
         ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", DEEP),
@@ -107,9 +110,10 @@ DEEP = "nested deeper than the JSON reader goes (Python's recursion limit, about
 def test_a_data_row_giving_a_key_twice_or_nested_past_the_reader_is_refused_by_file_and_line(
     tmp_path, row, what
 ):
-    """JSON keeps the last of a doubled key silently; a data row, like a run config (parallel/json_keys.py), is
-    refused naming the key's path, the file and the line (in a JSON lines file and in a .json array). A row nested
-    past Python's JSON reader (a RecursionError) is refused the same way."""
+    """JSON keeps the last of a doubled key silently; a data row, like a run config
+    (parallel/json_keys.py), is refused naming the key's path, the file and the line (in a JSON
+    lines file and in a .json array). A row nested past Python's JSON reader (a RecursionError) is
+    refused the same way."""
     from ds_longctx.data.scan_source import scan_files
 
     good = json.dumps(SESSION)
@@ -155,10 +159,11 @@ def test_a_label_or_mask_column_beside_a_chat_or_prompt_row_is_refused_not_dropp
 def test_a_chat_row_too_large_for_seq_len_or_the_budget_is_refused_by_its_size_before_rendering(
     tmp_path, monkeypatch
 ):
-    """A 60 kB chat row at line 2 (issue 61's 60 MB, scaled down): under truncate refuse with seq_len=64 it
-    cannot fit (no token of the tokenizer stands for more than its longest, each byte of text at most 6 JSON
-    bytes), so it is refused by file and line without being rendered; one just inside that bound is rendered
-    (and then refused by its tokens). Under split, a row over ROW_BYTES_MAX is refused the same way."""
+    """A 60 kB chat row at line 2 (issue 61's 60 MB, scaled down): under truncate refuse with
+    seq_len=64 it cannot fit (no token of the tokenizer stands for more than its longest, each byte
+    of text at most 6 JSON bytes), so it is refused by file and line without being rendered; one
+    just inside that bound is rendered (and then refused by its tokens). Under split, a row over
+    ROW_BYTES_MAX is refused the same way."""
     from ds_longctx.data import chat
     from tests.corpus import chat_template
 
@@ -200,9 +205,9 @@ def test_a_chat_row_too_large_for_seq_len_or_the_budget_is_refused_by_its_size_b
         bound < 60_000
         and over.startswith("this chat row is 60.1 kB, so at least ")
         and over.endswith(
-            "over seq_len=64, which data.truncate: refuse refuses; refused before rendering; split it into "
-            "sessions of at most 64 tokens, or set data.truncate: split; or set data.skip_bad_rows: true to "
-            "skip such rows"
+            "over seq_len=64, which data.truncate: refuse refuses; refused before rendering; split "
+            "it into sessions of at most 64 tokens, or set data.truncate: split; or set "
+            "data.skip_bad_rows: true to skip such rows"
         )
     ), over
     assert rendered == [2]  # line 1 only

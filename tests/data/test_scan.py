@@ -1,6 +1,7 @@
-"""Reading local files through (data/scan.py): a book-length first line is read whole; every bad row and every bad
-file is refused naming the file, the line and the byte offset (computed here from the bytes written), or, with
-data.skip_bad_rows, left out and counted; the rows read are exactly the good documents' tokens."""
+"""Reading local files through (data/scan.py): a book-length first line is read whole; every bad row
+and every bad file is refused naming the file, the line and the byte offset (computed here from the
+bytes written), or, with data.skip_bad_rows, left out and counted; the rows read are exactly the
+good documents' tokens."""
 
 import json
 
@@ -80,7 +81,8 @@ def book(setup):
 
 
 def test_a_row_without_the_field_is_refused_naming_its_line_and_byte(setup, book):
-    """The old check parsed a 64 KiB prefix of line 1 as JSON and refused this file as 'line 1 is not JSON'."""
+    """The old check parsed a 64 KiB prefix of line 1 as JSON and refused this file as 'line 1 is
+    not JSON'."""
     msg = refusal(setup, book["path"])
     assert msg.startswith(
         f"data file {str(book['path'])!r} line 31 (byte {book['offsets'][30]}): no "
@@ -104,9 +106,10 @@ def test_skip_bad_rows_reads_the_11_mb_line_whole_and_leaves_the_bad_row_out(set
 def test_ds_longctx_train_refuses_line_31_last_and_trains_with_skip_bad_rows(
     setup, book, tmp_path, capsys
 ):
-    """The command: without skip_bad_rows it exits 2 before any worker (its precheck, run here in-process), the line
-    printed last naming the file and line 31; with it the run trains (a real `ds-longctx train`, whose tokens come
-    from the cache the test above filled) and metrics.jsonl reports the one skipped row."""
+    """The command: without skip_bad_rows it exits 2 before any worker (its precheck, run here
+    in-process), the line printed last naming the file and line 31; with it the run trains (a real
+    `ds-longctx train`, whose tokens come from the cache the test above filled) and metrics.jsonl
+    reports the one skipped row."""
     from ds_longctx import cli
 
     out = tmp_path / "run"
@@ -195,8 +198,8 @@ def test_integer_text_values_are_refused_in_their_own_words(setup):
     write_lines(path, [json.dumps({"text": i}) for i in range(5)])
     msg = refusal(setup, path)
     assert msg.startswith(
-        f"data file {str(path)!r} line 1 (byte 0): 'text' is a JSON number (0), not a string: write "
-        f"the text as a JSON string"
+        f"data file {str(path)!r} line 1 (byte 0): 'text' is a JSON number (0), not a string: "
+        f"write the text as a JSON string"
     ), msg
     assert msg.endswith(
         "(5 of 5 rows are bad, also ints.jsonl:2, ints.jsonl:3, ints.jsonl:4, ints.jsonl:5)"
@@ -206,8 +209,8 @@ def test_integer_text_values_are_refused_in_their_own_words(setup):
 
 
 def test_a_bom_and_crlf_lines_read_as_plain_lines_and_a_lone_surrogate_is_refused_by_line(setup):
-    """A UTF-8 BOM and Windows line ends give the same rows; JSON's \\ud800 without its pair is no text (Arrow and
-    the tokenizer failed on it, naming no line), its pair (an emoji) is."""
+    """A UTF-8 BOM and Windows line ends give the same rows; JSON's \\ud800 without its pair is no
+    text (Arrow and the tokenizer failed on it, naming no line), its pair (an emoji) is."""
     docs = documents(6, seed=8)
     windows = setup["dir"] / "windows.jsonl"
     windows.write_bytes(
@@ -301,7 +304,8 @@ def test_token_id_rows_need_lists_of_ints(setup):
 
 
 def test_a_hub_splits_null_or_non_text_column_is_refused_or_left_out(setup):
-    """Hub data is checked once loaded (no file to read through first): the same rules on its column."""
+    """Hub data is checked once loaded (no file to read through first): the same rules on its
+    column."""
     import datasets
 
     from ds_longctx.data.sources import _drop_null_rows

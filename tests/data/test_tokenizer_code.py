@@ -1,6 +1,7 @@
-"""A tokenizer directory runs no code: every `from_pretrained` of a user's directory passes trust_remote_code=False
-(data/tokenize.open_tokenizer for tokenizers), so one whose tokenizer_config.json has `auto_map` is refused in one
-line, without transformers' "run the custom code? [y/N]" prompt, even on a terminal."""
+"""A tokenizer directory runs no code: every `from_pretrained` of a user's directory passes
+trust_remote_code=False (data/tokenize.open_tokenizer for tokenizers), so one whose
+tokenizer_config.json has `auto_map` is refused in one line, without transformers' "run the custom
+code? [y/N]" prompt, even on a terminal."""
 
 import ast
 import json
@@ -35,9 +36,9 @@ def test_every_auto_class_from_pretrained_in_the_package_passes_trust_remote_cod
 
 
 def test_a_tokenizer_with_auto_map_is_refused_on_a_terminal_without_a_prompt(tmp_path):
-    """The load every command makes (open_tokenizer), on a pseudo-terminal, of a tokenizer asking for its own class
-    (evil.py): refused in one line, no prompt, evil.py never imported. (Which commands load through it: the ast
-    test above and data/tokenize.load_tokenizer's callers.)"""
+    """The load every command makes (open_tokenizer), on a pseudo-terminal, of a tokenizer asking
+    for its own class (evil.py): refused in one line, no prompt, evil.py never imported. (Which
+    commands load through it: the ast test above and data/tokenize.load_tokenizer's callers.)"""
     tok = make_tokenizer(tmp_path / "tok")
     config = json.loads((tok / "tokenizer_config.json").read_text())
     config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
@@ -46,7 +47,8 @@ def test_a_tokenizer_with_auto_map_is_refused_on_a_terminal_without_a_prompt(tmp
     (tok / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     code = (
         "import sys\nfrom ds_longctx.data.tokenize import open_tokenizer\ntry:\n"
-        f"    open_tokenizer({str(tok)!r})\nexcept ValueError as e:\n    sys.exit(f'refused: {{e}}')\n"
+        f"    open_tokenizer({str(tok)!r})\nexcept ValueError as e:\n    sys.exit(f'refused: "
+        "{e}')\n"
     )
     argv = [sys.executable, "-c", code]
     pid, fd = pty.fork()
@@ -71,7 +73,6 @@ def test_a_tokenizer_with_auto_map_is_refused_on_a_terminal_without_a_prompt(tmp
     assert code == 1 and last == (
         f"refused: tokenizer={str(tok)!r} asks to run Python of its own "
         f"(auto_map in its tokenizer_config.json), which ds_longctx never runs; pass a "
-        f"tokenizer whose class transformers ships (`tokenizer.save_pretrained` of a "
-        f"loaded one)"
+        f"tokenizer whose class transformers ships (`tokenizer.save_pretrained` of a loaded one)"
     ), out
     assert "[y/N]" not in out and not (tmp_path / "ran").exists()

@@ -1,8 +1,9 @@
-"""Worker for tests/levers/test_preference.py at SP > 1: one DPO micro-batch through Ulysses SP on plain HF models (the
-reference pass first, then the policy's loss and backward; the two-pass row per case, the shared-prompt row for the
-first), one GRPO micro-batch per GRPO case the same way, then the DPO and GRPO rows through the engine (ZeRO-3, the
-reference pass from --ref_model's directory); rank 0 saves the losses, the reference log-probs and the parameter
-gradients summed over the SP group (the engine's: ZeRO-3's full gradients).
+"""Worker for tests/levers/test_preference.py at SP > 1: one DPO micro-batch through Ulysses SP on
+plain HF models (the reference pass first, then the policy's loss and backward; the two-pass row per
+case, the shared-prompt row for the first), one GRPO micro-batch per GRPO case the same way, then
+the DPO and GRPO rows through the engine (ZeRO-3, the reference pass from --ref_model's directory);
+rank 0 saves the losses, the reference log-probs and the parameter gradients summed over the SP
+group (the engine's: ZeRO-3's full gradients).
 
 torchrun --nproc_per_node 2 tests/distributed/dpo_worker.py --row row.pt --out got.pt
 """
@@ -14,9 +15,9 @@ import torch
 
 
 def dpo_side(policy, ref_model, row: dict, state, beta: float, loss_type: str, chunk_rows: int = 5):
-    """(loss, reference log-probs [P, 2], {name: this rank's gradient}) of one packed row {input_ids, position_ids,
-    labels, seq[, branch: a shared-prompt row]} [T] on this rank of `state`: the reference's log-probs precomputed,
-    then the policy's DPO loss."""
+    """(loss, reference log-probs [P, 2], {name: this rank's gradient}) of one packed row
+    {input_ids, position_ids, labels, seq[, branch: a shared-prompt row]} [T] on this rank of
+    `state`: the reference's log-probs precomputed, then the policy's DPO loss."""
     from ds_longctx.levers.preference import pair_forward, row_logps
     from ds_longctx.parallel import ulysses
     from ds_longctx.parallel.sharding import shard_batch
@@ -55,9 +56,10 @@ def dpo_side(policy, ref_model, row: dict, state, beta: float, loss_type: str, c
 def policy_side(
     policy, ref_model, row: dict, state, loss_type: str, beta: float, chunk_rows: int = 5
 ):
-    """(loss, {name: this rank's gradient}, (tokens clipped low, high)) of one GRPO micro-batch, a packed
-    rollout row {input_ids, position_ids, labels, seq [T]; token_seq, advantages, old [K]; eps, eps_high, max_len},
-    on this rank of `state`: the reference's per-token log-probs first (beta > 0), then the policy's loss."""
+    """(loss, {name: this rank's gradient}, (tokens clipped low, high)) of one GRPO micro-batch, a
+    packed rollout row {input_ids, position_ids, labels, seq [T]; token_seq, advantages, old [K];
+    eps, eps_high, max_len}, on this rank of `state`: the reference's per-token log-probs first
+    (beta > 0), then the policy's loss."""
     from ds_longctx.levers.policy_loss import policy_loss
     from ds_longctx.levers.preference import row_logps
     from ds_longctx.parallel import ulysses
@@ -102,9 +104,10 @@ def policy_side(
 
 
 def engine_side(data, sp: int, out_dir: str, **train) -> dict:
-    """The engine's step on row 0 of `data` (PairRows or RolloutRows; `train`: the objective's keys, ref_model a
-    HF directory): the reference pass (`reference_logps`, the ref_model's weights swapped in and out), then one
-    micro-batch's loss, full gradients, metrics and the reference log-probs."""
+    """The engine's step on row 0 of `data` (PairRows or RolloutRows; `train`: the objective's keys,
+    ref_model a HF directory): the reference pass (`reference_logps`, the ref_model's weights
+    swapped in and out), then one micro-batch's loss, full gradients, metrics and the reference
+    log-probs."""
     import deepspeed
 
     from ds_longctx.config import RunConfig

@@ -1,13 +1,16 @@
-"""Worker for test_eval.py: build the engine, evaluate held-out synthetic rows, rank 0 saves what it saw.
+"""Worker for test_eval.py: build the engine, evaluate held-out synthetic rows, rank 0 saves what it
+saw.
 
-torchrun --nproc_per_node N tests/distributed/eval_worker.py --sp 2 --rows 3 --out result.pt [--memory] [--set k=v]
+torchrun --nproc_per_node N tests/distributed/eval_worker.py --sp 2 --rows 3 --out result.pt
+[--memory] [--set k=v]
 
-Saves the EvalResult's fields, the eval rows' input_ids and labels (from the same `eval_batches` the engine
-read), the model's training flag after evaluating, the number of tensors autograd saved for a backward during the
-evaluation, and with --memory the peak of CPU bytes allocated during evaluations of 2 and of 8 rows, and of 8 rows
-when something is kept per row (`peak_allocated`: torch.profiler's memory events, the allocator's own count).
-The profiler sees only the frees made on the thread it profiles: under SP, gloo's threads free the all-to-all
-buffers, which it would count as kept; the memory runs are single-process (the loop is the same at any sp).
+Saves the EvalResult's fields, the eval rows' input_ids and labels (from the same `eval_batches` the
+engine read), the model's training flag after evaluating, the number of tensors autograd saved for a
+backward during the evaluation, and with --memory the peak of CPU bytes allocated during evaluations
+of 2 and of 8 rows, and of 8 rows when something is kept per row (`peak_allocated`: torch.profiler's
+memory events, the allocator's own count). The profiler sees only the frees made on the thread it
+profiles: under SP, gloo's threads free the all-to-all buffers, which it would count as kept; the
+memory runs are single-process (the loop is the same at any sp).
 """
 
 import argparse
@@ -22,7 +25,8 @@ def peak_allocated(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    # each op's own allocations net of its own frees, and the frees outside any op ([memory] events), in time order
+    # each op's own allocations net of its own frees, and the frees outside any op ([memory]
+    # events), in time order
     live = peak = 0
     for e in sorted(prof.events(), key=lambda e: e.time_range.start):
         live += e.self_cpu_memory_usage
@@ -89,8 +93,9 @@ def main():
     if a.memory:
         out["peak_2"] = peak_allocated(lambda: evaluate(eng, held, 2, a.buckets))
         out["peak_8"] = peak_allocated(lambda: evaluate(eng, held, 8, a.buckets))
-        # the meter sees an evaluation that keeps something per row: the same 8 rows, each batch's last hidden
-        # state kept (what a forward that kept activations would hold, and far less than it)
+        # the meter sees an evaluation that keeps something per row: the same 8 rows, each batch's
+        # last hidden state kept (what a forward that kept activations would hold, and far less than
+        # it)
         kept = []
         hook = eng.model.base_model.register_forward_hook(
             lambda m, args, output: kept.append(output[0])

@@ -1,11 +1,11 @@
-"""Worker for test_export.py: train 2 steps (SP=2, fp32, YaRN), save a checkpoint, and write the engine's
-logits for a probe sequence.
+"""Worker for test_export.py: train 2 steps (SP=2, fp32, YaRN), save a checkpoint, and write the
+engine's logits for a probe sequence.
 
     torchrun --nproc_per_node 2 tests/distributed/export_worker.py --out DIR [--set key=value ...]
 
-"The engine's logits": the full-sequence forward under Ulysses SP of the trained (ZeRO-3 partitioned) model,
-each rank running its slice through `engine.model`'s decoder and lm_head, the slices all-gathered over the SP
-group (`sp_logits`, also used by benchmarks/bench_long_range.py).
+"The engine's logits": the full-sequence forward under Ulysses SP of the trained (ZeRO-3
+partitioned) model, each rank running its slice through `engine.model`'s decoder and lm_head, the
+slices all-gathered over the SP group (`sp_logits`, also used by benchmarks/bench_long_range.py).
 """
 
 import argparse

@@ -1,6 +1,8 @@
-"""Worker for test_ulysses.py: one forward/backward through the engine, rank 0 saves loss + full grads.
+"""Worker for test_ulysses.py: one forward/backward through the engine, rank 0 saves loss + full
+grads.
 
-torchrun --nproc_per_node N tests/distributed/grad_worker.py --sp 2 --length 64 --out grads.pt [--packed]
+torchrun --nproc_per_node N tests/distributed/grad_worker.py --sp 2 --length 64 --out grads.pt
+[--packed]
 """
 
 import argparse
@@ -84,7 +86,8 @@ def main():
             continue
         g = deepspeed.utils.safe_get_full_grad(p)
         grads[name.removeprefix("model.")] = g.detach().float().cpu()
-    # every parameter ZeRO-3 partitioned: the model's at birth (zero.Init), LoRA adapters at deepspeed.initialize
+    # every parameter ZeRO-3 partitioned: the model's at birth (zero.Init), LoRA adapters at
+    # deepspeed.initialize
     out = {
         "loss": res.loss,
         "tokens": res.tokens,
@@ -152,8 +155,9 @@ def main():
             }
     if st.rank == 0:
         torch.save(out, a.out)
-    # leave together, groups torn down: a rank exiting with gloo threads still up can abort the others
-    # ("terminate called without an active exception", seen at start-up and exit of 4-process runs)
+    # leave together, groups torn down: a rank exiting with gloo threads still up can abort the
+    # others ("terminate called without an active exception", seen at start-up and exit of 4-process
+    # runs)
     from ds_longctx.parallel.parallel_state import leave
 
     leave(0)  # barrier, groups torn down, no teardown

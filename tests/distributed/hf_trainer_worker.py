@@ -1,23 +1,26 @@
-"""Worker for test_hf_trainer.py: 2 steps of a plain `transformers.Trainer` or TRL's `SFTTrainer` through
-`ds_longctx.integrations.hf_trainer`, on the token rows `ds-longctx train` reads for the same run-config options;
-evaluates the first step's rows before training (`eval_on_start`); rank 0 writes what the test compares.
+"""Worker for test_hf_trainer.py: 2 steps of a plain `transformers.Trainer` or TRL's `SFTTrainer`
+through `ds_longctx.integrations.hf_trainer`, on the token rows `ds-longctx train` reads for the
+same run-config options; evaluates the first step's rows before training (`eval_on_start`); rank 0
+writes what the test compares.
 
-    torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py --trainer trainer|sft|sft_text --out FILE \\
-        -- <run-config options as for ds-longctx train>
-    torchrun --nproc_per_node N tests/distributed/hf_trainer_worker.py --trainer masks|weights --cases JSON \\
-        --out FILE -- <run-config options>
+    torchrun --nproc_per_node 2 tests/distributed/hf_trainer_worker.py \\
+        --trainer trainer|sft|sft_text --out FILE -- <run-config options as for ds-longctx train>
+    torchrun --nproc_per_node N tests/distributed/hf_trainer_worker.py \\
+        --trainer masks|weights --cases JSON --out FILE -- <run-config options>
 
-`sft_text`: SFTTrainer on a `datasets.Dataset` of the --data folder's texts (a `text` column, TRL tokenizes it),
-with the args `training_args` makes for our rows (the documented route, unchanged), no eval.
-`masks`: for each case of JSON ({name: {"trainer": "sft"|"trainer", "args": {...}, "rows": [...]}}), that trainer on
-a `datasets.Dataset` of the rows (a fresh model each); FILE: {name: [per train-loader batch: input_ids, the labels the
+`sft_text`: SFTTrainer on a `datasets.Dataset` of the --data folder's texts (a `text` column, TRL
+tokenizes it), with the args `training_args` makes for our rows (the documented route, unchanged),
+no eval. `masks`: for each case of JSON ({name: {"trainer": "sft"|"trainer", "args": {...}, "rows":
+[...]}}), that trainer on
+a `datasets.Dataset` of the rows (a fresh model each); FILE: {name: [per train-loader batch:
+input_ids, the labels the
 loss reads (hf_loss.batch_labels), position_ids]}.
-`weights`: SFTTrainer on the rows of JSON's case "train" for the run's steps; FILE (torch.save): the logged losses and
-grad norms and, per optimizer step, every full gradient before the optimizer step.
+`weights`: SFTTrainer on the rows of JSON's case "train" for the run's steps; FILE (torch.save): the
+logged losses and grad norms and, per optimizer step, every full gradient before the optimizer step.
 
-FILE (JSON): global_step, log_history, the DeepSpeed engine's train_batch_size, len(train loader), the rows, whether
-the ranks of each SP group read the same first batch, and how many documents the Ulysses attention kept apart in the
-last step's row.
+FILE (JSON): global_step, log_history, the DeepSpeed engine's train_batch_size, len(train loader),
+the rows, whether the ranks of each SP group read the same first batch, and how many documents the
+Ulysses attention kept apart in the last step's row.
 """
 
 import argparse
@@ -106,8 +109,8 @@ def main():
 
 
 def text_only(cls, cfg, model, args, kw: dict, out: str) -> None:
-    """2 steps of SFTTrainer on the folder's texts as a text dataset; rank 0 writes global_step, the logged losses
-    and the args' dataset_kwargs as the trainer saw them."""
+    """2 steps of SFTTrainer on the folder's texts as a text dataset; rank 0 writes global_step, the
+    logged losses and the args' dataset_kwargs as the trainer saw them."""
     from pathlib import Path
 
     import datasets
@@ -140,7 +143,8 @@ def text_only(cls, cfg, model, args, kw: dict, out: str) -> None:
 
 
 def case_trainer(cfg, case: dict, **extra):
-    """The trainer of one case: SFTTrainer (or Trainer) through `longctx.trainer`, a fresh model, the case's rows."""
+    """The trainer of one case: SFTTrainer (or Trainer) through `longctx.trainer`, a fresh model,
+    the case's rows."""
     import datasets
     from transformers import AutoTokenizer, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
@@ -175,7 +179,8 @@ def token_sets(cfg, cases: dict, out: str) -> None:
 
     got = {}
     for name, case in cases.items():
-        AcceleratorState._reset_state()  # one Accelerator (DeepSpeed's) per trainer; the process group stays
+        # one Accelerator (DeepSpeed's) per trainer; the process group stays
+        AcceleratorState._reset_state()
         trainer = case_trainer(cfg, case)
         got[name] = [
             {
@@ -192,7 +197,8 @@ def token_sets(cfg, cases: dict, out: str) -> None:
 
 
 def train_grads(cfg, cases: dict, out: str) -> None:
-    """Train case "train"; rank 0 saves the logged losses and grad norms and each step's full gradients."""
+    """Train case "train"; rank 0 saves the logged losses and grad norms and each step's full
+    gradients."""
     import torch
     import torch.distributed as dist
     from deepspeed.runtime.engine import DeepSpeedEngine

@@ -1,6 +1,7 @@
-"""Worker for test_optimizer_offload.py: build the engine with an offloaded optimizer (DeepSpeedCPUAdam, JIT-built on
-first use) split by `--ratio`, and have rank 0 write what DeepSpeed made of it: each ZeRO-3 sub-group's size, the
-ratio, which sub-groups it put on the host, and whether it built the second (non-offloaded) optimizer.
+"""Worker for test_optimizer_offload.py: build the engine with an offloaded optimizer
+(DeepSpeedCPUAdam, JIT-built on first use) split by `--ratio`, and have rank 0 write what DeepSpeed
+made of it: each ZeRO-3 sub-group's size, the ratio, which sub-groups it put on the host, and
+whether it built the second (non-offloaded) optimizer.
 
 torchrun --nproc_per_node 2 tests/distributed/offload_worker.py --ratio 0.5 --out info.json
 """

@@ -1,9 +1,10 @@
-"""Worker for test_optimizer_state.py: build the engine (qwen3-tiny, ZeRO-3, SP=2, fp32) with or without the optimizer
-state made at build, then run two train steps on one fixed batch; each rank saves its ZeRO-3 optimizer's fp32
-sub-groups and their state right after the build (with the GPU memory allocated then, on CUDA) and after the
-steps.
+"""Worker for test_optimizer_state.py: build the engine (qwen3-tiny, ZeRO-3, SP=2, fp32) with or
+without the optimizer state made at build, then run two train steps on one fixed batch; each rank
+saves its ZeRO-3 optimizer's fp32 sub-groups and their state right after the build (with the GPU
+memory allocated then, on CUDA) and after the steps.
 
-torchrun --nproc_per_node 2 tests/distributed/optimizer_state_worker.py --at_build true --out dir [--set key=value]
+torchrun --nproc_per_node 2 tests/distributed/optimizer_state_worker.py --at_build true --out dir
+[--set key=value]
 """
 
 import argparse
@@ -13,7 +14,8 @@ import torch
 
 
 def snapshot(zo) -> dict:
-    """Each fp32 sub-group (the master weights ZeRO-3 steps) and each of its optimizers' state, copied to the CPU."""
+    """Each fp32 sub-group (the master weights ZeRO-3 steps) and each of its optimizers' state,
+    copied to the CPU."""
     opts = [zo.optimizer] + (
         [zo.backup_optimizer] if getattr(zo, "backup_optimizer", None) is not None else []
     )

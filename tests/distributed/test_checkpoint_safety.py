@@ -1,7 +1,8 @@
-"""Checkpoints on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32): a pickle payload in a checkpoint is refused by resume,
-eval and export without running; a same-size change to rank 1's optimizer file is named with its rank and both
-digests; a checkpoint written before digests (format 1, made here the way the old code wrote it) still resumes to
-the straight run's losses, exports its weights and converts to format 2.
+"""Checkpoints on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32): a pickle payload in a checkpoint is
+refused by resume, eval and export without running; a same-size change to rank 1's optimizer file is
+named with its rank and both digests; a checkpoint written before digests (format 1, made here the
+way the old code wrote it) still resumes to the straight run's losses, exports its weights and
+converts to format 2.
 
 One 4-step run (saves at steps 2 and 4) serves every test, each on its own copy."""
 
@@ -64,7 +65,8 @@ def run(tmp_path_factory):
 
 
 def copy_at(run, dest, tag="step2"):
-    """A copy of the run whose latest checkpoint is `tag` (later tags dropped; a resume cuts metrics.jsonl there)."""
+    """A copy of the run whose latest checkpoint is `tag` (later tags dropped; a resume cuts
+    metrics.jsonl there)."""
     shutil.copytree(run, dest)
     root = ckpt_root(dest)
     for p in root.glob("step*"):
@@ -75,8 +77,8 @@ def copy_at(run, dest, tag="step2"):
 
 
 def rewrite(tag_dir, name, change):
-    """Load file `name` (it is ours: trusted), apply `change` to it, save it, and fix meta.json's size and digest as
-    a crafter would."""
+    """Load file `name` (it is ours: trusted), apply `change` to it, save it, and fix meta.json's
+    size and digest as a crafter would."""
     state = torch.load(tag_dir / name, weights_only=False)
     change(state)
     torch.save(state, tag_dir / name)
@@ -134,9 +136,9 @@ def test_a_pickle_payload_is_refused_by_resume_eval_and_export_and_never_runs(ru
 def test_a_latest_leading_to_another_run_is_refused_by_every_command_touching_nothing_of_it(
     run, tmp_path
 ):
-    """`latest` of our run names another run's checkpoint (relative, then absolute): resume, eval, export and
-    checkpoint convert each exit 2 naming our `latest` and its value; the other run's files stay as they were and
-    nothing is exported."""
+    """`latest` of our run names another run's checkpoint (relative, then absolute): resume, eval,
+    export and checkpoint convert each exit 2 naming our `latest` and its value; the other run's
+    files stay as they were and nothing is exported."""
     copy_at(run, tmp_path / "ours")
     other = tmp_path / "other"
     copy_at(run, other, tag="step4")
@@ -181,8 +183,8 @@ def test_a_latest_leading_to_another_run_is_refused_by_every_command_touching_no
 def test_a_same_size_change_to_rank_1s_optimizer_file_is_named_with_rank_file_and_digests(
     run, tmp_path
 ):
-    """The bytes change, the size and the zip directory do not: before, rank 1's load failed inside DeepSpeed and
-    rank 0 reported gloo's 'Connection closed by peer'."""
+    """The bytes change, the size and the zip directory do not: before, rank 1's load failed inside
+    DeepSpeed and rank 0 reported gloo's 'Connection closed by peer'."""
     tag = copy_at(run, tmp_path / "run")
     part = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     want = json.loads((tag / "meta.json").read_text())["files"][part.name]["sha256"]
@@ -206,15 +208,16 @@ def test_a_same_size_change_to_rank_1s_optimizer_file_is_named_with_rank_file_an
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert (
-        f"could not be loaded (rank 1: {part.name}: sha256 {found}, the manifest (meta.json) says {want}: the file "
-        f"changed after it was written)"
+        f"could not be loaded (rank 1: {part.name}: sha256 {found}, the manifest (meta.json) says "
+        f"{want}: the file changed after it was written)"
     ) in last, last
     assert "Connection closed by peer" not in res.stderr and "Traceback" not in res.stderr
 
 
 def to_format_1(tag_dir):
-    """Rewrite a format-2 tag as the code before digests wrote it: RNG states pickled with numpy's tuple (its
-    `_rng_state`: {"torch", "python", "numpy": np.random.get_state()}), meta.json format 1 with sizes only."""
+    """Rewrite a format-2 tag as the code before digests wrote it: RNG states pickled with numpy's
+    tuple (its `_rng_state`: {"torch", "python", "numpy": np.random.get_state()}), meta.json format
+    1 with sizes only."""
     meta = json.loads((tag_dir / "meta.json").read_text())
     for name in meta["files"]:
         if name.startswith("rng_rank"):
@@ -244,7 +247,8 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
     assert files.unsafe_globals(
         old / "rng_rank00000.pt"
     )  # numpy's: only the legacy path may read it
-    # resume: steps 3-4 give the straight run's losses bit for bit (its RNG restored from numpy's pickle)
+    # resume: steps 3-4 give the straight run's losses bit for bit (its RNG restored from numpy's
+    # pickle)
     res = run_cli(
         [
             "train",
@@ -280,7 +284,8 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
         got.keys() <= want.keys() and len(got) >= len(want) - 1
     )  # lm_head.weight may be tied to the embedding
     assert all(torch.equal(got[k], want[k]) for k in got)
-    # convert: format 2, every digest right, the RNG files what the new code writes for the same state
+    # convert: format 2, every digest right, the RNG files what the new code writes for the same
+    # state
     assert convert(["convert", str(tmp_path / "old2")]) == 0
     meta = json.loads((old / "meta.json").read_text())
     assert meta["format"] == 2 and files.problem(old, meta, None) is None
@@ -295,9 +300,9 @@ def test_a_checkpoint_from_before_digests_resumes_exports_and_converts(run, tmp_
 
 
 def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tmp_path):
-    """A write that fails part-way (the file-size limit here: EFBIG, as a full disk gives ENOSPC) and a read-only
-    --out (where this machine has a read-only mount: /proc/sys in a container) are refused naming the path, with
-    no half-written directory left."""
+    """A write that fails part-way (the file-size limit here: EFBIG, as a full disk gives ENOSPC)
+    and a read-only --out (where this machine has a read-only mount: /proc/sys in a container) are
+    refused naming the path, with no half-written directory left."""
     import subprocess
     import sys
 
@@ -306,8 +311,8 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
 
     limit = (
         "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); from ds_longctx.cli import main; "
-        "main(sys.argv[1:])"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536)); from ds_longctx.cli import "
+        "main; main(sys.argv[1:])"
     )
     res = subprocess.run(
         [
@@ -345,8 +350,9 @@ def test_an_export_that_cannot_write_ends_in_one_line_and_leaves_nothing(run, tm
 def test_an_export_onto_a_full_disk_is_one_line_with_exit_2(
     run, tmp_path, capsys, monkeypatch, when
 ):
-    """Free space short of the model: refused before the first byte; ENOSPC while the weights are written (faked in
-    save_pretrained): the path, the bytes needed and free, in one line; nothing left at --out."""
+    """Free space short of the model: refused before the first byte; ENOSPC while the weights are
+    written (faked in save_pretrained): the path, the bytes needed and free, in one line; nothing
+    left at --out."""
     import errno
 
     from transformers import PreTrainedModel

@@ -1,8 +1,8 @@
-"""Evaluation on CPU (ZeRO-3, gloo, real processes, tiny Qwen3, fp32): the eval loss and the per-position curve of
-SP=2, and of dp=2 with a row left over, equal SP=1's and a plain HF model's per-token cross-entropy written here
-(rel <= 1e-5); nothing is kept for backward and the peak does not grow with the rows; `ds-longctx eval` of a
-checkpoint saved by `ds-longctx train` gives that run's in-training eval at the same step; bad input exits 2
-before any worker starts."""
+"""Evaluation on CPU (ZeRO-3, gloo, real processes, tiny Qwen3, fp32): the eval loss and the
+per-position curve of SP=2, and of dp=2 with a row left over, equal SP=1's and a plain HF model's
+per-token cross-entropy written here (rel <= 1e-5); nothing is kept for backward and the peak does
+not grow with the rows; `ds-longctx eval` of a checkpoint saved by `ds-longctx train` gives that
+run's in-training eval at the same step; bad input exits 2 before any worker starts."""
 
 import math
 
@@ -44,7 +44,8 @@ def evaluate(tmp_path, nproc, sp, rows=3, micro_batch=1, length=64, memory=False
     return torch.load(out)
 
 
-# every lever whose layers act differently in training: offloaded checkpoint, cached attention, tiled MLP, plain CE
+# every lever whose layers act differently in training: offloaded checkpoint, cached attention,
+# tiled MLP, plain CE
 LEVERS = (
     "activation_offload=true",
     "offload_layers=1",
@@ -56,7 +57,8 @@ LEVERS = (
 
 
 def reference(input_ids, labels, buckets):
-    """(token-mean CE, per-bucket mean CE, per-bucket tokens) of a plain HF model in eval mode: position i of a row
+    """(token-mean CE, per-bucket mean CE, per-bucket tokens) of a plain HF model in eval mode:
+    position i of a row
     predicts labels[i + 1] and falls in bucket floor(i * buckets / L)."""
     model = tiny_model(seed=0, attn="eager").eval()
     with torch.no_grad():
@@ -112,9 +114,10 @@ def test_eval_loss_and_curve_equal_sp1_and_plain_hf(tmp_path, sp1, nproc, sp, mi
 
 
 def test_eval_peak_does_not_grow_with_rows(tmp_path):
-    """Peak CPU bytes allocated while evaluating 2 and 8 rows of 256 tokens (one process: the profiler does not see
-    gloo's threads free the SP all-to-all buffers; tests/distributed/eval_worker.py). The meter is exact enough to
-    see a 64 KiB hidden state kept per row."""
+    """Peak CPU bytes allocated while evaluating 2 and 8 rows of 256 tokens (one process: the
+    profiler does not see gloo's threads free the SP all-to-all buffers;
+    tests/distributed/eval_worker.py). The meter is exact enough to see a 64 KiB hidden state kept
+    per row."""
     got = evaluate(tmp_path, 1, 1, length=256, memory=True)
     assert got["peak_2"] > 0 and got["saved_for_backward"] == 0
     assert got["peak_8"] <= got["peak_2"], (got["peak_8"], got["peak_2"])
@@ -157,7 +160,8 @@ def train(out, extra=()):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """3 steps of `ds-longctx train` (SP=2) with an evaluation after every step and checkpoints at steps 2 and 3."""
+    """3 steps of `ds-longctx train` (SP=2) with an evaluation after every step and checkpoints at
+    steps 2 and 3."""
     out = tmp_path_factory.mktemp("trained") / "run"
     return out, train(out, [*EVAL, "--eval_every", "1"])
 
@@ -189,8 +193,9 @@ def test_train_writes_eval_lines_curve_and_progress_bar(trained, tmp_path):
     "nproc", [[], ["--nproc", "2"]], ids=["world_of_the_checkpoint", "nproc_given"]
 )
 def test_ds_longctx_eval_of_the_checkpoint_gives_the_in_training_eval(trained, tmp_path, nproc):
-    """Without --nproc eval starts the checkpoint's world; with it (as its --help documents) the same, the option
-    reaching the workers as given (torchrun once took it for an ambiguous --nproc-per-node)."""
+    """Without --nproc eval starts the checkpoint's world; with it (as its --help documents) the
+    same, the option reaching the workers as given (torchrun once took it for an ambiguous
+    --nproc-per-node)."""
     out, _ = trained
     res = run_cli(
         [
@@ -226,8 +231,8 @@ def test_ds_longctx_eval_of_the_checkpoint_gives_the_in_training_eval(trained, t
     [
         (
             ["--nproc", "1"],
-            "written by world_size=2 with sp_size=2, this eval has 1 processes; ZeRO-3 partitions are "
-            "per rank: evaluate with --nproc 2",
+            "written by world_size=2 with sp_size=2, this eval has 1 processes; ZeRO-3 partitions "
+            "are per rank: evaluate with --nproc 2",
         ),
         (["--seq_len", "128"], "changes seq_len: 64 -> 128"),
         (["--tag", "step9"], "checkpoint tag 'step9' does not exist"),
@@ -255,9 +260,10 @@ def test_ds_longctx_eval_refuses_bad_input_before_work(trained, tmp_path, args, 
 def test_eval_into_a_run_another_process_writes_is_refused_and_eval_elsewhere_only_reads(
     trained, tmp_path, capsys, monkeypatch
 ):
-    """`ds-longctx eval` writes its lines into the run's output_dir by default: while another process holds that
-    directory's lock it exits 2 before any worker, naming the holder; with --out elsewhere it only reads the run and
-    starts, holding the lock of --out alone (in-process, the workers' start faked)."""
+    """`ds-longctx eval` writes its lines into the run's output_dir by default: while another
+    process holds that directory's lock it exits 2 before any worker, naming the holder; with --out
+    elsewhere it only reads the run and starts, holding the lock of --out alone (in-process, the
+    workers' start faked)."""
     import os
 
     from ds_longctx import cli

@@ -1,6 +1,7 @@
-"""Export round trip on CPU: 2 steps with SP=2 (ZeRO-3, fp32, YaRN), checkpoint, `ds-longctx export`, then
-`AutoModelForCausalLM.from_pretrained` of the export gives the engine's logits (export_worker.sp_logits: the
-SP forward of the trained engine, gathered) on the same input, and keeps the training RoPE."""
+"""Export round trip on CPU: 2 steps with SP=2 (ZeRO-3, fp32, YaRN), checkpoint, `ds-longctx
+export`, then `AutoModelForCausalLM.from_pretrained` of the export gives the engine's logits
+(export_worker.sp_logits: the SP forward of the trained engine, gathered) on the same input, and
+keeps the training RoPE."""
 
 import pytest
 import torch

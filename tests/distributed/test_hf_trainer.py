@@ -1,11 +1,12 @@
-"""The HF Trainer and TRL's SFTTrainer through `ds_longctx.integrations.hf_trainer` (CPU, gloo, 2 processes, SP=2,
-qwen3-tiny, fp32): step for step the losses `ds-longctx train` writes for the same token rows, seed and optimizer
-settings, with the Trainer's step counter, epoch and logged loss right, for concatenated and packed rows; eval under
-SP gives the step-1 loss on the step-1 rows; and launch/trl_sft.py (SFTTrainer on a folder of text files) runs under
-`accelerate launch` with the accelerate.yaml of `ds-longctx plan`. Which tokens train: TRL's assistant / completion
-masks and a tokenized dataset's labels and masks give per row the token set `ds-longctx train` trains (1 process);
-the loss's weights: DP=2 with unequal trained tokens (one replica none) equals one process over the same rows, loss
-and every gradient.
+"""The HF Trainer and TRL's SFTTrainer through `ds_longctx.integrations.hf_trainer` (CPU, gloo, 2
+processes, SP=2, qwen3-tiny, fp32): step for step the losses `ds-longctx train` writes for the same
+token rows, seed and optimizer settings, with the Trainer's step counter, epoch and logged loss
+right, for concatenated and packed rows; eval under SP gives the step-1 loss on the step-1 rows; and
+launch/trl_sft.py (SFTTrainer on a folder of text files) runs under `accelerate launch` with the
+accelerate.yaml of `ds-longctx plan`. Which tokens train: TRL's assistant / completion masks and a
+tokenized dataset's labels and masks give per row the token set `ds-longctx train` trains (1
+process); the loss's weights: DP=2 with unequal trained tokens (one replica none) equals one process
+over the same rows, loss and every gradient.
 """
 
 import json
@@ -32,7 +33,8 @@ STEP1, STEP2 = 1e-5, 1e-4  # fp32 rel: the step-1 loss, the step-2 loss (after o
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> list:
-    """Run-config options over a folder of text files and a word-level tokenizer (the seed guide's books, in small)."""
+    """Run-config options over a folder of text files and a word-level tokenizer (the seed guide's
+    books, in small)."""
     d = tmp_path_factory.mktemp("books")
     make_tokenizer(d / "tok")
     write_txt_dir(d / "books", documents(120, seed=1))
@@ -60,8 +62,8 @@ def corpus(tmp_path_factory) -> list:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
-    """(layout, grad_accum) -> the per-step losses `ds_longctx.train` writes on 2 processes for the corpus (each run
-    once; the processes `ds-longctx train --nproc 2` starts)."""
+    """(layout, grad_accum) -> the per-step losses `ds_longctx.train` writes on 2 processes for the
+    corpus (each run once; the processes `ds-longctx train --nproc 2` starts)."""
     runs = {}
 
     def losses(layout: str, accum: int = 1) -> list:
@@ -98,8 +100,9 @@ def assert_same_losses(got: list, ref: list) -> None:
     "kind,layout,accum", [("trainer", "concat", 1), ("sft", "pack", 1), ("sft", "concat", 2)]
 )
 def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, kind, layout, accum):
-    """Step for step the losses `ds-longctx train` writes: a plain Trainer on concatenated rows, SFTTrainer on packed
-    rows, and SFTTrainer under grad_accum 2 (a step's two micro-batches, read as `ds-longctx train` reads them)."""
+    """Step for step the losses `ds-longctx train` writes: a plain Trainer on concatenated rows,
+    SFTTrainer on packed rows, and SFTTrainer under grad_accum 2 (a step's two micro-batches, read
+    as `ds-longctx train` reads them)."""
     out = tmp_path / "result.json"
     res = torchrun(
         2,
@@ -119,18 +122,20 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
             str(tmp_path / "run"),
         ],
     )
-    # optimizer.state_at_build under the Trainer too: the Adam moments before the first batch (run/optimizer_state.py)
+    # optimizer.state_at_build under the Trainer too: the Adam moments before the first batch
+    # (run/optimizer_state.py)
     assert "optimizer state: made at build for 1 sub-groups (AdamW" in res.stdout + res.stderr
     got = json.loads(out.read_text())
     ref = reference(layout, accum)
     history = got["log_history"]
     train = [h for h in history if "loss" in h]
     assert_same_losses([h["loss"] for h in train], ref)
-    # the step counter: 2 optimizer steps, not 2 x sp; an epoch is rows / (dp x accum) steps of accum micro-batches;
-    # the batch counts dp replicas
+    # the step counter: 2 optimizer steps, not 2 x sp; an epoch is rows / (dp x accum) steps of
+    # accum micro-batches; the batch counts dp replicas
     dp = got["dp"]
     assert got["global_step"] == 2 and [h["step"] for h in train] == [1, 2]
-    # each logged step carries its time (as metrics.jsonl's `seconds`); no GPU here, so no peak_gpu_bytes
+    # each logged step carries its time (as metrics.jsonl's `seconds`); no GPU here, so no
+    # peak_gpu_bytes
     assert all(h["seconds"] > 0 and "peak_gpu_bytes" not in h for h in train), train
     assert (
         got["steps_per_epoch"] == got["n_rows"] // (dp * accum) * accum
@@ -141,8 +146,8 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
     )  # DeepSpeed's micro_batch x accumulation x dp (micro_batch 1)
     final = next(h for h in history if "train_loss" in h)
     assert final["train_loss"] == pytest.approx(sum(h["loss"] for h in train) / 2, rel=1e-6)
-    # eval under SP before the first step, on the first step's rows: the step-1 loss (concat rows train alike, so the
-    # Trainer's mean over the eval batches is the token mean)
+    # eval under SP before the first step, on the first step's rows: the step-1 loss (concat rows
+    # train alike, so the Trainer's mean over the eval batches is the token mean)
     evals = [h["eval_loss"] for h in history if "eval_loss" in h]
     assert len(evals) == 1 and rel_err(evals[0], ref[0]) <= STEP1, (evals, ref)
     assert got["sp_peers_same"]
@@ -151,9 +156,10 @@ def test_trainer_logs_the_ds_longctx_train_losses(tmp_path, corpus, reference, k
 
 
 def test_sft_trainer_tokenizes_a_text_dataset_on_the_documented_route(tmp_path, corpus):
-    """The README's route with your own `datasets.Dataset` of text (a `text` column) instead of rows_dataset: the args
-    of `training_args` skip TRL's preparation for our rows; `trainer` gives a text dataset back to TRL to tokenize
-    (no "No columns in the dataset match" error), and it trains 2 steps under SP=2."""
+    """The README's route with your own `datasets.Dataset` of text (a `text` column) instead of
+    rows_dataset: the args of `training_args` skip TRL's preparation for our rows; `trainer` gives a
+    text dataset back to TRL to tokenize (no "No columns in the dataset match" error), and it trains
+    2 steps under SP=2."""
     out = tmp_path / "result.json"
     torchrun(
         2,
@@ -177,12 +183,13 @@ def test_sft_trainer_tokenizes_a_text_dataset_on_the_documented_route(tmp_path, 
 
 
 def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path, corpus, reference):
-    """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes accelerate.yaml and run.yaml,
-    `accelerate launch` starts 2 processes; the options after --config override the plan (fp32, the corpus, and both
-    layers' attention output cached: the plan caches none at the tiny model's head_dim 16, where a GPU would run
-    cuDNN SDPA, but the CPU's flash kernel pair caches). Rank 0 prints one JSON line per logged step. The model is a
-    checkpoint directory holding its tokenizer, and no --tokenizer is given: the directory's is taken (TRL's script
-    asked the Hub for it)."""
+    """launch/trl_sft.py as README's "Use from TRL" runs it: `ds-longctx plan` writes
+    accelerate.yaml and run.yaml, `accelerate launch` starts 2 processes; the options after --config
+    override the plan (fp32, the corpus, and both layers' attention output cached: the plan caches
+    none at the tiny model's head_dim 16, where a GPU would run cuDNN SDPA, but the CPU's flash
+    kernel pair caches). Rank 0 prints one JSON line per logged step. The model is a checkpoint
+    directory holding its tokenizer, and no --tokenizer is given: the directory's is taken (TRL's
+    script asked the Hub for it)."""
     import shutil
 
     from tests.helpers import tiny_model
@@ -237,7 +244,8 @@ def test_trl_sft_example_under_accelerate_launch_with_the_plans_config(tmp_path,
     )
 
 
-# ----------------------------------------------------------------------------- which tokens train, and their weights
+# ----------------------------------------------------------------------------- which tokens train,
+# and their weights
 SESSIONS = [
     SESSION,
     [{"role": "user", "content": "w11 w12 w13"}, {"role": "assistant", "content": "w14"}],
@@ -257,7 +265,8 @@ PAIRS = [
 
 
 def token_rows(seed: int, masks: tuple) -> list:
-    """Rows of token ids (12-20 ids) with 0/1 masks or labels (-100 where a token does not train) drawn at random."""
+    """Rows of token ids (12-20 ids) with 0/1 masks or labels (-100 where a token does not train)
+    drawn at random."""
     import random
 
     rng = random.Random(seed)
@@ -283,8 +292,8 @@ def trained(ids: list, labels: list) -> list:
 
 
 def split_documents(ids: list, pos: list, labels: list) -> list:
-    """[(ids, trained positions)] of the documents of one row (cut where position_ids restart) that train a token
-    (a packed row's padding tail trains none)."""
+    """[(ids, trained positions)] of the documents of one row (cut where position_ids restart) that
+    train a token (a packed row's padding tail trains none)."""
     starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
     return [
         (ids[a:b], trained(ids[a:b], labels[a:b]))
@@ -305,7 +314,8 @@ def documents_of(rows) -> list:
 
 
 def loader_documents(batches: list) -> list:
-    """The documents of the worker's batches (one row each; packed ones cut at their position restarts)."""
+    """The documents of the worker's batches (one row each; packed ones cut at their position
+    restarts)."""
     return [
         d
         for b in batches
@@ -318,7 +328,8 @@ def loader_documents(batches: list) -> list:
 
 
 def train_documents(tmp_path, name: str, rows: list, tok: str, **kw) -> list:
-    """(ids, trained positions) per row as `ds-longctx train` reads them (data.build_data, packed rows of 64)."""
+    """(ids, trained positions) per row as `ds-longctx train` reads them (data.build_data, packed
+    rows of 64)."""
     from ds_longctx.config import RunConfig
     from ds_longctx.data import build_data
     from ds_longctx.run.model import load_hf_config
@@ -338,12 +349,13 @@ def train_documents(tmp_path, name: str, rows: list, tok: str, **kw) -> list:
 
 
 def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
-    """SFTTrainer's assistant_only_loss (chat rows with tool calls; packed too) and completion-only loss
-    (prompt/completion rows), through `longctx.trainer`, train per row exactly the tokens `ds-longctx train` trains
-    with train_on assistant / completion on the same rows (the first also HF's own assistant mask). A tokenized
-    dataset's `labels` are used as given; a `completion_mask` without labels (TRL refuses it when its preparation is
-    skipped) and `assistant_masks` beside labels under the plain Trainer (whose unused-column removal drops it) are
-    folded into the labels: a token trains where every column says so."""
+    """SFTTrainer's assistant_only_loss (chat rows with tool calls; packed too) and completion-only
+    loss (prompt/completion rows), through `longctx.trainer`, train per row exactly the tokens
+    `ds-longctx train` trains with train_on assistant / completion on the same rows (the first also
+    HF's own assistant mask). A tokenized dataset's `labels` are used as given; a `completion_mask`
+    without labels (TRL refuses it when its preparation is skipped) and `assistant_masks` beside
+    labels under the plain Trainer (whose unused-column removal drops it) are folded into the
+    labels: a token trains where every column says so."""
     from transformers import AutoTokenizer
 
     tok_dir = str(make_chat_tokenizer(tmp_path / "tok", chat_template(True)))
@@ -399,7 +411,8 @@ def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
     )
     got = {name: loader_documents(batches) for name, batches in json.loads(out.read_text()).items()}
 
-    # chat sessions: TRL appends no EOS to a conversation, so the reference reads them with add_eos false
+    # chat sessions: TRL appends no EOS to a conversation, so the reference reads them with add_eos
+    # false
     as_listed = [
         {**c, "tools": json.loads(c["tools"] or "null")} for c in chats
     ]  # a JSONL row's tools: a list
@@ -429,7 +442,8 @@ def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
         t == list(range(len(p), len(ids)))
         for (ids, t), p in zip(ref, (tok(r["prompt"])["input_ids"] for r in PAIRS))
     )
-    # token rows: the user's labels / masks, as ds-longctx train reads them; labels and a mask: both say so
+    # token rows: the user's labels / masks, as ds-longctx train reads them; labels and a mask: both
+    # say so
     for name, rows, key in (
         ("labels", labelled, "labels"),
         ("completion_mask", masked, "completion_mask"),
@@ -452,8 +466,9 @@ def test_trl_masks_train_the_tokens_ds_longctx_train_does(tmp_path):
     ]
 
 
-# trained targets per row of two optimizer steps of 4 rows: step 1's second replica (rows 2, 3) trains nothing, step 2's
-# replicas train 3 and 34 tokens: a per-replica mean would halve step 1's loss and gradient and tilt step 2's
+# trained targets per row of two optimizer steps of 4 rows: step 1's second replica (rows 2, 3)
+# trains nothing, step 2's replicas train 3 and 34 tokens: a per-replica mean would halve step 1's
+# loss and gradient and tilt step 2's
 COUNTS = [5, 20, 0, 0, 3, 0, 25, 9]
 
 
@@ -461,10 +476,11 @@ COUNTS = [5, 20, 0, 0, 3, 0, 25, 9]
 def test_two_replicas_with_unequal_trained_tokens_equal_one_process_over_their_rows(
     tmp_path, average
 ):
-    """SFTTrainer on a tokenized dataset with labels (rows of 32 tokens, COUNTS trained targets each), 2 steps: DP=2
-    (sp 1) with grad_accum 2 logs the losses and grad norms, and computes every full gradient before each optimizer
-    step, of one process accumulating the same 4 rows a step (fp32, rel 1e-5), under both train.loss_average; a
-    replica without trained tokens adds zero, nothing is NaN."""
+    """SFTTrainer on a tokenized dataset with labels (rows of 32 tokens, COUNTS trained targets
+    each), 2 steps: DP=2 (sp 1) with grad_accum 2 logs the losses and grad norms, and computes every
+    full gradient before each optimizer step, of one process accumulating the same 4 rows a step
+    (fp32, rel 1e-5), under both train.loss_average; a replica without trained tokens adds zero,
+    nothing is NaN."""
     import random
 
     import torch

@@ -1,10 +1,12 @@
-"""A rank killed mid-run ends the whole job, non-zero, within the configured collective timeout: never a hang.
+"""A rank killed mid-run ends the whole job, non-zero, within the configured collective timeout:
+never a hang.
 
-2 gloo processes (SP=2) train with a small collective_timeout_s. SIGKILL of rank 1: the surviving rank fails
-its next collective (gloo sees the peer's connection close) and torchrun tears the group down. SIGSTOP of
-rank 1 (a hung rank, sockets still open), under `ds-longctx train`: rank 0's collective fails after exactly the
-configured timeout, and the launcher's last line names rank 1, its pid and host, and what is on disk
-(run/launch.failed_rank_line; its other cases: tests/run/test_launch_line.py).
+2 gloo processes (SP=2) train with a small collective_timeout_s. SIGKILL of rank 1: the surviving
+rank fails its next collective (gloo sees the peer's connection close) and torchrun tears the group
+down. SIGSTOP of rank 1 (a hung rank, sockets still open), under `ds-longctx train`: rank 0's
+collective fails after exactly the configured timeout, and the launcher's last line names rank 1,
+its pid and host, and what is on disk (run/launch.failed_rank_line; its other cases:
+tests/run/test_launch_line.py).
 """
 
 import signal
@@ -22,7 +24,8 @@ MARGIN_S = 30  # torchrun's monitor interval and its SIGTERM-then-SIGKILL grace 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> list:
-    """The corpus options both runs read (one tokenizer, one tokenized cache: the second run reads it)."""
+    """The corpus options both runs read (one tokenizer, one tokenized cache: the second run reads
+    it)."""
     return text_run_args(tmp_path_factory.mktemp("data"))
 
 
@@ -57,8 +60,9 @@ def test_killed_rank_ends_the_job_within_the_collective_timeout(tmp_path, data):
 
 
 def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
-    """SIGSTOP instead of SIGKILL: rank 1's sockets stay open, so only the process-group timeout (applied to
-    every group: run/ranks.default_group_timeout) can end rank 0's wait. Then SIGCONT lets torchrun finish."""
+    """SIGSTOP instead of SIGKILL: rank 1's sockets stay open, so only the process-group timeout
+    (applied to every group: run/ranks.default_group_timeout) can end rank 0's wait. Then SIGCONT
+    lets torchrun finish."""
     out, log = tmp_path / "run", tmp_path / "log.txt"
     timeout_s = 15
     proc = start(
@@ -94,18 +98,18 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
             proc.kill()
     assert timeout_s - 1 <= elapsed <= timeout_s + 15, (elapsed, log.read_text()[-3000:])
     assert rc != 0
-    # gloo words its timeout by where rank 0 waits: a blocking collective says "Timed out waiting <ms>", an async
-    # one (ZeRO-3's coalesced all-gather, handle.wait()) "Application timeout caused pair closure"; which one rank 1
-    # is stopped in is a race (seen both ways in full CI runs, 2026-11-30). The elapsed bound above ties it to the
-    # 15 s timeout either way.
+    # gloo words its timeout by where rank 0 waits: a blocking collective says "Timed out waiting
+    # <ms>", an async one (ZeRO-3's coalesced all-gather, handle.wait()) "Application timeout caused
+    # pair closure"; which one rank 1 is stopped in is a race (seen both ways in full CI runs,
+    # 2026-11-30). The elapsed bound above ties it to the 15 s timeout either way.
     text = log.read_text()
     assert (
         f"Timed out waiting {timeout_s * 1000}ms" in text
         or "Application timeout caused pair closure" in text
     )
     assert last_line(log) == (
-        f"rank 1 (pid {hung.pid} on {socket.gethostname()}) hung: rank 0 gave up waiting for it in a "
-        f"collective (parallel.collective_timeout_s); no earlier checkpoint of this run exists"
+        f"rank 1 (pid {hung.pid} on {socket.gethostname()}) hung: rank 0 gave up waiting for it in "
+        f"a collective (parallel.collective_timeout_s); no earlier checkpoint of this run exists"
     ), text[-3000:]
 
 

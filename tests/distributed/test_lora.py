@@ -1,15 +1,17 @@
 """LoRA under ZeRO-3 and Ulysses SP on CPU over gloo, real processes (fp32):
 
-- SP=2 against a plain single-process HF model with the same adapters (tests/levers/test_lora.py's apply_lora on
-  helpers.tiny_model): the loss and every adapter gradient (`safe_get_full_grad` of the partitioned adapters),
-  rel <= 1e-5; the frozen base has no gradient. The adapters start with B drawn (`lora_init=random_b`): with
-  PEFT's B = 0 every A gradient would be 0 and the comparison empty for half the adapters.
-- the same with every lever on: chunked loss in chunks smaller than a slice, tiled MLP (the per-tile path),
-  checkpointing routed through DeepSpeed's checkpoint (the offload path on CPU).
-- `ds-longctx train` 2 steps: the base weights in the checkpoint are the initial draw, bit for bit; every
-  adapter moved.
-- export: 2 steps (export_worker.py, YaRN), `ds-longctx export --merged`; `PeftModel.from_pretrained(base, out)`
-  gives the engine's logits (rel <= 1e-5), and so does the merged model.
+- SP=2 against a plain single-process HF model with the same adapters (tests/levers/test_lora.py's
+  apply_lora on helpers.tiny_model): the loss and every adapter gradient (`safe_get_full_grad` of
+  the partitioned adapters), rel <= 1e-5; the frozen base has no gradient. The adapters start with B
+  drawn (`lora_init=random_b`): with PEFT's B = 0 every A gradient would be 0 and the comparison
+  empty for half the adapters.
+- the same with every lever on: chunked loss in chunks smaller than a slice, tiled MLP (the per-tile
+  path), checkpointing routed through DeepSpeed's checkpoint (the offload path on CPU).
+- `ds-longctx train` 2 steps: the base weights in the checkpoint are the initial draw, bit for bit;
+  every adapter moved.
+- export: 2 steps (export_worker.py, YaRN), `ds-longctx export --merged`;
+  `PeftModel.from_pretrained(base, out)` gives the engine's logits (rel <= 1e-5), and so does the
+  merged model.
 """
 
 import pytest
@@ -26,7 +28,8 @@ LORA = {"lora_rank": 4, "lora_alpha": 8, "lora_init": "random_b"}
 
 
 def reference(ids: torch.Tensor, **lora):
-    """HF's own token-mean loss and the adapters' gradients, on one process, the engine's adapters (same seed)."""
+    """HF's own token-mean loss and the adapters' gradients, on one process, the engine's adapters
+    (same seed)."""
     model = tiny_model(seed=0, attn="eager")
     apply_lora(model, RunConfig(**lora).lora, seed=0)
     loss = model(input_ids=ids[None], labels=ids[None]).loss

@@ -1,12 +1,14 @@
-"""A mixture of experts (the shipped qwen3-moe-tiny: 4 experts, top-2, router_aux_loss_coef 0.01) through the engine on
-CPU over gloo (ZeRO-3, Ulysses SP): the loss (cross-entropy + coef x the load-balancing loss) and every gradient against
-plain HF's on the full sequence, fp32, rel <= 1e-5, at SP=1 and SP=2, untiled and tiled.
+"""A mixture of experts (the shipped qwen3-moe-tiny: 4 experts, top-2, router_aux_loss_coef 0.01)
+through the engine on CPU over gloo (ZeRO-3, Ulysses SP): the loss (cross-entropy + coef x the
+load-balancing loss) and every gradient against plain HF's on the full sequence, fp32, rel <= 1e-5,
+at SP=1 and SP=2, untiled and tiled.
 
-One input covers the cases that move the aux: three packed documents (HF's reference runs each document alone; its
-load-balancing loss is `load_balancing_loss_func` over the routers of the whole row, as for a packed row), 63 tokens
-(SP=2 pads one token, which must not count in the aux) and a 29-token document across the slice border. The tiled
-run also recomputes its lower layer through DeepSpeed's reentrant checkpoint (the first forward runs without grad:
-the aux gradient comes from the recompute) and keeps the upper layer's attention output."""
+One input covers the cases that move the aux: three packed documents (HF's reference runs each
+document alone; its load-balancing loss is `load_balancing_loss_func` over the routers of the whole
+row, as for a packed row), 63 tokens (SP=2 pads one token, which must not count in the aux) and a
+29-token document across the slice border. The tiled run also recomputes its lower layer through
+DeepSpeed's reentrant checkpoint (the first forward runs without grad: the aux gradient comes from
+the recompute) and keeps the upper layer's attention output."""
 
 import pytest
 import torch
@@ -18,9 +20,10 @@ LENS = [20, 29, 14]
 
 
 def reference(rows: list, doc_lens: list = None):
-    """HF's own loss with output_router_logits over a step's micro-batches (one row each): the documents'
-    token-weighted CE over every row, + coef x the mean over the rows of load_balancing_loss_func over each row's
-    routers (a packed row's: every document's); its loss, gradients and the first row's aux."""
+    """HF's own loss with output_router_logits over a step's micro-batches (one row each): the
+    documents' token-weighted CE over every row, + coef x the mean over the rows of
+    load_balancing_loss_func over each row's routers (a packed row's: every document's); its loss,
+    gradients and the first row's aux."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     from ds_longctx.levers.moe import set_experts_kernel
@@ -62,7 +65,8 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
     runs = {
         "sp1": run(tmp_path, 1, 1, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
         "sp2": run(tmp_path, 2, 2, length=sum(LENS), packed=LENS, model="qwen3-moe-tiny"),
-        # tiled, under DeepSpeed's (reentrant) checkpoint of the lower layer and the upper one's attention cache
+        # tiled, under DeepSpeed's (reentrant) checkpoint of the lower layer and the upper one's
+        # attention cache
         "sp2_tiled": run(
             tmp_path,
             2,
@@ -83,7 +87,8 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
 
 
 def test_moe_over_two_micro_batches_weighs_each_aux_once(tmp_path):
-    """grad_accum 2 at SP=2: the step's CE over both rows' tokens + coef x the mean of the two rows' aux losses."""
+    """grad_accum 2 at SP=2: the step's CE over both rows' tokens + coef x the mean of the two rows'
+    aux losses."""
     got = run(tmp_path, 2, 2, length=64, micro=2, model="qwen3-moe-tiny")
     ref_loss, ref_grads, _ = reference([sample(0), sample(1)])
     check(got, ref_loss, ref_grads)

@@ -1,11 +1,12 @@
-"""Several nodes on one machine (CPU, gloo, ZeRO-3): two torchrun agents of 2 processes each (`--nnodes 2
---node_rank 0/1`, launch.txt's c10d rendezvous on a localhost port) are one world of 4 whose SP groups (sp=2) stay
-inside a "node" and whose data parallelism runs across the two. They write the losses of one node of 4 processes,
-and a checkpoint they save resumes on them with the straight run's losses.
+"""Several nodes on one machine (CPU, gloo, ZeRO-3): two torchrun agents of 2 processes each
+(`--nnodes 2 --node_rank 0/1`, launch.txt's c10d rendezvous on a localhost port) are one world of 4
+whose SP groups (sp=2) stay inside a "node" and whose data parallelism runs across the two. They
+write the losses of one node of 4 processes, and a checkpoint they save resumes on them with the
+straight run's losses.
 
-What one machine cannot show: another network between the nodes, and a filesystem that is not shared.
-checkpoint/resume.py assumes output_dir is one filesystem for every rank (rank 0 renames what all ranks wrote); here
-it is, as on a cluster's shared filesystem.
+What one machine cannot show: another network between the nodes, and a filesystem that is not
+shared. checkpoint/resume.py assumes output_dir is one filesystem for every rank (rank 0 renames
+what all ranks wrote); here it is, as on a cluster's shared filesystem.
 """
 
 import pytest
@@ -33,7 +34,8 @@ RUN = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One node of 4 processes, 4 steps straight; two nodes of 2: 2 steps saved, then resumed to 4."""
+    """One node of 4 processes, 4 steps straight; two nodes of 2: 2 steps saved, then resumed to
+    4."""
     d = tmp_path_factory.mktemp("nodes")
     one, two = d / "one_node", d / "two_nodes"
     torchrun(4, [*RUN, "--steps", "4", "--output_dir", str(one)], module=True)
@@ -82,8 +84,8 @@ def test_a_checkpoint_saved_across_nodes_resumes_with_the_straight_losses(runs):
 
 
 def test_an_sp_group_across_nodes_is_refused_before_start(tmp_path):
-    """sp=4 on nodes of 2 processes: the rank sees LOCAL_WORLD_SIZE=2 of WORLD_SIZE=4 (what torchrun gives it) and
-    refuses with exit 2 and one line, before any process group or file exists."""
+    """sp=4 on nodes of 2 processes: the rank sees LOCAL_WORLD_SIZE=2 of WORLD_SIZE=4 (what torchrun
+    gives it) and refuses with exit 2 and one line, before any process group or file exists."""
     out = tmp_path / "run"
     env = {
         "RANK": "0",
@@ -110,8 +112,9 @@ def test_an_sp_group_across_nodes_is_refused_before_start(tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last == (
-        "refused before start: sp_size=4 does not divide the 2 processes per node, so an SP group would "
-        "straddle nodes (its all-to-all over the inter-node network); try one of [1, 2] per node, or set "
-        "sp_across_nodes: true to let SP groups span nodes"
+        "refused before start: sp_size=4 does not divide the 2 processes per node, so an SP group "
+        "would "
+        "straddle nodes (its all-to-all over the inter-node network); try one of [1, 2] per node, "
+        "or set sp_across_nodes: true to let SP groups span nodes"
     ), last
     assert not out.exists()

@@ -1,8 +1,9 @@
-"""The offloaded optimizer on CPU (gloo, 2 processes, SP=2, qwen3-tiny, fp32, DeepSpeedCPUAdam JIT-built on first
-use): partial offload (`optimizer_offload_ratio 0.5`) and full offload train with the losses of the optimizer kept
-"on the device" (torch AdamW), and DeepSpeed's real sub-groups are the ones the planner splits
-(`plan/zero_buffers.py:optimizer_split`). On CPU DeepSpeed's accelerator is the CPU, so both halves live in host memory:
-this checks the bookkeeping and the numerics; tests/gpu/test_gpu.py checks the split on a GPU."""
+"""The offloaded optimizer on CPU (gloo, 2 processes, SP=2, qwen3-tiny, fp32, DeepSpeedCPUAdam
+JIT-built on first use): partial offload (`optimizer_offload_ratio 0.5`) and full offload train with
+the losses of the optimizer kept "on the device" (torch AdamW), and DeepSpeed's real sub-groups are
+the ones the planner splits (`plan/zero_buffers.py:optimizer_split`). On CPU DeepSpeed's accelerator
+is the CPU, so both halves live in host memory: this checks the bookkeeping and the numerics;
+tests/gpu/test_gpu.py checks the split on a GPU."""
 
 import json
 
@@ -27,8 +28,9 @@ def test_deepspeeds_sub_groups_are_the_planners(tmp_path):
     assert info["optimizer"] == "DeepSpeedCPUAdam"
     geom = ModelGeometry.from_name_or_path("qwen3-tiny")
     numels = info["numels"]
-    # many groups (DeepSpeed's default sub_group_size would make one): up to OFFLOAD_SUB_GROUPS, fewer where single
-    # parameters outgrow a group, as here (the tiny model's embedding alone is 8 groups' worth)
+    # many groups (DeepSpeed's default sub_group_size would make one): up to OFFLOAD_SUB_GROUPS,
+    # fewer where single parameters outgrow a group, as here (the tiny model's embedding alone is 8
+    # groups' worth)
     assert info["sub_groups"] == len(numels) >= 10
     on_gpu = sum(
         numels[: int((1 - 0.5) * len(numels))]
@@ -86,9 +88,10 @@ def test_partial_and_full_offload_train_as_the_device_optimizer(tmp_path, device
 def test_a_resume_that_offloads_the_optimizer_and_parameters_continues_the_device_run(
     tmp_path, device_run
 ):
-    """The device run's step-2 checkpoint (torch AdamW's state) resumed with optimizer_offload and offload_params
-    (DeepSpeed CPU Adam): step 3 starts from the same weights and makes the same update from the same Adam moments
-    and step counters (run/resume_changes.py adopt_saved_state; without it CPU Adam fails at its first step)."""
+    """The device run's step-2 checkpoint (torch AdamW's state) resumed with optimizer_offload and
+    offload_params (DeepSpeed CPU Adam): step 3 starts from the same weights and makes the same
+    update from the same Adam moments and step counters (run/resume_changes.py adopt_saved_state;
+    without it CPU Adam fails at its first step)."""
     import shutil
 
     out = tmp_path / "resumed"
@@ -113,7 +116,8 @@ def test_a_resume_that_offloads_the_optimizer_and_parameters_continues_the_devic
         timeout=900,
     )
     assert (
-        "resume: changed since step 2: save_every 2 -> 3, keep_checkpoints 0 -> 2, optimizer_offload False -> "
+        "resume: changed since step 2: save_every 2 -> 3, keep_checkpoints 0 -> 2, "
+        "optimizer_offload False -> "
         "True, offload_params False -> True" in res.stderr
     ), res.stderr[-3000:]
     rows, device = read_metrics(out), read_metrics(device_run)

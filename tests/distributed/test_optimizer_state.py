@@ -1,8 +1,9 @@
-"""`optimizer.state_at_build` (run/optimizer_state.py) on CPU (gloo, 2 processes, SP=2, qwen3-tiny, fp32, AdamW with
-weight decay): the Adam moments exist right after the build, zero and at step 0, the master weights are the ones the
-lazy default builds, and two steps later weights, moments and step counters equal the lazy default's, for the
-optimizer on the device (torch AdamW), fully offloaded (DeepSpeedCPUAdam, JIT-built on first use) and half offloaded
-(CPU Adam plus DeepSpeed's AdamW for the other half)."""
+"""`optimizer.state_at_build` (run/optimizer_state.py) on CPU (gloo, 2 processes, SP=2, qwen3-tiny,
+fp32, AdamW with weight decay): the Adam moments exist right after the build, zero and at step 0,
+the master weights are the ones the lazy default builds, and two steps later weights, moments and
+step counters equal the lazy default's, for the optimizer on the device (torch AdamW), fully
+offloaded (DeepSpeedCPUAdam, JIT-built on first use) and half offloaded (CPU Adam plus DeepSpeed's
+AdamW for the other half)."""
 
 import pytest
 import torch
@@ -46,15 +47,17 @@ def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
 def assert_steps_as_the_lazy_default(
     made: list[dict], lazy: list[dict], case: str, exact: bool = True
 ) -> None:
-    """Per rank: state at build (zero moments, step 0, weights untouched) and, two steps later, the lazy default's
-    losses, weights, moments and step counters: bit for bit (`exact`; CPU), or to fp32 rounding (a GPU's attention
-    backward may add in another order from run to run). A first real step at another step count (bias correction)
-    or with the warm-up's update left in would be far outside both."""
+    """Per rank: state at build (zero moments, step 0, weights untouched) and, two steps later, the
+    lazy default's losses, weights, moments and step counters: bit for bit (`exact`; CPU), or to
+    fp32 rounding (a GPU's attention backward may add in another order from run to run). A first
+    real step at another step count (bias correction) or with the warm-up's update left in would be
+    far outside both."""
     for rank, (m, lz) in enumerate(zip(made, lazy)):
         assert m["built"]["optimizers"] == lz["built"]["optimizers"]
         if case == "half":
             assert m["built"]["optimizers"] == ["AdamW", "DeepSpeedCPUAdam"]
-        # at build: the lazy default has no state; ours has every sub-group's, zero moments at step 0
+        # at build: the lazy default has no state; ours has every sub-group's, zero moments at step
+        # 0
         assert all(st == {} for st in lz["built"]["state"]), (rank, lz["built"]["state"])
         assert len(m["built"]["state"]) == len(lz["built"]["state"]) >= 1
         for p, st in zip(m["built"]["master"], m["built"]["state"]):
@@ -62,10 +65,12 @@ def assert_steps_as_the_lazy_default(
             assert st["step"] == 0
             assert st["exp_avg"].shape == st["exp_avg_sq"].shape == p.shape
             assert not st["exp_avg"].any() and not st["exp_avg_sq"].any()
-        # the warm-up step changed no weight (lr and weight decay 0 for it): the same master as the lazy build
+        # the warm-up step changed no weight (lr and weight decay 0 for it): the same master as the
+        # lazy build
         for a, b in zip(m["built"]["master"], lz["built"]["master"]):
             assert torch.equal(a, b)
-        # two real steps later: the same losses, weights, moments and step counters as the lazy default
+        # two real steps later: the same losses, weights, moments and step counters as the lazy
+        # default
         assert (
             m["losses"] == lz["losses"]
             if exact
@@ -97,9 +102,10 @@ def test_state_made_at_build_steps_as_the_lazy_default(tmp_path, case):
 
 
 class Zero3Like:
-    """The three things `materialize` uses of DeepSpeed's ZeRO-3 optimizer, as stage3.py has them: the fp32
-    sub-groups, the inner optimizer with empty param groups between steps, and `_optimizer_step(i)`, which puts
-    sub-group i in its group, steps and takes it out again."""
+    """The three things `materialize` uses of DeepSpeed's ZeRO-3 optimizer, as stage3.py has them:
+    the fp32
+    sub-groups, the inner optimizer with empty param groups between steps, and `_optimizer_step(i)`,
+    which puts sub-group i in its group, steps and takes it out again."""
 
     def __init__(self, opt_cls, sizes=(5, 3), **kw):
         self.fp32_partitioned_groups_flat = [torch.nn.Parameter(torch.randn(n)) for n in sizes]

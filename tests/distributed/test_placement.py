@@ -1,7 +1,8 @@
-"""Mixed placement plans (a layer offloaded through DeepSpeed's checkpoint, a layer with its attention output
-cached, a layer with both its checkpoint and its kept output on the host) under ZeRO-3 SP=2 on 2 gloo processes: the
-engine applies exactly the plan the run config makes, layer by layer (read off each layer's checkpoint function), and
-the loss and every gradient equal a plain single-process HF model's (fp32, rel <= 1e-5)."""
+"""Mixed placement plans (a layer offloaded through DeepSpeed's checkpoint, a layer with its
+attention output cached, a layer with both its checkpoint and its kept output on the host) under
+ZeRO-3 SP=2 on 2 gloo processes: the engine applies exactly the plan the run config makes, layer by
+layer (read off each layer's checkpoint function), and the loss and every gradient equal a plain
+single-process HF model's (fp32, rel <= 1e-5)."""
 
 import pytest
 
@@ -26,8 +27,8 @@ def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, ove
     if overrides.get(
         "pinned_pool"
     ):  # both host layers' inputs in slices of the engine's one reservation, made at
-        # build, and layer 1's kept attention output + LSE in its region of the same block: the step allocated no
-        # slot or buffer of its own
+        # build, and layer 1's kept attention output + LSE in its region of the same block: the step
+        # allocated no slot or buffer of its own
         from ds_longctx.plan.geometry import ModelGeometry
 
         g = ModelGeometry.from_name_or_path("qwen3-tiny")
@@ -49,8 +50,9 @@ def test_mixed_plan_is_what_the_engine_applies_and_keeps_the_grads(tmp_path, ove
 
 
 def test_disk_layers_through_the_engine_give_the_plain_hf_grads_and_leave_nvme_path_empty(tmp_path):
-    """A layer's checkpoint on disk (levers/disk_tier.py) beside one in the pinned pool, SP=2: the plan the engine
-    applies, the plain model's loss and gradients, and each rank's scratch directory gone after its step."""
+    """A layer's checkpoint on disk (levers/disk_tier.py) beside one in the pinned pool, SP=2: the
+    plan the engine applies, the plain model's loss and gradients, and each rank's scratch directory
+    gone after its step."""
     nvme = tmp_path / "nvme"
     got = run(
         tmp_path,

@@ -1,8 +1,9 @@
-"""A checkpoint resumed at another layout (CPU, gloo, fp32, qwen3-tiny): saved by 4 ranks at sp=4 (grad_accum 2),
-resumed at 2 ranks sp=2, at 4 ranks sp=2 x dp=2 (grad_accum 1: the global batch kept) and at 1 rank. Each continues
-with the same step, lr and samples, and its losses equal a plain HF model + torch AdamW stepped in this process from
-the checkpoint's weights and moments. A universal file carrying a pickle is refused unloaded; another global batch
-is refused unless asked; a machine the planner says is too small is refused before anything is loaded."""
+"""A checkpoint resumed at another layout (CPU, gloo, fp32, qwen3-tiny): saved by 4 ranks at sp=4
+(grad_accum 2), resumed at 2 ranks sp=2, at 4 ranks sp=2 x dp=2 (grad_accum 1: the global batch
+kept) and at 1 rank. Each continues with the same step, lr and samples, and its losses equal a plain
+HF model + torch AdamW stepped in this process from the checkpoint's weights and moments. A
+universal file carrying a pickle is refused unloaded; another global batch is refused unless asked;
+a machine the planner says is too small is refused before anything is loaded."""
 
 import hashlib
 import json
@@ -41,8 +42,8 @@ def options(base: list, sp: int, accum: int) -> list:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """4 ranks, sp=4, grad_accum 2: steps 1-4, saved at 2 and 4; the universal form of step 2 written by
-    `ds-longctx checkpoint reshard` ahead of the resumes."""
+    """4 ranks, sp=4, grad_accum 2: steps 1-4, saved at 2 and 4; the universal form of step 2
+    written by `ds-longctx checkpoint reshard` ahead of the resumes."""
     d = tmp_path_factory.mktemp("reshard")
     base = text_run_args(d / "data")
     src = d / "src"
@@ -78,8 +79,9 @@ def copy_at_step2(source, name: str, universal_too: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(source):
-    """Losses of steps 3 and 4: HF's Qwen3 with step 2's fp32 weights, torch AdamW with its moments and step, the
-    run's gradient clipping (1.0), on samples 4-5 then 6-7 (global batch 2), the token-mean next-token CE."""
+    """Losses of steps 3 and 4: HF's Qwen3 with step 2's fp32 weights, torch AdamW with its moments
+    and step, the run's gradient clipping (1.0), on samples 4-5 then 6-7 (global batch 2), the
+    token-mean next-token CE."""
     tag = source["src"] / "checkpoints" / "step2"
     manifest = universal.read_manifest(tag)
     model = tiny_model(attn="eager")
@@ -227,16 +229,16 @@ def test_another_global_batch_is_refused_unless_asked(source):
     res = run_module([*args, "--allow_batch_change", "true"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert (
-        "global batch 2 -> 1 sequences a step (allow_batch_change): the sample stream continues at sample 4"
-        in res.stderr
+        "global batch 2 -> 1 sequences a step (allow_batch_change): the sample stream continues at "
+        "sample 4" in res.stderr
     )
     meta = json.loads((out / "checkpoints" / "step4" / "meta.json").read_text())
     assert meta["samples"] == 4 + 2 * 1
 
 
 def test_a_machine_the_planner_says_is_too_small_is_refused_before_loading(source):
-    """Qwen3-8B at 1M tokens saved on 8 ranks (its meta), resumed on 2 x 141 GB: refused with the longest length
-    that fits there, before any worker starts or any file is read."""
+    """Qwen3-8B at 1M tokens saved on 8 ranks (its meta), resumed on 2 x 141 GB: refused with the
+    longest length that fits there, before any worker starts or any file is read."""
     out = copy_at_step2(source, "too_small", universal_too=False)
     tag = out / "checkpoints" / "step2"
     meta = json.loads((tag / "meta.json").read_text())

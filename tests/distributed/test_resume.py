@@ -1,7 +1,7 @@
-"""Checkpoint and resume on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32, a JSONL corpus through the datasets
-pipeline): a run cut in two and resumed gives the straight run's losses and weights exactly; SIGTERM saves
-and exits 0; a resume with another layout, a damaged checkpoint and a NaN loss stop with a message and
-change nothing."""
+"""Checkpoint and resume on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32, a JSONL corpus through the
+datasets pipeline): a run cut in two and resumed gives the straight run's losses and weights
+exactly; SIGTERM saves and exits 0; a resume with another layout, a damaged checkpoint and a NaN
+loss stop with a message and change nothing."""
 
 import json
 import signal
@@ -40,8 +40,8 @@ def train(nproc, args):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The straight 6-step run (saved at steps 4 and 6) and the 3 + resumed 3 run (saved at 3 and 6); module-scoped:
-    the refusal and resume-change tests reuse its checkpoints."""
+    """The straight 6-step run (saved at steps 4 and 6) and the 3 + resumed 3 run (saved at 3 and
+    6); module-scoped: the refusal and resume-change tests reuse its checkpoints."""
     d = tmp_path_factory.mktemp("resume")
     base = text_run_args(d / "data")
     straight, cut = d / "straight", d / "cut"
@@ -69,14 +69,15 @@ def test_resume_gives_the_straight_runs_losses_and_weights(runs):
 
 
 def test_a_saved_checkpoint_is_the_size_preflight_counts(runs):
-    """Full fine-tuning: 12 bytes per parameter (plan/planner.disk_checkpoint_bytes; LoRA: tests/distributed/
+    """Full fine-tuning: 12 bytes per parameter (plan/planner.disk_checkpoint_bytes; LoRA:
+    tests/distributed/
     test_lora.py), the free-space check's unit."""
     assert_saved_size(ckpt_root(runs["straight"]) / "step6")
 
 
 def test_resume_that_changes_the_global_batch_is_refused_and_changes_nothing(runs):
-    """2 processes at sp_size 1 (dp 2) would train 2 sequences a step where the checkpoint trained 1; another layout
-    with the same batch reshards (tests/distributed/test_reshard.py)."""
+    """2 processes at sp_size 1 (dp 2) would train 2 sequences a step where the checkpoint trained
+    1; another layout with the same batch reshards (tests/distributed/test_reshard.py)."""
     cut = runs["cut"]
     before = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in cut.rglob("*"))
     args = [a if a != "2" else "1" for a in runs["base"]]  # --sp_size 1
@@ -97,7 +98,8 @@ def test_resume_that_changes_the_global_batch_is_refused_and_changes_nothing(run
 
 
 def with_value(args: list, key: str, value: str) -> list:
-    """`args` with option `key` set to `value` (replaced where given: an option given twice is refused)."""
+    """`args` with option `key` set to `value` (replaced where given: an option given twice is
+    refused)."""
     out = list(args)
     if key in out:
         out[out.index(key) + 1] = value
@@ -112,7 +114,8 @@ def with_value(args: list, key: str, value: str) -> list:
 def test_resume_that_changes_the_model_or_data_order_is_refused_before_any_worker(
     runs, tmp_path, key, value, says
 ):
-    """Refused by `ds-longctx train` itself (preflight, no worker started), exit 2, the reason in the last line."""
+    """Refused by `ds-longctx train` itself (preflight, no worker started), exit 2, the reason in
+    the last line."""
     t0 = time.time()
     args = with_value(runs["base"], key, value)
     res = run_cli(
@@ -145,9 +148,10 @@ def test_resume_that_changes_the_model_or_data_order_is_refused_before_any_worke
 
 
 def test_resume_with_a_new_lr_and_schedule_applies_them_and_lists_them_in_one_line(runs, tmp_path):
-    """lr 1e-3 -> 5e-4 and warmup_steps 0 -> 2 at checkpoint step3 (saved without a scheduler): step 4 runs at the lr
-    the new schedule gives it (warm-up over: 5e-4), from the same weights and Adam moments as the straight run's
-    step 4, so its update is exactly half the straight run's; the metrics say 5e-4; one log line lists the changes."""
+    """lr 1e-3 -> 5e-4 and warmup_steps 0 -> 2 at checkpoint step3 (saved without a scheduler): step
+    4 runs at the lr the new schedule gives it (warm-up over: 5e-4), from the same weights and Adam
+    moments as the straight run's step 4, so its update is exactly half the straight run's; the
+    metrics say 5e-4; one log line lists the changes."""
     import shutil
 
     cut = tmp_path / "cut"
@@ -178,7 +182,9 @@ def test_resume_with_a_new_lr_and_schedule_applies_them_and_lists_them_in_one_li
     assert (rows[2]["lr"], rows[3]["lr"]) == (1e-3, 5e-4)
     w3, w4 = checkpoint_weights(runs["cut"], "step3"), checkpoint_weights(runs["straight"], "step4")
     new = checkpoint_weights(cut, "step4")
-    for k in w3:  # to fp32 rounding: weights near 1 (the norms') move by ~5e-4 a step, 1e-7 their ulp; lr kept: 1.0
+    # to fp32 rounding: weights near 1 (the norms') move by ~5e-4 a step, 1e-7 their ulp; lr kept:
+    # 1.0
+    for k in w3:
         assert rel_err(new[k] - w3[k], 0.5 * (w4[k] - w3[k])) < 1e-3, k
 
 
@@ -202,11 +208,12 @@ def test_sigterm_on_one_rank_saves_and_exits_cleanly(tmp_path, runs):
 
 
 def test_two_resumes_at_once_the_second_is_refused_and_the_first_goes_on(runs, tmp_path):
-    """One writer per run. While `ds-longctx train --resume` runs (its launcher holds the lock), a second `ds-longctx
-    train --resume` of the same run exits 2 before any worker, naming the first, and a direct torchrun of it is refused
-    by its workers the same way; the first is not disturbed (each step once in metrics.jsonl, its SIGTERM save whole).
-    Then metrics.jsonl turns unwritable (a link into /sys, where not even root creates a file): the run goes on,
-    keeps the lines and its last line names them, printed above it; no traceback, no line lost."""
+    """One writer per run. While `ds-longctx train --resume` runs (its launcher holds the lock), a
+    second `ds-longctx train --resume` of the same run exits 2 before any worker, naming the first,
+    and a direct torchrun of it is refused by its workers the same way; the first is not disturbed
+    (each step once in metrics.jsonl, its SIGTERM save whole). Then metrics.jsonl turns unwritable
+    (a link into /sys, where not even root creates a file): the run goes on, keeps the lines and its
+    last line names them, printed above it; no traceback, no line lost."""
     import os
     import shutil
 
@@ -280,9 +287,10 @@ def test_two_resumes_at_once_the_second_is_refused_and_the_first_goes_on(runs, t
 
 
 def test_nan_loss_stops_with_the_step(tmp_path):
-    """A model whose RMSNorm takes the root of a negative number (rms_norm_eps -1): the loss is NaN at step 1. Under
-    `ds-longctx train` the stop's line is the last one, exit 1, without torchrun's failure report. (An absurd lr,
-    which made the NaN here before, is refused when the config is read.)"""
+    """A model whose RMSNorm takes the root of a negative number (rms_norm_eps -1): the loss is NaN
+    at step 1. Under `ds-longctx train` the stop's line is the last one, exit 1, without torchrun's
+    failure report. (An absurd lr, which made the NaN here before, is refused when the config is
+    read.)"""
     out = tmp_path / "run"
     model = json.loads((ROOT / "ds_longctx" / "models" / "qwen3-tiny.json").read_text()) | {
         "rms_norm_eps": -1.0
@@ -318,9 +326,9 @@ def test_nan_loss_stops_with_the_step(tmp_path):
 
 
 def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypatch):
-    """MetricsLog without processes: a resumed run drops lines past its checkpoint and appends; a fresh run
-    keeps an old file aside; TensorBoard gets the scalars when torch.utils.tensorboard imports (faked here:
-    tensorboard is not a dependency)."""
+    """MetricsLog without processes: a resumed run drops lines past its checkpoint and appends; a
+    fresh run keeps an old file aside; TensorBoard gets the scalars when torch.utils.tensorboard
+    imports (faked here: tensorboard is not a dependency)."""
     import types
 
     from ds_longctx.run.metrics_log import MetricsLog
@@ -369,8 +377,9 @@ def test_metrics_log_appends_on_resume_and_feeds_tensorboard(tmp_path, monkeypat
 
 
 def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, monkeypatch):
-    """Eval lines go to metrics.jsonl beside the train lines (train lines unchanged) and to TensorBoard as
-    eval/loss; the curve to eval_curve.jsonl, which a resume cuts at its checkpoint like metrics.jsonl."""
+    """Eval lines go to metrics.jsonl beside the train lines (train lines unchanged) and to
+    TensorBoard as eval/loss; the curve to eval_curve.jsonl, which a resume cuts at its checkpoint
+    like metrics.jsonl."""
     import types
 
     from ds_longctx.run.evaluate import EvalResult
@@ -438,9 +447,10 @@ def test_metrics_log_writes_eval_lines_and_the_curve_and_resumes_both(tmp_path, 
 def test_metrics_lines_the_file_cannot_take_are_kept_retried_and_never_lost(
     tmp_path, monkeypatch, caplog, capsys
 ):
-    """A full disk, then a permission, under metrics.jsonl (os.write faked: a few bytes, then the error): the file
-    gets whole lines or none, one warning says why, the kept lines go in at the next write that works, and what is
-    still unwritten at the end is printed and named in the run's last line (`close`'s note)."""
+    """A full disk, then a permission, under metrics.jsonl (os.write faked: a few bytes, then the
+    error): the file gets whole lines or none, one warning says why, the kept lines go in at the
+    next write that works, and what is still unwritten at the end is printed and named in the run's
+    last line (`close`'s note)."""
     import errno
     import logging
     import os
@@ -491,8 +501,9 @@ def test_metrics_lines_the_file_cannot_take_are_kept_retried_and_never_lost(
 
 
 def test_resume_from_a_checkpoint_that_does_not_load_is_refused_on_every_rank(runs, tmp_path):
-    """A partition file that kept its size but not its content (only rank 1's): the ranks share their verdicts
-    and all stop with rank 1's message, instead of rank 0 training on alone or hanging."""
+    """A partition file that kept its size but not its content (only rank 1's): the ranks share
+    their verdicts and all stop with rank 1's message, instead of rank 0 training on alone or
+    hanging."""
     import shutil
 
     cut = tmp_path / "cut"

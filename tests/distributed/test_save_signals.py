@@ -1,6 +1,7 @@
-"""Ctrl-C during a checkpoint save, on CPU (2 gloo processes, SP=2, fp32, a checkpoint of about half a GB): the
-launcher waits for the save, a deliberate repeat abandons it, and the previous checkpoint stays resumable. Its own
-module so that it runs beside test_stops.py's (pytest-xdist's loadscope keeps a module on one worker)."""
+"""Ctrl-C during a checkpoint save, on CPU (2 gloo processes, SP=2, fp32, a checkpoint of about half
+a GB): the launcher waits for the save, a deliberate repeat abandons it, and the previous checkpoint
+stays resumable. Its own module so that it runs beside test_stops.py's (pytest-xdist's loadscope
+keeps a module on one worker)."""
 
 import json
 import os
@@ -32,10 +33,10 @@ def save_seconds_model(tmp_path):
 
 
 def test_repeated_sigint_during_a_save_waits_then_a_deliberate_one_abandons_it(tmp_path):
-    """Ctrl-C mashed while step 2 is being saved (~0.5 GB, held open 30 s by the debug pause with every file
-    written): the launcher forwards one stop and waits; a press after its warning abandons the save (workers killed),
-    step 1 stays complete and untouched, and the resumed run (the partial save set aside) trains step 2 again to the
-    loss it had, bit for bit."""
+    """Ctrl-C mashed while step 2 is being saved (~0.5 GB, held open 30 s by the debug pause with
+    every file written): the launcher forwards one stop and waits; a press after its warning
+    abandons the save (workers killed), step 1 stays complete and untouched, and the resumed run
+    (the partial save set aside) trains step 2 again to the loss it had, bit for bit."""
     run = ["--model", str(save_seconds_model(tmp_path)), *RUN[2:]]
     out, log = tmp_path / "cut", tmp_path / "cut.log"
     env = cpu_env() | {SAVE_PAUSE_ENV: "30@2"}  # step 1 saves at once

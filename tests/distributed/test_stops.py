@@ -1,7 +1,7 @@
-"""How a run stops, on CPU (2 gloo processes, SP=2, fp32): SIGINT and SIGTERM to `ds-longctx train` save the step
-the ranks stopped at and end the command with one line and 130 / 143 (no torchrun traceback); resuming from those
-saves gives the uninterrupted run's losses bit for bit; SIGKILL of any launcher's process group leaves no worker
-alive after 15 s."""
+"""How a run stops, on CPU (2 gloo processes, SP=2, fp32): SIGINT and SIGTERM to `ds-longctx train`
+save the step the ranks stopped at and end the command with one line and 130 / 143 (no torchrun
+traceback); resuming from those saves gives the uninterrupted run's losses bit for bit; SIGKILL of
+any launcher's process group leaves no worker alive after 15 s."""
 
 import os
 import signal
@@ -42,7 +42,8 @@ LONG = 40  # steps the interrupted runs are given: they are stopped long before
 
 
 def start_cli(args, log):
-    """`ds-longctx train --nproc 2 ARGS` in its own session (so a signal or killpg reaches it alone), output to log."""
+    """`ds-longctx train --nproc 2 ARGS` in its own session (so a signal or killpg reaches it
+    alone), output to log."""
     with open(log, "w") as f:
         return subprocess.Popen(
             [sys.executable, "-m", "ds_longctx.cli", "train", "--nproc", "2", *args],
@@ -55,7 +56,8 @@ def start_cli(args, log):
 
 
 def interrupt(proc, out, log, sig, after_steps):
-    """Send `sig` to the launcher once metrics.jsonl has `after_steps` lines; (exit code, output)."""
+    """Send `sig` to the launcher once metrics.jsonl has `after_steps` lines; (exit code,
+    output)."""
     try:
         wait_for_steps(proc, out, after_steps, log)
         proc.send_signal(sig)
@@ -72,7 +74,8 @@ def last_line(text):
 
 def test_sigint_then_sigterm_save_their_step_and_the_resumed_losses_are_the_straight_runs(tmp_path):
     out = tmp_path / "cut"
-    # 1. SIGINT (Ctrl-C) during a step: the ranks finish it, save it, and the command says so last, exit 130
+    # 1. SIGINT (Ctrl-C) during a step: the ranks finish it, save it, and the command says so last,
+    # exit 130
     rc, text = interrupt(
         start_cli([*RUN, "--steps", str(LONG), "--output_dir", str(out)], tmp_path / "a.log"),
         out,
@@ -130,8 +133,9 @@ def _script_env(**extra):
     return {**env, **extra}
 
 
-# the committed config's 36-layer placement does not fit the tiny model's 2 layers (the default placement), and its
-# planned world of 8 is not these 2 processes (parallel.nodes / gpus_per_node cleared)
+# the committed config's 36-layer placement does not fit the tiny model's 2 layers (the default
+# placement), and its planned world of 8 is not these 2 processes (parallel.nodes / gpus_per_node
+# cleared)
 SCRIPT_ARGS = [*RUN, "--placement", "null", "--nodes", "null", "--gpus_per_node", "null"]
 LAUNCHERS = {
     "ds-longctx train": lambda out: (
@@ -187,8 +191,8 @@ LAUNCHERS = {
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_sigkill_of_the_launchers_process_group_leaves_no_worker_alive(launcher, tmp_path):
-    """torchrun (also inside `ds-longctx train` and `accelerate launch`) starts its workers in their own sessions:
-    killing the launcher's group left them training on (run/stops.watch_launcher)."""
+    """torchrun (also inside `ds-longctx train` and `accelerate launch`) starts its workers in their
+    own sessions: killing the launcher's group left them training on (run/stops.watch_launcher)."""
     out, log = tmp_path / "run", tmp_path / "log.txt"
     cmd, env = LAUNCHERS[launcher](out)
     with open(log, "w") as f:
@@ -218,8 +222,9 @@ def test_sigkill_of_the_launchers_process_group_leaves_no_worker_alive(launcher,
 def test_ctrl_c_through_a_pipe_whose_reader_dies_saves_and_the_stop_line_is_in_the_runs_log(
     tmp_path,
 ):
-    """`ds-longctx train ... | cat`, Ctrl-C to the terminal's group: the reader dies with the launcher's signal, the
-    ranks' writes to the dead pipe end nothing, the step is saved and the stop line is train.log's last."""
+    """`ds-longctx train ... | cat`, Ctrl-C to the terminal's group: the reader dies with the
+    launcher's signal, the ranks' writes to the dead pipe end nothing, the step is saved and the
+    stop line is train.log's last."""
     out = tmp_path / "piped"
     reader = subprocess.Popen(
         ["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0
@@ -269,8 +274,8 @@ def test_ctrl_c_through_a_pipe_whose_reader_dies_saves_and_the_stop_line_is_in_t
         "_ds_longctx" not in (ckpt_root(out) / f"step{k}" / "config.json").read_text()
     )  # no key of ours
     assert (
-        "weights random init (no checkpoint); tokenizer none (synthetic data or token ids); output also in "
-        f"{out / 'train.log'}"
+        "weights random init (no checkpoint); tokenizer none (synthetic data or token ids); output "
+        f"also in {out / 'train.log'}"
         in text
         and f"TensorBoard events in {out / 'tensorboard'}" in text
     )

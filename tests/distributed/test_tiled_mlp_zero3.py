@@ -1,25 +1,27 @@
 """Tiled MLP under real DeepSpeed ZeRO-3: 2 CPU processes over gloo, every param partitioned.
 
-The reference is the same engine without tiling, in the same processes: same weights (helpers.tiny_model's
-per-name draw before deepspeed.initialize, no zero.Init: identical on both ranks), same batch on both ranks.
-Two steps each, so step 2 also checks that the reduce of step 1 left nothing behind. Checked: the loss, and
-every full gradient (`safe_get_full_grad` after `engine.backward`, before `engine.step`), fp32: rel <= 1e-6 at
-step 1. Step 2 gets 1e-4: AdamW's first update is about lr * sign(grad), so elements whose grad is near zero move
-differently on 1e-7 grad differences, and step 2 starts from weights that are not bitwise equal (measured:
-4e-6). A grad that ZeRO failed to reduce would be off by O(1); a naive tile loop that accumulates every
-tile into `.grad` fails here outright (ZeRO-3's epilogue asserts each param is in the bucket once).
-Variants: no checkpointing, torch's non-reentrant and reentrant checkpoint, DeepSpeed's checkpoint, the
-MLP as a DeepSpeed z3-leaf module, the per-tile path (an MLP whose Linear has its own forward), and tiled
-MLP applied in place after 2 plain steps (as benchmarks/bench_levers.py toggles levers), with a prefetch
-bucket of one Linear so DeepSpeed's stale trace has the MLP weights in flight when the tiled MLP first
-runs; that run goes 5 steps against 5 plain ones, losses within 1e-4 from step 2 on.
+The reference is the same engine without tiling, in the same processes: same weights
+(helpers.tiny_model's per-name draw before deepspeed.initialize, no zero.Init: identical on both
+ranks), same batch on both ranks. Two steps each, so step 2 also checks that the reduce of step 1
+left nothing behind. Checked: the loss, and every full gradient (`safe_get_full_grad` after
+`engine.backward`, before `engine.step`), fp32: rel <= 1e-6 at step 1. Step 2 gets 1e-4: AdamW's
+first update is about lr * sign(grad), so elements whose grad is near zero move differently on 1e-7
+grad differences, and step 2 starts from weights that are not bitwise equal (measured: 4e-6). A grad
+that ZeRO failed to reduce would be off by O(1); a naive tile loop that accumulates every tile into
+`.grad` fails here outright (ZeRO-3's epilogue asserts each param is in the bucket once). Variants:
+no checkpointing, torch's non-reentrant and reentrant checkpoint, DeepSpeed's checkpoint, the
+MLP as a DeepSpeed z3-leaf module, the per-tile path (an MLP whose Linear has its own forward), and
+tiled MLP applied in place after 2 plain steps (as benchmarks/bench_levers.py toggles levers), with
+a prefetch bucket of one Linear so DeepSpeed's stale trace has the MLP weights in flight when the
+tiled MLP first runs; that run goes 5 steps against 5 plain ones, losses within 1e-4 from step 2 on.
 
-Gathers: DeepSpeed all-gathers are counted over each step's forward + backward. With a config that keeps
-nothing gathered between module calls (the steady state of a model larger than the reuse window), 2 and
-8 tiles must give the same count (the per-tile path gave 74 and 182 here); the per-tile path gathers
-more than the gated one. Also checked: DeepSpeed's fetch trace is still complete after the backward of
-step 2 (a trace mismatch would have invalidated it; for the in-place run, step 5 after the re-recorded
-step 4), and no MLP weight of the gated path is left gathered after a forward or a backward.
+Gathers: DeepSpeed all-gathers are counted over each step's forward + backward. With a config that
+keeps nothing gathered between module calls (the steady state of a model larger than the reuse
+window), 2 and 8 tiles must give the same count (the per-tile path gave 74 and 182 here); the
+per-tile path gathers more than the gated one. Also checked: DeepSpeed's fetch trace is still
+complete after the backward of step 2 (a trace mismatch would have invalidated it; for the in-place
+run, step 5 after the re-recorded step 4), and no MLP weight of the gated path is left gathered
+after a forward or a backward.
 
     pytest -q -m slow tests/distributed/test_tiled_mlp_zero3.py
 
@@ -85,14 +87,16 @@ GATHERS_ONCE = [n for n, v in VARIANTS.items() if v.tile and v.form == "gated" a
 
 
 class OwnForwardLinear(torch.nn.Linear):
-    """A Linear subclass with its own forward (as LoRA has): the tiled MLP then calls the MLP per tile."""
+    """A Linear subclass with its own forward (as LoRA has): the tiled MLP then calls the MLP per
+    tile."""
 
     def forward(self, x):
         return super().forward(x)
 
 
 def _count_all_gathers(counter: list) -> None:
-    """Count every all-gather DeepSpeed issues (fetches, prefetches, GatheredParameters) in counter[0]."""
+    """Count every all-gather DeepSpeed issues (fetches, prefetches, GatheredParameters) in
+    counter[0]."""
     import deepspeed.comm.comm as ds_comm
 
     for name in ("all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced"):
@@ -105,8 +109,9 @@ def _count_all_gathers(counter: list) -> None:
 
 
 def main(out_dir: str) -> None:
-    """One rank of the comparison, under torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the
-    environment torchrun sets (read by deepspeed.init_distributed); writes OUT_DIR/rank{RANK}.json."""
+    """One rank of the comparison, under torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    come from the environment torchrun sets (read by deepspeed.init_distributed); writes
+    OUT_DIR/rank{RANK}.json."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     assert world == WORLD and "MASTER_PORT" in os.environ, (
         "start this under torchrun --nproc_per_node 2"

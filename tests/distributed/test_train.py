@@ -1,7 +1,8 @@
-"""End-to-end training on CPU (ZeRO-3, gloo, real processes): every launcher and layout gives the SP=1 losses.
+"""End-to-end training on CPU (ZeRO-3, gloo, real processes): every launcher and layout gives the
+SP=1 losses.
 
-Weights and data depend only on `seed` (engine.init_weights, data.SyntheticRetrieval), so runs of different
-world size / sp_size are comparable step by step (fp32, rel <= 1e-4).
+Weights and data depend only on `seed` (engine.init_weights, data.SyntheticRetrieval), so runs of
+different world size / sp_size are comparable step by step (fp32, rel <= 1e-4).
 """
 
 import os
@@ -113,8 +114,8 @@ def test_metrics_lines_have_the_promised_fields(sp1_losses, sp1_dir):
     ],
 )
 def test_attention_cache_under_zero3_sp2_gives_the_sp1_losses(tmp_path, sp1_losses, extra, routed):
-    """ZeRO-3 + Ulysses SP=2 with the attention cache (alone, and beside DeepSpeed's checkpoint on layer 0):
-    the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is
+    """ZeRO-3 + Ulysses SP=2 with the attention cache (alone, and beside DeepSpeed's checkpoint on
+    layer 0): the SP=1 losses. The mechanism (one kernel call per cached layer, plain grads) is
     tests/levers/test_attention_cache.py; here the log proves the layers were routed."""
     losses, log = ds_longctx_train(2, 2, tmp_path, extra, with_log=True)
     assert routed in log  # the plan read back from the layers after it was applied

@@ -1,7 +1,8 @@
-"""The training basics on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32): gradient accumulation of 4 equals one step
-over the same 4 micro-batches; a cosine schedule with warm-up reaches its floor at the last step; every metrics line
-carries loss, lr, grad norm, trained tokens, tokens/s, step time and peaks; TensorBoard events hold the same numbers;
-`--epochs 2` runs two passes over the data's rows."""
+"""The training basics on CPU (ZeRO-3, 2 gloo processes, SP=2, fp32): gradient accumulation of 4
+equals one step over the same 4 micro-batches; a cosine schedule with warm-up reaches its floor at
+the last step; every metrics line carries loss, lr, grad norm, trained tokens, tokens/s, step time
+and peaks; TensorBoard events hold the same numbers; `--epochs 2` runs two passes over the data's
+rows."""
 
 import math
 
@@ -139,8 +140,9 @@ def test_epochs_run_two_passes_over_the_rows(tmp_path):
 
 
 def test_two_replicas_with_unequal_trained_tokens_equal_one_replica_over_both_rows(tmp_path):
-    """Packed rows hold different numbers of trained tokens (padding, document ends): DP=2 weighs every trained
-    token of the step alike, as one process accumulating the same two rows does; so does the per-sequence mean."""
+    """Packed rows hold different numbers of trained tokens (padding, document ends): DP=2 weighs
+    every trained token of the step alike, as one process accumulating the same two rows does; so
+    does the per-sequence mean."""
     args = [a for a in text_run_args(tmp_path / "data") if a not in ("--sp_size", "2")]
     base = [*args, "--data_layout", "pack", "--steps", "2", "--report_to", "none"]
     for average in ("tokens", "sequences"):

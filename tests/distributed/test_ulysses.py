@@ -12,8 +12,9 @@ TOL = 1e-5
 
 
 def reference(samples: list[torch.Tensor], doc_lens=None, mask_from=None):
-    """Mean over samples of HF's own token-mean loss, and the mean gradients (the dp-replica average); labels ignored
-    from `mask_from` on (a document left without a trained target weighs 0)."""
+    """Mean over samples of HF's own token-mean loss, and the mean gradients (the dp-replica
+    average); labels ignored from `mask_from` on (a document left without a trained target weighs
+    0)."""
     model = tiny_model(seed=0, attn="eager")
     total = 0.0
     for ids in samples:
@@ -49,8 +50,8 @@ def run(
     micro=1,
     **overrides,
 ):
-    """Launch grad_worker on nproc processes; overrides go to the run config (key=value); `read_placement`: also
-    return each layer's applied checkpoint kind."""
+    """Launch grad_worker on nproc processes; overrides go to the run config (key=value);
+    `read_placement`: also return each layer's applied checkpoint kind."""
     out = tmp_path / f"grads_{nproc}_{sp}_{len(overrides)}_{micro}.pt"
     args = [
         "tests/distributed/grad_worker.py",
@@ -104,8 +105,10 @@ def test_odd_length_is_padded(tmp_path):
 
 
 def test_every_lever_on_matches_plain(tmp_path):
-    # chunked loss with chunks smaller than a slice, tiled MLP with a tile that does not divide the slice,
-    # checkpointing routed through DeepSpeed's checkpoint (offload itself needs a GPU: tests/gpu), YaRN
+    # chunked loss with chunks smaller than a slice, tiled MLP with a tile that does not divide the
+    # slice, checkpointing routed through DeepSpeed's checkpoint (offload itself needs a GPU:
+    # tests/gpu),
+    # YaRN
     got = run(
         tmp_path,
         2,
@@ -130,9 +133,9 @@ def test_packed_documents_keep_boundaries(tmp_path):
 
 
 def test_packed_masked_rows_where_one_rank_trains_nothing_match_sp1_and_plain_hf(tmp_path):
-    """Labels ignored from position 32 on: SP rank 1 of 2 (positions 32-63) holds no trained target and the third
-    document none at all; the loss and every gradient equal SP=1's (1e-6) and plain HF's per document (1e-5),
-    token-weighted, finite."""
+    """Labels ignored from position 32 on: SP rank 1 of 2 (positions 32-63) holds no trained target
+    and the third document none at all; the loss and every gradient equal SP=1's (1e-6) and plain
+    HF's per document (1e-5), token-weighted, finite."""
     lens = [20, 29, 15]
     sp2 = run(tmp_path, 2, 2, length=64, packed=lens, mask_from=32)
     sp1 = run(tmp_path, 1, 1, length=64, packed=lens, mask_from=32)
@@ -150,10 +153,10 @@ def test_packed_masked_rows_where_one_rank_trains_nothing_match_sp1_and_plain_hf
     "placement,pool", [("offload:1,keep:1", False), ("cache:2", False), ("offload:1,cache:1", True)]
 )
 def test_tiled_layer_matches_plain(tmp_path, placement, pool):
-    """The whole layer's token-wise work tiled (levers/tiled_layer.py; tiles of 7 divide no slice) under ZeRO-3 and
-    SP=2, with a checkpoint through DeepSpeed's offload path, the attention output cached, or (the longest plan's
-    levers: offload:35,cache:1 with the pool) the checkpoint in our pinned pool under a cached top layer; chunked
-    loss."""
+    """The whole layer's token-wise work tiled (levers/tiled_layer.py; tiles of 7 divide no slice)
+    under ZeRO-3 and SP=2, with a checkpoint through DeepSpeed's offload path, the attention output
+    cached, or (the longest plan's levers: offload:35,cache:1 with the pool) the checkpoint in our
+    pinned pool under a cached top layer; chunked loss."""
     got = run(
         tmp_path,
         2,
@@ -176,7 +179,8 @@ def test_tiled_layer_keeps_packed_documents_apart(tmp_path):
 
 
 def family_checkpoint(tmp_path, family: str):
-    """A tiny local HF checkpoint of another family (random weights; the engine loads them from the directory)."""
+    """A tiny local HF checkpoint of another family (random weights; the engine loads them from the
+    directory)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     cfg_cls, model_cls = {
@@ -201,8 +205,8 @@ def family_checkpoint(tmp_path, family: str):
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_other_families_with_the_tiled_layer_match_plain_hf(tmp_path, family):
-    """Llama and Mistral checkpoints through the whole engine (SP=2, ZeRO-3, tiled layer with uneven tiles, chunked
-    loss): the plain HF model's loss and every gradient on the full sequence."""
+    """Llama and Mistral checkpoints through the whole engine (SP=2, ZeRO-3, tiled layer with uneven
+    tiles, chunked loss): the plain HF model's loss and every gradient on the full sequence."""
     path, model_cls = family_checkpoint(tmp_path, family)
     got = run(
         tmp_path,
@@ -222,8 +226,9 @@ def test_other_families_with_the_tiled_layer_match_plain_hf(tmp_path, family):
 
 
 def test_tiled_layer_with_kv_replication_and_data_parallelism(tmp_path):
-    """sp=4 over 2 KV heads (each replicated twice inside the exchange) and sp=2 x dp=2, with the tiled layer
-    (tiles of 5): the plain model's loss and grads (the dp case against the two-replica mean)."""
+    """sp=4 over 2 KV heads (each replicated twice inside the exchange) and sp=2 x dp=2, with the
+    tiled layer (tiles of 5): the plain model's loss and grads (the dp case against the two-replica
+    mean)."""
     check(run(tmp_path, 4, 4, length=64, tiled_layer=True, tile_tokens=5), *reference([sample(0)]))
     check(
         run(tmp_path, 4, 2, length=64, tiled_layer=True, tile_tokens=5),

@@ -1,10 +1,12 @@
-"""Ulysses around a hybrid model's gated DeltaNet layers, CPU/gloo, through the engine (ZeRO-3, the loss head): loss
-and every gradient against a plain single-process HF Qwen3_5ForCausalLM on the full sequence (fp32, rel <= 1e-5).
+"""Ulysses around a hybrid model's gated DeltaNet layers, CPU/gloo, through the engine (ZeRO-3, the
+loss head): loss and every gradient against a plain single-process HF Qwen3_5ForCausalLM on the full
+sequence (fp32, rel <= 1e-5).
 
-qwen3.5-tiny: 3 gated DeltaNet layers (2 key / 4 value heads) and 1 full-attention layer (4 query / 2 KV heads of 32,
-output gate, partial rotary). sp=4 goes past the linear key heads (each replicated twice inside the exchange) and the
-KV heads. A packed row's reference is its documents run one by one (transformers' torch path cannot keep packed
-documents apart: it refuses cu_seqlens without FLA)."""
+qwen3.5-tiny: 3 gated DeltaNet layers (2 key / 4 value heads) and 1 full-attention layer (4 query /
+2 KV heads of 32, output gate, partial rotary). sp=4 goes past the linear key heads (each replicated
+twice inside the exchange) and the KV heads. A packed row's reference is its documents run one by
+one (transformers' torch path cannot keep packed documents apart: it refuses cu_seqlens without
+FLA)."""
 
 import pytest
 
@@ -21,7 +23,8 @@ LENS = [
 
 
 def reference(ids, doc_lens=None):
-    """HF's own token-mean loss of one row (each document alone, token-weighted, when packed) and its gradients."""
+    """HF's own token-mean loss of one row (each document alone, token-weighted, when packed) and
+    its gradients."""
     model = tiny_model(seed=0, attn="eager", model=MODEL)
     if doc_lens is None:
         loss = model(input_ids=ids[None], labels=ids[None]).loss
@@ -36,9 +39,10 @@ def reference(ids, doc_lens=None):
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
-# sp2 also pulls the levers that touch every layer type: the chunked loss (chunks smaller than a slice), the tiled MLP
-# (tiles that divide no slice), two linear layers' checkpoints through DeepSpeed's offloading checkpoint and the
-# full-attention layer's output kept by the attention cache
+# sp2 also pulls the levers that touch every layer type: the chunked loss (chunks smaller than a
+# slice), the tiled MLP (tiles that divide no slice), two linear layers' checkpoints through
+# DeepSpeed's offloading checkpoint and the full-attention layer's output kept by the attention
+# cache
 LEVERS = dict(
     chunked_loss=True,
     loss_chunk_rows=5,

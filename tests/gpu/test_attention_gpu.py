@@ -1,9 +1,10 @@
-"""CUDA-only: the kernel pairs (FlashAttention 4, cuDNN SDPA) against PyTorch SDPA, and the attention cache on GPU.
+"""CUDA-only: the kernel pairs (FlashAttention 4, cuDNN SDPA) against PyTorch SDPA, and the
+attention cache on GPU.
 
-Tolerances (bf16 inputs, relative Frobenius error against an fp32 SDPA reference on the same bf16 inputs): output
-1e-2, dq / dk / dv 2e-2 (bf16 flash kernels land near 3e-3; the bound leaves room for the backward's bf16 dS).
-Cache vs no cache: the same kernels, so the same output; the backward's atomics make grads differ by rounding only
-(bound 1e-2, loss 1e-3).
+Tolerances (bf16 inputs, relative Frobenius error against an fp32 SDPA reference on the same bf16
+inputs): output 1e-2, dq / dk / dv 2e-2 (bf16 flash kernels land near 3e-3; the bound leaves room
+for the backward's bf16 dS). Cache vs no cache: the same kernels, so the same output; the backward's
+atomics make grads differ by rounding only (bound 1e-2, loss 1e-3).
 """
 
 import pytest
@@ -19,8 +20,8 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPU
 N = (
     gpus_here() if torch.cuda.is_available() else 0
 )  # the levers' tests run SP = N over N GPUs (2 at most)
-# the engine-level FA4 tests run a tiny Qwen3 with the target models' head_dim (128): FA4 is refused below 64 and
-# `auto` picks it only at verified head dims (parallel/attention.py)
+# the engine-level FA4 tests run a tiny Qwen3 with the target models' head_dim (128): FA4 is refused
+# below 64 and `auto` picks it only at verified head dims (parallel/attention.py)
 D128 = "qwen3-tiny-d128"  # shipped geometry: qwen3-tiny with head_dim 128 (hidden 256)
 BACKENDS = [
     "sdpa_cudnn",
@@ -34,7 +35,8 @@ BACKENDS = [
 
 
 def reference(q, k, v, dout, cu=None):
-    """fp32 SDPA on the bf16 inputs (KV repeated; per document when packed): output [1, s, h, d] and grads."""
+    """fp32 SDPA on the bf16 inputs (KV repeated; per document when packed): output [1, s, h, d] and
+    grads."""
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     kk, vv = k32.repeat_interleave(rep, 1), v32.repeat_interleave(rep, 1)
@@ -53,8 +55,9 @@ def reference(q, k, v, dout, cu=None):
     return out.detach(), q32.grad, k32.grad, v32.grad
 
 
-# head_dim 128 is the dense target models'; 256 Qwen3.5's full-attention layers' (a rank's 3 q / 1 kv heads of the 27B
-# at SP=8, 8 / 2 of the 4B at SP=2); 16 is the tiny test model's (the engine-level tests run it) and 64 between
+# head_dim 128 is the dense target models'; 256 Qwen3.5's full-attention layers' (a rank's 3 q / 1
+# kv heads of the 27B at SP=8, 8 / 2 of the 4B at SP=2); 16 is the tiny test model's (the
+# engine-level tests run it) and 64 between
 SHAPES = [
     (4096, 16, 4, 128),
     (3000, 8, 8, 128),
@@ -69,8 +72,8 @@ SHAPES = [
 @pytest.mark.parametrize("s,h,hk,d", SHAPES)
 def test_kernel_pair_matches_sdpa_dense(backend, s, h, hk, d):
     if backend == "fa4" and d < kernel_rules.FA4_MIN_HEAD_DIM:
-        # the pair itself is wrong there (head_dim 16 on an H200: dq rel 0.98, session 5's log), so the engine's
-        # selection must refuse it before any kernel runs
+        # the pair itself is wrong there (head_dim 16 on an H200: dq rel 0.98, session 5's log), so
+        # the engine's selection must refuse it before any kernel runs
         with pytest.raises(ValueError, match=f"head_dim={d}"):
             attention.select(backend, announce=False, head_dim=d)
         return
@@ -95,7 +98,8 @@ def test_kernel_pair_matches_sdpa_dense(backend, s, h, hk, d):
 
 @pytest.mark.parametrize("s,h,hk,d", SHAPES)
 def test_sdpa_cudnn_with_gqa_matches_reference(s, h, hk, d):
-    """What `sdpa_cudnn` runs in the engine while its pair is off: SDPA's own autograd, enable_gqa, cuDNN first."""
+    """What `sdpa_cudnn` runs in the engine while its pair is off: SDPA's own autograd, enable_gqa,
+    cuDNN first."""
     attention.select("sdpa_cudnn", announce=False)
     g = torch.Generator(device="cuda").manual_seed(s + 1)
     q, k, v = (
@@ -138,8 +142,9 @@ def test_fa4_varlen_keeps_documents_apart():
 @pytest.mark.skipif(not attention.fa4_available(), reason="FlashAttention 4 not installed")
 @pytest.mark.parametrize("packed", [False, True])
 def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packed):
-    """`memory.attn_bwd_head_groups`: FA4's backward over 4 groups of KV heads (16 query, 4 KV heads, head_dim 128),
-    dense and packed: the same grads as its whole-head backward (rounding of the same kernel) and the fp32 reference."""
+    """`memory.attn_bwd_head_groups`: FA4's backward over 4 groups of KV heads (16 query, 4 KV
+    heads, head_dim 128), dense and packed: the same grads as its whole-head backward (rounding of
+    the same kernel) and the fp32 reference."""
     attention.select("fa4", announce=False)
     g = torch.Generator(device="cuda").manual_seed(7)
     s, h, hk = 4096, 16, 4
@@ -170,8 +175,9 @@ def test_fa4_grouped_backward_matches_the_whole_backward_and_the_reference(packe
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend):
-    """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and kept output in pinned
-    host memory), layer 1 `cache` vs both `keep`: the loss and every gradient agree, and the engine applied the plan."""
+    """bf16, SP = the GPUs here (2 at most) under ZeRO-3: layer 0 `cache+offload` (checkpoint and
+    kept output in pinned host memory), layer 1 `cache` vs both `keep`: the loss and every gradient
+    agree, and the engine applied the plan."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend=backend, model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     cached = run(tmp_path, N, N, placement="cache+offload,cache", read_placement=True, **kw)
@@ -184,8 +190,9 @@ def test_cached_and_host_cached_layers_give_the_uncached_grads(tmp_path, backend
 @two_gpus
 @pytest.mark.skipif(not attention.fa4_available(), reason="FlashAttention 4 not installed")
 def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
-    """The engine with FA4 at SP=2 against cuDNN SDPA at SP=1 (bf16, head_dim 128): the same loss and grads within bf16
-    noise. (At head_dim 16 the worst grad disagreed by 1.16: logs/gpu_tests_2026-11-30_session4.log.)"""
+    """The engine with FA4 at SP=2 against cuDNN SDPA at SP=1 (bf16, head_dim 128): the same loss
+    and grads within bf16 noise. (At head_dim 16 the worst grad disagreed by 1.16:
+    logs/gpu_tests_2026-11-30_session4.log.)"""
     sp1 = run(
         tmp_path,
         1,
@@ -207,9 +214,9 @@ def test_fa4_sp2_matches_sdpa_sp1(tmp_path):
 
 
 def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
-    """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through our exact-size pinned
-    pool (one cudaHostRegister'd block: checkpoint slots and the attention cache's region; side-stream copies) against
-    both `keep`."""
+    """bf16, SP = the GPUs here (2 at most): layer 0 `offload` and layer 1 `cache+offload` through
+    our exact-size pinned pool (one cudaHostRegister'd block: checkpoint slots and the attention
+    cache's region; side-stream copies) against both `keep`."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     pooled = run(
@@ -222,8 +229,8 @@ def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
         **kw,
     )
     assert pooled["applied"] == ["offload", "cache+offload"]
-    # both checkpoints in slots of the one registered block made at build, layer 1's kept output + LSE carved from
-    # its region of the same block: no slot or buffer of their own
+    # both checkpoints in slots of the one registered block made at build, layer 1's kept output +
+    # LSE carved from its region of the same block: no slot or buffer of their own
     pool = pooled["pool"]
     ((at, size),) = [v for k, v in pool["regions"].items() if k == ("attention", 1)]
     assert pool["own"] == [] and set(pool["slots"]) == {0, 1} and pool["block_bytes"] == at + size
@@ -239,9 +246,10 @@ def test_pinned_pool_offload_gives_the_kept_grads(tmp_path):
 
 
 def test_longest_plan_levers_give_the_plain_grads(tmp_path):
-    """bf16, SP = the GPUs here (2 at most), FlashAttention 4 where installed: the longest plan's levers together (the
-    tiled layer, a checkpoint in our pinned pool, the top layer's attention output cached on the GPU) against both
-    layers `keep` without the tiled layer; tolerances as the pool test's."""
+    """bf16, SP = the GPUs here (2 at most), FlashAttention 4 where installed: the longest plan's
+    levers together (the tiled layer, a checkpoint in our pinned pool, the top layer's attention
+    output cached on the GPU) against both layers `keep` without the tiled layer; tolerances as the
+    pool test's."""
     kw = dict(dtype="bf16", length=4096, env=gpu_env(), attn_backend="auto", model=D128)
     keep = run(tmp_path, N, N, placement="keep:2", **kw)
     longest = run(

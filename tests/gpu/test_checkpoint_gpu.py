@@ -1,7 +1,8 @@
-"""Checkpoint and resume on CUDA with the weights-only loader (checkpoint/files.py), SP = the GPUs here (2 at
-most): a run saved at step 2 and resumed gives the straight run's losses and weights, in bf16 (DeepSpeed's bf16
-optimizer files, its LossScaler) and in fp32 with the optimizer offloaded (CPU Adam's state); the RNG files hold the
-CUDA generators' states as tensors, and every file passes the weights-only check.
+"""Checkpoint and resume on CUDA with the weights-only loader (checkpoint/files.py), SP = the GPUs
+here (2 at most): a run saved at step 2 and resumed gives the straight run's losses and weights, in
+bf16 (DeepSpeed's bf16 optimizer files, its LossScaler) and in fp32 with the optimizer offloaded
+(CPU Adam's state); the RNG files hold the CUDA generators' states as tensors, and every file passes
+the weights-only check.
 
     pytest -q tests/gpu -k resume
 """

@@ -1,6 +1,7 @@
-"""CUDA-only: the disk tier (levers/disk_tier.py) on a GPU. The checkpoints leave the GPU through pinned bounce buffers
-and a side thread, and come back with the pinned pool's losses and gradients bit for bit (bf16, three steps, the read
-ahead in use). The scratch directory is gone after each step. The CPU tests: tests/levers/test_disk_tier.py."""
+"""CUDA-only: the disk tier (levers/disk_tier.py) on a GPU. The checkpoints leave the GPU through
+pinned bounce buffers and a side thread, and come back with the pinned pool's losses and gradients
+bit for bit (bf16, three steps, the read ahead in use). The scratch directory is gone after each
+step. The CPU tests: tests/levers/test_disk_tier.py."""
 
 import os
 

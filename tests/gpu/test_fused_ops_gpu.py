@@ -1,9 +1,9 @@
-"""CUDA-only: fused RMSNorm / SwiGLU / rotary (Liger-Kernel, torch.compile) in the tiny Qwen3 against the plain HF
-model, bf16.
+"""CUDA-only: fused RMSNorm / SwiGLU / rotary (Liger-Kernel, torch.compile) in the tiny Qwen3
+against the plain HF model, bf16.
 
-Tolerance: loss rel 1e-2, every gradient rel (Frobenius) 5e-2 against the plain bf16 model (both in bf16: the fused
-kernels round at other points than HF's chains; the fp32 engine-level numerics are tests/levers/test_fused_ops.py's
-routing check plus these)."""
+Tolerance: loss rel 1e-2, every gradient rel (Frobenius) 5e-2 against the plain bf16 model (both in
+bf16: the fused kernels round at other points than HF's chains; the fp32 engine-level numerics are
+tests/levers/test_fused_ops.py's routing check plus these)."""
 
 import copy
 

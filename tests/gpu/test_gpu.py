@@ -93,7 +93,8 @@ def test_sp2_matches_sp1_bf16(tmp_path):
 
 
 def test_offload_on_vs_off_identical_grads(tmp_path):
-    """fp32 on GPU, SP = the GPUs here (2 at most): checkpoints offloaded to host (all layers) vs kept on GPU."""
+    """fp32 on GPU, SP = the GPUs here (2 at most): checkpoints offloaded to host (all layers) vs
+    kept on GPU."""
     kw = dict(dtype="fp32", length=2048, env=gpu_env(), activation_checkpointing=True)
     off = run(tmp_path, N, N, activation_offload=False, **kw)
     on = run(tmp_path, N, N, activation_offload=True, offload_layers="all", **kw)
@@ -103,8 +104,8 @@ def test_offload_on_vs_off_identical_grads(tmp_path):
 
 
 def check_against_plain_hf(got, length: int = 2048):
-    """An engine run's loss and grads (fp32) against plain HF on one GPU on the same sample: loss rel <= 1e-4, every
-    grad rel <= 1e-3."""
+    """An engine run's loss and grads (fp32) against plain HF on one GPU on the same sample: loss
+    rel <= 1e-4, every grad rel <= 1e-3."""
     ids = sample(0, length)
     model = tiny_model(seed=0, attn="sdpa", device="cuda")
     loss = model(input_ids=ids[None].cuda(), labels=ids[None].cuda()).loss
@@ -115,7 +116,8 @@ def check_against_plain_hf(got, length: int = 2048):
 
 
 def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
-    """fp32, SP = the GPUs here (2 at most), chunked loss + tiled MLP + offloaded checkpoints vs plain HF on one GPU."""
+    """fp32, SP = the GPUs here (2 at most), chunked loss + tiled MLP + offloaded checkpoints vs
+    plain HF on one GPU."""
     got = run(
         tmp_path,
         N,
@@ -132,9 +134,9 @@ def test_every_lever_on_gpu_matches_plain_hf(tmp_path):
 
 
 def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
-    """`--memory_snapshot_steps 1` on one GPU: both files written; the peak the table reads off the recorded history
-    is at least the step's max_memory_allocated (metrics.jsonl) and not far above it (the window also holds the
-    build, which allocates less than a training step)."""
+    """`--memory_snapshot_steps 1` on one GPU: both files written; the peak the table reads off the
+    recorded history is at least the step's max_memory_allocated (metrics.jsonl) and not far above
+    it (the window also holds the build, which allocates less than a training step)."""
     import re
 
     from tests.helpers import read_metrics, run_cli
@@ -167,9 +169,9 @@ def test_memory_snapshot_peak_is_the_allocators_peak(tmp_path):
 
 
 def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
-    """fp32, SP = the GPUs here (2 at most): `optimizer_offload_ratio 0.5` (half of the sub-groups step on the GPU with
-    torch's AdamW, half on the host with DeepSpeedCPUAdam) gives the losses of `ratio 1` (all on the host) for 3 steps;
-    both runs' ds_config carry what they asked for."""
+    """fp32, SP = the GPUs here (2 at most): `optimizer_offload_ratio 0.5` (half of the sub-groups
+    step on the GPU with torch's AdamW, half on the host with DeepSpeedCPUAdam) gives the losses of
+    `ratio 1` (all on the host) for 3 steps; both runs' ds_config carry what they asked for."""
     import json
 
     from tests.helpers import read_metrics, run_cli
@@ -215,8 +217,9 @@ def test_partial_optimizer_offload_trains_as_the_full_offload(tmp_path):
 
 @pytest.mark.parametrize("placement", ["offload:2", "cache+offload:1,cache:1"])
 def test_tiled_layer_on_gpu_matches_plain_hf(tmp_path, placement):
-    """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled (levers/tiled_layer.py, tiles of 100),
-    checkpoints offloaded or attention cached (on the host and on the GPU), chunked loss, vs plain HF on one GPU."""
+    """fp32, SP = the GPUs here (2 at most): every layer's token-wise work tiled
+    (levers/tiled_layer.py, tiles of 100), checkpoints offloaded or attention cached (on the host
+    and on the GPU), chunked loss, vs plain HF on one GPU."""
     got = run(
         tmp_path,
         N,
@@ -238,7 +241,8 @@ from ds_longctx.levers import gpu_budget
 gpu_budget.apply(float(sys.argv[1]) if sys.argv[1] != "none" else None)
 n = 64 * 2 ** 20 // 2  # 64 MiB of bf16
 side, host = torch.cuda.Stream(), torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
-for _ in range(64):  # like an offloaded checkpoint: copied out on a lagging side stream, then let go
+# like an offloaded checkpoint: copied out on a lagging side stream, then let go
+for _ in range(64):
     x = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -252,10 +256,11 @@ print(torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated(), float
 
 
 def test_gpu_budget_caps_what_side_stream_frees_would_reserve():
-    """64 tensors of 64 MiB, each freed while a lagging side stream still copies it (record_stream): uncapped, the
-    allocator reserves new memory for each (~4 GiB, 64 MiB allocated at a time); under a budget of context + 1 GiB it
-    waits for the side stream instead and reserves about 1 GiB (within 32 MiB: it went 16 MiB past the cap on H200),
-    same result, no out-of-memory error."""
+    """64 tensors of 64 MiB, each freed while a lagging side stream still copies it (record_stream):
+    uncapped, the
+    allocator reserves new memory for each (~4 GiB, 64 MiB allocated at a time); under a budget of
+    context + 1 GiB it waits for the side stream instead and reserves about 1 GiB (within 32 MiB: it
+    went 16 MiB past the cap on H200), same result, no out-of-memory error."""
     import subprocess
     import sys
 
@@ -277,14 +282,16 @@ def test_gpu_budget_caps_what_side_stream_frees_would_reserve():
     (free_r, free_a, free_v), (cap_r, cap_a, cap_v) = got.values()
     assert free_a == cap_a == 64 * 2**20 and free_v == cap_v == 1.0
     assert free_r >= 2 * 2**30, got  # the behaviour the cap is for (else this test shows nothing)
-    # measured on H200 (expandable segments): 1,090,519,040 bytes = the 1 GiB cap + 16 MiB; the bound allows 32 MiB
+    # measured on H200 (expandable segments): 1,090,519,040 bytes = the 1 GiB cap + 16 MiB; the
+    # bound allows 32 MiB
     assert cap_r <= 2**30 + 32 * 2**20, got
 
 
 def test_bounded_run_ahead_reuses_what_offload_copies_free():
-    """32 layers, each a slow GPU op then a new 64 MiB output whose copy to the host runs on a side stream (like an
-    offloaded checkpoint; record_stream). The host unbounded enqueues all 32 at once and every freed input waits on the
-    side stream, so each layer gets new memory; bounded to 2 layers ahead, the allocator reuses them."""
+    """32 layers, each a slow GPU op then a new 64 MiB output whose copy to the host runs on a side
+    stream (like an offloaded checkpoint; record_stream). The host unbounded enqueues all 32 at once
+    and every freed input waits on the side stream, so each layer gets new memory; bounded to 2
+    layers ahead, the allocator reuses them."""
     from ds_longctx.levers.gpu_budget import bound_run_ahead
 
     n, mib = 64 * 2**20 // 2, 2**20
@@ -321,16 +328,18 @@ def test_bounded_run_ahead_reuses_what_offload_copies_free():
     assert unbounded >= 16 * 64 * mib, (
         unbounded / mib
     )  # the pile-up this bound is for (else the test shows nothing)
-    # bounded: 2-3 freed outputs still waiting on the side stream, the live input, the new output, the first input
+    # bounded: 2-3 freed outputs still waiting on the side stream, the live input, the new output,
+    # the first input
     assert bounded <= 8 * 64 * mib, bounded / mib
 
 
 @pytest.mark.parametrize("case", ["device", "half"])
 def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, case):
-    """fp32, SP = the GPUs here (2 at most), AdamW with weight decay (run/optimizer_state.py): the Adam moments made at
-    build, on the GPU (torch's AdamW there) or half on the host (DeepSpeedCPUAdam) and half on the GPU, step as
-    DeepSpeed's lazy default does, to fp32 rounding, for two steps; and right after the build the GPU holds the
-    moments of its own sub-groups (2 fp32 tensors of each), which the lazy build does not."""
+    """fp32, SP = the GPUs here (2 at most), AdamW with weight decay (run/optimizer_state.py): the
+    Adam moments made at build, on the GPU (torch's AdamW there) or half on the host
+    (DeepSpeedCPUAdam) and half on the GPU, step as DeepSpeed's lazy default does, to fp32 rounding,
+    for two steps; and right after the build the GPU holds the moments of its own sub-groups (2 fp32
+    tensors of each), which the lazy build does not."""
     from tests.distributed.test_optimizer_state import assert_steps_as_the_lazy_default, run
 
     made, lazy = run(tmp_path, case, True, N, gpu_env()), run(tmp_path, case, False, N, gpu_env())
@@ -346,13 +355,15 @@ def test_optimizer_state_at_build_on_gpu_steps_as_the_lazy_default(tmp_path, cas
 
 
 def test_pinned_cache_reuse_is_what_the_planner_counts_for_a_partial_offload():
-    """plan/zero_buffers.held_pinned_blocks against torch's pinned cache: DeepSpeed's optimizer-state init
-    (stage3.py initialize_optimizer_states, 0.19.8) done by hand in a fresh process: each sub-group's fp32 grad buffer
-    made with torch.zeros, pinned (get_accelerator().pin_memory: tensor.pin_memory() unless
-    DS_PIN_MEMORY_BACKEND=native), then `.to(its device)`, the name rebound at the next sub-group. Sub-groups as an
-    offload's: the embedding's first, the lm_head's last (256 MiB blocks), six of the layers' between (64 MiB), the
-    first four on the GPU. The cache has to make 4 blocks (448 MiB), not 8 (768 MiB): the freed GPU blocks go to the
-    next pin of their size. Measured: blocks the cache made (num_host_alloc) and the process's resident growth."""
+    """plan/zero_buffers.held_pinned_blocks against torch's pinned cache: DeepSpeed's
+    optimizer-state init (stage3.py initialize_optimizer_states, 0.19.8) done by hand in a fresh
+    process: each sub-group's fp32 grad buffer made with torch.zeros, pinned
+    (get_accelerator().pin_memory: tensor.pin_memory() unless DS_PIN_MEMORY_BACKEND=native), then
+    `.to(its device)`, the name rebound at the next sub-group. Sub-groups as an offload's: the
+    embedding's first, the lm_head's last (256 MiB blocks), six of the layers' between (64 MiB), the
+    first four on the GPU. The cache has to make 4 blocks (448 MiB), not 8 (768 MiB): the freed GPU
+    blocks go to the next pin of their size. Measured: blocks the cache made (num_host_alloc) and
+    the process's resident growth."""
     import json
     import subprocess
     import sys
@@ -365,7 +376,8 @@ def test_pinned_cache_reuse_is_what_the_planner_counts_for_a_partial_offload():
     script = f"""
 import json, torch
 def rss():
-    return int(next(x for x in open("/proc/self/status") if x.startswith("VmRSS")).split()[1]) * 1024
+    line = next(x for x in open("/proc/self/status") if x.startswith("VmRSS"))
+    return int(line.split()[1]) * 1024
 torch.cuda.init(); torch.zeros(1, device="cuda")
 s0, r0, keep = torch.cuda.host_memory_stats(), rss(), []
 for i, n in enumerate({numels}):
@@ -374,7 +386,8 @@ for i, n in enumerate({numels}):
     keep.append(buf.to("cuda" if i < {on_gpu} else "cpu"))
 torch.cuda.synchronize()
 s1 = torch.cuda.host_memory_stats()
-print(json.dumps({{"rss": rss() - r0, "made": s1.get("num_host_alloc", -1) - s0.get("num_host_alloc", 0),
+made = s1.get("num_host_alloc", -1) - s0.get("num_host_alloc", 0)
+print(json.dumps({{"rss": rss() - r0, "made": made,
                   "stats": {{k: v for k, v in s1.items() if "bytes" in k or "alloc" in k}}}}))
 """
     res = subprocess.run(

@@ -1,11 +1,13 @@
-"""Qwen3-30B-A3B (a mixture of experts) on one GPU (skipped without CUDA): a reduced-depth model at full width planned,
-trained with `ds-longctx train` against its plan, and the committed 1M-token 8 x 80 GB config rehearsed.
+"""Qwen3-30B-A3B (a mixture of experts) on one GPU (skipped without CUDA): a reduced-depth model at
+full width planned, trained with `ds-longctx train` against its plan, and the committed 1M-token 8 x
+80 GB config rehearsed.
 
-    pytest -q tests/gpu/test_moe_gpu.py      # on one H200 (141 GB); each run prints its peaks and seconds
+    pytest -q tests/gpu/test_moe_gpu.py  # one H200 (141 GB); each run prints its peaks and seconds
 
-What is checked: the loss is finite every step; the GPU peak (torch's max reserved) within ±10% of the plan's reserved
-bytes, the host RSS within ±15% of the plan's host per GPU; the log names the experts' kernel (grouped_mm with torch's
-grouped GEMM on Hopper). The first test's seconds per step re-measure plan/moe_terms.MOE_MEASURED_SECONDS' width.
+What is checked: the loss is finite every step; the GPU peak (torch's max reserved) within ±10% of
+the plan's reserved bytes, the host RSS within ±15% of the plan's host per GPU; the log names the
+experts' kernel (grouped_mm with torch's grouped GEMM on Hopper). The first test's seconds per step
+re-measure plan/moe_terms.MOE_MEASURED_SECONDS' width.
 """
 
 import json
@@ -29,7 +31,8 @@ def reduced_config(tmp_path, layers: int = LAYERS):
 
 
 def plan_and_train(tmp_path, args: list, steps: int = 2):
-    """`ds-longctx plan ARGS --out plan` for 1 GPU of this size, then `ds-longctx train` on it: (plan dir, the plan's
+    """`ds-longctx plan ARGS --out plan` for 1 GPU of this size, then `ds-longctx train` on it:
+    (plan dir, the plan's
     per-GPU reserved and host bytes, the metrics, the run's output)."""
     gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     out = tmp_path / "plan"
@@ -69,8 +72,8 @@ def check_against_plan(planned_gpu, planned_host, rows, log):
     peak = max(r["peak_gpu_bytes"] for r in rows) / 1e9
     host = max(r["host_rss_bytes"] for r in rows) / 1e9
     print(
-        f"GPU peak {peak:.1f} GB (plan {planned_gpu:.1f}), host {host:.1f} GB (plan {planned_host:.1f}), "
-        f"{rows[-1]['seconds']:.2f} s/step"
+        f"GPU peak {peak:.1f} GB (plan {planned_gpu:.1f}), host {host:.1f} GB (plan "
+        f"{planned_host:.1f}), {rows[-1]['seconds']:.2f} s/step"
     )
     assert abs(peak / planned_gpu - 1) <= 0.10, (peak, planned_gpu)
     assert abs(host / planned_host - 1) <= 0.15, (host, planned_host)
@@ -98,8 +101,9 @@ def test_reduced_depth_30b_a3b_at_its_longest_length_runs_as_planned(tmp_path):
 
 
 def test_the_committed_1m_8x80gb_config_rehearses_inside_the_bars(tmp_path):
-    """Each distinct rank role, 4 of 48 layers run and extrapolated: GPU within ±10% of the plan and under its budget,
-    host within ±15%; the predicted step printed beside the analytic one of its plan.txt."""
+    """Each distinct rank role, 4 of 48 layers run and extrapolated: GPU within ±10% of the plan and
+    under its budget, host within ±15%; the predicted step printed beside the analytic one of its
+    plan.txt."""
     cfg = ROOT / "ds_configs/qwen3-30b-a3b_1m_8x80gb/run.yaml"
     out = tmp_path / "rehearsal.jsonl"
     res = run_cli(

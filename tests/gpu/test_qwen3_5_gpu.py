@@ -1,9 +1,11 @@
-"""CUDA + FLA only: Qwen3.5's gated DeltaNet kernels (parallel/gated_delta.py's FLA backend) against the torch path
-in fp32, documents kept apart, and the hybrid model through the engine on GPUs against plain HF.
+"""CUDA + FLA only: Qwen3.5's gated DeltaNet kernels (parallel/gated_delta.py's FLA backend) against
+the torch path in fp32, documents kept apart, and the hybrid model through the engine on GPUs
+against plain HF.
 
-Tolerances: the FLA kernels on bf16 inputs against the torch path in fp32 on the same inputs, relative Frobenius
-error: output 2e-2, input grads 5e-2 (bf16 chunk kernels). The engine: bf16 against plain HF in fp32 on the same
-weights, loss 2e-2 (as tests/gpu/test_gpu.py bounds the dense model).
+Tolerances: the FLA kernels on bf16 inputs against the torch path in fp32 on the same inputs,
+relative Frobenius error: output 2e-2, input grads 5e-2 (bf16 chunk kernels). The engine: bf16
+against plain HF in fp32 on the same weights, loss 2e-2 (as tests/gpu/test_gpu.py bounds the dense
+model).
 """
 
 import pytest
@@ -81,8 +83,8 @@ def test_fla_conv1d_matches_the_torch_path(packed):
 
 
 def test_hybrid_engine_on_gpus_matches_plain_hf(tmp_path):
-    """qwen3.5-tiny through the engine on N GPUs (SP = N, bf16, FLA kernels, packed documents) against plain HF in
-    fp32 on the same weights, each document alone."""
+    """qwen3.5-tiny through the engine on N GPUs (SP = N, bf16, FLA kernels, packed documents)
+    against plain HF in fp32 on the same weights, each document alone."""
     lens = [20, 29, 15]
     got = run(
         tmp_path, N, N, length=64, packed=lens, env=gpu_env(), model="qwen3.5-tiny", dtype="bf16"
@@ -98,10 +100,11 @@ def test_hybrid_engine_on_gpus_matches_plain_hf(tmp_path):
 
 
 def test_fa4_with_the_attention_kept_at_head_dim_256_gives_cudnns_loss_and_grads(tmp_path):
-    """Qwen3.5's full-attention layers have heads of 256: qwen3.5-tiny at that head_dim through the engine (bf16, SP =
-    the GPUs here), FlashAttention 4 with the full layer's attention output kept (`cache`, no recompute) against cuDNN
-    SDPA recomputing it: the same loss and grads within bf16 noise (test_attention_gpu's dense bounds). What `auto`
-    needs before it picks FA4 and the cache at 256 (parallel/kernel_rules.FA4_VERIFIED_HEAD_DIMS)."""
+    """Qwen3.5's full-attention layers have heads of 256: qwen3.5-tiny at that head_dim through the
+    engine (bf16, SP = the GPUs here), FlashAttention 4 with the full layer's attention output kept
+    (`cache`, no recompute) against cuDNN SDPA recomputing it: the same loss and grads within bf16
+    noise (test_attention_gpu's dense bounds). What `auto` needs before it picks FA4 and the cache
+    at 256 (parallel/kernel_rules.FA4_VERIFIED_HEAD_DIMS)."""
     import json
 
     from ds_longctx.parallel import attention
@@ -125,8 +128,9 @@ def test_fa4_with_the_attention_kept_at_head_dim_256_gives_cudnns_loss_and_grads
 
 
 def _plan_train_check(tmp_path, args: list, steps: int):
-    """`ds-longctx plan ARGS` for this GPU, `ds-longctx train` on it: the loss finite, the GPU peak within ±10% of the
-    plan, the host within ±15%, the FLA kernels named in the log (tests/gpu/test_moe_gpu.py's plan_and_train)."""
+    """`ds-longctx plan ARGS` for this GPU, `ds-longctx train` on it: the loss finite, the GPU peak
+    within ±10% of the plan, the host within ±15%, the FLA kernels named in the log
+    (tests/gpu/test_moe_gpu.py's plan_and_train)."""
     from tests.gpu.test_moe_gpu import plan_and_train
 
     text, gpu, host, rows, log = plan_and_train(tmp_path, args, steps=steps)
@@ -154,8 +158,8 @@ def test_qwen3_5_4b_at_its_longest_length_runs_as_planned(tmp_path):
 
 @pytest.mark.parametrize("config", ["qwen3.5-4b_1m_8x80gb", "qwen3.5-4b_1m_8x141gb"])
 def test_the_committed_1m_configs_rehearse_inside_the_bars(tmp_path, config):
-    """Each distinct rank role, 4 layers run (of each kind the placement has) and extrapolated: GPU within ±10% of
-    the plan and under its budget, host within ±15%; the predicted step printed."""
+    """Each distinct rank role, 4 layers run (of each kind the placement has) and extrapolated: GPU
+    within ±10% of the plan and under its budget, host within ±15%; the predicted step printed."""
     import json
 
     from tests.helpers import ROOT, run_cli
@@ -179,8 +183,8 @@ def test_the_committed_1m_configs_rehearse_inside_the_bars(tmp_path, config):
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     for r in (json.loads(line) for line in out.read_text().splitlines()):
         print(
-            f"{config} rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step, GPU "
-            f"{r['gpu_vs_plan']:+.1%}, host {r['host_vs_plan']:+.1%}"
+            f"{config} rank {r['rank']}: predicted {r['predicted_seconds_per_step']:.1f} s/step, "
+            f"GPU {r['gpu_vs_plan']:+.1%}, host {r['host_vs_plan']:+.1%}"
         )
         assert r["status"] == "ok" and r["finite"], r
         assert abs(r["gpu_vs_plan"]) <= 0.10 and abs(r["host_vs_plan"]) <= 0.15, r

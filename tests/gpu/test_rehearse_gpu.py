@@ -1,5 +1,5 @@
-"""`ds-longctx rehearse` on a GPU: a world of one rehearsed on the fake process group against the real run of the
-same config on this GPU (skipped without CUDA)."""
+"""`ds-longctx rehearse` on a GPU: a world of one rehearsed on the fake process group against the
+real run of the same config on this GPU (skipped without CUDA)."""
 
 import json
 
@@ -12,12 +12,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_a_world_of_one_rehearsed_peaks_as_the_real_run(tmp_path):
-    """Qwen3-0.6B geometry (random weights), 16,384 tokens, bf16, 2 steps on one GPU: the rehearsal's peak reserved
-    memory within 2% of `ds-longctx train`'s, both the maximum over the steps."""
+    """Qwen3-0.6B geometry (random weights), 16,384 tokens, bf16, 2 steps on one GPU: the
+    rehearsal's peak reserved memory within 2% of `ds-longctx train`'s, both the maximum over the
+    steps."""
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
         f"model:\n  name: qwen3-0.6b\n  dtype: bf16\ntrain:\n  seq_len: 16384\n  steps: 2\n"
-        f"  output_dir: {tmp_path / 'real'}\nparallel:\n  sp_size: 1\n  nodes: 1\n  gpus_per_node: 1\n"
+        f"  output_dir: {tmp_path / 'real'}\nparallel:\n  sp_size: 1\n  nodes: 1\n  gpus_per_node: "
+        "1\n"
     )
     real = run_cli(["train", "--nproc", "1", "--config", str(cfg)], env=gpu_env(), timeout=900)
     assert real.returncode == 0, real.stderr[-4000:]

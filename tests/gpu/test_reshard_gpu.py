@@ -1,5 +1,5 @@
-"""A checkpoint saved by a 2-process run (CPU, gloo, sp=2, fp32) resumed on 1 GPU: resharded through its universal
-form, the run continues at step 3 with the straight CPU run's losses.
+"""A checkpoint saved by a 2-process run (CPU, gloo, sp=2, fp32) resumed on 1 GPU: resharded through
+its universal form, the run continues at step 3 with the straight CPU run's losses.
 
     pytest -q tests/gpu -k reshard
 """

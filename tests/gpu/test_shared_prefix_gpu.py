@@ -1,7 +1,9 @@
-"""CUDA-only: the shared-prompt attention (queries once, keys and values over the virtual sequence: cu_seqlens_q !=
-cu_seqlens_k, causal aligned bottom-right) on each GPU backend, forward and backward, against fp32 SDPA run on each
-branch after its own copy of the prompt (tests/parallel/test_shared_prefix.two_pass), bf16 inputs, head_dim 128.
-Tolerances as tests/gpu/test_attention_gpu.py: output 1e-2, dq / dk / dv 2e-2.
+"""CUDA-only: the shared-prompt attention (queries once, keys and values over the virtual sequence:
+cu_seqlens_q !=
+cu_seqlens_k, causal aligned bottom-right) on each GPU backend, forward and backward, against fp32
+SDPA run on each branch after its own copy of the prompt
+(tests/parallel/test_shared_prefix.two_pass), bf16 inputs, head_dim 128. Tolerances as
+tests/gpu/test_attention_gpu.py: output 1e-2, dq / dk / dv 2e-2.
 
 pytest -q tests/gpu/test_shared_prefix_gpu.py
 """
@@ -16,7 +18,8 @@ from tests.helpers import rel_err
 from tests.parallel.test_shared_prefix import row, two_pass
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-# a plain document, a branching one (prompt 2,500, chosen 300, rejected 200), a short one (prompt 60, 1 and 37)
+# a plain document, a branching one (prompt 2,500, chosen 300, rejected 200), a short one (prompt
+# 60, 1 and 37)
 DOCS = [[0] * 700, [0] * 2500 + [1] * 300 + [2] * 200, [0] * 60 + [1] + [2] * 37]
 PAD = 7
 BACKENDS = [
@@ -43,7 +46,8 @@ BACKENDS = [
 
 @pytest.mark.parametrize("backend,groups", BACKENDS)
 def test_shared_prompt_varlen_bottom_right_matches_fp32_two_pass(backend, groups):
-    """16 query / 4 KV heads over 3,811 tokens; `groups`: FA4's grouped backward (attn_bwd_head_groups)."""
+    """16 query / 4 KV heads over 3,811 tokens; `groups`: FA4's grouped backward
+    (attn_bwd_head_groups)."""
     attention.select(backend, announce=False, head_dim=128)
     assert attention.separate_keys()
     pos, branch = row(DOCS)

@@ -1,8 +1,9 @@
-"""hf_data.py on CPU, one process: the HF Trainer's loaders read, step by step, the rows `ds-longctx train` reads
-(`TokenRows.get`, and `step_batches` under grad_accum: the references), the same rows on every SP rank of a replica
-and different rows on the dp replicas, across epochs too; eval reads every row once per replica group;
-`token_rows_dataset` holds `TokenRows.row`; mask columns fold into labels (`fold_masks`), a bad mask is refused; the
-same token rows get the same labels here as through `ds-longctx train`'s data path."""
+"""hf_data.py on CPU, one process: the HF Trainer's loaders read, step by step, the rows `ds-longctx
+train` reads (`TokenRows.get`, and `step_batches` under grad_accum: the references), the same rows
+on every SP rank of a replica and different rows on the dp replicas, across epochs too; eval reads
+every row once per replica group; `token_rows_dataset` holds `TokenRows.row`; mask columns fold into
+labels (`fold_masks`), a bad mask is refused; the same token rows get the same labels here as
+through `ds-longctx train`'s data path."""
 
 import pytest
 import torch
@@ -42,7 +43,8 @@ def rows(request, tmp_path_factory):
 
 
 def rank(sp_rank: int, dp_rank: int, sp: int = 2, dp: int = 2) -> ParallelState:
-    """The ParallelState of one rank of a world sp x dp (no process groups: the loaders read only the ranks)."""
+    """The ParallelState of one rank of a world sp x dp (no process groups: the loaders read only
+    the ranks)."""
     return ParallelState(
         world_size=sp * dp,
         rank=dp_rank * sp + sp_rank,
@@ -124,7 +126,8 @@ def test_eval_loader_reads_every_row_once_per_replica_group(rows):
 
 
 def test_train_loader_under_grad_accum_reads_the_rows_of_ds_longctx_trains_steps(rows):
-    """grad_accum 2: the k-th micro-batch of optimizer step s on replica r is `step_batches(s, b, 2, r, dp)[k]`."""
+    """grad_accum 2: the k-th micro-batch of optimizer step s on replica r is `step_batches(s, b, 2,
+    r, dp)[k]`."""
     ds = token_rows_dataset(rows)
     per_epoch = rows.n_rows // (2 * 2)
     for dp_rank in (0, 1):
@@ -141,8 +144,9 @@ def test_train_loader_under_grad_accum_reads_the_rows_of_ds_longctx_trains_steps
 
 
 def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
-    """A token trains where its label (else the token) and every applied mask say so; completion_mask is left alone
-    under completion_only_loss=False; the mask columns are gone; a list comes back a list, a tensor a tensor."""
+    """A token trains where its label (else the token) and every applied mask say so;
+    completion_mask is left alone under completion_only_loss=False; the mask columns are gone; a
+    list comes back a list, a tensor a tensor."""
     from types import SimpleNamespace
 
     masks = applied_masks(SimpleNamespace())
@@ -178,7 +182,8 @@ def test_masks_fold_into_labels_and_a_bad_mask_is_refused():
 
 
 def _documents(rows, lengths: list) -> list:
-    """The labels of the documents of `lengths`, in order, from the packed rows (padding tails skipped)."""
+    """The labels of the documents of `lengths`, in order, from the packed rows (padding tails
+    skipped)."""
     docs, want = [], list(lengths)
     for r in range(rows.n_rows):
         _, pos, labels = rows.row(r)
@@ -201,9 +206,9 @@ def _documents(rows, lengths: list) -> list:
     ],
 )
 def test_ds_longctx_train_and_the_hf_trainer_fold_the_same_labels(tmp_path, keys):
-    """The same token rows through `ds-longctx train`'s data path (build_data, no EOS) and the HF Trainer's
-    (`_longctx_rows`' collate, lists and tensors): both give the reference written here, label (else token) where
-    every mask holds 1."""
+    """The same token rows through `ds-longctx train`'s data path (build_data, no EOS) and the HF
+    Trainer's (`_longctx_rows`' collate, lists and tensors): both give the reference written here,
+    label (else token) where every mask holds 1."""
     import json
     import random
     from types import SimpleNamespace

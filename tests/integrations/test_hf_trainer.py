@@ -1,7 +1,8 @@
-"""hf_trainer.py and hf_loss.py without processes: the TrainingArguments it builds agree with the run's DeepSpeed
-JSON field by field (what transformers checks them against), a clashing value is refused with the key to change, a
-dataset's completion_mask makes TRL train the completion, padding never trains, and importing the module imports no
-torch. The trainers themselves: tests/distributed/test_hf_trainer.py."""
+"""hf_trainer.py and hf_loss.py without processes: the TrainingArguments it builds agree with the
+run's DeepSpeed JSON field by field (what transformers checks them against), a clashing value is
+refused with the key to change, a dataset's completion_mask makes TRL train the completion, padding
+never trains, and importing the module imports no torch. The trainers themselves:
+tests/distributed/test_hf_trainer.py."""
 
 import subprocess
 import sys
@@ -84,8 +85,9 @@ def test_sft_config_gets_the_rows_length_and_skips_trls_preparation():
 
 
 def test_a_text_dataset_is_given_back_to_trl_to_tokenize(monkeypatch):
-    """`trainer` drops the skip of TRL's preparation that `training_args` set for our rows where a dataset holds text
-    (no input_ids); our rows and a caller's own dataset_kwargs stay as they are."""
+    """`trainer` drops the skip of TRL's preparation that `training_args` set for our rows where a
+    dataset holds text (no input_ids); our rows and a caller's own dataset_kwargs stay as they
+    are."""
     from types import SimpleNamespace
 
     import datasets
@@ -113,8 +115,9 @@ def test_a_text_dataset_is_given_back_to_trl_to_tokenize(monkeypatch):
 
 
 def test_a_completion_mask_column_turns_trls_completion_only_loss_on(monkeypatch):
-    """TRL builds labels from a tokenized dataset's completion_mask only under completion_only_loss=True (left None it
-    decides False there): `trainer` sets it, and leaves a value the caller gave."""
+    """TRL builds labels from a tokenized dataset's completion_mask only under
+    completion_only_loss=True (left None it decides False there): `trainer` sets it, and leaves a
+    value the caller gave."""
     from types import SimpleNamespace
 
     import datasets
@@ -131,8 +134,9 @@ def test_a_completion_mask_column_turns_trls_completion_only_loss_on(monkeypatch
 
 
 def test_an_untokenized_dataset_at_the_loader_is_refused_naming_the_fix():
-    """A text dataset whose TRL preparation was skipped (a trainer not built by `longctx.trainer`) would reach the
-    collator without input_ids: refused, naming longctx.trainer and dataset_kwargs."""
+    """A text dataset whose TRL preparation was skipped (a trainer not built by `longctx.trainer`)
+    would reach the collator without input_ids: refused, naming longctx.trainer and
+    dataset_kwargs."""
     from types import SimpleNamespace
 
     import datasets
@@ -149,7 +153,8 @@ def test_an_untokenized_dataset_at_the_loader_is_refused_naming_the_fix():
 
 
 def test_padding_never_trains():
-    """`batch_labels`: the labels the loss reads; without labels the tokens, never where attention_mask is 0."""
+    """`batch_labels`: the labels the loss reads; without labels the tokens, never where
+    attention_mask is 0."""
     import torch
 
     from ds_longctx.integrations.hf_loss import batch_labels
@@ -164,7 +169,10 @@ def test_padding_never_trains():
 
 
 def test_import_is_torch_free():
-    code = "import sys, ds_longctx.integrations.hf_trainer; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, ds_longctx.integrations.hf_trainer; assert 'torch' not in sys.modules, 'torch "
+        "imported'"
+    )
     res = subprocess.run(
         [sys.executable, "-c", code], env=cpu_env(), cwd=ROOT, capture_output=True, text=True
     )

@@ -1,6 +1,7 @@
-"""The HF Trainer path's resume loads weights-only: `LongCtxTrainerMixin.train` runs the Trainer's train inside
-checkpoint/files.weights_only_loads, so DeepSpeed's own loader (what transformers' deepspeed_load_checkpoint ends
-in: TorchCheckpointEngine.load, weights_only=False) refuses a payload instead of running it."""
+"""The HF Trainer path's resume loads weights-only: `LongCtxTrainerMixin.train` runs the Trainer's
+train inside checkpoint/files.weights_only_loads, so DeepSpeed's own loader (what transformers'
+deepspeed_load_checkpoint ends in: TorchCheckpointEngine.load, weights_only=False) refuses a payload
+instead of running it."""
 
 import os
 
@@ -19,7 +20,8 @@ class Payload:
 
 
 class ResumingTrainer:
-    """The part of transformers.Trainer.train a DeepSpeed resume runs: the engine's checkpoint load."""
+    """The part of transformers.Trainer.train a DeepSpeed resume runs: the engine's checkpoint
+    load."""
 
     def train(self, resume_from_checkpoint):
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (

@@ -1,9 +1,10 @@
-"""attention_cache.py on CPU: a cached layer's recompute takes the output its forward kept instead of running the
-attention kernel again, and loss and every gradient equal a plain HF model's (the reference: eager attention, no
-checkpointing). Here the GPU slot (`cache`); the host slot (`cache+offload`, whose checkpoint goes through
-DeepSpeed's and so needs a process group) runs in tests/distributed/test_placement.py (on CPU its "host" copy is a
-clone) and with real pinned copies in tests/gpu. Which layers cache, and the rules about combining placements, are
-the placement plan's (tests/levers/test_placement.py)."""
+"""attention_cache.py on CPU: a cached layer's recompute takes the output its forward kept instead
+of running the attention kernel again, and loss and every gradient equal a plain HF model's (the
+reference: eager attention, no checkpointing). Here the GPU slot (`cache`); the host slot
+(`cache+offload`, whose checkpoint goes through DeepSpeed's and so needs a process group) runs in
+tests/distributed/test_placement.py (on CPU its "host" copy is a clone) and with real pinned copies
+in tests/gpu. Which layers cache, and the rules about combining placements, are the placement plan's
+(tests/levers/test_placement.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from tests.helpers import rel_err, tiny_model
 
 @contextlib.contextmanager
 def counted_forwards():
-    """Count the attention kernel forwards run through a kernel pair (what the cache can skip), any backend."""
+    """Count the attention kernel forwards run through a kernel pair (what the cache can skip), any
+    backend."""
     calls = [0]
     real = attention.kernel_pair
 
@@ -59,7 +61,8 @@ def loss_and_grads(model, ids):
 
 @pytest.fixture
 def models():
-    """(plain eager HF model, the same weights routed through our attention function at SP=1, input ids)."""
+    """(plain eager HF model, the same weights routed through our attention function at SP=1, input
+    ids)."""
     attention.select("sdpa", announce=False)
     ref = tiny_model(attn="eager")
     model = copy.deepcopy(ref)
@@ -97,8 +100,9 @@ def test_cache_gives_plain_grads_and_skips_the_recompute_kernel(models, spec):
 
 
 def test_a_step_without_backward_leaves_nothing_for_the_next(models):
-    """An interrupted step (forward only) keeps outputs; new_step() drops them, so the next step's recompute runs
-    on its own forward's outputs (grads equal the reference), and an eval forward keeps nothing."""
+    """An interrupted step (forward only) keeps outputs; new_step() drops them, so the next step's
+    recompute runs on its own forward's outputs (grads equal the reference), and an eval forward
+    keeps nothing."""
     ref, model, ids = models
     _, grads_ref, _ = loss_and_grads(ref, ids)
     apply_placement(model, PlacementPlan.parse("cache:2"))
@@ -137,11 +141,12 @@ def test_a_kernel_without_a_pair_recomputes_and_says_so(models, caplog):
 
 @pytest.mark.parametrize("room", ["planned", "too small"])
 def test_offloaded_caches_live_in_their_pool_regions_every_step(models, caplog, room):
-    """`cache+offload` on every layer with the pool (levers/offload.py): `plan_pool` with a region per cached layer
-    (`cache_region_bytes`) and `reserve_pool` make one block holding the checkpoint slots and the regions; three steps
-    copy each layer's kept output + LSE into the same views carved from its region (no buffers of its own, no growth),
-    the recompute skips the kernel, and loss and grads equal plain HF's. A region too small for the kernel's tensors:
-    a warning naming the layer, the slot's own buffers (on CPU: clones), the same loss and grads."""
+    """`cache+offload` on every layer with the pool (levers/offload.py): `plan_pool` with a region
+    per cached layer (`cache_region_bytes`) and `reserve_pool` make one block holding the checkpoint
+    slots and the regions; three steps copy each layer's kept output + LSE into the same views
+    carved from its region (no buffers of its own, no growth), the recompute skips the kernel, and
+    loss and grads equal plain HF's. A region too small for the kernel's tensors: a warning naming
+    the layer, the slot's own buffers (on CPU: clones), the same loss and grads."""
     from ds_longctx.levers import offload
 
     ref, model, ids = models

@@ -23,18 +23,19 @@ H, V = 24, 131
 
 # fp32: only the summation order differs from the reference.
 # bf16: compared against an fp32 reference fed the same bf16-rounded inputs. Rounding the logits and
-# dL/dlogits to bf16 (8-bit mantissa, 2^-9 = 2e-3 relative) is inherent to bf16 training, and plain bf16
-# F.cross_entropy shows it too: ~3e-3 on the gradients, ~1e-4 on the loss at these shapes. We allow 1e-2
-# (gradients) and 2e-3 (loss), and check that chunking costs at most 10 % more error than plain bf16 does.
-# With grad_output != 1 the bf16 gradients stored in forward are rounded a second time when backward
-# scales them (plain CE scales before its one rounding): over 30 seeds that cost up to 1.36x plain's
-# error at grad_output 3.5 (1.23x at 1/29), so there the bound is 1.5x.
+# dL/dlogits to bf16 (8-bit mantissa, 2^-9 = 2e-3 relative) is inherent to bf16 training, and plain
+# bf16 F.cross_entropy shows it too: ~3e-3 on the gradients, ~1e-4 on the loss at these shapes. We
+# allow 1e-2 (gradients) and 2e-3 (loss), and check that chunking costs at most 10 % more error than
+# plain bf16 does. With grad_output != 1 the bf16 gradients stored in forward are rounded a second
+# time when backward scales them (plain CE scales before its one rounding): over 30 seeds that cost
+# up to 1.36x plain's error at grad_output 3.5 (1.23x at 1/29), so there the bound is 1.5x.
 TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 1e-2}
 LOSS_TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 2e-3}
 
 
 def reference_cross_entropy(hidden, weight, labels):
-    """The plain path, written out: full [N, V] logits in the input dtype, fp32 cross-entropy, sum."""
+    """The plain path, written out: full [N, V] logits in the input dtype, fp32 cross-entropy,
+    sum."""
     logits = F.linear(hidden, weight).float()  # [N, V]
     return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
 
@@ -137,8 +138,9 @@ def test_no_grad_and_per_token():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_per_token_hits_are_the_argmax_of_the_full_logits(dtype):
-    """per_token_scores: the losses of per_token_cross_entropy, and hit[i] == (labels[i]'s logit is row i's max),
-    False where ignored; half the labels set to the argmax so both outcomes occur, chunks of 8 rows."""
+    """per_token_scores: the losses of per_token_cross_entropy, and hit[i] == (labels[i]'s logit is
+    row i's max), False where ignored; half the labels set to the argmax so both outcomes occur,
+    chunks of 8 rows."""
     hidden, weight, gen = make_inputs(37, dtype)
     labels = make_labels(37, "chunk_ignored", gen)
     logits = F.linear(hidden, weight).float()  # [N, V]
@@ -210,7 +212,8 @@ def test_bad_shapes_name_the_value(what, match):
 
 
 class RecordShapes(TorchDispatchMode):
-    """Records the shape of every new tensor an aten op returns, and counts the matmuls giving logits."""
+    """Records the shape of every new tensor an aten op returns, and counts the matmuls giving
+    logits."""
 
     def __init__(self):
         super().__init__()

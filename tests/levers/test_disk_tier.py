@@ -1,7 +1,8 @@
-"""disk_tier.py on CPU: `disk` layers give the pinned pool's (host offload's) losses and gradients bit for bit over
-two optimizer steps; a full disk mid-step stops with one line naming the path while an earlier checkpoint still
-loads; a filesystem without O_DIRECT is a fallback said in one line; the run's scratch directory goes at close and
-nothing else under nvme_path is touched. The planner's side: tests/plan/test_disk_plan.py."""
+"""disk_tier.py on CPU: `disk` layers give the pinned pool's (host offload's) losses and gradients
+bit for bit over two optimizer steps; a full disk mid-step stops with one line naming the path while
+an earlier checkpoint still loads; a filesystem without O_DIRECT is a fallback said in one line; the
+run's scratch directory goes at close and nothing else under nvme_path is touched. The planner's
+side: tests/plan/test_disk_plan.py."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def _closed():
 
 
 def train(spec: str, steps: int = 2, model=None, **where):
-    """Losses and the last step's gradients of a tiny model (`model`, else the fp32 CPU one) whose layers are placed
-    as `spec`, SGD in between."""
+    """Losses and the last step's gradients of a tiny model (`model`, else the fp32 CPU one) whose
+    layers are placed as `spec`, SGD in between."""
     model = tiny_model(seed=0) if model is None else model
     assert apply_placement(model, PlacementPlan.parse(spec), **where).spec() == spec
     assert applied_placement(model).spec() == spec
@@ -56,7 +57,8 @@ def test_disk_layers_equal_host_offload_bit_for_bit_and_leave_nvme_path_as_found
         assert all(torch.equal(a, b) for a, b in zip(got_l, want_losses))
         assert all(torch.equal(a, b) for a, b in zip(got_g, want_grads))
     tier = disk_tier.disk_tier(str(nvme))
-    # 1 then 2 disk layers' inputs [1, 48, 64] fp32, written in each of two steps; each file is gone once read back
+    # 1 then 2 disk layers' inputs [1, 48, 64] fp32, written in each of two steps; each file is gone
+    # once read back
     assert tier.bytes_written == (1 + 2) * 2 * 48 * 64 * 4 and tier.direct is not None
     assert tier.dir is None and sorted(os.listdir(nvme)) == ["theirs.txt"]
     disk_tier.close_all()

@@ -1,5 +1,6 @@
-"""fused_ops.py on CPU: the routing and its undo, with stand-ins for Liger's Triton functions written here as the plain
-math (Liger itself needs CUDA: tests/gpu/test_fused_ops_gpu.py holds its numerics against the plain HF layer)."""
+"""fused_ops.py on CPU: the routing and its undo, with stand-ins for Liger's Triton functions
+written here as the plain math (Liger itself needs CUDA: tests/gpu/test_fused_ops_gpu.py holds its
+numerics against the plain HF layer)."""
 
 from __future__ import annotations
 
@@ -105,8 +106,8 @@ def test_routes_every_norm_mlp_and_rope_and_undoes_it(fake_liger):
 
 
 def test_compile_routes_the_same_math_through_inductor_and_undoes_it():
-    """fused_ops=compile on CPU: TorchInductor compiles HF's RMSNorm, SiLU*up and rotary; loss and every grad equal
-    the plain model's (fp32; inductor may reorder a sum: rel <= 1e-5)."""
+    """fused_ops=compile on CPU: TorchInductor compiles HF's RMSNorm, SiLU*up and rotary; loss and
+    every grad equal the plain model's (fp32; inductor may reorder a sum: rel <= 1e-5)."""
     from transformers.models.qwen3 import modeling_qwen3
 
     plain_rope = modeling_qwen3.apply_rotary_pos_emb
@@ -148,10 +149,11 @@ def test_auto_is_compile_on_cuda_and_none_on_cpu_and_says_why():
 
 
 def test_compile_keeps_every_shape_of_a_ragged_tiled_run_compiled():
-    """Tiles that do not divide the sequence, a forward without grad (a checkpointed layer's) and one with: the
-    compiled RMSNorm meets more shapes and grad modes than TorchDynamo's default limit of 8 graphs (hidden, q-head and
-    KV-head norms on full and last tiles, the final norm, in both modes). None is left to the eager fallback past the
-    limit (as on the 4B run of benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01c.md): with
+    """Tiles that do not divide the sequence, a forward without grad (a checkpointed layer's) and
+    one with: the compiled RMSNorm meets more shapes and grad modes than TorchDynamo's default limit
+    of 8 graphs (hidden, q-head and KV-head norms on full and last tiles, the final norm, in both
+    modes). None is left to the eager fallback past the limit (as on the 4B run of
+    benchmarks/results/sessions/2026-12-01/planner_runs_2026-12-01c.md): with
     `fail_on_recompile_limit_hit` that fallback raises. Loss and grads are the plain model's."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
@@ -184,8 +186,8 @@ def test_compile_keeps_every_shape_of_a_ragged_tiled_run_compiled():
 
 
 def test_a_torch_without_a_per_function_limit_gets_the_process_wide_one_raised(monkeypatch):
-    """torch.compile without `recompile_limit=` (older torch, e.g. the device's 2.11 if it lacks it): TorchDynamo's
-    process-wide limit is raised to COMPILE_SHAPES instead, never lowered."""
+    """torch.compile without `recompile_limit=` (older torch, e.g. the device's 2.11 if it lacks
+    it): TorchDynamo's process-wide limit is raised to COMPILE_SHAPES instead, never lowered."""
     import torch._dynamo
 
     compiled = []
@@ -197,7 +199,8 @@ def test_a_torch_without_a_per_function_limit_gets_the_process_wide_one_raised(m
         return fn
 
     monkeypatch.setattr(torch, "compile", old_compile)
-    # the config's own patch restores it (pytest's monkeypatch would delete, which hides the key for good)
+    # the config's own patch restores it (pytest's monkeypatch would delete, which hides the key for
+    # good)
     with torch._dynamo.config.patch(recompile_limit=8):
         fused_ops._compiled.__wrapped__(None)
         assert (

@@ -1,5 +1,5 @@
-"""levers/gpu_budget.py: the allocator cap for the budget a plan was made for (the cap itself acts on a GPU only:
-tests/gpu/test_gpu.py::test_gpu_budget_caps_what_side_stream_frees_would_reserve)."""
+"""levers/gpu_budget.py: the allocator cap for the budget a plan was made for (the cap itself acts
+on a GPU only: tests/gpu/test_gpu.py::test_gpu_budget_caps_what_side_stream_frees_would_reserve)."""
 
 import pytest
 import yaml

@@ -1,6 +1,7 @@
-"""LoRA on one process: which parameters train, the target rule and its errors, the config's errors, the
-per-name draw, LoRA + tiled MLP against the untiled model, and the chunked loss skipping a frozen lm_head's grad.
-(SP=2 under ZeRO-3, base unchanged after training, export: tests/distributed/test_lora.py.)"""
+"""LoRA on one process: which parameters train, the target rule and its errors, the config's errors,
+the per-name draw, LoRA + tiled MLP against the untiled model, and the chunked loss skipping a
+frozen lm_head's grad. (SP=2 under ZeRO-3, base unchanged after training, export:
+tests/distributed/test_lora.py.)"""
 
 import pytest
 import torch
@@ -92,7 +93,8 @@ def test_target_rule(targets, suffixes, count):
     [
         (
             "q_prj",
-            "'q_prj' matches no Linear of the model; its Linears end in down_proj, gate_proj, k_proj, o_proj",
+            "'q_prj' matches no Linear of the model; its Linears end in down_proj, gate_proj, "
+            "k_proj, o_proj",
         ),
         ("q_proj,lm_head", "'lm_head' matches the output layer 'lm_head'"),
     ],
@@ -195,8 +197,9 @@ def loss_and_adapter_grads(model, ids):
 )
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_lora_with_tiled_mlp_gives_the_untiled_grads(targets, checkpointing):
-    # an MLP with adapters takes the tiled MLP's per-tile path; with the MLP's adapters alone, nothing before
-    # them needs a grad: the embedding output's requires_grad (apply_lora) keeps the tiles in the graph
+    # an MLP with adapters takes the tiled MLP's per-tile path; with the MLP's adapters alone,
+    # nothing before them needs a grad: the embedding output's requires_grad (apply_lora) keeps the
+    # tiles in the graph
     ids = torch.randint(0, 512, (2, 37), generator=torch.Generator().manual_seed(0))
     ref, tiled = (adapted(lora_init="random_b", lora_target_modules=targets) for _ in range(2))
     assert apply_tiled_mlp(tiled, 7) == 2

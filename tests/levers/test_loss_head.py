@@ -1,6 +1,7 @@
-"""levers/loss_head.py on CPU: `route_forward` makes a plain HF model's own forward run the loss head when given
-ds_longctx's shift labels (what the HF Trainer integration hands DeepSpeed), leaves it unchanged otherwise, and
-`unroute_forward` restores it exactly (no child, no instance forward). Reference: the loss head called directly."""
+"""levers/loss_head.py on CPU: `route_forward` makes a plain HF model's own forward run the loss
+head when given ds_longctx's shift labels (what the HF Trainer integration hands DeepSpeed), leaves
+it unchanged otherwise, and `unroute_forward` restores it exactly (no child, no instance forward).
+Reference: the loss head called directly."""
 
 import torch
 
@@ -38,7 +39,8 @@ def test_route_forward_runs_the_loss_head_and_unroute_restores_the_model():
 
 
 def test_unroute_restores_an_instance_forward_set_before():
-    """TRL's SFTTrainer sets its own forward on the instance first; routing goes over it and back."""
+    """TRL's SFTTrainer sets its own forward on the instance first; routing goes over it and
+    back."""
     model = tiny_model(seed=0)
     own = model.forward
     model.forward = own  # an instance attribute, as TRL's add_fused_lm_head leaves it

@@ -1,7 +1,8 @@
-"""levers/moe.py and moe_aux.py in one process, fp32, against plain HF Qwen3-MoE (the shipped qwen3-moe-tiny: 4 experts,
-top-2): the loss with the load-balancing term and every gradient, untiled and tiled; the aux's row mask against
-transformers' own `load_balancing_loss_func`; what the block saves against plan/moe_terms.py; the kernel logged; a
-block the tiles cannot compute runs untiled, named. Multi-process SP: tests/distributed/test_moe.py."""
+"""levers/moe.py and moe_aux.py in one process, fp32, against plain HF Qwen3-MoE (the shipped
+qwen3-moe-tiny: 4 experts, top-2): the loss with the load-balancing term and every gradient, untiled
+and tiled; the aux's row mask against transformers' own `load_balancing_loss_func`; what the block
+saves against plan/moe_terms.py; the kernel logged; a block the tiles cannot compute runs untiled,
+named. Multi-process SP: tests/distributed/test_moe.py."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def hf_reference(aux: bool = True):
 
 
 def lever_run(tile):
-    """The lever on the same model: HF's CE (no router logits asked) + LoadBalance's coef x aux; its gradients."""
+    """The lever on the same model: HF's CE (no router logits asked) + LoadBalance's coef x aux; its
+    gradients."""
     model = moe_model()
     lever = apply_moe(model, model.config.router_aux_loss_coef, tile)
     lever.aux.begin(None, 1.0)
@@ -56,8 +58,8 @@ def worst(grads, ref):
 
 @pytest.mark.parametrize("tile", [None, 7, 16], ids=["untiled", "tile7", "tile16"])
 def test_loss_and_grads_equal_plain_hf_with_its_aux_loss(tile):
-    """Untiled, and tiled with tiles that divide nothing (61 rows): HF's loss and every gradient; the routers' own
-    gradient is not HF's without the aux term (the test sees the term)."""
+    """Untiled, and tiled with tiles that divide nothing (61 rows): HF's loss and every gradient;
+    the routers' own gradient is not HF's without the aux term (the test sees the term)."""
     ref_loss, ref = hf_reference()
     model, lever, loss, grads = lever_run(tile)
     assert rel_err(loss, ref_loss) <= TOL
@@ -92,8 +94,8 @@ def test_counted_rows_are_hfs_attention_mask():
 
 
 def test_saved_bytes_are_the_planners():
-    """What one bf16 sparse block saves for its backward (storages beyond its parameters and input) is
-    plan/moe_terms.block_bytes' router + dispatch + experts, to 64 bytes (a few [E] buffers)."""
+    """What one bf16 sparse block saves for its backward (storages beyond its parameters and input)
+    is plan/moe_terms.block_bytes' router + dispatch + experts, to 64 bytes (a few [E] buffers)."""
     from ds_longctx.plan.geometry import ModelGeometry
     from ds_longctx.plan.moe_terms import block_bytes
 
@@ -120,7 +122,8 @@ def test_the_expert_kernel_is_logged_once(caplog):
 
 
 def test_a_block_the_tiles_cannot_compute_runs_untiled_and_says_why():
-    """A block with a parameter beyond router and experts (as a shared expert would be): untiled, named, same loss."""
+    """A block with a parameter beyond router and experts (as a shared expert would be): untiled,
+    named, same loss."""
     model = moe_model()
     for layer in model.model.layers:
         layer.mlp.register_parameter("extra", nn.Parameter(torch.zeros(1)))

@@ -1,7 +1,8 @@
-"""offload.py's own pool (memory.pinned_pool) on CPU: an offloaded layer's input goes into its one exact-size slot
-and comes back for the recompute; loss and every gradient equal a plain HF model's; the slots are the same buffers
-every step (reused, no growth). The pinned (cudaHostRegister) copies on a side stream run in tests/gpu; the pool
-under ZeRO-3 SP=2 in tests/distributed/test_placement.py. The planner counts exact bytes for it."""
+"""offload.py's own pool (memory.pinned_pool) on CPU: an offloaded layer's input goes into its one
+exact-size slot and comes back for the recompute; loss and every gradient equal a plain HF model's;
+the slots are the same buffers every step (reused, no growth). The pinned (cudaHostRegister) copies
+on a side stream run in tests/gpu; the pool under ZeRO-3 SP=2 in
+tests/distributed/test_placement.py. The planner counts exact bytes for it."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def test_planner_counts_the_pool_exactly():
     assert (rounded.host_peak_bytes - pooled.host_peak_bytes) / GB == pytest.approx(
         G * k * ((1 << 30) - E) / GB
     )
-    # on the GPU, every layer offloaded: our pool's layer backward holds its restored input, its output grad and its
-    # recomputed output (plan/layer_units.py POOLED_LAYER_UNITS); DeepSpeed's offload engine its stash as well
+    # on the GPU, every layer offloaded: our pool's layer backward holds its restored input, its
+    # output grad and its recomputed output (plan/layer_units.py POOLED_LAYER_UNITS); DeepSpeed's
+    # offload engine its stash as well
     assert (
         pooled.term("offload_staging").gpu_bytes == 3 * E
         and rounded.term("offload_staging").gpu_bytes == 2 * E
@@ -69,10 +71,11 @@ def test_planner_counts_the_pool_exactly():
 
 
 def test_the_reserved_pool_is_one_exact_block_sliced_per_layer_and_reused():
-    """`plan_pool` + `reserve_pool` (the engine, at build): one allocation of exactly k slots of the layer input's
-    size, slot i a slice of it; three steps use those slices (no slot of their own, no growth); a batch of another
-    shape gets its own slot beside the block; release gives everything back. Planned but not reserved (the HF Trainer
-    path): the first slot asked for makes the whole block."""
+    """`plan_pool` + `reserve_pool` (the engine, at build): one allocation of exactly k slots of the
+    layer input's size, slot i a slice of it; three steps use those slices (no slot of their own, no
+    growth); a batch of another shape gets its own slot beside the block; release gives everything
+    back. Planned but not reserved (the HF Trainer path): the first slot asked for makes the whole
+    block."""
     ref = tiny_model(attn="sdpa")
     model = copy.deepcopy(ref)
     plan = PlacementPlan.parse("offload:2")

@@ -1,5 +1,6 @@
-"""The per-layer placement plan: one value, made from the config, validated once, applied in one place, read by the
-planner. (Numerics of a mixed plan under ZeRO-3 SP=2: tests/distributed/test_placement.py.)"""
+"""The per-layer placement plan: one value, made from the config, validated once, applied in one
+place, read by the planner. (Numerics of a mixed plan under ZeRO-3 SP=2:
+tests/distributed/test_placement.py.)"""
 
 from __future__ import annotations
 
@@ -74,8 +75,9 @@ def test_every_rule_refuses_naming_the_fix(kw, needle):
 
 
 def test_apply_routes_each_layer_and_remove_restores_the_model():
-    """A plan without offloaded layers (those need DeepSpeed's checkpoint: the distributed test) is applied layer by
-    layer, read back equal, and removed: checkpointing off again and every checkpoint function the original."""
+    """A plan without offloaded layers (those need DeepSpeed's checkpoint: the distributed test) is
+    applied layer by layer, read back equal, and removed: checkpointing off again and every
+    checkpoint function the original."""
     model = tiny_model()
     layers = decoder_layers(model)
     before = [layer.__dict__.get("_gradient_checkpointing_func", None) for layer in layers]
@@ -97,8 +99,8 @@ def test_apply_routes_each_layer_and_remove_restores_the_model():
 
 
 def test_the_planners_terms_read_the_plan():
-    """Checkpoints on GPU / host, the attention cache and the top layer's attention buffers all follow the plan:
-    the same counts placed differently change exactly the top-layer terms."""
+    """Checkpoints on GPU / host, the attention cache and the top layer's attention buffers all
+    follow the plan: the same counts placed differently change exactly the top-layer terms."""
     S, G = 131_072, 2
     E = S // G * Q8.hidden * 2
     top = PlacementPlan.parse("offload:10,keep:24,cache:2")  # the top layer cached
@@ -122,8 +124,9 @@ def test_the_planners_terms_read_the_plan():
     with pytest.raises(ValueError, match="not both"):
         Levers(offload_layers=1, placement=top)
     assert a.gpu_peak_bytes < 141 * GB
-    # cache+offload: the layer's checkpoint and its kept output on the host, no power-of-two rounding: each kept
-    # output + LSE in its region of the pinned pool, which has room for 128 more LSE rows and 64 KiB of small tensors
+    # cache+offload: the layer's checkpoint and its kept output on the host, no power-of-two
+    # rounding: each kept output + LSE in its region of the pinned pool, which has room for 128 more
+    # LSE rows and 64 KiB of small tensors
     host = plan_memory(
         Q8, S, G, G, Levers(placement=PlacementPlan.parse("cache+offload:10,keep:24,cache:2"))
     )

@@ -1,8 +1,8 @@
-"""GRPO (levers/policy_loss.py) on a packed row of rollouts against a reference written here: each rollout alone
-through the plain HF model, padded to [B, T], and TRL's GRPOTrainer._compute_loss formulas (clipped ratio to given
-old log-probs, k3 KL to another model, loss_type grpo / dapo / dr_grpo): loss and every gradient at SP=1 here and at
-SP=2 in tests/levers/test_preference.py's 2-process run (fp32, rel 1e-5). Rows with bad scores: refused by file
-and line."""
+"""GRPO (levers/policy_loss.py) on a packed row of rollouts against a reference written here: each
+rollout alone through the plain HF model, padded to [B, T], and TRL's GRPOTrainer._compute_loss
+formulas (clipped ratio to given old log-probs, k3 KL to another model, loss_type grpo / dapo /
+dr_grpo): loss and every gradient at SP=1 here and at SP=2 in tests/levers/test_preference.py's
+2-process run (fp32, rel 1e-5). Rows with bad scores: refused by file and line."""
 
 import json
 
@@ -19,7 +19,8 @@ from tests.helpers import rel_err, tiny_model
 
 TOL = 1e-5
 EPS, EPS_HIGH, MAX_LEN = 0.2, 0.28, 9
-ROLLOUTS = [  # two groups of two, one ready advantage; old log-probs near the tiny model's (~ -6.2) on two
+# two groups of two, one ready advantage; old log-probs near the tiny model's (~ -6.2) on two
+ROLLOUTS = [
     {"prompt": "w1 w2 w3 w4", "completion": " w5 w6 w7", "reward": 1.0, "group": "a"},
     {
         "prompt": "w1 w2 w3 w4",
@@ -42,8 +43,8 @@ CASES = [("dapo", 0.04), ("grpo", 0.0), ("dr_grpo", 0.0)]  # (loss_type, beta)
 
 
 def trl_grpo(rollouts, policy, ref_model, loss_type: str, beta: float):
-    """TRL's GRPO loss (importance_sampling_level token, one process, no accumulation) on each rollout run alone;
-    returns (loss, gradients)."""
+    """TRL's GRPO loss (importance_sampling_level token, one process, no accumulation) on each
+    rollout run alone; returns (loss, gradients)."""
     T = max(sum(v != IGNORE_INDEX for v in r.labels) for r in rollouts)
     logps, ref, old, mask = (torch.zeros(len(rollouts), T) for _ in range(4))
     logps = logps.tolist()

@@ -1,6 +1,7 @@
-"""DPO on per-sequence log-probs (levers/preference.py) against TRL's own DPOTrainer with precompute_ref_log_probs,
-driven end to end on the tiny model (its loss and every gradient), at SP=1 here and SP=2 over gloo, packed, with a
-reference model different from the policy (fp32, rel 1e-5)."""
+"""DPO on per-sequence log-probs (levers/preference.py) against TRL's own DPOTrainer with
+precompute_ref_log_probs, driven end to end on the tiny model (its loss and every gradient), at SP=1
+here and SP=2 over gloo, packed, with a reference model different from the policy (fp32, rel
+1e-5)."""
 
 import json
 
@@ -24,8 +25,9 @@ SP2_CASES = CASES[:2]  # the worker's (each case costs the 2-process run a step)
 
 
 def trl_reference(tok, chosen_rows: list, beta: float, loss_type: str) -> dict:
-    """TRL's DPOTrainer on the pairs, one batch: its loss, gradients, input rows and stored reference log-probs in
-    the pairs' order (`chosen_rows`: each pair's chosen ids; TRL's sampler shuffles)."""
+    """TRL's DPOTrainer on the pairs, one batch: its loss, gradients, input rows and stored
+    reference log-probs in the pairs' order (`chosen_rows`: each pair's chosen ids; TRL's sampler
+    shuffles)."""
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
@@ -120,7 +122,8 @@ def test_dpo_sp1_packed_matches_trl(setup, case):
 
 
 def grpo_task(d, tok) -> tuple:
-    """The GRPO part of the SP=2 worker's task (tests/levers/test_policy_loss.py's rollouts) and its references."""
+    """The GRPO part of the SP=2 worker's task (tests/levers/test_policy_loss.py's rollouts) and its
+    references."""
     from ds_longctx.data.rl_rows import RolloutRows, read_rollouts
     from tests.levers import test_policy_loss as grpo
 
@@ -144,9 +147,10 @@ def grpo_task(d, tok) -> tuple:
 
 @pytest.mark.slow
 def test_dpo_and_grpo_sp2_packed_match_trl_and_the_hand_reference(setup):
-    """At SP=2: DPO against TRL's DPOTrainer (its ref_model, saved as a directory for the engine's --ref_model),
-    GRPO dapo (with the KL to that model) and grpo against tests/levers/test_policy_loss.py's reference, on plain
-    HF models and through the engine (ZeRO-3)."""
+    """At SP=2: DPO against TRL's DPOTrainer (its ref_model, saved as a directory for the engine's
+    --ref_model), GRPO dapo (with the KL to that model) and grpo against
+    tests/levers/test_policy_loss.py's reference, on plain HF models and through the engine
+    (ZeRO-3)."""
     from transformers import AutoTokenizer
 
     d, pairs, row, refs, shared = setup
@@ -190,10 +194,12 @@ def test_dpo_and_grpo_sp2_packed_match_trl_and_the_hand_reference(setup):
 
 
 def test_shared_prompt_row_equals_the_two_pass_row(setup):
-    """Each pair's prompt once, then both completions: the loss, the reference log-probs and every gradient of the
-    two-pass packed row (each completion after its own copy of the prompt; TRL's numbers above)."""
+    """Each pair's prompt once, then both completions: the loss, the reference log-probs and every
+    gradient of the two-pass packed row (each completion after its own copy of the prompt; TRL's
+    numbers above)."""
     _, pairs, row, refs, shared = setup
-    # prompts of 5, 3 and 1 tokens: each but its last token written once (the 1-token one: two plain documents)
+    # prompts of 5, 3 and 1 tokens: each but its last token written once (the 1-token one: two plain
+    # documents)
     assert len(shared["input_ids"]) == len(row["input_ids"]) - (4 + 2 + 0)
     assert shared["branch"].unique().tolist() == [0, 1, 2]
     for case in SP2_CASES:

@@ -1,4 +1,5 @@
-"""YaRN: our inverse frequencies against transformers' own, the factor rule, and the config mutation."""
+"""YaRN: our inverse frequencies against transformers' own, the factor rule, and the config
+mutation."""
 
 import json
 import logging
@@ -88,8 +89,9 @@ def test_factor_rounds_up_to_an_eighth(seq_len, orig, factor):
 
 
 def test_qwen3_default_is_its_published_32768():
-    """The Qwen3 rule lives in rope.trained_context: O = 32768 when max_position_embeddings is 40960, so 131,072
-    tokens get Qwen's documented factor 4 (not 3.25 from 40960); other geometries keep max_position_embeddings."""
+    """The Qwen3 rule lives in rope.trained_context: O = 32768 when max_position_embeddings is
+    40960, so 131,072 tokens get Qwen's documented factor 4 (not 3.25 from 40960); other geometries
+    keep max_position_embeddings."""
     cfg = config("qwen3-8b")
     assert trained_context(cfg) == 32768
     assert yarn_rope_parameters(cfg, 131_072)["factor"] == 4.0

@@ -1,5 +1,6 @@
-"""Tiled layer against the plain HF model (no patch): loss and every param grad, Qwen3 and Llama, fp32 and bf16,
-tile sizes that divide nothing; what the layer saves for backward, counted; the refusals."""
+"""Tiled layer against the plain HF model (no patch): loss and every param grad, Qwen3 and Llama,
+fp32 and bf16, tile sizes that divide nothing; what the layer saves for backward, counted; the
+refusals."""
 
 import copy
 
@@ -69,8 +70,8 @@ def test_tiled_layer_equals_the_plain_model(family, dtype, b, s, tile):
 
 
 def test_under_checkpointing_and_with_the_other_levers():
-    """With transformers' (non-reentrant) checkpointing on every layer, fused ops (compiled HF math) and tiled MLP
-    applied first, as the engine orders them: the plain model's loss and grads."""
+    """With transformers' (non-reentrant) checkpointing on every layer, fused ops (compiled HF math)
+    and tiled MLP applied first, as the engine orders them: the plain model's loss and grads."""
     ref = tiny_model()
     model = copy.deepcopy(ref)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -94,9 +95,9 @@ class OwnForwardLinear(nn.Linear):
 
 
 def test_the_layer_saves_its_inputs_not_its_token_wise_tensors():
-    """One layer, fp32, no loss head in the count: untiled it saves (norm upcasts, normed copies, q/k pre- and
-    post-norm, MLP intermediates) many hidden-sized tensors; tiled, its input x, the rotary rows, q/k/v for
-    attention, the attention output for o_proj and h for the MLP tiles."""
+    """One layer, fp32, no loss head in the count: untiled it saves (norm upcasts, normed copies,
+    q/k pre- and post-norm, MLP intermediates) many hidden-sized tensors; tiled, its input x, the
+    rotary rows, q/k/v for attention, the attention output for o_proj and h for the MLP tiles."""
     ref = tiny_model()
     layer = ref.model.layers[0]
     n, H = 512, ref.config.hidden_size
@@ -119,8 +120,10 @@ def test_the_layer_saves_its_inputs_not_its_token_wise_tensors():
     apply_tiled_layer(ref, 64)
     tiled = count(layer)
     E = n * H * 4  # one fp32 hidden tensor
-    # tiled: cos + sin rows (2·n·d), the attention's q/k/v and output (SDPA saves them: n·(hq+2hkv)·d + n·hq·d
-    # + its logsumexp), o_proj's input (the same output, reshaped: one storage), h for the MLP tiles (E)
+    # tiled: cos + sin rows (2·n·d), the attention's q/k/v and output (SDPA saves them:
+    # n·(hq+2hkv)·d + n·hq·d
+    # + its logsumexp), o_proj's input (the same output, reshaped: one storage), h for the MLP tiles
+    # (E)
     expect = (2 * n * d + n * (hq + 2 * hkv) * d + n * hq * d + E // 4 // H * hq) * 4 + E
     assert tiled <= expect * 1.25, (tiled, expect)
     assert plain >= tiled + 8 * E, (
@@ -149,8 +152,8 @@ def test_refused_where_it_cannot_run():
 
 
 def test_checked_before_any_work_on_a_meta_model():
-    """run/preflight's check: every layer of the class on the meta device; another layer shape (GPT-2's ln_1 /
-    attn / ln_2 / mlp) is refused by name, and LoRA by the run config."""
+    """run/preflight's check: every layer of the class on the meta device; another layer shape
+    (GPT-2's ln_1 / attn / ln_2 / mlp) is refused by name, and LoRA by the run config."""
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen3ForCausalLM
 
     from ds_longctx.config import RunConfig
@@ -173,7 +176,8 @@ def test_checked_before_any_work_on_a_meta_model():
         num_key_value_heads=1,
         head_dim=16,
     )
-    # Gemma 2 has every part the tiles use, and two more norms around its MLP: the pre-norm form would be wrong
+    # Gemma 2 has every part the tiles use, and two more norms around its MLP: the pre-norm form
+    # would be wrong
     with pytest.raises(
         ValueError,
         match="Gemma2DecoderLayer has post_feedforward_layernorm, pre_feedforward_layernorm",

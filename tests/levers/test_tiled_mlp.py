@@ -1,4 +1,5 @@
-"""Tiled MLP against the plain MLP written here: output, input grad and every param grad; a whole tiny Qwen3.
+"""Tiled MLP against the plain MLP written here: output, input grad and every param grad; a whole
+tiny Qwen3.
 
 Both paths: "gated" (Qwen3MLP as is: tiles on the weights, gathered once per pass under ZeRO-3) and
 "per_tile" (the same MLP made to look unknown, so each tile calls its forward).
@@ -23,7 +24,8 @@ def plain_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class OwnForwardLinear(nn.Linear):
-    """A Linear subclass with its own forward (as LoRA and quantized Linears have): sends an MLP per tile."""
+    """A Linear subclass with its own forward (as LoRA and quantized Linears have): sends an MLP per
+    tile."""
 
     def forward(self, x):
         return super().forward(x)
@@ -86,7 +88,8 @@ class RowCountingSiLU(nn.SiLU):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_intermediates_never_span_the_whole_slice(path):
-    """Forward saves no [*, I] tensor, and every activation call (forward and recompute) sees <= T rows."""
+    """Forward saves no [*, I] tensor, and every activation call (forward and recompute) sees <= T
+    rows."""
     mlp, tile, n = one_mlp(path=path), 8, 37
     rows = []
     mlp.act_fn = RowCountingSiLU(rows)
@@ -106,7 +109,8 @@ def test_intermediates_never_span_the_whole_slice(path):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_param_grad_hooks_fire_once_with_the_whole_grad(path):
-    """What ZeRO-3's reduce hook (a post-accumulate-grad hook) sees: one firing per param, the full grad."""
+    """What ZeRO-3's reduce hook (a post-accumulate-grad hook) sees: one firing per param, the full
+    grad."""
     mlp, tile, n = one_mlp(path=path), 8, 37
     x, g = torch.randn(n, 64), torch.randn(n, 64)
     _, _, gp_ref = run(plain_mlp, mlp, x, g)
@@ -121,8 +125,9 @@ def test_param_grad_hooks_fire_once_with_the_whole_grad(path):
 
 @pytest.mark.parametrize("tile_tokens", [2, 8, 37])
 def test_gated_path_gathers_once_per_pass_and_never_enters_the_linears(tile_tokens, monkeypatch):
-    """The gated path enters its gather context once in forward and once in backward, whatever the tile
-    count, and never calls gate/up/down_proj (whose ZeRO-3 hooks would fetch their weights per tile)."""
+    """The gated path enters its gather context once in forward and once in backward, whatever the
+    tile count, and never calls gate/up/down_proj (whose ZeRO-3 hooks would fetch their weights per
+    tile)."""
     mlp = one_mlp()
     params = set(mlp.parameters())
     entered, calls = [], []
@@ -172,7 +177,8 @@ def test_gated_form_is_recognised_only_where_it_is_exact():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_path_with_biases(dtype):
-    """LlamaMLP with mlp_bias=True: every Linear has a bias; 57 rows in tiles of 7 (the last one row)."""
+    """LlamaMLP with mlp_bias=True: every Linear has a bias; 57 rows in tiles of 7 (the last one
+    row)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaMLP
 
@@ -196,7 +202,8 @@ def test_gated_path_with_biases(dtype):
 
 
 def deepspeed_tiled(mlp, x, tile_tokens):
-    """DeepSpeed 0.19.8's TiledMLP with the tile count our tile_tokens gives (so torch.chunk yields all k)."""
+    """DeepSpeed 0.19.8's TiledMLP with the tile count our tile_tokens gives (so torch.chunk yields
+    all k)."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
     k = -(-x.shape[0] * x.shape[1] // tile_tokens)
@@ -204,7 +211,8 @@ def deepspeed_tiled(mlp, x, tile_tokens):
 
 
 def test_bf16_param_grads_are_rounded_once():
-    """bf16 against an fp32 reference: ours as close as the plain bf16 MLP; DeepSpeed's k roundings drift."""
+    """bf16 against an fp32 reference: ours as close as the plain bf16 MLP; DeepSpeed's k roundings
+    drift."""
     torch.manual_seed(1)
     mlp = one_mlp(torch.bfloat16)
     x, g = (
@@ -224,9 +232,10 @@ def test_bf16_param_grads_are_rounded_once():
 
 
 def test_deepspeed_tiledmlp_leaves_grad_unready():
-    """Why we do not call DeepSpeed 0.19.8's TiledMLP as is: torch.chunk gives 3 pieces for 5 rows / 4 shards,
-    and the flag is re-armed only at index 3, so ZeRO-3 would never reduce these grads. If this starts failing,
-    DeepSpeed changed it: revisit the comparison in the tiled_mlp module docstring."""
+    """Why we do not call DeepSpeed 0.19.8's TiledMLP as is: torch.chunk gives 3 pieces for 5 rows /
+    4 shards, and the flag is re-armed only at index 3, so ZeRO-3 would never reduce these grads. If
+    this starts failing, DeepSpeed changed it: revisit the comparison in the tiled_mlp module
+    docstring."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
     lin = nn.Linear(4, 4)

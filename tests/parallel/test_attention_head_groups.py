@@ -1,6 +1,6 @@
-"""The attention backward over groups of KV heads (`memory.attn_bwd_head_groups`, parallel/attention.py): the same
-grads as the whole-head backward and as plain SDPA, on CPU through SDPA's flash kernel pair; bad group counts refused
-with the fix; the run config carries it."""
+"""The attention backward over groups of KV heads (`memory.attn_bwd_head_groups`,
+parallel/attention.py): the same grads as the whole-head backward and as plain SDPA, on CPU through
+SDPA's flash kernel pair; bad group counts refused with the fix; the run config carries it."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def test_preflight_refuses_groups_the_model_cannot_split():
 
 
 def test_a_model_trained_with_grouped_backward_gets_the_plain_hf_grads():
-    """A tiny Qwen3 routed through our attention (SP=1) with the backward over every KV head separately: loss and
-    every parameter's grad as the plain eager HF model's, with the attention cache placement on as well."""
+    """A tiny Qwen3 routed through our attention (SP=1) with the backward over every KV head
+    separately: loss and every parameter's grad as the plain eager HF model's, with the attention
+    cache placement on as well."""
     import copy
 
     from ds_longctx.levers.placement import PlacementPlan

@@ -1,5 +1,7 @@
-"""parallel/disk.py: OS errors said in one line with the bytes needed and free (the reference: shutil.disk_usage),
-and the partial-directory marker: a directory without it, or whose maker still runs, is never removed."""
+"""parallel/disk.py: OS errors said in one line with the bytes needed and free (the reference:
+shutil.disk_usage),
+and the partial-directory marker: a directory without it, or whose maker still runs, is never
+removed."""
 
 import errno
 import os
@@ -70,7 +72,8 @@ def test_a_partial_directory_is_removed_only_once_its_maker_is_gone(tmp_path):
     try:
         disk.make_partial(part)
         (part / disk.PARTIAL_MARKER).write_text(
-            f'{{"pid": {live.pid}, "host": "{socket.gethostname()}", "since": "then", "command": "prepare"}}'
+            f'{{"pid": {live.pid}, "host": "{socket.gethostname()}", "since": "then", "command": '
+            '"prepare"}'
         )
         with pytest.raises(
             disk.NotOurs,
@@ -85,8 +88,8 @@ def test_a_partial_directory_is_removed_only_once_its_maker_is_gone(tmp_path):
     said = disk.clear_partial(part, "move it away")
     assert (
         said
-        == f"removed {str(part)!r}, left unfinished by pid {live.pid} on host {socket.gethostname()} since "
-        f"then (prepare)"
+        == f"removed {str(part)!r}, left unfinished by pid {live.pid} on host "
+        f"{socket.gethostname()} since then (prepare)"
         and not part.exists()
     )
     disk.make_partial(part)  # this process's own: a done partial goes into place without its marker
@@ -126,9 +129,10 @@ def test_a_full_disk_reached_through_a_link_is_named_by_its_own_mount_point(tmp_
 def test_an_out_on_a_read_only_filesystem_is_called_read_only_not_a_free_space_figure(
     tmp_path, monkeypatch, capsys
 ):
-    """A read-only mount simulated (no such mount here): access(2) says EROFS for the directory and statvfs
-    reports ST_RDONLY, as the kernel does. `data prepare --out` and `export --out` below it are refused naming
-    the directory as read-only, no free space named, nothing made; a writable twin is not."""
+    """A read-only mount simulated (no such mount here): access(2) says EROFS for the directory and
+    statvfs reports ST_RDONLY, as the kernel does. `data prepare --out` and `export --out` below it
+    are refused naming the directory as read-only, no free space named, nothing made; a writable
+    twin is not."""
     from ds_longctx import cli
     from ds_longctx.checkpoint.export import CheckpointError, check_out
 

@@ -1,6 +1,7 @@
-"""The gated DeltaNet's mixers on CPU (parallel/gated_delta.py) against transformers' own torch code, documents one by
-one; the sp sizes a hybrid model allows; the kernel refusals; the Ulysses wrapper's install / uninstall pair
-(parallel/ulysses_linear.py). The SP numerics through the engine: tests/distributed/test_ulysses_linear.py."""
+"""The gated DeltaNet's mixers on CPU (parallel/gated_delta.py) against transformers' own torch
+code, documents one by one; the sp sizes a hybrid model allows; the kernel refusals; the Ulysses
+wrapper's install / uninstall pair (parallel/ulysses_linear.py). The SP numerics through the engine:
+tests/distributed/test_ulysses_linear.py."""
 
 import json
 import time
@@ -78,7 +79,8 @@ def test_sp_sizes_of_a_hybrid_model():
     )  # 24 q / 4 KV heads; linear 16 key / 48 value heads
     assert q27.linear_heads == (16, 48)
     assert valid_sp_sizes(8, q27.heads, q27.kv_heads, linear_heads=q27.linear_heads) == [1, 2, 4, 8]
-    # 8 q / 2 KV heads allow sp 8 (KV replicated); 2 key / 4 value linear heads do not: the linear rule refuses it
+    # 8 q / 2 KV heads allow sp 8 (KV replicated); 2 key / 4 value linear heads do not: the linear
+    # rule refuses it
     assert valid_sp_sizes(8, 8, 2, linear_heads=(2, 4)) == [1, 2, 4]
     with pytest.raises(
         ValueError, match=r"sp_size=8 must divide linear_num_value_heads=4 .*try one of \[1, 2, 4\]"
@@ -91,7 +93,8 @@ def test_sp_sizes_of_a_hybrid_model():
 
 
 def test_cli_refuses_an_sp_size_the_linear_heads_cannot_take(tmp_path):
-    """A hybrid config.json whose attention heads allow sp=8 but whose 4 linear value heads do not: exit 2 naming the
+    """A hybrid config.json whose attention heads allow sp=8 but whose 4 linear value heads do not:
+    exit 2 naming the
     rule, before any worker starts."""
     cfg = json.loads((SHIPPED_MODELS_DIR / "qwen3.5-tiny.json").read_text())
     cfg.update(num_attention_heads=8, head_dim=16)

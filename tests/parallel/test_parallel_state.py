@@ -1,4 +1,5 @@
-"""`parallel_state.init_distributed` for a plain-python world of one: its rendezvous port (CPU, gloo)."""
+"""`parallel_state.init_distributed` for a plain-python world of one: its rendezvous port (CPU,
+gloo)."""
 
 import json
 import socket
@@ -32,9 +33,9 @@ def _world_of_one(env: dict) -> dict:
 
 
 def test_a_world_of_one_takes_a_free_port_so_two_jobs_on_a_machine_do_not_collide():
-    """Plain `python` (no RANK): the rendezvous binds a port nothing holds. With the fixed 29517 of before, a second
-    single-process job on the machine (here: a socket listening there) failed with EADDRINUSE. A MASTER_PORT given
-    is kept."""
+    """Plain `python` (no RANK): the rendezvous binds a port nothing holds. With the fixed 29517 of
+    before, a second single-process job on the machine (here: a socket listening there) failed with
+    EADDRINUSE. A MASTER_PORT given is kept."""
     env = {
         k: v
         for k, v in cpu_env().items()

@@ -1,4 +1,5 @@
-"""Per-rank slices: pre-shifted labels (none lost at a slice border), global positions, padding, packing."""
+"""Per-rank slices: pre-shifted labels (none lost at a slice border), global positions, padding,
+packing."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
-"""The shared-prompt attention (parallel/shared_prefix.py through ulysses._attend): queries stay the row's, keys and
-values run over the virtual sequence, causal aligned bottom-right. Against each document attended on its own (the
-two-pass reference, written here) and against the virtual-sequence layout (queries gathered too), output and
-q/k/v gradients, fp32 on CPU."""
+"""The shared-prompt attention (parallel/shared_prefix.py through ulysses._attend): queries stay the
+row's, keys and values run over the virtual sequence, causal aligned bottom-right. Against each
+document attended on its own (the two-pass reference, written here) and against the virtual-sequence
+layout (queries gathered too), output and q/k/v gradients, fp32 on CPU."""
 
 import logging
 
@@ -15,7 +15,8 @@ from ds_longctx.parallel.shared_prefix import shared_layout
 from tests.helpers import rel_err
 
 H, HK, D = 4, 2, 8
-# a plain document of 5, a branching one (prompt 6, chosen 3, rejected 4), another (prompt 1, chosen 2, rejected 1)
+# a plain document of 5, a branching one (prompt 6, chosen 3, rejected 4), another (prompt 1, chosen
+# 2, rejected 1)
 DOCS = [[0] * 5, [0] * 6 + [1] * 3 + [2] * 4, [0] + [1] * 2 + [2]]
 PAD = 3  # SP padding after the row: one document of its own
 
@@ -32,8 +33,8 @@ def row(docs):
 
 
 def two_pass(q, k, v, pos, branch, pad):
-    """Each document, and each branch after its own copy of the prompt, through causal SDPA in fp32 (q `[1, h, s,
-    d]`, k/v `[1, hk, s, d]`, `pad` tokens of SP padding last): `[1, s, h, d]`."""
+    """Each document, and each branch after its own copy of the prompt, through causal SDPA in fp32
+    (q `[1, h, s, d]`, k/v `[1, hk, s, d]`, `pad` tokens of SP padding last): `[1, s, h, d]`."""
     q, k, v = (t.float() for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -58,9 +59,9 @@ def two_pass(q, k, v, pos, branch, pad):
 def test_shared_prompt_attention_equals_each_branch_after_its_own_prompt(
     separate, monkeypatch, caplog
 ):
-    """Output and q/k/v grads: the new layout (queries once) and the virtual-sequence fallback (a backend without
-    separate key documents, warned once) both equal the two-pass reference; a row with a plain document, two branching
-    ones (one a 1-token prompt) and SP padding."""
+    """Output and q/k/v grads: the new layout (queries once) and the virtual-sequence fallback (a
+    backend without separate key documents, warned once) both equal the two-pass reference; a row
+    with a plain document, two branching ones (one a 1-token prompt) and SP padding."""
     attention.select("sdpa", announce=False)
     if not separate:
         monkeypatch.setattr(attention, "SEPARATE_KEYS", ())
@@ -90,8 +91,8 @@ def test_shared_prompt_attention_equals_each_branch_after_its_own_prompt(
 
 
 def test_bottom_right_mask_lets_a_short_query_document_read_its_prompt():
-    """The masked CPU path where q and k documents differ: query i of a 2-query document over 5 keys sees keys
-    0..3+i; a 3-token document with equal lengths stays plain causal."""
+    """The masked CPU path where q and k documents differ: query i of a 2-query document over 5 keys
+    sees keys 0..3+i; a 3-token document with equal lengths stays plain causal."""
     cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 5, 8])
     mask = attention._block_causal_mask(cu_q, 5, "cpu", cu_k, 8).int()
     want = torch.zeros(5, 8, dtype=torch.int)

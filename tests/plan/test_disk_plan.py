@@ -1,5 +1,6 @@
-"""The disk tier in the planner (torch-free): the issue's two targets, the disk terms against the host offload's, the
-DeepSpeed ZeRO-Infinity blocks, the disk keys' refusals and the bandwidth record."""
+"""The disk tier in the planner (torch-free): the issue's two targets, the disk terms against the
+host offload's, the DeepSpeed ZeRO-Infinity blocks, the disk keys' refusals and the bandwidth
+record."""
 
 from __future__ import annotations
 

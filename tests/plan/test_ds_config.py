@@ -28,7 +28,8 @@ def test_offload_blocks():
 
 
 def test_hf_trainer_config_is_the_same_json_less_train_batch_size():
-    """The HF Trainer checks train_batch_size against world x micro (no SP); DeepSpeed derives micro x world / sp."""
+    """The HF Trainer checks train_batch_size against world x micro (no SP); DeepSpeed derives micro
+    x world / sp."""
     cfg = RunConfig(sp_size=2, micro_batch=1, seq_len=256, warmup_steps=3)
     ds, trainer = build_ds_config(cfg, 8, True), hf_trainer_ds_config(cfg, 8, True)
     assert "train_batch_size" not in trainer and trainer == {

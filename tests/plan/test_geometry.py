@@ -1,5 +1,6 @@
-"""plan/geometry.py: the shapes memory depends on, read from a shipped name, a checkpoint directory or a config.json,
-every size checked as it is read (the parameter counts themselves: test_planner.py, test_zero_buffers.py)."""
+"""plan/geometry.py: the shapes memory depends on, read from a shipped name, a checkpoint directory
+or a config.json, every size checked as it is read (the parameter counts themselves:
+test_planner.py, test_zero_buffers.py)."""
 
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ LLAMA = {
 def test_a_config_json_the_model_cannot_have_is_refused_naming_the_file_and_the_field(
     tmp_path, change, says
 ):
-    """Every size memory depends on is checked as the geometry is read (the planner's and the engine's rule for the
-    heads is one: kernel_rules.check_attention_heads), so no plan is made of negative or impossible shapes."""
+    """Every size memory depends on is checked as the geometry is read (the planner's and the
+    engine's rule for the heads is one: kernel_rules.check_attention_heads), so no plan is made of
+    negative or impossible shapes."""
     cfg = {k: v for k, v in {**LLAMA, **change}.items() if v is not None}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -92,10 +94,11 @@ def test_a_config_json_the_model_cannot_have_is_refused_naming_the_file_and_the_
 
 
 def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path, monkeypatch):
-    """Legal in HF: num_key_value_heads null or absent (one KV head per head), max_position_embeddings absent (the
-    config class's default). max_position_embeddings null: refused, as transformers refuses it. Not JSON, or JSON that
-    is not an object: refused naming the file. A path that does not exist is not read as the shipped geometry of its
-    last part (the Hub spelling `org/name` of a shipped one still is)."""
+    """Legal in HF: num_key_value_heads null or absent (one KV head per head),
+    max_position_embeddings absent (the config class's default). max_position_embeddings null:
+    refused, as transformers refuses it. Not JSON, or JSON that
+    is not an object: refused naming the file. A path that does not exist is not read as the shipped
+    geometry of its last part (the Hub spelling `org/name` of a shipped one still is)."""
     for kv in ({"num_key_value_heads": None}, {}):
         cfg = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"} | kv
         (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -134,8 +137,9 @@ def test_geometry_of_absent_or_null_optional_fields_and_of_broken_files(tmp_path
 
 
 def test_qwen2_is_planned_with_its_q_k_v_biases_and_no_o_bias():
-    """Qwen2 (trained by the engine, its layer tiled like Qwen3's) is planned too: biases on q/k/v, none on o_proj,
-    no q/k norm; its parameters as the HF model holds them (tests/plan/test_zero_buffers.py checks the order)."""
+    """Qwen2 (trained by the engine, its layer tiled like Qwen3's) is planned too: biases on q/k/v,
+    none on o_proj, no q/k norm; its parameters as the HF model holds them
+    (tests/plan/test_zero_buffers.py checks the order)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,6 +1,7 @@
-"""plan/hf_fields.py: a config.json read as transformers reads it. The planner's parameters, heads and head_dim of a
-config that leaves keys out (or nulls them) are those of the model transformers builds from it, family by family, or
-the config is refused as transformers refuses it; a sliding window is refused where the kernels would ignore it."""
+"""plan/hf_fields.py: a config.json read as transformers reads it. The planner's parameters, heads
+and head_dim of a config that leaves keys out (or nulls them) are those of the model transformers
+builds from it, family by family, or the config is refused as transformers refuses it; a sliding
+window is refused where the kernels would ignore it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ds_longctx.plan import write as plan_write
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.run.preflight import validate
 
-# 32 heads of hidden / heads = 8: every family's default KV heads divide them, and Qwen3's head_dim 128 is not 8
+# 32 heads of hidden / heads = 8: every family's default KV heads divide them, and Qwen3's head_dim
+# 128 is not 8
 BASE = {
     "hidden_size": 256,
     "intermediate_size": 64,
@@ -35,7 +37,8 @@ FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5_text"]
 
 
 def hf_model(cfg: dict):
-    """transformers' model of `cfg` on the meta device (no memory), or the exception transformers raises."""
+    """transformers' model of `cfg` on the meta device (no memory), or the exception transformers
+    raises."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -58,9 +61,10 @@ def hf_model(cfg: dict):
     ],
 )
 def test_keys_left_out_or_null_are_read_as_transformers_reads_them(family, left):
-    """max_position_embeddings is left out throughout. Before: head_dim and num_key_value_heads left out were
-    hidden / heads and one KV head per head in every family, so a Qwen3 config without them was planned at head_dim 8
-    and 32 KV heads, and `train` built transformers' head_dim 128 (or refused its default of 32 KV heads)."""
+    """max_position_embeddings is left out throughout. Before: head_dim and num_key_value_heads left
+    out were hidden / heads and one KV head per head in every family, so a Qwen3 config without them
+    was planned at head_dim 8 and 32 KV heads, and `train` built transformers' head_dim 128 (or
+    refused its default of 32 KV heads)."""
     for value in ("absent", None):
         cfg = {"model_type": family, **BASE, **EXTRA.get(family, {})}
         cfg |= {k: value for k in left} if value is None else {}
@@ -123,8 +127,7 @@ def test_every_default_is_the_installed_transformers_one():
         ),
         (
             {"layer_types": ["full_attention", "chunked_attention"] * 2},
-            "layer types ['chunked_attention', "
-            "'full_attention']: ds_longctx runs full causal "
+            "layer types ['chunked_attention', 'full_attention']: ds_longctx runs full causal "
             "attention (and gated DeltaNet) layers; give "
             "full_attention for every layer in layer_types",
         ),
@@ -149,8 +152,9 @@ def test_every_default_is_the_installed_transformers_one():
     ],
 )
 def test_odd_fields_are_refused_as_transformers_or_the_engine_refuses_them(change, says, tmp_path):
-    """Before: tie_word_embeddings "false" (a string, true to Python) and head_dim 0 planned, then `train` ended in a
-    transformers traceback; a yarn rope without a factor or Qwen3's sliding layers planned, then `train` refused."""
+    """Before: tie_word_embeddings "false" (a string, true to Python) and head_dim 0 planned, then
+    `train` ended in a transformers traceback; a yarn rope without a factor or Qwen3's sliding
+    layers planned, then `train` refused."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "qwen3", **BASE, **change}))
     with pytest.raises(ValueError, match="^" + str(path)) as e:
@@ -159,9 +163,9 @@ def test_odd_fields_are_refused_as_transformers_or_the_engine_refuses_them(chang
 
 
 def test_a_sliding_window_the_kernels_would_ignore_is_refused_by_plan_and_train(tmp_path, capsys):
-    """Mistral applies its sliding_window (4096 where the key is absent) to every layer, Qwen3-MoE with
-    use_sliding_window too; the attention here is full causal. Before, both planned and trained past the window,
-    silently with full attention."""
+    """Mistral applies its sliding_window (4096 where the key is absent) to every layer, Qwen3-MoE
+    with use_sliding_window too; the attention here is full causal. Before, both planned and trained
+    past the window, silently with full attention."""
     cfg = {"model_type": "mistral", **BASE, "num_key_value_heads": 8}
     for change, window in (
         ({}, 4096),
@@ -229,18 +233,22 @@ def test_qwens_sliding_layers_train_within_their_window_and_are_refused_past_it_
         str(e.value)
         == plan_says
         == (
-            f"model {path} attends within a sliding window of 1,024 tokens in some or all layers (its config's "
-            f"sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with use_sliding_window), and "
-            f"ds_longctx's attention is full causal, the same only within the window: at seq_len=2,048 > 1,024 it would "
-            f'train unlike its config. Set "sliding_window": null in its config.json to train it with full attention, or '
-            f"use seq_len <= 1,024"
+            f"model {path} attends within a sliding window of 1,024 tokens in some or all layers "
+            "(its config's "
+            "sliding_window, 4096 where the key is absent: Mistral's every layer, Qwen's with "
+            "use_sliding_window), and "
+            "ds_longctx's attention is full causal, the same only within the window: at "
+            "seq_len=2,048 > 1,024 it would "
+            'train unlike its config. Set "sliding_window": null in its config.json to train it '
+            f"with full attention, or use seq_len <= 1,024"
         )
     )
 
 
 def test_a_field_transformers_refuses_by_type_is_a_refusal_of_train_not_a_traceback(tmp_path):
-    """transformers 5 types its config fields (huggingface_hub's strict dataclasses); a string or null where it wants
-    a number ended `train` in a StrictDataclassFieldValidationError traceback."""
+    """transformers 5 types its config fields (huggingface_hub's strict dataclasses); a string or
+    null where it wants a number ended `train` in a StrictDataclassFieldValidationError
+    traceback."""
     for key, value in (("rms_norm_eps", "tiny"),):
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({"model_type": "qwen3", **BASE, key: value}))
@@ -254,8 +262,8 @@ def test_a_field_transformers_refuses_by_type_is_a_refusal_of_train_not_a_traceb
 
 @pytest.mark.parametrize("model", ["qwen3-moe-tiny", "qwen3.5-tiny"])
 def test_a_config_saved_by_the_installed_transformers_plans_and_trains(model, tmp_path):
-    """transformers 5.25's save_pretrained writes Qwen3-MoE's expert count as num_local_experts (its attribute_map
-    reads num_experts there); the plan refused "num_experts is missing"."""
+    """transformers 5.25's save_pretrained writes Qwen3-MoE's expert count as num_local_experts (its
+    attribute_map reads num_experts there); the plan refused "num_experts is missing"."""
     from ds_longctx.run.model import load_hf_config
     from tests.helpers import read_metrics, run_cli
 

@@ -1,4 +1,5 @@
-"""plan/cache_placement.py for a hybrid model: the attention cache goes to its full-attention layers only."""
+"""plan/cache_placement.py for a hybrid model: the attention cache goes to its full-attention layers
+only."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from ds_longctx.plan.search import choose
 
 
 def test_a_hybrid_caches_its_full_attention_layers_only_and_the_most_that_fit(monkeypatch):
-    """Qwen3.5-4B at 1M on 8 x 141 GB and 8 x 80 GB, FlashAttention 4 verified at its head_dim 256 (the cache's
-    kernel pair): every cached layer is a full-attention one, the last of them; the plan fits; it caches the most full
-    layers that fit (one more does not fit at any offload count), and its step is shorter than the uncached plan's.
-    Without FA4 verified there, no cache."""
+    """Qwen3.5-4B at 1M on 8 x 141 GB and 8 x 80 GB, FlashAttention 4 verified at its head_dim 256
+    (the cache's kernel pair): every cached layer is a full-attention one, the last of them; the
+    plan fits; it caches the most full layers that fit (one more does not fit at any offload count),
+    and its step is shorter than the uncached plan's. Without FA4 verified there, no cache."""
     from ds_longctx.parallel import kernel_rules
     from ds_longctx.plan.cache_placement import fastest_placement
     from ds_longctx.plan.step_time import predict_step

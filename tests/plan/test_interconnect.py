@@ -1,4 +1,5 @@
-"""The communication model of a rehearsal's prediction (plan/interconnect.py) against hand-computed seconds."""
+"""The communication model of a rehearsal's prediction (plan/interconnect.py) against hand-computed
+seconds."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_a_group_inside_a_node_runs_at_the_intra_node_link():
 
 
 def test_an_all_to_all_across_two_nodes_sends_half_over_the_slow_link():
-    """16 ranks, 8 per node: of 16 GB, 7/16 stay on the node (NVLink), 8/16 leave it (IB); both at once."""
+    """16 ranks, 8 per node: of 16 GB, 7/16 stay on the node (NVLink), 8/16 leave it (IB); both at
+    once."""
     seconds, cross = collective_seconds("all_to_all", 16e9, tuple(range(16)), 9, 8, NV, IB)
     assert cross == pytest.approx(8e9)
     assert seconds == pytest.approx(max(7e9 / 300e9, 8e9 / 50e9))

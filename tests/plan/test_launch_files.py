@@ -1,6 +1,6 @@
-"""The launch files `ds-longctx plan` writes (plan/launch_files.py) go through the launchers' own code: accelerate
-loads accelerate.yaml, DeepSpeed's runner reads the hostfile, and accelerate launch and torchrun parse the multi-node
-launch lines, each in a dry run that starts nothing."""
+"""The launch files `ds-longctx plan` writes (plan/launch_files.py) go through the launchers' own
+code: accelerate loads accelerate.yaml, DeepSpeed's runner reads the hostfile, and accelerate launch
+and torchrun parse the multi-node launch lines, each in a dry run that starts nothing."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def test_accelerate_yaml_is_accelerates_deepspeed_format(tmp_path):
 
 
 def test_the_multinode_hostfile_goes_through_deepspeeds_runner(tmp_path, monkeypatch):
-    """A dry run of `deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8`: DeepSpeed's own parser, resource
-    filter and pdsh command builder, up to the command it would run (nothing is started)."""
+    """A dry run of `deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8`: DeepSpeed's own
+    parser, resource filter and pdsh command builder, up to the command it would run (nothing is
+    started)."""
     import base64
 
     from deepspeed.launcher import runner
@@ -62,9 +63,10 @@ def test_the_multinode_hostfile_goes_through_deepspeeds_runner(tmp_path, monkeyp
 
 
 def test_the_multinode_accelerate_yaml_goes_through_accelerate_launch(tmp_path, monkeypatch):
-    """accelerate 1.15 loads the YAML, and its `accelerate launch` argument processing (a dry run: the same
-    functions up to torchrun's arguments, nothing started) turns node 1's launch line into torchrun on 8 processes
-    of 2 nodes at node 0's address."""
+    """accelerate 1.15 loads the YAML, and its `accelerate launch` argument processing (a dry run:
+    the same
+    functions up to torchrun's arguments, nothing started) turns node 1's launch line into torchrun
+    on 8 processes of 2 nodes at node 0's address."""
     import torch.distributed.run as distrib_run
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import (
@@ -131,7 +133,8 @@ def test_the_multinode_torchrun_line_parses_as_two_nodes_of_8():
 
 
 def test_the_single_node_launch_txt_has_a_torchrun_line_of_8_processes(tmp_path):
-    """README says launch.txt holds deepspeed, torchrun and accelerate lines; one node's had no torchrun line."""
+    """README says launch.txt holds deepspeed, torchrun and accelerate lines; one node's had no
+    torchrun line."""
     from torch.distributed.run import config_from_args, get_args_parser
 
     assert (

@@ -1,6 +1,6 @@
-"""A hybrid model's geometry per layer type (plan/layer_types.py) against real transformers Qwen3_5ForCausalLM models,
-and what the levers do with the layer types: the placement's caches, YaRN on the partial rotary, the random init,
-the planner's phases."""
+"""A hybrid model's geometry per layer type (plan/layer_types.py) against real transformers
+Qwen3_5ForCausalLM models, and what the levers do with the layer types: the placement's caches, YaRN
+on the partial rotary, the random init, the planner's phases."""
 
 import json
 
@@ -20,7 +20,8 @@ from tests.saved_tensors import saved_bytes
 
 
 def test_tiny_geometry_is_the_real_model():
-    """Every parameter's size in `parameters()` order, the count, and every Linear (LoRA's targets) of qwen3.5-tiny."""
+    """Every parameter's size in `parameters()` order, the count, and every Linear (LoRA's targets)
+    of qwen3.5-tiny."""
     g = ModelGeometry.from_name_or_path("qwen3.5-tiny")
     model = tiny_model(model="qwen3.5-tiny")
     assert [p.numel() for p in model.parameters()] == g.param_numels()
@@ -49,8 +50,8 @@ def test_shipped_geometries_count_the_real_models_parameters(name):
 
 
 def test_a_composite_config_is_read_as_its_text_model(tmp_path):
-    """A Qwen3.5 checkpoint's config.json (`qwen3_5` with `text_config`, the vision tower beside it) plans as its text
-    model."""
+    """A Qwen3.5 checkpoint's config.json (`qwen3_5` with `text_config`, the vision tower beside it)
+    plans as its text model."""
     text = json.loads((SHIPPED_MODELS_DIR / "qwen3.5-4b.json").read_text())
     path = tmp_path / "config.json"
     path.write_text(
@@ -81,8 +82,8 @@ def test_caches_go_on_full_attention_layers_only():
 
 
 def test_yarn_on_the_partial_rotary():
-    """YaRN at 1M tokens for Qwen3.5-4B (trained context 262,144): transformers' rotary of the full layers equals our
-    YaRN over the rotated 64 of 256 head dims, with the mrope sections carried."""
+    """YaRN at 1M tokens for Qwen3.5-4B (trained context 262,144): transformers' rotary of the full
+    layers equals our YaRN over the rotated 64 of 256 head dims, with the mrope sections carried."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
     cfg = load_hf_config("qwen3.5-4b")
@@ -96,7 +97,8 @@ def test_yarn_on_the_partial_rotary():
 
 
 def test_random_init_of_the_hybrid_vectors():
-    """Zero-centred norms 0 (scale 1), the gated norm's weight 1, dt_bias softplus^-1(0.01), A_log 0."""
+    """Zero-centred norms 0 (scale 1), the gated norm's weight 1, dt_bias softplus^-1(0.01), A_log
+    0."""
     model = tiny_model(model="qwen3.5-tiny")
     lin = model.model.layers[0].linear_attn
     assert torch.all(model.model.layers[0].input_layernorm.weight == 0.0)
@@ -106,9 +108,10 @@ def test_random_init_of_the_hybrid_vectors():
 
 
 def test_the_plan_has_a_phase_for_the_linear_layers():
-    """Qwen3.5-4B at 1M tokens on 8 GPUs: the linear layers' phases are in the plan (one of them its peak), and the
-    delta rule's kernel term is the measured peak scaled per value head (4 per rank, 32 over sp 8; measured at 6), less
-    the bench's own output and output grad (2 x 128 bf16 per token and head, held elsewhere in a layer)."""
+    """Qwen3.5-4B at 1M tokens on 8 GPUs: the linear layers' phases are in the plan (one of them its
+    peak), and the delta rule's kernel term is the measured peak scaled per value head (4 per rank,
+    32 over sp 8; measured at 6), less the bench's own output and output grad (2 x 128 bf16 per
+    token and head, held elsewhere in a layer)."""
     p = plan_memory("qwen3.5-4b", 1 << 20, 8, 8, Levers(offload_layers=13))
     phases = dict(p.phase_bytes)
     assert {"lin_mlp_bwd", "lin_bwd"} <= set(phases) and p.peak_phase in ("lin_mlp_bwd", "lin_bwd")
@@ -120,9 +123,10 @@ def test_the_plan_has_a_phase_for_the_linear_layers():
 
 
 def test_the_top_linear_layers_phases_hold_nothing_of_the_layers_above_it():
-    """Qwen3.5-4B's top layer (31) is a full-attention one: its backward has freed its checkpoint and its kept
-    attention output before the top linear layer (30) runs its own, so the linear phases count neither; the full
-    layer's phases and the loss do. A dense model has no such terms."""
+    """Qwen3.5-4B's top layer (31) is a full-attention one: its backward has freed its checkpoint
+    and its kept attention output before the top linear layer (30) runs its own, so the linear
+    phases count neither; the full layer's phases and the loss do. A dense model has no such
+    terms."""
     g = ModelGeometry.from_name_or_path("qwen3.5-4b")
     spec = PlacementPlan.from_counts(
         g.layers, 13, 2, cacheable=g.attention_layers
@@ -145,8 +149,9 @@ def test_the_top_linear_layers_phases_hold_nothing_of_the_layers_above_it():
 
 
 def test_the_gated_norm_and_out_proj_save_what_the_plan_counts():
-    """HF's gated RMSNorm and out_proj on the delta rule's output (bf16, [T, hv·dv]) save NORM_SAVED_BYTES per element
-    for the top linear layer's backward (lin_norm_saved): counted here from autograd's saved tensors."""
+    """HF's gated RMSNorm and out_proj on the delta rule's output (bf16, [T, hv·dv]) save
+    NORM_SAVED_BYTES per element for the top linear layer's backward (lin_norm_saved): counted here
+    from autograd's saved tensors."""
     model = tiny_model(model="qwen3.5-tiny", dtype=torch.bfloat16)
     lin = model.model.layers[0].linear_attn
     T, hv, dv = 256, lin.num_v_heads, lin.head_v_dim
@@ -163,8 +168,9 @@ def test_the_gated_norm_and_out_proj_save_what_the_plan_counts():
 
 
 def test_the_top_linear_layers_norm_backward_is_a_phase_of_its_own():
-    """Between the top linear layer's MLP backward and its mixer's: the mixer's saved tensors and the norms' eager
-    units (plan/layer_units.py), no MLP tensor and not the delta rule's kernel; a dense model has no such phase."""
+    """Between the top linear layer's MLP backward and its mixer's: the mixer's saved tensors and
+    the norms' eager units (plan/layer_units.py), no MLP tensor and not the delta rule's kernel; a
+    dense model has no such phase."""
     p = plan_memory("qwen3.5-4b", 362_496, 1, 1, Levers(tiled_mlp=True, offload_layers=19))
     held = {t.name for t in p.terms if "lin_norm_bwd" in t.phases}
     assert {

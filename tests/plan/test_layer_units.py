@@ -1,5 +1,6 @@
-"""What one layer's backward holds per way of running it (plan/layer_units.py), as the planner's terms count it: HF's
-eager ops against compiled ones, the tiled layer, an offloaded layer restored from our pool."""
+"""What one layer's backward holds per way of running it (plan/layer_units.py), as the planner's
+terms count it: HF's eager ops against compiled ones, the tiled layer, an offloaded layer restored
+from our pool."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ Q8 = ModelGeometry.from_name_or_path("qwen3-8b")
 
 
 def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work():
-    """levers/tiled_layer.py: the norms' and q/k norms' full-length saved tensors leave both layer phases (3 and 1
-    hidden units instead of eager 10 / 6, no qk_norm_saved); the q/k/v tiles' own terms join attn_bwd; the MLP is
-    tiled."""
+    """levers/tiled_layer.py: the norms' and q/k norms' full-length saved tensors leave both layer
+    phases (3 and 1 hidden units instead of eager 10 / 6, no qk_norm_saved); the q/k/v tiles' own
+    terms join attn_bwd; the MLP is tiled."""
     T, H, hq, hkv, d = 131_072, Q8.hidden, Q8.heads, Q8.kv_heads, Q8.head_dim
     E = T * H * 2
     base = Levers(tiled_mlp=True, tile_tokens=4096, fused_ops="none")
@@ -46,9 +47,10 @@ def test_tiled_layer_drops_the_full_length_norm_tensors_and_tiles_the_qkv_work()
 
 
 def test_compiled_token_wise_ops_save_fewer_full_length_tensors_than_eager():
-    """fused_ops auto / compile (what a GPU run does) vs none / liger (HF's eager units): the final norm 2 vs 4 E, the
-    layer's hidden-size tensors 5 / 2 vs 10 / 6 E, one q/k-norm copy vs 3, SwiGLU 3 saved T·I vs 4
-    (benchmarks/probe_fused_ops_saved.py and a 4B memory snapshot: docs/calibration.md#layer-units)."""
+    """fused_ops auto / compile (what a GPU run does) vs none / liger (HF's eager units): the final
+    norm 2 vs 4 E, the layer's hidden-size tensors 5 / 2 vs 10 / 6 E, one q/k-norm copy vs 3, SwiGLU
+    3 saved T·I vs 4 (benchmarks/probe_fused_ops_saved.py and a 4B memory snapshot:
+    docs/calibration.md#layer-units)."""
     S, G = 1 << 20, 8
     T, H, inter, hq, hkv, d = S // G, Q8.hidden, Q8.intermediate, Q8.heads, Q8.kv_heads, Q8.head_dim
     E = T * H * 2
@@ -77,9 +79,10 @@ def test_compiled_token_wise_ops_save_fewer_full_length_tensors_than_eager():
 
 
 def test_an_offloaded_layer_restores_into_the_room_the_kept_layers_freed():
-    """Offloaded layers are the lowest, so their backward runs after every kept checkpoint and GPU cache is freed:
-    with the pool an offloaded layer's 3 E (its restored input, its held output grad, its recomputed output) count only
-    beyond what the kept layers held. DeepSpeed's engine: its calibrated 2 E always, and beside an offloaded optimizer
+    """Offloaded layers are the lowest, so their backward runs after every kept checkpoint and GPU
+    cache is freed: with the pool an offloaded layer's 3 E (its restored input, its held output
+    grad, its recomputed output) count only beyond what the kept layers held. DeepSpeed's engine:
+    its calibrated 2 E always, and beside an offloaded optimizer
     its own measured fragmentation."""
     from ds_longctx.plan.layer_units import POOLED_LAYER_UNITS
     from ds_longctx.plan.planner import DS_OFFLOAD_FRAGMENTATION, OFFLOAD_FRAGMENTATION

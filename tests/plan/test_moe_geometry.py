@@ -1,6 +1,6 @@
-"""plan/moe_geometry.py and the MoE terms of the planner: Qwen3-MoE's parameters counted as transformers builds them,
-the MoE families not modelled refused (by `plan` and by `train`, exit 2, before any worker), the sparse block's terms
-whole and tiled, the levers an MoE refuses."""
+"""plan/moe_geometry.py and the MoE terms of the planner: Qwen3-MoE's parameters counted as
+transformers builds them, the MoE families not modelled refused (by `plan` and by `train`, exit 2,
+before any worker), the sparse block's terms whole and tiled, the levers an MoE refuses."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ MODELS = Path(ds_longctx.__file__).parent / "models"
 
 @pytest.mark.parametrize("name", ["qwen3-moe-tiny", "qwen3-30b-a3b"])
 def test_parameters_are_transformers_own_in_its_order(name):
-    """Every parameter of transformers' Qwen3MoeForCausalLM (built on the meta device: nothing allocated), in
-    `parameters()` order; 30B-A3B: 30,532,122,624 in all."""
+    """Every parameter of transformers' Qwen3MoeForCausalLM (built on the meta device: nothing
+    allocated), in `parameters()` order; 30B-A3B: 30,532,122,624 in all."""
     import torch
 
     from ds_longctx.run.model import load_hf_config, model_class
@@ -55,7 +55,8 @@ def test_30b_a3b_geometry():
 
 
 def test_mixed_dense_and_sparse_layers(tmp_path):
-    """decoder_sparse_step / mlp_only_layers: HF's rule for which layers are sparse; the counts stay HF's."""
+    """decoder_sparse_step / mlp_only_layers: HF's rule for which layers are sparse; the counts stay
+    HF's."""
     cfg = json.loads((MODELS / "qwen3-moe-tiny.json").read_text())
     cfg.update(num_hidden_layers=4, mlp_only_layers=[3], decoder_sparse_step=2)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -143,8 +144,8 @@ def test_moe_terms_whole_and_tiled_and_the_levers_an_moe_refuses():
 
 
 def test_lora_on_experts_is_refused_in_one_message_and_attention_adapters_plan():
-    """LoRA's default targets name gate/up/down: on a model whose every layer is sparse, refused naming the fix;
-    attention targets plan adapters on q/k/v/o alone (experts and router frozen)."""
+    """LoRA's default targets name gate/up/down: on a model whose every layer is sparse, refused
+    naming the fix; attention targets plan adapters on q/k/v/o alone (experts and router frozen)."""
     g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
     with pytest.raises(
         ValueError,

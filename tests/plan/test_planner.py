@@ -1,4 +1,5 @@
-"""The memory model: hand-computed values, exact offload accounting, monotonicity (choices: test_search.py)."""
+"""The memory model: hand-computed values, exact offload accounting, monotonicity (choices:
+test_search.py)."""
 
 from __future__ import annotations
 
@@ -60,15 +61,17 @@ def test_zero3_bytes_for_8b_over_8_gpus():
         "master_fp32": 4_095_367_680,
         "adam_m_v_fp32": 8_190_735_360,
     }
-    # 2 bf16 params + 2 bf16 grads (DeepSpeed's grad_accum_dtype defaults to the model dtype) + 4 master + 8 Adam
+    # 2 bf16 params + 2 bf16 grads (DeepSpeed's grad_accum_dtype defaults to the model dtype) + 4
+    # master + 8 Adam
     assert sum(got.values()) == 16 * P8 // 8
     assert plan.term("reduce_bucket").gpu_bytes == 100_000_000  # 5e7 bf16 elements
     assert plan.term("gathered_layers").gpu_bytes == 2 * 192_946_432 * 2
 
 
 def test_host_peak_is_the_larger_of_build_and_step():
-    # ZeRO-3 init copies each rank's bf16 partition through a CPU buffer: 2·P bytes over the node, plus
-    # 1.5 GiB per rank; the 8B on 2 GPUs without offload peaks there, with 36 layers offloaded in the step
+    # ZeRO-3 init copies each rank's bf16 partition through a CPU buffer: 2·P bytes over the node,
+    # plus 1.5 GiB per rank; the 8B on 2 GPUs without offload peaks there, with 36 layers offloaded
+    # in the step
     G = 2
     build = G * 1.5 * GIB + 2 * (-(-P8 // G)) * G
     base = plan_memory(Q8, 65_536, G, G)
@@ -84,7 +87,8 @@ def test_host_peak_is_the_larger_of_build_and_step():
 
 
 def test_pinned_checkpoints_round_up_to_a_power_of_two():
-    # 196,608 tokens over 2 ranks: 98,304 x 4096 x 2 = 768 MiB per checkpoint, pinned in 1 GiB blocks
+    # 196,608 tokens over 2 ranks: 98,304 x 4096 x 2 = 768 MiB per checkpoint, pinned in 1 GiB
+    # blocks
     off = plan_memory(Q8, 196_608, 2, 2, Levers(offload_layers=36))
     assert off.term("checkpoints").host_bytes == 2 * 36 * GIB
 
@@ -96,8 +100,8 @@ def test_chunked_vs_plain_loss_terms():
     assert chunked.term("loss_chunk_logits_fp32").gpu_bytes == 4096 * V * 4
     assert chunked.term("loss_chunk_bf16").gpu_bytes == 4096 * V * 2
     assert chunked.term("lm_head_grad_accum_fp32").gpu_bytes == V * H * 4
-    # log_softmax's backward: saved fp32 output + fp32 grad in + fp32 grad out = 12 bytes per logit, and the
-    # bf16 logits' freed block (2 bytes per logit) stays reserved
+    # log_softmax's backward: saved fp32 output + fp32 grad in + fp32 grad out = 12 bytes per logit,
+    # and the bf16 logits' freed block (2 bytes per logit) stays reserved
     assert plain.term("logits").gpu_bytes == T * V * 12
     assert plain.term("logits_bf16_block").gpu_bytes == T * V * 2
     assert not any(t.name == "logits" for t in chunked.terms)
@@ -136,9 +140,10 @@ def test_optimizer_offload_moves_bytes_from_gpu_to_host_exactly():
     assert (
         on.gpu_peak_bytes - off.gpu_peak_bytes == 14 * P8 // G
     )  # bf16 grads 2 + master 4 + Adam 8
-    # on the host, per rank of 1,023,841,920 elements: master 4 + Adam 8 bytes each, exact; the bf16 grads (2.05 GB)
-    # and the fp32 grads CPU Adam steps on (4.10 GB: one sub-group, the partition reaches DeepSpeed's 1e9 only at
-    # lm_head, the last parameter) are pinned, each one block rounded up to a power of two: 2 GiB and 4 GiB
+    # on the host, per rank of 1,023,841,920 elements: master 4 + Adam 8 bytes each, exact; the bf16
+    # grads (2.05 GB) and the fp32 grads CPU Adam steps on (4.10 GB: one sub-group, the partition
+    # reaches DeepSpeed's 1e9 only at lm_head, the last parameter) are pinned, each one block
+    # rounded up to a power of two: 2 GiB and 4 GiB
     part = P8 // G
     assert off.host_step_bytes - on.host_step_bytes == G * (12 * part + 2**31 + 2**32)
     assert (
@@ -219,7 +224,8 @@ def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
     T = S // G
     base = plan_memory(Q8, S, G, G)
     cached = plan_memory(Q8, S, G, G, Levers(attention_cache_layers=n))
-    # Qwen3-8B at SP=8: 4 query heads x 128 over the full 1M sequence: 1 GiB of bf16 output + 16 MiB of fp32 LSE
+    # Qwen3-8B at SP=8: 4 query heads x 128 over the full 1M sequence: 1 GiB of bf16 output + 16 MiB
+    # of fp32 LSE
     per_layer = S * 4 * 128 * 2 + 4 * S * 4
     assert (
         per_layer == T * Q8.hidden * 2 + 16 * 2**20
@@ -239,8 +245,9 @@ def test_attention_cache_costs_one_kernel_output_and_lse_per_cached_layer():
 
 
 def test_lora_counts_optimizer_states_for_the_adapters_only():
-    # Qwen3-8B, rank 16 on the 7 projections; r·(in + out) per Linear (H 4096, 32·128 query and 8·128 KV
-    # features, I 12288): q 16·(4096+4096), k and v 16·(4096+1024) each, o 16·(4096+4096), gate/up/down 16·(4096+12288)
+    # Qwen3-8B, rank 16 on the 7 projections; r·(in + out) per Linear (H 4096, 32·128 query and
+    # 8·128 KV features, I 12288): q 16·(4096+4096), k and v 16·(4096+1024) each, o 16·(4096+4096),
+    # gate/up/down 16·(4096+12288)
     q, kv, o, mlp = 16 * 8192, 16 * 5120, 16 * 8192, 16 * 16384
     per_layer = q + 2 * kv + o + 3 * mlp
     assert per_layer == 1_212_416
@@ -260,8 +267,8 @@ def test_lora_counts_optimizer_states_for_the_adapters_only():
     assert (
         lora.term("grads_bf16").gpu_bytes == 10_911_744
     )  # 2 bytes x 5,455,872 adapter params per GPU
-    # the frozen base has no grads: one layer's grads are its adapters' (the MLP's in its backward, q/k/v/o's in
-    # the attention's), the embedding's and lm_head's none
+    # the frozen base has no grads: one layer's grads are its adapters' (the MLP's in its backward,
+    # q/k/v/o's in the attention's), the embedding's and lm_head's none
     assert (
         lora.term("layer_grads_bf16").gpu_bytes + lora.term("mixer_grads_bf16").gpu_bytes
         == 2 * per_layer
@@ -282,7 +289,8 @@ def test_lora_counts_optimizer_states_for_the_adapters_only():
     # optimizer offload moves the adapters' states, not the model's
     off = plan_memory(Q8, 4096, G, G, Levers(lora_rank=16, optimizer_offload=True))
     assert off.term("adam_m_v_fp32").host_bytes == 8 * part * G
-    # the pinned grads: 2 x 5,455,872 bytes in a 16 MiB block, 4 x 5,455,872 in a 32 MiB one (one sub-group)
+    # the pinned grads: 2 x 5,455,872 bytes in a 16 MiB block, 4 x 5,455,872 in a 32 MiB one (one
+    # sub-group)
     assert (
         off.term("grads_bf16").host_bytes == G * 2**24
         and off.term("cpu_adam_grads_fp32").host_bytes == G * 2**25
@@ -311,7 +319,8 @@ def test_lora_levers_round_trip_the_run_config():
 
 
 def test_two_nodes_of_8_partition_over_16_and_count_host_per_node():
-    """Qwen3-8B on 2 nodes x 8 GPUs at 1M tokens, sp=8 (an SP group per node, dp=2 across them), by hand."""
+    """Qwen3-8B on 2 nodes x 8 GPUs at 1M tokens, sp=8 (an SP group per node, dp=2 across them), by
+    hand."""
     two = plan_memory(Q8, 1 << 20, 8, 8, nodes=2, fragmentation=1.0)
     assert (two.world, two.dp_size, two.local_tokens) == (16, 2, 131_072)
     got = {
@@ -333,7 +342,8 @@ def test_two_nodes_of_8_partition_over_16_and_count_host_per_node():
             "adam_m_v_fp32": 4_095_367_680,
         }
     )
-    # the activations are the same per GPU as on one node of 8 (same sp); only the ZeRO-3 share halves
+    # the activations are the same per GPU as on one node of 8 (same sp); only the ZeRO-3 share
+    # halves
     one = plan_memory(Q8, 1 << 20, 8, 8, fragmentation=1.0)
     assert one.reserved_bytes - two.reserved_bytes == 16 * P8 // 8 - 16 * P8 // 16 == P8
     # host per node: its 8 ranks' worth
@@ -344,8 +354,9 @@ def test_two_nodes_of_8_partition_over_16_and_count_host_per_node():
         two.term("zero3_defragment_cpu").host_bytes == 2 * (P8 // 16) * 8 == P8
     )  # one node's 8 partitions
     off = plan_memory(Q8, 1 << 20, 8, 8, Levers(optimizer_offload=True, offload_layers=36), nodes=2)
-    # per rank of P/16 = 511,920,960 elements: master 4 + Adam 8 bytes each; bf16 grads (1.02 GB) and CPU Adam's
-    # fp32 grads (2.05 GB, one sub-group) pinned in power-of-two blocks, 1 GiB and 2 GiB; the node holds 8 ranks'
+    # per rank of P/16 = 511,920,960 elements: master 4 + Adam 8 bytes each; bf16 grads (1.02 GB)
+    # and CPU Adam's fp32 grads (2.05 GB, one sub-group) pinned in power-of-two blocks, 1 GiB and 2
+    # GiB; the node holds 8 ranks'
     assert sum(
         off.term(n).host_bytes
         for n in ("grads_bf16", "master_fp32", "adam_m_v_fp32", "cpu_adam_grads_fp32")
@@ -383,9 +394,10 @@ def test_sp_stays_inside_a_node():
 
 
 def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
-    """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved input is the
-    kernel's output and the q/k/v grads are the kernel's; with grouped KV heads FlashAttention 4 holds dK / dV in fp32
-    (2·hkv·S·d·4). At sp > 1 the grads back through the exchange, when larger, as before."""
+    """One rank (W = 1): ZeRO-3 has no layer to gather. sp = 1: no all-to-all, so o_proj's saved
+    input is the kernel's output and the q/k/v grads are the kernel's; with grouped KV heads
+    FlashAttention 4 holds dK / dV in fp32 (2·hkv·S·d·4). At sp > 1 the grads back through the
+    exchange, when larger, as before."""
     g17 = ModelGeometry.from_name_or_path("qwen3-1.7b")  # 16 query heads, 8 KV heads, d 128
     S = 262_144
     one = plan_memory(g17, S, 1, 1)
@@ -397,16 +409,18 @@ def test_one_rank_gathers_nothing_and_sp_1_exchanges_nothing():
     assert plan_memory(mha, S, 1, 1).term("qkv_local_grad").gpu_bytes == 0
     T = (
         S // 2
-    )  # Qwen3-8B at sp 2: the exchange's grads (48 heads of T) outweigh the 4 KV heads' fp32 accumulators
+        # Qwen3-8B at sp 2: the exchange's grads (48 heads of T) outweigh the 4 KV heads' fp32
+        # accumulators
+    )
     two = plan_memory(Q8, S, 2, 2)
     assert two.term("qkv_local_grad").gpu_bytes == T * (32 + 2 * 8) * 128 * 2 > 2 * 4 * S * 128 * 4
     assert two.term("attn_out_local").gpu_bytes == T * 32 * 128 * 2
 
 
 def test_grouped_attention_backward_divides_the_kernels_accumulators():
-    """attn_bwd_head_groups G: the fp32 dQ workspace and the GQA dK / dV accumulators of one group at a time (/G), one
-    group's q/k/v grads before they are copied (+qkv_a2a/G); everything else as G = 1; a G that does not split the
-    rank's KV heads is refused as the run config is."""
+    """attn_bwd_head_groups G: the fp32 dQ workspace and the GQA dK / dV accumulators of one group
+    at a time (/G), one group's q/k/v grads before they are copied (+qkv_a2a/G); everything else as
+    G = 1; a G that does not split the rank's KV heads is refused as the run config is."""
     S = 524_288
     one = plan_memory(Q8, S, 1, 1, Levers(tiled_layer=True, tiled_mlp=True, tile_tokens=4096))
     eight = plan_memory(
@@ -441,11 +455,12 @@ def test_grouped_attention_backward_divides_the_kernels_accumulators():
     )
 
 
-def test_offloaded_parameters_leave_the_small_ones_on_the_gpu_and_one_flat_pinned_buffer_on_the_host():
+def test_offloaded_params_keep_the_small_ones_on_the_gpu_and_one_flat_pinned_host_buffer():
     """offload_params (DeepSpeed offload_param, stage3.py): the GPU keeps only parameters of at most
-    PARAM_PERSISTENCE_ELEMS elements (whole) and, even on one rank, the layers being gathered; the host one flat pinned
-    buffer of the rank's partition per rank, power-of-two rounded, and at build zero.Init's unpinned partitions beside
-    it. The DeepSpeed config carries it and the same persistence threshold; LoRA and a split optimizer refuse it."""
+    PARAM_PERSISTENCE_ELEMS elements (whole) and, even on one rank, the layers being gathered; the
+    host one flat pinned buffer of the rank's partition per rank, power-of-two rounded, and at build
+    zero.Init's unpinned partitions beside it. The DeepSpeed config carries it and the same
+    persistence threshold; LoRA and a split optimizer refuse it."""
     from ds_longctx.plan.ds_config import build_ds_config
     from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS
 
@@ -489,7 +504,8 @@ def test_offloaded_parameters_leave_the_small_ones_on_the_gpu_and_one_flat_pinne
 
 
 def test_the_tables_columns_stay_apart_at_any_size():
-    """At 10^12 tokens a GPU figure of 9+ digits ran into the host one (`14446883.25295040186.34`)."""
+    """At 10^12 tokens a GPU figure of 9+ digits ran into the host one
+    (`14446883.25295040186.34`)."""
     plan = plan_memory(Q8, 10**12, 8, 8, Levers(offload_layers=36))
     peak = plan.table().splitlines()[-1].split()
     assert peak[2:4] == [f"{plan.gpu_peak_bytes / GB:.2f}", f"{plan.host_peak_bytes / GB:.2f}"]

@@ -1,6 +1,6 @@
-"""The planner against the committed runs (benchmarks/results/sessions/): each held-out plan run, re-predicted today
-from its run.yaml, inside the bars and under the safety headroom, and every measured run table's worst
-under-prediction covered by MAX_HEADROOM."""
+"""The planner against the committed runs (benchmarks/results/sessions/): each held-out plan run,
+re-predicted today from its run.yaml, inside the bars and under the safety headroom, and every
+measured run table's worst under-prediction covered by MAX_HEADROOM."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ MODELS = Path(ds_longctx.__file__).parent / "models"
 
 def committed_runs() -> list:
     """(file, row, measured reserved, predicted reserved) of every run table in
-    benchmarks/results/sessions/*/planner_runs_*.md: the column whose header names reserved + measured, and the
-    `predicted` column after it."""
+    benchmarks/results/sessions/*/planner_runs_*.md: the column whose header names reserved +
+    measured, and the `predicted` column after it."""
     rows = []
     for path in sorted(
         (MODELS.parents[1] / "benchmarks" / "results").glob("sessions/*/planner_runs_*.md")
@@ -42,10 +42,11 @@ def committed_runs() -> list:
 
 
 def committed_plan_runs() -> list:
-    """(spec, measured reserved, measured host, today's plan, steady) of every held-out plan run committed with its
-    plan (benchmarks/results/sessions/*/planner_plans_*.jsonl beside plans/plan_*/run.yaml): the run's own levers and
-    placement, re-predicted with the current planner. `steady`: bench_planner.steady_gpu_peak (False for a one-step
-    run whose GPU peak preceded its Adam moments)."""
+    """(spec, measured reserved, measured host, today's plan, steady) of every held-out plan run
+    committed with its plan (benchmarks/results/sessions/*/planner_plans_*.jsonl beside
+    plans/plan_*/run.yaml): the run's own levers and placement, re-predicted with the current
+    planner. `steady`: bench_planner.steady_gpu_peak (False for a one-step run whose GPU peak
+    preceded its Adam moments)."""
     from ds_longctx.config.run import RunConfig
     from ds_longctx.levers.placement import PlacementPlan
 
@@ -81,10 +82,11 @@ def committed_plan_runs() -> list:
 
 
 def test_max_headroom_covers_every_committed_plan_run_on_gpu_and_host():
-    """The safety rule for whole plans: each committed held-out run, re-predicted today from its run.yaml, measured
-    at most 1/MAX_HEADROOM of the prediction, on the GPU (reserved) and on the host (Σ ranks' peak RSS). (0.6B at
-    165,888 tokens on one H200 measured 25.5 GB host against 21.3 predicted before DeepSpeed's pinned optimizer
-    grads were counted in power-of-two blocks: over its 24 GB budget.)"""
+    """The safety rule for whole plans: each committed held-out run, re-predicted today from its
+    run.yaml, measured at most 1/MAX_HEADROOM of the prediction, on the GPU (reserved) and on the
+    host (Σ ranks' peak RSS). (0.6B at 165,888 tokens on one H200 measured 25.5 GB host against 21.3
+    predicted before DeepSpeed's pinned optimizer grads were counted in power-of-two blocks: over
+    its 24 GB budget.)"""
     from ds_longctx.plan.planner import MAX_HEADROOM
 
     runs = committed_plan_runs()
@@ -103,8 +105,8 @@ def test_max_headroom_covers_every_committed_plan_run_on_gpu_and_host():
 
 
 def test_max_headroom_covers_every_committed_under_prediction():
-    """The safety rule: at MAX_HEADROOM of the budget, the worst measured/predicted ratio of any committed run still
-    lands inside the budget. A new run that needs a lower bound fails here."""
+    """The safety rule: at MAX_HEADROOM of the budget, the worst measured/predicted ratio of any
+    committed run still lands inside the budget. A new run that needs a lower bound fails here."""
     from ds_longctx.plan.planner import MAX_HEADROOM, check_headroom
 
     runs = committed_runs()
@@ -118,11 +120,12 @@ def test_max_headroom_covers_every_committed_under_prediction():
 
 
 def test_committed_runs_through_the_pool_or_without_offload_re_predict_inside_the_bars():
-    """Calibration holds: every committed plan run whose checkpoints stayed on the GPU or went to our pool, re-predicted
-    from its run.yaml, is within ±10% on the GPU (reserved) and ±15% on the host. (Runs through DeepSpeed's own
-    offload engine are planned at its worst measured fragmentation, DS_OFFLOAD_FRAGMENTATION: not inside these bars,
-    and `plan` no longer picks that path.) The GPU bar skips a peak measured before the Adam moments existed (the
-    860,160-token step: planner_runs_2026-12-01d.md); its host is held to the bar."""
+    """Calibration holds: every committed plan run whose checkpoints stayed on the GPU or went to
+    our pool, re-predicted from its run.yaml, is within ±10% on the GPU (reserved) and ±15% on the
+    host. (Runs through DeepSpeed's own offload engine are planned at its worst measured
+    fragmentation, DS_OFFLOAD_FRAGMENTATION: not inside these bars, and `plan` no longer picks that
+    path.) The GPU bar skips a peak measured before the Adam moments existed (the 860,160-token
+    step: planner_runs_2026-12-01d.md); its host is held to the bar."""
     runs = [
         r for r in committed_plan_runs() if r[3].levers.pinned_pool or not r[3].placement.offloaded
     ]

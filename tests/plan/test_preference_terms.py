@@ -1,6 +1,7 @@
-"""plan/preference_terms.py and the objective's lines: dpo's shared-prompt row (attention work, the gathered K/V,
-the reference pass) and grpo's per-token log-probs against numbers worked out by hand here; `plan --objective`'s
-refusals; the committed 1M DPO config's step against the SFT config's (issue 57: at most 1.25x). Torch-free."""
+"""plan/preference_terms.py and the objective's lines: dpo's shared-prompt row (attention work, the
+gathered K/V, the reference pass) and grpo's per-token log-probs against numbers worked out by hand
+here; `plan --objective`'s refusals; the committed 1M DPO config's step against the SFT config's
+(issue 57: at most 1.25x). Torch-free."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ DPO = Levers(objective="dpo", completion_len=C)
 
 
 def test_the_shared_rows_attention_is_the_sft_rows_less_the_two_completions_cross_pairs():
-    """(P+C)^2 + 2PR + R^2 = S^2 - 2CR, by hand at S=1000, C=R=100; the step's attention scales by it exactly."""
+    """(P+C)^2 + 2PR + R^2 = S^2 - 2CR, by hand at S=1000, C=R=100; the step's attention scales by
+    it exactly."""
     lv = Levers(objective="dpo", completion_len=100)
     assert attention_span(1000, lv) == 900**2 + 2 * 800 * 100 + 100**2 == 1000**2 - 2 * 100 * 100
     assert attention_span(1000, Levers()) == attention_span(1000, Levers(objective="grpo")) == 10**6
@@ -40,9 +42,10 @@ def test_the_shared_rows_attention_is_the_sft_rows_less_the_two_completions_cros
 
 
 def test_dpo_memory_terms_are_the_prompts_second_keys_and_values_by_hand():
-    """Qwen3-8B at 1M on 8 GPUs (sp 8: 4 query heads and 1 KV head per rank, d 128): K and V of the 1,040,384-token
-    prompt again (2·P·1·128·2 bytes), their grads (+ FA4's fp32 dK/dV: 2·P·128·4), the int64 gather index over
-    S + P; the GPU peak grows by those live in the peak phase, times the fragmentation."""
+    """Qwen3-8B at 1M on 8 GPUs (sp 8: 4 query heads and 1 KV head per rank, d 128): K and V of the
+    1,040,384-token prompt again (2·P·1·128·2 bytes), their grads (+ FA4's fp32 dK/dV: 2·P·128·4),
+    the int64 gather index over S + P; the GPU peak grows by those live in the peak phase, times the
+    fragmentation."""
     g = ModelGeometry.from_name_or_path("qwen3-8b")
     sft, dpo = (plan_memory(g, S, 8, 8, lv) for lv in (Levers(), DPO))
     assert dpo.term("shared_prompt_kv").gpu_bytes == 2 * 1_040_384 * 128 * 2 == 532_676_608
@@ -66,7 +69,8 @@ def test_dpo_memory_terms_are_the_prompts_second_keys_and_values_by_hand():
 
 
 def test_the_reference_pass_is_one_forward_by_hand_and_grpo_adds_only_its_log_probs():
-    """At one GPU (no exchange): L·(2·span·h·d / fwd + T·(proj+mlp) / tok) + 2·T·H·V / tok at h100's rates."""
+    """At one GPU (no exchange): L·(2·span·h·d / fwd + T·(proj+mlp) / tok) + 2·T·H·V / tok at h100's
+    rates."""
     g = ModelGeometry.from_name_or_path("qwen3-8b")
     s, lv = 65536, Levers(objective="dpo", completion_len=1024)
     plan = plan_memory(g, s, 1, 1, lv)
@@ -83,7 +87,8 @@ def test_the_reference_pass_is_one_forward_by_hand_and_grpo_adds_only_its_log_pr
 
 
 def test_the_committed_1m_dpo_config_steps_within_1_25x_of_the_sft_config():
-    """Both committed 8 x 80 GB plans, as `plan` makes them (the DPO one's placement fits its extra K/V)."""
+    """Both committed 8 x 80 GB plans, as `plan` makes them (the DPO one's placement fits its extra
+    K/V)."""
     seconds = {}
     for name in ("qwen3-8b_1m_8x80gb", "qwen3-8b-dpo_1m_8x80gb"):
         a = parser().parse_args(COMMITTED[name].split())

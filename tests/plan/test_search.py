@@ -46,7 +46,8 @@ def test_choose_8b_1m_on_8x80_fits_with_sp8():
 
 
 def test_8b_1m_on_8x80_by_hand():
-    """At 1,048,576 tokens over sp=8 one checkpointed layer input is T·H·2 = 131,072·4096·2 bytes = 1 GiB."""
+    """At 1,048,576 tokens over sp=8 one checkpointed layer input is T·H·2 = 131,072·4096·2 bytes =
+    1 GiB."""
     c = choose(Q8, 1 << 20, 8, 80, 560)
     assert c.levers == Levers(
         chunked_loss=True,
@@ -96,8 +97,9 @@ def test_tiled_mlp_only_when_needed():
 
 
 def test_the_tiled_layer_and_the_pool_only_when_needed_and_before_offloading_the_optimizer():
-    """At the longest length on 2 x 141 GB + 256 GB the search picks the tiled layer and the exact-size pool by itself
-    (optimizer on the GPU); without either, no placement of checkpoints or optimizer fits there."""
+    """At the longest length on 2 x 141 GB + 256 GB the search picks the tiled layer and the
+    exact-size pool by itself (optimizer on the GPU); without either, no placement of checkpoints or
+    optimizer fits there."""
     n = find_max_len(Q8, 2, 141, 256)
     hard = choose(Q8, n, 2, 141, 256)
     lv = hard.levers
@@ -187,9 +189,9 @@ def test_find_max_len_agrees_with_choose(model, gpus, gpu_gb, host_gb):
 
 
 def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
-    """393,216 tokens on 2 x 141 GB + 256 GB: DeepSpeed's power-of-two host buffers (1.61 GB checkpoints in 2 GiB)
-    leave room for 23 cached layers, the exact-size pool for all 36; the plan takes the pool and says why (and not the
-    tiled layer: it would cache no more)."""
+    """393,216 tokens on 2 x 141 GB + 256 GB: DeepSpeed's power-of-two host buffers (1.61 GB
+    checkpoints in 2 GiB) leave room for 23 cached layers, the exact-size pool for all 36; the plan
+    takes the pool and says why (and not the tiled layer: it would cache no more)."""
     from ds_longctx.plan.cache_placement import fastest_placement
 
     c = choose(Q8, 393_216, 2, 141, 256)
@@ -222,10 +224,11 @@ def test_fastest_placement_takes_the_pool_when_it_caches_more_layers():
 
 
 def test_fastest_placement_takes_the_tiled_layer_only_when_its_caches_outweigh_its_cost():
-    """737,280 tokens on 2 x 141 GB + 256 GB: the tiled layer (with the pool: its restore holds one checkpoint on the
-    GPU, DeepSpeed's offload two) frees GPU room for 2 more cached layers (7 vs 5), whose attention forwards (~6.7 s)
-    outweigh its estimated cost (~6.6 s): taken, and the note gives both numbers. With LoRA (which the tiled layer
-    refuses) and at 262,144 (every layer cached without it) it is not."""
+    """737,280 tokens on 2 x 141 GB + 256 GB: the tiled layer (with the pool: its restore holds one
+    checkpoint on the GPU, DeepSpeed's offload two) frees GPU room for 2 more cached layers (7 vs
+    5), whose attention forwards (~6.7 s) outweigh its estimated cost (~6.6 s): taken, and the note
+    gives both numbers. With LoRA (which the tiled layer refuses) and at 262,144 (every layer cached
+    without it) it is not."""
     from ds_longctx.plan.cache_placement import (
         TILED_LAYER_SECONDS_PER_TOKEN,
         attention_fwd_seconds,
@@ -260,7 +263,8 @@ def test_fastest_placement_caches_the_most_layers_that_fit_and_no_more():
         n = p.cached
         assert got.plan.gpu_peak_bytes <= budget and got.plan.host_peak_bytes <= host
         assert n >= c.plan.placement.cached and n > 0, args
-        # the levers are choice's, but for the pool and the tiled layer where the notes say they let more layers cache
+        # the levers are choice's, but for the pool and the tiled layer where the notes say they let
+        # more layers cache
         added = dict(
             pinned_pool=got.levers.pinned_pool,
             tiled_layer=got.levers.tiled_layer,
@@ -332,7 +336,8 @@ def test_auto_offload_counts_the_attention_cache():
 def test_two_nodes_keep_sp_inside_a_node_and_need_fewer_offloads():
     one, two = choose(Q8, 1 << 20, 8, 80, 560), choose(Q8, 1 << 20, 8, 80, 560, nodes=2)
     assert two.sp_size == 8 and (two.plan.nodes, two.plan.world, two.plan.dp_size) == (2, 16, 2)
-    # the ZeRO-3 share per GPU halves (16 bytes per parameter over 16 GPUs, not 8): fewer checkpoints leave the GPU
+    # the ZeRO-3 share per GPU halves (16 bytes per parameter over 16 GPUs, not 8): fewer
+    # checkpoints leave the GPU
     assert two.levers.offload_layers < one.levers.offload_layers
     assert "inside one node, dp=2 across 2 nodes" in two.notes[0]
     assert find_max_len(Q8, 2, 80, 256, nodes=2) > find_max_len(Q8, 2, 80, 256)
@@ -352,9 +357,9 @@ def test_no_fit_names_more_nodes_when_they_fit():
 def test_no_fit_names_the_same_gpus_over_more_nodes_when_one_nodes_host_cannot_hold_them(
     gpus, host_gb
 ):
-    """Too many processes for one node's host (each holds its build; 16 on 32 GB, or an absurd 100,000 on 560 GB,
-    where no host size fits): the fix spreads the same GPUs over nodes, the most per node that fits, and that plan
-    fits. A count that fits on one node gets no such line."""
+    """Too many processes for one node's host (each holds its build; 16 on 32 GB, or an absurd
+    100,000 on 560 GB, where no host size fits): the fix spreads the same GPUs over nodes, the most
+    per node that fits, and that plan fits. A count that fits on one node gets no such line."""
     with pytest.raises(NoFit) as info:
         choose(Q8, 131072, gpus, 80, host_gb)
     fixes = [
@@ -377,9 +382,9 @@ def test_no_fit_names_the_same_gpus_over_more_nodes_when_one_nodes_host_cannot_h
 
 
 def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
-    """The cache needs FA4's kernel pair, which `auto` takes only at verified head dims (parallel/kernel_rules.py):
-    a head_dim-64 model (Qwen3-0.6B's 16 heads of 128 made 32 of 64) is planned without it, and says why; the same
-    shape at head_dim 128 caches."""
+    """The cache needs FA4's kernel pair, which `auto` takes only at verified head dims
+    (parallel/kernel_rules.py): a head_dim-64 model (Qwen3-0.6B's 16 heads of 128 made 32 of 64) is
+    planned without it, and says why; the same shape at head_dim 128 caches."""
     from ds_longctx.levers.placement import Place
     from ds_longctx.plan.cache_placement import fastest_placement
 
@@ -397,8 +402,9 @@ def test_no_attention_cache_is_planned_where_fa4_is_not_verified():
 
 
 def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
-    """kernel_rules.head_dim: `head_dim` when the config gives one, else hidden / heads; the planner's geometry and
-    the engine's attention read the same answer from a dict and from an HF config object."""
+    """kernel_rules.head_dim: `head_dim` when the config gives one, else hidden / heads; the
+    planner's geometry and the engine's attention read the same answer from a dict and from an HF
+    config object."""
     from transformers import LlamaConfig, Qwen3Config
 
     from ds_longctx.parallel import kernel_rules
@@ -434,9 +440,9 @@ def test_head_dim_has_one_rule_for_the_planner_and_the_engine():
 
 
 def test_grouped_attention_backward_only_where_nothing_fits_without_it():
-    """1 x 141 GB + 2 TB: the longest length needs the attention backward over the 8 KV heads one at a time (the
-    lever after the tiled layer); without it nothing fits there, whatever is offloaded; shorter lengths that fit
-    without it do not get it, and the note says why it is on."""
+    """1 x 141 GB + 2 TB: the longest length needs the attention backward over the 8 KV heads one at
+    a time (the lever after the tiled layer); without it nothing fits there, whatever is offloaded;
+    shorter lengths that fit without it do not get it, and the note says why it is on."""
     n = find_max_len(Q8, 1, 141, 2000)
     c = choose(Q8, n, 1, 141, 2000)
     assert c.levers.attn_bwd_head_groups == 8 and c.levers.tiled_layer
@@ -448,9 +454,9 @@ def test_grouped_attention_backward_only_where_nothing_fits_without_it():
 
 
 def test_parameters_are_offloaded_only_after_the_optimizer_and_only_where_nothing_fits_without():
-    """1 x 141 GB + 2 TB: the longest length offloads the bf16 parameters too (>= ALST's 1.2M on one H200, planner
-    only); without that, nothing fits there; a length that fits with the optimizer alone offloaded does not get it;
-    LoRA never does."""
+    """1 x 141 GB + 2 TB: the longest length offloads the bf16 parameters too (>= ALST's 1.2M on one
+    H200, planner only); without that, nothing fits there; a length that fits with the optimizer
+    alone offloaded does not get it; LoRA never does."""
     n = find_max_len(Q8, 1, 141, 2000)
     assert n >= 1_200_000
     c = choose(Q8, n, 1, 141, 2000)
@@ -471,10 +477,11 @@ def test_parameters_are_offloaded_only_after_the_optimizer_and_only_where_nothin
 
 
 def test_a_partial_optimizer_offload_only_where_the_whole_one_breaks_the_host():
-    """1 x 141 GB + 128 GB host (the one-H200 machine the device lends): the 8B's optimizer fits neither on the GPU nor,
-    whole, on the host, at any offload count, so a partial offload holds the most the host can; one tenth more on
-    the host does not fit. Where the host holds the whole optimizer (2 TB) it goes whole; a ratio the user gives or
-    LoRA is never changed by the search."""
+    """1 x 141 GB + 128 GB host (the one-H200 machine the device lends): the 8B's optimizer fits
+    neither on the GPU nor, whole, on the host, at any offload count, so a partial offload holds the
+    most the host can; one tenth more on the host does not fit. Where the host holds the whole
+    optimizer (2 TB) it goes whole; a ratio the user gives or LoRA is never changed by the
+    search."""
     n = find_max_len(Q8, 1, 141, 128)
     assert n >= 65_536
     c = choose(Q8, n, 1, 141, 128)
@@ -512,10 +519,11 @@ def test_a_partial_optimizer_offload_only_where_the_whole_one_breaks_the_host():
 
 
 def test_the_plans_rope_note_is_what_train_does_at_that_length(tmp_path):
-    """`rope_notes` asks levers/rope's own rules of the config.json: nothing within the trained context (Qwen3's
-    published 32,768, not its max_position_embeddings 40,960); past it YaRN with train's factor; over a config that
-    already carries YaRN, that YaRN's original length; Llama 3's scaled RoPE within its trained context, nothing (past
-    it plan refuses: tests/run/test_hostile_inputs.py)."""
+    """`rope_notes` asks levers/rope's own rules of the config.json: nothing within the trained
+    context (Qwen3's published 32,768, not its max_position_embeddings 40,960); past it YaRN with
+    train's factor; over a config that already carries YaRN, that YaRN's original length; Llama 3's
+    scaled RoPE within its trained context, nothing (past it plan refuses:
+    tests/run/test_hostile_inputs.py)."""
     from transformers import AutoConfig
 
     from ds_longctx.levers.rope import apply_rope_scaling

@@ -1,7 +1,7 @@
-"""The plan against the CUDA allocator's own record: each committed GPU run that recorded its allocations
-(`run/memory/rank0_peak.txt`, logging.memory_snapshot_steps) is planned again with its own levers, and the plan's
-live tensors (its terms in every phase plus its peak phase, before fragmentation and the CUDA context) must be the
-bytes the allocator held at its highest point."""
+"""The plan against the CUDA allocator's own record: each committed GPU run that recorded its
+allocations (`run/memory/rank0_peak.txt`, logging.memory_snapshot_steps) is planned again with its
+own levers, and the plan's live tensors (its terms in every phase plus its peak phase, before
+fragmentation and the CUDA context) must be the bytes the allocator held at its highest point."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from ds_longctx.rehearsal.world import planned
 from tests.helpers import ROOT
 
 SESSIONS = ROOT / "benchmarks/results/sessions"
-# (run directory, layers of the model file the run trained: reduced depth writes its own, None: the shipped one)
+# (run directory, layers of the model file the run trained: reduced depth writes its own, None: the
+# shipped one)
 RECORDED = [
     ("session_2026-12-04_h200x1-20261204T1000/moe_longest", 1),
     ("session_2026-12-04_h200x1-20261204T1235/moe_longest", 1),

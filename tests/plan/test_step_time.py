@@ -1,5 +1,6 @@
-"""plan/step_time.py: the analytic step of a plan against the committed rehearsals of the same configs
-(benchmarks/results/rehearsal.jsonl, one H200 or H100 playing a rank), and what it counts for a mixture of experts."""
+"""plan/step_time.py: the analytic step of a plan against the committed rehearsals of the same
+configs (benchmarks/results/rehearsal.jsonl, one H200 or H100 playing a rank), and what it counts
+for a mixture of experts."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def committed_plan(name: str):
     "name", ["qwen3-8b_1m_8x80gb", "qwen3-8b_max_2x141gb", "qwen3-8b_max_4x80gb"]
 )
 def test_the_analytic_step_is_within_3_percent_of_the_rehearsals(name):
-    """Every committed rehearsal of the config (its predicted step: measured compute + the same interconnect model),
-    at the rates of the GPU kind it ran on."""
+    """Every committed rehearsal of the config (its predicted step: measured compute + the same
+    interconnect model), at the rates of the GPU kind it ran on."""
     cfg, plan = committed_plan(name)
     rows = [
         json.loads(line)
@@ -63,8 +64,9 @@ def test_the_analytic_step_is_within_3_percent_of_the_rehearsals(name):
 
 
 def test_the_moe_rate_is_the_measured_layers():
-    """MOE_TOKENWISE_FLOPS from its measurement: 2 layers at 30B-A3B width, 131,072 tokens, forward + backward, less
-    their attention, against the layers' forward FLOPs (projections + the block at top-k) x 3."""
+    """MOE_TOKENWISE_FLOPS from its measurement: 2 layers at 30B-A3B width, 131,072 tokens, forward
+    + backward, less their attention, against the layers' forward FLOPs (projections + the block at
+      top-k) x 3."""
     g = ModelGeometry.from_name_or_path("qwen3-30b-a3b")
     proj = 2 * 2 * g.hidden * (g.heads + g.kv_heads) * g.head_dim
     per_layer = (MOE_MEASURED_SECONDS - 2 * MOE_MEASURED_ATTENTION_SECONDS) / 2
@@ -91,8 +93,9 @@ def test_moe_counts_experts_at_top_k_the_cache_and_the_tiles():
 
 
 def test_each_gpu_kind_counts_at_its_own_rates_and_an_unknown_kind_gets_no_time(tmp_path):
-    """`plan --gpu h100` and `--gpu h200`: the attention at each kind's measured causal rates, each in its plan.txt;
-    a kind without rates (a100) and a plan without a kind say the time is unknown instead of borrowing the H200's."""
+    """`plan --gpu h100` and `--gpu h200`: the attention at each kind's measured causal rates, each
+    in its plan.txt; a kind without rates (a100) and a plan without a kind say the time is unknown
+    instead of borrowing the H200's."""
     _, plan = committed_plan("qwen3-8b_1m_8x80gb")
     g, fwd = plan.geom, 2 * plan.seq_len**2 * (plan.geom.heads // plan.sp_size) * plan.geom.head_dim
     cached = sum(p in (Place.CACHE, Place.CACHE_OFFLOAD) for p in plan.placement.layers)

@@ -1,4 +1,5 @@
-"""`ds-longctx plan`: exit codes, the files it writes, their agreement with the planner, and the committed configs."""
+"""`ds-longctx plan`: exit codes, the files it writes, their agreement with the planner, and the
+committed configs."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def test_find_max_len(capsys):
     assert write.main(args) == 0
     n = find_max_len("qwen3-8b", 2, 141, 256)
     assert f"longest seq_len that fits = {n:,} tokens" in capsys.readouterr().out
-    # nothing fits: the answer (0) first, then what to change, on stderr, and exit 2 (no config can be written)
+    # nothing fits: the answer (0) first, then what to change, on stderr, and exit 2 (no config can
+    # be written)
     assert (
         write.main(["--model", "qwen3-8b", "--gpus", "1", "--gpu_mem_gb", "24", "--find_max_len"])
         == 2
@@ -209,8 +211,9 @@ def test_fast_and_torch_free(tmp_path):
 
 
 def test_the_old_generate_entry_points_write_the_same_plan(tmp_path):
-    """`python -m ds_longctx.generate` and `from ds_longctx.plan.generate import main` (the names before
-    plan/write.py) and `python -m ds_longctx.plan` write the files `write.main` writes, byte for byte."""
+    """`python -m ds_longctx.generate` and `from ds_longctx.plan.generate import main` (the names
+    before plan/write.py) and `python -m ds_longctx.plan` write the files `write.main` writes, byte
+    for byte."""
     assert write.main(PLAN_8X80 + ["--out", str(tmp_path / "ref")]) == 0
     runs = {
         "module": [
@@ -286,11 +289,12 @@ def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_l
         *write.launch_lines(8, 2),
     ]
     assert write.launch_lines(8, 2)[:3] == [
-        "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 --module ds_longctx.train --config run.yaml",
-        "accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR "
-        "-m ds_longctx.train --config run.yaml",
-        "torchrun --nnodes 2 --nproc_per_node 8 --node_rank $NODE_RANK --rdzv_backend c10d --rdzv_endpoint "
-        "$MASTER_ADDR:29500 -m ds_longctx.train --config run.yaml",
+        "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 --module ds_longctx.train "
+        "--config run.yaml",
+        "accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK "
+        "--main_process_ip $MASTER_ADDR -m ds_longctx.train --config run.yaml",
+        "torchrun --nnodes 2 --nproc_per_node 8 --node_rank $NODE_RANK --rdzv_backend c10d "
+        "--rdzv_endpoint $MASTER_ADDR:29500 -m ds_longctx.train --config run.yaml",
     ]
     assert write.launch_lines(8, 2)[3].startswith(
         "srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes 2"
@@ -302,8 +306,8 @@ def test_two_nodes_write_a_hostfile_a_multinode_accelerate_yaml_and_the_launch_l
 
 
 def test_lora_rank_plans_the_adapters_and_reaches_run_yaml(tmp_path):
-    """--lora_rank plans a LoRA run: optimizer state only for the adapters, so a longer length fits the same GPUs,
-    and run.yaml carries the rank (the run then trains exactly what was planned)."""
+    """--lora_rank plans a LoRA run: optimizer state only for the adapters, so a longer length fits
+    the same GPUs, and run.yaml carries the rank (the run then trains exactly what was planned)."""
     full = find_max_len("qwen3-8b", 2, 141, 256)
     from ds_longctx.plan.levers import Levers
 
@@ -342,7 +346,8 @@ def test_lora_rank_plans_the_adapters_and_reaches_run_yaml(tmp_path):
 
 
 def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
-    """`ds-longctx plan ... | head -1`: the reader is gone before the plan prints; no traceback, exit 1."""
+    """`ds-longctx plan ... | head -1`: the reader is gone before the plan prints; no traceback,
+    exit 1."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -372,9 +377,9 @@ def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
 
 
 def test_tiled_layer_is_picked_when_needed_kept_when_asked_and_refused_with_lora(tmp_path, capsys):
-    """The search adds the tiled layer by itself where nothing fits without it (the longest length on 2 x 141 GB +
-    256 GB), `--tiled_layer` forces it on at any length (run.yaml carries it), with --lora_rank it is refused before
-    any search (exit 2)."""
+    """The search adds the tiled layer by itself where nothing fits without it (the longest length
+    on 2 x 141 GB + 256 GB), `--tiled_layer` forces it on at any length (run.yaml carries it), with
+    --lora_rank it is refused before any search (exit 2)."""
     hw = ["--model", "qwen3-8b", "--gpus", "2", "--gpu_mem_gb", "141", "--host_mem_gb", "256"]
     assert write.main(hw + ["--find_max_len", "--out", str(tmp_path / "max")]) == 0
     out = capsys.readouterr().out
@@ -392,8 +397,9 @@ def test_tiled_layer_is_picked_when_needed_kept_when_asked_and_refused_with_lora
 
 
 def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
-    """Another family, weights not here: Llama-3.1-8B's config.json (32 layers, 14,336 MLP, 128,256 vocab, no q/k norm)
-    as a file: planned like a shipped geometry, the run config names the file (train random-inits from it)."""
+    """Another family, weights not here: Llama-3.1-8B's config.json (32 layers, 14,336 MLP, 128,256
+    vocab, no q/k norm) as a file: planned like a shipped geometry, the run config names the file
+    (train random-inits from it)."""
     cfg = tmp_path / "llama-3.1-8b.json"
     cfg.write_text(
         json.dumps(
@@ -441,7 +447,8 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
         line for line in text.splitlines() if line.startswith("params_bf16")
     )
     assert f"name: {cfg}" in (out / "run.yaml").read_text()
-    # the run directory takes the model's name, not its absolute path (it read runs//tmp/.../llama-3.1-8b.json_...)
+    # the run directory takes the model's name, not its absolute path (it read
+    # runs//tmp/.../llama-3.1-8b.json_...)
     assert (
         yaml.safe_load((out / "run.yaml").read_text())["train"]["output_dir"]
         == "runs/llama-3.1-8b_131072_2gpu"
@@ -477,8 +484,9 @@ def test_plans_a_model_from_its_config_json_file(tmp_path, capsys):
 def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_config(
     tmp_path, capsys
 ):
-    """`--attn_bwd_head_groups 4 --offload_params` on 2 x 141 GB: the search keeps both (an sp whose KV heads per rank
-    4 groups split), the command line in plan.txt names them, and run.yaml / ds_config.json carry them."""
+    """`--attn_bwd_head_groups 4 --offload_params` on 2 x 141 GB: the search keeps both (an sp whose
+    KV heads per rank 4 groups split), the command line in plan.txt names them, and run.yaml /
+    ds_config.json carry them."""
     import json
 
     import yaml
@@ -520,8 +528,9 @@ def test_forced_head_groups_and_parameter_offload_reach_the_plan_and_its_run_con
 def test_a_partial_offload_the_search_picks_reaches_run_yaml_and_deepspeeds_config(
     tmp_path, capsys
 ):
-    """1 x 141 GB + 128 GB host: `plan` offloads part of the 8B's optimizer (the whole breaks the host), says so, and
-    run.yaml and ds_config.json carry the ratio and the sub-group size it was planned at."""
+    """1 x 141 GB + 128 GB host: `plan` offloads part of the 8B's optimizer (the whole breaks the
+    host), says so, and run.yaml and ds_config.json carry the ratio and the sub-group size it was
+    planned at."""
     import json
 
     import yaml
@@ -560,9 +569,10 @@ def test_a_partial_offload_the_search_picks_reaches_run_yaml_and_deepspeeds_conf
 
 
 def test_an_explicit_whole_optimizer_offload_is_kept(tmp_path, capsys):
-    """--optimizer_offload_ratio 1 given fixes the share at all of it (it read as "not given", 1 being the default,
-    so the search still split the optimizer): on 1 x 141 GB + 128 GB host the 8B at 65,536 fits only split, so the
-    explicit 1 ends in NoFit with the fix to drop it; with 200 GB of host the whole offload is the plan."""
+    """--optimizer_offload_ratio 1 given fixes the share at all of it (it read as "not given", 1
+    being the default, so the search still split the optimizer): on 1 x 141 GB + 128 GB host the 8B
+    at 65,536 fits only split, so the explicit 1 ends in NoFit with the fix to drop it; with 200 GB
+    of host the whole offload is the plan."""
     base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "1", "--gpu_mem_gb", "141"]
     assert write.main(base + ["--host_mem_gb", "128"]) == 0
     assert "optimizer_offload=True (ratio 0." in capsys.readouterr().out  # the search's own share
@@ -587,9 +597,9 @@ def test_an_explicit_whole_optimizer_offload_is_kept(tmp_path, capsys):
 
 
 def test_lora_on_a_mixture_of_experts_names_targets_plan_takes(tmp_path, capsys):
-    """`--lora_rank 16` on Qwen3-30B-A3B (every layer sparse) ended in a ValueError traceback from deep in the search
-    (the default targets name the MLP, which its experts replace), and the fix it named, --lora_target_modules, was
-    not an option of plan."""
+    """`--lora_rank 16` on Qwen3-30B-A3B (every layer sparse) ended in a ValueError traceback from
+    deep in the search (the default targets name the MLP, which its experts replace), and the fix it
+    named, --lora_target_modules, was not an option of plan."""
     moe = ["--model", "qwen3-30b-a3b", "--seq_len", "65536", "--gpus", "8", "--lora_rank", "16"]
     assert write.main(moe) == 2
     err = capsys.readouterr().err
@@ -621,9 +631,10 @@ def test_lora_on_a_mixture_of_experts_names_targets_plan_takes(tmp_path, capsys)
 def test_a_plan_of_a_relative_model_directory_runs_from_its_own_directory_and_from_the_root(
     tmp_path, monkeypatch
 ):
-    """`plan --model tiny_qwen3/ --out tiny_run`, then launch.txt's way (from tiny_run/) and from where plan ran: the
-    run reads the same model either way (it refused "tiny_qwen3 does not exist" from tiny_run/); a hand-written
-    relative path in a config file names the path beside the file."""
+    """`plan --model tiny_qwen3/ --out tiny_run`, then launch.txt's way (from tiny_run/) and from
+    where plan ran: the run reads the same model either way (it refused "tiny_qwen3 does not exist"
+    from tiny_run/); a hand-written relative path in a config file names the path beside the
+    file."""
     from ds_longctx.run.preflight import preflight
     from tests.helpers import tiny_model
 

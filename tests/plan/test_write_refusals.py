@@ -1,5 +1,5 @@
-"""`ds-longctx plan` where it cannot plan: exit 2 before any work, naming the value, the longest length that fits
-and the fixes that would."""
+"""`ds-longctx plan` where it cannot plan: exit 2 before any work, naming the value, the longest
+length that fits and the fixes that would."""
 
 from __future__ import annotations
 
@@ -138,8 +138,8 @@ def test_no_fit_names_a_positive_longest_length(capsys):
                 "--attn_bwd_head_groups",
                 "3",
             ],
-            "attn_bwd_head_groups=3: each rank attends 8 KV head(s) (8 over sp_size=1), which 3 groups do not split evenly; "
-            "use one of [1, 2, 4, 8]",
+            "attn_bwd_head_groups=3: each rank attends 8 KV head(s) (8 over sp_size=1), which 3 "
+            "groups do not split evenly; use one of [1, 2, 4, 8]",
         ),
         (
             [
@@ -213,8 +213,8 @@ def test_a_multinode_plan_refuses_an_sp_group_across_nodes(capsys):
 def test_out_that_cannot_hold_the_files_and_conflicting_flags_exit_2_before_planning(
     tmp_path, capsys
 ):
-    """--out a file, under a file or empty; --seq_len beside --find_max_len: exit 2 naming the value, nothing
-    written, before any search."""
+    """--out a file, under a file or empty; --seq_len beside --find_max_len: exit 2 naming the
+    value, nothing written, before any search."""
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     base = ["--model", "qwen3-8b", "--seq_len", "4096", "--gpus", "8", "--gpu_mem_gb", "80"]
@@ -231,9 +231,10 @@ def test_out_that_cannot_hold_the_files_and_conflicting_flags_exit_2_before_plan
 
 
 def test_the_fix_for_the_gpu_size_is_rounded_up_to_a_size_that_fits(capsys):
-    """NoFit's "GPUs of >= N GB": N rounded up, so the size it names plans (rounded to the nearest, 11.5 printed as
-    11, which does not); the "every lever on" figure counts the parameter offload and the grouped attention backward
-    the search may pull (at most what the smallest fitting GPU plans)."""
+    """NoFit's "GPUs of >= N GB": N rounded up, so the size it names plans (rounded to the nearest,
+    11.5 printed as 11, which does not); the "every lever on" figure counts the parameter offload
+    and the grouped attention backward the search may pull (at most what the smallest fitting GPU
+    plans)."""
     base = ["--model", "qwen3-8b", "--seq_len", "65536", "--gpus", "2"]
     assert write.main(base + ["--gpu_mem_gb", "11"]) == 2
     err = capsys.readouterr().err
@@ -246,14 +247,15 @@ def test_the_fix_for_the_gpu_size_is_rounded_up_to_a_size_that_fits(capsys):
 
 
 def test_head_groups_that_hold_sp_down_are_said_so(capsys):
-    """--attn_bwd_head_groups 8 on 8 GPUs: only sp 1 leaves each rank 8 KV heads to split, so the plan is at sp 1,
-    and plan.txt says why (not "the largest"); where that does not fit, the fixes name dropping the flag."""
+    """--attn_bwd_head_groups 8 on 8 GPUs: only sp 1 leaves each rank 8 KV heads to split, so the
+    plan is at sp 1, and plan.txt says why (not "the largest"); where that does not fit, the fixes
+    name dropping the flag."""
     base = ["--model", "qwen3-8b", "--gpus", "8", "--gpu_mem_gb", "80"]
     assert write.main(base + ["--seq_len", "131072", "--attn_bwd_head_groups", "8"]) == 0
     out = capsys.readouterr().out
     assert (
-        "sp_size=1: the largest of [1, 2, 4, 8] whose ranks' KV heads split into --attn_bwd_head_groups 8"
-        in out
+        "sp_size=1: the largest of [1, 2, 4, 8] whose ranks' KV heads split into "
+        "--attn_bwd_head_groups 8" in out
     )
     assert write.main(base + ["--seq_len", "1048576", "--attn_bwd_head_groups", "8"]) == 2
     assert "Fix: drop --attn_bwd_head_groups 8" in capsys.readouterr().err
@@ -261,7 +263,8 @@ def test_head_groups_that_hold_sp_down_are_said_so(capsys):
 
 
 def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monkeypatch):
-    """find_max_len stops at MAX_SEARCH_TOKENS: reached, the answer is a lower bound and the line says so."""
+    """find_max_len stops at MAX_SEARCH_TOKENS: reached, the answer is a lower bound and the line
+    says so."""
     from ds_longctx.plan import plan_args
 
     monkeypatch.setattr(plan_args, "MAX_SEARCH_TOKENS", 16384)
@@ -278,8 +281,8 @@ def test_a_longest_length_at_the_searchs_end_is_said_to_be_at_least(capsys, monk
 
 
 def test_model_and_out_paths_that_cannot_be_used_exit_2_naming_them(tmp_path, capsys):
-    """A name too long for the file system (--model, --out) was an OSError traceback; a directory without a
-    config.json was said to be neither a directory nor a file."""
+    """A name too long for the file system (--model, --out) was an OSError traceback; a directory
+    without a config.json was said to be neither a directory nor a file."""
     base = ["--seq_len", "1024", "--gpus", "1"]
     (tmp_path / "empty").mkdir()
     for args, says in (
@@ -301,7 +304,8 @@ def test_model_and_out_paths_that_cannot_be_used_exit_2_naming_them(tmp_path, ca
 
 
 def test_a_length_written_128k_or_1m_is_refused_naming_the_numbers_it_may_mean(capsys):
-    """`--seq_len 1M` said only `invalid int value: '1M'`; 1M is 1048576 or 1000000, and the plan does not guess."""
+    """`--seq_len 1M` said only `invalid int value: '1M'`; 1M is 1048576 or 1000000, and the plan
+    does not guess."""
     for text, says in (
         ("1M", "give the whole number, e.g. 1048576 or 1000000"),
         ("lots", "give a whole number"),
@@ -318,8 +322,9 @@ def test_a_length_written_128k_or_1m_is_refused_naming_the_numbers_it_may_mean(c
 
 
 def test_a_pinned_sp_size_that_no_fix_can_keep_is_left_out_of_the_fixes(capsys):
-    """Nothing fits with --sp_size 2 on 2 GPUs: the fixes tried 1 GPU per node, where sp_size 2 cannot be, and the
-    refusal ended in check_sp_size's ValueError traceback. A pinned --tiled_layer on a mixture of experts too."""
+    """Nothing fits with --sp_size 2 on 2 GPUs: the fixes tried 1 GPU per node, where sp_size 2
+    cannot be, and the refusal ended in check_sp_size's ValueError traceback. A pinned --tiled_layer
+    on a mixture of experts too."""
     args = [
         "--model",
         "qwen3.5-4b",
@@ -347,8 +352,9 @@ def test_a_pinned_sp_size_that_no_fix_can_keep_is_left_out_of_the_fixes(capsys):
 
 
 def test_absurd_gpu_node_and_head_counts_are_answered_at_once(tmp_path, capsys):
-    """--gpus 1000000000 searched its fixes over every divisor candidate below it (minutes); a config of 2^40 heads
-    listed the KV-head counts that split them the same way; a config of 10^12 layers ran the planner out of memory."""
+    """--gpus 1000000000 searched its fixes over every divisor candidate below it (minutes); a
+    config of 2^40 heads listed the KV-head counts that split them the same way; a config of 10^12
+    layers ran the planner out of memory."""
     for args, says in (
         (["--gpus", "1000000000"], "--gpus 1000000000 --nodes 1: give at most 1024 GPUs per node"),
         (["--gpus", "8", "--nodes", "10000000"], "and 1,000,000 nodes"),
@@ -373,9 +379,9 @@ def test_absurd_gpu_node_and_head_counts_are_answered_at_once(tmp_path, capsys):
 def test_plan_out_into_a_directory_holding_a_users_files_is_refused_writing_nothing(
     tmp_path, capsys
 ):
-    """--out holding files no plan wrote (a user's run.yaml), or a plan's file changed since, is refused before the
-    search, every byte kept; a directory holding only an earlier plan's unchanged files is planned into again;
-    `--out /` is refused (it holds other files)."""
+    """--out holding files no plan wrote (a user's run.yaml), or a plan's file changed since, is
+    refused before the search, every byte kept; a directory holding only an earlier plan's unchanged
+    files is planned into again; `--out /` is refused (it holds other files)."""
     plan = [
         "--model",
         "qwen3-8b",
@@ -394,9 +400,10 @@ def test_plan_out_into_a_directory_holding_a_users_files_is_refused_writing_noth
     assert write.main(plan + [str(mine)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"ds-longctx plan: --out {mine} holds notes.txt, run.yaml, which no plan wrote there (or changed "
-        f"since), so nothing is written; give a new or empty directory (an earlier plan's own unchanged "
-        f"files are replaced)"
+        f"ds-longctx plan: --out {mine} holds notes.txt, run.yaml, which no plan wrote there (or "
+        "changed "
+        "since), so nothing is written; give a new or empty directory (an earlier plan's own "
+        f"unchanged files are replaced)"
     )
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "run.yaml"]
     assert (mine / "run.yaml").read_text() == "model: qwen3-8b  # my own\n"

@@ -1,8 +1,8 @@
-"""Partial optimizer offload (optimizer_offload_ratio): the planner splits one rank's optimizer partition between GPU
-and host where DeepSpeed ZeRO-3 does, the terms move with the split, and the run config, ds_config and
-`ds-longctx plan` carry the ratio (refusing what cannot work). The reference is DeepSpeed's rule written out here
-from stage3.py (`_create_fp16_sub_groups` and the sub-group-to-device loop) over the parameters of real HF models
-built on the meta device."""
+"""Partial optimizer offload (optimizer_offload_ratio): the planner splits one rank's optimizer
+partition between GPU and host where DeepSpeed ZeRO-3 does, the terms move with the split, and the
+run config, ds_config and `ds-longctx plan` carry the ratio (refusing what cannot work). The
+reference is DeepSpeed's rule written out here from stage3.py (`_create_fp16_sub_groups` and the
+sub-group-to-device loop) over the parameters of real HF models built on the meta device."""
 
 import pytest
 
@@ -27,8 +27,9 @@ def hf_numels(config) -> list:
 
 
 def deepspeed_split(numels: list, world: int, ratio: float, sub_group_size: int) -> tuple:
-    """stage3.py: parameters in order, partition ceil(numel / W) each; a sub-group closes when it reaches
-    sub_group_size or at the last parameter; sub-group i goes to the host iff i >= int((1 - ratio) * n)."""
+    """stage3.py: parameters in order, partition ceil(numel / W) each; a sub-group closes when it
+    reaches sub_group_size or at the last parameter; sub-group i goes to the host iff i >= int((1 -
+    ratio) * n)."""
     groups, cur = [], 0
     for i, n in enumerate(numels):
         cur += -(-n // world)
@@ -135,9 +136,9 @@ def test_the_terms_move_with_the_split():
     part = gpu_e + host_e
     for name, nbytes in zip(names[1:], (4, 8)):  # full offload: master and Adam not pinned, exact
         assert (off.term(name).gpu_bytes, off.term(name).host_bytes) == (0, 2 * nbytes * part)
-    # full offload, pinned: the bf16 grads one block per rank (8.19 GB -> 8 GiB), the fp32 grads one block per
-    # sub-group at DeepSpeed's default 1e9 elements (each just over 1e9, closed at a parameter: 4.0x GB -> 8 GiB, the
-    # last one smaller)
+    # full offload, pinned: the bf16 grads one block per rank (8.19 GB -> 8 GiB), the fp32 grads one
+    # block per sub-group at DeepSpeed's default 1e9 elements (each just over 1e9, closed at a
+    # parameter: 4.0x GB -> 8 GiB, the last one smaller)
     assert (off.term("grads_bf16").gpu_bytes, off.term("grads_bf16").host_bytes) == (0, 2 * 2**33)
     groups = sub_groups(Q8, 2, DS_SUB_GROUP_ELEMS)
     assert (
@@ -158,23 +159,26 @@ def test_the_terms_move_with_the_split():
             none.term(name).gpu_bytes == on_gpu.term(name).gpu_bytes
             and none.term(name).host_bytes == 0
         )
-    # with any offload DeepSpeed keeps the whole bf16 grad partition on the CPU (its device is the CPU), pinned, and
-    # pins every sub-group's fp32 grad buffer in order, freeing a GPU sub-group's right after its copy to the GPU:
-    # torch's pinned cache hands that block to the next pin of its size. Sub-groups at ds_config's sub_group_size for a
-    # partial offload (about 40 per rank): on 2 ranks the embedding's half alone first (a 2 GiB block), the lm_head's
-    # alone last (2 GiB), the layers' between (512 MiB blocks).
+    # with any offload DeepSpeed keeps the whole bf16 grad partition on the CPU (its device is the
+    # CPU), pinned, and pins every sub-group's fp32 grad buffer in order, freeing a GPU sub-group's
+    # right after its copy to the GPU: torch's pinned cache hands that block to the next pin of its
+    # size. Sub-groups at ds_config's sub_group_size for a partial offload (about 40 per rank): on 2
+    # ranks the embedding's half alone first (a 2 GiB block), the lm_head's alone last (2 GiB), the
+    # layers' between (512 MiB blocks).
     from ds_longctx.plan.zero_buffers import offload_sub_group_elems
 
     fine = sub_groups(Q8, 2, offload_sub_group_elems(Q8, 2))
     blocks = [1 << (4 * n - 1).bit_length() for n in fine]
     assert blocks[0] == blocks[-1] == 2**31 and set(blocks[1:-1]) == {2**29}
     n_gpu = int(0.5 * len(fine))
-    # ratio 0.5: the embedding's block (freed, then taken by the lm_head's), one 512 MiB block passed along the GPU
-    # sub-groups and kept by the first host one, and a block for each further host sub-group
+    # ratio 0.5: the embedding's block (freed, then taken by the lm_head's), one 512 MiB block
+    # passed along the GPU sub-groups and kept by the first host one, and a block for each further
+    # host sub-group
     assert half.term("cpu_adam_grads_fp32").host_bytes == 2 * (
         2**31 + (len(fine) - 1 - n_gpu) * 2**29
     )
-    # ratio 0: every sub-group on the GPU; the cache ends holding one block of each size it was asked for
+    # ratio 0: every sub-group on the GPU; the cache ends holding one block of each size it was
+    # asked for
     assert none.term("cpu_adam_grads_fp32").host_bytes == 2 * (2**31 + 2**29)
     for p in (half, none):
         assert (p.term("grads_bf16").gpu_bytes, p.term("grads_bf16").host_bytes) == (0, 2 * 2**33)
@@ -196,7 +200,8 @@ def test_the_terms_move_with_the_split():
     )
     g, h = optimizer_split(tiny, 2, 0.5)
     assert g > 0 and h > 0  # split, not all on one side
-    # the GPU peak grows and the host peak shrinks as the host's share falls (the pinned grads stay on the host)
+    # the GPU peak grows and the host peak shrinks as the host's share falls (the pinned grads stay
+    # on the host)
     assert off.gpu_peak_bytes < half.gpu_peak_bytes < none.gpu_peak_bytes
     assert (
         off.host_peak_bytes > half.host_peak_bytes > none.host_peak_bytes > on_gpu.host_peak_bytes
@@ -317,8 +322,9 @@ def test_reduce_bucket_matches_the_generated_deepspeed_config():
     ],
 )
 def test_pinned_cache_hands_a_freed_gpu_sub_groups_block_to_the_next_pin(sizes, on_gpu, held):
-    """DeepSpeed's optimizer-state init (stage3.py initialize_optimizer_states) pins each sub-group's fp32 grad buffer
-    in order and, for a GPU sub-group, copies it to the GPU and drops the pinned one before the next pin; torch's
-    pinned cache (CachingHostAllocator) keeps a freed block and gives it to the next request of its power-of-two size.
-    What the cache holds at the end is every block it had to make (worked by hand above); tests/gpu checks torch."""
+    """DeepSpeed's optimizer-state init (stage3.py initialize_optimizer_states) pins each
+    sub-group's fp32 grad buffer in order and, for a GPU sub-group, copies it to the GPU and drops
+    the pinned one before the next pin; torch's pinned cache (CachingHostAllocator) keeps a freed
+    block and gives it to the next request of its power-of-two size. What the cache holds at the end
+    is every block it had to make (worked by hand above); tests/gpu checks torch."""
     assert held_pinned_blocks(list(sizes), on_gpu) == held

@@ -1,6 +1,7 @@
-"""A rehearsal of an objective-dpo config (rehearsal/dpo_rows.py): the synthetic row it steps on has the shared-prompt
-shape the planner counts (prompt once, chosen, rejected: branch ids 0/1/2), its plan carries the dpo terms, its pairs
-file is not read, and a completion length leaving no prompt is refused before any rank starts. In-process, CPU."""
+"""A rehearsal of an objective-dpo config (rehearsal/dpo_rows.py): the synthetic row it steps on has
+the shared-prompt shape the planner counts (prompt once, chosen, rejected: branch ids 0/1/2), its
+plan carries the dpo terms, its pairs file is not read, and a completion length leaving no prompt is
+refused before any rank starts. In-process, CPU."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def dpo_config(d):
 
 
 def test_the_synthetic_row_is_one_shared_prompt_then_chosen_and_rejected():
-    """512 tokens, completions of 64: the prompt's 383 tokens once (its last heads each branch), 65 + 65 branch
-    tokens with 64 trained each; the attention's query documents [447, 65] over key documents [447, 447]."""
+    """512 tokens, completions of 64: the prompt's 383 tokens once (its last heads each branch), 65
+    + 65 branch tokens with 64 trained each; the attention's query documents [447, 65] over key
+      documents [447, 447]."""
     rows = synthetic_pair_rows(SEQ, 512, 64, seed=0)
     b = rows.row(0)
     branch = b.branch[0].tolist()

@@ -1,5 +1,5 @@
-"""Which layers a `--layers K` rehearsal runs (rehearsal/layer_pick.pick_layers), and the memory its extrapolation adds
-for the layers it did not run (`gpu_leftover`, `LayerClock.extrapolate`)."""
+"""Which layers a `--layers K` rehearsal runs (rehearsal/layer_pick.pick_layers), and the memory its
+extrapolation adds for the layers it did not run (`gpu_leftover`, `LayerClock.extrapolate`)."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def test_too_few_layers_for_the_kinds_are_refused():
 
 
 def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
-    """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model needed); each
-    layer's output is the size of its input, as a decoder layer's is."""
+    """A LayerClock holding one finished step's records, as a `--layers` run leaves them (no model
+    needed); each layer's output is the size of its input, as a decoder layer's is."""
     from ds_longctx.rehearsal.layer_clock import LayerClock, LayerRecord, _Stamp
 
     clock = LayerClock.__new__(LayerClock)
@@ -64,11 +64,12 @@ def _clock_with(kinds, run, gpu_left, input_bytes, on_gpu=True):
 
 
 def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkeypatch):
-    """DeepSpeed's async offload keeps the newest checkpoint input on the GPU and one more while its copy drains;
-    the rest are on the host. The 8x141 GB 1M config's placement (cache+offload:6, cache:30) run as 6 layers has one
-    on-host layer, whose input the window held on the GPU (its forward's allocation grows by c = 1 GB: its output;
-    the cache layers' by 2 GB: output and attention output, and each keeps its 1 GB input). All 36: 5 inputs on the
-    host (all but the kept one), 2 on the GPU, the cache layers' 2 GB each."""
+    """DeepSpeed's async offload keeps the newest checkpoint input on the GPU and one more while its
+    copy drains; the rest are on the host. The 8x141 GB 1M config's placement (cache+offload:6,
+    cache:30) run as 6 layers has one on-host layer, whose input the window held on the GPU (its
+    forward's allocation grows by c = 1 GB: its output; the cache layers' by 2 GB: output and
+    attention output, and each keeps its 1 GB input). All 36: 5 inputs on the host (all but the kept
+    one), 2 on the GPU, the cache layers' 2 GB each."""
     from ds_longctx.rehearsal import layer_clock
 
     kinds = ["cache+offload"] * 6 + ["cache"] * 30
@@ -77,14 +78,15 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
     clock = _clock_with(kinds, run, {"cache+offload": 1 * gb, "cache": 2 * gb}, input_bytes=gb)
     monkeypatch.setattr(layer_clock, "offload_window", lambda: (1, 2))
     est = clock.extrapolate(10.0, 100 * gb, 90 * gb, 8 * gb, {})
-    # host: 5 of the 6 inputs, none in the run (its one was kept), each in a pinned block of torch's host allocator:
-    # 1e9 bytes rounded up to 2**30 (Qwen3.5-4B's 0.67 GB inputs at 1M over sp=8 take 1.07 GB blocks)
+    # host: 5 of the 6 inputs, none in the run (its one was kept), each in a pinned block of torch's
+    # host allocator: 1e9 bytes rounded up to 2**30 (Qwen3.5-4B's 0.67 GB inputs at 1M over sp=8
+    # take 1.07 GB blocks)
     assert est["host"] == pytest.approx(8 * gb + 5 * 2**30)
     # GPU: 25 cache layers x 2 GB, + 1 more input held by the window (2 held in all, 1 in the run)
     assert est["peak_reserved"] == pytest.approx(100 * gb + 25 * 2 * gb + 1 * gb)
     assert est["offload_window"]["host_bytes_added"] == 5 * 2**30
-    # without the engine (the pinned pool: buffers made at build), an on-host layer leaves nothing on the GPU: the
-    # 1 GB its allocation grew by is its output, the next layer's input
+    # without the engine (the pinned pool: buffers made at build), an on-host layer leaves nothing
+    # on the GPU: the 1 GB its allocation grew by is its output, the next layer's input
     monkeypatch.setattr(layer_clock, "offload_window", lambda: None)
     est = clock.extrapolate(10.0, 100 * gb, 90 * gb, 8 * gb, {})
     assert est["host"] == pytest.approx(8 * gb)
@@ -92,9 +94,10 @@ def test_deepspeeds_offload_window_is_extrapolated_by_order_not_per_layer(monkey
 
 
 def test_the_layer_gets_its_input_itself_so_what_it_frees_is_freed():
-    """An offloading checkpoint empties the layer's input (`arg.data = ...`). Were the mark an identity autograd
-    function, the layer would get a view whose base keeps the storage alive; the marks are hooks, so the layer gets
-    the tensor itself, and the stamps still come in order: forward start, end; backward start, end."""
+    """An offloading checkpoint empties the layer's input (`arg.data = ...`). Were the mark an
+    identity autograd function, the layer would get a view whose base keeps the storage alive; the
+    marks are hooks, so the layer gets the tensor itself, and the stamps still come in order:
+    forward start, end; backward start, end."""
     import torch
     import torch.nn as nn
 
@@ -128,11 +131,11 @@ EXTRA = {
 
 
 def _simulated_forward(clock, kinds, run, first_extra=0):
-    """One step through the layers `run` under `clock`, with GPU allocation simulated in a counter that `_mem` reads:
-    the embedding output (layer 0's input) is allocated; each layer allocates its output and what it saves; after it
-    returns, an on-host layer's input is freed (the pinned pool's copy is on the host). Layer 0 allocates
-    `first_extra` more, once (what ZeRO-3 holds at the first layer's end and not at its start). Returns the bytes
-    allocated at the forward's end."""
+    """One step through the layers `run` under `clock`, with GPU allocation simulated in a counter
+    that `_mem` reads: the embedding output (layer 0's input) is allocated; each layer allocates its
+    output and what it saves; after it returns, an on-host layer's input is freed (the pinned pool's
+    copy is on the host). Layer 0 allocates `first_extra` more, once (what ZeRO-3 holds at the first
+    layer's end and not at its start). Returns the bytes allocated at the forward's end."""
     import torch
     import torch.nn as nn
 
@@ -177,11 +180,12 @@ def _sim_clock(kinds, run):
 
 
 def test_a_layers_gpu_leftover_counts_its_kept_input_and_not_its_output():
-    """offload:6,keep:3,cache:1 (the H200 configs' shape), c = 4000 bytes. All 10 layers, by hand: 4 inputs kept
-    (3 keep, 1 cache) 16000 + the top's output 4000 + the cache layer's attention output 4000 + 6 offload layers'
-    100 = 24600. Layers 0, 7, 9 run: c + (c + 100 - c) + c + 2c = 16100, and the leftovers per kind are offload 100,
-    keep c, cache 2c, so the 7 missing (5 offload, 2 keep) add 500 + 8000: 24600 again. (Counting each layer's
-    output as its own, offload would be c + 100 and the 7 add 28500: 44600.)"""
+    """offload:6,keep:3,cache:1 (the H200 configs' shape), c = 4000 bytes. All 10 layers, by hand: 4
+    inputs kept (3 keep, 1 cache) 16000 + the top's output 4000 + the cache layer's attention output
+    4000 + 6 offload layers' 100 = 24600. Layers 0, 7, 9 run: c + (c + 100 - c) + c + 2c = 16100,
+    and the leftovers per kind are offload 100, keep c, cache 2c, so the 7 missing (5 offload, 2
+    keep) add 500 + 8000: 24600 again. (Counting each layer's output as its own, offload would be c
+    + 100 and the 7 add 28500: 44600.)"""
     kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
     full = _sim_clock(kinds, list(range(10)))
     top = _simulated_forward(full, kinds, full.run)
@@ -198,10 +202,10 @@ def test_a_layers_gpu_leftover_counts_its_kept_input_and_not_its_output():
 
 
 def test_the_first_layer_counts_in_its_kinds_mean_only_where_it_ran_alone():
-    """Layer 0 leaves 96 bytes more than the other offloaded layers (measured on an H200: one MLP weight of ZeRO-3's
-    at the first layer's end). Run 0, 3, 7, 9 of offload:6,keep:3,cache:1: layer 3 alone gives the offload mean, and
-    the extrapolation lands on the whole run's peak, which holds the 96 once. Averaged in, the 96 would count for
-    each of the 4 offloaded layers not run."""
+    """Layer 0 leaves 96 bytes more than the other offloaded layers (measured on an H200: one MLP
+    weight of ZeRO-3's at the first layer's end). Run 0, 3, 7, 9 of offload:6,keep:3,cache:1: layer
+    3 alone gives the offload mean, and the extrapolation lands on the whole run's peak, which holds
+    the 96 once. Averaged in, the 96 would count for each of the 4 offloaded layers not run."""
     kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
     full = _sim_clock(kinds, list(range(10)))
     whole = _simulated_forward(full, kinds, full.run, first_extra=96)
@@ -223,9 +227,10 @@ def test_the_first_layer_counts_in_its_kinds_mean_only_where_it_ran_alone():
 
 
 def test_layers_whose_host_buffers_the_pool_made_at_build_add_no_host(monkeypatch):
-    """Step 1's forward of layer 0 (offloaded) took 300 bytes of host. Its checkpoint's slot, like every offloaded
-    layer's, is in the pinned pool made at build, so the 5 offloaded layers not run add nothing; a layer whose slot
-    the pool does not hold takes its buffer at first use and adds the 300."""
+    """Step 1's forward of layer 0 (offloaded) took 300 bytes of host. Its checkpoint's slot, like
+    every offloaded layer's, is in the pinned pool made at build, so the 5 offloaded layers not run
+    add nothing; a layer whose slot the pool does not hold takes its buffer at first use and adds
+    the 300."""
     from ds_longctx.levers import offload
 
     kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
@@ -242,8 +247,9 @@ def test_layers_whose_host_buffers_the_pool_made_at_build_add_no_host(monkeypatc
 
 
 def test_a_hybrid_models_layers_are_picked_and_extrapolated_by_placement_and_type():
-    """Qwen3.5-4B's layers (a full-attention layer every 4th) under offload:13,keep:19: K layers hold every (placement,
-    layer type) pair, so a layer not run is extrapolated from run layers of its own type."""
+    """Qwen3.5-4B's layers (a full-attention layer every 4th) under offload:13,keep:19: K layers
+    hold every (placement, layer type) pair, so a layer not run is extrapolated from run layers of
+    its own type."""
     from ds_longctx.levers.placement import PlacementPlan
     from ds_longctx.plan.geometry import as_geometry
     from ds_longctx.rehearsal.layer_clock import on_host
@@ -263,7 +269,8 @@ def test_a_hybrid_models_layers_are_picked_and_extrapolated_by_placement_and_typ
 
 
 def _timed_step(clock, seconds: dict) -> None:
-    """One finished step in which layer i took seconds[i] (forward 1/4 of it, backward the rest), host-clock stamps."""
+    """One finished step in which layer i took seconds[i] (forward 1/4 of it, backward the rest),
+    host-clock stamps."""
     from ds_longctx.rehearsal.layer_clock import LayerRecord, _Stamp
 
     def span(d):
@@ -279,8 +286,9 @@ def _timed_step(clock, seconds: dict) -> None:
 
 
 def test_each_layer_is_timed_at_its_fastest_timed_step():
-    """Step 1 warms up; in step 2 layer 7 still compiled once (a cold process), so each layer counts at its fastest of
-    steps 2 and 3, and the 7 layers not run of offload:6,keep:3,cache:1 add 5 offload (1 s) and 2 keep (2 s) layers."""
+    """Step 1 warms up; in step 2 layer 7 still compiled once (a cold process), so each layer counts
+    at its fastest of steps 2 and 3, and the 7 layers not run of offload:6,keep:3,cache:1 add 5
+    offload (1 s) and 2 keep (2 s) layers."""
     kinds = ["offload"] * 6 + ["keep"] * 3 + ["cache"]
     clock = _sim_clock(kinds, [0, 7, 9])
     _timed_step(clock, {0: 9.0, 7: 9.0, 9: 9.0})

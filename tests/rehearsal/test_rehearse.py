@@ -1,6 +1,6 @@
-"""`ds-longctx rehearse` on CPU: one process plays ranks of a world of 8 (qwen3-tiny: 2 layers, 8 query / 2 KV heads,
-hidden 64, head_dim 16, vocab 512), the symmetric world's collectives, their byte counts against a hand count, the
-`--layers` extrapolation, and what a rehearsal refuses."""
+"""`ds-longctx rehearse` on CPU: one process plays ranks of a world of 8 (qwen3-tiny: 2 layers, 8
+query / 2 KV heads, hidden 64, head_dim 16, vocab 512), the symmetric world's collectives, their
+byte counts against a hand count, the `--layers` extrapolation, and what a rehearsal refuses."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def write_config(
     world = f"  nodes: {nodes}\n  gpus_per_node: {gpus}\n" if gpus else ""
     path = d / "run.yaml"
     path.write_text(
-        f"model:\n  name: {model}\n  dtype: fp32\ntrain:\n  seq_len: {SEQ}\n  output_dir: {d / 'run'}\n"
-        f"parallel:\n  sp_size: 8\n{world}optimizer:\n  torch_adam: true\n{extra}"
+        f"model:\n  name: {model}\n  dtype: fp32\ntrain:\n  seq_len: {SEQ}\n  output_dir: "
+        f"{d / 'run'}\nparallel:\n  sp_size: 8\n{world}optimizer:\n  torch_adam: true\n{extra}"
     )
     return path
 
@@ -52,7 +52,8 @@ def rows_of(path: Path) -> list:
 
 @pytest.fixture(scope="module")
 def world8(tmp_path_factory):
-    """One `--rank roles` rehearsal of a world of 8 (ranks 0 and 7: the first and last of the one SP group)."""
+    """One `--rank roles` rehearsal of a world of 8 (ranks 0 and 7: the first and last of the one SP
+    group)."""
     d = tmp_path_factory.mktemp("rehearse8")
     cfg = write_config(d)
     out = d / "rehearsal.jsonl"
@@ -109,10 +110,11 @@ def test_the_ranks_zero_partition_is_an_eighth_of_the_parameters(world8):
 
 
 def test_collective_bytes_are_the_hand_counted_volumes(world8):
-    """Per step, fp32 (4 bytes): every decoder layer's attention exchanges q, k, v and its output three times
-    (forward, checkpoint recompute, backward), each [T = 512/8 tokens, heads, 16]: q and output 8 heads, k and v
-    replicated to sp=8 heads (2 KV heads < sp). Every parameter is under ZeRO's persistence threshold, so the forward
-    gathers nothing; the gradients are reduce-scattered once and the updated parameters gathered once, in full."""
+    """Per step, fp32 (4 bytes): every decoder layer's attention exchanges q, k, v and its output
+    three times (forward, checkpoint recompute, backward), each [T = 512/8 tokens, heads, 16]: q and
+    output 8 heads, k and v replicated to sp=8 heads (2 KV heads < sp). Every parameter is under
+    ZeRO's persistence threshold, so the forward gathers nothing; the gradients are reduce-scattered
+    once and the updated parameters gathered once, in full."""
     from tests.helpers import tiny_model
 
     _, rows, _ = world8
@@ -149,8 +151,8 @@ def test_the_rows_plan_is_the_planners(world8):
 
 
 def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_partition(tmp_path):
-    """2 nodes x 8, sp 8: dp 2, one SP group per node. Rank 8 (node 1's first) builds with DeepSpeed seeing dp 2
-    (its batch check), and ZeRO-3 shards every tensor over all 16 ranks."""
+    """2 nodes x 8, sp 8: dp 2, one SP group per node. Rank 8 (node 1's first) builds with DeepSpeed
+    seeing dp 2 (its batch check), and ZeRO-3 shards every tensor over all 16 ranks."""
     from tests.helpers import tiny_model
 
     cfg, out = write_config(tmp_path, nodes=2), tmp_path / "rehearsal.jsonl"
@@ -180,9 +182,10 @@ def test_a_rank_of_node_1_of_a_two_node_world_sees_its_world_and_dp_and_zero_par
 
 
 def test_a_rank_past_0_draws_the_weights_rank_0_would_hand_it(tmp_path):
-    """The random init is drawn by rank 0 and handed out when its gather ends; the fake world moves no data, so a
-    rehearsed rank draws the same values itself. With tied embeddings a rank left with torch's N(0, 1) embedding saw
-    logits of about hidden_size and a loss of ~60 (tiny) to ~2,500 (Qwen3.5-4B); its loss is ln(vocab) as rank 0's."""
+    """The random init is drawn by rank 0 and handed out when its gather ends; the fake world moves
+    no data, so a rehearsed rank draws the same values itself. With tied embeddings a rank left with
+    torch's N(0, 1) embedding saw logits of about hidden_size and a loss of ~60 (tiny) to ~2,500
+    (Qwen3.5-4B); its loss is ln(vocab) as rank 0's."""
     spec = json.loads((ROOT / "ds_longctx/models/qwen3-tiny.json").read_text())
     spec["tie_word_embeddings"] = True
     model = tmp_path / "qwen3-tiny-tied.json"
@@ -197,9 +200,9 @@ def test_a_rank_past_0_draws_the_weights_rank_0_would_hand_it(tmp_path):
 
 
 def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
-    """A 6-layer tiny model: `--layers 3` against all 6. Every layer exchanges the same bytes, so the extrapolated
-    all-to-all equals the full run's; the ZeRO collectives (outside the layers here) are the whole model's either
-    way."""
+    """A 6-layer tiny model: `--layers 3` against all 6. Every layer exchanges the same bytes, so
+    the extrapolated all-to-all equals the full run's; the ZeRO collectives (outside the layers
+    here) are the whole model's either way."""
     from ds_longctx.run.model import load_hf_config
 
     hf = load_hf_config("qwen3-tiny").to_dict()
@@ -228,8 +231,8 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         logs[out] = res.stdout + res.stderr
     (f,), (p,) = rows_of(full), rows_of(part)
-    # each step logs the memory so far against the plan, so a rehearsal lost before its row still leaves its numbers;
-    # after the last step they are the row's
+    # each step logs the memory so far against the plan, so a rehearsal lost before its row still
+    # leaves its numbers; after the last step they are the row's
     gb = lambda b: f"{b / 1e9:.1f} GB"  # noqa: E731
     for row, out, how in (
         (f, full, "every layer run"),
@@ -237,8 +240,8 @@ def test_layers_runs_some_layers_and_extrapolates_the_bytes_exactly(tmp_path):
     ):
         assert f"after step 1, {how}: GPU peak " in logs[out]
         assert (
-            f"after step 2, {how}: GPU peak {gb(row['peak_gpu_bytes'])} reserved against the plan's "
-            f"{gb(row['planned_gpu_bytes'])}"
+            f"after step 2, {how}: GPU peak {gb(row['peak_gpu_bytes'])} reserved against the "
+            f"plan's {gb(row['planned_gpu_bytes'])}"
         ) in logs[out]
         assert (
             f"host {gb(row['host_rss_bytes'])} against {gb(row['planned_host_bytes_per_process'])}"
@@ -332,7 +335,8 @@ def test_a_config_without_its_world_needs_gpus(tmp_path):
 
 
 def test_without_cuda_a_rehearsal_is_refused_in_seconds_naming_the_gpu_it_needs(tmp_path):
-    """A fresh interpreter (nothing pre-imported), no GPU visible: exit 2 before any model is built, in under 10 s."""
+    """A fresh interpreter (nothing pre-imported), no GPU visible: exit 2 before any model is built,
+    in under 10 s."""
     import subprocess
     import sys
     import time
@@ -365,7 +369,8 @@ def test_without_cuda_a_rehearsal_is_refused_in_seconds_naming_the_gpu_it_needs(
 
 
 def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatch):
-    """With CUDA (faked): a GPU under the plan's per-GPU figure is refused, both named; a larger one passes."""
+    """With CUDA (faked): a GPU under the plan's per-GPU figure is refused, both named; a larger one
+    passes."""
     import argparse
     from types import SimpleNamespace
 
@@ -391,7 +396,8 @@ def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatc
 
 
 def test_a_tiny_plan_is_compared_in_gb_not_in_percent():
-    """qwen3-tiny's plan (1.7 GB: mostly the CUDA context) against a CPU rehearsal's 0 GB is not "-100%"."""
+    """qwen3-tiny's plan (1.7 GB: mostly the CUDA context) against a CPU rehearsal's 0 GB is not
+    "-100%"."""
     from ds_longctx.rehearsal.world import PERCENT_FROM, vs_plan
 
     assert vs_plan(0, 1.7e9) == "-1.70 GB" and vs_plan(0.45e9, 0.3e9) == "+0.15 GB"
@@ -399,7 +405,8 @@ def test_a_tiny_plan_is_compared_in_gb_not_in_percent():
 
 
 def test_a_rehearsal_refuses_checkpoints_eval_and_export(monkeypatch):
-    """In a process playing a rank, the three places a run writes or measures something of its own refuse."""
+    """In a process playing a rank, the three places a run writes or measures something of its own
+    refuse."""
     import torch.distributed as dist
 
     from ds_longctx.checkpoint import export, save
@@ -423,7 +430,8 @@ def test_a_rehearsal_refuses_checkpoints_eval_and_export(monkeypatch):
 
 
 def test_the_symmetric_worlds_collectives_against_a_hand_reference():
-    """Rank 3 of 8: every output is what 8 ranks holding rank 3's tensors would get; the originals come back."""
+    """Rank 3 of 8: every output is what 8 ranks holding rank 3's tensors would get; the originals
+    come back."""
     import os
 
     import torch

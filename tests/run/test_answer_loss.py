@@ -1,6 +1,7 @@
-"""Answer loss by distance (run/answer_loss.py) on two tiny sessions: each answer's span covers exactly its quoted
-value's tokens, its loss is a plain HF forward's F.cross_entropy over those tokens, and the buckets count the meta's
-distances as the data card buckets them; the control scores the same answers with their evidence blanked."""
+"""Answer loss by distance (run/answer_loss.py) on two tiny sessions: each answer's span covers
+exactly its quoted value's tokens, its loss is a plain HF forward's F.cross_entropy over those
+tokens, and the buckets count the meta's distances as the data card buckets them; the control scores
+the same answers with their evidence blanked."""
 
 import json
 
@@ -100,8 +101,8 @@ def test_bucket_lines_count_the_meta_distances(sessions, model, tmp_path):
 
 
 def test_answer_lines_are_the_answers_the_bucket_lines_average(sessions, model):
-    """answer_loss_both: one line per answer (its span's start and length, kind, loss), whose per-bucket means and
-    counts are the bucket lines."""
+    """answer_loss_both: one line per answer (its span's start and length, kind, loss), whose
+    per-bucket means and counts are the bucket lines."""
     from ds_longctx.run.answer_loss import (
         answer_loss_both,
         hf_losses,
@@ -128,7 +129,8 @@ def test_answer_lines_are_the_answers_the_bucket_lines_average(sessions, model):
 
 
 def test_without_evidence_blanks_exactly_each_answers_evidence(sessions):
-    """The control's sessions: every answer's evidence characters turned to spaces (newlines kept), nothing else."""
+    """The control's sessions: every answer's evidence characters turned to spaces (newlines kept),
+    nothing else."""
     from ds_longctx.corpora.answer_spans import without_evidence
     from ds_longctx.run.answer_loss import read_sessions
 
@@ -153,8 +155,8 @@ def test_without_evidence_blanks_exactly_each_answers_evidence(sessions):
 
 
 def test_the_control_scores_each_answer_on_its_session_without_evidence(sessions, model):
-    """loss_without_evidence: plain CE over the answer's value tokens of the blanked session as the chat template
-    renders it; the bucket line's mean is its answers' mean."""
+    """loss_without_evidence: plain CE over the answer's value tokens of the blanked session as the
+    chat template renders it; the bucket line's mean is its answers' mean."""
     import torch
     import torch.nn.functional as F
 

@@ -1,8 +1,8 @@
-"""A resume or an export that cannot go on is refused before anything expensive starts, with a message that names the
-checkpoint, the key and the fix, and leaves output_dir exactly as it was: a missing, interrupted, truncated or changed
-checkpoint, settings that differ from the run's, a run with nothing left to train, a fresh run over checkpoints,
-checkpoints that would not fit the disk. Cases that need a real multi-process checkpoint are in
-tests/distributed/test_resume.py."""
+"""A resume or an export that cannot go on is refused before anything expensive starts, with a
+message that names the checkpoint, the key and the fix, and leaves output_dir exactly as it was: a
+missing, interrupted, truncated or changed checkpoint, settings that differ from the run's, a run
+with nothing left to train, a fresh run over checkpoints, checkpoints that would not fit the disk.
+Cases that need a real multi-process checkpoint are in tests/distributed/test_resume.py."""
 
 import contextlib
 import json
@@ -19,7 +19,8 @@ from tests.helpers import refused
 
 
 def fake_checkpoint(out: Path, step: int = 3, world: int = 2, sp: int = 2, **run_overrides) -> Path:
-    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint/save.save writes it."""
+    """A complete-looking checkpoint (meta.json + one sized file) as checkpoint/save.save writes
+    it."""
     cfg = RunConfig(output_dir=str(out))
     run = resume_keys.stored_values(cfg) | run_overrides
     run.update(world_size=world, sp_size=sp, dp_size=world // sp)
@@ -141,8 +142,9 @@ def test_resume_with_another_sp_size_keeping_the_batch_is_a_reshard(tmp_path):
 
 
 def test_resume_with_changed_settings(tmp_path):
-    """Keys that make the model, its numerics or the data order are refused, each named with both values; the lr,
-    the step count and the levers may change (run/resume_changes.py applies them)."""
+    """Keys that make the model, its numerics or the data order are refused, each named with both
+    values; the lr, the step count and the levers may change (run/resume_changes.py applies
+    them)."""
     fake_checkpoint(tmp_path / "out")
     msg = refused(
         tmp_path / "out",
@@ -237,7 +239,8 @@ def test_resume_with_changed_lora_and_from_a_checkpoint_older_than_lora(tmp_path
 
 
 def test_resume_from_a_checkpoint_that_stored_fewer_keys_compares_its_run_yaml(tmp_path):
-    """Keys its meta.json lacks (compared since) are read from the checkpoint's run.yaml, not assumed default."""
+    """Keys its meta.json lacks (compared since) are read from the checkpoint's run.yaml, not
+    assumed default."""
     tag = fake_checkpoint(tmp_path / "out")
     RunConfig(rope_scaling="none", steps=3).dump(tag / "run.yaml")
     meta = json.loads((tag / "meta.json").read_text())
@@ -279,8 +282,8 @@ def test_fresh_run_into_a_directory_with_checkpoints(tmp_path):
 
 
 def test_overwrite_deletes_only_checkpoints_this_project_wrote(tmp_path):
-    """--overwrite deletes checkpoints/ where every file in it is a save's; a file no save wrote (beside the tags, or
-    inside one) is refused by name before anything starts, and stays."""
+    """--overwrite deletes checkpoints/ where every file in it is a save's; a file no save wrote
+    (beside the tags, or inside one) is refused by name before anything starts, and stays."""
     tag = fake_checkpoint(tmp_path / "out")
     (tag.parent / "zero_to_fp32.py").write_text("# DeepSpeed's script, copied by its save\n")
     (tag.parent / "notes.txt").write_text("mine")
@@ -306,8 +309,9 @@ def test_overwrite_deletes_only_checkpoints_this_project_wrote(tmp_path):
 
 
 def test_checkpoints_that_do_not_fit_the_free_space_are_refused(tmp_path, monkeypatch):
-    """save_every > 0: keep_checkpoints + 1 checkpoints at once (plan/planner.disk_checkpoint_bytes each: 12 bytes per
-    trained parameter, fp32 on CPU: qwen3-tiny 2.0 MB) against output_dir's free space, with the keep that fits."""
+    """save_every > 0: keep_checkpoints + 1 checkpoints at once (plan/planner.disk_checkpoint_bytes
+    each: 12 bytes per trained parameter, fp32 on CPU: qwen3-tiny 2.0 MB) against output_dir's free
+    space, with the keep that fits."""
     from ds_longctx.run import preflight as pre
 
     monkeypatch.setattr(pre, "free_bytes", lambda path: 5_000_000)
@@ -375,8 +379,9 @@ def test_export_refusals(tmp_path):
 def test_an_export_whose_tag_is_pruned_while_it_reads_names_the_kept_tags(
     tmp_path, monkeypatch, moment
 ):
-    """A running train prunes the tag export reads (its directory removed as save._prune does), at the config
-    read or at the files' check: one line naming the tag and the tags still there, exit 2, nothing at --out."""
+    """A running train prunes the tag export reads (its directory removed as save._prune does), at
+    the config read or at the files' check: one line naming the tag and the tags still there, exit
+    2, nothing at --out."""
     import shutil
 
     import transformers
@@ -410,16 +415,19 @@ def test_an_export_whose_tag_is_pruned_while_it_reads_names_the_kept_tags(
     lines = err.read_text().splitlines()
     root = ckpt_root(tmp_path / "run")
     assert code == 2 and lines == [
-        f"export refused: export: checkpoint 'step3' in {str(root)!r} was removed while export read it "
-        f"(2 of its 2 files gone: a run writing there keeps only its newest keep_checkpoints tags); export "
-        f"the latest (now 'step5', --tag left out) or a kept tag (step5), or export once that run has ended"
+        f"export refused: export: checkpoint 'step3' in {str(root)!r} was removed while export "
+        "read it "
+        "(2 of its 2 files gone: a run writing there keeps only its newest keep_checkpoints "
+        "tags); export "
+        "the latest (now 'step5', --tag left out) or a kept tag (step5), or export once that run "
+        "has ended"
     ], lines
     assert not (tmp_path / "hf").exists()
 
 
 def test_eval_out_never_appends_to_a_users_own_metrics(tmp_path):
-    """`eval --out DIR` appends to DIR's metrics.jsonl only where a run or an earlier eval made it (their markers);
-    a user's own is refused before anything starts, and kept."""
+    """`eval --out DIR` appends to DIR's metrics.jsonl only where a run or an earlier eval made it
+    (their markers); a user's own is refused before anything starts, and kept."""
     from types import SimpleNamespace
 
     from ds_longctx.run.eval_checkpoint import EVAL_MARKER, eval_inputs, write_lines

@@ -1,9 +1,10 @@
-"""Every bad input is refused before anything expensive starts, with a message that names the value and the
-fix, and leaves output_dir exactly as it was (absent stays absent).
+"""Every bad input is refused before anything expensive starts, with a message that names the value
+and the fix, and leaves output_dir exactly as it was (absent stays absent).
 
 In-process: each case goes through what `train.main` runs before it builds the engine (RunConfig,
-`preflight.preflight`, `data.build_data`: tests.helpers.refused). Two cases also run the real `python -m
-ds_longctx.train` entry point. A resume or an export that cannot go on: tests/run/test_bad_checkpoints.py.
+`preflight.preflight`, `data.build_data`: tests.helpers.refused). Two cases also run the real
+`python -m ds_longctx.train` entry point. A resume or an export that cannot go on:
+tests/run/test_bad_checkpoints.py.
 """
 
 import json
@@ -201,7 +202,8 @@ def test_hub_name_without_a_hub(files, tmp_path, monkeypatch):
     )
 
 
-# ----------------------------------------------------------------------------- layout, attention, RoPE
+# ----------------------------------------------------------------------------- layout, attention,
+# RoPE
 def test_packing_beyond_the_cpu_masked_fallback(files, tmp_path):
     refused(
         tmp_path / "out",
@@ -251,7 +253,8 @@ def test_output_dir_under_a_file(files):
     "out, says", [("/", "is the filesystem root"), ("~", "is your home directory")]
 )
 def test_output_dir_that_is_the_root_or_home_is_refused(out, says):
-    """The check `refused`'s preflight runs (test_output_dir_not_writable), asked alone: a snapshot of / is no test."""
+    """The check `refused`'s preflight runs (test_output_dir_not_writable), asked alone: a snapshot
+    of / is no test."""
     with pytest.raises(
         CheckpointError, match=f"output_dir={out!r} {says}; give the run a directory of its own"
     ):
@@ -314,8 +317,9 @@ def test_train_entry_point_refuses_and_writes_nothing(files, tmp_path, case):
 def test_a_refusal_inside_the_workers_ends_ds_longctx_train_with_exit_2_and_the_line_last(
     files, tmp_path
 ):
-    """Out-of-vocabulary token ids are found by the workers (rank 0 reads the data): `ds-longctx train` still exits
-    2 with the one refusal line as the last thing printed, no traceback, nothing written."""
+    """Out-of-vocabulary token ids are found by the workers (rank 0 reads the data): `ds-longctx
+    train` still exits 2 with the one refusal line as the last thing printed, no traceback, nothing
+    written."""
     out = tmp_path / "out"
     res = run_cli(
         [
@@ -357,9 +361,9 @@ def test_memory_snapshot_without_cuda(tmp_path):
 
 
 def test_kv_heads_that_do_not_split_the_query_heads_are_refused_before_the_engine(tmp_path):
-    """8 query heads over 3 KV heads: HF's attention cannot group them (the run went on to a NaN loss and advice
-    about the learning rate); preflight refuses it at any sp_size, with the planner's rule
-    (kernel_rules.check_attention_heads)."""
+    """8 query heads over 3 KV heads: HF's attention cannot group them (the run went on to a NaN
+    loss and advice about the learning rate); preflight refuses it at any sp_size, with the
+    planner's rule (kernel_rules.check_attention_heads)."""
     cfg = json.loads((ROOT / "ds_longctx" / "models" / "qwen3-tiny.json").read_text())
     cfg.update(num_attention_heads=8, num_key_value_heads=3)
     path = tmp_path / "bad_heads.json"
@@ -378,8 +382,9 @@ def test_kv_heads_that_do_not_split_the_query_heads_are_refused_before_the_engin
     [(0, "--nproc 0: need at least 1 process"), (10_000, "--nproc 10000: no GPU here")],
 )
 def test_a_process_count_past_the_machine_is_refused_before_any_worker_starts(nproc, says):
-    """`ds-longctx train --nproc N` past what the machine runs (on CPU: CPU_PROCESSES_PER_CORE per core; on GPUs: one
-    per GPU) exits 2 at once: torchrun forked hundreds of workers for --nproc 1000 and did not stop on SIGTERM."""
+    """`ds-longctx train --nproc N` past what the machine runs (on CPU: CPU_PROCESSES_PER_CORE per
+    core; on GPUs: one per GPU) exits 2 at once: torchrun forked hundreds of workers for --nproc
+    1000 and did not stop on SIGTERM."""
     import time
 
     t0 = time.perf_counter()

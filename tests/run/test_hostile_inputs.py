@@ -1,6 +1,7 @@
-"""Hostile values refused when the config is read or before anything starts, each in one line that names the value
-and the fix: non-finite or absurd hyperparameters, a model `plan` refuses (the same words from `train`), an
-output_dir holding another run, a broken config.json, a model directory without its weights."""
+"""Hostile values refused when the config is read or before anything starts, each in one line that
+names the value and the fix: non-finite or absurd hyperparameters, a model `plan` refuses (the same
+words from `train`), an output_dir holding another run, a broken config.json, a model directory
+without its weights."""
 
 import json
 
@@ -83,7 +84,8 @@ def test_lr_inf_exits_2_before_any_worker_starts(tmp_path):
 
 
 def test_train_refuses_a_model_plan_refuses_in_plans_words(tmp_path, capsys):
-    """A BERT config.json: `plan` refused it in one line, `train` ended in AttributeError (num_key_value_heads)."""
+    """A BERT config.json: `plan` refused it in one line, `train` ended in AttributeError
+    (num_key_value_heads)."""
     from transformers import BertConfig
 
     path = tmp_path / "bert.json"
@@ -153,10 +155,12 @@ def test_llama3_rope_past_its_trained_context_is_refused_by_plan_and_train_in_th
     path = tmp_path / "llama31.json"
     path.write_text(json.dumps(LLAMA31))
     says = (
-        f"model {path}: seq_len=262,144 is past its trained context 131,072, where rope_scaling 'auto' sets YaRN "
-        f"over its config's own RoPE scaling (rope_type='llama3'), which YaRN does not stack on; use seq_len <= "
-        f"131,072, or set model.rope_scaling to 'none' (positions past 131,072 untrained) or an explicit "
-        f"rope_parameters dict"
+        f"model {path}: seq_len=262,144 is past its trained context 131,072, where rope_scaling "
+        "'auto' sets YaRN "
+        "over its config's own RoPE scaling (rope_type='llama3'), which YaRN does not stack on; "
+        "use seq_len <= "
+        "131,072, or set model.rope_scaling to 'none' (positions past 131,072 untrained) or an "
+        f"explicit rope_parameters dict"
     )
     plan = [
         "--model",
@@ -263,9 +267,9 @@ def test_an_output_dir_holding_another_run_is_refused_unless_overwrite(tmp_path)
 
 @pytest.mark.parametrize("changed", ["never a run's", "a run's, edited since"])
 def test_a_users_own_run_yaml_and_ds_config_are_never_called_a_runs_nor_replaced(tmp_path, changed):
-    """run.yaml and ds_config.json in output_dir that RUN_MARKER does not record as a run's (a user's own, or a
-    run's edited since) are refused by a fresh run with and without --overwrite, never suggesting --overwrite, and
-    kept byte for byte; a run's own are replaced
+    """run.yaml and ds_config.json in output_dir that RUN_MARKER does not record as a run's (a
+    user's own, or a run's edited since) are refused by a fresh run with and without --overwrite,
+    never suggesting --overwrite, and kept byte for byte; a run's own are replaced
     (test_an_output_dir_holding_another_run_is_refused_unless_overwrite)."""
     out = tmp_path / "out"
     out.mkdir()
@@ -290,7 +294,8 @@ def test_a_users_own_run_yaml_and_ds_config_are_never_called_a_runs_nor_replaced
 
 
 def test_overwrite_is_not_carried_into_the_run_yaml_a_run_writes(tmp_path):
-    """run.yaml is what `--config` reruns: a permission to delete a run must not come back with it."""
+    """run.yaml is what `--config` reruns: a permission to delete a run must not come back with
+    it."""
     RunConfig(overwrite=True, seq_len=128).dump(tmp_path / "run.yaml")
     again = RunConfig.load(tmp_path / "run.yaml")
     assert again.train.overwrite is False and again.train.seq_len == 128
@@ -310,8 +315,9 @@ def test_overwrite_is_not_carried_into_the_run_yaml_a_run_writes(tmp_path):
 def test_sizes_past_what_the_host_can_hold_or_run_are_refused_before_anything_is_built(
     tmp_path, kw, says
 ):
-    """A step's rows beyond the host's RAM ran out of memory in the data pipeline (seq_len 1e12: 8 TB asked) or ran
-    for minutes (micro_batch 1e9); a process per document past the cores forks that many."""
+    """A step's rows beyond the host's RAM ran out of memory in the data pipeline (seq_len 1e12: 8
+    TB asked) or ran for minutes (micro_batch 1e9); a process per document past the cores forks that
+    many."""
     import time
 
     t0 = time.perf_counter()
@@ -321,8 +327,8 @@ def test_sizes_past_what_the_host_can_hold_or_run_are_refused_before_anything_is
 
 
 def test_the_run_yaml_and_ds_config_a_run_writes_are_its_own_to_replace(tmp_path):
-    """What rank 0 writes before step 1 (train_loop.write_run_files) is recorded as the run's: a later fresh run
-    with --overwrite passes the check and replaces it."""
+    """What rank 0 writes before step 1 (train_loop.write_run_files) is recorded as the run's: a
+    later fresh run with --overwrite passes the check and replaces it."""
     from types import SimpleNamespace
 
     from ds_longctx.run.train_loop import write_run_files

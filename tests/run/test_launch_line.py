@@ -1,7 +1,8 @@
-"""run/launch.failed_rank_line: after workers fail, the launcher's last line names the rank that died (a signal
-from outside), or the one the others timed out waiting for (hung), else the first to fail, with its pid and host
-and what is on disk. The failures are torch's own ProcessFailure records, read from error files a worker writes
-through run/refuse.record_failure, as torchrun's agent reads them; the multi-process runs that end this way are
+"""run/launch.failed_rank_line: after workers fail, the launcher's last line names the rank that
+died (a signal from outside), or the one the others timed out waiting for (hung), else the first to
+fail, with its pid and host and what is on disk. The failures are torch's own ProcessFailure
+records, read from error files a worker writes through run/refuse.record_failure, as torchrun's
+agent reads them; the multi-process runs that end this way are
 tests/distributed/test_killed_rank.py."""
 
 import signal
@@ -16,8 +17,8 @@ from ds_longctx.run.launch import failed_rank_line
 from ds_longctx.run.refuse import record_failure
 
 GLOO_TIMEOUT = (
-    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for recv "
-    "operation to complete"
+    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for "
+    "recv operation to complete"
 )
 GLOO_CLOSED = (
     "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1"
@@ -27,8 +28,9 @@ HOST = socket.gethostname()
 
 @pytest.fixture
 def failure(tmp_path, monkeypatch):
-    """failure(rank, exitcode, raised=None, late_s=0): rank's ProcessFailure as the agent builds it, from the
-    error file its worker wrote on `raised` (none: a process ended by a signal or os._exit)."""
+    """failure(rank, exitcode, raised=None, late_s=0): rank's ProcessFailure as the agent builds it,
+    from the error file its worker wrote on `raised` (none: a process ended by a signal or
+    os._exit)."""
 
     made = []
 
@@ -63,7 +65,8 @@ def test_the_last_line_names_the_rank_that_died_or_hung_and_what_is_on_disk(tmp_
         f"the last complete checkpoint, {out / 'checkpoints' / 'step4'}, is unchanged: --resume "
         f"continues it (.tmp-step6: a partial save the next one removes)"
     )
-    # gloo: rank 0 times out; the stopped rank 1, continued, finds its peer gone or times out itself, late
+    # gloo: rank 0 times out; the stopped rank 1, continued, finds its peer gone or times out
+    # itself, late
     for late in (GLOO_CLOSED, GLOO_TIMEOUT):
         hung = {0: failure(0, 1, GLOO_TIMEOUT), 1: failure(1, 1, late, late_s=4)}
         assert failed_rank_line(hung, 2, str(out)) == (
@@ -82,7 +85,8 @@ def test_the_last_line_names_the_rank_that_died_or_hung_and_what_is_on_disk(tmp_
     # an error of rank 0's own: rank 1, waiting for it, ended by the agent's SIGTERM
     error = {0: failure(0, 1, "boom"), 1: failure(1, -signal.SIGTERM)}
     assert failed_rank_line(error, 2, str(out)) == (
-        f"rank 0 (pid 4000 on {HOST}) failed first (RuntimeError: boom; its traceback above); {kept}"
+        f"rank 0 (pid 4000 on {HOST}) failed first (RuntimeError: boom; its traceback above); "
+        f"{kept}"
     )
     # out of memory: os._exit(1) after its report, no error file
     assert failed_rank_line({1: failure(1, 1)}, 2, None) == (

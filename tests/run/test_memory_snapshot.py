@@ -1,5 +1,6 @@
-"""run/memory_snapshot.py's reading of an allocator snapshot (no GPU: a snapshot dict written here, shaped like
-torch.cuda.memory._snapshot()'s): the live set at the window's highest point, grouped by the allocating code line."""
+"""run/memory_snapshot.py's reading of an allocator snapshot (no GPU: a snapshot dict written here,
+shaped like torch.cuda.memory._snapshot()'s): the live set at the window's highest point, grouped by
+the allocating code line."""
 
 from ds_longctx.run.memory_snapshot import format_table, origin, peak_table, stream_table
 
@@ -17,8 +18,9 @@ DS = frame("/site/deepspeed/runtime/zero/stage3.py", 99, "step")
 
 
 def snapshot() -> dict:
-    """Segment at 0x1000: X (100 MiB, alive the whole window: allocated before it) then C (30 MiB, alive at the end).
-    Events: A 50 alloc; B 200 alloc; B freed; C 30 alloc; A freed; Y (40, allocated before the window) freed."""
+    """Segment at 0x1000: X (100 MiB, alive the whole window: allocated before it) then C (30 MiB,
+    alive at the end). Events: A 50 alloc; B 200 alloc; B freed; C 30 alloc; A freed; Y (40,
+    allocated before the window) freed."""
     x_addr, c_addr = 0x1000, 0x1000 + 100 * MIB
     a, b, y = 0x90000000, 0xA0000000, 0xB0000000
     return {
@@ -50,7 +52,8 @@ def snapshot() -> dict:
 
 def test_the_peak_is_the_most_bytes_alive_and_names_who_allocated_them():
     t = peak_table(snapshot())
-    # before B's free: X 100 + Y 40 (freed last, allocated before the window) + A 50 + B 200 = 390 MiB
+    # before B's free: X 100 + Y 40 (freed last, allocated before the window) + A 50 + B 200 = 390
+    # MiB
     assert t["peak_bytes"] == 390 * MIB
     assert t["events"] == 8 and t["event"] in (2, 3, 4)  # after B's alloc, before its free
     assert t["groups"] == [
@@ -85,9 +88,9 @@ def test_table_lists_the_largest_first_and_folds_the_rest():
 
 
 def pending_snapshot() -> dict:
-    """P (64 MiB) is freed by its caller but used on a side stream (record_stream): free_requested, then Q (64 MiB) is
-    allocated (P's memory is not reusable yet: Q gets new memory), then P's free completes. Allocated never exceeds
-    64 MiB; held reaches 128 MiB."""
+    """P (64 MiB) is freed by its caller but used on a side stream (record_stream): free_requested,
+    then Q (64 MiB) is allocated (P's memory is not reusable yet: Q gets new memory), then P's free
+    completes. Allocated never exceeds 64 MiB; held reaches 128 MiB."""
     p, q = 0x10000000, 0x20000000
     return {
         "segments": [

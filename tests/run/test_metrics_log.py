@@ -1,5 +1,6 @@
-"""run/metrics_log.py's writers in one process: Weights & Biases offline (a stand-in module records what it is
-asked), a missing package named before anything is written, an older file's `tensorboard` key read as report_to."""
+"""run/metrics_log.py's writers in one process: Weights & Biases offline (a stand-in module records
+what it is asked), a missing package named before anything is written, an older file's `tensorboard`
+key read as report_to."""
 
 import os
 import sys
@@ -82,9 +83,10 @@ def test_an_older_files_tensorboard_key_reads_as_report_to(old, want):
 
 
 def test_wandb_online_with_its_host_unreachable_is_refused_in_one_line_within_seconds(monkeypatch):
-    """WANDB_MODE=online and a W&B host that answers no connect (a local port nobody listens on): refused in
-    one line naming the host and WANDB_MODE=offline, in seconds; offline needs no probe, and a host that answers
-    passes."""
+    """WANDB_MODE=online and a W&B host that answers no connect (a local port nobody listens on):
+    refused in
+    one line naming the host and WANDB_MODE=offline, in seconds; offline needs no probe, and a host
+    that answers passes."""
     import socket
     import time
 

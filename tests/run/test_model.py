@@ -1,5 +1,6 @@
-"""run/model.py: a model given as an HF config.json file (another family, no weights here) is built from that config
-and drawn like a shipped geometry, and trains through `ds-longctx train` (CPU, one process)."""
+"""run/model.py: a model given as an HF config.json file (another family, no weights here) is built
+from that config and drawn like a shipped geometry, and trains through `ds-longctx train` (CPU, one
+process)."""
 
 from __future__ import annotations
 
@@ -56,5 +57,6 @@ def test_a_config_file_builds_its_own_family_and_trains(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     steps = read_metrics(out)
     assert [m["step"] for m in steps] == [1, 2] and steps[0]["tokens"] == 256
-    # freshly drawn weights (std 0.02) predict about uniformly over the 256-token vocabulary: loss ~ ln 256
+    # freshly drawn weights (std 0.02) predict about uniformly over the 256-token vocabulary: loss ~
+    # ln 256
     assert abs(steps[0]["loss"] - math.log(256)) <= 0.02 * math.log(256), steps[0]

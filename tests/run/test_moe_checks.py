@@ -1,5 +1,5 @@
-"""run/moe_checks.py: a mixture of experts' checks before any work and the warning of a sparse block that runs untiled,
-each naming the value, the memory and the fix."""
+"""run/moe_checks.py: a mixture of experts' checks before any work and the warning of a sparse block
+that runs untiled, each naming the value, the memory and the fix."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_router_aux_loss_coef_is_the_runs_else_the_models_and_refused_for_a_dens
 def test_a_block_the_tiles_cannot_compute_is_warned_with_its_cost_or_refused_over_the_budget(
     tmp_path, monkeypatch
 ):
-    """The warning names the planner's extra GB; with a budget the untiled plan breaks, the run is refused."""
+    """The warning names the planner's extra GB; with a budget the untiled plan breaks, the run is
+    refused."""
     c = cfg(
         tmp_path,
         model="qwen3-30b-a3b",

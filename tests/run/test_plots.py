@@ -1,5 +1,5 @@
-"""`ds-longctx plot`: two runs' metrics.jsonl (written here by hand, no training) drawn and written as PNGs, a field a
-run lacks left out, and a directory without metrics.jsonl refused."""
+"""`ds-longctx plot`: two runs' metrics.jsonl (written here by hand, no training) drawn and written
+as PNGs, a field a run lacks left out, and a directory without metrics.jsonl refused."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def write_run(d: Path, lines: list) -> Path:
 
 
 def two_runs(tmp_path: Path) -> tuple:
-    """`full`: every field, an eval line at step 2; `older`: no lr nor grad_norm (written before they existed)."""
+    """`full`: every field, an eval line at step 2; `older`: no lr nor grad_norm (written before
+    they existed)."""
     full = [
         {
             "step": s,
@@ -120,7 +121,8 @@ def test_plot_writes_a_png_per_panel_for_two_runs(tmp_path):
 
 
 def test_only_the_panels_a_run_has_are_written(tmp_path):
-    """A run without lr and grad_norm (an older metrics.jsonl): no lr.png, no grad_norm.png; the default --out."""
+    """A run without lr and grad_norm (an older metrics.jsonl): no lr.png, no grad_norm.png; the
+    default --out."""
     _, older = two_runs(tmp_path)
     res = run_cli(["plot", str(older)], timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -154,8 +156,8 @@ def test_without_matplotlib_plot_is_refused_naming_the_install(tmp_path, monkeyp
 
 
 def test_plot_out_keeps_a_users_own_png(tmp_path):
-    """--out holding a PNG of a panel's name that no plot wrote (or one changed since) is refused, nothing written;
-    an earlier plot's own unchanged PNGs are replaced."""
+    """--out holding a PNG of a panel's name that no plot wrote (or one changed since) is refused,
+    nothing written; an earlier plot's own unchanged PNGs are replaced."""
     from ds_longctx.run.plots import plot_runs
 
     _, older = two_runs(tmp_path)

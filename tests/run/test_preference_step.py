@@ -1,9 +1,9 @@
-"""`ds-longctx train --objective dpo` end to end (SP=2, ZeRO-3, shared-prompt rows): the reference pass over the
-starting weights stored in output_dir with the log-probs of a plain HF forward of each sequence alone, step 1 at log 2
-(policy = reference), the rewards in metrics.jsonl; a resume reads the stored pass back (refusing other data or another
-reference); bad pairs and rollouts refused
-with exit 2. The step's loss, gradients and rewards against TRL's DPOTrainer, at SP=2 through the engine too:
-tests/levers/test_preference.py."""
+"""`ds-longctx train --objective dpo` end to end (SP=2, ZeRO-3, shared-prompt rows): the reference
+pass over the starting weights stored in output_dir with the log-probs of a plain HF forward of each
+sequence alone, step 1 at log 2 (policy = reference), the rewards in metrics.jsonl; a resume reads
+the stored pass back (refusing other data or another reference); bad pairs and rollouts refused
+with exit 2. The step's loss, gradients and rewards against TRL's DPOTrainer, at SP=2 through the
+engine too: tests/levers/test_preference.py."""
 
 import json
 import math
@@ -60,7 +60,8 @@ def args(d, tok, data, *more, objective="dpo"):
 
 
 def plain_logps(tok_dir: str) -> torch.Tensor:
-    """[pairs, 2] summed completion log-probs of each sequence alone under the engine's starting weights."""
+    """[pairs, 2] summed completion log-probs of each sequence alone under the engine's starting
+    weights."""
     from transformers import AutoTokenizer
 
     from ds_longctx.data.preference import pair_tokens_of
@@ -254,8 +255,8 @@ def test_a_reference_of_another_vocabulary_or_shape_is_refused_naming_both(tmp_p
     make_tokenizer(ref, n_words=31)  # one more word than the run's tokenizer
     why = ref_model_problem(cfg, policy)
     assert why == (
-        f"ref_model={str(ref)!r} holds a tokenizer whose vocabulary differs from tokenizer={tok!r}; give a "
-        f"reference trained with the policy's tokenizer"
+        f"ref_model={str(ref)!r} holds a tokenizer whose vocabulary differs from "
+        f"tokenizer={tok!r}; give a reference trained with the policy's tokenizer"
     )
     make_tokenizer(ref, n_words=30)
     assert ref_model_problem(cfg, policy) is None

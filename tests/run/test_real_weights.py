@@ -1,9 +1,10 @@
-"""A local HF checkpoint directory as `--model` (a tiny Qwen3 and its tokenizer, saved here by transformers):
-every command that takes a model takes it, and `ds-longctx train` fine-tunes from its weights. The reference is
-the HF model itself, loaded with `from_pretrained`, on the same token row: plain cross-entropy of the next token.
+"""A local HF checkpoint directory as `--model` (a tiny Qwen3 and its tokenizer, saved here by
+transformers): every command that takes a model takes it, and `ds-longctx train` fine-tunes from its
+weights. The reference is the HF model itself, loaded with `from_pretrained`, on the same token row:
+plain cross-entropy of the next token.
 
-One row of exactly SEQ words (no EOS), concat layout: step 1 trains on that row. lr is tiny, so the eval after step 1
-sees the weights the run loaded and the export gives them back."""
+One row of exactly SEQ words (no EOS), concat layout: step 1 trains on that row. lr is tiny, so the
+eval after step 1 sees the weights the run loaded and the export gives them back."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ TOL = 1e-5  # fp32, one process: ZeRO-3's flat partitions against the plain mode
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> tuple[Path, Path]:
-    """(checkpoint directory, data file): a tiny Qwen3 whose lm_head is scaled up, so its loss (far above ln 512) tells
-    its weights from any random init, with a WordLevel tokenizer saved beside it; one document of SEQ words."""
+    """(checkpoint directory, data file): a tiny Qwen3 whose lm_head is scaled up, so its loss (far
+    above ln 512) tells its weights from any random init, with a WordLevel tokenizer saved beside
+    it; one document of SEQ words."""
     import torch
     from transformers import Qwen3ForCausalLM
 
@@ -41,7 +43,8 @@ def hf_dir(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def hf_loss(model_dir: Path, data: Path) -> float:
-    """The checkpoint's own loss on the row: transformers' model and tokenizer, plain next-token cross-entropy."""
+    """The checkpoint's own loss on the row: transformers' model and tokenizer, plain next-token
+    cross-entropy."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -56,7 +59,8 @@ def hf_loss(model_dir: Path, data: Path) -> float:
 
 
 def train_args(model_dir: Path, data: Path, out: Path) -> list:
-    """`ds-longctx train` of the checkpoint directory, its tokenizer taken from it (no --tokenizer)."""
+    """`ds-longctx train` of the checkpoint directory, its tokenizer taken from it (no
+    --tokenizer)."""
     return [
         "train",
         "--nproc",
@@ -126,9 +130,9 @@ def test_a_checkpoint_directory_fine_tunes_from_its_weights_then_evals_and_expor
 
 
 def test_plan_and_rehearse_take_a_checkpoint_directory(hf_dir, tmp_path):
-    """`plan` reads its geometry; `rehearse` checks a config of it (the model, the data against its tokenizer and
-    vocabulary) before it asks for a GPU: here it is refused for the missing GPU (CPU), or with --cpu for a bad
-    --layers, never for the model."""
+    """`plan` reads its geometry; `rehearse` checks a config of it (the model, the data against its
+    tokenizer and vocabulary) before it asks for a GPU: here it is refused for the missing GPU
+    (CPU), or with --cpu for a bad --layers, never for the model."""
     import yaml
 
     model_dir, data = hf_dir

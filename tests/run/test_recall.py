@@ -1,8 +1,9 @@
-"""Recall (run/recall.py) on a tiny model and a short session (a prepared session cut after its first answer): an
-answer's `exact` from one teacher-forced forward is what HF `generate(do_sample=False)` from the cut prompt gives
-back; a model trained to give the answer recalls it (exact match 1.0), a random one does not (0); the rows carry the
-schema the notebook reads; `ds-longctx eval --model DIR --recall true` gives the taught model's directory exact
-match 1.0 through the engine, and refuses sessions without answers, naming the file."""
+"""Recall (run/recall.py) on a tiny model and a short session (a prepared session cut after its
+first answer): an answer's `exact` from one teacher-forced forward is what HF
+`generate(do_sample=False)` from the cut prompt gives back; a model trained to give the answer
+recalls it (exact match 1.0), a random one does not (0); the rows carry the schema the notebook
+reads; `ds-longctx eval --model DIR --recall true` gives the taught model's directory exact match
+1.0 through the engine, and refuses sessions without answers, naming the file."""
 
 import json
 
@@ -26,13 +27,17 @@ FIELDS = [
 ]
 
 
-FILE = '"""Cache sizes."""\n\n_MAXCACHE = 512 * 1024 + 17\n\n\ndef purge():\n    """Empty the cache."""\n'
+FILE = (
+    '"""Cache sizes."""\n\n_MAXCACHE = 512 * 1024 + 17\n\n\ndef purge():\n    """Empty the '
+    'cache."""\n'
+)
 VALUE = "512 * 1024 + 17"
 
 
 @pytest.fixture(scope="module")
 def short(tmp_path_factory):
-    """(sessions directory, its tokenizer, a short session: one read, one question, an answer quoting VALUE)."""
+    """(sessions directory, its tokenizer, a short session: one read, one question, an answer
+    quoting VALUE)."""
     from argparse import Namespace
 
     from ds_longctx.corpora.agent_sessions import session_tokenizer, stdlib_source
@@ -72,8 +77,8 @@ def short(tmp_path_factory):
 
 
 def trained_to_answer(ids: list, span: list, steps: int = 200):
-    """The tiny model trained on the loss of the answer's value tokens alone (teacher-forced) until each is its
-    position's argmax: a model that was taught this answer."""
+    """The tiny model trained on the loss of the answer's value tokens alone (teacher-forced) until
+    each is its position's argmax: a model that was taught this answer."""
     import torch
 
     model = tiny_model(seed=1)
@@ -102,8 +107,8 @@ def taught(short):
 
 
 def greedy(model, ids: list, span: list) -> list:
-    """HF greedy decoding from the cut prompt (the session up to the value's first token), as many tokens as the
-    value has."""
+    """HF greedy decoding from the cut prompt (the session up to the value's first token), as many
+    tokens as the value has."""
     import torch
 
     a, b = span
@@ -120,9 +125,10 @@ def greedy(model, ids: list, span: list) -> list:
 
 
 def test_exact_is_what_greedy_generation_gives_back(short, taught):
-    """Per answer, exact (every value token its position's argmax, one forward) == (greedy decoding from the cut
-    prompt reproduces the value's tokens): true for the model taught the answer, false for a random one; recall's
-    bucket rows say exact match 1.0 and 0.0 with the module doc's fields."""
+    """Per answer, exact (every value token its position's argmax, one forward) == (greedy decoding
+    from the cut prompt reproduces the value's tokens): true for the model taught the answer, false
+    for a random one; recall's bucket rows say exact match 1.0 and 0.0 with the module doc's
+    fields."""
     from ds_longctx.run.answer_loss import answer_loss_both, control_spans, hf_losses, session_spans
     from ds_longctx.run.recall import recall_rows
 
@@ -150,8 +156,9 @@ def test_exact_is_what_greedy_generation_gives_back(short, taught):
 
 
 def test_eval_of_a_model_directory_recalls_what_it_was_taught(short, taught, tmp_path):
-    """`ds-longctx eval --model DIR --recall true` (the engine: its chunked loss's argmax flags) on the taught model's
-    directory: stage base, step 0, exact match 1.0, the losses of a plain HF forward."""
+    """`ds-longctx eval --model DIR --recall true` (the engine: its chunked loss's argmax flags) on
+    the taught model's directory: stage base, step 0, exact match 1.0, the losses of a plain HF
+    forward."""
     from ds_longctx.run.answer_loss import answer_loss_both, control_spans, hf_losses, session_spans
     from tests.helpers import read_metrics, run_cli
 
@@ -202,8 +209,8 @@ def test_eval_of_a_model_directory_recalls_what_it_was_taught(short, taught, tmp
 
 
 def test_recall_is_refused_on_sessions_without_answers(short, tmp_path, capsys):
-    """`ds-longctx eval --model ... --recall true` on chat rows without meta.answers: exit 2 before any worker, one
-    line naming the file and the fix; nothing written."""
+    """`ds-longctx eval --model ... --recall true` on chat rows without meta.answers: exit 2 before
+    any worker, one line naming the file and the fix; nothing written."""
     from ds_longctx import cli
 
     d, _, row = short

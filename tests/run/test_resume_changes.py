@@ -1,7 +1,8 @@
-"""A resume's changed lr and schedule (run/resume_changes.py) against the reference: a run built with the new config
-from the start, stepped to the checkpoint's step. The scheduler is the engine's (a LambdaLR of plan/lr_schedule.py);
-the checkpoint's load is what DeepSpeed restores (the groups' lr, the scheduler's state). The run through
-`ds-longctx train` is in tests/distributed/test_resume.py."""
+"""A resume's changed lr and schedule (run/resume_changes.py) against the reference: a run built
+with the new config from the start, stepped to the checkpoint's step. The scheduler is the engine's
+(a LambdaLR of plan/lr_schedule.py); the checkpoint's load is what DeepSpeed restores (the groups'
+lr, the scheduler's state). The run through `ds-longctx train` is in
+tests/distributed/test_resume.py."""
 
 from types import SimpleNamespace
 
@@ -14,7 +15,8 @@ from ds_longctx.run.resume_changes import set_schedule
 
 
 def built(lr: float, warmup: int, weight_decay: float = 0.0, schedule: str = "cosine"):
-    """What the engine builds for the run config (lr, warmup_steps, a cosine to 1e-5 over 12 steps): the optimizer
+    """What the engine builds for the run config (lr, warmup_steps, a cosine to 1e-5 over 12 steps):
+    the optimizer
     and its scheduler, as engine.ds."""
     from torch.optim.lr_scheduler import LambdaLR
 
@@ -25,7 +27,8 @@ def built(lr: float, warmup: int, weight_decay: float = 0.0, schedule: str = "co
 
 
 def stepped(engine, steps: int):
-    """`steps` optimizer steps' worth of scheduler steps, as DeepSpeed's engine takes one after each."""
+    """`steps` optimizer steps' worth of scheduler steps, as DeepSpeed's engine takes one after
+    each."""
     for _ in range(steps):
         if engine.lr_scheduler is not None:
             engine.lr_scheduler.step()
