@@ -122,7 +122,8 @@ def test_the_check_finds_an_upward_import_inside_a_function(tmp_path):
     assert upward_imports(tmp_path) == [
         f"ds_longctx/parallel/sharding.py:{line}: imports ds_longctx.run.engine: layer parallel "
         "imports layer run, "
-        "above it (layers, lowest first: parallel -> levers/data -> config/corpora -> plan -> "
+        "above it (layers, lowest first: families -> parallel -> levers/data -> config/corpora -> "
+        "plan -> "
         f"checkpoint -> run -> integrations/rehearsal -> cli/train/eval/generate)"
     ]
 

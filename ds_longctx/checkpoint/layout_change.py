@@ -6,9 +6,12 @@ counted in samples (meta "samples"). Details: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ds_longctx.checkpoint.layout import CheckpointError
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 
 def layout_of(run: dict) -> tuple:
@@ -33,7 +36,7 @@ def sample_offset(meta: Optional[dict], batch: int) -> int:
     return 0 if meta is None else samples_done(meta) - int(meta["step"]) * batch
 
 
-def check_layout(cfg, world_size: int, meta: dict, where: str) -> Optional[str]:
+def check_layout(cfg: RunConfig, world_size: int, meta: dict, where: str) -> Optional[str]:
     """None when this run has the checkpoint's layout; otherwise the log line of the change, after
     the checks (module doc) that raise a CheckpointError naming the value and the fix."""
     run = meta["run"]

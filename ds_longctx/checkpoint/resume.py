@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch.distributed as dist
 
@@ -43,6 +43,9 @@ from ds_longctx.checkpoint.reshard import resume_resharded
 from ds_longctx.checkpoint.rng import rng_file, set_rng_state
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel.disk import PARTIAL_MARKER, not_ours
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -197,7 +200,7 @@ def previous_run(output_dir) -> list:
     return held
 
 
-def check_run_dir(cfg, world_size: int) -> Optional[dict]:
+def check_run_dir(cfg: RunConfig, world_size: int) -> Optional[dict]:
     """Every check of output_dir and resume, before anything is started or written. Returns the meta
     of the checkpoint to resume from (None for a fresh run). A fresh run into an output_dir holding
     another run's files is refused unless `overwrite` (then `clear_previous_run` replaces them)."""
@@ -263,7 +266,7 @@ def set_aside(root: Path) -> None:
         )
 
 
-def clear_previous_run(cfg) -> None:
+def clear_previous_run(cfg: RunConfig) -> None:
     """With overwrite, on rank 0 before the run writes: delete the previous run's checkpoints/ (its
     metrics are kept aside by the metrics log, run.yaml and ds_config.json replaced), only where
     every file in it is a save's (files.foreign_files; check_run_dir refused otherwise)."""

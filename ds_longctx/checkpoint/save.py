@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,9 @@ from ds_longctx.checkpoint.rng import rng_file, rng_state
 from ds_longctx.config import resume_keys
 from ds_longctx.parallel import fake_world
 from ds_longctx.parallel.disk import PARTIAL_MARKER, describe_os_error, make_partial
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 # debug: seconds a save waits with every file written, unrenamed
@@ -79,7 +82,7 @@ def _own_files(tmp: Path, rank: int) -> list:
     ]
 
 
-def save(engine, cfg, step: int, data_signature: dict) -> Path:
+def save(engine, cfg: RunConfig, step: int, data_signature: dict) -> Path:
     """Save the run at `step` (completed optimizer steps) as tag `step<step>`; atomic (module doc).
     Collective. A write that fails on any rank (a full disk, no permission) fails the save on every
     rank with one CheckpointError naming the path and the free space; the partial save is removed,
@@ -140,7 +143,7 @@ def _begin(root: Path, tmp: Path, step: int) -> None:
     make_partial(tmp)
 
 
-def _write_own(engine, cfg, tmp: Path, step: int) -> list:
+def _write_own(engine, cfg: RunConfig, tmp: Path, step: int) -> list:
     """Every rank writes its files into `tmp` (DeepSpeed's, its RNG) and hashes them: the ranks'
     manifest entries, or a rank's error line in its place. Collective."""
     st, wrote = engine.state, False
@@ -165,7 +168,7 @@ def _write_own(engine, cfg, tmp: Path, step: int) -> list:
 
 
 def _finish(
-    engine, cfg, root: Path, tmp: Path, step: int, digests: list, data_signature: dict
+    engine, cfg: RunConfig, root: Path, tmp: Path, step: int, digests: list, data_signature: dict
 ) -> None:
     """Rank 0: config.json, run.yaml and meta.json (written last), then the rename to the tag,
     `latest`, pruning."""

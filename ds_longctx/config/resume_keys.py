@@ -17,9 +17,13 @@ class.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ds_longctx.config.config_file import read_config_file
 from ds_longctx.config.keys import FLAT
+
+if TYPE_CHECKING:
+    from ds_longctx.config.run import RunConfig
 
 # key -> why a change is refused where the reason is not the general one (the weights, numerics or
 # data order)
@@ -143,7 +147,7 @@ def _check_classes() -> None:
 _check_classes()
 
 
-def stored_values(cfg) -> dict:
+def stored_values(cfg: RunConfig) -> dict:
     """{flat key: value} of every compared key: what a checkpoint keeps to compare a resume
     against."""
     return {k: cfg.get(k) for k in (*FIXED, *MAY_CHANGE, "micro_batch", "grad_accum")}
@@ -165,7 +169,7 @@ def dotted(key: str) -> str:
     return ".".join(FLAT[key])
 
 
-def compare(saved: dict, cfg) -> tuple[list, list]:
+def compare(saved: dict, cfg: RunConfig) -> tuple[list, list]:
     """(refused, changed): [(flat key, checkpoint's value, this run's)] of the FIXED and of the
     MAY_CHANGE keys that differ; `saved`: `saved_values`. A FIXED key that a checkpoint holds
     nowhere held its default (its version did not have it yet); such a MAY_CHANGE key is not listed

@@ -77,9 +77,8 @@ def check_data_source(cfg, vocab_size: int) -> None:
     if cfg.data.source == "synthetic":
         return
     if cfg.train.objective in ("dpo", "grpo"):
-        build_pairs(
-            cfg, vocab_size
-        )  # every row read and tokenized: a bad one refused by file and line
+        # every row read and tokenized: a bad one refused by file and line (the build logs them)
+        build_pairs(cfg, vocab_size, say=False)
         return
     scan = check_source(cfg)
     if scan is not None:
@@ -91,9 +90,9 @@ def check_data_source(cfg, vocab_size: int) -> None:
     check_packing(cfg)
 
 
-def build_pairs(cfg, vocab_size: int, hf_config=None):
+def build_pairs(cfg, vocab_size: int, hf_config=None, say: bool = True):
     """objective dpo: the preference pairs of data (data/preference.py) packed in rows of seq_len;
-    grpo: its scored rollouts (data/rl_rows.py)."""
+    grpo: its scored rollouts (data/rl_rows.py), summed up in one line where `say`."""
     check_packing(cfg.model_copy(update={"data": cfg.data.model_copy(update={"layout": "pack"})}))
     tok = load_tokenizer(cfg, vocab_size)
     if tok is None:
@@ -107,7 +106,7 @@ def build_pairs(cfg, vocab_size: int, hf_config=None):
         t = cfg.train
         seqs = read_rollouts(pair_files(cfg.data.source), tok, eos, t.seq_len, t.scale_rewards)
         rows = RolloutRows(seqs, t.seq_len, t.seed, cfg.data.shuffle, int(pad))
-        log.info(
+        (log.info if say else log.debug)(
             "grpo: %d rollouts in %d row(s); dr_grpo's max_completion_length %d (%s)",
             len(seqs),
             rows.n_rows,

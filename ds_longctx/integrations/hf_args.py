@@ -6,12 +6,17 @@ torch nor transformers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
+
 # the HF Trainer's name for each optimizer.schedule (what its logs say; `create_scheduler` steps
 # ours)
 SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr", "linear": "linear"}
 
 
-def owned_fields(cfg, ds: dict) -> dict:
+def owned_fields(cfg: RunConfig, ds: dict) -> dict:
     """TrainingArguments fields that come from the run config: {field: (value, the run-config key to
     change)}."""
     opt = ds["optimizer"]["params"]
@@ -60,7 +65,7 @@ SKIP_PREPARE = {
 }  # an SFTConfig's dataset_kwargs for rows_dataset's ready rows
 
 
-def training_kwargs(cfg, ds: dict, args_cls, kwargs: dict) -> dict:
+def training_kwargs(cfg: RunConfig, ds: dict, args_cls, kwargs: dict) -> dict:
     """The keyword arguments `training_args` gives `args_cls` (see there); raises ValueError on a
     clash."""
     owned = owned_fields(cfg, ds)

@@ -11,6 +11,7 @@ docs/design/integrations.md."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 # datasets is imported where a dataset is made: the loaders need only torch.
 import numpy as np
@@ -24,6 +25,9 @@ from ds_longctx.data.rows import RowOrder, filled_row, step_samples
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.run.model import load_hf_config
 from ds_longctx.run.ranks import rank0_first
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 ROWS_TAG = "ds_longctx token rows"  # DatasetInfo.description of `rows_dataset`'s datasets
 ROW_COLUMNS = ("input_ids", "position_ids", "labels")
@@ -196,7 +200,7 @@ def token_rows_dataset(rows):
     ).with_format("torch")
 
 
-def rows_dataset(cfg, hf_config=None):
+def rows_dataset(cfg: RunConfig, hf_config=None):
     """The token rows `ds-longctx train` reads for `cfg`, as a `datasets.Dataset`. Call after
     `hf_trainer.training_args`."""
     hf = hf_config if hf_config is not None else load_hf_config(cfg.model.name)

@@ -22,6 +22,7 @@ import atexit
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ds_longctx.checkpoint.files import weights_only_loads
 from ds_longctx.integrations.hf_args import SKIP_PREPARE, training_kwargs
@@ -32,6 +33,9 @@ from ds_longctx.parallel.parallel_state import ParallelState, init_distributed, 
 from ds_longctx.run.argv import parse_config
 from ds_longctx.run.stops import watch_launcher
 
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
+
 
 def run_config(argv: list):
     """The run config from `python -m ds_longctx.train`'s arguments (a bad value exits 2); under a
@@ -40,7 +44,7 @@ def run_config(argv: list):
     return parse_config(list(argv))
 
 
-def start_processes(cfg) -> None:
+def start_processes(cfg: RunConfig) -> None:
     """The process group (the run's collective timeout) and accelerate's PartialState on it, as
     DeepSpeed's. Idempotent."""
     import torch
@@ -80,7 +84,7 @@ def _end_processes() -> None:
         dist.destroy_process_group()
 
 
-def trainer_ds_config(cfg) -> dict:
+def trainer_ds_config(cfg: RunConfig) -> dict:
     """The DeepSpeed JSON the Trainer runs with."""
     import torch
     import torch.distributed as dist
@@ -90,7 +94,7 @@ def trainer_ds_config(cfg) -> dict:
     return hf_trainer_ds_config(cfg, dist.get_world_size(), torch.cuda.is_available())
 
 
-def training_args(cfg, args_cls=None, **kwargs):
+def training_args(cfg: RunConfig, args_cls=None, **kwargs):
     """`args_cls(**kwargs)` for `cfg`, the owned fields from `cfg` (`hf_args.training_kwargs`).
     Starts the process group first."""
     start_processes(cfg)
@@ -99,7 +103,7 @@ def training_args(cfg, args_cls=None, **kwargs):
     return args_cls(**training_kwargs(cfg, trainer_ds_config(cfg), args_cls, kwargs))
 
 
-def build_model(cfg, stage=lambda name: None):
+def build_model(cfg: RunConfig, stage=lambda name: None):
     """The run's model as `ds-longctx train` builds it, after the engine's checks."""
     import torch.distributed as dist
 
@@ -112,7 +116,7 @@ def build_model(cfg, stage=lambda name: None):
     return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
 
-def tokenizer(cfg):
+def tokenizer(cfg: RunConfig):
     """The run's tokenizer as `ds-longctx train` loads it, checked against the model's vocabulary;
     None where the run has none."""
     from ds_longctx.data.tokenize import load_tokenizer
@@ -156,7 +160,7 @@ def trainer(trainer_cls: type, run_config, **kwargs):
     return trainer_class(trainer_cls)(run_config=run_config, **kwargs)
 
 
-def check_trainer(tr, cfg) -> None:
+def check_trainer(tr, cfg: RunConfig) -> None:
     """Refuse a Trainer this integration cannot make right, naming the fix."""
     fix = "build args with ds_longctx.integrations.hf_trainer.training_args(run_config, ...)"
     if not tr.is_deepspeed_enabled or tr.accelerator.state.deepspeed_plugin.zero_stage != 3:

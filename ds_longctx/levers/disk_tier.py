@@ -25,9 +25,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
 from ds_longctx.levers.offload import store_checkpoint_function
-from ds_longctx.parallel import parallel_state
+from ds_longctx.levers.placement import PlacementPlan
+from ds_longctx.parallel import disk, parallel_state
 from ds_longctx.parallel.direct_io import ALIGN, DirectFile
 from ds_longctx.parallel.disk import describe_os_error, user_path
+from ds_longctx.parallel.parallel_state import local_world_size
+from ds_longctx.parallel.units import GB
 
 log = logging.getLogger("ds_longctx")
 # the run's own directory under nvme_path (the only one it removes)
@@ -229,6 +232,37 @@ def disk_checkpoint_function(layer_index: int, nvme_path: str) -> Callable:
     # placement_apply.applied_placement reads a layer's place back by this
     checkpoint.disk_tier = True
     return checkpoint
+
+
+def nvme_space_problem(cfg, text_config, world: int, per_node: Optional[int], params: int):
+    """Why nvme_path's filesystem cannot hold this node's disk tier (None: it can, or there is
+    none): each rank's disk layers' checkpoints (micro_batch x seq_len/sp_size x hidden) and, with
+    nvme_optimizer / nvme_params, its fp32 optimizer state (16 bytes a parameter) / bf16 parameters
+    (2), over `world` ranks, times the node's ranks; at least nvme_gb where LoRA hides the state."""
+    import torch
+
+    mem, t = cfg.memory, cfg.train
+    if mem.nvme_path is None:
+        return None
+    on_disk = PlacementPlan.parse(mem.placement).on_disk if mem.placement else 0
+    dtype = cfg.model.dtype
+    cuda_bf16 = dtype == "bf16" or (dtype == "auto" and torch.cuda.is_available())
+    tokens = t.micro_batch * -(-t.seq_len // cfg.parallel.sp_size)
+    rank = on_disk * tokens * text_config.hidden_size * (2 if cuda_bf16 else 4)
+    state = (16 if mem.nvme_optimizer else 0) + (2 if mem.nvme_params else 0)
+    rank += state * params // world if not cfg.lora.rank else 0
+    need = rank * (local_world_size(world) if per_node is None else per_node)
+    if state and cfg.lora.rank and mem.nvme_gb:
+        need = max(need, int(mem.nvme_gb * GB))
+    free = disk.free_bytes(user_path(mem.nvme_path))
+    if not need or free is None or need <= free:
+        return None
+    return (
+        f"nvme_path={mem.nvme_path!r}: the disk tier needs ~{disk.size_text(need)} on "
+        f"{disk.mount_point(user_path(mem.nvme_path))} and it has {disk.size_text(free)} free; "
+        "free space there, give an nvme_path on a larger disk, or plan again within it "
+        f"(ds-longctx plan --nvme_gb {free // GB:.0f})"
+    )
 
 
 def private_swap_dirs(ds_config: dict) -> dict:

@@ -18,9 +18,11 @@ import copy
 import logging
 import zlib
 
+from ds_longctx import families
+
 log = logging.getLogger("ds_longctx")
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS = families.LORA_TARGETS
 ALL_LINEAR = "all-linear"
 ADAPTER = "default"  # PEFT's adapter name: parameter names hold `.lora_A.default.`
 _ADAPTER_PARTS = (".lora_A.", ".lora_B.")

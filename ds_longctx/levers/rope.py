@@ -12,6 +12,8 @@ import logging
 import math
 from typing import Optional, Union
 
+from ds_longctx import families
+
 log = logging.getLogger("ds_longctx")
 
 FACTOR_STEP = 8  # F is rounded up to a multiple of 1 / FACTOR_STEP
@@ -50,16 +52,9 @@ def _rope_theta(hf_config) -> float:
     return float(theta)
 
 
-# (model_type, max_position_embeddings) -> the context its publisher's YaRN recipe scales from
-PUBLISHED_ORIGINAL = {
-    ("qwen3", 40960): 32768,
-    ("qwen3_moe", 40960): 32768,
-}  # Qwen3 and Qwen3-30B-A3B cards
-
-
 def trained_context(hf_config) -> int:
     """YaRN's O for this model (the rule in the module doc): an existing YaRN's original length, a
-    publisher's documented one (`PUBLISHED_ORIGINAL`), else max_position_embeddings."""
+    publisher's documented one (families.py), else max_position_embeddings."""
     return trained_context_of(
         getattr(hf_config, "model_type", None),
         int(hf_config.max_position_embeddings),
@@ -117,7 +112,9 @@ def yarn_factor(seq_len: int, original: int) -> float:
 def original_context(model_type: Optional[str], max_position_embeddings: int) -> int:
     """O for a model not yet scaled: its publisher's documented YaRN context, else
     max_position_embeddings (pure: the planner asks it without torch or transformers)."""
-    return PUBLISHED_ORIGINAL.get((model_type, max_position_embeddings), max_position_embeddings)
+    fam = families.of(model_type)
+    published = fam.published_original if fam else {}
+    return published.get(max_position_embeddings, max_position_embeddings)
 
 
 def _check_seq_len(seq_len) -> None:

@@ -77,9 +77,6 @@ def check_head_groups(groups: int, kv_heads: int, sp_size: int) -> None:
 # ----------------------------------------------------------------------------- hybrid models' layer
 # types
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
-# Models calling ALL_ATTENTION_FUNCTIONS though `_supports_attention_backend` is False (transformers
-# 5.17 and 5.25's Qwen3.5); the engine still checks each batch that the Ulysses function ran
-INTERFACE_UNFLAGGED = ("qwen3_5_text",)
 LAYER_KINDS = (
     FULL_ATTENTION,
     LINEAR_ATTENTION,

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx import families
 from ds_longctx.parallel import attention, kernel_rules
 from ds_longctx.parallel.parallel_state import ParallelState
 from ds_longctx.parallel.shared_prefix import SharedLayout
@@ -233,7 +234,7 @@ def check_wrappable_class(model_cls, config) -> None:
     text_type = getattr(config.get_text_config(), "model_type", None)
     if not (
         getattr(model_cls, "_supports_attention_backend", False)
-        or text_type in kernel_rules.INTERFACE_UNFLAGGED
+        or getattr(families.of(text_type), "interface_unflagged", False)
     ):
         raise ValueError(
             f"model {name} does not dispatch attention through transformers' AttentionInterface "

@@ -11,7 +11,7 @@ import argparse
 
 from ds_longctx.config.memory import nvme_path_problem
 from ds_longctx.parallel import direct_io
-from ds_longctx.parallel.disk import user_path
+from ds_longctx.parallel.disk import free_bytes, mount_point, size_text, user_path
 from ds_longctx.plan.disk_binds import what_binds
 from ds_longctx.plan.disk_terms import disk_seconds
 from ds_longctx.plan.planner import GB
@@ -50,6 +50,13 @@ def check_disk_args(a: argparse.Namespace) -> None:
         a.nvme_path = user_path(a.nvme_path)
         if problem := nvme_path_problem(a.nvme_path):
             raise ValueError(problem.replace("nvme_path=", "--nvme_path "))
+        free = free_bytes(a.nvme_path)
+        if a.nvme_gb and free is not None and a.nvme_gb * GB > free:
+            raise ValueError(
+                f"--nvme_gb {a.nvme_gb:g}: {mount_point(a.nvme_path)} (holding --nvme_path "
+                f"{a.nvme_path}) has {size_text(free)} free; give --nvme_gb {free // GB:.0f} or "
+                f"less, or free space there"
+            )
     if a.nvme_gb and a.out and a.nvme_path is None:
         raise ValueError(
             f"--nvme_gb {a.nvme_gb:g} with --out: run.yaml names the disk; give --nvme_path DIR too"

@@ -12,14 +12,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional, Union
 
+from ds_longctx import families
 from ds_longctx.config.model import SHIPPED_MODELS_DIR, read_config_json, resolve_model
 from ds_longctx.levers.rope import trained_context_of
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.plan import hf_fields, layer_types
-from ds_longctx.plan.layer_types import HYBRID_TYPES, HybridShape
-from ds_longctx.plan.moe_geometry import MOE_FAMILIES, MoeShape, moe_shape
+from ds_longctx.plan.layer_types import HybridShape
+from ds_longctx.plan.moe_geometry import MoeShape, moe_shape
 
-_DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+_DENSE_TYPES = families.types_of(families.DENSE)
+_HYBRID_TYPES = families.types_of(families.HYBRID)
+_MOE_TYPES = families.types_of(families.MOE)
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,18 @@ class ModelGeometry:
         if not isinstance(mtype, str):
             raise ValueError(
                 f'{where} has no model_type (got {mtype!r}); add "model_type": one of '
-                f"{list(_DENSE_TYPES) + list(HYBRID_TYPES)}, the families the planner models"
+                f"{list(_DENSE_TYPES) + list(_HYBRID_TYPES)}, the families the planner models"
             )
         moe = moe_shape(
             cfg, mtype, where, _DENSE_TYPES
         )  # refuses an MoE family not modelled, naming those that are
-        if mtype not in (*_DENSE_TYPES, *MOE_FAMILIES, *HYBRID_TYPES):
+        if families.of(mtype) is None:
             raise ValueError(
                 f"{where}: model_type={mtype!r} is not modelled; the planner knows dense "
-                f"{list(_DENSE_TYPES)}, hybrid {list(HYBRID_TYPES)} and the mixtures of experts "
-                f"{list(MOE_FAMILIES)}"
+                f"{list(_DENSE_TYPES)}, hybrid {list(_HYBRID_TYPES)} and the mixtures of experts "
+                f"{list(_MOE_TYPES)}"
             )
-        if mtype in HYBRID_TYPES:  # a composite (VL) config: its text model
+        if mtype in _HYBRID_TYPES:  # a composite (VL) config: its text model
             cfg = layer_types.text_config(cfg)
 
         family = cfg["model_type"]  # a hybrid's text model: qwen3_5_text
@@ -111,8 +114,9 @@ class ModelGeometry:
         )
         max_pos = size("max_position_embeddings")
         rope = hf_fields.rope_parameters(cfg, where)
-        hybrid = HybridShape.from_config(cfg, layers, where) if mtype in HYBRID_TYPES else None
+        hybrid = HybridShape.from_config(cfg, layers, where) if mtype in _HYBRID_TYPES else None
         bias = hf_fields.flag(cfg, "attention_bias", where)
+        fam = families.of(mtype)
         return cls(
             name=name or mtype,
             hidden=hidden,
@@ -127,9 +131,9 @@ class ModelGeometry:
             max_position_embeddings=max_pos,
             rope_type=str(rope["rope_type"]),
             trained_context=trained_context_of(mtype, max_pos, rope),
-            qk_norm=mtype in ("qwen3", "qwen3_moe") or hybrid is not None,
-            attention_bias=mtype == "qwen2" or bias,
-            o_bias=mtype != "qwen2" and bias,
+            qk_norm=fam.qk_norm,
+            attention_bias=fam.qkv_bias or bias,
+            o_bias=not fam.qkv_bias and bias,
             mlp_bias=hf_fields.flag(cfg, "mlp_bias", where),
             moe=moe,
             sliding_window=None if hybrid else hf_fields.sliding_window(cfg, family, layers, where),

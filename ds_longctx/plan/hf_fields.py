@@ -14,46 +14,19 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ds_longctx import families
 from ds_longctx.parallel import kernel_rules
 
-# transformers' config-class defaults, where they differ from the planner's fallback
-DEFAULTS = {
-    "qwen3": {
-        "head_dim": 128,
-        "num_key_value_heads": 32,
-        "max_position_embeddings": 32768,
-        "sliding_window": 4096,
-    },
-    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768, "sliding_window": 4096},
-    "llama": {"max_position_embeddings": 2048},
-    "mistral": {
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "sliding_window": 4096,
-    },
-    "qwen3_moe": {
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 32768,
-        "sliding_window": 4096,
-    },
-    "qwen3_5_text": {"head_dim": 256, "num_key_value_heads": 4, "max_position_embeddings": 32768},
-}
-NULL_IS_FALLBACK = {
-    "head_dim": ("llama", "mistral"),
-    "num_key_value_heads": ("qwen3", "qwen2", "llama"),
-}
-# {family: {the planner's name: transformers' `attribute_map` name}}; a config.json may hold either
-RENAMED = {"qwen3_moe": {"num_experts": "num_local_experts"}}
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
-QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config / Qwen3Config's max_window_layers default
 
 
 def field(cfg: dict, family: str, key: str, fallback, where: str):
     """`cfg[key]` as transformers reads it for `family`; the value is not checked."""
+    fam = families.of(family)
     if key not in cfg:
-        return DEFAULTS.get(family, {}).get(key, fallback)
+        return fam.defaults.get(key, fallback) if fam else fallback
     if cfg[key] is None:
-        if family in NULL_IS_FALLBACK.get(key, ()):
+        if fam and key in fam.null_is_fallback:
             return fallback
         raise ValueError(
             f"{where}: {key} is null, which transformers' {family} config cannot build; give it as "
@@ -63,10 +36,11 @@ def field(cfg: dict, family: str, key: str, fallback, where: str):
 
 
 def with_old_names(cfg: dict, family: str) -> dict:
-    """`cfg` with each RENAMED key of `family` under the planner's name too."""
+    """`cfg` with each renamed key of `family` (families.py) under the planner's name too."""
+    fam = families.of(family)
     renamed = {
         old: cfg[new]
-        for old, new in RENAMED.get(family, {}).items()
+        for old, new in (fam.renamed if fam else {}).items()
         if old not in cfg and new in cfg
     }
     return {**cfg, **renamed} if renamed else cfg
@@ -114,8 +88,9 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
     config, or None. Layer kinds other than full and sliding attention are refused."""
     use = flag(cfg, "use_sliding_window", where)
     kinds = set(kernel_rules.layer_types(cfg)) if cfg.get("layer_types") else set()
-    if family in ("qwen2", "qwen3") and use and not kinds:
-        start = cfg.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+    rule = families.FAMILIES[family].window_rule
+    if rule == families.WINDOW_FROM_LAYER and use and not kinds:
+        start = cfg.get("max_window_layers", families.FAMILIES[family].max_window_layers)
         if isinstance(start, bool) or not isinstance(start, int):
             raise ValueError(
                 f"{where}: max_window_layers = {start!r} is not a whole number (fix the config)"
@@ -128,9 +103,10 @@ def sliding_window(cfg: dict, family: str, layers: int, where: str) -> Optional[
             f"layer in layer_types"
         )
     sliding = kernel_rules.SLIDING_ATTENTION in kinds
-    if not (sliding or family == "mistral" or (family == "qwen3_moe" and use)):
+    if not (sliding or rule == families.WINDOW_ALWAYS or (rule == families.WINDOW_FLAG and use)):
         return None
-    window = cfg.get("sliding_window", DEFAULTS[family].get("sliding_window", 4096))
+    defaults = families.FAMILIES[family].defaults
+    window = cfg.get("sliding_window", defaults.get("sliding_window", 4096))
     if window is not None and (
         isinstance(window, bool) or not isinstance(window, int) or window < 1
     ):

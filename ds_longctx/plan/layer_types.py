@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ds_longctx import families
 from ds_longctx.parallel import kernel_rules
 from ds_longctx.parallel.kernel_rules import FULL_ATTENTION, LINEAR_ATTENTION
 
@@ -31,15 +32,10 @@ def vector_init(name: str, module_class: str) -> float:
     return 0.0
 
 
-# model_type -> the key of a composite config's text model (the VL checkpoint's config.json); the
-# text types as is
-HYBRID_TYPES = {"qwen3_5": "text_config", "qwen3_5_text": None}
-
-
 def text_config(cfg: dict) -> dict:
     """The text model's config of a hybrid config.json: a composite `qwen3_5` one's `text_config`
     (its model_type `qwen3_5_text`), a text one as is."""
-    key = HYBRID_TYPES.get(cfg.get("model_type"))
+    key = families.text_key(cfg.get("model_type"))
     if key is None:
         return cfg
     text = cfg.get(key)

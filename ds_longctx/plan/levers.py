@@ -7,11 +7,14 @@ RunConfig(**lv.run_config_fields(), ...)         # what `ds-longctx plan` writes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union, get_args
+from typing import TYPE_CHECKING, Optional, Union, get_args
 
 from ds_longctx.config.kernels import KernelsConfig
 from ds_longctx.levers.lora import DEFAULT_TARGETS
 from ds_longctx.levers.placement import PlacementPlan, check_cacheable, resolve_placement
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 # dpo: each completion's tokens where none is given (`plan --completion_len`, `rehearse
 # --completion_len`), at most a quarter of the row (default_completion_len)
@@ -112,7 +115,7 @@ class Levers:
         )
 
     @classmethod
-    def from_run_config(cls, cfg, placement: Optional[PlacementPlan] = None) -> "Levers":
+    def from_run_config(cls, cfg: RunConfig, placement: Optional[PlacementPlan] = None) -> "Levers":
         """The levers of a run config (`ds_longctx.config.RunConfig`); its placement plan, once
         resolved for the model (run/placement_plan.run_placement), is passed in: counts stay 0 here,
         the plan says it all."""

@@ -6,7 +6,7 @@ families not modelled.
     # the sparse block's parameters in HF's order: experts, then router:
     moe.block_numels(hidden)
 
-Supported: `MOE_FAMILIES`; any other config that names experts is refused before any planning.
+Supported: families.py's MoE kind; another config naming experts is refused before planning.
 The family's layout: docs/design/plan.md.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ds_longctx import families
 from ds_longctx.plan.hf_fields import check_layer_count, with_old_names
 
-MOE_FAMILIES = ("qwen3_moe",)
 # a config that sets one of these is a mixture of experts
 EXPERT_KEYS = (
     "num_experts",
@@ -26,13 +26,6 @@ EXPERT_KEYS = (
     "moe_num_experts",
     "num_experts_per_tok",
 )
-# transformers' Qwen3MoeConfig defaults for the keys a config.json may leave out
-QWEN3_MOE_DEFAULTS = {
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": False,
-    "router_aux_loss_coef": 0.001,
-}
 
 
 @dataclass(frozen=True)
@@ -91,15 +84,18 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
     """The MoE shape of a parsed HF config of family `mtype`; None without experts; ValueError for
     another family that names experts."""
     named = expert_count_key(cfg)
-    if mtype not in MOE_FAMILIES:
+    fam = families.of(mtype)
+    if fam is None or fam.kind != families.MOE:
         if named is None:
             return None
         dense = f" and the dense families {list(dense_families)}" if dense_families else ""
+        moes = list(families.types_of(families.MOE))
         raise ValueError(
             f"{where}: model_type={mtype!r} is a mixture of experts ({named[0]}={named[1]!r}) that "
-            f"ds_longctx does not model; it supports the MoE families {list(MOE_FAMILIES)}{dense}: "
+            f"ds_longctx does not model; it supports the MoE families {moes}{dense}: "
             f"use one of those"
         )
+    defaults = fam.moe_defaults
     cfg = with_old_names(cfg, mtype)  # num_local_experts, as transformers 5.25 writes num_experts
     layers = check_layer_count(_int(cfg, "num_hidden_layers", where), where)
     experts = _int(cfg, "num_experts", where)
@@ -109,15 +105,15 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
             f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is "
             f"routed to at most every expert (fix the config)"
         )
-    step = _int(cfg, "decoder_sparse_step", where, QWEN3_MOE_DEFAULTS["decoder_sparse_step"])
-    only = cfg.get("mlp_only_layers", QWEN3_MOE_DEFAULTS["mlp_only_layers"]) or []
+    step = _int(cfg, "decoder_sparse_step", where, defaults["decoder_sparse_step"])
+    only = cfg.get("mlp_only_layers", defaults["mlp_only_layers"]) or []
     if not isinstance(only, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in only
     ):
         raise ValueError(
             f"{where}: mlp_only_layers = {only!r} is not a list of layer indices (fix the config)"
         )
-    coef = cfg.get("router_aux_loss_coef", QWEN3_MOE_DEFAULTS["router_aux_loss_coef"])
+    coef = cfg.get("router_aux_loss_coef", defaults["router_aux_loss_coef"])
     if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
         raise ValueError(
             f"{where}: router_aux_loss_coef = {coef!r} is not a number >= 0 (fix the config)"
@@ -127,7 +123,7 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
         top_k=top_k,
         expert_intermediate=_int(cfg, "moe_intermediate_size", where),
         sparse_layers=sparse_layers(layers, step, only),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", QWEN3_MOE_DEFAULTS["norm_topk_prob"])),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", defaults["norm_topk_prob"])),
         router_aux_loss_coef=float(coef),
     )
 

@@ -11,13 +11,18 @@ states its time).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 # torch and the data are imported where the row is made: `ds-longctx rehearse` checks its arguments
 # first.
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.levers import default_completion_len
 
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
-def dpo_completion(a, cfg) -> None:
+
+def dpo_completion(a, cfg: RunConfig) -> None:
     """Objective dpo: `a.completion_len` resolved (the planner's default where not given) and
     checked."""
     if cfg.train.objective == "dpo":

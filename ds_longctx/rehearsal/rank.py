@@ -16,6 +16,7 @@ import logging
 import math
 import resource
 import time
+from typing import TYPE_CHECKING
 
 import deepspeed
 import psutil
@@ -39,6 +40,9 @@ from ds_longctx.rehearsal.world import (
 from ds_longctx.run import optimizer_state
 from ds_longctx.run.engine import build_engine
 from ds_longctx.run.step import timed_step
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -79,7 +83,15 @@ def _log_result(row: dict, pred) -> None:
 
 class RankRun:
     def __init__(
-        self, a, cfg, rank: int, world: int, per_node: int, nodes: int, counts, command: str
+        self,
+        a,
+        cfg: RunConfig,
+        rank: int,
+        world: int,
+        per_node: int,
+        nodes: int,
+        counts,
+        command: str,
     ):
         self.a, self.cfg, self.rank, self.world, self.per_node, self.nodes = (
             a,

@@ -42,6 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import DEFAULT_COMPLETION_LEN
@@ -145,7 +146,7 @@ def _add_link_args(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ the world, the roles, the plan
 
 
-def world_of(cfg, a) -> tuple[int, int, int]:
+def world_of(cfg: RunConfig, a) -> tuple[int, int, int]:
     """(world, processes per node, nodes): the config's planned world, or --gpus / --nodes."""
     par = cfg.parallel
     per_node = a.gpus if a.gpus is not None else par.gpus_per_node  # --gpus 0: refused, not unset
@@ -191,7 +192,7 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
     return [rank]
 
 
-def device_problem(a, cfg, per_node: int, nodes: int) -> str | None:
+def device_problem(a, cfg: RunConfig, per_node: int, nodes: int) -> str | None:
     """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with
     less memory than the plan's per-GPU figure. Asked before the model's config is read (seconds:
     torch, not transformers)."""

@@ -6,7 +6,7 @@ date)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 # the data and torch are imported inside the functions that use them (module doc of rehearse.py).
 from ds_longctx.plan import interconnect as ic
@@ -15,6 +15,9 @@ from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.provenance import commit, now  # noqa: F401 (rank.py reads them here)
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 
 class Refused(ValueError):
@@ -30,7 +33,7 @@ def role_of(rank: int, per_node: int, sp: int) -> str:
     )
 
 
-def planned(cfg, per_node: int, nodes: int, completion_len: Optional[int] = None):
+def planned(cfg: RunConfig, per_node: int, nodes: int, completion_len: Optional[int] = None):
     """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`);
     objective dpo: for completions of `completion_len` (None: the planner's default)."""
     geom = as_geometry(cfg.model.name)
@@ -54,7 +57,7 @@ def vs_plan(measured: float, planned: float) -> str:
     return f"{(measured - planned) / 1e9:+.2f} GB"
 
 
-def check(cfg, world: int, per_node: int):
+def check(cfg: RunConfig, world: int, per_node: int):
     """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it
     writes no run); returns the HF config. Raises ValueError."""
     from ds_longctx.run.preflight import check_sources, rope_coverage, validate
@@ -65,7 +68,7 @@ def check(cfg, world: int, per_node: int):
     return hf_cfg
 
 
-def links(a, cfg):
+def links(a, cfg: RunConfig):
     name = a.link or ic.intra_link_for(cfg.memory.gpu_budget_gb)
     if name not in ic.LINKS:
         raise Refused(f"--link {name}: one of {', '.join(ic.LINKS)}")
@@ -80,7 +83,7 @@ def links(a, cfg):
     return intra, inter
 
 
-def cfg_layers(cfg) -> int:
+def cfg_layers(cfg: RunConfig) -> int:
     return as_geometry(cfg.model.name).layers
 
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ds_longctx.corpora.answer_spans import BUCKETS, answer_spans, without_evidence
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 
 def read_sessions(path, limit: int | None = None) -> list:
@@ -33,7 +37,7 @@ def read_sessions(path, limit: int | None = None) -> list:
 
 
 def answer_sessions(
-    cfg, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")
+    cfg: RunConfig, limit: int | None = None, names: tuple = ("eval_answer_loss", "eval_data")
 ) -> list:
     """The first `limit` sessions of eval_data that hold answers, or ValueError naming `names` and
     the fix."""
@@ -184,7 +188,7 @@ def answer_loss_both(losses, sessions: list, step: int, control: list | None = N
     return bucket_lines(answers, step), answer_lines(answers, step)
 
 
-def answer_loss_lines(engine, cfg):
+def answer_loss_lines(engine, cfg: RunConfig):
     """`lines(step)`: (bucket lines, answer lines) of eval_data's sessions under `engine`.
     Collective."""
     from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path

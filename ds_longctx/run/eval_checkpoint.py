@@ -298,7 +298,7 @@ def users_lines(out: Path) -> list:
 
 
 def write_lines(
-    result, scored: tuple, out: Path, tag_dir: Path | None, meta: dict, cfg
+    result, scored: tuple, out: Path, tag_dir: Path | None, meta: dict, cfg: RunConfig
 ) -> str | None:
     """Rank 0: the eval's lines in `out` (metrics, curve, and the answer-loss and recall files it
     was asked for), then the loss said. Returns None, or the one line naming what could not be

@@ -17,10 +17,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ds_longctx.checkpoint.layout import CURVE_FILE, METRICS_FILE
 from ds_longctx.parallel.disk import describe_os_error
 from ds_longctx.run.evaluate import append_jsonl
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -125,7 +129,7 @@ def wandb_problem() -> str | None:
     )
 
 
-def reporter(report_to: str, out: Path, start_step: int, cfg=None):
+def reporter(report_to: str, out: Path, start_step: int, cfg: RunConfig | None = None):
     """The `report_to` writer (`scalars(dict, step)`, `close()`), None for none; ValueError naming
     the install."""
     if report_to in ("auto", "tensorboard"):
@@ -197,7 +201,14 @@ class MetricsLog:
     """metrics.jsonl, eval_curve.jsonl and the report_to writer, rank 0 only; fresh runs keep old
     files aside, resumed runs drop lines past their step."""
 
-    def __init__(self, out: Path, start_step: int, report_to: str, enabled: bool, cfg=None):
+    def __init__(
+        self,
+        out: Path,
+        start_step: int,
+        report_to: str,
+        enabled: bool,
+        cfg: RunConfig | None = None,
+    ):
         self.path, self.curve_path, self.enabled, self.tb = (
             out / METRICS_FILE,
             out / CURVE_FILE,

@@ -12,16 +12,21 @@ import contextlib
 import json
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ds_longctx import families
 from ds_longctx.config.model import random_init, read_config_json, resolve_model
 from ds_longctx.levers.moe import set_experts_kernel
 from ds_longctx.levers.rope import apply_rope_scaling
 from ds_longctx.parallel import fake_world
 from ds_longctx.plan import layer_types
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 
 def load_hf_config(model: str):
@@ -43,9 +48,7 @@ def load_hf_config(model: str):
             cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         else:
             cfg = AutoConfig.from_pretrained(src.config.parent, trust_remote_code=False)
-            if (
-                cfg.model_type in layer_types.HYBRID_TYPES
-            ):  # a composite (VL) checkpoint: its text model trains
+            if families.text_key(cfg.model_type):  # a composite (VL): its text model trains
                 cfg = cfg.get_text_config()
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         where = str(src.config)
@@ -157,7 +160,9 @@ def _without_hf_init(cls):
         owner._init_weights = saved
 
 
-def build_partitioned_model(cfg, hf_cfg, ds_config: dict, stage=lambda name: None) -> nn.Module:
+def build_partitioned_model(
+    cfg: RunConfig, hf_cfg, ds_config: dict, stage=lambda name: None
+) -> nn.Module:
     """The HF causal LM for `cfg`: YaRN from seq_len, built under `deepspeed.zero.Init`, shipped
     geometries drawn by `init_weights`. `stage(name)` is told each step's end."""
     import deepspeed

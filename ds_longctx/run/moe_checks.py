@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,8 +22,11 @@ from ds_longctx.plan.moe_geometry import lora_problem
 from ds_longctx.plan.planner import plan_memory
 from ds_longctx.run.placement_plan import run_placement
 
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
-def router_aux_coef(cfg, text_config) -> float:
+
+def router_aux_coef(cfg: RunConfig, text_config) -> float:
     """`model.router_aux_loss_coef`, else the model config's `router_aux_loss_coef` (0 for a model
     without one)."""
     if cfg.model.router_aux_loss_coef is not None:
@@ -30,7 +34,7 @@ def router_aux_coef(cfg, text_config) -> float:
     return float(getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0)
 
 
-def untiled_cost_gb(cfg, world_size: int) -> float:
+def untiled_cost_gb(cfg: RunConfig, world_size: int) -> float:
     """GB per GPU the planner adds when the sparse blocks run untiled under this run's levers
     (tiled_mlp off)."""
     geom = as_geometry(cfg.model.name)
@@ -43,7 +47,7 @@ def untiled_cost_gb(cfg, world_size: int) -> float:
     ) / GB
 
 
-def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
+def untiled_warning(cfg: RunConfig, untiled: dict, world_size: int) -> str:
     """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index:
     why})."""
     first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size)
@@ -58,7 +62,7 @@ def untiled_warning(cfg, untiled: dict, world_size: int) -> str:
     )
 
 
-def check_moe(cfg, hf_config, world_size: int) -> None:
+def check_moe(cfg: RunConfig, hf_config, world_size: int) -> None:
     """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the
     experts (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
     the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no

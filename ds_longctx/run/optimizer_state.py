@@ -7,9 +7,12 @@ logged. Why: docs/design/run.md (measured: docs/calibration.md#optimizer-state-a
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -116,7 +119,7 @@ def materialize(zo) -> tuple[int, str]:
     ), f"made at build for {len(made)} sub-groups ({names}, {_size(grown)} on this rank)"
 
 
-def at_start(cfg, zo, rank: int) -> int:
+def at_start(cfg: RunConfig, zo, rank: int) -> int:
     """`optimizer.state_at_build` before the first step and after any resume's load; logs one line
     on rank 0 and returns the sub-groups made."""
     if not cfg.optimizer.state_at_build or zo is None:

@@ -7,16 +7,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ds_longctx.levers.placement import PlacementPlan, resolve_placement
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.search import fewest_offload_layers
 
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
+
 
 def run_placement(
-    cfg, num_layers: int, world_size: int, gpu_mem_gb: Optional[float]
+    cfg: RunConfig, num_layers: int, world_size: int, gpu_mem_gb: Optional[float]
 ) -> PlacementPlan:
     """The placement plan of `cfg` for `num_layers` layers; `auto`: the fewest offloaded layers that
     fit `gpu_mem_gb` (0 without a GPU)."""

@@ -23,7 +23,7 @@ from ds_longctx.config.train import objective_terms
 from ds_longctx.levers.policy_loss import policy_loss
 from ds_longctx.levers.preference import dpo_loss
 from ds_longctx.parallel import kernel_rules
-from ds_longctx.run.ref_weights import reference_weights, signature_json
+from ds_longctx.run.ref_weights import ref_signature, reference_weights, signature_json
 
 log = logging.getLogger("ds_longctx")
 
@@ -73,12 +73,9 @@ def _read_back(data, path: Path, signature: str) -> None:
         )
     saved = torch.load(path, weights_only=True)
     was, now = json.loads(saved["signature"]), json.loads(signature)
-    was.setdefault("reference", {"ref_model": None})  # stored before ref_model existed
-    if was.pop("reference") != now.pop("reference"):
-        raise ValueError(
-            f"{path} holds reference log-probs of another reference ({saved['signature']}, now "
-            f"{signature}); resume with the ref_model the run started with"
-        )
+    if problem := _other_reference(path, was, now.pop("reference")):
+        raise ValueError(problem)
+    was.pop("reference", None)
     if was != now:
         raise ValueError(
             f"{path} holds reference log-probs of other data ({saved['signature']}, now "
@@ -86,6 +83,28 @@ def _read_back(data, path: Path, signature: str) -> None:
         )
     data.ref = saved["logps"]
     log.info("reference log-probs of %d %s read from %s", len(data.ref), _what(data.ref), path)
+
+
+def _other_reference(path: Path, was: dict, now: dict) -> Optional[str]:
+    """Why the stored signature `was` names another reference than `now` (None: the same)."""
+    stored = was.get("reference", {"ref_model": None})  # stored before ref_model existed
+    if stored == now:
+        return None
+    was_now = [json.dumps(r, sort_keys=True) for r in (stored, now)]
+    return (
+        f"{path} holds reference log-probs of another reference ({was_now[0]}, now {was_now[1]}); "
+        "resume with the ref_model the run started with"
+    )
+
+
+def stored_reference_problem(train) -> Optional[str]:
+    """A resume's check before the engine is built: the reference that output_dir's stored pass
+    names against train.ref_model (None: the same, no pass is read, or none is stored)."""
+    path = Path(train.output_dir) / REF_FILE
+    if not needs_reference(train) or not path.is_file():
+        return None
+    saved = torch.load(path, weights_only=True)
+    return _other_reference(path, json.loads(saved["signature"]), ref_signature(train.ref_model))
 
 
 def reference_logps(engine, data, output_dir, fresh: bool, ref_model: Optional[str] = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -19,6 +20,7 @@ from ds_longctx import data
 from ds_longctx.checkpoint import layout_change, resume
 from ds_longctx.checkpoint.layout import META, ckpt_root
 from ds_longctx.data.synthetic import SyntheticRetrieval
+from ds_longctx.levers.disk_tier import nvme_space_problem
 from ds_longctx.levers.fused_ops import check_fused_ops
 from ds_longctx.levers.gpu_budget import planning_gpu_gb
 from ds_longctx.levers.lora import check_model_targets
@@ -36,13 +38,16 @@ from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
 from ds_longctx.run.moe_checks import check_moe
 from ds_longctx.run.placement_plan import run_placement
-from ds_longctx.run.preference_step import dpo_model_problem
+from ds_longctx.run.preference_step import dpo_model_problem, stored_reference_problem
 from ds_longctx.run.ref_weights import ref_model_problem
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
 
-def validate(cfg, world_size: int, per_node: int | None = None):
+def validate(cfg: RunConfig, world_size: int, per_node: int | None = None):
     """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`:
     processes per
     node (None: from the launcher's environment, `local_world_size`)."""
@@ -113,7 +118,7 @@ def validate(cfg, world_size: int, per_node: int | None = None):
     return hf_cfg
 
 
-def rope_coverage(cfg, hf_config) -> None:
+def rope_coverage(cfg: RunConfig, hf_config) -> None:
     """Refuse a seq_len beyond the positions YaRN is set for (an explicit rope_parameters dict, or a
     checkpoint that already carries YaRN with rope_scaling='none'). Works on a copy: the engine
     applies it itself."""
@@ -143,7 +148,7 @@ BATCH_BYTES_PER_TOKEN = (
 )  # input_ids, labels and position_ids of a step's rows, int64 (data/rows.Batch)
 
 
-def host_problem(cfg) -> str | None:
+def host_problem(cfg: RunConfig) -> str | None:
     """What this machine cannot hold or run whatever the plan (None: nothing): one step's rows on
     each rank ( micro_batch x seq_len tokens, BATCH_BYTES_PER_TOKEN each) beyond the host's RAM, or
     more tokenizing processes than cores (datasets.map forks every one)."""
@@ -167,7 +172,7 @@ def host_problem(cfg) -> str | None:
     return None
 
 
-def cpu_model_problem(cfg, ram: int) -> str | None:
+def cpu_model_problem(cfg: RunConfig, ram: int) -> str | None:
     """Without a GPU every rank's share of the training state is in host RAM, the shares together at
     least the weights and, unless LoRA freezes them, their grads and Adam's two moments (16 bytes a
     parameter in fp32, as in bf16 with its fp32 master): more than the machine holds is refused
@@ -186,7 +191,7 @@ def cpu_model_problem(cfg, ram: int) -> str | None:
     )
 
 
-def disk_problem(cfg, resume_meta) -> str | None:
+def disk_problem(cfg: RunConfig, resume_meta) -> str | None:
     """Where save_every > 0: the space the run's checkpoints take at once (keep_checkpoints + 1
     while a save is written; keep 0 keeps every one; plan/planner.disk_checkpoint_bytes each) beyond
     what output_dir's filesystem has free, less what the checkpoints already there hold (a resume).
@@ -226,7 +231,7 @@ def disk_problem(cfg, resume_meta) -> str | None:
     )
 
 
-def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str | None:
+def resume_fit_problem(cfg: RunConfig, world_size: int, per_node: int | None = None) -> str | None:
     """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else
     the CUDA device's memory; none on CPU: nothing to plan) and host RAM against the run's model and
     seq_len."""
@@ -243,7 +248,7 @@ def resume_fit_problem(cfg, world_size: int, per_node: int | None = None) -> str
     return None if problem is None else f"resume: {problem}"
 
 
-def check_sources(cfg, vocab: int) -> None:
+def check_sources(cfg: RunConfig, vocab: int) -> None:
     """The data source and eval_data's (data/), and the synthetic task's rules (its shortest
     seq_len): what `train` and `rehearse` ask before any process starts."""
     data.check_data_source(cfg, vocab)
@@ -252,12 +257,15 @@ def check_sources(cfg, vocab: int) -> None:
         SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
 
 
-def preflight(cfg, world_size: int, per_node: int | None = None):
+def preflight(cfg: RunConfig, world_size: int, per_node: int | None = None):
     """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input.
     `per_node` as in `validate`."""
     if problem := host_problem(cfg):
         raise ValueError(problem)
     hf_cfg = validate(cfg, world_size, per_node)
+    params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
+    if problem := nvme_space_problem(cfg, hf_cfg.get_text_config(), world_size, per_node, params):
+        raise ValueError(problem)
     check_reporter(cfg.logging.report_to, cfg.train.output_dir)  # W&B's host probed before the data
     rope_coverage(cfg, hf_cfg)
     check_sources(cfg, hf_cfg.get_text_config().vocab_size)
@@ -273,6 +281,8 @@ def preflight(cfg, world_size: int, per_node: int | None = None):
         and (problem := resume_fit_problem(cfg, world_size, per_node))
     ):
         raise ValueError(problem)
+    if meta is not None and (problem := stored_reference_problem(cfg.train)):
+        raise ValueError(problem)  # before the engine: the stored pass names another reference
     if not torch.cuda.is_available() and (
         problem := cpu_model_problem(cfg, psutil.virtual_memory().total)
     ):

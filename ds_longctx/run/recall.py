@@ -9,6 +9,7 @@ fields: docs/design/run.md."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ds_longctx.checkpoint.layout import (
     ANSWER_LOSS_FILE,
@@ -19,6 +20,9 @@ from ds_longctx.checkpoint.layout import (
 from ds_longctx.corpora.answer_spans import BUCKETS
 from ds_longctx.run.answer_loss import answer_loss_lines
 from ds_longctx.run.provenance import commit, device_name, now
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 STAGES = ("base", "trained")
 
@@ -46,7 +50,7 @@ def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) 
     return rows, [{**where, **x} for x in each]
 
 
-def answers_writer(engine, cfg, model: str, stage: str = "trained"):
+def answers_writer(engine, cfg: RunConfig, model: str, stage: str = "trained"):
     """`write(step)`: eval_data's sessions scored under `engine`, appended by rank 0 to the
     answer_loss and recall files the config asks for. Collective."""
     from ds_longctx.run.evaluate import append_jsonl

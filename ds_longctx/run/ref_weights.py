@@ -20,12 +20,15 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ds_longctx.levers.lora import is_adapter
 from ds_longctx.run.model import load_hf_config, weights_problem
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -53,7 +56,7 @@ def _vocab(tok_dir: str) -> Optional[dict]:
     return AutoTokenizer.from_pretrained(str(d), trust_remote_code=False).get_vocab()
 
 
-def ref_model_problem(cfg, policy_cfg) -> Optional[str]:
+def ref_model_problem(cfg: RunConfig, policy_cfg) -> Optional[str]:
     """Why train.ref_model cannot be the run's reference (None: it can, or it is unset): not a model
     directory, another architecture (the keys that differ) or another vocabulary than the policy's
     (naming both)."""

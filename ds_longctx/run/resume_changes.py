@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ds_longctx.config.resume_keys import OPTIMIZER_KEYS, changed_line, compare, saved_values
 from ds_longctx.run.optimizer_state import optimizers
+
+if TYPE_CHECKING:
+    from ds_longctx.config import RunConfig
 
 log = logging.getLogger("ds_longctx")
 
@@ -45,7 +49,7 @@ def adopt_saved_state(zo) -> None:
                     state["step"] = int(state["step"].item())
 
 
-def apply_changes(engine, cfg, tag_dir: Path, meta: dict) -> list:
+def apply_changes(engine, cfg: RunConfig, tag_dir: Path, meta: dict) -> list:
     """Apply and log what this run changes against checkpoint `tag_dir`; returns [(key, old,
     new)]."""
     changed = compare(saved_values(meta["run"], tag_dir / "run.yaml"), cfg)[1]

@@ -30,6 +30,7 @@ from ds_longctx.checkpoint.layout import (
     tag_for,
 )
 from ds_longctx.checkpoint.save import save
+from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.data.tokenize import tokenizer_path
@@ -84,7 +85,7 @@ def stopped_by_signal(
     last_line(message + (f"; {note}" if note else ""), signal_exit(signum), rank)
 
 
-def out_of_memory(cfg, step: int):
+def out_of_memory(cfg: RunConfig, step: int):
     """An out-of-memory error at `step` on this rank (0: the optimizer state before step 1; maybe
     not rank 0): the allocator's report, then what to change; exit 1 (the launcher ends the other
     ranks)."""
@@ -93,7 +94,7 @@ def out_of_memory(cfg, step: int):
     os._exit(1)  # the other ranks wait in a collective: no teardown that would wait for them
 
 
-def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
+def train(cfg: RunConfig, signals: StopRequest, rank: int, world: int) -> None:
     """The run of this rank, from the engine's checks to the end (exit through
     `parallel_state.leave`)."""
     engine, data, held, resume_meta = build_run(cfg, rank, world, signals)
@@ -114,7 +115,7 @@ def train(cfg, signals: StopRequest, rank: int, world: int) -> None:
     end_run(cfg, engine, data, metrics, signals, start, done, saved)
 
 
-def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
+def build_run(cfg: RunConfig, rank: int, world: int, signals: StopRequest) -> tuple:
     """(engine, data, held-out data or None, resume meta or None): checks, process group, data,
     engine. A refusal (bad input found here) exits 2 on every rank."""
     # ------------------------------------------------------------ checks (nothing started/written)
@@ -151,7 +152,7 @@ def build_run(cfg, rank: int, world: int, signals: StopRequest) -> tuple:
     return engine, data, held, resume_meta
 
 
-def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
+def steps_of_epochs(cfg: RunConfig, data, dp_size: int, rank: int) -> None:
     """With train.epochs: train.steps set to epochs x the steps of one pass over the data's rows,
     said in one line."""
     t = cfg.train
@@ -183,7 +184,7 @@ def steps_of_epochs(cfg, data, dp_size: int, rank: int) -> None:
         )
 
 
-def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
+def resume_run(cfg: RunConfig, engine: LongCtxEngine, data, resume_meta) -> int:
     """Load the checkpoint of `resume_meta` (None: a fresh run), then make the Adam moments before
     step 1 (optimizer.state_at_build) where no checkpoint brought them. Returns the steps already
     done."""
@@ -215,7 +216,7 @@ def resume_run(cfg, engine: LongCtxEngine, data, resume_meta) -> int:
     return start
 
 
-def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
+def write_run_files(cfg: RunConfig, engine: LongCtxEngine, out: Path, start: int) -> None:
     """Rank 0: the previous run's checkpoints gone (--overwrite), then run.yaml and ds_config.json
     in `out`."""
     st = engine.state
@@ -252,7 +253,7 @@ def write_run_files(cfg, engine: LongCtxEngine, out: Path, start: int) -> None:
     )
 
 
-def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
+def step_row(cfg: RunConfig, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
     """The metrics.jsonl line of optimizer step `done`; on several CUDA ranks also the peaks of the
     rank that reached the highest (a collective)."""
     tokens = cfg.train.seq_len * cfg.train.micro_batch * cfg.train.grad_accum * engine.state.dp_size
@@ -281,7 +282,7 @@ def step_row(cfg, engine: LongCtxEngine, data, t: TimedStep, done: int) -> dict:
 
 
 def train_steps(
-    cfg,
+    cfg: RunConfig,
     engine: LongCtxEngine,
     data,
     held,
@@ -351,7 +352,7 @@ def train_steps(
     return done, saved
 
 
-def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
+def save_or_stop(engine: LongCtxEngine, cfg: RunConfig, done: int, data) -> Path:
     """The checkpoint of step `done`; a save that fails (a full disk) stops the run with its one
     line, exit 1."""
     try:
@@ -362,7 +363,7 @@ def save_or_stop(engine: LongCtxEngine, cfg, done: int, data) -> Path:
 
 
 def end_run(
-    cfg,
+    cfg: RunConfig,
     engine: LongCtxEngine,
     data,
     metrics: MetricsLog,

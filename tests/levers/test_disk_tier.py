@@ -17,7 +17,7 @@ from ds_longctx.levers import disk_tier
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.levers.placement_apply import applied_placement, apply_placement
 from ds_longctx.parallel import direct_io
-from tests.helpers import tiny_model
+from tests.helpers import tiny_config, tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -145,3 +145,30 @@ def test_zero_infinity_swaps_in_a_directory_of_the_runs_own(tmp_path):
     assert disk_tier.private_swap_dirs(plain) == {
         "zero_optimization": {"offload_optimizer": {"device": "cpu"}}
     }
+
+
+def test_a_disk_with_less_free_space_than_the_tier_needs_is_refused_at_start_and_plan(
+    tmp_path, monkeypatch, capsys
+):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.plan import disk_args, write
+    from ds_longctx.run.preflight import preflight
+
+    where = {"placement": "disk:2", "nvme_path": str(tmp_path)}
+    cfg = RunConfig(model="qwen3-tiny", seq_len=1024, dtype="fp32", **where)
+    need = 2 * 1024 * 64 * 4 * 2  # 2 disk layers x 1,024 tokens x hidden 64 x fp32, 2 ranks
+    monkeypatch.setattr(disk_tier.disk, "free_bytes", lambda p: need)
+    assert disk_tier.nvme_space_problem(cfg, tiny_config(), 2, 2, 10**6) is None
+    monkeypatch.setattr(disk_tier.disk, "free_bytes", lambda p: need - 1)
+    with pytest.raises(ValueError) as e:
+        preflight(cfg, 2, 2)
+    assert str(e.value) == (
+        f"nvme_path={str(tmp_path)!r}: the disk tier needs ~1.0 MB on "
+        f"{disk_tier.disk.mount_point(tmp_path)} and it has 1.0 MB free; free space there, give an "
+        f"nvme_path on a larger disk, or plan again within it (ds-longctx plan --nvme_gb 0)"
+    )
+    monkeypatch.setattr(disk_args, "free_bytes", lambda p: 40 * 10**9)
+    plan = ["--model", "qwen3-8b", "--gpus", "1", "--seq_len", "1024", "--nvme_path", str(tmp_path)]
+    assert write.main([*plan, "--nvme_gb", "50"]) == 2
+    assert "--nvme_gb 50: " in (err := capsys.readouterr().err) and "40.0 GB free" in err, err
+    assert "give --nvme_gb 40 or less" in err

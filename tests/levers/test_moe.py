@@ -135,6 +135,19 @@ def test_a_block_the_tiles_cannot_compute_runs_untiled_and_says_why():
     assert rel_err(loss.item(), hf_reference()[0]) <= TOL
 
 
+def test_the_familys_expert_layout_is_the_blocks_parameters():
+    """families.py's expert_layout names the sparse block's parameters in order, sized as the
+    planner's MoeShape.block_numels."""
+    from ds_longctx import families
+    from ds_longctx.plan.geometry import ModelGeometry
+
+    block = moe_model().model.layers[0].mlp
+    params = list(block.named_parameters())
+    assert tuple(n for n, _ in params) == families.of("qwen3_moe").expert_layout
+    g = ModelGeometry.from_name_or_path("qwen3-moe-tiny")
+    assert [p.numel() for _, p in params] == g.moe.block_numels(g.hidden)
+
+
 def test_a_dense_model_has_no_moe_lever():
     from tests.helpers import tiny_model
 

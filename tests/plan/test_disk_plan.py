@@ -13,7 +13,7 @@ import pytest
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import direct_io
-from ds_longctx.plan import write
+from ds_longctx.plan import disk_args, write
 from ds_longctx.plan.disk_binds import what_binds
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.planner import GB, Levers, plan_memory
@@ -90,8 +90,9 @@ def test_disk_keys_are_refused_with_the_value_and_the_fix(tmp_path, capsys):
     assert "without --nvme_gb" in capsys.readouterr().err
 
 
-def test_a_disk_plan_writes_run_files_that_load_and_name_the_disk(tmp_path, capsys):
+def test_a_disk_plan_writes_run_files_that_load_and_name_the_disk(tmp_path, capsys, monkeypatch):
     out, nvme = tmp_path / "plan", tmp_path / "nvme"
+    monkeypatch.setattr(disk_args, "free_bytes", lambda p: 100 * GB)  # whatever this disk has
     args = ["--model", QWEN, "--gpus", "1", "--gpu_mem_gb", "141", "--host_mem_gb", "128"]
     assert write.main([*args, "--find_max_len"]) == 0
     host_only = int(

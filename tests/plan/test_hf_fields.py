@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from ds_longctx import families
 from ds_longctx.config import RunConfig
-from ds_longctx.plan import hf_fields
 from ds_longctx.plan import write as plan_write
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.run.preflight import validate
@@ -92,7 +92,8 @@ def test_keys_left_out_or_null_are_read_as_transformers_reads_them(family, left)
 def test_every_default_is_the_installed_transformers_one():
     from transformers import AutoConfig
 
-    for family, defaults in hf_fields.DEFAULTS.items():
+    for family, fam in families.FAMILIES.items():
+        defaults = fam.defaults
         config = AutoConfig.for_model(family, **BASE, use_sliding_window=True)
         for key, value in defaults.items():
             assert getattr(config, key) == value, (family, key)
@@ -277,7 +278,7 @@ def test_a_config_saved_by_the_installed_transformers_plans_and_trains(model, tm
     )
     if g.moe is not None:
         assert g.moe.experts == saved.num_experts == 4
-        renamed = hf_fields.RENAMED["qwen3_moe"]["num_experts"]
+        renamed = families.of(saved.model_type).renamed["num_experts"]
         assert (
             type(saved).attribute_map.get("num_experts", renamed) == renamed
         )  # the name transformers maps to

@@ -260,3 +260,38 @@ def test_a_reference_of_another_vocabulary_or_shape_is_refused_naming_both(tmp_p
     )
     make_tokenizer(ref, n_words=30)
     assert ref_model_problem(cfg, policy) is None
+
+
+def test_a_resume_with_another_reference_is_refused_before_the_engine(tmp_path, files):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.run.preference_step import stored_reference_problem
+    from ds_longctx.run.ref_weights import signature_json
+
+    _, tok, data = files
+    out, ref = tmp_path / "run", tmp_path / "ref"
+    out.mkdir()
+    tiny_model(seed=1).save_pretrained(ref)
+    kw = {"objective": "dpo", "data": data, "tokenizer": tok, "output_dir": str(out)}
+    assert stored_reference_problem(RunConfig(**kw).train) is None  # nothing stored yet
+    saved = {"logps": torch.zeros(2, 2), "signature": signature_json(Rows(2).signature(), None)}
+    torch.save(saved, out / REF_FILE)
+    assert stored_reference_problem(RunConfig(**kw).train) is None
+    why = stored_reference_problem(RunConfig(**kw, ref_model=str(ref)).train)
+    with pytest.raises(ValueError) as e:  # what the build said: the same line
+        reference_logps(None, Rows(2), out, fresh=False, ref_model=str(ref))
+    assert why == str(e.value) and "of another reference" in why
+
+
+def test_grpo_rollouts_read_by_the_check_and_the_build_are_summed_up_once(files, caplog):
+    from ds_longctx.config import RunConfig
+    from ds_longctx.data.build import build_pairs, check_data_source
+
+    d, tok, _ = files
+    rows = [{"prompt": "w1 w2", "completion": f" w{i}", "reward": i, "group": 0} for i in (3, 4)]
+    data = write_pairs(d / "rollouts.jsonl", rows)
+    cfg = RunConfig(objective="grpo", data=data, tokenizer=tok, seq_len=64)
+    with caplog.at_level("INFO", logger="ds_longctx"):
+        check_data_source(cfg, 512)
+        assert build_pairs(cfg, 512).n_rows == 1
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("grpo:")]
+    assert len(said) == 1 and said[0].startswith("grpo: 2 rollouts in 1 row(s)"), said
