@@ -18,36 +18,13 @@ import re
 import sys
 from pathlib import Path
 
-from results_tables import SECTIONS, heading  # benchmarks/ is sys.path[0] when this file runs
+# benchmarks/ is sys.path[0] when this file runs
+from results_tables import SECTIONS, TITLES, heading
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 DOCS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
-ORDER = [
-    "peers",
-    "hf_trainer",
-    "longest_latest",
-    "longest_history",
-    "longest_runs",
-    "published",
-    "planner_accuracy",
-    "planner_plans",
-    "planner_tables",
-    "planner_levers",
-    "planner_unrun",
-    "attention",
-    "levers",
-    "profile",
-    "chunked_loss",
-    "long_range",
-    "stdlib_corpus",
-    "masked_step",
-    "rehearsal",
-    "reshard",
-    "recall",
-    "preference",
-]
 
 
 def load() -> dict:
@@ -67,7 +44,7 @@ def results_md(data: dict) -> str:
         "`benchmarks/results_merge.py`); do not edit. Each row names its source line (under "
         "`benchmarks/results/`), date, commit and device. GB = 1e9 bytes, GiB = 2^30 bytes.\n",
     ]
-    for name in ORDER:
+    for name in TITLES:  # docs/results.md's sections, in order
         body = SECTIONS[name](data)
         if body:
             parts.append(f"## {heading(name)}\n\n{body}")

@@ -960,31 +960,5 @@ def speed_row(d: dict, model: str, gpus: int, seq: int) -> list:
     ]
 
 
-SECTIONS = {
-    name: globals()[name]
-    for name in (
-        "peers",
-        "hf_trainer",
-        "longest_latest",
-        "longest_history",
-        "longest_runs",
-        "published",
-        "planner_accuracy",
-        "planner_plans",
-        "planner_tables",
-        "planner_levers",
-        "planner_unrun",
-        "attention",
-        "levers",
-        "profile",
-        "chunked_loss",
-        "long_range",
-        "stdlib_corpus",
-        "masked_step",
-        "rehearsal",
-        "reshard",
-        "recall",
-        "preference",
-        "readme",
-    )
-}
+# the function that writes each docs/results.md section (TITLES, in order) and the README's table
+SECTIONS = {name: globals()[name] for name in (*TITLES, "readme")}

@@ -105,26 +105,41 @@ def pair_tokens_of(tok, obj, eos: Optional[int]) -> tuple:
     return seqs
 
 
-def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = None) -> list:
-    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and
-    line (a pair whose two sequences together pass `seq_len` is one: a row holds both)."""
-    pairs = []
+ROW_ERRORS = (json.JSONDecodeError, DuplicateKey, TooDeep, formats.ChatError)
+
+
+def read_json_lines(files: list, build, errors: tuple = ROW_ERRORS) -> list:
+    """`build(obj, where)` of every JSON line of `files` (blank lines skipped); an `errors` one
+    raised by the reader or by `build` is a DataError naming its file and line."""
+    out = []
     for f in files:
         with open(f, encoding="utf-8") as fh:
             for line_no, text in enumerate(fh, 1):
                 if not text.strip():
                     continue
                 try:
-                    pairs.append(pair_tokens_of(tok, loads_unique(text), eos))
-                    n = len(pairs[-1][0][0]) + len(pairs[-1][1][0])
-                    if seq_len is not None and n > seq_len:
-                        raise formats.ChatError(
-                            f"the pair's two sequences hold {n} tokens together, more than "
-                            f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it"
-                        )
-                except (json.JSONDecodeError, DuplicateKey, TooDeep, formats.ChatError) as e:
+                    out.append(build(loads_unique(text), f"file {f!r} line {line_no}"))
+                except errors as e:
                     what = f"not JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
                     raise DataError(f"data file {f!r} line {line_no}: {what}") from None
+    return out
+
+
+def read_pairs(files: list, tok, eos: Optional[int], seq_len: Optional[int] = None) -> list:
+    """Every pair of JSON-lines `files`, tokenized; DataError naming the first bad row's file and
+    line (a pair whose two sequences together pass `seq_len` is one: a row holds both)."""
+
+    def pair(obj, where):
+        got = pair_tokens_of(tok, obj, eos)
+        n = len(got[0][0]) + len(got[1][0])
+        if seq_len is not None and n > seq_len:
+            raise formats.ChatError(
+                f"the pair's two sequences hold {n} tokens together, more than "
+                f"seq_len={seq_len} (a row holds both); raise seq_len or shorten it"
+            )
+        return got
+
+    pairs = read_json_lines(files, pair)
     if not pairs:
         raise DataError(
             f"data files {files} hold no preference pair; write one JSON object per line"

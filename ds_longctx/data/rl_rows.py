@@ -21,10 +21,9 @@ from typing import Optional
 import torch
 
 from ds_longctx.data import chat, formats
-from ds_longctx.data.preference import completion_tokens
+from ds_longctx.data.preference import completion_tokens, read_json_lines
 from ds_longctx.data.rows import Batch, RowOrder
 from ds_longctx.data.sources import DataError
-from ds_longctx.parallel.json_keys import DuplicateKey, TooDeep, loads_unique
 from ds_longctx.parallel.units import IGNORE_INDEX
 
 
@@ -146,23 +145,11 @@ def advantages_of(seqs: list, scale: str) -> None:
 def read_rollouts(files: list, tok, eos: Optional[int], seq_len: int, scale: str) -> list:
     """Every rollout of JSON-lines `files`, tokenized, advantages set; DataError naming the first
     bad row's file and line."""
-    seqs = []
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line_no, text in enumerate(fh, 1):
-                if not text.strip():
-                    continue
-                try:
-                    seqs.append(
-                        _rollout(
-                            tok, loads_unique(text), eos, seq_len, f"file {f!r} line {line_no}"
-                        )
-                    )
-                except (ValueError, formats.ChatError) as e:
-                    what = f"not JSON ({e.msg})" if hasattr(e, "msg") else str(e)
-                    if isinstance(e, (DuplicateKey, TooDeep)):
-                        what = str(e)
-                    raise DataError(f"data file {f!r} line {line_no}: {what}") from None
+    seqs = read_json_lines(
+        files,
+        lambda obj, where: _rollout(tok, obj, eos, seq_len, where),
+        (ValueError, formats.ChatError),
+    )
     if not seqs:
         raise DataError(f"data files {files} hold no rollout; write one JSON object per line")
     advantages_of(seqs, scale)
