@@ -4,7 +4,8 @@
     fam.kind, fam.text_key, fam.defaults  # "hybrid", "text_config", {...}
 
 Plan, levers, parallel and run ask this table. Adding a family: docs/architecture.md. A hybrid
-kind brings layer types (plan/layer_types.py) and linear heads that SP splits too.
+kind brings layer types (plan/layer_types.py) and linear heads that SP splits too; an MoE kind its
+router rule, expert width key and sparse block's parameter names (levers/moe.py reads them).
 tests/plan/test_hf_fields.py holds `defaults` to the installed transformers.
 """
 
@@ -23,6 +24,9 @@ WINDOW_NONE = "none"  # only a `layer_types` sliding entry
 WINDOW_ALWAYS = "always"  # every layer (Mistral)
 WINDOW_FLAG = "flag"  # every layer with use_sliding_window
 WINDOW_FROM_LAYER = "from_layer"  # use_sliding_window past max_window_layers
+# the routers' rule (levers/moe.route): softmax over the experts, top-k, then
+ROUTE_NORM_FLAG = "norm_topk_prob"  # renormalised where the config says so, in the logits' dtype
+ROUTE_RENORM = "renormalize"  # always renormalised, kept in fp32 (Mixtral)
 
 
 def _frozen(d: Optional[dict] = None) -> Mapping:
@@ -49,8 +53,11 @@ class Family:
     published_original: Mapping = field(default_factory=_frozen)
     # calls AttentionInterface though unflagged (transformers 5.25's Qwen3.5)
     interface_unflagged: bool = False
+    # the MoE keys transformers defaults; without decoder_sparse_step every layer is sparse
     moe_defaults: Mapping = field(default_factory=_frozen)
     expert_layout: tuple = ()  # the sparse block's parameter names, in order
+    router: str = ROUTE_NORM_FLAG
+    expert_width_key: str = "moe_intermediate_size"  # the config key of one expert's width
     lora_targets: tuple = LORA_TARGETS
 
 
@@ -114,6 +121,24 @@ FAMILIES = MappingProxyType(
                     }
                 ),
                 expert_layout=("experts.gate_up_proj", "experts.down_proj", "gate.weight"),
+            ),
+            Family(
+                "mixtral",
+                MOE,
+                defaults=_frozen(
+                    {
+                        "num_key_value_heads": 8,
+                        "max_position_embeddings": 131072,
+                        "sliding_window": None,
+                    }
+                ),
+                null_is_fallback=("head_dim",),
+                renamed=_frozen({"num_experts": "num_local_experts"}),
+                window_rule=WINDOW_ALWAYS,
+                moe_defaults=_frozen({"router_aux_loss_coef": 0.001}),
+                expert_layout=("gate.weight", "experts.gate_up_proj", "experts.down_proj"),
+                router=ROUTE_RENORM,
+                expert_width_key="intermediate_size",
             ),
             Family(
                 "qwen3_5_text",

@@ -565,9 +565,9 @@ def refused(out: Path, fragments, world: int = 1, **kw) -> str:
     before = snapshot(out)
     try:
         cfg = RunConfig(**kw)
-        hf_cfg, _ = preflight(cfg, world)
-        build_data(cfg, hf_cfg, world // cfg.parallel.sp_size)
-        build_eval_data(cfg, hf_cfg)
+        shape, _ = preflight(cfg, world)
+        build_data(cfg, shape.hf_config, shape.dp)
+        build_eval_data(cfg, shape.hf_config)
     except ValidationError as e:
         msg = format_validation_error(e)
     except ValueError as e:

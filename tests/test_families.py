@@ -33,6 +33,8 @@ def test_every_family_record_is_complete():
         assert set(fam.null_is_fallback) <= {"head_dim", "num_key_value_heads"}, name
         assert bool(fam.composite_types) == (fam.text_key is not None), name
         assert (fam.kind == families.MOE) == bool(fam.moe_defaults) == bool(fam.expert_layout)
+        assert fam.router in (families.ROUTE_NORM_FLAG, families.ROUTE_RENORM), name
+        assert fam.kind != families.MOE or "router_aux_loss_coef" in fam.moe_defaults, name
         assert all(families.of(t) is fam for t in (name, *fam.composite_types))
     assert families.of("gpt2") is None and families.text_key("qwen3_5") == "text_config"
 

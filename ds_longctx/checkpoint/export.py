@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from ds_longctx.checkpoint import files
+from ds_longctx.checkpoint import files, nvme_state
 from ds_longctx.checkpoint.layout import CKPT_SUBDIR, LATEST, CheckpointError
 from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.config import FLAT
@@ -181,6 +181,12 @@ def export(
     written then)."""
     fake_world.refuse_in_rehearsal("an export", CheckpointError)
     tag_dir, meta = find_run_checkpoint(checkpoint, tag)
+    if nvme_state.swapped(tag_dir):
+        raise CheckpointError(
+            f"export: checkpoint {str(tag_dir)!r} keeps master weights in NVMe swap files "
+            f"({nvme_state.SWAP_DIR}/, memory.nvme_optimizer), which zero_to_fp32 does not read; "
+            f"export a checkpoint saved without the NVMe optimizer"
+        )
     lora = run_lora(meta)
     if merged and not lora.rank:
         raise CheckpointError(

@@ -33,7 +33,7 @@ def _zero3(engine):
     if getattr(zo, "swap_optimizer", False):
         raise CheckpointError(
             "reshard: the optimizer is swapped to NVMe, which a resharded load does not fill; "
-            "resume with optimizer offload to cpu or none, then change it back"
+            "resume at the checkpoint's layout, or with memory.nvme_optimizer false"
         )
     return zo
 

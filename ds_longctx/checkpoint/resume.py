@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch.distributed as dist
 
-from ds_longctx.checkpoint import files, layout_change, paths
+from ds_longctx.checkpoint import files, layout_change, nvme_state, paths
 from ds_longctx.checkpoint.layout import (
     CKPT_SUBDIR,
     META,
@@ -246,6 +246,8 @@ def check_run_dir(cfg: RunConfig, world_size: int) -> Optional[dict]:
     change = layout_change.check_layout(
         cfg, world_size, meta, repr(str(tag_dir))
     )  # another layout: resharded at load
+    if problem := nvme_state.resume_problem(cfg, tag_dir, meta, change is not None):
+        raise CheckpointError(problem)
     return meta if change is None else dict(meta, layout_change=change)
 
 
@@ -362,6 +364,8 @@ def _load_states(engine, tag_dir: Path, meta: dict, what: str, fix: str, resume:
             )
         if path is None or client.get("ds_longctx_step") != meta["step"]:
             raise RuntimeError(f"DeepSpeed found no loadable state (client state {client!r})")
+        with files.weights_only_loads():  # the NVMe optimizer's state: DeepSpeed skips it
+            nvme_state.restore(engine.ds, tag_dir)
         if resume:
             set_rng_state(files.load(tag_dir / rng_file(rank), legacy_rng=meta["format"] == 1))
     except Exception as e:

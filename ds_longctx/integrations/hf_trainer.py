@@ -16,8 +16,7 @@ and what is not supported: docs/design/integrations.md."""
 from __future__ import annotations
 
 # torch, transformers, accelerate and the run layer are imported inside the functions that use them:
-# importing
-# this module (a training script's first lines) loads none of them.
+# importing this module (a training script's first lines) loads none of them.
 import atexit
 import functools
 import logging
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
 
 
-def run_config(argv: list):
+def run_config(argv: list) -> RunConfig:
     """The run config from `python -m ds_longctx.train`'s arguments (a bad value exits 2); under a
     launcher, this process ends itself when the launcher dies."""
     watch_launcher()
@@ -111,7 +110,7 @@ def build_model(cfg: RunConfig, stage=lambda name: None):
     from ds_longctx.run.preflight import rope_coverage, validate
 
     start_processes(cfg)
-    hf_cfg = validate(cfg, dist.get_world_size())
+    hf_cfg = validate(cfg, dist.get_world_size()).hf_config
     rope_coverage(cfg, hf_cfg)
     return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
 
@@ -140,7 +139,7 @@ def trainer_class(trainer_cls: type) -> type:
     return type("LongCtx" + trainer_cls.__name__, (LongCtxTrainerMixin, trainer_cls), {})
 
 
-def trainer(trainer_cls: type, run_config, **kwargs):
+def trainer(trainer_cls: type, run_config: RunConfig, **kwargs):
     """`trainer_cls(**kwargs)` with ds_longctx's levers; `kwargs["args"]` from `training_args`.
     Dataset rules: docs/design/integrations.md."""
     from ds_longctx.integrations.hf_data import needs_preparing
@@ -211,7 +210,7 @@ def _log_to_stderr() -> None:
 class LongCtxTrainerMixin(LongCtxLossMixin):
     """In front of a Trainer class: ds_longctx's levers, data order and SP loss."""
 
-    def __init__(self, *args, run_config, **kwargs):
+    def __init__(self, *args, run_config: RunConfig, **kwargs):
         super().__init__(*args, **kwargs)
         from ds_longctx.levers.loss_head import route_forward
         from ds_longctx.run.lever_order import apply_levers

@@ -2,8 +2,8 @@
 families not modelled.
 
     # MoeShape, or None for a dense config; ValueError for another MoE:
-    moe = moe_shape(cfg, "qwen3_moe", where)
-    # the sparse block's parameters in HF's order: experts, then router:
+    moe = moe_shape(cfg, model_type, where)
+    # the sparse block's parameters in the family's `expert_layout` order:
     moe.block_numels(hidden)
 
 Supported: families.py's MoE kind; another config naming experts is refused before planning.
@@ -30,8 +30,8 @@ EXPERT_KEYS = (
 
 @dataclass(frozen=True)
 class MoeShape:
-    """The sparse layers of a Qwen3-MoE model: E experts of width I, k active per token, a router
-    [E, H]."""
+    """The sparse layers of a mixture of experts: E experts of width I, k active per token, a
+    router [E, H]."""
 
     experts: int  # E
     top_k: int  # k
@@ -39,11 +39,18 @@ class MoeShape:
     sparse_layers: tuple  # indices of the layers whose MLP is the sparse block
     norm_topk_prob: bool  # the k routing weights renormalised to sum to 1
     router_aux_loss_coef: float  # the config's load-balancing loss coefficient (the run's default)
+    layout: tuple  # the block's parameter names in order (families.expert_layout)
+    weight_bytes: int = 2  # one routing weight: the logits' bf16, 4 where the router keeps fp32
 
     def block_numels(self, hidden: int) -> list:
-        """The sparse block's parameters in `parameters()` order: gate_up_proj, down_proj, gate."""
+        """The sparse block's parameters in `parameters()` order (`layout`)."""
         E, width, H = self.experts, self.expert_intermediate, hidden
-        return [E * 2 * width * H, E * H * width, E * H]
+        numels = {
+            "experts.gate_up_proj": E * 2 * width * H,
+            "experts.down_proj": E * H * width,
+            "gate.weight": E * H,
+        }
+        return [numels[n] for n in self.layout]
 
     def block_params(self, hidden: int) -> int:
         """E·3·H·I + E·H (Qwen3-30B-A3B: 604,241,920 per layer)."""
@@ -63,8 +70,8 @@ def _int(cfg: dict, key: str, where: str, default=None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         state = "is missing" if v is None else f"= {v!r} is not a positive integer"
         raise ValueError(
-            f"{where}: {key} {state}; an HF config.json of a qwen3_moe model gives it as a whole "
-            f"number >= 1 (fix the config)"
+            f"{where}: {key} {state}; an HF config.json of a {cfg.get('model_type')} model gives "
+            f"it as a whole number >= 1 (fix the config)"
         )
     return v
 
@@ -105,8 +112,10 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
             f"{where}: num_experts_per_tok={top_k} is more than num_experts={experts}; a token is "
             f"routed to at most every expert (fix the config)"
         )
-    step = _int(cfg, "decoder_sparse_step", where, defaults["decoder_sparse_step"])
-    only = cfg.get("mlp_only_layers", defaults["mlp_only_layers"]) or []
+    step, only = 1, []  # a family without the keys: every layer sparse
+    if "decoder_sparse_step" in defaults:
+        step = _int(cfg, "decoder_sparse_step", where, defaults["decoder_sparse_step"])
+        only = cfg.get("mlp_only_layers", defaults["mlp_only_layers"]) or []
     if not isinstance(only, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in only
     ):
@@ -121,10 +130,13 @@ def moe_shape(cfg: dict, mtype: str, where: str, dense_families: tuple = ()) -> 
     return MoeShape(
         experts=experts,
         top_k=top_k,
-        expert_intermediate=_int(cfg, "moe_intermediate_size", where),
+        expert_intermediate=_int(cfg, fam.expert_width_key, where),
         sparse_layers=sparse_layers(layers, step, only),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", defaults["norm_topk_prob"])),
+        norm_topk_prob=fam.router == families.ROUTE_RENORM
+        or bool(cfg.get("norm_topk_prob", defaults.get("norm_topk_prob"))),
         router_aux_loss_coef=float(coef),
+        layout=fam.expert_layout,
+        weight_bytes=4 if fam.router == families.ROUTE_RENORM else 2,
     )
 
 

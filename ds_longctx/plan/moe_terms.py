@@ -14,7 +14,7 @@ MOE_MEASURED_SECONDS = 2.42
 MOE_MEASURED_ATTENTION_SECONDS = 0.87
 MOE_TOKENWISE_FLOPS = 131e12
 ROUTER_ROW_BYTES = 8  # + 6·E: the counted flag (fp32) and the top-k sum
-DISPATCH_INDEX_BYTES = 38  # per row and expert: sort, gather and top-k indices and weights
+DISPATCH_INDEX_BYTES = 36  # per row and expert: sort, gather and top-k indices (+ the weight)
 
 
 def top_layer_sparse(g: ModelGeometry) -> bool:
@@ -52,7 +52,7 @@ def block_bytes(g: ModelGeometry, rows: int) -> tuple:
     E, k, width = m.experts, m.top_k, m.expert_intermediate
     return (
         rows * (6 * E + ROUTER_ROW_BYTES),
-        rows * k * (2 * H + DISPATCH_INDEX_BYTES),
+        rows * k * (2 * H + DISPATCH_INDEX_BYTES + m.weight_bytes),
         rows * k * (2 * H + 8 * width),
         6 * rows * k * H,
     )
@@ -92,6 +92,7 @@ def moe_terms(t, z, lv: Levers) -> None:
         return
     router, dispatch, experts, grads = block_bytes(g, T)
     t.add("moe_router", router, 0, "T·(6·E+8)", ("mlp_bwd",))
-    t.add("moe_dispatch", dispatch, 0, f"T·k·(2·H+38) (k={k})", ("mlp_bwd",))
+    w = DISPATCH_INDEX_BYTES + m.weight_bytes
+    t.add("moe_dispatch", dispatch, 0, f"T·k·(2·H+{w}) (k={k})", ("mlp_bwd",))
     t.add("moe_experts_saved", experts, 0, "T·k·(2·H+8·I)", ("mlp_bwd",))
     t.add("moe_bwd_grads", grads, 0, "6·T·k·H", ("mlp_bwd",))

@@ -221,13 +221,13 @@ class RankRun:
         state at build."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        hf_cfg = check(cfg, self.world, self.per_node)
+        shape = check(cfg, self.world, self.per_node)
         if cfg.train.objective == "dpo":  # rehearse.rehearsal_config set its data synthetic
-            vocab, seed = hf_cfg.get_text_config().vocab_size, cfg.train.seed
+            vocab, seed = shape.text.vocab_size, cfg.train.seed
             data = synthetic_pair_rows(cfg.train.seq_len, vocab, self.a.completion_len, seed)
         else:
-            data = build_data(cfg, hf_cfg, self.world // cfg.parallel.sp_size)
-        engine = build_engine(cfg, hf_cfg, optimizer_state=False)
+            data = build_data(cfg, shape.hf_config, shape.dp)
+        engine = build_engine(cfg, shape, optimizer_state=False)
         optimizer_state.at_start(cfg, engine.ds.optimizer, self.rank)
         st = engine.state
         params = {

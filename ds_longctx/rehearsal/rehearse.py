@@ -44,12 +44,11 @@ from pathlib import Path
 
 from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
-from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import DEFAULT_COMPLETION_LEN
 from ds_longctx.rehearsal.dpo_rows import dpo_completion
-from ds_longctx.rehearsal.world import Refused, cfg_layers, check, links, planned, vs_plan
+from ds_longctx.rehearsal.layer_pick import layer_kinds, pick_layers
+from ds_longctx.rehearsal.world import Refused, check, links, planned, vs_plan
 from ds_longctx.run.argv import parse_config
-from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.refuse import REFUSED
 from ds_longctx.run.stops import watch_launcher
 from ds_longctx.run.worker_env import worker_env
@@ -257,13 +256,11 @@ def main(argv: list | None = None) -> int:
         links(a, cfg)
         if problem := device_problem(a, cfg, per_node, nodes):
             raise Refused(problem)
-        check(cfg, world, per_node)
+        shape = check(cfg, world, per_node)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
-            from ds_longctx.rehearsal.layer_pick import layer_kinds, pick_layers
-
-            placement = run_placement(cfg, cfg_layers(cfg), world, cfg.memory.gpu_budget_gb)
-            hybrid = as_geometry(cfg.model.name).hybrid
-            pick_layers(layer_kinds(placement, hybrid.layer_types if hybrid else None), a.layers)
+            hybrid = shape.geometry.hybrid
+            kinds = layer_kinds(shape.placement, hybrid.layer_types if hybrid else None)
+            pick_layers(kinds, a.layers)
     except ValueError as e:  # Refused, and the checks' ValueErrors
         print(f"{PREFIX} refused: {e}", file=sys.stderr, flush=True)
         return REFUSED

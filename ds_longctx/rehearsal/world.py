@@ -18,6 +18,7 @@ from ds_longctx.run.provenance import commit, now  # noqa: F401 (rank.py reads t
 
 if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
+    from ds_longctx.plan.shape import RunShape
 
 
 class Refused(ValueError):
@@ -57,15 +58,15 @@ def vs_plan(measured: float, planned: float) -> str:
     return f"{(measured - planned) / 1e9:+.2f} GB"
 
 
-def check(cfg: RunConfig, world: int, per_node: int):
+def check(cfg: RunConfig, world: int, per_node: int) -> RunShape:
     """Every check of a rank's preflight that a rehearsal needs (not output_dir's or resume's: it
-    writes no run); returns the HF config. Raises ValueError."""
+    writes no run); returns the run's shape. Raises ValueError."""
     from ds_longctx.run.preflight import check_sources, rope_coverage, validate
 
-    hf_cfg = validate(cfg, world, per_node)
-    rope_coverage(cfg, hf_cfg)
-    check_sources(cfg, hf_cfg.get_text_config().vocab_size)
-    return hf_cfg
+    shape = validate(cfg, world, per_node)
+    rope_coverage(cfg, shape.hf_config)
+    check_sources(cfg, shape.text.vocab_size)
+    return shape
 
 
 def links(a, cfg: RunConfig):

@@ -29,6 +29,7 @@ from ds_longctx.parallel.sharding import shard_batch
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.lr_schedule import lr_factor
+from ds_longctx.plan.shape import RunShape
 from ds_longctx.run.batch_loss import sharded_loss, step_weights
 from ds_longctx.run.lever_order import AppliedLevers, apply_levers
 from ds_longctx.run.model import build_partitioned_model
@@ -217,22 +218,25 @@ class LongCtxEngine:
         return None if norm is None else float(norm)
 
 
-def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -> LongCtxEngine:
-    """Steps 1-9 (docs/design/run.md), under a launcher or plain python for 1 rank.
-    `optimizer_state=False` leaves the optimizer's state to the caller."""
+def build_engine(
+    cfg: RunConfig, shape: RunShape | None = None, optimizer_state: bool = True
+) -> LongCtxEngine:
+    """Steps 1-9 (docs/design/run.md), under a launcher or plain python for 1 rank. `shape`: the
+    run's from `run/preflight.preflight` (None: its checks run here). `optimizer_state=False` leaves
+    the optimizer's state to the caller."""
     import deepspeed
 
     t0 = time.perf_counter()
     # 1. checks (world size from the launcher's environment, before any process group exists)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    hf_cfg = validate(cfg, world) if hf_config is None else hf_config
-    text = hf_cfg.get_text_config()
+    if shape is None:
+        shape = validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    text = shape.text
     # 2. process groups
     init_distributed()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     state = ParallelState.build(
-        cfg.parallel.sp_size,
+        shape.sp,
         text.num_attention_heads,
         text.num_key_value_heads,
         kernel_rules.linear_heads(text),
@@ -242,10 +246,13 @@ def build_engine(cfg: RunConfig, hf_config=None, optimizer_state: bool = True) -
     ds_config = private_swap_dirs(build_ds_config(cfg, state.world_size, on_gpu))
     # 3. the model, partitioned at birth, then deterministic weights
     model = build_partitioned_model(
-        cfg, hf_cfg, ds_config, stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank)
+        cfg,
+        shape.hf_config,
+        ds_config,
+        stage=lambda name: _build_stage(f"3/9 {name}", t0, state.rank),
     )
     # 4-8. LoRA, attention kernel + Ulysses (+ fused ops), tiled MLP, placement plan, loss head
-    levers = apply_levers(cfg, model, state, ds_config)
+    levers = apply_levers(cfg, model, state, ds_config, shape)
     _build_stage("8/9 levers and loss head", t0, state.rank)
     # 9. DeepSpeed: the optimizer gets the trainable parameters only (the adapters under LoRA)
     schedule = lr_factor(cfg.optimizer, cfg.train.steps)

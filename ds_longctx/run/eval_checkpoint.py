@@ -132,7 +132,7 @@ def args_parser() -> argparse.ArgumentParser:
 
 
 def eval_inputs(argv: list[str], world_size: int | None):
-    """(run config, HF config, tag directory, meta, out directory) of an eval, or ValueError naming
+    """(run config, run shape, tag directory, meta, out directory) of an eval, or ValueError naming
     the fix. Starts and reads nothing heavy."""
     from ds_longctx import data
     from ds_longctx.checkpoint.resume import check_output_dir
@@ -165,16 +165,16 @@ def eval_inputs(argv: list[str], world_size: int | None):
             f"eval: --out {out} holds {', '.join(theirs)}, which no run or eval of this project "
             f"wrote there, and eval appends its lines to them; choose another --out"
         )
-    hf_cfg = validate(cfg, world)
-    rope_coverage(cfg, hf_cfg)
-    data.check_eval_source(cfg, hf_cfg.get_text_config().vocab_size)
+    shape = validate(cfg, world)
+    rope_coverage(cfg, shape.hf_config)
+    data.check_eval_source(cfg, shape.text.vocab_size)
     if cfg.eval.answer_loss or cfg.eval.recall:
         answer_sessions(
             cfg,
             limit=1,
             names=("--recall true" if cfg.eval.recall else "--answer_loss true", "--data"),
         )
-    return cfg, hf_cfg, tag_dir, meta, out
+    return cfg, shape, tag_dir, meta, out
 
 
 def checkpoint_inputs(a, rest: list, flags: list, world_size: int | None) -> tuple:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     # ---------------------------------------------------------------- checks (nothing started or
     # written)
     try:
-        cfg, hf_cfg, tag_dir, meta, out = eval_inputs(argv, world)
+        cfg, shape, tag_dir, meta, out = eval_inputs(argv, world)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     import torch
@@ -254,12 +254,12 @@ def main(argv: list[str] | None = None) -> None:
         rank0_first(
             lambda: run_lock.take(out, OUT_FIX, rank, os.environ.get(run_lock.LOCK_ENV)), rank
         )
-        held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)
+        held = rank0_first(lambda: build_eval_data(cfg, shape.hf_config), rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     # --model: its weights, loaded as training loads them; no optimizer state there (an eval never
     # steps)
-    engine = build_engine(cfg, hf_cfg, optimizer_state=tag_dir is not None)
+    engine = build_engine(cfg, shape, optimizer_state=tag_dir is not None)
     try:
         if tag_dir is not None:
             resume.load_weights(engine, tag_dir, meta)

@@ -25,8 +25,9 @@ from ds_longctx.levers.tiled_layer import apply_tiled_layer
 from ds_longctx.levers.tiled_mlp import apply_tiled_mlp
 from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses, ulysses_linear
 from ds_longctx.parallel.parallel_state import ParallelState
+from ds_longctx.plan.shape import RunShape
 from ds_longctx.run.moe_checks import router_aux_coef, untiled_warning
-from ds_longctx.run.placement_plan import run_placement
+from ds_longctx.run.placement_plan import planned_for_gpu, run_placement
 
 log = logging.getLogger("ds_longctx")
 
@@ -113,18 +114,34 @@ def _plan_pinned_pool(
         )
 
 
+def engine_placement(
+    cfg: RunConfig, num_layers: int, world_size: int, shape: RunShape | None
+) -> PlacementPlan:
+    """Step 7's plan: the shape's, planned for gpu_budget_gb, unless `offload_layers: auto` asks
+    this GPU's memory (no budget); None: planned here."""
+    gpu_gb = gpu_budget.planning_gpu_gb(cfg.memory.gpu_budget_gb)
+    if shape is not None and (gpu_gb == cfg.memory.gpu_budget_gb or not planned_for_gpu(cfg)):
+        return shape.placement
+    geom = None if shape is None else shape.geometry
+    return run_placement(cfg, num_layers, world_size, gpu_gb, geom)
+
+
 def apply_levers(
-    cfg: RunConfig, model: nn.Module, state: ParallelState, ds_config: dict
+    cfg: RunConfig,
+    model: nn.Module,
+    state: ParallelState,
+    ds_config: dict,
+    shape: RunShape | None = None,
 ) -> AppliedLevers:
     """Steps 4-8 on a model from `run/model.build_partitioned_model`; `ds_config` is the JSON it
-    will be wrapped with. Needs `state`'s process groups."""
+    will be wrapped with. Needs `state`'s process groups. `shape`: the run's (its placement is used
+    unless `offload_layers: auto` is planned for this GPU); None: planned here."""
     text = model.config.get_text_config()
     apply_lora(model, cfg.lora, cfg.train.seed)  # 4
     attn = _attention_levers(cfg, model, state, text)  # 5
     moe = _tiled_levers(cfg, model, state, text)  # 6
     # 7. needs 6's final layer code and the DeepSpeed JSON's activation_checkpointing block
-    gpu_gb = gpu_budget.planning_gpu_gb(cfg.memory.gpu_budget_gb)
-    plan = run_placement(cfg, text.num_hidden_layers, state.world_size, gpu_gb)
+    plan = engine_placement(cfg, text.num_hidden_layers, state.world_size, shape)
     placement = apply_placement(
         model, plan, ds_config, pinned_pool=cfg.memory.pinned_pool, nvme_path=cfg.memory.nvme_path
     )

@@ -3,7 +3,7 @@ the one warning of a sparse block that runs untiled (levers/moe.py), with what i
 planner.
 
     coef = router_aux_coef(cfg, hf_text_config)       # the run's key, else the model config's own
-    check_moe(cfg, hf_config, world_size)             # preflight: ValueError naming value and fix
+    check_moe(cfg, shape)                             # preflight: ValueError naming value and fix
 """
 
 from __future__ import annotations
@@ -15,15 +15,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from ds_longctx.levers.gpu_budget import GB
-from ds_longctx.levers.moe import sparse_blocks, tile_problem
+from ds_longctx.levers.moe import moe_family, sparse_blocks, tile_problem
 from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.moe_geometry import lora_problem
 from ds_longctx.plan.planner import plan_memory
+from ds_longctx.run.model import model_class
 from ds_longctx.run.placement_plan import run_placement
 
 if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
+    from ds_longctx.levers.placement import PlacementPlan
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.shape import RunShape
 
 
 def router_aux_coef(cfg: RunConfig, text_config) -> float:
@@ -34,11 +38,17 @@ def router_aux_coef(cfg: RunConfig, text_config) -> float:
     return float(getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0)
 
 
-def untiled_cost_gb(cfg: RunConfig, world_size: int) -> float:
+def untiled_cost_gb(
+    cfg: RunConfig,
+    world_size: int,
+    geom: ModelGeometry | None = None,
+    placement: PlacementPlan | None = None,
+) -> float:
     """GB per GPU the planner adds when the sparse blocks run untiled under this run's levers
-    (tiled_mlp off)."""
-    geom = as_geometry(cfg.model.name)
-    placement = run_placement(cfg, geom.layers, world_size, gpu_mem_gb=None)
+    (tiled_mlp off). `geom`, `placement`: the run's (`RunShape`), else read and planned here."""
+    geom = as_geometry(cfg.model.name if geom is None else geom)
+    if placement is None:
+        placement = run_placement(cfg, geom.layers, world_size, None, geom)
     tiled = Levers.from_run_config(cfg, placement)
     args = (geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size)
     return (
@@ -62,37 +72,32 @@ def untiled_warning(cfg: RunConfig, untiled: dict, world_size: int) -> str:
     )
 
 
-def check_moe(cfg: RunConfig, hf_config, world_size: int) -> None:
+def check_moe(cfg: RunConfig, shape: RunShape) -> None:
     """Refuse, before any work: `router_aux_loss_coef` for a model without experts; LoRA on the
     experts (plan/moe_geometry.lora_problem); tiled_mlp asked of sparse blocks
     the tiles cannot compute (a meta-device model: nothing allocated) when, run untiled, the plan no
     longer fits `memory.gpu_budget_gb` (without a budget they run untiled with one warning:
     run/lever_order.py)."""
-    text = hf_config.get_text_config()
-    if not getattr(text, "num_experts", 0):
+    if not getattr(shape.text, "num_experts", 0):
         if cfg.model.router_aux_loss_coef is not None:
             raise ValueError(
                 f"router_aux_loss_coef={cfg.model.router_aux_loss_coef:g} is set, but model="
                 f"{cfg.model.name!r} has no experts (no load-balancing loss); remove the key"
             )
         return
-    geom = as_geometry(cfg.model.name)
+    geom, world_size = shape.geometry, shape.world
     if cfg.lora.rank and (problem := lora_problem(geom.moe, geom.layers, cfg.lora.target_modules)):
         raise ValueError(problem)
     if not cfg.memory.tiled_mlp or not cfg.memory.gpu_budget_gb:
         return
-    from ds_longctx.run.model import model_class
-
     with torch.device("meta"):
-        model = model_class(hf_config)(copy.deepcopy(hf_config))
-    problems = [p for b in sparse_blocks(model) if (p := tile_problem(b)) is not None]
+        model = model_class(shape.hf_config)(copy.deepcopy(shape.hf_config))
+    fam = moe_family(model)
+    problems = [p for b in sparse_blocks(model) if (p := tile_problem(b, fam)) is not None]
     if not problems:
         return
-    extra = untiled_cost_gb(cfg, world_size)
-    untiled = replace(
-        Levers.from_run_config(cfg, run_placement(cfg, geom.layers, world_size, None)),
-        tiled_mlp=False,
-    )
+    extra = untiled_cost_gb(cfg, world_size, geom, shape.placement)
+    untiled = replace(Levers.from_run_config(cfg, shape.placement), tiled_mlp=False)
     peak = (
         plan_memory(
             geom, cfg.train.seq_len, world_size, cfg.parallel.sp_size, untiled

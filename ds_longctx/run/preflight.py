@@ -1,7 +1,7 @@
 """Every check of a run that reads no dataset and starts nothing: called before any process group
 exists (by `ds-longctx train` before it starts workers, and by each rank).
 
-    hf_config, resume_meta = preflight(cfg, world_size)  # ValueError naming the value and the fix
+    shape, resume_meta = preflight(cfg, world_size)  # ValueError naming the value and the fix
 
 Rules: the cheap checks come first, each refusal names the fix, and nothing is written (a refused
 run leaves no output). The order of the checks: docs/design/run.md."""
@@ -30,9 +30,10 @@ from ds_longctx.parallel import attention, gated_delta, kernel_rules, ulysses
 from ds_longctx.parallel.disk import free_bytes, size_text
 from ds_longctx.parallel.parallel_state import check_planned_world, check_sp_size, local_world_size
 from ds_longctx.parallel.units import GB
-from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.hf_fields import window_problem
 from ds_longctx.plan.planner import disk_checkpoint_bytes
+from ds_longctx.plan.shape import RunShape
 from ds_longctx.run.answer_loss import answer_sessions
 from ds_longctx.run.metrics_log import check_reporter
 from ds_longctx.run.model import load_hf_config, model_class, weights_problem
@@ -47,28 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ds_longctx")
 
 
-def validate(cfg: RunConfig, world_size: int, per_node: int | None = None):
-    """Every check the engine needs that allocates nothing. Returns the HF config. `per_node`:
-    processes per
-    node (None: from the launcher's environment, `local_world_size`)."""
-    geom = ModelGeometry.from_name_or_path(
-        cfg.model.name
-    )  # the model families and sizes `plan` knows: one home
-    if problem := window_problem(cfg.model.name, geom.sliding_window, cfg.train.seq_len):
-        raise ValueError(problem)
-    if problem := rope_problem(
-        cfg.model.name,
-        geom.rope_type,
-        geom.trained_context,
-        cfg.train.seq_len,
-        cfg.model.rope_scaling,
-    ):
-        raise ValueError(problem)
-    if problem := weights_problem(cfg.model.name):
-        raise ValueError(problem)
-    hf_cfg = load_hf_config(cfg.model.name)
-    text = hf_cfg.get_text_config()
-    per_node = local_world_size(world_size) if per_node is None else per_node
+def _world_checks(cfg: RunConfig, text, world_size: int, per_node: int) -> None:
+    """The planned world, the heads against SP and the kernels' rules."""
     check_planned_world(cfg.parallel.nodes, cfg.parallel.gpus_per_node, world_size, per_node)
     kernel_rules.check_attention_heads(
         text.num_attention_heads,
@@ -85,14 +66,29 @@ def validate(cfg: RunConfig, world_size: int, per_node: int | None = None):
         linear_heads=kernel_rules.linear_heads(text),
     )
     attention.resolve_backend(cfg.kernels.attn_backend, attention.model_head_dim(text))
-    if (
-        kernel_rules.linear_heads(text) is not None
-    ):  # a hybrid model's gated DeltaNet kernel (FLA's Triton rule)
+    if kernel_rules.linear_heads(text) is not None:  # a hybrid model's gated DeltaNet (FLA's rule)
         gated_delta.resolve_linear_backend(cfg.kernels.linear_attn_backend)
     kernel_rules.check_head_groups(
         cfg.memory.attn_bwd_head_groups, text.num_key_value_heads, cfg.parallel.sp_size
     )
     check_fused_ops(cfg.kernels.fused_ops, torch.cuda.is_available())
+
+
+def validate(cfg: RunConfig, world_size: int, per_node: int | None = None) -> RunShape:
+    """Every check the engine needs that allocates nothing. Returns the run's shape: the model read
+    once, the placement planned for gpu_budget_gb. `per_node`: processes per node (None: from the
+    launcher's environment, `local_world_size`)."""
+    # the model families and sizes `plan` knows: one home
+    geom = ModelGeometry.from_name_or_path(cfg.model.name)
+    if problem := window_problem(cfg.model.name, geom.sliding_window, cfg.train.seq_len):
+        raise ValueError(problem)
+    rope = (geom.rope_type, geom.trained_context, cfg.train.seq_len, cfg.model.rope_scaling)
+    if problem := rope_problem(cfg.model.name, *rope) or weights_problem(cfg.model.name):
+        raise ValueError(problem)
+    hf_cfg = load_hf_config(cfg.model.name)
+    text = hf_cfg.get_text_config()
+    per_node = local_world_size(world_size) if per_node is None else per_node
+    _world_checks(cfg, text, world_size, per_node)
     if cfg.logging.memory_snapshot_steps and not torch.cuda.is_available():
         raise ValueError(
             f"memory_snapshot_steps={cfg.logging.memory_snapshot_steps} records the CUDA allocator "
@@ -101,21 +97,18 @@ def validate(cfg: RunConfig, world_size: int, per_node: int | None = None):
     ulysses.check_wrappable_class(model_class(hf_cfg), hf_cfg)
     if problem := dpo_model_problem(cfg.train, text) or ref_model_problem(cfg, hf_cfg):
         raise ValueError(problem)
-    if (
-        cfg.memory.tiled_layer
-    ):  # the tiles compute from plain Linear weights: every layer checked on a meta model
+    if cfg.memory.tiled_layer:  # the tiles compute from plain Linear weights: a meta model's
         check_tiled_layer(model_class(hf_cfg), hf_cfg)
-    check_moe(
-        cfg, hf_cfg, world_size
-    )  # a mixture of experts: its coefficient, untileable blocks against the budget
-    if (
-        cfg.lora.rank
-    ):  # the LoRA targets against the model's Linears (a meta-device model: nothing allocated)
+    # the placement plan's rules for this model (`auto` without gpu_budget_gb: the engine's GPU)
+    budget = cfg.memory.gpu_budget_gb
+    placement = run_placement(cfg, text.num_hidden_layers, world_size, budget, geom)
+    shape = RunShape.of(
+        geom, hf_cfg, cfg.train.seq_len, cfg.parallel.sp_size, world_size, per_node, placement
+    )
+    check_moe(cfg, shape)  # a mixture of experts: its coefficient, untileable blocks, the budget
+    if cfg.lora.rank:  # the LoRA targets against the model's Linears (a meta-device model)
         check_model_targets(model_class(hf_cfg), hf_cfg, cfg.lora.target_modules)
-    # the placement plan's rules for this model (`auto` is answered by the engine on its GPU; 0
-    # here)
-    run_placement(cfg, text.num_hidden_layers, world_size, gpu_mem_gb=None)
-    return hf_cfg
+    return shape
 
 
 def rope_coverage(cfg: RunConfig, hf_config) -> None:
@@ -172,13 +165,13 @@ def host_problem(cfg: RunConfig) -> str | None:
     return None
 
 
-def cpu_model_problem(cfg: RunConfig, ram: int) -> str | None:
+def cpu_model_problem(cfg: RunConfig, ram: int, geom: ModelGeometry | None = None) -> str | None:
     """Without a GPU every rank's share of the training state is in host RAM, the shares together at
     least the weights and, unless LoRA freezes them, their grads and Adam's two moments (16 bytes a
     parameter in fp32, as in bf16 with its fp32 master): more than the machine holds is refused
-    (None: it may fit)."""
+    (None: it may fit). `geom`: the model's (`RunShape.geometry`), else read here."""
     per_param = (2 if cfg.model.dtype == "bf16" else 4) if cfg.lora.rank else 16
-    params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
+    params = as_geometry(cfg.model.name if geom is None else geom).num_params
     if (need := params * per_param) <= ram:
         return None
     return (
@@ -191,7 +184,7 @@ def cpu_model_problem(cfg: RunConfig, ram: int) -> str | None:
     )
 
 
-def disk_problem(cfg: RunConfig, resume_meta) -> str | None:
+def disk_problem(cfg: RunConfig, geom: ModelGeometry, resume_meta: dict | None) -> str | None:
     """Where save_every > 0: the space the run's checkpoints take at once (keep_checkpoints + 1
     while a save is written; keep 0 keeps every one; plan/planner.disk_checkpoint_bytes each) beyond
     what output_dir's filesystem has free, less what the checkpoints already there hold (a resume).
@@ -202,12 +195,7 @@ def disk_problem(cfg: RunConfig, resume_meta) -> str | None:
     cuda_bf16 = cfg.model.dtype == "bf16" or (
         cfg.model.dtype == "auto" and torch.cuda.is_available()
     )
-    one = disk_checkpoint_bytes(
-        ModelGeometry.from_name_or_path(cfg.model.name),
-        cfg.lora.rank,
-        cfg.lora.target_modules,
-        2 if cuda_bf16 else 4,
-    )
+    one = disk_checkpoint_bytes(geom, cfg.lora.rank, cfg.lora.target_modules, 2 if cuda_bf16 else 4)
     start = resume_meta["step"] if resume_meta else 0
     saves = steps // ck.save_every - start // ck.save_every + (1 if steps % ck.save_every else 0)
     root = ckpt_root(cfg.train.output_dir)
@@ -231,19 +219,17 @@ def disk_problem(cfg: RunConfig, resume_meta) -> str | None:
     )
 
 
-def resume_fit_problem(cfg: RunConfig, world_size: int, per_node: int | None = None) -> str | None:
+def resume_fit_problem(cfg: RunConfig, shape: RunShape) -> str | None:
     """A resume on another layout asks the planner first: this machine's GPUs (gpu_budget_gb, else
     the CUDA device's memory; none on CPU: nothing to plan) and host RAM against the run's model and
     seq_len."""
-    gpu_gb = planning_gpu_gb(cfg.memory.gpu_budget_gb)
-    per_node = local_world_size(world_size) if per_node is None else per_node
     problem = layout_change.plan_problem(
-        ModelGeometry.from_name_or_path(cfg.model.name),
-        cfg.train.seq_len,
-        world_size,
-        gpu_gb,
+        shape.geometry,
+        shape.seq_len,
+        shape.world,
+        planning_gpu_gb(cfg.memory.gpu_budget_gb),
         psutil.virtual_memory().total / GB,
-        per_node,
+        shape.per_node,
     )
     return None if problem is None else f"resume: {problem}"
 
@@ -257,18 +243,20 @@ def check_sources(cfg: RunConfig, vocab: int) -> None:
         SyntheticRetrieval(cfg.train.seq_len, vocab, cfg.train.seed)
 
 
-def preflight(cfg: RunConfig, world_size: int, per_node: int | None = None):
-    """(HF config, checkpoint meta to resume from or None). Raises ValueError on bad input.
+def preflight(
+    cfg: RunConfig, world_size: int, per_node: int | None = None
+) -> tuple[RunShape, dict | None]:
+    """(the run's shape, checkpoint meta to resume from or None). Raises ValueError on bad input.
     `per_node` as in `validate`."""
     if problem := host_problem(cfg):
         raise ValueError(problem)
-    hf_cfg = validate(cfg, world_size, per_node)
-    params = ModelGeometry.from_name_or_path(cfg.model.name).num_params
-    if problem := nvme_space_problem(cfg, hf_cfg.get_text_config(), world_size, per_node, params):
+    shape = validate(cfg, world_size, per_node)
+    geom = shape.geometry
+    if problem := nvme_space_problem(cfg, shape.text, world_size, shape.per_node, geom.num_params):
         raise ValueError(problem)
     check_reporter(cfg.logging.report_to, cfg.train.output_dir)  # W&B's host probed before the data
-    rope_coverage(cfg, hf_cfg)
-    check_sources(cfg, hf_cfg.get_text_config().vocab_size)
+    rope_coverage(cfg, shape.hf_config)
+    check_sources(cfg, shape.text.vocab_size)
     if cfg.eval.answer_loss or cfg.eval.recall:
         key = "eval_recall" if cfg.eval.recall else "eval_answer_loss"
         answer_sessions(
@@ -278,15 +266,15 @@ def preflight(cfg: RunConfig, world_size: int, per_node: int | None = None):
     if (
         meta is not None
         and meta.get("layout_change")
-        and (problem := resume_fit_problem(cfg, world_size, per_node))
+        and (problem := resume_fit_problem(cfg, shape))
     ):
         raise ValueError(problem)
     if meta is not None and (problem := stored_reference_problem(cfg.train)):
         raise ValueError(problem)  # before the engine: the stored pass names another reference
     if not torch.cuda.is_available() and (
-        problem := cpu_model_problem(cfg, psutil.virtual_memory().total)
+        problem := cpu_model_problem(cfg, psutil.virtual_memory().total, geom)
     ):
         raise ValueError(problem)  # after the resume fit: that refusal names the length that fits
-    if problem := disk_problem(cfg, meta):
+    if problem := disk_problem(cfg, geom, meta):
         raise ValueError(problem)
-    return hf_cfg, meta
+    return shape, meta

@@ -120,13 +120,13 @@ def build_run(cfg: RunConfig, rank: int, world: int, signals: StopRequest) -> tu
     engine. A refusal (bad input found here) exits 2 on every rank."""
     # ------------------------------------------------------------ checks (nothing started/written)
     try:
-        hf_cfg, resume_meta = preflight(cfg, world)
+        shape, resume_meta = preflight(cfg, world)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
     # ------------------------------------------------------------ process group (hangs time out)
     default_group_timeout(cfg.parallel.collective_timeout_s)
     init_distributed(cfg.parallel.collective_timeout_s)
-    dp_size = world // cfg.parallel.sp_size
+    dp_size = shape.dp
     # ------------------------------------------------------------ one writer, then data
     # rank 0 holds output_dir's lock unless `ds-longctx train` does (checkpoint/run_lock.py), and
     # tokenizes into the cache first
@@ -138,8 +138,9 @@ def build_run(cfg: RunConfig, rank: int, world: int, signals: StopRequest) -> tu
             rank,
         )
         with signals.now("reading and tokenizing the data"):  # no step boundary to wait for yet
-            data = rank0_first(lambda: build_data(cfg, hf_cfg, dp_size), rank)
-            held = rank0_first(lambda: build_eval_data(cfg, hf_cfg), rank)  # None without eval_data
+            data = rank0_first(lambda: build_data(cfg, shape.hf_config, dp_size), rank)
+            # None without eval_data
+            held = rank0_first(lambda: build_eval_data(cfg, shape.hf_config), rank)
         steps_of_epochs(cfg, data, dp_size, rank)
     except ValueError as e:
         refuse(f"refused before start: {e}", rank)
@@ -148,7 +149,7 @@ def build_run(cfg: RunConfig, rank: int, world: int, signals: StopRequest) -> tu
         # before the build: the weights' and optimizer's blocks get their code lines
         memory_snapshot.start()
     # the optimizer state is made by `resume_run`, after a checkpoint could bring it
-    engine = build_engine(cfg, hf_cfg, optimizer_state=False)
+    engine = build_engine(cfg, shape, optimizer_state=False)
     return engine, data, held, resume_meta
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 LENS = [20, 29, 14]
 
 
-def reference(rows: list, doc_lens: list = None):
+def reference(rows: list, doc_lens: list = None, model_name: str = "qwen3-moe-tiny"):
     """HF's own loss with output_router_logits over a step's micro-batches (one row each): the
     documents' token-weighted CE over every row, + coef x the mean over the rows of
     load_balancing_loss_func over each row's routers (a packed row's: every document's); its loss,
@@ -29,7 +29,7 @@ def reference(rows: list, doc_lens: list = None):
     from ds_longctx.levers.moe import set_experts_kernel
     from ds_longctx.run.model import init_weights, load_hf_config, model_class
 
-    cfg = load_hf_config("qwen3-moe-tiny")
+    cfg = load_hf_config(model_name)
     cfg._attn_implementation = "eager"
     set_experts_kernel(cfg)
     model = model_class(cfg)(cfg)
@@ -84,6 +84,25 @@ def test_moe_loss_and_grads_match_plain_hf_at_sp1_and_sp2_tiled_or_not(tmp_path)
     for name, got in runs.items():
         assert got["tokens"] == sum(L - 1 for L in LENS), name
         check(got, ref_loss, ref_grads)
+
+
+def test_mixtral_at_sp2_tiled_matches_plain_hf(tmp_path):
+    """mixtral-tiny (router before the experts, always renormalised, fp32 routing weights) through
+    the same engine, SP=2 and tiled: plain HF's loss and gradients."""
+    ids = sample(0, sum(LENS))
+    ref_loss, ref_grads, _ = reference([ids], LENS, "mixtral-tiny")
+    got = run(
+        tmp_path,
+        2,
+        2,
+        length=sum(LENS),
+        packed=LENS,
+        model="mixtral-tiny",
+        tiled_mlp=True,
+        tile_tokens=7,
+    )
+    assert got["tokens"] == sum(L - 1 for L in LENS)
+    check(got, ref_loss, ref_grads)
 
 
 def test_moe_over_two_micro_batches_weighs_each_aux_once(tmp_path):

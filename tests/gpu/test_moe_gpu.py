@@ -22,10 +22,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 LAYERS = 4  # of 48: full width, the depth one GPU holds with room for 131,072 tokens
 
 
-def reduced_config(tmp_path, layers: int = LAYERS):
-    cfg = json.loads((ROOT / "ds_longctx/models/qwen3-30b-a3b.json").read_text())
+def reduced_config(tmp_path, layers: int = LAYERS, name: str = "qwen3-30b-a3b"):
+    cfg = json.loads((ROOT / f"ds_longctx/models/{name}.json").read_text())
     cfg["num_hidden_layers"] = layers
-    path = tmp_path / "qwen3-30b-a3b-reduced.json"
+    path = tmp_path / f"{name}-reduced.json"
     path.write_text(json.dumps(cfg))
     return path
 
@@ -83,8 +83,10 @@ def check_against_plan(planned_gpu, planned_host, rows, log):
     ), log[-3000:]
 
 
-def test_reduced_depth_30b_a3b_at_131072_tokens_runs_as_planned(tmp_path):
-    model = reduced_config(tmp_path)
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_reduced_depth_at_131072_tokens_runs_as_planned(tmp_path, name):
+    """Each MoE family's shipped geometry at full width, 4 layers."""
+    model = reduced_config(tmp_path, name=name)
     _, gpu, host, rows, log = plan_and_train(
         tmp_path, ["--model", str(model), "--seq_len", "131072"]
     )

@@ -26,6 +26,7 @@ BASE = {
 }
 EXTRA = {
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen3_5_text": {
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
@@ -33,7 +34,7 @@ EXTRA = {
         "linear_value_head_dim": 8,
     },
 }
-FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "qwen3_moe", "qwen3_5_text"]
+FAMILIES = list(families.FAMILIES)  # every record, against the installed transformers
 
 
 def hf_model(cfg: dict):
@@ -261,7 +262,7 @@ def test_a_field_transformers_refuses_by_type_is_a_refusal_of_train_not_a_traceb
             validate(RunConfig(model=str(path), seq_len=64), 1)
 
 
-@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "qwen3.5-tiny"])
+@pytest.mark.parametrize("model", ["qwen3-moe-tiny", "mixtral-tiny", "qwen3.5-tiny"])
 def test_a_config_saved_by_the_installed_transformers_plans_and_trains(model, tmp_path):
     """transformers 5.25's save_pretrained writes Qwen3-MoE's expert count as num_local_experts (its
     attribute_map reads num_experts there); the plan refused "num_experts is missing"."""

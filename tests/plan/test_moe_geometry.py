@@ -19,10 +19,12 @@ from tests.helpers import run_cli
 MODELS = Path(ds_longctx.__file__).parent / "models"
 
 
-@pytest.mark.parametrize("name", ["qwen3-moe-tiny", "qwen3-30b-a3b"])
+@pytest.mark.parametrize(
+    "name", ["qwen3-moe-tiny", "qwen3-30b-a3b", "mixtral-tiny", "mixtral-8x7b"]
+)
 def test_parameters_are_transformers_own_in_its_order(name):
-    """Every parameter of transformers' Qwen3MoeForCausalLM (built on the meta device: nothing
-    allocated), in `parameters()` order; 30B-A3B: 30,532,122,624 in all."""
+    """Every parameter of transformers' Qwen3MoeForCausalLM / MixtralForCausalLM (built on the meta
+    device: nothing allocated), in `parameters()` order; 30B-A3B: 30,532,122,624 in all."""
     import torch
 
     from ds_longctx.run.model import load_hf_config, model_class
@@ -54,6 +56,18 @@ def test_30b_a3b_geometry():
     assert g.num_params == 30_532_122_624 and g.trained_context == 32768
 
 
+def test_mixtral_8x7b_geometry_plans():
+    """Mixtral's expert width is intermediate_size, every layer sparse, its router always
+    renormalised (fp32 weights): 46,702,792,704 parameters; it plans 512k tokens on 8 x 141 GB."""
+    g = ModelGeometry.from_name_or_path("mixtral-8x7b")
+    m = g.moe
+    assert (m.experts, m.top_k, m.expert_intermediate, len(m.sparse_layers)) == (8, 2, 14336, 32)
+    assert (m.norm_topk_prob, m.weight_bytes, g.sliding_window, g.qk_norm) == (True, 4, None, False)
+    assert g.num_params == 46_702_792_704
+    argv = ["--model", "mixtral-8x7b", "--gpus", "8", "--gpu_mem_gb", "141"]
+    assert plan_main(argv + ["--seq_len", str(1 << 19)]) == 0
+
+
 def test_mixed_dense_and_sparse_layers(tmp_path):
     """decoder_sparse_step / mlp_only_layers: HF's rule for which layers are sparse; the counts stay
     HF's."""
@@ -69,8 +83,8 @@ def test_mixed_dense_and_sparse_layers(tmp_path):
     )
 
 
-MIXTRAL = {
-    "model_type": "mixtral",
+PHIMOE = {
+    "model_type": "phimoe",
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
@@ -85,10 +99,10 @@ MIXTRAL = {
 @pytest.mark.parametrize(
     "cfg,named",
     [
-        (MIXTRAL, "model_type='mixtral' is a mixture of experts (num_local_experts=4)"),
+        (PHIMOE, "model_type='phimoe' is a mixture of experts (num_local_experts=4)"),
         (
             {
-                **MIXTRAL,
+                **PHIMOE,
                 "model_type": "deepseek_v3",
                 "num_local_experts": None,
                 "n_routed_experts": 8,
@@ -96,7 +110,7 @@ MIXTRAL = {
             "model_type='deepseek_v3' is a mixture of experts (n_routed_experts=8)",
         ),
         (
-            {**MIXTRAL, "model_type": "qwen3", "num_local_experts": None, "num_experts": 8},
+            {**PHIMOE, "model_type": "qwen3", "num_local_experts": None, "num_experts": 8},
             "model_type='qwen3' is a mixture of experts (num_experts=8)",
         ),
     ],
@@ -107,14 +121,15 @@ def test_other_moe_families_are_refused_naming_the_supported_ones(tmp_path, cfg,
     )
     with pytest.raises(ValueError) as e:
         ModelGeometry.from_name_or_path(tmp_path)
-    assert named in str(e.value) and "supports the MoE families ['qwen3_moe']" in str(e.value)
+    supported = "supports the MoE families ['qwen3_moe', 'mixtral']"
+    assert named in str(e.value) and supported in str(e.value)
 
 
-def test_plan_and_train_refuse_mixtral_with_exit_2_before_any_worker(tmp_path, capsys):
-    path = tmp_path / "mixtral.json"
-    path.write_text(json.dumps(MIXTRAL))
+def test_plan_and_train_refuse_phimoe_with_exit_2_before_any_worker(tmp_path, capsys):
+    path = tmp_path / "phimoe.json"
+    path.write_text(json.dumps(PHIMOE))
     assert plan_main(["--model", str(path), "--seq_len", "1024", "--gpus", "2"]) == 2
-    says = "ds_longctx does not model; it supports the MoE families ['qwen3_moe']"
+    says = "ds_longctx does not model; it supports the MoE families ['qwen3_moe', 'mixtral']"
     assert says in capsys.readouterr().err.strip().splitlines()[-1]
     out = tmp_path / "out"
     train = run_cli(

@@ -657,10 +657,10 @@ def test_a_plan_of_a_relative_model_directory_runs_from_its_own_directory_and_fr
         cfg = RunConfig.from_cli(
             ["--config", config, "--output_dir", str(tmp_path / "out"), "--dtype", "fp32"], 1, 1
         )
-        hf_cfg, _ = preflight(cfg, 1)
+        shape, _ = preflight(cfg, 1)
         assert Path(cfg.model.name).resolve() == tmp_path / "tiny_qwen3", (
             cwd,
             config,
             cfg.model.name,
         )
-        assert hf_cfg.num_hidden_layers == 2
+        assert shape.hf_config.num_hidden_layers == 2

@@ -102,7 +102,7 @@ def test_train_refuses_a_model_plan_refuses_in_plans_words(tmp_path, capsys):
         == (
             f"{path}: model_type='bert' is not modelled; the planner knows dense "
             "['qwen3', 'qwen2', 'llama', 'mistral'], hybrid ['qwen3_5', "
-            "'qwen3_5_text'] and the mixtures of experts ['qwen3_moe']"
+            "'qwen3_5_text'] and the mixtures of experts ['qwen3_moe', 'mixtral']"
         )
     )
 
