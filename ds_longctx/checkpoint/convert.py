@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +34,7 @@ from ds_longctx.checkpoint import files, paths, rng, run_lock
 from ds_longctx.checkpoint.layout import CKPT_SUBDIR, FORMAT, CheckpointError
 from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.checkpoint.save import write_meta
+from ds_longctx.checkpoint.universal import universal_dir, write_universal
 
 
 def tags(directory: str, tag: str | None) -> list:
@@ -107,10 +110,6 @@ def stop_raises():
 def reshard_tag(root: Path, tag: str | None) -> str:
     """Write the universal form of `tag` (None: latest) under checkpoints/ `root`; its one-line
     report."""
-    import resource
-    import time
-
-    from ds_longctx.checkpoint.universal import universal_dir, write_universal
 
     tag_dir, meta = find_checkpoint(root, tag, what="checkpoint reshard")
     t0 = time.perf_counter()

@@ -44,6 +44,7 @@ import torch
 
 from ds_longctx.checkpoint import files, nvme_state
 from ds_longctx.checkpoint.layout import CKPT_SUBDIR, LATEST, CheckpointError
+from ds_longctx.checkpoint.paths import read_latest, tag_names
 from ds_longctx.checkpoint.resume import find_checkpoint
 from ds_longctx.config import FLAT
 from ds_longctx.config.lora import LoraConfig
@@ -208,7 +209,6 @@ def pruned_line(tag_dir: Path, meta: dict) -> str | None:
     """The refusal of a tag whose files went while export read them (a running train pruned it past
     keep_checkpoints), naming the tags still there; None while every file of its meta is in
     place."""
-    from ds_longctx.checkpoint.paths import read_latest, tag_names
 
     names = ["meta.json", *(meta.get("files") or {})]
     gone = [n for n in names if not (tag_dir / n).is_file()]

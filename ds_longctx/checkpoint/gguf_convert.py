@@ -12,6 +12,7 @@ GGUF loader does).
 
 from __future__ import annotations
 
+# gguf (optional), safetensors and transformers are imported where a file is converted.
 from pathlib import Path
 
 import numpy as np

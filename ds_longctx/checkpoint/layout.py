@@ -23,9 +23,9 @@ TAG = re.compile(r"^step(\d+)$")  # the tags a save writes
 PARTIAL_PREFIX = (
     ".tmp-"  # a save in progress: checkpoints/.tmp-<tag>, renamed to <tag> when complete
 )
-# a tag's universal form (checkpoint/universal.py) and its conversion in progress: checked by their
-# own manifest
-UNIVERSAL_DIRS = ("universal", ".tmp-universal")
+# a tag's universal form (checkpoint/universal.py), its conversion in progress, and the form it
+# replaces, renamed aside until the new one is in place: checked by their own manifest
+UNIVERSAL_DIRS = ("universal", ".tmp-universal", ".old-universal")
 META = "meta.json"
 FORMAT = (
     2  # 2: every file's sha256 in meta.json, RNG as tensors; 1: sizes only, RNG pickled with numpy

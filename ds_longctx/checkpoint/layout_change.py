@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from ds_longctx.checkpoint.layout import CheckpointError
+from ds_longctx.plan.no_fit import NoFit
+from ds_longctx.plan.search import choose
 
 if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
@@ -96,8 +98,6 @@ def plan_problem(
     """Why the planner says `seq_len` cannot train on this machine (`world_size` GPUs of
     `gpu_mem_gb` GB, `per_node` a node with `host_mem_gb` GB of host), with the longest length that
     does; None when it fits or there is no GPU to plan for."""
-    from ds_longctx.plan.no_fit import NoFit
-    from ds_longctx.plan.search import choose
 
     if gpu_mem_gb is None:
         return None

@@ -10,11 +10,14 @@ The partitions are cut as DeepSpeed's own universal load cuts them; docs/design/
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ds_longctx.checkpoint import universal
 from ds_longctx.checkpoint.layout import CheckpointError
 from ds_longctx.checkpoint.universal import KEYS, partition, read_slices
 
@@ -139,24 +142,20 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
     checks its share of the files, then takes its partitions; DeepSpeed's step counters are set, and
     each rank's RNG is re-derived from the seed and the step (the old ranks' states belong to other
     ranks)."""
-    from ds_longctx.checkpoint import universal
 
     rank, step = engine.state.rank, int(meta["step"])
     made = None
-    if rank == 0 and not (universal.universal_dir(tag_dir) / universal.MANIFEST).is_file():
-        log.info(
-            "reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does this "
-            "ahead of a job)",
-            tag_dir,
-        )
-        try:
-            universal.write_universal(tag_dir, meta, show=True)
-        except (
-            Exception
-        ) as e:  # every rank stops with rank 0's reason, not in a collective that never ends
-            made = (
-                str(e) if isinstance(e, (CheckpointError, OSError)) else f"{type(e).__name__}: {e}"
+    try:  # every rank stops with rank 0's reason, not in a collective that never ends
+        # a replacement of it cut short is ended first
+        if rank == 0 and not universal.recover_universal(tag_dir):
+            log.info(
+                "reshard: writing the universal form of %s (`ds-longctx checkpoint reshard` does "
+                "this ahead of a job)",
+                tag_dir,
             )
+            universal.write_universal(tag_dir, meta, show=True)
+    except Exception as e:
+        made = str(e) if isinstance(e, (CheckpointError, OSError)) else f"{type(e).__name__}: {e}"
     _agreed(made, f"resume: checkpoint {str(tag_dir)!r} could not be resharded")
     manifest = universal.read_manifest(tag_dir, step)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -175,9 +174,6 @@ def resume_resharded(engine, tag_dir: Path, meta: dict, seed: int) -> None:
 
 def derive_rng(seed: int, step: int, rank: int) -> None:
     """torch, python, numpy and CUDA RNG of `rank` after `step` steps, from the run's seed alone."""
-    import random
-
-    import numpy as np
 
     s = (seed * 1_000_003 + step) * 65_537 + rank
     torch.manual_seed(s)  # CUDA's generators too

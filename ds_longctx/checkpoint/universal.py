@@ -12,19 +12,26 @@ comes from: docs/design/checkpoint.md."""
 
 from __future__ import annotations
 
+# torch and safetensors are imported where tensors are read or written: importing this module
+# loads neither.
+import ctypes
+import ctypes.util
 import functools
 import json
 import math
+import mmap
 import os
 import shutil
 import struct
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ds_longctx.checkpoint import files
 from ds_longctx.checkpoint.layout import UNIVERSAL_DIRS, CheckpointError
 
-UNIVERSAL, PARTIAL = UNIVERSAL_DIRS
+UNIVERSAL, PARTIAL, REPLACED = UNIVERSAL_DIRS
 MANIFEST = "manifest.json"
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 FORMAT = 1
@@ -112,13 +119,14 @@ def _rank_pieces(path: Path) -> tuple[list, list, float]:
 
 def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     """Write `<tag_dir>/universal/` from the ZeRO-3 checkpoint `tag_dir` (its files checked against
-    `meta` first); returns the manifest. Written under a temporary name and renamed when whole; on
-    any error or signal (KeyboardInterrupt) the temporary directory is removed: what was there
-    before stays."""
+    `meta` first); returns the manifest. Written under a temporary name and renamed when whole
+    (`_replace`); on any error or signal (KeyboardInterrupt) the temporary directory is removed:
+    what was there before stays."""
     tag_dir = Path(tag_dir)
     if (problem := files.problem(tag_dir, meta, None, show=show)) is not None:
         raise CheckpointError(f"reshard: checkpoint {str(tag_dir)!r} could not be read ({problem})")
     groups, world = _source_groups(tag_dir, meta)
+    recover_universal(tag_dir)
     out, tmp = universal_dir(tag_dir), tag_dir / PARTIAL
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -128,16 +136,42 @@ def write_universal(tag_dir: Path, meta: dict, show: bool = False) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _replace(tmp, out, tag_dir / REPLACED)
     return manifest
+
+
+def _replace(tmp: Path, out: Path, old: Path) -> None:
+    """`out` replaced by the complete `tmp`, never half-deleted: `out` renamed aside to `old`, `tmp`
+    renamed to `out`, then `old` removed. A stop between the renames puts `out` back; a kill there
+    leaves what `recover_universal` completes."""
+    try:
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        recover_universal(out.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)  # cut short: the next `recover_universal` ends it
+
+
+def recover_universal(tag_dir: Path) -> bool:
+    """Whether `tag_dir` holds a complete universal form (its manifest, written last, present), once
+    a replacement a kill cut short (`_replace`) is settled: the form renamed aside is put back where
+    no complete one took its place, else removed. The one writer calls it (rank 0, the CLI)."""
+    out, old = universal_dir(tag_dir), Path(tag_dir) / REPLACED
+    if old.exists():
+        if not (out / MANIFEST).is_file() and (old / MANIFEST).is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(old, out)
+        else:
+            shutil.rmtree(old)
+    return (out / MANIFEST).is_file()
 
 
 def _fill(tag_dir: Path, meta: dict, groups: list, world: int, tmp: Path, show: bool) -> dict:
     """The parameter files and the manifest of `tag_dir`'s universal form, written into `tmp`."""
     import torch
-    from tqdm import tqdm
 
     t0 = time.perf_counter()
     params, starts = [], {}
@@ -202,8 +236,6 @@ def _drop_pages(t) -> None:
     """The pages of memory-mapped tensor `t` given back (madvise DONTNEED: read-only file pages,
     re-read on a later touch), so host memory stays a fragment however large the rank file is. A
     no-op where libc has no madvise."""
-    import ctypes
-    import mmap
 
     libc = _libc()
     if libc is None or t.numel() == 0:
@@ -218,8 +250,6 @@ def _drop_pages(t) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _libc():
-    import ctypes
-    import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

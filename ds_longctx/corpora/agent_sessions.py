@@ -21,6 +21,7 @@ import sysconfig
 import time
 from pathlib import Path
 
+import psutil
 from tqdm import tqdm
 
 from ds_longctx.corpora.corpus_write import check_prepare_dir, check_vocab_size, write_corpus
@@ -29,6 +30,7 @@ from ds_longctx.corpora.session_card import card_files, session_card
 from ds_longctx.corpora.session_chat import CHAT_SPECIALS, CHAT_TEMPLATE, Renderer
 from ds_longctx.corpora.stdlib_corpus import SPECIALS, document_of, read_files, train_tokenizer
 from ds_longctx.data.scan import DataError
+from ds_longctx.data.tokenize import open_tokenizer
 from ds_longctx.parallel.disk import free_bytes, size_text
 
 MIN_TOKENS = 2048  # the shortest session asked for, at least
@@ -84,7 +86,6 @@ def check_session_room(args) -> None:
     """Refuse (DataError) a request whose sessions would not fit this machine's available memory,
     where they are built, or the free space of --out: the mean of the log-uniform target lengths,
     BYTES_PER_TOKEN, HELD_COPIES."""
-    import psutil
 
     low, high = lowest_max(args.min_tokens), args.max_tokens
     mean = (high - low) / math.log(high / low) if high > low else low  # tokens per session
@@ -153,7 +154,6 @@ def model_tokenizer(path: str):
     """The fast tokenizer of a model directory, refused (DataError) unless the ChatML turn markers
     (CHAT_SPECIALS' first two) are special tokens of it: the rendering cuts at them
     (session_chat.py)."""
-    from ds_longctx.data.tokenize import open_tokenizer
 
     try:
         tok = open_tokenizer(path)
@@ -177,8 +177,6 @@ def model_tokenizer(path: str):
 def session_tokenizer(files: list, args):
     """The sessions' tokenizer (module doc), carrying CHAT_TEMPLATE."""
     from transformers import PreTrainedTokenizerFast
-
-    from ds_longctx.data.tokenize import open_tokenizer
 
     if args.tokenizer is not None:
         tok = model_tokenizer(args.tokenizer)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 
+from ds_longctx.corpora.agent_sessions import prepare_sessions
+from ds_longctx.corpora.stdlib_corpus import prepare
 from ds_longctx.data.scan import DataError
 from ds_longctx.parallel.disk import user_path
 
@@ -159,8 +161,6 @@ def main(argv: list) -> int:
     input."""
     args = resolve(parser().parse_args(argv))
     if args.stdlib:
-        from ds_longctx.corpora.stdlib_corpus import prepare
-
         c = prepare(args)
         print(
             f"{args.out}: {sum(c['documents'].values())} documents ({c['documents']['eval']} held "
@@ -170,7 +170,6 @@ def main(argv: list) -> int:
             f"card: {args.out}/data_card.md"
         )
         return 0
-    from ds_longctx.corpora.agent_sessions import prepare_sessions
 
     c, seconds = prepare_sessions(args)
     t = c["tokens"]

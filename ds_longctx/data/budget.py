@@ -16,6 +16,8 @@ import contextlib
 import signal
 import threading
 
+from ds_longctx.parallel.disk import size_text
+
 ROW_BUDGET_S = 120.0  # seconds for one row's rendering and tokenization
 REPEAT_S = 0.5
 ROW_BYTES_MAX = 48 * 2**20  # what the budget renders at the rate measured (docs/design/data.md)
@@ -71,7 +73,6 @@ def row_size_problem(nbytes: int, seq_len: int, rule: str | None, longest: int) 
     """Why a chat row of `nbytes` JSON bytes is refused unrendered: over ROW_BYTES_MAX, or under
     truncate refuse surely over seq_len tokens (each at most `longest` bytes of text); None: render
     it."""
-    from ds_longctx.parallel.disk import size_text
 
     if nbytes > ROW_BYTES_MAX:
         return (

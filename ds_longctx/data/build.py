@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# torch's varlen_attn is probed inside a try: some torch builds lack it.
 import logging
 from typing import Optional
 

@@ -9,6 +9,7 @@ earlier turns is refused. The marker and prefix rules: docs/design/data.md."""
 
 from __future__ import annotations
 
+# transformers is imported where a chat template is read: importing this module does not load it.
 import bisect
 import json
 import re

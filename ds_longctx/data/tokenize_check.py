@@ -9,6 +9,7 @@ train nothing).
 
 from __future__ import annotations
 
+# numpy and pyarrow are imported where rows are checked: importing this module loads neither.
 import logging
 
 from ds_longctx.data.scan import MAX_NAMED

@@ -6,6 +6,7 @@ torch nor transformers.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ def report_to(ours: str) -> str:
     `ds-longctx train`)."""
     if ours != "auto":
         return ours
-    import importlib.util
 
     return "tensorboard" if importlib.util.find_spec("tensorboard") is not None else "none"
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 # hf_trainer must not.
 from collections import deque
 
+from ds_longctx.parallel.units import IGNORE_INDEX
+
 
 def check_padding(attention_mask) -> None:
     """Right padding only, so the attention mask can be dropped."""
@@ -28,8 +30,6 @@ def check_padding(attention_mask) -> None:
 def batch_labels(inputs: dict):
     """`[b, L]` labels of a collated batch, IGNORE_INDEX where attention_mask is 0."""
     import torch
-
-    from ds_longctx.parallel.units import IGNORE_INDEX
 
     labels = inputs.get("labels")
     labels = inputs["input_ids"] if labels is None else labels

@@ -83,14 +83,15 @@ def _end_processes() -> None:
         dist.destroy_process_group()
 
 
-def trainer_ds_config(cfg: RunConfig) -> dict:
-    """The DeepSpeed JSON the Trainer runs with."""
+def trainer_ds_config(cfg: RunConfig, geom=None) -> dict:
+    """The DeepSpeed JSON the Trainer runs with. `geom`: the model's (`RunShape.geometry`), else
+    read where needed."""
     import torch
     import torch.distributed as dist
 
     from ds_longctx.plan.ds_config import hf_trainer_ds_config
 
-    return hf_trainer_ds_config(cfg, dist.get_world_size(), torch.cuda.is_available())
+    return hf_trainer_ds_config(cfg, dist.get_world_size(), torch.cuda.is_available(), geom)
 
 
 def training_args(cfg: RunConfig, args_cls=None, **kwargs):
@@ -110,9 +111,10 @@ def build_model(cfg: RunConfig, stage=lambda name: None):
     from ds_longctx.run.preflight import rope_coverage, validate
 
     start_processes(cfg)
-    hf_cfg = validate(cfg, dist.get_world_size()).hf_config
-    rope_coverage(cfg, hf_cfg)
-    return run_model.build_partitioned_model(cfg, hf_cfg, trainer_ds_config(cfg), stage=stage)
+    shape = validate(cfg, dist.get_world_size())
+    rope_coverage(cfg, shape.hf_config)
+    ds = trainer_ds_config(cfg, shape.geometry)
+    return run_model.build_partitioned_model(cfg, shape.hf_config, ds, stage=stage)
 
 
 def tokenizer(cfg: RunConfig):

@@ -234,17 +234,20 @@ def disk_checkpoint_function(layer_index: int, nvme_path: str) -> Callable:
     return checkpoint
 
 
-def nvme_space_problem(cfg, text_config, world: int, per_node: Optional[int], params: int):
+def nvme_space_problem(
+    cfg, text_config, world: int, per_node: Optional[int], params: int, placement: PlacementPlan
+):
     """Why nvme_path's filesystem cannot hold this node's disk tier (None: it can, or there is
-    none): each rank's disk layers' checkpoints (micro_batch x seq_len/sp_size x hidden) and, with
-    nvme_optimizer / nvme_params, its fp32 optimizer state (16 bytes a parameter) / bf16 parameters
-    (2), over `world` ranks, times the node's ranks; at least nvme_gb where LoRA hides the state."""
+    none): each rank's disk layers' checkpoints (`placement`'s, micro_batch x seq_len/sp_size x
+    hidden) and, with nvme_optimizer / nvme_params, its fp32 optimizer state (16 bytes a parameter)
+    / bf16 parameters (2), over `world` ranks, times the node's ranks; at least nvme_gb where LoRA
+    hides the state."""
     import torch
 
     mem, t = cfg.memory, cfg.train
     if mem.nvme_path is None:
         return None
-    on_disk = PlacementPlan.parse(mem.placement).on_disk if mem.placement else 0
+    on_disk = placement.on_disk
     dtype = cfg.model.dtype
     cuda_bf16 = dtype == "bf16" or (dtype == "auto" and torch.cuda.is_available())
     tokens = t.micro_batch * -(-t.seq_len // cfg.parallel.sp_size)

@@ -6,6 +6,7 @@ Design notes: docs/design/parallel.md, section `fake_world.py`.
 
 from __future__ import annotations
 
+# deepspeed and torch's fake process group are imported where a fake world starts.
 # deepspeed and torch are imported in `start` only: light importers ask whether a rehearsal runs.
 import os
 import threading

@@ -10,6 +10,7 @@ from __future__ import annotations
 # FLA, Triton and tilelang are optional: imported where the FLA backend is resolved or runs.
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -51,7 +52,6 @@ def fla_available() -> bool:
 
 def _fla_refusal() -> Optional[str]:
     """kernel_rules.fla_triton_refusal for this process's GPU, Triton and tilelang."""
-    import os
 
     try:
         import triton

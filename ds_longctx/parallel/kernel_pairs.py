@@ -7,6 +7,7 @@ Design notes: docs/design/parallel.md, section `kernel_pairs.py`.
 
 from __future__ import annotations
 
+# flash_attn is optional: imported where its kernels are called.
 # FlashAttention 4 is optional: imported in its pair's forward and backward.
 import torch
 

@@ -8,6 +8,7 @@ ds-longctx plan ... --nvme_path /local_nvme/run --nvme_gb 50 --measure_nvme   # 
 from __future__ import annotations
 
 import argparse
+import os
 
 from ds_longctx.config.memory import nvme_path_problem
 from ds_longctx.parallel import direct_io
@@ -69,8 +70,6 @@ def check_disk_args(a: argparse.Namespace) -> None:
     if a.measure_nvme:
         if a.nvme_path is None:
             raise ValueError("--measure_nvme measures --nvme_path: give --nvme_path DIR")
-        import os
-
         os.makedirs(a.nvme_path, exist_ok=True)
         print(f"measured: {direct_io.measure_bandwidth(a.nvme_path).describe()}", flush=True)
 

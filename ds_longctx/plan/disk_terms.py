@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ds_longctx.parallel.direct_io import Bandwidth
+from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS
 
 # the disk tier's pinned buffers per rank: one checkpoint being written, one read ahead
 # (levers/disk_tier.py)
@@ -58,8 +59,6 @@ def onto_nvme(t, z, lv, on_host: int) -> None:
                 )
             new[name] = (0, host, formula, G * nbytes * on_host)
     if lv.offload_params and lv.nvme_params:
-        from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS
-
         persistent = sum(n for n in z.g.param_numels() if n <= PARAM_PERSISTENCE_ELEMS)
         new["params_bf16"] = (
             2 * persistent,

@@ -18,13 +18,15 @@ from ds_longctx.plan.disk_terms import (
     NVME_PARAM_BUFFERS,
     NVME_SUB_GROUP_ELEMS,
 )
-from ds_longctx.plan.geometry import ModelGeometry
+from ds_longctx.plan.geometry import ModelGeometry, as_geometry
 from ds_longctx.plan.zero_buffers import PARAM_PERSISTENCE_ELEMS, offload_sub_group_elems
 
 
-def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
+def build_ds_config(
+    cfg: RunConfig, world_size: int, on_gpu: bool, geom: ModelGeometry | None = None
+) -> dict:
     """The DeepSpeed config for `cfg` on `world_size` ranks (bf16 on GPU, fp32 on CPU unless
-    forced)."""
+    forced). `geom`: the model's (`RunShape.geometry`), else read here where needed."""
     dp = dp_size(world_size, cfg.parallel.sp_size)
     bf16 = cfg.model.dtype == "bf16" or (cfg.model.dtype == "auto" and on_gpu)
     opt_params = {
@@ -62,7 +64,7 @@ def build_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
         if cfg.optimizer.offload_ratio < 1:
             ds["zero_optimization"]["offload_optimizer"]["ratio"] = cfg.optimizer.offload_ratio
             ds["zero_optimization"]["sub_group_size"] = offload_sub_group_elems(
-                ModelGeometry.from_name_or_path(cfg.model.name), world_size
+                as_geometry(cfg.model.name if geom is None else geom), world_size
             )
         opt_params.pop("torch_adam", None)  # offloaded Adam is DeepSpeedCPUAdam
     if cfg.optimizer.offload_params:
@@ -110,9 +112,11 @@ AIO_BLOCK = {
 }
 
 
-def hf_trainer_ds_config(cfg: RunConfig, world_size: int, on_gpu: bool) -> dict:
+def hf_trainer_ds_config(
+    cfg: RunConfig, world_size: int, on_gpu: bool, geom: ModelGeometry | None = None
+) -> dict:
     """`build_ds_config` for the HF Trainer: the same dict without `train_batch_size`, which the
     Trainer would check against a world size that ignores sp (docs/design/plan.md)."""
-    ds = build_ds_config(cfg, world_size, on_gpu)
+    ds = build_ds_config(cfg, world_size, on_gpu, geom)
     del ds["train_batch_size"]
     return ds

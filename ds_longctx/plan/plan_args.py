@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -292,8 +294,6 @@ def search_kw(a: argparse.Namespace, host: float) -> dict:
 def local_gpu_kind() -> str | None:
     """This machine's first GPU as a kind `--gpu` takes (`NVIDIA H100 80GB HBM3` -> h100), None
     without nvidia-smi."""
-    import re
-    import subprocess
 
     try:
         name = subprocess.run(

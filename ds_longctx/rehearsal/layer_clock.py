@@ -12,6 +12,7 @@ docs/design/rehearsal.md."""
 
 from __future__ import annotations
 
+# deepspeed is imported where a layer is clocked: importing this module does not load it.
 import time
 from collections import defaultdict
 from dataclasses import dataclass

@@ -27,7 +27,6 @@ from ds_longctx.plan.interconnect import OVERLAP, predict
 from ds_longctx.rehearsal.dpo_rows import synthetic_pair_rows
 from ds_longctx.rehearsal.layer_clock import LayerClock
 from ds_longctx.rehearsal.world import (
-    cfg_layers,
     check,
     commit,
     fastest_steady,
@@ -106,7 +105,7 @@ class RankRun:
 
     def _row_head(self) -> dict:
         cfg, sp = self.cfg, self.cfg.parallel.sp_size
-        plan = planned(cfg, self.per_node, self.nodes, self.a.completion_len)
+        plan = planned(cfg, self.shape, self.a.completion_len)
         budget = (
             cfg.memory.gpu_budget_gb * 1e9
             if cfg.memory.gpu_budget_gb
@@ -129,6 +128,7 @@ class RankRun:
         }
 
     def play(self) -> dict:
+        self.shape = check(self.cfg, self.world, self.per_node)  # preflight's, read once
         row = self._row_head()
         try:
             return self._play(row)
@@ -144,7 +144,7 @@ class RankRun:
         return row
 
     def _layers_text(self) -> str:
-        total = cfg_layers(self.cfg)
+        total = self.shape.geometry.layers
         return f"{self.a.layers or total}/{total}"
 
     def _provenance(self) -> dict:
@@ -220,8 +220,7 @@ class RankRun:
         """(engine, data, parameter counts): the rank built as `train` builds one, its optimizer
         state at build."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        shape = check(cfg, self.world, self.per_node)
+        t0, shape = time.perf_counter(), self.shape
         if cfg.train.objective == "dpo":  # rehearse.rehearsal_config set its data synthetic
             vocab, seed = shape.text.vocab_size, cfg.train.seed
             data = synthetic_pair_rows(cfg.train.seq_len, vocab, self.a.completion_len, seed)

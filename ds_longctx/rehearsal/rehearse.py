@@ -45,6 +45,7 @@ from pathlib import Path
 from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
 from ds_longctx.plan.levers import DEFAULT_COMPLETION_LEN
+from ds_longctx.plan.shape import RunShape
 from ds_longctx.rehearsal.dpo_rows import dpo_completion
 from ds_longctx.rehearsal.layer_pick import layer_kinds, pick_layers
 from ds_longctx.rehearsal.world import Refused, check, links, planned, vs_plan
@@ -191,30 +192,36 @@ def ranks_to_play(spec: str, world: int, per_node: int, sp: int) -> list:
     return [rank]
 
 
-def device_problem(a, cfg: RunConfig, per_node: int, nodes: int) -> str | None:
-    """Why this machine cannot rehearse `cfg`, or None: no CUDA GPU (unless `--cpu`), or a GPU with
-    less memory than the plan's per-GPU figure. Asked before the model's config is read (seconds:
-    torch, not transformers)."""
+def device_problem(a) -> str | None:
+    """Why this machine cannot rehearse, or None: no CUDA GPU (unless `--cpu`). Asked before the
+    model's config is read (seconds: torch, not transformers)."""
+    import torch
+
+    if a.cpu or torch.cuda.is_available():
+        return None
+    return (
+        "a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is "
+        "False); run it on one GPU of the kind the plan is for (or add --cpu to play a tiny "
+        "model on this CPU)"
+    )
+
+
+def memory_problem(a, cfg: RunConfig, shape: RunShape) -> str | None:
+    """Why this GPU cannot rehearse `cfg`: less memory than `shape`'s plan puts on one, or None."""
     import torch
 
     if a.cpu:
         return None
-    if not torch.cuda.is_available():
-        return (
-            "a rehearsal needs a CUDA GPU (this machine has none: torch.cuda.is_available() is "
-            "False); run it on one GPU of the kind the plan is for (or add --cpu to play a tiny "
-            "model on this CPU)"
-        )
     gpu = torch.cuda.get_device_properties(0)
-    need = planned(cfg, per_node, nodes, a.completion_len).gpu_peak_bytes / 1e9
+    need = planned(cfg, shape, a.completion_len).gpu_peak_bytes / 1e9
     have = gpu.total_memory / 1e9
-    if have < need:
-        return (
-            f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU "
-            f"for the rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} "
-            f"GB, or plan for this one (ds-longctx plan --gpu_mem_gb {have:.0f})"
-        )
-    return None
+    if have >= need:
+        return None
+    return (
+        f"this GPU ({gpu.name}) has {have:.1f} GB, less than the plan's {need:.1f} GB per GPU "
+        f"for the rank(s) rehearsed ({a.config}); rehearse on a GPU with at least {need:.1f} "
+        f"GB, or plan for this one (ds-longctx plan --gpu_mem_gb {have:.0f})"
+    )
 
 
 def rehearsal_config(argv: list):
@@ -254,9 +261,11 @@ def main(argv: list | None = None) -> int:
         world, per_node, nodes = world_of(cfg, a)
         ranks = ranks_to_play(a.rank, world, per_node, cfg.parallel.sp_size)
         links(a, cfg)
-        if problem := device_problem(a, cfg, per_node, nodes):
+        if problem := device_problem(a):
             raise Refused(problem)
         shape = check(cfg, world, per_node)
+        if problem := memory_problem(a, cfg, shape):
+            raise Refused(problem)
         if a.layers is not None:  # K against the placement's kinds, before any rank starts
             hybrid = shape.geometry.hybrid
             kinds = layer_kinds(shape.placement, hybrid.layer_types if hybrid else None)

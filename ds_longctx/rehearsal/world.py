@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING, Optional
 
 # the data and torch are imported inside the functions that use them (module doc of rehearse.py).
 from ds_longctx.plan import interconnect as ic
-from ds_longctx.plan.geometry import as_geometry
 from ds_longctx.plan.levers import Levers
 from ds_longctx.plan.planner import plan_memory
-from ds_longctx.run.placement_plan import run_placement
 from ds_longctx.run.provenance import commit, now  # noqa: F401 (rank.py reads them here)
 
 if TYPE_CHECKING:
@@ -34,15 +32,16 @@ def role_of(rank: int, per_node: int, sp: int) -> str:
     )
 
 
-def planned(cfg: RunConfig, per_node: int, nodes: int, completion_len: Optional[int] = None):
-    """The planner's memory plan of this run config on its world (`plan/planner.plan_memory`);
-    objective dpo: for completions of `completion_len` (None: the planner's default)."""
-    geom = as_geometry(cfg.model.name)
-    placement = run_placement(cfg, geom.layers, per_node * nodes, cfg.memory.gpu_budget_gb)
-    levers = Levers.from_run_config(cfg, placement)
+def planned(cfg: RunConfig, shape: RunShape, completion_len: Optional[int] = None):
+    """The planner's memory plan of this run config on its shape (`check`'s: its geometry, world
+    and placement; `plan/planner.plan_memory`); objective dpo: for completions of `completion_len`
+    (None: the planner's default)."""
+    levers = Levers.from_run_config(cfg, shape.placement)
     if levers.objective == "dpo" and completion_len is not None:
         levers = replace(levers, completion_len=completion_len)
-    return plan_memory(geom, cfg.train.seq_len, per_node, cfg.parallel.sp_size, levers, nodes=nodes)
+    return plan_memory(
+        shape.geometry, shape.seq_len, shape.per_node, shape.sp, levers, nodes=shape.nodes
+    )
 
 
 # bytes: a plan smaller than this is compared in GB, not in percent (a tiny model's plan is mostly
@@ -82,10 +81,6 @@ def links(a, cfg: RunConfig):
         else ic.LINKS[ic.DEFAULT_INTERNODE]
     )
     return intra, inter
-
-
-def cfg_layers(cfg: RunConfig) -> int:
-    return as_geometry(cfg.model.name).layers
 
 
 def fastest_steady(seconds: list) -> float:

@@ -10,11 +10,13 @@ Fields, the control and the buckets: docs/design/run.md."""
 
 from __future__ import annotations
 
+# torch is imported where a loss is computed: importing this module does not load it.
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ds_longctx.corpora.answer_spans import BUCKETS, answer_spans, without_evidence
+from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path
 
 if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
@@ -191,7 +193,6 @@ def answer_loss_both(losses, sessions: list, step: int, control: list | None = N
 def answer_loss_lines(engine, cfg: RunConfig):
     """`lines(step)`: (bucket lines, answer lines) of eval_data's sessions under `engine`.
     Collective."""
-    from ds_longctx.data.tokenize import open_tokenizer, tokenizer_path
 
     rows = answer_sessions(cfg)
     tok = open_tokenizer(tokenizer_path(cfg))

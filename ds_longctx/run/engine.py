@@ -243,7 +243,7 @@ def build_engine(
     )
     _build_stage("2/9 process groups", t0, state.rank)
     # ZeRO-Infinity's swap files in a directory of this run's own under nvme_path (removed at exit)
-    ds_config = private_swap_dirs(build_ds_config(cfg, state.world_size, on_gpu))
+    ds_config = private_swap_dirs(build_ds_config(cfg, state.world_size, on_gpu, shape.geometry))
     # 3. the model, partitioned at birth, then deterministic weights
     model = build_partitioned_model(
         cfg,

@@ -19,6 +19,8 @@ docs/design/run.md."""
 
 from __future__ import annotations
 
+# torch and the engine's modules are imported in main, after eval_inputs: bad input is refused
+# without them.
 # torch, the data and the engine are imported by `main`, in the workers: the launcher checks the
 # arguments (`eval_inputs`) without them.
 import argparse
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ds_longctx import data
 from ds_longctx.checkpoint.layout import (
     ANSWER_LOSS_FILE,
     ANSWERS_FILE,
@@ -43,6 +46,7 @@ from ds_longctx.checkpoint.layout import (
 from ds_longctx.config import RunConfig, format_validation_error
 from ds_longctx.parallel.disk import describe_os_error, mark_written, user_path
 from ds_longctx.parallel.parallel_state import init_distributed
+from ds_longctx.run.answer_loss import answer_loss_lines, answer_sessions
 from ds_longctx.run.evaluate import append_jsonl, evaluate
 from ds_longctx.run.recall import recall_rows
 from ds_longctx.run.refuse import last_line, refuse
@@ -134,9 +138,7 @@ def args_parser() -> argparse.ArgumentParser:
 def eval_inputs(argv: list[str], world_size: int | None):
     """(run config, run shape, tag directory, meta, out directory) of an eval, or ValueError naming
     the fix. Starts and reads nothing heavy."""
-    from ds_longctx import data
     from ds_longctx.checkpoint.resume import check_output_dir
-    from ds_longctx.run.answer_loss import answer_sessions
     from ds_longctx.run.preflight import rope_coverage, validate
 
     a, rest = args_parser().parse_known_args(argv)
@@ -240,7 +242,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from ds_longctx.checkpoint import resume, run_lock
     from ds_longctx.data import build_eval_data
-    from ds_longctx.run.answer_loss import answer_loss_lines
     from ds_longctx.run.engine import build_engine
     from ds_longctx.run.ranks import default_group_timeout, rank0_first
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ds_longctx.parallel.units import IGNORE_INDEX
+
 
 @dataclass
 class EvalResult:
@@ -66,7 +68,6 @@ def bucket_edges(length: int, buckets: int) -> list:
 def eval_batches(data, rows: int, micro_batch: int, dp_rank: int, dp_size: int) -> Iterator[tuple]:
     """(input_ids [b, L], position_ids, labels) of replica `dp_rank`'s eval batches; samples past
     `rows` are ignored."""
-    from ds_longctx.parallel.units import IGNORE_INDEX
 
     per_batch = micro_batch * dp_size
     for k in range(-(-rows // per_batch)):

@@ -11,7 +11,10 @@ workers and wait for their save (run/stops.py). torch is imported inside the fun
 
 from __future__ import annotations
 
+# torch and the run layer are imported inside the functions that use them: importing this module
+# (the CLI's launch commands) loads the standard library only.
 import argparse
+import math
 import os
 import re
 import sys
@@ -149,7 +152,11 @@ def _last_word(
 TIMED_OUT = re.compile(r"[Tt]imed out|timeout caused|operation timeout")
 # failures seen this close to the first came before the agent's SIGKILL (30 s after its SIGTERM)
 FIRST_S = 10
-WAITED_S = 2  # timeouts this close to the first (whole seconds) are the ranks that waited
+# timeouts this close to the first are the ranks that waited (a later one, a stopped rank continued,
+# was late): exact times (run/refuse.GAVE_UP_AT) of ranks that gave up at their deadlines differ by
+# their entries into the collective; whole seconds (torch's record, NCCL's abort) by up to 2 more
+WAITED_EXACT_S = 0.5
+WAITED_S = 2
 
 
 def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
@@ -177,13 +184,11 @@ def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
         and f.timestamp <= first + FIRST_S
     ]
     timed = {
-        r: f.timestamp
+        r: f
         for r, f in failures.items()
         if TIMED_OUT.search(_said(f)) or f.exitcode == -signal.SIGABRT
     }
-    # the first to give up waited for the rest; a rank timing out later (a stopped one, continued)
-    # was late
-    waited = sorted(r for r, t in timed.items() if t <= min(timed.values()) + WAITED_S)
+    waited = _waited(timed)
     hung = [r for r in range(nproc) if r not in waited]
     if killed:
         sigs = sorted({failures[r].signal_name() for r in killed})
@@ -207,6 +212,34 @@ def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
         what = f"{who([r])} failed first ({how}; its traceback above)"
     kept = kept_checkpoint(output_dir, partial=True) if output_dir else "this launch saves nothing"
     return f"{what}; {kept}"
+
+
+def _waited(timed: dict) -> list[int]:
+    """The ranks of `timed` (ProcessFailure by rank, each a timeout) that gave up waiting: the first
+    to give up and those within WAITED_EXACT_S of it where both recorded their exact time, else
+    within WAITED_S in whole seconds."""
+    exact = {r: _gave_up_at(f) for r, f in timed.items()}
+    when = {r: float(f.timestamp) if exact[r] is None else exact[r] for r, f in timed.items()}
+    if not when:
+        return []
+    first = min(when, key=lambda r: (when[r], r))
+
+    def waited(r: int) -> bool:
+        if exact[r] is not None and exact[first] is not None:
+            return exact[r] - exact[first] <= WAITED_EXACT_S
+        return int(when[r]) <= int(when[first]) + WAITED_S
+
+    return sorted(r for r in timed if waited(r))
+
+
+def _gave_up_at(failure) -> float | None:
+    """The exact time a worker's error file records (run/refuse.record_failure), or None."""
+    from ds_longctx.run.refuse import GAVE_UP_AT
+
+    m = failure.message
+    info = m.get("extraInfo") if isinstance(m, dict) else None
+    at = info.get(GAVE_UP_AT) if isinstance(info, dict) else None
+    return float(at) if type(at) in (int, float) and math.isfinite(at) else None
 
 
 def _said(failure) -> str:

@@ -69,13 +69,13 @@ def _attention_levers(
 
 
 def _tiled_levers(
-    cfg: RunConfig, model: nn.Module, state: ParallelState, text
+    cfg: RunConfig, model: nn.Module, state: ParallelState, text, shape: RunShape | None
 ) -> Optional[MoeLever]:
     """Step 6: tiled MLP or tiled layer."""
     tile = cfg.memory.tile_tokens or text.hidden_size
     moe = apply_moe(model, router_aux_coef(cfg, text), tile if cfg.memory.tiled_mlp else None)
     if moe is not None and moe.untiled and state.rank == 0:
-        log.warning(untiled_warning(cfg, moe.untiled, state.world_size))
+        log.warning(untiled_warning(cfg, moe.untiled, state.world_size, shape))
     if cfg.memory.tiled_mlp and not cfg.memory.tiled_layer:
         apply_tiled_mlp(model, tile, required=moe is None)
     if cfg.memory.tiled_layer:
@@ -139,7 +139,7 @@ def apply_levers(
     text = model.config.get_text_config()
     apply_lora(model, cfg.lora, cfg.train.seed)  # 4
     attn = _attention_levers(cfg, model, state, text)  # 5
-    moe = _tiled_levers(cfg, model, state, text)  # 6
+    moe = _tiled_levers(cfg, model, state, text, shape)  # 6
     # 7. needs 6's final layer code and the DeepSpeed JSON's activation_checkpointing block
     plan = engine_placement(cfg, text.num_hidden_layers, state.world_size, shape)
     placement = apply_placement(

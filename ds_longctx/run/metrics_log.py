@@ -12,12 +12,17 @@ the end goes to stderr and `close` returns the note for the run's last line (exi
 
 from __future__ import annotations
 
+# tensorboard (torch) and wandb (optional) are imported where a writer opens.
+import importlib.util
 import json
 import logging
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ds_longctx.checkpoint.layout import CURVE_FILE, METRICS_FILE
 from ds_longctx.parallel.disk import describe_os_error
@@ -64,7 +69,6 @@ SCALARS = (
 def check_reporter(report_to: str, out=None) -> None:
     """ValueError where `report_to`'s package does not import, W&B's host cannot be reached, or
     TensorBoard cannot write under `out`."""
-    import importlib.util
 
     need = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
     if need and importlib.util.find_spec(need) is None:
@@ -94,7 +98,6 @@ OFFLINE_MODES = ("offline", "disabled", "dryrun")
 
 
 def _reach(host: str, port: int, box: list) -> None:
-    import socket
 
     try:
         socket.create_connection((host, port), timeout=PROBE_S).close()
@@ -105,8 +108,6 @@ def _reach(host: str, port: int, box: list) -> None:
 
 def wandb_problem() -> str | None:
     """Why W&B online cannot work here (its host unreachable within PROBE_S), else None."""
-    import threading
-    from urllib.parse import urlsplit
 
     mode = os.environ.get("WANDB_MODE", "offline").strip().lower()
     if mode in OFFLINE_MODES:

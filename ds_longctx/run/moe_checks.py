@@ -57,10 +57,13 @@ def untiled_cost_gb(
     ) / GB
 
 
-def untiled_warning(cfg: RunConfig, untiled: dict, world_size: int) -> str:
+def untiled_warning(
+    cfg: RunConfig, untiled: dict, world_size: int, shape: RunShape | None = None
+) -> str:
     """The one warning of sparse blocks `tiled_mlp` asked to tile that run whole ({block index:
-    why})."""
-    first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size)
+    why}). `shape`: the run's (its geometry and placement), else read and planned here."""
+    where = (None, None) if shape is None else (shape.geometry, shape.placement)
+    first, extra = next(iter(untiled.values())), untiled_cost_gb(cfg, world_size, *where)
     cost = (
         f"about {extra:.1f} GB more per GPU at seq_len={cfg.train.seq_len:,}"
         if extra >= 0.05

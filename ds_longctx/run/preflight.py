@@ -252,7 +252,8 @@ def preflight(
         raise ValueError(problem)
     shape = validate(cfg, world_size, per_node)
     geom = shape.geometry
-    if problem := nvme_space_problem(cfg, shape.text, world_size, shape.per_node, geom.num_params):
+    tier = (shape.text, world_size, shape.per_node, geom.num_params, shape.placement)
+    if problem := nvme_space_problem(cfg, *tier):
         raise ValueError(problem)
     check_reporter(cfg.logging.report_to, cfg.train.output_dir)  # W&B's host probed before the data
     rope_coverage(cfg, shape.hf_config)

@@ -3,10 +3,13 @@ rows)."""
 
 from __future__ import annotations
 
+# torch is imported where the GPU is named: importing this module does not load it.
 import os
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 COMMIT_ENV = (
     "DS_LONGCTX_COMMIT"  # the commit to record where the checkout's .git is not the tree's (a copy)
@@ -45,7 +48,6 @@ def now() -> str:
 
 def device_name() -> str:
     """The GPU's name, or `cpu (N cores)`."""
-    import psutil
     import torch
 
     return (

@@ -19,6 +19,7 @@ from ds_longctx.checkpoint.layout import (
 )
 from ds_longctx.corpora.answer_spans import BUCKETS
 from ds_longctx.run.answer_loss import answer_loss_lines
+from ds_longctx.run.evaluate import append_jsonl
 from ds_longctx.run.provenance import commit, device_name, now
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ def recall_rows(each: list, *, model: str, stage: str, step: int, seq_len: int) 
 def answers_writer(engine, cfg: RunConfig, model: str, stage: str = "trained"):
     """`write(step)`: eval_data's sessions scored under `engine`, appended by rank 0 to the
     answer_loss and recall files the config asks for. Collective."""
-    from ds_longctx.run.evaluate import append_jsonl
 
     lines, out = answer_loss_lines(engine, cfg), Path(cfg.train.output_dir)
 

@@ -15,6 +15,7 @@ docs/design/run.md.
 
 from __future__ import annotations
 
+# transformers, safetensors and deepspeed are imported where weights are read.
 import contextlib
 import hashlib
 import json

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 # torch is imported where a process group may need tearing down: the CLI imports this module without
 # it.
+import json
 import os
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
+from ds_longctx.checkpoint.run_lock import release_all
+
 REFUSED = 2
 REFUSAL_FILE_ENV = "DS_LONGCTX_REFUSAL_FILE"
+GAVE_UP_AT = "gave_up_at"  # record_failure's exact time.time() in the error file's extraInfo
 
 
 def last_line(message: str, code: int, rank: int = 0) -> None:
@@ -28,18 +34,20 @@ def last_line(message: str, code: int, rank: int = 0) -> None:
 
 def record_failure(e: BaseException) -> None:
     """This worker's exception (call it in `except`) where its torchrun agent reads it,
-    $TORCHELASTIC_ERROR_FILE: the launcher's last line names the rank others timed out waiting
-    for."""
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-        ErrorHandler().record_exception(e)
+    $TORCHELASTIC_ERROR_FILE, in torch's error-file format plus GAVE_UP_AT, the exact time it was
+    caught (torch's `timestamp` is whole seconds): the launcher's last line names the rank others
+    timed out waiting for."""
+    at = time.time()  # first: the moment the collective gave up, to the millisecond
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        info = {"py_callstack": traceback.format_exc(), "timestamp": str(int(at)), GAVE_UP_AT: at}
+        record = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": info}}
+        Path(path).write_text(json.dumps(record))
 
 
 def refuse(message: str, rank: int = 0):
     """Exit 2 with rank 0 saying `message`, after the process group and any output_dir lock are let
     go."""
-    from ds_longctx.checkpoint.run_lock import release_all
 
     release_all()  # a refused run leaves no lock file, nor the directory its lock made
     if "torch.distributed" in sys.modules:

@@ -21,6 +21,9 @@ import threading
 import time
 from typing import Optional
 
+import psutil
+
+from ds_longctx.checkpoint.run_lock import release_all
 from ds_longctx.run.refuse import last_line
 from ds_longctx.run.run_log import say_now
 
@@ -89,7 +92,6 @@ class StopRequest:
             self._now = None
 
     def _stop_now(self, signum: int) -> None:
-        from ds_longctx.checkpoint.run_lock import release_all
 
         if os.getpid() == self._pid:  # not a forked datasets worker: the run's own process says it
             release_all()
@@ -237,7 +239,6 @@ class LauncherSignals:
 
 def kill_children() -> None:
     """SIGKILL to every process this one started, their children too."""
-    import psutil
 
     for child in psutil.Process().children(recursive=True):
         try:

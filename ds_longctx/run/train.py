@@ -22,12 +22,16 @@ run-config field.
 
 from __future__ import annotations
 
+# train_loop (torch, deepspeed) is imported in main once the config is known good: bad input
+# is refused without them.
 import logging
 import os
 import sys
 
+from ds_longctx.levers.disk_tier import DiskTierError
 from ds_longctx.parallel.parallel_state import local_world_size
 from ds_longctx.run.argv import parse_config
+from ds_longctx.run.refuse import record_failure
 from ds_longctx.run.run_log import guarded_output
 from ds_longctx.run.stops import StopRequest, watch_launcher
 
@@ -50,7 +54,6 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(
             "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
         )  # before torch is imported
-        from ds_longctx.levers.disk_tier import DiskTierError
 
         # torch and deepspeed: once the config is known good
         from ds_longctx.run.train_loop import fail, train
@@ -60,8 +63,6 @@ def main(argv: list[str] | None = None) -> None:
         except DiskTierError as e:  # a full disk mid-step: the checkpoints stay intact
             fail(f"stopped: {e}; the last saved checkpoint is as it was", rank)
         except Exception as e:  # a collective that timed out, among others: for the launcher
-            from ds_longctx.run.refuse import record_failure
-
             record_failure(e)
             raise
 

@@ -1,7 +1,8 @@
 """checkpoint/universal.py's checks of a universal form, in one process on a form written here
 (safetensors' own save_file, the manifest's sizes and sha256 from hashlib): a manifest's step or
 optimizer step out of reason, and a file of the wrong length, each refused in one line naming the
-file, before any tensor is read; a SIGINT while one is written leaves no partial."""
+file, before any tensor is read; a SIGINT while one is written leaves no partial; a stop or a
+kill while one replaces another leaves a complete one."""
 
 import hashlib
 import json
@@ -181,3 +182,68 @@ def test_a_stop_signal_during_checkpoint_reshard_removes_the_partial_and_its_lin
     assert laid_out == sorted(universal.param_file(n) for n in PARAMS)
     assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
     assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+
+
+def whole_save(monkeypatch) -> None:
+    """write_universal's source stubbed: a 2-rank save of PARAMS whose fp32 masters are all 7 (its
+    checks and reads), so a write completes."""
+    monkeypatch.setattr(universal.files, "problem", lambda *a, **k: None)
+    groups = [[(n, tuple(s)) for n, s in PARAMS.items()]]
+    monkeypatch.setattr(universal, "_source_groups", lambda *a: (groups, 2))
+    flat = torch.full((sum(universal.partition(n, 2) for n in (12, 5)),), 7.0)
+    state = {"exp_avg": flat * 2, "exp_avg_sq": flat * 3}
+    monkeypatch.setattr(universal, "_rank_pieces", lambda path: ([flat], [state], 2.0))
+
+
+def complete(tag: Path) -> float:
+    """The fp32 master's first element of the complete universal form of `tag` (every file checked
+    against its manifest first)."""
+    assert universal.universal_problem(tag, universal.read_manifest(tag, 2)) is None
+    return float(universal.read_slices(tag, "w", 0, 1, ("fp32",))["fp32"][0])
+
+
+def test_a_stop_or_a_kill_between_the_renames_leaves_a_complete_universal_form(tag, monkeypatch):
+    """Replacing a universal form renames it aside (.old-universal), renames the new one in, then
+    deletes the old. A stop (KeyboardInterrupt) at the second rename puts the old form back at once;
+    a kill after the first leaves the old form aside, which the next resume (recover_universal, rank
+    0) puts back and the next reshard replaces; a kill while the old one is deleted leaves a
+    half-deleted .old-universal that the next recover removes beside the complete new form."""
+    import os
+
+    base, old = universal.universal_dir(tag), tag / universal.REPLACED
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    whole_save(monkeypatch)
+    meta = {"step": 2, "run": {"world_size": 2, "sp_size": 2, "dp_size": 1}}
+    replace = os.replace
+
+    def stopped(src, dst):
+        if Path(src).name == universal.PARTIAL:
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(universal.os, "replace", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            universal.write_universal(tag, meta)
+    assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+    for then in ("resume", "reshard"):  # killed after the first rename: nothing after it runs
+        with monkeypatch.context() as m:
+            m.setattr(universal, "_replace", lambda tmp, out, old: os.replace(out, old))
+            universal.write_universal(tag, meta)
+        assert sorted(p.name for p in tag.iterdir()) == sorted(
+            [universal.PARTIAL, universal.REPLACED]
+        )
+        if then == "resume":
+            assert universal.recover_universal(tag)
+            assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+            assert complete(tag) == 0.0  # the fixture's form, whole
+        else:
+            universal.write_universal(tag, meta)
+            assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]
+            assert complete(tag) == 7.0
+    # killed while the old form is deleted: its manifest already gone
+    old.mkdir()
+    (old / universal.param_file("b")).write_bytes(before["b.safetensors"])
+    assert universal.recover_universal(tag) and complete(tag) == 7.0
+    assert sorted(p.name for p in tag.iterdir()) == [universal.UNIVERSAL]

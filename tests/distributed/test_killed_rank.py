@@ -92,9 +92,9 @@ def test_hung_rank_is_cut_off_by_the_collective_timeout(tmp_path, data):
         ):
             time.sleep(0.2)
         elapsed = time.time() - t0
-        # a hung rank records nothing: continued at once, its own expired timeout could land in
-        # the survivor's second (launch.WAITED_S); later than that, it reads as the late one
-        time.sleep(launch.WAITED_S + 1)
+        # continued, rank 1 records its own expired timeout at once: within launch.WAITED_EXACT_S
+        # of the survivor's exact time it would count as a waiter; later, it reads as the late one
+        time.sleep(launch.WAITED_EXACT_S + 0.5)
         hung.send_signal(signal.SIGCONT)
         rc = proc.wait(timeout=60)
     finally:

@@ -158,7 +158,10 @@ def test_a_disk_with_less_free_space_than_the_tier_needs_is_refused_at_start_and
     cfg = RunConfig(model="qwen3-tiny", seq_len=1024, dtype="fp32", **where)
     need = 2 * 1024 * 64 * 4 * 2  # 2 disk layers x 1,024 tokens x hidden 64 x fp32, 2 ranks
     monkeypatch.setattr(disk_tier.disk, "free_bytes", lambda p: need)
-    assert disk_tier.nvme_space_problem(cfg, tiny_config(), 2, 2, 10**6) is None
+    args = (cfg, tiny_config(), 2, 2, 10**6)
+    assert disk_tier.nvme_space_problem(*args, PlacementPlan.parse("disk:2")) is None
+    # the placement given is the one counted: a third disk layer no longer fits
+    assert disk_tier.nvme_space_problem(*args, PlacementPlan.parse("disk:3")) is not None
     monkeypatch.setattr(disk_tier.disk, "free_bytes", lambda p: need - 1)
     with pytest.raises(ValueError) as e:
         preflight(cfg, 2, 2)

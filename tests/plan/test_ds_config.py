@@ -35,3 +35,25 @@ def test_hf_trainer_config_is_the_same_json_less_train_batch_size():
     assert "train_batch_size" not in trainer and trainer == {
         k: v for k, v in ds.items() if k != "train_batch_size"
     }
+
+
+def test_partial_offload_sizes_sub_groups_from_the_geometry_given_else_reads_it(monkeypatch):
+    """offload_ratio < 1: sub_group_size is one rank's partition over OFFLOAD_SUB_GROUPS; with the
+    run's geometry given (RunShape.geometry) the model is not read again."""
+    from ds_longctx.plan.geometry import ModelGeometry
+    from ds_longctx.plan.zero_buffers import OFFLOAD_SUB_GROUPS
+
+    cfg = RunConfig(model="qwen3-8b", optimizer_offload=True, optimizer_offload_ratio=0.5)
+    geom = ModelGeometry.from_name_or_path("qwen3-8b")
+    read = build_ds_config(cfg, 8, True)
+    one_rank = sum(-(-n // 8) for n in geom.param_numels())
+    assert read["zero_optimization"]["sub_group_size"] == -(-one_rank // OFFLOAD_SUB_GROUPS)
+
+    def no_read(name):
+        raise AssertionError(f"read {name} again")
+
+    monkeypatch.setattr(ModelGeometry, "from_name_or_path", no_read)
+    assert build_ds_config(cfg, 8, True, geom) == read
+    assert (
+        hf_trainer_ds_config(cfg, 8, True, geom)["zero_optimization"] == read["zero_optimization"]
+    )

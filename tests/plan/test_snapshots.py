@@ -13,6 +13,7 @@ import yaml
 
 from ds_longctx.config import RunConfig
 from ds_longctx.rehearsal.world import planned
+from ds_longctx.run.preflight import validate
 from tests.helpers import ROOT
 
 SESSIONS = ROOT / "benchmarks/results/sessions"
@@ -47,7 +48,7 @@ def test_the_plan_holds_what_the_allocator_held(where, layers, tmp_path):
         (tmp_path / "model.json").write_text(json.dumps(geometry))
         overrides["model"] = str(tmp_path / "model.json")
     cfg = RunConfig.load(run_dir / "plan/run.yaml", **overrides)
-    p = planned(cfg, 1, 1)
+    p = planned(cfg, validate(cfg, 1, 1))
     live = p.reserved_bytes - p.term("allocator_slack").gpu_bytes  # all + the peak phase
     measured = allocated_peak(run_dir)
     assert abs(live / measured - 1) < 0.02, (p.peak_phase, live, measured)

@@ -11,7 +11,7 @@ from ds_longctx.parallel.shared_prefix import shared_layout
 from ds_longctx.parallel.units import IGNORE_INDEX
 from ds_longctx.rehearsal import rehearse
 from ds_longctx.rehearsal.dpo_rows import synthetic_pair_rows
-from ds_longctx.rehearsal.world import planned
+from ds_longctx.rehearsal.world import check, planned
 from tests.rehearsal.test_rehearse import SEQ, write_config
 
 
@@ -40,7 +40,7 @@ def test_the_synthetic_row_is_one_shared_prompt_then_chosen_and_rejected():
 def test_a_dpo_configs_rehearsal_reads_no_pairs_and_is_planned_with_its_terms(tmp_path):
     cfg, off = rehearse.rehearsal_config(["--config", str(dpo_config(tmp_path))])
     assert cfg.data.source == "synthetic" and any("pairs.jsonl" in o for o in off)
-    plan = planned(cfg, 8, 1, completion_len=64)
+    plan = planned(cfg, check(cfg, 8, 8), completion_len=64)
     assert plan.term("shared_prompt_kv").formula.startswith("2·P·kv'·d·2 (P=384:")
 
 

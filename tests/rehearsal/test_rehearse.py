@@ -379,14 +379,15 @@ def test_a_gpu_smaller_than_the_plan_is_refused_naming_both(tmp_path, monkeypatc
     from ds_longctx.rehearsal import rehearse, world
 
     cfg, _ = rehearse.rehearsal_config(["--config", str(write_config(tmp_path))])
-    need = world.planned(cfg, 8, 1).gpu_peak_bytes
+    shape = world.check(cfg, 8, 8)
+    need = world.planned(cfg, shape).gpu_peak_bytes
     a = argparse.Namespace(cpu=False, config="run.yaml", completion_len=None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     problems = []
     for total in (need - 1e8, need + 1e8):
         gpu = SimpleNamespace(name="Tiny GPU", total_memory=int(total))
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i, gpu=gpu: gpu)
-        problems.append(rehearse.device_problem(a, cfg, 8, 1))
+        problems.append(rehearse.memory_problem(a, cfg, shape))
     small, large = problems
     assert large is None and "Tiny GPU" in small, problems
     assert (

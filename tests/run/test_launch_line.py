@@ -5,16 +5,18 @@ records, read from error files a worker writes through run/refuse.record_failure
 agent reads them; the multi-process runs that end this way are
 tests/distributed/test_killed_rank.py."""
 
+import json
 import signal
 import socket
-import time
+from types import SimpleNamespace
 
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, ProcessFailure
 
 from ds_longctx.parallel.disk import PARTIAL_MARKER
-from ds_longctx.run.launch import failed_rank_line
-from ds_longctx.run.refuse import record_failure
+from ds_longctx.run import refuse
+from ds_longctx.run.launch import WAITED_EXACT_S, failed_rank_line
+from ds_longctx.run.refuse import GAVE_UP_AT, record_failure
 
 GLOO_TIMEOUT = (
     "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for "
@@ -26,15 +28,18 @@ GLOO_CLOSED = (
 HOST = socket.gethostname()
 
 
+BASE = 1_800_000_000.0  # a whole second: late_s=0.1 and 0.9 fall in the same one
+
+
 @pytest.fixture
 def failure(tmp_path, monkeypatch):
-    """failure(rank, exitcode, raised=None, late_s=0): rank's ProcessFailure as the agent builds it,
-    from the error file its worker wrote on `raised` (none: a process ended by a signal or
-    os._exit)."""
+    """failure(rank, exitcode, raised=None, late_s=0, exact=True): rank's ProcessFailure as the
+    agent builds it, from the error file its worker wrote on `raised` at BASE + late_s (none: a
+    process ended by a signal or os._exit); exact=False: torch's own record, whole seconds only."""
 
     made = []
 
-    def make(rank: int, exitcode: int, raised: str | None = None, late_s: float = 0):
+    def make(rank, exitcode, raised=None, late_s: float = 0, exact: bool = True):
         made.append(rank)
         err = tmp_path / f"error_{len(made)}.json"  # one per worker, as the agent makes them
         if raised is not None:
@@ -42,9 +47,11 @@ def failure(tmp_path, monkeypatch):
             try:
                 raise RuntimeError(raised)
             except RuntimeError as e:
-                record_failure(e)
+                with monkeypatch.context() as m:
+                    m.setattr(refuse, "time", SimpleNamespace(time=lambda: BASE + late_s))
+                    record_failure(e) if exact else ErrorHandler().record_exception(e)
         f = ProcessFailure(local_rank=rank, pid=4000 + rank, exitcode=exitcode, error_file=str(err))
-        f.timestamp = int(time.time() + late_s)
+        f.timestamp = int(BASE + late_s)  # what the agent reads: whole seconds
         return f
 
     return make
@@ -93,3 +100,37 @@ def test_the_last_line_names_the_rank_that_died_or_hung_and_what_is_on_disk(tmp_
         f"rank 1 (pid 4001 on {HOST}) failed first (exit code 1; its traceback above); this launch "
         f"saves nothing"
     )
+
+
+def test_exact_times_name_a_stopped_rank_continued_within_the_survivors_second(failure, tmp_path):
+    """A rank stopped (SIGSTOP) past the collective timeout, then continued, gives up at once, its
+    own deadline long past: here within rank 0's whole second, or the next, where whole-second
+    records (torch's own, the fallback) count it among the waiters. Each worker's exact time
+    (run/refuse.GAVE_UP_AT) names it; waiters that gave up within WAITED_EXACT_S stay waiters."""
+    one = f"rank 1 (pid 4001 on {HOST}) hung: rank 0 gave up waiting for it in a collective"
+    every = "every rank timed out in a collective"
+    for first, late in ((0.1, 0.9), (0.7, 1.6)):
+        for exact, said in ((True, one), (False, every)):
+            ranks = {
+                0: failure(0, 1, GLOO_TIMEOUT, late_s=first, exact=exact),
+                1: failure(1, 1, GLOO_TIMEOUT, late_s=late, exact=exact),
+            }
+            assert failed_rank_line(ranks, 2, None).startswith(said), (first, late, exact)
+    # the record holds the time record_failure took, exactly
+    record = json.loads((tmp_path / "error_1.json").read_text())["message"]["extraInfo"]
+    assert (record[GAVE_UP_AT], record["timestamp"]) == (BASE + 0.1, str(int(BASE)))
+    # three waiters across a second's boundary, rank 3 continued 0.7 s after the last of them
+    late = {r: failure(r, 1, GLOO_TIMEOUT, late_s=t) for r, t in enumerate((0.95, 1.05, 1.2, 1.9))}
+    assert failed_rank_line(late, 4, None).startswith(
+        f"rank 3 (pid 4003 on {HOST}) hung: ranks 0, 1, 2 gave up waiting for it in a collective"
+    )
+    near = {
+        r: failure(r, 1, GLOO_TIMEOUT, late_s=t) for r, t in ((0, 0.1), (1, 0.1 + WAITED_EXACT_S))
+    }
+    assert failed_rank_line(near, 2, None).startswith(every)
+    # a record without an exact time is compared in whole seconds
+    mixed = {
+        0: failure(0, 1, GLOO_TIMEOUT, late_s=0.1),
+        1: failure(1, 1, GLOO_TIMEOUT, late_s=0.9, exact=False),
+    }
+    assert failed_rank_line(mixed, 2, None).startswith(every)

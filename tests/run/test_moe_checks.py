@@ -59,6 +59,15 @@ def test_a_block_the_tiles_cannot_compute_is_warned_with_its_cost_or_refused_ove
         and f"about {extra:.1f} GB more per GPU at seq_len=1,048,576" in line
         and "has_bias=True" in line
     )
+    shape = shape_of(c, 8)  # the engine's warning: the run's geometry and plan, read no more
+
+    def again(*a):
+        raise AssertionError("read or planned again")
+
+    monkeypatch.setattr(ModelGeometry, "from_name_or_path", again)
+    monkeypatch.setattr(moe_checks, "run_placement", again)
+    assert moe_checks.untiled_warning(c, {0: "its experts have has_bias=True"}, 8, shape) == line
+    monkeypatch.undo()
     monkeypatch.setattr(
         moe_checks, "tile_problem", lambda block, fam: "its experts have has_bias=True"
     )
