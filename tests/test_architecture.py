@@ -262,6 +262,18 @@ REPO_PATH = re.compile(
 CALIBRATION = re.compile(r"docs/calibration\.md#([\w-]+)")
 
 
+def docstring_ids(tree: ast.AST) -> set:
+    """id() of every docstring constant (module, class, function) in `tree`."""
+    return {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+
+
 def prose(path: Path):
     """(line, kind, text) of every comment, docstring and other string constant (a note a user
     reads) of a module."""
@@ -270,14 +282,7 @@ def prose(path: Path):
         if tok.type == tokenize.COMMENT:
             yield tok.start[0], "comment", tok.string
     tree = ast.parse(src)
-    docs = {
-        id(n.body[0].value)
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
+    docs = docstring_ids(tree)
     for n in ast.walk(tree):
         if isinstance(n, ast.Constant) and isinstance(n.value, str):
             yield n.lineno, "docstring" if id(n) in docs else "string", n.value

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ds_longctx import families
 from ds_longctx.plan.geometry import ModelGeometry
+from tests.test_architecture import docstring_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ds_longctx"
@@ -51,14 +52,7 @@ def test_every_shipped_geometry_is_a_family_of_the_table_and_plans():
 
 def _family_strings(tree: ast.AST, names: set) -> list:
     """(line, value) of every string constant naming a family, docstrings aside."""
-    docs = {
-        id(n.body[0].value)
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
+    docs = docstring_ids(tree)
     return [
         (n.lineno, n.value)
         for n in ast.walk(tree)

@@ -256,9 +256,8 @@ _SAVING = re.compile(
 
 def foreign_files(root: Path, tag: re.Pattern) -> list:
     """What under checkpoints/ `root` no save of this project wrote, as paths from its parent:
-    anything but
-    SAVED_FILES, `.tmp-*` saves marked as ours, and directories named like `tag` whose every file is
-    meta.json or in its manifest."""
+    anything but SAVED_FILES, `.tmp-*` saves marked as ours, and directories named like `tag` whose
+    every file is meta.json or in its manifest."""
     if root.is_symlink() or (root.exists() and not root.is_dir()):
         return [f"{root.name} (a {'symbolic link' if root.is_symlink() else 'file'})"]
     foreign = []

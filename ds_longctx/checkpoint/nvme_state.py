@@ -24,15 +24,12 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.distributed as dist
 
+from ds_longctx.plan.ds_config import optimizer_on_nvme
+
 if TYPE_CHECKING:
     from ds_longctx.config import RunConfig
 
 SWAP_DIR = "offloaded_tensors"  # DeepSpeed's copy of the swap files in a tag directory
-
-
-def swapping(cfg: RunConfig) -> bool:
-    """Whether a run of `cfg` keeps its optimizer state on NVMe (plan/ds_config.nvme_blocks)."""
-    return bool(cfg.memory.nvme_path and cfg.memory.nvme_optimizer and cfg.optimizer.offload)
 
 
 def swapped(tag_dir: Path) -> bool:
@@ -46,19 +43,19 @@ def resume_problem(cfg: RunConfig, tag_dir: Path, meta: dict, reshard: bool) -> 
     NVMe optimizer's on/off or a layout change (`reshard`), or None. Reads no tensor."""
     in_files = swapped(tag_dir)
     ckpt = f"resume: checkpoint {str(tag_dir)!r}"
-    if swapping(cfg) and not (tag_dir / SWAP_DIR).is_dir():
+    if optimizer_on_nvme(cfg) and not (tag_dir / SWAP_DIR).is_dir():
         return (
             f"{ckpt} was saved without memory.nvme_optimizer, and a resume with it reads only "
             f"NVMe swap files ({SWAP_DIR}/, DeepSpeed {meta.get('deepspeed', '?')}), not the "
             f"saved ZeRO optimizer state; resume with --nvme_optimizer false"
         )
-    if in_files and not swapping(cfg):
+    if in_files and not optimizer_on_nvme(cfg):
         return (
             f"{ckpt} holds its optimizer state in NVMe swap files ({SWAP_DIR}/), which only a "
             f"resume with the NVMe optimizer reads; resume with --optimizer_offload true "
             f"--nvme_optimizer true and an --nvme_path"
         )
-    if reshard and (in_files or swapping(cfg)):
+    if reshard and (in_files or optimizer_on_nvme(cfg)):
         run = meta["run"]
         return (
             f"{ckpt}: a resume at another layout does not carry the NVMe optimizer's state; resume "

@@ -80,11 +80,16 @@ def build_ds_config(
     return ds
 
 
+def optimizer_on_nvme(cfg: RunConfig) -> bool:
+    """Whether a run of `cfg` keeps its offloaded optimizer state on NVMe (ZeRO-Infinity)."""
+    return bool(cfg.memory.nvme_path and cfg.memory.nvme_optimizer and cfg.optimizer.offload)
+
+
 def nvme_blocks(zero: dict, cfg: RunConfig) -> None:
     """ZeRO-Infinity: the offloaded optimizer state / parameters swapped to memory.nvme_path (the
     swap buffer sizes are the planner's: plan/disk_terms.py)."""
     path = cfg.memory.nvme_path
-    if cfg.memory.nvme_optimizer and cfg.optimizer.offload:
+    if optimizer_on_nvme(cfg):
         zero["offload_optimizer"] = {
             "device": "nvme",
             "nvme_path": path,

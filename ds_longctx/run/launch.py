@@ -11,8 +11,6 @@ workers and wait for their save (run/stops.py). torch is imported inside the fun
 
 from __future__ import annotations
 
-# torch and the run layer are imported inside the functions that use them: importing this module
-# (the CLI's launch commands) loads the standard library only.
 import argparse
 import math
 import os
@@ -252,8 +250,7 @@ def _said(failure) -> str:
 
 def kept_checkpoint(output_dir: str | None, partial: bool = False) -> str:
     """What a stopped run leaves: its last complete checkpoint (`--resume` continues it); `partial`:
-    and a
-    partial save left there."""
+    and a partial save left there."""
     from ds_longctx.checkpoint.layout import ckpt_root
     from ds_longctx.checkpoint.paths import partial_saves, read_latest
 

@@ -102,7 +102,7 @@ def validate(cfg: RunConfig, world_size: int, per_node: int | None = None) -> Ru
     # the placement plan's rules for this model (`auto` without gpu_budget_gb: the engine's GPU)
     budget = cfg.memory.gpu_budget_gb
     placement = run_placement(cfg, text.num_hidden_layers, world_size, budget, geom)
-    shape = RunShape.of(
+    shape = RunShape(
         geom, hf_cfg, cfg.train.seq_len, cfg.parallel.sp_size, world_size, per_node, placement
     )
     check_moe(cfg, shape)  # a mixture of experts: its coefficient, untileable blocks, the budget

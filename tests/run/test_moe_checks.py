@@ -24,7 +24,7 @@ def shape_of(c: RunConfig, world: int) -> RunShape:
     g = ModelGeometry.from_name_or_path(c.model.name)
     plan = run_placement(c, g.layers, world, c.memory.gpu_budget_gb, g)
     hf = load_hf_config(c.model.name)
-    return RunShape.of(g, hf, c.train.seq_len, c.parallel.sp_size, world, world, plan)
+    return RunShape(g, hf, c.train.seq_len, c.parallel.sp_size, world, world, plan)
 
 
 def test_router_aux_loss_coef_is_the_runs_else_the_models_and_refused_for_a_dense_model(tmp_path):
