@@ -268,6 +268,8 @@ def apply_rope_scaling(
     )
     hf_config.rope_parameters = params
     hf_config.max_position_embeddings = max(old_max, seq_len, covered)
+    if getattr(hf_config, "head_dim", 0) is None:  # transformers 5.17 YaRN reads it undefaulted
+        hf_config.head_dim = hf_config.hidden_size // hf_config.num_attention_heads
     log.info(
         "rope: %s factor %s (original_max_position_embeddings=%s, rope_theta=%g): %s; "
         "max_position_embeddings %d -> %d",

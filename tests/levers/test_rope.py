@@ -70,6 +70,21 @@ def test_tiny_model_built_after_auto_uses_our_yarn():
     assert apply_rope_scaling(cfg, 8192, "auto") == applied  # applying twice: the same
 
 
+def test_a_null_head_dim_is_derived_for_transformers_yarn():
+    """Mixtral's published config leaves head_dim null; transformers 5.17's YaRN multiplies it
+    undefaulted, so YaRN writes the derived width (hidden / heads) that the attention uses."""
+    from transformers import MixtralConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = MixtralConfig.from_dict(json.loads((MODELS / "mixtral-8x7b.json").read_text()))
+    assert cfg.head_dim is None
+    params = apply_rope_scaling(cfg, 131_072, "yarn")
+    assert cfg.head_dim == 4096 // 32
+    ref_inv_freq, _ = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    inv_freq, _ = yarn_inv_freq(128, params["rope_theta"], params["factor"], 32768)
+    assert rel_err(inv_freq, ref_inv_freq, norm="elementwise") <= 1e-6
+
+
 @pytest.mark.parametrize(
     "seq_len, orig, factor",
     [
