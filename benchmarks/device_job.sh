@@ -79,7 +79,7 @@ PY
       attn:*:*:*) IFS=: read -r _ lens h kv <<< "$s"  # kernel rates at one Ulysses shape (q / kv heads a rank)
                   step "attn_${h}_$kv" 600 python benchmarks/bench_attention.py --seq_lens "$lens" \
                     --heads "$h" --kv_heads "$kv" --out "$RES/attn" ;;
-      disk_tier) step disk_tier 1200 env RES="$RES/disk_tier" NVME_PATH=/tmp/ds_longctx_nvme NVME_GB=50 \
+      disk_tier) step disk_tier 1200 env RES="$RES/disk_tier" NVME_PATH=/tmp/ds_longctx_nvme NVME_GB=${NVME_GB:-50} \
                    bash benchmarks/disk_tier.sh ;;
       gpu_tests) step gpu_tests 1500 python -m pytest -q -p no:cacheprovider --durations=15 tests/gpu ;;
       gpu_some) step gpu_some 900 python -m pytest -q -p no:cacheprovider --durations=10 tests/gpu \
