@@ -78,7 +78,7 @@ planned = {
     "gpu_gb": grab(r"planned: ([\d.]+) GB per GPU"), "host_gb": grab(r"planned: [\d.]+ GB per GPU, ([\d.]+) GB host"),
     "disk_gb": grab(r"disk tier: ([\d.]+) GB on nvme_path"), "placement": grab(r"placement per layer: (\S+)", cast=str),
     "step_s": grab(r"predicted step with the disk: ([\d.]+) s") or grab(r"predicted step on \w+ .*?: ([\d.]+) s"),
-    "bandwidth": grab(r"at ([\d.]+ GB/s write, [\d.]+ GB/s read \([^)]*\))", cast=str),
+    "bandwidth": grab(r"at ([\d.]+ GB/s write, [\d.]+ GB/s read \(.*?\)\))", cast=str),
 }
 rows = [json.loads(line) for line in open(f"{res}/run/metrics.jsonl")] if os.path.exists(f"{res}/run/metrics.jsonl") else []
 peak_d, peak_h = (int(x) for x in open(f"{res}/peaks.txt").read().split()) if os.path.exists(f"{res}/peaks.txt") else (0, 0)

@@ -195,6 +195,29 @@ def preference_runs() -> list:
     return out
 
 
+DISK_TIER_HEAD = re.compile(
+    r"disk_tier: (\S+) commit (\S+) (\S+) on ([^,]+), \d+ \((\d+) GB\) \+ ([\d.]+) GB host "
+    r"\+ (\d+) GB of"
+)
+
+
+def disk_tier_runs() -> list:
+    """One row per benchmarks/disk_tier.sh run on a GPU: its disk_tier.json, with what its log's
+    first line says it ran (commit, model, device, budgets) and its step count."""
+    out = []
+    for path in found("disk_tier.json"):
+        head = DISK_TIER_HEAD.match((path.parent / "log.txt").read_text())
+        if head is None:  # a CPU check: no GPU named
+            continue
+        when, commit, model, dev, gpu_gb, host_gb, nvme_gb = head.groups()
+        steps = len(jsonl(path.parent / "run" / "metrics.jsonl"))
+        row = {**json.loads(path.read_text()), "date": when, "commit": commit, "device": dev}
+        row["model"] = model
+        row["machine"] = f"1 x {gpu_gb} GB + {float(host_gb):g} GB host + {nvme_gb} GB disk"
+        out.append(annotate({**row, "steps": steps}, path))
+    return out
+
+
 def build_simple() -> dict:
     """The current files that are their raw lines, each with its source; recall.jsonl: the device
     sessions' runs (a CPU check under sessions/<date>/ shows the tool working, not a
@@ -228,6 +251,7 @@ def build_simple() -> dict:
         "stdlib_corpus.jsonl": stdlib,
         "masked_step.jsonl": rows_of("masked_step_*.jsonl"),
         "preference.jsonl": preference_runs(),
+        "disk_tier.jsonl": disk_tier_runs(),
         "recall.jsonl": [
             annotate(r, p, i, model_name=RECALL_MODELS[rel(p.parent)])
             for p in found("recall.jsonl")

@@ -11,6 +11,7 @@ from bench_planner import (
     HOST_TOL,
     steady_gpu_peak,
 )  # the bars and the one-step rule: one home each
+from results_disk_tier import disk_tier, disk_tier_rows  # noqa: F401 (SECTIONS)
 from results_format import META, device, err, gb, meta, n, result_file, src, table
 from results_preference import preference, preference_rows  # noqa: F401 (SECTIONS)
 from results_recall import recall, recall_rows  # noqa: F401 (SECTIONS takes recall by name)
@@ -55,6 +56,7 @@ TITLES = {
         "Recall far back: a real model on agent sessions, base and fine-tuned (`recall.jsonl`)"
     ),
     "preference": "Preference training on a GPU: DPO and GRPO runs (`preference.jsonl`)",
+    "disk_tier": "Longer than host memory: the disk tier run against its plan (`disk_tier.jsonl`)",
 }
 
 
@@ -906,7 +908,7 @@ def readme(d: dict) -> str:
             ]
         )
     rows += other_longest(d) + rehearsed(d) + longest_rehearsed(d) + recall_rows(d)
-    rows += preference_rows(d)
+    rows += preference_rows(d) + disk_tier_rows(d)
     a = accuracy(d)
     rows.append(
         [
