@@ -22,13 +22,17 @@ def _closed(text: str) -> str:
 def _step(r: dict) -> str:
     m, p = r["measured"], r["planned"]
     only = " (its only step: compiling included)" if r["steps"] == 1 else " (the last)"
-    return f"step {m['step_s']:.1f} s{only} against {p['step_s']} s predicted"
+    off = _vs(m["step_s"], p["step_s"])
+    bar = "inside" if abs(m["step_s"] / p["step_s"] - 1) <= TOL["step"] else "outside"
+    bar += f" ±{TOL['step']:.0%}"
+    return f"step {m['step_s']:.1f} s{only} against {p['step_s']} s predicted ({off}, {bar})"
 
 
 def disk_tier_rows(d: dict) -> list:
-    """README rows: per run, the lengths with and without the disk, then the peaks and the step."""
+    """The README's row: the newest run's lengths with and without the disk, its peaks and its
+    step (every run: docs/results.md)."""
     out = []
-    for r in d.get("disk_tier", []):
+    for r in d.get("disk_tier", [])[-1:]:
         p, m = r["planned"], r["measured"]
         peaks = ", ".join(
             f"{what} {m[mk]:.1f} GB (plan {p[pk]})"

@@ -213,7 +213,7 @@ def disk_tier_runs() -> list:
         steps = len(jsonl(path.parent / "run" / "metrics.jsonl"))
         row = {**json.loads(path.read_text()), "date": when, "commit": commit, "device": dev}
         row["model"] = model
-        row["machine"] = f"1 x {gpu_gb} GB + {float(host_gb):g} GB host + {nvme_gb} GB disk"
+        row["machine"] = f"1 x {dev} ({gpu_gb} GB) + {float(host_gb):g} GB host + {nvme_gb} GB disk"
         out.append(annotate({**row, "steps": steps}, path))
     return out
 

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -51,6 +52,8 @@ class DiskTier:
         self.dir: Optional[str] = None  # made on the first write (tempfile.mkdtemp: ours alone)
         self.direct: Optional[bool] = None  # O_DIRECT on the last file (None: nothing written yet)
         self.bytes_written = 0
+        self.wait_s = 0.0  # the compute thread's time blocked on the disk (put's and get's waits)
+        self._counted = (0, 0.0)  # (bytes_written, wait_s) at the last step_stats
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds_longctx-disk")
         # the last write: the write buffer is busy until it ends
         self._write: Optional[Future] = None
@@ -183,6 +186,7 @@ class DiskTier:
         (DiskTierError)."""
         if job is None:
             return
+        t0 = time.perf_counter()
         try:
             job.result()
         except OSError as e:
@@ -192,6 +196,13 @@ class DiskTier:
                 f"under {self.root} or lower "
                 f"memory.nvme_gb and plan again (ds-longctx plan --nvme_gb)"
             ) from None
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def step_stats(self) -> tuple:
+        """(bytes written, seconds the compute thread waited) since the last call."""
+        then, self._counted = self._counted, (self.bytes_written, self.wait_s)
+        return self.bytes_written - then[0], self.wait_s - then[1]
 
     def close(self) -> None:
         """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself
@@ -216,6 +227,18 @@ def disk_tier(nvme_path: Optional[str] = None) -> DiskTier:
     if nvme_path not in _TIERS:
         _TIERS[nvme_path] = DiskTier(nvme_path)
     return _TIERS[nvme_path]
+
+
+def step_stats() -> dict:
+    """This process's disk tier since the last call, for a metrics line: `disk_written_bytes` and
+    `disk_wait_s` (the compute thread blocked on a write or read; {} without a disk layer)."""
+    if not _TIERS:
+        return {}
+    stats = [tier.step_stats() for tier in _TIERS.values()]
+    return {
+        "disk_written_bytes": sum(b for b, _ in stats),
+        "disk_wait_s": round(sum(w for _, w in stats), 3),
+    }
 
 
 def close_all() -> None:

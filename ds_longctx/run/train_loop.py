@@ -34,6 +34,7 @@ from ds_longctx.config import RunConfig
 from ds_longctx.config.model import resolve_model
 from ds_longctx.data import build_data, build_eval_data
 from ds_longctx.data.tokenize import tokenizer_path
+from ds_longctx.levers import disk_tier
 from ds_longctx.levers.gpu_budget import out_of_budget
 from ds_longctx.parallel.disk import mark_written
 from ds_longctx.parallel.parallel_state import init_distributed, leave
@@ -271,6 +272,7 @@ def step_row(cfg: RunConfig, engine: LongCtxEngine, data, t: TimedStep, done: in
         "peak_gpu_allocated_bytes": t.peak_allocated,
         "host_rss_bytes": _host_rss(),
         "skipped_rows": data.skipped_rows,
+        **disk_tier.step_stats(),
         **t.extra,
     }
     if dist.is_initialized() and torch.cuda.is_available():

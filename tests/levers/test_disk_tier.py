@@ -61,8 +61,12 @@ def test_disk_layers_equal_host_offload_bit_for_bit_and_leave_nvme_path_as_found
     # once read back
     assert tier.bytes_written == (1 + 2) * 2 * 48 * 64 * 4 and tier.direct is not None
     assert tier.dir is None and sorted(os.listdir(nvme)) == ["theirs.txt"]
+    # a metrics line's disk figures: the bytes since the last line, then none
+    stats = disk_tier.step_stats()
+    assert stats["disk_written_bytes"] == tier.bytes_written and stats["disk_wait_s"] >= 0
+    assert disk_tier.step_stats() == {"disk_written_bytes": 0, "disk_wait_s": 0.0}
     disk_tier.close_all()
-    assert sorted(os.listdir(nvme)) == ["theirs.txt"]
+    assert sorted(os.listdir(nvme)) == ["theirs.txt"] and disk_tier.step_stats() == {}
 
 
 def test_full_disk_mid_step_stops_with_one_line_and_the_earlier_checkpoint_loads(
