@@ -40,6 +40,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,8 +163,6 @@ def read_losses(output_dir: str) -> list[float]:
 def run_demo(args) -> int:
     """Tiny Qwen3 (8 q / 2 kv heads) on the synthetic retrieval task: SP=2 over 2 gloo processes,
     then the same run on 1 process (SP=1), losses side by side."""
-    import signal
-
     base = ["--model", "qwen3-tiny", "--seq_len", str(args.seq_len), "--steps", str(args.steps)]
     base += ["--seed", str(args.seed), "--lr", "1e-3", "--dtype", "fp32"]
     base += ["--overwrite"]  # a demo replaces the last
@@ -202,8 +201,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C before any worker ran (after, torchrun hands it to them)
-        import signal
-
         from ds_longctx.run.stops import signal_exit
 
         print(

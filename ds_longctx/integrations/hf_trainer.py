@@ -270,8 +270,6 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
     def _longctx_rows(self, dataset, description: str):
         """(dataset, collate): our rows stacked as they are; other rows with their masks folded into
         labels, then the trainer's collator."""
-        import functools
-
         from ds_longctx.integrations import hf_data
 
         if hf_data.is_rows_dataset(dataset):

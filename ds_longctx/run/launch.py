@@ -15,7 +15,10 @@ import argparse
 import math
 import os
 import re
+import signal
+import socket
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -77,9 +80,6 @@ def launch(nproc: int, args: list[str], module: str, output_dir: str | None = No
     workers' last line (run/refuse.last_line) is printed last and its exit code returned; signals
     reach the workers and wait for their save (run/stops.LauncherSignals). Another failure ends with
     torchrun's summary and its exit code."""
-    import signal
-    import tempfile
-
     import torch.distributed.elastic.multiprocessing.api as elastic
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -161,9 +161,6 @@ def failed_rank_line(failures: dict, nproc: int, output_dir: str | None) -> str:
     """The last line after workers failed (torchrun's ProcessFailure by rank): the rank killed by a
     signal from outside, else the ranks the others timed out waiting for, else the first to fail;
     pid, host and what is on disk."""
-    import signal
-    import socket
-
     host = socket.gethostname()
 
     def who(ranks) -> str:
