@@ -21,6 +21,7 @@ import atexit
 import functools
 import logging
 import os
+import weakref
 from typing import TYPE_CHECKING
 
 from ds_longctx.checkpoint.files import weights_only_loads
@@ -103,8 +104,12 @@ def training_args(cfg: RunConfig, args_cls=None, **kwargs):
     return args_cls(**training_kwargs(cfg, trainer_ds_config(cfg), args_cls, kwargs))
 
 
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # build_model's model -> shape
+
+
 def build_model(cfg: RunConfig, stage=lambda name: None):
-    """The run's model as `ds-longctx train` builds it, after the engine's checks."""
+    """The run's model as `ds-longctx train` builds it, after the engine's checks; the trainer
+    applies the levers to the run shape those checks built."""
     import torch.distributed as dist
 
     from ds_longctx.run import model as run_model
@@ -114,7 +119,9 @@ def build_model(cfg: RunConfig, stage=lambda name: None):
     shape = validate(cfg, dist.get_world_size())
     rope_coverage(cfg, shape.hf_config)
     ds = trainer_ds_config(cfg, shape.geometry)
-    return run_model.build_partitioned_model(cfg, shape.hf_config, ds, stage=stage)
+    model = run_model.build_partitioned_model(cfg, shape.hf_config, ds, stage=stage)
+    _SHAPES[model] = shape
+    return model
 
 
 def tokenizer(cfg: RunConfig):
@@ -232,6 +239,7 @@ class LongCtxTrainerMixin(LongCtxLossMixin):
             self.model,
             self.longctx_state,
             self.accelerator.state.deepspeed_plugin.deepspeed_config,
+            _SHAPES.get(self.model),  # None (a model built elsewhere): planned there
         )
         route_forward(self.model, self.longctx.head)
         self.longctx_clock = step_clock()

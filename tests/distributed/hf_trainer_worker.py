@@ -44,6 +44,12 @@ def main():
     from ds_longctx.config import RunConfig
     from ds_longctx.data.rows import RowOrder, step_samples
     from ds_longctx.integrations import hf_trainer as longctx
+    from ds_longctx.run import lever_order
+
+    def planned_again(*args, **kwargs):
+        raise AssertionError("the trainer planned the placement again, not build_model's shape")
+
+    lever_order.run_placement = planned_again  # every trainer here takes build_model's model
 
     cfg = RunConfig.from_cli([x for x in a.run if x != "--"])
     if a.trainer in ("masks", "weights"):
