@@ -515,13 +515,13 @@ def assert_saved_size(tag_dir, ranks=2, **lora):
     assert want <= size <= want + 100_000 * ranks, (size, want)
 
 
-def text_run_args(d: Path) -> list[str]:
-    """A small JSONL corpus + word-level tokenizer under `d`; the train options that read it (fp32,
-    SP=2)."""
+def text_run_args(d: Path, docs: int = 120) -> list[str]:
+    """A small JSONL corpus (`docs` documents) + word-level tokenizer under `d`; the train options
+    that read it (fp32, SP=2)."""
     if not (d / "c.jsonl").exists():
         d.mkdir(parents=True, exist_ok=True)
         make_tokenizer(d / "tok")
-        write_jsonl(d / "c.jsonl", documents(120, seed=1))
+        write_jsonl(d / "c.jsonl", documents(docs, seed=1))
     return [
         "--model",
         "qwen3-tiny",

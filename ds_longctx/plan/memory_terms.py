@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ds_longctx.levers.lora import target_names
 from ds_longctx.levers.offload import cache_region_bytes
 from ds_longctx.levers.placement import Place, PlacementPlan
 from ds_longctx.parallel import parallel_state
 from ds_longctx.plan import disk_terms
+from ds_longctx.plan.adapter_counts import adapter_counts
 from ds_longctx.plan.geometry import ModelGeometry
 from ds_longctx.plan.layer_units import COMPILED_FINAL_NORM_UNITS, POOLED_LAYER_UNITS
 from ds_longctx.plan.levers import Levers
@@ -130,13 +130,7 @@ def adapters(g: ModelGeometry, rank: int, targets) -> tuple:
         return 0, 0, 0, 0
     if problem := lora_problem(g.moe, g.layers, targets):
         raise ValueError(problem)
-    lin, top = g.linears(), f"model.layers.{g.layers - 1}."
-    names = target_names(lin, targets, "lm_head")
-
-    def count(prefix: str = "") -> int:
-        return sum(rank * sum(lin[n]) for n in names if n.startswith(prefix))
-
-    return count(), count(top), count(top + "mlp."), sum(n.startswith(top) for n in names)
+    return adapter_counts(g, rank, targets if isinstance(targets, str) else tuple(targets))
 
 
 def sizes(

@@ -95,8 +95,8 @@ def test_every_metrics_line_has_the_basics_and_tensorboard_holds_them(accumulate
 def test_epochs_run_two_passes_over_the_rows(tmp_path):
     from tests.corpus import documents
 
-    args = text_run_args(tmp_path / "data")
-    tokens = sum(len(ids) + 1 for ids in token_ids(documents(120, seed=1)))  # + EOS per document
+    args = text_run_args(tmp_path / "data", docs=20)
+    tokens = sum(len(ids) + 1 for ids in token_ids(documents(20, seed=1)))  # + EOS per document
     rows = tokens // 64  # concat: rows of seq_len
     res = run_cli(
         [
