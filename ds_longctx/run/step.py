@@ -57,10 +57,14 @@ def timed_step(
     if before_optimizer is not None:
         before_optimizer(res)
     lr = engine.ds.get_lr()[0]  # this step's: the scheduler moves on in `step`
+    if on_gpu:
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
     engine.step()
     if on_gpu:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    end = time.perf_counter()
+    seconds = end - t0
     return TimedStep(
         loss=res.loss,
         tokens=res.tokens,
@@ -68,5 +72,5 @@ def timed_step(
         seconds=seconds,
         peak_reserved=torch.cuda.max_memory_reserved() if on_gpu else 0,
         peak_allocated=torch.cuda.max_memory_allocated() if on_gpu else 0,
-        extra=res.extra,
+        extra={**res.extra, "optimizer_s": round(end - t1, 4)},
     )

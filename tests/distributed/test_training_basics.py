@@ -86,6 +86,7 @@ def test_every_metrics_line_has_the_basics_and_tensorboard_holds_them(accumulate
         ):
             assert r.get(key) is not None, (key, r)
         assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
+        assert 0 < r["optimizer_s"] < r["seconds"]  # the optimizer step's share of the step
     events = EventAccumulator(str(out / "tensorboard")).Reload()
     for key in ("loss", "lr", "grad_norm", "trained_tokens"):
         got = [(e.step, e.value) for e in events.Scalars(f"train/{key}")]
