@@ -5,13 +5,9 @@ plan, then run, each peak and the step time against the plan."""
 from __future__ import annotations
 
 from results_format import META, meta, n, result_file, table
-from results_rehearsal import model_label
+from results_rehearsal import model_label, off
 
-TOL = {"gpu": 0.10, "host": 0.15, "disk": 0.15, "step": 0.15}  # disk_tier.sh's bars
-
-
-def _vs(measured, planned) -> str:
-    return f"{measured / planned - 1:+.1%}" if measured and planned else ""
+STEP_TOL = 0.15  # disk_tier.sh's bar for the step time
 
 
 def _closed(text: str) -> str:
@@ -22,10 +18,12 @@ def _closed(text: str) -> str:
 def _step(r: dict) -> str:
     m, p = r["measured"], r["planned"]
     only = " (its only step: compiling included)" if r["steps"] == 1 else " (the last)"
-    off = _vs(m["step_s"], p["step_s"])
-    bar = "inside" if abs(m["step_s"] / p["step_s"] - 1) <= TOL["step"] else "outside"
-    bar += f" ±{TOL['step']:.0%}"
-    return f"step {m['step_s']:.1f} s{only} against {p['step_s']} s predicted ({off}, {bar})"
+    bar = "inside" if abs(m["step_s"] / p["step_s"] - 1) <= STEP_TOL else "outside"
+    bar += f" ±{STEP_TOL:.0%}"
+    return (
+        f"step {m['step_s']:.1f} s{only} against {p['step_s']} s predicted "
+        f"({off(m['step_s'], p['step_s'])}, {bar})"
+    )
 
 
 def disk_tier_rows(d: dict) -> list:
@@ -70,7 +68,7 @@ def disk_tier(d: dict) -> str:
                 p["placement"],
                 r["steps"],
                 *(
-                    f"{m[mk]:.1f} / {p[pk]} ({_vs(m[mk], p[pk])})"
+                    f"{m[mk]:.1f} / {p[pk]} ({off(m[mk], p[pk])})"
                     for mk, pk in (
                         ("gpu_gb", "gpu_gb"),
                         ("host_used_gb", "host_gb"),

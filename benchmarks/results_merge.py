@@ -210,11 +210,16 @@ def disk_tier_runs() -> list:
         if head is None:  # a CPU check: no GPU named
             continue
         when, commit, model, dev, gpu_gb, host_gb, nvme_gb = head.groups()
-        steps = len(jsonl(path.parent / "run" / "metrics.jsonl"))
-        row = {**json.loads(path.read_text()), "date": when, "commit": commit, "device": dev}
-        row["model"] = model
-        row["machine"] = f"1 x {dev} ({gpu_gb} GB) + {float(host_gb):g} GB host + {nvme_gb} GB disk"
-        out.append(annotate({**row, "steps": steps}, path))
+        row = {
+            **json.loads(path.read_text()),
+            "date": when,
+            "commit": commit,
+            "device": dev,
+            "model": model,
+            "machine": f"1 x {dev} ({gpu_gb} GB) + {float(host_gb):g} GB host + {nvme_gb} GB disk",
+            "steps": len(jsonl(path.parent / "run" / "metrics.jsonl")),
+        }
+        out.append(annotate(row, path))
     return out
 
 
