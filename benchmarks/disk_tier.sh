@@ -92,6 +92,7 @@ measured = {
     "disk_written_gb_per_step": (int(w1) - int(w0)) * 512 / 1e9 / int(os.environ["STEPS"]) if w0 and w1 else None,
     "first_step_s": rows[0]["seconds"] if rows else None,
     "disk_wait_s": rows[-1].get("disk_wait_s") if rows else None,  # compute blocked on the disk
+    "disk_gpu_stall_s": rows[-1].get("disk_gpu_stall_s") if rows else None,  # the GPU's, inside put / get
     "optimizer_s": rows[-1].get("optimizer_s") if rows else None,
     "step_s": rows[-1]["seconds"] if rows else None,
 }
@@ -107,6 +108,7 @@ for k, pk, mk in (("GPU peak GB", "gpu_gb", "gpu_gb"), ("host GB", "host_gb", "h
 md.append(f"| disk written GB a step | | {measured['disk_written_gb_per_step']} | |")
 md.append(f"| first step s (compiles) | | {measured['first_step_s']} | |")
 md.append(f"| last step's wait on the disk s | | {measured['disk_wait_s']} | |")
+md.append(f"| last step's GPU time inside disk put / get s | | {measured['disk_gpu_stall_s']} | |")
 opt_planned = grab(r"optimizer ([\d.]+)")
 md.append(f"| last step's optimizer s | {opt_planned} | {measured['optimizer_s']} | |")
 head = (f"{planned['seq_len']:,} tokens with the disk tier vs {planned['host_only_seq_len']:,} host-only; placement "

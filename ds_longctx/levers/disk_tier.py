@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
-from ds_longctx.levers.offload import store_checkpoint_function
+from ds_longctx.levers.offload import copy_stream, store_checkpoint_function
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import disk, parallel_state
 from ds_longctx.parallel.direct_io import ALIGN, DirectFile
@@ -54,6 +54,7 @@ class DiskTier:
         self.bytes_written = 0
         self.wait_s = 0.0  # the compute thread's time blocked on the disk (put's and get's waits)
         self._counted = (0, 0.0)  # (bytes_written, wait_s) at the last step_stats
+        self._stalls: list = []  # CUDA timing events around each put / get, read by step_stats
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds_longctx-disk")
         # the last write: the write buffer is busy until it ends
         self._write: Optional[Future] = None
@@ -71,15 +72,22 @@ class DiskTier:
         import torch
 
         nbytes = hidden.numel() * hidden.element_size()
+        stall = self._stall_start(hidden.device)
         self._wait(self._write)
         buf = self._buffer("w", nbytes, hidden.is_cuda)
-        buf[:nbytes].copy_(
-            hidden.detach().reshape(-1).view(torch.uint8), non_blocking=hidden.is_cuda
-        )
+        flat = hidden.detach().reshape(-1).view(torch.uint8)
         event = None
-        if hidden.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
+        if hidden.is_cuda:  # on the side stream: the layer's forward runs beside the copy
+            side = copy_stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                buf[:nbytes].copy_(flat, non_blocking=True)
+                hidden.record_stream(side)
+                event = torch.cuda.Event()
+                event.record(side)
+        else:
+            buf[:nbytes].copy_(flat)
+        self._stall_end(stall)
         if key in self._order:
             self._order.remove(key)
         self._order.append(key)
@@ -92,6 +100,7 @@ class DiskTier:
         import torch
 
         key, shape, dtype, device, nbytes = handle
+        stall = self._stall_start(device)
         read = self._reads.pop(key, None)
         if read is None:  # not read ahead: the buffer is ours once the pending reads are done
             for other in self._reads.values():
@@ -102,6 +111,7 @@ class DiskTier:
         out = torch.empty(shape, dtype=dtype, device=device)
         # synchronous: the read buffer is free again after it
         out.reshape(-1).view(torch.uint8).copy_(self._bufs["r"][:nbytes])
+        self._stall_end(stall)
         at = self._order.index(key) if key in self._order else 0
         if at > 0:
             below = self._order[at - 1]
@@ -199,10 +209,34 @@ class DiskTier:
         finally:
             self.wait_s += time.perf_counter() - t0
 
+    def _stall_start(self, device):
+        """A timing event on the compute stream where put / get starts (None off CUDA)."""
+        import torch
+
+        if device.type != "cuda":
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def _stall_end(self, start) -> None:
+        import torch
+
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._stalls.append((start, end))
+
     def step_stats(self) -> tuple:
-        """(bytes written, seconds the compute thread waited) since the last call."""
+        """(bytes written, seconds the compute thread waited, seconds the GPU spent inside put and
+        get: idle on the disk plus get's copy back) since the last call."""
         then, self._counted = self._counted, (self.bytes_written, self.wait_s)
-        return self.bytes_written - then[0], self.wait_s - then[1]
+        stall_ms = 0.0
+        for start, end in self._stalls:
+            end.synchronize()
+            stall_ms += start.elapsed_time(end)
+        self._stalls.clear()
+        return self.bytes_written - then[0], self.wait_s - then[1], stall_ms / 1e3
 
     def close(self) -> None:
         """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself
@@ -230,14 +264,17 @@ def disk_tier(nvme_path: Optional[str] = None) -> DiskTier:
 
 
 def step_stats() -> dict:
-    """This process's disk tier since the last call, for a metrics line: `disk_written_bytes` and
-    `disk_wait_s` (the compute thread blocked on a write or read; {} without a disk layer)."""
+    """This process's disk tier since the last call, for a metrics line: `disk_written_bytes`,
+    `disk_wait_s` (the compute thread blocked on a write or read) and `disk_gpu_stall_s` (the GPU's
+    time from where a put or get was issued to where it returned: what the disk added to the step,
+    with get's copy back; 0 off CUDA). {} without a disk layer."""
     if not _TIERS:
         return {}
     stats = [tier.step_stats() for tier in _TIERS.values()]
     return {
-        "disk_written_bytes": sum(b for b, _ in stats),
-        "disk_wait_s": round(sum(w for _, w in stats), 3),
+        "disk_written_bytes": sum(s[0] for s in stats),
+        "disk_wait_s": round(sum(s[1] for s in stats), 3),
+        "disk_gpu_stall_s": round(sum(s[2] for s in stats), 3),
     }
 
 

@@ -301,7 +301,7 @@ class _PoolStore:
         if not hidden.is_cuda:
             host.copy_(hidden)
             return host, None, hidden.device
-        side = _copy_stream()
+        side = copy_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             host.copy_(hidden, non_blocking=True)
@@ -329,7 +329,8 @@ def pool() -> PinnedPool:
     return _POOL
 
 
-def _copy_stream():
+def copy_stream():
+    """This device's side stream for host copies (the pinned pool's and the disk tier's)."""
     import torch
 
     dev = torch.cuda.current_device()

@@ -64,7 +64,12 @@ def test_disk_layers_equal_host_offload_bit_for_bit_and_leave_nvme_path_as_found
     # a metrics line's disk figures: the bytes since the last line, then none
     stats = disk_tier.step_stats()
     assert stats["disk_written_bytes"] == tier.bytes_written and stats["disk_wait_s"] >= 0
-    assert disk_tier.step_stats() == {"disk_written_bytes": 0, "disk_wait_s": 0.0}
+    assert stats["disk_gpu_stall_s"] == 0  # off CUDA: no GPU to stall
+    assert disk_tier.step_stats() == {
+        "disk_written_bytes": 0,
+        "disk_wait_s": 0.0,
+        "disk_gpu_stall_s": 0.0,
+    }
     disk_tier.close_all()
     assert sorted(os.listdir(nvme)) == ["theirs.txt"] and disk_tier.step_stats() == {}
 
