@@ -10,7 +10,8 @@
 #   2. the host-only plan's longest length (no disk) and the disk plan's (--nvme_gb NVME_GB), files in $RES/plan
 #   3. train STEPS steps (2) on the disk plan, with no checkpoint saved; the step time is the last step's
 #      (the first also compiles: torch.compile's graphs, FlashAttention 4's kernels). Sampled every 0.5 s: the disk's used bytes under
-#      NVME_PATH and the node's used host memory. Bytes written: the disk's /proc/diskstats sectors.
+#      NVME_PATH and the node's used host memory. From the disk's /proc/diskstats: sectors written and read, and
+#      its busy seconds (time with an I/O in flight), a step's average.
 #   4. $RES/disk_tier.json and $RES/disk_tier.md: measured against planned (GPU +-10%, host +-15%, step +-15%)
 #
 # Knobs (env): GPU_MEM_GB (this GPU's, from nvidia-smi), HOST_MEM_GB (128), NVME_PATH (/tmp/ds_longctx_nvme),
@@ -45,7 +46,7 @@ head -14 "$RES/plan.log" | tee -a "$LOG"
 
 # ---------------------------------------------------------------- 3. STEPS steps, sampled
 DEV=$(basename "$(df --output=source "$NVME_PATH" | tail -1)")
-sectors() { awk -v d="$DEV" '$3 == d {print $10}' /proc/diskstats; }
+sectors() { awk -v d="$DEV" '$3 == d {print $10, $6, $13}' /proc/diskstats; }  # written, read, busy ms
 used_host() { awk '/MemTotal/ {t=$2} /MemAvailable/ {a=$2} END {print (t - a) * 1024}' /proc/meminfo; }
 W0=$(sectors); H0=$(used_host)
 ( peak_d=0; peak_h=0
@@ -82,14 +83,18 @@ planned = {
 }
 rows = [json.loads(line) for line in open(f"{res}/run/metrics.jsonl")] if os.path.exists(f"{res}/run/metrics.jsonl") else []
 peak_d, peak_h = (int(x) for x in open(f"{res}/peaks.txt").read().split()) if os.path.exists(f"{res}/peaks.txt") else (0, 0)
-w0, w1 = os.environ["W0"], os.environ["W1"]
+w0, w1 = (os.environ[k].split() for k in ("W0", "W1"))
+d = [int(b) - int(a) for a, b in zip(w0, w1)] if w0 and w1 else None  # sectors written, read; busy ms
+n = int(os.environ["STEPS"])
 measured = {
     "exit": int(os.environ["RC"]),
     "gpu_gb": rows[-1]["peak_gpu_bytes"] / 1e9 if rows else None,
     "host_rss_gb": rows[-1]["host_rss_bytes"] / 1e9 if rows else None,
     "host_used_gb": (peak_h - int(os.environ["H0"])) / 1e9,
     "disk_peak_gb": peak_d / 1e9,
-    "disk_written_gb_per_step": (int(w1) - int(w0)) * 512 / 1e9 / int(os.environ["STEPS"]) if w0 and w1 else None,
+    "disk_written_gb_per_step": d[0] * 512 / 1e9 / n if d else None,
+    "disk_read_gb_per_step": d[1] * 512 / 1e9 / n if d else None,
+    "disk_busy_s_per_step": d[2] / 1e3 / n if d else None,  # wall seconds with an I/O in flight
     "first_step_s": rows[0]["seconds"] if rows else None,
     "disk_wait_s": rows[-1].get("disk_wait_s") if rows else None,  # compute blocked on the disk
     "disk_gpu_stall_s": rows[-1].get("disk_gpu_stall_s") if rows else None,  # the GPU's, inside put / get
@@ -105,7 +110,8 @@ md = ["| | planned | measured | vs plan |", "|---|---|---|---|"]
 for k, pk, mk in (("GPU peak GB", "gpu_gb", "gpu_gb"), ("host GB", "host_gb", "host_used_gb"),
                   ("disk peak GB", "disk_gb", "disk_peak_gb"), ("step s", "step_s", "step_s")):
     md.append(f"| {k} | {planned[pk]} | {measured[mk] if measured[mk] is None else round(measured[mk], 2)} | {check[k.split()[0].lower()]} |")
-md.append(f"| disk written GB a step | | {measured['disk_written_gb_per_step']} | |")
+md.append(f"| disk written / read GB a step | | {measured['disk_written_gb_per_step']} / {measured['disk_read_gb_per_step']} | |")
+md.append(f"| disk busy s a step (an I/O in flight) | | {measured['disk_busy_s_per_step']} | |")
 md.append(f"| first step s (compiles) | | {measured['first_step_s']} | |")
 md.append(f"| last step's wait on the disk s | | {measured['disk_wait_s']} | |")
 md.append(f"| last step's GPU time inside disk put / get s | | {measured['disk_gpu_stall_s']} | |")
