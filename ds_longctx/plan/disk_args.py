@@ -113,11 +113,12 @@ def plan_lines(a: argparse.Namespace, plan, host: float) -> list:
         return lines
     bw = direct_io.recorded_bandwidth(a.nvme_path)
     try:
-        compute = predict_step(plan, a.gpu_mem_gb, a.gpu).seconds if a.gpu else None
+        step = predict_step(plan, a.gpu_mem_gb, a.gpu) if a.gpu else None
     except UnknownRate:
-        compute = None
+        step = None
+    compute = step and (step.seconds, step.attention + step.tokenwise)
     return lines + [
         f"disk tier: {plan.disk_bytes / GB:.1f} GB on nvme_path of {a.nvme_gb:g} GB -> "
         f"{a.headroom * a.nvme_gb:.1f} GB; layers on disk: {plan.placement.on_disk}",
-        disk_seconds(plan, bw, compute)[2],
+        disk_seconds(plan, bw, *(compute or ()))[2],
     ]

@@ -22,6 +22,8 @@ NVME_SUB_GROUP_ELEMS = 10**8
 NVME_OPTIMIZER_BUFFERS = 4
 NVME_PARAM_BUFFERS = 5
 NVME_PARAM_BUFFER_ELEMS = 10**8
+# a layer's forward in a step that recomputes it: forward, recompute, backward (~2 forwards)
+FORWARD_SHARE = 0.25
 
 
 def checkpoint_term(t, z, kept: str, a: int) -> None:
@@ -73,23 +75,36 @@ def onto_nvme(t, z, lv, on_host: int) -> None:
             t[i] = replace(term, gpu_bytes=gpu, host_bytes=host, formula=formula, disk_bytes=disk)
 
 
-def disk_seconds(plan, bandwidth: Bandwidth, compute_s: Optional[float] = None) -> tuple:
+def disk_seconds(
+    plan, bandwidth: Bandwidth, compute_s: Optional[float] = None, layers_s: Optional[float] = None
+) -> tuple:
     """(checkpoint I/O seconds, optimizer and parameter I/O seconds, one line) of one step on one
-    node: each disk checkpoint written once and read once (overlapping compute: only what exceeds
-    `compute_s` adds to the step); the optimizer state read and written in the step; the parameters
-    read in forward and backward. The node's ranks share its disk."""
+    node: each disk checkpoint written once and read once, the optimizer state read and written in
+    the step, the parameters read in forward and backward. The node's ranks share its disk.
+    With `compute_s` the line predicts the step: a disk layer's write overlaps the next layer's
+    forward, its read the layer above's backward (one buffer each, levers/disk_tier.py); only what
+    a layer's I/O takes beyond a layer's compute (`layers_s` / layers, default `compute_s`;
+    FORWARD_SHARE of it forward) adds."""
     ckpt = sum(t.disk_bytes for t in plan.terms if t.name == "checkpoints")
     params = sum(t.disk_bytes for t in plan.terms if t.name == "params_bf16")
     opt = plan.disk_bytes - ckpt - params
-    ckpt_s = ckpt / bandwidth.write_bytes_s + ckpt / bandwidth.read_bytes_s
+    write_s, read_s = ckpt / bandwidth.write_bytes_s, ckpt / bandwidth.read_bytes_s
     other_s = opt / bandwidth.write_bytes_s + (opt + 2 * params) / bandwidth.read_bytes_s
     line = (
         f"disk per step: {(ckpt + opt) / 1e9:,.1f} GB written, "
         f"{(ckpt + opt + 2 * params) / 1e9:,.1f} GB "
-        f"read; checkpoints ~{ckpt_s:.1f} s (overlapping compute), optimizer/parameters "
+        f"read; checkpoints ~{write_s + read_s:.1f} s (overlapping compute), optimizer/parameters "
         f"~{other_s:.1f} s, at {bandwidth.describe()}"
     )
     if compute_s is not None:
-        total = compute_s + max(0.0, ckpt_s - compute_s) + other_s
-        line += f"; predicted step with the disk: {total:.1f} s (compute {compute_s:.1f} s)"
-    return ckpt_s, other_s, line
+        n = plan.placement.on_disk
+        layer_s = (compute_s if layers_s is None else layers_s) / plan.geom.layers
+        exposed = 0.0
+        if n:
+            fwd, bwd = FORWARD_SHARE * layer_s, (1 - FORWARD_SHARE) * layer_s
+            exposed = n * (max(0.0, write_s / n - fwd) + max(0.0, read_s / n - bwd))
+        line += (
+            f"; predicted step with the disk: {compute_s + exposed + other_s:.1f} s (compute "
+            f"{compute_s:.1f} s, checkpoint I/O not hidden {exposed:.1f} s)"
+        )
+    return write_s + read_s, other_s, line

@@ -13,7 +13,7 @@ import pytest
 from ds_longctx.config import RunConfig
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import direct_io
-from ds_longctx.plan import disk_args, write
+from ds_longctx.plan import disk_args, disk_terms, write
 from ds_longctx.plan.disk_binds import what_binds
 from ds_longctx.plan.ds_config import build_ds_config
 from ds_longctx.plan.planner import GB, Levers, plan_memory
@@ -117,3 +117,21 @@ def test_bandwidth_is_measured_recorded_and_otherwise_labelled_assumed(tmp_path)
         json.loads((tmp_path / direct_io.BANDWIDTH_FILE).read_text())["write_gbs"] == bw.write_gbs
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == [direct_io.BANDWIDTH_FILE]
+
+
+def test_the_step_prediction_adds_only_the_io_a_layer_cannot_hide():
+    lv = Levers(pinned_pool=True, tiled_layer=True, tiled_mlp=True, optimizer_offload=True)
+    T, n = 131072, 20
+    plan = plan_memory(QWEN, T, 1, 1, replace(lv, placement=PlacementPlan.parse("disk:20,keep:16")))
+    E = T * 4096 * 2  # one disk layer's checkpoint: written once in forward, read once in backward
+    bw = direct_io.Bandwidth(1.0, 2.0, "test")
+    w, r = E / 1e9, E / 2e9  # seconds a layer
+    ckpt_s, other_s, _ = disk_terms.disk_seconds(plan, bw)
+    assert ckpt_s == pytest.approx(n * (w + r)) and other_s == 0
+    # layers' compute 36 s: 0.25 s of forward and 0.75 s of backward a layer
+    line = disk_terms.disk_seconds(plan, bw, 40.0, 36.0)[2]
+    exposed = n * (max(0, w - 0.25) + max(0, r - 0.75))
+    assert exposed > 0 and f"predicted step with the disk: {40 + exposed:.1f} s" in line
+    # a disk as fast as the compute hides all of it
+    fast = disk_terms.disk_seconds(plan, direct_io.Bandwidth(100.0, 100.0, "test"), 40.0, 36.0)[2]
+    assert "predicted step with the disk: 40.0 s" in fast
