@@ -82,7 +82,7 @@ class DiskTier:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 buf[:nbytes].copy_(flat, non_blocking=True)
-                hidden.record_stream(side)
+                flat.record_stream(side)  # hidden's storage, or its contiguous copy
                 event = torch.cuda.Event()
                 event.record(side)
         else:
