@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
-from ds_longctx.levers.offload import copy_stream, store_checkpoint_function
+from ds_longctx.levers.offload import copy_to_host, store_checkpoint_function
 from ds_longctx.levers.placement import PlacementPlan
 from ds_longctx.parallel import disk, parallel_state
 from ds_longctx.parallel.direct_io import ALIGN, DirectFile
@@ -53,8 +53,9 @@ class DiskTier:
         self.direct: Optional[bool] = None  # O_DIRECT on the last file (None: nothing written yet)
         self.bytes_written = 0
         self.wait_s = 0.0  # the compute thread's time blocked on the disk (put's and get's waits)
-        self._counted = (0, 0.0)  # (bytes_written, wait_s) at the last step_stats
-        self._stalls: list = []  # CUDA timing events around each put / get, read by step_stats
+        self.stall_s = 0.0  # the GPU's time inside put / get (CUDA timing events, once ended)
+        self._counted = (0, 0.0, 0.0)  # (bytes_written, wait_s, stall_s) at the last step_stats
+        self._stalls: list = []  # (start, end) events around a put / get not yet counted
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds_longctx-disk")
         # the last write: the write buffer is busy until it ends
         self._write: Optional[Future] = None
@@ -77,14 +78,8 @@ class DiskTier:
         buf = self._buffer("w", nbytes, hidden.is_cuda)
         flat = hidden.detach().reshape(-1).view(torch.uint8)
         event = None
-        if hidden.is_cuda:  # on the side stream: the layer's forward runs beside the copy
-            side = copy_stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                buf[:nbytes].copy_(flat, non_blocking=True)
-                flat.record_stream(side)  # hidden's storage, or its contiguous copy
-                event = torch.cuda.Event()
-                event.record(side)
+        if hidden.is_cuda:  # the layer's forward runs beside the copy
+            event = copy_to_host(buf[:nbytes], flat)
         else:
             buf[:nbytes].copy_(flat)
         self._stall_end(stall)
@@ -220,23 +215,29 @@ class DiskTier:
         return start
 
     def _stall_end(self, start) -> None:
+        """Close `start`'s interval; the intervals the GPU has passed are counted and let go."""
         import torch
 
-        if start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._stalls.append((start, end))
+        if start is None:
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._stalls.append((start, end))
+        self._count_stalls(wait=False)
+
+    def _count_stalls(self, wait: bool) -> None:
+        while self._stalls and (wait or self._stalls[0][1].query()):
+            start, end = self._stalls.pop(0)
+            end.synchronize()
+            self.stall_s += start.elapsed_time(end) / 1e3
 
     def step_stats(self) -> tuple:
         """(bytes written, seconds the compute thread waited, seconds the GPU spent inside put and
         get: idle on the disk plus get's copy back) since the last call."""
-        then, self._counted = self._counted, (self.bytes_written, self.wait_s)
-        stall_ms = 0.0
-        for start, end in self._stalls:
-            end.synchronize()
-            stall_ms += start.elapsed_time(end)
-        self._stalls.clear()
-        return self.bytes_written - then[0], self.wait_s - then[1], stall_ms / 1e3
+        self._count_stalls(wait=True)
+        now = (self.bytes_written, self.wait_s, self.stall_s)
+        then, self._counted = self._counted, now
+        return tuple(a - b for a, b in zip(now, then))
 
     def close(self) -> None:
         """Wait for the I/O thread and remove the scratch directory (the run's own; nvme_path itself

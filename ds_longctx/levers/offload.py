@@ -295,20 +295,11 @@ class _PoolStore:
 
     @staticmethod
     def put(key, hidden):
-        import torch
-
         host = _POOL.slot(key, hidden)
         if not hidden.is_cuda:
             host.copy_(hidden)
             return host, None, hidden.device
-        side = copy_stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            host.copy_(hidden, non_blocking=True)
-            hidden.record_stream(side)
-        event = torch.cuda.Event()
-        event.record(side)
-        return host, event, hidden.device
+        return host, copy_to_host(host, hidden), hidden.device
 
     @staticmethod
     def get(handle):
@@ -329,14 +320,24 @@ def pool() -> PinnedPool:
     return _POOL
 
 
-def copy_stream():
-    """This device's side stream for host copies (the pinned pool's and the disk tier's)."""
+def copy_to_host(host, gpu):
+    """Start copying the CUDA tensor `gpu` into the pinned `host` on this device's side stream,
+    after the work queued so far (the compute stream goes on beside it); `gpu`'s storage is held
+    until the copy ends. Returns the event that marks its end (the pinned pool's and the disk
+    tier's)."""
     import torch
 
     dev = torch.cuda.current_device()
     if dev not in _STREAMS:
         _STREAMS[dev] = torch.cuda.Stream()
-    return _STREAMS[dev]
+    side = _STREAMS[dev]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        host.copy_(gpu, non_blocking=True)
+        gpu.record_stream(side)
+    event = torch.cuda.Event()
+    event.record(side)
+    return event
 
 
 _STREAMS: dict = {}

@@ -112,13 +112,15 @@ def plan_lines(a: argparse.Namespace, plan, host: float) -> list:
     if not plan.disk_bytes:
         return lines
     bw = direct_io.recorded_bandwidth(a.nvme_path)
+    step_s = layers_s = None
     try:
-        step = predict_step(plan, a.gpu_mem_gb, a.gpu) if a.gpu else None
+        if a.gpu:
+            step = predict_step(plan, a.gpu_mem_gb, a.gpu)
+            step_s, layers_s = step.seconds, step.attention + step.tokenwise
     except UnknownRate:
-        step = None
-    compute = step and (step.seconds, step.attention + step.tokenwise)
+        pass
     return lines + [
         f"disk tier: {plan.disk_bytes / GB:.1f} GB on nvme_path of {a.nvme_gb:g} GB -> "
         f"{a.headroom * a.nvme_gb:.1f} GB; layers on disk: {plan.placement.on_disk}",
-        disk_seconds(plan, bw, *(compute or ()))[2],
+        disk_seconds(plan, bw, step_s, layers_s)[2],
     ]
